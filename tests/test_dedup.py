@@ -1,0 +1,266 @@
+"""Tests for dedup.py against real oracles: exact Jaccard, Python big-integer arithmetic, brute-force banding,
+the lecture's worked numbers, and the statistics MinHash promises."""
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dedup
+from dedup import (PRIME, DedupError, MinHasher, UnionFind, candidate_probability, choose_bands_rows, dedup as
+                   dedup_indices, estimate_jaccard, jaccard, lsh_candidates, lsh_threshold, near_duplicates,
+                   shingles, standard_error, universal_hash)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- the lecture's worked numbers
+
+def test_worked_shingle_examples():
+    a, b = shingles("the cat sat on the mat today"), shingles("the cat sat on the rug today")
+    assert a == {"the cat sat", "cat sat on", "sat on the", "on the mat", "the mat today"}
+    assert jaccard(a, b) == pytest.approx(3 / 7) and round(jaccard(a, b), 2) == 0.43
+    assert jaccard(shingles("a b c d e f"), shingles("a b c x e f")) == pytest.approx(1 / 7)
+
+
+def test_worked_theory_numbers():
+    assert round(standard_error(0.43, 128), 3) == 0.044
+    assert round(lsh_threshold(32, 4), 2) == 0.42 and round(lsh_threshold(16, 8), 2) == 0.71
+    assert round(candidate_probability(0.5, 32, 4), 2) == 0.87
+    assert round(candidate_probability(0.2, 32, 4), 2) == 0.05
+    assert round(candidate_probability(0.5, 16, 8), 2) == 0.06
+    curve = candidate_probability(np.linspace(0, 1, 11), 32, 4)
+    assert curve[0] == 0 and curve[-1] == 1 and np.all(np.diff(curve) > 0)
+
+
+def test_shingle_normalisation_and_short_documents():
+    assert shingles("The CAT, sat!") == shingles("the   cat sat")
+    assert shingles("two words") == {"two words"}
+    assert shingles("") == {""} and shingles("...") == {""}
+    assert shingles("a b c d e", n=5) == {"a b c d e"} and len(shingles("a b c d e", n=1)) == 5
+    assert jaccard(set(), set()) == 1.0
+
+
+# ---------------------------------------------------------------- exact modular arithmetic
+
+def _is_prime(n):
+    """Deterministic Miller-Rabin for n < 3.3e24 (the first 12 prime bases suffice)."""
+    bases = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37]
+    if n < 2 or any(n % q == 0 and n != q for q in bases):
+        return n in bases
+    d, s = n - 1, 0
+    while d % 2 == 0:
+        d, s = d // 2, s + 1
+    for a in bases:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(s - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def test_prime_is_the_smallest_prime_above_2_to_32():
+    assert _is_prime(PRIME) and PRIME > 2**32
+    assert not any(_is_prime(2**32 + c) for c in range(1, 15))
+
+
+def test_universal_hash_is_exact_against_python_integers():
+    rng = np.random.default_rng(1)
+    top = 2**32 - 1
+    x = np.concatenate([[0, 1, 2, top - 1, top], rng.integers(0, 2**32, 2000)]).astype(np.uint64)
+    a = np.concatenate([[1, 2, top - 1, top], rng.integers(1, 2**32, 60)]).astype(np.uint64)
+    b = np.concatenate([[0, 1, top - 1, top], rng.integers(0, 2**32, 60)]).astype(np.uint64)
+    got = universal_hash(x, a, b)
+    want = [[(int(ai) * int(xi) + int(bi)) % PRIME for ai, bi in zip(a, b)] for xi in x]
+    assert got.tolist() == want
+    # The oracle can fail: the classic formula with 61-bit a wraps in uint64 and disagrees with exact integers.
+    a61 = np.array([2**61 - 2], dtype=np.uint64)
+    wrapped = (x[-5:] * a61 + np.uint64(7)) % np.uint64(2**61 - 1)
+    assert wrapped.tolist() != [(int(xi) * (2**61 - 2) + 7) % (2**61 - 1) for xi in x[-5:]]
+
+
+def test_universal_hash_rejects_values_that_could_overflow():
+    with pytest.raises(DedupError, match="below 2"):
+        universal_hash(np.array([2**32], dtype=np.uint64), np.array([3], dtype=np.uint64), np.array([0], np.uint64))
+
+
+def test_minhasher_parameters_are_seeded_and_in_range():
+    h1, h2, h3 = MinHasher(64, seed=5), MinHasher(64, seed=5), MinHasher(64, seed=6)
+    assert np.array_equal(h1.a, h2.a) and np.array_equal(h1.b, h2.b) and not np.array_equal(h1.a, h3.a)
+    assert h1.a.min() >= 1 and h1.a.max() < 2**32 and h1.b.max() < 2**32
+
+
+# ---------------------------------------------------------------- signatures
+
+TEXTS = [
+    "the cat sat on the mat today",
+    "The cat sat on the rug today.",
+    "",
+    "hi",
+    "two words",
+    "Unicode: café naïve Straße ﬁne — 東京 タワー",
+    " ".join(f"w{i}" for i in range(3000)),          # longer than one hashing window
+    "a b c a b c a b c",                             # repeated shingles
+]
+
+
+def test_fast_signatures_equal_the_reference_in_python_integers():
+    hasher = MinHasher(32, seed=3)
+    fast = hasher.signatures_from_texts(TEXTS)
+    from_sets = hasher.signatures([shingles(t) for t in TEXTS])
+    assert fast.shape == (len(TEXTS), 32) and fast.dtype == np.uint64
+    assert np.array_equal(fast, from_sets)
+    for text, row in zip(TEXTS, fast):
+        assert row.tolist() == hasher.signature_reference(shingles(text))
+
+
+def test_window_boundaries_do_not_change_signatures(monkeypatch):
+    hasher = MinHasher(16, seed=0)
+    whole = hasher.signatures_from_texts(TEXTS)
+    monkeypatch.setattr(MinHasher, "chunk", 7)          # documents now straddle many windows
+    assert np.array_equal(hasher.signatures_from_texts(TEXTS), whole)
+
+
+def test_signatures_are_stable_across_processes():
+    code = ("import dedup; print(dedup.MinHasher(8, seed=0).signatures_from_texts(['the cat sat on the mat'])"
+            "[0].tolist())")
+    outs = set()
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        outs.add(subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                                check=True).stdout)
+    here = str(MinHasher(8, seed=0).signatures_from_texts(["the cat sat on the mat"])[0].tolist()) + "\n"
+    assert outs == {here}
+
+
+def _sets_with_jaccard(rng, common, only_a, only_b):
+    tokens = [f"t{v}" for v in rng.choice(10**9, common + only_a + only_b, replace=False)]
+    shared = set(tokens[:common])
+    return shared | set(tokens[common:common + only_a]), shared | set(tokens[common + only_a:])
+
+
+def test_estimate_is_unbiased_and_error_shrinks_like_one_over_sqrt_k():
+    rng = np.random.default_rng(0)
+    pairs = [_sets_with_jaccard(rng, 60, 40, 40) for _ in range(150)]      # J = 60 / 140 ≈ 0.43
+    true_j = 60 / 140
+    rmse = {}
+    for k in (16, 64, 256):
+        hasher = MinHasher(k, seed=11)
+        sig = hasher.signatures([s for pair in pairs for s in pair])
+        estimates = estimate_jaccard(sig[0::2], sig[1::2])
+        assert abs(estimates.mean() - true_j) < 4 * standard_error(true_j, k) / math.sqrt(len(pairs))
+        rmse[k] = float(np.sqrt(np.mean((estimates - true_j) ** 2)))
+        assert 0.75 < rmse[k] / standard_error(true_j, k) < 1.3
+    assert 1.5 < rmse[16] / rmse[64] < 2.7 and 1.5 < rmse[64] / rmse[256] < 2.7
+
+
+def test_estimate_jaccard_counts_agreeing_positions():
+    assert estimate_jaccard(np.arange(128), np.where(np.arange(128) < 55, np.arange(128), -1)) == 55 / 128
+    with pytest.raises(DedupError, match="shape"):
+        estimate_jaccard(np.zeros(4), np.zeros(5))
+
+
+# ---------------------------------------------------------------- LSH banding
+
+def test_lsh_candidates_match_brute_force_banding():
+    rng = np.random.default_rng(2)
+    sig = rng.integers(0, 3, size=(60, 12)).astype(np.uint64)   # tiny alphabet: many band collisions
+    for bands, rows in ((12, 1), (6, 2), (4, 3), (3, 4), (1, 12)):
+        want = {(i, j) for i in range(60) for j in range(i + 1, 60)
+                if any(np.array_equal(sig[i, b * rows:(b + 1) * rows], sig[j, b * rows:(b + 1) * rows])
+                       for b in range(bands))}
+        assert lsh_candidates(sig, bands, rows) == want
+
+
+def test_identical_documents_always_collide():
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(["x", "y", "z", "w", "v"]) + str(rng.randrange(50)) for _ in range(40))
+             for _ in range(30)]
+    texts += [texts[3], texts[17], texts[17]]
+    for bands, rows in ((64, 2), (16, 8), (1, 128)):
+        sig = MinHasher(128, seed=9).signatures_from_texts(texts)
+        pairs = lsh_candidates(sig, bands, rows)
+        assert {(3, 30), (17, 31), (17, 32), (31, 32)} <= pairs
+    assert near_duplicates(texts, threshold=0.9) == [[3, 30], [17, 31, 32]]
+
+
+def test_candidate_rate_follows_the_s_curve():
+    rng = np.random.default_rng(4)
+    pairs = [_sets_with_jaccard(rng, 50, 25, 25) for _ in range(300)]     # J = 0.5
+    sig = MinHasher(128, seed=1).signatures([s for pair in pairs for s in pair])
+    for bands, rows in ((32, 4), (16, 8)):
+        hit = np.mean([bool(lsh_candidates(sig[2 * i:2 * i + 2], bands, rows)) for i in range(len(pairs))])
+        p = candidate_probability(0.5, bands, rows)
+        assert abs(hit - p) < 4 * math.sqrt(p * (1 - p) / len(pairs)) + 0.01
+
+
+def test_chooser_minimises_the_error_areas():
+    assert choose_bands_rows(0.5, 128) == (32, 4)
+    rows = [choose_bands_rows(t, 128)[1] for t in (0.2, 0.4, 0.6, 0.8, 0.9)]
+    assert rows == sorted(rows) and rows[0] < rows[-1]
+    for t in (0.3, 0.5, 0.8):
+        b, r = choose_bands_rows(t, 120)
+        best = min(sum(dedup.band_errors(t, 120 // rr, rr)) for rr in range(1, 121) if 120 % rr == 0)
+        assert b * r == 120 and sum(dedup.band_errors(t, b, r)) == pytest.approx(best)
+
+
+# ---------------------------------------------------------------- clusters and the whole job
+
+def test_union_find_clusters():
+    uf = UnionFind(8)
+    for i, j in ((5, 6), (0, 7), (6, 2), (7, 3)):
+        uf.union(i, j)
+    assert uf.clusters() == [[0, 3, 7], [2, 5, 6]]
+    assert uf.find(3) == uf.find(0) != uf.find(5)
+
+
+def test_near_duplicates_and_dedup_against_exact_jaccard():
+    rng = random.Random(5)
+    vocab = [f"word{i}" for i in range(2000)]
+    base = [[rng.choice(vocab) for _ in range(120)] for _ in range(40)]
+    texts = [" ".join(words) for words in base]
+    for src in (4, 4, 9, 30):                          # near copies: 3 words replaced each
+        words = list(base[src])
+        for pos in rng.sample(range(120), 3):
+            words[pos] = rng.choice(vocab)
+        texts.append(" ".join(words))
+    sets = [shingles(t) for t in texts]
+    truth = UnionFind(len(texts))
+    for i in range(len(texts)):
+        for j in range(i + 1, len(texts)):
+            if jaccard(sets[i], sets[j]) >= 0.5:
+                truth.union(i, j)
+    clusters = near_duplicates(texts, threshold=0.5)
+    assert clusters == truth.clusters() == [[4, 40, 41], [9, 42], [30, 43]]
+    assert near_duplicates(texts, threshold=0.5, verify="estimate", num_perm=256) == clusters
+    assert dedup_indices(texts) == [i for i in range(len(texts)) if i not in (40, 41, 42, 43)]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: near_duplicates(["a b c"], num_perm=128, bands=30), "not divisible"),
+    (lambda: near_duplicates(["a b c"], num_perm=128, bands=16, rows=4), "must equal num_perm"),
+    (lambda: near_duplicates(["a b c"], threshold=0.0), "strictly between 0 and 1"),
+    (lambda: near_duplicates(["a b c"], threshold=1.5), "strictly between 0 and 1"),
+    (lambda: near_duplicates(["a b c"], threshold="0.5"), "strictly between 0 and 1"),
+    (lambda: near_duplicates(["a b c"], n=0), "n must be an integer >= 1"),
+    (lambda: near_duplicates([]), "empty document list"),
+    (lambda: near_duplicates(["ok", b"bytes"]), "document 1 is bytes"),
+    (lambda: near_duplicates("just one string"), "not a single string"),
+    (lambda: near_duplicates(["a"], verify="maybe"), "verify must be"),
+    (lambda: MinHasher(0), "num_perm must be a positive integer"),
+    (lambda: MinHasher(8).signatures([{"a"}, set()]), "document 1 has no shingles"),
+    (lambda: lsh_candidates(np.zeros((3, 8), np.uint64), 3, 3), "must equal num_perm"),
+    (lambda: shingles("a", n=1.5), "n must be an integer"),
+])
+def test_bad_inputs_raise_one_clear_error(call, message):
+    with pytest.raises(DedupError, match=message):
+        call()
