@@ -1,0 +1,494 @@
+"""Tests for data.py: sources, HTML extraction, quality filters, dedup steps, PII masks, mixing, the split, shards,
+prepare (funnel, cache, encoding against the tokenizer) and the loader (determinism, ranks, resume).
+
+Hand-made corpora keep this file fast; the one test over the full embedded corpus is marked slow."""
+import collections
+import gzip
+import itertools
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import data
+from data import DataError
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Hand-made documents
+# ---------------------------------------------------------------------------------------------------------------------
+
+GOOD_PROSE = (
+    "The lobster is a species of clawed crustacean that lives on the rocky floor of the eastern Atlantic Ocean. "
+    "It grows slowly, moulting many times during a long life, and adults may reach a length of sixty centimetres. "
+    "Fishermen catch it with baited pots that are lowered to the seabed and hauled back a day later. "
+    "Although the animal looks blue while alive, it becomes bright red when cooked, because heat breaks apart "
+    "a protein that hides the red pigment in its shell. Conservation rules limit the size of lobsters that may "
+    "be landed, and some regions release young animals raised in hatcheries to support the wild population.")
+
+WORDS = ("river stone garden window paper market winter summer bridge forest letter village doctor teacher "
+         "engine castle silver orange planet island mountain harbor library journey science history ocean "
+         "kitchen station morning evening lantern blanket painter pocket ladder needle button carpet rabbit "
+         "thunder meadow valley shadow mirror candle basket hammer violin feather marble copper saddle").split()
+
+
+def random_doc(rng: random.Random, n_words: int = 80) -> str:
+    """An English-looking document that passes the Gopher rules (stop words, no repeated n-grams)."""
+    words = []
+    for _ in range(n_words // 4):
+        words += [rng.choice(("the", "and", "with", "of")), rng.choice(WORDS), rng.choice(WORDS), rng.choice(WORDS)]
+    return " ".join(words) + "."
+
+
+def near_copy(rng: random.Random, doc: str, rate: float = 0.03) -> str:
+    """Replace about `rate` of the words (J of 3-word shingles stays well above 0.5)."""
+    words = doc.split()
+    for i in rng.sample(range(len(words)), max(1, int(rate * len(words)))):
+        words[i] = rng.choice(WORDS)
+    return " ".join(words)
+
+
+def shingle_set(text: str, n: int = 3) -> set:
+    w = text.split()
+    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+
+
+def exact_jaccard(a: str, b: str) -> float:
+    sa, sb = shingle_set(a), shingle_set(b)
+    return len(sa & sb) / len(sa | sb) if sa | sb else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------------------------------------------------
+
+def test_module_docstrings_walks_classes_and_functions():
+    source = '"""Mod doc."""\nclass A:\n    """A doc."""\n    def f(self):\n        """F doc."""\n' \
+             'def g():\n    pass\nasync def h():\n    """H doc."""\n'
+    assert data.module_docstrings(source, "m") == "m\nMod doc.\n\nm.A\nA doc.\n\nm.A.f\nF doc.\n\nm.h\nH doc."
+    assert data.module_docstrings("def (:", "broken") == ""
+
+
+def test_pydocs_is_stable_prose_with_topics():
+    first = list(itertools.islice(data.read_pydocs(), 5))
+    assert first == list(itertools.islice(data.read_pydocs(), 5))          # stable order
+    assert all(isinstance(d, str) and d for d in first)
+    docs = list(data.read_pydocs())
+    size = sum(len(d.encode()) for d in docs)
+    assert 1.0e6 < size < 6e6, size                                          # "about 2 MB" on any CPython 3.x
+    assert not any(d.startswith("test.") for d in docs)                     # tests are skipped
+    from pydoc_data.topics import topics
+    assert docs[-len(topics):] == [topics[k].strip() for k in sorted(topics)]
+
+
+def test_pystdlib_documents_are_python_files():
+    docs = list(itertools.islice(data.read_pystdlib(), 20))
+    assert len(docs) == 20
+    import ast
+    for d in docs:
+        ast.parse(d)
+    assert data.open_source("pystdlib").kind == "code"
+
+
+def test_split_plain_text_modes():
+    assert data.split_plain_text("a\n\nb\n \nc") == ["a", "b", "c"]
+    assert data.split_plain_text("a\n\nb<|endoftext|>c") == ["a\n\nb", "c"]
+    assert data.split_plain_text("a\n\nb", "file") == ["a\n\nb"]
+    with pytest.raises(DataError, match="txt split"):
+        data.split_plain_text("a", "lines")
+
+
+def test_local_files_txt_jsonl_gz_and_directories(tmp_path):
+    (tmp_path / "b.txt").write_text("one\n\ntwo\n")
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "alpha"}) + "\n\n" + json.dumps({"text": "beta"}) + "\n")
+    with gzip.open(tmp_path / "c.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"body": "x", "text": "gamma"}) + "\n")
+    (tmp_path / "notes.bin").write_bytes(b"\x00\x01")                       # not a known type: ignored in a dir
+    docs = list(data.open_source(str(tmp_path)).documents())
+    assert docs == ["alpha", "beta", "one", "two", "gamma"]               # files in sorted path order
+    assert list(data.open_source(str(tmp_path / "c.jsonl.gz"), text_field="body").documents()) == ["x"]
+    assert list(data.open_source(str(tmp_path / "b.txt"), max_documents=1).documents()) == ["one"]
+
+
+def test_malformed_jsonl_names_the_line_or_skips_and_counts(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "ok"}\n{"text": broken\n{"other": 1}\n{"text": "fine"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: "):
+        list(data.open_source(str(path)).documents())
+    stats = data.JsonlStats()
+    docs = list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents())
+    assert docs == ["ok", "fine"] and stats.skipped == 2
+
+
+def test_bad_paths_and_files(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        data.open_source(str(tmp_path / "missing.txt"))
+    with pytest.raises(DataError, match="not found"):
+        data.open_source("no-such-corpus")
+    (tmp_path / "blob.txt").write_bytes(b"PK\x03\x04\x00\x00binary")
+    with pytest.raises(DataError, match="binary"):
+        list(data.open_source(str(tmp_path / "blob.txt")).documents())
+    (tmp_path / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(DataError, match="not UTF-8"):
+        list(data.open_source(str(tmp_path / "latin.txt")).documents())
+    (tmp_path / "x.docx").write_text("x")
+    with pytest.raises(DataError, match="unknown file type"):
+        data.open_source(str(tmp_path / "x.docx"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="holds no"):
+        data.open_source(str(tmp_path / "empty"))
+
+
+def test_parquet_source(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": ["first doc", "second doc"], "n": [1, 2]}), tmp_path / "d.parquet")
+    assert list(data.open_source(str(tmp_path / "d.parquet")).documents()) == ["first doc", "second doc"]
+
+
+def test_parquet_without_pyarrow_says_how(tmp_path, monkeypatch):
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(DataError, match="pip install pyarrow"):
+        list(data.open_source(str(tmp_path / "d.parquet")).documents())
+
+
+def test_hf_source_offline_error_names_alternatives(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)                     # as on a machine without `datasets`
+    source = data.open_source("hf:wikitext-2")
+    with pytest.raises(DataError, match="pip install datasets.*pydocs"):
+        list(source.documents())
+
+
+def test_wikitext_articles_and_paragraphs():
+    raw = (" \n = Lobster = \n \n Lobsters live in the sea . \n \n = = Biology = = \n \n They moult . \n"
+           " = Crab = \n \n Crabs walk sideways . \n")
+    assert data.parse_wikitext(raw) == ["Lobster\n\nLobsters live in the sea .\n= = Biology = =\nThey moult .",
+                                        "Crab\n\nCrabs walk sideways ."]
+    assert data.wikitext_paragraphs(raw) == ["Lobsters live in the sea .", "They moult .", "Crabs walk sideways ."]
+    assert data.wikitext_paragraphs(raw, min_words=5) == ["Lobsters live in the sea ."]
+
+
+def test_wikitext_shared_valid_split(shared_data):
+    text = (shared_data / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8")
+    articles = data.parse_wikitext(text)
+    assert len(articles) == 60 and articles[0].startswith("Homarus gammarus\n")
+    assert len(data.wikitext_paragraphs(text, min_words=100)) >= 500        # enough for the dedup experiment
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# HTML to text
+# ---------------------------------------------------------------------------------------------------------------------
+
+def test_html_to_text_keeps_paragraphs_and_drops_chrome():
+    page = """<html><head><title>T</title><style>p {color: red}</style></head><body>
+      <header><h1>Site name</h1></header><nav><a href="/">Home</a> | <a href="/a">About</a></nav>
+      <article><h2>Lobsters</h2><p>Lobsters are <b>blue</b>&nbsp;when alive &amp; red
+      when cooked.</p><script>var x = "<p>not text</p>";</script><p>They moult.<br>Often.</p>
+      <ul><li>claws</li><li>tail</li></ul></article>
+      <aside>Related posts</aside><footer>&copy; 2024 Example</footer></body></html>"""
+    assert data.html_to_text(page) == ("Lobsters\n\nLobsters are blue when alive & red when cooked.\n\n"
+                                       "They moult.\n\nOften.\n\nclaws\n\ntail")
+
+
+def test_html_source_goes_through_extraction(tmp_path):
+    (tmp_path / "page.html").write_text("<nav>menu</nav><p>" + GOOD_PROSE + "</p><footer>foot</footer>")
+    docs, _, funnel = data.clean([data.open_source(str(tmp_path / "page.html"))],
+                                 data.CleanSettings(near_dup_threshold=0))
+    assert docs == [GOOD_PROSE]
+    assert [s.name for s in funnel.steps][:3] == [f"read {tmp_path / 'page.html'}",
+                                                  f"extract text ({tmp_path / 'page.html'})",
+                                                  f"quality filters (gopher, {tmp_path / 'page.html'})"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Quality filters: one hand-made document per named reason
+# ---------------------------------------------------------------------------------------------------------------------
+
+def test_good_prose_passes_gopher():
+    assert data.gopher_rejection(GOOD_PROSE) is None
+    assert data.gopher_rejection(random_doc(random.Random(0))) is None
+
+
+@pytest.mark.parametrize("reason, text", [
+    ("too_few_words", "The lobster is blue and it lives in the sea."),
+    ("too_many_words", GOOD_PROSE),                                         # with max_words=50 below
+    ("mean_word_length", " ".join(["a an to of it is be"] * 10) + " the and with"),
+    ("mean_word_length", " ".join(f"internationalisation{i}" for i in range(60)) + " the and"),
+    ("symbol_ratio", GOOD_PROSE + "".join(f" #tag{i}" for i in range(15))),
+    ("bullet_lines", "\n".join(f"- the item {i} and more words with text" for i in range(12))),
+    ("ellipsis_lines", "\n".join(f"The story number {i} of the night with a twist and then..." for i in range(10))),
+    ("alphabetic_words", GOOD_PROSE + " " + " ".join(str(i) for i in range(40))),
+    ("stop_words", " ".join(random.Random(1).choices(WORDS, k=80))),
+    ("duplicate_lines", GOOD_PROSE + "\n" + "\n".join(["Click here to subscribe to our newsletter"] * 5)),
+    ("duplicate_paragraphs", GOOD_PROSE.replace(". ", ".\n") + "\n\nBuy now and save.\n\nBuy now and save."),
+    ("top_2gram", GOOD_PROSE + " " + " ".join(["lobster lobster"] * 20)),
+    ("duplicate_5grams", GOOD_PROSE + " " + GOOD_PROSE.split(".")[0] + " " + GOOD_PROSE.split(".")[1]),
+])
+def test_each_gopher_rule_has_a_named_reason(reason, text):
+    max_words = 50 if reason == "too_many_words" else 100_000
+    assert data.gopher_rejection(text, max_words=max_words) == reason
+
+
+def test_code_filters():
+    good = "def f(x):\n    return x + 1\n\n\nclass A:\n    pass\n"
+    assert data.code_rejection(good) is None
+    assert data.code_rejection("x = '" + "a" * 1200 + "'\n") == "max_line_length"
+    assert data.code_rejection("\n".join(["x = 1  # " + "word " * 30] * 20)) == "mean_line_length"
+    assert data.code_rejection("x = [\n" + "(0, 0), (0, 0), [], {},\n" * 20 + "]\n") == "alphanumeric_fraction"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Exact dedup, boilerplate lines, PII
+# ---------------------------------------------------------------------------------------------------------------------
+
+def test_exact_dedup_ignores_case_and_whitespace_only():
+    docs = ["The cat sat.", "the  cat\nsat.", "The cat sat!", "The cat sat."]
+    assert data.exact_dedup(docs) == [0, 2]
+
+
+def test_boilerplate_lines_are_removed_across_documents():
+    footer = "Copyright 2024 Example Corp, all rights reserved."
+    docs = [f"Story {i} is here with words.\n{footer}\nEnd" for i in range(4)] + ["Plain text without footer."]
+    lines = data.boilerplate_lines(docs, min_documents=3)
+    assert lines == {footer}
+    assert data.remove_lines(docs[0], lines) == ("Story 0 is here with words.\nEnd", 1)
+    assert data.boilerplate_lines(docs, min_documents=5) == set()
+    assert data.boilerplate_lines(["a b\n}\n", "c d\n}\n", "e\n}\n"], min_documents=2) == set()   # short lines stay
+
+
+@pytest.mark.parametrize("text, masked, label", [
+    ("write to jane.doe+news@mail.example.co.uk today", "write to <EMAIL> today", "EMAIL"),
+    ("Call (555) 123-4567 now", "Call <PHONE> now", "PHONE"),
+    ("Call 555-123-4567.", "Call <PHONE>.", "PHONE"),
+    ("Call 555.123.4567", "Call <PHONE>", "PHONE"),
+    ("Call +1 555 123 4567", "Call <PHONE>", "PHONE"),
+    ("Call +1-555-123-4567", "Call <PHONE>", "PHONE"),
+    ("London +44 20 7946 0958 office", "London <PHONE> office", "PHONE"),
+    ("server at 192.168.0.1.", "server at <IP>.", "IP"),
+    ("from 8.8.8.8, to 255.255.255.0", "from <IP>, to <IP>", "IP"),
+])
+def test_pii_masks(text, masked, label):
+    out, counts = data.mask_pii(text)
+    assert out == masked and counts == collections.Counter({label: masked.count(f"<{label}>")})
+
+
+@pytest.mark.parametrize("text", [
+    "Python 3.11.7 and numpy 1.26.4 and v1.2.3.4 released",
+    "on 2023-01-15 and 15/01/2023 and 2023.01.15 at 10:30:00",
+    "ISBN 978-3-16-148410-0 and order 1234567890 and 3.14159265",
+    "the range 1.2.3.4.5 and 256.1.1.1 and 1.2.3",
+    "a@b is not an email, nor is user@localhost",
+    "dates 12-31-2024 and 2024-12-31T23:59:59",
+])
+def test_pii_leaves_versions_dates_and_numbers_alone(text):
+    assert data.mask_pii(text) == (text, collections.Counter())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Mixing and the split
+# ---------------------------------------------------------------------------------------------------------------------
+
+def test_mixture_plan_reproduces_the_lecture():
+    plan = data.mixture_plan({"web": 70, "code": 15, "books": 10, "math": 5}, 20e9, {"math": 0.5e9})
+    assert plan["math"]["tokens"] == pytest.approx(1e9) and plan["math"]["epochs"] == pytest.approx(2.0)
+    assert plan["web"]["tokens"] == pytest.approx(14e9) and plan["web"]["epochs"] is None
+    assert sum(p["tokens"] for p in plan.values()) == pytest.approx(20e9)
+    with pytest.warns(UserWarning, match="5.0 times"):
+        data.mixture_plan({"web": 0.9, "math": 0.1}, 20e9, {"math": 0.4e9})
+    with pytest.raises(DataError, match="positive"):
+        data.mixture_plan({"web": 1.0, "math": 0.0}, 1e9)
+
+
+def test_mix_cli_prints_the_lecture_table():
+    out = subprocess.run([sys.executable, "data.py", "mix"], cwd=ROOT, capture_output=True, text=True, check=True)
+    math_row = [line for line in out.stdout.splitlines() if line.startswith("math")][0]
+    assert math_row.split()[1:] == ["0.05", "1e+09", "5e+08", "2.00"]
+
+
+def test_repeat_documents_fills_the_budget_with_whole_passes():
+    order = data.repeat_documents([10, 20, 30], 150, seed=0)
+    assert order[:6] == [0, 1, 2, 0, 1, 2]
+    assert sum([10, 20, 30][i] for i in order) >= 150
+    assert data.repeat_documents([10, 20, 30], 150, seed=0) == order
+    assert data.repeat_documents([10, 20, 30], 30, seed=1) != [] and len(set(data.repeat_documents([10] * 9, 50, 2))) == 5
+
+
+def test_split_is_seeded_and_disjoint():
+    train, val = data.split_indices(100, 0.1, seed=3)
+    assert len(val) == 10 and sorted(train + val) == list(range(100))
+    assert (train, val) == data.split_indices(100, 0.1, seed=3)
+    assert val != data.split_indices(100, 0.1, seed=4)[1]
+    assert data.split_indices(2, 0.01, 0)[1] != []
+    with pytest.raises(DataError, match="at least 2"):
+        data.split_indices(1, 0.1, 0)
+
+
+def test_split_after_near_dedup_leaves_no_near_duplicate_across(tmp_path):
+    rng = random.Random(0)
+    originals = [random_doc(rng, 120) for _ in range(60)]
+    copies = [near_copy(rng, originals[i]) for i in range(0, 60, 4)]
+    assert min(exact_jaccard(originals[i * 4], c) for i, c in enumerate(copies)) > 0.6
+    path = tmp_path / "docs.jsonl"
+    mixed = originals + copies
+    rng.shuffle(mixed)
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in mixed))
+    docs, _, funnel = data.clean([data.open_source(str(path))], data.CleanSettings(filters="none"))
+    assert funnel.steps[-2].reasons["near_duplicate"] == len(copies)
+    train, val = data.split_indices(len(docs), 0.3, seed=0)
+    worst = max(exact_jaccard(docs[i], docs[j]) for i in train for j in val)
+    assert worst < 0.5
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Shards
+# ---------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, top", [("uint16", 2 ** 16 - 1), ("uint32", 2 ** 32 - 1)])
+def test_shard_round_trip(tmp_path, dtype, top):
+    tokens = np.array([0, 1, 2, top, 7], dtype=np.int64)
+    data.write_shard(tmp_path / "s.bin", tokens, dtype)
+    back = data.read_shard(tmp_path / "s.bin")
+    assert back.dtype == np.dtype(dtype) and back.tolist() == tokens.tolist()
+    assert (tmp_path / "s.bin").stat().st_size == 32 + 5 * np.dtype(dtype).itemsize
+    assert [p.name for p in tmp_path.iterdir()] == ["s.bin"]                 # no temp file left behind
+    data.write_shard(tmp_path / "e.bin", np.zeros(0, dtype=np.int64), dtype)
+    assert len(data.read_shard(tmp_path / "e.bin")) == 0
+
+
+def test_vocab_too_large_for_dtype_writes_nothing(tmp_path):
+    assert data.dtype_for_vocab(50257) == np.uint16 and data.dtype_for_vocab(100277) == np.uint32
+    with pytest.raises(DataError, match="does not fit uint16"):
+        data.write_shard(tmp_path / "s.bin", np.array([1, 70000]), "uint16")
+    with pytest.raises(DataError, match="uint16 or uint32"):
+        data.write_shard(tmp_path / "s.bin", np.array([1]), "int32")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_damaged_shard_headers_are_named(tmp_path):
+    path = tmp_path / "s.bin"
+    data.write_shard(path, np.arange(10), "uint16")
+    good = path.read_bytes()
+    cases = {"bad magic": b"NOTTOKS\x00" + good[8:], "version": good[:8] + b"\x09" + good[9:],
+             "token size": good[:12] + b"\x03" + good[13:], "header says 10": good[:-2],
+             "shorter than": good[:20]}
+    for message, damaged in cases.items():
+        path.write_bytes(damaged)
+        with pytest.raises(DataError, match=message):
+            data.read_shard(path)
+
+
+def test_shard_writer_splits_streams(tmp_path):
+    writer = data.ShardWriter(tmp_path, "train", np.dtype("uint16"), shard_tokens=4)
+    for doc in ([1, 2, 3], [4, 5], [6, 7, 8, 9, 10]):
+        writer.add(np.array(doc, dtype=np.uint16))
+    shards = writer.close()
+    assert [s["tokens"] for s in shards] == [4, 4, 2]
+    assert np.concatenate([data.read_shard(tmp_path / s["file"]) for s in shards]).tolist() == list(range(1, 11))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The loader (over a hand-made dataset directory, so it is tested independently of prepare)
+# ---------------------------------------------------------------------------------------------------------------------
+
+def make_dataset(directory: pathlib.Path, shard_lengths: dict, dtype="uint16", vocab=1000) -> pathlib.Path:
+    """A dataset directory whose split streams are 0, 1, 2, ... modulo vocab, cut into shards."""
+    directory.mkdir(parents=True, exist_ok=True)
+    splits = {}
+    for split, lengths in shard_lengths.items():
+        shards, start = [], 0
+        for k, n in enumerate(lengths):
+            name = f"{split}_{k:05d}.bin"
+            data.write_shard(directory / name, np.arange(start, start + n) % vocab, dtype)
+            shards.append({"file": name, "tokens": n})
+            start += n
+        splits[split] = {"documents": 1, "tokens": start, "bytes": 3 * start, "shards": shards}
+    manifest = {"tokenizer": {"file": "tokenizer.json", "vocab_size": vocab, "eot_id": vocab - 1},
+                "splits": splits, "funnel": [], "mixture": None, "dtype": dtype}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
+
+
+def test_get_batch_is_seeded_shifted_and_within_shards(tmp_path):
+    td = data.TokenData(make_dataset(tmp_path / "d", {"train": [500, 300, 9], "val": [100]}, vocab=10 ** 6))
+    x, y = td.get_batch("train", 64, 16, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (64, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, -1], x[:, -1] + 1)
+    assert torch.all(x[:, -1] + 1 < 800)                                      # windows never cross into shard 3
+    assert torch.all((x[:, 0] < 500 - 16) | (x[:, 0] >= 500))                 # nor straddle shards 1 and 2
+    x2, _ = td.get_batch("train", 64, 16, torch.Generator().manual_seed(0))
+    assert torch.equal(x, x2)
+    assert not torch.equal(x, td.get_batch("train", 64, 16, torch.Generator().manual_seed(1))[0])
+    assert data.bytes_per_token(td) == 3.0 and data.bytes_per_token(tmp_path / "d", "train") == 3.0
+    with pytest.raises(DataError, match="block_size=200"):
+        td.get_batch("val", 1, 200)
+    with pytest.raises(DataError, match="no split 'test'"):
+        td.get_batch("test", 1, 2)
+
+
+def test_uint32_dataset_loads(tmp_path):
+    td = data.TokenData(make_dataset(tmp_path / "d", {"train": [70000], "val": [10]}, "uint32", vocab=100277))
+    x, y = td.get_batch("train", 8, 32, torch.Generator().manual_seed(0))
+    assert torch.equal(y, x + 1) and td.vocab_size == 100277
+
+
+def test_iterator_covers_every_window_once_per_epoch(tmp_path):
+    td = data.TokenData(make_dataset(tmp_path / "d", {"train": [41, 25], "val": [10]}, vocab=10 ** 6))
+    it = td.iterator("train", batch_size=2, block_size=4, seed=0)
+    assert it.num_windows == 10 + 6
+    starts = [int(v) for _ in range(8) for v in it.next()[0][:, 0]]
+    assert sorted(starts) == [4 * k for k in range(10)] + [41 + 4 * k for k in range(6)]
+    assert it.state_dict()["epoch"] == 0
+    it.next()
+    assert it.state_dict()["epoch"] == 1                                      # a new permutation
+    plain = td.iterator("train", 2, 4, shuffle=False)
+    assert [int(v) for v in plain.next()[0][:, 0]] == [0, 4]
+
+
+def test_iterator_ranks_partition_the_single_process_batch(tmp_path):
+    td = data.TokenData(make_dataset(tmp_path / "d", {"train": [1000], "val": [10]}, vocab=10 ** 6))
+    single = td.iterator("train", 8, 8, seed=5)
+    ranks = [td.iterator("train", 2, 8, rank=r, world_size=4, seed=5) for r in range(4)]
+    for _ in range(20):                                                       # crosses an epoch boundary
+        x, y = single.next()
+        parts = [it.next() for it in ranks]
+        assert torch.equal(x, torch.cat([p[0] for p in parts])) and torch.equal(y, torch.cat([p[1] for p in parts]))
+    with pytest.raises(DataError, match="outside world size"):
+        td.iterator("train", 2, 8, rank=4, world_size=4)
+    with pytest.raises(DataError, match="fewer than batch_size"):
+        td.iterator("val", 4, 8)
+
+
+def test_iterator_resume_gives_the_same_next_batches(tmp_path):
+    td = data.TokenData(make_dataset(tmp_path / "d", {"train": [3000], "val": [10]}, vocab=10 ** 6))
+    it = td.iterator("train", 4, 16, seed=1)
+    for _ in range(50):
+        it.next()
+    state = it.state_dict()
+    assert all(type(v) is int for v in state.values())
+    json.dumps(state)
+    expected = [it.next() for _ in range(10)]
+    resumed = td.iterator("train", 4, 16, seed=1)
+    resumed.load_state_dict(state)
+    for (x, y), (rx, ry) in zip(expected, [resumed.next() for _ in range(10)]):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+    with pytest.raises(DataError, match="block_size=16"):
+        td.iterator("train", 4, 32, seed=1).load_state_dict(state)
+
+
+def test_damaged_dataset_is_named(tmp_path):
+    with pytest.raises(DataError, match="no readable manifest"):
+        data.TokenData(tmp_path)
+    d = make_dataset(tmp_path / "d", {"train": [100], "val": [10]})
+    with open(d / "train_00000.bin", "ab") as f:
+        f.write(b"\x00")
+    with pytest.raises(DataError, match="damaged shard"):
+        data.TokenData(d)
