@@ -1,0 +1,1077 @@
+"""Evaluation: did training work? Perplexity, bits-per-byte, exact match, contamination, and the emergence lesson.
+
+A trained model is judged on text it has never seen (the held-out split, cut before training and deduplicated
+together with the training data, or we would be grading it on questions it has already read).
+
+1. Perplexity. The model's loss on a token is -ln p(right token), in nats. Averaged over the held-out tokens it is
+   the cross-entropy L, and perplexity = exp(L): "how many choices the model hesitates between". A model that
+   spreads its probability evenly over a vocabulary of V tokens has L = ln V and perplexity exactly V.
+
+2. Bits-per-byte. Perplexity is an average *per token*, and a token of one tokenizer is not the same amount of text
+   as a token of another, so perplexities of models with different tokenizers cannot be compared. The lecture's
+   example: the same 1,000-byte text is 250 tokens for model A at perplexity 18 and 400 tokens for model B at
+   perplexity 12. B looks better, but A's total loss is 250 x ln 18 = 723 nats and B's is 400 x ln 12 = 994 nats:
+   A predicts the text better. Divide by what both share, the bytes:
+
+       bits-per-byte = total nats / UTF-8 bytes / ln 2        A: 723 / 1000 / 0.693 = 1.04    B: 994 / 1000 / 0.693 = 1.43
+
+   (`python evaluate.py bpb` prints this table.) Bits-per-byte is also what compression means: 1.04 bits per byte is
+   a text compressed to 13% of its size.
+
+3. Long texts. The model sees at most `block_size` tokens. Cutting a long text into disjoint blocks makes the first
+   tokens of every block guess with almost no context. A sliding window with a stride s < block_size moves by s
+   tokens and scores only the s newest tokens, so each token is scored exactly once with at least block_size - s
+   tokens of context (at the cost of block_size / s times the compute). When the text fits in one window the
+   result is exactly the plain evaluation.
+
+4. Exact match. A set of questions with known answers ("The capital of France is" -> "Paris"), answered by greedy
+   decoding, scored 1 only when the answer is exactly right after a documented normalisation (`normalize_answer`).
+   It says whether the model is usable, but it is coarse: an extra token makes the answer wrong. The built-in task
+   needs no download: LAMBADA-style last-word prediction on held-out paragraphs, scored both as exact match and as
+   the probability the model gives the right word (a continuous metric).
+
+5. Emergence. If a task needs k steps all right and the model gets each step right with probability p, exact match
+   is p^k. With k = 5, a smooth per-step accuracy 0.5 / 0.6 / 0.7 / 0.8 / 0.9 / 0.95 gives exact match
+   0.03 / 0.08 / 0.17 / 0.33 / 0.59 / 0.77: near zero for the first half, then a sudden climb. A plot of that
+   looks like an ability "appearing" at some scale (Wei et al. 2022); Schaeffer et al. (2023) argue that much of it
+   is the discontinuous metric. `python evaluate.py emergence` prints the table and, given the checkpoints of a
+   scaling sweep, plots per-token accuracy (smooth) against k-token exact match (sudden) across real model sizes.
+   Before calling a jump "emergence", ask what the metric is, and whether a continuous one jumps too.
+
+6. Contamination. If evaluation text leaked into the training data, the score measures memory, not skill.
+   The common check (GPT-3 and after): an evaluation document is contaminated when one of its 13-word sequences
+   (13-grams, lowercased words, punctuation ignored) also occurs in the training corpus. We report it per
+   document and can drop the contaminated ones. The training side is stored as a sorted numpy array of 64-bit
+   n-gram hashes (8 bytes per n-gram), so the Python standard library (about 30 MB of text) fits easily.
+
+The metrics work on any causal language model that maps token ids (B, T) to logits (B, T, V) (or returns
+(logits, loss)). Loading our checkpoints uses sibling files: model.py (GPT, GPTConfig), bpe.py (Tokenizer) and
+data.py (held-out token shards); they are imported only where needed, so the metrics can be copied alone.
+
+    python evaluate.py --ckpt out/                       held-out loss, perplexity, bits-per-byte, last-word task
+    python evaluate.py --ckpt out/ --data wiki.test.raw  the same on any text file
+    python evaluate.py emergence [--ckpt A --ckpt B ...] the lecture's table; the plot from a sweep's checkpoints
+    python evaluate.py contamination --train T --eval E  13-gram overlap per evaluation document
+    python evaluate.py compare --ckpt A --ckpt B --data F   two tokenizers, one text, compared by bits-per-byte
+    python evaluate.py sample --ckpt out/ --prompt "def" streaming generation
+"""
+from __future__ import annotations
+
+import argparse
+import codecs
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import random
+import re
+import resource
+import sys
+import tempfile
+import time
+import unicodedata
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+class EvalError(Exception):
+    """A bad input (missing checkpoint, malformed task file, empty evaluation set): one line for the user."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1. Perplexity and bits-per-byte
+# ----------------------------------------------------------------------------------------------------------------
+
+LN2 = math.log(2.0)
+
+
+def perplexity(mean_nats: float) -> float:
+    """exp of the mean per-token loss in nats. perplexity(math.log(18)) -> 18.0"""
+    return math.exp(mean_nats)
+
+
+def bits_per_byte(total_nats: float, n_bytes: int) -> float:
+    """Total loss of a text in nats -> bits per UTF-8 byte. bits_per_byte(250 * math.log(18), 1000) -> 1.0425"""
+    if n_bytes <= 0:
+        raise EvalError("bits-per-byte needs a text of at least one byte")
+    return total_nats / n_bytes / LN2
+
+
+def bpb_from_perplexity(n_tokens: int, ppl: float, n_bytes: int) -> float:
+    """The lecture's conversion: n_tokens at perplexity ppl over n_bytes. (400, 12, 1000) -> 1.434"""
+    return bits_per_byte(n_tokens * math.log(ppl), n_bytes)
+
+
+def bpb_table(rows: list[tuple[str, int, float]], n_bytes: int) -> str:
+    """Rows (name, tokens, perplexity) over the same text -> a table showing why per-token perplexity misleads."""
+    lines = [f"same text of {n_bytes:,} bytes", f"{'model':<8}{'tokens':>8}{'ppl':>8}{'total nats':>12}{'bits/byte':>11}"]
+    for name, n_tokens, ppl in rows:
+        lines.append(f"{name:<8}{n_tokens:>8,}{ppl:>8g}{n_tokens * math.log(ppl):>12.0f}"
+                     f"{bpb_from_perplexity(n_tokens, ppl, n_bytes):>11.2f}")
+    best = min(rows, key=lambda r: bpb_from_perplexity(r[1], r[2], n_bytes))
+    lines.append(f"lower bits-per-byte predicts the text better: {best[0]}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. Scoring every token of a long text with a sliding window
+# ----------------------------------------------------------------------------------------------------------------
+
+def logits_of(model, idx: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) for ids (B, T) from a model that returns logits or (logits, loss)."""
+    out = model(idx)
+    logits = out[0] if isinstance(out, (tuple, list)) else out
+    if logits.dim() != 3 or logits.shape[:2] != idx.shape:
+        raise EvalError(f"the model returned logits of shape {tuple(logits.shape)} for input {tuple(idx.shape)}; "
+                        "evaluation needs logits for every position (B, T, V)")
+    return logits
+
+
+def window_plan(n_ids: int, block_size: int, stride: int) -> list[tuple[int, int, int]]:
+    """Windows (start, end, first) over n_ids ids: the input is ids[start:end], the targets ids[start+1:end+1], and
+    only the targets ids[first+1:end+1] are new to this window. Each of the n_ids - 1 targets is scored once.
+
+    window_plan(10, 4, 2) -> [(0, 4, 0), (2, 6, 4), (4, 8, 6), (5, 9, 8)]
+    (the first window scores ids 1..4, the next ones the 2 newest ids each, the last one the single id left).
+    """
+    if not 1 <= stride <= block_size:
+        raise EvalError(f"stride must be between 1 and the block size {block_size}, got {stride}")
+    last = n_ids - 1                       # index of the last target
+    end = min(block_size, last)
+    plan = [(0, end, 0)]
+    while end < last:
+        new_end = min(end + stride, last)
+        plan.append((max(0, new_end - block_size), new_end, end))
+        end = new_end
+    return plan
+
+
+@dataclasses.dataclass
+class TokenScores:
+    """Per-target results of a teacher-forced pass: nll[i] = -ln p(ids[i+1] | ids[:i+1]) and correct[i] = whether
+    the model's top choice was ids[i+1]."""
+    nll: np.ndarray        # (N-1,) float64, nats
+    correct: np.ndarray    # (N-1,) bool
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.nll)
+
+    @property
+    def total_nats(self) -> float:
+        return float(self.nll.sum())
+
+    @property
+    def mean_nats(self) -> float:
+        return self.total_nats / self.n_tokens
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.correct.mean())
+
+
+@torch.no_grad()
+def score_tokens(model, ids, block_size: int, stride: int | None = None, batch_size: int = 8) -> TokenScores:
+    """Teacher-forced loss and top-1 correctness for every id after the first, with a sliding window.
+
+    ids: a sequence of N >= 2 token ids. stride defaults to block_size (disjoint blocks).
+    Windows of equal length are stacked into batches of `batch_size` (B, block_size).
+    """
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    if ids.numel() < 2:
+        raise EvalError(f"the evaluation text is {ids.numel()} token(s); at least 2 are needed (give a longer text)")
+    plan = window_plan(ids.numel(), block_size, stride or block_size)
+    nll = np.empty(ids.numel() - 1, dtype=np.float64)
+    correct = np.empty(ids.numel() - 1, dtype=bool)
+    # The first window may be shorter than block_size; every later one has exactly block_size ids, so they stack.
+    groups = [plan[:1]] + [plan[i:i + batch_size] for i in range(1, len(plan), batch_size)]
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        for group in groups:
+            x = torch.stack([ids[s:e] for s, e, _ in group])             # (B, T)
+            y = torch.stack([ids[s + 1:e + 1] for s, e, _ in group])     # (B, T)
+            logits = logits_of(model, x).float()                         # (B, T, V)
+            token_nll = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")   # (B, T)
+            hit = logits.argmax(dim=-1) == y                                            # (B, T)
+            for row, (s, e, first) in enumerate(group):
+                new = slice(first - s, e - s)      # window positions whose targets were not scored before
+                nll[first:e] = token_nll[row, new].double().numpy()
+                correct[first:e] = hit[row, new].numpy()
+    finally:
+        if was_training:
+            model.train()
+    return TokenScores(nll, correct)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. Exact match: greedy answers, a documented normalisation, and the probability of the right answer
+# ----------------------------------------------------------------------------------------------------------------
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(text: str) -> str:
+    """The normalisation exact match compares under (SQuAD's, plus Unicode NFKC first):
+    NFKC (full-width letters, ligatures -> plain ones), case-folded, punctuation (Unicode category P*) deleted,
+    the articles a / an / the dropped, whitespace runs collapsed to one space, ends stripped.
+
+    normalize_answer("  The Eiffel Tower! ") -> "eiffel tower"      normalize_answer("ＰＡＲＩＳ.") -> "paris"
+    """
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = "".join(ch for ch in text if not unicodedata.category(ch).startswith("P"))
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, answer: str) -> bool:
+    """exact_match("the Paris.", "Paris") -> True; exact_match("Paris, France", "Paris") -> False"""
+    return normalize_answer(prediction) == normalize_answer(answer)
+
+
+def leading_words(text: str, n_words: int) -> str:
+    """What a greedy continuation answered: its first line, cut to the answer's number of words.
+    leading_words(" Paris is big\\nNext", 1) -> "Paris"
+    """
+    return " ".join(text.split("\n")[0].split()[:n_words])
+
+
+@dataclasses.dataclass
+class Task:
+    """One question: the model continues `prompt`; `answer` is the right continuation (with its leading space)."""
+    prompt: str
+    answer: str
+
+
+def read_tasks(path) -> list[Task]:
+    """A jsonl task file: one {"prompt": "...", "answer": "..."} object per line (blank lines skipped).
+    A malformed line is reported with its number."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise EvalError(f"task file {path} not found: give a jsonl file of {{\"prompt\": ..., \"answer\": ...}} lines")
+    tasks = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EvalError(f"{path} line {number}: not valid JSON ({e.msg}); each line must be one JSON object")
+            if not (isinstance(item, dict) and isinstance(item.get("prompt"), str)
+                    and isinstance(item.get("answer"), str) and item["answer"].strip()):
+                raise EvalError(f"{path} line {number}: needs string fields \"prompt\" and a non-empty \"answer\"")
+            tasks.append(Task(item["prompt"], item["answer"]))
+    if not tasks:
+        raise EvalError(f"task file {path} has no tasks: add jsonl lines {{\"prompt\": ..., \"answer\": ...}}")
+    return tasks
+
+
+def split_paragraphs(text: str) -> list[str]:
+    """Paragraphs are separated by blank (or whitespace-only) lines. "a\\nb\\n \\nc" -> ["a\\nb", "c"]"""
+    paragraphs, current = [], []
+    for line in text.splitlines():
+        if line.strip():
+            current.append(line)
+        elif current:
+            paragraphs.append("\n".join(current))
+            current = []
+    if current:
+        paragraphs.append("\n".join(current))
+    return paragraphs
+
+
+# The last word of a paragraph: letters only, after a space, followed only by punctuation (WikiText spaces it out).
+_LAST_WORD = re.compile(r" ([^\W\d_]+)(?:\s*[^\w\s])*\s*$")
+
+
+def last_word_tasks(documents: list[str], n_items: int = 200, min_words: int = 20, seed: int = 0,
+                    max_prompt_chars: int = 2000) -> list[Task]:
+    """LAMBADA-style items from held-out documents: at the end of every paragraph of min_words+ words, predict its
+    last word from everything before it in the document (the last max_prompt_chars characters of it).
+
+    A paragraph ends at a blank line or the end of the document, and a line of min_words+ words is a paragraph by
+    itself (WikiText puts one paragraph per line). "... the lobsters are blue ." gives
+    Task(prompt="... the lobsters are", answer=" blue"). At most n_items, drawn with `seed`, kept in order.
+    """
+    items = []
+    for doc in documents:
+        lines = doc.split("\n")
+        offset, words_so_far = 0, 0
+        for i, line in enumerate(lines):
+            n_words = len(line.split())
+            words_so_far = words_so_far + n_words if n_words else 0
+            ends_paragraph = n_words and (i + 1 == len(lines) or not lines[i + 1].strip() or n_words >= min_words)
+            if ends_paragraph:
+                m = _LAST_WORD.search(line)
+                if m and words_so_far >= min_words:
+                    cut = offset + m.start()
+                    prompt = doc[max(0, cut - max_prompt_chars):cut]
+                    if cut > max_prompt_chars:          # do not start in the middle of a word
+                        prompt = prompt[prompt.find(" ") + 1:]
+                    items.append(Task(prompt, " " + m.group(1)))
+                words_so_far = 0
+            offset += len(line) + 1
+    if not items:
+        raise EvalError(f"no held-out paragraph has {min_words}+ words ending in a word: "
+                        "evaluate on a longer text (--data) or lower --min-words")
+    if len(items) > n_items:
+        keep = sorted(random.Random(seed).sample(range(len(items)), n_items))
+        items = [items[i] for i in keep]
+    return items
+
+
+@torch.no_grad()
+def greedy_continue(model, prompt_ids: list[int], max_new_tokens: int, block_size: int,
+                    stop=lambda ids: False) -> list[int]:
+    """Greedy decoding: append the top token max_new_tokens times (context cropped to block_size), stopping early
+    when stop(new_ids) is true. Returns the new ids."""
+    ids = list(prompt_ids)
+    new = []
+    for _ in range(max_new_tokens):
+        x = torch.tensor([ids[-block_size:]], dtype=torch.long)       # (1, T)
+        token = int(logits_of(model, x)[0, -1].argmax())
+        new.append(token)
+        ids.append(token)
+        if stop(new):
+            break
+    return new
+
+
+@torch.no_grad()
+def score_answer(model, prompt_ids: list[int], answer_ids: list[int], block_size: int) -> tuple[float, int]:
+    """Teacher-forced: (ln p(answer | prompt), how many answer tokens were the model's top choice).
+    All answer tokens top-1 <=> greedy decoding from the prompt produces exactly these tokens."""
+    ids = list(prompt_ids) + list(answer_ids)
+    x = torch.tensor([ids[:-1][-block_size:]], dtype=torch.long)      # (1, T): the prompt is cropped on the left
+    y = torch.tensor(answer_ids, dtype=torch.long)                    # (A,)
+    logits = logits_of(model, x)[0, -len(answer_ids):].float()       # (A, V): the positions predicting the answer
+    logprob = -F.cross_entropy(logits, y, reduction="sum").item()
+    return logprob, int((logits.argmax(-1) == y).sum())
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    """Text -> ids with no special-token parsing (evaluation text is data, not markup); through the tokenizer's
+    tiktoken twin when it has one (same ids, Rust speed)."""
+    if hasattr(tokenizer, "to_tiktoken"):
+        return tokenizer.to_tiktoken().encode_ordinary(text)
+    if hasattr(tokenizer, "encode_ordinary"):
+        return list(tokenizer.encode_ordinary(text))
+    return list(tokenizer.encode(text))
+
+
+def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_tokens: int = 4,
+                   n_examples: int = 3) -> dict:
+    """Exact match by greedy decoding, plus the continuous view of the same answers.
+
+    For each task: greedy-decode up to len(answer tokens) + slack_tokens tokens (stopping at a newline or
+    end-of-text), keep the first line's first as many words as the answer has, and compare under normalize_answer.
+    The same answers are also scored teacher-forced: p(answer | prompt) and the fraction of answer tokens that were
+    the model's top choice.
+    """
+    if not tasks:
+        raise EvalError("the task set is empty: nothing to score")
+    eot = getattr(tokenizer, "eot_id", None)
+
+    def stop(new_ids):
+        return (eot is not None and new_ids[-1] == eot) or "\n" in tokenizer.decode(new_ids)
+
+    hits, probs, token_hits, token_total, examples = 0, [], 0, 0, []
+    for number, task in enumerate(tasks, 1):
+        prompt_ids, answer_ids = _encode(tokenizer, task.prompt), _encode(tokenizer, task.answer)
+        if not prompt_ids:
+            prompt_ids = [eot] if eot is not None else []
+        if not prompt_ids or not answer_ids or len(answer_ids) >= block_size:
+            raise EvalError(f"task {number}: the prompt must be non-empty and the answer shorter than the "
+                            f"{block_size}-token context")
+        logprob, n_top = score_answer(model, prompt_ids, answer_ids, block_size)
+        generated = greedy_continue(model, prompt_ids, len(answer_ids) + slack_tokens, block_size, stop)
+        if eot is not None and generated and generated[-1] == eot:
+            generated = generated[:-1]
+        prediction = leading_words(tokenizer.decode(generated), max(1, len(task.answer.split())))
+        hit = exact_match(prediction, task.answer)
+        hits += hit
+        probs.append(math.exp(logprob))
+        token_hits += n_top
+        token_total += len(answer_ids)
+        if len(examples) < n_examples:
+            examples.append({"prompt_tail": task.prompt[-60:], "answer": task.answer, "prediction": prediction,
+                             "exact_match": hit, "p_answer": math.exp(logprob)})
+    return {"items": len(tasks), "exact_match": hits / len(tasks), "p_answer": float(np.mean(probs)),
+            "answer_token_accuracy": token_hits / token_total, "examples": examples}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 4. Emergence: smooth per-step accuracy, sudden exact match
+# ----------------------------------------------------------------------------------------------------------------
+
+LECTURE_PER_STEP = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+def exact_match_from_per_step(per_step: float, k: int = 5) -> float:
+    """All k independent steps right: per_step ** k. exact_match_from_per_step(0.8) -> 0.328"""
+    return per_step ** k
+
+
+def emergence_table(per_step=LECTURE_PER_STEP, k: int = 5) -> str:
+    """The lecture's table: per-step accuracy 0.5 ... 0.95 -> 5-step exact match 0.03 ... 0.77."""
+    head = f"{'per-step accuracy':<22}" + "".join(f"{p:>7.2f}" for p in per_step)
+    row = f"{f'{k}-step exact match':<22}" + "".join(f"{exact_match_from_per_step(p, k):>7.2f}" for p in per_step)
+    return head + "\n" + row
+
+
+def k_token_exact_match(correct: np.ndarray, k: int) -> float:
+    """Fraction of start positions t whose next k tokens are all the model's top choice (teacher-forced), which is
+    exactly the fraction where greedy decoding from the true prefix reproduces the next k tokens.
+    k_token_exact_match(np.array([1, 1, 0, 1, 1, 1], bool), 2) -> 3/5
+    """
+    if len(correct) < k:
+        raise EvalError(f"{len(correct)} scored tokens cannot hold a {k}-token run: evaluate more tokens")
+    run = np.concatenate([[0], np.cumsum(correct, dtype=np.int64)])
+    return float(np.mean(run[k:] - run[:-k] == k))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 5. Contamination: 13-gram overlap between evaluation documents and the training corpus
+# ----------------------------------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"\w+")
+_UNKNOWN = np.uint64(2**64 - 1)          # id of a word the training corpus never had
+_HASH_BASE = np.uint64(0x100000001B3)    # odd multiplier of the polynomial n-gram hash (mod 2^64)
+
+
+def words(text: str) -> list[str]:
+    """The unit of contamination: lowercased runs of letters/digits; punctuation and spacing are ignored.
+    words("It's 13 words, or so.") -> ["it", "s", "13", "words", "or", "so"]"""
+    return _WORD.findall(text.lower())
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: spreads small consecutive word ids over all 64 bits (uint64 arithmetic wraps)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
+    """64-bit hash of every run of n consecutive word ids: h = sum_j mix(id[i+j]) * BASE^(n-1-j) mod 2^64.
+    (len(word_ids) - n + 1,) uint64; empty when the document has fewer than n words. Two different n-grams share
+    a hash with probability about 2^-64, so a false hit needs ~10^19 comparisons."""
+    count = len(word_ids) - n + 1
+    if count <= 0:
+        return np.empty(0, dtype=np.uint64)
+    mixed = _mix64(word_ids.astype(np.uint64) + np.uint64(1))
+    h = np.zeros(count, dtype=np.uint64)
+    for j in range(n):                   # Horner's rule over the n positions, all start positions at once
+        h = h * _HASH_BASE + mixed[j:j + count]
+    return h
+
+
+class NgramIndex:
+    """The training side of the check: every n-gram hash of the corpus in one sorted uint64 array (8 bytes each).
+
+    index = NgramIndex(13); index.add(doc) for each training document; index.freeze(); then overlap(index, text).
+    Words get integer ids from a dict shared by both sides, so identical words hash identically.
+    """
+
+    def __init__(self, n: int = 13):
+        self.n = n
+        self.vocab: dict[str, int] = {}
+        self.words_seen = 0
+        self.documents = 0
+        self._parts: list[np.ndarray] = []
+        self.hashes = np.empty(0, dtype=np.uint64)
+
+    def add(self, text: str) -> None:
+        tokens = words(text)
+        vocab = self.vocab
+        ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in tokens), dtype=np.uint64, count=len(tokens))
+        self._parts.append(ngram_hashes(ids, self.n))
+        self.words_seen += len(tokens)
+        self.documents += 1
+
+    def freeze(self) -> "NgramIndex":
+        """Sort and deduplicate (sort + neighbour compare: np.unique is ~20x slower on uint64 in numpy 2.x)."""
+        hashes = np.concatenate([self.hashes, *self._parts])
+        hashes.sort()
+        self.hashes = hashes[np.concatenate([[True], hashes[1:] != hashes[:-1]])] if len(hashes) else hashes
+        self._parts = []
+        return self
+
+    def contains(self, hashes: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of these hashes occur in the training corpus (binary search)."""
+        if not len(self.hashes):
+            return np.zeros(len(hashes), dtype=bool)
+        at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
+        return self.hashes[at] == hashes
+
+
+def overlap(index: NgramIndex, text: str) -> dict:
+    """The n-grams of one evaluation document found in the training corpus.
+    -> {"words", "ngrams", "overlapping", "fraction", "example"}: example is the first shared n-gram (or None)."""
+    tokens = words(text)
+    n = index.n
+    ids = np.fromiter((index.vocab.get(w, _UNKNOWN) for w in tokens), dtype=np.uint64, count=len(tokens))
+    hashes = ngram_hashes(ids, n)
+    hit = index.contains(hashes)
+    if len(hashes):                       # an n-gram with a word the corpus never had cannot be in it
+        known = np.concatenate([[0], np.cumsum(ids != _UNKNOWN, dtype=np.int64)])
+        hit &= (known[n:] - known[:-n]) == n
+    first = int(np.argmax(hit)) if hit.any() else None
+    return {"words": len(tokens), "ngrams": len(hashes), "overlapping": int(hit.sum()),
+            "fraction": float(hit.mean()) if len(hashes) else 0.0,
+            "example": " ".join(tokens[first:first + n]) if first is not None else None}
+
+
+def contamination_report(train_documents, eval_documents: list[str], n: int = 13, min_overlap: int = 1) -> dict:
+    """Per evaluation document: how many of its n-grams occur in the training documents; contaminated when at
+    least min_overlap do (GPT-3's rule is any, min_overlap=1). Also the time and memory the check took."""
+    if not eval_documents:
+        raise EvalError("the evaluation set has no documents: nothing to check")
+    start = time.perf_counter()
+    index = NgramIndex(n)
+    for doc in train_documents:
+        index.add(doc)
+    index.freeze()
+    built = time.perf_counter()
+    if index.documents == 0:
+        raise EvalError("the training corpus has no documents: nothing to check against")
+    per_doc = []
+    for i, doc in enumerate(eval_documents):
+        row = overlap(index, doc)
+        row.update(doc=i, contaminated=row["overlapping"] >= min_overlap, preview=" ".join(doc.split())[:60])
+        per_doc.append(row)
+    flagged = sum(r["contaminated"] for r in per_doc)
+    return {
+        "n": n, "min_overlap": min_overlap,
+        "train_documents": index.documents, "train_words": index.words_seen, "train_ngrams": len(index.hashes),
+        "eval_documents": len(per_doc), "eval_checkable": sum(r["ngrams"] > 0 for r in per_doc),
+        "contaminated": flagged, "contaminated_fraction": flagged / len(per_doc),
+        "index_mb": index.hashes.nbytes / 2**20, "vocab_words": len(index.vocab),
+        "build_s": built - start, "check_s": time.perf_counter() - built,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "documents": per_doc,
+    }
+
+
+def format_contamination(report: dict, show: int = 10) -> str:
+    """A summary and the most contaminated documents."""
+    r = report
+    lines = [
+        f"training corpus : {r['train_documents']:,} documents, {r['train_words']:,} words, "
+        f"{r['train_ngrams']:,} distinct {r['n']}-grams ({r['index_mb']:.1f} MB index, built in {r['build_s']:.1f} s)",
+        f"evaluation set  : {r['eval_documents']:,} documents, {r['eval_checkable']:,} with {r['n']}+ words "
+        f"(checked in {r['check_s']:.2f} s; peak process memory {r['peak_rss_mb']:.0f} MB)",
+        f"contaminated    : {r['contaminated']:,} documents ({100 * r['contaminated_fraction']:.1f}%) share "
+        f">= {r['min_overlap']} {r['n']}-gram(s) with the training corpus",
+    ]
+    worst = sorted((d for d in r["documents"] if d["contaminated"]), key=lambda d: (-d["fraction"], d["doc"]))
+    if worst:
+        lines.append(f"{'doc':>6} {'ngrams':>7} {'shared':>7} {'frac':>6}  first shared {r['n']}-gram")
+        for d in worst[:show]:
+            lines.append(f"{d['doc']:>6} {d['ngrams']:>7} {d['overlapping']:>7} {d['fraction']:>6.2f}  {d['example']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 6. Checkpoints and evaluation text
+# ----------------------------------------------------------------------------------------------------------------
+
+def load_model(ckpt_path) -> tuple[object, object, dict]:
+    """(GPT in eval mode, bpe.Tokenizer, checkpoint dict) from a checkpoint file or a run directory (its newest
+    checkpoint that loads), via train.py's loader (torch.load with weights_only=True: no pickle code runs)."""
+    import train
+    path = pathlib.Path(ckpt_path)
+    if not path.exists():
+        raise EvalError(f"checkpoint {path} not found: train one (python train.py) or pass --ckpt FILE_OR_RUN_DIR")
+    try:
+        ckpt = train.load_checkpoint(path, log=lambda message: print(message, file=sys.stderr))
+    except train.TrainError as e:
+        raise EvalError(f"cannot load checkpoint: {e}") from e
+    if not ckpt.get("tokenizer_json"):
+        raise EvalError(f"checkpoint {ckpt['path']} has no tokenizer (tokenizer_json): evaluation needs the tokenizer "
+                        "it was trained with; save checkpoints with train.py, which embeds it")
+    try:
+        model, tokenizer = train.model_from_checkpoint(ckpt)
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        raise EvalError(f"checkpoint {ckpt['path']} is damaged ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+    return model, tokenizer, ckpt
+
+
+TEXT_SUFFIXES = {".txt", ".raw", ".md", ".rst", ".py", ".tokens", ".text", ".utf8"}
+
+
+def _read_text(path: pathlib.Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise EvalError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): give a text file") from e
+
+
+
+@dataclasses.dataclass
+class HeldOut:
+    """Evaluation text as the model sees it: ids (each document preceded by <|endoftext|> when the tokenizer has
+    one, as data.py packs them), the UTF-8 bytes of the text (for bits-per-byte) and the documents themselves."""
+    name: str
+    ids: np.ndarray            # (N,) int64
+    n_bytes: int
+    documents: list[str]
+
+
+def held_out_from_documents(name: str, documents: list[str], tokenizer) -> HeldOut:
+    """Tokenize documents with the model's tokenizer; every byte of text is inside a predicted token."""
+    documents = [d for d in documents if d.strip()]
+    if not documents:
+        raise EvalError(f"the evaluation set {name} is empty: give a text with at least one non-blank document")
+    eot = getattr(tokenizer, "eot_id", None)
+    pieces = []
+    for doc in documents:
+        if eot is not None:
+            pieces.append([eot])
+        pieces.append(_encode(tokenizer, doc if eot is not None else doc + "\n\n"))
+    ids = np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
+    n_bytes = sum(len(d.encode("utf-8")) + (0 if eot is not None else 2) for d in documents)
+    return HeldOut(name, ids, n_bytes, documents)
+
+
+def _data_error_types():
+    import data as data_lib
+    return data_lib, (data_lib.DataError, OSError, KeyError, ValueError)
+
+
+def held_out_from_data_dir(data_dir, tokenizer, tokenizer_json: str | None = None, split: str = "val") -> HeldOut:
+    """The held-out split of a prepared dataset directory (data.py's shards). Its ids are used as they are when the
+    dataset was tokenized by this tokenizer; otherwise its text is decoded and re-tokenized."""
+    data_lib, errors = _data_error_types()
+    try:
+        data = data_lib.TokenData(data_dir)
+        shards = data.shards[split] if split in data.shards else None
+        if shards is None:
+            raise EvalError(f"{data_dir} has no {split!r} split; evaluate another text with --data")
+        ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in shards]) if shards else np.zeros(0, np.int64)
+        n_bytes = int(data.manifest["splits"][split]["bytes"])
+        data_tokenizer = data.tokenizer
+    except errors as e:
+        raise EvalError(f"cannot read the dataset {data_dir}: {e}") from e
+    if len(ids) < 2:
+        raise EvalError(f"the {split} split of {data_dir} is empty: prepare the data with a validation split")
+    eot = data.eot_id
+    cuts = np.flatnonzero(ids == eot) if eot is not None else np.zeros(0, np.int64)
+    bounds = [0, *cuts.tolist(), len(ids)]
+    documents = [data_tokenizer.decode(ids[a + (a in cuts):b].tolist()) for a, b in zip(bounds, bounds[1:])]
+    documents = [d for d in documents if d]
+    same = tokenizer_json is not None and tokenizer_json == data_tokenizer.to_json()
+    if not same:
+        return held_out_from_documents(f"{data_dir} ({split}, re-tokenized)", documents, tokenizer)
+    return HeldOut(f"{data_dir} ({split})", ids, n_bytes, documents)
+
+
+def held_out_from_source(spec: str, tokenizer, tokenizer_json: str | None = None) -> HeldOut:
+    """--data: a prepared dataset directory (its val split), or anything data.py reads (a .txt/.raw/.jsonl file,
+    a directory of them, pydocs, pystdlib), read as documents and tokenized with the model's tokenizer."""
+    path = pathlib.Path(spec)
+    if (path / "manifest.json").is_file():
+        return held_out_from_data_dir(path, tokenizer, tokenizer_json)
+    data_lib, errors = _data_error_types()
+    try:
+        documents = list(data_lib.open_source(spec).documents())
+    except errors as e:
+        raise EvalError(f"cannot read --data {spec}: {e}") from e
+    return held_out_from_documents(spec, documents, tokenizer)
+
+
+def checkpoint_held_out(ckpt: dict, tokenizer, data: str | None) -> HeldOut:
+    """--data if given, else the validation split the checkpoint was trained beside."""
+    if data:
+        return held_out_from_source(data, tokenizer, ckpt.get("tokenizer_json"))
+    data_dir = ckpt.get("data_dir")
+    if not data_dir or not (pathlib.Path(data_dir) / "manifest.json").is_file():
+        raise EvalError(f"the checkpoint's dataset {data_dir!r} is not on this machine: pass --data TEXT_OR_DATA_DIR")
+    return held_out_from_data_dir(data_dir, tokenizer, ckpt.get("tokenizer_json"))
+
+
+def perplexity_report(model, held: HeldOut, block_size: int, stride: int | None = None,
+                      max_tokens: int | None = None) -> dict:
+    """Mean loss, perplexity, bits-per-byte and tokens per byte of a model on held-out ids.
+    With max_tokens only a prefix is scored and bits-per-byte uses the split's average bytes per token."""
+    ids = held.ids if not max_tokens else held.ids[:max_tokens + 1]
+    stride = stride or max(1, block_size // 2)
+    scores = score_tokens(model, torch.from_numpy(np.ascontiguousarray(ids)), block_size, stride)
+    whole = len(ids) == len(held.ids)
+    n_bytes = held.n_bytes if whole else held.n_bytes * scores.n_tokens / (len(held.ids) - 1)
+    return {"data": held.name, "tokens": scores.n_tokens, "bytes": round(n_bytes), "whole_split": whole,
+            "block_size": block_size, "stride": stride, "loss": scores.mean_nats,
+            "perplexity": perplexity(scores.mean_nats), "bits_per_byte": bits_per_byte(scores.total_nats, n_bytes),
+            "tokens_per_byte": scores.n_tokens / n_bytes, "token_accuracy": scores.accuracy}
+
+
+def evaluate_checkpoint(ckpt_path, data: str | None = None, stride: int | None = None,
+                        max_tokens: int | None = None, tasks_path=None, last_word_items: int = 200,
+                        min_words: int = 20, seed: int = 0) -> dict:
+    """Everything `python evaluate.py --ckpt PATH` reports, as one dict (written as JSON, printed as a table)."""
+    tasks = read_tasks(tasks_path) if tasks_path else None           # a bad task file fails before any work
+    model, tokenizer, ckpt = load_model(ckpt_path)
+    block_size = model.config.block_size
+    held = checkpoint_held_out(ckpt, tokenizer, data)
+    result = {"checkpoint": ckpt["path"], "step": ckpt.get("step"), "params": model.num_params(),
+              "non_embedding_params": model.num_params(non_embedding=True), "vocab_size": len(tokenizer)}
+    result["held_out"] = perplexity_report(model, held, block_size, stride, max_tokens)
+    result["last_word"] = evaluate_tasks(model, tokenizer, last_word_tasks(held.documents, last_word_items,
+                                                                           min_words, seed), block_size)
+    if tasks is not None:
+        result["tasks"] = dict(evaluate_tasks(model, tokenizer, tasks, block_size), file=str(tasks_path))
+    return result
+
+
+def format_evaluation(result: dict) -> str:
+    h, lw = result["held_out"], result["last_word"]
+    lines = [
+        f"checkpoint      {result['checkpoint']} (step {result['step']}, {result['params']:,} parameters, "
+        f"vocab {result['vocab_size']:,})",
+        f"held-out text   {h['data']}: {h['tokens']:,} tokens, {h['bytes']:,} bytes"
+        + ("" if h["whole_split"] else " (a prefix)") + f", window {h['block_size']} stride {h['stride']}",
+        f"{'metric':<34}{'value':>10}",
+        f"{'loss (nats/token)':<34}{h['loss']:>10.4f}",
+        f"{'perplexity':<34}{h['perplexity']:>10.2f}",
+        f"{'bits per byte':<34}{h['bits_per_byte']:>10.4f}",
+        f"{'tokens per byte':<34}{h['tokens_per_byte']:>10.4f}",
+        f"{'next-token accuracy':<34}{h['token_accuracy']:>10.4f}",
+        f"{'last word: exact match (%d items)' % lw['items']:<34}{lw['exact_match']:>10.4f}",
+        f"{'last word: p(right word), mean':<34}{lw['p_answer']:>10.4f}",
+        f"{'last word: answer-token accuracy':<34}{lw['answer_token_accuracy']:>10.4f}",
+    ]
+    if "tasks" in result:
+        t = result["tasks"]
+        lines += [f"{'tasks: exact match (%d items)' % t['items']:<34}{t['exact_match']:>10.4f}",
+                  f"{'tasks: p(right answer), mean':<34}{t['p_answer']:>10.4f}"]
+    for ex in lw["examples"]:
+        lines.append(f"  ...{ex['prompt_tail'][-40:]!r} -> {ex['prediction']!r} (right: {ex['answer'].strip()!r}, "
+                     f"p = {ex['p_answer']:.3f})")
+    return "\n".join(lines)
+
+
+def write_json(obj, path) -> pathlib.Path:
+    """Write JSON atomically: a temp file in the same directory, then rename (never a half-written file)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 7. Tokenizer-fair comparison: two checkpoints, one text, bits-per-byte
+# ----------------------------------------------------------------------------------------------------------------
+
+def compare_checkpoints(ckpt_paths: list, data: str | None = None, stride: int | None = None,
+                        max_documents: int | None = None) -> list[dict]:
+    """Each model reads the same documents through its own tokenizer; per-token numbers differ in meaning, bits
+    per byte do not. Without --data, the first checkpoint's held-out documents are used for all."""
+    if len(ckpt_paths) < 2:
+        raise EvalError("compare needs at least two checkpoints: --ckpt A --ckpt B")
+    documents, name, rows = None, data, []
+    for path in ckpt_paths:
+        model, tokenizer, ckpt = load_model(path)
+        if documents is None:
+            documents = checkpoint_held_out(ckpt, tokenizer, data).documents[:max_documents]
+            name = data or f"held-out text of {ckpt['path']}"
+        held = held_out_from_documents(name, documents, tokenizer)
+        report = perplexity_report(model, held, model.config.block_size, stride)
+        rows.append(dict(report, checkpoint=ckpt["path"], vocab_size=len(tokenizer)))
+    return rows
+
+
+def format_comparison(rows: list[dict]) -> str:
+    lines = [f"same text: {rows[0]['data']} ({rows[0]['bytes']:,} bytes)",
+             f"{'checkpoint':<40}{'vocab':>7}{'tokens':>10}{'ppl':>9}{'total nats':>12}{'bits/byte':>10}"]
+    for r in rows:
+        lines.append(f"{r['checkpoint'][-40:]:<40}{r['vocab_size']:>7,}{r['tokens']:>10,}{r['perplexity']:>9.2f}"
+                     f"{r['loss'] * r['tokens']:>12,.0f}{r['bits_per_byte']:>10.4f}")
+    best = min(rows, key=lambda r: r["bits_per_byte"])
+    lines.append(f"fewest bits per byte (predicts this text best): {best['checkpoint']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 8. Emergence on real checkpoints: per-token accuracy (smooth) vs k-token exact match (sudden)
+# ----------------------------------------------------------------------------------------------------------------
+
+def emergence_sweep(ckpt_paths: list, k: int = 5, data: str | None = None, max_tokens: int = 20000) -> list[dict]:
+    """For each checkpoint (a scaling sweep's models), on the same held-out text: per-token accuracy, k-token exact
+    match, the p^k prediction from per-token accuracy, and the loss. Sorted by non-embedding parameters."""
+    if not ckpt_paths:
+        raise EvalError("give the sweep's checkpoints: emergence --ckpt RUN1 --ckpt RUN2 ...")
+    documents, rows = None, []
+    for path in ckpt_paths:
+        model, tokenizer, ckpt = load_model(path)
+        if documents is None:
+            documents = checkpoint_held_out(ckpt, tokenizer, data).documents
+        held = held_out_from_documents(data or "held-out text", documents, tokenizer)
+        ids = torch.from_numpy(np.ascontiguousarray(held.ids[:max_tokens + 1]))
+        scores = score_tokens(model, ids, model.config.block_size, max(1, model.config.block_size // 2))
+        rows.append({"checkpoint": ckpt["path"], "non_embedding_params": model.num_params(non_embedding=True),
+                     "loss": scores.mean_nats, "tokens": scores.n_tokens, "per_token_accuracy": scores.accuracy,
+                     f"exact_match_{k}": k_token_exact_match(scores.correct, k),
+                     f"accuracy_pow_{k}": scores.accuracy ** k})
+    return sorted(rows, key=lambda r: r["non_embedding_params"])
+
+
+def format_emergence_sweep(rows: list[dict], k: int) -> str:
+    lines = [f"{'non-emb params':>15}{'loss':>8}{'per-token acc':>15}{f'{k}-token EM':>12}{f'acc^{k}':>9}  checkpoint"]
+    for r in rows:
+        lines.append(f"{r['non_embedding_params']:>15,}{r['loss']:>8.3f}{r['per_token_accuracy']:>15.4f}"
+                     f"{r[f'exact_match_{k}']:>12.4f}{r[f'accuracy_pow_{k}']:>9.4f}  {r['checkpoint']}")
+    return "\n".join(lines)
+
+
+def plot_emergence(rows: list[dict], k: int, png_path) -> pathlib.Path:
+    """Left: the lecture's arithmetic (p -> p^k). Right: the sweep, per-token accuracy and k-token exact match
+    against model size. Written atomically."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    p = np.linspace(0, 1, 101)
+    left.plot(p, p, label="per-step accuracy p")
+    left.plot(p, p ** k, label=f"{k}-step exact match p^{k}")
+    left.scatter(LECTURE_PER_STEP, [x ** k for x in LECTURE_PER_STEP], color="C1", zorder=3)
+    left.set(xlabel="per-step accuracy (grows smoothly with scale)", ylabel="score",
+             title="same progress, two metrics (the lecture's table)")
+    left.legend()
+    if rows:
+        n = [r["non_embedding_params"] for r in rows]
+        right.plot(n, [r["per_token_accuracy"] for r in rows], "o-", label="per-token accuracy (continuous)")
+        right.plot(n, [r[f"exact_match_{k}"] for r in rows], "s-", label=f"{k}-token exact match (all or nothing)")
+        right.plot(n, [r[f"accuracy_pow_{k}"] for r in rows], ":", color="gray", label=f"per-token accuracy^{k}")
+        right.set_xscale("log")
+        right.legend()
+    right.set(xlabel="non-embedding parameters", ylabel="score on held-out text", title="our sweep")
+    fig.tight_layout()
+    png_path = pathlib.Path(png_path)
+    tmp = png_path.with_name(f".{png_path.stem}.tmp{os.getpid()}.png")
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, png_path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return png_path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 9. Sampling from a checkpoint, streamed as it is generated
+# ----------------------------------------------------------------------------------------------------------------
+
+def stream_sample(model, tokenizer, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
+                  top_k: int | None = 50, seed: int = 0):
+    """Yield text pieces as tokens are sampled (model.generate one token at a time, seeded, so the result equals a
+    single generate call). Bytes of a character split across tokens are held back until the character is whole;
+    generation stops at <|endoftext|>."""
+    eot = getattr(tokenizer, "eot_id", None)
+    prompt_ids = _encode(tokenizer, prompt) or ([eot] if eot is not None else [])
+    if not prompt_ids:
+        raise EvalError("the prompt is empty and the tokenizer has no <|endoftext|> to start from: give --prompt")
+    generator = torch.Generator().manual_seed(seed)
+    block_size = model.config.block_size
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    idx = torch.tensor([prompt_ids], dtype=torch.long)                  # (1, T)
+    for _ in range(max_new_tokens):
+        idx = model.generate(idx[:, -block_size:], 1, temperature=temperature, top_k=top_k, generator=generator)
+        token = int(idx[0, -1])
+        if token == eot:
+            break
+        piece = decoder.decode(tokenizer.vocab[token])
+        if piece:
+            yield piece
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------------------
+
+def _read_documents(spec: str, split: str) -> list[str]:
+    """Documents for the contamination check: a prepared dataset directory (decoded from its token shards, the
+    given split), a .txt/.raw file split into paragraphs, a .jsonl file (its "text", or "prompt" + "answer"),
+    or anything data.py reads (a directory of files, pydocs, pystdlib)."""
+    path = pathlib.Path(spec)
+    if (path / "manifest.json").is_file():
+        data_lib, errors = _data_error_types()
+        try:
+            tokenizer = data_lib.TokenData(path).tokenizer
+        except errors as e:
+            raise EvalError(f"cannot read the dataset {spec}: {e}") from e
+        return held_out_from_data_dir(path, tokenizer, tokenizer.to_json(), split).documents
+    if path.is_file() and path.suffix == ".jsonl":
+        documents = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                documents.append(item["text"] if "text" in item else item["prompt"] + item["answer"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise EvalError(f"{path} line {number}: expected a JSON object with \"text\" (or \"prompt\" and "
+                                "\"answer\")") from None
+        return documents
+    if path.is_file():
+        return split_paragraphs(_read_text(path))
+    data_lib, errors = _data_error_types()
+    try:
+        return list(data_lib.open_source(spec).documents())
+    except errors as e:
+        raise EvalError(f"cannot read {spec}: {e}") from e
+
+
+def _write_kept(spec: str, documents: list[str], report: dict, out_path) -> pathlib.Path:
+    """--drop: the evaluation documents that are not contaminated, as jsonl {"text": ...} (atomic write)."""
+    out_path = pathlib.Path(out_path)
+    kept = [doc for doc, row in zip(documents, report["documents"]) if not row["contaminated"]]
+    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for doc in kept:
+                f.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out_path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evaluate.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Evaluate a checkpoint: held-out loss, perplexity, bits-per-byte, exact match; the emergence "
+                    "lesson; contamination; tokenizer-fair comparison; sampling.",
+        epilog="examples:\n  python evaluate.py --ckpt out/\n  python evaluate.py emergence\n"
+               "  python evaluate.py contamination --train wiki.valid.raw --eval wiki.test.raw\n"
+               "  python evaluate.py sample --ckpt out/ --prompt 'def '")
+    parser.add_argument("--ckpt", default="out", help="checkpoint file or run directory (newest checkpoint); "
+                                                      "default out/")
+    parser.add_argument("--data", help="evaluation text: a data dir (val split), a .txt/.raw/.jsonl file, pydocs, "
+                                       "...; default: the checkpoint's validation split")
+    parser.add_argument("--stride", type=int, help="sliding-window stride in tokens (default block_size / 2)")
+    parser.add_argument("--max-tokens", type=int, help="score only the first N held-out tokens")
+    parser.add_argument("--tasks", help="jsonl task file of {\"prompt\": ..., \"answer\": ...} for exact match")
+    parser.add_argument("--last-word-items", type=int, default=200, help="items of the built-in last-word task")
+    parser.add_argument("--min-words", type=int, default=20, help="shortest paragraph for the last-word task")
+    parser.add_argument("--seed", type=int, default=0, help="seed for drawing last-word items")
+    parser.add_argument("--json", help="write the results here (default: eval_STEP.json beside the checkpoint)")
+    sub = parser.add_subparsers(dest="command", metavar="{bpb,emergence,contamination,compare,sample}")
+
+    p = sub.add_parser("bpb", help="the lecture's bits-per-byte example (or your own numbers)")
+    p.add_argument("--bytes", type=int, default=1000)
+    p.add_argument("--tokens", type=int, nargs="+", default=[250, 400])
+    p.add_argument("--ppl", type=float, nargs="+", default=[18, 12])
+
+    p = sub.add_parser("emergence", help="the p -> p^k table; with --ckpt ... the plot from a sweep's checkpoints")
+    p.add_argument("--ckpt", action="append", default=[], help="a sweep checkpoint or run directory (repeat)")
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--data", help="held-out text for all models (default: the first checkpoint's val split)")
+    p.add_argument("--max-tokens", type=int, default=20000)
+    p.add_argument("--plot", default="emergence.png", help="PNG path for the plot (with --ckpt)")
+    p.add_argument("--json", help="write the sweep's numbers here")
+
+    p = sub.add_parser("contamination", help="13-gram overlap of evaluation documents with a training corpus")
+    p.add_argument("--train", required=True, nargs="+", help="training corpus: data dir, text/jsonl file(s), "
+                                                             "pystdlib, pydocs")
+    p.add_argument("--eval", required=True, help="evaluation documents: data dir (val split), .txt/.raw "
+                                                 "(paragraphs), .jsonl")
+    p.add_argument("--n", type=int, default=13, help="n-gram length in words (default 13)")
+    p.add_argument("--min-overlap", type=int, default=1, help="shared n-grams that flag a document (default 1)")
+    p.add_argument("--show", type=int, default=10, help="how many flagged documents to list")
+    p.add_argument("--drop", help="write the uncontaminated evaluation documents here (jsonl)")
+    p.add_argument("--json", help="write the full per-document report here")
+
+    p = sub.add_parser("compare", help="two checkpoints with different tokenizers on one text, by bits-per-byte")
+    p.add_argument("--ckpt", action="append", default=[], required=True, help="a checkpoint (give two or more)")
+    p.add_argument("--data", help="the text (default: the first checkpoint's held-out documents)")
+    p.add_argument("--stride", type=int)
+    p.add_argument("--max-documents", type=int, help="use only the first N documents")
+    p.add_argument("--json")
+
+    p = sub.add_parser("sample", help="generate from a checkpoint, streaming to stdout")
+    p.add_argument("--ckpt", default="out")
+    p.add_argument("--prompt", default="")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def run(args) -> None:
+    if args.command == "bpb":
+        if len(args.tokens) != len(args.ppl):
+            raise EvalError("give one --ppl per --tokens entry")
+        names = [chr(ord("A") + i) for i in range(len(args.tokens))]
+        print(bpb_table(list(zip(names, args.tokens, args.ppl)), args.bytes))
+    elif args.command == "emergence":
+        print(emergence_table(k=args.k))
+        if args.ckpt:
+            rows = emergence_sweep(args.ckpt, args.k, args.data, args.max_tokens)
+            print()
+            print(format_emergence_sweep(rows, args.k))
+            print(f"plot: {plot_emergence(rows, args.k, args.plot)}")
+            if args.json:
+                print(f"json: {write_json(rows, args.json)}")
+    elif args.command == "contamination":
+        documents = _read_documents(args.eval, "val")
+        train_documents = (doc for spec in args.train for doc in _read_documents(spec, "train"))
+        report = contamination_report(train_documents, documents, args.n, args.min_overlap)
+        report["train"], report["eval"] = args.train, args.eval
+        print(format_contamination(report, args.show))
+        if args.drop:
+            print(f"kept {len(documents) - report['contaminated']:,} clean documents: "
+                  f"{_write_kept(args.eval, documents, report, args.drop)}")
+        if args.json:
+            print(f"json: {write_json(report, args.json)}")
+    elif args.command == "compare":
+        rows = compare_checkpoints(args.ckpt, args.data, args.stride, args.max_documents)
+        print(format_comparison(rows))
+        if args.json:
+            print(f"json: {write_json(rows, args.json)}")
+    elif args.command == "sample":
+        model, tokenizer, _ = load_model(args.ckpt)
+        print(args.prompt, end="", flush=True)
+        for piece in stream_sample(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
+                                   args.top_k or None, args.seed):
+            print(piece, end="", flush=True)
+        print()
+    else:
+        result = evaluate_checkpoint(args.ckpt, args.data, args.stride, args.max_tokens, args.tasks,
+                                     args.last_word_items, args.min_words, args.seed)
+        print(format_evaluation(result))
+        json_path = args.json or pathlib.Path(result["checkpoint"]).parent / f"eval_{result['step'] or 0:07d}.json"
+        print(f"json: {write_json(result, json_path)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except EvalError as e:
+        print(f"evaluate.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""Tests for evaluate.py: the lecture's numbers, window evaluation against a full pass, exact match against greedy
+decoding, contamination against a plain set of n-gram tuples, and the command line on real checkpoints."""
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import evaluate as ev
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Small causal language models of our own (any model mapping ids (B, T) to logits (B, T, V) can be evaluated)
+# ---------------------------------------------------------------------------------------------------------------
+
+class UniformLM(nn.Module):
+    """Every token equally likely: loss ln V per token, perplexity exactly V."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, idx):
+        return torch.zeros(*idx.shape, self.vocab_size)
+
+
+class TinyTransformerLM(nn.Module):
+    """One causal self-attention layer with learned positions; refuses inputs longer than its block."""
+
+    def __init__(self, vocab_size=13, dim=16, block_size=8, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.block_size = block_size
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Embedding(block_size, dim)
+        self.attn = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.out = nn.Linear(dim, vocab_size)
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        assert T <= self.block_size
+        x = self.tok(idx) + self.pos(torch.arange(T))
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+        a, _ = self.attn(x, x, x, attn_mask=future)
+        return self.out(x + a), None                     # like model.GPT: (logits, loss)
+
+
+class ConvLM(nn.Module):
+    """Logits at position t depend on ids[t-2..t] only (a causal convolution of width 3), at any length."""
+
+    def __init__(self, vocab_size=13, dim=8, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.tok = nn.Embedding(vocab_size, dim)
+        self.conv = nn.Conv1d(dim, vocab_size, 3)
+
+    def forward(self, idx):
+        x = self.tok(idx).transpose(1, 2)                # (B, C, T)
+        return self.conv(F.pad(x, (2, 0))).transpose(1, 2)
+
+
+class NextCharLM(nn.Module):
+    """A character model that strongly predicts successor[c] after c (logit 10, others 0)."""
+
+    def __init__(self, alphabet, successor):
+        super().__init__()
+        self.alphabet = alphabet
+        table = torch.zeros(len(alphabet), len(alphabet))
+        for c, nxt in successor.items():
+            table[alphabet.index(c), alphabet.index(nxt)] = 10.0
+        self.table = table
+
+    def forward(self, idx):
+        return self.table[idx]
+
+
+class CharTokenizer:
+    def __init__(self, alphabet):
+        self.alphabet = alphabet
+        self.eot_id = None
+
+    def encode(self, text):
+        return [self.alphabet.index(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(self.alphabet[i] for i in ids)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Perplexity and bits-per-byte
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_bits_per_byte_of_the_lecture_example():
+    a = ev.bits_per_byte(250 * math.log(18), 1000)
+    b = ev.bits_per_byte(400 * math.log(12), 1000)
+    assert round(a, 2) == 1.04 and round(b, 2) == 1.43
+    assert ev.bpb_from_perplexity(250, 18, 1000) == pytest.approx(a)
+    table = ev.bpb_table([("A", 250, 18), ("B", 400, 12)], 1000)
+    assert "1.04" in table and "1.43" in table and table.endswith(": A")
+    with pytest.raises(ev.EvalError):
+        ev.bits_per_byte(1.0, 0)
+
+
+def test_perplexity_of_a_uniform_model_is_the_vocabulary_size():
+    ids = torch.randint(0, 50, (300,), generator=torch.Generator().manual_seed(0))
+    scores = ev.score_tokens(UniformLM(50), ids, block_size=32, stride=16)
+    assert scores.n_tokens == 299
+    assert ev.perplexity(scores.mean_nats) == pytest.approx(50.0, rel=1e-6)   # float32 logits
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Sliding window
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_window_plan_scores_every_target_once_with_enough_context():
+    assert ev.window_plan(10, 4, 2) == [(0, 4, 0), (2, 6, 4), (4, 8, 6), (5, 9, 8)]
+    for n_ids in range(2, 40):
+        for block in (1, 3, 8):
+            for stride in range(1, block + 1):
+                plan = ev.window_plan(n_ids, block, stride)
+                scored = [t for _, end, first in plan for t in range(first, end)]
+                assert scored == list(range(n_ids - 1))
+                for start, end, first in plan:
+                    assert 0 <= start <= first < end and end - start <= block
+                    if start > 0:      # every later window gives its new targets >= block - stride context
+                        assert first - start >= block - stride
+    with pytest.raises(ev.EvalError):
+        ev.window_plan(10, 4, 5)
+
+
+def test_sliding_window_equals_full_evaluation_when_the_text_fits():
+    model = TinyTransformerLM(block_size=8)
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5])           # 9 ids: 8 targets, one full window
+    logits, _ = model(ids[None, :-1])
+    full = F.cross_entropy(logits[0], ids[1:], reduction="none").detach().numpy()
+    for stride in (1, 3, 8):
+        scores = ev.score_tokens(model, ids, block_size=8, stride=stride)
+        np.testing.assert_allclose(scores.nll, full, rtol=1e-6)
+
+
+def test_sliding_window_equals_one_full_pass_for_a_short_memory_model():
+    """ConvLM sees 2 previous tokens, so any window that keeps >= 2 tokens of context must match a single pass
+    over the whole 200-token text; disjoint blocks (stride = block) must not."""
+    model = ConvLM()
+    ids = torch.randint(0, 13, (200,), generator=torch.Generator().manual_seed(1))
+    full = F.cross_entropy(model(ids[None, :-1])[0], ids[1:], reduction="none").detach().numpy()
+    for stride in (1, 2, 5, 6):
+        scores = ev.score_tokens(model, ids, block_size=8, stride=stride, batch_size=3)
+        np.testing.assert_allclose(scores.nll, full, rtol=1e-5, atol=1e-6)
+    disjoint = ev.score_tokens(model, ids, block_size=8, stride=8)
+    assert not np.allclose(disjoint.nll, full)
+    assert disjoint.n_tokens == 199
+
+
+def test_score_tokens_rejects_too_short_texts():
+    with pytest.raises(ev.EvalError, match="at least 2"):
+        ev.score_tokens(UniformLM(5), [1], block_size=4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. Exact match
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_exact_match_normalisation():
+    assert ev.normalize_answer("  The Eiffel Tower! ") == "eiffel tower"
+    assert ev.normalize_answer("ＰＡＲＩＳ.") == "paris"                   # NFKC folds full-width letters
+    assert ev.normalize_answer("Straße") == ev.normalize_answer("STRASSE")  # case-folding, not just lower()
+    assert ev.exact_match(" paris .", "Paris")
+    assert ev.exact_match("an apple", "apple")
+    assert not ev.exact_match("Paris, France", "Paris")
+    assert not ev.exact_match("Lyon", "Paris")
+    assert ev.leading_words(" Paris is big\nNext", 1) == "Paris"
+    assert ev.leading_words(" New York City", 2) == "New York"
+
+
+def test_read_tasks_names_the_malformed_line(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "2+2=", "answer": " 4"}\n\n{"prompt": "x", "answer": "y"}\n')
+    assert [t.answer for t in ev.read_tasks(good)] == [" 4", "y"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "a" "answer": "b"}\n')
+    with pytest.raises(ev.EvalError, match="line 2"):
+        ev.read_tasks(bad)
+    bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "a", "answer": ""}\n{"prompt": "a"}\n')
+    with pytest.raises(ev.EvalError, match="line 2"):
+        ev.read_tasks(bad)
+    bad.write_text("\n")
+    with pytest.raises(ev.EvalError, match="no tasks"):
+        ev.read_tasks(bad)
+
+
+def test_greedy_exact_match_and_answer_probability():
+    alphabet = list("capitl: ryonsPL\n")
+    successor = {":": " ", " ": "p", "p": "a", "a": "r", "r": "i", "i": "s", "s": "\n", "\n": "c"}
+    model, tok = NextCharLM(alphabet, successor), CharTokenizer(alphabet)
+    tasks = [ev.Task("capital:", " paris"), ev.Task("capital:", " Paris"), ev.Task("capital:", " lyon")]
+    result = ev.evaluate_tasks(model, tok, tasks, block_size=16)
+    assert result["items"] == 3
+    assert result["exact_match"] == pytest.approx(2 / 3)          # " paris" and " Paris" (case-folded)
+    # p(" paris"): 6 characters, each the favourite at logit 10 among 16 symbols
+    p_right = (math.exp(10) / (math.exp(10) + 15)) ** 6
+    assert result["examples"][0]["p_answer"] == pytest.approx(p_right, rel=1e-5)
+    assert result["examples"][0]["prediction"] == "paris"
+    assert result["examples"][2]["p_answer"] < 1e-6 and not result["examples"][2]["exact_match"]
+
+
+def test_teacher_forced_top1_is_greedy_decoding():
+    """All answer tokens top-1 (teacher-forced) <=> greedy decoding produces the answer."""
+    model = TinyTransformerLM(block_size=8, seed=3)
+    rng = random.Random(0)
+    for _ in range(20):
+        prompt = [rng.randrange(13) for _ in range(rng.randrange(1, 6))]
+        greedy = ev.greedy_continue(model, prompt, 3, block_size=8)
+        _, top = ev.score_answer(model, prompt, greedy, block_size=8)
+        assert top == 3
+        wrong = greedy[:2] + [(greedy[2] + 1) % 13]
+        _, top = ev.score_answer(model, prompt, wrong, block_size=8)
+        assert top == 2
+
+
+def test_split_paragraphs():
+    assert ev.split_paragraphs("a\nb\n \nc") == ["a\nb", "c"]
+    assert ev.split_paragraphs("\n\n") == []
+
+
+def test_last_word_tasks_from_documents():
+    wiki = ("Homarus gammarus\n\nIn life , the lobsters are blue , only becoming \" lobster red \" on cooking .\n"
+            "Too short to use .\nThe year was 1999 and nothing ended in a word here 2000 .\n"
+            "Wrapped prose that\ncontinues over lines ends here .")
+    tasks = ev.last_word_tasks([wiki], min_words=6)
+    assert tasks == [
+        ev.Task('Homarus gammarus\n\nIn life , the lobsters are blue , only becoming " lobster red " on', " cooking"),
+        ev.Task(wiki[:wiki.rindex(" here")], " here"),     # a 7-word paragraph wrapped over two lines
+    ]
+    cropped = ev.last_word_tasks([wiki], min_words=6, max_prompt_chars=30)
+    assert cropped[0].prompt == 'becoming " lobster red " on' and cropped[0].answer == " cooking"
+    many = [f"word{i} " * 30 + f"end {chr(97 + i % 26)}x ." for i in range(50)]
+    picked = ev.last_word_tasks(many, n_items=10, seed=1)
+    assert len(picked) == 10 and picked == ev.last_word_tasks(many, n_items=10, seed=1)
+    assert picked != ev.last_word_tasks(many, n_items=10, seed=2)
+    with pytest.raises(ev.EvalError, match="no held-out paragraph"):
+        ev.last_word_tasks(["too short ."])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. Emergence
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_emergence_table_matches_the_lecture():
+    lecture = [0.03, 0.08, 0.17, 0.33, 0.59, 0.77]
+    assert [round(ev.exact_match_from_per_step(p, 5), 2) for p in ev.LECTURE_PER_STEP] == lecture
+    table = ev.emergence_table()
+    assert table.splitlines()[1].split()[-6:] == [f"{x:.2f}" for x in lecture]
+
+
+def test_k_token_exact_match_is_greedy_reproduction():
+    """The fraction of positions whose next k tokens are all top-1 equals the fraction of positions from which
+    greedy decoding reproduces the next k tokens exactly."""
+    assert ev.k_token_exact_match(np.array([1, 1, 0, 1, 1, 1], bool), 2) == pytest.approx(3 / 5)
+    model = TinyTransformerLM(block_size=16, seed=5)
+    rng = random.Random(2)
+    ids = [1] + ev.greedy_continue(model, [1], 15, block_size=16)
+    for i in rng.sample(range(1, 16), 3):                  # a mostly-predictable text with a few surprises
+        ids[i] = (ids[i] + 1) % 13
+    scores = ev.score_tokens(model, ids, block_size=16)
+    k = 3
+    reproduced = [ev.greedy_continue(model, ids[:t + 1], k, block_size=16) == ids[t + 1:t + 1 + k]
+                  for t in range(len(ids) - k)]
+    assert 0 < sum(reproduced) < len(reproduced)
+    assert ev.k_token_exact_match(scores.correct, k) == pytest.approx(np.mean(reproduced))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. Contamination
+# ---------------------------------------------------------------------------------------------------------------
+
+FILLER = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
+
+
+def _sentence(rng, n):
+    return " ".join(rng.choice(FILLER) + str(rng.randrange(10**6)) for _ in range(n))
+
+
+def test_contamination_finds_a_planted_13gram_and_ignores_a_12gram():
+    rng = random.Random(0)
+    secret = "the quick brown fox jumps over the lazy dog while the cat sleeps soundly today".split()
+    train = [_sentence(rng, 200) + " " + " ".join(secret[:13]) + " " + _sentence(rng, 50) for _ in range(3)]
+    planted13 = _sentence(rng, 40) + " The QUICK brown fox, jumps over the lazy dog -- while the cat sleeps. " \
+        + _sentence(rng, 40)
+    planted12 = _sentence(rng, 40) + " " + " ".join(secret[:12]) + " " + _sentence(rng, 40)
+    clean = _sentence(rng, 80)
+    report = ev.contamination_report(train, [planted13, planted12, clean, "too short"])
+    docs = report["documents"]
+    assert [d["contaminated"] for d in docs] == [True, False, False, False]
+    assert docs[0]["overlapping"] == 1 and docs[0]["example"] == " ".join(secret[:13])
+    assert docs[1]["overlapping"] == 0 and docs[3]["ngrams"] == 0
+    assert report["contaminated"] == 1 and report["eval_checkable"] == 3
+    text = ev.format_contamination(report)
+    assert "1 documents (25.0%)" in text and " ".join(secret[:13]) in text
+
+
+def test_hashed_ngram_index_agrees_with_a_set_of_tuples():
+    """Random texts over 3 words have many shared 6-grams; counts per document must equal the exact answer."""
+    rng = random.Random(4)
+    vocab = ["a", "b", "c"]
+    train = [" ".join(rng.choice(vocab) for _ in range(rng.randrange(0, 60))) for _ in range(20)]
+    evals = [" ".join(rng.choice(vocab + ["d"]) for _ in range(rng.randrange(0, 40))) for _ in range(30)]
+    n = 6
+    truth = set()
+    for doc in train:
+        w = doc.split()
+        truth.update(tuple(w[i:i + n]) for i in range(len(w) - n + 1))
+    report = ev.contamination_report(train, evals, n=n, min_overlap=2)
+    for doc, row in zip(evals, report["documents"]):
+        w = doc.split()
+        grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+        hits = sum(g in truth for g in grams)
+        assert (row["ngrams"], row["overlapping"], row["contaminated"]) == (len(grams), hits, hits >= 2)
+    assert report["train_ngrams"] == len(truth)
+
+
+def test_contamination_rejects_empty_sets():
+    with pytest.raises(ev.EvalError, match="evaluation set has no documents"):
+        ev.contamination_report(["a b c"], [])
+    with pytest.raises(ev.EvalError, match="training corpus has no documents"):
+        ev.contamination_report([], ["a b c"])
