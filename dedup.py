@@ -610,3 +610,340 @@ def dedup(texts: list[str], threshold: float = 0.5, **kwargs) -> list[int]:
     """
     dropped = {i for cluster in near_duplicates(texts, threshold, **kwargs) for i in cluster[1:]}
     return [i for i in range(len(texts)) if i not in dropped]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 8. The lecture's required exercise: planted near-duplicates in WikiText-2, measured against brute force
+# ----------------------------------------------------------------------------------------------------------
+
+DEFAULT_WIKITEXT = pathlib.Path(__file__).resolve().parent.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.valid.raw"
+DEFAULT_SETTINGS = ((64, 16, 4), (128, 32, 4), (128, 16, 8), (128, 64, 2), (256, 64, 4))
+
+
+def wikitext_paragraphs(lines, count: int = 500, min_words: int = 100) -> list[str]:
+    """The first `count` paragraphs (lines) with at least `min_words` words that are not headings (" = ... = ")."""
+    paragraphs = []
+    for line in lines:
+        line = line.strip()
+        if line and not line.startswith("=") and len(normalized_words(line)) >= min_words:
+            paragraphs.append(line)
+            if len(paragraphs) == count:
+                break
+    return paragraphs
+
+
+def load_wikitext(source: str | os.PathLike, count: int = 500, min_words: int = 100) -> list[str]:
+    """Paragraphs from a raw WikiText file, or from Hugging Face's wikitext-2-raw-v1 train split when
+    source == "hf" (needs the `datasets` package and a network)."""
+    if str(source) == "hf":
+        try:
+            import datasets
+        except ImportError:
+            raise DedupError("--data hf needs the `datasets` package (pip install datasets): "
+                             "or pass --data PATH to a raw WikiText file") from None
+        try:
+            lines = datasets.load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1", split="train")["text"]
+        except Exception as error:                    # network or hub failure: one line, not the hub's traceback
+            raise DedupError(f"could not download wikitext-2-raw-v1 ({type(error).__name__}): "
+                             "pass --data PATH to a raw WikiText file instead") from None
+    else:
+        lines = read_text(source).splitlines()
+    paragraphs = wikitext_paragraphs(lines, count, min_words)
+    if len(paragraphs) < count:
+        raise DedupError(f"{source} has only {len(paragraphs)} paragraphs of {min_words}+ words, need {count}: "
+                         "use a larger raw WikiText file (e.g. wiki.valid.raw)")
+    return paragraphs
+
+
+def make_near_copy(text: str, rng: random.Random, rate: float, vocabulary: list[str]) -> str:
+    """A copy of `text` with round(rate · words) edits (at least one), each a random replace, delete or insert
+    of one word at a random position; new words come from `vocabulary`.
+
+    >>> make_near_copy("a b c d e f g h i j", random.Random(0), 0.2, ["X", "Y"])
+    'a b c d Y f h i j'
+    """
+    words = text.split()
+    for _ in range(max(1, round(rate * len(words)))):
+        action = rng.choice(("replace", "delete", "insert"))
+        position = rng.randrange(len(words))
+        if action == "replace":
+            words[position] = rng.choice(vocabulary)
+        elif action == "delete" and len(words) > 1:
+            del words[position]
+        else:
+            words.insert(position, rng.choice(vocabulary))
+    return " ".join(words)
+
+
+def plant_near_duplicates(documents: list[str], copies: int = 100, rate_range=(0.02, 0.05),
+                          seed: int = 0) -> tuple[list[str], set[tuple[int, int]]]:
+    """documents + one near copy of `copies` randomly chosen documents (appended), and the true pairs
+    (original index, copy index). Each copy gets its own edit rate drawn uniformly from `rate_range`."""
+    rng = random.Random(seed)
+    vocabulary = sorted({w for doc in documents for w in doc.split()})
+    chosen = sorted(rng.sample(range(len(documents)), copies))
+    corpus, pairs = list(documents), set()
+    for source in chosen:
+        pairs.add((source, len(corpus)))
+        corpus.append(make_near_copy(documents[source], rng, rng.uniform(*rate_range), vocabulary))
+    return corpus, pairs
+
+
+def brute_force_jaccard(shingle_sets: list[set[str]]) -> tuple[np.ndarray, np.ndarray]:
+    """Exact Jaccard of every pair i < j: (pairs (N(N-1)/2, 2), jaccard (N(N-1)/2,)). 600 documents: 179,700."""
+    num_docs = len(shingle_sets)
+    i, j = np.triu_indices(num_docs, k=1)
+    sizes = [len(s) for s in shingle_sets]
+    values = np.empty(len(i))
+    for p, (a, b) in enumerate(zip(i.tolist(), j.tolist())):
+        common = len(shingle_sets[a] & shingle_sets[b])
+        values[p] = common / (sizes[a] + sizes[b] - common)
+    return np.stack([i, j], axis=1).astype(np.int64), values
+
+
+def run_experiment(documents: list[str], planted: set[tuple[int, int]], settings=DEFAULT_SETTINGS,
+                   threshold: float = 0.5, n: int = 3, seed: int = 0, verify: str = "estimate") -> dict:
+    """Brute force vs MinHash + LSH for each (k, bands, rows). Returns a JSON-ready dict (see `experiment_table`)."""
+    _check_threshold(threshold)
+    for k, bands, rows in settings:
+        resolve_bands_rows(threshold, k, bands, rows)
+    start = time.perf_counter()
+    sets = [shingles(doc, n) for doc in documents]
+    all_pairs, exact = brute_force_jaccard(sets)
+    brute_seconds = time.perf_counter() - start
+    num_docs = len(documents)
+    exact_of = dict(zip((all_pairs[:, 0] * num_docs + all_pairs[:, 1]).tolist(), exact.tolist()))
+    similar = exact > 0.1                                        # MAE only where there is something to estimate
+    planted_j = [exact_of[i * num_docs + j] for i, j in planted]
+    result = {
+        "documents": num_docs, "planted_pairs": len(planted), "threshold": threshold, "shingle_n": n,
+        "verify": verify, "seed": seed,
+        "brute_force": {"pairs": len(exact), "seconds": round(brute_seconds, 3),
+                        "pairs_jaccard_above_0.1": int(similar.sum()),
+                        "pairs_jaccard_at_least_threshold": int((exact >= threshold).sum())},
+        "planted_jaccard": {"min": round(min(planted_j), 4), "mean": round(float(np.mean(planted_j)), 4),
+                            "max": round(max(planted_j), 4)},
+        "settings": [],
+    }
+    for k, bands, rows in settings:
+        start = time.perf_counter()
+        signatures = MinHasher(k, seed).signatures_from_texts(documents, n)
+        candidates = candidate_pairs(signatures, bands, rows)
+        found, _ = verified_pairs(documents, signatures, candidates, threshold, verify, n)
+        seconds = time.perf_counter() - start
+        estimates = estimate_jaccard(signatures[all_pairs[similar, 0]], signatures[all_pairs[similar, 1]])
+        found_set = set(map(tuple, found.tolist()))
+        false_pairs = found_set - planted
+        result["settings"].append({
+            "num_perm": k, "bands": bands, "rows": rows,
+            "lsh_threshold": round(lsh_threshold(bands, rows), 4),
+            "p_candidate_at_threshold": round(candidate_probability(threshold, bands, rows), 4),
+            "mae_jaccard_above_0.1": round(float(np.mean(np.abs(estimates - exact[similar]))), 4),
+            "standard_error_at_planted_mean": round(standard_error(float(np.mean(planted_j)), k), 4),
+            "recall": len(found_set & planted) / len(planted),
+            "false_positives": len(false_pairs),
+            "false_positives_exact_below_threshold": sum(exact_of[i * num_docs + j] < threshold
+                                                         for i, j in false_pairs),
+            "pairs_compared": len(candidates),
+            "fraction_of_brute_force": round(len(candidates) / len(exact), 5),
+            "seconds": round(seconds, 3),
+        })
+    return result
+
+
+def experiment_table(result: dict) -> str:
+    """The experiment's Markdown table (one row per setting)."""
+    lines = ["| k | bands x rows | LSH threshold | P(cand. at J=0.5) | MAE (J > 0.1) | recall | false positives "
+             "| pairs compared | vs brute force | time (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in result["settings"]:
+        lines.append(f"| {s['num_perm']} | {s['bands']} x {s['rows']} | {s['lsh_threshold']:.2f} "
+                     f"| {s['p_candidate_at_threshold']:.2f} | {s['mae_jaccard_above_0.1']:.4f} | {s['recall']:.2f} "
+                     f"| {s['false_positives']} | {s['pairs_compared']:,} "
+                     f"| {100 * s['fraction_of_brute_force']:.2f}% | {s['seconds']:.2f} |")
+    brute = result["brute_force"]
+    lines.append(f"| brute force | all pairs | | | exact | | | {brute['pairs']:,} | 100% | {brute['seconds']:.2f} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 9. Files: reading corpora, writing results without half-written files
+# ----------------------------------------------------------------------------------------------------------
+
+def read_text(path: str | os.PathLike) -> str:
+    """The UTF-8 text of a file, or a DedupError naming what is wrong with it."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise DedupError(f"{path} does not exist or is not a file: check the path")
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise DedupError(f"{path} is not a text file (it contains NUL bytes): pass UTF-8 text or jsonl")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DedupError(f"{path} is not UTF-8 text (bad byte at offset {error.start}): convert it to UTF-8") from None
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write to a temporary file in the same folder, then rename: readers see the old file or the whole new one."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def read_corpus(path: str | os.PathLike, text_field: str = "text", split: str = "auto") -> tuple[list[str], list[str]]:
+    """Documents of one corpus file: (texts, records). A .jsonl/.ndjson file holds one JSON object per line with the
+    text under `text_field` (records are the original lines); other files are text with one document per line
+    (split="line") or documents separated by blank lines (split="blank"); "auto" picks blank when there are any."""
+    text = read_text(path)
+    if pathlib.Path(path).suffix.lower() in (".jsonl", ".ndjson"):
+        texts, records = [], []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DedupError(f"{path}:{number} is not valid JSON ({error.msg}): one JSON object per line") from None
+            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                raise DedupError(f"{path}:{number} has no string field {text_field!r}: pass --text-field NAME")
+            texts.append(record[text_field])
+            records.append(line)
+        return texts, records
+    if split not in ("auto", "line", "blank"):
+        raise DedupError(f"split must be auto, line or blank, got {split!r}")
+    if split == "blank" or (split == "auto" and re.search(r"\n[ \t]*\n", text)):
+        texts = [block.strip() for block in re.split(r"\n[ \t]*\n", text) if block.strip()]
+    else:
+        texts = [line.strip() for line in text.splitlines() if line.strip()]
+    return texts, [json.dumps({"text": t}, ensure_ascii=False) for t in texts]
+
+
+def dedup_files(inputs: list[str], out: str, threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
+                rows: int | None = None, n: int = 3, seed: int = 0, verify: str = "exact",
+                text_field: str = "text", split: str = "auto") -> dict:
+    """Deduplicate the documents of all `inputs` together and write the kept ones to `out` (.jsonl: one JSON
+    line per document, the original line for jsonl inputs; otherwise text, one document per line, or separated
+    by blank lines when any document spans lines). Returns the counts."""
+    texts, records = [], []
+    for path in inputs:
+        more_texts, more_records = read_corpus(path, text_field, split)
+        texts += more_texts
+        records += more_records
+    if not texts:
+        raise DedupError(f"no documents found in {', '.join(map(str, inputs))}: check the files and --split")
+    start = time.perf_counter()
+    clusters = near_duplicates(texts, threshold, num_perm, bands, rows, n, seed, verify)
+    dropped = {i for cluster in clusters for i in cluster[1:]}
+    kept = [i for i in range(len(texts)) if i not in dropped]
+    seconds = time.perf_counter() - start
+    if pathlib.Path(out).suffix.lower() in (".jsonl", ".ndjson"):
+        body = "".join(records[i] + "\n" for i in kept)
+    else:
+        separator = "\n\n" if any("\n" in texts[i] for i in kept) or split == "blank" else "\n"
+        body = separator.join(texts[i] for i in kept) + "\n"
+    write_atomic(out, body)
+    return {"documents": len(texts), "clusters": len(clusters), "removed": len(dropped), "kept": len(kept),
+            "seconds": round(seconds, 3)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 10. Command line
+# ----------------------------------------------------------------------------------------------------------
+
+def demo() -> str:
+    """The lecture's worked numbers, computed (not typed in)."""
+    a_text, b_text = "the cat sat on the mat today", "the cat sat on the rug today"
+    a, b = shingles(a_text), shingles(b_text)
+    hasher = MinHasher(128, seed=0)
+    sig = hasher.signatures([a, b])
+    agree = int(np.sum(sig[0] == sig[1]))
+    j = jaccard(a, b)
+    out = [f"A = {a_text!r}", f"B = {b_text!r}",
+           f"shared shingles: {sorted(a & b)}",
+           f"Jaccard(A, B) = {len(a & b)}/{len(a | b)} = {j:.2f}",
+           f"'a b c d e f' vs 'a b c x e f': Jaccard = "
+           f"{jaccard(shingles('a b c d e f'), shingles('a b c x e f')):.2f} (1/7: one word touches 3 shingles)",
+           f"MinHash k=128: {agree} of 128 positions agree -> estimate {agree / 128:.2f} (true {j:.2f};"
+           f" standard error sqrt(J(1-J)/k) = {standard_error(0.43, 128):.3f} at J=0.43, k=128)",
+           "", "P(candidate) = 1 - (1 - J^r)^b:", "| J | 32 x 4 | 16 x 8 |", "|---|---|---|"]
+    for jj in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+        out.append(f"| {jj:.1f} | {candidate_probability(jj, 32, 4):.2f} | {candidate_probability(jj, 16, 8):.2f} |")
+    out += ["", f"threshold (1/b)^(1/r): 32 x 4 -> {lsh_threshold(32, 4):.2f}, 16 x 8 -> {lsh_threshold(16, 8):.2f}",
+            "chosen for threshold 0.5, k=128: bands x rows = %d x %d" % choose_bands_rows(0.5, 128)]
+    return "\n".join(out)
+
+
+def _parse_settings(text: str) -> list[tuple[int, int, int]]:
+    try:
+        settings = [tuple(int(v) for v in item.split(":")) for item in text.split(",") if item.strip()]
+    except ValueError:
+        settings = []
+    if not settings or any(len(s) != 3 for s in settings):
+        raise DedupError(f"--settings must look like 128:32:4,128:16:8 (k:bands:rows), got {text!r}")
+    return settings
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="Near-duplicate detection with MinHash + LSH (see the docstring).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("demo", help="print the lecture's worked numbers")
+    exp = commands.add_parser("experiment", help="the lecture's exercise: planted near-duplicates in WikiText-2")
+    exp.add_argument("--data", default=str(DEFAULT_WIKITEXT) if DEFAULT_WIKITEXT.is_file() else "hf",
+                     help="raw WikiText file, or 'hf' for the Hugging Face train split (default: %(default)s)")
+    exp.add_argument("--settings", default=",".join(":".join(map(str, s)) for s in DEFAULT_SETTINGS),
+                     help="k:bands:rows,... (default: %(default)s)")
+    exp.add_argument("--threshold", type=float, default=0.5)
+    exp.add_argument("--verify", choices=("estimate", "exact"), default="estimate",
+                     help="how candidates are confirmed (default: the MinHash estimate)")
+    exp.add_argument("--seed", type=int, default=0)
+    exp.add_argument("--out", default="out/dedup_experiment.json", help="JSON results (default: %(default)s)")
+    run = commands.add_parser("run", help="deduplicate corpus files")
+    run.add_argument("--input", nargs="+", required=True, help=".jsonl (one object per line) or text files")
+    run.add_argument("--out", required=True, help="output file (.jsonl or text)")
+    run.add_argument("--threshold", type=float, default=0.5)
+    run.add_argument("--num-perm", type=int, default=128)
+    run.add_argument("--bands", type=int, default=None)
+    run.add_argument("--rows", type=int, default=None)
+    run.add_argument("--n", type=int, default=3, help="words per shingle (default: %(default)s)")
+    run.add_argument("--verify", choices=("exact", "estimate"), default="exact")
+    run.add_argument("--text-field", default="text", help="jsonl field holding the text (default: %(default)s)")
+    run.add_argument("--split", choices=("auto", "line", "blank"), default="auto",
+                     help="text files: one document per line, or blank-line separated (default: %(default)s)")
+    run.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "demo":
+            print(demo())
+        elif args.command == "experiment":
+            settings = _parse_settings(args.settings)
+            paragraphs = load_wikitext(args.data)
+            documents, planted = plant_near_duplicates(paragraphs, seed=args.seed)
+            result = run_experiment(documents, planted, settings, args.threshold, seed=args.seed, verify=args.verify)
+            result["data"] = str(args.data)
+            print(experiment_table(result))
+            brute = result["brute_force"]
+            print(f"\n{result['documents']} documents, {result['planted_pairs']} planted pairs "
+                  f"(exact Jaccard {result['planted_jaccard']['min']:.2f}..{result['planted_jaccard']['max']:.2f}); "
+                  f"{brute['pairs_jaccard_above_0.1']} pairs with J > 0.1; verify = {args.verify}")
+            write_atomic(args.out, json.dumps(result, indent=2) + "\n")
+            print(f"wrote {args.out}")
+        else:
+            report = dedup_files(args.input, args.out, args.threshold, args.num_perm, args.bands, args.rows, args.n,
+                                 args.seed, args.verify, args.text_field, args.split)
+            print(f"{report['documents']} documents, {report['clusters']} clusters, removed {report['removed']}, "
+                  f"kept {report['kept']} -> {args.out} ({report['seconds']:.2f} s)")
+    except DedupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -264,3 +264,103 @@ def test_near_duplicates_and_dedup_against_exact_jaccard():
 def test_bad_inputs_raise_one_clear_error(call, message):
     with pytest.raises(DedupError, match=message):
         call()
+
+
+# ---------------------------------------------------------------- the experiment and the command line
+
+def test_planted_copies_are_seeded_near_duplicates():
+    rng = random.Random(1)
+    docs = [" ".join(f"v{rng.randrange(5000)}" for _ in range(150)) for _ in range(50)]
+    corpus, pairs = dedup.plant_near_duplicates(docs, copies=20, seed=3)
+    again, same_pairs = dedup.plant_near_duplicates(docs, copies=20, seed=3)
+    assert corpus == again and pairs == same_pairs and len(corpus) == 70 and len(pairs) == 20
+    for i, j in pairs:
+        assert corpus[j] != corpus[i] and j >= 50
+        edits = abs(len(corpus[j].split()) - 150)
+        assert edits <= 8 and 0.5 < jaccard(shingles(corpus[i]), shingles(corpus[j])) < 0.97
+
+
+def test_wikitext_paragraphs_skip_headings_and_short_lines():
+    long = " ".join(["word"] * 100)
+    lines = [" = Heading = ", "", "short line", " = = Sub = = ", long + " a", "x " * 99, long + " b", long]
+    assert dedup.wikitext_paragraphs(lines, count=2) == [long + " a", long + " b"]
+
+
+def test_experiment_meets_the_acceptance_numbers(shared_data, tmp_path):
+    path = shared_data / "wikitext-2-raw" / "wiki.valid.raw"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    out = tmp_path / "result.json"
+    dedup.main(["experiment", "--data", str(path), "--out", str(out), "--settings", "128:32:4,128:16:8,64:16:4"])
+    result = json.loads(out.read_text())
+    assert result["documents"] == 600 and result["planted_pairs"] == 100
+    assert result["brute_force"]["pairs"] == 179_700 and len(result["settings"]) == 3
+    main_setting = result["settings"][0]
+    assert (main_setting["num_perm"], main_setting["bands"], main_setting["rows"]) == (128, 32, 4)
+    assert main_setting["mae_jaccard_above_0.1"] < 0.05
+    assert main_setting["recall"] >= 0.9 and main_setting["false_positives"] <= 5
+    assert main_setting["pairs_compared"] < 179_700 / 100
+    # 16 x 8 puts its threshold near 0.71, above the weakest planted copies: it may only lose recall.
+    assert result["settings"][1]["recall"] <= main_setting["recall"]
+
+
+def test_demo_prints_the_worked_numbers(capsys):
+    dedup.main(["demo"])
+    text = capsys.readouterr().out
+    for expected in ("3/7 = 0.43", "Jaccard = 0.14", "= 0.044", "| 0.5 | 0.87 | 0.06 |", "| 0.2 | 0.05 |",
+                     "32 x 4 -> 0.42, 16 x 8 -> 0.71", "32 x 4"):
+        assert expected in text
+
+
+def test_run_deduplicates_jsonl_and_text(tmp_path, capsys):
+    base = "the quick brown fox jumps over the lazy dog while the cat sleeps on a warm mat by the door"
+    near = base.replace("warm", "soft")
+    other = "completely different words about compilers and parsers and the grammar of programming languages"
+    lines = [json.dumps({"id": i, "text": t}) for i, t in enumerate([base, other, near, base])]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    dedup.main(["run", "--input", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out.jsonl")])
+    assert (tmp_path / "out.jsonl").read_text().splitlines() == lines[:2]
+    assert "4 documents, 1 clusters, removed 2, kept 2" in capsys.readouterr().out
+    (tmp_path / "in.txt").write_text(f"{base}\nsecond line\n\n{other}\n\n{near}\nsecond line\n")  # blank-separated
+    dedup.main(["run", "--input", str(tmp_path / "in.txt"), "--out", str(tmp_path / "out.txt")])
+    assert (tmp_path / "out.txt").read_text() == f"{base}\nsecond line\n\n{other}\n"
+    (tmp_path / "lines.txt").write_text(f"{base}\n{other}\n{near}\n")
+    dedup.main(["run", "--input", str(tmp_path / "lines.txt"), str(tmp_path / "in.jsonl"), "--out",
+                str(tmp_path / "both.txt")])
+    assert (tmp_path / "both.txt").read_text() == f"{base}\n{other}\n"
+
+
+@pytest.mark.parametrize("content, args, message", [
+    (None, [], "does not exist"),
+    (b"\x89PNG\x00\x00binary", [], "not a text file"),
+    (b"caf\xe9 latin-1", [], "not UTF-8"),
+    (b'{"text": "ok"}\n{broken\n', [], "in.jsonl:2 is not valid JSON"),
+    (b'{"body": "no text field"}\n', [], "no string field 'text'"),
+    (b"\n\n", [], "no documents found"),
+    (b'{"text": "a b c"}\n', ["--bands", "30"], "not divisible"),
+    (b'{"text": "a b c"}\n', ["--threshold", "1"], "strictly between 0 and 1"),
+])
+def test_run_bad_inputs_exit_2_with_one_line_and_no_output(tmp_path, capsys, content, args, message):
+    path = tmp_path / "in.jsonl"
+    if content is not None:
+        path.write_bytes(content)
+    out = tmp_path / "out.jsonl"
+    out.write_text("previous result\n")
+    with pytest.raises(SystemExit) as exit_info:
+        dedup.main(["run", "--input", str(path), "--out", str(out), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and err.count("\n") == 1
+    assert out.read_text() == "previous result\n" and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["out.jsonl"] + (["in.jsonl"] if content is not None else []))
+
+
+def test_cli_help_and_exit_code_as_a_script(tmp_path):
+    for args in (["--help"], ["run", "--help"], ["experiment", "--help"], ["demo", "--help"]):
+        assert subprocess.run([sys.executable, "dedup.py", *args], cwd=ROOT, capture_output=True).returncode == 0
+    bad = subprocess.run([sys.executable, "dedup.py", "experiment", "--data", str(tmp_path / "missing.raw"),
+                          "--out", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stderr.count("\n") == 1
+    assert not (tmp_path / "r.json").exists()
+    settings = subprocess.run([sys.executable, "dedup.py", "experiment", "--settings", "128:32"], cwd=ROOT,
+                              capture_output=True, text=True)
+    assert settings.returncode == 2 and "k:bands:rows" in settings.stderr
