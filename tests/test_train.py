@@ -1,0 +1,380 @@
+"""Tests for train.py: the lecture's schedule, clipping and bf16 numbers, accumulation equivalence, atomic
+checkpoints, exact resume after SIGKILL and Ctrl-C, the loss-spike guard, bad input, and a short run whose
+validation loss falls. Every run uses a tiny model (2 layers, width 32) on a small hand-made corpus."""
+import json
+import math
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import data
+import model
+import train
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+TINY_ARGS = ["--model", "tiny", "--model-args", "n_layer=2,n_head=2,n_kv_head=2,n_embd=32,block_size=32",
+             "--batch-size", "4", "--block-size", "32", "--lr", "3e-3", "--warmup-steps", "5",
+             "--eval-batches", "4", "--log-interval", "1000", "--num-samples", "0", "--peak-flops", "1e12"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Fixtures: a small corpus, prepared once with data.py into a temporary cache
+# ----------------------------------------------------------------------------------------------------------------------
+
+def make_corpus(n_docs: int = 300, seed: int = 0) -> list[str]:
+    """Templated documents of 8-16 sentences: enough structure for a width-32 model to learn in a few dozen steps."""
+    rng = random.Random(seed)
+    subjects = ["the parser", "a list", "the module", "this function", "the loop", "a dictionary", "the tokenizer"]
+    verbs = ["returns", "reads", "writes", "sorts", "counts", "splits", "joins"]
+    objects = ["the lines", "a string", "the keys", "every item", "the bytes", "a new list", "the tokens"]
+    docs = []
+    for _ in range(n_docs):
+        n = rng.randint(8, 16)
+        docs.append(" ".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}." for _ in range(n)))
+    return docs
+
+
+def prepare_corpus(root: pathlib.Path, docs: list[str]) -> pathlib.Path:
+    """data.prepare with the cleaning steps off (templated text is all near-duplicates by design)."""
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n\n".join(docs))
+    return data.prepare([str(corpus)], out_dir=root / "prepared", vocab_size=300, seed=0,
+                        clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
+
+
+@pytest.fixture(scope="session")
+def dataset_dir(tmp_path_factory) -> pathlib.Path:
+    return prepare_corpus(tmp_path_factory.mktemp("train-data"), make_corpus())
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Width-32 matmuls are dominated by thread hand-offs on a loaded 2-core machine: 1 thread is ~30x faster.
+    The subprocesses get OMP_NUM_THREADS=1 too, so their numbers equal the in-process ones bit for bit."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def config(dataset_dir, out_dir, *extra) -> train.TrainConfig:
+    return train.parse_config(["--data", str(dataset_dir), "--out-dir", str(out_dir), *TINY_ARGS, *map(str, extra)])
+
+
+def losses_by_step(metrics_path) -> dict[int, float]:
+    """step -> training loss (a resumed run logs the steps after its checkpoint again: the last entry wins)."""
+    return {r["step"]: r["loss"] for r in train.read_metrics(metrics_path) if "loss" in r and "event" not in r}
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pure pieces: batch math, schedules, clipping, precision, the guard, the config
+# ----------------------------------------------------------------------------------------------------------------------
+
+def test_accumulation_plan_from_token_batch():
+    assert train.plan_accumulation(524_288, 16, 1024, world_size=8) == 4     # ~5e5 tokens/step on 8 GPUs
+    assert train.plan_accumulation(0, 16, 1024, world_size=8) == 1
+    assert train.plan_accumulation(8 * 32, 2, 32) == 4
+    with pytest.raises(train.TrainError, match="not a multiple"):
+        train.plan_accumulation(1000, 16, 1024)
+
+
+def test_cosine_schedule_lecture_points():
+    lr = lambda t: train.cosine_lr(t, 3e-4, 2_000, 40_000, 3e-5)              # noqa: E731
+    assert lr(2_000) == pytest.approx(3e-4)                                     # end of warmup: the peak
+    assert lr(40_000) == pytest.approx(3e-5)                                    # the end: 10% of the peak
+    assert lr(21_000) == pytest.approx(1.65e-4)                                 # half way down the cosine
+    assert lr(999) == pytest.approx(1.5e-4)                                     # half way up the warmup
+    assert 0 < lr(0) < 1e-6                                                     # starts near 0, not at 0
+    assert lr(50_000) == pytest.approx(3e-5)
+    decay = [lr(t) for t in range(2_000, 40_001, 500)]
+    assert all(a > b for a, b in zip(decay, decay[1:]))
+    cfg = train.TrainConfig(lr=3e-4, warmup_steps=2_000, max_steps=40_000, min_lr_ratio=0.1)
+    assert train.lr_at(21_000, cfg) == pytest.approx(1.65e-4)
+
+
+def test_wsd_schedule_holds_then_decays():
+    lr = lambda t: train.wsd_lr(t, 3e-4, 2_000, 40_000, 3e-5, decay_fraction=0.2)   # noqa: E731
+    assert lr(2_000) == lr(20_000) == lr(31_999) == pytest.approx(3e-4)          # stable phase
+    assert lr(36_000) == pytest.approx((3e-4 + 3e-5) / 2)                         # half way through the decay
+    assert lr(40_000) == pytest.approx(3e-5)
+    assert lr(999) == pytest.approx(1.5e-4)
+
+
+def test_clipping_norm_4_at_threshold_1_scales_by_quarter():
+    a = torch.nn.Parameter(torch.zeros(2))
+    b = torch.nn.Parameter(torch.zeros(2, 2))
+    a.grad = torch.tensor([2.0, 0.0])
+    b.grad = torch.tensor([[0.0, 2.0], [2.0, 2.0]])                              # ||(2,0,0,2,2,2)|| = 4
+    norm = train.clip_gradients([a, b], max_norm=1.0)
+    assert norm == pytest.approx(4.0)
+    assert torch.allclose(a.grad, torch.tensor([0.5, 0.0]))
+    assert torch.allclose(b.grad, torch.tensor([[0.0, 0.5], [0.5, 0.5]]))
+    assert train.clip_gradients([a, b], max_norm=1.0) == pytest.approx(1.0, rel=1e-5)   # now within: unchanged
+    assert torch.allclose(a.grad, torch.tensor([0.5, 0.0]))
+
+
+def test_weight_decay_on_matrices_only():
+    gpt = model.GPT(model.GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=2, n_embd=16))
+    cfg = train.TrainConfig()
+    opt = train.make_optimizer(gpt, cfg, "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert any(p is gpt.tok_emb.weight for p in decay["params"])                # tied embedding: once, decayed
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == gpt.num_params()
+    assert any(p is gpt.norm.weight for p in no_decay["params"])
+    assert opt.defaults["betas"] == (0.9, 0.95)
+
+
+def test_spike_guard_decisions_and_state():
+    guard = train.SpikeGuard(factor=2.0, window=5, patience=2, min_history=3)
+    assert [guard.check(x) for x in (4.0, 3.9, 3.8, 9.0, 3.7, float("nan"), 50.0)] == \
+        ["ok", "ok", "ok", "skip", "ok", "skip", "rollback"]
+    assert guard.check(float("inf")) == "skip"                                  # counter restarted after rollback
+    copy = train.SpikeGuard(factor=2.0, window=5, patience=2, min_history=3)
+    copy.load_state_dict(guard.state_dict())
+    assert copy.check(7.6) == guard.check(7.6) == "ok"                          # 7.6 < 2 x median 3.85
+    early = train.SpikeGuard(factor=2.0, window=5, patience=3, min_history=3)
+    assert early.check(100.0) == "ok"                                           # no median yet: only NaN/Inf skip
+
+
+def test_config_file_flags_and_help(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"max-steps": 11, "lr": 0.01, "schedule": "wsd"}))
+    cfg = train.parse_config(["--config", str(path), "--lr", "0.02"])
+    assert (cfg.max_steps, cfg.lr, cfg.schedule) == (11, 0.02, "wsd")           # flags beat the file
+    assert train.parse_config([]).resume is None and train.parse_config(["--resume"]).resume == "latest"
+    text = train.build_parser().format_help()
+    for field in train.TrainConfig.__dataclass_fields__.values():
+        assert train.flag(field.name) in text
+    assert text.count("(default:") >= len(train.TrainConfig.__dataclass_fields__)
+    path.write_text(json.dumps({"max_stepz": 3}))
+    with pytest.raises(train.TrainError, match="unknown settings"):
+        train.parse_config(["--config", str(path)])
+
+
+def test_atomic_save_keeps_last_k_and_falls_back_past_a_damaged_file(tmp_path):
+    for step in (10, 20, 30, 40):
+        train.atomic_save({"version": 1, "step": step, "model": {"w": torch.full((3,), float(step))}},
+                          train.checkpoint_path(tmp_path, step))
+        train.prune_checkpoints(tmp_path, keep=3)
+    assert [p.name for p in train.list_checkpoints(tmp_path)] == \
+        ["ckpt_0000040.pt", "ckpt_0000030.pt", "ckpt_0000020.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_0000020.pt", "ckpt_0000030.pt", "ckpt_0000040.pt"]
+    newest = train.checkpoint_path(tmp_path, 40)
+    newest.write_bytes(newest.read_bytes()[:100])                               # a torn write
+    messages = []
+    ckpt = train.load_checkpoint(tmp_path, log=messages.append)
+    assert ckpt["step"] == 30 and ckpt["path"].endswith("ckpt_0000030.pt")
+    assert "damaged" in messages[0] and "falling back" in messages[0]
+    # weights_only=True: a pickled object of an arbitrary class is refused, i.e. treated as damaged
+    torch.save({"version": 1, "step": 50, "model": {}, "evil": train.SpikeGuard()}, train.checkpoint_path(tmp_path, 50))
+    assert train.load_checkpoint(tmp_path, log=messages.append)["step"] == 30
+    with pytest.raises(train.TrainError, match="no loadable checkpoint"):
+        train.load_checkpoint(newest, log=quiet)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The trainer on real data
+# ----------------------------------------------------------------------------------------------------------------------
+
+def test_accumulation_equivalence_one_batch_of_8_equals_4_micro_batches_of_2(dataset_dir, tmp_path):
+    whole = train.Trainer(config(dataset_dir, tmp_path / "a", "--batch-size", 8), log=quiet)
+    accum = train.Trainer(config(dataset_dir, tmp_path / "b", "--batch-size", 2, "--total-batch-tokens", 8 * 32),
+                          log=quiet)
+    assert accum.accum == 4 and whole.accum == 1 and accum.tokens_per_step == whole.tokens_per_step == 256
+    for p, q in zip(whole.raw_model.parameters(), accum.raw_model.parameters()):
+        assert torch.equal(p, q)                                                # same seed, same init
+    x, y = data.TokenData(dataset_dir).get_batch("train", 8, 32, generator=torch.Generator().manual_seed(1))
+    r1 = whole.train_step([(x, y)])
+    r2 = accum.train_step([(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)])
+    assert r1["loss"] == pytest.approx(r2["loss"], rel=1e-6)                   # the mean over all 8, not the last 2
+    assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-5)
+    for p, q in zip(whole.raw_model.parameters(), accum.raw_model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_bf16_lesson_master_weights_stay_fp32(dataset_dir, tmp_path):
+    one = torch.tensor(1.0, dtype=torch.bfloat16)
+    assert one + 1e-4 == 1.0                                                    # the update vanishes in bf16
+    assert torch.tensor(1.0) + 1e-4 != 1.0                                      # and survives in fp32
+    assert (torch.tensor(1.0, dtype=torch.bfloat16) + 2 ** -7).item() == 1.0078125   # bf16 spacing at 1.0
+    trainer = train.Trainer(config(dataset_dir, tmp_path, "--dtype", "bf16", "--lr", "1e-5"), log=quiet)
+    before = {n: p.detach().clone() for n, p in trainer.raw_model.named_parameters()}
+    x, y = trainer.loader.next()
+    with train.autocast(trainer.device, trainer.dtype):
+        logits, _ = trainer.raw_model(x, y)
+    assert logits.dtype == torch.bfloat16                                       # the compute runs in bf16
+    trainer.train_step([(x, y)])
+    for name, p in trainer.raw_model.named_parameters():
+        assert p.dtype == torch.float32                                         # master weights
+        assert all(v.dtype == torch.float32 for v in trainer.optimizer.state[p].values() if v.dim())
+    # The step is tiny (lr 1e-5 x warmup): most updates are below bf16's spacing. Kept in fp32, lost in bf16.
+    w, w0 = trainer.raw_model.blocks[0].ffn_norm.weight, before["blocks.0.ffn_norm.weight"]
+    assert not torch.equal(w, w0)
+    assert torch.equal(w.bfloat16(), w0.bfloat16())
+
+
+def test_short_run_validation_loss_falls_and_artifacts(dataset_dir, tmp_path):
+    out = tmp_path / "run"
+    messages = []
+    summary = train.train(config(dataset_dir, out, "--max-steps", 60, "--eval-interval", 30, "--ckpt-interval", 30,
+                                 "--num-samples", 1, "--sample-tokens", 20, "--log-interval", 20),
+                          log=messages.append)
+    records = train.read_metrics(out / "metrics.jsonl")
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evals] == [0, 30, 60]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 1.0                  # clearly learning
+    assert math.isclose(evals[-1]["val_bpb"], evals[-1]["val_loss"] / math.log(2) / data.bytes_per_token(dataset_dir))
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(60))
+    assert all({"step", "loss", "lr", "tokens", "grad_norm", "tok_per_s"} <= set(r) for r in steps)
+    assert steps[-1]["tokens"] == 60 * 4 * 32
+    assert any("MFU" in m and "ETA" in m and "tok/s" in m and "grad norm" in m for m in messages)
+    assert any(m.startswith("config: ") for m in messages)
+    assert (out / "loss.png").stat().st_size > 1000
+    assert isinstance(summary["samples"][0], str) and summary["val_loss"] == evals[-1]["val_loss"]
+    ckpt = train.load_checkpoint(out)
+    assert ckpt["step"] == 60 and ckpt["train_config"]["max_steps"] == 60
+    assert {"version", "step", "model", "model_config", "optimizer", "train_config", "tokenizer_json", "data_dir",
+            "rng", "loader", "metrics"} <= set(ckpt)
+    gpt, tokenizer = train.model_from_checkpoint(ckpt)
+    x, y = data.TokenData(dataset_dir).iterator("val", 4, 32, seed=0).next()
+    with torch.no_grad():
+        assert gpt(x, y)[1].item() < evals[0]["val_loss"] - 1.0
+    assert tokenizer.decode(tokenizer.encode("the parser returns")) == "the parser returns"
+
+
+def test_spike_guard_skips_an_injected_bad_batch_and_rolls_back(dataset_dir, tmp_path):
+    trainer = train.Trainer(config(dataset_dir, tmp_path, "--max-steps", 100, "--spike-patience", 3,
+                                   "--spike-window", 10), log=quiet)
+    for _ in range(50):
+        trainer.train_step(trainer.next_micro_batches())
+    trainer.save_checkpoint()                                                  # the last good state: step 50
+    saved = {n: p.detach().clone() for n, p in trainer.raw_model.named_parameters()}
+    for _ in range(5):
+        trainer.train_step(trainer.next_micro_batches())
+    x, _ = trainer.loader.next()
+    with torch.no_grad():                                                     # targets the model finds least likely
+        adversarial = trainer.raw_model(x)[0].argmin(-1)
+    before = {n: p.detach().clone() for n, p in trainer.raw_model.named_parameters()}
+    record = trainer.train_step([(x, adversarial)])
+    assert record["event"] == "skipped_batch" and record["loss"] > 2 * trainer._median()
+    assert all(torch.equal(p, before[n]) for n, p in trainer.raw_model.named_parameters())   # no update
+    nan_batch = (x, torch.full_like(x, -1))                                   # every target ignored: loss NaN
+    assert math.isnan(trainer.train_step([nan_batch])["loss"])
+    assert trainer.step == 57 and trainer.lr_scale == 1.0
+    trainer.train_step([nan_batch])                                           # third spike in a row: roll back
+    assert trainer.step == 50 and trainer.lr_scale == 0.5
+    assert all(torch.equal(p, saved[n]) for n, p in trainer.raw_model.named_parameters())
+    record = trainer.train_step(trainer.next_micro_batches())                  # training goes on, lr halved
+    assert record["lr"] == pytest.approx(0.5 * train.lr_at(50, trainer.cfg))
+    events = [r for r in train.read_metrics(tmp_path / "metrics.jsonl") if "event" in r]
+    assert [e["event"] for e in events] == ["skipped_batch"] * 3 + ["rollback"]
+    assert events[-1]["to_step"] == 50 and events[-1]["lr_scale"] == 0.5
+
+
+def run_cli(args, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *map(str, args)], cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def wait_for(path: pathlib.Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"run ended before {path.name} appeared: {proc.communicate()[1][-2000:]}"
+        assert time.time() < deadline, f"{path} did not appear"
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_gives_the_uninterrupted_losses(dataset_dir, tmp_path):
+    flags = ["--data", dataset_dir, *TINY_ARGS, "--max-steps", 150, "--ckpt-interval", 10, "--eval-interval", 50,
+             "--batch-size", 8, "--total-batch-tokens", 16 * 32]                 # accumulation 2
+    proc = run_cli([*flags, "--out-dir", tmp_path / "killed"])
+    wait_for(tmp_path / "killed" / "ckpt_0000020.pt", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL                                  # killed mid-run, not finished
+    killed_at = max(losses_by_step(tmp_path / "killed" / "metrics.jsonl"))
+    assert killed_at < 149
+    resumed = train.train(train.parse_config([*map(str, flags), "--out-dir", str(tmp_path / "killed"), "--resume"]),
+                          log=quiet)
+    reference = train.train(train.parse_config([*map(str, flags), "--out-dir", str(tmp_path / "ref")]), log=quiet)
+    got = losses_by_step(tmp_path / "killed" / "metrics.jsonl")
+    want = losses_by_step(tmp_path / "ref" / "metrics.jsonl")
+    assert sorted(got) == sorted(want) == list(range(150))
+    assert got == want                                                         # exactly, step by step
+    assert resumed["val_loss"] == reference["val_loss"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(dataset_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(["--data", dataset_dir, *TINY_ARGS, "--max-steps", 5000, "--ckpt-interval", 1000,
+                    "--eval-interval", 1000, "--out-dir", out])
+    wait_for(out / "metrics.jsonl", proc)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted: checkpoint saved at step" in stdout
+    ckpt = train.load_checkpoint(out)
+    assert 0 < ckpt["step"] < 1000 and max(losses_by_step(out / "metrics.jsonl")) == ckpt["step"] - 1
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Bad input: one clear line, exit code 2, nothing lost
+# ----------------------------------------------------------------------------------------------------------------------
+
+def cli_error(capsys, args) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*map(str, args)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("train.py: error:") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_bad_input_gets_one_clear_line(dataset_dir, tmp_path, capsys):
+    base = ["--data", dataset_dir, *TINY_ARGS, "--out-dir", tmp_path / "a"]
+    assert "unknown --model 'huge'" in cli_error(capsys, [*base, "--model", "huge"])
+    assert "not a multiple" in cli_error(capsys, [*base, "--total-batch-tokens", 1000])
+    assert "exceeds the model's block_size" in cli_error(capsys, [*base, "--block-size", 64])
+    assert "--model-args" in cli_error(capsys, [*base, "--model-args", "n_layers=2"])
+    assert "cannot use --data" in cli_error(capsys, [*base, "--data", tmp_path / "missing.txt"])
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert "not writable" in cli_error(capsys, [*base, "--out-dir", blocker / "out"])
+    assert "torchrun" in cli_error(capsys, [*base, "--zero", 1])
+
+
+def test_resume_refuses_another_model_or_an_existing_run(dataset_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["--data", dataset_dir, *TINY_ARGS, "--out-dir", out, "--max-steps", 4, "--ckpt-interval", 2]
+    train.train(train.parse_config(list(map(str, base))), log=quiet)
+    assert "already holds a run" in cli_error(capsys, base)
+    deeper = "n_layer=3,n_head=2,n_kv_head=2,n_embd=32,block_size=32"
+    err = cli_error(capsys, [*base, "--resume", "--model-args", deeper])
+    assert "another model" in err
+    other_dir = prepare_corpus(tmp_path, [d.upper() for d in make_corpus(seed=1, n_docs=100)])  # other merges
+    assert "another tokenizer" in cli_error(capsys, [*base, "--resume", "--data", other_dir])
+    newest = train.checkpoint_path(out, 4)
+    newest.write_bytes(b"garbage")                                             # damaged: resume from step 2
+    messages = []
+    summary = train.train(train.parse_config([*map(str, base), "--resume", "--max-steps", "6"]), log=messages.append)
+    assert any("damaged" in m for m in messages) and any("resumed from" in m and "step 2" in m for m in messages)
+    assert summary["step"] == 6 and train.load_checkpoint(out)["step"] == 6

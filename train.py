@@ -1,0 +1,1084 @@
+"""train.py: the training loop. Forward, loss, backward, update, for tens of thousands of steps, without blowing up.
+
+Pretraining optimises the same objective as any small language model (predict the next token, cross-entropy loss);
+what changes is the length of the run. The lecture's worked budget: 1.2e20 FLOPs, N = 1e9 parameters, D = 2e10
+tokens, 5e5 tokens per step, so 2e10 / 5e5 = 40,000 optimizer steps over about a day on 8 GPUs. A run that long
+needs a handful of standard safety measures, and each one is a section of this file:
+
+1. Tokens per step.  The batch is counted in tokens: tokens/step = sequences x sequence length x accumulation steps
+   (x data-parallel ranks). 5e5 tokens/step on 8 GPUs is 62,500 tokens per GPU, e.g. 16 sequences x 1,024 tokens x
+   4 accumulation steps ~= 65,536. When memory holds only 16 sequences at a time we run 4 micro-batches, divide each
+   micro-batch loss by 4 and let the gradients add up: the sum is the gradient of the mean loss over all 64
+   sequences, exactly as if they had fitted in memory together.
+
+2. Learning-rate schedule.  Warm up from ~0 to the peak (random weights give large, noisy gradients; a full step
+   then would throw the model somewhere bad), then decay along a cosine to 10% of the peak:
+       lr(t) = lr_min + 1/2 (lr_max - lr_min) (1 + cos(pi * progress)),  progress = (t - warmup) / (total - warmup)
+   The lecture's numbers: 2,000 warmup steps up to 3e-4, cosine down to 3e-5 at step 40,000 (half way, step 21,000,
+   sits at 1.65e-4). The cosine shape depends on the total, so the token budget is fixed before the run starts.
+   WSD (warmup-stable-decay) keeps the peak for most of the run and decays only in the last stretch, so a
+   checkpoint from the stable phase can branch into runs of different lengths.
+
+3. AdamW with the standard settings.  betas (0.9, 0.95), weight decay 0.1 on weight matrices only (embeddings and
+   linear layers). Norm gains start at 1 and set the scale of a normalised vector; pulling them towards 0 fights the
+   normalisation and regularises nothing, so vectors (gains, biases) are not decayed.
+
+4. Gradient clipping.  Flatten every gradient into one long vector g; if ||g|| > c, multiply every gradient by
+   c / ||g||. Threshold 1.0 and a step whose norm is 4.0: every gradient is multiplied by 0.25 (direction kept).
+
+5. Mixed precision with fp32 master weights.  bf16 has 7 mantissa bits, so between 1 and 2 its numbers are
+   2^-7 ~= 0.0078 apart: a weight of 1.0 plus an update of 1e-4 is still 1.0 in bf16 and the update is lost. So the
+   forward and backward run under bf16 autocast while the parameters and AdamW's moments stay fp32 and the update is
+   added there. fp16 has a narrower range as well, so its loss is scaled up before backward (a gradient scaler)
+   to keep small gradients from flushing to zero. On a CPU, fp32 throughout (bf16 matmuls are ~100x slower here).
+
+6. Checkpoints and exact resume.  Every few hundred steps the whole state goes to disk atomically (write a temp
+   file, fsync, rename: a crash mid-write leaves the previous checkpoint intact): model, optimizer moments, the
+   step (which fixes the learning rate), the random generators and the data loader's position. A run killed at any
+   moment (even SIGKILL) and resumed then produces exactly the losses of a run that was never interrupted.
+
+7. Loss-spike guard.  A batch whose loss is NaN/Inf or far above the recent median is skipped (no update).
+   Several in a row means the model itself went bad: roll back to the last good checkpoint, lower the learning
+   rate, and continue on fresh data (the recipe PaLM describes). Every intervention is logged.
+
+8. Watching the run.  A progress line (step, loss, lr, grad norm, tokens/s, MFU, ETA), validation loss and
+   bits-per-byte every few hundred steps (bpb = loss / ln 2 / bytes-per-token, comparable across tokenizers),
+   metrics.jsonl for every step, a loss-curve PNG and a few samples at the end.
+
+Run it:
+    python train.py                                   # pydocs corpus, `tiny` model, a few minutes on a laptop CPU
+    python train.py --resume                          # continue the run in out/ exactly where it stopped
+    python train.py --model 10m --data tinystories.txt --max-steps 5000 --total-batch-tokens 65536
+    torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
+
+Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), model.py (the GPT) and, under
+torchrun, parallel.py (hand-written data parallel). matplotlib is imported only to draw the loss curve.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import random
+import re
+import signal
+import statistics
+import sys
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+import data as data_lib
+import model as model_lib
+
+
+class TrainError(Exception):
+    """A problem with the user's input or environment; the CLI prints it as one line and exits with code 2."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Configuration: one dataclass, every field is a kebab-case flag with its default shown in --help.
+# ----------------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainConfig:
+    # data and model
+    data: str = dataclasses.field(default="pydocs", metadata={"help": "corpus: source names or paths for data.prepare "
+                                  "(comma-separated), or a prepared dataset directory (holds manifest.json)"})
+    vocab_size: int = dataclasses.field(default=0, metadata={"help": "tokenizer size when data.py trains one "
+                                        "(0 = data.py's default)"})
+    model: str = dataclasses.field(default="tiny", metadata={"help": "model preset from model.PRESETS"})
+    model_args: str = dataclasses.field(default="", metadata={"help": "overrides of the preset, e.g. "
+                                        "'n_layer=2,n_embd=32,n_head=2,n_kv_head=2'"})
+    out_dir: str = dataclasses.field(default="out", metadata={"help": "checkpoints, metrics.jsonl, loss-curve PNG"})
+    seed: int = dataclasses.field(default=0, metadata={"help": "seeds model init, data order and sampling"})
+    # batch
+    batch_size: int = dataclasses.field(default=16, metadata={"help": "micro-batch: sequences per forward per rank"})
+    block_size: int = dataclasses.field(default=0, metadata={"help": "sequence length in tokens (0 = the model's)"})
+    total_batch_tokens: int = dataclasses.field(default=0, metadata={"help": "tokens per optimizer step over all "
+                                                "ranks; sets gradient accumulation (0 = one micro-batch per rank)"})
+    # optimisation
+    max_steps: int = dataclasses.field(default=1000, metadata={"help": "optimizer steps (the schedule's total)"})
+    lr: float = dataclasses.field(default=2e-3, metadata={"help": "peak learning rate"})
+    min_lr_ratio: float = dataclasses.field(default=0.1, metadata={"help": "final lr as a fraction of the peak"})
+    warmup_steps: int = dataclasses.field(default=50, metadata={"help": "linear warmup steps"})
+    schedule: str = dataclasses.field(default="cosine", metadata={"help": "cosine | wsd", "choices": ("cosine", "wsd")})
+    decay_fraction: float = dataclasses.field(default=0.2, metadata={"help": "wsd: fraction of steps spent decaying"})
+    weight_decay: float = dataclasses.field(default=0.1, metadata={"help": "AdamW decay (weight matrices only)"})
+    beta1: float = dataclasses.field(default=0.9, metadata={"help": "AdamW beta1"})
+    beta2: float = dataclasses.field(default=0.95, metadata={"help": "AdamW beta2"})
+    grad_clip: float = dataclasses.field(default=1.0, metadata={"help": "clip the global grad norm to this (0 = off)"})
+    # precision and speed
+    device: str = dataclasses.field(default="auto", metadata={"help": "auto | cpu | cuda | mps"})
+    dtype: str = dataclasses.field(default="auto", metadata={"help": "auto (bf16 on capable CUDA, else fp32) | "
+                                   "fp32 | bf16 | fp16", "choices": ("auto", "fp32", "bf16", "fp16")})
+    compile: bool = dataclasses.field(default=False, metadata={"help": "torch.compile the model"})
+    activation_checkpointing: bool = dataclasses.field(default=False, metadata={"help": "recompute block "
+                                                       "activations in backward (less memory, ~1/3 more compute)"})
+    peak_flops: float = dataclasses.field(default=0.0, metadata={"help": "hardware peak FLOP/s for MFU "
+                                          "(0 = known GPU table, or a measured fp32 matmul on CPU)"})
+    # checkpoints and evaluation
+    eval_interval: int = dataclasses.field(default=100, metadata={"help": "steps between validation evaluations"})
+    eval_batches: int = dataclasses.field(default=10, metadata={"help": "micro-batches per validation estimate"})
+    ckpt_interval: int = dataclasses.field(default=250, metadata={"help": "steps between checkpoints"})
+    keep_checkpoints: int = dataclasses.field(default=3, metadata={"help": "how many recent checkpoints to keep"})
+    resume: str | None = dataclasses.field(default=None, metadata={"help": "continue from the newest good "
+                                           "checkpoint in --out-dir (bare --resume) or from a given file"})
+    overwrite: bool = dataclasses.field(default=False, metadata={"help": "start fresh even if --out-dir holds a "
+                                        "run (its checkpoints and metrics are deleted)"})
+    log_interval: int = dataclasses.field(default=10, metadata={"help": "steps between progress lines"})
+    # loss-spike guard
+    spike_factor: float = dataclasses.field(default=2.0, metadata={"help": "a loss above this x the recent median "
+                                            "is a spike"})
+    spike_window: int = dataclasses.field(default=50, metadata={"help": "recent losses the median is taken over"})
+    spike_patience: int = dataclasses.field(default=3, metadata={"help": "spikes in a row before rolling back"})
+    rollback_lr_factor: float = dataclasses.field(default=0.5, metadata={"help": "lr multiplier after a rollback"})
+    # samples at the end
+    num_samples: int = dataclasses.field(default=2, metadata={"help": "samples printed at the end"})
+    sample_tokens: int = dataclasses.field(default=120, metadata={"help": "tokens per sample"})
+    temperature: float = dataclasses.field(default=0.8, metadata={"help": "sampling temperature"})
+    top_k: int = dataclasses.field(default=40, metadata={"help": "sample among the k likeliest tokens (0 = all)"})
+    prompt: str = dataclasses.field(default="", metadata={"help": "sample prompt (empty = start of a document)"})
+    # parallelism (wired by parallel.py's issue; see wrap_for_distribution)
+    zero: int = dataclasses.field(default=0, metadata={"help": "ZeRO stage", "choices": (0, 1, 2, 3)})
+    tp: int = dataclasses.field(default=1, metadata={"help": "tensor-parallel degree"})
+    pp: int = dataclasses.field(default=1, metadata={"help": "pipeline-parallel degree"})
+    pp_schedule: str = dataclasses.field(default="1f1b", metadata={"help": "pipeline schedule",
+                                         "choices": ("afab", "1f1b")})
+    micro_batches: int = dataclasses.field(default=0, metadata={"help": "pipeline micro-batches per step "
+                                           "(0 = the accumulation steps)"})
+
+
+def flag(name: str) -> str:
+    """`max_steps` -> `--max-steps`."""
+    return "--" + name.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per TrainConfig field, plus --config FILE (JSON with the same keys; explicit flags win)."""
+    parser = argparse.ArgumentParser(
+        prog="train.py", description="Pretrain a GPT: data.py -> model.py -> checkpoints, metrics.jsonl, samples.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", default=None, help="JSON file of settings (keys as below, '-' or '_')")
+    for field in dataclasses.fields(TrainConfig):
+        meta = dict(field.metadata)
+        kwargs = {"default": field.default, "help": meta.pop("help")}
+        if field.type == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif field.name == "resume":
+            kwargs.update(nargs="?", const="latest", metavar="PATH")
+        else:
+            kwargs["type"] = {"int": int, "float": float, "str": str}[field.type]
+        kwargs.update(meta)
+        parser.add_argument(flag(field.name), **kwargs)
+    return parser
+
+
+def read_config_file(path: str) -> dict:
+    """Read a JSON settings file into {field: value}; keys may use '-' or '_'. Unknown keys are an error."""
+    try:
+        raw = json.loads(pathlib.Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise TrainError(f"cannot read config file {path}: {e}; pass a JSON object of train.py settings") from e
+    if not isinstance(raw, dict):
+        raise TrainError(f"config file {path} must hold a JSON object like {{\"max_steps\": 100}}")
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    settings = {k.replace("-", "_"): v for k, v in raw.items()}
+    unknown = sorted(set(settings) - names)
+    if unknown:
+        raise TrainError(f"config file {path} has unknown settings {unknown}; see python train.py --help")
+    return settings
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Defaults < config file < explicit flags.
+
+    >>> parse_config(["--max-steps", "7"]).max_steps
+    7
+    """
+    parser = build_parser()
+    known, _ = parser.parse_known_args(argv)
+    if known.config:
+        parser.set_defaults(**read_config_file(known.config))
+    args = vars(parser.parse_args(argv))
+    args.pop("config")
+    return TrainConfig(**args)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 1. Tokens per step -> gradient accumulation
+# ----------------------------------------------------------------------------------------------------------------------
+
+def plan_accumulation(total_batch_tokens: int, batch_size: int, block_size: int, world_size: int = 1) -> int:
+    """Micro-batches per rank per optimizer step, so that the step sees exactly `total_batch_tokens` tokens.
+
+    One micro-step on all ranks sees batch_size x block_size x world_size tokens.
+    >>> plan_accumulation(524_288, 16, 1024, world_size=8)   # the lecture's ~5e5 tokens/step on 8 GPUs
+    4
+    >>> plan_accumulation(0, 16, 1024)                       # 0: no accumulation
+    1
+    """
+    per_micro_step = batch_size * block_size * world_size
+    if total_batch_tokens == 0:
+        return 1
+    if total_batch_tokens < per_micro_step or total_batch_tokens % per_micro_step:
+        raise TrainError(f"--total-batch-tokens {total_batch_tokens} is not a multiple of batch-size x block-size x "
+                         f"world-size = {batch_size} x {block_size} x {world_size} = {per_micro_step}; "
+                         f"use a multiple such as {max(1, total_batch_tokens // per_micro_step) * per_micro_step}")
+    return total_batch_tokens // per_micro_step
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 2. Learning-rate schedules (plain functions of the step)
+# ----------------------------------------------------------------------------------------------------------------------
+
+def warmup_lr(step: int, max_lr: float, warmup_steps: int) -> float:
+    """Linear warmup: step 0 gets max_lr / warmup (not 0, which would waste the step), step warmup-1 gets max_lr."""
+    return max_lr * (step + 1) / warmup_steps
+
+
+def cosine_lr(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float) -> float:
+    """Warmup, then cosine from max_lr down to min_lr at total_steps (and min_lr after).
+
+    >>> cosine_lr(2_000, 3e-4, 2_000, 40_000, 3e-5), cosine_lr(40_000, 3e-4, 2_000, 40_000, 3e-5)
+    (0.0003, 3e-05)
+    """
+    if step < warmup_steps:
+        return warmup_lr(step, max_lr, warmup_steps)
+    if step >= total_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (total_steps - warmup_steps)      # 0 -> 1
+    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def wsd_lr(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr: float,
+           decay_fraction: float = 0.2) -> float:
+    """Warmup-stable-decay: warmup, hold max_lr, then a linear decay to min_lr over the last `decay_fraction`.
+
+    >>> [round(wsd_lr(s, 1.0, 10, 100, 0.1), 3) for s in (5, 50, 80, 90, 100)]
+    [0.6, 1.0, 1.0, 0.55, 0.1]
+    """
+    if step < warmup_steps:
+        return warmup_lr(step, max_lr, warmup_steps)
+    decay_start = total_steps - int(round(decay_fraction * total_steps))
+    if step < decay_start:
+        return max_lr
+    if step >= total_steps:
+        return min_lr
+    progress = (step - decay_start) / (total_steps - decay_start)
+    return max_lr + (min_lr - max_lr) * progress
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """The configured schedule at `step` (before any rollback multiplier)."""
+    min_lr = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "wsd":
+        return wsd_lr(step, cfg.lr, cfg.warmup_steps, cfg.max_steps, min_lr, cfg.decay_fraction)
+    return cosine_lr(step, cfg.lr, cfg.warmup_steps, cfg.max_steps, min_lr)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 3. AdamW(0.9, 0.95), weight decay on matrices only
+# ----------------------------------------------------------------------------------------------------------------------
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: weight matrices (dim >= 2: embeddings, linears) decay; vectors (norm gains, biases) do not.
+
+    A tied lm_head/embedding weight is one parameter and appears once (named_parameters removes duplicates).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
+    """AdamW with the fused kernel where this torch has one for the device (one kernel for all parameters)."""
+    fused = device_type in ("cuda", "cpu")
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             eps=1e-8, fused=fused)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4. Gradient clipping
+# ----------------------------------------------------------------------------------------------------------------------
+
+def clip_gradients(parameters, max_norm: float) -> float:
+    """Scale all gradients by max_norm / ||g|| when the global norm ||g|| exceeds max_norm; return ||g|| before.
+
+    ||g|| is the L2 norm of every gradient flattened into one vector: grads (2, 0) and (0, 2, 2, 2) have norm 4.
+    With max_norm 1.0 each gradient is multiplied by 0.25. max_norm 0 only measures.
+    """
+    parameters = [p for p in parameters if p.grad is not None]
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in parameters]))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 5. Precision: autocast for the compute, fp32 for the weights and the optimizer
+# ----------------------------------------------------------------------------------------------------------------------
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto: CUDA if present, else Apple MPS, else CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainError("--device cuda but no CUDA GPU is visible; use --device cpu (or auto)")
+    if name == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on a CUDA GPU that supports it, fp16 on an older GPU, fp32 on CPU/MPS (bf16 is slow there)."""
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """The forward/backward context: low-precision matmuls, fp32 parameters untouched."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 6. Checkpoints: atomic writes, keep the last K, safe loading, fall back past a damaged file
+# ----------------------------------------------------------------------------------------------------------------------
+
+CKPT_PATTERN = re.compile(r"^ckpt_(\d{7})\.pt$")
+
+
+def checkpoint_path(out_dir, step: int) -> pathlib.Path:
+    """OUT_DIR/ckpt_{step:07d}.pt"""
+    return pathlib.Path(out_dir) / f"ckpt_{step:07d}.pt"
+
+
+def list_checkpoints(out_dir) -> list[pathlib.Path]:
+    """Checkpoint files in `out_dir`, newest (highest step) first; temp files of interrupted writes are ignored."""
+    out_dir = pathlib.Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    found = [p for p in out_dir.iterdir() if CKPT_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(CKPT_PATTERN.match(p.name).group(1)), reverse=True)
+
+
+def atomic_save(obj, path) -> None:
+    """torch.save to a temp file in the same directory, fsync it, then rename over `path` (atomic on POSIX).
+
+    A crash at any moment leaves either the old file or the complete new one, never half a checkpoint.
+    """
+    path = pathlib.Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)                  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def prune_checkpoints(out_dir, keep: int) -> None:
+    """Delete all but the `keep` newest checkpoints."""
+    for old in list_checkpoints(out_dir)[max(1, keep):]:
+        old.unlink(missing_ok=True)
+
+
+def load_checkpoint(path_or_dir, log=print) -> dict:
+    """Load a checkpoint with torch.load(weights_only=True) (no arbitrary pickle code can run).
+
+    Given a directory, the newest checkpoint that loads is returned; a damaged newer one is reported and skipped.
+    The returned dict gets one extra key, "path".
+    """
+    path = pathlib.Path(path_or_dir)
+    candidates = list_checkpoints(path) if path.is_dir() else [path]
+    if not candidates:
+        raise TrainError(f"no checkpoint (ckpt_*.pt) in {path}; train first or pass a checkpoint file")
+    problems = []
+    for candidate in candidates:
+        try:
+            ckpt = torch.load(candidate, map_location="cpu", weights_only=True)
+            if not isinstance(ckpt, dict) or ckpt.get("version") != 1 or "model" not in ckpt:
+                raise ValueError("not a train.py checkpoint (version 1)")
+        except Exception as e:        # truncated zip, bad pickle, wrong content: all mean "damaged"
+            problems.append(f"{candidate.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            if len(candidates) > 1:
+                log(f"checkpoint {candidate} is damaged ({problems[-1]}); falling back to the previous one")
+            continue
+        ckpt["path"] = str(candidate)
+        return ckpt
+    raise TrainError(f"no loadable checkpoint in {path}: " + "; ".join(problems))
+
+
+def model_from_checkpoint(ckpt: dict, device="cpu"):
+    """(GPT in eval mode with the checkpoint's weights, bpe.Tokenizer) from a load_checkpoint() dict."""
+    import bpe
+    config = model_lib.GPTConfig.from_dict(ckpt["model_config"])
+    gpt = model_lib.GPT(config)
+    gpt.load_state_dict(ckpt["model"])
+    return gpt.to(device).eval(), bpe.Tokenizer.from_json(ckpt["tokenizer_json"])
+
+
+def rng_state() -> dict:
+    """Every random generator the run touches, as plain tensors/lists (weights_only-loadable)."""
+    np_state = np.random.get_state()
+    state = {"python": random.getstate(),
+             "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Inverse of rng_state()."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 7. Loss-spike guard
+# ----------------------------------------------------------------------------------------------------------------------
+
+class SpikeGuard:
+    """Decide, per step, whether a loss is fine ("ok"), a spike to skip ("skip"), or one spike too many ("rollback").
+
+    A spike is a non-finite loss, or one above `factor` x the median of the last `window` good losses (once at least
+    `min_history` are known). `patience` spikes in a row ask for a rollback.
+    >>> g = SpikeGuard(factor=2.0, window=5, patience=2, min_history=3)
+    >>> [g.check(x) for x in (4.0, 3.9, 3.8, 9.0, 3.7, float("nan"), 50.0)]
+    ['ok', 'ok', 'ok', 'skip', 'ok', 'skip', 'rollback']
+    """
+
+    def __init__(self, factor: float = 2.0, window: int = 50, patience: int = 3, min_history: int = 10):
+        self.factor, self.patience, self.min_history = factor, patience, min_history
+        self.history: deque[float] = deque(maxlen=window)
+        self.in_a_row = 0
+
+    def is_spike(self, loss: float) -> bool:
+        if not math.isfinite(loss):
+            return True
+        return len(self.history) >= self.min_history and loss > self.factor * statistics.median(self.history)
+
+    def check(self, loss: float) -> str:
+        if not self.is_spike(loss):
+            self.history.append(loss)
+            self.in_a_row = 0
+            return "ok"
+        self.in_a_row += 1
+        if self.in_a_row >= self.patience:
+            self.in_a_row = 0
+            return "rollback"
+        return "skip"
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history), "in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.clear()
+        self.history.extend(state["history"])
+        self.in_a_row = state["in_a_row"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 8. Watching the run: MFU, metrics.jsonl, loss curve
+# ----------------------------------------------------------------------------------------------------------------------
+
+GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """Dense peak FLOP/s: a table of GPUs (bf16/fp16 tensor cores); otherwise measured with a 1024^3 fp32 matmul."""
+    if device.type == "cuda" and dtype != torch.float32:
+        name = torch.cuda.get_device_name(device)
+        for key, flops in GPU_PEAK_FLOPS.items():
+            if key in name:
+                return flops
+    gen = torch.Generator(device=device).manual_seed(0)     # a private generator: the run's RNG stays untouched
+    a = torch.randn(1024, 1024, device=device, generator=gen)
+    b = torch.randn(1024, 1024, device=device, generator=gen)
+    a @ b                                            # warm up
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * 1024 ** 3 / best
+
+
+class MetricsLog:
+    """Append one JSON object per line to OUT_DIR/metrics.jsonl (flushed per line, so a crash loses nothing)."""
+
+    def __init__(self, path, enabled: bool = True):
+        self.path = pathlib.Path(path)
+        self.file = open(self.path, "a") if enabled else None
+
+    def write(self, record: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def read_metrics(path) -> list[dict]:
+    """All records of a metrics.jsonl (a torn last line from a kill is ignored)."""
+    records = []
+    for line in pathlib.Path(path).read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            records.append(json.loads(line))
+    return records
+
+
+def plot_loss_curve(metrics_path, png_path) -> pathlib.Path:
+    """Train loss per step and validation loss per evaluation, drawn into a PNG (written atomically)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    train, val = {}, {}
+    for r in read_metrics(metrics_path):                  # a resumed run rewrites steps: keep the last value
+        if "loss" in r:
+            train[r["step"]] = r["loss"]
+        if "val_loss" in r:
+            val[r["step"]] = r["val_loss"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(list(train), list(train.values()), lw=0.8, alpha=0.6, label="train loss")
+    ax.plot(list(val), list(val.values()), "o-", label="validation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    png_path = pathlib.Path(png_path)
+    tmp = png_path.with_name(f".{png_path.name}.tmp{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, png_path)
+    return png_path
+
+
+def format_duration(seconds: float) -> str:
+    """125 -> '2m05s'."""
+    seconds = int(max(0, seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Distribution: process group and the one place where model and optimizer are wrapped
+# ----------------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Dist:
+    """Where this process sits: data-parallel rank among world_size ranks (rank 0 of 1 without torchrun).
+
+    `mesh` is parallel.py's dp x tp x pp grid under torchrun (None in one process); `device` is the device
+    torchrun assigned (one GPU per local rank) or None.
+    """
+    rank: int = 0
+    world_size: int = 1
+    mesh: object = None
+    device: torch.device | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(cfg: TrainConfig) -> Dist:
+    """Under torchrun (WORLD_SIZE > 1) join the process group and build the mesh through parallel.py."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        if cfg.zero or cfg.tp > 1 or cfg.pp > 1:
+            raise TrainError("--zero/--tp/--pp need several processes: launch with torchrun --nproc_per_node=N")
+        return Dist()
+    check_parallel_flags(cfg)
+    import parallel
+    _, _, device = parallel.init_distributed()
+    mesh = parallel.Mesh.build(dp=-1)
+    return Dist(rank=mesh.dp.rank, world_size=mesh.dp.size, mesh=mesh, device=device)
+
+
+def check_parallel_flags(cfg: TrainConfig) -> None:
+    """--zero/--tp/--pp arrive with parallel.py's issue; until then they stop with a clear line."""
+    if cfg.zero or cfg.tp > 1 or cfg.pp > 1:
+        raise TrainError("--zero, --tp and --pp are not wired into train.py yet (they come with parallel.py's "
+                         "issue); run plain data parallel without them")
+
+
+def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, dist: Dist):
+    """The one place where the model and the optimizer are wrapped for distribution. Returns (model, optimizer).
+
+    Data parallel: every rank holds the whole model (rank 0's initial weights are broadcast), sees different
+    batches, and gradients are averaged before the update, so every rank makes the same update. The returned
+    model has `no_sync()` (accumulation micro-batches skip the averaging) and `finish_gradient_sync()`.
+    """
+    check_parallel_flags(cfg)
+    if dist.world_size == 1:
+        return model, optimizer
+    import parallel
+    return parallel.DataParallel(model, dist.mesh.dp), optimizer
+
+
+def all_reduce_mean(values: torch.Tensor, dist: Dist) -> torch.Tensor:
+    """Average a small float tensor over data-parallel ranks (identity in one process)."""
+    if dist.world_size > 1:
+        values = values.clone()
+        torch.distributed.all_reduce(values)
+        values /= dist.world_size
+    return values
+
+
+def gather_objects(obj, dist: Dist) -> list:
+    """[obj of rank 0, obj of rank 1, ...] on every rank."""
+    if dist.world_size == 1:
+        return [obj]
+    out = [None] * dist.world_size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The trainer: wires data.py, model.py and the pieces above
+# ----------------------------------------------------------------------------------------------------------------------
+
+def open_dataset(cfg: TrainConfig, log=print):
+    """A data.TokenData from --data: a prepared dataset directory as is, else data.prepare(sources) (cached)."""
+    path = pathlib.Path(cfg.data)
+    try:
+        if (path / "manifest.json").is_file():
+            return data_lib.TokenData(path)
+        sources = [s.strip() for s in cfg.data.split(",") if s.strip()]
+        kwargs = {"seed": cfg.seed}
+        if cfg.vocab_size:
+            kwargs["vocab_size"] = cfg.vocab_size
+        log(f"preparing data {sources} (cached after the first time)")
+        return data_lib.TokenData(data_lib.prepare(sources, **kwargs))
+    except (ValueError, OSError, KeyError) as e:
+        raise TrainError(f"cannot use --data {cfg.data!r}: {e}") from e
+
+
+def parse_model_args(text: str) -> dict:
+    """'n_layer=2,n_embd=32,dropout=0.1' -> {'n_layer': 2, 'n_embd': 32, 'dropout': 0.1}, typed by GPTConfig."""
+    types = {f.name: f.type for f in dataclasses.fields(model_lib.GPTConfig)}
+    out = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in types:
+            raise TrainError(f"--model-args: {item!r} is not NAME=VALUE with NAME a GPTConfig field "
+                             f"({', '.join(types)})")
+        kind = str(types[key])
+        try:
+            if "bool" in kind:
+                out[key] = value.strip().lower() in ("1", "true", "yes")
+            elif "int" in kind:
+                out[key] = int(value)
+            elif "float" in kind:
+                out[key] = float(value)
+            else:
+                out[key] = value.strip()
+        except ValueError as e:
+            raise TrainError(f"--model-args: bad value in {item!r}: {e}") from e
+    return out
+
+
+def build_model_config(cfg: TrainConfig, vocab_size: int):
+    """The preset, with --model-args, the tokenizer's vocab size and --activation-checkpointing applied."""
+    if cfg.model not in model_lib.PRESETS:
+        raise TrainError(f"unknown --model {cfg.model!r}; choose one of {', '.join(model_lib.PRESETS)}")
+    overrides = {"vocab_size": vocab_size, **parse_model_args(cfg.model_args)}
+    overrides["vocab_size"] = vocab_size
+    if cfg.activation_checkpointing:
+        overrides["activation_checkpointing"] = True
+    try:
+        return dataclasses.replace(model_lib.PRESETS[cfg.model], **overrides)
+    except (ValueError, AssertionError) as e:
+        raise TrainError(f"invalid model settings {overrides}: {e}") from e
+
+
+class Trainer:
+    """Holds the run's state (model, optimizer, loader, step, guard) and runs the loop. Build it, then .run()."""
+
+    def __init__(self, cfg: TrainConfig, log=print):
+        self.cfg = cfg
+        self.dist = setup_distributed(cfg)
+        self.log = log if self.dist.is_main else (lambda *a, **k: None)
+        self.device = self.dist.device or resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.out_dir = pathlib.Path(cfg.out_dir)
+        resume_ckpt = self._prepare_out_dir()
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed + self.dist.rank)
+
+        self.data = open_dataset(cfg, self.log)
+        self.tokenizer = self.data.tokenizer
+        self.model_config = build_model_config(cfg, self.data.vocab_size)
+        self.block_size = cfg.block_size or self.model_config.block_size
+        if self.block_size > self.model_config.block_size:
+            raise TrainError(f"--block-size {self.block_size} exceeds the model's block_size "
+                             f"{self.model_config.block_size}; use at most that")
+        self.accum = plan_accumulation(cfg.total_batch_tokens, cfg.batch_size, self.block_size, self.dist.world_size)
+        self.tokens_per_step = cfg.batch_size * self.block_size * self.accum * self.dist.world_size
+
+        self.raw_model = model_lib.GPT(self.model_config).to(self.device)   # fp32 master weights, always
+        optimizer = make_optimizer(self.raw_model, cfg, self.device.type)
+        self.model, self.optimizer = wrap_for_distribution(self.raw_model, optimizer, cfg, self.dist)
+        if cfg.compile:
+            self.model = torch.compile(self.model)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
+        self.loader = self.data.iterator("train", cfg.batch_size, self.block_size, rank=self.dist.rank,
+                                         world_size=self.dist.world_size, seed=cfg.seed)
+        self.guard = SpikeGuard(cfg.spike_factor, cfg.spike_window, cfg.spike_patience)
+        self.step, self.tokens, self.lr_scale = 0, 0, 1.0
+        self.last_eval: dict = {}
+        self.stop_requested = False
+        self._step_time = None
+        self.bytes_per_token = data_lib.bytes_per_token(self.data, "val")
+        self._flops_per_token = self.raw_model.flops_per_token(self.block_size)
+        self._peak = cfg.peak_flops or peak_flops(self.device, self.dtype)
+        if resume_ckpt is not None:
+            self.restore(resume_ckpt, rollback=False)
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.dist.is_main)
+
+    # -- setup ---------------------------------------------------------------------------------------------------------
+
+    def _prepare_out_dir(self):
+        """Make sure out-dir is writable; return the checkpoint to resume from (or None); refuse to mix runs."""
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.out_dir / f".write-test-{os.getpid()}"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as e:
+            raise TrainError(f"--out-dir {self.out_dir} is not writable ({e.strerror}); choose another --out-dir")
+        existing = list_checkpoints(self.out_dir)
+        if self.cfg.resume:
+            return load_checkpoint(self.out_dir if self.cfg.resume == "latest" else self.cfg.resume, self.log)
+        if existing and not self.cfg.overwrite:
+            raise TrainError(f"{self.out_dir} already holds a run ({existing[0].name}); add --resume to continue it, "
+                             f"--overwrite to start over, or pick another --out-dir")
+        if self.dist.is_main:
+            for old in existing:
+                old.unlink()
+            (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
+        return None
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The checkpoint (format in CONTRACTS.md); loader and RNG states of every rank."""
+        ranks = gather_objects({"rng": rng_state(), "loader": self.loader.state_dict()}, self.dist)
+        return {"version": 1, "step": self.step,
+                "model": {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()},
+                "model_config": self.model_config.to_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "train_config": dataclasses.asdict(self.cfg),
+                "tokenizer_json": self.tokenizer.to_json(),
+                "data_dir": str(self.data.data_dir if hasattr(self.data, "data_dir") else self.cfg.data),
+                "rng": [r["rng"] for r in ranks],
+                "loader": [r["loader"] for r in ranks],
+                "metrics": {"tokens": self.tokens, "lr_scale": self.lr_scale, "guard": self.guard.state_dict(),
+                            "last_eval": self.last_eval}}
+
+    def save_checkpoint(self) -> pathlib.Path:
+        state = self.state_dict()                    # collective under torchrun: every rank calls it
+        path = checkpoint_path(self.out_dir, self.step)
+        if self.dist.is_main:
+            atomic_save(state, path)
+            prune_checkpoints(self.out_dir, self.cfg.keep_checkpoints)
+        return path
+
+    def restore(self, ckpt: dict, rollback: bool) -> None:
+        """Load a checkpoint into this run. rollback=True keeps the data position and RNG (skip the bad stretch)."""
+        if ckpt["model_config"] != self.model_config.to_dict():
+            diff = {k: (v, self.model_config.to_dict().get(k)) for k, v in ckpt["model_config"].items()
+                    if self.model_config.to_dict().get(k) != v}
+            raise TrainError(f"checkpoint {ckpt['path']} is for another model (checkpoint vs now: {diff}); "
+                             f"resume with the same --model/--model-args or start a new --out-dir")
+        if ckpt["tokenizer_json"] != self.tokenizer.to_json():
+            raise TrainError(f"checkpoint {ckpt['path']} was trained with another tokenizer than --data "
+                             f"{self.cfg.data!r}; resume with the run's data ({ckpt['data_dir']})")
+        self.raw_model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scaler and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.step = ckpt["step"]
+        self.guard.load_state_dict(ckpt["metrics"]["guard"])
+        if rollback:
+            self.lr_scale *= self.cfg.rollback_lr_factor
+            return
+        # The loader's state (epoch, windows consumed by all ranks) is the same on every rank, so a run may resume
+        # on another number of processes; each rank's random generators come back only on the same world size.
+        same_world = len(ckpt["rng"]) == self.dist.world_size
+        if not same_world:
+            self.log(f"note: checkpoint written by {len(ckpt['rng'])} ranks, resuming on {self.dist.world_size}: "
+                     f"same data order, fresh random generators (exact only with dropout 0)")
+        try:
+            self.loader.load_state_dict(ckpt["loader"][0])
+        except data_lib.DataError as e:
+            raise TrainError(f"cannot resume {ckpt['path']}: {e}") from e
+        if same_world:
+            set_rng_state(ckpt["rng"][self.dist.rank])
+        self.tokens = ckpt["metrics"]["tokens"]
+        self.lr_scale = ckpt["metrics"]["lr_scale"]
+        self.last_eval = ckpt["metrics"].get("last_eval", {})
+        changed = {k: (v, getattr(self.cfg, k)) for k, v in ckpt["train_config"].items()
+                   if k not in ("resume", "overwrite") and getattr(self.cfg, k, v) != v}
+        self.log(f"resumed from {ckpt['path']} at step {self.step}"
+                 + (f" (settings changed, checkpoint -> now: {changed})" if changed else ""))
+
+    # -- one optimizer step --------------------------------------------------------------------------------------------
+
+    def next_micro_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The `accum` micro-batches of the next step, each (x, y) of shape (batch_size, block_size)."""
+        return [tuple(t.to(self.device, non_blocking=True) for t in self.loader.next()) for _ in range(self.accum)]
+
+    def train_step(self, micro_batches) -> dict:
+        """Forward/backward over the micro-batches, then clip, guard and update. Returns the step's record."""
+        lr = lr_at(self.step, self.cfg) * self.lr_scale
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n = len(micro_batches)
+        loss_sum = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(micro_batches):
+            last = i == n - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            with sync:
+                with autocast(self.device, self.dtype):
+                    _, loss = self.model(x, y)                         # mean cross-entropy over (B, T)
+                objective = loss
+                if self.model_config.n_expert:                         # MoE: + the load-balancing loss
+                    objective = loss + self.model_config.moe_aux_coef * self.raw_model.aux_loss
+                objective = objective / n                              # the mean over all n micro-batches
+                (self.scaler.scale(objective) if self.scaler else objective).backward()
+            loss_sum += loss.detach().float()
+        if hasattr(self.model, "finish_gradient_sync"):
+            self.model.finish_gradient_sync()
+        stop = torch.tensor(float(self.stop_requested), device=self.device)
+        loss_value, stop_any = all_reduce_mean(torch.stack([loss_sum / n, stop]), self.dist).tolist()
+        self.stop_requested = stop_any > 0                             # every rank stops at the same step
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = clip_gradients(self.raw_model.parameters(), self.cfg.grad_clip)
+        bad_grad = not math.isfinite(grad_norm) and self.scaler is None   # fp16: the scaler handles inf grads
+        verdict = self.guard.check(float("nan") if bad_grad else loss_value)
+        if verdict == "ok":
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        record = {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm}
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        record["tokens"] = self.tokens
+        if verdict != "ok":
+            record["event"] = "skipped_batch"
+            self.metrics.write({"step": record["step"], "event": "skipped_batch", "loss": loss_value,
+                                "grad_norm": grad_norm, "median": self._median()})
+            self.log(f"step {record['step']}: loss {loss_value:.4f} is a spike (median {self._median():.4f}); "
+                     f"batch skipped")
+        if verdict == "rollback":
+            self.rollback()
+        return record
+
+    def _median(self) -> float:
+        return statistics.median(self.guard.history) if self.guard.history else float("nan")
+
+    def rollback(self) -> None:
+        """Repeated spikes: reload the last good checkpoint, lower the learning rate, keep going on fresh data."""
+        try:
+            ckpt = load_checkpoint(self.out_dir, self.log)
+        except TrainError:
+            self.lr_scale *= self.cfg.rollback_lr_factor
+            self.metrics.write({"step": self.step, "event": "rollback", "to_step": None, "lr_scale": self.lr_scale})
+            self.log(f"step {self.step}: repeated spikes and no checkpoint yet; lr scaled to x{self.lr_scale:g}")
+            return
+        from_step = self.step
+        self.restore(ckpt, rollback=True)
+        self.metrics.write({"step": from_step, "event": "rollback", "to_step": self.step,
+                            "lr_scale": self.lr_scale, "checkpoint": ckpt["path"]})
+        self.log(f"step {from_step}: repeated spikes; rolled back to {ckpt['path']} (step {self.step}), "
+                 f"lr scaled to x{self.lr_scale:g}")
+
+    # -- evaluation and samples ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Mean validation loss over the same `eval_batches` windows every time; bits-per-byte from it."""
+        self.model.eval()
+        loader = self.data.iterator("val", self.cfg.batch_size, self.block_size, rank=self.dist.rank,
+                                    world_size=self.dist.world_size, seed=0)
+        total = torch.zeros((), device=self.device)
+        for _ in range(self.cfg.eval_batches):
+            x, y = (t.to(self.device) for t in loader.next())
+            with autocast(self.device, self.dtype):
+                _, loss = self.raw_model(x, y)
+            total += loss.float()
+        self.model.train()
+        val_loss = float(all_reduce_mean(total / self.cfg.eval_batches, self.dist))
+        self.last_eval = {"step": self.step, "val_loss": val_loss,
+                          "val_bpb": val_loss / math.log(2) / self.bytes_per_token}
+        self.metrics.write(dict(self.last_eval))
+        return self.last_eval
+
+    @torch.no_grad()
+    def sample(self) -> list[str]:
+        """`num_samples` continuations of --prompt (or of a document start), seeded by --seed."""
+        if self.cfg.num_samples <= 0 or self.cfg.sample_tokens <= 0:
+            return []
+        generator = torch.Generator(device=self.device).manual_seed(self.cfg.seed)
+        if self.cfg.prompt:
+            start = self.tokenizer.encode(self.cfg.prompt, allowed_special="all")
+        else:
+            start = [self.data.eot_id or 0]                    # "a new document starts here"
+        start = start[-self.model_config.block_size:]
+        idx = torch.tensor([start] * self.cfg.num_samples, dtype=torch.long, device=self.device)
+        self.raw_model.eval()
+        out = self.raw_model.generate(idx, self.cfg.sample_tokens, temperature=self.cfg.temperature,
+                                      top_k=self.cfg.top_k or None, generator=generator)
+        self.raw_model.train()
+        return [self.cfg.prompt + self.tokenizer.decode(row[len(start):].tolist()) for row in out]
+
+    # -- the loop ------------------------------------------------------------------------------------------------------
+
+    def progress_line(self, record: dict, tok_per_s: float, seconds_per_step: float) -> str:
+        mfu = self._flops_per_token * tok_per_s / self._peak
+        eta = format_duration((self.cfg.max_steps - self.step) * seconds_per_step)
+        return (f"step {record['step']:>6}/{self.cfg.max_steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
+                f"grad norm {record['grad_norm']:.3f} | {tok_per_s:,.0f} tok/s | MFU {100 * mfu:.2f}% | ETA {eta}")
+
+    def run(self) -> dict:
+        """Train to max_steps (or until Ctrl-C), evaluating, checkpointing and logging; then sample and plot."""
+        cfg = self.cfg
+        self.log(f"config: {json.dumps(dataclasses.asdict(cfg))}")
+        self.log(f"model: {cfg.model} {self.model_config.to_dict()}")
+        self.log(f"{self.raw_model.num_params():,} parameters | {self.tokens_per_step:,} tokens/step = "
+                 f"{cfg.batch_size} seq x {self.block_size} tokens x {self.accum} accumulation x "
+                 f"{self.dist.world_size} ranks | device {self.device} | dtype {str(self.dtype).split('.')[-1]}")
+        handler = self._install_interrupt_handler()
+        start_time = time.time()
+        try:
+            if self.step == 0:
+                self._log_eval(self.evaluate())
+            while self.step < cfg.max_steps and not self.stop_requested:
+                self.loop_step()
+        finally:
+            self._restore_interrupt_handler(handler)
+        summary = {"step": self.step, "interrupted": self.stop_requested, "seconds": time.time() - start_time,
+                   **{k: v for k, v in self.last_eval.items() if k != "step"},
+                   "checkpoint": str(checkpoint_path(self.out_dir, self.step)),
+                   "metrics": str(self.out_dir / "metrics.jsonl")}
+        if self.stop_requested:
+            self.log(f"interrupted: checkpoint saved at step {self.step}; continue with the same command plus --resume")
+        elif self.dist.is_main:
+            summary["samples"] = self.sample()
+            for i, text in enumerate(summary["samples"]):
+                self.log(f"--- sample {i + 1} ---\n{text}")
+            summary["plot"] = str(plot_loss_curve(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png"))
+            self.log(f"done in {format_duration(summary['seconds'])}: val loss {self.last_eval['val_loss']:.4f}, "
+                     f"val bpb {self.last_eval['val_bpb']:.4f}\n  checkpoint {summary['checkpoint']}\n"
+                     f"  metrics    {summary['metrics']}\n  loss curve {summary['plot']}")
+        self.metrics.close()
+        return summary
+
+    def loop_step(self) -> dict:
+        """One iteration of the loop: a step, its metrics line, and the periodic progress, eval and checkpoint."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        record = self.train_step(self.next_micro_batches())
+        dt = time.perf_counter() - t0
+        self._step_time = dt if self._step_time is None else 0.9 * self._step_time + 0.1 * dt   # smoothed for ETA
+        record["tok_per_s"] = self.tokens_per_step / dt
+        self.metrics.write(record)
+        if self.step % cfg.log_interval == 0 or self.step == cfg.max_steps:
+            self.log(self.progress_line(record, self.tokens_per_step / self._step_time, self._step_time))
+        if self.step % cfg.eval_interval == 0 or self.step == cfg.max_steps:
+            self._log_eval(self.evaluate())
+        if self.step % cfg.ckpt_interval == 0 or self.step == cfg.max_steps or self.stop_requested:
+            self.log(f"saved {self.save_checkpoint()}")
+        return record
+
+    def _log_eval(self, result: dict) -> None:
+        self.log(f"step {result['step']:>6} | val loss {result['val_loss']:.4f} | val bpb {result['val_bpb']:.4f}")
+
+    def _install_interrupt_handler(self):
+        """First Ctrl-C: finish the step, save a checkpoint, exit. A second one stops at once."""
+        if not threading_main():
+            return None
+
+        def on_sigint(signum, frame):
+            if self.stop_requested:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            self.log("\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to abort)")
+        return signal.signal(signal.SIGINT, on_sigint)
+
+    @staticmethod
+    def _restore_interrupt_handler(previous) -> None:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def threading_main() -> bool:
+    """Signal handlers can only be installed from the main thread."""
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def train(cfg: TrainConfig, log=print) -> dict:
+    """Build a Trainer from `cfg` and run it; returns the summary (final val loss/bpb, paths, samples)."""
+    return Trainer(cfg, log).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(argv)
+    try:
+        summary = train(cfg)
+    except TrainError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("train.py: aborted by a second Ctrl-C (no checkpoint written for the current step)", file=sys.stderr)
+        sys.exit(130)
+    if summary["interrupted"]:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
