@@ -677,6 +677,7 @@ class Funnel:
 
     def __init__(self) -> None:
         self.steps: list[Step] = []
+        self.bytes_read = 0                  # UTF-8 bytes of every document read, for the throughput figure
 
     def add(self, name: str, before: list[str], after: list[str], reasons: dict | None = None) -> None:
         self.steps.append(Step(name, len(before), len(after), sum(map(len, before)), sum(map(len, after)),
@@ -737,6 +738,7 @@ def clean(sources: list[Source], settings: CleanSettings = CleanSettings(),
         if not raw:
             raise DataError(f"source {source.spec!r} has no documents (empty file or wrong --text-field?)")
         funnel.add(f"read {source.spec}", raw, raw)
+        funnel.bytes_read += sum(len(d.encode("utf-8")) for d in raw)
         if source.kind == "html":
             text = [html_to_text(d) for d in raw]
             kept = [t for t in text if t]
@@ -835,19 +837,20 @@ def mixture_plan(weights: dict[str, float], total_tokens: float,
         epochs = tokens / unique if unique else None
         if epochs is not None and epochs > max_epochs:
             warnings.warn(f"source {name} would be read {epochs:.1f} times (> {max_epochs:g} epochs): expect "
-                          f"memorisation and diminishing returns; lower its weight or the token budget")
+                          f"memorisation and diminishing returns; lower its weight or the token budget", stacklevel=2)
         plan[name] = {"weight": w / total_weight, "tokens": tokens, "unique_tokens": unique, "epochs": epochs}
     return plan
 
 
-def natural_budget(weights: dict[str, float], unique_tokens: dict[str, float]) -> float:
-    """The largest budget that reads no source more than once: min over sources of unique / weight.
+def covering_budget(weights: dict[str, float], unique_tokens: dict[str, float]) -> float:
+    """The smallest budget that reads every source at least once (no token thrown away; the scarce sources are
+    repeated instead): max over sources of unique / weight.
 
-    >>> natural_budget({"a": 0.5, "b": 0.5}, {"a": 100, "b": 300})
-    200.0
+    >>> covering_budget({"a": 0.5, "b": 0.5}, {"a": 100, "b": 300})
+    600.0
     """
     total_weight = sum(weights.values())
-    return min(unique_tokens[k] / (w / total_weight) for k, w in weights.items())
+    return max(unique_tokens[k] / (w / total_weight) for k, w in weights.items())
 
 
 def repeat_documents(lengths: list[int], target_tokens: float, seed: int) -> list[int]:
@@ -1024,7 +1027,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     """Build (or reuse) a token dataset directory: manifest.json, tokenizer.json, train_*.bin, val_*.bin.
 
     sources: names ("pydocs", "pystdlib", "hf:..."), files or directories. weights (one per source) with
-    train_tokens mix the train split by token share (None: the largest budget that repeats no source).
+    train_tokens mix the train split by token share (None: the smallest budget that reads every source once).
     tokenizer: a bpe.py JSON file to reuse instead of training one on (up to tokenizer_train_bytes of) train text.
     The directory is out_dir or a cache directory named by a hash of the inputs and every setting; when it
     already holds a finished dataset with that hash, it is returned at once.
@@ -1110,7 +1113,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         if any(unique[n] == 0 for n in names):
             empty = [n for n in names if unique[n] == 0]
             raise DataError(f"source(s) {empty} have no train documents left to mix; drop them or add data")
-        budget = train_tokens or natural_budget(weight_of, unique)
+        budget = train_tokens or covering_budget(weight_of, unique)
         mixture = mixture_plan(weight_of, budget, unique)
         order = []
         for s_index, name in enumerate(names):
@@ -1150,7 +1153,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                           "pattern": pattern if tokenizer_path is None else "from file",
                           "trained_on_bytes": trained_on, "source": str(tokenizer_path) if tokenizer_path else None},
             "dtype": dtype.name, "mixture": mixture, "splits": splits,
-            "timings": {**{k: round(v, 3) for k, v in timings.items()}, "encoded_bytes": encoded_bytes},
+            "timings": {**{k: round(v, 3) for k, v in timings.items()}, "encoded_bytes": encoded_bytes,
+                        "input_bytes": funnel.bytes_read},
         }
         (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         _publish(tmp_dir, out_dir)
@@ -1192,7 +1196,8 @@ def summary(data_dir: str | os.PathLike) -> str:
     tm = m["timings"]
     lines.append(f"time: clean {tm['clean_s']:.1f}s, tokenizer {tm['tokenizer_s']:.1f}s, encode {tm['encode_s']:.1f}s "
                  f"({tm['encoded_bytes'] / 1e6 / max(tm['encode_s'], 1e-9):.1f} MB/s), total {tm['total_s']:.1f}s "
-                 f"({tm['encoded_bytes'] / 1e6 / max(tm['total_s'], 1e-9):.2f} MB/s end to end)")
+                 f"for {tm['input_bytes'] / 1e6:.2f} MB read ({tm['input_bytes'] / 1e6 / max(tm['total_s'], 1e-9):.2f}"
+                 f" MB/s end to end)")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import pathlib
 import random
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -492,3 +493,163 @@ def test_damaged_dataset_is_named(tmp_path):
         f.write(b"\x00")
     with pytest.raises(DataError, match="damaged shard"):
         data.TokenData(d)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# prepare: the funnel, the tokens (against the tokenizer's own Python encoder), the cache, mixing, bad input
+# ---------------------------------------------------------------------------------------------------------------------
+
+def write_jsonl(path: pathlib.Path, docs: list[str]) -> pathlib.Path:
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    """40 distinct documents, 4 exact copies, 4 near copies, 3 too short, one with PII; and a prepared dataset."""
+    rng = random.Random(0)
+    root = tmp_path_factory.mktemp("corpus")
+    originals = [random_doc(rng, 100) for _ in range(40)]
+    originals[7] += " Write to ann.lee@example.org or call 555-867-5309 today."
+    docs = (originals + [originals[i].upper() for i in range(4)] + [near_copy(rng, originals[i]) for i in (10, 11, 12, 13)]
+            + ["too short", "also too short here", "tiny"])
+    rng.shuffle(docs)
+    path = write_jsonl(root / "docs.jsonl", docs)
+    out = data.prepare([str(path)], root / "ds", vocab_size=300, val_fraction=0.2, seed=0)
+    return {"path": path, "originals": originals, "out": out, "root": root}
+
+
+def split_stream(tokens: np.ndarray, eot: int) -> list[list[int]]:
+    """The documents of a packed stream: it starts with <|endoftext|> and each document follows one."""
+    assert tokens[0] == eot
+    cuts = np.flatnonzero(tokens == eot).tolist() + [len(tokens)]
+    return [tokens[a + 1:b].tolist() for a, b in zip(cuts, cuts[1:])]
+
+
+def test_prepare_funnel_counts_and_reasons(small_corpus):
+    m = data.load_manifest(small_corpus["out"])
+    steps = {s["name"].split(" (")[0]: s for s in m["funnel"]}
+    assert steps["quality filters"]["docs_in"] == 51 and steps["quality filters"]["reasons"] == {"too_few_words": 3}
+    assert steps["exact dedup"]["reasons"]["duplicate"] == 4
+    assert steps["near dedup"]["reasons"]["near_duplicate"] == 4
+    assert steps["PII masking"]["reasons"] == {"email": 1, "phone": 1}
+    assert steps["train/val split"]["reasons"] == {"val": 8} and steps["train/val split"]["docs_out"] == 32
+    assert m["splits"]["train"]["documents"] == 32 and m["splits"]["val"]["documents"] == 8
+    assert m["tokenizer"]["vocab_size"] == 300 and m["dtype"] == "uint16"
+    text = data.Funnel.from_manifest(m).format()
+    assert "too_few_words 3" in text and "near_duplicate 4" in text
+
+
+def test_prepare_tokens_match_the_tokenizer_and_the_text(small_corpus):
+    td = data.TokenData(small_corpus["out"])
+    tok = td.tokenizer
+    assert len(tok) == td.vocab_size == 300 and td.eot_id == tok.eot_id
+    expected = {d.replace("ann.lee@example.org", "<EMAIL>").replace("555-867-5309", "<PHONE>")
+                for d in small_corpus["originals"]}
+    seen = []
+    for split in ("train", "val"):
+        stream = np.concatenate([np.asarray(a) for a in td.shards[split]])
+        docs = split_stream(stream, td.eot_id)
+        info = td.manifest["splits"][split]
+        assert len(docs) == info["documents"] and len(stream) == info["tokens"]
+        texts = [tok.decode(ids) for ids in docs]
+        assert all(ids == tok.encode_ordinary(t) for ids, t in zip(docs, texts))   # tiktoken path == Python encoder
+        assert info["bytes"] == sum(len(t.encode()) for t in texts)
+        seen += texts
+    assert len(seen) == len(set(seen)) == 40 and set(seen) <= expected | {near for near in seen if near not in expected}
+    assert sum(t in expected for t in seen) >= 36                            # the 4 near-dup clusters keep one each
+    assert any("<EMAIL>" in t and "<PHONE>" in t for t in seen)
+    assert data.bytes_per_token(small_corpus["out"]) == pytest.approx(
+        td.manifest["splits"]["val"]["bytes"] / td.manifest["splits"]["val"]["tokens"])
+
+
+def test_encoding_threads_do_not_change_ids(small_corpus):
+    td = data.TokenData(small_corpus["out"])
+    docs = small_corpus["originals"]
+    one = data.encode_documents(td.tokenizer, docs, threads=1)
+    two = data.encode_documents(td.tokenizer, docs, threads=2)
+    assert all(np.array_equal(a, b) for a, b in zip(one, two))
+
+
+def test_prepare_reuses_the_cache_and_keys_on_settings(small_corpus, tmp_path, monkeypatch):
+    out = small_corpus["out"]
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    assert data.prepare([str(small_corpus["path"])], out, vocab_size=300, val_fraction=0.2, seed=0) == out
+    assert (out / "manifest.json").stat().st_mtime_ns == stamp
+    with pytest.raises(DataError, match="different dataset"):
+        data.prepare([str(small_corpus["path"])], out, vocab_size=300, val_fraction=0.2, seed=1)
+    monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
+    kwargs = dict(vocab_size=270, tokenizer=out / "tokenizer.json", clean_settings=data.CleanSettings(filters="none"))
+    a = data.prepare([str(small_corpus["path"])], **kwargs)
+    assert a.parent == tmp_path / "cache" / "data" and data.prepare([str(small_corpus["path"])], **kwargs) == a
+    b = data.prepare([str(small_corpus["path"])], seed=5, **kwargs)
+    assert b != a and data.load_manifest(b)["splits"]["val"]["documents"] == 2
+    m = data.load_manifest(a)
+    assert m["tokenizer"]["trained_on_bytes"] == 0 and m["tokenizer"]["vocab_size"] == 300    # reused, not trained
+    assert not [p for p in (tmp_path / "cache" / "data").iterdir() if ".tmp-" in p.name]    # no half-written dirs
+
+
+def test_prepare_mixes_sources_by_weight(small_corpus, tmp_path):
+    rng = random.Random(1)
+    other = write_jsonl(tmp_path / "other.jsonl", [random_doc(rng, 60) for _ in range(20)])
+    tokenizer = small_corpus["out"] / "tokenizer.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                      # under 4 epochs: no warning
+        out = data.prepare([str(small_corpus["path"]), str(other)], tmp_path / "mix", tokenizer=tokenizer,
+                           weights=[0.5, 0.5], val_fraction=0.1)
+    m = data.load_manifest(out)
+    mix = m["mixture"]
+    first, second = mix[str(small_corpus["path"])], mix[str(other)]
+    assert first["epochs"] == pytest.approx(1.0)                            # covering budget: all read once...
+    assert second["epochs"] > 2.0                                           # ...but the small source is up-weighted
+    assert first["tokens"] == pytest.approx(second["tokens"])
+    unique_total = sum(s["train_unique_tokens"] for s in m["sources"])
+    assert m["splits"]["train"]["tokens"] >= first["tokens"] + second["tokens"] > unique_total
+    assert m["splits"]["train"]["documents"] > m["splits"]["train"]["unique_documents"]
+    with pytest.warns(UserWarning, match="times"):
+        data.prepare([str(small_corpus["path"]), str(other)], tmp_path / "mix2", tokenizer=tokenizer,
+                     weights=[0.1, 0.9], val_fraction=0.1)
+
+
+def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
+    tokenizer = small_corpus["out"] / "tokenizer.json"
+    shorts = write_jsonl(tmp_path / "short.jsonl", ["a few words", "and a few more", "nothing long"])
+    with pytest.raises(DataError, match=r"quality filters \(gopher.*removed all 3 documents \(too_few_words 3\)"):
+        data.prepare([str(shorts)], tmp_path / "x", tokenizer=tokenizer)
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(DataError, match="no documents"):
+        data.prepare([str(tmp_path / "empty.txt")], tmp_path / "x", tokenizer=tokenizer)
+    with pytest.raises(DataError, match="one weight per source"):
+        data.prepare([str(shorts)], tmp_path / "x", weights=[0.5, 0.5])
+    with pytest.raises(DataError, match="tokenizer file"):
+        data.prepare([str(shorts)], tmp_path / "x", tokenizer=tmp_path / "none.json")
+    (tmp_path / "occupied").mkdir()
+    (tmp_path / "occupied" / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match="not a dataset directory"):
+        data.prepare([str(small_corpus["path"])], tmp_path / "occupied", tokenizer=tokenizer)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "occupied", "short.jsonl"]   # nothing written
+
+
+def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path):
+    out = subprocess.run([sys.executable, "data.py", "prepare", "--data", str(small_corpus["path"]),
+                          "--vocab-size", "300", "--val-fraction", "0.2", "--out", str(small_corpus["out"])],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "reusing" in out.stdout and "quality filters (gopher" in out.stdout and "train:" in out.stdout
+    bad = subprocess.run([sys.executable, "data.py", "prepare", "--data", str(tmp_path / "nope.jsonl")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not found" in bad.stderr
+
+
+@pytest.mark.slow
+def test_prepare_pydocs_default(tmp_path, monkeypatch):
+    """The default corpus end to end, as `python train.py` runs it (offline, ~20 s on 2 cores)."""
+    monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path))
+    out = data.prepare(["pydocs"])
+    m = data.load_manifest(out)
+    assert m["funnel"][0]["docs_in"] > 500 and m["funnel"][1]["reasons"]["too_few_words"] > 0
+    assert m["tokenizer"]["vocab_size"] == data.DEFAULT_VOCAB_SIZE
+    assert m["splits"]["train"]["tokens"] > 200_000 and m["splits"]["val"]["tokens"] > 5_000
+    assert 3.0 < data.bytes_per_token(out) < 5.0
+    x, y = data.TokenData(out).get_batch("val", 4, 128, torch.Generator().manual_seed(0))
+    assert x.shape == (4, 128) and int(x.max()) < data.DEFAULT_VOCAB_SIZE
