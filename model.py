@@ -1,0 +1,721 @@
+"""A modern decoder-only Transformer in one file: RMSNorm, RoPE, SwiGLU, grouped-query attention, optional
+Mixture of Experts, a KV cache for generation, and the parameter / FLOP / memory accounting that the rest of
+the project plans with.
+
+Depends on: torch only (no sibling files).
+
+The lesson, in numbers
+----------------------
+Pretraining maximises log P(x_t | x_<t) at every position. The network that computes P is a stack of L identical
+blocks over a residual stream of width C (`n_embd`):
+
+    x = tok_emb[idx]                        # (B, T, C)  no position embedding: position enters through RoPE
+    for each block:
+        x = x + attn(rmsnorm(x))            # tokens talk to earlier tokens
+        x = x + ffn(rmsnorm(x))             # each token thinks on its own
+    logits = lm_head(rmsnorm(x))            # (B, T, V)
+
+"The details matter" - each choice below is what Llama-class models settled on, and each has a reason:
+
+* Pre-normalisation with RMSNorm: y = x / sqrt(mean(x^2) + eps) * g. Normalising the *input* of each sub-layer
+  leaves the residual path an identity from the loss down to the embeddings, so gradients reach the bottom of a
+  deep stack unchanged; RMSNorm drops LayerNorm's mean subtraction and bias (cheaper, works as well).
+  Example: x = [3, 4] has mean square 12.5, so RMSNorm gives [3, 4] / 3.536 = [0.849, 1.131].
+* Rotary position embeddings (RoPE): rotate each pair of features (x_2i, x_2i+1) of q and k by the angle
+  pos * theta^(-2i/d). A rotation keeps lengths, and the dot product of a query rotated by m and a key rotated by
+  n depends only on m - n: attention sees relative position, with nothing added to the residual stream.
+  Pair 0 turns by 1 radian per position, the last pair of a 64-wide head by 10000^(-62/64) = 1.3e-4 radian:
+  fast pairs resolve neighbours, slow pairs carry long-range position.
+* Grouped-query attention (GQA): n_head query heads share n_kv_head key/value heads (n_kv_head = n_head is
+  plain multi-head attention, 1 is multi-query). The KV cache shrinks by n_head / n_kv_head, which is what
+  bounds the batch size at inference time.
+* SwiGLU feed-forward: w2(silu(w1 x) * w3 x). Three matrices instead of two, so the hidden width is 8/3 C
+  instead of 4 C to keep the parameter count (3 * 8/3 = 2 * 4); rounded up to a multiple for fast matmuls.
+* Mixture of Experts (optional): E copies of the FFN, a router picks the top-k per token. Parameters grow by E,
+  compute per token by k. DeepSeek-V3 holds 671B parameters but activates 37B per token: it pays the compute of
+  the active parameters and the memory of all of them (every expert must sit in memory, because routing is
+  decided per token). A load-balancing loss keeps the router from collapsing onto a few experts.
+
+Accounting (the numbers scaling.py and train.py plan with)
+----------------------------------------------------------
+* Parameters of one dense block: attention C*(C + 2*C_kv + C) with C_kv = n_kv_head * head_dim, FFN 3*C*H,
+  two norms 2*C. With MHA and H = 8/3 C that is 12 C^2: the 124m preset (L=12, C=768, V=50304) has
+  12 * 12 * 768^2 = 85M block parameters plus 50304 * 768 = 39M embedding parameters = 124M.
+* Training FLOPs per token: 6 per matmul parameter (2 forward: one multiply, one add; 4 backward) plus the
+  attention scores 12 * L * T * C_q (PaLM's formula), so training costs C = 6ND. MFU = achieved FLOP/s / peak.
+* Training memory with AdamW in mixed precision: 16 bytes per parameter (bf16 weights 2 + bf16 grads 2 + fp32
+  master 4 + two fp32 moments 4 + 4), so 1e9 parameters need 16 GB before any activation is stored.
+
+Initialisation: every Linear and the embedding draw from N(0, 0.02); the two projections that write into the
+residual stream (attn.wo, ffn.w2) use 0.02 / sqrt(2 L), so the variance the 2L residual additions pile up stays
+that of a single layer (GPT-2). Norm gains start at 1. With tied embeddings the LM head reuses tok_emb.weight.
+
+Run `python model.py` to print every preset with its parameters, FLOPs per token and training memory.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+# bf16 weights (2) + bf16 grads (2) + fp32 master weights (4) + AdamW first and second moments (4 + 4).
+TRAINING_BYTES_PER_PARAM = 16
+
+
+class ConfigError(ValueError):
+    """A model configuration or input that cannot work; the message names the field and the fix."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class GPTConfig:
+    """Shape and options of the model. Validated on creation, so a bad config fails before any tensor exists.
+
+    >>> GPTConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64).head_dim
+    16
+    >>> GPTConfig(n_embd=128).ffn_dim      # 8/3 * 128 = 341.3, rounded up to a multiple of 64
+    384
+    """
+    vocab_size: int = 4096
+    block_size: int = 256             # the longest sequence the model is trained on (and may see)
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int = 4                # = n_head: multi-head attention; 1: multi-query; in between: GQA
+    n_embd: int = 128
+    ffn_hidden: int = 0               # 0 = auto: 8/3 * n_embd rounded up to ffn_multiple_of
+    ffn_multiple_of: int = 64
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    n_expert: int = 0                 # 0 = dense FFN; E > 0 = Mixture of Experts with E experts per layer
+    expert_top_k: int = 2
+    moe_capacity_factor: float = 1.25  # slots per expert = factor * tokens * k / E; 0 = never drop a token
+    moe_aux_coef: float = 0.01        # train.py adds moe_aux_coef * model.aux_loss to the loss
+    activation_checkpointing: bool = False
+
+    def __post_init__(self):
+        def need(ok: bool, field: str, message: str):
+            if not ok:
+                raise ConfigError(f"GPTConfig.{field}: {message}")
+
+        for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_multiple_of"):
+            value = getattr(self, field)
+            need(isinstance(value, int) and not isinstance(value, bool) and value > 0, field,
+                 f"must be a positive integer, got {value!r}")
+        need(self.n_embd % self.n_head == 0, "n_embd",
+             f"{self.n_embd} is not divisible by n_head={self.n_head}; pick n_embd as a multiple of n_head")
+        need(self.n_head % self.n_kv_head == 0, "n_kv_head",
+             f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}; "
+             f"use a divisor of n_head (n_head for MHA, 1 for MQA)")
+        need(self.head_dim % 2 == 0, "n_head",
+             f"head size n_embd/n_head = {self.head_dim} is odd, but RoPE rotates pairs of features; "
+             f"choose n_embd and n_head so that the head size is even")
+        need(isinstance(self.ffn_hidden, int) and self.ffn_hidden >= 0, "ffn_hidden",
+             f"must be an integer >= 0 (0 = auto), got {self.ffn_hidden!r}")
+        need(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
+        need(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
+        need(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
+        need(isinstance(self.n_expert, int) and self.n_expert >= 0, "n_expert",
+             f"must be an integer >= 0 (0 = dense), got {self.n_expert!r}")
+        if self.n_expert > 0:
+            need(1 <= self.expert_top_k <= self.n_expert, "expert_top_k",
+                 f"top_k={self.expert_top_k} must be between 1 and n_expert={self.n_expert}; "
+                 f"lower expert_top_k or raise n_expert")
+        need(self.moe_capacity_factor >= 0, "moe_capacity_factor",
+             f"must be >= 0 (0 = no token dropping), got {self.moe_capacity_factor}")
+        need(self.moe_aux_coef >= 0, "moe_aux_coef", f"must be >= 0, got {self.moe_aux_coef}")
+
+    # Derived sizes ------------------------------------------------------------------------------------------
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        """Hidden width of one SwiGLU FFN (or of one expert)."""
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        return _round_up(8 * self.n_embd / 3, self.ffn_multiple_of)
+
+    # Checkpoint round trip --------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able dict (what a checkpoint stores)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        """Inverse of to_dict; an unknown key is an error (it means the checkpoint comes from another model)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"GPTConfig: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        return cls(**d)
+
+    # Closed-form accounting (no model needs to be built: scaling.py uses these for a 70B plan) ------------------
+
+    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
+        """Parameter count from the shapes alone.
+
+        non_embedding: leave out the token embedding and an untied LM head (Kaplan's N).
+        active: count only the top-k experts a token uses (MoE compute), instead of all E (MoE memory).
+
+        >>> GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8, ffn_hidden=16).num_params()
+        1464
+        """
+        C, H, L = self.n_embd, self.ffn_dim, self.n_layer
+        q_width = self.n_head * self.head_dim
+        kv_width = self.n_kv_head * self.head_dim
+        attention = C * q_width + 2 * C * kv_width + q_width * C
+        if self.n_expert:
+            experts = self.expert_top_k if active else self.n_expert
+            ffn = experts * 3 * C * H + C * self.n_expert           # experts + router
+        else:
+            ffn = 3 * C * H
+        blocks = L * (attention + ffn + 2 * C)                      # + attn_norm and ffn_norm gains
+        total = blocks + C                                          # + final norm
+        if not non_embedding:
+            total += self.vocab_size * C * (1 if self.tie_embeddings else 2)
+        return total
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs (forward + backward) per token: 6 * matmul parameters + 12 * L * T * C_q.
+
+        The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul whether tied or
+        not); the embedding lookup is not a matmul. The attention term counts q.k and p.v for all T keys
+        (PaLM's convention; a causal kernel skips about half of it).
+        """
+        T = self.block_size if seq_len is None else seq_len
+        matmul_params = self.num_params(non_embedding=True, active=True) + self.vocab_size * self.n_embd
+        attention = 12 * self.n_layer * T * self.n_head * self.head_dim
+        return 6 * matmul_params + attention
+
+    def training_memory_bytes(self) -> int:
+        """Bytes of weights, gradients and AdamW state in mixed precision (16 per parameter, all experts),
+        activations excluded."""
+        return TRAINING_BYTES_PER_PARAM * self.num_params()
+
+
+def _round_up(x: float, multiple: int) -> int:
+    """Smallest multiple of `multiple` that is >= x: _round_up(341.3, 64) -> 384."""
+    return int(math.ceil(x / multiple) * multiple)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Building blocks, in the order of the lesson
+# ----------------------------------------------------------------------------------------------------------------
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension, computed in fp32.
+
+    >>> RMSNorm(2)(torch.tensor([3.0, 4.0]))    # mean square 12.5, rms 3.536
+    tensor([0.8485, 1.1314], grad_fn=<MulBackward0>)
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the RoPE angles pos * theta^(-2i/head_dim) for i = 0 .. head_dim/2 - 1, each (T, head_dim/2).
+
+    Computed on the fly in fp32 from the positions (a few thousand multiplies, folded into the graph by
+    torch.compile), so there is no buffer to keep in sync with the device, the dtype or a KV-cache offset.
+
+    >>> cos, sin = rope_angles(torch.tensor([0, 1]), 4, 10000.0)    # frequencies 1 and 0.01 rad/position
+    >>> sin
+    tensor([[0.0000, 0.0000],
+            [0.8415, 0.0100]])
+    """
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]      # (T, head_dim/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each adjacent pair (x_2i, x_2i+1) of x (B, T, heads, head_dim) by the angle whose cos/sin are (T, head_dim/2).
+
+    Layout: interleaved pairs, as in the RoFormer paper, Meta's Llama code and Stanford CS336. (Hugging Face
+    rotates the two halves (x_i, x_{i+d/2}) instead; that is the same rotation after permuting the features of
+    wq and wk, so the two layouts train identically but their checkpoints need that permutation to convert.)
+
+        [x0, x1] at angle a  ->  [x0 cos a - x1 sin a,  x0 sin a + x1 cos a]
+    """
+    B, T, n, d = x.shape
+    pairs = x.float().reshape(B, T, n, d // 2, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]                                   # (B, T, n, d/2)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]                 # (1, T, 1, d/2)
+    rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return rotated.reshape(B, T, n, d).type_as(x)
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, for one sequence batch, one entry per layer.
+
+    Each layer's buffer is (B, n_kv_head, max_len, head_dim), allocated once; `length` tokens are filled.
+    Decoding one new token then costs one query against the cached keys instead of recomputing the prefix.
+    With GQA the cache holds n_kv_head heads, not n_head: the saving grouped-query attention is for.
+    """
+
+    def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
+                 device=None, dtype=torch.float32):
+        shape = (batch, n_kv_head, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.max_len = max_len
+        self.length = 0        # tokens already stored (the position of the next token)
+
+    def layer(self, i: int) -> "LayerKV":
+        return LayerKV(self, i)
+
+
+class LayerKV:
+    """One layer's view of a KVCache: `append` writes the new keys/values and returns all keys/values so far."""
+
+    def __init__(self, cache: KVCache, index: int):
+        self.cache, self.index = cache, index
+
+    @property
+    def start(self) -> int:
+        return self.cache.length
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v: (B, n_kv_head, T_new, head_dim) -> all keys/values (B, n_kv_head, start + T_new, head_dim)."""
+        start, end = self.start, self.start + k.shape[2]
+        if end > self.cache.max_len:
+            raise ConfigError(f"KV cache holds {self.cache.max_len} tokens, {end} needed; "
+                              f"make a larger cache (max_len) or shorten the sequence")
+        self.cache.k[self.index][:, :, start:end] = k
+        self.cache.v[self.index][:, :, start:end] = v
+        return self.cache.k[self.index][:, :, :end], self.cache.v[self.index][:, :, :end]
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + causal mask) v with q (B, h, Tq, d) and k, v (B, h, Tk, d), Tq <= Tk.
+
+    The queries are the last Tq of the Tk positions (a KV cache holds the first Tk - Tq), so query i may see keys
+    0 .. Tk - Tq + i. Three cases, all through the fused F.scaled_dot_product_attention:
+    Tq == Tk: the usual lower-triangular mask (is_causal); Tq == 1: the new token sees every key, no mask;
+    otherwise (a prompt appended to a non-empty cache) an explicit bottom-right-aligned mask.
+    """
+    Tq, Tk = q.shape[2], k.shape[2]
+    if Tq == Tk:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    if Tq == 1:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
+    key_pos = torch.arange(Tk, device=q.device)[None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_pos <= query_pos, dropout_p=dropout_p)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with RoPE and grouped-query heads.
+
+    `n_head`, `n_kv_head` and `head_dim` are plain attributes read by forward, so a tensor-parallel copy that
+    keeps a slice of the heads only has to shrink wq/wk/wv/wo and set its local head counts.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.rope_theta = config.rope_theta
+        self.dropout = config.dropout
+        C = config.n_embd
+        self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
+        self.wk = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+        self.wv = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
+
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim)                  # (B, T, h, d)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim)               # (B, T, h_kv, d)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim)
+        start = 0 if cache is None else cache.start
+        cos, sin = rope_angles(torch.arange(start, start + T, device=x.device), self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, heads, T, d)
+        if cache is not None:
+            k, v = cache.append(k, v)                                          # (B, h_kv, start + T, d)
+        if self.n_kv_head != self.n_head:
+            # GQA: query head j reads kv head j // group, i.e. kv heads repeated group times in place.
+            group = self.n_head // self.n_kv_head
+            k = k.repeat_interleave(group, dim=1)                              # (B, h, Tk, d)
+            v = v.repeat_interleave(group, dim=1)
+        y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)   # (B, h, T, d)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+        return self.wo(y)
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x): a gated feed-forward layer (Shazeer 2020). silu(z) = z * sigmoid(z)."""
+
+    def __init__(self, n_embd: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(n_embd, hidden, bias=False)   # gate
+        self.w3 = nn.Linear(n_embd, hidden, bias=False)   # value
+        self.w2 = nn.Linear(hidden, n_embd, bias=False)   # back to the residual stream
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoE(nn.Module):
+    """A Mixture of Experts in place of the FFN: E SwiGLU experts, top-k routing per token, fixed capacity.
+
+    Routing: p = softmax(router(x)) over the E experts; each token goes to its k most probable experts and
+    their outputs are summed with weights p (not renormalised over the k, as in Switch Transformer and
+    Qwen-MoE: the router then gets a gradient from the main loss even with k = 1).
+
+    Capacity: each expert processes at most `capacity = ceil(factor * N * k / E)` of the N tokens; choices are
+    served first-choice-first then in token order, and an assignment beyond capacity is dropped (that token's
+    residual stream simply passes through this layer for that expert). Fixed capacity is what makes every
+    shape static, so torch.compile sees one graph and the experts run as one batched matmul (E, capacity, C).
+    factor = 0 means capacity = N: nothing is ever dropped (costs E/k times the active compute). In eval mode
+    capacity is always N, so generation and evaluation do not depend on which other tokens share the batch.
+    Dropping is why a capacity-limited MoE is not strictly causal in training: a later token can take the slot
+    an earlier token's second choice wanted (the cost of static shapes; Switch and GShard accept it too).
+
+    Load balancing (Switch Transformer): aux = E * sum_e f_e * P_e, with f_e the fraction of the N*k choices
+    that picked expert e and P_e the mean router probability of e. It is 1 when routing is uniform and grows
+    towards E as the router collapses onto one expert. Stored in `self.aux_loss` after each forward.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        C, H, E = config.n_embd, config.ffn_dim, config.n_expert
+        self.n_expert, self.top_k, self.capacity_factor = E, config.expert_top_k, config.moe_capacity_factor
+        self.router = nn.Linear(C, E, bias=False)
+        # The experts' SwiGLU weights stacked on a leading expert axis, laid out for x @ w.
+        self.w1 = nn.Parameter(torch.empty(E, C, H))
+        self.w3 = nn.Parameter(torch.empty(E, C, H))
+        self.w2 = nn.Parameter(torch.empty(E, H, C))
+        self.aux_loss = torch.zeros(())
+
+    def capacity(self, n_tokens: int) -> int:
+        """Slots per expert: ceil(factor * N * k / E), at most N; N when factor is 0.
+
+        >>> MoE(GPTConfig(n_expert=8, expert_top_k=2)).capacity(1024)    # 1.25 * 1024 * 2 / 8
+        320
+        """
+        if self.capacity_factor == 0:
+            return n_tokens
+        return min(n_tokens, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_expert))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        E, k = self.n_expert, self.top_k
+        tokens = x.reshape(B * T, C)                                           # (N, C)
+        N = tokens.shape[0]
+        probs = F.softmax(self.router(tokens).float(), dim=-1)                 # (N, E)
+        gate, expert = probs.topk(k, dim=-1)                                   # (N, k) each
+
+        # Order the N*k assignments choice-major (all first choices, then all second choices), so a full
+        # expert drops second choices before first ones.
+        expert = expert.t().reshape(-1)                                        # (k*N,)
+        gate = gate.t().reshape(-1)                                            # (k*N,)
+        chosen = F.one_hot(expert, E)                                          # (k*N, E)
+        slot_in_expert = (chosen.cumsum(0) * chosen).sum(-1) - 1               # rank of this assignment, (k*N,)
+        cap = self.capacity(N) if self.training else N                        # inference never drops
+        kept = slot_in_expert < cap
+        # Flat slot in an (E * cap + 1, C) buffer; dropped assignments all land in the spare last row.
+        slot = torch.where(kept, expert * cap + slot_in_expert, torch.full_like(expert, E * cap))
+
+        inputs = tokens.new_zeros(E * cap + 1, C)
+        inputs.index_copy_(0, slot, tokens.repeat(k, 1))                       # kept slots are unique
+        expert_in = inputs[:-1].view(E, cap, C)
+        hidden = F.silu(expert_in @ self.w1) * (expert_in @ self.w3)           # (E, cap, H)
+        expert_out = torch.cat(((hidden @ self.w2).view(E * cap, C), tokens.new_zeros(1, C)))  # (E*cap + 1, C)
+        weighted = expert_out[slot] * (gate * kept).unsqueeze(-1).to(x.dtype)  # (k*N, C)
+        y = weighted.view(k, N, C).sum(0)
+
+        fraction = chosen.float().mean(0)                                      # f_e, sums to 1
+        mean_prob = probs.mean(0)                                              # P_e, sums to 1
+        self.aux_loss = E * (fraction * mean_prob).sum()
+        return y.view(B, T, C)
+
+
+class Block(nn.Module):
+    """x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)). forward(x) -> x, the unit pipeline parallel moves.
+
+    RoPE needs no table here: each Attention computes its angles from the positions (0..T-1, or shifted by a
+    KV cache), so a block is self-contained and can run on any pipeline stage.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = Attention(config)
+        self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.ffn = MoE(config) if config.n_expert else SwiGLU(config.n_embd, config.ffn_dim)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
+        x = x + self.resid_dropout(self.ffn(self.ffn_norm(x)))
+        return x
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------------------------
+
+class GPT(nn.Module):
+    """Decoder-only Transformer: embed -> blocks -> head. forward(idx, targets) -> (logits, loss)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.emb_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight     # one (V, C) matrix reads tokens in and writes them out
+        self.aux_loss = torch.zeros(())
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module):
+        """N(0, 0.02) everywhere; residual-stream writers (wo, w2) get 0.02 / sqrt(2 * n_layer)."""
+        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
+        if isinstance(module, (Attention, SwiGLU)):
+            out = module.wo if isinstance(module, Attention) else module.w2
+            for linear in module.children():
+                nn.init.normal_(linear.weight, 0.0, residual_std if linear is out else std)
+        elif isinstance(module, MoE):
+            nn.init.normal_(module.router.weight, 0.0, std)
+            nn.init.normal_(module.w1, 0.0, std)
+            nn.init.normal_(module.w3, 0.0, std)
+            nn.init.normal_(module.w2, 0.0, residual_std)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, GPT) and not self.config.tie_embeddings:
+            nn.init.normal_(module.lm_head.weight, 0.0, std)
+
+    # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the last.
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped while compiling)."""
+        if not torch.compiler.is_compiling():
+            self._check_input(idx)
+        return self.emb_dropout(self.tok_emb(idx))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head."""
+        return self.lm_head(self.norm(x))
+
+    def _check_input(self, idx: torch.Tensor):
+        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise ConfigError(f"idx must be an integer tensor of shape (batch, time), got {tuple(idx.shape)} "
+                              f"{idx.dtype}; pass token ids as torch.long")
+        if idx.shape[1] > self.config.block_size:
+            raise ConfigError(f"sequence length {idx.shape[1]} exceeds block_size={self.config.block_size}; "
+                              f"crop the input to its last block_size tokens or use a config with a larger block_size")
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.vocab_size):
+            raise ConfigError(f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got "
+                              f"[{int(idx.min())}, {int(idx.max())}]; set vocab_size to the tokenizer's size")
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy (ignore_index -1).
+
+        The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense model).
+        With a kv_cache the tokens continue the cached sequence (generation); the cache is advanced by T.
+        """
+        if kv_cache is not None and kv_cache.length + idx.shape[1] > self.config.block_size:
+            raise ConfigError(f"cached {kv_cache.length} + new {idx.shape[1]} tokens exceed "
+                              f"block_size={self.config.block_size}; start a new cache from the last tokens")
+        x = self.embed(idx)                                                    # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            if kv_cache is not None:
+                x = block(x, kv_cache.layer(i))
+            elif self.config.activation_checkpointing and self.training:
+                # Keep only each block's input; recompute its inside during backward (~1/3 more compute).
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        if kv_cache is not None:
+            kv_cache.length += idx.shape[1]
+        if self.config.n_expert:
+            self.aux_loss = torch.stack([block.ffn.aux_loss for block in self.blocks]).sum()
+        logits = self.head(x)                                                  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    # Generation -------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), using a KV cache.
+
+        temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely before sampling;
+        `generator` makes sampling reproducible. The next token is always predicted from the last block_size
+        tokens, exactly as a full forward over that window would. Within block_size each step feeds one token
+        against the cache; beyond it the cache is rebuilt from the last block_size tokens at every step (RoPE
+        positions are baked into the cached keys, so a window cannot slide by dropping the oldest entry).
+        """
+        if max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ConfigError(f"top_k must be >= 1 or None, got {top_k}")
+        was_training = self.training
+        self.eval()
+        cfg = self.config
+        cache, pending = None, None                                            # pending: ids not yet cached
+        for _ in range(max_new_tokens):
+            if cache is None or cache.length >= cfg.block_size:
+                cache = KVCache(cfg.n_layer, idx.shape[0], self.blocks[0].attn.n_kv_head, cfg.block_size,
+                                cfg.head_dim, device=idx.device, dtype=self.tok_emb.weight.dtype)
+                pending = idx[:, -cfg.block_size:]                             # prefill the context window
+            logits, _ = self(pending, kv_cache=cache)
+            next_token = sample(logits[:, -1, :], temperature, top_k, generator)   # (B, 1)
+            idx = torch.cat((idx, next_token), dim=1)
+            pending = next_token
+        self.train(was_training)
+        return idx
+
+    # Accounting -------------------------------------------------------------------------------------------
+
+    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
+        """Count the actual tensors (a tied head is counted once). See GPTConfig.num_params for the closed form."""
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            total -= self.tok_emb.weight.numel()
+            if self.lm_head.weight is not self.tok_emb.weight:
+                total -= self.lm_head.weight.numel()
+        if active and self.config.n_expert:
+            E, k = self.config.n_expert, self.config.expert_top_k
+            for block in self.blocks:
+                expert_params = sum(w.numel() for w in (block.ffn.w1, block.ffn.w2, block.ffn.w3))
+                total -= expert_params * (E - k) // E
+        return total
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
+        return self.config.flops_per_token(seq_len)
+
+    def estimate_mfu(self, tokens_per_s: float, peak_flops: float, seq_len: int | None = None) -> float:
+        """Model FLOPs utilisation: tokens/s * FLOPs/token / peak FLOP/s (a fraction, 0..1)."""
+        return tokens_per_s * self.flops_per_token(seq_len) / peak_flops
+
+
+def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k best."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth_best = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Presets
+# ----------------------------------------------------------------------------------------------------------------
+
+PRESETS: dict[str, GPTConfig] = {
+    # The default CPU run: trains to a visibly falling loss in a few minutes on 2 cores.
+    "tiny": GPTConfig(vocab_size=4096, block_size=128, n_layer=4, n_head=4, n_kv_head=2, n_embd=128),
+    # The scaling sweep: non-embedding parameters about 4x apart, small enough to train on a CPU.
+    "sweep-1": GPTConfig(vocab_size=4096, block_size=128, n_layer=2, n_head=2, n_kv_head=2, n_embd=64),
+    "sweep-2": GPTConfig(vocab_size=4096, block_size=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=96),
+    "sweep-3": GPTConfig(vocab_size=4096, block_size=128, n_layer=4, n_head=6, n_kv_head=6, n_embd=192),
+    "sweep-4": GPTConfig(vocab_size=4096, block_size=128, n_layer=8, n_head=8, n_kv_head=8, n_embd=256),
+    "10m": GPTConfig(vocab_size=8192, block_size=256, n_layer=6, n_head=6, n_kv_head=2, n_embd=384),
+    # GPU sizes. 124m and 350m have GPT-2 small/medium shapes (SwiGLU at 8/3 C matches GPT-2's 4C MLP in size).
+    "124m": GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_kv_head=12, n_embd=768),
+    "350m": GPTConfig(vocab_size=50304, block_size=1024, n_layer=24, n_head=16, n_kv_head=16, n_embd=1024),
+    # Llama-3.2-1B's shape (GQA 32/8, FFN 8192) with the GPT-2 vocabulary.
+    "1b": GPTConfig(vocab_size=50304, block_size=2048, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048,
+                    ffn_hidden=8192, rope_theta=500000.0),
+}
+
+
+def preset_table(presets: dict[str, GPTConfig] = PRESETS) -> str:
+    """The presets as a text table: shape, parameters (total / non-embedding / active), FLOPs/token, memory."""
+    header = (f"{'preset':<9} {'layers':>6} {'heads':>5} {'kv':>3} {'width':>5} {'ffn':>5} {'vocab':>6} "
+              f"{'ctx':>5} {'params':>9} {'non-emb':>9} {'active':>9} {'FLOPs/tok':>10} {'train mem':>10}")
+    rows = [header, "-" * len(header)]
+    for name, c in presets.items():
+        rows.append(f"{name:<9} {c.n_layer:>6} {c.n_head:>5} {c.n_kv_head:>3} {c.n_embd:>5} {c.ffn_dim:>5} "
+                    f"{c.vocab_size:>6} {c.block_size:>5} {_human(c.num_params()):>9} "
+                    f"{_human(c.num_params(non_embedding=True)):>9} {_human(c.num_params(active=True)):>9} "
+                    f"{c.flops_per_token():>10.3g} {c.training_memory_bytes() / 1e9:>8.2f}GB")
+    return "\n".join(rows)
+
+
+def _human(n: int) -> str:
+    """1234567 -> '1.23M'."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The model: print the presets, or sample from an untrained one.")
+    sub = parser.add_subparsers(dest="command")
+    presets = sub.add_parser("presets", help="table of presets (the default): shape, parameters, FLOPs, memory")
+    presets.add_argument("--moe", type=int, default=0, metavar="E",
+                         help="also show each preset as a Mixture of Experts with E experts, top-2")
+    demo = sub.add_parser("demo", help="build a preset and generate a few tokens (untrained: random ids)")
+    demo.add_argument("--model", default="tiny", help=f"one of {list(PRESETS)}")
+    demo.add_argument("--tokens", type=int, default=16)
+    demo.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        if args.command in (None, "presets"):
+            print(preset_table())
+            if getattr(args, "moe", 0):
+                print()
+                print(preset_table({f"{k}-moe": dataclasses.replace(v, n_expert=args.moe, expert_top_k=2)
+                                    for k, v in PRESETS.items()}))
+            print("\nparams counts a tied LM head once; non-emb leaves out token embedding and untied head;"
+                  f"\nFLOPs/tok = 6 x matmul params + 12 L T C (training, at ctx); "
+                  f"train mem = {TRAINING_BYTES_PER_PARAM} B/param (AdamW, mixed precision), no activations.")
+        elif args.command == "demo":
+            if args.model not in PRESETS:
+                raise ConfigError(f"unknown preset {args.model!r}; choose one of {list(PRESETS)}")
+            torch.manual_seed(args.seed)
+            model = GPT(PRESETS[args.model])
+            prompt = torch.zeros((1, 1), dtype=torch.long)
+            out = model.generate(prompt, args.tokens, generator=torch.Generator().manual_seed(args.seed))
+            print(f"{args.model}: {model.num_params():,} parameters; sampled ids: {out[0].tolist()}")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
