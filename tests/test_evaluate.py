@@ -13,6 +13,15 @@ import torch.nn.functional as F
 import evaluate as ev
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """These models are tiny: a second intra-op thread only adds synchronisation (100x slower on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Small causal language models of our own (any model mapping ids (B, T) to logits (B, T, V) can be evaluated)
 # ---------------------------------------------------------------------------------------------------------------
@@ -328,3 +337,192 @@ def test_contamination_rejects_empty_sets():
         ev.contamination_report(["a b c"], [])
     with pytest.raises(ev.EvalError, match="training corpus has no documents"):
         ev.contamination_report([], ["a b c"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. Real checkpoints: data.py shards, bpe.py tokenizers, model.GPT, train.py's checkpoint format
+# ---------------------------------------------------------------------------------------------------------------
+
+NOUNS = "cat dog bird fox horse river garden house mountain city ship king queen child teacher farmer".split()
+VERBS = "sees finds likes follows paints carries watches feeds visits remembers".split()
+ADJS = "small old green quiet brave bright cold happy tall slow".split()
+
+
+def synthetic_corpus(seed: int, n_paragraphs: int) -> str:
+    """Blank-line separated paragraphs of simple sentences (30-60 words), each ending in a word and a period."""
+    rng = random.Random(seed)
+    paragraphs = []
+    for _ in range(n_paragraphs):
+        words = []
+        while len(words) < rng.randrange(30, 60):
+            words += f"the {rng.choice(ADJS)} {rng.choice(NOUNS)} {rng.choice(VERBS)} the {rng.choice(NOUNS)} .".split()
+        paragraphs.append(" ".join(words[:-1]) + " today .")
+    return "\n\n".join(paragraphs) + "\n"
+
+
+def save_checkpoint(path, model, tokenizer, data_dir, step=7):
+    """A checkpoint with the fields train.py writes and evaluate.py reads (CONTRACTS.md)."""
+    torch.save({"version": 1, "step": step, "model": model.state_dict(), "model_config": model.config.to_dict(),
+                "tokenizer_json": tokenizer.to_json(), "data_dir": str(data_dir)}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A prepared dataset (data.py, a 300-token BPE) and two GPT checkpoints of different sizes beside it."""
+    import data
+    import model
+    root = tmp_path_factory.mktemp("evaluate")
+    (root / "corpus.txt").write_text(synthetic_corpus(0, 120))
+    data_dir = data.prepare([str(root / "corpus.txt")], out_dir=root / "data", vocab_size=300, val_fraction=0.2,
+                            clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0))
+    tokenizer = data.TokenData(data_dir).tokenizer
+    for name, width in (("small", 32), ("large", 64)):
+        torch.manual_seed(0)
+        config = model.GPTConfig(vocab_size=len(tokenizer), block_size=32, n_layer=1, n_head=2, n_kv_head=1,
+                                 n_embd=width)
+        (root / name).mkdir()
+        save_checkpoint(root / name / "ckpt_0000007.pt", model.GPT(config), tokenizer, data_dir)
+    return root
+
+
+def run_cli(argv, capsys):
+    code = ev.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_evaluates_a_checkpoint_on_its_held_out_split(run_dir, capsys):
+    import data
+    code, out, err = run_cli(["--ckpt", run_dir / "small", "--min-words", "10", "--stride", "32"], capsys)
+    assert code == 0, err
+    assert "bits per byte" in out and "last word: exact match" in out
+    result = json.loads((run_dir / "small" / "eval_0000007.json").read_text())
+    held = result["held_out"]
+    manifest = data.load_manifest(run_dir / "data")["splits"]["val"]
+    assert held["whole_split"] and held["tokens"] == manifest["tokens"] - 1 and held["bytes"] == manifest["bytes"]
+    assert held["bits_per_byte"] == pytest.approx(held["loss"] * held["tokens"] / math.log(2) / held["bytes"])
+    # Oracle: with stride = block, the mean loss is model(x, targets) over consecutive disjoint windows.
+    model, tokenizer, ckpt = ev.load_model(run_dir / "small")
+    ids = torch.from_numpy(np.concatenate([np.asarray(s, np.int64) for s in data.TokenData(run_dir / "data").shards["val"]]))
+    total, count = 0.0, 0
+    for start in range(0, len(ids) - 1, 32):
+        x, y = ids[start:start + 32], ids[start + 1:start + 33]
+        x = x[:len(y)]
+        _, loss = model(x[None], y[None])
+        total, count = total + loss.item() * len(y), count + len(y)
+    assert held["loss"] == pytest.approx(total / count, rel=1e-5)
+    assert 0 <= result["last_word"]["exact_match"] <= 1 and result["last_word"]["items"] > 10
+
+
+def test_held_out_documents_retokenize_to_the_shards(run_dir):
+    import data
+    tokenizer = data.TokenData(run_dir / "data").tokenizer
+    from_shards = ev.held_out_from_data_dir(run_dir / "data", tokenizer, tokenizer.to_json())
+    from_text = ev.held_out_from_documents("text", from_shards.documents, tokenizer)
+    np.testing.assert_array_equal(from_text.ids, from_shards.ids)
+    assert from_text.n_bytes == from_shards.n_bytes
+
+
+def test_tokenizer_fair_comparison_by_bits_per_byte(run_dir, capsys):
+    """A model with all-zero logits spends ln V nats per token: bytes-level (V = 257, about one token per byte)
+    and BPE (V = 300, fewer tokens) checkpoints get exactly tokens * log2(V) / bytes bits per byte."""
+    import bpe
+    import model
+    text = synthetic_corpus(1, 8)
+    (run_dir / "compare.txt").write_text(text)
+    paths = []
+    for name, tokenizer in (("bytes", bpe.Tokenizer.from_merges([])),
+                            ("bpe", ev.load_model(run_dir / "small")[1])):
+        config = model.GPTConfig(vocab_size=len(tokenizer), block_size=32, n_layer=1, n_head=2, n_kv_head=1,
+                                 n_embd=16)
+        gpt = model.GPT(config)
+        torch.nn.init.zeros_(gpt.lm_head.weight)               # logits 0: the uniform model
+        paths.append(save_checkpoint(run_dir / f"uniform_{name}.pt", gpt, tokenizer, run_dir / "data"))
+    code, out, err = run_cli(["compare", "--ckpt", paths[0], "--ckpt", paths[1], "--data", run_dir / "compare.txt",
+                              "--json", run_dir / "compare.json"], capsys)
+    assert code == 0, err
+    rows = json.loads((run_dir / "compare.json").read_text())
+    n_bytes = sum(len(p.encode()) for p in ev.split_paragraphs(text))      # data.py: one document per paragraph
+    for row, vocab in zip(rows, (257, 300)):
+        assert row["bytes"] == n_bytes and row["vocab_size"] == vocab
+        assert row["perplexity"] == pytest.approx(vocab, rel=1e-5)
+        assert row["bits_per_byte"] == pytest.approx(row["tokens"] * math.log2(vocab) / n_bytes, rel=1e-5)
+    assert rows[1]["tokens"] < rows[0]["tokens"] and rows[1]["bits_per_byte"] < rows[0]["bits_per_byte"]
+    assert f"fewest bits per byte (predicts this text best): {paths[1]}" in out
+
+
+def test_sample_streams_what_generate_produces(run_dir, capsys):
+    model, tokenizer, _ = ev.load_model(run_dir / "small")
+    prompt = "the old cat"
+    for temperature in (0.0, 1.0):
+        pieces = list(ev.stream_sample(model, tokenizer, prompt, 40, temperature, top_k=20, seed=3))
+        idx = torch.tensor([tokenizer.encode(prompt)])
+        ref = model.generate(idx, 40, temperature=temperature, top_k=20,
+                             generator=torch.Generator().manual_seed(3))[0, idx.shape[1]:].tolist()
+        if tokenizer.eot_id in ref:
+            ref = ref[:ref.index(tokenizer.eot_id)]
+        assert "".join(pieces) == tokenizer.decode(ref)
+    code, out, _ = run_cli(["sample", "--ckpt", run_dir / "small", "--prompt", prompt, "--max-new-tokens", "5"],
+                           capsys)
+    assert code == 0 and out.startswith(prompt)
+
+
+def test_emergence_from_sweep_checkpoints(run_dir, capsys, tmp_path):
+    code, out, err = run_cli(["emergence", "--ckpt", run_dir / "large", "--ckpt", run_dir / "small", "--k", "2",
+                              "--plot", tmp_path / "e.png", "--json", tmp_path / "e.json", "--max-tokens", "500"],
+                             capsys)
+    assert code == 0, err
+    assert "0.03   0.08   0.17   0.33   0.59   0.77" not in out      # k = 2 here
+    rows = json.loads((tmp_path / "e.json").read_text())
+    assert [r["checkpoint"].split("/")[-2] for r in rows] == ["small", "large"]   # sorted by size
+    for r in rows:
+        assert 0 <= r["exact_match_2"] <= r["per_token_accuracy"] <= 1 and r["tokens"] == 500
+    assert (tmp_path / "e.png").stat().st_size > 10_000
+    code, out, _ = run_cli(["emergence"], capsys)
+    assert "0.03   0.08   0.17   0.33   0.59   0.77" in out
+
+
+def test_contamination_cli_on_token_shards_and_drop(run_dir, capsys, tmp_path):
+    """Train split of the packed corpus vs its val split (cut after dedup: nothing shared), then an eval file with
+    one paragraph copied from the training corpus: that one is flagged and dropped."""
+    import data
+    train_docs = ev._read_documents(str(run_dir / "data"), "train")
+    copied = train_docs[3].split("\n")[0]
+    eval_file = tmp_path / "eval.txt"
+    eval_file.write_text(synthetic_corpus(5, 3).replace("\n\n", f"\n\nNew text : {copied}\n\n", 1))
+    code, out, err = run_cli(["contamination", "--train", run_dir / "data", "--eval", eval_file,
+                              "--drop", tmp_path / "clean.jsonl", "--json", tmp_path / "c.json"], capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert [d["contaminated"] for d in report["documents"]] == [False, True, False, False]
+    assert report["train_documents"] == data.load_manifest(run_dir / "data")["splits"]["train"]["documents"]
+    kept = [json.loads(line)["text"] for line in (tmp_path / "clean.jsonl").read_text().splitlines()]
+    assert len(kept) == 3 and all(copied not in k for k in kept)
+
+
+def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
+    import model
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "ckpt_0000001.pt").write_bytes(b"not a zip file at all")
+    gpt, tokenizer, ckpt = ev.load_model(run_dir / "small")
+    no_tokenizer = tmp_path / "ckpt_0000002.pt"
+    torch.save({"version": 1, "step": 2, "model": gpt.state_dict(), "model_config": gpt.config.to_dict(),
+                "data_dir": ckpt["data_dir"]}, no_tokenizer)
+    bad_tasks = tmp_path / "tasks.jsonl"
+    bad_tasks.write_text('{"prompt": "a", "answer": " b"}\n{"prompt": "a", "answer": " b"}\n{oops}\n')
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n   \n")
+    cases = [
+        (["--ckpt", tmp_path / "missing"], "not found"),
+        (["--ckpt", damaged], "no loadable checkpoint"),
+        (["--ckpt", no_tokenizer], "has no tokenizer"),
+        (["--ckpt", run_dir / "small", "--tasks", bad_tasks], "line 3"),
+        (["--ckpt", run_dir / "small", "--data", empty], "empty"),
+        (["contamination", "--train", empty, "--eval", run_dir / "compare.txt"], "training corpus has no documents"),
+    ]
+    for argv, needle in cases:
+        code, out, err = run_cli(argv, capsys)
+        assert code == 2, (argv, out, err)
+        assert needle in err and len(err.strip().splitlines()) == 1, err
