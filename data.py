@@ -773,7 +773,7 @@ def clean(sources: list[Source], settings: CleanSettings = CleanSettings(),
         lines_removed += removed
     keep = [i for i, d in enumerate(docs) if d]
     docs, origin = [docs[i] for i in keep], [origin[i] for i in keep]
-    funnel.add(f"boilerplate lines (in >={settings.boilerplate_min_documents} docs)", before, docs,
+    funnel.add(f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)", before, docs,
                {"lines_removed": lines_removed, "distinct_lines": len(boiler), "emptied": len(before) - len(docs)})
 
     if settings.near_dup_threshold > 0:

@@ -309,10 +309,13 @@ def test_mixture_plan_reproduces_the_lecture():
         data.mixture_plan({"web": 1.0, "math": 0.0}, 1e9)
 
 
-def test_mix_cli_prints_the_lecture_table():
-    out = subprocess.run([sys.executable, "data.py", "mix"], cwd=ROOT, capture_output=True, text=True, check=True)
-    math_row = [line for line in out.stdout.splitlines() if line.startswith("math")][0]
+def test_mix_cli_prints_the_lecture_table(capsys):
+    data.main(["mix"])
+    math_row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("math")][0]
     assert math_row.split()[1:] == ["0.05", "1e+09", "5e+08", "2.00"]
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(["mix", "--weights", "web=0.9", "math"])
+    assert exit_info.value.code == 2 and "name=number" in capsys.readouterr().err
 
 
 def test_repeat_documents_fills_the_budget_with_whole_passes():
@@ -630,15 +633,29 @@ def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "occupied", "short.jsonl"]   # nothing written
 
 
-def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path):
-    out = subprocess.run([sys.executable, "data.py", "prepare", "--data", str(small_corpus["path"]),
-                          "--vocab-size", "300", "--val-fraction", "0.2", "--out", str(small_corpus["out"])],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert "reusing" in out.stdout and "quality filters (gopher" in out.stdout and "train:" in out.stdout
-    bad = subprocess.run([sys.executable, "data.py", "prepare", "--data", str(tmp_path / "nope.jsonl")],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not found" in bad.stderr
+def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path, capsys):
+    data.main(["prepare", "--data", str(small_corpus["path"]), "--vocab-size", "300", "--val-fraction", "0.2",
+               "--out", str(small_corpus["out"])])
+    out = capsys.readouterr().out
+    assert "reusing" in out and "quality filters (gopher" in out and "too_few_words 3" in out and "train:" in out
+    data.main(["inspect", str(small_corpus["out"])])
+    assert "a random val window, decoded:" in capsys.readouterr().out
+    for argv in (["prepare", "--data", str(tmp_path / "nope.jsonl")], ["inspect", str(tmp_path)],
+                 ["prepare", "--data", str(small_corpus["path"]), "--tokenizer", str(small_corpus["path"])]):
+        with pytest.raises(SystemExit) as exit_info:
+            data.main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+
+
+def test_script_help_runs():
+    out = subprocess.run([sys.executable, "data.py", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "prepare" in out.stdout and "mix" in out.stdout
+
+
+def test_docstring_examples():
+    import doctest
+    assert doctest.testmod(data).failed == 0
 
 
 @pytest.mark.slow
