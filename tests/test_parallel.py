@@ -15,7 +15,10 @@ from model import GPT, GPTConfig
 # A tiny GQA model: 4 query heads, 2 kv heads, 2 layers; vocab 62 does not divide by 4 (padding is exercised).
 CFG = GPTConfig(vocab_size=62, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
 LR, STEPS, BATCH, SEQ = 1e-2, 5, 8, 16
-TOL = dict(rtol=1e-4, atol=1e-5)
+CLIP = 0.25 # below the gradient norm of these steps, so every mode must compute the global norm right
+# fp32 sums in another order differ by ~1e-7; Adam divides by sqrt(v), which can amplify that on a near-zero
+# gradient. 5e-5 is still 200x below one step's update (lr = 1e-2), so any real mistake fails.
+TOL = dict(rtol=1e-4, atol=5e-5)
 
 
 def batches(steps=STEPS, batch=BATCH, seq=SEQ, vocab=CFG.vocab_size, seed=1):
@@ -41,6 +44,7 @@ def reference(cfg=CFG, steps=STEPS, data=None):
     opt = torch.optim.AdamW(param_groups(model), lr=LR)
     for x, y in data or batches(steps, vocab=cfg.vocab_size):
         model(x, y)[1].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad()
     return model, opt
@@ -118,6 +122,13 @@ def test_zero_memory_formula_reproduces_the_lecture():
     assert P.zero_memory_per_rank(7e9, 4, 3) / gb == pytest.approx(28)
 
 
+def test_clipping_is_active_in_these_runs():
+    model = make_model()
+    x, y = batches(1)[0]
+    model(x, y)[1].backward()
+    assert torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP) > 2 * CLIP
+
+
 def test_named_optimizer_state_round_trip():
     model, opt = reference(steps=2)
     saved = P.named_optimizer_state(opt, model)
@@ -153,6 +164,7 @@ def _dp_and_zero_worker(rank, world):
             (dp(xs[:2], ys[:2])[1] / 2).backward()
         (dp(xs[2:], ys[2:])[1] / 2).backward()
         dp.finish_gradient_sync()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)  # gradients are full and equal on every rank
         if x is data[0][0]:
             mesh.reset_counters()
         if x is data[1][0]:
@@ -169,8 +181,11 @@ def _dp_and_zero_worker(rank, world):
             xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
             model(xs, ys)[1].backward()
             zero.finish_gradient_sync()
+            zero.clip_grad_norm_(CLIP)
             zero.step()
-            out[f"zero{stage}_step_bytes"] = mesh.dp.bytes_sent
+            ops = dict(mesh.dp.bytes_by_op)
+            assert ops.pop("all_reduce") == 8  # the two squared norms of clipping
+            out[f"zero{stage}_step_bytes"] = sum(ops.values())
             if i == len(data) - 1:
                 out[f"zero{stage}_mem"] = zero.memory_bytes()  # before zero_grad: gradients still held
             zero.zero_grad()
@@ -185,6 +200,7 @@ def _dp_and_zero_worker(rank, world):
     zero.load_optimizer_state_dict(P.named_optimizer_state(ref_opt, ref_model))
     x, y = batches(1, seed=9)[0]
     model(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
+    zero.clip_grad_norm_(CLIP)
     zero.step()
     out["resumed_on_2"] = zero.full_state_dict()
     with torch.no_grad():  # stage 3 evaluation: gathers and frees, no backward
@@ -222,6 +238,7 @@ def test_zero_checkpoint_moves_between_layouts(dp_zero_results):
     x, y = batches(1, seed=9)[0]
     ref_model, ref_opt = reference()
     ref_model(x, y)[1].backward()
+    torch.nn.utils.clip_grad_norm_(ref_model.parameters(), CLIP)
     ref_opt.step()
     want = state(ref_model)
     for res in dp_zero_results:
@@ -232,6 +249,7 @@ def test_zero_checkpoint_moves_between_layouts(dp_zero_results):
     opt = torch.optim.AdamW(param_groups(model), lr=LR)
     P.load_named_optimizer_state(opt, model, saved["zero3_opt"])
     model(x, y)[1].backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     opt.step()
     assert_same(state(model), want, "ZeRO-3 on 2 ranks -> 1 process")
     with torch.no_grad():
