@@ -1,0 +1,129 @@
+"""Benchmark model.py: forward+backward tokens/s, achieved FLOP/s and MFU, eager vs torch.compile, in one run.
+
+MFU (model FLOPs utilisation) = tokens/s * FLOPs per token / peak FLOP/s. The peak is not a datasheet number
+but measured here, in the same run, as the best fp32 matrix multiply this machine does (2 n^3 FLOPs for an
+n x n product), so the ratio says how close the model gets to what the hardware does on the easiest possible
+workload. Side by side: the same model eager, with activation checkpointing (recomputes each block in backward:
+expect ~4/3 of the time) and under torch.compile (inductor; compile time reported separately).
+
+    python bench/bench_model.py                        # tiny and 10m presets
+    python bench/bench_model.py --presets tiny --no-compile
+
+Depends on: torch and model.py.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from model import GPT, PRESETS, ConfigError  # noqa: E402
+
+
+def matmul_peak(sizes=(512, 1024, 2048), repeats: int = 5) -> tuple[float, int]:
+    """Best fp32 FLOP/s over square matmuls of the given sizes -> (FLOP/s, n that achieved it)."""
+    best, best_n = 0.0, 0
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b                                                          # warm-up: thread pool, caches
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            rate = 2 * n ** 3 / (time.perf_counter() - start)
+            if rate > best:
+                best, best_n = rate, n
+    return best, best_n
+
+
+def time_train_step(model: torch.nn.Module, x: torch.Tensor, warmup: int, steps: int) -> float:
+    """Median seconds of one forward + backward (gradients zeroed in between; no optimizer step)."""
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        _, loss = model(x, x)
+        loss.backward()
+        elapsed = time.perf_counter() - start
+        for p in model.parameters():
+            p.grad = None
+        if i >= warmup:
+            times.append(elapsed)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_preset(name: str, batch_size: int, warmup: int, steps: int, compile_too: bool, peak: float) -> list[dict]:
+    """Rows for one preset: eager, eager + activation checkpointing, compiled."""
+    config = PRESETS[name]
+    torch.manual_seed(0)
+    x = torch.randint(0, config.vocab_size, (batch_size, config.block_size))
+    variants = [("eager", config, False), ("eager+ckpt", dataclasses.replace(config, activation_checkpointing=True),
+                                           False)]
+    if compile_too:
+        variants.append(("compiled", config, True))
+    rows = []
+    for label, cfg, use_compile in variants:
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        compile_s = 0.0
+        if use_compile:
+            model = torch.compile(model, fullgraph=True)
+            start = time.perf_counter()
+            model(x, x)[1].backward()                                  # the compile happens here
+            compile_s = time.perf_counter() - start
+        seconds = time_train_step(model, x, warmup, steps)
+        tokens_per_s = x.numel() / seconds
+        flops = tokens_per_s * cfg.flops_per_token()
+        rows.append(dict(preset=name, variant=label, params=cfg.num_params(), tokens=x.numel(),
+                         step_ms=seconds * 1e3, tokens_per_s=tokens_per_s, gflops=flops / 1e9, mfu=flops / peak,
+                         compile_s=compile_s))
+        torch._dynamo.reset()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", default=["tiny", "10m"], help="presets from model.PRESETS")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step (each block_size long)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (the median is reported)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="intra-op threads for the peak and the model alike (default: torch's)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    unknown = [p for p in args.presets if p not in PRESETS]
+    if unknown:
+        print(f"error: unknown preset(s) {unknown}; choose from {list(PRESETS)}", file=sys.stderr)
+        return 2
+
+    peak, n = matmul_peak()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
+    print(f"measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s ({n}x{n} @ {n}x{n})\n")
+    header = (f"{'preset':<7} {'variant':<11} {'params':>7} {'tok/step':>8} {'ms/step':>8} {'tok/s':>8} "
+              f"{'GFLOP/s':>8} {'MFU':>6} {'vs eager':>8} {'compile':>8}")
+    print(header)
+    print("-" * len(header))
+    try:
+        for name in args.presets:
+            rows = bench_preset(name, args.batch_size, args.warmup, args.steps, not args.no_compile, peak)
+            eager = rows[0]["tokens_per_s"]
+            for r in rows:
+                compiled = f"{r['compile_s']:.0f}s" if r["compile_s"] else ""
+                print(f"{r['preset']:<7} {r['variant']:<11} {r['params'] / 1e6:>6.2f}M {r['tokens']:>8} "
+                      f"{r['step_ms']:>8.0f} {r['tokens_per_s']:>8.0f} {r['gflops']:>8.1f} {r['mfu']:>6.1%} "
+                      f"{r['tokens_per_s'] / eager:>7.2f}x {compiled:>8}", flush=True)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\nforward+backward only (no optimizer step); FLOPs/token = 6N + 12 L T C (model.py); "
+          "MFU against the measured peak above.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
