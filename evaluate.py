@@ -473,18 +473,44 @@ def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
-class NgramIndex:
-    """The training side of the check: every n-gram hash of the corpus in one sorted uint64 array (8 bytes each).
+class SetNgramIndex:
+    """The plain way, kept as the readable reference: a Python set of word tuples. Exact, but every 13-gram costs a
+    tuple of 13 string references plus a set slot (~200 bytes), so it is ~25x the memory of the hashed index.
 
-    index = NgramIndex(13); index.add(doc) for each training document; index.freeze(); then overlap(index, text).
-    Words get integer ids from a dict shared by both sides, so identical words hash identically.
+    index = SetNgramIndex(13); index.add(doc) for each training document; index.freeze(); overlap(index, text).
     """
 
     def __init__(self, n: int = 13):
-        self.n = n
+        self.n, self.documents, self.words_seen = n, 0, 0
+        self.grams: set[tuple[str, ...]] = set()
+
+    def add(self, text: str) -> None:
+        tokens = words(text)
+        self.grams.update(tuple(tokens[i:i + self.n]) for i in range(len(tokens) - self.n + 1))
+        self.words_seen += len(tokens)
+        self.documents += 1
+
+    def freeze(self) -> "SetNgramIndex":
+        return self
+
+    def __len__(self) -> int:
+        return len(self.grams)
+
+    def hit_mask(self, tokens: list[str]) -> np.ndarray:
+        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the training corpus."""
+        return np.array([tuple(tokens[i:i + self.n]) in self.grams for i in range(len(tokens) - self.n + 1)],
+                        dtype=bool)
+
+
+class NgramIndex:
+    """The scalable way: every n-gram hash of the corpus in one sorted uint64 array (8 bytes per n-gram), queried
+    by binary search. Same interface as SetNgramIndex; words get integer ids from a dict, so identical words hash
+    identically on both sides.
+    """
+
+    def __init__(self, n: int = 13):
+        self.n, self.documents, self.words_seen = n, 0, 0
         self.vocab: dict[str, int] = {}
-        self.words_seen = 0
-        self.documents = 0
         self._parts: list[np.ndarray] = []
         self.hashes = np.empty(0, dtype=np.uint64)
 
@@ -504,58 +530,69 @@ class NgramIndex:
         self._parts = []
         return self
 
-    def contains(self, hashes: np.ndarray) -> np.ndarray:
-        """Boolean mask: which of these hashes occur in the training corpus (binary search)."""
-        if not len(self.hashes):
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def hit_mask(self, tokens: list[str]) -> np.ndarray:
+        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the training corpus."""
+        n = self.n
+        ids = np.fromiter((self.vocab.get(w, _UNKNOWN) for w in tokens), dtype=np.uint64, count=len(tokens))
+        hashes = ngram_hashes(ids, n)
+        if not len(hashes) or not len(self.hashes):
             return np.zeros(len(hashes), dtype=bool)
         at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
-        return self.hashes[at] == hashes
+        hit = self.hashes[at] == hashes
+        known = np.concatenate([[0], np.cumsum(ids != _UNKNOWN, dtype=np.int64)])
+        return hit & ((known[n:] - known[:-n]) == n)    # an n-gram with a word the corpus never had is not in it
 
 
-def overlap(index: NgramIndex, text: str) -> dict:
+def overlap(index, text: str) -> dict:
     """The n-grams of one evaluation document found in the training corpus.
     -> {"words", "ngrams", "overlapping", "fraction", "example"}: example is the first shared n-gram (or None)."""
     tokens = words(text)
-    n = index.n
-    ids = np.fromiter((index.vocab.get(w, _UNKNOWN) for w in tokens), dtype=np.uint64, count=len(tokens))
-    hashes = ngram_hashes(ids, n)
-    hit = index.contains(hashes)
-    if len(hashes):                       # an n-gram with a word the corpus never had cannot be in it
-        known = np.concatenate([[0], np.cumsum(ids != _UNKNOWN, dtype=np.int64)])
-        hit &= (known[n:] - known[:-n]) == n
+    hit = index.hit_mask(tokens)
     first = int(np.argmax(hit)) if hit.any() else None
-    return {"words": len(tokens), "ngrams": len(hashes), "overlapping": int(hit.sum()),
-            "fraction": float(hit.mean()) if len(hashes) else 0.0,
-            "example": " ".join(tokens[first:first + n]) if first is not None else None}
+    return {"words": len(tokens), "ngrams": len(hit), "overlapping": int(hit.sum()),
+            "fraction": float(hit.mean()) if len(hit) else 0.0,
+            "example": " ".join(tokens[first:first + index.n]) if first is not None else None}
 
 
-def contamination_report(train_documents, eval_documents: list[str], n: int = 13, min_overlap: int = 1) -> dict:
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024     # Linux reports KiB
+
+
+def contamination_report(train_documents, eval_documents: list[str], n: int = 13, min_overlap: int = 1,
+                         index: str = "hashed") -> dict:
     """Per evaluation document: how many of its n-grams occur in the training documents; contaminated when at
-    least min_overlap do (GPT-3's rule is any, min_overlap=1). Also the time and memory the check took."""
+    least min_overlap do (GPT-3's rule is any, min_overlap=1). index: "hashed" (NgramIndex) or "set"
+    (SetNgramIndex, the reference). Also the time the check took and how far building the index raised the
+    process's peak memory."""
     if not eval_documents:
         raise EvalError("the evaluation set has no documents: nothing to check")
-    start = time.perf_counter()
-    index = NgramIndex(n)
+    if index not in ("hashed", "set"):
+        raise EvalError(f"unknown index {index!r}: use hashed or set")
+    start, peak_before = time.perf_counter(), _peak_rss_mb()
+    ngram_index = (NgramIndex if index == "hashed" else SetNgramIndex)(n)
     for doc in train_documents:
-        index.add(doc)
-    index.freeze()
+        ngram_index.add(doc)
+    ngram_index.freeze()
     built = time.perf_counter()
-    if index.documents == 0:
+    if ngram_index.documents == 0:
         raise EvalError("the training corpus has no documents: nothing to check against")
     per_doc = []
     for i, doc in enumerate(eval_documents):
-        row = overlap(index, doc)
+        row = overlap(ngram_index, doc)
         row.update(doc=i, contaminated=row["overlapping"] >= min_overlap, preview=" ".join(doc.split())[:60])
         per_doc.append(row)
     flagged = sum(r["contaminated"] for r in per_doc)
     return {
-        "n": n, "min_overlap": min_overlap,
-        "train_documents": index.documents, "train_words": index.words_seen, "train_ngrams": len(index.hashes),
+        "n": n, "min_overlap": min_overlap, "index": index,
+        "train_documents": ngram_index.documents, "train_words": ngram_index.words_seen,
+        "train_ngrams": len(ngram_index),
         "eval_documents": len(per_doc), "eval_checkable": sum(r["ngrams"] > 0 for r in per_doc),
         "contaminated": flagged, "contaminated_fraction": flagged / len(per_doc),
-        "index_mb": index.hashes.nbytes / 2**20, "vocab_words": len(index.vocab),
         "build_s": built - start, "check_s": time.perf_counter() - built,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": _peak_rss_mb(), "peak_rss_growth_mb": _peak_rss_mb() - peak_before,
         "documents": per_doc,
     }
 
@@ -565,9 +602,11 @@ def format_contamination(report: dict, show: int = 10) -> str:
     r = report
     lines = [
         f"training corpus : {r['train_documents']:,} documents, {r['train_words']:,} words, "
-        f"{r['train_ngrams']:,} distinct {r['n']}-grams ({r['index_mb']:.1f} MB index, built in {r['build_s']:.1f} s)",
+        f"{r['train_ngrams']:,} distinct {r['n']}-grams",
+        f"{r['index'] + ' index':<16}: built in {r['build_s']:.1f} s, raised peak memory by {r['peak_rss_growth_mb']:.0f} MB "
+        f"(process peak {r['peak_rss_mb']:.0f} MB)",
         f"evaluation set  : {r['eval_documents']:,} documents, {r['eval_checkable']:,} with {r['n']}+ words "
-        f"(checked in {r['check_s']:.2f} s; peak process memory {r['peak_rss_mb']:.0f} MB)",
+        f"(checked in {r['check_s']:.2f} s)",
         f"contaminated    : {r['contaminated']:,} documents ({100 * r['contaminated_fraction']:.1f}%) share "
         f">= {r['min_overlap']} {r['n']}-gram(s) with the training corpus",
     ]
@@ -810,11 +849,24 @@ def format_comparison(rows: list[dict]) -> str:
 # 8. Emergence on real checkpoints: per-token accuracy (smooth) vs k-token exact match (sudden)
 # ----------------------------------------------------------------------------------------------------------------
 
+def expand_runs(paths: list) -> list:
+    """A directory holding run directories (a sweep's output) stands for each run in it that has a checkpoint."""
+    import train
+    runs = []
+    for path in map(pathlib.Path, paths):
+        if path.is_dir() and not train.list_checkpoints(path):
+            runs += sorted(d for d in path.iterdir() if d.is_dir() and train.list_checkpoints(d))
+        else:
+            runs.append(path)
+    return runs
+
+
 def emergence_sweep(ckpt_paths: list, k: int = 5, data: str | None = None, max_tokens: int = 20000) -> list[dict]:
     """For each checkpoint (a scaling sweep's models), on the same held-out text: per-token accuracy, k-token exact
     match, the p^k prediction from per-token accuracy, and the loss. Sorted by non-embedding parameters."""
+    ckpt_paths = expand_runs(ckpt_paths)
     if not ckpt_paths:
-        raise EvalError("give the sweep's checkpoints: emergence --ckpt RUN1 --ckpt RUN2 ...")
+        raise EvalError("give the sweep's checkpoints: emergence --ckpt RUN1 --ckpt RUN2 ... (or --ckpt SWEEP_DIR)")
     documents, rows = None, []
     for path in ckpt_paths:
         model, tokenizer, ckpt = load_model(path)
@@ -906,10 +958,11 @@ def stream_sample(model, tokenizer, prompt: str, max_new_tokens: int = 200, temp
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
 
-def _read_documents(spec: str, split: str) -> list[str]:
-    """Documents for the contamination check: a prepared dataset directory (decoded from its token shards, the
-    given split), a .txt/.raw file split into paragraphs, a .jsonl file (its "text", or "prompt" + "answer"),
-    or anything data.py reads (a directory of files, pydocs, pystdlib)."""
+def _read_documents(spec: str, split: str):
+    """Documents for the contamination check, yielded one at a time (a training corpus is never held in memory by
+    this function): a prepared dataset directory (decoded from its token shards, the given split), a .txt/.raw
+    file split into paragraphs, a .jsonl file (its "text", or "prompt" + "answer"), or anything data.py reads
+    (a directory of files, pydocs, pystdlib)."""
     path = pathlib.Path(spec)
     if (path / "manifest.json").is_file():
         data_lib, errors = _data_error_types()
@@ -917,26 +970,26 @@ def _read_documents(spec: str, split: str) -> list[str]:
             tokenizer = data_lib.TokenData(path).tokenizer
         except errors as e:
             raise EvalError(f"cannot read the dataset {spec}: {e}") from e
-        return held_out_from_data_dir(path, tokenizer, tokenizer.to_json(), split).documents
-    if path.is_file() and path.suffix == ".jsonl":
-        documents = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-                documents.append(item["text"] if "text" in item else item["prompt"] + item["answer"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise EvalError(f"{path} line {number}: expected a JSON object with \"text\" (or \"prompt\" and "
-                                "\"answer\")") from None
-        return documents
-    if path.is_file():
-        return split_paragraphs(_read_text(path))
-    data_lib, errors = _data_error_types()
-    try:
-        return list(data_lib.open_source(spec).documents())
-    except errors as e:
-        raise EvalError(f"cannot read {spec}: {e}") from e
+        yield from held_out_from_data_dir(path, tokenizer, tokenizer.to_json(), split).documents
+    elif path.is_file() and path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                    yield item["text"] if "text" in item else item["prompt"] + item["answer"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise EvalError(f"{path} line {number}: expected a JSON object with \"text\" (or \"prompt\" "
+                                    "and \"answer\")") from None
+    elif path.is_file():
+        yield from split_paragraphs(_read_text(path))
+    else:
+        data_lib, errors = _data_error_types()
+        try:
+            yield from data_lib.open_source(spec).documents()
+        except errors as e:
+            raise EvalError(f"cannot read {spec}: {e}") from e
 
 
 def _write_kept(spec: str, documents: list[str], report: dict, out_path) -> pathlib.Path:
@@ -982,7 +1035,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ppl", type=float, nargs="+", default=[18, 12])
 
     p = sub.add_parser("emergence", help="the p -> p^k table; with --ckpt ... the plot from a sweep's checkpoints")
-    p.add_argument("--ckpt", action="append", default=[], help="a sweep checkpoint or run directory (repeat)")
+    p.add_argument("--ckpt", action="append", default=[],
+                   help="a sweep checkpoint or run directory (repeat), or a directory of run directories")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--data", help="held-out text for all models (default: the first checkpoint's val split)")
     p.add_argument("--max-tokens", type=int, default=20000)
@@ -997,6 +1051,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=13, help="n-gram length in words (default 13)")
     p.add_argument("--min-overlap", type=int, default=1, help="shared n-grams that flag a document (default 1)")
     p.add_argument("--show", type=int, default=10, help="how many flagged documents to list")
+    p.add_argument("--index", choices=("hashed", "set"), default="hashed",
+                   help="hashed: sorted uint64 n-gram hashes in numpy (default); set: Python set of word tuples")
     p.add_argument("--drop", help="write the uncontaminated evaluation documents here (jsonl)")
     p.add_argument("--json", help="write the full per-document report here")
 
@@ -1033,9 +1089,9 @@ def run(args) -> None:
             if args.json:
                 print(f"json: {write_json(rows, args.json)}")
     elif args.command == "contamination":
-        documents = _read_documents(args.eval, "val")
+        documents = list(_read_documents(args.eval, "val"))
         train_documents = (doc for spec in args.train for doc in _read_documents(spec, "train"))
-        report = contamination_report(train_documents, documents, args.n, args.min_overlap)
+        report = contamination_report(train_documents, documents, args.n, args.min_overlap, args.index)
         report["train"], report["eval"] = args.train, args.eval
         print(format_contamination(report, args.show))
         if args.drop:

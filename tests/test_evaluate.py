@@ -294,7 +294,8 @@ def _sentence(rng, n):
     return " ".join(rng.choice(FILLER) + str(rng.randrange(10**6)) for _ in range(n))
 
 
-def test_contamination_finds_a_planted_13gram_and_ignores_a_12gram():
+@pytest.mark.parametrize("index", ["hashed", "set"])
+def test_contamination_finds_a_planted_13gram_and_ignores_a_12gram(index):
     rng = random.Random(0)
     secret = "the quick brown fox jumps over the lazy dog while the cat sleeps soundly today".split()
     train = [_sentence(rng, 200) + " " + " ".join(secret[:13]) + " " + _sentence(rng, 50) for _ in range(3)]
@@ -302,7 +303,7 @@ def test_contamination_finds_a_planted_13gram_and_ignores_a_12gram():
         + _sentence(rng, 40)
     planted12 = _sentence(rng, 40) + " " + " ".join(secret[:12]) + " " + _sentence(rng, 40)
     clean = _sentence(rng, 80)
-    report = ev.contamination_report(train, [planted13, planted12, clean, "too short"])
+    report = ev.contamination_report(train, [planted13, planted12, clean, "too short"], index=index)
     docs = report["documents"]
     assert [d["contaminated"] for d in docs] == [True, False, False, False]
     assert docs[0]["overlapping"] == 1 and docs[0]["example"] == " ".join(secret[:13])
@@ -323,13 +324,14 @@ def test_hashed_ngram_index_agrees_with_a_set_of_tuples():
     for doc in train:
         w = doc.split()
         truth.update(tuple(w[i:i + n]) for i in range(len(w) - n + 1))
-    report = ev.contamination_report(train, evals, n=n, min_overlap=2)
-    for doc, row in zip(evals, report["documents"]):
-        w = doc.split()
-        grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
-        hits = sum(g in truth for g in grams)
-        assert (row["ngrams"], row["overlapping"], row["contaminated"]) == (len(grams), hits, hits >= 2)
-    assert report["train_ngrams"] == len(truth)
+    for index in ("hashed", "set"):
+        report = ev.contamination_report(train, evals, n=n, min_overlap=2, index=index)
+        for doc, row in zip(evals, report["documents"]):
+            w = doc.split()
+            grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+            hits = sum(g in truth for g in grams)
+            assert (row["ngrams"], row["overlapping"], row["contaminated"]) == (len(grams), hits, hits >= 2)
+        assert report["train_ngrams"] == len(truth)
 
 
 def test_contamination_rejects_empty_sets():
@@ -479,6 +481,7 @@ def test_emergence_from_sweep_checkpoints(run_dir, capsys, tmp_path):
     for r in rows:
         assert 0 <= r["exact_match_2"] <= r["per_token_accuracy"] <= 1 and r["tokens"] == 500
     assert (tmp_path / "e.png").stat().st_size > 10_000
+    assert ev.expand_runs([run_dir]) == [run_dir / "large", run_dir / "small"]     # a sweep directory
     code, out, _ = run_cli(["emergence"], capsys)
     assert "0.03   0.08   0.17   0.33   0.59   0.77" in out
 
@@ -487,7 +490,7 @@ def test_contamination_cli_on_token_shards_and_drop(run_dir, capsys, tmp_path):
     """Train split of the packed corpus vs its val split (cut after dedup: nothing shared), then an eval file with
     one paragraph copied from the training corpus: that one is flagged and dropped."""
     import data
-    train_docs = ev._read_documents(str(run_dir / "data"), "train")
+    train_docs = list(ev._read_documents(str(run_dir / "data"), "train"))
     copied = train_docs[3].split("\n")[0]
     eval_file = tmp_path / "eval.txt"
     eval_file.write_text(synthetic_corpus(5, 3).replace("\n\n", f"\n\nNew text : {copied}\n\n", 1))
