@@ -120,8 +120,15 @@ def bpb_table(rows: list[tuple[str, int, float]], n_bytes: int) -> str:
 # 2. Scoring every token of a long text with a sliding window
 # ----------------------------------------------------------------------------------------------------------------
 
+def device_of(model) -> torch.device:
+    """Where the model's weights live (CPU for a model without parameters)."""
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 def logits_of(model, idx: torch.Tensor) -> torch.Tensor:
-    """Logits (B, T, V) for ids (B, T) from a model that returns logits or (logits, loss)."""
+    """Logits (B, T, V) for ids (B, T) from a model that returns logits or (logits, loss), on the model's device."""
+    idx = idx.to(device_of(model))
     out = model(idx)
     logits = out[0] if isinstance(out, (tuple, list)) else out
     if logits.dim() != 3 or logits.shape[:2] != idx.shape:
@@ -196,12 +203,13 @@ def score_tokens(model, ids, block_size: int, stride: int | None = None, batch_s
             x = torch.stack([ids[s:e] for s, e, _ in group])             # (B, T)
             y = torch.stack([ids[s + 1:e + 1] for s, e, _ in group])     # (B, T)
             logits = logits_of(model, x).float()                         # (B, T, V)
+            y = y.to(logits.device)
             token_nll = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")   # (B, T)
             hit = logits.argmax(dim=-1) == y                                            # (B, T)
             for row, (s, e, first) in enumerate(group):
                 new = slice(first - s, e - s)      # window positions whose targets were not scored before
-                nll[first:e] = token_nll[row, new].double().numpy()
-                correct[first:e] = hit[row, new].numpy()
+                nll[first:e] = token_nll[row, new].double().cpu().numpy()
+                correct[first:e] = hit[row, new].cpu().numpy()
     finally:
         if was_training:
             model.train()
@@ -348,8 +356,8 @@ def score_answer(model, prompt_ids: list[int], answer_ids: list[int], block_size
     All answer tokens top-1 <=> greedy decoding from the prompt produces exactly these tokens."""
     ids = list(prompt_ids) + list(answer_ids)
     x = torch.tensor([ids[:-1][-block_size:]], dtype=torch.long)      # (1, T): the prompt is cropped on the left
-    y = torch.tensor(answer_ids, dtype=torch.long)                    # (A,)
     logits = logits_of(model, x)[0, -len(answer_ids):].float()       # (A, V): the positions predicting the answer
+    y = torch.tensor(answer_ids, dtype=torch.long, device=logits.device)   # (A,)
     logprob = -F.cross_entropy(logits, y, reduction="sum").item()
     return logprob, int((logits.argmax(-1) == y).sum())
 
@@ -622,7 +630,17 @@ def format_contamination(report: dict, show: int = 10) -> str:
 # 6. Checkpoints and evaluation text
 # ----------------------------------------------------------------------------------------------------------------
 
-def load_model(ckpt_path) -> tuple[object, object, dict]:
+def resolve_device(name: str = "auto") -> torch.device:
+    """"auto": the GPU when there is one, else the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return torch.device(name)
+    except RuntimeError as e:
+        raise EvalError(f"unknown --device {name!r}: use auto, cpu or cuda[:N]") from e
+
+
+def load_model(ckpt_path, device="cpu") -> tuple[object, object, dict]:
     """(GPT in eval mode, bpe.Tokenizer, checkpoint dict) from a checkpoint file or a run directory (its newest
     checkpoint that loads), via train.py's loader (torch.load with weights_only=True: no pickle code runs)."""
     import train
@@ -637,7 +655,7 @@ def load_model(ckpt_path) -> tuple[object, object, dict]:
         raise EvalError(f"checkpoint {ckpt['path']} has no tokenizer (tokenizer_json): evaluation needs the tokenizer "
                         "it was trained with; save checkpoints with train.py, which embeds it")
     try:
-        model, tokenizer = train.model_from_checkpoint(ckpt)
+        model, tokenizer = train.model_from_checkpoint(ckpt, device)
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         raise EvalError(f"checkpoint {ckpt['path']} is damaged ({type(e).__name__}: {str(e).splitlines()[0]})") from e
     return model, tokenizer, ckpt
@@ -753,10 +771,10 @@ def perplexity_report(model, held: HeldOut, block_size: int, stride: int | None 
 
 def evaluate_checkpoint(ckpt_path, data: str | None = None, stride: int | None = None,
                         max_tokens: int | None = None, tasks_path=None, last_word_items: int = 200,
-                        min_words: int = 20, seed: int = 0) -> dict:
+                        min_words: int = 20, seed: int = 0, device="cpu") -> dict:
     """Everything `python evaluate.py --ckpt PATH` reports, as one dict (written as JSON, printed as a table)."""
     tasks = read_tasks(tasks_path) if tasks_path else None           # a bad task file fails before any work
-    model, tokenizer, ckpt = load_model(ckpt_path)
+    model, tokenizer, ckpt = load_model(ckpt_path, device)
     block_size = model.config.block_size
     held = checkpoint_held_out(ckpt, tokenizer, data)
     result = {"checkpoint": ckpt["path"], "step": ckpt.get("step"), "params": model.num_params(),
@@ -817,14 +835,14 @@ def write_json(obj, path) -> pathlib.Path:
 # ----------------------------------------------------------------------------------------------------------------
 
 def compare_checkpoints(ckpt_paths: list, data: str | None = None, stride: int | None = None,
-                        max_documents: int | None = None) -> list[dict]:
+                        max_documents: int | None = None, device="cpu") -> list[dict]:
     """Each model reads the same documents through its own tokenizer; per-token numbers differ in meaning, bits
     per byte do not. Without --data, the first checkpoint's held-out documents are used for all."""
     if len(ckpt_paths) < 2:
         raise EvalError("compare needs at least two checkpoints: --ckpt A --ckpt B")
     documents, name, rows = None, data, []
     for path in ckpt_paths:
-        model, tokenizer, ckpt = load_model(path)
+        model, tokenizer, ckpt = load_model(path, device)
         if documents is None:
             documents = checkpoint_held_out(ckpt, tokenizer, data).documents[:max_documents]
             name = data or f"held-out text of {ckpt['path']}"
@@ -861,7 +879,8 @@ def expand_runs(paths: list) -> list:
     return runs
 
 
-def emergence_sweep(ckpt_paths: list, k: int = 5, data: str | None = None, max_tokens: int = 20000) -> list[dict]:
+def emergence_sweep(ckpt_paths: list, k: int = 5, data: str | None = None, max_tokens: int = 20000,
+                    device="cpu") -> list[dict]:
     """For each checkpoint (a scaling sweep's models), on the same held-out text: per-token accuracy, k-token exact
     match, the p^k prediction from per-token accuracy, and the loss. Sorted by non-embedding parameters."""
     ckpt_paths = expand_runs(ckpt_paths)
@@ -869,7 +888,7 @@ def emergence_sweep(ckpt_paths: list, k: int = 5, data: str | None = None, max_t
         raise EvalError("give the sweep's checkpoints: emergence --ckpt RUN1 --ckpt RUN2 ... (or --ckpt SWEEP_DIR)")
     documents, rows = None, []
     for path in ckpt_paths:
-        model, tokenizer, ckpt = load_model(path)
+        model, tokenizer, ckpt = load_model(path, device)
         if documents is None:
             documents = checkpoint_held_out(ckpt, tokenizer, data).documents
         held = held_out_from_documents(data or "held-out text", documents, tokenizer)
@@ -937,10 +956,11 @@ def stream_sample(model, tokenizer, prompt: str, max_new_tokens: int = 200, temp
     prompt_ids = _encode(tokenizer, prompt) or ([eot] if eot is not None else [])
     if not prompt_ids:
         raise EvalError("the prompt is empty and the tokenizer has no <|endoftext|> to start from: give --prompt")
-    generator = torch.Generator().manual_seed(seed)
+    device = device_of(model)
+    generator = torch.Generator(device=device).manual_seed(seed)
     block_size = model.config.block_size
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    idx = torch.tensor([prompt_ids], dtype=torch.long)                  # (1, T)
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)   # (1, T)
     for _ in range(max_new_tokens):
         idx = model.generate(idx[:, -block_size:], 1, temperature=temperature, top_k=top_k, generator=generator)
         token = int(idx[0, -1])
@@ -1027,6 +1047,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-words", type=int, default=20, help="shortest paragraph for the last-word task")
     parser.add_argument("--seed", type=int, default=0, help="seed for drawing last-word items")
     parser.add_argument("--json", help="write the results here (default: eval_STEP.json beside the checkpoint)")
+    parser.add_argument("--device", default="auto", help="auto (GPU if any), cpu, cuda, cuda:1, ...")
     sub = parser.add_subparsers(dest="command", metavar="{bpb,emergence,contamination,compare,sample}")
 
     p = sub.add_parser("bpb", help="the lecture's bits-per-byte example (or your own numbers)")
@@ -1042,6 +1063,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=20000)
     p.add_argument("--plot", default="emergence.png", help="PNG path for the plot (with --ckpt)")
     p.add_argument("--json", help="write the sweep's numbers here")
+    p.add_argument("--device", default="auto")
 
     p = sub.add_parser("contamination", help="13-gram overlap of evaluation documents with a training corpus")
     p.add_argument("--train", required=True, nargs="+", help="training corpus: data dir, text/jsonl file(s), "
@@ -1061,6 +1083,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="the text (default: the first checkpoint's held-out documents)")
     p.add_argument("--stride", type=int)
     p.add_argument("--max-documents", type=int, help="use only the first N documents")
+    p.add_argument("--device", default="auto")
     p.add_argument("--json")
 
     p = sub.add_parser("sample", help="generate from a checkpoint, streaming to stdout")
@@ -1070,6 +1093,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
     return parser
 
 
@@ -1082,7 +1106,7 @@ def run(args) -> None:
     elif args.command == "emergence":
         print(emergence_table(k=args.k))
         if args.ckpt:
-            rows = emergence_sweep(args.ckpt, args.k, args.data, args.max_tokens)
+            rows = emergence_sweep(args.ckpt, args.k, args.data, args.max_tokens, resolve_device(args.device))
             print()
             print(format_emergence_sweep(rows, args.k))
             print(f"plot: {plot_emergence(rows, args.k, args.plot)}")
@@ -1100,12 +1124,12 @@ def run(args) -> None:
         if args.json:
             print(f"json: {write_json(report, args.json)}")
     elif args.command == "compare":
-        rows = compare_checkpoints(args.ckpt, args.data, args.stride, args.max_documents)
+        rows = compare_checkpoints(args.ckpt, args.data, args.stride, args.max_documents, resolve_device(args.device))
         print(format_comparison(rows))
         if args.json:
             print(f"json: {write_json(rows, args.json)}")
     elif args.command == "sample":
-        model, tokenizer, _ = load_model(args.ckpt)
+        model, tokenizer, _ = load_model(args.ckpt, resolve_device(args.device))
         print(args.prompt, end="", flush=True)
         for piece in stream_sample(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
                                    args.top_k or None, args.seed):
@@ -1113,7 +1137,7 @@ def run(args) -> None:
         print()
     else:
         result = evaluate_checkpoint(args.ckpt, args.data, args.stride, args.max_tokens, args.tasks,
-                                     args.last_word_items, args.min_words, args.seed)
+                                     args.last_word_items, args.min_words, args.seed, resolve_device(args.device))
         print(format_evaluation(result))
         json_path = args.json or pathlib.Path(result["checkpoint"]).parent / f"eval_{result['step'] or 0:07d}.json"
         print(f"json: {write_json(result, json_path)}")
