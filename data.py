@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import contextlib
 import dataclasses
 import gzip
 import hashlib
@@ -693,12 +694,12 @@ class Funnel:
         return [dataclasses.asdict(s) for s in self.steps]
 
     def format(self) -> str:
-        rows = [f"{'step':<34}{'documents':>20}{'characters':>24}   removed or changed because"]
+        rows = [f"{'step':<40}{'documents':>20}{'characters':>24}   removed or changed because"]
         for s in self.steps:
             docs = f"{s.docs_in:,} -> {s.docs_out:,}"
             chars = f"{s.chars_in / 1e6:,.2f}M -> {s.chars_out / 1e6:,.2f}M"
             why = ", ".join(f"{k} {v:,}" for k, v in s.reasons.items())
-            rows.append(f"{s.name:<34}{docs:>20}{chars:>24}   {why}")
+            rows.append(f"{s.name:<40}{docs:>20}{chars:>24}   {why}")
         return "\n".join(rows)
 
     def empty_error(self, what: str) -> DataError:
@@ -981,6 +982,31 @@ class ShardWriter:
 PIPELINE_VERSION = 1
 
 
+class _Clock:
+    """Wall and CPU seconds per phase. The CPU clock counts every thread of this process and its finished worker
+    processes: on a shared machine the wall clock also measures the neighbours, the CPU clock only us."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self.start = (time.perf_counter(), self.cpu())
+
+    @staticmethod
+    def cpu() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), self.cpu()
+        yield
+        self.timings[f"{name}_s"] = round(time.perf_counter() - wall, 3)
+        self.timings[f"{name}_cpu_s"] = round(self.cpu() - cpu, 3)
+
+    def finish(self) -> None:
+        self.timings["total_s"] = round(time.perf_counter() - self.start[0], 3)
+        self.timings["total_cpu_s"] = round(self.cpu() - self.start[1], 3)
+
+
 def cache_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get("PRETRAIN_CACHE", REPO_ROOT / ".cache")).expanduser()
 
@@ -1069,35 +1095,32 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if out_dir.exists() and any(out_dir.iterdir()):
         raise DataError(f"{out_dir} exists and is not a dataset directory; remove it or pick another --out")
 
-    timings, t_start = {}, time.perf_counter()
-    t = time.perf_counter()
-    docs, origin, funnel = clean(opened, settings, log)
+    clock = _Clock()
+    with clock.phase("clean"):
+        docs, origin, funnel = clean(opened, settings, log)
     if jsonl_stats.skipped:
         funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = jsonl_stats.skipped
-    timings["clean_s"] = time.perf_counter() - t
     train_idx, val_idx = split_indices(len(docs), val_fraction, seed)
     train_docs, val_docs = [docs[i] for i in train_idx], [docs[i] for i in val_idx]
     train_origin = [origin[i] for i in train_idx]
     funnel.steps.append(Step("train/val split", len(docs), len(train_docs), sum(map(len, docs)),
                              sum(map(len, train_docs)), {"val": len(val_docs)}))
 
-    t = time.perf_counter()
-    if tokenizer_path is not None:
-        tok = bpe.Tokenizer.load(tokenizer_path)
-        trained_on = 0
-    else:
-        sample = _tokenizer_sample(train_docs, tokenizer_train_bytes, seed)
-        trained_on = len(sample.encode("utf-8"))
-        log(f"training a {vocab_size:,}-token BPE tokenizer on {trained_on / 1e6:.2f} MB of train text ...")
-        tok = bpe.train_bpe(sample, vocab_size, special_tokens=(EOT,), pattern=pattern)
+    with clock.phase("tokenizer"):
+        if tokenizer_path is not None:
+            tok = bpe.Tokenizer.load(tokenizer_path)
+            trained_on = 0
+        else:
+            sample = _tokenizer_sample(train_docs, tokenizer_train_bytes, seed)
+            trained_on = len(sample.encode("utf-8"))
+            log(f"training a {vocab_size:,}-token BPE tokenizer on {trained_on / 1e6:.2f} MB of train text ...")
+            tok = bpe.train_bpe(sample, vocab_size, special_tokens=(EOT,), pattern=pattern)
     if tok.eot_id is None:
         raise DataError(f"the tokenizer has no {EOT} special token; train it with special_tokens=({EOT!r},)")
-    timings["tokenizer_s"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    train_ids = encode_documents(tok, train_docs, threads)
-    val_ids = encode_documents(tok, val_docs, threads)
-    timings["encode_s"] = time.perf_counter() - t
+    with clock.phase("encode"):
+        train_ids = encode_documents(tok, train_docs, threads)
+        val_ids = encode_documents(tok, val_docs, threads)
     encoded_bytes = sum(len(d.encode("utf-8")) for d in train_docs + val_docs)
 
     # Mixing: per source, the documents' token counts (+1 for each <|endoftext|>) give unique tokens; the plan
@@ -1141,7 +1164,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
             splits[split] = {"documents": len(picks), "unique_documents": len(texts),
                              "tokens": sum(s["tokens"] for s in shards), "bytes": n_bytes, "shards": shards}
         (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
-        timings["total_s"] = time.perf_counter() - t_start
+        clock.finish()
         manifest = {
             "format": "llm-token-shards", "version": SHARD_VERSION, "cache_key": key,
             "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": unique[s.spec]} for s in opened],
@@ -1153,8 +1176,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                           "pattern": pattern if tokenizer_path is None else "from file",
                           "trained_on_bytes": trained_on, "source": str(tokenizer_path) if tokenizer_path else None},
             "dtype": dtype.name, "mixture": mixture, "splits": splits,
-            "timings": {**{k: round(v, 3) for k, v in timings.items()}, "encoded_bytes": encoded_bytes,
-                        "input_bytes": funnel.bytes_read},
+            "timings": {**clock.timings, "encoded_bytes": encoded_bytes, "input_bytes": funnel.bytes_read},
         }
         (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         _publish(tmp_dir, out_dir)
@@ -1194,10 +1216,13 @@ def summary(data_dir: str | os.PathLike) -> str:
     for name, p in (m["mixture"] or {}).items():
         lines.append(f"  mix {name}: weight {p['weight']:.2f}, {p['tokens']:,.0f} tokens, {p['epochs']:.2f} epochs")
     tm = m["timings"]
-    lines.append(f"time: clean {tm['clean_s']:.1f}s, tokenizer {tm['tokenizer_s']:.1f}s, encode {tm['encode_s']:.1f}s "
-                 f"({tm['encoded_bytes'] / 1e6 / max(tm['encode_s'], 1e-9):.1f} MB/s), total {tm['total_s']:.1f}s "
-                 f"for {tm['input_bytes'] / 1e6:.2f} MB read ({tm['input_bytes'] / 1e6 / max(tm['total_s'], 1e-9):.2f}"
-                 f" MB/s end to end)")
+    phases = ", ".join(f"{p} {tm[p + '_s']:.1f}/{tm[p + '_cpu_s']:.1f}s" for p in ("clean", "tokenizer", "encode"))
+    mb_in, mb_encoded = tm["input_bytes"] / 1e6, tm["encoded_bytes"] / 1e6
+    lines.append(f"time (wall/CPU): {phases}, total {tm['total_s']:.1f}/{tm['total_cpu_s']:.1f}s")
+    lines.append(f"throughput: {mb_in:.2f} MB read -> {mb_in / tm['total_s']:.2f} MB/s end to end "
+                 f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per CPU-second); encoding {mb_encoded:.2f} MB at "
+                 f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s ({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
+                 f" MB per CPU-second)")
     return "\n".join(lines)
 
 
