@@ -661,15 +661,11 @@ def load_model(ckpt_path, device="cpu") -> tuple[object, object, dict]:
     return model, tokenizer, ckpt
 
 
-TEXT_SUFFIXES = {".txt", ".raw", ".md", ".rst", ".py", ".tokens", ".text", ".utf8"}
-
-
 def _read_text(path: pathlib.Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise EvalError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): give a text file") from e
-
 
 
 @dataclasses.dataclass
@@ -683,7 +679,8 @@ class HeldOut:
 
 
 def held_out_from_documents(name: str, documents: list[str], tokenizer) -> HeldOut:
-    """Tokenize documents with the model's tokenizer; every byte of text is inside a predicted token."""
+    """Tokenize documents with the model's tokenizer. With <|endoftext|> before each document (as data.py packs
+    them) every byte of text lies in a predicted token; a tokenizer without it joins documents with a blank line."""
     documents = [d for d in documents if d.strip()]
     if not documents:
         raise EvalError(f"the evaluation set {name} is empty: give a text with at least one non-blank document")
@@ -1066,10 +1063,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
 
     p = sub.add_parser("contamination", help="13-gram overlap of evaluation documents with a training corpus")
-    p.add_argument("--train", required=True, nargs="+", help="training corpus: data dir, text/jsonl file(s), "
-                                                             "pystdlib, pydocs")
-    p.add_argument("--eval", required=True, help="evaluation documents: data dir (val split), .txt/.raw "
-                                                 "(paragraphs), .jsonl")
+    p.add_argument("--train", required=True, nargs="+", help="training corpus: data dir (its train split, decoded "
+                                                             "from the token shards), text/jsonl file(s), pystdlib")
+    p.add_argument("--eval", required=True, help="evaluation documents: data dir (its val split), .txt/.raw "
+                                                 "(one document per paragraph), .jsonl (text, or prompt + answer)")
     p.add_argument("--n", type=int, default=13, help="n-gram length in words (default 13)")
     p.add_argument("--min-overlap", type=int, default=1, help="shared n-grams that flag a document (default 1)")
     p.add_argument("--show", type=int, default=10, help="how many flagged documents to list")
