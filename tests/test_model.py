@@ -226,6 +226,13 @@ def test_tied_and_untied_head():
     assert untied.num_params() - tied.num_params() == 64 * 32
 
 
+def test_dropout_only_acts_in_training():
+    plain, dropped = make(small()), make(small(dropout=0.5))
+    x = ids((2, 16))
+    torch.testing.assert_close(plain.eval()(x)[0], dropped.eval()(x)[0])
+    assert not torch.allclose(plain.train()(x)[0], dropped.train()(x)[0])
+
+
 def test_initialisation_scales_residual_projections():
     model = make(small(n_layer=8, n_embd=128, n_head=4, n_kv_head=4))
     assert model.blocks[0].attn.wq.weight.std().item() == pytest.approx(0.02, rel=0.05)
@@ -425,9 +432,11 @@ def test_no_graph_breaks_under_torch_compile(overrides):
     # fullgraph=True would raise at the first break; aot_eager also traces the backward (no C compiler needed).
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     logits, loss = compiled(x, x)
-    loss.backward()
+    compiled_aux = model.aux_loss
+    (loss + compiled_aux).backward()
     eager_logits, _ = model(x, x)
     torch.testing.assert_close(logits, eager_logits)
+    torch.testing.assert_close(compiled_aux, model.aux_loss)          # the MoE side channel survives compile
     torch._dynamo.reset()
 
 
