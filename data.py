@@ -46,7 +46,6 @@ import hashlib
 import html.parser
 import io
 import json
-import math
 import os
 import pathlib
 import re
@@ -188,15 +187,24 @@ def read_pystdlib() -> Iterator[str]:
             yield source
 
 
-def _open_text(path: pathlib.Path) -> io.TextIOBase:
-    """Open a (possibly gzipped) file as UTF-8 text; a binary file is refused with one clear line."""
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    head = raw.read(8192)
-    raw.seek(0)
-    if b"\x00" in head:
-        raw.close()
+def _read_bytes(path: pathlib.Path) -> bytes:
+    """A (possibly gzipped) file's bytes; a binary file or a damaged .gz is refused with one clear line."""
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
+    if b"\x00" in raw[:8192]:
         raise DataError(f"{path} looks binary (NUL bytes); pass a UTF-8 text, .jsonl, .parquet or .gz file")
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
+    return raw
+
+
+def _read_text(path: pathlib.Path) -> str:
+    """A (possibly gzipped) file as UTF-8 text with universal newlines."""
+    try:
+        text = _read_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _inner_suffix(path: pathlib.Path) -> str:
@@ -232,12 +240,7 @@ def split_plain_text(text: str, mode: str = "auto") -> list[str]:
 
 
 def read_txt(path: pathlib.Path, mode: str = "auto") -> Iterator[str]:
-    with _open_text(path) as f:
-        try:
-            text = f.read()
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path} is not UTF-8 text (byte {e.start}); convert it or pass a .jsonl file") from None
-    yield from split_plain_text(text, mode)
+    yield from split_plain_text(_read_text(path), mode)
 
 
 @dataclasses.dataclass
@@ -250,25 +253,25 @@ def read_jsonl(path: pathlib.Path, field: str = "text", skip_bad_lines: bool = F
                stats: JsonlStats | None = None) -> Iterator[str]:
     """One JSON object per line; the document is `obj[field]`. A malformed line stops with its line number,
     unless skip_bad_lines, which skips and counts it."""
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                text = obj[field]
-                if not isinstance(text, str):
-                    raise TypeError
-            except (json.JSONDecodeError, KeyError, TypeError):
-                if skip_bad_lines:
-                    if stats is not None:
-                        stats.skipped += 1
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:    # streamed line by line
+        try:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
                     continue
-                raise DataError(f"{path}:{lineno}: not a JSON object with a string field {field!r} "
-                                f"(fix the line, pass --text-field, or --skip-bad-lines to skip and count)") from None
-            except UnicodeDecodeError:
-                raise DataError(f"{path}:{lineno}: not UTF-8 text") from None
-            yield text
+                try:
+                    text = json.loads(line)[field]           # json.loads decodes the UTF-8 bytes itself
+                    if not isinstance(text, str):
+                        raise TypeError
+                except (ValueError, KeyError, TypeError, IndexError):
+                    if skip_bad_lines:
+                        if stats is not None:
+                            stats.skipped += 1
+                        continue
+                    raise DataError(f"{path}:{lineno}: not a UTF-8 JSON object with a string field {field!r} (fix "
+                                    f"the line, pass --text-field, or --skip-bad-lines to skip and count)") from None
+                yield text
+        except (gzip.BadGzipFile, EOFError) as e:
+            raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
 
 
 def read_parquet(path: pathlib.Path, field: str = "text") -> Iterator[str]:
@@ -318,13 +321,11 @@ def wikitext_paragraphs(text: str, min_words: int = 0) -> list[str]:
 
 
 def read_wikitext(path: pathlib.Path) -> Iterator[str]:
-    with _open_text(path) as f:
-        yield from parse_wikitext(f.read())
+    yield from parse_wikitext(_read_text(path))
 
 
 def read_html(path: pathlib.Path) -> Iterator[str]:
-    with _open_text(path) as f:
-        yield f.read()
+    yield _read_text(path)
 
 
 _FILE_READERS = {".txt": "txt", ".md": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl",
@@ -1422,8 +1423,7 @@ def _cmd_html(args: argparse.Namespace) -> None:
     path = pathlib.Path(args.file)
     if not path.is_file():
         raise DataError(f"{path} not found")
-    with _open_text(path) as f:
-        print(html_to_text(f.read()))
+    print(html_to_text(_read_text(path)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1435,7 +1435,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", nargs="+", default=["pydocs"],
                    help="sources: pydocs, pystdlib, hf:NAME, or files/dirs (.txt .jsonl .parquet .raw .html, .gz)")
     p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
-    p.add_argument("--out", default=None, help="output directory (default: a cache dir under $PRETRAIN_CACHE or .cache/)")
+    p.add_argument("--out", default=None, help="output directory (default: a cache dir in $PRETRAIN_CACHE or .cache/)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--val-fraction", type=float, default=0.05)
     p.add_argument("--weights", type=float, nargs="+", default=None, help="mixing weight per source, in order")
