@@ -272,6 +272,20 @@ class Mesh:
             c.reset_counters()
 
 
+def check_combination(zero_stage: int, tp: int, pp: int) -> None:
+    """Refuse the layouts this file does not support, with the reason.
+    >>> check_combination(1, 2, 2)
+    """
+    if zero_stage not in (0, 1, 2, 3):
+        raise ParallelError(f"--zero must be 0, 1, 2 or 3, got {zero_stage}")
+    if zero_stage >= 2 and pp > 1:
+        raise ParallelError(f"--zero {zero_stage} with --pp {pp}: ZeRO-2/3 reduce gradients as backward produces "
+                            f"them, but a pipeline accumulates them over micro-batches; use --zero 1 with --pp")
+    if zero_stage == 3 and tp > 1:
+        raise ParallelError(f"--zero 3 with --tp {tp}: ZeRO-3 gathers weights in the module's forward hooks, which "
+                            f"the tensor-parallel forward bypasses; use --zero 1 or 2 with --tp")
+
+
 def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.device]:
     """Join the process group that torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
@@ -1133,6 +1147,8 @@ class TensorParallel(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         m = self.module
+        if m.tp_comm.size == 1:
+            return m(idx, targets)
         x = m.embed(idx)                                                       # (B, T, C), the same on every rank
         for block in m.blocks:
             x = block(x)
@@ -1291,6 +1307,8 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
                     key = _channel(s, a)
                     if not 0 <= key[1] < p or not 0 <= key[2] < p:
                         raise ParallelError(f"stage {s} has {a} with no neighbour")
+                    if (a.op == "SEND_F" and a.mb not in done_f[s]) or (a.op == "SEND_B" and a.mb not in done_b[s]):
+                        raise ParallelError(f"stage {s} runs {a} before computing what it sends")
                     mine[s].append(len(posted.setdefault(key, [])))
                     posted[key].append((a.mb, clock[s]))
                 progress = True
