@@ -329,7 +329,8 @@ def read_html(path: pathlib.Path) -> Iterator[str]:
 
 
 _FILE_READERS = {".txt": "txt", ".md": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl",
-                 ".parquet": "parquet", ".raw": "wikitext", ".html": "html", ".htm": "html"}
+                 ".parquet": "parquet", ".raw": "wikitext", ".html": "html", ".htm": "html", ".py": "python"}
+_FILE_KINDS = {"html": "html", "python": "code"}          # every other reader yields prose
 
 HF_ALIASES = {
     "wikitext-2": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
@@ -358,9 +359,10 @@ def read_hf(name: str, field: str = "text") -> Iterator[str]:
             return
         for row in stream:
             yield row[field]
-    except (ConnectionError, OSError) as e:
-        raise DataError(f"hf:{name}: could not reach the Hugging Face hub ({type(e).__name__}); offline, use "
-                        f"pydocs, pystdlib or a local path") from None
+    except Exception as e:          # the hub's many error types (offline, unknown name, gated) become one line
+        first_line = (str(e).strip().splitlines() or [""])[0][:200]
+        raise DataError(f"hf:{name}: could not load it ({type(e).__name__}: {first_line}); offline, use pydocs, "
+                        f"pystdlib or a local path") from None
 
 
 def _file_source(path: pathlib.Path, options: dict) -> Callable[[], Iterator[str]]:
@@ -376,6 +378,8 @@ def _file_source(path: pathlib.Path, options: dict) -> Callable[[], Iterator[str
         return lambda: read_wikitext(path)
     if kind == "html":
         return lambda: read_html(path)
+    if kind == "python":
+        return lambda: iter([_read_text(path)])
     raise DataError(f"{path}: unknown file type {path.suffix!r}; use "
                     f"{', '.join(sorted(_FILE_READERS))} (optionally .gz)")
 
@@ -389,32 +393,39 @@ def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", skip_bad_lines: bool = False,
-                max_documents: int | None = None, jsonl_stats: JsonlStats | None = None) -> Source:
-    """Turn a source spec (a name, hf:..., or a path to a file or directory) into a Source."""
+                max_documents: int | None = None, jsonl_stats: JsonlStats | None = None,
+                kind: str | None = None) -> Source:
+    """Turn a source spec (a name, hf:..., or a path to a file or directory) into a Source.
+    kind overrides what the file types imply ("code" for a .jsonl of source files, say)."""
+    if kind not in (None, "prose", "code", "html"):
+        raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
     options = dict(text_field=text_field, txt_split=txt_split, skip_bad_lines=skip_bad_lines,
                    jsonl_stats=jsonl_stats)
     version = f"python-{sys.version.split()[0]}@{_stdlib_root()}"
     if spec == "pydocs":
-        return Source(spec, "prose", version, read_pydocs, max_documents)
+        return Source(spec, kind or "prose", version, read_pydocs, max_documents)
     if spec == "pystdlib":
-        return Source(spec, "code", version, read_pystdlib, max_documents)
+        return Source(spec, kind or "code", version, read_pystdlib, max_documents)
     if spec.startswith("hf:"):
         name = spec[3:]
-        return Source(spec, "prose", spec, lambda: read_hf(name, text_field), max_documents)
+        return Source(spec, kind or "prose", spec, lambda: read_hf(name, text_field), max_documents)
     path = pathlib.Path(spec).expanduser()
     if not path.exists():
         hint = "a name (pydocs, pystdlib, hf:NAME) or an existing file/directory"
         raise DataError(f"source {spec!r} not found: give {hint}")
     files = _files_under(path) if path.is_dir() else [path]
     readers = [_file_source(f, options) for f in files]
-    kinds = {("html" if _inner_suffix(f) in (".html", ".htm") else "prose") for f in files}
+    kinds = {_FILE_KINDS.get(_FILE_READERS[_inner_suffix(f)], "prose") for f in files}
+    if len(kinds) > 1 and kind is None:
+        raise DataError(f"{path} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: pass "
+                        f"them as separate sources (or force one with --kind)")
     fingerprint = ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
 
     def read() -> Iterator[str]:
         for reader in readers:
             yield from reader()
 
-    return Source(spec, "html" if kinds == {"html"} else "prose", fingerprint, read, max_documents)
+    return Source(spec, kind or kinds.pop(), fingerprint, read, max_documents)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1049,8 +1060,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
             train_tokens: float | None = None, tokenizer: str | os.PathLike | None = None,
             tokenizer_train_bytes: int = 4_000_000, pattern: str = "gpt4", shard_tokens: int = 100_000_000,
             clean_settings: CleanSettings | None = None, text_field: str = "text", txt_split: str = "auto",
-            skip_bad_lines: bool = False, max_documents: int | None = None, threads: int | None = None,
-            verbose: bool = False) -> pathlib.Path:
+            skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
+            threads: int | None = None, verbose: bool = False) -> pathlib.Path:
     """Build (or reuse) a token dataset directory: manifest.json, tokenizer.json, train_*.bin, val_*.bin.
 
     sources: names ("pydocs", "pystdlib", "hf:..."), files or directories. weights (one per source) with
@@ -1068,7 +1079,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         raise DataError(f"vocab size {vocab_size} is too small")
     settings = clean_settings or CleanSettings()
     jsonl_stats = JsonlStats()
-    opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats) for s in sources]
+    opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
+              for s in sources]
     tokenizer_path = pathlib.Path(tokenizer) if tokenizer else None
     if tokenizer_path is not None and not tokenizer_path.is_file():
         raise DataError(f"tokenizer file {tokenizer_path} not found: pass a bpe.py tokenizer JSON")
@@ -1392,7 +1404,7 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
                   weights=args.weights, train_tokens=args.train_tokens, tokenizer=args.tokenizer,
                   tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6), clean_settings=settings,
                   text_field=args.text_field, txt_split=args.txt_split, skip_bad_lines=args.skip_bad_lines,
-                  max_documents=args.max_documents, threads=args.threads, verbose=True)
+                  max_documents=args.max_documents, kind=args.kind, threads=args.threads, verbose=True)
     print(Funnel.from_manifest(load_manifest(out)).format())
     print(summary(out))
 
@@ -1451,6 +1463,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="how .txt files split into documents (auto: <|endoftext|> if present, else blank lines)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed .jsonl lines")
     p.add_argument("--max-documents", type=int, default=None, help="read at most this many documents per source")
+    p.add_argument("--kind", choices=["prose", "code", "html"], default=None,
+                   help="treat every source as this kind (default: by name and file type; .py files are code)")
     p.add_argument("--threads", type=int, default=None, help="encoding threads (default: all cores)")
     p.set_defaults(run=_cmd_prepare)
 

@@ -117,14 +117,32 @@ def test_local_files_txt_jsonl_gz_and_directories(tmp_path):
     assert list(data.open_source(str(tmp_path / "b.txt"), max_documents=1).documents()) == ["one"]
 
 
+def test_kinds_from_file_types_and_overrides(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "a.py").write_text("x = 1\n")
+    (tmp_path / "code" / "b.py").write_text("y = 2\n")
+    source = data.open_source(str(tmp_path / "code"))
+    assert source.kind == "code" and list(source.documents()) == ["x = 1\n", "y = 2\n"]
+    (tmp_path / "code" / "page.html").write_text("<p>hi</p>")
+    with pytest.raises(DataError, match="mixes code and html"):
+        data.open_source(str(tmp_path / "code"))
+    assert data.open_source(str(tmp_path / "code"), kind="code").kind == "code"
+    assert data.open_source("pydocs", kind="code").kind == "code"
+    with pytest.raises(DataError, match="unknown source kind"):
+        data.open_source("pydocs", kind="poetry")
+
+
 def test_malformed_jsonl_names_the_line_or_skips_and_counts(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"text": "ok"}\n{"text": broken\n{"other": 1}\n{"text": "fine"}\n')
+    path.write_bytes(b'{"text": "ok"}\n{"text": broken\n{"other": 1}\n{"text": "caf\xe9"}\n[1]\n{"text": "fine"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: "):
         list(data.open_source(str(path)).documents())
     stats = data.JsonlStats()
     docs = list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents())
-    assert docs == ["ok", "fine"] and stats.skipped == 2
+    assert docs == ["ok", "fine"] and stats.skipped == 4
+    path.write_bytes(b'{"text": "ok"}\n\n{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:3: not a UTF-8 JSON object"):
+        list(data.open_source(str(path)).documents())
 
 
 def test_bad_paths_and_files(tmp_path):
