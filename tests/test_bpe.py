@@ -271,6 +271,7 @@ def test_special_tokens_behave_like_tiktoken(small_tok, cl100k, py_cl100k):
                 py_cl100k.encode(t)
     with pytest.raises(TokenizerError, match="not special tokens"):
         small_tok.encode("x", allowed_special={"<|nope|>"})
+    assert small_tok.encode(f"a{EOT}", allowed_special=EOT) == small_tok.encode(f"a{EOT}", allowed_special={EOT})
 
 
 def test_overlapping_special_tokens_prefer_the_longest():
@@ -295,6 +296,9 @@ def test_decode_accepts_numpy_and_torch(small_tok):
     import torch
     ids = small_tok.encode("hello world")
     assert small_tok.decode(np.array(ids)) == small_tok.decode(torch.tensor(ids)) == "hello world"
+    assert small_tok.decode(i for i in ids) == "hello world"
+    with pytest.raises(TokenizerError, match="token id 9999 is not in the vocabulary"):
+        small_tok.decode(i for i in [*ids, 9999])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -446,6 +450,13 @@ def test_cli_show_strawberry_digits_and_chinese(capsys):
     assert "[str][aw][berry]" in out and "[123][4]" in out  # cl100k
     assert "[st][raw][berry]" in out and "[12][34]" in out  # GPT-2 (found in ../shared/data), the lecture's cuts
     assert "1.92 tokens/char" in out and "tokens/word" in out  # Chinese vs English
+
+
+def test_cli_show_with_a_trained_tokenizer(tmp_path, capsys, small_tok):
+    small_tok.save(tmp_path / "tok.json")
+    assert bpe.main(["show", "the cat", "--tokenizer", str(tmp_path / "tok.json")]) == 0
+    out = capsys.readouterr().out
+    assert "the cat" in out and f"({len(small_tok)} ids)" in out
 
 
 def test_cli_train_encode_decode(tmp_path, capsys):
