@@ -47,7 +47,6 @@ Depends on numpy and the standard library only (no sibling files).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 import math
@@ -71,19 +70,20 @@ class DedupError(ValueError):
 # 1. Shingles and exact Jaccard
 # ----------------------------------------------------------------------------------------------------------
 
-_PUNCTUATION = re.compile(r"[^\w\s]+")
+_WORD = re.compile(r"\w+")
 
 
 def normalized_words(text: str) -> list[str]:
-    """The words a shingle is made of: Unicode NFKC, case-folded, punctuation turned into spaces, split on runs
-    of whitespace. So case, punctuation and spacing differences do not count as edits.
+    """The words a shingle is made of: Unicode NFKC, case-folded, then the runs of letters, digits and "_"
+    (regex \\w+), so punctuation and whitespace only separate words. Case, punctuation and spacing differences
+    do not count as edits.
 
     >>> normalized_words("The  cat, sat.\\nON the-mat!")
     ['the', 'cat', 'sat', 'on', 'the', 'mat']
     """
     if not isinstance(text, str):
         raise DedupError(f"documents must be str, got {type(text).__name__}: convert or drop it before dedup")
-    return _PUNCTUATION.sub(" ", unicodedata.normalize("NFKC", text).casefold()).split()
+    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
 def _check_n(n) -> None:
@@ -121,25 +121,22 @@ def jaccard(a: set, b: set) -> float:
 # 2. A stable 32-bit hash per shingle
 # ----------------------------------------------------------------------------------------------------------
 # Python's built-in hash() of a str is salted per process (PYTHONHASHSEED), so signatures would change between
-# runs. We want the same 32-bit number for the same shingle on every run and machine, and we want it fast:
-# hashing every shingle string with hashlib costs ~0.5 µs of Python per shingle. So we hash each *distinct word*
-# once with BLAKE2b (hashlib, stable everywhere), and combine the n word hashes of a shingle with integer mixing
-# that numpy runs over millions of shingles at once: h <- fmix64(h XOR word), MurmurHash3's 64-bit finalizer,
-# a bijection whose every output bit depends on every input bit. The shingle's x is the top 32 bits.
-# Here uint64 wrap-around is what we want (it is the mixing); the *modular* MinHash arithmetic below must not wrap.
+# runs. We want the same 32-bit number for the same shingle on every run and machine, and we want it fast: at
+# ~0.5 µs per call, hashing each shingle string (or even each word) in Python would cost more than all of MinHash.
+# So the hash is built from pieces numpy computes for a whole batch of text at once:
+#   word:    a polynomial hash of its Unicode code points c_0..c_{L-1}, Σ c_i·B^(L-1-i) mod 2^64 (B odd), plus the
+#            length, then MurmurHash3's fmix64 finalizer (a bijection that makes every output bit depend on every
+#            input bit). Over a long string it is one cumulative sum: with W_i = B^-i (B is odd, so invertible
+#            mod 2^64), Σ_{s<=i<e} c_i·B^(e-1-i) = (prefix[e] − prefix[s])·B^(e-1), prefix = cumsum(c·W).
+#   shingle: h <- fmix64(h XOR word) over its n words, from a fixed seed; x = the top 32 bits.
+# Here uint64 wrap-around is what we want (the hash lives mod 2^64); the *modular* MinHash arithmetic in section 3
+# must not wrap. `word_hash` and `shingle_hash` are the same functions in plain Python, the tests' oracle.
 
 _MASK64 = (1 << 64) - 1
-_SHINGLE_SEED = 0x9E3779B97F4A7C15              # any fixed odd constant: the hash of "zero words so far"
+_POLY_BASE = 0x100000001B3                       # FNV-1's 64-bit prime: odd, so invertible mod 2^64
+_LENGTH_MIX = 0x9E3779B97F4A7C15                 # golden-ratio constant: word length enters the hash too
+_SHINGLE_SEED = 0x9E3779B97F4A7C15               # the shingle hash before any word
 _FMIX_MUL1, _FMIX_MUL2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53   # MurmurHash3 fmix64 constants
-
-
-def word_hash(word: str) -> int:
-    """Stable 64-bit hash of one normalised word (BLAKE2b, 8-byte digest, little-endian).
-
-    >>> word_hash("cat") == word_hash("cat") != word_hash("dog")
-    True
-    """
-    return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def _fmix64_int(h: int) -> int:
@@ -160,6 +157,18 @@ def _fmix64_array(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(33))
 
 
+def word_hash(word: str) -> int:
+    """Stable 64-bit hash of one normalised word: fmix64(Σ c_i·B^(L-1-i) + L·K mod 2^64) over its code points.
+
+    >>> word_hash("cat") == word_hash("cat") != word_hash("act")
+    True
+    """
+    poly = 0
+    for char in word:
+        poly = (poly * _POLY_BASE + ord(char)) & _MASK64
+    return _fmix64_int((poly + len(word) * _LENGTH_MIX) & _MASK64)
+
+
 def shingle_hash(shingle: str) -> int:
     """The 32-bit hash x of one shingle string (words separated by single spaces, as `shingles` makes them).
 
@@ -172,12 +181,79 @@ def shingle_hash(shingle: str) -> int:
     return h >> 32
 
 
-class _Vocabulary(dict):
-    """word -> consecutive id, assigning the next id on first sight (lets `map` run at C speed)."""
+class _PowerTable:
+    """B^i and B^-i mod 2^64 for i < length, grown on demand (uint64 cumprod wraps mod 2^64, as it should)."""
 
-    def __missing__(self, word):
-        self[word] = index = len(self)
-        return index
+    def __init__(self):
+        self.powers = self.inverse_powers = np.ones(1, dtype=np.uint64)
+
+    def get(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.powers) < length:
+            size = max(length, 2 * len(self.powers))
+            steps = np.empty(size, dtype=np.uint64)
+            steps[0] = 1
+            steps[1:] = _POLY_BASE
+            self.powers = np.cumprod(steps)                              # (size,) B^i
+            steps[1:] = pow(_POLY_BASE, -1, 1 << 64)
+            self.inverse_powers = np.cumprod(steps)                      # (size,) B^-i
+        return self.powers[:length], self.inverse_powers[:length]
+
+
+_POWERS = _PowerTable()
+
+
+def _bmp_word_table() -> np.ndarray:
+    """(65536,) bool: which Basic Multilingual Plane characters regex \\w matches, asked of the regex itself."""
+    table = np.zeros(0x10000, dtype=bool)
+    for match in _WORD.finditer("".join(map(chr, range(0x10000)))):
+        table[match.start():match.end()] = True
+    return table
+
+
+_WORD_CHAR = _bmp_word_table()
+
+
+def _is_word_char(codes: np.ndarray) -> np.ndarray:
+    """Exactly the characters regex \\w matches (the table was made by the regex itself). (L,) uint32 -> bool."""
+    flags = _WORD_CHAR[np.minimum(codes, 0xFFFF)]
+    astral = codes > 0xFFFF                                               # emoji, rare CJK: ask the regex
+    if astral.any():
+        flags[astral] = [_WORD.fullmatch(chr(c)) is not None for c in codes[astral].tolist()]
+    return flags
+
+
+def word_hashes(texts: list[str], group_chars: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """The 64-bit `word_hash` of every word of every text, in order, without a Python loop over words:
+    (hashes (total words,) uint64, words per text (texts,) int64). Texts are handled in groups of about
+    `group_chars` characters so the temporary arrays stay small.
+
+    >>> hashes, counts = word_hashes(["The cat", "", "sat."])
+    >>> counts.tolist(), [int(h) for h in hashes] == [word_hash(w) for w in ("the", "cat", "sat")]
+    ([2, 0, 1], True)
+    """
+    all_hashes, counts = [], np.zeros(len(texts), dtype=np.int64)
+    first = 0
+    while first < len(texts):
+        last, size = first, 0
+        while last < len(texts) and (last == first or size + len(texts[last]) < group_chars):
+            size += len(texts[last]) + 1
+            last += 1
+        normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts[first:last]]
+        joined = "\n".join(normalized) + "\n"                           # "\n" is no word char: words never span texts
+        codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)      # (L,)
+        edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)   # (words,) [start, end)
+        powers, inverse_powers = _POWERS.get(len(codes) + 1)
+        prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
+        np.cumsum(codes * inverse_powers[:len(codes)], out=prefix[1:])           # Σ c_i·B^-i, wraps mod 2^64
+        poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]                 # Σ c_i·B^(end-1-i)
+        lengths = (ends - starts).astype(np.uint64)
+        all_hashes.append(_fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)))
+        text_starts = np.cumsum([0] + [len(t) + 1 for t in normalized[:-1]])   # code point where each text begins
+        counts[first:last] = np.bincount(np.searchsorted(text_starts, starts, side="right") - 1,
+                                         minlength=last - first)
+        first = last
+    return np.concatenate(all_hashes), counts
 
 
 def shingle_hashes(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
@@ -189,16 +265,21 @@ def shingle_hashes(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray
     >>> offsets.tolist(), int(x[2]) == shingle_hash("hi")
     ([0, 2, 3], True)
     """
+    fingerprints, offsets = shingle_fingerprints(texts, n)
+    return fingerprints >> np.uint64(32), offsets
+
+
+def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Like `shingle_hashes`, with the full 64-bit shingle hash (x is its top 32 bits). Used to verify candidates:
+    two different shingles share a 64-bit fingerprint with probability ~2^-64, so the Jaccard of fingerprint
+    sets is the exact Jaccard of the shingle sets (tests check it against `jaccard(shingles(a), shingles(b))`)."""
     _check_n(n)
-    vocabulary = _Vocabulary()
-    word_ids: list[int] = []
-    lengths = np.empty(len(texts), dtype=np.int64)
-    for d, text in enumerate(texts):
-        words = normalized_words(text) or [""]      # an empty document is the one shingle "" (one empty word)
-        word_ids.extend(map(vocabulary.__getitem__, words))
-        lengths[d] = len(words)
-    table = np.fromiter((word_hash(w) for w in vocabulary), dtype=np.uint64, count=len(vocabulary))
-    words64 = table[np.asarray(word_ids, dtype=np.int64)]                   # (total words,)
+    words64, lengths = word_hashes(texts)
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:                                  # an empty document is the one shingle "" (one empty word)
+        word_ends = np.cumsum(lengths)
+        words64 = np.insert(words64, word_ends[empty], np.uint64(word_hash("")))
+        lengths[empty] = 1
     word_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))           # (docs,) first word of each doc
     per_doc = np.where(lengths >= n, lengths - n + 1, 1)                   # shingles per document
     offsets = np.concatenate(([0], np.cumsum(per_doc))).astype(np.int64)   # (docs + 1,)
@@ -212,7 +293,7 @@ def shingle_hashes(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray
             h = _fmix64_array(h ^ words64[first_word + j])
         else:
             h[live] = _fmix64_array(h[live] ^ words64[first_word[live] + j])
-    return h >> np.uint64(32), offsets
+    return h, offsets
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -249,6 +330,28 @@ def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (x[:, None] * a[None, :] + b[None, :]) % np.uint64(PRIME)
 
 
+_FIXED_POINT_SHIFT = 2.0 ** 17           # added to s < 2^13 so the float's exponent is fixed (`hash_fractions`)
+_FRACTION_MASK = (1 << 35) - 1           # the mantissa bits below the binary point at that exponent
+
+
+def _residues(fixed_point: np.ndarray) -> np.ndarray:
+    """35-bit fixed-point fractions of p (from `hash_fractions`) -> exact residues in [0, p), uint64."""
+    residues = np.rint(fixed_point * (PRIME / 2.0 ** 35))
+    residues[residues == PRIME] = 0.0                                     # a root read as 1 − ε: residue 0
+    return residues.astype(np.uint64)
+
+
+def _split_11_bits(x: np.ndarray) -> np.ndarray:
+    """x -> (4, n) float64 rows x_0, x_1, x_2, 1 with x = x_2·2^22 + x_1·2^11 + x_0 (see `MinHasher.hash_fractions`)."""
+    x = np.asarray(x, dtype=np.uint64)
+    parts = np.empty((4, len(x)))
+    parts[0] = x & np.uint64(0x7FF)
+    parts[1] = (x >> np.uint64(11)) & np.uint64(0x7FF)
+    parts[2] = x >> np.uint64(22)
+    parts[3] = 1.0
+    return parts
+
+
 def _check_num_perm(num_perm) -> None:
     if not isinstance(num_perm, (int, np.integer)) or isinstance(num_perm, bool) or num_perm < 1:
         raise DedupError(f"num_perm must be a positive integer, got {num_perm!r}: use e.g. num_perm=128")
@@ -263,8 +366,10 @@ class MinHasher:
     ((2, 128), dtype('uint64'))
     """
 
-    # Shingles hashed per step: the (num_perm, chunk) uint64 block (1 MiB at k = 128) stays in cache.
-    chunk = 1024
+    # Shingles hashed per step. The two (num_perm, chunk) float64 blocks (256 KiB each at k = 128) stay in cache,
+    # and the (k, 4) @ (4, chunk) product stays below OpenBLAS's threading threshold (m·n·k <= 262,144): BLAS
+    # threads on a busy machine were measured 50x slower at chunk = 2048.
+    chunk = 256
 
     def __init__(self, num_perm: int = 128, seed: int = 0):
         _check_num_perm(num_perm)
@@ -273,6 +378,52 @@ class MinHasher:
         rng = np.random.default_rng(seed)
         self.a = rng.integers(1, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)   # (k,) never 0
         self.b = rng.integers(0, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)   # (k,)
+        # The fast path's coefficients (see `hash_block`): a·2^(11j) mod p for j = 0, 1, 2, and b, all divided by p.
+        shifted = [(int(a) << shift) % PRIME for a in self.a for shift in (0, 11, 22)]
+        self._coefficients = np.column_stack([np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME,
+                                              self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT])   # (k, 4)
+        # Each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p (see `hash_block`).
+        self._roots = np.array([(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)],
+                               dtype=np.uint64)                                         # (k,)
+
+    def hash_fractions(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """h_i(x)/p for all k functions and all 32-bit x as 35-bit fixed-point integers: (k, len(x)) uint64 equal
+        to (h_i(x)/p)·2^35 within ±0.6. out: an optional (k, len(x)) float64 buffer (the signature loop reuses one).
+
+        Why floats, and why the minimum stays exact. numpy's uint64 product has no SIMD instruction on common CPUs
+        and `%` is a division per element, so `universal_hash` costs ~3x more per value. Instead cut x into
+        11-bit pieces, x = x_2·2^22 + x_1·2^11 + x_0, and let c_j = a·2^(11j) mod p. Then
+        a·x + b ≡ c_0·x_0 + c_1·x_1 + c_2·x_2 + b (mod p), so h(x)/p is the fractional part of
+            s = (c_0/p)·x_0 + (c_1/p)·x_1 + (c_2/p)·x_2 + b/p,                    0 <= s < 3·2^11 + 1 < 2^13
+        and s for all k x n pairs is ONE matrix product (k, 4) @ (4, n). We add 2^17 to the b/p column: then every
+        S = s + 2^17 lies in [2^17, 2^18), where a float64 has a fixed exponent and a step of 2^-35, so the low 35
+        bits of S's mantissa ARE s's fractional part in units of 2^-35: one bitwise AND instead of floor and minus.
+        Error: rounding b/p + 2^17 and each of the three additions at magnitude < 2^18 (any order, as BLAS
+        pleases) costs at most 2^-36 each, the c_j/p terms below 2^-40: |error| < 1.1·2^-34 in s. Residues that
+        differ differ by at least 1/p > 2^-32.01, over twice the worst error of both, so the integer ORDER of the
+        fixed-point values is the exact order of the residues: a minimum picks the right shingle, and
+        rint(value·p/2^35) recovers its residue exactly (off by < 0.3 before rounding). One case is special:
+        residue 0 (for exactly one x per function, its root −b/a mod p) can read as 1 − ε instead of 0.
+        `hash_block` fixes that; the signature loop patches roots after the minimum.
+        """
+        return self._fractions(_split_11_bits(x), out)
+
+    def _fractions(self, parts: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """`hash_fractions` from the (4, n) pieces of `_split_11_bits`."""
+        shifted = np.matmul(self._coefficients, parts, out=out)          # (k, n) float64 S = s + 2^17
+        bits = shifted.view(np.uint64)                                   # same memory, read as integers
+        np.bitwise_and(bits, np.uint64(_FRACTION_MASK), out=bits)        # keep the 35 fraction bits
+        return bits
+
+    def hash_block(self, x: np.ndarray) -> np.ndarray:
+        """All k hashes (a_i·x + b_i) mod p of 32-bit values x, exactly: (k, len(x)) uint64 (via `hash_fractions`).
+
+        >>> hasher = MinHasher(4, seed=0)
+        >>> x = np.array([0, 12345, 2**32 - 1], dtype=np.uint64)
+        >>> hasher.hash_block(x).tolist() == universal_hash(x, hasher.a, hasher.b).T.tolist()
+        True
+        """
+        return _residues(self.hash_fractions(x))
 
     def signature_reference(self, shingle_set: set[str]) -> list[int]:
         """The lesson version, in plain Python integers: for each function, the minimum over the shingles.
@@ -311,23 +462,29 @@ class MinHasher:
         num_docs = len(offsets) - 1
         if x.size and int(x.max()) >= _HASH_RANGE:
             raise DedupError("shingle hashes must be 32-bit: use shingle_hash / shingle_hashes")
-        out = np.full((num_docs, self.num_perm), np.iinfo(np.uint64).max, dtype=np.uint64)
-        a = self.a[:, None]                                   # (k, 1)
-        b = self.b[:, None]                                   # (k, 1)
-        prime = np.uint64(PRIME)
-        block = np.empty((self.num_perm, self.chunk), dtype=np.uint64)
-        for start in range(0, len(x), self.chunk):
-            stop = min(start + self.chunk, len(x))
-            values = block[:, :stop - start]                  # (k, window)
-            np.multiply(a, x[start:stop], out=values)         # a·x < 2^64: exact (see universal_hash)
-            np.add(values, b, out=values)                     # + b stays < 2^64
-            np.remainder(values, prime, out=values)           # exact residue in [0, p)
-            first = np.searchsorted(offsets, start, side="right") - 1     # document holding shingle `start`
-            last = np.searchsorted(offsets, stop - 1, side="right") - 1  # document holding shingle `stop - 1`
-            docs = np.arange(first, last + 1)
-            seg_starts = np.maximum(offsets[docs], start) - start        # where each document's run begins
+        out = np.full((num_docs, self.num_perm), np.iinfo(np.uint64).max, dtype=np.uint64)   # (docs, k) minima
+        block = np.empty((self.num_perm, self.chunk))
+        window_starts = np.arange(0, len(x), self.chunk)
+        window_stops = np.minimum(window_starts + self.chunk, len(x))
+        first_docs = np.searchsorted(offsets, window_starts, side="right") - 1     # doc holding each window's start
+        last_docs = np.searchsorted(offsets, window_stops - 1, side="right") - 1   # ... and its last shingle
+        span = 256 * self.chunk                                           # shingles split into pieces at a time
+        for start, stop, first, last in zip(window_starts.tolist(), window_stops.tolist(), first_docs.tolist(),
+                                            last_docs.tolist()):
+            if start % span == 0:
+                parts = _split_11_bits(x[start:start + span])             # (4, <= span)
+            piece = parts[:, start % span:start % span + stop - start]
+            values = self._fractions(piece, block if stop - start == self.chunk else None)   # (k, window) uint64
+            seg_starts = offsets[first:last + 1] - start                  # where each document's run begins
+            seg_starts[0] = 0                                             # the first may have begun earlier
             minima = np.minimum.reduceat(values, seg_starts, axis=1)     # (k, docs in window)
-            out[docs] = np.minimum(out[docs], minima.T)
+            rows = out[first:last + 1]
+            np.minimum(rows, minima.T, out=rows)
+        out = _residues(out)                                              # exact residues (see hash_fractions)
+        # A document holding some function's root has true minimum 0 there (its fraction may have read 1 − ε).
+        for position in np.flatnonzero(np.isin(x, self._roots)):
+            doc = np.searchsorted(offsets, position, side="right") - 1
+            out[doc, self._roots == x[position]] = 0
         return out
 
 
@@ -552,51 +709,64 @@ def _check_documents(texts) -> None:
             raise DedupError(f"document {i} is {type(text).__name__}, not str: decode or drop it before dedup")
 
 
-def verified_pairs(texts: list[str], signatures: np.ndarray, pairs: np.ndarray, threshold: float,
-                   verify: str = "exact", n: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the candidate pairs whose similarity is >= threshold: returns (pairs kept (m, 2), their similarity).
-    verify="exact": exact Jaccard of the shingle sets (built only for documents that appear in a candidate);
-    verify="estimate": the MinHash estimate from the signatures (no texts needed)."""
-    if verify == "estimate":
-        similarity = np.empty(len(pairs))
+def verified_pairs(pairs: np.ndarray, threshold: float, signatures: np.ndarray | None = None,
+                   fingerprints: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the candidate pairs whose similarity is >= threshold: returns (pairs kept (m, 2), their similarity (m,)).
+    With `fingerprints` = shingle_fingerprints(texts, n): the exact Jaccard of the shingle sets (sets built only for
+    documents that appear in a candidate). Otherwise the MinHash estimate from `signatures`."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    similarity = np.empty(len(pairs))
+    if fingerprints is not None:
+        values, offsets = fingerprints
+        sets: dict[int, np.ndarray] = {}
+        for p, (i, j) in enumerate(pairs.tolist()):
+            for d in (i, j):
+                if d not in sets:
+                    sets[d] = np.unique(values[offsets[d]:offsets[d + 1]])      # sorted distinct shingles
+            common = len(np.intersect1d(sets[i], sets[j], assume_unique=True))
+            similarity[p] = common / (len(sets[i]) + len(sets[j]) - common)
+    elif signatures is not None:
         for start in range(0, len(pairs), 65536):                   # bounded (chunk, k) temporaries
             chunk = pairs[start:start + 65536]
             similarity[start:start + len(chunk)] = estimate_jaccard(signatures[chunk[:, 0]], signatures[chunk[:, 1]])
-    elif verify == "exact":
-        sets: dict[int, set[str]] = {}
-        similarity = np.empty(len(pairs))
-        for p, (i, j) in enumerate(pairs.tolist()):
-            if i not in sets:
-                sets[i] = shingles(texts[i], n)
-            if j not in sets:
-                sets[j] = shingles(texts[j], n)
-            similarity[p] = jaccard(sets[i], sets[j])
     else:
-        raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
+        raise DedupError("verified_pairs needs signatures (estimate) or fingerprints (exact)")
     keep = similarity >= threshold
     return pairs[keep], similarity[keep]
 
 
+def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
+                         rows: int | None = None, n: int = 3, seed: int = 0,
+                         verify: str = "exact") -> tuple[np.ndarray, np.ndarray]:
+    """The verified pairs (m, 2), i < j, with their similarity (m,): MinHash signatures -> LSH candidates ->
+    verification at `threshold` (verify="exact": exact Jaccard of the shingle sets, via 64-bit fingerprints;
+    "estimate": the signatures' agreement rate). bands/rows default to `choose_bands_rows(threshold, num_perm)`."""
+    _check_documents(texts)
+    _check_threshold(threshold)
+    _check_n(n)
+    bands, rows = resolve_bands_rows(threshold, num_perm, bands, rows)
+    if verify not in ("exact", "estimate"):
+        raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
+    fingerprints, offsets = shingle_fingerprints(texts, n)
+    signatures = MinHasher(num_perm, seed).signatures_from_hashes(fingerprints >> np.uint64(32), offsets)
+    pairs = candidate_pairs(signatures, bands, rows)
+    if verify == "exact":
+        return verified_pairs(pairs, threshold, fingerprints=(fingerprints, offsets))
+    return verified_pairs(pairs, threshold, signatures=signatures)
+
+
 def near_duplicates(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
                     rows: int | None = None, n: int = 3, seed: int = 0, verify: str = "exact") -> list[list[int]]:
-    """Clusters of near-duplicate documents (each cluster sorted, size >= 2, clusters ordered by first index).
-
-    MinHash signatures -> LSH candidates -> verified at `threshold` -> union-find. bands/rows default to
-    `choose_bands_rows(threshold, num_perm)`.
+    """Clusters of near-duplicate documents (each cluster sorted, size >= 2, clusters ordered by first index):
+    union-find over `near_duplicate_pairs`. Clusters are transitive: if A ~ B and B ~ C, A and C share one.
 
     >>> near_duplicates(["the cat sat on the mat today", "a completely different sentence here",
     ...                  "The cat sat on the mat, today!"])
     [[0, 2]]
     """
-    _check_documents(texts)
-    _check_threshold(threshold)
-    _check_n(n)
-    bands, rows = resolve_bands_rows(threshold, num_perm, bands, rows)
-    signatures = MinHasher(num_perm, seed).signatures_from_texts(texts, n)
-    pairs = candidate_pairs(signatures, bands, rows)
-    kept, _ = verified_pairs(texts, signatures, pairs, threshold, verify, n)
+    pairs, _ = near_duplicate_pairs(texts, threshold, num_perm, bands, rows, n, seed, verify)
     union_find = UnionFind(len(texts))
-    for i, j in kept.tolist():
+    for i, j in pairs.tolist():
         union_find.union(i, j)
     return union_find.clusters()
 
@@ -705,6 +875,8 @@ def run_experiment(documents: list[str], planted: set[tuple[int, int]], settings
                    threshold: float = 0.5, n: int = 3, seed: int = 0, verify: str = "estimate") -> dict:
     """Brute force vs MinHash + LSH for each (k, bands, rows). Returns a JSON-ready dict (see `experiment_table`)."""
     _check_threshold(threshold)
+    if verify not in ("exact", "estimate"):
+        raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
     for k, bands, rows in settings:
         resolve_bands_rows(threshold, k, bands, rows)
     start = time.perf_counter()
@@ -727,9 +899,11 @@ def run_experiment(documents: list[str], planted: set[tuple[int, int]], settings
     }
     for k, bands, rows in settings:
         start = time.perf_counter()
-        signatures = MinHasher(k, seed).signatures_from_texts(documents, n)
+        fingerprints, offsets = shingle_fingerprints(documents, n)
+        signatures = MinHasher(k, seed).signatures_from_hashes(fingerprints >> np.uint64(32), offsets)
         candidates = candidate_pairs(signatures, bands, rows)
-        found, _ = verified_pairs(documents, signatures, candidates, threshold, verify, n)
+        found, _ = verified_pairs(candidates, threshold, signatures=signatures) if verify == "estimate" else \
+            verified_pairs(candidates, threshold, fingerprints=(fingerprints, offsets))
         seconds = time.perf_counter() - start
         estimates = estimate_jaccard(signatures[all_pairs[similar, 0]], signatures[all_pairs[similar, 1]])
         found_set = set(map(tuple, found.tolist()))

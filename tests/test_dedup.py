@@ -93,6 +93,46 @@ def test_universal_hash_rejects_values_that_could_overflow():
         universal_hash(np.array([2**32], dtype=np.uint64), np.array([3], dtype=np.uint64), np.array([0], np.uint64))
 
 
+def _x_with_residue(a, b, residue):
+    """The x in [0, p) with (a·x + b) mod p == residue."""
+    return (residue - b) * pow(a, -1, PRIME) % PRIME
+
+
+def test_fast_float_hash_is_exact_including_boundary_residues():
+    hasher = MinHasher(256, seed=7)
+    rng = np.random.default_rng(3)
+    special = [_x_with_residue(int(a), int(b), r) for a, b in zip(hasher.a[:40], hasher.b[:40])
+               for r in (0, 1, 2, PRIME // 2, PRIME - 2, PRIME - 1)]
+    x = np.array([v for v in special if v < 2**32] + [0, 1, 2**11 - 1, 2**11, 2**22, 2**32 - 1]
+                 + rng.integers(0, 2**32, 20000).tolist(), dtype=np.uint64)
+    assert len(x) > 20000 + 200
+    fast = hasher.hash_block(x)                                       # (k, n) via float64 fixed point
+    assert np.array_equal(fast, universal_hash(x, hasher.a, hasher.b).T)
+    sample = rng.choice(len(x), 300, replace=False)
+    assert all(int(fast[i, s]) == (int(hasher.a[i]) * int(x[s]) + int(hasher.b[i])) % PRIME
+               for i in range(0, 256, 17) for s in sample)
+
+
+def test_signature_minimum_is_exact_when_a_document_holds_a_root():
+    hasher = MinHasher(16, seed=1)
+    roots = [_x_with_residue(int(a), int(b), 0) for a, b in zip(hasher.a, hasher.b)]
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2**32, 900).astype(np.uint64)
+    i = next(i for i, r in enumerate(roots) if r < 2**32)
+    x[450] = roots[i]                                                  # document 1 holds function i's root
+    offsets = np.array([0, 300, 600, 900])
+    signatures = hasher.signatures_from_hashes(x, offsets)
+    exact = universal_hash(x, hasher.a, hasher.b)                      # (n, k)
+    want = np.stack([exact[s:e].min(axis=0) for s, e in zip(offsets[:-1], offsets[1:])])
+    assert np.array_equal(signatures, want) and signatures[1, i] == 0
+    # Force the rare rounding the code guards against: one step down in the b/p + 2^17 column makes the root's
+    # fraction read just below 1 instead of 0 (other values stay within the error budget). Still exact:
+    hasher._coefficients[:, 3] = np.nextafter(hasher._coefficients[:, 3], 0)
+    assert hasher.hash_fractions(x[450:451])[i, 0] > 2**34                    # the root now reads as ~1
+    assert np.array_equal(hasher.signatures_from_hashes(x, offsets), want)
+    assert np.array_equal(hasher.hash_block(x), exact.T)
+
+
 def test_minhasher_parameters_are_seeded_and_in_range():
     h1, h2, h3 = MinHasher(64, seed=5), MinHasher(64, seed=5), MinHasher(64, seed=6)
     assert np.array_equal(h1.a, h2.a) and np.array_equal(h1.b, h2.b) and not np.array_equal(h1.a, h3.a)
@@ -110,6 +150,8 @@ TEXTS = [
     "Unicode: café naïve Straße ﬁne — 東京 タワー",
     " ".join(f"w{i}" for i in range(3000)),          # longer than one hashing window
     "a b c a b c a b c",                             # repeated shingles
+    "emoji 😀 and 𠀋 astral ٣٤ digits snake_case e\u0301 combining \ud800 lone surrogate",
+    "\n\n  \t ",                                      # whitespace only: the empty shingle
 ]
 
 
@@ -242,6 +284,10 @@ def test_near_duplicates_and_dedup_against_exact_jaccard():
     clusters = near_duplicates(texts, threshold=0.5)
     assert clusters == truth.clusters() == [[4, 40, 41], [9, 42], [30, 43]]
     assert near_duplicates(texts, threshold=0.5, verify="estimate", num_perm=256) == clusters
+    pairs, similarity = dedup.near_duplicate_pairs(texts, threshold=0.05, bands=64, rows=2)
+    assert len(pairs) >= 4
+    for (i, j), value in zip(pairs.tolist(), similarity.tolist()):   # fingerprint Jaccard == string Jaccard
+        assert value == jaccard(sets[i], sets[j])
     assert dedup_indices(texts) == [i for i in range(len(texts)) if i not in (40, 41, 42, 43)]
 
 
