@@ -13,7 +13,7 @@ together with the training data, or we would be grading it on questions it has a
    perplexity 12. B looks better, but A's total loss is 250 x ln 18 = 723 nats and B's is 400 x ln 12 = 994 nats:
    A predicts the text better. Divide by what both share, the bytes:
 
-       bits-per-byte = total nats / UTF-8 bytes / ln 2        A: 723 / 1000 / 0.693 = 1.04    B: 994 / 1000 / 0.693 = 1.43
+       bits-per-byte = total nats / UTF-8 bytes / ln 2     A: 723 / 1000 / 0.693 = 1.04   B: 994 / 1000 / 0.693 = 1.43
 
    (`python evaluate.py bpb` prints this table.) Bits-per-byte is also what compression means: 1.04 bits per byte is
    a text compressed to 13% of its size.
@@ -41,12 +41,17 @@ together with the training data, or we would be grading it on questions it has a
 6. Contamination. If evaluation text leaked into the training data, the score measures memory, not skill.
    The common check (GPT-3 and after): an evaluation document is contaminated when one of its 13-word sequences
    (13-grams, lowercased words, punctuation ignored) also occurs in the training corpus. We report it per
-   document and can drop the contaminated ones. The training side is stored as a sorted numpy array of 64-bit
-   n-gram hashes (8 bytes per n-gram), so the Python standard library (about 30 MB of text) fits easily.
+   document and can drop the contaminated ones. Why 13 and not 6: between WikiText-2's validation and test
+   articles (different articles), no 13-gram is shared, but 80 test paragraphs share a 6-gram ("and published
+   by sega for the"): short n-grams flag common phrases, long ones flag copied text. The training side is a
+   sorted numpy array of 64-bit n-gram hashes (8 bytes per n-gram): the Python standard library (3.4M words,
+   3.1M distinct 13-grams) becomes 24 MB of hashes, and building it raises the peak memory by ~100 MB, where a
+   Python set of word tuples raises it by ~740 MB (`--index set`).
 
 The metrics work on any causal language model that maps token ids (B, T) to logits (B, T, V) (or returns
-(logits, loss)). Loading our checkpoints uses sibling files: model.py (GPT, GPTConfig), bpe.py (Tokenizer) and
-data.py (held-out token shards); they are imported only where needed, so the metrics can be copied alone.
+(logits, loss)). Loading our checkpoints uses sibling files: train.py (its checkpoint loader, which builds
+model.py's GPT and bpe.py's Tokenizer) and data.py (held-out token shards, text sources). They are imported only
+where needed, so the metrics can be copied alone.
 
     python evaluate.py --ckpt out/                       held-out loss, perplexity, bits-per-byte, last-word task
     python evaluate.py --ckpt out/ --data wiki.test.raw  the same on any text file
@@ -107,7 +112,8 @@ def bpb_from_perplexity(n_tokens: int, ppl: float, n_bytes: int) -> float:
 
 def bpb_table(rows: list[tuple[str, int, float]], n_bytes: int) -> str:
     """Rows (name, tokens, perplexity) over the same text -> a table showing why per-token perplexity misleads."""
-    lines = [f"same text of {n_bytes:,} bytes", f"{'model':<8}{'tokens':>8}{'ppl':>8}{'total nats':>12}{'bits/byte':>11}"]
+    lines = [f"same text of {n_bytes:,} bytes",
+             f"{'model':<8}{'tokens':>8}{'ppl':>8}{'total nats':>12}{'bits/byte':>11}"]
     for name, n_tokens, ppl in rows:
         lines.append(f"{name:<8}{n_tokens:>8,}{ppl:>8g}{n_tokens * math.log(ppl):>12.0f}"
                      f"{bpb_from_perplexity(n_tokens, ppl, n_bytes):>11.2f}")
@@ -611,7 +617,8 @@ def format_contamination(report: dict, show: int = 10) -> str:
     lines = [
         f"training corpus : {r['train_documents']:,} documents, {r['train_words']:,} words, "
         f"{r['train_ngrams']:,} distinct {r['n']}-grams",
-        f"{r['index'] + ' index':<16}: built in {r['build_s']:.1f} s, raised peak memory by {r['peak_rss_growth_mb']:.0f} MB "
+        f"{r['index'] + ' index':<16}: built in {r['build_s']:.1f} s, "
+        f"raised peak memory by {r['peak_rss_growth_mb']:.0f} MB "
         f"(process peak {r['peak_rss_mb']:.0f} MB)",
         f"evaluation set  : {r['eval_documents']:,} documents, {r['eval_checkable']:,} with {r['n']}+ words "
         f"(checked in {r['check_s']:.2f} s)",
@@ -926,6 +933,7 @@ def plot_emergence(rows: list[dict], k: int, png_path) -> pathlib.Path:
         right.plot(n, [r[f"exact_match_{k}"] for r in rows], "s-", label=f"{k}-token exact match (all or nothing)")
         right.plot(n, [r[f"accuracy_pow_{k}"] for r in rows], ":", color="gray", label=f"per-token accuracy^{k}")
         right.set_xscale("log")
+        right.set_ylim(bottom=0)
         right.legend()
     right.set(xlabel="non-embedding parameters", ylabel="score on held-out text", title="our sweep")
     fig.tight_layout()

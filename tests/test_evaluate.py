@@ -406,7 +406,8 @@ def test_cli_evaluates_a_checkpoint_on_its_held_out_split(run_dir, capsys):
     assert held["bits_per_byte"] == pytest.approx(held["loss"] * held["tokens"] / math.log(2) / held["bytes"])
     # Oracle: with stride = block, the mean loss is model(x, targets) over consecutive disjoint windows.
     model, tokenizer, ckpt = ev.load_model(run_dir / "small")
-    ids = torch.from_numpy(np.concatenate([np.asarray(s, np.int64) for s in data.TokenData(run_dir / "data").shards["val"]]))
+    shards = data.TokenData(run_dir / "data").shards["val"]
+    ids = torch.from_numpy(np.concatenate([np.asarray(s, np.int64) for s in shards]))
     total, count = 0.0, 0
     for start in range(0, len(ids) - 1, 32):
         x, y = ids[start:start + 32], ids[start + 1:start + 33]
