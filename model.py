@@ -58,6 +58,7 @@ import argparse
 import dataclasses
 import math
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -659,11 +660,11 @@ PRESETS: dict[str, GPTConfig] = {
 
 def preset_table(presets: dict[str, GPTConfig] = PRESETS) -> str:
     """The presets as a text table: shape, parameters (total / non-embedding / active), FLOPs/token, memory."""
-    header = (f"{'preset':<9} {'layers':>6} {'heads':>5} {'kv':>3} {'width':>5} {'ffn':>5} {'vocab':>6} "
+    header = (f"{'preset':<11} {'layers':>6} {'heads':>5} {'kv':>3} {'width':>5} {'ffn':>5} {'vocab':>6} "
               f"{'ctx':>5} {'params':>9} {'non-emb':>9} {'active':>9} {'FLOPs/tok':>10} {'train mem':>10}")
     rows = [header, "-" * len(header)]
     for name, c in presets.items():
-        rows.append(f"{name:<9} {c.n_layer:>6} {c.n_head:>5} {c.n_kv_head:>3} {c.n_embd:>5} {c.ffn_dim:>5} "
+        rows.append(f"{name:<11} {c.n_layer:>6} {c.n_head:>5} {c.n_kv_head:>3} {c.n_embd:>5} {c.ffn_dim:>5} "
                     f"{c.vocab_size:>6} {c.block_size:>5} {_human(c.num_params()):>9} "
                     f"{_human(c.num_params(non_embedding=True)):>9} {_human(c.num_params(active=True)):>9} "
                     f"{c.flops_per_token():>10.3g} {c.training_memory_bytes() / 1e9:>8.2f}GB")
@@ -682,35 +683,55 @@ def _human(n: int) -> str:
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
 
+def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
+    """Greedy decoding from an untrained preset, with the KV cache and without (a full forward over the window
+    at every step): the same ids, and the time each took."""
+    torch.manual_seed(seed)
+    model = GPT(PRESETS[name]).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(seed))
+    start = time.perf_counter()
+    cached = model.generate(prompt, new_tokens, temperature=0)
+    cached_s = time.perf_counter() - start
+    start = time.perf_counter()
+    idx = prompt
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits, _ = model(idx[:, -model.config.block_size:])
+            idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+    full_s = time.perf_counter() - start
+    return (f"{name}: {model.num_params():,} parameters, {new_tokens} greedy tokens\n"
+            f"  with KV cache   {cached_s:6.2f} s\n  without cache   {full_s:6.2f} s  "
+            f"(same ids: {torch.equal(cached, idx)})")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="The model: print the presets, or sample from an untrained one.")
+    parser = argparse.ArgumentParser(description="The model: print the presets, or time generation with a KV cache.")
+    parser.set_defaults(moe=8, top_k=2)
     sub = parser.add_subparsers(dest="command")
     presets = sub.add_parser("presets", help="table of presets (the default): shape, parameters, FLOPs, memory")
-    presets.add_argument("--moe", type=int, default=0, metavar="E",
-                         help="also show each preset as a Mixture of Experts with E experts, top-2")
-    demo = sub.add_parser("demo", help="build a preset and generate a few tokens (untrained: random ids)")
+    presets.add_argument("--moe", type=int, default=8, metavar="E",
+                         help="also show each preset as a Mixture of Experts with E experts (0: don't)")
+    presets.add_argument("--top-k", type=int, default=2, help="experts per token in that table")
+    demo = sub.add_parser("demo", help="greedy generation from an untrained preset, with and without the KV cache")
     demo.add_argument("--model", default="tiny", help=f"one of {list(PRESETS)}")
-    demo.add_argument("--tokens", type=int, default=16)
+    demo.add_argument("--tokens", type=int, default=100)
     demo.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         if args.command in (None, "presets"):
             print(preset_table())
-            if getattr(args, "moe", 0):
-                print()
-                print(preset_table({f"{k}-moe": dataclasses.replace(v, n_expert=args.moe, expert_top_k=2)
+            if args.moe:
+                print(f"\nThe same presets as Mixtures of Experts: every FFN becomes {args.moe} experts, "
+                      f"{args.top_k} active per token (memory of all, compute of the active):")
+                print(preset_table({f"{k}-moe": dataclasses.replace(v, n_expert=args.moe, expert_top_k=args.top_k)
                                     for k, v in PRESETS.items()}))
-            print("\nparams counts a tied LM head once; non-emb leaves out token embedding and untied head;"
-                  f"\nFLOPs/tok = 6 x matmul params + 12 L T C (training, at ctx); "
-                  f"train mem = {TRAINING_BYTES_PER_PARAM} B/param (AdamW, mixed precision), no activations.")
+            print("\nparams counts a tied LM head once; non-emb leaves out the token embedding and an untied head;"
+                  "\nFLOPs/tok = 6 x (active matmul params) + 12 L T C, training, at T = ctx; "
+                  f"train mem = {TRAINING_BYTES_PER_PARAM} B/param\n(AdamW, mixed precision), activations excluded.")
         elif args.command == "demo":
             if args.model not in PRESETS:
                 raise ConfigError(f"unknown preset {args.model!r}; choose one of {list(PRESETS)}")
-            torch.manual_seed(args.seed)
-            model = GPT(PRESETS[args.model])
-            prompt = torch.zeros((1, 1), dtype=torch.long)
-            out = model.generate(prompt, args.tokens, generator=torch.Generator().manual_seed(args.seed))
-            print(f"{args.model}: {model.num_params():,} parameters; sampled ids: {out[0].tolist()}")
+            print(demo_kv_cache(args.model, args.tokens, args.seed))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

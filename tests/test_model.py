@@ -464,7 +464,7 @@ def test_cli_prints_presets_and_rejects_bad_input(capsys):
     assert main(["demo", "--model", "huge"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown preset 'huge'")
     assert main(["demo", "--tokens", "3"]) == 0
-    assert "sampled ids" in capsys.readouterr().out
+    assert "(same ids: True)" in capsys.readouterr().out                 # KV cache vs full forward
     script = subprocess.run([sys.executable, str(ROOT / "model.py"), "--help"], capture_output=True, text=True,
                             timeout=120)
     assert script.returncode == 0 and "presets" in script.stdout
