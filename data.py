@@ -485,6 +485,7 @@ def html_to_text(page: str) -> str:
 
 GOPHER_STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 _BULLETS = ("-", "*", "•", "‣", "●", "◦", "–")
+_PUNCTUATION = ".,;:!?\"'()[]{}"
 TOP_NGRAM_MAX = {2: 0.20, 3: 0.18, 4: 0.16}                  # chars in the most frequent n-gram / all word chars
 DUP_NGRAM_MAX = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}   # chars in repeated n-grams / all
 
@@ -527,7 +528,17 @@ def _duplicate_ngram_fraction(words: list[str], n: int, total_chars: int) -> flo
 
 
 def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000) -> str | None:
-    """The first Gopher rule a document breaks (its name), or None when it passes.
+    """The first Gopher rule a document breaks (its name), or None when it passes. Rules (Rae et al. 2021, App. A):
+
+        too_few_words, too_many_words   50 <= words <= 100,000 (words: whitespace-separated)
+        mean_word_length                3 to 10 characters
+        symbol_ratio                    ("#" + "...") per word <= 0.1
+        bullet_lines, ellipsis_lines    <= 90% of lines start with a bullet, <= 30% end with "..."
+        alphabetic_words                >= 80% of words contain a letter
+        stop_words                      at least 2 of: the, be, to, of, and, that, have, with
+        duplicate_lines, _paragraphs    <= 30% of lines (paragraphs) repeat one above, holding <= 20% of characters
+        top_2gram, _3gram, _4gram       the most frequent n-gram covers <= 20%, 18%, 16% of characters
+        duplicate_5grams ... _10grams   repeated n-grams cover <= 15%, 14%, ... 10% of characters
 
     >>> gopher_rejection("too short")
     'too_few_words'
@@ -552,7 +563,7 @@ def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000) -
         return "ellipsis_lines"
     if sum(any(c.isalpha() for c in w) for w in words) < 0.8 * n:
         return "alphabetic_words"
-    if len(GOPHER_STOP_WORDS.intersection(w.lower() for w in words)) < 2:
+    if len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2:
         return "stop_words"
     dup_lines, dup_line_chars = _duplicate_fractions(lines)
     if dup_lines > 0.3 or dup_line_chars > 0.2:
@@ -677,6 +688,7 @@ def mask_pii(text: str) -> tuple[str, collections.Counter]:
 
 @dataclasses.dataclass
 class Step:
+    """One row of the funnel; reasons maps a named cause to how many documents (or lines, or masks) it hit."""
     name: str
     docs_in: int
     docs_out: int
@@ -1068,7 +1080,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     train_tokens mix the train split by token share (None: the smallest budget that reads every source once).
     tokenizer: a bpe.py JSON file to reuse instead of training one on (up to tokenizer_train_bytes of) train text.
     The directory is out_dir or a cache directory named by a hash of the inputs and every setting; when it
-    already holds a finished dataset with that hash, it is returned at once.
+    already holds a finished dataset with that hash, it is returned at once. The cleaned corpus is held in
+    memory (near-dedup compares all documents), which suits corpora up to a few GB of text.
     """
     log = print if verbose else (lambda *a, **k: None)
     if not sources:
@@ -1376,7 +1389,9 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
     """UTF-8 bytes of text per token in a split (tokens include one <|endoftext|> per document), so that
     bits-per-byte = loss_nats / ln 2 / bytes_per_token."""
     manifest = data.manifest if isinstance(data, TokenData) else load_manifest(data)
-    s = manifest["splits"][split]
+    s = manifest["splits"].get(split)
+    if not s or not s["tokens"]:
+        raise DataError(f"the {split!r} split is empty: prepare the data with --val-fraction > 0")
     return s["bytes"] / s["tokens"]
 
 

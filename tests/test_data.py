@@ -595,6 +595,19 @@ def test_prepare_is_deterministic(small_corpus, tmp_path):
         assert (again / name).read_bytes() == (small_corpus["out"] / name).read_bytes()
 
 
+def test_prepare_without_validation_split(small_corpus, tmp_path):
+    tokenizer = small_corpus["out"] / "tokenizer.json"
+    out = data.prepare([str(small_corpus["path"])], tmp_path / "noval", tokenizer=tokenizer, val_fraction=0.0)
+    td = data.TokenData(out)
+    assert td.manifest["splits"]["val"] == {"documents": 0, "unique_documents": 0, "tokens": 0, "bytes": 0,
+                                            "shards": []}
+    assert td.manifest["splits"]["train"]["documents"] == 40
+    with pytest.raises(DataError, match="'val' split is empty"):
+        data.bytes_per_token(td)
+    with pytest.raises(DataError, match="no shard with more than"):
+        td.get_batch("val", 1, 8)
+
+
 def test_encoding_threads_do_not_change_ids(small_corpus):
     td = data.TokenData(small_corpus["out"])
     docs = small_corpus["originals"]
