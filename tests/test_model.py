@@ -426,10 +426,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
 def test_no_graph_breaks_under_torch_compile(overrides):
     model = make(small(**overrides))
     x = ids((2, 16))
-    explanation = torch._dynamo.explain(model)(x, x)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
-    torch._dynamo.reset()
-    # fullgraph=True would raise at the first break; aot_eager also traces the backward (no C compiler needed).
+    # fullgraph=True raises at the first graph break; aot_eager also traces the backward (no C compiler needed).
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     logits, loss = compiled(x, x)
     compiled_aux = model.aux_loss
