@@ -104,10 +104,10 @@ class TrainConfig:
     total_batch_tokens: int = dataclasses.field(default=0, metadata={"help": "tokens per optimizer step over all "
                                                 "ranks; sets gradient accumulation (0 = one micro-batch per rank)"})
     # optimisation
-    max_steps: int = dataclasses.field(default=1000, metadata={"help": "optimizer steps (the schedule's total)"})
+    max_steps: int = dataclasses.field(default=600, metadata={"help": "optimizer steps (the schedule's total)"})
     lr: float = dataclasses.field(default=2e-3, metadata={"help": "peak learning rate"})
     min_lr_ratio: float = dataclasses.field(default=0.1, metadata={"help": "final lr as a fraction of the peak"})
-    warmup_steps: int = dataclasses.field(default=50, metadata={"help": "linear warmup steps"})
+    warmup_steps: int = dataclasses.field(default=30, metadata={"help": "linear warmup steps"})
     schedule: str = dataclasses.field(default="cosine", metadata={"help": "cosine | wsd", "choices": ("cosine", "wsd")})
     decay_fraction: float = dataclasses.field(default=0.2, metadata={"help": "wsd: fraction of steps spent decaying"})
     weight_decay: float = dataclasses.field(default=0.1, metadata={"help": "AdamW decay (weight matrices only)"})
@@ -618,8 +618,13 @@ class Dist:
 
 
 def setup_distributed(cfg: TrainConfig) -> Dist:
-    """Under torchrun (WORLD_SIZE > 1) join the process group and build the mesh through parallel.py."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    """Under torchrun (WORLD_SIZE > 1) join the process group and build the mesh through parallel.py.
+
+    A process group that is already up (a caller such as parallel.launch started it) is used as it is.
+    """
+    joined = torch.distributed.is_available() and torch.distributed.is_initialized()
+    world = torch.distributed.get_world_size() if joined else int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
         if cfg.zero or cfg.tp > 1 or cfg.pp > 1:
             raise TrainError("--zero/--tp/--pp need several processes: launch with torchrun --nproc_per_node=N")
         return Dist()
@@ -673,18 +678,24 @@ def gather_objects(obj, dist: Dist) -> list:
 # The trainer: wires data.py, model.py and the pieces above
 # ----------------------------------------------------------------------------------------------------------------------
 
-def open_dataset(cfg: TrainConfig, log=print):
-    """A data.TokenData from --data: a prepared dataset directory as is, else data.prepare(sources) (cached)."""
+def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
+    """A data.TokenData from --data: a prepared dataset directory as is, else data.prepare(sources) (cached).
+
+    Under torchrun rank 0 prepares first while the others wait, then they find it in the cache.
+    """
     path = pathlib.Path(cfg.data)
     try:
         if (path / "manifest.json").is_file():
             return data_lib.TokenData(path)
         sources = [s.strip() for s in cfg.data.split(",") if s.strip()]
-        kwargs = {"seed": cfg.seed}
-        if cfg.vocab_size:
-            kwargs["vocab_size"] = cfg.vocab_size
+        kwargs = {"vocab_size": cfg.vocab_size} if cfg.vocab_size else {}
         log(f"preparing data {sources} (cached after the first time)")
-        return data_lib.TokenData(data_lib.prepare(sources, **kwargs))
+        if dist.world_size > 1 and not dist.is_main:
+            torch.distributed.barrier()
+        data_dir = data_lib.prepare(sources, **kwargs)
+        if dist.world_size > 1 and dist.is_main:
+            torch.distributed.barrier()
+        return data_lib.TokenData(data_dir)
     except (ValueError, OSError, KeyError) as e:
         raise TrainError(f"cannot use --data {cfg.data!r}: {e}") from e
 
@@ -718,8 +729,7 @@ def build_model_config(cfg: TrainConfig, vocab_size: int):
     """The preset, with --model-args, the tokenizer's vocab size and --activation-checkpointing applied."""
     if cfg.model not in model_lib.PRESETS:
         raise TrainError(f"unknown --model {cfg.model!r}; choose one of {', '.join(model_lib.PRESETS)}")
-    overrides = {"vocab_size": vocab_size, **parse_model_args(cfg.model_args)}
-    overrides["vocab_size"] = vocab_size
+    overrides = {**parse_model_args(cfg.model_args), "vocab_size": vocab_size}     # the tokenizer decides
     if cfg.activation_checkpointing:
         overrides["activation_checkpointing"] = True
     try:
@@ -743,7 +753,7 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed + self.dist.rank)
 
-        self.data = open_dataset(cfg, self.log)
+        self.data = open_dataset(cfg, self.dist, self.log)
         self.tokenizer = self.data.tokenizer
         self.model_config = build_model_config(cfg, self.data.vocab_size)
         self.block_size = cfg.block_size or self.model_config.block_size
@@ -944,14 +954,16 @@ class Trainer:
         self.model.eval()
         loader = self.data.iterator("val", self.cfg.batch_size, self.block_size, rank=self.dist.rank,
                                     world_size=self.dist.world_size, seed=0)
+        # A small validation split is read once, not wrapped around into a second (reshuffled) pass.
+        batches = max(1, min(self.cfg.eval_batches, loader.num_windows // (self.cfg.batch_size * self.dist.world_size)))
         total = torch.zeros((), device=self.device)
-        for _ in range(self.cfg.eval_batches):
+        for _ in range(batches):
             x, y = (t.to(self.device) for t in loader.next())
             with autocast(self.device, self.dtype):
                 _, loss = self.raw_model(x, y)
             total += loss.float()
         self.model.train()
-        val_loss = float(all_reduce_mean(total / self.cfg.eval_batches, self.dist))
+        val_loss = float(all_reduce_mean(total / batches, self.dist))
         self.last_eval = {"step": self.step, "val_loss": val_loss,
                           "val_bpb": val_loss / math.log(2) / self.bytes_per_token}
         self.metrics.write(dict(self.last_eval))
@@ -980,7 +992,7 @@ class Trainer:
     def progress_line(self, record: dict, tok_per_s: float, seconds_per_step: float) -> str:
         mfu = self._flops_per_token * tok_per_s / self._peak
         eta = format_duration((self.cfg.max_steps - self.step) * seconds_per_step)
-        return (f"step {record['step']:>6}/{self.cfg.max_steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
+        return (f"step {record['step'] + 1:>6}/{self.cfg.max_steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
                 f"grad norm {record['grad_norm']:.3f} | {tok_per_s:,.0f} tok/s | MFU {100 * mfu:.2f}% | ETA {eta}")
 
     def run(self) -> dict:
@@ -1070,12 +1082,15 @@ def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv)
     try:
         summary = train(cfg)
-    except TrainError as e:
+    except (TrainError, data_lib.DataError, model_lib.ConfigError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("train.py: aborted by a second Ctrl-C (no checkpoint written for the current step)", file=sys.stderr)
         sys.exit(130)
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     if summary["interrupted"]:
         sys.exit(130)
 

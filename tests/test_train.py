@@ -336,6 +336,28 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(dataset_dir, tmp_path):
     assert 0 < ckpt["step"] < 1000 and max(losses_by_step(out / "metrics.jsonl")) == ckpt["step"] - 1
 
 
+def train_on_rank(rank: int, world: int, argv: list[str]) -> None:
+    """One data-parallel rank of a parallel.launch run (the process group is up; train.py finds it)."""
+    train.train(train.parse_config(argv), log=quiet)
+
+
+def test_data_parallel_two_ranks_match_one_process(dataset_dir, tmp_path):
+    """2 ranks x 2 sequences through parallel.DataParallel = 1 process x 4 sequences (same windows, same init).
+    parallel.launch forks the ranks (as torchrun would start them, without re-importing torch)."""
+    import parallel
+    flags = ["--data", str(dataset_dir), *TINY_ARGS, "--max-steps", "8", "--eval-interval", "4",
+             "--ckpt-interval", "4"]
+    parallel.launch(train_on_rank, 2, [*flags, "--batch-size", "2", "--out-dir", str(tmp_path / "dp")], timeout_s=120)
+    single = train.train(train.parse_config([*flags, "--out-dir", str(tmp_path / "one")]), log=quiet)
+    dp = losses_by_step(tmp_path / "dp" / "metrics.jsonl")
+    one = losses_by_step(tmp_path / "one" / "metrics.jsonl")
+    assert sorted(dp) == sorted(one) == list(range(8))
+    assert [dp[s] for s in range(8)] == pytest.approx([one[s] for s in range(8)], rel=1e-5)
+    ckpt = train.load_checkpoint(tmp_path / "dp")
+    assert ckpt["step"] == 8 and len(ckpt["rng"]) == 2                          # every rank's generators
+    assert ckpt["metrics"]["last_eval"]["val_loss"] == pytest.approx(single["val_loss"], rel=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Bad input: one clear line, exit code 2, nothing lost
 # ----------------------------------------------------------------------------------------------------------------------
