@@ -697,17 +697,18 @@ def fit_approach1(runs: Sequence[Run]) -> AllocationLaw:
 
 def isoflop_minima(runs: Sequence[Run]) -> list[tuple[float, float, np.ndarray]]:
     """Approach 2, step 1: per IsoFLOP budget with ≥ 3 sizes, fit loss = c0 + c1·x + c2·x² (x = ln N) and take
-    the vertex N* = exp(-c1 / 2c2). Returns [(budget, N*, coefficients)]; budgets whose parabola opens
-    downwards (no minimum) are skipped."""
+    the vertex N* = exp(-c1 / 2c2). Returns [(budget, N*, coefficients)]; a budget whose parabola opens
+    downwards, or whose vertex lies outside the sizes tried (an extrapolation), is skipped."""
     out = []
     for budget, group in _group_close(runs, key=lambda r: r.budget).items():
         if len({r.params for r in group}) < 3:
             continue
         x = np.log([r.params for r in group])
         c2, c1, c0 = np.polyfit(x, [r.loss for r in group], 2)
-        if c2 <= 0:
+        vertex = -c1 / (2 * c2) if c2 > 0 else math.nan
+        if not x.min() <= vertex <= x.max():          # no U, or its bottom outside the sizes tried
             continue
-        out.append((budget, math.exp(-c1 / (2 * c2)), np.array([c2, c1, c0])))
+        out.append((budget, math.exp(vertex), np.array([c2, c1, c0])))
     return out
 
 
@@ -716,7 +717,7 @@ def fit_approach2(runs: Sequence[Run]) -> AllocationLaw:
     minima = isoflop_minima(runs)
     if len(minima) < 2:
         raise ScalingError(f"Approach 2 needs at least 2 compute budgets with 3+ model sizes each and a U-shaped "
-                           f"loss (got {len(minima)} usable of {len(_group_close(runs, key=lambda r: r.budget))} budgets)")
+                           f"loss with its minimum inside the sizes tried (got {len(minima)} usable of {len(_group_close(runs, key=lambda r: r.budget))} budgets)")
     a, k = _fit_line(np.log([m[0] for m in minima]), np.log([m[1] for m in minima]))
     return AllocationLaw(a, math.exp(k))
 
@@ -825,7 +826,7 @@ class FitReport:
 
             n, d = float(law.params_at(self.target)), float(law.tokens_at(self.target))
             out.append(f"| {names[key]} | {show(law.a, 'a', '.3f')} | {1 - law.a:.3f} | {show(n, 'params', '.3g')} | "
-                       f"{show(d, 'tokens', '.3g')} | {d / n:,.1f} |")
+                       f"{show(d, 'tokens', '.3g')} | {d / n:.3g} |")
         if self.chinchilla is not None:
             f = self.chinchilla
             out.append(f"Approach 3 law: L = {f.E:.4g} + {f.A:.4g}/N^{f.alpha:.4f} + {f.B:.4g}/D^{f.beta:.4f}")
@@ -833,15 +834,17 @@ class FitReport:
 
 
 def fit_all(runs: Sequence[Run], target_compute: float, bootstrap: int = 100, seed: int = 0,
-            refine: int = 16) -> FitReport:
+            refine: int = 16, isoflop_runs: Sequence[Run] | None = None) -> FitReport:
     """All three approaches on the same runs, each with bootstrap intervals (resample the runs with
-    replacement, refit; a resample where an approach cannot be fitted is dropped for that approach)."""
+    replacement, refit; a resample where an approach cannot be fitted is dropped for that approach).
+    isoflop_runs: the runs Approach 2 uses instead (e.g. IsoFLOP slices cut from loss curves)."""
+    iso = list(runs if isoflop_runs is None else isoflop_runs)
     target = _positive("target compute", target_compute)
     laws: dict = {}
     chinchilla = None
-    for key, fitter in (("approach1", fit_approach1), ("approach2", fit_approach2)):
+    for key, fitter, data in (("approach1", fit_approach1, runs), ("approach2", fit_approach2, iso)):
         try:
-            laws[key] = fitter(runs)
+            laws[key] = fitter(data)
         except ScalingError as e:
             laws[key] = str(e)
     try:
@@ -859,7 +862,7 @@ def fit_all(runs: Sequence[Run], target_compute: float, bootstrap: int = 100, se
                 if key == "approach1":
                     law = fit_approach1(resample)
                 elif key == "approach2":
-                    law = fit_approach2(resample)
+                    law = fit_approach2([iso[i] for i in rng.integers(0, len(iso), len(iso))])
                 else:
                     theta0 = np.array([math.log(chinchilla.A), math.log(chinchilla.B), math.log(chinchilla.E),
                                        chinchilla.alpha, chinchilla.beta])
@@ -969,6 +972,283 @@ def plot_runs(runs: Sequence[Run], report: FitReport, path) -> pathlib.Path:
     return out
 
 # ---------------------------------------------------------------------------------------------------------------
+# 9. The sweep (the lecture's project M3): train sizes 4x apart through train.py, fit, plot, interpret.
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SweepSettings:
+    """One schedule shape for every size: warmup, then cosine to 10% of the peak over max_steps (train.py's
+    default schedule), the same batch, learning rate, data order and seed. Only the model changes."""
+    presets: tuple[str, ...] = ("sweep-1", "sweep-2", "sweep-3")
+    data: str = "pydocs"
+    max_steps: int = 200
+    batch_size: int = 16
+    block_size: int = 128
+    lr: float = 2e-3
+    warmup_steps: int = 20
+    eval_interval: int = 10
+    eval_batches: int = 8
+    seed: int = 0
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.block_size
+
+
+QUICK_SWEEP = SweepSettings(max_steps=12, batch_size=4, block_size=64, warmup_steps=2, eval_interval=3,
+                            eval_batches=2)
+
+
+def train_command(settings: SweepSettings, preset: str, out_dir) -> list[str]:
+    """The train.py command line of one sweep run (DESIGN's flags plus train.py's own warmup/eval knobs)."""
+    s = settings
+    return [sys.executable, str(ROOT / "train.py"), "--data", s.data, "--model", preset, "--out-dir", str(out_dir),
+            "--max-steps", str(s.max_steps), "--batch-size", str(s.batch_size), "--block-size", str(s.block_size),
+            "--lr", str(s.lr), "--warmup-steps", str(s.warmup_steps), "--eval-interval", str(s.eval_interval),
+            "--eval-batches", str(s.eval_batches), "--ckpt-interval", str(s.max_steps), "--seed", str(s.seed),
+            "--dtype", "fp32", "--device", "cpu", "--num-samples", "0", "--log-interval", str(s.eval_interval),
+            "--overwrite"]
+
+
+def read_metrics(path) -> list[dict]:
+    """The records of a metrics.jsonl; a torn last line (a killed run) is ignored."""
+    records = []
+    for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def read_curve(metrics_path, params: float, series: str) -> list[Run]:
+    """One Run per evaluation after step 0: D = tokens trained so far, loss = val_loss, compute = 6·N·D.
+
+    A training line {"step": s, "tokens": D} means D tokens were seen after step s, i.e. at evaluation step s+1;
+    a resumed run repeats steps, so the last record of a step wins."""
+    tokens_after, evals = {}, {}
+    for r in read_metrics(metrics_path):
+        if "event" in r:
+            continue
+        if "val_loss" in r:
+            evals[r["step"]] = r["val_loss"]
+        elif "tokens" in r and "loss" in r:
+            tokens_after[r["step"] + 1] = r["tokens"]
+    return [Run(float(params), float(tokens_after[s]), float(v), 6.0 * params * tokens_after[s], series)
+            for s, v in sorted(evals.items()) if s > 0 and s in tokens_after and math.isfinite(v)]
+
+
+def checkpoint_facts(run_dir) -> dict:
+    """Parameter counts and the dataset of a finished run, read from its newest checkpoint."""
+    import torch
+    from model import GPTConfig
+    files = sorted(pathlib.Path(run_dir).glob("ckpt_*.pt"))
+    if not files:
+        raise ScalingError(f"no checkpoint in {run_dir}: the training run did not finish")
+    ckpt = torch.load(files[-1], map_location="cpu", weights_only=True)
+    cfg = GPTConfig.from_dict(ckpt["model_config"])
+    facts = {"params": cfg.num_params(), "non_embedding": cfg.num_params(non_embedding=True),
+             "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "data_dir": ckpt["data_dir"]}
+    manifest = pathlib.Path(ckpt["data_dir"]) / "manifest.json"
+    if manifest.is_file():
+        splits = json.loads(manifest.read_text(encoding="utf-8"))["splits"]
+        facts["train_tokens"] = splits["train"]["tokens"]
+        facts["val_tokens"] = splits["val"]["tokens"]
+    return facts
+
+
+def _run_train(cmd: list[str], log_path: pathlib.Path) -> None:
+    """Run train.py, its output going to log_path; a failure becomes one ScalingError line quoting its error."""
+    import subprocess
+    with open(log_path, "w", encoding="utf-8") as log_file:
+        done = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT)
+    if done.returncode != 0:
+        tail = [line for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()][-1:]
+        raise ScalingError(f"train.py failed (exit {done.returncode}): {tail[0] if tail else 'no output'} "
+                           f"(full log: {log_path})")
+
+
+@dataclasses.dataclass
+class SweepResult:
+    settings: SweepSettings
+    out_dir: pathlib.Path
+    facts: dict          # preset -> checkpoint_facts
+    runs: list           # every (preset, checkpoint) as a Run
+    seconds: dict        # preset -> wall seconds of its training run (0 when reused)
+    report: FitReport | None = None
+    plot: pathlib.Path | None = None
+
+
+def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=print) -> SweepResult:
+    """Train each preset (reusing a finished run with identical settings), collect the curves, fit, plot, write
+    runs.jsonl and REPORT.md into out_dir."""
+    import time
+    if len(settings.presets) < 2:
+        raise ScalingError("a sweep needs at least 2 model sizes (3 or more, 4x apart, to fit anything)")
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    facts, runs, seconds = {}, [], {}
+    for preset in settings.presets:
+        run_dir = out / preset
+        stamp = run_dir / "sweep_settings.json"
+        wanted = json.dumps({**dataclasses.asdict(settings), "preset": preset}, sort_keys=True)
+        finished = stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted and any(run_dir.glob("ckpt_*.pt"))
+        if finished:
+            log(f"{preset}: reusing the finished run in {run_dir}")
+            seconds[preset] = 0.0
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            stamp.unlink(missing_ok=True)
+            log(f"{preset}: training {settings.max_steps} steps x {settings.tokens_per_step} tokens ...")
+            t0 = time.perf_counter()
+            _run_train(train_command(settings, preset, run_dir), run_dir / "train.log")
+            seconds[preset] = time.perf_counter() - t0
+            stamp.write_text(wanted, encoding="utf-8")
+        facts[preset] = checkpoint_facts(run_dir)
+        curve = read_curve(run_dir / "metrics.jsonl", facts[preset]["params"], preset)
+        log(f"{preset}: N = {facts[preset]['params']:,}, {len(curve)} evaluations, final val loss "
+            f"{curve[-1].loss:.4f}" + (f" ({seconds[preset]:.0f} s)" if seconds[preset] else ""))
+        runs += curve
+    result = SweepResult(settings, out, facts, runs, seconds)
+    result.report = fit_all(runs, target_compute=max(r.compute for r in runs), bootstrap=50,
+                            seed=settings.seed, isoflop_runs=isoflop_slices(runs))
+    result.plot = plot_runs(runs, result.report, out / "scaling.png")
+    _write_text(out / "runs.jsonl", "".join(json.dumps({"parameters": r.params, "tokens": r.tokens,
+                                                        "compute": r.compute, "loss": r.loss, "series": r.series})
+                                            + "\n" for r in runs))
+    _write_text(out / "REPORT.md", sweep_report(result))
+    return result
+
+
+def _write_text(path, text: str) -> pathlib.Path:
+    """Write atomically: a temp file in the same directory, then rename (never a half-written file)."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _loss_at(curve: list[Run], compute: float) -> float | None:
+    """Loss of one size's curve at `compute`, interpolated linearly in log-log; None outside the curve."""
+    cs = np.log([r.compute for r in curve])
+    if not cs[0] - 1e-9 <= math.log(compute) <= cs[-1] + 1e-9:
+        return None
+    return float(np.exp(np.interp(math.log(compute), cs, np.log([r.loss for r in curve]))))
+
+
+def isoflop_slices(runs: Sequence[Run], count: int = 6, min_sizes: int = 3) -> list[Run]:
+    """IsoFLOP points cut from loss curves for Approach 2: at `count` log-spaced computes where at least
+    `min_sizes` curves overlap, each curve's interpolated loss becomes a Run with budget = that compute."""
+    curves: dict[str, list[Run]] = {}
+    for r in runs:
+        curves.setdefault(r.series, []).append(r)
+    curves = {k: sorted(v, key=lambda r: r.compute) for k, v in curves.items() if len(v) >= 2}
+    ends = sorted((v[0].compute, v[-1].compute) for v in curves.values())
+    points = sorted({c for pair in ends for c in pair})
+    covered = [c for c in points if sum(lo <= c * (1 + 1e-9) and c <= hi * (1 + 1e-9) for lo, hi in ends) >= min_sizes]
+    if len(covered) < 2 or covered[0] >= covered[-1]:
+        return []
+    out = []
+    for c in np.logspace(math.log10(covered[0]), math.log10(covered[-1]), count):
+        for series, curve in curves.items():
+            loss = _loss_at(curve, c)
+            if loss is not None:
+                out.append(Run(curve[0].params, c / (6 * curve[0].params), loss, float(c), series))
+    return out
+
+
+def sweep_report(result: SweepResult) -> str:
+    """REPORT.md: settings, one row per size, the comparison at equal compute, the fits, the plot and an
+    interpretation written from the measured numbers."""
+    s, facts = result.settings, result.facts
+    curves = {p: sorted([r for r in result.runs if r.series == p], key=lambda r: r.compute) for p in s.presets}
+    any_facts = next(iter(facts.values()))
+    train_tokens = any_facts.get("train_tokens")
+    out = [f"# Scaling sweep: {len(s.presets)} sizes on `{s.data}`", "",
+           f"Same schedule for every size: {s.max_steps} steps × {s.batch_size} sequences × {s.block_size} tokens "
+           f"= {s.tokens_per_step:,} tokens/step, peak lr {s.lr:g} after {s.warmup_steps} warmup steps, cosine to "
+           f"10%, seed {s.seed}; validation loss every {s.eval_interval} steps on {s.eval_batches} batches. "
+           f"Compute C = 6·N·D with N = all parameters (the tied embedding is the output layer's matmul).", "",
+           "| preset | layers × width | N (params) | non-embedding | embedding share | tokens D | D/N | C = 6ND | "
+           "final val loss | train time |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in s.presets:
+        f, last = facts[p], curves[p][-1]
+        t = result.seconds.get(p, 0.0)
+        out.append(f"| {p} | {f['n_layer']} × {f['n_embd']} | {f['params']:,} | {f['non_embedding']:,} | "
+                   f"{1 - f['non_embedding'] / f['params']:.0%} | {last.tokens:,.0f} | {last.tokens / last.params:.2f} | "
+                   f"{last.compute:.3g} | {last.loss:.4f} | {f'{t:.0f} s' if t else 'reused'} |")
+
+    # Equal-compute comparison: at the end of every size but the largest, where do the others stand?
+    out += ["", "Validation loss at equal compute (log-log interpolation along each curve; '·' = that size never "
+            "used this compute):", "",
+            "| compute | " + " | ".join(s.presets) + " | best |", "|---:|" + "---:|" * (len(s.presets) + 1)]
+    for p in s.presets:
+        c = curves[p][-1].compute
+        row = {q: _loss_at(curves[q], c) for q in s.presets}
+        known = {q: v for q, v in row.items() if v is not None}
+        best = min(known, key=known.get)
+        out.append(f"| {c:.3g} (end of {p}) | " + " | ".join("·" if row[q] is None else f"{row[q]:.4f}"
+                                                             for q in s.presets) + f" | {best} |")
+
+    report = result.report
+    out += ["", "## Fits (Chinchilla's three approaches on these checkpoints)", "", report.markdown(), "",
+            f"![loss against compute, log-log]({result.plot.name if result.plot else 'scaling.png'})", "",
+            "## Interpretation", ""]
+
+    front = frontier(result.runs)
+    final = front[-1]
+    ratio = final.tokens / final.params
+    c_max = max(r.compute for r in result.runs)
+    law = compute_optimal(c_max)
+    twenty = compute_optimal(c_max, tokens_per_param=20)
+    versus = f"{20 / ratio:,.0f}× below" if ratio < 20 else f"{ratio / 20:.1f}× above"
+    out.append(f"- **Best at the largest compute.** The frontier ends with **{final.series}** "
+               f"(N = {final.params:,.0f}) at C = {final.compute:.3g}: val loss {final.loss:.4f} after "
+               f"D = {final.tokens:,.0f} tokens, **{ratio:.3g} tokens per parameter**, {versus} Chinchilla's 20:1. "
+               f"The 20:1 rule would spend this compute on N = {twenty.params:,.0f} parameters "
+               f"(D = {twenty.tokens:,.0f}); the Hoffmann law's optimum is N = {law.params:,.0f} "
+               f"({law.tokens_per_param:.0f} tokens/param).")
+    switches = [f"{a.series} → {b.series} near C ≈ {b.compute:.2g}" for a, b in zip(front, front[1:])
+                if a.series != b.series]
+    out.append("- **The frontier** (lowest loss at each compute) " + (
+        "moves to larger models as compute grows: " + "; ".join(switches) + "." if switches else
+        f"stays on {final.series} throughout: at these budgets no larger model caught up."))
+    fitted = {k: v for k, v in report.laws.items() if isinstance(v, AllocationLaw)}
+    if fitted:
+        out.append("- **Fitted allocation.** " + "; ".join(
+            f"{k.replace('approach', 'Approach ')}: N_opt ∝ C^{v.a:.2f}" for k, v in fitted.items())
+            + " (Chinchilla ≈ 0.5, Kaplan 0.73). With sizes only "
+            f"{max(f['params'] for f in facts.values()) / min(f['params'] for f in facts.values()):.0f}× apart in N, "
+            "these exponents are noisy (see the bootstrap intervals): read them as a direction, not a number.")
+    small = min(s.presets, key=lambda p: facts[p]["params"])
+    share = 1 - facts[small]["non_embedding"] / facts[small]["params"]
+    longest = max(r.tokens for r in result.runs)
+    if not train_tokens:
+        repeated = "  - *Repeated data*: a small corpus is read several times; repeated tokens are worth less."
+    elif longest > train_tokens:
+        repeated = (f"  - *Repeated data*: the train split holds {train_tokens:,} tokens, so each run read it "
+                    f"{longest / train_tokens:.1f} times; repeated tokens are worth less than fresh ones "
+                    f"(Muennighoff et al. 2023).")
+    else:
+        repeated = (f"  - *Repeated data*: not here: each run read {longest / train_tokens:.0%} of the "
+                    f"{train_tokens:,}-token train split once; a longer sweep on this corpus would repeat it.")
+    out += ["- **Why small runs can disagree with the 20:1 rule.**",
+            f"  - *Embedding share*: {share:.0%} of {small}'s parameters are the {any_facts['vocab_size']:,}-token "
+            f"embedding table, which stores a lookup, not computation; Kaplan counts only non-embedding parameters, "
+            f"and the two counts order these models very differently at this scale.",
+            f"  - *Untuned learning rates*: every size uses peak lr {s.lr:g}; the best rate shrinks as models "
+            f"grow, so one shared value favours some sizes over others.",
+            repeated,
+            "  - *Mid-schedule checkpoints*: each curve is one cosine run, so its early checkpoints are not "
+            "annealed; Chinchilla trains one run per (N, D) with a schedule of that length, so our curves "
+            "overstate the loss of short budgets (the mistake the lecture attributes to Kaplan).",
+            f"  - *Noise*: validation loss is estimated on {s.eval_batches} batches of {s.tokens_per_step:,} tokens; "
+            "differences of a few hundredths are within it."]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # 10. The command line.
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -1026,6 +1306,19 @@ def _cmd_fit(args) -> str:
     if args.plot:
         text += f"\nplot: {plot_runs(runs, report, args.plot)}"
     return text
+
+
+def _cmd_sweep(args) -> str:
+    settings = QUICK_SWEEP if args.quick else SweepSettings()
+    changes = {k: v for k, v in (("presets", tuple(args.presets) if args.presets else None),
+                                 ("max_steps", args.steps), ("data", args.data)) if v is not None}
+    if changes.get("max_steps") is not None and changes["max_steps"] < 2:
+        raise ScalingError("--steps must be at least 2 (a curve needs two evaluations)")
+    settings = dataclasses.replace(settings, **changes)
+    out_dir = args.out_dir or ("out/sweep-quick" if args.quick else "out/sweep")
+    result = sweep(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+    return sweep_report(result) + f"\nwritten: {result.out_dir / 'REPORT.md'}, {result.plot}, " \
+                                  f"{result.out_dir / 'runs.jsonl'}"
 
 
 def _lesson() -> str:
@@ -1108,6 +1401,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--plot", help="also draw the runs and the fits to this PNG")
     s.set_defaults(run=_cmd_fit)
+
+    s = sub.add_parser("sweep", help="train sweep presets through train.py, fit the laws, plot, interpret")
+    s.add_argument("--quick", action="store_true", help="tiny runs (a few minutes), for tests")
+    s.add_argument("--presets", nargs="+", help="model presets (default sweep-1 sweep-2 sweep-3)")
+    s.add_argument("--steps", type=int, help="optimizer steps per size (default 200; quick 12)")
+    s.add_argument("--data", help="corpus for train.py --data (default pydocs, embedded)")
+    s.add_argument("--out-dir", default=None, help="default out/sweep (quick: out/sweep-quick)")
+    s.set_defaults(run=_cmd_sweep)
     return p
 
 
