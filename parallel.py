@@ -771,11 +771,12 @@ class Zero:
                 work.wait()
         self._reduced = False
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         for unit in self.units:
             for p in unit.params:
                 p.grad = None
+        self._reduced = False
 
     # --- checkpoints in any layout --------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -1537,6 +1538,196 @@ def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tenso
     for part in parts:
         merged.update(part)
     return merged
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# 10. Putting it together for train.py: `parallelize(model, optimizer, mesh, zero, schedule)`
+#
+# train.py builds the full model and a plain optimizer as if it were alone, then hands both over. Every rank
+# builds the same full weights (same seed within a dp group), so slicing them (TP) or pruning them (PP) gives
+# the same function as one process. What comes back keeps train.py's loop unchanged:
+#   model:     forward(x, y) (not under PP), no_sync(), finish_gradient_sync(), clip_grad_norm_(max_norm),
+#              pipeline_step(micro_batches) (under PP), full_state_dict() / load_full_state_dict() and
+#              full_model() (a plain GPT with every weight, for sampling); all of them collective.
+#   optimizer: param_groups, step(), zero_grad(), and state_dict() / load_state_dict() in the format of the
+#              single-process optimizer (torch's, keyed by position), so a checkpoint saved on 4 ranks resumes
+#              on 1 and back, in any layout.
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _canonical(name: str, p: torch.Tensor) -> str:
+    """The single-process name of a parameter: the last stage's copy of a tied embedding is tok_emb.weight."""
+    return "tok_emb.weight" if getattr(p, "pp_tied_copy", False) else name
+
+
+class DistributedModel(nn.Module):
+    """A GPT split over a mesh; see the section comment. Build it with `parallelize`."""
+
+    def __init__(self, model: nn.Module, mesh: Mesh, zero: int, schedule: str):
+        super().__init__()
+        self.mesh, self.zero_stage = mesh, zero
+        self.config = model.config
+        self.module = TensorParallel(model, mesh.tp)  # tp = 1 splits nothing
+        self.pipe = PipelineParallel(model, mesh, schedule) if mesh.pp.size > 1 else None
+        self.zero: Zero | None = None
+        self.sync = None
+
+    @property
+    def model(self) -> nn.Module:
+        return self.module.module
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        if self.pipe is None:
+            return self.module(idx, targets)
+        if torch.is_grad_enabled():
+            raise ParallelError("under pipeline parallel, train through pipeline_step(); forward() only evaluates")
+        return None, self.pipeline_eval(idx, targets)
+
+    @torch.no_grad()
+    def pipeline_eval(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward only, stage after stage (no micro-batches needed): the loss, on every stage."""
+        pipe, comm = self.pipe, self.mesh.pp
+        shape = (idx.shape[0], idx.shape[1], self.config.n_embd)
+        x = idx if pipe.first else torch.empty(shape)
+        if not pipe.first:
+            comm.send_recv([], [(x, comm.global_rank(comm.rank - 1))])
+        out = pipe.stage_forward(x, targets if pipe.last else None)
+        if not pipe.last:
+            comm.send_recv([(out, comm.global_rank(comm.rank + 1))], [])
+        loss = out.float().reshape(()) if pipe.last else torch.zeros(())
+        comm.broadcast(loss, src=comm.size - 1)
+        return loss
+
+    def pipeline_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], count: int = 0) -> float:
+        """Forward + backward of all micro-batches as one pipelined batch of `count` pieces (0 = as given)."""
+        x = torch.cat([b[0] for b in micro_batches])
+        y = torch.cat([b[1] for b in micro_batches])
+        return float(self.pipe.step(x, y, count or len(micro_batches), self.sync))
+
+    def no_sync(self):
+        return self.sync.no_sync() if self.sync is not None else contextlib.nullcontext()
+
+    def finish_gradient_sync(self) -> None:
+        if self.sync is not None and self.pipe is None:
+            self.sync.finish_gradient_sync()
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip to the global norm of the full model (max_norm 0: only measure); return the norm before."""
+        limit = max_norm if max_norm > 0 else float("inf")
+        if self.zero is not None:
+            return float(self.zero.clip_grad_norm_(limit, self.mesh))
+        return float(clip_grad_norm_(self.model.parameters(), limit, self.mesh))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        with self.zero.gathered() if self.zero is not None else contextlib.nullcontext():
+            return {k: v.cpu() for k, v in full_model_state_dict(self.model, self.mesh).items()}
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        local = {}
+        for k, v in self.model.state_dict().items():
+            full = state[_canonical(k, params[k]) if k in params else k]
+            local[k] = tp_slice(full, params[k], self.mesh.tp) if k in params else full
+        if self.zero is not None:
+            self.zero.load_full_state_dict(local)
+        else:
+            self.model.load_state_dict(local)
+
+    def full_model(self) -> nn.Module:
+        """A plain (unsplit) copy of the model with the current weights, on every rank."""
+        full = type(self.model)(self.config)
+        full.load_state_dict(self.full_state_dict())
+        return full
+
+
+class DistributedOptimizer:
+    """The optimizer of a DistributedModel: a plain torch optimizer or ZeRO over this rank's parameters, whose
+    state_dict() is the single-process optimizer's (collective: gathers over dp, tp and pp)."""
+
+    def __init__(self, wrapped: DistributedModel, optimizer: torch.optim.Optimizer, names: list[list[str]]):
+        self.wrapped, self.mesh = wrapped, wrapped.mesh
+        self.group_names = names  # the single-process optimizer's parameter names, group by group, in order
+        local = {_canonical(n, p): p for n, p in wrapped.model.named_parameters()}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [local[n] for n in names_g if n in local]}
+                  for g, names_g in zip(optimizer.param_groups, names)]
+        if wrapped.zero_stage:
+            wrapped.zero = Zero(wrapped.model, self.mesh.dp, wrapped.zero_stage, type(optimizer),
+                                param_groups=[g for g in groups if g["params"]])
+            wrapped.sync = self.inner = wrapped.zero
+        else:
+            self.inner = type(optimizer)([g for g in groups if g["params"]])
+            if self.mesh.dp.size > 1:
+                wrapped.sync = DataParallel(wrapped.model, self.mesh.dp)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.inner.param_groups
+
+    def step(self) -> None:
+        self.inner.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad()
+        for p in self.wrapped.model.parameters():
+            p.grad = None
+
+    def _named_state(self) -> dict[str, dict]:
+        model, tp = self.wrapped.model, self.mesh.tp
+        named = (self.inner.optimizer_state_dict() if isinstance(self.inner, Zero)
+                 else named_optimizer_state(self.inner, model))["state"]
+        params = dict(model.named_parameters())
+        state = {}
+        for name, s in named.items():
+            p = params[name]
+            if getattr(p, "pp_tied_copy", False):
+                continue  # the first stage's copy is the one saved
+            state[name] = {k: tp_gather(v, p, tp) if torch.is_tensor(v) and v.shape == p.shape else v
+                           for k, v in s.items()}
+        if self.mesh.pp.size > 1:
+            parts = [None] * self.mesh.pp.size
+            dist.all_gather_object(parts, state, group=self.mesh.pp.group)
+            state = {k: v for part in parts for k, v in part.items()}
+        return state
+
+    def state_dict(self) -> dict:
+        """torch's format of the single-process optimizer: {"state": {index: ...}, "param_groups": [...]}."""
+        state = self._named_state()
+        order = [n for names in self.group_names for n in names]
+        groups, start = [], 0
+        for options, names in zip(self.inner.param_groups, self.group_names):
+            groups.append({**{k: v for k, v in options.items() if k != "params"},
+                           "params": list(range(start, start + len(names)))})
+            start += len(names)
+        return {"state": {i: state[n] for i, n in enumerate(order) if n in state}, "param_groups": groups}
+
+    def load_state_dict(self, saved: dict) -> None:
+        order = [n for names in self.group_names for n in names]
+        by_name = {order[int(i)]: s for i, s in saved["state"].items()}
+        model, tp = self.wrapped.model, self.mesh.tp
+        named = {}
+        for name, p in model.named_parameters():
+            s = by_name.get(_canonical(name, p))
+            if s is not None:
+                named[name] = {k: tp_slice(v, p, tp) if torch.is_tensor(v) and v.dim() > 0 else v
+                               for k, v in s.items()}
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in saved["param_groups"]]
+        payload = {"state": named, "param_groups": groups if len(groups) == len(self.inner.param_groups) else []}
+        if isinstance(self.inner, Zero):
+            self.inner.load_optimizer_state_dict(payload)
+        else:
+            load_named_optimizer_state(self.inner, model, payload)
+
+
+def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, zero: int = 0,
+                schedule: str = "1f1b") -> tuple[DistributedModel, DistributedOptimizer]:
+    """Split a full GPT and its plain optimizer over the mesh: TP inside, then PP, then DP or ZeRO over dp."""
+    check_combination(zero, mesh.tp.size, mesh.pp.size)
+    if mesh.pp.size > 1 and getattr(model.config, "n_expert", 0):
+        raise ParallelError("pipeline parallel does not carry the MoE load-balancing loss; use --pp 1 with MoE")
+    names = {id(p): n for n, p in model.named_parameters()}
+    group_names = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+    wrapped = DistributedModel(model, mesh, zero, schedule)
+    return wrapped, DistributedOptimizer(wrapped, optimizer, group_names)
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Each launch forks its workers (about 0.1 s on Linux) and runs many checks; resul
 which compares them with the single-process oracle, so a failure names the mode and the tensor.
 """
 import contextlib
+import copy
 import math
 
 import pytest
@@ -451,9 +452,41 @@ def _reference_losses(cfg, data):
     return state(model), torch.stack(losses)
 
 
-def _world2_split_worker(rank, world):
+def _train_parallelized(mesh, zero, schedule, micro_batches, data, resume_from=None):
+    """The train.py path: parallelize(full model, plain optimizer), then the usual loop; 5 steps, or 1 step
+    after loading a single-process checkpoint (model + optimizer in torch's own format)."""
+    model = make_model()
+    opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    wrapped, wopt = P.parallelize(model, opt, mesh, zero=zero, schedule=schedule)
+    if resume_from is not None:
+        wrapped.load_full_state_dict(resume_from["model"])
+        wopt.load_state_dict(resume_from["optimizer"])
+    for x, y in data:
+        xs, ys = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
+        if wrapped.pipe is not None:
+            wrapped.pipeline_step(list(zip(xs.chunk(2), ys.chunk(2))), micro_batches)
+        else:
+            with wrapped.no_sync():
+                (wrapped(xs[:2], ys[:2])[1] * 2 / len(xs)).backward()
+            (wrapped(xs[2:], ys[2:])[1] * (len(xs) - 2) / len(xs)).backward()
+            wrapped.finish_gradient_sync()
+        wrapped.clip_grad_norm_(CLIP)
+        wopt.step()
+        wopt.zero_grad()
+    with torch.no_grad():
+        x, y = data[0]
+        eval_loss = wrapped(x, y)[1]
+    return {"model": wrapped.full_state_dict(), "optimizer": wopt.state_dict(), "eval_loss": eval_loss}
+
+
+def _world2_split_worker(rank, world, resume_from):
     data = batches(batch=BATCH12)
     out = {}
+    for name, sizes, zero, schedule in [("zero3", dict(dp=2), 3, "1f1b"), ("tp2_zero2", dict(tp=2), 2, "1f1b"),
+                                        ("pp2_afab", dict(pp=2), 0, "afab"), ("dp2", dict(dp=2), 0, "1f1b")]:
+        mesh = P.Mesh.build(**sizes)
+        out["parallelized_" + name] = _train_parallelized(mesh, zero, schedule, 3, data)
+        out["resumed_" + name] = _train_parallelized(mesh, zero, schedule, 3, data[:1], resume_from)
     tp = P.Mesh.build(tp=2)
     out["tp2"] = _train_split(tp, CFG, "1f1b", 1, data)
     pp = P.Mesh.build(pp=2)
@@ -465,7 +498,49 @@ def _world2_split_worker(rank, world):
 
 @pytest.fixture(scope="module")
 def world2_split():
-    return P.launch(_world2_split_worker, 2, timeout_s=180)
+    model, opt = _reference_run(batches(batch=BATCH12))
+    checkpoint = {"model": state(model), "optimizer": copy.deepcopy(opt.state_dict())}
+    return P.launch(_world2_split_worker, 2, checkpoint, timeout_s=180)
+
+
+def _reference_run(data):
+    model = make_model()
+    opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    for x, y in data:
+        model(x, y)[1].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+@pytest.mark.parametrize("mode", ["zero3", "tp2_zero2", "pp2_afab", "dp2"])
+def test_parallelize_checkpoints_are_single_process_checkpoints(world2_split, mode):
+    """What train.py uses: after 5 steps the gathered model AND optimizer state_dict() equal the single-process
+    ones (torch's own format); a single-process checkpoint loaded into the split run continues identically."""
+    data = batches(batch=BATCH12)
+    ref_model, ref_opt = _reference_run(data)
+    with torch.no_grad():
+        ref_eval = ref_model(*data[0])[1]
+    ref_opt_state = copy.deepcopy(ref_opt.state_dict())  # state_dict() holds live tensors
+    next_model, next_opt = _reference_run([])
+    next_model.load_state_dict(state(ref_model))
+    next_opt.load_state_dict(copy.deepcopy(ref_opt_state))
+    x, y = data[0]
+    next_model(x, y)[1].backward()
+    torch.nn.utils.clip_grad_norm_(next_model.parameters(), CLIP)
+    next_opt.step()
+    for rank, res in enumerate(world2_split):
+        got = res["parallelized_" + mode]
+        assert_same(got["model"], state(ref_model), f"{mode} rank {rank}")
+        torch.testing.assert_close(got["eval_loss"], ref_eval, **TOL)
+        assert got["optimizer"]["state"].keys() == ref_opt_state["state"].keys()
+        for i, s in ref_opt_state["state"].items():
+            for key in s:
+                torch.testing.assert_close(got["optimizer"]["state"][i][key], s[key], **TOL)
+        assert [g["params"] for g in got["optimizer"]["param_groups"]] == \
+            [g["params"] for g in ref_opt_state["param_groups"]]
+        assert_same(res["resumed_" + mode]["model"], state(next_model), f"{mode} resumed on rank {rank}")
 
 
 @pytest.mark.parametrize("mode,cfg", [("tp2", CFG), ("pp2_afab", CFG), ("pp2_1f1b", CFG), ("pp2_1f1b_untied", CFG4)])
