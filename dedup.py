@@ -215,10 +215,11 @@ _WORD_CHAR = _bmp_word_table()
 
 def _is_word_char(codes: np.ndarray) -> np.ndarray:
     """Exactly the characters regex \\w matches (the table was made by the regex itself). (L,) uint32 -> bool."""
+    if codes.size == 0 or codes.max() <= 0xFFFF:
+        return _WORD_CHAR[codes]
     flags = _WORD_CHAR[np.minimum(codes, 0xFFFF)]
-    astral = codes > 0xFFFF                                               # emoji, rare CJK: ask the regex
-    if astral.any():
-        flags[astral] = [_WORD.fullmatch(chr(c)) is not None for c in codes[astral].tolist()]
+    astral = np.flatnonzero(codes > 0xFFFF)                               # emoji, rare CJK: ask the regex
+    flags[astral] = [_WORD.fullmatch(chr(c)) is not None for c in codes[astral].tolist()]
     return flags
 
 
@@ -249,9 +250,8 @@ def word_hashes(texts: list[str], group_chars: int = 1 << 20) -> tuple[np.ndarra
         poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]                 # Σ c_i·B^(end-1-i)
         lengths = (ends - starts).astype(np.uint64)
         all_hashes.append(_fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)))
-        text_starts = np.cumsum([0] + [len(t) + 1 for t in normalized[:-1]])   # code point where each text begins
-        counts[first:last] = np.bincount(np.searchsorted(text_starts, starts, side="right") - 1,
-                                         minlength=last - first)
+        text_ends = np.cumsum([len(t) + 1 for t in normalized])          # code point after each text's "\n"
+        counts[first:last] = np.diff(np.searchsorted(starts, text_ends), prepend=0)    # words per text
         first = last
     return np.concatenate(all_hashes), counts
 
@@ -618,12 +618,23 @@ def _pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
     return np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64)
 
 
+def _band_keys(band_rows: np.ndarray) -> np.ndarray:
+    """One 64-bit key per document for a band: (N, r) uint64 -> (N,) uint64, fmix64 folded over the r values.
+    Equal bands give equal keys; different bands share a key with probability ~2^-64 (handled by the caller)."""
+    key = np.full(len(band_rows), _SHINGLE_SEED, dtype=np.uint64)
+    for column in band_rows.T:
+        key = _fmix64_array(key ^ column)
+    return key
+
+
 def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """Candidate pairs as an array (pairs, 2) of document ids, i < j, sorted, each pair once.
 
-    Per band: sort the documents by their band rows (np.lexsort: exact, no hashing of the band), so documents
-    with identical bands become neighbours; every pair inside a run of equal bands is a candidate. Memory is a
-    few arrays of length N per band plus the pairs found: no dict of tuples.
+    Per band: sort the documents by a 64-bit key of their band (one argsort), so documents with identical bands
+    become neighbours; every pair inside a run of identical bands is a candidate. Runs are cut where the band
+    rows themselves differ, so a key collision can never make a false candidate; if two different bands ever
+    share a key (odds ~2^-64 per pair), that band is re-sorted by the rows themselves (np.lexsort), so none is
+    missed either. Memory is a few arrays of length N per band plus the pairs found: no dict of tuples.
     """
     signatures = np.asarray(signatures)
     if signatures.ndim != 2 or signatures.shape[0] == 0:
@@ -634,11 +645,17 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray
     num_docs = signatures.shape[0]
     keys = []
     for band in range(bands):
-        rows_of_band = signatures[:, band * rows:(band + 1) * rows]            # (N, r)
-        order = np.lexsort(rows_of_band.T[::-1])                               # (N,) lexicographic row order
-        sorted_rows = rows_of_band[order]
-        starts_group = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)    # (N-1,) a new band value begins
-        group = np.concatenate(([0], np.cumsum(starts_group)))
+        band_rows = signatures[:, band * rows:(band + 1) * rows]               # (N, r)
+        band_keys = _band_keys(band_rows)
+        order = np.argsort(band_keys, kind="stable")                           # (N,) equal keys side by side
+        sorted_rows = band_rows[order]
+        new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)          # (N-1,) the band changes here
+        sorted_keys = band_keys[order]
+        if np.any(new_run & (sorted_keys[1:] == sorted_keys[:-1])):            # a key collision: sort exactly
+            order = np.lexsort(band_rows.T[::-1])
+            sorted_rows = band_rows[order]
+            new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
+        group = np.concatenate(([0], np.cumsum(new_run)))
         pairs = _pairs_in_groups(order, group)
         keys.append(pairs[:, 0] * num_docs + pairs[:, 1])                      # one int64 per pair
     unique = np.unique(np.concatenate(keys))

@@ -213,7 +213,7 @@ def test_estimate_jaccard_counts_agreeing_positions():
 
 # ---------------------------------------------------------------- LSH banding
 
-def test_lsh_candidates_match_brute_force_banding():
+def test_lsh_candidates_match_brute_force_banding(monkeypatch):
     rng = np.random.default_rng(2)
     sig = rng.integers(0, 3, size=(60, 12)).astype(np.uint64)   # tiny alphabet: many band collisions
     for bands, rows in ((12, 1), (6, 2), (4, 3), (3, 4), (1, 12)):
@@ -221,6 +221,10 @@ def test_lsh_candidates_match_brute_force_banding():
                 if any(np.array_equal(sig[i, b * rows:(b + 1) * rows], sig[j, b * rows:(b + 1) * rows])
                        for b in range(bands))}
         assert lsh_candidates(sig, bands, rows) == want
+        # Every band key colliding (as if 64-bit hashes clashed) must change nothing: the rows decide.
+        with monkeypatch.context() as patch:
+            patch.setattr(dedup, "_band_keys", lambda band_rows: np.zeros(len(band_rows), dtype=np.uint64))
+            assert lsh_candidates(sig, bands, rows) == want
 
 
 def test_identical_documents_always_collide():
