@@ -10,7 +10,10 @@ boilerplate, machine-made junk and duplicates. The lecture's pipeline, with its 
     PII removal               emails, phone numbers, ... -> placeholders           200, masked
     mixing                    decide how much web, code, books, math               by weight
 
-"Most of it is thrown away" is normal. This file runs that funnel on real text and prints it the same way:
+"Most of it is thrown away" is normal. This file runs that funnel on real text and prints it the same way. On the
+embedded corpus (the standard library's docstrings, CPython 3.11): 722 documents read -> 336 pass the Gopher rules
+(236 have under 50 words, 121 repeat too many 5-grams) -> 335 after exact dedup -> 334 after near-dedup, 7 IPs and
+5 emails masked: 2.50M characters in, 1.19M out.
 
     python data.py prepare --data pydocs                 # the embedded corpus: stdlib docstrings, ~2 MB, offline
     python data.py prepare --data corpus.jsonl pystdlib --weights 0.7 0.3 --vocab-size 8192 --out data/my
@@ -744,9 +747,15 @@ class CleanSettings:
     mask_pii: bool = True
 
 
-def _filter_for(kind: str, setting: str) -> Callable[[str], str | None] | None:
-    choice = {"prose": "gopher", "html": "gopher", "code": "code"}[kind] if setting == "auto" else setting
-    return {"gopher": gopher_rejection, "code": code_rejection, "none": None}[choice]
+def _quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str], str | None] | None]:
+    """(name, document -> rejection reason or None) for a source kind; "auto" picks Gopher for prose."""
+    choice = {"prose": "gopher", "html": "gopher", "code": "code"}[kind] if settings.filters == "auto" \
+        else settings.filters
+    rules = {"gopher": lambda d: gopher_rejection(d, settings.min_words, settings.max_words),
+             "code": code_rejection, "none": None}
+    if choice not in rules:
+        raise DataError(f"unknown filter set {choice!r}; use auto, gopher, code or none")
+    return choice, rules[choice]
 
 
 def clean(sources: list[Source], settings: CleanSettings = CleanSettings(),
@@ -769,16 +778,16 @@ def clean(sources: list[Source], settings: CleanSettings = CleanSettings(),
             kept = [t for t in text if t]
             funnel.add(f"extract text ({source.spec})", raw, kept, {"no_text": len(text) - len(kept)})
             raw = kept
-        rule = _filter_for(source.kind, settings.filters)
+        rule_name, rule = _quality_rule(source.kind, settings)
         if rule is not None:
             reasons, kept = collections.Counter(), []
             for d in raw:
-                reason = rule(d) if rule is code_rejection else rule(d, settings.min_words, settings.max_words)
+                reason = rule(d)
                 if reason:
                     reasons[reason] += 1
                 else:
                     kept.append(d)
-            funnel.add(f"quality filters ({rule.__name__.split('_')[0]}, {source.spec})", raw, kept, reasons)
+            funnel.add(f"quality filters ({rule_name}, {source.spec})", raw, kept, reasons)
             if not kept:
                 raise funnel.empty_error(f"source {source.spec!r}")
             raw = kept
@@ -800,6 +809,8 @@ def clean(sources: list[Source], settings: CleanSettings = CleanSettings(),
     docs, origin = [docs[i] for i in keep], [origin[i] for i in keep]
     funnel.add(f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)", before, docs,
                {"lines_removed": lines_removed, "distinct_lines": len(boiler), "emptied": len(before) - len(docs)})
+    if not docs:
+        raise funnel.empty_error("the corpus")
 
     if settings.near_dup_threshold > 0:
         t0 = time.perf_counter()
@@ -878,6 +889,35 @@ def covering_budget(weights: dict[str, float], unique_tokens: dict[str, float]) 
     return max(unique_tokens[k] / (w / total_weight) for k, w in weights.items())
 
 
+def mix_documents(origin: list[int], lengths: list[int], names: list[str], weights: list[float] | None,
+                  total_tokens: float | None, seed: int) -> tuple[list[int], dict | None, dict[str, int]]:
+    """The order in which train documents are packed: (document indices, the mixture plan, unique tokens per
+    source). Without weights every document once; with weights each source fills its share of total_tokens
+    (default: the covering budget) by whole passes plus a seeded partial pass. The order is shuffled (seeded).
+
+    Two 10-token web documents and one 5-token math document at 50/50 over 40 tokens: math is read 4 times.
+    >>> sorted(mix_documents([0, 0, 1], [10, 10, 5], ["web", "math"], [0.5, 0.5], 40, seed=0)[0])
+    [0, 1, 2, 2, 2, 2]
+    """
+    unique = {name: 0 for name in names}
+    for o, n in zip(origin, lengths):
+        unique[names[o]] += n
+    order, mixture = list(range(len(origin))), None
+    if weights is not None:
+        empty = [name for name in names if unique[name] == 0]
+        if empty:
+            raise DataError(f"source(s) {empty} have no train documents left to mix; drop them or add data")
+        weight_of = dict(zip(names, weights))
+        mixture = mixture_plan(weight_of, total_tokens or covering_budget(weight_of, unique), unique)
+        order = []
+        for s_index, name in enumerate(names):
+            members = [i for i, o in enumerate(origin) if o == s_index]
+            picks = repeat_documents([lengths[i] for i in members], mixture[name]["tokens"], seed + s_index)
+            order += [members[p] for p in picks]
+    order = [order[i] for i in np.random.default_rng(seed).permutation(len(order)).tolist()]
+    return order, mixture, unique
+
+
 def repeat_documents(lengths: list[int], target_tokens: float, seed: int) -> list[int]:
     """Document indices that fill target_tokens: whole passes over all documents, then a seeded random subset
     for the fractional epoch (whole documents, stopping once the target is reached).
@@ -901,6 +941,13 @@ def repeat_documents(lengths: list[int], target_tokens: float, seed: int) -> lis
 
 # ---------------------------------------------------------------------------------------------------------------------
 # 8. Token shards: a 32-byte header (magic, version, dtype, count) and raw little-endian token ids
+#
+#    offset  0   8 bytes  magic b"LLMTOKS\0"         (a file that is not a shard is refused)
+#    offset  8   uint32   format version (1)
+#    offset 12   uint32   bytes per token: 2 (uint16) or 4 (uint32)
+#    offset 16   uint64   token count N               (must equal (file size - 32) / bytes per token)
+#    offset 24   8 bytes  zero padding, so the ids start 32-byte aligned
+#    offset 32   N ids    <|endoftext|> doc <|endoftext|> doc ...   (memory-mapped by the loader)
 # ---------------------------------------------------------------------------------------------------------------------
 
 SHARD_MAGIC = b"LLMTOKS\x00"
@@ -1003,9 +1050,6 @@ class ShardWriter:
 # 9. prepare: sources -> clean -> split -> tokenizer -> encode (parallel) -> mix -> shards + manifest, cached
 # ---------------------------------------------------------------------------------------------------------------------
 
-PIPELINE_VERSION = 1
-
-
 class _Clock:
     """Wall and CPU seconds per phase. The CPU clock counts every thread of this process and its finished worker
     processes: on a shared machine the wall clock also measures the neighbours, the CPU clock only us."""
@@ -1038,8 +1082,8 @@ def cache_root() -> pathlib.Path:
 def _code_version() -> str:
     """Hash of the code that shapes the output, so an edit to the pipeline or the tokenizer invalidates caches."""
     h = hashlib.sha256()
-    for name in ("data.py", "bpe.py", "dedup.py"):
-        h.update((REPO_ROOT / name).read_bytes())
+    for module_file in (__file__, bpe.__file__, dedup.__file__):
+        h.update(pathlib.Path(module_file).read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -1086,10 +1130,12 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     log = print if verbose else (lambda *a, **k: None)
     if not sources:
         raise DataError("no sources given: pass --data pydocs (or a path)")
+    if len(set(sources)) != len(sources):
+        raise DataError(f"a source is listed twice in {sources}; give each once (use --weights to up-weight)")
     if weights is not None and len(weights) != len(sources):
         raise DataError(f"{len(weights)} weights for {len(sources)} sources: give one weight per source")
-    if not 2 <= vocab_size:
-        raise DataError(f"vocab size {vocab_size} is too small")
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     settings = clean_settings or CleanSettings()
     jsonl_stats = JsonlStats()
     opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
@@ -1098,7 +1144,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if tokenizer_path is not None and not tokenizer_path.is_file():
         raise DataError(f"tokenizer file {tokenizer_path} not found: pass a bpe.py tokenizer JSON")
     key_inputs = {
-        "pipeline": PIPELINE_VERSION, "code": _code_version(),
+        "code": _code_version(),
         "sources": [(s.spec, s.kind, s.fingerprint) for s in opened],
         "settings": dataclasses.asdict(settings),
         "vocab_size": vocab_size, "seed": seed, "val_fraction": val_fraction, "weights": weights,
@@ -1149,28 +1195,9 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         val_ids = encode_documents(tok, val_docs, threads)
     encoded_bytes = sum(len(d.encode("utf-8")) for d in train_docs + val_docs)
 
-    # Mixing: per source, the documents' token counts (+1 for each <|endoftext|>) give unique tokens; the plan
-    # gives each source's target; whole passes plus a seeded partial pass fill it.
-    names = [s.spec for s in opened]
-    unique = {name: 0 for name in names}
-    for o, ids in zip(train_origin, train_ids):
-        unique[names[o]] += len(ids) + 1
-    mixture = None
-    order = list(range(len(train_docs)))
-    if weights is not None:
-        weight_of = dict(zip(names, weights))
-        if any(unique[n] == 0 for n in names):
-            empty = [n for n in names if unique[n] == 0]
-            raise DataError(f"source(s) {empty} have no train documents left to mix; drop them or add data")
-        budget = train_tokens or covering_budget(weight_of, unique)
-        mixture = mixture_plan(weight_of, budget, unique)
-        order = []
-        for s_index, name in enumerate(names):
-            members = [i for i, o in enumerate(train_origin) if o == s_index]
-            picks = repeat_documents([len(train_ids[i]) + 1 for i in members], mixture[name]["tokens"],
-                                     seed + s_index)
-            order += [members[p] for p in picks]
-    order = [order[i] for i in np.random.default_rng(seed).permutation(len(order)).tolist()]
+    names = [src.spec for src in opened]
+    lengths = [len(ids) + 1 for ids in train_ids]                   # + 1: the <|endoftext|> before each document
+    order, mixture, unique = mix_documents(train_origin, lengths, names, weights, train_tokens, seed)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))

@@ -664,6 +664,10 @@ def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(DataError, match="no documents"):
         data.prepare([str(tmp_path / "empty.txt")], tmp_path / "x", tokenizer=tokenizer)
+    with pytest.raises(DataError, match="listed twice"):
+        data.prepare([str(shorts), str(shorts)], tmp_path / "x")
+    with pytest.raises(DataError, match="val-fraction"):
+        data.prepare([str(shorts)], tmp_path / "x", val_fraction=1.0)
     with pytest.raises(DataError, match="one weight per source"):
         data.prepare([str(shorts)], tmp_path / "x", weights=[0.5, 0.5])
     with pytest.raises(DataError, match="tokenizer file"):
