@@ -117,8 +117,9 @@ def best_pair(pair_counts: dict[tuple[int, int], int], token_bytes: list[bytes])
 def train_bpe_naive(word_counts: dict[bytes, int], num_merges: int, trace=None) -> list[tuple[bytes, bytes]]:
     """The textbook trainer: recount every pair after every merge. O(merges x corpus), fine for a lesson.
 
-    `word_counts` maps each pre-token's bytes to its frequency. `trace(step, pair_counts, pair, words)` is called
-    after each merge (the demo prints it). Returns the merges as byte pairs, in order.
+    `word_counts` maps each pre-token's bytes to its frequency. After each merge it calls
+    `trace(step, pair_counts, pair, words, token_bytes)` if given (the demo prints the rounds with it).
+    Returns the merges as byte pairs, in order.
 
     >>> train_bpe_naive({b"low": 1, b" lower": 1, b" lowest": 1}, 2)
     [(b'o', b'w'), (b'l', b'ow')]
@@ -885,17 +886,24 @@ def demo(text: str = DEMO_TEXT, num_merges: int = 4, pattern: str = "gpt2") -> l
     print("pre-tokens: " + "  ".join(f"{_show_token(p)!r} x{c}" for p, c in pieces.items()))
 
     def trace(step, pair_counts, pair, words, token_bytes):
-        show = lambda p: f"({_show_token(token_bytes[p[0]])!r}, {_show_token(token_bytes[p[1]])!r})"
+        def pair_str(p):
+            return f"({_show_token(token_bytes[p[0]])!r}, {_show_token(token_bytes[p[1]])!r})"
+
         top = pair_counts[pair]
         ranked = sorted(pair_counts.items(), key=lambda kv: -kv[1])
-        print(f"\nround {step + 1}: pair counts " + ", ".join(f"{show(p)}:{c}" for p, c in ranked[:6]))
+        print(f"\nround {step + 1}: pair counts " + ", ".join(f"{pair_str(p)}:{c}" for p, c in ranked[:6]))
         tied = [p for p, c in pair_counts.items() if c == top and p != pair]
-        note = f" (tie at {top} with {', '.join(map(show, tied))}: the greatest byte pair wins)" if tied else ""
-        print(f"  merge {show(pair)} -> new token {len(token_bytes) - 1} = "
+        note = f" (tie at {top} with {', '.join(map(pair_str, tied))}: the greatest byte pair wins)" if tied else ""
+        print(f"  merge {pair_str(pair)} -> new token {len(token_bytes) - 1} = "
               f"{_show_token(token_bytes[-1])!r}{note}")
         print("  words: " + "  ".join("[" + "|".join(_show_token(token_bytes[t]) for t in w) + "]" for w in words))
 
-    return train_bpe_naive(pieces, num_merges, trace)
+    merges = train_bpe_naive(pieces, num_merges, trace)
+    if text == DEMO_TEXT and num_merges >= 3:
+        print("\nThe lecture breaks round 1's tie the other way, (l, o) -> 'lo', then (lo, w) -> 'low'; either way "
+              "'low' is\nthe 2nd new token and 'lowe' the 3rd. A fixed tie rule makes merges reproducible across "
+              "implementations.")
+    return merges
 
 
 def load_tokenizer(spec: str) -> Tokenizer:

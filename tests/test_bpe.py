@@ -47,8 +47,11 @@ def corpus_texts(shared_data) -> dict[str, str]:
         "c4-exllamav2": plain(d / "c4-sample" / "exllamav2-c4.utf8"),
         "fineweb": jsonl(d / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl"),
         "wikipedia": plain(d / "wikipedia-sample" / "exllamav2-wiki.utf8"),
-        "corpus.en": plain(d / "cs336" / "a1" / "fixtures" / "corpus.en"),
         "embedded": EMBEDDED,
+    } | {  # Stanford CS336's encoder fixtures (special tokens at line ends, German, an address, TinyStories)
+        name: plain(d / "cs336" / "a1" / "fixtures" / name)
+        for name in ["corpus.en", "address.txt", "german.txt", "tinystories_sample.txt",
+                     "special_token_double_newlines_non_whitespace.txt", "special_token_trailing_newlines.txt"]
     }
 
 
@@ -448,7 +451,7 @@ def test_cli_help():
 def test_cli_demo_shows_the_lecture_rounds(capsys):
     assert bpe.main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "round 1" in out and "tie at 3" in out and "'low'" in out and "'lowe'" in out
+    assert "round 1" in out and "tie at 3" in out and "'low'" in out and "'lowe'" in out and "either way" in out
 
 
 def test_cli_show_strawberry_digits_and_chinese(capsys):
