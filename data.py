@@ -60,7 +60,7 @@ import tempfile
 import time
 import tokenize
 import warnings
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -296,24 +296,29 @@ def read_parquet(path: pathlib.Path, field: str = "text") -> Iterator[str]:
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
 
 
-def parse_wikitext(text: str) -> list[str]:
+def iter_wikitext_articles(lines: Iterable[str]) -> Iterator[str]:
     """WikiText raw: an article starts at a top-level heading line ' = Title = ' (sub-headings use ' = = ');
-    each article becomes one document, its title the first line.
+    each article becomes one document, its title the first line. Streams: one article in memory at a time."""
+    article = None
+    for line in lines:
+        line = line.rstrip("\n")
+        if _WIKITEXT_TITLE.match(line):
+            if article and len(article) > 2:
+                yield "\n".join(article)
+            article = [line.strip(" =").strip(), ""]
+        elif article is not None and line.strip():
+            article.append(line.strip())
+    if article and len(article) > 2:
+        yield "\n".join(article)
+
+
+def parse_wikitext(text: str) -> list[str]:
+    """The articles of a WikiText raw file.
 
     >>> parse_wikitext(" = A = \\n \\n Text a . \\n = = Sub = = \\n More . \\n = B = \\n Text b . \\n")
     ['A\\n\\nText a .\\n= = Sub = =\\nMore .', 'B\\n\\nText b .']
     """
-    articles, lines = [], None
-    for line in text.split("\n"):
-        if _WIKITEXT_TITLE.match(line):
-            if lines:
-                articles.append(lines)
-            lines = [line.strip(" =").strip(), ""]
-        elif lines is not None and line.strip():
-            lines.append(line.strip())
-    if lines:
-        articles.append(lines)
-    return ["\n".join(a) for a in articles if len(a) > 2]
+    return list(iter_wikitext_articles(text.split("\n")))
 
 
 def wikitext_paragraphs(text: str, min_words: int = 0) -> list[str]:
@@ -357,8 +362,8 @@ def read_hf(name: str, field: str = "text") -> Iterator[str]:
         repo, config = HF_ALIASES[repo][0], config or HF_ALIASES[repo][1]
     try:
         stream = datasets.load_dataset(repo, config, split=split or "train", streaming=True)
-        if repo == "Salesforce/wikitext":
-            yield from parse_wikitext("".join(row[field] for row in stream))
+        if repo == "Salesforce/wikitext":                  # rows are lines: regroup them into articles
+            yield from iter_wikitext_articles(row[field] for row in stream)
             return
         for row in stream:
             yield row[field]

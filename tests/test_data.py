@@ -192,6 +192,32 @@ def test_hf_source_offline_error_names_alternatives(monkeypatch):
         list(source.documents())
 
 
+def test_hf_source_resolves_aliases_and_regroups_wikitext(monkeypatch):
+    """With a stand-in `datasets` (no network here): what data.py asks for and how it reads the rows."""
+    calls = []
+
+    def load_dataset(repo, config, split, streaming):
+        calls.append((repo, config, split, streaming))
+        if repo == "nobody/missing":
+            raise FileNotFoundError("Dataset 'nobody/missing' doesn't exist on the Hub\nmore detail")
+        if repo == "Salesforce/wikitext":
+            return [{"text": line} for line in [" = Lobster = \n", " \n", " Lobsters moult . \n", " = Crab = \n",
+                                                 " \n", " Crabs walk . \n"]]
+        return [{"text": "story one"}, {"text": "story two"}, {"text": "story three"}]
+
+    monkeypatch.setitem(sys.modules, "datasets", type(sys)("datasets"))
+    monkeypatch.setattr(sys.modules["datasets"], "load_dataset", load_dataset, raising=False)
+    assert list(data.open_source("hf:wikitext-103").documents()) == ["Lobster\n\nLobsters moult .",
+                                                                      "Crab\n\nCrabs walk ."]
+    assert list(data.open_source("hf:tinystories", max_documents=2).documents()) == ["story one", "story two"]
+    list(data.open_source("hf:someone/corpus:cfg:validation").documents())
+    assert calls == [("Salesforce/wikitext", "wikitext-103-raw-v1", "train", True),
+                     ("roneneldan/TinyStories", None, "train", True), ("someone/corpus", "cfg", "validation", True)]
+    with pytest.raises(DataError, match=r"hf:nobody/missing: could not load it \(FileNotFoundError: Dataset "
+                                        r"'nobody/missing' doesn't exist on the Hub\); offline, use pydocs"):
+        list(data.open_source("hf:nobody/missing").documents())
+
+
 def test_wikitext_articles_and_paragraphs():
     raw = (" \n = Lobster = \n \n Lobsters live in the sea . \n \n = = Biology = = \n \n They moult . \n"
            " = Crab = \n \n Crabs walk sideways . \n")
