@@ -1139,6 +1139,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         raise DataError(f"a source is listed twice in {sources}; give each once (use --weights to up-weight)")
     if weights is not None and len(weights) != len(sources):
         raise DataError(f"{len(weights)} weights for {len(sources)} sources: give one weight per source")
+    if tokenizer is None and vocab_size < 257:
+        raise DataError(f"--vocab-size {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at least 257")
     if not 0 <= val_fraction < 1:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     settings = clean_settings or CleanSettings()
@@ -1307,17 +1309,21 @@ class TokenData:
     def __init__(self, data_dir: str | os.PathLike) -> None:
         self.data_dir = pathlib.Path(data_dir)
         self.manifest = load_manifest(self.data_dir)
-        self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
-        self.eot_id: int | None = self.manifest["tokenizer"]["eot_id"]
         self._tokenizer = None
         self.shards: dict[str, list[np.ndarray]] = {}
-        for split, info in self.manifest["splits"].items():
-            arrays = [read_shard(self.data_dir / s["file"]) for s in info["shards"]]
-            for a, s in zip(arrays, info["shards"]):
-                if len(a) != s["tokens"]:
-                    raise DataError(f"{self.data_dir / s['file']}: {len(a):,} tokens, manifest says "
-                                    f"{s['tokens']:,}; re-run prepare")
-            self.shards[split] = arrays
+        try:
+            self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
+            self.eot_id: int | None = self.manifest["tokenizer"]["eot_id"]
+            for split, info in self.manifest["splits"].items():
+                arrays = [read_shard(self.data_dir / s["file"]) for s in info["shards"]]
+                for a, s in zip(arrays, info["shards"]):
+                    if len(a) != s["tokens"]:
+                        raise DataError(f"{self.data_dir / s['file']}: {len(a):,} tokens, manifest says "
+                                        f"{s['tokens']:,}; re-run prepare")
+                self.shards[split] = arrays
+        except (KeyError, TypeError) as e:
+            raise DataError(f"{self.data_dir / 'manifest.json'}: damaged manifest (missing {e}); re-run prepare") \
+                from None
 
     @property
     def tokenizer(self) -> bpe.Tokenizer:

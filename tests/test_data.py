@@ -540,6 +540,9 @@ def test_iterator_resume_gives_the_same_next_batches(tmp_path):
 def test_damaged_dataset_is_named(tmp_path):
     with pytest.raises(DataError, match="no readable manifest"):
         data.TokenData(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"splits": {}}')
+    with pytest.raises(DataError, match="damaged manifest"):
+        data.TokenData(tmp_path)
     d = make_dataset(tmp_path / "d", {"train": [100], "val": [10]})
     with open(d / "train_00000.bin", "ab") as f:
         f.write(b"\x00")
@@ -690,6 +693,8 @@ def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(DataError, match="no documents"):
         data.prepare([str(tmp_path / "empty.txt")], tmp_path / "x", tokenizer=tokenizer)
+    with pytest.raises(DataError, match="too small"):
+        data.prepare([str(shorts)], tmp_path / "x", vocab_size=100)
     with pytest.raises(DataError, match="listed twice"):
         data.prepare([str(shorts), str(shorts)], tmp_path / "x")
     with pytest.raises(DataError, match="val-fraction"):
