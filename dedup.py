@@ -223,58 +223,53 @@ def _is_word_char(codes: np.ndarray) -> np.ndarray:
     return flags
 
 
-def word_hashes(texts: list[str], group_chars: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
-    """The 64-bit `word_hash` of every word of every text, in order, without a Python loop over words:
-    (hashes (total words,) uint64, words per text (texts,) int64). Texts are handled in groups of about
-    `group_chars` characters so the temporary arrays stay small.
+GROUP_CHARS = 1 << 20         # texts are hashed in groups of about this many characters: temporaries stay small
 
-    >>> hashes, counts = word_hashes(["The cat", "", "sat."])
-    >>> counts.tolist(), [int(h) for h in hashes] == [word_hash(w) for w in ("the", "cat", "sat")]
-    ([2, 0, 1], True)
-    """
-    all_hashes, counts = [], np.zeros(len(texts), dtype=np.int64)
-    first = 0
+
+def _text_groups(texts: list[str]):
+    """(first, last) index ranges covering texts, each about GROUP_CHARS characters (at least one text)."""
+    first, group_chars = 0, GROUP_CHARS
     while first < len(texts):
         last, size = first, 0
         while last < len(texts) and (last == first or size + len(texts[last]) < group_chars):
             size += len(texts[last]) + 1
             last += 1
-        normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts[first:last]]
-        joined = "\n".join(normalized) + "\n"                           # "\n" is no word char: words never span texts
-        codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)      # (L,)
-        edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
-        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)   # (words,) [start, end)
-        powers, inverse_powers = _POWERS.get(len(codes) + 1)
-        prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
-        np.cumsum(codes * inverse_powers[:len(codes)], out=prefix[1:])           # Σ c_i·B^-i, wraps mod 2^64
-        poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]                 # Σ c_i·B^(end-1-i)
-        lengths = (ends - starts).astype(np.uint64)
-        all_hashes.append(_fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)))
-        text_ends = np.cumsum([len(t) + 1 for t in normalized])          # code point after each text's "\n"
-        counts[first:last] = np.diff(np.searchsorted(starts, text_ends), prepend=0)    # words per text
+        yield first, last
         first = last
-    return np.concatenate(all_hashes), counts
 
 
-def shingle_hashes(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """All shingle hashes of all texts at once: (x, offsets), where x[offsets[d]:offsets[d+1]] are document d's
-    32-bit shingle hashes (uint64 array, one per shingle position, repeats allowed: a min ignores them).
-    Equal to hashing every string of `shingles(text, n)` with `shingle_hash`, without building those strings.
+def _word_hashes_of_group(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """`word_hashes` of one group of texts, all in one string: (hashes (words,), words per text (texts,))."""
+    normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts]
+    joined = "\n".join(normalized) + "\n"                               # "\n" is no word char: words never span texts
+    codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)      # (L,)
+    edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)   # (words,) [start, end)
+    powers, inverse_powers = _POWERS.get(len(codes) + 1)
+    prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
+    np.cumsum(codes * inverse_powers[:len(codes)], out=prefix[1:])           # Σ c_i·B^-i, wraps mod 2^64
+    poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]                 # Σ c_i·B^(end-1-i)
+    lengths = (ends - starts).astype(np.uint64)
+    text_ends = np.cumsum([len(t) + 1 for t in normalized])                  # code point after each text's "\n"
+    counts = np.diff(np.searchsorted(starts, text_ends), prepend=0)          # words per text
+    return _fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)), counts
 
-    >>> x, offsets = shingle_hashes(["a b c d", "hi"], n=3)
-    >>> offsets.tolist(), int(x[2]) == shingle_hash("hi")
-    ([0, 2, 3], True)
+
+def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The 64-bit `word_hash` of every word of every text, in order, without a Python loop over words:
+    (hashes (total words,) uint64, words per text (texts,) int64).
+
+    >>> hashes, counts = word_hashes(["The cat", "", "sat."])
+    >>> counts.tolist(), [int(h) for h in hashes] == [word_hash(w) for w in ("the", "cat", "sat")]
+    ([2, 0, 1], True)
     """
-    fingerprints, offsets = shingle_fingerprints(texts, n)
-    return fingerprints >> np.uint64(32), offsets
+    groups = [_word_hashes_of_group(texts[first:last]) for first, last in _text_groups(texts)]
+    return np.concatenate([g[0] for g in groups]), np.concatenate([g[1] for g in groups])
 
 
-def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """Like `shingle_hashes`, with the full 64-bit shingle hash (x is its top 32 bits). Used to verify candidates:
-    two different shingles share a 64-bit fingerprint with probability ~2^-64, so the Jaccard of fingerprint
-    sets is the exact Jaccard of the shingle sets (tests check it against `jaccard(shingles(a), shingles(b))`)."""
-    _check_n(n)
-    words64, lengths = word_hashes(texts)
+def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`shingle_fingerprints` of one group of texts."""
+    words64, lengths = _word_hashes_of_group(texts)
     empty = np.flatnonzero(lengths == 0)
     if empty.size:                                  # an empty document is the one shingle "" (one empty word)
         word_ends = np.cumsum(lengths)
@@ -294,6 +289,33 @@ def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.n
         else:
             h[live] = _fmix64_array(h[live] ^ words64[first_word[live] + j])
     return h, offsets
+
+
+def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """All shingles of all texts as 64-bit fingerprints: (values, offsets), where values[offsets[d]:offsets[d+1]]
+    belong to document d (one per shingle position, repeats allowed). Equal to `shingle_hash` of every string of
+    `shingles(text, n)` before its final >> 32, without building those strings. Two different shingles share a
+    fingerprint with probability ~2^-64, so the Jaccard of fingerprint sets is the exact Jaccard of the shingle
+    sets (the tests check it against `jaccard(shingles(a), shingles(b))`).
+
+    >>> values, offsets = shingle_fingerprints(["a b c d", "hi"], n=3)
+    >>> offsets.tolist(), int(values[2] >> np.uint64(32)) == shingle_hash("hi")
+    ([0, 2, 3], True)
+    """
+    _check_n(n)
+    values, offsets, shift = [], [np.zeros(1, dtype=np.int64)], 0
+    for first, last in _text_groups(texts):
+        group_values, group_offsets = _fingerprints_of_group(texts[first:last], n)
+        values.append(group_values)
+        offsets.append(group_offsets[1:] + shift)
+        shift += group_offsets[-1]
+    return np.concatenate(values), np.concatenate(offsets)
+
+
+def shingle_hashes(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """The 32-bit shingle hashes x that MinHash uses: (x, offsets) as in `shingle_fingerprints`, x = top 32 bits."""
+    values, offsets = shingle_fingerprints(texts, n)
+    return values >> np.uint64(32), offsets
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -446,9 +468,15 @@ class MinHasher:
         return self.signatures_from_hashes(np.asarray(xs, dtype=np.uint64), offsets)
 
     def signatures_from_texts(self, texts: list[str], n: int = 3) -> np.ndarray:
-        """Signatures straight from texts (the fast path): equal to `signatures([shingles(t, n) for t in texts])`."""
+        """Signatures straight from texts (the fast path): equal to `signatures([shingles(t, n) for t in texts])`.
+        Texts go through in groups (`GROUP_CHARS`), so memory is the (docs, k) result plus one group's arrays."""
         _check_documents(texts)
-        return self.signatures_from_hashes(*shingle_hashes(texts, n))
+        _check_n(n)
+        out = np.empty((len(texts), self.num_perm), dtype=np.uint64)
+        for first, last in _text_groups(texts):
+            values, offsets = _fingerprints_of_group(texts[first:last], n)
+            out[first:last] = self.signatures_from_hashes(values >> np.uint64(32), offsets)
+        return out
 
     def signatures_from_hashes(self, x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Per-document minima of every h_i over x[offsets[d]:offsets[d+1]] (each range non-empty): (docs, k).
@@ -726,30 +754,32 @@ def _check_documents(texts) -> None:
             raise DedupError(f"document {i} is {type(text).__name__}, not str: decode or drop it before dedup")
 
 
-def verified_pairs(pairs: np.ndarray, threshold: float, signatures: np.ndarray | None = None,
-                   fingerprints: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the candidate pairs whose similarity is >= threshold: returns (pairs kept (m, 2), their similarity (m,)).
-    With `fingerprints` = shingle_fingerprints(texts, n): the exact Jaccard of the shingle sets (sets built only for
-    documents that appear in a candidate). Otherwise the MinHash estimate from `signatures`."""
+def pair_jaccard(texts: list[str], pairs: np.ndarray, n: int = 3) -> np.ndarray:
+    """Exact Jaccard of the shingle sets of each pair (i, j): (pairs,). Only documents that appear in a pair are
+    shingled (as 64-bit fingerprints, see `shingle_fingerprints`).
+
+    >>> pair_jaccard(["the cat sat on the mat today", "x", "the cat sat on the rug today"], np.array([[0, 2]]))
+    array([0.42857143])
+    """
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    involved = np.unique(pairs)
+    values, offsets = shingle_fingerprints([texts[d] for d in involved.tolist()], n)
+    sets = [np.unique(values[offsets[k]:offsets[k + 1]]) for k in range(len(involved))]   # sorted, distinct
+    similarity = np.empty(len(pairs))
+    for p, (i, j) in enumerate(np.searchsorted(involved, pairs).tolist()):
+        common = len(np.intersect1d(sets[i], sets[j], assume_unique=True))
+        similarity[p] = common / (len(sets[i]) + len(sets[j]) - common)
+    return similarity
+
+
+def pair_estimates(signatures: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """MinHash estimate of each pair's Jaccard from the signatures: (pairs,), in bounded chunks."""
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     similarity = np.empty(len(pairs))
-    if fingerprints is not None:
-        values, offsets = fingerprints
-        sets: dict[int, np.ndarray] = {}
-        for p, (i, j) in enumerate(pairs.tolist()):
-            for d in (i, j):
-                if d not in sets:
-                    sets[d] = np.unique(values[offsets[d]:offsets[d + 1]])      # sorted distinct shingles
-            common = len(np.intersect1d(sets[i], sets[j], assume_unique=True))
-            similarity[p] = common / (len(sets[i]) + len(sets[j]) - common)
-    elif signatures is not None:
-        for start in range(0, len(pairs), 65536):                   # bounded (chunk, k) temporaries
-            chunk = pairs[start:start + 65536]
-            similarity[start:start + len(chunk)] = estimate_jaccard(signatures[chunk[:, 0]], signatures[chunk[:, 1]])
-    else:
-        raise DedupError("verified_pairs needs signatures (estimate) or fingerprints (exact)")
-    keep = similarity >= threshold
-    return pairs[keep], similarity[keep]
+    for start in range(0, len(pairs), 65536):
+        chunk = pairs[start:start + 65536]
+        similarity[start:start + len(chunk)] = estimate_jaccard(signatures[chunk[:, 0]], signatures[chunk[:, 1]])
+    return similarity
 
 
 def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
@@ -764,12 +794,11 @@ def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int
     bands, rows = resolve_bands_rows(threshold, num_perm, bands, rows)
     if verify not in ("exact", "estimate"):
         raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
-    fingerprints, offsets = shingle_fingerprints(texts, n)
-    signatures = MinHasher(num_perm, seed).signatures_from_hashes(fingerprints >> np.uint64(32), offsets)
+    signatures = MinHasher(num_perm, seed).signatures_from_texts(texts, n)
     pairs = candidate_pairs(signatures, bands, rows)
-    if verify == "exact":
-        return verified_pairs(pairs, threshold, fingerprints=(fingerprints, offsets))
-    return verified_pairs(pairs, threshold, signatures=signatures)
+    similarity = pair_jaccard(texts, pairs, n) if verify == "exact" else pair_estimates(signatures, pairs)
+    keep = similarity >= threshold
+    return pairs[keep], similarity[keep]
 
 
 def near_duplicates(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
@@ -916,11 +945,11 @@ def run_experiment(documents: list[str], planted: set[tuple[int, int]], settings
     }
     for k, bands, rows in settings:
         start = time.perf_counter()
-        fingerprints, offsets = shingle_fingerprints(documents, n)
-        signatures = MinHasher(k, seed).signatures_from_hashes(fingerprints >> np.uint64(32), offsets)
+        signatures = MinHasher(k, seed).signatures_from_texts(documents, n)
         candidates = candidate_pairs(signatures, bands, rows)
-        found, _ = verified_pairs(candidates, threshold, signatures=signatures) if verify == "estimate" else \
-            verified_pairs(candidates, threshold, fingerprints=(fingerprints, offsets))
+        similarity = pair_jaccard(documents, candidates, n) if verify == "exact" else \
+            pair_estimates(signatures, candidates)
+        found = candidates[similarity >= threshold]
         seconds = time.perf_counter() - start
         estimates = estimate_jaccard(signatures[all_pairs[similar, 0]], signatures[all_pairs[similar, 1]])
         found_set = set(map(tuple, found.tolist()))

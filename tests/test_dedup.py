@@ -165,11 +165,14 @@ def test_fast_signatures_equal_the_reference_in_python_integers():
         assert row.tolist() == hasher.signature_reference(shingles(text))
 
 
-def test_window_boundaries_do_not_change_signatures(monkeypatch):
+def test_window_and_group_boundaries_do_not_change_results(monkeypatch):
     hasher = MinHasher(16, seed=0)
     whole = hasher.signatures_from_texts(TEXTS)
+    values, offsets = dedup.shingle_fingerprints(TEXTS)
     monkeypatch.setattr(MinHasher, "chunk", 7)          # documents now straddle many windows
+    monkeypatch.setattr(dedup, "GROUP_CHARS", 20)       # and texts are hashed a few at a time
     assert np.array_equal(hasher.signatures_from_texts(TEXTS), whole)
+    assert [a.tolist() for a in dedup.shingle_fingerprints(TEXTS)] == [values.tolist(), offsets.tolist()]
 
 
 def test_signatures_are_stable_across_processes():
