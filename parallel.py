@@ -1277,6 +1277,7 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
     arrived_f, arrived_b = [set() for _ in range(p)], [set() for _ in range(p)]
     done_f, done_b = [set() for _ in range(p)], [set() for _ in range(p)]
     in_flight, peak, busy = [0] * p, [0] * p, [0.0] * p
+    timeline: list[list[tuple[float, Action]]] = [[] for _ in range(p)]
     while any(pc[s] < len(steps[s]) for s in range(p)):
         progress = False
         for s in range(p):
@@ -1297,6 +1298,7 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
                     done_b[s].add(a.mb)
                     in_flight[s] -= 1
                 duration = t_f if a.op == "F" else t_b
+                timeline[s].append((clock[s], a))
                 clock[s] += duration
                 busy[s] += duration
                 pc[s] += 1
@@ -1340,7 +1342,26 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
             raise ParallelError(f"stage {s} does not run every forward and backward exactly once")
     makespan = max(clock)
     bubbles = [1 - b / makespan for b in busy]
-    return {"makespan": makespan, "bubble": max(bubbles), "bubbles": bubbles, "peak_in_flight": peak}
+    return {"makespan": makespan, "bubble": max(bubbles), "bubbles": bubbles, "peak_in_flight": peak,
+            "timeline": timeline}
+
+
+def render_schedule(schedule: list[list[Action]]) -> str:
+    """The schedule as a time grid (forward and backward one slot each), as drawn in the lesson.
+    >>> print(render_schedule(afab_schedule(2, 2)))
+    stage 0: F0 F1 .  .  B0 B1
+    stage 1: .  F0 F1 B0 B1 .
+    """
+    timeline = simulate(schedule, 1.0, 1.0)["timeline"]
+    width = int(max(t for line in timeline for t, _ in line)) + 1
+    cell = max(len(f"{a.op}{a.mb}") for line in timeline for _, a in line) + 1
+    rows = []
+    for s, line in enumerate(timeline):
+        cells = [".".ljust(cell)] * width
+        for t, a in line:
+            cells[int(t)] = f"{a.op}{a.mb}".ljust(cell)
+        rows.append(f"stage {s}: " + "".join(cells).rstrip())
+    return "\n".join(rows)
 
 
 def bubble_fraction(p: int, m: int) -> float:
@@ -1748,3 +1769,160 @@ def zero_memory_per_rank(num_params: float, world: int, stage: int, bytes_param:
     grads = bytes_grad / (world if stage >= 2 else 1)
     weights = bytes_param / (world if stage >= 3 else 1)
     return num_params * (weights + grads + optimizer)
+
+
+def measure_pipeline_bubble(rank: int, world: int, schedule: str, micro_batches: int, steps: int = 3) -> dict:
+    """(launch target) Time a real pipeline of `world` stages on a small GPT: busy vs wall time per stage."""
+    from model import GPT, GPTConfig  # the demo's model; parallel.py itself does not need model.py
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=256, block_size=64, n_layer=2 * world, n_head=4, n_kv_head=4, n_embd=128)
+    mesh = Mesh.build(pp=world)
+    pipe = PipelineParallel(GPT(cfg), mesh, schedule)
+    x = torch.randint(0, cfg.vocab_size, (2 * micro_batches, cfg.block_size))
+    bubbles = []
+    for _ in range(steps):
+        pipe.step(x, x, micro_batches)
+        bubbles.append(pipe.stats["bubble"])
+    return {"bubble": min(bubbles)}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The command line: demos of each lesson
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _demo_worker(rank: int, world: int, steps: int) -> dict:
+    """Train a tiny GPT `steps` AdamW steps in each layout; return its full weights, traffic and memory."""
+    from model import GPT, GPTConfig
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g))
+            for _ in range(steps)]
+    out = {}
+    for name, sizes, zero in [("DP", dict(dp=world), 0), ("ZeRO-1", dict(dp=world), 1), ("ZeRO-2", dict(dp=world), 2),
+                              ("ZeRO-3", dict(dp=world), 3), (f"TP{world}", dict(tp=world), 0),
+                              (f"PP{world} 1F1B", dict(pp=world), 0)]:
+        torch.manual_seed(0)
+        model = GPT(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        mesh = Mesh.build(**sizes)
+        wrapped, wopt = parallelize(model, opt, mesh, zero=zero)
+        for i, (x, y) in enumerate(data):
+            if i == steps - 1:
+                mesh.reset_counters()
+            xs, ys = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
+            if wrapped.pipe is not None:
+                wrapped.pipeline_step(list(zip(xs.chunk(4), ys.chunk(4))))
+            else:
+                wrapped(xs, ys)[1].backward()
+                wrapped.finish_gradient_sync()
+            wopt.step()
+            if i == steps - 1:
+                sent = mesh.bytes_sent()
+                params = [p for p in wrapped.model.parameters()]
+                if wrapped.zero is not None:
+                    mem = wrapped.zero.memory_bytes()
+                else:
+                    mem = training_state_bytes(params, wopt.inner)
+            wopt.zero_grad()
+        out[name] = {"state": wrapped.full_state_dict(), "bytes": sent, "memory": sum(mem.values())}
+    return out
+
+
+def _cmd_demo(args) -> int:
+    from model import GPT, GPTConfig
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(args.steps):
+        x, y = torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g)
+        model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad()
+    want = model.state_dict()
+    n = model.num_params()
+    results = launch(_demo_worker, args.world, args.steps, timeout_s=300)
+    print(f"{n:,} parameters, {args.steps} AdamW steps on {args.world} ranks vs one process (fp32, 16 bytes/param"
+          f" = {16 * n:,} bytes in one process)")
+    print(f"{'mode':<12} {'max |diff|':>11} {'bytes sent/step/rank':>21} {'state bytes/rank':>17} {'vs 1 process':>13}")
+    for mode in results[0]:
+        diff = max(float((results[r][mode]["state"][k] - want[k]).abs().max()) for r in range(args.world)
+                   for k in want)
+        sent = max(r[mode]["bytes"] for r in results)
+        memory = max(r[mode]["memory"] for r in results)
+        print(f"{mode:<12} {diff:>11.2e} {sent:>21,.0f} {memory:>17,} {memory / (16 * n):>12.2f}x")
+    return 0
+
+
+def _cmd_schedule(args) -> int:
+    schedule = SCHEDULES[args.schedule](args.p, args.m)
+    print(render_schedule(schedule))
+    sim = simulate(schedule)
+    print(f"bubble: simulated {sim['bubble']:.3f}, formula (p-1)/(m+p-1) = {bubble_fraction(args.p, args.m):.3f}; "
+          f"peak micro-batches in flight per stage: {sim['peak_in_flight']}")
+    if args.measure:
+        measured = launch(measure_pipeline_bubble, args.p, args.schedule, args.m, timeout_s=300)
+        print(f"measured on {args.p} processes (busy vs wall time per stage): "
+              + ", ".join(f"{r['bubble']:.3f}" for r in measured))
+    return 0
+
+
+def _cmd_memory(args) -> int:
+    print(f"{args.params:.3g} parameters x 16 bytes (mixed-precision AdamW) = {16 * args.params / 1e9:.2f} GB")
+    for stage in range(4):
+        per = zero_memory_per_rank(args.params, args.world, stage)
+        print(f"  {'DP' if stage == 0 else f'ZeRO-{stage}':<7} on {args.world} ranks: {per / 1e9:8.2f} GB per rank")
+    return 0
+
+
+def _cmd_mesh(args) -> int:
+    world = args.dp * args.tp * args.pp
+    print(f"world {world} = dp {args.dp} x tp {args.tp} x pp {args.pp}")
+    print("rank     " + " ".join(f"{r:>2}" for r in range(world)))
+    for i, axis in enumerate(("pp", "dp", "tp")):
+        print(f"{axis}_rank  " + " ".join(f"{rank_coords(r, args.dp, args.tp, args.pp)[i]:>2}" for r in range(world)))
+    for axis, groups in axis_groups(args.dp, args.tp, args.pp).items():
+        print(f"{axis} groups: {groups}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="train a tiny GPT in every layout on N CPU processes; compare with one process")
+    p.add_argument("--world", type=int, default=2, help="processes (gloo on CPU)")
+    p.add_argument("--steps", type=int, default=5, help="AdamW steps")
+    p.set_defaults(run=_cmd_demo)
+    p = sub.add_parser("schedule", help="draw a pipeline schedule and its bubble")
+    p.add_argument("--p", type=int, default=4, help="stages")
+    p.add_argument("--m", type=int, default=8, help="micro-batches")
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="1f1b")
+    p.add_argument("--measure", action="store_true", help="also time a real pipeline on p CPU processes")
+    p.set_defaults(run=_cmd_schedule)
+    p = sub.add_parser("memory", help="bytes per rank under DP and ZeRO-1/2/3 (the lecture's 7B on 8 GPUs)")
+    p.add_argument("--params", type=float, default=7e9)
+    p.add_argument("--world", type=int, default=8)
+    p.set_defaults(run=_cmd_memory)
+    p = sub.add_parser("mesh", help="print the dp x tp x pp rank grid and its groups")
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--pp", type=int, default=2)
+    p.set_defaults(run=_cmd_mesh)
+    args = parser.parse_args(argv)
+    for name in ("world", "p", "m", "dp", "tp", "pp", "steps"):
+        if getattr(args, name, 1) < 1:
+            parser.exit(2, f"parallel.py: error: --{name} must be >= 1\n")
+    if args.command == "schedule" and args.measure and args.p < 2:
+        parser.exit(2, "parallel.py: error: --measure needs --p >= 2 processes\n")
+    try:
+        return args.run(args)
+    except (ParallelError, WorkerError) as e:
+        print(f"parallel.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -583,3 +583,26 @@ def test_world4_combinations_equal_single_process():
         for rank, res in enumerate(results):
             assert_same(res[name]["state"], want_state, f"{name} rank {rank}")
             torch.testing.assert_close(res[name]["losses"], want_losses, **TOL)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Docstring examples and the command line
+# ------------------------------------------------------------------------------------------------------------------
+
+def test_docstring_examples():
+    import doctest
+    assert doctest.testmod(P).failed == 0
+
+
+def test_cli_memory_and_schedule(capsys):
+    assert P.main(["memory", "--params", "7e9", "--world", "8"]) == 0
+    out = capsys.readouterr().out
+    for figure in ("112.00 GB", "38.50 GB", "26.25 GB", "14.00 GB"):
+        assert figure in out
+    assert P.main(["schedule", "--p", "4", "--m", "16"]) == 0
+    assert "simulated 0.158, formula (p-1)/(m+p-1) = 0.158" in capsys.readouterr().out
+    assert P.main(["mesh", "--dp", "2", "--tp", "2", "--pp", "2"]) == 0
+    assert "dp groups: [[0, 2], [1, 3], [4, 6], [5, 7]]" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        P.main(["schedule", "--p", "0"])
+    assert e.value.code == 2
