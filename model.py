@@ -397,7 +397,9 @@ class MoE(nn.Module):
 
     Load balancing (Switch Transformer): aux = E * sum_e f_e * P_e, with f_e the fraction of the N*k choices
     that picked expert e and P_e the mean router probability of e. It is 1 when routing is uniform and grows
-    towards E as the router collapses onto one expert. Stored in `self.aux_loss` after each forward.
+    towards E as the router collapses onto one expert. forward returns it beside the output rather than storing
+    it: a pure function can sit inside activation checkpointing under torch.compile (a side effect there is a
+    graph break); the Block records it.
     """
 
     def __init__(self, config: GPTConfig):
@@ -409,7 +411,6 @@ class MoE(nn.Module):
         self.w1 = nn.Parameter(torch.empty(E, C, H))
         self.w3 = nn.Parameter(torch.empty(E, C, H))
         self.w2 = nn.Parameter(torch.empty(E, H, C))
-        self.aux_loss = torch.zeros(())
 
     def capacity(self, n_tokens: int) -> int:
         """Slots per expert: ceil(factor * N * k / E), at most N; N when factor is 0.
@@ -421,7 +422,8 @@ class MoE(nn.Module):
             return n_tokens
         return min(n_tokens, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_expert))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> (output (B, T, C), load-balancing loss (0-dim))."""
         B, T, C = x.shape
         E, k = self.n_expert, self.top_k
         tokens = x.reshape(B * T, C)                                           # (N, C)
@@ -450,8 +452,8 @@ class MoE(nn.Module):
 
         fraction = chosen.float().mean(0)                                      # f_e, sums to 1
         mean_prob = probs.mean(0)                                              # P_e, sums to 1
-        self.aux_loss = E * (fraction * mean_prob).sum()
-        return y.view(B, T, C)
+        aux_loss = E * (fraction * mean_prob).sum()
+        return y.view(B, T, C), aux_loss
 
 
 class Block(nn.Module):
@@ -459,6 +461,10 @@ class Block(nn.Module):
 
     RoPE needs no table here: each Attention computes its angles from the positions (0..T-1, or shifted by a
     KV cache), so a block is self-contained and can run on any pipeline stage.
+
+    Activation checkpointing lives here too: in training, with the flag, the block keeps only its input and
+    recomputes its inside during backward (about 1/3 more compute for most of the activation memory).
+    `self.aux_loss` holds the MoE load-balancing loss of the last forward (0 for a dense FFN).
     """
 
     def __init__(self, config: GPTConfig):
@@ -468,11 +474,27 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.ffn = MoE(config) if config.n_expert else SwiGLU(config.n_embd, config.ffn_dim)
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.activation_checkpointing = config.activation_checkpointing
+        self.aux_loss = torch.zeros(())
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
-        x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
-        x = x + self.resid_dropout(self.ffn(self.ffn_norm(x)))
+        if self.activation_checkpointing and self.training and cache is None:
+            x, aux_loss = checkpoint(self._residual_updates, x, None, use_reentrant=False)
+        else:
+            x, aux_loss = self._residual_updates(x, cache)
+        if aux_loss is not None:
+            self.aux_loss = aux_loss                   # recorded outside the checkpointed function
         return x
+
+    def _residual_updates(self, x: torch.Tensor, cache: LayerKV | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block's math, free of side effects: (B, T, C) -> (B, T, C) and the MoE loss (None when dense)."""
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
+        aux_loss = None
+        if isinstance(self.ffn, MoE):
+            update, aux_loss = self.ffn(self.ffn_norm(x))
+        else:
+            update = self.ffn(self.ffn_norm(x))
+        return x + self.resid_dropout(update), aux_loss
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -547,17 +569,11 @@ class GPT(nn.Module):
                               f"block_size={self.config.block_size}; start a new cache from the last tokens")
         x = self.embed(idx)                                                    # (B, T, C)
         for i, block in enumerate(self.blocks):
-            if kv_cache is not None:
-                x = block(x, kv_cache.layer(i))
-            elif self.config.activation_checkpointing and self.training:
-                # Keep only each block's input; recompute its inside during backward (~1/3 more compute).
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+            x = block(x, None if kv_cache is None else kv_cache.layer(i))     # (B, T, C)
         if kv_cache is not None:
             kv_cache.length += idx.shape[1]
         if self.config.n_expert:
-            self.aux_loss = torch.stack([block.ffn.aux_loss for block in self.blocks]).sum()
+            self.aux_loss = torch.stack([block.aux_loss for block in self.blocks]).sum()
         logits = self.head(x)                                                  # (B, T, V)
         loss = None
         if targets is not None:
