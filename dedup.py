@@ -24,8 +24,10 @@ changing one word changes the whole hash. For that we compare *content overlap*.
    number comparisons whatever their length. Each position is a coin flip with success probability J, so the
    estimate's standard error is √(J(1 − J) / k): 0.044 at J = 0.43, k = 128 (4x the functions halve it).
 
-   The k functions are h_i(x) = (a_i·x + b_i) mod p: x is the shingle's 32-bit hash, p a prime above 2^32, a_i
-   and b_i random (seeded). See `universal_hash` for how the product stays exact in 64-bit integers.
+   The k functions are h_i(x) = (a_i·x + b_i) mod p: x is the shingle's 32-bit hash, p = 2^32 + 15 (the smallest
+   prime above 2^32), a_i and b_i random (seeded). The arithmetic is exact, never a silent uint64 wrap-around:
+   `universal_hash` shows the plain uint64 way (a·x + b < 2^64), `MinHasher.hash_fractions` the fast way (one
+   matrix product in float64 whose every rounding is bounded, so the minimum is still exact).
 
 3. LSH banding: compare only pairs that are likely similar. 600 documents already make 179,700 pairs, a million
    make 5·10^11. Cut each signature into b bands of r rows (32 x 4 = 128). Two documents become a *candidate*
@@ -47,7 +49,6 @@ Depends on numpy and the standard library only (no sibling files).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -388,9 +389,9 @@ class MinHasher:
     ((2, 128), dtype('uint64'))
     """
 
-    # Shingles hashed per step. The two (num_perm, chunk) float64 blocks (256 KiB each at k = 128) stay in cache,
-    # and the (k, 4) @ (4, chunk) product stays below OpenBLAS's threading threshold (m·n·k <= 262,144): BLAS
-    # threads on a busy machine were measured 50x slower at chunk = 2048.
+    # Shingles hashed per step. The (num_perm, chunk) float64 block (256 KiB at k = 128) stays in cache, and the
+    # (k, 4) @ (4, chunk) product stays below OpenBLAS's threading threshold (m·n·k <= 262,144): BLAS threads on
+    # a busy machine were measured 50x slower at chunk = 2048.
     chunk = 256
 
     def __init__(self, num_perm: int = 128, seed: int = 0):
@@ -400,17 +401,17 @@ class MinHasher:
         rng = np.random.default_rng(seed)
         self.a = rng.integers(1, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)   # (k,) never 0
         self.b = rng.integers(0, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)   # (k,)
-        # The fast path's coefficients (see `hash_block`): a·2^(11j) mod p for j = 0, 1, 2, and b, all divided by p.
+        # The fast path's coefficients (see `hash_fractions`): a·2^(11j) mod p for j = 0, 1, 2, and b, over p.
         shifted = [(int(a) << shift) % PRIME for a in self.a for shift in (0, 11, 22)]
         self._coefficients = np.column_stack([np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME,
                                               self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT])   # (k, 4)
-        # Each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p (see `hash_block`).
+        # Each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p (see `hash_fractions`).
         self._roots = np.array([(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)],
                                dtype=np.uint64)                                         # (k,)
 
     def hash_fractions(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """h_i(x)/p for all k functions and all 32-bit x as 35-bit fixed-point integers: (k, len(x)) uint64 equal
-        to (h_i(x)/p)·2^35 within ±0.6. out: an optional (k, len(x)) float64 buffer (the signature loop reuses one).
+        to (h_i(x)/p)·2^35 within ±2.2. out: an optional (k, len(x)) float64 buffer (the signature loop reuses one).
 
         Why floats, and why the minimum stays exact. numpy's uint64 product has no SIMD instruction on common CPUs
         and `%` is a division per element, so `universal_hash` costs ~3x more per value. Instead cut x into
