@@ -446,11 +446,13 @@ def _check_specials(special_tokens) -> tuple[str, ...]:
 # 4. The tokenizer: encode by merge rank (tiktoken's rule), decode by joining bytes.
 # ----------------------------------------------------------------------------------------------------------------
 
-def bpe_parts(piece: bytes, ranks: dict[bytes, int], max_rank: int | None = None) -> list[bytes]:
+def bpe_parts(piece: bytes, ranks: dict[bytes, int], max_rank: int | None = None,
+              steps: list | None = None) -> list[bytes]:
     """Split one piece into tokens: merge the adjacent pair whose concatenation has the lowest rank, repeat.
 
     This is tiktoken's rule (the rank of the concatenated bytes, leftmost on ties), so it reproduces tiktoken's ids.
-    `max_rank` only allows tokens ranked below it (used to recover which pair made a token).
+    `max_rank` only allows tokens ranked below it (used to recover which pair made a token). `steps`, if given,
+    receives the parts after each merge (`python bpe.py show --steps` prints them).
 
     >>> ranks = {bytes([i]): i for i in range(256)} | {b"lo": 256, b"low": 257, b"er": 258}
     >>> bpe_parts(b"lower", ranks)   # l o w e r -> lo w e r -> low e r -> low er
@@ -466,6 +468,8 @@ def bpe_parts(piece: bytes, ranks: dict[bytes, int], max_rank: int | None = None
         if best_rank is None:
             break
         parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+        if steps is not None:
+            steps.append(list(parts))
     return parts
 
 
@@ -926,8 +930,11 @@ def load_tokenizer(spec: str) -> Tokenizer:
     return Tokenizer.load(spec)
 
 
-def show(texts: list[str], tok: Tokenizer) -> None:
-    """Print the pieces each text becomes and what a token costs per character, per byte and per word."""
+def show(texts: list[str], tok: Tokenizer, steps: bool = False) -> None:
+    """Print the pieces each text becomes and what a token costs per character, per byte and per word.
+
+    With `steps`, also print how BPE builds each pre-token from its bytes, one merge (lowest rank first) per line.
+    """
     print(f"== {tok.name} ({len(tok):,} ids)")
     for text in texts:
         ids = tok.encode(text, disallowed_special=())
@@ -937,6 +944,11 @@ def show(texts: list[str], tok: Tokenizer) -> None:
         print(f"{text!r}\n  {len(ids)} tokens: {pieces}\n  ids {ids}")
         print(f"  {len(text)} chars, {n_bytes} bytes: {len(ids) / max(len(text), 1):.2f} tokens/char, "
               f"{len(ids) / max(n_bytes, 1):.2f} tokens/byte{per_word}")
+        for piece in pretokenize(text, tok.pattern) if steps else []:
+            data = piece.encode("utf-8")
+            history = [[data[i:i + 1] for i in range(len(data))]]
+            bpe_parts(data, tok.ranks, steps=history)
+            print(f"  {piece!r}: " + " -> ".join("".join(f"[{_show_token(p)}]" for p in parts) for parts in history))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -949,6 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("text", nargs="*", help=f"texts to show (default: {SHOW_TEXTS})")
     p.add_argument("--tokenizer", nargs="+", default=None,
                    help="cl100k, gpt2 or tokenizer .json files (default: cl100k and, if its files are found, gpt2)")
+    p.add_argument("--steps", action="store_true", help="also show the merges that build each pre-token")
     p = sub.add_parser("train", help="train a tokenizer on UTF-8 text files")
     p.add_argument("--input", nargs="+", required=True, help="text files")
     p.add_argument("--vocab-size", type=int, required=True)
@@ -979,7 +992,7 @@ def main(argv: list[str] | None = None) -> int:
                         raise
                     print(f"== {spec}: skipped ({e})")
                     continue
-                show(args.text or SHOW_TEXTS, tok)
+                show(args.text or SHOW_TEXTS, tok, args.steps)
         elif args.cmd == "train":
             tok = train_bpe(args.input, args.vocab_size, args.special, args.pattern, args.workers, args.errors,
                             verbose=True)

@@ -462,6 +462,15 @@ def test_cli_show_strawberry_digits_and_chinese(capsys):
     assert "1.92 tokens/char" in out and "tokens/word" in out  # Chinese vs English
 
 
+def test_cli_show_steps(capsys, py_gpt2):
+    assert bpe.main(["show", "strawberry", "--tokenizer", "gpt2", "--steps"]) == 0
+    out = capsys.readouterr().out
+    assert "'strawberry': [s][t][r][a][w][b][e][r][r][y] -> [s][t][r][a][w][b][er][r][y] -> " in out
+    assert out.rstrip().endswith("-> [st][raw][ber][ry] -> [st][raw][berry]")
+    steps = []
+    assert bpe.bpe_parts(b" lowest", py_gpt2.ranks, steps=steps) == steps[-1] == [b" lowest"] and len(steps) == 6
+
+
 def test_cli_show_with_a_trained_tokenizer(tmp_path, capsys, small_tok):
     small_tok.save(tmp_path / "tok.json")
     assert bpe.main(["show", "the cat", "--tokenizer", str(tmp_path / "tok.json")]) == 0
