@@ -1297,6 +1297,11 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
     return manifest
 
 
+def _check_batch_shape(batch_size: int, block_size: int) -> None:
+    if not all(isinstance(n, (int, np.integer)) and n > 0 for n in (batch_size, block_size)):
+        raise DataError(f"batch_size and block_size must be positive integers, got {batch_size!r}, {block_size!r}")
+
+
 class TokenData:
     """A prepared dataset directory.
 
@@ -1341,6 +1346,7 @@ class TokenData:
                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Random windows: x (B, T) and y (B, T) = x shifted by one token, int64 on CPU. A window never straddles
         two shards; every start position in the split is equally likely."""
+        _check_batch_shape(batch_size, block_size)
         shards = self._split(split)
         starts = np.array([max(0, len(a) - block_size) for a in shards])   # valid start positions per shard
         total = int(starts.sum())
@@ -1372,6 +1378,7 @@ class BatchIterator:
 
     def __init__(self, shards: list[np.ndarray], batch_size: int, block_size: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, shuffle: bool = True, split: str = "train") -> None:
+        _check_batch_shape(batch_size, block_size)
         if not 0 <= rank < world_size:
             raise DataError(f"rank {rank} outside world size {world_size}")
         self.shards, self.batch_size, self.block_size = shards, batch_size, block_size
@@ -1416,8 +1423,8 @@ class BatchIterator:
                 "block_size": self.block_size, "num_windows": self.num_windows, "shuffle": int(self.shuffle)}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in ("seed", "block_size", "num_windows"):
-            if state[k] != getattr(self, k):
+        for k in ("seed", "block_size", "num_windows", "shuffle"):
+            if state[k] != int(getattr(self, k)):
                 raise DataError(f"loader state was saved with {k}={state[k]}, this iterator has "
                                 f"{getattr(self, k)}: resume with the same data and --block-size/--seed")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

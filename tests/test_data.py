@@ -535,6 +535,12 @@ def test_iterator_resume_gives_the_same_next_batches(tmp_path):
         assert torch.equal(x, rx) and torch.equal(y, ry)
     with pytest.raises(DataError, match="block_size=16"):
         td.iterator("train", 4, 32, seed=1).load_state_dict(state)
+    with pytest.raises(DataError, match="shuffle=1"):
+        td.iterator("train", 4, 16, seed=1, shuffle=False).load_state_dict(state)
+    with pytest.raises(DataError, match="positive integers"):
+        td.iterator("train", 0, 16)
+    with pytest.raises(DataError, match="positive integers"):
+        td.get_batch("train", 4, -1)
 
 
 def test_damaged_dataset_is_named(tmp_path):
