@@ -1505,18 +1505,21 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("prepare", help="clean, dedup, split, train/reuse the tokenizer, encode and pack shards")
     p.add_argument("--data", nargs="+", default=["pydocs"],
-                   help="sources: pydocs, pystdlib, hf:NAME, or files/dirs (.txt .jsonl .parquet .raw .html, .gz)")
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
+                   help="sources: pydocs, pystdlib, hf:NAME, or files/dirs (.txt .jsonl .parquet .raw .html .py, .gz)")
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="BPE vocabulary (default %(default)s)")
     p.add_argument("--out", default=None, help="output directory (default: a cache dir in $PRETRAIN_CACHE or .cache/)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0, help="seeds the split, the tokenizer sample, mixing and order")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for validation")
     p.add_argument("--weights", type=float, nargs="+", default=None, help="mixing weight per source, in order")
     p.add_argument("--train-tokens", type=float, default=None, help="train token budget for the mix (e.g. 5e6)")
     p.add_argument("--tokenizer", default=None, help="reuse this bpe.py tokenizer JSON instead of training one")
-    p.add_argument("--tokenizer-train-mb", type=float, default=4.0, help="train text used to train the tokenizer")
-    p.add_argument("--filters", choices=["auto", "gopher", "code", "none"], default="auto")
+    p.add_argument("--tokenizer-train-mb", type=float, default=4.0,
+                   help="MB of train text the tokenizer trains on (default %(default)s)")
+    p.add_argument("--filters", choices=["auto", "gopher", "code", "none"], default="auto",
+                   help="quality rules: auto = Gopher for prose, code rules for code")
     p.add_argument("--near-dup-threshold", type=float, default=0.5, help="Jaccard threshold; 0 turns near-dedup off")
-    p.add_argument("--boilerplate-min-documents", type=int, default=3)
+    p.add_argument("--boilerplate-min-documents", type=int, default=3,
+                   help="a prose line found in this many documents is boilerplate and removed")
     p.add_argument("--no-pii", action="store_true", help="do not mask emails, phones and IPs")
     p.add_argument("--text-field", default="text", help="the .jsonl/.parquet field holding the text")
     p.add_argument("--txt-split", choices=["auto", "eot", "blank", "file"], default="auto",
