@@ -617,8 +617,10 @@ def test_prepare_tokens_match_the_tokenizer_and_the_text(small_corpus):
         assert all(ids == tok.encode_ordinary(t) for ids, t in zip(docs, texts))   # tiktoken path == Python encoder
         assert info["bytes"] == sum(len(t.encode()) for t in texts)
         seen += texts
-    assert len(seen) == len(set(seen)) == 40 and set(seen) <= expected | {near for near in seen if near not in expected}
-    assert sum(t in expected for t in seen) >= 36                            # the 4 near-dup clusters keep one each
+    assert len(seen) == len(set(seen)) == 40                                 # 40 originals, one per near-dup cluster
+    lowered = {e.lower() for e in expected}
+    for t in seen:                  # each is an original, its upper-case copy, or its near copy (whichever came first)
+        assert t.lower() in lowered or max(exact_jaccard(t, e) for e in expected) > 0.6
     assert any("<EMAIL>" in t and "<PHONE>" in t for t in seen)
     assert data.bytes_per_token(small_corpus["out"]) == pytest.approx(
         td.manifest["splits"]["val"]["bytes"] / td.manifest["splits"]["val"]["tokens"])
