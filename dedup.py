@@ -1109,6 +1109,8 @@ def _parse_settings(text: str) -> list[tuple[int, int, int]]:
         settings = []
     if not settings or any(len(s) != 3 for s in settings):
         raise DedupError(f"--settings must look like 128:32:4,128:16:8 (k:bands:rows), got {text!r}")
+    for k, bands, rows in settings:                       # fail before any data is read
+        resolve_bands_rows(0.5, k, bands, rows)
     return settings
 
 

@@ -417,3 +417,20 @@ def test_cli_help_and_exit_code_as_a_script(tmp_path):
     settings = subprocess.run([sys.executable, "dedup.py", "experiment", "--settings", "128:32"], cwd=ROOT,
                               capture_output=True, text=True)
     assert settings.returncode == 2 and "k:bands:rows" in settings.stderr
+
+
+def test_experiment_bad_data_is_one_clear_error(tmp_path, capsys):
+    small = tmp_path / "small.raw"
+    small.write_text(" = Title = \n" + " ".join(["word"] * 120) + "\n")
+    cases = [(["--data", str(small)], "has only 1 paragraphs of 100+ words, need 500"),
+             (["--data", str(small), "--settings", "128:30:4"], "must equal num_perm=128")]
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        cases.append((["--data", "hf"], "needs the `datasets` package"))
+    for args, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            dedup.main(["experiment", "--out", str(tmp_path / "r.json"), *args])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "r.json").exists()
