@@ -1597,6 +1597,11 @@ class DistributedModel(nn.Module):
     def model(self) -> nn.Module:
         return self.module.module
 
+    @property
+    def pipelined(self) -> bool:
+        """True under pipeline parallel: train with pipeline_step(micro_batches), not forward + backward."""
+        return self.pipe is not None
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         if self.pipe is None:
             return self.module(idx, targets)
@@ -1745,6 +1750,11 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
     check_combination(zero, mesh.tp.size, mesh.pp.size)
     if mesh.pp.size > 1 and getattr(model.config, "n_expert", 0):
         raise ParallelError("pipeline parallel does not carry the MoE load-balancing loss; use --pp 1 with MoE")
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        # Every rank must start from the same full weights before slicing or pruning them: rank 0's.
+        with torch.no_grad():
+            for t in model.state_dict().values():
+                dist.broadcast(t, src=0)
     names = {id(p): n for n, p in model.named_parameters()}
     group_names = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     wrapped = DistributedModel(model, mesh, zero, schedule)

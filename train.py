@@ -611,10 +611,11 @@ class Dist:
     world_size: int = 1
     mesh: object = None
     device: torch.device | None = None
+    global_rank: int = 0            # with --tp/--pp several processes share a data-parallel rank; one logs
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.global_rank == 0
 
 
 def setup_distributed(cfg: TrainConfig) -> Dist:
@@ -628,18 +629,19 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
         if cfg.zero or cfg.tp > 1 or cfg.pp > 1:
             raise TrainError("--zero/--tp/--pp need several processes: launch with torchrun --nproc_per_node=N")
         return Dist()
-    check_parallel_flags(cfg)
     import parallel
     _, _, device = parallel.init_distributed()
-    mesh = parallel.Mesh.build(dp=-1)
-    return Dist(rank=mesh.dp.rank, world_size=mesh.dp.size, mesh=mesh, device=device)
+    try:
+        parallel.check_combination(cfg.zero, cfg.tp, cfg.pp)
+        mesh = parallel.Mesh.build(dp=-1, tp=cfg.tp, pp=cfg.pp)
+    except parallel.ParallelError as e:
+        raise TrainError(str(e)) from e
+    return Dist(rank=mesh.dp.rank, world_size=mesh.dp.size, mesh=mesh, device=device, global_rank=mesh.rank)
 
 
-def check_parallel_flags(cfg: TrainConfig) -> None:
-    """--zero/--tp/--pp arrive with parallel.py's issue; until then they stop with a clear line."""
-    if cfg.zero or cfg.tp > 1 or cfg.pp > 1:
-        raise TrainError("--zero, --tp and --pp are not wired into train.py yet (they come with parallel.py's "
-                         "issue); run plain data parallel without them")
+def uses_model_parallel(cfg: TrainConfig) -> bool:
+    """ZeRO, tensor or pipeline parallel: the model and optimizer go through parallel.parallelize."""
+    return bool(cfg.zero) or cfg.tp > 1 or cfg.pp > 1
 
 
 def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, dist: Dist):
@@ -649,10 +651,18 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
     batches, and gradients are averaged before the update, so every rank makes the same update. The returned
     model has `no_sync()` (accumulation micro-batches skip the averaging) and `finish_gradient_sync()`.
     """
-    check_parallel_flags(cfg)
-    if dist.world_size == 1:
+    if dist.mesh is None:
         return model, optimizer
     import parallel
+    if uses_model_parallel(cfg):
+        # ZeRO / TP / PP: parallel.py splits the full model and optimizer over the mesh; the returned pair keeps
+        # this loop's calls and saves checkpoints in the single-process format (any layout can resume them).
+        try:
+            return parallel.parallelize(model, optimizer, dist.mesh, zero=cfg.zero, schedule=cfg.pp_schedule)
+        except parallel.ParallelError as e:
+            raise TrainError(str(e)) from e
+    if dist.world_size == 1:
+        return model, optimizer
     return parallel.DataParallel(model, dist.mesh.dp), optimizer
 
 
@@ -660,7 +670,7 @@ def all_reduce_mean(values: torch.Tensor, dist: Dist) -> torch.Tensor:
     """Average a small float tensor over data-parallel ranks (identity in one process)."""
     if dist.world_size > 1:
         values = values.clone()
-        torch.distributed.all_reduce(values)
+        torch.distributed.all_reduce(values, group=dist.mesh.dp.group)
         values /= dist.world_size
     return values
 
@@ -670,7 +680,7 @@ def gather_objects(obj, dist: Dist) -> list:
     if dist.world_size == 1:
         return [obj]
     out = [None] * dist.world_size
-    torch.distributed.all_gather_object(out, obj)
+    torch.distributed.all_gather_object(out, obj, group=dist.mesh.dp.group)
     return out
 
 
@@ -690,10 +700,10 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
         sources = [s.strip() for s in cfg.data.split(",") if s.strip()]
         kwargs = {"vocab_size": cfg.vocab_size} if cfg.vocab_size else {}
         log(f"preparing data {sources} (cached after the first time)")
-        if dist.world_size > 1 and not dist.is_main:
+        if dist.mesh is not None and not dist.is_main:
             torch.distributed.barrier()
         data_dir = data_lib.prepare(sources, **kwargs)
-        if dist.world_size > 1 and dist.is_main:
+        if dist.mesh is not None and dist.is_main:
             torch.distributed.barrier()
         return data_lib.TokenData(data_dir)
     except (ValueError, OSError, KeyError) as e:
@@ -762,6 +772,9 @@ class Trainer:
                              f"{self.model_config.block_size}; use at most that")
         self.accum = plan_accumulation(cfg.total_batch_tokens, cfg.batch_size, self.block_size, self.dist.world_size)
         self.tokens_per_step = cfg.batch_size * self.block_size * self.accum * self.dist.world_size
+        if cfg.pp > 1 and cfg.micro_batches and (cfg.batch_size * self.accum) % cfg.micro_batches:
+            raise TrainError(f"--micro-batches {cfg.micro_batches} does not divide the {cfg.batch_size * self.accum} "
+                             f"sequences per rank and step; choose a divisor of it")
 
         self.raw_model = model_lib.GPT(self.model_config).to(self.device)   # fp32 master weights, always
         optimizer = make_optimizer(self.raw_model, cfg, self.device.type)
@@ -812,7 +825,7 @@ class Trainer:
         """The checkpoint (format in CONTRACTS.md); loader and RNG states of every rank."""
         ranks = gather_objects({"rng": rng_state(), "loader": self.loader.state_dict()}, self.dist)
         return {"version": 1, "step": self.step,
-                "model": {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()},
+                "model": self._full_model_state(),
                 "model_config": self.model_config.to_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -823,6 +836,12 @@ class Trainer:
                 "loader": [r["loader"] for r in ranks],
                 "metrics": {"tokens": self.tokens, "lr_scale": self.lr_scale, "guard": self.guard.state_dict(),
                             "last_eval": self.last_eval}}
+
+    def _full_model_state(self) -> dict:
+        """The unsharded state dict (collective when parallel.py splits the model)."""
+        if hasattr(self.model, "full_state_dict"):
+            return self.model.full_state_dict()
+        return {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()}
 
     def save_checkpoint(self) -> pathlib.Path:
         state = self.state_dict()                    # collective under torchrun: every rank calls it
@@ -842,7 +861,10 @@ class Trainer:
         if ckpt["tokenizer_json"] != self.tokenizer.to_json():
             raise TrainError(f"checkpoint {ckpt['path']} was trained with another tokenizer than --data "
                              f"{self.cfg.data!r}; resume with the run's data ({ckpt['data_dir']})")
-        self.raw_model.load_state_dict(ckpt["model"])
+        if hasattr(self.model, "load_full_state_dict"):
+            self.model.load_full_state_dict(ckpt["model"])
+        else:
+            self.raw_model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.scaler and ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
@@ -884,6 +906,9 @@ class Trainer:
             group["lr"] = lr
         n = len(micro_batches)
         loss_sum = torch.zeros((), device=self.device)
+        if getattr(self.model, "pipelined", False):            # --pp: every micro-batch in one pipelined pass
+            loss_sum += self.model.pipeline_step(micro_batches, self.cfg.micro_batches) * n
+            micro_batches = []
         for i, (x, y) in enumerate(micro_batches):
             last = i == n - 1
             sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
@@ -903,7 +928,10 @@ class Trainer:
         self.stop_requested = stop_any > 0                             # every rank stops at the same step
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = clip_gradients(self.raw_model.parameters(), self.cfg.grad_clip)
+        if hasattr(self.model, "clip_grad_norm_"):              # split model: the norm of the full model
+            grad_norm = self.model.clip_grad_norm_(self.cfg.grad_clip)
+        else:
+            grad_norm = clip_gradients(self.raw_model.parameters(), self.cfg.grad_clip)
         bad_grad = not math.isfinite(grad_norm) and self.scaler is None   # fp16: the scaler handles inf grads
         verdict = self.guard.check(float("nan") if bad_grad else loss_value)
         if verdict == "ok":
@@ -960,7 +988,7 @@ class Trainer:
         for _ in range(batches):
             x, y = (t.to(self.device) for t in loader.next())
             with autocast(self.device, self.dtype):
-                _, loss = self.raw_model(x, y)
+                _, loss = (self.model if uses_model_parallel(self.cfg) else self.raw_model)(x, y)
             total += loss.float()
         self.model.train()
         val_loss = float(all_reduce_mean(total / batches, self.dist))
@@ -981,10 +1009,11 @@ class Trainer:
             start = [self.data.eot_id or 0]                    # "a new document starts here"
         start = start[-self.model_config.block_size:]
         idx = torch.tensor([start] * self.cfg.num_samples, dtype=torch.long, device=self.device)
-        self.raw_model.eval()
-        out = self.raw_model.generate(idx, self.cfg.sample_tokens, temperature=self.cfg.temperature,
+        model = getattr(self, "sample_model", self.raw_model)
+        model.eval()
+        out = model.generate(idx, self.cfg.sample_tokens, temperature=self.cfg.temperature,
                                       top_k=self.cfg.top_k or None, generator=generator)
-        self.raw_model.train()
+        model.train()
         return [self.cfg.prompt + self.tokenizer.decode(row[len(start):].tolist()) for row in out]
 
     # -- the loop ------------------------------------------------------------------------------------------------------
@@ -1016,6 +1045,8 @@ class Trainer:
                    **{k: v for k, v in self.last_eval.items() if k != "step"},
                    "checkpoint": str(checkpoint_path(self.out_dir, self.step)),
                    "metrics": str(self.out_dir / "metrics.jsonl")}
+        if not self.stop_requested and uses_model_parallel(cfg):
+            self.sample_model = self.model.full_model()    # collective: every rank gathers the split weights
         if self.stop_requested:
             self.log(f"interrupted: checkpoint saved at step {self.step}; continue with the same command plus --resume")
         elif self.dist.is_main:

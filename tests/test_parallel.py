@@ -606,3 +606,70 @@ def test_cli_memory_and_schedule(capsys):
     with pytest.raises(SystemExit) as e:
         P.main(["schedule", "--p", "0"])
     assert e.value.code == 2
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# train.py wiring: --zero / --tp / --pp on 2 ranks give the single-process loss curve; checkpoints change layout
+# ------------------------------------------------------------------------------------------------------------------
+
+TRAIN_ARGS = ["--model", "tiny", "--model-args", "n_layer=2,n_head=2,n_kv_head=2,n_embd=32,block_size=32",
+              "--batch-size", "4", "--block-size", "32", "--lr", "3e-3", "--warmup-steps", "2", "--max-steps", "6",
+              "--eval-interval", "3", "--eval-batches", "2", "--ckpt-interval", "3", "--log-interval", "1000",
+              "--num-samples", "1", "--sample-tokens", "4", "--peak-flops", "1e12"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    import random
+
+    import data
+    rng = random.Random(0)
+    words = ["the parser", "a list", "returns", "reads", "the keys", "every item", "a string", "sorts", "joins"]
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(40, 80))) + "." for _ in range(200)]
+    root = tmp_path_factory.mktemp("parallel-train-data")
+    (root / "corpus.txt").write_text("\n\n".join(docs))
+    return data.prepare([str(root / "corpus.txt")], out_dir=root / "prepared", vocab_size=300, seed=0,
+                        clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
+
+
+def _train_rank(rank, world, argv):
+    import train
+    train.train(train.parse_config(argv), log=lambda *a, **k: None)
+
+
+def _curve(out_dir):
+    import train
+    records = train.read_metrics(out_dir / "metrics.jsonl")
+    return ({r["step"]: r["loss"] for r in records if "loss" in r and "event" not in r},
+            {r["step"]: r["val_loss"] for r in records if "val_loss" in r})
+
+
+@pytest.mark.slow
+def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
+    """`train.py --zero 3`, `--tp 2`, `--pp 2 --micro-batches 2` on 2 ranks = `train.py` on 1 process with the same
+    global batch; a checkpoint of the 2-rank ZeRO-3 run resumes on 1 process and a 1-process one on 2 TP ranks."""
+    import shutil
+
+    import train
+    base = ["--data", str(tiny_dataset), *TRAIN_ARGS]
+    train.train(train.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
+    want_loss, want_val = _curve(tmp_path / "one")
+    assert sorted(want_loss) == list(range(6))
+    runs = {"zero3": ["--zero", "3", "--batch-size", "2"], "tp2": ["--tp", "2"],
+            "pp2": ["--pp", "2", "--micro-batches", "2", "--pp-schedule", "1f1b"]}
+    for name, flags in runs.items():
+        P.launch(_train_rank, 2, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240)
+        loss, val = _curve(tmp_path / name)
+        assert [loss[s] for s in range(6)] == pytest.approx([want_loss[s] for s in range(6)], rel=1e-4), name
+        assert val == pytest.approx(want_val, rel=1e-4), name
+    # 2 ranks (ZeRO-3) -> 1 process, and 1 process -> 2 ranks (TP): resume at step 3, finish, same curve.
+    for source, target, flags in [("zero3", "resumed_on_1", []), ("one", "resumed_on_tp2", ["--tp", "2"])]:
+        (tmp_path / target).mkdir()
+        shutil.copy(train.checkpoint_path(tmp_path / source, 3), tmp_path / target)
+        argv = [*base, *flags, "--out-dir", str(tmp_path / target), "--resume"]
+        if flags:
+            P.launch(_train_rank, 2, argv, timeout_s=240)
+        else:
+            train.train(train.parse_config(argv), log=lambda *a, **k: None)
+        loss, _ = _curve(tmp_path / target)
+        assert [loss[s] for s in range(3, 6)] == pytest.approx([want_loss[s] for s in range(3, 6)], rel=1e-4), target
