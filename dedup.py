@@ -264,7 +264,8 @@ def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     >>> counts.tolist(), [int(h) for h in hashes] == [word_hash(w) for w in ("the", "cat", "sat")]
     ([2, 0, 1], True)
     """
-    groups = [_word_hashes_of_group(texts[first:last]) for first, last in _text_groups(texts)]
+    groups = [(np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64))]
+    groups += [_word_hashes_of_group(texts[first:last]) for first, last in _text_groups(texts)]
     return np.concatenate([g[0] for g in groups]), np.concatenate([g[1] for g in groups])
 
 
@@ -304,7 +305,7 @@ def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.n
     ([0, 2, 3], True)
     """
     _check_n(n)
-    values, offsets, shift = [], [np.zeros(1, dtype=np.int64)], 0
+    values, offsets, shift = [np.empty(0, dtype=np.uint64)], [np.zeros(1, dtype=np.int64)], 0
     for first, last in _text_groups(texts):
         group_values, group_offsets = _fingerprints_of_group(texts[first:last], n)
         values.append(group_values)
@@ -617,8 +618,7 @@ def resolve_bands_rows(threshold: float, num_perm: int, bands: int | None, rows:
         return (given, num_perm // given) if name == "bands" else (num_perm // given, given)
     if bands * rows != num_perm:
         raise DedupError(f"bands x rows = {bands} x {rows} = {bands * rows} must equal num_perm={num_perm}: "
-                         f"e.g. bands={num_perm // rows if num_perm % rows == 0 else 32}, "
-                         f"rows={rows if num_perm % rows == 0 else num_perm // 32}")
+                         f"give only bands (rows = num_perm // bands) or use choose_bands_rows")
     return int(bands), int(rows)
 
 
@@ -627,7 +627,7 @@ def resolve_bands_rows(threshold: float, num_perm: int, bands: int | None, rows:
 # ----------------------------------------------------------------------------------------------------------
 
 def _pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """All pairs (as keys lo·N + hi is done by the caller) of items that share a group.
+    """All pairs of items that share a group.
 
     order: (N,) item ids sorted so that equal groups are contiguous; group: (N,) group id of order[i].
     Returns (pairs, 2) int64 item ids with the smaller id first. Pairs at distance d in sorted order share a

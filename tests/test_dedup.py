@@ -272,6 +272,15 @@ def test_union_find_clusters():
     assert uf.find(3) == uf.find(0) != uf.find(5)
 
 
+def test_no_duplicates_keeps_everything():
+    texts = ["one two three four", "five six seven eight", "nine ten eleven twelve", ""]
+    for verify in ("exact", "estimate"):
+        assert near_duplicates(texts, verify=verify) == [] and dedup_indices(texts, verify=verify) == [0, 1, 2, 3]
+    assert near_duplicates(["only one document here"]) == []
+    assert [a.tolist() for a in dedup.shingle_fingerprints([])] == [[], [0]]
+    assert [a.tolist() for a in dedup.word_hashes([])] == [[], []]
+
+
 def test_near_duplicates_and_dedup_against_exact_jaccard():
     rng = random.Random(5)
     vocab = [f"word{i}" for i in range(2000)]
