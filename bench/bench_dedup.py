@@ -5,8 +5,9 @@
    verified pairs at threshold 0.5, k = 128, 3-word shingles (the same `dedup.shingles` feed datasketch):
      ours        dedup.near_duplicate_pairs (signatures -> LSH by sorting bands -> exact-Jaccard verification)
      datasketch  shingles -> MinHash.bulk -> MinHashLSH(threshold=0.5).insert -> query -> MinHash.jaccard >= 0.5
-   Reported: signatures per second, end-to-end seconds (best of --repeats, runs interleaved so machine load hits
-   both alike), recall of the planted pairs, false positives (reported pairs whose exact Jaccard is below 0.5).
+   Reported: signatures per second and end-to-end seconds, wall and CPU (best of --repeats, runs interleaved so
+   machine load hits both alike; on a shared machine CPU time is the steadier figure), recall of the planted
+   pairs, false positives (reported pairs whose exact Jaccard is below 0.5).
 2. Natural near-duplicates: C4's first 1,000 documents + ExLlamaV2's 118-document C4 sample (which re-crawls some
    of the same pages), 5-word shingles, checked against brute-force exact Jaccard of all 624,403 pairs.
 3. Scale: 100,000 documents (90,000 + 10,000 planted copies) end to end with ours alone, in a fresh process:

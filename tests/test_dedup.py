@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import dedup
 from dedup import (PRIME, DedupError, MinHasher, UnionFind, candidate_probability, choose_bands_rows, dedup as
@@ -163,6 +164,18 @@ def test_fast_signatures_equal_the_reference_in_python_integers():
     assert np.array_equal(fast, from_sets)
     for text, row in zip(TEXTS, fast):
         assert row.tolist() == hasher.signature_reference(shingles(text))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(max_size=40) | st.text(alphabet="ab cД_1.", max_size=30), min_size=1, max_size=5),
+       st.integers(1, 4))
+def test_vectorised_hashing_equals_the_string_path_on_any_unicode(texts, n):
+    fingerprints, offsets = dedup.shingle_fingerprints(texts, n)
+    for d, text in enumerate(texts):
+        want = sorted(dedup.shingle_hash(s) for s in shingles(text, n))
+        assert sorted(set((fingerprints[offsets[d]:offsets[d + 1]] >> np.uint64(32)).tolist())) == sorted(set(want))
+    hasher = MinHasher(8, seed=2)
+    assert np.array_equal(hasher.signatures_from_texts(texts, n), hasher.signatures([shingles(t, n) for t in texts]))
 
 
 def test_window_and_group_boundaries_do_not_change_results(monkeypatch):
