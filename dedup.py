@@ -895,9 +895,10 @@ def make_near_copy(text: str, rng: random.Random, rate: float, vocabulary: list[
 def plant_near_duplicates(documents: list[str], copies: int = 100, rate_range=(0.02, 0.05),
                           seed: int = 0) -> tuple[list[str], set[tuple[int, int]]]:
     """documents + one near copy of `copies` randomly chosen documents (appended), and the true pairs
-    (original index, copy index). Each copy gets its own edit rate drawn uniformly from `rate_range`."""
+    (original index, copy index). Each copy gets its own edit rate drawn uniformly from `rate_range`; inserted
+    and replacing words come from the documents' own words (punctuation tokens left out: they are no edit)."""
     rng = random.Random(seed)
-    vocabulary = sorted({w for doc in documents for w in doc.split()})
+    vocabulary = sorted({w for doc in documents for w in doc.split() if _WORD.search(w)})
     chosen = sorted(rng.sample(range(len(documents)), copies))
     corpus, pairs = list(documents), set()
     for source in chosen:
