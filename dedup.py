@@ -864,7 +864,7 @@ def load_wikitext(source: str | os.PathLike, count: int = 500, min_words: int = 
             raise DedupError(f"could not download wikitext-2-raw-v1 ({type(error).__name__}): "
                              "pass --data PATH to a raw WikiText file instead") from None
     else:
-        lines = read_text(source).splitlines()
+        lines = read_text(source).split("\n")
     paragraphs = wikitext_paragraphs(lines, count, min_words)
     if len(paragraphs) < count:
         raise DedupError(f"{source} has only {len(paragraphs)} paragraphs of {min_words}+ words, need {count}: "
@@ -1027,7 +1027,7 @@ def read_corpus(path: str | os.PathLike, text_field: str = "text", split: str = 
     text = read_text(path)
     if pathlib.Path(path).suffix.lower() in (".jsonl", ".ndjson"):
         texts, records = [], []
-        for number, line in enumerate(text.splitlines(), 1):
+        for number, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -1044,7 +1044,7 @@ def read_corpus(path: str | os.PathLike, text_field: str = "text", split: str = 
     if split == "blank" or (split == "auto" and re.search(r"\n[ \t]*\n", text)):
         texts = [block.strip() for block in re.split(r"\n[ \t]*\n", text) if block.strip()]
     else:
-        texts = [line.strip() for line in text.splitlines() if line.strip()]
+        texts = [line.strip() for line in text.split("\n") if line.strip()]
     return texts, [json.dumps({"text": t}, ensure_ascii=False) for t in texts]
 
 

@@ -403,6 +403,10 @@ def test_run_deduplicates_jsonl_and_text(tmp_path, capsys):
     dedup.main(["run", "--input", str(tmp_path / "lines.txt"), str(tmp_path / "in.jsonl"), "--out",
                 str(tmp_path / "both.txt")])
     assert (tmp_path / "both.txt").read_text() == f"{base}\n{other}\n"
+    # Only "\n" ends a JSON line: U+2028 may sit raw inside a JSON string.
+    (tmp_path / "sep.jsonl").write_text(json.dumps({"text": "a\u2028b " + other}, ensure_ascii=False) + "\n")
+    dedup.main(["run", "--input", str(tmp_path / "sep.jsonl"), "--out", str(tmp_path / "sep_out.jsonl")])
+    assert json.loads((tmp_path / "sep_out.jsonl").read_text())["text"] == "a\u2028b " + other
 
 
 @pytest.mark.parametrize("content, args, message", [
