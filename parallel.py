@@ -29,9 +29,13 @@ Large runs combine them: TP inside a machine, PP and DP (with ZeRO) across machi
 world = dp x tp x pp with tp innermost (neighbouring ranks share the fast links) and pp outermost.
 
 The order of this file: communication helpers (with byte counters), the mesh, a process launcher for tests,
-data parallel, ZeRO, tensor parallel, pipeline schedules and their executor, gradient-norm clipping across the
-mesh, and the accounting that checks memory, traffic and bubble against the formulas above.
-Run `python parallel.py --help` for the demos.
+data parallel, ZeRO, tensor parallel, pipeline schedules and their executor (with gradient clipping across the
+mesh), `parallelize` (what train.py calls), and the accounting of memory and bubble against the formulas above.
+Every mode is tested equal to a single-process run (tests/test_parallel.py). Demos, no download needed:
+    python parallel.py demo              # each layout on 2 CPU processes vs one process: weights, bytes, memory
+    python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
+    python parallel.py memory --params 7e9 --world 8        # 112 / 38.5 / 26.25 / 14 GB per GPU
+    python parallel.py mesh --dp 2 --tp 2 --pp 2            # the rank grid and its groups
 """
 from __future__ import annotations
 
@@ -1562,7 +1566,7 @@ def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tenso
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# 10. Putting it together for train.py: `parallelize(model, optimizer, mesh, zero, schedule)`
+# 9. Putting it together for train.py: `parallelize(model, optimizer, mesh, zero, schedule)`
 #
 # train.py builds the full model and a plain optimizer as if it were alone, then hands both over. Every rank
 # builds the same full weights (same seed within a dp group), so slicing them (TP) or pruning them (PP) gives
@@ -1658,6 +1662,27 @@ class DistributedModel(nn.Module):
             self.zero.load_full_state_dict(local)
         else:
             self.model.load_state_dict(local)
+
+    def describe(self, micro_batches: int = 1) -> str:
+        """The accounting printed at the start of a run: layout, what this rank holds, traffic and bubble."""
+        m = self.mesh
+        n_local = sum(p.numel() for p in self.model.parameters())
+        n_full = self.config.num_params()
+        dp, stage = m.dp.size, self.zero_stage
+        lines = [f"parallel: world {m.world} = dp {dp} x tp {m.tp.size} x pp {m.pp.size}, ZeRO-{stage}"
+                 + (f", {self.pipe.schedule} schedule" if self.pipe else "")]
+        lines.append(f"  this rank: {n_local:,} of {n_full:,} parameters after TP/PP; weights + grads + AdamW state "
+                     f"per rank by the formula: {zero_memory_per_rank(n_local, dp, stage, 4, 4, 8) / 2**20:,.1f} MiB "
+                     f"fp32 (16 bytes/param, ZeRO shares), "
+                     f"{zero_memory_per_rank(n_local, dp, stage) / 2**20:,.1f} MiB mixed precision")
+        if dp > 1:
+            ring = 2 * (dp - 1) / dp * 4 * n_local
+            lines.append(f"  data-parallel traffic per step and rank: {ring / 2**20:,.2f} MiB (all-reduce "
+                         f"2(n-1)/n of the gradients)" + (" x ~1.5 (ZeRO-3 gathers twice)" if stage == 3 else ""))
+        if self.pipe is not None:
+            lines.append(f"  pipeline bubble (p-1)/(m+p-1) = {bubble_fraction(m.pp.size, micro_batches):.1%} with "
+                         f"{micro_batches} micro-batches")
+        return "\n".join(lines)
 
     def full_model(self) -> nn.Module:
         """A plain (unsplit) copy of the model with the current weights, on every rank."""
@@ -1762,7 +1787,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# 9. Accounting: what each rank holds, what it sends, how long the pipeline idles
+# 10. Accounting: what each rank holds (the formula), how long a real pipeline idles
 # ------------------------------------------------------------------------------------------------------------------
 
 

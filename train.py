@@ -1029,6 +1029,8 @@ class Trainer:
         cfg = self.cfg
         self.log(f"config: {json.dumps(dataclasses.asdict(cfg))}")
         self.log(f"model: {cfg.model} {self.model_config.to_dict()}")
+        if hasattr(self.model, "describe"):                  # parallel.py's accounting of this layout
+            self.log(self.model.describe(cfg.micro_batches or self.accum))
         self.log(f"{self.raw_model.num_params():,} parameters | {self.tokens_per_step:,} tokens/step = "
                  f"{cfg.batch_size} seq x {self.block_size} tokens x {self.accum} accumulation x "
                  f"{self.dist.world_size} ranks | device {self.device} | dtype {str(self.dtype).split('.')[-1]}")

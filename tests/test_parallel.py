@@ -486,7 +486,8 @@ def _train_parallelized(mesh, zero, schedule, micro_batches, data, resume_from=N
     with torch.no_grad():
         x, y = data[0]
         eval_loss = wrapped(x, y)[1]
-    return {"model": wrapped.full_state_dict(), "optimizer": wopt.state_dict(), "eval_loss": eval_loss}
+    return {"model": wrapped.full_state_dict(), "optimizer": wopt.state_dict(), "eval_loss": eval_loss,
+            "describe": wrapped.describe(micro_batches)}
 
 
 def _world2_split_worker(rank, world, resume_from):
@@ -544,6 +545,11 @@ def test_parallelize_checkpoints_are_single_process_checkpoints(world2_split, mo
         assert [g["params"] for g in got["optimizer"]["param_groups"]] == \
             [g["params"] for g in ref_opt_state["param_groups"]]
         assert_same(res["resumed_" + mode]["model"], state(next_model), f"{mode} resumed on rank {rank}")
+        sizes = {"zero3": "dp 2 x tp 1 x pp 1, ZeRO-3", "tp2_zero2": "dp 1 x tp 2 x pp 1, ZeRO-2",
+                 "pp2_afab": "dp 1 x tp 1 x pp 2, ZeRO-0, afab", "dp2": "dp 2 x tp 1 x pp 1, ZeRO-0"}[mode]
+        assert sizes in got["describe"]
+        if mode == "pp2_afab":
+            assert "bubble (p-1)/(m+p-1) = 25.0% with 3 micro-batches" in got["describe"]
 
 
 @pytest.mark.parametrize("mode,cfg", [("tp2", CFG), ("pp2_afab", CFG), ("pp2_1f1b", CFG), ("pp2_1f1b_untied", CFG4)])
