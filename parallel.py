@@ -44,9 +44,7 @@ import contextlib
 import dataclasses
 import datetime
 import io
-import math
 import os
-import queue
 import sys
 import tempfile
 import time
@@ -626,6 +624,16 @@ class _FlatUnit:
         self.pending = None
 
 
+def _gather_units(units: list[_FlatUnit]) -> None:
+    for u in units:
+        u.gather()
+
+
+def _free_units(units: list[_FlatUnit]) -> None:
+    for u in units:
+        u.free()
+
+
 def _default_units(module: nn.Module) -> list[nn.Module]:
     """The elements of every nn.ModuleList directly under `module` (e.g. GPT.blocks)."""
     return [m for child in module.children() if isinstance(child, nn.ModuleList) for m in child]
@@ -688,22 +696,24 @@ class Zero:
 
     # --- stage 3: gather just in time -----------------------------------------------------------------------------
     def _hook_units(self, unit_modules: list[nn.Module]) -> None:
+        """Block units: gather before forward, free after it, gather again when backward reaches them.
+        The root unit (embedding, head): gathered at the model's forward, freed once its gradients are sent
+        (or right after forward when no backward will come, e.g. under torch.no_grad)."""
         for m in unit_modules:
             units = self._units_of_module.get(id(m), [])
-            m.register_forward_pre_hook(lambda mod, args, units=units: [u.gather() for u in units] and None)
+            m.register_forward_pre_hook(lambda mod, args, units=units: _gather_units(units))
             m.register_forward_hook(lambda mod, args, out, units=units: self._after_unit_forward(units, out))
         root = self._units_of_module.get(id(self.module), [])
-        self.module.register_forward_pre_hook(lambda mod, args: [u.gather() for u in root] and None)
-        self.module.register_forward_hook(lambda mod, args, out: None if torch.is_grad_enabled()
-                                          else [u.free() for u in root] and None)
+        self.module.register_forward_pre_hook(lambda mod, args: _gather_units(root))
+        self.module.register_forward_hook(lambda mod, args, out: None if torch.is_grad_enabled() else _free_units(root))
 
     def _after_unit_forward(self, units: list[_FlatUnit], out) -> None:
-        for u in units:
-            u.free()
+        _free_units(units)
         outputs = out if isinstance(out, (tuple, list)) else (out,)
         for t in outputs:
             if torch.is_tensor(t) and t.requires_grad:
-                t.register_hook(lambda grad, units=units: [u.gather() for u in units] and None)
+                # Runs when the gradient of the unit's output is ready, i.e. just before the unit's backward.
+                t.register_hook(lambda grad, units=units: _gather_units(units))
                 break
 
     # --- gradients ------------------------------------------------------------------------------------------------

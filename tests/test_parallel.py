@@ -6,7 +6,6 @@ which compares them with the single-process oracle, so a failure names the mode 
 """
 import contextlib
 import copy
-import math
 
 import pytest
 import torch
@@ -572,9 +571,18 @@ def _world4_worker(rank, world):
             ("pp4_m1", dict(pp=4), CFG4, "1f1b", 1, 0),
             ("pp4_m4", dict(pp=4), CFG4, "1f1b", 4, 0),
             ("pp4_m6", dict(pp=4), CFG4, "1f1b", 6, 0),
-            ("zero3_dp4", dict(dp=4), CFG, "1f1b", 1, 3)]:
+            ("zero3_dp4", dict(dp=4), CFG_ODD, "1f1b", 1, 3)]:
         out[name] = _train_split(P.Mesh.build(**sizes), cfg, schedule, m, data, zero)
     return out
+
+
+# Sizes that do not divide by 4 ranks (embedding 63 x 34 = 2,142 and the final norm's 34): ZeRO-3 pads.
+CFG_ODD = GPTConfig(vocab_size=63, block_size=16, n_layer=2, n_head=1, n_kv_head=1, n_embd=34, ffn_hidden=50)
+
+
+def test_odd_config_really_needs_padding_on_4_ranks():
+    model = make_model(CFG_ODD)
+    assert (model.tok_emb.weight.numel() % 4, model.norm.weight.numel() % 4) == (2, 2)
 
 
 @pytest.mark.slow
@@ -583,9 +591,9 @@ def test_world4_combinations_equal_single_process():
     ranks (unit sizes that do not divide by 4: padding)."""
     results = P.launch(_world4_worker, 4, timeout_s=300)
     data = batches(batch=BATCH12)
-    refs = {cfg.n_layer: _reference_losses(cfg, data) for cfg in (CFG, CFG4)}
+    refs = {name: _reference_losses(cfg, data) for name, cfg in (("CFG", CFG), ("CFG4", CFG4), ("CFG_ODD", CFG_ODD))}
     for name in results[0]:
-        want_state, want_losses = refs[4 if name.startswith("pp4") else 2]
+        want_state, want_losses = refs["CFG4" if name.startswith("pp4") else "CFG_ODD" if "zero3" in name else "CFG"]
         for rank, res in enumerate(results):
             assert_same(res[name]["state"], want_state, f"{name} rank {rank}")
             torch.testing.assert_close(res[name]["losses"], want_losses, **TOL)
