@@ -95,6 +95,12 @@ class Source:
     read: Callable[[], Iterator[str]]
     max_documents: int | None = None
 
+    @property
+    def label(self) -> str:
+        """The spec, shortened to a file name for paths (for the funnel table)."""
+        return self.spec if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:") \
+            else pathlib.Path(self.spec).name or self.spec
+
     def documents(self) -> Iterator[str]:
         for i, doc in enumerate(self.read()):
             if self.max_documents is not None and i >= self.max_documents:
@@ -672,6 +678,10 @@ PII_PATTERNS = {
 }
 
 
+# A dotted quad right after "version", "Ver.", "driver", "build", ... is a version number, not an address.
+_VERSION_CONTEXT = re.compile(r"(?i)\b(?:v|ver\.?|version|release|build|driver|firmware|update)\s*$")
+
+
 def mask_pii(text: str) -> tuple[str, collections.Counter]:
     """Replace emails, phone numbers and IPv4 addresses with <EMAIL>, <PHONE>, <IP>; return the counts.
 
@@ -683,6 +693,8 @@ def mask_pii(text: str) -> tuple[str, collections.Counter]:
     for label, pattern in PII_PATTERNS.items():
         def replace(match: re.Match, label=label) -> str:
             if label == "PHONE" and not 7 <= sum(c.isdigit() for c in match.group()) <= 15:
+                return match.group()
+            if label == "IP" and _VERSION_CONTEXT.search(match.string, max(0, match.start() - 16), match.start()):
                 return match.group()
             counts[label] += 1
             return f"<{label}>"
@@ -726,12 +738,13 @@ class Funnel:
         return [dataclasses.asdict(s) for s in self.steps]
 
     def format(self) -> str:
-        rows = [f"{'step':<40}{'documents':>20}{'characters':>24}   removed or changed because"]
+        width = max([len(s.name) for s in self.steps] + [30])
+        rows = [f"{'step':<{width}}{'documents':>20}{'characters':>24}   removed or changed because"]
         for s in self.steps:
             docs = f"{s.docs_in:,} -> {s.docs_out:,}"
             chars = f"{s.chars_in / 1e6:,.2f}M -> {s.chars_out / 1e6:,.2f}M"
             why = ", ".join(f"{k} {v:,}" for k, v in s.reasons.items())
-            rows.append(f"{s.name:<40}{docs:>20}{chars:>24}   {why}")
+            rows.append(f"{s.name:<{width}}{docs:>20}{chars:>24}   {why}".rstrip())
         return "\n".join(rows)
 
     def empty_error(self, what: str) -> DataError:
@@ -776,12 +789,12 @@ def clean(sources: list[Source], settings: CleanSettings = CleanSettings(),
         raw = [d for d in source.documents() if d.strip()]
         if not raw:
             raise DataError(f"source {source.spec!r} has no documents (empty file or wrong --text-field?)")
-        funnel.add(f"read {source.spec}", raw, raw)
+        funnel.add(f"read {source.label}", raw, raw)
         funnel.bytes_read += sum(len(d.encode("utf-8")) for d in raw)
         if source.kind == "html":
             text = [html_to_text(d) for d in raw]
             kept = [t for t in text if t]
-            funnel.add(f"extract text ({source.spec})", raw, kept, {"no_text": len(text) - len(kept)})
+            funnel.add(f"extract text ({source.label})", raw, kept, {"no_text": len(text) - len(kept)})
             raw = kept
         rule_name, rule = _quality_rule(source.kind, settings)
         if rule is not None:
@@ -792,11 +805,11 @@ def clean(sources: list[Source], settings: CleanSettings = CleanSettings(),
                     reasons[reason] += 1
                 else:
                     kept.append(d)
-            funnel.add(f"quality filters ({rule_name}, {source.spec})", raw, kept, reasons)
+            funnel.add(f"quality filters ({rule_name}, {source.label})", raw, kept, reasons)
             if not kept:
                 raise funnel.empty_error(f"source {source.spec!r}")
             raw = kept
-        log(f"  {source.spec}: {len(raw):,} documents after the per-source steps")
+        log(f"  {source.label}: {len(raw):,} documents after the per-source steps")
         docs += raw
         origin += [s_index] * len(raw)
 
