@@ -211,51 +211,74 @@ def _count_chunk(task, pattern: str, specials: tuple[str, ...], errors: str) -> 
     return Counter(pretokenize(text, pattern, specials))
 
 
-def _text_chunks(text: str, specials: tuple[str, ...], n: int) -> list[str]:
-    """Split text into about n chunks, cutting only at the start of a special token (a hard boundary anyway)."""
-    if n <= 1 or not specials or len(text) < 2 * n:
+def _cut_finder(specials: tuple[str, ...], at_spaces: bool, as_bytes: bool) -> regex.Pattern | None:
+    """A regex for the places where a chunk of training text may start, so that counting chunk by chunk gives
+    exactly the counts of one pass: the start of a special token (a hard boundary anyway), and, for the GPT-2 and
+    GPT-4 patterns, a space or tab after a printable ASCII character, where a new piece starts whatever follows."""
+    alternatives = [regex.escape(s) for s in sorted(specials, key=len, reverse=True)]
+    if at_spaces:
+        alternatives.append(r"(?<=[!-~])[ \t]")
+    if not alternatives:
+        return None
+    pattern = "|".join(alternatives)
+    return regex.compile(pattern.encode("utf-8") if as_bytes else pattern)
+
+
+def _next_cut(data, pos: int, finder: regex.Pattern, spaced_specials: tuple, limit: int) -> int | None:
+    """The first cut at or after pos (and before limit) that is not inside a special token containing a space."""
+    m = finder.search(data, pos)
+    while m is not None and m.start() < limit:
+        p = m.start()
+        inside = False
+        for s in spaced_specials:
+            i = data.find(s, max(0, p - len(s) + 1))
+            inside = inside or (i != -1 and i < p)  # the first occurrence that could cover p starts before it
+        if not inside:
+            return p
+        m = finder.search(data, p + 1)
+    return None
+
+
+def _text_chunks(text: str, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[str]:
+    """Split text into about n chunks at places where a new piece must start (see _cut_finder)."""
+    finder = _cut_finder(specials, at_spaces, as_bytes=False)
+    if n <= 1 or finder is None or len(text) < 2 * n:
         return [text]
-    finder = special_splitter(specials)
+    spaced = tuple(s for s in specials if " " in s or "\t" in s)
     cuts, target = [0], len(text) // n
-    while True:
-        m = finder.search(text, cuts[-1] + target)
-        if m is None:
-            break
-        if m.start() > cuts[-1]:
-            cuts.append(m.start())
+    while (cut := _next_cut(text, cuts[-1] + target, finder, spaced, len(text))) is not None:
+        cuts.append(cut)
     cuts.append(len(text))
-    return [text[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+    return [text[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
-def _file_chunks(path: Path, specials: tuple[str, ...], n: int) -> list[tuple[str, int, int]]:
-    """Byte ranges of a file, about n of them, each starting at a special token (so UTF-8 is never cut)."""
+def _file_chunks(path: Path, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[tuple[str, int, int]]:
+    """Byte ranges of a file, about n of them, cut as _text_chunks cuts text (never inside a UTF-8 character:
+    a cut is at an ASCII space or tab, or at a special token's first byte)."""
     size = path.stat().st_size
-    if n <= 1 or not specials or size < 2 * n:
+    finder = _cut_finder(specials, at_spaces, as_bytes=True)
+    if n <= 1 or finder is None or size < 2 * n:
         return [(str(path), 0, size)]
-    needles = [s.encode("utf-8") for s in specials]
+    spaced = tuple(s.encode("utf-8") for s in specials if " " in s or "\t" in s)
+    margin = max([len(s.encode("utf-8")) for s in specials] + [1])  # context kept on both sides of a window
     cuts = [0]
     with open(path, "rb") as f:
         for k in range(1, n):
-            pos = max(k * size // n, cuts[-1] + 1)
-            f.seek(pos)
-            window, found = b"", None
-            while found is None:
-                block = f.read(1 << 16)
-                if not block:
-                    break
-                window += block
-                hits = [i for i in (window.find(x) for x in needles) if i >= 0]
-                if hits:
-                    found = pos + min(hits)
-                else:
-                    longest = max(map(len, needles))
-                    pos, window = pos + len(window) - longest + 1, window[len(window) - longest + 1:]
-            if found is None:
+            pos, cut = max(k * size // n, cuts[-1] + 1), None
+            while cut is None and pos < size:
+                f.seek(pos - min(pos, margin))
+                window = f.read(min(pos, margin) + (1 << 16) + margin)
+                # only cuts before `limit` are judged here: every special token that covers them is in the window
+                limit = len(window) - margin if pos + len(window) - min(pos, margin) < size else len(window)
+                found = _next_cut(window, min(pos, margin), finder, spaced, limit)
+                if found is not None:
+                    cut = pos - min(pos, margin) + found
+                pos = pos - min(pos, margin) + limit
+            if cut is None:
                 break
-            if found > cuts[-1]:
-                cuts.append(found)
+            cuts.append(cut)
     cuts.append(size)
-    return [(str(path), a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    return [(str(path), a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def _check_file(path: Path) -> None:
@@ -274,8 +297,9 @@ def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] =
                     errors: str = "strict") -> Counter:
     """Frequency of every distinct pre-token, as bytes, over a text or files; in parallel for big inputs.
 
-    Inputs are cut into chunks only at special tokens, so counting chunk by chunk gives exactly the counts of one
-    pass. `workers=None` uses every core when the input is over
+    Inputs are cut into chunks only where a new piece must start (at special tokens and, for the built-in
+    patterns, at spaces after a printable ASCII character), so counting chunk by chunk gives exactly the counts
+    of one pass. `workers=None` uses every core when the input is over
     PARALLEL_MIN_BYTES (below that, starting processes costs more than it saves); `workers=1` stays in this process.
 
     >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
@@ -296,8 +320,9 @@ def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] =
     if workers is None:
         workers = (os.cpu_count() or 1) if total > PARALLEL_MIN_BYTES else 1
     n_chunks = 4 * workers if workers > 1 else 1
-    tasks = [c for t in texts for c in _text_chunks(t, specials, n_chunks)]
-    tasks += [c for p in paths for c in _file_chunks(p, specials, n_chunks)]
+    at_spaces = pattern in (GPT2_PATTERN, GPT4_PATTERN)
+    tasks = [c for t in texts for c in _text_chunks(t, specials, n_chunks, at_spaces)]
+    tasks += [c for p in paths for c in _file_chunks(p, specials, n_chunks, at_spaces)]
     counts = Counter()
     if workers > 1 and len(tasks) > 1:
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"

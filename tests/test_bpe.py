@@ -4,6 +4,7 @@ import doctest
 import json
 import os
 import random
+from collections import Counter
 
 import pytest
 import tiktoken
@@ -165,17 +166,52 @@ def test_special_tokens_are_cut_out_before_training():
     assert tok.special_tokens == {EOT: 257} and len(tok) == 258
 
 
-def test_parallel_counting_equals_serial(tmp_path):
+def chunked_counts(chunks, pattern, specials):
+    total = sum((bpe._count_chunk(c, pattern, specials, "strict") for c in chunks), Counter())
+    return Counter({piece.encode("utf-8"): c for piece, c in total.items()})
+
+
+@pytest.mark.parametrize("specials", [(EOT,), (), ("end of doc", EOT)])
+def test_chunked_counting_equals_one_pass(tmp_path, specials):
+    """Chunks start only where a new piece must start, so counts per chunk add up to the counts of one pass."""
     rng = random.Random(1)
-    docs = ["".join(rng.choice("ab cd\n\tef1é中") for _ in range(rng.randint(0, 80))) for _ in range(300)]
-    text = EOT.join(docs)
-    serial = bpe.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=1)
-    assert bpe.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=2) == serial
+    docs = ["".join(rng.choice(["ab", " ", "  ", "cd", "\n", "\t", "1", "é", "中", "!", "'s", "\u3000", "end of doc"])
+                    for _ in range(rng.randint(0, 60))) for _ in range(300)]
+    text = (specials[-1] if specials else "\n").join(docs)
     path = tmp_path / "docs.txt"
     path.write_text(text, encoding="utf-8")
-    assert len(bpe._file_chunks(path, (EOT,), 8)) > 1
+    for pattern in (bpe.GPT2_PATTERN, bpe.GPT4_PATTERN):
+        one_pass = bpe.count_pretokens(text, pattern, specials, workers=1)
+        text_chunks = bpe._text_chunks(text, specials, 40, at_spaces=True)
+        file_chunks = bpe._file_chunks(path, specials, 40, at_spaces=True)
+        assert len(text_chunks) > 20 and "".join(text_chunks) == text
+        assert len(file_chunks) > 20 and [c[1] for c in file_chunks[1:]] == [c[2] for c in file_chunks[:-1]]
+        assert chunked_counts(text_chunks, pattern, specials) == one_pass
+        assert chunked_counts(file_chunks, pattern, specials) == one_pass
+
+
+def test_file_chunks_find_rare_cuts_across_windows(tmp_path):
+    # cut points 70 kB apart, farther than one 64 kB read window; a special token with a space straddles reads
+    text = ("x" * 70_000 + " y" + "end of doc" + "z" * 65_530 + "end of doc") * 4
+    path = tmp_path / "sparse.txt"
+    path.write_text(text, encoding="utf-8")
+    specials = ("end of doc",)
+    chunks = bpe._file_chunks(path, specials, 16, at_spaces=True)
+    assert len(chunks) > 4 and chunks[0][1] == 0 and chunks[-1][2] == len(text)
+    assert chunked_counts(chunks, bpe.GPT2_PATTERN, specials) == bpe.count_pretokens(text, bpe.GPT2_PATTERN, specials)
+
+
+def test_parallel_counting_equals_serial(tmp_path):
+    rng = random.Random(2)
+    text = EOT.join("".join(rng.choice("ab cd\n\tef1é中") for _ in range(rng.randint(0, 80))) for _ in range(300))
+    path = tmp_path / "docs.txt"
+    path.write_text(text, encoding="utf-8")
+    serial = bpe.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=1)
+    assert bpe.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=2) == serial
     assert bpe.count_pretokens([path], bpe.GPT4_PATTERN, [EOT], workers=2) == serial
     assert train_bpe([path], 300, workers=2).merges == train_bpe(text, 300, workers=1).merges
+    # a custom regex is cut only at special tokens: without them the input stays one chunk
+    assert bpe._text_chunks(text.replace(EOT, ""), (EOT,), 8, at_spaces=False) == [text.replace(EOT, "")]
 
 
 def test_progress_is_reported(capsys):
