@@ -783,12 +783,39 @@ def pair_estimates(signatures: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     return similarity
 
 
+def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Collapse documents whose whole signatures are identical (exact copies, mostly): returns (representatives,
+    the smallest document of each group plus every document without a twin, ascending; star pairs (m, 2), one
+    (representative, member) per other member). Without this, m copies of one boilerplate page would make
+    m(m-1)/2 candidate pairs in every band; with it, they cost m - 1 pairs.
+
+    >>> sig = np.array([[1, 2], [3, 4], [1, 2], [1, 2]], dtype=np.uint64)
+    >>> representatives, stars = identical_signature_groups(sig)
+    >>> representatives.tolist(), stars.tolist()
+    ([0, 1], [[0, 2], [0, 3]])
+    """
+    mixer = np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64) * 2 + 1
+    keys = _fmix64_array(signatures @ mixer)                      # (N,) a hash of the whole row (wraps mod 2^64)
+    order = np.argsort(keys, kind="stable")                       # twins side by side, smaller index first
+    same_key = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])                # only these can be twins
+    twin_of_previous = np.zeros(len(order) - 1, dtype=bool)                        # (N-1,) exactly equal rows
+    twin_of_previous[same_key] = np.all(signatures[order[same_key]] == signatures[order[same_key + 1]], axis=1)
+    group = np.concatenate(([0], np.cumsum(~twin_of_previous)))
+    first_in_group = order[np.concatenate(([True], ~twin_of_previous))]           # (groups,) stable: smallest
+    representative = first_in_group[group]                                         # (N,) for order[i]
+    is_member = representative != order
+    stars = np.stack([representative[is_member], order[is_member]], axis=1).astype(np.int64)
+    return np.sort(first_in_group), stars[np.lexsort((stars[:, 1], stars[:, 0]))]
+
+
 def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
                          rows: int | None = None, n: int = 3, seed: int = 0,
                          verify: str = "exact") -> tuple[np.ndarray, np.ndarray]:
-    """The verified pairs (m, 2), i < j, with their similarity (m,): MinHash signatures -> LSH candidates ->
-    verification at `threshold` (verify="exact": exact Jaccard of the shingle sets, via 64-bit fingerprints;
-    "estimate": the signatures' agreement rate). bands/rows default to `choose_bands_rows(threshold, num_perm)`."""
+    """Verified pairs (m, 2), i < j, with their similarity (m,): MinHash signatures -> identical signatures
+    collapsed (`identical_signature_groups`) -> LSH candidates among the rest -> verification at `threshold`
+    (verify="exact": exact Jaccard of the shingle sets, via 64-bit fingerprints; "estimate": the signatures'
+    agreement rate). The pairs join every cluster; inside a group of identical signatures only the star pairs
+    (first, other) are listed. bands/rows default to `choose_bands_rows(threshold, num_perm)`."""
     _check_documents(texts)
     _check_threshold(threshold)
     _check_n(n)
@@ -796,7 +823,10 @@ def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int
     if verify not in ("exact", "estimate"):
         raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
     signatures = MinHasher(num_perm, seed).signatures_from_texts(texts, n)
-    pairs = candidate_pairs(signatures, bands, rows)
+    representatives, stars = identical_signature_groups(signatures)
+    candidates = representatives[candidate_pairs(signatures[representatives], bands, rows)]   # back to doc ids
+    pairs = np.concatenate([stars, candidates])
+    pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
     similarity = pair_jaccard(texts, pairs, n) if verify == "exact" else pair_estimates(signatures, pairs)
     keep = similarity >= threshold
     return pairs[keep], similarity[keep]

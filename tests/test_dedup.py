@@ -285,6 +285,27 @@ def test_union_find_clusters():
     assert uf.find(3) == uf.find(0) != uf.find(5)
 
 
+def test_many_exact_copies_cost_linear_pairs_and_cluster_correctly():
+    rng = random.Random(8)
+    vocab = [f"w{i}" for i in range(3000)]
+    a, b = ([rng.choice(vocab) for _ in range(80)] for _ in range(2))
+    near_a = list(a)
+    near_a[40] = "changed"
+    texts = [" ".join(a)] * 150 + [" ".join(rng.choice(vocab) for _ in range(80)) for _ in range(40)]
+    texts += [" ".join(near_a)] + [" ".join(b)] * 3
+    rng.shuffle(texts)
+    pairs, similarity = dedup.near_duplicate_pairs(texts, threshold=0.5)
+    assert len(pairs) < 200 and np.all(similarity >= 0.5)           # not 150·149/2 = 11,175 pairs per band
+    sets = [shingles(t) for t in texts]
+    truth = UnionFind(len(texts))
+    for i in range(len(texts)):
+        for j in range(i + 1, len(texts)):
+            if jaccard(sets[i], sets[j]) >= 0.5:
+                truth.union(i, j)
+    clusters = near_duplicates(texts, threshold=0.5)
+    assert clusters == truth.clusters() and sorted(map(len, clusters)) == [3, 151]
+
+
 def test_no_duplicates_keeps_everything():
     texts = ["one two three four", "five six seven eight", "nine ten eleven twelve", ""]
     for verify in ("exact", "estimate"):
