@@ -38,6 +38,8 @@ changing one word changes the whole hash. For that we compare *content overlap*.
    32 x 4: threshold ≈ 0.42, P(J = 0.5) ≈ 0.87, P(J = 0.2) ≈ 0.05.   16 x 8: threshold ≈ 0.71, P(J = 0.5) ≈ 0.06.
    Candidates are then *verified* (signature estimate, or exact Jaccard when the texts are at hand) against the
    threshold, and union-find joins the verified pairs into clusters; `dedup` keeps the first of each cluster.
+   Exact copies (identical signatures) are joined to their first copy before banding: a page copied m times
+   costs m − 1 pairs instead of m(m − 1)/2 in every band.
 
 Run it:
     python dedup.py demo                                  # the lecture's worked numbers
