@@ -776,13 +776,14 @@ def _quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[st
     return choice, rules[choice]
 
 
-def clean(sources: list[Source], settings: CleanSettings = CleanSettings(),
+def clean(sources: list[Source], settings: CleanSettings | None = None,
           log: Callable[[str], None] = lambda s: None) -> tuple[list[str], list[int], Funnel]:
     """Run the funnel over all sources. Returns (documents, source index of each, funnel).
 
     Per source: read, extract text (HTML), quality filters. Across sources: exact dedup, boilerplate lines (prose
     only; a repeated line of code is not boilerplate), near-dedup with dedup.py, PII masking.
     """
+    settings = settings or CleanSettings()
     funnel = Funnel()
     docs, origin = [], []
     for s_index, source in enumerate(sources):
@@ -1261,7 +1262,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
 
 def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
     """Rename the finished temporary directory into place. If another process (another rank) finished the same
-    dataset first, keep theirs: the content is identical by construction."""
+    dataset first, keep theirs: the shards and tokenizer are identical by construction."""
     if out_dir.exists() and not any(out_dir.iterdir()):
         out_dir.rmdir()
     try:
