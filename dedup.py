@@ -340,8 +340,8 @@ def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     The classic bug, in peers too: p = 2^61 − 1 with a up to 2^61 and x up to 2^32 makes a·x as large as 2^93;
     numpy wraps it silently modulo 2^64, so the code computes some other function, not (a·x + b) mod p.
     And the tempting fix "keep a < 2^29 so a·x < 2^61" is worse than it looks: with no wrap-around, a·x + b mod p
-    orders the x's by x itself (rotated once where a·x + b crosses p), so all k functions pick nearly the same
-    minimum and the k estimates stop being independent.
+    orders the x's by x itself (rotated once where a·x + b crosses p), so about half of the k functions pick the
+    same shingle, the smallest x, and the k estimates stop being independent (a test shows it).
 
     >>> universal_hash(np.array([2**32 - 1], dtype=np.uint64), np.array([2**32 - 1], dtype=np.uint64),
     ...                np.array([2**32 - 1], dtype=np.uint64)).tolist() == [[((2**32 - 1)**2 + 2**32 - 1) % PRIME]]
@@ -865,7 +865,8 @@ def dedup(texts: list[str], threshold: float = 0.5, **kwargs) -> list[int]:
 # 8. The lecture's required exercise: planted near-duplicates in WikiText-2, measured against brute force
 # ----------------------------------------------------------------------------------------------------------
 
-DEFAULT_WIKITEXT = pathlib.Path(__file__).resolve().parent.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.valid.raw"
+DEFAULT_WIKITEXT = (pathlib.Path(__file__).resolve().parent.parent / "shared" / "data" / "wikitext-2-raw"
+                    / "wiki.valid.raw")
 DEFAULT_SETTINGS = ((64, 16, 4), (128, 32, 4), (128, 16, 8), (128, 64, 2), (256, 64, 4))
 
 

@@ -134,6 +134,19 @@ def test_signature_minimum_is_exact_when_a_document_holds_a_root():
     assert np.array_equal(hasher.hash_block(x), exact.T)
 
 
+def test_the_tempting_small_a_fix_is_degenerate_and_ours_is_not():
+    """The claim in universal_hash's docstring: with p = 2^61 - 1 and a < 2^29 (so a·x never wraps), about half
+    of the k functions pick the same shingle, the one with the smallest x; ours pick it about k/|set| times."""
+    rng = random.Random(0)
+    xs = [rng.randrange(2**32) for _ in range(200)]
+    mersenne = 2**61 - 1
+    small_a = [(rng.randrange(1, 2**29), rng.randrange(mersenne)) for _ in range(128)]
+    degenerate = sum(min(xs, key=lambda x: (a * x + b) % mersenne) == min(xs) for a, b in small_a)
+    hasher = MinHasher(128, seed=0)
+    ours = sum(min(xs, key=lambda x: (int(a) * x + int(b)) % PRIME) == min(xs) for a, b in zip(hasher.a, hasher.b))
+    assert degenerate > 40 and ours < 5
+
+
 def test_minhasher_parameters_are_seeded_and_in_range():
     h1, h2, h3 = MinHasher(64, seed=5), MinHasher(64, seed=5), MinHasher(64, seed=6)
     assert np.array_equal(h1.a, h2.a) and np.array_equal(h1.b, h2.b) and not np.array_equal(h1.a, h3.a)
