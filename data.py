@@ -399,8 +399,9 @@ def _file_source(path: pathlib.Path, options: dict) -> Callable[[], Iterator[str
 
 
 def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
-    files = sorted(p for p in directory.rglob("*")
-                   if p.is_file() and _inner_suffix(p) in _FILE_READERS and not p.name.startswith("."))
+    files = sorted(p for p in directory.rglob("*")                    # hidden files and folders (.git) skipped
+                   if p.is_file() and _inner_suffix(p) in _FILE_READERS
+                   and not any(part.startswith(".") for part in p.relative_to(directory).parts))
     if not files:
         raise DataError(f"{directory} holds no {'/'.join(sorted(_FILE_READERS))} files")
     return files

@@ -111,6 +111,8 @@ def test_local_files_txt_jsonl_gz_and_directories(tmp_path):
     with gzip.open(tmp_path / "c.jsonl.gz", "wt") as f:
         f.write(json.dumps({"body": "x", "text": "gamma"}) + "\n")
     (tmp_path / "notes.bin").write_bytes(b"\x00\x01")                       # not a known type: ignored in a dir
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "info.txt").write_text("hidden")                 # hidden folders are skipped
     docs = list(data.open_source(str(tmp_path)).documents())
     assert docs == ["alpha", "beta", "one", "two", "gamma"]               # files in sorted path order
     assert list(data.open_source(str(tmp_path / "c.jsonl.gz"), text_field="body").documents()) == ["x"]
