@@ -229,11 +229,8 @@ def _next_cut(data, pos: int, finder: regex.Pattern, spaced_specials: tuple, lim
     m = finder.search(data, pos)
     while m is not None and m.start() < limit:
         p = m.start()
-        inside = False
-        for s in spaced_specials:
-            i = data.find(s, max(0, p - len(s) + 1))
-            inside = inside or (i != -1 and i < p)  # the first occurrence that could cover p starts before it
-        if not inside:
+        # an occurrence of s covers p if it starts in (p - len(s), p): is the first one from there before p?
+        if not any(-1 < data.find(s, max(0, p - len(s) + 1)) < p for s in spaced_specials):
             return p
         m = finder.search(data, p + 1)
     return None
@@ -265,15 +262,16 @@ def _file_chunks(path: Path, specials: tuple[str, ...], n: int, at_spaces: bool)
     with open(path, "rb") as f:
         for k in range(1, n):
             pos, cut = max(k * size // n, cuts[-1] + 1), None
-            while cut is None and pos < size:
-                f.seek(pos - min(pos, margin))
-                window = f.read(min(pos, margin) + (1 << 16) + margin)
-                # only cuts before `limit` are judged here: every special token that covers them is in the window
-                limit = len(window) - margin if pos + len(window) - min(pos, margin) < size else len(window)
-                found = _next_cut(window, min(pos, margin), finder, spaced, limit)
+            while cut is None and pos < size:  # read 64 kB windows from pos until one holds a cut
+                start = pos - min(pos, margin)
+                f.seek(start)
+                window = f.read(pos - start + (1 << 16) + margin)
+                # judge only cuts before `limit`, so every special token that could cover one is in the window
+                limit = len(window) - margin if start + len(window) < size else len(window)
+                found = _next_cut(window, pos - start, finder, spaced, limit)
                 if found is not None:
-                    cut = pos - min(pos, margin) + found
-                pos = pos - min(pos, margin) + limit
+                    cut = start + found
+                pos = start + limit
             if cut is None:
                 break
             cuts.append(cut)

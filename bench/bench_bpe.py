@@ -66,11 +66,13 @@ def alternate(fns: dict, repeats: int) -> dict[str, float]:
 
 
 def bench_training(repeats: int) -> None:
-    print("## 1-2. Training (median of %d runs, GPT-2 pattern, <|endoftext|>)" % repeats)
+    print(f"## 1-2. Training (median of {repeats} runs, GPT-2 pattern, <|endoftext|>; by default bpe.py uses one "
+          f"process below {bpe.PARALLEL_MIN_BYTES >> 20} MiB)")
     for label, path, vocab in [("corpus.en", CORPUS_EN, 500), ("TinyStories 2 MiB", TINYSTORIES, 8192)]:
         t = alternate({
-            "bpe.py (1 process)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2", workers=1),
-            "bpe.py (all cores)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2", workers=os.cpu_count()),
+            "bpe.py (default)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2"),
+            f"bpe.py ({os.cpu_count()} processes)":
+                lambda: bpe.train_bpe([path], vocab, pattern="gpt2", workers=os.cpu_count()),
             "HF tokenizers": lambda: hf_train(path, vocab),
         }, repeats)
         hf = t["HF tokenizers"]
