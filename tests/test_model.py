@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from model import (GPT, PRESETS, TRAINING_BYTES_PER_PARAM, ConfigError, GPTConfig, KVCache, MoE, RMSNorm,
-                   SwiGLU, apply_rope, causal_attention, main, rope_angles)
+                   SwiGLU, apply_rope, causal_attention, main, rope_angles, sample)
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
@@ -270,6 +270,16 @@ def test_generate_with_cache_equals_naive_decoding_also_past_block_size(override
     with torch.no_grad():
         expected = naive_generate(model, prompt, 20)                   # 25 tokens > block_size 16
     torch.testing.assert_close(model.generate(prompt, 20, temperature=0), expected)
+
+
+def test_sample_respects_top_k_and_temperature():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    assert set(sample(logits, top_k=2, generator=g).flatten().tolist()) == {2, 3}
+    assert sample(logits[:1], temperature=0).item() == 3
+    counts = torch.bincount(sample(logits, temperature=1.0, generator=g).flatten(), minlength=4).float()
+    expected = logits[0].softmax(-1) * 2000                            # e^x / sum: 64, 175, 475, 1286
+    assert torch.all((counts - expected).abs() < 5 * expected.sqrt() + 5)
 
 
 def test_sampling_is_seeded_and_top_k_one_is_greedy():
