@@ -1,5 +1,6 @@
 """Tests for scaling.py: every worked number of the lecture, the closed-form optimum against a numerical minimum,
 the fitters against synthetic runs from known laws, and the bad-input messages."""
+import dataclasses
 import json
 import math
 import subprocess
@@ -14,9 +15,9 @@ from scaling import (FITS, Run, ScalingError, activation_memory, chinchilla_loss
                      synthetic_isoflop_runs, training_memory)
 
 
-def cli(*args):
+def cli(*args, timeout=120):
     return subprocess.run([sys.executable, str(scaling.ROOT / "scaling.py"), *args], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=timeout)
 
 
 def test_docstring_examples():
@@ -284,3 +285,110 @@ def test_cli_lesson_and_help():
     for piece in ("40,000 steps", "| 1e+10 | 2e+09 | 0.2 | 2.87 |", "38.5", "26.25", "28 GB", "15.8%"):
         assert piece in r.stdout, piece
     assert cli("--help").returncode == 0 and cli("fit", "--help").returncode == 0
+
+
+# --- the sweep and the dedup effect --------------------------------------------------------------------------------
+
+def _law_curves(sizes=(368_960, 836_448, 2_557_632), steps=range(10, 201, 10), tokens_per_step=2048):
+    law = scaling.ChinchillaFit(1.8, 400.0, 200.0, 0.3, 0.3)   # made up: its optimum lies inside the sizes
+    return [Run(n, s * tokens_per_step, law.loss(n, s * tokens_per_step), 6 * n * s * tokens_per_step,
+                f"sweep-{i + 1}") for i, n in enumerate(sizes) for s in steps]
+
+
+def test_train_command_uses_the_design_flags():
+    cmd = scaling.train_command(scaling.SweepSettings(), "sweep-2", "out/x")
+    for flag, value in (("--model", "sweep-2"), ("--out-dir", "out/x"), ("--max-steps", "200"), ("--seed", "0"),
+                        ("--batch-size", "16"), ("--block-size", "128"), ("--dtype", "fp32"), ("--data", "pydocs")):
+        assert cmd[cmd.index(flag) + 1] == value
+    assert cmd[1].endswith("train.py")
+
+
+def test_read_curve_pairs_evaluations_with_tokens(tmp_path):
+    lines = [{"step": 0, "val_loss": 8.3, "val_bpb": 3.3},
+             *({"step": s, "loss": 8.0 - s / 10, "lr": 1e-3, "tokens": (s + 1) * 100} for s in range(4)),
+             {"step": 2, "event": "skipped_batch", "loss": 99.0},
+             {"step": 2, "val_loss": 7.5, "val_bpb": 3.0},
+             {"step": 4, "val_loss": 7.1, "val_bpb": 2.9}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 5, "loss"')   # torn last line
+    runs = scaling.read_curve(path, params=1000, series="s")
+    assert [(r.tokens, r.loss) for r in runs] == [(200, 7.5), (400, 7.1)]
+    assert runs[1].compute == 6 * 1000 * 400 and runs[0].series == "s"
+
+
+def test_isoflop_slices_feed_approach2():
+    runs = _law_curves()
+    slices = scaling.isoflop_slices(runs, count=5)
+    budgets = scaling._group_close(slices, key=lambda r: r.budget)
+    assert len(budgets) == 5 and all(len(g) == 3 for g in budgets.values())
+    for group in budgets.values():
+        assert all(r.compute == pytest.approx(group[0].budget) for r in group)
+    assert scaling.isoflop_slices(runs[:20] + runs[40:], min_sizes=3) == []     # only 2 sizes: no slice
+
+
+def test_sweep_report_is_written_from_the_numbers(tmp_path):
+    runs = _law_curves()
+    facts = {f"sweep-{i + 1}": {"params": n, "non_embedding": ne, "vocab_size": 4096, "n_layer": l, "n_embd": e,
+                                "data_dir": "x", "train_tokens": 301_356, "val_tokens": 13_558}
+             for i, (n, ne, l, e) in enumerate([(368_960, 106_816, 2, 64), (836_448, 443_232, 4, 96),
+                                                (2_557_632, 1_771_200, 4, 192)])}
+    settings = scaling.SweepSettings()
+    result = scaling.SweepResult(settings, tmp_path, facts, runs, {p: 60.0 for p in facts})
+    result.report = fit_all(runs, max(r.compute for r in runs), bootstrap=0, isoflop_runs=scaling.isoflop_slices(runs))
+    result.plot = scaling.plot_runs(runs, result.report, tmp_path / "scaling.png")
+    text = scaling.sweep_report(result)
+    final = scaling.frontier(runs)[-1]
+    assert f"The frontier ends with **{final.series}**" in text
+    assert f"**{final.tokens / final.params:.3g} tokens per parameter**" in text
+    assert "| sweep-1 | 2 × 64 | 368,960 | 106,816 | 71% |" in text
+    assert "read it 1.4 times" in text                       # 200 steps × 2048 tokens over 301,356
+    assert "2: IsoFLOP parabolas | 0." in text               # Approach 2 fitted on the slices
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+def _dedup_result(dup_loss, clean_loss, reseeded_loss):
+    row = lambda name, docs, copies, loss: {"corpus": name, "documents": docs, "near_copies": copies,
+                                            "train_tokens": 300_000, "tokens_trained": 245_760, "held_out_loss": loss,
+                                            "held_out_bpb": loss / 2.6, "held_out_tokens": 30_000}
+    return {"settings": dataclasses.asdict(scaling.DedupEffectSettings()), "train_documents": 302, "planted": 60,
+            "copies_removed": 60, "originals_dropped": 1, "held_out_documents": 34,
+            "rows": [row("with duplicates", 362, 60, dup_loss), row("deduplicated", 301, 0, clean_loss),
+                     row("deduplicated, seed 1", 301, 0, reseeded_loss)]}
+
+
+@pytest.mark.parametrize("losses, verdict", [((5.10, 5.00, 5.01), "Deduplication helped: 0.1000 nats"),
+                                             ((5.01, 5.00, 5.02), "No measurable difference"),
+                                             ((4.90, 5.00, 5.01), "scored 0.1000 nats better")])
+def test_dedup_effect_verdict_follows_the_numbers(losses, verdict):
+    text = scaling.dedup_effect_report(_dedup_result(*losses))
+    assert verdict in text
+    assert "| with duplicates | 362 | 60 | 300,000 | 245,760 (0.82) |" in text
+    assert "= 17% near-duplicates" in text and "removed 60 of the 60 copies" in text
+
+
+def test_sweep_cli_needs_two_sizes():
+    r = cli("sweep", "--presets", "sweep-1", "--out-dir", "out/never")
+    assert r.returncode == 2 and "at least 2 model sizes" in r.stderr
+
+
+@pytest.mark.slow
+def test_quick_sweep_and_dedup_effect_end_to_end(tmp_path):
+    """Real train.py runs (tiny): the sweep writes its report, plot and runs file, and reuses finished runs."""
+    args = ["sweep", "--quick", "--presets", "sweep-1", "sweep-2", "--steps", "6", "--out-dir", str(tmp_path / "sw")]
+    r = cli(*args, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = (tmp_path / "sw" / "REPORT.md").read_text()
+    assert "| sweep-1 | 2 × 64 |" in report and "The frontier ends with" in report
+    assert (tmp_path / "sw" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    runs = load_runs(tmp_path / "sw" / "runs.jsonl")
+    assert {r.series for r in runs} == {"sweep-1", "sweep-2"} and len(runs) == 4     # evals at steps 3 and 6
+    again = cli(*args, timeout=900)
+    assert again.returncode == 0 and again.stderr.count("reusing the finished run") == 2
+
+    r = cli("dedup-effect", "--quick", "--steps", "2", "--out-dir", str(tmp_path / "dd"), timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads((tmp_path / "dd" / "result.json").read_text())
+    assert [row["corpus"] for row in result["rows"]] == ["with duplicates", "deduplicated", "deduplicated, seed 1"]
+    assert result["copies_removed"] >= 0.9 * result["planted"]           # dedup.py finds the planted copies
+    assert result["rows"][0]["documents"] > result["rows"][1]["documents"]
+    assert all(math.isfinite(row["held_out_loss"]) for row in result["rows"])
