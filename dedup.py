@@ -38,7 +38,7 @@ changing one word changes the whole hash. For that we compare *content overlap*.
    32 x 4: threshold ≈ 0.42, P(J = 0.5) ≈ 0.87, P(J = 0.2) ≈ 0.05.   16 x 8: threshold ≈ 0.71, P(J = 0.5) ≈ 0.06.
    Candidates are then *verified* (signature estimate, or exact Jaccard when the texts are at hand) against the
    threshold, and union-find joins the verified pairs into clusters; `dedup` keeps the first of each cluster.
-   Exact copies (identical signatures) are joined to their first copy before banding: a page copied m times
+   Exact copies (identical shingle sets) are joined to their first copy before banding: a page copied m times
    costs m − 1 pairs instead of m(m − 1)/2 in every band.
 
 Run it:
@@ -813,11 +813,14 @@ def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.n
 def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
                          rows: int | None = None, n: int = 3, seed: int = 0,
                          verify: str = "exact") -> tuple[np.ndarray, np.ndarray]:
-    """Verified pairs (m, 2), i < j, with their similarity (m,): MinHash signatures -> identical signatures
-    collapsed (`identical_signature_groups`) -> LSH candidates among the rest -> verification at `threshold`
-    (verify="exact": exact Jaccard of the shingle sets, via 64-bit fingerprints; "estimate": the signatures'
-    agreement rate). The pairs join every cluster; inside a group of identical signatures only the star pairs
-    (first, other) are listed. bands/rows default to `choose_bands_rows(threshold, num_perm)`."""
+    """Verified pairs (m, 2), i < j, sorted, with their similarity (m,): MinHash signatures -> copies collapsed
+    -> LSH candidates -> verification at `threshold` (verify="exact": exact Jaccard of the shingle sets, via 64-bit
+    fingerprints; "estimate": the signatures' agreement rate). bands/rows default to `choose_bands_rows`.
+
+    Copies: a document whose shingle set equals an earlier one's (for "estimate": whose signature does) is listed
+    once, as (first copy, copy) with similarity 1.0, and left out of LSH; its other pairs are its first copy's,
+    so the clusters are exactly those of the full pair list, at a cost linear in the number of copies.
+    """
     _check_documents(texts)
     _check_threshold(threshold)
     _check_n(n)
@@ -826,12 +829,17 @@ def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int
         raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
     signatures = MinHasher(num_perm, seed).signatures_from_texts(texts, n)
     representatives, stars = identical_signature_groups(signatures)
+    if verify == "exact":                           # equal signatures, unequal sets: not copies, back into LSH
+        copies = pair_jaccard(texts, stars, n) == 1.0
+        representatives = np.union1d(representatives, stars[~copies, 1])
+        stars = stars[copies]
     candidates = representatives[candidate_pairs(signatures[representatives], bands, rows)]   # back to doc ids
-    pairs = np.concatenate([stars, candidates])
-    pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
-    similarity = pair_jaccard(texts, pairs, n) if verify == "exact" else pair_estimates(signatures, pairs)
+    similarity = pair_jaccard(texts, candidates, n) if verify == "exact" else pair_estimates(signatures, candidates)
     keep = similarity >= threshold
-    return pairs[keep], similarity[keep]
+    pairs = np.concatenate([stars, candidates[keep]])
+    similarity = np.concatenate([np.ones(len(stars)), similarity[keep]])
+    order = np.lexsort((pairs[:, 1], pairs[:, 0]))
+    return pairs[order], similarity[order]
 
 
 def near_duplicates(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,

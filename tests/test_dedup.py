@@ -319,6 +319,32 @@ def test_many_exact_copies_cost_linear_pairs_and_cluster_correctly():
     assert clusters == truth.clusters() and sorted(map(len, clusters)) == [3, 151]
 
 
+def test_collapsing_copies_gives_the_clusters_of_all_pairs():
+    """With k = 8, signatures often coincide for documents that are not copies: the collapse must then fall back
+    to LSH for them, and clusters must equal union-find over ALL verified LSH candidates (no collapse)."""
+    rng = random.Random(4)
+    vocab = [f"v{i}" for i in range(40)]
+    base = [[rng.choice(vocab) for _ in range(30)] for _ in range(12)]
+    texts = []
+    for _ in range(120):
+        words = list(rng.choice(base))
+        for _ in range(rng.randrange(4)):
+            words[rng.randrange(30)] = rng.choice(vocab)
+        texts.append(" ".join(words))
+    for verify in ("exact", "estimate"):
+        signatures = MinHasher(8, seed=0).signatures_from_texts(texts)
+        candidates = dedup.candidate_pairs(signatures, 4, 2)
+        similarity = dedup.pair_jaccard(texts, candidates) if verify == "exact" else \
+            dedup.pair_estimates(signatures, candidates)
+        full = UnionFind(len(texts))
+        for i, j in candidates[similarity >= 0.6].tolist():
+            full.union(i, j)
+        assert near_duplicates(texts, 0.6, num_perm=8, bands=4, rows=2, verify=verify) == full.clusters()
+    _, stars = dedup.identical_signature_groups(signatures)
+    copies = len(texts) - len({frozenset(shingles(t)) for t in texts})
+    assert len(stars) > copies                           # some signature twins are not copies: the fallback ran
+
+
 def test_no_duplicates_keeps_everything():
     texts = ["one two three four", "five six seven eight", "nine ten eleven twelve", ""]
     for verify in ("exact", "estimate"):
