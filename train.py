@@ -48,11 +48,12 @@ needs a handful of standard safety measures, and each one is a section of this f
 Run it:
     python train.py                                   # pydocs corpus, `tiny` model, a few minutes on a laptop CPU
     python train.py --resume                          # continue the run in out/ exactly where it stopped
-    python train.py --model 10m --data tinystories.txt --max-steps 5000 --total-batch-tokens 65536
+    python train.py --model 10m --max-steps 5000 --data ../shared/data/tinystories/TinyStories-train-head-2MiB.txt
     torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
 
 Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), model.py (the GPT) and, under
-torchrun, parallel.py (hand-written data parallel). matplotlib is imported only to draw the loss curve.
+torchrun, parallel.py (data parallel, ZeRO, tensor and pipeline parallel). matplotlib draws the loss curve
+(imported only then).
 """
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ class TrainError(Exception):
 
 @dataclasses.dataclass
 class TrainConfig:
+    """Every setting of a run. Each field is a flag (`max_steps` -> `--max-steps`) and a key of a --config file."""
     # data and model
     data: str = dataclasses.field(default="pydocs", metadata={"help": "corpus: source names or paths for data.prepare "
                                   "(comma-separated), or a prepared dataset directory (holds manifest.json)"})
@@ -484,11 +486,13 @@ class SpikeGuard:
         self.in_a_row = 0
 
     def is_spike(self, loss: float) -> bool:
+        """NaN/Inf, or above factor x the median of the recent good losses."""
         if not math.isfinite(loss):
             return True
         return len(self.history) >= self.min_history and loss > self.factor * statistics.median(self.history)
 
     def check(self, loss: float) -> str:
+        """Record a step's loss and return "ok", "skip" or "rollback"."""
         if not self.is_spike(loss):
             self.history.append(loss)
             self.in_a_row = 0
@@ -844,6 +848,7 @@ class Trainer:
         return {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()}
 
     def save_checkpoint(self) -> pathlib.Path:
+        """Write OUT_DIR/ckpt_{step}.pt atomically (rank 0) and prune old ones; every rank must call it."""
         state = self.state_dict()                    # collective under torchrun: every rank calls it
         path = checkpoint_path(self.out_dir, self.step)
         if self.dist.is_main:
@@ -1019,10 +1024,12 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------------------------------
 
     def progress_line(self, record: dict, tok_per_s: float, seconds_per_step: float) -> str:
+        """'step 10/600 | loss 8.0344 | lr 6.67e-04 | grad norm 0.911 | 2,147 tok/s | MFU 58.89% | ETA 9m22s'"""
         mfu = self._flops_per_token * tok_per_s / self._peak
         eta = format_duration((self.cfg.max_steps - self.step) * seconds_per_step)
-        return (f"step {record['step'] + 1:>6}/{self.cfg.max_steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
-                f"grad norm {record['grad_norm']:.3f} | {tok_per_s:,.0f} tok/s | MFU {100 * mfu:.2f}% | ETA {eta}")
+        return (f"step {record['step'] + 1:>6}/{self.cfg.max_steps} | loss {record['loss']:.4f} | "
+                f"lr {record['lr']:.2e} | grad norm {record['grad_norm']:.3f} | {tok_per_s:,.0f} tok/s | "
+                f"MFU {100 * mfu:.2f}% | ETA {eta}")
 
     def run(self) -> dict:
         """Train to max_steps (or until Ctrl-C), evaluating, checkpointing and logging; then sample and plot."""
@@ -1112,6 +1119,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """CLI: train with the flags; bad input exits with code 2 and one line, Ctrl-C with code 130."""
     cfg = parse_config(argv)
     try:
         summary = train(cfg)

@@ -55,11 +55,13 @@ def train_loop(trainer: train.Trainer, steps: int) -> list[float]:
     return times
 
 
-def bench_preset(preset: str, data: str, steps: int, rounds: int, warmup: int, out_root: pathlib.Path) -> dict:
+def bench_preset(preset: str, data: str, batch_size: int, steps: int, rounds: int, warmup: int,
+                 out_root: pathlib.Path) -> dict:
     ours, ref = [], []
     trainer = None
     for r in range(rounds):
         cfg = train.parse_config(["--model", preset, "--data", data, "--out-dir", str(out_root / f"{preset}-{r}"),
+                                  "--batch-size", str(batch_size),
                                   "--max-steps", "100000", "--eval-interval", "100000", "--ckpt-interval", "100000",
                                   "--log-interval", "100000", "--num-samples", "0", "--overwrite"])
         trainer = train.Trainer(cfg, log=lambda *a, **k: None)
@@ -79,8 +81,9 @@ def main(argv=None) -> None:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--presets", default="tiny,10m", help="comma-separated model presets")
     parser.add_argument("--data", default="pydocs", help="train.py --data")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per loop per round")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per loop per round")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step (at the preset's length)")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per loop per round")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per loop per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (ours, reference)")
     args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU fp32; median step time over "
@@ -89,7 +92,8 @@ def main(argv=None) -> None:
           f"{'MFU ours':>9} {'MFU ref':>8} {'overhead':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets.split(","):
-            r = bench_preset(preset, args.data, args.steps, args.rounds, args.warmup, pathlib.Path(tmp))
+            r = bench_preset(preset, args.data, args.batch_size, args.steps, args.rounds, args.warmup,
+                             pathlib.Path(tmp))
             print(f"{r['preset']:<7} {r['params']:>10,} {r['tokens_per_step']:>11,} {r['ours_tok_s']:>15,.0f} "
                   f"{r['ref_tok_s']:>16,.0f} {100 * r['ours_mfu']:>8.1f}% {100 * r['ref_mfu']:>7.1f}% "
                   f"{100 * r['overhead']:>+8.1f}%")

@@ -227,6 +227,21 @@ def test_bf16_lesson_master_weights_stay_fp32(dataset_dir, tmp_path):
     assert torch.equal(w.bfloat16(), w0.bfloat16())
 
 
+def test_fp16_uses_a_gradient_scaler_and_activation_checkpointing_changes_nothing(dataset_dir, tmp_path):
+    fp16 = train.Trainer(config(dataset_dir, tmp_path / "fp16", "--dtype", "fp16"), log=quiet)
+    assert fp16.scaler is not None and fp16.scaler.get_scale() == 2.0 ** 16
+    record = fp16.train_step(fp16.next_micro_batches())
+    assert math.isfinite(record["loss"]) and all(p.dtype == torch.float32 for p in fp16.raw_model.parameters())
+    assert fp16.state_dict()["scaler"]["scale"] > 0                             # the scale is checkpointed
+    plain = train.Trainer(config(dataset_dir, tmp_path / "a"), log=quiet)
+    recompute = train.Trainer(config(dataset_dir, tmp_path / "b", "--activation-checkpointing"), log=quiet)
+    assert recompute.model_config.activation_checkpointing and not plain.model_config.activation_checkpointing
+    batch = plain.next_micro_batches()
+    assert plain.train_step(batch)["loss"] == recompute.train_step(batch)["loss"]
+    for p, q in zip(plain.raw_model.parameters(), recompute.raw_model.parameters()):
+        assert torch.allclose(p, q, atol=1e-7)
+
+
 def test_short_run_validation_loss_falls_and_artifacts(dataset_dir, tmp_path):
     out = tmp_path / "run"
     messages = []
