@@ -573,7 +573,7 @@ def plot_loss_curve(metrics_path, png_path) -> pathlib.Path:
     import matplotlib.pyplot as plt
     train, val = {}, {}
     for r in read_metrics(metrics_path):                  # a resumed run rewrites steps: keep the last value
-        if "loss" in r:
+        if "loss" in r and "event" not in r:
             train[r["step"]] = r["loss"]
         if "val_loss" in r:
             val[r["step"]] = r["val_loss"]
@@ -799,6 +799,8 @@ class Trainer:
         if resume_ckpt is not None:
             self.restore(resume_ckpt, rollback=False)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.dist.is_main)
+        if resume_ckpt is not None:
+            self.metrics.write({"step": self.step, "event": "resumed", "checkpoint": resume_ckpt["path"]})
 
     # -- setup ---------------------------------------------------------------------------------------------------------
 
@@ -951,7 +953,7 @@ class Trainer:
         self.tokens += self.tokens_per_step
         record["tokens"] = self.tokens
         if verdict != "ok":
-            record["event"] = "skipped_batch"
+            record["skipped"] = True
             self.metrics.write({"step": record["step"], "event": "skipped_batch", "loss": loss_value,
                                 "grad_norm": grad_norm, "median": self._median()})
             self.log(f"step {record['step']}: loss {loss_value:.4f} is a spike (median {self._median():.4f}); "
@@ -1057,6 +1059,7 @@ class Trainer:
         if not self.stop_requested and uses_model_parallel(cfg):
             self.sample_model = self.model.full_model()    # collective: every rank gathers the split weights
         if self.stop_requested:
+            self.metrics.write({"step": self.step, "event": "interrupted", "checkpoint": summary["checkpoint"]})
             self.log(f"interrupted: checkpoint saved at step {self.step}; continue with the same command plus --resume")
         elif self.dist.is_main:
             summary["samples"] = self.sample()

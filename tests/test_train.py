@@ -286,7 +286,7 @@ def test_spike_guard_skips_an_injected_bad_batch_and_rolls_back(dataset_dir, tmp
         adversarial = trainer.raw_model(x)[0].argmin(-1)
     before = {n: p.detach().clone() for n, p in trainer.raw_model.named_parameters()}
     record = trainer.train_step([(x, adversarial)])
-    assert record["event"] == "skipped_batch" and record["loss"] > 2 * trainer._median()
+    assert record["skipped"] and record["loss"] > 2 * trainer._median()
     assert all(torch.equal(p, before[n]) for n, p in trainer.raw_model.named_parameters())   # no update
     nan_batch = (x, torch.full_like(x, -1))                                   # every target ignored: loss NaN
     assert math.isnan(trainer.train_step([nan_batch])["loss"])
@@ -331,6 +331,7 @@ def test_resume_after_sigkill_gives_the_uninterrupted_losses(dataset_dir, tmp_pa
     reference = train.train(train.parse_config([*map(str, flags), "--out-dir", str(tmp_path / "ref")]), log=quiet)
     got = losses_by_step(tmp_path / "killed" / "metrics.jsonl")
     want = losses_by_step(tmp_path / "ref" / "metrics.jsonl")
+    assert any(r.get("event") == "resumed" for r in train.read_metrics(tmp_path / "killed" / "metrics.jsonl"))
     assert sorted(got) == sorted(want) == list(range(150))
     assert got == want                                                         # exactly, step by step
     assert resumed["val_loss"] == reference["val_loss"]
@@ -349,6 +350,8 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(dataset_dir, tmp_path):
     assert "Traceback" not in stderr and "interrupted: checkpoint saved at step" in stdout
     ckpt = train.load_checkpoint(out)
     assert 0 < ckpt["step"] < 1000 and max(losses_by_step(out / "metrics.jsonl")) == ckpt["step"] - 1
+    assert train.read_metrics(out / "metrics.jsonl")[-1] == {"step": ckpt["step"], "event": "interrupted",
+                                                            "checkpoint": ckpt["path"]}
 
 
 def train_on_rank(rank: int, world: int, argv: list[str]) -> None:
