@@ -249,9 +249,13 @@ def test_gpt2_files_equal_tiktoken_gpt2(gpt2_files, gpt2):
     assert len(tok) == 50257 and tok.eot_id == 50256 and len(tok.merges) == 50000
     assert tok.ranks == gpt2._mergeable_ranks and tok.special_tokens == gpt2._special_tokens
     assert tok.pattern == gpt2._pat_str == bpe.GPT2_PATTERN
-    assert Tokenizer.from_tiktoken(cl100k_or_skip()).pattern == bpe.GPT4_PATTERN
     # merges recovered from the ranks alone are the merges of vocab.bpe
     assert Tokenizer.from_tiktoken(gpt2).merges == tok.merges
+
+
+def test_builtin_gpt4_pattern_is_cl100k(py_cl100k):
+    assert py_cl100k.pattern == bpe.GPT4_PATTERN and bpe.resolve_pattern("gpt4") == bpe.GPT4_PATTERN
+    assert len(py_cl100k) == 100277 and py_cl100k.eot_id == 100257
 
 
 @pytest.mark.parametrize("name", ["cl100k", "gpt2"])
@@ -375,13 +379,14 @@ def test_streaming_equals_whole_text(parts, cuts, small_tok, tiktoken_pairs):
         assert list(tok.encode_iterable(chunks, allowed_special="all", fast=True)) == whole
 
 
-def test_encode_file_streams_lines_and_blocks(tmp_path, small_tok, corpora):
-    text = "".join(corpora.values()) + "\r\nend\r\n"
+def test_encode_file_streams_lines_and_blocks(tmp_path, small_tok):
+    rng = random.Random(3)
+    text = "".join(rng.choice([EMBEDDED, EOT, " ", "\n", "word "]) for _ in range(400)) + "\r\nend\r\n"
     path = tmp_path / "corpus.txt"
     path.write_bytes(text.encode("utf-8"))
     whole = small_tok.encode(text, disallowed_special=())
     for fast in (False, True):
-        parts = list(small_tok.encode_file(path, chunk_chars=4096, fast=fast, disallowed_special=()))
+        parts = list(small_tok.encode_file(path, chunk_chars=1024, fast=fast, disallowed_special=()))
         assert len(parts) > 10 and [i for p in parts for i in p] == whole
     with open(path, encoding="utf-8", newline="") as f:
         assert list(small_tok.encode_iterable(f, disallowed_special=())) == whole
@@ -393,18 +398,27 @@ def test_encode_file_streams_lines_and_blocks(tmp_path, small_tok, corpora):
 # Files
 # ---------------------------------------------------------------------------------------------------------------
 
-def test_save_load_round_trip(tmp_path, small_tok, gpt2_files):
-    for tok in (small_tok, bpe.load_gpt2_bpe(*gpt2_files)):
-        path = tmp_path / f"{tok.name}.json"
-        tok.save(path)
-        back = Tokenizer.load(path)
-        assert (back.ranks, back.merges, back.special_tokens, back.pattern, back.name) == \
-               (tok.ranks, tok.merges, tok.special_tokens, tok.pattern, tok.name)
-        assert back.encode(EMBEDDED) == tok.encode(EMBEDDED)
-        assert Tokenizer.from_json(tok.to_json()).vocab == tok.vocab
+def assert_save_load_round_trip(tok, path):
+    tok.save(path)
+    back = Tokenizer.load(path)
+    assert (back.ranks, back.merges, back.special_tokens, back.pattern, back.name) == \
+           (tok.ranks, tok.merges, tok.special_tokens, tok.pattern, tok.name)
+    assert back.encode(EMBEDDED) == tok.encode(EMBEDDED)
+    assert Tokenizer.from_json(tok.to_json()).vocab == tok.vocab
+    assert not list(path.parent.glob(".*"))  # no temp files left behind
+
+
+def test_save_load_round_trip(tmp_path, small_tok):
+    assert_save_load_round_trip(small_tok, tmp_path / "tok.json")
+    doc = json.loads((tmp_path / "tok.json").read_text(encoding="utf-8"))
+    assert doc["format"] == "bpe.py tokenizer" and doc["version"] == 1 and doc["vocab"]["Ġ"] == 32
+    assert doc["special_tokens"] == {EOT: 406, "<|pad|>": 407} and len(doc["merges"]) == 150
+
+
+def test_save_load_round_trip_gpt2(tmp_path, gpt2_files):
+    assert_save_load_round_trip(bpe.load_gpt2_bpe(*gpt2_files), tmp_path / "gpt2.json")
     doc = json.loads((tmp_path / "gpt2.json").read_text(encoding="utf-8"))
     assert doc["version"] == bpe.FORMAT_VERSION and doc["vocab"]["Ġthe"] == 262 and doc["merges"][0] == "Ġ t"
-    assert not list(tmp_path.glob(".*"))  # no temp files left behind
 
 
 def test_save_is_atomic(tmp_path, small_tok, monkeypatch):
