@@ -626,7 +626,7 @@ def format_contamination(report: dict, show: int = 10) -> str:
         f">= {r['min_overlap']} {r['n']}-gram(s) with the training corpus",
     ]
     worst = sorted((d for d in r["documents"] if d["contaminated"]), key=lambda d: (-d["fraction"], d["doc"]))
-    if worst:
+    if worst and show > 0:
         lines.append(f"{'doc':>6} {'ngrams':>7} {'shared':>7} {'frac':>6}  first shared {r['n']}-gram")
         for d in worst[:show]:
             lines.append(f"{d['doc']:>6} {d['ngrams']:>7} {d['overlapping']:>7} {d['fraction']:>6.2f}  {d['example']}")
