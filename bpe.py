@@ -297,7 +297,7 @@ def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] =
 
     Inputs are cut into chunks only where a new piece must start (at special tokens and, for the built-in
     patterns, at spaces after a printable ASCII character), so counting chunk by chunk gives exactly the counts
-    of one pass. `workers=None` uses every core when the input is over
+    of one pass. `workers=None` uses up to one process per core and per MiB when the input is over
     PARALLEL_MIN_BYTES (below that, starting processes costs more than it saves); `workers=1` stays in this process.
 
     >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
@@ -316,7 +316,7 @@ def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] =
             _check_file(p)
         texts, total = [], sum(p.stat().st_size for p in paths)
     if workers is None:
-        workers = (os.cpu_count() or 1) if total > PARALLEL_MIN_BYTES else 1
+        workers = min(os.cpu_count() or 1, total >> 20) if total > PARALLEL_MIN_BYTES else 1  # >= 1 MiB each
     n_chunks = 4 * workers if workers > 1 else 1
     at_spaces = pattern in (GPT2_PATTERN, GPT4_PATTERN)
     tasks = [c for t in texts for c in _text_chunks(t, specials, n_chunks, at_spaces)]
