@@ -658,8 +658,9 @@ def _band_keys(band_rows: np.ndarray) -> np.ndarray:
     return key
 
 
-def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """Candidate pairs as an array (pairs, 2) of document ids, i < j, sorted, each pair once.
+def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, documents: np.ndarray | None = None) -> np.ndarray:
+    """Candidate pairs as an array (pairs, 2) of document ids, i < j, sorted, each pair once. `documents`, an
+    ascending array of row ids, restricts the search to those rows (without copying the whole signature array).
 
     Per band: sort the documents by a 64-bit key of their band (one argsort), so documents with identical bands
     become neighbours; every pair inside a run of identical bands is a candidate. Runs are cut where the band
@@ -673,10 +674,11 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray
     if bands is None or rows is None:
         raise DedupError("lsh_candidates needs both bands and rows: e.g. choose_bands_rows(threshold, num_perm)")
     bands, rows = resolve_bands_rows(0.5, signatures.shape[1], bands, rows)
-    num_docs = signatures.shape[0]
+    documents = np.arange(signatures.shape[0]) if documents is None else np.asarray(documents, dtype=np.int64)
+    num_docs = len(documents)
     keys = []
     for band in range(bands):
-        band_rows = signatures[:, band * rows:(band + 1) * rows]               # (N, r)
+        band_rows = signatures[documents, band * rows:(band + 1) * rows]      # (N, r) a small copy
         band_keys = _band_keys(band_rows)
         order = np.argsort(band_keys, kind="stable")                           # (N,) equal keys side by side
         sorted_rows = band_rows[order]
@@ -690,7 +692,7 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray
         pairs = _pairs_in_groups(order, group)
         keys.append(pairs[:, 0] * num_docs + pairs[:, 1])                      # one int64 per pair
     unique = np.unique(np.concatenate(keys))
-    return np.stack([unique // num_docs, unique % num_docs], axis=1)
+    return documents[np.stack([unique // num_docs, unique % num_docs], axis=1)]
 
 
 def lsh_candidates(signatures: np.ndarray, bands: int, rows: int) -> set[tuple[int, int]]:
@@ -833,7 +835,7 @@ def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int
         copies = pair_jaccard(texts, stars, n) == 1.0
         representatives = np.union1d(representatives, stars[~copies, 1])
         stars = stars[copies]
-    candidates = representatives[candidate_pairs(signatures[representatives], bands, rows)]   # back to doc ids
+    candidates = candidate_pairs(signatures, bands, rows, documents=representatives)
     similarity = pair_jaccard(texts, candidates, n) if verify == "exact" else pair_estimates(signatures, candidates)
     keep = similarity >= threshold
     pairs = np.concatenate([stars, candidates[keep]])
