@@ -385,7 +385,7 @@ def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_t
     For each task: greedy-decode up to len(answer tokens) + slack_tokens tokens (stopping at a newline or
     end-of-text), keep the first line's first as many words as the answer has, and compare under normalize_answer.
     The same answers are also scored teacher-forced: p(answer | prompt) and the fraction of answer tokens that were
-    the model's top choice.
+    the model's top choice. `examples` shows the first right answer (if any) and the first wrong ones.
     """
     if not tasks:
         raise EvalError("the task set is empty: nothing to score")
@@ -394,7 +394,7 @@ def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_t
     def stop(new_ids):
         return (eot is not None and new_ids[-1] == eot) or "\n" in tokenizer.decode(new_ids)
 
-    hits, probs, token_hits, token_total, examples = 0, [], 0, 0, []
+    hits, probs, token_hits, token_total, examples = 0, [], 0, 0, {True: [], False: []}
     for number, task in enumerate(tasks, 1):
         prompt_ids, answer_ids = _encode(tokenizer, task.prompt), _encode(tokenizer, task.answer)
         if not prompt_ids:
@@ -412,11 +412,11 @@ def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_t
         probs.append(math.exp(logprob))
         token_hits += n_top
         token_total += len(answer_ids)
-        if len(examples) < n_examples:
-            examples.append({"prompt_tail": task.prompt[-60:], "answer": task.answer, "prediction": prediction,
-                             "exact_match": hit, "p_answer": math.exp(logprob)})
+        examples[hit].append({"prompt_tail": task.prompt[-60:], "answer": task.answer, "prediction": prediction,
+                              "exact_match": hit, "p_answer": math.exp(logprob)})
+    shown = examples[True][:1] + examples[False][:n_examples - min(1, len(examples[True]))]
     return {"items": len(tasks), "exact_match": hits / len(tasks), "p_answer": float(np.mean(probs)),
-            "answer_token_accuracy": token_hits / token_total, "examples": examples}
+            "answer_token_accuracy": token_hits / token_total, "examples": shown}
 
 
 # ----------------------------------------------------------------------------------------------------------------

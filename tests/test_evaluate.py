@@ -212,9 +212,10 @@ def test_greedy_exact_match_and_answer_probability():
     assert result["exact_match"] == pytest.approx(2 / 3)          # " paris" and " Paris" (case-folded)
     # p(" paris"): 6 characters, each the favourite at logit 10 among 16 symbols
     p_right = (math.exp(10) / (math.exp(10) + 15)) ** 6
-    assert result["examples"][0]["p_answer"] == pytest.approx(p_right, rel=1e-5)
-    assert result["examples"][0]["prediction"] == "paris"
-    assert result["examples"][2]["p_answer"] < 1e-6 and not result["examples"][2]["exact_match"]
+    right, wrong = result["examples"]           # the first right answer, then the wrong ones (only one here)
+    assert right["p_answer"] == pytest.approx(p_right, rel=1e-5) and right["prediction"] == "paris"
+    assert right["exact_match"] and wrong["answer"] == " lyon" and not wrong["exact_match"]
+    assert wrong["p_answer"] < 1e-6
 
 
 def test_teacher_forced_top1_is_greedy_decoding():
