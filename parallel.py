@@ -1166,7 +1166,7 @@ class TensorParallel(nn.Module):
             return m(idx, targets)
         x = m.embed(idx)                                                       # (B, T, C), the same on every rank
         for block in m.blocks:
-            x = block(x)
+            x = block(x)  # a Block checkpoints its own activations when the config asks
         logits = m.head(x)                                                     # (B, T, V'/t)
         return logits, None if targets is None else lm_loss(m, logits, targets)
 

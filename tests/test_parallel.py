@@ -5,6 +5,7 @@ Each launch forks its workers (about 0.1 s on Linux) and runs many checks; resul
 which compares them with the single-process oracle, so a failure names the mode and the tensor.
 """
 import contextlib
+import dataclasses
 import copy
 
 import pytest
@@ -503,6 +504,10 @@ def _world2_split_worker(rank, world, resume_from):
     out["pp2_afab"] = _train_split(pp, CFG, "afab", 4, data)
     out["pp2_1f1b"] = _train_split(pp, CFG, "1f1b", 3, data)
     out["pp2_1f1b_untied"] = _train_split(pp, CFG4, "1f1b", 6, data)
+    # Activation checkpointing recomputes each block in backward: the same numbers under TP, PP and ZeRO-3.
+    out["tp2_checkpointing"] = _train_split(tp, CFG_CKPT, "1f1b", 1, data)
+    out["pp2_checkpointing"] = _train_split(pp, CFG_CKPT, "1f1b", 3, data)
+    out["zero3_checkpointing"] = _train_split(P.Mesh.build(dp=2), CFG_CKPT, "1f1b", 1, data, zero_stage=3)
     return out
 
 
@@ -551,7 +556,12 @@ def test_parallelize_checkpoints_are_single_process_checkpoints(world2_split, mo
             assert "bubble (p-1)/(m+p-1) = 25.0% with 3 micro-batches" in got["describe"]
 
 
-@pytest.mark.parametrize("mode,cfg", [("tp2", CFG), ("pp2_afab", CFG), ("pp2_1f1b", CFG), ("pp2_1f1b_untied", CFG4)])
+CFG_CKPT = dataclasses.replace(CFG, activation_checkpointing=True)
+
+
+@pytest.mark.parametrize("mode,cfg", [("tp2", CFG), ("pp2_afab", CFG), ("pp2_1f1b", CFG), ("pp2_1f1b_untied", CFG4),
+                                      ("tp2_checkpointing", CFG), ("pp2_checkpointing", CFG),
+                                      ("zero3_checkpointing", CFG)])
 def test_tensor_and_pipeline_parallel_equal_single_process(world2_split, mode, cfg):
     want_state, want_losses = _reference_losses(cfg, batches(batch=BATCH12))
     for rank, res in enumerate(world2_split):
