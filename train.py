@@ -659,6 +659,9 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
         return model, optimizer
     import parallel
     if uses_model_parallel(cfg):
+        if cfg.dtype == "fp16":
+            raise TrainError("--dtype fp16 with --zero/--tp/--pp: ranks holding different gradients would disagree "
+                             "on the loss scaler's overflow check; use --dtype bf16 or fp32")
         # ZeRO / TP / PP: parallel.py splits the full model and optimizer over the mesh; the returned pair keeps
         # this loop's calls and saves checkpoints in the single-process format (any layout can resume them).
         try:
