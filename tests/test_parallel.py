@@ -697,3 +697,25 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
             train.train(train.parse_config(argv), log=lambda *a, **k: None)
         loss, _ = _curve(tmp_path / target)
         assert [loss[s] for s in range(3, 6)] == pytest.approx([want_loss[s] for s in range(3, 6)], rel=1e-4), target
+
+
+def _train_expect_error(rank, world, argv):
+    import train
+    try:
+        train.train(train.parse_config(argv), log=lambda *a, **k: None)
+    except train.TrainError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--tp", "3"], "tp*pp = 3*1 does not divide the world size 2"),
+    (["--zero", "2", "--pp", "2"], "use --zero 1 with --pp"),
+    (["--zero", "3", "--tp", "2"], "use --zero 1 or 2 with --tp"),
+    (["--pp", "2", "--micro-batches", "3"], "--micro-batches 3 does not divide the 4 sequences"),
+    (["--tp", "2", "--dtype", "fp16"], "--dtype fp16 with --zero/--tp/--pp"),
+])
+def test_train_py_refuses_bad_layouts_with_one_line(tiny_dataset, tmp_path, flags, message):
+    argv = ["--data", str(tiny_dataset), *TRAIN_ARGS, *flags, "--out-dir", str(tmp_path / "run")]
+    for error in P.launch(_train_expect_error, 2, argv, timeout_s=120):
+        assert message in error and "\n" not in error
