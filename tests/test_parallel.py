@@ -402,6 +402,13 @@ def test_tensor_parallel_refuses_sizes_that_do_not_divide():
     gqa = GPTConfig(vocab_size=62, block_size=16, n_layer=1, n_head=4, n_kv_head=1, n_embd=32, ffn_hidden=64)
     with pytest.raises(P.ParallelError, match="n_kv_head = 1 is not divisible by --tp 2"):
         P.apply_tensor_parallel(make_model(gqa), P.Comm(None, [0, 1], 0))
+    moe = dataclasses.replace(CFG, n_expert=2)
+    with pytest.raises(P.ParallelError, match="this model uses MoE"):
+        P.apply_tensor_parallel(make_model(moe), P.Comm(None, [0, 1], 0))
+    two_stages = P.Mesh(2, 0, P.Comm.single(), P.Comm.single(), P.Comm(None, [0, 1], 0), P.Comm.single())
+    model = make_model(moe)
+    with pytest.raises(P.ParallelError, match="use --pp 1 with MoE"):
+        P.parallelize(model, torch.optim.AdamW(model.parameters()), two_stages)
 
 
 # ------------------------------------------------------------------------------------------------------------------
