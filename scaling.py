@@ -43,7 +43,9 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
    trains small models through train.py, fits all three and draws the log-log plot.
 
 Depends on numpy and the standard library; torch only for the Approach 3 fit (L-BFGS), matplotlib only to
-draw a PNG, and, for the sweep, train.py (as a subprocess), model.py (parameter counts), data.py and dedup.py.
+draw a PNG. Only the experiments use siblings: the sweep runs train.py (a subprocess) and reads model.py's
+parameter counts; the dedup effect also uses data.py, dedup.py and evaluate.py. The calculator and the fitting
+work in a copy of this file alone.
 """
 from __future__ import annotations
 
@@ -714,6 +716,9 @@ def isoflop_minima(runs: Sequence[Run]) -> list[tuple[float, float, np.ndarray]]
 
 def fit_approach2(runs: Sequence[Run]) -> AllocationLaw:
     """Approach 2: IsoFLOP parabola minima N*(C), then log N* = a·log C + k."""
+    if not runs:
+        raise ScalingError("Approach 2 needs IsoFLOP runs (one compute, 3+ sizes); there are none (in a sweep: the "
+                           "curves of 3+ sizes never reach the same compute)")
     minima = isoflop_minima(runs)
     if len(minima) < 2:
         raise ScalingError(f"Approach 2 needs at least 2 compute budgets with 3+ model sizes each and a U-shaped "
@@ -810,7 +815,7 @@ class FitReport:
 
     def markdown(self) -> str:
         out = [f"Fitted on {self.runs} runs; target compute C = {self.target:.3g} FLOPs; intervals: "
-               f"10th-90th percentile over {self.bootstrap} bootstrap resamples of the runs.",
+               f"10th-90th percentile over {self.bootstrap} bootstrap resamples of the runs.", "",
                "| approach | a (N_opt ∝ C^a) | b (D_opt ∝ C^b) | N_opt | D_opt | tokens/param |",
                "|---|---|---|---|---|---:|"]
         names = {"approach1": "1: frontier", "approach2": "2: IsoFLOP parabolas", "approach3": "3: parametric fit"}
@@ -829,7 +834,7 @@ class FitReport:
                        f"{show(d, 'tokens', '.3g')} | {d / n:.3g} |")
         if self.chinchilla is not None:
             f = self.chinchilla
-            out.append(f"Approach 3 law: L = {f.E:.4g} + {f.A:.4g}/N^{f.alpha:.4f} + {f.B:.4g}/D^{f.beta:.4f}")
+            out.append(f"\nApproach 3 law: L = {f.E:.4g} + {f.A:.4g}/N^{f.alpha:.4f} + {f.B:.4g}/D^{f.beta:.4f}")
         return "\n".join(out)
 
 
@@ -910,10 +915,10 @@ def _atomic_png(fig, path) -> pathlib.Path:
     return path
 
 
-def plot_runs(runs: Sequence[Run], report: FitReport, path) -> pathlib.Path:
-    """Two log-log panels. Left: loss against compute, one curve per training run (or, for IsoFLOP data, loss
-    against N per budget with its parabola), the frontier marked. Right: the compute-optimal N against compute,
-    the points each approach used and the three fitted lines."""
+def plot_runs(runs: Sequence[Run], report: FitReport, path, isoflop_runs: Sequence[Run] | None = None) -> pathlib.Path:
+    """Two log-log panels. Left: loss against compute, one curve per training run with the Approach 3 law
+    dotted over it (or, for IsoFLOP data, loss against N per budget with its parabola), the frontier marked.
+    Right: the compute-optimal N against compute, the points each approach used and the three fitted lines."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -926,16 +931,22 @@ def plot_runs(runs: Sequence[Run], report: FitReport, path) -> pathlib.Path:
     if all(series):                                    # named loss curves (the sweep): loss vs compute
         for name, points in sorted(series.items(), key=lambda kv: kv[1][0].params):
             points = sorted(points, key=lambda r: r.compute)
-            left.plot([r.compute for r in points], [r.loss for r in points], "o-", ms=3,
-                      label=f"{name} (N = {points[0].params:.3g})")
+            line, = left.plot([r.compute for r in points], [r.loss for r in points], "o-", ms=3,
+                              label=f"{name} (N = {points[0].params:.3g})")
+            if report.chinchilla is not None:
+                n = points[0].params
+                c = np.logspace(math.log10(points[0].compute), math.log10(points[-1].compute), 50)
+                left.plot(c, report.chinchilla.loss(n, c / (6 * n)), ":", color=line.get_color(), lw=1)
         front = frontier(runs)
         left.plot([r.compute for r in front], [r.loss for r in front], "k--", lw=2, label="frontier (lowest loss)")
+        if report.chinchilla is not None:
+            left.plot([], [], "k:", lw=1, label="Approach 3 law")
         left.set_xlabel("compute C = 6·N·D (FLOPs)")
     else:                                              # IsoFLOP runs: one U per budget
         for budget, group in _group_close(runs, key=lambda r: r.budget).items():
             group = sorted(group, key=lambda r: r.params)
             line, = left.plot([r.params for r in group], [r.loss for r in group], "o", ms=4, label=f"C = {budget:.2g}")
-            for b, n_star, coef in isoflop_minima(group):
+            for _, n_star, coef in isoflop_minima(group):
                 x = np.linspace(math.log(group[0].params), math.log(group[-1].params), 100)
                 left.plot(np.exp(x), np.polyval(coef, x), "-", color=line.get_color(), lw=1)
                 left.plot([n_star], [np.polyval(coef, math.log(n_star))], "*", color=line.get_color(), ms=10)
@@ -952,7 +963,7 @@ def plot_runs(runs: Sequence[Run], report: FitReport, path) -> pathlib.Path:
     grid = np.logspace(math.log10(computes.min()), math.log10(max(computes.max(), report.target)), 50)
     front = frontier(runs)
     right.plot([r.compute for r in front], [r.params for r in front], "ks", ms=5, label="Approach 1 points")
-    minima = isoflop_minima(runs)
+    minima = isoflop_minima(runs if isoflop_runs is None else isoflop_runs)
     if minima:
         right.plot([m[0] for m in minima], [m[1] for m in minima], "r*", ms=9, label="Approach 2 minima")
     for key, style in (("approach1", "k--"), ("approach2", "r-"), ("approach3", "b:")):
@@ -971,6 +982,7 @@ def plot_runs(runs: Sequence[Run], report: FitReport, path) -> pathlib.Path:
     plt.close(fig)
     return out
 
+
 # ---------------------------------------------------------------------------------------------------------------
 # 9. The sweep (the lecture's project M3): train sizes 4x apart through train.py, fit, plot, interpret.
 # ---------------------------------------------------------------------------------------------------------------
@@ -985,7 +997,7 @@ class SweepSettings:
     batch_size: int = 16
     block_size: int = 128
     lr: float = 2e-3
-    warmup_steps: int = 20
+    warmup_steps: int = 10
     eval_interval: int = 10
     eval_batches: int = 4
     seed: int = 0
@@ -1113,14 +1125,17 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
             seconds[preset] = time.perf_counter() - t0
             stamp.write_text(wanted, encoding="utf-8")
         facts[preset] = checkpoint_facts(run_dir)
-        curve = read_curve(run_dir / "metrics.jsonl", facts[preset]["params"], preset)
+        # Evaluations inside the warmup measure the ramp of the learning rate, not the model size: leave them out.
+        curve = [r for r in read_curve(run_dir / "metrics.jsonl", facts[preset]["params"], preset)
+                 if r.tokens >= settings.warmup_steps * settings.tokens_per_step]
         log(f"{preset}: N = {facts[preset]['params']:,}, {len(curve)} evaluations, final val loss "
             f"{curve[-1].loss:.4f}" + (f" ({seconds[preset]:.0f} s)" if seconds[preset] else ""))
         runs += curve
     result = SweepResult(settings, out, facts, runs, seconds)
+    slices = isoflop_slices(runs)
     result.report = fit_all(runs, target_compute=max(r.compute for r in runs), bootstrap=50,
-                            seed=settings.seed, isoflop_runs=isoflop_slices(runs))
-    result.plot = plot_runs(runs, result.report, out / "scaling.png")
+                            seed=settings.seed, isoflop_runs=slices)
+    result.plot = plot_runs(runs, result.report, out / "scaling.png", isoflop_runs=slices)
     _write_text(out / "runs.jsonl", "".join(json.dumps({"parameters": r.params, "tokens": r.tokens,
                                                         "compute": r.compute, "loss": r.loss, "series": r.series})
                                             + "\n" for r in runs))
@@ -1176,7 +1191,8 @@ def sweep_report(result: SweepResult) -> str:
     out = [f"# Scaling sweep: {len(s.presets)} sizes on `{s.data}`", "",
            f"Same schedule for every size: {s.max_steps} steps × {s.batch_size} sequences × {s.block_size} tokens "
            f"= {s.tokens_per_step:,} tokens/step, peak lr {s.lr:g} after {s.warmup_steps} warmup steps, cosine to "
-           f"10%, seed {s.seed}; validation loss every {s.eval_interval} steps on {s.eval_batches} batches. "
+           f"10%, seed {s.seed}; validation loss every {s.eval_interval} steps on {s.eval_batches} batches (those "
+           f"before the end of warmup are left out). "
            f"Compute C = 6·N·D with N = all parameters (the tied embedding is the output layer's matmul).", "",
            "| preset | layers × width | N (params) | non-embedding | embedding share | tokens D | D/N | C = 6ND | "
            "final val loss | train time |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
