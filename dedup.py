@@ -1018,8 +1018,8 @@ def run_experiment(documents: list[str], planted: set[tuple[int, int]], settings
 
 def experiment_table(result: dict) -> str:
     """The experiment's Markdown table (one row per setting)."""
-    lines = ["| k | bands x rows | LSH threshold | P(cand. at J=0.5) | MAE (J > 0.1) | recall | false positives "
-             "| pairs compared | vs brute force | time (s) |",
+    lines = [f"| k | bands x rows | LSH threshold | P(cand. at J={result['threshold']}) | MAE (J > 0.1) | recall "
+             "| false positives | pairs compared | vs brute force | time (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for s in result["settings"]:
         lines.append(f"| {s['num_perm']} | {s['bands']} x {s['rows']} | {s['lsh_threshold']:.2f} "
