@@ -335,6 +335,15 @@ def test_hashed_ngram_index_agrees_with_a_set_of_tuples():
         assert report["train_ngrams"] == len(truth)
 
 
+def test_contamination_reads_task_files(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "Q: capital of France? A:", "answer": " Paris"}\n\n{"text": "plain document"}\n')
+    assert list(ev._read_documents(str(tasks), "val")) == ["Q: capital of France? A: Paris", "plain document"]
+    tasks.write_text('{"text": "fine"}\n{"prompt": "no answer"}\n')
+    with pytest.raises(ev.EvalError, match="line 2"):
+        list(ev._read_documents(str(tasks), "val"))
+
+
 def test_contamination_rejects_empty_sets():
     with pytest.raises(ev.EvalError, match="evaluation set has no documents"):
         ev.contamination_report(["a b c"], [])
