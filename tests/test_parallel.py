@@ -174,7 +174,9 @@ def _dp_and_zero_worker(rank, world):
         xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
         with dp.no_sync():
             (dp(xs[:2], ys[:2])[1] / 2).backward()
+        assert dp._next_bucket == 0  # no_sync: nothing sent
         (dp(xs[2:], ys[2:])[1] / 2).backward()
+        out["dp_launched_in_backward"] = dp._next_bucket  # every bucket started before backward returned
         dp.finish_gradient_sync()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)  # gradients are full and equal on every rank
         if x is data[0][0]:
@@ -185,6 +187,19 @@ def _dp_and_zero_worker(rank, world):
         out["dp_mem"] = P.training_state_bytes(model.parameters(), opt)
         opt.zero_grad()
     out["dp"] = state(model)
+    # A frozen parameter is in no bucket and never changes; the others still match one process.
+    model = make_model(seed=rank)
+    model.blocks[0].attn_norm.weight.requires_grad_(False)
+    dp = P.DataParallel(model, mesh.dp, bucket_bytes=1024)
+    opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    for x, y in data:
+        dp(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
+        dp.finish_gradient_sync()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+    out["dp_frozen"] = state(model)
+    out["dp_frozen_in_buckets"] = any(p is model.blocks[0].attn_norm.weight for b in dp.buckets for p in b.params)
     for stage in (1, 2, 3):
         model = make_model(seed=rank)
         zero = P.Zero(model, mesh.dp, stage, torch.optim.AdamW, param_groups=param_groups(model), lr=LR)
@@ -192,6 +207,8 @@ def _dp_and_zero_worker(rank, world):
             mesh.reset_counters()
             xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
             model(xs, ys)[1].backward()
+            out[f"zero{stage}_launched_in_backward"] = zero._next_unit
+            out[f"zero{stage}_units"] = len(zero.units)
             zero.finish_gradient_sync()
             zero.clip_grad_norm_(CLIP)
             zero.step()
@@ -230,6 +247,23 @@ def test_data_parallel_equals_single_process(dp_zero_results):
     assert dp_zero_results[0]["dp_buckets"] > 3
     for rank, res in enumerate(dp_zero_results):
         assert_same(res["dp"], ref, f"DP rank {rank}")
+        assert res["dp_launched_in_backward"] == res["dp_buckets"]  # overlap: hooks started every all-reduce
+
+
+def test_data_parallel_skips_frozen_parameters(dp_zero_results):
+    model = make_model()
+    model.blocks[0].attn_norm.weight.requires_grad_(False)
+    before = model.blocks[0].attn_norm.weight.detach().clone()
+    opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    for x, y in batches():
+        model(x, y)[1].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+    for res in dp_zero_results:
+        assert not res["dp_frozen_in_buckets"]
+        assert_same(res["dp_frozen"], state(model), "DP with a frozen parameter")
+        torch.testing.assert_close(res["dp_frozen"]["blocks.0.attn_norm.weight"], before, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -238,6 +272,8 @@ def test_zero_equals_single_process(dp_zero_results, stage):
     ref_opt_state = P.named_optimizer_state(ref_opt, ref_model)
     for rank, res in enumerate(dp_zero_results):
         assert_same(res[f"zero{stage}"], state(ref_model), f"ZeRO-{stage} rank {rank}")
+        # Stages 2-3 start every unit's reduce-scatter from the gradient hooks, during backward; stage 1 at finish.
+        assert res[f"zero{stage}_launched_in_backward"] == (0 if stage == 1 else res[f"zero{stage}_units"])
         got = res[f"zero{stage}_opt"]
         for name, s in ref_opt_state["state"].items():
             for key in ("exp_avg", "exp_avg_sq"):
