@@ -184,25 +184,11 @@ def shingle_hash(shingle: str) -> int:
     return h >> 32
 
 
-class _PowerTable:
-    """B^i and B^-i mod 2^64 for i < length, grown on demand (uint64 cumprod wraps mod 2^64, as it should)."""
-
-    def __init__(self):
-        self.powers = self.inverse_powers = np.ones(1, dtype=np.uint64)
-
-    def get(self, length: int) -> tuple[np.ndarray, np.ndarray]:
-        if len(self.powers) < length:
-            size = max(length, 2 * len(self.powers))
-            steps = np.empty(size, dtype=np.uint64)
-            steps[0] = 1
-            steps[1:] = _POLY_BASE
-            self.powers = np.cumprod(steps)                              # (size,) B^i
-            steps[1:] = pow(_POLY_BASE, -1, 1 << 64)
-            self.inverse_powers = np.cumprod(steps)                      # (size,) B^-i
-        return self.powers[:length], self.inverse_powers[:length]
-
-
-_POWERS = _PowerTable()
+def _powers(base: int, length: int) -> np.ndarray:
+    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps mod 2^64, as it should)."""
+    steps = np.full(length, base, dtype=np.uint64)
+    steps[0] = 1
+    return np.cumprod(steps)
 
 
 def _bmp_word_table() -> np.ndarray:
@@ -248,9 +234,11 @@ def _word_hashes_of_group(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)      # (L,)
     edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)   # (words,) [start, end)
-    powers, inverse_powers = _POWERS.get(len(codes) + 1)
     prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
-    np.cumsum(codes * inverse_powers[:len(codes)], out=prefix[1:])           # Σ c_i·B^-i, wraps mod 2^64
+    inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), len(codes))       # (L,) B^-i
+    np.cumsum(codes * inverse_powers, out=prefix[1:])                        # Σ c_i·B^-i, wraps mod 2^64
+    del inverse_powers
+    powers = _powers(_POLY_BASE, len(codes))                                 # (L,) B^i
     poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]                 # Σ c_i·B^(end-1-i)
     lengths = (ends - starts).astype(np.uint64)
     text_ends = np.cumsum([len(t) + 1 for t in normalized])                  # code point after each text's "\n"
