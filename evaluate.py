@@ -707,31 +707,47 @@ def _data_error_types():
     return data_lib, (data_lib.DataError, OSError, KeyError, ValueError)
 
 
-def held_out_from_data_dir(data_dir, tokenizer, tokenizer_json: str | None = None, split: str = "val") -> HeldOut:
-    """The held-out split of a prepared dataset directory (data.py's shards). Its ids are used as they are when the
-    dataset was tokenized by this tokenizer; otherwise its text is decoded and re-tokenized."""
+def decode_documents(shards, eot_id: int | None, tokenizer):
+    """Yield the text of each document packed in token shards (data.py puts <|endoftext|> before every document;
+    a document may continue from one shard into the next). Reads one document at a time from the memory map."""
+    carry: list[int] = []
+    for shard in shards:
+        cuts = np.flatnonzero(np.asarray(shard) == eot_id) if eot_id is not None else np.zeros(0, np.int64)
+        starts, ends = np.concatenate([[0], cuts + 1]), np.concatenate([cuts, [len(shard)]])
+        for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
+            piece = (carry if i == 0 else []) + shard[a:b].tolist()
+            if i == len(starts) - 1:
+                carry = piece                 # the shard's last document may go on in the next shard
+            elif piece:
+                yield tokenizer.decode(piece)
+    if carry:
+        yield tokenizer.decode(carry)
+
+
+def open_split(data_dir, split: str):
+    """(data.TokenData, its shards of `split`) with data.py's errors turned into one line."""
     data_lib, errors = _data_error_types()
     try:
         data = data_lib.TokenData(data_dir)
-        shards = data.shards[split] if split in data.shards else None
-        if shards is None:
-            raise EvalError(f"{data_dir} has no {split!r} split; evaluate another text with --data")
-        ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in shards]) if shards else np.zeros(0, np.int64)
-        n_bytes = int(data.manifest["splits"][split]["bytes"])
-        data_tokenizer = data.tokenizer
+        data.tokenizer                        # a damaged tokenizer.json fails here, not halfway through
     except errors as e:
         raise EvalError(f"cannot read the dataset {data_dir}: {e}") from e
+    if split not in data.shards:
+        raise EvalError(f"{data_dir} has no {split!r} split; evaluate another text with --data")
+    return data, data.shards[split]
+
+
+def held_out_from_data_dir(data_dir, tokenizer, tokenizer_json: str | None = None, split: str = "val") -> HeldOut:
+    """The held-out split of a prepared dataset directory (data.py's shards). Its ids are used as they are when the
+    dataset was tokenized by this tokenizer; otherwise its text is decoded and re-tokenized."""
+    data, shards = open_split(data_dir, split)
+    ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in shards]) if shards else np.zeros(0, np.int64)
     if len(ids) < 2:
         raise EvalError(f"the {split} split of {data_dir} is empty: prepare the data with a validation split")
-    eot = data.eot_id
-    cuts = np.flatnonzero(ids == eot) if eot is not None else np.zeros(0, np.int64)
-    bounds = [0, *cuts.tolist(), len(ids)]
-    documents = [data_tokenizer.decode(ids[a + (a in cuts):b].tolist()) for a, b in zip(bounds, bounds[1:])]
-    documents = [d for d in documents if d]
-    same = tokenizer_json is not None and tokenizer_json == data_tokenizer.to_json()
-    if not same:
+    documents = [d for d in decode_documents(shards, data.eot_id, data.tokenizer) if d]
+    if tokenizer_json is None or tokenizer_json != data.tokenizer.to_json():
         return held_out_from_documents(f"{data_dir} ({split}, re-tokenized)", documents, tokenizer)
-    return HeldOut(f"{data_dir} ({split})", ids, n_bytes, documents)
+    return HeldOut(f"{data_dir} ({split})", ids, int(data.manifest["splits"][split]["bytes"]), documents)
 
 
 def held_out_from_source(spec: str, tokenizer, tokenizer_json: str | None = None) -> HeldOut:
@@ -990,12 +1006,8 @@ def _read_documents(spec: str, split: str):
     (a directory of files, pydocs, pystdlib)."""
     path = pathlib.Path(spec)
     if (path / "manifest.json").is_file():
-        data_lib, errors = _data_error_types()
-        try:
-            tokenizer = data_lib.TokenData(path).tokenizer
-        except errors as e:
-            raise EvalError(f"cannot read the dataset {spec}: {e}") from e
-        yield from held_out_from_data_dir(path, tokenizer, tokenizer.to_json(), split).documents
+        data, shards = open_split(path, split)
+        yield from decode_documents(shards, data.eot_id, data.tokenizer)
     elif path.is_file() and path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):

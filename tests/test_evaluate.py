@@ -437,6 +437,14 @@ def test_held_out_documents_retokenize_to_the_shards(run_dir):
     assert from_text.n_bytes == from_shards.n_bytes
 
 
+def test_decode_documents_across_shards():
+    tok = CharTokenizer(list("abc|"))
+    eot = 3
+    shards = [np.array([3, 0, 1, 3, 2]), np.array([2, 0]), np.array([3, 1])]      # "|ab|c" "ca" "|b"
+    assert list(ev.decode_documents(shards, eot, tok)) == ["ab", "cca", "b"]
+    assert list(ev.decode_documents([np.array([0, 1])], None, tok)) == ["ab"]
+
+
 def test_tokenizer_fair_comparison_by_bits_per_byte(run_dir, capsys):
     """A model with all-zero logits spends ln V nats per token: bytes-level (V = 257, about one token per byte)
     and BPE (V = 300, fewer tokens) checkpoints get exactly tokens * log2(V) / bytes bits per byte."""
