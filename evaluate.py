@@ -53,12 +53,13 @@ The metrics work on any causal language model that maps token ids (B, T) to logi
 model.py's GPT and bpe.py's Tokenizer) and data.py (held-out token shards, text sources). They are imported only
 where needed, so the metrics can be copied alone.
 
-    python evaluate.py --ckpt out/                       held-out loss, perplexity, bits-per-byte, last-word task
-    python evaluate.py --ckpt out/ --data wiki.test.raw  the same on any text file
-    python evaluate.py emergence [--ckpt A --ckpt B ...] the lecture's table; the plot from a sweep's checkpoints
-    python evaluate.py contamination --train T --eval E  13-gram overlap per evaluation document
+    python evaluate.py --ckpt out/                          held-out loss, perplexity, bits/byte, last-word task
+    python evaluate.py --ckpt out/ --data wiki.test.raw     the same on any text (--tasks FILE.jsonl: exact match)
+    python evaluate.py bpb                                  the lecture's 1.04 vs 1.43 example
+    python evaluate.py emergence [--ckpt RUN ...]           the p^k table; the plot from a sweep's checkpoints
+    python evaluate.py contamination --train T --eval E     13-gram overlap per evaluation document (--drop OUT)
     python evaluate.py compare --ckpt A --ckpt B --data F   two tokenizers, one text, compared by bits-per-byte
-    python evaluate.py sample --ckpt out/ --prompt "def" streaming generation
+    python evaluate.py sample --ckpt out/ --prompt "def"    streaming generation (--temperature, --top-k)
 """
 from __future__ import annotations
 
