@@ -1,7 +1,8 @@
 """Training one model on many processes, by hand over torch.distributed: data parallel, ZeRO-1/2/3, tensor
 parallel and pipeline parallel, each proved equal to a single-process run.
 
-Depends on: torch and the standard library only (its tests use model.py; train.py wires it in).
+Depends on: torch and the standard library only (its tests and demos use model.py; train.py wires it in).
+Collectives run on gloo (CPU, where every figure below was measured) or nccl (CUDA, one GPU per rank).
 
 Why it is needed. Mixed-precision AdamW keeps 16 bytes per parameter: 2 for bf16 weights, 2 for bf16 gradients
 and 12 for the optimizer (an fp32 master copy and two moving averages). A 7e9-parameter model needs
@@ -852,7 +853,7 @@ class Zero:
             for key in keys:
                 first = next(s[key] for s in per_param if key in s)
                 if torch.is_tensor(first) and first.dim() > 0:
-                    flat = torch.zeros(u.padded, dtype=first.dtype)
+                    flat = torch.zeros(u.padded, dtype=first.dtype, device=u.full.device)
                     for p, o, s in zip(u.params, u.offsets, per_param):
                         if key in s:
                             flat[o:o + p.numel()].copy_(s[key].reshape(-1))
@@ -872,7 +873,8 @@ class Zero:
 def _zero_grad_sq_norms(units: list[_FlatUnit]) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of squared gradients of this rank's shards, split into tensor-parallel-sharded and replicated parts
     (a shard can cover pieces of several parameters: walk their ranges)."""
-    sharded, replicated = torch.zeros(()), torch.zeros(())
+    device = units[0].full.device if units else None
+    sharded, replicated = torch.zeros((), device=device), torch.zeros((), device=device)
     for u in units:
         if u.shard.grad is None:
             continue
@@ -1465,7 +1467,7 @@ class PipelineParallel:
                                 f"choose a divisor of the batch size")
         ids, tgts = idx.chunk(m), targets.chunk(m)
         shape = (idx.shape[0] // m, idx.shape[1], self.model.config.n_embd)
-        dtype = next(self.model.parameters()).dtype
+        dtype, device = next(self.model.parameters()).dtype, idx.device
         actions = SCHEDULES[self.schedule](p, m)[self.comm.rank]
         last_backward = max(i for i, a in enumerate(actions) if a.op == "B")
         inputs, outputs, grads, losses = {}, {}, {}, []
@@ -1500,10 +1502,10 @@ class PipelineParallel:
                 elif a.op == "SEND_B":
                     sends.append((inputs.pop(a.mb).grad, prev))
                 elif a.op == "RECV_F":
-                    inputs[a.mb] = torch.empty(shape, dtype=dtype)
+                    inputs[a.mb] = torch.empty(shape, dtype=dtype, device=device)
                     recvs.append((inputs[a.mb], prev))
                 else:
-                    grads[a.mb] = torch.empty(shape, dtype=dtype)
+                    grads[a.mb] = torch.empty(shape, dtype=dtype, device=device)
                     recvs.append((grads[a.mb], nxt))
             self.comm.send_recv(sends, recvs)
             for a in step:
@@ -1517,7 +1519,7 @@ class PipelineParallel:
             self.embed_comm.all_reduce(tied.grad)
         wall = time.perf_counter() - start
         self.stats = {"compute_s": compute_s, "wall_s": wall, "bubble": 1 - compute_s / wall}
-        loss = torch.stack(losses).mean() if self.last else torch.zeros((), dtype=torch.float32)
+        loss = torch.stack(losses).mean() if self.last else torch.zeros((), device=device)
         self.comm.broadcast(loss, src=p - 1)
         return loss
 
@@ -1546,7 +1548,8 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, mesh: Mesh)
     over tp, replicated parameters (norm weights) counted once, stages summed over pp, and the last stage's copy
     of a tied embedding (`p.pp_tied_copy`) skipped. Returns the norm before clipping."""
     params = list(params)
-    sharded, replicated = torch.zeros(()), torch.zeros(())
+    device = params[0].device if params else None
+    sharded, replicated = torch.zeros((), device=device), torch.zeros((), device=device)
     for p in params:
         if p.grad is None or getattr(p, "pp_tied_copy", False):
             continue
@@ -1628,13 +1631,14 @@ class DistributedModel(nn.Module):
         """Forward only, stage after stage (no micro-batches needed): the loss, on every stage."""
         pipe, comm = self.pipe, self.mesh.pp
         shape = (idx.shape[0], idx.shape[1], self.config.n_embd)
-        x = idx if pipe.first else torch.empty(shape)
+        dtype = next(self.model.parameters()).dtype
+        x = idx if pipe.first else torch.empty(shape, dtype=dtype, device=idx.device)
         if not pipe.first:
             comm.send_recv([], [(x, comm.global_rank(comm.rank - 1))])
         out = pipe.stage_forward(x, targets if pipe.last else None)
         if not pipe.last:
             comm.send_recv([(out, comm.global_rank(comm.rank + 1))], [])
-        loss = out.float().reshape(()) if pipe.last else torch.zeros(())
+        loss = out.float().reshape(()) if pipe.last else torch.zeros((), device=idx.device)
         comm.broadcast(loss, src=comm.size - 1)
         return loss
 
