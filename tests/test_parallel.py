@@ -713,8 +713,9 @@ def _curve(out_dir):
 
 @pytest.mark.slow
 def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
-    """`train.py --zero 3`, `--tp 2`, `--pp 2 --micro-batches 2` on 2 ranks = `train.py` on 1 process with the same
-    global batch; a checkpoint of the 2-rank ZeRO-3 run resumes on 1 process and a 1-process one on 2 TP ranks."""
+    """`train.py --zero 3`, `--tp 2`, `--pp 2 --micro-batches 2` on 2 ranks and DP2 x TP2 with ZeRO-1 on 4 ranks =
+    `train.py` on 1 process with the same global batch. Checkpoints change layout: the 2-rank ZeRO-3 and the 4-rank
+    run resume on 1 process; a 1-process checkpoint resumes on 2 TP ranks and on TP2 x PP2; all continue the curve."""
     import shutil
 
     import train
@@ -722,20 +723,23 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
     train.train(train.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
     want_loss, want_val = _curve(tmp_path / "one")
     assert sorted(want_loss) == list(range(6))
-    runs = {"zero3": ["--zero", "3", "--batch-size", "2"], "tp2": ["--tp", "2"],
-            "pp2": ["--pp", "2", "--micro-batches", "2", "--pp-schedule", "1f1b"]}
-    for name, flags in runs.items():
-        P.launch(_train_rank, 2, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240)
+    runs = {"zero3": (2, ["--zero", "3", "--batch-size", "2"]), "tp2": (2, ["--tp", "2"]),
+            "pp2": (2, ["--pp", "2", "--micro-batches", "2", "--pp-schedule", "1f1b"]),
+            "dp2_tp2_zero1": (4, ["--tp", "2", "--zero", "1", "--batch-size", "2"])}
+    for name, (world, flags) in runs.items():
+        P.launch(_train_rank, world, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240)
         loss, val = _curve(tmp_path / name)
         assert [loss[s] for s in range(6)] == pytest.approx([want_loss[s] for s in range(6)], rel=1e-4), name
         assert val == pytest.approx(want_val, rel=1e-4), name
-    # 2 ranks (ZeRO-3) -> 1 process, and 1 process -> 2 ranks (TP): resume at step 3, finish, same curve.
-    for source, target, flags in [("zero3", "resumed_on_1", []), ("one", "resumed_on_tp2", ["--tp", "2"])]:
+    # Resume at step 3 in another layout, finish, same curve.
+    for source, target, world, flags in [("zero3", "zero3_on_1", 1, []), ("dp2_tp2_zero1", "dp2_tp2_on_1", 1, []),
+                                         ("one", "one_on_tp2", 2, ["--tp", "2"]),
+                                         ("one", "one_on_tp2_pp2", 4, ["--tp", "2", "--pp", "2"])]:
         (tmp_path / target).mkdir()
         shutil.copy(train.checkpoint_path(tmp_path / source, 3), tmp_path / target)
         argv = [*base, *flags, "--out-dir", str(tmp_path / target), "--resume"]
-        if flags:
-            P.launch(_train_rank, 2, argv, timeout_s=240)
+        if world > 1:
+            P.launch(_train_rank, world, argv, timeout_s=240)
         else:
             train.train(train.parse_config(argv), log=lambda *a, **k: None)
         loss, _ = _curve(tmp_path / target)
