@@ -3,11 +3,13 @@
 MFU (model FLOPs utilisation) = tokens/s * FLOPs per token / peak FLOP/s. The peak is not a datasheet number
 but measured here, in the same run, as the best fp32 matrix multiply this machine does (2 n^3 FLOPs for an
 n x n product), so the ratio says how close the model gets to what the hardware does on the easiest possible
-workload. The peak is measured again right before each row: on a shared machine the load drifts, and each MFU
-is taken against the peak of its own moment. On a machine shared with other jobs, `--threads 1 --clock cpu`
-times with the process's CPU clock instead of the wall clock: it counts only the time this process ran, so the
-figures describe the code on one core rather than how busy the neighbours were. Side by side: the same model eager, with activation checkpointing (recomputes each block in backward:
-expect ~4/3 of the time) and under torch.compile (inductor; compile time reported separately).
+workload. The peak is measured again before every row and the best of the run is the denominator, so a
+moment of load on a shared machine cannot inflate an MFU. There, `--threads 1 --clock cpu` also times with the
+process's CPU clock instead of the wall clock: it counts only the time this process ran, so the figures
+describe the code on one core rather than how busy the neighbours were.
+
+Side by side: the same model eager, with activation checkpointing (recomputes each block in backward: expect
+about 4/3 of the time) and under torch.compile (inductor; the compile's wall time is reported separately).
 
     python bench/bench_model.py                        # tiny and 10m presets
     python bench/bench_model.py --presets tiny --no-compile
@@ -83,13 +85,13 @@ def bench_preset(name: str, batch_size: int, warmup: int, steps: int, compile_to
             start = time.perf_counter()                                # wall clock: compile workers are
             model(x, x)[1].backward()                                  # other processes; it happens here
             compile_s = time.perf_counter() - start
-        peak, _ = matmul_peak(clock)
+        peak, n = matmul_peak(clock)
         seconds = time_train_step(model, x, warmup, steps, clock)
         tokens_per_s = x.numel() / seconds
         flops = tokens_per_s * cfg.flops_per_token()
         rows.append(dict(preset=name, variant=label, params=cfg.num_params(), tokens=x.numel(),
                          step_ms=seconds * 1e3, tokens_per_s=tokens_per_s, gflops=flops / 1e9,
-                         peak_gflops=peak / 1e9, mfu=flops / peak, compile_s=compile_s))
+                         flops=flops, peak=peak, peak_n=n, compile_s=compile_s))
         torch._dynamo.reset()
     return rows
 
@@ -113,29 +115,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     clock = CLOCKS[args.clock]
-    peak, n = matmul_peak(clock)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"fp32 matmul peak now: {peak / 1e9:.1f} GFLOP/s ({n}x{n} @ {n}x{n}); "
-          f"'peak' below is re-measured before each row\n")
-    header = (f"{'preset':<7} {'variant':<11} {'params':>7} {'tok/step':>8} {'ms/step':>8} {'tok/s':>8} "
-              f"{'GFLOP/s':>8} {'peak':>6} {'MFU':>6} {'vs eager':>8} {'compile':>8}")
-    print(header)
-    print("-" * len(header))
+    rows = []
     try:
         for name in args.presets:
-            rows = bench_preset(name, args.batch_size, args.warmup, args.steps, not args.no_compile, clock)
-            eager = rows[0]["tokens_per_s"]
-            for r in rows:
-                compiled = f"{r['compile_s']:.0f}s" if r["compile_s"] else ""
-                print(f"{r['preset']:<7} {r['variant']:<11} {r['params'] / 1e6:>6.2f}M {r['tokens']:>8} "
-                      f"{r['step_ms']:>8.0f} {r['tokens_per_s']:>8.0f} {r['gflops']:>8.1f} {r['peak_gflops']:>6.1f} {r['mfu']:>6.1%} "
-                      f"{r['tokens_per_s'] / eager:>7.2f}x {compiled:>8}", flush=True)
+            rows += bench_preset(name, args.batch_size, args.warmup, args.steps, not args.no_compile, clock)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print("\nforward+backward only (no optimizer step); FLOPs/token = 6N + 12 L T C (model.py); "
-          "MFU = GFLOP/s / peak (both GFLOP/s).")
+    best = max(rows, key=lambda r: r["peak"])
+    peak, n = best["peak"], best["peak_n"]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.clock} clock, "
+          f"load average at the end {os.getloadavg()[0]:.1f}")
+    print(f"measured fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s (best {n}x{n} product of the run; "
+          f"lowest re-measurement {min(r['peak'] for r in rows) / 1e9:.1f})\n")
+    header = (f"{'preset':<7} {'variant':<11} {'params':>7} {'tok/step':>8} {'ms/step':>8} {'tok/s':>8} "
+              f"{'GFLOP/s':>8} {'MFU':>6} {'vs eager':>8} {'compile':>8}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        eager = next(e for e in rows if e["preset"] == r["preset"] and e["variant"] == "eager")
+        compiled = f"{r['compile_s']:.0f}s" if r["compile_s"] else ""
+        print(f"{r['preset']:<7} {r['variant']:<11} {r['params'] / 1e6:>6.2f}M {r['tokens']:>8} "
+              f"{r['step_ms']:>8.0f} {r['tokens_per_s']:>8.0f} {r['flops'] / 1e9:>8.1f} {r['flops'] / peak:>6.1%} "
+              f"{r['tokens_per_s'] / eager['tokens_per_s']:>7.2f}x {compiled:>8}")
+    print("\nforward+backward only (no optimizer step); FLOPs/token = 6N + 12 L T C (model.py, PaLM's full-T "
+          "attention term);\nMFU = achieved FLOP/s / measured peak.")
     return 0
 
 
