@@ -560,8 +560,8 @@ def _alloc_storage(t: torch.Tensor) -> None:
 class _FlatUnit:
     """The parameters of one unit (and one optimizer param group) as a padded flat buffer + this rank's shard."""
 
-    def __init__(self, params: list[nn.Parameter], comm: Comm, stage: int):
-        self.params, self.comm, self.stage = params, comm, stage
+    def __init__(self, params: list[nn.Parameter], comm: Comm, stage: int, group: int = 0):
+        self.params, self.comm, self.stage, self.group = params, comm, stage, group  # group: optimizer group
         self.offsets, self.padded, self.shard_size = shard_layout([p.numel() for p in params], comm.size)
         p0 = params[0]
         self.full = torch.zeros(self.padded, dtype=p0.dtype, device=p0.device)
@@ -675,8 +675,7 @@ class Zero:
                 params = [p for p in all_params if id(p) in group_of and owner.get(id(p), len(unit_modules)) == u
                           and group_of[id(p)] == g]
                 if params:
-                    unit = _FlatUnit(params, comm, stage)
-                    unit.group = g
+                    unit = _FlatUnit(params, comm, stage, group=g)
                     self.units.append(unit)
                     key = id(unit_modules[u]) if u < len(unit_modules) else id(module)
                     self._units_of_module.setdefault(key, []).append(unit)
