@@ -184,11 +184,21 @@ def shingle_hash(shingle: str) -> int:
     return h >> 32
 
 
+_POWER_CACHE: dict[int, np.ndarray] = {}
+
+
 def _powers(base: int, length: int) -> np.ndarray:
-    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps mod 2^64, as it should)."""
-    steps = np.full(length, base, dtype=np.uint64)
-    steps[0] = 1
-    return np.cumprod(steps)
+    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps mod 2^64, as it should).
+    Kept for lengths up to one group of texts (8 MiB per base); a longer single text gets its own, uncached."""
+    cached = _POWER_CACHE.get(base)
+    if cached is None or len(cached) < length:
+        steps = np.full(max(length, GROUP_CHARS + 1), base, dtype=np.uint64)
+        steps[0] = 1
+        cached = np.cumprod(steps)
+        if len(cached) > GROUP_CHARS + 1:
+            return cached[:length]
+        _POWER_CACHE[base] = cached
+    return cached[:length]
 
 
 def _bmp_word_table() -> np.ndarray:
@@ -237,7 +247,6 @@ def _word_hashes_of_group(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
     inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), len(codes))       # (L,) B^-i
     np.cumsum(codes * inverse_powers, out=prefix[1:])                        # Σ c_i·B^-i, wraps mod 2^64
-    del inverse_powers
     powers = _powers(_POLY_BASE, len(codes))                                 # (L,) B^i
     poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]                 # Σ c_i·B^(end-1-i)
     lengths = (ends - starts).astype(np.uint64)
