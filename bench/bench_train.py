@@ -10,7 +10,7 @@ batches from the same data.py iterator. Runs alternate (ours, reference, ours, .
 processes hits both alike; the figure is the median step time over all timed steps.
 
     python bench/bench_train.py                    # tiny and 10m on the pydocs corpus, CPU fp32
-    python bench/bench_train.py --presets tiny --steps 30 --rounds 3
+    python bench/bench_train.py --presets tiny --steps 30 --threads 2
 """
 import argparse
 import pathlib
@@ -81,11 +81,13 @@ def main(argv=None) -> None:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--presets", default="tiny,10m", help="comma-separated model presets")
     parser.add_argument("--data", default="pydocs", help="train.py --data")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step (at the preset's length)")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per loop per round")
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per step (at the preset's length)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: least noise on a shared machine)")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per loop per round")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per loop per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (ours, reference)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU fp32; median step time over "
           f"{args.rounds} x {args.steps} steps per loop")
     print(f"{'preset':<7} {'params':>10} {'tokens/step':>11} {'train.py tok/s':>15} {'reference tok/s':>16} "
