@@ -1095,22 +1095,24 @@ class Trainer:
     def _log_eval(self, result: dict) -> None:
         self.log(f"step {result['step']:>6} | val loss {result['val_loss']:.4f} | val bpb {result['val_bpb']:.4f}")
 
-    def _install_interrupt_handler(self):
-        """First Ctrl-C: finish the step, save a checkpoint, exit. A second one stops at once."""
+    def _install_interrupt_handler(self) -> dict:
+        """Ctrl-C (SIGINT) or a scheduler's SIGTERM: finish the step, save a checkpoint, exit. A second one stops at
+        once. Returns the previous handlers."""
         if not threading_main():
-            return None
+            return {}
 
-        def on_sigint(signum, frame):
+        def on_signal(signum, frame):
             if self.stop_requested:
                 raise KeyboardInterrupt
             self.stop_requested = True
-            self.log("\nCtrl-C: finishing this step and saving a checkpoint (Ctrl-C again to abort)")
-        return signal.signal(signal.SIGINT, on_sigint)
+            self.log(f"\n{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
+                     f"(Ctrl-C again to abort)")
+        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     @staticmethod
-    def _restore_interrupt_handler(previous) -> None:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    def _restore_interrupt_handler(previous: dict) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def threading_main() -> bool:

@@ -376,6 +376,18 @@ def test_data_parallel_two_ranks_match_one_process(dataset_dir, tmp_path):
     assert ckpt["metrics"]["last_eval"]["val_loss"] == pytest.approx(single["val_loss"], rel=1e-5)
 
 
+def test_sigterm_saves_a_checkpoint_like_ctrl_c(dataset_dir, tmp_path):
+    """A scheduler's SIGTERM (sent here by the run's own log callback at step 20) stops the run cleanly."""
+    def log(message: str) -> None:
+        if message.startswith("step") and "/" in message.split("|")[0]:
+            os.kill(os.getpid(), signal.SIGTERM)
+    previous = signal.getsignal(signal.SIGTERM)
+    summary = train.train(config(dataset_dir, tmp_path, "--max-steps", 500, "--log-interval", 20), log=log)
+    assert summary["interrupted"] and summary["step"] == 20
+    assert train.load_checkpoint(tmp_path)["step"] == 20
+    assert signal.getsignal(signal.SIGTERM) is previous                         # the handler is put back
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Bad input: one clear line, exit code 2, nothing lost
 # ----------------------------------------------------------------------------------------------------------------------
