@@ -29,7 +29,11 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
 
 4. Kaplan et al. (2020) fitted separate power laws, L ∝ N^-0.076, D^-0.095, C^-0.050, and advised growing the
    model as C^0.73 (Chinchilla: about C^0.5); one reason is that they did not shorten the cosine schedule for short
-   runs, so small-data runs looked worse than they were.
+   runs, so small-data runs looked worse than they were.  Real models against 20:1: GPT-3 trained 1.7 tokens
+   per parameter (under-trained), Chinchilla 20, Llama 3 8B 1,875 (over-trained on purpose: serving costs 2N
+   per token, so a smaller model trained longer is cheaper for life).  A dense 1T-parameter model at D = 20N
+   costs 1.2e26 FLOPs = 8.4e7 H100-hours at 40% MFU (351 days on 10,000 GPUs); a mixture of experts pays
+   compute only for its active parameters, which is why models that large are MoE.
 
 5. Memory.  Mixed-precision AdamW keeps 16 bytes per parameter: bf16 weights (2) and grads (2), fp32 master
    weights (4) and two fp32 moments (4 + 4).  7e9 parameters = 112 GB.  ZeRO shards it over W GPUs:
@@ -40,7 +44,8 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
 6. Fitting your own runs (the three approaches of Hoffmann et al.): Approach 1 takes the lowest loss at each
    compute and fits N_opt ∝ C^a; Approach 2 fits a parabola in log N per IsoFLOP budget and fits its minima;
    Approach 3 fits E, A, B, α, β with a Huber loss on log L from a grid of starts.  `python scaling.py sweep`
-   trains small models through train.py, fits all three and draws the log-log plot.
+   trains small models through train.py, fits all three and draws the log-log plot; `dedup-effect` trains
+   one model on a corpus with planted near-duplicates and on its dedup.py-cleaned version.
 
 Depends on numpy and the standard library; torch only for the Approach 3 fit (L-BFGS), matplotlib only to
 draw a PNG. Only the experiments use siblings: the sweep runs train.py (a subprocess) and reads model.py's
@@ -205,7 +210,8 @@ def budget_report(b: Budget) -> str:
         f"(before communication overhead); {b.gpu_hours:,.3g} GPU-hours",
     ]
     law = compute_optimal(b.compute)
-    lines.append(f"   (the Chinchilla law's own optimum at this budget: N ≈ {law.params:.2g}, D ≈ {law.tokens:.2g}, "
+    lines.append(f"   (the Chinchilla law's own optimum at this budget: N ≈ {law.params:.2g}, "
+                 f"D ≈ {law.tokens:.2g}, "
                  f"{law.tokens_per_param:.0f} tokens/param, predicted loss {law.loss:.2f}; see `isoflop`)")
     return "\n".join(lines)
 
@@ -393,7 +399,8 @@ def kaplan_report() -> str:
            f"{10 ** -k['alpha_C']:.3f}",
            f"  N_opt = {k['N_opt_coef']:.2g} · (C / PF-day)^{k['N_opt_exp']}  (1 PF-day = {PF_DAY:.3g} FLOPs)",
            "", "Optimal model size by compute: Kaplan grows N as C^0.73, Chinchilla as C^0.45 (Hoffmann fit) ~ C^0.5",
-           "| compute | Kaplan N_opt | Kaplan D = C/6N | Chinchilla N_opt | Chinchilla D |", "|---:|---:|---:|---:|---:|"]
+           "| compute | Kaplan N_opt | Kaplan D = C/6N | Chinchilla N_opt | Chinchilla D |",
+           "|---:|---:|---:|---:|---:|"]
     for c in (1e18, 1e20, 1e22, 1e24):
         kn = float(kaplan_optimal_params(c))
         ch = compute_optimal(c)
@@ -722,7 +729,8 @@ def fit_approach2(runs: Sequence[Run]) -> AllocationLaw:
     minima = isoflop_minima(runs)
     if len(minima) < 2:
         raise ScalingError(f"Approach 2 needs at least 2 compute budgets with 3+ model sizes each and a U-shaped "
-                           f"loss with its minimum inside the sizes tried (got {len(minima)} usable of {len(_group_close(runs, key=lambda r: r.budget))} budgets)")
+                           f"loss with its minimum inside the sizes tried (got {len(minima)} usable of "
+                           f"{len(_group_close(runs, key=lambda r: r.budget))} budgets)")
     a, k = _fit_line(np.log([m[0] for m in minima]), np.log([m[1] for m in minima]))
     return AllocationLaw(a, math.exp(k))
 
@@ -756,7 +764,8 @@ def fit_approach3(runs: Sequence[Run], delta: float = 1e-3, refine: int = 16,
     objective's scale, which Besiroglu et al. found made the original optimiser stop early.
     """
     if len(runs) < 5:
-        raise ScalingError(f"Approach 3 fits 5 parameters (E, A, B, alpha, beta): give at least 5 runs, got {len(runs)}")
+        raise ScalingError(f"Approach 3 fits 5 parameters (E, A, B, alpha, beta): give at least 5 runs, "
+                           f"got {len(runs)}")
     if len({r.params for r in runs}) < 2 or len({r.tokens for r in runs}) < 2:
         raise ScalingError("Approach 3 needs runs with at least 2 different sizes and 2 different token counts")
     import torch   # only this fit needs it
@@ -991,7 +1000,7 @@ def plot_runs(runs: Sequence[Run], report: FitReport, path, isoflop_runs: Sequen
 class SweepSettings:
     """One schedule shape for every size: warmup, then cosine to 10% of the peak over max_steps (train.py's
     default schedule), the same batch, learning rate, data order and seed. Only the model changes."""
-    presets: tuple[str, ...] = ("sweep-1", "sweep-2", "sweep-3")
+    presets: tuple[str, ...] = ("sweep-1", "sweep-2", "sweep-3", "sweep-4")
     data: str = "pydocs"
     max_steps: int = 200
     batch_size: int = 16
@@ -1008,8 +1017,8 @@ class SweepSettings:
         return self.batch_size * self.block_size
 
 
-QUICK_SWEEP = SweepSettings(max_steps=12, batch_size=4, block_size=64, warmup_steps=2, eval_interval=3,
-                            eval_batches=2)
+QUICK_SWEEP = SweepSettings(presets=("sweep-1", "sweep-2", "sweep-3"), max_steps=12, batch_size=4, block_size=64,
+                            warmup_steps=2, eval_interval=3, eval_batches=2)
 
 
 def train_command(settings: SweepSettings, preset: str, out_dir) -> list[str]:
@@ -1200,7 +1209,8 @@ def sweep_report(result: SweepResult) -> str:
         f, last = facts[p], curves[p][-1]
         t = result.seconds.get(p, 0.0)
         out.append(f"| {p} | {f['n_layer']} × {f['n_embd']} | {f['params']:,} | {f['non_embedding']:,} | "
-                   f"{1 - f['non_embedding'] / f['params']:.0%} | {last.tokens:,.0f} | {last.tokens / last.params:.2f} | "
+                   f"{1 - f['non_embedding'] / f['params']:.0%} | {last.tokens:,.0f} | "
+                   f"{last.tokens / last.params:.2f} | "
                    f"{last.compute:.3g} | {last.loss:.4f} | {f'{t:.0f} s' if t else 'reused'} |")
 
     # Equal-compute comparison: at the end of every size but the largest, where do the others stand?
@@ -1283,11 +1293,11 @@ class DedupEffectSettings:
     documents are cut off first, so neither training corpus has a near-copy of them."""
     source: str = "pydocs"
     model: str = "sweep-2"
-    max_steps: int = 120
+    max_steps: int = 160
     batch_size: int = 16
     block_size: int = 128
     lr: float = 2e-3
-    warmup_steps: int = 12
+    warmup_steps: int = 16
     duplicate_fraction: float = 0.2
     held_out_fraction: float = 0.1
     threshold: float = 0.5
@@ -1361,8 +1371,8 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
         run_dir.mkdir(parents=True, exist_ok=True)
         _run_train(train_command(sweep_like, s.model, run_dir), run_dir / "train.log", s.threads)
         model, tokenizer, ckpt = evaluate_lib.load_model(run_dir)
-        scored = evaluate_lib.perplexity_report(model, evaluate_lib.held_out_from_documents("held-out", held, tokenizer),
-                                                block_size=min(s.block_size, model.config.block_size))
+        held_ids = evaluate_lib.held_out_from_documents("held-out", held, tokenizer)
+        scored = evaluate_lib.perplexity_report(model, held_ids, block_size=min(s.block_size, model.config.block_size))
         manifest = json.loads((datasets[name] / "manifest.json").read_text(encoding="utf-8"))
         n_docs = len(with_dups) if name == "with_duplicates" else len(deduped)
         rows.append({"corpus": label, "documents": n_docs,
@@ -1404,11 +1414,11 @@ def dedup_effect_report(result: dict) -> str:
             f"with another seed (initialisation and data order) moved by {noise:.4f}."]
     if abs(diff) <= 2 * noise:
         verdict = (f"No measurable difference: the gap is within twice the seed-to-seed spread. The copies are "
-                   f"{share:.0%} of documents and each run read its corpus {dup['tokens_trained'] / dup['train_tokens']:.2f} "
-                   f"times; at this budget a small model is likely far from memorising, so a repeated document costs little "
-                   f"more than a fresh one. 'No difference' is a valid outcome: duplicates hurt when they are a large "
-                   f"share, repeated many times or trained for many epochs, and they always waste the compute spent "
-                   f"on them.")
+                   f"{share:.0%} of documents and each run read its corpus "
+                   f"{dup['tokens_trained'] / dup['train_tokens']:.2f} times; at this budget a small model is "
+                   f"likely far from memorising, so a repeated document costs little more than a fresh one. "
+                   f"'No difference' is a valid outcome: duplicates hurt when they are a large share, repeated many "
+                   f"times or trained for many epochs, and they always waste the compute spent on them.")
     elif diff > 0:
         verdict = (f"Deduplication helped: {diff:.4f} nats lower held-out loss for the same model and tokens, more "
                    f"than twice the seed-to-seed spread. The near-copies spent {share:.0%} of the documents on text "
@@ -1474,7 +1484,11 @@ def _cmd_memory(args) -> str:
 
 def _cmd_fit(args) -> str:
     runs = load_runs(args.runs)
+    if args.bootstrap < 0:
+        raise ScalingError(f"--bootstrap must be 0 or more, got {args.bootstrap}")
     report = fit_all(runs, args.target_compute, bootstrap=int(args.bootstrap), seed=args.seed)
+    if all(isinstance(law, str) for law in report.laws.values()):
+        raise ScalingError(f"nothing could be fitted to {len(runs)} runs: " + report.laws["approach3"])
     text = report.markdown()
     if args.plot:
         text += f"\nplot: {plot_runs(runs, report, args.plot)}"
@@ -1590,7 +1604,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sweep", help="train sweep presets through train.py, fit the laws, plot, interpret")
     s.add_argument("--quick", action="store_true", help="tiny runs (a few minutes), for tests")
-    s.add_argument("--presets", nargs="+", help="model presets (default sweep-1 sweep-2 sweep-3)")
+    s.add_argument("--presets", nargs="+",
+                   help="model presets (default sweep-1 .. sweep-4; quick: sweep-1 .. sweep-3)")
     s.add_argument("--steps", type=int, help="optimizer steps per size (default 200; quick 12)")
     s.add_argument("--data", help="corpus for train.py --data (default pydocs, embedded)")
     s.add_argument("--out-dir", default=None, help="default out/sweep (quick: out/sweep-quick)")
@@ -1600,7 +1615,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("dedup-effect", help="same model and tokens, with 17%% planted near-duplicates vs dedup.py")
     s.add_argument("--quick", action="store_true", help="tiny runs (a few minutes), for tests")
     s.add_argument("--model", help="model preset (default sweep-2; quick sweep-1)")
-    s.add_argument("--steps", type=int, help="optimizer steps per run (default 120; quick 8)")
+    s.add_argument("--steps", type=int, help="optimizer steps per run (default 160; quick 8)")
     s.add_argument("--out-dir", default=None, help="default out/dedup-effect (quick: out/dedup-effect-quick)")
     s.add_argument("--threads", type=int, help="torch CPU threads per training run (default 1; 0 = torch's own)")
     s.set_defaults(run=_cmd_dedup_effect)

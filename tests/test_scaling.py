@@ -279,6 +279,14 @@ def test_cli_fit_reports_missing_field_line(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_cli_fit_too_few_runs_says_how_many(tmp_path):
+    f = tmp_path / "runs.jsonl"
+    f.write_text("".join(json.dumps({"parameters": n, "tokens": 1e9, "loss": 3.0}) + "\n" for n in (1e8, 2e8, 4e8)))
+    r = cli("fit", str(f), "--bootstrap", "0")
+    assert r.returncode == 2 and "give at least 5 runs, got 3" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_cli_lesson_and_help():
     r = cli()
     assert r.returncode == 0
@@ -332,7 +340,7 @@ def test_sweep_report_is_written_from_the_numbers(tmp_path):
                                 "data_dir": "x", "train_tokens": 301_356, "val_tokens": 13_558}
              for i, (n, ne, l, e) in enumerate([(368_960, 106_816, 2, 64), (836_448, 443_232, 4, 96),
                                                 (2_557_632, 1_771_200, 4, 192)])}
-    settings = scaling.SweepSettings()
+    settings = dataclasses.replace(scaling.SweepSettings(), presets=tuple(facts))
     result = scaling.SweepResult(settings, tmp_path, facts, runs, {p: 60.0 for p in facts})
     result.report = fit_all(runs, max(r.compute for r in runs), bootstrap=0, isoflop_runs=scaling.isoflop_slices(runs))
     result.plot = scaling.plot_runs(runs, result.report, tmp_path / "scaling.png")
