@@ -252,7 +252,7 @@ def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[t
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each adjacent pair (x_2i, x_2i+1) of x (B, T, heads, head_dim) by the angle whose cos/sin are (T, head_dim/2).
+    """Rotate each adjacent pair (x_2i, x_2i+1) of x (B, T, heads, head_dim) by its angle (cos, sin: (T, head_dim/2)).
 
     Layout: interleaved pairs, as in the RoFormer paper, Meta's Llama code and Stanford CS336. (Hugging Face
     rotates the two halves (x_i, x_{i+d/2}) instead; that is the same rotation after permuting the features of

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="intra-op threads for the peak and the model alike (default: torch's)")
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
-                        help="wall: elapsed time; cpu: this process's CPU time (use with --threads 1 on a busy machine)")
+                        help="wall: elapsed time; cpu: this process's CPU time (with --threads 1 on a busy machine)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     unknown = [p for p in args.presets if p not in PRESETS]

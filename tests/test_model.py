@@ -2,6 +2,7 @@
 torch's FLOP counter, Stanford CS336's snapshot arrays)."""
 import dataclasses
 import math
+import pathlib
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from model import (GPT, PRESETS, TRAINING_BYTES_PER_PARAM, ConfigError, GPTConfig, KVCache, MoE, RMSNorm,
                    SwiGLU, apply_rope, causal_attention, main, rope_angles, sample)
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -415,8 +416,8 @@ def test_training_memory_is_16_bytes_per_parameter():
     assert TRAINING_BYTES_PER_PARAM == 16
     config = PRESETS["1b"]
     assert config.training_memory_bytes() == 16 * config.num_params()
-    # The lesson's example: 1e9 parameters -> 16 GB of training state.
-    assert 16 * 1e9 / 1e9 == pytest.approx(config.training_memory_bytes() / config.num_params())
+    # The lesson's 1e9 parameters need 16 GB; the 1b preset's 1.076e9 need 17.2 GB (the README's table).
+    assert config.training_memory_bytes() / 1e9 == pytest.approx(17.22, abs=0.01)
 
 
 # ------------------------------------------------------------------------------------------------ training
