@@ -1103,7 +1103,7 @@ class SweepResult:
     out_dir: pathlib.Path
     facts: dict          # preset -> checkpoint_facts
     runs: list           # every (preset, checkpoint) as a Run
-    seconds: dict        # preset -> wall seconds of its training run (0 when reused)
+    seconds: dict        # preset -> wall seconds of its training run (0 when unknown)
     report: FitReport | None = None
     plot: pathlib.Path | None = None
 
@@ -1122,9 +1122,10 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
         stamp = run_dir / "sweep_settings.json"
         wanted = json.dumps({**dataclasses.asdict(settings), "preset": preset}, sort_keys=True)
         finished = stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted and any(run_dir.glob("ckpt_*.pt"))
+        timing = run_dir / "train_seconds.txt"
         if finished:
             log(f"{preset}: reusing the finished run in {run_dir}")
-            seconds[preset] = 0.0
+            seconds[preset] = float(timing.read_text()) if timing.is_file() else 0.0
         else:
             run_dir.mkdir(parents=True, exist_ok=True)
             stamp.unlink(missing_ok=True)
@@ -1132,6 +1133,7 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
             t0 = time.perf_counter()
             _run_train(train_command(settings, preset, run_dir), run_dir / "train.log", settings.threads)
             seconds[preset] = time.perf_counter() - t0
+            timing.write_text(f"{seconds[preset]:.1f}", encoding="utf-8")
             stamp.write_text(wanted, encoding="utf-8")
         facts[preset] = checkpoint_facts(run_dir)
         # Evaluations inside the warmup measure the ramp of the learning rate, not the model size: leave them out.
@@ -1211,17 +1213,20 @@ def sweep_report(result: SweepResult) -> str:
         out.append(f"| {p} | {f['n_layer']} × {f['n_embd']} | {f['params']:,} | {f['non_embedding']:,} | "
                    f"{1 - f['non_embedding'] / f['params']:.0%} | {last.tokens:,.0f} | "
                    f"{last.tokens / last.params:.2f} | "
-                   f"{last.compute:.3g} | {last.loss:.4f} | {f'{t:.0f} s' if t else 'reused'} |")
+                   f"{last.compute:.3g} | {last.loss:.4f} | {f'{t:.0f} s' if t else '?'} |")
 
     # Equal-compute comparison: at the end of every size but the largest, where do the others stand?
     out += ["", "Validation loss at equal compute (log-log interpolation along each curve; '·' = that size never "
             "used this compute):", "",
             "| compute | " + " | ".join(s.presets) + " | best |", "|---:|" + "---:|" * (len(s.presets) + 1)]
+    contests = []                                    # (winner, smallest size present) where 2+ sizes compete
     for p in s.presets:
         c = curves[p][-1].compute
         row = {q: _loss_at(curves[q], c) for q in s.presets}
         known = {q: v for q, v in row.items() if v is not None}
         best = min(known, key=known.get)
+        if len(known) >= 2:
+            contests.append((best, min(known, key=lambda q: facts[q]["params"])))
         out.append(f"| {c:.3g} (end of {p}) | " + " | ".join("·" if row[q] is None else f"{row[q]:.4f}"
                                                              for q in s.presets) + f" | {best} |")
 
@@ -1248,6 +1253,43 @@ def sweep_report(result: SweepResult) -> str:
     out.append("- **The frontier** (lowest loss at each compute) " + (
         "moves to larger models as compute grows: " + "; ".join(switches) + "." if switches else
         f"stays on {final.series} throughout: at these budgets no larger model caught up."))
+    smallest_n = min(f["params"] for f in facts.values())
+    if contests:
+        small_wins = sum(winner == smallest for winner, smallest in contests)
+        where = ("below even the smallest size here" if twenty.params < smallest_n
+                 else "inside the range of sizes here")
+        out.append(f"- **At equal compute** the smallest size present had the lowest loss in {small_wins} of "
+                   f"{len(contests)} comparisons (table above). "
+                   + ("This is the direction Chinchilla predicts: every run has far fewer than 20 tokens per "
+                      f"parameter, and 20:1 puts the optimum at the largest compute at N ≈ {twenty.params:,.0f}, "
+                      f"{where}. The frontier ends on a larger model only because every size trained the same "
+                      f"{final.tokens:,.0f} tokens, so only larger models reach larger compute."
+                      if small_wins == len(contests) and ratio < 20 else
+                      "Where a larger model wins at equal compute, the smaller one has run out of useful "
+                      "tokens per parameter for its size at that budget."))
+    by_size = sorted(s.presets, key=lambda p: facts[p]["params"])
+    inversions = [(a, b) for a, b in zip(by_size, by_size[1:]) if curves[b][-1].loss > curves[a][-1].loss]
+    for a, b in inversions:
+        out.append(f"- **{b} ended above {a}** ({curves[b][-1].loss:.4f} vs {curves[a][-1].loss:.4f}) despite "
+                   f"{curves[b][-1].compute / curves[a][-1].compute:.1f}× its compute: with "
+                   f"{curves[b][-1].tokens / facts[b]['params']:.2g} tokens per parameter and a learning rate shared "
+                   f"with models {facts[b]['params'] / smallest_n:.0f}× smaller, it had not caught up when its "
+                   f"schedule ended.")
+    slices = _group_close(isoflop_slices(result.runs), key=lambda r: r.budget).values()
+    rising = [all(a.loss < b.loss for a, b in zip(g, g[1:])) for g in (sorted(g, key=lambda r: r.params)
+                                                                       for g in slices)]
+    if isinstance(report.laws.get("approach2"), str) and rising and all(rising):
+        out.append(f"- **Approach 2 found no IsoFLOP U**: along all {len(rising)} equal-compute slices the loss "
+                   f"only rises with N, so the optimum is at or below the smallest model, and a parabola's vertex "
+                   f"there would be an extrapolation.")
+    if report.chinchilla is not None:
+        law3 = report.chinchilla
+        resid = np.log(law3.loss(np.array([r.params for r in result.runs]), np.array([r.tokens for r in result.runs])))
+        rms = float(np.sqrt(np.mean((resid - np.log([r.loss for r in result.runs])) ** 2)))
+        out.append(f"- **Approach 3's law** (E = {law3.E:.3g}, α = {law3.alpha:.3f}, β = {law3.beta:.3f}) misses the "
+                   f"checkpoints by {rms:.1%} RMS. It describes final losses of fully annealed runs; one cosine "
+                   f"run's checkpoints (a plateau, then the drop as the learning rate anneals) are a different "
+                   f"curve, so its constants here are descriptive at best.")
     fitted = {k: v for k, v in report.laws.items() if isinstance(v, AllocationLaw)}
     if fitted:
         out.append("- **Fitted allocation.** " + "; ".join(
@@ -1486,12 +1528,15 @@ def _cmd_fit(args) -> str:
     runs = load_runs(args.runs)
     if args.bootstrap < 0:
         raise ScalingError(f"--bootstrap must be 0 or more, got {args.bootstrap}")
-    report = fit_all(runs, args.target_compute, bootstrap=int(args.bootstrap), seed=args.seed)
+    # Named loss curves (a sweep's runs.jsonl): Approach 2 works on IsoFLOP slices cut from them.
+    curves = len({r.series for r in runs}) > 1 and all(r.series for r in runs)
+    iso = isoflop_slices(runs) if curves else None
+    report = fit_all(runs, args.target_compute, bootstrap=int(args.bootstrap), seed=args.seed, isoflop_runs=iso)
     if all(isinstance(law, str) for law in report.laws.values()):
         raise ScalingError(f"nothing could be fitted to {len(runs)} runs: " + report.laws["approach3"])
     text = report.markdown()
     if args.plot:
-        text += f"\nplot: {plot_runs(runs, report, args.plot)}"
+        text += f"\nplot: {plot_runs(runs, report, args.plot, isoflop_runs=iso)}"
     return text
 
 

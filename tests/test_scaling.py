@@ -392,6 +392,7 @@ def test_quick_sweep_and_dedup_effect_end_to_end(tmp_path):
     assert {r.series for r in runs} == {"sweep-1", "sweep-2"} and len(runs) == 4     # evals at steps 3 and 6
     again = cli(*args, timeout=900)
     assert again.returncode == 0 and again.stderr.count("reusing the finished run") == 2
+    assert "| ? |" not in (tmp_path / "sw" / "REPORT.md").read_text()       # training times survive reuse
 
     r = cli("dedup-effect", "--quick", "--steps", "2", "--out-dir", str(tmp_path / "dd"), timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
