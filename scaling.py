@@ -1112,8 +1112,12 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
     """Train each preset (reusing a finished run with identical settings), collect the curves, fit, plot, write
     runs.jsonl and REPORT.md into out_dir."""
     import time
+    from model import PRESETS
     if len(settings.presets) < 2:
         raise ScalingError("a sweep needs at least 2 model sizes (3 or more, 4x apart, to fit anything)")
+    unknown = [p for p in settings.presets if p not in PRESETS]
+    if unknown:
+        raise ScalingError(f"unknown preset(s) {', '.join(unknown)}: choose from {', '.join(PRESETS)}")
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     facts, runs, seconds = {}, [], {}
@@ -1139,6 +1143,9 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
         # Evaluations inside the warmup measure the ramp of the learning rate, not the model size: leave them out.
         curve = [r for r in read_curve(run_dir / "metrics.jsonl", facts[preset]["params"], preset)
                  if r.tokens >= settings.warmup_steps * settings.tokens_per_step]
+        if not curve:
+            raise ScalingError(f"{preset}: no validation loss after the warmup in {run_dir / 'metrics.jsonl'}: "
+                               f"use more --steps than {settings.warmup_steps} warmup steps")
         log(f"{preset}: N = {facts[preset]['params']:,}, {len(curve)} evaluations, final val loss "
             f"{curve[-1].loss:.4f}" + (f" ({seconds[preset]:.0f} s)" if seconds[preset] else ""))
         runs += curve
@@ -1290,15 +1297,17 @@ def sweep_report(result: SweepResult) -> str:
                    f"checkpoints by {rms:.1%} RMS. It describes final losses of fully annealed runs; one cosine "
                    f"run's checkpoints (a plateau, then the drop as the learning rate anneals) are a different "
                    f"curve, so its constants here are descriptive at best.")
+    small = min(s.presets, key=lambda p: facts[p]["params"])
+    large = max(s.presets, key=lambda p: facts[p]["params"])
+    share = 1 - facts[small]["non_embedding"] / facts[small]["params"]
+    span_total = facts[large]["params"] / facts[small]["params"]
+    span_core = facts[large]["non_embedding"] / facts[small]["non_embedding"]
     fitted = {k: v for k, v in report.laws.items() if isinstance(v, AllocationLaw)}
     if fitted:
         out.append("- **Fitted allocation.** " + "; ".join(
             f"{k.replace('approach', 'Approach ')}: N_opt ∝ C^{v.a:.2f}" for k, v in fitted.items())
-            + " (Chinchilla ≈ 0.5, Kaplan 0.73). With sizes only "
-            f"{max(f['params'] for f in facts.values()) / min(f['params'] for f in facts.values()):.0f}× apart in N, "
-            "these exponents are noisy (see the bootstrap intervals): read them as a direction, not a number.")
-    small = min(s.presets, key=lambda p: facts[p]["params"])
-    share = 1 - facts[small]["non_embedding"] / facts[small]["params"]
+            + f" (Chinchilla ≈ 0.5, Kaplan 0.73). With sizes only {span_total:.0f}× apart in N, these exponents "
+            "are noisy (see the bootstrap intervals): read them as a direction, not a number.")
     longest = max(r.tokens for r in result.runs)
     if not train_tokens:
         repeated = "  - *Repeated data*: a small corpus is read several times; repeated tokens are worth less."
@@ -1311,8 +1320,9 @@ def sweep_report(result: SweepResult) -> str:
                     f"{train_tokens:,}-token train split once; a longer sweep on this corpus would repeat it.")
     out += ["- **Why small runs can disagree with the 20:1 rule.**",
             f"  - *Embedding share*: {share:.0%} of {small}'s parameters are the {any_facts['vocab_size']:,}-token "
-            f"embedding table, which stores a lookup, not computation; Kaplan counts only non-embedding parameters, "
-            f"and the two counts order these models very differently at this scale.",
+            f"embedding table. Kaplan counts only non-embedding parameters: these sizes span {span_total:.0f}× in "
+            f"all parameters but {span_core:.0f}× in non-embedding ones, so an exponent fitted on one count "
+            f"differs from the other.",
             f"  - *Untuned learning rates*: every size uses peak lr {s.lr:g}; the best rate shrinks as models "
             f"grow, so one shared value favours some sizes over others.",
             repeated,

@@ -374,9 +374,11 @@ def test_dedup_effect_verdict_follows_the_numbers(losses, verdict):
     assert "= 17% near-duplicates" in text and "removed 60 of the 60 copies" in text
 
 
-def test_sweep_cli_needs_two_sizes():
+def test_sweep_cli_needs_two_known_sizes():
     r = cli("sweep", "--presets", "sweep-1", "--out-dir", "out/never")
     assert r.returncode == 2 and "at least 2 model sizes" in r.stderr
+    r = cli("sweep", "--presets", "sweep-1", "huge", "--out-dir", "out/never")
+    assert r.returncode == 2 and "unknown preset(s) huge" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
