@@ -262,6 +262,19 @@ class Task:
     answer: str
 
 
+def _jsonl_objects(path: pathlib.Path):
+    """(line number, parsed object) for each non-blank line of a jsonl file; a line that is not JSON is an
+    EvalError naming its number."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EvalError(f"{path} line {number}: not valid JSON ({e.msg}); each line must be one JSON object")
+
+
 def read_tasks(path) -> list[Task]:
     """A jsonl task file: one {"prompt": "...", "answer": "..."} object per line (blank lines skipped).
     A malformed line is reported with its number."""
@@ -269,18 +282,11 @@ def read_tasks(path) -> list[Task]:
     if not path.is_file():
         raise EvalError(f"task file {path} not found: give a jsonl file of {{\"prompt\": ..., \"answer\": ...}} lines")
     tasks = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{path} line {number}: not valid JSON ({e.msg}); each line must be one JSON object")
-            if not (isinstance(item, dict) and isinstance(item.get("prompt"), str)
-                    and isinstance(item.get("answer"), str) and item["answer"].strip()):
-                raise EvalError(f"{path} line {number}: needs string fields \"prompt\" and a non-empty \"answer\"")
-            tasks.append(Task(item["prompt"], item["answer"]))
+    for number, item in _jsonl_objects(path):
+        if not (isinstance(item, dict) and isinstance(item.get("prompt"), str)
+                and isinstance(item.get("answer"), str) and item["answer"].strip()):
+            raise EvalError(f"{path} line {number}: needs string fields \"prompt\" and a non-empty \"answer\"")
+        tasks.append(Task(item["prompt"], item["answer"]))
     if not tasks:
         raise EvalError(f"task file {path} has no tasks: add jsonl lines {{\"prompt\": ..., \"answer\": ...}}")
     return tasks
@@ -1010,16 +1016,12 @@ def _read_documents(spec: str, split: str):
         data, shards = open_split(path, split)
         yield from decode_documents(shards, data.eot_id, data.tokenizer)
     elif path.is_file() and path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                    yield item["text"] if "text" in item else item["prompt"] + item["answer"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise EvalError(f"{path} line {number}: expected a JSON object with \"text\" (or \"prompt\" "
-                                    "and \"answer\")") from None
+        for number, item in _jsonl_objects(path):
+            try:
+                yield item["text"] if "text" in item else item["prompt"] + item["answer"]
+            except (KeyError, TypeError):
+                raise EvalError(f"{path} line {number}: expected a JSON object with \"text\" (or \"prompt\" "
+                                "and \"answer\")") from None
     elif path.is_file():
         yield from split_paragraphs(_read_text(path))
     else:
