@@ -315,6 +315,8 @@ def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] =
         for p in paths:
             _check_file(p)
         texts, total = [], sum(p.stat().st_size for p in paths)
+    if workers is not None and workers < 1:
+        raise TokenizerError(f"workers must be at least 1, got {workers}; leave it out to use all cores")
     if workers is None:
         workers = min(os.cpu_count() or 1, total >> 20) if total > PARALLEL_MIN_BYTES else 1  # >= 1 MiB each
     n_chunks = 4 * workers if workers > 1 else 1
@@ -821,8 +823,13 @@ class Tokenizer:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write text to path via a temp file in the same directory and os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.is_dir():
+        raise TokenizerError(f"{path} is a directory; give a file path such as {path / 'tokenizer.json'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise TokenizerError(f"cannot write {path} ({e.strerror}); choose a writable directory") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -908,6 +915,8 @@ def _show_token(token: bytes) -> str:
 
 def demo(text: str = DEMO_TEXT, num_merges: int = 4, pattern: str = "gpt2") -> list[tuple[bytes, bytes]]:
     """Print the lecture's BPE rounds: the pair counts, the winner (and any tie), the words after the merge."""
+    if num_merges < 0:
+        raise TokenizerError(f"the number of merges must be 0 or more, got {num_merges}")
     pieces = Counter(p.encode("utf-8") for p in pretokenize(text, resolve_pattern(pattern)))
     print(f"text: {text!r}")
     print("pre-tokens: " + "  ".join(f"{_show_token(p)!r} x{c}" for p, c in pieces.items()))
@@ -1036,6 +1045,9 @@ def main(argv: list[str] | None = None) -> int:
             print(load_tokenizer(args.tokenizer).decode(args.ids))
     except TokenizerError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:                          # unreadable input, full disk: one line, not a traceback
+        print(f"error: {e.filename or ''}: {e.strerror or e}; check the path and its permissions", file=sys.stderr)
         return 2
     return 0
 

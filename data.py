@@ -648,6 +648,9 @@ def boilerplate_lines(texts: list[str], min_documents: int = 3, min_words: int =
     >>> sorted(boilerplate_lines(["a\\nAll rights reserved here", "b\\nAll rights reserved here", "c"], 2))
     ['All rights reserved here']
     """
+    if min_documents < 2:
+        raise DataError(f"--boilerplate-min-documents must be at least 2 (a line in one document is not repeated), "
+                        f"got {min_documents}")
     document_counts = collections.Counter()
     for text in texts:
         lines = {line.strip() for line in text.split("\n")}
@@ -764,6 +767,11 @@ class CleanSettings:
     boilerplate_min_documents: int = 3
     near_dup_threshold: float = 0.5      # Jaccard of 3-word shingles; 0 disables near-dedup
     mask_pii: bool = True
+
+    def __post_init__(self):
+        if self.boilerplate_min_documents < 2:           # checked here too, so a bad flag fails before any work
+            raise DataError(f"--boilerplate-min-documents must be at least 2 (a line in one document is not "
+                            f"repeated), got {self.boilerplate_min_documents}")
 
 
 def _quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str], str | None] | None]:
@@ -884,6 +892,10 @@ def mixture_plan(weights: dict[str, float], total_tokens: float,
     """
     if not weights or any(w <= 0 for w in weights.values()):
         raise DataError(f"mixing weights must be positive, got {weights}")
+    if not total_tokens > 0:
+        raise DataError(f"the token budget must be positive, got {total_tokens:g}")
+    if unique_tokens and any(not u > 0 for u in unique_tokens.values()):
+        raise DataError(f"unique token counts must be positive, got {unique_tokens}")
     total_weight = sum(weights.values())
     unique_tokens = unique_tokens or {}
     plan = {}
@@ -1111,6 +1123,8 @@ def encode_documents(tokenizer: bpe.Tokenizer, docs: list[str], threads: int | N
     """Token ids of each document through the tokenizer's tiktoken twin, whose Rust core encodes a batch on
     several threads at once (the GIL is released), in batches to bound memory."""
     encoding = tokenizer.to_tiktoken()
+    if threads is not None and threads < 1:
+        raise DataError(f"--threads must be at least 1, got {threads}; leave it out to use all cores")
     threads = threads or os.cpu_count() or 1
     dtype = dtype_for_vocab(len(tokenizer))
     out = []
@@ -1158,6 +1172,9 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         raise DataError(f"--vocab-size {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at least 257")
     if not 0 <= val_fraction < 1:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    if train_tokens is not None and (weights is None or not train_tokens > 0):
+        raise DataError(f"--train-tokens {train_tokens:g} needs --weights and a positive budget, e.g. --weights 1 "
+                        f"--train-tokens 5e6")
     settings = clean_settings or CleanSettings()
     jsonl_stats = JsonlStats()
     opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
@@ -1186,8 +1203,11 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
             log(f"reusing {out_dir} (same inputs and settings)")
             return out_dir
         raise DataError(f"{out_dir} already holds a different dataset; remove it or pick another --out")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"--out {out_dir} is a file; give a directory path")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise DataError(f"{out_dir} exists and is not a dataset directory; remove it or pick another --out")
+    _check_writable(out_dir.parent)                        # fail now, not after minutes of cleaning
 
     clock = _Clock()
     with clock.phase("clean"):
@@ -1259,6 +1279,15 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     return out_dir
+
+
+def _check_writable(folder: pathlib.Path) -> None:
+    """Raise DataError unless a file can be created in `folder` (made if missing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise DataError(f"cannot write in {folder} ({e.strerror}); pick a writable --out") from None
 
 
 def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:

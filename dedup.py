@@ -1049,8 +1049,13 @@ def read_text(path: str | os.PathLike) -> str:
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write to a temporary file in the same folder, then rename: readers see the old file or the whole new one."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.is_dir():
+        raise DedupError(f"{path} is a directory: give a file path for the output")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise DedupError(f"cannot write {path} ({error.strerror}): choose a writable folder") from None
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(text)
@@ -1134,7 +1139,7 @@ def demo() -> str:
            f"'a b c d e f' vs 'a b c x e f': Jaccard = "
            f"{jaccard(shingles('a b c d e f'), shingles('a b c x e f')):.2f} (1/7: one word touches 3 shingles)",
            f"MinHash k=128: {agree} of 128 positions agree -> estimate {agree / 128:.2f} (true {j:.2f};"
-           f" standard error sqrt(J(1-J)/k) = {standard_error(0.43, 128):.3f} at J=0.43, k=128)",
+           f" standard error sqrt(J(1-J)/k) = {standard_error(j, 128):.3f} at J={j:.2f}, k=128)",
            "", "P(candidate) = 1 - (1 - J^r)^b:", "| J | 32 x 4 | 16 x 8 |", "|---|---|---|"]
     for jj in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
         out.append(f"| {jj:.1f} | {candidate_probability(jj, 32, 4):.2f} | {candidate_probability(jj, 16, 8):.2f} |")
@@ -1206,6 +1211,10 @@ def main(argv=None) -> None:
                   f"kept {report['kept']} -> {args.out} ({report['seconds']:.2f} s)")
     except DedupError as error:
         print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as error:                          # unreadable input, full disk: one line, not a traceback
+        print(f"error: {error.filename or ''}: {error.strerror or error}: check the path and its permissions",
+              file=sys.stderr)
         sys.exit(2)
 
 

@@ -581,6 +581,9 @@ def test_cli_train_encode_decode(tmp_path, capsys):
     (["decode", "--tokenizer", "{corpus}", "1"], "not valid JSON"),
     (["encode", "--tokenizer", "{tok}", "a <|endoftext|>"], "special token"),
     (["decode", "--tokenizer", "{tok}", "5000"], "not in the vocabulary"),
+    (["train", "--input", "{corpus}", "--vocab-size", "300", "--out", "{out}", "--workers", "0"],
+     "workers must be at least 1"),
+    (["demo", "--merges", "-1"], "merges must be 0 or more"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message, small_tok):
     corpus = tmp_path / "corpus.txt"
@@ -592,3 +595,14 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message, sm
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("out, message", [("{dir}", "is a directory"), ("{corpus}/tok.json", "cannot write")])
+def test_cli_unwritable_out_exits_2_with_one_line(tmp_path, capsys, out, message):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text", encoding="utf-8")
+    out = out.format(dir=tmp_path, corpus=corpus)
+    assert bpe.main(["train", "--input", str(corpus), "--vocab-size", "260", "--out", out]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]        # the lines before it are training progress
+    assert last.startswith("error: ") and message in last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]

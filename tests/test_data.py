@@ -720,6 +720,28 @@ def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "occupied", "short.jsonl"]   # nothing written
 
 
+def test_bad_settings_fail_before_any_work(small_corpus, tmp_path):
+    corpus = str(small_corpus["path"])
+    with pytest.raises(DataError, match="needs --weights"):
+        data.prepare([corpus], tmp_path / "x", train_tokens=5e6)
+    with pytest.raises(DataError, match="positive budget"):
+        data.prepare([corpus], tmp_path / "x", weights=[1.0], train_tokens=-5)
+    with pytest.raises(DataError, match="boilerplate-min-documents must be at least 2"):
+        data.CleanSettings(boilerplate_min_documents=1)
+    with pytest.raises(DataError, match="token budget must be positive"):
+        data.mixture_plan({"web": 1.0}, -1)
+    with pytest.raises(DataError, match="unique token counts must be positive"):
+        data.mixture_plan({"web": 1.0}, 100, {"web": -1})
+    with pytest.raises(DataError, match="threads must be at least 1"):
+        data.encode_documents(data.bpe.Tokenizer.load(small_corpus["out"] / "tokenizer.json"), ["a b"], threads=0)
+    (tmp_path / "file.txt").write_text("mine")
+    with pytest.raises(DataError, match="is a file"):
+        data.prepare([corpus], tmp_path / "file.txt", vocab_size=300)
+    with pytest.raises(DataError, match="cannot write in"):
+        data.prepare([corpus], tmp_path / "file.txt" / "ds", vocab_size=300)
+    assert [p.name for p in tmp_path.iterdir()] == ["file.txt"]                         # nothing written
+
+
 def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path, capsys):
     data.main(["prepare", "--data", str(small_corpus["path"]), "--vocab-size", "300", "--val-fraction", "0.2",
                "--out", str(small_corpus["out"])])

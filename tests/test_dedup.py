@@ -493,6 +493,17 @@ def test_run_bad_inputs_exit_2_with_one_line_and_no_output(tmp_path, capsys, con
         ["out.jsonl"] + (["in.jsonl"] if content is not None else []))
 
 
+@pytest.mark.parametrize("out, message", [("{dir}", "is a directory"), ("{input}/out.txt", "cannot write")])
+def test_run_unwritable_output_exits_2_with_one_line(tmp_path, capsys, out, message):
+    path = tmp_path / "in.txt"
+    path.write_text("a b c d\n")
+    with pytest.raises(SystemExit) as exit_info:
+        dedup.main(["run", "--input", str(path), "--out", out.format(dir=tmp_path, input=path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["in.txt"]
+
+
 def test_cli_help_and_exit_code_as_a_script(tmp_path):
     for args in (["--help"], ["run", "--help"], ["experiment", "--help"], ["demo", "--help"]):
         assert subprocess.run([sys.executable, "dedup.py", *args], cwd=ROOT, capture_output=True).returncode == 0
