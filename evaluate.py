@@ -844,8 +844,11 @@ def format_evaluation(result: dict) -> str:
 def write_json(obj, path) -> pathlib.Path:
     """Write JSON atomically: a temp file in the same directory, then rename (never a half-written file)."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise EvalError(f"cannot write {path} ({e.strerror}): choose another --json path") from e
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=1)
@@ -1117,7 +1120,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_numbers(args) -> None:
+    """Reject numeric flags outside their range (one EvalError naming the flag), whichever subcommand has them."""
+    at_least = {"stride": 1, "max_tokens": 1, "k": 1, "n": 1, "min_overlap": 1, "max_documents": 1,
+                "last_word_items": 1, "min_words": 1, "show": 0, "max_new_tokens": 0, "temperature": 0, "top_k": 0}
+    for name, low in at_least.items():
+        value = getattr(args, name, None)
+        if value is not None and not value >= low:
+            raise EvalError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+
+
 def run(args) -> None:
+    check_numbers(args)
     if args.command == "bpb":
         if len(args.tokens) != len(args.ppl):
             raise EvalError("give one --ppl per --tokens entry")

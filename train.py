@@ -213,6 +213,30 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     return TrainConfig(**args)
 
 
+def validate_config(cfg: TrainConfig) -> None:
+    """Reject settings that cannot work before anything is built: one TrainError naming the flag and its range.
+
+    >>> validate_config(TrainConfig(eval_interval=0))
+    Traceback (most recent call last):
+    train.TrainError: --eval-interval must be >= 1, got 0
+    """
+    at_least = {"max_steps": 1, "eval_interval": 1, "eval_batches": 1, "ckpt_interval": 1, "keep_checkpoints": 1,
+                "log_interval": 1, "spike_window": 1, "spike_patience": 1, "tp": 1, "pp": 1, "batch_size": 1,
+                "warmup_steps": 0, "block_size": 0, "vocab_size": 0, "total_batch_tokens": 0, "micro_batches": 0,
+                "num_samples": 0, "sample_tokens": 0, "top_k": 0, "weight_decay": 0, "grad_clip": 0,
+                "temperature": 0, "peak_flops": 0, "spike_factor": 0}
+    for name, low in at_least.items():
+        value = getattr(cfg, name)
+        if not value >= low:                                  # also catches NaN
+            raise TrainError(f"{flag(name)} must be >= {low}, got {value}")
+    if not cfg.lr > 0:
+        raise TrainError(f"--lr must be > 0, got {cfg.lr}")
+    for name in ("min_lr_ratio", "decay_fraction", "rollback_lr_factor", "beta1", "beta2"):
+        value, is_beta = getattr(cfg, name), name.startswith("beta")      # a beta of 1 never forgets: no average
+        if not (0.0 <= value <= 1.0) or (is_beta and value == 1.0):
+            raise TrainError(f"{flag(name)} must lie in [0, 1{')' if is_beta else ']'}, got {value}")
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Tokens per step -> gradient accumulation
 # ----------------------------------------------------------------------------------------------------------------------
@@ -759,6 +783,7 @@ class Trainer:
     """Holds the run's state (model, optimizer, loader, step, guard) and runs the loop. Build it, then .run()."""
 
     def __init__(self, cfg: TrainConfig, log=print):
+        validate_config(cfg)
         self.cfg = cfg
         self.dist = setup_distributed(cfg)
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
@@ -1128,9 +1153,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: train with the flags; bad input exits with code 2 and one line, Ctrl-C with code 130."""
-    cfg = parse_config(argv)
     try:
-        summary = train(cfg)
+        summary = train(parse_config(argv))
     except (TrainError, data_lib.DataError, model_lib.ConfigError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -536,13 +536,21 @@ def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
     bad_tasks.write_text('{"prompt": "a", "answer": " b"}\n{"prompt": "a", "answer": " b"}\n{oops}\n')
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n   \n")
+    eval_text = tmp_path / "eval.txt"          # its own file: the case must not depend on another test's output
+    eval_text.write_text("The quick brown fox jumps over the lazy dog near the river bank today.\n")
     cases = [
         (["--ckpt", tmp_path / "missing"], "not found"),
         (["--ckpt", damaged], "no loadable checkpoint"),
         (["--ckpt", no_tokenizer], "has no tokenizer"),
         (["--ckpt", run_dir / "small", "--tasks", bad_tasks], "line 3"),
         (["--ckpt", run_dir / "small", "--data", empty], "empty"),
-        (["contamination", "--train", empty, "--eval", run_dir / "compare.txt"], "training corpus has no documents"),
+        (["contamination", "--train", empty, "--eval", eval_text], "training corpus has no documents"),
+        (["contamination", "--train", empty, "--eval", empty, "--n", 0], "--n must be >= 1"),
+        (["--ckpt", run_dir / "small", "--stride", 0], "--stride must be >= 1"),
+        (["--ckpt", run_dir / "small", "--max-tokens", 0], "--max-tokens must be >= 1"),
+        (["--ckpt", run_dir / "small", "--max-tokens", 100, "--json", empty / "out.json"], "cannot write"),
+        (["sample", "--ckpt", run_dir / "small", "--temperature", -1], "--temperature must be >= 0"),
+        (["emergence", "--k", 0], "--k must be >= 1"),
     ]
     for argv, needle in cases:
         code, out, err = run_cli(argv, capsys)

@@ -412,6 +412,14 @@ def test_bad_input_gets_one_clear_line(dataset_dir, tmp_path, capsys):
     blocker.write_text("not a directory")
     assert "not writable" in cli_error(capsys, [*base, "--out-dir", blocker / "out"])
     assert "torchrun" in cli_error(capsys, [*base, "--zero", 1])
+    assert "--eval-interval must be >= 1" in cli_error(capsys, [*base, "--eval-interval", 0])
+    assert "--max-steps must be >= 1" in cli_error(capsys, [*base, "--max-steps", -3])
+    assert "--lr must be > 0" in cli_error(capsys, [*base, "--lr", -1])
+    assert "--lr must be > 0" in cli_error(capsys, [*base, "--lr", "nan"])
+    assert "--beta2 must lie in [0, 1)" in cli_error(capsys, [*base, "--beta2", 1])
+    assert "--min-lr-ratio must lie in [0, 1]" in cli_error(capsys, [*base, "--min-lr-ratio", 2])
+    assert "cannot read config file" in cli_error(capsys, [*base, "--config", tmp_path / "missing.json"])
+    assert not (tmp_path / "a" / "metrics.jsonl").exists()         # rejected before anything is written
 
 
 def test_resume_refuses_another_model_or_an_existing_run(dataset_dir, tmp_path, capsys):
