@@ -772,6 +772,9 @@ class CleanSettings:
         if self.boilerplate_min_documents < 2:           # checked here too, so a bad flag fails before any work
             raise DataError(f"--boilerplate-min-documents must be at least 2 (a line in one document is not "
                             f"repeated), got {self.boilerplate_min_documents}")
+        if not (self.near_dup_threshold == 0 or 0 < self.near_dup_threshold < 1):
+            raise DataError(f"--near-dup-threshold must be 0 (off) or strictly between 0 and 1, "
+                            f"got {self.near_dup_threshold}")
 
 
 def _quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str], str | None] | None]:

@@ -728,6 +728,8 @@ def test_bad_settings_fail_before_any_work(small_corpus, tmp_path):
         data.prepare([corpus], tmp_path / "x", weights=[1.0], train_tokens=-5)
     with pytest.raises(DataError, match="boilerplate-min-documents must be at least 2"):
         data.CleanSettings(boilerplate_min_documents=1)
+    with pytest.raises(DataError, match="near-dup-threshold must be 0"):
+        data.CleanSettings(near_dup_threshold=1.0)
     with pytest.raises(DataError, match="token budget must be positive"):
         data.mixture_plan({"web": 1.0}, -1)
     with pytest.raises(DataError, match="unique token counts must be positive"):
