@@ -45,6 +45,7 @@ import contextlib
 import dataclasses
 import datetime
 import io
+import math
 import os
 import sys
 import tempfile
@@ -1880,6 +1881,12 @@ def _demo_worker(rank: int, world: int, steps: int) -> dict:
 def _cmd_demo(args) -> int:
     from model import GPT, GPTConfig
     cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+    # Every layout uses all ranks on one axis: TP splits the heads, PP the layers, DP the batch of 8.
+    fits = [w for w in range(1, 9) if all(d % w == 0 for d in (cfg.n_head, cfg.n_kv_head, cfg.n_layer, 8))]
+    if args.world not in fits:
+        raise ParallelError(f"the demo model (n_head {cfg.n_head}, n_kv_head {cfg.n_kv_head}, n_layer "
+                            f"{cfg.n_layer}, batch 8) splits over {' or '.join(map(str, fits))} ranks, not "
+                            f"--world {args.world}")
     torch.manual_seed(0)
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -1936,10 +1943,16 @@ def _cmd_mesh(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("demo", help="train a tiny GPT in every layout on N CPU processes; compare with one process")
     p.add_argument("--world", type=int, default=2, help="processes (gloo on CPU)")
     p.add_argument("--steps", type=int, default=5, help="AdamW steps")
@@ -1963,6 +1976,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("world", "p", "m", "dp", "tp", "pp", "steps"):
         if getattr(args, name, 1) < 1:
             parser.exit(2, f"parallel.py: error: --{name} must be >= 1\n")
+    if args.command == "memory" and not (math.isfinite(args.params) and args.params > 0):
+        parser.exit(2, f"parallel.py: error: --params must be a positive number like 7e9, got {args.params:g}\n")
     if args.command == "schedule" and args.measure and args.p < 2:
         parser.exit(2, "parallel.py: error: --measure needs --p >= 2 processes\n")
     try:

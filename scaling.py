@@ -398,7 +398,8 @@ def kaplan_report() -> str:
            f"  L(C) = ({k['C_c_pf_days']:.2g} PF-days / C)^{k['alpha_C']}  10× compute -> loss × "
            f"{10 ** -k['alpha_C']:.3f}",
            f"  N_opt = {k['N_opt_coef']:.2g} · (C / PF-day)^{k['N_opt_exp']}  (1 PF-day = {PF_DAY:.3g} FLOPs)",
-           "", "Optimal model size by compute: Kaplan grows N as C^0.73, Chinchilla as C^0.45 (Hoffmann fit) ~ C^0.5",
+           "", f"Optimal model size by compute: Kaplan grows N as C^{k['N_opt_exp']}, Chinchilla as "
+           f"C^{FITS['hoffmann'].a:.2f} (Hoffmann fit) ~ C^0.5",
            "| compute | Kaplan N_opt | Kaplan D = C/6N | Chinchilla N_opt | Chinchilla D |",
            "|---:|---:|---:|---:|---:|"]
     for c in (1e18, 1e20, 1e22, 1e24):
@@ -538,8 +539,10 @@ def pipeline_bubble(p, m) -> float:
     >>> round(pipeline_bubble(4, 16), 3)   # 3/19
     0.158
     """
-    stages = int(_positive("pipeline stages", p))
-    micro = int(_positive("micro-batches", m))
+    stages, micro = _positive("pipeline stages", p), _positive("micro-batches", m)
+    for name, x in (("pipeline stages", stages), ("micro-batches", micro)):
+        if x != int(x):
+            raise ScalingError(f"{name} must be a whole number >= 1, got {x:g}")
     return (stages - 1) / (micro + stages - 1)
 
 
@@ -1379,6 +1382,9 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
     import evaluate as evaluate_lib
 
     s = settings
+    from model import PRESETS
+    if s.model not in PRESETS:   # before anything is written: a bad name must not clobber an earlier run
+        raise ScalingError(f"unknown preset {s.model!r}: choose from {', '.join(PRESETS)}")
     _fraction("duplicate fraction", s.duplicate_fraction)
     _fraction("held-out fraction", s.held_out_fraction)
     out = pathlib.Path(out_dir)

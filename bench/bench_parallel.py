@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import parallel as P  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, ConfigError, GPTConfig  # noqa: E402
 
 BATCH = 8  # sequences per step over all ranks
 
@@ -166,11 +166,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if min(args.steps, args.layers, args.width, args.world, args.micro_batches) < 1 or args.layers < args.world:
         parser.exit(2, "bench_parallel.py: error: sizes must be >= 1 and --layers >= --world\n")
-    cfg = GPTConfig(vocab_size=1024, block_size=64, n_layer=args.layers, n_head=4, n_kv_head=4, n_embd=args.width)
-    warm = 2
-    single = single_process(cfg, make_data(cfg, args.steps + warm), threads=1)
-    results = P.launch(bench_worker, args.world, cfg.to_dict(), args.steps + warm, args.micro_batches,
-                       timeout_s=1800)
+    try:
+        cfg = GPTConfig(vocab_size=1024, block_size=64, n_layer=args.layers, n_head=4, n_kv_head=4,
+                        n_embd=args.width)
+        warm = 2
+        single = single_process(cfg, make_data(cfg, args.steps + warm), threads=1)
+        results = P.launch(bench_worker, args.world, cfg.to_dict(), args.steps + warm, args.micro_batches,
+                           timeout_s=1800)
+    except (ConfigError, P.WorkerError) as e:  # a size that does not divide: one line, not a traceback
+        parser.exit(2, f"bench_parallel.py: error: {e}\n")
     n = single["n"]
     base_time = statistics.median(single["times"][warm:])
     print(f"GPT {args.layers} layers x {args.width} wide, {n:,} parameters; {BATCH} x {cfg.block_size} tokens/step; "

@@ -670,9 +670,13 @@ def test_cli_memory_and_schedule(capsys):
     assert "simulated 0.158, formula (p-1)/(m+p-1) = 0.158" in capsys.readouterr().out
     assert P.main(["mesh", "--dp", "2", "--tp", "2", "--pp", "2"]) == 0
     assert "dp groups: [[0, 2], [1, 3], [4, 6], [5, 7]]" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as e:
-        P.main(["schedule", "--p", "0"])
-    assert e.value.code == 2
+    for bad in (["schedule", "--p", "0"], ["memory", "--params", "-5"], ["schedule", "--p", "abc"]):
+        with pytest.raises(SystemExit) as e:
+            P.main(bad)
+        assert e.value.code == 2
+    capsys.readouterr()
+    assert P.main(["demo", "--world", "3"]) == 2  # refused before any process starts
+    assert "splits over 1 or 2 ranks, not --world 3" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------------------------

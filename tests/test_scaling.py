@@ -151,6 +151,8 @@ def test_pipeline_bubble():
     assert round(pipeline_bubble(4, 16), 2) == 0.16
     assert pipeline_bubble(1, 8) == 0
     assert pipeline_bubble(8, 1) == pytest.approx(7 / 8)
+    with pytest.raises(ScalingError, match="pipeline stages must be a whole number"):
+        pipeline_bubble(0.5, 2)   # int(0.5) would be 0 stages and a bubble of -100%
 
 
 # --- fitting -------------------------------------------------------------------------------------------------------
@@ -264,6 +266,8 @@ def test_cs336_isoflop_runs_lie_on_a_chinchilla_law(shared_data):
     (["budget", "0"], "expected a positive number"),
     (["budget", "1e20", "--mfu", "1.5"], "MFU must be in (0, 1]"),
     (["bubble", "4", "nan"], "expected a positive number"),
+    (["bubble", "4", "2.5"], "micro-batches must be a whole number"),
+    (["dedup-effect", "--model", "nosuch"], "unknown preset 'nosuch'"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, message):
     r = cli(*args)
