@@ -107,6 +107,10 @@ def test_kaplan_laws():
     assert ratio == pytest.approx(10 ** 0.73)
     assert float(scaling.kaplan_loss_params(8.8e13)) == pytest.approx(1.0)
     assert float(scaling.kaplan_loss_params(8.8e12)) == pytest.approx(10 ** 0.076)
+    assert float(scaling.kaplan_loss_data(5.4e13)) == pytest.approx(1.0)
+    assert float(scaling.kaplan_loss_data(5.4e12)) == pytest.approx(10 ** 0.095)
+    assert float(scaling.kaplan_loss_compute(3.1e8 * scaling.PF_DAY)) == pytest.approx(1.0)
+    assert float(scaling.kaplan_loss_compute(3.1e7 * scaling.PF_DAY)) == pytest.approx(10 ** 0.050)
 
 
 def test_tokens_per_param_verdicts():
