@@ -624,7 +624,11 @@ def load_runs(path) -> list[Run]:
     p = pathlib.Path(path)
     if not p.is_file():
         raise ScalingError(f"runs file {str(p)!r} not found: give a JSON or JSONL file of runs")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScalingError(f"cannot read runs file {str(p)!r} as UTF-8 text ({e.__class__.__name__}): "
+                           f"give a JSON or JSONL file of runs") from None
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:

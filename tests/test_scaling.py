@@ -287,6 +287,14 @@ def test_cli_fit_reports_missing_field_line(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_cli_fit_binary_file_is_one_line(tmp_path):
+    f = tmp_path / "runs.jsonl"
+    f.write_bytes(b"\xff\xfe\x00binary")
+    r = cli("fit", str(f))
+    assert r.returncode == 2 and "cannot read runs file" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_cli_fit_too_few_runs_says_how_many(tmp_path):
     f = tmp_path / "runs.jsonl"
     f.write_text("".join(json.dumps({"parameters": n, "tokens": 1e9, "loss": 3.0}) + "\n" for n in (1e8, 2e8, 4e8)))
