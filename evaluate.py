@@ -968,9 +968,12 @@ def plot_emergence(rows: list[dict], k: int, png_path) -> pathlib.Path:
     try:
         fig.savefig(tmp, dpi=110)
         os.replace(tmp, png_path)
+    except OSError as e:
+        raise EvalError(f"cannot write {png_path} ({e.strerror}): choose another --plot path") from e
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+        if tmp.exists():                        # False (no error) when the folder itself is missing
+            tmp.unlink()
     return png_path
 
 

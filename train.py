@@ -610,9 +610,13 @@ def plot_loss_curve(metrics_path, png_path) -> pathlib.Path:
     ax.grid(alpha=0.3)
     png_path = pathlib.Path(png_path)
     tmp = png_path.with_name(f".{png_path.name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, png_path)
+    try:
+        fig.savefig(tmp, dpi=100, bbox_inches="tight")
+        os.replace(tmp, png_path)
+    finally:                                              # a failed save leaves no stray temp file
+        plt.close(fig)
+        if tmp.exists():
+            tmp.unlink()
     return png_path
 
 
