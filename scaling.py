@@ -924,10 +924,16 @@ def synthetic_isoflop_runs(fit="besiroglu", budgets=(1e18, 3e18, 1e19, 3e19, 1e2
 def _atomic_png(fig, path) -> pathlib.Path:
     """Save a matplotlib figure without ever leaving a half-written PNG: temp file in the same dir, then rename."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise ScalingError(f"{str(path)!r} is a directory: give a file name for the plot, e.g. {path / 'fit.png'}")
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=120)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, format="png", dpi=120)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ScalingError(f"cannot write the plot {str(path)!r} ({e.strerror}); choose another path") from None
     return path
 
 

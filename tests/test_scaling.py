@@ -295,6 +295,13 @@ def test_cli_fit_binary_file_is_one_line(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_cli_fit_plot_into_a_directory_is_one_line(shared_data, tmp_path):
+    runs = shared_data / "cs336" / "a3" / "data" / "isoflops_curves.json"
+    r = cli("fit", str(runs), "--bootstrap", "0", "--plot", str(tmp_path))
+    assert r.returncode == 2 and "is a directory: give a file name for the plot" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_cli_fit_too_few_runs_says_how_many(tmp_path):
     f = tmp_path / "runs.jsonl"
     f.write_text("".join(json.dumps({"parameters": n, "tokens": 1e9, "loss": 3.0}) + "\n" for n in (1e8, 2e8, 4e8)))
