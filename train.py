@@ -316,7 +316,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: weight matrices (dim >= 2: embeddings, linears) decay; vectors (norm gains, biases) do not.
 
-    A tied lm_head/embedding weight is one parameter and appears once (named_parameters removes duplicates).
+    A tied lm_head/embedding weight is one parameter and appears once (parameters() removes duplicates).
     """
     params = [p for p in model.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -365,7 +365,12 @@ def resolve_device(name: str) -> torch.device:
         raise TrainError("--device cuda but no CUDA GPU is visible; use --device cpu (or auto)")
     if name == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device(name)
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise TrainError("--device mps but Apple's MPS backend is not available; use --device cpu (or auto)")
+    try:
+        return torch.device(name)
+    except RuntimeError as e:
+        raise TrainError(f"unknown --device {name!r}; use auto, cpu, cuda or mps") from e
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

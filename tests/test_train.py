@@ -418,6 +418,7 @@ def test_bad_input_gets_one_clear_line(dataset_dir, tmp_path, capsys):
     assert "--lr must be > 0" in cli_error(capsys, [*base, "--lr", "nan"])
     assert "--beta2 must lie in [0, 1)" in cli_error(capsys, [*base, "--beta2", 1])
     assert "--min-lr-ratio must lie in [0, 1]" in cli_error(capsys, [*base, "--min-lr-ratio", 2])
+    assert "unknown --device 'nope'" in cli_error(capsys, [*base, "--device", "nope"])
     assert "cannot read config file" in cli_error(capsys, [*base, "--config", tmp_path / "missing.json"])
     assert not (tmp_path / "a" / "metrics.jsonl").exists()         # rejected before anything is written
 
