@@ -649,9 +649,12 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError as e:
         raise EvalError(f"unknown --device {name!r}: use auto, cpu or cuda[:N]") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EvalError(f"--device {name} but no CUDA GPU is visible: use --device cpu (or auto)")
+    return device
 
 
 def load_model(ckpt_path, device="cpu") -> tuple[object, object, dict]:
@@ -1042,7 +1045,10 @@ def _write_kept(spec: str, documents: list[str], report: dict, out_path) -> path
     """--drop: the evaluation documents that are not contaminated, as jsonl {"text": ...} (atomic write)."""
     out_path = pathlib.Path(out_path)
     kept = [doc for doc, row in zip(documents, report["documents"]) if not row["contaminated"]]
-    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise EvalError(f"cannot write {out_path} ({e.strerror}): choose another --drop path") from e
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for doc in kept:

@@ -551,6 +551,7 @@ def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
         (["--ckpt", run_dir / "small", "--max-tokens", 100, "--json", empty / "out.json"], "cannot write"),
         (["sample", "--ckpt", run_dir / "small", "--temperature", -1], "--temperature must be >= 0"),
         (["emergence", "--k", 0], "--k must be >= 1"),
+        (["contamination", "--train", eval_text, "--eval", eval_text, "--drop", empty / "kept.jsonl"], "cannot write"),
         (["emergence", "--ckpt", run_dir / "small", "--max-tokens", 100, "--plot", empty / "e.png"], "cannot write"),
     ]
     for argv, needle in cases:
