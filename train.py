@@ -835,6 +835,8 @@ class Trainer:
         self._peak = cfg.peak_flops or peak_flops(self.device, self.dtype)
         if resume_ckpt is not None:
             self.restore(resume_ckpt, rollback=False)
+        else:
+            self._clear_old_run()
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.dist.is_main)
         if resume_ckpt is not None:
             self.metrics.write({"step": self.step, "event": "resumed", "checkpoint": resume_ckpt["path"]})
@@ -856,11 +858,15 @@ class Trainer:
         if existing and not self.cfg.overwrite:
             raise TrainError(f"{self.out_dir} already holds a run ({existing[0].name}); add --resume to continue it, "
                              f"--overwrite to start over, or pick another --out-dir")
+        return None
+
+    def _clear_old_run(self) -> None:
+        """--overwrite: delete the previous run's checkpoints and metrics, only once the new run is fully built
+        (a typo in another flag must not cost the old run)."""
         if self.dist.is_main:
-            for old in existing:
+            for old in list_checkpoints(self.out_dir):
                 old.unlink()
             (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
-        return None
 
     # -- checkpoints ---------------------------------------------------------------------------------------------------
 

@@ -428,6 +428,8 @@ def test_resume_refuses_another_model_or_an_existing_run(dataset_dir, tmp_path, 
     base = ["--data", dataset_dir, *TINY_ARGS, "--out-dir", out, "--max-steps", 4, "--ckpt-interval", 2]
     train.train(train.parse_config(list(map(str, base))), log=quiet)
     assert "already holds a run" in cli_error(capsys, base)
+    assert "unknown --model" in cli_error(capsys, [*base, "--overwrite", "--model", "typo"])
+    assert train.list_checkpoints(out) and (out / "metrics.jsonl").exists()    # a failed --overwrite keeps the run
     deeper = "n_layer=3,n_head=2,n_kv_head=2,n_embd=32,block_size=32"
     err = cli_error(capsys, [*base, "--resume", "--model-args", deeper])
     assert "another model" in err
