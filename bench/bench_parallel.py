@@ -94,20 +94,26 @@ def _ours(cfg, data, sizes, zero, micro_batches):
     return {"times": times, "bytes": sent, "memory": memory, "state": wrapped.full_state_dict()}
 
 
+def _train_local_shards(wrapped, model, data, rank, world):
+    """AdamW steps of a torch-wrapped model on this rank's slice of each global batch: (step times, state bytes)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times = []
+    for x, y in data:
+        t0 = time.perf_counter()
+        wrapped(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        memory = state_bytes(model.parameters(), opt)
+        opt.zero_grad()
+    return times, memory
+
+
 def _torch_ddp(cfg, data, rank, world):
     from torch.nn.parallel import DistributedDataParallel
     torch.manual_seed(0)
     model = GPT(cfg)
     ddp = DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    times = []
-    for x, y in data:
-        t0 = time.perf_counter()
-        ddp(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        memory = state_bytes(model.parameters(), opt)
-        opt.zero_grad()
+    times, memory = _train_local_shards(ddp, model, data, rank, world)
     return {"times": times, "bytes": None, "memory": memory, "state": model.state_dict()}
 
 
@@ -121,15 +127,7 @@ def _torch_fsdp(cfg, data, rank, world):
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    times = []
-    for x, y in data:
-        t0 = time.perf_counter()
-        model(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        memory = state_bytes(model.parameters(), opt)
-        opt.zero_grad()
+    times, memory = _train_local_shards(model, model, data, rank, world)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {"times": times, "bytes": None, "memory": memory, "state": state}
 

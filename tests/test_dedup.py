@@ -298,6 +298,16 @@ def test_union_find_clusters():
     assert uf.find(3) == uf.find(0) != uf.find(5)
 
 
+def brute_force_clusters(sets, threshold):
+    """The oracle: union-find over every pair whose exact Jaccard reaches the threshold."""
+    truth = UnionFind(len(sets))
+    for i in range(len(sets)):
+        for j in range(i + 1, len(sets)):
+            if jaccard(sets[i], sets[j]) >= threshold:
+                truth.union(i, j)
+    return truth.clusters()
+
+
 def test_many_exact_copies_cost_linear_pairs_and_cluster_correctly():
     rng = random.Random(8)
     vocab = [f"w{i}" for i in range(3000)]
@@ -310,13 +320,9 @@ def test_many_exact_copies_cost_linear_pairs_and_cluster_correctly():
     pairs, similarity = dedup.near_duplicate_pairs(texts, threshold=0.5)
     assert len(pairs) < 200 and np.all(similarity >= 0.5)           # not 150·149/2 = 11,175 pairs per band
     sets = [shingles(t) for t in texts]
-    truth = UnionFind(len(texts))
-    for i in range(len(texts)):
-        for j in range(i + 1, len(texts)):
-            if jaccard(sets[i], sets[j]) >= 0.5:
-                truth.union(i, j)
+    truth = brute_force_clusters(sets, 0.5)
     clusters = near_duplicates(texts, threshold=0.5)
-    assert clusters == truth.clusters() and sorted(map(len, clusters)) == [3, 151]
+    assert clusters == truth and sorted(map(len, clusters)) == [3, 151]
 
 
 def test_collapsing_copies_gives_the_clusters_of_all_pairs():
@@ -365,13 +371,9 @@ def test_near_duplicates_and_dedup_against_exact_jaccard():
             words[pos] = rng.choice(vocab)
         texts.append(" ".join(words))
     sets = [shingles(t) for t in texts]
-    truth = UnionFind(len(texts))
-    for i in range(len(texts)):
-        for j in range(i + 1, len(texts)):
-            if jaccard(sets[i], sets[j]) >= 0.5:
-                truth.union(i, j)
+    truth = brute_force_clusters(sets, 0.5)
     clusters = near_duplicates(texts, threshold=0.5)
-    assert clusters == truth.clusters() == [[4, 40, 41], [9, 42], [30, 43]]
+    assert clusters == truth == [[4, 40, 41], [9, 42], [30, 43]]
     assert near_duplicates(texts, threshold=0.5, verify="estimate", num_perm=256) == clusters
     pairs, similarity = dedup.near_duplicate_pairs(texts, threshold=0.05, bands=64, rows=2)
     assert len(pairs) >= 4
