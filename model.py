@@ -269,11 +269,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache:
-    """Keys and values of the tokens seen so far, for one sequence batch, one entry per layer.
+    """Keys and values of the last `max_len` tokens of one sequence batch, one entry per layer: a rolling window.
 
-    Each layer's buffer is (B, n_kv_head, max_len, head_dim), allocated once; `length` tokens are filled.
-    Decoding one new token then costs one query against the cached keys instead of recomputing the prefix.
+    Each layer's buffer is (B, n_kv_head, max_len, head_dim), allocated once. The token at absolute position p lives
+    in slot p % max_len, so once the window is full a new token overwrites the oldest one (a ring buffer, nothing
+    is copied). Decoding one token then costs one query against at most max_len cached keys, at any length.
     With GQA the cache holds n_kv_head heads, not n_head: the saving grouped-query attention is for.
+
+    Why a window may slide without recomputing anything: keys are stored already rotated by RoPE at their absolute
+    positions, and a query at position m scores a key at position n through m - n only, so slot order does not
+    matter and a new query at position 1,000 scores the key at 990 exactly as a query at 10 scores a key at 0.
+    Positions past block_size are fine: rope_angles computes cos/sin for any position, there is no table.
+    What sliding means: every layer attends to the previous max_len tokens (sliding-window attention, Mistral's
+    rolling buffer, llama.cpp's context shift). For one layer that is exactly a fresh forward over the cropped
+    window; deeper, it is not: a cached key of layer 2 was computed when its token still saw the tokens before
+    the window, which a cropped recompute forgets. So past block_size the cache follows sliding-window attention,
+    tested token for token against a full forward with a banded mask (tests/test_model.py).
+
+    >>> cache = KVCache(n_layer=1, batch=1, n_kv_head=1, max_len=4, head_dim=2)
+    >>> cache.length = 5; cache.stored, cache.slot(5)     # positions 1..4 held; position 5 replaces position 1
+    (4, 1)
     """
 
     def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
@@ -282,31 +297,45 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.max_len = max_len
-        self.length = 0        # tokens already stored (the position of the next token)
+        self.length = 0        # tokens seen so far, i.e. the absolute position of the next token
+
+    @property
+    def stored(self) -> int:
+        """Tokens held in the window: min(length, max_len)."""
+        return min(self.length, self.max_len)
+
+    def slot(self, position: int) -> int:
+        return position % self.max_len
 
     def layer(self, i: int) -> "LayerKV":
         return LayerKV(self, i)
 
 
 class LayerKV:
-    """One layer's view of a KVCache: `append` writes the new keys/values and returns all keys/values so far."""
+    """One layer's view of a KVCache: `append` writes the new keys/values and returns all keys/values held."""
 
     def __init__(self, cache: KVCache, index: int):
         self.cache, self.index = cache, index
 
     @property
     def start(self) -> int:
+        """Absolute position of the first new token (RoPE rotates by it)."""
         return self.cache.length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: (B, n_kv_head, T_new, head_dim) -> all keys/values (B, n_kv_head, start + T_new, head_dim)."""
-        start, end = self.start, self.start + k.shape[2]
-        if end > self.cache.max_len:
-            raise ConfigError(f"KV cache holds {self.cache.max_len} tokens, {end} needed; "
-                              f"make a larger cache (max_len) or shorten the sequence")
-        self.cache.k[self.index][:, :, start:end] = k
-        self.cache.v[self.index][:, :, start:end] = v
-        return self.cache.k[self.index][:, :, :end], self.cache.v[self.index][:, :, :end]
+        """k, v: (B, n_kv_head, T_new, head_dim) -> the keys/values held, (B, n_kv_head, min(start + T_new, max_len), d).
+
+        Several tokens at once must fit the window in order (a prompt); one token at a time may wrap around.
+        """
+        cache, T_new = self.cache, k.shape[2]
+        if T_new > 1 and self.start + T_new > cache.max_len:
+            raise ConfigError(f"KV cache holds {cache.max_len} tokens and {self.start} are cached: {T_new} new ones "
+                              f"at once do not fit; feed them one at a time (the window slides) or start a new cache")
+        lo = cache.slot(self.start)                     # = start while the window is not yet full
+        cache.k[self.index][:, :, lo:lo + T_new] = k
+        cache.v[self.index][:, :, lo:lo + T_new] = v
+        held = min(self.start + T_new, cache.max_len)
+        return cache.k[self.index][:, :, :held], cache.v[self.index][:, :, :held]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
@@ -564,9 +593,9 @@ class GPT(nn.Module):
         The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense model).
         With a kv_cache the tokens continue the cached sequence (generation); the cache is advanced by T.
         """
-        if kv_cache is not None and kv_cache.length + idx.shape[1] > self.config.block_size:
-            raise ConfigError(f"cached {kv_cache.length} + new {idx.shape[1]} tokens exceed "
-                              f"block_size={self.config.block_size}; start a new cache from the last tokens")
+        if kv_cache is not None and kv_cache.max_len > self.config.block_size:
+            raise ConfigError(f"a KV cache of {kv_cache.max_len} tokens would let attention reach past "
+                              f"block_size={self.config.block_size}; make the cache block_size long at most")
         x = self.embed(idx)                                                    # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, None if kv_cache is None else kv_cache.layer(i))     # (B, T, C)
@@ -588,10 +617,9 @@ class GPT(nn.Module):
         """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), using a KV cache.
 
         temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely before sampling;
-        `generator` makes sampling reproducible. The next token is always predicted from the last block_size
-        tokens, exactly as a full forward over that window would. Within block_size each step feeds one token
-        against the cache; beyond it the cache is rebuilt from the last block_size tokens at every step (RoPE
-        positions are baked into the cached keys, so a window cannot slide by dropping the oldest entry).
+        `generator` makes sampling reproducible. The prompt's last block_size tokens fill the cache in one forward,
+        then each step feeds one token. Past block_size the cache window slides (see KVCache): every layer
+        attends to the previous block_size tokens, one query per step at any length.
         """
         if max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -602,12 +630,10 @@ class GPT(nn.Module):
         was_training = self.training
         self.eval()
         cfg = self.config
-        cache, pending = None, None                                            # pending: ids not yet cached
+        cache = KVCache(cfg.n_layer, idx.shape[0], self.blocks[0].attn.n_kv_head, cfg.block_size, cfg.head_dim,
+                        device=idx.device, dtype=self.tok_emb.weight.dtype)
+        pending = idx[:, -cfg.block_size:]                                     # ids not yet cached: the prompt
         for _ in range(max_new_tokens):
-            if cache is None or cache.length >= cfg.block_size:
-                cache = KVCache(cfg.n_layer, idx.shape[0], self.blocks[0].attn.n_kv_head, cfg.block_size,
-                                cfg.head_dim, device=idx.device, dtype=self.tok_emb.weight.dtype)
-                pending = idx[:, -cfg.block_size:]                             # prefill the context window
             logits, _ = self(pending, kv_cache=cache)
             next_token = sample(logits[:, -1, :], temperature, top_k, generator)   # (B, 1)
             idx = torch.cat((idx, next_token), dim=1)
@@ -700,11 +726,13 @@ def _human(n: int) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
-    """Greedy decoding from an untrained preset, with the KV cache and without (a full forward over the window
-    at every step): the same ids, and the time each took."""
+    """Greedy decoding from an untrained preset, with the KV cache and without it (a full forward over the last
+    block_size tokens at every step): the time each took and where their ids agree. Within block_size they must
+    be equal; past it the cache slides its window (see KVCache), so a deeper model may pick other tokens."""
     torch.manual_seed(seed)
     model = GPT(PRESETS[name]).eval()
-    prompt = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(seed))
+    prompt_len, window = 8, model.config.block_size
+    prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
     start = time.perf_counter()
     cached = model.generate(prompt, new_tokens, temperature=0)
     cached_s = time.perf_counter() - start
@@ -712,12 +740,19 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
     idx = prompt
     with torch.no_grad():
         for _ in range(new_tokens):
-            logits, _ = model(idx[:, -model.config.block_size:])
+            logits, _ = model(idx[:, -window:])
             idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
     full_s = time.perf_counter() - start
-    return (f"{name}: {model.num_params():,} parameters, {new_tokens} greedy tokens\n"
-            f"  with KV cache   {cached_s:6.2f} s\n  without cache   {full_s:6.2f} s  "
-            f"(same ids: {torch.equal(cached, idx)})")
+    inside = min(new_tokens, window - prompt_len)             # tokens predicted from a window that is not full
+    past = new_tokens - inside
+    lines = [f"{name}: {model.num_params():,} parameters, {new_tokens} greedy tokens, block_size {window}",
+             f"  with KV cache   {cached_s:6.2f} s",
+             f"  without cache   {full_s:6.2f} s  ({full_s / cached_s:.1f}x the cached time)",
+             f"  same ids within block_size: {torch.equal(cached[:, :prompt_len + inside], idx[:, :prompt_len + inside])}"]
+    if past:
+        agree = int((cached[0, -past:] == idx[0, -past:]).sum())
+        lines.append(f"  past block_size (sliding window vs cropped recompute): {agree} of {past} ids agree")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

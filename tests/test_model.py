@@ -252,8 +252,10 @@ def test_kv_cache_gives_the_full_forward_logits():
     pieces = [model(x[:, a:b], kv_cache=cache)[0] for a, b in ((0, 5), (5, 6), (6, 11), (11, 16))]
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
     assert cache.length == 16
-    with pytest.raises(ConfigError, match="exceed block_size"):
-        model(x[:, :1], kv_cache=cache)
+    with pytest.raises(ConfigError, match="feed them one at a time"):
+        model(x[:, :2], kv_cache=cache)                                # a full window takes one token at a time
+    with pytest.raises(ConfigError, match="reach past block_size=16"):
+        model(x[:, :1], kv_cache=KVCache(2, 3, 1, 17, 8))
 
 
 def naive_generate(model, idx, steps):
@@ -264,13 +266,62 @@ def naive_generate(model, idx, steps):
     return idx
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(n_expert=4, expert_top_k=2)])
-def test_generate_with_cache_equals_naive_decoding_also_past_block_size(overrides):
-    model = make(small(**overrides)).eval()
-    prompt = ids((2, 5))
+def banded_forward(model, seq, monkeypatch):
+    """Logits (B, T, V) of a full forward over the whole sequence, positions 0, 1, 2, ... even past block_size,
+    every token attending to the block_size tokens up to itself (a banded causal mask): the semantics a rolling
+    cache must reproduce, computed without any cache."""
+    import model as model_module
+    W = model.config.block_size
+
+    def banded_attention(q, k, v, dropout_p=0.0):
+        pos = torch.arange(q.shape[2])
+        band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - W)     # (T, T) key visible
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=band)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model_module, "causal_attention", banded_attention)
+        x = model.tok_emb(seq)                                          # GPT.forward refuses T > block_size
+        for block in model.blocks:
+            x = block(x)
+        return model.head(x)
+
+
+def lively(model: GPT) -> GPT:
+    """Weights N(0, 1): an untrained model with 0.02-scale weights decodes greedily into one repeated token,
+    which any cache, right or wrong, reproduces. These weights give varied tokens that depend on the context."""
+    g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        expected = naive_generate(model, prompt, 20)                   # 25 tokens > block_size 16
-    torch.testing.assert_close(model.generate(prompt, 20, temperature=0), expected)
+        for p in model.parameters():
+            p.normal_(0.0, 1.0, generator=g)
+    return model.eval()
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(n_expert=4, expert_top_k=2), dict(n_kv_head=1)])
+def test_rolling_cache_equals_sliding_window_attention_past_block_size(overrides, monkeypatch):
+    model = lively(make(small(**overrides)))
+    x = ids((2, 45))                                                    # block_size 16: the window slides 29 times
+    with torch.no_grad():
+        expected = banded_forward(model, x, monkeypatch)
+        cache = KVCache(2, 2, model.config.n_kv_head, 16, 8)
+        pieces = [model(x[:, :10], kv_cache=cache)[0]] + [model(x[:, t:t + 1], kv_cache=cache)[0] for t in range(10, 45)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, atol=1e-3, rtol=1e-4)   # logits ~ 10
+    for prompt in (ids((2, 5)), ids((2, 20), seed=1)):                # a prompt longer than the window too
+        generated = model.generate(prompt, 40, temperature=0)
+        assert len(set(generated[0, -30:].tolist())) > 3               # not one repeated token
+        with torch.no_grad():
+            logits = banded_forward(model, generated[:, -56:] if prompt.shape[1] > 16 else generated, monkeypatch)
+        assert torch.equal(generated[:, -40:], logits[:, -41:-1].argmax(-1))   # each token is the oracle's argmax
+
+
+def test_rolling_cache_of_one_layer_equals_recomputing_the_cropped_window():
+    """With one layer the cached keys depend on their own token only, so sliding the window equals a fresh
+    forward over the last block_size tokens (RoPE scores depend on relative positions only)."""
+    model = lively(make(small(n_layer=1)))
+    prompt = ids((3, 4))
+    with torch.no_grad():
+        expected = naive_generate(model, prompt, 40)
+    assert torch.equal(model.generate(prompt, 40, temperature=0), expected)
+    assert len(set(expected[0, -30:].tolist())) > 3
 
 
 def test_sample_respects_top_k_and_temperature():
@@ -473,7 +524,7 @@ def test_cli_prints_presets_and_rejects_bad_input(capsys):
     assert main(["demo", "--model", "huge"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown preset 'huge'")
     assert main(["demo", "--tokens", "3"]) == 0
-    assert "(same ids: True)" in capsys.readouterr().out                 # KV cache vs full forward
+    assert "same ids within block_size: True" in capsys.readouterr().out    # KV cache vs full forward
     script = subprocess.run([sys.executable, str(ROOT / "model.py"), "--help"], capture_output=True, text=True,
                             timeout=120)
     assert script.returncode == 0 and "presets" in script.stdout
