@@ -202,8 +202,10 @@ def test_accumulation_equivalence_one_batch_of_8_equals_4_micro_batches_of_2(dat
     r2 = accum.train_step([(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)])
     assert r1["loss"] == pytest.approx(r2["loss"], rel=1e-6)                   # the mean over all 8, not the last 2
     assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-5)
+    # Adam's first step is lr * g / (|g| + eps): for the few entries whose gradient is near eps, float noise in the
+    # summation order moves the update by up to ~0.2% of lr. A wrong accumulation moves it by ~lr.
     for p, q in zip(whole.raw_model.parameters(), accum.raw_model.parameters()):
-        assert torch.allclose(p, q, atol=1e-6)
+        assert torch.allclose(p, q, atol=1e-2 * r1["lr"])
 
 
 def test_bf16_lesson_master_weights_stay_fp32(dataset_dir, tmp_path):
