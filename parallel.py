@@ -534,6 +534,16 @@ class DataParallel(nn.Module):
 # gathers them at the next forward). Traffic per step: stages 1-2 reduce-scatter + all-gather = 2(n-1)/n of the
 # parameter bytes, like DP's all-reduce; stage 3 gathers twice + reduce-scatter = 3(n-1)/n, i.e. 1.5x.
 # Units launch their reduce-scatters strictly in order (last block first, root last) so all ranks agree.
+#
+# Mixed precision (stage 3, FSDP's MixedPrecision): the shards stay fp32 (the master weights the optimizer
+# updates), but a unit is gathered in the compute dtype: `compute_dtype=torch.bfloat16` all-gathers
+# shard.to(bf16), so forward and backward run on bf16 weights and produce bf16 gradients, which are
+# reduce-scattered in `reduce_dtype` (fp32 by default: exact sums; bf16 halves that traffic too) and land in
+# the shard's fp32 .grad. Gathers then send 2 bytes per parameter instead of 4: the 124m preset on 8 GPUs
+# (85M block + 39M root parameters) gathers 7/8 x (2 x 85M + 39M) x 2 B = 366 MB per step instead of 732 MB
+# (`zero_bytes_per_step` counts it all). Held per rank: fp32 shard 4/n +
+# fp32 shard gradient 4/n + moments 8/n = 16/n bytes/param, plus one gathered unit at a time in bf16.
+# gloo (CPU) reduces and gathers bf16 as well as nccl, so the CPU tests run this path as the GPU does.
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -559,19 +569,27 @@ def _alloc_storage(t: torch.Tensor) -> None:
 
 
 class _FlatUnit:
-    """The parameters of one unit (and one optimizer param group) as a padded flat buffer + this rank's shard."""
+    """The parameters of one unit (and one optimizer param group) as a padded flat buffer + this rank's shard.
 
-    def __init__(self, params: list[nn.Parameter], comm: Comm, stage: int, group: int = 0):
+    `full` is what the module computes with (compute_dtype); `shard` is this rank's fp32 master slice.
+    """
+
+    def __init__(self, params: list[nn.Parameter], comm: Comm, stage: int, group: int = 0,
+                 compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None):
         self.params, self.comm, self.stage, self.group = params, comm, stage, group  # group: optimizer group
         self.offsets, self.padded, self.shard_size = shard_layout([p.numel() for p in params], comm.size)
         p0 = params[0]
-        self.full = torch.zeros(self.padded, dtype=p0.dtype, device=p0.device)
+        master = torch.zeros(self.padded, dtype=p0.dtype, device=p0.device)
         with torch.no_grad():
             for p, o in zip(params, self.offsets):
-                self.full[o:o + p.numel()].copy_(p.data.reshape(-1))
-                p.data = self.full[o:o + p.numel()].view(p.shape)  # the module now reads the flat buffer
+                master[o:o + p.numel()].copy_(p.data.reshape(-1))
+        self.compute_dtype = compute_dtype or p0.dtype
+        self.reduce_dtype = reduce_dtype or p0.dtype
+        self.full = master if self.compute_dtype == p0.dtype else master.to(self.compute_dtype)
+        for p, o in zip(params, self.offsets):
+            p.data = self.full[o:o + p.numel()].view(p.shape)  # the module now reads the flat buffer
         lo = comm.rank * self.shard_size
-        mine = self.full[lo:lo + self.shard_size]
+        mine = master[lo:lo + self.shard_size]
         # Stages 1-2 keep the full buffer, so the shard is a view of it: the step updates the weights in place.
         self.shard = nn.Parameter(mine if stage < 3 else mine.clone())
         self.gathered = True
@@ -581,20 +599,28 @@ class _FlatUnit:
             self.free()
 
     def gather(self) -> None:
-        """All-gather the shards into the full buffer (which every parameter views)."""
+        """All-gather the shards, cast to the compute dtype, into the full buffer (which every parameter views)."""
         if self.gathered:
             return
         _alloc_storage(self.full)
-        self.comm.all_gather(self.full, self.shard.detach())
+        self.comm.all_gather(self.full, self.shard.detach().to(self.compute_dtype))
         self.gathered = True
 
     def free(self) -> None:
         _free_storage(self.full)
         self.gathered = False
 
+    def master_full(self) -> torch.Tensor:
+        """The unit's full weights in the master dtype (padded flat; collective when the shards must be gathered)."""
+        if self.gathered and self.full.dtype == self.shard.dtype:
+            return self.full
+        out = torch.empty(self.padded, dtype=self.shard.dtype, device=self.shard.device)
+        self.comm.all_gather(out, self.shard.detach())
+        return out
+
     def flat_grad(self, release: bool) -> torch.Tensor:
-        """The unit's gradients in one padded flat tensor (zeros where a parameter got none)."""
-        flat = torch.zeros(self.padded, dtype=self.full.dtype, device=self.full.device)
+        """The unit's gradients in one padded flat tensor of reduce_dtype (zeros where a parameter got none)."""
+        flat = torch.zeros(self.padded, dtype=self.reduce_dtype, device=self.full.device)
         for p, o in zip(self.params, self.offsets):
             if p.grad is not None:
                 flat[o:o + p.numel()].copy_(p.grad.reshape(-1))
@@ -609,15 +635,15 @@ class _FlatUnit:
         if not release:
             for p, o in zip(self.params, self.offsets):
                 p.grad = flat[o:o + p.numel()].view(p.shape)
-        out = torch.empty(self.shard_size, dtype=self.full.dtype, device=self.full.device)
+        out = torch.empty(self.shard_size, dtype=self.reduce_dtype, device=self.full.device)
         work = self.comm.reduce_scatter(out, flat, async_op=True)
         self.pending = (work, out, None if release else flat)
 
     def finish_reduce(self) -> None:
-        """Wait for the reduce-scatter; the shard's .grad becomes the average over the dp ranks."""
+        """Wait for the reduce-scatter; the shard's .grad (master dtype) becomes the average over the dp ranks."""
         work, out, flat = self.pending
         work.wait()
-        out.div_(self.comm.size)
+        out = out.to(self.shard.dtype).div_(self.comm.size)
         if flat is not None:  # stage 1: write the averaged slice into the full gradient buffer and view it
             lo = self.comm.rank * self.shard_size
             flat[lo:lo + self.shard_size].copy_(out)
@@ -651,13 +677,20 @@ class Zero:
     `param_groups` are torch-style dicts over the module's parameters (e.g. weight decay only on matrices);
     `units` are the modules whose weights stage 3 gathers and frees one at a time (default: every element of the
     module's ModuleLists). `param_groups` of the wrapper are the inner optimizer's, so a learning-rate schedule
-    sets `group["lr"]` as usual.
+    sets `group["lr"]` as usual. Stage 3 only: `compute_dtype` (e.g. torch.bfloat16) is the dtype weights are
+    gathered and computed in, `reduce_dtype` the dtype gradients are reduce-scattered in (default: the master
+    dtype, fp32); the shards and the optimizer stay in the master dtype.
     """
 
     def __init__(self, module: nn.Module, comm: Comm, stage: int, optimizer_cls=torch.optim.AdamW,
-                 param_groups: list[dict] | None = None, units: list[nn.Module] | None = None, **optimizer_kwargs):
+                 param_groups: list[dict] | None = None, units: list[nn.Module] | None = None,
+                 compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
+                 **optimizer_kwargs):
         if stage not in (1, 2, 3):
             raise ParallelError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
+        if stage < 3 and (compute_dtype or reduce_dtype):
+            raise ParallelError(f"compute_dtype/reduce_dtype are ZeRO-3's (it gathers the weights); stage {stage} "
+                                f"keeps full fp32 weights: run its forward under autocast instead")
         self.module, self.comm, self.stage = module, comm, stage
         broadcast_module(module, comm)
         groups = param_groups or [{"params": [p for p in module.parameters() if p.requires_grad]}]
@@ -676,7 +709,8 @@ class Zero:
                 params = [p for p in all_params if id(p) in group_of and owner.get(id(p), len(unit_modules)) == u
                           and group_of[id(p)] == g]
                 if params:
-                    unit = _FlatUnit(params, comm, stage, group=g)
+                    unit = _FlatUnit(params, comm, stage, group=g, compute_dtype=compute_dtype,
+                                     reduce_dtype=reduce_dtype)
                     self.units.append(unit)
                     key = id(unit_modules[u]) if u < len(unit_modules) else id(module)
                     self._units_of_module.setdefault(key, []).append(unit)
@@ -808,16 +842,31 @@ class Zero:
                     u.free()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The module's unsharded state dict (same keys as a single-process model), on every rank."""
-        with self.gathered():
-            return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        """The module's unsharded state dict in the master dtype (same keys as a single-process model), on every
+        rank. Collective: gathers the fp32 shards (never the bf16 compute copies)."""
+        full = {}
+        for u in self.units:
+            flat = u.master_full()
+            for p, o in zip(u.params, u.offsets):
+                full[id(p)] = flat[o:o + p.numel()].view(p.shape).clone()
+        return {k: full[id(v)] if id(v) in full else v.detach().clone()
+                for k, v in self.module.state_dict(keep_vars=True).items()}
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        with self.gathered():
-            self.module.load_state_dict(state)
-            for u in self.units:
-                lo = u.comm.rank * u.shard_size
-                u.shard.data.copy_(u.full[lo:lo + u.shard_size])
+        """Set every rank's shards (and the full weights where they are held) from an unsharded state dict."""
+        names = self._names()
+        for u in self.units:
+            flat = torch.zeros(u.padded, dtype=u.shard.dtype, device=u.shard.device)
+            for p, o in zip(u.params, u.offsets):
+                flat[o:o + p.numel()].copy_(state[names[id(p)]].reshape(-1))
+            lo = u.comm.rank * u.shard_size
+            with torch.no_grad():
+                u.shard.copy_(flat[lo:lo + u.shard_size])
+                if u.gathered:
+                    u.full.copy_(flat)
+        with torch.no_grad():
+            for name, buffer in self.module.named_buffers():
+                buffer.copy_(state[name])
 
     def _names(self) -> dict[int, str]:
         return {id(p): n for n, p in self.module.named_parameters()}
@@ -1663,8 +1712,12 @@ class DistributedModel(nn.Module):
         return float(clip_grad_norm_(self.model.parameters(), limit, self.mesh))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        with self.zero.gathered() if self.zero is not None else contextlib.nullcontext():
-            return {k: v.cpu() for k, v in full_model_state_dict(self.model, self.mesh).items()}
+        """The single-process state dict, fp32 (under ZeRO-3 gathered from the master shards), on every rank."""
+        if self.zero is not None and self.zero.stage == 3:  # ZeRO-3 runs without tp and pp
+            state = self.zero.full_state_dict()
+        else:
+            state = full_model_state_dict(self.model, self.mesh)
+        return {k: v.cpu() for k, v in state.items()}
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -1690,9 +1743,13 @@ class DistributedModel(nn.Module):
                      f"fp32 (16 bytes/param, ZeRO shares), "
                      f"{zero_memory_per_rank(n_local, dp, stage) / 2**20:,.1f} MiB mixed precision")
         if dp > 1:
-            ring = 2 * (dp - 1) / dp * 4 * n_local
-            lines.append(f"  data-parallel traffic per step and rank: {ring / 2**20:,.2f} MiB (all-reduce "
-                         f"2(n-1)/n of the gradients)" + (" x ~1.5 (ZeRO-3 gathers twice)" if stage == 3 else ""))
+            blocks = sum(p.numel() for b in getattr(self.model, "blocks", []) for p in b.parameters())
+            unit = self.zero.units[0] if self.zero is not None else None
+            gather_bytes = unit.full.element_size() if unit else 4
+            reduce_bytes = torch.finfo(unit.reduce_dtype).bits // 8 if unit else 4
+            sent = zero_bytes_per_step(blocks, n_local - blocks, dp, stage, gather_bytes, reduce_bytes)
+            lines.append(f"  data-parallel traffic per step and rank: {sent / 2**20:,.2f} MiB (weights gathered in "
+                         f"{gather_bytes} bytes, gradients reduced in {reduce_bytes}; see zero_bytes_per_step)")
         if self.pipe is not None:
             lines.append(f"  pipeline bubble (p-1)/(m+p-1) = {bubble_fraction(m.pp.size, micro_batches):.1%} with "
                          f"{micro_batches} micro-batches")
@@ -1709,7 +1766,8 @@ class DistributedOptimizer:
     """The optimizer of a DistributedModel: a plain torch optimizer or ZeRO over this rank's parameters, whose
     state_dict() is the single-process optimizer's (collective: gathers over dp, tp and pp)."""
 
-    def __init__(self, wrapped: DistributedModel, optimizer: torch.optim.Optimizer, names: list[list[str]]):
+    def __init__(self, wrapped: DistributedModel, optimizer: torch.optim.Optimizer, names: list[list[str]],
+                 compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None):
         self.wrapped, self.mesh = wrapped, wrapped.mesh
         self.group_names = names  # the single-process optimizer's parameter names, group by group, in order
         local = {_canonical(n, p): p for n, p in wrapped.model.named_parameters()}
@@ -1717,7 +1775,8 @@ class DistributedOptimizer:
                   for g, names_g in zip(optimizer.param_groups, names)]
         if wrapped.zero_stage:
             wrapped.zero = Zero(wrapped.model, self.mesh.dp, wrapped.zero_stage, type(optimizer),
-                                param_groups=[g for g in groups if g["params"]])
+                                param_groups=[g for g in groups if g["params"]], compute_dtype=compute_dtype,
+                                reduce_dtype=reduce_dtype)
             wrapped.sync = self.inner = wrapped.zero
         else:
             self.inner = type(optimizer)([g for g in groups if g["params"]])
@@ -1784,9 +1843,13 @@ class DistributedOptimizer:
 
 
 def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, zero: int = 0,
-                schedule: str = "1f1b") -> tuple[DistributedModel, DistributedOptimizer]:
-    """Split a full GPT and its plain optimizer over the mesh: TP inside, then PP, then DP or ZeRO over dp."""
+                schedule: str = "1f1b", compute_dtype: torch.dtype | None = None,
+                reduce_dtype: torch.dtype | None = None) -> tuple[DistributedModel, DistributedOptimizer]:
+    """Split a full GPT and its plain optimizer over the mesh: TP inside, then PP, then DP or ZeRO over dp.
+    compute_dtype / reduce_dtype: ZeRO-3's mixed precision (see `Zero`)."""
     check_combination(zero, mesh.tp.size, mesh.pp.size)
+    if (compute_dtype or reduce_dtype) and zero != 3:
+        raise ParallelError("gathering weights in a compute dtype is ZeRO-3's; use --zero 3, or autocast alone")
     if mesh.pp.size > 1 and getattr(model.config, "n_expert", 0):
         raise ParallelError("pipeline parallel does not carry the MoE load-balancing loss; use --pp 1 with MoE")
     if dist.is_initialized() and dist.get_world_size() > 1:
@@ -1797,7 +1860,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
     names = {id(p): n for n, p in model.named_parameters()}
     group_names = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     wrapped = DistributedModel(model, mesh, zero, schedule)
-    return wrapped, DistributedOptimizer(wrapped, optimizer, group_names)
+    return wrapped, DistributedOptimizer(wrapped, optimizer, group_names, compute_dtype, reduce_dtype)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -1818,6 +1881,29 @@ def zero_memory_per_rank(num_params: float, world: int, stage: int, bytes_param:
     grads = bytes_grad / (world if stage >= 2 else 1)
     weights = bytes_param / (world if stage >= 3 else 1)
     return num_params * (weights + grads + optimizer)
+
+
+def zero_bytes_per_step(block_params: float, other_params: float, world: int, stage: int,
+                        gather_bytes: float = 4, reduce_bytes: float = 4) -> float:
+    """Bytes one rank sends per optimizer step under DP (stage 0) or ZeRO-1/2/3, at the ring costs of section 1,
+    as this file's code sends them. With f = (n-1)/n and N = block_params + other_params:
+        stage 0:    all-reduce of the gradients                       2 f N reduce_bytes
+        stages 1-2: reduce-scatter the gradients, all-gather weights  f N (reduce_bytes + gather_bytes)
+        stage 3:    gather every unit for forward, the blocks again for backward (the root unit, embedding +
+                    norm + head, stays gathered until its gradients are sent), reduce-scatter the gradients
+                    f ((2 blocks + other) gather_bytes + N reduce_bytes)
+    gather_bytes is the size of the dtype weights travel in (ZeRO-3 in bf16: 2), reduce_bytes the gradients'.
+    >>> f"{zero_bytes_per_step(85e6, 39e6, 8, 3) / 1e6:.0f} MB fp32 vs {zero_bytes_per_step(85e6, 39e6, 8, 3, 2) / 1e6:.0f} MB bf16 gathers"
+    '1166 MB fp32 vs 800 MB bf16 gathers'
+    """
+    if stage not in (0, 1, 2, 3):
+        raise ParallelError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}")
+    f, total = (world - 1) / world, block_params + other_params
+    if stage == 0:
+        return 2 * f * total * reduce_bytes
+    if stage < 3:
+        return f * total * (reduce_bytes + gather_bytes)
+    return f * ((2 * block_params + other_params) * gather_bytes + total * reduce_bytes)
 
 
 def measure_pipeline_bubble(rank: int, world: int, schedule: str, micro_batches: int, steps: int = 3) -> dict:

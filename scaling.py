@@ -500,6 +500,13 @@ def training_memory(N, world_size=1, zero_stage=0, weight_bytes=2, grad_bytes=2,
 
     >>> [round(training_memory(7e9, 8, s).total / 1e9, 2) for s in (0, 1, 2, 3)]
     [112.0, 38.5, 26.25, 14.0]
+
+    This project's code holds the same 16 bytes split as 4 + 4 + 8: train.py keeps fp32 weights and gradients
+    (autocast casts to bf16 per matmul, transiently), and parallel.py's ZeRO-3 in bf16 keeps fp32 master shards
+    and fp32 shard gradients, gathering one unit at a time in bf16. So `training_memory(N, w, s, 4, 4, 8)` is what
+    it holds between steps (tests/test_parallel.py measures it), and bench/bench_gpu.py compares it with a GPU.
+    >>> training_memory(124e6, 8, 3, 4, 4, 8).total == training_memory(124e6, 8, 3).total
+    True
     """
     n = _positive("parameters", N)
     w = int(_positive("world size", world_size))

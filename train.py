@@ -149,6 +149,9 @@ class TrainConfig:
     prompt: str = dataclasses.field(default="", metadata={"help": "sample prompt (empty = start of a document)"})
     # parallelism (wired by parallel.py's issue; see wrap_for_distribution)
     zero: int = dataclasses.field(default=0, metadata={"help": "ZeRO stage", "choices": (0, 1, 2, 3)})
+    zero_reduce_dtype: str = dataclasses.field(default="fp32", metadata={"help": "--zero 3 with --dtype bf16 "
+                                               "gathers weights in bf16 and keeps fp32 master shards; gradients "
+                                               "are reduce-scattered in this dtype", "choices": ("fp32", "bf16")})
     tp: int = dataclasses.field(default=1, metadata={"help": "tensor-parallel degree"})
     pp: int = dataclasses.field(default=1, metadata={"help": "pipeline-parallel degree"})
     pp_schedule: str = dataclasses.field(default="1f1b", metadata={"help": "pipeline schedule",
@@ -681,12 +684,14 @@ def uses_model_parallel(cfg: TrainConfig) -> bool:
     return bool(cfg.zero) or cfg.tp > 1 or cfg.pp > 1
 
 
-def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, dist: Dist):
+def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, dist: Dist,
+                          dtype: torch.dtype = torch.float32):
     """The one place where the model and the optimizer are wrapped for distribution. Returns (model, optimizer).
 
     Data parallel: every rank holds the whole model (rank 0's initial weights are broadcast), sees different
     batches, and gradients are averaged before the update, so every rank makes the same update. The returned
     model has `no_sync()` (accumulation micro-batches skip the averaging) and `finish_gradient_sync()`.
+    ZeRO-3 in bf16 (`dtype`) is FSDP's mixed precision: weights gathered in bf16, fp32 master shards.
     """
     if dist.mesh is None:
         return model, optimizer
@@ -697,8 +702,11 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
                              "on the loss scaler's overflow check; use --dtype bf16 or fp32")
         # ZeRO / TP / PP: parallel.py splits the full model and optimizer over the mesh; the returned pair keeps
         # this loop's calls and saves checkpoints in the single-process format (any layout can resume them).
+        mixed = {}
+        if cfg.zero == 3 and dtype == torch.bfloat16:
+            mixed = dict(compute_dtype=dtype, reduce_dtype=DTYPES[cfg.zero_reduce_dtype])
         try:
-            return parallel.parallelize(model, optimizer, dist.mesh, zero=cfg.zero, schedule=cfg.pp_schedule)
+            return parallel.parallelize(model, optimizer, dist.mesh, zero=cfg.zero, schedule=cfg.pp_schedule, **mixed)
         except parallel.ParallelError as e:
             raise TrainError(str(e)) from e
     if dist.world_size == 1:
@@ -819,7 +827,7 @@ class Trainer:
 
         self.raw_model = model_lib.GPT(self.model_config).to(self.device)   # fp32 master weights, always
         optimizer = make_optimizer(self.raw_model, cfg, self.device.type)
-        self.model, self.optimizer = wrap_for_distribution(self.raw_model, optimizer, cfg, self.dist)
+        self.model, self.optimizer = wrap_for_distribution(self.raw_model, optimizer, cfg, self.dist, self.dtype)
         if cfg.compile:
             self.model = torch.compile(self.model)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None

@@ -336,6 +336,133 @@ def test_bytes_communicated_match_theory(dp_zero_results):
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# World 2: ZeRO-3 in mixed precision (bf16 gathers, bf16 or fp32 reduce-scatters, fp32 master shards)
+# ------------------------------------------------------------------------------------------------------------------
+
+MIXED = {"fp32": (torch.float32, None), "bf16/fp32": (torch.bfloat16, None), "bf16/bf16": (torch.bfloat16, torch.bfloat16)}
+
+
+def _zero3_mixed_precision_worker(rank, world):
+    mesh = P.Mesh.build()
+    out = {}
+    for name, (compute, reduce) in MIXED.items():
+        model = make_model(seed=rank)
+        zero = P.Zero(model, mesh.dp, 3, torch.optim.AdamW, param_groups=param_groups(model), lr=LR,
+                      compute_dtype=compute, reduce_dtype=reduce)
+        seen = []  # what block 0 computes with: runs after Zero's gather hook
+        model.blocks[0].register_forward_pre_hook(
+            lambda m, a: seen.append((m.attn.wq.weight.dtype, zero._units_of_module[id(m)][0].full.nbytes)))
+        losses = []
+        for i, (x, y) in enumerate(batches()):
+            mesh.reset_counters()
+            loss = model(x.chunk(world)[rank], y.chunk(world)[rank])[1]
+            loss.backward()
+            zero.finish_gradient_sync()
+            if i == 0:
+                grads = {}
+                for u in zero.units:
+                    flat = torch.empty(u.padded, dtype=u.shard.grad.dtype)
+                    P._all_gather_flat(flat, u.shard.grad)
+                    for q, o in zip(u.params, u.offsets):
+                        grads[zero._names()[id(q)]] = flat[o:o + q.numel()].view(q.shape).clone()
+                out[f"{name} grads"] = grads
+                out[f"{name} bytes"] = dict(mesh.dp.bytes_by_op)
+                out[f"{name} units"] = [(u.padded, u in zero._units_of_module.get(id(model), [])) for u in zero.units]
+                out[f"{name} shard dtypes"] = {u.shard.dtype for u in zero.units} | {u.shard.grad.dtype for u in zero.units}
+            losses.append(float(loss.detach()))
+            zero.clip_grad_norm_(CLIP)
+            zero.step()
+            out[f"{name} memory"] = zero.memory_bytes()  # after backward and step: gradients still held
+            zero.zero_grad()
+        out[f"{name} seen"] = seen[0]
+        out[f"{name} losses"] = torch.tensor(losses)
+        out[f"{name} state"] = zero.full_state_dict()
+    return out
+
+
+@pytest.fixture(scope="module")
+def mixed_results():
+    return P.launch(_zero3_mixed_precision_worker, 2, timeout_s=120)
+
+
+def _reference_losses_and_first_grads():
+    """One process, fp32, the whole batch: per-step losses (mean of the two halves, as the ranks report) and the
+    first step's gradients."""
+    model = make_model()
+    opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    losses, grads = [], None
+    for x, y in batches():
+        halves = [model(x.chunk(2)[r], y.chunk(2)[r])[1] / 2 for r in range(2)]
+        sum(halves).backward()
+        losses.append([2 * float(h.detach()) for h in halves])
+        if grads is None:
+            grads = {n: q.grad.clone() for n, q in model.named_parameters()}
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+    return torch.tensor(losses), grads, state(model)
+
+
+def test_zero3_mixed_precision_gathers_bf16_keeps_fp32_masters_and_stays_close(mixed_results):
+    ref_losses, ref_grads, ref_state = _reference_losses_and_first_grads()
+    start = state(make_model())
+    for rank, res in enumerate(mixed_results):
+        assert_same(res["fp32 state"], ref_state, f"ZeRO-3 fp32 (compute_dtype=float32) rank {rank}")   # exact
+        for name in ("bf16/fp32", "bf16/bf16"):
+            dtype, nbytes = res[f"{name} seen"]
+            padded = res[f"{name} units"][0][0]
+            assert dtype == torch.bfloat16 and nbytes == 2 * padded, name   # block 0 ran on a bf16 gathered copy
+            assert res[f"{name} shard dtypes"] == {torch.float32}, name     # fp32 masters and shard gradients
+            # Tolerances ~3x what bf16 (8 significant bits) gave here: losses 4e-4, gradients 1e-2 (relative
+            # norm of the error), 5 AdamW steps 0.15 (Adam's 1/sqrt(v) amplifies noise on small gradients).
+            torch.testing.assert_close(res[f"{name} losses"], ref_losses[:, rank], rtol=2e-3, atol=0)
+            for k, g in ref_grads.items():
+                err = (res[f"{name} grads"][k] - g).norm() / g.norm()
+                assert err < 0.03, (name, k, float(err))
+            for k in ref_state:
+                moved, ref_moved = res[f"{name} state"][k] - start[k], ref_state[k] - start[k]
+                assert res[f"{name} state"][k].dtype == torch.float32
+                assert (moved - ref_moved).norm() / ref_moved.norm() < 0.3, (name, k)
+
+
+def test_zero3_mixed_precision_traffic_matches_the_formula(mixed_results):
+    """Gathers in bf16 send half the bytes of fp32 gathers; reduce-scatters in the chosen dtype."""
+    res = mixed_results[0]
+    units = res["fp32 units"]
+    blocks = sum(p for p, is_root in units if not is_root)
+    other = sum(p for p, is_root in units if is_root)
+    bytes_of = {"fp32": (4, 4), "bf16/fp32": (2, 4), "bf16/bf16": (2, 2)}
+    for name, (gather, reduce) in bytes_of.items():
+        sent = res[f"{name} bytes"]
+        assert sent["all_gather"] + sent["reduce_scatter"] == pytest.approx(
+            P.zero_bytes_per_step(blocks, other, 2, 3, gather, reduce)), name
+    assert res["bf16/fp32 bytes"]["all_gather"] == res["fp32 bytes"]["all_gather"] / 2
+    assert res["bf16/fp32 bytes"]["reduce_scatter"] == res["fp32 bytes"]["reduce_scatter"]
+    assert res["bf16/bf16 bytes"]["reduce_scatter"] == res["fp32 bytes"]["reduce_scatter"] / 2
+
+
+def test_zero3_mixed_precision_holds_what_the_formulas_say(mixed_results):
+    """Between steps a rank holds fp32 shards, fp32 shard gradients and AdamW's two moments: 4/n + 4/n + 8/n
+    bytes per parameter, in bf16 mode as in fp32 (the bf16 copies exist only while a unit is gathered)."""
+    import scaling
+    n_params = make_model().num_params()
+    for res in mixed_results:
+        for name in MIXED:
+            got = res[f"{name} memory"]
+            assert got["params"] == pytest.approx(4 / 2 * n_params, rel=0.05), name
+            assert got["grads"] == pytest.approx(4 / 2 * n_params, rel=0.05), name
+            assert got["optimizer"] == pytest.approx(8 / 2 * n_params, rel=0.05), name
+            assert sum(got.values()) == pytest.approx(P.zero_memory_per_rank(n_params, 2, 3, 4, 4, 8), rel=0.05)
+            assert sum(got.values()) == pytest.approx(scaling.training_memory(n_params, 2, 3, 4, 4, 8).total,
+                                                      rel=0.05)
+
+
+def test_mixed_precision_is_zero3s_only():
+    with pytest.raises(P.ParallelError, match="stage 2 keeps full fp32 weights"):
+        P.Zero(make_model(), P.Comm.single(), 2, compute_dtype=torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Failures
 # ------------------------------------------------------------------------------------------------------------------
 
@@ -748,6 +875,31 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
             train.train(train.parse_config(argv), log=lambda *a, **k: None)
         loss, _ = _curve(tmp_path / target)
         assert [loss[s] for s in range(3, 6)] == pytest.approx([want_loss[s] for s in range(3, 6)], rel=1e-4), target
+
+
+def _train_rank_log(rank, world, argv):
+    import train
+    lines = []
+    train.train(train.parse_config(argv), log=lines.append)
+    return "\n".join(map(str, lines))
+
+
+def test_train_py_zero3_in_bf16_gathers_bf16_and_follows_the_single_process_curve(tiny_dataset, tmp_path):
+    """`train.py --zero 3 --dtype bf16` on 2 ranks: FSDP-style mixed precision, the 1-process bf16 curve within
+    bf16's tolerance, fp32 weights in the checkpoint; --zero-reduce-dtype bf16 too."""
+    import train
+    base = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--dtype", "bf16"]
+    train.train(train.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
+    want, _ = _curve(tmp_path / "one")
+    for reduce in ("fp32", "bf16"):
+        out = tmp_path / f"zero3_{reduce}"
+        logs = P.launch(_train_rank_log, 2, [*base, "--zero", "3", "--batch-size", "2", "--zero-reduce-dtype",
+                                             reduce, "--out-dir", str(out)], timeout_s=240)
+        assert f"weights gathered in 2 bytes, gradients reduced in {4 if reduce == 'fp32' else 2}" in logs[0]
+        loss, _ = _curve(out)
+        assert [loss[s] for s in range(6)] == pytest.approx([want[s] for s in range(6)], rel=1e-2), reduce
+        ckpt = train.load_checkpoint(out)
+        assert {v.dtype for v in ckpt["model"].values()} == {torch.float32}
 
 
 def _train_expect_error(rank, world, argv):
