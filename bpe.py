@@ -755,6 +755,73 @@ class Tokenizer:
         """
         return cls(encoding._mergeable_ranks, encoding._special_tokens, encoding._pat_str, None, encoding.name)
 
+    def to_hf(self) -> dict:
+        """The tokenizer as Hugging Face `tokenizers` JSON (a tokenizer.json document), giving the same ids.
+
+        byte-level BPE in HF's terms: the pre-tokenizer first cuts text with our regex (`Split`, "Isolated": every
+        match is a piece), then `ByteLevel` writes each piece's UTF-8 bytes in GPT-2's printable alphabet
+        (`gpt2_bytes_to_unicode`: " the" -> "Ġthe", "é" = bytes C3 A9 -> "Ã©"), so the `BPE` model works on
+        characters that stand one-for-one for bytes, with our vocab (token -> id) and merges written in that
+        alphabet. Two details make HF's BPE reproduce our (tiktoken's) rule:
+        * `ignore_merges: true`: a piece that is itself a token becomes that one id without merging (tiktoken's
+          shortcut; Llama 3 sets the same flag);
+        * HF merges the adjacent pair listed earliest, we merge the pair whose concatenation has the lowest id,
+          so the merges are listed in the order of the ids they make.
+        Special tokens are `added_tokens` with `special: true`: HF cuts them out of any text, which is our
+        `encode(text, allowed_special="all")`. Plain JSON: writing it needs no library.
+        """
+        to_str = _bytes_to_str
+        merges = sorted(self.merges, key=lambda m: self.ranks[m[0] + m[1]])
+        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+        return {
+            "version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True}
+                             for s, i in sorted(self.special_tokens.items(), key=lambda kv: kv[1])],
+            "normalizer": None,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": self.pattern}, "behavior": "Isolated", "invert": False},
+                byte_level]},
+            "post_processor": None,
+            "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                      "vocab": {to_str(t): i for t, i in sorted(self.ranks.items(), key=lambda kv: kv[1])},
+                      "merges": [f"{to_str(a)} {to_str(b)}" for a, b in merges]},
+        }
+
+    @classmethod
+    def from_hf(cls, doc: dict, source: str = "tokenizer.json") -> "Tokenizer":
+        """Read a Hugging Face tokenizer.json document (already parsed) that is byte-level BPE: ours (`to_hf`),
+        Llama 3's or GPT-2's. Anything bpe.py does not do (a normalizer, SentencePiece or WordPiece, byte
+        fallback, a prefix space) is refused with one line, rather than loaded to give other ids.
+        """
+        def refuse(what: str):
+            raise TokenizerError(f"{source}: {what}, which bpe.py cannot reproduce; only byte-level BPE "
+                                 f"tokenizers (GPT-2, Llama 3, ours) can be read")
+        model = doc.get("model") or {}
+        if model.get("type") != "BPE":
+            refuse(f"model type {model.get('type')!r} is not BPE")
+        if doc.get("normalizer"):
+            refuse(f"it has a normalizer ({doc['normalizer'].get('type')})")
+        if model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+            refuse("its BPE uses byte fallback or subword prefixes/suffixes")
+        pattern = _hf_pattern(doc.get("pre_tokenizer") or {}, refuse)
+        try:
+            ranks = {_str_to_bytes(t): int(i) for t, i in model["vocab"].items()}
+            merges = [tuple(_str_to_bytes(x) for x in (m.split(" ") if isinstance(m, str) else m))
+                      for m in model["merges"]]
+        except ValueError as e:
+            refuse(f"its vocabulary is not written in GPT-2's byte alphabet ({e})")
+        except (KeyError, TypeError, AttributeError) as e:
+            raise TokenizerError(f"{source}: damaged tokenizer.json ({type(e).__name__}: {e})") from None
+        ids = set(ranks.values())
+        specials = {t["content"]: int(t["id"]) for t in doc.get("added_tokens", []) if int(t["id"]) not in ids}
+        try:
+            return cls(ranks, specials, pattern, merges)
+        except TokenizerError as e:
+            raise TokenizerError(f"{source}: {e}") from None
+
     # -- files --------------------------------------------------------------------------------------------------
 
     def to_json(self) -> str:
@@ -787,6 +854,8 @@ class Tokenizer:
         except json.JSONDecodeError as e:
             raise TokenizerError(f"{source}: not valid JSON ({e}); the file is damaged, re-create it with "
                                  f"`python bpe.py train`") from None
+        if isinstance(doc, dict) and "format" not in doc and "model" in doc:
+            return cls.from_hf(doc, source)             # a Hugging Face tokenizer.json
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise TokenizerError(f"{source}: not a {FORMAT_NAME} file (no \"format\": \"{FORMAT_NAME}\")")
         if doc.get("version") != FORMAT_VERSION:
@@ -876,6 +945,26 @@ def _str_to_bytes(text: str) -> bytes:
         return bytes(_unicode_to_byte()[c] for c in text)
     except KeyError as e:
         raise ValueError(f"character {e.args[0]!r} is not in GPT-2's byte alphabet") from None
+
+
+# HF's ByteLevel pre-tokenizer with use_regex=true cuts with this GPT-2 regex of its own (tokenizers' byte_level.rs).
+HF_BYTE_LEVEL_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def _hf_pattern(pre_tokenizer: dict, refuse) -> str:
+    """The regex of a tokenizer.json pre-tokenizer: Split(regex) then ByteLevel (ours, Llama 3), or a lone
+    ByteLevel with its built-in GPT-2 regex (GPT-2). `refuse(reason)` raises for any other shape."""
+    steps = pre_tokenizer.get("pretokenizers", []) if pre_tokenizer.get("type") == "Sequence" else [pre_tokenizer]
+    *splits, byte_level = steps or [{}]
+    if byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space"):
+        refuse("its pre-tokenizer does not end in ByteLevel without a prefix space")
+    if not splits and byte_level.get("use_regex", True):
+        return HF_BYTE_LEVEL_PATTERN
+    split = splits[0] if len(splits) == 1 else {}
+    if (split.get("type") != "Split" or "Regex" not in split.get("pattern", {}) or split.get("invert")
+            or split.get("behavior") != "Isolated" or byte_level.get("use_regex", True)):
+        refuse(f"its pre-tokenizer {[step.get('type') for step in steps]} is not one regex Split then ByteLevel")
+    return split["pattern"]["Regex"]
 
 
 def load_gpt2_bpe(encoder_json_path, vocab_bpe_path, special_tokens: Iterable[str] = (EOT,)) -> Tokenizer:

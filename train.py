@@ -132,6 +132,9 @@ class TrainConfig:
     keep_checkpoints: int = dataclasses.field(default=3, metadata={"help": "how many recent checkpoints to keep"})
     resume: str | None = dataclasses.field(default=None, metadata={"help": "continue from the newest good "
                                            "checkpoint in --out-dir (bare --resume) or from a given file"})
+    init_from: str | None = dataclasses.field(default=None, metadata={"help": "start a new run from this "
+                                              "checkpoint's weights, shape and tokenizer (e.g. one `python model.py "
+                                              "import-hf` wrote); --data must use the same tokenizer"})
     overwrite: bool = dataclasses.field(default=False, metadata={"help": "start fresh even if --out-dir holds a "
                                         "run (its checkpoints and metrics are deleted)"})
     log_interval: int = dataclasses.field(default=10, metadata={"help": "steps between progress lines"})
@@ -814,7 +817,9 @@ class Trainer:
 
         self.data = open_dataset(cfg, self.dist, self.log)
         self.tokenizer = self.data.tokenizer
-        self.model_config = build_model_config(cfg, self.data.vocab_size)
+        init_ckpt = self._load_init_checkpoint() if cfg.init_from else None
+        self.model_config = (model_lib.GPTConfig.from_dict(init_ckpt["model_config"]) if init_ckpt
+                             else build_model_config(cfg, self.data.vocab_size))
         self.block_size = cfg.block_size or self.model_config.block_size
         if self.block_size > self.model_config.block_size:
             raise TrainError(f"--block-size {self.block_size} exceeds the model's block_size "
@@ -826,6 +831,8 @@ class Trainer:
                              f"sequences per rank and step; choose a divisor of it")
 
         self.raw_model = model_lib.GPT(self.model_config).to(self.device)   # fp32 master weights, always
+        if init_ckpt and resume_ckpt is None:
+            self.raw_model.load_state_dict(init_ckpt["model"])
         optimizer = make_optimizer(self.raw_model, cfg, self.device.type)
         self.model, self.optimizer = wrap_for_distribution(self.raw_model, optimizer, cfg, self.dist, self.dtype)
         if cfg.compile:
@@ -867,6 +874,17 @@ class Trainer:
             raise TrainError(f"{self.out_dir} already holds a run ({existing[0].name}); add --resume to continue it, "
                              f"--overwrite to start over, or pick another --out-dir")
         return None
+
+    def _load_init_checkpoint(self) -> dict:
+        """--init-from: the checkpoint whose weights start the run (its shape replaces --model/--model-args; a
+        resumed run takes the same shape and then its own newer weights). Its tokenizer must be --data's."""
+        ckpt = load_checkpoint(self.cfg.init_from, self.log)
+        if ckpt.get("tokenizer_json") != self.tokenizer.to_json():
+            raise TrainError(f"--init-from {self.cfg.init_from} has another tokenizer than --data {self.cfg.data!r}; "
+                             f"prepare the data with its tokenizer: python data.py prepare --tokenizer TOKENIZER.json "
+                             f"(an exported or imported Hugging Face tokenizer.json works)")
+        self.log(f"initialised from {ckpt['path']} (--model and --model-args are not used)")
+        return ckpt
 
     def _clear_old_run(self) -> None:
         """--overwrite: delete the previous run's checkpoints and metrics, only once the new run is fully built
