@@ -904,7 +904,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         return GPTConfig(vocab_size=int(hf["vocab_size"]), block_size=int(hf.get("max_position_embeddings", 2048)),
                          n_layer=int(hf["num_hidden_layers"]), n_head=n_head,
                          n_kv_head=int(hf.get("num_key_value_heads") or n_head), n_embd=n_embd,
-                         ffn_hidden=int(hf["intermediate_size"]),
+                         ffn_hidden=_explicit_ffn_hidden(int(hf["intermediate_size"]), n_embd),
                          rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
                          norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                          tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
@@ -912,6 +912,15 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         raise ConfigError(f"{source} lacks {e.args[0]!r}; it is not a LlamaForCausalLM config") from None
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
+
+
+def _explicit_ffn_hidden(intermediate_size: int, n_embd: int) -> int:
+    """0 (auto) when HF's intermediate_size is what GPTConfig would derive, so a round trip gives the same config.
+
+    >>> _explicit_ffn_hidden(384, 128), _explicit_ffn_hidden(8192, 2048)
+    (0, 8192)
+    """
+    return 0 if intermediate_size == GPTConfig(n_embd=n_embd, n_head=1, n_kv_head=1).ffn_dim else intermediate_size
 
 
 def _read_safetensors(hf_dir: pathlib.Path) -> dict[str, torch.Tensor]:

@@ -132,9 +132,9 @@ class TrainConfig:
     keep_checkpoints: int = dataclasses.field(default=3, metadata={"help": "how many recent checkpoints to keep"})
     resume: str | None = dataclasses.field(default=None, metadata={"help": "continue from the newest good "
                                            "checkpoint in --out-dir (bare --resume) or from a given file"})
-    init_from: str | None = dataclasses.field(default=None, metadata={"help": "start a new run from this "
-                                              "checkpoint's weights, shape and tokenizer (e.g. one `python model.py "
-                                              "import-hf` wrote); --data must use the same tokenizer"})
+    init_from: str = dataclasses.field(default="", metadata={"help": "start a new run from this checkpoint's "
+                                       "weights, shape and tokenizer (e.g. one `python model.py import-hf` wrote); "
+                                       "--data must use the same tokenizer"})
     overwrite: bool = dataclasses.field(default=False, metadata={"help": "start fresh even if --out-dir holds a "
                                         "run (its checkpoints and metrics are deleted)"})
     log_interval: int = dataclasses.field(default=10, metadata={"help": "steps between progress lines"})
