@@ -882,6 +882,37 @@ def export_hf(model: "GPT", tokenizer, out_dir) -> pathlib.Path:
     return out_dir
 
 
+VERIFY_TEXT = ("Once upon a time, a naïve café served Ελληνικά, русский, 中文 and 日本語 🙂👩‍👩‍👧 at 12:34.<|endoftext|>"
+               "def f(x):\n    return x ** 2  # it's done\n")
+
+
+def verify_hf(model: "GPT", tokenizer, hf_dir, new_tokens: int = 16) -> dict:
+    """Load hf_dir with transformers and compare it with (model, tokenizer), the oracle of tests/test_hf.py:
+    the largest |logit difference| on random ids and on VERIFY_TEXT (fp32), whether greedy decoding gives the
+    same tokens, and whether AutoTokenizer gives our ids for VERIFY_TEXT."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError(f"--verify needs the transformers package: {INSTALL_HINT}") from None
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    ids = tokenizer.encode(VERIFY_TEXT, allowed_special="all")
+    same_ids = transformers.AutoTokenizer.from_pretrained(hf_dir)(VERIFY_TEXT, verbose=False)["input_ids"] == ids
+    T = model.config.block_size
+    random_ids = torch.randint(0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
+    text_ids = torch.tensor([ids[:T]])
+    model = model.eval()
+    with torch.no_grad():
+        diff = max((model(x)[0] - theirs(x).logits).abs().max().item() for x in (random_ids, text_ids))
+    prompt = text_ids[:, :8]
+    n = min(new_tokens, T - prompt.shape[1])
+    theirs.generation_config.eos_token_id = None               # compare n tokens even past an <|endoftext|>
+    theirs.generation_config.pad_token_id = 0
+    hf_greedy = theirs.generate(prompt, max_new_tokens=n, do_sample=False, max_length=None)
+    return {"max_abs_logit_diff": diff, "logit_positions": random_ids.numel() + text_ids.numel(),
+            "greedy_tokens": n, "greedy_equal": torch.equal(model.generate(prompt, n, temperature=0), hf_greedy),
+            "tokenizer_ids_equal": same_ids}
+
+
 def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
     """GPTConfig of a LlamaForCausalLM config.json, refusing in one line what model.py cannot express."""
     def refuse(what: str):
@@ -1052,7 +1083,7 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
     return "\n".join(lines)
 
 
-def export_checkpoint(ckpt_path: str, out_dir: str) -> str:
+def export_checkpoint(ckpt_path: str, out_dir: str, verify: bool = False) -> str:
     """`python model.py export`: a train.py checkpoint (or run directory) -> a Hugging Face directory.
 
     The checkpoint is read by train.py's own loader (newest good checkpoint of a run directory, weights_only
@@ -1068,8 +1099,15 @@ def export_checkpoint(ckpt_path: str, out_dir: str) -> str:
     except (train.TrainError, KeyError, ValueError, RuntimeError) as e:
         raise ConfigError(f"--ckpt {ckpt_path}: cannot load it ({str(e).splitlines()[0]})") from None
     export_hf(model, tokenizer, out_dir)
-    return (f"wrote {out_dir}: LlamaForCausalLM, {model.num_params():,} parameters, vocab {len(tokenizer)}, "
-            f"from {ckpt['path']} (step {ckpt.get('step')})")
+    report = (f"wrote {out_dir}: LlamaForCausalLM, {model.num_params():,} parameters, vocab {len(tokenizer)}, "
+              f"from {ckpt['path']} (step {ckpt.get('step')})")
+    if verify:
+        v = verify_hf(model, tokenizer, out_dir)
+        report += (f"\nverified with transformers: max |logit diff| {v['max_abs_logit_diff']:.2e} over "
+                   f"{v['logit_positions']} positions (fp32); greedy {v['greedy_tokens']} tokens "
+                   f"{'identical' if v['greedy_equal'] else 'DIFFERENT'}; AutoTokenizer ids "
+                   f"{'identical' if v['tokenizer_ids_equal'] else 'DIFFERENT'}")
+    return report
 
 
 def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
@@ -1097,6 +1135,8 @@ def main(argv: list[str] | None = None) -> int:
     export = sub.add_parser("export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory")
     export.add_argument("--ckpt", required=True, help="a train.py checkpoint file, or a run directory (its newest)")
     export.add_argument("--to", required=True, help="the directory to create (must not exist, or be empty)")
+    export.add_argument("--verify", action="store_true", help="load the result with transformers and compare "
+                        "logits, greedy tokens and tokenizer ids with ours")
     import_hf = sub.add_parser("import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint")
     import_hf.add_argument("--from", dest="hf_dir", required=True, help="directory with config.json, "
                            "model.safetensors and tokenizer.json")
@@ -1118,7 +1158,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"unknown preset {args.model!r}; choose one of {list(PRESETS)}")
             print(demo_kv_cache(args.model, args.tokens, args.seed))
         elif args.command == "export":
-            print(export_checkpoint(args.ckpt, args.to))
+            print(export_checkpoint(args.ckpt, args.to, args.verify))
         elif args.command == "import-hf":
             print(import_hf_checkpoint(args.hf_dir, args.to))
     except ConfigError as e:

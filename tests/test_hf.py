@@ -105,6 +105,7 @@ def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_pat
     assert all(torch.equal(ckpt["model"][k], original["model"][k]) for k in ckpt["model"])
     reloaded, reloaded_tokenizer = model.load_hf(hf_dir)
     assert reloaded.config == ours.config and reloaded_tokenizer.to_json() == tokenizer.to_json()
+    assert bpe.Tokenizer.load(hf_dir / "tokenizer.json").to_json() == tokenizer.to_json()   # data.py --tokenizer
     capsys.readouterr()
     assert evaluate.main(["sample", "--ckpt", str(tmp_path / "imported.pt"), "--prompt", "the parser",
                           "--max-new-tokens", "8", "--device", "cpu"]) in (None, 0)
@@ -120,6 +121,21 @@ def test_train_init_from_an_imported_checkpoint(run, dataset_dir, tmp_path):
     start = trainer.raw_model.state_dict()
     assert all(torch.equal(start[k], v) for k, v in ours.state_dict().items())
     assert trainer.run()["step"] == 2
+    other = bpe.train_bpe("an unrelated corpus " * 30, 300)
+    model.save_imported_checkpoint(ours, other, tmp_path / "other.pt", "test")
+    cfg = train.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "other"), *GQA_ARGS,
+                              "--init-from", str(tmp_path / "other.pt")])
+    with pytest.raises(train.TrainError, match="--init-from .* has another tokenizer"):
+        train.Trainer(cfg, log=lambda *a, **k: None)
+
+
+def test_export_verify_reports_the_comparison(run, tmp_path, capsys):
+    run_dir = run[0]
+    capsys.readouterr()
+    assert model.main(["export", "--ckpt", str(run_dir), "--to", str(tmp_path / "hf"), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy 16 tokens identical; AutoTokenizer ids identical" in out
+    assert float(out.split("max |logit diff| ")[1].split()[0]) < 1e-4
 
 
 def test_import_of_a_model_saved_by_transformers(tmp_path):
