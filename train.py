@@ -818,7 +818,8 @@ class Trainer:
         self.data = open_dataset(cfg, self.dist, self.log)
         self.tokenizer = self.data.tokenizer
         init_ckpt = self._load_init_checkpoint() if cfg.init_from else None
-        self.model_config = (model_lib.GPTConfig.from_dict(init_ckpt["model_config"]) if init_ckpt
+        self.model_config = (model_lib.GPTConfig.from_dict({**init_ckpt["model_config"], "activation_checkpointing":
+                                                            cfg.activation_checkpointing}) if init_ckpt
                              else build_model_config(cfg, self.data.vocab_size))
         self.block_size = cfg.block_size or self.model_config.block_size
         if self.block_size > self.model_config.block_size:
