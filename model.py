@@ -874,6 +874,10 @@ def export_hf(model: "GPT", tokenizer, out_dir) -> pathlib.Path:
         for name, doc in files.items():
             (tmp / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        umask = os.umask(0)
+        os.umask(umask)                                    # mkdtemp made the directory private: use the umask
+        for path in (tmp, *tmp.iterdir()):
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)
