@@ -753,8 +753,8 @@ def _human(n: int) -> str:
 # Taking the model elsewhere: the Hugging Face Llama layout (see "Exporting to Hugging Face" in the docstring)
 # ----------------------------------------------------------------------------------------------------------------
 
-# Our parameter names -> Hugging Face LlamaForCausalLM's, per layer ({i}) and global. wq and wk also need
-# `interleaved_to_halves`; lm_head is absent from the file when the embeddings are tied.
+# Our parameter names -> Hugging Face LlamaForCausalLM's: inside block i (HF's "model.layers.{i}."), and the
+# others. wq and wk also need `interleaved_to_halves`; lm_head is absent from the file when the embeddings are tied.
 HF_LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn.wq.weight": "self_attn.q_proj.weight",
@@ -769,6 +769,23 @@ HF_LAYER_NAMES = {
 HF_GLOBAL_NAMES = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
                    "lm_head.weight": "lm_head.weight"}
 INSTALL_HINT = "pip install safetensors transformers"
+
+
+def hf_name(name: str) -> str:
+    """Our parameter name -> HF's.
+
+    >>> hf_name("blocks.3.attn.wq.weight")
+    'model.layers.3.self_attn.q_proj.weight'
+    """
+    if name.startswith("blocks."):
+        _, i, rest = name.split(".", 2)
+        return f"model.layers.{i}.{HF_LAYER_NAMES[rest]}"
+    return HF_GLOBAL_NAMES[name]
+
+
+def rope_heads(name: str, config: GPTConfig) -> int | None:
+    """The number of heads whose rows RoPE rotates in parameter `name` (wq: n_head, wk: n_kv_head), else None."""
+    return {"attn.wq.weight": config.n_head, "attn.wk.weight": config.n_kv_head}.get(name.split(".", 2)[-1])
 
 
 def rope_halves_order(head_dim: int) -> torch.Tensor:
@@ -821,14 +838,9 @@ def hf_state_dict(model: "GPT") -> dict[str, torch.Tensor]:
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_embeddings:
             continue                                       # tied: HF re-ties it to embed_tokens on load
-        if name.startswith("blocks."):
-            _, i, rest = name.split(".", 2)
-            if rest in ("attn.wq.weight", "attn.wk.weight"):
-                tensor = interleaved_to_halves(tensor, cfg.n_head if rest == "attn.wq.weight" else cfg.n_kv_head)
-            name = f"model.layers.{i}.{HF_LAYER_NAMES[rest]}"
-        else:
-            name = HF_GLOBAL_NAMES[name]
-        out[name] = tensor.detach().to("cpu", torch.float32).contiguous()
+        if rope_heads(name, cfg):
+            tensor = interleaved_to_halves(tensor, rope_heads(name, cfg))
+        out[hf_name(name)] = tensor.detach().to("cpu", torch.float32).contiguous()
     return out
 
 
@@ -921,9 +933,9 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
     """GPTConfig of a LlamaForCausalLM config.json, refusing in one line what model.py cannot express."""
     def refuse(what: str):
         raise ConfigError(f"{source}: {what}, which model.py cannot express; it loads plain LlamaForCausalLM only")
-    architectures = hf.get("architectures") or [hf.get("model_type")]
-    if architectures != ["LlamaForCausalLM"] and hf.get("model_type") != "llama":
-        refuse(f"architecture {architectures}")
+    architectures = hf.get("architectures")
+    if architectures != ["LlamaForCausalLM"] and (architectures or hf.get("model_type") != "llama"):
+        refuse(f"architecture {architectures or hf.get('model_type')}")
     rope = hf.get("rope_parameters") or {}
     scaling = hf.get("rope_scaling") or ({} if rope.get("rope_type", "default") == "default" else rope)
     if scaling:
@@ -934,8 +946,11 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         refuse(f"activation {hf['hidden_act']!r} (model.py's SwiGLU uses silu)")
     try:
         n_embd, n_head = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-        if hf.get("head_dim") not in (None, n_embd // n_head):
-            refuse(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads = {n_embd // n_head}")
+    except KeyError as e:
+        raise ConfigError(f"{source} lacks {e.args[0]!r}; it is not a LlamaForCausalLM config") from None
+    if hf.get("head_dim") not in (None, n_embd // n_head):
+        refuse(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads = {n_embd // n_head}")
+    try:
         return GPTConfig(vocab_size=int(hf["vocab_size"]), block_size=int(hf.get("max_position_embeddings", 2048)),
                          n_layer=int(hf["num_hidden_layers"]), n_head=n_head,
                          n_kv_head=int(hf.get("num_key_value_heads") or n_head), n_embd=n_embd,
@@ -965,13 +980,19 @@ def _read_safetensors(hf_dir: pathlib.Path) -> dict[str, torch.Tensor]:
     except ImportError:
         raise ConfigError(f"reading a Hugging Face model needs the safetensors package: {INSTALL_HINT}") from None
     index = hf_dir / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
-        else ["model.safetensors"]
+    try:
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+            else ["model.safetensors"]
+    except (ValueError, KeyError, AttributeError) as e:
+        raise ConfigError(f"{index} is damaged ({type(e).__name__}: {e}); it must map tensor names to files") from None
     tensors = {}
     for name in files:
         if not (hf_dir / name).is_file():
             raise ConfigError(f"{hf_dir / name} not found; the directory must hold the weights as safetensors")
-        tensors.update(load_file(str(hf_dir / name)))
+        try:
+            tensors.update(load_file(str(hf_dir / name)))
+        except Exception as e:                 # safetensors' own error type: a truncated or foreign file
+            raise ConfigError(f"{hf_dir / name} is not a readable safetensors file ({e})") from None
     return tensors
 
 
@@ -996,22 +1017,16 @@ def load_hf(hf_dir) -> tuple["GPT", object]:
     for name, ours in model.state_dict().items():
         if name == "lm_head.weight" and config.tie_embeddings:
             continue
-        rope_heads = None                                  # q_proj / k_proj: heads whose rows go back to pairs
-        if name.startswith("blocks."):
-            _, i, rest = name.split(".", 2)
-            hf_name = f"model.layers.{i}.{HF_LAYER_NAMES[rest]}"
-            rope_heads = {"attn.wq.weight": config.n_head, "attn.wk.weight": config.n_kv_head}.get(rest)
-        else:
-            hf_name = HF_GLOBAL_NAMES[name]
-        if hf_name not in tensors:
-            raise ConfigError(f"{hf_dir}: the weights lack {hf_name}, which config.json implies; "
+        theirs = hf_name(name)
+        if theirs not in tensors:
+            raise ConfigError(f"{hf_dir}: the weights lack {theirs}, which config.json implies; "
                               f"the directory is incomplete or not a LlamaForCausalLM")
-        tensor = tensors.pop(hf_name)
+        tensor = tensors.pop(theirs)
         if tuple(tensor.shape) != tuple(ours.shape):
-            raise ConfigError(f"{hf_dir}: {hf_name} has shape {tuple(tensor.shape)} but config.json implies "
+            raise ConfigError(f"{hf_dir}: {theirs} has shape {tuple(tensor.shape)} but config.json implies "
                               f"{tuple(ours.shape)}; the weights and config.json disagree")
-        if rope_heads:
-            tensor = halves_to_interleaved(tensor, rope_heads)
+        if rope_heads(name, config):
+            tensor = halves_to_interleaved(tensor, rope_heads(name, config))
         state[name] = tensor.to(torch.float32)
     if config.tie_embeddings:
         tensors.pop("lm_head.weight", None)                # some tied checkpoints store the copy anyway
