@@ -49,6 +49,7 @@ import hashlib
 import html.parser
 import io
 import json
+import math
 import os
 import pathlib
 import re
@@ -1491,16 +1492,78 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
 # 11. Command line
 # ---------------------------------------------------------------------------------------------------------------------
 
-def _parse_assignments(items: list[str], what: str) -> dict[str, float]:
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
+    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
+
+    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
+    0.5
+    >>> _in_range(int, 0)("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
+    """
+    def show(x):
+        return f"{x:g}" if isinstance(x, float) else str(x)
+    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
+              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
+    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (value is None or not math.isfinite(value)
+                or low is not None and (value < low or low_open and value == low)
+                or high is not None and (value > high or high_open and value == high)):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
+    return parse
+
+
+def _writable(kind="file"):
+    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
+    bad output path fails before any work."""
+    def parse(text: str) -> str:
+        path = pathlib.Path(text)
+        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
+                                             f"give a {'file' if kind == 'file' else 'directory'} path")
+        here = path.absolute()
+        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
+                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
+        return text
+    return parse
+
+
+SEED_MAX = 2**32 - 1             # numpy's legacy generator and torch agree on seeds in [0, 2^32)
+TOKENS_MAX = 1e16                # a token budget beyond any run (the largest public ones are ~4e13)
+
+
+def _parse_assignments(items: list[str], flag: str) -> dict[str, float]:
+    """['web=0.7', 'code=0.3'] -> {'web': 0.7, 'code': 0.3}; each number finite, > 0 and at most TOKENS_MAX."""
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
         try:
-            out[name] = float(value)
+            number = float(value)
         except ValueError:
             sep = ""
         if not sep or not name:
-            raise DataError(f"{what} {item!r} must look like name=number, e.g. math=0.05")
+            raise DataError(f"{flag} {item!r} must look like name=number, e.g. math=0.05")
+        if name in out:
+            raise DataError(f"{flag} names {name!r} twice; give each source once")
+        if not (math.isfinite(number) and 0 < number <= TOKENS_MAX):
+            raise DataError(f"{flag} {item!r}: the number must be > 0 and <= {TOKENS_MAX:g}")
+        out[name] = number
     return out
 
 
@@ -1517,8 +1580,8 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def _cmd_mix(args: argparse.Namespace) -> None:
-    weights = _parse_assignments(args.weights, "weight")
-    unique = _parse_assignments(args.unique, "unique")
+    weights = _parse_assignments(args.weights, "--weights")
+    unique = _parse_assignments(args.unique, "--unique")
     unknown = set(unique) - set(weights)
     if unknown:
         raise DataError(f"--unique names {sorted(unknown)} have no --weights entry")
@@ -1546,47 +1609,55 @@ def _cmd_html(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="data.py", description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("prepare", help="clean, dedup, split, train/reuse the tokenizer, encode and pack shards")
     p.add_argument("--data", nargs="+", default=["pydocs"],
                    help="sources: pydocs, pystdlib, hf:NAME, or files/dirs (.txt .jsonl .parquet .raw .html .py, .gz)")
-    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="BPE vocabulary (default %(default)s)")
-    p.add_argument("--out", default=None, help="output directory (default: a cache dir in $PRETRAIN_CACHE or .cache/)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the split, the tokenizer sample, mixing and order")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for validation")
-    p.add_argument("--weights", type=float, nargs="+", default=None, help="mixing weight per source, in order")
-    p.add_argument("--train-tokens", type=float, default=None, help="train token budget for the mix (e.g. 5e6)")
+    p.add_argument("--vocab-size", type=_in_range(int, 257, 2**32), default=DEFAULT_VOCAB_SIZE,
+                   help="BPE vocabulary (default %(default)s)")
+    p.add_argument("--out", type=_writable("dir"), default=None,
+                   help="output directory (default: a cache dir in $PRETRAIN_CACHE or .cache/)")
+    p.add_argument("--seed", type=_in_range(int, 0, SEED_MAX), default=0,
+                   help="seeds the split, the tokenizer sample, mixing and order")
+    p.add_argument("--val-fraction", type=_in_range(float, 0.0, 1.0, high_open=True), default=0.05,
+                   help="documents held out for validation")
+    p.add_argument("--weights", type=_in_range(float, 0.0, TOKENS_MAX, low_open=True), nargs="+", default=None,
+                   help="mixing weight per source, in order")
+    p.add_argument("--train-tokens", type=_in_range(float, 1.0, TOKENS_MAX), default=None,
+                   help="train token budget for the mix (e.g. 5e6)")
     p.add_argument("--tokenizer", default=None, help="reuse this bpe.py tokenizer JSON instead of training one")
-    p.add_argument("--tokenizer-train-mb", type=float, default=4.0,
+    p.add_argument("--tokenizer-train-mb", type=_in_range(float, 0.0, 1e6, low_open=True), default=4.0,
                    help="MB of train text the tokenizer trains on (default %(default)s)")
     p.add_argument("--filters", choices=["auto", "gopher", "code", "none"], default="auto",
                    help="quality rules: auto = Gopher for prose, code rules for code")
-    p.add_argument("--near-dup-threshold", type=float, default=0.5, help="Jaccard threshold; 0 turns near-dedup off")
-    p.add_argument("--boilerplate-min-documents", type=int, default=3,
+    p.add_argument("--near-dup-threshold", type=_in_range(float, 0.0, 1.0, high_open=True), default=0.5,
+                   help="Jaccard threshold; 0 turns near-dedup off")
+    p.add_argument("--boilerplate-min-documents", type=_in_range(int, 2), default=3,
                    help="a prose line found in this many documents is boilerplate and removed")
     p.add_argument("--no-pii", action="store_true", help="do not mask emails, phones and IPs")
     p.add_argument("--text-field", default="text", help="the .jsonl/.parquet field holding the text")
     p.add_argument("--txt-split", choices=["auto", "eot", "blank", "file"], default="auto",
                    help="how .txt files split into documents (auto: <|endoftext|> if present, else blank lines)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed .jsonl lines")
-    p.add_argument("--max-documents", type=int, default=None, help="read at most this many documents per source")
+    p.add_argument("--max-documents", type=_in_range(int, 1), default=None,
+                   help="read at most this many documents per source")
     p.add_argument("--kind", choices=["prose", "code", "html"], default=None,
                    help="treat every source as this kind (default: by name and file type; .py files are code)")
-    p.add_argument("--threads", type=int, default=None, help="encoding threads (default: all cores)")
+    p.add_argument("--threads", type=_in_range(int, 1, 1024), default=None, help="encoding threads (default: all cores)")
     p.set_defaults(run=_cmd_prepare)
 
     p = sub.add_parser("mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)")
-    p.add_argument("--tokens", type=float, default=20e9)
+    p.add_argument("--tokens", type=_in_range(float, 1.0, TOKENS_MAX), default=20e9)
     p.add_argument("--weights", nargs="+", default=["web=0.70", "code=0.15", "books=0.10", "math=0.05"])
     p.add_argument("--unique", nargs="*", default=["math=0.5e9"], help="unique tokens on hand per source")
     p.set_defaults(run=_cmd_mix)
 
     p = sub.add_parser("inspect", help="print a prepared dataset's funnel, sizes and a decoded sample")
     p.add_argument("dir")
-    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--tokens", type=_in_range(int, 1, 1_000_000), default=64)
     p.set_defaults(run=_cmd_inspect)
 
     p = sub.add_parser("html", help="print the text extracted from an HTML file")

@@ -375,9 +375,15 @@ def _split_11_bits(x: np.ndarray) -> np.ndarray:
     return parts
 
 
+# Beyond 8,192 permutations the standard error sqrt(J(1-J)/k) is below 0.006 and buys nothing, while the
+# signatures (8 bytes x k per document) and the (k, chunk) hash block grow without bound (1e8 would need 745 GiB).
+MAX_NUM_PERM = 8192
+
+
 def _check_num_perm(num_perm) -> None:
-    if not isinstance(num_perm, (int, np.integer)) or isinstance(num_perm, bool) or num_perm < 1:
-        raise DedupError(f"num_perm must be a positive integer, got {num_perm!r}: use e.g. num_perm=128")
+    if not isinstance(num_perm, (int, np.integer)) or isinstance(num_perm, bool) or not 1 <= num_perm <= MAX_NUM_PERM:
+        raise DedupError(f"num_perm must be an integer in [1, {MAX_NUM_PERM}], got {num_perm!r}: use e.g. "
+                         f"num_perm=128")
 
 
 class MinHasher:
@@ -1148,6 +1154,61 @@ def demo() -> str:
     return "\n".join(out)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
+    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
+
+    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
+    0.5
+    >>> _in_range(int, 0)("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
+    """
+    def show(x):
+        return f"{x:g}" if isinstance(x, float) else str(x)
+    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
+              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
+    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (value is None or not math.isfinite(value)
+                or low is not None and (value < low or low_open and value == low)
+                or high is not None and (value > high or high_open and value == high)):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
+    return parse
+
+
+def _writable(kind="file"):
+    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
+    bad output path fails before any work."""
+    def parse(text: str) -> str:
+        path = pathlib.Path(text)
+        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
+                                             f"give a {'file' if kind == 'file' else 'directory'} path")
+        here = path.absolute()
+        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
+                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
+        return text
+    return parse
+
+
+SEED_MAX = 2**32 - 1             # the seeds every CLI of the project accepts: [0, 2^32)
+
+
 def _parse_settings(text: str) -> list[tuple[int, int, int]]:
     try:
         settings = [tuple(int(v) for v in item.split(":")) for item in text.split(",") if item.strip()]
@@ -1156,37 +1217,43 @@ def _parse_settings(text: str) -> list[tuple[int, int, int]]:
     if not settings or any(len(s) != 3 for s in settings):
         raise DedupError(f"--settings must look like 128:32:4,128:16:8 (k:bands:rows), got {text!r}")
     for k, bands, rows in settings:                       # fail before any data is read
-        resolve_bands_rows(0.5, k, bands, rows)
+        try:
+            resolve_bands_rows(0.5, k, bands, rows)
+        except DedupError as e:
+            raise DedupError(f"--settings {k}:{bands}:{rows}: {e}") from None
     return settings
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Near-duplicate detection with MinHash + LSH (see the docstring).")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="dedup.py", description="Near-duplicate detection with MinHash + LSH (see the docstring).")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    threshold = _in_range(float, 0.0, 1.0, low_open=True, high_open=True)
+    seed = _in_range(int, 0, SEED_MAX)
     commands.add_parser("demo", help="print the lecture's worked numbers")
     exp = commands.add_parser("experiment", help="the lecture's exercise: planted near-duplicates in WikiText-2")
     exp.add_argument("--data", default=str(DEFAULT_WIKITEXT) if DEFAULT_WIKITEXT.is_file() else "hf",
                      help="raw WikiText file, or 'hf' for the Hugging Face train split (default: %(default)s)")
     exp.add_argument("--settings", default=",".join(":".join(map(str, s)) for s in DEFAULT_SETTINGS),
                      help="k:bands:rows,... (default: %(default)s)")
-    exp.add_argument("--threshold", type=float, default=0.5)
+    exp.add_argument("--threshold", type=threshold, default=0.5)
     exp.add_argument("--verify", choices=("estimate", "exact"), default="estimate",
                      help="how candidates are confirmed (default: the MinHash estimate)")
-    exp.add_argument("--seed", type=int, default=0)
-    exp.add_argument("--out", default="out/dedup_experiment.json", help="JSON results (default: %(default)s)")
+    exp.add_argument("--seed", type=seed, default=0)
+    exp.add_argument("--out", type=_writable("file"), default="out/dedup_experiment.json",
+                     help="JSON results (default: %(default)s)")
     run = commands.add_parser("run", help="deduplicate corpus files")
     run.add_argument("--input", nargs="+", required=True, help=".jsonl (one object per line) or text files")
-    run.add_argument("--out", required=True, help="output file (.jsonl or text)")
-    run.add_argument("--threshold", type=float, default=0.5)
-    run.add_argument("--num-perm", type=int, default=128)
-    run.add_argument("--bands", type=int, default=None)
-    run.add_argument("--rows", type=int, default=None)
-    run.add_argument("--n", type=int, default=3, help="words per shingle (default: %(default)s)")
+    run.add_argument("--out", type=_writable("file"), required=True, help="output file (.jsonl or text)")
+    run.add_argument("--threshold", type=threshold, default=0.5)
+    run.add_argument("--num-perm", type=_in_range(int, 1, MAX_NUM_PERM), default=128)
+    run.add_argument("--bands", type=_in_range(int, 1, MAX_NUM_PERM), default=None)
+    run.add_argument("--rows", type=_in_range(int, 1, MAX_NUM_PERM), default=None)
+    run.add_argument("--n", type=_in_range(int, 1, 100), default=3, help="words per shingle (default: %(default)s)")
     run.add_argument("--verify", choices=("exact", "estimate"), default="exact")
     run.add_argument("--text-field", default="text", help="jsonl field holding the text (default: %(default)s)")
     run.add_argument("--split", choices=("auto", "line", "blank"), default="auto",
                      help="text files: one document per line, or blank-line separated (default: %(default)s)")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=seed, default=0)
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
@@ -1205,6 +1272,10 @@ def main(argv=None) -> None:
             write_atomic(args.out, json.dumps(result, indent=2) + "\n")
             print(f"wrote {args.out}")
         else:
+            try:                                          # fail before any data is read
+                resolve_bands_rows(args.threshold, args.num_perm, args.bands, args.rows)
+            except DedupError as e:
+                raise DedupError(f"--num-perm {args.num_perm} --bands {args.bands} --rows {args.rows}: {e}") from None
             report = dedup_files(args.input, args.out, args.threshold, args.num_perm, args.bands, args.rows, args.n,
                                  args.seed, args.verify, args.text_field, args.split)
             print(f"{report['documents']} documents, {report['clusters']} clusters, removed {report['removed']}, "

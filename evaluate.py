@@ -1060,8 +1060,61 @@ def _write_kept(spec: str, documents: list[str], report: dict, out_path) -> path
     return out_path
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
+    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
+
+    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
+    0.5
+    >>> _in_range(int, 0)("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
+    """
+    def show(x):
+        return f"{x:g}" if isinstance(x, float) else str(x)
+    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
+              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
+    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (value is None or not math.isfinite(value)
+                or low is not None and (value < low or low_open and value == low)
+                or high is not None and (value > high or high_open and value == high)):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
+    return parse
+
+
+def _writable(kind="file"):
+    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
+    bad output path fails before any work."""
+    def parse(text: str) -> str:
+        path = pathlib.Path(text)
+        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
+                                             f"give a {'file' if kind == 'file' else 'directory'} path")
+        here = path.absolute()
+        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
+                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
+        return text
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    count, seed, out_file = _in_range(int, 1), _in_range(int, 0, 2**32 - 1), _writable("file")
+    parser = _Parser(
         prog="evaluate.py", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Evaluate a checkpoint: held-out loss, perplexity, bits-per-byte, exact match; the emergence "
                     "lesson; contamination; tokenizer-fair comparison; sampling.",
@@ -1072,29 +1125,33 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "default out/")
     parser.add_argument("--data", help="evaluation text: a data dir (val split), a .txt/.raw/.jsonl file, pydocs, "
                                        "...; default: the checkpoint's validation split")
-    parser.add_argument("--stride", type=int, help="sliding-window stride in tokens (default block_size / 2)")
-    parser.add_argument("--max-tokens", type=int, help="score only the first N held-out tokens")
+    parser.add_argument("--stride", type=count, help="sliding-window stride in tokens (default block_size / 2)")
+    parser.add_argument("--max-tokens", type=count, help="score only the first N held-out tokens")
     parser.add_argument("--tasks", help="jsonl task file of {\"prompt\": ..., \"answer\": ...} for exact match")
-    parser.add_argument("--last-word-items", type=int, default=200, help="items of the built-in last-word task")
-    parser.add_argument("--min-words", type=int, default=20, help="shortest paragraph for the last-word task")
-    parser.add_argument("--seed", type=int, default=0, help="seed for drawing last-word items")
-    parser.add_argument("--json", help="write the results here (default: eval_STEP.json beside the checkpoint)")
+    parser.add_argument("--last-word-items", type=count, default=200, help="items of the built-in last-word task")
+    parser.add_argument("--min-words", type=count, default=20, help="shortest paragraph for the last-word task")
+    parser.add_argument("--seed", type=seed, default=0, help="seed for drawing last-word items")
+    parser.add_argument("--json", type=out_file,
+                        help="write the results here (default: eval_STEP.json beside the checkpoint)")
     parser.add_argument("--device", default="auto", help="auto (GPU if any), cpu, cuda, cuda:1, ...")
-    sub = parser.add_subparsers(dest="command", metavar="{bpb,emergence,contamination,compare,sample}")
+    sub = parser.add_subparsers(dest="command", metavar="{bpb,emergence,contamination,compare,sample}",
+                                parser_class=_Parser)
 
     p = sub.add_parser("bpb", help="the lecture's bits-per-byte example (or your own numbers)")
-    p.add_argument("--bytes", type=int, default=1000)
-    p.add_argument("--tokens", type=int, nargs="+", default=[250, 400])
-    p.add_argument("--ppl", type=float, nargs="+", default=[18, 12])
+    p.add_argument("--bytes", type=count, default=1000)
+    p.add_argument("--tokens", type=count, nargs="+", default=[250, 400])
+    p.add_argument("--ppl", type=_in_range(float, 1.0, 1e30), nargs="+", default=[18, 12],
+                   help="perplexity per --tokens entry (>= 1: e^loss with loss >= 0)")
 
     p = sub.add_parser("emergence", help="the p -> p^k table; with --ckpt ... the plot from a sweep's checkpoints")
     p.add_argument("--ckpt", action="append", default=[],
                    help="a sweep checkpoint or run directory (repeat), or a directory of run directories")
-    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--k", type=_in_range(int, 1, 1000), default=5, help="steps that must all be right")
     p.add_argument("--data", help="held-out text for all models (default: the first checkpoint's val split)")
-    p.add_argument("--max-tokens", type=int, default=20000)
-    p.add_argument("--plot", default="emergence.png", help="PNG path for the plot (with --ckpt)")
-    p.add_argument("--json", help="write the sweep's numbers here")
+    p.add_argument("--max-tokens", type=count, default=20000)
+    p.add_argument("--plot", type=out_file, default=None, help="PNG path for the plot (with --ckpt; default "
+                                                               "emergence.png)")
+    p.add_argument("--json", type=out_file, help="write the sweep's numbers here")
     p.add_argument("--device", default="auto")
 
     p = sub.add_parser("contamination", help="13-gram overlap of evaluation documents with a training corpus")
@@ -1102,45 +1159,34 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "from the token shards), text/jsonl file(s), pystdlib")
     p.add_argument("--eval", required=True, help="evaluation documents: data dir (its val split), .txt/.raw "
                                                  "(one document per paragraph), .jsonl (text, or prompt + answer)")
-    p.add_argument("--n", type=int, default=13, help="n-gram length in words (default 13)")
-    p.add_argument("--min-overlap", type=int, default=1, help="shared n-grams that flag a document (default 1)")
-    p.add_argument("--show", type=int, default=10, help="how many flagged documents to list")
+    p.add_argument("--n", type=_in_range(int, 1, 1000), default=13, help="n-gram length in words (default 13)")
+    p.add_argument("--min-overlap", type=count, default=1, help="shared n-grams that flag a document (default 1)")
+    p.add_argument("--show", type=_in_range(int, 0), default=10, help="how many flagged documents to list")
     p.add_argument("--index", choices=("hashed", "set"), default="hashed",
                    help="hashed: sorted uint64 n-gram hashes in numpy (default); set: Python set of word tuples")
-    p.add_argument("--drop", help="write the uncontaminated evaluation documents here (jsonl)")
-    p.add_argument("--json", help="write the full per-document report here")
+    p.add_argument("--drop", type=out_file, help="write the uncontaminated evaluation documents here (jsonl)")
+    p.add_argument("--json", type=out_file, help="write the full per-document report here")
 
     p = sub.add_parser("compare", help="two checkpoints with different tokenizers on one text, by bits-per-byte")
     p.add_argument("--ckpt", action="append", default=[], required=True, help="a checkpoint (give two or more)")
     p.add_argument("--data", help="the text (default: the first checkpoint's held-out documents)")
-    p.add_argument("--stride", type=int)
-    p.add_argument("--max-documents", type=int, help="use only the first N documents")
+    p.add_argument("--stride", type=count)
+    p.add_argument("--max-documents", type=count, help="use only the first N documents")
     p.add_argument("--device", default="auto")
-    p.add_argument("--json")
+    p.add_argument("--json", type=out_file)
 
     p = sub.add_parser("sample", help="generate from a checkpoint, streaming to stdout")
     p.add_argument("--ckpt", default="out")
     p.add_argument("--prompt", default="")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=_in_range(int, 0, 1_000_000), default=200)
+    p.add_argument("--temperature", type=_in_range(float, 0.0, 100.0), default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=_in_range(int, 0), default=50, help="0 = all tokens")
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--device", default="auto")
     return parser
 
 
-def check_numbers(args) -> None:
-    """Reject numeric flags outside their range (one EvalError naming the flag), whichever subcommand has them."""
-    at_least = {"stride": 1, "max_tokens": 1, "k": 1, "n": 1, "min_overlap": 1, "max_documents": 1,
-                "last_word_items": 1, "min_words": 1, "show": 0, "max_new_tokens": 0, "temperature": 0, "top_k": 0}
-    for name, low in at_least.items():
-        value = getattr(args, name, None)
-        if value is not None and not value >= low:
-            raise EvalError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-
-
 def run(args) -> None:
-    check_numbers(args)
     if args.command == "bpb":
         if len(args.tokens) != len(args.ppl):
             raise EvalError("give one --ppl per --tokens entry")
@@ -1152,7 +1198,7 @@ def run(args) -> None:
             rows = emergence_sweep(args.ckpt, args.k, args.data, args.max_tokens, resolve_device(args.device))
             print()
             print(format_emergence_sweep(rows, args.k))
-            print(f"plot: {plot_emergence(rows, args.k, args.plot)}")
+            print(f"plot: {plot_emergence(rows, args.k, args.plot or 'emergence.png')}")
             if args.json:
                 print(f"json: {write_json(rows, args.json)}")
     elif args.command == "contamination":

@@ -1138,19 +1138,55 @@ def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
     return f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, from {hf_dir}"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
+    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
+
+    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
+    0.5
+    >>> _in_range(int, 0)("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
+    """
+    def show(x):
+        return f"{x:g}" if isinstance(x, float) else str(x)
+    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
+              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
+    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (value is None or not math.isfinite(value)
+                or low is not None and (value < low or low_open and value == low)
+                or high is not None and (value > high or high_open and value == high)):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="The model: print the presets, time generation with a KV cache, "
-                                                 "export to / import from the Hugging Face Llama layout.")
+    parser = _Parser(prog="model.py", description="The model: print the presets, time generation with a KV cache, "
+                                                  "export to / import from the Hugging Face Llama layout.")
     parser.set_defaults(moe=8, top_k=2)
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     presets = sub.add_parser("presets", help="table of presets (the default): shape, parameters, FLOPs, memory")
-    presets.add_argument("--moe", type=int, default=8, metavar="E",
+    presets.add_argument("--moe", type=_in_range(int, 0, 4096), default=8, metavar="E",
                          help="also show each preset as a Mixture of Experts with E experts (0: don't)")
-    presets.add_argument("--top-k", type=int, default=2, help="experts per token in that table")
+    presets.add_argument("--top-k", type=_in_range(int, 1, 4096), default=2, help="experts per token in that table")
     demo = sub.add_parser("demo", help="greedy generation from an untrained preset, with and without the KV cache")
-    demo.add_argument("--model", default="tiny", help=f"one of {list(PRESETS)}")
-    demo.add_argument("--tokens", type=int, default=100)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--model", choices=list(PRESETS), default="tiny")
+    demo.add_argument("--tokens", type=_in_range(int, 1, 10_000), default=100,
+                      help="new tokens (the uncached side recomputes the window per token: 1e4 is minutes on a CPU)")
+    demo.add_argument("--seed", type=_in_range(int, 0, 2**32 - 1), default=0)
     export = sub.add_parser("export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory")
     export.add_argument("--ckpt", required=True, help="a train.py checkpoint file, or a run directory (its newest)")
     export.add_argument("--to", required=True, help="the directory to create (must not exist, or be empty)")
@@ -1161,6 +1197,8 @@ def main(argv: list[str] | None = None) -> int:
                            "model.safetensors and tokenizer.json")
     import_hf.add_argument("--to", required=True, help="the checkpoint file to write")
     args = parser.parse_args(argv)
+    if args.moe and args.top_k > args.moe:
+        parser.error(f"argument --top-k: {args.top_k} experts per token, but --moe gives only {args.moe}")
     try:
         if args.command in (None, "presets"):
             print(preset_table())
@@ -1173,8 +1211,6 @@ def main(argv: list[str] | None = None) -> int:
                   "\nFLOPs/tok = 6 x (active matmul params) + 12 L T C, training, at T = ctx; "
                   f"train mem = {TRAINING_BYTES_PER_PARAM} B/param\n(AdamW, mixed precision), activations excluded.")
         elif args.command == "demo":
-            if args.model not in PRESETS:
-                raise ConfigError(f"unknown preset {args.model!r}; choose one of {list(PRESETS)}")
             print(demo_kv_cache(args.model, args.tokens, args.seed))
         elif args.command == "export":
             print(export_checkpoint(args.ckpt, args.to, args.verify))

@@ -1077,7 +1077,7 @@ def read_curve(metrics_path, params: float, series: str) -> list[Run]:
         elif "tokens" in r and "loss" in r:
             tokens_after[r["step"] + 1] = r["tokens"]
     return [Run(float(params), float(tokens_after[s]), float(v), 6.0 * params * tokens_after[s], series)
-            for s, v in sorted(evals.items()) if s > 0 and s in tokens_after and math.isfinite(v)]
+            for s, v in sorted(evals.items()) if s > 0 and s in tokens_after and v is not None and math.isfinite(v)]
 
 
 def checkpoint_facts(run_dir) -> dict:
@@ -1517,12 +1517,71 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+NUMBER_MAX = 1e30      # FLOPs, parameters, tokens: 1e30 is ~1e4 x the largest run to date, and products stay finite
+
+
 def _number(text: str) -> float:
-    """argparse type for counts and budgets: '1.2e20' -> 1.2e20; a clear message for anything else."""
+    """argparse type for budgets and sizes: '1.2e20' -> 1.2e20; a clear message for anything else."""
     try:
-        return _positive("value", text)
+        x = _positive("value", text)
     except ScalingError:
-        raise argparse.ArgumentTypeError(f"expected a positive number like 1.2e20, got {text!r}") from None
+        x = None
+    if x is None or x > NUMBER_MAX:
+        raise argparse.ArgumentTypeError(f"expected a positive number up to {NUMBER_MAX:g} like 1.2e20, got {text!r}")
+    return x
+
+
+def _whole(text: str) -> float:
+    """argparse type for counts (GPUs, layers, stages): a positive whole number, '8' or '1e3'."""
+    x = _number(text)
+    if x != int(x):
+        raise argparse.ArgumentTypeError(f"expected a whole number like 8, got {text!r}")
+    return x
+
+
+def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
+    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
+
+    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
+    0.5
+    >>> _in_range(int, 0)("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
+    """
+    def show(x):
+        return f"{x:g}" if isinstance(x, float) else str(x)
+    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
+              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
+    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (value is None or not math.isfinite(value)
+                or low is not None and (value < low or low_open and value == low)
+                or high is not None and (value > high or high_open and value == high)):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
+    return parse
+
+
+def _writable(kind="file"):
+    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
+    bad output path fails before any work."""
+    def parse(text: str) -> str:
+        path = pathlib.Path(text)
+        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
+                                             f"give a {'file' if kind == 'file' else 'directory'} path")
+        here = path.absolute()
+        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
+                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
+        return text
+    return parse
 
 
 def hardware_report() -> str:
@@ -1559,8 +1618,6 @@ def _cmd_memory(args) -> str:
 
 def _cmd_fit(args) -> str:
     runs = load_runs(args.runs)
-    if args.bootstrap < 0:
-        raise ScalingError(f"--bootstrap must be 0 or more, got {args.bootstrap}")
     # Named loss curves (a sweep's runs.jsonl): Approach 2 works on IsoFLOP slices cut from them.
     curves = len({r.series for r in runs}) > 1 and all(r.series for r in runs)
     iso = isoflop_slices(runs) if curves else None
@@ -1578,8 +1635,6 @@ def _cmd_sweep(args) -> str:
     changes = {k: v for k, v in (("presets", tuple(args.presets) if args.presets else None),
                                  ("max_steps", args.steps), ("data", args.data), ("threads", args.threads))
                if v is not None}
-    if changes.get("max_steps") is not None and changes["max_steps"] < 2:
-        raise ScalingError("--steps must be at least 2 (a curve needs two evaluations)")
     settings = dataclasses.replace(settings, **changes)
     out_dir = args.out_dir or ("out/sweep-quick" if args.quick else "out/sweep")
     result = sweep(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -1591,8 +1646,6 @@ def _cmd_dedup_effect(args) -> str:
     settings = QUICK_DEDUP if args.quick else DedupEffectSettings()
     changes = {k: v for k, v in (("model", args.model), ("max_steps", args.steps), ("threads", args.threads))
                if v is not None}
-    if changes.get("max_steps") is not None and changes["max_steps"] < 1:
-        raise ScalingError("--steps must be at least 1")
     settings = dataclasses.replace(settings, **changes)
     out_dir = args.out_dir or ("out/dedup-effect-quick" if args.quick else "out/dedup-effect")
     result = dedup_effect(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -1615,16 +1668,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="scaling.py", description="Plan a pretraining run (C = 6ND, Chinchilla, memory) and fit "
                 "scaling laws to runs. With no subcommand: the lecture's worked example.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    fraction, threads = _in_range(float, 0.0, 1.0, low_open=True), _in_range(int, 0, 1024)
 
     s = sub.add_parser("budget", help="N, D, steps and GPU time for a compute budget")
     s.add_argument("compute", type=_number, help="FLOPs, e.g. 1.2e20")
     s.add_argument("--tokens-per-param", type=_number, default=20.0, help="D = R·N (default 20, Chinchilla)")
     s.add_argument("--tokens-per-step", type=_number, default=5e5, help="global batch in tokens (default 5e5)")
     s.add_argument("--gpu", choices=sorted(GPUS), help="take the peak from the hardware table (MFU default 0.4)")
-    s.add_argument("--gpus", type=_number, default=8, help="GPUs for the wall time (default 8)")
+    s.add_argument("--gpus", type=_whole, default=8, help="GPUs for the wall time (default 8)")
     s.add_argument("--flops-per-gpu", type=_number, default=None,
                    help="peak FLOP/s per GPU (default: the lecture's achieved 2e14, with MFU 1)")
-    s.add_argument("--mfu", type=_number, default=None, help="fraction of the peak achieved, in (0, 1]")
+    s.add_argument("--mfu", type=fraction, default=None, help="fraction of the peak achieved, in (0, 1]")
     s.set_defaults(run=_cmd_budget)
 
     s = sub.add_parser("isoflop", help="the Chinchilla IsoFLOP table and the compute-optimal size")
@@ -1647,25 +1701,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--params", type=_number, default=1e12)
     s.add_argument("--tokens-per-param", type=_number, default=20.0)
     s.add_argument("--gpu", choices=sorted(GPUS), default="H100")
-    s.add_argument("--mfu", type=_number, default=0.4, help="fraction of peak, in (0, 1] (default 0.4)")
-    s.add_argument("--active-fraction", type=_number, default=37 / 671,
+    s.add_argument("--mfu", type=fraction, default=0.4, help="fraction of peak, in (0, 1] (default 0.4)")
+    s.add_argument("--active-fraction", type=fraction, default=37 / 671,
                    help="MoE: active / total parameters (default DeepSeek-V3's 37/671)")
     s.set_defaults(run=lambda a: trillion_report(a.params, a.tokens_per_param, a.gpu, a.mfu, a.active_fraction))
 
     s = sub.add_parser("memory", help="training-state bytes per GPU by ZeRO stage, plus activations")
     s.add_argument("params", type=_number, nargs="?", default=7e9, help="parameters (default 7e9)")
-    s.add_argument("--gpus", type=_number, default=8)
+    s.add_argument("--gpus", type=_whole, default=8)
     s.add_argument("--gpu-memory", type=_number, default=80.0, help="GB per GPU (default 80)")
-    s.add_argument("--layers", type=_number, default=32, help="activation estimate: layers (default: a 7B shape)")
-    s.add_argument("--d-model", type=_number, default=4096)
-    s.add_argument("--heads", type=_number, default=32)
-    s.add_argument("--seq-len", type=_number, default=4096)
-    s.add_argument("--micro-batch", type=_number, default=1)
+    s.add_argument("--layers", type=_whole, default=32, help="activation estimate: layers (default: a 7B shape)")
+    s.add_argument("--d-model", type=_whole, default=4096)
+    s.add_argument("--heads", type=_whole, default=32)
+    s.add_argument("--seq-len", type=_whole, default=4096)
+    s.add_argument("--micro-batch", type=_whole, default=1)
     s.set_defaults(run=_cmd_memory)
 
     s = sub.add_parser("bubble", help="pipeline bubble (p-1)/(m+p-1)")
-    s.add_argument("p", type=_number, help="pipeline stages")
-    s.add_argument("m", type=_number, help="micro-batches per step")
+    s.add_argument("p", type=_whole, help="pipeline stages")
+    s.add_argument("m", type=_whole, help="micro-batches per step")
     s.set_defaults(run=lambda a: f"p={a.p:g}, m={a.m:g}: bubble = ({a.p:g}-1)/({a.m:g}+{a.p:g}-1) = "
                                  f"{pipeline_bubble(a.p, a.m):.1%}")
 
@@ -1675,27 +1729,28 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("fit", help="fit Approaches 1-3 to runs (JSON/JSONL of parameters, tokens or compute, loss)")
     s.add_argument("runs", help="runs file, e.g. ../shared/data/cs336/a3/data/isoflops_curves.json")
     s.add_argument("--target-compute", type=_number, default=1e23, help="where to report N_opt, D_opt")
-    s.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples (default 100)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--plot", help="also draw the runs and the fits to this PNG")
+    s.add_argument("--bootstrap", type=_in_range(int, 0, 10_000), default=100, help="bootstrap resamples (default 100)")
+    s.add_argument("--seed", type=_in_range(int, 0, 2**32 - 1), default=0)
+    s.add_argument("--plot", type=_writable("file"), help="also draw the runs and the fits to this PNG")
     s.set_defaults(run=_cmd_fit)
 
     s = sub.add_parser("sweep", help="train sweep presets through train.py, fit the laws, plot, interpret")
     s.add_argument("--quick", action="store_true", help="tiny runs (a few minutes), for tests")
     s.add_argument("--presets", nargs="+",
                    help="model presets (default sweep-1 .. sweep-4; quick: sweep-1 .. sweep-3)")
-    s.add_argument("--steps", type=int, help="optimizer steps per size (default 200; quick 12)")
+    s.add_argument("--steps", type=_in_range(int, 2, 10**7), help="optimizer steps per size (default 200; quick 12)")
     s.add_argument("--data", help="corpus for train.py --data (default pydocs, embedded)")
-    s.add_argument("--out-dir", default=None, help="default out/sweep (quick: out/sweep-quick)")
-    s.add_argument("--threads", type=int, help="torch CPU threads per training run (default 1; 0 = torch's own)")
+    s.add_argument("--out-dir", type=_writable("dir"), default=None, help="default out/sweep (quick: out/sweep-quick)")
+    s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
     s.set_defaults(run=_cmd_sweep)
 
     s = sub.add_parser("dedup-effect", help="same model and tokens, with 17%% planted near-duplicates vs dedup.py")
     s.add_argument("--quick", action="store_true", help="tiny runs (a few minutes), for tests")
     s.add_argument("--model", help="model preset (default sweep-2; quick sweep-1)")
-    s.add_argument("--steps", type=int, help="optimizer steps per run (default 160; quick 8)")
-    s.add_argument("--out-dir", default=None, help="default out/dedup-effect (quick: out/dedup-effect-quick)")
-    s.add_argument("--threads", type=int, help="torch CPU threads per training run (default 1; 0 = torch's own)")
+    s.add_argument("--steps", type=_in_range(int, 1, 10**7), help="optimizer steps per run (default 160; quick 8)")
+    s.add_argument("--out-dir", type=_writable("dir"), default=None,
+                   help="default out/dedup-effect (quick: out/dedup-effect-quick)")
+    s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
     s.set_defaults(run=_cmd_dedup_effect)
     return p
 

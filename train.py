@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -168,9 +169,16 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrainConfig field, plus --config FILE (JSON with the same keys; explicit flags win)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="train.py", description="Pretrain a GPT: data.py -> model.py -> checkpoints, metrics.jsonl, samples.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=None, help="JSON file of settings (keys as below, '-' or '_')")
@@ -193,14 +201,14 @@ def read_config_file(path: str) -> dict:
     try:
         raw = json.loads(pathlib.Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise TrainError(f"cannot read config file {path}: {e}; pass a JSON object of train.py settings") from e
+        raise TrainError(f"--config {path}: cannot read it ({e}); pass a JSON object of train.py settings") from e
     if not isinstance(raw, dict):
-        raise TrainError(f"config file {path} must hold a JSON object like {{\"max_steps\": 100}}")
+        raise TrainError(f"--config {path} must hold a JSON object like {{\"max_steps\": 100}}")
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     settings = {k.replace("-", "_"): v for k, v in raw.items()}
     unknown = sorted(set(settings) - names)
     if unknown:
-        raise TrainError(f"config file {path} has unknown settings {unknown}; see python train.py --help")
+        raise TrainError(f"--config {path} has unknown settings {unknown}; see python train.py --help")
     return settings
 
 
@@ -219,28 +227,68 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     return TrainConfig(**args)
 
 
+SEED_MAX = 2**32 - 1        # numpy's generators take seeds in [0, 2^32)
+
+
 def validate_config(cfg: TrainConfig) -> None:
     """Reject settings that cannot work before anything is built: one TrainError naming the flag and its range.
 
+    Every number must be finite and of its field's type (a --config file can hold anything).
     >>> validate_config(TrainConfig(eval_interval=0))
     Traceback (most recent call last):
     train.TrainError: --eval-interval must be >= 1, got 0
     """
+    kinds = {"int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
+             "str": ((str,), "a string"), "str | None": ((str, type(None)), "a string")}
+    for field in dataclasses.fields(cfg):
+        value, (types, noun) = getattr(cfg, field.name), kinds[field.type]
+        if not isinstance(value, types) or (isinstance(value, bool) and field.type != "bool"):
+            raise TrainError(f"{flag(field.name)} must be {noun}, got {value!r}")
+        if field.type == "float" and not math.isfinite(value):
+            raise TrainError(f"{flag(field.name)} must be a finite number, got {value}")
+        choices = field.metadata.get("choices")
+        if choices and value not in choices:
+            raise TrainError(f"{flag(field.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
     at_least = {"max_steps": 1, "eval_interval": 1, "eval_batches": 1, "ckpt_interval": 1, "keep_checkpoints": 1,
                 "log_interval": 1, "spike_window": 1, "spike_patience": 1, "tp": 1, "pp": 1, "batch_size": 1,
                 "warmup_steps": 0, "block_size": 0, "vocab_size": 0, "total_batch_tokens": 0, "micro_batches": 0,
                 "num_samples": 0, "sample_tokens": 0, "top_k": 0, "weight_decay": 0, "grad_clip": 0,
-                "temperature": 0, "peak_flops": 0, "spike_factor": 0}
+                "temperature": 0, "peak_flops": 0, "seed": 0}
     for name, low in at_least.items():
         value = getattr(cfg, name)
-        if not value >= low:                                  # also catches NaN
+        if not value >= low:
             raise TrainError(f"{flag(name)} must be >= {low}, got {value}")
-    if not cfg.lr > 0:
-        raise TrainError(f"--lr must be > 0, got {cfg.lr}")
+    if cfg.seed > SEED_MAX:
+        raise TrainError(f"--seed must be at most 2**32 - 1 = {SEED_MAX}, got {cfg.seed}")
+    if not 0 < cfg.lr <= 1:                         # AdamW's step is ~lr per weight: above 1 it only diverges
+        raise TrainError(f"--lr must lie in (0, 1], got {cfg.lr}")
+    if not cfg.spike_factor > 1:                    # at <= 1 half the steps (or all) would count as spikes
+        raise TrainError(f"--spike-factor must be > 1 (a spike is this many times the median loss), "
+                         f"got {cfg.spike_factor}")
     for name in ("min_lr_ratio", "decay_fraction", "rollback_lr_factor", "beta1", "beta2"):
         value, is_beta = getattr(cfg, name), name.startswith("beta")      # a beta of 1 never forgets: no average
         if not (0.0 <= value <= 1.0) or (is_beta and value == 1.0):
             raise TrainError(f"{flag(name)} must lie in [0, 1{')' if is_beta else ']'}, got {value}")
+    if cfg.rollback_lr_factor == 0:
+        raise TrainError("--rollback-lr-factor must be > 0 (0 would stop learning after a rollback); e.g. 0.5")
+    if cfg.resume and cfg.overwrite:
+        raise TrainError("--resume and --overwrite contradict each other: --resume continues the run in --out-dir, "
+                         "--overwrite deletes it; give one")
+
+
+def clamp_warmup(cfg: TrainConfig, log=print) -> TrainConfig:
+    """A warmup as long as the run never reaches the peak lr: shorten it to 10% of the run, and say so.
+
+    >>> clamp_warmup(TrainConfig(max_steps=20, warmup_steps=30), log=print).warmup_steps
+    --warmup-steps 30 >= --max-steps 20: warming up for 2 steps (10% of the run) instead
+    2
+    """
+    if cfg.warmup_steps < cfg.max_steps:
+        return cfg
+    warmup = cfg.max_steps // 10
+    log(f"--warmup-steps {cfg.warmup_steps} >= --max-steps {cfg.max_steps}: warming up for {warmup} steps "
+        f"(10% of the run) instead")
+    return dataclasses.replace(cfg, warmup_steps=warmup)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -400,6 +448,9 @@ def autocast(device: torch.device, dtype: torch.dtype):
 # ----------------------------------------------------------------------------------------------------------------------
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d{7})\.pt$")
+TEMP_PATTERN = re.compile(r"^\.(ckpt_\d{7}\.pt|loss\.png)\.tmp\d+(\.png)?$")     # atomic writes in flight
+CHECKSUM_TAG = b"sha256:"
+CHECKSUM_LEN = len(CHECKSUM_TAG) + 64           # the zip comment: tag + hex digest
 
 
 def checkpoint_path(out_dir, step: int) -> pathlib.Path:
@@ -416,16 +467,71 @@ def list_checkpoints(out_dir) -> list[pathlib.Path]:
     return sorted(found, key=lambda p: int(CKPT_PATTERN.match(p.name).group(1)), reverse=True)
 
 
-def atomic_save(obj, path) -> None:
-    """torch.save to a temp file in the same directory, fsync it, then rename over `path` (atomic on POSIX).
+class HashingWriter:
+    """A write-only file that feeds every byte torch.save streams into it to a sha256 as well."""
 
-    A crash at any moment leaves either the old file or the complete new one, never half a checkpoint.
+    def __init__(self, file):
+        self.file, self.digest = file, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def append_checksum(file, digest) -> None:
+    """Store the sha256 of a torch.save zip inside it, as the zip's comment (the file's last bytes).
+
+    torch.load checks no CRC, so 4 KiB of zeros inside the weights load silently as wrong numbers; the digest
+    catches that. A zip ends with a 22-byte record whose last 2 bytes give the comment's length (0 after
+    torch.save); we set it to 71 and append b"sha256:" + the 64 hex digits of the zip as torch.save wrote it. The
+    file stays a valid zip, so torch.load (and any zip tool) still reads it as it is.
+    """
+    file.seek(-22, os.SEEK_END)
+    end_record = file.read(22)
+    if end_record[:4] != b"PK\x05\x06" or end_record[-2:] != b"\x00\x00":
+        raise ValueError("not a zip written by torch.save (no end record without a comment)")
+    file.seek(-2, os.SEEK_END)
+    file.write(CHECKSUM_LEN.to_bytes(2, "little") + CHECKSUM_TAG + digest.hexdigest().encode())
+
+
+def verify_checksum(path) -> None:
+    """Raise ValueError when the sha256 stored by append_checksum does not match the file's bytes. A file without
+    one (written by hand or an older train.py) passes: torch.load's own checks are all it gets."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size < CHECKSUM_LEN + 22:
+            return
+        f.seek(size - CHECKSUM_LEN)
+        stored = f.read()
+        if not stored.startswith(CHECKSUM_TAG):
+            return
+        digest, remaining = hashlib.sha256(), size - CHECKSUM_LEN - 2      # the zip up to its comment length
+        f.seek(0)
+        while remaining > 0:
+            chunk = f.read(min(remaining, 1 << 24))
+            digest.update(chunk)
+            remaining -= len(chunk)
+        digest.update(b"\x00\x00")                                      # ... which torch.save wrote as 0
+    if digest.hexdigest().encode() != stored[len(CHECKSUM_TAG):]:
+        raise ValueError("sha256 mismatch: the file's bytes changed after it was written")
+
+
+def atomic_save(obj, path) -> None:
+    """torch.save with a checksum to a temp file in the same directory, fsync it, then rename over `path`.
+
+    A crash at any moment leaves either the old file or the complete new one, never half a checkpoint; a temp file
+    left by a kill is removed by the next run (remove_stale_temp_files).
     """
     path = pathlib.Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
+        with open(tmp, "w+b") as f:
+            hashing = HashingWriter(f)
+            torch.save(obj, hashing)
+            append_checksum(f, hashing.digest)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -436,6 +542,25 @@ def atomic_save(obj, path) -> None:
         os.fsync(dir_fd)                  # make the rename itself durable
     finally:
         os.close(dir_fd)
+
+
+def remove_stale_temp_files(out_dir, log=print) -> None:
+    """Delete the temp files (.ckpt_*.pt.tmpPID, .loss.png.tmpPID.png) of writes that a kill interrupted."""
+    for stale in pathlib.Path(out_dir).iterdir():
+        if TEMP_PATTERN.match(stale.name):
+            stale.unlink(missing_ok=True)
+            log(f"removed {stale}, left by an interrupted write")
+
+
+def check_writable_dir(path) -> None:
+    """Raise TrainError unless `path` is a writable directory or could be created as one. Writes nothing."""
+    path = pathlib.Path(path)
+    if path.exists() and not path.is_dir():
+        raise TrainError(f"--out-dir {path} is a file; choose a directory")
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise TrainError(f"--out-dir {path} is not writable ({existing} is "
+                         f"{'not a directory' if not existing.is_dir() else 'read-only'}); choose another --out-dir")
 
 
 def prune_checkpoints(out_dir, keep: int) -> None:
@@ -457,10 +582,11 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
     problems = []
     for candidate in candidates:
         try:
+            verify_checksum(candidate)                       # before torch.load: zeros inside load silently
             ckpt = torch.load(candidate, map_location="cpu", weights_only=True)
             if not isinstance(ckpt, dict) or ckpt.get("version") != 1 or "model" not in ckpt:
                 raise ValueError("not a train.py checkpoint (version 1)")
-        except Exception as e:        # truncated zip, bad pickle, wrong content: all mean "damaged"
+        except Exception as e:        # truncated zip, bad checksum, bad pickle, wrong content: all mean "damaged"
             problems.append(f"{candidate.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             if len(candidates) > 1:
                 log(f"checkpoint {candidate} is damaged ({problems[-1]}); falling back to the previous one")
@@ -576,7 +702,11 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
 
 
 class MetricsLog:
-    """Append one JSON object per line to OUT_DIR/metrics.jsonl (flushed per line, so a crash loses nothing)."""
+    """Append one JSON object per line to OUT_DIR/metrics.jsonl (flushed per line, so a crash loses nothing).
+
+    A NaN or infinite number (a diverged loss) is written as null: JSON has no NaN, and a reader such as
+    Python's json module would accept the file while jq, JavaScript or pandas refuse it.
+    """
 
     def __init__(self, path, enabled: bool = True):
         self.path = pathlib.Path(path)
@@ -584,7 +714,8 @@ class MetricsLog:
 
     def write(self, record: dict) -> None:
         if self.file:
-            self.file.write(json.dumps(record) + "\n")
+            record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+            self.file.write(json.dumps(record, allow_nan=False) + "\n")
             self.file.flush()
 
     def close(self) -> None:
@@ -608,9 +739,9 @@ def plot_loss_curve(metrics_path, png_path) -> pathlib.Path:
     import matplotlib.pyplot as plt
     train, val = {}, {}
     for r in read_metrics(metrics_path):                  # a resumed run rewrites steps: keep the last value
-        if "loss" in r and "event" not in r:
+        if r.get("loss") is not None and "event" not in r:
             train[r["step"]] = r["loss"]
-        if "val_loss" in r:
+        if r.get("val_loss") is not None:
             val[r["step"]] = r["val_loss"]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(list(train), list(train.values()), lw=0.8, alpha=0.6, label="train loss")
@@ -796,7 +927,7 @@ def build_model_config(cfg: TrainConfig, vocab_size: int):
     try:
         return dataclasses.replace(model_lib.PRESETS[cfg.model], **overrides)
     except (ValueError, AssertionError) as e:
-        raise TrainError(f"invalid model settings {overrides}: {e}") from e
+        raise TrainError(f"--model {cfg.model} --model-args {cfg.model_args!r} is not a valid model: {e}") from e
 
 
 class Trainer:
@@ -804,9 +935,11 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, log=print):
         validate_config(cfg)
-        self.cfg = cfg
+        if not cfg.init_from:                # fail before the data is prepared; the tokenizer's vocab comes later
+            build_model_config(cfg, model_lib.PRESETS.get(cfg.model, model_lib.GPTConfig()).vocab_size)
         self.dist = setup_distributed(cfg)
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
+        self.cfg = cfg = clamp_warmup(cfg, self.log)
         self.device = self.dist.device or resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.out_dir = pathlib.Path(cfg.out_dir)
@@ -839,8 +972,11 @@ class Trainer:
         if cfg.compile:
             self.model = torch.compile(self.model)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
-        self.loader = self.data.iterator("train", cfg.batch_size, self.block_size, rank=self.dist.rank,
-                                         world_size=self.dist.world_size, seed=cfg.seed)
+        try:
+            self.loader = self.data.iterator("train", cfg.batch_size, self.block_size, rank=self.dist.rank,
+                                             world_size=self.dist.world_size, seed=cfg.seed)
+        except data_lib.DataError as e:
+            raise TrainError(f"--batch-size {cfg.batch_size} x --block-size {self.block_size}: {e}") from e
         self.guard = SpikeGuard(cfg.spike_factor, cfg.spike_window, cfg.spike_patience)
         self.step, self.tokens, self.lr_scale = 0, 0, 1.0
         self.last_eval: dict = {}
@@ -851,7 +987,8 @@ class Trainer:
         self._peak = cfg.peak_flops or peak_flops(self.device, self.dtype)
         if resume_ckpt is not None:
             self.restore(resume_ckpt, rollback=False)
-        else:
+        self._make_out_dir()                 # every input is known good: only now is anything written
+        if resume_ckpt is None:
             self._clear_old_run()
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.dist.is_main)
         if resume_ckpt is not None:
@@ -860,17 +997,19 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------------------------------------
 
     def _prepare_out_dir(self):
-        """Make sure out-dir is writable; return the checkpoint to resume from (or None); refuse to mix runs."""
-        try:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            probe = self.out_dir / f".write-test-{os.getpid()}"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as e:
-            raise TrainError(f"--out-dir {self.out_dir} is not writable ({e.strerror}); choose another --out-dir")
+        """Check, without writing anything, that out-dir can be created or written; return the checkpoint to
+        resume from (or None); refuse to mix runs."""
+        check_writable_dir(self.out_dir)
         existing = list_checkpoints(self.out_dir)
         if self.cfg.resume:
-            return load_checkpoint(self.out_dir if self.cfg.resume == "latest" else self.cfg.resume, self.log)
+            where = self.out_dir if self.cfg.resume == "latest" else pathlib.Path(self.cfg.resume)
+            if not where.exists():
+                raise TrainError(f"--resume: {where} does not exist; train first (without --resume) or pass a "
+                                 f"checkpoint file")
+            try:
+                return load_checkpoint(where, self.log)
+            except TrainError as e:
+                raise TrainError(f"--resume: {e}") from e
         if existing and not self.cfg.overwrite:
             raise TrainError(f"{self.out_dir} already holds a run ({existing[0].name}); add --resume to continue it, "
                              f"--overwrite to start over, or pick another --out-dir")
@@ -886,6 +1025,15 @@ class Trainer:
                              f"(an exported or imported Hugging Face tokenizer.json works)")
         self.log(f"initialised from {ckpt['path']} (--model and --model-args are not used)")
         return ckpt
+
+    def _make_out_dir(self) -> None:
+        """Create out-dir (every rank; the same directory) and sweep away temp files of writes killed mid-way."""
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TrainError(f"--out-dir {self.out_dir} is not writable ({e.strerror}); choose another --out-dir")
+        if self.dist.is_main:
+            remove_stale_temp_files(self.out_dir, self.log)
 
     def _clear_old_run(self) -> None:
         """--overwrite: delete the previous run's checkpoints and metrics, only once the new run is fully built

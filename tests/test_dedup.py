@@ -393,7 +393,8 @@ def test_near_duplicates_and_dedup_against_exact_jaccard():
     (lambda: near_duplicates(["ok", b"bytes"]), "document 1 is bytes"),
     (lambda: near_duplicates("just one string"), "not a single string"),
     (lambda: near_duplicates(["a"], verify="maybe"), "verify must be"),
-    (lambda: MinHasher(0), "num_perm must be a positive integer"),
+    (lambda: MinHasher(0), r"num_perm must be an integer in \[1, 8192\]"),
+    (lambda: MinHasher(10**8), r"num_perm must be an integer in \[1, 8192\]"),          # 745 GiB of hash block
     (lambda: MinHasher(8).signatures([{"a"}, set()]), "document 1 has no shingles"),
     (lambda: lsh_candidates(np.zeros((3, 8), np.uint64), 3, 3), "must equal num_perm"),
     (lambda: shingles("a", n=1.5), "n must be an integer"),
@@ -479,7 +480,6 @@ def test_run_deduplicates_jsonl_and_text(tmp_path, capsys):
     (b'{"body": "no text field"}\n', [], "no string field 'text'"),
     (b"\n\n", [], "no documents found"),
     (b'{"text": "a b c"}\n', ["--bands", "30"], "not divisible"),
-    (b'{"text": "a b c"}\n', ["--threshold", "1"], "strictly between 0 and 1"),
 ])
 def test_run_bad_inputs_exit_2_with_one_line_and_no_output(tmp_path, capsys, content, args, message):
     path = tmp_path / "in.jsonl"
@@ -493,17 +493,6 @@ def test_run_bad_inputs_exit_2_with_one_line_and_no_output(tmp_path, capsys, con
     assert exit_info.value.code == 2 and message in err and err.count("\n") == 1
     assert out.read_text() == "previous result\n" and sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["out.jsonl"] + (["in.jsonl"] if content is not None else []))
-
-
-@pytest.mark.parametrize("out, message", [("{dir}", "is a directory"), ("{input}/out.txt", "cannot write")])
-def test_run_unwritable_output_exits_2_with_one_line(tmp_path, capsys, out, message):
-    path = tmp_path / "in.txt"
-    path.write_text("a b c d\n")
-    with pytest.raises(SystemExit) as exit_info:
-        dedup.main(["run", "--input", str(path), "--out", out.format(dir=tmp_path, input=path)])
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["in.txt"]
 
 
 def test_cli_help_and_exit_code_as_a_script(tmp_path):

@@ -6,6 +6,7 @@ import math
 import os
 import pathlib
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -186,6 +187,45 @@ def test_atomic_save_keeps_last_k_and_falls_back_past_a_damaged_file(tmp_path):
         train.load_checkpoint(newest, log=quiet)
 
 
+def test_checksum_catches_zeros_inside_a_checkpoint_that_torch_load_accepts(tmp_path):
+    for step in (10, 20):
+        train.atomic_save({"version": 1, "step": step, "model": {"w": torch.arange(65536, dtype=torch.float32)}},
+                          train.checkpoint_path(tmp_path, step))
+    newest = train.checkpoint_path(tmp_path, 20)
+    damaged = bytearray(newest.read_bytes())
+    middle = len(damaged) // 2
+    damaged[middle:middle + 4096] = bytes(4096)                                 # 4 KiB of zeros inside the weights
+    newest.write_bytes(damaged)
+    assert torch.load(newest, weights_only=True)["step"] == 20                  # torch.load alone notices nothing
+    messages = []
+    assert train.load_checkpoint(tmp_path, log=messages.append)["step"] == 10
+    assert len(messages) == 1 and "sha256 mismatch" in messages[0] and "falling back" in messages[0]
+
+
+def test_metrics_are_strict_json_a_nan_loss_is_null(tmp_path):
+    log = train.MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"step": 0, "loss": float("nan"), "lr": 1e-3, "tok_per_s": float("inf"), "val_loss": 2.5})
+    log.close()
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    line = (tmp_path / "metrics.jsonl").read_text()
+    assert json.loads(line, parse_constant=refuse) == {"step": 0, "loss": None, "lr": 1e-3, "tok_per_s": None,
+                                                       "val_loss": 2.5}
+    assert train.plot_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_warmup_as_long_as_the_run_is_shortened_with_one_line(dataset_dir, tmp_path):
+    """README's `python train.py --max-steps 20` keeps the default 30 warmup steps: the lr would never peak."""
+    messages = []
+    trainer = train.Trainer(config(dataset_dir, tmp_path, "--max-steps", 20, "--warmup-steps", 30),
+                            log=messages.append)
+    assert trainer.cfg.warmup_steps == 2
+    assert [m for m in messages if "--warmup-steps" in m] == \
+        ["--warmup-steps 30 >= --max-steps 20: warming up for 2 steps (10% of the run) instead"]
+    assert train.lr_at(1, trainer.cfg) == trainer.cfg.lr > train.lr_at(10, trainer.cfg)     # peaks, then decays
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The trainer on real data
 # ----------------------------------------------------------------------------------------------------------------------
@@ -272,6 +312,34 @@ def test_short_run_validation_loss_falls_and_artifacts(dataset_dir, tmp_path):
     with torch.no_grad():
         assert gpt(x, y)[1].item() < evals[0]["val_loss"] - 1.0
     assert tokenizer.decode(tokenizer.encode("the parser returns")) == "the parser returns"
+
+
+def test_resume_falls_back_past_a_corrupted_checkpoint_and_sweeps_stale_temp_files(dataset_dir, tmp_path):
+    """4 KiB zeroed inside the newest checkpoint: resume takes the one before and ends with the losses of a run
+    that was never interrupted; the temp files of killed writes are removed."""
+    args = ("--max-steps", 12, "--ckpt-interval", 4, "--eval-interval", 100, "--log-interval", 4)
+    train.train(config(dataset_dir, tmp_path / "whole", *args), log=quiet)
+    out = tmp_path / "broken"
+
+    def sigterm_at_step_8(message):
+        if re.match(r"step\s+8/", message):
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert train.train(config(dataset_dir, out, *args), log=sigterm_at_step_8)["step"] == 8
+    newest = train.checkpoint_path(out, 8)
+    damaged = bytearray(newest.read_bytes())
+    middle = len(damaged) // 2
+    damaged[middle:middle + 4096] = bytes(4096)
+    newest.write_bytes(damaged)
+    stale = [out / ".ckpt_0000012.pt.tmp4242", out / ".loss.png.tmp4242.png"]
+    for path in stale:
+        path.write_bytes(b"half a write")
+    messages = []
+    train.train(config(dataset_dir, out, *args, "--resume"), log=messages.append)
+    assert [m for m in messages if "damaged" in m] == [m for m in messages if "sha256 mismatch" in m and
+                                                        "ckpt_0000008.pt" in m and "falling back" in m] != []
+    assert any(m.startswith("resumed from") and "ckpt_0000004.pt" in m for m in messages)
+    assert not any(path.exists() for path in stale) and sum(m.startswith("removed ") for m in messages) == 2
+    assert losses_by_step(out / "metrics.jsonl") == losses_by_step(tmp_path / "whole" / "metrics.jsonl")
 
 
 def test_spike_guard_skips_an_injected_bad_batch_and_rolls_back(dataset_dir, tmp_path):
@@ -404,25 +472,15 @@ def cli_error(capsys, args) -> str:
 
 
 def test_bad_input_gets_one_clear_line(dataset_dir, tmp_path, capsys):
+    """Flags that need the data to judge; flags judged alone are rows of tests/test_cli.py."""
     base = ["--data", dataset_dir, *TINY_ARGS, "--out-dir", tmp_path / "a"]
     assert "unknown --model 'huge'" in cli_error(capsys, [*base, "--model", "huge"])
     assert "not a multiple" in cli_error(capsys, [*base, "--total-batch-tokens", 1000])
     assert "exceeds the model's block_size" in cli_error(capsys, [*base, "--block-size", 64])
     assert "--model-args" in cli_error(capsys, [*base, "--model-args", "n_layers=2"])
     assert "cannot use --data" in cli_error(capsys, [*base, "--data", tmp_path / "missing.txt"])
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    assert "not writable" in cli_error(capsys, [*base, "--out-dir", blocker / "out"])
     assert "torchrun" in cli_error(capsys, [*base, "--zero", 1])
-    assert "--eval-interval must be >= 1" in cli_error(capsys, [*base, "--eval-interval", 0])
-    assert "--max-steps must be >= 1" in cli_error(capsys, [*base, "--max-steps", -3])
-    assert "--lr must be > 0" in cli_error(capsys, [*base, "--lr", -1])
-    assert "--lr must be > 0" in cli_error(capsys, [*base, "--lr", "nan"])
-    assert "--beta2 must lie in [0, 1)" in cli_error(capsys, [*base, "--beta2", 1])
-    assert "--min-lr-ratio must lie in [0, 1]" in cli_error(capsys, [*base, "--min-lr-ratio", 2])
-    assert "unknown --device 'nope'" in cli_error(capsys, [*base, "--device", "nope"])
-    assert "cannot read config file" in cli_error(capsys, [*base, "--config", tmp_path / "missing.json"])
-    assert not (tmp_path / "a" / "metrics.jsonl").exists()         # rejected before anything is written
+    assert not (tmp_path / "a").exists()                         # rejected before anything is written
 
 
 def test_resume_refuses_another_model_or_an_existing_run(dataset_dir, tmp_path, capsys):
