@@ -937,8 +937,8 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
     if architectures != ["LlamaForCausalLM"] and (architectures or hf.get("model_type") != "llama"):
         refuse(f"architecture {architectures or hf.get('model_type')}")
     rope = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or ({} if rope.get("rope_type", "default") == "default" else rope)
-    if scaling:
+    scaling = hf.get("rope_scaling") or rope               # transformers 4 writes rope_scaling, 5 rope_parameters
+    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
         refuse(f"RoPE scaling {scaling.get('rope_type', scaling.get('type'))!r}")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         refuse("biases in the linear layers")
@@ -1033,7 +1033,7 @@ def load_hf(hf_dir) -> tuple["GPT", object]:
         state["lm_head.weight"] = state["tok_emb.weight"]
     if tensors:
         raise ConfigError(f"{hf_dir}: tensor {sorted(tensors)[0]} (and {len(tensors) - 1} more) has no place in "
-                          f"model.py's Llama, which model.py cannot express")
+                          f"model.py's Llama (a bias, an extra module), which model.py cannot express")
     model = GPT(config)
     model.load_state_dict(state)
     tokenizer = None
@@ -1054,8 +1054,6 @@ def save_imported_checkpoint(model: "GPT", tokenizer, path, source: str) -> path
     """Write a checkpoint in train.py's format (version 1: model, model_config, tokenizer_json, step 0), which
     evaluate.py samples from and `train.py --init-from` starts a run from. Temp file, then rename."""
     path = pathlib.Path(path)
-    if path.is_dir():
-        raise ConfigError(f"--to {path} is a directory; give a checkpoint file name such as {path / 'imported.pt'}")
     ckpt = {"version": 1, "step": 0, "model": model.state_dict(), "model_config": model.config.to_dict(),
             "tokenizer_json": tokenizer.to_json(), "imported_from": source}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1131,6 +1129,9 @@ def export_checkpoint(ckpt_path: str, out_dir: str, verify: bool = False) -> str
 
 def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
     """`python model.py import-hf`: a Hugging Face Llama directory -> a train.py-format checkpoint."""
+    if pathlib.Path(ckpt_path).is_dir():
+        raise ConfigError(f"--to {ckpt_path} is a directory; give a checkpoint file name such as "
+                          f"{pathlib.Path(ckpt_path) / 'imported.pt'}")
     model, tokenizer = load_hf(hf_dir)
     if tokenizer is None:
         raise ConfigError(f"{pathlib.Path(hf_dir) / 'tokenizer.json'} not found; a checkpoint needs its tokenizer")

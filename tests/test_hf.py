@@ -234,6 +234,7 @@ def test_bad_input_gets_one_line_and_exit_2(run, tmp_path, capsys):
     doc = json.loads((normalized / "tokenizer.json").read_text())
     (normalized / "tokenizer.json").write_text(json.dumps({**doc, "normalizer": {"type": "NFC"}}))
     assert "normalizer" in cli_error(capsys, ["import-hf", "--from", str(normalized), "--to", ckpt])
+    assert "is a directory" in cli_error(capsys, ["import-hf", "--from", str(hf_dir), "--to", str(tmp_path)])
     assert not (tmp_path / "x.pt").exists()
     assert "not an empty directory" in cli_error(capsys, ["export", "--ckpt", str(run_dir), "--to", str(hf_dir)])
     assert "not found" in cli_error(capsys, ["export", "--ckpt", str(tmp_path / "nope"), "--to", str(tmp_path / "o")])
