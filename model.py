@@ -3,7 +3,7 @@ Mixture of Experts, a KV cache for generation, and the parameter / FLOP / memory
 the project plans with.
 
 Depends on: torch only. The Hugging Face bridge alone imports more, inside its functions: safetensors, bpe.py
-(the tokenizer files) and, for `python model.py export`, train.py's checkpoint loader.
+(the tokenizer files) and train.py (the checkpoint format: its loader for export, its writer for import-hf).
 
 The lesson, in numbers
 ----------------------
@@ -1052,17 +1052,14 @@ def load_hf(hf_dir) -> tuple["GPT", object]:
 
 def save_imported_checkpoint(model: "GPT", tokenizer, path, source: str) -> pathlib.Path:
     """Write a checkpoint in train.py's format (version 1: model, model_config, tokenizer_json, step 0), which
-    evaluate.py samples from and `train.py --init-from` starts a run from. Temp file, then rename."""
+    evaluate.py samples from and `train.py --init-from` starts a run from. train.py's own atomic writer does it
+    (imported here only: the format and its checksum belong to train.py)."""
+    import train
     path = pathlib.Path(path)
     ckpt = {"version": 1, "step": 0, "model": model.state_dict(), "model_config": model.config.to_dict(),
             "tokenizer_json": tokenizer.to_json(), "imported_from": source}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(ckpt, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    train.atomic_save(ckpt, path)
     return path
 
 
