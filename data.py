@@ -42,14 +42,19 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
+import datetime
+import glob
 import gzip
 import hashlib
 import html.parser
 import io
+import itertools
 import json
 import math
+import multiprocessing
 import os
 import pathlib
 import re
@@ -61,6 +66,7 @@ import tempfile
 import time
 import tokenize
 import warnings
+import zlib
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -95,6 +101,7 @@ class Source:
     fingerprint: str
     read: Callable[[], Iterator[str]]
     max_documents: int | None = None
+    files: tuple[pathlib.Path, ...] = ()        # the files it reads, in order (none for named sources)
 
     @property
     def label(self) -> str:
@@ -260,12 +267,17 @@ class JsonlStats:
 
 
 def read_jsonl(path: pathlib.Path, field: str = "text", skip_bad_lines: bool = False,
-               stats: JsonlStats | None = None) -> Iterator[str]:
+               stats: JsonlStats | None = None, start: int = 0, stop: int | None = None) -> Iterator[str]:
     """One JSON object per line; the document is `obj[field]`. A malformed line stops with its line number,
-    unless skip_bad_lines, which skips and counts it."""
+    unless skip_bad_lines, which skips and counts it. start/stop (uncompressed files): only the lines whose first
+    byte lies in [start, stop), so byte ranges that tile a file read every line exactly once."""
     with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:    # streamed line by line
+        if start:
+            f.seek(start - 1)
+            f.readline()                   # the line holding byte start - 1 belongs to the range before
+        lines = iter(f.readline, b"") if stop is None else iter(lambda: f.readline() if f.tell() < stop else b"", b"")
         try:
-            for lineno, line in enumerate(f, start=1):
+            for lineno, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
                 try:
@@ -277,27 +289,46 @@ def read_jsonl(path: pathlib.Path, field: str = "text", skip_bad_lines: bool = F
                         if stats is not None:
                             stats.skipped += 1
                         continue
+                    if start:                              # line numbers count from the file's start
+                        lineno += _count_lines(path, start)
                     raise DataError(f"{path}:{lineno}: not a UTF-8 JSON object with a string field {field!r} (fix "
                                     f"the line, pass --text-field, or --skip-bad-lines to skip and count)") from None
                 yield text
-        except (gzip.BadGzipFile, EOFError) as e:
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
 
 
-def read_parquet(path: pathlib.Path, field: str = "text") -> Iterator[str]:
+def _count_lines(path: pathlib.Path, start: int) -> int:
+    """Lines of the file before the first line that starts at or after byte `start` > 0 (for a line number)."""
+    with open(path, "rb") as f:
+        head = f.read(start)
+    return head.count(b"\n") + (0 if head.endswith(b"\n") else 1)
+
+
+def read_parquet(path: pathlib.Path, field: str = "text", row_groups: range | None = None) -> Iterator[str]:
+    """The `field` column of a .parquet file, batch by batch (row_groups: only those)."""
+    for batch in _parquet_file(path, field).iter_batches(columns=[field], row_groups=row_groups):
+        for text in batch.column(0).to_pylist():
+            if text:
+                yield text
+
+
+def _parquet_file(path: pathlib.Path, field: str):
+    """A pyarrow ParquetFile with a `field` column, or one line saying what is wrong with the file."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow), "
                         f"or convert it to .jsonl") from None
-    table = pq.ParquetFile(path)
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as e:           # pyarrow's ArrowInvalid/OSError: not a parquet file, or a damaged one
+        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:120]}); "
+                        f"re-download it") from None
     if field not in table.schema_arrow.names:
         raise DataError(f"{path}: no column {field!r} (columns: {', '.join(table.schema_arrow.names)}); "
                         f"pass --text-field")
-    for batch in table.iter_batches(columns=[field]):
-        for text in batch.column(0).to_pylist():
-            if text:
-                yield text
+    return table
 
 
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
@@ -441,7 +472,7 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         for reader in readers:
             yield from reader()
 
-    return Source(spec, kind or kinds.pop(), fingerprint, read, max_documents)
+    return Source(spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -618,13 +649,20 @@ def code_rejection(text: str) -> str | None:
 # 4. Exact dedup of documents, and removal of lines repeated across the corpus (boilerplate)
 # ---------------------------------------------------------------------------------------------------------------------
 
-def document_hash(text: str) -> str:
-    """Hash of a document after normalising case and whitespace, so re-wrapped copies collide.
+def document_hash(text: str) -> int:
+    """64-bit hash of a document after normalising case and whitespace, so re-wrapped copies collide. Fixed size:
+    a stream keeps 8 bytes per document, not the text (two of 10^8 documents collide with odds ~3·10^-4).
 
-    >>> document_hash("Hello  World\\n") == document_hash("hello world")
+    >>> document_hash("Hello  World\\n") == document_hash("hello world") != document_hash("hello word")
     True
     """
-    return hashlib.sha1(" ".join(text.lower().split()).encode("utf-8")).hexdigest()
+    return int.from_bytes(hashlib.blake2b(" ".join(text.lower().split()).encode("utf-8"), digest_size=8).digest(),
+                          "little")
+
+
+def line_hash(line: str) -> int:
+    """64-bit hash of a stripped line: what the streaming engine counts across documents instead of the line."""
+    return int.from_bytes(hashlib.blake2b(line.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def exact_dedup(texts: list[str]) -> list[int]:
@@ -642,7 +680,19 @@ def exact_dedup(texts: list[str]) -> list[int]:
     return kept
 
 
-def boilerplate_lines(texts: list[str], min_documents: int = 3, min_words: int = 3) -> set[str]:
+BOILERPLATE_MIN_WORDS = 3          # shorter lines ("Returns", "}", "Share this") are never boilerplate
+
+
+def countable_lines(text: str, min_words: int = BOILERPLATE_MIN_WORDS) -> set[str]:
+    """The distinct stripped lines of a document long enough to count as boilerplate.
+
+    >>> sorted(countable_lines("Read more about it\\n}\\n  Read more about it  \\nok"))
+    ['Read more about it']
+    """
+    return {line for line in (raw.strip() for raw in text.split("\n")) if len(line.split()) >= min_words}
+
+
+def boilerplate_lines(texts: list[str], min_documents: int = 3, min_words: int = BOILERPLATE_MIN_WORDS) -> set[str]:
     """Lines (stripped, at least min_words words) that occur in at least min_documents different documents:
     cookie notices, navigation leftovers, licence footers. Short lines ("Returns", "}") are never boilerplate.
 
@@ -654,8 +704,7 @@ def boilerplate_lines(texts: list[str], min_documents: int = 3, min_words: int =
                         f"got {min_documents}")
     document_counts = collections.Counter()
     for text in texts:
-        lines = {line.strip() for line in text.split("\n")}
-        document_counts.update(line for line in lines if len(line.split()) >= min_words)
+        document_counts.update(countable_lines(text, min_words))
     return {line for line, count in document_counts.items() if count >= min_documents}
 
 
@@ -730,8 +779,13 @@ class Funnel:
         self.bytes_read = 0                  # UTF-8 bytes of every document read, for the throughput figure
 
     def add(self, name: str, before: list[str], after: list[str], reasons: dict | None = None) -> None:
-        self.steps.append(Step(name, len(before), len(after), sum(map(len, before)), sum(map(len, after)),
-                               dict(sorted((reasons or {}).items(), key=lambda kv: -kv[1]))))
+        self.add_counts(name, len(before), len(after), sum(map(len, before)), sum(map(len, after)), reasons)
+
+    def add_counts(self, name: str, docs_in: int, docs_out: int, chars_in: int, chars_out: int,
+                   reasons: dict | None = None) -> None:
+        """A row from counts (the streaming engine sums them over chunks; it never holds the documents)."""
+        self.steps.append(Step(name, int(docs_in), int(docs_out), int(chars_in), int(chars_out),
+                               dict(sorted((reasons or {}).items(), key=lambda kv: (-kv[1], kv[0])))))
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "Funnel":
@@ -757,6 +811,10 @@ class Funnel:
         why = ", ".join(f"{k} {v:,}" for k, v in last.reasons.items()) or "no reason recorded"
         return DataError(f"{what}: step '{last.name}' removed all {last.docs_in:,} documents ({why}); "
                          f"loosen it (--filters none/code) or add data")
+
+
+NEAR_DUP_NUM_PERM = 128        # MinHash functions: standard error 0.044 at J = 0.43 (dedup.py's lesson)
+NEAR_DUP_SHINGLE = 3           # words per shingle, as in the lecture
 
 
 @dataclasses.dataclass
@@ -794,7 +852,10 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
     """Run the funnel over all sources. Returns (documents, source index of each, funnel).
 
     Per source: read, extract text (HTML), quality filters. Across sources: exact dedup, boilerplate lines (prose
-    only; a repeated line of code is not boilerplate), near-dedup with dedup.py, PII masking.
+    only; a repeated line of code is not boilerplate), PII masking, near-dedup with dedup.py. This is the
+    in-memory reference: the streaming engine (section 9) computes the same result without holding the corpus.
+    PII masking comes before near-dedup so that pages differing only in a contact address compare as equal and
+    near-dedup reads the final text.
     """
     settings = settings or CleanSettings()
     funnel = Funnel()
@@ -844,14 +905,6 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
     if not docs:
         raise funnel.empty_error("the corpus")
 
-    if settings.near_dup_threshold > 0:
-        t0 = time.perf_counter()
-        kept = dedup.dedup(docs, threshold=settings.near_dup_threshold)
-        before, docs, origin = docs, [docs[i] for i in kept], [origin[i] for i in kept]
-        funnel.add(f"near dedup (MinHash, J>={settings.near_dup_threshold})", before, docs,
-                   {"near_duplicate": len(before) - len(docs)})
-        log(f"  near dedup: {time.perf_counter() - t0:.1f}s")
-
     if settings.mask_pii:
         before, counts = docs, collections.Counter()
         docs = []
@@ -860,8 +913,15 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
             docs.append(masked)
             counts.update(c)
         funnel.add("PII masking", before, docs, {k.lower(): v for k, v in counts.items()})
-    if not docs:
-        raise funnel.empty_error("the corpus")
+
+    if settings.near_dup_threshold > 0:
+        t0 = time.perf_counter()
+        kept = dedup.dedup(docs, threshold=settings.near_dup_threshold, num_perm=NEAR_DUP_NUM_PERM,
+                           n=NEAR_DUP_SHINGLE)
+        before, docs, origin = docs, [docs[i] for i in kept], [origin[i] for i in kept]
+        funnel.add(f"near dedup (MinHash, J>={settings.near_dup_threshold})", before, docs,
+                   {"near_duplicate": len(before) - len(docs)})
+        log(f"  near dedup: {time.perf_counter() - t0:.1f}s")
     return docs, origin, funnel
 
 
@@ -869,18 +929,67 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
 # 7. Train/val split (after dedup) and mixing
 # ---------------------------------------------------------------------------------------------------------------------
 
-def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Seeded split of n deduplicated documents: (train indices, val indices), each ascending.
-    At least one document goes each way when n >= 2.
+KEY_RANGE = 1 << 64                 # document keys are uniform 64-bit integers
 
-    >>> split_indices(10, 0.2, seed=0)[1] == split_indices(10, 0.2, seed=0)[1]
-    True
+
+def document_keys(text: str, seed: int) -> tuple[int, int, int]:
+    """Three 64-bit keys of a document's final text under a seed: (split, tokenizer sample, mixing).
+
+    Every choice about a document is a function of that document alone, so a stream makes it the moment it sees
+    the text, in any order, on any worker, and every engine makes the same one. blake2b keyed by the seed: the
+    keys of different seeds are independent.
+
+    >>> keys = document_keys("a document", seed=0)
+    >>> keys == document_keys("a document", 0) != document_keys("a document", 1), all(0 <= k < 2**64 for k in keys)
+    (True, True)
     """
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=24, key=str(seed).encode()).digest()
+    return tuple(int.from_bytes(digest[i:i + 8], "little") for i in (0, 8, 16))
+
+
+def val_cut(val_fraction: float) -> int:
+    """Split keys below this go to validation: val_fraction of the key range."""
+    return min(int(val_fraction * KEY_RANGE), KEY_RANGE - 1)
+
+
+def split_documents(split_keys: np.ndarray, val_fraction: float) -> np.ndarray:
+    """(n,) bool, True = validation. A document is held out when its split key is below val_fraction·2^64: a
+    per-document coin, so about val_fraction of them are, whatever the order or number of workers. On a tiny
+    corpus the coins may leave a side empty; then the document nearest the cut crosses over (the smallest key
+    to val, or the largest to train), so each side has one when n >= 2.
+
+    >>> split_documents(np.array([5, 2**62, 2**63, 3 * 2**62], dtype=np.uint64), 0.3).tolist()
+    [True, True, False, False]
+    >>> split_documents(np.array([2**63, 2**62], dtype=np.uint64), 0.01).tolist()
+    [False, True]
+    """
+    n = len(split_keys)
     if n < 2:
         raise DataError(f"{n} document(s) left after cleaning: need at least 2 for a train/val split")
-    n_val = min(n - 1, max(1, round(n * val_fraction))) if val_fraction > 0 else 0
-    order = np.random.default_rng(seed).permutation(n)
-    return sorted(order[n_val:].tolist()), sorted(order[:n_val].tolist())
+    keys = np.asarray(split_keys, dtype=np.uint64)
+    is_val = keys < np.uint64(val_cut(val_fraction)) if val_fraction > 0 else np.zeros(n, dtype=bool)
+    if val_fraction > 0 and not is_val.any():
+        is_val[np.argmin(keys)] = True
+    if is_val.all():
+        is_val[np.argmax(keys)] = False
+    return is_val
+
+
+def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -> str:
+    """The text the tokenizer trains on: train documents in the order of their sample key, while fewer than
+    max_bytes are taken, joined by <|endoftext|> (which BPE never merges across). A seeded random sample that a
+    stream can draw too (section 9: a histogram of the keys finds the cut, then only documents below it are read).
+
+    >>> tokenizer_sample(["aa", "bbb", "c"], [30, 10, 20], max_bytes=4)
+    'bbb<|endoftext|>c'
+    """
+    picked, size = [], 0
+    for i in np.argsort(np.asarray(sample_keys, dtype=np.uint64), kind="stable").tolist():
+        if size >= max_bytes:
+            break
+        picked.append(texts[i])
+        size += len(texts[i].encode("utf-8"))
+    return EOT.join(picked)
 
 
 def mixture_plan(weights: dict[str, float], total_tokens: float,
@@ -925,54 +1034,52 @@ def covering_budget(weights: dict[str, float], unique_tokens: dict[str, float]) 
     return max(unique_tokens[k] / (w / total_weight) for k, w in weights.items())
 
 
-def mix_documents(origin: list[int], lengths: list[int], names: list[str], weights: list[float] | None,
-                  total_tokens: float | None, seed: int) -> tuple[list[int], dict | None, dict[str, int]]:
-    """The order in which train documents are packed: (document indices, the mixture plan, unique tokens per
-    source). Without weights every document once; with weights each source fills its share of total_tokens
-    (default: the covering budget) by whole passes plus a seeded partial pass. The order is shuffled (seeded).
+MIX_BUCKETS = 1 << 16               # a document's mix bucket: the top 16 bits of its mixing key
 
-    Two 10-token web documents and one 5-token math document at 50/50 over 40 tokens: math is read 4 times.
-    >>> sorted(mix_documents([0, 0, 1], [10, 10, 5], ["web", "math"], [0.5, 0.5], 40, seed=0)[0])
-    [0, 1, 2, 2, 2, 2]
+
+def mix_bucket(mix_keys: np.ndarray) -> np.ndarray:
+    return (np.asarray(mix_keys, dtype=np.uint64) >> np.uint64(64 - 16)).astype(np.int64)
+
+
+def partial_epoch(target_tokens: float, unique_tokens: int, bucket_tokens: np.ndarray) -> tuple[int, int]:
+    """How one source fills its share: (full passes, cut). Every document is read `full` times, and once more when
+    its mix bucket is below `cut`, the smallest cut whose buckets hold the remaining tokens. bucket_tokens (65,536,)
+    is the source's tokens per mix bucket: the decision needs this histogram, not every document's length.
+
+    A 45-token target over 30 unique tokens (10 in bucket 0, 20 in bucket 5): one pass, then buckets 0..5 (30 >= 15).
+    >>> partial_epoch(45, 30, np.bincount([0, 5], weights=[10, 20], minlength=MIX_BUCKETS))
+    (1, 6)
     """
-    unique = {name: 0 for name in names}
-    for o, n in zip(origin, lengths):
-        unique[names[o]] += n
-    order, mixture = list(range(len(origin))), None
-    if weights is not None:
-        empty = [name for name in names if unique[name] == 0]
-        if empty:
-            raise DataError(f"source(s) {empty} have no train documents left to mix; drop them or add data")
-        weight_of = dict(zip(names, weights))
-        mixture = mixture_plan(weight_of, total_tokens or covering_budget(weight_of, unique), unique)
-        order = []
-        for s_index, name in enumerate(names):
-            members = [i for i, o in enumerate(origin) if o == s_index]
-            picks = repeat_documents([lengths[i] for i in members], mixture[name]["tokens"], seed + s_index)
-            order += [members[p] for p in picks]
-    order = [order[i] for i in np.random.default_rng(seed).permutation(len(order)).tolist()]
-    return order, mixture, unique
+    full, remainder = divmod(target_tokens, unique_tokens)
+    if remainder <= 0:
+        return int(full), 0
+    return int(full), int(np.searchsorted(np.cumsum(bucket_tokens), remainder)) + 1
 
 
-def repeat_documents(lengths: list[int], target_tokens: float, seed: int) -> list[int]:
-    """Document indices that fill target_tokens: whole passes over all documents, then a seeded random subset
-    for the fractional epoch (whole documents, stopping once the target is reached).
+def plan_mixture(names: list[str], weights: list[float] | None, total_tokens: float | None,
+                 unique: dict[str, int], bucket_tokens: list[np.ndarray]) -> tuple[dict | None, list[tuple[int, int]]]:
+    """(the mixture plan, (full passes, cut) per source). Without weights every document once; with weights each
+    source fills its share of total_tokens (default: the covering budget) by whole passes plus a partial pass
+    over the documents of its lowest mix buckets (a seeded random subset, `partial_epoch`).
 
-    >>> repeat_documents([10, 10, 10], 45, seed=0)[:3], len(repeat_documents([10, 10, 10], 45, seed=0))
-    ([0, 1, 2], 5)
+    Two sources at 50/50 over 40 tokens, web with 20 unique tokens and math with 5: math is read 4 times.
+    >>> plan_mixture(["web", "math"], [0.5, 0.5], 40, {"web": 20, "math": 5}, [None, None])[1]
+    [(1, 0), (4, 0)]
     """
-    total = sum(lengths)
-    if total == 0:
-        return []
-    full_epochs, remainder = divmod(target_tokens, total)
-    order = list(range(len(lengths))) * int(full_epochs)
-    filled = 0
-    for i in np.random.default_rng(seed).permutation(len(lengths)).tolist():
-        if filled >= remainder:
-            break
-        order.append(i)
-        filled += lengths[i]
-    return order
+    if weights is None:
+        return None, [(1, 0)] * len(names)
+    empty = [name for name in names if unique[name] == 0]
+    if empty:
+        raise DataError(f"source(s) {empty} have no train documents left to mix; drop them or add data")
+    weight_of = dict(zip(names, weights))
+    mixture = mixture_plan(weight_of, total_tokens or covering_budget(weight_of, unique), unique)
+    return mixture, [partial_epoch(mixture[name]["tokens"], unique[name], bucket_tokens[i])
+                     for i, name in enumerate(names)]
+
+
+def document_reads(full: int, cut: int, buckets: np.ndarray) -> np.ndarray:
+    """How many times each document of a source is packed: full, plus one when its mix bucket is below cut."""
+    return full + (np.asarray(buckets) < cut).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1054,36 +1161,47 @@ def read_shard(path: pathlib.Path) -> np.ndarray:
 
 
 class ShardWriter:
-    """Accumulates documents' tokens and writes shards of at most shard_tokens tokens (documents may straddle)."""
+    """Streams token ids into shards of at most shard_tokens tokens (documents may straddle two). Each shard is
+    written straight into a temporary file, its header completed and the file renamed when it is full, so memory
+    holds one add() at a time, never a shard (100M tokens would be 200 MB)."""
 
     def __init__(self, directory: pathlib.Path, prefix: str, dtype: np.dtype, shard_tokens: int) -> None:
-        self.directory, self.prefix, self.dtype, self.shard_tokens = directory, prefix, dtype, shard_tokens
-        self.buffer: list[np.ndarray] = []
-        self.buffered = 0
+        self.directory, self.prefix, self.shard_tokens = pathlib.Path(directory), prefix, shard_tokens
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.file, self.tmp, self.count = None, None, 0
         self.shards: list[dict] = []
 
     def add(self, tokens: np.ndarray) -> None:
-        self.buffer.append(tokens)
-        self.buffered += len(tokens)
-        while self.buffered >= self.shard_tokens:
-            self._flush(self.shard_tokens)
+        tokens = np.asarray(tokens).astype(self.dtype, copy=False)
+        while len(tokens):
+            if self.file is None:
+                fd, self.tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.prefix}.", suffix=".tmp")
+                self.file, self.count = os.fdopen(fd, "wb"), 0
+                self.file.write(bytes(SHARD_HEADER.size))                  # completed in _finish
+            room = self.shard_tokens - self.count
+            self.file.write(tokens[:room].tobytes())
+            self.count += min(room, len(tokens))
+            tokens = tokens[room:]
+            if self.count == self.shard_tokens:
+                self._finish()
 
-    def _flush(self, n: int) -> None:
-        stream = np.concatenate(self.buffer)
+    def _finish(self) -> None:
         name = f"{self.prefix}_{len(self.shards):05d}.bin"
-        write_shard(self.directory / name, stream[:n], self.dtype)
-        self.shards.append({"file": name, "tokens": int(n)})
-        rest = stream[n:]
-        self.buffer, self.buffered = ([rest] if len(rest) else []), len(rest)
+        self.file.seek(0)
+        self.file.write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, self.dtype.itemsize, self.count))
+        self.file.close()
+        os.replace(self.tmp, self.directory / name)
+        self.shards.append({"file": name, "tokens": int(self.count)})
+        self.file = None
 
     def close(self) -> list[dict]:
-        if self.buffered:
-            self._flush(self.buffered)
+        if self.file is not None:
+            self._finish()
         return self.shards
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 9. prepare: sources -> clean -> split -> tokenizer -> encode (parallel) -> mix -> shards + manifest, cached
+# 9. Shared pieces of prepare, and the in-memory reference engine: clean -> split -> tokenizer -> encode -> mix
 # ---------------------------------------------------------------------------------------------------------------------
 
 class _Clock:
@@ -1138,16 +1256,789 @@ def encode_documents(tokenizer: bpe.Tokenizer, docs: list[str], threads: int | N
     return out
 
 
-def _tokenizer_sample(docs: list[str], max_bytes: int, seed: int) -> str:
-    """Train documents in a seeded order, up to max_bytes, joined by <|endoftext|> (which BPE never merges across)."""
-    picked, size = [], 0
-    for i in np.random.default_rng(seed).permutation(len(docs)).tolist():
-        if size >= max_bytes:
-            break
-        picked.append(docs[i])
-        size += len(docs[i].encode("utf-8"))
-    return EOT.join(picked)
+def _tokenizer_for(recipe: "Recipe", draw_sample: Callable[[], str], log: Callable) -> tuple[bpe.Tokenizer, int]:
+    """(the tokenizer, bytes it trained on): the --tokenizer file (loaded by prepare), or BPE trained on the
+    drawn sample."""
+    if recipe.tokenizer is not None:
+        return recipe.tokenizer, 0
+    sample = draw_sample()
+    trained_on = len(sample.encode("utf-8"))
+    log(f"training a {recipe.vocab_size:,}-token BPE tokenizer on {trained_on / 1e6:.2f} MB of train text ...")
+    return _check_eot(bpe.train_bpe(sample, recipe.vocab_size, special_tokens=(EOT,), pattern=recipe.pattern)), \
+        trained_on
 
+
+def _check_eot(tok: bpe.Tokenizer) -> bpe.Tokenizer:
+    if tok.eot_id is None:
+        raise DataError(f"the tokenizer has no {EOT} special token; train it with special_tokens=({EOT!r},)")
+    return tok
+
+
+@dataclasses.dataclass
+class Recipe:
+    """Everything that decides a dataset's contents: prepare's checked arguments."""
+    sources: list[Source]
+    settings: CleanSettings
+    vocab_size: int
+    seed: int
+    val_fraction: float
+    weights: list[float] | None
+    train_tokens: float | None
+    tokenizer_path: pathlib.Path | None
+    tokenizer: bpe.Tokenizer | None      # the --tokenizer file, loaded before any work
+    tokenizer_train_bytes: int
+    pattern: str
+    shard_tokens: int
+    read_options: tuple                  # (text_field, txt_split, skip_bad_lines, max_documents)
+
+
+@dataclasses.dataclass
+class Built:
+    """What an engine hands back: the funnel, the tokenizer, per-source counts, and a writer of the shards."""
+    funnel: Funnel
+    tokenizer: bpe.Tokenizer
+    trained_on: int
+    unique: dict[str, int]                               # train tokens per source, each document once
+    mixture: dict | None
+    encoded_bytes: int
+    write_splits: Callable[[pathlib.Path, np.dtype], dict]   # directory -> manifest["splits"]
+
+
+def build_in_memory(recipe: Recipe, clock: "_Clock", log: Callable, threads: int | None) -> Built:
+    """The reference engine, for small corpora and as the tests' oracle: every step on Python lists, in the
+    order of the lesson. The streaming engine must give byte-identical output."""
+    with clock.phase("clean"):
+        docs, origin, funnel = clean(recipe.sources, recipe.settings, log)
+    keys = [document_keys(d, recipe.seed) for d in docs]
+    is_val = split_documents(np.array([k[0] for k in keys], dtype=np.uint64), recipe.val_fraction)
+    train = [i for i in range(len(docs)) if not is_val[i]]
+    val = [i for i in range(len(docs)) if is_val[i]]
+    funnel.add_counts("train/val split", len(docs), len(train), sum(map(len, docs)),
+                      sum(len(docs[i]) for i in train), {"val": len(val)})
+    with clock.phase("tokenizer"):
+        tok, trained_on = _tokenizer_for(recipe, lambda: tokenizer_sample(
+            [docs[i] for i in train], [keys[i][1] for i in train], recipe.tokenizer_train_bytes), log)
+    with clock.phase("encode"):
+        ids = encode_documents(tok, [docs[i] for i in train + val], threads)
+    names = [s.spec for s in recipe.sources]
+    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
+    buckets = mix_bucket(np.array([keys[i][2] for i in train], dtype=np.uint64))
+    for k, i in enumerate(train):
+        unique[names[origin[i]]] += len(ids[k]) + 1                 # + 1: the <|endoftext|> before each document
+        bucket_tokens[origin[i]][buckets[k]] += len(ids[k]) + 1
+    mixture, rules = plan_mixture(names, recipe.weights, recipe.train_tokens, unique, bucket_tokens)
+    reads = [int(document_reads(*rules[origin[i]], buckets[k])) for k, i in enumerate(train)]
+    sizes = [len(d.encode("utf-8")) for d in docs]
+
+    def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
+        eot, splits = np.array([tok.eot_id], dtype=dtype), {}
+        for split, members, reads_of, first in (("train", train, reads, 0), ("val", val, [1] * len(val), len(train))):
+            writer, documents, n_bytes = ShardWriter(directory, split, dtype, recipe.shard_tokens), 0, 0
+            for epoch in range(max(reads_of, default=0)):                # pass e packs documents read > e times
+                for k, i in enumerate(members):
+                    if reads_of[k] > epoch:
+                        writer.add(eot)
+                        writer.add(ids[first + k])
+                        documents, n_bytes = documents + 1, n_bytes + sizes[i]
+            shards = writer.close()
+            splits[split] = {"documents": documents, "unique_documents": len(members),
+                             "tokens": sum(s["tokens"] for s in shards), "bytes": n_bytes, "shards": shards}
+        return splits
+
+    return Built(funnel, tok, trained_on, unique, mixture, sum(sizes), write_splits)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 10. The streaming engine: the same funnel over chunks of files, in worker processes, with memory that does not
+#     grow with the corpus, resumable after a kill. See the module docstring for the design and its arithmetic.
+# ---------------------------------------------------------------------------------------------------------------------
+
+CHUNK_BYTES = 16 << 20         # input bytes per chunk: the unit of parallel work and of resuming
+JOIN_BYTES = 64 << 20          # memory for one key range of a join (boilerplate counts, LSH bands)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """A slice of one source, read by one worker. Chunks are numbered in document order, so a document's stable
+    id is (chunk index << 32) | its position in the chunk, and sorting ids sorts documents as the reference does."""
+    index: int
+    source: int                  # position of its source in --data
+    path: str | None = None      # None: the whole source through its own reader (named sources, --max-documents)
+    start: int = 0               # .jsonl: first byte; .parquet: first row group
+    stop: int | None = None      # .jsonl: byte after the last (None: to the end); .parquet: row group after the last
+    size: int = 0                # input bytes (progress and ETA)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What every stage function needs, picklable: sent to worker processes (and to a cluster's tasks)."""
+    work: str                                  # the work directory of this dataset
+    sources: tuple[tuple[str, str], ...]       # (spec, kind) per source
+    read_options: tuple                        # (text_field, txt_split, skip_bad_lines, max_documents)
+    settings: CleanSettings
+    seed: int
+    val_fraction: float
+    bands: int
+    rows: int
+
+
+def _check_readable(path: pathlib.Path) -> None:
+    """One line naming an unreadable file or a .gz that is not gzip, before any work starts."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror}); fix its permissions or move it out of the "
+                        f"input") from None
+    if path.suffix == ".gz" and head != b"\x1f\x8b":
+        raise DataError(f"{path}: damaged gzip file (no gzip header); re-download or re-compress it")
+
+
+def plan_chunks(sources: list[Source], chunk_bytes: int = CHUNK_BYTES, text_field: str = "text") -> list[Chunk]:
+    """Cut the sources into chunks of about chunk_bytes: an uncompressed .jsonl by byte ranges (a line belongs to
+    the range holding its first byte), a .parquet by groups of row groups, any other file whole, a named source
+    (or one limited by --max-documents) whole. Checks every file is readable first."""
+    chunks: list[Chunk] = []
+
+    def add(**fields) -> None:
+        chunks.append(Chunk(len(chunks), **fields))
+
+    for s_index, source in enumerate(sources):
+        for path in source.files:
+            _check_readable(path)
+        if not source.files or source.max_documents is not None:
+            add(source=s_index, size=sum(p.stat().st_size for p in source.files))
+            continue
+        for path in source.files:
+            size, reader = path.stat().st_size, _FILE_READERS[_inner_suffix(path)]
+            if reader == "jsonl" and path.suffix != ".gz" and size > chunk_bytes:
+                for start in range(0, size, chunk_bytes):
+                    add(source=s_index, path=str(path), start=start, stop=min(start + chunk_bytes, size),
+                        size=min(chunk_bytes, size - start))
+            elif reader == "parquet":
+                meta = _parquet_file(path, text_field).metadata
+                first, gathered = 0, 0
+                for group in range(meta.num_row_groups):
+                    gathered += meta.row_group(group).total_byte_size
+                    if gathered >= chunk_bytes or group == meta.num_row_groups - 1:
+                        add(source=s_index, path=str(path), start=first, stop=group + 1, size=gathered)
+                        first, gathered = group + 1, 0
+            else:
+                add(source=s_index, path=str(path), size=size)
+    return chunks
+
+
+def chunk_documents(job: Job, chunk: Chunk, stats: JsonlStats) -> Iterator[str]:
+    """The documents of one chunk, in order."""
+    spec, kind = job.sources[chunk.source]
+    text_field, txt_split, skip_bad_lines, max_documents = job.read_options
+    if chunk.path is None:
+        yield from open_source(spec, text_field, txt_split, skip_bad_lines, max_documents, stats, kind).documents()
+        return
+    path = pathlib.Path(chunk.path)
+    reader = _FILE_READERS[_inner_suffix(path)]
+    if reader == "jsonl":
+        yield from read_jsonl(path, text_field, skip_bad_lines, stats, chunk.start, chunk.stop)
+    elif reader == "parquet":
+        yield from read_parquet(path, text_field, range(chunk.start, chunk.stop))
+    else:
+        yield from _file_source(path, {"text_field": text_field, "txt_split": txt_split})()
+
+
+# Work files. Stage s of chunk c writes ws-c.* files, each through a temporary name, and then ws-c.json with its
+# counts: the marker that the chunk is done. A global step writes its result file last. A rerun skips what exists.
+
+def _work(job: Job, name: str) -> pathlib.Path:
+    return pathlib.Path(job.work) / name
+
+
+def _chunk_file(job: Job, stage: int, chunk: int, name: str) -> pathlib.Path:
+    return pathlib.Path(job.work) / f"s{stage}-{chunk:06d}.{name}"
+
+
+def _save_array(path: pathlib.Path, array: np.ndarray) -> None:
+    _atomic_write(path, lambda f: np.save(f, array))
+
+
+def _load_array(path: pathlib.Path) -> np.ndarray:
+    """A saved array, memory-mapped (pages are read on touch; empty arrays cannot be mapped)."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except ValueError:
+        return np.load(path)
+
+
+def _save_json(path: pathlib.Path, value) -> None:
+    _atomic_write(path, lambda f: f.write(json.dumps(value, sort_keys=True).encode()))
+
+
+class _TextSpill:
+    """Documents appended to one file as UTF-8, with byte offsets: written under a temporary name, renamed at close."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+        fd, self.tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        self.file, self.offsets = os.fdopen(fd, "wb"), [0]
+
+    def add(self, text: str) -> int:
+        data = text.encode("utf-8")
+        self.file.write(data)
+        self.offsets.append(self.offsets[-1] + len(data))
+        return len(self.offsets) - 2
+
+    def close(self) -> np.ndarray:
+        self.file.close()
+        os.replace(self.tmp, self.path)
+        return np.array(self.offsets, dtype=np.int64)
+
+    def discard(self) -> None:
+        self.file.close()
+        os.unlink(self.tmp)
+
+
+def _read_texts(path: pathlib.Path, offsets: np.ndarray, which: Iterable[int] | None = None) -> Iterator[str]:
+    """Documents of a text spill: all of them in order, or those at the positions `which` (ascending is fastest)."""
+    with open(path, "rb") as f:
+        for i in range(len(offsets) - 1) if which is None else which:
+            f.seek(int(offsets[i]))
+            yield f.read(int(offsets[i + 1] - offsets[i])).decode("utf-8")
+
+
+def stage_read(job: Job, chunk: Chunk) -> dict:
+    """Stage 1, one chunk: read -> extract text (HTML) -> quality filters. Writes the surviving documents
+    (s1-C.txt + s1-C.offsets.npy), an 8-byte exact-dedup hash per document (s1-C.doc_hash.npy) and, for prose,
+    the sorted run of (line hash, document) of its countable lines (s1-C.line_hash.npy, s1-C.line_doc.npy)."""
+    spec, kind = job.sources[chunk.source]
+    rule_name, rule = _quality_rule(kind, job.settings)
+    counts, reasons, jsonl = collections.Counter(), collections.Counter(), JsonlStats()
+    hashes, line_hashes, line_docs = [], [], []
+    spill = _TextSpill(_chunk_file(job, 1, chunk.index, "txt"))
+    try:
+        for doc in chunk_documents(job, chunk, jsonl):
+            if not doc.strip():
+                continue
+            counts["read_docs"] += 1
+            counts["read_chars"] += len(doc)
+            counts["read_bytes"] += len(doc.encode("utf-8"))
+            if kind == "html":
+                doc = html_to_text(doc)
+                if not doc:
+                    counts["no_text"] += 1
+                    continue
+                counts["text_chars"] += len(doc)
+            if rule is not None:
+                reason = rule(doc)
+                if reason:
+                    reasons[reason] += 1
+                    continue
+            local = spill.add(doc)
+            counts["kept_chars"] += len(doc)
+            hashes.append(document_hash(doc))
+            if kind != "code":
+                for line in countable_lines(doc):
+                    line_hashes.append(line_hash(line))
+                    line_docs.append(local)
+        offsets = spill.close()
+    except OSError as e:
+        spill.discard()
+        raise DataError(f"{chunk.path or spec}: cannot read it ({e.strerror or e}); fix or remove the file") from None
+    except BaseException:
+        spill.discard()
+        raise
+    line_hashes, line_docs = np.array(line_hashes, dtype=np.uint64), np.array(line_docs, dtype=np.uint32)
+    order = np.lexsort((line_docs, line_hashes))                             # a sorted run, by hash
+    _save_array(_chunk_file(job, 1, chunk.index, "offsets.npy"), offsets)
+    _save_array(_chunk_file(job, 1, chunk.index, "doc_hash.npy"), np.array(hashes, dtype=np.uint64))
+    _save_array(_chunk_file(job, 1, chunk.index, "line_hash.npy"), line_hashes[order])
+    _save_array(_chunk_file(job, 1, chunk.index, "line_doc.npy"), line_docs[order])
+    result = {"source": chunk.source, "docs": len(offsets) - 1, "counts": dict(counts), "reasons": dict(reasons),
+              "jsonl_skipped": jsonl.skipped, "line_entries": len(line_hashes)}
+    _save_json(_chunk_file(job, 1, chunk.index, "json"), result)
+    return result
+
+
+def _key_ranges(entries: int) -> list[tuple[int, int]]:
+    """Split the 64-bit key space into ranges whose join fits JOIN_BYTES (16 bytes an entry while joining)."""
+    parts = max(1, -(-entries * 16 // JOIN_BYTES))
+    bounds = [KEY_RANGE * p // parts for p in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _run_slice(keys: np.ndarray, low: int, high: int) -> slice:
+    """Positions of a sorted uint64 run whose keys lie in [low, high)."""
+    start = int(np.searchsorted(keys, np.uint64(low), side="left"))
+    stop = len(keys) if high >= KEY_RANGE else int(np.searchsorted(keys, np.uint64(high), side="left"))
+    return slice(start, stop)
+
+
+def join_exact(job: Job, chunks: list[Chunk]) -> None:
+    """Exact dedup over the whole corpus from 8 bytes per document: the first of each hash group is kept.
+    Writes exact_keep.npy (one bool per stage-1 document, chunks in order) and doc_starts.npy (per chunk)."""
+    hashes = [_load_array(_chunk_file(job, 1, c.index, "doc_hash.npy")) for c in chunks]
+    starts = np.concatenate([[0], np.cumsum([len(h) for h in hashes])]).astype(np.int64)
+    all_hashes = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
+    keep = np.zeros(len(all_hashes), dtype=bool)
+    keep[np.unique(all_hashes, return_index=True)[1]] = True              # first occurrence of each hash
+    _save_array(_work(job, "doc_starts.npy"), starts)
+    _save_array(_work(job, "exact_keep.npy"), keep)
+
+
+def join_boilerplate(job: Job, chunks: list[Chunk], entries: int) -> None:
+    """The boilerplate lines' hashes (boilerplate.npy, sorted): count, per line hash, the documents that survive
+    exact dedup and hold it, one key range at a time; a range gathers its slice of every chunk's sorted run."""
+    keep, starts = _load_array(_work(job, "exact_keep.npy")), _load_array(_work(job, "doc_starts.npy"))
+    runs = [(_load_array(_chunk_file(job, 1, c.index, "line_hash.npy")),
+             _load_array(_chunk_file(job, 1, c.index, "line_doc.npy"))) for c in chunks]
+    found = [np.zeros(0, dtype=np.uint64)]
+    for low, high in _key_ranges(entries):
+        pieces = []
+        for c, (hashes, docs) in zip(chunks, runs):
+            part = _run_slice(hashes, low, high)
+            alive = keep[starts[c.index] + docs[part].astype(np.int64)]
+            pieces.append(hashes[part][alive])
+        values, counts = np.unique(np.concatenate(pieces), return_counts=True)
+        found.append(values[counts >= job.settings.boilerplate_min_documents])
+    _save_array(_work(job, "boilerplate.npy"), np.concatenate(found))
+
+
+_PROCESS_CACHE: dict = {}          # per worker process: the boilerplate set, the MinHasher, the tokenizer
+
+
+def _cached(name: str, make: Callable):
+    if name not in _PROCESS_CACHE:
+        _PROCESS_CACHE[name] = make()
+    return _PROCESS_CACHE[name]
+
+
+def _remove_boilerplate(texts: list[str], boilerplate: np.ndarray) -> tuple[list[str], int]:
+    """(texts without their boilerplate lines, lines removed): `remove_lines` with hashed lines, one lookup per
+    chunk (np.isin) instead of a set of line strings."""
+    lines = [text.split("\n") for text in texts]
+    countable = [(d, k, line_hash(stripped)) for d, doc_lines in enumerate(lines) for k, line in enumerate(doc_lines)
+                 if len((stripped := line.strip()).split()) >= BOILERPLATE_MIN_WORDS]
+    hits = np.isin(np.array([h for _, _, h in countable], dtype=np.uint64), boilerplate)
+    drop = collections.defaultdict(set)
+    for (d, k, _), hit in zip(countable, hits.tolist()):
+        if hit:
+            drop[d].add(k)
+    out = [("\n".join(line for k, line in enumerate(lines[d]) if k not in drop[d]) if d in drop else text).strip()
+           for d, text in enumerate(texts)]
+    return out, sum(len(ks) for ks in drop.values())
+
+
+def stage_clean(job: Job, chunk: Chunk) -> dict:
+    """Stage 2, one chunk: drop exact duplicates, remove boilerplate lines (prose), mask PII; then per document its
+    MinHash band keys (a sorted run: s2-C.band_key.npy, s2-C.band_doc.npy) and its split/sample/mix keys. Writes
+    the cleaned documents (s2-C.txt + offsets), which are the final text of every document that survives."""
+    spec, kind = job.sources[chunk.source]
+    start = int(_load_array(_work(job, "doc_starts.npy"))[chunk.index])
+    offsets = _load_array(_chunk_file(job, 1, chunk.index, "offsets.npy"))
+    keep = np.asarray(_load_array(_work(job, "exact_keep.npy"))[start:start + len(offsets) - 1])
+    texts = list(_read_texts(_chunk_file(job, 1, chunk.index, "txt"), offsets, np.flatnonzero(keep).tolist()))
+    counts = collections.Counter(docs_in=len(texts), chars_in=sum(map(len, texts)))
+    if kind != "code":
+        boilerplate = _cached(job.work + "boilerplate", lambda: np.load(_work(job, "boilerplate.npy")))
+        texts, counts["lines_removed"] = _remove_boilerplate(texts, boilerplate)
+        texts = [t for t in texts if t]
+    counts["chars_boilerplate"] = sum(map(len, texts))
+    pii = collections.Counter()
+    if job.settings.mask_pii:
+        for i, text in enumerate(texts):
+            texts[i], found = mask_pii(text)
+            pii.update({k.lower(): v for k, v in found.items()})
+    spill = _TextSpill(_chunk_file(job, 2, chunk.index, "txt"))
+    for text in texts:
+        spill.add(text)
+    _save_array(_chunk_file(job, 2, chunk.index, "offsets.npy"), spill.close())
+    keys = np.array([document_keys(t, job.seed) for t in texts], dtype=np.uint64).reshape(-1, 3)
+    for name, column in (("split_key", 0), ("sample_key", 1), ("mix_key", 2)):
+        _save_array(_chunk_file(job, 2, chunk.index, f"{name}.npy"), np.ascontiguousarray(keys[:, column]))
+    _save_array(_chunk_file(job, 2, chunk.index, "chars.npy"), np.array([len(t) for t in texts], dtype=np.int64))
+    _save_array(_chunk_file(job, 2, chunk.index, "bytes.npy"),
+                np.array([len(t.encode("utf-8")) for t in texts], dtype=np.int64))
+    band_keys = np.zeros((0, job.bands), dtype=np.uint64)
+    if job.settings.near_dup_threshold > 0 and texts:
+        hasher = _cached("minhash", lambda: dedup.MinHasher(NEAR_DUP_NUM_PERM, seed=0))
+        band_keys = dedup.band_keys(hasher.signatures_from_texts(texts, NEAR_DUP_SHINGLE), job.bands, job.rows)
+    flat_keys = band_keys.ravel()                                              # (docs · bands,)
+    flat_docs = np.repeat(np.arange(len(texts), dtype=np.uint32), job.bands)
+    order = np.lexsort((flat_docs, flat_keys))
+    _save_array(_chunk_file(job, 2, chunk.index, "band_key.npy"), flat_keys[order])
+    _save_array(_chunk_file(job, 2, chunk.index, "band_doc.npy"), flat_docs[order])
+    result = {"source": chunk.source, "docs": len(texts), "counts": dict(counts), "pii": dict(pii),
+              "chars_out": int(sum(map(len, texts))), "band_entries": int(len(flat_keys))}
+    _save_json(_chunk_file(job, 2, chunk.index, "json"), result)
+    return result
+
+
+def _texts_by_id(job: Job, ids: np.ndarray) -> list[str]:
+    """Cleaned documents by stable id ((chunk << 32) | position), in the order of `ids` (ascending)."""
+    out = []
+    for chunk in np.unique(ids >> 32).tolist():
+        positions = (ids[(ids >> 32) == chunk] & 0xFFFFFFFF).tolist()
+        offsets = _load_array(_chunk_file(job, 2, chunk, "offsets.npy"))
+        out += _read_texts(_chunk_file(job, 2, chunk, "txt"), offsets, positions)
+    return out
+
+
+def join_near_duplicates(job: Job, chunks: list[Chunk], entries: int) -> None:
+    """Near-dedup over the whole corpus from the spilled band keys (near_drop.npy: sorted ids to drop).
+
+    1. Join: one key range at a time, gather every chunk's slice of its sorted run; documents sharing a key share
+       a band: every pair inside a run of equal keys is a candidate (dedup's pairs-in-groups), each pair once.
+    2. Verify: exact Jaccard of the candidates' shingles, reading back only the candidate documents.
+    3. Cluster: union-find over the verified pairs; every member but the first (smallest id) of a cluster goes.
+    """
+    runs = [(_load_array(_chunk_file(job, 2, c.index, "band_key.npy")),
+             _load_array(_chunk_file(job, 2, c.index, "band_doc.npy"))) for c in chunks]
+    pairs = [np.zeros((0, 2), dtype=np.int64)]
+    for low, high in _key_ranges(entries):
+        keys, ids = [], []
+        for c, (band_key, band_doc) in zip(chunks, runs):
+            part = _run_slice(band_key, low, high)
+            keys.append(band_key[part])
+            ids.append((np.int64(c.index) << 32) | band_doc[part].astype(np.int64))
+        keys, ids = np.concatenate(keys), np.concatenate(ids)
+        order = np.lexsort((ids, keys))
+        group = np.concatenate(([0], np.cumsum(keys[order][1:] != keys[order][:-1])))
+        pairs.append(dedup._pairs_in_groups(ids[order], group))
+    candidates = np.unique(np.concatenate(pairs), axis=0)
+    verified = [np.zeros((0, 2), dtype=np.int64)]
+    for start in range(0, len(candidates), 20_000):
+        batch = candidates[start:start + 20_000]
+        involved = np.unique(batch)
+        similarity = dedup.pair_jaccard(_texts_by_id(job, involved), np.searchsorted(involved, batch),
+                                        NEAR_DUP_SHINGLE)
+        verified.append(batch[similarity >= job.settings.near_dup_threshold])
+    verified = np.concatenate(verified)
+    members = np.unique(verified)
+    union_find = dedup.UnionFind(len(members))
+    for i, j in np.searchsorted(members, verified).tolist():
+        union_find.union(i, j)
+    drop = [m for cluster in union_find.clusters() for m in cluster[1:]]
+    _save_array(_work(job, "near_drop.npy"), np.sort(members[drop]).astype(np.int64))
+
+
+def _chunk_survivors(job: Job, chunk: int, count: int) -> np.ndarray:
+    """(count,) bool: which cleaned documents of a chunk survive near-dedup."""
+    drop = _cached(job.work + "near_drop", lambda: np.load(_work(job, "near_drop.npy")))
+    alive = np.ones(count, dtype=bool)
+    mine = drop[(drop >> 32) == chunk] & 0xFFFFFFFF
+    alive[mine] = False
+    return alive
+
+
+def decide_split(job: Job, chunks: list[Chunk]) -> dict:
+    """The split of the survivors (split.json): per-document coins, plus the crossing document of
+    `split_documents` when a side came out empty; also the counts for the funnel."""
+    cut = np.uint64(val_cut(job.val_fraction)) if job.val_fraction > 0 else np.uint64(0)
+    n = n_val = chars_all = chars_train = 0
+    smallest_train, largest_val = (KEY_RANGE, -1), (-1, -1)                    # (key, id) of the crossing candidates
+    for c in chunks:
+        keys = np.asarray(_load_array(_chunk_file(job, 2, c.index, "split_key.npy")))
+        alive = _chunk_survivors(job, c.index, len(keys))
+        chars = np.asarray(_load_array(_chunk_file(job, 2, c.index, "chars.npy")))
+        is_val = (keys < cut) & alive
+        is_train = ~is_val & alive
+        n, n_val = n + int(alive.sum()), n_val + int(is_val.sum())
+        chars_all, chars_train = chars_all + int(chars[alive].sum()), chars_train + int(chars[is_train].sum())
+        if is_train.any():
+            k = np.flatnonzero(is_train)[np.argmin(keys[is_train])]
+            smallest_train = min(smallest_train, (int(keys[k]), (c.index << 32) | int(k)))
+        if is_val.any():
+            k = np.flatnonzero(is_val)[np.argmax(keys[is_val])]
+            largest_val = max(largest_val, (int(keys[k]), -((c.index << 32) | int(k))))
+    if n < 2:
+        raise DataError(f"{n} document(s) left after cleaning: need at least 2 for a train/val split")
+    to_val = to_train = None
+    if job.val_fraction > 0 and n_val == 0:
+        to_val, n_val = smallest_train[1], 1
+    elif n_val == n:
+        to_train, n_val = -largest_val[1], n - 1
+    moved = to_val if to_val is not None else to_train
+    if moved is not None:
+        chars = int(_load_array(_chunk_file(job, 2, moved >> 32, "chars.npy"))[moved & 0xFFFFFFFF])
+        chars_train += chars if to_train is not None else -chars
+    return {"to_val": to_val, "to_train": to_train, "documents": n, "val": n_val, "chars": chars_all,
+            "train_chars": chars_train}
+
+
+def _chunk_split(job: Job, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) bool masks over a chunk's cleaned documents, after near-dedup and the split."""
+    split = _cached(job.work + "split", lambda: json.loads(_work(job, "split.json").read_text()))
+    keys = np.asarray(_load_array(_chunk_file(job, 2, chunk, "split_key.npy")))
+    alive = _chunk_survivors(job, chunk, len(keys))
+    is_val = (keys < np.uint64(val_cut(job.val_fraction))) & alive if job.val_fraction > 0 else np.zeros_like(alive)
+    for gid, side in ((split["to_val"], True), (split["to_train"], False)):
+        if gid is not None and gid >> 32 == chunk:
+            is_val[gid & 0xFFFFFFFF] = side
+    return alive & ~is_val, is_val
+
+
+def draw_tokenizer_sample(job: Job, chunks: list[Chunk], max_bytes: int) -> str:
+    """`tokenizer_sample` without holding the train split: a histogram of train bytes over the top 16 bits of the
+    sample key finds the bucket where max_bytes is reached; only documents in buckets up to it are ranked and read."""
+    if max_bytes <= 0:
+        return ""
+    histogram, arrays = np.zeros(MIX_BUCKETS), []
+    for c in chunks:
+        train, _ = _chunk_split(job, c.index)
+        keys = np.asarray(_load_array(_chunk_file(job, 2, c.index, "sample_key.npy")))
+        sizes = np.asarray(_load_array(_chunk_file(job, 2, c.index, "bytes.npy")))
+        histogram += np.bincount(mix_bucket(keys[train]), weights=sizes[train], minlength=MIX_BUCKETS)
+        arrays.append((c.index, train))
+    last = int(np.searchsorted(np.cumsum(histogram), max_bytes))              # the bucket that reaches max_bytes
+    keys, ids, sizes = [], [], []
+    for chunk, train in arrays:
+        k = np.asarray(_load_array(_chunk_file(job, 2, chunk, "sample_key.npy")))
+        pick = train & (mix_bucket(k) <= last)
+        keys.append(k[pick])
+        ids.append((np.int64(chunk) << 32) | np.flatnonzero(pick).astype(np.int64))
+        sizes.append(np.asarray(_load_array(_chunk_file(job, 2, chunk, "bytes.npy")))[pick])
+    keys, ids, sizes = np.concatenate(keys), np.concatenate(ids), np.concatenate(sizes)
+    order = np.lexsort((ids, keys))
+    taken = np.cumsum(sizes[order]) - sizes[order] < max_bytes                # size before this one < max_bytes
+    picked = ids[order][taken]
+    texts = dict(zip(np.sort(picked).tolist(), _texts_by_id(job, np.sort(picked))))
+    return EOT.join(texts[i] for i in picked.tolist())
+
+
+def stage_encode(job: Job, chunk: Chunk, threads: int = 1) -> dict:
+    """Stage 3, one chunk: encode the train and val documents (<|endoftext|> before each) into s3-C.{split}.bin,
+    with per-document token offsets, and for train each document's bytes and mix bucket (for the packing)."""
+    tok = _cached(job.work + "tokenizer", lambda: bpe.Tokenizer.load(_work(job, "tokenizer.json")))
+    encoding = _cached(job.work + "encoding", tok.to_tiktoken)
+    dtype = dtype_for_vocab(len(tok)).newbyteorder("<")
+    offsets = _load_array(_chunk_file(job, 2, chunk.index, "offsets.npy"))
+    sizes = np.asarray(_load_array(_chunk_file(job, 2, chunk.index, "bytes.npy")))
+    result = {"source": chunk.source}
+    for split, members in zip(("train", "val"), _chunk_split(job, chunk.index)):
+        positions = np.flatnonzero(members)
+        starts, batch, batch_chars = [0], [], 0
+        path = _chunk_file(job, 3, chunk.index, f"{split}.bin")
+
+        def write_tokens(f) -> None:
+            nonlocal batch, batch_chars
+            texts = _read_texts(_chunk_file(job, 2, chunk.index, "txt"), offsets, positions.tolist())
+            for text in itertools.chain(texts, [None]):
+                if text is not None:
+                    batch.append(text)
+                    batch_chars += len(text)
+                if batch and (text is None or batch_chars > 1 << 20):        # ~1M characters per encode call
+                    for ids in encoding.encode_ordinary_batch(batch, num_threads=threads):
+                        f.write(np.array([tok.eot_id] + ids, dtype=dtype).tobytes())
+                        starts.append(starts[-1] + len(ids) + 1)
+                    batch, batch_chars = [], 0
+
+        _atomic_write(path, write_tokens)
+        _save_array(_chunk_file(job, 3, chunk.index, f"{split}.starts.npy"), np.array(starts, dtype=np.int64))
+        _save_array(_chunk_file(job, 3, chunk.index, f"{split}.bytes.npy"), sizes[positions])
+        if split == "train":
+            keys = np.asarray(_load_array(_chunk_file(job, 2, chunk.index, "mix_key.npy")))[positions]
+            _save_array(_chunk_file(job, 3, chunk.index, "train.bucket.npy"), mix_bucket(keys).astype(np.int32))
+        result[split] = {"documents": len(positions), "tokens": starts[-1], "bytes": int(sizes[positions].sum())}
+    _save_json(_chunk_file(job, 3, chunk.index, "json"), result)
+    return result
+
+
+def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tuple[int, int]] | None,
+                       directory: pathlib.Path, dtype: np.dtype, shard_tokens: int) -> dict:
+    """Pack one split's encoded chunks into shards: pass e writes, in document order, every document read more
+    than e times (val: each once). Reads the token files by memory map, a document run at a time."""
+    writer, documents, unique, n_bytes = ShardWriter(directory, split, dtype, shard_tokens), 0, 0, 0
+    passes = 1 if rules is None else max((full + (cut > 0) for full, cut in rules), default=0)
+    for epoch in range(passes):
+        for c in chunks:
+            starts = np.asarray(_load_array(_chunk_file(job, 3, c.index, f"{split}.starts.npy")))
+            if len(starts) == 1:
+                continue
+            tokens = np.memmap(_chunk_file(job, 3, c.index, f"{split}.bin"), dtype=dtype, mode="r")
+            sizes = np.asarray(_load_array(_chunk_file(job, 3, c.index, f"{split}.bytes.npy")))
+            reads = np.ones(len(sizes), dtype=np.int64) if rules is None else document_reads(
+                *rules[c.source], np.asarray(_load_array(_chunk_file(job, 3, c.index, "train.bucket.npy"))))
+            chosen = reads > epoch
+            unique += len(sizes) if epoch == 0 else 0
+            documents, n_bytes = documents + int(chosen.sum()), n_bytes + int(sizes[chosen].sum())
+            # runs of consecutive chosen documents are contiguous token ranges: write each in one piece
+            edges = np.flatnonzero(np.diff(np.concatenate(([0], chosen.astype(np.int8), [0]))))
+            for first, last in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+                for piece in range(int(starts[first]), int(starts[last]), 1 << 24):
+                    writer.add(tokens[piece:min(piece + (1 << 24), int(starts[last]))])
+            del tokens
+    shards = writer.close()
+    return {"documents": documents, "unique_documents": unique, "tokens": sum(s["tokens"] for s in shards),
+            "bytes": n_bytes, "shards": shards}
+
+
+class _Progress:
+    """One stderr line every few seconds while a stage runs: chunks, documents/s, MB/s of input, ETA."""
+
+    def __init__(self, title: str, chunks: list[Chunk], done: int, show: bool) -> None:
+        self.title, self.total, self.show = title, sum(c.size for c in chunks) or 1, show
+        self.count, self.done, self.skipped = len(chunks), 0, done
+        self.size_done = self.docs = 0
+        self.start = self.last = time.perf_counter()
+
+    def update(self, chunk: Chunk, result: dict) -> None:
+        self.done, self.size_done = self.done + 1, self.size_done + chunk.size
+        self.docs += result.get("docs", 0) or sum(result.get(s, {}).get("documents", 0) for s in ("train", "val"))
+        now = time.perf_counter()
+        if self.show and (now - self.last > 3 or self.done + self.skipped == self.count):
+            self.last, elapsed = now, max(now - self.start, 1e-9)
+            left = (self.total - self.size_done) / max(self.size_done / elapsed, 1e-9) if self.size_done else 0
+            skipped = f" ({self.skipped} done before)" if self.skipped else ""
+            print(f"  {self.title}: {self.done + self.skipped}/{self.count} chunks{skipped}, "
+                  f"{self.docs / elapsed:,.0f} docs/s, {self.size_done / elapsed / 1e6:,.1f} MB/s, "
+                  f"ETA {datetime.timedelta(seconds=round(left))}", file=sys.stderr, flush=True)
+
+
+def _run_stage(title: str, stage: int, function: Callable, job: Job, chunks: list[Chunk], workers: int,
+               show: bool, *args) -> list[dict]:
+    """Run function(job, chunk, *args) for every chunk not already done, on `workers` processes; the results
+    (from the chunks' json markers for those done before) in chunk order."""
+    results = {}
+    for c in chunks:
+        marker = _chunk_file(job, stage, c.index, "json")
+        if marker.exists():
+            results[c.index] = json.loads(marker.read_text())
+    todo = [c for c in chunks if c.index not in results]
+    progress = _Progress(title, chunks, len(results), show)
+    if workers == 1 or len(todo) <= 1:
+        for c in todo:
+            results[c.index] = function(job, c, *args)
+            progress.update(c, results[c.index])
+    elif todo:
+        context = multiprocessing.get_context("fork")          # workers inherit the loaded modules: no re-import
+        with concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+            futures = {pool.submit(function, job, c, *args): c for c in todo}
+            try:
+                for future in concurrent.futures.as_completed(futures):
+                    results[futures[future].index] = future.result()
+                    progress.update(futures[future], results[futures[future].index])
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    return [results[c.index] for c in chunks]
+
+
+def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Callable, threads: int | None,
+                    workers: int, chunk_bytes: int, show_progress: bool) -> Built:
+    """The streaming engine: stage functions over chunks (parallel), joins over sorted runs on disk (in key
+    ranges), each result saved in `work` so that a rerun continues where a killed run stopped."""
+    settings = recipe.settings
+    bands, rows = dedup.resolve_bands_rows(settings.near_dup_threshold or 0.5, NEAR_DUP_NUM_PERM, None, None)
+    job = Job(str(work), tuple((s.spec, s.kind) for s in recipe.sources), recipe.read_options, settings,
+              recipe.seed, recipe.val_fraction, bands, rows)
+    chunks = plan_chunks(recipe.sources, chunk_bytes, recipe.read_options[0])
+    work.mkdir(parents=True, exist_ok=True)
+    log(f"streaming {len(chunks)} chunk(s) of up to {chunk_bytes / 2**20:g} MiB on {workers} worker(s); "
+        f"work files in {work}")
+
+    with clock.phase("clean"):
+        read = _run_stage("read + filters", 1, stage_read, job, chunks, workers, show_progress)
+        funnel = Funnel()
+        funnel.bytes_read = sum(r["counts"].get("read_bytes", 0) for r in read)
+        for s_index, source in enumerate(recipe.sources):
+            mine = [r for r in read if r["source"] == s_index]
+            total = collections.Counter()
+            for r in mine:
+                total.update(r["counts"])
+            reasons = sum((collections.Counter(r["reasons"]) for r in mine), collections.Counter())
+            kept = sum(r["docs"] for r in mine)
+            if not total["read_docs"]:
+                raise DataError(f"source {source.spec!r} has no documents (empty file or wrong --text-field?)")
+            funnel.add_counts(f"read {source.label}", total["read_docs"], total["read_docs"], total["read_chars"],
+                              total["read_chars"])
+            docs, chars = total["read_docs"], total["read_chars"]
+            if source.kind == "html":
+                docs, chars = docs - total["no_text"], total["text_chars"]
+                funnel.add_counts(f"extract text ({source.label})", total["read_docs"], docs, total["read_chars"],
+                                  chars, {"no_text": total["no_text"]})
+            rule_name, rule = _quality_rule(source.kind, settings)
+            if rule is not None:
+                funnel.add_counts(f"quality filters ({rule_name}, {source.label})", docs, kept, chars,
+                                  total["kept_chars"], reasons)
+                if not kept:
+                    raise funnel.empty_error(f"source {source.spec!r}")
+            log(f"  {source.label}: {kept:,} documents after the per-source steps")
+        skipped = sum(r["jsonl_skipped"] for r in read)
+        if skipped:
+            funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = skipped
+        if not _work(job, "exact_keep.npy").exists():
+            join_exact(job, chunks)
+        if not _work(job, "boilerplate.npy").exists():
+            join_boilerplate(job, chunks, sum(r["line_entries"] for r in read))
+        cleaned = _run_stage("exact dedup + boilerplate + PII + MinHash", 2, stage_clean, job, chunks, workers,
+                             show_progress)
+        total = collections.Counter()
+        for r in cleaned:
+            total.update(r["counts"])
+        kept_chars = sum(r["counts"]["chars_in"] for r in cleaned)
+        funnel.add_counts("exact dedup (hash)", sum(r["docs"] for r in read), total["docs_in"],
+                          sum(r["counts"].get("kept_chars", 0) for r in read), kept_chars,
+                          {"duplicate": sum(r["docs"] for r in read) - total["docs_in"]})
+        docs = sum(r["docs"] for r in cleaned)
+        funnel.add_counts(f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)",
+                          total["docs_in"], docs, kept_chars, total["chars_boilerplate"],
+                          {"lines_removed": total["lines_removed"],
+                           "distinct_lines": len(_load_array(_work(job, "boilerplate.npy"))),
+                           "emptied": total["docs_in"] - docs})
+        if not docs:
+            raise funnel.empty_error("the corpus")
+        if settings.mask_pii:
+            pii = sum((collections.Counter(r["pii"]) for r in cleaned), collections.Counter())
+            funnel.add_counts("PII masking", docs, docs, total["chars_boilerplate"],
+                              sum(r["chars_out"] for r in cleaned), pii)
+        if not _work(job, "near_drop.npy").exists():
+            if settings.near_dup_threshold > 0:
+                join_near_duplicates(job, chunks, sum(r["band_entries"] for r in cleaned))
+            else:
+                _save_array(_work(job, "near_drop.npy"), np.zeros(0, dtype=np.int64))
+        if not _work(job, "split.json").exists():
+            _save_json(_work(job, "split.json"), decide_split(job, chunks))
+        split = json.loads(_work(job, "split.json").read_text())
+        if settings.near_dup_threshold > 0:
+            funnel.add_counts(f"near dedup (MinHash, J>={settings.near_dup_threshold})", docs, split["documents"],
+                              sum(r["chars_out"] for r in cleaned), split["chars"],
+                              {"near_duplicate": docs - split["documents"]})
+        funnel.add_counts("train/val split", split["documents"], split["documents"] - split["val"], split["chars"],
+                          split["train_chars"], {"val": split["val"]})
+
+    with clock.phase("tokenizer"):
+        if _work(job, "tokenizer.json").exists():
+            tok = bpe.Tokenizer.load(_work(job, "tokenizer.json"))
+            trained_on = json.loads(_work(job, "tokenizer.trained.json").read_text())["bytes"]
+        else:
+            tok, trained_on = _tokenizer_for(recipe, lambda: draw_tokenizer_sample(
+                job, chunks, recipe.tokenizer_train_bytes), log)
+            _atomic_write(_work(job, "tokenizer.json"), lambda f: f.write(tok.to_json().encode("utf-8")))
+            _save_json(_work(job, "tokenizer.trained.json"), {"bytes": trained_on})
+
+    with clock.phase("encode"):
+        encode_threads = (threads or os.cpu_count() or 1) if workers == 1 else 1
+        encoded = _run_stage("encode", 3, stage_encode, job, chunks, workers, show_progress, encode_threads)
+    names = [s.spec for s in recipe.sources]
+    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
+    for c, r in zip(chunks, encoded):
+        unique[names[c.source]] += r["train"]["tokens"]
+        if recipe.weights is not None and r["train"]["documents"]:
+            lengths = np.diff(_load_array(_chunk_file(job, 3, c.index, "train.starts.npy")))
+            buckets = _load_array(_chunk_file(job, 3, c.index, "train.bucket.npy"))
+            bucket_tokens[c.source] += np.bincount(buckets, weights=lengths, minlength=MIX_BUCKETS)
+    mixture, rules = plan_mixture(names, recipe.weights, recipe.train_tokens, unique, bucket_tokens)
+
+    def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
+        with clock.phase("shards"):
+            return {split: write_split_shards(job, chunks, split, rules if split == "train" else None, directory,
+                                              dtype, recipe.shard_tokens) for split in ("train", "val")}
+
+    encoded_bytes = sum(r[s]["bytes"] for r in encoded for s in ("train", "val"))
+    return Built(funnel, tok, trained_on, unique, mixture, encoded_bytes, write_splits)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 11. prepare: either engine, then the dataset directory (shards, tokenizer, manifest), published atomically
+# ---------------------------------------------------------------------------------------------------------------------
 
 def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE,
             seed: int = 0, val_fraction: float = 0.05, weights: list[float] | None = None,
@@ -1155,15 +2046,18 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
             tokenizer_train_bytes: int = 4_000_000, pattern: str = "gpt4", shard_tokens: int = 100_000_000,
             clean_settings: CleanSettings | None = None, text_field: str = "text", txt_split: str = "auto",
             skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
-            threads: int | None = None, verbose: bool = False) -> pathlib.Path:
+            threads: int | None = None, workers: int | None = None, chunk_mb: float = CHUNK_BYTES / 2**20,
+            in_memory: bool = False, verbose: bool = False) -> pathlib.Path:
     """Build (or reuse) a token dataset directory: manifest.json, tokenizer.json, train_*.bin, val_*.bin.
 
     sources: names ("pydocs", "pystdlib", "hf:..."), files or directories. weights (one per source) with
     train_tokens mix the train split by token share (None: the smallest budget that reads every source once).
     tokenizer: a bpe.py JSON file to reuse instead of training one on (up to tokenizer_train_bytes of) train text.
     The directory is out_dir or a cache directory named by a hash of the inputs and every setting; when it
-    already holds a finished dataset with that hash, it is returned at once. The cleaned corpus is held in
-    memory (near-dedup compares all documents), which suits corpora up to a few GB of text.
+    already holds a finished dataset with that hash, it is returned at once.
+    Engines: streaming (default: chunks of chunk_mb MiB on `workers` processes, resumable; work files in a hidden
+    .NAME.work-* folder beside the output, removed when it is published) or in_memory (the reference: the whole
+    corpus in lists, for small inputs and tests). Both write byte-identical shards, tokenizer and manifest.
     """
     log = print if verbose else (lambda *a, **k: None)
     if not sources:
@@ -1179,6 +2073,10 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if train_tokens is not None and (weights is None or not train_tokens > 0):
         raise DataError(f"--train-tokens {train_tokens:g} needs --weights and a positive budget, e.g. --weights 1 "
                         f"--train-tokens 5e6")
+    if workers is not None and workers < 1:
+        raise DataError(f"--workers must be at least 1, got {workers}; leave it out to use all cores")
+    if not 0.001 <= chunk_mb <= 4096:
+        raise DataError(f"--chunk-mb must be between 0.001 and 4096, got {chunk_mb}")
     settings = clean_settings or CleanSettings()
     jsonl_stats = JsonlStats()
     opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
@@ -1211,78 +2109,66 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         raise DataError(f"--out {out_dir} is a file; give a directory path")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise DataError(f"{out_dir} exists and is not a dataset directory; remove it or pick another --out")
-    _check_writable(out_dir.parent)                        # fail now, not after minutes of cleaning
+    recipe = Recipe(opened, settings, vocab_size, seed, val_fraction, weights, train_tokens, tokenizer_path,
+                    _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None, tokenizer_train_bytes, pattern, shard_tokens, (text_field, txt_split, skip_bad_lines, max_documents))
+    chunk_bytes = max(1, int(chunk_mb * 2**20))
+    work = out_dir.parent / f".{out_dir.name}.work-{hashlib.sha256(f'{key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
+    if not in_memory:
+        plan_chunks(opened, chunk_bytes, text_field)               # unreadable or malformed files: fail now
+    _check_writable(out_dir.parent)                                # fail now, not after minutes of cleaning
+    _remove_stale(out_dir, keep=work)
 
     clock = _Clock()
-    with clock.phase("clean"):
-        docs, origin, funnel = clean(opened, settings, log)
-    if jsonl_stats.skipped:
-        funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = jsonl_stats.skipped
-    train_idx, val_idx = split_indices(len(docs), val_fraction, seed)
-    train_docs, val_docs = [docs[i] for i in train_idx], [docs[i] for i in val_idx]
-    train_origin = [origin[i] for i in train_idx]
-    funnel.steps.append(Step("train/val split", len(docs), len(train_docs), sum(map(len, docs)),
-                             sum(map(len, train_docs)), {"val": len(val_docs)}))
-
-    with clock.phase("tokenizer"):
-        if tokenizer_path is not None:
-            tok = bpe.Tokenizer.load(tokenizer_path)
-            trained_on = 0
-        else:
-            sample = _tokenizer_sample(train_docs, tokenizer_train_bytes, seed)
-            trained_on = len(sample.encode("utf-8"))
-            log(f"training a {vocab_size:,}-token BPE tokenizer on {trained_on / 1e6:.2f} MB of train text ...")
-            tok = bpe.train_bpe(sample, vocab_size, special_tokens=(EOT,), pattern=pattern)
-    if tok.eot_id is None:
-        raise DataError(f"the tokenizer has no {EOT} special token; train it with special_tokens=({EOT!r},)")
-
-    with clock.phase("encode"):
-        train_ids = encode_documents(tok, train_docs, threads)
-        val_ids = encode_documents(tok, val_docs, threads)
-    encoded_bytes = sum(len(d.encode("utf-8")) for d in train_docs + val_docs)
-
-    names = [src.spec for src in opened]
-    lengths = [len(ids) + 1 for ids in train_ids]                   # + 1: the <|endoftext|> before each document
-    order, mixture, unique = mix_documents(train_origin, lengths, names, weights, train_tokens, seed)
-
+    if in_memory:
+        built = build_in_memory(recipe, clock, log, threads)
+        if jsonl_stats.skipped:
+            built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = jsonl_stats.skipped
+    else:
+        workers = workers or len(os.sched_getaffinity(0))
+        try:
+            built = build_streaming(recipe, work, clock, log, threads, workers, chunk_bytes, verbose)
+        except (DataError, bpe.TokenizerError, dedup.DedupError):
+            shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
+            raise                                        # file changes the key); a kill keeps it for the rerun
+    tok = built.tokenizer
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
     try:
         dtype = dtype_for_vocab(len(tok))
-        eot = np.array([tok.eot_id], dtype=dtype)
-        splits = {}
-        for split, ids_list, picks, texts in (("train", train_ids, order, train_docs),
-                                              ("val", val_ids, range(len(val_ids)), val_docs)):
-            writer = ShardWriter(tmp_dir, split, dtype, shard_tokens)
-            n_bytes = 0
-            for i in picks:
-                writer.add(eot)
-                writer.add(ids_list[i])
-                n_bytes += len(texts[i].encode("utf-8"))
-            shards = writer.close()
-            splits[split] = {"documents": len(picks), "unique_documents": len(texts),
-                             "tokens": sum(s["tokens"] for s in shards), "bytes": n_bytes, "shards": shards}
+        splits = built.write_splits(tmp_dir, dtype)
         (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
         clock.finish()
         manifest = {
             "format": "llm-token-shards", "version": SHARD_VERSION, "cache_key": key,
-            "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": unique[s.spec]} for s in opened],
+            "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]} for s in opened],
             "settings": {**dataclasses.asdict(settings), "val_fraction": val_fraction, "seed": seed,
                          "weights": weights, "train_tokens": train_tokens, "text_field": text_field,
                          "txt_split": txt_split, "max_documents": max_documents},
-            "funnel": funnel.to_list(),
+            "funnel": built.funnel.to_list(),
             "tokenizer": {"file": "tokenizer.json", "vocab_size": len(tok), "eot_id": tok.eot_id,
                           "pattern": pattern if tokenizer_path is None else "from file",
-                          "trained_on_bytes": trained_on, "source": str(tokenizer_path) if tokenizer_path else None},
-            "dtype": dtype.name, "mixture": mixture, "splits": splits,
-            "timings": {**clock.timings, "encoded_bytes": encoded_bytes, "input_bytes": funnel.bytes_read},
+                          "trained_on_bytes": built.trained_on,
+                          "source": str(tokenizer_path) if tokenizer_path else None},
+            "dtype": dtype.name, "mixture": built.mixture, "splits": splits,
+            "timings": {**clock.timings, "encoded_bytes": built.encoded_bytes, "input_bytes": built.funnel.bytes_read,
+                        "engine": "in-memory" if in_memory else f"streaming, {workers} worker(s)"},
         }
         (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         _publish(tmp_dir, out_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
+    shutil.rmtree(work, ignore_errors=True)
     return out_dir
+
+
+def _remove_stale(out_dir: pathlib.Path, keep: pathlib.Path) -> None:
+    """Remove what killed runs left beside out_dir: half-written .NAME.tmp-* directories (never used: a dataset
+    is published by one rename) and the work folders of other settings (.NAME.work-*, not `keep`)."""
+    for stale in itertools.chain(out_dir.parent.glob(f".{glob.escape(out_dir.name)}.tmp-*"),
+                                 out_dir.parent.glob(f".{glob.escape(out_dir.name)}.work-*")):
+        if stale != keep and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _check_writable(folder: pathlib.Path) -> None:
@@ -1335,7 +2221,7 @@ def summary(data_dir: str | os.PathLike) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 10. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential iterator
+# 12. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential iterator
 # ---------------------------------------------------------------------------------------------------------------------
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
@@ -1489,7 +2375,7 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 11. Command line
+# 13. Command line
 # ---------------------------------------------------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
@@ -1574,7 +2460,8 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
                   weights=args.weights, train_tokens=args.train_tokens, tokenizer=args.tokenizer,
                   tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6), clean_settings=settings,
                   text_field=args.text_field, txt_split=args.txt_split, skip_bad_lines=args.skip_bad_lines,
-                  max_documents=args.max_documents, kind=args.kind, threads=args.threads, verbose=True)
+                  max_documents=args.max_documents, kind=args.kind, threads=args.threads, workers=args.workers,
+                  chunk_mb=args.chunk_mb, verbose=True)
     print(Funnel.from_manifest(load_manifest(out)).format())
     print(summary(out))
 
@@ -1647,6 +2534,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kind", choices=["prose", "code", "html"], default=None,
                    help="treat every source as this kind (default: by name and file type; .py files are code)")
     p.add_argument("--threads", type=_in_range(int, 1, 1024), default=None, help="encoding threads (default: all cores)")
+    p.add_argument("--workers", type=_in_range(int, 1, 1024), default=None,
+                   help="processes for the per-document steps (default: all cores)")
+    p.add_argument("--chunk-mb", type=_in_range(float, 0.001, 4096), default=CHUNK_BYTES / 2**20,
+                   help="MiB of input per chunk, the unit of parallel work and of resuming (default %(default)g)")
     p.set_defaults(run=_cmd_prepare)
 
     p = sub.add_parser("mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)")

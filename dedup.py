@@ -661,6 +661,24 @@ def _band_keys(band_rows: np.ndarray) -> np.ndarray:
     return key
 
 
+def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """One 64-bit key per (document, band): (N, bands) uint64, band b's rows folded with b itself, so keys of
+    different bands differ. Two documents share a key when they agree on every row of that band (or, with odds
+    ~2^-64, by collision, which verification then rejects). An index too big for memory joins documents on
+    these keys on disk instead of sorting the signatures (data.py's streaming engine does).
+
+    >>> keys = band_keys(np.array([[1, 2, 3, 4], [1, 2, 9, 9]], dtype=np.uint64), bands=2, rows=2)
+    >>> bool(keys[0, 0] == keys[1, 0]), bool(keys[0, 1] == keys[1, 1]), bool(keys[0, 0] == keys[0, 1])
+    (True, False, False)
+    """
+    signatures = np.asarray(signatures, dtype=np.uint64)
+    out = np.empty((len(signatures), bands), dtype=np.uint64)
+    for band in range(bands):
+        band_index = np.full((len(signatures), 1), band, dtype=np.uint64)
+        out[:, band] = _band_keys(np.hstack([band_index, signatures[:, band * rows:(band + 1) * rows]]))
+    return out
+
+
 def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, documents: np.ndarray | None = None) -> np.ndarray:
     """Candidate pairs as an array (pairs, 2) of document ids, i < j, sorted, each pair once. `documents`, an
     ascending array of row ids, restricts the search to those rows (without copying the whole signature array).

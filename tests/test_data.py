@@ -369,22 +369,33 @@ def test_mix_cli_prints_the_lecture_table(capsys):
     assert exit_info.value.code == 2 and "name=number" in capsys.readouterr().err
 
 
-def test_repeat_documents_fills_the_budget_with_whole_passes():
-    order = data.repeat_documents([10, 20, 30], 150, seed=0)
-    assert order[:6] == [0, 1, 2, 0, 1, 2]
-    assert sum([10, 20, 30][i] for i in order) >= 150
-    assert data.repeat_documents([10, 20, 30], 150, seed=0) == order
-    assert len(set(data.repeat_documents([10] * 9, 50, seed=2))) == 5         # half an epoch: 5 distinct documents
+def test_partial_epoch_fills_the_budget_with_whole_passes_then_the_lowest_buckets():
+    lengths, buckets = np.array([10, 20, 30, 40]), np.array([3, 100, 7, 60000])
+    histogram = np.bincount(buckets, weights=lengths, minlength=data.MIX_BUCKETS)
+    full, cut = data.partial_epoch(250, 100, histogram)          # 2 passes, then 50 more tokens: buckets 3, 7, 100
+    assert (full, cut) == (2, 101)
+    reads = data.document_reads(full, cut, buckets)
+    assert reads.tolist() == [3, 3, 3, 2] and (reads * lengths).sum() >= 250
+    assert data.partial_epoch(200, 100, histogram) == (2, 0)
+    keys = np.array([data.document_keys(f"doc {i}", seed=0)[2] for i in range(200)], dtype=np.uint64)
+    buckets = data.mix_bucket(keys)
+    histogram = np.bincount(buckets, weights=np.full(200, 10), minlength=data.MIX_BUCKETS)
+    reads = data.document_reads(*data.partial_epoch(1000, 2000, histogram), buckets)   # half an epoch
+    assert reads.max() == 1 and 1000 <= 10 * reads.sum() < 1000 + 10 * np.bincount(buckets).max()
 
 
-def test_split_is_seeded_and_disjoint():
-    train, val = data.split_indices(100, 0.1, seed=3)
-    assert len(val) == 10 and sorted(train + val) == list(range(100))
-    assert (train, val) == data.split_indices(100, 0.1, seed=3)
-    assert val != data.split_indices(100, 0.1, seed=4)[1]
-    assert data.split_indices(2, 0.01, 0)[1] != []
+def test_split_is_a_per_document_coin_and_never_leaves_a_side_empty():
+    keys = np.array([data.document_keys(f"doc {i}", seed=3)[0] for i in range(1000)], dtype=np.uint64)
+    is_val = data.split_documents(keys, 0.1)
+    assert 70 < is_val.sum() < 130
+    assert (data.split_documents(keys[:500], 0.1) == is_val[:500]).all()       # each decision needs its document
+    other = np.array([data.document_keys(f"doc {i}", seed=4)[0] for i in range(1000)], dtype=np.uint64)
+    assert (data.split_documents(other, 0.1) != is_val).any()
+    assert data.split_documents(keys[:2], 0.01).tolist().count(True) == 1
+    assert data.split_documents(keys[:2], 0.999).tolist().count(True) == 1
+    assert not data.split_documents(keys, 0.0).any()
     with pytest.raises(DataError, match="at least 2"):
-        data.split_indices(1, 0.1, 0)
+        data.split_documents(keys[:1], 0.1)
 
 
 def test_split_after_near_dedup_leaves_no_near_duplicate_across(tmp_path):
@@ -397,8 +408,9 @@ def test_split_after_near_dedup_leaves_no_near_duplicate_across(tmp_path):
     rng.shuffle(mixed)
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in mixed))
     docs, _, funnel = data.clean([data.open_source(str(path))], data.CleanSettings(filters="none"))
-    assert funnel.steps[-2].reasons["near_duplicate"] == len(copies)
-    train, val = data.split_indices(len(docs), 0.3, seed=0)
+    assert funnel.steps[-1].name.startswith("near dedup") and funnel.steps[-1].reasons["near_duplicate"] == len(copies)
+    is_val = data.split_documents(np.array([data.document_keys(d, 0)[0] for d in docs], dtype=np.uint64), 0.3)
+    train, val = np.flatnonzero(~is_val).tolist(), np.flatnonzero(is_val).tolist()
     worst = max(exact_jaccard(docs[i], docs[j]) for i in train for j in val)
     assert worst < 0.5
 
@@ -596,8 +608,9 @@ def test_prepare_funnel_counts_and_reasons(small_corpus):
     assert steps["exact dedup"]["reasons"]["duplicate"] == 4
     assert steps["near dedup"]["reasons"]["near_duplicate"] == 4
     assert steps["PII masking"]["reasons"] == {"email": 1, "phone": 1}
-    assert steps["train/val split"]["reasons"] == {"val": 8} and steps["train/val split"]["docs_out"] == 32
-    assert m["splits"]["train"]["documents"] == 32 and m["splits"]["val"]["documents"] == 8
+    n_val = steps["train/val split"]["reasons"]["val"]
+    assert 3 <= n_val <= 14 and steps["train/val split"]["docs_out"] == 40 - n_val     # a coin each, p = 0.2
+    assert m["splits"]["train"]["documents"] == 40 - n_val and m["splits"]["val"]["documents"] == n_val
     assert m["tokenizer"]["vocab_size"] == 300 and m["dtype"] == "uint16"
     text = data.Funnel.from_manifest(m).format()
     assert "too_few_words 3" in text and "near_duplicate 4" in text
@@ -667,7 +680,7 @@ def test_prepare_reuses_the_cache_and_keys_on_settings(small_corpus, tmp_path, m
     a = data.prepare([str(small_corpus["path"])], **kwargs)
     assert a.parent == tmp_path / "cache" / "data" and data.prepare([str(small_corpus["path"])], **kwargs) == a
     b = data.prepare([str(small_corpus["path"])], seed=5, **kwargs)
-    assert b != a and data.load_manifest(b)["splits"]["val"]["documents"] == 2
+    assert b != a and data.load_manifest(b)["settings"]["seed"] == 5
     m = data.load_manifest(a)
     assert m["tokenizer"]["trained_on_bytes"] == 0 and m["tokenizer"]["vocab_size"] == 300    # reused, not trained
     assert not [p for p in (tmp_path / "cache" / "data").iterdir() if ".tmp-" in p.name]    # no half-written dirs
