@@ -208,7 +208,7 @@ def _read_bytes(path: pathlib.Path) -> bytes:
     """A (possibly gzipped) file's bytes; a binary file or a damaged .gz is refused with one clear line."""
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (gzip.BadGzipFile, EOFError) as e:
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
     if b"\x00" in raw[:8192]:
         raise DataError(f"{path} looks binary (NUL bytes); pass a UTF-8 text, .jsonl, .parquet or .gz file")
@@ -457,10 +457,16 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         name = spec[3:]
         return Source(spec, kind or "prose", spec, lambda: read_hf(name, text_field), max_documents)
     path = pathlib.Path(spec).expanduser()
-    if not path.exists():
-        hint = "a name (pydocs, pystdlib, hf:NAME) or an existing file/directory"
+    if any(c in spec for c in "*?[") and not path.exists():      # a pattern: "shards/*.parquet"
+        files = sorted(p for p in map(pathlib.Path, glob.glob(str(path), recursive=True))
+                       if p.is_file() and _inner_suffix(p) in _FILE_READERS)
+        if not files:
+            raise DataError(f"source {spec!r} matches no {'/'.join(sorted(_FILE_READERS))} files; check the pattern")
+    elif not path.exists():
+        hint = "a name (pydocs, pystdlib, hf:NAME), an existing file/directory or a glob pattern"
         raise DataError(f"source {spec!r} not found: give {hint}")
-    files = _files_under(path) if path.is_dir() else [path]
+    else:
+        files = _files_under(path) if path.is_dir() else [path]
     readers = [_file_source(f, options) for f in files]
     kinds = {_FILE_KINDS.get(_FILE_READERS[_inner_suffix(f)], "prose") for f in files}
     if len(kinds) > 1 and kind is None:
@@ -1661,7 +1667,7 @@ def stage_clean(job: Job, chunk: Chunk) -> dict:
         hasher = _cached("minhash", lambda: dedup.MinHasher(NEAR_DUP_NUM_PERM, seed=0))
         band_keys = dedup.band_keys(hasher.signatures_from_texts(texts, NEAR_DUP_SHINGLE), job.bands, job.rows)
     flat_keys = band_keys.ravel()                                              # (docs · bands,)
-    flat_docs = np.repeat(np.arange(len(texts), dtype=np.uint32), job.bands)
+    flat_docs = np.repeat(np.arange(len(band_keys), dtype=np.uint32), job.bands)
     order = np.lexsort((flat_docs, flat_keys))
     _save_array(_chunk_file(job, 2, chunk.index, "band_key.npy"), flat_keys[order])
     _save_array(_chunk_file(job, 2, chunk.index, "band_doc.npy"), flat_docs[order])
