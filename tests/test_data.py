@@ -370,13 +370,13 @@ def test_mix_cli_prints_the_lecture_table(capsys):
 
 
 def test_partial_epoch_fills_the_budget_with_whole_passes_then_the_lowest_buckets():
-    lengths, buckets = np.array([10, 20, 30, 40]), np.array([3, 100, 7, 60000])
+    lengths, buckets = np.array([10, 20, 30, 40, 5]), np.array([3, 100, 7, 60000, 8])
     histogram = np.bincount(buckets, weights=lengths, minlength=data.MIX_BUCKETS)
-    full, cut = data.partial_epoch(250, 100, histogram)          # 2 passes, then 50 more tokens: buckets 3, 7, 100
-    assert (full, cut) == (2, 101)
+    full, cut = data.partial_epoch(250, 105, histogram)          # 2 passes, then 40 more tokens: buckets 3 and 7
+    assert (full, cut) == (2, 8)
     reads = data.document_reads(full, cut, buckets)
-    assert reads.tolist() == [3, 3, 3, 2] and (reads * lengths).sum() >= 250
-    assert data.partial_epoch(200, 100, histogram) == (2, 0)
+    assert reads.tolist() == [3, 2, 3, 2, 2] and (reads * lengths).sum() >= 250
+    assert data.partial_epoch(210, 105, histogram) == (2, 0)
     keys = np.array([data.document_keys(f"doc {i}", seed=0)[2] for i in range(200)], dtype=np.uint64)
     buckets = data.mix_bucket(keys)
     histogram = np.bincount(buckets, weights=np.full(200, 10), minlength=data.MIX_BUCKETS)
