@@ -289,6 +289,31 @@ def test_each_gopher_rule_has_a_named_reason(reason, text):
     assert data.gopher_rejection(text, max_words=max_words) == reason
 
 
+def test_ngram_fractions_match_counting_word_tuples():
+    """The numpy n-gram ids against the plain definition (dicts of word tuples), on repetitive random texts."""
+    def top(words, n, total):
+        counts = collections.Counter(zip(*(words[i:] for i in range(n))))
+        gram, count = counts.most_common(1)[0] if counts else ((), 0)
+        return count * sum(len(w) for w in gram) / total if count > 1 else 0.0
+
+    def duplicated(words, n, total):
+        first, covered = {}, [False] * len(words)
+        for i, gram in enumerate(zip(*(words[j:] for j in range(n)))):
+            j = first.setdefault(gram, i)
+            if j != i:
+                covered[i:i + n] = covered[j:j + n] = [True] * n
+        return sum(len(w) for w, c in zip(words, covered) if c) / total
+
+    rng = random.Random(0)
+    for _ in range(300):
+        words = [rng.choice(["a", "bb", "the", "ccc", "dddd"][:rng.randint(1, 5)]) for _ in range(rng.randint(0, 60))]
+        ngrams, total = data.NGrams(words), max(1, sum(map(len, words)))
+        for n in range(1, 11):
+            assert data._top_ngram_fraction(ngrams, n, total) == pytest.approx(top(words, n, total), abs=1e-12)
+            assert data._duplicate_ngram_fraction(ngrams, n, total) == pytest.approx(duplicated(words, n, total),
+                                                                                     abs=1e-12)
+
+
 def test_code_filters():
     good = "def f(x):\n    return x + 1\n\n\nclass A:\n    pass\n"
     assert data.code_rejection(good) is None

@@ -1,0 +1,183 @@
+"""Benchmark data.py's prepare at scale: the streaming engine on ~30 MB, 300 MB and 1 GB of web-like text, and the
+in-memory engine (the reference, what prepare did before streaming) beside it at the size it can handle.
+
+The corpus (.jsonl, one document per line) is recombined from the real text in ../shared/data (WikiText, C4,
+FineWeb, Wikipedia, TinyStories, Shakespeare): each document is 3-8 lines of 2-4 sentences drawn from ~90,000
+distinct sentences, a fifth of them end with one of a few site footers (boilerplate), and each starts with a tag
+word qzx<id>. A planted share (5%) are near copies of an earlier document: 2% of the words replaced, so the Jaccard
+of 3-word shingles is ~0.88, with their own tag. After prepare, the shards are decoded and the tags counted: a
+planted pair is found when exactly one of its two tags survives. Recall is over the pairs whose exact Jaccard is
+>= 0.8 and whose two documents both pass the quality filters (checked when the corpus is made).
+
+Each run is a fresh process; reported: wall seconds, MB/s (input bytes / wall), CPU seconds per MB (the process
+and its workers: steadier than wall time on a shared machine), peak RSS of the main process and of the largest
+worker (ru_maxrss), the funnel's near-duplicate count and the recall.
+
+    python bench/bench_data.py                                  # 30, 300, 1000 MB + the in-memory peer at 30 MB
+    python bench/bench_data.py --sizes 3 --peer-mb 3            # a smoke run (~1 minute)
+
+Needs ../shared/data. Corpora and outputs go to --work (default /tmp/bench_data), reused across runs.
+"""
+import argparse
+import json
+import os
+import pathlib
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import data  # noqa: E402
+import dedup  # noqa: E402
+from bench_dedup import DATA, sentence_pool  # noqa: E402
+
+COPY_SHARE, COPY_RATE, FOOTER_SHARE = 0.05, 0.02, 0.2
+FOOTERS = ["Subscribe to our newsletter to get the latest stories delivered to your inbox.",
+           "All rights reserved. Reproduction without written permission is prohibited.",
+           "Share this article with your friends on social media and leave a comment below.",
+           "This site uses cookies to improve your experience. By continuing you accept them.",
+           "Click here to read more articles like this one from our editors."]
+
+
+def make_document(rng: random.Random, pool: list[str], tag: int) -> str:
+    lines = [" ".join(rng.choice(pool) for _ in range(rng.randint(2, 4))) for _ in range(rng.randint(3, 8))]
+    lines[0] = f"qzx{tag} {lines[0]}"
+    if rng.random() < FOOTER_SHARE:
+        lines.append(rng.choice(FOOTERS))
+    return "\n".join(lines)
+
+
+def near_copy(rng: random.Random, text: str, tag: int, vocabulary: list[str]) -> str:
+    """The text with its tag replaced and COPY_RATE of its other words replaced (line breaks kept)."""
+    lines = [line.split(" ") for line in text.split("\n")]
+    lines[0][0] = f"qzx{tag}"
+    for li, words in enumerate(lines):
+        for wi in range(1 if li == 0 else 0, len(words)):
+            if rng.random() < COPY_RATE:
+                words[wi] = rng.choice(vocabulary)
+    return "\n".join(" ".join(words) for words in lines)
+
+
+def build_corpus(path: pathlib.Path, megabytes: float, pool: list[str], seed: int = 0) -> dict:
+    """Write the corpus; return its size and the planted pairs eligible for recall ((original tag, copy tag))."""
+    meta = path.with_suffix(".json")
+    if path.exists() and meta.exists():
+        return json.loads(meta.read_text())
+    rng = random.Random(seed)
+    vocabulary = sorted({w for s in rng.sample(pool, 2000) for w in s.split()})
+    target, size, tag, pending, eligible, planted = megabytes * 1e6, 0, 0, [], [], 0
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        while size < target:
+            if pending and rng.random() < COPY_SHARE / (1 - COPY_SHARE) * 2 and rng.random() < 0.5:
+                original_tag, original = pending.pop(rng.randrange(len(pending)))
+                text = near_copy(rng, original, tag, vocabulary)
+                planted += 1
+                similar = dedup.pair_jaccard([original, text], np.array([[0, 1]]))[0] >= 0.8
+                if similar and data.gopher_rejection(original) is None and data.gopher_rejection(text) is None:
+                    eligible.append((original_tag, tag))
+            else:
+                text = make_document(rng, pool, tag)
+                if rng.random() < COPY_SHARE / (1 - COPY_SHARE):
+                    pending.append((tag, text))
+            line = json.dumps({"text": text}) + "\n"
+            f.write(line)
+            size += len(line.encode("utf-8"))
+            tag += 1
+    os.replace(tmp, path)
+    info = {"bytes": size, "documents": tag, "planted": planted, "eligible": eligible}
+    meta.write_text(json.dumps(info))
+    return info
+
+
+RUN = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+import data
+start = time.perf_counter()
+out = data.prepare([{corpus!r}], {out!r}, in_memory={in_memory}, verbose=False)
+wall = time.perf_counter() - start
+m = data.load_manifest(out)
+print(json.dumps({{"wall": wall, "cpu": m["timings"]["total_cpu_s"], "timings": m["timings"], "funnel": m["funnel"],
+                  "rss_main": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}}))
+"""
+
+
+def run_prepare(corpus: pathlib.Path, out: pathlib.Path, in_memory: bool) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    script = RUN.format(root=str(ROOT), corpus=str(corpus), out=str(out), in_memory=in_memory)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"prepare failed on {corpus}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def surviving_tags(out: pathlib.Path) -> dict[int, int]:
+    """How many times each tag occurs in the decoded shards (train documents are read once: no weights)."""
+    tokens = data.TokenData(out)
+    encoding = tokens.tokenizer.to_tiktoken()
+    counts: dict[int, int] = {}
+    for shards in tokens.shards.values():
+        for shard in shards:
+            cuts = np.flatnonzero(np.asarray(shard) == tokens.eot_id).tolist() + [len(shard)]
+            for a in range(0, len(cuts) - 1, 20_000):                       # ~20,000 documents per decode
+                text = encoding.decode(np.asarray(shard[cuts[a]:cuts[min(a + 20_000, len(cuts) - 1)]]).tolist())
+                for tag in re.findall(r"\bqzx(\d+)\b", text):
+                    counts[int(tag)] = counts.get(int(tag), 0) + 1
+    return counts
+
+
+def recall(info: dict, out: pathlib.Path) -> float:
+    counts = surviving_tags(out)
+    found = sum((counts.get(a, 0) > 0) != (counts.get(b, 0) > 0) for a, b in info["eligible"])
+    return found / max(1, len(info["eligible"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=float, nargs="+", default=[30, 300, 1000], help="corpus sizes in MB")
+    parser.add_argument("--peer-mb", type=float, default=30, help="corpus size for the in-memory engine (0: none)")
+    parser.add_argument("--work", default="/tmp/bench_data", help="where corpora and outputs go")
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        raise SystemExit(f"needs the shared corpora at {DATA} (set SHARED_DATA)")
+    work = pathlib.Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    pool = sentence_pool(DATA)
+    print(f"sentence pool: {len(pool):,} sentences; machine: {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f} at the start")
+    runs = [(mb, False) for mb in args.sizes] + ([(args.peer_mb, True)] if args.peer_mb else [])
+    header = (f"{'corpus':>8} {'engine':<10} {'docs':>9} {'wall s':>8} {'MB/s':>6} {'CPU s/MB':>8} "
+              f"{'RSS main':>9} {'RSS worker':>10} {'near dups':>9} {'recall':>7}")
+    rows = []
+    for mb, in_memory in runs:
+        t0 = time.perf_counter()
+        corpus = work / f"corpus-{mb:g}MB.jsonl"
+        info = build_corpus(corpus, mb, pool)
+        print(f"corpus {corpus.name}: {info['bytes'] / 1e6:,.1f} MB, {info['documents']:,} documents, "
+              f"{info['planted']:,} planted copies ({len(info['eligible']):,} with J >= 0.8 that pass the filters), "
+              f"made in {time.perf_counter() - t0:.0f}s", flush=True)
+        out = work / f"out-{mb:g}MB-{'memory' if in_memory else 'stream'}"
+        result = run_prepare(corpus, out, in_memory)
+        near = next((s["reasons"].get("near_duplicate", 0) for s in result["funnel"]
+                     if s["name"].startswith("near dedup")), 0)
+        mb_in = info["bytes"] / 1e6
+        row = (f"{mb_in:>6.0f}MB {'in-memory' if in_memory else 'streaming':<10} {info['documents']:>9,} "
+               f"{result['wall']:>8.1f} {mb_in / result['wall']:>6.2f} {result['cpu'] / mb_in:>8.2f} "
+               f"{result['rss_main']:>7.0f}MB {result['rss_worker']:>8.0f}MB {near:>9,} {recall(info, out):>7.3f}")
+        rows.append(row)
+        print(header + "\n" + row, flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end (2 cores shared: wall figures are load-dependent)")
+    print(header + "\n" + "\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
