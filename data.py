@@ -54,6 +54,10 @@ and renamed, the chunk's .json counts last: a rerun after a kill skips every chu
 result file exists. A document's id is (chunk << 32) | its position, so sorting ids sorts documents in input order;
 joins sort by (key, id); every random choice is a keyed hash of the text. That is why any schedule (1 worker or
 64, killed and resumed, or a cluster's task scheduler running the same stage functions) writes the same bytes.
+The contract an engine relies on: `plan_chunks` numbers the chunks; `stage_read`, `stage_clean` and `stage_encode`
+take (Job, Chunk), read only the files of earlier steps, write only files named by their chunk, and return the
+JSON counts they also save; between the stages run, in this order, `join_exact`, `join_boilerplate`,
+`join_near_duplicates`, `decide_split`, `draw_tokenizer_sample` (then BPE) and, after stage 3, `write_split_shards`.
 
 Memory, per document (FineWeb-Edu 10BT: 9.7M documents of ~4 KB):
     RAM, main process   8 B exact-dedup hash (~32 B while np.unique sorts them: ~310 MB at the peak), 1 B survivor
