@@ -153,7 +153,7 @@ def main() -> None:
     pool = sentence_pool(DATA)
     print(f"sentence pool: {len(pool):,} sentences; machine: {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at the start")
-    runs = [(mb, False) for mb in args.sizes] + ([(args.peer_mb, True)] if args.peer_mb else [])
+    runs = ([(args.peer_mb, True)] if args.peer_mb else []) + [(mb, False) for mb in args.sizes]
     header = (f"{'corpus':>8} {'engine':<10} {'docs':>9} {'wall s':>8} {'MB/s':>6} {'CPU s/MB':>8} "
               f"{'RSS main':>9} {'RSS worker':>10} {'near dups':>9} {'recall':>7}")
     rows = []
