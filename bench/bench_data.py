@@ -1,6 +1,9 @@
 """Benchmark data.py's prepare at scale: the streaming engine on ~30 MB, 300 MB and 1 GB of web-like text, and the
 in-memory engine (the reference, what prepare did before streaming) beside it at the size it can handle.
 
+With --peers before --peer-rev REV, the pipeline of that git revision (data.py, bpe.py, dedup.py as they were: e.g. the last commit
+before the streaming engine) runs too, as "before".
+
 The corpus (.jsonl, one document per line) is recombined from the real text in ../shared/data (WikiText, C4,
 FineWeb, Wikipedia, TinyStories, Shakespeare): each document is 3-8 lines of 2-4 sentences drawn from ~90,000
 distinct sentences, a fifth of them end with one of a few site footers (boilerplate), and each starts with a tag
@@ -15,6 +18,7 @@ worker (ru_maxrss), the funnel's near-duplicate count and the recall.
 
     python bench/bench_data.py                                  # 30, 300, 1000 MB + the in-memory peer at 30 MB
     python bench/bench_data.py --sizes 3 --peer-mb 3            # a smoke run (~1 minute)
+    python bench/bench_data.py --sizes --peers before --peer-rev f90028c   # the pipeline before streaming, 30 MB
 
 Needs ../shared/data. Corpora and outputs go to --work (default /tmp/bench_data), reused across runs.
 """
@@ -101,7 +105,7 @@ import json, resource, sys, time
 sys.path.insert(0, {root!r})
 import data
 start = time.perf_counter()
-out = data.prepare([{corpus!r}], {out!r}, in_memory={in_memory}, verbose=False)
+out = data.prepare([{corpus!r}], {out!r}{options})
 wall = time.perf_counter() - start
 m = data.load_manifest(out)
 print(json.dumps({{"wall": wall, "cpu": m["timings"]["total_cpu_s"], "timings": m["timings"], "funnel": m["funnel"],
@@ -110,9 +114,21 @@ print(json.dumps({{"wall": wall, "cpu": m["timings"]["total_cpu_s"], "timings": 
 """
 
 
-def run_prepare(corpus: pathlib.Path, out: pathlib.Path, in_memory: bool) -> dict:
+def checkout(revision: str, directory: pathlib.Path) -> pathlib.Path:
+    """data.py, bpe.py and dedup.py as they were at a git revision (the pipeline before streaming, say)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("data.py", "bpe.py", "dedup.py"):
+        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{name}"], capture_output=True)
+        if source.returncode:
+            raise SystemExit(f"--peer-rev {revision}: git show {revision}:{name} failed: {source.stderr.decode()}")
+        (directory / name).write_bytes(source.stdout)
+    return directory
+
+
+def run_prepare(corpus: pathlib.Path, out: pathlib.Path, engine: str, code: pathlib.Path = ROOT) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    script = RUN.format(root=str(ROOT), corpus=str(corpus), out=str(out), in_memory=in_memory)
+    options = {"streaming": "", "in-memory": ", in_memory=True", "before": ""}[engine]
+    script = RUN.format(root=str(code), corpus=str(corpus), out=str(out), options=options)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"prepare failed on {corpus}:\n{done.stderr[-3000:]}")
@@ -142,8 +158,13 @@ def recall(info: dict, out: pathlib.Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=float, nargs="+", default=[30, 300, 1000], help="corpus sizes in MB")
-    parser.add_argument("--peer-mb", type=float, default=30, help="corpus size for the in-memory engine (0: none)")
+    parser.add_argument("--sizes", type=float, nargs="*", default=[30, 300, 1000],
+                        help="corpus sizes in MB for the streaming engine")
+    parser.add_argument("--peer-mb", type=float, default=30, help="corpus size for the peers")
+    parser.add_argument("--peers", nargs="*", choices=["in-memory", "before"], default=["in-memory"],
+                        help="in-memory: this data.py's reference engine; before: the pipeline of --peer-rev")
+    parser.add_argument("--peer-rev", default=None, help="a git revision for the 'before' peer (e.g. the commit "
+                                                         "before the streaming engine)")
     parser.add_argument("--work", default="/tmp/bench_data", help="where corpora and outputs go")
     args = parser.parse_args()
     if not DATA.is_dir():
@@ -153,23 +174,26 @@ def main() -> None:
     pool = sentence_pool(DATA)
     print(f"sentence pool: {len(pool):,} sentences; machine: {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at the start")
-    runs = ([(args.peer_mb, True)] if args.peer_mb else []) + [(mb, False) for mb in args.sizes]
+    if "before" in args.peers and not args.peer_rev:
+        raise SystemExit("--peers before needs --peer-rev REV")
+    runs = [(args.peer_mb, peer) for peer in args.peers] + [(mb, "streaming") for mb in args.sizes]
     header = (f"{'corpus':>8} {'engine':<10} {'docs':>9} {'wall s':>8} {'MB/s':>6} {'CPU s/MB':>8} "
               f"{'RSS main':>9} {'RSS worker':>10} {'near dups':>9} {'recall':>7}")
     rows = []
-    for mb, in_memory in runs:
+    for mb, engine in runs:
         t0 = time.perf_counter()
         corpus = work / f"corpus-{mb:g}MB.jsonl"
         info = build_corpus(corpus, mb, pool)
         print(f"corpus {corpus.name}: {info['bytes'] / 1e6:,.1f} MB, {info['documents']:,} documents, "
               f"{info['planted']:,} planted copies ({len(info['eligible']):,} with J >= 0.8 that pass the filters), "
               f"made in {time.perf_counter() - t0:.0f}s", flush=True)
-        out = work / f"out-{mb:g}MB-{'memory' if in_memory else 'stream'}"
-        result = run_prepare(corpus, out, in_memory)
+        out = work / f"out-{mb:g}MB-{engine}"
+        code = checkout(args.peer_rev, work / f"code-{args.peer_rev}") if engine == "before" else ROOT
+        result = run_prepare(corpus, out, engine, code)
         near = next((s["reasons"].get("near_duplicate", 0) for s in result["funnel"]
                      if s["name"].startswith("near dedup")), 0)
         mb_in = info["bytes"] / 1e6
-        row = (f"{mb_in:>6.0f}MB {'in-memory' if in_memory else 'streaming':<10} {info['documents']:>9,} "
+        row = (f"{mb_in:>6.0f}MB {engine:<10} {info['documents']:>9,} "
                f"{result['wall']:>8.1f} {mb_in / result['wall']:>6.2f} {result['cpu'] / mb_in:>8.2f} "
                f"{result['rss_main']:>7.0f}MB {result['rss_worker']:>8.0f}MB {near:>9,} {recall(info, out):>7.3f}")
         rows.append(row)
