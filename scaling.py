@@ -72,6 +72,9 @@ class ScalingError(ValueError):
     """A bad input, reported as one line (exit code 2 from the CLI)."""
 
 
+_LOG_FLOAT_MAX = math.log(np.finfo(float).max) - 1   # ≈ 708.8: e^this still fits in a float64
+
+
 def _positive(name: str, value) -> float:
     """Return value as a finite float > 0, else raise ScalingError naming the argument.
 
@@ -678,6 +681,20 @@ def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(slope), float(intercept)
 
 
+def _allocation_line(computes, params, approach: str) -> AllocationLaw:
+    """Fit log N = a·log C + k. Optima at nearly equal computes can give a slope of thousands and a coefficient
+    e^k beyond any float: that is no law, and is reported as one line instead of an OverflowError.
+
+    >>> round(_allocation_line([1e18, 1e20], [1e8, 1e9], "Approach 1").a, 6)
+    0.5
+    """
+    a, k = _fit_line(np.log(computes), np.log(params))
+    if not (math.isfinite(a) and abs(k) < _LOG_FLOAT_MAX):
+        raise ScalingError(f"{approach}: the optima give N_opt ∝ C^{a:.3g}, a line no float can hold: their computes "
+                           f"({min(computes):.3g}-{max(computes):.3g}) are too close together; spread the budgets")
+    return AllocationLaw(a, math.exp(k))
+
+
 def _group_close(runs: Sequence[Run], key, rel: float = 0.01) -> dict[float, list[Run]]:
     """Group runs whose key (a compute) agrees within `rel` (float round-off makes 6·N·(C/6N) differ from C)."""
     groups: dict[float, list[Run]] = {}
@@ -714,8 +731,7 @@ def fit_approach1(runs: Sequence[Run]) -> AllocationLaw:
     if len({r.params for r in front}) < 2:
         raise ScalingError(f"Approach 1 needs a frontier that crosses at least 2 model sizes (got "
                            f"{len({r.params for r in front})} from {len(runs)} runs): add sizes or longer runs")
-    a, k = _fit_line(np.log([r.compute for r in front]), np.log([r.params for r in front]))
-    return AllocationLaw(a, math.exp(k))
+    return _allocation_line([r.compute for r in front], [r.params for r in front], "Approach 1")
 
 
 def isoflop_minima(runs: Sequence[Run]) -> list[tuple[float, float, np.ndarray]]:
@@ -745,8 +761,7 @@ def fit_approach2(runs: Sequence[Run]) -> AllocationLaw:
         raise ScalingError(f"Approach 2 needs at least 2 compute budgets with 3+ model sizes each and a U-shaped "
                            f"loss with its minimum inside the sizes tried (got {len(minima)} usable of "
                            f"{len(_group_close(runs, key=lambda r: r.budget))} budgets)")
-    a, k = _fit_line(np.log([m[0] for m in minima]), np.log([m[1] for m in minima]))
-    return AllocationLaw(a, math.exp(k))
+    return _allocation_line([m[0] for m in minima], [m[1] for m in minima], "Approach 2")
 
 
 # The grid of starting points Hoffmann et al. used (Appendix D.2): α, β ∈ {0, .5, .., 2}, e ∈ {-1, -.5, .., 1},
@@ -814,14 +829,25 @@ def fit_approach3(runs: Sequence[Run], delta: float = 1e-3, refine: int = 16,
         opt.step(closure)
         with torch.no_grad():
             value = float(objective(theta))
-        if math.isfinite(value) and value < best_value:
-            best_value, best_theta = value, theta.detach().numpy().copy()
+        found = theta.detach().numpy().copy()
+        # A start can run off to A, B or E = e^800: a perfect fit of a too-narrow range of N or D that no float
+        # can hold. Such a law predicts nothing outside the runs, so it does not compete.
+        if math.isfinite(value) and value < best_value and np.all(np.abs(found[:3]) < _LOG_FLOAT_MAX):
+            best_value, best_theta = value, found
+    if best_theta is None:
+        raise ScalingError(f"Approach 3 found no law with finite constants for these {len(runs)} runs (E, A or B "
+                           f"beyond 1e300): they span too little of N ({min(np.exp(log_n)):.3g}-"
+                           f"{max(np.exp(log_n)):.3g}) or D ({min(np.exp(log_d)):.3g}-{max(np.exp(log_d)):.3g}) "
+                           f"to pin five constants; add sizes or longer runs")
     a, b, e, alpha, beta = best_theta
     return ChinchillaFit(math.exp(e), math.exp(a), math.exp(b), float(alpha), float(beta), "Approach 3 fit")
 
 
 def _law_from_fit(fit: ChinchillaFit) -> AllocationLaw:
     """The allocation a Chinchilla fit implies: N_opt = G·(C/6)^a = (G·6^-a)·C^a."""
+    if not (fit.alpha > 0 and fit.beta > 0):
+        raise ScalingError(f"Approach 3's law has alpha = {fit.alpha:.3g}, beta = {fit.beta:.3g}: the loss does not "
+                           f"fall with both N and D, so it implies no compute-optimal size")
     return AllocationLaw(fit.a, float(fit.optimal_params(1.0)))
 
 

@@ -204,6 +204,33 @@ def test_bootstrap_intervals_bracket_the_truth():
     assert "3: parametric fit" in report.markdown()
 
 
+def _runs_of_log_law(theta, sizes=(1e5, 3e5, 1e6), tokens=np.linspace(2900, 3500, 4)):
+    """Runs exactly on log L = logsumexp(a - α·log N, b - β·log D, e) for theta = (a, b, e, α, β)."""
+    theta = np.asarray(theta, dtype=float)
+    return [Run(n, d, float(np.exp(scaling._log_law(theta[None], np.log([n]), np.log([d])))[0, 0]), 6 * n * d)
+            for n in sizes for d in tokens]
+
+
+def test_approach3_never_overflows_on_a_narrow_token_range():
+    """Issue 14: `sweep --quick` died with OverflowError in fit_approach3. Loss that drops steeply over a narrow
+    range of D is fitted best by B = e^800 (β = 100); the fit must pick a law with finite constants instead."""
+    runs = _runs_of_log_law([1.0, 800.0, math.log(2.0), 0.3, 100.0])
+    fit = fit_approach3(runs, refine=4)
+    assert all(math.isfinite(v) for v in (fit.E, fit.A, fit.B, fit.alpha, fit.beta))
+    assert "3: parametric fit" in fit_all(runs, 1e12, bootstrap=3, refine=2).markdown()
+    # Started at the e^800 law itself (where L-BFGS stays), no finite law is left: one clear line.
+    with pytest.raises(ScalingError, match="no law with finite constants.*D \\(2.9e\\+03-3.5e\\+03\\)"):
+        fit_approach3(runs, refine=0, starts=np.array([1.0, 800.0, math.log(2.0), 0.3, 100.0]))
+
+
+def test_allocation_line_no_float_holds_is_one_line():
+    """The quick sweep's bootstrap also died in fit_approach1: two frontier runs 3% apart in compute, the larger
+    model first, give N_opt ∝ C^-37 and a coefficient e^777."""
+    runs = [Run(3e4, 1e9 / 1.8e5, 3.0, 1e9), Run(1e4, 1.03e9 / 6e4, 2.9, 1.03e9)]
+    with pytest.raises(ScalingError, match="Approach 1: the optima give N_opt ∝ C\\^-37.2"):
+        fit_approach1(runs)
+
+
 def test_frontier_is_lowest_loss_at_each_compute():
     runs = [Run(1e6, 1e7, 5.0, 6e13), Run(4e6, 1e7, 5.5, 2.4e14), Run(1e6, 4e7, 4.6, 2.4e14),
             Run(4e6, 4e7, 4.0, 9.6e14), Run(1e6, 1.6e8, 4.3, 9.6e14)]
