@@ -366,15 +366,19 @@ class LayerKV:
         return cache.k[self.index][:, :, :held], cache.v[self.index][:, :, :held]
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + causal mask) v with q (B, h, Tq, d) and k, v (B, h, Tk, d), Tq <= Tk.
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v with q (..., Tq, d) and k, v (..., Tk, d), Tq <= Tk, e.g. (B, h, T, d).
 
-    The queries are the last Tq of the Tk positions (a KV cache holds the first Tk - Tq), so query i may see keys
-    0 .. Tk - Tq + i. Three cases, all through the fused F.scaled_dot_product_attention:
+    `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's convention); None
+    means causal. Then the queries are the last Tq of the Tk positions (a KV cache holds the first Tk - Tq), so
+    query i may see keys 0 .. Tk - Tq + i. Three cases, all through the fused F.scaled_dot_product_attention:
     Tq == Tk: the usual lower-triangular mask (is_causal); Tq == 1: the new token sees every key, no mask;
     otherwise (a prompt appended to a non-empty cache) an explicit bottom-right-aligned mask.
     """
-    Tq, Tk = q.shape[2], k.shape[2]
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    Tq, Tk = q.shape[-2], k.shape[-2]
     if Tq == Tk:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     if Tq == 1:

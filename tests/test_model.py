@@ -159,13 +159,12 @@ def explicit_attention(q, k, v, mask):
 @pytest.mark.parametrize("snapshot, shape", [("test_scaled_dot_product_attention", (4, 12)),
                                              ("test_4d_scaled_dot_product_attention", (2, 2, 12))])
 def test_attention_matches_cs336_snapshots(shared_data, snapshot, shape):
-    """The fused kernel our attention calls, on CS336's fixtures (3-d, and 4-d as (batch, head) = (2, 2))."""
+    """model.py's attention with CS336's mask, on CS336's fixtures (3-d, and 4-d as (batch, head) = (2, 2))."""
     expected = np.load(shared_data / f"cs336/a1/_snapshots/{snapshot}.npz")["array"]
     q, k, v, mask = cs336_qkv_mask()
     q, k, v = (t.reshape(*shape[:-1], -1, 64) for t in (q, k, v))
     mask = mask.reshape(*shape, 16)
-    fused = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    np.testing.assert_allclose(fused.numpy(), expected, atol=1e-5)
+    np.testing.assert_allclose(causal_attention(q, k, v, mask=mask).numpy(), expected, atol=1e-5)
     np.testing.assert_allclose(explicit_attention(q, k, v, mask).numpy(), expected, atol=1e-5)
 
 
@@ -175,6 +174,7 @@ def test_causal_attention_aligns_queries_to_the_last_positions(tq, tk):
     q, k, v = torch.randn(2, 3, tq, 8), torch.randn(2, 3, tk, 8), torch.randn(2, 3, tk, 8)
     mask = torch.arange(tk)[None, :] <= torch.arange(tk - tq, tk)[:, None]
     torch.testing.assert_close(causal_attention(q, k, v), explicit_attention(q, k, v, mask))
+    torch.testing.assert_close(causal_attention(q, k, v, mask=mask), explicit_attention(q, k, v, mask))
 
 
 def test_gqa_equals_mha_with_repeated_kv_heads():
