@@ -1,6 +1,11 @@
 """Tests for parallel.py: pure tests of the grid, layouts and schedules, then multi-process runs (gloo, CPU)
 whose parameters after several AdamW steps must equal a single-process run that sees the whole batch.
 
+Clipped AdamW hides the gradient's scale: clipping rescales to a fixed norm and Adam divides by sqrt(v), so ranks
+that summed their gradients instead of averaging them would end with the same weights. So every layout is also
+compared on what sees the scale: the pre-clip global gradient norm at every step, and two steps of plain SGD
+without clipping (a gradient twice too large moves every weight twice as far).
+
 Each launch forks its workers (about 0.1 s on Linux) and runs many checks; results come back to the parent,
 which compares them with the single-process oracle, so a failure names the mode and the tensor.
 """
@@ -21,6 +26,7 @@ CLIP = 0.25 # below the gradient norm of these steps, so every mode must compute
 # fp32 sums in another order differ by ~1e-7; Adam divides by sqrt(v), which can amplify that on a near-zero
 # gradient. 1e-4 is still 100x below one step's update (lr = 1e-2), so any real mistake fails.
 TOL = dict(rtol=1e-4, atol=1e-4)
+SGD_LR, SGD_STEPS = 0.1, 2  # plain SGD, no clipping: an update of lr * g, so g's scale shows in the weights
 
 
 def batches(steps=STEPS, batch=BATCH, seq=SEQ, vocab=CFG.vocab_size, seed=1):
@@ -45,21 +51,48 @@ _REFERENCE_CACHE: dict = {}
 
 def reference(cfg=CFG, steps=STEPS, data=None):
     """The oracle: one process, the whole batch, plain AdamW (computed once per setting; callers get copies)."""
+    return copy.deepcopy(_reference_with_norms(cfg, steps, data)[:2])
+
+
+def reference_norms(cfg=CFG, steps=STEPS, data=None) -> torch.Tensor:
+    """The oracle's global gradient norm before clipping, one per step (steps,)."""
+    return _reference_with_norms(cfg, steps, data)[2].clone()
+
+
+def _reference_with_norms(cfg, steps, data):
     key = (repr(cfg), steps, None if data is None else tuple(int(x.sum()) for x, _ in data))
     if key not in _REFERENCE_CACHE:
         _REFERENCE_CACHE[key] = _reference_uncached(cfg, steps, data)
-    return copy.deepcopy(_REFERENCE_CACHE[key])
+    return _REFERENCE_CACHE[key]
 
 
 def _reference_uncached(cfg, steps, data):
     model = make_model(cfg)
     opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    norms = []
     for x, y in data or batches(steps, vocab=cfg.vocab_size):
         model(x, y)[1].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
         opt.step()
         opt.zero_grad()
-    return model, opt
+    return model, opt, torch.stack(norms) if norms else torch.zeros(0)
+
+
+def reference_sgd(cfg=CFG, data=None) -> dict:
+    """The scale oracle: one process, the whole batch, SGD_STEPS steps of plain SGD without clipping."""
+    model = make_model(cfg)
+    opt = torch.optim.SGD(param_groups(model), lr=SGD_LR)
+    for x, y in (data or batches(vocab=cfg.vocab_size))[:SGD_STEPS]:
+        model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad()
+    return state(model)
+
+
+def assert_norms(got: torch.Tensor, want: torch.Tensor, what: str):
+    """Pre-clip gradient norms, step by step: ranks that sum instead of average show a factor of the world size."""
+    torch.testing.assert_close(torch.as_tensor(got, dtype=want.dtype), want, rtol=1e-4, atol=0,
+                               msg=lambda m: f"{what}: pre-clip grad norms {got} != {want}: {m}")
 
 
 def state(model):
@@ -170,6 +203,7 @@ def _dp_and_zero_worker(rank, world):
     dp = P.DataParallel(model, mesh.dp, bucket_bytes=1024)
     opt = torch.optim.AdamW(param_groups(model), lr=LR)
     out["dp_buckets"] = len(dp.buckets)
+    out["dp_norms"] = []
     for x, y in data:
         xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
         with dp.no_sync():
@@ -178,7 +212,8 @@ def _dp_and_zero_worker(rank, world):
         (dp(xs[2:], ys[2:])[1] / 2).backward()
         out["dp_launched_in_backward"] = dp._next_bucket  # every bucket started before backward returned
         dp.finish_gradient_sync()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)  # gradients are full and equal on every rank
+        # gradients are full and equal on every rank
+        out["dp_norms"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
         if x is data[0][0]:
             mesh.reset_counters()
         if x is data[1][0]:
@@ -203,6 +238,7 @@ def _dp_and_zero_worker(rank, world):
     for stage in (1, 2, 3):
         model = make_model(seed=rank)
         zero = P.Zero(model, mesh.dp, stage, torch.optim.AdamW, param_groups=param_groups(model), lr=LR)
+        out[f"zero{stage}_norms"] = []
         for i, (x, y) in enumerate(data):
             mesh.reset_counters()
             xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
@@ -210,7 +246,7 @@ def _dp_and_zero_worker(rank, world):
             out[f"zero{stage}_launched_in_backward"] = zero._next_unit
             out[f"zero{stage}_units"] = len(zero.units)
             zero.finish_gradient_sync()
-            zero.clip_grad_norm_(CLIP)
+            out[f"zero{stage}_norms"].append(zero.clip_grad_norm_(CLIP))
             zero.step()
             ops = dict(mesh.dp.bytes_by_op)
             assert ops.pop("all_reduce") == 8  # the two squared norms of clipping
@@ -221,6 +257,23 @@ def _dp_and_zero_worker(rank, world):
         out[f"zero{stage}"] = zero.full_state_dict()
         out[f"zero{stage}_opt"] = zero.optimizer_state_dict()
         out[f"zero{stage}_padded"] = [(u.padded, u in zero._units_of_module.get(id(model), [])) for u in zero.units]
+    # Plain SGD, no clipping: DP (2 micro-batches, the first under no_sync) and ZeRO-1/2/3.
+    for stage in (0, 1, 2, 3):
+        model = make_model(seed=rank)
+        if stage == 0:
+            sync = P.DataParallel(model, mesh.dp, bucket_bytes=1024)
+            opt = torch.optim.SGD(param_groups(model), lr=SGD_LR)
+        else:
+            sync = opt = P.Zero(model, mesh.dp, stage, torch.optim.SGD, param_groups=param_groups(model), lr=SGD_LR)
+        for x, y in data[:SGD_STEPS]:
+            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+            with sync.no_sync():
+                (model(xs[:2], ys[:2])[1] / 2).backward()
+            (model(xs[2:], ys[2:])[1] / 2).backward()
+            sync.finish_gradient_sync()
+            opt.step()
+            opt.zero_grad()
+        out[f"sgd_zero{stage}"] = state(model) if stage == 0 else sync.full_state_dict()
     # Load the single-process state after 5 steps into ZeRO-3 on 2 ranks (1 -> 2 ranks), take a 6th step.
     ref_model, ref_opt = reference()
     model = make_model(seed=rank)
@@ -247,6 +300,8 @@ def test_data_parallel_equals_single_process(dp_zero_results):
     assert dp_zero_results[0]["dp_buckets"] > 3
     for rank, res in enumerate(dp_zero_results):
         assert_same(res["dp"], ref, f"DP rank {rank}")
+        assert_norms(res["dp_norms"], reference_norms(), f"DP rank {rank}")
+        assert_same(res["sgd_zero0"], reference_sgd(), f"DP rank {rank}, plain SGD")
         assert res["dp_launched_in_backward"] == res["dp_buckets"]  # overlap: hooks started every all-reduce
 
 
@@ -272,6 +327,8 @@ def test_zero_equals_single_process(dp_zero_results, stage):
     ref_opt_state = P.named_optimizer_state(ref_opt, ref_model)
     for rank, res in enumerate(dp_zero_results):
         assert_same(res[f"zero{stage}"], state(ref_model), f"ZeRO-{stage} rank {rank}")
+        assert_norms(res[f"zero{stage}_norms"], reference_norms(), f"ZeRO-{stage} rank {rank}")
+        assert_same(res[f"sgd_zero{stage}"], reference_sgd(), f"ZeRO-{stage} rank {rank}, plain SGD")
         # Stages 2-3 start every unit's reduce-scatter from the gradient hooks, during backward; stage 1 at finish.
         assert res[f"zero{stage}_launched_in_backward"] == (0 if stage == 1 else res[f"zero{stage}_units"])
         got = res[f"zero{stage}_opt"]
@@ -583,19 +640,21 @@ CFG4 = GPTConfig(vocab_size=62, block_size=16, n_layer=4, n_head=4, n_kv_head=2,
 BATCH12 = 12  # divisible by 1, 2, 3, 4, 6 micro-batches and 2 dp ranks
 
 
-def _train_split(mesh, cfg, schedule, micro_batches, data, zero_stage=0):
-    """Train a model split over the mesh (tp, then pp, then DP or ZeRO over dp); return its full state."""
+def _train_split(mesh, cfg, schedule, micro_batches, data, zero_stage=0, sgd=False):
+    """Train a model split over the mesh (tp, then pp, then DP or ZeRO over dp) with clipped AdamW, or with
+    SGD_STEPS steps of plain SGD and no clipping (sgd=True); return its full state, losses and pre-clip norms."""
     model = make_model(cfg)
     split = P.TensorParallel(model, mesh.tp)  # with tp = 1 nothing is split
     pipe = P.PipelineParallel(model, mesh, schedule) if mesh.pp.size > 1 else None
+    optimizer_cls, lr, clip = (torch.optim.SGD, SGD_LR, float("inf")) if sgd else (torch.optim.AdamW, LR, CLIP)
     if zero_stage:
-        zero = P.Zero(model, mesh.dp, zero_stage, torch.optim.AdamW, param_groups=param_groups(model), lr=LR)
+        zero = P.Zero(model, mesh.dp, zero_stage, optimizer_cls, param_groups=param_groups(model), lr=lr)
         sync = opt = zero
     else:
         sync = P.DataParallel(model, mesh.dp) if mesh.dp.size > 1 else None
-        opt = torch.optim.AdamW(param_groups(model), lr=LR)
-    losses = []
-    for x, y in data:
+        opt = optimizer_cls(param_groups(model), lr=lr)
+    losses, norms = [], []
+    for x, y in data[:SGD_STEPS] if sgd else data:
         xs, ys = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
         if pipe is not None:
             losses.append(pipe.step(xs, ys, micro_batches, sync))
@@ -606,38 +665,42 @@ def _train_split(mesh, cfg, schedule, micro_batches, data, zero_stage=0):
                 sync.finish_gradient_sync()
             losses.append(loss.detach())
         if zero_stage:
-            zero.clip_grad_norm_(CLIP, mesh)
+            norms.append(zero.clip_grad_norm_(clip, mesh))
         else:
-            P.clip_grad_norm_(model.parameters(), CLIP, mesh)
+            norms.append(P.clip_grad_norm_(model.parameters(), clip, mesh))
         opt.step()
         opt.zero_grad()
     with zero.gathered() if zero_stage else contextlib.nullcontext():
         full = P.full_model_state_dict(model, mesh)
     losses = torch.stack(losses)
     mesh.dp.all_reduce(losses)  # each dp rank saw a slice of the batch: the batch loss is their mean
-    return {"state": full, "losses": losses / mesh.dp.size}
+    return {"state": full, "losses": losses / mesh.dp.size, "norms": torch.stack(norms)}
 
 
 def _reference_losses(cfg, data):
     model = make_model(cfg)
     opt = torch.optim.AdamW(param_groups(model), lr=LR)
-    losses = []
+    losses, norms = [], []
     for x, y in data:
         loss = model(x, y)[1]
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
         opt.step()
         opt.zero_grad()
         losses.append(loss.detach())
-    return state(model), torch.stack(losses)
+    return state(model), torch.stack(losses), torch.stack(norms)
 
 
-def _train_parallelized(mesh, zero, schedule, micro_batches, data, resume_from=None):
+def _train_parallelized(mesh, zero, schedule, micro_batches, data, resume_from=None, sgd=False):
     """The train.py path: parallelize(full model, plain optimizer), then the usual loop; 5 steps, or 1 step
-    after loading a single-process checkpoint (model + optimizer in torch's own format)."""
+    after loading a single-process checkpoint (model + optimizer in torch's own format); sgd=True: SGD_STEPS
+    steps of plain SGD without clipping."""
     model = make_model()
-    opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    opt = torch.optim.SGD(param_groups(model), lr=SGD_LR) if sgd else torch.optim.AdamW(param_groups(model), lr=LR)
     wrapped, wopt = P.parallelize(model, opt, mesh, zero=zero, schedule=schedule)
+    if sgd:
+        data = data[:SGD_STEPS]
+    norms = []
     if resume_from is not None:
         wrapped.load_full_state_dict(resume_from["model"])
         wopt.load_state_dict(resume_from["optimizer"])
@@ -650,14 +713,14 @@ def _train_parallelized(mesh, zero, schedule, micro_batches, data, resume_from=N
                 (wrapped(xs[:2], ys[:2])[1] * 2 / len(xs)).backward()
             (wrapped(xs[2:], ys[2:])[1] * (len(xs) - 2) / len(xs)).backward()
             wrapped.finish_gradient_sync()
-        wrapped.clip_grad_norm_(CLIP)
+        norms.append(wrapped.clip_grad_norm_(0 if sgd else CLIP))  # 0: only measure
         wopt.step()
         wopt.zero_grad()
     with torch.no_grad():
         x, y = data[0]
         eval_loss = wrapped(x, y)[1]
     return {"model": wrapped.full_state_dict(), "optimizer": wopt.state_dict(), "eval_loss": eval_loss,
-            "describe": wrapped.describe(micro_batches)}
+            "describe": wrapped.describe(micro_batches), "norms": norms}
 
 
 def _world2_split_worker(rank, world, resume_from):
@@ -668,12 +731,13 @@ def _world2_split_worker(rank, world, resume_from):
         mesh = P.Mesh.build(**sizes)
         out["parallelized_" + name] = _train_parallelized(mesh, zero, schedule, 3, data)
         out["resumed_" + name] = _train_parallelized(mesh, zero, schedule, 3, data[:1], resume_from)
+        out["sgd_parallelized_" + name] = _train_parallelized(mesh, zero, schedule, 3, data, sgd=True)
     tp = P.Mesh.build(tp=2)
-    out["tp2"] = _train_split(tp, CFG, "1f1b", 1, data)
     pp = P.Mesh.build(pp=2)
-    out["pp2_afab"] = _train_split(pp, CFG, "afab", 4, data)
-    out["pp2_1f1b"] = _train_split(pp, CFG, "1f1b", 3, data)
-    out["pp2_1f1b_untied"] = _train_split(pp, CFG4, "1f1b", 6, data)
+    for name, mesh, cfg, schedule, m in [("tp2", tp, CFG, "1f1b", 1), ("pp2_afab", pp, CFG, "afab", 4),
+                                         ("pp2_1f1b", pp, CFG, "1f1b", 3), ("pp2_1f1b_untied", pp, CFG4, "1f1b", 6)]:
+        out[name] = _train_split(mesh, cfg, schedule, m, data)
+        out["sgd_" + name] = _train_split(mesh, cfg, schedule, m, data, sgd=True)
     # Activation checkpointing recomputes each block in backward: the same numbers under TP, PP and ZeRO-3.
     out["tp2_checkpointing"] = _train_split(tp, CFG_CKPT, "1f1b", 1, data)
     out["pp2_checkpointing"] = _train_split(pp, CFG_CKPT, "1f1b", 3, data)
@@ -711,6 +775,8 @@ def test_parallelize_checkpoints_are_single_process_checkpoints(world2_split, mo
     for rank, res in enumerate(world2_split):
         got = res["parallelized_" + mode]
         assert_same(got["model"], state(ref_model), f"{mode} rank {rank}")
+        assert_norms(got["norms"], reference_norms(CFG, len(data), data), f"{mode} rank {rank}")
+        assert_same(res["sgd_parallelized_" + mode]["model"], reference_sgd(CFG, data), f"{mode} rank {rank}, SGD")
         torch.testing.assert_close(got["eval_loss"], ref_eval, **TOL)
         assert got["optimizer"]["state"].keys() == ref_opt_state["state"].keys()
         for i, s in ref_opt_state["state"].items():
@@ -733,10 +799,14 @@ CFG_CKPT = dataclasses.replace(CFG, activation_checkpointing=True)
                                       ("tp2_checkpointing", CFG), ("pp2_checkpointing", CFG),
                                       ("zero3_checkpointing", CFG)])
 def test_tensor_and_pipeline_parallel_equal_single_process(world2_split, mode, cfg):
-    want_state, want_losses = _reference_losses(cfg, batches(batch=BATCH12))
+    data = batches(batch=BATCH12)
+    want_state, want_losses, want_norms = _reference_losses(cfg, data)
     for rank, res in enumerate(world2_split):
         assert_same(res[mode]["state"], want_state, f"{mode} rank {rank}")
         torch.testing.assert_close(res[mode]["losses"], want_losses, **TOL)
+        assert_norms(res[mode]["norms"], want_norms, f"{mode} rank {rank}")
+        if "sgd_" + mode in res:
+            assert_same(res["sgd_" + mode]["state"], reference_sgd(cfg, data), f"{mode} rank {rank}, plain SGD")
 
 
 def _world4_worker(rank, world):
@@ -752,7 +822,9 @@ def _world4_worker(rank, world):
             ("pp4_m4", dict(pp=4), CFG4, "1f1b", 4, 0),
             ("pp4_m6", dict(pp=4), CFG4, "1f1b", 6, 0),
             ("zero3_dp4", dict(dp=4), CFG_ODD, "1f1b", 1, 3)]:
-        out[name] = _train_split(P.Mesh.build(**sizes), cfg, schedule, m, data, zero)
+        mesh = P.Mesh.build(**sizes)
+        out[name] = _train_split(mesh, cfg, schedule, m, data, zero)
+        out["sgd_" + name] = _train_split(mesh, cfg, schedule, m, data, zero, sgd=True)
     return out
 
 
@@ -771,12 +843,16 @@ def test_world4_combinations_equal_single_process():
     ranks (unit sizes that do not divide by 4: padding)."""
     results = P.launch(_world4_worker, 4, timeout_s=300)
     data = batches(batch=BATCH12)
-    refs = {name: _reference_losses(cfg, data) for name, cfg in (("CFG", CFG), ("CFG4", CFG4), ("CFG_ODD", CFG_ODD))}
-    for name in results[0]:
-        want_state, want_losses = refs["CFG4" if name.startswith("pp4") else "CFG_ODD" if "zero3" in name else "CFG"]
+    cfgs = {"CFG": CFG, "CFG4": CFG4, "CFG_ODD": CFG_ODD}
+    refs = {name: (*_reference_losses(cfg, data), reference_sgd(cfg, data)) for name, cfg in cfgs.items()}
+    for name in [n for n in results[0] if not n.startswith("sgd_")]:
+        want_state, want_losses, want_norms, want_sgd = refs[
+            "CFG4" if name.startswith("pp4") else "CFG_ODD" if "zero3" in name else "CFG"]
         for rank, res in enumerate(results):
             assert_same(res[name]["state"], want_state, f"{name} rank {rank}")
             torch.testing.assert_close(res[name]["losses"], want_losses, **TOL)
+            assert_norms(res[name]["norms"], want_norms, f"{name} rank {rank}")
+            assert_same(res["sgd_" + name]["state"], want_sgd, f"{name} rank {rank}, plain SGD")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -836,9 +912,10 @@ def _train_rank(rank, world, argv):
 
 
 def _curve(out_dir):
+    """step -> (training loss, pre-clip grad norm), and step -> validation loss."""
     import train
     records = train.read_metrics(out_dir / "metrics.jsonl")
-    return ({r["step"]: r["loss"] for r in records if "loss" in r and "event" not in r},
+    return ({r["step"]: (r["loss"], r["grad_norm"]) for r in records if "loss" in r and "event" not in r},
             {r["step"]: r["val_loss"] for r in records if "val_loss" in r})
 
 
@@ -860,7 +937,8 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
     for name, (world, flags) in runs.items():
         P.launch(_train_rank, world, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240)
         loss, val = _curve(tmp_path / name)
-        assert [loss[s] for s in range(6)] == pytest.approx([want_loss[s] for s in range(6)], rel=1e-4), name
+        for s in range(6):  # the loss, and the gradient norm that sees a wrong gradient scale
+            assert loss[s] == pytest.approx(want_loss[s], rel=1e-4), (name, s)
         assert val == pytest.approx(want_val, rel=1e-4), name
     # Resume at step 3 in another layout, finish, same curve.
     for source, target, world, flags in [("zero3", "zero3_on_1", 1, []), ("dp2_tp2_zero1", "dp2_tp2_on_1", 1, []),
@@ -874,7 +952,8 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
         else:
             train.train(train.parse_config(argv), log=lambda *a, **k: None)
         loss, _ = _curve(tmp_path / target)
-        assert [loss[s] for s in range(3, 6)] == pytest.approx([want_loss[s] for s in range(3, 6)], rel=1e-4), target
+        for s in range(3, 6):
+            assert loss[s] == pytest.approx(want_loss[s], rel=1e-4), (target, s)
 
 
 def _train_rank_log(rank, world, argv):

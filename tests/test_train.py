@@ -70,9 +70,10 @@ def config(dataset_dir, out_dir, *extra) -> train.TrainConfig:
     return train.parse_config(["--data", str(dataset_dir), "--out-dir", str(out_dir), *TINY_ARGS, *map(str, extra)])
 
 
-def losses_by_step(metrics_path) -> dict[int, float]:
-    """step -> training loss (a resumed run logs the steps after its checkpoint again: the last entry wins)."""
-    return {r["step"]: r["loss"] for r in train.read_metrics(metrics_path) if "loss" in r and "event" not in r}
+def losses_by_step(metrics_path, key: str = "loss") -> dict[int, float]:
+    """step -> training loss, or another field of the step lines such as "grad_norm" (a resumed run logs the
+    steps after its checkpoint again: the last entry wins)."""
+    return {r["step"]: r[key] for r in train.read_metrics(metrics_path) if "loss" in r and "event" not in r}
 
 
 def quiet(*args, **kwargs):
@@ -441,6 +442,10 @@ def test_data_parallel_two_ranks_match_one_process(dataset_dir, tmp_path):
     one = losses_by_step(tmp_path / "one" / "metrics.jsonl")
     assert sorted(dp) == sorted(one) == list(range(8))
     assert [dp[s] for s in range(8)] == pytest.approx([one[s] for s in range(8)], rel=1e-5)
+    # The losses alone cannot see the gradient's scale (clipping and Adam hide a factor 2); the pre-clip norm can.
+    dp_norms = losses_by_step(tmp_path / "dp" / "metrics.jsonl", "grad_norm")
+    one_norms = losses_by_step(tmp_path / "one" / "metrics.jsonl", "grad_norm")
+    assert [dp_norms[s] for s in range(8)] == pytest.approx([one_norms[s] for s in range(8)], rel=1e-4)
     ckpt = train.load_checkpoint(tmp_path / "dp")
     assert ckpt["step"] == 8 and len(ckpt["rng"]) == 2                          # every rank's generators
     assert ckpt["metrics"]["last_eval"]["val_loss"] == pytest.approx(single["val_loss"], rel=1e-5)
