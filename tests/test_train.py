@@ -408,6 +408,21 @@ def test_resume_after_sigkill_gives_the_uninterrupted_losses(dataset_dir, tmp_pa
     assert resumed["val_loss"] == reference["val_loss"]
 
 
+def test_resume_restores_the_random_generators(dataset_dir, tmp_path):
+    """With dropout every step draws from torch's generator: a run resumed from its step-3 checkpoint continues
+    the uninterrupted losses exactly only if the checkpoint brought the generators back."""
+    import shutil
+    dropout = ["--model-args", "n_layer=2,n_head=2,n_kv_head=2,n_embd=32,block_size=32,dropout=0.2",
+               "--max-steps", 6, "--ckpt-interval", 3, "--eval-interval", 3]
+    train.train(config(dataset_dir, tmp_path / "whole", *dropout), log=quiet)
+    (tmp_path / "resumed").mkdir()
+    shutil.copy(train.checkpoint_path(tmp_path / "whole", 3), tmp_path / "resumed")
+    train.train(config(dataset_dir, tmp_path / "resumed", *dropout, "--resume"), log=quiet)
+    want = losses_by_step(tmp_path / "whole" / "metrics.jsonl")
+    got = losses_by_step(tmp_path / "resumed" / "metrics.jsonl")
+    assert sorted(got) == [3, 4, 5] and [got[s] for s in range(3, 6)] == [want[s] for s in range(3, 6)]
+
+
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(dataset_dir, tmp_path):
     out = tmp_path / "run"
