@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import gc
 import io
 import math
 import os
@@ -324,6 +325,22 @@ class WorkerError(RuntimeError):
     """A worker of `launch` failed or the run timed out."""
 
 
+def _shut_down_process_group() -> None:
+    """Tear gloo down in a fixed order, all ranks together (a no-op if `fn` already destroyed the group).
+
+    1. A barrier: no rank closes its connections while a peer still has a message in flight to or from it.
+    2. A garbage collection: modules, hooks and wrappers form reference cycles that keep Comm objects, hence
+       ProcessGroups and async work handles, alive; they are freed now, while every backend still runs, not by a
+       GC pass at some later point of the process's exit.
+    3. destroy_process_group: every backend shuts down and joins its worker threads, here, on this thread.
+    """
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+
+
 def _worker_main(fn, rank, world, store_path, timeout_s, results, args):
     torch.set_num_threads(1)  # world processes share the cores; more threads would only fight
     try:
@@ -333,8 +350,9 @@ def _worker_main(fn, rank, world, store_path, timeout_s, results, args):
         value = fn(rank, world, *args)
         buffer = io.BytesIO()
         torch.save(value, buffer)  # tensors travel as bytes: the worker may exit before the parent reads them
+        del value
         results.put((rank, "ok", buffer.getvalue()))
-        dist.destroy_process_group()
+        _shut_down_process_group()
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent as one line
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f"{os.sep}torch{os.sep}" not in f.filename]
         last = frames[-1] if frames else None

@@ -227,10 +227,11 @@ def _dp_and_zero_worker(rank, world):
     model.blocks[0].attn_norm.weight.requires_grad_(False)
     dp = P.DataParallel(model, mesh.dp, bucket_bytes=1024)
     opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    out["dp_frozen_norms"] = []
     for x, y in data:
         dp(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
         dp.finish_gradient_sync()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        out["dp_frozen_norms"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
         opt.step()
         opt.zero_grad()
     out["dp_frozen"] = state(model)
@@ -282,7 +283,7 @@ def _dp_and_zero_worker(rank, world):
     zero.load_optimizer_state_dict(P.named_optimizer_state(ref_opt, ref_model))
     x, y = batches(1, seed=9)[0]
     model(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
-    zero.clip_grad_norm_(CLIP)
+    out["resumed_on_2_norm"] = zero.clip_grad_norm_(CLIP)
     zero.step()
     out["resumed_on_2"] = zero.full_state_dict()
     with torch.no_grad():  # stage 3 evaluation: gathers and frees, no backward
@@ -310,14 +311,16 @@ def test_data_parallel_skips_frozen_parameters(dp_zero_results):
     model.blocks[0].attn_norm.weight.requires_grad_(False)
     before = model.blocks[0].attn_norm.weight.detach().clone()
     opt = torch.optim.AdamW(param_groups(model), lr=LR)
+    norms = []
     for x, y in batches():
         model(x, y)[1].backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
         opt.step()
         opt.zero_grad()
     for res in dp_zero_results:
         assert not res["dp_frozen_in_buckets"]
         assert_same(res["dp_frozen"], state(model), "DP with a frozen parameter")
+        assert_norms(res["dp_frozen_norms"], torch.stack(norms), "DP with a frozen parameter")
         torch.testing.assert_close(res["dp_frozen"]["blocks.0.attn_norm.weight"], before, rtol=0, atol=0)
 
 
@@ -343,11 +346,12 @@ def test_zero_checkpoint_moves_between_layouts(dp_zero_results):
     x, y = batches(1, seed=9)[0]
     ref_model, ref_opt = reference()
     ref_model(x, y)[1].backward()
-    torch.nn.utils.clip_grad_norm_(ref_model.parameters(), CLIP)
+    want_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), CLIP)
     ref_opt.step()
     want = state(ref_model)
     for res in dp_zero_results:
         assert_same(res["resumed_on_2"], want, "1 process -> ZeRO-3 on 2 ranks")
+        assert_norms(res["resumed_on_2_norm"].reshape(1), want_norm.reshape(1), "1 process -> ZeRO-3 on 2 ranks")
     saved = dp_zero_results[0]
     model = make_model(seed=5)
     model.load_state_dict(saved["zero3"])

@@ -1,0 +1,273 @@
+"""Mutation check: would the tests notice if the code were wrong?
+
+A test suite that passes proves little by itself: a test that cannot fail passes too. Mutation testing asks the
+converse question. Make one small, plausible mistake in the code (a *mutant*), run the tests that claim to cover
+it, and expect at least one to fail ("the mutant is killed"). A mutant that survives points at a promise no test
+keeps. This project found such holes: parallel runs that *summed* their gradients instead of averaging them passed
+every equivalence test, because clipping rescales the gradient to a fixed norm and Adam divides by sqrt(v), so a
+factor of 2 left the weights unchanged. The tests now also compare the pre-clip gradient norm and plain-SGD steps;
+the mutants below keep them (and a few other promises) honest.
+
+Each mutant is one exact text replacement in one file, with the tests that must catch it. The pattern must occur
+exactly once in today's source: when a file changes and a pattern no longer matches, the check stops with an error
+that names the mutant, so the list is kept up to date instead of silently testing nothing.
+
+How a run works, for each mutant:
+    copy the repository (not .git) to a temporary directory -> apply the edit -> run pytest on the listed tests
+    pytest exit 1 (a test failed)  -> killed
+    pytest exit 0 (all passed)     -> SURVIVED, the check fails
+    anything else (collection error, no tests ran, timeout) -> error, the check fails
+A baseline run of the same tests on the unmutated copy must pass first: otherwise every "kill" would mean nothing.
+
+    python tests/mutation_check.py                  # every mutant: a table of kills, exit 0 only if all are killed
+    python tests/mutation_check.py --list           # the mutants, their files and tests
+    python tests/mutation_check.py --only dp-sum-instead-of-mean,warmup-shifted-by-one
+    python tests/mutation_check.py --jobs 2         # mutants run two at a time (default: 2, or 1 on one core)
+
+The corpora in ../shared/data are found as the tests find them (SHARED_DATA, else next to the repository).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str            # relative to the repository root
+    old: str             # exact text, must occur exactly once in the file
+    new: str             # what it becomes
+    tests: tuple         # pytest node ids (relative to the root) that must catch it
+    why: str             # the mistake, in words
+
+
+PARALLEL = "tests/test_parallel.py"
+TRAIN = "tests/test_train.py"
+
+MUTANTS = [
+    # --- the gradient's scale: invisible to clipped AdamW, visible to the pre-clip norm and to plain SGD ----------
+    Mutant("dp-sum-instead-of-mean", "parallel.py",
+           "            bucket.buffer.div_(self.comm.size)\n", "",
+           (f"{PARALLEL}::test_data_parallel_equals_single_process",
+            f"{TRAIN}::test_data_parallel_two_ranks_match_one_process"),
+           "DataParallel sums the bucket gradients over ranks instead of averaging them"),
+    Mutant("zero-sum-instead-of-mean", "parallel.py",
+           "        out.div_(self.comm.size)\n", "",
+           (f"{PARALLEL}::test_zero_equals_single_process",),
+           "ZeRO's reduce-scatter sums the shard gradients instead of averaging them"),
+    Mutant("pipeline-no-micro-batch-mean", "parallel.py",
+           "                        out = out / m\n", "",
+           (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
+           "the pipeline sums the micro-batch losses instead of averaging them"),
+    Mutant("tp-cross-entropy-sum", "parallel.py",
+           "g *= (valid.to(g.dtype) * grad / count)[:, None]", "g *= (valid.to(g.dtype) * grad)[:, None]",
+           (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
+           "the vocabulary-parallel cross-entropy's backward forgets to divide by the token count"),
+    Mutant("tp-input-grad-not-reduced", "parallel.py",
+           "        ctx.comm.all_reduce(grad)\n        return grad, None", "        return grad, None",
+           (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
+           "tensor parallel's f operator skips the all-reduce of the input gradient"),
+    Mutant("clip-norm-misses-tp-slices", "parallel.py",
+           "    mesh.tp.all_reduce(sharded)\n", "",
+           (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
+           "the global gradient norm counts only this rank's tensor-parallel slices"),
+    Mutant("accumulation-no-mean", "train.py",
+           "objective = objective / n ", "objective = objective     ",
+           (f"{TRAIN}::test_accumulation_equivalence_one_batch_of_8_equals_4_micro_batches_of_2",),
+           "gradient accumulation sums the micro-batch gradients instead of averaging them"),
+    # --- schedules, checkpoints, metrics ---------------------------------------------------------------------------
+    Mutant("warmup-shifted-by-one", "train.py",
+           "return max_lr * (step + 1) / warmup_steps", "return max_lr * step / warmup_steps",
+           (f"{TRAIN}::test_cosine_schedule_lecture_points",),
+           "linear warmup starts at 0 (a wasted step) and peaks one step late"),
+    Mutant("resume-without-rng-state", "train.py",
+           "            set_rng_state(ckpt[\"rng\"][self.dist.rank])\n", "            pass\n",
+           (f"{TRAIN}::test_resume_restores_the_random_generators",),
+           "a resumed run does not restore its random generators"),
+    Mutant("bits-per-byte-in-nats", "evaluate.py",
+           "return total_nats / n_bytes / LN2", "return total_nats / n_bytes",
+           ("tests/test_evaluate.py::test_bits_per_byte_of_the_lecture_example",),
+           "bits per byte forgets the nats-to-bits conversion"),
+    Mutant("pipeline-bubble-off-by-one", "scaling.py",
+           "return (stages - 1) / (micro + stages - 1)", "return (stages - 1) / (micro + stages)",
+           ("tests/test_scaling.py::test_pipeline_bubble",),
+           "the bubble formula (p-1)/(m+p-1) loses its -1"),
+    # --- the model --------------------------------------------------------------------------------------------------
+    Mutant("cached-prompt-mask-off-by-one", "model.py",
+           "attn_mask=key_pos <= query_pos", "attn_mask=key_pos < query_pos",
+           ("tests/test_model.py::test_causal_attention_aligns_queries_to_the_last_positions",),
+           "a prompt appended to a KV cache does not see its own position"),
+    Mutant("rope-ignores-cache-offset", "model.py",
+           "rope_angles(torch.arange(start, start + T, device=x.device)", "rope_angles(torch.arange(T, device=x.device)",
+           ("tests/test_model.py::test_kv_cache_gives_the_full_forward_logits",),
+           "RoPE rotates cached decoding steps as if they were at position 0"),
+    # --- tokenizer, dedup, data -------------------------------------------------------------------------------------
+    Mutant("bpe-tie-to-smallest-pair", "bpe.py",
+           "_REVERSE_BYTES = {b: chr(256 - b) for b in range(256)}", "_REVERSE_BYTES = {b: chr(1 + b) for b in range(256)}",
+           ("tests/test_bpe.py::test_lecture_example_and_tie_break",),
+           "the fast BPE trainer breaks count ties toward the smallest byte pair, not the greatest"),
+    Mutant("bpe-naive-tie-to-smallest-pair", "bpe.py",
+           "return max(pair_counts, key=lambda p: (pair_counts[p], token_bytes[p[0]], token_bytes[p[1]]))",
+           "return min(pair_counts, key=lambda p: (-pair_counts[p], token_bytes[p[0]], token_bytes[p[1]]))",
+           ("tests/test_bpe.py::test_fast_trainer_equals_textbook_trainer",),
+           "the teaching BPE trainer breaks count ties toward the smallest byte pair"),
+    Mutant("minhash-modulus-2-to-the-32", "dedup.py",
+           "% np.uint64(PRIME)", "% np.uint64(_HASH_RANGE)",
+           ("tests/test_dedup.py::test_universal_hash_is_exact_against_python_integers",),
+           "the exact MinHash hash reduces modulo 2^32 instead of the prime p"),
+    Mutant("minhash-fast-path-modulus", "dedup.py",
+           "shifted = [(int(a) << shift) % PRIME", "shifted = [(int(a) << shift) % _HASH_RANGE",
+           ("tests/test_dedup.py::test_fast_float_hash_is_exact_including_boundary_residues",),
+           "the fast MinHash path's coefficients a*2^(11j) are reduced modulo 2^32, not p"),
+    Mutant("val-documents-leak-into-train", "data.py",
+           "return sorted(order[n_val:].tolist()), sorted(order[:n_val].tolist())",
+           "return sorted(order.tolist()), sorted(order[:n_val].tolist())",
+           ("tests/test_data.py::test_split_is_seeded_and_disjoint",),
+           "the validation documents are also trained on"),
+]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Applying a mutant and running its tests
+# ------------------------------------------------------------------------------------------------------------------
+
+class MutantError(Exception):
+    """A mutant that cannot be applied: its pattern is gone from (or repeated in) the source."""
+
+
+def check_patterns(mutants: list[Mutant], root: pathlib.Path = ROOT) -> None:
+    """Raise MutantError naming every mutant whose pattern does not occur exactly once in its file."""
+    problems = []
+    for m in mutants:
+        path = root / m.file
+        count = path.read_text().count(m.old) if path.is_file() else -1
+        if count != 1:
+            where = "file is missing" if count < 0 else f"pattern found {count} times, need exactly 1"
+            problems.append(f"mutant {m.name!r} in {m.file}: {where}; update MUTANTS in tests/mutation_check.py")
+        if m.old == m.new:
+            problems.append(f"mutant {m.name!r} changes nothing")
+    if problems:
+        raise MutantError("\n".join(problems))
+
+
+def copy_repository(dest: pathlib.Path) -> pathlib.Path:
+    """The working tree without .git, caches and run outputs (about 1 MB)."""
+    ignore = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".cache",
+                                    "out", "out-*", "*.egg-info")
+    shutil.copytree(ROOT, dest, ignore=ignore)
+    return dest
+
+
+def shared_data() -> str:
+    """Where the tests of the real repository find the corpora (see tests/conftest.py)."""
+    return os.environ.get("SHARED_DATA", str(ROOT.parent / "shared" / "data"))
+
+
+def run_tests(copy: pathlib.Path, tests: tuple, timeout_s: float) -> tuple[int | None, str]:
+    """pytest's exit code on `tests` inside `copy` (None on timeout) and the last lines of its output."""
+    env = {**os.environ, "SHARED_DATA": shared_data(), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-W", "ignore", *tests]
+    try:
+        done = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout_s:.0f} s"
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode, "\n".join(lines[-15:])
+
+
+def verdict(returncode: int | None) -> str:
+    """pytest exit code -> killed / SURVIVED / error (see the module docstring)."""
+    return {1: "killed", 0: "SURVIVED"}.get(returncode, "error")
+
+
+def run_mutant(m: Mutant | None, tests: tuple, timeout_s: float) -> dict:
+    """Apply `m` (None: the baseline) to a fresh copy, run `tests` there; a result row for the table."""
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
+        copy = copy_repository(pathlib.Path(tmp) / "repo")
+        if m is not None:
+            path = copy / m.file
+            path.write_text(path.read_text().replace(m.old, m.new, 1))
+        code, tail = run_tests(copy, tests, timeout_s)
+    return {"name": m.name if m else "baseline", "file": m.file if m else "-", "code": code,
+            "result": verdict(code), "seconds": time.monotonic() - start, "tail": tail}
+
+
+def run_all(mutants: list[Mutant], jobs: int, timeout_s: float, log=print) -> list[dict]:
+    """The baseline (every listed test, unmutated), then every mutant, `jobs` at a time."""
+    check_patterns(mutants)
+    every_test = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
+    baseline = run_mutant(None, every_test, timeout_s * 2)
+    log(f"baseline: {len(every_test)} test targets, pytest exit {baseline['code']} ({baseline['seconds']:.0f} s)")
+    if baseline["code"] != 0:
+        raise MutantError(f"the tests fail without any mutant, so kills would mean nothing:\n{baseline['tail']}")
+    rows = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_mutant, m, m.tests, timeout_s): m for m in mutants}
+        for future in concurrent.futures.as_completed(futures):
+            row = future.result()
+            log(f"  {row['result']:<9} {row['name']} ({row['seconds']:.0f} s)")
+            if row["result"] != "killed":
+                log("    " + row["tail"].replace("\n", "\n    "))
+            rows.append(row)
+    order = {m.name: i for i, m in enumerate(mutants)}
+    return sorted(rows, key=lambda r: order[r["name"]])
+
+
+def kill_table(mutants: list[Mutant], rows: list[dict]) -> str:
+    """A Markdown table: mutant, file, what it breaks, result; then the kill rate."""
+    why = {m.name: m.why for m in mutants}
+    lines = ["| mutant | file | the mistake | result |", "|---|---|---|---|"]
+    lines += [f"| {r['name']} | {r['file']} | {why[r['name']]} | {r['result']} |" for r in rows]
+    killed = sum(r["result"] == "killed" for r in rows)
+    lines.append(f"\nkilled {killed} of {len(rows)} mutants")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--only", default="", help="comma-separated mutant names to run (default: all)")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="mutants run at once")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per mutant before it counts as an error")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or not args.timeout > 0:
+        parser.error("--jobs must be >= 1 and --timeout > 0")
+    mutants = MUTANTS
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = sorted(set(names) - {m.name for m in MUTANTS})
+        if unknown:
+            parser.error(f"--only: unknown mutant(s) {', '.join(unknown)}; see --list")
+        mutants = [m for m in MUTANTS if m.name in names]
+    if args.list:
+        for m in mutants:
+            print(f"{m.name:<34} {m.file:<12} {m.why}\n{'':<47}tests: {' '.join(m.tests)}")
+        return 0
+    try:
+        rows = run_all(mutants, args.jobs, args.timeout)
+    except MutantError as e:
+        print(f"mutation check: {e}", file=sys.stderr)
+        return 2
+    print(kill_table(mutants, rows))
+    return 0 if all(r["result"] == "killed" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Tests of tests/mutation_check.py: every mutant still applies to today's sources and names tests that exist
+(fast, so an edit that moves a pattern is noticed at once), and the machinery kills two cheap mutants while a
+harmless edit survives (slow). The full check runs in CI after pytest: `python tests/mutation_check.py`."""
+import pathlib
+
+import pytest
+
+import mutation_check as M
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_every_mutant_applies_once_and_names_existing_tests():
+    M.check_patterns(M.MUTANTS)
+    names = [m.name for m in M.MUTANTS]
+    assert len(set(names)) == len(names)
+    assert len({m.file for m in M.MUTANTS}) >= 6                               # spread over the chapters
+    for m in M.MUTANTS:
+        for node in m.tests:
+            path, _, test = node.partition("::")
+            assert (ROOT / path).is_file(), (m.name, node)
+            assert not test or f"def {test}(" in (ROOT / path).read_text(), (m.name, node)
+
+
+def test_a_pattern_gone_from_the_source_is_an_error():
+    gone = M.Mutant("gone", "train.py", "text that is not in train.py", "x", ("tests/test_train.py",), "nothing")
+    with pytest.raises(M.MutantError, match="'gone' in train.py: pattern found 0 times.*update MUTANTS"):
+        M.check_patterns([gone])
+
+
+@pytest.mark.slow
+def test_cheap_mutants_are_killed_and_a_harmless_edit_survives():
+    cheap = [m for m in M.MUTANTS if m.name in ("warmup-shifted-by-one", "pipeline-bubble-off-by-one")]
+    harmless = M.Mutant("comment-only", "train.py", "# 4. Gradient clipping", "# 4. Gradient clipping (edited)",
+                        cheap[0].tests, "a comment changes: nothing can catch it")
+    rows = M.run_all([*cheap, harmless], jobs=1, timeout_s=300, log=lambda *a: None)
+    assert {r["name"]: r["result"] for r in rows} == {"warmup-shifted-by-one": "killed",
+                                                      "pipeline-bubble-off-by-one": "killed",
+                                                      "comment-only": "SURVIVED"}
+    assert "killed 2 of 3 mutants" in M.kill_table([*cheap, harmless], rows)

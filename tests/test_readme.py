@@ -1,0 +1,166 @@
+"""README's commands run: every command in README's ```bash blocks is executed, in README order, in a scratch copy
+of the repository (so `out/`, `tok.json` and `fit.png` land there, not in the checkout), with ../shared beside it.
+
+README is parsed when the tests run, so a command added later is covered without touching this file. Each command
+is one of three kinds, matched by the longest prefix in the tables below (an entry ending in `$` matches only the
+whole command):
+    quick    (the default) a few seconds each: test_readme_quick_commands runs them all;
+    SLOW     tens of seconds (or needing a slow one's output): test_readme_slow_commands, marked slow;
+    SKIPPED  never run here, each with its reason (the full main job, the 15-minute sweep, installs, benchmarks).
+A command passes when it exits 0 and prints no traceback. Commands that read ../shared/data run only when it exists.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED = pathlib.Path(os.environ["SHARED_DATA"]).parent if os.environ.get("SHARED_DATA") else ROOT.parent / "shared"
+
+SKIPPED = {
+    "pip install": "installs packages (CI's job; the test environment has them)",
+    "python -m pytest": "the test suite itself",
+    "python bench/": "benchmarks: minutes each, run by hand (bench_gpu --smoke is CI's)",
+    "python train.py$": "the full main job (600 steps, a few minutes); the slow test trains a 20-step stand-in for "
+                       "the commands that read out/",
+    "python train.py --resume": "continues the main job to its 600 steps; test_train's resume tests cover resuming",
+    "python train.py --model 10m": "5,000 steps of a 10M model: hours on a CPU",
+    "python train.py --vocab-size 512": "a second full main-job run (minutes) before its comparison",
+    "torchrun --standalone --nproc_per_node=2 train.py --batch-size 8": "the full main job on 2 ranks (minutes)",
+    "python scaling.py sweep": "four 200-step runs, about 15 minutes",
+    "python scaling.py dedup-effect": "about 12 minutes of training",
+    "python dedup.py experiment --data hf": "downloads a Hugging Face dataset (needs `datasets` and a network)",
+    "python data.py prepare --data pystdlib --vocab-size 8192": "31 MB of code through every stage: minutes here",
+    "python evaluate.py contamination --train pystdlib": "reads and indexes the 31 MB pystdlib corpus: minutes here",
+}
+
+SLOW = {
+    "python data.py prepare": "cleans, dedups and tokenizes a corpus (tens of seconds)",
+    "python data.py inspect": "reads the dataset the prepare command above wrote",
+    "python dedup.py experiment": "the lecture's exercise over WikiText-2 (tens of seconds)",
+    "python bpe.py train": "trains an 8,192-token BPE on 2 MiB",
+    "python bpe.py encode --tokenizer tok.json": "needs tok.json from `bpe.py train`",
+    "python bpe.py decode --tokenizer tok.json": "needs tok.json from `bpe.py train`",
+    "python parallel.py demo": "every layout on 2 processes",
+    "python parallel.py schedule --p 2 --m 8 --measure": "times a real 2-process pipeline",
+    "torchrun": "data preparation and 20 steps on 2 ranks",
+    "python scaling.py sweep --quick": "four short training runs, about a minute",
+    "python scaling.py dedup-effect --quick": "short training runs, about a minute",
+    "python evaluate.py --ckpt out/": "needs out/ (a trained checkpoint: the stand-in run)",
+    "python evaluate.py sample --ckpt out/": "needs out/ (a trained checkpoint: the stand-in run)",
+}
+
+# What the slow test runs first so that commands reading out/ find a checkpoint there (README's `python train.py`
+# itself is skipped: it is the same command with 600 steps).
+STAND_IN = "python train.py --max-steps 20 --eval-interval 10 --ckpt-interval 10 --num-samples 0"
+
+
+def strip_comment(line: str) -> str:
+    """The command without its trailing `# comment` (a # inside quotes or a word is kept).
+    >>> strip_comment('python bpe.py show "a # b" --steps   # merge by merge')
+    'python bpe.py show "a # b" --steps'
+    """
+    quote = None
+    for i, c in enumerate(line):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def readme_commands(text: str) -> list[str]:
+    """Every command in the ```bash (or sh, shell, console) blocks, in order, comments stripped, `\\` lines joined."""
+    commands = []
+    for lang, body in re.findall(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.S | re.M):
+        if lang not in ("bash", "sh", "shell", "console"):
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            command = strip_comment(line.strip().removeprefix("$ "))
+            if command:
+                commands.append(" ".join(command.split()))
+    return commands
+
+
+def kind(command: str) -> tuple[str, str]:
+    """("skipped" | "slow" | "quick", reason): the longest matching prefix of SKIPPED and SLOW decides."""
+    def match(prefix: str) -> bool:
+        if prefix.endswith("$"):
+            return command == prefix[:-1]
+        rest = command[len(prefix):] if command.startswith(prefix) else None
+        return rest is not None and (rest[:1] in ("", " ") or prefix.endswith("/"))
+    matches = [(len(p), "skipped", r) for p, r in SKIPPED.items() if match(p)]
+    matches += [(len(p), "slow", r) for p, r in SLOW.items() if match(p)]
+    if not matches:
+        return "quick", "a few seconds"
+    _, k, reason = max(matches)
+    return k, reason
+
+
+def commands_of(k: str) -> list[str]:
+    return [c for c in readme_commands((ROOT / "README.md").read_text()) if kind(c)[0] == k]
+
+
+def scratch_copy(tmp: pathlib.Path) -> pathlib.Path:
+    """tmp/repo (a copy without .git, caches or outputs) and tmp/shared -> the real ../shared, if there is one."""
+    ignore = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".cache",
+                                    "out", "out-*", "*.egg-info")
+    repo = pathlib.Path(shutil.copytree(ROOT, tmp / "repo", ignore=ignore))
+    if SHARED.is_dir():
+        (tmp / "shared").symlink_to(SHARED.resolve())
+    return repo
+
+
+def needs_missing_shared(command: str, repo: pathlib.Path) -> bool:
+    return "../shared" in command and not (repo.parent / "shared").is_dir()
+
+
+def run_command(command: str, repo: pathlib.Path) -> None:
+    """Run one README command in the scratch repo; fail with its output unless it exits 0 without a traceback."""
+    python = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": python + os.pathsep + os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1",
+           "MPLBACKEND": "Agg", "PRETRAIN_CACHE": str(repo / ".cache")}
+    done = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    output = (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 0 and "Traceback (most recent call last)" not in done.stderr, \
+        f"README command failed (exit {done.returncode}): {command}\n{output}"
+
+
+def test_readme_parsing_and_every_command_has_a_kind():
+    text = "x\n```bash\npython a.py   # say hi\n\n$ python b.py --x \\\n  --y\n```\n```\nnot a command\n```\n"
+    assert readme_commands(text) == ["python a.py", "python b.py --x --y"]
+    commands = readme_commands((ROOT / "README.md").read_text())
+    assert "python train.py" in commands and kind("python train.py")[0] == "skipped"
+    assert kind("python train.py --help") == ("quick", "a few seconds")
+    assert kind("python scaling.py sweep --quick")[0] == "slow" and kind("python scaling.py sweep")[0] == "skipped"
+    assert all(reason for p, reason in {**SKIPPED, **SLOW}.items())
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> pathlib.Path:
+    return scratch_copy(tmp_path_factory.mktemp("readme"))
+
+
+@pytest.mark.parametrize("command", commands_of("quick"))
+def test_readme_quick_commands(command, scratch):
+    if needs_missing_shared(command, scratch):
+        pytest.skip(f"needs ../shared/data: {command}")
+    run_command(command, scratch)
+
+
+@pytest.mark.slow
+def test_readme_slow_commands(tmp_path):
+    """The slow commands in README order, after a 20-step stand-in for the main job (for the ones reading out/)."""
+    repo = scratch_copy(tmp_path)
+    run_command(STAND_IN, repo)
+    for command in commands_of("slow"):
+        if not needs_missing_shared(command, repo):
+            run_command(command, repo)
