@@ -48,6 +48,7 @@ SLOW = {
     "python bpe.py encode --tokenizer tok.json": "needs tok.json from `bpe.py train`",
     "python bpe.py decode --tokenizer tok.json": "needs tok.json from `bpe.py train`",
     "python parallel.py demo": "every layout on 2 processes",
+    "python model.py demo --model 10m": "a 10M model decodes 200 tokens twice (tens of CPU-seconds)",
     "python parallel.py schedule --p 2 --m 8 --measure": "times a real 2-process pipeline",
     "torchrun": "data preparation and 20 steps on 2 ranks",
     "python scaling.py sweep --quick": "four short training runs, about a minute",
@@ -127,7 +128,7 @@ def run_command(command: str, repo: pathlib.Path) -> None:
     """Run one README command in the scratch repo; fail with its output unless it exits 0 without a traceback."""
     python = os.path.dirname(sys.executable)
     env = {**os.environ, "PATH": python + os.pathsep + os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1",
-           "MPLBACKEND": "Agg", "PRETRAIN_CACHE": str(repo / ".cache")}
+           "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "PRETRAIN_CACHE": str(repo / ".cache")}
     done = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     output = (done.stdout + done.stderr)[-3000:]
     assert done.returncode == 0 and "Traceback (most recent call last)" not in done.stderr, \
