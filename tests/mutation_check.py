@@ -63,7 +63,7 @@ MUTANTS = [
             f"{TRAIN}::test_data_parallel_two_ranks_match_one_process"),
            "DataParallel sums the bucket gradients over ranks instead of averaging them"),
     Mutant("zero-sum-instead-of-mean", "parallel.py",
-           "        out.div_(self.comm.size)\n", "",
+           "out = out.to(self.shard.dtype).div_(self.comm.size)", "out = out.to(self.shard.dtype)",
            (f"{PARALLEL}::test_zero_equals_single_process",),
            "ZeRO's reduce-scatter sums the shard gradients instead of averaging them"),
     Mutant("pipeline-no-micro-batch-mean", "parallel.py",

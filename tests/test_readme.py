@@ -32,6 +32,8 @@ SKIPPED = {
     "python train.py --resume": "continues the main job to its 600 steps; test_train's resume tests cover resuming",
     "python train.py --model 10m": "5,000 steps of a 10M model: hours on a CPU",
     "python train.py --vocab-size 512": "a second full main-job run (minutes) before its comparison",
+    "python train.py --data data/pydocs-hf --init-from": "a full main-job-length run (600 steps) from imported "
+                                                         "weights; test_hf covers --init-from",
     "torchrun --standalone --nproc_per_node=2 train.py --batch-size 8": "the full main job on 2 ranks (minutes)",
     "python scaling.py sweep": "four 200-step runs, about 15 minutes",
     "python scaling.py dedup-effect": "about 12 minutes of training",
@@ -54,6 +56,8 @@ SLOW = {
     "python scaling.py sweep --quick": "four short training runs, about a minute",
     "python scaling.py dedup-effect --quick": "short training runs, about a minute",
     "python evaluate.py --ckpt out/": "needs out/ (a trained checkpoint: the stand-in run)",
+    "python model.py export --ckpt out": "needs out/ (the stand-in run); --verify loads transformers",
+    "python model.py import-hf --from out-hf": "needs out-hf/ from the export above",
     "python evaluate.py sample --ckpt out/": "needs out/ (a trained checkpoint: the stand-in run)",
 }
 
