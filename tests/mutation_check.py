@@ -131,9 +131,8 @@ MUTANTS = [
            ("tests/test_dedup.py::test_fast_float_hash_is_exact_including_boundary_residues",),
            "the fast MinHash path's coefficients a*2^(11j) are reduced modulo 2^32, not p"),
     Mutant("val-documents-leak-into-train", "data.py",
-           "return sorted(order[n_val:].tolist()), sorted(order[:n_val].tolist())",
-           "return sorted(order.tolist()), sorted(order[:n_val].tolist())",
-           ("tests/test_data.py::test_split_is_seeded_and_disjoint",),
+           "    return alive & ~is_val, is_val\n", "    return alive, is_val\n",
+           ("tests/test_data.py::test_prepare_tokens_match_the_tokenizer_and_the_text",),
            "the validation documents are also trained on"),
 ]
 
