@@ -677,16 +677,60 @@ class SpikeGuard:
 # 8. Watching the run: MFU, metrics.jsonl, loss curve
 # ----------------------------------------------------------------------------------------------------------------------
 
-GPU_PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
+# Dense peak FLOP/s per GPU, from the vendors' datasheets, keyed by the exact name torch.cuda.get_device_name()
+# reports (a substring match would give "NVIDIA L40S" the L4's figure and the H100 PCIe the SXM's). NVIDIA's
+# datasheets print tensor-core figures "with sparsity" (2:4 structured); dense, which training runs, is half.
+#   bf16: bf16/fp16 tensor cores (fp32 accumulate)   tf32: fp32 matmuls on tensor cores (torch's
+#   set_float32_matmul_precision("high"))   fp32: plain fp32 (torch's default "highest" precision)
+# Sources: NVIDIA H100 datasheet (SXM / PCIe / NVL columns), H200 datasheet (SXM / NVL), A100 datasheet (40 and
+# 80 GB, PCIe and SXM have the same peaks), L4, L40, L40S and A10 datasheets, the HGX B200 datasheet (per GPU;
+# no dense fp32/tf32 figure we could confirm, so none is given), Ada whitepaper (RTX 4090, fp32 accumulate),
+# AMD Instinct MI300X datasheet (AMD prints dense figures).
+_H100_SXM = {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}
+_H100_NVL = {"bf16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}
+_A100 = {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
+_MI300X = {"bf16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12}
+GPU_PEAK_FLOPS = {
+    "NVIDIA H100 80GB HBM3": _H100_SXM,
+    "NVIDIA H100 PCIe": {"bf16": 756.5e12, "tf32": 378e12, "fp32": 51e12},
+    "NVIDIA H100 NVL": _H100_NVL,
+    "NVIDIA H200": _H100_SXM,
+    "NVIDIA H200 NVL": _H100_NVL,
+    "NVIDIA GH200 480GB": _H100_SXM,
+    "NVIDIA A100-SXM4-40GB": _A100,
+    "NVIDIA A100-SXM4-80GB": _A100,
+    "NVIDIA A100-PCIE-40GB": _A100,
+    "NVIDIA A100 80GB PCIe": _A100,
+    "NVIDIA B200": {"bf16": 2250e12},
+    "NVIDIA L4": {"bf16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
+    "NVIDIA L40": {"bf16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12},
+    "NVIDIA L40S": {"bf16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
+    "NVIDIA A10": {"bf16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
+    "NVIDIA GeForce RTX 4090": {"bf16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12},
+    "AMD Instinct MI300X": _MI300X,
+    "AMD Instinct MI300X VF": _MI300X,
+}
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
-    """Dense peak FLOP/s: a table of GPUs (bf16/fp16 tensor cores); otherwise measured with a 1024^3 fp32 matmul."""
-    if device.type == "cuda" and dtype != torch.float32:
-        name = torch.cuda.get_device_name(device)
-        for key, flops in GPU_PEAK_FLOPS.items():
-            if key in name:
-                return flops
+def gpu_peak_flops(name: str, dtype: torch.dtype, tf32: bool = False) -> float | None:
+    """The datasheet's dense peak for the GPU called `name` (exactly as torch reports it) computing in `dtype`;
+    fp32 counts tensor cores only when `tf32` matmuls are allowed. None when the table does not know it.
+
+    >>> gpu_peak_flops("NVIDIA L40S", torch.bfloat16) / 1e12, gpu_peak_flops("NVIDIA L4", torch.bfloat16) / 1e12
+    (362.0, 121.0)
+    >>> gpu_peak_flops("NVIDIA RTX 9999", torch.bfloat16) is None
+    True
+    """
+    column = "bf16" if dtype in (torch.bfloat16, torch.float16) else "tf32" if tf32 else "fp32"
+    return GPU_PEAK_FLOPS.get(name.strip(), {}).get(column)
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """Dense peak FLOP/s of the device: the GPU table (None for a GPU it does not know: pass --peak-flops);
+    on a CPU or Apple GPU, measured with a 1024^3 matmul in fp32."""
+    if device.type == "cuda":
+        tf32 = torch.get_float32_matmul_precision() != "highest" or torch.backends.cuda.matmul.allow_tf32
+        return gpu_peak_flops(torch.cuda.get_device_name(device), dtype, tf32)
     gen = torch.Generator(device=device).manual_seed(0)     # a private generator: the run's RNG stays untouched
     a = torch.randn(1024, 1024, device=device, generator=gen)
     b = torch.randn(1024, 1024, device=device, generator=gen)
@@ -695,8 +739,8 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     for _ in range(3):
         start = time.perf_counter()
         a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        if device.type == "mps":
+            torch.mps.synchronize()
         best = min(best, time.perf_counter() - start)
     return 2 * 1024 ** 3 / best
 
@@ -1245,11 +1289,11 @@ class Trainer:
 
     def progress_line(self, record: dict, tok_per_s: float, seconds_per_step: float) -> str:
         """'step 10/600 | loss 8.0344 | lr 6.67e-04 | grad norm 0.911 | 2,147 tok/s | MFU 58.89% | ETA 9m22s'"""
-        mfu = self._flops_per_token * tok_per_s / self._peak
+        mfu = f"{100 * self._flops_per_token * tok_per_s / self._peak:.2f}%" if self._peak else "n/a"
         eta = format_duration((self.cfg.max_steps - self.step) * seconds_per_step)
         return (f"step {record['step'] + 1:>6}/{self.cfg.max_steps} | loss {record['loss']:.4f} | "
                 f"lr {record['lr']:.2e} | grad norm {record['grad_norm']:.3f} | {tok_per_s:,.0f} tok/s | "
-                f"MFU {100 * mfu:.2f}% | ETA {eta}")
+                f"MFU {mfu} | ETA {eta}")
 
     def run(self) -> dict:
         """Train to max_steps (or until Ctrl-C), evaluating, checkpointing and logging; then sample and plot."""
@@ -1261,6 +1305,9 @@ class Trainer:
         self.log(f"{self.raw_model.num_params():,} parameters | {self.tokens_per_step:,} tokens/step = "
                  f"{cfg.batch_size} seq x {self.block_size} tokens x {self.accum} accumulation x "
                  f"{self.dist.world_size} ranks | device {self.device} | dtype {str(self.dtype).split('.')[-1]}")
+        if not self._peak:
+            self.log(f"MFU n/a: pass --peak-flops (no dense {str(self.dtype).split('.')[-1]} peak for "
+                     f"{torch.cuda.get_device_name(self.device)!r} in train.GPU_PEAK_FLOPS)")
         handler = self._install_interrupt_handler()
         start_time = time.time()
         try:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -521,3 +522,32 @@ def test_resume_refuses_another_model_or_an_existing_run(dataset_dir, tmp_path, 
     summary = train.train(train.parse_config([*map(str, base), "--resume", "--max-steps", "6"]), log=messages.append)
     assert any("damaged" in m for m in messages) and any("resumed from" in m and "step 2" in m for m in messages)
     assert summary["step"] == 6 and train.load_checkpoint(out)["step"] == 6
+
+
+@pytest.mark.parametrize("name, dtype, tf32, tflops", [
+    ("NVIDIA L40S", torch.bfloat16, False, 362.0),            # not the L4's 121 (a substring match gave it that)
+    ("NVIDIA L4", torch.bfloat16, False, 121.0),
+    ("NVIDIA H100 80GB HBM3", torch.bfloat16, False, 989.0),  # SXM5
+    ("NVIDIA H100 PCIe", torch.float16, False, 756.5),        # not the SXM figure
+    ("NVIDIA H100 NVL", torch.bfloat16, False, 835.5),
+    ("NVIDIA H200", torch.bfloat16, False, 989.0),
+    ("NVIDIA A100-SXM4-40GB", torch.bfloat16, False, 312.0),
+    ("NVIDIA A100 80GB PCIe", torch.bfloat16, False, 312.0),
+    ("NVIDIA A100-SXM4-80GB", torch.float32, False, 19.5),    # fp32 without tensor cores (torch's default)
+    ("NVIDIA A100-SXM4-80GB", torch.float32, True, 156.0),    # TF32 tensor cores
+    ("NVIDIA B200", torch.bfloat16, False, 2250.0),
+    ("AMD Instinct MI300X", torch.bfloat16, False, 1307.4),
+])
+def test_gpu_peak_flops_by_exact_name_and_dtype(name, dtype, tf32, tflops):
+    assert train.gpu_peak_flops(name, dtype, tf32) == pytest.approx(tflops * 1e12)
+
+
+def test_unknown_gpu_or_dtype_means_mfu_not_available():
+    assert train.gpu_peak_flops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", torch.bfloat16) is None   # a slice of a GPU
+    assert train.gpu_peak_flops("NVIDIA GeForce RTX 3050", torch.bfloat16) is None
+    assert train.gpu_peak_flops("NVIDIA B200", torch.float32) is None                          # no confirmed figure
+    fake = types.SimpleNamespace(_flops_per_token=6e6, _peak=None, cfg=train.TrainConfig(max_steps=10), step=1)
+    record = {"step": 0, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0}
+    assert "MFU n/a" in train.Trainer.progress_line(fake, record, 1000.0, 0.5)
+    fake._peak = 6e10
+    assert "MFU 10.00%" in train.Trainer.progress_line(fake, record, 1000.0, 0.5)          # 6e9 / 6e10
