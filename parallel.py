@@ -308,7 +308,9 @@ def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.de
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        # device_id binds nccl to this rank's GPU at once (torch >= 2.3), so no collective has to guess it.
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if backend == "nccl" else None)
     return dist.get_rank(), dist.get_world_size(), device
 
 

@@ -1,0 +1,617 @@
+"""bench_gpu.py: one command that proves train.py's CUDA path on a GPU, and the same code paths on a CPU (--smoke).
+
+    python bench/bench_gpu.py                  # one CUDA GPU, within 8 minutes: table on stdout + bench_gpu.json
+    python bench/bench_gpu.py --smoke          # CPU, tiny model, fp32, gloo: the same code paths in seconds (CI)
+
+Five sections, each a few rows of the table (and of the JSON). A row is a measured figure, a check (ok / FAIL:
+the exit code is 1 if any check fails) or a target (met / missed, never a failure: targets are goals):
+1. speed    train.py's own loop (Trainer.loop_step: schedule, spike guard, metrics line) on the 124m preset in
+            bf16, eager and with --compile: tokens/s and MFU against the GPU's dense peak (train.gpu_peak_flops),
+            side by side with a minimal loop in this file on the same model and batch (the overhead ratio), and
+            the largest micro-batch that fits (doubling until CUDA runs out of memory).
+2. memory   peak allocated bytes of one training step (torch.cuda.max_memory_allocated after
+            reset_peak_memory_stats) vs the prediction: scaling.training_memory for weights, gradients and AdamW
+            (4 + 4 + 8 bytes/param: fp32 master weights, autocast casts per matmul), scaling.activation_memory
+            (Korthikanti et al., flash attention), the bf16 weight copies autocast keeps (2/param) and the logits
+            (B*T*V * 12 bytes: the fp32 log-softmax saved for backward, then its gradient and one fp32 temporary),
+            with and without activation checkpointing.
+3. decode   KV-cache generation tokens/s at batch 1 and 16 (bf16 weights, greedy).
+4. resume   exact resume on the device: a run with dropout (so the CUDA generator matters) checkpointed at step 3
+            and resumed by a fresh Trainer after every generator was scrambled gives the uninterrupted losses (bit
+            for bit on a CPU; within 1e-4 on a GPU, whose atomic-add kernels do not repeat bitwise), while the
+            same resume with the generators left scrambled does not (the control); the checkpoint holds the CUDA
+            RNG state, loads on the CPU (same logits), resumes there, and the CPU's checkpoint loads back.
+5. torchrun `torchrun --nproc_per_node=N` for N = 1 and N = --nproc (default: every visible GPU): nccl
+            init, then every layout N allows (dp x tp x pp with ZeRO-0/1/2/3, ZeRO-3 also in bf16) on a small
+            GPT, each compared with one process computing the whole batch on the same device (weights after 3
+            AdamW steps within 1e-4); N = 1 runs ZeRO-1/2/3 at world 1 and the pipeline executor with one stage.
+
+No GPU has run this file yet: its CUDA branches follow the torch documentation (cuda.synchronize before reading
+a clock, max_memory_allocated / reset_peak_memory_stats, autocast(bfloat16), fused AdamW, nccl with one device
+per rank) and are exercised on a CPU only through --smoke. Every figure it prints comes from the run itself.
+
+Depends on: torch and the project's train.py, model.py, parallel.py, scaling.py, data.py.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import model as model_lib  # noqa: E402
+import parallel  # noqa: E402
+import scaling  # noqa: E402
+import train  # noqa: E402
+
+
+@dataclasses.dataclass
+class Setup:
+    """What one run measures on: the full GPU setting, or --smoke's CPU miniature of it."""
+    device: torch.device
+    dtype: str                  # train.py's --dtype
+    preset: str
+    model_args: str             # train.py's --model-args
+    batch_size: int
+    block_size: int
+    steps: int                  # timed steps per loop (after `warmup` untimed ones)
+    warmup: int
+    max_batch: int              # the micro-batch search stops here
+    gen_tokens: int
+    compile_backend: str        # inductor on a GPU; eager on CPU (dynamo traces the same graph, in seconds)
+    nproc: list[int]            # torchrun world sizes
+
+    @classmethod
+    def gpu(cls, nproc: int) -> "Setup":
+        return cls(torch.device("cuda", 0), "bf16", "124m", "", 16, 1024, 10, 3, 256, 256, "inductor",
+                   sorted({1, nproc}))
+
+    @classmethod
+    def smoke(cls) -> "Setup":
+        return cls(torch.device("cpu"), "fp32", "tiny", "n_layer=2,n_embd=64,n_head=4,n_kv_head=2", 4, 32, 2, 1,
+                   8, 8, "eager", [1, 2])
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+class Report:
+    """Rows of (section, item, value, status); status '' (a figure), 'ok'/'FAIL' (a check), 'met'/'missed'."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def add(self, section: str, item: str, value, status: str = "") -> None:
+        self.rows.append({"section": section, "item": item, "value": value, "status": status})
+        print(f"  {section:<8} {item:<58} {_show(value):>16} {status}", flush=True)
+
+    def check(self, section: str, item: str, value, ok: bool) -> None:
+        self.add(section, item, value, "ok" if ok else "FAIL")
+
+    def target(self, section: str, item: str, value, met: bool) -> None:
+        self.add(section, item, value, "target met" if met else "target missed")
+
+    @property
+    def failed(self) -> list[dict]:
+        return [r for r in self.rows if r["status"] == "FAIL"]
+
+
+def _show(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the GPU: CUDA calls return before the work is done, so a clock read needs this first."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def quiet(*args, **kwargs) -> None:
+    pass
+
+
+def trainer_for(setup: Setup, out_dir: pathlib.Path, *flags: str) -> train.Trainer:
+    """A train.py Trainer as `python train.py` builds it: evaluation, checkpoints and logs out of the way."""
+    argv = ["--data", "pydocs", "--model", setup.preset, "--device", setup.device.type, "--dtype", setup.dtype,
+            "--batch-size", str(setup.batch_size), "--block-size", str(setup.block_size), "--max-steps", "100000",
+            "--eval-interval", "100000", "--ckpt-interval", "100000", "--log-interval", "100000",
+            "--num-samples", "0", "--out-dir", str(out_dir), "--overwrite"]
+    if setup.model_args:
+        argv += ["--model-args", setup.model_args]
+    return train.Trainer(train.parse_config(argv + list(flags)), log=quiet)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1. Speed: train.py's loop vs a minimal loop, eager and compiled; the largest micro-batch
+# ----------------------------------------------------------------------------------------------------------------
+
+def time_loop(step, device: torch.device, warmup: int, steps: int) -> float:
+    """Seconds per step of `step()` after `warmup` untimed calls (the first compiles)."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return (time.perf_counter() - start) / steps
+
+
+def reference_step_fn(trainer: train.Trainer, compile_backend: str | None, batch_size: int | None = None):
+    """The minimal loop on a fresh copy of the trainer's model: batch to device, forward under autocast, backward,
+    clip, fused AdamW step, zero grads. Same model config, batch shape and data iterator as the trainer."""
+    torch.manual_seed(trainer.cfg.seed)
+    gpt = model_lib.GPT(trainer.model_config).to(trainer.device)
+    opt = train.make_optimizer(gpt, trainer.cfg, trainer.device.type)
+    forward = torch.compile(gpt, backend=compile_backend) if compile_backend else gpt
+    loader = trainer.data.iterator("train", batch_size or trainer.cfg.batch_size, trainer.block_size,
+                                   seed=trainer.cfg.seed)
+
+    def step():
+        x, y = (t.to(trainer.device, non_blocking=True) for t in loader.next())
+        with train.autocast(trainer.device, trainer.dtype):
+            _, loss = forward(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+@contextlib.contextmanager
+def compile_backend(name: str):
+    """train.py calls torch.compile(model) with the default (inductor) backend; --smoke swaps in `eager` so the
+    same call compiles in seconds on a CPU."""
+    if name == "inductor":
+        yield
+        return
+    original = torch.compile
+    torch.compile = lambda model, **kw: original(model, **{**kw, "backend": name})
+    try:
+        yield
+    finally:
+        torch.compile = original
+
+
+def bench_speed(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    out = {}
+    for compiled in (False, True):
+        tag = "compiled" if compiled else "eager"
+        with compile_backend(setup.compile_backend):
+            trainer = trainer_for(setup, tmp / f"speed-{tag}", *(["--compile"] if compiled else []))
+        ours = time_loop(trainer.loop_step, setup.device, setup.warmup, setup.steps)
+        ref = time_loop(reference_step_fn(trainer, setup.compile_backend if compiled else None),
+                        setup.device, setup.warmup, setup.steps)
+        tokens = trainer.tokens_per_step
+        peak = trainer._peak
+        mfu = tokens / ours * trainer._flops_per_token / peak if peak else None
+        report.add("speed", f"train.py loop, {tag}: tokens/s", tokens / ours)
+        report.add("speed", f"minimal loop, {tag}: tokens/s", tokens / ref)
+        report.add("speed", f"train.py loop, {tag}: MFU vs dense peak {peak or 0:.3g}", mfu if mfu else "n/a")
+        overhead = ours / ref - 1
+        report.target("speed", f"loop overhead vs minimal loop, {tag} (target < 3%)", f"{overhead:+.1%}",
+                      overhead < 0.03)
+        if compiled and mfu is not None and setup.cuda:
+            report.target("speed", "MFU, compiled (target >= 45% on an H200)", f"{mfu:.1%}", mfu >= 0.45)
+        out[tag] = {"tokens_per_s": tokens / ours, "reference_tokens_per_s": tokens / ref, "mfu": mfu,
+                    "overhead": overhead, "peak_flops": peak}
+        out["params"] = trainer.raw_model.num_params()
+        del trainer
+        _free(setup.device)
+    out["max_micro_batch"] = largest_micro_batch(setup, tmp)
+    report.add("speed", f"largest micro-batch that fits, eager (T={setup.block_size}, up to {setup.max_batch})",
+               out["max_micro_batch"])
+    return out
+
+
+def largest_micro_batch(setup: Setup, tmp: pathlib.Path) -> int:
+    """Double the micro-batch from the setting's until a training step raises CUDA's out-of-memory error."""
+    trainer = trainer_for(setup, tmp / "batch-search")
+    fits, batch = 0, setup.batch_size
+    while batch <= setup.max_batch:
+        try:
+            step = reference_step_fn(trainer, None, batch)
+            step()
+            sync(setup.device)
+            fits = batch
+        except torch.cuda.OutOfMemoryError:
+            break
+        finally:
+            step = None
+            _free(setup.device)
+        batch *= 2
+    return fits
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. Memory: measured peak of one step vs the accounting
+# ----------------------------------------------------------------------------------------------------------------
+
+def predicted_memory(config: model_lib.GPTConfig, batch: int, seq: int, checkpointing: bool, dtype: str) -> dict:
+    """Bytes the accounting predicts for one training step of train.py (see the module docstring)."""
+    n = config.num_params()
+    state = scaling.training_memory(n, 1, 0, 4, 4, 8)
+    act_scale = 1.0 if dtype in ("bf16", "fp16") else 2.0      # the formula counts 16-bit activations
+    activations = act_scale * scaling.activation_memory(config.n_layer, config.n_embd, config.n_head, seq, batch,
+                                                        checkpointing=checkpointing)
+    autocast_copies = 2 * n if dtype in ("bf16", "fp16") else 0
+    logits = 12 * batch * seq * config.vocab_size
+    parts = {"weights": state.weights, "grads": state.grads, "optimizer": state.optimizer,
+             "activations": activations, "autocast_copies": autocast_copies, "logits": logits}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def bench_memory(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    out = {}
+    for checkpointing in (False, True):
+        tag = "checkpointed" if checkpointing else "plain"
+        baseline = 0
+        if setup.cuda:
+            _free(setup.device)
+            torch.cuda.reset_peak_memory_stats(setup.device)
+            baseline = torch.cuda.memory_allocated(setup.device)      # whatever earlier sections still hold
+        trainer = trainer_for(setup, tmp / f"memory-{tag}",
+                              *(["--activation-checkpointing"] if checkpointing else []))
+        trainer.loop_step()                                  # AdamW's moments exist after the first step
+        trainer.loop_step()
+        sync(setup.device)
+        want = predicted_memory(trainer.model_config, setup.batch_size, setup.block_size, checkpointing, setup.dtype)
+        held = parallel.training_state_bytes(trainer.raw_model.parameters(), trainer.optimizer)
+        # Between steps the grads are freed (zero_grad(set_to_none)): weights + AdamW moments = 4 + 8 bytes/param.
+        expected_held = want["weights"] + want["optimizer"]
+        report.check("memory", f"{tag}: weights + AdamW state held (= 12 bytes/param)",
+                     held["params"] + held["optimizer"], abs(held["params"] + held["optimizer"] - expected_held)
+                     <= 0.01 * expected_held)
+        row = {"predicted": want, "held": held}
+        if setup.cuda:
+            peak = torch.cuda.max_memory_allocated(setup.device) - baseline
+            ratio = peak / want["total"]
+            report.add("memory", f"{tag}: peak allocated, GB", peak / 1e9)
+            report.add("memory", f"{tag}: predicted (state + activations + logits), GB", want["total"] / 1e9)
+            report.target("memory", f"{tag}: measured / predicted (target within 15%)", f"{ratio:.2f}",
+                          abs(ratio - 1) <= 0.15)
+            row.update(peak=peak, ratio=ratio)
+        else:
+            report.add("memory", f"{tag}: predicted peak, GB (no CUDA allocator to measure)", want["total"] / 1e9)
+        out[tag] = row
+        del trainer
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. Decode: KV-cache generation tokens/s
+# ----------------------------------------------------------------------------------------------------------------
+
+def bench_decode(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    config = trainer_for(setup, tmp / "decode-config").model_config
+    torch.manual_seed(0)
+    gpt = model_lib.GPT(config).to(setup.device).eval()
+    if setup.cuda:
+        gpt = gpt.to(torch.bfloat16)                          # inference needs no fp32 master weights
+    out = {}
+    for batch in (1, 16):
+        prompt = torch.randint(0, config.vocab_size, (batch, 16), device=setup.device)
+        gpt.generate(prompt, 4, temperature=0)                # warm up the kernels
+        sync(setup.device)
+        start = time.perf_counter()
+        gpt.generate(prompt, setup.gen_tokens, temperature=0)
+        sync(setup.device)
+        rate = batch * setup.gen_tokens / (time.perf_counter() - start)
+        report.add("decode", f"KV-cache greedy decoding, batch {batch}: tokens/s ({setup.gen_tokens} new)", rate)
+        out[f"batch_{batch}"] = rate
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 4. Exact resume on the device; the checkpoint crosses to the CPU and back
+# ----------------------------------------------------------------------------------------------------------------
+
+def scramble_generators() -> None:
+    """What a killed process loses: every generator starts elsewhere, so only the checkpoint can restore them."""
+    torch.manual_seed(987654321)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(987654321)
+
+
+def bench_resume(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    resume_args = "n_layer=2,n_embd=64,n_head=4,n_kv_head=2,dropout=0.1"      # dropout draws from the CUDA RNG
+    small = dataclasses.replace(setup, preset="tiny", model_args=resume_args, batch_size=4, block_size=64)
+    flags = ["--max-steps", "6", "--ckpt-interval", "3", "--keep-checkpoints", "5", "--warmup-steps", "2"]
+    whole = trainer_for(small, tmp / "resume-whole", *flags)
+    whole.run()
+    want = _losses(tmp / "resume-whole")
+    ckpt = train.load_checkpoint(train.checkpoint_path(tmp / "resume-whole", 3))
+    if setup.cuda:
+        report.check("resume", "checkpoint holds the CUDA RNG state", "cuda" in ckpt["rng"][0],
+                     "cuda" in ckpt["rng"][0])
+    # CPU kernels repeat bit for bit; some CUDA kernels accumulate with atomics (embedding and attention
+    # backward), so on a GPU the uninterrupted run itself repeats only to ~1e-6. The control below shows that the
+    # tolerance still catches a resume that forgets the random generators.
+    tol = 1e-4 if setup.cuda else 0.0
+    got = _resume_from_step_3(small, tmp, "resume-killed", flags)
+    worst = max(abs(got[s] - want[s]) for s in (3, 4, 5))
+    exact = worst <= tol
+    report.check("resume", f"killed at step 3, resumed on {setup.device.type}: losses 3-5 within {tol:g}",
+                 f"{worst:.1e}", exact)
+    restore = train.set_rng_state
+    train.set_rng_state = lambda state: None                  # the control: generators left scrambled
+    try:
+        forgot = _resume_from_step_3(small, tmp, "resume-no-rng", flags)
+    finally:
+        train.set_rng_state = restore
+    miss = max(abs(forgot[s] - want[s]) for s in (3, 4, 5))
+    report.check("resume", "control: the same resume without restoring the RNG differs", f"{miss:.1e}",
+                 miss > 10 * tol and miss > 0)
+
+    # The device's checkpoint on the CPU: same logits; a CPU resume continues the curve; its checkpoint comes back.
+    x = torch.randint(0, whole.model_config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    on_cpu, _ = train.model_from_checkpoint(ckpt, "cpu")
+    on_device, _ = train.model_from_checkpoint(ckpt, setup.device)
+    with torch.no_grad():
+        diff = float((on_cpu(x)[0] - on_device(x.to(setup.device))[0].cpu()).abs().max())
+    report.check("resume", f"{setup.device.type} checkpoint on the CPU: max logit difference", f"{diff:.1e}",
+                 diff < 1e-3)
+    (tmp / "resume-cpu").mkdir()
+    shutil.copy(train.checkpoint_path(tmp / "resume-whole", 3), tmp / "resume-cpu")
+    cpu_setup = dataclasses.replace(small, device=torch.device("cpu"), dtype="fp32")
+    trainer_for(cpu_setup, tmp / "resume-cpu", *flags, "--resume").run()
+    cpu_losses = _losses(tmp / "resume-cpu")
+    rel = 2e-2 if setup.dtype == "bf16" else 1e-3           # the device ran bf16 autocast, the CPU fp32
+    close = all(math.isclose(cpu_losses[s], want[s], rel_tol=rel) for s in (3, 4, 5))
+    report.check("resume", f"resumed on the CPU: losses 3-5 within {rel:g} (relative) of the device's",
+                 f"{max(abs(cpu_losses[s] - want[s]) for s in (3, 4, 5)):.1e}", close)
+    back = train.load_checkpoint(tmp / "resume-cpu")
+    restored, _ = train.model_from_checkpoint(back, setup.device)
+    cpu_model, _ = train.model_from_checkpoint(back, "cpu")
+    with torch.no_grad():
+        diff_back = float((restored(x.to(setup.device))[0].cpu() - cpu_model(x)[0]).abs().max())
+    report.check("resume", "CPU checkpoint back on the device: max logit difference", f"{diff_back:.1e}",
+                 diff_back < 1e-3)
+    return {"exact": exact, "cpu_close": close, "logit_diff_to_cpu": diff, "logit_diff_back": diff_back}
+
+
+def _resume_from_step_3(setup: Setup, tmp: pathlib.Path, name: str, flags: list[str]) -> dict[int, float]:
+    """A fresh Trainer, with every generator scrambled, resumes the uninterrupted run's step-3 checkpoint."""
+    (tmp / name).mkdir()
+    shutil.copy(train.checkpoint_path(tmp / "resume-whole", 3), tmp / name)
+    scramble_generators()
+    trainer_for(setup, tmp / name, *flags, "--resume").run()
+    return _losses(tmp / name)
+
+
+def _losses(out_dir: pathlib.Path) -> dict[int, float]:
+    """The last loss logged per step (a resumed run rewrites the steps after its checkpoint)."""
+    return {r["step"]: r["loss"] for r in train.read_metrics(out_dir / "metrics.jsonl")
+            if "loss" in r and "event" not in r}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 5. torchrun: every layout on N processes vs one process on the same device
+# ----------------------------------------------------------------------------------------------------------------
+
+def layout_config(world: int) -> model_lib.GPTConfig:
+    """A GPT small enough to train in every layout many times, that `world` ranks can split every way: as many
+    layers (pp) and heads (tp) as ranks, a vocabulary of 250 that needs padding for tensor parallel."""
+    heads = max(4, world)
+    return model_lib.GPTConfig(vocab_size=250, block_size=32, n_layer=max(2, world), n_head=heads, n_kv_head=heads,
+                               n_embd=64, ffn_hidden=128)
+
+
+LAYOUT_STEPS, LAYOUT_BATCH, LAYOUT_LR, LAYOUT_CLIP = 3, 16, 1e-2, 0.25
+
+
+def layouts(world: int) -> list[dict]:
+    """Every (dp, tp, pp, zero[, bf16]) that `world` ranks allow for the config and parallel.check_combination.
+
+    >>> [(l["dp"], l["tp"], l["pp"], l["zero"]) for l in layouts(1)][:4]
+    [(1, 1, 1, 0), (1, 1, 1, 1), (1, 1, 1, 2), (1, 1, 1, 3)]
+    """
+    config, out = layout_config(world), []
+    for tp in (d for d in range(1, world + 1) if world % d == 0):
+        for pp in (d for d in range(1, world // tp + 1) if (world // tp) % d == 0):
+            if config.n_head % tp or config.n_kv_head % tp or config.ffn_dim % tp or config.n_layer < pp:
+                continue
+            dp = world // (tp * pp)
+            if LAYOUT_BATCH % dp:
+                continue
+            for zero in (0, 1, 2, 3):
+                try:
+                    parallel.check_combination(zero, tp, pp)
+                except parallel.ParallelError:
+                    continue
+                out.append(dict(dp=dp, tp=tp, pp=pp, zero=zero, bf16=False))
+                if zero == 3:
+                    out.append(dict(dp=dp, tp=tp, pp=pp, zero=3, bf16=True))
+    return out
+
+
+def _compare(got: dict, want: dict, start: dict, bf16: bool) -> dict:
+    """fp32 layouts: every weight within rtol = atol = 1e-4 of the one-process run (the CPU tests' tolerance: fp32
+    sums in another order, amplified by Adam on near-zero gradients). bf16 gathers: each weight's movement over
+    the steps within 30% (relative norm) of the one-process movement (what tests/test_parallel.py measures)."""
+    diff = max(float((got[k].float() - want[k]).abs().max()) for k in want)
+    if bf16:
+        worst = max(float(((got[k].float() - start[k]) - (want[k] - start[k])).norm() / (want[k] - start[k]).norm())
+                    for k in want)
+        return {"max_diff": diff, "ok": worst < 0.3, "criterion": f"movement within {worst:.0%}"}
+    ok = all(torch.allclose(got[k].float(), want[k], rtol=1e-4, atol=1e-4) for k in want)
+    return {"max_diff": diff, "ok": ok, "criterion": "allclose 1e-4"}
+
+
+def _layout_reference(device: torch.device, config: model_lib.GPTConfig) -> dict:
+    """One process, the whole batch, fp32 AdamW: the weights every layout must reproduce."""
+    torch.manual_seed(0)
+    gpt = model_lib.GPT(config).to(device)
+    opt = torch.optim.AdamW(train.param_groups(gpt, 0.1), lr=LAYOUT_LR)
+    for x, y in _layout_batches(device, config):
+        gpt(x, y)[1].backward()
+        torch.nn.utils.clip_grad_norm_(gpt.parameters(), LAYOUT_CLIP)
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().float().cpu() for k, v in gpt.state_dict().items()}
+
+
+def _layout_batches(device: torch.device, config: model_lib.GPTConfig):
+    g = torch.Generator().manual_seed(1)
+    shape = (LAYOUT_BATCH, config.block_size)
+    return [(torch.randint(0, config.vocab_size, shape, generator=g).to(device),
+             torch.randint(0, config.vocab_size, shape, generator=g).to(device)) for _ in range(LAYOUT_STEPS)]
+
+
+def layout_worker(out_path: str) -> int:
+    """(run by torchrun) nccl on CUDA, gloo on CPU: every layout of this world vs the one-process reference."""
+    rank, world, device = parallel.init_distributed(timeout_s=120)
+    backend, config = torch.distributed.get_backend(), layout_config(world)
+    want = _layout_reference(device, config)
+    torch.manual_seed(0)
+    start = {k: v.float().cpu() for k, v in model_lib.GPT(config).state_dict().items()}
+    results = []
+    for lay in layouts(world):
+        torch.manual_seed(0)
+        gpt = model_lib.GPT(config).to(device)
+        opt = torch.optim.AdamW(train.param_groups(gpt, 0.1), lr=LAYOUT_LR)
+        mesh = parallel.Mesh.build(dp=lay["dp"], tp=lay["tp"], pp=lay["pp"])
+        mixed = dict(compute_dtype=torch.bfloat16) if lay["bf16"] else {}
+        model, optim = parallel.parallelize(gpt, opt, mesh, zero=lay["zero"], **mixed)
+        for x, y in _layout_batches(device, config):
+            xs, ys = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
+            if model.pipelined:
+                model.pipeline_step(list(zip(xs.chunk(2), ys.chunk(2))))
+            else:
+                model(xs, ys)[1].backward()
+                model.finish_gradient_sync()
+            model.clip_grad_norm_(LAYOUT_CLIP)
+            optim.step()
+            optim.zero_grad()
+        got = model.full_state_dict()
+        results.append({**lay, **_compare(got, want, start, lay["bf16"])})
+    if world == 1:  # the pipeline executor with one stage: its schedule, loss and backward on this device
+        torch.manual_seed(0)
+        gpt = model_lib.GPT(config).to(device)
+        pipe = parallel.PipelineParallel(gpt, parallel.Mesh.build(), "1f1b")
+        x, y = _layout_batches(device, config)[0]
+        loss = pipe.step(x, y, micro_batches=4)
+        torch.manual_seed(0)
+        plain = model_lib.GPT(config).to(device)
+        diff = abs(float(loss) - float(plain(x, y)[1]))
+        results.append({"dp": 1, "tp": 1, "pp": 1, "zero": 0, "bf16": False, "pipeline_executor": True,
+                        "max_diff": diff, "ok": diff < 1e-4 and loss.device == device,
+                        "criterion": f"loss within 1e-4, on {loss.device}"})
+    if rank == 0:
+        pathlib.Path(out_path).write_text(json.dumps({"world": world, "backend": backend, "device": str(device),
+                                                      "layouts": results}))
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def bench_torchrun(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    out = {}
+    for n in setup.nproc:
+        path = tmp / f"torchrun-{n}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+               str(pathlib.Path(__file__).resolve()), "--layout-worker", str(path)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if not setup.cuda:
+            env["CUDA_VISIBLE_DEVICES"] = ""                  # --smoke: gloo on CPU even where a GPU exists
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0 or not path.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            report.check("torchrun", f"N={n}: torchrun exited {proc.returncode}", " | ".join(tail)[:60], False)
+            continue
+        result = json.loads(path.read_text())
+        want_backend = "nccl" if setup.cuda else "gloo"
+        report.check("torchrun", f"N={n}: process group backend, device of rank 0",
+                     f"{result['backend']}, {result['device']}", result["backend"] == want_backend)
+        for lay in result["layouts"]:
+            name = ("pipeline executor, 1 stage" if lay.get("pipeline_executor") else
+                    f"dp{lay['dp']} tp{lay['tp']} pp{lay['pp']} ZeRO-{lay['zero']}" + (" bf16" if lay["bf16"] else ""))
+            report.check("torchrun", f"N={n}: {name} vs one process ({lay['criterion']})",
+                         f"{lay['max_diff']:.1e}", lay["ok"])
+        report.add("torchrun", f"N={n}: wall time, s", seconds)
+        out[n] = result
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------------------
+
+SECTIONS = {"speed": bench_speed, "memory": bench_memory, "decode": bench_decode, "resume": bench_resume,
+            "torchrun": bench_torchrun}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, fp32, gloo: the code paths in seconds")
+    parser.add_argument("--json", default="bench_gpu.json", help="where the table goes as JSON (default %(default)s)")
+    parser.add_argument("--nproc", type=int, default=0, help="torchrun world sizes: 1 and this (0 = every visible GPU)")
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), help="run only these sections")
+    parser.add_argument("--layout-worker", metavar="OUT", help=argparse.SUPPRESS)   # what torchrun runs
+    args = parser.parse_args(argv)
+    if args.layout_worker:
+        return layout_worker(args.layout_worker)
+    if not args.smoke and not torch.cuda.is_available():
+        print("bench_gpu.py: error: no CUDA GPU is visible; run on a GPU machine, or pass --smoke for the CPU "
+              "version of every check", file=sys.stderr)
+        return 2
+    if args.nproc < 0 or (torch.cuda.is_available() and args.nproc > torch.cuda.device_count()):
+        print(f"bench_gpu.py: error: --nproc {args.nproc} must lie in [0, {torch.cuda.device_count()}] "
+              f"(the visible GPUs)", file=sys.stderr)
+        return 2
+    json_path = pathlib.Path(args.json)
+    if not json_path.parent.is_dir():
+        print(f"bench_gpu.py: error: --json {json_path}: directory {json_path.parent} does not exist",
+              file=sys.stderr)
+        return 2
+    setup = Setup.smoke() if args.smoke else Setup.gpu(args.nproc or torch.cuda.device_count())
+    name = torch.cuda.get_device_name(0) if setup.cuda else "CPU (--smoke)"
+    print(f"bench_gpu.py on {name}: preset {setup.preset}, dtype {setup.dtype}, micro-batch {setup.batch_size} x "
+          f"{setup.block_size}, torchrun N in {setup.nproc}")
+    report = Report()
+    results = {"device": name, "torch": torch.__version__, "setup": {k: str(v) for k, v in
+                                                                     dataclasses.asdict(setup).items()}}
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+        for section, run in SECTIONS.items():
+            if args.only and section not in args.only:
+                continue
+            results[section] = run(setup, report, pathlib.Path(tmp))
+    results["rows"] = report.rows
+    results["seconds"] = time.perf_counter() - start
+    tmp_json = json_path.with_name(f".{json_path.name}.tmp{os.getpid()}")
+    tmp_json.write_text(json.dumps(results, indent=1, default=str))
+    os.replace(tmp_json, json_path)
+    failed = report.failed
+    print(f"{len(report.rows)} rows, {len(failed)} failed checks, {results['seconds']:.0f} s; JSON in {json_path}")
+    for row in failed:
+        print(f"FAILED: {row['section']}: {row['item']} = {row['value']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
