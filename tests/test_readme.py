@@ -35,6 +35,7 @@ SKIPPED = {
     "python train.py --data data/pydocs-hf --init-from": "a full main-job-length run (600 steps) from imported "
                                                          "weights; test_hf covers --init-from",
     "torchrun --standalone --nproc_per_node=2 train.py --batch-size 8": "the full main job on 2 ranks (minutes)",
+    "torchrun --standalone --nproc_per_node=8 train.py --model 124m": "8 GPUs with nccl (bench_gpu.py's section)",
     "python scaling.py sweep": "four 200-step runs, about 15 minutes",
     "python scaling.py dedup-effect": "about 12 minutes of training",
     "python dedup.py experiment --data hf": "downloads a Hugging Face dataset (needs `datasets` and a network)",
