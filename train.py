@@ -988,13 +988,17 @@ class Trainer:
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.out_dir = pathlib.Path(cfg.out_dir)
         resume_ckpt = self._prepare_out_dir()
+        init_ckpt = self._load_init_checkpoint() if cfg.init_from else None     # before the data is prepared
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed + self.dist.rank)
 
         self.data = open_dataset(cfg, self.dist, self.log)
         self.tokenizer = self.data.tokenizer
-        init_ckpt = self._load_init_checkpoint() if cfg.init_from else None
+        if init_ckpt and init_ckpt.get("tokenizer_json") != self.tokenizer.to_json():
+            raise TrainError(f"--init-from {cfg.init_from} has another tokenizer than --data {cfg.data!r}; prepare "
+                             f"the data with its tokenizer: python data.py prepare --tokenizer TOKENIZER.json (an "
+                             f"exported or imported Hugging Face tokenizer.json works)")
         self.model_config = (model_lib.GPTConfig.from_dict({**init_ckpt["model_config"], "activation_checkpointing":
                                                             cfg.activation_checkpointing}) if init_ckpt
                              else build_model_config(cfg, self.data.vocab_size))
@@ -1062,12 +1066,15 @@ class Trainer:
     def _load_init_checkpoint(self) -> dict:
         """--init-from: the checkpoint whose weights start the run (its shape replaces --model/--model-args; a
         resumed run takes the same shape and then its own newer weights). Its tokenizer must be --data's."""
-        ckpt = load_checkpoint(self.cfg.init_from, self.log)
-        if ckpt.get("tokenizer_json") != self.tokenizer.to_json():
-            raise TrainError(f"--init-from {self.cfg.init_from} has another tokenizer than --data {self.cfg.data!r}; "
-                             f"prepare the data with its tokenizer: python data.py prepare --tokenizer TOKENIZER.json "
-                             f"(an exported or imported Hugging Face tokenizer.json works)")
-        self.log(f"initialised from {ckpt['path']} (--model and --model-args are not used)")
+        path = pathlib.Path(self.cfg.init_from)
+        if not path.exists():
+            raise TrainError(f"--init-from: {path} does not exist; pass a checkpoint (python model.py import-hf "
+                             f"writes one from a Hugging Face model)")
+        try:
+            ckpt = load_checkpoint(path, self.log)
+        except TrainError as e:
+            raise TrainError(f"--init-from: {e}") from e
+        self.log(f"initialising from {ckpt['path']} (--model and --model-args are not used)")
         return ckpt
 
     def _make_out_dir(self) -> None:
