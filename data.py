@@ -2155,7 +2155,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if len(set(sources)) != len(sources):
         raise DataError(f"a source is listed twice in {sources}; give each once (use --weights to up-weight)")
     if weights is not None and len(weights) != len(sources):
-        raise DataError(f"{len(weights)} weights for {len(sources)} sources: give one weight per source")
+        raise DataError(f"--weights: {len(weights)} weights for {len(sources)} sources: give one weight per source")
     if tokenizer is None and vocab_size < 257:
         raise DataError(f"--vocab-size {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at least 257")
     if not 0 <= val_fraction < 1:

@@ -280,7 +280,8 @@ def read_tasks(path) -> list[Task]:
     A malformed line is reported with its number."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise EvalError(f"task file {path} not found: give a jsonl file of {{\"prompt\": ..., \"answer\": ...}} lines")
+        raise EvalError(f"--tasks {path} {'is a directory' if path.is_dir() else 'not found'}: give a jsonl file of "
+                        f"{{\"prompt\": ..., \"answer\": ...}} lines")
     tasks = []
     for number, item in _jsonl_objects(path):
         if not (isinstance(item, dict) and isinstance(item.get("prompt"), str)

@@ -254,12 +254,16 @@ def validate_config(cfg: TrainConfig) -> None:
                 "warmup_steps": 0, "block_size": 0, "vocab_size": 0, "total_batch_tokens": 0, "micro_batches": 0,
                 "num_samples": 0, "sample_tokens": 0, "top_k": 0, "weight_decay": 0, "grad_clip": 0,
                 "temperature": 0, "peak_flops": 0, "seed": 0}
+    # sizes that could never finish: more samples or sample tokens than anyone reads, a step of more than 2^30
+    # tokens (the largest published batches are ~1.6e7)
+    at_most = {"seed": SEED_MAX, "num_samples": 1000, "sample_tokens": 100_000, "total_batch_tokens": 2**30}
     for name, low in at_least.items():
         value = getattr(cfg, name)
         if not value >= low:
             raise TrainError(f"{flag(name)} must be >= {low}, got {value}")
-    if cfg.seed > SEED_MAX:
-        raise TrainError(f"--seed must be at most 2**32 - 1 = {SEED_MAX}, got {cfg.seed}")
+    for name, high in at_most.items():
+        if getattr(cfg, name) > high:
+            raise TrainError(f"{flag(name)} must be <= {high}, got {getattr(cfg, name)}")
     if not 0 < cfg.lr <= 1:                         # AdamW's step is ~lr per weight: above 1 it only diverges
         raise TrainError(f"--lr must lie in (0, 1], got {cfg.lr}")
     if not cfg.spike_factor > 1:                    # at <= 1 half the steps (or all) would count as spikes
@@ -954,6 +958,8 @@ def parse_model_args(text: str) -> dict:
                 out[key] = int(value)
             elif "float" in kind:
                 out[key] = float(value)
+                if not math.isfinite(out[key]):
+                    raise ValueError(f"{value.strip()} is not a finite number")
             else:
                 out[key] = value.strip()
         except ValueError as e:
@@ -972,6 +978,23 @@ def build_model_config(cfg: TrainConfig, vocab_size: int):
         return dataclasses.replace(model_lib.PRESETS[cfg.model], **overrides)
     except (ValueError, AssertionError) as e:
         raise TrainError(f"--model {cfg.model} --model-args {cfg.model_args!r} is not a valid model: {e}") from e
+
+
+def check_fits(config, device: torch.device) -> None:
+    """Refuse a model whose training state cannot fit: 16 bytes per parameter (fp32 weights and gradients, AdamW's
+    two moments), spread at best over every process of the run, against the device's memory. Building it would
+    only crash or swap after minutes of setup. Activations come on top, so passing is no promise."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    need = 16 * config.num_params() / processes
+    try:
+        have = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else
+                os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if device.type == "cpu" else None)
+    except (ValueError, OSError, AttributeError):       # no sysconf (Windows): nothing to compare with
+        have = None
+    if have and need > have:
+        raise TrainError(f"--model/--model-args: {config.num_params():,} parameters need {need / 1e9:.1f} GB of "
+                         f"training state per process (16 bytes/param), more than the {have / 1e9:.1f} GB of this "
+                         f"{device.type}; choose a smaller model or more processes")
 
 
 class Trainer:
@@ -1012,6 +1035,7 @@ class Trainer:
             raise TrainError(f"--micro-batches {cfg.micro_batches} does not divide the {cfg.batch_size * self.accum} "
                              f"sequences per rank and step; choose a divisor of it")
 
+        check_fits(self.model_config, self.device)
         self.raw_model = model_lib.GPT(self.model_config).to(self.device)   # fp32 master weights, always
         if init_ckpt and resume_ckpt is None:
             self.raw_model.load_state_dict(init_ckpt["model"])
