@@ -2606,7 +2606,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--train-tokens", type=_in_range(float, 1.0, TOKENS_MAX), default=None,
                    help="train token budget for the mix (e.g. 5e6)")
     p.add_argument("--tokenizer", default=None, help="reuse this bpe.py tokenizer JSON instead of training one")
-    p.add_argument("--tokenizer-train-mb", type=_in_range(float, 0.0, 1e6, low_open=True), default=4.0,
+    p.add_argument("--tokenizer-train-mb", type=_in_range(float, 1e-6, 1e6), default=4.0,     # >= 1 byte
                    help="MB of train text the tokenizer trains on (default %(default)s)")
     p.add_argument("--filters", choices=["auto", "gopher", "code", "none"], default="auto",
                    help="quality rules: auto = Gopher for prose, code rules for code")

@@ -30,6 +30,7 @@ BAD_INPUT = [
     ("data", "prepare --data {corpus} --weights 1 --train-tokens nan", "--train-tokens"),
     ("data", "prepare --data {corpus} --tokenizer-train-mb nan", "--tokenizer-train-mb"),
     ("data", "prepare --data {corpus} --tokenizer-train-mb 0", "--tokenizer-train-mb"),
+    ("data", "prepare --data {corpus} --tokenizer-train-mb 1e-7", "--tokenizer-train-mb"),
     ("data", "prepare --data {corpus} --tokenizer-train-mb inf", "--tokenizer-train-mb"),
     ("data", "prepare --data {corpus} --near-dup-threshold 1", "--near-dup-threshold"),
     ("data", "prepare --data {corpus} --boilerplate-min-documents 1", "--boilerplate-min-documents"),
