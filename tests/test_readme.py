@@ -26,7 +26,7 @@ SHARED = pathlib.Path(os.environ["SHARED_DATA"]).parent if os.environ.get("SHARE
 SKIPPED = {
     "pip install": "installs packages (CI's job; the test environment has them)",
     "python -m pytest": "the test suite itself",
-    "python bench/": "benchmarks: minutes each, run by hand (bench_gpu --smoke is CI's)",
+    "python bench/": "benchmarks: minutes each, run by hand (tests/test_bench_gpu.py runs bench_gpu.py --smoke)",
     "python train.py$": "the full main job (600 steps, a few minutes); the slow test trains a 20-step stand-in for "
                        "the commands that read out/",
     "python train.py --resume": "continues the main job to its 600 steps; test_train's resume tests cover resuming",
