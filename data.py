@@ -1952,6 +1952,13 @@ def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tu
             "bytes": n_bytes, "shards": shards}
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory in MB (Linux reports KiB, macOS bytes)."""
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+
+
 class _Progress:
     """One stderr line every few seconds while a stage runs: chunks, documents/s, MB/s of input, ETA."""
 
@@ -1971,7 +1978,8 @@ class _Progress:
             skipped = f" ({self.skipped} done before)" if self.skipped else ""
             print(f"  {self.title}: {self.done + self.skipped}/{self.count} chunks{skipped}, "
                   f"{self.docs / elapsed:,.0f} docs/s, {self.size_done / elapsed / 1e6:,.1f} MB/s, "
-                  f"ETA {datetime.timedelta(seconds=round(left))}", file=sys.stderr, flush=True)
+                  f"ETA {datetime.timedelta(seconds=round(left))}, peak RSS {_peak_rss_mb():,.0f} MB",
+                  file=sys.stderr, flush=True)
 
 
 def _run_stage(title: str, stage: int, function: Callable, job: Job, chunks: list[Chunk], workers: int,

@@ -995,7 +995,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
     """A corpus 10x larger (1.5 MB -> 15 MB) costs the streaming engine (one process) no more than a few MB more at
     peak; the in-memory engine, ~5 bytes of RAM per byte of text, would add ~70 MB."""
     rng = random.Random(0)
-    docs = web_corpus(rng, 400)
+    docs = web_corpus(rng, 1800)
     small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
     write_jsonl(small, docs * 1)
     write_jsonl(large, [f"{d} {i}" for i in range(10) for d in docs])            # copies that differ: all kept
