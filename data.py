@@ -1303,8 +1303,8 @@ class _Clock:
     def phase(self, name: str) -> Iterator[None]:
         wall, cpu = time.perf_counter(), self.cpu()
         yield
-        self.timings[f"{name}_s"] = round(time.perf_counter() - wall, 3)
-        self.timings[f"{name}_cpu_s"] = round(self.cpu() - cpu, 3)
+        for key, spent in ((f"{name}_s", time.perf_counter() - wall), (f"{name}_cpu_s", self.cpu() - cpu)):
+            self.timings[key] = round(self.timings.get(key, 0) + spent, 3)        # a phase may recur: add up
 
     def finish(self) -> None:
         self.timings["total_s"] = round(time.perf_counter() - self.start[0], 3)
@@ -1763,6 +1763,33 @@ def _texts_by_id(job: Job, ids: np.ndarray) -> list[str]:
     return out
 
 
+VERIFY_BYTES = 16 << 20       # text read back at once to verify candidate pairs
+
+
+def _verify_batches(job: Job, candidates: np.ndarray) -> Iterator[np.ndarray]:
+    """Consecutive runs of candidate pairs whose distinct documents hold at most VERIFY_BYTES of text together
+    (a run has at least one pair): the memory of verification is bounded whatever the number of near-copies."""
+    sizes: dict[int, np.ndarray] = {}
+
+    def size(doc: int) -> int:
+        if doc >> 32 not in sizes:
+            sizes[doc >> 32] = _load_array(_chunk_file(job, 2, doc >> 32, "bytes.npy"))
+        return int(sizes[doc >> 32][doc & 0xFFFFFFFF])
+
+    start, seen, held = 0, set(), 0
+    for k, pair in enumerate(candidates.tolist()):
+        new = {doc for doc in pair if doc not in seen}
+        grow = sum(map(size, new))
+        if held + grow > VERIFY_BYTES and k > start:
+            yield candidates[start:k]
+            start, seen, held, new = k, set(), 0, set(pair)
+            grow = sum(map(size, new))
+        seen |= new
+        held += grow
+    if start < len(candidates):
+        yield candidates[start:]
+
+
 def join_near_duplicates(job: Job, chunks: list[Chunk], entries: int) -> None:
     """Near-dedup over the whole corpus from the spilled band keys (near_drop.npy: sorted ids to drop).
 
@@ -1786,8 +1813,7 @@ def join_near_duplicates(job: Job, chunks: list[Chunk], entries: int) -> None:
         pairs.append(dedup._pairs_in_groups(ids[order], group))
     candidates = np.unique(np.concatenate(pairs), axis=0)
     verified = [np.zeros((0, 2), dtype=np.int64)]
-    for start in range(0, len(candidates), 20_000):
-        batch = candidates[start:start + 20_000]
+    for batch in _verify_batches(job, candidates):
         involved = np.unique(batch)
         similarity = dedup.pair_jaccard(_texts_by_id(job, involved), np.searchsorted(involved, batch),
                                         NEAR_DUP_SHINGLE)
@@ -2061,9 +2087,11 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
         if skipped:
             funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = skipped
         if not _work(job, "exact_keep.npy").exists():
-            join_exact(job, chunks)
+            with clock.phase("joins"):                     # the serial part: one process, whatever --workers
+                join_exact(job, chunks)
         if not _work(job, "boilerplate.npy").exists():
-            join_boilerplate(job, chunks, sum(r["line_entries"] for r in read))
+            with clock.phase("joins"):
+                join_boilerplate(job, chunks, sum(r["line_entries"] for r in read))
         cleaned = _run_stage("exact dedup + boilerplate + PII + MinHash", 2, stage_clean, job, chunks, workers,
                              show_progress)
         _remove_work_files(work, ["s1-*.txt", "s1-*.line_*.npy"])            # read by stage 2 only: free the disk
@@ -2088,11 +2116,13 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
                               sum(r["chars_out"] for r in cleaned), pii)
         if not _work(job, "near_drop.npy").exists():
             if settings.near_dup_threshold > 0:
-                join_near_duplicates(job, chunks, sum(r["band_entries"] for r in cleaned))
+                with clock.phase("joins"):
+                    join_near_duplicates(job, chunks, sum(r["band_entries"] for r in cleaned))
             else:
                 _save_array(_work(job, "near_drop.npy"), np.zeros(0, dtype=np.int64))
         if not _work(job, "split.json").exists():
-            _save_json(_work(job, "split.json"), decide_split(job, chunks))
+            with clock.phase("joins"):
+                _save_json(_work(job, "split.json"), decide_split(job, chunks))
         split = json.loads(_work(job, "split.json").read_text())
         if settings.near_dup_threshold > 0:
             funnel.add_counts(f"near dedup (MinHash, J>={settings.near_dup_threshold})", docs, split["documents"],

@@ -197,7 +197,10 @@ def main() -> None:
                f"{result['wall']:>8.1f} {mb_in / result['wall']:>6.2f} {result['cpu'] / mb_in:>8.2f} "
                f"{result['rss_main']:>7.0f}MB {result['rss_worker']:>8.0f}MB {near:>9,} {recall(info, out):>7.3f}")
         rows.append(row)
-        print(header + "\n" + row, flush=True)
+        phases = ", ".join(f"{name} {result['timings'][name + '_s']:.0f}/{result['timings'][name + '_cpu_s']:.0f}s"
+                           for name in ("clean", "joins", "tokenizer", "encode", "shards")
+                           if name + "_s" in result["timings"])
+        print(header + "\n" + row + f"\n    phases (wall/CPU): {phases}", flush=True)
         shutil.rmtree(out, ignore_errors=True)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end (2 cores shared: wall figures are load-dependent)")
     print(header + "\n" + "\n".join(rows))

@@ -40,6 +40,8 @@ SKIPPED = {
     "python scaling.py dedup-effect": "about 12 minutes of training",
     "python dedup.py experiment --data hf": "downloads a Hugging Face dataset (needs `datasets` and a network)",
     "python data.py prepare --data pystdlib --vocab-size 8192": "31 MB of code through every stage: minutes here",
+    "huggingface-cli download": "downloads FineWeb-Edu's sample-10BT (~28 GB of parquet; needs a network)",
+    "python data.py prepare --data \"fineweb-edu/": "10B tokens: an hour on a 64-core machine, days here",
     "python evaluate.py contamination --train pystdlib": "reads and indexes the 31 MB pystdlib corpus: minutes here",
     "python data.py prepare --data ../shared/data/c4-sample/c4-en-train-00000-first1000.jsonl pystdlib":
         "mixes in the 31 MB pystdlib corpus (about a minute); test_data's mixing tests cover --weights",
