@@ -90,12 +90,14 @@ import html.parser
 import io
 import itertools
 import json
+import logging
 import math
 import multiprocessing
 import os
 import pathlib
 import re
 import shutil
+import socket
 import struct
 import sys
 import sysconfig
@@ -2009,9 +2011,9 @@ class _Progress:
 
 
 def _run_stage(title: str, stage: int, function: Callable, job: Job, chunks: list[Chunk], workers: int,
-               show: bool, *args) -> list[dict]:
-    """Run function(job, chunk, *args) for every chunk not already done, on `workers` processes; the results
-    (from the chunks' json markers for those done before) in chunk order."""
+               show: bool, *args, ray: "RayEngine | None" = None) -> list[dict]:
+    """Run function(job, chunk, *args) for every chunk not already done, on `workers` processes (or as Ray tasks);
+    the results (from the chunks' json markers for those done before) in chunk order."""
     results = {}
     for c in chunks:
         marker = _chunk_file(job, stage, c.index, "json")
@@ -2019,7 +2021,11 @@ def _run_stage(title: str, stage: int, function: Callable, job: Job, chunks: lis
             results[c.index] = json.loads(marker.read_text())
     todo = [c for c in chunks if c.index not in results]
     progress = _Progress(title, chunks, len(results), show)
-    if workers == 1 or len(todo) <= 1:
+    if ray is not None:
+        for c, result in ray.map(function, job, todo, *args):
+            results[c.index] = result
+            progress.update(c, result)
+    elif workers == 1 or len(todo) <= 1:
         for c in todo:
             results[c.index] = function(job, c, *args)
             progress.update(c, results[c.index])
@@ -2044,20 +2050,22 @@ def _remove_work_files(work: pathlib.Path, patterns: list[str]) -> None:
 
 
 def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Callable, threads: int | None,
-                    workers: int, chunk_bytes: int, show_progress: bool) -> Built:
+                    workers: int, chunk_bytes: int, show_progress: bool, ray: "RayEngine | None" = None) -> Built:
     """The streaming engine: stage functions over chunks (parallel), joins over sorted runs on disk (in key
-    ranges), each result saved in `work` so that a rerun continues where a killed run stopped."""
+    ranges), each result saved in `work` so that a rerun continues where a killed run stopped. With `ray`, every
+    stage and join runs as a Ray task (section 11); without, on `workers` processes here."""
     settings = recipe.settings
     bands, rows = dedup.resolve_bands_rows(settings.near_dup_threshold or 0.5, NEAR_DUP_NUM_PERM, None, None)
     job = Job(str(work), tuple((s.spec, s.kind) for s in recipe.sources), recipe.read_options, settings,
               recipe.seed, recipe.val_fraction, bands, rows)
     chunks = plan_chunks(recipe.sources, chunk_bytes, recipe.read_options[0])
     work.mkdir(parents=True, exist_ok=True)
+    run = ray.call if ray is not None else _run_task           # a global step: as one Ray task, or right here
     log(f"streaming {len(chunks)} chunk(s) of up to {chunk_bytes / 2**20:g} MiB on {workers} worker(s); "
         f"work files in {work}")
 
     with clock.phase("clean"):
-        read = _run_stage("read + filters", 1, stage_read, job, chunks, workers, show_progress)
+        read = _run_stage("read + filters", 1, stage_read, job, chunks, workers, show_progress, ray=ray)
         funnel = Funnel()
         funnel.bytes_read = sum(r["counts"].get("read_bytes", 0) for r in read)
         for s_index, source in enumerate(recipe.sources):
@@ -2087,13 +2095,13 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
         if skipped:
             funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = skipped
         if not _work(job, "exact_keep.npy").exists():
-            with clock.phase("joins"):                     # the serial part: one process, whatever --workers
-                join_exact(job, chunks)
+            with clock.phase("joins"):                     # the serial part: one process (or task), any --workers
+                run(join_exact, job, chunks)
         if not _work(job, "boilerplate.npy").exists():
             with clock.phase("joins"):
-                join_boilerplate(job, chunks, sum(r["line_entries"] for r in read))
+                run(join_boilerplate, job, chunks, sum(r["line_entries"] for r in read))
         cleaned = _run_stage("exact dedup + boilerplate + PII + MinHash", 2, stage_clean, job, chunks, workers,
-                             show_progress)
+                             show_progress, ray=ray)
         _remove_work_files(work, ["s1-*.txt", "s1-*.line_*.npy"])            # read by stage 2 only: free the disk
         total = collections.Counter()
         for r in cleaned:
@@ -2117,12 +2125,12 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
         if not _work(job, "near_drop.npy").exists():
             if settings.near_dup_threshold > 0:
                 with clock.phase("joins"):
-                    join_near_duplicates(job, chunks, sum(r["band_entries"] for r in cleaned))
+                    run(join_near_duplicates, job, chunks, sum(r["band_entries"] for r in cleaned))
             else:
                 _save_array(_work(job, "near_drop.npy"), np.zeros(0, dtype=np.int64))
         if not _work(job, "split.json").exists():
             with clock.phase("joins"):
-                _save_json(_work(job, "split.json"), decide_split(job, chunks))
+                _save_json(_work(job, "split.json"), run(decide_split, job, chunks))
         split = json.loads(_work(job, "split.json").read_text())
         if settings.near_dup_threshold > 0:
             funnel.add_counts(f"near dedup (MinHash, J>={settings.near_dup_threshold})", docs, split["documents"],
@@ -2142,8 +2150,8 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
             _save_json(_work(job, "tokenizer.trained.json"), {"bytes": trained_on})
 
     with clock.phase("encode"):
-        encode_threads = (threads or os.cpu_count() or 1) if workers == 1 else 1
-        encoded = _run_stage("encode", 3, stage_encode, job, chunks, workers, show_progress, encode_threads)
+        encode_threads = (threads or os.cpu_count() or 1) if workers == 1 and ray is None else 1
+        encoded = _run_stage("encode", 3, stage_encode, job, chunks, workers, show_progress, encode_threads, ray=ray)
         _remove_work_files(work, ["s2-*.txt"])
     names = [s.spec for s in recipe.sources]
     unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
@@ -2157,15 +2165,133 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
 
     def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
         with clock.phase("shards"):
-            return {split: write_split_shards(job, chunks, split, rules if split == "train" else None, directory,
-                                              dtype, recipe.shard_tokens) for split in ("train", "val")}
+            steps = [(write_split_shards, job, chunks, split, rules if split == "train" else None, directory, dtype,
+                      recipe.shard_tokens) for split in ("train", "val")]
+            written = ray.call_all(*steps) if ray is not None else [_run_task(*step) for step in steps]
+            return dict(zip(("train", "val"), written))
 
     encoded_bytes = sum(r[s]["bytes"] for r in encoded for s in ("train", "val"))
     return Built(funnel, tok, trained_on, unique, mixture, encoded_bytes, write_splits)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 11. prepare: either engine, then the dataset directory (shards, tokenizer, manifest), published atomically
+# 11. The Ray engine: the same stage functions, scheduled by Ray over a cluster's cores (or this machine's)
+# ---------------------------------------------------------------------------------------------------------------------
+
+RAY_TASK_RETRIES = 3                   # a task whose worker dies (killed, OOM, lost node) reruns up to 3 times
+RAY_LOCAL_OBJECT_STORE = 256 << 20     # tasks return small dicts; the documents travel through the work directory
+
+
+def _run_task(function: Callable, *args):
+    """What each Ray task executes: one stage function of the streaming engine, unchanged."""
+    return function(*args)
+
+
+class RayEngine:
+    """Runs the streaming engine's steps as Ray tasks: `map` one task per chunk, `call` one task per global step.
+
+    Every task reads its inputs from the work directory and writes its outputs there, through a temporary name
+    then a rename, and returns only counts. So a task may run on any node, twice (Ray retries it when its worker
+    dies), or after a kill of the whole job: the files it leaves are the same. Results come back keyed by chunk
+    index, so the order tasks finish in never reaches the output.
+    """
+
+    def __init__(self, ray) -> None:
+        self.ray = ray
+        # retry_exceptions stays False: a DataError is a bad input, and rerunning the task cannot fix it
+        self.task = ray.remote(max_retries=RAY_TASK_RETRIES)(_run_task)
+        self.in_flight = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))   # queued work stays bounded
+
+    def _submit(self, function: Callable, *args):
+        return self.task.options(name=function.__name__).remote(function, *args)
+
+    def _get(self, ref):
+        try:
+            return self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as e:       # re-raise the task's own one-line error, no traceback
+            if isinstance(e.cause, (DataError, bpe.TokenizerError, dedup.DedupError)):
+                raise e.cause from None
+            raise
+
+    def map(self, function: Callable, job: Job, chunks: list[Chunk], *args) -> Iterator[tuple[Chunk, dict]]:
+        """(chunk, function(job, chunk, *args)) for every chunk, as tasks finish, at most in_flight at a time."""
+        waiting, pending = collections.deque(chunks), {}
+        try:
+            while waiting or pending:
+                while waiting and len(pending) < self.in_flight:
+                    chunk = waiting.popleft()
+                    task_chunk = dataclasses.replace(chunk, path=chunk.path and os.path.abspath(chunk.path))
+                    pending[self._submit(function, job, task_chunk, *args)] = chunk
+                [ref], _ = self.ray.wait(list(pending), num_returns=1)
+                yield pending.pop(ref), self._get(ref)
+        except BaseException:            # stop the other tasks: none may write into a work folder being removed
+            for ref in pending:
+                self.ray.cancel(ref)
+            if pending:
+                self.ray.wait(list(pending), num_returns=len(pending))
+            raise
+
+    def call(self, function: Callable, *args):
+        """function(*args) as one task (a global step: a join, the split, a split's shards)."""
+        return self._get(self._submit(function, *args))
+
+    def call_all(self, *calls: tuple) -> list:
+        """Each (function, *args) as one task, all running at once; their results in the order given."""
+        refs = [self._submit(*c) for c in calls]
+        return [self._get(ref) for ref in refs]
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise DataError("--engine ray needs Ray: pip install ray (or use --engine local)") from None
+    return ray
+
+
+def _check_ray_ready(address: str | None, in_memory: bool) -> None:
+    """Before any work: Ray is installed, the engine asked for is the streaming one, and a HOST:PORT address
+    answers (ray.init would retry for minutes before giving up)."""
+    _import_ray()
+    if in_memory:
+        raise DataError("--engine ray schedules the streaming engine's steps; drop --in-memory")
+    if address in (None, "auto"):
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except ValueError:
+        raise DataError(f"--ray-address {address!r} must be auto or HOST:PORT, e.g. 10.0.0.1:6379") from None
+    except OSError as e:
+        raise DataError(f"--ray-address {address}: nothing answers there ({e.strerror or e}); start the head with "
+                        f"`ray start --head --port {port}` or fix the address") from None
+
+
+@contextlib.contextmanager
+def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
+    """A RayEngine on the cluster at `address` ("auto": the one `ray start` runs on this machine), or on a Ray
+    started here with `cpus` cores and stopped afterwards. A Ray the caller already started is used as it is.
+    Workers receive data.py, bpe.py and dedup.py from this driver (runtime_env py_modules), so a cluster runs the
+    very code this run was started with."""
+    ray = _import_ray()
+    if ray.is_initialized():
+        yield RayEngine(ray)
+        return
+    code = [str(REPO_ROOT / name) for name in ("data.py", "bpe.py", "dedup.py")]
+    local = {"num_cpus": cpus, "object_store_memory": RAY_LOCAL_OBJECT_STORE} if address is None else {}
+    try:
+        ray.init(address=address or "local", include_dashboard=False, logging_level=logging.ERROR,
+                 runtime_env={"py_modules": code}, **local)
+    except ConnectionError as e:
+        raise DataError(f"--ray-address {address}: {e}".split("\n")[0]) from None
+    try:
+        yield RayEngine(ray)
+    finally:
+        ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 12. prepare: either engine, then the dataset directory (shards, tokenizer, manifest), published atomically
 # ---------------------------------------------------------------------------------------------------------------------
 
 def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE,
@@ -2175,7 +2301,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
             clean_settings: CleanSettings | None = None, text_field: str = "text", txt_split: str = "auto",
             skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
             threads: int | None = None, workers: int | None = None, chunk_mb: float = CHUNK_BYTES / 2**20,
-            in_memory: bool = False, verbose: bool = False) -> pathlib.Path:
+            in_memory: bool = False, engine: str = "local", ray_address: str | None = None,
+            verbose: bool = False) -> pathlib.Path:
     """Build (or reuse) a token dataset directory: manifest.json, tokenizer.json, train_*.bin, val_*.bin.
 
     sources: names ("pydocs", "pystdlib", "hf:..."), files or directories. weights (one per source) with
@@ -2186,6 +2313,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     Engines: streaming (default: chunks of chunk_mb MiB on `workers` processes, resumable; work files in a hidden
     .NAME.work-* folder beside the output, removed when it is published) or in_memory (the reference: the whole
     corpus in lists, for small inputs and tests). Both write byte-identical shards, tokenizer and manifest.
+    engine="ray" runs the streaming engine's steps as Ray tasks (section 11) on the cluster at ray_address, or on a
+    Ray started here with `workers` cores; the output is again byte-identical.
     """
     log = print if verbose else (lambda *a, **k: None)
     if not sources:
@@ -2205,6 +2334,11 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         raise DataError(f"--workers must be at least 1, got {workers}; leave it out to use all cores")
     if not 0.001 <= chunk_mb <= 4096:
         raise DataError(f"--chunk-mb must be between 0.001 and 4096, got {chunk_mb}")
+    if engine == "ray":
+        _check_ray_ready(ray_address, in_memory)
+    elif engine != "local" or ray_address is not None:
+        raise DataError(f"--engine {engine} --ray-address {ray_address}: the engine is local or ray, and only "
+                        f"ray takes an address")
     settings = clean_settings or CleanSettings()
     jsonl_stats = JsonlStats()
     opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
@@ -2226,7 +2360,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if out_dir is None:
         slug = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", pathlib.Path(s).name or s)[:40] for s in sources)[:80]
         out_dir = cache_root() / "data" / f"{slug}-v{vocab_size}-{key[:12]}"
-    out_dir = pathlib.Path(out_dir)
+    out_dir = pathlib.Path(out_dir).absolute() if engine == "ray" else pathlib.Path(out_dir)  # Ray: any cwd
     existing = _read_manifest_or_none(out_dir)
     if existing is not None:
         if existing.get("cache_key") == key:
@@ -2246,46 +2380,50 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     _check_writable(out_dir.parent)                                # fail now, not after minutes of cleaning
     _remove_stale(out_dir, keep=work)
 
-    clock = _Clock()
-    if in_memory:
-        built = build_in_memory(recipe, clock, log, threads)
-        if jsonl_stats.skipped:
-            built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = jsonl_stats.skipped
-    else:
-        workers = workers or len(os.sched_getaffinity(0))
+    session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
+    with session as ray:
+        clock = _Clock()
+        if in_memory:
+            built = build_in_memory(recipe, clock, log, threads)
+            if jsonl_stats.skipped:
+                built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = jsonl_stats.skipped
+        else:
+            workers = workers or len(os.sched_getaffinity(0))
+            try:
+                built = build_streaming(recipe, work, clock, log, threads, workers, chunk_bytes, verbose, ray)
+            except (DataError, bpe.TokenizerError, dedup.DedupError):
+                shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
+                raise                                        # file changes the key); a kill keeps it for the rerun
+        tok = built.tokenizer
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
         try:
-            built = build_streaming(recipe, work, clock, log, threads, workers, chunk_bytes, verbose)
-        except (DataError, bpe.TokenizerError, dedup.DedupError):
-            shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
-            raise                                        # file changes the key); a kill keeps it for the rerun
-    tok = built.tokenizer
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
-    try:
-        dtype = dtype_for_vocab(len(tok))
-        splits = built.write_splits(tmp_dir, dtype)
-        (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
-        clock.finish()
-        manifest = {
-            "format": "llm-token-shards", "version": SHARD_VERSION, "cache_key": key,
-            "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]} for s in opened],
-            "settings": {**dataclasses.asdict(settings), "val_fraction": val_fraction, "seed": seed,
-                         "weights": weights, "train_tokens": train_tokens, "text_field": text_field,
-                         "txt_split": txt_split, "max_documents": max_documents},
-            "funnel": built.funnel.to_list(),
-            "tokenizer": {"file": "tokenizer.json", "vocab_size": len(tok), "eot_id": tok.eot_id,
-                          "pattern": pattern if tokenizer_path is None else "from file",
-                          "trained_on_bytes": built.trained_on,
-                          "source": str(tokenizer_path) if tokenizer_path else None},
-            "dtype": dtype.name, "mixture": built.mixture, "splits": splits,
-            "timings": {**clock.timings, "encoded_bytes": built.encoded_bytes, "input_bytes": built.funnel.bytes_read,
-                        "engine": "in-memory" if in_memory else f"streaming, {workers} worker(s)"},
-        }
-        (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        _publish(tmp_dir, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
+            dtype = dtype_for_vocab(len(tok))
+            splits = built.write_splits(tmp_dir, dtype)
+            (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
+            clock.finish()
+            manifest = {
+                "format": "llm-token-shards", "version": SHARD_VERSION, "cache_key": key,
+                "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]}
+                            for s in opened],
+                "settings": {**dataclasses.asdict(settings), "val_fraction": val_fraction, "seed": seed,
+                             "weights": weights, "train_tokens": train_tokens, "text_field": text_field,
+                             "txt_split": txt_split, "max_documents": max_documents},
+                "funnel": built.funnel.to_list(),
+                "tokenizer": {"file": "tokenizer.json", "vocab_size": len(tok), "eot_id": tok.eot_id,
+                              "pattern": pattern if tokenizer_path is None else "from file",
+                              "trained_on_bytes": built.trained_on,
+                              "source": str(tokenizer_path) if tokenizer_path else None},
+                "dtype": dtype.name, "mixture": built.mixture, "splits": splits,
+                "timings": {**clock.timings, "encoded_bytes": built.encoded_bytes,
+                            "input_bytes": built.funnel.bytes_read,
+                            "engine": "in-memory" if in_memory else "ray" if ray else f"streaming, {workers} worker(s)"},
+            }
+            (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            _publish(tmp_dir, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            raise
     shutil.rmtree(work, ignore_errors=True)
     return out_dir
 
@@ -2349,7 +2487,7 @@ def summary(data_dir: str | os.PathLike) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 12. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential iterator
+# 13. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential iterator
 # ---------------------------------------------------------------------------------------------------------------------
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
@@ -2503,7 +2641,7 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 13. Command line
+# 14. Command line
 # ---------------------------------------------------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
@@ -2589,7 +2727,7 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
                   tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6), clean_settings=settings,
                   text_field=args.text_field, txt_split=args.txt_split, skip_bad_lines=args.skip_bad_lines,
                   max_documents=args.max_documents, kind=args.kind, threads=args.threads, workers=args.workers,
-                  chunk_mb=args.chunk_mb, verbose=True)
+                  chunk_mb=args.chunk_mb, engine=args.engine, ray_address=args.ray_address, verbose=True)
     print(Funnel.from_manifest(load_manifest(out)).format())
     print(summary(out))
 
@@ -2666,6 +2804,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="processes for the per-document steps (default: all cores)")
     p.add_argument("--chunk-mb", type=_in_range(float, 0.001, 4096), default=CHUNK_BYTES / 2**20,
                    help="MiB of input per chunk, the unit of parallel work and of resuming (default %(default)g)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: worker processes here; ray: the same steps as Ray tasks (pip install ray)")
+    p.add_argument("--ray-address", default=None,
+                   help="with --engine ray: auto or HOST:PORT of a running cluster (default: start Ray here)")
     p.set_defaults(run=_cmd_prepare)
 
     p = sub.add_parser("mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)")
@@ -2692,4 +2834,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import data              # run as the module `data`, not `__main__`: Ray sends workers functions by name, and
+    data.main()              # they import data.py, rather than pickling the functions' code and every global

@@ -1,0 +1,141 @@
+"""Tests for data.py's Ray engine (section 11): it writes what the local engine writes, byte for byte; a worker
+SIGKILLed in the middle of a task is retried by Ray and the output does not change; a bad input file fails the job
+with one line naming it (exit 2 from the CLI); a missing Ray or a dead address is one line before any work.
+
+Ray starts once for the whole module (10-40 s on the shared 2-core machine) and every test reuses it: prepare()
+uses a Ray that its caller already started."""
+import gzip
+import json
+import logging
+import pathlib
+import random
+import socket
+
+import pytest
+
+import data
+from data import DataError
+from test_data import dataset_files, random_doc, web_corpus, write_jsonl
+
+ray = pytest.importorskip("ray", reason="the Ray engine's tests need Ray: pip install ray")
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> pathlib.Path:
+    """Two sources in several files: web .jsonl (cut into many chunks) and .jsonl.gz, and a .txt of books."""
+    rng = random.Random(11)
+    root = tmp_path_factory.mktemp("ray-inputs")
+    (root / "web").mkdir()
+    write_jsonl(root / "web" / "a.jsonl", web_corpus(rng, 60))
+    with gzip.open(root / "web" / "b.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write("".join(json.dumps({"text": d}) + "\n" for d in web_corpus(rng, 20)))
+    write_jsonl(root / "web" / "c.jsonl", web_corpus(rng, 25))
+    (root / "books.txt").write_text("\n\n".join(random_doc(rng, 70) for _ in range(20)))
+    return root
+
+
+SETTINGS = dict(vocab_size=300, weights=[0.7, 0.3], val_fraction=0.1, seed=4, chunk_mb=3 / 1024)
+
+
+def sources(inputs: pathlib.Path) -> list[str]:
+    return [str(inputs / "web"), str(inputs / "books.txt")]
+
+
+@pytest.fixture(scope="module")
+def local_dataset(inputs, tmp_path_factory) -> dict:
+    """The local engine's output (2 worker processes): the oracle."""
+    out = data.prepare(sources(inputs), tmp_path_factory.mktemp("local") / "ds", workers=2, **SETTINGS)
+    return dataset_files(out)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """A local Ray of 2 CPUs whose workers can be told to die: when the file `armed` exists, the first stage_clean
+    task to start (the one that creates `fired`) SIGKILLs its own worker process, as a lost node or the OOM killer
+    would. The hook runs in every worker at start-up and wraps data.stage_clean there (Ray sends functions by
+    name, so the task finds the wrapper)."""
+    folder = tmp_path_factory.mktemp("kill")
+    armed, fired, root = folder / "armed", folder / "fired", str(ROOT)
+
+    def install_killer():
+        import os
+        import signal
+        import sys
+        sys.path.insert(0, root)
+        import data as worker_data
+        stage_clean = worker_data.stage_clean
+
+        def stage_clean_or_die(*args):
+            if os.path.exists(armed):
+                try:
+                    os.close(os.open(fired, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    pass
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return stage_clean(*args)
+
+        worker_data.stage_clean = stage_clean_or_die
+
+    ray.init(address="local", num_cpus=2, object_store_memory=data.RAY_LOCAL_OBJECT_STORE, include_dashboard=False,
+             logging_level=logging.ERROR, runtime_env={"worker_process_setup_hook": install_killer})
+    yield armed, fired
+    ray.shutdown()
+
+
+def test_ray_engine_writes_the_local_engines_bytes(inputs, local_dataset, ray_cluster, tmp_path):
+    """Shards, tokenizer and manifest (but its timings) equal, over 3 files cut into many chunks, two sources mixed
+    by weight: stable document ids and ordering by chunk index keep the order tasks finish in out of the output."""
+    out = data.prepare(sources(inputs), tmp_path / "ds", engine="ray", **SETTINGS)
+    assert data.load_manifest(out)["timings"]["engine"] == "ray"
+    got = dataset_files(out)
+    assert got.keys() == local_dataset.keys()
+    for name in local_dataset:
+        assert got[name] == local_dataset[name], name
+    assert len(data.plan_chunks([data.open_source(s) for s in sources(inputs)], 3 << 10)) > 10
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]    # no work folder left behind
+
+
+def test_worker_killed_mid_task_is_retried_and_changes_nothing(inputs, local_dataset, ray_cluster, tmp_path):
+    armed, fired = ray_cluster
+    armed.touch()
+    try:
+        out = data.prepare(sources(inputs), tmp_path / "ds", engine="ray", **SETTINGS)
+    finally:
+        armed.unlink()
+    assert fired.exists()                                         # a worker did die in the middle of stage 2
+    assert dataset_files(out) == local_dataset
+
+
+def test_bad_file_fails_the_job_with_one_line(inputs, ray_cluster, tmp_path, capsys):
+    """A .gz whose header is fine but whose body is cut short passes the up-front checks; the Ray task reading it
+    raises, and the CLI prints the task's one line (no Ray traceback), exits 2 and leaves nothing behind."""
+    web = tmp_path / "web"
+    web.mkdir()
+    for name in ("a.jsonl", "c.jsonl"):
+        (web / name).write_bytes((inputs / "web" / name).read_bytes())
+    whole = gzip.compress((inputs / "web" / "a.jsonl").read_bytes())
+    (web / "b.jsonl.gz").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(["prepare", "--engine", "ray", "--data", str(web), "--out", str(tmp_path / "ds"),
+                   "--vocab-size", "300", "--chunk-mb", str(3 / 1024)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "b.jsonl.gz" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["web"]
+
+
+def test_ray_missing_or_unreachable_is_one_line_before_any_work(inputs, tmp_path, monkeypatch):
+    with socket.socket() as s:                                    # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(DataError, match=rf"--ray-address 127.0.0.1:{port}: nothing answers there"):
+        data.prepare(sources(inputs), tmp_path / "ds", engine="ray", ray_address=f"127.0.0.1:{port}")
+    with pytest.raises(DataError, match="only ray takes an address"):
+        data.prepare(sources(inputs), tmp_path / "ds", ray_address="auto")
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)      # as if Ray were not installed
+    with pytest.raises(DataError, match=r"--engine ray needs Ray: pip install ray"):
+        data.prepare(sources(inputs), tmp_path / "ds", engine="ray")
+    assert list(tmp_path.iterdir()) == []
