@@ -67,6 +67,11 @@ Memory, per document (FineWeb-Edu 10BT: 9.7M documents of ~4 KB):
     disk (work files)   the text twice at most (stage 1's is deleted when stage 2 is done), ~20 B/line of line hashes,
                         32 bands x 12 B = 384 B of band keys, ~2 B per token; removed when the dataset is published
 
+On a cluster, `prepare --engine ray` (section 11) makes that scheduler Ray: one task per chunk and stage, one per
+join and per split's shards, calling these very functions on the same work files (on storage every node sees). The
+output is byte-identical to the local engine's for the reasons above, and one more: a task only writes files
+(temporary name, then rename) that a rerun writes again identically, so Ray may rerun a task whose worker died.
+
 The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
 of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.
 
@@ -2271,19 +2276,22 @@ def _check_ray_ready(address: str | None, in_memory: bool) -> None:
 def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     """A RayEngine on the cluster at `address` ("auto": the one `ray start` runs on this machine), or on a Ray
     started here with `cpus` cores and stopped afterwards. A Ray the caller already started is used as it is.
-    Workers receive data.py, bpe.py and dedup.py from this driver (runtime_env py_modules), so a cluster runs the
-    very code this run was started with."""
+    A cluster's workers receive data.py, bpe.py and dedup.py from this driver (runtime_env py_modules), so they
+    run the very code this run was started with; a Ray started here imports them from this driver's sys.path."""
     ray = _import_ray()
     if ray.is_initialized():
         yield RayEngine(ray)
         return
-    code = [str(REPO_ROOT / name) for name in ("data.py", "bpe.py", "dedup.py")]
-    local = {"num_cpus": cpus, "object_store_memory": RAY_LOCAL_OBJECT_STORE} if address is None else {}
+    if address is None:
+        options = {"address": "local", "num_cpus": cpus, "object_store_memory": RAY_LOCAL_OBJECT_STORE}
+    else:
+        code = [str(REPO_ROOT / name) for name in ("data.py", "bpe.py", "dedup.py")]
+        options = {"address": address, "runtime_env": {"py_modules": code}}
     try:
-        ray.init(address=address or "local", include_dashboard=False, logging_level=logging.ERROR,
-                 runtime_env={"py_modules": code}, **local)
-    except ConnectionError as e:
-        raise DataError(f"--ray-address {address}: {e}".split("\n")[0]) from None
+        ray.init(include_dashboard=False, logging_level=logging.ERROR, **options)
+    except (ConnectionError, ray.exceptions.AuthenticationError) as e:
+        raise DataError(f"--ray-address {address}: {str(e).splitlines()[0]} (a cluster started by `ray start` "
+                        f"may want RAY_AUTH_MODE=token and its token: see README)") from None
     try:
         yield RayEngine(ray)
     finally:

@@ -6,7 +6,7 @@ driver, its worker processes, and for Ray its raylet, GCS and workers: the run's
 /proc), and the check that both wrote the same bytes. Then Ray's overhead as a ratio to the local engine's time, and
 its fixed part: `ray.init` + a map of trivial tasks + `ray.shutdown`, timed alone.
 
-    python bench/bench_data_ray.py                     # the ~300 MB corpus of bench_data.py (built once, cached)
+    python bench/bench_data_ray.py                     # bench_data.py's ~300 MB web-like corpus (built once, kept)
     python bench/bench_data_ray.py --corpus DIR        # any input data.py reads
     python bench/bench_data_ray.py --overhead-only     # only the fixed cost of starting and stopping Ray
 
@@ -85,14 +85,18 @@ class ProcessTreeSampler:
             self._stop.wait(self.interval)
 
 
-def role(command: str) -> str:
-    """A process's part in the run, from its command line (Ray names its processes)."""
-    for name in ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py", "runtime_env", "default_worker"):
-        if name in command:
-            return "ray worker" if name == "default_worker" else f"ray {name.split('.')[0]}"
-    if command.startswith("ray::"):
-        return "ray worker"
-    return "driver" if "data.py prepare" in command else "worker process"
+ROLES = (("raylet", "ray raylet"), ("gcs_server", "ray gcs"), ("DashboardAgent", "ray dashboard agent"),
+         ("dashboard/agent.py", "ray dashboard agent"), ("dashboard", "ray dashboard"), ("log_monitor", "ray log monitor"),
+         ("monitor.py", "ray autoscaler monitor"), ("RuntimeEnvAgent", "ray runtime-env agent"),
+         ("runtime_env/agent", "ray runtime-env agent"), ("default_worker", "ray worker"), ("ray::", "ray worker"))
+
+
+def role(pid: int, root_pid: int, command: str) -> str:
+    """A process's part in the run: the driver (prepare itself), or what its command line names (Ray names its
+    processes; a Ray worker's title is ray::TASK while it runs one)."""
+    if pid == root_pid:
+        return "driver"
+    return next((name for key, name in ROLES if key in command), "worker process")
 
 
 def run_engine(engine: str, corpus: str, out: pathlib.Path, workers: int, extra: list[str]) -> dict:
@@ -108,8 +112,8 @@ def run_engine(engine: str, corpus: str, out: pathlib.Path, workers: int, extra:
         sys.exit(f"{engine} engine failed:\n{output[-3000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
     by_role: dict[str, list[int]] = {}
-    for record in sampler.seen.values():
-        by_role.setdefault(role(record["command"]), []).append(record["peak_rss"])
+    for pid, record in sampler.seen.items():
+        by_role.setdefault(role(pid, process.pid, record["command"]), []).append(record["peak_rss"])
     return {"wall_s": wall, "input_bytes": manifest["timings"]["input_bytes"],
             "cpu_s": sum(r["cpu_s"] for r in sampler.seen.values()), "processes": len(sampler.seen),
             "peak_rss_by_role": {k: (len(v), max(v)) for k, v in sorted(by_role.items())},
@@ -158,7 +162,9 @@ def ray_fixed_overhead(cpus: int, tasks: int = OVERHEAD_TASKS) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=None, help="input for prepare (default: bench_data.py's ~300 MB corpus)")
+    parser.add_argument("--corpus", default=None, help="input for prepare (default: bench_data.py's corpus of --mb)")
+    parser.add_argument("--mb", type=float, default=300, help="size of bench_data.py's corpus (default %(default)g)")
+    parser.add_argument("--work", default="/tmp/bench_data", help="where bench_data.py keeps its corpora")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="cores for both engines")
     parser.add_argument("--chunk-mb", type=float, default=None, help="passed to prepare (default: its own)")
     parser.add_argument("--overhead-only", action="store_true", help="only time Ray's start, trivial map and stop")
@@ -172,10 +178,14 @@ def main() -> None:
           f"shutdown {overhead['shutdown_s']:.1f}s: {fixed:.1f}s in all")
     if args.overhead_only:
         return
-    if args.corpus is None:
+    if args.corpus is None:                     # bench_data.py's web-like corpus, built once into --work
         sys.path.insert(0, str(ROOT / "bench"))
         import bench_data
-        args.corpus = str(bench_data.corpus_for_ray_bench())
+        from bench_dedup import DATA, sentence_pool
+        corpus = pathlib.Path(args.work) / f"corpus-{args.mb:g}MB.jsonl"
+        corpus.parent.mkdir(parents=True, exist_ok=True)
+        bench_data.build_corpus(corpus, args.mb, sentence_pool(DATA))
+        args.corpus = str(corpus)
     extra = ["--chunk-mb", str(args.chunk_mb)] if args.chunk_mb else []
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="bench-data-ray-"))
     try:
