@@ -77,7 +77,8 @@ of non-overlapping windows, split across data-parallel ranks, with a position th
 
 Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and two siblings:
 bpe.py (train_bpe, Tokenizer) and dedup.py (MinHash, band keys, pairs, union-find, exact Jaccard). Everything runs
-offline except `hf:` sources.
+offline except `hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet), datasets
+(`hf:`), ray (`--engine ray`).
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 SIGKILLed in the middle of a task is retried by Ray and the output does not change; a bad input file fails the job
 with one line naming it (exit 2 from the CLI); a missing Ray or a dead address is one line before any work.
 
-Ray starts once for the whole module (10-40 s on the shared 2-core machine) and every test reuses it: prepare()
-uses a Ray that its caller already started."""
+Ray starts once for the whole module (20-40 s on the shared 2-core machine) and every test reuses it: prepare()
+uses a Ray that its caller already started. The tests that need Ray are marked slow (over 20 s each here)."""
 import gzip
 import json
 import logging
@@ -85,6 +85,7 @@ def ray_cluster(tmp_path_factory):
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_engine_writes_the_local_engines_bytes(inputs, local_dataset, ray_cluster, tmp_path):
     """Shards, tokenizer and manifest (but its timings) equal, over 3 files cut into many chunks, two sources mixed
     by weight: stable document ids and ordering by chunk index keep the order tasks finish in out of the output."""
@@ -98,6 +99,7 @@ def test_ray_engine_writes_the_local_engines_bytes(inputs, local_dataset, ray_cl
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]    # no work folder left behind
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_task_is_retried_and_changes_nothing(inputs, local_dataset, ray_cluster, tmp_path):
     armed, fired = ray_cluster
     armed.touch()
@@ -109,6 +111,7 @@ def test_worker_killed_mid_task_is_retried_and_changes_nothing(inputs, local_dat
     assert dataset_files(out) == local_dataset
 
 
+@pytest.mark.slow
 def test_bad_file_fails_the_job_with_one_line(inputs, ray_cluster, tmp_path, capsys):
     """A .gz whose header is fine but whose body is cut short passes the up-front checks; the Ray task reading it
     raises, and the CLI prints the task's one line (no Ray traceback), exits 2 and leaves nothing behind."""
