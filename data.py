@@ -2288,11 +2288,13 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     else:
         code = [str(REPO_ROOT / name) for name in ("data.py", "bpe.py", "dedup.py")]
         options = {"address": address, "runtime_env": {"py_modules": code}}
-    try:
-        ray.init(include_dashboard=False, logging_level=logging.ERROR, **options)
+    try:                     # log_to_driver off: tasks print nothing, and a task's error comes back as its exception
+        ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, **options)
     except (ConnectionError, ray.exceptions.AuthenticationError) as e:
         raise DataError(f"--ray-address {address}: {str(e).splitlines()[0]} (a cluster started by `ray start` "
                         f"may want RAY_AUTH_MODE=token and its token: see README)") from None
+    except Exception as e:           # Ray's own start-up failures (e.g. a raylet slower than its 30 s window)
+        raise DataError(f"Ray did not start here: {str(e).splitlines()[0]}; retry, or use --engine local") from None
     try:
         yield RayEngine(ray)
     finally:
