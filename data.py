@@ -2288,13 +2288,17 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     else:
         code = [str(REPO_ROOT / name) for name in ("data.py", "bpe.py", "dedup.py")]
         options = {"address": address, "runtime_env": {"py_modules": code}}
-    try:                     # log_to_driver off: tasks print nothing, and a task's error comes back as its exception
-        ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, **options)
-    except (ConnectionError, ray.exceptions.AuthenticationError) as e:
-        raise DataError(f"--ray-address {address}: {str(e).splitlines()[0]} (a cluster started by `ray start` "
-                        f"may want RAY_AUTH_MODE=token and its token: see README)") from None
-    except Exception as e:           # Ray's own start-up failures (e.g. a raylet slower than its 30 s window)
-        raise DataError(f"Ray did not start here: {str(e).splitlines()[0]}; retry, or use --engine local") from None
+    for attempt in range(2):        # a busy machine can miss the 30 s Ray gives a new raylet: start once more
+        try:                        # log_to_driver off: tasks print nothing; a task's error comes back as itself
+            ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, **options)
+            break
+        except (ConnectionError, ray.exceptions.AuthenticationError) as e:
+            raise DataError(f"--ray-address {address}: {str(e).splitlines()[0]} (a cluster started by `ray start` "
+                            f"may want RAY_AUTH_MODE=token and its token: see README)") from None
+        except Exception as e:      # Ray's own start-up failures
+            ray.shutdown()
+            if attempt or address is not None:
+                raise DataError(f"Ray did not start: {str(e).splitlines()[0]}; retry, or use --engine local") from None
     try:
         yield RayEngine(ray)
     finally:

@@ -46,6 +46,9 @@ SKIPPED = {
     "python data.py prepare --data ../shared/data/c4-sample/c4-en-train-00000-first1000.jsonl pystdlib":
         "mixes in the 31 MB pystdlib corpus (about a minute); test_data's mixing tests cover --weights",
     "python data.py inspect out/data-mix": "reads the mix that the skipped command above writes",
+    "ray start": "starts a Ray cluster node that outlives the command (tried by hand: a head and a worker node on "
+                 "one machine, then prepare --ray-address on them)",
+    "RAY_AUTH_MODE=token": "needs a running Ray cluster at HEAD_IP and storage mounted on every node (/mnt/shared)",
 }
 
 SLOW = {
