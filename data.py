@@ -2493,11 +2493,12 @@ def summary(data_dir: str | os.PathLike) -> str:
     tm = m["timings"]
     phases = ", ".join(f"{p} {tm[p + '_s']:.1f}/{tm[p + '_cpu_s']:.1f}s" for p in ("clean", "tokenizer", "encode"))
     mb_in, mb_encoded = tm["input_bytes"] / 1e6, tm["encoded_bytes"] / 1e6
-    lines.append(f"time (wall/CPU): {phases}, total {tm['total_s']:.1f}/{tm['total_cpu_s']:.1f}s")
+    cpu = "driver CPU" if tm.get("engine") == "ray" else "CPU"      # os.times() does not see Ray's worker processes
+    lines.append(f"time (wall/{cpu}): {phases}, total {tm['total_s']:.1f}/{tm['total_cpu_s']:.1f}s")
     lines.append(f"throughput: {mb_in:.2f} MB read -> {mb_in / tm['total_s']:.2f} MB/s end to end "
-                 f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per CPU-second); encoding {mb_encoded:.2f} MB at "
+                 f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per {cpu}-second); encoding {mb_encoded:.2f} MB at "
                  f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s ({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
-                 f" MB per CPU-second)")
+                 f" MB per {cpu}-second)")
     return "\n".join(lines)
 
 
