@@ -2432,7 +2432,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                 "dtype": dtype.name, "mixture": built.mixture, "splits": splits,
                 "timings": {**clock.timings, "encoded_bytes": built.encoded_bytes,
                             "input_bytes": built.funnel.bytes_read,
-                            "engine": "in-memory" if in_memory else "ray" if ray else f"streaming, {workers} worker(s)"},
+                            "engine": "in-memory" if in_memory else "ray" if ray
+                            else f"streaming, {workers} worker(s)"},
             }
             (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
             _publish(tmp_dir, out_dir)
