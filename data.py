@@ -18,11 +18,26 @@ embedded corpus (the standard library's docstrings, CPython 3.11): 722 documents
     python data.py prepare --data pydocs                 # the embedded corpus: stdlib docstrings, ~2 MB, offline
     python data.py prepare --data corpus.jsonl pystdlib --weights 0.7 0.3 --vocab-size 8192 --out data/my
     python data.py mix --tokens 20e9 --weights web=0.70 code=0.15 books=0.10 math=0.05 --unique math=0.5e9
+    python data.py prepare --data book.txt --val-data book_last_10pct.txt    # your own text, kept whole
 
 Mixing is arithmetic on tokens. The lecture's example: 20e9 training tokens at 70% web / 15% code / 10% books /
 5% math asks for 0.05 x 20e9 = 1e9 math tokens; with only 0.5e9 unique math tokens on hand, math is read
 1e9 / 0.5e9 = 2 times (2 epochs). Scarce high-quality data is up-weighted like this, but repeat it too often and
 the model starts to memorise it (we warn above 4 epochs, where Muennighoff et al. 2023 saw returns fall off).
+
+Web-crawl cleaning is for web crawls. Text someone chose (a local .txt, .md, .raw or .py file: a book, a play, a
+code base) is kept whole by default: cut into pieces of at most 16,384 characters (and at least 20) for shuffling
+and the split, PII-masked, and nothing else. Tiny Shakespeare shows why: through the funnel, 6,142 of its 7,222
+speeches have under 50 words and 1.10M characters become 0.56M; kept whole, 1,115,257 of its 1,115,394 bytes reach
+the shards (only the blank lines at 68 cuts go). `--cleaning web` runs the funnel on any source, `--cleaning keep`
+keeps any source whole, and a source whose quality filters remove more than a quarter of its characters gets a
+one-line note saying so. `--val-data FILE` makes a held-out file the validation split byte for byte (the fixed
+splits of WikiText and TinyStories, or the last 10% of your book); its 13-gram overlap with train (evaluate.py's
+contamination check) is reported. The steps also take Stanford CS336's data-handout variants: `--filters
+gopher-handout` (its four Gopher rules only), `--line-dedup occurrences` (drop every line seen twice anywhere),
+`--strip-accents` (near-dedup compares "café" as "cafe"); phone masking knows its "(283)-182-3829". A kept-whole
+source, --val-data, the line dedup by occurrences and accent stripping run on the in-memory engine (the streaming
+one does not have them yet).
 
 The validation split is cut after deduplication, so no validation document has a near-duplicate in train (else the
 held-out loss is measured on text the model has seen). The tokenizer (bpe.py) is trained on the train split only.
@@ -89,6 +104,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import functools
 import glob
 import gzip
 import hashlib
@@ -139,7 +155,9 @@ class Source:
 
     kind: "prose" (Gopher quality filters, boilerplate-line removal), "code" (code filters only) or "html"
     (text is extracted first, then treated as prose). fingerprint: what the cache key needs to know about the
-    input (file sizes and mtimes, the Python version for embedded corpora).
+    input (file sizes and mtimes, the Python version for embedded corpora). curated: local text files (.txt, .md,
+    .raw, .py), which someone chose and which `clean` keeps whole by default, as opposed to web-like sources
+    (.jsonl, .parquet, .html, hf:, the embedded corpora that demonstrate the funnel).
     """
     spec: str
     kind: str
@@ -147,6 +165,7 @@ class Source:
     read: Callable[[], Iterator[str]]
     max_documents: int | None = None
     files: tuple[pathlib.Path, ...] = ()        # the files it reads, in order (none for named sources)
+    curated: bool = False
 
     @property
     def label(self) -> str:
@@ -422,6 +441,7 @@ def read_html(path: pathlib.Path) -> Iterator[str]:
 _FILE_READERS = {".txt": "txt", ".md": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl",
                  ".parquet": "parquet", ".raw": "wikitext", ".html": "html", ".htm": "html", ".py": "python"}
 _FILE_KINDS = {"html": "html", "python": "code"}          # every other reader yields prose
+_CURATED_READERS = {"txt", "wikitext", "python"}          # local text someone chose; jsonl/parquet/html are web-like
 
 HF_ALIASES = {
     "wikitext-2": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
@@ -523,7 +543,8 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         for reader in readers:
             yield from reader()
 
-    return Source(spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files))
+    curated = all(_FILE_READERS[_inner_suffix(f)] in _CURATED_READERS for f in files)
+    return Source(spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files), curated)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -655,7 +676,10 @@ def _duplicate_ngram_fraction(ngrams: NGrams, n: int, total_chars: int) -> float
     return int(ngrams.lengths[np.cumsum(depth[:-1]) > 0].sum()) / total_chars
 
 
-def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000) -> str | None:
+GOPHER_RULE_SETS = ("all", "handout")
+
+
+def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000, rules: str = "all") -> str | None:
     """The first Gopher rule a document breaks (its name), or None when it passes. Rules (Rae et al. 2021, App. A):
 
         too_few_words, too_many_words   50 <= words <= 100,000 (words: whitespace-separated)
@@ -668,11 +692,20 @@ def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000) -
         top_2gram, _3gram, _4gram       the most frequent n-gram covers <= 20%, 18%, 16% of characters
         duplicate_5grams ... _10grams   repeated n-grams cover <= 15%, 14%, ... 10% of characters
 
+    rules="handout" keeps only the four that Stanford CS336's data handout (assignment 4) asks for: word count,
+    mean word length, ellipsis lines and alphabetic words (words here are whitespace-separated; the handout
+    tokenizes with NLTK, which also counts punctuation marks as words).
+
     >>> gopher_rejection("too short")
     'too_few_words'
     >>> gopher_rejection(" ".join(["the quick brown fox jumps over the lazy dog and runs"] * 10))
     'top_3gram'
+    >>> print(gopher_rejection(" ".join(["the quick brown fox jumps over the lazy dog"] * 10), rules="handout"))
+    None
     """
+    if rules not in GOPHER_RULE_SETS:
+        raise DataError(f"unknown Gopher rule set {rules!r}; use {' or '.join(GOPHER_RULE_SETS)}")
+    every_rule = rules == "all"
     words = text.split()
     n = len(words)
     if n < min_words:
@@ -682,15 +715,17 @@ def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000) -
     total_chars = sum(map(len, words))
     if not 3 <= total_chars / n <= 10:
         return "mean_word_length"
-    if (text.count("#") + text.count("...") + text.count("…")) / n > 0.1:
+    if every_rule and (text.count("#") + text.count("...") + text.count("…")) / n > 0.1:
         return "symbol_ratio"
     lines = [line.strip() for line in text.split("\n") if line.strip()]
-    if sum(line.startswith(_BULLETS) for line in lines) > 0.9 * len(lines):
+    if every_rule and sum(line.startswith(_BULLETS) for line in lines) > 0.9 * len(lines):
         return "bullet_lines"
     if sum(line.endswith(("...", "…")) for line in lines) > 0.3 * len(lines):
         return "ellipsis_lines"
     if sum(map(_has_letter, words)) < 0.8 * n:
         return "alphabetic_words"
+    if not every_rule:
+        return None
     if len(GOPHER_STOP_WORDS.intersection(text.lower().split())) < 2 and \
             len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2:   # "the," too
         return "stop_words"
@@ -805,6 +840,32 @@ def remove_lines(text: str, lines: set[str]) -> tuple[str, int]:
     return "\n".join(kept).strip(), removed
 
 
+_LINE = re.compile(r"[^\n]*\n|[^\n]+")          # a line with its newline, or a last line without one
+
+
+def repeated_lines(texts: list[str]) -> set[str]:
+    """Lines (exactly, without their newline) that occur more than once in the whole corpus, counting every
+    occurrence, so a line repeated inside one document counts too: Stanford CS336's exact line dedup.
+
+    >>> sorted(repeated_lines(["a\\nb\\n", "b\\nc", "c\\nd\\nd"]))
+    ['b', 'c', 'd']
+    """
+    counts = collections.Counter(line.rstrip("\n") for text in texts for line in _LINE.findall(text))
+    return {line for line, count in counts.items() if count > 1}
+
+
+def drop_lines(text: str, lines: set[str]) -> tuple[str, int]:
+    """(text without those lines, how many were removed); kept lines keep their newlines, so a file's trailing
+    newline survives and a document whose every line goes becomes "".
+
+    >>> drop_lines("- home\\n- back\\nbody\\n", {"- home"})
+    ('- back\\nbody\\n', 1)
+    """
+    all_lines = _LINE.findall(text)
+    kept = [line for line in all_lines if line.rstrip("\n") not in lines]
+    return "".join(kept), len(all_lines) - len(kept)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # 5. PII masking
 # ---------------------------------------------------------------------------------------------------------------------
@@ -815,9 +876,10 @@ PII_PATTERNS = {
     "EMAIL": re.compile(r"\b[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}\b"),
     # four octets 0-255; not inside a longer dotted number ("1.2.3.4.5") or a word ("v1.2.3.4").
     "IP": re.compile(rf"(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\d)(?!\w)"),
-    # North American (555) 123-4567, 555-123-4567, 555.123.4567, +1 555 123 4567; international +44 20 7946 0958.
-    # Separators are required, so bare numbers, dates (2023-01-15) and versions (3.11.7) never match.
-    "PHONE": re.compile(r"(?<![\w+.-])(?:(?:\+?1[ .-]?)?(?:\(\d{3}\)[ ]?|\d{3}[ .-])\d{3}[ .-]\d{4}"
+    # North American (555) 123-4567, (555)-123-4567 (CS336's format), 555-123-4567, 555.123.4567, +1 555 123 4567;
+    # international +44 20 7946 0958. Separators are required, so bare numbers, dates (2023-01-15) and versions
+    # (3.11.7) never match.
+    "PHONE": re.compile(r"(?<![\w+.-])(?:(?:\+?1[ .-]?)?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4}"
                         r"|\+\d{1,3}(?:[ .-]\(?\d{1,4}\)?){2,5})(?!\d)(?![.-]\d)"),
 }
 
@@ -867,6 +929,7 @@ class Funnel:
     def __init__(self) -> None:
         self.steps: list[Step] = []
         self.bytes_read = 0                  # UTF-8 bytes of every document read, for the throughput figure
+        self.notices: list[str] = []         # one line per source that cleaning cut by more than a quarter
 
     def add(self, name: str, before: list[str], after: list[str], reasons: dict | None = None) -> None:
         self.add_counts(name, len(before), len(after), sum(map(len, before)), sum(map(len, after)), reasons)
@@ -906,24 +969,75 @@ class Funnel:
 NEAR_DUP_NUM_PERM = 128        # MinHash functions: standard error 0.044 at J = 0.43 (dedup.py's lesson)
 NEAR_DUP_SHINGLE = 3           # words per shingle, as in the lecture
 
+CLEANING_CHOICES = ("auto", "web", "keep")
+FILTER_CHOICES = ("auto", "gopher", "gopher-handout", "code", "none")
+LINE_DEDUP_CHOICES = ("documents", "occurrences")
+
 
 @dataclasses.dataclass
 class CleanSettings:
-    """Knobs of the cleaning pipeline (all part of the cache key)."""
-    filters: str = "auto"                # auto (by source kind), gopher, code, none
+    """Knobs of the cleaning pipeline (all part of the cache key).
+
+    cleaning: "auto" runs the funnel on web-like sources and keeps curated local text whole (Source.curated);
+    "web" runs it on every source; "keep" keeps every source whole. A source kept whole is only cut into
+    documents of at most chunk_chars characters, and into at least KEPT_MIN_PIECES (so it can be shuffled and
+    split), and PII-masked: no quality filters, no line removal, no dedup (a refrain or a repeated speech in a
+    book is the author's choice).
+    line_dedup: "documents" removes boilerplate (a line of 3+ words in >= boilerplate_min_documents documents);
+    "occurrences" removes every line that occurs more than once in the corpus (CS336's exact line dedup).
+    """
+    cleaning: str = "auto"
+    filters: str = "auto"                # auto (by source kind), gopher, gopher-handout, code, none
     min_words: int = 50
     max_words: int = 100_000
+    line_dedup: str = "documents"
     boilerplate_min_documents: int = 3
     near_dup_threshold: float = 0.5      # Jaccard of 3-word shingles; 0 disables near-dedup
+    strip_accents: bool = False          # near-dedup shingles "café" as "cafe"
     mask_pii: bool = True
+    chunk_chars: int = 16_384            # ~4,000 tokens: several training windows per piece of a long text
 
-    def __post_init__(self):
-        if self.boilerplate_min_documents < 2:           # checked here too, so a bad flag fails before any work
+    def __post_init__(self):                             # checked on creation, so a bad flag fails before any work
+        for name, choices in (("cleaning", CLEANING_CHOICES), ("filters", FILTER_CHOICES),
+                              ("line_dedup", LINE_DEDUP_CHOICES)):
+            if getattr(self, name) not in choices:
+                raise DataError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of "
+                                f"{', '.join(choices)}")
+        if self.boilerplate_min_documents < 2:
             raise DataError(f"--boilerplate-min-documents must be at least 2 (a line in one document is not "
                             f"repeated), got {self.boilerplate_min_documents}")
         if not (self.near_dup_threshold == 0 or 0 < self.near_dup_threshold < 1):
             raise DataError(f"--near-dup-threshold must be 0 (off) or strictly between 0 and 1, "
                             f"got {self.near_dup_threshold}")
+        if self.chunk_chars < 1:
+            raise DataError(f"chunk_chars must be at least 1, got {self.chunk_chars}")
+
+
+def keeps_whole(source: Source, settings: CleanSettings) -> bool:
+    """Whether `clean` keeps this source's text whole (see CleanSettings.cleaning)."""
+    return settings.cleaning == "keep" or (settings.cleaning == "auto" and source.curated)
+
+
+def chunk_document(text: str, max_chars: int) -> list[str]:
+    """A long document cut into pieces of at most max_chars characters, each at the last blank line before the
+    limit (else the last line break, else at the limit), so one novel or one-file corpus can still be shuffled
+    and split into train and val. Only the separators at the cuts are lost.
+
+    >>> chunk_document("aa bb\\n\\ncc dd\\nee", 8)
+    ['aa bb', 'cc dd', 'ee']
+    """
+    pieces, start = [], 0
+    while len(text) - start > max_chars:
+        window = text[start:start + max_chars + 1]
+        cut = window.rfind("\n\n")
+        if cut <= 0:
+            cut = window.rfind("\n")
+        if cut <= 0:
+            cut = max_chars
+        pieces.append(text[start:start + cut])
+        start += cut
+    pieces.append(text[start:])
+    return [p.strip() for p in pieces if p.strip()]
 
 
 def _quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str], str | None] | None]:
@@ -931,25 +1045,43 @@ def _quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[st
     choice = {"prose": "gopher", "html": "gopher", "code": "code"}[kind] if settings.filters == "auto" \
         else settings.filters
     rules = {"gopher": lambda d: gopher_rejection(d, settings.min_words, settings.max_words),
+             "gopher-handout": lambda d: gopher_rejection(d, settings.min_words, settings.max_words, "handout"),
              "code": code_rejection, "none": None}
-    if choice not in rules:
-        raise DataError(f"unknown filter set {choice!r}; use auto, gopher, code or none")
     return choice, rules[choice]
+
+
+def _without(docs: list[str], origin: list[int], dropped: set[int]) -> tuple[list[str], list[int]]:
+    keep = [i for i in range(len(docs)) if i not in dropped]
+    return [docs[i] for i in keep], [origin[i] for i in keep]
+
+
+KEPT_MIN_PIECES = 20           # a small file kept whole is cut finer, so that a 5% validation split still holds one
+HEAVY_CLEANING = 0.25          # a source that loses more than this share of its characters gets a one-line notice
+
+
+def heavy_cleaning_note(source: Source, removed: float) -> str:
+    """The line printed when a source's own steps (quality filters) removed more than a quarter of its text
+    (extracted text for HTML: markup is not text), naming the way out. Both engines count the same steps."""
+    return (f"note: cleaning removed {removed:.0%} of the characters of {source.label} (web-crawl rules, see the "
+            f"funnel); --cleaning keep keeps its text whole")
 
 
 def clean(sources: list[Source], settings: CleanSettings | None = None,
           log: Callable[[str], None] = lambda s: None) -> tuple[list[str], list[int], Funnel]:
-    """Run the funnel over all sources. Returns (documents, source index of each, funnel).
+    """Run the funnel over all sources. Returns (documents, source index of each, funnel); funnel.notices holds
+    a line for each source whose quality filters removed more than a quarter of its characters.
 
-    Per source: read, extract text (HTML), quality filters. Across sources: exact dedup, boilerplate lines (prose
-    only; a repeated line of code is not boilerplate), PII masking, near-dedup with dedup.py. This is the
-    in-memory reference: the streaming engine (section 9) computes the same result without holding the corpus.
-    PII masking comes before near-dedup so that pages differing only in a contact address compare as equal and
-    near-dedup reads the final text.
+    Per source: read, extract text (HTML), then quality filters, or, for a source kept whole (`keeps_whole`),
+    cutting long documents into chunks. Across the cleaned sources: exact dedup, line removal (prose only; a
+    repeated line of code is not boilerplate); then PII masking of everything; then near-dedup with dedup.py of
+    the cleaned sources. This is the in-memory reference: the streaming engine (section 10) computes the same
+    result without holding the corpus. PII masking comes before near-dedup so that pages differing only in a
+    contact address compare as equal and near-dedup reads the final text.
     """
     settings = settings or CleanSettings()
     funnel = Funnel()
     docs, origin = [], []
+    whole = [keeps_whole(source, settings) for source in sources]
     for s_index, source in enumerate(sources):
         raw = [d for d in source.documents() if d.strip()]
         if not raw:
@@ -961,39 +1093,36 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
             kept = [t for t in text if t]
             funnel.add(f"extract text ({source.label})", raw, kept, {"no_text": len(text) - len(kept)})
             raw = kept
-        rule_name, rule = _quality_rule(source.kind, settings)
-        if rule is not None:
-            reasons, kept = collections.Counter(), []
-            for d in raw:
-                reason = rule(d)
-                if reason:
-                    reasons[reason] += 1
-                else:
-                    kept.append(d)
-            funnel.add(f"quality filters ({rule_name}, {source.label})", raw, kept, reasons)
-            if not kept:
-                raise funnel.empty_error(f"source {source.spec!r}")
-            raw = kept
+        chars_read = sum(map(len, raw))                     # markup is not text: counted after extraction
+        if whole[s_index]:
+            size = min(settings.chunk_chars, -(-chars_read // KEPT_MIN_PIECES))
+            pieces = [piece for d in raw for piece in chunk_document(d, size)]
+            funnel.add(f"kept whole ({source.label}; --cleaning web filters it)", raw, pieces,
+                       {f"pieces_of_at_most_{size}_chars": len(pieces)})
+            raw = pieces
+        else:
+            rule_name, rule = _quality_rule(source.kind, settings)
+            if rule is not None:
+                reasons, kept = collections.Counter(), []
+                for d in raw:
+                    reason = rule(d)
+                    if reason:
+                        reasons[reason] += 1
+                    else:
+                        kept.append(d)
+                funnel.add(f"quality filters ({rule_name}, {source.label})", raw, kept, reasons)
+                if not kept:
+                    raise funnel.empty_error(f"source {source.spec!r}")
+                raw = kept
+                removed = 1 - sum(map(len, kept)) / max(1, chars_read)
+                if removed > HEAVY_CLEANING:
+                    funnel.notices.append(heavy_cleaning_note(source, removed))
         log(f"  {source.label}: {len(raw):,} documents after the per-source steps")
         docs += raw
         origin += [s_index] * len(raw)
 
-    kept = exact_dedup(docs)
-    before, docs, origin = docs, [docs[i] for i in kept], [origin[i] for i in kept]
-    funnel.add("exact dedup (hash)", before, docs, {"duplicate": len(before) - len(docs)})
-
-    prose = [i for i, o in enumerate(origin) if sources[o].kind != "code"]
-    boiler = boilerplate_lines([docs[i] for i in prose], settings.boilerplate_min_documents)
-    before, lines_removed = list(docs), 0
-    for i in prose:
-        docs[i], removed = remove_lines(docs[i], boiler)
-        lines_removed += removed
-    keep = [i for i, d in enumerate(docs) if d]
-    docs, origin = [docs[i] for i in keep], [origin[i] for i in keep]
-    funnel.add(f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)", before, docs,
-               {"lines_removed": lines_removed, "distinct_lines": len(boiler), "emptied": len(before) - len(docs)})
-    if not docs:
-        raise funnel.empty_error("the corpus")
+    if not all(whole):
+        docs, origin = _exact_and_line_dedup(docs, origin, sources, whole, settings, funnel)
 
     if settings.mask_pii:
         before, counts = docs, collections.Counter()
@@ -1003,16 +1132,56 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
             docs.append(masked)
             counts.update(c)
         funnel.add("PII masking", before, docs, {k.lower(): v for k, v in counts.items()})
+    if settings.near_dup_threshold > 0 and not all(whole):
+        docs, origin = _near_dedup(docs, origin, whole, settings, funnel, log)
+    if not docs:
+        raise funnel.empty_error("the corpus")
+    return docs, origin, funnel
 
-    if settings.near_dup_threshold > 0:
+
+def _exact_and_line_dedup(docs: list[str], origin: list[int], sources: list[Source], whole: list[bool],
+                          settings: CleanSettings, funnel: Funnel) -> tuple[list[str], list[int]]:
+    """Exact dedup and line removal over the documents of the sources that are cleaned."""
+    cleaned = [i for i, o in enumerate(origin) if not whole[o]]
+    kept = exact_dedup([docs[i] for i in cleaned])
+    before = docs
+    docs, origin = _without(docs, origin, set(cleaned) - {cleaned[k] for k in kept})
+    funnel.add("exact dedup (hash)", before, docs, {"duplicate": len(before) - len(docs)})
+
+    prose = [i for i, o in enumerate(origin) if sources[o].kind != "code" and not whole[o]]
+    if settings.line_dedup == "occurrences":
+        step, lines, remove = "line dedup (every line seen more than once)", repeated_lines, drop_lines
+    else:
+        step = f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)"
+        lines = functools.partial(boilerplate_lines, min_documents=settings.boilerplate_min_documents)
+        remove = remove_lines
+    repeated = lines([docs[i] for i in prose])
+    before, lines_removed = list(docs), 0
+    for i in prose:
+        docs[i], removed = remove(docs[i], repeated)
+        lines_removed += removed
+    docs, origin = _without(docs, origin, {i for i, d in enumerate(docs) if not d.strip()})
+    funnel.add(step, before, docs, {"lines_removed": lines_removed, "distinct_lines": len(repeated),
+                                    "emptied": len(before) - len(docs)})
+    if not docs:
+        raise funnel.empty_error("the corpus")
+    return docs, origin
+
+
+def _near_dedup(docs: list[str], origin: list[int], whole: list[bool], settings: CleanSettings, funnel: Funnel,
+                log: Callable[[str], None]) -> tuple[list[str], list[int]]:
+    """Near-dedup (dedup.py) over the documents of the sources that are cleaned."""
+    cleaned = [i for i, o in enumerate(origin) if not whole[o]]
+    if cleaned:
         t0 = time.perf_counter()
-        kept = dedup.dedup(docs, threshold=settings.near_dup_threshold, num_perm=NEAR_DUP_NUM_PERM,
-                           n=NEAR_DUP_SHINGLE)
-        before, docs, origin = docs, [docs[i] for i in kept], [origin[i] for i in kept]
+        kept = dedup.dedup([docs[i] for i in cleaned], threshold=settings.near_dup_threshold,
+                           num_perm=NEAR_DUP_NUM_PERM, n=NEAR_DUP_SHINGLE, strip_accents=settings.strip_accents)
+        before = docs
+        docs, origin = _without(docs, origin, set(cleaned) - {cleaned[k] for k in kept})
         funnel.add(f"near dedup (MinHash, J>={settings.near_dup_threshold})", before, docs,
                    {"near_duplicate": len(before) - len(docs)})
         log(f"  near dedup: {time.perf_counter() - t0:.1f}s")
-    return docs, origin, funnel
+    return docs, origin
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1055,7 +1224,8 @@ def split_documents(split_keys: np.ndarray, val_fraction: float) -> np.ndarray:
     """
     n = len(split_keys)
     if n < 2:
-        raise DataError(f"{n} document(s) left after cleaning: need at least 2 for a train/val split")
+        raise DataError(f"{n} document(s) left after cleaning: need at least 2 for a train/val split; add text or "
+                        f"name a held-out file with --val-data")
     keys = np.asarray(split_keys, dtype=np.uint64)
     is_val = keys < np.uint64(val_cut(val_fraction)) if val_fraction > 0 else np.zeros(n, dtype=bool)
     if val_fraction > 0 and not is_val.any():
@@ -1080,6 +1250,77 @@ def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -
         picked.append(texts[i])
         size += len(texts[i].encode("utf-8"))
     return EOT.join(picked)
+
+
+def read_val_file(path: pathlib.Path) -> list[str]:
+    """The documents of a --val-data file, verbatim: a text file is one document, byte for byte (no newline
+    normalization, no stripping), cut only at <|endoftext|> markers (which become the token); a .jsonl/.parquet
+    file gives its records' text fields as they are. Nothing is filtered, deduplicated or masked.
+
+    >>> import tempfile; f = pathlib.Path(tempfile.mkdtemp()) / "val.txt"; _ = f.write_bytes(b" a\\r\\n\\nb ")
+    >>> read_val_file(f)
+    [' a\\r\\n\\nb ']
+    """
+    reader = _FILE_READERS.get(_inner_suffix(path))
+    if reader == "jsonl":
+        return list(read_jsonl(path))
+    if reader == "parquet":
+        return list(read_parquet(path))
+    try:
+        text = _read_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--val-data {path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
+    return [part for part in text.split(EOT) if part.strip()]
+
+
+def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.Path]:
+    """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a known type, has
+    text, and is not the text of a training source (a copy would make the held-out loss a training loss)."""
+    paths = [pathlib.Path(p).expanduser() for p in val_data]
+    train_files = []
+    for source in sources:
+        path = pathlib.Path(source.spec).expanduser()
+        if path.exists():
+            train_files += _files_under(path) if path.is_dir() else [path]
+    for path in paths:
+        if not path.is_file():
+            what = "is a directory: name the file(s)" if path.is_dir() else "not found: name the held-out text file"
+            raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
+        if _inner_suffix(path) not in _FILE_READERS:
+            raise DataError(f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or .parquet "
+                            f"file")
+        if not read_val_file(path):
+            raise DataError(f"--val-data {path} is empty: give a file with the held-out text")
+        digest = hashlib.sha256(path.read_bytes()).digest()
+        for train_file in train_files:
+            if train_file.stat().st_size == path.stat().st_size \
+                    and hashlib.sha256(train_file.read_bytes()).digest() == digest:
+                raise DataError(f"--val-data {path} is the same text as the training file {train_file}: hold out a "
+                                f"different file (e.g. its last 10%), or drop --val-data to use --val-fraction")
+    return paths
+
+
+def val_overlap(train_docs: list[str], val_docs: list[str], n: int = 13) -> dict:
+    """How much of a held-out file also occurs in train: evaluate.py's n-gram contamination check (13-grams of
+    lowercased words). {"n", "ngrams", "shared", "documents", "contaminated", "example"}."""
+    import evaluate                  # imported here: evaluate.py imports data.py, and only --val-data needs it
+    report = evaluate.contamination_report(train_docs, val_docs, n=n)
+    rows = report["documents"]
+    return {"n": n, "ngrams": sum(r["ngrams"] for r in rows), "shared": sum(r["overlapping"] for r in rows),
+            "documents": len(rows), "contaminated": report["contaminated"],
+            "example": next((r["example"] for r in rows if r["example"]), None)}
+
+
+def format_overlap(overlap: dict) -> str:
+    """One line on the overlap of --val-data with train.
+
+    >>> format_overlap({"n": 13, "ngrams": 2000, "shared": 3, "documents": 1, "contaminated": 1, "example": "a b"})
+    '--val-data: 3 of its 2,000 13-grams (0.15%) also occur in train, in 1 of 1 documents (e.g. "a b")'
+    """
+    share = overlap["shared"] / max(1, overlap["ngrams"])
+    example = f' (e.g. "{overlap["example"]}")' if overlap["example"] else ""
+    return (f"--val-data: {overlap['shared']:,} of its {overlap['ngrams']:,} {overlap['n']}-grams ({share:.2%}) also "
+            f"occur in train, in {overlap['contaminated']:,} of {overlap['documents']:,} documents{example}")
 
 
 def mixture_plan(weights: dict[str, float], total_tokens: float,
@@ -1380,6 +1621,7 @@ class Recipe:
     pattern: str
     shard_tokens: int
     read_options: tuple                  # (text_field, txt_split, skip_bad_lines, max_documents)
+    val_files: list[pathlib.Path] = dataclasses.field(default_factory=list)   # --val-data: the val split as is
 
 
 @dataclasses.dataclass
@@ -1392,6 +1634,7 @@ class Built:
     mixture: dict | None
     encoded_bytes: int
     write_splits: Callable[[pathlib.Path, np.dtype], dict]   # directory -> manifest["splits"]
+    overlap: dict | None = None                          # --val-data's n-gram overlap with train (`val_overlap`)
 
 
 def build_in_memory(recipe: Recipe, clock: "_Clock", log: Callable, threads: int | None) -> Built:
@@ -1399,12 +1642,22 @@ def build_in_memory(recipe: Recipe, clock: "_Clock", log: Callable, threads: int
     order of the lesson. The streaming engine must give byte-identical output."""
     with clock.phase("clean"):
         docs, origin, funnel = clean(recipe.sources, recipe.settings, log)
-    keys = [document_keys(d, recipe.seed) for d in docs]
-    is_val = split_documents(np.array([k[0] for k in keys], dtype=np.uint64), recipe.val_fraction)
-    train = [i for i in range(len(docs)) if not is_val[i]]
-    val = [i for i in range(len(docs)) if is_val[i]]
-    funnel.add_counts("train/val split", len(docs), len(train), sum(map(len, docs)),
-                      sum(len(docs[i]) for i in train), {"val": len(val)})
+    cleaned, cleaned_chars, overlap = len(docs), sum(map(len, docs)), None
+    if recipe.val_files:                            # every cleaned document trains; the files are the val split
+        val_texts = [d for p in recipe.val_files for d in read_val_file(p)]
+        with clock.phase("overlap"):
+            overlap = val_overlap(docs, val_texts)
+        funnel.notices.append(format_overlap(overlap))
+        train, val = list(range(len(docs))), list(range(len(docs), len(docs) + len(val_texts)))
+        docs = docs + val_texts
+        keys = [document_keys(d, recipe.seed) for d in docs]
+    else:
+        keys = [document_keys(d, recipe.seed) for d in docs]
+        is_val = split_documents(np.array([k[0] for k in keys], dtype=np.uint64), recipe.val_fraction)
+        train = [i for i in range(len(docs)) if not is_val[i]]
+        val = [i for i in range(len(docs)) if is_val[i]]
+    funnel.add_counts("train/val split" + (" (--val-data)" if recipe.val_files else ""), cleaned, len(train),
+                      cleaned_chars, sum(len(docs[i]) for i in train), {"val": len(val)})
     with clock.phase("tokenizer"):
         tok, trained_on = _tokenizer_for(recipe, lambda: tokenizer_sample(
             [docs[i] for i in train], [keys[i][1] for i in train], recipe.tokenizer_train_bytes), log)
@@ -1435,7 +1688,7 @@ def build_in_memory(recipe: Recipe, clock: "_Clock", log: Callable, threads: int
                              "tokens": sum(s["tokens"] for s in shards), "bytes": n_bytes, "shards": shards}
         return splits
 
-    return Built(funnel, tok, trained_on, unique, mixture, sum(sizes), write_splits)
+    return Built(funnel, tok, trained_on, unique, mixture, sum(sizes), write_splits, overlap)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -2096,6 +2349,8 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
                                   total["kept_chars"], reasons)
                 if not kept:
                     raise funnel.empty_error(f"source {source.spec!r}")
+                if 1 - total["kept_chars"] / max(1, chars) > HEAVY_CLEANING:     # here: the per-source steps only
+                    funnel.notices.append(heavy_cleaning_note(source, 1 - total["kept_chars"] / max(1, chars)))
             log(f"  {source.label}: {kept:,} documents after the per-source steps")
         skipped = sum(r["jsonl_skipped"] for r in read)
         if skipped:
@@ -2317,12 +2572,15 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
             skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
             threads: int | None = None, workers: int | None = None, chunk_mb: float = CHUNK_BYTES / 2**20,
             in_memory: bool = False, engine: str = "local", ray_address: str | None = None,
-            verbose: bool = False) -> pathlib.Path:
+            val_data: list[str] | None = None, verbose: bool = False) -> pathlib.Path:
     """Build (or reuse) a token dataset directory: manifest.json, tokenizer.json, train_*.bin, val_*.bin.
 
     sources: names ("pydocs", "pystdlib", "hf:..."), files or directories. weights (one per source) with
     train_tokens mix the train split by token share (None: the smallest budget that reads every source once).
     tokenizer: a bpe.py JSON file to reuse instead of training one on (up to tokenizer_train_bytes of) train text.
+    val_data: files that are the validation split, verbatim (`read_val_file`); every cleaned document then goes to
+    train (val_fraction is not used), and the overlap of the two is measured (`val_overlap`) and reported.
+    Notices (heavy cleaning, the overlap) are printed to stderr, also when the dataset is reused.
     The directory is out_dir or a cache directory named by a hash of the inputs and every setting; when it
     already holds a finished dataset with that hash, it is returned at once.
     Engines: streaming (default: chunks of chunk_mb MiB on `workers` processes, resumable; work files in a hidden
@@ -2358,6 +2616,10 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     jsonl_stats = JsonlStats()
     opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
               for s in sources]
+    if txt_split == "auto":          # text kept whole is read whole: only <|endoftext|> markers cut it
+        opened = [open_source(s.spec, text_field, "eot", skip_bad_lines, max_documents, jsonl_stats, kind)
+                  if keeps_whole(s, settings) else s for s in opened]
+    val_paths = check_val_files(val_data, opened) if val_data else []
     tokenizer_path = pathlib.Path(tokenizer) if tokenizer else None
     if tokenizer_path is not None and not tokenizer_path.is_file():
         raise DataError(f"tokenizer file {tokenizer_path} not found: pass a bpe.py tokenizer JSON")
@@ -2370,6 +2632,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         "tokenizer": hashlib.sha256(tokenizer_path.read_bytes()).hexdigest() if tokenizer_path else None,
         "shard_tokens": shard_tokens, "text_field": text_field, "txt_split": txt_split,
         "skip_bad_lines": skip_bad_lines, "max_documents": max_documents,
+        "val_data": [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in val_paths],
     }
     key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True, default=str).encode()).hexdigest()
     if out_dir is None:
@@ -2380,6 +2643,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if existing is not None:
         if existing.get("cache_key") == key:
             log(f"reusing {out_dir} (same inputs and settings)")
+            for notice in existing.get("notices", []):
+                print(notice, file=sys.stderr)
             return out_dir
         raise DataError(f"{out_dir} already holds a different dataset; remove it or pick another --out")
     if out_dir.exists() and not out_dir.is_dir():
@@ -2387,7 +2652,12 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if out_dir.exists() and any(out_dir.iterdir()):
         raise DataError(f"{out_dir} exists and is not a dataset directory; remove it or pick another --out")
     recipe = Recipe(opened, settings, vocab_size, seed, val_fraction, weights, train_tokens, tokenizer_path,
-                    _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None, tokenizer_train_bytes, pattern, shard_tokens, (text_field, txt_split, skip_bad_lines, max_documents))
+                    _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
+                    tokenizer_train_bytes, pattern, shard_tokens,
+                    (text_field, txt_split, skip_bad_lines, max_documents), val_paths)
+    # The streaming engine does not have these yet: a kept-whole source, --val-data, CS336's line dedup, accents.
+    in_memory = in_memory or bool(val_paths) or any(keeps_whole(s, settings) for s in opened) \
+        or settings.line_dedup != "documents" or settings.strip_accents
     chunk_bytes = max(1, int(chunk_mb * 2**20))
     work = out_dir.parent / f".{out_dir.name}.work-{hashlib.sha256(f'{key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
     if not in_memory:
@@ -2410,21 +2680,26 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                 shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
                 raise                                        # file changes the key); a kill keeps it for the rerun
         tok = built.tokenizer
+        for notice in built.funnel.notices:
+            print(notice, file=sys.stderr)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
         try:
             dtype = dtype_for_vocab(len(tok))
             splits = built.write_splits(tmp_dir, dtype)
+            if val_paths:
+                splits["val"].update(files=[str(p) for p in val_paths], overlap=built.overlap)
             (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
             clock.finish()
             manifest = {
                 "format": "llm-token-shards", "version": SHARD_VERSION, "cache_key": key,
                 "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]}
                             for s in opened],
-                "settings": {**dataclasses.asdict(settings), "val_fraction": val_fraction, "seed": seed,
-                             "weights": weights, "train_tokens": train_tokens, "text_field": text_field,
-                             "txt_split": txt_split, "max_documents": max_documents},
-                "funnel": built.funnel.to_list(),
+                "settings": {**dataclasses.asdict(settings), "val_fraction": None if val_paths else val_fraction,
+                             "val_data": [str(p) for p in val_paths], "seed": seed, "weights": weights,
+                             "train_tokens": train_tokens, "text_field": text_field, "txt_split": txt_split,
+                             "max_documents": max_documents},
+                "funnel": built.funnel.to_list(), "notices": built.funnel.notices,
                 "tokenizer": {"file": "tokenizer.json", "vocab_size": len(tok), "eot_id": tok.eot_id,
                               "pattern": pattern if tokenizer_path is None else "from file",
                               "trained_on_bytes": built.trained_on,
@@ -2737,14 +3012,16 @@ def _parse_assignments(items: list[str], flag: str) -> dict[str, float]:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
-    settings = CleanSettings(filters=args.filters, near_dup_threshold=args.near_dup_threshold,
+    settings = CleanSettings(cleaning=args.cleaning, filters=args.filters, line_dedup=args.line_dedup,
+                             near_dup_threshold=args.near_dup_threshold, strip_accents=args.strip_accents,
                              mask_pii=not args.no_pii, boilerplate_min_documents=args.boilerplate_min_documents)
     out = prepare(args.data, args.out, vocab_size=args.vocab_size, seed=args.seed, val_fraction=args.val_fraction,
                   weights=args.weights, train_tokens=args.train_tokens, tokenizer=args.tokenizer,
                   tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6), clean_settings=settings,
                   text_field=args.text_field, txt_split=args.txt_split, skip_bad_lines=args.skip_bad_lines,
                   max_documents=args.max_documents, kind=args.kind, threads=args.threads, workers=args.workers,
-                  chunk_mb=args.chunk_mb, engine=args.engine, ray_address=args.ray_address, verbose=True)
+                  chunk_mb=args.chunk_mb, engine=args.engine, ray_address=args.ray_address, val_data=args.val_data,
+                  verbose=True)
     print(Funnel.from_manifest(load_manifest(out)).format())
     print(summary(out))
 
@@ -2794,6 +3071,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="seeds the split, the tokenizer sample, mixing and order")
     p.add_argument("--val-fraction", type=_in_range(float, 0.0, 1.0, high_open=True), default=0.05,
                    help="documents held out for validation")
+    p.add_argument("--val-data", nargs="+", default=None, metavar="PATH",
+                   help="held-out file(s) used verbatim as the val split (replaces --val-fraction); their 13-gram "
+                        "overlap with train is reported")
+    p.add_argument("--cleaning", choices=CLEANING_CHOICES, default="auto",
+                   help="auto: the funnel for web-like sources (.jsonl .parquet .html hf: pydocs pystdlib), local "
+                        "text (.txt .md .raw .py) kept whole; web: the funnel for every source; keep: none")
     p.add_argument("--weights", type=_in_range(float, 0.0, TOKENS_MAX, low_open=True), nargs="+", default=None,
                    help="mixing weight per source, in order")
     p.add_argument("--train-tokens", type=_in_range(float, 1.0, TOKENS_MAX), default=None,
@@ -2801,16 +3084,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokenizer", default=None, help="reuse this bpe.py tokenizer JSON instead of training one")
     p.add_argument("--tokenizer-train-mb", type=_in_range(float, 1e-6, 1e6), default=4.0,     # >= 1 byte
                    help="MB of train text the tokenizer trains on (default %(default)s)")
-    p.add_argument("--filters", choices=["auto", "gopher", "code", "none"], default="auto",
-                   help="quality rules: auto = Gopher for prose, code rules for code")
+    p.add_argument("--filters", choices=FILTER_CHOICES, default="auto",
+                   help="quality rules: auto = Gopher for prose, code rules for code; gopher-handout = only the "
+                        "Gopher rules of CS336's data handout (word count, word length, ellipsis lines, alphabetic)")
+    p.add_argument("--line-dedup", choices=LINE_DEDUP_CHOICES, default="documents",
+                   help="documents: remove boilerplate lines (see --boilerplate-min-documents); occurrences: remove "
+                        "every line seen more than once in the corpus (CS336's exact line dedup)")
     p.add_argument("--near-dup-threshold", type=_in_range(float, 0.0, 1.0, high_open=True), default=0.5,
                    help="Jaccard threshold; 0 turns near-dedup off")
     p.add_argument("--boilerplate-min-documents", type=_in_range(int, 2), default=3,
                    help="a prose line found in this many documents is boilerplate and removed")
+    p.add_argument("--strip-accents", action="store_true", help="near dedup compares texts without accents")
     p.add_argument("--no-pii", action="store_true", help="do not mask emails, phones and IPs")
     p.add_argument("--text-field", default="text", help="the .jsonl/.parquet field holding the text")
     p.add_argument("--txt-split", choices=["auto", "eot", "blank", "file"], default="auto",
-                   help="how .txt files split into documents (auto: <|endoftext|> if present, else blank lines)")
+                   help="how .txt files split into documents (auto: <|endoftext|> if present, else blank lines; "
+                        "a file kept whole is cut only at <|endoftext|>)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed .jsonl lines")
     p.add_argument("--max-documents", type=_in_range(int, 1), default=None,
                    help="read at most this many documents per source")

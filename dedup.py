@@ -89,22 +89,34 @@ def normalized_words(text: str) -> list[str]:
     return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
+def remove_accents(text: str) -> str:
+    """Accents removed, for comparing texts that differ only in them: Unicode NFD splits "é" into "e" and a
+    combining acute accent, and every combining mark is dropped (the normalization of Stanford CS336's MinHash
+    exercise). Scripts that are all combining marks lose them too, so it is an option, off by default.
+
+    >>> remove_accents("Café Müller, naïve")
+    'Cafe Muller, naive'
+    """
+    return "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
+
+
 def _check_n(n) -> None:
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
         raise DedupError(f"shingle size n must be an integer >= 1, got {n!r}: use n=3 (lecture) or n=5 (FineWeb)")
 
 
-def shingles(text: str, n: int = 3) -> set[str]:
+def shingles(text: str, n: int = 3, strip_accents: bool = False) -> set[str]:
     """The set of n-word shingles of `text` (words joined by one space). A document with fewer than n words is a
     single shingle: all of its words (the empty string for an empty document), so it can still be compared.
+    strip_accents=True shingles the text after `remove_accents`.
 
     >>> sorted(shingles("a b c d"))
     ['a b c', 'b c d']
-    >>> shingles("hello world")
-    {'hello world'}
+    >>> shingles("hello world"), shingles("Café crème", strip_accents=True)
+    ({'hello world'}, {'cafe creme'})
     """
     _check_n(n)
-    words = normalized_words(text)
+    words = normalized_words(remove_accents(text) if strip_accents else text)
     if len(words) < n:
         return {" ".join(words)}
     return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
@@ -834,8 +846,8 @@ def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
-                         rows: int | None = None, n: int = 3, seed: int = 0,
-                         verify: str = "exact") -> tuple[np.ndarray, np.ndarray]:
+                         rows: int | None = None, n: int = 3, seed: int = 0, verify: str = "exact",
+                         strip_accents: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Verified pairs (m, 2), i < j, sorted, with their similarity (m,): MinHash signatures -> copies collapsed
     -> LSH candidates -> verification at `threshold` (verify="exact": exact Jaccard of the shingle sets, via 64-bit
     fingerprints; "estimate": the signatures' agreement rate). bands/rows default to `choose_bands_rows`.
@@ -843,6 +855,7 @@ def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int
     Copies: a document whose shingle set equals an earlier one's (for "estimate": whose signature does) is listed
     once, as (first copy, copy) with similarity 1.0, and left out of LSH; its other pairs are its first copy's,
     so the clusters are exactly those of the full pair list, at a cost linear in the number of copies.
+    strip_accents: shingle every text after `remove_accents` (both the signatures and the exact verification).
     """
     _check_documents(texts)
     _check_threshold(threshold)
@@ -850,6 +863,8 @@ def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int
     bands, rows = resolve_bands_rows(threshold, num_perm, bands, rows)
     if verify not in ("exact", "estimate"):
         raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
+    if strip_accents:
+        texts = [remove_accents(text) for text in texts]
     signatures = MinHasher(num_perm, seed).signatures_from_texts(texts, n)
     representatives, stars = identical_signature_groups(signatures)
     if verify == "exact":                           # equal signatures, unequal sets: not copies, back into LSH
@@ -866,7 +881,8 @@ def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int
 
 
 def near_duplicates(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
-                    rows: int | None = None, n: int = 3, seed: int = 0, verify: str = "exact") -> list[list[int]]:
+                    rows: int | None = None, n: int = 3, seed: int = 0, verify: str = "exact",
+                    strip_accents: bool = False) -> list[list[int]]:
     """Clusters of near-duplicate documents (each cluster sorted, size >= 2, clusters ordered by first index):
     union-find over `near_duplicate_pairs`. Clusters are transitive: if A ~ B and B ~ C, A and C share one.
 
@@ -874,7 +890,7 @@ def near_duplicates(texts: list[str], threshold: float = 0.5, num_perm: int = 12
     ...                  "The cat sat on the mat, today!"])
     [[0, 2]]
     """
-    pairs, _ = near_duplicate_pairs(texts, threshold, num_perm, bands, rows, n, seed, verify)
+    pairs, _ = near_duplicate_pairs(texts, threshold, num_perm, bands, rows, n, seed, verify, strip_accents)
     union_find = UnionFind(len(texts))
     for i, j in pairs.tolist():
         union_find.union(i, j)
@@ -1119,7 +1135,7 @@ def read_corpus(path: str | os.PathLike, text_field: str = "text", split: str = 
 
 def dedup_files(inputs: list[str], out: str, threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
                 rows: int | None = None, n: int = 3, seed: int = 0, verify: str = "exact",
-                text_field: str = "text", split: str = "auto") -> dict:
+                text_field: str = "text", split: str = "auto", strip_accents: bool = False) -> dict:
     """Deduplicate the documents of all `inputs` together and write the kept ones to `out` (.jsonl: one JSON
     line per document, the original line for jsonl inputs; otherwise text, one document per line, or separated
     by blank lines when any document spans lines). Returns the counts."""
@@ -1131,7 +1147,7 @@ def dedup_files(inputs: list[str], out: str, threshold: float = 0.5, num_perm: i
     if not texts:
         raise DedupError(f"no documents found in {', '.join(map(str, inputs))}: check the files and --split")
     start = time.perf_counter()
-    clusters = near_duplicates(texts, threshold, num_perm, bands, rows, n, seed, verify)
+    clusters = near_duplicates(texts, threshold, num_perm, bands, rows, n, seed, verify, strip_accents)
     dropped = {i for cluster in clusters for i in cluster[1:]}
     kept = [i for i in range(len(texts)) if i not in dropped]
     seconds = time.perf_counter() - start
@@ -1272,6 +1288,8 @@ def main(argv=None) -> None:
     run.add_argument("--split", choices=("auto", "line", "blank"), default="auto",
                      help="text files: one document per line, or blank-line separated (default: %(default)s)")
     run.add_argument("--seed", type=seed, default=0)
+    run.add_argument("--strip-accents", action="store_true",
+                     help="compare texts without their accents (NFD, combining marks dropped): café = cafe")
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
@@ -1295,7 +1313,7 @@ def main(argv=None) -> None:
             except DedupError as e:
                 raise DedupError(f"--num-perm {args.num_perm} --bands {args.bands} --rows {args.rows}: {e}") from None
             report = dedup_files(args.input, args.out, args.threshold, args.num_perm, args.bands, args.rows, args.n,
-                                 args.seed, args.verify, args.text_field, args.split)
+                                 args.seed, args.verify, args.text_field, args.split, args.strip_accents)
             print(f"{report['documents']} documents, {report['clusters']} clusters, removed {report['removed']}, "
                   f"kept {report['kept']} -> {args.out} ({report['seconds']:.2f} s)")
     except DedupError as error:

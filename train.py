@@ -49,6 +49,7 @@ Run it:
     python train.py                                   # pydocs corpus, `tiny` model, a few minutes on a laptop CPU
     python train.py --resume                          # continue the run in out/ exactly where it stopped
     python train.py --model 10m --max-steps 5000 --data ../shared/data/tinystories/TinyStories-train-head-2MiB.txt
+    python train.py --data my.txt --val-data my_held_out.txt  # your text kept whole, validated on the file you name
     torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
 
 Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), model.py (the GPT) and, under
@@ -94,6 +95,12 @@ class TrainConfig:
     # data and model
     data: str = dataclasses.field(default="pydocs", metadata={"help": "corpus: source names or paths for data.prepare "
                                   "(comma-separated), or a prepared dataset directory (holds manifest.json)"})
+    val_data: str = dataclasses.field(default="", metadata={"help": "held-out file(s), comma-separated, used "
+                                      "verbatim as the validation split (data.py prepare --val-data)"})
+    cleaning: str = dataclasses.field(default="auto", metadata={
+        "help": "data.py's cleaning: auto (the funnel for web-like sources, local text files kept whole), web (the "
+                "funnel for all), keep (none); other data settings: run data.py prepare, pass its --out as --data",
+        "choices": ("auto", "web", "keep")})
     vocab_size: int = dataclasses.field(default=0, metadata={"help": "tokenizer size when data.py trains one "
                                         "(0 = data.py's default)"})
     model: str = dataclasses.field(default="tiny", metadata={"help": "model preset from model.PRESETS"})
@@ -924,11 +931,16 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
     Under torchrun rank 0 prepares first while the others wait, then they find it in the cache.
     """
     path = pathlib.Path(cfg.data)
+    val_data = [s.strip() for s in cfg.val_data.split(",") if s.strip()]
     try:
         if (path / "manifest.json").is_file():
+            if val_data or cfg.cleaning != "auto":
+                raise TrainError(f"--data {cfg.data} is a prepared dataset: --val-data and --cleaning apply when "
+                                 f"train.py prepares the data; pass them to data.py prepare instead")
             return data_lib.TokenData(path)
         sources = [s.strip() for s in cfg.data.split(",") if s.strip()]
         kwargs = {"vocab_size": cfg.vocab_size} if cfg.vocab_size else {}
+        kwargs.update(val_data=val_data or None, clean_settings=data_lib.CleanSettings(cleaning=cfg.cleaning))
         log(f"preparing data {sources} (cached after the first time)")
         if dist.mesh is not None and not dist.is_main:
             torch.distributed.barrier()

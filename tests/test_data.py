@@ -8,6 +8,7 @@ import itertools
 import json
 import pathlib
 import random
+import re
 import subprocess
 import sys
 import warnings
@@ -314,6 +315,44 @@ def test_ngram_fractions_match_counting_word_tuples():
                                                                                      abs=1e-12)
 
 
+HANDOUT_CASES = [          # CS336 assignment 4's Gopher rules, one hand-made failure each
+    ("too_few_words", "The lobster is blue and it lives in the sea."),
+    ("too_many_words", " ".join(["lobster"] * 100_001)),
+    ("mean_word_length", " ".join(["a an to of it is be"] * 10)),
+    ("mean_word_length", " ".join(f"internationalisation{i}" for i in range(60))),
+    ("ellipsis_lines", "\n".join(f"The story number {i} of the night with a twist and then..." for i in range(10))),
+    ("alphabetic_words", GOOD_PROSE + " " + " ".join(str(i) for i in range(40))),
+]
+
+
+@pytest.mark.parametrize("reason, text", HANDOUT_CASES)
+def test_gopher_handout_rules_reject_what_the_handout_names(reason, text):
+    assert data.gopher_rejection(text, rules="handout") == reason
+
+
+def test_gopher_handout_rules_are_only_those_four():
+    """Documents that break only rules outside the handout pass it, and fail the full set."""
+    outside = {
+        "stop_words": " ".join(random.Random(1).choices(WORDS, k=80)),
+        "symbol_ratio": GOOD_PROSE + "".join(f" #tag{i}" for i in range(15)),
+        "bullet_lines": "\n".join(f"- the {WORDS[i]} and more words with text" for i in range(12)),
+        "duplicate_lines": GOOD_PROSE + "\n" + "\n".join(["Click here to subscribe to our newsletter"] * 5),
+        "top_2gram": GOOD_PROSE + " " + " ".join(["lobster lobster"] * 20),
+    }
+    for reason, text in outside.items():
+        assert data.gopher_rejection(text) == reason
+        assert data.gopher_rejection(text, rules="handout") is None, reason
+    boundary = " ".join(["word"] * 49)                                  # the handout's bounds are inclusive
+    assert data.gopher_rejection(boundary, rules="handout") == "too_few_words"
+    assert data.gopher_rejection(boundary + " word", rules="handout") is None
+    assert data.gopher_rejection(" ".join(["abcdefghij"] * 60), rules="handout") is None      # mean length 10
+    assert data.gopher_rejection(" ".join(["abcdefghijk"] * 60), rules="handout") == "mean_word_length"
+    with pytest.raises(DataError, match="unknown Gopher rule set"):
+        data.gopher_rejection(GOOD_PROSE, rules="cs336")
+    name, rule = data._quality_rule("prose", data.CleanSettings(filters="gopher-handout"))
+    assert name == "gopher-handout" and rule(outside["stop_words"]) is None and rule("too short") == "too_few_words"
+
+
 def test_code_filters():
     good = "def f(x):\n    return x + 1\n\n\nclass A:\n    pass\n"
     assert data.code_rejection(good) is None
@@ -341,6 +380,52 @@ def test_boilerplate_lines_are_removed_across_documents():
     assert data.boilerplate_lines(["a b\n}\n", "c d\n}\n", "e\n}\n"], min_documents=2) == set()   # short lines stay
 
 
+def test_line_dedup_counts_occurrences_and_keeps_trailing_newlines():
+    docs = ["intro\nsame\nsame\nown line\n", "other\nshared\n", "shared\nlast line without newline"]
+    lines = data.repeated_lines(docs)
+    assert lines == {"same", "shared"}                       # "same" is in one document only, but twice
+    assert [data.drop_lines(d, lines) for d in docs] == [
+        ("intro\nown line\n", 2), ("other\n", 1), ("last line without newline", 1)]
+    assert data.boilerplate_lines(docs, min_documents=2) == set()                    # the other mode: documents
+    assert data.drop_lines("only\n", {"only"}) == ("", 1)
+    assert data.repeated_lines(["a\n", "a"]) == {"a"}                  # the last line's missing newline is no edit
+
+
+def test_line_dedup_matches_cs336_fixtures(shared_data):
+    """CS336 assignment 4's exact line dedup test: five files in, five expected files out, byte for byte."""
+    fixtures = shared_data / "cs336" / "a4" / "fixtures"
+    if not fixtures.is_dir():
+        pytest.skip(f"CS336 fixtures not found at {fixtures}")
+    names = sorted(p.name for p in (fixtures / "documents_with_line_duplicates").iterdir())
+    docs = [(fixtures / "documents_with_line_duplicates" / n).read_text(encoding="utf-8") for n in names]
+    lines = data.repeated_lines(docs)
+    for name, doc in zip(names, docs):
+        expected = (fixtures / "documents_line_deduplicated" / name).read_text(encoding="utf-8")
+        assert data.drop_lines(doc, lines)[0] == expected, name
+
+
+def test_clean_line_dedup_option_counts_occurrences(tmp_path):
+    rng = random.Random(3)
+    docs = [random_doc(rng) + "\nSign up today for our free weekly letter" for _ in range(2)] + \
+        [random_doc(rng) + "\nA line written twice here\nA line written twice here" for _ in range(1)]
+    source = data.open_source(str(write_jsonl(tmp_path / "web.jsonl", docs)))
+    settings = dict(filters="none", near_dup_threshold=0, mask_pii=False)
+    by_documents, _, _ = data.clean([source], data.CleanSettings(**settings))
+    assert by_documents == docs                                  # in 2 documents: under the default 3
+    by_occurrences, _, funnel = data.clean([source], data.CleanSettings(line_dedup="occurrences", **settings))
+    assert by_occurrences == [d.split("\n")[0] + "\n" for d in docs]         # kept lines keep their newline
+    assert funnel.steps[-1].reasons["lines_removed"] == 4 and funnel.steps[-1].name.startswith("line dedup")
+
+
+def test_clean_near_dedup_can_strip_accents(tmp_path):
+    rng = random.Random(6)
+    doc = random_doc(rng).replace("e", "é").replace("a", "à")                 # most words carry an accent
+    source = data.open_source(str(write_jsonl(tmp_path / "web.jsonl", [doc, data.dedup.remove_accents(doc)])))
+    settings = dict(filters="none", mask_pii=False)
+    assert len(data.clean([source], data.CleanSettings(**settings))[0]) == 2
+    assert data.clean([source], data.CleanSettings(strip_accents=True, **settings))[0] == [doc]
+
+
 @pytest.mark.parametrize("text, masked, label", [
     ("write to jane.doe+news@mail.example.co.uk today", "write to <EMAIL> today", "EMAIL"),
     ("Call (555) 123-4567 now", "Call <PHONE> now", "PHONE"),
@@ -348,6 +433,8 @@ def test_boilerplate_lines_are_removed_across_documents():
     ("Call 555.123.4567", "Call <PHONE>", "PHONE"),
     ("Call +1 555 123 4567", "Call <PHONE>", "PHONE"),
     ("Call +1-555-123-4567", "Call <PHONE>", "PHONE"),
+    ("Call (283)-182-3829 now", "Call <PHONE> now", "PHONE"),                  # CS336's format
+    ("Call (283) 182 3829 or (283)182-3829", "Call <PHONE> or <PHONE>", "PHONE"),
     ("London +44 20 7946 0958 office", "London <PHONE> office", "PHONE"),
     ("server at 192.168.0.1.", "server at <IP>.", "IP"),
     ("from 8.8.8.8, to 255.255.255.0", "from <IP>, to <IP>", "IP"),
@@ -797,6 +884,126 @@ def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path, 
         assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Your own text: curated files kept whole, --val-data verbatim, one long document, bad input
+# ---------------------------------------------------------------------------------------------------------------------
+
+def play(n_speeches: int = 400, seed: int = 0) -> str:
+    """A play: mostly short speeches (Gopher's too_few_words), speaker lines in every speech (boilerplate to the
+    web funnel) and a repeated refrain (exact duplicates), separated by blank lines."""
+    rng = random.Random(seed)
+    speakers = ["KING RICHARD III:", "QUEEN ELIZABETH:", "DUKE OF YORK:"]
+    speeches = []
+    for i in range(n_speeches):
+        body = ("Ay, my good lord." if i % 10 == 0 else random_doc(rng, 80) if i % 4 == 1
+                else " ".join(rng.choices(WORDS, k=rng.randint(5, 30))) + ".")
+        speeches.append(f"{speakers[i % 3]}\n{body}")
+    return "\n\n".join(speeches) + "\n"
+
+
+def train_text(out: pathlib.Path) -> str:
+    """The train split's documents, decoded and joined by blank lines."""
+    td = data.TokenData(out)
+    stream = np.concatenate([np.asarray(a) for a in td.shards["train"]])
+    return "\n\n".join(td.tokenizer.decode(ids) for ids in split_stream(stream, td.eot_id))
+
+
+def test_curated_text_is_kept_whole_and_web_cleaning_says_so(tmp_path, capsys):
+    text = play()
+    path = tmp_path / "play.txt"
+    path.write_text(text)
+    out = data.prepare([str(path)], tmp_path / "kept", vocab_size=257, val_fraction=0.0)
+    m = data.load_manifest(out)
+    assert [s["name"].split(" (")[0] for s in m["funnel"]] == ["read play.txt", "kept whole", "PII masking",
+                                                               "train/val split"]
+    assert m["splits"]["train"]["bytes"] >= 0.99 * len(text.encode())
+    assert sorted(train_text(out).split("\n\n")) == sorted(text.strip().split("\n\n"))      # every speech, whole
+    assert m["notices"] == [] and "note:" not in capsys.readouterr().err
+    web = data.prepare([str(path)], tmp_path / "web", vocab_size=257, val_fraction=0.0,
+                       clean_settings=data.CleanSettings(cleaning="web"))
+    notices = data.load_manifest(web)["notices"]
+    assert len(notices) == 1 and "--cleaning keep" in notices[0] and "play.txt" in notices[0]
+    assert capsys.readouterr().err.strip() == notices[0]
+    jsonl = write_jsonl(tmp_path / "play.jsonl", text.split("\n\n"))          # web-like: the funnel by default
+    assert not data.open_source(str(jsonl)).curated and data.open_source(str(path)).curated
+    keep = data.CleanSettings(cleaning="keep", near_dup_threshold=0.5)
+    docs, _, funnel = data.clean([data.open_source(str(jsonl))], keep)
+    assert docs == [d.strip() for d in text.split("\n\n")] and funnel.notices == []
+
+
+def test_tinyshakespeare_keeps_its_text(shared_data, tmp_path):
+    """The issue's case: 1 MB of short speeches. The web funnel kept 0.52 of 0.99 M characters; kept whole, >= 99%."""
+    path = shared_data / "tinyshakespeare" / "input.txt"
+    out = data.prepare([str(path)], tmp_path / "ds", vocab_size=257)
+    m = data.load_manifest(out)
+    kept = m["splits"]["train"]["bytes"] + m["splits"]["val"]["bytes"]
+    assert kept >= 0.99 * path.stat().st_size and m["splits"]["val"]["documents"] >= 2
+
+
+def test_val_data_is_the_file_verbatim_and_its_overlap_is_reported(tmp_path, capsys):
+    rng = random.Random(4)
+    train_docs = [random_doc(rng, 120) for _ in range(30)]
+    (tmp_path / "train.txt").write_text("\n\n".join(train_docs))
+    copied = " ".join(train_docs[5].split()[:20])                              # 8 of its 13-grams are in train
+    val_bytes = f"Held-out text, kept exactly:\r\n  {random_doc(rng, 60)}\n\n{copied}\n   \n".encode()
+    (tmp_path / "val.txt").write_bytes(val_bytes)
+    data.main(["prepare", "--data", str(tmp_path / "train.txt"), "--val-data", str(tmp_path / "val.txt"),
+               "--vocab-size", "300", "--out", str(tmp_path / "ds")])
+    err = capsys.readouterr().err
+    td = data.TokenData(tmp_path / "ds")
+    val = td.manifest["splits"]["val"]
+    assert val["bytes"] == len(val_bytes) and val["documents"] == 1
+    stream = np.concatenate([np.asarray(a) for a in td.shards["val"]])
+    assert td.tokenizer.decode(split_stream(stream, td.eot_id)[0]).encode() == val_bytes
+    assert td.manifest["splits"]["train"]["bytes"] >= 0.99 * len("\n\n".join(train_docs))     # all of train
+    assert val["overlap"]["shared"] == 8 and val["overlap"]["contaminated"] == 1
+    assert "--val-data: 8 of its" in err and "also occur in train" in err
+    eot_file = tmp_path / "stories.txt"                      # TinyStories' marker separates documents
+    eot_file.write_text("One story.<|endoftext|>Another story.\n")
+    assert data.read_val_file(eot_file) == ["One story.", "Another story.\n"]
+
+
+def test_one_long_document_is_cut_into_chunks(tmp_path):
+    assert data.chunk_document("a\nb\n\nc", 100) == ["a\nb\n\nc"]
+    assert data.chunk_document("aaaa\nbb\n\ncc", 9) == ["aaaa\nbb", "cc"]        # at the blank line
+    assert data.chunk_document("aaaa\nbbbb\ncc", 9) == ["aaaa\nbbbb", "cc"]      # else at a line break
+    assert data.chunk_document("abcdefghij", 4) == ["abcd", "efgh", "ij"]          # else at the limit
+    rng = random.Random(5)
+    novel = "\n".join(random_doc(rng, rng.randint(5, 40)) for _ in range(3000))     # no blank line at all
+    pieces = data.chunk_document(novel, 16_384)
+    assert all(len(p) <= 16_384 for p in pieces) and "\n".join(pieces) == novel and len(pieces) > 20
+    (tmp_path / "novel.txt").write_text(novel)
+    out = data.prepare([str(tmp_path / "novel.txt")], tmp_path / "ds", vocab_size=257, txt_split="file")
+    splits = data.load_manifest(out)["splits"]
+    assert splits["val"]["documents"] >= 1 and splits["train"]["documents"] == len(pieces) - splits["val"]["documents"]
+    (tmp_path / "note.txt").write_text(play(30))                  # ~6,000 characters: cut finer, into 20 or more
+    small = data.prepare([str(tmp_path / "note.txt")], tmp_path / "small", vocab_size=257)
+    splits = data.load_manifest(small)["splits"]
+    assert splits["val"]["documents"] >= 1 and splits["train"]["documents"] >= 19
+
+
+def test_own_text_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "train.txt").write_text(play(50))
+    (tmp_path / "copy.txt").write_text(play(50))
+    (tmp_path / "empty.txt").write_text(" \n\n")
+    cases = {
+        ("--data", "train.txt", "--val-data", "missing.txt"): "--val-data .*missing.txt not found",
+        ("--data", "train.txt", "--val-data", "copy.txt"): "--val-data .*copy.txt is the same text as the training "
+                                                            "file .*train.txt",
+        ("--data", "train.txt", "--val-data", "empty.txt"): "--val-data .*empty.txt is empty",
+        ("--data", "empty.txt"): "source .*empty.txt.* has no documents",
+        ("--data", "train.txt", "--val-data", "train.txt"): "is the same text as the training file",
+    }
+    for args, message in cases.items():
+        argv = ["prepare", "--vocab-size", "257", "--out", str(tmp_path / "ds")]
+        argv += [str(tmp_path / a) if a.endswith(".txt") else a for a in args]
+        with pytest.raises(SystemExit) as exit_info:
+            data.main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and re.search(message, err), (args, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.txt", "empty.txt", "train.txt"]     # nothing written
+
+
 def test_script_help_runs():
     out = subprocess.run([sys.executable, "data.py", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and "prepare" in out.stdout and "mix" in out.stdout
@@ -961,7 +1168,8 @@ def test_killed_run_resumes_to_byte_identical_shards(mixed_inputs, tmp_path):
     """SIGKILL mid stage 1, rerun and SIGKILL mid stage 3, rerun to the end: the finished chunks are skipped and
     the dataset is byte-identical to an uninterrupted run's."""
     args = ["--data", str(mixed_inputs / "web"), str(mixed_inputs / "books.txt"), "--vocab-size", "300",
-            "--chunk-mb", str(2 / 1024), "--workers", "2", "--out", str(tmp_path / "ds")]
+            "--chunk-mb", str(2 / 1024), "--workers", "2", "--out", str(tmp_path / "ds"),
+            "--cleaning", "web"]                         # books.txt through the funnel: the streaming engine
     kill_when(run_prepare(args), tmp_path, "s1-*.json", 5)
     (tmp_path / ".ds.tmp-killed").mkdir()                         # as a kill during publishing would leave it
     kill_when(run_prepare(args), tmp_path, "s3-*.json", 1)
@@ -971,7 +1179,7 @@ def test_killed_run_resumes_to_byte_identical_shards(mixed_inputs, tmp_path):
     assert "done before" in err and "docs/s" in err and "MB/s" in err and "ETA" in err
     assert [p.name for p in tmp_path.iterdir()] == ["ds"]         # work folder and the stale .tmp- folder gone
     whole = data.prepare([str(mixed_inputs / "web"), str(mixed_inputs / "books.txt")], tmp_path / "whole",
-                         vocab_size=300, workers=1)
+                         vocab_size=300, workers=1, clean_settings=data.CleanSettings(cleaning="web"))
     assert dataset_files(tmp_path / "ds") == dataset_files(whole)
 
 

@@ -46,6 +46,23 @@ def test_shingle_normalisation_and_short_documents():
     assert jaccard(set(), set()) == 1.0
 
 
+def test_accent_stripping_is_nfd_without_combining_marks(tmp_path, capsys):
+    """CS336's MinHash normalization option: "café" and "cafe" shingle alike; off by default."""
+    assert dedup.remove_accents("café crème brûlée, naïve Ångström") == "cafe creme brulee, naive Angstrom"
+    assert dedup.remove_accents("e\u0301") == "e" and dedup.remove_accents("Straße ½") == "Straße ½"   # no marks
+    accented, plain = "le café crème est très bon ce matin", "le cafe creme est tres bon ce matin"
+    assert shingles(accented) != shingles(plain)
+    assert shingles(accented, strip_accents=True) == shingles(plain) == shingles(plain, strip_accents=True)
+    texts = [accented, "an unrelated sentence about rivers and stones today", plain]
+    assert dedup.near_duplicates(texts) == []
+    assert dedup.near_duplicates(texts, strip_accents=True) == [[0, 2]]
+    assert dedup.dedup(texts, strip_accents=True, verify="estimate") == [0, 1]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    for flags, kept in (([], texts), (["--strip-accents"], texts[:2])):
+        dedup.main(["run", "--input", str(tmp_path / "in.txt"), "--out", str(tmp_path / "out.txt"), *flags])
+        assert (tmp_path / "out.txt").read_text() == "\n".join(kept) + "\n"
+
+
 # ---------------------------------------------------------------- exact modular arithmetic
 
 def _is_prime(n):

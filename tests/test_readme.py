@@ -31,6 +31,8 @@ SKIPPED = {
                        "the commands that read out/",
     "python train.py --resume": "continues the main job to its 600 steps; test_train's resume tests cover resuming",
     "python train.py --model 10m": "5,000 steps of a 10M model: hours on a CPU",
+    "python train.py --data out/shakespeare_train.txt": "2,000 steps of nanoGPT's baby GPT: about an hour on 2 "
+                                                        "shared cores; test_train covers --val-data",
     "python train.py --vocab-size 512": "a second full main-job run (minutes) before its comparison",
     "python train.py --data data/pydocs-hf --init-from": "a full main-job-length run (600 steps) from imported "
                                                          "weights; test_hf covers --init-from",

@@ -504,6 +504,27 @@ def test_bad_input_gets_one_clear_line(dataset_dir, tmp_path, capsys):
     assert not (tmp_path / "a").exists()                         # rejected before anything is written
 
 
+def test_val_data_and_cleaning_pass_through_to_data_prepare(dataset_dir, tmp_path, capsys, monkeypatch):
+    """`train.py --data my.txt --val-data held_out.txt`: the file is the val split byte for byte; bad input is one
+    line; the flags are refused beside an already prepared dataset (they would be silently ignored)."""
+    monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
+    docs = make_corpus(n_docs=60, seed=2)
+    (tmp_path / "my.txt").write_text("\n\n".join(docs[:50]))
+    held_out = ("\n\n".join(docs[50:]) + "\n").encode()
+    (tmp_path / "held_out.txt").write_bytes(held_out)
+    args = ["--data", tmp_path / "my.txt", "--val-data", tmp_path / "held_out.txt", "--vocab-size", 257]
+    dataset = train.open_dataset(train.parse_config(list(map(str, args))), train.Dist(), log=quiet)
+    assert dataset.manifest["splits"]["val"]["bytes"] == len(held_out)
+    assert dataset.manifest["settings"]["cleaning"] == "auto" and not dataset.manifest["settings"]["val_fraction"]
+    assert "--val-data: 0 of its" in capsys.readouterr().err                    # the overlap with train, reported
+    base = [*TINY_ARGS, "--out-dir", tmp_path / "run"]
+    assert "removed all 50 documents" in cli_error(capsys, [*base, *args, "--cleaning", "web"])   # the web funnel
+    err = cli_error(capsys, [*base, "--data", tmp_path / "my.txt", "--val-data", tmp_path / "nope.txt"])
+    assert "--val-data" in err and "nope.txt not found" in err
+    assert "pass them to data.py prepare" in cli_error(capsys, [*base, "--data", dataset_dir, "--val-data", "x.txt"])
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_resume_refuses_another_model_or_an_existing_run(dataset_dir, tmp_path, capsys):
     out = tmp_path / "run"
     base = ["--data", dataset_dir, *TINY_ARGS, "--out-dir", out, "--max-steps", 4, "--ckpt-interval", 2]
