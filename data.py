@@ -2002,7 +2002,8 @@ def stage_clean(job: Job, chunk: Chunk) -> dict:
     band_keys = np.zeros((0, job.bands), dtype=np.uint64)
     if job.settings.near_dup_threshold > 0 and texts:
         hasher = _cached("minhash", lambda: dedup.MinHasher(NEAR_DUP_NUM_PERM, seed=0))
-        band_keys = dedup.band_keys(hasher.signatures_from_texts(texts, NEAR_DUP_SHINGLE), job.bands, job.rows)
+        signed = [dedup.remove_accents(t) for t in texts] if job.settings.strip_accents else texts
+        band_keys = dedup.band_keys(hasher.signatures_from_texts(signed, NEAR_DUP_SHINGLE), job.bands, job.rows)
     flat_keys = band_keys.ravel()                                              # (docs · bands,)
     flat_docs = np.repeat(np.arange(len(band_keys), dtype=np.uint32), job.bands)
     order = np.lexsort((flat_docs, flat_keys))
@@ -2076,8 +2077,10 @@ def join_near_duplicates(job: Job, chunks: list[Chunk], entries: int) -> None:
     verified = [np.zeros((0, 2), dtype=np.int64)]
     for batch in _verify_batches(job, candidates):
         involved = np.unique(batch)
-        similarity = dedup.pair_jaccard(_texts_by_id(job, involved), np.searchsorted(involved, batch),
-                                        NEAR_DUP_SHINGLE)
+        texts = _texts_by_id(job, involved)
+        if job.settings.strip_accents:
+            texts = [dedup.remove_accents(t) for t in texts]
+        similarity = dedup.pair_jaccard(texts, np.searchsorted(involved, batch), NEAR_DUP_SHINGLE)
         verified.append(batch[similarity >= job.settings.near_dup_threshold])
     verified = np.concatenate(verified)
     members = np.unique(verified)
@@ -2655,9 +2658,9 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                     _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
                     tokenizer_train_bytes, pattern, shard_tokens,
                     (text_field, txt_split, skip_bad_lines, max_documents), val_paths)
-    # The streaming engine does not have these yet: a kept-whole source, --val-data, CS336's line dedup, accents.
+    # The streaming engine does not have these yet: a kept-whole source, --val-data, CS336's line dedup.
     in_memory = in_memory or bool(val_paths) or any(keeps_whole(s, settings) for s in opened) \
-        or settings.line_dedup != "documents" or settings.strip_accents
+        or settings.line_dedup != "documents"
     chunk_bytes = max(1, int(chunk_mb * 2**20))
     work = out_dir.parent / f".{out_dir.name}.work-{hashlib.sha256(f'{key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
     if not in_memory:

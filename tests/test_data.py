@@ -1076,6 +1076,9 @@ def mixed_inputs(tmp_path_factory):
     write_jsonl(web / "a.jsonl", web_corpus(rng, 120))
     with gzip.open(web / "b.jsonl.gz", "wt", encoding="utf-8") as f:
         f.write("".join(json.dumps({"text": d}) + "\n" for d in web_corpus(rng, 30)))
+    accented = [" ".join(w.replace("e", "é") if k % 2 else w for k, w in enumerate(random_doc(rng, 90).split()))
+                for _ in range(3)]                      # near copies only once accents are stripped (--strip-accents)
+    write_jsonl(web / "c.jsonl", accented + [d.replace("é", "e") for d in accented])
     (root / "books.txt").write_text("\n\n".join(random_doc(rng, 70) for _ in range(25)) + "\n", encoding="utf-8")
     (root / "pages").mkdir()
     (root / "pages" / "p.html").write_text("<nav>Home</nav><p>" + GOOD_PROSE + "</p><footer>(c)</footer>")
@@ -1096,7 +1099,8 @@ def test_streaming_equals_in_memory(mixed_inputs, tmp_path, case, monkeypatch):
     kwargs = {"web": dict(sources=[web], val_fraction=0.2),
               "mixed-sources": dict(sources=[web, str(mixed_inputs / "books.txt"), str(mixed_inputs / "code"),
                                              str(mixed_inputs / "pages")],
-                                    weights=[0.5, 0.3, 0.1, 0.1], val_fraction=0.1, seed=3),
+                                    weights=[0.5, 0.3, 0.1, 0.1], val_fraction=0.1, seed=3,
+                                    clean_settings=data.CleanSettings(cleaning="web", strip_accents=True)),
               "no-near-dedup": dict(sources=[web], clean_settings=data.CleanSettings(near_dup_threshold=0, mask_pii=False,
                                                                                      boilerplate_min_documents=5),
                                     weights=[1.0], train_tokens=50_000, tokenizer_train_bytes=20_000)}[case]
