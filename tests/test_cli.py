@@ -138,11 +138,11 @@ BAD_INPUT = [
     ("scaling", "bubble 0.5 4", "p"),
     ("scaling", "bubble 4 nan", "m"),
     ("scaling", "bubble 4 2.5", "m"),
-    ("scaling", "sweep --steps 1", "--steps"),
+    ("scaling", "sweep --sizes 2", "--sizes"),
     ("scaling", "sweep --threads -1", "--threads"),
     ("scaling", "sweep --out-dir {file}", "--out-dir"),
     ("scaling", "sweep --out-dir {file}/sub", "--out-dir"),
-    ("scaling", "dedup-effect --steps 0", "--steps"),
+    ("scaling", "dedup-effect --seeds 1", "--seeds"),
     ("scaling", "dedup-effect --out-dir {file}", "--out-dir"),
     # evaluate.py
     ("evaluate", "--seed -1", "--seed"),

@@ -333,109 +333,165 @@ def test_cli_lesson_and_help():
 
 # --- the sweep and the dedup effect --------------------------------------------------------------------------------
 
-def _law_curves(sizes=(368_960, 836_448, 2_557_632), steps=range(10, 201, 10), tokens_per_step=2048):
-    law = scaling.ChinchillaFit(1.8, 400.0, 200.0, 0.3, 0.3)   # made up: its optimum lies inside the sizes
-    return [Run(n, s * tokens_per_step, law.loss(n, s * tokens_per_step), 6 * n * s * tokens_per_step,
-                f"sweep-{i + 1}") for i, n in enumerate(sizes) for s in steps]
+def test_isoflop_plan_trains_each_size_for_its_budget():
+    """The default design: >= 4 budgets over >= 30x, 5 distinct sizes per budget around the 20:1 guess, and
+    6·N·D equal to the budget (within the rounding to whole steps)."""
+    settings = scaling.SweepSettings()
+    plan = scaling.plan_isoflop(settings)
+    budgets = sorted({r.budget for r in plan})
+    assert len(budgets) >= 4 and budgets[-1] / budgets[0] >= 30
+    for budget in budgets:
+        group = [r for r in plan if r.budget == budget]
+        sizes = [r.params for r in group]
+        assert len(group) == 5 and sizes == sorted(set(sizes))
+        assert sizes[0] < scaling.params_for_budget(budget, 20) < sizes[-1]
+        for r in group:
+            assert r.tokens == r.steps * settings.tokens_per_step
+            assert 6 * r.params * r.tokens == pytest.approx(budget, rel=0.03)
+            assert r.lr == pytest.approx(settings.lr_at_64 * 64 / r.shape.n_embd)
+    assert max(r.tokens for r in plan) < 13_748_414 / 2          # pystdlib's train split: no run repeats data
 
 
-def test_train_command_uses_the_design_flags():
-    cmd = scaling.train_command(scaling.SweepSettings(), "sweep-2", "out/x")
-    for flag, value in (("--model", "sweep-2"), ("--out-dir", "out/x"), ("--max-steps", "200"), ("--seed", "0"),
-                        ("--batch-size", "16"), ("--block-size", "128"), ("--dtype", "fp32"), ("--data", "pydocs")):
-        assert cmd[cmd.index(flag) + 1] == value
-    assert cmd[1].endswith("train.py")
+def test_shape_counts_are_the_built_models_parameters():
+    import torch
+    from model import GPT, GPTConfig
+    for shape in scaling.shape_family(96):
+        cfg = GPTConfig(vocab_size=512, block_size=64, **shape.config_overrides())
+        model = GPT(cfg)
+        built = sum(p.numel() for p in model.parameters())               # a tied weight is counted once
+        embedding = model.tok_emb.weight.numel()
+        assert shape.counts(512) == (built, built - embedding), shape.name
+        assert torch.is_tensor(model.tok_emb.weight)
 
 
-def test_read_curve_pairs_evaluations_with_tokens(tmp_path):
-    lines = [{"step": 0, "val_loss": 8.3, "val_bpb": 3.3},
-             *({"step": s, "loss": 8.0 - s / 10, "lr": 1e-3, "tokens": (s + 1) * 100} for s in range(4)),
-             {"step": 2, "event": "skipped_batch", "loss": 99.0},
-             {"step": 2, "val_loss": 7.5, "val_bpb": 3.0},
-             {"step": 4, "val_loss": 7.1, "val_bpb": 2.9}]
+def test_train_command_builds_the_planned_shape_and_schedule():
+    import train
+    settings = scaling.SweepSettings()
+    run = scaling.plan_isoflop(settings)[3]
+    cmd = scaling.train_command(settings, run, "/data/x", "out/x")
+    value = lambda flag: cmd[cmd.index(flag) + 1]
+    assert cmd[1].endswith("train.py") and value("--data") == "/data/x" and value("--out-dir") == "out/x"
+    assert int(value("--max-steps")) == run.steps == int(value("--eval-interval"))     # one evaluation, at the end
+    assert float(value("--lr")) == pytest.approx(run.lr) and value("--schedule") == "cosine"
+    assert int(value("--batch-size")) * int(value("--block-size")) == settings.tokens_per_step
+    overrides = train.parse_model_args(value("--model-args"))
+    assert (overrides["n_layer"], overrides["n_embd"]) == (run.shape.n_layer, run.shape.n_embd)
+
+
+def test_final_val_loss_is_the_last_steps_evaluation(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 5, "loss"')   # torn last line
-    runs = scaling.read_curve(path, params=1000, series="s")
-    assert [(r.tokens, r.loss) for r in runs] == [(200, 7.5), (400, 7.1)]
-    assert runs[1].compute == 6 * 1000 * 400 and runs[0].series == "s"
+    lines = [{"step": 0, "val_loss": 6.2}, {"step": 9, "loss": 4.0, "lr": 1e-3, "tokens": 100},
+             {"step": 10, "val_loss": 4.4}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 11, "val')    # a torn last line
+    assert scaling.final_val_loss(path, 10) == 4.4
+    assert scaling.final_val_loss(path, 20) is None                 # the run stopped early: no final point
+    assert scaling.final_val_loss(tmp_path / "missing.jsonl", 10) is None
 
 
-def test_isoflop_slices_feed_approach2():
-    runs = _law_curves()
-    slices = scaling.isoflop_slices(runs, count=5)
-    budgets = scaling._group_close(slices, key=lambda r: r.budget)
-    assert len(budgets) == 5 and all(len(g) == 3 for g in budgets.values())
-    for group in budgets.values():
-        assert all(r.compute == pytest.approx(group[0].budget) for r in group)
-    assert scaling.isoflop_slices(runs[:20] + runs[40:], min_sizes=3) == []     # only 2 sizes: no slice
+def _sweep_records(settings, law, noise=0.003, seed=0):
+    """final.jsonl records of the planned grid with losses from a known law (and the held-out run it predicts)."""
+    rng = np.random.default_rng(seed)
+
+    def record(r):
+        return {"name": r.name, "budget": r.budget, "parameters": r.params, "non_embedding_parameters": r.non_embedding,
+                "tokens": r.tokens, "compute": r.compute, "n_layer": r.shape.n_layer, "n_embd": r.shape.n_embd,
+                "lr": r.lr, "steps": r.steps, "heldout": r.heldout, "seconds": 1.0,
+                "loss": law.loss(r.params, r.tokens) * math.exp(noise * rng.standard_normal())}
+    return [record(r) for r in scaling.plan_isoflop(settings)], record
 
 
-def test_sweep_report_is_written_from_the_numbers(tmp_path):
-    runs = _law_curves()
-    facts = {f"sweep-{i + 1}": {"params": n, "non_embedding": ne, "vocab_size": 4096, "n_layer": l, "n_embd": e,
-                                "data_dir": "x", "train_tokens": 301_356, "val_tokens": 13_558}
-             for i, (n, ne, l, e) in enumerate([(368_960, 106_816, 2, 64), (836_448, 443_232, 4, 96),
-                                                (2_557_632, 1_771_200, 4, 192)])}
-    settings = dataclasses.replace(scaling.SweepSettings(), presets=tuple(facts))
-    result = scaling.SweepResult(settings, tmp_path, facts, runs, {p: 60.0 for p in facts})
-    result.report = fit_all(runs, max(r.compute for r in runs), bootstrap=0, isoflop_runs=scaling.isoflop_slices(runs))
-    result.plot = scaling.plot_runs(runs, result.report, tmp_path / "scaling.png")
+def test_sweep_recovers_a_known_law_and_predicts_the_held_out_run(tmp_path):
+    """The whole analysis on runs drawn from a law (1/4 of the sizes' noise of a real sweep): the three
+    approaches agree with the truth, the prediction at 3x the largest budget lands, and the report says so."""
+    settings = dataclasses.replace(scaling.SweepSettings(), budgets=(3e10, 1e11, 3e11, 1e12))
+    law = scaling.ChinchillaFit(1.2, 93.0, 250.0, 0.33, 0.33)   # made up: N_opt = sqrt(C/120), inside the sizes
+    records, record = _sweep_records(settings, law)
+    grid = scaling.runs_of(records)
+    report = fit_all(grid, 3e12, bootstrap=2, refine=4)
+    prediction = scaling.predict_heldout(report, grid)
+    assert prediction["approach"] == "approach2"
+    assert prediction["params"] == pytest.approx(float(law.optimal_params(3e12)), rel=0.3)
+    held = scaling.plan_heldout(settings, prediction["params"])
+    records += [dict(record(r), predicted_loss=scaling.ChinchillaFit(**prediction["law3"]).loss(r.params, r.tokens))
+                for r in held]
+    result = scaling.SweepResult(settings, tmp_path, records, 13_748_414, "pystdlib", prediction=prediction)
+    result.report = report
+    result.non_embedding_report = fit_all(scaling.runs_of(records, non_embedding=True), 3e12, bootstrap=0, refine=4)
+    for key in ("approach2", "approach3"):
+        assert result.report.laws[key].a == pytest.approx(law.a, abs=0.08), key
+    result.plot = scaling.plot_sweep(result, tmp_path / "scaling.png")
     text = scaling.sweep_report(result)
-    final = scaling.frontier(runs)[-1]
-    assert f"The frontier ends with **{final.series}**" in text
-    assert f"**{final.tokens / final.params:.3g} tokens per parameter**" in text
-    assert "| sweep-1 | 2 × 64 | 368,960 | 106,816 | 71% |" in text
-    assert "read it 1.4 times" in text                       # 200 steps × 2048 tokens over 301,356
-    assert "2: IsoFLOP parabolas | 0." in text               # Approach 2 fitted on the slices
-    assert (tmp_path / "scaling.png").stat().st_size > 10_000
+    assert "4 of 4 budgets have their minimum inside the sizes tried." in text
+    assert "(target ≤ 0.1)" in text and "With Kaplan's non-embedding N instead" in text
+    assert f"| 3e+12 (held-out) | {held[0].shape.n_layer} × {held[0].shape.n_embd} |" in text
+    error = abs(records[-1]["loss"] - records[-1]["predicted_loss"]) / records[-1]["loss"]
+    assert f"{(records[-1]['loss'] - records[-1]['predicted_loss']) / records[-1]['loss']:+.2%} |" in text
+    assert error < 0.02
+    assert "no run repeats a token" in text and "tokens here, " in text      # data epochs and the WSD arithmetic
+    assert (tmp_path / "scaling.png").stat().st_size > 20_000
 
 
-def _dedup_result(dup_loss, clean_loss, reseeded_loss):
-    row = lambda name, docs, copies, loss: {"corpus": name, "documents": docs, "near_copies": copies,
-                                            "train_tokens": 300_000, "tokens_trained": 245_760, "held_out_loss": loss,
-                                            "held_out_bpb": loss / 2.6, "held_out_tokens": 30_000}
-    return {"settings": dataclasses.asdict(scaling.DedupEffectSettings()), "train_documents": 302, "planted": 60,
-            "copies_removed": 60, "originals_dropped": 1, "held_out_documents": 34,
-            "rows": [row("with duplicates", 362, 60, dup_loss), row("deduplicated", 301, 0, clean_loss),
-                     row("deduplicated, seed 1", 301, 0, reseeded_loss)]}
+def test_load_runs_reads_a_sweeps_final_jsonl(tmp_path):
+    settings = scaling.SweepSettings()
+    records, record = _sweep_records(settings, scaling.ChinchillaFit(1.2, 40.0, 250.0, 0.33, 0.33))
+    records.append(record(scaling.plan_heldout(settings, 5e4)[0]))
+    path = tmp_path / "final.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    runs = load_runs(path)
+    assert len(runs) == len(records) - 1                               # the held-out line is left out of fits
+    assert sorted({r.budget for r in runs}) == sorted(settings.budgets)   # grouped by budget, not by 6·N·D
 
 
-@pytest.mark.parametrize("losses, verdict", [((5.10, 5.00, 5.01), "Deduplication helped: 0.1000 nats"),
-                                             ((5.01, 5.00, 5.02), "No measurable difference"),
-                                             ((4.90, 5.00, 5.01), "scored 0.1000 nats better")])
+@pytest.mark.parametrize("losses, verdict", [((5.10, 5.12, 5.00, 5.01), "Deduplication helped beyond"),
+                                             ((5.01, 5.03, 5.00, 5.02), "No effect beyond 3"),
+                                             ((4.90, 4.91, 5.00, 5.01), "scored better, beyond")])
 def test_dedup_effect_verdict_follows_the_numbers(losses, verdict):
-    text = scaling.dedup_effect_report(_dedup_result(*losses))
+    rows = [{"corpus": c, "seed": i % 2, "train_tokens": t, "tokens_trained": 600_000, "held_out_loss": loss,
+             "held_out_bpb": loss / 1.5, "held_out_tokens": 40_000}
+            for i, (c, t, loss) in enumerate(zip(["with_duplicates"] * 2 + ["deduplicated"] * 2,
+                                                 [900_000] * 2 + [600_000] * 2, losses))]
+    result = {"settings": {**dataclasses.asdict(scaling.DedupEffectSettings()), "shape": "L1-d32", "seeds": 2},
+              "train_documents": 300, "repeated_documents": 3, "copies": 150, "copies_removed": 150,
+              "originals_dropped": 0, "held_out_documents": 33, "parameters": 29_792, "lr": 0.006, "rows": rows}
+    text = scaling.dedup_effect_report(result)
     assert verdict in text
-    assert "| with duplicates | 362 | 60 | 300,000 | 245,760 (0.82) |" in text
-    assert "= 17% near-duplicates" in text and "removed 60 of the 60 copies" in text
+    summary = scaling.dedup_effect_summary(rows)
+    assert f"= {summary['sigmas']:.1f} seed standard deviations" in text
+    assert "3 of 300 train documents (1.0%) were each repeated 50 times" in text
+    assert "the copies are 33% of the training tokens" in text.lower() or verdict != "Deduplication helped beyond"
 
 
-def test_sweep_cli_needs_two_known_sizes():
-    r = cli("sweep", "--presets", "sweep-1", "--out-dir", "out/never")
-    assert r.returncode == 2 and "at least 2 model sizes" in r.stderr
-    r = cli("sweep", "--presets", "sweep-1", "huge", "--out-dir", "out/never")
-    assert r.returncode == 2 and "unknown preset(s) huge" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+def test_sweep_cli_checks_the_design_before_training():
+    r = cli("sweep", "--budgets", "1e10", "--out-dir", "out/never")
+    assert r.returncode == 2 and "at least 2 different compute budgets" in r.stderr
+    r = cli("sweep", "--sizes", "2", "--out-dir", "out/never")
+    assert r.returncode == 2 and "--sizes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (scaling.ROOT / "out" / "never").exists()
 
 
 @pytest.mark.slow
 def test_quick_sweep_and_dedup_effect_end_to_end(tmp_path):
-    """Real train.py runs (tiny): the sweep writes its report, plot and runs file, and reuses finished runs."""
-    args = ["sweep", "--quick", "--presets", "sweep-1", "sweep-2", "--steps", "6", "--out-dir", str(tmp_path / "sw")]
+    """Real train.py runs (tiny): final.jsonl keeps its contract, the report and plot are written, finished runs
+    are reused; the dedup experiment finds the repeated copies and scores every seed."""
+    args = ["sweep", "--quick", "--out-dir", str(tmp_path / "sw")]
     r = cli(*args, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
-    report = (tmp_path / "sw" / "REPORT.md").read_text()
-    assert "| sweep-1 | 2 × 64 |" in report and "The frontier ends with" in report
+    records = [json.loads(line) for line in (tmp_path / "sw" / "final.jsonl").read_text().splitlines()]
+    for record in records:
+        assert {"parameters", "non_embedding_parameters", "tokens", "compute", "budget", "loss", "heldout"} <= set(record)
+        assert record["compute"] == 6 * record["parameters"] * record["tokens"]
+    held = sum(r["heldout"] for r in records)          # tiny runs may show no law to predict with
+    assert held <= 1 and len(records) == 6 + held
     assert (tmp_path / "sw" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
-    runs = load_runs(tmp_path / "sw" / "runs.jsonl")
-    assert {r.series for r in runs} == {"sweep-1", "sweep-2"} and len(runs) == 4     # evals at steps 3 and 6
+    report = (tmp_path / "sw" / "REPORT.md").read_text()
+    assert "## Prediction of the held-out budget" in report and (held or "No prediction:" in report)
     again = cli(*args, timeout=900)
-    assert again.returncode == 0 and again.stderr.count("reusing the finished run") == 2
-    assert "| ? |" not in (tmp_path / "sw" / "REPORT.md").read_text()       # training times survive reuse
+    assert again.returncode == 0 and again.stderr.count("(reused)") == 6 + held
 
-    r = cli("dedup-effect", "--quick", "--steps", "2", "--out-dir", str(tmp_path / "dd"), timeout=900)
+    r = cli("dedup-effect", "--quick", "--out-dir", str(tmp_path / "dd"), timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads((tmp_path / "dd" / "result.json").read_text())
-    assert [row["corpus"] for row in result["rows"]] == ["with duplicates", "deduplicated", "deduplicated, seed 1"]
-    assert result["copies_removed"] >= 0.9 * result["planted"]           # dedup.py finds the planted copies
-    assert result["rows"][0]["documents"] > result["rows"][1]["documents"]
+    assert result["copies_removed"] >= 0.9 * result["copies"]            # dedup.py finds the repeated copies
+    assert sorted((row["corpus"], row["seed"]) for row in result["rows"]) == [
+        ("deduplicated", 0), ("deduplicated", 1), ("with_duplicates", 0), ("with_duplicates", 1)]
     assert all(math.isfinite(row["held_out_loss"]) for row in result["rows"])
