@@ -1260,7 +1260,8 @@ def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, 
         stamp, timing = run_dir / "command.json", run_dir / "train_seconds.txt"
         wanted = json.dumps(cmd[1:])
         loss = final_val_loss(run_dir / "metrics.jsonl", run.steps)
-        if loss is not None and stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted:
+        reused = loss is not None and stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted
+        if reused:
             seconds = float(timing.read_text()) if timing.is_file() else 0.0
         else:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -1274,7 +1275,7 @@ def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, 
             if loss is None:
                 raise ScalingError(f"{run.name}: no final validation loss in {run_dir / 'metrics.jsonl'}")
         log(f"{run.name}: N = {run.params:,} ({run.non_embedding:,} non-embedding), D = {run.tokens:,}, "
-            f"lr {run.lr:.3g}, loss {loss:.4f}" + (f" ({seconds:.0f} s)" if seconds else " (reused)"))
+            f"lr {run.lr:.3g}, loss {loss:.4f} ({seconds:.0f} s{', reused' if reused else ''})")
         return {"name": run.name, "budget": run.budget, "parameters": run.params,
                 "non_embedding_parameters": run.non_embedding, "tokens": run.tokens, "compute": run.compute,
                 "loss": loss, "n_layer": run.shape.n_layer, "n_embd": run.shape.n_embd, "lr": run.lr,
@@ -1413,9 +1414,10 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
         middle.plot([r.params for r in held], [r.loss for r in held], "ks", ms=7,
                     label=f"held-out C = {held[0].budget:.2g} (measured)")
     p = result.prediction or {}
-    predicted_loss = p.get("law3_loss_at_opt", p.get("minima_loss_at_budget"))
-    if "params" in p and predicted_loss is not None:
-        middle.plot([p["params"]], [predicted_loss], "kx", ms=10, mew=2, label="held-out prediction")
+    for key, marker, label in (("minima_loss_at_budget", "kx", "prediction: minima's power law"),
+                               ("law3_loss_at_opt", "k+", "prediction: Approach 3's law")):
+        if "params" in p and key in p:
+            middle.plot([p["params"]], [p[key]], marker, ms=10, mew=2, label=label)
     middle.set_xlabel("parameters N")
     middle.set_title("IsoFLOP curves: parabola in log N, minimum = star")
 
