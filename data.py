@@ -1877,8 +1877,9 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
             local = spill.add(doc)
             counts["kept_chars"] += len(doc)
             hashes.append(document_hash(doc))
-            if kind != "code":
-                for line in countable_lines(doc):
+            if kind != "code":               # distinct long lines, or (CS336's line dedup) every line occurrence
+                for line in (countable_lines(doc) if job.settings.line_dedup == "documents"
+                             else [raw.rstrip("\n") for raw in _LINE.findall(doc)]):
                     line_hashes.append(line_hash(line))
                     line_docs.append(local)
         offsets = spill.close()
@@ -1940,7 +1941,8 @@ def join_boilerplate(job: Job, chunks: list[Chunk], entries: int) -> None:
             alive = keep[starts[c.index] + docs[part].astype(np.int64)]
             pieces.append(hashes[part][alive])
         values, counts = np.unique(np.concatenate(pieces), return_counts=True)
-        found.append(values[counts >= job.settings.boilerplate_min_documents])
+        found.append(values[counts >= (job.settings.boilerplate_min_documents
+                                       if job.settings.line_dedup == "documents" else 2)])
     _save_array(_work(job, "boilerplate.npy"), np.concatenate(found))
 
 
@@ -1969,6 +1971,18 @@ def _remove_boilerplate(texts: list[str], boilerplate: np.ndarray) -> tuple[list
     return out, sum(len(ks) for ks in drop.values())
 
 
+def _drop_repeated_lines(texts: list[str], repeated: np.ndarray) -> tuple[list[str], int]:
+    """(texts without the lines whose hash is in `repeated`, lines removed): `drop_lines` with hashed lines."""
+    lines = [_LINE.findall(text) for text in texts]
+    hits = np.isin(np.array([line_hash(raw.rstrip("\n")) for doc in lines for raw in doc], dtype=np.uint64),
+                   repeated).tolist()
+    out, first = [], 0
+    for doc in lines:
+        out.append("".join(raw for raw, hit in zip(doc, hits[first:first + len(doc)]) if not hit))
+        first += len(doc)
+    return out, sum(hits)
+
+
 def stage_clean(job: Job, chunk: Chunk) -> dict:
     """Stage 2, one chunk: drop exact duplicates, remove boilerplate lines (prose), mask PII; then per document its
     MinHash band keys (a sorted run: s2-C.band_key.npy, s2-C.band_doc.npy) and its split/sample/mix keys. Writes
@@ -1981,8 +1995,9 @@ def stage_clean(job: Job, chunk: Chunk) -> dict:
     counts = collections.Counter(docs_in=len(texts), chars_in=sum(map(len, texts)))
     if kind != "code":
         boilerplate = _cached(job.work + "boilerplate", lambda: np.load(_work(job, "boilerplate.npy")))
-        texts, counts["lines_removed"] = _remove_boilerplate(texts, boilerplate)
-        texts = [t for t in texts if t]
+        remove = _remove_boilerplate if job.settings.line_dedup == "documents" else _drop_repeated_lines
+        texts, counts["lines_removed"] = remove(texts, boilerplate)
+        texts = [t for t in texts if t.strip()]
     counts["chars_boilerplate"] = sum(map(len, texts))
     pii = collections.Counter()
     if job.settings.mask_pii:
@@ -2375,7 +2390,8 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
                           sum(r["counts"].get("kept_chars", 0) for r in read), kept_chars,
                           {"duplicate": sum(r["docs"] for r in read) - total["docs_in"]})
         docs = sum(r["docs"] for r in cleaned)
-        funnel.add_counts(f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)",
+        funnel.add_counts(f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)"
+                          if settings.line_dedup == "documents" else "line dedup (every line seen more than once)",
                           total["docs_in"], docs, kept_chars, total["chars_boilerplate"],
                           {"lines_removed": total["lines_removed"],
                            "distinct_lines": len(_load_array(_work(job, "boilerplate.npy"))),
@@ -2658,9 +2674,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                     _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
                     tokenizer_train_bytes, pattern, shard_tokens,
                     (text_field, txt_split, skip_bad_lines, max_documents), val_paths)
-    # The streaming engine does not have these yet: a kept-whole source, --val-data, CS336's line dedup.
-    in_memory = in_memory or bool(val_paths) or any(keeps_whole(s, settings) for s in opened) \
-        or settings.line_dedup != "documents"
+    # The streaming engine does not have these yet: a kept-whole source, --val-data.
+    in_memory = in_memory or bool(val_paths) or any(keeps_whole(s, settings) for s in opened)
     chunk_bytes = max(1, int(chunk_mb * 2**20))
     work = out_dir.parent / f".{out_dir.name}.work-{hashlib.sha256(f'{key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
     if not in_memory:
