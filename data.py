@@ -2674,8 +2674,15 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                     _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
                     tokenizer_train_bytes, pattern, shard_tokens,
                     (text_field, txt_split, skip_bad_lines, max_documents), val_paths)
-    # The streaming engine does not have these yet: a kept-whole source, --val-data.
-    in_memory = in_memory or bool(val_paths) or any(keeps_whole(s, settings) for s in opened)
+    # The streaming engine does not have these yet: a kept-whole source, --val-data. Say so, since memory then
+    # grows with those sources; Ray schedules only the streaming engine's steps.
+    routed = not in_memory and (bool(val_paths) or any(keeps_whole(s, settings) for s in opened))
+    if routed and engine == "ray":
+        raise DataError("--engine ray runs the streaming funnel, which does not take kept-whole text or --val-data "
+                        "yet; use --engine local (or --cleaning web without --val-data)")
+    if routed:
+        log("note: kept-whole text and --val-data run on the in-memory engine (memory grows with those sources)")
+    in_memory = in_memory or routed
     chunk_bytes = max(1, int(chunk_mb * 2**20))
     work = out_dir.parent / f".{out_dir.name}.work-{hashlib.sha256(f'{key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
     if not in_memory:

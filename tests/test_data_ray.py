@@ -36,7 +36,9 @@ def inputs(tmp_path_factory) -> pathlib.Path:
     return root
 
 
-SETTINGS = dict(vocab_size=300, weights=[0.7, 0.3], val_fraction=0.1, seed=4, chunk_mb=3 / 1024)
+# The funnel on every source (a .txt kept whole runs on the in-memory engine, which Ray does not schedule).
+SETTINGS = dict(vocab_size=300, weights=[0.7, 0.3], val_fraction=0.1, seed=4, chunk_mb=3 / 1024,
+                clean_settings=data.CleanSettings(cleaning="web"))
 
 
 def sources(inputs: pathlib.Path) -> list[str]:
@@ -148,6 +150,8 @@ def test_ray_missing_or_unreachable_is_one_line_before_any_work(inputs, tmp_path
         data.prepare(sources(inputs), tmp_path / "ds", engine="ray", ray_address=f"127.0.0.1:{port}")
     with pytest.raises(DataError, match="only ray takes an address"):
         data.prepare(sources(inputs), tmp_path / "ds", ray_address="auto")
+    with pytest.raises(DataError, match="--engine ray runs the streaming funnel, which does not take kept-whole"):
+        data.prepare(sources(inputs), tmp_path / "ds", engine="ray")      # books.txt is kept whole by default
     monkeypatch.setitem(__import__("sys").modules, "ray", None)      # as if Ray were not installed
     with pytest.raises(DataError, match=r"--engine ray needs Ray: pip install ray"):
         data.prepare(sources(inputs), tmp_path / "ds", engine="ray")
