@@ -172,6 +172,7 @@ def test_readme_quick_commands(command, scratch):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_readme_slow_commands(tmp_path):
     """The slow commands in README order, after a 20-step stand-in for the main job (for the ones reading out/)."""
     repo = scratch_copy(tmp_path)

@@ -471,6 +471,7 @@ def test_sweep_cli_checks_the_design_before_training():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_quick_sweep_and_dedup_effect_end_to_end(tmp_path):
     """Real train.py runs (tiny): final.jsonl keeps its contract, the report and plot are written, finished runs
     are reused; the dedup experiment finds the repeated copies and scores every seed."""
