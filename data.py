@@ -104,6 +104,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import fnmatch
 import functools
 import glob
 import gzip
@@ -126,6 +127,7 @@ import sysconfig
 import tempfile
 import time
 import tokenize
+import urllib.parse
 import warnings
 import zlib
 from typing import Callable, Iterable, Iterator
@@ -164,14 +166,14 @@ class Source:
     fingerprint: str
     read: Callable[[], Iterator[str]]
     max_documents: int | None = None
-    files: tuple[pathlib.Path, ...] = ()        # the files it reads, in order (none for named sources)
+    files: tuple[pathlib.Path | str, ...] = ()  # the files (or objects' URIs) it reads, in order (none for names)
     curated: bool = False
 
     @property
     def label(self) -> str:
         """The spec, shortened to a file name for paths (for the funnel table)."""
         return self.spec if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:") \
-            else pathlib.Path(self.spec).name or self.spec
+            else _pure(self.spec).name or self.spec
 
     def documents(self) -> Iterator[str]:
         for i, doc in enumerate(self.read()):
@@ -268,10 +270,143 @@ def read_pystdlib() -> Iterator[str]:
             yield source
 
 
-def _read_bytes(path: pathlib.Path) -> bytes:
+# Object stores. A source or --out may be a URI that pyarrow.fs understands: s3://bucket/key, gs://bucket/key,
+# hdfs://host:port/path, file:///abs/path. Its query configures the store, as FileSystem.from_uri reads it
+# (s3://bucket/key?endpoint_override=HOST:PORT&scheme=http for MinIO or a local S3; or set AWS_ENDPOINT_URL). A file
+# of a source is then named by its own URI (a str), a local one by a pathlib.Path: a chunk on any node opens it.
+# Plain paths never import pyarrow.
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+STORE_HINT = ("check the bucket and key, the endpoint (?endpoint_override=HOST:PORT&scheme=http or AWS_ENDPOINT_URL) "
+              "and the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the node's role)")
+
+
+def is_uri(path) -> bool:
+    """Whether a path names an object-store location rather than a local file.
+
+    >>> is_uri("s3://bucket/web/a.jsonl"), is_uri("file:///data/a.jsonl"), is_uri("web/a.jsonl")
+    (True, True, False)
+    """
+    return isinstance(path, str) and bool(_URI.match(path))
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:240]
+
+
+@functools.lru_cache(maxsize=None)
+def _store_root(scheme: str, netloc: str, query: str) -> tuple:
+    """(pyarrow FileSystem, its path of the URI's root), one per bucket and settings: from_uri may ask the network
+    (an S3 bucket's region), so it runs once per process, not once per file."""
+    try:
+        import pyarrow.fs as pafs
+    except ImportError:
+        raise DataError(f"{scheme}:// paths need pyarrow (pip install pyarrow), or copy the files to local disk") \
+            from None
+    uri = f"{scheme}://{netloc}/" + (f"?{query}" if query else "")
+    try:
+        fs, root = pafs.FileSystem.from_uri(uri)
+    except (OSError, ValueError) as e:              # ArrowInvalid is a ValueError: an unknown scheme or option
+        raise DataError(f"{uri}: {_first_line(e)}; {STORE_HINT}") from None
+    return fs, root.rstrip("/")
+
+
+def _store(uri: str) -> tuple:
+    """(FileSystem, path inside it) of a URI: s3://bkt/web/a.jsonl?... -> (S3FileSystem, 'bkt/web/a.jsonl')."""
+    parts = urllib.parse.urlsplit(uri)
+    fs, root = _store_root(parts.scheme, parts.netloc, parts.query)
+    inside = urllib.parse.unquote(parts.path).strip("/")
+    return fs, f"{root}/{inside}" if inside else root or "/"
+
+
+def _store_uri(uri: str, path: str) -> str:
+    """The URI of `path` in the store of `uri` (the inverse of _store, keeping uri's query)."""
+    parts = urllib.parse.urlsplit(uri)
+    root = _store_root(parts.scheme, parts.netloc, parts.query)[1]
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, urllib.parse.quote(path[len(root):]), parts.query, ""))
+
+
+def _pure(path: pathlib.Path | str) -> pathlib.PurePath:
+    """The path part of a URI (for names and suffixes), or the local path itself."""
+    return pathlib.PurePosixPath(urllib.parse.unquote(urllib.parse.urlsplit(path).path)) if is_uri(path) \
+        else pathlib.Path(path)
+
+
+@contextlib.contextmanager
+def _open_input(path: pathlib.Path | str, unzip: bool = False) -> Iterator[io.BufferedIOBase]:
+    """A local file or an object (pyarrow's random-access file, buffered: a seek, then sequential reads of 1 MiB,
+    not a request per line), read as is or through gzip."""
+    if is_uri(path):
+        fs, key = _store(path)
+        raw = io.BufferedReader(fs.open_input_file(key), 1 << 20)
+    else:
+        raw = open(path, "rb")
+    with raw:
+        yield gzip.GzipFile(fileobj=raw) if unzip else raw
+
+
+def _file_size(path: pathlib.Path | str) -> int:
+    if is_uri(path):
+        fs, key = _store(path)
+        return fs.get_file_info(key).size
+    return path.stat().st_size
+
+
+def _match_glob(pattern: list[str], parts: list[str]) -> bool:
+    """A key's parts against a glob's, as glob.glob(recursive=True) matches folders: * and [...] within a part,
+    ** across any number of parts.
+
+    >>> _match_glob("web/**/*.jsonl".split("/"), "web/2024/01/a.jsonl".split("/"))
+    True
+    >>> _match_glob("web/*.jsonl".split("/"), "web/2024/a.jsonl".split("/"))
+    False
+    """
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_match_glob(pattern[1:], parts[k:]) for k in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _match_glob(pattern[1:], parts[1:])
+
+
+def _store_files(spec: str) -> list[tuple[str, int, int]]:
+    """(URI, size, mtime in ns) of the objects a source URI names: one object, every known file type under a
+    prefix ("a directory"), or those matching a glob in the key (* [...] **; in a URI ? starts the query).
+    One line naming the spec for a missing bucket, key or endpoint, bad credentials, or a glob matching nothing."""
+    import pyarrow.fs as pafs                     # _store has checked it is installed
+    fs, path = _store(spec)
+    key = path.split("/")
+    fixed = next((k for k, part in enumerate(key) if any(c in part for c in "*[")), len(key))
+    try:
+        if fixed == len(key):
+            info = fs.get_file_info(path)
+            if info.type == pafs.FileType.File:
+                return [(spec, info.size, info.mtime_ns)]
+            if info.type == pafs.FileType.NotFound:        # name the first part that is missing: the bucket?
+                missing = next(p for p in itertools.accumulate(key, lambda a, b: f"{a}/{b}")
+                               if p and fs.get_file_info(p).type == pafs.FileType.NotFound)
+                raise DataError(f"source {spec!r} not found: {missing!r} does not exist; {STORE_HINT}")
+        base = "/".join(key[:fixed])
+        found = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    except OSError as e:                          # no such bucket, no answer from the endpoint, access denied
+        raise DataError(f"source {spec!r}: {_first_line(e)}; {STORE_HINT}") from None
+    files = []
+    for info in sorted(found, key=lambda i: i.path):
+        inside = info.path[len(base):].strip("/").split("/")
+        if (info.type == pafs.FileType.File and _inner_suffix(_pure(info.path)) in _FILE_READERS
+                and not any(part.startswith(".") for part in inside)
+                and (fixed == len(key) or _match_glob(key[fixed:], inside))):
+            files.append((_store_uri(spec, info.path), info.size, info.mtime_ns))
+    if not files:
+        raise DataError(f"source {spec!r} matches no {'/'.join(sorted(_FILE_READERS))} objects; check the "
+                        f"{'pattern' if fixed < len(key) else 'prefix'}")
+    return files
+
+
+def _read_bytes(path: pathlib.Path | str) -> bytes:
     """A (possibly gzipped) file's bytes; a binary file or a damaged .gz is refused with one clear line."""
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        with _open_input(path, unzip=_pure(path).suffix == ".gz") as f:
+            raw = f.read()
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
     if b"\x00" in raw[:8192]:
@@ -288,9 +423,9 @@ def _read_text(path: pathlib.Path) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _inner_suffix(path: pathlib.Path) -> str:
-    """'.txt' for both a.txt and a.txt.gz."""
-    suffixes = [s.lower() for s in path.suffixes]
+def _inner_suffix(path: pathlib.Path | str) -> str:
+    """'.txt' for both a.txt and a.txt.gz (and s3://bucket/a.txt.gz)."""
+    suffixes = [s.lower() for s in _pure(path).suffixes]
     if suffixes and suffixes[-1] == ".gz":
         suffixes.pop()
     return suffixes[-1] if suffixes else ""
@@ -330,12 +465,12 @@ class JsonlStats:
     skipped: int = 0
 
 
-def read_jsonl(path: pathlib.Path, field: str = "text", skip_bad_lines: bool = False,
+def read_jsonl(path: pathlib.Path | str, field: str = "text", skip_bad_lines: bool = False,
                stats: JsonlStats | None = None, start: int = 0, stop: int | None = None) -> Iterator[str]:
     """One JSON object per line; the document is `obj[field]`. A malformed line stops with its line number,
     unless skip_bad_lines, which skips and counts it. start/stop (uncompressed files): only the lines whose first
     byte lies in [start, stop), so byte ranges that tile a file read every line exactly once."""
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:    # streamed line by line
+    with _open_input(path, unzip=_pure(path).suffix == ".gz") as f:                     # streamed line by line
         if start:
             f.seek(start - 1)
             f.readline()                   # the line holding byte start - 1 belongs to the range before
@@ -362,14 +497,14 @@ def read_jsonl(path: pathlib.Path, field: str = "text", skip_bad_lines: bool = F
             raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
 
 
-def _count_lines(path: pathlib.Path, start: int) -> int:
+def _count_lines(path: pathlib.Path | str, start: int) -> int:
     """Lines of the file before the first line that starts at or after byte `start` > 0 (for a line number)."""
-    with open(path, "rb") as f:
+    with _open_input(path) as f:
         head = f.read(start)
     return head.count(b"\n") + (0 if head.endswith(b"\n") else 1)
 
 
-def read_parquet(path: pathlib.Path, field: str = "text", row_groups: range | None = None) -> Iterator[str]:
+def read_parquet(path: pathlib.Path | str, field: str = "text", row_groups: range | None = None) -> Iterator[str]:
     """The `field` column of a .parquet file, batch by batch (row_groups: only those)."""
     for batch in _parquet_file(path, field).iter_batches(columns=[field], row_groups=row_groups):
         for text in batch.column(0).to_pylist():
@@ -377,15 +512,16 @@ def read_parquet(path: pathlib.Path, field: str = "text", row_groups: range | No
                 yield text
 
 
-def _parquet_file(path: pathlib.Path, field: str):
+def _parquet_file(path: pathlib.Path | str, field: str):
     """A pyarrow ParquetFile with a `field` column, or one line saying what is wrong with the file."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow), "
                         f"or convert it to .jsonl") from None
-    try:
-        table = pq.ParquetFile(path)
+    fs, key = _store(path) if is_uri(path) else (None, path)        # an object: its footer and row groups are
+    try:                                                              # read as byte ranges
+        table = pq.ParquetFile(key, filesystem=fs)
     except Exception as e:           # pyarrow's ArrowInvalid/OSError: not a parquet file, or a damaged one
         raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:120]}); "
                         f"re-download it") from None
@@ -476,7 +612,7 @@ def read_hf(name: str, field: str = "text") -> Iterator[str]:
                         f"pystdlib or a local path") from None
 
 
-def _file_source(path: pathlib.Path, options: dict) -> Callable[[], Iterator[str]]:
+def _file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterator[str]]:
     kind = _FILE_READERS.get(_inner_suffix(path))
     field = options.get("text_field", "text")
     if kind == "txt":
@@ -491,7 +627,7 @@ def _file_source(path: pathlib.Path, options: dict) -> Callable[[], Iterator[str
         return lambda: read_html(path)
     if kind == "python":
         return lambda: iter([_read_text(path)])
-    raise DataError(f"{path}: unknown file type {path.suffix!r}; use "
+    raise DataError(f"{path}: unknown file type {_pure(path).suffix!r}; use "
                     f"{', '.join(sorted(_FILE_READERS))} (optionally .gz)")
 
 
@@ -507,8 +643,8 @@ def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
 def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", skip_bad_lines: bool = False,
                 max_documents: int | None = None, jsonl_stats: JsonlStats | None = None,
                 kind: str | None = None) -> Source:
-    """Turn a source spec (a name, hf:..., or a path to a file or directory) into a Source.
-    kind overrides what the file types imply ("code" for a .jsonl of source files, say)."""
+    """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an object, prefix or
+    glob in an object store: s3://bucket/web/*.parquet) into a Source. kind overrides what the file types imply ("code" for a .jsonl of source files, say)."""
     if kind not in (None, "prose", "code", "html"):
         raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
     options = dict(text_field=text_field, txt_split=txt_split, skip_bad_lines=skip_bad_lines,
@@ -522,7 +658,11 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         name = spec[3:]
         return Source(spec, kind or "prose", spec, lambda: read_hf(name, text_field), max_documents)
     path = pathlib.Path(spec).expanduser()
-    if any(c in spec for c in "*?[") and not path.exists():      # a pattern: "shards/*.parquet"
+    if is_uri(spec):
+        listed = _store_files(spec)
+        files = [uri for uri, _, _ in listed]
+        fingerprint = ";".join(f"{uri}:{size}:{mtime_ns}" for uri, size, mtime_ns in listed)
+    elif any(c in spec for c in "*?[") and not path.exists():      # a pattern: "shards/*.parquet"
         files = sorted(p for p in map(pathlib.Path, glob.glob(str(path), recursive=True))
                        if p.is_file() and _inner_suffix(p) in _FILE_READERS)
         if not files:
@@ -532,12 +672,13 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         raise DataError(f"source {spec!r} not found: give {hint}")
     else:
         files = _files_under(path) if path.is_dir() else [path]
+    if not is_uri(spec):
+        fingerprint = ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
     readers = [_file_source(f, options) for f in files]
     kinds = {_FILE_KINDS.get(_FILE_READERS[_inner_suffix(f)], "prose") for f in files}
     if len(kinds) > 1 and kind is None:
-        raise DataError(f"{path} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: pass "
+        raise DataError(f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: pass "
                         f"them as separate sources (or force one with --kind)")
-    fingerprint = ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
 
     def read() -> Iterator[str]:
         for reader in readers:
@@ -1725,15 +1866,15 @@ class Job:
     rows: int
 
 
-def _check_readable(path: pathlib.Path) -> None:
+def _check_readable(path: pathlib.Path | str) -> None:
     """One line naming an unreadable file or a .gz that is not gzip, before any work starts."""
     try:
-        with open(path, "rb") as f:
+        with _open_input(path) as f:
             head = f.read(2)
     except OSError as e:
-        raise DataError(f"{path}: cannot read it ({e.strerror}); fix its permissions or move it out of the "
-                        f"input") from None
-    if path.suffix == ".gz" and head != b"\x1f\x8b":
+        raise DataError(f"{path}: cannot read it ({e.strerror or _first_line(e)}); fix its permissions or move it "
+                        f"out of the input") from None
+    if _pure(path).suffix == ".gz" and head != b"\x1f\x8b":
         raise DataError(f"{path}: damaged gzip file (no gzip header); re-download or re-compress it")
 
 
@@ -1750,11 +1891,11 @@ def plan_chunks(sources: list[Source], chunk_bytes: int = CHUNK_BYTES, text_fiel
         for path in source.files:
             _check_readable(path)
         if not source.files or source.max_documents is not None:
-            add(source=s_index, size=sum(p.stat().st_size for p in source.files))
+            add(source=s_index, size=sum(map(_file_size, source.files)))
             continue
         for path in source.files:
-            size, reader = path.stat().st_size, _FILE_READERS[_inner_suffix(path)]
-            if reader == "jsonl" and path.suffix != ".gz" and size > chunk_bytes:
+            size, reader = _file_size(path), _FILE_READERS[_inner_suffix(path)]
+            if reader == "jsonl" and _pure(path).suffix != ".gz" and size > chunk_bytes:
                 for start in range(0, size, chunk_bytes):
                     add(source=s_index, path=str(path), start=start, stop=min(start + chunk_bytes, size),
                         size=min(chunk_bytes, size - start))
@@ -1778,7 +1919,7 @@ def chunk_documents(job: Job, chunk: Chunk, stats: JsonlStats) -> Iterator[str]:
     if chunk.path is None:
         yield from open_source(spec, text_field, txt_split, skip_bad_lines, max_documents, stats, kind).documents()
         return
-    path = pathlib.Path(chunk.path)
+    path = chunk.path if is_uri(chunk.path) else pathlib.Path(chunk.path)
     reader = _FILE_READERS[_inner_suffix(path)]
     if reader == "jsonl":
         yield from read_jsonl(path, text_field, skip_bad_lines, stats, chunk.start, chunk.stop)
@@ -2500,7 +2641,8 @@ class RayEngine:
             while waiting or pending:
                 while waiting and len(pending) < self.in_flight:
                     chunk = waiting.popleft()
-                    task_chunk = dataclasses.replace(chunk, path=chunk.path and os.path.abspath(chunk.path))
+                    task_chunk = dataclasses.replace(chunk, path=chunk.path if is_uri(chunk.path) or not chunk.path
+                                                     else os.path.abspath(chunk.path))
                     pending[self._submit(function, job, task_chunk, *args)] = chunk
                 [ref], _ = self.ray.wait(list(pending), num_returns=1)
                 yield pending.pop(ref), self._get(ref)
@@ -2591,7 +2733,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
             skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
             threads: int | None = None, workers: int | None = None, chunk_mb: float = CHUNK_BYTES / 2**20,
             in_memory: bool = False, engine: str = "local", ray_address: str | None = None,
-            val_data: list[str] | None = None, verbose: bool = False) -> pathlib.Path:
+            val_data: list[str] | None = None, work_dir: str | os.PathLike | None = None,
+            verbose: bool = False) -> pathlib.Path | str:
     """Build (or reuse) a token dataset directory: manifest.json, tokenizer.json, train_*.bin, val_*.bin.
 
     sources: names ("pydocs", "pystdlib", "hf:..."), files or directories. weights (one per source) with
@@ -2602,8 +2745,11 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     Notices (heavy cleaning, the overlap) are printed to stderr, also when the dataset is reused.
     The directory is out_dir or a cache directory named by a hash of the inputs and every setting; when it
     already holds a finished dataset with that hash, it is returned at once.
+    out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://, file://): the dataset is built on local disk,
+    then published to the store (`_publish_to_store`) and its URI returned; sources may be URIs too (`open_source`).
     Engines: streaming (default: chunks of chunk_mb MiB on `workers` processes, resumable; work files in a hidden
-    .NAME.work-* folder beside the output, removed when it is published) or in_memory (the reference: the whole
+    .NAME.work-* folder in work_dir, by default beside a local output or in the temp folder for a URI; removed
+    when the dataset is published; on a multi-node cluster a folder every node sees) or in_memory (the reference: the whole
     corpus in lists, for small inputs and tests). Both write byte-identical shards, tokenizer and manifest.
     engine="ray" runs the streaming engine's steps as Ray tasks (section 11) on the cluster at ray_address, or on a
     Ray started here with `workers` cores; the output is again byte-identical.
@@ -2655,9 +2801,11 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     }
     key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True, default=str).encode()).hexdigest()
     if out_dir is None:
-        slug = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", pathlib.Path(s).name or s)[:40] for s in sources)[:80]
+        slug = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", _pure(s).name or s)[:40] for s in sources)[:80]
         out_dir = cache_root() / "data" / f"{slug}-v{vocab_size}-{key[:12]}"
-    out_dir = pathlib.Path(out_dir).absolute() if engine == "ray" else pathlib.Path(out_dir)  # Ray: any cwd
+    remote = is_uri(str(out_dir))
+    if not remote:
+        out_dir = pathlib.Path(out_dir).absolute() if engine == "ray" else pathlib.Path(out_dir)  # Ray: any cwd
     existing = _read_manifest_or_none(out_dir)
     if existing is not None:
         if existing.get("cache_key") == key:
@@ -2666,9 +2814,11 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                 print(notice, file=sys.stderr)
             return out_dir
         raise DataError(f"{out_dir} already holds a different dataset; remove it or pick another --out")
-    if out_dir.exists() and not out_dir.is_dir():
+    if remote:
+        _check_store_out(out_dir)
+    elif out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--out {out_dir} is a file; give a directory path")
-    if out_dir.exists() and any(out_dir.iterdir()):
+    elif out_dir.exists() and any(out_dir.iterdir()):
         raise DataError(f"{out_dir} exists and is not a dataset directory; remove it or pick another --out")
     recipe = Recipe(opened, settings, vocab_size, seed, val_fraction, weights, train_tokens, tokenizer_path,
                     _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
@@ -2684,11 +2834,19 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         log("note: kept-whole text and --val-data run on the in-memory engine (memory grows with those sources)")
     in_memory = in_memory or routed
     chunk_bytes = max(1, int(chunk_mb * 2**20))
-    work = out_dir.parent / f".{out_dir.name}.work-{hashlib.sha256(f'{key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
+    name = _local_name(out_dir)
+    work_root = pathlib.Path(work_dir) if work_dir is not None \
+        else pathlib.Path(tempfile.gettempdir()) if remote else out_dir.parent
+    work_root = work_root.absolute() if engine == "ray" else work_root
+    work = work_root / f".{name}.work-{hashlib.sha256(f'{key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
     if not in_memory:
         plan_chunks(opened, chunk_bytes, text_field)               # unreadable or malformed files: fail now
-    _check_writable(out_dir.parent)                                # fail now, not after minutes of cleaning
-    _remove_stale(out_dir, keep=work)
+    if remote:                                                     # fail now, not after minutes of cleaning
+        _check_store_writable(out_dir)
+    else:
+        _check_writable(out_dir.parent, "--out")
+    _check_writable(work_root, "--work-dir" if work_dir is not None else "--out")
+    _remove_stale(out_dir, work)
 
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
     with session as ray:
@@ -2707,8 +2865,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
         tok = built.tokenizer
         for notice in built.funnel.notices:
             print(notice, file=sys.stderr)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+        staging = work_root if remote else out_dir.parent    # the shard tasks write there: every node sees it
+        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{name}.tmp-"))
         try:
             dtype = dtype_for_vocab(len(tok))
             splits = built.write_splits(tmp_dir, dtype)
@@ -2736,7 +2894,11 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                             else f"streaming, {workers} worker(s)"},
             }
             (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-            _publish(tmp_dir, out_dir)
+            if remote:
+                _publish_to_store(tmp_dir, out_dir)
+                shutil.rmtree(tmp_dir)
+            else:
+                _publish(tmp_dir, out_dir)
         except BaseException:
             shutil.rmtree(tmp_dir, ignore_errors=True)
             raise
@@ -2744,22 +2906,98 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     return out_dir
 
 
-def _remove_stale(out_dir: pathlib.Path, keep: pathlib.Path) -> None:
-    """Remove what killed runs left beside out_dir: half-written .NAME.tmp-* directories (never used: a dataset
-    is published by one rename) and the work folders of other settings (.NAME.work-*, not `keep`)."""
-    for stale in itertools.chain(out_dir.parent.glob(f".{glob.escape(out_dir.name)}.tmp-*"),
-                                 out_dir.parent.glob(f".{glob.escape(out_dir.name)}.work-*")):
-        if stale != keep and stale.is_dir():
+def _local_name(out_dir: pathlib.Path | str) -> str:
+    """The name of out_dir's temporary and work folders: its own name, plus a hash of the URI for a store's (whose
+    folders share the temp folder with those of any other bucket)."""
+    if not is_uri(out_dir):
+        return out_dir.name
+    return f"{_pure(out_dir).name}-{hashlib.sha256(out_dir.encode()).hexdigest()[:8]}"
+
+
+def _remove_stale(out_dir: pathlib.Path | str, work: pathlib.Path) -> None:
+    """Remove what killed runs left: half-written .NAME.tmp-* folders (never used: a dataset is published by one
+    rename, or in a store by copies that end with the manifest) beside out_dir, in the work folder's parent and, for
+    a URI, the store's OUT.tmp-* prefixes; and the work folders of other settings (.NAME.work-*, not `work`)."""
+    name = glob.escape(_local_name(out_dir))
+    folders = {work.parent} if is_uri(out_dir) else {work.parent, out_dir.parent}
+    for stale in itertools.chain(*(f.glob(f".{name}.{kind}-*") for f in folders for kind in ("tmp", "work"))):
+        if stale != work and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
+    if is_uri(out_dir):
+        import pyarrow.fs as pafs
+        fs, out = _store(out_dir)
+        parent, _, leaf = out.rpartition("/")
+        for info in fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
+            if info.base_name.startswith(f"{leaf}.tmp-") and info.type == pafs.FileType.Directory:
+                fs.delete_dir(info.path)
 
 
-def _check_writable(folder: pathlib.Path) -> None:
+def _check_writable(folder: pathlib.Path, flag: str) -> None:
     """Raise DataError unless a file can be created in `folder` (made if missing)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
-        raise DataError(f"cannot write in {folder} ({e.strerror}); pick a writable --out") from None
+        raise DataError(f"cannot write in {folder} ({e.strerror}); pick a writable {flag}") from None
+
+
+_DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest
+
+
+def _check_store_out(out_uri: str) -> None:
+    """Before any work: OUT/ in the store is empty, or holds what a killed publish left (dataset files without a
+    manifest, replaced by the next publish); a missing bucket, no answer or other objects are one line."""
+    import pyarrow.fs as pafs
+    fs, out = _store(out_uri)
+    try:
+        if fs.get_file_info(out).type == pafs.FileType.File:
+            raise DataError(f"--out {out_uri} is an object, not a prefix; give a prefix (a \"directory\") URI")
+        found = fs.get_file_info(pafs.FileSelector(out, recursive=True, allow_not_found=True))
+    except OSError as e:
+        raise DataError(f"--out {out_uri}: {_first_line(e)}; {STORE_HINT}") from None
+    foreign = [i.path for i in found if i.type == pafs.FileType.File and not _DATASET_FILE.fullmatch(i.base_name)]
+    if foreign:
+        raise DataError(f"--out {out_uri} holds objects that are not a dataset ({foreign[0]}); remove them or pick "
+                        f"another --out")
+
+
+def _check_store_writable(out_uri: str) -> None:
+    """Raise DataError unless an object can be written (and deleted) beside OUT: a probe OUT.tmp-check-* object."""
+    fs, out = _store(out_uri)
+    probe = f"{out}.tmp-check-{os.getpid()}-{time.time_ns()}"
+    try:
+        fs.open_output_stream(probe).close()
+        fs.delete_file(probe)
+    except OSError as e:
+        raise DataError(f"cannot write in {out_uri} ({_first_line(e)}); {STORE_HINT}") from None
+
+
+def _publish_to_store(tmp_dir: pathlib.Path, out_uri: str) -> None:
+    """Publish a finished dataset folder to OUT in an object store, which has no directory rename: upload every
+    file under OUT.tmp-XXXX/, copy each inside the store to OUT/ (a server-side copy), manifest.json last, then
+    delete the temporary prefix. A reader that waits for OUT/manifest.json never sees part of a dataset, and a run
+    killed on the way leaves no manifest. Objects already in OUT/ are a killed publish's (`_check_store_out`)."""
+    import pyarrow.fs as pafs
+    fs, out = _store(out_uri)
+    tmp = f"{out}.tmp-{os.getpid()}-{time.time_ns()}"
+    names = sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json") + ["manifest.json"]
+    try:
+        fs.create_dir(tmp)                            # a no-op in a bucket; a folder for file:// and hdfs://
+        fs.create_dir(out)
+        for name in names:                            # streamed: a multipart upload for a large shard
+            with open(tmp_dir / name, "rb") as local, \
+                    fs.open_output_stream(f"{tmp}/{name}", compression=None) as remote:
+                shutil.copyfileobj(local, remote, 8 << 20)
+        for info in fs.get_file_info(pafs.FileSelector(out, recursive=True, allow_not_found=True)):
+            if info.type == pafs.FileType.File and info.base_name not in names:
+                fs.delete_file(info.path)
+        for name in names:
+            fs.copy_file(f"{tmp}/{name}", f"{out}/{name}")
+    except OSError as e:
+        raise DataError(f"publishing to {out_uri} failed ({_first_line(e)}); run again to retry") from None
+    finally:
+        with contextlib.suppress(OSError):
+            fs.delete_dir(tmp)
 
 
 def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
@@ -2775,10 +3013,15 @@ def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _read_manifest_or_none(data_dir: pathlib.Path) -> dict | None:
+def _read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
+    if is_uri(data_dir):
+        path = _store_uri(data_dir, _store(data_dir)[1] + "/manifest.json")
+    else:
+        path = pathlib.Path(data_dir) / "manifest.json"
     try:
-        return json.loads((pathlib.Path(data_dir) / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        with _open_input(path) as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):                  # missing, unreadable, or not JSON (a JSONDecodeError)
         return None
 
 
@@ -2808,7 +3051,8 @@ def summary(data_dir: str | os.PathLike) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
-    manifest = _read_manifest_or_none(pathlib.Path(data_dir))
+    """A dataset's manifest.json, from a local directory or an object-store URI."""
+    manifest = _read_manifest_or_none(data_dir if is_uri(data_dir) else pathlib.Path(data_dir))
     if manifest is None:
         raise DataError(f"{data_dir} has no readable manifest.json: run `python data.py prepare` first")
     return manifest
@@ -2829,6 +3073,9 @@ class TokenData:
     """
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
+        if is_uri(data_dir):                       # shards are memory-mapped: they must be on a local file system
+            raise DataError(f"{data_dir}: the loader reads a local dataset; copy it down first: python data.py "
+                            f"download {data_dir} DIR")
         self.data_dir = pathlib.Path(data_dir)
         self.manifest = load_manifest(self.data_dir)
         self._tokenizer = None
@@ -2947,6 +3194,35 @@ class BatchIterator:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
+def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
+    """Copy a dataset that prepare published to an object store down to a local directory, for the loader (which
+    memory-maps shards): the manifest's files, then the manifest, into a temporary folder renamed into place. A
+    directory that already holds the same dataset (same cache key) is returned as is."""
+    manifest, directory = _read_manifest_or_none(uri), pathlib.Path(directory)
+    if manifest is None:
+        raise DataError(f"{uri} has no readable manifest.json: not a published dataset (or a run still publishing)")
+    here = _read_manifest_or_none(directory)
+    if here is not None and here.get("cache_key") == manifest["cache_key"]:
+        return directory
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
+    _check_writable(directory.parent, "download directory")
+    fs, path = _store(uri)
+    tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+    try:
+        for name in [manifest["tokenizer"]["file"]] + [s["file"] for split in manifest["splits"].values()
+                                                      for s in split["shards"]]:
+            with fs.open_input_stream(f"{path}/{name}", compression=None) as remote, \
+                    open(tmp_dir / name, "wb") as local:
+                shutil.copyfileobj(remote, local, 8 << 20)
+        (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        _publish(tmp_dir, directory)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return directory
+
+
 def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> float:
     """UTF-8 bytes of text per token in a split (tokens include one <|endoftext|> per document), so that
     bits-per-byte = loss_nats / ln 2 / bytes_per_token."""
@@ -3000,6 +3276,8 @@ def _writable(kind="file"):
     """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
     bad output path fails before any work."""
     def parse(text: str) -> str:
+        if is_uri(text):                         # an object store's: checked by prepare, before any work
+            return text
         path = pathlib.Path(text)
         if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
             raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
@@ -3046,7 +3324,7 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
                   text_field=args.text_field, txt_split=args.txt_split, skip_bad_lines=args.skip_bad_lines,
                   max_documents=args.max_documents, kind=args.kind, threads=args.threads, workers=args.workers,
                   chunk_mb=args.chunk_mb, engine=args.engine, ray_address=args.ray_address, val_data=args.val_data,
-                  verbose=True)
+                  work_dir=args.work_dir, verbose=True)
     print(Funnel.from_manifest(load_manifest(out)).format())
     print(summary(out))
 
@@ -3073,6 +3351,10 @@ def _cmd_inspect(args: argparse.Namespace) -> None:
     print("a random val window, decoded:\n" + data.tokenizer.decode(x[0].tolist()))
 
 
+def _cmd_download(args: argparse.Namespace) -> None:
+    print(f"downloaded {args.uri} to {download(args.uri, args.dir)}")
+
+
 def _cmd_html(args: argparse.Namespace) -> None:
     path = pathlib.Path(args.file)
     if not path.is_file():
@@ -3087,11 +3369,16 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("prepare", help="clean, dedup, split, train/reuse the tokenizer, encode and pack shards")
     p.add_argument("--data", nargs="+", default=["pydocs"],
-                   help="sources: pydocs, pystdlib, hf:NAME, or files/dirs (.txt .jsonl .parquet .raw .html .py, .gz)")
+                   help="sources: pydocs, pystdlib, hf:NAME, files/dirs/globs (.txt .jsonl .parquet .raw .html .py, "
+                        ".gz), or their URIs in an object store (s3://bucket/web/*.parquet, gs://, hdfs://, file://)")
     p.add_argument("--vocab-size", type=_in_range(int, 257, 2**32), default=DEFAULT_VOCAB_SIZE,
                    help="BPE vocabulary (default %(default)s)")
     p.add_argument("--out", type=_writable("dir"), default=None,
-                   help="output directory (default: a cache dir in $PRETRAIN_CACHE or .cache/)")
+                   help="output directory or object-store URI, e.g. s3://bucket/datasets/name (default: a cache dir "
+                        "in $PRETRAIN_CACHE or .cache/)")
+    p.add_argument("--work-dir", type=_writable("dir"), default=None,
+                   help="where the streaming engine's work files go (default: beside a local --out, the temp folder "
+                        "for a URI); on a multi-node cluster a folder every node sees")
     p.add_argument("--seed", type=_in_range(int, 0, SEED_MAX), default=0,
                    help="seeds the split, the tokenizer sample, mixing and order")
     p.add_argument("--val-fraction", type=_in_range(float, 0.0, 1.0, high_open=True), default=0.05,
@@ -3151,6 +3438,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("dir")
     p.add_argument("--tokens", type=_in_range(int, 1, 1_000_000), default=64)
     p.set_defaults(run=_cmd_inspect)
+
+    p = sub.add_parser("download", help="copy a dataset published to an object store down to a local directory")
+    p.add_argument("uri", help="the dataset's URI, as given to prepare --out (s3://bucket/datasets/name)")
+    p.add_argument("dir", type=_writable("dir"), help="local directory to create (train.py --data reads it)")
+    p.set_defaults(run=_cmd_download)
 
     p = sub.add_parser("html", help="print the text extracted from an HTML file")
     p.add_argument("file")
