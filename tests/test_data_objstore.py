@@ -237,3 +237,16 @@ def test_download_for_the_loader_and_aws_endpoint_url(s3, inputs, uploaded, refe
         data._store_root.cache_clear()
     same_dataset(dataset_files(local), reference, uploaded, str(inputs))
     assert data.TokenData(local).get_batch("train", 2, 16)[0].shape == (2, 16)
+
+
+@pytest.mark.slow
+def test_ray_engine_reads_s3(s3, inputs, uploaded, reference, tmp_path):
+    """--engine ray with an s3:// source and --out: each task opens its chunk's URI itself (a byte range, a row
+    group), and the published objects are the reference's bytes. Starts a local Ray (20-40 s here)."""
+    pytest.importorskip("ray", reason="the Ray engine needs Ray: pip install ray")
+    query, fs = s3
+    out = data.prepare([uploaded], f"s3://datasets/ray?{query}", engine="ray", work_dir=tmp_path,
+                       **{**SETTINGS, "workers": 2})
+    assert data.load_manifest(out)["timings"]["engine"] == "ray"
+    same_dataset(objects(fs, "datasets/ray"), reference, uploaded, str(inputs))
+    assert list(tmp_path.iterdir()) == []
