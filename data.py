@@ -87,6 +87,15 @@ join and per split's shards, calling these very functions on the same work files
 output is byte-identical to the local engine's for the reasons above, and one more: a task only writes files
 (temporary name, then rename) that a rerun writes again identically, so Ray may rerun a task whose worker died.
 
+A cluster's corpus and datasets live in an object store. `--data` and `--out` take URIs that pyarrow.fs opens
+(s3://bucket/web/*.parquet, gs://, hdfs://, file://; a local path never imports pyarrow). A chunk names its object
+by URI and each task opens it itself: a .jsonl range is one seek and sequential reads, a .parquet row group a byte
+range; the cache key fingerprints each object by its size and mtime. The work files stay on a POSIX folder
+(`--work-dir`, on a cluster one every node mounts), since they are renamed, appended and memory-mapped. An object
+store has no directory rename, so publishing is a protocol: upload everything under OUT.tmp-XXXX/, copy each
+object inside the store to OUT/ with manifest.json last, delete the temporary prefix. A reader that waits for
+OUT/manifest.json never sees half a dataset; `download` copies one down for the loader, which memory-maps shards.
+
 The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
 of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.
 

@@ -50,7 +50,8 @@ SKIPPED = {
     "python data.py inspect out/data-mix": "reads the mix that the skipped command above writes",
     "ray start": "starts a Ray cluster node that outlives the command (tried by hand: a head and a worker node on "
                  "one machine, then prepare --ray-address on them)",
-    "RAY_AUTH_MODE=token": "needs a running Ray cluster at HEAD_IP and storage mounted on every node (/mnt/shared)",
+    "RAY_AUTH_MODE=token": "needs a running Ray cluster at HEAD_IP, storage mounted on every node (/mnt/shared) and "
+                           "an S3 bucket (test_data_objstore runs prepare on s3:// against moto's server)",
 }
 
 SLOW = {
