@@ -391,8 +391,8 @@ def _store_files(spec: str) -> list[tuple[str, int, int]]:
             if info.type == pafs.FileType.File:
                 return [(spec, info.size, info.mtime_ns)]
             if info.type == pafs.FileType.NotFound:        # name the first part that is missing: the bucket?
-                missing = next(p for p in itertools.accumulate(key, lambda a, b: f"{a}/{b}")
-                               if p and fs.get_file_info(p).type == pafs.FileType.NotFound)
+                missing = next((p for p in itertools.accumulate(key, lambda a, b: f"{a}/{b}")
+                                if p and fs.get_file_info(p).type == pafs.FileType.NotFound), path)
                 raise DataError(f"source {spec!r} not found: {missing!r} does not exist; {STORE_HINT}")
         base = "/".join(key[:fixed])
         found = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
@@ -2458,7 +2458,8 @@ def _run_stage(title: str, stage: int, function: Callable, job: Job, chunks: lis
             progress.update(c, results[c.index])
     elif todo:
         context = multiprocessing.get_context("fork")          # workers inherit the loaded modules: no re-import
-        with concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+        with concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), mp_context=context,
+                                                    initializer=_store_root.cache_clear) as pool:   # own S3 clients
             futures = {pool.submit(function, job, c, *args): c for c in todo}
             try:
                 for future in concurrent.futures.as_completed(futures):
@@ -2812,7 +2813,10 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if out_dir is None:
         slug = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", _pure(s).name or s)[:40] for s in sources)[:80]
         out_dir = cache_root() / "data" / f"{slug}-v{vocab_size}-{key[:12]}"
-    remote = is_uri(str(out_dir))
+    remote = is_uri(out_dir)
+    if is_uri(work_dir):
+        raise DataError(f"--work-dir {work_dir}: give a folder (on a cluster, one every node mounts): work files are "
+                        f"renamed, appended and memory-mapped, which an object store cannot do")
     if not remote:
         out_dir = pathlib.Path(out_dir).absolute() if engine == "ray" else pathlib.Path(out_dir)  # Ray: any cwd
     existing = _read_manifest_or_none(out_dir)
@@ -2958,6 +2962,8 @@ def _check_store_out(out_uri: str) -> None:
     manifest, replaced by the next publish); a missing bucket, no answer or other objects are one line."""
     import pyarrow.fs as pafs
     fs, out = _store(out_uri)
+    if "/" not in out.strip("/"):
+        raise DataError(f"--out {out_uri} is a bucket: give a prefix inside it, e.g. s3://bucket/datasets/name")
     try:
         if fs.get_file_info(out).type == pafs.FileType.File:
             raise DataError(f"--out {out_uri} is an object, not a prefix; give a prefix (a \"directory\") URI")
