@@ -13,6 +13,8 @@ import os
 import pathlib
 import random
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -251,3 +253,14 @@ def test_ray_engine_reads_s3(s3, inputs, uploaded, reference, tmp_path):
     assert data.load_manifest(out)["timings"]["engine"] == "ray"
     same_dataset(objects(fs, "datasets/ray"), reference, uploaded, str(inputs))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_local_paths_never_import_pyarrow(inputs, tmp_path):
+    """pyarrow stays optional: a local .jsonl is listed, planned, read and its manifest checked without it."""
+    code = (f"import sys, data; s = data.open_source({str(inputs / '*.jsonl*')!r}); "
+            f"chunks = data.plan_chunks([s], 1 << 10); job = data.Job('.', (('web', 'prose'),), ('text', 'auto', "
+            f"False, None), None, 0, 0.1, 32, 4); "
+            f"assert sum(1 for c in chunks for _ in data.chunk_documents(job, c, data.JsonlStats())) > 40; "
+            f"assert data._read_manifest_or_none({str(tmp_path)!r}) is None; "
+            f"assert 'pyarrow' not in sys.modules, 'imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(data.__file__).parent, check=True)
