@@ -156,6 +156,20 @@ MUTANTS = [
            "    return alive & ~is_val, is_val\n", "    return alive, is_val\n",
            ("tests/test_data.py::test_prepare_tokens_match_the_tokenizer_and_the_text",),
            "the validation documents are also trained on"),
+    # --- object stores: a reader must never see half a dataset, nor a range read lose a line ---------------------
+    Mutant("store-manifest-published-first", "data.py",
+           'names = sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json") + ["manifest.json"]',
+           'names = ["manifest.json"] + sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")',
+           ("tests/test_data_objstore.py::test_failed_publish_leaves_no_manifest",),
+           "the manifest is copied to OUT/ before the shards: a failed publish leaves a dataset that looks finished"),
+    Mutant("jsonl-range-seek-off-by-one", "data.py",
+           "            f.seek(start - 1)\n", "            f.seek(start)\n",
+           ("tests/test_data_objstore.py::test_jsonl_byte_ranges_over_s3_read_every_line_once",),
+           "a byte range starting on a line start skips that line"),
+    Mutant("store-fingerprint-ignores-size", "data.py",
+           'f"{uri}:{size}:{mtime_ns}"', 'f"{uri}:{mtime_ns}"',
+           ("tests/test_data_objstore.py::test_file_uris_and_globs",),
+           "an object rewritten with its old mtime is taken for the cached dataset"),
 ]
 
 
