@@ -201,6 +201,47 @@ def test_failed_publish_leaves_no_manifest(s3, inputs, uploaded, reference, tmp_
     same_dataset(objects(fs, "datasets/failed"), reference, uploaded, str(inputs))
 
 
+KILLED_RUN = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+import data
+store = data._store
+
+class DiesOnSecondCopy:
+    def __init__(self, fs):
+        self.fs, self.copies = fs, 0
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+    def copy_file(self, src, dest):
+        self.copies += 1
+        if self.copies == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.fs.copy_file(src, dest)
+
+data._store = lambda uri: (DiesOnSecondCopy(store(uri)[0]), store(uri)[1]) if "killed" in uri else store(uri)
+data.prepare([{source!r}], {out!r}, work_dir={work!r}, **{settings!r})
+"""
+
+
+def test_killed_publish_leaves_no_manifest_and_the_next_run_cleans_up(s3, inputs, uploaded, reference, tmp_path):
+    """SIGKILL in the middle of the publish (after the first server-side copy): no OUT/manifest.json, the
+    OUT.tmp-* prefix stays behind; the next run removes it and publishes the reference's bytes."""
+    query, fs = s3
+    out = f"s3://datasets/killed?{query}"
+    script = KILLED_RUN.format(root=str(pathlib.Path(data.__file__).parent), source=uploaded, out=out,
+                               work=str(tmp_path), settings=SETTINGS)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == -9, run.stderr
+    left = objects(fs, "datasets/killed")
+    assert len(left) == 1 and "manifest" not in left
+    stale = [i.base_name for i in fs.get_file_info(pafs.FileSelector("datasets")) if i.base_name.startswith("killed.")]
+    assert len(stale) == 1 and stale[0].startswith("killed.tmp-")
+    data.prepare([uploaded], out, work_dir=tmp_path, **SETTINGS)
+    same_dataset(objects(fs, "datasets/killed"), reference, uploaded, str(inputs))
+    assert [i.base_name for i in fs.get_file_info(pafs.FileSelector("datasets"))
+            if i.base_name.startswith("killed")] == ["killed"]
+
+
 def test_bad_uris_are_one_line_exit_2_before_any_work(s3, uploaded, tmp_path, capsys):
     query, fs = s3
     hint = "check the bucket and key, the endpoint"
