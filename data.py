@@ -2794,6 +2794,9 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if txt_split == "auto":          # text kept whole is read whole: only <|endoftext|> markers cut it
         opened = [open_source(s.spec, text_field, "eot", skip_bad_lines, max_documents, jsonl_stats, kind)
                   if keeps_whole(s, settings) else s for s in opened]
+    for flag, path in [("--tokenizer", tokenizer)] + [("--val-data", p) for p in val_data or []]:
+        if is_uri(path):
+            raise DataError(f"{flag} {path}: give a local file (copy it down first, e.g. with aws s3 cp)")
     val_paths = check_val_files(val_data, opened) if val_data else []
     tokenizer_path = pathlib.Path(tokenizer) if tokenizer else None
     if tokenizer_path is not None and not tokenizer_path.is_file():

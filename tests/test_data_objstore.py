@@ -253,6 +253,7 @@ def test_bad_uris_are_one_line_exit_2_before_any_work(s3, uploaded, tmp_path, ca
         (["--data", f"s3://corpus/web?endpoint_override=127.0.0.1:{free_port()}&scheme=http"],
          "Could not connect"),
         (["--data", uploaded, "--work-dir", f"s3://corpus/work?{query}"], "--work-dir s3://corpus/work"),
+        (["--data", uploaded, "--val-data", f"s3://corpus/val.txt?{query}"], "--val-data s3://corpus/val.txt"),
     ]
     for args, message in cases:
         defaults = {"--out": str(tmp_path / "ds"), "--work-dir": str(tmp_path / "work")}
