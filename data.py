@@ -342,12 +342,12 @@ def _pure(path: pathlib.Path | str) -> pathlib.PurePath:
 
 
 @contextlib.contextmanager
-def _open_input(path: pathlib.Path | str, unzip: bool = False) -> Iterator[io.BufferedIOBase]:
-    """A local file or an object (pyarrow's random-access file, buffered: a seek, then sequential reads of 1 MiB,
-    not a request per line), read as is or through gzip."""
+def _open_input(path: pathlib.Path | str, unzip: bool = False, buffer: int = 1 << 20) -> Iterator[io.BufferedIOBase]:
+    """A local file or an object (pyarrow's random-access file, buffered: a seek, then a request per `buffer`
+    bytes, not one per line), read as is or through gzip."""
     if is_uri(path):
         fs, key = _store(path)
-        raw = io.BufferedReader(fs.open_input_file(key), 1 << 20)
+        raw = io.BufferedReader(fs.open_input_file(key), buffer)
     else:
         raw = open(path, "rb")
     with raw:
@@ -1878,7 +1878,7 @@ class Job:
 def _check_readable(path: pathlib.Path | str) -> None:
     """One line naming an unreadable file or a .gz that is not gzip, before any work starts."""
     try:
-        with _open_input(path) as f:
+        with _open_input(path, buffer=2) as f:               # an object: a 2-byte range, not a MiB
             head = f.read(2)
     except OSError as e:
         raise DataError(f"{path}: cannot read it ({e.strerror or _first_line(e)}); fix its permissions or move it "
