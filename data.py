@@ -653,7 +653,8 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
                 max_documents: int | None = None, jsonl_stats: JsonlStats | None = None,
                 kind: str | None = None) -> Source:
     """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an object, prefix or
-    glob in an object store: s3://bucket/web/*.parquet) into a Source. kind overrides what the file types imply ("code" for a .jsonl of source files, say)."""
+    glob in an object store: s3://bucket/web/*.parquet) into a Source. kind overrides what the file types imply
+    ("code" for a .jsonl of source files, say)."""
     if kind not in (None, "prose", "code", "html"):
         raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
     options = dict(text_field=text_field, txt_split=txt_split, skip_bad_lines=skip_bad_lines,
@@ -2758,9 +2759,9 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://, file://): the dataset is built on local disk,
     then published to the store (`_publish_to_store`) and its URI returned; sources may be URIs too (`open_source`).
     Engines: streaming (default: chunks of chunk_mb MiB on `workers` processes, resumable; work files in a hidden
-    .NAME.work-* folder in work_dir, by default beside a local output or in the temp folder for a URI; removed
-    when the dataset is published; on a multi-node cluster a folder every node sees) or in_memory (the reference: the whole
-    corpus in lists, for small inputs and tests). Both write byte-identical shards, tokenizer and manifest.
+    .NAME.work-* folder in work_dir, by default beside a local output or in the temp folder for a URI, removed
+    when the dataset is published; on a multi-node cluster a folder every node sees) or in_memory (the reference:
+    the whole corpus in lists, for small inputs and tests). Both write byte-identical shards, tokenizer and manifest.
     engine="ray" runs the streaming engine's steps as Ray tasks (section 11) on the cluster at ray_address, or on a
     Ray started here with `workers` cores; the output is again byte-identical.
     """
