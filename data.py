@@ -2821,6 +2821,9 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if is_uri(work_dir):
         raise DataError(f"--work-dir {work_dir}: give a folder (on a cluster, one every node mounts): work files are "
                         f"renamed, appended and memory-mapped, which an object store cannot do")
+    if remote and engine == "ray" and ray_address is not None and work_dir is None and not in_memory:
+        raise DataError(f"--out {out_dir} with --ray-address: pass --work-dir on a folder every node mounts (NFS), "
+                        f"since a task on one node reads the work files of another")
     if not remote:
         out_dir = pathlib.Path(out_dir).absolute() if engine == "ray" else pathlib.Path(out_dir)  # Ray: any cwd
     existing = _read_manifest_or_none(out_dir)
