@@ -107,7 +107,9 @@ offline except `hf:` sources. Optional, imported only by the feature that needs 
 from __future__ import annotations
 
 import argparse
+import array
 import ast
+import codecs
 import collections
 import concurrent.futures
 import contextlib
@@ -1210,6 +1212,21 @@ KEPT_MIN_PIECES = 20           # a small file kept whole is cut finer, so that a
 HEAVY_CLEANING = 0.25          # a source that loses more than this share of its characters gets a one-line notice
 
 
+def kept_piece_size(chars_read: int, chunk_chars: int) -> int:
+    """The piece size of a source kept whole: chunk_chars, or less for a small source, so that it still makes
+    KEPT_MIN_PIECES pieces. Tiny Shakespeare's 1,115,389 characters: 16,384; a 6,000-character note: 300.
+
+    >>> kept_piece_size(1_115_389, 16_384), kept_piece_size(6_000, 16_384)
+    (16384, 300)
+    """
+    return min(chunk_chars, -(-chars_read // KEPT_MIN_PIECES))
+
+
+def kept_txt_split(txt_split: str) -> str:
+    """How a .txt kept whole is cut into documents: only at <|endoftext|> unless --txt-split says otherwise."""
+    return "eot" if txt_split == "auto" else txt_split
+
+
 def heavy_cleaning_note(source: Source, removed: float) -> str:
     """The line printed when a source's own steps (quality filters) removed more than a quarter of its text
     (extracted text for HTML: markup is not text), naming the way out. Both engines count the same steps."""
@@ -1246,7 +1263,7 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
             raw = kept
         chars_read = sum(map(len, raw))                     # markup is not text: counted after extraction
         if whole[s_index]:
-            size = min(settings.chunk_chars, -(-chars_read // KEPT_MIN_PIECES))
+            size = kept_piece_size(chars_read, settings.chunk_chars)
             pieces = [piece for d in raw for piece in chunk_document(d, size)]
             funnel.add(f"kept whole ({source.label}; --cleaning web filters it)", raw, pieces,
                        {f"pieces_of_at_most_{size}_chars": len(pieces)})
@@ -1451,14 +1468,20 @@ def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.
     return paths
 
 
-def val_overlap(train_docs: list[str], val_docs: list[str], n: int = 13) -> dict:
+OVERLAP_N = 13                      # --val-data's overlap: 13-grams of words, GPT-3's contamination unit
+
+
+def val_overlap(train_docs: list[str], val_docs: list[str], n: int = OVERLAP_N) -> dict:
     """How much of a held-out file also occurs in train: evaluate.py's n-gram contamination check (13-grams of
     lowercased words). {"n", "ngrams", "shared", "documents", "contaminated", "example"}."""
     import evaluate                  # imported here: evaluate.py imports data.py, and only --val-data needs it
-    report = evaluate.contamination_report(train_docs, val_docs, n=n)
-    rows = report["documents"]
+    return overlap_summary(evaluate.contamination_report(train_docs, val_docs, n=n)["documents"], n)
+
+
+def overlap_summary(rows: list[dict], n: int) -> dict:
+    """The totals of evaluate.overlap's rows, one per val document (shared: n-gram positions found in train)."""
     return {"n": n, "ngrams": sum(r["ngrams"] for r in rows), "shared": sum(r["overlapping"] for r in rows),
-            "documents": len(rows), "contaminated": report["contaminated"],
+            "documents": len(rows), "contaminated": sum(r["overlapping"] > 0 for r in rows),
             "example": next((r["example"] for r in rows if r["example"]), None)}
 
 
@@ -1871,9 +1894,14 @@ class Job:
     read_options: tuple                        # (text_field, txt_split, skip_bad_lines, max_documents)
     settings: CleanSettings
     seed: int
-    val_fraction: float
+    val_fraction: float                        # 0 with --val-data: every cleaned document trains
     bands: int
     rows: int
+    kept_whole: tuple[int, ...] = ()           # per source: its piece size if kept whole (`kept_piece_sizes`), else 0
+    val_files: tuple[str, ...] = ()            # --val-data: the val split, read as it is (`read_val_file`)
+
+    def whole(self, chunk: Chunk) -> bool:
+        return bool(self.kept_whole) and self.kept_whole[chunk.source] > 0
 
 
 def _check_readable(path: pathlib.Path | str) -> None:
@@ -1926,6 +1954,8 @@ def chunk_documents(job: Job, chunk: Chunk, stats: JsonlStats) -> Iterator[str]:
     """The documents of one chunk, in order."""
     spec, kind = job.sources[chunk.source]
     text_field, txt_split, skip_bad_lines, max_documents = job.read_options
+    if job.whole(chunk):
+        txt_split = kept_txt_split(txt_split)
     if chunk.path is None:
         yield from open_source(spec, text_field, txt_split, skip_bad_lines, max_documents, stats, kind).documents()
         return
@@ -1937,6 +1967,211 @@ def chunk_documents(job: Job, chunk: Chunk, stats: JsonlStats) -> Iterator[str]:
         yield from read_parquet(path, text_field, range(chunk.start, chunk.stop))
     else:
         yield from _file_source(path, {"text_field": text_field, "txt_split": txt_split})()
+
+
+# A text file kept whole is read in blocks, never as one string: a 10 GB book is 10 GB of text but only one
+# document. The pieces `chunk_document` cuts need a window of max_chars + 1 characters, so a stream holding a block
+# and one piece yields exactly its pieces. Three steps: blocks of text -> documents as a stream of fragments (None
+# ends one) -> pieces.
+
+TEXT_BLOCK_BYTES = 1 << 20         # bytes of a kept-whole text file read at a time
+
+
+def read_text_blocks(path: pathlib.Path, block_bytes: int | None = None) -> Iterator[str]:
+    """A (possibly gzipped) UTF-8 file as blocks of text (of block_bytes, default TEXT_BLOCK_BYTES, each),
+    with `_read_text`'s universal newlines and
+    `_read_bytes`'s errors, never holding more than a block: a "\r" at a block's end waits for the next block (it
+    may begin a "\r\n"), and so do the 1-3 bytes of a character cut in two (the incremental decoder holds them)."""
+    decoder, offset, held = codecs.getincrementaldecoder("utf-8")(), 0, ""
+    block_bytes = block_bytes or TEXT_BLOCK_BYTES
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            while True:
+                raw = f.read(block_bytes if offset else max(block_bytes, 8192))
+                if not offset and b"\x00" in raw[:8192]:
+                    raise DataError(f"{path} looks binary (NUL bytes); pass a UTF-8 text, .jsonl, .parquet or .gz "
+                                    f"file")
+                pending = len(decoder.getstate()[0])
+                try:
+                    text = held + decoder.decode(raw, final=not raw)
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path} is not UTF-8 text (byte {offset - pending + e.start}); convert it, e.g. "
+                                    f"with iconv") from None
+                offset += len(raw)
+                held = "\r" if raw and text.endswith("\r") else ""
+                text = text[:len(text) - len(held)].replace("\r\n", "\n").replace("\r", "\n")
+                if text:
+                    yield text
+                if not raw:
+                    return
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
+
+
+# --txt-split mode -> (separator, the end of a text that may be the start of a separator cut by a block's end)
+_TEXT_SEPARATORS = {
+    "eot": (re.compile(re.escape(EOT)),
+            re.compile("(?:" + "|".join(re.escape(EOT[:k]) for k in range(len(EOT) - 1, 0, -1)) + r")\Z")),
+    "blank": (re.compile(r"\n[ \t]*\n"), re.compile(r"\n[ \t]*\Z")),
+    "file": (None, None),
+}
+
+
+def split_text_stream(blocks: Iterable[str], mode: str) -> Iterator[str | None]:
+    """The documents of `split_plain_text(text, mode)` (before stripping), from the blocks of text, as fragments
+    of text with a None after each document. A separator cut in two by a block's end is held back and read whole
+    with the next block: "a<|endof" + "text|>b" -> "a", None, "b", None.
+
+    >>> list(split_text_stream(["a<|endof", "text|>b"], "eot"))
+    ['a', '', None, 'b', '', None]
+    """
+    if mode not in _TEXT_SEPARATORS:
+        raise DataError(f"unknown txt split mode {mode!r}; use auto, eot, blank or file")
+    separator, partial = _TEXT_SEPARATORS[mode]
+    held = ""
+    for block in blocks:
+        parts = separator.split(held + block) if separator else [held + block]
+        for part in parts[:-1]:
+            yield part
+            yield None
+        last = parts[-1]
+        tail = partial.search(last, max(0, len(last) - len(EOT))) if mode == "eot" else \
+            partial.search(last) if partial else None
+        cut = tail.start() if tail else len(last)
+        yield last[:cut]
+        held = last[cut:]
+    yield held
+    yield None
+
+
+_NON_SPACE = re.compile(r"\S")          # the same whitespace as str.strip()
+
+
+def cut_stream(fragments: Iterable[str | None], max_chars: int, counts: collections.Counter) -> Iterator[str]:
+    """`chunk_document(document.strip(), max_chars)` for every document of a stream of fragments (None ends a
+    document), holding about max_chars characters and a fragment, never a document. counts gets what `clean`
+    counts of the stripped documents: read_docs (those with text), read_chars, read_bytes (UTF-8).
+
+    A cut at `start` reads text[start:start + max_chars + 1] and happens when the stripped document goes past
+    start + max_chars, i.e. when a non-space character lies there or later; the document's end is known only at
+    its None. So with max_chars 8, "aa bb\n\ncc dd\nee" arriving as "aa bb\n\ncc", " dd\nee", None is cut once
+    " dd" has come: ['aa bb', 'cc dd', 'ee'], as chunk_document cuts the whole string.
+
+    >>> list(cut_stream(["aa bb\n\ncc", " dd\nee", None], 8, collections.Counter()))
+    ['aa bb', 'cc dd', 'ee']
+    """
+    text, start, done, done_bytes = "", 0, 0, 0         # text[start:] is the document from the next piece on
+    for fragment in fragments:
+        if fragment is None:                            # the document ends: its last piece
+            rest = text[start:].rstrip()
+            if rest:
+                counts["read_docs"] += 1
+                counts["read_chars"] += done + len(rest)
+                counts["read_bytes"] += done_bytes + len(rest.encode("utf-8"))
+                if rest.strip():
+                    yield rest.strip()
+            text, start, done, done_bytes = "", 0, 0, 0
+            continue
+        if not text:                                     # nothing of this document yet: strip its start
+            first = _NON_SPACE.search(fragment)
+            if first is None:
+                continue
+            fragment = fragment[first.start():]
+        text, start = text[start:] + fragment, 0
+        while _NON_SPACE.search(text, start + max_chars):
+            window = text[start:start + max_chars + 1]
+            cut = window.rfind("\n\n")
+            if cut <= 0:
+                cut = window.rfind("\n")
+            if cut <= 0:
+                cut = max_chars
+            piece = text[start:start + cut]
+            if piece.strip():
+                yield piece.strip()
+            done, done_bytes, start = done + cut, done_bytes + len(piece.encode("utf-8")), start + cut
+
+
+def stripped_chars(fragments: Iterable[str | None], limit: int) -> int:
+    """The characters of a stream's documents once stripped (what `cut_stream` counts as read_chars), counted
+    until `limit` is reached; then a number >= limit. The piece size only needs to know that much."""
+    total, length, last = 0, 0, 0     # length: chars of this document from its first non-space; last: to its last
+    for fragment in fragments:
+        if fragment is None:
+            total, length, last = total + last, 0, 0
+            continue
+        if not length:
+            first = _NON_SPACE.search(fragment)
+            if first is None:
+                continue
+            fragment = fragment[first.start():]
+        end = len(fragment.rstrip())
+        if end:
+            last = length + end
+        length += len(fragment)
+        if total + last >= limit:
+            return total + last
+    return total
+
+
+def _streams_text(chunk: Chunk) -> bool:
+    """Whether a kept-whole chunk is a text file, read in blocks (other readers yield bounded documents)."""
+    return chunk.path is not None and _FILE_READERS[_inner_suffix(pathlib.Path(chunk.path))] == "txt"
+
+
+def _kept_documents(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
+    """The documents of a kept-whole chunk that is not a text file, as `clean` reads them (text extracted from
+    HTML, documents of whitespace skipped), counting them."""
+    for doc in chunk_documents(job, chunk, JsonlStats()):
+        if not doc.strip():
+            continue
+        counts["read_docs"] += 1
+        counts["read_chars"] += len(doc)
+        counts["read_bytes"] += len(doc.encode("utf-8"))
+        if job.sources[chunk.source][1] == "html":
+            doc = html_to_text(doc)
+            if not doc:
+                counts["no_text"] += 1
+                continue
+            counts["text_chars"] += len(doc)
+        yield doc
+
+
+def kept_pieces(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
+    """The pieces of a kept-whole chunk: `chunk_document(document, size)` of each of its documents, a text file's
+    streamed in blocks (`cut_stream`)."""
+    size = job.kept_whole[chunk.source]
+    if _streams_text(chunk):
+        mode = kept_txt_split(job.read_options[1])
+        yield from cut_stream(split_text_stream(read_text_blocks(pathlib.Path(chunk.path)), mode), size, counts)
+        return
+    for doc in _kept_documents(job, chunk, counts):
+        yield from chunk_document(doc, size)
+
+
+def kept_piece_sizes(job: Job, chunks: list[Chunk]) -> tuple[int, ...]:
+    """Job.kept_whole: the piece size of each kept-whole source (job.kept_whole > 0 marks them), 0 for the others.
+    The size needs the source's characters only while it is under 20 x chunk_chars (`kept_piece_size`), so a
+    counting pass stops there: Tiny Shakespeare is counted to 327,661 characters of its 1,115,389, a 10 GB book
+    too, and a small file is counted whole."""
+    chunk_chars = job.settings.chunk_chars
+    limit = KEPT_MIN_PIECES * (chunk_chars - 1) + 1             # from here on the size is chunk_chars
+    sizes = []
+    for s_index, whole in enumerate(job.kept_whole):
+        chars = 0
+        for chunk in (c for c in chunks if c.source == s_index and whole):
+            if chars >= limit:
+                break
+            if _streams_text(chunk):
+                mode = kept_txt_split(job.read_options[1])
+                chars += stripped_chars(split_text_stream(read_text_blocks(pathlib.Path(chunk.path)), mode),
+                                        limit - chars)
+                continue
+            for doc in _kept_documents(job, chunk, collections.Counter()):
+                chars += len(doc)
+                if chars >= limit:
+                    break
+        sizes.append(max(1, kept_piece_size(chars, chunk_chars)) if whole else 0)
+    return tuple(sizes)
 
 
 # Work files. Stage s of chunk c writes ws-c.* files, each through a temporary name, and then ws-c.json with its
@@ -2001,14 +2236,19 @@ def _read_texts(path: pathlib.Path, offsets: np.ndarray, which: Iterable[int] | 
 def stage_read(job: Job, chunk: Chunk) -> dict:
     """Stage 1, one chunk: read -> extract text (HTML) -> quality filters. Writes the surviving documents
     (s1-C.txt + s1-C.offsets.npy), an 8-byte exact-dedup hash per document (s1-C.doc_hash.npy) and, for prose,
-    the sorted run of (line hash, document) of its countable lines (s1-C.line_hash.npy, s1-C.line_doc.npy)."""
+    the sorted run of (line hash, document) of its countable lines (s1-C.line_hash.npy, s1-C.line_doc.npy).
+    A chunk kept whole writes its pieces instead (`kept_pieces`), and no hashes: dedup never sees them."""
     spec, kind = job.sources[chunk.source]
     rule_name, rule = _quality_rule(kind, job.settings)
     counts, reasons, jsonl = collections.Counter(), collections.Counter(), JsonlStats()
     hashes, line_hashes, line_docs = [], [], []
     spill = _TextSpill(_chunk_file(job, 1, chunk.index, "txt"))
     try:
-        for doc in chunk_documents(job, chunk, jsonl):
+        for piece in kept_pieces(job, chunk, counts) if job.whole(chunk) else ():
+            spill.add(piece)
+            counts["kept_chars"] += len(piece)
+            hashes.append(0)
+        for doc in () if job.whole(chunk) else chunk_documents(job, chunk, jsonl):
             if not doc.strip():
                 continue
             counts["read_docs"] += 1
@@ -2067,13 +2307,17 @@ def _run_slice(keys: np.ndarray, low: int, high: int) -> slice:
 
 
 def join_exact(job: Job, chunks: list[Chunk]) -> None:
-    """Exact dedup over the whole corpus from 8 bytes per document: the first of each hash group is kept.
-    Writes exact_keep.npy (one bool per stage-1 document, chunks in order) and doc_starts.npy (per chunk)."""
+    """Exact dedup over the whole corpus from 8 bytes per document: the first of each hash group is kept, and
+    every piece of a kept-whole chunk. Writes exact_keep.npy (one bool per stage-1 document, chunks in order) and
+    doc_starts.npy (per chunk)."""
     hashes = [_load_array(_chunk_file(job, 1, c.index, "doc_hash.npy")) for c in chunks]
     starts = np.concatenate([[0], np.cumsum([len(h) for h in hashes])]).astype(np.int64)
     all_hashes = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
     keep = np.zeros(len(all_hashes), dtype=bool)
     keep[np.unique(all_hashes, return_index=True)[1]] = True              # first occurrence of each hash
+    for c in chunks:          # pieces kept whole (hash 0: a document's hash is 0 with probability 2^-64) all stay
+        if job.whole(c):
+            keep[starts[c.index]:starts[c.index + 1]] = True
     _save_array(_work(job, "doc_starts.npy"), starts)
     _save_array(_work(job, "exact_keep.npy"), keep)
 
@@ -2137,46 +2381,55 @@ def _drop_repeated_lines(texts: list[str], repeated: np.ndarray) -> tuple[list[s
 def stage_clean(job: Job, chunk: Chunk) -> dict:
     """Stage 2, one chunk: drop exact duplicates, remove boilerplate lines (prose), mask PII; then per document its
     MinHash band keys (a sorted run: s2-C.band_key.npy, s2-C.band_doc.npy) and its split/sample/mix keys. Writes
-    the cleaned documents (s2-C.txt + offsets), which are the final text of every document that survives."""
+    the cleaned documents (s2-C.txt + offsets), which are the final text of every document that survives.
+    A chunk kept whole only has its pieces masked, one at a time (a kept-whole file is one chunk, of any size)."""
     spec, kind = job.sources[chunk.source]
     start = int(_load_array(_work(job, "doc_starts.npy"))[chunk.index])
     offsets = _load_array(_chunk_file(job, 1, chunk.index, "offsets.npy"))
     keep = np.asarray(_load_array(_work(job, "exact_keep.npy"))[start:start + len(offsets) - 1])
-    texts = list(_read_texts(_chunk_file(job, 1, chunk.index, "txt"), offsets, np.flatnonzero(keep).tolist()))
-    counts = collections.Counter(docs_in=len(texts), chars_in=sum(map(len, texts)))
-    if kind != "code":
-        boilerplate = _cached(job.work + "boilerplate", lambda: np.load(_work(job, "boilerplate.npy")))
-        remove = _remove_boilerplate if job.settings.line_dedup == "documents" else _drop_repeated_lines
-        texts, counts["lines_removed"] = remove(texts, boilerplate)
-        texts = [t for t in texts if t.strip()]
-    counts["chars_boilerplate"] = sum(map(len, texts))
-    pii = collections.Counter()
-    if job.settings.mask_pii:
-        for i, text in enumerate(texts):
-            texts[i], found = mask_pii(text)
-            pii.update({k.lower(): v for k, v in found.items()})
+    texts = _read_texts(_chunk_file(job, 1, chunk.index, "txt"), offsets, np.flatnonzero(keep).tolist())
+    counts, pii, final = collections.Counter(docs_in=0, chars_in=0, chars_boilerplate=0), collections.Counter(), []
+    keys, chars, sizes = array.array("Q"), array.array("q"), array.array("q")     # 40 bytes per document
+    if not job.whole(chunk):
+        texts = list(texts)
+        counts.update(docs_in=len(texts), chars_in=sum(map(len, texts)))
+        if kind != "code":
+            boilerplate = _cached(job.work + "boilerplate", lambda: np.load(_work(job, "boilerplate.npy")))
+            remove = _remove_boilerplate if job.settings.line_dedup == "documents" else _drop_repeated_lines
+            texts, counts["lines_removed"] = remove(texts, boilerplate)
+            texts = [t for t in texts if t.strip()]
     spill = _TextSpill(_chunk_file(job, 2, chunk.index, "txt"))
     for text in texts:
+        if job.whole(chunk):
+            counts.update(docs_in=1, chars_in=len(text))
+        counts["chars_boilerplate"] += len(text)
+        if job.settings.mask_pii:
+            text, found = mask_pii(text)
+            pii.update({k.lower(): v for k, v in found.items()})
         spill.add(text)
+        keys.extend(document_keys(text, job.seed))
+        chars.append(len(text))
+        sizes.append(len(text.encode("utf-8")))
+        if not job.whole(chunk):
+            final.append(text)                  # for MinHash; a kept-whole chunk is not near-deduplicated
     _save_array(_chunk_file(job, 2, chunk.index, "offsets.npy"), spill.close())
-    keys = np.array([document_keys(t, job.seed) for t in texts], dtype=np.uint64).reshape(-1, 3)
+    keys = np.frombuffer(keys, dtype=np.uint64).reshape(-1, 3)
     for name, column in (("split_key", 0), ("sample_key", 1), ("mix_key", 2)):
         _save_array(_chunk_file(job, 2, chunk.index, f"{name}.npy"), np.ascontiguousarray(keys[:, column]))
-    _save_array(_chunk_file(job, 2, chunk.index, "chars.npy"), np.array([len(t) for t in texts], dtype=np.int64))
-    _save_array(_chunk_file(job, 2, chunk.index, "bytes.npy"),
-                np.array([len(t.encode("utf-8")) for t in texts], dtype=np.int64))
+    _save_array(_chunk_file(job, 2, chunk.index, "chars.npy"), np.frombuffer(chars, dtype=np.int64))
+    _save_array(_chunk_file(job, 2, chunk.index, "bytes.npy"), np.frombuffer(sizes, dtype=np.int64))
     band_keys = np.zeros((0, job.bands), dtype=np.uint64)
-    if job.settings.near_dup_threshold > 0 and texts:
+    if job.settings.near_dup_threshold > 0 and final:
         hasher = _cached("minhash", lambda: dedup.MinHasher(NEAR_DUP_NUM_PERM, seed=0))
-        signed = [dedup.remove_accents(t) for t in texts] if job.settings.strip_accents else texts
+        signed = [dedup.remove_accents(t) for t in final] if job.settings.strip_accents else final
         band_keys = dedup.band_keys(hasher.signatures_from_texts(signed, NEAR_DUP_SHINGLE), job.bands, job.rows)
     flat_keys = band_keys.ravel()                                              # (docs · bands,)
     flat_docs = np.repeat(np.arange(len(band_keys), dtype=np.uint32), job.bands)
     order = np.lexsort((flat_docs, flat_keys))
     _save_array(_chunk_file(job, 2, chunk.index, "band_key.npy"), flat_keys[order])
     _save_array(_chunk_file(job, 2, chunk.index, "band_doc.npy"), flat_docs[order])
-    result = {"source": chunk.source, "docs": len(texts), "counts": dict(counts), "pii": dict(pii),
-              "chars_out": int(sum(map(len, texts))), "band_entries": int(len(flat_keys))}
+    result = {"source": chunk.source, "docs": len(chars), "counts": dict(counts), "pii": dict(pii),
+              "chars_out": int(sum(chars)), "band_entries": int(len(flat_keys))}
     _save_json(_chunk_file(job, 2, chunk.index, "json"), result)
     return result
 
@@ -2286,7 +2539,7 @@ def decide_split(job: Job, chunks: list[Chunk]) -> dict:
         if is_val.any():
             k = np.flatnonzero(is_val)[np.argmax(keys[is_val])]
             largest_val = max(largest_val, (int(keys[k]), -((c.index << 32) | int(k))))
-    if n < 2:
+    if n < 2 and not job.val_files:
         raise DataError(f"{n} document(s) left after cleaning: need at least 2 for a train/val split")
     to_val = to_train = None
     if job.val_fraction > 0 and n_val == 0:
@@ -2341,59 +2594,144 @@ def draw_tokenizer_sample(job: Job, chunks: list[Chunk], max_bytes: int) -> str:
     return EOT.join(texts[i] for i in picked.tolist())
 
 
-def stage_encode(job: Job, chunk: Chunk, threads: int = 1) -> dict:
-    """Stage 3, one chunk: encode the train and val documents (<|endoftext|> before each) into s3-C.{split}.bin,
-    with per-document token offsets, and for train each document's bytes and mix bucket (for the packing)."""
+def _encode_into(path: pathlib.Path, job: Job, texts: Iterable[str], threads: int) -> np.ndarray:
+    """Encode documents into a token file (<|endoftext|> before each), ~1M characters per encode call; returns the
+    token offsets of the documents, (documents + 1,)."""
     tok = _cached(job.work + "tokenizer", lambda: bpe.Tokenizer.load(_work(job, "tokenizer.json")))
     encoding = _cached(job.work + "encoding", tok.to_tiktoken)
     dtype = dtype_for_vocab(len(tok)).newbyteorder("<")
+    starts = [0]
+
+    def write_tokens(f) -> None:
+        batch, batch_chars = [], 0
+        for text in itertools.chain(texts, [None]):
+            if text is not None:
+                batch.append(text)
+                batch_chars += len(text)
+            if batch and (text is None or batch_chars > 1 << 20):
+                for ids in encoding.encode_ordinary_batch(batch, num_threads=threads):
+                    f.write(np.array([tok.eot_id] + ids, dtype=dtype).tobytes())
+                    starts.append(starts[-1] + len(ids) + 1)
+                batch, batch_chars = [], 0
+
+    _atomic_write(path, write_tokens)
+    return np.array(starts, dtype=np.int64)
+
+
+def stage_encode(job: Job, chunk: Chunk, threads: int = 1) -> dict:
+    """Stage 3, one chunk: encode the train and val documents (<|endoftext|> before each) into s3-C.{split}.bin,
+    with per-document token offsets, and for train each document's bytes and mix bucket (for the packing). With
+    --val-data, each train document is also looked up in the val files' 13-grams (s3-C.val_found.npy)."""
     offsets = _load_array(_chunk_file(job, 2, chunk.index, "offsets.npy"))
     sizes = np.asarray(_load_array(_chunk_file(job, 2, chunk.index, "bytes.npy")))
     result = {"source": chunk.source}
     for split, members in zip(("train", "val"), _chunk_split(job, chunk.index)):
         positions = np.flatnonzero(members)
-        starts, batch, batch_chars = [0], [], 0
-        path = _chunk_file(job, 3, chunk.index, f"{split}.bin")
+        texts = _read_texts(_chunk_file(job, 2, chunk.index, "txt"), offsets, positions.tolist())
+        found = [np.zeros(0, dtype=np.int64)]
+        if split == "train" and job.val_files:
+            val = _cached(job.work + "val_ngrams", lambda: ValNgrams(val_documents(job)))
 
-        def write_tokens(f) -> None:
-            nonlocal batch, batch_chars
-            texts = _read_texts(_chunk_file(job, 2, chunk.index, "txt"), offsets, positions.tolist())
-            for text in itertools.chain(texts, [None]):
-                if text is not None:
-                    batch.append(text)
-                    batch_chars += len(text)
-                if batch and (text is None or batch_chars > 1 << 20):        # ~1M characters per encode call
-                    for ids in encoding.encode_ordinary_batch(batch, num_threads=threads):
-                        f.write(np.array([tok.eot_id] + ids, dtype=dtype).tobytes())
-                        starts.append(starts[-1] + len(ids) + 1)
-                    batch, batch_chars = [], 0
+            def looked_up(texts: Iterator[str]) -> Iterator[str]:
+                for text in texts:
+                    found.append(val.look_up(text))
+                    yield text
 
-        _atomic_write(path, write_tokens)
-        _save_array(_chunk_file(job, 3, chunk.index, f"{split}.starts.npy"), np.array(starts, dtype=np.int64))
+            texts = looked_up(texts)
+        starts = _encode_into(_chunk_file(job, 3, chunk.index, f"{split}.bin"), job, texts, threads)
+        _save_array(_chunk_file(job, 3, chunk.index, f"{split}.starts.npy"), starts)
         _save_array(_chunk_file(job, 3, chunk.index, f"{split}.bytes.npy"), sizes[positions])
         if split == "train":
             keys = np.asarray(_load_array(_chunk_file(job, 2, chunk.index, "mix_key.npy")))[positions]
             _save_array(_chunk_file(job, 3, chunk.index, "train.bucket.npy"), mix_bucket(keys).astype(np.int32))
-        result[split] = {"documents": len(positions), "tokens": starts[-1], "bytes": int(sizes[positions].sum())}
+            _save_array(_chunk_file(job, 3, chunk.index, "val_found.npy"), np.unique(np.concatenate(found)))
+        result[split] = {"documents": len(positions), "tokens": int(starts[-1]), "bytes": int(sizes[positions].sum())}
     _save_json(_chunk_file(job, 3, chunk.index, "json"), result)
     return result
+
+
+# --val-data on the stream. The val files are small (a held-out file); the train corpus is not. So the val files'
+# 13-grams are the index: each worker hashes them once, looks up every train document of its chunks in stage 3
+# (the final text, after near-dedup: the documents that train) and notes the val 13-grams it found; the union over
+# the chunks gives evaluate.py's numbers without an index of train (8 bytes per val 13-gram, nothing per train one).
+
+def val_documents(job: Job) -> list[str]:
+    """The --val-data documents, in order (`read_val_file`)."""
+    return [doc for path in job.val_files for doc in read_val_file(pathlib.Path(path))]
+
+
+class ValNgrams:
+    """The val documents' n-grams, hashed as evaluate.py's index hashes them (evaluate.ngram_hashes of word ids),
+    but with word ids from the val text: a word val does not have cannot be in a shared n-gram. `found` marks the
+    n-grams some train document holds; `hit_mask` is evaluate.overlap's view of it."""
+
+    def __init__(self, docs: list[str], n: int = OVERLAP_N) -> None:
+        import evaluate                          # evaluate.py imports data.py: imported when --val-data is given
+        self.evaluate, self.n, self.vocab = evaluate, n, {}
+        hashes = [self._hashes([self.vocab.setdefault(w, len(self.vocab)) for w in evaluate.words(d)]) for d in docs]
+        self.hashes = np.unique(np.concatenate(hashes + [np.zeros(0, dtype=np.uint64)]))   # (distinct n-grams,)
+        self.found = np.zeros(len(self.hashes), dtype=bool)
+
+    def _hashes(self, ids: list[int]) -> np.ndarray:
+        return self.evaluate.ngram_hashes(np.array(ids, dtype=np.uint64), self.n)
+
+    def look_up(self, text: str) -> np.ndarray:
+        """Positions in self.hashes of the val n-grams that `text` (a train document) holds."""
+        ids = [self.vocab.get(w, -1) for w in self.evaluate.words(text)]
+        if len(ids) < self.n or not len(self.hashes):
+            return np.zeros(0, dtype=np.int64)
+        known = np.concatenate([[0], np.cumsum(np.array(ids) >= 0)])
+        hashes = self._hashes([max(i, 0) for i in ids])[known[self.n:] - known[:-self.n] == self.n]
+        at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
+        return np.unique(at[self.hashes[at] == hashes])
+
+    def hit_mask(self, tokens: list[str]) -> np.ndarray:
+        """(max(0, len(tokens) - n + 1),) bool for a val document's words: which of its n-grams train holds."""
+        hashes = self._hashes([self.vocab[w] for w in tokens])
+        return self.found[np.searchsorted(self.hashes, hashes)]
+
+
+def encode_val_files(job: Job, index: int) -> dict:
+    """The --val-data documents, encoded as a chunk's val documents are, under chunk number `index` (one past the
+    last chunk): s3-I.val.bin, .starts.npy, .bytes.npy, and s3-I.json last."""
+    docs = val_documents(job)
+    starts = _encode_into(_chunk_file(job, 3, index, "val.bin"), job, docs, threads=1)
+    sizes = np.array([len(d.encode("utf-8")) for d in docs], dtype=np.int64)
+    _save_array(_chunk_file(job, 3, index, "val.starts.npy"), starts)
+    _save_array(_chunk_file(job, 3, index, "val.bytes.npy"), sizes)
+    result = {"documents": len(docs), "tokens": int(starts[-1]), "bytes": int(sizes.sum())}
+    _save_json(_chunk_file(job, 3, index, "json"), result)
+    return result
+
+
+def val_files_overlap(job: Job, chunks: list[Chunk]) -> dict:
+    """`val_overlap` from stage 3's findings: the val n-grams found in any chunk, then evaluate.overlap per val
+    document, as evaluate.contamination_report computes it."""
+    docs = val_documents(job)
+    val = ValNgrams(docs)
+    for c in chunks:
+        val.found[_load_array(_chunk_file(job, 3, c.index, "val_found.npy"))] = True
+    return overlap_summary([val.evaluate.overlap(val, doc) for doc in docs], val.n)
 
 
 def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tuple[int, int]] | None,
                        directory: pathlib.Path, dtype: np.dtype, shard_tokens: int) -> dict:
     """Pack one split's encoded chunks into shards: pass e writes, in document order, every document read more
-    than e times (val: each once). Reads the token files by memory map, a document run at a time."""
+    than e times (val: each once; with --val-data, the val files' documents after the chunks' none). Reads the
+    token files by memory map, a document run at a time."""
     writer, documents, unique, n_bytes = ShardWriter(directory, split, dtype, shard_tokens), 0, 0, 0
     passes = 1 if rules is None else max((full + (cut > 0) for full, cut in rules), default=0)
+    encoded = [(c.index, c.source) for c in chunks] + ([(len(chunks), None)] if split == "val" and job.val_files
+                                                        else [])
     for epoch in range(passes):
-        for c in chunks:
-            starts = np.asarray(_load_array(_chunk_file(job, 3, c.index, f"{split}.starts.npy")))
+        for index, source in encoded:
+            starts = np.asarray(_load_array(_chunk_file(job, 3, index, f"{split}.starts.npy")))
             if len(starts) == 1:
                 continue
-            tokens = np.memmap(_chunk_file(job, 3, c.index, f"{split}.bin"), dtype=dtype, mode="r")
-            sizes = np.asarray(_load_array(_chunk_file(job, 3, c.index, f"{split}.bytes.npy")))
+            tokens = np.memmap(_chunk_file(job, 3, index, f"{split}.bin"), dtype=dtype, mode="r")
+            sizes = np.asarray(_load_array(_chunk_file(job, 3, index, f"{split}.bytes.npy")))
             reads = np.ones(len(sizes), dtype=np.int64) if rules is None else document_reads(
-                *rules[c.source], np.asarray(_load_array(_chunk_file(job, 3, c.index, "train.bucket.npy"))))
+                *rules[source], np.asarray(_load_array(_chunk_file(job, 3, index, "train.bucket.npy"))))
             chosen = reads > epoch
             unique += len(sizes) if epoch == 0 else 0
             documents, n_bytes = documents + int(chosen.sum()), n_bytes + int(sizes[chosen].sum())
@@ -2485,11 +2823,15 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
     stage and join runs as a Ray task (section 11); without, on `workers` processes here."""
     settings = recipe.settings
     bands, rows = dedup.resolve_bands_rows(settings.near_dup_threshold or 0.5, NEAR_DUP_NUM_PERM, None, None)
+    whole = [keeps_whole(s, settings) for s in recipe.sources]
     job = Job(str(work), tuple((s.spec, s.kind) for s in recipe.sources), recipe.read_options, settings,
-              recipe.seed, recipe.val_fraction, bands, rows)
+              recipe.seed, 0.0 if recipe.val_files else recipe.val_fraction, bands, rows,
+              tuple(settings.chunk_chars if w else 0 for w in whole), tuple(map(str, recipe.val_files)))
     chunks = plan_chunks(recipe.sources, chunk_bytes, recipe.read_options[0])
     work.mkdir(parents=True, exist_ok=True)
     run = ray.call if ray is not None else _run_task           # a global step: as one Ray task, or right here
+    if any(whole):
+        job = dataclasses.replace(job, kept_whole=run(kept_piece_sizes, job, chunks))
     log(f"streaming {len(chunks)} chunk(s) of up to {chunk_bytes / 2**20:g} MiB on {workers} worker(s); "
         f"work files in {work}")
 
@@ -2514,7 +2856,10 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
                 funnel.add_counts(f"extract text ({source.label})", total["read_docs"], docs, total["read_chars"],
                                   chars, {"no_text": total["no_text"]})
             rule_name, rule = _quality_rule(source.kind, settings)
-            if rule is not None:
+            if whole[s_index]:
+                funnel.add_counts(f"kept whole ({source.label}; --cleaning web filters it)", docs, kept, chars,
+                                  total["kept_chars"], {f"pieces_of_at_most_{job.kept_whole[s_index]}_chars": kept})
+            elif rule is not None:
                 funnel.add_counts(f"quality filters ({rule_name}, {source.label})", docs, kept, chars,
                                   total["kept_chars"], reasons)
                 if not kept:
@@ -2538,24 +2883,27 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
         for r in cleaned:
             total.update(r["counts"])
         kept_chars = sum(r["counts"]["chars_in"] for r in cleaned)
-        funnel.add_counts("exact dedup (hash)", sum(r["docs"] for r in read), total["docs_in"],
-                          sum(r["counts"].get("kept_chars", 0) for r in read), kept_chars,
-                          {"duplicate": sum(r["docs"] for r in read) - total["docs_in"]})
         docs = sum(r["docs"] for r in cleaned)
-        funnel.add_counts(f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)"
-                          if settings.line_dedup == "documents" else "line dedup (every line seen more than once)",
-                          total["docs_in"], docs, kept_chars, total["chars_boilerplate"],
-                          {"lines_removed": total["lines_removed"],
-                           "distinct_lines": len(_load_array(_work(job, "boilerplate.npy"))),
-                           "emptied": total["docs_in"] - docs})
+        if not all(whole):                                 # as `clean`: no dedup rows when every source is kept
+            funnel.add_counts("exact dedup (hash)", sum(r["docs"] for r in read), total["docs_in"],
+                              sum(r["counts"].get("kept_chars", 0) for r in read), kept_chars,
+                              {"duplicate": sum(r["docs"] for r in read) - total["docs_in"]})
+            funnel.add_counts(f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)"
+                              if settings.line_dedup == "documents" else "line dedup (every line seen more than once)",
+                              total["docs_in"], docs, kept_chars, total["chars_boilerplate"],
+                              {"lines_removed": total["lines_removed"],
+                               "distinct_lines": len(_load_array(_work(job, "boilerplate.npy"))),
+                               "emptied": total["docs_in"] - docs})
         if not docs:
             raise funnel.empty_error("the corpus")
         if settings.mask_pii:
             pii = sum((collections.Counter(r["pii"]) for r in cleaned), collections.Counter())
             funnel.add_counts("PII masking", docs, docs, total["chars_boilerplate"],
                               sum(r["chars_out"] for r in cleaned), pii)
+        near_dedup = settings.near_dup_threshold > 0 and any(r["docs"] for c, r in zip(chunks, cleaned)
+                                                             if not job.whole(c))
         if not _work(job, "near_drop.npy").exists():
-            if settings.near_dup_threshold > 0:
+            if near_dedup:
                 with clock.phase("joins"):
                     run(join_near_duplicates, job, chunks, sum(r["band_entries"] for r in cleaned))
             else:
@@ -2564,12 +2912,13 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
             with clock.phase("joins"):
                 _save_json(_work(job, "split.json"), run(decide_split, job, chunks))
         split = json.loads(_work(job, "split.json").read_text())
-        if settings.near_dup_threshold > 0:
+        if near_dedup:
             funnel.add_counts(f"near dedup (MinHash, J>={settings.near_dup_threshold})", docs, split["documents"],
                               sum(r["chars_out"] for r in cleaned), split["chars"],
                               {"near_duplicate": docs - split["documents"]})
-        funnel.add_counts("train/val split", split["documents"], split["documents"] - split["val"], split["chars"],
-                          split["train_chars"], {"val": split["val"]})
+        val_docs = len(val_documents(job)) if job.val_files else split["val"]
+        funnel.add_counts("train/val split" + (" (--val-data)" if job.val_files else ""), split["documents"],
+                          split["documents"] - split["val"], split["chars"], split["train_chars"], {"val": val_docs})
 
     with clock.phase("tokenizer"):
         if _work(job, "tokenizer.json").exists():
@@ -2584,6 +2933,14 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
     with clock.phase("encode"):
         encode_threads = (threads or os.cpu_count() or 1) if workers == 1 and ray is None else 1
         encoded = _run_stage("encode", 3, stage_encode, job, chunks, workers, show_progress, encode_threads, ray=ray)
+        overlap, val_encoded = None, {"bytes": 0}
+        if job.val_files:                                     # the val split: the files, after the chunks' none
+            marker = _chunk_file(job, 3, len(chunks), "json")
+            val_encoded = json.loads(marker.read_text()) if marker.exists() else run(encode_val_files, job,
+                                                                                     len(chunks))
+            with clock.phase("overlap"):
+                overlap = run(val_files_overlap, job, chunks)
+            funnel.notices.append(format_overlap(overlap))
         _remove_work_files(work, ["s2-*.txt"])
     names = [s.spec for s in recipe.sources]
     unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
@@ -2602,8 +2959,8 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
             written = ray.call_all(*steps) if ray is not None else [_run_task(*step) for step in steps]
             return dict(zip(("train", "val"), written))
 
-    encoded_bytes = sum(r[s]["bytes"] for r in encoded for s in ("train", "val"))
-    return Built(funnel, tok, trained_on, unique, mixture, encoded_bytes, write_splits)
+    encoded_bytes = sum(r[s]["bytes"] for r in encoded for s in ("train", "val")) + val_encoded["bytes"]
+    return Built(funnel, tok, trained_on, unique, mixture, encoded_bytes, write_splits, overlap)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -2704,8 +3061,9 @@ def _check_ray_ready(address: str | None, in_memory: bool) -> None:
 def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     """A RayEngine on the cluster at `address` ("auto": the one `ray start` runs on this machine), or on a Ray
     started here with `cpus` cores and stopped afterwards. A Ray the caller already started is used as it is.
-    A cluster's workers receive data.py, bpe.py and dedup.py from this driver (runtime_env py_modules), so they
-    run the very code this run was started with; a Ray started here imports them from this driver's sys.path."""
+    A cluster's workers receive data.py, bpe.py, dedup.py and evaluate.py (--val-data's overlap) from this driver
+    (runtime_env py_modules), so they run the very code this run was started with; a Ray started here imports them
+    from this driver's sys.path."""
     ray = _import_ray()
     if ray.is_initialized():
         yield RayEngine(ray)
@@ -2713,7 +3071,7 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     if address is None:
         options = {"address": "local", "num_cpus": cpus, "object_store_memory": RAY_LOCAL_OBJECT_STORE}
     else:
-        code = [str(REPO_ROOT / name) for name in ("data.py", "bpe.py", "dedup.py")]
+        code = [str(REPO_ROOT / name) for name in ("data.py", "bpe.py", "dedup.py", "evaluate.py")]
         options = {"address": address, "runtime_env": {"py_modules": code}}
     for attempt in range(2):        # a busy machine can miss the 30 s Ray gives a new raylet: start once more
         try:                        # log_to_driver off: tasks print nothing; a task's error comes back as itself
@@ -2793,7 +3151,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
               for s in sources]
     if txt_split == "auto":          # text kept whole is read whole: only <|endoftext|> markers cut it
-        opened = [open_source(s.spec, text_field, "eot", skip_bad_lines, max_documents, jsonl_stats, kind)
+        opened = [open_source(s.spec, text_field, kept_txt_split(txt_split), skip_bad_lines, max_documents,
+                              jsonl_stats, kind)
                   if keeps_whole(s, settings) else s for s in opened]
     for flag, path in [("--tokenizer", tokenizer)] + [("--val-data", p) for p in val_data or []]:
         if is_uri(path):
@@ -2844,15 +3203,6 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                     _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
                     tokenizer_train_bytes, pattern, shard_tokens,
                     (text_field, txt_split, skip_bad_lines, max_documents), val_paths)
-    # The streaming engine does not have these yet: a kept-whole source, --val-data. Say so, since memory then
-    # grows with those sources; Ray schedules only the streaming engine's steps.
-    routed = not in_memory and (bool(val_paths) or any(keeps_whole(s, settings) for s in opened))
-    if routed and engine == "ray":
-        raise DataError("--engine ray runs the streaming funnel, which does not take kept-whole text or --val-data "
-                        "yet; use --engine local (or --cleaning web without --val-data)")
-    if routed:
-        log("note: kept-whole text and --val-data run on the in-memory engine (memory grows with those sources)")
-    in_memory = in_memory or routed
     chunk_bytes = max(1, int(chunk_mb * 2**20))
     name = _local_name(out_dir)
     work_root = pathlib.Path(work_dir) if work_dir is not None \
