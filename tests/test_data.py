@@ -11,11 +11,14 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import data
 from data import DataError
@@ -1138,6 +1141,110 @@ def test_streaming_reads_parquet_row_groups_and_globs(tmp_path):
     streamed = data.prepare([str(tmp_path / "*.parquet")], tmp_path / "streamed", vocab_size=280, workers=2,
                             chunk_mb=1e-3)
     assert dataset_files(streamed) == dataset_files(reference)
+
+
+# Kept-whole text and --val-data on the stream: a directory of text files read in 7-byte blocks (a marker, a "\r\n"
+# and a UTF-8 character cut in two, pieces cut across blocks), against the in-memory reference.
+
+MAIL = "ann.lee@example.org"
+EOT = data.EOT
+
+
+@pytest.fixture(scope="module")
+def own_text(tmp_path_factory):
+    """books/: a.txt with <|endoftext|> markers (and empty documents between them), b.md small, with "\r\n" line
+    ends, accents and Unicode spaces, c.txt longer than a piece, with lines longer than a piece; val.txt, a held-out
+    file that copies 20 words of a train document and 20 around an email (found in train only before masking)."""
+    rng = random.Random(9)
+    root = tmp_path_factory.mktemp("own")
+    books = root / "books"
+    books.mkdir()
+    stories = [random_doc(rng, 60) for _ in range(12)]
+    stories[3] = " ".join(stories[3].split()[:30]) + f" write to {MAIL} today " + " ".join(stories[3].split()[30:])
+    (books / "a.txt").write_text(f"{EOT}  \n".join(stories[:6]) + f"\n{EOT}\n \n{EOT}" + EOT.join(stories[6:]) + EOT)
+    note = "Café naïve façade,\u3000déjà vu.\r\n\r\n  Ünïcode spaces\u2003and\x85lines.\r\nLast line\r"
+    (books / "b.md").write_bytes(note.encode("utf-8"))
+    lines = [random_doc(rng, rng.choice([8, 30, 600])) for _ in range(60)]        # some longer than a piece
+    (books / "c.txt").write_text("".join(line + rng.choice(["\n", "\n\n", " \n \n", f"{EOT}"]) for line in lines))
+    copied = " ".join(stories[5].split()[10:30])
+    around_mail = " ".join(stories[3].split()[20:40])                     # 11 13-grams, all with the email's words
+    (root / "val.txt").write_bytes(f" Held out:\r\n{random_doc(rng, 50)}\n\n{copied}\n{around_mail}\n  ".encode())
+    return root
+
+
+def streamed_and_reference(sources: list[str], tmp_path: pathlib.Path, **kwargs) -> tuple[dict, dict]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                                   # the up-weighted sources' epochs warning
+        reference = data.prepare(sources, tmp_path / "reference", in_memory=True, **kwargs)
+        streamed = data.prepare(sources, tmp_path / "streamed", workers=2, chunk_mb=4 / 1024, **kwargs)
+    assert data.load_manifest(streamed)["timings"]["engine"] == "streaming, 2 worker(s)"
+    return dataset_files(streamed), dataset_files(reference)
+
+
+@pytest.mark.parametrize("case", ["kept-whole", "kept-whole-small-pieces", "keep-jsonl", "kept-and-web",
+                                  "val-data"])
+def test_streaming_keeps_text_whole_and_takes_val_data_as_in_memory(own_text, mixed_inputs, tmp_path, case,
+                                                                    monkeypatch):
+    """Shards, tokenizer and manifest equal the in-memory engine's: the pieces (the piece size shrinks for a small
+    source; with chunk_chars 300 the counting pass stops early), the kept-whole funnel row, the split, mixing,
+    and --val-data's val split and 13-gram overlap."""
+    monkeypatch.setattr(data, "TEXT_BLOCK_BYTES", 7)
+    books, web = str(own_text / "books"), str(mixed_inputs / "web")
+    kwargs = {"kept-whole": dict(sources=[books]),
+              "kept-whole-small-pieces": dict(sources=[books], clean_settings=data.CleanSettings(chunk_chars=300),
+                                              val_fraction=0.3),
+              "keep-jsonl": dict(sources=[web, str(mixed_inputs / "pages")],
+                                 clean_settings=data.CleanSettings(cleaning="keep")),
+              "kept-and-web": dict(sources=[books, web], weights=[0.7, 0.3], train_tokens=60_000, seed=2),
+              "val-data": dict(sources=[books, web], val_data=[str(own_text / "val.txt")])}[case]
+    got, expected = streamed_and_reference(kwargs.pop("sources"), tmp_path, vocab_size=300, **kwargs)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert got[name] == expected[name], name
+    manifest = expected["manifest"]
+    kept = [s for s in manifest["funnel"] if s["name"].startswith("kept whole")]
+    assert kept and all(s["docs_out"] >= 20 for s in kept)
+    size = int(re.search(r"at_most_(\d+)_chars", next(iter(kept[0]["reasons"]))).group(1))
+    assert size == 300 if case == "kept-whole-small-pieces" else size < 16_384          # small sources: finer
+    if case == "val-data":
+        overlap = manifest["splits"]["val"]["overlap"]
+        assert overlap["shared"] >= 8 and overlap["contaminated"] == 1                       # the 20 copied words
+        assert manifest["notices"][-1] == data.format_overlap(overlap)
+        assert manifest["splits"]["val"]["bytes"] == (own_text / "val.txt").stat().st_size
+
+
+def test_tinyshakespeare_streams_as_in_memory(shared_data, tmp_path, monkeypatch):
+    """1.1M characters kept whole, read in 4 KiB blocks: the 69 pieces of 16,384 characters and everything after."""
+    monkeypatch.setattr(data, "TEXT_BLOCK_BYTES", 4096)
+    got, expected = streamed_and_reference([str(shared_data / "tinyshakespeare" / "input.txt")], tmp_path,
+                                           vocab_size=257)
+    assert got == expected
+    assert expected["manifest"]["funnel"][1]["reasons"] == {"pieces_of_at_most_16384_chars": 69}
+
+
+_STREAM_TEXT = st.lists(st.sampled_from(["a", "bb ", "word", " ", "\n", "\n\n", "\t", "\r\n", "\r", "\u3000", "\x85",
+                                          "é", "日本", EOT, "<|end", "oftext|>", "<", "\n \t\n"]), max_size=60)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=_STREAM_TEXT, block=st.integers(1, 12), size=st.integers(1, 10),
+       mode=st.sampled_from(["eot", "blank", "file"]), limit=st.integers(1, 80))
+def test_block_stream_cuts_the_pieces_of_chunk_document(parts, block, size, mode, limit):
+    """read_text_blocks -> split_text_stream -> cut_stream yields chunk_document's pieces of split_plain_text's
+    documents of _read_text's text, with blocks of any size cutting markers, "\r\n" and UTF-8 characters; its
+    counts are the documents' and stripped_chars counts them up to a limit."""
+    with tempfile.TemporaryDirectory(prefix="keptwhole-") as folder:
+        path = pathlib.Path(folder) / "t.txt"
+        path.write_bytes("".join(parts).encode("utf-8"))
+        docs = data.split_plain_text(data._read_text(path), mode)
+        counts = collections.Counter()
+        events = lambda: data.split_text_stream(data.read_text_blocks(path, block), mode)     # noqa: E731
+        assert list(data.cut_stream(events(), size, counts)) == [p for d in docs for p in data.chunk_document(d, size)]
+        chars = sum(map(len, docs))
+        assert (counts["read_docs"], counts["read_chars"], counts["read_bytes"]) == (
+            len(docs), chars, sum(len(d.encode()) for d in docs))
+        counted = data.stripped_chars(events(), limit)
+        assert counted == chars if chars < limit else counted >= limit
 
 
 def test_jsonl_byte_ranges_read_every_line_once(tmp_path):
