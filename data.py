@@ -1986,11 +1986,11 @@ def read_text_blocks(path: pathlib.Path, block_bytes: int | None = None) -> Iter
     block_bytes = block_bytes or TEXT_BLOCK_BYTES
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            if b"\x00" in f.read(8192):
+                raise DataError(f"{path} looks binary (NUL bytes); pass a UTF-8 text, .jsonl, .parquet or .gz file")
+            f.seek(0)
             while True:
-                raw = f.read(block_bytes if offset else max(block_bytes, 8192))
-                if not offset and b"\x00" in raw[:8192]:
-                    raise DataError(f"{path} looks binary (NUL bytes); pass a UTF-8 text, .jsonl, .parquet or .gz "
-                                    f"file")
+                raw = f.read(block_bytes)
                 pending = len(decoder.getstate()[0])
                 try:
                     text = held + decoder.decode(raw, final=not raw)
