@@ -2714,11 +2714,14 @@ def val_files_overlap(job: Job, chunks: list[Chunk]) -> dict:
     return overlap_summary([val.evaluate.overlap(val, doc) for doc in docs], val.n)
 
 
+SHARD_PIECE_TOKENS = 1 << 20      # tokens read back at once while packing: a few MB, not a memory map of a chunk
+
+
 def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tuple[int, int]] | None,
                        directory: pathlib.Path, dtype: np.dtype, shard_tokens: int) -> dict:
     """Pack one split's encoded chunks into shards: pass e writes, in document order, every document read more
     than e times (val: each once; with --val-data, the val files' documents after the chunks' none). Reads the
-    token files by memory map, a document run at a time."""
+    token files a run of consecutive documents at a time, in pieces of SHARD_PIECE_TOKENS."""
     writer, documents, unique, n_bytes = ShardWriter(directory, split, dtype, shard_tokens), 0, 0, 0
     passes = 1 if rules is None else max((full + (cut > 0) for full, cut in rules), default=0)
     encoded = [(c.index, c.source) for c in chunks] + ([(len(chunks), None)] if split == "val" and job.val_files
@@ -2728,7 +2731,7 @@ def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tu
             starts = np.asarray(_load_array(_chunk_file(job, 3, index, f"{split}.starts.npy")))
             if len(starts) == 1:
                 continue
-            tokens = np.memmap(_chunk_file(job, 3, index, f"{split}.bin"), dtype=dtype, mode="r")
+            tokens = open(_chunk_file(job, 3, index, f"{split}.bin"), "rb")
             sizes = np.asarray(_load_array(_chunk_file(job, 3, index, f"{split}.bytes.npy")))
             reads = np.ones(len(sizes), dtype=np.int64) if rules is None else document_reads(
                 *rules[source], np.asarray(_load_array(_chunk_file(job, 3, index, "train.bucket.npy"))))
@@ -2737,10 +2740,11 @@ def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tu
             documents, n_bytes = documents + int(chosen.sum()), n_bytes + int(sizes[chosen].sum())
             # runs of consecutive chosen documents are contiguous token ranges: write each in one piece
             edges = np.flatnonzero(np.diff(np.concatenate(([0], chosen.astype(np.int8), [0]))))
-            for first, last in zip(edges[0::2].tolist(), edges[1::2].tolist()):
-                for piece in range(int(starts[first]), int(starts[last]), 1 << 24):
-                    writer.add(tokens[piece:min(piece + (1 << 24), int(starts[last]))])
-            del tokens
+            with tokens:
+                for first, last in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+                    for piece in range(int(starts[first]), int(starts[last]), SHARD_PIECE_TOKENS):
+                        tokens.seek(piece * dtype.itemsize)
+                        writer.add(np.fromfile(tokens, dtype, min(SHARD_PIECE_TOKENS, int(starts[last]) - piece)))
     shards = writer.close()
     return {"documents": documents, "unique_documents": unique, "tokens": sum(s["tokens"] for s in shards),
             "bytes": n_bytes, "shards": shards}
