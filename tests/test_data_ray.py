@@ -36,7 +36,7 @@ def inputs(tmp_path_factory) -> pathlib.Path:
     return root
 
 
-# The funnel on every source (a .txt kept whole runs on the in-memory engine, which Ray does not schedule).
+# The funnel on every source; test_kept_whole_text_and_val_data_as_local keeps books.txt whole.
 SETTINGS = dict(vocab_size=300, weights=[0.7, 0.3], val_fraction=0.1, seed=4, chunk_mb=3 / 1024,
                 clean_settings=data.CleanSettings(cleaning="web"))
 
@@ -122,6 +122,22 @@ def test_worker_killed_mid_task_is_retried_and_changes_nothing(inputs, local_dat
 
 
 @pytest.mark.slow
+def test_kept_whole_text_and_val_data_as_local(inputs, ray_cluster, tmp_path):
+    """books.txt kept whole (the default for a .txt: its pieces cut by the stage functions in Ray tasks) beside the
+    web funnel, and --val-data (the 13-gram lookups in stage 3's tasks, the val files encoded and the overlap
+    gathered as tasks): the same bytes as the local engine."""
+    val = tmp_path / "held_out.txt"
+    val.write_text(" ".join((inputs / "books.txt").read_text().split()[:40]) + "\nand a sentence of its own.\n")
+    settings = {**SETTINGS, "clean_settings": data.CleanSettings(), "val_data": [str(val)]}
+    local = data.prepare(sources(inputs), tmp_path / "local", workers=2, **settings)
+    on_ray = data.prepare(sources(inputs), tmp_path / "ray", engine="ray", **settings)
+    manifest = data.load_manifest(on_ray)
+    assert manifest["timings"]["engine"] == "ray" and manifest["splits"]["val"]["overlap"]["shared"] == 28
+    assert any(s["name"].startswith("kept whole (books.txt") for s in manifest["funnel"])
+    assert dataset_files(on_ray) == dataset_files(local)
+
+
+@pytest.mark.slow
 def test_bad_file_fails_the_job_with_one_line(inputs, ray_cluster, tmp_path, capsys):
     """A .gz whose header is fine but whose body is cut short passes the up-front checks; the Ray task reading it
     raises, and the CLI prints the task's one line (no Ray traceback) after its progress lines, exits 2 and leaves
@@ -150,8 +166,6 @@ def test_ray_missing_or_unreachable_is_one_line_before_any_work(inputs, tmp_path
         data.prepare(sources(inputs), tmp_path / "ds", engine="ray", ray_address=f"127.0.0.1:{port}")
     with pytest.raises(DataError, match="only ray takes an address"):
         data.prepare(sources(inputs), tmp_path / "ds", ray_address="auto")
-    with pytest.raises(DataError, match="--engine ray runs the streaming funnel, which does not take kept-whole"):
-        data.prepare(sources(inputs), tmp_path / "ds", engine="ray")      # books.txt is kept whole by default
     monkeypatch.setitem(__import__("sys").modules, "ray", None)      # as if Ray were not installed
     with pytest.raises(DataError, match=r"--engine ray needs Ray: pip install ray"):
         data.prepare(sources(inputs), tmp_path / "ds", engine="ray")
