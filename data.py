@@ -35,9 +35,8 @@ one-line note saying so. `--val-data FILE` makes a held-out file the validation 
 splits of WikiText and TinyStories, or the last 10% of your book); its 13-gram overlap with train (evaluate.py's
 contamination check) is reported. The steps also take Stanford CS336's data-handout variants: `--filters
 gopher-handout` (its four Gopher rules only), `--line-dedup occurrences` (drop every line seen twice anywhere),
-`--strip-accents` (near-dedup compares "café" as "cafe"); phone masking knows its "(283)-182-3829". A kept-whole
-source, --val-data, the line dedup by occurrences and accent stripping run on the in-memory engine (the streaming
-one does not have them yet).
+`--strip-accents` (near-dedup compares "café" as "cafe"); phone masking knows its "(283)-182-3829". All of it
+streams (below): a 10 GB book kept whole is read 1 MiB at a time, and --val-data's overlap needs no index of train.
 
 The validation split is cut after deduplication, so no validation document has a near-duplicate in train (else the
 held-out loss is measured on text the model has seen). The tokenizer (bpe.py) is trained on the train split only.
@@ -50,8 +49,10 @@ At scale: a stream, not a list. Holding the corpus costs ~5.5 bytes of RAM per b
 lists of ids): FineWeb-Edu's 10B tokens are ~40 GB of text, ~220 GB of RAM. So `prepare` streams (section 10), and
 keeps the in-memory engine (section 9) as the small, readable reference that the tests hold it to, byte for byte:
 
+    global   kept-whole piece sizes         count a kept-whole source's characters up to 20 x 16,384; stop there
     stage 1  per chunk (16 MiB of a file)   read, extract, quality filters -> cleaned text, 8-byte hash per doc,
-                                            hashes of its lines (sorted run)
+                                            hashes of its lines (sorted run); a chunk kept whole: its pieces, a
+                                            .txt read in 1 MiB blocks and cut as it streams
     join     exact dedup                    first document of each hash (8 bytes per document in RAM)
     join     boilerplate lines              count documents per line hash, one key range of all runs at a time
     stage 2  per chunk                      drop copies, boilerplate lines, PII -> final text; MinHash signature ->
@@ -60,9 +61,20 @@ keeps the in-memory engine (section 9) as the small, readable reference that the
                                             pairs -> exact Jaccard, reading back only those documents -> union-find
     global   split, tokenizer               the split is a coin per document: key(text, seed) < val_fraction·2^64;
                                             BPE trains on the documents with the smallest sample keys (~4 MB)
-    stage 3  per chunk                      encode train and val documents
+    stage 3  per chunk                      encode train and val documents; with --val-data, note the val files'
+                                            13-grams each train document holds (the union: evaluate.py's overlap)
     global   mix and pack                   per-source token counts and a 65,536-bucket histogram of mix keys
                                             decide how often each document is read; shards are written in order
+
+Kept whole, streamed. chunk_document cuts a piece at the last blank line (else line break) of the window
+text[start:start + size + 1], so a cutter that holds one window and one block of the file yields its very pieces;
+a marker cut in two by a block's end waits for the next block. The piece size, min(16,384, chars / 20), needs the
+source's characters only up to 20 x 16,383 + 1 = 327,661: Tiny Shakespeare's count stops after its first 1 MiB
+block (1,048,576 of its 1,115,393 characters), size 16,384, 69 pieces; a 10 GB book's count stops there too, and
+then it is cut holding ~1 MiB. --val-data: the
+val files are small, train is not, so each worker hashes the val files' 13-grams (8 bytes each: 20,712 for the last
+10% of Tiny Shakespeare) and looks up its train documents in them; stage 3 reads the final text, after PII masking
+and near-dedup, as the in-memory engine's evaluate.contamination_report does.
 
 Every stage function maps one chunk to files named by the chunk (s1-000042.txt, ...), written under temporary names
 and renamed, the chunk's .json counts last: a rerun after a kill skips every chunk with its .json, and a join whose
@@ -71,14 +83,17 @@ joins sort by (key, id); every random choice is a keyed hash of the text. That i
 64, killed and resumed, or a cluster's task scheduler running the same stage functions) writes the same bytes.
 The contract an engine relies on: `plan_chunks` numbers the chunks; `stage_read`, `stage_clean` and `stage_encode`
 take (Job, Chunk), read only the files of earlier steps, write only files named by their chunk, and return the
-JSON counts they also save; between the stages run, in this order, `join_exact`, `join_boilerplate`,
-`join_near_duplicates`, `decide_split`, `draw_tokenizer_sample` (then BPE) and, after stage 3, `write_split_shards`.
+JSON counts they also save; before stage 1 runs `kept_piece_sizes` (when a source is kept whole), between the stages,
+in this order, `join_exact`, `join_boilerplate`, `join_near_duplicates`, `decide_split`, `draw_tokenizer_sample`
+(then BPE) and, after stage 3, `encode_val_files` and `val_files_overlap` (with --val-data) and
+`write_split_shards`.
 
 Memory, per document (FineWeb-Edu 10BT: 9.7M documents of ~4 KB):
     RAM, main process   8 B exact-dedup hash (~32 B while np.unique sorts them: ~310 MB at the peak), 1 B survivor
                         flag (memory-mapped), 16 B per candidate pair, 8 B per near-duplicate dropped; each join holds
                         one key range of at most JOIN_BYTES (64 MiB) whatever the corpus size
-    RAM, per worker     one chunk: 16 MiB of text as Python strings and lists, ~100 MB
+    RAM, per worker     one chunk: 16 MiB of text as Python strings and lists, ~100 MB; a kept-whole .txt of any
+                        size: a 1 MiB block, one piece, 40 B per piece of keys and sizes
     disk (work files)   the text twice at most (stage 1's is deleted when stage 2 is done), ~20 B/line of line hashes,
                         32 bands x 12 B = 384 B of band keys, ~2 B per token; removed when the dataset is published
 
@@ -1978,10 +1993,10 @@ TEXT_BLOCK_BYTES = 1 << 20         # bytes of a kept-whole text file read at a t
 
 
 def read_text_blocks(path: pathlib.Path, block_bytes: int | None = None) -> Iterator[str]:
-    """A (possibly gzipped) UTF-8 file as blocks of text (of block_bytes, default TEXT_BLOCK_BYTES, each),
-    with `_read_text`'s universal newlines and
-    `_read_bytes`'s errors, never holding more than a block: a "\r" at a block's end waits for the next block (it
-    may begin a "\r\n"), and so do the 1-3 bytes of a character cut in two (the incremental decoder holds them)."""
+    """A (possibly gzipped) UTF-8 file as blocks of text of block_bytes (default TEXT_BLOCK_BYTES), with
+    `_read_text`'s universal newlines and `_read_bytes`'s errors, never holding more than a block: a "\\r" at a
+    block's end waits for the next block (it may begin a "\\r\\n"), and so do the 1-3 bytes of a character cut in
+    two (the incremental decoder holds them)."""
     decoder, offset, held = codecs.getincrementaldecoder("utf-8")(), 0, ""
     block_bytes = block_bytes or TEXT_BLOCK_BYTES
     try:
@@ -2035,8 +2050,8 @@ def split_text_stream(blocks: Iterable[str], mode: str) -> Iterator[str | None]:
             yield part
             yield None
         last = parts[-1]
-        tail = partial.search(last, max(0, len(last) - len(EOT))) if mode == "eot" else \
-            partial.search(last) if partial else None
+        look = max(0, len(last) - len(EOT)) if mode == "eot" else 0          # where an unfinished separator may be
+        tail = partial.search(last, look) if partial else None
         cut = tail.start() if tail else len(last)
         yield last[:cut]
         held = last[cut:]
@@ -2054,10 +2069,10 @@ def cut_stream(fragments: Iterable[str | None], max_chars: int, counts: collecti
 
     A cut at `start` reads text[start:start + max_chars + 1] and happens when the stripped document goes past
     start + max_chars, i.e. when a non-space character lies there or later; the document's end is known only at
-    its None. So with max_chars 8, "aa bb\n\ncc dd\nee" arriving as "aa bb\n\ncc", " dd\nee", None is cut once
+    its None. So with max_chars 8, "aa bb\\n\\ncc dd\\nee" arriving as "aa bb\\n\\ncc", " dd\\nee", None is cut once
     " dd" has come: ['aa bb', 'cc dd', 'ee'], as chunk_document cuts the whole string.
 
-    >>> list(cut_stream(["aa bb\n\ncc", " dd\nee", None], 8, collections.Counter()))
+    >>> list(cut_stream(["aa bb\\n\\ncc", " dd\\nee", None], 8, collections.Counter()))
     ['aa bb', 'cc dd', 'ee']
     """
     text, start, done, done_bytes = "", 0, 0, 0         # text[start:] is the document from the next piece on
@@ -2150,9 +2165,9 @@ def kept_pieces(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator
 
 def kept_piece_sizes(job: Job, chunks: list[Chunk]) -> tuple[int, ...]:
     """Job.kept_whole: the piece size of each kept-whole source (job.kept_whole > 0 marks them), 0 for the others.
-    The size needs the source's characters only while it is under 20 x chunk_chars (`kept_piece_size`), so a
-    counting pass stops there: Tiny Shakespeare is counted to 327,661 characters of its 1,115,389, a 10 GB book
-    too, and a small file is counted whole."""
+    The size needs the source's characters only up to 20 x (chunk_chars - 1) + 1 (`kept_piece_size`), so a
+    counting pass stops there: Tiny Shakespeare's after its first 1 MiB block (1,048,576 of 1,115,393 characters),
+    a 10 GB book's too; a small file is counted whole."""
     chunk_chars = job.settings.chunk_chars
     limit = KEPT_MIN_PIECES * (chunk_chars - 1) + 1             # from here on the size is chunk_chars
     sizes = []
@@ -3154,7 +3169,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     jsonl_stats = JsonlStats()
     opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
               for s in sources]
-    if txt_split == "auto":          # text kept whole is read whole: only <|endoftext|> markers cut it
+    if txt_split == "auto":          # text kept whole is cut into documents only at <|endoftext|> markers
         opened = [open_source(s.spec, text_field, kept_txt_split(txt_split), skip_bad_lines, max_documents,
                               jsonl_stats, kind)
                   if keeps_whole(s, settings) else s for s in opened]

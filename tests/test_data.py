@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import data
@@ -1223,12 +1223,14 @@ def test_tinyshakespeare_streams_as_in_memory(shared_data, tmp_path, monkeypatch
 
 
 _STREAM_TEXT = st.lists(st.sampled_from(["a", "bb ", "word", " ", "\n", "\n\n", "\t", "\r\n", "\r", "\u3000", "\x85",
-                                          "é", "日本", EOT, "<|end", "oftext|>", "<", "\n \t\n"]), max_size=60)
+                                          "é", "日本", EOT, "<|end", "oftext|>", "<", "\n \t\n", " " * 15]), max_size=60)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(parts=_STREAM_TEXT, block=st.integers(1, 12), size=st.integers(1, 10),
        mode=st.sampled_from(["eot", "blank", "file"]), limit=st.integers(1, 80))
+@example(parts=["ab", "\n", " " * 15, "\n", "cd"], block=18, size=9, mode="blank", limit=80)   # a long blank line cut
+@example(parts=["ab", EOT, "cd"], block=5, size=9, mode="eot", limit=80)                    # a marker cut in three
 def test_block_stream_cuts_the_pieces_of_chunk_document(parts, block, size, mode, limit):
     """read_text_blocks -> split_text_stream -> cut_stream yields chunk_document's pieces of split_plain_text's
     documents of _read_text's text, with blocks of any size cutting markers, "\r\n" and UTF-8 characters; its
