@@ -1344,7 +1344,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
 def test_peak_memory_of_kept_whole_text_does_not_grow_with_the_file(tmp_path):
     """A .txt kept whole 10x larger (1.8 MB -> 18 MB, one document: no <|endoftext|>) costs the streaming engine
     (one process) ~1 MB more at peak (the in-memory engine: +230 MB), measured as the child's own peak; reading it
-    and cutting its 1,101 pieces raises the peak by ~3 MB (as one string: +31 MB)."""
+    and cutting its 1,101 pieces raises the peak by 1.5-2.6 MB (read as one string: +31 MB)."""
     rng = random.Random(3)
     book = "\n\n".join(random_doc(rng, rng.randint(20, 200)) for _ in range(2500)) + "\n"
     small, large = tmp_path / "small.txt", tmp_path / "large.txt"
