@@ -1992,20 +1992,21 @@ def chunk_documents(job: Job, chunk: Chunk, stats: JsonlStats) -> Iterator[str]:
 TEXT_BLOCK_BYTES = 1 << 20         # bytes of a kept-whole text file read at a time
 
 
-def read_text_blocks(path: pathlib.Path, block_bytes: int | None = None) -> Iterator[str]:
-    """A (possibly gzipped) UTF-8 file as blocks of text of block_bytes (default TEXT_BLOCK_BYTES), with
+def read_text_blocks(path: pathlib.Path | str, block_bytes: int | None = None) -> Iterator[str]:
+    """A (possibly gzipped) UTF-8 file or object as blocks of text of block_bytes (default TEXT_BLOCK_BYTES), with
     `_read_text`'s universal newlines and `_read_bytes`'s errors, never holding more than a block: a "\\r" at a
     block's end waits for the next block (it may begin a "\\r\\n"), and so do the 1-3 bytes of a character cut in
     two (the incremental decoder holds them)."""
-    decoder, offset, held = codecs.getincrementaldecoder("utf-8")(), 0, ""
     block_bytes = block_bytes or TEXT_BLOCK_BYTES
+    decoder, offset, held = codecs.getincrementaldecoder("utf-8")(), 0, ""
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-            if b"\x00" in f.read(8192):
+        with _open_input(path, unzip=_pure(path).suffix == ".gz") as f:
+            head = f.read(8192)
+            if b"\x00" in head:
                 raise DataError(f"{path} looks binary (NUL bytes); pass a UTF-8 text, .jsonl, .parquet or .gz file")
-            f.seek(0)
-            while True:
-                raw = f.read(block_bytes)
+            raws = itertools.chain((head[k:k + block_bytes] for k in range(0, len(head), block_bytes)),
+                                   iter(lambda: f.read(block_bytes), b""), [b""])          # b"": the end
+            for raw in raws:
                 pending = len(decoder.getstate()[0])
                 try:
                     text = held + decoder.decode(raw, final=not raw)
@@ -2017,8 +2018,6 @@ def read_text_blocks(path: pathlib.Path, block_bytes: int | None = None) -> Iter
                 text = text[:len(text) - len(held)].replace("\r\n", "\n").replace("\r", "\n")
                 if text:
                     yield text
-                if not raw:
-                    return
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
 
@@ -2130,7 +2129,13 @@ def stripped_chars(fragments: Iterable[str | None], limit: int) -> int:
 
 def _streams_text(chunk: Chunk) -> bool:
     """Whether a kept-whole chunk is a text file, read in blocks (other readers yield bounded documents)."""
-    return chunk.path is not None and _FILE_READERS[_inner_suffix(pathlib.Path(chunk.path))] == "txt"
+    return chunk.path is not None and _FILE_READERS[_inner_suffix(chunk.path)] == "txt"
+
+
+def _text_fragments(job: Job, chunk: Chunk) -> Iterator[str | None]:
+    """The documents of a kept-whole text file as a stream of fragments (`split_text_stream`)."""
+    path = chunk.path if is_uri(chunk.path) else pathlib.Path(chunk.path)
+    return split_text_stream(read_text_blocks(path), kept_txt_split(job.read_options[1]))
 
 
 def _kept_documents(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
@@ -2156,8 +2161,7 @@ def kept_pieces(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator
     streamed in blocks (`cut_stream`)."""
     size = job.kept_whole[chunk.source]
     if _streams_text(chunk):
-        mode = kept_txt_split(job.read_options[1])
-        yield from cut_stream(split_text_stream(read_text_blocks(pathlib.Path(chunk.path)), mode), size, counts)
+        yield from cut_stream(_text_fragments(job, chunk), size, counts)
         return
     for doc in _kept_documents(job, chunk, counts):
         yield from chunk_document(doc, size)
@@ -2172,19 +2176,19 @@ def kept_piece_sizes(job: Job, chunks: list[Chunk]) -> tuple[int, ...]:
     limit = KEPT_MIN_PIECES * (chunk_chars - 1) + 1             # from here on the size is chunk_chars
     sizes = []
     for s_index, whole in enumerate(job.kept_whole):
-        chars = 0
+        chars, counts = 0, collections.Counter()
         for chunk in (c for c in chunks if c.source == s_index and whole):
             if chars >= limit:
                 break
             if _streams_text(chunk):
-                mode = kept_txt_split(job.read_options[1])
-                chars += stripped_chars(split_text_stream(read_text_blocks(pathlib.Path(chunk.path)), mode),
-                                        limit - chars)
+                chars += stripped_chars(_text_fragments(job, chunk), limit - chars)
                 continue
-            for doc in _kept_documents(job, chunk, collections.Counter()):
+            for doc in _kept_documents(job, chunk, counts):
                 chars += len(doc)
                 if chars >= limit:
                     break
+        if whole and not chars and not counts["read_docs"]:           # before any stage: one line, nothing left
+            raise DataError(f"source {job.sources[s_index][0]!r} has no documents (empty file or wrong --text-field?)")
         sizes.append(max(1, kept_piece_size(chars, chunk_chars)) if whole else 0)
     return tuple(sizes)
 
@@ -2845,7 +2849,8 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
     whole = [keeps_whole(s, settings) for s in recipe.sources]
     job = Job(str(work), tuple((s.spec, s.kind) for s in recipe.sources), recipe.read_options, settings,
               recipe.seed, 0.0 if recipe.val_files else recipe.val_fraction, bands, rows,
-              tuple(settings.chunk_chars if w else 0 for w in whole), tuple(map(str, recipe.val_files)))
+              tuple(settings.chunk_chars if w else 0 for w in whole),
+              tuple(os.path.abspath(p) for p in recipe.val_files))         # absolute: a task may run anywhere
     chunks = plan_chunks(recipe.sources, chunk_bytes, recipe.read_options[0])
     work.mkdir(parents=True, exist_ok=True)
     run = ray.call if ray is not None else _run_task           # a global step: as one Ray task, or right here

@@ -133,6 +133,28 @@ def test_s3_in_s3_out_writes_the_local_bytes(s3, inputs, uploaded, reference, tm
         assert data.prepare([uploaded], out, work_dir=tmp_path / "work", **SETTINGS) == out
 
 
+def test_kept_whole_text_streams_from_s3(s3, tmp_path, monkeypatch):
+    """A .txt and a .txt.gz kept whole, read from S3 in 7-byte blocks (markers and "\\r\\n" cut by blocks): the
+    local in-memory engine's bytes."""
+    query, fs = s3
+    rng = random.Random(3)
+    text = "\r\n\r\n".join(" ".join(rng.choices("river stone paper winter bridge".split(), k=60))
+                             + data.EOT * (i % 3 == 0) for i in range(30))
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text(text, newline="")
+    (books / "b.txt.gz").write_bytes(gzip.compress(text[::-1].encode()))
+    for path in books.iterdir():
+        with fs.open_output_stream(f"corpus/books/{path.name}", compression=None) as f:
+            f.write(path.read_bytes())
+    monkeypatch.setattr(data, "TEXT_BLOCK_BYTES", 7)
+    expected = dataset_files(data.prepare([str(books)], tmp_path / "reference", in_memory=True, **SETTINGS))
+    spec = f"s3://corpus/books?{query}"
+    got = dataset_files(data.prepare([spec], tmp_path / "ds", work_dir=tmp_path / "work", **SETTINGS))
+    same_dataset(got, expected, spec, str(books))
+    assert got["manifest"]["funnel"][1]["name"].startswith("kept whole")
+
+
 def test_jsonl_byte_ranges_over_s3_read_every_line_once(s3, inputs, uploaded):
     """Ranges that tile the object read each line once: a line belongs to the range holding its first byte, found
     by a seek to the byte before and a readline. The cuts fall on line starts and one byte after them, where an
