@@ -71,10 +71,10 @@ text[start:start + size + 1], so a cutter that holds one window and one block of
 a marker cut in two by a block's end waits for the next block. The piece size, min(16,384, chars / 20), needs the
 source's characters only up to 20 x 16,383 + 1 = 327,661: Tiny Shakespeare's count stops after its first 1 MiB
 block (1,048,576 of its 1,115,393 characters), size 16,384, 69 pieces; a 10 GB book's count stops there too, and
-then it is cut holding ~1 MiB. --val-data: the
-val files are small, train is not, so each worker hashes the val files' 13-grams (8 bytes each: 20,712 for the last
-10% of Tiny Shakespeare) and looks up its train documents in them; stage 3 reads the final text, after PII masking
-and near-dedup, as the in-memory engine's evaluate.contamination_report does.
+then it is cut holding ~1 MiB. --val-data: the val files are small, train is not, so each worker hashes the val
+files' 13-grams (8 bytes each: 20,712 for the last 10% of Tiny Shakespeare) and looks up its train documents in
+them; stage 3 reads the final text, after PII masking and near-dedup, as the in-memory engine's
+evaluate.contamination_report does.
 
 Every stage function maps one chunk to files named by the chunk (s1-000042.txt, ...), written under temporary names
 and renamed, the chunk's .json counts last: a rerun after a kill skips every chunk with its .json, and a join whose
@@ -1229,9 +1229,9 @@ HEAVY_CLEANING = 0.25          # a source that loses more than this share of its
 
 def kept_piece_size(chars_read: int, chunk_chars: int) -> int:
     """The piece size of a source kept whole: chunk_chars, or less for a small source, so that it still makes
-    KEPT_MIN_PIECES pieces. Tiny Shakespeare's 1,115,389 characters: 16,384; a 6,000-character note: 300.
+    KEPT_MIN_PIECES pieces. Tiny Shakespeare's 1,115,393 characters: 16,384; a 6,000-character note: 300.
 
-    >>> kept_piece_size(1_115_389, 16_384), kept_piece_size(6_000, 16_384)
+    >>> kept_piece_size(1_115_393, 16_384), kept_piece_size(6_000, 16_384)
     (16384, 300)
     """
     return min(chunk_chars, -(-chars_read // KEPT_MIN_PIECES))
@@ -2078,12 +2078,11 @@ def cut_stream(fragments: Iterable[str | None], max_chars: int, counts: collecti
     for fragment in fragments:
         if fragment is None:                            # the document ends: its last piece
             rest = text[start:].rstrip()
-            if rest:
+            if rest:                                    # a document with text: it has a non-space here
                 counts["read_docs"] += 1
                 counts["read_chars"] += done + len(rest)
                 counts["read_bytes"] += done_bytes + len(rest.encode("utf-8"))
-                if rest.strip():
-                    yield rest.strip()
+                yield rest.strip()
             text, start, done, done_bytes = "", 0, 0, 0
             continue
         if not text:                                     # nothing of this document yet: strip its start
@@ -2256,7 +2255,7 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
     """Stage 1, one chunk: read -> extract text (HTML) -> quality filters. Writes the surviving documents
     (s1-C.txt + s1-C.offsets.npy), an 8-byte exact-dedup hash per document (s1-C.doc_hash.npy) and, for prose,
     the sorted run of (line hash, document) of its countable lines (s1-C.line_hash.npy, s1-C.line_doc.npy).
-    A chunk kept whole writes its pieces instead (`kept_pieces`), and no hashes: dedup never sees them."""
+    A chunk kept whole writes its pieces instead (`kept_pieces`), hash 0 each and no lines: dedup passes them by."""
     spec, kind = job.sources[chunk.source]
     rule_name, rule = _quality_rule(kind, job.settings)
     counts, reasons, jsonl = collections.Counter(), collections.Counter(), JsonlStats()
@@ -2750,7 +2749,6 @@ def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tu
             starts = np.asarray(_load_array(_chunk_file(job, 3, index, f"{split}.starts.npy")))
             if len(starts) == 1:
                 continue
-            tokens = open(_chunk_file(job, 3, index, f"{split}.bin"), "rb")
             sizes = np.asarray(_load_array(_chunk_file(job, 3, index, f"{split}.bytes.npy")))
             reads = np.ones(len(sizes), dtype=np.int64) if rules is None else document_reads(
                 *rules[source], np.asarray(_load_array(_chunk_file(job, 3, index, "train.bucket.npy"))))
@@ -2759,7 +2757,7 @@ def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tu
             documents, n_bytes = documents + int(chosen.sum()), n_bytes + int(sizes[chosen].sum())
             # runs of consecutive chosen documents are contiguous token ranges: write each in one piece
             edges = np.flatnonzero(np.diff(np.concatenate(([0], chosen.astype(np.int8), [0]))))
-            with tokens:
+            with open(_chunk_file(job, 3, index, f"{split}.bin"), "rb") as tokens:
                 for first, last in zip(edges[0::2].tolist(), edges[1::2].tolist()):
                     for piece in range(int(starts[first]), int(starts[last]), SHARD_PIECE_TOKENS):
                         tokens.seek(piece * dtype.itemsize)
