@@ -1196,16 +1196,24 @@ def chunk_document(text: str, max_chars: int) -> list[str]:
     """
     pieces, start = [], 0
     while len(text) - start > max_chars:
-        window = text[start:start + max_chars + 1]
-        cut = window.rfind("\n\n")
-        if cut <= 0:
-            cut = window.rfind("\n")
-        if cut <= 0:
-            cut = max_chars
+        cut = cut_position(text[start:start + max_chars + 1], max_chars)
         pieces.append(text[start:start + cut])
         start += cut
     pieces.append(text[start:])
     return [p.strip() for p in pieces if p.strip()]
+
+
+def cut_position(window: str, max_chars: int) -> int:
+    """Where a piece ends in the next max_chars + 1 characters: at the last blank line, else the last line break
+    (not at the window's first character), else at max_chars.
+
+    >>> cut_position("aa bb\\n\\ncc", 8), cut_position("aaaa\\nbbbb", 8), cut_position("abcdefghi", 8)
+    (5, 4, 8)
+    """
+    cut = window.rfind("\n\n")
+    if cut <= 0:
+        cut = window.rfind("\n")
+    return cut if cut > 0 else max_chars
 
 
 def _quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str], str | None] | None]:
@@ -2092,12 +2100,7 @@ def cut_stream(fragments: Iterable[str | None], max_chars: int, counts: collecti
             fragment = fragment[first.start():]
         text, start = text[start:] + fragment, 0
         while _NON_SPACE.search(text, start + max_chars):
-            window = text[start:start + max_chars + 1]
-            cut = window.rfind("\n\n")
-            if cut <= 0:
-                cut = window.rfind("\n")
-            if cut <= 0:
-                cut = max_chars
+            cut = cut_position(text[start:start + max_chars + 1], max_chars)
             piece = text[start:start + cut]
             if piece.strip():
                 yield piece.strip()
