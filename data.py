@@ -2771,10 +2771,16 @@ def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tu
 
 
 def _peak_rss_mb() -> float:
-    """This process's peak resident memory in MB (Linux reports KiB, macOS bytes)."""
-    import resource
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (2**20 if sys.platform == "darwin" else 2**10)
+    """This process's peak resident memory in MB. On Linux the kernel's VmHWM, which starts afresh at exec:
+    getrusage's ru_maxrss keeps the peak of the process that forked this one (a big notebook or test runner would
+    show as our peak). Elsewhere ru_maxrss (macOS reports bytes)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**10
+    except (OSError, StopIteration):
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
 class _Progress:

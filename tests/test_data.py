@@ -1359,6 +1359,20 @@ def test_peak_memory_of_kept_whole_text_does_not_grow_with_the_file(tmp_path):
     assert pieces > 1000 and after - before < 10 * 1024, (before, after)   # KiB: a few blocks, not the 18 MB text
 
 
+
+def test_progress_reports_the_process_own_peak_memory_not_its_parents():
+    """The progress lines' peak RSS is the process's own (VmHWM): a child started by a parent holding 600 MB more
+    reports its own few hundred MB, where getrusage's ru_maxrss (kept across exec) would report the parent's peak."""
+    if not pathlib.Path("/proc/self/status").exists():
+        pytest.skip("a process's own peak memory is read from Linux's /proc/self/status")
+    ballast = b"x" * (600 << 20)                                   # touched pages: the parent's RSS grows by 600 MB
+    script = ("import resource, sys; sys.path.insert(0, {!r}); import data; "
+              "print(data._peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)").format(str(ROOT))
+    own, inherited = map(float, subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                               check=True, timeout=120).stdout.split())
+    del ballast
+    assert inherited > 600 and own < inherited - 400, (own, inherited)
+
 CUT_SCRIPT = """
 import collections, pathlib, sys
 sys.path.insert(0, {root!r})
