@@ -1,7 +1,8 @@
 """Tests for data.py's object-store inputs and outputs (URIs through pyarrow.fs): prepare reads a corpus from
 s3:// (a .jsonl cut into byte ranges, a .jsonl.gz, a .parquet cut by row groups) and publishes the dataset to s3://,
-object for object the bytes of the in-memory reference engine's local run; file:// URIs work the same; a publish
-that fails half-way leaves no manifest at the final prefix; a bad bucket, key, glob or endpoint is one line, exit 2.
+object for object the bytes of the in-memory reference engine's local run, with either engine; file:// URIs work
+the same; a publish that fails or is SIGKILLed half-way leaves no manifest at the final prefix; a bad bucket, key,
+glob or endpoint is one line, exit 2; `download` brings a dataset back for the loader.
 
 The S3 is moto's server, started in this process on 127.0.0.1 (a free port) for the module, so no network is
 needed. pyarrow reaches it through the URI's query, ?endpoint_override=127.0.0.1:PORT&scheme=http (and, as tested,
