@@ -83,10 +83,10 @@ joins sort by (key, id); every random choice is a keyed hash of the text. That i
 64, killed and resumed, or a cluster's task scheduler running the same stage functions) writes the same bytes.
 The contract an engine relies on: `plan_chunks` numbers the chunks; `stage_read`, `stage_clean` and `stage_encode`
 take (Job, Chunk), read only the files of earlier steps, write only files named by their chunk, and return the
-JSON counts they also save; before stage 1 runs `kept_piece_sizes` (when a source is kept whole), between the stages,
-in this order, `join_exact`, `join_boilerplate`, `join_near_duplicates`, `decide_split`, `draw_tokenizer_sample`
-(then BPE) and, after stage 3, `encode_val_files` and `val_files_overlap` (with --val-data) and
-`write_split_shards`.
+JSON counts they also save; before stage 1 run `copy_val_files` (in the driver, with --val-data) and
+`kept_piece_sizes` (when a source is kept whole), between the stages, in this order, `join_exact`,
+`join_boilerplate`, `join_near_duplicates`, `decide_split`, `draw_tokenizer_sample` (then BPE) and, after stage 3,
+`encode_val_files` and `val_files_overlap` (with --val-data) and `write_split_shards`.
 
 Memory, per document (FineWeb-Edu 10BT: 9.7M documents of ~4 KB):
     RAM, main process   8 B exact-dedup hash (~32 B while np.unique sorts them: ~310 MB at the peak), 1 B survivor
@@ -1921,7 +1921,7 @@ class Job:
     bands: int
     rows: int
     kept_whole: tuple[int, ...] = ()           # per source: its piece size if kept whole (`kept_piece_sizes`), else 0
-    val_files: tuple[str, ...] = ()            # --val-data: the val split, read as it is (`read_val_file`)
+    val_data: bool = False                     # --val-data: the val split is the files (`copy_val_files`)
 
     def whole(self, chunk: Chunk) -> bool:
         return bool(self.kept_whole) and self.kept_whole[chunk.source] > 0
@@ -2560,7 +2560,7 @@ def decide_split(job: Job, chunks: list[Chunk]) -> dict:
         if is_val.any():
             k = np.flatnonzero(is_val)[np.argmax(keys[is_val])]
             largest_val = max(largest_val, (int(keys[k]), -((c.index << 32) | int(k))))
-    if n < 2 and not job.val_files:
+    if n < 2 and not job.val_data:
         raise DataError(f"{n} document(s) left after cleaning: need at least 2 for a train/val split")
     to_val = to_train = None
     if job.val_fraction > 0 and n_val == 0:
@@ -2650,7 +2650,7 @@ def stage_encode(job: Job, chunk: Chunk, threads: int = 1) -> dict:
         positions = np.flatnonzero(members)
         texts = _read_texts(_chunk_file(job, 2, chunk.index, "txt"), offsets, positions.tolist())
         found = [np.zeros(0, dtype=np.int64)]
-        if split == "train" and job.val_files:
+        if split == "train" and job.val_data:
             val = _cached(job.work + "val_ngrams", lambda: ValNgrams(val_documents(job)))
 
             def looked_up(texts: Iterator[str]) -> Iterator[str]:
@@ -2676,9 +2676,21 @@ def stage_encode(job: Job, chunk: Chunk, threads: int = 1) -> dict:
 # (the final text, after near-dedup: the documents that train) and notes the val 13-grams it found; the union over
 # the chunks gives evaluate.py's numbers without an index of train (8 bytes per val 13-gram, nothing per train one).
 
+def copy_val_files(job: Job, paths: list[pathlib.Path]) -> None:
+    """The --val-data documents (`read_val_file`), copied by the driver into the work folder (val.txt and its
+    offsets, last) that every task reads: on a cluster the files may be on the driver's disk only."""
+    if _work(job, "val.offsets.npy").exists():
+        return
+    spill = _TextSpill(_work(job, "val.txt"))
+    for path in paths:
+        for doc in read_val_file(path):
+            spill.add(doc)
+    _save_array(_work(job, "val.offsets.npy"), spill.close())
+
+
 def val_documents(job: Job) -> list[str]:
-    """The --val-data documents, in order (`read_val_file`)."""
-    return [doc for path in job.val_files for doc in read_val_file(pathlib.Path(path))]
+    """The --val-data documents, in order, from the work folder's copy."""
+    return list(_read_texts(_work(job, "val.txt"), _load_array(_work(job, "val.offsets.npy"))))
 
 
 class ValNgrams:
@@ -2745,7 +2757,7 @@ def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tu
     token files a run of consecutive documents at a time, in pieces of SHARD_PIECE_TOKENS."""
     writer, documents, unique, n_bytes = ShardWriter(directory, split, dtype, shard_tokens), 0, 0, 0
     passes = 1 if rules is None else max((full + (cut > 0) for full, cut in rules), default=0)
-    encoded = [(c.index, c.source) for c in chunks] + ([(len(chunks), None)] if split == "val" and job.val_files
+    encoded = [(c.index, c.source) for c in chunks] + ([(len(chunks), None)] if split == "val" and job.val_data
                                                         else [])
     for epoch in range(passes):
         for index, source in encoded:
@@ -2856,10 +2868,11 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
     whole = [keeps_whole(s, settings) for s in recipe.sources]
     job = Job(str(work), tuple((s.spec, s.kind) for s in recipe.sources), recipe.read_options, settings,
               recipe.seed, 0.0 if recipe.val_files else recipe.val_fraction, bands, rows,
-              tuple(settings.chunk_chars if w else 0 for w in whole),
-              tuple(os.path.abspath(p) for p in recipe.val_files))         # absolute: a task may run anywhere
+              tuple(settings.chunk_chars if w else 0 for w in whole), bool(recipe.val_files))
     chunks = plan_chunks(recipe.sources, chunk_bytes, recipe.read_options[0])
     work.mkdir(parents=True, exist_ok=True)
+    if job.val_data:
+        copy_val_files(job, recipe.val_files)
     run = ray.call if ray is not None else _run_task           # a global step: as one Ray task, or right here
     if any(whole):
         job = dataclasses.replace(job, kept_whole=run(kept_piece_sizes, job, chunks))
@@ -2947,8 +2960,8 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
             funnel.add_counts(f"near dedup (MinHash, J>={settings.near_dup_threshold})", docs, split["documents"],
                               sum(r["chars_out"] for r in cleaned), split["chars"],
                               {"near_duplicate": docs - split["documents"]})
-        val_docs = len(val_documents(job)) if job.val_files else split["val"]
-        funnel.add_counts("train/val split" + (" (--val-data)" if job.val_files else ""), split["documents"],
+        val_docs = len(val_documents(job)) if job.val_data else split["val"]
+        funnel.add_counts("train/val split" + (" (--val-data)" if job.val_data else ""), split["documents"],
                           split["documents"] - split["val"], split["chars"], split["train_chars"], {"val": val_docs})
 
     with clock.phase("tokenizer"):
@@ -2965,7 +2978,7 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
         encode_threads = (threads or os.cpu_count() or 1) if workers == 1 and ray is None else 1
         encoded = _run_stage("encode", 3, stage_encode, job, chunks, workers, show_progress, encode_threads, ray=ray)
         overlap, val_encoded = None, {"bytes": 0}
-        if job.val_files:                                     # the val split: the files, after the chunks' none
+        if job.val_data:                                     # the val split: the files, after the chunks' none
             marker = _chunk_file(job, 3, len(chunks), "json")
             val_encoded = json.loads(marker.read_text()) if marker.exists() else run(encode_val_files, job,
                                                                                      len(chunks))
