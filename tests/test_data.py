@@ -1340,6 +1340,17 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
     assert large_mb < small_mb + 25, (small_mb, large_mb)
 
 
+CUT_SCRIPT = """
+import collections, pathlib, sys
+sys.path.insert(0, {root!r})
+import data
+before = own_peak_kib()
+blocks = data.read_text_blocks(pathlib.Path({path!r}))
+pieces = sum(1 for _ in data.cut_stream(data.split_text_stream(blocks, "eot"), 16_384, collections.Counter()))
+print(before, own_peak_kib(), pieces)
+"""
+
+
 @pytest.mark.slow
 def test_peak_memory_of_kept_whole_text_does_not_grow_with_the_file(tmp_path):
     """A .txt kept whole 10x larger (1.8 MB -> 18 MB, one document: no <|endoftext|>) costs the streaming engine
@@ -1359,7 +1370,6 @@ def test_peak_memory_of_kept_whole_text_does_not_grow_with_the_file(tmp_path):
     assert pieces > 1000 and after - before < 10 * 1024, (before, after)   # KiB: a few blocks, not the 18 MB text
 
 
-
 def test_progress_reports_the_process_own_peak_memory_not_its_parents():
     """The progress lines' peak RSS is the process's own (VmHWM): a child started by a parent holding 600 MB more
     reports its own few hundred MB, where getrusage's ru_maxrss (kept across exec) would report the parent's peak."""
@@ -1372,16 +1382,6 @@ def test_progress_reports_the_process_own_peak_memory_not_its_parents():
                                                check=True, timeout=120).stdout.split())
     del ballast
     assert inherited > 600 and own < inherited - 400, (own, inherited)
-
-CUT_SCRIPT = """
-import collections, pathlib, sys
-sys.path.insert(0, {root!r})
-import data
-before = own_peak_kib()
-blocks = data.read_text_blocks(pathlib.Path({path!r}))
-pieces = sum(1 for _ in data.cut_stream(data.split_text_stream(blocks, "eot"), 16_384, collections.Counter()))
-print(before, own_peak_kib(), pieces)
-"""
 
 
 def test_bad_inputs_name_the_file_exit_2_and_write_nothing(tmp_path):
