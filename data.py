@@ -53,12 +53,13 @@ keeps the in-memory engine (section 9) as the small, readable reference that the
     stage 1  per chunk (16 MiB of a file)   read, extract, quality filters -> cleaned text, 8-byte hash per doc,
                                             hashes of its lines (sorted run); a chunk kept whole: its pieces, a
                                             .txt read in 1 MiB blocks and cut as it streams
-    join     exact dedup                    first document of each hash (8 bytes per document in RAM)
-    join     boilerplate lines              count documents per line hash, one key range of all runs at a time
+    join     exact dedup                    per range of hash values: the first document of each hash
+    join     boilerplate lines              per range of line hashes: count the documents holding each
     stage 2  per chunk                      drop copies, boilerplate lines, PII -> final text; MinHash signature ->
                                             32 band keys (sorted run); split/sample/mix keys
-    join     near dedup                     documents sharing a band key, one key range at a time -> candidate
-                                            pairs -> exact Jaccard, reading back only those documents -> union-find
+    join     near dedup                     per range of band keys: documents sharing a key -> candidate pairs;
+                                            per range of document ids: exact Jaccard, reading back only those
+                                            documents; then one union-find over all the verified pairs
     global   split, tokenizer               the split is a coin per document: key(text, seed) < val_fraction·2^64;
                                             BPE trains on the documents with the smallest sample keys (~4 MB)
     stage 3  per chunk                      encode train and val documents; with --val-data, note the val files'
@@ -77,30 +78,46 @@ them; stage 3 reads the final text, after PII masking and near-dedup, as the in-
 evaluate.contamination_report does.
 
 Every stage function maps one chunk to files named by the chunk (s1-000042.txt, ...), written under temporary names
-and renamed, the chunk's .json counts last: a rerun after a kill skips every chunk with its .json, and a join whose
-result file exists. A document's id is (chunk << 32) | its position, so sorting ids sorts documents in input order;
-joins sort by (key, id); every random choice is a keyed hash of the text. That is why any schedule (1 worker or
-64, killed and resumed, or a cluster's task scheduler running the same stage functions) writes the same bytes.
+and renamed, the chunk's .json counts last: a rerun after a kill skips every chunk with its .json, and every join
+range and join whose result file exists. A document's id is (chunk << 32) | its position, so sorting ids sorts
+documents in input order; joins sort by (key, id); every random choice is a keyed hash of the text. That is why
+any schedule (1 worker or 64, killed and resumed, or a cluster's task scheduler running the same stage functions)
+writes the same bytes.
 The contract an engine relies on: `plan_chunks` numbers the chunks; `stage_read`, `stage_clean` and `stage_encode`
 take (Job, Chunk), read only the files of earlier steps, write only files named by their chunk, and return the
 JSON counts they also save; before stage 1 run `copy_val_files` (in the driver, with --val-data) and
-`kept_piece_sizes` (when a source is kept whole), between the stages, in this order, `join_exact`,
-`join_boilerplate`, `join_near_duplicates`, `decide_split`, `draw_tokenizer_sample` (then BPE) and, after stage 3,
-`encode_val_files` and `val_files_overlap` (with --val-data) and `write_split_shards`.
+`kept_piece_sizes` (when a source is kept whole), between the stages, in this order, the exact join (`exact_range`
+per key range, then `join_exact`), the boilerplate join (`boilerplate_range`, `join_boilerplate`), the near-dup
+join (`band_join_range` per key range, `verify_range` per range of ids, `join_near_duplicates`), `decide_split`,
+`draw_tokenizer_sample` (then BPE) and, after stage 3, `encode_val_files` and `val_files_overlap` (with
+--val-data) and `write_split_shards`.
+
+A join is parallel too, by key range. Each chunk's keys (document hashes, line hashes, band keys) are a sorted run
+on disk; the 64-bit key space is cut into ranges, enough for each to fit JOIN_BYTES and at least 4 per worker (8
+on 2 cores, 256 on 64). Every entry of a key lies in the one range that holds the key, so a range is joined from
+its own slice of each run, knowing nothing of the others: a unit of work like a chunk, on any worker, its result a
+file named by its bounds (a rerun skips it; a run cut into other ranges never takes it for one of its own). A small
+final step combines the files: exact dedup marks the documents each range kept; boilerplate concatenates the
+ranges' hashes (in key order, so sorted); near-dedup first verifies each candidate pair once, per range of
+document ids (a pair sharing bands in several key ranges is a candidate in each), then runs one union-find over
+every verified pair, since a cluster spans ranges: C~A found in one, C~B in another (A and B not similar) is one
+cluster {A, B, C}, of which only A stays, as in the in-memory engine.
 
 Memory, per document (FineWeb-Edu 10BT: 9.7M documents of ~4 KB):
-    RAM, main process   8 B exact-dedup hash (~32 B while np.unique sorts them: ~310 MB at the peak), 1 B survivor
-                        flag (memory-mapped), 16 B per candidate pair, 8 B per near-duplicate dropped; each join holds
-                        one key range of at most JOIN_BYTES (64 MiB) whatever the corpus size
+    RAM, main process   1 B survivor flag (exact dedup's final step; memory-mapped after), 16 B per verified
+                        near-duplicate pair and 8 B per near-duplicate dropped (the union-find)
+    RAM, per join task  one key range of at most JOIN_BYTES (64 MiB), whatever the corpus size
     RAM, per worker     one chunk: 16 MiB of text as Python strings and lists, ~100 MB; a kept-whole .txt of any
                         size: a 1 MiB block, one piece, 40 B per piece of keys and sizes
-    disk (work files)   the text twice at most (stage 1's is deleted when stage 2 is done), ~20 B/line of line hashes,
-                        32 bands x 12 B = 384 B of band keys, ~2 B per token; removed when the dataset is published
+    disk (work files)   the text twice at most (stage 1's is deleted when stage 2 is done), 12 B of document hash,
+                        ~20 B/line of line hashes, 32 bands x 12 B = 384 B of band keys, ~2 B per token; removed
+                        when the dataset is published
 
-On a cluster, `prepare --engine ray` (section 11) makes that scheduler Ray: one task per chunk and stage, one per
-join and per split's shards, calling these very functions on the same work files (on storage every node sees). The
-output is byte-identical to the local engine's for the reasons above, and one more: a task only writes files
-(temporary name, then rename) that a rerun writes again identically, so Ray may rerun a task whose worker died.
+On a cluster, `prepare --engine ray` (section 11) makes that scheduler Ray: one task per chunk and stage, per range
+of a join, per join's final step and per split's shards, calling these very functions on the same work files (on
+storage every node sees). The output is byte-identical to the local engine's for the reasons above, and one more: a
+task only writes files (temporary name, then rename) that a rerun writes again identically, so Ray may rerun a task
+whose worker died.
 
 A cluster's corpus and datasets live in an object store. `--data` and `--out` take URIs that pyarrow.fs opens
 (s3://bucket/web/*.parquet, gs://, hdfs://, file://; a local path never imports pyarrow). A chunk names its object
@@ -132,6 +149,7 @@ import dataclasses
 import datetime
 import fnmatch
 import functools
+import gc
 import glob
 import gzip
 import hashlib
@@ -2256,9 +2274,10 @@ def _read_texts(path: pathlib.Path, offsets: np.ndarray, which: Iterable[int] | 
 
 def stage_read(job: Job, chunk: Chunk) -> dict:
     """Stage 1, one chunk: read -> extract text (HTML) -> quality filters. Writes the surviving documents
-    (s1-C.txt + s1-C.offsets.npy), an 8-byte exact-dedup hash per document (s1-C.doc_hash.npy) and, for prose,
-    the sorted run of (line hash, document) of its countable lines (s1-C.line_hash.npy, s1-C.line_doc.npy).
-    A chunk kept whole writes its pieces instead (`kept_pieces`), hash 0 each and no lines: dedup passes them by."""
+    (s1-C.txt + s1-C.offsets.npy), the sorted run of (8-byte exact-dedup hash, document) (s1-C.doc_hash.npy,
+    s1-C.hash_doc.npy) and, for prose, the sorted run of (line hash, document) of its countable lines
+    (s1-C.line_hash.npy, s1-C.line_doc.npy). A chunk kept whole writes its pieces instead (`kept_pieces`), hash
+    0 each and no lines: dedup passes them by."""
     spec, kind = job.sources[chunk.source]
     rule_name, rule = _quality_rule(kind, job.settings)
     counts, reasons, jsonl = collections.Counter(), collections.Counter(), JsonlStats()
@@ -2303,8 +2322,11 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
         raise
     line_hashes, line_docs = np.array(line_hashes, dtype=np.uint64), np.array(line_docs, dtype=np.uint32)
     order = np.lexsort((line_docs, line_hashes))                             # a sorted run, by hash
+    hashes = np.array(hashes, dtype=np.uint64)
+    by_hash = np.argsort(hashes, kind="stable")                              # another, of the document hashes
     _save_array(_chunk_file(job, 1, chunk.index, "offsets.npy"), offsets)
-    _save_array(_chunk_file(job, 1, chunk.index, "doc_hash.npy"), np.array(hashes, dtype=np.uint64))
+    _save_array(_chunk_file(job, 1, chunk.index, "doc_hash.npy"), hashes[by_hash])
+    _save_array(_chunk_file(job, 1, chunk.index, "hash_doc.npy"), by_hash.astype(np.uint32))
     _save_array(_chunk_file(job, 1, chunk.index, "line_hash.npy"), line_hashes[order])
     _save_array(_chunk_file(job, 1, chunk.index, "line_doc.npy"), line_docs[order])
     result = {"source": chunk.source, "docs": len(offsets) - 1, "counts": dict(counts), "reasons": dict(reasons),
@@ -2313,9 +2335,28 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
     return result
 
 
-def _key_ranges(entries: int) -> list[tuple[int, int]]:
-    """Split the 64-bit key space into ranges whose join fits JOIN_BYTES (16 bytes an entry while joining)."""
-    parts = max(1, -(-entries * 16 // JOIN_BYTES))
+# The joins, by key range (the module docstring says why ranges are independent): a range is a unit of work like
+# a chunk, run on any worker, its result a file named by its bounds; a final step per join combines the files.
+# Range functions take the number of chunks, not the chunks: each of a cluster's hundreds of tasks gets a few bytes.
+
+def _range_count(entries: int, workers: int) -> int:
+    """How many ranges a join of `entries` entries takes: enough for each to fit JOIN_BYTES (16 bytes an entry
+    while joining), and at least 4 per worker, so that 2 cores and 64 both have work and a slow range does not hold
+    up the rest.
+
+    >>> _range_count(10, workers=2), _range_count(10**9, workers=2)      # 10^9 x 16 B / 64 MiB = 238.4
+    (8, 239)
+    """
+    return max(-(-entries * 16 // JOIN_BYTES), 4 * workers)
+
+
+def _key_ranges(entries: int, workers: int = 1) -> list[tuple[int, int]]:
+    """The 64-bit key space cut into _range_count(entries, workers) equal ranges [low, high), in order.
+
+    >>> _key_ranges(10, workers=1)[1:3]
+    [(4611686018427387904, 9223372036854775808), (9223372036854775808, 13835058055282163712)]
+    """
+    parts = _range_count(entries, workers)
     bounds = [KEY_RANGE * p // parts for p in range(parts + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -2327,15 +2368,50 @@ def _run_slice(keys: np.ndarray, low: int, high: int) -> slice:
     return slice(start, stop)
 
 
-def join_exact(job: Job, chunks: list[Chunk]) -> None:
-    """Exact dedup over the whole corpus from 8 bytes per document: the first of each hash group is kept, and
-    every piece of a kept-whole chunk. Writes exact_keep.npy (one bool per stage-1 document, chunks in order) and
-    doc_starts.npy (per chunk)."""
-    hashes = [_load_array(_chunk_file(job, 1, c.index, "doc_hash.npy")) for c in chunks]
-    starts = np.concatenate([[0], np.cumsum([len(h) for h in hashes])]).astype(np.int64)
-    all_hashes = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.uint64)
-    keep = np.zeros(len(all_hashes), dtype=bool)
-    keep[np.unique(all_hashes, return_index=True)[1]] = True              # first occurrence of each hash
+def _range_of_runs(job: Job, stage: int, chunk_count: int, key_file: str, doc_file: str, low: int,
+                   high: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, stable document ids) of every chunk's sorted run (sS-C.KEY_FILE, sS-C.DOC_FILE) within [low, high):
+    the whole of a join's input for that range, in chunk order."""
+    keys, ids = [np.zeros(0, dtype=np.uint64)], [np.zeros(0, dtype=np.int64)]
+    for chunk in range(chunk_count):
+        run = _load_array(_chunk_file(job, stage, chunk, key_file))
+        part = _run_slice(run, low, high)
+        keys.append(np.asarray(run[part]))
+        docs = _load_array(_chunk_file(job, stage, chunk, doc_file))[part]
+        ids.append((np.int64(chunk) << 32) | docs.astype(np.int64))
+    return np.concatenate(keys), np.concatenate(ids)
+
+
+def _range_file(job: Job, name: str, low: int, high: int) -> pathlib.Path:
+    """The result file of the range [low, high) of a join, named by its bounds."""
+    return pathlib.Path(job.work) / f"{name}-{low:016x}-{high:016x}.npy"
+
+
+def _range_results(job: Job, name: str, ranges: list[tuple[int, int]], empty: np.ndarray) -> np.ndarray:
+    """The result files of a join's ranges, concatenated in range order (`empty` when there are none)."""
+    return np.concatenate([empty] + [np.asarray(_load_array(_range_file(job, name, *r))) for r in ranges])
+
+
+def exact_range(job: Job, chunk_count: int, low: int, high: int) -> None:
+    """Exact dedup of the documents whose hash lies in [low, high): the first (smallest id) of each hash group
+    stays. Writes the sorted ids that stay (exact-LOW-HIGH.npy)."""
+    hashes, ids = _range_of_runs(job, 1, chunk_count, "doc_hash.npy", "hash_doc.npy", low, high)
+    order = np.lexsort((ids, hashes))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = hashes[order][1:] != hashes[order][:-1]
+    _save_array(_range_file(job, "exact", low, high), np.sort(ids[order][first]))
+
+
+def join_exact(job: Job, chunks: list[Chunk], ranges: list[tuple[int, int]]) -> None:
+    """Exact dedup, the final step: mark the documents that the ranges kept, and every piece of a kept-whole
+    chunk. Writes exact_keep.npy (one bool per stage-1 document, chunks in order: 1 byte a document) and
+    doc_starts.npy (the first position of each chunk)."""
+    sizes = [len(_load_array(_chunk_file(job, 1, c.index, "doc_hash.npy"))) for c in chunks]
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    keep = np.zeros(starts[-1], dtype=bool)
+    for r in ranges:
+        kept = np.asarray(_load_array(_range_file(job, "exact", *r)))
+        keep[starts[kept >> 32] + (kept & 0xFFFFFFFF)] = True
     for c in chunks:          # pieces kept whole (hash 0: a document's hash is 0 with probability 2^-64) all stay
         if job.whole(c):
             keep[starts[c.index]:starts[c.index + 1]] = True
@@ -2343,23 +2419,20 @@ def join_exact(job: Job, chunks: list[Chunk]) -> None:
     _save_array(_work(job, "exact_keep.npy"), keep)
 
 
-def join_boilerplate(job: Job, chunks: list[Chunk], entries: int) -> None:
-    """The boilerplate lines' hashes (boilerplate.npy, sorted): count, per line hash, the documents that survive
-    exact dedup and hold it, one key range at a time; a range gathers its slice of every chunk's sorted run."""
+def boilerplate_range(job: Job, chunk_count: int, low: int, high: int) -> None:
+    """The boilerplate lines whose hash lies in [low, high) (boilerplate-LOW-HIGH.npy, sorted): count, per line
+    hash, the documents that survive exact dedup and hold it."""
     keep, starts = _load_array(_work(job, "exact_keep.npy")), _load_array(_work(job, "doc_starts.npy"))
-    runs = [(_load_array(_chunk_file(job, 1, c.index, "line_hash.npy")),
-             _load_array(_chunk_file(job, 1, c.index, "line_doc.npy"))) for c in chunks]
-    found = [np.zeros(0, dtype=np.uint64)]
-    for low, high in _key_ranges(entries):
-        pieces = []
-        for c, (hashes, docs) in zip(chunks, runs):
-            part = _run_slice(hashes, low, high)
-            alive = keep[starts[c.index] + docs[part].astype(np.int64)]
-            pieces.append(hashes[part][alive])
-        values, counts = np.unique(np.concatenate(pieces), return_counts=True)
-        found.append(values[counts >= (job.settings.boilerplate_min_documents
-                                       if job.settings.line_dedup == "documents" else 2)])
-    _save_array(_work(job, "boilerplate.npy"), np.concatenate(found))
+    hashes, ids = _range_of_runs(job, 1, chunk_count, "line_hash.npy", "line_doc.npy", low, high)
+    alive = keep[starts[ids >> 32] + (ids & 0xFFFFFFFF)]
+    values, counts = np.unique(hashes[alive], return_counts=True)
+    least = job.settings.boilerplate_min_documents if job.settings.line_dedup == "documents" else 2
+    _save_array(_range_file(job, "boilerplate", low, high), values[counts >= least])
+
+
+def join_boilerplate(job: Job, ranges: list[tuple[int, int]]) -> None:
+    """Boilerplate lines, the final step: the ranges' hashes in range order, so sorted (boilerplate.npy)."""
+    _save_array(_work(job, "boilerplate.npy"), _range_results(job, "boilerplate", ranges, np.zeros(0, np.uint64)))
 
 
 _PROCESS_CACHE: dict = {}          # per worker process: the boilerplate set, the MinHasher, the tokenizer
@@ -2492,28 +2565,41 @@ def _verify_batches(job: Job, candidates: np.ndarray) -> Iterator[np.ndarray]:
         yield candidates[start:]
 
 
-def join_near_duplicates(job: Job, chunks: list[Chunk], entries: int) -> None:
-    """Near-dedup over the whole corpus from the spilled band keys (near_drop.npy: sorted ids to drop).
+def band_join_range(job: Job, chunk_count: int, low: int, high: int) -> None:
+    """Near-dedup, step 1, for the band keys in [low, high): documents sharing a key share a band, so every pair
+    inside a run of equal keys is a candidate (dedup's pairs-in-groups). Writes the range's distinct candidate
+    pairs, sorted (near-candidates-LOW-HIGH.npy: (pairs, 2) ids, the smaller first)."""
+    keys, ids = _range_of_runs(job, 2, chunk_count, "band_key.npy", "band_doc.npy", low, high)
+    order = np.lexsort((ids, keys))
+    group = np.concatenate(([0], np.cumsum(keys[order][1:] != keys[order][:-1])))
+    pairs = dedup._pairs_in_groups(ids[order], group)
+    _save_array(_range_file(job, "near-candidates", low, high), np.unique(pairs, axis=0))
 
-    1. Join: one key range at a time, gather every chunk's slice of its sorted run; documents sharing a key share
-       a band: every pair inside a run of equal keys is a candidate (dedup's pairs-in-groups), each pair once.
-    2. Verify: exact Jaccard of the candidates' shingles, reading back only the candidate documents.
-    3. Cluster: union-find over the verified pairs; every member but the first (smallest id) of a cluster goes.
+
+def _id_ranges(documents: list[int], parts: int) -> list[tuple[int, int]]:
+    """The documents, in id order, cut into `parts` runs of about equal count, as [first, last) id bounds
+    (empty runs left out). documents: how many each chunk has.
+
+    >>> _id_ranges([3, 0, 2], 2)             # ids 0, 1 | 2, then chunk 2's (2 << 32) and (2 << 32) + 1
+    [(0, 2), (2, 12884901888)]
     """
-    runs = [(_load_array(_chunk_file(job, 2, c.index, "band_key.npy")),
-             _load_array(_chunk_file(job, 2, c.index, "band_doc.npy"))) for c in chunks]
-    pairs = [np.zeros((0, 2), dtype=np.int64)]
-    for low, high in _key_ranges(entries):
-        keys, ids = [], []
-        for c, (band_key, band_doc) in zip(chunks, runs):
-            part = _run_slice(band_key, low, high)
-            keys.append(band_key[part])
-            ids.append((np.int64(c.index) << 32) | band_doc[part].astype(np.int64))
-        keys, ids = np.concatenate(keys), np.concatenate(ids)
-        order = np.lexsort((ids, keys))
-        group = np.concatenate(([0], np.cumsum(keys[order][1:] != keys[order][:-1])))
-        pairs.append(dedup._pairs_in_groups(ids[order], group))
-    candidates = np.unique(np.concatenate(pairs), axis=0)
+    before = np.concatenate([[0], np.cumsum(documents)]).astype(np.int64)     # documents in the chunks before
+    bounds = []
+    for k in (int(before[-1]) * p // parts for p in range(parts + 1)):
+        chunk = int(np.searchsorted(before, k, side="right")) - 1              # the chunk holding the k-th document
+        bounds.append((chunk << 32) | (k - int(before[chunk])))
+    return [(first, last) for first, last in zip(bounds[:-1], bounds[1:]) if first < last]
+
+
+def verify_range(job: Job, key_ranges: list[tuple[int, int]], first: int, last: int) -> None:
+    """Near-dedup, step 2, for the candidate pairs whose smaller id lies in [first, last): exact Jaccard of their
+    shingles, reading back only those documents. A pair that shares bands in several key ranges is a candidate in
+    each, and verified here once. Writes the pairs at or above the threshold (near-verified-FIRST-LAST.npy)."""
+    found = [np.zeros((0, 2), dtype=np.int64)]
+    for r in key_ranges:                                # each file is sorted by the smaller id: read a slice of it
+        pairs = _load_array(_range_file(job, "near-candidates", *r))
+        found.append(np.asarray(pairs[np.searchsorted(pairs[:, 0], first):np.searchsorted(pairs[:, 0], last)]))
+    candidates = np.unique(np.concatenate(found), axis=0)
     verified = [np.zeros((0, 2), dtype=np.int64)]
     for batch in _verify_batches(job, candidates):
         involved = np.unique(batch)
@@ -2522,7 +2608,14 @@ def join_near_duplicates(job: Job, chunks: list[Chunk], entries: int) -> None:
             texts = [dedup.remove_accents(t) for t in texts]
         similarity = dedup.pair_jaccard(texts, np.searchsorted(involved, batch), NEAR_DUP_SHINGLE)
         verified.append(batch[similarity >= job.settings.near_dup_threshold])
-    verified = np.concatenate(verified)
+    _save_array(_range_file(job, "near-verified", first, last), np.concatenate(verified))
+
+
+def join_near_duplicates(job: Job, id_ranges: list[tuple[int, int]]) -> None:
+    """Near-dedup, step 3, the final step: union-find over the verified pairs of every range, together, since a
+    cluster spans ranges (A~C verified in one, B~C in another: A, B and C are one cluster even when A and B are not
+    similar); every member but the first (smallest id) of a cluster goes. Writes near_drop.npy (sorted ids)."""
+    verified = _range_results(job, "near-verified", id_ranges, np.zeros((0, 2), dtype=np.int64))
     members = np.unique(verified)
     union_find = dedup.UnionFind(len(members))
     for i, j in np.searchsorted(members, verified).tolist():
@@ -2818,6 +2911,29 @@ class _Progress:
                   file=sys.stderr, flush=True)
 
 
+def _in_processes(calls: list[tuple], workers: int) -> Iterator[tuple[int, object]]:
+    """(position, function(*args)) for each (function, *args) in calls, as they finish: on `workers` forked
+    processes, or right here when there is one worker or one call."""
+    if workers == 1 or len(calls) <= 1:
+        for position, (function, *args) in enumerate(calls):
+            yield position, function(*args)
+        return
+    context = multiprocessing.get_context("fork")          # workers inherit the loaded modules: no re-import
+    gc.freeze()            # a worker's garbage collections skip the objects it inherits: walking them would touch,
+    try:                   # and so copy, every page of this process's heap (a pool of 2 cost ~0.4 CPU-s more here)
+        with concurrent.futures.ProcessPoolExecutor(min(workers, len(calls)), mp_context=context,
+                                                    initializer=_store_root.cache_clear) as pool:   # own S3 clients
+            futures = {pool.submit(*call): position for position, call in enumerate(calls)}
+            try:
+                for future in concurrent.futures.as_completed(futures):
+                    yield futures[future], future.result()
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+    finally:
+        gc.unfreeze()
+
+
 def _run_stage(title: str, stage: int, function: Callable, job: Job, chunks: list[Chunk], workers: int,
                show: bool, *args, ray: "RayEngine | None" = None) -> list[dict]:
     """Run function(job, chunk, *args) for every chunk not already done, on `workers` processes (or as Ray tasks);
@@ -2829,27 +2945,28 @@ def _run_stage(title: str, stage: int, function: Callable, job: Job, chunks: lis
             results[c.index] = json.loads(marker.read_text())
     todo = [c for c in chunks if c.index not in results]
     progress = _Progress(title, chunks, len(results), show)
-    if ray is not None:
-        for c, result in ray.map(function, job, todo, *args):
-            results[c.index] = result
-            progress.update(c, result)
-    elif workers == 1 or len(todo) <= 1:
-        for c in todo:
-            results[c.index] = function(job, c, *args)
-            progress.update(c, results[c.index])
-    elif todo:
-        context = multiprocessing.get_context("fork")          # workers inherit the loaded modules: no re-import
-        with concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), mp_context=context,
-                                                    initializer=_store_root.cache_clear) as pool:   # own S3 clients
-            futures = {pool.submit(function, job, c, *args): c for c in todo}
-            try:
-                for future in concurrent.futures.as_completed(futures):
-                    results[futures[future].index] = future.result()
-                    progress.update(futures[future], results[futures[future].index])
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+    finished = ray.map(function, job, todo, *args) if ray is not None else (
+        (todo[i], result) for i, result in _in_processes([(function, job, c, *args) for c in todo], workers))
+    for c, result in finished:
+        results[c.index] = result
+        progress.update(c, result)
     return [results[c.index] for c in chunks]
+
+
+def _run_ranges(title: str, function: Callable, job: Job, inputs, name: str, ranges: list[tuple[int, int]],
+                workers: int, show: bool, ray: "RayEngine | None" = None) -> None:
+    """Run function(job, inputs, low, high) for every range of a join whose result file `name` is missing, on
+    `workers` processes (or as Ray tasks), as _run_stage runs chunks."""
+    todo = [(function, job, inputs, low, high) for low, high in ranges
+            if not _range_file(job, name, low, high).exists()]
+    if show:
+        skipped = f" ({len(ranges) - len(todo)} done before)" if len(todo) < len(ranges) else ""
+        print(f"  {title}: {len(ranges)} ranges{skipped}", file=sys.stderr, flush=True)
+    if ray is not None:
+        ray.call_all(*todo)
+    else:
+        for _ in _in_processes(todo, workers):                                  # the files are the results
+            pass
 
 
 def _remove_work_files(work: pathlib.Path, patterns: list[str]) -> None:
@@ -2860,9 +2977,10 @@ def _remove_work_files(work: pathlib.Path, patterns: list[str]) -> None:
 
 def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Callable, threads: int | None,
                     workers: int, chunk_bytes: int, show_progress: bool, ray: "RayEngine | None" = None) -> Built:
-    """The streaming engine: stage functions over chunks (parallel), joins over sorted runs on disk (in key
-    ranges), each result saved in `work` so that a rerun continues where a killed run stopped. With `ray`, every
-    stage and join runs as a Ray task (section 11); without, on `workers` processes here."""
+    """The streaming engine: stage functions over chunks and joins over key ranges of the sorted runs on disk (both
+    parallel), each result saved in `work` so that a rerun continues where a killed run stopped. With `ray`, every
+    chunk's stage, join range and final step runs as a Ray task (section 11); without, on `workers` processes here
+    (a join's final step in this process)."""
     settings = recipe.settings
     bands, rows = dedup.resolve_bands_rows(settings.near_dup_threshold or 0.5, NEAR_DUP_NUM_PERM, None, None)
     whole = [keeps_whole(s, settings) for s in recipe.sources]
@@ -2876,6 +2994,11 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
     run = ray.call if ray is not None else _run_task           # a global step: as one Ray task, or right here
     if any(whole):
         job = dataclasses.replace(job, kept_whole=run(kept_piece_sizes, job, chunks))
+    join_workers = ray.cpus if ray is not None else workers     # a join takes at least 4 ranges per worker
+
+    def join_ranges(title: str, function: Callable, inputs, name: str, ranges: list[tuple[int, int]]) -> None:
+        _run_ranges(title, function, job, inputs, name, ranges, workers, show_progress, ray)
+
     log(f"streaming {len(chunks)} chunk(s) of up to {chunk_bytes / 2**20:g} MiB on {workers} worker(s); "
         f"work files in {work}")
 
@@ -2915,11 +3038,15 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
         if skipped:
             funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = skipped
         if not _work(job, "exact_keep.npy").exists():
-            with clock.phase("joins"):                     # the serial part: one process (or task), any --workers
-                run(join_exact, job, chunks)
+            with clock.phase("joins"):
+                ranges = _key_ranges(sum(r["docs"] for r in read), join_workers)
+                join_ranges("exact dedup join", exact_range, len(chunks), "exact", ranges)
+                run(join_exact, job, chunks, ranges)
         if not _work(job, "boilerplate.npy").exists():
             with clock.phase("joins"):
-                run(join_boilerplate, job, chunks, sum(r["line_entries"] for r in read))
+                ranges = _key_ranges(sum(r["line_entries"] for r in read), join_workers)
+                join_ranges("boilerplate join", boilerplate_range, len(chunks), "boilerplate", ranges)
+                run(join_boilerplate, job, ranges)
         cleaned = _run_stage("exact dedup + boilerplate + PII + MinHash", 2, stage_clean, job, chunks, workers,
                              show_progress, ray=ray)
         _remove_work_files(work, ["s1-*.txt", "s1-*.line_*.npy"])            # read by stage 2 only: free the disk
@@ -2949,7 +3076,12 @@ def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Ca
         if not _work(job, "near_drop.npy").exists():
             if near_dedup:
                 with clock.phase("joins"):
-                    run(join_near_duplicates, job, chunks, sum(r["band_entries"] for r in cleaned))
+                    key_ranges = _key_ranges(sum(r["band_entries"] for r in cleaned), join_workers)
+                    join_ranges("LSH band join", band_join_range, len(chunks), "near-candidates", key_ranges)
+                    candidates = sum(len(_load_array(_range_file(job, "near-candidates", *r))) for r in key_ranges)
+                    id_ranges = _id_ranges([r["docs"] for r in cleaned], _range_count(candidates, join_workers))
+                    join_ranges("verify candidates", verify_range, key_ranges, "near-verified", id_ranges)
+                    run(join_near_duplicates, job, id_ranges)
             else:
                 _save_array(_work(job, "near_drop.npy"), np.zeros(0, dtype=np.int64))
         if not _work(job, "split.json").exists():
@@ -3021,7 +3153,8 @@ def _run_task(function: Callable, *args):
 
 
 class RayEngine:
-    """Runs the streaming engine's steps as Ray tasks: `map` one task per chunk, `call` one task per global step.
+    """Runs the streaming engine's steps as Ray tasks: `map` one task per chunk, `call` one task per global step,
+    `call_all` one task each for the ranges of a join (or the two splits' shards).
 
     Every task reads its inputs from the work directory and writes its outputs there, through a temporary name
     then a rename, and returns only counts. So a task may run on any node, twice (Ray retries it when its worker
@@ -3033,7 +3166,8 @@ class RayEngine:
         self.ray = ray
         # retry_exceptions stays False: a DataError is a bad input, and rerunning the task cannot fix it
         self.task = ray.remote(max_retries=RAY_TASK_RETRIES)(_run_task)
-        self.in_flight = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))   # queued work stays bounded
+        self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.in_flight = 2 * self.cpus                                          # queued work stays bounded
 
     def _submit(self, function: Callable, *args):
         return self.task.options(name=function.__name__).remote(function, *args)
