@@ -9,6 +9,7 @@ import json
 import pathlib
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import data
+import dedup
 from data import DataError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -1129,6 +1131,59 @@ def test_streaming_equals_in_memory(mixed_inputs, tmp_path, case, monkeypatch):
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]   # no work or temporary folders left
 
 
+def chained_corpus(rng: random.Random) -> tuple[list[str], list[str]]:
+    """web_corpus (exact copies, boilerplate footers, near copies) around two clusters that only union-find over
+    every range's pairs resolves: a chain X~Y~Z (X and Z not similar) and a V: C similar to A and to B, A and B not
+    (J 2/3 and 1/3 of 3-word shingles). A opens the corpus, B sits in the middle and C closes it, so their pairs
+    are verified in different ranges of document ids. Returns (documents, [A, B, C])."""
+    p, q, r, s, t, u = (random_doc(rng, 40) for _ in range(6))
+    a, b, c = f"{p} {q}", f"{q} {r}", f"{p} {q} {r}"
+    docs = web_corpus(rng, 60)
+    middle = len(docs) // 2
+    return [a] + docs[:middle] + [f"{s} {t}", b, f"{s} {t} {u}"] + docs[middle:] + [f"{t} {u}", c], [a, b, c]
+
+
+def documents(out: pathlib.Path) -> list[str]:
+    """Every document of a dataset's train and val splits, decoded."""
+    td = data.TokenData(out)
+    return [td.tokenizer.decode(ids) for split in ("train", "val")
+            for ids in split_stream(np.concatenate([np.asarray(a) for a in td.shards[split]]), td.eot_id)]
+
+
+def test_join_ranges_cover_the_key_space_and_the_documents():
+    """Ranges of keys tile [0, 2^64) and ranges of ids tile the documents, with at least 4 per worker."""
+    for entries, workers in ((0, 1), (10, 2), (10**9, 3)):
+        ranges = data._key_ranges(entries, workers)
+        assert len(ranges) == max(-(-entries * 16 // data.JOIN_BYTES), 4 * workers)
+        assert ranges[0][0] == 0 and ranges[-1][1] == 2**64
+        assert all(high == low for (_, high), (low, _) in zip(ranges, ranges[1:]))
+    documents = [5, 0, 3, 1]
+    ids = [(chunk << 32) | k for chunk, n in enumerate(documents) for k in range(n)]
+    for parts in (1, 2, 4, 9, 20):
+        covered = [[i for i in ids if first <= i < last] for first, last in data._id_ranges(documents, parts)]
+        assert sum(covered, []) == ids and all(covered) and len(covered) == min(parts, len(ids))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_streaming_joins_over_many_ranges_equal_in_memory(tmp_path, workers, monkeypatch, capsys):
+    """Every join cut into many key ranges (JOIN_BYTES of 1 KiB), run on 1 and 2 worker processes: the same bytes as
+    the in-memory engine, the V cluster resolved as one (A kept, B and C dropped)."""
+    docs, (a, b, c) = chained_corpus(random.Random(7))
+    assert dedup.jaccard(dedup.shingles(a), dedup.shingles(b)) < 0.5 < dedup.jaccard(dedup.shingles(a),
+                                                                                      dedup.shingles(c))
+    write_jsonl(tmp_path / "web.jsonl", docs)
+    monkeypatch.setattr(data, "JOIN_BYTES", 1 << 10)
+    monkeypatch.setattr(data, "VERIFY_BYTES", 3000)
+    reference = data.prepare([str(tmp_path / "web.jsonl")], tmp_path / "reference", vocab_size=300, in_memory=True)
+    streamed = data.prepare([str(tmp_path / "web.jsonl")], tmp_path / "streamed", vocab_size=300, workers=workers,
+                            chunk_mb=4 / 1024, verbose=True)
+    assert dataset_files(streamed) == dataset_files(reference)
+    ranges = dict(re.findall(r"  (.+ join|verify candidates): (\d+) ranges", capsys.readouterr().err))
+    assert len(ranges) == 4 and min(map(int, ranges.values())) >= 4 * workers, ranges
+    kept = documents(streamed)
+    assert a in kept and b not in kept and c not in kept
+
+
 def test_streaming_reads_parquet_row_groups_and_globs(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -1298,6 +1353,45 @@ def test_killed_run_resumes_to_byte_identical_shards(mixed_inputs, tmp_path):
     whole = data.prepare([str(mixed_inputs / "web"), str(mixed_inputs / "books.txt")], tmp_path / "whole",
                          vocab_size=300, workers=1, clean_settings=data.CleanSettings(cleaning="web"))
     assert dataset_files(tmp_path / "ds") == dataset_files(whole)
+
+
+KILL_IN_JOIN = """
+import os, pathlib, signal, sys
+sys.path.insert(0, {root!r})
+import data
+boilerplate_range = data.boilerplate_range
+
+
+def boilerplate_range_then_die(job, chunk_count, low, high):
+    boilerplate_range(job, chunk_count, low, high)
+    if len(list(pathlib.Path(job.work).glob("boilerplate-*.npy"))) == 2:
+        os.killpg(0, signal.SIGKILL)                # this process and its workers
+
+
+data.boilerplate_range = boilerplate_range_then_die
+data.prepare([{corpus!r}], {out!r}, vocab_size=300, workers={workers}, chunk_mb=16 / 1024)
+"""
+
+
+def test_killed_join_resumes_from_its_finished_ranges(tmp_path, capsys):
+    """SIGKILL once 2 ranges of the boilerplate join are written: a rerun with the same ranges joins only the
+    others; a rerun with other ranges (1 worker's 4 after 2 workers' 8) takes none of the old files for one of its
+    own. Both write the in-memory engine's bytes."""
+    import signal
+    corpus = write_jsonl(tmp_path / "web.jsonl", chained_corpus(random.Random(8))[0])
+    reference = dataset_files(data.prepare([str(corpus)], tmp_path / "reference", vocab_size=300, in_memory=True))
+    for killed_with, done_before in ((1, " (2 done before)"), (2, "")):
+        script = KILL_IN_JOIN.format(root=str(ROOT), corpus=str(corpus), out=str(tmp_path / "ds"),
+                                     workers=killed_with)
+        killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                                start_new_session=True)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        out = data.prepare([str(corpus)], tmp_path / "ds", vocab_size=300, workers=1, chunk_mb=16 / 1024,
+                           verbose=True)
+        progress = capsys.readouterr().err
+        assert re.search(rf"boilerplate join: 4 ranges{re.escape(done_before)}\n", progress), progress
+        assert dataset_files(out) == reference
+        shutil.rmtree(out)
 
 
 RSS_SCRIPT = """

@@ -96,10 +96,16 @@ def ray_cluster(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_ray_engine_writes_the_local_engines_bytes(inputs, local_dataset, ray_cluster, tmp_path):
+def test_ray_engine_writes_the_local_engines_bytes(inputs, local_dataset, ray_cluster, tmp_path, monkeypatch):
     """Shards, tokenizer and manifest (but its timings) equal, over 3 files cut into many chunks, two sources mixed
-    by weight: stable document ids and ordering by chunk index keep the order tasks finish in out of the output."""
+    by weight: stable document ids and ordering by chunk index keep the order tasks finish in out of the output.
+    Each join runs its key ranges as Ray tasks (4 per CPU: 8 here), none in this process."""
+    cuts = []
+    key_ranges = data._key_ranges
+    monkeypatch.setattr(data, "_key_ranges", lambda *args: cuts.append(key_ranges(*args)) or cuts[-1])
+    monkeypatch.setattr(data, "_in_processes", None)                   # the local engine's runner: not called
     out = data.prepare(sources(inputs), tmp_path / "ds", engine="ray", **SETTINGS)
+    assert [len(ranges) for ranges in cuts] == [8, 8, 8]
     assert data.load_manifest(out)["timings"]["engine"] == "ray"
     got = dataset_files(out)
     assert got.keys() == local_dataset.keys()
