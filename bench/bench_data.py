@@ -19,6 +19,7 @@ worker (ru_maxrss), the funnel's near-duplicate count and the recall.
     python bench/bench_data.py                                  # 30, 300, 1000 MB + the in-memory peer at 30 MB
     python bench/bench_data.py --sizes 3 --peer-mb 3            # a smoke run (~1 minute)
     python bench/bench_data.py --sizes --peers before --peer-rev f90028c   # the pipeline before streaming, 30 MB
+    python bench/bench_data.py --sizes 30 --peers --workers 1 2            # the stream on 1 core, then on 2
 
 Needs ../shared/data. Corpora and outputs go to --work (default /tmp/bench_data), reused across runs.
 """
@@ -125,9 +126,11 @@ def checkout(revision: str, directory: pathlib.Path) -> pathlib.Path:
     return directory
 
 
-def run_prepare(corpus: pathlib.Path, out: pathlib.Path, engine: str, code: pathlib.Path = ROOT) -> dict:
+def run_prepare(corpus: pathlib.Path, out: pathlib.Path, engine: str, code: pathlib.Path = ROOT,
+                workers: int = 0) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     options = {"streaming": "", "in-memory": ", in_memory=True", "before": ""}[engine]
+    options += f", workers={workers}" if workers else ""
     script = RUN.format(root=str(code), corpus=str(corpus), out=str(out), options=options)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     if done.returncode:
@@ -165,6 +168,8 @@ def main() -> None:
                         help="in-memory: this data.py's reference engine; before: the pipeline of --peer-rev")
     parser.add_argument("--peer-rev", default=None, help="a git revision for the 'before' peer (e.g. the commit "
                                                          "before the streaming engine)")
+    parser.add_argument("--workers", type=int, nargs="*", default=[0],
+                        help="worker processes of the streaming runs, one run per count (0, the default: all cores)")
     parser.add_argument("--work", default="/tmp/bench_data", help="where corpora and outputs go")
     args = parser.parse_args()
     if not DATA.is_dir():
@@ -176,11 +181,12 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f} at the start")
     if "before" in args.peers and not args.peer_rev:
         raise SystemExit("--peers before needs --peer-rev REV")
-    runs = [(args.peer_mb, peer) for peer in args.peers] + [(mb, "streaming") for mb in args.sizes]
+    runs = [(args.peer_mb, peer, 0) for peer in args.peers] + [(mb, "streaming", workers) for mb in args.sizes
+                                                               for workers in args.workers]
     header = (f"{'corpus':>8} {'engine':<10} {'docs':>9} {'wall s':>8} {'MB/s':>6} {'CPU s/MB':>8} "
               f"{'RSS main':>9} {'RSS worker':>10} {'near dups':>9} {'recall':>7}")
     rows = []
-    for mb, engine in runs:
+    for mb, engine, workers in runs:
         t0 = time.perf_counter()
         corpus = work / f"corpus-{mb:g}MB.jsonl"
         info = build_corpus(corpus, mb, pool)
@@ -189,7 +195,8 @@ def main() -> None:
               f"made in {time.perf_counter() - t0:.0f}s", flush=True)
         out = work / f"out-{mb:g}MB-{engine}"
         code = checkout(args.peer_rev, work / f"code-{args.peer_rev}") if engine == "before" else ROOT
-        result = run_prepare(corpus, out, engine, code)
+        result = run_prepare(corpus, out, engine, code, workers)
+        engine = f"stream x{workers}" if workers else engine            # the row names its worker count
         near = next((s["reasons"].get("near_duplicate", 0) for s in result["funnel"]
                      if s["name"].startswith("near dedup")), 0)
         mb_in = info["bytes"] / 1e6
@@ -197,7 +204,7 @@ def main() -> None:
                f"{result['wall']:>8.1f} {mb_in / result['wall']:>6.2f} {result['cpu'] / mb_in:>8.2f} "
                f"{result['rss_main']:>7.0f}MB {result['rss_worker']:>8.0f}MB {near:>9,} {recall(info, out):>7.3f}")
         rows.append(row)
-        phases = ", ".join(f"{name} {result['timings'][name + '_s']:.0f}/{result['timings'][name + '_cpu_s']:.0f}s"
+        phases = ", ".join(f"{name} {result['timings'][name + '_s']:.1f}/{result['timings'][name + '_cpu_s']:.1f}s"
                            for name in ("clean", "joins", "tokenizer", "encode", "shards")
                            if name + "_s" in result["timings"])
         print(header + "\n" + row + f"\n    phases (wall/CPU): {phases}", flush=True)
