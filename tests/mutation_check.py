@@ -179,6 +179,33 @@ MUTANTS = [
            'f"{uri}:{size}:{mtime_ns}"', 'f"{uri}:{mtime_ns}"',
            ("tests/test_data_objstore.py::test_file_uris_and_globs",),
            "an object rewritten with its old mtime is taken for the cached dataset"),
+    Mutant("join-last-range-dropped", "data.py",
+           "    return list(zip(bounds[:-1], bounds[1:]))\n", "    return list(zip(bounds[:-1], bounds[1:]))[:-1]\n",
+           ("tests/test_data.py::test_streaming_joins_over_many_ranges_equal_in_memory",),
+           "the joins skip the last key range: its duplicates, boilerplate lines and near-copies stay"),
+    Mutant("union-find-per-id-range", "data.py",
+           "    verified = _range_results(job, \"near-verified\", id_ranges, np.zeros((0, 2), dtype=np.int64))\n"
+           "    members = np.unique(verified)\n"
+           "    union_find = dedup.UnionFind(len(members))\n"
+           "    for i, j in np.searchsorted(members, verified).tolist():\n"
+           "        union_find.union(i, j)\n"
+           "    drop = [m for cluster in union_find.clusters() for m in cluster[1:]]\n"
+           "    _save_array(_work(job, \"near_drop.npy\"), np.sort(members[drop]).astype(np.int64))\n",
+           "    drop = []\n"
+           "    for r in id_ranges:\n"
+           "        verified = _range_results(job, \"near-verified\", [r], np.zeros((0, 2), dtype=np.int64))\n"
+           "        members = np.unique(verified)\n"
+           "        union_find = dedup.UnionFind(len(members))\n"
+           "        for i, j in np.searchsorted(members, verified).tolist():\n"
+           "            union_find.union(i, j)\n"
+           "        drop += [int(members[m]) for cluster in union_find.clusters() for m in cluster[1:]]\n"
+           "    _save_array(_work(job, \"near_drop.npy\"), np.unique(np.array(drop, dtype=np.int64)))\n",
+           ("tests/test_data.py::test_streaming_joins_over_many_ranges_equal_in_memory",),
+           "near-dup clusters resolved per range of ids: C~A in one range, C~B in another, and B survives"),
+    Mutant("join-range-file-named-by-position", "data.py",
+           'f"{name}-{low:016x}-{high:016x}.npy"', 'f"{name}-{low * 1000 // 2**64}.npy"',
+           ("tests/test_data.py::test_killed_join_resumes_from_its_finished_ranges",),
+           "a range's file named by where it starts: a rerun cut into other ranges takes another run's file"),
 ]
 
 
