@@ -14,7 +14,10 @@ planted pair is found when exactly one of its two tags survives. Recall is over 
 
 Each run is a fresh process; reported: wall seconds, MB/s (input bytes / wall), CPU seconds per MB (the process
 and its workers: steadier than wall time on a shared machine), peak RSS of the main process and of the largest
-worker (ru_maxrss), the funnel's near-duplicate count and the recall.
+worker, the funnel's near-duplicate count and the recall. The main process's peak is its own VmHWM (Linux), which
+starts afresh at exec: getrusage's ru_maxrss would keep the peak of this benchmark process, which grows as it
+decodes shards. A worker's (ru_maxrss of the children) counts the pages it shares with the main process it was
+forked from.
 
     python bench/bench_data.py                                  # 30, 300, 1000 MB + the in-memory peer at 30 MB
     python bench/bench_data.py --sizes 3 --peer-mb 3            # a smoke run (~1 minute)
@@ -103,6 +106,12 @@ def build_corpus(path: pathlib.Path, megabytes: float, pool: list[str], seed: in
 
 RUN = """
 import json, resource, sys, time
+def own_peak_kib():
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 sys.path.insert(0, {root!r})
 import data
 start = time.perf_counter()
@@ -110,7 +119,7 @@ out = data.prepare([{corpus!r}], {out!r}{options})
 wall = time.perf_counter() - start
 m = data.load_manifest(out)
 print(json.dumps({{"wall": wall, "cpu": m["timings"]["total_cpu_s"], "timings": m["timings"], "funnel": m["funnel"],
-                  "rss_main": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "rss_main": own_peak_kib() / 1024,
                   "rss_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}}))
 """
 
