@@ -1395,32 +1395,24 @@ def test_killed_join_resumes_from_its_finished_ranges(tmp_path, capsys):
 
 
 RSS_SCRIPT = """
-import json, resource, sys
+import sys
 sys.path.insert(0, {root!r})
 import data
 data.prepare([{corpus!r}], {out!r}, vocab_size=300, tokenizer_train_bytes=200_000, workers=1, chunk_mb=0.5,
              in_memory={in_memory})
-print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) if {floored} else own_peak_kib())
-"""
-
-# A child's own peak is Linux's VmHWM. ru_maxrss keeps the peak of the process that forked it (pytest: ~300 MB)
-# across exec, so it hides any growth below that.
-OWN_PEAK_KIB = """
-def own_peak_kib():
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
+print(data._peak_rss_mb())
 """
 
 
-def peak_rss_mb(corpus: pathlib.Path, out: pathlib.Path, in_memory: bool = False, floored: bool = True) -> float:
-    """A prepare's peak RSS in a fresh process; floored: ru_maxrss (at least the parent's), else VmHWM (Linux)."""
-    if not floored and not pathlib.Path("/proc/self/status").exists():
+def peak_rss_mb(corpus: pathlib.Path, out: pathlib.Path, in_memory: bool = False) -> float:
+    """A prepare's peak RSS in a fresh process: its own (Linux's VmHWM). getrusage's ru_maxrss would keep the peak
+    of the process that forked it (pytest: ~300 MB) across exec, and so hide any growth below that."""
+    if not pathlib.Path("/proc/self/status").exists():
         pytest.skip("a child's own peak memory is read from Linux's /proc/self/status")
-    script = OWN_PEAK_KIB + RSS_SCRIPT.format(root=str(ROOT), corpus=str(corpus), out=str(out), in_memory=in_memory,
-                                              floored=floored)
+    script = RSS_SCRIPT.format(root=str(ROOT), corpus=str(corpus), out=str(out), in_memory=in_memory)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    return int(done.stdout.split()[-1]) / 1024                     # KiB on Linux
+    return float(done.stdout.split()[-1])
 
 
 @pytest.mark.slow
@@ -1438,10 +1430,10 @@ CUT_SCRIPT = """
 import collections, pathlib, sys
 sys.path.insert(0, {root!r})
 import data
-before = own_peak_kib()
+before = data._peak_rss_mb()
 blocks = data.read_text_blocks(pathlib.Path({path!r}))
 pieces = sum(1 for _ in data.cut_stream(data.split_text_stream(blocks, "eot"), 16_384, collections.Counter()))
-print(before, own_peak_kib(), pieces)
+print(before, data._peak_rss_mb(), pieces)
 """
 
 
@@ -1455,13 +1447,12 @@ def test_peak_memory_of_kept_whole_text_does_not_grow_with_the_file(tmp_path):
     small, large = tmp_path / "small.txt", tmp_path / "large.txt"
     small.write_text(book)
     large.write_text(book * 10)
-    small_mb, large_mb = peak_rss_mb(small, tmp_path / "s", floored=False), peak_rss_mb(large, tmp_path / "l",
-                                                                                      floored=False)
+    small_mb, large_mb = peak_rss_mb(small, tmp_path / "s"), peak_rss_mb(large, tmp_path / "l")
     assert large_mb < small_mb + 10, (small_mb, large_mb)
-    cut = OWN_PEAK_KIB + CUT_SCRIPT.format(root=str(ROOT), path=str(large))     # the reader and cutter alone
-    before, after, pieces = map(int, subprocess.run([sys.executable, "-c", cut], capture_output=True, text=True,
+    cut = CUT_SCRIPT.format(root=str(ROOT), path=str(large))     # the reader and cutter alone
+    before, after, pieces = map(float, subprocess.run([sys.executable, "-c", cut], capture_output=True, text=True,
                                                     timeout=600).stdout.split())
-    assert pieces > 1000 and after - before < 10 * 1024, (before, after)   # KiB: a few blocks, not the 18 MB text
+    assert pieces > 1000 and after - before < 10, (before, after)          # MB: a few blocks, not the 18 MB text
 
 
 def test_progress_reports_the_process_own_peak_memory_not_its_parents():
