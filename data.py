@@ -2276,8 +2276,8 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
     """Stage 1, one chunk: read -> extract text (HTML) -> quality filters. Writes the surviving documents
     (s1-C.txt + s1-C.offsets.npy), the sorted run of (8-byte exact-dedup hash, document) (s1-C.doc_hash.npy,
     s1-C.hash_doc.npy) and, for prose, the sorted run of (line hash, document) of its countable lines
-    (s1-C.line_hash.npy, s1-C.line_doc.npy). A chunk kept whole writes its pieces instead (`kept_pieces`), hash
-    0 each and no lines: dedup passes them by."""
+    (s1-C.line_hash.npy, s1-C.line_doc.npy). A chunk kept whole writes its pieces instead (`kept_pieces`), with
+    empty runs: dedup passes them by."""
     spec, kind = job.sources[chunk.source]
     rule_name, rule = _quality_rule(kind, job.settings)
     counts, reasons, jsonl = collections.Counter(), collections.Counter(), JsonlStats()
@@ -2285,9 +2285,8 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
     spill = _TextSpill(_chunk_file(job, 1, chunk.index, "txt"))
     try:
         for piece in kept_pieces(job, chunk, counts) if job.whole(chunk) else ():
-            spill.add(piece)
+            spill.add(piece)                 # no hash: exact dedup never sees it (join_exact keeps every piece)
             counts["kept_chars"] += len(piece)
-            hashes.append(0)
         for doc in () if job.whole(chunk) else chunk_documents(job, chunk, jsonl):
             if not doc.strip():
                 continue
@@ -2406,13 +2405,13 @@ def join_exact(job: Job, chunks: list[Chunk], ranges: list[tuple[int, int]]) -> 
     """Exact dedup, the final step: mark the documents that the ranges kept, and every piece of a kept-whole
     chunk. Writes exact_keep.npy (one bool per stage-1 document, chunks in order: 1 byte a document) and
     doc_starts.npy (the first position of each chunk)."""
-    sizes = [len(_load_array(_chunk_file(job, 1, c.index, "doc_hash.npy"))) for c in chunks]
+    sizes = [len(_load_array(_chunk_file(job, 1, c.index, "offsets.npy"))) - 1 for c in chunks]
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     keep = np.zeros(starts[-1], dtype=bool)
     for r in ranges:
         kept = np.asarray(_load_array(_range_file(job, "exact", *r)))
         keep[starts[kept >> 32] + (kept & 0xFFFFFFFF)] = True
-    for c in chunks:          # pieces kept whole (hash 0: a document's hash is 0 with probability 2^-64) all stay
+    for c in chunks:          # pieces kept whole: not in the hash runs, all stay
         if job.whole(c):
             keep[starts[c.index]:starts[c.index + 1]] = True
     _save_array(_work(job, "doc_starts.npy"), starts)

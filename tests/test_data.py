@@ -1236,6 +1236,18 @@ def streamed_and_reference(sources: list[str], tmp_path: pathlib.Path, **kwargs)
     return dataset_files(streamed), dataset_files(reference)
 
 
+def test_kept_whole_pieces_stay_out_of_exact_dedup(own_text, mixed_inputs, tmp_path, monkeypatch):
+    """Every document hash made equal (0): exact dedup keeps the first cleaned document, as the in-memory engine
+    does; pieces kept whole, read before it, must not count as its earlier copies (they have no hash at all)."""
+    monkeypatch.setattr(data, "document_hash", lambda text: 0)
+    got, expected = streamed_and_reference([str(own_text / "books"), str(mixed_inputs / "web")], tmp_path,
+                                           vocab_size=300)
+    assert got == expected
+    funnel = expected["manifest"]["funnel"]
+    pieces = next(s["docs_out"] for s in funnel if s["name"].startswith("kept whole"))
+    assert next(s["docs_out"] for s in funnel if s["name"] == "exact dedup (hash)") == pieces + 1
+
+
 @pytest.mark.parametrize("case", ["kept-whole", "kept-whole-small-pieces", "keep-jsonl", "kept-and-web",
                                   "val-data"])
 def test_streaming_keeps_text_whole_and_takes_val_data_as_in_memory(own_text, mixed_inputs, tmp_path, case,
