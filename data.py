@@ -1486,11 +1486,7 @@ def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.
     """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a known type, has
     text, and is not the text of a training source (a copy would make the held-out loss a training loss)."""
     paths = [pathlib.Path(p).expanduser() for p in val_data]
-    train_files = []
-    for source in sources:
-        path = pathlib.Path(source.spec).expanduser()
-        if path.exists():
-            train_files += _files_under(path) if path.is_dir() else [path]
+    train_files = [f for source in sources for f in source.files if not is_uri(f)]     # globs and folders resolved
     for path in paths:
         if not path.is_file():
             what = "is a directory: name the file(s)" if path.is_dir() else "not found: name the held-out text file"

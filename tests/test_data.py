@@ -998,6 +998,7 @@ def test_own_text_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         ("--data", "train.txt", "--val-data", "empty.txt"): "--val-data .*empty.txt is empty",
         ("--data", "empty.txt"): "source .*empty.txt.* has no documents",
         ("--data", "train.txt", "--val-data", "train.txt"): "is the same text as the training file",
+        ("--data", "tr*.txt", "--val-data", "copy.txt"): "copy.txt is the same text as the training file .*train.txt",
     }
     for args, message in cases.items():
         argv = ["prepare", "--vocab-size", "257", "--out", str(tmp_path / "ds")]
