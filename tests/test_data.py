@@ -1153,9 +1153,9 @@ def documents(out: pathlib.Path) -> list[str]:
 
 def test_join_ranges_cover_the_key_space_and_the_documents():
     """Ranges of keys tile [0, 2^64) and ranges of ids tile the documents, with at least 4 per worker."""
-    for entries, workers in ((0, 1), (10, 2), (10**9, 3)):
+    for entries, workers, count in ((0, 1, 4), (10, 2, 8), (10**9, 3, 239)):     # 10^9 x 16 B / 64 MiB = 238.4
         ranges = data._key_ranges(entries, workers)
-        assert len(ranges) == max(-(-entries * 16 // data.JOIN_BYTES), 4 * workers)
+        assert len(ranges) == count
         assert ranges[0][0] == 0 and ranges[-1][1] == 2**64
         assert all(high == low for (_, high), (low, _) in zip(ranges, ranges[1:]))
     documents = [5, 0, 3, 1]
