@@ -3459,6 +3459,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
             shutil.rmtree(tmp_dir, ignore_errors=True)
             raise
     shutil.rmtree(work, ignore_errors=True)
+    for name in [name for name in _PROCESS_CACHE if name.startswith(str(work))]:
+        del _PROCESS_CACHE[name]             # steps run here cached the work's arrays: free them with the work
     return out_dir
 
 

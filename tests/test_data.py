@@ -1366,6 +1366,7 @@ def test_killed_run_resumes_to_byte_identical_shards(mixed_inputs, tmp_path):
     whole = data.prepare([str(mixed_inputs / "web"), str(mixed_inputs / "books.txt")], tmp_path / "whole",
                          vocab_size=300, workers=1, clean_settings=data.CleanSettings(cleaning="web"))
     assert dataset_files(tmp_path / "ds") == dataset_files(whole)
+    assert not [name for name in data._PROCESS_CACHE if str(tmp_path) in name]    # steps run here: arrays freed
 
 
 KILL_IN_JOIN = """
