@@ -3686,8 +3686,9 @@ class TokenData:
         return xy[:, :-1], xy[:, 1:]
 
     def iterator(self, split: str, batch_size: int, block_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle: bool = True) -> "BatchIterator":
-        return BatchIterator(self._split(split), batch_size, block_size, rank, world_size, seed, shuffle, split)
+                 seed: int = 0, shuffle: bool = True, pin_memory: bool = False) -> "BatchIterator":
+        return BatchIterator(self._split(split), batch_size, block_size, rank, world_size, seed, shuffle, split,
+                             pin_memory)
 
 
 class BatchIterator:
@@ -3698,11 +3699,16 @@ class BatchIterator:
     shuffle). A step consumes batch_size x world_size windows; rank r takes the r-th slice of batch_size. The
     state is the epoch and the number of windows consumed in it: save it with state_dict(), restore it with
     load_state_dict(), and the next batch is the one that would have come (also after changing world_size).
+    pin_memory=True (for a CUDA run) returns x and y in page-locked memory, each contiguous: only such a tensor
+    goes to the GPU asynchronously under .to(device, non_blocking=True); from ordinary (pageable) memory the copy
+    waits, and a strided view would be copied to a pageable contiguous buffer first.
     """
 
     def __init__(self, shards: list[np.ndarray], batch_size: int, block_size: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, shuffle: bool = True, split: str = "train") -> None:
+                 world_size: int = 1, seed: int = 0, shuffle: bool = True, split: str = "train",
+                 pin_memory: bool = False) -> None:
         _check_batch_shape(batch_size, block_size)
+        self.pin_memory = pin_memory
         if not 0 <= rank < world_size:
             raise DataError(f"rank {rank} outside world size {world_size}")
         self.shards, self.batch_size, self.block_size = shards, batch_size, block_size
@@ -3735,6 +3741,8 @@ class BatchIterator:
         offsets = (windows - self.first_window[shard_of]) * self.block_size
         xy = torch.from_numpy(np.stack([self.shards[s][o:o + self.block_size + 1]
                                         for s, o in zip(shard_of, offsets)]).astype(np.int64))   # (B, T+1)
+        if self.pin_memory:
+            return xy[:, :-1].contiguous().pin_memory(), xy[:, 1:].contiguous().pin_memory()
         return xy[:, :-1], xy[:, 1:]
 
     __next__ = next

@@ -418,10 +418,12 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)                                          # (B, h_kv, start + T, d)
         if self.n_kv_head != self.n_head:
-            # GQA: query head j reads kv head j // group, i.e. kv heads repeated group times in place.
-            group = self.n_head // self.n_kv_head
-            k = k.repeat_interleave(group, dim=1)                              # (B, h, Tk, d)
-            v = v.repeat_interleave(group, dim=1)
+            # GQA: query head j reads kv head j // group. expand makes the group copies a view (stride 0, no
+            # memory); only the reshape to (B, h, Tk, d) materialises them, once, where repeat_interleave made
+            # an index-gather copy. SDPA's enable_gqa=True would skip even that copy, but its fused kernels on
+            # torch 2.13 take it only on some paths (the math fallback repeats anyway), so the view is explicit.
+            k, v = (t[:, :, None].expand(-1, -1, self.n_head // self.n_kv_head, -1, -1)
+                    .reshape(B, self.n_head, t.shape[2], self.head_dim) for t in (k, v))     # (B, h, Tk, d)
         y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)   # (B, h, T, d)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
         return self.wo(y)
@@ -614,9 +616,15 @@ class GPT(nn.Module):
         if idx.shape[1] > self.config.block_size:
             raise ConfigError(f"sequence length {idx.shape[1]} exceeds block_size={self.config.block_size}; "
                               f"crop the input to its last block_size tokens or use a config with a larger block_size")
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.vocab_size):
-            raise ConfigError(f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got "
-                              f"[{int(idx.min())}, {int(idx.max())}]; set vocab_size to the tokenizer's size")
+        # The id range is checked where the ids already live on the host. On a GPU, reading min and max back
+        # would stop the CPU twice per forward until the GPU catches up (two device-to-host syncs), so the queue
+        # of kernels runs dry every step; there an out-of-range id stops the embedding with CUDA's
+        # device-side assert instead (the loader's ids come from the tokenizer that set vocab_size).
+        if idx.device.type == "cpu" and idx.numel():
+            low, high = (int(v) for v in torch.aminmax(idx))
+            if low < 0 or high >= self.config.vocab_size:
+                raise ConfigError(f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got "
+                                  f"[{low}, {high}]; set vocab_size to the tokenizer's size")
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -236,6 +236,7 @@ class Mesh:
     tp: Comm
     pp: Comm
     embed: Comm  # {first stage, last stage} of this rank's pipeline: tied-embedding gradients
+    patient: object = None  # a gloo group of every rank with a long timeout, for waiting out rank-0-only work
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -259,7 +260,17 @@ class Mesh:
                 if rank in ranks:
                     comms[axis] = Comm(group, ranks, ranks.index(rank))
         embed = comms.get("embed", Comm.single())  # middle pipeline stages hold no embedding
-        return cls(world, rank, comms["dp"], comms["tp"], comms["pp"], embed)
+        # Work only rank 0 does (preparing the data, writing a 13 GB checkpoint, sampling) can outlast the
+        # collectives' timeout, which is kept short so that a dead rank is noticed. The other ranks wait for it
+        # in a barrier of this group instead, whose timeout is a day (env PARALLEL_SLOW_TIMEOUT_S).
+        patient = dist.new_group(backend="gloo", timeout=datetime.timedelta(
+            seconds=float(os.environ.get("PARALLEL_SLOW_TIMEOUT_S", 86_400))))
+        return cls(world, rank, comms["dp"], comms["tp"], comms["pp"], embed, patient)
+
+    def wait_for_rank0(self) -> None:
+        """Every rank waits here until all have arrived, rank 0 after its rank-0-only work (long timeout)."""
+        if self.patient is not None:
+            dist.barrier(group=self.patient)
 
     @classmethod
     def single(cls) -> "Mesh":
@@ -296,11 +307,12 @@ def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.de
 
     Returns (rank, world_size, device): gloo on CPU, nccl on CUDA (one GPU per local rank). Without torchrun's
     variables it is a plain single-process run: (0, 1, device), no process group. A rank that dies makes the
-    others fail with a timeout error after `timeout_s` (env PARALLEL_TIMEOUT_S, default 300) instead of hanging.
+    others fail with a timeout error after `timeout_s` (env PARALLEL_TIMEOUT_S, default 600, torch's own default
+    for nccl) instead of hanging; work that only rank 0 does is waited for in `Mesh.wait_for_rank0` instead.
     """
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    timeout_s = timeout_s or float(os.environ.get("PARALLEL_TIMEOUT_S", 300))
+    timeout_s = timeout_s or float(os.environ.get("PARALLEL_TIMEOUT_S", 600))
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
@@ -927,8 +939,8 @@ class Zero:
                         if key in s:
                             flat[o:o + p.numel()].copy_(s[key].reshape(-1))
                     state[key] = flat[lo:lo + u.shard_size].clone()
-                else:
-                    state[key] = first.clone() if torch.is_tensor(first) else first
+                else:      # AdamW's 0-dim `step`: fused and capturable kernels read it on the shard's device
+                    state[key] = first.to(u.shard.device, copy=True) if torch.is_tensor(first) else first
             if state:
                 self.optimizer.state[u.shard] = state
         _load_group_options(self.optimizer, saved)
@@ -1205,7 +1217,7 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
     tied = model.lm_head.weight is model.tok_emb.weight
     model.tok_emb = VocabParallelEmbedding(model.tok_emb, comm)
     model.tp_vocab_start = model.tok_emb.start  # kept on the model: a last pipeline stage has no embedding
-    padded_head = nn.Linear(cfg.n_embd, model.tok_emb.padded, bias=False)
+    padded_head = nn.Linear(cfg.n_embd, model.tok_emb.padded, bias=False, device=model.lm_head.weight.device)
     with torch.no_grad():
         padded_head.weight.zero_()[:cfg.vocab_size].copy_(model.lm_head.weight)
     head = ColumnParallelLinear(padded_head, comm, copy_input=True, weight=model.tok_emb.weight if tied else None)
@@ -1632,6 +1644,17 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, mesh: Mesh)
     return norm
 
 
+def _to_cpu(obj):
+    """A nested dict of tensors with every tensor copied to the CPU. all_gather_object pickles its object, and a
+    CUDA tensor unpickles onto the GPU it came from (pytorch/pytorch#76865): every process would open a CUDA
+    context on every other rank's GPU, or crash where it sees only its own."""
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    return obj
+
+
 def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tensor]:
     """Merge every stage's (and every tensor-parallel rank's) parameters into the single-process state dict."""
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -1641,7 +1664,7 @@ def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tenso
         return local
     merged: dict[str, torch.Tensor] = {}
     parts = [None] * mesh.pp.size
-    dist.all_gather_object(parts, local, group=mesh.pp.group)
+    dist.all_gather_object(parts, _to_cpu(local), group=mesh.pp.group)
     for part in parts:
         merged.update(part)
     return merged
@@ -1776,8 +1799,10 @@ class DistributedModel(nn.Module):
         return "\n".join(lines)
 
     def full_model(self) -> nn.Module:
-        """A plain (unsplit) copy of the model with the current weights, on every rank."""
-        full = type(self.model)(self.config)
+        """A plain (unsplit) copy of the model with the current weights, on every rank, on this rank's device
+        (the sampler feeds it ids and a generator of that device)."""
+        device = next(self.model.parameters()).device
+        full = type(self.model)(self.config).to(device)
         full.load_state_dict(self.full_state_dict())
         return full
 
@@ -1829,7 +1854,7 @@ class DistributedOptimizer:
                            for k, v in s.items()}
         if self.mesh.pp.size > 1:
             parts = [None] * self.mesh.pp.size
-            dist.all_gather_object(parts, state, group=self.mesh.pp.group)
+            dist.all_gather_object(parts, _to_cpu(state), group=self.mesh.pp.group)
             state = {k: v for part in parts for k, v in part.items()}
         return state
 

@@ -617,25 +617,28 @@ def model_from_checkpoint(ckpt: dict, device="cpu"):
 
 
 def rng_state() -> dict:
-    """Every random generator the run touches, as plain tensors/lists (weights_only-loadable)."""
+    """Every random generator the run touches, as plain tensors/lists (weights_only-loadable). On CUDA, only the
+    generator of this rank's GPU (the current device: parallel.init_distributed sets it): each rank saves its own,
+    and a resume where a process sees fewer GPUs (one per process, as under many schedulers) still finds it."""
     np_state = np.random.get_state()
     state = {"python": random.getstate(),
              "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    """Inverse of rng_state()."""
+    """Inverse of rng_state(): the CUDA generator goes back to this rank's GPU (a checkpoint of an older train.py
+    holds a list, one per visible GPU: not restored)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if torch.cuda.is_available() and torch.is_tensor(state.get("cuda")):
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -817,6 +820,35 @@ def plot_loss_curve(metrics_path, png_path) -> pathlib.Path:
     return png_path
 
 
+def eval_plan(num_windows: int, batch_size: int, world_size: int, eval_batches: int) -> tuple[int, int]:
+    """(sequences per rank per batch, batches) for one validation estimate over a split of `num_windows` windows.
+
+    Every rank reads distinct windows and the split is read at most once (never wrapped into a reshuffled second
+    pass), so a rank's batch shrinks to what the split holds: the default pydocs val split has 22 windows of
+    1,025 tokens; 8 ranks x --batch-size 16 would need 128, so each rank reads 2 (16 of the 22 windows), once.
+    >>> eval_plan(22, 16, 8, 10), eval_plan(1_000, 16, 2, 10), eval_plan(100, 16, 2, 10)
+    ((2, 1), (16, 10), (16, 3))
+    """
+    if num_windows < world_size:
+        raise TrainError(f"the val split has {num_windows} windows of block-size + 1 tokens, fewer than the "
+                         f"{world_size} data-parallel ranks that each need one; use a smaller --block-size or "
+                         f"more validation text (--val-data)")
+    batch = min(batch_size, num_windows // world_size)
+    return batch, max(1, min(eval_batches, num_windows // (batch * world_size)))
+
+
+def model_flops_utilization(tokens_per_s: float, flops_per_token: float, peak_flops: float, devices: int) -> float:
+    """MFU of one device: the model FLOP/s the run achieves per device over one device's peak (a fraction).
+
+    `tokens_per_s` counts every rank's tokens; `devices` is every process of the run (dp x tp x pp), since each
+    one computes its share of the 6N FLOPs per token. 2 GPUs at 2,925 tokens/s each (5,850 in all) on a model of
+    1e9 FLOPs/token with a 1e13 FLOP/s peak: 5,850 x 1e9 / (2 x 1e13) = 29.25%, what each GPU does.
+    >>> round(model_flops_utilization(5_850, 1e9, 1e13, devices=2), 4)
+    0.2925
+    """
+    return tokens_per_s * flops_per_token / (peak_flops * devices)
+
+
 def format_duration(seconds: float) -> str:
     """125 -> '2m05s'."""
     seconds = int(max(0, seconds))
@@ -845,6 +877,11 @@ class Dist:
     @property
     def is_main(self) -> bool:
         return self.global_rank == 0
+
+    @property
+    def devices(self) -> int:
+        """Every process of the run (dp x tp x pp), one device each."""
+        return self.mesh.world if self.mesh is not None else 1
 
 
 def setup_distributed(cfg: TrainConfig) -> Dist:
@@ -912,6 +949,15 @@ def all_reduce_mean(values: torch.Tensor, dist: Dist) -> torch.Tensor:
     return values
 
 
+def all_reduce_world_mean(values: torch.Tensor, dist: Dist) -> torch.Tensor:
+    """Average a small float tensor over every process of the run, tp and pp ranks included."""
+    if dist.devices > 1:
+        values = values.clone()
+        torch.distributed.all_reduce(values)
+        values /= dist.devices
+    return values
+
+
 def gather_objects(obj, dist: Dist) -> list:
     """[obj of rank 0, obj of rank 1, ...] on every rank."""
     if dist.world_size == 1:
@@ -943,10 +989,10 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
         kwargs.update(val_data=val_data or None, clean_settings=data_lib.CleanSettings(cleaning=cfg.cleaning))
         log(f"preparing data {sources} (cached after the first time)")
         if dist.mesh is not None and not dist.is_main:
-            torch.distributed.barrier()
+            dist.mesh.wait_for_rank0()
         data_dir = data_lib.prepare(sources, **kwargs)
         if dist.mesh is not None and dist.is_main:
-            torch.distributed.barrier()
+            dist.mesh.wait_for_rank0()
         return data_lib.TokenData(data_dir)
     except (ValueError, OSError, KeyError) as e:
         raise TrainError(f"cannot use --data {cfg.data!r}: {e}") from e
@@ -1021,6 +1067,7 @@ class Trainer:
         self.cfg = cfg = clamp_warmup(cfg, self.log)
         self.device = self.dist.device or resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.pin_memory = self.device.type == "cuda"     # page-locked batches: .to(non_blocking=True) is async
         self.out_dir = pathlib.Path(cfg.out_dir)
         resume_ckpt = self._prepare_out_dir()
         init_ckpt = self._load_init_checkpoint() if cfg.init_from else None     # before the data is prepared
@@ -1058,7 +1105,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
         try:
             self.loader = self.data.iterator("train", cfg.batch_size, self.block_size, rank=self.dist.rank,
-                                             world_size=self.dist.world_size, seed=cfg.seed)
+                                             world_size=self.dist.world_size, seed=cfg.seed,
+                                             pin_memory=self.pin_memory)
         except data_lib.DataError as e:
             raise TrainError(f"--batch-size {cfg.batch_size} x --block-size {self.block_size}: {e}") from e
         self.guard = SpikeGuard(cfg.spike_factor, cfg.spike_window, cfg.spike_patience)
@@ -1066,6 +1114,12 @@ class Trainer:
         self.last_eval: dict = {}
         self.stop_requested = False
         self._step_time = None
+        try:
+            val_windows = self.data.iterator("val", 1, self.block_size).num_windows
+        except data_lib.DataError as e:
+            raise TrainError(f"--block-size {self.block_size}: {e}") from e
+        self.eval_batch, self.eval_batch_count = eval_plan(val_windows, cfg.batch_size, self.dist.world_size,
+                                                           cfg.eval_batches)
         self.bytes_per_token = data_lib.bytes_per_token(self.data, "val")
         self._flops_per_token = self.raw_model.flops_per_token(self.block_size)
         self._peak = cfg.peak_flops or peak_flops(self.device, self.dtype)
@@ -1161,6 +1215,8 @@ class Trainer:
         if self.dist.is_main:
             atomic_save(state, path)
             prune_checkpoints(self.out_dir, self.cfg.keep_checkpoints)
+        if self.dist.mesh is not None:
+            self.dist.mesh.wait_for_rank0()          # not in the next step's collective, with its short timeout
         return path
 
     def restore(self, ckpt: dict, rollback: bool) -> None:
@@ -1219,7 +1275,8 @@ class Trainer:
         n = len(micro_batches)
         loss_sum = torch.zeros((), device=self.device)
         if getattr(self.model, "pipelined", False):            # --pp: every micro-batch in one pipelined pass
-            loss_sum += self.model.pipeline_step(micro_batches, self.cfg.micro_batches) * n
+            with autocast(self.device, self.dtype):               # bf16 compute as without --pp
+                loss_sum += self.model.pipeline_step(micro_batches, self.cfg.micro_batches) * n
             micro_batches = []
         for i, (x, y) in enumerate(micro_batches):
             last = i == n - 1
@@ -1235,8 +1292,11 @@ class Trainer:
             loss_sum += loss.detach().float()
         if hasattr(self.model, "finish_gradient_sync"):
             self.model.finish_gradient_sync()
+        # The stop flag goes over every process, not only the data-parallel group: a signal reaching two pipeline
+        # stages one step apart would otherwise stop one and leave the other waiting for its activations. The
+        # loss is the same on every tp and pp rank of a dp rank, so the mean over the world is the dp mean.
         stop = torch.tensor(float(self.stop_requested), device=self.device)
-        loss_value, stop_any = all_reduce_mean(torch.stack([loss_sum / n, stop]), self.dist).tolist()
+        loss_value, stop_any = all_reduce_world_mean(torch.stack([loss_sum / n, stop]), self.dist).tolist()
         self.stop_requested = stop_any > 0                             # every rank stops at the same step
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -1290,15 +1350,14 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Mean validation loss over the same `eval_batches` windows every time; bits-per-byte from it."""
+        """Mean validation loss over the same windows every time (see eval_plan); bits-per-byte from it."""
         self.model.eval()
-        loader = self.data.iterator("val", self.cfg.batch_size, self.block_size, rank=self.dist.rank,
-                                    world_size=self.dist.world_size, seed=0)
-        # A small validation split is read once, not wrapped around into a second (reshuffled) pass.
-        batches = max(1, min(self.cfg.eval_batches, loader.num_windows // (self.cfg.batch_size * self.dist.world_size)))
+        batch, batches = self.eval_batch, self.eval_batch_count
+        loader = self.data.iterator("val", batch, self.block_size, rank=self.dist.rank,
+                                    world_size=self.dist.world_size, seed=0, pin_memory=self.pin_memory)
         total = torch.zeros((), device=self.device)
         for _ in range(batches):
-            x, y = (t.to(self.device) for t in loader.next())
+            x, y = (t.to(self.device, non_blocking=True) for t in loader.next())
             with autocast(self.device, self.dtype):
                 _, loss = (self.model if uses_model_parallel(self.cfg) else self.raw_model)(x, y)
             total += loss.float()
@@ -1332,7 +1391,8 @@ class Trainer:
 
     def progress_line(self, record: dict, tok_per_s: float, seconds_per_step: float) -> str:
         """'step 10/600 | loss 8.0344 | lr 6.67e-04 | grad norm 0.911 | 2,147 tok/s | MFU 58.89% | ETA 9m22s'"""
-        mfu = f"{100 * self._flops_per_token * tok_per_s / self._peak:.2f}%" if self._peak else "n/a"
+        mfu = (f"{100 * model_flops_utilization(tok_per_s, self._flops_per_token, self._peak, self.dist.devices):.2f}%"
+               if self._peak else "n/a")
         eta = format_duration((self.cfg.max_steps - self.step) * seconds_per_step)
         return (f"step {record['step'] + 1:>6}/{self.cfg.max_steps} | loss {record['loss']:.4f} | "
                 f"lr {record['lr']:.2e} | grad norm {record['grad_norm']:.3f} | {tok_per_s:,.0f} tok/s | "
@@ -1377,6 +1437,8 @@ class Trainer:
             self.log(f"done in {format_duration(summary['seconds'])}: val loss {self.last_eval['val_loss']:.4f}, "
                      f"val bpb {self.last_eval['val_bpb']:.4f}\n  checkpoint {summary['checkpoint']}\n"
                      f"  metrics    {summary['metrics']}\n  loss curve {summary['plot']}")
+        if self.dist.mesh is not None:
+            self.dist.mesh.wait_for_rank0()          # rank 0 sampled and plotted; the others leave with it
         self.metrics.close()
         return summary
 
@@ -1388,6 +1450,9 @@ class Trainer:
         dt = time.perf_counter() - t0
         self._step_time = dt if self._step_time is None else 0.9 * self._step_time + 0.1 * dt   # smoothed for ETA
         record["tok_per_s"] = self.tokens_per_step / dt
+        if self._peak:
+            record["mfu"] = model_flops_utilization(record["tok_per_s"], self._flops_per_token, self._peak,
+                                                    self.dist.devices)
         self.metrics.write(record)
         if self.step % cfg.log_interval == 0 or self.step == cfg.max_steps:
             self.log(self.progress_line(record, self.tokens_per_step / self._step_time, self._step_time))
