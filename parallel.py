@@ -1754,13 +1754,14 @@ class DistributedModel(nn.Module):
             return float(self.zero.clip_grad_norm_(limit, self.mesh))
         return float(clip_grad_norm_(self.model.parameters(), limit, self.mesh))
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The single-process state dict, fp32 (under ZeRO-3 gathered from the master shards), on every rank."""
+    def full_state_dict(self, cpu: bool = True) -> dict[str, torch.Tensor]:
+        """The single-process state dict, fp32 (under ZeRO-3 gathered from the master shards), on every rank; on
+        the CPU (for a checkpoint), or with cpu=False where the weights live."""
         if self.zero is not None and self.zero.stage == 3:  # ZeRO-3 runs without tp and pp
             state = self.zero.full_state_dict()
         else:
             state = full_model_state_dict(self.model, self.mesh)
-        return {k: v.cpu() for k, v in state.items()}
+        return {k: v.cpu() for k, v in state.items()} if cpu else state
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -1803,7 +1804,7 @@ class DistributedModel(nn.Module):
         (the sampler feeds it ids and a generator of that device)."""
         device = next(self.model.parameters()).device
         full = type(self.model)(self.config).to(device)
-        full.load_state_dict(self.full_state_dict())
+        full.load_state_dict(self.full_state_dict(cpu=False))
         return full
 
 

@@ -439,11 +439,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto: bf16 on a CUDA GPU that supports it, fp16 on an older GPU, fp32 on CPU/MPS (bf16 is slow there)."""
+    """auto: bf16 on a CUDA GPU with bf16 tensor cores (Ampere and later), fp16 on an older GPU, fp32 on CPU/MPS
+    (bf16 is slow there). An older GPU (a V100, a T4) reports bf16 as supported because it emulates it in fp32
+    arithmetic, about as slow as fp32 and far from the bf16 peak MFU is measured against: it gets fp16."""
     if name != "auto":
         return DTYPES[name]
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return torch.float32
 
 

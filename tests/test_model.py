@@ -526,3 +526,43 @@ def test_cli_prints_presets_and_demo(capsys):
     script = subprocess.run([sys.executable, str(ROOT / "model.py"), "--help"], capture_output=True, text=True,
                             timeout=120)
     assert script.returncode == 0 and "presets" in script.stdout
+
+
+# The CUDA path without a GPU. torch's FakeTensorMode makes device="cuda" tensors on this CPU build, but it cannot
+# go further here: indexing one (`x[:, None]`, inside RoPE) raises "not linked with support for cuda devices" and
+# autograd over fake CUDA parameters aborts the process. The meta device stands in for "a device that is not the
+# CPU": shapes, dtypes and autograd run, a CPU tensor meeting a meta one raises (0-dim scalars excepted, as on
+# CUDA), and any read of a value back to the host raises, which is exactly what a device-to-host sync would be.
+
+def test_forward_backward_and_generate_on_another_device_never_read_values_back():
+    """Catches: `int(idx.min())` / `int(idx.max())` in the input check (two device-to-host syncs per forward on a
+    GPU) and any CPU tensor created inside forward or generate (a KV cache, RoPE angles, a mask on the CPU)."""
+    with torch.device("meta"):
+        model = GPT(small())
+    idx = torch.zeros(2, 16, dtype=torch.long, device="meta")
+    _, loss = model(idx, idx)
+    loss.backward()
+    assert loss.device.type == "meta" and model.tok_emb.weight.grad.device.type == "meta"
+    out = model.generate(idx[:, :3], 4, top_k=5)
+    assert out.shape == (2, 7) and out.device.type == "meta"
+
+
+def test_gqa_expands_kv_heads_in_groups_like_repeat_interleave():
+    """Catches: repeating the kv heads as a block (k.repeat) instead of head by head, which pairs query head j
+    with kv head j % h_kv instead of j // group; the reference is the explicit repeat_interleave."""
+    torch.manual_seed(0)
+    config = small(n_head=4, n_kv_head=2)
+    model = GPT(config).eval()
+    attn, x = model.blocks[0].attn, torch.randn(2, 16, config.n_embd)
+    B, T, d = 2, 16, config.head_dim
+    from model import apply_rope, rope_angles
+    q = attn.wq(x).view(B, T, 4, d)
+    k = attn.wk(x).view(B, T, 2, d)
+    v = attn.wv(x).view(B, T, 2, d)
+    cos, sin = rope_angles(torch.arange(T), d, config.rope_theta)
+    q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
+    v = v.transpose(1, 2)
+    y = F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1),
+                                       is_causal=True)
+    want = attn.wo(y.transpose(1, 2).reshape(B, T, 4 * d))
+    torch.testing.assert_close(attn(x), want)

@@ -1006,3 +1006,48 @@ def test_train_py_refuses_bad_layouts_with_one_line(tiny_dataset, tmp_path, flag
     argv = ["--data", str(tiny_dataset), *TRAIN_ARGS, *flags, "--out-dir", str(tmp_path / "run")]
     for error in P.launch(_train_expect_error, 2, argv, timeout_s=120):
         assert message in error and "\n" not in error
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Placement on a device that is not the CPU (the meta device stands in for CUDA: a CPU tensor meeting a meta one
+# raises, and so does copying a value out; see tests/test_model.py for why not FakeTensorMode here)
+# ------------------------------------------------------------------------------------------------------------------
+
+def _meta_gpt(**overrides) -> GPT:
+    cfg = GPTConfig(**{**dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32),
+                       **overrides})
+    with torch.device("meta"):
+        return GPT(cfg)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_optimizer_state_loads_onto_the_shards_device_step_included(stage):
+    """A checkpoint loads on the CPU (map_location="cpu"); fused AdamW on CUDA needs every state tensor, the 0-dim
+    `step` included, on its parameter's device. Catches: `step` cloned where it was loaded (the CPU)."""
+    model = _meta_gpt()
+    zero = P.Zero(model, P.Comm.single(), stage, torch.optim.AdamW, lr=1e-3)
+    names = [n for n, _ in model.named_parameters()]
+    saved = {"state": {n: {"step": torch.tensor(7.0), "exp_avg": torch.zeros(p.shape),
+                           "exp_avg_sq": torch.zeros(p.shape)} for n, p in model.named_parameters()},
+             "param_groups": [{"lr": 1e-3, "param_names": names}]}
+    zero.load_optimizer_state_dict(saved)
+    placed = {(k, v.device.type) for u in zero.units for k, v in zero.optimizer.state[u.shard].items()}
+    assert placed == {("step", "meta"), ("exp_avg", "meta"), ("exp_avg_sq", "meta")}
+
+
+def test_full_model_for_sampling_is_built_on_the_device_of_the_split_model():
+    """Catches: full_model() building a CPU model from CPU state, which the sampler then feeds CUDA ids and a CUDA
+    generator (every --zero/--tp/--pp run crashed at its end)."""
+    model = _meta_gpt()
+    wrapped, _ = P.parallelize(model, torch.optim.AdamW(model.parameters()), P.Mesh.single(), zero=1)
+    full = wrapped.full_model()
+    assert {p.device.type for p in full.parameters()} == {"meta"}
+    ids = torch.zeros(1, 2, dtype=torch.long, device="meta")
+    assert full.generate(ids, 3).device.type == "meta"
+
+
+def test_tensor_parallel_untied_head_is_created_on_the_models_device():
+    """Catches: the padded LM head of an untied model made with nn.Linear(...) on the CPU."""
+    model = _meta_gpt(tie_embeddings=False)
+    P.apply_tensor_parallel(model, P.Comm(None, [0, 1], 0))      # slicing only: no collective runs here
+    assert {p.device.type for p in model.parameters()} == {"meta"}
