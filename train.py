@@ -1114,7 +1114,8 @@ class Trainer:
         self.guard = SpikeGuard(cfg.spike_factor, cfg.spike_window, cfg.spike_patience)
         self.step, self.tokens, self.lr_scale = 0, 0, 1.0
         self.last_eval: dict = {}
-        self.stop_requested = False
+        self.stop_requested = False          # a signal reached this process
+        self.stopping = False                # every process agreed, in a step's all-reduce, to stop after it
         self._step_time = None
         try:
             val_windows = self.data.iterator("val", 1, self.block_size).num_windows
@@ -1294,12 +1295,14 @@ class Trainer:
             loss_sum += loss.detach().float()
         if hasattr(self.model, "finish_gradient_sync"):
             self.model.finish_gradient_sync()
-        # The stop flag goes over every process, not only the data-parallel group: a signal reaching two pipeline
-        # stages one step apart would otherwise stop one and leave the other waiting for its activations. The
-        # loss is the same on every tp and pp rank of a dp rank, so the mean over the world is the dp mean.
+        # A signal sets this process's flag; the run stops only once the flag has been all-reduced, so that every
+        # process stops after the same step (a process leaving on its own flag leaves the others waiting in the
+        # next step's collectives). Over every process, not only the data-parallel group: under --tp/--pp the
+        # signal may reach one pipeline stage and not the other. The loss is the same on every tp and pp rank of
+        # a data-parallel rank, so the mean over the world is the dp mean.
         stop = torch.tensor(float(self.stop_requested), device=self.device)
         loss_value, stop_any = all_reduce_world_mean(torch.stack([loss_sum / n, stop]), self.dist).tolist()
-        self.stop_requested = stop_any > 0                             # every rank stops at the same step
+        self.stopping = stop_any > 0                                   # every rank stops after this step
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if hasattr(self.model, "clip_grad_norm_"):              # split model: the norm of the full model
@@ -1418,17 +1421,17 @@ class Trainer:
         try:
             if self.step == 0:
                 self._log_eval(self.evaluate())
-            while self.step < cfg.max_steps and not self.stop_requested:
+            while self.step < cfg.max_steps and not self.stopping:    # never on a local flag: see train_step
                 self.loop_step()
         finally:
             self._restore_interrupt_handler(handler)
-        summary = {"step": self.step, "interrupted": self.stop_requested, "seconds": time.time() - start_time,
+        summary = {"step": self.step, "interrupted": self.stopping, "seconds": time.time() - start_time,
                    **{k: v for k, v in self.last_eval.items() if k != "step"},
                    "checkpoint": str(checkpoint_path(self.out_dir, self.step)),
                    "metrics": str(self.out_dir / "metrics.jsonl")}
-        if not self.stop_requested and uses_model_parallel(cfg):
+        if not self.stopping and uses_model_parallel(cfg):
             self.sample_model = self.model.full_model()    # collective: every rank gathers the split weights
-        if self.stop_requested:
+        if self.stopping:
             self.metrics.write({"step": self.step, "event": "interrupted", "checkpoint": summary["checkpoint"]})
             self.log(f"interrupted: checkpoint saved at step {self.step}; continue with the same command plus --resume")
         elif self.dist.is_main:
@@ -1460,7 +1463,9 @@ class Trainer:
             self.log(self.progress_line(record, self.tokens_per_step / self._step_time, self._step_time))
         if self.step % cfg.eval_interval == 0 or self.step == cfg.max_steps:
             self._log_eval(self.evaluate())
-        if self.step % cfg.ckpt_interval == 0 or self.step == cfg.max_steps or self.stop_requested:
+        if self.dist.devices == 1:                      # alone, a signal that came after the step's flag counts
+            self.stopping = self.stopping or self.stop_requested
+        if self.step % cfg.ckpt_interval == 0 or self.step == cfg.max_steps or self.stopping:
             self.log(f"saved {self.save_checkpoint()}")
         return record
 

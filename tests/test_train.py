@@ -572,3 +572,113 @@ def test_unknown_gpu_or_dtype_means_mfu_not_available():
     assert "MFU n/a" in train.Trainer.progress_line(fake, record, 1000.0, 0.5)
     fake._peak = 6e10
     assert "MFU 10.00%" in train.Trainer.progress_line(fake, record, 1000.0, 0.5)          # 6e9 / 6e10
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The first GPU run (issue 22): what a CPU can show of the CUDA and multi-GPU paths
+# ----------------------------------------------------------------------------------------------------------------------
+
+def test_cuda_rng_state_is_this_ranks_gpu_only(monkeypatch):
+    """Catches: get_rng_state_all / set_rng_state_all (every visible GPU): a resume where a process sees fewer GPUs
+    raised IndexError. The rule is tested with torch.cuda's functions replaced (no GPU here)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": calls.append(state.tolist()))
+    for name in ("get_rng_state_all", "set_rng_state_all"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: (_ for _ in ()).throw(IndexError("GPU 1 not visible")))
+    state = train.rng_state()
+    assert state["cuda"].tolist() == [7]
+    train.set_rng_state(state)
+    assert calls == [[7]]
+
+
+def test_dtype_auto_is_fp16_where_bf16_is_only_emulated(monkeypatch):
+    """Catches: torch.cuda.is_bf16_supported() with its default including_emulation=True, which says yes on a
+    V100 or T4 (bf16 emulated in fp32 arithmetic: no speed-up, and MFU against a bf16 peak it does not have)."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert train.resolve_dtype("auto", torch.device("cuda", 0)) == torch.float16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert train.resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
+
+
+def test_eval_plan_reads_what_the_val_split_holds():
+    """The README's 8-GPU command on pydocs: 22 val windows of 1,025 tokens, 8 ranks x 16 sequences. Catches: a
+    rank batch of --batch-size whatever the split holds ("fewer than batch_size x world_size" at step 0)."""
+    assert train.eval_plan(22, 16, 8, 10) == (2, 1)
+    assert train.eval_plan(22, 16, 1, 10) == (16, 1)
+    with pytest.raises(train.TrainError, match="fewer than the 8 data-parallel ranks"):
+        train.eval_plan(7, 16, 8, 10)
+
+
+def _mfu_and_autocast_rank(rank: int, world: int, argv: list[str]) -> list[bool]:
+    """Train with `argv`; return, for every block forward of a training step, whether bf16 autocast was on."""
+    seen = []
+    forward = model.Block.forward
+
+    def recording(self, x, cache=None):
+        if torch.is_grad_enabled():
+            seen.append(torch.is_autocast_enabled("cpu"))
+        return forward(self, x, cache)
+    model.Block.forward = recording
+    try:
+        train.train(train.parse_config(argv), log=quiet)
+    finally:
+        model.Block.forward = forward
+    return seen
+
+
+@pytest.mark.slow
+def test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast(dataset_dir, tmp_path):
+    """MFU = tokens/s over every rank x FLOPs/token / (devices x one device's peak), logged per step: at world 1
+    the plain formula, at world 2 (DP2, and PP2 where one data-parallel rank spans 2 devices) half of it.
+    Catches: global tokens/s over one device's peak (8 GPUs at a real 40% printed 320%). The PP2 run is bf16:
+    catches the pipelined step running outside autocast (fp32 compute measured against the bf16 peak)."""
+    import parallel
+    flags = ["--data", str(dataset_dir), *TINY_ARGS, "--max-steps", "3", "--eval-interval", "3",
+             "--ckpt-interval", "3"]
+    fpt = model.GPT(train.build_model_config(train.parse_config(flags), 300)).flops_per_token(32)
+
+    def check(out_dir, devices):
+        steps = [r for r in train.read_metrics(out_dir / "metrics.jsonl") if "tok_per_s" in r]
+        assert len(steps) == 3
+        for r in steps:
+            assert r["mfu"] == pytest.approx(r["tok_per_s"] * fpt / (1e12 * devices), rel=1e-9)
+    train.train(train.parse_config([*flags, "--out-dir", str(tmp_path / "one")]), log=quiet)
+    check(tmp_path / "one", 1)
+    parallel.launch(train_on_rank, 2, [*flags, "--batch-size", "2", "--out-dir", str(tmp_path / "dp2")],
+                    timeout_s=120)
+    check(tmp_path / "dp2", 2)
+    seen = parallel.launch(_mfu_and_autocast_rank, 2, [*flags, "--pp", "2", "--dtype", "bf16", "--out-dir",
+                                                      str(tmp_path / "pp2")], timeout_s=120)
+    check(tmp_path / "pp2", 2)
+    assert all(len(s) >= 3 for s in seen) and all(all(s) for s in seen)       # each stage, every step
+
+
+def _sigterm_on_rank_5(rank: int, world: int, argv: list[str]) -> tuple[int, bool]:
+    """Train; rank 5 alone (pipeline stage 1, not rank 0's data-parallel group) gets SIGTERM after step 2."""
+    loop_step = train.Trainer.loop_step
+
+    def stepping(self):
+        record = loop_step(self)
+        if rank == 5 and self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return record
+    train.Trainer.loop_step = stepping
+    try:
+        summary = train.train(train.parse_config(argv), log=quiet)
+    finally:
+        train.Trainer.loop_step = loop_step
+    return summary["step"], summary["interrupted"]
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_rank_under_tp2_pp2_stops_every_rank_and_saves(dataset_dir, tmp_path):
+    """8 gloo ranks, dp 2 x tp 2 x pp 2; SIGTERM reaches rank 5 only. Catches: the stop flag reduced over the
+    data-parallel group alone: ranks 5 and 7 stopped, the other stage waited for activations until the timeout."""
+    import parallel
+    argv = ["--data", str(dataset_dir), *TINY_ARGS, "--tp", "2", "--pp", "2", "--max-steps", "50",
+            "--eval-interval", "100", "--ckpt-interval", "100", "--out-dir", str(tmp_path)]
+    results = parallel.launch(_sigterm_on_rank_5, 8, argv, timeout_s=180)
+    assert results == [(3, True)] * 8            # rank 5's flag is seen by all in the all-reduce of step 3
+    assert train.load_checkpoint(tmp_path)["step"] == 3
