@@ -651,6 +651,24 @@ def test_iterator_ranks_partition_the_single_process_batch(tmp_path):
         td.iterator("val", 4, 8)
 
 
+def test_iterator_pins_contiguous_batches_for_a_cuda_run(tmp_path, monkeypatch):
+    """pin_memory=True: x and y each contiguous and page-locked, the only kind of tensor that .to(cuda,
+    non_blocking=True) copies asynchronously. Pinning needs a GPU, so Tensor.pin_memory is recorded instead.
+    Catches: pageable batches (non_blocking then waits), or pinned strided views of the (B, T+1) windows."""
+    pinned = []
+
+    def pin(t):
+        pinned.append(t.is_contiguous())
+        return t
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    td = data.TokenData(make_dataset(tmp_path / "d", {"train": [1000], "val": [10]}, vocab=10 ** 6))
+    x, y = td.iterator("train", 4, 8, seed=0, pin_memory=True).next()
+    want_x, want_y = td.iterator("train", 4, 8, seed=0).next()
+    assert pinned == [True, True] and torch.equal(x, want_x) and torch.equal(y, want_y)
+    td.iterator("train", 4, 8, seed=0).next()
+    assert len(pinned) == 2                                                   # a CPU run pins nothing
+
+
 def test_iterator_resume_gives_the_same_next_batches(tmp_path):
     td = data.TokenData(make_dataset(tmp_path / "d", {"train": [3000], "val": [10]}, vocab=10 ** 6))
     it = td.iterator("train", 4, 16, seed=1)

@@ -682,3 +682,36 @@ def test_sigterm_on_one_rank_under_tp2_pp2_stops_every_rank_and_saves(dataset_di
     results = parallel.launch(_sigterm_on_rank_5, 8, argv, timeout_s=180)
     assert results == [(3, True)] * 8            # rank 5's flag is seen by all in the all-reduce of step 3
     assert train.load_checkpoint(tmp_path)["step"] == 3
+
+
+def _readme_rank(rank: int, world: int, argv: list[str]) -> list[str]:
+    """One rank of the README's multi-GPU command; rank 0 returns the samples it printed."""
+    summary = train.train(train.parse_config(argv), log=quiet)
+    return summary.get("samples", [])
+
+
+@pytest.mark.long
+def test_readme_multi_gpu_command_on_8_gloo_ranks_in_every_layout(tmp_path_factory):
+    """README's `torchrun --nproc_per_node=8 train.py --model 124m --zero 3 ...` scaled to a 2-layer width-32 model
+    with the 124m's block size (1,024) and the README's batch (16 per rank) and data (pydocs), on 8 gloo ranks:
+    --zero 1/2/3, --tp 2, --pp 2 and dp 2 x tp 2 x pp 2, each trained a step (eval at steps 0 and 1, checkpoint),
+    then resumed for a second (eval, checkpoint, samples). Catches: the step-0 "fewer than batch_size x
+    world_size" of the val split (22 windows), and any layout that cannot eval, save, resume or sample on 8
+    ranks. Minutes on 2 cores (8 ranks x 16 x 1,024 tokens a step)."""
+    import parallel
+    prepared = data.prepare(["pydocs"], out_dir=tmp_path_factory.mktemp("pydocs") / "prepared")
+    base = ["--data", str(prepared), "--model", "tiny", "--model-args",
+            "block_size=1024,n_layer=2,n_embd=32,n_head=4,n_kv_head=2", "--eval-interval", "1",
+            "--ckpt-interval", "1", "--num-samples", "1", "--sample-tokens", "8", "--peak-flops", "1e12"]
+    for layout in (["--zero", "1"], ["--zero", "2"], ["--zero", "3"], ["--tp", "2"], ["--pp", "2"],
+                   ["--tp", "2", "--pp", "2"]):
+        out = tmp_path_factory.mktemp("readme8")
+        first = parallel.launch(_readme_rank, 8, [*base, *layout, "--max-steps", "1", "--out-dir", str(out)],
+                                timeout_s=900)
+        resumed = parallel.launch(_readme_rank, 8, [*base, *layout, "--max-steps", "2", "--resume",
+                                                    "--out-dir", str(out)], timeout_s=900)
+        records = train.read_metrics(out / "metrics.jsonl")
+        assert [r["step"] for r in records if "val_loss" in r] == [0, 1, 2], layout
+        assert [r["step"] for r in records if r.get("event") == "resumed"] == [1], layout
+        assert train.load_checkpoint(out)["step"] == 2, layout
+        assert len(first[0]) == len(resumed[0]) == 1 and all(s == [] for s in resumed[1:]), layout
