@@ -171,137 +171,6 @@ class TrainConfig:
                                            "(0 = the accumulation steps)"})
 
 
-def flag(name: str) -> str:
-    """`max_steps` -> `--max-steps`."""
-    return "--" + name.replace("_", "-")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """One flag per TrainConfig field, plus --config FILE (JSON with the same keys; explicit flags win)."""
-    parser = _Parser(
-        prog="train.py", description="Pretrain a GPT: data.py -> model.py -> checkpoints, metrics.jsonl, samples.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--config", default=None, help="JSON file of settings (keys as below, '-' or '_')")
-    for field in dataclasses.fields(TrainConfig):
-        meta = dict(field.metadata)
-        kwargs = {"default": field.default, "help": meta.pop("help")}
-        if field.type == "bool":
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif field.name == "resume":
-            kwargs.update(nargs="?", const="latest", metavar="PATH")
-        else:
-            kwargs["type"] = {"int": int, "float": float, "str": str}[field.type]
-        kwargs.update(meta)
-        parser.add_argument(flag(field.name), **kwargs)
-    return parser
-
-
-def read_config_file(path: str) -> dict:
-    """Read a JSON settings file into {field: value}; keys may use '-' or '_'. Unknown keys are an error."""
-    try:
-        raw = json.loads(pathlib.Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise TrainError(f"--config {path}: cannot read it ({e}); pass a JSON object of train.py settings") from e
-    if not isinstance(raw, dict):
-        raise TrainError(f"--config {path} must hold a JSON object like {{\"max_steps\": 100}}")
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    settings = {k.replace("-", "_"): v for k, v in raw.items()}
-    unknown = sorted(set(settings) - names)
-    if unknown:
-        raise TrainError(f"--config {path} has unknown settings {unknown}; see python train.py --help")
-    return settings
-
-
-def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """Defaults < config file < explicit flags.
-
-    >>> parse_config(["--max-steps", "7"]).max_steps
-    7
-    """
-    parser = build_parser()
-    known, _ = parser.parse_known_args(argv)
-    if known.config:
-        parser.set_defaults(**read_config_file(known.config))
-    args = vars(parser.parse_args(argv))
-    args.pop("config")
-    return TrainConfig(**args)
-
-
-SEED_MAX = 2**32 - 1        # numpy's generators take seeds in [0, 2^32)
-
-
-def validate_config(cfg: TrainConfig) -> None:
-    """Reject settings that cannot work before anything is built: one TrainError naming the flag and its range.
-
-    Every number must be finite and of its field's type (a --config file can hold anything).
-    >>> validate_config(TrainConfig(eval_interval=0))
-    Traceback (most recent call last):
-    train.TrainError: --eval-interval must be >= 1, got 0
-    """
-    kinds = {"int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
-             "str": ((str,), "a string"), "str | None": ((str, type(None)), "a string")}
-    for field in dataclasses.fields(cfg):
-        value, (types, noun) = getattr(cfg, field.name), kinds[field.type]
-        if not isinstance(value, types) or (isinstance(value, bool) and field.type != "bool"):
-            raise TrainError(f"{flag(field.name)} must be {noun}, got {value!r}")
-        if field.type == "float" and not math.isfinite(value):
-            raise TrainError(f"{flag(field.name)} must be a finite number, got {value}")
-        choices = field.metadata.get("choices")
-        if choices and value not in choices:
-            raise TrainError(f"{flag(field.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
-    at_least = {"max_steps": 1, "eval_interval": 1, "eval_batches": 1, "ckpt_interval": 1, "keep_checkpoints": 1,
-                "log_interval": 1, "spike_window": 1, "spike_patience": 1, "tp": 1, "pp": 1, "batch_size": 1,
-                "warmup_steps": 0, "block_size": 0, "vocab_size": 0, "total_batch_tokens": 0, "micro_batches": 0,
-                "num_samples": 0, "sample_tokens": 0, "top_k": 0, "weight_decay": 0, "grad_clip": 0,
-                "temperature": 0, "peak_flops": 0, "seed": 0}
-    # sizes that could never finish: more samples or sample tokens than anyone reads, a step of more than 2^30
-    # tokens (the largest published batches are ~1.6e7)
-    at_most = {"seed": SEED_MAX, "num_samples": 1000, "sample_tokens": 100_000, "total_batch_tokens": 2**30}
-    for name, low in at_least.items():
-        value = getattr(cfg, name)
-        if not value >= low:
-            raise TrainError(f"{flag(name)} must be >= {low}, got {value}")
-    for name, high in at_most.items():
-        if getattr(cfg, name) > high:
-            raise TrainError(f"{flag(name)} must be <= {high}, got {getattr(cfg, name)}")
-    if not 0 < cfg.lr <= 1:                         # AdamW's step is ~lr per weight: above 1 it only diverges
-        raise TrainError(f"--lr must lie in (0, 1], got {cfg.lr}")
-    if not cfg.spike_factor > 1:                    # at <= 1 half the steps (or all) would count as spikes
-        raise TrainError(f"--spike-factor must be > 1 (a spike is this many times the median loss), "
-                         f"got {cfg.spike_factor}")
-    for name in ("min_lr_ratio", "decay_fraction", "rollback_lr_factor", "beta1", "beta2"):
-        value, is_beta = getattr(cfg, name), name.startswith("beta")      # a beta of 1 never forgets: no average
-        if not (0.0 <= value <= 1.0) or (is_beta and value == 1.0):
-            raise TrainError(f"{flag(name)} must lie in [0, 1{')' if is_beta else ']'}, got {value}")
-    if cfg.rollback_lr_factor == 0:
-        raise TrainError("--rollback-lr-factor must be > 0 (0 would stop learning after a rollback); e.g. 0.5")
-    if cfg.resume and cfg.overwrite:
-        raise TrainError("--resume and --overwrite contradict each other: --resume continues the run in --out-dir, "
-                         "--overwrite deletes it; give one")
-
-
-def clamp_warmup(cfg: TrainConfig, log=print) -> TrainConfig:
-    """A warmup as long as the run never reaches the peak lr: shorten it to 10% of the run, and say so.
-
-    >>> clamp_warmup(TrainConfig(max_steps=20, warmup_steps=30), log=print).warmup_steps
-    --warmup-steps 30 >= --max-steps 20: warming up for 2 steps (10% of the run) instead
-    2
-    """
-    if cfg.warmup_steps < cfg.max_steps:
-        return cfg
-    warmup = cfg.max_steps // 10
-    log(f"--warmup-steps {cfg.warmup_steps} >= --max-steps {cfg.max_steps}: warming up for {warmup} steps "
-        f"(10% of the run) instead")
-    return dataclasses.replace(cfg, warmup_steps=warmup)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Tokens per step -> gradient accumulation
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1190,7 +1059,11 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """The checkpoint (format in CONTRACTS.md); loader and RNG states of every rank."""
+        """The checkpoint, version 1: plain tensors, numbers and strings that torch.load(weights_only=True) reads.
+        "model" is the single-process state dict (fp32, CPU) and "optimizer" the single-process optimizer's
+        state_dict, whatever the layout (any layout resumes any other); "model_config", "train_config",
+        "tokenizer_json" and "data_dir" rebuild the run; "rng" and "loader" hold one entry per data-parallel
+        rank; "metrics" the tokens seen, the rollback lr factor, the spike guard and the last evaluation."""
         ranks = gather_objects({"rng": rng_state(), "loader": self.loader.state_dict()}, self.dist)
         return {"version": 1, "step": self.step,
                 "model": self._full_model_state(),
@@ -1490,6 +1363,141 @@ class Trainer:
     def _restore_interrupt_handler(previous: dict) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The command line: flags from TrainConfig, a --config file, validation of every setting
+# ----------------------------------------------------------------------------------------------------------------------
+
+def flag(name: str) -> str:
+    """`max_steps` -> `--max-steps`."""
+    return "--" + name.replace("_", "-")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per TrainConfig field, plus --config FILE (JSON with the same keys; explicit flags win)."""
+    parser = _Parser(
+        prog="train.py", description="Pretrain a GPT: data.py -> model.py -> checkpoints, metrics.jsonl, samples.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", default=None, help="JSON file of settings (keys as below, '-' or '_')")
+    for field in dataclasses.fields(TrainConfig):
+        meta = dict(field.metadata)
+        kwargs = {"default": field.default, "help": meta.pop("help")}
+        if field.type == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif field.name == "resume":
+            kwargs.update(nargs="?", const="latest", metavar="PATH")
+        else:
+            kwargs["type"] = {"int": int, "float": float, "str": str}[field.type]
+        kwargs.update(meta)
+        parser.add_argument(flag(field.name), **kwargs)
+    return parser
+
+
+def read_config_file(path: str) -> dict:
+    """Read a JSON settings file into {field: value}; keys may use '-' or '_'. Unknown keys are an error."""
+    try:
+        raw = json.loads(pathlib.Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise TrainError(f"--config {path}: cannot read it ({e}); pass a JSON object of train.py settings") from e
+    if not isinstance(raw, dict):
+        raise TrainError(f"--config {path} must hold a JSON object like {{\"max_steps\": 100}}")
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    settings = {k.replace("-", "_"): v for k, v in raw.items()}
+    unknown = sorted(set(settings) - names)
+    if unknown:
+        raise TrainError(f"--config {path} has unknown settings {unknown}; see python train.py --help")
+    return settings
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Defaults < config file < explicit flags.
+
+    >>> parse_config(["--max-steps", "7"]).max_steps
+    7
+    """
+    parser = build_parser()
+    known, _ = parser.parse_known_args(argv)
+    if known.config:
+        parser.set_defaults(**read_config_file(known.config))
+    args = vars(parser.parse_args(argv))
+    args.pop("config")
+    return TrainConfig(**args)
+
+
+SEED_MAX = 2**32 - 1        # numpy's generators take seeds in [0, 2^32)
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Reject settings that cannot work before anything is built: one TrainError naming the flag and its range.
+
+    Every number must be finite and of its field's type (a --config file can hold anything).
+    >>> validate_config(TrainConfig(eval_interval=0))
+    Traceback (most recent call last):
+    train.TrainError: --eval-interval must be >= 1, got 0
+    """
+    kinds = {"int": ((int,), "an integer"), "float": ((int, float), "a number"), "bool": ((bool,), "true or false"),
+             "str": ((str,), "a string"), "str | None": ((str, type(None)), "a string")}
+    for field in dataclasses.fields(cfg):
+        value, (types, noun) = getattr(cfg, field.name), kinds[field.type]
+        if not isinstance(value, types) or (isinstance(value, bool) and field.type != "bool"):
+            raise TrainError(f"{flag(field.name)} must be {noun}, got {value!r}")
+        if field.type == "float" and not math.isfinite(value):
+            raise TrainError(f"{flag(field.name)} must be a finite number, got {value}")
+        choices = field.metadata.get("choices")
+        if choices and value not in choices:
+            raise TrainError(f"{flag(field.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    at_least = {"max_steps": 1, "eval_interval": 1, "eval_batches": 1, "ckpt_interval": 1, "keep_checkpoints": 1,
+                "log_interval": 1, "spike_window": 1, "spike_patience": 1, "tp": 1, "pp": 1, "batch_size": 1,
+                "warmup_steps": 0, "block_size": 0, "vocab_size": 0, "total_batch_tokens": 0, "micro_batches": 0,
+                "num_samples": 0, "sample_tokens": 0, "top_k": 0, "weight_decay": 0, "grad_clip": 0,
+                "temperature": 0, "peak_flops": 0, "seed": 0}
+    # sizes that could never finish: more samples or sample tokens than anyone reads, a step of more than 2^30
+    # tokens (the largest published batches are ~1.6e7)
+    at_most = {"seed": SEED_MAX, "num_samples": 1000, "sample_tokens": 100_000, "total_batch_tokens": 2**30}
+    for name, low in at_least.items():
+        value = getattr(cfg, name)
+        if not value >= low:
+            raise TrainError(f"{flag(name)} must be >= {low}, got {value}")
+    for name, high in at_most.items():
+        if getattr(cfg, name) > high:
+            raise TrainError(f"{flag(name)} must be <= {high}, got {getattr(cfg, name)}")
+    if not 0 < cfg.lr <= 1:                         # AdamW's step is ~lr per weight: above 1 it only diverges
+        raise TrainError(f"--lr must lie in (0, 1], got {cfg.lr}")
+    if not cfg.spike_factor > 1:                    # at <= 1 half the steps (or all) would count as spikes
+        raise TrainError(f"--spike-factor must be > 1 (a spike is this many times the median loss), "
+                         f"got {cfg.spike_factor}")
+    for name in ("min_lr_ratio", "decay_fraction", "rollback_lr_factor", "beta1", "beta2"):
+        value, is_beta = getattr(cfg, name), name.startswith("beta")      # a beta of 1 never forgets: no average
+        if not (0.0 <= value <= 1.0) or (is_beta and value == 1.0):
+            raise TrainError(f"{flag(name)} must lie in [0, 1{')' if is_beta else ']'}, got {value}")
+    if cfg.rollback_lr_factor == 0:
+        raise TrainError("--rollback-lr-factor must be > 0 (0 would stop learning after a rollback); e.g. 0.5")
+    if cfg.resume and cfg.overwrite:
+        raise TrainError("--resume and --overwrite contradict each other: --resume continues the run in --out-dir, "
+                         "--overwrite deletes it; give one")
+
+
+def clamp_warmup(cfg: TrainConfig, log=print) -> TrainConfig:
+    """A warmup as long as the run never reaches the peak lr: shorten it to 10% of the run, and say so.
+
+    >>> clamp_warmup(TrainConfig(max_steps=20, warmup_steps=30), log=print).warmup_steps
+    --warmup-steps 30 >= --max-steps 20: warming up for 2 steps (10% of the run) instead
+    2
+    """
+    if cfg.warmup_steps < cfg.max_steps:
+        return cfg
+    warmup = cfg.max_steps // 10
+    log(f"--warmup-steps {cfg.warmup_steps} >= --max-steps {cfg.max_steps}: warming up for {warmup} steps "
+        f"(10% of the run) instead")
+    return dataclasses.replace(cfg, warmup_steps=warmup)
 
 
 def threading_main() -> bool:
