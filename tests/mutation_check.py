@@ -206,6 +206,24 @@ MUTANTS = [
            'f"{name}-{low:016x}-{high:016x}.npy"', 'f"{name}-{low * 1000 // 2**64}.npy"',
            ("tests/test_data.py::test_killed_join_resumes_from_its_finished_ranges",),
            "a range's file named by where it starts: a rerun cut into other ranges takes another run's file"),
+    # --- the CUDA path (issue 22), shown on the meta device: placement and host syncs ---------------------------
+    Mutant("zero-step-left-on-the-cpu", "parallel.py",
+           "first.to(u.shard.device, copy=True) if torch.is_tensor(first)", "first.clone() if torch.is_tensor(first)",
+           (f"{PARALLEL}::test_zero_optimizer_state_loads_onto_the_shards_device_step_included",),
+           "a resumed ZeRO run keeps AdamW's step on the CPU: fused AdamW on CUDA fails at the next step"),
+    Mutant("tp-head-made-on-the-cpu", "parallel.py",
+           "bias=False, device=model.lm_head.weight.device)", "bias=False)",
+           (f"{PARALLEL}::test_tensor_parallel_untied_head_is_created_on_the_models_device",),
+           "--tp with untied embeddings builds its padded LM head on the CPU"),
+    Mutant("host-sync-in-every-forward", "model.py",
+           'if idx.device.type == "cpu" and idx.numel():', "if idx.numel():",
+           ("tests/test_model.py::test_forward_backward_and_generate_on_another_device_never_read_values_back",),
+           "the id-range check reads min and max back from the GPU: two device-to-host syncs per forward"),
+    Mutant("mfu-over-one-device", "train.py",
+           "    return tokens_per_s * flops_per_token / (peak_flops * devices)\n",
+           "    return tokens_per_s * flops_per_token / peak_flops\n",
+           (f"{TRAIN}::test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast",),
+           "MFU is every rank's tokens over one device's peak: 8 GPUs at 40% print 320%"),
 ]
 
 
