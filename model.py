@@ -419,9 +419,9 @@ class Attention(nn.Module):
             k, v = cache.append(k, v)                                          # (B, h_kv, start + T, d)
         if self.n_kv_head != self.n_head:
             # GQA: query head j reads kv head j // group. expand makes the group copies a view (stride 0, no
-            # memory); only the reshape to (B, h, Tk, d) materialises them, once, where repeat_interleave made
-            # an index-gather copy. SDPA's enable_gqa=True would skip even that copy, but its fused kernels on
-            # torch 2.13 take it only on some paths (the math fallback repeats anyway), so the view is explicit.
+            # memory); only the reshape to (B, h, Tk, d) materialises them, in one plain copy, where
+            # repeat_interleave ran an index gather. (SDPA's enable_gqa=True, torch >= 2.5, can skip even that
+            # copy in the kernels that support it; the explicit view keeps causal_attention one plain attention.)
             k, v = (t[:, :, None].expand(-1, -1, self.n_head // self.n_kv_head, -1, -1)
                     .reshape(B, self.n_head, t.shape[2], self.head_dim) for t in (k, v))     # (B, h, Tk, d)
         y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)   # (B, h, T, d)
