@@ -1,7 +1,10 @@
-"""README's commands run: every command in README's ```bash blocks is executed, in README order, in a scratch copy
-of the repository (so `out/`, `tok.json` and `fit.png` land there, not in the checkout), with ../shared beside it.
+"""README's commands run: every command in the ```bash blocks of README.md and of the docs/ pages is executed, README's
+first and then each page's in name order, in a scratch copy of the repository (so `out/`, `tok.json` and `fit.png`
+land there, not in the checkout), with ../shared beside it. A command shown on two pages runs once, where it first
+appears; so a page may rely on what README's commands wrote (out-hf/ from `model.py export`, the stand-in out/).
 
-README is parsed when the tests run, so a command added later is covered without touching this file. Each command
+The pages are parsed when the tests run, so a command added later, or moved from README to a docs page, is covered
+without touching this file. Each command
 is one of three kinds, matched by the longest prefix in the tables below (an entry ending in `$` matches only the
 whole command):
     quick    (the default) a few seconds each: test_readme_quick_commands runs them all;
@@ -52,6 +55,11 @@ SKIPPED = {
                  "one machine, then prepare --ray-address on them)",
     "RAY_AUTH_MODE=token": "needs a running Ray cluster at HEAD_IP, storage mounted on every node (/mnt/shared) and "
                            "an S3 bucket (test_data_objstore runs prepare on s3:// against moto's server)",
+    "python data.py prepare --engine ray --ray-address HEAD_IP:6379": "needs a Ray cluster at HEAD_IP and an S3 "
+                                                                      "bucket (test_data_objstore: prepare on s3:// "
+                                                                      "against moto's server, on a local Ray too)",
+    "python data.py download s3://": "needs an S3 bucket holding a dataset (test_data_objstore runs download "
+                                     "against moto's server)",
 }
 
 SLOW = {
@@ -121,8 +129,21 @@ def kind(command: str) -> tuple[str, str]:
     return k, reason
 
 
+def documented_pages(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """README.md, then every docs/*.md in name order: the order their commands run in."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def documented_commands(root: pathlib.Path = ROOT) -> list[str]:
+    """Every page's commands in page order, each command once (where it first appears)."""
+    seen: dict[str, None] = {}
+    for page in documented_pages(root):
+        seen.update((c, None) for c in readme_commands(page.read_text(encoding="utf-8")) if c not in seen)
+    return list(seen)
+
+
 def commands_of(k: str) -> list[str]:
-    return [c for c in readme_commands((ROOT / "README.md").read_text()) if kind(c)[0] == k]
+    return [c for c in documented_commands() if kind(c)[0] == k]
 
 
 def scratch_copy(tmp: pathlib.Path) -> pathlib.Path:
@@ -155,9 +176,19 @@ def test_readme_parsing_and_every_command_has_a_kind():
     assert readme_commands(text) == ["python a.py", "python b.py --x --y"]
     commands = readme_commands((ROOT / "README.md").read_text())
     assert "python train.py" in commands and kind("python train.py")[0] == "skipped"
+    assert set(commands) <= set(documented_commands())
     assert kind("python train.py --help") == ("quick", "a few seconds")
     assert kind("python scaling.py sweep --quick")[0] == "slow" and kind("python scaling.py sweep")[0] == "skipped"
     assert all(reason for p, reason in {**SKIPPED, **SLOW}.items())
+
+
+def test_docs_pages_commands_run_once_after_readme(tmp_path):
+    """A command moved from README to a docs page is still run; one shown twice runs once, where it first appears."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("```bash\npython a.py\npython b.py\n```\n")
+    (tmp_path / "docs" / "z.md").write_text("```bash\npython z.py\n```\n")
+    (tmp_path / "docs" / "m.md").write_text("```bash\npython b.py   # shown again\npython m.py\n```\n```\nout\n```\n")
+    assert documented_commands(tmp_path) == ["python a.py", "python b.py", "python m.py", "python z.py"]
 
 
 @pytest.fixture(scope="module")
