@@ -212,24 +212,19 @@ def docstring_problems(root: pathlib.Path = ROOT) -> list[str]:
     return wrong
 
 
-@until_moves_land
-def test_every_top_level_file_has_a_layer():
-    assert not unknown_files(), "\n".join(unknown_files())
+RULES = {                                    # test id -> the check that lists the tree's breaches of that rule
+    "every_top_level_file_has_a_layer": unknown_files,
+    "no_import_cycle": cycle_problems,
+    "imports_point_down_the_pipeline": upward_imports,
+    "depends_on_line_names_exactly_the_imported_siblings": docstring_problems,
+}
 
 
 @until_moves_land
-def test_no_import_cycle():
-    assert not cycle_problems(), "\n".join(cycle_problems())
-
-
-@until_moves_land
-def test_imports_point_down_the_pipeline():
-    assert not upward_imports(), "\n".join(upward_imports())
-
-
-@until_moves_land
-def test_depends_on_line_names_exactly_the_imported_siblings():
-    assert not docstring_problems(), "\n".join(docstring_problems())
+@pytest.mark.parametrize("check", RULES.values(), ids=RULES.keys())
+def test_the_tree_keeps_the_rule(check):
+    problems = check()
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.slow
