@@ -191,6 +191,43 @@ def test_docs_pages_commands_run_once_after_readme(tmp_path):
     assert documented_commands(tmp_path) == ["python a.py", "python b.py", "python m.py", "python z.py"]
 
 
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation but - and _ dropped, spaces to -.
+    >>> sorted(heading_anchors("# data.py: from raw corpora\\n## Export to HF (`tests/test_hf.py`)\\n"))
+    ['datapy-from-raw-corpora', 'export-to-hf-teststest_hfpy']
+    """
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def broken_links(root: pathlib.Path = ROOT) -> list[str]:
+    """Relative links of README and the docs pages whose file or heading anchor does not exist."""
+    broken = []
+    for page in documented_pages(root):
+        text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path) if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(root)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+                broken.append(f"{page.relative_to(root)}: {target} (no such heading)")
+    return broken
+
+
+def test_links_between_readme_and_docs_resolve(tmp_path):
+    """A heading renamed or moved to a docs page breaks no link (README's map links to every chapter heading)."""
+    assert not broken_links(), "\n".join(broken_links())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# Top\n[a](docs/a.md#two) [b](docs/b.md) [c](#top) [d](#gone)\n")
+    (tmp_path / "docs" / "a.md").write_text("# One\n```bash\n# two\n```\n[up](../README.md#top)\n")
+    assert broken_links(tmp_path) == ["README.md: docs/a.md#two (no such heading)",
+                                      "README.md: docs/b.md (no such file)", "README.md: #gone (no such heading)"]
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> pathlib.Path:
     return scratch_copy(tmp_path_factory.mktemp("readme"))
