@@ -4,9 +4,8 @@ land there, not in the checkout), with ../shared beside it. A command shown on t
 appears; so a page may rely on what README's commands wrote (out-hf/ from `model.py export`, the stand-in out/).
 
 The pages are parsed when the tests run, so a command added later, or moved from README to a docs page, is covered
-without touching this file. Each command
-is one of three kinds, matched by the longest prefix in the tables below (an entry ending in `$` matches only the
-whole command):
+without touching this file. Each command is one of three kinds, matched by the longest prefix in the tables below
+(an entry ending in `$` matches only the whole command):
     quick    (the default) a few seconds each: test_readme_quick_commands runs them all;
     SLOW     tens of seconds (or needing a slow one's output): test_readme_slow_commands, marked slow;
     SKIPPED  never run here, each with its reason (the full main job, the 15-minute sweep, installs, benchmarks).
@@ -213,7 +212,8 @@ def broken_links(root: pathlib.Path = ROOT) -> list[str]:
             linked = (page.parent / path) if path else page
             if not linked.exists():
                 broken.append(f"{page.relative_to(root)}: {target} (no such file)")
-            elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+            elif anchor and linked.suffix == ".md" \
+                    and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
                 broken.append(f"{page.relative_to(root)}: {target} (no such heading)")
     return broken
 
