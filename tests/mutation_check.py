@@ -122,11 +122,11 @@ MUTANTS = [
            ("tests/test_model.py::test_kv_cache_gives_the_full_forward_logits",),
            "RoPE rotates cached decoding steps as if they were at position 0"),
     # --- the Hugging Face bridge: transformers' LlamaForCausalLM and AutoTokenizer are the oracles --------------------
-    Mutant("hf-export-skips-rope-permutation", "model.py",
+    Mutant("hf-export-skips-rope-permutation", "hf.py",
            "tensor = interleaved_to_halves(tensor, rope_heads(name, cfg))", "tensor = tensor",
            ("tests/test_hf.py::test_logits_equal_transformers_on_random_and_real_ids",),
            "export keeps our interleaved RoPE rows, which HF rotates as halves"),
-    Mutant("hf-tie-flag-flipped", "model.py",
+    Mutant("hf-tie-flag-flipped", "hf.py",
            '"tie_word_embeddings": config.tie_embeddings,', '"tie_word_embeddings": not config.tie_embeddings,',
            ("tests/test_hf.py::test_logits_equal_transformers_on_random_and_real_ids",),
            "config.json says the LM head is tied when it is not, and the reverse"),

@@ -1,4 +1,4 @@
-"""Tests for the Hugging Face bridge (model.export_hf / load_hf, bpe.Tokenizer.to_hf / from_hf) against the real
+"""Tests for the Hugging Face bridge (hf.py: export_hf / load_hf and the `model.py export` / `import-hf` commands;
 oracle: transformers' LlamaForCausalLM, its generate, and AutoTokenizer. The models are trained a few steps here
 with train.py (2 layers, width 32, GQA 4/2, rope_theta 500), tied and untied; transformers is imported once."""
 import json
@@ -14,6 +14,7 @@ pytest.importorskip("safetensors", reason="the HF bridge tests need safetensors 
 
 import bpe  # noqa: E402
 import evaluate  # noqa: E402
+import hf  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
 from test_bpe import EMBEDDED, corpus_texts  # noqa: E402
@@ -103,7 +104,7 @@ def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_pat
     assert ckpt["model_config"] == original["model_config"] and ckpt["tokenizer_json"] == original["tokenizer_json"]
     assert ckpt["model"].keys() == original["model"].keys()
     assert all(torch.equal(ckpt["model"][k], original["model"][k]) for k in ckpt["model"])
-    reloaded, reloaded_tokenizer = model.load_hf(hf_dir)
+    reloaded, reloaded_tokenizer = hf.load_hf(hf_dir)
     assert reloaded.config == ours.config and reloaded_tokenizer.to_json() == tokenizer.to_json()
     assert bpe.Tokenizer.load(hf_dir / "tokenizer.json").to_json() == tokenizer.to_json()   # data.py --tokenizer
     capsys.readouterr()
@@ -122,7 +123,7 @@ def test_train_init_from_an_imported_checkpoint(run, dataset_dir, tmp_path):
     assert all(torch.equal(start[k], v) for k, v in ours.state_dict().items())
     assert trainer.run()["step"] == 2
     other = bpe.train_bpe("an unrelated corpus " * 30, 300)
-    model.save_imported_checkpoint(ours, other, tmp_path / "other.pt", "test")
+    hf.save_imported_checkpoint(ours, other, tmp_path / "other.pt", "test")
     cfg = train.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "other"), *GQA_ARGS,
                               "--init-from", str(tmp_path / "other.pt")])
     with pytest.raises(train.TrainError, match="--init-from .* has another tokenizer"):
@@ -149,7 +150,7 @@ def test_import_of_a_model_saved_by_transformers(tmp_path):
         for p in theirs.parameters():
             p.normal_(0.0, 0.3)                             # large weights, so any layout error shows
     theirs.save_pretrained(tmp_path)
-    ours, tokenizer = model.load_hf(tmp_path)
+    ours, tokenizer = hf.load_hf(tmp_path)
     assert tokenizer is None and ours.config.norm_eps == 1e-6 and not ours.config.tie_embeddings
     ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
     a, b = logits_both(ours, theirs, ids)
@@ -165,7 +166,7 @@ SPECIALS = "a<|endoftext|>b <|endoftext|><|endoftext|>\n<|endoftext|> end"
 
 def auto_tokenizer(tokenizer, directory: pathlib.Path):
     directory.mkdir()
-    for name, doc in model.hf_tokenizer_files(tokenizer, 1 << 20).items():
+    for name, doc in hf.hf_tokenizer_files(tokenizer, 1 << 20).items():
         (directory / name).write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
     return transformers.AutoTokenizer.from_pretrained(directory)
 
@@ -245,18 +246,18 @@ def test_a_mixture_of_experts_is_refused_in_one_line(tmp_path):
     moe = model.GPT(model.GPTConfig(vocab_size=300, n_layer=1, n_head=2, n_kv_head=2, n_embd=16, n_expert=4))
     tokenizer = bpe.train_bpe("one two three " * 20, 260)
     with pytest.raises(model.ConfigError, match="Mixture of Experts.*Mixtral renormalises"):
-        model.export_hf(moe, tokenizer, tmp_path / "moe")
+        hf.export_hf(moe, tokenizer, tmp_path / "moe")
     assert not (tmp_path / "moe").exists()
 
 
 def test_permutation_example_of_the_docstring():
-    assert model.rope_halves_order(4).tolist() == [0, 2, 1, 3]
+    assert hf.rope_halves_order(4).tolist() == [0, 2, 1, 3]
     w = torch.arange(2 * 8 * 3, dtype=torch.float32).view(16, 3)       # 2 heads of width 8
-    assert torch.equal(model.halves_to_interleaved(model.interleaved_to_halves(w, 2), 2), w)
+    assert torch.equal(hf.halves_to_interleaved(hf.interleaved_to_halves(w, 2), 2), w)
     q = torch.randn(1, 5, 2, 8)
     cos, sin = model.rope_angles(torch.arange(5), 8, 10000.0)
     ours = model.apply_rope(q, cos, sin)
-    hf_q = q[..., model.rope_halves_order(8)]                           # HF's feature order
+    hf_q = q[..., hf.rope_halves_order(8)]                           # HF's feature order
     hf_cos, hf_sin = torch.cat((cos, cos), -1)[None, :, None], torch.cat((sin, sin), -1)[None, :, None]
     rotated = hf_q * hf_cos + torch.cat((-hf_q[..., 4:], hf_q[..., :4]), -1) * hf_sin   # HF's rotate_half
-    assert torch.allclose(rotated, ours[..., model.rope_halves_order(8)], atol=1e-6)
+    assert torch.allclose(rotated, ours[..., hf.rope_halves_order(8)], atol=1e-6)
