@@ -429,7 +429,7 @@ def test_save_is_atomic(tmp_path, small_tok, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(TokenizerError, match="cannot write .*disk full"):
         small_tok.save(path)
     assert path.read_text(encoding="utf-8") == "old" and [p.name for p in tmp_path.iterdir()] == ["tok.json"]
 
