@@ -161,7 +161,11 @@ def hf_tokenizer_files(tokenizer, block_size: int) -> dict[str, dict]:
     decoding keeps spaces as they are."""
     eot = tokenizer.eot_id
     eot_text = None if eot is None else tokenizer.vocab[eot].decode("utf-8")
-    return {"tokenizer.json": tokenizer.to_hf(),
+    try:
+        tokenizer_json = tokenizer.to_hf()
+    except bpe.TokenizerError as e:                       # a custom regex Hugging Face would read otherwise
+        raise HFError(f"cannot export the tokenizer: {e}") from None
+    return {"tokenizer.json": tokenizer_json,
             "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eot_text,
                                       "eos_token": eot_text, "model_max_length": block_size,
                                       "clean_up_tokenization_spaces": False}}

@@ -3,7 +3,9 @@ oracle: transformers' LlamaForCausalLM, its generate, and AutoTokenizer. The mod
 with train.py (2 layers, width 32, GQA 4/2, rope_theta 500), tied and untied; transformers is imported once."""
 import json
 import pathlib
+import random
 import shutil
+import unicodedata
 
 import pytest
 import torch
@@ -184,6 +186,81 @@ def test_autotokenizer_ids_equal_ours_on_the_corpora(pattern, shared_data, tmp_p
         assert theirs.decode(ids) == text
     assert theirs(SPECIALS)["input_ids"] == tokenizer.encode(SPECIALS, allowed_special="all")
     assert theirs.eos_token == "<|endoftext|>" and theirs.eos_token_id == tokenizer.eot_id
+
+
+# A custom pattern with counted possessive repeats: to_hf must write each X{m,n}+ as an atomic group.
+CUSTOM_POSSESSIVE = r"\p{L}{2}+|\p{N}{1,2}+|\s+|[^\p{L}\p{N}\s]+|\p{L}"
+
+
+def hard_text(seed: int, n: int = 400) -> str:
+    """What regex engines disagree on, shuffled: numbers of 1-12 digits (ASCII, Arabic-Indic, full-width, mixed),
+    contractions in every case, runs of spaces/tabs/newlines, CRLF, NBSP, ideographic space, emoji, other scripts."""
+    rng = random.Random(seed)
+    digits = ["0123456789", "٠١٢٣٤٥٦٧٨٩", "０１２３４５６７８９", "0١２3"]
+    contractions = ["".join(rng.choice((c.lower(), c.upper())) for c in "'" + end)
+                    for end in ("s", "t", "re", "ve", "m", "ll", "d") for _ in range(4)]
+    spaces = [" ", "  ", "   ", "\t", "\t\t ", "\n", "\n\n\n", "\r\n", " \r\n", "\r\n\r\n", "\u00a0", " \u00a0\u00a0",
+              "\u3000", "\u2028", "\x0b", "\x85 "]
+    words = ["the", " year", " It", "DON", "we", " naïve", "Ελληνικά", " русский", "中文", "🙂", "👩‍👩‍👧", "!!", "$", "(x)"]
+    parts = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.35:
+            alphabet = rng.choice(digits)
+            parts.append(rng.choice(["", " "]) + "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))))
+        elif kind < 0.5:
+            parts.append(rng.choice(contractions))
+        elif kind < 0.75:
+            parts.append(rng.choice(spaces))
+        else:
+            parts.append(rng.choice(words))
+    return "".join(parts) + rng.choice(spaces)
+
+
+def hf_split(tokenizer):
+    """The Split step of the exported pre-tokenizer, run by tokenizers itself (Oniguruma)."""
+    from tokenizers import Regex, pre_tokenizers
+    exported = tokenizer.to_hf()["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    return pre_tokenizers.Split(Regex(exported), "isolated")
+
+
+@pytest.mark.parametrize("pattern", ["gpt4", "gpt2", CUSTOM_POSSESSIVE])
+def test_autotokenizer_ids_equal_ours_on_numbers_contractions_and_odd_whitespace(pattern, tmp_path):
+    r"""Issue 24: " 2000" was [20][00] in HF and [200][0] here: the exported `\p{N}{1,3}+` is not possessive in
+    Oniguruma. A tokenizer trained on such text, so that number tokens exist, must give the same ids."""
+    tokenizer = bpe.train_bpe(EMBEDDED + hard_text(1), 700, pattern=pattern)
+    theirs = auto_tokenizer(tokenizer, tmp_path / "tok")
+    for text in (hard_text(2), hard_text(3), bpe.PROBE_TEXT, "in 2000 and 1234567, 12345678901 or ١٢٣٤٥٦٧"):
+        assert [p for p, _ in hf_split(tokenizer).pre_tokenize_str(text)] == \
+            bpe.pretokenize(text, tokenizer.pattern), text[:80]
+        ids = tokenizer.encode(text, allowed_special="all")
+        assert theirs(text)["input_ids"] == ids, text[:80]
+        assert theirs.decode(ids) == text
+
+
+@pytest.mark.parametrize("pattern", ["gpt4", "gpt2", CUSTOM_POSSESSIVE])
+def test_exported_regex_cuts_every_known_character_like_ours(pattern):
+    """Every character of Python's Unicode tables (14.0), each between neighbours that patterns treat differently
+    (digits, letters, apostrophes, spaces, newlines): the pieces of HF's engine are ours."""
+    tokenizer = bpe.train_bpe("a b 1 2", 260, pattern=pattern)
+    context = "0'sS \n\r\u00a0a.1"
+    known = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    text = "".join(c + context[i % len(context)] for i, c in enumerate(known))
+    assert [p for p, _ in hf_split(tokenizer).pre_tokenize_str(text)] == bpe.pretokenize(text, tokenizer.pattern)
+
+
+@pytest.mark.parametrize("pattern, message", [
+    (r"\w+$|\w|\W", "cuts bpe.PROBE_TEXT otherwise"),             # Ruby's $ also matches before every newline
+    (r"\p{L}+|(?s:.)", "rejects"),                                # (?s) is Ruby's (?m): Oniguruma has no s flag
+])
+def test_a_custom_pattern_hf_reads_otherwise_is_refused_in_one_line(pattern, message, tmp_path):
+    tokenizer = bpe.train_bpe("hello world 1234 " * 20, 270, pattern=pattern)
+    with pytest.raises(bpe.TokenizerError, match=message):
+        tokenizer.to_hf()
+    tiny = model.GPT(model.GPTConfig(vocab_size=300, n_layer=1, n_head=2, n_kv_head=2, n_embd=16))
+    with pytest.raises(hf.HFError, match="cannot export the tokenizer: pattern .*; use 'gpt2', 'gpt4'") as info:
+        hf.export_hf(tiny, tokenizer, tmp_path / "out")
+    assert "\n" not in str(info.value) and not (tmp_path / "out").exists()
 
 
 def test_gpt2s_own_tokenizer_survives_the_trip(shared_data, tmp_path):
