@@ -483,6 +483,31 @@ def test_bad_training_input(tmp_path):
         Tokenizer.from_merges([]).encode(b"bytes")
 
 
+@pytest.mark.parametrize("pattern, message", [
+    (r"(?<=a)", "matches only empty strings"),                     # issue 24: every text encoded to nothing
+    (r"\p{L}+|\s+", r"no piece that holds '2'.*encode would drop it"),
+    (r"\p{L}+|(\p{N})|\s|.", "capturing group"),
+])
+def test_a_custom_pattern_that_would_lose_text_is_refused(pattern, message):
+    with pytest.raises(TokenizerError, match=message) as info:
+        train_bpe("a 1 b 2 " * 10, 300, pattern=pattern)
+    assert "\n" not in str(info.value)
+    with pytest.raises(TokenizerError, match=message):                 # a file that carries one, loaded
+        Tokenizer.from_json(json.dumps({**json.loads(Tokenizer.from_merges([]).to_json()), "pattern": pattern}))
+    covering = train_bpe("a 1 b 2 " * 10, 300, pattern=r"\p{L}+|\p{N}|\s|.")
+    assert covering.decode(covering.encode(bpe.PROBE_TEXT)) == bpe.PROBE_TEXT
+
+
+def test_a_tokenizer_file_nested_thousands_deep_is_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"format": "bpe.py tokenizer", "vocab": ' + "[" * 5000 + "]" * 5000 + "}")
+    with pytest.raises(TokenizerError, match="deep.json: JSON nested more than 1,000 levels deep") as info:
+        Tokenizer.load(deep)
+    assert "\n" not in str(info.value)
+    code = bpe.main(["decode", "1", "--tokenizer", str(deep)])
+    assert code == 2
+
+
 def test_stops_early_when_pairs_run_out():
     tok = train_bpe("ab", 1000)
     assert tok.merges == [(b"a", b"b")] and len(tok) == 258
