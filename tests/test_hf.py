@@ -316,7 +316,20 @@ def test_bad_input_gets_one_line_and_exit_2(run, tmp_path, capsys):
     assert not (tmp_path / "x.pt").exists()
     assert "not an empty directory" in cli_error(capsys, ["export", "--ckpt", str(run_dir), "--to", str(hf_dir)])
     assert "not found" in cli_error(capsys, ["export", "--ckpt", str(tmp_path / "nope"), "--to", str(tmp_path / "o")])
+    # issue 24: a checkpoint without its tokenizer names the fix, --tokenizer, which then exports it
+    ckpt = train.load_checkpoint(run_dir)
+    train.atomic_save({k: v for k, v in ckpt.items() if k not in ("path", "tokenizer_json")}, tmp_path / "bare.pt")
+    bare = ["export", "--ckpt", str(tmp_path / "bare.pt"), "--to", str(tmp_path / "o")]
+    assert "holds no tokenizer ('tokenizer_json'); pass the one it was trained with: --tokenizer" in \
+        cli_error(capsys, bare)
+    bpe.train_bpe("an unrelated corpus " * 30, 300).save(tmp_path / "other.json")
+    assert "is not the tokenizer stored in" in cli_error(capsys, ["export", "--ckpt", str(run_dir), "--to",
+                                                                  str(tmp_path / "o"), "--tokenizer",
+                                                                  str(tmp_path / "other.json")])
     assert not (tmp_path / "o").exists()
+    bpe.Tokenizer.from_json(ckpt["tokenizer_json"]).save(tmp_path / "own.json")
+    assert model.main([*bare, "--tokenizer", str(tmp_path / "own.json")]) == 0
+    assert (tmp_path / "o" / "tokenizer.json").read_text() == (hf_dir / "tokenizer.json").read_text()
 
 
 def test_a_mixture_of_experts_is_refused_in_one_line(tmp_path):
