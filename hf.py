@@ -1,4 +1,4 @@
-"""The Hugging Face bridge: a model.py network out to a `LlamaForCausalLM` directory, and one back into a checkpoint.
+r"""The Hugging Face bridge: a model.py network out to a `LlamaForCausalLM` directory, and one back into a checkpoint.
 
 Serves: model.py (`python model.py export` and `python model.py import-hf` run this file's main) and train.py (its
 checkpoints are what gets exported; `train.py --init-from` starts a run from an imported one).
@@ -30,6 +30,11 @@ ours True); silu is the SwiGLU gate in both. `python model.py export` writes the
 `python model.py import-hf` reads one back (`load_hf`); tests/test_hf.py checks the logits against
 transformers'. A Mixture of Experts is refused: we weigh the top-k experts by their full-softmax probabilities,
 Mixtral renormalises them over the k, so no Mixtral config computes our logits.
+
+The tokenizer goes along as tokenizer.json (`bpe.Tokenizer.to_hf`), and its regex must cut text as ours does in
+another engine: Oniguruma, the one of HF `tokenizers`, reads GPT-4's `\p{N}{1,3}+` as one or more runs of 1-3
+digits, so "2000" would stay one piece there ([20][00]) and be [200][0] here. `bpe.hf_regex` writes it
+`(?>\p{N}{1,3})`, which both engines read alike; a custom regex is checked piece by piece or refused.
 """
 from __future__ import annotations
 
