@@ -214,14 +214,17 @@ VERIFY_TEXT = ("Once upon a time, a naïve café served Ελληνικά, рус
 def verify_hf(model: GPT, tokenizer, hf_dir, new_tokens: int = 16) -> dict:
     """Load hf_dir with transformers and compare it with (model, tokenizer), the oracle of tests/test_hf.py:
     the largest |logit difference| on random ids and on VERIFY_TEXT (fp32), whether greedy decoding gives the
-    same tokens, and whether AutoTokenizer gives our ids for VERIFY_TEXT."""
+    same tokens, and whether AutoTokenizer gives our ids for VERIFY_TEXT and bpe.PROBE_TEXT (long numbers,
+    contractions in every case, CRLF, NBSP: what regex engines disagree on)."""
     try:
         import transformers
     except ImportError:
         raise HFError(f"--verify needs the transformers package: {INSTALL_HINT}") from None
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     ids = tokenizer.encode(VERIFY_TEXT, allowed_special="all")
-    same_ids = transformers.AutoTokenizer.from_pretrained(hf_dir)(VERIFY_TEXT, verbose=False)["input_ids"] == ids
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    same_ids = all(hf_tokenizer(text, verbose=False)["input_ids"] == tokenizer.encode(text, allowed_special="all")
+                   for text in (VERIFY_TEXT, bpe.PROBE_TEXT))
     T = model.config.block_size
     random_ids = torch.randint(0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
     text_ids = torch.tensor([ids[:T]])
