@@ -303,6 +303,9 @@ def test_bad_input_gets_one_line_and_exit_2(run, tmp_path, capsys):
     assert "RoPE scaling" in cli_error(capsys, ["import-hf", "--from", str(scaled), "--to", ckpt])
     biased = edited_copy(hf_dir, tmp_path / "biased", attention_bias=True)
     assert "biases" in cli_error(capsys, ["import-hf", "--from", str(biased), "--to", ckpt])
+    quoted = edited_copy(hf_dir, tmp_path / "quoted", tie_word_embeddings="false")      # bool("false") is True
+    assert "tie_word_embeddings is 'false', not true or false" in \
+        cli_error(capsys, ["import-hf", "--from", str(quoted), "--to", ckpt])
     wider = edited_copy(hf_dir, tmp_path / "wider", intermediate_size=200)
     assert "shape" in cli_error(capsys, ["import-hf", "--from", str(wider), "--to", ckpt])
     truncated = edited_copy(hf_dir, tmp_path / "truncated")
