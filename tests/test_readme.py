@@ -9,10 +9,12 @@ without touching this file. Each command is one of three kinds, matched by the l
     quick    (the default) a few seconds each: test_readme_quick_commands runs them all;
     SLOW     tens of seconds (or needing a slow one's output): test_readme_slow_commands, marked slow;
     SKIPPED  never run here, each with its reason (the full main job, the 15-minute sweep, installs, benchmarks).
-A command passes when it exits 0 and prints no traceback. Commands that read ../shared/data run only when it exists.
+A command passes when it exits 0 and prints no traceback. Commands that read ../shared/data run only when it exists,
+and those naming GPT-2's tokenizer only where its ranks can be had (../shared, tiktoken's cache or a network).
 """
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
@@ -159,6 +161,24 @@ def needs_missing_shared(command: str, repo: pathlib.Path) -> bool:
     return "../shared" in command and not (repo.parent / "shared").is_dir()
 
 
+@functools.lru_cache(maxsize=1)
+def gpt2_unavailable() -> str:
+    """Why GPT-2's ranks cannot be loaded here ("" if they can): bpe.py reads them from ../shared/data/gpt2-bpe or
+    tiktoken's cache, else tiktoken downloads them, which a fresh clone without network cannot."""
+    import bpe
+    try:
+        bpe.load_tokenizer("gpt2")
+    except bpe.TokenizerError as e:
+        return str(e)
+    return ""
+
+
+def needs_missing_gpt2(command: str) -> bool:
+    """A command that names GPT-2's tokenizer (`--tokenizer gpt2 ...`) where its ranks cannot be had."""
+    named = command.split(" --tokenizer ", 1)[1].split(" -")[0].split() if " --tokenizer " in command else []
+    return "gpt2" in named and bool(gpt2_unavailable())
+
+
 def run_command(command: str, repo: pathlib.Path) -> None:
     """Run one README command in the scratch repo; fail with its output unless it exits 0 without a traceback."""
     python = os.path.dirname(sys.executable)
@@ -237,6 +257,8 @@ def scratch(tmp_path_factory) -> pathlib.Path:
 def test_readme_quick_commands(command, scratch):
     if needs_missing_shared(command, scratch):
         pytest.skip(f"needs ../shared/data: {command}")
+    if needs_missing_gpt2(command):
+        pytest.skip(f"needs GPT-2's ranks ({gpt2_unavailable()}): {command}")
     run_command(command, scratch)
 
 
@@ -248,7 +270,7 @@ def test_readme_slow_commands(tmp_path):
     run_command(STAND_IN, repo)
     failures = []
     for command in commands_of("slow"):
-        if not needs_missing_shared(command, repo):
+        if not needs_missing_shared(command, repo) and not needs_missing_gpt2(command):
             try:
                 run_command(command, repo)
             except AssertionError as e:                  # run the rest too: one report names every broken command
