@@ -46,15 +46,25 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
+import weakref
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import data as data_lib  # noqa: E402
+import fileio  # noqa: E402
 import model as model_lib  # noqa: E402
 import parallel  # noqa: E402
 import scaling  # noqa: E402
 import train  # noqa: E402
+
+
+class BenchError(Exception):
+    """Bad input to this script: main() prints it as one line and exits with code 2."""
 
 
 @dataclasses.dataclass
@@ -249,56 +259,186 @@ def _free(device: torch.device) -> None:
 # 2. Memory: measured peak of one step vs the accounting
 # ----------------------------------------------------------------------------------------------------------------
 
+LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def saved_terms(config: model_lib.GPTConfig, batch: int, seq: int, dtype: str) -> tuple[dict, dict]:
+    """What autograd saves for backward in one forward of model.py's GPT as written, term by term:
+    ({name: (dtype, bytes)} of one block, the same of the rest: embedding, final norm, LM head, loss).
+
+    Counted from the code (dense FFN, dropout 0), B = batch, T = seq, C = n_embd, H = ffn_dim, V = vocab, a = 2
+    bytes under bf16/fp16 autocast, 4 in fp32:
+    - the residual stream is fp32 (the embedding's output is fp32 and `x + update` promotes a bf16 update), and
+      RMSNorm works in fp32: each of a block's two norms saves its input x and its normalised x (4 + 4 bytes per
+      element of (B, T, C)) and the (B, T, 1) reciprocal RMS;
+    - autocast casts an activation again for every matmul that reads it (only weights are cached): the normed
+      input is saved as three bf16 copies (wq, wk, wv) and two more in the FFN (w1, w3): 5 x 2 bytes; in fp32 the
+      matmuls share one tensor per norm (2 x 4 bytes);
+    - attention saves q, k, v and its output (the output is also wo's input, the same storage), K and V at n_head
+      width because GQA repeats them first (repeat_interleave), and an fp32 logsumexp (B, heads, T); RoPE's cos
+      and sin tables (T, d/2) in fp32 are saved by the rotation;
+    - SwiGLU saves w1's output, silu's output, w3's output and their product (w2's input): 4 x a bytes of (B, T, H);
+    - autocast's bf16 copy of every matmul weight (2 bytes per weight; none in fp32);
+    - outside the blocks: the ids and targets (int64), the final norm as above, the LM head's bf16 input copy, the
+      fp32 log-softmax (B, T, V) and the loss's 0-dim weight.
+    tests/test_bench_gpu.py counts what a forward really saves (saved_tensors_hooks) against these terms.
+    >>> cfg = model_lib.GPTConfig(vocab_size=512, n_layer=2, n_head=4, n_kv_head=2, n_embd=64)
+    >>> block, rest = saved_terms(cfg, 2, 64, "bf16")
+    >>> block["norm inputs and normalised (fp32)"], rest["log-softmax (fp32)"]
+    (('float32', 131072), ('float32', 262144))
+    """
+    if config.n_expert or config.dropout:
+        raise ValueError("saved_terms counts a dense model with dropout 0 (the presets)")
+    B, T, C, H, V = batch, seq, config.n_embd, config.ffn_dim, config.vocab_size
+    low = dtype in LOW_PRECISION
+    act = str(LOW_PRECISION[dtype]).split(".")[-1] if low else "float32"
+    a = 2 if low else 4
+    q_width = config.n_head * config.head_dim
+    kv_width = q_width if config.n_kv_head != config.n_head else config.n_kv_head * config.head_dim
+    linear = q_width * C + 2 * config.n_kv_head * config.head_dim * C + q_width * C + 3 * C * H
+    block = {
+        "norm inputs and normalised (fp32)": ("float32", 2 * (4 + 4) * B * T * C),
+        "norm reciprocal RMS (fp32)": ("float32", 2 * 4 * B * T),
+        "matmul inputs (a copy per matmul)" if low else "matmul inputs (one per norm)":
+            (act, 5 * a * B * T * C if low else 2 * 4 * B * T * C),
+        "attention q, k, v, output": (act, a * B * T * (2 * q_width + 2 * kv_width)),
+        "attention logsumexp (fp32)": ("float32", 4 * B * config.n_head * T),
+        "RoPE cos, sin (fp32)": ("float32", 2 * 4 * T * (config.head_dim // 2)),
+        "SwiGLU w1, silu, w3, product": (act, 4 * a * B * T * H),
+        "autocast weight copies": (act, a * linear if low else 0),
+    }
+    rest = {
+        "ids and targets (int64)": ("int64", 2 * 8 * B * T),
+        "final norm input and normalised (fp32)": ("float32", (4 + 4) * B * T * C + 4 * B * T),
+        "LM head input": (act, a * B * T * C),
+        "LM head weight copy": (act, a * V * C if low else 0),
+        "log-softmax (fp32)": ("float32", 4 * B * T * V),
+        "loss weight (fp32)": ("float32", 4),
+    }
+    return block, rest
+
+
+def bytes_by_dtype(terms: dict, times: int = 1) -> dict[str, int]:
+    """{dtype: bytes} of saved_terms' terms, each counted `times` times."""
+    out: dict[str, int] = {}
+    for kind, size in terms.values():
+        out[kind] = out.get(kind, 0) + times * size
+    return {k: v for k, v in out.items() if v}
+
+
 def predicted_memory(config: model_lib.GPTConfig, batch: int, seq: int, checkpointing: bool, dtype: str) -> dict:
-    """Bytes the accounting predicts for one training step of train.py (see the module docstring)."""
+    """Peak bytes of one train.py step (micro-batch `batch` x `seq`, one process, AdamW's state already made).
+
+    The peak is in the loss's backward, before any gradient exists: fp32 weights (4/param) and AdamW's two
+    moments (8/param), the batch (two int64 (B, T)), everything the forward saved (saved_terms), the logits that
+    train.py's `_, loss = model(x, y)` keeps alive (a x B x T x V), and the log-softmax backward's fp32 gradient of
+    its output and of its input (8 x B x T x V). This assumes that 8·V exceeds what one block's backward adds at
+    once (a few H per token): true for every preset and the bench's models.
+    With activation checkpointing a block keeps only its fp32 input (4 x B x T x C) and recomputes the rest in
+    backward; the peak is then the larger of the loss's backward and the top block's recomputation (its saved
+    set and weight copies, with the head's gradient (4 x V x C) made and the logits freed).
+    """
     n = config.num_params()
-    state = scaling.training_memory(n, 1, 0, 4, 4, 8)
-    act_scale = 1.0 if dtype in ("bf16", "fp16") else 2.0      # the formula counts 16-bit activations
-    activations = act_scale * scaling.activation_memory(config.n_layer, config.n_embd, config.n_head, seq, batch,
-                                                        checkpointing=checkpointing)
-    autocast_copies = 2 * n if dtype in ("bf16", "fp16") else 0
-    logits = 12 * batch * seq * config.vocab_size
-    parts = {"weights": state.weights, "grads": state.grads, "optimizer": state.optimizer,
-             "activations": activations, "autocast_copies": autocast_copies, "logits": logits}
-    parts["total"] = sum(parts.values())
+    block, rest = saved_terms(config, batch, seq, dtype)
+    a = 2 if dtype in LOW_PRECISION else 4
+    B, T, C, V = batch, seq, config.n_embd, config.vocab_size
+    one_block = sum(b for _, b in block.values())
+    head = sum(b for name, (_, b) in rest.items() if not name.startswith("ids"))
+    parts = {"weights": 4 * n, "optimizer": 8 * n, "batch": rest["ids and targets (int64)"][1]}
+    logits = a * B * T * V + 8 * B * T * V
+    if checkpointing:
+        blocks = config.n_layer * 4 * B * T * C
+        loss_moment = head + logits
+        recompute_moment = one_block + 4 * V * C
+        parts.update(block_inputs=blocks, head_saved=head, logits_and_loss_backward=logits,
+                     top_block_recompute=recompute_moment)
+        parts["total"] = 12 * n + parts["batch"] + blocks + max(loss_moment, recompute_moment)
+    else:
+        parts.update(blocks_saved=config.n_layer * one_block, head_saved=head, logits_and_loss_backward=logits)
+        parts["total"] = sum(parts.values())
     return parts
 
 
+class LiveBytes(TorchDispatchMode):
+    """The CPU's max_memory_allocated: bytes of the tensors created under this mode that are still alive, and their
+    peak. An op's output storage is counted once until Python frees it (a weak finalizer); an output that shares
+    an input's storage (a view such as a weight's transpose, an in-place op) allocated nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def _freed(self, pointer: int) -> None:
+        self.now -= self.live.pop(pointer, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        out = func(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                storage = t.untyped_storage()
+                pointer, size = storage.data_ptr(), storage.nbytes()
+                if size and pointer not in self.live and pointer not in inputs:
+                    self.live[pointer] = size
+                    self.now += size
+                    self.peak = max(self.peak, self.now)
+                    weakref.finalize(storage, self._freed, pointer)
+        return out
+
+
 def bench_memory(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    """Measured peak of one train.py step vs predicted_memory: CUDA's allocator on a GPU; on a CPU the LiveBytes
+    count of the tensors the step creates (weights and AdamW state are there before it, so they are added), in the
+    GPU's dtype (bf16 autocast) and in the setting's."""
     out = {}
-    for checkpointing in (False, True):
-        tag = "checkpointed" if checkpointing else "plain"
-        baseline = 0
-        if setup.cuda:
-            _free(setup.device)
-            torch.cuda.reset_peak_memory_stats(setup.device)
-            baseline = torch.cuda.memory_allocated(setup.device)      # whatever earlier sections still hold
-        trainer = trainer_for(setup, tmp / f"memory-{tag}",
-                              *(["--activation-checkpointing"] if checkpointing else []))
-        trainer.loop_step()                                  # AdamW's moments exist after the first step
+    dtypes = sorted({setup.dtype, "bf16"}) if not setup.cuda else [setup.dtype]
+    for dtype in dtypes:
+        for checkpointing in (False, True):
+            tag = f"{dtype}, " + ("checkpointed" if checkpointing else "plain")
+            out[tag] = _measure_memory(dataclasses.replace(setup, dtype=dtype), report, tmp, checkpointing, tag)
+    return out
+
+
+def _measure_memory(setup: Setup, report: Report, tmp: pathlib.Path, checkpointing: bool, tag: str) -> dict:
+    baseline = 0
+    if setup.cuda:
+        _free(setup.device)
+        torch.cuda.reset_peak_memory_stats(setup.device)
+        baseline = torch.cuda.memory_allocated(setup.device)      # whatever earlier sections still hold
+    trainer = trainer_for(setup, tmp / f"memory-{tag.replace(', ', '-')}",
+                          *(["--activation-checkpointing"] if checkpointing else []))
+    trainer.loop_step()                                  # AdamW's moments exist after the first step
+    want = predicted_memory(trainer.model_config, setup.batch_size, setup.block_size, checkpointing, setup.dtype)
+    held = parallel.training_state_bytes(trainer.raw_model.parameters(), trainer.optimizer)
+    # Between steps the grads are freed (zero_grad(set_to_none)): weights + AdamW moments = 4 + 8 bytes/param
+    # (+ a 4-byte step counter per tensor).
+    state = want["weights"] + want["optimizer"]
+    report.check("memory", f"{tag}: weights + AdamW state held (= 12 bytes/param)",
+                 held["params"] + held["optimizer"], abs(held["params"] + held["optimizer"] - state) <= 0.01 * state)
+    if setup.cuda:
         trainer.loop_step()
         sync(setup.device)
-        want = predicted_memory(trainer.model_config, setup.batch_size, setup.block_size, checkpointing, setup.dtype)
-        held = parallel.training_state_bytes(trainer.raw_model.parameters(), trainer.optimizer)
-        # Between steps the grads are freed (zero_grad(set_to_none)): weights + AdamW moments = 4 + 8 bytes/param.
-        expected_held = want["weights"] + want["optimizer"]
-        report.check("memory", f"{tag}: weights + AdamW state held (= 12 bytes/param)",
-                     held["params"] + held["optimizer"], abs(held["params"] + held["optimizer"] - expected_held)
-                     <= 0.01 * expected_held)
-        row = {"predicted": want, "held": held}
-        if setup.cuda:
-            peak = torch.cuda.max_memory_allocated(setup.device) - baseline
-            ratio = peak / want["total"]
-            report.add("memory", f"{tag}: peak allocated, GB", peak / 1e9)
-            report.add("memory", f"{tag}: predicted (state + activations + logits), GB", want["total"] / 1e9)
-            report.target("memory", f"{tag}: measured / predicted (target within 15%)", f"{ratio:.2f}",
-                          abs(ratio - 1) <= 0.15)
-            row.update(peak=peak, ratio=ratio)
-        else:
-            report.add("memory", f"{tag}: predicted peak, GB (no CUDA allocator to measure)", want["total"] / 1e9)
-        out[tag] = row
-        del trainer
-    return out
+        peak = torch.cuda.max_memory_allocated(setup.device) - baseline
+        where = "CUDA allocator"
+    else:
+        counter = LiveBytes()
+        with counter:
+            trainer.loop_step()
+        peak = counter.peak + held["params"] + held["optimizer"]
+        where = "CPU, live tensors"
+    ratio = peak / want["total"]
+    report.add("memory", f"{tag}: peak of one step ({where}), GB", peak / 1e9)
+    report.add("memory", f"{tag}: predicted (state + saved + logits), GB", want["total"] / 1e9)
+    if setup.cuda:
+        report.target("memory", f"{tag}: measured / predicted (target within 15%)", f"{ratio:.3f}",
+                      abs(ratio - 1) <= 0.15)
+    else:                                                  # the same code on a CPU: the model must hold closely
+        report.check("memory", f"{tag}: measured / predicted (within 5% on a CPU)", f"{ratio:.3f}",
+                     abs(ratio - 1) <= 0.05)
+    del trainer
+    return {"predicted": want, "held": held, "peak": peak, "ratio": ratio, "measured_by": where}
 
 
 # ----------------------------------------------------------------------------------------------------------------
