@@ -127,7 +127,8 @@ def test_live_bytes_counts_allocations_once_and_not_views():
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_predicted_peak_is_what_a_training_step_allocates_on_cpu(checkpointing):
     """A train.py-shaped step (autocast bf16 forward, `_, loss = model(x, y)`, backward, clip, fused AdamW):
-    the tensors it keeps alive at once, plus the weights and AdamW state, within 3% of predicted_memory."""
+    the tensors it keeps alive at once, plus the weights and AdamW state, within 0.5% of predicted_memory (they
+    agree to a few bytes: the 0-dim loss and grad norm)."""
     cfg = model.GPTConfig(vocab_size=1024, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
                           activation_checkpointing=checkpointing)
     torch.manual_seed(0)
@@ -148,7 +149,7 @@ def test_predicted_peak_is_what_a_training_step_allocates_on_cpu(checkpointing):
         step()
     want = bench_gpu.predicted_memory(cfg, 4, 64, checkpointing, "bf16")
     got = counter.peak + want["weights"] + want["optimizer"] + want["batch"]   # made before the counted step
-    assert abs(got / want["total"] - 1) < 0.03, (got, want)
+    assert abs(got / want["total"] - 1) < 0.005, (got, want)
 
 
 def test_predicted_memory_of_the_gpu_setting_adds_what_the_old_formula_missed():
