@@ -917,10 +917,12 @@ def run_sections(setup: Setup, report: Report, only: list[str] | None) -> tuple[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, fp32, gloo: the code paths in seconds")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny models, gloo: the same code paths (a few minutes on 2 cores, "
+                        "most of it torchrun start-ups)")
     parser.add_argument("--json", default=None, help="where the table goes as JSON (default: out/bench_gpu.json "
                         "in the repository)")
-    parser.add_argument("--nproc", type=int, default=0, help="torchrun world sizes: 1 and this (0 = every visible GPU)")
+    parser.add_argument("--nproc", type=int, default=0, help="world sizes of the torchrun and train.py sections: 1 and "
+                        "this (0 = every visible GPU)")
     parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run only these sections")
     parser.add_argument("--layout-worker", metavar="OUT", help=argparse.SUPPRESS)   # what torchrun runs
     args = parser.parse_args(argv)
