@@ -78,6 +78,7 @@ import numpy as np
 import torch
 
 import data as data_lib
+import data_at_scale
 import model as model_lib
 
 
@@ -944,7 +945,7 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
         log(f"preparing data {sources} (cached after the first time)")
         if dist.mesh is not None and not dist.is_main:
             torch.distributed.barrier()
-        data_dir = data_lib.prepare(sources, **kwargs)
+        data_dir = data_at_scale.prepare(sources, **kwargs)
         if dist.mesh is not None and dist.is_main:
             torch.distributed.barrier()
         return data_lib.TokenData(data_dir)
