@@ -462,15 +462,19 @@ def _chunk_file(job: Job, stage: int, chunk: int, name: str) -> pathlib.Path:
     return pathlib.Path(job.work) / f"s{stage}-{chunk:06d}.{name}"
 
 
+class DiskFull(DataError):
+    """A full disk, a quota or ulimit -f while writing the work files: the work so far stays, for the rerun."""
+
+
 def _write_work(path: pathlib.Path, content) -> None:
     """A work file written whole (temporary name, then rename: a kill never leaves half of one), without fsync: a
     rerun after a crash of the machine redoes the chunk anyway. A full disk is data.py's one line."""
-    fileio.write_atomic(path, content, error=DataError, fix=data.NO_SPACE_FIX, fsync=False)
+    fileio.write_atomic(path, content, error=DiskFull, fix=data.NO_SPACE_FIX, fsync=False)
 
 
-def _no_space(error: OSError, path) -> DataError:
+def _no_space(error: OSError, path) -> DiskFull:
     """The one line for a full disk, a quota or ulimit -f met while writing `path` (or the file the error names)."""
-    return DataError(fileio.no_space_message(getattr(error, "filename", None) or path, data.NO_SPACE_FIX))
+    return DiskFull(fileio.no_space_message(getattr(error, "filename", None) or path, data.NO_SPACE_FIX))
 
 
 def _save_array(path: pathlib.Path, array: np.ndarray) -> None:
@@ -509,7 +513,8 @@ class _TextSpill:
         return np.array(self.offsets, dtype=np.int64)
 
     def discard(self) -> None:
-        self.file.close()
+        with contextlib.suppress(OSError):          # closing flushes the buffer: on a full disk that fails again
+            self.file.close()
         os.unlink(self.tmp)
 
 
@@ -1625,21 +1630,23 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
                 shutil.rmtree(stale, ignore_errors=True)
 
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
-    try:
-        with session as ray:
-            clock = data.Clock()
-            workers = workers or len(os.sched_getaffinity(0))
+    with session as ray:
+        clock = data.Clock()
+        workers = workers or len(os.sched_getaffinity(0))
+        try:
             try:
                 built = build_streaming(recipe, work, clock, log, threads, workers, chunk_bytes, verbose, ray)
-            except (DataError, bpe.TokenizerError, dedup.DedupError):
-                shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
-                raise                                        # file changes the key); a kill keeps it for the rerun
-            staging = work_root if remote else out_dir.parent      # the shard tasks write there: every node sees it
-            data.write_dataset(plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)")
-    except OSError as e:
-        if fileio.is_no_space(e):                         # a work file or a shard: the disk of --out (--work-dir)
-            raise _no_space(e, work) from None
-        raise
+            except OSError as e:                         # a work file written by hand (a spill) on a full disk
+                if not fileio.is_no_space(e):
+                    raise
+                raise _no_space(e, work) from None
+        except DiskFull:
+            raise                                        # as a kill: the work stays, a rerun resumes from it
+        except (DataError, bpe.TokenizerError, dedup.DedupError):
+            shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
+            raise                                        # file changes the key); a kill keeps it for the rerun
+        staging = work_root if remote else out_dir.parent      # the shard tasks write there: every node sees it
+        data.write_dataset(plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)")
     shutil.rmtree(work, ignore_errors=True)
     for key in [key for key in _PROCESS_CACHE if key.startswith(str(work))]:
         del _PROCESS_CACHE[key]              # steps run here cached the work's arrays: free them with the work
