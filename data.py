@@ -60,9 +60,12 @@ of non-overlapping windows, split across data-parallel ranks, with a position th
 
 Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and four siblings:
 bpe.py (train_bpe, Tokenizer), dedup.py (MinHash near-dedup, the 13-gram overlap index), store.py (object-store
-URIs) and fileio.py (datasets published with the umask's modes, a full disk in one line). main() also imports
-data_at_scale.py, the engine `python data.py prepare` runs. Everything runs offline except `hf:` sources. Optional,
-imported only by the feature that needs it: pyarrow (.parquet, URIs), datasets (`hf:`), ray (`--engine ray`).
+URIs) and fileio.py (datasets published with the umask's modes, a full disk in one line). Everything runs offline
+except `hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs), datasets
+(`hf:`), ray (`--engine ray`).
+
+The command line's main() also imports the engine, data_at_scale, which `python data.py prepare` runs; the library
+functions above never do (the engine is the layer above this file).
 """
 from __future__ import annotations
 

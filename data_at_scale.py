@@ -1548,8 +1548,9 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     session = None
     if address is None:
         options = {"address": "local", "num_cpus": cpus, "object_store_memory": RAY_LOCAL_OBJECT_STORE}
-        if "RAY_TMPDIR" not in os.environ:          # a short path: Ray's socket paths must fit 107 bytes
-            session = tempfile.mkdtemp(prefix="ray-")
+        if "RAY_TMPDIR" not in os.environ:
+            base = tempfile.gettempdir()            # Ray's socket paths (~65 bytes below it) must fit 107 bytes
+            session = tempfile.mkdtemp(prefix="ray-", dir=base if len(base) <= 32 else "/tmp")
             options["_temp_dir"] = session
     else:
         code = [str(data.REPO_ROOT / name) for name in data.PREPARE_FILES]

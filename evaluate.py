@@ -49,10 +49,12 @@ together with the training data, or we would be grading it on questions it has a
    Python set of word tuples raises it by ~740 MB (`--index set`).
 
 The metrics work on any causal language model that maps token ids (B, T) to logits (B, T, V) (or returns
-(logits, loss)). Loading our checkpoints uses sibling files: train.py (its checkpoint loader, which builds
-model.py's GPT and bpe.py's Tokenizer) and data.py (held-out token shards, text sources); they are imported only
-where needed, so the metrics can be copied alone. The contamination check uses dedup.py's n-gram index (shingle
-overlap between corpora is dedup.py's topic): numpy and the standard library only.
+(logits, loss)).
+
+Depends on: torch, numpy and three siblings. dedup.py: the contamination check's n-gram index (shingle overlap
+between corpora is its topic; numpy only). train.py (its checkpoint loader, which builds the GPT and the tokenizer)
+and data.py (held-out token shards, text sources), imported only where checkpoints and datasets are loaded, so the
+metrics can be copied with dedup alone.
 
     python evaluate.py --ckpt out/                          held-out loss, perplexity, bits/byte, last-word task
     python evaluate.py --ckpt out/ --data wiki.test.raw     the same on any text (--tasks FILE.jsonl: exact match)

@@ -55,7 +55,8 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
 
 Depends on numpy and the standard library; torch only for the Approach 3 fit (L-BFGS), matplotlib only to
 draw a PNG. Only the experiments use siblings: the sweep runs train.py (a subprocess) and reads model.py's
-parameter counts; the dedup effect also uses data.py, dedup.py and evaluate.py. The calculator and the fitting
+parameter counts; both prepare their corpora with data_at_scale.py; the dedup effect also uses data.py, dedup.py
+and evaluate.py. The calculator and the fitting
 work in a copy of this file alone.
 """
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """store.py: object-store I/O for data.py and its engine: URIs in, files and datasets out, one line per failure.
 
 Serves: data.py (its sources and --out may be URIs) and data_at_scale.py (a cluster's corpus and datasets live in
-an object store). Depends on: the standard library, and pyarrow, imported only when a URI is met (a plain path never
-imports it). It must not import data.py: it is the layer below it, beside bpe.py, dedup.py and fileio.py.
+an object store). It is the layer below them, so it imports neither.
+
+Depends on the standard library only (no sibling files), and on pyarrow, imported only when a URI is met (a plain
+path never imports it).
 
 A source or --out may be a URI that pyarrow.fs understands: s3://bucket/key, gs://bucket/key, hdfs://host:port/path,
 file:///abs/path. Its query configures the store, as FileSystem.from_uri reads it

@@ -52,7 +52,8 @@ Run it:
     python train.py --data my.txt --val-data my_held_out.txt  # your text kept whole, validated on the file you name
     torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
 
-Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), model.py (the GPT) and, under
+Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), data_at_scale.py (prepares
+--data with the streaming engine), model.py (the GPT) and, under
 torchrun, parallel.py (data parallel, ZeRO, tensor and pipeline parallel). matplotlib draws the loss curve
 (imported only then).
 """

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -153,12 +154,14 @@ def test_ray_started_here_leaves_no_session_in_tmpdir(tmp_path):
     $TMPDIR and is removed with it; Ray by default keeps every session in $TMPDIR/ray for good."""
     pytest.importorskip("ray", reason="the Ray engine needs Ray: pip install ray")
     corpus = write_jsonl(tmp_path / "web.jsonl", web_corpus(random.Random(3), 80))
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    temp = pathlib.Path(tempfile.mkdtemp(dir="/tmp" if os.path.isdir("/tmp") else None))   # short: Ray's sockets
     env = {k: v for k, v in os.environ.items() if k != "RAY_TMPDIR"}
-    done = subprocess.run([sys.executable, "data.py", "prepare", "--data", str(corpus), "--out", str(tmp_path / "ds"),
-                           "--vocab-size", "300", "--engine", "ray", "--workers", "1"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**env, "TMPDIR": str(temp)})
-    assert done.returncode == 0, done.stderr
-    assert data.load_manifest(tmp_path / "ds")["timings"]["engine"] == "ray"
-    assert list(temp.iterdir()) == []
+    try:
+        done = subprocess.run([sys.executable, "data.py", "prepare", "--data", str(corpus), "--out",
+                               str(tmp_path / "ds"), "--vocab-size", "300", "--engine", "ray", "--workers", "1"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600, env={**env, "TMPDIR": str(temp)})
+        assert done.returncode == 0, done.stderr
+        assert data.load_manifest(tmp_path / "ds")["timings"]["engine"] == "ray"
+        assert list(temp.iterdir()) == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
