@@ -1576,7 +1576,7 @@ def cache_root() -> pathlib.Path:
 
 
 # Every file whose bytes can change a dataset's: this chapter, its engine, and the siblings the prepare path imports
-# (tests/test_data.py checks this is the set of imports). Their bytes are in the cache key, so an edit to any
+# (tests/test_data_at_scale.py checks this is the set of imports). Their bytes are in the cache key, so an edit to any
 # invalidates the datasets it would build differently, and a Ray cluster's workers receive these very files.
 PREPARE_FILES = ("data.py", "data_at_scale.py", "store.py", "bpe.py", "dedup.py", "fileio.py")
 
