@@ -36,6 +36,7 @@ import io
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -138,7 +139,7 @@ class Source:
     lines: list[str]
     docstring: str
     doc_lines: range
-    banners: dict[int, tuple[int, str]]           # first line -> (last line, title)
+    banners: dict[int, tuple[int, str, int]]      # first line -> (last line, title, title's last line)
     comments: dict[int, str]                      # full-line comment: line -> text after "#"
     definitions: dict[int, Definition]            # start line -> definition
     assigned: dict[int, list[str]]                # line -> names a top-level assignment binds there
@@ -217,18 +218,23 @@ def _imports(tree: ast.Module, modules: set[str]) -> tuple[dict[str, str], dict[
     return aliases, names
 
 
-def _banners(lines: list[str]) -> dict[int, tuple[int, str]]:
-    """`# ----` / `# N. Title` (one or more lines) / `# ----`: first line -> (last line, title), 1-based."""
-    found: dict[int, tuple[int, str]] = {}
+def _banners(lines: list[str]) -> dict[int, tuple[int, str, int]]:
+    """`# ----` / `# N. Title` (one or more lines) / `# ----`: first line -> (last line, title, title's last line),
+    1-based. A banner may carry more text under its title, after a bare `#` line (data.py's shard format): those
+    lines are the prose of the section's first row."""
+    found: dict[int, tuple[int, str, int]] = {}
     i = 0
     while i < len(lines):
         if _DASHES.match(lines[i]):
             j = i + 1
-            while j < len(lines) and j - i <= 4 and lines[j].startswith("# ") and not _DASHES.match(lines[j]):
+            while j < len(lines) and lines[j].startswith("#") and not _DASHES.match(lines[j]):
                 j += 1
-            if j > i + 1 and j < len(lines) and _DASHES.match(lines[j]):
-                title = " ".join(line[2:].strip() for line in lines[i + 1:j])
-                found[i + 1] = (j + 1, title)
+            if j > i + 1 and j < len(lines) and _DASHES.match(lines[j]) and lines[i + 1].startswith("# "):
+                title_end = i + 1
+                while title_end + 1 < j and lines[title_end + 1].startswith("# "):
+                    title_end += 1
+                title = " ".join(line[2:].strip() for line in lines[i + 1:title_end + 1])
+                found[i + 1] = (j + 1, title, title_end + 1)
                 i = j
         i += 1
     return found
@@ -303,7 +309,7 @@ class Heading:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "section"
+    return re.sub(r"[^a-z0-9]+", "-", text.lower())[:60].strip("-") or "section"
 
 
 def cut_rows(src: Source) -> list[Row | Heading]:
@@ -332,10 +338,11 @@ def cut_rows(src: Source) -> list[Row | Heading]:
     while line_no <= len(src.lines):
         if line_no in src.banners:
             flush()
-            last, title = src.banners[line_no]
+            last, title, title_end = src.banners[line_no]
             number = re.match(r"(\d+)\.", title)
             items.append(Heading(f"s{number.group(1)}-{_slug(title[number.end():])}" if number else f"s-{_slug(title)}",
                                  title))
+            comment_run.extend(src.comments[n] for n in range(title_end + 1, last) if src.comments[n] or comment_run)
             line_no = last + 1
             continue
         if line_no in skip:
@@ -462,6 +469,19 @@ class Linker:
             return f"#{name}"
         return None
 
+    def link_text(self, src: Source, escaped: str) -> str:
+        """Plain prose (already HTML-escaped): another file's name (`bpe.py`) links to its page, and
+        `module.name` (train.load_checkpoint, data_lib.prepare) to the definition, where that file defines it."""
+        def replace(match: re.Match) -> str:
+            head, tail = match.group(1), match.group(2)
+            if tail == "py":
+                href = self.page(head) if head in self.sources and head != src.stem else None
+            else:
+                module = src.module_aliases.get(head, head if head in self.sources else None)
+                href = self.attribute(module, tail) if module is not None else None
+            return f'<a class="xref" href="{href}">{match.group(0)}</a>' if href else match.group(0)
+        return re.sub(r"(?<![\w./-])([A-Za-z_]\w*)\.([A-Za-z_]\w*)\b(?![\w/-]|\.\w)", replace, escaped)
+
     def code_span(self, src: Source, content: str) -> str | None:
         """A prose code span: `bpe.py`, `data_lib.prepare(...)`, `bpe.Tokenizer`, `GPT`, `Tokenizer.encode`."""
         match = re.fullmatch(r"(\w+)\.py", content)
@@ -508,9 +528,16 @@ def make_markdown(linker: Linker, used_ids: set[str]):
     def code_block(self, tokens, idx, options, env):
         return f'<pre class="block">{escapeHtml(tokens[idx].content)}</pre>\n'
 
+    def text(self, tokens, idx, options, env):
+        inside_link = any(t.type == "link_open" for t in tokens[:idx]) and \
+            [t.type for t in tokens[:idx] if t.type in ("link_open", "link_close")][-1] == "link_open"
+        content = escapeHtml(tokens[idx].content)
+        return content if inside_link else linker.link_text(env["source"], content)
+
     md = MarkdownIt("commonmark", {"html": False}).enable("table").enable("strikethrough")
     md.use(anchors_plugin, min_level=1, max_level=4, slug_func=unique_slug)
     md.add_render_rule("code_inline", code_inline)
+    md.add_render_rule("text", text)
     md.add_render_rule("fence", fence)
     md.add_render_rule("code_block", code_block)
     return md
@@ -604,7 +631,7 @@ def _layout(title: str, body: str, nav: str) -> str:
 
 def _nav(order: list[str], stem: str | None) -> str:
     links = ['<a href="index.html">Book index</a>']
-    if stem is not None:
+    if stem is not None:                                  # `order`: the pages in book order, index excluded
         k = order.index(stem)
         if k > 0:
             links.append(f'<a href="{order[k - 1]}.html" rel="prev">← {order[k - 1]}.py</a>')
@@ -613,9 +640,9 @@ def _nav(order: list[str], stem: str | None) -> str:
     return " ".join(links)
 
 
-def figure_html(figure: Figure) -> str:
+def figure_html(figure: Figure, root: pathlib.Path) -> str:
     """A figure from the file the chapter's command wrote; when it is missing, the command that makes it."""
-    path = ROOT / figure.output
+    path = root / figure.output
     caption = (f"<figcaption>{html.escape(figure.title)}. Made by <code>{html.escape(figure.command)}</code>"
                f" (<code>{html.escape(figure.output)}</code>).</figcaption>")
     if not path.is_file():
@@ -645,7 +672,7 @@ def printed_output_html(text: str) -> str:
     return "".join(chunks)
 
 
-def page_html(linker: Linker, src: Source, order: list[str], kind: str) -> str:
+def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pathlib.Path) -> str:
     used_ids: set[str] = set()
     md = make_markdown(linker, used_ids)
     items = cut_rows(src)
@@ -662,7 +689,7 @@ def page_html(linker: Linker, src: Source, order: list[str], kind: str) -> str:
         return ""
 
     toc = "".join(f'<li><a href="#{h.anchor}">{html.escape(h.title)}</a></li>' for h in items if isinstance(h, Heading))
-    figures = "".join(figure_html(f) for f in FIGURES if f.chapter == src.stem)
+    figures = "".join(figure_html(f, root) for f in FIGURES if f.chapter == src.stem)
     label = "" if kind == "chapter" else f'<p class="kind">Companion file: {html.escape(kind)}. ' \
         f'{html.escape(serves_line(src))}</p>'
     parts = [f'<header class="intro"><h1><code>{src.stem}.py</code></h1>{label}'
@@ -731,8 +758,9 @@ def discover(root: pathlib.Path = ROOT) -> tuple[dict[str, Source], list[str], l
     return sources, chapters, companions
 
 
-def build(out: pathlib.Path) -> list[pathlib.Path]:
-    """Render every page into a fresh folder beside `out`, then swap it in: `out` is whole or untouched."""
+def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """Render every page of the files in `root` into a fresh folder beside `out`, then swap it in: `out` is whole
+    or untouched."""
     _require_libraries()
     from pygments.formatters import HtmlFormatter
     out = out.resolve()
@@ -740,16 +768,16 @@ def build(out: pathlib.Path) -> list[pathlib.Path]:
         raise BookError(f"--out {out} is a file: give a folder for the site, e.g. book/site")
     if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
         raise BookError(f"--out {out} holds files this command did not write: choose a new or empty folder")
-    if out == ROOT or ROOT.is_relative_to(out):
+    if out == root or root.is_relative_to(out):
         raise BookError(f"--out {out} would replace the repository: choose a folder inside it, e.g. book/site")
-    sources, chapters, companions = discover()
-    order = ["index"] + chapters + [stem for stem, _ in companions]
+    sources, chapters, companions = discover(root)
+    order = chapters + [stem for stem, _ in companions]
     linker = Linker(sources)
     pages = {"index.html": index_html(sources, chapters, companions)}
     for stem in chapters:
-        pages[f"{stem}.html"] = page_html(linker, sources[stem], order, "chapter")
+        pages[f"{stem}.html"] = page_html(linker, sources[stem], order, "chapter", root)
     for stem, kind in companions:
-        pages[f"{stem}.html"] = page_html(linker, sources[stem], order, kind)
+        pages[f"{stem}.html"] = page_html(linker, sources[stem], order, kind, root)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -761,8 +789,8 @@ def build(out: pathlib.Path) -> list[pathlib.Path]:
                                               encoding="utf-8")
         (staging / "figures").mkdir()
         for figure in FIGURES:
-            if figure.output.endswith(".png") and (ROOT / figure.output).is_file():
-                shutil.copyfile(ROOT / figure.output, staging / "figures" / pathlib.Path(figure.output).name)
+            if figure.output.endswith(".png") and (root / figure.output).is_file():
+                shutil.copyfile(root / figure.output, staging / "figures" / pathlib.Path(figure.output).name)
         (staging / MARKER).write_text("built by book/build.py; the next build replaces this folder\n")
         umask = os.umask(0)
         os.umask(umask)
@@ -789,7 +817,7 @@ def refresh_figures(names: list[str]) -> None:
         raise BookError(f"--refresh-figures {unknown[0]}: no such figure; choose from {', '.join(known)}")
     for name in names:
         figure = known[name]
-        result = subprocess.run(figure.command.replace("python ", f"{sys.executable} ", 1).split(), cwd=ROOT,
+        result = subprocess.run([sys.executable, *shlex.split(figure.command)[1:]], cwd=ROOT,
                                 capture_output=True, text=True)
         if result.returncode != 0:
             tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
