@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import fcntl
 import json
 import os
 import pathlib
@@ -97,15 +98,24 @@ class Browser:
         self.profile = tempfile.mkdtemp(prefix="book-chromium-")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
-        # Chromium reads commands from fd 3 and writes answers to fd 4; a shell puts our pipe ends there.
-        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
-                 f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank"]
+        # Chromium reads commands from fd 3 and writes answers to fd 4. In the child, before exec, move our pipe
+        # ends out of the way (to fds >= 10, so neither can be one of 3 and 4) and then onto 3 and 4; dup2 makes
+        # them inheritable, and close_fds=False leaves them open (every other fd of ours is close-on-exec).
+        def onto_fds_3_and_4() -> None:
+            read_end = fcntl.fcntl(to_browser_r, fcntl.F_DUPFD, 10)
+            write_end = fcntl.fcntl(from_browser_w, fcntl.F_DUPFD, 10)
+            os.dup2(read_end, 3)
+            os.dup2(write_end, 4)
+            os.close(read_end)
+            os.close(write_end)
+
         self.process = subprocess.Popen(
-            ["/bin/sh", "-c", f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w}', executable, *flags],
+            [executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
+             f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            pass_fds=(to_browser_r, from_browser_w))
+            close_fds=False, preexec_fn=onto_fds_3_and_4)
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._buffer = b""
