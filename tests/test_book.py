@@ -215,7 +215,7 @@ def _fake_repository(root: pathlib.Path) -> None:
     (root / "model.py").write_text('"""The model."""\nfrom data import prepare\nimport data as data_lib\n\n\n'
                                    "class GPT:\n    def forward(self):\n        return data_lib.prepare(1)\n")
     (root / "store.py").write_text('"""Object-store I/O.\n\nServes: data.py (its s3:// inputs).\n"""\nX = 1\n')
-    (root / "zeta.py").write_text('"""Zeta helper; it serves model.py only."""\ndef z():\n    pass\n')
+    (root / "alpha.py").write_text('"""Alpha helper; it serves model.py only."""\ndef z():\n    pass\n')
 
 
 def test_companions_are_classified_by_table_and_docstring_and_missing_figures_name_their_command(tmp_path):
@@ -225,7 +225,7 @@ def test_companions_are_classified_by_table_and_docstring_and_missing_figures_na
     index = (out / "index.html").read_text(encoding="utf-8")
     assert re.findall(r'<tr><td>\d+</td><td><a href="(\w+)\.html">', index) == ["data", "model"]
     companions = index.split('id="companions"')[1]
-    assert companions.index("store.py") < companions.index("zeta.py")          # store serves data, zeta model
+    assert companions.index("store.py") < companions.index("alpha.py")          # by what they serve, not by name
     assert "engine (object-store I/O)" in companions and "companion file" in companions
     assert "data.py (its s3:// inputs)." in companions and "it serves model.py only." in companions
     model = (out / "model.html").read_text(encoding="utf-8")
@@ -262,9 +262,9 @@ def test_a_rebuild_replaces_the_site_whole(tmp_path):
     _fake_repository(tmp_path)
     out = tmp_path / "site"
     book.build(out, root=tmp_path)
-    (tmp_path / "zeta.py").unlink()
+    (tmp_path / "alpha.py").unlink()
     book.build(out, root=tmp_path)
-    assert not (out / "zeta.html").exists() and (out / "store.html").exists()
+    assert not (out / "alpha.html").exists() and (out / "store.html").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".site")] == []     # no staging left behind
 
 
