@@ -94,7 +94,7 @@ FIGURES = [
            "docs/figures/data-funnel.txt", "python data.py prepare --data pydocs --out out-book-data"),
     Figure("s-curve", "dedup", "The LSH S-curve: P(candidate) = 1 − (1 − J^r)^b against Jaccard J",
            "docs/figures/dedup-demo.txt", "python dedup.py demo"),
-    Figure("loss", "train", "Loss curve of `python train.py` (training loss and held-out loss per step)",
+    Figure("loss", "train", "Loss curve of the default run (tiny model, pydocs, 600 steps): training and held-out loss",
            "docs/figures/train-loss.png", "python train.py --out-dir out-book-train",
            produces="out-book-train/loss.png"),
     Figure("bubble", "parallel", "A 1F1B pipeline schedule on 4 stages and 16 micro-batches, and its bubble",
@@ -139,7 +139,7 @@ class Source:
     lines: list[str]
     docstring: str
     doc_lines: range
-    banners: dict[int, tuple[int, str, int]]      # first line -> (last line, title, title's last line)
+    banners: dict[int, tuple[int, str, str, int]]  # first line -> (last line, title, more text, title's last line)
     comments: dict[int, str]                      # full-line comment: line -> text after "#"
     definitions: dict[int, Definition]            # start line -> definition
     assigned: dict[int, list[str]]                # line -> names a top-level assignment binds there
@@ -218,11 +218,11 @@ def _imports(tree: ast.Module, modules: set[str]) -> tuple[dict[str, str], dict[
     return aliases, names
 
 
-def _banners(lines: list[str]) -> dict[int, tuple[int, str, int]]:
-    """`# ----` / `# N. Title` (one or more lines) / `# ----`: first line -> (last line, title, title's last line),
-    1-based. A banner may carry more text under its title, after a bare `#` line (data.py's shard format): those
-    lines are the prose of the section's first row."""
-    found: dict[int, tuple[int, str, int]] = {}
+def _banners(lines: list[str]) -> dict[int, tuple[int, str, str, int]]:
+    """`# ----` / `# N. Title` (one or more lines) / `# ----`: first line -> (last line, title, the rest of the title
+    lines, the title lines' last line), 1-based. The title is the first sentence; the sentences after it, and any
+    lines under a bare `#` (data.py's shard format), are the prose of the section's first row."""
+    found: dict[int, tuple[int, str, str, int]] = {}
     i = 0
     while i < len(lines):
         if _DASHES.match(lines[i]):
@@ -233,8 +233,14 @@ def _banners(lines: list[str]) -> dict[int, tuple[int, str, int]]:
                 title_end = i + 1
                 while title_end + 1 < j and lines[title_end + 1].startswith("# "):
                     title_end += 1
-                title = " ".join(line[2:].strip() for line in lines[i + 1:title_end + 1])
-                found[i + 1] = (j + 1, title, title_end + 1)
+                text = " ".join(line[2:].strip() for line in lines[i + 1:title_end + 1])
+                # The title is the first sentence (after the "N. "); further sentences are the section's prose.
+                number = re.match(r"\d+\.\s+", text)
+                start = number.end() if number else 0
+                split = re.search(r"(?<=[.!?])\s+(?=[A-Z`\"(])", text[start:])
+                title, rest = (text, "") if split is None else \
+                    (text[:start + split.start()], text[start + split.end():])
+                found[i + 1] = (j + 1, title, rest, title_end + 1)
                 i = j
         i += 1
     return found
@@ -338,10 +344,12 @@ def cut_rows(src: Source) -> list[Row | Heading]:
     while line_no <= len(src.lines):
         if line_no in src.banners:
             flush()
-            last, title, title_end = src.banners[line_no]
+            last, title, rest, title_end = src.banners[line_no]
             number = re.match(r"(\d+)\.", title)
             items.append(Heading(f"s{number.group(1)}-{_slug(title[number.end():])}" if number else f"s-{_slug(title)}",
                                  title))
+            if rest:
+                comment_run.extend([rest, ""])
             comment_run.extend(src.comments[n] for n in range(title_end + 1, last) if src.comments[n] or comment_run)
             line_no = last + 1
             continue
@@ -516,7 +524,7 @@ def make_markdown(linker: Linker, used_ids: set[str]):
 
     def code_inline(self, tokens, idx, options, env):
         content = tokens[idx].content
-        href = linker.code_span(env["source"], content)
+        href = None if env.get("in_link") else linker.code_span(env["source"], content)
         code = f"<code>{escapeHtml(content)}</code>"
         return f'<a class="xref" href="{escapeHtml(href)}">{code}</a>' if href else code
 
@@ -532,7 +540,7 @@ def make_markdown(linker: Linker, used_ids: set[str]):
         inside_link = any(t.type == "link_open" for t in tokens[:idx]) and \
             [t.type for t in tokens[:idx] if t.type in ("link_open", "link_close")][-1] == "link_open"
         content = escapeHtml(tokens[idx].content)
-        return content if inside_link else linker.link_text(env["source"], content)
+        return content if inside_link or env.get("in_link") else linker.link_text(env["source"], content)
 
     md = MarkdownIt("commonmark", {"html": False}).enable("table").enable("strikethrough")
     md.use(anchors_plugin, min_level=1, max_level=4, slug_func=unique_slug)
@@ -688,7 +696,8 @@ def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pa
                 return f' id="{html.escape(name)}"'
         return ""
 
-    toc = "".join(f'<li><a href="#{h.anchor}">{html.escape(h.title)}</a></li>' for h in items if isinstance(h, Heading))
+    toc = "".join(f'<li><a href="#{h.anchor}">{md.renderInline(h.title, {"source": src, "in_link": True})}</a></li>'
+                  for h in items if isinstance(h, Heading))
     figures = "".join(figure_html(f, root) for f in FIGURES if f.chapter == src.stem)
     label = "" if kind == "chapter" else f'<p class="kind">Companion file: {html.escape(kind)}. ' \
         f'{html.escape(serves_line(src))}</p>'
@@ -699,7 +708,7 @@ def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pa
     for item in items:
         if isinstance(item, Heading):
             parts.append(f'<h2 class="banner" id="{item.anchor}"><a href="#{item.anchor}">'
-                         f"{html.escape(item.title)}</a></h2>")
+                         f'{md.renderInline(item.title, {"source": src, "in_link": True})}</a></h2>')
             continue
         code = "\n".join(f'<span class="line" data-n="{n}"{line_anchor(n)}>{code_line_html(linker, src, tokens[n - 1])}'
                          f"</span>" for n in item.code)
