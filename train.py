@@ -1091,9 +1091,13 @@ class Trainer:
                 raise TrainError(f"--resume: {where} does not exist; train first (without --resume) or pass a "
                                  f"checkpoint file")
             try:
-                return load_checkpoint(where, self.log)
+                ckpt = load_checkpoint(where, self.log)
             except TrainError as e:
                 raise TrainError(f"--resume: {e}") from e
+            if "optimizer" not in ckpt:                   # weights only: nothing of a run to continue
+                raise TrainError(f"--resume: {ckpt['path']} has no optimizer state (written by model.py import-hf): "
+                                 f"start a new run from its weights with --init-from {ckpt['path']}")
+            return ckpt
         if existing and not self.cfg.overwrite:
             raise TrainError(f"{self.out_dir} already holds a run ({existing[0].name}); add --resume to continue it, "
                              f"--overwrite to start over, or pick another --out-dir")
