@@ -284,8 +284,8 @@ def first_line(source: Source) -> str:
 def serves_line(source: Source) -> str:
     """The "Serves: ..." paragraph of a companion's docstring, else the first sentence that says what it serves."""
     match = re.search(r"^Serves:\s*(.+?)(?:\n\s*\n|\n[A-Z][\w -]*:|\Z)", source.docstring, re.M | re.S)
-    if match:
-        return " ".join(match.group(1).split())
+    if match:       # up to the next labelled sentence ("... one). Owns: ..."), if the paragraph goes on
+        return re.split(r"(?<=[.)])\s+(?=[A-Z][\w ]{0,20}:\s)", " ".join(match.group(1).split()))[0]
     match = re.search(r"[^.\n]*\bserves\b[^.]*\.", source.docstring, re.I)
     return " ".join(match.group(0).split()) if match else ""
 
@@ -699,8 +699,8 @@ def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pa
     toc = "".join(f'<li><a href="#{h.anchor}">{md.renderInline(h.title, {"source": src, "in_link": True})}</a></li>'
                   for h in items if isinstance(h, Heading))
     figures = "".join(figure_html(f, root) for f in FIGURES if f.chapter == src.stem)
-    label = "" if kind == "chapter" else f'<p class="kind">Companion file: {html.escape(kind)}. ' \
-        f'{html.escape(serves_line(src))}</p>'
+    label = "" if kind == "chapter" else f'<p class="kind">Companion file: {html.escape(kind)}. Serves: ' \
+        f'{md.renderInline(serves_line(src), {"source": src})}</p>'
     parts = [f'<header class="intro"><h1><code>{src.stem}.py</code></h1>{label}'
              f'{md.render(separate_indented_blocks(fence_doctests(src.docstring)), {"source": src})}'
              + (f'<div class="figures">{figures}</div>' if figures else "")
@@ -719,15 +719,22 @@ def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pa
     return _layout(f"{src.stem}.py · the book", "\n".join(parts), _nav(order, src.stem))
 
 
-def index_html(sources: dict[str, Source], chapters: list[str], companions: list[tuple[str, str]]) -> str:
+def index_html(linker: Linker, sources: dict[str, Source], chapters: list[str],
+               companions: list[tuple[str, str]]) -> str:
+    md = make_markdown(linker, set())
+
+    def inline(stem: str, text: str) -> str:
+        return md.renderInline(text, {"source": sources[stem]})
+
     stages = "".join(f'<li><a href="{stem}.html"><code>{stem}.py</code></a><span>{html.escape(stage)}</span></li>'
                      for stem, stage in CHAPTERS if stem in sources)
     chapter_rows = "".join(
         f'<tr><td>{k}</td><td><a href="{stem}.html"><code>{stem}.py</code></a></td>'
-        f"<td>{html.escape(first_line(sources[stem]))}</td></tr>" for k, stem in enumerate(chapters, 1))
+        f"<td>{inline(stem, first_line(sources[stem]))}</td></tr>" for k, stem in enumerate(chapters, 1))
     companion_rows = "".join(
         f'<tr><td><a href="{stem}.html"><code>{stem}.py</code></a></td><td>{html.escape(kind)}</td>'
-        f"<td>{html.escape(first_line(sources[stem]))}<br><small>{html.escape(serves_line(sources[stem]))}</small></td></tr>"
+        f"<td>{inline(stem, first_line(sources[stem]))}<br><small>Serves: {inline(stem, serves_line(sources[stem]))}"
+        f"</small></td></tr>"
         for stem, kind in companions)
     body = (
         '<header class="intro"><h1>LLM pretraining from scratch, read as a book</h1>'
@@ -782,7 +789,7 @@ def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     sources, chapters, companions = discover(root)
     order = chapters + [stem for stem, _ in companions]
     linker = Linker(sources)
-    pages = {"index.html": index_html(sources, chapters, companions)}
+    pages = {"index.html": index_html(linker, sources, chapters, companions)}
     for stem in chapters:
         pages[f"{stem}.html"] = page_html(linker, sources[stem], order, "chapter", root)
     for stem, kind in companions:

@@ -215,7 +215,8 @@ def _fake_repository(root: pathlib.Path) -> None:
                                   "    return x\n")
     (root / "model.py").write_text('"""The model."""\nfrom data import prepare\nimport data as data_lib\n\n\n'
                                    "class GPT:\n    def forward(self):\n        return data_lib.prepare(1)\n")
-    (root / "store.py").write_text('"""Object-store I/O.\n\nServes: data.py (its s3:// inputs).\n"""\nX = 1\n')
+    (root / "store.py").write_text('"""Object-store I/O.\n\nServes: data.py (its s3:// inputs). Owns: the bytes.\n"""\n'
+                                   "X = 1\n")
     (root / "alpha.py").write_text('"""Alpha helper; it serves model.py only."""\ndef z():\n    pass\n')
 
 
@@ -228,7 +229,9 @@ def test_companions_are_classified_by_table_and_docstring_and_missing_figures_na
     companions = index.split('id="companions"')[1]
     assert companions.index("store.py") < companions.index("alpha.py")          # by what they serve, not by name
     assert "engine (object-store I/O)" in companions and "companion file" in companions
-    assert "data.py (its s3:// inputs)." in companions and "it serves model.py only." in companions
+    companions_text = re.sub(r"<[^>]+>", "", companions)
+    assert "Serves: data.py (its s3:// inputs)." in companions_text and "it serves model.py only." in companions_text
+    assert "Serves: data.py (its s3:// inputs).</p>" in re.sub(r"<(?!/p)[^>]+>", "", (out / "store.html").read_text())
     model = (out / "model.html").read_text(encoding="utf-8")
     assert 'href="data.html#prepare"' in model and 'href="data.html"' in model
     assert 'id="GPT.forward"' in model
