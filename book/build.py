@@ -128,7 +128,6 @@ class Definition:
     qualname: str | None          # "GPT", "GPT.forward" (module and class level); None inside a function
     doc: str | None
     doc_lines: range              # the docstring's lines, removed from the code column
-    is_class: bool
 
 
 @dataclasses.dataclass
@@ -181,7 +180,7 @@ def _definitions(tree: ast.Module, lines: list[str]) -> dict[int, Definition]:
                 if doc_node is not None and _whole_lines(doc_node, lines):
                     doc, doc_lines = ast.get_docstring(child), range(doc_node.lineno, doc_node.end_lineno + 1)
                 start = min([child.lineno] + [d.lineno for d in child.decorator_list])
-                found.setdefault(start, Definition(start, qualname, doc, doc_lines, isinstance(child, ast.ClassDef)))
+                found.setdefault(start, Definition(start, qualname, doc, doc_lines))
                 visit(child, qualname if isinstance(child, ast.ClassDef) and qualname else None,
                       in_function or not isinstance(child, ast.ClassDef))
             elif isinstance(child, (ast.If, ast.Try, ast.With)) and not in_function:
@@ -660,7 +659,8 @@ def figure_html(figure: Figure, root: pathlib.Path) -> str:
     if path.suffix == ".png":
         return (f'<figure id="figure-{figure.name}"><img src="figures/{path.name}" alt="{html.escape(figure.title)}">'
                 f"{caption}</figure>")
-    return f'<figure id="figure-{figure.name}">{printed_output_html(path.read_text(encoding="utf-8"))}{caption}</figure>'
+    printed = printed_output_html(path.read_text(encoding="utf-8"))
+    return f'<figure id="figure-{figure.name}">{printed}{caption}</figure>'
 
 
 def printed_output_html(text: str) -> str:

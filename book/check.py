@@ -40,7 +40,8 @@ LAYOUT_JS = r"""
   if (document.documentElement.scrollWidth > W + 1)
     problems.push(`page scrolls sideways: ${document.documentElement.scrollWidth} > ${W}`);
   for (const p of document.querySelectorAll('.prose, .intro')) {
-    if (p.scrollWidth > p.clientWidth + 2) problems.push(`prose wider than its column at ${describe(p)}: ${p.scrollWidth} > ${p.clientWidth}`);
+    if (p.scrollWidth > p.clientWidth + 2)
+      problems.push(`prose wider than its column at ${describe(p)}: ${p.scrollWidth} > ${p.clientWidth}`);
     const box = p.getBoundingClientRect();
     if (box.right > W + 2) problems.push(`prose past the window at ${describe(p)}: right ${box.right} > ${W}`);
   }
@@ -54,7 +55,8 @@ LAYOUT_JS = r"""
     const ok = twoColumns ? Math.abs(p.top - c.top) <= 2 && p.right <= c.left + 2
                           : c.top >= p.bottom - 2 && Math.abs(p.left - c.left) <= 2;
     if (ok) aligned++; else if (problems.length < 20)
-      problems.push(`row ${describe(row)} not aligned: prose ${Math.round(p.left)},${Math.round(p.top)} code ${Math.round(c.left)},${Math.round(c.top)}`);
+      problems.push(`row ${describe(row)} not aligned: prose ${Math.round(p.left)},${Math.round(p.top)} ` +
+                    `code ${Math.round(c.left)},${Math.round(c.top)}`);
   }
   // Both stylesheets applied: book.css sets the body's margin to 0, pygments.css colours keywords (.k).
   if (getComputedStyle(document.body).marginTop !== '0px') problems.push('book.css not applied');
@@ -188,7 +190,8 @@ def _problems_from_events(events: list[dict], session: str) -> list[str]:
             found.append(f"console.{params['type']}: " + " ".join(str(a.get("value", a.get("description")))
                                                               for a in params.get("args", [])))
         elif method == "Log.entryAdded" and params["entry"].get("level") in ("error", "warning"):
-            found.append(f"log {params['entry']['level']}: {params['entry'].get('text')} {params['entry'].get('url', '')}")
+            entry = params["entry"]
+            found.append(f"log {entry['level']}: {entry.get('text')} {entry.get('url', '')}")
     return found
 
 
@@ -222,8 +225,8 @@ def check_site(site: pathlib.Path, shots: pathlib.Path | None, executable: str,
                     shot_path = shots / f"{page.stem}-{label}.png"
                     shot_path.write_bytes(base64.b64decode(data))
                     # A second screen where the code starts: the first row after the first section banner.
-                    scrolled = browser.send("Runtime.evaluate", {"expression": SCROLL_TO_CODE_JS, "returnByValue": True},
-                                            session=session)["result"]["value"]
+                    scroll = {"expression": SCROLL_TO_CODE_JS, "returnByValue": True}
+                    scrolled = browser.send("Runtime.evaluate", scroll, session=session)["result"]["value"]
                     if scrolled:
                         data = browser.send("Page.captureScreenshot", {"format": "png"}, session=session)["data"]
                         (shots / f"{page.stem}-{label}-code.png").write_bytes(base64.b64decode(data))
