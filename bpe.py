@@ -38,7 +38,8 @@ trainer (`train_bpe`: incremental pair counts + a heap with lazy invalidation + 
 and the command line.
 
 Depends on: the standard library, `regex` (installed with tiktoken; needed for \\p{L} classes) and tiktoken.
-Sibling files: none.
+Sibling files: fileio.py (untrusted JSON in one line, files written whole); `tokenizers` only to check a custom
+pattern's Hugging Face export.
 """
 from __future__ import annotations
 
@@ -50,7 +51,6 @@ import multiprocessing
 import os
 import re
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from functools import lru_cache
@@ -60,6 +60,8 @@ from typing import Iterable, Iterator
 import regex
 import tiktoken
 
+import fileio
+
 FORMAT_NAME = "bpe.py tokenizer"
 FORMAT_VERSION = 1
 EOT = "<|endoftext|>"
@@ -67,6 +69,9 @@ EOT = "<|endoftext|>"
 
 class TokenizerError(ValueError):
     """Bad input to the tokenizer: the message is one line that names the problem and the fix."""
+
+
+REMAKE_TOKENIZER = "the file is damaged: re-create it with `python bpe.py train`"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -156,8 +161,18 @@ GPT4_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+
 PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN}
 
 
+# A text with what patterns disagree on: long numbers, other digits (Arabic-Indic, full-width), contractions in
+# every case, runs of spaces, tabs and newlines, CRLF, NBSP, other scripts, emoji, trailing whitespace. A custom
+# pattern is checked on it here, and its Hugging Face form against it in `to_hf`.
+PROBE_TEXT = ("In 2000, 1234567 people paid $3.14159 (or ١٢٣٤٥ / １２３４５ / 12,345,678.90).\r\n"
+              "It's IT'S it'S we'LL I'M they'Ve you'RE he'd DON'T 'tis ''quoted''\r\n\r\n"
+              "  indented\ttab\t\t then   spaces\n\n\n\u00a0NBSP\u00a0\u00a0and\u3000ideographic space\n"
+              "naïve café Ελληνικά русский 中文 日本語 🙂👩‍👩‍👧 x_1+=42!!\n  ")
+
+
 def resolve_pattern(pattern: str) -> str:
-    """A pattern name ("gpt2", "gpt4") becomes its regex; any other string must compile as a regex.
+    """A pattern name ("gpt2", "gpt4") becomes its regex; any other string must be a regex that cuts text into
+    pieces which, joined, give the text back (see check_pattern).
 
     >>> resolve_pattern("gpt2") == GPT2_PATTERN
     True
@@ -169,7 +184,40 @@ def resolve_pattern(pattern: str) -> str:
         compile_pattern(pattern)
     except regex.error as e:
         raise TokenizerError(f"pattern {pattern!r} is not a valid regex ({e}); use 'gpt2', 'gpt4' or fix it")
+    if pattern not in (GPT2_PATTERN, GPT4_PATTERN):
+        check_pattern(pattern)
     return pattern
+
+
+@lru_cache(maxsize=32)
+def check_pattern(pattern: str) -> None:
+    r"""Refuse a custom pattern whose pieces would lose text: encoding keeps only what the regex matches, so every
+    character must be in some match (on PROBE_TEXT), and the matches must be whole pieces (no capturing group,
+    whose text `findall` would return instead of the match).
+
+    `(?<=a)` matches only empty strings, so every text would encode to nothing; `\p{L}+|\s+` drops the digits:
+
+    >>> check_pattern(r"\p{L}+|\s+")
+    Traceback (most recent call last):
+    ...
+    bpe.TokenizerError: pattern '\\p{L}+|\\s+' matches no piece that holds '2' (character 3 of bpe.PROBE_TEXT), so encode would drop it; a pattern must cover all text: end it with the alternatives |\s|. (any whitespace, any other character)
+    """
+    compiled = compile_pattern(pattern)
+    if compiled.groups:
+        raise TokenizerError(f"pattern {pattern!r} has {compiled.groups} capturing group(s), whose text would "
+                             f"replace the piece; write each group (...) as (?:...)")
+    if not any(m.group() for m in compiled.finditer(PROBE_TEXT)):
+        raise TokenizerError(f"pattern {pattern!r} matches only empty strings (on bpe.PROBE_TEXT), so every text "
+                             f"would encode to nothing; give a pattern whose matches are the pieces of the text")
+    covered = 0
+    for match in compiled.finditer(PROBE_TEXT):
+        if match.start() > covered:
+            break
+        covered = max(covered, match.end())
+    if covered < len(PROBE_TEXT):
+        raise TokenizerError(f"pattern {pattern!r} matches no piece that holds {PROBE_TEXT[covered]!r} (character "
+                             f"{covered} of bpe.PROBE_TEXT), so encode would drop it; a pattern must cover all text: "
+                             f"end it with the alternatives |\\s|. (any whitespace, any other character)")
 
 
 @lru_cache(maxsize=32)
@@ -769,9 +817,20 @@ class Tokenizer:
         * HF merges the adjacent pair listed earliest, we merge the pair whose concatenation has the lowest id,
           so the merges are listed in the order of the ids they make.
         Special tokens are `added_tokens` with `special: true`: HF cuts them out of any text, which is our
-        `encode(text, allowed_special="all")`. Plain JSON: writing it needs no library.
+        `encode(text, allowed_special="all")`. The regex is written the way HF's engine reads it as ours
+        (`hf_regex`: GPT-4's `\\p{N}{1,3}+` becomes `(?>\\p{N}{1,3})`); a custom one is also cut both ways on
+        PROBE_TEXT (`_check_hf_regex`, which needs the tokenizers package) and refused if the pieces differ.
+        For gpt2 and gpt4 it is plain JSON: writing it needs no library.
+
+        One difference no pattern can remove: each engine has its own Unicode tables, and `regex`'s are newer, so
+        the few thousand letters and digits assigned in the newest Unicode versions (U+0C5C, U+11DE0, ...) are
+        \\p{L} or \\p{N} here and unassigned in HF. tests/test_hf.py checks every character that Python's
+        unicodedata knows (Unicode 14) in every pattern's pieces.
         """
         to_str = _bytes_to_str
+        theirs = hf_regex(self.pattern)
+        if self.pattern not in (GPT2_PATTERN, GPT4_PATTERN):
+            _check_hf_regex(self.pattern, theirs)
         merges = sorted(self.merges, key=lambda m: self.ranks[m[0] + m[1]])
         byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
         return {
@@ -781,7 +840,7 @@ class Tokenizer:
                              for s, i in sorted(self.special_tokens.items(), key=lambda kv: kv[1])],
             "normalizer": None,
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": self.pattern}, "behavior": "Isolated", "invert": False},
+                {"type": "Split", "pattern": {"Regex": theirs}, "behavior": "Isolated", "invert": False},
                 byte_level]},
             "post_processor": None,
             "decoder": byte_level,
@@ -808,6 +867,7 @@ class Tokenizer:
         if model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
             refuse("its BPE uses byte fallback or subword prefixes/suffixes")
         pattern = _hf_pattern(doc.get("pre_tokenizer") or {}, refuse)
+        pattern = {hf_regex(p): p for p in (GPT2_PATTERN, GPT4_PATTERN)}.get(pattern, pattern)  # to_hf's forms back
         try:
             ranks = {_str_to_bytes(t): int(i) for t, i in model["vocab"].items()}
             merges = [tuple(_str_to_bytes(x) for x in (m.split(" ") if isinstance(m, str) else m))
@@ -850,11 +910,12 @@ class Tokenizer:
 
     @classmethod
     def from_json(cls, text: str, source: str = "tokenizer JSON") -> "Tokenizer":
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TokenizerError(f"{source}: not valid JSON ({e}); the file is damaged, re-create it with "
-                                 f"`python bpe.py train`") from None
+        """Read what `to_json` wrote, or a Hugging Face tokenizer.json (`from_hf`); damage is one line."""
+        return cls.from_document(fileio.parse_json(text, source, TokenizerError, REMAKE_TOKENIZER), source)
+
+    @classmethod
+    def from_document(cls, doc, source: str = "tokenizer JSON") -> "Tokenizer":
+        """from_json for a document that is already parsed."""
         if isinstance(doc, dict) and "format" not in doc and "model" in doc:
             return cls.from_hf(doc, source)             # a Hugging Face tokenizer.json
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
@@ -872,41 +933,27 @@ class Tokenizer:
         except TokenizerError as e:
             raise TokenizerError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise TokenizerError(f"{source}: damaged tokenizer file ({type(e).__name__}: {e}); re-create it with "
-                                 f"`python bpe.py train`") from None
+            raise TokenizerError(f"{source}: damaged tokenizer file ({type(e).__name__}: {e}); {REMAKE_TOKENIZER}") \
+                from None
 
     def save(self, path) -> None:
-        """Write the JSON atomically: a temp file in the same directory, then rename (never a half-written file)."""
-        write_atomic(Path(path), self.to_json())
+        """Write the JSON whole or not at all (fileio.write_atomic: a temp file beside it, fsync, rename), with the
+        umask's mode; a full disk is one line."""
+        path = Path(path)
+        if path.is_dir():
+            raise TokenizerError(f"{path} is a directory; give a file path such as {path / 'tokenizer.json'}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fileio.write_atomic(path, self.to_json(), error=TokenizerError, fix="write the tokenizer elsewhere")
+        except OSError as e:
+            raise TokenizerError(f"cannot write {path} ({e.strerror or e}); choose a writable directory") from None
 
     @classmethod
     def load(cls, path) -> "Tokenizer":
         path = Path(path)
         if not path.is_file():
             raise TokenizerError(f"tokenizer file not found: {path}")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise TokenizerError(f"{path}: not UTF-8 text, so not a tokenizer file") from None
-        return cls.from_json(text, source=str(path))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write text to path via a temp file in the same directory and os.replace."""
-    if path.is_dir():
-        raise TokenizerError(f"{path} is a directory; give a file path such as {path / 'tokenizer.json'}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise TokenizerError(f"cannot write {path} ({e.strerror}); choose a writable directory") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        return cls.from_document(fileio.read_json(path, TokenizerError, REMAKE_TOKENIZER), str(path))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -952,6 +999,82 @@ def _str_to_bytes(text: str) -> bytes:
 HF_BYTE_LEVEL_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
+_COUNTED_REPEAT = regex.compile(r"\{\d*(?:,\d*)?\}")
+
+
+def hf_regex(pattern: str) -> str:
+    r"""`pattern` written the way Oniguruma, the regex engine of Hugging Face `tokenizers`, reads it as `regex` does.
+
+    Both read `?+`, `*+` and `++` as possessive (take the most, never give back). A counted repeat followed by a
+    plus is where they part: `regex` reads `\p{N}{1,3}+` as possessive, Oniguruma (Ruby syntax) as
+    `(?:\p{N}{1,3})+`, one or more runs of 1-3 digits, so GPT-4's pattern would keep "2000" whole where ours cuts
+    [200][0]. An atomic group `(?>...)` means "possessive" in both engines, so each `X{m,n}+` becomes `(?>X{m,n})`:
+
+    >>> hf_regex(r"\p{N}{1,3}+| ?\p{L}++|[a-z]{2}+|(?:ab){1,}+")
+    '(?>\\p{N}{1,3})| ?\\p{L}++|(?>[a-z]{2})|(?>(?:ab){1,})'
+    """
+    out: list[str] = []        # the pattern in atoms: an escape, a [class], a (group) or one character each
+    opened: list[int] = []     # where in `out` each open group started
+    atom, i = 0, 0             # atom: the index in `out` where the last complete atom starts
+    while i < len(pattern):
+        c = pattern[i]
+        repeat = _COUNTED_REPEAT.match(pattern, i) if c == "{" else None
+        if repeat and repeat.end() < len(pattern) and pattern[repeat.end()] == "+":
+            out[atom:] = ["(?>" + "".join(out[atom:]) + repeat.group() + ")"]
+            i = repeat.end() + 1
+            continue
+        if repeat:
+            out.append(repeat.group())
+            i = repeat.end()
+            continue
+        if c == "\\":
+            end = i + 2
+            if pattern[i + 1:i + 2] in ("p", "P", "x", "N") and pattern[end:end + 1] == "{":
+                end = pattern.index("}", end) + 1
+            atom = len(out)
+        elif c == "[":
+            end = i + 1 + (pattern[i + 1:i + 2] == "^")
+            end += pattern[end:end + 1] == "]"          # a ] right after [ or [^ is a literal
+            while pattern[end] != "]":
+                end += 2 if pattern[end] == "\\" else (pattern.index(":]", end) + 2 - end
+                                                       if pattern.startswith("[:", end) else 1)
+            end += 1
+            atom = len(out)
+        elif c == "(":
+            opened.append(len(out))
+            end = i + 1
+        elif c == ")" and opened:
+            atom, end = opened.pop(), i + 1
+        elif c in "*+?|":
+            end = i + 1
+        else:
+            atom, end = len(out), i + 1
+        out.append(pattern[i:end])
+        i = end
+    return "".join(out)
+
+
+def _check_hf_regex(pattern: str, theirs: str) -> None:
+    """Cut PROBE_TEXT with `theirs` in HF `tokenizers` and with `pattern` here: the pieces must be the same."""
+    try:
+        from tokenizers import Regex, pre_tokenizers
+    except ImportError:
+        raise TokenizerError(f"exporting the custom pattern {pattern!r} needs the tokenizers package to check that "
+                             f"Hugging Face cuts text the same way: pip install tokenizers") from None
+    try:
+        split = pre_tokenizers.Split(Regex(theirs), "isolated")
+    except Exception as e:                          # tokenizers' own error type: Oniguruma cannot compile it
+        raise TokenizerError(f"pattern {pattern!r} cannot be exported: Hugging Face's regex engine rejects "
+                             f"{theirs!r} ({e}); use 'gpt2', 'gpt4' or a pattern without that construct") from None
+    ours = compile_pattern(pattern).findall(PROBE_TEXT)
+    hf = [piece for piece, _ in split.pre_tokenize_str(PROBE_TEXT)]
+    if ours != hf:
+        k = next(k for k, (a, b) in enumerate(zip(ours + [""], hf + [""])) if a != b)
+        raise TokenizerError(f"pattern {pattern!r} cannot be exported: Hugging Face's regex engine cuts "
+                             f"bpe.PROBE_TEXT otherwise (piece {k}: {hf[k:k + 1]} there, {ours[k:k + 1]} here); "
+                             f"use 'gpt2', 'gpt4' or a pattern both engines read alike")
+
+
 def _hf_pattern(pre_tokenizer: dict, refuse) -> str:
     """The regex of a tokenizer.json pre-tokenizer: Split(regex) then ByteLevel (ours, Llama 3), or a lone
     ByteLevel with its built-in GPT-2 regex (GPT-2). `refuse(reason)` raises for any other shape."""
@@ -975,8 +1098,8 @@ def load_gpt2_bpe(encoder_json_path, vocab_bpe_path, special_tokens: Iterable[st
         if not p.is_file():
             raise TokenizerError(f"GPT-2 tokenizer file not found: {p}")
     specials = set(_check_specials(special_tokens))
+    encoder = fileio.read_json(encoder_json_path, TokenizerError, "use GPT-2's own encoder.json")
     try:
-        encoder = json.loads(encoder_json_path.read_text(encoding="utf-8"))
         ranks = {_str_to_bytes(t): i for t, i in encoder.items() if t not in specials}
         lines = vocab_bpe_path.read_text(encoding="utf-8").split("\n")
         merges = [tuple(_str_to_bytes(x) for x in line.split(" ")) for line in lines[1:] if line]
@@ -1173,6 +1296,12 @@ def main(argv: list[str] | None = None) -> int:
                 resolve_pattern(args.pattern)
             except TokenizerError as e:
                 raise TokenizerError(f"--pattern: {e}") from None
+            out = Path(args.out)
+            for given in args.input:              # the tokenizer would be written over its own training text
+                if Path(given).resolve() == out.resolve() or out.exists() and Path(given).exists() \
+                        and os.path.samefile(given, out):
+                    raise TokenizerError(f"--out {args.out} is also an --input file: writing the tokenizer would "
+                                         f"replace that training text; give --out another path")
             if not all(args.special):
                 raise TokenizerError(f"--special: special tokens must be non-empty strings, got {args.special}")
             if args.vocab_size < 256 + len(args.special):

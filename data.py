@@ -46,110 +46,35 @@ and packed into shards: a 32-byte header (magic, version, dtype, token count) fo
 the tokenizer and the split sizes. The same inputs and settings map to the same cache directory, reused as is.
 
 At scale: a stream, not a list. Holding the corpus costs ~5.5 bytes of RAM per byte of text (Python strings, the
-lists of ids): FineWeb-Edu's 10B tokens are ~40 GB of text, ~220 GB of RAM. So `prepare` streams (section 10), and
-keeps the in-memory engine (section 9) as the small, readable reference that the tests hold it to, byte for byte:
-
-    global   kept-whole piece sizes         count a kept-whole source's characters up to 20 x 16,384; stop there
-    stage 1  per chunk (16 MiB of a file)   read, extract, quality filters -> cleaned text, 8-byte hash per doc,
-                                            hashes of its lines (sorted run); a chunk kept whole: its pieces, a
-                                            .txt read in 1 MiB blocks and cut as it streams
-    join     exact dedup                    per range of hash values: the first document of each hash
-    join     boilerplate lines              per range of line hashes: count the documents holding each
-    stage 2  per chunk                      drop copies, boilerplate lines, PII -> final text; MinHash signature ->
-                                            32 band keys (sorted run); split/sample/mix keys
-    join     near dedup                     per range of band keys: documents sharing a key -> candidate pairs;
-                                            per range of document ids: exact Jaccard, reading back only those
-                                            documents; then one union-find over all the verified pairs
-    global   split, tokenizer               the split is a coin per document: key(text, seed) < val_fraction·2^64;
-                                            BPE trains on the documents with the smallest sample keys (~4 MB)
-    stage 3  per chunk                      encode train and val documents; with --val-data, note the val files'
-                                            13-grams each train document holds (the union: evaluate.py's overlap)
-    global   mix and pack                   per-source token counts and a 65,536-bucket histogram of mix keys
-                                            decide how often each document is read; shards are written in order
-
-Kept whole, streamed. chunk_document cuts a piece at the last blank line (else line break) of the window
-text[start:start + size + 1], so a cutter that holds one window and one block of the file yields its very pieces;
-a marker cut in two by a block's end waits for the next block. The piece size, min(16,384, chars / 20), needs the
-source's characters only up to 20 x 16,383 + 1 = 327,661: Tiny Shakespeare's count stops after its first 1 MiB
-block (1,048,576 of its 1,115,393 characters), size 16,384, 69 pieces; a 10 GB book's count stops there too, and
-then it is cut holding ~1 MiB. --val-data: the val files are small, train is not, so each worker hashes the val
-files' 13-grams (8 bytes each: 20,712 for the last 10% of Tiny Shakespeare) and looks up its train documents in
-them; stage 3 reads the final text, after PII masking and near-dedup, as the in-memory engine's
-evaluate.contamination_report does.
-
-Every stage function maps one chunk to files named by the chunk (s1-000042.txt, ...), written under temporary names
-and renamed, the chunk's .json counts last: a rerun after a kill skips every chunk with its .json, and every join
-range and join whose result file exists. A document's id is (chunk << 32) | its position, so sorting ids sorts
-documents in input order; joins sort by (key, id); every random choice is a keyed hash of the text. That is why
-any schedule (1 worker or 64, killed and resumed, or a cluster's task scheduler running the same stage functions)
-writes the same bytes.
-The contract an engine relies on: `plan_chunks` numbers the chunks; `stage_read`, `stage_clean` and `stage_encode`
-take (Job, Chunk), read only the files of earlier steps, write only files named by their chunk, and return the
-JSON counts they also save; before stage 1 run `copy_val_files` (in the driver, with --val-data) and
-`kept_piece_sizes` (when a source is kept whole), between the stages, in this order, the exact join (`exact_range`
-per key range, then `join_exact`), the boilerplate join (`boilerplate_range`, `join_boilerplate`), the near-dup
-join (`band_join_range` per key range, `verify_range` per range of ids, `join_near_duplicates`), `decide_split`,
-`draw_tokenizer_sample` (then BPE) and, after stage 3, `encode_val_files` and `val_files_overlap` (with
---val-data) and `write_split_shards`.
-
-A join is parallel too, by key range. Each chunk's keys (document hashes, line hashes, band keys) are a sorted run
-on disk; the 64-bit key space is cut into ranges, enough for each to fit JOIN_BYTES and at least 4 per worker (8
-on 2 cores, 256 on 64). Every entry of a key lies in the one range that holds the key, so a range is joined from
-its own slice of each run, knowing nothing of the others: a unit of work like a chunk, on any worker, its result a
-file named by its bounds (a rerun skips it; a run cut into other ranges never takes it for one of its own). A small
-final step combines the files: exact dedup marks the documents each range kept; boilerplate concatenates the
-ranges' hashes (in key order, so sorted); near-dedup first verifies each candidate pair once, per range of
-document ids (a pair sharing bands in several key ranges is a candidate in each), then runs one union-find over
-every verified pair, since a cluster spans ranges: C~A found in one, C~B in another (A and B not similar) is one
-cluster {A, B, C}, of which only A stays, as in the in-memory engine.
-
-Memory, per document (FineWeb-Edu 10BT: 9.7M documents of ~4 KB):
-    RAM, main process   1 B survivor flag (exact dedup's final step; memory-mapped after), 16 B per verified
-                        near-duplicate pair and 8 B per near-duplicate dropped (the union-find)
-    RAM, per join task  one key range of at most JOIN_BYTES (64 MiB), whatever the corpus size
-    RAM, per worker     one chunk: 16 MiB of text as Python strings and lists, ~100 MB; a kept-whole .txt of any
-                        size: a 1 MiB block, one piece, 40 B per piece of keys and sizes
-    disk (work files)   the text twice at most (stage 1's is deleted when stage 2 is done), 12 B of document hash,
-                        ~20 B/line of line hashes, 32 bands x 12 B = 384 B of band keys, ~2 B per token; removed
-                        when the dataset is published
-
-On a cluster, `prepare --engine ray` (section 11) makes that scheduler Ray: one task per chunk and stage, per range
-of a join, per join's final step and per split's shards, calling these very functions on the same work files (on
-storage every node sees). The output is byte-identical to the local engine's for the reasons above, and one more: a
-task only writes files (temporary name, then rename) that a rerun writes again identically, so Ray may rerun a task
-whose worker died.
-
-A cluster's corpus and datasets live in an object store. `--data` and `--out` take URIs that pyarrow.fs opens
-(s3://bucket/web/*.parquet, gs://, hdfs://, file://; a local path never imports pyarrow). A chunk names its object
-by URI and each task opens it itself: a .jsonl range is one seek and sequential reads, a .parquet row group a byte
-range; the cache key fingerprints each object by its size and mtime. The work files stay on a POSIX folder
-(`--work-dir`, on a cluster one every node mounts), since they are renamed, appended and memory-mapped. An object
-store has no directory rename, so publishing is a protocol: upload everything under OUT.tmp-XXXX/, copy each
-object inside the store to OUT/ with manifest.json last, delete the temporary prefix. A reader that waits for
-OUT/manifest.json never sees half a dataset; `download` copies one down for the loader, which memory-maps shards.
+lists of ids): FineWeb-Edu's 10B tokens are ~40 GB of text, ~220 GB of RAM. This file is the lesson, on lists: the
+in-memory engine (section 9) runs every step in the order above, and `prepare` here runs it. Its companion
+data_at_scale.py is the scale: the same steps over 16 MiB chunks of the files in worker processes (or Ray tasks),
+with memory that does not grow with the corpus, resumable after a kill, and `python data.py prepare` runs that one.
+The two write byte-identical shards, tokenizer and manifest: every choice about a document is a keyed hash of its
+text (`document_keys`), so any order of reading makes the same one, and the tests hold the engine to this file's
+bytes. Sources and --out may be object-store URIs (s3://bucket/web/*.parquet): store.py lists, reads and publishes
+them, and `download` copies a published dataset down for the loader.
 
 The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
 of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.
 
-Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and two siblings:
-bpe.py (train_bpe, Tokenizer) and dedup.py (MinHash, band keys, pairs, union-find, exact Jaccard). Everything runs
-offline except `hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet), datasets
+Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and four siblings:
+bpe.py (train_bpe, Tokenizer), dedup.py (MinHash near-dedup, the 13-gram overlap index), store.py (object-store
+URIs) and fileio.py (datasets published with the umask's modes, a full disk in one line). Everything runs offline
+except `hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs), datasets
 (`hf:`), ray (`--engine ray`).
+
+The command line's main() also imports the engine, data_at_scale, which `python data.py prepare` runs; the library
+functions above never do (the engine is the layer above this file).
 """
 from __future__ import annotations
 
 import argparse
-import array
 import ast
-import codecs
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
-import datetime
-import fnmatch
 import functools
-import gc
 import glob
 import gzip
 import hashlib
@@ -157,21 +82,17 @@ import html.parser
 import io
 import itertools
 import json
-import logging
 import math
-import multiprocessing
 import os
 import pathlib
 import re
 import shutil
-import socket
 import struct
 import sys
 import sysconfig
 import tempfile
 import time
 import tokenize
-import urllib.parse
 import warnings
 import zlib
 from typing import Callable, Iterable, Iterator
@@ -181,6 +102,8 @@ import torch
 
 import bpe
 import dedup
+import fileio
+import store
 
 EOT = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 4096          # the tiny CPU run: small enough to train on ~2 MB in seconds, big enough for words
@@ -217,7 +140,7 @@ class Source:
     def label(self) -> str:
         """The spec, shortened to a file name for paths (for the funnel table)."""
         return self.spec if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:") \
-            else _pure(self.spec).name or self.spec
+            else store.pure_path(self.spec).name or self.spec
 
     def documents(self) -> Iterator[str]:
         for i, doc in enumerate(self.read()):
@@ -314,142 +237,13 @@ def read_pystdlib() -> Iterator[str]:
             yield source
 
 
-# Object stores. A source or --out may be a URI that pyarrow.fs understands: s3://bucket/key, gs://bucket/key,
-# hdfs://host:port/path, file:///abs/path. Its query configures the store, as FileSystem.from_uri reads it
-# (s3://bucket/key?endpoint_override=HOST:PORT&scheme=http for MinIO or a local S3; or set AWS_ENDPOINT_URL). A file
-# of a source is then named by its own URI (a str), a local one by a pathlib.Path: a chunk on any node opens it.
-# Plain paths never import pyarrow.
-
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-STORE_HINT = ("check the bucket and key, the endpoint (?endpoint_override=HOST:PORT&scheme=http or AWS_ENDPOINT_URL) "
-              "and the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the node's role)")
-
-
-def is_uri(path) -> bool:
-    """Whether a path names an object-store location rather than a local file.
-
-    >>> is_uri("s3://bucket/web/a.jsonl"), is_uri("file:///data/a.jsonl"), is_uri("web/a.jsonl")
-    (True, True, False)
-    """
-    return isinstance(path, str) and bool(_URI.match(path))
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:240]
-
-
-@functools.lru_cache(maxsize=None)
-def _store_root(scheme: str, netloc: str, query: str) -> tuple:
-    """(pyarrow FileSystem, its path of the URI's root), one per bucket and settings: from_uri may ask the network
-    (an S3 bucket's region), so it runs once per process, not once per file."""
-    try:
-        import pyarrow.fs as pafs
-    except ImportError:
-        raise DataError(f"{scheme}:// paths need pyarrow (pip install pyarrow), or copy the files to local disk") \
-            from None
-    uri = f"{scheme}://{netloc}/" + (f"?{query}" if query else "")
-    try:
-        fs, root = pafs.FileSystem.from_uri(uri)
-    except (OSError, ValueError) as e:              # ArrowInvalid is a ValueError: an unknown scheme or option
-        raise DataError(f"{uri}: {_first_line(e)}; {STORE_HINT}") from None
-    return fs, root.rstrip("/")
-
-
-def _store(uri: str) -> tuple:
-    """(FileSystem, path inside it) of a URI: s3://bkt/web/a.jsonl?... -> (S3FileSystem, 'bkt/web/a.jsonl')."""
-    parts = urllib.parse.urlsplit(uri)
-    fs, root = _store_root(parts.scheme, parts.netloc, parts.query)
-    inside = urllib.parse.unquote(parts.path).strip("/")
-    return fs, f"{root}/{inside}" if inside else root or "/"
-
-
-def _store_uri(uri: str, path: str) -> str:
-    """The URI of `path` in the store of `uri` (the inverse of _store, keeping uri's query)."""
-    parts = urllib.parse.urlsplit(uri)
-    root = _store_root(parts.scheme, parts.netloc, parts.query)[1]
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, urllib.parse.quote(path[len(root):]), parts.query, ""))
-
-
-def _pure(path: pathlib.Path | str) -> pathlib.PurePath:
-    """The path part of a URI (for names and suffixes), or the local path itself."""
-    return pathlib.PurePosixPath(urllib.parse.unquote(urllib.parse.urlsplit(path).path)) if is_uri(path) \
-        else pathlib.Path(path)
-
-
-@contextlib.contextmanager
-def _open_input(path: pathlib.Path | str, unzip: bool = False, buffer: int = 1 << 20) -> Iterator[io.BufferedIOBase]:
-    """A local file or an object (pyarrow's random-access file, buffered: a seek, then a request per `buffer`
-    bytes, not one per line), read as is or through gzip."""
-    if is_uri(path):
-        fs, key = _store(path)
-        raw = io.BufferedReader(fs.open_input_file(key), buffer)
-    else:
-        raw = open(path, "rb")
-    with raw:
-        yield gzip.GzipFile(fileobj=raw) if unzip else raw
-
-
-def _file_size(path: pathlib.Path | str) -> int:
-    if is_uri(path):
-        fs, key = _store(path)
-        return fs.get_file_info(key).size
-    return path.stat().st_size
-
-
-def _match_glob(pattern: list[str], parts: list[str]) -> bool:
-    """A key's parts against a glob's, as glob.glob(recursive=True) matches folders: * and [...] within a part,
-    ** across any number of parts.
-
-    >>> _match_glob("web/**/*.jsonl".split("/"), "web/2024/01/a.jsonl".split("/"))
-    True
-    >>> _match_glob("web/*.jsonl".split("/"), "web/2024/a.jsonl".split("/"))
-    False
-    """
-    if not pattern:
-        return not parts
-    if pattern[0] == "**":
-        return any(_match_glob(pattern[1:], parts[k:]) for k in range(len(parts) + 1))
-    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _match_glob(pattern[1:], parts[1:])
-
-
-def _store_files(spec: str) -> list[tuple[str, int, int]]:
-    """(URI, size, mtime in ns) of the objects a source URI names: one object, every known file type under a
-    prefix ("a directory"), or those matching a glob in the key (* [...] **; in a URI ? starts the query).
-    One line naming the spec for a missing bucket, key or endpoint, bad credentials, or a glob matching nothing."""
-    import pyarrow.fs as pafs                     # _store has checked it is installed
-    fs, path = _store(spec)
-    key = path.split("/")
-    fixed = next((k for k, part in enumerate(key) if any(c in part for c in "*[")), len(key))
-    try:
-        if fixed == len(key):
-            info = fs.get_file_info(path)
-            if info.type == pafs.FileType.File:
-                return [(spec, info.size, info.mtime_ns)]
-            if info.type == pafs.FileType.NotFound:        # name the first part that is missing: the bucket?
-                missing = next((p for p in itertools.accumulate(key, lambda a, b: f"{a}/{b}")
-                                if p and fs.get_file_info(p).type == pafs.FileType.NotFound), path)
-                raise DataError(f"source {spec!r} not found: {missing!r} does not exist; {STORE_HINT}")
-        base = "/".join(key[:fixed])
-        found = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-    except OSError as e:                          # no such bucket, no answer from the endpoint, access denied
-        raise DataError(f"source {spec!r}: {_first_line(e)}; {STORE_HINT}") from None
-    files = []
-    for info in sorted(found, key=lambda i: i.path):
-        inside = info.path[len(base):].strip("/").split("/")
-        if (info.type == pafs.FileType.File and _inner_suffix(_pure(info.path)) in _FILE_READERS
-                and not any(part.startswith(".") for part in inside)
-                and (fixed == len(key) or _match_glob(key[fixed:], inside))):
-            files.append((_store_uri(spec, info.path), info.size, info.mtime_ns))
-    if not files:
-        raise DataError(f"source {spec!r} matches no {'/'.join(sorted(_FILE_READERS))} objects; check the "
-                        f"{'pattern' if fixed < len(key) else 'prefix'}")
-    return files
-
+# A source may also be an object store's URI (s3://bucket/web/*.parquet): store.py lists and opens those, so a file
+# of a source is named by its own URI (a str) or by a local pathlib.Path, and the readers below take either.
 
 def _read_bytes(path: pathlib.Path | str) -> bytes:
     """A (possibly gzipped) file's bytes; a binary file or a damaged .gz is refused with one clear line."""
     try:
-        with _open_input(path, unzip=_pure(path).suffix == ".gz") as f:
+        with store.open_input(path, unzip=store.pure_path(path).suffix == ".gz", error=DataError) as f:
             raw = f.read()
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
@@ -467,9 +261,9 @@ def _read_text(path: pathlib.Path) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _inner_suffix(path: pathlib.Path | str) -> str:
+def inner_suffix(path: pathlib.Path | str) -> str:
     """'.txt' for both a.txt and a.txt.gz (and s3://bucket/a.txt.gz)."""
-    suffixes = [s.lower() for s in _pure(path).suffixes]
+    suffixes = [s.lower() for s in store.pure_path(path).suffixes]
     if suffixes and suffixes[-1] == ".gz":
         suffixes.pop()
     return suffixes[-1] if suffixes else ""
@@ -514,7 +308,7 @@ def read_jsonl(path: pathlib.Path | str, field: str = "text", skip_bad_lines: bo
     """One JSON object per line; the document is `obj[field]`. A malformed line stops with its line number,
     unless skip_bad_lines, which skips and counts it. start/stop (uncompressed files): only the lines whose first
     byte lies in [start, stop), so byte ranges that tile a file read every line exactly once."""
-    with _open_input(path, unzip=_pure(path).suffix == ".gz") as f:                     # streamed line by line
+    with store.open_input(path, unzip=store.pure_path(path).suffix == ".gz", error=DataError) as f:   # line by line
         if start:
             f.seek(start - 1)
             f.readline()                   # the line holding byte start - 1 belongs to the range before
@@ -543,28 +337,28 @@ def read_jsonl(path: pathlib.Path | str, field: str = "text", skip_bad_lines: bo
 
 def _count_lines(path: pathlib.Path | str, start: int) -> int:
     """Lines of the file before the first line that starts at or after byte `start` > 0 (for a line number)."""
-    with _open_input(path) as f:
+    with store.open_input(path, error=DataError) as f:
         head = f.read(start)
     return head.count(b"\n") + (0 if head.endswith(b"\n") else 1)
 
 
 def read_parquet(path: pathlib.Path | str, field: str = "text", row_groups: range | None = None) -> Iterator[str]:
     """The `field` column of a .parquet file, batch by batch (row_groups: only those)."""
-    for batch in _parquet_file(path, field).iter_batches(columns=[field], row_groups=row_groups):
+    for batch in parquet_file(path, field).iter_batches(columns=[field], row_groups=row_groups):
         for text in batch.column(0).to_pylist():
             if text:
                 yield text
 
 
-def _parquet_file(path: pathlib.Path | str, field: str):
+def parquet_file(path: pathlib.Path | str, field: str):
     """A pyarrow ParquetFile with a `field` column, or one line saying what is wrong with the file."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow), "
                         f"or convert it to .jsonl") from None
-    fs, key = _store(path) if is_uri(path) else (None, path)        # an object: its footer and row groups are
-    try:                                                              # read as byte ranges
+    fs, key = store.filesystem(path, DataError) if store.is_uri(path) else (None, path)   # an object: its footer and
+    try:                                                                 # row groups are read as byte ranges
         table = pq.ParquetFile(key, filesystem=fs)
     except Exception as e:           # pyarrow's ArrowInvalid/OSError: not a parquet file, or a damaged one
         raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:120]}); "
@@ -618,8 +412,8 @@ def read_html(path: pathlib.Path) -> Iterator[str]:
     yield _read_text(path)
 
 
-_FILE_READERS = {".txt": "txt", ".md": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl",
-                 ".parquet": "parquet", ".raw": "wikitext", ".html": "html", ".htm": "html", ".py": "python"}
+FILE_READERS = {".txt": "txt", ".md": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl",
+                ".parquet": "parquet", ".raw": "wikitext", ".html": "html", ".htm": "html", ".py": "python"}
 _FILE_KINDS = {"html": "html", "python": "code"}          # every other reader yields prose
 _CURATED_READERS = {"txt", "wikitext", "python"}          # local text someone chose; jsonl/parquet/html are web-like
 
@@ -656,8 +450,8 @@ def read_hf(name: str, field: str = "text") -> Iterator[str]:
                         f"pystdlib or a local path") from None
 
 
-def _file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterator[str]]:
-    kind = _FILE_READERS.get(_inner_suffix(path))
+def file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterator[str]]:
+    kind = FILE_READERS.get(inner_suffix(path))
     field = options.get("text_field", "text")
     if kind == "txt":
         return lambda: read_txt(path, options.get("txt_split", "auto"))
@@ -671,16 +465,16 @@ def _file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterat
         return lambda: read_html(path)
     if kind == "python":
         return lambda: iter([_read_text(path)])
-    raise DataError(f"{path}: unknown file type {_pure(path).suffix!r}; use "
-                    f"{', '.join(sorted(_FILE_READERS))} (optionally .gz)")
+    raise DataError(f"{path}: unknown file type {store.pure_path(path).suffix!r}; use "
+                    f"{', '.join(sorted(FILE_READERS))} (optionally .gz)")
 
 
 def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
     files = sorted(p for p in directory.rglob("*")                    # hidden files and folders (.git) skipped
-                   if p.is_file() and _inner_suffix(p) in _FILE_READERS
+                   if p.is_file() and inner_suffix(p) in FILE_READERS
                    and not any(part.startswith(".") for part in p.relative_to(directory).parts))
     if not files:
-        raise DataError(f"{directory} holds no {'/'.join(sorted(_FILE_READERS))} files")
+        raise DataError(f"{directory} holds no {'/'.join(sorted(FILE_READERS))} files")
     return files
 
 
@@ -703,24 +497,25 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         name = spec[3:]
         return Source(spec, kind or "prose", spec, lambda: read_hf(name, text_field), max_documents)
     path = pathlib.Path(spec).expanduser()
-    if is_uri(spec):
-        listed = _store_files(spec)
+    if store.is_uri(spec):
+        listed = store.list_files(spec, lambda p: inner_suffix(p) in FILE_READERS, "/".join(sorted(FILE_READERS)),
+                                  DataError)
         files = [uri for uri, _, _ in listed]
         fingerprint = ";".join(f"{uri}:{size}:{mtime_ns}" for uri, size, mtime_ns in listed)
     elif any(c in spec for c in "*?[") and not path.exists():      # a pattern: "shards/*.parquet"
         files = sorted(p for p in map(pathlib.Path, glob.glob(str(path), recursive=True))
-                       if p.is_file() and _inner_suffix(p) in _FILE_READERS)
+                       if p.is_file() and inner_suffix(p) in FILE_READERS)
         if not files:
-            raise DataError(f"source {spec!r} matches no {'/'.join(sorted(_FILE_READERS))} files; check the pattern")
+            raise DataError(f"source {spec!r} matches no {'/'.join(sorted(FILE_READERS))} files; check the pattern")
     elif not path.exists():
         hint = "a name (pydocs, pystdlib, hf:NAME), an existing file/directory or a glob pattern"
         raise DataError(f"source {spec!r} not found: give {hint}")
     else:
         files = _files_under(path) if path.is_dir() else [path]
-    if not is_uri(spec):
+    if not store.is_uri(spec):
         fingerprint = ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-    readers = [_file_source(f, options) for f in files]
-    kinds = {_FILE_KINDS.get(_FILE_READERS[_inner_suffix(f)], "prose") for f in files}
+    readers = [file_source(f, options) for f in files]
+    kinds = {_FILE_KINDS.get(FILE_READERS[inner_suffix(f)], "prose") for f in files}
     if len(kinds) > 1 and kind is None:
         raise DataError(f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: pass "
                         f"them as separate sources (or force one with --kind)")
@@ -729,7 +524,7 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         for reader in readers:
             yield from reader()
 
-    curated = all(_FILE_READERS[_inner_suffix(f)] in _CURATED_READERS for f in files)
+    curated = all(FILE_READERS[inner_suffix(f)] in _CURATED_READERS for f in files)
     return Source(spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files), curated)
 
 
@@ -1026,7 +821,7 @@ def remove_lines(text: str, lines: set[str]) -> tuple[str, int]:
     return "\n".join(kept).strip(), removed
 
 
-_LINE = re.compile(r"[^\n]*\n|[^\n]+")          # a line with its newline, or a last line without one
+LINE = re.compile(r"[^\n]*\n|[^\n]+")          # a line with its newline, or a last line without one
 
 
 def repeated_lines(texts: list[str]) -> set[str]:
@@ -1036,7 +831,7 @@ def repeated_lines(texts: list[str]) -> set[str]:
     >>> sorted(repeated_lines(["a\\nb\\n", "b\\nc", "c\\nd\\nd"]))
     ['b', 'c', 'd']
     """
-    counts = collections.Counter(line.rstrip("\n") for text in texts for line in _LINE.findall(text))
+    counts = collections.Counter(line.rstrip("\n") for text in texts for line in LINE.findall(text))
     return {line for line, count in counts.items() if count > 1}
 
 
@@ -1047,7 +842,7 @@ def drop_lines(text: str, lines: set[str]) -> tuple[str, int]:
     >>> drop_lines("- home\\n- back\\nbody\\n", {"- home"})
     ('- back\\nbody\\n', 1)
     """
-    all_lines = _LINE.findall(text)
+    all_lines = LINE.findall(text)
     kept = [line for line in all_lines if line.rstrip("\n") not in lines]
     return "".join(kept), len(all_lines) - len(kept)
 
@@ -1234,7 +1029,7 @@ def cut_position(window: str, max_chars: int) -> int:
     return cut if cut > 0 else max_chars
 
 
-def _quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str], str | None] | None]:
+def quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str], str | None] | None]:
     """(name, document -> rejection reason or None) for a source kind; "auto" picks Gopher for prose."""
     choice = {"prose": "gopher", "html": "gopher", "code": "code"}[kind] if settings.filters == "auto" \
         else settings.filters
@@ -1283,7 +1078,7 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
     Per source: read, extract text (HTML), then quality filters, or, for a source kept whole (`keeps_whole`),
     cutting long documents into chunks. Across the cleaned sources: exact dedup, line removal (prose only; a
     repeated line of code is not boilerplate); then PII masking of everything; then near-dedup with dedup.py of
-    the cleaned sources. This is the in-memory reference: the streaming engine (section 10) computes the same
+    the cleaned sources. This is the in-memory reference: the streaming engine (data_at_scale.py) computes the same
     result without holding the corpus. PII masking comes before near-dedup so that pages differing only in a
     contact address compare as equal and near-dedup reads the final text.
     """
@@ -1310,7 +1105,7 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
                        {f"pieces_of_at_most_{size}_chars": len(pieces)})
             raw = pieces
         else:
-            rule_name, rule = _quality_rule(source.kind, settings)
+            rule_name, rule = quality_rule(source.kind, settings)
             if rule is not None:
                 reasons, kept = collections.Counter(), []
                 for d in raw:
@@ -1447,7 +1242,8 @@ def split_documents(split_keys: np.ndarray, val_fraction: float) -> np.ndarray:
 def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -> str:
     """The text the tokenizer trains on: train documents in the order of their sample key, while fewer than
     max_bytes are taken, joined by <|endoftext|> (which BPE never merges across). A seeded random sample that a
-    stream can draw too (section 9: a histogram of the keys finds the cut, then only documents below it are read).
+    stream can draw too (data_at_scale.py: a histogram of the keys finds the cut, then only documents below it are
+    read).
 
     >>> tokenizer_sample(["aa", "bbb", "c"], [30, 10, 20], max_bytes=4)
     'bbb<|endoftext|>c'
@@ -1470,7 +1266,7 @@ def read_val_file(path: pathlib.Path) -> list[str]:
     >>> read_val_file(f)
     [' a\\r\\n\\nb ']
     """
-    reader = _FILE_READERS.get(_inner_suffix(path))
+    reader = FILE_READERS.get(inner_suffix(path))
     if reader == "jsonl":
         return list(read_jsonl(path))
     if reader == "parquet":
@@ -1486,12 +1282,12 @@ def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.
     """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a known type, has
     text, and is not the text of a training source (a copy would make the held-out loss a training loss)."""
     paths = [pathlib.Path(p).expanduser() for p in val_data]
-    train_files = [f for source in sources for f in source.files if not is_uri(f)]     # globs and folders resolved
+    train_files = [f for source in sources for f in source.files if not store.is_uri(f)]   # globs, folders resolved
     for path in paths:
         if not path.is_file():
             what = "is a directory: name the file(s)" if path.is_dir() else "not found: name the held-out text file"
             raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
-        if _inner_suffix(path) not in _FILE_READERS:
+        if inner_suffix(path) not in FILE_READERS:
             raise DataError(f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or .parquet "
                             f"file")
         if not read_val_file(path):
@@ -1509,14 +1305,18 @@ OVERLAP_N = 13                      # --val-data's overlap: 13-grams of words, G
 
 
 def val_overlap(train_docs: list[str], val_docs: list[str], n: int = OVERLAP_N) -> dict:
-    """How much of a held-out file also occurs in train: evaluate.py's n-gram contamination check (13-grams of
-    lowercased words). {"n", "ngrams", "shared", "documents", "contaminated", "example"}."""
-    import evaluate                  # imported here: evaluate.py imports data.py, and only --val-data needs it
-    return overlap_summary(evaluate.contamination_report(train_docs, val_docs, n=n)["documents"], n)
+    """How much of a held-out file also occurs in train: evaluate.py's contamination check (13-grams of lowercased
+    words), with dedup.py's index of the train side. {"n", "ngrams", "shared", "documents", "contaminated",
+    "example"}."""
+    index = dedup.NgramIndex(n)
+    for doc in train_docs:
+        index.add(doc)
+    index.freeze()
+    return overlap_summary([dedup.document_overlap(index, doc) for doc in val_docs], n)
 
 
 def overlap_summary(rows: list[dict], n: int) -> dict:
-    """The totals of evaluate.overlap's rows, one per val document (shared: n-gram positions found in train)."""
+    """The totals of dedup.document_overlap's rows, one per val document (shared: n-gram positions found in train)."""
     return {"n": n, "ngrams": sum(r["ngrams"] for r in rows), "shared": sum(r["overlapping"] for r in rows),
             "documents": len(rows), "contaminated": sum(r["overlapping"] > 0 for r in rows),
             "example": next((r["example"] for r in rows if r["example"]), None)}
@@ -1746,7 +1546,7 @@ class ShardWriter:
 # 9. Shared pieces of prepare, and the in-memory reference engine: clean -> split -> tokenizer -> encode -> mix
 # ---------------------------------------------------------------------------------------------------------------------
 
-class _Clock:
+class Clock:
     """Wall and CPU seconds per phase. The CPU clock counts every thread of this process and its finished worker
     processes: on a shared machine the wall clock also measures the neighbours, the CPU clock only us."""
 
@@ -1775,11 +1575,20 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get("PRETRAIN_CACHE", REPO_ROOT / ".cache")).expanduser()
 
 
-def _code_version() -> str:
-    """Hash of the code that shapes the output, so an edit to the pipeline or the tokenizer invalidates caches."""
+# Every file whose bytes can change a dataset's: this chapter, its engine, and the siblings the prepare path imports
+# (tests/test_data_at_scale.py checks this is the set of imports). Their bytes are in the cache key, so an edit to any
+# invalidates the datasets it would build differently, and a Ray cluster's workers receive these very files.
+PREPARE_FILES = ("data.py", "data_at_scale.py", "store.py", "bpe.py", "dedup.py", "fileio.py")
+
+
+def code_version(files: Iterable[str] = PREPARE_FILES, root: pathlib.Path = REPO_ROOT) -> str:
+    """Hash of the code that shapes the output: each file's name and bytes (a file missing, say data.py copied
+    without its engine, hashes as missing)."""
     h = hashlib.sha256()
-    for module_file in (__file__, bpe.__file__, dedup.__file__):
-        h.update(pathlib.Path(module_file).read_bytes())
+    for name in files:
+        path = pathlib.Path(root) / name
+        content = path.read_bytes() if path.is_file() else b""
+        h.update(f"{name}:{len(content) if path.is_file() else 'missing'}:".encode() + content)
     return h.hexdigest()[:16]
 
 
@@ -1798,7 +1607,7 @@ def encode_documents(tokenizer: bpe.Tokenizer, docs: list[str], threads: int | N
     return out
 
 
-def _tokenizer_for(recipe: "Recipe", draw_sample: Callable[[], str], log: Callable) -> tuple[bpe.Tokenizer, int]:
+def tokenizer_for(recipe: "Recipe", draw_sample: Callable[[], str], log: Callable) -> tuple[bpe.Tokenizer, int]:
     """(the tokenizer, bytes it trained on): the --tokenizer file (loaded by prepare), or BPE trained on the
     drawn sample."""
     if recipe.tokenizer is not None:
@@ -1848,7 +1657,7 @@ class Built:
     overlap: dict | None = None                          # --val-data's n-gram overlap with train (`val_overlap`)
 
 
-def build_in_memory(recipe: Recipe, clock: "_Clock", log: Callable, threads: int | None) -> Built:
+def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int | None) -> Built:
     """The reference engine, for small corpora and as the tests' oracle: every step on Python lists, in the
     order of the lesson. The streaming engine must give byte-identical output."""
     with clock.phase("clean"):
@@ -1870,7 +1679,7 @@ def build_in_memory(recipe: Recipe, clock: "_Clock", log: Callable, threads: int
     funnel.add_counts("train/val split" + (" (--val-data)" if recipe.val_files else ""), cleaned, len(train),
                       cleaned_chars, sum(len(docs[i]) for i in train), {"val": len(val)})
     with clock.phase("tokenizer"):
-        tok, trained_on = _tokenizer_for(recipe, lambda: tokenizer_sample(
+        tok, trained_on = tokenizer_for(recipe, lambda: tokenizer_sample(
             [docs[i] for i in train], [keys[i][1] for i in train], recipe.tokenizer_train_bytes), log)
     with clock.phase("encode"):
         ids = encode_documents(tok, [docs[i] for i in train + val], threads)
@@ -1903,1413 +1712,40 @@ def build_in_memory(recipe: Recipe, clock: "_Clock", log: Callable, threads: int
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 10. The streaming engine: the same funnel over chunks of files, in worker processes, with memory that does not
-#     grow with the corpus, resumable after a kill. See the module docstring for the design and its arithmetic.
+# 10. prepare: the checked recipe and its cache key, an engine's run, then the dataset directory (shards, tokenizer,
+#     manifest), published whole. The reference engine runs here; data_at_scale.prepare runs the streaming engine
+#     and Ray, with the same plan and the same publishing, so the bytes are the same.
 # ---------------------------------------------------------------------------------------------------------------------
 
-CHUNK_BYTES = 16 << 20         # input bytes per chunk: the unit of parallel work and of resuming
-JOIN_BYTES = 64 << 20          # memory for one key range of a join (boilerplate counts, LSH bands)
-
-
-@dataclasses.dataclass(frozen=True)
-class Chunk:
-    """A slice of one source, read by one worker. Chunks are numbered in document order, so a document's stable
-    id is (chunk index << 32) | its position in the chunk, and sorting ids sorts documents as the reference does."""
-    index: int
-    source: int                  # position of its source in --data
-    path: str | None = None      # None: the whole source through its own reader (named sources, --max-documents)
-    start: int = 0               # .jsonl: first byte; .parquet: first row group
-    stop: int | None = None      # .jsonl: byte after the last (None: to the end); .parquet: row group after the last
-    size: int = 0                # input bytes (progress and ETA)
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """What every stage function needs, picklable: sent to worker processes (and to a cluster's tasks)."""
-    work: str                                  # the work directory of this dataset
-    sources: tuple[tuple[str, str], ...]       # (spec, kind) per source
-    read_options: tuple                        # (text_field, txt_split, skip_bad_lines, max_documents)
-    settings: CleanSettings
-    seed: int
-    val_fraction: float                        # 0 with --val-data: every cleaned document trains
-    bands: int
-    rows: int
-    kept_whole: tuple[int, ...] = ()           # per source: its piece size if kept whole (`kept_piece_sizes`), else 0
-    val_data: bool = False                     # --val-data: the val split is the files (`copy_val_files`)
-
-    def whole(self, chunk: Chunk) -> bool:
-        return bool(self.kept_whole) and self.kept_whole[chunk.source] > 0
-
-
-def _check_readable(path: pathlib.Path | str) -> None:
-    """One line naming an unreadable file or a .gz that is not gzip, before any work starts."""
-    try:
-        with _open_input(path, buffer=2) as f:               # an object: a 2-byte range, not a MiB
-            head = f.read(2)
-    except OSError as e:
-        raise DataError(f"{path}: cannot read it ({e.strerror or _first_line(e)}); fix its permissions or move it "
-                        f"out of the input") from None
-    if _pure(path).suffix == ".gz" and head != b"\x1f\x8b":
-        raise DataError(f"{path}: damaged gzip file (no gzip header); re-download or re-compress it")
-
-
-def plan_chunks(sources: list[Source], chunk_bytes: int = CHUNK_BYTES, text_field: str = "text") -> list[Chunk]:
-    """Cut the sources into chunks of about chunk_bytes: an uncompressed .jsonl by byte ranges (a line belongs to
-    the range holding its first byte), a .parquet by groups of row groups, any other file whole, a named source
-    (or one limited by --max-documents) whole. Checks every file is readable first."""
-    chunks: list[Chunk] = []
-
-    def add(**fields) -> None:
-        chunks.append(Chunk(len(chunks), **fields))
-
-    for s_index, source in enumerate(sources):
-        for path in source.files:
-            _check_readable(path)
-        if not source.files or source.max_documents is not None:
-            add(source=s_index, size=sum(map(_file_size, source.files)))
-            continue
-        for path in source.files:
-            size, reader = _file_size(path), _FILE_READERS[_inner_suffix(path)]
-            if reader == "jsonl" and _pure(path).suffix != ".gz" and size > chunk_bytes:
-                for start in range(0, size, chunk_bytes):
-                    add(source=s_index, path=str(path), start=start, stop=min(start + chunk_bytes, size),
-                        size=min(chunk_bytes, size - start))
-            elif reader == "parquet":
-                meta = _parquet_file(path, text_field).metadata
-                first, gathered = 0, 0
-                for group in range(meta.num_row_groups):
-                    gathered += meta.row_group(group).total_byte_size
-                    if gathered >= chunk_bytes or group == meta.num_row_groups - 1:
-                        add(source=s_index, path=str(path), start=first, stop=group + 1, size=gathered)
-                        first, gathered = group + 1, 0
-            else:
-                add(source=s_index, path=str(path), size=size)
-    return chunks
-
-
-def chunk_documents(job: Job, chunk: Chunk, stats: JsonlStats) -> Iterator[str]:
-    """The documents of one chunk, in order."""
-    spec, kind = job.sources[chunk.source]
-    text_field, txt_split, skip_bad_lines, max_documents = job.read_options
-    if job.whole(chunk):
-        txt_split = kept_txt_split(txt_split)
-    if chunk.path is None:
-        yield from open_source(spec, text_field, txt_split, skip_bad_lines, max_documents, stats, kind).documents()
-        return
-    path = chunk.path if is_uri(chunk.path) else pathlib.Path(chunk.path)
-    reader = _FILE_READERS[_inner_suffix(path)]
-    if reader == "jsonl":
-        yield from read_jsonl(path, text_field, skip_bad_lines, stats, chunk.start, chunk.stop)
-    elif reader == "parquet":
-        yield from read_parquet(path, text_field, range(chunk.start, chunk.stop))
-    else:
-        yield from _file_source(path, {"text_field": text_field, "txt_split": txt_split})()
-
-
-# A text file kept whole is read in blocks, never as one string: a 10 GB book is 10 GB of text but only one
-# document. The pieces `chunk_document` cuts need a window of max_chars + 1 characters, so a stream holding a block
-# and one piece yields exactly its pieces. Three steps: blocks of text -> documents as a stream of fragments (None
-# ends one) -> pieces.
-
-TEXT_BLOCK_BYTES = 1 << 20         # bytes of a kept-whole text file read at a time
-
-
-def read_text_blocks(path: pathlib.Path | str, block_bytes: int | None = None) -> Iterator[str]:
-    """A (possibly gzipped) UTF-8 file or object as blocks of text of block_bytes (default TEXT_BLOCK_BYTES), with
-    `_read_text`'s universal newlines and `_read_bytes`'s errors, never holding more than a block: a "\\r" at a
-    block's end waits for the next block (it may begin a "\\r\\n"), and so do the 1-3 bytes of a character cut in
-    two (the incremental decoder holds them)."""
-    block_bytes = block_bytes or TEXT_BLOCK_BYTES
-    decoder, offset, held = codecs.getincrementaldecoder("utf-8")(), 0, ""
-    try:
-        with _open_input(path, unzip=_pure(path).suffix == ".gz") as f:
-            head = f.read(8192)
-            if b"\x00" in head:
-                raise DataError(f"{path} looks binary (NUL bytes); pass a UTF-8 text, .jsonl, .parquet or .gz file")
-            raws = itertools.chain((head[k:k + block_bytes] for k in range(0, len(head), block_bytes)),
-                                   iter(lambda: f.read(block_bytes), b""), [b""])          # b"": the end
-            for raw in raws:
-                pending = len(decoder.getstate()[0])
-                try:
-                    text = held + decoder.decode(raw, final=not raw)
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path} is not UTF-8 text (byte {offset - pending + e.start}); convert it, e.g. "
-                                    f"with iconv") from None
-                offset += len(raw)
-                held = "\r" if raw and text.endswith("\r") else ""
-                text = text[:len(text) - len(held)].replace("\r\n", "\n").replace("\r", "\n")
-                if text:
-                    yield text
-    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
-
-
-# --txt-split mode -> (separator, the end of a text that may be the start of a separator cut by a block's end)
-_TEXT_SEPARATORS = {
-    "eot": (re.compile(re.escape(EOT)),
-            re.compile("(?:" + "|".join(re.escape(EOT[:k]) for k in range(len(EOT) - 1, 0, -1)) + r")\Z")),
-    "blank": (re.compile(r"\n[ \t]*\n"), re.compile(r"\n[ \t]*\Z")),
-    "file": (None, None),
-}
-
-
-def split_text_stream(blocks: Iterable[str], mode: str) -> Iterator[str | None]:
-    """The documents of `split_plain_text(text, mode)` (before stripping), from the blocks of text, as fragments
-    of text with a None after each document. A separator cut in two by a block's end is held back and read whole
-    with the next block: "a<|endof" + "text|>b" -> "a", None, "b", None.
-
-    >>> list(split_text_stream(["a<|endof", "text|>b"], "eot"))
-    ['a', '', None, 'b', '', None]
-    """
-    if mode not in _TEXT_SEPARATORS:
-        raise DataError(f"unknown txt split mode {mode!r}; use auto, eot, blank or file")
-    separator, partial = _TEXT_SEPARATORS[mode]
-    held = ""
-    for block in blocks:
-        parts = separator.split(held + block) if separator else [held + block]
-        for part in parts[:-1]:
-            yield part
-            yield None
-        last = parts[-1]
-        look = max(0, len(last) - len(EOT)) if mode == "eot" else 0          # where an unfinished separator may be
-        tail = partial.search(last, look) if partial else None
-        cut = tail.start() if tail else len(last)
-        yield last[:cut]
-        held = last[cut:]
-    yield held
-    yield None
-
-
-_NON_SPACE = re.compile(r"\S")          # the same whitespace as str.strip()
-
-
-def cut_stream(fragments: Iterable[str | None], max_chars: int, counts: collections.Counter) -> Iterator[str]:
-    """`chunk_document(document.strip(), max_chars)` for every document of a stream of fragments (None ends a
-    document), holding about max_chars characters and a fragment, never a document. counts gets what `clean`
-    counts of the stripped documents: read_docs (those with text), read_chars, read_bytes (UTF-8).
-
-    A cut at `start` reads text[start:start + max_chars + 1] and happens when the stripped document goes past
-    start + max_chars, i.e. when a non-space character lies there or later; the document's end is known only at
-    its None. So with max_chars 8, "aa bb\\n\\ncc dd\\nee" arriving as "aa bb\\n\\ncc", " dd\\nee", None is cut once
-    " dd" has come: ['aa bb', 'cc dd', 'ee'], as chunk_document cuts the whole string.
-
-    >>> list(cut_stream(["aa bb\\n\\ncc", " dd\\nee", None], 8, collections.Counter()))
-    ['aa bb', 'cc dd', 'ee']
-    """
-    text, start, done, done_bytes = "", 0, 0, 0         # text[start:] is the document from the next piece on
-    for fragment in fragments:
-        if fragment is None:                            # the document ends: its last piece
-            rest = text[start:].rstrip()
-            if rest:                                    # a document with text: it has a non-space here
-                counts["read_docs"] += 1
-                counts["read_chars"] += done + len(rest)
-                counts["read_bytes"] += done_bytes + len(rest.encode("utf-8"))
-                yield rest.strip()
-            text, start, done, done_bytes = "", 0, 0, 0
-            continue
-        if not text:                                     # nothing of this document yet: strip its start
-            first = _NON_SPACE.search(fragment)
-            if first is None:
-                continue
-            fragment = fragment[first.start():]
-        text, start = text[start:] + fragment, 0
-        while _NON_SPACE.search(text, start + max_chars):
-            cut = cut_position(text[start:start + max_chars + 1], max_chars)
-            piece = text[start:start + cut]
-            if piece.strip():
-                yield piece.strip()
-            done, done_bytes, start = done + cut, done_bytes + len(piece.encode("utf-8")), start + cut
-
-
-def stripped_chars(fragments: Iterable[str | None], limit: int) -> int:
-    """The characters of a stream's documents once stripped (what `cut_stream` counts as read_chars), counted
-    until `limit` is reached; then a number >= limit. The piece size only needs to know that much."""
-    total, length, last = 0, 0, 0     # length: chars of this document from its first non-space; last: to its last
-    for fragment in fragments:
-        if fragment is None:
-            total, length, last = total + last, 0, 0
-            continue
-        if not length:
-            first = _NON_SPACE.search(fragment)
-            if first is None:
-                continue
-            fragment = fragment[first.start():]
-        end = len(fragment.rstrip())
-        if end:
-            last = length + end
-        length += len(fragment)
-        if total + last >= limit:
-            return total + last
-    return total
-
-
-def _streams_text(chunk: Chunk) -> bool:
-    """Whether a kept-whole chunk is a text file, read in blocks (other readers yield bounded documents)."""
-    return chunk.path is not None and _FILE_READERS[_inner_suffix(chunk.path)] == "txt"
-
-
-def _text_fragments(job: Job, chunk: Chunk) -> Iterator[str | None]:
-    """The documents of a kept-whole text file as a stream of fragments (`split_text_stream`)."""
-    path = chunk.path if is_uri(chunk.path) else pathlib.Path(chunk.path)
-    return split_text_stream(read_text_blocks(path), kept_txt_split(job.read_options[1]))
-
-
-def _kept_documents(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
-    """The documents of a kept-whole chunk that is not a text file, as `clean` reads them (text extracted from
-    HTML, documents of whitespace skipped), counting them."""
-    for doc in chunk_documents(job, chunk, JsonlStats()):
-        if not doc.strip():
-            continue
-        counts["read_docs"] += 1
-        counts["read_chars"] += len(doc)
-        counts["read_bytes"] += len(doc.encode("utf-8"))
-        if job.sources[chunk.source][1] == "html":
-            doc = html_to_text(doc)
-            if not doc:
-                counts["no_text"] += 1
-                continue
-            counts["text_chars"] += len(doc)
-        yield doc
-
-
-def kept_pieces(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
-    """The pieces of a kept-whole chunk: `chunk_document(document, size)` of each of its documents, a text file's
-    streamed in blocks (`cut_stream`)."""
-    size = job.kept_whole[chunk.source]
-    if _streams_text(chunk):
-        yield from cut_stream(_text_fragments(job, chunk), size, counts)
-        return
-    for doc in _kept_documents(job, chunk, counts):
-        yield from chunk_document(doc, size)
-
-
-def kept_piece_sizes(job: Job, chunks: list[Chunk]) -> tuple[int, ...]:
-    """Job.kept_whole: the piece size of each kept-whole source (job.kept_whole > 0 marks them), 0 for the others.
-    The size needs the source's characters only up to 20 x (chunk_chars - 1) + 1 (`kept_piece_size`), so a
-    counting pass stops there: Tiny Shakespeare's after its first 1 MiB block (1,048,576 of 1,115,393 characters),
-    a 10 GB book's too; a small file is counted whole."""
-    chunk_chars = job.settings.chunk_chars
-    limit = KEPT_MIN_PIECES * (chunk_chars - 1) + 1             # from here on the size is chunk_chars
-    sizes = []
-    for s_index, whole in enumerate(job.kept_whole):
-        chars, counts = 0, collections.Counter()
-        for chunk in (c for c in chunks if c.source == s_index and whole):
-            if chars >= limit:
-                break
-            if _streams_text(chunk):
-                chars += stripped_chars(_text_fragments(job, chunk), limit - chars)
-                continue
-            for doc in _kept_documents(job, chunk, counts):
-                chars += len(doc)
-                if chars >= limit:
-                    break
-        if whole and not chars and not counts["read_docs"]:           # before any stage: one line, nothing left
-            raise DataError(f"source {job.sources[s_index][0]!r} has no documents (empty file or wrong --text-field?)")
-        sizes.append(max(1, kept_piece_size(chars, chunk_chars)) if whole else 0)
-    return tuple(sizes)
-
-
-# Work files. Stage s of chunk c writes ws-c.* files, each through a temporary name, and then ws-c.json with its
-# counts: the marker that the chunk is done. A global step writes its result file last. A rerun skips what exists.
-
-def _work(job: Job, name: str) -> pathlib.Path:
-    return pathlib.Path(job.work) / name
-
-
-def _chunk_file(job: Job, stage: int, chunk: int, name: str) -> pathlib.Path:
-    return pathlib.Path(job.work) / f"s{stage}-{chunk:06d}.{name}"
-
-
-def _save_array(path: pathlib.Path, array: np.ndarray) -> None:
-    _atomic_write(path, lambda f: np.save(f, array))
-
-
-def _load_array(path: pathlib.Path) -> np.ndarray:
-    """A saved array, memory-mapped (pages are read on touch; empty arrays cannot be mapped)."""
-    try:
-        return np.load(path, mmap_mode="r")
-    except ValueError:
-        return np.load(path)
-
-
-def _save_json(path: pathlib.Path, value) -> None:
-    _atomic_write(path, lambda f: f.write(json.dumps(value, sort_keys=True).encode()))
-
-
-class _TextSpill:
-    """Documents appended to one file as UTF-8, with byte offsets: written under a temporary name, renamed at close."""
-
-    def __init__(self, path: pathlib.Path) -> None:
-        self.path = path
-        fd, self.tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        self.file, self.offsets = os.fdopen(fd, "wb"), [0]
-
-    def add(self, text: str) -> int:
-        data = text.encode("utf-8")
-        self.file.write(data)
-        self.offsets.append(self.offsets[-1] + len(data))
-        return len(self.offsets) - 2
-
-    def close(self) -> np.ndarray:
-        self.file.close()
-        os.replace(self.tmp, self.path)
-        return np.array(self.offsets, dtype=np.int64)
-
-    def discard(self) -> None:
-        self.file.close()
-        os.unlink(self.tmp)
-
-
-def _read_texts(path: pathlib.Path, offsets: np.ndarray, which: Iterable[int] | None = None) -> Iterator[str]:
-    """Documents of a text spill: all of them in order, or those at the positions `which` (ascending is fastest)."""
-    with open(path, "rb") as f:
-        for i in range(len(offsets) - 1) if which is None else which:
-            f.seek(int(offsets[i]))
-            yield f.read(int(offsets[i + 1] - offsets[i])).decode("utf-8")
-
-
-def stage_read(job: Job, chunk: Chunk) -> dict:
-    """Stage 1, one chunk: read -> extract text (HTML) -> quality filters. Writes the surviving documents
-    (s1-C.txt + s1-C.offsets.npy), the sorted run of (8-byte exact-dedup hash, document) (s1-C.doc_hash.npy,
-    s1-C.hash_doc.npy) and, for prose, the sorted run of (line hash, document) of its countable lines
-    (s1-C.line_hash.npy, s1-C.line_doc.npy). A chunk kept whole writes its pieces instead (`kept_pieces`), with
-    empty runs: dedup passes them by."""
-    spec, kind = job.sources[chunk.source]
-    rule_name, rule = _quality_rule(kind, job.settings)
-    counts, reasons, jsonl = collections.Counter(), collections.Counter(), JsonlStats()
-    hashes, line_hashes, line_docs = [], [], []
-    spill = _TextSpill(_chunk_file(job, 1, chunk.index, "txt"))
-    try:
-        for piece in kept_pieces(job, chunk, counts) if job.whole(chunk) else ():
-            spill.add(piece)                 # no hash: exact dedup never sees it (join_exact keeps every piece)
-            counts["kept_chars"] += len(piece)
-        for doc in () if job.whole(chunk) else chunk_documents(job, chunk, jsonl):
-            if not doc.strip():
-                continue
-            counts["read_docs"] += 1
-            counts["read_chars"] += len(doc)
-            counts["read_bytes"] += len(doc.encode("utf-8"))
-            if kind == "html":
-                doc = html_to_text(doc)
-                if not doc:
-                    counts["no_text"] += 1
-                    continue
-                counts["text_chars"] += len(doc)
-            if rule is not None:
-                reason = rule(doc)
-                if reason:
-                    reasons[reason] += 1
-                    continue
-            local = spill.add(doc)
-            counts["kept_chars"] += len(doc)
-            hashes.append(document_hash(doc))
-            if kind != "code":               # distinct long lines, or (CS336's line dedup) every line occurrence
-                for line in (countable_lines(doc) if job.settings.line_dedup == "documents"
-                             else [raw.rstrip("\n") for raw in _LINE.findall(doc)]):
-                    line_hashes.append(line_hash(line))
-                    line_docs.append(local)
-        offsets = spill.close()
-    except OSError as e:
-        spill.discard()
-        raise DataError(f"{chunk.path or spec}: cannot read it ({e.strerror or e}); fix or remove the file") from None
-    except BaseException:
-        spill.discard()
-        raise
-    line_hashes, line_docs = np.array(line_hashes, dtype=np.uint64), np.array(line_docs, dtype=np.uint32)
-    order = np.lexsort((line_docs, line_hashes))                             # a sorted run, by hash
-    hashes = np.array(hashes, dtype=np.uint64)
-    by_hash = np.argsort(hashes, kind="stable")                              # another, of the document hashes
-    _save_array(_chunk_file(job, 1, chunk.index, "offsets.npy"), offsets)
-    _save_array(_chunk_file(job, 1, chunk.index, "doc_hash.npy"), hashes[by_hash])
-    _save_array(_chunk_file(job, 1, chunk.index, "hash_doc.npy"), by_hash.astype(np.uint32))
-    _save_array(_chunk_file(job, 1, chunk.index, "line_hash.npy"), line_hashes[order])
-    _save_array(_chunk_file(job, 1, chunk.index, "line_doc.npy"), line_docs[order])
-    result = {"source": chunk.source, "docs": len(offsets) - 1, "counts": dict(counts), "reasons": dict(reasons),
-              "jsonl_skipped": jsonl.skipped, "line_entries": len(line_hashes)}
-    _save_json(_chunk_file(job, 1, chunk.index, "json"), result)
-    return result
-
-
-# The joins, by key range (the module docstring says why ranges are independent): a range is a unit of work like
-# a chunk, run on any worker, its result a file named by its bounds; a final step per join combines the files.
-# Range functions take the number of chunks, not the chunks: each of a cluster's hundreds of tasks gets a few bytes.
-
-def _range_count(entries: int, workers: int) -> int:
-    """How many ranges a join of `entries` entries takes: enough for each to fit JOIN_BYTES (16 bytes an entry
-    while joining), and at least 4 per worker, so that 2 cores and 64 both have work and a slow range does not hold
-    up the rest.
-
-    >>> _range_count(10, workers=2), _range_count(10**9, workers=2)      # 10^9 x 16 B / 64 MiB = 238.4
-    (8, 239)
-    """
-    return max(-(-entries * 16 // JOIN_BYTES), 4 * workers)
-
-
-def _key_ranges(entries: int, workers: int = 1) -> list[tuple[int, int]]:
-    """The 64-bit key space cut into _range_count(entries, workers) equal ranges [low, high), in order.
-
-    >>> _key_ranges(10, workers=1)[1:3]
-    [(4611686018427387904, 9223372036854775808), (9223372036854775808, 13835058055282163712)]
-    """
-    parts = _range_count(entries, workers)
-    bounds = [KEY_RANGE * p // parts for p in range(parts + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def _run_slice(keys: np.ndarray, low: int, high: int) -> slice:
-    """Positions of a sorted uint64 run whose keys lie in [low, high)."""
-    start = int(np.searchsorted(keys, np.uint64(low), side="left"))
-    stop = len(keys) if high >= KEY_RANGE else int(np.searchsorted(keys, np.uint64(high), side="left"))
-    return slice(start, stop)
-
-
-def _range_of_runs(job: Job, stage: int, chunk_count: int, key_file: str, doc_file: str, low: int,
-                   high: int) -> tuple[np.ndarray, np.ndarray]:
-    """(keys, stable document ids) of every chunk's sorted run (sS-C.KEY_FILE, sS-C.DOC_FILE) within [low, high):
-    the whole of a join's input for that range, in chunk order."""
-    keys, ids = [np.zeros(0, dtype=np.uint64)], [np.zeros(0, dtype=np.int64)]
-    for chunk in range(chunk_count):
-        run = _load_array(_chunk_file(job, stage, chunk, key_file))
-        part = _run_slice(run, low, high)
-        keys.append(np.asarray(run[part]))
-        docs = _load_array(_chunk_file(job, stage, chunk, doc_file))[part]
-        ids.append((np.int64(chunk) << 32) | docs.astype(np.int64))
-    return np.concatenate(keys), np.concatenate(ids)
-
-
-def _range_file(job: Job, name: str, low: int, high: int) -> pathlib.Path:
-    """The result file of the range [low, high) of a join, named by its bounds."""
-    return pathlib.Path(job.work) / f"{name}-{low:016x}-{high:016x}.npy"
-
-
-def _range_results(job: Job, name: str, ranges: list[tuple[int, int]], empty: np.ndarray) -> np.ndarray:
-    """The result files of a join's ranges, concatenated in range order (`empty` when there are none)."""
-    return np.concatenate([empty] + [np.asarray(_load_array(_range_file(job, name, *r))) for r in ranges])
-
-
-def exact_range(job: Job, chunk_count: int, low: int, high: int) -> None:
-    """Exact dedup of the documents whose hash lies in [low, high): the first (smallest id) of each hash group
-    stays. Writes the sorted ids that stay (exact-LOW-HIGH.npy)."""
-    hashes, ids = _range_of_runs(job, 1, chunk_count, "doc_hash.npy", "hash_doc.npy", low, high)
-    order = np.lexsort((ids, hashes))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = hashes[order][1:] != hashes[order][:-1]
-    _save_array(_range_file(job, "exact", low, high), np.sort(ids[order][first]))
-
-
-def join_exact(job: Job, chunks: list[Chunk], ranges: list[tuple[int, int]]) -> None:
-    """Exact dedup, the final step: mark the documents that the ranges kept, and every piece of a kept-whole
-    chunk. Writes exact_keep.npy (one bool per stage-1 document, chunks in order: 1 byte a document) and
-    doc_starts.npy (the first position of each chunk)."""
-    sizes = [len(_load_array(_chunk_file(job, 1, c.index, "offsets.npy"))) - 1 for c in chunks]
-    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    keep = np.zeros(starts[-1], dtype=bool)
-    for r in ranges:
-        kept = np.asarray(_load_array(_range_file(job, "exact", *r)))
-        keep[starts[kept >> 32] + (kept & 0xFFFFFFFF)] = True
-    for c in chunks:          # pieces kept whole: not in the hash runs, all stay
-        if job.whole(c):
-            keep[starts[c.index]:starts[c.index + 1]] = True
-    _save_array(_work(job, "doc_starts.npy"), starts)
-    _save_array(_work(job, "exact_keep.npy"), keep)
-
-
-def boilerplate_range(job: Job, chunk_count: int, low: int, high: int) -> None:
-    """The boilerplate lines whose hash lies in [low, high) (boilerplate-LOW-HIGH.npy, sorted): count, per line
-    hash, the documents that survive exact dedup and hold it."""
-    keep, starts = _load_array(_work(job, "exact_keep.npy")), _load_array(_work(job, "doc_starts.npy"))
-    hashes, ids = _range_of_runs(job, 1, chunk_count, "line_hash.npy", "line_doc.npy", low, high)
-    alive = keep[starts[ids >> 32] + (ids & 0xFFFFFFFF)]
-    values, counts = np.unique(hashes[alive], return_counts=True)
-    least = job.settings.boilerplate_min_documents if job.settings.line_dedup == "documents" else 2
-    _save_array(_range_file(job, "boilerplate", low, high), values[counts >= least])
-
-
-def join_boilerplate(job: Job, ranges: list[tuple[int, int]]) -> None:
-    """Boilerplate lines, the final step: the ranges' hashes in range order, so sorted (boilerplate.npy)."""
-    _save_array(_work(job, "boilerplate.npy"), _range_results(job, "boilerplate", ranges, np.zeros(0, np.uint64)))
-
-
-_PROCESS_CACHE: dict = {}          # per worker process: the boilerplate set, the MinHasher, the tokenizer
-
-
-def _cached(name: str, make: Callable):
-    if name not in _PROCESS_CACHE:
-        _PROCESS_CACHE[name] = make()
-    return _PROCESS_CACHE[name]
-
-
-def _in_sorted(values: np.ndarray, members: np.ndarray) -> np.ndarray:
-    """(len(values),) bool: which values occur in `members`, a sorted array (boilerplate.npy, a join's ranges
-    concatenated in key order): one binary search each, where np.isin would sort the members again per call.
-
-    >>> _in_sorted(np.array([5, 1, 9], dtype=np.uint64), np.array([1, 5, 7], dtype=np.uint64)).tolist()
-    [True, True, False]
-    """
-    if not len(members):
-        return np.zeros(len(values), dtype=bool)
-    at = np.minimum(np.searchsorted(members, values), len(members) - 1)
-    return members[at] == values
-
-
-def _remove_boilerplate(texts: list[str], boilerplate: np.ndarray) -> tuple[list[str], int]:
-    """(texts without their boilerplate lines, lines removed): `remove_lines` with hashed lines, one lookup per
-    chunk (_in_sorted) instead of a set of line strings."""
-    lines = [text.split("\n") for text in texts]
-    countable = [(d, k, line_hash(stripped)) for d, doc_lines in enumerate(lines) for k, line in enumerate(doc_lines)
-                 if len((stripped := line.strip()).split()) >= BOILERPLATE_MIN_WORDS]
-    hits = _in_sorted(np.array([h for _, _, h in countable], dtype=np.uint64), boilerplate)
-    drop = collections.defaultdict(set)
-    for (d, k, _), hit in zip(countable, hits.tolist()):
-        if hit:
-            drop[d].add(k)
-    out = [("\n".join(line for k, line in enumerate(lines[d]) if k not in drop[d]) if d in drop else text).strip()
-           for d, text in enumerate(texts)]
-    return out, sum(len(ks) for ks in drop.values())
-
-
-def _drop_repeated_lines(texts: list[str], repeated: np.ndarray) -> tuple[list[str], int]:
-    """(texts without the lines whose hash is in `repeated`, lines removed): `drop_lines` with hashed lines."""
-    lines = [_LINE.findall(text) for text in texts]
-    hits = _in_sorted(np.array([line_hash(raw.rstrip("\n")) for doc in lines for raw in doc], dtype=np.uint64),
-                      repeated).tolist()
-    out, first = [], 0
-    for doc in lines:
-        out.append("".join(raw for raw, hit in zip(doc, hits[first:first + len(doc)]) if not hit))
-        first += len(doc)
-    return out, sum(hits)
-
-
-def stage_clean(job: Job, chunk: Chunk) -> dict:
-    """Stage 2, one chunk: drop exact duplicates, remove boilerplate lines (prose), mask PII; then per document its
-    MinHash band keys (a sorted run: s2-C.band_key.npy, s2-C.band_doc.npy) and its split/sample/mix keys. Writes
-    the cleaned documents (s2-C.txt + offsets), which are the final text of every document that survives.
-    A chunk kept whole only has its pieces masked, one at a time (a kept-whole file is one chunk, of any size)."""
-    spec, kind = job.sources[chunk.source]
-    start = int(_load_array(_work(job, "doc_starts.npy"))[chunk.index])
-    offsets = _load_array(_chunk_file(job, 1, chunk.index, "offsets.npy"))
-    keep = np.asarray(_load_array(_work(job, "exact_keep.npy"))[start:start + len(offsets) - 1])
-    texts = _read_texts(_chunk_file(job, 1, chunk.index, "txt"), offsets, np.flatnonzero(keep).tolist())
-    counts, pii, final = collections.Counter(docs_in=0, chars_in=0, chars_boilerplate=0), collections.Counter(), []
-    keys, chars, sizes = array.array("Q"), array.array("q"), array.array("q")     # 40 bytes per document
-    if not job.whole(chunk):
-        texts = list(texts)
-        counts.update(docs_in=len(texts), chars_in=sum(map(len, texts)))
-        if kind != "code":
-            boilerplate = _cached(job.work + "boilerplate", lambda: np.load(_work(job, "boilerplate.npy")))
-            remove = _remove_boilerplate if job.settings.line_dedup == "documents" else _drop_repeated_lines
-            texts, counts["lines_removed"] = remove(texts, boilerplate)
-            texts = [t for t in texts if t.strip()]
-    spill = _TextSpill(_chunk_file(job, 2, chunk.index, "txt"))
-    for text in texts:
-        if job.whole(chunk):
-            counts.update(docs_in=1, chars_in=len(text))
-        counts["chars_boilerplate"] += len(text)
-        if job.settings.mask_pii:
-            text, found = mask_pii(text)
-            pii.update({k.lower(): v for k, v in found.items()})
-        spill.add(text)
-        keys.extend(document_keys(text, job.seed))
-        chars.append(len(text))
-        sizes.append(len(text.encode("utf-8")))
-        if not job.whole(chunk):
-            final.append(text)                  # for MinHash; a kept-whole chunk is not near-deduplicated
-    _save_array(_chunk_file(job, 2, chunk.index, "offsets.npy"), spill.close())
-    keys = np.frombuffer(keys, dtype=np.uint64).reshape(-1, 3)
-    for name, column in (("split_key", 0), ("sample_key", 1), ("mix_key", 2)):
-        _save_array(_chunk_file(job, 2, chunk.index, f"{name}.npy"), np.ascontiguousarray(keys[:, column]))
-    _save_array(_chunk_file(job, 2, chunk.index, "chars.npy"), np.frombuffer(chars, dtype=np.int64))
-    _save_array(_chunk_file(job, 2, chunk.index, "bytes.npy"), np.frombuffer(sizes, dtype=np.int64))
-    band_keys = np.zeros((0, job.bands), dtype=np.uint64)
-    if job.settings.near_dup_threshold > 0 and final:
-        hasher = _cached("minhash", lambda: dedup.MinHasher(NEAR_DUP_NUM_PERM, seed=0))
-        signed = [dedup.remove_accents(t) for t in final] if job.settings.strip_accents else final
-        band_keys = dedup.band_keys(hasher.signatures_from_texts(signed, NEAR_DUP_SHINGLE), job.bands, job.rows)
-    flat_keys = band_keys.ravel()                                              # (docs · bands,)
-    flat_docs = np.repeat(np.arange(len(band_keys), dtype=np.uint32), job.bands)
-    order = np.lexsort((flat_docs, flat_keys))
-    _save_array(_chunk_file(job, 2, chunk.index, "band_key.npy"), flat_keys[order])
-    _save_array(_chunk_file(job, 2, chunk.index, "band_doc.npy"), flat_docs[order])
-    result = {"source": chunk.source, "docs": len(chars), "counts": dict(counts), "pii": dict(pii),
-              "chars_out": int(sum(chars)), "band_entries": int(len(flat_keys))}
-    _save_json(_chunk_file(job, 2, chunk.index, "json"), result)
-    return result
-
-
-def _texts_by_id(job: Job, ids: np.ndarray) -> list[str]:
-    """Cleaned documents by stable id ((chunk << 32) | position), in the order of `ids` (ascending)."""
-    out = []
-    for chunk in np.unique(ids >> 32).tolist():
-        positions = (ids[(ids >> 32) == chunk] & 0xFFFFFFFF).tolist()
-        offsets = _load_array(_chunk_file(job, 2, chunk, "offsets.npy"))
-        out += _read_texts(_chunk_file(job, 2, chunk, "txt"), offsets, positions)
-    return out
-
-
-VERIFY_BYTES = 16 << 20       # text read back at once to verify candidate pairs
-
-
-def _verify_batches(job: Job, candidates: np.ndarray) -> Iterator[np.ndarray]:
-    """Consecutive runs of candidate pairs whose distinct documents hold at most VERIFY_BYTES of text together
-    (a run has at least one pair): the memory of verification is bounded whatever the number of near-copies."""
-    sizes: dict[int, np.ndarray] = {}
-
-    def size(doc: int) -> int:
-        if doc >> 32 not in sizes:
-            sizes[doc >> 32] = _load_array(_chunk_file(job, 2, doc >> 32, "bytes.npy"))
-        return int(sizes[doc >> 32][doc & 0xFFFFFFFF])
-
-    start, seen, held = 0, set(), 0
-    for k, pair in enumerate(candidates.tolist()):
-        new = {doc for doc in pair if doc not in seen}
-        grow = sum(map(size, new))
-        if held + grow > VERIFY_BYTES and k > start:
-            yield candidates[start:k]
-            start, seen, held, new = k, set(), 0, set(pair)
-            grow = sum(map(size, new))
-        seen |= new
-        held += grow
-    if start < len(candidates):
-        yield candidates[start:]
-
-
-def band_join_range(job: Job, chunk_count: int, low: int, high: int) -> None:
-    """Near-dedup, step 1, for the band keys in [low, high): documents sharing a key share a band, so every pair
-    inside a run of equal keys is a candidate (dedup's pairs-in-groups). Writes the range's distinct candidate
-    pairs, sorted (near-candidates-LOW-HIGH.npy: (pairs, 2) ids, the smaller first)."""
-    keys, ids = _range_of_runs(job, 2, chunk_count, "band_key.npy", "band_doc.npy", low, high)
-    order = np.lexsort((ids, keys))
-    group = np.concatenate(([0], np.cumsum(keys[order][1:] != keys[order][:-1])))
-    pairs = dedup._pairs_in_groups(ids[order], group)
-    _save_array(_range_file(job, "near-candidates", low, high), np.unique(pairs, axis=0))
-
-
-def _id_ranges(documents: list[int], parts: int) -> list[tuple[int, int]]:
-    """The documents, in id order, cut into `parts` runs of about equal count, as [first, last) id bounds
-    (empty runs left out). documents: how many each chunk has.
-
-    >>> _id_ranges([3, 0, 2], 2)             # ids 0, 1 | 2, then chunk 2's (2 << 32) and (2 << 32) + 1
-    [(0, 2), (2, 12884901888)]
-    """
-    before = np.concatenate([[0], np.cumsum(documents)]).astype(np.int64)     # documents in the chunks before
-    bounds = []
-    for k in (int(before[-1]) * p // parts for p in range(parts + 1)):
-        chunk = int(np.searchsorted(before, k, side="right")) - 1              # the chunk holding the k-th document
-        bounds.append((chunk << 32) | (k - int(before[chunk])))
-    return [(first, last) for first, last in zip(bounds[:-1], bounds[1:]) if first < last]
-
-
-def verify_range(job: Job, key_ranges: list[tuple[int, int]], first: int, last: int) -> None:
-    """Near-dedup, step 2, for the candidate pairs whose smaller id lies in [first, last): exact Jaccard of their
-    shingles, reading back only those documents. A pair that shares bands in several key ranges is a candidate in
-    each, and verified here once. Writes the pairs at or above the threshold (near-verified-FIRST-LAST.npy)."""
-    found = [np.zeros((0, 2), dtype=np.int64)]
-    for r in key_ranges:                                # each file is sorted by the smaller id: read a slice of it
-        pairs = _load_array(_range_file(job, "near-candidates", *r))
-        found.append(np.asarray(pairs[np.searchsorted(pairs[:, 0], first):np.searchsorted(pairs[:, 0], last)]))
-    candidates = np.unique(np.concatenate(found), axis=0)
-    verified = [np.zeros((0, 2), dtype=np.int64)]
-    for batch in _verify_batches(job, candidates):
-        involved = np.unique(batch)
-        texts = _texts_by_id(job, involved)
-        if job.settings.strip_accents:
-            texts = [dedup.remove_accents(t) for t in texts]
-        similarity = dedup.pair_jaccard(texts, np.searchsorted(involved, batch), NEAR_DUP_SHINGLE)
-        verified.append(batch[similarity >= job.settings.near_dup_threshold])
-    _save_array(_range_file(job, "near-verified", first, last), np.concatenate(verified))
-
-
-def join_near_duplicates(job: Job, id_ranges: list[tuple[int, int]]) -> None:
-    """Near-dedup, step 3, the final step: union-find over the verified pairs of every range, together, since a
-    cluster spans ranges (A~C verified in one, B~C in another: A, B and C are one cluster even when A and B are not
-    similar); every member but the first (smallest id) of a cluster goes. Writes near_drop.npy (sorted ids)."""
-    verified = _range_results(job, "near-verified", id_ranges, np.zeros((0, 2), dtype=np.int64))
-    members = np.unique(verified)
-    union_find = dedup.UnionFind(len(members))
-    for i, j in np.searchsorted(members, verified).tolist():
-        union_find.union(i, j)
-    drop = [m for cluster in union_find.clusters() for m in cluster[1:]]
-    _save_array(_work(job, "near_drop.npy"), np.sort(members[drop]).astype(np.int64))
-
-
-def _chunk_survivors(job: Job, chunk: int, count: int) -> np.ndarray:
-    """(count,) bool: which cleaned documents of a chunk survive near-dedup."""
-    drop = _cached(job.work + "near_drop", lambda: np.load(_work(job, "near_drop.npy")))
-    alive = np.ones(count, dtype=bool)
-    first, last = np.searchsorted(drop, [chunk << 32, (chunk + 1) << 32])       # drop is sorted: this chunk's slice
-    alive[drop[first:last] & 0xFFFFFFFF] = False
-    return alive
-
-
-def decide_split(job: Job, chunks: list[Chunk]) -> dict:
-    """The split of the survivors (split.json): per-document coins, plus the crossing document of
-    `split_documents` when a side came out empty; also the counts for the funnel."""
-    cut = np.uint64(val_cut(job.val_fraction)) if job.val_fraction > 0 else np.uint64(0)
-    n = n_val = chars_all = chars_train = 0
-    smallest_train, largest_val = (KEY_RANGE, -1), (-1, -1)                    # (key, id) of the crossing candidates
-    for c in chunks:
-        keys = np.asarray(_load_array(_chunk_file(job, 2, c.index, "split_key.npy")))
-        alive = _chunk_survivors(job, c.index, len(keys))
-        chars = np.asarray(_load_array(_chunk_file(job, 2, c.index, "chars.npy")))
-        is_val = (keys < cut) & alive
-        is_train = ~is_val & alive
-        n, n_val = n + int(alive.sum()), n_val + int(is_val.sum())
-        chars_all, chars_train = chars_all + int(chars[alive].sum()), chars_train + int(chars[is_train].sum())
-        if is_train.any():
-            k = np.flatnonzero(is_train)[np.argmin(keys[is_train])]
-            smallest_train = min(smallest_train, (int(keys[k]), (c.index << 32) | int(k)))
-        if is_val.any():
-            k = np.flatnonzero(is_val)[np.argmax(keys[is_val])]
-            largest_val = max(largest_val, (int(keys[k]), -((c.index << 32) | int(k))))
-    if n < 2 and not job.val_data:
-        raise DataError(f"{n} document(s) left after cleaning: need at least 2 for a train/val split")
-    to_val = to_train = None
-    if job.val_fraction > 0 and n_val == 0:
-        to_val, n_val = smallest_train[1], 1
-    elif n_val == n:
-        to_train, n_val = -largest_val[1], n - 1
-    moved = to_val if to_val is not None else to_train
-    if moved is not None:
-        chars = int(_load_array(_chunk_file(job, 2, moved >> 32, "chars.npy"))[moved & 0xFFFFFFFF])
-        chars_train += chars if to_train is not None else -chars
-    return {"to_val": to_val, "to_train": to_train, "documents": n, "val": n_val, "chars": chars_all,
-            "train_chars": chars_train}
-
-
-def _chunk_split(job: Job, chunk: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) bool masks over a chunk's cleaned documents, after near-dedup and the split."""
-    split = _cached(job.work + "split", lambda: json.loads(_work(job, "split.json").read_text()))
-    keys = np.asarray(_load_array(_chunk_file(job, 2, chunk, "split_key.npy")))
-    alive = _chunk_survivors(job, chunk, len(keys))
-    is_val = (keys < np.uint64(val_cut(job.val_fraction))) & alive if job.val_fraction > 0 else np.zeros_like(alive)
-    for gid, side in ((split["to_val"], True), (split["to_train"], False)):
-        if gid is not None and gid >> 32 == chunk:
-            is_val[gid & 0xFFFFFFFF] = side
-    return alive & ~is_val, is_val
-
-
-def draw_tokenizer_sample(job: Job, chunks: list[Chunk], max_bytes: int) -> str:
-    """`tokenizer_sample` without holding the train split: a histogram of train bytes over the top 16 bits of the
-    sample key finds the bucket where max_bytes is reached; only documents in buckets up to it are ranked and read."""
-    if max_bytes <= 0:
-        return ""
-    histogram, arrays = np.zeros(MIX_BUCKETS), []
-    for c in chunks:
-        train, _ = _chunk_split(job, c.index)
-        keys = np.asarray(_load_array(_chunk_file(job, 2, c.index, "sample_key.npy")))
-        sizes = np.asarray(_load_array(_chunk_file(job, 2, c.index, "bytes.npy")))
-        histogram += np.bincount(mix_bucket(keys[train]), weights=sizes[train], minlength=MIX_BUCKETS)
-        arrays.append((c.index, train))
-    last = int(np.searchsorted(np.cumsum(histogram), max_bytes))              # the bucket that reaches max_bytes
-    keys, ids, sizes = [], [], []
-    for chunk, train in arrays:
-        k = np.asarray(_load_array(_chunk_file(job, 2, chunk, "sample_key.npy")))
-        pick = train & (mix_bucket(k) <= last)
-        keys.append(k[pick])
-        ids.append((np.int64(chunk) << 32) | np.flatnonzero(pick).astype(np.int64))
-        sizes.append(np.asarray(_load_array(_chunk_file(job, 2, chunk, "bytes.npy")))[pick])
-    keys, ids, sizes = np.concatenate(keys), np.concatenate(ids), np.concatenate(sizes)
-    order = np.lexsort((ids, keys))
-    taken = np.cumsum(sizes[order]) - sizes[order] < max_bytes                # size before this one < max_bytes
-    picked = ids[order][taken]
-    texts = dict(zip(np.sort(picked).tolist(), _texts_by_id(job, np.sort(picked))))
-    return EOT.join(texts[i] for i in picked.tolist())
-
-
-def _encode_into(path: pathlib.Path, job: Job, texts: Iterable[str], threads: int) -> np.ndarray:
-    """Encode documents into a token file (<|endoftext|> before each), ~1M characters per encode call; returns the
-    token offsets of the documents, (documents + 1,)."""
-    tok = _cached(job.work + "tokenizer", lambda: bpe.Tokenizer.load(_work(job, "tokenizer.json")))
-    encoding = _cached(job.work + "encoding", tok.to_tiktoken)
-    dtype = dtype_for_vocab(len(tok)).newbyteorder("<")
-    starts = [0]
-
-    def write_tokens(f) -> None:
-        batch, batch_chars = [], 0
-        for text in itertools.chain(texts, [None]):
-            if text is not None:
-                batch.append(text)
-                batch_chars += len(text)
-            if batch and (text is None or batch_chars > 1 << 20):
-                for ids in encoding.encode_ordinary_batch(batch, num_threads=threads):
-                    f.write(np.array([tok.eot_id] + ids, dtype=dtype).tobytes())
-                    starts.append(starts[-1] + len(ids) + 1)
-                batch, batch_chars = [], 0
-
-    _atomic_write(path, write_tokens)
-    return np.array(starts, dtype=np.int64)
-
-
-def stage_encode(job: Job, chunk: Chunk, threads: int = 1) -> dict:
-    """Stage 3, one chunk: encode the train and val documents (<|endoftext|> before each) into s3-C.{split}.bin,
-    with per-document token offsets, and for train each document's bytes and mix bucket (for the packing). With
-    --val-data, each train document is also looked up in the val files' 13-grams (s3-C.val_found.npy)."""
-    offsets = _load_array(_chunk_file(job, 2, chunk.index, "offsets.npy"))
-    sizes = np.asarray(_load_array(_chunk_file(job, 2, chunk.index, "bytes.npy")))
-    result = {"source": chunk.source}
-    for split, members in zip(("train", "val"), _chunk_split(job, chunk.index)):
-        positions = np.flatnonzero(members)
-        texts = _read_texts(_chunk_file(job, 2, chunk.index, "txt"), offsets, positions.tolist())
-        found = [np.zeros(0, dtype=np.int64)]
-        if split == "train" and job.val_data:
-            val = _cached(job.work + "val_ngrams", lambda: ValNgrams(val_documents(job)))
-
-            def looked_up(texts: Iterator[str]) -> Iterator[str]:
-                for text in texts:
-                    found.append(val.look_up(text))
-                    yield text
-
-            texts = looked_up(texts)
-        starts = _encode_into(_chunk_file(job, 3, chunk.index, f"{split}.bin"), job, texts, threads)
-        _save_array(_chunk_file(job, 3, chunk.index, f"{split}.starts.npy"), starts)
-        _save_array(_chunk_file(job, 3, chunk.index, f"{split}.bytes.npy"), sizes[positions])
-        if split == "train":
-            keys = np.asarray(_load_array(_chunk_file(job, 2, chunk.index, "mix_key.npy")))[positions]
-            _save_array(_chunk_file(job, 3, chunk.index, "train.bucket.npy"), mix_bucket(keys).astype(np.int32))
-            _save_array(_chunk_file(job, 3, chunk.index, "val_found.npy"), np.unique(np.concatenate(found)))
-        result[split] = {"documents": len(positions), "tokens": int(starts[-1]), "bytes": int(sizes[positions].sum())}
-    _save_json(_chunk_file(job, 3, chunk.index, "json"), result)
-    return result
-
-
-# --val-data on the stream. The val files are small (a held-out file); the train corpus is not. So the val files'
-# 13-grams are the index: each worker hashes them once, looks up every train document of its chunks in stage 3
-# (the final text, after near-dedup: the documents that train) and notes the val 13-grams it found; the union over
-# the chunks gives evaluate.py's numbers without an index of train (8 bytes per val 13-gram, nothing per train one).
-
-def copy_val_files(job: Job, paths: list[pathlib.Path]) -> None:
-    """The --val-data documents (`read_val_file`), copied by the driver into the work folder (val.txt and its
-    offsets, last) that every task reads: on a cluster the files may be on the driver's disk only."""
-    if _work(job, "val.offsets.npy").exists():
-        return
-    spill = _TextSpill(_work(job, "val.txt"))
-    for path in paths:
-        for doc in read_val_file(path):
-            spill.add(doc)
-    _save_array(_work(job, "val.offsets.npy"), spill.close())
-
-
-def val_documents(job: Job) -> list[str]:
-    """The --val-data documents, in order, from the work folder's copy."""
-    return list(_read_texts(_work(job, "val.txt"), _load_array(_work(job, "val.offsets.npy"))))
-
-
-class ValNgrams:
-    """The val documents' n-grams, hashed as evaluate.py's index hashes them (evaluate.ngram_hashes of word ids),
-    but with word ids from the val text: a word val does not have cannot be in a shared n-gram. `found` marks the
-    n-grams some train document holds; `hit_mask` is evaluate.overlap's view of it."""
-
-    def __init__(self, docs: list[str], n: int = OVERLAP_N) -> None:
-        import evaluate                          # evaluate.py imports data.py: imported when --val-data is given
-        self.evaluate, self.n, self.vocab = evaluate, n, {}
-        hashes = [self._hashes([self.vocab.setdefault(w, len(self.vocab)) for w in evaluate.words(d)]) for d in docs]
-        self.hashes = np.unique(np.concatenate(hashes + [np.zeros(0, dtype=np.uint64)]))   # (distinct n-grams,)
-        self.found = np.zeros(len(self.hashes), dtype=bool)
-
-    def _hashes(self, ids: list[int]) -> np.ndarray:
-        return self.evaluate.ngram_hashes(np.array(ids, dtype=np.uint64), self.n)
-
-    def look_up(self, text: str) -> np.ndarray:
-        """Positions in self.hashes of the val n-grams that `text` (a train document) holds."""
-        ids = [self.vocab.get(w, -1) for w in self.evaluate.words(text)]
-        if len(ids) < self.n or not len(self.hashes):
-            return np.zeros(0, dtype=np.int64)
-        known = np.concatenate([[0], np.cumsum(np.array(ids) >= 0)])
-        hashes = self._hashes([max(i, 0) for i in ids])[known[self.n:] - known[:-self.n] == self.n]
-        at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
-        return np.unique(at[self.hashes[at] == hashes])
-
-    def hit_mask(self, tokens: list[str]) -> np.ndarray:
-        """(max(0, len(tokens) - n + 1),) bool for a val document's words: which of its n-grams train holds."""
-        hashes = self._hashes([self.vocab[w] for w in tokens])
-        return self.found[np.searchsorted(self.hashes, hashes)]
-
-
-def encode_val_files(job: Job, index: int) -> dict:
-    """The --val-data documents, encoded as a chunk's val documents are, under chunk number `index` (one past the
-    last chunk): s3-I.val.bin, .starts.npy, .bytes.npy, and s3-I.json last."""
-    docs = val_documents(job)
-    starts = _encode_into(_chunk_file(job, 3, index, "val.bin"), job, docs, threads=1)
-    sizes = np.array([len(d.encode("utf-8")) for d in docs], dtype=np.int64)
-    _save_array(_chunk_file(job, 3, index, "val.starts.npy"), starts)
-    _save_array(_chunk_file(job, 3, index, "val.bytes.npy"), sizes)
-    result = {"documents": len(docs), "tokens": int(starts[-1]), "bytes": int(sizes.sum())}
-    _save_json(_chunk_file(job, 3, index, "json"), result)
-    return result
-
-
-def val_files_overlap(job: Job, chunks: list[Chunk]) -> dict:
-    """`val_overlap` from stage 3's findings: the val n-grams found in any chunk, then evaluate.overlap per val
-    document, as evaluate.contamination_report computes it."""
-    docs = val_documents(job)
-    val = ValNgrams(docs)
-    for c in chunks:
-        val.found[_load_array(_chunk_file(job, 3, c.index, "val_found.npy"))] = True
-    return overlap_summary([val.evaluate.overlap(val, doc) for doc in docs], val.n)
-
-
-SHARD_PIECE_TOKENS = 1 << 20      # tokens read back at once while packing: a few MB, not a memory map of a chunk
-
-
-def write_split_shards(job: Job, chunks: list[Chunk], split: str, rules: list[tuple[int, int]] | None,
-                       directory: pathlib.Path, dtype: np.dtype, shard_tokens: int) -> dict:
-    """Pack one split's encoded chunks into shards: pass e writes, in document order, every document read more
-    than e times (val: each once; with --val-data, the val files' documents after the chunks' none). Reads the
-    token files a run of consecutive documents at a time, in pieces of SHARD_PIECE_TOKENS."""
-    writer, documents, unique, n_bytes = ShardWriter(directory, split, dtype, shard_tokens), 0, 0, 0
-    passes = 1 if rules is None else max((full + (cut > 0) for full, cut in rules), default=0)
-    encoded = [(c.index, c.source) for c in chunks] + ([(len(chunks), None)] if split == "val" and job.val_data
-                                                        else [])
-    for epoch in range(passes):
-        for index, source in encoded:
-            starts = np.asarray(_load_array(_chunk_file(job, 3, index, f"{split}.starts.npy")))
-            if len(starts) == 1:
-                continue
-            sizes = np.asarray(_load_array(_chunk_file(job, 3, index, f"{split}.bytes.npy")))
-            reads = np.ones(len(sizes), dtype=np.int64) if rules is None else document_reads(
-                *rules[source], np.asarray(_load_array(_chunk_file(job, 3, index, "train.bucket.npy"))))
-            chosen = reads > epoch
-            unique += len(sizes) if epoch == 0 else 0
-            documents, n_bytes = documents + int(chosen.sum()), n_bytes + int(sizes[chosen].sum())
-            # runs of consecutive chosen documents are contiguous token ranges: write each in one piece
-            edges = np.flatnonzero(np.diff(np.concatenate(([0], chosen.astype(np.int8), [0]))))
-            with open(_chunk_file(job, 3, index, f"{split}.bin"), "rb") as tokens:
-                for first, last in zip(edges[0::2].tolist(), edges[1::2].tolist()):
-                    for piece in range(int(starts[first]), int(starts[last]), SHARD_PIECE_TOKENS):
-                        tokens.seek(piece * dtype.itemsize)
-                        writer.add(np.fromfile(tokens, dtype, min(SHARD_PIECE_TOKENS, int(starts[last]) - piece)))
-    shards = writer.close()
-    return {"documents": documents, "unique_documents": unique, "tokens": sum(s["tokens"] for s in shards),
-            "bytes": n_bytes, "shards": shards}
-
-
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory in MB. On Linux the kernel's VmHWM, which starts afresh at exec:
-    getrusage's ru_maxrss keeps the peak of the process that forked this one (a big notebook or test runner would
-    show as our peak). Elsewhere ru_maxrss (macOS reports bytes)."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**10
-    except (OSError, StopIteration):
-        import resource
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak / (2**20 if sys.platform == "darwin" else 2**10)
-
-
-class _Progress:
-    """One stderr line every few seconds while a stage runs: chunks, documents/s, MB/s of input, ETA."""
-
-    def __init__(self, title: str, chunks: list[Chunk], done: int, show: bool) -> None:
-        self.title, self.total, self.show = title, sum(c.size for c in chunks) or 1, show
-        self.count, self.done, self.skipped = len(chunks), 0, done
-        self.size_done = self.docs = 0
-        self.start = self.last = time.perf_counter()
-
-    def update(self, chunk: Chunk, result: dict) -> None:
-        self.done, self.size_done = self.done + 1, self.size_done + chunk.size
-        self.docs += result.get("docs", 0) or sum(result.get(s, {}).get("documents", 0) for s in ("train", "val"))
-        now = time.perf_counter()
-        if self.show and (now - self.last > 3 or self.done + self.skipped == self.count):
-            self.last, elapsed = now, max(now - self.start, 1e-9)
-            left = (self.total - self.size_done) / max(self.size_done / elapsed, 1e-9) if self.size_done else 0
-            skipped = f" ({self.skipped} done before)" if self.skipped else ""
-            print(f"  {self.title}: {self.done + self.skipped}/{self.count} chunks{skipped}, "
-                  f"{self.docs / elapsed:,.0f} docs/s, {self.size_done / elapsed / 1e6:,.1f} MB/s, "
-                  f"ETA {datetime.timedelta(seconds=round(left))}, peak RSS {_peak_rss_mb():,.0f} MB",
-                  file=sys.stderr, flush=True)
-
-
-def _in_processes(calls: list[tuple], workers: int) -> Iterator[tuple[int, object]]:
-    """(position, function(*args)) for each (function, *args) in calls, as they finish: on `workers` forked
-    processes, or right here when there is one worker or one call."""
-    if workers == 1 or len(calls) <= 1:
-        for position, (function, *args) in enumerate(calls):
-            yield position, function(*args)
-        return
-    context = multiprocessing.get_context("fork")          # workers inherit the loaded modules: no re-import
-    gc.freeze()            # a worker's garbage collections skip the objects it inherits: walking them would touch,
-    try:                   # and so copy, every page of this process's heap (a pool of 2 cost ~0.4 CPU-s more here)
-        with concurrent.futures.ProcessPoolExecutor(min(workers, len(calls)), mp_context=context,
-                                                    initializer=_store_root.cache_clear) as pool:   # own S3 clients
-            futures = {pool.submit(*call): position for position, call in enumerate(calls)}
-            try:
-                for future in concurrent.futures.as_completed(futures):
-                    yield futures[future], future.result()
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-    finally:
-        gc.unfreeze()
-
-
-def _run_stage(title: str, stage: int, function: Callable, job: Job, chunks: list[Chunk], workers: int,
-               show: bool, *args, ray: "RayEngine | None" = None) -> list[dict]:
-    """Run function(job, chunk, *args) for every chunk not already done, on `workers` processes (or as Ray tasks);
-    the results (from the chunks' json markers for those done before) in chunk order."""
-    results = {}
-    for c in chunks:
-        marker = _chunk_file(job, stage, c.index, "json")
-        if marker.exists():
-            results[c.index] = json.loads(marker.read_text())
-    todo = [c for c in chunks if c.index not in results]
-    progress = _Progress(title, chunks, len(results), show)
-    finished = ray.map(function, job, todo, *args) if ray is not None else (
-        (todo[i], result) for i, result in _in_processes([(function, job, c, *args) for c in todo], workers))
-    for c, result in finished:
-        results[c.index] = result
-        progress.update(c, result)
-    return [results[c.index] for c in chunks]
-
-
-def _run_ranges(title: str, function: Callable, job: Job, inputs, name: str, ranges: list[tuple[int, int]],
-                workers: int, show: bool, ray: "RayEngine | None" = None) -> None:
-    """Run function(job, inputs, low, high) for every range of a join whose result file `name` is missing, on
-    `workers` processes (or as Ray tasks), as _run_stage runs chunks."""
-    todo = [(function, job, inputs, low, high) for low, high in ranges
-            if not _range_file(job, name, low, high).exists()]
-    if show:
-        skipped = f" ({len(ranges) - len(todo)} done before)" if len(todo) < len(ranges) else ""
-        print(f"  {title}: {len(ranges)} ranges{skipped}", file=sys.stderr, flush=True)
-    if ray is not None:
-        ray.call_all(*todo)
-    else:
-        for _ in _in_processes(todo, workers):                                  # the files are the results
-            pass
-
-
-def _remove_work_files(work: pathlib.Path, patterns: list[str]) -> None:
-    for pattern in patterns:
-        for path in work.glob(pattern):
-            path.unlink()
-
-
-def build_streaming(recipe: Recipe, work: pathlib.Path, clock: "_Clock", log: Callable, threads: int | None,
-                    workers: int, chunk_bytes: int, show_progress: bool, ray: "RayEngine | None" = None) -> Built:
-    """The streaming engine: stage functions over chunks and joins over key ranges of the sorted runs on disk (both
-    parallel), each result saved in `work` so that a rerun continues where a killed run stopped. With `ray`, every
-    chunk's stage, join range and final step runs as a Ray task (section 11); without, on `workers` processes here
-    (a join's final step in this process)."""
-    settings = recipe.settings
-    bands, rows = dedup.resolve_bands_rows(settings.near_dup_threshold or 0.5, NEAR_DUP_NUM_PERM, None, None)
-    whole = [keeps_whole(s, settings) for s in recipe.sources]
-    job = Job(str(work), tuple((s.spec, s.kind) for s in recipe.sources), recipe.read_options, settings,
-              recipe.seed, 0.0 if recipe.val_files else recipe.val_fraction, bands, rows,
-              tuple(settings.chunk_chars if w else 0 for w in whole), bool(recipe.val_files))
-    chunks = plan_chunks(recipe.sources, chunk_bytes, recipe.read_options[0])
-    work.mkdir(parents=True, exist_ok=True)
-    if job.val_data:
-        copy_val_files(job, recipe.val_files)
-    run = ray.call if ray is not None else _run_task           # a global step: as one Ray task, or right here
-    if any(whole):
-        job = dataclasses.replace(job, kept_whole=run(kept_piece_sizes, job, chunks))
-    join_workers = ray.cpus if ray is not None else workers     # a join takes at least 4 ranges per worker
-
-    def join_ranges(title: str, function: Callable, inputs, name: str, ranges: list[tuple[int, int]]) -> None:
-        _run_ranges(title, function, job, inputs, name, ranges, workers, show_progress, ray)
-
-    log(f"streaming {len(chunks)} chunk(s) of up to {chunk_bytes / 2**20:g} MiB on {workers} worker(s); "
-        f"work files in {work}")
-
-    with clock.phase("clean"):
-        read = _run_stage("read + filters", 1, stage_read, job, chunks, workers, show_progress, ray=ray)
-        funnel = Funnel()
-        funnel.bytes_read = sum(r["counts"].get("read_bytes", 0) for r in read)
-        for s_index, source in enumerate(recipe.sources):
-            mine = [r for r in read if r["source"] == s_index]
-            total = collections.Counter()
-            for r in mine:
-                total.update(r["counts"])
-            reasons = sum((collections.Counter(r["reasons"]) for r in mine), collections.Counter())
-            kept = sum(r["docs"] for r in mine)
-            if not total["read_docs"]:
-                raise DataError(f"source {source.spec!r} has no documents (empty file or wrong --text-field?)")
-            funnel.add_counts(f"read {source.label}", total["read_docs"], total["read_docs"], total["read_chars"],
-                              total["read_chars"])
-            docs, chars = total["read_docs"], total["read_chars"]
-            if source.kind == "html":
-                docs, chars = docs - total["no_text"], total["text_chars"]
-                funnel.add_counts(f"extract text ({source.label})", total["read_docs"], docs, total["read_chars"],
-                                  chars, {"no_text": total["no_text"]})
-            rule_name, rule = _quality_rule(source.kind, settings)
-            if whole[s_index]:
-                funnel.add_counts(f"kept whole ({source.label}; --cleaning web filters it)", docs, kept, chars,
-                                  total["kept_chars"], {f"pieces_of_at_most_{job.kept_whole[s_index]}_chars": kept})
-            elif rule is not None:
-                funnel.add_counts(f"quality filters ({rule_name}, {source.label})", docs, kept, chars,
-                                  total["kept_chars"], reasons)
-                if not kept:
-                    raise funnel.empty_error(f"source {source.spec!r}")
-                if 1 - total["kept_chars"] / max(1, chars) > HEAVY_CLEANING:     # here: the per-source steps only
-                    funnel.notices.append(heavy_cleaning_note(source, 1 - total["kept_chars"] / max(1, chars)))
-            log(f"  {source.label}: {kept:,} documents after the per-source steps")
-        skipped = sum(r["jsonl_skipped"] for r in read)
-        if skipped:
-            funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = skipped
-        if not _work(job, "exact_keep.npy").exists():
-            with clock.phase("joins"):
-                ranges = _key_ranges(sum(r["docs"] for r in read), join_workers)
-                join_ranges("exact dedup join", exact_range, len(chunks), "exact", ranges)
-                run(join_exact, job, chunks, ranges)
-        if not _work(job, "boilerplate.npy").exists():
-            with clock.phase("joins"):
-                ranges = _key_ranges(sum(r["line_entries"] for r in read), join_workers)
-                join_ranges("boilerplate join", boilerplate_range, len(chunks), "boilerplate", ranges)
-                run(join_boilerplate, job, ranges)
-        cleaned = _run_stage("exact dedup + boilerplate + PII + MinHash", 2, stage_clean, job, chunks, workers,
-                             show_progress, ray=ray)
-        _remove_work_files(work, ["s1-*.txt", "s1-*.line_*.npy"])            # read by stage 2 only: free the disk
-        total = collections.Counter()
-        for r in cleaned:
-            total.update(r["counts"])
-        kept_chars = sum(r["counts"]["chars_in"] for r in cleaned)
-        docs = sum(r["docs"] for r in cleaned)
-        if not all(whole):                                 # as `clean`: no dedup rows when every source is kept
-            funnel.add_counts("exact dedup (hash)", sum(r["docs"] for r in read), total["docs_in"],
-                              sum(r["counts"].get("kept_chars", 0) for r in read), kept_chars,
-                              {"duplicate": sum(r["docs"] for r in read) - total["docs_in"]})
-            funnel.add_counts(f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)"
-                              if settings.line_dedup == "documents" else "line dedup (every line seen more than once)",
-                              total["docs_in"], docs, kept_chars, total["chars_boilerplate"],
-                              {"lines_removed": total["lines_removed"],
-                               "distinct_lines": len(_load_array(_work(job, "boilerplate.npy"))),
-                               "emptied": total["docs_in"] - docs})
-        if not docs:
-            raise funnel.empty_error("the corpus")
-        if settings.mask_pii:
-            pii = sum((collections.Counter(r["pii"]) for r in cleaned), collections.Counter())
-            funnel.add_counts("PII masking", docs, docs, total["chars_boilerplate"],
-                              sum(r["chars_out"] for r in cleaned), pii)
-        near_dedup = settings.near_dup_threshold > 0 and any(r["docs"] for c, r in zip(chunks, cleaned)
-                                                             if not job.whole(c))
-        if not _work(job, "near_drop.npy").exists():
-            if near_dedup:
-                with clock.phase("joins"):
-                    key_ranges = _key_ranges(sum(r["band_entries"] for r in cleaned), join_workers)
-                    join_ranges("LSH band join", band_join_range, len(chunks), "near-candidates", key_ranges)
-                    candidates = sum(len(_load_array(_range_file(job, "near-candidates", *r))) for r in key_ranges)
-                    id_ranges = _id_ranges([r["docs"] for r in cleaned], _range_count(candidates, join_workers))
-                    join_ranges("verify candidates", verify_range, key_ranges, "near-verified", id_ranges)
-                    run(join_near_duplicates, job, id_ranges)
-            else:
-                _save_array(_work(job, "near_drop.npy"), np.zeros(0, dtype=np.int64))
-        if not _work(job, "split.json").exists():
-            with clock.phase("joins"):
-                _save_json(_work(job, "split.json"), run(decide_split, job, chunks))
-        split = json.loads(_work(job, "split.json").read_text())
-        if near_dedup:
-            funnel.add_counts(f"near dedup (MinHash, J>={settings.near_dup_threshold})", docs, split["documents"],
-                              sum(r["chars_out"] for r in cleaned), split["chars"],
-                              {"near_duplicate": docs - split["documents"]})
-        val_docs = len(val_documents(job)) if job.val_data else split["val"]
-        funnel.add_counts("train/val split" + (" (--val-data)" if job.val_data else ""), split["documents"],
-                          split["documents"] - split["val"], split["chars"], split["train_chars"], {"val": val_docs})
-
-    with clock.phase("tokenizer"):
-        if _work(job, "tokenizer.json").exists():
-            tok = bpe.Tokenizer.load(_work(job, "tokenizer.json"))
-            trained_on = json.loads(_work(job, "tokenizer.trained.json").read_text())["bytes"]
-        else:
-            tok, trained_on = _tokenizer_for(recipe, lambda: draw_tokenizer_sample(
-                job, chunks, recipe.tokenizer_train_bytes), log)
-            _atomic_write(_work(job, "tokenizer.json"), lambda f: f.write(tok.to_json().encode("utf-8")))
-            _save_json(_work(job, "tokenizer.trained.json"), {"bytes": trained_on})
-
-    with clock.phase("encode"):
-        encode_threads = (threads or os.cpu_count() or 1) if workers == 1 and ray is None else 1
-        encoded = _run_stage("encode", 3, stage_encode, job, chunks, workers, show_progress, encode_threads, ray=ray)
-        overlap, val_encoded = None, {"bytes": 0}
-        if job.val_data:                                     # the val split: the files, after the chunks' none
-            marker = _chunk_file(job, 3, len(chunks), "json")
-            val_encoded = json.loads(marker.read_text()) if marker.exists() else run(encode_val_files, job,
-                                                                                     len(chunks))
-            with clock.phase("overlap"):
-                overlap = run(val_files_overlap, job, chunks)
-            funnel.notices.append(format_overlap(overlap))
-        _remove_work_files(work, ["s2-*.txt"])
-    names = [s.spec for s in recipe.sources]
-    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
-    for c, r in zip(chunks, encoded):
-        unique[names[c.source]] += r["train"]["tokens"]
-        if recipe.weights is not None and r["train"]["documents"]:
-            lengths = np.diff(_load_array(_chunk_file(job, 3, c.index, "train.starts.npy")))
-            buckets = _load_array(_chunk_file(job, 3, c.index, "train.bucket.npy"))
-            bucket_tokens[c.source] += np.bincount(buckets, weights=lengths, minlength=MIX_BUCKETS)
-    mixture, rules = plan_mixture(names, recipe.weights, recipe.train_tokens, unique, bucket_tokens)
-
-    def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
-        with clock.phase("shards"):
-            steps = [(write_split_shards, job, chunks, split, rules if split == "train" else None, directory, dtype,
-                      recipe.shard_tokens) for split in ("train", "val")]
-            written = ray.call_all(*steps) if ray is not None else [_run_task(*step) for step in steps]
-            return dict(zip(("train", "val"), written))
-
-    encoded_bytes = sum(r[s]["bytes"] for r in encoded for s in ("train", "val")) + val_encoded["bytes"]
-    return Built(funnel, tok, trained_on, unique, mixture, encoded_bytes, write_splits, overlap)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# 11. The Ray engine: the same stage functions, scheduled by Ray over a cluster's cores (or this machine's)
-# ---------------------------------------------------------------------------------------------------------------------
-
-RAY_TASK_RETRIES = 3                   # a task whose worker dies (killed, OOM, lost node) reruns up to 3 times
-RAY_LOCAL_OBJECT_STORE = 256 << 20     # tasks return small dicts; the documents travel through the work directory
-
-
-def _run_task(function: Callable, *args):
-    """What each Ray task executes: one stage function of the streaming engine, unchanged."""
-    return function(*args)
-
-
-class RayEngine:
-    """Runs the streaming engine's steps as Ray tasks: `map` one task per chunk, `call` one task per global step,
-    `call_all` one task each for the ranges of a join (or the two splits' shards).
-
-    Every task reads its inputs from the work directory and writes its outputs there, through a temporary name
-    then a rename, and returns only counts. So a task may run on any node, twice (Ray retries it when its worker
-    dies), or after a kill of the whole job: the files it leaves are the same. Results come back keyed by chunk
-    index, so the order tasks finish in never reaches the output.
-    """
-
-    def __init__(self, ray) -> None:
-        self.ray = ray
-        # retry_exceptions stays False: a DataError is a bad input, and rerunning the task cannot fix it
-        self.task = ray.remote(max_retries=RAY_TASK_RETRIES)(_run_task)
-        self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self.in_flight = 2 * self.cpus                                          # queued work stays bounded
-
-    def _submit(self, function: Callable, *args):
-        return self.task.options(name=function.__name__).remote(function, *args)
-
-    def _get(self, ref):
-        try:
-            return self.ray.get(ref)
-        except self.ray.exceptions.RayTaskError as e:       # re-raise the task's own one-line error, no traceback
-            if isinstance(e.cause, (DataError, bpe.TokenizerError, dedup.DedupError)):
-                raise e.cause from None
-            raise
-
-    def map(self, function: Callable, job: Job, chunks: list[Chunk], *args) -> Iterator[tuple[Chunk, dict]]:
-        """(chunk, function(job, chunk, *args)) for every chunk, as tasks finish, at most in_flight at a time."""
-        waiting, pending = collections.deque(chunks), {}
-        try:
-            while waiting or pending:
-                while waiting and len(pending) < self.in_flight:
-                    chunk = waiting.popleft()
-                    task_chunk = dataclasses.replace(chunk, path=chunk.path if is_uri(chunk.path) or not chunk.path
-                                                     else os.path.abspath(chunk.path))
-                    pending[self._submit(function, job, task_chunk, *args)] = chunk
-                [ref], _ = self.ray.wait(list(pending), num_returns=1)
-                yield pending.pop(ref), self._get(ref)
-        except BaseException:            # stop the other tasks: none may write into a work folder being removed
-            for ref in pending:
-                self.ray.cancel(ref)
-            if pending:
-                self.ray.wait(list(pending), num_returns=len(pending))
-            raise
-
-    def call(self, function: Callable, *args):
-        """function(*args) as one task (a global step: a join, the split, a split's shards)."""
-        return self._get(self._submit(function, *args))
-
-    def call_all(self, *calls: tuple) -> list:
-        """Each (function, *args) as one task, all running at once; their results in the order given."""
-        refs = [self._submit(*c) for c in calls]
-        return [self._get(ref) for ref in refs]
-
-
-def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise DataError("--engine ray needs Ray: pip install ray (or use --engine local)") from None
-    return ray
-
-
-def _check_ray_ready(address: str | None, in_memory: bool) -> None:
-    """Before any work: Ray is installed, the engine asked for is the streaming one, and a HOST:PORT address
-    answers (ray.init would retry for minutes before giving up)."""
-    _import_ray()
-    if in_memory:
-        raise DataError("--engine ray schedules the streaming engine's steps; drop --in-memory")
-    if address in (None, "auto"):
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except ValueError:
-        raise DataError(f"--ray-address {address!r} must be auto or HOST:PORT, e.g. 10.0.0.1:6379") from None
-    except OSError as e:
-        raise DataError(f"--ray-address {address}: nothing answers there ({e.strerror or e}); start the head with "
-                        f"`ray start --head --port {port}` or fix the address") from None
-
-
-@contextlib.contextmanager
-def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
-    """A RayEngine on the cluster at `address` ("auto": the one `ray start` runs on this machine), or on a Ray
-    started here with `cpus` cores and stopped afterwards. A Ray the caller already started is used as it is.
-    A cluster's workers receive data.py, bpe.py, dedup.py and evaluate.py (--val-data's overlap) from this driver
-    (runtime_env py_modules), so they run the very code this run was started with; a Ray started here imports them
-    from this driver's sys.path."""
-    ray = _import_ray()
-    if ray.is_initialized():
-        yield RayEngine(ray)
-        return
-    if address is None:
-        options = {"address": "local", "num_cpus": cpus, "object_store_memory": RAY_LOCAL_OBJECT_STORE}
-    else:
-        code = [str(REPO_ROOT / name) for name in ("data.py", "bpe.py", "dedup.py", "evaluate.py")]
-        options = {"address": address, "runtime_env": {"py_modules": code}}
-    for attempt in range(2):        # a busy machine can miss the 30 s Ray gives a new raylet: start once more
-        try:                        # log_to_driver off: tasks print nothing; a task's error comes back as itself
-            ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False, **options)
-            break
-        except (ConnectionError, ray.exceptions.AuthenticationError) as e:
-            raise DataError(f"--ray-address {address}: {str(e).splitlines()[0]} (a cluster started by `ray start` "
-                            f"may want RAY_AUTH_MODE=token and its token: see README)") from None
-        except Exception as e:      # Ray's own start-up failures
-            ray.shutdown()
-            if attempt or address is not None:
-                raise DataError(f"Ray did not start: {str(e).splitlines()[0]}; retry, or use --engine local") from None
-    try:
-        yield RayEngine(ray)
-    finally:
-        ray.shutdown()
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# 12. prepare: either engine, then the dataset directory (shards, tokenizer, manifest), published atomically
-# ---------------------------------------------------------------------------------------------------------------------
-
-def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE,
-            seed: int = 0, val_fraction: float = 0.05, weights: list[float] | None = None,
-            train_tokens: float | None = None, tokenizer: str | os.PathLike | None = None,
-            tokenizer_train_bytes: int = 4_000_000, pattern: str = "gpt4", shard_tokens: int = 100_000_000,
-            clean_settings: CleanSettings | None = None, text_field: str = "text", txt_split: str = "auto",
-            skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
-            threads: int | None = None, workers: int | None = None, chunk_mb: float = CHUNK_BYTES / 2**20,
-            in_memory: bool = False, engine: str = "local", ray_address: str | None = None,
-            val_data: list[str] | None = None, work_dir: str | os.PathLike | None = None,
-            verbose: bool = False) -> pathlib.Path | str:
-    """Build (or reuse) a token dataset directory: manifest.json, tokenizer.json, train_*.bin, val_*.bin.
-
-    sources: names ("pydocs", "pystdlib", "hf:..."), files or directories. weights (one per source) with
-    train_tokens mix the train split by token share (None: the smallest budget that reads every source once).
-    tokenizer: a bpe.py JSON file to reuse instead of training one on (up to tokenizer_train_bytes of) train text.
-    val_data: files that are the validation split, verbatim (`read_val_file`); every cleaned document then goes to
-    train (val_fraction is not used), and the overlap of the two is measured (`val_overlap`) and reported.
-    Notices (heavy cleaning, the overlap) are printed to stderr, also when the dataset is reused.
-    The directory is out_dir or a cache directory named by a hash of the inputs and every setting; when it
-    already holds a finished dataset with that hash, it is returned at once.
+@dataclasses.dataclass
+class Plan:
+    """What prepare settles before any work: the recipe, its cache key, the output (a folder, or a store's URI), and
+    whether a finished dataset with that key is already there (reuse: return it as is)."""
+    recipe: Recipe | None                # None when reused
+    key: str
+    out_dir: pathlib.Path | str
+    reuse: bool
+    jsonl_stats: JsonlStats              # malformed .jsonl lines the in-memory reading skipped (--skip-bad-lines)
+
+
+def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                 seed: int = 0, val_fraction: float = 0.05, weights: list[float] | None = None,
+                 train_tokens: float | None = None, tokenizer: str | os.PathLike | None = None,
+                 tokenizer_train_bytes: int = 4_000_000, pattern: str = "gpt4", shard_tokens: int = 100_000_000,
+                 clean_settings: CleanSettings | None = None, text_field: str = "text", txt_split: str = "auto",
+                 skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
+                 val_data: list[str] | None = None, log: Callable = lambda *a, **k: None) -> Plan:
+    """Check every argument, open the sources, and name the dataset: out_dir or a cache directory named by a hash
+    of the inputs, every setting and the code (`code_version`). Every bad input fails here, before any work.
+
+    sources: names ("pydocs", "pystdlib", "hf:..."), files, directories, globs or URIs (`open_source`). weights (one
+    per source) with train_tokens mix the train split by token share (None: the smallest budget that reads every
+    source once). tokenizer: a bpe.py JSON file to reuse instead of training one on (up to tokenizer_train_bytes of)
+    train text. val_data: files that are the validation split, verbatim (`read_val_file`); every cleaned document
+    then goes to train (val_fraction is not used), and the overlap of the two is measured (`val_overlap`).
     out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://, file://): the dataset is built on local disk,
-    then published to the store (`_publish_to_store`) and its URI returned; sources may be URIs too (`open_source`).
-    Engines: streaming (default: chunks of chunk_mb MiB on `workers` processes, resumable; work files in a hidden
-    .NAME.work-* folder in work_dir, by default beside a local output or in the temp folder for a URI, removed
-    when the dataset is published; on a multi-node cluster a folder every node sees) or in_memory (the reference:
-    the whole corpus in lists, for small inputs and tests). Both write byte-identical shards, tokenizer and manifest.
-    engine="ray" runs the streaming engine's steps as Ray tasks (section 11) on the cluster at ray_address, or on a
-    Ray started here with `workers` cores; the output is again byte-identical.
+    then published to the store (`store.publish`).
     """
-    log = print if verbose else (lambda *a, **k: None)
     if not sources:
         raise DataError("no sources given: pass --data pydocs (or a path)")
     if len(set(sources)) != len(sources):
@@ -3323,15 +1759,6 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     if train_tokens is not None and (weights is None or not train_tokens > 0):
         raise DataError(f"--train-tokens {train_tokens:g} needs --weights and a positive budget, e.g. --weights 1 "
                         f"--train-tokens 5e6")
-    if workers is not None and workers < 1:
-        raise DataError(f"--workers must be at least 1, got {workers}; leave it out to use all cores")
-    if not 0.001 <= chunk_mb <= 4096:
-        raise DataError(f"--chunk-mb must be between 0.001 and 4096, got {chunk_mb}")
-    if engine == "ray":
-        _check_ray_ready(ray_address, in_memory)
-    elif engine != "local" or ray_address is not None:
-        raise DataError(f"--engine {engine} --ray-address {ray_address}: the engine is local or ray, and only "
-                        f"ray takes an address")
     settings = clean_settings or CleanSettings()
     jsonl_stats = JsonlStats()
     opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
@@ -3341,14 +1768,14 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                               jsonl_stats, kind)
                   if keeps_whole(s, settings) else s for s in opened]
     for flag, path in [("--tokenizer", tokenizer)] + [("--val-data", p) for p in val_data or []]:
-        if is_uri(path):
+        if store.is_uri(path):
             raise DataError(f"{flag} {path}: give a local file (copy it down first, e.g. with aws s3 cp)")
     val_paths = check_val_files(val_data, opened) if val_data else []
     tokenizer_path = pathlib.Path(tokenizer) if tokenizer else None
     if tokenizer_path is not None and not tokenizer_path.is_file():
         raise DataError(f"tokenizer file {tokenizer_path} not found: pass a bpe.py tokenizer JSON")
     key_inputs = {
-        "code": _code_version(),
+        "code": code_version(),
         "sources": [(s.spec, s.kind, s.fingerprint) for s in opened],
         "settings": dataclasses.asdict(settings),
         "vocab_size": vocab_size, "seed": seed, "val_fraction": val_fraction, "weights": weights,
@@ -3360,27 +1787,21 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
     }
     key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True, default=str).encode()).hexdigest()
     if out_dir is None:
-        slug = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", _pure(s).name or s)[:40] for s in sources)[:80]
+        slug = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", store.pure_path(s).name or s)[:40] for s in sources)[:80]
         out_dir = cache_root() / "data" / f"{slug}-v{vocab_size}-{key[:12]}"
-    remote = is_uri(out_dir)
-    if is_uri(work_dir):
-        raise DataError(f"--work-dir {work_dir}: give a folder (on a cluster, one every node mounts): work files are "
-                        f"renamed, appended and memory-mapped, which an object store cannot do")
-    if remote and engine == "ray" and ray_address is not None and work_dir is None and not in_memory:
-        raise DataError(f"--out {out_dir} with --ray-address: pass --work-dir on a folder every node mounts (NFS), "
-                        f"since a task on one node reads the work files of another")
+    remote = store.is_uri(out_dir)
     if not remote:
-        out_dir = pathlib.Path(out_dir).absolute() if engine == "ray" else pathlib.Path(out_dir)  # Ray: any cwd
+        out_dir = pathlib.Path(out_dir)
     existing = _read_manifest_or_none(out_dir)
     if existing is not None:
         if existing.get("cache_key") == key:
             log(f"reusing {out_dir} (same inputs and settings)")
             for notice in existing.get("notices", []):
                 print(notice, file=sys.stderr)
-            return out_dir
+            return Plan(None, key, out_dir, True, jsonl_stats)
         raise DataError(f"{out_dir} already holds a different dataset; remove it or pick another --out")
     if remote:
-        _check_store_out(out_dir)
+        store.check_out(out_dir, _DATASET_FILE, DataError)
     elif out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--out {out_dir} is a file; give a directory path")
     elif out_dir.exists() and any(out_dir.iterdir()):
@@ -3389,108 +1810,111 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_
                     _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
                     tokenizer_train_bytes, pattern, shard_tokens,
                     (text_field, txt_split, skip_bad_lines, max_documents), val_paths)
-    chunk_bytes = max(1, int(chunk_mb * 2**20))
-    name = _local_name(out_dir)
-    work_root = pathlib.Path(work_dir) if work_dir is not None \
-        else pathlib.Path(tempfile.gettempdir()) if remote else out_dir.parent
-    work_root = work_root.absolute() if engine == "ray" else work_root
-    work = work_root / f".{name}.work-{hashlib.sha256(f'{key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
-    if not in_memory:
-        plan_chunks(opened, chunk_bytes, text_field)               # unreadable or malformed files: fail now
     if remote:                                                     # fail now, not after minutes of cleaning
-        _check_store_writable(out_dir)
+        store.check_writable(out_dir, DataError)
     else:
-        _check_writable(out_dir.parent, "--out")
-    _check_writable(work_root, "--work-dir" if work_dir is not None else "--out")
-    _remove_stale(out_dir, work)
+        check_writable(out_dir.parent, "--out")
+    return Plan(recipe, key, out_dir, False, jsonl_stats)
 
-    session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
-    with session as ray:
-        clock = _Clock()
-        if in_memory:
-            built = build_in_memory(recipe, clock, log, threads)
-            if jsonl_stats.skipped:
-                built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = jsonl_stats.skipped
+
+def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, threads: int | None = None,
+            verbose: bool = False, **recipe) -> pathlib.Path | str:
+    """Build (or reuse) a token dataset directory with the reference engine: manifest.json, tokenizer.json,
+    train_*.bin, val_*.bin. recipe: `plan_dataset`'s arguments (vocab_size, seed, val_fraction, weights, ...).
+
+    The whole corpus is held in lists (`build_in_memory`): for small inputs, and the oracle of the tests.
+    data_at_scale.prepare takes the same arguments and writes the same bytes with the streaming engine (any corpus
+    size, worker processes, resumable) or Ray; `python data.py prepare` runs that one. Notices (heavy cleaning, the
+    --val-data overlap) are printed to stderr, also when the dataset is reused.
+    """
+    log = print if verbose else (lambda *a, **k: None)
+    plan = plan_dataset(sources, out_dir, log=log, **recipe)
+    if plan.reuse:
+        return plan.out_dir
+    staging = pathlib.Path(tempfile.gettempdir()) if store.is_uri(plan.out_dir) else plan.out_dir.parent
+    remove_stale_publishes(plan.out_dir, staging)
+    clock = Clock()
+    built = build_in_memory(plan.recipe, clock, log, threads)
+    if plan.jsonl_stats.skipped:
+        built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = plan.jsonl_stats.skipped
+    return write_dataset(plan, built, clock, staging, "in-memory")
+
+
+NO_SPACE_FIX = "pass --out elsewhere"
+
+
+def write_dataset(plan: Plan, built: Built, clock: Clock, staging: pathlib.Path, engine: str) -> pathlib.Path | str:
+    """The dataset directory from what an engine built: its shards, tokenizer.json and manifest.json, written in a
+    temporary folder in `staging`, given the umask's modes (mkdtemp makes it 0700 and ShardWriter's files are 0600:
+    another account could not read the dataset), then published whole: one rename, or `store.publish` for a URI.
+    A full disk (or ulimit -f) is one line naming the output. Prints the engine's notices first."""
+    recipe, out_dir, tok = plan.recipe, plan.out_dir, built.tokenizer
+    settings, val_paths = recipe.settings, recipe.val_files
+    text_field, txt_split, _, max_documents = recipe.read_options
+    for notice in built.funnel.notices:
+        print(notice, file=sys.stderr)
+    tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{local_name(out_dir)}.tmp-"))
+    try:
+        dtype = dtype_for_vocab(len(tok))
+        splits = built.write_splits(tmp_dir, dtype)
+        if val_paths:
+            splits["val"].update(files=[str(p) for p in val_paths], overlap=built.overlap)
+        (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
+        clock.finish()
+        manifest = {
+            "format": "llm-token-shards", "version": SHARD_VERSION, "cache_key": plan.key,
+            "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]}
+                        for s in recipe.sources],
+            "settings": {**dataclasses.asdict(settings), "val_fraction": None if val_paths else recipe.val_fraction,
+                         "val_data": [str(p) for p in val_paths], "seed": recipe.seed, "weights": recipe.weights,
+                         "train_tokens": recipe.train_tokens, "text_field": text_field, "txt_split": txt_split,
+                         "max_documents": max_documents},
+            "funnel": built.funnel.to_list(), "notices": built.funnel.notices,
+            "tokenizer": {"file": "tokenizer.json", "vocab_size": len(tok), "eot_id": tok.eot_id,
+                          "pattern": recipe.pattern if recipe.tokenizer_path is None else "from file",
+                          "trained_on_bytes": built.trained_on,
+                          "source": str(recipe.tokenizer_path) if recipe.tokenizer_path else None},
+            "dtype": dtype.name, "mixture": built.mixture, "splits": splits,
+            "timings": {**clock.timings, "encoded_bytes": built.encoded_bytes, "input_bytes": built.funnel.bytes_read,
+                        "engine": engine},
+        }
+        (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        if store.is_uri(out_dir):
+            store.publish(tmp_dir, out_dir, DataError)
+            shutil.rmtree(tmp_dir)
         else:
-            workers = workers or len(os.sched_getaffinity(0))
-            try:
-                built = build_streaming(recipe, work, clock, log, threads, workers, chunk_bytes, verbose, ray)
-            except (DataError, bpe.TokenizerError, dedup.DedupError):
-                shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
-                raise                                        # file changes the key); a kill keeps it for the rerun
-        tok = built.tokenizer
-        for notice in built.funnel.notices:
-            print(notice, file=sys.stderr)
-        staging = work_root if remote else out_dir.parent    # the shard tasks write there: every node sees it
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{name}.tmp-"))
-        try:
-            dtype = dtype_for_vocab(len(tok))
-            splits = built.write_splits(tmp_dir, dtype)
-            if val_paths:
-                splits["val"].update(files=[str(p) for p in val_paths], overlap=built.overlap)
-            (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
-            clock.finish()
-            manifest = {
-                "format": "llm-token-shards", "version": SHARD_VERSION, "cache_key": key,
-                "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]}
-                            for s in opened],
-                "settings": {**dataclasses.asdict(settings), "val_fraction": None if val_paths else val_fraction,
-                             "val_data": [str(p) for p in val_paths], "seed": seed, "weights": weights,
-                             "train_tokens": train_tokens, "text_field": text_field, "txt_split": txt_split,
-                             "max_documents": max_documents},
-                "funnel": built.funnel.to_list(), "notices": built.funnel.notices,
-                "tokenizer": {"file": "tokenizer.json", "vocab_size": len(tok), "eot_id": tok.eot_id,
-                              "pattern": pattern if tokenizer_path is None else "from file",
-                              "trained_on_bytes": built.trained_on,
-                              "source": str(tokenizer_path) if tokenizer_path else None},
-                "dtype": dtype.name, "mixture": built.mixture, "splits": splits,
-                "timings": {**clock.timings, "encoded_bytes": built.encoded_bytes,
-                            "input_bytes": built.funnel.bytes_read,
-                            "engine": "in-memory" if in_memory else "ray" if ray
-                            else f"streaming, {workers} worker(s)"},
-            }
-            (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-            if remote:
-                _publish_to_store(tmp_dir, out_dir)
-                shutil.rmtree(tmp_dir)
-            else:
-                _publish(tmp_dir, out_dir)
-        except BaseException:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-            raise
-    shutil.rmtree(work, ignore_errors=True)
-    for name in [name for name in _PROCESS_CACHE if name.startswith(str(work))]:
-        del _PROCESS_CACHE[name]             # steps run here cached the work's arrays: free them with the work
+            fileio.publish_tree(tmp_dir)
+            _publish(tmp_dir, out_dir)
+    except BaseException as e:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        if isinstance(e, OSError) and fileio.is_no_space(e):
+            raise DataError(fileio.no_space_message(out_dir, NO_SPACE_FIX)) from None
+        raise
     return out_dir
 
 
-def _local_name(out_dir: pathlib.Path | str) -> str:
+def local_name(out_dir: pathlib.Path | str) -> str:
     """The name of out_dir's temporary and work folders: its own name, plus a hash of the URI for a store's (whose
     folders share the temp folder with those of any other bucket)."""
-    if not is_uri(out_dir):
+    if not store.is_uri(out_dir):
         return out_dir.name
-    return f"{_pure(out_dir).name}-{hashlib.sha256(out_dir.encode()).hexdigest()[:8]}"
+    return f"{store.pure_path(out_dir).name}-{hashlib.sha256(out_dir.encode()).hexdigest()[:8]}"
 
 
-def _remove_stale(out_dir: pathlib.Path | str, work: pathlib.Path) -> None:
+def remove_stale_publishes(out_dir: pathlib.Path | str, staging: pathlib.Path) -> None:
     """Remove what killed runs left: half-written .NAME.tmp-* folders (never used: a dataset is published by one
-    rename, or in a store by copies that end with the manifest) beside out_dir, in the work folder's parent and, for
-    a URI, the store's OUT.tmp-* prefixes; and the work folders of other settings (.NAME.work-*, not `work`)."""
-    name = glob.escape(_local_name(out_dir))
-    folders = {work.parent} if is_uri(out_dir) else {work.parent, out_dir.parent}
-    for stale in itertools.chain(*(f.glob(f".{name}.{kind}-*") for f in folders for kind in ("tmp", "work"))):
-        if stale != work and stale.is_dir():
+    rename, or in a store by copies that end with the manifest) in the staging folder and beside out_dir, and, for
+    a URI, the store's OUT.tmp-* prefixes."""
+    name = glob.escape(local_name(out_dir))
+    folders = {staging} if store.is_uri(out_dir) else {staging, out_dir.parent}
+    for stale in itertools.chain(*(f.glob(f".{name}.tmp-*") for f in folders)):
+        if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
-    if is_uri(out_dir):
-        import pyarrow.fs as pafs
-        fs, out = _store(out_dir)
-        parent, _, leaf = out.rpartition("/")
-        for info in fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
-            if info.base_name.startswith(f"{leaf}.tmp-") and info.type == pafs.FileType.Directory:
-                fs.delete_dir(info.path)
+    if store.is_uri(out_dir):
+        store.remove_stale_publishes(out_dir, DataError)
 
 
-def _check_writable(folder: pathlib.Path, flag: str) -> None:
+def check_writable(folder: pathlib.Path, flag: str) -> None:
     """Raise DataError unless a file can be created in `folder` (made if missing)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -3500,64 +1924,6 @@ def _check_writable(folder: pathlib.Path, flag: str) -> None:
 
 
 _DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest
-
-
-def _check_store_out(out_uri: str) -> None:
-    """Before any work: OUT/ in the store is empty, or holds what a killed publish left (dataset files without a
-    manifest, replaced by the next publish); a missing bucket, no answer or other objects are one line."""
-    import pyarrow.fs as pafs
-    fs, out = _store(out_uri)
-    if "/" not in out.strip("/"):
-        raise DataError(f"--out {out_uri} is a bucket: give a prefix inside it, e.g. s3://bucket/datasets/name")
-    try:
-        if fs.get_file_info(out).type == pafs.FileType.File:
-            raise DataError(f"--out {out_uri} is an object, not a prefix; give a prefix (a \"directory\") URI")
-        found = fs.get_file_info(pafs.FileSelector(out, recursive=True, allow_not_found=True))
-    except OSError as e:
-        raise DataError(f"--out {out_uri}: {_first_line(e)}; {STORE_HINT}") from None
-    foreign = [i.path for i in found if i.type == pafs.FileType.File and not _DATASET_FILE.fullmatch(i.base_name)]
-    if foreign:
-        raise DataError(f"--out {out_uri} holds objects that are not a dataset ({foreign[0]}); remove them or pick "
-                        f"another --out")
-
-
-def _check_store_writable(out_uri: str) -> None:
-    """Raise DataError unless an object can be written (and deleted) beside OUT: a probe OUT.tmp-check-* object."""
-    fs, out = _store(out_uri)
-    probe = f"{out}.tmp-check-{os.getpid()}-{time.time_ns()}"
-    try:
-        fs.open_output_stream(probe).close()
-        fs.delete_file(probe)
-    except OSError as e:
-        raise DataError(f"cannot write in {out_uri} ({_first_line(e)}); {STORE_HINT}") from None
-
-
-def _publish_to_store(tmp_dir: pathlib.Path, out_uri: str) -> None:
-    """Publish a finished dataset folder to OUT in an object store, which has no directory rename: upload every
-    file under OUT.tmp-XXXX/, copy each inside the store to OUT/ (a server-side copy), manifest.json last, then
-    delete the temporary prefix. A reader that waits for OUT/manifest.json never sees part of a dataset, and a run
-    killed on the way leaves no manifest. Objects already in OUT/ are a killed publish's (`_check_store_out`)."""
-    import pyarrow.fs as pafs
-    fs, out = _store(out_uri)
-    tmp = f"{out}.tmp-{os.getpid()}-{time.time_ns()}"
-    names = sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json") + ["manifest.json"]
-    try:
-        fs.create_dir(tmp)                            # a no-op in a bucket; a folder for file:// and hdfs://
-        fs.create_dir(out)
-        for name in names:                            # streamed: a multipart upload for a large shard
-            with open(tmp_dir / name, "rb") as local, \
-                    fs.open_output_stream(f"{tmp}/{name}", compression=None) as remote:
-                shutil.copyfileobj(local, remote, 8 << 20)
-        for info in fs.get_file_info(pafs.FileSelector(out, recursive=True, allow_not_found=True)):
-            if info.type == pafs.FileType.File and info.base_name not in names:
-                fs.delete_file(info.path)
-        for name in names:
-            fs.copy_file(f"{tmp}/{name}", f"{out}/{name}")
-    except OSError as e:
-        raise DataError(f"publishing to {out_uri} failed ({_first_line(e)}); run again to retry") from None
-    finally:
-        with contextlib.suppress(OSError):
-            fs.delete_dir(tmp)
 
 
 def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
@@ -3574,12 +1940,12 @@ def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
 
 
 def _read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
-    if is_uri(data_dir):
-        path = _store_uri(data_dir, _store(data_dir)[1] + "/manifest.json")
+    if store.is_uri(data_dir):
+        path = store.uri_of(data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError)
     else:
         path = pathlib.Path(data_dir) / "manifest.json"
     try:
-        with _open_input(path) as f:
+        with store.open_input(path, error=DataError) as f:
             return json.loads(f.read().decode("utf-8"))
     except (OSError, ValueError):                  # missing, unreadable, or not JSON (a JSONDecodeError)
         return None
@@ -3607,12 +1973,12 @@ def summary(data_dir: str | os.PathLike) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 13. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential iterator
+# 11. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential iterator
 # ---------------------------------------------------------------------------------------------------------------------
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """A dataset's manifest.json, from a local directory or an object-store URI."""
-    manifest = _read_manifest_or_none(data_dir if is_uri(data_dir) else pathlib.Path(data_dir))
+    manifest = _read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
     if manifest is None:
         raise DataError(f"{data_dir} has no readable manifest.json: run `python data.py prepare` first")
     return manifest
@@ -3633,7 +1999,7 @@ class TokenData:
     """
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
-        if is_uri(data_dir):                       # shards are memory-mapped: they must be on a local file system
+        if store.is_uri(data_dir):                 # shards are memory-mapped: they must be on a local file system
             raise DataError(f"{data_dir}: the loader reads a local dataset; copy it down first: python data.py "
                             f"download {data_dir} DIR")
         self.data_dir = pathlib.Path(data_dir)
@@ -3774,15 +2140,12 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
         return directory
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
-    _check_writable(directory.parent, "download directory")
-    fs, path = _store(uri)
+    check_writable(directory.parent, "download directory")
     tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
     try:
-        for name in [manifest["tokenizer"]["file"]] + [s["file"] for split in manifest["splits"].values()
-                                                      for s in split["shards"]]:
-            with fs.open_input_stream(f"{path}/{name}", compression=None) as remote, \
-                    open(tmp_dir / name, "wb") as local:
-                shutil.copyfileobj(remote, local, 8 << 20)
+        names = [manifest["tokenizer"]["file"]] + [s["file"] for split in manifest["splits"].values()
+                                                   for s in split["shards"]]
+        store.copy_down(uri, names, tmp_dir, DataError)
         (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         _publish(tmp_dir, directory)
     except BaseException:
@@ -3802,7 +2165,7 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 14. Command line
+# 12. Command line
 # ---------------------------------------------------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
@@ -3844,7 +2207,7 @@ def _writable(kind="file"):
     """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
     bad output path fails before any work."""
     def parse(text: str) -> str:
-        if is_uri(text):                         # an object store's: checked by prepare, before any work
+        if store.is_uri(text):                   # an object store's: checked by prepare, before any work
             return text
         path = pathlib.Path(text)
         if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
@@ -3886,13 +2249,13 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
     settings = CleanSettings(cleaning=args.cleaning, filters=args.filters, line_dedup=args.line_dedup,
                              near_dup_threshold=args.near_dup_threshold, strip_accents=args.strip_accents,
                              mask_pii=not args.no_pii, boilerplate_min_documents=args.boilerplate_min_documents)
-    out = prepare(args.data, args.out, vocab_size=args.vocab_size, seed=args.seed, val_fraction=args.val_fraction,
-                  weights=args.weights, train_tokens=args.train_tokens, tokenizer=args.tokenizer,
-                  tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6), clean_settings=settings,
-                  text_field=args.text_field, txt_split=args.txt_split, skip_bad_lines=args.skip_bad_lines,
-                  max_documents=args.max_documents, kind=args.kind, threads=args.threads, workers=args.workers,
-                  chunk_mb=args.chunk_mb, engine=args.engine, ray_address=args.ray_address, val_data=args.val_data,
-                  work_dir=args.work_dir, verbose=True)
+    out = args.prepare(args.data, args.out, vocab_size=args.vocab_size, seed=args.seed, val_fraction=args.val_fraction,
+                       weights=args.weights, train_tokens=args.train_tokens, tokenizer=args.tokenizer,
+                       tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6), clean_settings=settings,
+                       text_field=args.text_field, txt_split=args.txt_split, skip_bad_lines=args.skip_bad_lines,
+                       max_documents=args.max_documents, kind=args.kind, threads=args.threads, workers=args.workers,
+                       chunk_mb=args.chunk_mb, engine=args.engine, ray_address=args.ray_address,
+                       val_data=args.val_data, work_dir=args.work_dir, verbose=True)
     print(Funnel.from_manifest(load_manifest(out)).format())
     print(summary(out))
 
@@ -3931,6 +2294,7 @@ def _cmd_html(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import data_at_scale     # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
     parser = _Parser(prog="data.py", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -3988,13 +2352,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=_in_range(int, 1, 1024), default=None, help="encoding threads (default: all cores)")
     p.add_argument("--workers", type=_in_range(int, 1, 1024), default=None,
                    help="processes for the per-document steps (default: all cores)")
-    p.add_argument("--chunk-mb", type=_in_range(float, 0.001, 4096), default=CHUNK_BYTES / 2**20,
+    p.add_argument("--chunk-mb", type=_in_range(float, 0.001, 4096), default=data_at_scale.CHUNK_BYTES / 2**20,
                    help="MiB of input per chunk, the unit of parallel work and of resuming (default %(default)g)")
     p.add_argument("--engine", choices=["local", "ray"], default="local",
                    help="local: worker processes here; ray: the same steps as Ray tasks (pip install ray)")
     p.add_argument("--ray-address", default=None,
                    help="with --engine ray: auto or HOST:PORT of a running cluster (default: start Ray here)")
-    p.set_defaults(run=_cmd_prepare)
+    p.set_defaults(run=_cmd_prepare, prepare=data_at_scale.prepare)
 
     p = sub.add_parser("mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)")
     p.add_argument("--tokens", type=_in_range(float, 1.0, TOKENS_MAX), default=20e9)
@@ -4025,5 +2389,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    import data              # run as the module `data`, not `__main__`: Ray sends workers functions by name, and
-    data.main()              # they import data.py, rather than pickling the functions' code and every global
+    import data              # run as the module `data`, not `__main__`: Ray sends workers functions by name (its
+    data.main()              # engine's, in data_at_scale.py, which imports `data`): one copy of data.py's classes

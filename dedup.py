@@ -41,6 +41,13 @@ changing one word changes the whole hash. For that we compare *content overlap*.
    Exact copies (identical shingle sets) are joined to their first copy before banding: a page copied m times
    costs m − 1 pairs instead of m(m − 1)/2 in every band.
 
+4. Overlap between two corpora (section 8). The same shingles, turned on a different question: which documents of a
+   small corpus share a long shingle with a big one? An evaluation document that shares a 13-gram of words with the
+   training corpus is contaminated (GPT-3's rule); a held-out file that shares many was not held out. The big side
+   becomes a sorted array of 64-bit 13-gram hashes (8 bytes per n-gram; the standard library's 3.1M distinct
+   13-grams are 24 MB), looked up by binary search. evaluate.py reports contamination with it, data.py the overlap
+   of --val-data with train.
+
 Run it:
     python dedup.py demo                                  # the lecture's worked numbers
     python dedup.py experiment --data ../shared/data/wikitext-2-raw/wiki.valid.raw
@@ -643,12 +650,15 @@ def resolve_bands_rows(threshold: float, num_perm: int, bands: int | None, rows:
 # 5. LSH banding: candidates by sorting band rows (numpy), not by Python dicts
 # ----------------------------------------------------------------------------------------------------------
 
-def _pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
+def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
     """All pairs of items that share a group.
 
     order: (N,) item ids sorted so that equal groups are contiguous; group: (N,) group id of order[i].
     Returns (pairs, 2) int64 item ids with the smaller id first. Pairs at distance d in sorted order share a
     group when group[i] == group[i + d]; we step d = 1, 2, ... keeping only positions still inside a group.
+
+    >>> pairs_in_groups(np.array([7, 3, 5, 9]), np.array([0, 0, 0, 1])).tolist()      # 7, 3, 5 share group 0
+    [[3, 7], [3, 5], [5, 7]]
     """
     found = []
     candidates = np.arange(len(order) - 1)
@@ -722,7 +732,7 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, documents: np
             sorted_rows = band_rows[order]
             new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
         group = np.concatenate(([0], np.cumsum(new_run)))
-        pairs = _pairs_in_groups(order, group)
+        pairs = pairs_in_groups(order, group)
         keys.append(pairs[:, 0] * num_docs + pairs[:, 1])                      # one int64 per pair
     unique = np.unique(np.concatenate(keys))
     return documents[np.stack([unique // num_docs, unique % num_docs], axis=1)]
@@ -909,7 +919,153 @@ def dedup(texts: list[str], threshold: float = 0.5, **kwargs) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# 8. The lecture's required exercise: planted near-duplicates in WikiText-2, measured against brute force
+# 8. Shingle overlap between two corpora: the 13-gram index (evaluate.py's contamination, data.py's --val-data)
+# ----------------------------------------------------------------------------------------------------------
+# Near-dedup asks which documents of one corpus resemble each other; contamination asks which documents of a small
+# corpus (an evaluation set, a held-out file) share a long shingle with a big one (the training corpus). GPT-3's
+# rule: an evaluation document is contaminated when one of its 13-grams (13 consecutive lowercased words,
+# punctuation ignored) occurs in training. 13 words are long enough that only copied text shares them (evaluate.py
+# shows why 6 is too short). The big side becomes an index, the small side is looked up in it, document by document.
+
+_OVERLAP_WORD = re.compile(r"\w+")
+_UNKNOWN = np.uint64(2**64 - 1)          # id of a word the indexed corpus never had
+_NGRAM_BASE = np.uint64(_POLY_BASE)      # odd multiplier of the polynomial n-gram hash (mod 2^64)
+
+
+def overlap_words(text: str) -> list[str]:
+    """The unit of overlap: lowercased runs of letters/digits; punctuation and spacing are ignored.
+
+    >>> overlap_words("It's 13 words, or so.")
+    ['it', 's', '13', 'words', 'or', 'so']
+    """
+    return _OVERLAP_WORD.findall(text.lower())
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: spreads small consecutive word ids over all 64 bits (uint64 arithmetic wraps)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
+    """64-bit hash of every run of n consecutive word ids: h = sum_j mix(id[i+j]) * BASE^(n-1-j) mod 2^64.
+    (len(word_ids) - n + 1,) uint64; empty when the document has fewer than n words. Two different n-grams share
+    a hash with probability about 2^-64, so a false hit needs ~10^19 comparisons.
+
+    >>> a, b = ngram_hashes(np.array([1, 2, 3, 1, 2]), 2), ngram_hashes(np.array([9, 1, 2]), 2)
+    >>> len(a), bool(a[0] == a[3] == b[1]), bool(a[0] == a[1])         # (1, 2) hashes alike wherever it occurs
+    (4, True, False)
+    """
+    count = len(word_ids) - n + 1
+    if count <= 0:
+        return np.empty(0, dtype=np.uint64)
+    mixed = _mix64(word_ids.astype(np.uint64) + np.uint64(1))
+    h = np.zeros(count, dtype=np.uint64)
+    for j in range(n):                   # Horner's rule over the n positions, all start positions at once
+        h = h * _NGRAM_BASE + mixed[j:j + count]
+    return h
+
+
+class SetNgramIndex:
+    """The plain way, kept as the readable reference: a Python set of word tuples. Exact, but every 13-gram costs a
+    tuple of 13 string references plus a set slot (~200 bytes), so it is ~25x the memory of the hashed index.
+
+    index = SetNgramIndex(13); index.add(doc) for each indexed document; index.freeze(); document_overlap(index, text).
+    """
+
+    def __init__(self, n: int = 13):
+        self.n, self.documents, self.words_seen = n, 0, 0
+        self.grams: set[tuple[str, ...]] = set()
+
+    def add(self, text: str) -> None:
+        tokens = overlap_words(text)
+        self.grams.update(tuple(tokens[i:i + self.n]) for i in range(len(tokens) - self.n + 1))
+        self.words_seen += len(tokens)
+        self.documents += 1
+
+    def freeze(self) -> "SetNgramIndex":
+        return self
+
+    def __len__(self) -> int:
+        return len(self.grams)
+
+    def hit_mask(self, tokens: list[str]) -> np.ndarray:
+        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the indexed corpus."""
+        return np.array([tuple(tokens[i:i + self.n]) in self.grams for i in range(len(tokens) - self.n + 1)],
+                        dtype=bool)
+
+
+class NgramIndex:
+    """The scalable way: every n-gram hash of the corpus in one sorted uint64 array (8 bytes per n-gram), queried
+    by binary search. Same interface as SetNgramIndex; words get integer ids from a dict, so identical words hash
+    identically on both sides.
+
+    >>> index = NgramIndex(n=3); index.add("the cat sat on the mat"); _ = index.freeze()
+    >>> index.hit_mask(overlap_words("a cat sat on the rug")).tolist()      # "cat sat on", "sat on the"
+    [False, True, True, False]
+    """
+
+    def __init__(self, n: int = 13):
+        self.n, self.documents, self.words_seen = n, 0, 0
+        self.vocab: dict[str, int] = {}
+        self._parts: list[np.ndarray] = []
+        self.hashes = np.empty(0, dtype=np.uint64)
+
+    def add(self, text: str) -> None:
+        tokens = overlap_words(text)
+        vocab = self.vocab
+        ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in tokens), dtype=np.uint64, count=len(tokens))
+        self._parts.append(ngram_hashes(ids, self.n))
+        self.words_seen += len(tokens)
+        self.documents += 1
+
+    def freeze(self) -> "NgramIndex":
+        """Sort and deduplicate (sort + neighbour compare: np.unique is ~20x slower on uint64 in numpy 2.x)."""
+        hashes = np.concatenate([self.hashes, *self._parts])
+        hashes.sort()
+        self.hashes = hashes[np.concatenate([[True], hashes[1:] != hashes[:-1]])] if len(hashes) else hashes
+        self._parts = []
+        return self
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def hit_mask(self, tokens: list[str]) -> np.ndarray:
+        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the indexed corpus."""
+        n = self.n
+        ids = np.fromiter((self.vocab.get(w, _UNKNOWN) for w in tokens), dtype=np.uint64, count=len(tokens))
+        hashes = ngram_hashes(ids, n)
+        if not len(hashes) or not len(self.hashes):
+            return np.zeros(len(hashes), dtype=bool)
+        at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
+        hit = self.hashes[at] == hashes
+        known = np.concatenate([[0], np.cumsum(ids != _UNKNOWN, dtype=np.int64)])
+        return hit & ((known[n:] - known[:-n]) == n)    # an n-gram with a word the corpus never had is not in it
+
+
+def document_overlap(index, text: str) -> dict:
+    """The n-grams of one document (of the small corpus) found in the indexed one.
+    -> {"words", "ngrams", "overlapping", "fraction", "example"}: example is the first shared n-gram (or None).
+    `index` is anything with `n` and `hit_mask(words)`: NgramIndex, SetNgramIndex, or data_at_scale's index of the
+    small side, which marks the n-grams its stream of training documents held.
+
+    >>> index = NgramIndex(n=3); index.add("the cat sat on the mat"); _ = index.freeze()
+    >>> document_overlap(index, "A cat sat on the rug!")["example"]
+    'cat sat on'
+    """
+    tokens = overlap_words(text)
+    hit = index.hit_mask(tokens)
+    first = int(np.argmax(hit)) if hit.any() else None
+    return {"words": len(tokens), "ngrams": len(hit), "overlapping": int(hit.sum()),
+            "fraction": float(hit.mean()) if len(hit) else 0.0,
+            "example": " ".join(tokens[first:first + index.n]) if first is not None else None}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 9. The lecture's required exercise: planted near-duplicates in WikiText-2, measured against brute force
 # ----------------------------------------------------------------------------------------------------------
 
 DEFAULT_WIKITEXT = (pathlib.Path(__file__).resolve().parent.parent / "shared" / "data" / "wikitext-2-raw"
@@ -1069,7 +1225,7 @@ def experiment_table(result: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# 9. Files: reading corpora, writing results without half-written files
+# 10. Files: reading corpora, writing results without half-written files
 # ----------------------------------------------------------------------------------------------------------
 
 def read_text(path: str | os.PathLike) -> str:
@@ -1162,7 +1318,7 @@ def dedup_files(inputs: list[str], out: str, threshold: float = 0.5, num_perm: i
 
 
 # ----------------------------------------------------------------------------------------------------------
-# 10. Command line
+# 11. Command line
 # ----------------------------------------------------------------------------------------------------------
 
 def demo() -> str:

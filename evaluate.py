@@ -49,9 +49,12 @@ together with the training data, or we would be grading it on questions it has a
    Python set of word tuples raises it by ~740 MB (`--index set`).
 
 The metrics work on any causal language model that maps token ids (B, T) to logits (B, T, V) (or returns
-(logits, loss)). Loading our checkpoints uses sibling files: train.py (its checkpoint loader, which builds
-model.py's GPT and bpe.py's Tokenizer) and data.py (held-out token shards, text sources). They are imported only
-where needed, so the metrics can be copied alone.
+(logits, loss)).
+
+Depends on: torch, numpy and three siblings. dedup.py: the contamination check's n-gram index (shingle overlap
+between corpora is its topic; numpy only). train.py (its checkpoint loader, which builds the GPT and the tokenizer)
+and data.py (held-out token shards, text sources), imported only where checkpoints and datasets are loaded, so the
+metrics can be copied with dedup alone.
 
     python evaluate.py --ckpt out/                          held-out loss, perplexity, bits/byte, last-word task
     python evaluate.py --ckpt out/ --data wiki.test.raw     the same on any text (--tasks FILE.jsonl: exact match)
@@ -81,6 +84,8 @@ import unicodedata
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+import dedup
 
 
 class EvalError(Exception):
@@ -461,123 +466,12 @@ def k_token_exact_match(correct: np.ndarray, k: int) -> float:
 # 5. Contamination: 13-gram overlap between evaluation documents and the training corpus
 # ----------------------------------------------------------------------------------------------------------------
 
-_WORD = re.compile(r"\w+")
-_UNKNOWN = np.uint64(2**64 - 1)          # id of a word the training corpus never had
-_HASH_BASE = np.uint64(0x100000001B3)    # odd multiplier of the polynomial n-gram hash (mod 2^64)
-
-
-def words(text: str) -> list[str]:
-    """The unit of contamination: lowercased runs of letters/digits; punctuation and spacing are ignored.
-    words("It's 13 words, or so.") -> ["it", "s", "13", "words", "or", "so"]"""
-    return _WORD.findall(text.lower())
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: spreads small consecutive word ids over all 64 bits (uint64 arithmetic wraps)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
-    """64-bit hash of every run of n consecutive word ids: h = sum_j mix(id[i+j]) * BASE^(n-1-j) mod 2^64.
-    (len(word_ids) - n + 1,) uint64; empty when the document has fewer than n words. Two different n-grams share
-    a hash with probability about 2^-64, so a false hit needs ~10^19 comparisons."""
-    count = len(word_ids) - n + 1
-    if count <= 0:
-        return np.empty(0, dtype=np.uint64)
-    mixed = _mix64(word_ids.astype(np.uint64) + np.uint64(1))
-    h = np.zeros(count, dtype=np.uint64)
-    for j in range(n):                   # Horner's rule over the n positions, all start positions at once
-        h = h * _HASH_BASE + mixed[j:j + count]
-    return h
-
-
-class SetNgramIndex:
-    """The plain way, kept as the readable reference: a Python set of word tuples. Exact, but every 13-gram costs a
-    tuple of 13 string references plus a set slot (~200 bytes), so it is ~25x the memory of the hashed index.
-
-    index = SetNgramIndex(13); index.add(doc) for each training document; index.freeze(); overlap(index, text).
-    """
-
-    def __init__(self, n: int = 13):
-        self.n, self.documents, self.words_seen = n, 0, 0
-        self.grams: set[tuple[str, ...]] = set()
-
-    def add(self, text: str) -> None:
-        tokens = words(text)
-        self.grams.update(tuple(tokens[i:i + self.n]) for i in range(len(tokens) - self.n + 1))
-        self.words_seen += len(tokens)
-        self.documents += 1
-
-    def freeze(self) -> "SetNgramIndex":
-        return self
-
-    def __len__(self) -> int:
-        return len(self.grams)
-
-    def hit_mask(self, tokens: list[str]) -> np.ndarray:
-        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the training corpus."""
-        return np.array([tuple(tokens[i:i + self.n]) in self.grams for i in range(len(tokens) - self.n + 1)],
-                        dtype=bool)
-
-
-class NgramIndex:
-    """The scalable way: every n-gram hash of the corpus in one sorted uint64 array (8 bytes per n-gram), queried
-    by binary search. Same interface as SetNgramIndex; words get integer ids from a dict, so identical words hash
-    identically on both sides.
-    """
-
-    def __init__(self, n: int = 13):
-        self.n, self.documents, self.words_seen = n, 0, 0
-        self.vocab: dict[str, int] = {}
-        self._parts: list[np.ndarray] = []
-        self.hashes = np.empty(0, dtype=np.uint64)
-
-    def add(self, text: str) -> None:
-        tokens = words(text)
-        vocab = self.vocab
-        ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in tokens), dtype=np.uint64, count=len(tokens))
-        self._parts.append(ngram_hashes(ids, self.n))
-        self.words_seen += len(tokens)
-        self.documents += 1
-
-    def freeze(self) -> "NgramIndex":
-        """Sort and deduplicate (sort + neighbour compare: np.unique is ~20x slower on uint64 in numpy 2.x)."""
-        hashes = np.concatenate([self.hashes, *self._parts])
-        hashes.sort()
-        self.hashes = hashes[np.concatenate([[True], hashes[1:] != hashes[:-1]])] if len(hashes) else hashes
-        self._parts = []
-        return self
-
-    def __len__(self) -> int:
-        return len(self.hashes)
-
-    def hit_mask(self, tokens: list[str]) -> np.ndarray:
-        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the training corpus."""
-        n = self.n
-        ids = np.fromiter((self.vocab.get(w, _UNKNOWN) for w in tokens), dtype=np.uint64, count=len(tokens))
-        hashes = ngram_hashes(ids, n)
-        if not len(hashes) or not len(self.hashes):
-            return np.zeros(len(hashes), dtype=bool)
-        at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
-        hit = self.hashes[at] == hashes
-        known = np.concatenate([[0], np.cumsum(ids != _UNKNOWN, dtype=np.int64)])
-        return hit & ((known[n:] - known[:-n]) == n)    # an n-gram with a word the corpus never had is not in it
-
-
-def overlap(index, text: str) -> dict:
-    """The n-grams of one evaluation document found in the training corpus.
-    -> {"words", "ngrams", "overlapping", "fraction", "example"}: example is the first shared n-gram (or None)."""
-    tokens = words(text)
-    hit = index.hit_mask(tokens)
-    first = int(np.argmax(hit)) if hit.any() else None
-    return {"words": len(tokens), "ngrams": len(hit), "overlapping": int(hit.sum()),
-            "fraction": float(hit.mean()) if len(hit) else 0.0,
-            "example": " ".join(tokens[first:first + index.n]) if first is not None else None}
-
+# The index itself is shingle overlap between two corpora, dedup.py's topic (its section 8): the training side
+# becomes dedup.NgramIndex, every 13-gram hash in one sorted uint64 array (8 bytes per n-gram), or
+# dedup.SetNgramIndex, a Python set of word tuples kept as the readable reference (~25x the memory). Each evaluation
+# document is then looked up n-gram by n-gram (dedup.document_overlap): its 13-grams of lowercased words
+# (dedup.overlap_words("It's 13 words, or so.") -> ["it", "s", "13", "words", "or", "so"]), the positions found in
+# training, and the first shared one as the example.
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024     # Linux reports KiB
@@ -586,15 +480,15 @@ def _peak_rss_mb() -> float:
 def contamination_report(train_documents, eval_documents: list[str], n: int = 13, min_overlap: int = 1,
                          index: str = "hashed") -> dict:
     """Per evaluation document: how many of its n-grams occur in the training documents; contaminated when at
-    least min_overlap do (GPT-3's rule is any, min_overlap=1). index: "hashed" (NgramIndex) or "set"
-    (SetNgramIndex, the reference). Also the time the check took and how far building the index raised the
+    least min_overlap do (GPT-3's rule is any, min_overlap=1). index: "hashed" (dedup.NgramIndex) or "set"
+    (dedup.SetNgramIndex, the reference). Also the time the check took and how far building the index raised the
     process's peak memory."""
     if not eval_documents:
         raise EvalError("the evaluation set has no documents: nothing to check")
     if index not in ("hashed", "set"):
         raise EvalError(f"unknown index {index!r}: use hashed or set")
     start, peak_before = time.perf_counter(), _peak_rss_mb()
-    ngram_index = (NgramIndex if index == "hashed" else SetNgramIndex)(n)
+    ngram_index = (dedup.NgramIndex if index == "hashed" else dedup.SetNgramIndex)(n)
     for doc in train_documents:
         ngram_index.add(doc)
     ngram_index.freeze()
@@ -603,7 +497,7 @@ def contamination_report(train_documents, eval_documents: list[str], n: int = 13
         raise EvalError("the training corpus has no documents: nothing to check against")
     per_doc = []
     for i, doc in enumerate(eval_documents):
-        row = overlap(ngram_index, doc)
+        row = dedup.document_overlap(ngram_index, doc)
         row.update(doc=i, contaminated=row["overlapping"] >= min_overlap, preview=" ".join(doc.split())[:60])
         per_doc.append(row)
     flagged = sum(r["contaminated"] for r in per_doc)

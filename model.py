@@ -2,8 +2,8 @@
 Mixture of Experts, a KV cache for generation, and the parameter / FLOP / memory accounting that the rest of
 the project plans with.
 
-Depends on: torch only. The Hugging Face bridge alone imports more, inside its functions: safetensors, bpe.py
-(the tokenizer files) and train.py (the checkpoint format: its loader for export, its writer for import-hf).
+Depends on: torch only. The Hugging Face bridge (`python model.py export` / `import-hf`) lives in hf.py; only
+main() imports it, to run those two commands.
 
 The lesson, in numbers
 ----------------------
@@ -51,27 +51,9 @@ Initialisation: every Linear and the embedding draw from N(0, 0.02); the two pro
 residual stream (attn.wo, ffn.w2) use 0.02 / sqrt(2 L), so the variance the 2L residual additions pile up stays
 that of a single layer (GPT-2). Norm gains start at 1. With tied embeddings the LM head reuses tok_emb.weight.
 
-Exporting to Hugging Face: the same network, another RoPE layout
------------------------------------------------------------------
-A dense model here is Hugging Face's LlamaForCausalLM up to names (wq/wk/wv/wo = q/k/v/o_proj, w1 = gate_proj,
-w3 = up_proj, w2 = down_proj, attn_norm = input_layernorm, ffn_norm = post_attention_layernorm) and one real
-difference: which features RoPE rotates together. We rotate adjacent pairs (x_2i, x_2i+1), as RoFormer and
-Meta's Llama code do; HF rotates the two halves (x_i, x_i+d/2) (`rotate_half`). With head_dim d = 4, pair 0
-turning by angle a and pair 1 by angle b:
-
-    ours: [q0, q1, q2, q3]   rotates (q0, q1) by a and (q2, q3) by b
-    HF:   [q0, q2, q1, q3]   rotates its features (0, 2) = (q0, q1) by a and (1, 3) = (q2, q3) by b
-
-So HF's feature j must be our feature [0, 2, 1, 3][j] (the even ones, then the odd ones): permute the output
-rows of wq and wk that way inside every head and HF rotates exactly our pairs by exactly our angles. q and k
-then hold the same numbers in another order, and q.k, a sum over features, does not care about the order; v
-and wo are not rotated and need nothing. Skip the permutation and the export still loads and runs, just wrong:
-q0 turns with q2 instead of q1, and the logits drift away from ours. The rest is configuration HF would
-otherwise default differently: rms_norm_eps (HF 1e-6, ours 1e-5), rope_theta, tie_word_embeddings (HF False,
-ours True); silu is the SwiGLU gate in both. `python model.py export` writes the directory (`export_hf`) and
-`python model.py import-hf` reads one back (`load_hf`); tests/test_hf.py checks the logits against
-transformers'. A Mixture of Experts is refused: we weigh the top-k experts by their full-softmax probabilities,
-Mixtral renormalises them over the k, so no Mixtral config computes our logits.
+Exporting to Hugging Face: a dense model here is Hugging Face's LlamaForCausalLM up to names and one layout
+detail (which features RoPE rotates together); hf.py's docstring tells it with a 4-wide head, and
+`python model.py export` / `import-hf` run hf.py's commands.
 
 Run `python model.py` to print every preset with its parameters, FLOPs per token and training memory.
 """
@@ -79,13 +61,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
-import os
-import pathlib
-import shutil
 import sys
-import tempfile
 import time
 
 import torch
@@ -762,320 +739,6 @@ def _human(n: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Taking the model elsewhere: the Hugging Face Llama layout (see "Exporting to Hugging Face" in the docstring)
-# ----------------------------------------------------------------------------------------------------------------
-
-# Our parameter names -> Hugging Face LlamaForCausalLM's: inside block i (HF's "model.layers.{i}."), and the
-# others. wq and wk also need `interleaved_to_halves`; lm_head is absent from the file when the embeddings are tied.
-HF_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn.wq.weight": "self_attn.q_proj.weight",
-    "attn.wk.weight": "self_attn.k_proj.weight",
-    "attn.wv.weight": "self_attn.v_proj.weight",
-    "attn.wo.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn.w1.weight": "mlp.gate_proj.weight",
-    "ffn.w3.weight": "mlp.up_proj.weight",
-    "ffn.w2.weight": "mlp.down_proj.weight",
-}
-HF_GLOBAL_NAMES = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-                   "lm_head.weight": "lm_head.weight"}
-INSTALL_HINT = "pip install safetensors transformers"
-
-
-def hf_name(name: str) -> str:
-    """Our parameter name -> HF's.
-
-    >>> hf_name("blocks.3.attn.wq.weight")
-    'model.layers.3.self_attn.q_proj.weight'
-    """
-    if name.startswith("blocks."):
-        _, i, rest = name.split(".", 2)
-        return f"model.layers.{i}.{HF_LAYER_NAMES[rest]}"
-    return HF_GLOBAL_NAMES[name]
-
-
-def rope_heads(name: str, config: GPTConfig) -> int | None:
-    """The number of heads whose rows RoPE rotates in parameter `name` (wq: n_head, wk: n_kv_head), else None."""
-    return {"attn.wq.weight": config.n_head, "attn.wk.weight": config.n_kv_head}.get(name.split(".", 2)[-1])
-
-
-def rope_halves_order(head_dim: int) -> torch.Tensor:
-    """Which of our features each of HF's features is, inside one head: the even ones, then the odd ones.
-
-    >>> rope_halves_order(4)       # HF's [x_0, x_1 | x_2, x_3] are our [x_0, x_2 | x_1, x_3]
-    tensor([0, 2, 1, 3])
-    """
-    return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
-
-
-def interleaved_to_halves(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder the output rows of wq or wk (n_heads * head_dim, C) from our RoPE pairs to HF's, head by head."""
-    head_dim = weight.shape[0] // n_heads
-    return weight.view(n_heads, head_dim, -1)[:, rope_halves_order(head_dim)].reshape(weight.shape)
-
-
-def halves_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The inverse of interleaved_to_halves: HF's q_proj / k_proj rows back to our pair layout."""
-    head_dim = weight.shape[0] // n_heads
-    inverse = torch.argsort(rope_halves_order(head_dim))
-    return weight.view(n_heads, head_dim, -1)[:, inverse].reshape(weight.shape)
-
-
-def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
-    """config.json of the equivalent LlamaForCausalLM. Every field HF would otherwise default is written out:
-    HF's defaults differ from ours (rms_norm_eps 1e-6 vs our 1e-5, tie_word_embeddings False vs our True).
-    rope_theta is written both the classic way (vLLM, llama.cpp, transformers 4) and as transformers 5's
-    rope_parameters. bos/eos are <|endoftext|>: data.py starts every document with it."""
-    if config.n_expert:
-        raise ConfigError("cannot export a Mixture of Experts: model.py weighs the top-k experts by their full-softmax "
-                          "probabilities while Mixtral renormalises them over the k, so the logits would differ; "
-                          "export a dense model (n_expert=0)")
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": config.vocab_size, "hidden_size": config.n_embd, "intermediate_size": config.ffn_dim,
-        "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
-        "num_key_value_heads": config.n_kv_head, "head_dim": config.head_dim, "hidden_act": "silu",
-        "max_position_embeddings": config.block_size, "rms_norm_eps": config.norm_eps,
-        "rope_theta": config.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-        "rope_scaling": None, "tie_word_embeddings": config.tie_embeddings,
-        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
-        "bos_token_id": bos_eos_id, "eos_token_id": bos_eos_id, "torch_dtype": "float32", "use_cache": True,
-    }
-
-
-def hf_state_dict(model: "GPT") -> dict[str, torch.Tensor]:
-    """Our weights under HF's names, q/k rows permuted to the halves layout, fp32, contiguous."""
-    cfg, out = model.config, {}
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_embeddings:
-            continue                                       # tied: HF re-ties it to embed_tokens on load
-        if rope_heads(name, cfg):
-            tensor = interleaved_to_halves(tensor, rope_heads(name, cfg))
-        out[hf_name(name)] = tensor.detach().to("cpu", torch.float32).contiguous()
-    return out
-
-
-def check_new_directory(out_dir) -> pathlib.Path:
-    """out_dir as a Path, if it does not exist or is an empty directory (export never mixes into old files)."""
-    out_dir = pathlib.Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ConfigError(f"--to {out_dir} already exists and is not an empty directory; choose a new directory")
-    return out_dir
-
-
-def hf_tokenizer_files(tokenizer, block_size: int) -> dict[str, dict]:
-    """tokenizer.json (bpe.Tokenizer.to_hf) and tokenizer_config.json, what AutoTokenizer reads. No BOS is
-    added to encoded text (GPT-2's convention, and ours: ids equal `tokenizer.encode(text, allowed_special="all")`);
-    decoding keeps spaces as they are."""
-    eot = tokenizer.eot_id
-    eot_text = None if eot is None else tokenizer.vocab[eot].decode("utf-8")
-    return {"tokenizer.json": tokenizer.to_hf(),
-            "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eot_text,
-                                      "eos_token": eot_text, "model_max_length": block_size,
-                                      "clean_up_tokenization_spaces": False}}
-
-
-def export_hf(model: "GPT", tokenizer, out_dir) -> pathlib.Path:
-    """Write a Hugging Face LlamaForCausalLM directory: config.json, model.safetensors, generation_config.json,
-    tokenizer.json (tokenizer: a bpe.Tokenizer, via its to_hf) and tokenizer_config.json. All files go to a
-    temporary directory that is renamed to out_dir at the end, so out_dir is complete or absent."""
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise ConfigError(f"export needs the safetensors package: {INSTALL_HINT}") from None
-    out_dir = check_new_directory(out_dir)
-    if len(tokenizer) > model.config.vocab_size:
-        raise ConfigError(f"the tokenizer has {len(tokenizer)} ids but the model only {model.config.vocab_size}")
-    eot = tokenizer.eot_id
-    files = {"config.json": hf_config(model.config, eot),
-             "generation_config.json": {"bos_token_id": eot, "eos_token_id": eot,
-                                        "max_length": model.config.block_size},
-             **hf_tokenizer_files(tokenizer, model.config.block_size)}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
-    try:
-        for name, doc in files.items():
-            (tmp / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        umask = os.umask(0)
-        os.umask(umask)                                    # mkdtemp made the directory private: use the umask
-        for path in (tmp, *tmp.iterdir()):
-            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
-
-
-VERIFY_TEXT = ("Once upon a time, a naïve café served Ελληνικά, русский, 中文 and 日本語 🙂👩‍👩‍👧 at 12:34.<|endoftext|>"
-               "def f(x):\n    return x ** 2  # it's done\n")
-
-
-def verify_hf(model: "GPT", tokenizer, hf_dir, new_tokens: int = 16) -> dict:
-    """Load hf_dir with transformers and compare it with (model, tokenizer), the oracle of tests/test_hf.py:
-    the largest |logit difference| on random ids and on VERIFY_TEXT (fp32), whether greedy decoding gives the
-    same tokens, and whether AutoTokenizer gives our ids for VERIFY_TEXT."""
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError(f"--verify needs the transformers package: {INSTALL_HINT}") from None
-    theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    ids = tokenizer.encode(VERIFY_TEXT, allowed_special="all")
-    same_ids = transformers.AutoTokenizer.from_pretrained(hf_dir)(VERIFY_TEXT, verbose=False)["input_ids"] == ids
-    T = model.config.block_size
-    random_ids = torch.randint(0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
-    text_ids = torch.tensor([ids[:T]])
-    model = model.eval()
-    with torch.no_grad():
-        diff = max((model(x)[0] - theirs(x).logits).abs().max().item() for x in (random_ids, text_ids))
-    prompt = text_ids[:, :8]
-    n = min(new_tokens, T - prompt.shape[1])
-    theirs.generation_config.eos_token_id = None               # compare n tokens even past an <|endoftext|>
-    theirs.generation_config.pad_token_id = 0
-    hf_greedy = theirs.generate(prompt, max_new_tokens=n, do_sample=False, max_length=None)
-    return {"max_abs_logit_diff": diff, "logit_positions": random_ids.numel() + text_ids.numel(),
-            "greedy_tokens": n, "greedy_equal": torch.equal(model.generate(prompt, n, temperature=0), hf_greedy),
-            "tokenizer_ids_equal": same_ids}
-
-
-def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
-    """GPTConfig of a LlamaForCausalLM config.json, refusing in one line what model.py cannot express."""
-    def refuse(what: str):
-        raise ConfigError(f"{source}: {what}, which model.py cannot express; it loads plain LlamaForCausalLM only")
-    architectures = hf.get("architectures")
-    if architectures != ["LlamaForCausalLM"] and (architectures or hf.get("model_type") != "llama"):
-        refuse(f"architecture {architectures or hf.get('model_type')}")
-    rope = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or rope               # transformers 4 writes rope_scaling, 5 rope_parameters
-    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        refuse(f"RoPE scaling {scaling.get('rope_type', scaling.get('type'))!r}")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        refuse("biases in the linear layers")
-    if hf.get("hidden_act", "silu") != "silu":
-        refuse(f"activation {hf['hidden_act']!r} (model.py's SwiGLU uses silu)")
-    try:
-        n_embd, n_head = int(hf["hidden_size"]), int(hf["num_attention_heads"])
-    except KeyError as e:
-        raise ConfigError(f"{source} lacks {e.args[0]!r}; it is not a LlamaForCausalLM config") from None
-    if hf.get("head_dim") not in (None, n_embd // n_head):
-        refuse(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads = {n_embd // n_head}")
-    try:
-        return GPTConfig(vocab_size=int(hf["vocab_size"]), block_size=int(hf.get("max_position_embeddings", 2048)),
-                         n_layer=int(hf["num_hidden_layers"]), n_head=n_head,
-                         n_kv_head=int(hf.get("num_key_value_heads") or n_head), n_embd=n_embd,
-                         ffn_hidden=_explicit_ffn_hidden(int(hf["intermediate_size"]), n_embd),
-                         rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-                         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                         tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
-    except KeyError as e:
-        raise ConfigError(f"{source} lacks {e.args[0]!r}; it is not a LlamaForCausalLM config") from None
-    except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
-
-
-def _explicit_ffn_hidden(intermediate_size: int, n_embd: int) -> int:
-    """0 (auto) when HF's intermediate_size is what GPTConfig would derive, so a round trip gives the same config.
-
-    >>> _explicit_ffn_hidden(384, 128), _explicit_ffn_hidden(8192, 2048)
-    (0, 8192)
-    """
-    return 0 if intermediate_size == GPTConfig(n_embd=n_embd, n_head=1, n_kv_head=1).ffn_dim else intermediate_size
-
-
-def _read_safetensors(hf_dir: pathlib.Path) -> dict[str, torch.Tensor]:
-    """Every tensor of model.safetensors, or of the shards listed in model.safetensors.index.json."""
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise ConfigError(f"reading a Hugging Face model needs the safetensors package: {INSTALL_HINT}") from None
-    index = hf_dir / "model.safetensors.index.json"
-    try:
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
-            else ["model.safetensors"]
-    except (ValueError, KeyError, AttributeError) as e:
-        raise ConfigError(f"{index} is damaged ({type(e).__name__}: {e}); it must map tensor names to files") from None
-    tensors = {}
-    for name in files:
-        if not (hf_dir / name).is_file():
-            raise ConfigError(f"{hf_dir / name} not found; the directory must hold the weights as safetensors")
-        try:
-            tensors.update(load_file(str(hf_dir / name)))
-        except Exception as e:                 # safetensors' own error type: a truncated or foreign file
-            raise ConfigError(f"{hf_dir / name} is not a readable safetensors file ({e})") from None
-    return tensors
-
-
-def load_hf(hf_dir) -> tuple["GPT", object]:
-    """(GPT in eval mode, bpe.Tokenizer or None) from a Hugging Face LlamaForCausalLM directory (one `export_hf`
-    wrote, or any Llama checkpoint on disk in safetensors). Weights become fp32; q/k rows go back to our RoPE
-    layout. What model.py cannot express (another architecture, RoPE scaling, biases, tensors whose shapes
-    disagree with config.json) fails with one ConfigError line. The tokenizer (bpe.py, imported here) comes from
-    tokenizer.json when present and must be byte-level BPE."""
-    hf_dir = pathlib.Path(hf_dir)
-    if not (hf_dir / "config.json").is_file():
-        raise ConfigError(f"{hf_dir / 'config.json'} not found; --from must be a Hugging Face model directory")
-    try:
-        config = config_from_hf(json.loads((hf_dir / "config.json").read_text(encoding="utf-8")),
-                                str(hf_dir / "config.json"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{hf_dir / 'config.json'} is not valid JSON ({e})") from None
-    tensors = {k: v for k, v in _read_safetensors(hf_dir).items() if not k.endswith("rotary_emb.inv_freq")}
-    with torch.device("meta"):
-        model = GPT(config)
-    state = {}
-    for name, ours in model.state_dict().items():
-        if name == "lm_head.weight" and config.tie_embeddings:
-            continue
-        theirs = hf_name(name)
-        if theirs not in tensors:
-            raise ConfigError(f"{hf_dir}: the weights lack {theirs}, which config.json implies; "
-                              f"the directory is incomplete or not a LlamaForCausalLM")
-        tensor = tensors.pop(theirs)
-        if tuple(tensor.shape) != tuple(ours.shape):
-            raise ConfigError(f"{hf_dir}: {theirs} has shape {tuple(tensor.shape)} but config.json implies "
-                              f"{tuple(ours.shape)}; the weights and config.json disagree")
-        if rope_heads(name, config):
-            tensor = halves_to_interleaved(tensor, rope_heads(name, config))
-        state[name] = tensor.to(torch.float32)
-    if config.tie_embeddings:
-        tensors.pop("lm_head.weight", None)                # some tied checkpoints store the copy anyway
-        state["lm_head.weight"] = state["tok_emb.weight"]
-    if tensors:
-        raise ConfigError(f"{hf_dir}: tensor {sorted(tensors)[0]} (and {len(tensors) - 1} more) has no place in "
-                          f"model.py's Llama (a bias, an extra module), which model.py cannot express")
-    model = GPT(config)
-    model.load_state_dict(state)
-    tokenizer = None
-    if (hf_dir / "tokenizer.json").is_file():
-        import bpe
-        try:
-            tokenizer = bpe.Tokenizer.from_hf(json.loads((hf_dir / "tokenizer.json").read_text(encoding="utf-8")),
-                                              str(hf_dir / "tokenizer.json"))
-        except (bpe.TokenizerError, json.JSONDecodeError) as e:
-            raise ConfigError(str(e)) from None
-        if len(tokenizer) > config.vocab_size:
-            raise ConfigError(f"{hf_dir}: tokenizer.json has {len(tokenizer)} ids but vocab_size is "
-                              f"{config.vocab_size}; the tokenizer belongs to another model")
-    return model.eval(), tokenizer
-
-
-def save_imported_checkpoint(model: "GPT", tokenizer, path, source: str) -> pathlib.Path:
-    """Write a checkpoint in train.py's format (version 1: model, model_config, tokenizer_json, step 0), which
-    evaluate.py samples from and `train.py --init-from` starts a run from. train.py's own atomic writer does it
-    (imported here only: the format and its checksum belong to train.py)."""
-    import train
-    path = pathlib.Path(path)
-    ckpt = {"version": 1, "step": 0, "model": model.state_dict(), "model_config": model.config.to_dict(),
-            "tokenizer_json": tokenizer.to_json(), "imported_from": source}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    train.atomic_save(ckpt, path)
-    return path
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -1107,45 +770,6 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
         agree = int((cached[0, -past:] == idx[0, -past:]).sum())
         lines.append(f"  past block_size (sliding window vs cropped recompute): {agree} of {past} ids agree")
     return "\n".join(lines)
-
-
-def export_checkpoint(ckpt_path: str, out_dir: str, verify: bool = False) -> str:
-    """`python model.py export`: a train.py checkpoint (or run directory) -> a Hugging Face directory.
-
-    The checkpoint is read by train.py's own loader (newest good checkpoint of a run directory, weights_only
-    torch.load), imported here and only here: the format belongs to train.py, and a second reader would drift
-    from it, while importing train.py at the top would tie this torch-only file to data.py and numpy."""
-    import train
-    check_new_directory(out_dir)
-    if not pathlib.Path(ckpt_path).exists():
-        raise ConfigError(f"--ckpt {ckpt_path} not found; pass a checkpoint file or a run directory of train.py")
-    try:
-        ckpt = train.load_checkpoint(ckpt_path, log=lambda message: print(message, file=sys.stderr))
-        model, tokenizer = train.model_from_checkpoint(ckpt)
-    except (train.TrainError, KeyError, ValueError, RuntimeError) as e:
-        raise ConfigError(f"--ckpt {ckpt_path}: cannot load it ({str(e).splitlines()[0]})") from None
-    export_hf(model, tokenizer, out_dir)
-    report = (f"wrote {out_dir}: LlamaForCausalLM, {model.num_params():,} parameters, vocab {len(tokenizer)}, "
-              f"from {ckpt['path']} (step {ckpt.get('step')})")
-    if verify:
-        v = verify_hf(model, tokenizer, out_dir)
-        report += (f"\nverified with transformers: max |logit diff| {v['max_abs_logit_diff']:.2e} over "
-                   f"{v['logit_positions']} positions (fp32); greedy {v['greedy_tokens']} tokens "
-                   f"{'identical' if v['greedy_equal'] else 'DIFFERENT'}; AutoTokenizer ids "
-                   f"{'identical' if v['tokenizer_ids_equal'] else 'DIFFERENT'}")
-    return report
-
-
-def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
-    """`python model.py import-hf`: a Hugging Face Llama directory -> a train.py-format checkpoint."""
-    if pathlib.Path(ckpt_path).is_dir():
-        raise ConfigError(f"--to {ckpt_path} is a directory; give a checkpoint file name such as "
-                          f"{pathlib.Path(ckpt_path) / 'imported.pt'}")
-    model, tokenizer = load_hf(hf_dir)
-    if tokenizer is None:
-        raise ConfigError(f"{pathlib.Path(hf_dir) / 'tokenizer.json'} not found; a checkpoint needs its tokenizer")
-    save_imported_checkpoint(model, tokenizer, ckpt_path, str(hf_dir))
-    return f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, from {hf_dir}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1197,15 +821,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--tokens", type=_in_range(int, 1, 10_000), default=100,
                       help="new tokens (the uncached side recomputes the window per token: 1e4 is minutes on a CPU)")
     demo.add_argument("--seed", type=_in_range(int, 0, 2**32 - 1), default=0)
-    export = sub.add_parser("export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory")
-    export.add_argument("--ckpt", required=True, help="a train.py checkpoint file, or a run directory (its newest)")
-    export.add_argument("--to", required=True, help="the directory to create (must not exist, or be empty)")
-    export.add_argument("--verify", action="store_true", help="load the result with transformers and compare "
-                        "logits, greedy tokens and tokenizer ids with ours")
-    import_hf = sub.add_parser("import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint")
-    import_hf.add_argument("--from", dest="hf_dir", required=True, help="directory with config.json, "
-                           "model.safetensors and tokenizer.json")
-    import_hf.add_argument("--to", required=True, help="the checkpoint file to write")
+    # The bridge's commands are hf.py's, listed here and handed to hf.main before parsing (see its --help).
+    sub.add_parser("export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory (hf.py)")
+    sub.add_parser("import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint (hf.py)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["export"], ["import-hf"]):
+        import hf                                 # main only: model.py's library never imports the bridge
+        return hf.main(argv, prog="model.py")
     args = parser.parse_args(argv)
     if args.moe and args.top_k > args.moe:
         parser.error(f"argument --top-k: {args.top_k} experts per token, but --moe gives only {args.moe}")
@@ -1222,15 +844,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"train mem = {TRAINING_BYTES_PER_PARAM} B/param\n(AdamW, mixed precision), activations excluded.")
         elif args.command == "demo":
             print(demo_kv_cache(args.model, args.tokens, args.seed))
-        elif args.command == "export":
-            print(export_checkpoint(args.ckpt, args.to, args.verify))
-        elif args.command == "import-hf":
-            print(import_hf_checkpoint(args.hf_dir, args.to))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:                          # unwritable --to, full disk: one line, not a traceback
-        print(f"error: {e.filename or ''}: {e.strerror or e}; check the path and its permissions", file=sys.stderr)
         return 2
     return 0
 

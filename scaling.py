@@ -55,7 +55,8 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
 
 Depends on numpy and the standard library; torch only for the Approach 3 fit (L-BFGS), matplotlib only to
 draw a PNG. Only the experiments use siblings: the sweep runs train.py (a subprocess) and reads model.py's
-parameter counts; the dedup effect also uses data.py, dedup.py and evaluate.py. The calculator and the fitting
+parameter counts; both prepare their corpora with data_at_scale.py; the dedup effect also uses data.py, dedup.py
+and evaluate.py. The calculator and the fitting
 work in a copy of this file alone.
 """
 from __future__ import annotations
@@ -1332,7 +1333,7 @@ def predict_heldout(report: FitReport, fit_runs: Sequence[Run]) -> dict:
 def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=print) -> SweepResult:
     """The whole experiment: prepare the corpus, train the IsoFLOP grid, predict the held-out budget from it,
     train that, fit the three approaches on the grid, write final.jsonl, scaling.png and REPORT.md into out_dir."""
-    import data as data_lib
+    import data_at_scale
     s = settings
     if len(s.budgets) < 2 or s.sizes_per_budget < 3:
         raise ScalingError("a sweep needs at least 2 budgets and 3 sizes per budget (a parabola has 3 coefficients)")
@@ -1346,7 +1347,7 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
         data_dir = data_path
     else:
         log(f"preparing {s.data} with a {s.vocab_size}-token BPE (cached after the first time) ...")
-        data_dir = data_lib.prepare([x for x in s.data.split(",") if x], vocab_size=s.vocab_size, seed=s.seed)
+        data_dir = data_at_scale.prepare([x for x in s.data.split(",") if x], vocab_size=s.vocab_size, seed=s.seed)
     manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
     train_tokens = int(manifest["splits"]["train"]["tokens"])
     corpus = "+".join(src["spec"] for src in manifest.get("sources", [])) or s.data
@@ -1655,6 +1656,7 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
     on each with several seeds (train.py), score every run on the same held-out documents (evaluate.py)."""
     import concurrent.futures
     import data as data_lib
+    import data_at_scale
     import dedup as dedup_lib
     import evaluate as evaluate_lib
 
@@ -1685,11 +1687,11 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
     corpora = {name: _write_if_changed(out / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
                for name, texts in (("deduplicated", deduped), ("with_duplicates", with_dups))}
     keep_all = data_lib.CleanSettings(filters="none", near_dup_threshold=0)   # already cleaned above
-    datasets = {"deduplicated": data_lib.prepare([str(corpora["deduplicated"])], vocab_size=s.vocab_size,
-                                                 clean_settings=keep_all, val_fraction=0.02)}
-    datasets["with_duplicates"] = data_lib.prepare([str(corpora["with_duplicates"])], clean_settings=keep_all,
-                                                   val_fraction=0.02,
-                                                   tokenizer=datasets["deduplicated"] / "tokenizer.json")
+    datasets = {"deduplicated": data_at_scale.prepare([str(corpora["deduplicated"])], vocab_size=s.vocab_size,
+                                                      clean_settings=keep_all, val_fraction=0.02)}
+    datasets["with_duplicates"] = data_at_scale.prepare([str(corpora["with_duplicates"])], clean_settings=keep_all,
+                                                        val_fraction=0.02,
+                                                        tokenizer=datasets["deduplicated"] / "tokenizer.json")
     trainer = SweepSettings(batch_size=s.batch_size, block_size=s.block_size, lr_at_64=s.lr_at_64, eval_batches=1,
                             threads=s.threads)
     n, _ = s.shape.counts(s.vocab_size)

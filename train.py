@@ -52,7 +52,8 @@ Run it:
     python train.py --data my.txt --val-data my_held_out.txt  # your text kept whole, validated on the file you name
     torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
 
-Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), model.py (the GPT) and, under
+Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), data_at_scale.py (prepares
+--data with the streaming engine), model.py (the GPT) and, under
 torchrun, parallel.py (data parallel, ZeRO, tensor and pipeline parallel). matplotlib draws the loss curve
 (imported only then).
 """
@@ -78,6 +79,7 @@ import numpy as np
 import torch
 
 import data as data_lib
+import data_at_scale
 import model as model_lib
 
 
@@ -861,7 +863,7 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
         log(f"preparing data {sources} (cached after the first time)")
         if dist.mesh is not None and not dist.is_main:
             dist.mesh.wait_for_rank0()
-        data_dir = data_lib.prepare(sources, **kwargs)
+        data_dir = data_at_scale.prepare(sources, **kwargs)
         if dist.mesh is not None and dist.is_main:
             dist.mesh.wait_for_rank0()
         return data_lib.TokenData(data_dir)
@@ -1017,9 +1019,13 @@ class Trainer:
                 raise TrainError(f"--resume: {where} does not exist; train first (without --resume) or pass a "
                                  f"checkpoint file")
             try:
-                return load_checkpoint(where, self.log)
+                ckpt = load_checkpoint(where, self.log)
             except TrainError as e:
                 raise TrainError(f"--resume: {e}") from e
+            if "optimizer" not in ckpt:                   # weights only: nothing of a run to continue
+                raise TrainError(f"--resume: {ckpt['path']} has no optimizer state (written by model.py import-hf): "
+                                 f"start a new run from its weights with --init-from {ckpt['path']}")
+            return ckpt
         if existing and not self.cfg.overwrite:
             raise TrainError(f"{self.out_dir} already holds a run ({existing[0].name}); add --resume to continue it, "
                              f"--overwrite to start over, or pick another --out-dir")

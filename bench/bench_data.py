@@ -1,5 +1,5 @@
-"""Benchmark data.py's prepare at scale: the streaming engine on ~30 MB, 300 MB and 1 GB of web-like text, and the
-in-memory engine (the reference, what prepare did before streaming) beside it at the size it can handle.
+"""Benchmark prepare at scale: data_at_scale.py's streaming engine on ~30 MB, 300 MB and 1 GB of web-like text, and
+data.py's in-memory engine (the reference, what prepare did before streaming) beside it at the size it can handle.
 
 With --peers before --peer-rev REV, the pipeline of that git revision (data.py, bpe.py, dedup.py as they were: e.g. the last commit
 before the streaming engine) runs too, as "before".
@@ -113,9 +113,9 @@ def own_peak_kib():
     except OSError:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 sys.path.insert(0, {root!r})
-import data
+import data, {module}
 start = time.perf_counter()
-out = data.prepare([{corpus!r}], {out!r}{options})
+out = {module}.prepare([{corpus!r}], {out!r}{options})
 wall = time.perf_counter() - start
 m = data.load_manifest(out)
 print(json.dumps({{"wall": wall, "cpu": m["timings"]["total_cpu_s"], "timings": m["timings"], "funnel": m["funnel"],
@@ -138,9 +138,9 @@ def checkout(revision: str, directory: pathlib.Path) -> pathlib.Path:
 def run_prepare(corpus: pathlib.Path, out: pathlib.Path, engine: str, code: pathlib.Path = ROOT,
                 workers: int = 0) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    options = {"streaming": "", "in-memory": ", in_memory=True", "before": ""}[engine]
-    options += f", workers={workers}" if workers else ""
-    script = RUN.format(root=str(code), corpus=str(corpus), out=str(out), options=options)
+    module = {"streaming": "data_at_scale", "in-memory": "data", "before": "data"}[engine]   # data.py: the reference
+    options = f", workers={workers}" if workers and engine != "in-memory" else ""
+    script = RUN.format(root=str(code), corpus=str(corpus), out=str(out), options=options, module=module)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"prepare failed on {corpus}:\n{done.stderr[-3000:]}")

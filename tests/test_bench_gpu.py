@@ -1,7 +1,12 @@
 """Tests for bench/bench_gpu.py: its CPU version (--smoke) runs every section's code path and its checks pass;
-the layouts it tries, the memory it predicts and its exit codes are checked on their own."""
+the layouts it tries, the memory it predicts (against what autograd really saves and what a step really
+allocates), the micro-batch search's stops, the guarded sections, the forced rollback and the --json rules are
+checked on their own."""
+import collections
+import dataclasses
 import json
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -9,9 +14,12 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
 import bench_gpu  # noqa: E402
+import data  # noqa: E402
 import model  # noqa: E402
 import parallel  # noqa: E402
-import scaling  # noqa: E402
+import train  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
@@ -19,7 +27,8 @@ def test_smoke_runs_every_section_and_every_check_passes(tmp_path, capsys):
     out = tmp_path / "smoke.json"
     assert bench_gpu.main(["--smoke", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert {"speed", "memory", "decode", "resume", "torchrun"} <= set(result)
+    assert {"speed", "memory", "decode", "resume", "torchrun", "train.py"} <= set(result)
+    assert set(result["sections"].values()) == {"ok"}
     checks = [r for r in result["rows"] if r["status"] in ("ok", "FAIL")]
     assert checks and all(r["status"] == "ok" for r in checks)
     assert result["resume"]["exact"] and result["resume"]["cpu_close"]
@@ -28,6 +37,16 @@ def test_smoke_runs_every_section_and_every_check_passes(tmp_path, capsys):
         assert run["backend"] == "gloo" and run["world"] == n
         assert len(run["layouts"]) == len(bench_gpu.layouts(n)) + (n == 1)   # + the one-stage pipeline executor
     assert result["speed"]["eager"]["tokens_per_s"] > 0 and result["speed"]["max_micro_batch"] == 8
+    # The model row names the data's vocabulary and the true parameter count (the "124m" on a GPU has 88M).
+    row = next(r for r in result["rows"] if r["item"].startswith("model: preset tiny"))
+    assert "vocab 4,096 of --data pydocs" in row["item"] and row["value"] == result["speed"]["params"]
+    # The memory model held on the CPU's live tensors in bf16 (the GPU's dtype) and fp32, plain and checkpointed.
+    assert {k for k in result["memory"]} == {"bf16, plain", "bf16, checkpointed", "fp32, plain", "fp32, checkpointed"}
+    assert all(abs(m["ratio"] - 1) < 0.05 for m in result["memory"].values())
+    # train.py itself under torchrun: trained, resumed with the same losses, rolled back after the forced spike.
+    run = result["train.py"]["2/3"]
+    assert run["train"]["exit"] == run["resume"]["exit"] == run["rollback"]["exit"] == 0
+    assert [e["to_step"] for e in run["rollback"]["events"] if e["event"] == "rollback"] == [bench_gpu.RUN_CKPT]
     assert "0 failed checks" in capsys.readouterr().out
 
 
@@ -45,27 +64,226 @@ def test_layouts_cover_what_the_world_allows_and_nothing_parallel_refuses():
     assert not any(l["zero"] >= 2 and l["pp"] > 1 for l in eight)
 
 
-def test_predicted_memory_is_the_accounting_of_scaling_and_model():
-    cfg = model.PRESETS["124m"]
+# ---- the memory model against the code as written -------------------------------------------------------------
+
+def saved_by_autograd(config, batch, seq, autocast: bool, whole_model: bool) -> dict:
+    """{dtype: bytes} of what one forward saves for backward (saved_tensors_hooks), each storage once, the
+    parameters themselves left out (they exist anyway); one block alone, or the whole model with its loss."""
+    torch.manual_seed(0)
+    gpt = model.GPT(config)
+    params = {p.untyped_storage().data_ptr() for p in gpt.parameters()}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = (str(t.dtype).split(".")[-1], storage.nbytes())
+        return t
+
+    ids, targets = (torch.randint(0, config.vocab_size, (batch, seq)) for _ in range(2))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        if whole_model:
+            gpt(ids, targets)
+        else:
+            gpt.blocks[0](torch.randn(batch, seq, config.n_embd, requires_grad=True))
+    out = collections.Counter()
+    for kind, size in seen.values():
+        out[kind] += size
+    return dict(out)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2])               # MHA and GQA (K, V repeated before attention)
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_saved_terms_are_what_autograd_saves(n_kv_head, dtype):
+    cfg = model.GPTConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=64)
+    block, rest = bench_gpu.saved_terms(cfg, 2, 64, dtype)
+    want_block = bench_gpu.bytes_by_dtype(block)
+    want_model = collections.Counter(bench_gpu.bytes_by_dtype(block, cfg.n_layer))
+    want_model.update(bench_gpu.bytes_by_dtype(rest))
+    for got, want in ((saved_by_autograd(cfg, 2, 64, dtype == "bf16", False), want_block),
+                      (saved_by_autograd(cfg, 2, 64, dtype == "bf16", True), dict(want_model))):
+        assert set(got) == set(want)
+        for kind in want:                                  # within 1% per dtype (they agree to the byte today)
+            assert abs(got[kind] - want[kind]) <= 0.01 * want[kind], (kind, got, want)
+
+
+def test_live_bytes_counts_allocations_once_and_not_views():
+    base = torch.zeros(1000)
+    counter = bench_gpu.LiveBytes()
+    with counter:
+        a = torch.ones(256)                                # 1 KiB
+        b = a[:10]                                         # a view: nothing allocated
+        c = base.t()                                       # a view of a tensor made before: nothing either
+        a.mul_(2)                                          # in place: nothing
+        d = torch.ones(512)                                # 2 KiB, while a lives: peak 3 KiB
+        del d
+        e = torch.ones(128)                                # 0.5 KiB, after d was freed
+    assert counter.peak == 3 * 1024 and counter.now == 1024 + 512
+    del a, b, c, e
+    assert counter.now == 0
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_predicted_peak_is_what_a_training_step_allocates_on_cpu(checkpointing):
+    """A train.py-shaped step (autocast bf16 forward, `_, loss = model(x, y)`, backward, clip, fused AdamW):
+    the tensors it keeps alive at once, plus the weights and AdamW state, within 0.5% of predicted_memory (they
+    agree to a few bytes: the 0-dim loss and grad norm)."""
+    cfg = model.GPTConfig(vocab_size=1024, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
+                          activation_checkpointing=checkpointing)
+    torch.manual_seed(0)
+    gpt = model.GPT(cfg)
+    opt = torch.optim.AdamW(gpt.parameters(), lr=1e-3, fused=True)
+    x, y = torch.randint(0, 1024, (4, 64)), torch.randint(0, 1024, (4, 64))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = gpt(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    step()                                                 # AdamW's moments exist from here on
+    counter = bench_gpu.LiveBytes()
+    with counter:
+        step()
+    want = bench_gpu.predicted_memory(cfg, 4, 64, checkpointing, "bf16")
+    got = counter.peak + want["weights"] + want["optimizer"] + want["batch"]   # made before the counted step
+    assert abs(got / want["total"] - 1) < 0.005, (got, want)
+
+
+def test_predicted_memory_of_the_gpu_setting_adds_what_the_old_formula_missed():
+    """The bench's GPU model (124m's shape, pydocs' vocabulary) at 16 x 1024 in bf16: the parts add up, the
+    blocks dominate, and checkpointing keeps a quarter of it at most."""
+    cfg = train.build_model_config(train.parse_config(["--model", "124m"]), 4096)
     n = cfg.num_params()
+    assert n == 88_099_584
     parts = bench_gpu.predicted_memory(cfg, 16, 1024, checkpointing=False, dtype="bf16")
-    assert (parts["weights"], parts["grads"], parts["optimizer"]) == (4 * n, 4 * n, 8 * n)
-    assert parts["activations"] == scaling.activation_memory(12, 768, 12, 1024, 16)
-    assert parts["logits"] == 12 * 16 * 1024 * 50304 and parts["autocast_copies"] == 2 * n
+    assert (parts["weights"], parts["optimizer"]) == (4 * n, 8 * n)
     assert parts["total"] == sum(v for k, v in parts.items() if k != "total")
+    # Per token and layer: 16 B of fp32 residual and norms, 5 x 2 B of matmul-input copies, q k v out 8 B per
+    # channel, 4 x 2 B per FFN channel (+ small terms): 34 x 768 + 8 x 2048 = 42,496 B, not Korthikanti's 34 x 768;
+    # beside them the block's bf16 weight copies (2 B x 7.08M weights).
+    weight_copies = 2 * (4 * 768 * 768 + 3 * 768 * 2048)
+    per_token_layer = (parts["blocks_saved"] / 12 - weight_copies) / (16 * 1024)
+    assert 42_496 <= per_token_layer < 42_496 + 100
     ckpt = bench_gpu.predicted_memory(cfg, 16, 1024, checkpointing=True, dtype="bf16")
-    assert ckpt["activations"] < parts["activations"] / 5
+    assert ckpt["total"] < parts["total"] / 3
+
+
+# ---- the micro-batch search ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("failure, why", [
+    (data.DataError("split 'train' has 285 windows of 1025 tokens, fewer than batch_size x world_size = 512"),
+     "too few windows"),
+    (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
+     "out of memory (CUDA: CUDA error: out of memory)"),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), "CUBLAS"),
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "the CUDA allocator"),
+])
+def test_micro_batch_search_stops_at_memory_and_data_limits(monkeypatch, failure, why):
+    tried = []
+
+    def step_fn(trainer, backend, batch):
+        def step():
+            tried.append(batch)
+            if batch > 8:
+                raise failure
+        return step
+    monkeypatch.setattr(bench_gpu, "trainer_for", lambda *a, **k: None)
+    monkeypatch.setattr(bench_gpu, "reference_step_fn", step_fn)
+    setup = dataclasses.replace(bench_gpu.Setup.smoke(), max_batch=64)
+    fits, reason = bench_gpu.largest_micro_batch(setup, pathlib.Path("unused"))
+    assert (fits, tried) == (8, [4, 8, 16]) and reason.startswith("batch 16: ") and why in reason
+
+
+def test_micro_batch_search_raises_what_is_not_a_limit(monkeypatch):
+    def step_fn(trainer, backend, batch):
+        def step():
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")     # a bug, not a limit
+        return step
+    monkeypatch.setattr(bench_gpu, "trainer_for", lambda *a, **k: None)
+    monkeypatch.setattr(bench_gpu, "reference_step_fn", step_fn)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        bench_gpu.largest_micro_batch(bench_gpu.Setup.smoke(), pathlib.Path("unused"))
+
+
+# ---- guarded sections, exit codes, --json -----------------------------------------------------------------------
+
+def test_a_section_that_raises_is_reported_and_the_others_still_run(tmp_path, monkeypatch, capsys):
+    def broken(setup, report, tmp):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def fine(setup, report, tmp):
+        report.check("resume", "a check that passes", 1.0, True)
+        return {"done": True}
+    monkeypatch.setattr(bench_gpu, "SECTIONS", {"decode": broken, "resume": fine})
+    out = tmp_path / "r.json"
+    assert bench_gpu.main(["--smoke", "--json", str(out)]) == 1
+    result = json.loads(out.read_text())
+    assert result["sections"] == {"decode": "failed: RuntimeError: CUDA error: an illegal memory access was "
+                                            "encountered", "resume": "ok"}
+    assert result["resume"] == {"done": True} and "illegal memory access" in result["decode"]["traceback"]
+    err = capsys.readouterr().err
+    assert "FAILED: decode: section ran to its end" in err
 
 
 def test_a_failed_check_exits_1_and_no_gpu_without_smoke_exits_2(tmp_path, monkeypatch, capsys):
     def failing(setup, report, tmp):
         report.check("resume", "a check that fails", 1.0, False)
         return {}
-    monkeypatch.setitem(bench_gpu.SECTIONS, "resume", failing)
-    assert bench_gpu.main(["--smoke", "--only", "resume", "--json", str(tmp_path / "r.json")]) == 1
+    monkeypatch.setattr(bench_gpu, "SECTIONS", {"resume": failing})
+    assert bench_gpu.main(["--smoke", "--json", str(tmp_path / "r.json")]) == 1
     assert "FAILED: resume: a check that fails" in capsys.readouterr().err
-    assert json.loads((tmp_path / "r.json").read_text())["rows"][0]["status"] == "FAIL"
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["rows"][0]["status"] == "FAIL" and result["sections"] == {"resume": "1 failed checks"}
     if not torch.cuda.is_available():
         assert bench_gpu.main(["--json", str(tmp_path / "x.json")]) == 2
         assert "no CUDA GPU is visible" in capsys.readouterr().err
     assert bench_gpu.main(["--smoke", "--json", str(tmp_path / "missing" / "x.json")]) == 2
+
+
+def test_json_a_directory_is_one_line_exit_2_and_nothing_is_written(tmp_path, monkeypatch):
+    """Checked before any section runs (a whole bench must not be lost at the end), no temp file left."""
+    (tmp_path / "results").mkdir()
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py"), "--smoke", "--only", "decode",
+                           "--json", str(tmp_path / "results")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and "--json" in proc.stderr and "is a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr and list(tmp_path.rglob("*")) == [tmp_path / "results"]
+
+
+def test_default_json_is_under_the_git_ignored_out_folder():
+    assert bench_gpu.DEFAULT_JSON == ROOT / "out" / "bench_gpu.json"
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: .gitignore cannot be asked")
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "out/bench_gpu.json"])
+    assert ignored.returncode == 0
+
+
+def test_json_is_written_atomically_through_fileio(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_gpu, "SECTIONS", {"resume": lambda setup, report, tmp: {}})
+    calls = []
+    real = bench_gpu.fileio.write_atomic
+    monkeypatch.setattr(bench_gpu.fileio, "write_atomic", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    assert bench_gpu.main(["--smoke", "--json", str(tmp_path / "r.json")]) == 0
+    assert calls == [tmp_path / "r.json"] and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+# ---- the forced spike-guard rollback ----------------------------------------------------------------------------
+
+def test_rollback_flags_force_a_rollback_to_the_checkpoint(tmp_path):
+    """The flags the train.py section resumes with make train.py's own spike guard roll back (in one process
+    here; the bench does the same under torchrun with --zero)."""
+    setup = bench_gpu.Setup.smoke()
+    flags = bench_gpu.run_flags(setup, 0, tmp_path / "run")
+    flags = [f for i, f in enumerate(flags) if f != "--zero" and (i == 0 or flags[i - 1] != "--zero")]
+    flags += ["--num-samples", "0", "--dtype", "fp32"]
+    train.Trainer(train.parse_config(flags), log=lambda *a, **k: None).run()
+    for ckpt in train.list_checkpoints(tmp_path / "run"):
+        if ckpt.name != train.checkpoint_path(tmp_path / "run", bench_gpu.RUN_CKPT).name:
+            ckpt.unlink()                                  # resume at step 10, as the bench's copy does
+    train.Trainer(train.parse_config(flags + ["--resume", *bench_gpu.ROLLBACK_FLAGS]),
+                  log=lambda *a, **k: None).run()
+    events = [r for r in train.read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event") == "rollback"]
+    assert [e["to_step"] for e in events] == [bench_gpu.RUN_CKPT]

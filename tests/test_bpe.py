@@ -429,7 +429,7 @@ def test_save_is_atomic(tmp_path, small_tok, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(TokenizerError, match="cannot write .*disk full"):
         small_tok.save(path)
     assert path.read_text(encoding="utf-8") == "old" and [p.name for p in tmp_path.iterdir()] == ["tok.json"]
 
@@ -481,6 +481,31 @@ def test_bad_training_input(tmp_path):
         train_bpe("hello", 300, special_tokens=[""])
     with pytest.raises(TokenizerError, match="encode expects a str"):
         Tokenizer.from_merges([]).encode(b"bytes")
+
+
+@pytest.mark.parametrize("pattern, message", [
+    (r"(?<=a)", "matches only empty strings"),                     # issue 24: every text encoded to nothing
+    (r"\p{L}+|\s+", r"no piece that holds '2'.*encode would drop it"),
+    (r"\p{L}+|(\p{N})|\s|.", "capturing group"),
+])
+def test_a_custom_pattern_that_would_lose_text_is_refused(pattern, message):
+    with pytest.raises(TokenizerError, match=message) as info:
+        train_bpe("a 1 b 2 " * 10, 300, pattern=pattern)
+    assert "\n" not in str(info.value)
+    with pytest.raises(TokenizerError, match=message):                 # a file that carries one, loaded
+        Tokenizer.from_json(json.dumps({**json.loads(Tokenizer.from_merges([]).to_json()), "pattern": pattern}))
+    covering = train_bpe("a 1 b 2 " * 10, 300, pattern=r"\p{L}+|\p{N}|\s|.")
+    assert covering.decode(covering.encode(bpe.PROBE_TEXT)) == bpe.PROBE_TEXT
+
+
+def test_a_tokenizer_file_nested_thousands_deep_is_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"format": "bpe.py tokenizer", "vocab": ' + "[" * 5000 + "]" * 5000 + "}")
+    with pytest.raises(TokenizerError, match="deep.json: JSON nested more than 1,000 levels deep") as info:
+        Tokenizer.load(deep)
+    assert "\n" not in str(info.value)
+    code = bpe.main(["decode", "1", "--tokenizer", str(deep)])
+    assert code == 2
 
 
 def test_stops_early_when_pairs_run_out():

@@ -9,12 +9,17 @@ that neither the working directory nor the fixtures changed. Covering a new flag
 import contextlib
 import importlib
 import io
+import json
 import pathlib
 import shlex
 
 import pytest
 
+import bpe
 import data
+import hf
+import model
+import train
 
 BAD_INPUT = [
     # data.py: seeds, fractions, budgets, sizes, output paths, the mix tables
@@ -90,6 +95,13 @@ BAD_INPUT = [
     ("bpe", "train --input {corpus} --vocab-size 300 --out t.json --special ''", "--special"),
     ("bpe", "decode -1", "ids"),
     ("bpe", "decode 99999999999999999999", "ids"),
+    # issue 24: bpe.py and the HF bridge
+    ("bpe", "train --input {corpus} --vocab-size 300 --out {corpus}", "--out"),
+    ("bpe", "train --input {corpus} --vocab-size 300 --out t.json --pattern (?<=a)", "--pattern"),
+    ("model", "import-hf --from {hf_nan} --to x.pt", "hidden_size"),
+    ("model", "import-hf --from {hf_text} --to x.pt", "num_hidden_layers"),
+    ("model", "export --ckpt {ckpt_no_tokenizer} --to o", "--tokenizer"),
+    ("train", "--data {data} --resume {imported} --out-dir o", "--init-from"),
     # model.py
     ("model", "demo --tokens 100000000", "--tokens"),
     ("model", "demo --tokens 0", "--tokens"),
@@ -236,8 +248,20 @@ def fixtures(tmp_path_factory) -> dict:
     (root / "file").write_text("a plain file\n")
     (root / "dir").mkdir()
     (root / "bad_config.json").write_text('{"lr": "fast"}')
+    # issue 24: Hugging Face configs with a NaN and a text size, a checkpoint without a tokenizer, an imported one
+    llama = {"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 16, "num_attention_heads": 2,
+             "num_hidden_layers": 1, "intermediate_size": 64}
+    for name, change in (("hf_nan", {"hidden_size": float("nan")}), ("hf_text", {"num_hidden_layers": "two"})):
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps({**llama, **change}))
+    tokenizer = bpe.Tokenizer.load(pathlib.Path(prepared) / "tokenizer.json")
+    tiny = model.GPT(model.GPTConfig(vocab_size=len(tokenizer), n_layer=1, n_head=2, n_kv_head=2, n_embd=16))
+    train.atomic_save({"version": 1, "step": 0, "model": tiny.state_dict(), "model_config": tiny.config.to_dict()},
+                      root / "no_tokenizer.pt")
+    hf.save_imported_checkpoint(tiny, tokenizer, root / "imported.pt", "test")
     return {"root": root, "corpus": corpus, "data": prepared, "file": root / "file", "dir": root / "dir",
-            "bad_config": root / "bad_config.json"}
+            "bad_config": root / "bad_config.json", "hf_nan": root / "hf_nan", "hf_text": root / "hf_text",
+            "ckpt_no_tokenizer": root / "no_tokenizer.pt", "imported": root / "imported.pt"}
 
 
 def tree(root: pathlib.Path) -> dict:

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import data
+import data_at_scale
 import dedup
 from data import DataError
 
@@ -354,7 +355,7 @@ def test_gopher_handout_rules_are_only_those_four():
     assert data.gopher_rejection(" ".join(["abcdefghijk"] * 60), rules="handout") == "mean_word_length"
     with pytest.raises(DataError, match="unknown Gopher rule set"):
         data.gopher_rejection(GOOD_PROSE, rules="cs336")
-    name, rule = data._quality_rule("prose", data.CleanSettings(filters="gopher-handout"))
+    name, rule = data.quality_rule("prose", data.CleanSettings(filters="gopher-handout"))
     assert name == "gopher-handout" and rule(outside["stop_words"]) is None and rule("too short") == "too_few_words"
 
 
@@ -725,7 +726,7 @@ def small_corpus(tmp_path_factory):
             + [near_copy(rng, originals[i]) for i in (10, 11, 12, 13)] + ["too short", "also too short here", "tiny"])
     rng.shuffle(docs)
     path = write_jsonl(root / "docs.jsonl", docs)
-    out = data.prepare([str(path)], root / "ds", vocab_size=300, val_fraction=0.2, seed=0)
+    out = data_at_scale.prepare([str(path)], root / "ds", vocab_size=300, val_fraction=0.2, seed=0)
     return {"path": path, "originals": originals, "out": out, "root": root}
 
 
@@ -777,14 +778,15 @@ def test_prepare_tokens_match_the_tokenizer_and_the_text(small_corpus):
 
 
 def test_prepare_is_deterministic(small_corpus, tmp_path):
-    again = data.prepare([str(small_corpus["path"])], tmp_path / "again", vocab_size=300, val_fraction=0.2, seed=0)
+    again = data_at_scale.prepare([str(small_corpus["path"])], tmp_path / "again", vocab_size=300, val_fraction=0.2,
+                                  seed=0)
     for name in ("tokenizer.json", "train_00000.bin", "val_00000.bin"):
         assert (again / name).read_bytes() == (small_corpus["out"] / name).read_bytes()
 
 
 def test_prepare_without_validation_split(small_corpus, tmp_path):
     tokenizer = small_corpus["out"] / "tokenizer.json"
-    out = data.prepare([str(small_corpus["path"])], tmp_path / "noval", tokenizer=tokenizer, val_fraction=0.0)
+    out = data_at_scale.prepare([str(small_corpus["path"])], tmp_path / "noval", tokenizer=tokenizer, val_fraction=0.0)
     td = data.TokenData(out)
     assert td.manifest["splits"]["val"] == {"documents": 0, "unique_documents": 0, "tokens": 0, "bytes": 0,
                                             "shards": []}
@@ -806,15 +808,15 @@ def test_encoding_threads_do_not_change_ids(small_corpus):
 def test_prepare_reuses_the_cache_and_keys_on_settings(small_corpus, tmp_path, monkeypatch):
     out = small_corpus["out"]
     stamp = (out / "manifest.json").stat().st_mtime_ns
-    assert data.prepare([str(small_corpus["path"])], out, vocab_size=300, val_fraction=0.2, seed=0) == out
+    assert data_at_scale.prepare([str(small_corpus["path"])], out, vocab_size=300, val_fraction=0.2, seed=0) == out
     assert (out / "manifest.json").stat().st_mtime_ns == stamp
     with pytest.raises(DataError, match="different dataset"):
-        data.prepare([str(small_corpus["path"])], out, vocab_size=300, val_fraction=0.2, seed=1)
+        data_at_scale.prepare([str(small_corpus["path"])], out, vocab_size=300, val_fraction=0.2, seed=1)
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
     kwargs = dict(vocab_size=270, tokenizer=out / "tokenizer.json", clean_settings=data.CleanSettings(filters="none"))
-    a = data.prepare([str(small_corpus["path"])], **kwargs)
-    assert a.parent == tmp_path / "cache" / "data" and data.prepare([str(small_corpus["path"])], **kwargs) == a
-    b = data.prepare([str(small_corpus["path"])], seed=5, **kwargs)
+    a = data_at_scale.prepare([str(small_corpus["path"])], **kwargs)
+    assert a.parent == tmp_path / "cache" / "data" and data_at_scale.prepare([str(small_corpus["path"])], **kwargs) == a
+    b = data_at_scale.prepare([str(small_corpus["path"])], seed=5, **kwargs)
     assert b != a and data.load_manifest(b)["settings"]["seed"] == 5
     m = data.load_manifest(a)
     assert m["tokenizer"]["trained_on_bytes"] == 0 and m["tokenizer"]["vocab_size"] == 300    # reused, not trained
@@ -827,8 +829,8 @@ def test_prepare_mixes_sources_by_weight(small_corpus, tmp_path):
     tokenizer = small_corpus["out"] / "tokenizer.json"
     with warnings.catch_warnings():
         warnings.simplefilter("error")                                      # under 4 epochs: no warning
-        out = data.prepare([str(small_corpus["path"]), str(other)], tmp_path / "mix", tokenizer=tokenizer,
-                           weights=[0.5, 0.5], val_fraction=0.1)
+        out = data_at_scale.prepare([str(small_corpus["path"]), str(other)], tmp_path / "mix", tokenizer=tokenizer,
+                                    weights=[0.5, 0.5], val_fraction=0.1)
     m = data.load_manifest(out)
     mix = m["mixture"]
     first, second = mix[str(small_corpus["path"])], mix[str(other)]
@@ -839,41 +841,41 @@ def test_prepare_mixes_sources_by_weight(small_corpus, tmp_path):
     assert m["splits"]["train"]["tokens"] >= first["tokens"] + second["tokens"] > unique_total
     assert m["splits"]["train"]["documents"] > m["splits"]["train"]["unique_documents"]
     with pytest.warns(UserWarning, match="times"):
-        data.prepare([str(small_corpus["path"]), str(other)], tmp_path / "mix2", tokenizer=tokenizer,
-                     weights=[0.1, 0.9], val_fraction=0.1)
+        data_at_scale.prepare([str(small_corpus["path"]), str(other)], tmp_path / "mix2", tokenizer=tokenizer,
+                              weights=[0.1, 0.9], val_fraction=0.1)
 
 
 def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
     tokenizer = small_corpus["out"] / "tokenizer.json"
     shorts = write_jsonl(tmp_path / "short.jsonl", ["a few words", "and a few more", "nothing long"])
     with pytest.raises(DataError, match=r"quality filters \(gopher.*removed all 3 documents \(too_few_words 3\)"):
-        data.prepare([str(shorts)], tmp_path / "x", tokenizer=tokenizer)
+        data_at_scale.prepare([str(shorts)], tmp_path / "x", tokenizer=tokenizer)
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(DataError, match="no documents"):
-        data.prepare([str(tmp_path / "empty.txt")], tmp_path / "x", tokenizer=tokenizer)
+        data_at_scale.prepare([str(tmp_path / "empty.txt")], tmp_path / "x", tokenizer=tokenizer)
     with pytest.raises(DataError, match="too small"):
-        data.prepare([str(shorts)], tmp_path / "x", vocab_size=100)
+        data_at_scale.prepare([str(shorts)], tmp_path / "x", vocab_size=100)
     with pytest.raises(DataError, match="listed twice"):
-        data.prepare([str(shorts), str(shorts)], tmp_path / "x")
+        data_at_scale.prepare([str(shorts), str(shorts)], tmp_path / "x")
     with pytest.raises(DataError, match="val-fraction"):
-        data.prepare([str(shorts)], tmp_path / "x", val_fraction=1.0)
+        data_at_scale.prepare([str(shorts)], tmp_path / "x", val_fraction=1.0)
     with pytest.raises(DataError, match="one weight per source"):
-        data.prepare([str(shorts)], tmp_path / "x", weights=[0.5, 0.5])
+        data_at_scale.prepare([str(shorts)], tmp_path / "x", weights=[0.5, 0.5])
     with pytest.raises(DataError, match="tokenizer file"):
-        data.prepare([str(shorts)], tmp_path / "x", tokenizer=tmp_path / "none.json")
+        data_at_scale.prepare([str(shorts)], tmp_path / "x", tokenizer=tmp_path / "none.json")
     (tmp_path / "occupied").mkdir()
     (tmp_path / "occupied" / "notes.txt").write_text("mine")
     with pytest.raises(DataError, match="not a dataset directory"):
-        data.prepare([str(small_corpus["path"])], tmp_path / "occupied", tokenizer=tokenizer)
+        data_at_scale.prepare([str(small_corpus["path"])], tmp_path / "occupied", tokenizer=tokenizer)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "occupied", "short.jsonl"]   # nothing written
 
 
 def test_bad_settings_fail_before_any_work(small_corpus, tmp_path):
     corpus = str(small_corpus["path"])
     with pytest.raises(DataError, match="needs --weights"):
-        data.prepare([corpus], tmp_path / "x", train_tokens=5e6)
+        data_at_scale.prepare([corpus], tmp_path / "x", train_tokens=5e6)
     with pytest.raises(DataError, match="positive budget"):
-        data.prepare([corpus], tmp_path / "x", weights=[1.0], train_tokens=-5)
+        data_at_scale.prepare([corpus], tmp_path / "x", weights=[1.0], train_tokens=-5)
     with pytest.raises(DataError, match="boilerplate-min-documents must be at least 2"):
         data.CleanSettings(boilerplate_min_documents=1)
     with pytest.raises(DataError, match="near-dup-threshold must be 0"):
@@ -886,9 +888,9 @@ def test_bad_settings_fail_before_any_work(small_corpus, tmp_path):
         data.encode_documents(data.bpe.Tokenizer.load(small_corpus["out"] / "tokenizer.json"), ["a b"], threads=0)
     (tmp_path / "file.txt").write_text("mine")
     with pytest.raises(DataError, match="is a file"):
-        data.prepare([corpus], tmp_path / "file.txt", vocab_size=300)
+        data_at_scale.prepare([corpus], tmp_path / "file.txt", vocab_size=300)
     with pytest.raises(DataError, match="cannot write in"):
-        data.prepare([corpus], tmp_path / "file.txt" / "ds", vocab_size=300)
+        data_at_scale.prepare([corpus], tmp_path / "file.txt" / "ds", vocab_size=300)
     assert [p.name for p in tmp_path.iterdir()] == ["file.txt"]                         # nothing written
 
 
@@ -935,15 +937,15 @@ def test_curated_text_is_kept_whole_and_web_cleaning_says_so(tmp_path, capsys):
     text = play()
     path = tmp_path / "play.txt"
     path.write_text(text)
-    out = data.prepare([str(path)], tmp_path / "kept", vocab_size=257, val_fraction=0.0)
+    out = data_at_scale.prepare([str(path)], tmp_path / "kept", vocab_size=257, val_fraction=0.0)
     m = data.load_manifest(out)
     assert [s["name"].split(" (")[0] for s in m["funnel"]] == ["read play.txt", "kept whole", "PII masking",
                                                                "train/val split"]
     assert m["splits"]["train"]["bytes"] >= 0.99 * len(text.encode())
     assert sorted(train_text(out).split("\n\n")) == sorted(text.strip().split("\n\n"))      # every speech, whole
     assert m["notices"] == [] and "note:" not in capsys.readouterr().err
-    web = data.prepare([str(path)], tmp_path / "web", vocab_size=257, val_fraction=0.0,
-                       clean_settings=data.CleanSettings(cleaning="web"))
+    web = data_at_scale.prepare([str(path)], tmp_path / "web", vocab_size=257, val_fraction=0.0,
+                                clean_settings=data.CleanSettings(cleaning="web"))
     notices = data.load_manifest(web)["notices"]
     assert len(notices) == 1 and "--cleaning keep" in notices[0] and "play.txt" in notices[0]
     assert capsys.readouterr().err.strip() == notices[0]
@@ -957,7 +959,7 @@ def test_curated_text_is_kept_whole_and_web_cleaning_says_so(tmp_path, capsys):
 def test_tinyshakespeare_keeps_its_text(shared_data, tmp_path):
     """The issue's case: 1 MB of short speeches. The web funnel kept 0.52 of 0.99 M characters; kept whole, >= 99%."""
     path = shared_data / "tinyshakespeare" / "input.txt"
-    out = data.prepare([str(path)], tmp_path / "ds", vocab_size=257)
+    out = data_at_scale.prepare([str(path)], tmp_path / "ds", vocab_size=257)
     m = data.load_manifest(out)
     kept = m["splits"]["train"]["bytes"] + m["splits"]["val"]["bytes"]
     assert kept >= 0.99 * path.stat().st_size and m["splits"]["val"]["documents"] >= 2
@@ -996,11 +998,11 @@ def test_one_long_document_is_cut_into_chunks(tmp_path):
     pieces = data.chunk_document(novel, 16_384)
     assert all(len(p) <= 16_384 for p in pieces) and "\n".join(pieces) == novel and len(pieces) > 20
     (tmp_path / "novel.txt").write_text(novel)
-    out = data.prepare([str(tmp_path / "novel.txt")], tmp_path / "ds", vocab_size=257, txt_split="file")
+    out = data_at_scale.prepare([str(tmp_path / "novel.txt")], tmp_path / "ds", vocab_size=257, txt_split="file")
     splits = data.load_manifest(out)["splits"]
     assert splits["val"]["documents"] >= 1 and splits["train"]["documents"] == len(pieces) - splits["val"]["documents"]
     (tmp_path / "note.txt").write_text(play(30))                  # ~6,000 characters: cut finer, into 20 or more
-    small = data.prepare([str(tmp_path / "note.txt")], tmp_path / "small", vocab_size=257)
+    small = data_at_scale.prepare([str(tmp_path / "note.txt")], tmp_path / "small", vocab_size=257)
     splits = data.load_manifest(small)["splits"]
     assert splits["val"]["documents"] >= 1 and splits["train"]["documents"] >= 19
 
@@ -1042,7 +1044,7 @@ def test_docstring_examples():
 def test_prepare_pydocs_default(tmp_path, monkeypatch):
     """The default corpus end to end, as `python train.py` runs it (offline, ~20 s on 2 cores)."""
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path))
-    out = data.prepare(["pydocs"])
+    out = data_at_scale.prepare(["pydocs"])
     m = data.load_manifest(out)
     assert m["funnel"][0]["docs_in"] > 500 and m["funnel"][1]["reasons"]["too_few_words"] > 0
     assert m["tokenizer"]["vocab_size"] == data.DEFAULT_VOCAB_SIZE
@@ -1120,7 +1122,7 @@ def test_streaming_equals_in_memory(mixed_inputs, tmp_path, case, monkeypatch):
     """Same documents kept, same split, same token ids, same manifest: the reference engine is the oracle.
     Tiny chunks (4 KiB) cut the .jsonl into many byte ranges, two worker processes run them, and near-dup
     candidates are verified a few documents at a time."""
-    monkeypatch.setattr(data, "VERIFY_BYTES", 3000)
+    monkeypatch.setattr(data_at_scale, "VERIFY_BYTES", 3000)
     web = str(mixed_inputs / "web")
     kwargs = {"web": dict(sources=[web], val_fraction=0.2),
               "mixed-sources": dict(sources=[web, str(mixed_inputs / "books.txt"), str(mixed_inputs / "code"),
@@ -1135,9 +1137,9 @@ def test_streaming_equals_in_memory(mixed_inputs, tmp_path, case, monkeypatch):
     sources = kwargs.pop("sources")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                                   # the up-weighted sources' epochs warning
-        reference = data.prepare(sources, tmp_path / "reference", vocab_size=300, in_memory=True, **kwargs)
-        streamed = data.prepare(sources, tmp_path / "streamed", vocab_size=300, workers=2, chunk_mb=4 / 1024,
-                                **kwargs)
+        reference = data.prepare(sources, tmp_path / "reference", vocab_size=300, **kwargs)
+        streamed = data_at_scale.prepare(sources, tmp_path / "streamed", vocab_size=300, workers=2,
+                                         chunk_mb=4 / 1024, **kwargs)
     expected, got = dataset_files(reference), dataset_files(streamed)
     assert got.keys() == expected.keys()
     for name in expected:
@@ -1172,14 +1174,14 @@ def documents(out: pathlib.Path) -> list[str]:
 def test_join_ranges_cover_the_key_space_and_the_documents():
     """Ranges of keys tile [0, 2^64) and ranges of ids tile the documents, with at least 4 per worker."""
     for entries, workers, count in ((0, 1, 4), (10, 2, 8), (10**9, 3, 239)):     # 10^9 x 16 B / 64 MiB = 238.4
-        ranges = data._key_ranges(entries, workers)
+        ranges = data_at_scale._key_ranges(entries, workers)
         assert len(ranges) == count
         assert ranges[0][0] == 0 and ranges[-1][1] == 2**64
         assert all(high == low for (_, high), (low, _) in zip(ranges, ranges[1:]))
     documents = [5, 0, 3, 1]
     ids = [(chunk << 32) | k for chunk, n in enumerate(documents) for k in range(n)]
     for parts in (1, 2, 4, 9, 20):
-        covered = [[i for i in ids if first <= i < last] for first, last in data._id_ranges(documents, parts)]
+        covered = [[i for i in ids if first <= i < last] for first, last in data_at_scale._id_ranges(documents, parts)]
         assert sum(covered, []) == ids and all(covered) and len(covered) == min(parts, len(ids))
 
 
@@ -1191,11 +1193,11 @@ def test_streaming_joins_over_many_ranges_equal_in_memory(tmp_path, workers, mon
     assert dedup.jaccard(dedup.shingles(a), dedup.shingles(b)) < 0.5 < dedup.jaccard(dedup.shingles(a),
                                                                                       dedup.shingles(c))
     write_jsonl(tmp_path / "web.jsonl", docs)
-    monkeypatch.setattr(data, "JOIN_BYTES", 1 << 10)
-    monkeypatch.setattr(data, "VERIFY_BYTES", 3000)
-    reference = data.prepare([str(tmp_path / "web.jsonl")], tmp_path / "reference", vocab_size=300, in_memory=True)
-    streamed = data.prepare([str(tmp_path / "web.jsonl")], tmp_path / "streamed", vocab_size=300, workers=workers,
-                            chunk_mb=4 / 1024, verbose=True)
+    monkeypatch.setattr(data_at_scale, "JOIN_BYTES", 1 << 10)
+    monkeypatch.setattr(data_at_scale, "VERIFY_BYTES", 3000)
+    reference = data.prepare([str(tmp_path / "web.jsonl")], tmp_path / "reference", vocab_size=300)
+    streamed = data_at_scale.prepare([str(tmp_path / "web.jsonl")], tmp_path / "streamed", vocab_size=300,
+                                     workers=workers, chunk_mb=4 / 1024, verbose=True)
     assert dataset_files(streamed) == dataset_files(reference)
     ranges = dict(re.findall(r"  (.+ join|verify candidates): (\d+) ranges", capsys.readouterr().err))
     assert len(ranges) == 4 and min(map(int, ranges.values())) >= 4 * workers, ranges
@@ -1209,11 +1211,11 @@ def test_streaming_reads_parquet_row_groups_and_globs(tmp_path):
     rng = random.Random(2)
     for name in ("x", "y"):
         pq.write_table(pa.table({"text": web_corpus(rng, 40)}), tmp_path / f"{name}.parquet", row_group_size=10)
-    chunks = data.plan_chunks([data.open_source(str(tmp_path / "*.parquet"))], chunk_bytes=1)
+    chunks = data_at_scale.plan_chunks([data.open_source(str(tmp_path / "*.parquet"))], chunk_bytes=1)
     assert len(chunks) > 10 and {c.stop - c.start for c in chunks} == {1}          # one row group per chunk
-    reference = data.prepare([str(tmp_path / "*.parquet")], tmp_path / "reference", vocab_size=280, in_memory=True)
-    streamed = data.prepare([str(tmp_path / "*.parquet")], tmp_path / "streamed", vocab_size=280, workers=2,
-                            chunk_mb=1e-3)
+    reference = data.prepare([str(tmp_path / "*.parquet")], tmp_path / "reference", vocab_size=280)
+    streamed = data_at_scale.prepare([str(tmp_path / "*.parquet")], tmp_path / "streamed", vocab_size=280,
+                                     workers=2, chunk_mb=1e-3)
     assert dataset_files(streamed) == dataset_files(reference)
 
 
@@ -1249,8 +1251,8 @@ def own_text(tmp_path_factory):
 def streamed_and_reference(sources: list[str], tmp_path: pathlib.Path, **kwargs) -> tuple[dict, dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                                   # the up-weighted sources' epochs warning
-        reference = data.prepare(sources, tmp_path / "reference", in_memory=True, **kwargs)
-        streamed = data.prepare(sources, tmp_path / "streamed", workers=2, chunk_mb=4 / 1024, **kwargs)
+        reference = data.prepare(sources, tmp_path / "reference", **kwargs)
+        streamed = data_at_scale.prepare(sources, tmp_path / "streamed", workers=2, chunk_mb=4 / 1024, **kwargs)
     assert data.load_manifest(streamed)["timings"]["engine"] == "streaming, 2 worker(s)"
     return dataset_files(streamed), dataset_files(reference)
 
@@ -1274,7 +1276,7 @@ def test_streaming_keeps_text_whole_and_takes_val_data_as_in_memory(own_text, mi
     """Shards, tokenizer and manifest equal the in-memory engine's: the pieces (the piece size shrinks for a small
     source; with chunk_chars 300 the counting pass stops early), the kept-whole funnel row, the split, mixing,
     and --val-data's val split and 13-gram overlap."""
-    monkeypatch.setattr(data, "TEXT_BLOCK_BYTES", 7)
+    monkeypatch.setattr(data_at_scale, "TEXT_BLOCK_BYTES", 7)
     books, web = str(own_text / "books"), str(mixed_inputs / "web")
     kwargs = {"kept-whole": dict(sources=[books]),
               "kept-whole-small-pieces": dict(sources=[books], clean_settings=data.CleanSettings(chunk_chars=300),
@@ -1301,7 +1303,7 @@ def test_streaming_keeps_text_whole_and_takes_val_data_as_in_memory(own_text, mi
 
 def test_tinyshakespeare_streams_as_in_memory(shared_data, tmp_path, monkeypatch):
     """1.1M characters kept whole, read in 4 KiB blocks: the 69 pieces of 16,384 characters and everything after."""
-    monkeypatch.setattr(data, "TEXT_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(data_at_scale, "TEXT_BLOCK_BYTES", 4096)
     got, expected = streamed_and_reference([str(shared_data / "tinyshakespeare" / "input.txt")], tmp_path,
                                            vocab_size=257)
     assert got == expected
@@ -1326,12 +1328,13 @@ def test_block_stream_cuts_the_pieces_of_chunk_document(parts, block, size, mode
         path.write_bytes("".join(parts).encode("utf-8"))
         docs = data.split_plain_text(data._read_text(path), mode)
         counts = collections.Counter()
-        events = lambda: data.split_text_stream(data.read_text_blocks(path, block), mode)     # noqa: E731
-        assert list(data.cut_stream(events(), size, counts)) == [p for d in docs for p in data.chunk_document(d, size)]
+        events = lambda: data_at_scale.split_text_stream(data_at_scale.read_text_blocks(path, block), mode)  # noqa: E731
+        pieces = [p for d in docs for p in data.chunk_document(d, size)]
+        assert list(data_at_scale.cut_stream(events(), size, counts)) == pieces
         chars = sum(map(len, docs))
         assert (counts["read_docs"], counts["read_chars"], counts["read_bytes"]) == (
             len(docs), chars, sum(len(d.encode()) for d in docs))
-        counted = data.stripped_chars(events(), limit)
+        counted = data_at_scale.stripped_chars(events(), limit)
         assert counted == chars if chars < limit else counted >= limit
 
 
@@ -1381,17 +1384,17 @@ def test_killed_run_resumes_to_byte_identical_shards(mixed_inputs, tmp_path):
     assert finished.returncode == 0, err
     assert "done before" in err and "docs/s" in err and "MB/s" in err and "ETA" in err
     assert [p.name for p in tmp_path.iterdir()] == ["ds"]         # work folder and the stale .tmp- folder gone
-    whole = data.prepare([str(mixed_inputs / "web"), str(mixed_inputs / "books.txt")], tmp_path / "whole",
-                         vocab_size=300, workers=1, clean_settings=data.CleanSettings(cleaning="web"))
+    whole = data_at_scale.prepare([str(mixed_inputs / "web"), str(mixed_inputs / "books.txt")], tmp_path / "whole",
+                                  vocab_size=300, workers=1, clean_settings=data.CleanSettings(cleaning="web"))
     assert dataset_files(tmp_path / "ds") == dataset_files(whole)
-    assert not [name for name in data._PROCESS_CACHE if str(tmp_path) in name]    # steps run here: arrays freed
+    assert not [name for name in data_at_scale._PROCESS_CACHE if str(tmp_path) in name]   # steps run here: freed
 
 
 KILL_IN_JOIN = """
 import os, pathlib, signal, sys
 sys.path.insert(0, {root!r})
-import data
-boilerplate_range = data.boilerplate_range
+import data_at_scale
+boilerplate_range = data_at_scale.boilerplate_range
 
 
 def boilerplate_range_then_die(job, chunk_count, low, high):
@@ -1400,8 +1403,8 @@ def boilerplate_range_then_die(job, chunk_count, low, high):
         os.killpg(0, signal.SIGKILL)                # this process and its workers
 
 
-data.boilerplate_range = boilerplate_range_then_die
-data.prepare([{corpus!r}], {out!r}, vocab_size=300, workers={workers}, chunk_mb=16 / 1024)
+data_at_scale.boilerplate_range = boilerplate_range_then_die
+data_at_scale.prepare([{corpus!r}], {out!r}, vocab_size=300, workers={workers}, chunk_mb=16 / 1024)
 """
 
 
@@ -1411,15 +1414,15 @@ def test_killed_join_resumes_from_its_finished_ranges(tmp_path, capsys):
     own. Both write the in-memory engine's bytes."""
     import signal
     corpus = write_jsonl(tmp_path / "web.jsonl", chained_corpus(random.Random(8))[0])
-    reference = dataset_files(data.prepare([str(corpus)], tmp_path / "reference", vocab_size=300, in_memory=True))
+    reference = dataset_files(data.prepare([str(corpus)], tmp_path / "reference", vocab_size=300))
     for killed_with, done_before in ((1, " (2 done before)"), (2, "")):
         script = KILL_IN_JOIN.format(root=str(ROOT), corpus=str(corpus), out=str(tmp_path / "ds"),
                                      workers=killed_with)
         killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                                 start_new_session=True)
         assert killed.returncode == -signal.SIGKILL, killed.stderr
-        out = data.prepare([str(corpus)], tmp_path / "ds", vocab_size=300, workers=1, chunk_mb=16 / 1024,
-                           verbose=True)
+        out = data_at_scale.prepare([str(corpus)], tmp_path / "ds", vocab_size=300, workers=1, chunk_mb=16 / 1024,
+                                    verbose=True)
         progress = capsys.readouterr().err
         assert re.search(rf"boilerplate join: 4 ranges{re.escape(done_before)}\n", progress), progress
         assert dataset_files(out) == reference
@@ -1429,19 +1432,18 @@ def test_killed_join_resumes_from_its_finished_ranges(tmp_path, capsys):
 RSS_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-import data
-data.prepare([{corpus!r}], {out!r}, vocab_size=300, tokenizer_train_bytes=200_000, workers=1, chunk_mb=0.5,
-             in_memory={in_memory})
-print(data._peak_rss_mb())
+import data_at_scale
+data_at_scale.prepare([{corpus!r}], {out!r}, vocab_size=300, tokenizer_train_bytes=200_000, workers=1, chunk_mb=0.5)
+print(data_at_scale._peak_rss_mb())
 """
 
 
-def peak_rss_mb(corpus: pathlib.Path, out: pathlib.Path, in_memory: bool = False) -> float:
+def peak_rss_mb(corpus: pathlib.Path, out: pathlib.Path) -> float:
     """A prepare's peak RSS in a fresh process: its own (Linux's VmHWM). getrusage's ru_maxrss would keep the peak
     of the process that forked it (pytest: ~300 MB) across exec, and so hide any growth below that."""
     if not pathlib.Path("/proc/self/status").exists():
         pytest.skip("a child's own peak memory is read from Linux's /proc/self/status")
-    script = RSS_SCRIPT.format(root=str(ROOT), corpus=str(corpus), out=str(out), in_memory=in_memory)
+    script = RSS_SCRIPT.format(root=str(ROOT), corpus=str(corpus), out=str(out))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return float(done.stdout.split()[-1])
@@ -1461,11 +1463,12 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
 CUT_SCRIPT = """
 import collections, pathlib, sys
 sys.path.insert(0, {root!r})
-import data
-before = data._peak_rss_mb()
-blocks = data.read_text_blocks(pathlib.Path({path!r}))
-pieces = sum(1 for _ in data.cut_stream(data.split_text_stream(blocks, "eot"), 16_384, collections.Counter()))
-print(before, data._peak_rss_mb(), pieces)
+import data_at_scale
+before = data_at_scale._peak_rss_mb()
+blocks = data_at_scale.read_text_blocks(pathlib.Path({path!r}))
+stream = data_at_scale.split_text_stream(blocks, "eot")
+pieces = sum(1 for _ in data_at_scale.cut_stream(stream, 16_384, collections.Counter()))
+print(before, data_at_scale._peak_rss_mb(), pieces)
 """
 
 
@@ -1493,8 +1496,9 @@ def test_progress_reports_the_process_own_peak_memory_not_its_parents():
     if not pathlib.Path("/proc/self/status").exists():
         pytest.skip("a process's own peak memory is read from Linux's /proc/self/status")
     ballast = b"x" * (600 << 20)                                   # touched pages: the parent's RSS grows by 600 MB
-    script = ("import resource, sys; sys.path.insert(0, {!r}); import data; "
-              "print(data._peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)").format(str(ROOT))
+    script = ("import resource, sys; sys.path.insert(0, {!r}); import data_at_scale; "
+              "print(data_at_scale._peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+              ).format(str(ROOT))
     own, inherited = map(float, subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                                check=True, timeout=120).stdout.split())
     del ballast

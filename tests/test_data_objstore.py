@@ -20,6 +20,8 @@ import sys
 import pytest
 
 import data
+import data_at_scale
+import store
 from data import DataError
 from test_data import dataset_files, web_corpus, write_jsonl
 
@@ -29,7 +31,8 @@ import pyarrow.fs as pafs            # noqa: E402  (after the skips)
 import pyarrow.parquet as pq         # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-SETTINGS = dict(vocab_size=300, val_fraction=0.2, seed=1, workers=2, chunk_mb=3 / 1024)
+RECIPE = dict(vocab_size=300, val_fraction=0.2, seed=1)             # the dataset; data.prepare takes these
+SETTINGS = dict(RECIPE, workers=2, chunk_mb=3 / 1024)            # and the engine's: data_at_scale.prepare
 
 
 def free_port() -> int:
@@ -52,13 +55,13 @@ def s3():
                             ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
             env.setenv(name, value)
         env.delenv("AWS_ENDPOINT_URL", raising=False)
-        data._store_root.cache_clear()
+        store.filesystem_root.cache_clear()
         fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
                                allow_bucket_creation=True)
         fs.create_dir("corpus")
         fs.create_dir("datasets")
         yield f"endpoint_override=127.0.0.1:{port}&scheme=http", fs
-        data._store_root.cache_clear()
+        store.filesystem_root.cache_clear()
     server.stop()
 
 
@@ -88,7 +91,7 @@ def uploaded(s3, inputs) -> str:
 @pytest.fixture(scope="module")
 def reference(inputs, tmp_path_factory) -> dict:
     """The oracle: the in-memory engine on the local files (whole files, no byte ranges, no URIs)."""
-    out = data.prepare([str(inputs)], tmp_path_factory.mktemp("reference") / "web", in_memory=True, **SETTINGS)
+    out = data.prepare([str(inputs)], tmp_path_factory.mktemp("reference") / "web", **RECIPE)
     return dataset_files(out)
 
 
@@ -123,15 +126,15 @@ def test_s3_in_s3_out_writes_the_local_bytes(s3, inputs, uploaded, reference, tm
     every object equals the in-memory reference's file. A rerun finds the finished manifest and returns at once."""
     query, fs = s3
     out = f"s3://datasets/web?{query}"
-    assert data.prepare([uploaded], out, work_dir=tmp_path / "work", **SETTINGS) == out
-    assert len(data.plan_chunks([data.open_source(uploaded)], 3 << 10)) >= 8      # byte ranges and row groups
+    assert data_at_scale.prepare([uploaded], out, work_dir=tmp_path / "work", **SETTINGS) == out
+    assert len(data_at_scale.plan_chunks([data.open_source(uploaded)], 3 << 10)) >= 8      # byte ranges and row groups
     same_dataset(objects(fs, "datasets/web"), reference, uploaded, str(inputs))
     assert [i.base_name for i in fs.get_file_info(pafs.FileSelector("datasets"))] == ["web"]   # no OUT.tmp-*
     assert list((tmp_path / "work").iterdir()) == []                               # no work files left
     assert data.load_manifest(out)["splits"] == reference["manifest"]["splits"]
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(data, "build_streaming", lambda *a, **k: pytest.fail("rebuilt a finished dataset"))
-        assert data.prepare([uploaded], out, work_dir=tmp_path / "work", **SETTINGS) == out
+        m.setattr(data_at_scale, "build_streaming", lambda *a, **k: pytest.fail("rebuilt a finished dataset"))
+        assert data_at_scale.prepare([uploaded], out, work_dir=tmp_path / "work", **SETTINGS) == out
 
 
 def test_kept_whole_text_streams_from_s3(s3, tmp_path, monkeypatch):
@@ -149,10 +152,10 @@ def test_kept_whole_text_streams_from_s3(s3, tmp_path, monkeypatch):
     for path in books.iterdir():
         with fs.open_output_stream(f"own/books/{path.name}", compression=None) as f:
             f.write(path.read_bytes())
-    monkeypatch.setattr(data, "TEXT_BLOCK_BYTES", 7)
-    expected = dataset_files(data.prepare([str(books)], tmp_path / "reference", in_memory=True, **SETTINGS))
+    monkeypatch.setattr(data_at_scale, "TEXT_BLOCK_BYTES", 7)
+    expected = dataset_files(data.prepare([str(books)], tmp_path / "reference", **RECIPE))
     spec = f"s3://own/books?{query}"
-    got = dataset_files(data.prepare([spec], tmp_path / "ds", work_dir=tmp_path / "work", **SETTINGS))
+    got = dataset_files(data_at_scale.prepare([spec], tmp_path / "ds", work_dir=tmp_path / "work", **SETTINGS))
     same_dataset(got, expected, spec, str(books))
     assert got["manifest"]["funnel"][1]["name"].startswith("kept whole")
 
@@ -173,20 +176,20 @@ def test_file_uris_and_globs(inputs, tmp_path):
     """file:// URIs take the same road as s3:// (pyarrow's LocalFileSystem): a glob in, a URI out. The cache key
     sees an object change size even when its mtime is put back."""
     spec = f"file://{inputs}/*.jsonl*"
-    oracle = dataset_files(data.prepare([str(inputs / "*.jsonl*")], tmp_path / "local", in_memory=True, **SETTINGS))
-    assert data.prepare([spec], f"file://{tmp_path}/uri", **SETTINGS) == f"file://{tmp_path}/uri"
+    oracle = dataset_files(data.prepare([str(inputs / "*.jsonl*")], tmp_path / "local", **RECIPE))
+    assert data_at_scale.prepare([spec], f"file://{tmp_path}/uri", **SETTINGS) == f"file://{tmp_path}/uri"
     same_dataset(dataset_files(tmp_path / "uri"), oracle, spec, str(inputs / "*.jsonl*"))
     assert [f.rsplit("/", 1)[1] for f in data.open_source(spec).files] == ["a.jsonl", "b.jsonl.gz"]
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / "a.jsonl").write_bytes((inputs / "a.jsonl").read_bytes())
     stat = (copy / "a.jsonl").stat()
-    first = data.prepare([f"file://{copy}"], f"file://{tmp_path}/again", **SETTINGS)
+    first = data_at_scale.prepare([f"file://{copy}"], f"file://{tmp_path}/again", **SETTINGS)
     with open(copy / "a.jsonl", "a") as f:
         f.write(json.dumps({"text": "one more line"}) + "\n")
     os.utime(copy / "a.jsonl", ns=(stat.st_atime_ns, stat.st_mtime_ns))          # same mtime, another size
     with pytest.raises(DataError, match="already holds a different dataset"):
-        data.prepare([f"file://{copy}"], first, **SETTINGS)
+        data_at_scale.prepare([f"file://{copy}"], first, **SETTINGS)
 
 
 class FailingCopies:
@@ -211,25 +214,26 @@ def test_failed_publish_leaves_no_manifest(s3, inputs, uploaded, reference, tmp_
     the partial objects and publishes the same bytes."""
     query, fs = s3
     out = f"s3://datasets/failed?{query}"
-    store = data._store
-    monkeypatch.setattr(data, "_store", lambda uri: (FailingCopies(store(uri)[0]), store(uri)[1])
-                        if "datasets/failed" in uri else store(uri))
+    filesystem = store.filesystem
+    monkeypatch.setattr(store, "filesystem", lambda uri, error: (FailingCopies(filesystem(uri, error)[0]),
+                                                                 filesystem(uri, error)[1])
+                        if "datasets/failed" in uri else filesystem(uri, error))
     with pytest.raises(DataError, match=r"publishing to s3://datasets/failed\?.* failed \(connection reset"):
-        data.prepare([uploaded], out, work_dir=tmp_path, **SETTINGS)
+        data_at_scale.prepare([uploaded], out, work_dir=tmp_path, **SETTINGS)
     monkeypatch.undo()
     left = objects(fs, "datasets/failed")
     assert len(left) == 1 and "manifest" not in left                          # one object copied, no manifest
     assert [i.base_name for i in fs.get_file_info(pafs.FileSelector("datasets"))
             if i.base_name.startswith("failed")] == ["failed"]                  # no failed.tmp-* prefix
-    data.prepare([uploaded], out, work_dir=tmp_path, **SETTINGS)
+    data_at_scale.prepare([uploaded], out, work_dir=tmp_path, **SETTINGS)
     same_dataset(objects(fs, "datasets/failed"), reference, uploaded, str(inputs))
 
 
 KILLED_RUN = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-import data
-store = data._store
+import data_at_scale, store
+filesystem = store.filesystem
 
 class DiesOnSecondCopy:
     def __init__(self, fs):
@@ -242,8 +246,9 @@ class DiesOnSecondCopy:
             os.kill(os.getpid(), signal.SIGKILL)
         self.fs.copy_file(src, dest)
 
-data._store = lambda uri: (DiesOnSecondCopy(store(uri)[0]), store(uri)[1]) if "killed" in uri else store(uri)
-data.prepare([{source!r}], {out!r}, work_dir={work!r}, **{settings!r})
+store.filesystem = lambda uri, error: ((DiesOnSecondCopy(filesystem(uri, error)[0]), filesystem(uri, error)[1])
+                                      if "killed" in uri else filesystem(uri, error))
+data_at_scale.prepare([{source!r}], {out!r}, work_dir={work!r}, **{settings!r})
 """
 
 
@@ -260,7 +265,7 @@ def test_killed_publish_leaves_no_manifest_and_the_next_run_cleans_up(s3, inputs
     assert len(left) == 1 and "manifest" not in left
     stale = [i.base_name for i in fs.get_file_info(pafs.FileSelector("datasets")) if i.base_name.startswith("killed.")]
     assert len(stale) == 1 and stale[0].startswith("killed.tmp-")
-    data.prepare([uploaded], out, work_dir=tmp_path, **SETTINGS)
+    data_at_scale.prepare([uploaded], out, work_dir=tmp_path, **SETTINGS)
     same_dataset(objects(fs, "datasets/killed"), reference, uploaded, str(inputs))
     assert [i.base_name for i in fs.get_file_info(pafs.FileSelector("datasets"))
             if i.base_name.startswith("killed")] == ["killed"]
@@ -288,7 +293,7 @@ def test_bad_uris_are_one_line_exit_2_before_any_work(s3, uploaded, tmp_path, ca
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     with pytest.raises(DataError, match="with --ray-address: pass --work-dir on a folder every node mounts"):
-        data.prepare([uploaded], f"s3://datasets/ds?{query}", engine="ray", ray_address="auto", **SETTINGS)
+        data_at_scale.prepare([uploaded], f"s3://datasets/ds?{query}", engine="ray", ray_address="auto", **SETTINGS)
     assert sorted(p.name for p in tmp_path.iterdir()) == []                   # nothing written, not even a work dir
     assert [i.base_name for i in fs.get_file_info(pafs.FileSelector("corpus"))] == ["web"]
 
@@ -297,15 +302,15 @@ def test_download_for_the_loader_and_aws_endpoint_url(s3, inputs, uploaded, refe
     """The loader memory-maps local shards: a URI is refused with the command that copies it down; `download`
     copies it (here with the endpoint from AWS_ENDPOINT_URL, which pyarrow reads when the URI has no query)."""
     query, fs = s3
-    out = data.prepare([uploaded], f"s3://datasets/dl?{query}", work_dir=tmp_path, **SETTINGS)
+    out = data_at_scale.prepare([uploaded], f"s3://datasets/dl?{query}", work_dir=tmp_path, **SETTINGS)
     with pytest.raises(DataError, match=r"copy it down first: python data.py download s3://datasets/dl"):
         data.TokenData(out)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://" + query.split("=")[1].split("&")[0])
-    data._store_root.cache_clear()
+    store.filesystem_root.cache_clear()
     try:
         local = data.download("s3://datasets/dl", tmp_path / "dl")
     finally:
-        data._store_root.cache_clear()
+        store.filesystem_root.cache_clear()
     same_dataset(dataset_files(local), reference, uploaded, str(inputs))
     assert data.TokenData(local).get_batch("train", 2, 16)[0].shape == (2, 16)
 
@@ -316,8 +321,8 @@ def test_ray_engine_reads_s3(s3, inputs, uploaded, reference, tmp_path):
     group), and the published objects are the reference's bytes. Starts a local Ray (20-40 s here)."""
     pytest.importorskip("ray", reason="the Ray engine needs Ray: pip install ray")
     query, fs = s3
-    out = data.prepare([uploaded], f"s3://datasets/ray?{query}", engine="ray", work_dir=tmp_path,
-                       **{**SETTINGS, "workers": 2})
+    out = data_at_scale.prepare([uploaded], f"s3://datasets/ray?{query}", engine="ray", work_dir=tmp_path,
+                                **{**SETTINGS, "workers": 2})
     assert data.load_manifest(out)["timings"]["engine"] == "ray"
     same_dataset(objects(fs, "datasets/ray"), reference, uploaded, str(inputs))
     assert list(tmp_path.iterdir()) == []
@@ -325,10 +330,10 @@ def test_ray_engine_reads_s3(s3, inputs, uploaded, reference, tmp_path):
 
 def test_local_paths_never_import_pyarrow(inputs, tmp_path):
     """pyarrow stays optional: a local .jsonl is listed, planned, read and its manifest checked without it."""
-    code = (f"import sys, data; s = data.open_source({str(inputs / '*.jsonl*')!r}); "
-            f"chunks = data.plan_chunks([s], 1 << 10); job = data.Job('.', (('web', 'prose'),), ('text', 'auto', "
-            f"False, None), None, 0, 0.1, 32, 4); "
-            f"assert sum(1 for c in chunks for _ in data.chunk_documents(job, c, data.JsonlStats())) > 40; "
+    code = (f"import sys, data, data_at_scale; s = data.open_source({str(inputs / '*.jsonl*')!r}); "
+            f"chunks = data_at_scale.plan_chunks([s], 1 << 10); "
+            f"job = data_at_scale.Job('.', (('web', 'prose'),), ('text', 'auto', False, None), None, 0, 0.1, 32, 4); "
+            f"assert sum(1 for c in chunks for _ in data_at_scale.chunk_documents(job, c, data.JsonlStats())) > 40; "
             f"assert data._read_manifest_or_none({str(tmp_path)!r}) is None; "
             f"assert 'pyarrow' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(data.__file__).parent, check=True)

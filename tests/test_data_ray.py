@@ -14,6 +14,7 @@ import socket
 import pytest
 
 import data
+import data_at_scale
 from data import DataError
 from test_data import dataset_files, random_doc, web_corpus, write_jsonl
 
@@ -48,7 +49,7 @@ def sources(inputs: pathlib.Path) -> list[str]:
 @pytest.fixture(scope="module")
 def local_dataset(inputs, tmp_path_factory) -> dict:
     """The local engine's output (2 worker processes): the oracle."""
-    out = data.prepare(sources(inputs), tmp_path_factory.mktemp("local") / "ds", workers=2, **SETTINGS)
+    out = data_at_scale.prepare(sources(inputs), tmp_path_factory.mktemp("local") / "ds", workers=2, **SETTINGS)
     return dataset_files(out)
 
 
@@ -56,7 +57,7 @@ def local_dataset(inputs, tmp_path_factory) -> dict:
 def ray_cluster(tmp_path_factory):
     """A local Ray of 2 CPUs whose workers can be told to die: when the file `armed` exists, the first stage_clean
     task to start (the one that creates `fired`) SIGKILLs its own worker process, as a lost node or the OOM killer
-    would. The hook runs in every worker at start-up and wraps data.stage_clean there (Ray sends functions by
+    would. The hook runs in every worker at start-up and wraps data_at_scale.stage_clean there (Ray sends functions by
     name, so the task finds the wrapper)."""
     folder = tmp_path_factory.mktemp("kill")
     armed, fired, root = folder / "armed", folder / "fired", str(ROOT)
@@ -66,8 +67,8 @@ def ray_cluster(tmp_path_factory):
         import signal
         import sys
         sys.path.insert(0, root)
-        import data as worker_data
-        stage_clean = worker_data.stage_clean
+        import data_at_scale as worker_engine
+        stage_clean = worker_engine.stage_clean
 
         def stage_clean_or_die(*args):
             if os.path.exists(armed):
@@ -79,11 +80,11 @@ def ray_cluster(tmp_path_factory):
                     os.kill(os.getpid(), signal.SIGKILL)
             return stage_clean(*args)
 
-        worker_data.stage_clean = stage_clean_or_die
+        worker_engine.stage_clean = stage_clean_or_die
 
     for attempt in range(3):        # a loaded machine can miss the 30 s Ray gives its raylet to start: try again
         try:
-            ray.init(address="local", num_cpus=2, object_store_memory=data.RAY_LOCAL_OBJECT_STORE,
+            ray.init(address="local", num_cpus=2, object_store_memory=data_at_scale.RAY_LOCAL_OBJECT_STORE,
                      include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
                      runtime_env={"worker_process_setup_hook": install_killer})
             break
@@ -101,17 +102,17 @@ def test_ray_engine_writes_the_local_engines_bytes(inputs, local_dataset, ray_cl
     by weight: stable document ids and ordering by chunk index keep the order tasks finish in out of the output.
     Each join runs its key ranges as Ray tasks (4 per CPU: 8 here), none in this process."""
     cuts = []
-    key_ranges = data._key_ranges
-    monkeypatch.setattr(data, "_key_ranges", lambda *args: cuts.append(key_ranges(*args)) or cuts[-1])
-    monkeypatch.setattr(data, "_in_processes", None)                   # the local engine's runner: not called
-    out = data.prepare(sources(inputs), tmp_path / "ds", engine="ray", **SETTINGS)
+    key_ranges = data_at_scale._key_ranges
+    monkeypatch.setattr(data_at_scale, "_key_ranges", lambda *args: cuts.append(key_ranges(*args)) or cuts[-1])
+    monkeypatch.setattr(data_at_scale, "_in_processes", None)                   # the local engine's runner: not called
+    out = data_at_scale.prepare(sources(inputs), tmp_path / "ds", engine="ray", **SETTINGS)
     assert [len(ranges) for ranges in cuts] == [8, 8, 8]
     assert data.load_manifest(out)["timings"]["engine"] == "ray"
     got = dataset_files(out)
     assert got.keys() == local_dataset.keys()
     for name in local_dataset:
         assert got[name] == local_dataset[name], name
-    assert len(data.plan_chunks([data.open_source(s) for s in sources(inputs)], 3 << 10)) > 10
+    assert len(data_at_scale.plan_chunks([data.open_source(s) for s in sources(inputs)], 3 << 10)) > 10
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]    # no work folder left behind
 
 
@@ -120,7 +121,7 @@ def test_worker_killed_mid_task_is_retried_and_changes_nothing(inputs, local_dat
     armed, fired = ray_cluster
     armed.touch()
     try:
-        out = data.prepare(sources(inputs), tmp_path / "ds", engine="ray", **SETTINGS)
+        out = data_at_scale.prepare(sources(inputs), tmp_path / "ds", engine="ray", **SETTINGS)
     finally:
         armed.unlink()
     assert fired.exists()                                         # a worker did die in the middle of stage 2
@@ -135,8 +136,8 @@ def test_kept_whole_text_and_val_data_as_local(inputs, ray_cluster, tmp_path):
     val = tmp_path / "held_out.txt"
     val.write_text(" ".join((inputs / "books.txt").read_text().split()[:40]) + "\nand a sentence of its own.\n")
     settings = {**SETTINGS, "clean_settings": data.CleanSettings(), "val_data": [str(val)]}
-    local = data.prepare(sources(inputs), tmp_path / "local", workers=2, **settings)
-    on_ray = data.prepare(sources(inputs), tmp_path / "ray", engine="ray", **settings)
+    local = data_at_scale.prepare(sources(inputs), tmp_path / "local", workers=2, **settings)
+    on_ray = data_at_scale.prepare(sources(inputs), tmp_path / "ray", engine="ray", **settings)
     manifest = data.load_manifest(on_ray)
     assert manifest["timings"]["engine"] == "ray" and manifest["splits"]["val"]["overlap"]["shared"] == 28
     assert any(s["name"].startswith("kept whole (books.txt") for s in manifest["funnel"])
@@ -169,10 +170,10 @@ def test_ray_missing_or_unreachable_is_one_line_before_any_work(inputs, tmp_path
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(DataError, match=rf"--ray-address 127.0.0.1:{port}: nothing answers there"):
-        data.prepare(sources(inputs), tmp_path / "ds", engine="ray", ray_address=f"127.0.0.1:{port}")
+        data_at_scale.prepare(sources(inputs), tmp_path / "ds", engine="ray", ray_address=f"127.0.0.1:{port}")
     with pytest.raises(DataError, match="only ray takes an address"):
-        data.prepare(sources(inputs), tmp_path / "ds", ray_address="auto")
+        data_at_scale.prepare(sources(inputs), tmp_path / "ds", ray_address="auto")
     monkeypatch.setitem(__import__("sys").modules, "ray", None)      # as if Ray were not installed
     with pytest.raises(DataError, match=r"--engine ray needs Ray: pip install ray"):
-        data.prepare(sources(inputs), tmp_path / "ds", engine="ray")
+        data_at_scale.prepare(sources(inputs), tmp_path / "ds", engine="ray")
     assert list(tmp_path.iterdir()) == []

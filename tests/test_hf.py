@@ -1,9 +1,11 @@
-"""Tests for the Hugging Face bridge (model.export_hf / load_hf, bpe.Tokenizer.to_hf / from_hf) against the real
+"""Tests for the Hugging Face bridge (hf.py: export_hf / load_hf and the `model.py export` / `import-hf` commands;
 oracle: transformers' LlamaForCausalLM, its generate, and AutoTokenizer. The models are trained a few steps here
 with train.py (2 layers, width 32, GQA 4/2, rope_theta 500), tied and untied; transformers is imported once."""
 import json
 import pathlib
+import random
 import shutil
+import unicodedata
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ pytest.importorskip("safetensors", reason="the HF bridge tests need safetensors 
 
 import bpe  # noqa: E402
 import evaluate  # noqa: E402
+import hf  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
 from test_bpe import EMBEDDED, corpus_texts  # noqa: E402
@@ -103,7 +106,7 @@ def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_pat
     assert ckpt["model_config"] == original["model_config"] and ckpt["tokenizer_json"] == original["tokenizer_json"]
     assert ckpt["model"].keys() == original["model"].keys()
     assert all(torch.equal(ckpt["model"][k], original["model"][k]) for k in ckpt["model"])
-    reloaded, reloaded_tokenizer = model.load_hf(hf_dir)
+    reloaded, reloaded_tokenizer = hf.load_hf(hf_dir)
     assert reloaded.config == ours.config and reloaded_tokenizer.to_json() == tokenizer.to_json()
     assert bpe.Tokenizer.load(hf_dir / "tokenizer.json").to_json() == tokenizer.to_json()   # data.py --tokenizer
     capsys.readouterr()
@@ -122,7 +125,7 @@ def test_train_init_from_an_imported_checkpoint(run, dataset_dir, tmp_path):
     assert all(torch.equal(start[k], v) for k, v in ours.state_dict().items())
     assert trainer.run()["step"] == 2
     other = bpe.train_bpe("an unrelated corpus " * 30, 300)
-    model.save_imported_checkpoint(ours, other, tmp_path / "other.pt", "test")
+    hf.save_imported_checkpoint(ours, other, tmp_path / "other.pt", "test")
     cfg = train.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "other"), *GQA_ARGS,
                               "--init-from", str(tmp_path / "other.pt")])
     with pytest.raises(train.TrainError, match="--init-from .* has another tokenizer"):
@@ -149,7 +152,7 @@ def test_import_of_a_model_saved_by_transformers(tmp_path):
         for p in theirs.parameters():
             p.normal_(0.0, 0.3)                             # large weights, so any layout error shows
     theirs.save_pretrained(tmp_path)
-    ours, tokenizer = model.load_hf(tmp_path)
+    ours, tokenizer = hf.load_hf(tmp_path)
     assert tokenizer is None and ours.config.norm_eps == 1e-6 and not ours.config.tie_embeddings
     ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
     a, b = logits_both(ours, theirs, ids)
@@ -165,7 +168,7 @@ SPECIALS = "a<|endoftext|>b <|endoftext|><|endoftext|>\n<|endoftext|> end"
 
 def auto_tokenizer(tokenizer, directory: pathlib.Path):
     directory.mkdir()
-    for name, doc in model.hf_tokenizer_files(tokenizer, 1 << 20).items():
+    for name, doc in hf.hf_tokenizer_files(tokenizer, 1 << 20).items():
         (directory / name).write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
     return transformers.AutoTokenizer.from_pretrained(directory)
 
@@ -183,6 +186,81 @@ def test_autotokenizer_ids_equal_ours_on_the_corpora(pattern, shared_data, tmp_p
         assert theirs.decode(ids) == text
     assert theirs(SPECIALS)["input_ids"] == tokenizer.encode(SPECIALS, allowed_special="all")
     assert theirs.eos_token == "<|endoftext|>" and theirs.eos_token_id == tokenizer.eot_id
+
+
+# A custom pattern with counted possessive repeats: to_hf must write each X{m,n}+ as an atomic group.
+CUSTOM_POSSESSIVE = r"\p{L}{2}+|\p{N}{1,2}+|\s+|[^\p{L}\p{N}\s]+|\p{L}"
+
+
+def hard_text(seed: int, n: int = 400) -> str:
+    """What regex engines disagree on, shuffled: numbers of 1-12 digits (ASCII, Arabic-Indic, full-width, mixed),
+    contractions in every case, runs of spaces/tabs/newlines, CRLF, NBSP, ideographic space, emoji, other scripts."""
+    rng = random.Random(seed)
+    digits = ["0123456789", "٠١٢٣٤٥٦٧٨٩", "０１２３４５６７８９", "0١２3"]
+    contractions = ["".join(rng.choice((c.lower(), c.upper())) for c in "'" + end)
+                    for end in ("s", "t", "re", "ve", "m", "ll", "d") for _ in range(4)]
+    spaces = [" ", "  ", "   ", "\t", "\t\t ", "\n", "\n\n\n", "\r\n", " \r\n", "\r\n\r\n", "\u00a0", " \u00a0\u00a0",
+              "\u3000", "\u2028", "\x0b", "\x85 "]
+    words = ["the", " year", " It", "DON", "we", " naïve", "Ελληνικά", " русский", "中文", "🙂", "👩‍👩‍👧", "!!", "$", "(x)"]
+    parts = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.35:
+            alphabet = rng.choice(digits)
+            parts.append(rng.choice(["", " "]) + "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))))
+        elif kind < 0.5:
+            parts.append(rng.choice(contractions))
+        elif kind < 0.75:
+            parts.append(rng.choice(spaces))
+        else:
+            parts.append(rng.choice(words))
+    return "".join(parts) + rng.choice(spaces)
+
+
+def hf_split(tokenizer):
+    """The Split step of the exported pre-tokenizer, run by tokenizers itself (Oniguruma)."""
+    from tokenizers import Regex, pre_tokenizers
+    exported = tokenizer.to_hf()["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    return pre_tokenizers.Split(Regex(exported), "isolated")
+
+
+@pytest.mark.parametrize("pattern", ["gpt4", "gpt2", CUSTOM_POSSESSIVE])
+def test_autotokenizer_ids_equal_ours_on_numbers_contractions_and_odd_whitespace(pattern, tmp_path):
+    r"""Issue 24: " 2000" was [20][00] in HF and [200][0] here: the exported `\p{N}{1,3}+` is not possessive in
+    Oniguruma. A tokenizer trained on such text, so that number tokens exist, must give the same ids."""
+    tokenizer = bpe.train_bpe(EMBEDDED + hard_text(1), 700, pattern=pattern)
+    theirs = auto_tokenizer(tokenizer, tmp_path / "tok")
+    for text in (hard_text(2), hard_text(3), bpe.PROBE_TEXT, "in 2000 and 1234567, 12345678901 or ١٢٣٤٥٦٧"):
+        assert [p for p, _ in hf_split(tokenizer).pre_tokenize_str(text)] == \
+            bpe.pretokenize(text, tokenizer.pattern), text[:80]
+        ids = tokenizer.encode(text, allowed_special="all")
+        assert theirs(text)["input_ids"] == ids, text[:80]
+        assert theirs.decode(ids) == text
+
+
+@pytest.mark.parametrize("pattern", ["gpt4", "gpt2", CUSTOM_POSSESSIVE])
+def test_exported_regex_cuts_every_known_character_like_ours(pattern):
+    """Every character of Python's Unicode tables (14.0), each between neighbours that patterns treat differently
+    (digits, letters, apostrophes, spaces, newlines): the pieces of HF's engine are ours."""
+    tokenizer = bpe.train_bpe("a b 1 2", 260, pattern=pattern)
+    context = "0'sS \n\r\u00a0a.1"
+    known = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    text = "".join(c + context[i % len(context)] for i, c in enumerate(known))
+    assert [p for p, _ in hf_split(tokenizer).pre_tokenize_str(text)] == bpe.pretokenize(text, tokenizer.pattern)
+
+
+@pytest.mark.parametrize("pattern, message", [
+    (r"\w+$|\w|\W", "cuts bpe.PROBE_TEXT otherwise"),             # Ruby's $ also matches before every newline
+    (r"\p{L}+|(?s:.)", "rejects"),                                # (?s) is Ruby's (?m): Oniguruma has no s flag
+])
+def test_a_custom_pattern_hf_reads_otherwise_is_refused_in_one_line(pattern, message, tmp_path):
+    tokenizer = bpe.train_bpe("hello world 1234 " * 20, 270, pattern=pattern)
+    with pytest.raises(bpe.TokenizerError, match=message):
+        tokenizer.to_hf()
+    tiny = model.GPT(model.GPTConfig(vocab_size=300, n_layer=1, n_head=2, n_kv_head=2, n_embd=16))
+    with pytest.raises(hf.HFError, match="cannot export the tokenizer: pattern .*; use 'gpt2', 'gpt4'") as info:
+        hf.export_hf(tiny, tokenizer, tmp_path / "out")
+    assert "\n" not in str(info.value) and not (tmp_path / "out").exists()
 
 
 def test_gpt2s_own_tokenizer_survives_the_trip(shared_data, tmp_path):
@@ -225,6 +303,9 @@ def test_bad_input_gets_one_line_and_exit_2(run, tmp_path, capsys):
     assert "RoPE scaling" in cli_error(capsys, ["import-hf", "--from", str(scaled), "--to", ckpt])
     biased = edited_copy(hf_dir, tmp_path / "biased", attention_bias=True)
     assert "biases" in cli_error(capsys, ["import-hf", "--from", str(biased), "--to", ckpt])
+    quoted = edited_copy(hf_dir, tmp_path / "quoted", tie_word_embeddings="false")      # bool("false") is True
+    assert "tie_word_embeddings is 'false', not true or false" in \
+        cli_error(capsys, ["import-hf", "--from", str(quoted), "--to", ckpt])
     wider = edited_copy(hf_dir, tmp_path / "wider", intermediate_size=200)
     assert "shape" in cli_error(capsys, ["import-hf", "--from", str(wider), "--to", ckpt])
     truncated = edited_copy(hf_dir, tmp_path / "truncated")
@@ -238,25 +319,38 @@ def test_bad_input_gets_one_line_and_exit_2(run, tmp_path, capsys):
     assert not (tmp_path / "x.pt").exists()
     assert "not an empty directory" in cli_error(capsys, ["export", "--ckpt", str(run_dir), "--to", str(hf_dir)])
     assert "not found" in cli_error(capsys, ["export", "--ckpt", str(tmp_path / "nope"), "--to", str(tmp_path / "o")])
+    # issue 24: a checkpoint without its tokenizer names the fix, --tokenizer, which then exports it
+    ckpt = train.load_checkpoint(run_dir)
+    train.atomic_save({k: v for k, v in ckpt.items() if k not in ("path", "tokenizer_json")}, tmp_path / "bare.pt")
+    bare = ["export", "--ckpt", str(tmp_path / "bare.pt"), "--to", str(tmp_path / "o")]
+    assert "holds no tokenizer ('tokenizer_json'); pass the one it was trained with: --tokenizer" in \
+        cli_error(capsys, bare)
+    bpe.train_bpe("an unrelated corpus " * 30, 300).save(tmp_path / "other.json")
+    assert "is not the tokenizer stored in" in cli_error(capsys, ["export", "--ckpt", str(run_dir), "--to",
+                                                                  str(tmp_path / "o"), "--tokenizer",
+                                                                  str(tmp_path / "other.json")])
     assert not (tmp_path / "o").exists()
+    bpe.Tokenizer.from_json(ckpt["tokenizer_json"]).save(tmp_path / "own.json")
+    assert model.main([*bare, "--tokenizer", str(tmp_path / "own.json")]) == 0
+    assert (tmp_path / "o" / "tokenizer.json").read_text() == (hf_dir / "tokenizer.json").read_text()
 
 
 def test_a_mixture_of_experts_is_refused_in_one_line(tmp_path):
     moe = model.GPT(model.GPTConfig(vocab_size=300, n_layer=1, n_head=2, n_kv_head=2, n_embd=16, n_expert=4))
     tokenizer = bpe.train_bpe("one two three " * 20, 260)
     with pytest.raises(model.ConfigError, match="Mixture of Experts.*Mixtral renormalises"):
-        model.export_hf(moe, tokenizer, tmp_path / "moe")
+        hf.export_hf(moe, tokenizer, tmp_path / "moe")
     assert not (tmp_path / "moe").exists()
 
 
 def test_permutation_example_of_the_docstring():
-    assert model.rope_halves_order(4).tolist() == [0, 2, 1, 3]
+    assert hf.rope_halves_order(4).tolist() == [0, 2, 1, 3]
     w = torch.arange(2 * 8 * 3, dtype=torch.float32).view(16, 3)       # 2 heads of width 8
-    assert torch.equal(model.halves_to_interleaved(model.interleaved_to_halves(w, 2), 2), w)
+    assert torch.equal(hf.halves_to_interleaved(hf.interleaved_to_halves(w, 2), 2), w)
     q = torch.randn(1, 5, 2, 8)
     cos, sin = model.rope_angles(torch.arange(5), 8, 10000.0)
     ours = model.apply_rope(q, cos, sin)
-    hf_q = q[..., model.rope_halves_order(8)]                           # HF's feature order
+    hf_q = q[..., hf.rope_halves_order(8)]                           # HF's feature order
     hf_cos, hf_sin = torch.cat((cos, cos), -1)[None, :, None], torch.cat((sin, sin), -1)[None, :, None]
     rotated = hf_q * hf_cos + torch.cat((-hf_q[..., 4:], hf_q[..., :4]), -1) * hf_sin   # HF's rotate_half
-    assert torch.allclose(rotated, ours[..., model.rope_halves_order(8)], atol=1e-6)
+    assert torch.allclose(rotated, ours[..., hf.rope_halves_order(8)], atol=1e-6)

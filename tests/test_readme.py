@@ -1,16 +1,20 @@
-"""README's commands run: every command in README's ```bash blocks is executed, in README order, in a scratch copy
-of the repository (so `out/`, `tok.json` and `fit.png` land there, not in the checkout), with ../shared beside it.
+"""README's commands run: every command in the ```bash blocks of README.md and of the docs/ pages is executed, README's
+first and then each page's in name order, in a scratch copy of the repository (so `out/`, `tok.json` and `fit.png`
+land there, not in the checkout), with ../shared beside it. A command shown on two pages runs once, where it first
+appears; so a page may rely on what README's commands wrote (out-hf/ from `model.py export`, the stand-in out/).
 
-README is parsed when the tests run, so a command added later is covered without touching this file. Each command
-is one of three kinds, matched by the longest prefix in the tables below (an entry ending in `$` matches only the
-whole command):
+The pages are parsed when the tests run, so a command added later, or moved from README to a docs page, is covered
+without touching this file. Each command is one of three kinds, matched by the longest prefix in the tables below
+(an entry ending in `$` matches only the whole command):
     quick    (the default) a few seconds each: test_readme_quick_commands runs them all;
     SLOW     tens of seconds (or needing a slow one's output): test_readme_slow_commands, marked slow;
     SKIPPED  never run here, each with its reason (the full main job, the 15-minute sweep, installs, benchmarks).
-A command passes when it exits 0 and prints no traceback. Commands that read ../shared/data run only when it exists.
+A command passes when it exits 0 and prints no traceback. Commands that read ../shared/data run only when it exists,
+and those naming GPT-2's tokenizer only where its ranks can be had (../shared, tiktoken's cache or a network).
 """
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
@@ -52,6 +56,11 @@ SKIPPED = {
                  "one machine, then prepare --ray-address on them)",
     "RAY_AUTH_MODE=token": "needs a running Ray cluster at HEAD_IP, storage mounted on every node (/mnt/shared) and "
                            "an S3 bucket (test_data_objstore runs prepare on s3:// against moto's server)",
+    "python data.py prepare --engine ray --ray-address HEAD_IP:6379": "needs a Ray cluster at HEAD_IP and an S3 "
+                                                                      "bucket (test_data_objstore: prepare on s3:// "
+                                                                      "against moto's server, on a local Ray too)",
+    "python data.py download s3://": "needs an S3 bucket holding a dataset (test_data_objstore runs download "
+                                     "against moto's server)",
 }
 
 SLOW = {
@@ -121,8 +130,21 @@ def kind(command: str) -> tuple[str, str]:
     return k, reason
 
 
+def documented_pages(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """README.md, then every docs/*.md in name order: the order their commands run in."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def documented_commands(root: pathlib.Path = ROOT) -> list[str]:
+    """Every page's commands in page order, each command once (where it first appears)."""
+    seen: dict[str, None] = {}
+    for page in documented_pages(root):
+        seen.update((c, None) for c in readme_commands(page.read_text(encoding="utf-8")) if c not in seen)
+    return list(seen)
+
+
 def commands_of(k: str) -> list[str]:
-    return [c for c in readme_commands((ROOT / "README.md").read_text()) if kind(c)[0] == k]
+    return [c for c in documented_commands() if kind(c)[0] == k]
 
 
 def scratch_copy(tmp: pathlib.Path) -> pathlib.Path:
@@ -137,6 +159,24 @@ def scratch_copy(tmp: pathlib.Path) -> pathlib.Path:
 
 def needs_missing_shared(command: str, repo: pathlib.Path) -> bool:
     return "../shared" in command and not (repo.parent / "shared").is_dir()
+
+
+@functools.lru_cache(maxsize=1)
+def gpt2_unavailable() -> str:
+    """Why GPT-2's ranks cannot be loaded here ("" if they can): bpe.py reads them from ../shared/data/gpt2-bpe or
+    tiktoken's cache, else tiktoken downloads them, which a fresh clone without network cannot."""
+    import bpe
+    try:
+        bpe.load_tokenizer("gpt2")
+    except bpe.TokenizerError as e:
+        return str(e)
+    return ""
+
+
+def needs_missing_gpt2(command: str) -> bool:
+    """A command that names GPT-2's tokenizer (`--tokenizer gpt2 ...`) where its ranks cannot be had."""
+    named = command.split(" --tokenizer ", 1)[1].split(" -")[0].split() if " --tokenizer " in command else []
+    return "gpt2" in named and bool(gpt2_unavailable())
 
 
 def run_command(command: str, repo: pathlib.Path) -> None:
@@ -155,9 +195,57 @@ def test_readme_parsing_and_every_command_has_a_kind():
     assert readme_commands(text) == ["python a.py", "python b.py --x --y"]
     commands = readme_commands((ROOT / "README.md").read_text())
     assert "python train.py" in commands and kind("python train.py")[0] == "skipped"
+    assert set(commands) <= set(documented_commands())
     assert kind("python train.py --help") == ("quick", "a few seconds")
     assert kind("python scaling.py sweep --quick")[0] == "slow" and kind("python scaling.py sweep")[0] == "skipped"
     assert all(reason for p, reason in {**SKIPPED, **SLOW}.items())
+
+
+def test_docs_pages_commands_run_once_after_readme(tmp_path):
+    """A command moved from README to a docs page is still run; one shown twice runs once, where it first appears."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("```bash\npython a.py\npython b.py\n```\n")
+    (tmp_path / "docs" / "z.md").write_text("```bash\npython z.py\n```\n")
+    (tmp_path / "docs" / "m.md").write_text("```bash\npython b.py   # shown again\npython m.py\n```\n```\nout\n```\n")
+    assert documented_commands(tmp_path) == ["python a.py", "python b.py", "python m.py", "python z.py"]
+
+
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation but - and _ dropped, spaces to -.
+    >>> sorted(heading_anchors("# data.py: from raw corpora\\n## Export to HF (`tests/test_hf.py`)\\n"))
+    ['datapy-from-raw-corpora', 'export-to-hf-teststest_hfpy']
+    """
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def broken_links(root: pathlib.Path = ROOT) -> list[str]:
+    """Relative links of README and the docs pages whose file or heading anchor does not exist."""
+    broken = []
+    for page in documented_pages(root):
+        text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path) if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(root)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" \
+                    and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+                broken.append(f"{page.relative_to(root)}: {target} (no such heading)")
+    return broken
+
+
+def test_links_between_readme_and_docs_resolve(tmp_path):
+    """A heading renamed or moved to a docs page breaks no link (README's map links to every chapter heading)."""
+    assert not broken_links(), "\n".join(broken_links())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# Top\n[a](docs/a.md#two) [b](docs/b.md) [c](#top) [d](#gone)\n")
+    (tmp_path / "docs" / "a.md").write_text("# One\n```bash\n# two\n```\n[up](../README.md#top)\n")
+    assert broken_links(tmp_path) == ["README.md: docs/a.md#two (no such heading)",
+                                      "README.md: docs/b.md (no such file)", "README.md: #gone (no such heading)"]
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +257,8 @@ def scratch(tmp_path_factory) -> pathlib.Path:
 def test_readme_quick_commands(command, scratch):
     if needs_missing_shared(command, scratch):
         pytest.skip(f"needs ../shared/data: {command}")
+    if needs_missing_gpt2(command):
+        pytest.skip(f"needs GPT-2's ranks ({gpt2_unavailable()}): {command}")
     run_command(command, scratch)
 
 
@@ -180,7 +270,7 @@ def test_readme_slow_commands(tmp_path):
     run_command(STAND_IN, repo)
     failures = []
     for command in commands_of("slow"):
-        if not needs_missing_shared(command, repo):
+        if not needs_missing_shared(command, repo) and not needs_missing_gpt2(command):
             try:
                 run_command(command, repo)
             except AssertionError as e:                  # run the rest too: one report names every broken command

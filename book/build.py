@@ -1,0 +1,869 @@
+"""book/build.py: the chapters as an annotated book, prose beside code, built offline from the files themselves.
+
+    python book/build.py --out book/site        # a few seconds; open book/site/index.html (or python -m http.server)
+
+Every top-level .py file of the repository becomes one page; nothing is copied by hand, so the book cannot drift
+from the code. A page is the file read top to bottom:
+
+* the module docstring is the introduction;
+* each section banner (a `# ----` line, `# N. Title`, a `# ----` line) becomes a heading with an anchor;
+* the code follows in file order, cut into rows: a row starts at a block of full-line comments and at every
+  function or class that carries a docstring (and at every top-level or class-level definition, so each has an
+  anchor). The comments and docstrings of a row are its prose, rendered as Markdown (lists, tables, code spans,
+  indented blocks for the worked numbers) in a column beside the code they describe; docstrings leave the code
+  column, trailing `# why` comments stay in it;
+* names that come from another chapter (`data_lib.prepare`, `from model import GPT`, `bpe.Tokenizer`, a code
+  span `train.load_checkpoint` in prose) link to their definition on that chapter's page;
+* the figures a chapter draws appear on its page, read from the files its own commands wrote (table FIGURES).
+
+The formulas in the docstrings are plain text and Unicode (C ≈ 6·N·D, Σ c_i·B^i, √(J(1−J)/k)), most of them in
+indented blocks, so they render verbatim in a monospace block: no math typesetting is needed, nothing to load.
+
+Which files are chapters: the table CHAPTERS (reading order of the pipeline). Any other top-level file is a
+companion (an engine, bridge, experiment or helper file), shown after the chapters and marked so, with the
+"Serves:" line of its docstring.
+
+Libraries: markdown-it-py and mdit-py-plugins (Markdown), Pygments (highlighting), imported when the build runs.
+Figures that need long runs come from their committed outputs; `--refresh-figures NAME` reruns one's command.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import html
+import io
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import tokenize
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BOOK_DIR = pathlib.Path(__file__).resolve().parent
+MARKER = ".book-site"        # written into every site we build: only such a folder is ever replaced
+
+
+class BookError(Exception):
+    """A bad input to the build: printed as one line, exit code 2."""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# 1. What the book contains: the chapters in reading order, the companion files, the figures
+# ------------------------------------------------------------------------------------------------------------------
+# (file stem, what it is in the pipeline). The order is the order of reading; the pipeline map on the index page is
+# drawn from the same table, so a chapter added here appears in both.
+CHAPTERS = [
+    ("data", "raw sources → clean, deduplicated, mixed text → packed token shards"),
+    ("dedup", "near-duplicate math for data.py: shingles, MinHash, LSH"),
+    ("bpe", "the tokenizer trained on the train split"),
+    ("model", "the decoder-only Transformer the tokens feed"),
+    ("train", "the loop: optimizer, schedule, checkpoints, metrics"),
+    ("parallel", "the same loop on many processes: DP, ZeRO, TP, PP"),
+    ("scaling", "plan N and D before the run, fit laws after it"),
+    ("evaluate", "held-out loss, bits-per-byte, exact match, contamination"),
+]
+
+# Kinds of the companion files the design names; any other non-chapter file is a "companion file".
+COMPANION_KINDS = {
+    "data_at_scale": "engine",
+    "store": "engine (object-store I/O)",
+    "hf": "bridge",
+    "sweep": "experiment",
+    "fileio": "helper",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """One figure a chapter makes: where its committed output lies and the command that produced it."""
+    name: str            # for --refresh-figures
+    chapter: str         # the page it appears on
+    title: str
+    output: str          # repository-relative: a .png (shown as an image) or a .txt (the command's printed output)
+    command: str         # run from the repository root
+    produces: str = ""   # for a PNG: the file the command writes, copied to `output` by --refresh-figures
+
+
+FIGURES = [
+    Figure("funnel", "data", "The funnel on the embedded corpus: documents and characters through each step",
+           "docs/figures/data-funnel.txt", "python data.py prepare --data pydocs --out out-book-data"),
+    Figure("s-curve", "dedup", "The LSH S-curve: P(candidate) = 1 − (1 − J^r)^b against Jaccard J",
+           "docs/figures/dedup-demo.txt", "python dedup.py demo"),
+    Figure("loss", "train", "Loss curve of the default run (tiny model, pydocs, 600 steps): training and held-out loss",
+           "docs/figures/train-loss.png", "python train.py --out-dir out-book-train",
+           produces="out-book-train/loss.png"),
+    Figure("bubble", "parallel", "A 1F1B pipeline schedule on 4 stages and 16 micro-batches, and its bubble",
+           "docs/figures/parallel-schedule.txt", "python parallel.py schedule --p 4 --m 16"),
+    Figure("scaling", "scaling", "Loss against compute, the IsoFLOP curves and N_opt of the committed sweep",
+           "docs/sweep/scaling.png", "python scaling.py sweep"),
+]
+
+
+def _require_libraries():
+    """markdown-it-py, mdit-py-plugins and Pygments, or one line saying how to install them."""
+    try:
+        import markdown_it  # noqa: F401
+        import mdit_py_plugins  # noqa: F401
+        import pygments  # noqa: F401
+    except ImportError as e:
+        raise BookError(f"the book needs {e.name}: pip install markdown-it-py mdit-py-plugins pygments") from e
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# 2. Reading one file: docstrings, banners, comments and definitions, by ast and tokenize (never by guessing)
+# ------------------------------------------------------------------------------------------------------------------
+_DASHES = re.compile(r"^# ?-{20,}\s*$")
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+@dataclasses.dataclass
+class Definition:
+    """A def or class: the line its row starts at (first decorator), its docstring, its anchor if it has one."""
+    start: int
+    qualname: str | None          # "GPT", "GPT.forward" (module and class level); None inside a function
+    doc: str | None
+    doc_lines: range              # the docstring's lines, removed from the code column
+
+
+@dataclasses.dataclass
+class Source:
+    """A parsed top-level file: everything a page and the cross-links need."""
+    stem: str
+    path: pathlib.Path
+    lines: list[str]
+    docstring: str
+    doc_lines: range
+    banners: dict[int, tuple[int, str, str, int]]  # first line -> (last line, title, more text, title's last line)
+    comments: dict[int, str]                      # full-line comment: line -> text after "#"
+    definitions: dict[int, Definition]            # start line -> definition
+    assigned: dict[int, list[str]]                # line -> names a top-level assignment binds there
+    symbols: set[str]                             # what other pages may link to: "GPT", "PRESETS", "GPT.forward"
+    module_aliases: dict[str, str]                # "data_lib" -> "data" (import data as data_lib)
+    imported_names: dict[str, tuple[str, str]]    # "GPT" -> ("model", "GPT") (from model import GPT)
+
+    @property
+    def top_level(self) -> list[str]:
+        """Names of the top-level functions and classes, in file order."""
+        return [d.qualname for d in self.definitions.values() if d.qualname and "." not in d.qualname]
+
+
+def _whole_lines(node: ast.AST, lines: list[str]) -> bool:
+    """True when a docstring occupies its lines alone (nothing but indentation before it, at most a comment after)."""
+    before = lines[node.lineno - 1][:node.col_offset]
+    after = lines[node.end_lineno - 1][node.end_col_offset:]
+    return not before.strip() and (not after.strip() or after.strip().startswith("#"))
+
+
+def _docstring_node(node: ast.AST) -> ast.AST | None:
+    body = getattr(node, "body", None)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        return body[0]
+    return None
+
+
+def _definitions(tree: ast.Module, lines: list[str]) -> dict[int, Definition]:
+    """Every def and class, with qualified names for those at module and class level (the ones given anchors)."""
+    found: dict[int, Definition] = {}
+
+    def visit(node: ast.AST, prefix: str | None, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, _DEFS):
+                qualname = None if in_function else (f"{prefix}.{child.name}" if prefix else child.name)
+                doc_node = _docstring_node(child)
+                doc, doc_lines = None, range(0)
+                if doc_node is not None and _whole_lines(doc_node, lines):
+                    doc, doc_lines = ast.get_docstring(child), range(doc_node.lineno, doc_node.end_lineno + 1)
+                start = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                found.setdefault(start, Definition(start, qualname, doc, doc_lines))
+                visit(child, qualname if isinstance(child, ast.ClassDef) and qualname else None,
+                      in_function or not isinstance(child, ast.ClassDef))
+            elif isinstance(child, (ast.If, ast.Try, ast.With)) and not in_function:
+                visit(child, prefix, in_function)          # `if HAVE_X: def f ...` at module level keeps its anchor
+    visit(tree, None, False)
+    return dict(sorted(found.items()))
+
+
+def _assigned(tree: ast.Module) -> dict[int, list[str]]:
+    """Top-level assignments: line -> bound names (PRESETS = {...}, PRIME = ...)."""
+    bound: dict[int, list[str]] = {}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            for name in ast.walk(target):
+                if isinstance(name, ast.Name):
+                    bound.setdefault(node.lineno, []).append(name.id)
+    return bound
+
+
+def _imports(tree: ast.Module, modules: set[str]) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """Imports of other top-level files, anywhere in the file (main() and functions import lazily too)."""
+    aliases: dict[str, str] = {}
+    names: dict[str, tuple[str, str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules:
+                    aliases[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+            for alias in node.names:
+                names[alias.asname or alias.name] = (node.module, alias.name)
+    return aliases, names
+
+
+def _banners(lines: list[str]) -> dict[int, tuple[int, str, str, int]]:
+    """`# ----` / `# N. Title` (one or more lines) / `# ----`: first line -> (last line, title, the rest of the title
+    lines, the title lines' last line), 1-based. The title is the first sentence; the sentences after it, and any
+    lines under a bare `#` (data.py's shard format), are the prose of the section's first row."""
+    found: dict[int, tuple[int, str, str, int]] = {}
+    i = 0
+    while i < len(lines):
+        if _DASHES.match(lines[i]):
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("#") and not _DASHES.match(lines[j]):
+                j += 1
+            if j > i + 1 and j < len(lines) and _DASHES.match(lines[j]) and lines[i + 1].startswith("# "):
+                title_end = i + 1
+                while title_end + 1 < j and lines[title_end + 1].startswith("# "):
+                    title_end += 1
+                text = " ".join(line[2:].strip() for line in lines[i + 1:title_end + 1])
+                # The title is the first sentence (after the "N. "); further sentences are the section's prose.
+                number = re.match(r"\d+\.\s+", text)
+                start = number.end() if number else 0
+                split = re.search(r"(?<=[.!?])\s+(?=[A-Z`\"(])", text[start:])
+                title, rest = (text, "") if split is None else \
+                    (text[:start + split.start()], text[start + split.end():])
+                found[i + 1] = (j + 1, title, rest, title_end + 1)
+                i = j
+        i += 1
+    return found
+
+
+def _full_line_comments(source: str) -> dict[int, str]:
+    """Comments alone on their line (tokenize knows a `#` inside a string is not one): line -> text after `#`."""
+    comments = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT and not token.line[:token.start[1]].strip():
+            text = token.string[1:]
+            comments[token.start[0]] = text[1:] if text.startswith(" ") else text
+    return comments
+
+
+def read_source(path: pathlib.Path, modules: set[str]) -> Source:
+    source = path.read_text(encoding="utf-8")
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as e:
+        raise BookError(f"{path.name}: cannot parse line {e.lineno} ({e.msg}): fix the file, then build again") from e
+    lines = source.splitlines()
+    doc_node = _docstring_node(tree)
+    docstring = ast.get_docstring(tree) or ""
+    doc_lines = range(doc_node.lineno, doc_node.end_lineno + 1) if doc_node is not None else range(0)
+    definitions = _definitions(tree, lines)
+    assigned = _assigned(tree)
+    symbols = {d.qualname for d in definitions.values() if d.qualname}
+    symbols |= {name for names in assigned.values() for name in names}
+    aliases, imported = _imports(tree, modules)
+    return Source(path.stem, path, lines, docstring, doc_lines, _banners(lines), _full_line_comments(source),
+                  definitions, assigned, symbols, aliases, imported)
+
+
+def first_line(source: Source) -> str:
+    """What the file teaches: its docstring's first line, without a leading "name.py:"."""
+    line = source.docstring.split("\n", 1)[0].strip()
+    return re.sub(rf"^{re.escape(source.stem)}\.py:\s*", "", line)
+
+
+def serves_line(source: Source) -> str:
+    """The "Serves: ..." paragraph of a companion's docstring, else the first sentence that says what it serves."""
+    match = re.search(r"^Serves:\s*(.+?)(?:\n\s*\n|\n[A-Z][\w -]*:|\Z)", source.docstring, re.M | re.S)
+    if match:       # up to the next labelled sentence ("... one). Owns: ..."), if the paragraph goes on
+        return re.split(r"(?<=[.)])\s+(?=[A-Z][\w ]{0,20}:\s)", " ".join(match.group(1).split()))[0]
+    match = re.search(r"[^.\n]*\bserves\b[^.]*\.", source.docstring, re.I)
+    return " ".join(match.group(0).split()) if match else ""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# 3. Cutting a file into rows: (prose, code) pairs and headings, in file order
+# ------------------------------------------------------------------------------------------------------------------
+# The rule (labml's, adapted to this project's style): a block of full-line comments opens a row and is its prose;
+# a def/class opens a row unless the current row has no code yet (then the comment above it describes it and the
+# definition joins that row); its docstring is added to the row's prose. Blank lines at the edges of a row's code
+# are dropped. Every line of the file is either the introduction, a banner, prose or code: nothing is lost.
+
+@dataclasses.dataclass
+class Row:
+    anchor: str | None = None
+    prose: list[tuple[str, str]] = dataclasses.field(default_factory=list)   # ("comment" | "doc", text)
+    code: list[int] = dataclasses.field(default_factory=list)                # 1-based line numbers
+
+    def has_code(self) -> bool:
+        return bool(self.code)
+
+
+@dataclasses.dataclass
+class Heading:
+    anchor: str
+    title: str
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower())[:60].strip("-") or "section"
+
+
+def cut_rows(src: Source) -> list[Row | Heading]:
+    items: list[Row | Heading] = []
+    row = Row()
+    comment_run: list[str] = []          # consecutive full-line comments, joined into one prose part
+
+    def end_comment_run() -> None:
+        if comment_run:
+            row.prose.append(("comment", "\n".join(comment_run)))
+            comment_run.clear()
+
+    def flush() -> None:
+        nonlocal row
+        end_comment_run()
+        while row.code and not src.lines[row.code[-1] - 1].strip():
+            row.code.pop()
+        if row.code or row.prose:
+            items.append(row)
+        row = Row()
+
+    skip = set(src.doc_lines)
+    for definition in src.definitions.values():
+        skip.update(definition.doc_lines)
+    line_no = 1
+    while line_no <= len(src.lines):
+        if line_no in src.banners:
+            flush()
+            last, title, rest, title_end = src.banners[line_no]
+            number = re.match(r"(\d+)\.", title)
+            items.append(Heading(f"s{number.group(1)}-{_slug(title[number.end():])}" if number else f"s-{_slug(title)}",
+                                 title))
+            if rest:
+                comment_run.extend([rest, ""])
+            comment_run.extend(src.comments[n] for n in range(title_end + 1, last) if src.comments[n] or comment_run)
+            line_no = last + 1
+            continue
+        if line_no in skip:
+            line_no += 1
+            continue
+        text = src.lines[line_no - 1]
+        if line_no in src.comments:
+            if row.has_code():
+                flush()
+            if comment_run and line_no - 1 not in src.comments:
+                comment_run.append("")                   # a blank line between comments: a new paragraph
+            comment_run.append(src.comments[line_no])
+            line_no += 1
+            continue
+        definition = src.definitions.get(line_no)
+        if definition is not None and (definition.qualname or definition.doc):
+            if row.has_code():
+                flush()
+            end_comment_run()
+            if definition.qualname and row.anchor is None:
+                row.anchor = definition.qualname
+            if definition.doc:
+                row.prose.append(("doc", definition.doc))
+        if text.strip() or row.has_code():
+            end_comment_run()
+            row.code.append(line_no)
+        line_no += 1
+    flush()
+    return items
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# 4. Prose: docstrings and comments as Markdown (markdown-it-py), code spans linked to their definitions
+# ------------------------------------------------------------------------------------------------------------------
+# The text is already Markdown in all but two habits, fixed line by line before parsing: doctest examples
+# (`>>> ...` and their output) become fenced pycon blocks, and a comment's aligned columns (lines indented two or
+# three spaces past the `#`, fewer than Markdown's four) become a plain monospace block so their columns survive.
+
+def fence_doctests(text: str) -> str:
+    out: list[str] = []
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        stripped = lines[i].lstrip()
+        if stripped.startswith(">>> "):
+            indent = lines[i][:len(lines[i]) - len(stripped)]
+            block = []
+            while i < len(lines) and lines[i].strip():
+                block.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i].strip())
+                i += 1
+            out += [f"{indent}```pycon"] + [indent + line for line in block] + [f"{indent}```"]
+            continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
+def separate_indented_blocks(text: str) -> str:
+    """Docstrings write `Run it:` and then the indented commands with no blank line between (reST's habit); in
+    Markdown an indented block cannot interrupt a paragraph, so the commands would run into the sentence. A line
+    indented four or more spaces past the text line above it opens a block: put the blank line there."""
+    out: list[str] = []
+    text_indent: int | None = None       # indentation of the last line of running text
+    block_indent: int | None = None      # inside an indented block: its indentation
+    in_fence = False
+    for line in text.split("\n"):
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if stripped.startswith("```"):
+            in_fence = not in_fence
+        if in_fence or stripped.startswith("```") or not stripped:
+            out.append(line)
+            continue
+        if block_indent is not None and indent >= block_indent:
+            out.append(line)
+            continue
+        block_indent = None
+        if text_indent is not None and indent >= text_indent + 4:
+            if out and out[-1].strip():
+                out.append("")
+            block_indent = indent
+        else:
+            text_indent = indent
+        out.append(line)
+    return "\n".join(out)
+
+
+def fence_aligned_comment_lines(text: str) -> str:
+    out: list[str] = []
+    block: list[str] = []
+    for line in text.split("\n") + [""]:
+        if re.match(r"^ {2,}\S", line):
+            block.append(line)
+            continue
+        if block:
+            out += ["", "```text"] + block + ["```", ""]
+            block = []
+        out.append(line)
+    return "\n".join(out[:-1])
+
+
+class Linker:
+    """Resolves a name seen on one page to a link: another page's anchor, this page's, or nothing."""
+
+    def __init__(self, sources: dict[str, Source]):
+        self.sources = sources
+
+    def page(self, stem: str) -> str:
+        return f"{stem}.html"
+
+    def attribute(self, module: str, attr: str, more: str = "") -> str | None:
+        """`module.attr` (or `module.Class.method`): the anchor on module's page, when it defines that name."""
+        symbols = self.sources[module].symbols
+        if more and f"{attr}.{more}" in symbols:
+            return f"{self.page(module)}#{attr}.{more}"
+        return f"{self.page(module)}#{attr}" if attr in symbols else None
+
+    def name(self, src: Source, name: str) -> str | None:
+        """A bare name: imported from another page (`from model import GPT`), or a definition on this page."""
+        if name in src.imported_names:
+            module, original = src.imported_names[name]
+            return self.attribute(module, original) or self.page(module)
+        if name in src.top_level:
+            return f"#{name}"
+        return None
+
+    def link_text(self, src: Source, escaped: str) -> str:
+        """Plain prose (already HTML-escaped): another file's name (`bpe.py`) links to its page, and
+        `module.name` (train.load_checkpoint, data_lib.prepare) to the definition, where that file defines it."""
+        def replace(match: re.Match) -> str:
+            head, tail = match.group(1), match.group(2)
+            if tail == "py":
+                href = self.page(head) if head in self.sources and head != src.stem else None
+            else:
+                module = src.module_aliases.get(head, head if head in self.sources else None)
+                href = self.attribute(module, tail) if module is not None else None
+            return f'<a class="xref" href="{href}">{match.group(0)}</a>' if href else match.group(0)
+        return re.sub(r"(?<![\w./-])([A-Za-z_]\w*)\.([A-Za-z_]\w*)\b(?![\w/-]|\.\w)", replace, escaped)
+
+    def code_span(self, src: Source, content: str) -> str | None:
+        """A prose code span: `bpe.py`, `data_lib.prepare(...)`, `bpe.Tokenizer`, `GPT`, `Tokenizer.encode`."""
+        match = re.fullmatch(r"(\w+)\.py", content)
+        if match and match.group(1) in self.sources:
+            return self.page(match.group(1))
+        match = re.match(r"([A-Za-z_]\w*)\.([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?(?:\(.*\))?$", content)
+        if match:
+            head, attr, more = match.groups()
+            module = src.module_aliases.get(head, head if head in self.sources else None)
+            if module is not None:
+                return self.attribute(module, attr, more or "")
+            if f"{head}.{attr}" in src.symbols:
+                return f"#{head}.{attr}"
+            return None
+        match = re.fullmatch(r"([A-Za-z_]\w*)(?:\(.*\))?", content)
+        return self.name(src, match.group(1)) if match else None
+
+
+def make_markdown(linker: Linker, used_ids: set[str]):
+    """A markdown-it renderer: CommonMark + tables, no raw HTML, headings with unique anchors, linked code spans."""
+    from markdown_it import MarkdownIt
+    from markdown_it.common.utils import escapeHtml
+    from mdit_py_plugins.anchors import anchors_plugin
+
+    def unique_slug(title: str) -> str:
+        base = "doc-" + _slug(title)
+        slug, n = base, 2
+        while slug in used_ids:
+            slug, n = f"{base}-{n}", n + 1
+        used_ids.add(slug)
+        return slug
+
+    def code_inline(self, tokens, idx, options, env):
+        content = tokens[idx].content
+        href = None if env.get("in_link") else linker.code_span(env["source"], content)
+        code = f"<code>{escapeHtml(content)}</code>"
+        return f'<a class="xref" href="{escapeHtml(href)}">{code}</a>' if href else code
+
+    def fence(self, tokens, idx, options, env):
+        token = tokens[idx]
+        language = token.info.strip() or "text"
+        return f'<pre class="block code-{escapeHtml(language)}">{highlight_block(token.content, language)}</pre>\n'
+
+    def code_block(self, tokens, idx, options, env):
+        return f'<pre class="block">{escapeHtml(tokens[idx].content)}</pre>\n'
+
+    def text(self, tokens, idx, options, env):
+        inside_link = any(t.type == "link_open" for t in tokens[:idx]) and \
+            [t.type for t in tokens[:idx] if t.type in ("link_open", "link_close")][-1] == "link_open"
+        content = escapeHtml(tokens[idx].content)
+        return content if inside_link or env.get("in_link") else linker.link_text(env["source"], content)
+
+    md = MarkdownIt("commonmark", {"html": False}).enable("table").enable("strikethrough")
+    md.use(anchors_plugin, min_level=1, max_level=4, slug_func=unique_slug)
+    md.add_render_rule("code_inline", code_inline)
+    md.add_render_rule("text", text)
+    md.add_render_rule("fence", fence)
+    md.add_render_rule("code_block", code_block)
+    return md
+
+
+def highlight_block(text: str, language: str) -> str:
+    """A fenced block: pycon and python highlighted by Pygments, anything else escaped verbatim."""
+    if language not in ("pycon", "python"):
+        return html.escape(text, quote=False)
+    from pygments import lex
+    from pygments.lexers import PythonConsoleLexer, PythonLexer
+    lexer = PythonConsoleLexer() if language == "pycon" else PythonLexer()
+    return "".join(_span(ttype, value) for ttype, value in lex(text, lexer)).rstrip("\n")
+
+
+def prose_html(md, src: Source, parts: list[tuple[str, str]]) -> str:
+    chunks = []
+    for kind, text in parts:
+        text = fence_doctests(text)
+        text = fence_aligned_comment_lines(text) if kind == "comment" else separate_indented_blocks(text)
+        chunks.append(md.render(text, {"source": src}))
+    return "".join(chunks)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# 5. Code: Pygments tokens of the whole file, cut into lines, names from other chapters linked
+# ------------------------------------------------------------------------------------------------------------------
+# The whole file is lexed at once (a line in the middle of a triple-quoted string is still a string), then the
+# token stream is cut at newlines, so any subset of lines can be shown with the right colours.
+
+def _css_class(ttype) -> str:
+    from pygments.token import STANDARD_TYPES
+    while ttype not in STANDARD_TYPES:
+        ttype = ttype.parent
+    return STANDARD_TYPES[ttype]
+
+
+def _span(ttype, value: str, href: str | None = None) -> str:
+    css = _css_class(ttype)
+    text = html.escape(value, quote=False)
+    inner = f'<span class="{css}">{text}</span>' if css else text
+    return f'<a class="xref" href="{html.escape(href)}">{inner}</a>' if href else inner
+
+
+def token_lines(src: Source) -> list[list[tuple[object, str]]]:
+    from pygments import lex
+    from pygments.lexers import PythonLexer
+    lines: list[list[tuple[object, str]]] = [[]]
+    for ttype, value in lex("\n".join(src.lines) + "\n", PythonLexer(stripnl=False, ensurenl=True)):
+        pieces = value.split("\n")
+        for k, piece in enumerate(pieces):
+            if k:
+                lines.append([])
+            if piece:
+                lines[-1].append((ttype, piece))
+    return lines[:len(src.lines)]
+
+
+def code_line_html(linker: Linker, src: Source, tokens: list[tuple[object, str]]) -> str:
+    """One line of code with links: `alias.attr` to attr's anchor on alias's page, imported names to theirs,
+    module names in import statements to their page, uses of this page's functions and classes to their row."""
+    from pygments.token import Name
+    hrefs: list[str | None] = [None] * len(tokens)
+    for k, (ttype, value) in enumerate(tokens):
+        if ttype not in Name or (k and tokens[k - 1][1] == "."):
+            continue                                                # `self.prepare` is not data.prepare
+        if ttype is Name.Namespace:
+            hrefs[k] = linker.page(value) if value in linker.sources else None
+        elif value in src.module_aliases:
+            if k + 2 < len(tokens) and tokens[k + 1][1] == "." and tokens[k + 2][0] in Name:
+                target = linker.attribute(src.module_aliases[value], tokens[k + 2][1])
+                if target:
+                    hrefs[k], hrefs[k + 2] = linker.page(src.module_aliases[value]), target
+        elif ttype not in (Name.Function, Name.Class):               # a definition's own name is not a use
+            hrefs[k] = linker.name(src, value)
+    return "".join(_span(ttype, value, href) for (ttype, value), href in zip(tokens, hrefs))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# 6. Pages: the index (pipeline map, chapters, companions) and one page per file
+# ------------------------------------------------------------------------------------------------------------------
+
+def _layout(title: str, body: str, nav: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            f"<title>{html.escape(title)}</title>\n"
+            "<link rel=\"stylesheet\" href=\"book.css\">\n<link rel=\"stylesheet\" href=\"pygments.css\">\n"
+            "<link rel=\"icon\" href=\"data:,\">\n"
+            f"</head>\n<body>\n<nav class=\"top\">{nav}</nav>\n<main>\n{body}\n</main>\n</body>\n</html>\n")
+
+
+def _nav(order: list[str], stem: str | None) -> str:
+    links = ['<a href="index.html">Book index</a>']
+    if stem is not None:                                  # `order`: the pages in book order, index excluded
+        k = order.index(stem)
+        if k > 0:
+            links.append(f'<a href="{order[k - 1]}.html" rel="prev">← {order[k - 1]}.py</a>')
+        if k + 1 < len(order):
+            links.append(f'<a href="{order[k + 1]}.html" rel="next">{order[k + 1]}.py →</a>')
+    return " ".join(links)
+
+
+def figure_html(figure: Figure, root: pathlib.Path) -> str:
+    """A figure from the file the chapter's command wrote; when it is missing, the command that makes it."""
+    path = root / figure.output
+    caption = (f"<figcaption>{html.escape(figure.title)}. Made by <code>{html.escape(figure.command)}</code>"
+               f" (<code>{html.escape(figure.output)}</code>).</figcaption>")
+    if not path.is_file():
+        return (f'<figure class="missing" id="figure-{figure.name}"><p>Not built yet: run '
+                f"<code>{html.escape(figure.command)}</code> from the repository root, then "
+                f"<code>python book/build.py --refresh-figures {figure.name}</code>.</p>{caption}</figure>")
+    if path.suffix == ".png":
+        return (f'<figure id="figure-{figure.name}"><img src="figures/{path.name}" alt="{html.escape(figure.title)}">'
+                f"{caption}</figure>")
+    printed = printed_output_html(path.read_text(encoding="utf-8"))
+    return f'<figure id="figure-{figure.name}">{printed}{caption}</figure>'
+
+
+def printed_output_html(text: str) -> str:
+    """A command's printed output: its Markdown tables (`| a | b |`) as tables, every other line verbatim."""
+    from markdown_it import MarkdownIt
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    chunks, block, in_table = [], [], False
+    for line in text.rstrip("\n").split("\n") + [None]:
+        table_line = line is not None and line.lstrip().startswith("|")
+        if line is None or table_line != in_table:
+            if block:
+                chunks.append(f'<div class="table">{md.render(chr(10).join(block))}</div>' if in_table else
+                              f'<pre class="block output">{html.escape(chr(10).join(block), quote=False)}</pre>')
+            block, in_table = [], table_line
+        if line is not None:
+            block.append(line)
+    return "".join(chunks)
+
+
+def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pathlib.Path) -> str:
+    used_ids: set[str] = set()
+    md = make_markdown(linker, used_ids)
+    items = cut_rows(src)
+    tokens = token_lines(src)
+    for item in items:
+        if item.anchor:
+            used_ids.add(item.anchor)
+
+    def line_anchor(line_no: int) -> str:
+        for name in src.assigned.get(line_no, []):
+            if name not in used_ids:
+                used_ids.add(name)
+                return f' id="{html.escape(name)}"'
+        return ""
+
+    toc = "".join(f'<li><a href="#{h.anchor}">{md.renderInline(h.title, {"source": src, "in_link": True})}</a></li>'
+                  for h in items if isinstance(h, Heading))
+    figures = "".join(figure_html(f, root) for f in FIGURES if f.chapter == src.stem)
+    label = "" if kind == "chapter" else f'<p class="kind">Companion file: {html.escape(kind)}. Serves: ' \
+        f'{md.renderInline(serves_line(src), {"source": src})}</p>'
+    parts = [f'<header class="intro"><h1><code>{src.stem}.py</code></h1>{label}'
+             f'{md.render(separate_indented_blocks(fence_doctests(src.docstring)), {"source": src})}'
+             + (f'<div class="figures">{figures}</div>' if figures else "")
+             + (f'<nav class="toc"><h2>Sections</h2><ul>{toc}</ul></nav>' if toc else "") + "</header>"]
+    for item in items:
+        if isinstance(item, Heading):
+            parts.append(f'<h2 class="banner" id="{item.anchor}"><a href="#{item.anchor}">'
+                         f'{md.renderInline(item.title, {"source": src, "in_link": True})}</a></h2>')
+            continue
+        code = "\n".join(f'<span class="line" data-n="{n}"{line_anchor(n)}>{code_line_html(linker, src, tokens[n - 1])}'
+                         f"</span>" for n in item.code)
+        anchor = f' id="{html.escape(item.anchor)}"' if item.anchor else ""
+        prose = prose_html(md, src, item.prose)
+        parts.append(f'<section class="row{"" if prose else " bare"}"{anchor}><div class="prose">{prose}</div>'
+                     f'<div class="code"><pre>{code}</pre></div></section>')
+    return _layout(f"{src.stem}.py · the book", "\n".join(parts), _nav(order, src.stem))
+
+
+def index_html(linker: Linker, sources: dict[str, Source], chapters: list[str],
+               companions: list[tuple[str, str]]) -> str:
+    md = make_markdown(linker, set())
+
+    def inline(stem: str, text: str) -> str:
+        return md.renderInline(text, {"source": sources[stem]})
+
+    stages = "".join(f'<li><a href="{stem}.html"><code>{stem}.py</code></a><span>{html.escape(stage)}</span></li>'
+                     for stem, stage in CHAPTERS if stem in sources)
+    chapter_rows = "".join(
+        f'<tr><td>{k}</td><td><a href="{stem}.html"><code>{stem}.py</code></a></td>'
+        f"<td>{inline(stem, first_line(sources[stem]))}</td></tr>" for k, stem in enumerate(chapters, 1))
+    companion_rows = "".join(
+        f'<tr><td><a href="{stem}.html"><code>{stem}.py</code></a></td><td>{html.escape(kind)}</td>'
+        f"<td>{inline(stem, first_line(sources[stem]))}<br><small>Serves: {inline(stem, serves_line(sources[stem]))}"
+        f"</small></td></tr>"
+        for stem, kind in companions)
+    body = (
+        '<header class="intro"><h1>LLM pretraining from scratch, read as a book</h1>'
+        "<p>Each page is one file of the repository, rendered from the file itself: its docstring first, then the "
+        "code in file order with its comments and docstrings beside it. Read the chapters in this order; the "
+        "companion files hold engines, bridges and experiments that a chapter uses.</p>"
+        '<h2 id="pipeline">The pipeline</h2><p>Data flows down the list; each step is a chapter.</p>'
+        f'<ol class="pipeline">{stages}</ol>'
+        '<h2 id="chapters">Chapters</h2><div class="table"><table><thead><tr><th>#</th><th>file</th>'
+        f"<th>what it teaches</th></tr></thead><tbody>{chapter_rows}</tbody></table></div>"
+        + ('<h2 id="companions">Companion files</h2><div class="table"><table><thead><tr><th>file</th><th>kind</th>'
+           f"<th>what it is, and what it serves</th></tr></thead><tbody>{companion_rows}</tbody></table></div>"
+           if companions else "")
+        + "</header>")
+    return _layout("LLM pretraining from scratch · the book", body, _nav(["index"], None))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# 7. The build: discover, classify, render, publish the folder whole
+# ------------------------------------------------------------------------------------------------------------------
+
+def discover(root: pathlib.Path = ROOT) -> tuple[dict[str, Source], list[str], list[tuple[str, str]]]:
+    """All top-level .py files; chapters in reading order, then companions ordered by the chapter they serve."""
+    paths = sorted(p for p in root.glob("*.py") if p.is_file())
+    modules = {p.stem for p in paths}
+    sources = {p.stem: read_source(p, modules) for p in paths}
+    reading = [stem for stem, _ in CHAPTERS]
+    chapters = [stem for stem in reading if stem in sources]
+
+    def served_position(stem: str) -> tuple[int, str]:
+        named = [reading.index(m) for m in re.findall(r"\b(\w+)(?:\.py)?\b", serves_line(sources[stem]))
+                 if m in reading]
+        return (min(named) if named and "every" not in serves_line(sources[stem]) else len(reading), stem)
+
+    others = sorted((stem for stem in sources if stem not in reading), key=served_position)
+    companions = [(stem, COMPANION_KINDS.get(stem, "companion file")) for stem in others]
+    return sources, chapters, companions
+
+
+def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """Render every page of the files in `root` into a fresh folder beside `out`, then swap it in: `out` is whole
+    or untouched."""
+    _require_libraries()
+    from pygments.formatters import HtmlFormatter
+    out = out.resolve()
+    if out.exists() and not out.is_dir():
+        raise BookError(f"--out {out} is a file: give a folder for the site, e.g. book/site")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
+        raise BookError(f"--out {out} holds files this command did not write: choose a new or empty folder")
+    if out == root or root.is_relative_to(out):
+        raise BookError(f"--out {out} would replace the repository: choose a folder inside it, e.g. book/site")
+    sources, chapters, companions = discover(root)
+    order = chapters + [stem for stem, _ in companions]
+    linker = Linker(sources)
+    pages = {"index.html": index_html(linker, sources, chapters, companions)}
+    for stem in chapters:
+        pages[f"{stem}.html"] = page_html(linker, sources[stem], order, "chapter", root)
+    for stem, kind in companions:
+        pages[f"{stem}.html"] = page_html(linker, sources[stem], order, kind, root)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, text in pages.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        shutil.copyfile(BOOK_DIR / "book.css", staging / "book.css")
+        (staging / "pygments.css").write_text(HtmlFormatter(style="default").get_style_defs([".code", ".block"]),
+                                              encoding="utf-8")
+        (staging / "figures").mkdir()
+        for figure in FIGURES:
+            if figure.output.endswith(".png") and (root / figure.output).is_file():
+                shutil.copyfile(root / figure.output, staging / "figures" / pathlib.Path(figure.output).name)
+        (staging / MARKER).write_text("built by book/build.py; the next build replaces this folder\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        for path in [staging, *staging.rglob("*")]:
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+        old = None
+        if out.exists():
+            old = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / "site")
+        os.replace(staging, out)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [out / name for name in pages]
+
+
+def refresh_figures(names: list[str]) -> None:
+    """Rerun the named figures' commands from the repository root and store their outputs where FIGURES says."""
+    known = {f.name: f for f in FIGURES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise BookError(f"--refresh-figures {unknown[0]}: no such figure; choose from {', '.join(known)}")
+    for name in names:
+        figure = known[name]
+        result = subprocess.run([sys.executable, *shlex.split(figure.command)[1:]], cwd=ROOT,
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise BookError(f"--refresh-figures {name}: `{figure.command}` failed: {tail}")
+        target = ROOT / figure.output
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        if figure.produces:
+            shutil.copyfile(ROOT / figure.produces, temp)
+        else:
+            temp.write_text(result.stdout, encoding="utf-8")
+        os.replace(temp, target)
+        print(f"{name}: {figure.output} from `{figure.command}`")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, default=BOOK_DIR / "site", help="the site folder (book/site)")
+    parser.add_argument("--refresh-figures", nargs="+", metavar="NAME", default=[],
+                        help=f"first rerun these figures' commands ({', '.join(f.name for f in FIGURES)})")
+    args = parser.parse_args(argv)
+    try:
+        refresh_figures(args.refresh_figures)
+        pages = build(args.out)
+    except BookError as e:
+        print(f"book/build.py: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(pages)} pages in {args.out}: open {args.out / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Tests for the book (book/build.py, book/check.py): built from the real chapter files, every definition on its
+page, every internal link and anchor resolving, nothing loaded from the network, and every page opened in headless
+Chromium at desktop and phone widths with no console error and the layout checked (skipped without chromium)."""
+import ast
+import html.parser
+import pathlib
+import re
+import struct
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("markdown_it", reason="the book needs markdown-it-py: pip install -r requirements-test.txt")
+pytest.importorskip("mdit_py_plugins", reason="the book needs mdit-py-plugins: pip install -r requirements-test.txt")
+pytest.importorskip("pygments", reason="the book needs Pygments: pip install -r requirements-test.txt")
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "book"))
+
+import build as book  # noqa: E402  (book/build.py)
+import check as book_check  # noqa: E402  (book/check.py)
+
+
+class PageParser(html.parser.HTMLParser):
+    """ids, links (href/src) and visible text of one page."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids: list[str] = []
+        self.links: list[tuple[str, str]] = []          # (tag, url)
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.ids.append(attrs["id"])
+        for key in ("href", "src"):
+            if attrs.get(key) is not None:
+                self.links.append((tag, attrs[key]))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(path: pathlib.Path) -> PageParser:
+    parser = PageParser()
+    parser.feed(path.read_text(encoding="utf-8"))
+    return parser
+
+
+def top_level_files() -> list[pathlib.Path]:
+    return sorted(ROOT.glob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("book") / "site"
+    assert book.main(["--out", str(out)]) == 0
+    return out
+
+
+# ---------------------------------------------------------------- the build on the real files
+
+def test_one_page_per_top_level_file_and_an_index_in_reading_order(site):
+    pages = {p.stem for p in site.glob("*.html")}
+    assert pages == {p.stem for p in top_level_files()} | {"index"}
+    index = (site / "index.html").read_text(encoding="utf-8")
+    chapter_links = re.findall(r'<tr><td>\d+</td><td><a href="(\w+)\.html">', index)
+    assert chapter_links == [stem for stem, _ in book.CHAPTERS if (ROOT / f"{stem}.py").exists()]
+    index_words = " ".join(re.findall(r"\w+", "".join(parse(site / "index.html").text)))
+    for stem in chapter_links:                        # what each teaches: the docstring's first line
+        first = ast.get_docstring(ast.parse((ROOT / f"{stem}.py").read_text(encoding="utf-8"))).split("\n")[0]
+        assert " ".join(re.findall(r"\w+", re.sub(rf"^{stem}\.py:", "", first))) in index_words, stem
+    companions = [p.stem for p in top_level_files() if p.stem not in dict(book.CHAPTERS)]
+    for stem in companions:                           # after the chapters, marked as companions
+        assert f'<a href="{stem}.html"><code>{stem}.py</code></a></td><td>' in index.split('id="companions"')[1]
+        assert "Companion file:" in (site / f"{stem}.html").read_text(encoding="utf-8")
+
+
+def test_every_top_level_function_and_class_is_on_its_page_with_its_code_and_docstring(site):
+    for path in top_level_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        page = (site / f"{path.stem}.html").read_text(encoding="utf-8")
+        parsed = parse(site / f"{path.stem}.html")
+        words = " ".join(re.findall(r"\w+", "".join(parsed.text)))
+        shown = {int(n) for n in re.findall(r'<span class="line" data-n="(\d+)"', page)}
+        definitions = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+        assert definitions, path.name
+        for node in definitions:
+            assert node.name in parsed.ids, f"{path.name}: {node.name} has no anchor"
+            row = page.split(f'id="{node.name}"', 1)[1].split("</section>", 1)[0]
+            assert f'data-n="{node.lineno}"' in row, f"{path.name}: the def line of {node.name} is not in its row"
+            doc = ast.get_docstring(node)
+            if doc:                  # its first words, as words (Markdown changes the punctuation, not the words)
+                assert " ".join(re.findall(r"\w+", doc)[:8]) in words, f"{path.name}: {node.name}'s docstring"
+        # Nothing is lost: every line that is code (not blank, not a comment, not in a docstring) is shown.
+        docstring_lines = set()
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                    isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                docstring_lines.update(range(body[0].lineno, body[0].end_lineno + 1))
+        lines = path.read_text(encoding="utf-8").splitlines()
+        code_lines = {n for n, line in enumerate(lines, 1)
+                      if line.strip() and not line.lstrip().startswith("#") and n not in docstring_lines}
+        assert code_lines - shown == set(), f"{path.name}: code lines missing from the page"
+
+
+def test_section_banners_are_headings_with_anchors_in_the_table_of_contents(site):
+    banners = 0
+    for path in top_level_files():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        titles, k = [], 0
+        while k < len(lines) - 1:                     # dashes, "# title", any comment lines, dashes
+            if re.match(r"^# -{20,}$", lines[k]) and re.match(r"^# \S", lines[k + 1]):
+                end = k + 1
+                while end < len(lines) and lines[end].startswith("#") and not re.match(r"^# -{20,}$", lines[end]):
+                    end += 1
+                if end < len(lines) and re.match(r"^# -{20,}$", lines[end]):
+                    titles.append(lines[k + 1][2:].strip())
+                    k = end
+            k += 1
+        banners += len(titles)
+        page = (site / f"{path.stem}.html").read_text(encoding="utf-8")
+        headings = [(anchor, re.sub(r"<[^>]+>", "", title)) for anchor, title in
+                    re.findall(r'<h2 class="banner" id="([^"]+)"><a href="#\1">(.+?)</a></h2>', page)]
+        assert [h[1].split(" ")[0] for h in headings] == [t.split(" ")[0] for t in titles], path.name
+        for anchor, _ in headings:
+            assert f'<li><a href="#{anchor}">' in page
+    assert banners >= 40          # the chapters have dozens; none found would mean the parser broke
+
+
+def test_every_internal_link_and_anchor_resolves_and_nothing_loads_from_the_network(site):
+    ids = {page.name: parse(page).ids for page in site.glob("*.html")}
+    for page, page_ids in ids.items():
+        assert len(page_ids) == len(set(page_ids)), f"{page}: duplicate ids"
+    checked = 0
+    for page in site.glob("*.html"):
+        for tag, url in parse(page).links:
+            if re.match(r"^[a-z]+:", url) or url.startswith("//"):
+                assert tag == "a" and not url.startswith("data:") or url == "data:,", f"{page.name} loads {url}"
+                continue                                                  # a link out in prose, never a load
+            target, _, anchor = url.partition("#")
+            target_page = target or page.name
+            assert (site / target_page).is_file(), f"{page.name}: {url} points at a missing file"
+            if anchor:
+                assert anchor in ids[target_page], f"{page.name}: {url} points at a missing anchor"
+            checked += 1
+    assert checked > 1000
+
+
+def test_names_from_another_chapter_link_to_their_definition(site):
+    """Every `alias.name` (import data as data_lib; data_lib.prepare) and every `from model import GPT` whose
+    name the other file defines at top level is a link to that definition."""
+    modules = {p.stem for p in top_level_files()}
+    expected = 0
+    for path in top_level_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases = {a.asname or a.name: a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                   for a in node.names if a.name in modules}
+        imported = {(node.module, a.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and node.module in modules for a in node.names}
+        used = {(aliases[node.value.id], node.attr) for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name) and node.value.id in aliases}
+        page = (site / f"{path.stem}.html").read_text(encoding="utf-8")
+        for module, name in used | imported:
+            target = ast.parse((ROOT / f"{module}.py").read_text(encoding="utf-8"))
+            if name in {n.name for n in target.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}:
+                assert f'href="{module}.html#{name}"' in page, f"{path.name}: {module}.{name} is not linked"
+                expected += 1
+    assert expected >= 20
+    # In prose too: a module docstring that names another file (`train.py`, or plain train.py) links to its page,
+    # and a `module.name` it mentions to that definition.
+    mentions = 0
+    for path in top_level_files():
+        intro = (site / f"{path.stem}.html").read_text(encoding="utf-8").split('<nav class="toc">')[0]
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        for stem in set(re.findall(r"(?<![\w./-])(\w+)\.py\b", docstring)) & modules - {path.stem}:
+            assert f'href="{stem}.html"' in intro, f"{path.name}'s introduction names {stem}.py without a link"
+            mentions += 1
+    assert mentions >= 10
+    if "bpe.Tokenizer" in (ROOT / "model.py").read_text(encoding="utf-8"):
+        assert '<a class="xref" href="bpe.html#Tokenizer">bpe.Tokenizer</a>' in \
+            (site / "model.html").read_text(encoding="utf-8")
+
+
+def test_prose_keeps_the_docstrings_blocks_doctests_and_aligned_comments(site):
+    dedup = (site / "dedup.html").read_text(encoding="utf-8")
+    # "Run it:" then indented commands (no blank line between): a block of commands, not one run-on sentence.
+    assert re.search(r'<pre class="block">python dedup.py demo +# the lecture', dedup)
+    # A doctest becomes a highlighted pycon block (the prompt is a Generic.Prompt token: class "gp").
+    assert re.search(r'<pre class="block code-pycon"><span class="gp">&gt;&gt;&gt; </span>', dedup)
+    # Aligned comment columns survive as a monospace block.
+    assert re.search(r'<pre class="block code-text">  word: +a polynomial hash', dedup)
+
+
+def test_figures_are_on_the_page_of_the_chapter_that_makes_them(site):
+    for figure in book.FIGURES:
+        page = (site / f"{figure.chapter}.html").read_text(encoding="utf-8")
+        assert f'id="figure-{figure.name}"' in page
+        assert (ROOT / figure.output).is_file(), f"{figure.output} is not committed: run {figure.command}"
+        assert figure.command in page
+        if figure.output.endswith(".png"):
+            name = pathlib.Path(figure.output).name
+            assert f'<img src="figures/{name}"' in page
+            assert (site / "figures" / name).read_bytes() == (ROOT / figure.output).read_bytes()
+    assert "<table>" in (site / "dedup.html").read_text(encoding="utf-8").split('id="figure-s-curve"')[1]
+
+
+# ---------------------------------------------------------------- a made-up repository: classification, errors
+
+def _fake_repository(root: pathlib.Path) -> None:
+    (root / "data.py").write_text('"""data.py: clean text.\n\nMore."""\n\n\ndef prepare(x):\n    """Clean x."""\n'
+                                  "    return x\n")
+    (root / "model.py").write_text('"""The model."""\nfrom data import prepare\nimport data as data_lib\n\n\n'
+                                   "class GPT:\n    def forward(self):\n        return data_lib.prepare(1)\n")
+    (root / "store.py").write_text('"""Object-store I/O.\n\nServes: data.py (its s3:// inputs). Owns: the bytes.\n"""\n'
+                                   "X = 1\n")
+    (root / "alpha.py").write_text('"""Alpha helper; it serves model.py only."""\ndef z():\n    pass\n')
+
+
+def test_companions_are_classified_by_table_and_docstring_and_missing_figures_name_their_command(tmp_path):
+    _fake_repository(tmp_path)
+    out = tmp_path / "site"
+    book.build(out, root=tmp_path)
+    index = (out / "index.html").read_text(encoding="utf-8")
+    assert re.findall(r'<tr><td>\d+</td><td><a href="(\w+)\.html">', index) == ["data", "model"]
+    companions = index.split('id="companions"')[1]
+    assert companions.index("store.py") < companions.index("alpha.py")          # by what they serve, not by name
+    assert "engine (object-store I/O)" in companions and "companion file" in companions
+    companions_text = re.sub(r"<[^>]+>", "", companions)
+    assert "Serves: data.py (its s3:// inputs)." in companions_text and "it serves model.py only." in companions_text
+    assert "Serves: data.py (its s3:// inputs).</p>" in re.sub(r"<(?!/p)[^>]+>", "", (out / "store.html").read_text())
+    model = (out / "model.html").read_text(encoding="utf-8")
+    assert 'href="data.html#prepare"' in model and 'href="data.html"' in model
+    assert 'id="GPT.forward"' in model
+    data = (out / "data.html").read_text(encoding="utf-8")
+    assert "Not built yet: run <code>python data.py prepare --data pydocs" in data      # no docs/figures here
+
+
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(tmp_path):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    a_file = tmp_path / "file.html"
+    a_file.write_text("x")
+    cases = [(["--out", str(foreign)], "--out"), (["--out", str(a_file)], "--out"),
+             (["--refresh-figures", "nope", "--out", str(tmp_path / "new")], "--refresh-figures nope")]
+    for args, flag in cases:
+        result = subprocess.run([sys.executable, str(ROOT / "book" / "build.py"), *args], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and flag in result.stderr and "Traceback" not in result.stderr
+    assert (foreign / "notes.txt").read_text() == "keep me" and a_file.read_text() == "x"
+    assert not (tmp_path / "new").exists()
+    broken = tmp_path / "repo"
+    broken.mkdir()
+    (broken / "data.py").write_text("def f(:\n")
+    with pytest.raises(book.BookError, match=r"data\.py: cannot parse line 1"):
+        book.build(tmp_path / "site2", root=broken)
+    assert not (tmp_path / "site2").exists()
+
+
+def test_a_rebuild_replaces_the_site_whole(tmp_path):
+    _fake_repository(tmp_path)
+    out = tmp_path / "site"
+    book.build(out, root=tmp_path)
+    (tmp_path / "alpha.py").unlink()
+    book.build(out, root=tmp_path)
+    assert not (out / "alpha.html").exists() and (out / "store.html").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".site")] == []     # no staging left behind
+
+
+# ---------------------------------------------------------------- in a real browser
+
+def _png_size(path: pathlib.Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.slow
+def test_pages_render_in_headless_chromium_without_errors_and_with_the_layout_intact(site, tmp_path):
+    executable = book_check.find_chromium()
+    if executable is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium; .ci/run installs it)")
+    results = book_check.check_site(site, tmp_path / "shots", executable)
+    assert {(r["page"], r["width"]) for r in results} == {(p.name, w) for p in site.glob("*.html")
+                                                          for w in book_check.WIDTHS}
+    for r in results:
+        where = f"{r['page']} at {r['width']}"
+        assert r["console"] == [], where
+        assert r["layout"]["problems"] == [], where
+        assert r["layout"]["scrollWidth"] <= r["layout"]["width"], where
+        assert r["layout"]["twoColumns"] == (r["width"] == "desktop"), where
+        if r["page"] != "index.html":
+            assert r["layout"]["rows"] > 0 and r["layout"]["aligned"] == r["layout"]["rows"], where
+        assert _png_size(r["screenshot"]) == book_check.WIDTHS[r["width"]], where
