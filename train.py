@@ -764,9 +764,14 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
     """
     joined = torch.distributed.is_available() and torch.distributed.is_initialized()
     world = torch.distributed.get_world_size() if joined else int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        if cfg.zero or cfg.tp > 1 or cfg.pp > 1:
-            raise TrainError("--zero/--tp/--pp need several processes: launch with torchrun --nproc_per_node=N")
+    # `torchrun --nproc_per_node=1 train.py --zero 2` is a real layout (ZeRO's code path on one GPU, the way a
+    # one-GPU bench checks it): a process that torchrun started joins a group of one. A plain `python train.py
+    # --zero 2` has no process group to join.
+    launched = joined or "RANK" in os.environ
+    if world <= 1 and not (launched and uses_model_parallel(cfg)):
+        if uses_model_parallel(cfg):
+            raise TrainError("--zero/--tp/--pp need a process group: launch with torchrun --nproc_per_node=N "
+                             "(N=1 runs ZeRO's code path on one device)")
         return Dist()
     import parallel
     _, _, device = parallel.init_distributed()

@@ -504,6 +504,25 @@ def test_bad_input_gets_one_clear_line(dataset_dir, tmp_path, capsys):
     assert not (tmp_path / "a").exists()                         # rejected before anything is written
 
 
+@pytest.mark.slow
+def test_torchrun_with_one_process_runs_zero(dataset_dir, tmp_path):
+    """`torchrun --nproc_per_node=1 train.py --zero 2` (the one-GPU bench's layout) trains through ZeRO's code path
+    in a process group of one; without torchrun's variables the same flags are refused (the test above)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "zero1proc"
+    args = [sys.executable, str(ROOT / "train.py"), "--data", str(dataset_dir), *map(str, TINY_ARGS),
+            "--zero", "2", "--max-steps", "2", "--eval-interval", "2", "--out-dir", str(out)]
+    run = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps if "loss" in m] == [0, 1] and any("val_loss" in m for m in steps)
+
+
 def test_val_data_and_cleaning_pass_through_to_data_prepare(dataset_dir, tmp_path, capsys, monkeypatch):
     """`train.py --data my.txt --val-data held_out.txt`: the file is the val split byte for byte; bad input is one
     line; the flags are refused beside an already prepared dataset (they would be silently ignored)."""
