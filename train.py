@@ -53,9 +53,9 @@ Run it:
     torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
 
 Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), data_at_scale.py (prepares
---data with the streaming engine), model.py (the GPT) and, under
-torchrun, parallel.py (data parallel, ZeRO, tensor and pipeline parallel). matplotlib draws the loss curve
-(imported only then).
+--data with the streaming engine), model.py (the GPT), bpe.py (the tokenizer a checkpoint carries) and, under
+torchrun, parallel.py (the mesh, data parallel) and model_parallel.py (ZeRO, tensor and pipeline parallel wired
+together by its `parallelize`). matplotlib draws the loss curve (imported only then).
 """
 from __future__ import annotations
 
@@ -784,7 +784,7 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
 
 
 def uses_model_parallel(cfg: TrainConfig) -> bool:
-    """ZeRO, tensor or pipeline parallel: the model and optimizer go through parallel.parallelize."""
+    """ZeRO, tensor or pipeline parallel: the model and optimizer go through model_parallel.parallelize."""
     return bool(cfg.zero) or cfg.tp > 1 or cfg.pp > 1
 
 
@@ -799,18 +799,20 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
     """
     if dist.mesh is None:
         return model, optimizer
+    import model_parallel
     import parallel
     if uses_model_parallel(cfg):
         if cfg.dtype == "fp16":
             raise TrainError("--dtype fp16 with --zero/--tp/--pp: ranks holding different gradients would disagree "
                              "on the loss scaler's overflow check; use --dtype bf16 or fp32")
-        # ZeRO / TP / PP: parallel.py splits the full model and optimizer over the mesh; the returned pair keeps
-        # this loop's calls and saves checkpoints in the single-process format (any layout can resume them).
+        # ZeRO / TP / PP: model_parallel.py splits the full model and optimizer over the mesh; the returned pair
+        # keeps this loop's calls and saves checkpoints in the single-process format (any layout can resume them).
         mixed = {}
         if cfg.zero == 3 and dtype == torch.bfloat16:
             mixed = dict(compute_dtype=dtype, reduce_dtype=DTYPES[cfg.zero_reduce_dtype])
         try:
-            return parallel.parallelize(model, optimizer, dist.mesh, zero=cfg.zero, schedule=cfg.pp_schedule, **mixed)
+            return model_parallel.parallelize(model, optimizer, dist.mesh, zero=cfg.zero, schedule=cfg.pp_schedule,
+                                              **mixed)
         except parallel.ParallelError as e:
             raise TrainError(str(e)) from e
     if dist.world_size == 1:
