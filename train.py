@@ -79,6 +79,7 @@ import numpy as np
 import torch
 
 import data as data_lib
+import fileio
 import data_at_scale
 import model as model_lib
 
@@ -292,11 +293,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def resolve_device(name: str) -> torch.device:
     """auto: CUDA if present, else Apple MPS, else CPU."""
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise TrainError("--device cuda but no CUDA GPU is visible; use --device cpu (or auto)")
     if name == "cuda":
@@ -332,7 +329,7 @@ def autocast(device: torch.device, dtype: torch.dtype):
 # ----------------------------------------------------------------------------------------------------------------------
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d{7})\.pt$")
-TEMP_PATTERN = re.compile(r"^\.(ckpt_\d{7}\.pt|loss\.png)\.tmp\d+(\.png)?$")     # atomic writes in flight
+TEMP_PATTERN = re.compile(r"^\.(ckpt_\d{7}\.pt|loss\.png)\.\w+\.tmp$")     # fileio.write_atomic's, in flight
 CHECKSUM_TAG = b"sha256:"
 CHECKSUM_LEN = len(CHECKSUM_TAG) + 64           # the zip comment: tag + hex digest
 
@@ -352,20 +349,22 @@ def list_checkpoints(out_dir) -> list[pathlib.Path]:
 
 
 class HashingWriter:
-    """A write-only file that feeds every byte torch.save streams into it to a sha256 as well."""
+    """A write-only file that feeds every byte torch.save streams into it to a sha256 as well, and keeps the last
+    22 bytes (the zip's end record, which append_checksum completes)."""
 
     def __init__(self, file):
-        self.file, self.digest = file, hashlib.sha256()
+        self.file, self.digest, self.tail = file, hashlib.sha256(), b""
 
     def write(self, data) -> int:
         self.digest.update(data)
+        self.tail = (self.tail + bytes(memoryview(data).cast("B")[-22:]))[-22:]
         return self.file.write(data)
 
     def flush(self) -> None:
         self.file.flush()
 
 
-def append_checksum(file, digest) -> None:
+def append_checksum(hashing: HashingWriter) -> None:
     """Store the sha256 of a torch.save zip inside it, as the zip's comment (the file's last bytes).
 
     torch.load checks no CRC, so 4 KiB of zeros inside the weights load silently as wrong numbers; the digest
@@ -373,12 +372,10 @@ def append_checksum(file, digest) -> None:
     torch.save); we set it to 71 and append b"sha256:" + the 64 hex digits of the zip as torch.save wrote it. The
     file stays a valid zip, so torch.load (and any zip tool) still reads it as it is.
     """
-    file.seek(-22, os.SEEK_END)
-    end_record = file.read(22)
-    if end_record[:4] != b"PK\x05\x06" or end_record[-2:] != b"\x00\x00":
+    if hashing.tail[:4] != b"PK\x05\x06" or hashing.tail[-2:] != b"\x00\x00":
         raise ValueError("not a zip written by torch.save (no end record without a comment)")
-    file.seek(-2, os.SEEK_END)
-    file.write(CHECKSUM_LEN.to_bytes(2, "little") + CHECKSUM_TAG + digest.hexdigest().encode())
+    hashing.file.seek(-2, os.SEEK_END)
+    hashing.file.write(CHECKSUM_LEN.to_bytes(2, "little") + CHECKSUM_TAG + hashing.digest.hexdigest().encode())
 
 
 def verify_checksum(path) -> None:
@@ -404,23 +401,17 @@ def verify_checksum(path) -> None:
 
 
 def atomic_save(obj, path) -> None:
-    """torch.save with a checksum to a temp file in the same directory, fsync it, then rename over `path`.
+    """torch.save with a checksum to a temp file in the same directory, fsync it, then rename over `path`
+    (fileio.write_atomic), and fsync the directory so that the rename itself is on disk.
 
     A crash at any moment leaves either the old file or the complete new one, never half a checkpoint; a temp file
-    left by a kill is removed by the next run (remove_stale_temp_files).
+    left by a kill is removed by the next run (remove_stale_temp_files). A full disk is one line (TrainError).
     """
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w+b") as f:
-            hashing = HashingWriter(f)
-            torch.save(obj, hashing)
-            append_checksum(f, hashing.digest)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    def save(f) -> None:
+        hashing = HashingWriter(f)
+        torch.save(obj, hashing)
+        append_checksum(hashing)
+    path = fileio.write_atomic(path, save, error=TrainError, fix="choose another --out-dir")
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)                  # make the rename itself durable
@@ -429,7 +420,7 @@ def atomic_save(obj, path) -> None:
 
 
 def remove_stale_temp_files(out_dir, log=print) -> None:
-    """Delete the temp files (.ckpt_*.pt.tmpPID, .loss.png.tmpPID.png) of writes that a kill interrupted."""
+    """Delete the temp files (.ckpt_*.pt.XXXX.tmp, .loss.png.XXXX.tmp) of writes that a kill interrupted."""
     for stale in pathlib.Path(out_dir).iterdir():
         if TEMP_PATTERN.match(stale.name):
             stale.unlink(missing_ok=True)
@@ -681,16 +672,11 @@ def plot_loss_curve(metrics_path, png_path) -> pathlib.Path:
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.legend()
     ax.grid(alpha=0.3)
-    png_path = pathlib.Path(png_path)
-    tmp = png_path.with_name(f".{png_path.name}.tmp{os.getpid()}.png")
     try:
-        fig.savefig(tmp, dpi=100, bbox_inches="tight")
-        os.replace(tmp, png_path)
-    finally:                                              # a failed save leaves no stray temp file
+        return fileio.write_atomic(png_path, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"),
+                                   error=TrainError, fix="choose another --out-dir")
+    finally:
         plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
-    return png_path
 
 
 def eval_plan(num_windows: int, batch_size: int, world_size: int, eval_batches: int) -> tuple[int, int]:
@@ -820,21 +806,14 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
     return parallel.DataParallel(model, dist.mesh.dp), optimizer
 
 
-def all_reduce_mean(values: torch.Tensor, dist: Dist) -> torch.Tensor:
-    """Average a small float tensor over data-parallel ranks (identity in one process)."""
-    if dist.world_size > 1:
+def all_reduce_mean(values: torch.Tensor, dist: Dist, over_world: bool = False) -> torch.Tensor:
+    """Average a small float tensor over the data-parallel ranks, or with over_world over every process of the run
+    (tp and pp ranks included); the identity in one process."""
+    n = dist.devices if over_world else dist.world_size
+    if n > 1:
         values = values.clone()
-        torch.distributed.all_reduce(values, group=dist.mesh.dp.group)
-        values /= dist.world_size
-    return values
-
-
-def all_reduce_world_mean(values: torch.Tensor, dist: Dist) -> torch.Tensor:
-    """Average a small float tensor over every process of the run, tp and pp ranks included."""
-    if dist.devices > 1:
-        values = values.clone()
-        torch.distributed.all_reduce(values)
-        values /= dist.devices
+        torch.distributed.all_reduce(values, group=None if over_world else dist.mesh.dp.group)
+        values /= n
     return values
 
 
@@ -1187,7 +1166,7 @@ class Trainer:
         # signal may reach one pipeline stage and not the other. The loss is the same on every tp and pp rank of
         # a data-parallel rank, so the mean over the world is the dp mean.
         stop = torch.tensor(float(self.stop_requested), device=self.device)
-        loss_value, stop_any = all_reduce_world_mean(torch.stack([loss_sum / n, stop]), self.dist).tolist()
+        loss_value, stop_any = all_reduce_mean(torch.stack([loss_sum / n, stop]), self.dist, over_world=True).tolist()
         self.stopping = stop_any > 0                                   # every rank stops after this step
         if self.scaler:
             self.scaler.unscale_(self.optimizer)

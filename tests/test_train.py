@@ -332,7 +332,7 @@ def test_resume_falls_back_past_a_corrupted_checkpoint_and_sweeps_stale_temp_fil
     middle = len(damaged) // 2
     damaged[middle:middle + 4096] = bytes(4096)
     newest.write_bytes(damaged)
-    stale = [out / ".ckpt_0000012.pt.tmp4242", out / ".loss.png.tmp4242.png"]
+    stale = [out / ".ckpt_0000012.pt.k2j_x9ab.tmp", out / ".loss.png.q1w2e3r4.tmp"]
     for path in stale:
         path.write_bytes(b"half a write")
     messages = []
