@@ -342,9 +342,7 @@ def checkpoint_path(out_dir, step: int) -> pathlib.Path:
 def list_checkpoints(out_dir) -> list[pathlib.Path]:
     """Checkpoint files in `out_dir`, newest (highest step) first; temp files of interrupted writes are ignored."""
     out_dir = pathlib.Path(out_dir)
-    if not out_dir.is_dir():
-        return []
-    found = [p for p in out_dir.iterdir() if CKPT_PATTERN.match(p.name)]
+    found = [p for p in out_dir.iterdir() if CKPT_PATTERN.match(p.name)] if out_dir.is_dir() else []
     return sorted(found, key=lambda p: int(CKPT_PATTERN.match(p.name).group(1)), reverse=True)
 
 
@@ -565,28 +563,21 @@ class SpikeGuard:
 # no dense fp32/tf32 figure we could confirm, so none is given), Ada whitepaper (RTX 4090, fp32 accumulate),
 # AMD Instinct MI300X datasheet (AMD prints dense figures).
 _H100_SXM = {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}
-_H100_NVL = {"bf16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}
 _A100 = {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
-_MI300X = {"bf16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12}
 GPU_PEAK_FLOPS = {
-    "NVIDIA H100 80GB HBM3": _H100_SXM,
+    **dict.fromkeys(["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GH200 480GB"], _H100_SXM),
     "NVIDIA H100 PCIe": {"bf16": 756.5e12, "tf32": 378e12, "fp32": 51e12},
-    "NVIDIA H100 NVL": _H100_NVL,
-    "NVIDIA H200": _H100_SXM,
-    "NVIDIA H200 NVL": _H100_NVL,
-    "NVIDIA GH200 480GB": _H100_SXM,
-    "NVIDIA A100-SXM4-40GB": _A100,
-    "NVIDIA A100-SXM4-80GB": _A100,
-    "NVIDIA A100-PCIE-40GB": _A100,
-    "NVIDIA A100 80GB PCIe": _A100,
+    **dict.fromkeys(["NVIDIA H100 NVL", "NVIDIA H200 NVL"], {"bf16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}),
+    **dict.fromkeys(["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB",
+                     "NVIDIA A100 80GB PCIe"], _A100),
     "NVIDIA B200": {"bf16": 2250e12},
     "NVIDIA L4": {"bf16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
     "NVIDIA L40": {"bf16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12},
     "NVIDIA L40S": {"bf16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
     "NVIDIA A10": {"bf16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
     "NVIDIA GeForce RTX 4090": {"bf16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12},
-    "AMD Instinct MI300X": _MI300X,
-    "AMD Instinct MI300X VF": _MI300X,
+    **dict.fromkeys(["AMD Instinct MI300X", "AMD Instinct MI300X VF"],
+                    {"bf16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12}),
 }
 
 
@@ -859,26 +850,19 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
 
 def parse_model_args(text: str) -> dict:
     """'n_layer=2,n_embd=32,dropout=0.1' -> {'n_layer': 2, 'n_embd': 32, 'dropout': 0.1}, typed by GPTConfig."""
-    types = {f.name: f.type for f in dataclasses.fields(model_lib.GPTConfig)}
+    types = {f.name: str(f.type) for f in dataclasses.fields(model_lib.GPTConfig)}
     out = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
-        key, sep, value = item.partition("=")
-        key = key.strip()
+        key, sep, value = (part.strip() for part in item.partition("="))
         if not sep or key not in types:
             raise TrainError(f"--model-args: {item!r} is not NAME=VALUE with NAME a GPTConfig field "
                              f"({', '.join(types)})")
-        kind = str(types[key])
+        kind = next((k for k in ("bool", "int", "float") if k in types[key]), "str")
         try:
-            if "bool" in kind:
-                out[key] = value.strip().lower() in ("1", "true", "yes")
-            elif "int" in kind:
-                out[key] = int(value)
-            elif "float" in kind:
-                out[key] = float(value)
-                if not math.isfinite(out[key]):
-                    raise ValueError(f"{value.strip()} is not a finite number")
-            else:
-                out[key] = value.strip()
+            out[key] = {"bool": lambda v: v.lower() in ("1", "true", "yes"), "int": int, "float": float,
+                        "str": str}[kind](value)
+            if kind == "float" and not math.isfinite(out[key]):
+                raise ValueError(f"{value} is not a finite number")
         except ValueError as e:
             raise TrainError(f"--model-args: bad value in {item!r}: {e}") from e
     return out
@@ -1000,14 +984,9 @@ class Trainer:
         check_writable_dir(self.out_dir)
         existing = list_checkpoints(self.out_dir)
         if self.cfg.resume:
-            where = self.out_dir if self.cfg.resume == "latest" else pathlib.Path(self.cfg.resume)
-            if not where.exists():
-                raise TrainError(f"--resume: {where} does not exist; train first (without --resume) or pass a "
-                                 f"checkpoint file")
-            try:
-                ckpt = load_checkpoint(where, self.log)
-            except TrainError as e:
-                raise TrainError(f"--resume: {e}") from e
+            where = self.out_dir if self.cfg.resume == "latest" else self.cfg.resume
+            ckpt = self._load_flag_checkpoint("--resume", where, "train first (without --resume) or pass a "
+                                                                 "checkpoint file")
             if "optimizer" not in ckpt:                   # weights only: nothing of a run to continue
                 raise TrainError(f"--resume: {ckpt['path']} has no optimizer state (written by model.py import-hf): "
                                  f"start a new run from its weights with --init-from {ckpt['path']}")
@@ -1020,16 +999,20 @@ class Trainer:
     def _load_init_checkpoint(self) -> dict:
         """--init-from: the checkpoint whose weights start the run (its shape replaces --model/--model-args; a
         resumed run takes the same shape and then its own newer weights). Its tokenizer must be --data's."""
-        path = pathlib.Path(self.cfg.init_from)
-        if not path.exists():
-            raise TrainError(f"--init-from: {path} does not exist; pass a checkpoint (python model.py import-hf "
-                             f"writes one from a Hugging Face model)")
-        try:
-            ckpt = load_checkpoint(path, self.log)
-        except TrainError as e:
-            raise TrainError(f"--init-from: {e}") from e
+        ckpt = self._load_flag_checkpoint("--init-from", self.cfg.init_from, "pass a checkpoint (python model.py "
+                                          "import-hf writes one from a Hugging Face model)")
         self.log(f"initialising from {ckpt['path']} (--model and --model-args are not used)")
         return ckpt
+
+    def _load_flag_checkpoint(self, flag: str, path, fix: str) -> dict:
+        """load_checkpoint for a flag's value, its errors named after the flag."""
+        path = pathlib.Path(path)
+        if not path.exists():
+            raise TrainError(f"{flag}: {path} does not exist; {fix}")
+        try:
+            return load_checkpoint(path, self.log)
+        except TrainError as e:
+            raise TrainError(f"{flag}: {e}") from e
 
     def _make_out_dir(self) -> None:
         """Create out-dir (every rank; the same directory) and sweep away temp files of writes killed mid-way."""
@@ -1097,10 +1080,8 @@ class Trainer:
         if ckpt["tokenizer_json"] != self.tokenizer.to_json():
             raise TrainError(f"checkpoint {ckpt['path']} was trained with another tokenizer than --data "
                              f"{self.cfg.data!r}; resume with the run's data ({ckpt['data_dir']})")
-        if hasattr(self.model, "load_full_state_dict"):
-            self.model.load_full_state_dict(ckpt["model"])
-        else:
-            self.raw_model.load_state_dict(ckpt["model"])
+        # A split model slices the single-process state dict to this rank's pieces; a whole one loads it as it is.
+        getattr(self.model, "load_full_state_dict", self.raw_model.load_state_dict)(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.scaler and ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
@@ -1244,10 +1225,8 @@ class Trainer:
         if self.cfg.num_samples <= 0 or self.cfg.sample_tokens <= 0:
             return []
         generator = torch.Generator(device=self.device).manual_seed(self.cfg.seed)
-        if self.cfg.prompt:
-            start = self.tokenizer.encode(self.cfg.prompt, allowed_special="all")
-        else:
-            start = [self.data.eot_id or 0]                    # "a new document starts here"
+        start = (self.tokenizer.encode(self.cfg.prompt, allowed_special="all") if self.cfg.prompt
+                 else [self.data.eot_id or 0])                  # no prompt: "a new document starts here"
         start = start[-self.model_config.block_size:]
         idx = torch.tensor([start] * self.cfg.num_samples, dtype=torch.long, device=self.device)
         model = getattr(self, "sample_model", self.raw_model)
@@ -1281,15 +1260,12 @@ class Trainer:
         if not self._peak:
             self.log(f"MFU n/a: pass --peak-flops (no dense {str(self.dtype).split('.')[-1]} peak for "
                      f"{torch.cuda.get_device_name(self.device)!r} in train.GPU_PEAK_FLOPS)")
-        handler = self._install_interrupt_handler()
         start_time = time.time()
-        try:
+        with self._stop_on_signals():
             if self.step == 0:
                 self._log_eval(self.evaluate())
             while self.step < cfg.max_steps and not self.stopping:    # never on a local flag: see train_step
                 self.loop_step()
-        finally:
-            self._restore_interrupt_handler(handler)
         summary = {"step": self.step, "interrupted": self.stopping, "seconds": time.time() - start_time,
                    **{k: v for k, v in self.last_eval.items() if k != "step"},
                    "checkpoint": str(checkpoint_path(self.out_dir, self.step)),
@@ -1337,24 +1313,23 @@ class Trainer:
     def _log_eval(self, result: dict) -> None:
         self.log(f"step {result['step']:>6} | val loss {result['val_loss']:.4f} | val bpb {result['val_bpb']:.4f}")
 
-    def _install_interrupt_handler(self) -> dict:
-        """Ctrl-C (SIGINT) or a scheduler's SIGTERM: finish the step, save a checkpoint, exit. A second one stops at
-        once. Returns the previous handlers."""
-        if not threading_main():
-            return {}
-
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """Inside this block, Ctrl-C (SIGINT) or a scheduler's SIGTERM: finish the step, save a checkpoint, exit. A
+        second one stops at once. The previous handlers come back on leaving it."""
         def on_signal(signum, frame):
             if self.stop_requested:
                 raise KeyboardInterrupt
             self.stop_requested = True
             self.log(f"\n{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
                      f"(Ctrl-C again to abort)")
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    @staticmethod
-    def _restore_interrupt_handler(previous: dict) -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signals = (signal.SIGINT, signal.SIGTERM) if threading_main() else ()
+        previous = {sig: signal.signal(sig, on_signal) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
