@@ -53,9 +53,10 @@ Run it:
     torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
 
 Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), data_at_scale.py (prepares
---data with the streaming engine), model.py (the GPT), bpe.py (the tokenizer a checkpoint carries) and, under
-torchrun, parallel.py (the mesh, data parallel) and model_parallel.py (ZeRO, tensor and pipeline parallel wired
-together by its `parallelize`). matplotlib draws the loss curve (imported only then).
+--data with the streaming engine), model.py (the GPT), bpe.py (the tokenizer a checkpoint carries), fileio.py
+(checkpoints and the loss PNG written whole) and, under torchrun, parallel.py (the mesh, data parallel) and
+model_parallel.py (`parallelize`: ZeRO, tensor and pipeline parallel). matplotlib draws the loss curve (imported
+only then).
 """
 from __future__ import annotations
 
