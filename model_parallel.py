@@ -1,5 +1,7 @@
-"""model_parallel.py: one model cut into pieces, by hand over torch.distributed: tensor parallel (Megatron-LM)
-and pipeline parallel, and `parallelize`, which combines them with data parallel and ZeRO for train.py.
+"""model_parallel.py: one model cut into pieces, by hand over torch.distributed: tensor and pipeline parallel.
+
+Tensor parallel (Megatron-LM) and pipeline parallel, and `parallelize`, which combines them with parallel.py's data
+parallel and ZeRO for train.py.
 
 Serves the chapter parallel.py (its second half: the lecture's knives 3 and 4) and train.py (--zero/--tp/--pp go
 through `parallelize`). parallel.py teaches why a 7e9-parameter model (112 GB of training state) needs several

@@ -1,5 +1,6 @@
-"""Training one model on many processes, by hand over torch.distributed: many copies of one model. Data parallel
-and ZeRO-1/2/3, on a mesh of process groups, each proved equal to a single-process run.
+"""Training one model on many processes, by hand over torch.distributed: data parallel and ZeRO-1/2/3.
+
+Many copies of one model, on a dp x tp x pp mesh of process groups, each proved equal to a single-process run.
 
 Depends on torch and the standard library only (no sibling files).
 
