@@ -2,8 +2,10 @@
 Mixture of Experts, a KV cache for generation, and the parameter / FLOP / memory accounting that the rest of
 the project plans with.
 
-Depends on: torch only. The Hugging Face bridge (`python model.py export` / `import-hf`) lives in hf.py; only
-main() imports it, to run those two commands.
+Depends on torch only (no sibling files).
+
+The Hugging Face bridge (`python model.py export` / `import-hf`) lives in hf.py; only main() imports it, to run
+those two commands.
 
 The lesson, in numbers
 ----------------------
