@@ -67,6 +67,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+import fileio
+
 ROOT = pathlib.Path(__file__).resolve().parent
 
 
@@ -179,7 +181,14 @@ def plan_budget(compute: float, tokens_per_param: float = 20.0, tokens_per_step:
     c = positive("compute budget", compute)
     n = params_for_budget(c, tokens_per_param)
     d = tokens_per_param * n
+    if n < 1 or d < 1:      # the arithmetic still works, but on fractions of a parameter or of a token
+        raise ScalingError(f"C = {c:.3g} FLOPs at {tokens_per_param:g} tokens per parameter gives N = {n:.3g} "
+                           f"parameters and D = {d:.3g} tokens, less than one: raise the budget or move "
+                           f"--tokens-per-param toward 20")
     per_step = positive("tokens per step", tokens_per_step)
+    if per_step > d:
+        raise ScalingError(f"one step of {per_step:.3g} tokens is more than the whole run's D = {d:.3g} tokens: "
+                           f"lower --tokens-per-step or raise the budget")
     flops = positive("FLOP/s per GPU", flops_per_gpu)
     u = unit_fraction("MFU", mfu)
     g = int(positive("number of GPUs", gpus))
@@ -643,25 +652,39 @@ def load_runs(path) -> list[Run]:
     except (OSError, UnicodeDecodeError) as e:
         raise ScalingError(f"cannot read runs file {str(p)!r} as UTF-8 text ({e.__class__.__name__}): "
                            f"give a JSON or JSONL file of runs") from None
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ScalingError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        return [run_from_record(r, f"{p} record {i + 1}") for i, r in enumerate(records)
-                if not (isinstance(r, dict) and r.get("heldout"))]
+    fix = "give a JSON list of runs, or JSONL: one {parameters, tokens or compute, loss} object per line"
+    try:
+        document = fileio.parse_json(text, str(p), ScalingError, fix)
+    except ScalingError:
+        document = None                  # not one JSON value: JSONL (or damaged), judged line by line below
+    if isinstance(document, list):
+        records = [(f"{p} record {i + 1}", r) for i, r in enumerate(document)]
+    elif isinstance(document, dict) and any(_field(document, k) is not None for k in ("params", "loss")):
+        records = [(f"{p} line 1" if "\n" not in text.strip() else str(p), document)]   # one-line JSONL, too
+    elif document is not None:
+        raise ScalingError(f"{p}: {_describe(document)}, not a list of runs: {fix}")
+    else:
+        records = [(f"{p} line {n}", fileio.parse_json(line, f"{p} line {n}", ScalingError, fix))
+                   for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     runs = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ScalingError(f"{p} line {lineno}: not valid JSON ({e.msg})") from None
+    for where, record in records:
         if not (isinstance(record, dict) and record.get("heldout")):
-            runs.append(run_from_record(record, f"{p} line {lineno}"))
+            runs.append(run_from_record(record, where))
     return runs
+
+
+def _describe(value) -> str:
+    """What a JSON value is, for an error: 'a JSON object with keys "runs", "meta" (its "runs" is a list)'.
+
+    >>> _describe({"runs": [], "meta": 1})
+    'a JSON object with keys "runs", "meta" (its "runs" is a list: give that list)'
+    """
+    if not isinstance(value, dict):
+        return f"a JSON {type(value).__name__.replace('str', 'string').replace('NoneType', 'null')}"
+    keys = ", ".join(f'"{k}"' for k in list(value)[:5]) + (", ..." if len(value) > 5 else "")
+    lists = [k for k, v in value.items() if isinstance(v, list)]
+    return (f"a JSON object with keys {keys}" if keys else "an empty JSON object") + \
+        (f' (its "{lists[0]}" is a list: give that list)' if lists else "")
 
 
 class AllocationLaw(NamedTuple):
@@ -1036,22 +1059,43 @@ class OneLineParser(argparse.ArgumentParser):
 
 NUMBER_MAX = 1e30      # FLOPs, parameters, tokens: 1e30 is ~1e4 x the largest run to date, and products stay finite
 
+# What each quantity can sensibly be. Below the low end the chain prints fractions of a parameter, a token or a
+# step (`budget 1e-300` would plan a 9e-152-parameter model); above the high end it describes nothing physical.
+# Tokens per parameter: GPT-3 trained 1.7, Llama 3 8B 1,875; 1e-2 .. 1e6 brackets anything anyone has trained.
+QUANTITIES = {"compute": (1e6, NUMBER_MAX, "FLOPs", "1.2e20"), "parameters": (1.0, 1e15, "parameters", "7e9"),
+              "tokens": (1.0, NUMBER_MAX, "tokens", "2e10"),
+              "tokens per parameter": (1e-2, 1e6, "tokens per parameter", "20"),
+              "tokens per step": (1.0, 1e12, "tokens per step", "5e5"), "FLOP/s": (1e9, 1e18, "FLOP/s", "2e14"),
+              "GB": (1e-3, 1e6, "GB", "80")}
 
-def _number(text: str) -> float:
-    """argparse type for budgets and sizes: '1.2e20' -> 1.2e20; a clear message for anything else."""
-    try:
-        x = positive("value", text)
-    except ScalingError:
-        x = None
-    if x is None or x > NUMBER_MAX:
-        raise argparse.ArgumentTypeError(f"expected a positive number up to {NUMBER_MAX:g} like 1.2e20, got {text!r}")
-    return x
+
+def _number(what: str):
+    """argparse type for a quantity of QUANTITIES: '1.2e20' -> 1.2e20; outside its range, one line with the range.
+
+    >>> _number("compute")("1e-300")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be 1e+06 to 1e+30 FLOPs, e.g. 1.2e20, got '1e-300'
+    """
+    low, high, unit, example = QUANTITIES[what]
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if not low <= x <= high:                     # NaN fails both comparisons
+            raise argparse.ArgumentTypeError(f"must be {low:g} to {high:g} {unit}, e.g. {example}, got {text!r}")
+        return x
+    return parse
 
 
 def _whole(text: str) -> float:
     """argparse type for counts (GPUs, layers, stages): a positive whole number, '8' or '1e3'."""
-    x = _number(text)
-    if x != int(x):
+    try:
+        x = positive("value", text)
+    except ScalingError:
+        x = math.nan
+    if not x <= NUMBER_MAX or x != int(x):           # NaN fails the first test
         raise argparse.ArgumentTypeError(f"expected a whole number like 8, got {text!r}")
     return x
 
@@ -1164,35 +1208,35 @@ def build_parser(add_experiments=None) -> argparse.ArgumentParser:
     fraction = in_range(float, 0.0, 1.0, low_open=True)
 
     s = sub.add_parser("budget", help="N, D, steps and GPU time for a compute budget")
-    s.add_argument("compute", type=_number, help="FLOPs, e.g. 1.2e20")
-    s.add_argument("--tokens-per-param", type=_number, default=20.0, help="D = R·N (default 20, Chinchilla)")
-    s.add_argument("--tokens-per-step", type=_number, default=5e5, help="global batch in tokens (default 5e5)")
+    s.add_argument("compute", type=_number("compute"), help="FLOPs, e.g. 1.2e20")
+    s.add_argument("--tokens-per-param", type=_number("tokens per parameter"), default=20.0, help="D = R·N (default 20, Chinchilla)")
+    s.add_argument("--tokens-per-step", type=_number("tokens per step"), default=5e5, help="global batch in tokens (default 5e5)")
     s.add_argument("--gpu", choices=sorted(GPUS), help="take the peak from the hardware table (MFU default 0.4)")
     s.add_argument("--gpus", type=_whole, default=8, help="GPUs for the wall time (default 8)")
-    s.add_argument("--flops-per-gpu", type=_number, default=None,
+    s.add_argument("--flops-per-gpu", type=_number("FLOP/s"), default=None,
                    help="peak FLOP/s per GPU (default: the lecture's achieved 2e14, with MFU 1)")
     s.add_argument("--mfu", type=fraction, default=None, help="fraction of the peak achieved, in (0, 1]")
     s.set_defaults(run=_cmd_budget)
 
     s = sub.add_parser("isoflop", help="the Chinchilla IsoFLOP table and the compute-optimal size")
-    s.add_argument("compute", type=_number, help="FLOPs, e.g. 1.2e20")
+    s.add_argument("compute", type=_number("compute"), help="FLOPs, e.g. 1.2e20")
     s.add_argument("--fit", choices=sorted(FITS), default="hoffmann", help="which published fit (default hoffmann)")
-    s.add_argument("--sizes", type=_number, nargs="+", default=list(LECTURE_SIZES), help="model sizes N")
+    s.add_argument("--sizes", type=_number("parameters"), nargs="+", default=list(LECTURE_SIZES), help="model sizes N")
     s.set_defaults(run=lambda a: isoflop_report(a.compute, a.fit, a.sizes))
 
     s = sub.add_parser("kaplan", help="Kaplan et al. 2020's power laws next to Chinchilla's allocation")
     s.set_defaults(run=lambda a: kaplan_report())
 
     s = sub.add_parser("verdicts", help="tokens per parameter of real models against 20:1")
-    s.add_argument("--params", type=_number, help="judge your own model: parameters ...")
-    s.add_argument("--tokens", type=_number, help="... and training tokens")
+    s.add_argument("--params", type=_number("parameters"), help="judge your own model: parameters ...")
+    s.add_argument("--tokens", type=_number("tokens"), help="... and training tokens")
     s.set_defaults(run=lambda a: (f"{a.params:.3g} parameters, {a.tokens:.3g} tokens: "
                                   f"{tokens_per_param_verdict(a.params, a.tokens)}"
                                   if a.params and a.tokens else verdicts_report()))
 
     s = sub.add_parser("trillion", help="the exercise: a 1T-parameter model at D = 20N on H100s")
-    s.add_argument("--params", type=_number, default=1e12)
-    s.add_argument("--tokens-per-param", type=_number, default=20.0)
+    s.add_argument("--params", type=_number("parameters"), default=1e12)
+    s.add_argument("--tokens-per-param", type=_number("tokens per parameter"), default=20.0)
     s.add_argument("--gpu", choices=sorted(GPUS), default="H100")
     s.add_argument("--mfu", type=fraction, default=0.4, help="fraction of peak, in (0, 1] (default 0.4)")
     s.add_argument("--active-fraction", type=fraction, default=37 / 671,
@@ -1200,9 +1244,9 @@ def build_parser(add_experiments=None) -> argparse.ArgumentParser:
     s.set_defaults(run=lambda a: trillion_report(a.params, a.tokens_per_param, a.gpu, a.mfu, a.active_fraction))
 
     s = sub.add_parser("memory", help="training-state bytes per GPU by ZeRO stage, plus activations")
-    s.add_argument("params", type=_number, nargs="?", default=7e9, help="parameters (default 7e9)")
+    s.add_argument("params", type=_number("parameters"), nargs="?", default=7e9, help="parameters (default 7e9)")
     s.add_argument("--gpus", type=_whole, default=8)
-    s.add_argument("--gpu-memory", type=_number, default=80.0, help="GB per GPU (default 80)")
+    s.add_argument("--gpu-memory", type=_number("GB"), default=80.0, help="GB per GPU (default 80)")
     s.add_argument("--layers", type=_whole, default=32, help="activation estimate: layers (default: a 7B shape)")
     s.add_argument("--d-model", type=_whole, default=4096)
     s.add_argument("--heads", type=_whole, default=32)
@@ -1221,7 +1265,7 @@ def build_parser(add_experiments=None) -> argparse.ArgumentParser:
 
     s = sub.add_parser("fit", help="fit Approaches 1-3 to runs (JSON/JSONL of parameters, tokens or compute, loss)")
     s.add_argument("runs", help="runs file, e.g. ../shared/data/cs336/a3/data/isoflops_curves.json")
-    s.add_argument("--target-compute", type=_number, default=1e23, help="where to report N_opt, D_opt")
+    s.add_argument("--target-compute", type=_number("compute"), default=1e23, help="where to report N_opt, D_opt")
     s.add_argument("--bootstrap", type=in_range(int, 0, 10_000), default=100, help="bootstrap resamples (default 100)")
     s.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), default=0)
     s.add_argument("--plot", type=writable("file"), help="also draw the runs and the fits to this PNG")

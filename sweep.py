@@ -19,13 +19,15 @@ dedup.py and evaluate.py (the dedup effect), matplotlib (the plot).
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import pathlib
+import shutil
 import sys
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -196,6 +198,37 @@ def plan_heldout(settings: SweepSettings, predicted_params: float) -> list[Plann
     return [plan_run(budget, s, settings, heldout=True) for s in nearest_shapes(targets, settings.vocab_size)]
 
 
+# What one train.py run of the sweep costs on a CPU, assumed (measured on the 2-core machine this project is built
+# on): ~30 s to start (Python, torch, the dataset, one checkpoint), ~0.02 s of framework overhead per step (a tiny
+# model is all overhead), and the model's FLOPs at ~1e9 FLOP/s on one thread (docs/sweep's 133k-parameter run:
+# 6·N·D = 1e11 in ~200 s of compute at load ~20, i.e. 5e8; a quiet machine does a few times that).
+RUN_START_SECONDS, STEP_SECONDS, CPU_FLOPS = 30.0, 0.02, 1e9
+MAX_HOURS = 12.0     # an experiment estimated longer than this is refused unless max_hours (--max-hours) allows it
+
+
+def estimate_seconds(settings: SweepSettings, runs: Sequence[PlannedRun]) -> float:
+    """Wall time of training `runs`, `workers` side by side (at most one per core): start-up, per-step overhead,
+    and 6·N·D training plus 2·N per evaluated token, at CPU_FLOPS per run.
+
+    >>> round(estimate_seconds(QUICK_SWEEP, plan_isoflop(QUICK_SWEEP)))           # 6 tiny runs, 2 at a time
+    99
+    >>> f"{estimate_seconds(QUICK_SWEEP, plan_isoflop(dataclasses.replace(QUICK_SWEEP, budgets=(1e15, 3e15)))):.2g}"
+    '6e+06'
+    """
+    eval_tokens = settings.eval_batches * settings.tokens_per_step
+    each = [RUN_START_SECONDS + r.steps * STEP_SECONDS + (r.compute + 2.0 * r.params * eval_tokens) / CPU_FLOPS
+            for r in runs]
+    return sum(each) / max(1, min(settings.workers, os.cpu_count() or 1))
+
+
+def planned_hours(settings: SweepSettings) -> float:
+    """The whole sweep's estimated wall time in hours: the grid, and the held-out budget at the 20:1 guess."""
+    heldout_budget = settings.heldout_factor * max(settings.budgets)
+    runs = plan_isoflop(settings) + plan_heldout(settings, params_for_budget(heldout_budget,
+                                                                             settings.tokens_per_param_guess))
+    return estimate_seconds(settings, runs) / 3600
+
+
 def train_command(settings: SweepSettings, run: PlannedRun, data_dir, out_dir) -> list[str]:
     """The train.py command line of one point: the shape through --model-args, its own cosine schedule of
     exactly run.steps steps, one evaluation at the end on the same held-out windows as every other run."""
@@ -214,10 +247,10 @@ def train_command(settings: SweepSettings, run: PlannedRun, data_dir, out_dir) -
 def read_metrics(path) -> list[dict]:
     """The records of a metrics.jsonl; a torn last line (a killed run) is ignored."""
     records = []
-    for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines():
+    for line in pathlib.Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            records.append(fileio.parse_json(line, str(path), ScalingError))
+        except ScalingError:
             continue
     return records
 
@@ -243,9 +276,10 @@ def _run_train(cmd: list[str], log_path: pathlib.Path, threads: int = 1) -> None
     with open(log_path, "w", encoding="utf-8") as log_file:
         done = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     if done.returncode != 0:
-        tail = [line for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()][-1:]
-        raise ScalingError(f"train.py failed (exit {done.returncode}): {tail[0] if tail else 'no output'} "
-                           f"(full log: {log_path})")
+        tail = [line for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+                if line.strip()][-1:]
+        raise ScalingError(f"train.py failed (exit {done.returncode}) in {log_path.parent.name}: "
+                           f"{tail[0] if tail else 'no output'}")
 
 
 def _write_text(path, text: str) -> pathlib.Path:
@@ -260,7 +294,18 @@ def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, 
     import time
     out = pathlib.Path(out_dir)
 
+    failed = threading.Event()
+
     def one(run: PlannedRun) -> dict:
+        if failed.is_set():              # another run failed: the sweep stops, this queued run never starts
+            raise concurrent.futures.CancelledError()
+        try:
+            return train_one(run)
+        except BaseException:
+            failed.set()
+            raise
+
+    def train_one(run: PlannedRun) -> dict:
         run_dir = out / "runs" / run.name
         cmd = train_command(settings, run, data_dir, run_dir)
         stamp, timing = run_dir / "command.json", run_dir / "train_seconds.txt"
@@ -273,13 +318,17 @@ def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, 
             run_dir.mkdir(parents=True, exist_ok=True)
             stamp.unlink(missing_ok=True)
             t0 = time.perf_counter()
-            _run_train(cmd, run_dir / "train.log", settings.threads)
-            seconds = time.perf_counter() - t0
-            _write_text(timing, f"{seconds:.1f}")
-            _write_text(stamp, wanted)
-            loss = final_val_loss(run_dir / "metrics.jsonl", run.steps)
-            if loss is None:
-                raise ScalingError(f"{run.name}: no final validation loss in {run_dir / 'metrics.jsonl'}")
+            try:
+                _run_train(cmd, run_dir / "train.log", settings.threads)
+                seconds = time.perf_counter() - t0
+                loss = final_val_loss(run_dir / "metrics.jsonl", run.steps)
+                if loss is None:
+                    raise ScalingError(f"{run.name}: train.py wrote no final validation loss")
+                _write_text(timing, f"{seconds:.1f}")
+                _write_text(stamp, wanted)
+            except BaseException:
+                shutil.rmtree(run_dir, ignore_errors=True)   # only finished runs stay (a rerun reuses them)
+                raise
         log(f"{run.name}: N = {run.params:,} ({run.non_embedding:,} non-embedding), D = {run.tokens:,}, "
             f"lr {run.lr:.3g}, loss {loss:.4f} ({seconds:.0f} s{', reused' if reused else ''})")
         return {"name": run.name, "budget": run.budget, "parameters": run.params,
@@ -288,7 +337,14 @@ def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, 
                 "steps": run.steps, "heldout": run.heldout, "seconds": round(seconds, 1)}
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
-        return list(pool.map(one, runs))
+        futures = [pool.submit(one, run) for run in runs]
+        concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        failed.set()                     # done, or one failed: nothing queued starts now
+        errors = [f.exception() for f in futures if f.done() and not f.cancelled() and f.exception() is not None
+                  and not isinstance(f.exception(), concurrent.futures.CancelledError)]
+        if errors:
+            raise errors[0]
+        return [f.result() for f in futures]
 
 
 def runs_of(records: Sequence[dict], heldout: bool = False, non_embedding: bool = False) -> list[Run]:
@@ -335,30 +391,111 @@ def predict_heldout(report: FitReport, fit_runs: Sequence[Run]) -> dict:
     return out
 
 
-def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=print) -> SweepResult:
-    """The whole experiment: prepare the corpus, train the IsoFLOP grid, predict the held-out budget from it,
-    train that, fit the three approaches on the grid, write final.jsonl, scaling.png and REPORT.md into out_dir."""
-    import data as data_lib
+def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float:
+    """Refuse a design that cannot be fitted or built, or that would run past max_hours; returns the estimate."""
     s = settings
-    if len(s.budgets) < 2 or s.sizes_per_budget < 3:
-        raise ScalingError("a sweep needs at least 2 budgets and 3 sizes per budget (a parabola has 3 coefficients)")
+    if len(s.budgets) < 2 or len(set(s.budgets)) != len(s.budgets):
+        raise ScalingError("--budgets needs at least 2 different compute budgets, e.g. 1e10 3e10 1e11 3e11")
+    if s.sizes_per_budget < 3:
+        raise ScalingError("a sweep needs at least 3 sizes per budget (a parabola has 3 coefficients)")
     if s.heldout_sizes not in (1, 3):
         raise ScalingError(f"--heldout-sizes must be 1 or 3, got {s.heldout_sizes}")
-    plan_isoflop(s)                                          # a design the family cannot build fails here
+    hours = planned_hours(s)                                  # a design the family cannot build fails here
+    if hours > max_hours:
+        flops = sum(r.compute for r in plan_isoflop(s)) + s.heldout_sizes * s.heldout_factor * max(s.budgets)
+        raise ScalingError(f"this sweep ({flops:.2g} FLOPs) would take about {hours:,.0f} hours on this CPU "
+                           f"({s.workers} runs at a time at ~{CPU_FLOPS:.0e} FLOP/s each, assumed): lower "
+                           f"--budgets, or pass --max-hours {math.ceil(hours * 1.5)} to run it anyway")
+    return hours
+
+
+def open_dataset(spec: str):
+    """A prepared dataset directory, checked whole (manifest, shard sizes, token ids below the vocabulary) before
+    any run reads it: a data.TokenData; None when `spec` names sources to prepare. Problems are one ScalingError."""
+    import data as data_lib
+    path = pathlib.Path(spec)
+    if path.is_dir() and not (path / "manifest.json").exists() and (
+            (path / "tokenizer.json").exists() or any(path.glob("train_*.bin"))):
+        raise ScalingError(f"--data {spec}: a dataset folder without manifest.json (damaged or half copied): "
+                           f"prepare it again with python data.py prepare --out {spec}")
+    if not (path / "manifest.json").exists():
+        return None
+    with _data_errors(spec):
+        fileio.read_json(path / "manifest.json", ScalingError, "prepare it again with python data.py prepare")
+        dataset = data_lib.TokenData(path)
+        for split, shards in dataset.shards.items():
+            top = max((int(a.max()) for a in shards if len(a)), default=-1)
+            if top >= dataset.vocab_size:
+                raise ScalingError(f"a token id {top} in the {split} shards is outside the {dataset.vocab_size}-token "
+                                   f"vocabulary (damaged shards): prepare it again with python data.py prepare")
+    return dataset
+
+
+@contextlib.contextmanager
+def _data_errors(spec: str):
+    """data.py's errors (DataError is a ValueError), and OSErrors, as one ScalingError line naming --data."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        raise ScalingError(f"--data {spec}: {first}") from None
+
+
+def make_out_dir(out_dir) -> tuple[pathlib.Path, bool]:
+    """Create the output folder and prove it writable (a probe file); returns (path, whether it was created)."""
     out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    data_path = pathlib.Path(s.data)
-    if (data_path / "manifest.json").is_file():
-        data_dir = data_path
-    else:
-        log(f"preparing {s.data} with a {s.vocab_size}-token BPE (cached after the first time) ...")
-        data_dir = data_lib.prepare([x for x in s.data.split(",") if x], vocab_size=s.vocab_size, seed=s.seed)
-    manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fileio.write_atomic(out / ".write-probe", "", fsync=False).unlink()
+    except OSError as e:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise ScalingError(f"cannot write --out-dir {out_dir} ({e.strerror or e}): pass a writable --out-dir") \
+            from None
+    return out, created
+
+
+def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=print,
+          max_hours: float = MAX_HOURS) -> SweepResult:
+    """The whole experiment: prepare the corpus, train the IsoFLOP grid, predict the held-out budget from it,
+    train that, fit the three approaches on the grid, write final.jsonl, scaling.png and REPORT.md into out_dir.
+
+    Everything that can be checked is checked before the first side effect (the design and its estimated time, the
+    dataset, the output folder); a sweep that fails later keeps only its finished runs (a rerun reuses them) and
+    removes an output folder it created that holds none."""
+    import data as data_lib
+    s = settings
+    dataset = open_dataset(s.data)
+    if dataset is not None:
+        s = dataclasses.replace(s, vocab_size=int(dataset.vocab_size))     # the dataset's tokenizer rules
+    hours = check_design(s, max_hours)
+    sources = [x for x in s.data.split(",") if x]
+    if dataset is None:
+        with _data_errors(s.data):
+            for spec in sources:
+                data_lib.open_source(spec)               # a missing file fails here, before any output
+    out, created = make_out_dir(out_dir)
+    try:
+        if dataset is None:
+            log(f"preparing {s.data} with a {s.vocab_size}-token BPE (cached after the first time) ...")
+            with _data_errors(s.data):
+                data_dir = data_lib.prepare(sources, vocab_size=s.vocab_size, seed=s.seed)
+            dataset = open_dataset(str(data_dir))
+        return _sweep_in(s, dataset, out, hours, log)
+    except BaseException:
+        if created and not any((out / "runs").glob("*/command.json")):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -> SweepResult:
+    data_dir, manifest = dataset.data_dir, dataset.manifest
     train_tokens = int(manifest["splits"]["train"]["tokens"])
     corpus = "+".join(src["spec"] for src in manifest.get("sources", [])) or s.data
-    s = dataclasses.replace(s, vocab_size=int(manifest["tokenizer"]["vocab_size"]))   # the dataset's tokenizer rules
     grid = plan_isoflop(s)
-    log(f"{len(grid)} IsoFLOP runs on {data_dir} ({train_tokens:,} train tokens), {s.workers} at a time ...")
+    log(f"{len(grid)} IsoFLOP runs on {data_dir} ({train_tokens:,} train tokens), {s.workers} at a time, about "
+        f"{hours * 60:,.0f} min with the held-out budget ...")
     records = execute_runs(s, grid, data_dir, out, log)
     fit_runs = runs_of(records)
     heldout_budget = s.heldout_factor * max(s.budgets)
@@ -656,21 +793,41 @@ def repeat_documents(documents: list[str], share: float, repeats: int, seed: int
 
 
 def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir="out/dedup-effect",
-                 log=print) -> dict:
+                 log=print, max_hours: float = MAX_HOURS) -> dict:
     """Build both corpora, prepare them with one tokenizer (data.py), train the same model for the same tokens
     on each with several seeds (train.py), score every run on the same held-out documents (evaluate.py)."""
-    import concurrent.futures
-    import data as data_lib
-    import dedup as dedup_lib
-    import evaluate as evaluate_lib
-
     s = settings
     unit_fraction("repeated share", s.repeated_share)
     unit_fraction("held-out fraction", s.held_out_fraction)
     if s.seeds < 2:
         raise ScalingError("--seeds must be at least 2: the seed-to-seed spread is the yardstick")
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    trainer, planned = _dedup_effect_plan(s)
+    hours = estimate_seconds(dataclasses.replace(trainer, workers=s.workers), [planned] * (2 * s.seeds)) / 3600
+    if hours > max_hours:
+        raise ScalingError(f"{2 * s.seeds} runs of {planned.tokens:,} tokens would take about {hours:,.0f} hours on "
+                           f"this CPU: lower --tokens, or pass --max-hours {math.ceil(hours * 1.5)} to run them anyway")
+    out, created = make_out_dir(out_dir)
+    try:
+        return _dedup_effect_in(s, out, log)
+    except BaseException:
+        if created:                  # a failed experiment leaves no half-made folder (an old one keeps its files)
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _dedup_effect_plan(s: DedupEffectSettings) -> tuple[SweepSettings, PlannedRun]:
+    """The trainer settings and the one run every (corpus, seed) trains: the same model, tokens and schedule."""
+    trainer = SweepSettings(batch_size=s.batch_size, block_size=s.block_size, lr_at_64=s.lr_at_64, eval_batches=1,
+                            threads=s.threads)
+    n, _ = s.shape.counts(s.vocab_size)
+    return trainer, plan_run(6.0 * n * s.tokens, s.shape, trainer)
+
+
+def _dedup_effect_in(s: DedupEffectSettings, out: pathlib.Path, log) -> dict:
+    import concurrent.futures
+    import data as data_lib
+    import dedup as dedup_lib
+    import evaluate as evaluate_lib
     # The source through data.py's funnel (quality filters, exact dedup) but without near-dedup: that is ours.
     source = data_lib.open_source(s.source, max_documents=s.max_documents)
     docs, _, _ = data_lib.clean([source], data_lib.CleanSettings(near_dup_threshold=0))
@@ -696,10 +853,8 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
     datasets["with_duplicates"] = data_lib.prepare([str(corpora["with_duplicates"])], clean_settings=keep_all,
                                                    val_fraction=0.02,
                                                    tokenizer=datasets["deduplicated"] / "tokenizer.json")
-    trainer = SweepSettings(batch_size=s.batch_size, block_size=s.block_size, lr_at_64=s.lr_at_64, eval_batches=1,
-                            threads=s.threads)
-    n, _ = s.shape.counts(s.vocab_size)
-    planned = plan_run(6.0 * n * s.tokens, s.shape, trainer)
+    trainer, planned = _dedup_effect_plan(s)
+    n = planned.params
 
     def one(job):
         name, seed = job
@@ -710,7 +865,7 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
         model, tok, ckpt = evaluate_lib.load_model(run_dir)
         held_ids = evaluate_lib.held_out_from_documents("held-out", held, tok)
         scored = evaluate_lib.perplexity_report(model, held_ids, block_size=s.block_size)
-        manifest = json.loads((datasets[name] / "manifest.json").read_text(encoding="utf-8"))
+        manifest = fileio.read_json(datasets[name] / "manifest.json", ScalingError, "run the experiment again")
         log(f"{name}, seed {seed}: held-out loss {scored['loss']:.4f}")
         return {"corpus": name, "seed": seed, "train_tokens": manifest["splits"]["train"]["tokens"],
                 "tokens_trained": planned.tokens, "held_out_loss": scored["loss"],
@@ -792,26 +947,20 @@ def dedup_effect_report(result: dict) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 def _sweep_settings(args) -> SweepSettings:
-    """The defaults (or --quick's), with the flags given; the whole design is checked before anything runs."""
+    """The defaults (or --quick's), with the flags given (sweep() checks the whole design before anything runs)."""
     settings = QUICK_SWEEP if args.quick else SweepSettings()
     changes = {k: v for k, v in (("budgets", tuple(args.budgets) if args.budgets else None),
                                  ("sizes_per_budget", args.sizes), ("heldout_sizes", args.heldout_sizes),
                                  ("data", args.data), ("vocab_size", args.vocab_size), ("lr_at_64", args.lr_at_64),
                                  ("workers", args.workers), ("threads", args.threads),
                                  ("bootstrap", args.bootstrap), ("seed", args.seed)) if v is not None}
-    settings = dataclasses.replace(settings, **changes)
-    if len(settings.budgets) < 2 or len(set(settings.budgets)) != len(settings.budgets):
-        raise ScalingError("--budgets needs at least 2 different compute budgets, e.g. 1e10 3e10 1e11 3e11")
-    if max(settings.budgets) * settings.heldout_factor > 1e16:
-        raise ScalingError(f"--budgets up to {max(settings.budgets):.3g} FLOPs would take days on a CPU; this "
-                           f"sweep is sized for 1e9-1e13 (a GPU run goes through train.py directly)")
-    return settings
+    return dataclasses.replace(settings, **changes)
 
 
 def _cmd_sweep(args) -> str:
     settings = _sweep_settings(args)
     out_dir = args.out_dir or ("out/sweep-quick" if args.quick else "out/sweep")
-    result = sweep(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+    result = sweep(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True), max_hours=args.max_hours)
     return sweep_report(result) + f"\nwritten: {result.out_dir / 'REPORT.md'}, {result.plot}, " \
                                   f"{result.out_dir / 'final.jsonl'}"
 
@@ -822,13 +971,14 @@ def _cmd_dedup_effect(args) -> str:
                                  ("threads", args.threads)) if v is not None}
     settings = dataclasses.replace(settings, **changes)
     out_dir = args.out_dir or ("out/dedup-effect-quick" if args.quick else "out/dedup-effect")
-    result = dedup_effect(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+    result = dedup_effect(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True),
+                          max_hours=args.max_hours)
     return dedup_effect_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
 
 
 def add_commands(sub) -> None:
     """Add the `sweep` and `dedup-effect` subcommands to an argparse subparsers object (scaling.py's, or ours)."""
-    threads = in_range(int, 0, 1024)
+    threads, max_hours = in_range(int, 0, 1024), in_range(float, 0.0, 1e6, low_open=True)
     s = sub.add_parser("sweep", help="IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget")
     s.add_argument("--quick", action="store_true", help="a tiny design on pydocs (seconds per run), for tests")
     s.add_argument("--budgets", type=in_range(float, 1e6, 1e16), nargs="+",
@@ -846,6 +996,8 @@ def add_commands(sub) -> None:
     s.add_argument("--bootstrap", type=in_range(int, 0, 10_000), help="bootstrap resamples (default 50)")
     s.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), help="seed of every run and of the bootstrap")
     s.add_argument("--out-dir", type=writable("dir"), default=None, help="default out/sweep (quick: out/sweep-quick)")
+    s.add_argument("--max-hours", type=max_hours, default=MAX_HOURS,
+                   help=f"refuse a sweep estimated to take longer than this on this CPU (default {MAX_HOURS:g})")
     s.set_defaults(run=_cmd_sweep)
 
     s = sub.add_parser("dedup-effect", help="1%% of documents repeated 50x vs dedup.py's cleaned corpus, 3 seeds")
@@ -856,6 +1008,8 @@ def add_commands(sub) -> None:
     s.add_argument("--out-dir", type=writable("dir"), default=None,
                    help="default out/dedup-effect (quick: out/dedup-effect-quick)")
     s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
+    s.add_argument("--max-hours", type=max_hours, default=MAX_HOURS,
+                   help=f"refuse runs estimated to take longer than this on this CPU (default {MAX_HOURS:g})")
     s.set_defaults(run=_cmd_dedup_effect)
 
 

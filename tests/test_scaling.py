@@ -35,6 +35,15 @@ def test_lecture_budget_chain():
     assert round(b.seconds_one_gpu / 3600) == 167 and round(b.seconds / 3600) == 21
 
 
+def test_budgets_that_plan_less_than_one_parameter_token_or_step_are_refused():
+    with pytest.raises(ScalingError, match="N = 0.408 parameters"):
+        plan_budget(1e6, tokens_per_param=1e6)
+    with pytest.raises(ScalingError, match="N = 9.13e-152 parameters"):
+        plan_budget(1e-300)
+    with pytest.raises(ScalingError, match="more than the whole run's D"):
+        plan_budget(1e7)                           # D = 5.8e3 tokens, one step of 5e5
+
+
 @pytest.mark.parametrize("compute, n, d", [(1e18, "9.1e+07", "1.8e+09"), (1.2e21, "3.2e+09", "6.3e+10")])
 def test_lecture_exercises(compute, n, d):
     b = plan_budget(compute)
@@ -264,6 +273,14 @@ def test_load_runs_formats_and_errors(tmp_path):
     broken.write_text('{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}\n{"parameters": \n')
     with pytest.raises(ScalingError, match="line 2: not valid JSON"):
         load_runs(broken)
+    one_object = tmp_path / "object.json"           # valid JSON, but not runs: say so, not "not valid JSON"
+    one_object.write_text(json.dumps({"runs": [{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}]}, indent=1))
+    with pytest.raises(ScalingError, match=r'object.json: a JSON object with keys "runs" \(its "runs" is a list'):
+        load_runs(one_object)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(ScalingError, match="nested more than 1,000 levels deep"):
+        load_runs(deep)
     negative = tmp_path / "neg.jsonl"
     negative.write_text('{"parameters": -1, "tokens": 2e7, "loss": 4.0}\n')
     with pytest.raises(ScalingError, match="line 1: parameters must be a positive"):
