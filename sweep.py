@@ -490,6 +490,7 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
 
 
 def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -> SweepResult:
+    """sweep() once its inputs are checked: the grid, the prediction, the held-out runs, the files."""
     data_dir, manifest = dataset.data_dir, dataset.manifest
     train_tokens = int(manifest["splits"]["train"]["tokens"])
     corpus = "+".join(src["spec"] for src in manifest.get("sources", [])) or s.data
