@@ -51,8 +51,9 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
    sweep.py) measures what dedup.py buys.
 
 Depends on numpy, the standard library and fileio.py (reading runs files); torch only for the Approach 3 fit
-(L-BFGS), matplotlib only to draw a PNG. The calculator and the fitting work in a copy of this file and fileio.py;
-the experiments that train models are sweep.py, whose subcommands main() adds.
+(L-BFGS), matplotlib only to draw a PNG. The calculator and the fitting work in a copy of this file and fileio.py.
+
+The experiments that train models live in sweep.py; only main() imports it, to add their subcommands.
 """
 from __future__ import annotations
 

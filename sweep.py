@@ -13,10 +13,11 @@ N_opt ∝ C^a. Then the law fitted on these budgets predicts N_opt and the loss 
 and compared. `dedup-effect` repeats 1% of the documents 50 times and measures what dedup.py buys, against the
 seed-to-seed spread. How the design and its learning rates were chosen: docs/scaling-sweep.md.
 
-Depends on numpy, scaling.py (the laws, the fits and the plots' helpers) and fileio.py; train.py runs as a
-subprocess; inside the functions that need them: model.py (parameter counts), data.py and data_at_scale.py
-(preparing corpora),
-dedup.py and evaluate.py (the dedup effect), matplotlib (the plot).
+Depends on numpy, scaling.py (the laws, the fits and the plots' helpers) and fileio.py; inside the functions
+that need them: model.py (parameter counts), data.py and data_at_scale.py (preparing corpora), dedup.py and
+evaluate.py (the dedup effect), matplotlib (the plot).
+
+Every run is `python train.py ...` in a subprocess, so the sweep imports no training code.
 """
 from __future__ import annotations
 
