@@ -275,9 +275,12 @@ def read_source(path: pathlib.Path, modules: set[str]) -> Source:
 
 
 def first_line(source: Source) -> str:
-    """What the file teaches: its docstring's first line, without a leading "name.py:"."""
-    line = source.docstring.split("\n", 1)[0].strip()
-    return re.sub(rf"^{re.escape(source.stem)}\.py:\s*", "", line)
+    """What the file teaches: its docstring's first paragraph (a line may wrap), or its first sentence when the
+    paragraph is longer than a table cell should be; without a leading "name.py:"."""
+    paragraph = " ".join(source.docstring.split("\n\n", 1)[0].split())
+    if len(paragraph) > 240:
+        paragraph = re.split(r"(?<=[.!?])\s+(?=[A-Z`])", paragraph, maxsplit=1)[0]
+    return re.sub(rf"^{re.escape(source.stem)}\.py:\s*", "", paragraph)
 
 
 def serves_line(source: Source) -> str:
