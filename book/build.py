@@ -727,7 +727,8 @@ def index_html(linker: Linker, sources: dict[str, Source], chapters: list[str],
     md = make_markdown(linker, set())
 
     def inline(stem: str, text: str) -> str:
-        return md.renderInline(text, {"source": sources[stem]})
+        # Rendered as if on stem's page, where a name it defines links to "#name"; on the index that is stem.html#name.
+        return md.renderInline(text, {"source": sources[stem]}).replace('href="#', f'href="{stem}.html#')
 
     stages = "".join(f'<li><a href="{stem}.html"><code>{stem}.py</code></a><span>{html.escape(stage)}</span></li>'
                      for stem, stage in CHAPTERS if stem in sources)
