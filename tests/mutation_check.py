@@ -106,7 +106,7 @@ MUTANTS = [
     Mutant("sweep-heldout-line-fitted", "scaling.py",
            "        if not (isinstance(record, dict) and record.get(\"heldout\")):\n            runs.append(",
            "        if True:\n            runs.append(",
-           ("tests/test_scaling.py::test_load_runs_reads_a_sweeps_final_jsonl",),
+           ("tests/test_sweep.py::test_load_runs_reads_a_sweeps_final_jsonl",),
            "the held-out prediction run leaks into the fit it is meant to check"),
     Mutant("pipeline-bubble-off-by-one", "scaling.py",
            "return (stages - 1) / (micro + stages - 1)", "return (stages - 1) / (micro + stages)",
