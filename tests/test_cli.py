@@ -9,6 +9,7 @@ that neither the working directory nor the fixtures changed. Covering a new flag
 import contextlib
 import importlib
 import io
+import os
 import pathlib
 import shlex
 
@@ -59,6 +60,26 @@ BAD_INPUT = [
     ("data", "mix --weights a=1 --unique a=0", "--unique"),
     ("data", "mix --weights a=1 --unique b=5", "--unique"),
     ("data", "inspect {data} --tokens 0", "--tokens"),
+    # issue 24: data.py
+    ("data", "prepare --data {deep_jsonl}", "deep.jsonl:2: JSON nested more than 1,000 levels"),
+    ("data", "inspect {deep_manifest}", "manifest.json: JSON nested more than 1,000 levels"),
+    ("data", "prepare --data {corpus} pydocs --weights 1e-300 1", "--weights"),
+    ("data", "prepare --data {corpus} pydocs --weights 1 1e16", "--weights"),
+    ("data", "prepare --data {corpus} --weights 1 --train-tokens 1e15", "--train-tokens"),
+    ("data", "mix --weights a=1e-300 b=1 --unique", "--weights"),
+    ("data", "mix --weights a=1 --unique a=1e-300", "--unique"),
+    ("data", "mix --tokens 1e15 --weights a=1 --unique a=1", "--weights"),
+    ("data", "prepare --data {fifo}", "is a FIFO"),
+    ("data", "prepare --data /dev/zero", "is a device"),
+    ("data", "prepare --data {data}", "train.py --data"),
+    ("data", "prepare --data {data}/manifest.json", "train.py --data"),
+    ("data", "prepare --data {corpus} --engine ray --ray-address 127.0.0.1:99999", "--ray-address"),
+    ("data", "prepare --data {corpus} --engine ray --ray-address http://head", "--ray-address"),
+    ("data", "prepare --data {empty}", "is empty (0 bytes)"),
+    ("data", "prepare --data {blank}", "has no documents"),
+    ("data", "download {data} d", "train.py --data"),
+    ("train", "--data {empty}", "--data"),
+    ("train", "--data {blank}", "--data"),
     # dedup.py: MinHash sizes that cannot fit, thresholds, seeds, output paths
     ("dedup", "run --input {corpus} --out o.jsonl --num-perm 100000000000", "--num-perm"),
     ("dedup", "run --input {corpus} --out o.jsonl --num-perm 0", "--num-perm"),
@@ -236,8 +257,16 @@ def fixtures(tmp_path_factory) -> dict:
     (root / "file").write_text("a plain file\n")
     (root / "dir").mkdir()
     (root / "bad_config.json").write_text('{"lr": "fast"}')
+    more = {"deep_jsonl": root / "deep.jsonl", "deep_manifest": root / "deep-manifest", "fifo": root / "fifo.txt",
+            "empty": root / "empty.txt", "blank": root / "blank.txt"}
+    more["deep_jsonl"].write_text('{"text": "fine"}\n' + "[" * 5000 + "]" * 5000 + "\n")
+    more["deep_manifest"].mkdir()
+    (more["deep_manifest"] / "manifest.json").write_text("[" * 5000 + "]" * 5000)
+    os.mkfifo(more["fifo"])
+    more["empty"].touch()
+    more["blank"].write_text(" \n\n \n")
     return {"root": root, "corpus": corpus, "data": prepared, "file": root / "file", "dir": root / "dir",
-            "bad_config": root / "bad_config.json"}
+            "bad_config": root / "bad_config.json", **more}
 
 
 def tree(root: pathlib.Path) -> dict:

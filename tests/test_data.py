@@ -149,8 +149,32 @@ def test_malformed_jsonl_names_the_line_or_skips_and_counts(tmp_path):
     docs = list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents())
     assert docs == ["ok", "fine"] and stats.skipped == 4
     path.write_bytes(b'{"text": "ok"}\n\n{"text": "caf\xe9"}\n')
-    with pytest.raises(DataError, match=r"bad.jsonl:3: not a UTF-8 JSON object"):
+    with pytest.raises(DataError, match=r"bad.jsonl:3: not UTF-8 text \(byte 13\); fix the line"):
         list(data.open_source(str(path)).documents())
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"[" * 5000 + b"]" * 5000, r"bad.jsonl:2: JSON nested more than 1,000 levels deep.*fix the line, or pass "
+                                r"--skip-bad-lines"),                   # json.loads: RecursionError
+    (b'{"a": ' * 3000 + b"1" + b"}" * 3000, "bad.jsonl:2: JSON nested more than 1,000"),
+    (b'{"body": "x", "id": 3}', r"bad.jsonl:2: no string field 'text' \(its keys: body, id\); pass --text-field"),
+    (b'{"text": 3}', r"no string field 'text' \(its keys: text\); pass --text-field"),
+    (b'["text"]', r"bad.jsonl:2: an array, not an object with a string field 'text'; fix the line"),
+    (b"null", "bad.jsonl:2: null, not an object"),
+    (b"1" * 5000, r"bad.jsonl:2: not valid JSON \(Exceeds the limit"),    # int's 4,300-digit string limit
+])
+def test_each_kind_of_bad_jsonl_line_is_named_with_its_fix(tmp_path, line, message):
+    """What is wrong with the line decides the fix: a line that is not JSON needs fixing, an object without the
+    field needs --text-field. A line nested thousands deep is a bad line like any other (skipped and counted with
+    --skip-bad-lines), not a RecursionError."""
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n' + line + b'\n{"text": "fine"}\n')
+    with pytest.raises(DataError, match=message) as raised:
+        list(data.open_source(str(path)).documents())
+    assert "\n" not in str(raised.value) and len(str(raised.value)) < 400
+    stats = data.JsonlStats()
+    assert list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents()) == ["ok", "fine"]
+    assert stats.skipped == 1
 
 
 def test_bad_paths_and_files(tmp_path):
