@@ -1615,7 +1615,7 @@ def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monk
 FULL_DISK_RUN = """
 import functools, resource, sys
 import data
-resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY))   # ulimit -f
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # ulimit -f
 data.prepare = functools.partial(data.prepare, in_memory=True)      # the publish step, not the engine's work files
 data.main(sys.argv[2:])
 """
