@@ -3932,15 +3932,16 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
         raise DataError(f"{uri} has {'a damaged' if found else 'no'} manifest.json: not a published dataset (or a "
                         f"run still publishing); check the URI, or prepare it with --out {uri}")
     try:
+        key = manifest["cache_key"]
         names = [manifest["tokenizer"]["file"]] + [s["file"] for split in manifest["splits"].values()
                                                   for s in split["shards"]]
     except (KeyError, TypeError, AttributeError) as e:
-        raise DataError(f"{uri}/manifest.json: damaged manifest (missing {e}); prepare it again") from None
+        raise DataError(f"{uri}: damaged manifest.json (missing {e}); prepare it again") from None
     strange = [n for n in names if not (isinstance(n, str) and _DATASET_FILE.fullmatch(n))]
     if strange:                                   # "../x" would be written outside the folder
-        raise DataError(f"{uri}/manifest.json names {strange[0]!r}, not a dataset file; prepare it again")
+        raise DataError(f"{uri}: its manifest.json names {strange[0]!r}, not a dataset file; prepare it again")
     here = _read_manifest_or_none(directory)
-    if here is not None and here.get("cache_key") == manifest.get("cache_key"):
+    if here is not None and here.get("cache_key") == key:
         return directory
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
