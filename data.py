@@ -3815,8 +3815,13 @@ class TokenData:
     @property
     def tokenizer(self) -> bpe.Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = bpe.Tokenizer.from_json(
-                (self.data_dir / self.manifest["tokenizer"]["file"]).read_text(encoding="utf-8"))
+            path = self.data_dir / self.manifest["tokenizer"]["file"]
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise DataError(f"{path}: cannot read the dataset's tokenizer ({getattr(e, 'strerror', None) or e}); "
+                                f"re-run prepare") from None
+            self._tokenizer = bpe.Tokenizer.from_json(text)
         return self._tokenizer
 
     def _split(self, split: str) -> list[np.ndarray]:

@@ -1584,6 +1584,11 @@ def test_inspect_of_a_dataset_without_val_shows_a_train_window(tmp_path, capsys)
     data.main(["inspect", str(out), "--tokens", "16"])
     printed = capsys.readouterr().out
     assert "  val: 0 documents" in printed and "a random train window (the val split is empty), decoded:" in printed
+    (out / "tokenizer.json").unlink()                                  # was a FileNotFoundError traceback
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(["inspect", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "tokenizer.json: cannot read the dataset's" in err
 
 
 @pytest.mark.parametrize("mask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)],
