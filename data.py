@@ -1539,7 +1539,8 @@ def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.
     train_files = [f for source in sources for f in source.files if not is_uri(f)]     # globs and folders resolved
     for path in paths:
         if not path.is_file():
-            what = "is a directory: name the file(s)" if path.is_dir() else "not found: name the held-out text file"
+            what = "is a directory: name the file(s)" if path.is_dir() else "not found: name the held-out text file" \
+                if not path.exists() else f"is {_special_file(path)}, not a regular file: save the held-out text"
             raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
         if _inner_suffix(path) not in _FILE_READERS:
             raise DataError(f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or .parquet "

@@ -71,6 +71,7 @@ BAD_INPUT = [
     ("data", "mix --tokens 1e15 --weights a=1 --unique a=1", "--weights"),
     ("data", "prepare --data {fifo}", "is a FIFO"),
     ("data", "prepare --data /dev/zero", "is a device"),
+    ("data", "prepare --data {corpus} --val-data {fifo}", "is a FIFO"),
     ("data", "prepare --data {data}", "train.py --data"),
     ("data", "prepare --data {data}/manifest.json", "train.py --data"),
     ("data", "prepare --data {corpus} --engine ray --ray-address 127.0.0.1:99999", "port 99999 is out of range"),
