@@ -1514,19 +1514,36 @@ def _import_ray():
     return ray
 
 
+def check_ray_address(address: str | None) -> None:
+    """--ray-address is auto or HOST:PORT with a port a socket can have (1-65535), before anything dials it.
+
+    >>> check_ray_address("10.0.0.1:6379"), check_ray_address("auto"), check_ray_address(None)
+    (None, None, None)
+    >>> check_ray_address("127.0.0.1:99999")     # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    data.DataError: --ray-address 127.0.0.1:99999: port 99999 is out of range 1-65535; give auto or HOST:PORT, ...
+    """
+    if address in (None, "auto"):
+        return
+    host, _, port = address.rpartition(":")
+    form = "give auto or HOST:PORT, e.g. 10.0.0.1:6379"
+    if not host or "/" in host or not (port.isascii() and port.isdigit()):
+        raise DataError(f"--ray-address {address!r} is not auto or HOST:PORT; {form}")
+    if not 1 <= int(port) <= 65535:
+        raise DataError(f"--ray-address {address}: port {port} is out of range 1-65535; {form}")
+
+
 def _check_ray_ready(address: str | None) -> None:
-    """Before any work: Ray is installed, and a HOST:PORT address is one (a port in 1-65535) and answers (ray.init
-    would retry for minutes before giving up)."""
+    """Before any work: the address has its form (`check_ray_address`), Ray is installed, and a HOST:PORT address
+    answers (ray.init would retry for minutes before giving up)."""
+    check_ray_address(address)
     _import_ray()
     if address in (None, "auto"):
         return
     host, _, port = address.rpartition(":")
     try:
-        if not (host and 1 <= int(port) <= 65535):
-            raise ValueError(port)
         socket.create_connection((host, int(port)), timeout=5).close()
-    except ValueError:
-        raise DataError(f"--ray-address {address!r} must be auto or HOST:PORT, e.g. 10.0.0.1:6379") from None
     except OSError as e:
         raise DataError(f"--ray-address {address}: nothing answers there ({e.strerror or e}); start the head with "
                         f"`ray start --head --port {port}` or fix the address") from None
@@ -1630,6 +1647,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             if stale != work and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
 
+    made_for_work = data.missing_folders(work_root)    # the work folder makes them: undone on bad input
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
     with session as ray:
         clock = data.Clock()
@@ -1645,7 +1663,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             raise                                        # as a kill: the work stays, a rerun resumes from it
         except (DataError, bpe.TokenizerError, dedup.DedupError):
             shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
-            raise                                        # file changes the key); a kill keeps it for the rerun
+            data.remove_if_empty(made_for_work)          # file changes the key); a kill keeps it for the rerun
+            raise
         staging = work_root if remote else out_dir.parent      # the shard tasks write there: every node sees it
         data.write_dataset(plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)")
     shutil.rmtree(work, ignore_errors=True)
