@@ -1549,19 +1549,6 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     raise DataError(f"vocabulary of {vocab_size:,} does not fit uint32 token ids")
 
 
-def _atomic_write(path: pathlib.Path, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Write through a temporary file in the same directory, then rename: readers never see half a file."""
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_shard(path: pathlib.Path, tokens: np.ndarray, dtype: np.dtype | str = "uint16") -> None:
     """Write token ids as a shard; ids that do not fit the dtype are refused (nothing is written)."""
     dtype = np.dtype(dtype).newbyteorder("<")
@@ -1572,7 +1559,8 @@ def write_shard(path: pathlib.Path, tokens: np.ndarray, dtype: np.dtype | str = 
         raise DataError(f"token id {int(tokens.max())} does not fit {dtype.name}: the vocabulary is too large for "
                         f"this dtype; use uint32")
     header = SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, dtype.itemsize, tokens.size)
-    _atomic_write(path, lambda f: (f.write(header), f.write(tokens.astype(dtype).tobytes())))
+    fileio.write_atomic(path, lambda f: (f.write(header), f.write(tokens.astype(dtype).tobytes())), error=DataError,
+                        fix="write it elsewhere")     # whole or not at all, the umask's mode, a full disk one line
 
 
 def read_shard(path: pathlib.Path) -> np.ndarray:
@@ -2079,9 +2067,18 @@ def _read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
 
 
 def summary(data_dir: str | os.PathLike) -> str:
-    """A few lines on a prepared dataset: tokens and documents per split, bytes per token, throughput."""
+    """A prepared dataset's funnel, then a few lines: tokens and documents per split, bytes per token, throughput.
+    A manifest that is valid JSON but lacks what prepare writes (a key, a number) is one line, not a KeyError."""
     m = load_manifest(data_dir)
-    lines = [f"dataset {data_dir}", f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}"]
+    try:
+        return "\n".join(_summary_lines(m, data_dir))
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
+        raise DataError(f"{data_dir}: damaged manifest.json ({type(e).__name__}: {e}); re-run prepare") from None
+
+
+def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
+    lines = [Funnel.from_manifest(m).format(), f"dataset {data_dir}",
+             f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}"]
     for split, s in m["splits"].items():
         lines.append(f"{split:>5}: {s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes'] / 1e6:,.2f} MB, "
                      f"{s['bytes'] / max(1, s['tokens']):.2f} bytes/token, {len(s['shards'])} shard(s)")
@@ -2096,7 +2093,7 @@ def summary(data_dir: str | os.PathLike) -> str:
                  f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per {cpu}-second); encoding {mb_encoded:.2f} MB at "
                  f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s ({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
                  f" MB per {cpu}-second)")
-    return "\n".join(lines)
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -2419,7 +2416,6 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
                        max_documents=args.max_documents, kind=args.kind, threads=args.threads, workers=args.workers,
                        chunk_mb=args.chunk_mb, engine=args.engine, ray_address=args.ray_address,
                        val_data=args.val_data, work_dir=args.work_dir, verbose=True)
-    print(Funnel.from_manifest(load_manifest(out)).format())
     print(summary(out))
 
 
@@ -2439,7 +2435,6 @@ def _cmd_mix(args: argparse.Namespace) -> None:
 
 def _cmd_inspect(args: argparse.Namespace) -> None:
     data = TokenData(args.dir)
-    print(Funnel.from_manifest(data.manifest).format())
     print(summary(args.dir))
     longest = {split: max(map(len, shards), default=0) for split, shards in data.shards.items()}
     split = next((s for s in ("val", "train") if longest.get(s, 0) >= 2), None)   # a window needs x and its y

@@ -1612,6 +1612,20 @@ def test_inspect_of_a_dataset_without_val_shows_a_train_window(tmp_path, capsys)
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "tokenizer.json: cannot read the dataset's" in err
 
 
+@pytest.mark.parametrize("key", ["timings", "funnel", "mixture", "dtype"])
+def test_inspect_of_a_manifest_missing_a_key_is_one_line(tmp_path, capsys, key):
+    """A manifest that is valid JSON but lacks a key prepare writes: summary() raised a KeyError traceback."""
+    out = data.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", **QUICK)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest[key]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(["inspect", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err == f"error: {out}: damaged manifest.json (KeyError: '{key}'); re-run " \
+                                                f"prepare\n"
+
+
 @pytest.mark.parametrize("mask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)],
                          ids=["umask-022", "umask-077"])
 def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monkeypatch, mask, folder_mode,
