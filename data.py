@@ -53,7 +53,7 @@ with memory that does not grow with the corpus, resumable after a kill, and `pyt
 The two write byte-identical shards, tokenizer and manifest: every choice about a document is a keyed hash of its
 text (`document_keys`), so any order of reading makes the same one, and the tests hold the engine to this file's
 bytes. Sources and --out may be object-store URIs (s3://bucket/web/*.parquet): store.py lists, reads and publishes
-them, and `download` copies a published dataset down for the loader.
+them, and data_at_scale.download copies a published dataset down for the loader.
 
 The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
 of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.
@@ -79,7 +79,6 @@ import glob
 import gzip
 import hashlib
 import html.parser
-import io
 import itertools
 import json
 import math
@@ -513,7 +512,7 @@ def _special_file(path: pathlib.Path) -> str:
 
 def _is_dataset(folder: pathlib.Path) -> bool:
     """Whether a folder holds a dataset `prepare` wrote (its manifest says so): a corpus it must not read."""
-    manifest = _read_manifest_or_none(folder)
+    manifest = read_manifest_or_none(folder)
     return isinstance(manifest, dict) and manifest.get("format") == "llm-token-shards"
 
 
@@ -1883,7 +1882,7 @@ def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None, v
     remote = store.is_uri(out_dir)
     if not remote:
         out_dir = pathlib.Path(out_dir)
-    existing = _read_manifest_or_none(out_dir)
+    existing = read_manifest_or_none(out_dir)
     if existing is not None:
         if existing.get("cache_key") == key:
             log(f"reusing {out_dir} (same inputs and settings)")
@@ -1892,7 +1891,7 @@ def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None, v
             return Plan(None, key, out_dir, True, jsonl_stats)
         raise DataError(f"{out_dir} already holds a different dataset; remove it or pick another --out")
     if remote:
-        store.check_out(out_dir, _DATASET_FILE, DataError)
+        store.check_out(out_dir, DATASET_FILE, DataError)
     elif out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--out {out_dir} is a file; give a directory path")
     elif out_dir.exists() and any(out_dir.iterdir()):
@@ -1977,7 +1976,7 @@ def write_dataset(plan: Plan, built: Built, clock: Clock, staging: pathlib.Path,
             shutil.rmtree(tmp_dir)
         else:
             fileio.publish_tree(tmp_dir)
-            _publish(tmp_dir, out_dir)
+            rename_into_place(tmp_dir, out_dir)
     except BaseException as e:
         if tmp_dir is not None:
             shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -2037,10 +2036,10 @@ def remove_if_empty(folders: list[pathlib.Path]) -> None:
             folder.rmdir()
 
 
-_DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest
+DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest
 
 
-def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
+def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
     """Rename the finished temporary directory into place. If another process (another rank) finished the same
     dataset first, keep theirs: the shards and tokenizer are identical by construction."""
     if out_dir.exists() and not any(out_dir.iterdir()):
@@ -2048,12 +2047,12 @@ def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
     try:
         os.rename(tmp_dir, out_dir)
     except OSError:
-        if _read_manifest_or_none(out_dir) is None:
+        if read_manifest_or_none(out_dir) is None:
             raise
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
+def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
     if store.is_uri(data_dir):
         path = store.uri_of(data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError)
     else:
@@ -2102,7 +2101,7 @@ def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """A dataset's manifest.json, from a local directory or an object-store URI."""
-    manifest = _read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
+    manifest = read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
     local = None if store.is_uri(data_dir) else pathlib.Path(data_dir) / "manifest.json"
     if manifest is None and local is not None and local.is_file():         # there, but damaged: say how
         manifest = fileio.read_json(local, DataError, "re-run `python data.py prepare`")
@@ -2263,55 +2262,6 @@ class BatchIterator:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
-    """Copy a dataset that prepare published to an object store down to a local directory, for the loader (which
-    memory-maps shards): the manifest's files, then the manifest, into a temporary folder renamed into place. A
-    directory that already holds the same dataset (same cache key) is returned as is. An endpoint that does not
-    answer is told apart from a prefix that holds no dataset: they need different fixes."""
-    directory = pathlib.Path(directory)
-    if not store.is_uri(uri):
-        raise DataError(f"download {uri}: give the URI the dataset was published to (s3://bucket/datasets/name); a "
-                        f"local dataset folder needs no download: pass it to train.py --data")
-    found = store.exists(uri, "manifest.json", DataError)      # refused or unreachable: not a missing dataset
-    manifest = _read_manifest_or_none(uri) if found else None
-    if manifest is None:
-        raise DataError(f"{uri} has {'a damaged' if found else 'no'} manifest.json: not a published dataset (or a "
-                        f"run still publishing); check the URI, or prepare it with --out {uri}")
-    try:
-        key = manifest["cache_key"]
-        names = [manifest["tokenizer"]["file"]] + [s["file"] for split in manifest["splits"].values()
-                                                  for s in split["shards"]]
-    except (KeyError, TypeError, AttributeError) as e:
-        raise DataError(f"{uri}: damaged manifest.json (missing {e}); prepare it again") from None
-    strange = [n for n in names if not (isinstance(n, str) and _DATASET_FILE.fullmatch(n))]
-    if strange:                                   # "../x" would be written outside the folder
-        raise DataError(f"{uri}: its manifest.json names {strange[0]!r}, not a dataset file; prepare it again")
-    here = _read_manifest_or_none(directory)
-    if here is not None and here.get("cache_key") == key:
-        return directory
-    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
-    check_writable(directory.parent, "download directory")
-    made, tmp_dir = missing_folders(directory.parent), None
-    try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
-        store.copy_down(uri, names, tmp_dir, DataError)
-        (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        fileio.publish_tree(tmp_dir)              # the umask's modes, as for a dataset prepare writes
-        _publish(tmp_dir, directory)
-    except BaseException as e:
-        if tmp_dir is not None:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-        remove_if_empty(made)
-        if isinstance(e, Exception) and fileio.is_no_space(e):
-            raise DataError(fileio.no_space_message(directory, "download to another directory")) from None
-        if isinstance(e, OSError):                # the store stopped answering half-way
-            raise DataError(f"downloading {uri} failed ({store.first_line(e)}); run again to retry") from None
-        raise
-    return directory
-
-
 def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> float:
     """UTF-8 bytes of text per token in a split (tokens include one <|endoftext|> per document), so that
     bits-per-byte = loss_nats / ln 2 / bytes_per_token."""
@@ -2446,10 +2396,6 @@ def _cmd_inspect(args: argparse.Namespace) -> None:
     print(f"a random {split} window{note}, decoded:\n" + data.tokenizer.decode(x[0].tolist()))
 
 
-def _cmd_download(args: argparse.Namespace) -> None:
-    print(f"downloaded {args.uri} to {download(args.uri, args.dir)}")
-
-
 def _cmd_html(args: argparse.Namespace) -> None:
     path = pathlib.Path(args.file)
     if not path.is_file():
@@ -2472,9 +2418,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=_writable("dir"), default=None,
                    help="output directory or object-store URI, e.g. s3://bucket/datasets/name (default: a cache dir "
                         "in $PRETRAIN_CACHE or .cache/)")
-    p.add_argument("--work-dir", type=_writable("dir"), default=None,
-                   help="where the streaming engine's work files go (default: beside a local --out, the temp folder "
-                        "for a URI); on a multi-node cluster a folder every node sees")
     p.add_argument("--seed", type=_in_range(int, 0, SEED_MAX), default=0,
                    help="seeds the split, the tokenizer sample, mixing and order")
     p.add_argument("--val-fraction", type=_in_range(float, 0.0, 1.0, high_open=True), default=0.05,
@@ -2514,15 +2457,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kind", choices=["prose", "code", "html"], default=None,
                    help="treat every source as this kind (default: by name and file type; .py files are code)")
     p.add_argument("--threads", type=_in_range(int, 1, 1024), default=None, help="encoding threads (default: all cores)")
-    p.add_argument("--workers", type=_in_range(int, 1, 1024), default=None,
-                   help="processes for the per-document steps (default: all cores)")
-    p.add_argument("--chunk-mb", type=_in_range(float, 0.001, 4096), default=data_at_scale.CHUNK_BYTES / 2**20,
-                   help="MiB of input per chunk, the unit of parallel work and of resuming (default %(default)g)")
-    p.add_argument("--engine", choices=["local", "ray"], default="local",
-                   help="local: worker processes here; ray: the same steps as Ray tasks (pip install ray)")
-    p.add_argument("--ray-address", default=None,
-                   help="with --engine ray: auto or HOST:PORT of a running cluster (default: start Ray here)")
-    p.set_defaults(run=_cmd_prepare, prepare=data_at_scale.prepare)
+    data_at_scale.add_engine_arguments(p)       # --workers, --chunk-mb, --engine, --ray-address, --work-dir
+    p.set_defaults(run=_cmd_prepare)
 
     p = sub.add_parser("mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)")
     p.add_argument("--tokens", type=_in_range(float, 1.0, TOKENS_MAX), default=20e9)
@@ -2538,7 +2474,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("download", help="copy a dataset published to an object store down to a local directory")
     p.add_argument("uri", help="the dataset's URI, as given to prepare --out (s3://bucket/datasets/name)")
     p.add_argument("dir", type=_writable("dir"), help="local directory to create (train.py --data reads it)")
-    p.set_defaults(run=_cmd_download)
+    p.set_defaults(run=lambda args: print(f"downloaded {args.uri} to {data_at_scale.download(args.uri, args.dir)}"))
 
     p = sub.add_parser("html", help="print the text extracted from an HTML file")
     p.add_argument("file")

@@ -1641,7 +1641,7 @@ def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monk
         (tmp_path / "store").mkdir()
         store = f"file://{tmp_path}/store/ds"
         data.prepare(two_corpora(tmp_path)[:1], store, **QUICK)
-        downloaded = data.download(store, tmp_path / "down" / "ds")
+        downloaded = data_at_scale.download(store, tmp_path / "down" / "ds")
     finally:
         __import__("os").umask(old)
     for root in (cached, downloaded):
@@ -1706,7 +1706,7 @@ def test_download_tells_an_unreachable_store_from_a_missing_dataset(tmp_path, mo
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(DataError, match=r"cannot reach it \(.*connect.*\); check the bucket and key, the endpoint"):
-        data.download(f"s3://bucket/ds?endpoint_override=127.0.0.1:{port}&scheme=http", tmp_path / "d")
+        data_at_scale.download(f"s3://bucket/ds?endpoint_override=127.0.0.1:{port}&scheme=http", tmp_path / "d")
     with pytest.raises(DataError, match="has no manifest.json: not a published dataset"):
-        data.download(f"file://{tmp_path}/nothing-here", tmp_path / "d")
+        data_at_scale.download(f"file://{tmp_path}/nothing-here", tmp_path / "d")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
