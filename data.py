@@ -45,15 +45,12 @@ and packed into shards: a 32-byte header (magic, version, dtype, token count) fo
 (uint32 when the vocabulary has more than 65,536 entries). A JSON manifest records sources, settings, the funnel,
 the tokenizer and the split sizes. The same inputs and settings map to the same cache directory, reused as is.
 
-At scale: a stream, not a list. Holding the corpus costs ~5.5 bytes of RAM per byte of text (Python strings, the
-lists of ids): FineWeb-Edu's 10B tokens are ~40 GB of text, ~220 GB of RAM. This file is the lesson, on lists: the
-in-memory engine (section 9) runs every step in the order above, and `prepare` here runs it. Its companion
-data_at_scale.py is the scale: the same steps over 16 MiB chunks of the files in worker processes (or Ray tasks),
-with memory that does not grow with the corpus, resumable after a kill, and `python data.py prepare` runs that one.
-The two write byte-identical shards, tokenizer and manifest: every choice about a document is a keyed hash of its
-text (`document_keys`), so any order of reading makes the same one, and the tests hold the engine to this file's
-bytes. Sources and --out may be object-store URIs (s3://bucket/web/*.parquet): store.py lists, reads and publishes
-them, and data_at_scale.download copies a published dataset down for the loader.
+This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order above, and
+`prepare` here runs it. data_at_scale.py is the scale (a stream, not a list: memory that does not grow with the
+corpus, worker processes or Ray, resumable), and `python data.py prepare` runs that one; its flags (--workers,
+--chunk-mb, --engine, --ray-address, --work-dir) and `download` live there. The two write byte-identical datasets:
+every choice about a document is a keyed hash of its text (`document_keys`), whatever the order of reading. Sources
+and --out may be object-store URIs (s3://bucket/web/*.parquet), which store.py lists, reads and publishes.
 
 The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
 of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.

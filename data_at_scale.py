@@ -90,7 +90,8 @@ A cluster's corpus and datasets live in an object store. `--data` and `--out` ta
 it itself: a .jsonl range is one seek and sequential reads, a .parquet row group a byte range. The work files stay
 on a POSIX folder (`--work-dir`, on a cluster one every node mounts), since they are renamed, appended and
 memory-mapped; the dataset is published to the store by store.publish (manifest last), and `python data.py download`
-copies one down for the loader, which memory-maps shards.
+(`download`, section 4) copies one down for the loader, which memory-maps shards. The engine's flags of `python
+data.py prepare` are this file's too (`add_engine_arguments`), checked by `prepare` before any work.
 
 A job that dies leaves nothing running and nothing it should not: a worker process asks the kernel to kill it when
 its parent dies (prctl PR_SET_PDEATHSIG on Linux, and a check of its parent's pid), so a SIGKILLed `prepare` frees
