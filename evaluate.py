@@ -51,10 +51,10 @@ together with the training data, or we would be grading it on questions it has a
 The metrics work on any causal language model that maps token ids (B, T) to logits (B, T, V) (or returns
 (logits, loss)).
 
-Depends on: torch, numpy and three siblings. dedup.py: the contamination check's n-gram index (shingle overlap
-between corpora is its topic; numpy only). train.py (its checkpoint loader, which builds the GPT and the tokenizer)
-and data.py (held-out token shards, text sources), imported only where checkpoints and datasets are loaded, so the
-metrics can be copied with dedup alone.
+Depends on: torch, numpy and five siblings. dedup.py: the contamination check's n-gram index (shingle overlap
+between corpora is its topic; numpy only). train.py (its checkpoint loader, which builds the GPT and the tokenizer),
+data.py (held-out token shards, text sources), model.py (the check of --device) and fileio.py (task files), imported
+only where checkpoints, datasets and task files are loaded, so the metrics can be copied with dedup alone.
 
     python evaluate.py --ckpt out/                          held-out loss, perplexity, bits/byte, last-word task
     python evaluate.py --ckpt out/ --data wiki.test.raw     the same on any text (--tasks FILE.jsonl: exact match)
@@ -270,14 +270,12 @@ class Task:
 def _jsonl_objects(path: pathlib.Path):
     """(line number, parsed object) for each non-blank line of a jsonl file; a line that is not JSON is an
     EvalError naming its number."""
-    with open(path, encoding="utf-8") as f:
+    import fileio
+    with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{path} line {number}: not valid JSON ({e.msg}); each line must be one JSON object")
+            if line.strip():         # fileio: bad syntax, bad UTF-8 and JSON nested thousands deep are one line
+                yield number, fileio.parse_json(line, f"{path} line {number}", EvalError,
+                                                "each line must be one JSON object")
 
 
 def read_tasks(path) -> list[Task]:
@@ -288,11 +286,14 @@ def read_tasks(path) -> list[Task]:
         raise EvalError(f"--tasks {path} {'is a directory' if path.is_dir() else 'not found'}: give a jsonl file of "
                         f"{{\"prompt\": ..., \"answer\": ...}} lines")
     tasks = []
-    for number, item in _jsonl_objects(path):
-        if not (isinstance(item, dict) and isinstance(item.get("prompt"), str)
-                and isinstance(item.get("answer"), str) and item["answer"].strip()):
-            raise EvalError(f"{path} line {number}: needs string fields \"prompt\" and a non-empty \"answer\"")
-        tasks.append(Task(item["prompt"], item["answer"]))
+    try:
+        for number, item in _jsonl_objects(path):
+            if not (isinstance(item, dict) and isinstance(item.get("prompt"), str)
+                    and isinstance(item.get("answer"), str) and item["answer"].strip()):
+                raise EvalError(f"{path} line {number}: needs string fields \"prompt\" and a non-empty \"answer\"")
+            tasks.append(Task(item["prompt"], item["answer"]))
+    except EvalError as e:
+        raise EvalError(f"--tasks {e}") from None
     if not tasks:
         raise EvalError(f"task file {path} has no tasks: add jsonl lines {{\"prompt\": ..., \"answer\": ...}}")
     return tasks
@@ -540,16 +541,14 @@ def format_contamination(report: dict, show: int = 10) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """"auto": the GPU when there is one, else the CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError as e:
-        raise EvalError(f"unknown --device {name!r}: use auto, cpu or cuda[:N]") from e
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise EvalError(f"--device {name} but no CUDA GPU is visible: use --device cpu (or auto)")
-    return device
+    """"auto": the GPU when there is one, else the CPU; model.py's one check of --device, as an EvalError.
+
+    >>> resolve_device("meta")
+    Traceback (most recent call last):
+    evaluate.EvalError: --device meta: meta tensors hold no data to compute with; use auto, cpu, cuda, cuda:N or mps
+    """
+    import model
+    return model.resolve_device(name, EvalError)
 
 
 def load_model(ckpt_path, device="cpu") -> tuple[object, object, dict]:
@@ -1090,7 +1089,7 @@ def run(args) -> None:
     elif args.command == "emergence":
         print(emergence_table(k=args.k))
         if args.ckpt:
-            rows = emergence_sweep(args.ckpt, args.k, args.data, args.max_tokens, resolve_device(args.device))
+            rows = emergence_sweep(args.ckpt, args.k, args.data, args.max_tokens, args.device)
             print()
             print(format_emergence_sweep(rows, args.k))
             print(f"plot: {plot_emergence(rows, args.k, args.plot or 'emergence.png')}")
@@ -1108,12 +1107,12 @@ def run(args) -> None:
         if args.json:
             print(f"json: {write_json(report, args.json)}")
     elif args.command == "compare":
-        rows = compare_checkpoints(args.ckpt, args.data, args.stride, args.max_documents, resolve_device(args.device))
+        rows = compare_checkpoints(args.ckpt, args.data, args.stride, args.max_documents, args.device)
         print(format_comparison(rows))
         if args.json:
             print(f"json: {write_json(rows, args.json)}")
     elif args.command == "sample":
-        model, tokenizer, _ = load_model(args.ckpt, resolve_device(args.device))
+        model, tokenizer, _ = load_model(args.ckpt, args.device)
         print(args.prompt, end="", flush=True)
         for piece in stream_sample(model, tokenizer, args.prompt, args.max_new_tokens, args.temperature,
                                    args.top_k or None, args.seed):
@@ -1121,7 +1120,7 @@ def run(args) -> None:
         print()
     else:
         result = evaluate_checkpoint(args.ckpt, args.data, args.stride, args.max_tokens, args.tasks,
-                                     args.last_word_items, args.min_words, args.seed, resolve_device(args.device))
+                                     args.last_word_items, args.min_words, args.seed, args.device)
         print(format_evaluation(result))
         json_path = args.json or pathlib.Path(result["checkpoint"]).parent / f"eval_{result['step'] or 0:07d}.json"
         print(f"json: {write_json(result, json_path)}")
@@ -1130,6 +1129,7 @@ def run(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        args.device = resolve_device(args.device)       # once, before any work, for every command that takes it
         run(args)
     except EvalError as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)

@@ -1,7 +1,9 @@
 """Files in and out, the same way in every chapter: untrusted JSON read in one line of error, files published whole.
 
 Serves: every chapter (bpe, dedup, data, train, evaluate, scaling) and the engine, bridge and bench files.
-Depends on: the standard library only, so a chapter copied into another project takes this one small file along.
+
+Depends on the standard library only (no sibling files), so a chapter copied into another project takes this one
+small file along.
 
 Three promises of the README live here, so each chapter keeps them in one way:
 

@@ -4,6 +4,7 @@ Serves: model.py (`python model.py export` and `python model.py import-hf` run t
 checkpoints are what gets exported; `train.py --init-from` starts a run from an imported one).
 Owns: the name map and the RoPE permutation between the two layouts, config.json in both directions, the export
 directory, the import into a train.py checkpoint, and `--verify` (transformers as the oracle).
+
 Depends on: model.py (the network), bpe.py (tokenizer.json), train.py (the checkpoint format: its loader for
 export, its writer for import) and fileio.py; safetensors and transformers, imported inside the features that need
 them (`pip install safetensors transformers`). It sits above train.py in the layers; model.py's library never

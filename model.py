@@ -2,8 +2,10 @@
 Mixture of Experts, a KV cache for generation, and the parameter / FLOP / memory accounting that the rest of
 the project plans with.
 
-Depends on: torch only. The Hugging Face bridge (`python model.py export` / `import-hf`) lives in hf.py; only
-main() imports it, to run those two commands.
+Depends on torch only (no sibling files).
+
+The Hugging Face bridge (`python model.py export` / `import-hf`) lives in hf.py; only main() imports it, to run
+those two commands.
 
 The lesson, in numbers
 ----------------------
@@ -62,6 +64,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 import time
 
@@ -736,6 +739,51 @@ def _human(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g}{unit}"
     return str(n)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Devices: the one check of --device that every CLI (train, evaluate, ...) uses
+# ----------------------------------------------------------------------------------------------------------------
+
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
+
+
+def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.device:
+    """A --device value as a torch.device, or `error` in one line naming --device and what this machine has.
+
+    auto: CUDA (cuda:LOCAL_RANK under torchrun), else Apple's MPS, else the CPU. cuda:N must be a GPU that exists;
+    "meta" (tensors without data: everything after the first forward fails) and anything else are refused.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    >>> resolve_device("meta")
+    Traceback (most recent call last):
+    ValueError: --device meta: meta tensors hold no data to compute with; use auto, cpu, cuda, cuda:N or mps
+    """
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    if name == "auto":
+        name = "cuda" if cuda else "mps" if mps else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise error(f"--device {name}: not a device; use {DEVICE_CHOICES}") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda":
+        if not cuda:
+            raise error(f"--device {name}: no CUDA device here; use --device cpu (or auto)")
+        index = int(os.environ.get("LOCAL_RANK", 0)) if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise error(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        return torch.device("cuda", index)
+    if device.type == "mps":
+        if not mps:
+            raise error(f"--device {name}: Apple's MPS backend is not available here; use --device cpu (or auto)")
+        return device
+    if device.type == "meta":
+        raise error(f"--device {name}: meta tensors hold no data to compute with; use {DEVICE_CHOICES}")
+    raise error(f"--device {name}: this project runs on {DEVICE_CHOICES}, not {device.type}")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -45,19 +45,15 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
    compute and fits N_opt ∝ C^a; Approach 2 fits a parabola in log N per IsoFLOP budget and fits its minima;
    Approach 3 fits E, A, B, α, β with a Huber loss on log L from a grid of starts.
 
-7. The sweep (`python scaling.py sweep`) does it the Chinchilla way on a CPU: at 4 budgets 3e9 .. 1e11 FLOPs
-   (33×), 5 sizes around sqrt(C/120) parameters, each trained through train.py for exactly D = C/6N tokens with
-   its own cosine schedule, so every point is annealed. Example: at C = 1e10 a 2,316-parameter model trains
-   1e10 / (6 · 2,316) = 720k tokens and a 40,440-parameter one 41k. A parabola in log N per budget gives N*;
-   the minima give N_opt ∝ C^a. Then the law fitted on these budgets predicts N_opt and the loss at 3e11, and
-   that run is trained and compared. `dedup-effect` repeats 1% of the documents 50 times and measures what
-   dedup.py buys, against the seed-to-seed spread.
+7. The sweep (`python scaling.py sweep`, in sweep.py) does 6 the Chinchilla way on a CPU: 4 budgets, 5 sizes
+   around sqrt(C/120) each, every point trained through train.py to the end of its own cosine schedule; the law
+   fitted on them predicts a budget 3× the largest, which is then trained and compared. `dedup-effect` (also in
+   sweep.py) measures what dedup.py buys.
 
-Depends on numpy and the standard library; torch only for the Approach 3 fit (L-BFGS), matplotlib only to
-draw a PNG. Only the experiments use siblings: the sweep runs train.py (a subprocess) and reads model.py's
-parameter counts; both prepare their corpora with data_at_scale.py; the dedup effect also uses data.py, dedup.py
-and evaluate.py. The calculator and the fitting
-work in a copy of this file alone.
+Depends on numpy, the standard library and fileio.py (reading runs files); torch only for the Approach 3 fit
+(L-BFGS), matplotlib only to draw a PNG. The calculator and the fitting work in a copy of this file and fileio.py.
+
+The experiments that train models live in sweep.py; only main() imports it, to add their subcommands.
 """
 from __future__ import annotations
 
@@ -72,6 +68,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+import fileio
+
 ROOT = pathlib.Path(__file__).resolve().parent
 
 
@@ -82,10 +80,10 @@ class ScalingError(ValueError):
 _LOG_FLOAT_MAX = math.log(np.finfo(float).max) - 1   # ≈ 708.8: e^this still fits in a float64
 
 
-def _positive(name: str, value) -> float:
+def positive(name: str, value) -> float:
     """Return value as a finite float > 0, else raise ScalingError naming the argument.
 
-    >>> _positive("budget", "1.2e20")
+    >>> positive("budget", "1.2e20")
     1.2e+20
     """
     try:
@@ -97,9 +95,9 @@ def _positive(name: str, value) -> float:
     return x
 
 
-def _fraction(name: str, value) -> float:
+def unit_fraction(name: str, value) -> float:
     """A number in (0, 1], e.g. the model FLOPs utilisation (MFU)."""
-    x = _positive(name, value)
+    x = positive(name, value)
     if x > 1:
         raise ScalingError(f"{name} must be in (0, 1] (a fraction of peak, e.g. 0.4), got {value!r}")
     return x
@@ -131,7 +129,7 @@ def training_flops(n_params: float, n_tokens: float) -> float:
     >>> training_flops(1e9, 2e10)
     1.2e+20
     """
-    return 6.0 * _positive("parameters", n_params) * _positive("tokens", n_tokens)
+    return 6.0 * positive("parameters", n_params) * positive("tokens", n_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -168,8 +166,8 @@ def params_for_budget(compute: float, tokens_per_param: float = 20.0) -> float:
     >>> params_for_budget(1.2e20)      # sqrt(1.2e20 / 120) = sqrt(1e18)
     1000000000.0
     """
-    c = _positive("compute budget", compute)
-    r = _positive("tokens per parameter", tokens_per_param)
+    c = positive("compute budget", compute)
+    r = positive("tokens per parameter", tokens_per_param)
     return math.sqrt(c / (6.0 * r))
 
 
@@ -181,13 +179,20 @@ def plan_budget(compute: float, tokens_per_param: float = 20.0, tokens_per_step:
     >>> b.params, b.tokens, b.steps, round(b.seconds_one_gpu / 3600), round(b.seconds / 3600)
     (1000000000.0, 20000000000.0, 40000.0, 167, 21)
     """
-    c = _positive("compute budget", compute)
+    c = positive("compute budget", compute)
     n = params_for_budget(c, tokens_per_param)
     d = tokens_per_param * n
-    per_step = _positive("tokens per step", tokens_per_step)
-    flops = _positive("FLOP/s per GPU", flops_per_gpu)
-    u = _fraction("MFU", mfu)
-    g = int(_positive("number of GPUs", gpus))
+    if n < 1 or d < 1:      # the arithmetic still works, but on fractions of a parameter or of a token
+        raise ScalingError(f"C = {c:.3g} FLOPs at {tokens_per_param:g} tokens per parameter gives N = {n:.3g} "
+                           f"parameters and D = {d:.3g} tokens, less than one: raise the budget or move "
+                           f"--tokens-per-param toward 20")
+    per_step = positive("tokens per step", tokens_per_step)
+    if per_step > d:
+        raise ScalingError(f"one step of {per_step:.3g} tokens is more than the whole run's D = {d:.3g} tokens: "
+                           f"lower --tokens-per-step or raise the budget")
+    flops = positive("FLOP/s per GPU", flops_per_gpu)
+    u = unit_fraction("MFU", mfu)
+    g = int(positive("number of GPUs", gpus))
     one_gpu = c / (flops * u)
     return Budget(c, tokens_per_param, n, d, per_step, d / per_step, flops, u, g, one_gpu, one_gpu / g)
 
@@ -315,7 +320,7 @@ def compute_optimal(C, tokens_per_param=None, fit="hoffmann") -> Allocation:
     >>> compute_optimal(1.2e20, tokens_per_param=20).params
     1000000000.0
     """
-    c = _positive("compute budget", C)
+    c = positive("compute budget", C)
     law = _get_fit(fit)
     if tokens_per_param is None:
         n = float(law.optimal_params(c))
@@ -334,11 +339,11 @@ def isoflop_table(C, sizes: Sequence[float] = LECTURE_SIZES, fit="hoffmann") -> 
     >>> [round(r.loss, 2) for r in isoflop_table(1.2e20)]
     [2.75, 2.62, 2.58, 2.64, 2.87]
     """
-    c = _positive("compute budget", C)
+    c = positive("compute budget", C)
     law = _get_fit(fit)
     rows = []
     for n in sizes:
-        n = _positive("model size", n)
+        n = positive("model size", n)
         d = c / (6.0 * n)
         rows.append(Allocation(c, n, d, law.loss(n, d)))
     return rows
@@ -347,7 +352,7 @@ def isoflop_table(C, sizes: Sequence[float] = LECTURE_SIZES, fit="hoffmann") -> 
 def isoflop_report(C, fit="hoffmann", sizes: Sequence[float] = LECTURE_SIZES) -> str:
     """The IsoFLOP table, its optimum, and the optimal loss a decade either side (`scaling.py isoflop`)."""
     law = _get_fit(fit)
-    c = _positive("compute budget", C)
+    c = positive("compute budget", C)
     out = [f"IsoFLOP table at C = {c:.3g} FLOPs with {law.source}: "
            f"L = {law.E:g} + {law.A:g}/N^{law.alpha:g} + {law.B:g}/D^{law.beta:g}",
            "| parameters N | tokens D | tokens/param | predicted loss |", "|---:|---:|---:|---:|"]
@@ -443,7 +448,7 @@ def tokens_per_param_verdict(params: float, tokens: float) -> str:
     >>> tokens_per_param_verdict(8e9, 15e12)
     'inference-optimal: over-trained on purpose (1875:1)'
     """
-    r = _positive("tokens", tokens) / _positive("parameters", params)
+    r = positive("tokens", tokens) / positive("parameters", params)
     if r < 10:
         return f"under-trained ({r:.2g}:1, far below 20:1)"
     if r <= 50:
@@ -463,10 +468,10 @@ def verdicts_report() -> str:
 def trillion_report(params: float = 1e12, tokens_per_param: float = 20.0, gpu: str = "H100", mfu: float = 0.4,
                     active_fraction: float = 37 / 671) -> str:
     """The exercise: a dense 1T-parameter model at D = 20N on H100s at 40% MFU, and why MoE is attractive."""
-    n = _positive("parameters", params)
-    d = _positive("tokens per parameter", tokens_per_param) * n
+    n = positive("parameters", params)
+    d = positive("tokens per parameter", tokens_per_param) * n
     hw = GPUS[gpu]
-    rate = hw.bf16_flops * _fraction("MFU", mfu)
+    rate = hw.bf16_flops * unit_fraction("MFU", mfu)
     c = 6 * n * d
     gpu_seconds = c / rate
     out = [f"Dense {n:.3g} parameters, D = {tokens_per_param:g}·N = {d:.3g} tokens: C = 6·N·D = {c:.3g} FLOPs",
@@ -479,7 +484,7 @@ def trillion_report(params: float = 1e12, tokens_per_param: float = 20.0, gpu: s
     state = training_memory(n).total
     out.append(f"Finishing in 90 days needs {need:,.0f} {gpu}s; the 16 B/param training state alone is "
                f"{state / 1e12:.0f} TB = {math.ceil(state / (hw.memory_gb * 1e9)):,} GPUs' memory with ZeRO-3.")
-    active = n * _fraction("active fraction", active_fraction)
+    active = n * unit_fraction("active fraction", active_fraction)
     c_moe = 6 * active * d
     out.append(f"MoE: compute counts only the active parameters. With DeepSeek-V3's ratio (37B of 671B = "
                f"{active_fraction:.1%}), {n:.3g} total = {active:.3g} active -> C = 6·{active:.3g}·{d:.3g} = "
@@ -518,8 +523,8 @@ def training_memory(N, world_size=1, zero_stage=0, weight_bytes=2, grad_bytes=2,
     >>> training_memory(124e6, 8, 3, 4, 4, 8).total == training_memory(124e6, 8, 3).total
     True
     """
-    n = _positive("parameters", N)
-    w = int(_positive("world size", world_size))
+    n = positive("parameters", N)
+    w = int(positive("world size", world_size))
     if zero_stage not in (0, 1, 2, 3):
         raise ScalingError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     return Memory(weight_bytes * n / (w if zero_stage >= 3 else 1),
@@ -543,7 +548,7 @@ def activation_memory(n_layer: int, d_model: int, n_head: int, seq_len: int, mic
     """
     s, b, h, a, layers = seq_len, micro_batch, d_model, n_head, n_layer
     for name, v in (("n_layer", layers), ("d_model", h), ("n_head", a), ("seq_len", s), ("micro_batch", b)):
-        _positive(name, v)
+        positive(name, v)
     per_layer = s * b * h * (34 + (0 if flash_attention else 5 * a * s / h))
     if checkpointing:
         return layers * 2 * s * b * h + per_layer
@@ -556,7 +561,7 @@ def pipeline_bubble(p, m) -> float:
     >>> round(pipeline_bubble(4, 16), 3)   # 3/19
     0.158
     """
-    stages, micro = _positive("pipeline stages", p), _positive("micro-batches", m)
+    stages, micro = positive("pipeline stages", p), positive("micro-batches", m)
     for name, x in (("pipeline stages", stages), ("micro-batches", micro)):
         if x != int(x):
             raise ScalingError(f"{name} must be a whole number >= 1, got {x:g}")
@@ -564,7 +569,7 @@ def pipeline_bubble(p, m) -> float:
 
 
 def memory_report(N: float, gpus: int = 8, gpu_memory_gb: float = 80.0) -> str:
-    n = _positive("parameters", N)
+    n = positive("parameters", N)
     out = [f"Training state for {n:.3g} parameters, mixed-precision AdamW (16 B/param = {16 * n / 1e9:.4g} GB), "
            f"per GPU on {gpus} GPUs:",
            "| ZeRO stage | shards | bytes/param | GB per GPU | fits in " + f"{gpu_memory_gb:g} GB? |",
@@ -624,11 +629,11 @@ def run_from_record(record: dict, where: str = "record") -> Run:
     if missing:
         raise ScalingError(f"{where}: missing {', '.join(missing)} (need parameters, tokens or compute, and loss)")
     try:
-        n = _positive("parameters", n)
-        loss = _positive("loss", loss)
-        d = _positive("tokens", d) if d is not None else _positive("compute", c) / (6.0 * n)
-        budget = _positive("budget", record["budget"]) if record.get("budget") is not None else \
-            _positive("compute", c) if c is not None else 6.0 * n * d
+        n = positive("parameters", n)
+        loss = positive("loss", loss)
+        d = positive("tokens", d) if d is not None else positive("compute", c) / (6.0 * n)
+        budget = positive("budget", record["budget"]) if record.get("budget") is not None else \
+            positive("compute", c) if c is not None else 6.0 * n * d
     except ScalingError as e:
         raise ScalingError(f"{where}: {e}") from None
     return Run(n, d, loss, budget, str(record.get("series", record.get("run", ""))))
@@ -648,25 +653,39 @@ def load_runs(path) -> list[Run]:
     except (OSError, UnicodeDecodeError) as e:
         raise ScalingError(f"cannot read runs file {str(p)!r} as UTF-8 text ({e.__class__.__name__}): "
                            f"give a JSON or JSONL file of runs") from None
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ScalingError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        return [run_from_record(r, f"{p} record {i + 1}") for i, r in enumerate(records)
-                if not (isinstance(r, dict) and r.get("heldout"))]
+    fix = "give a JSON list of runs, or JSONL: one {parameters, tokens or compute, loss} object per line"
+    try:
+        document = fileio.parse_json(text, str(p), ScalingError, fix)
+    except ScalingError:
+        document = None                  # not one JSON value: JSONL (or damaged), judged line by line below
+    if isinstance(document, list):
+        records = [(f"{p} record {i + 1}", r) for i, r in enumerate(document)]
+    elif isinstance(document, dict) and any(_field(document, k) is not None for k in ("params", "loss")):
+        records = [(f"{p} line 1" if "\n" not in text.strip() else str(p), document)]   # one-line JSONL, too
+    elif document is not None:
+        raise ScalingError(f"{p}: {_describe(document)}, not a list of runs: {fix}")
+    else:
+        records = [(f"{p} line {n}", fileio.parse_json(line, f"{p} line {n}", ScalingError, fix))
+                   for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     runs = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ScalingError(f"{p} line {lineno}: not valid JSON ({e.msg})") from None
+    for where, record in records:
         if not (isinstance(record, dict) and record.get("heldout")):
-            runs.append(run_from_record(record, f"{p} line {lineno}"))
+            runs.append(run_from_record(record, where))
     return runs
+
+
+def _describe(value) -> str:
+    """What a JSON value is, for an error: 'a JSON object with keys "runs", "meta" (its "runs" is a list)'.
+
+    >>> _describe({"runs": [], "meta": 1})
+    'a JSON object with keys "runs", "meta" (its "runs" is a list: give that list)'
+    """
+    if not isinstance(value, dict):
+        return f"a JSON {type(value).__name__.replace('str', 'string').replace('NoneType', 'null')}"
+    keys = ", ".join(f'"{k}"' for k in list(value)[:5]) + (", ..." if len(value) > 5 else "")
+    lists = [k for k, v in value.items() if isinstance(v, list)]
+    return (f"a JSON object with keys {keys}" if keys else "an empty JSON object") + \
+        (f' (its "{lists[0]}" is a list: give that list)' if lists else "")
 
 
 class AllocationLaw(NamedTuple):
@@ -686,7 +705,7 @@ class AllocationLaw(NamedTuple):
         return c / (6.0 * self.params_at(c))
 
 
-def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Least-squares slope and intercept of y = slope·x + intercept."""
     slope, intercept = np.polyfit(x, y, 1)
     return float(slope), float(intercept)
@@ -699,14 +718,14 @@ def _allocation_line(computes, params, approach: str) -> AllocationLaw:
     >>> round(_allocation_line([1e18, 1e20], [1e8, 1e9], "Approach 1").a, 6)
     0.5
     """
-    a, k = _fit_line(np.log(computes), np.log(params))
+    a, k = fit_line(np.log(computes), np.log(params))
     if not (math.isfinite(a) and abs(k) < _LOG_FLOAT_MAX):
         raise ScalingError(f"{approach}: the optima give N_opt ∝ C^{a:.3g}, a line no float can hold: their computes "
                            f"({min(computes):.3g}-{max(computes):.3g}) are too close together; spread the budgets")
     return AllocationLaw(a, math.exp(k))
 
 
-def _group_close(runs: Sequence[Run], key, rel: float = 0.01) -> dict[float, list[Run]]:
+def group_close(runs: Sequence[Run], key, rel: float = 0.01) -> dict[float, list[Run]]:
     """Group runs whose key (a compute) agrees within `rel` (float round-off makes 6·N·(C/6N) differ from C)."""
     groups: dict[float, list[Run]] = {}
     for r in sorted(runs, key=key):
@@ -728,7 +747,7 @@ def frontier(runs: Sequence[Run]) -> list[Run]:
     """
     best_so_far = math.inf
     out = []
-    for group in _group_close(runs, key=lambda r: r.compute).values():
+    for group in group_close(runs, key=lambda r: r.compute).values():
         champion = min(group, key=lambda r: r.loss)
         if champion.loss < best_so_far:
             out.append(champion)
@@ -750,7 +769,7 @@ def isoflop_minima(runs: Sequence[Run]) -> list[tuple[float, float, np.ndarray]]
     the vertex N* = exp(-c1 / 2c2). Returns [(budget, N*, coefficients)]; a budget whose parabola opens
     downwards, or whose vertex lies outside the sizes tried (an extrapolation), is skipped."""
     out = []
-    for budget, group in _group_close(runs, key=lambda r: r.budget).items():
+    for budget, group in group_close(runs, key=lambda r: r.budget).items():
         if len({r.params for r in group}) < 3:
             continue
         x = np.log([r.params for r in group])
@@ -771,7 +790,7 @@ def fit_approach2(runs: Sequence[Run]) -> AllocationLaw:
     if len(minima) < 2:
         raise ScalingError(f"Approach 2 needs at least 2 compute budgets with 3+ model sizes each and a U-shaped "
                            f"loss with its minimum inside the sizes tried (got {len(minima)} usable of "
-                           f"{len(_group_close(runs, key=lambda r: r.budget))} budgets)")
+                           f"{len(group_close(runs, key=lambda r: r.budget))} budgets)")
     return _allocation_line([m[0] for m in minima], [m[1] for m in minima], "Approach 2")
 
 
@@ -902,7 +921,7 @@ def fit_all(runs: Sequence[Run], target_compute: float, bootstrap: int = 100, se
             refine: int = 16) -> FitReport:
     """All three approaches on the same runs, each with bootstrap intervals (resample the runs with
     replacement, refit; a resample where an approach cannot be fitted is dropped for that approach)."""
-    target = _positive("target compute", target_compute)
+    target = positive("target compute", target_compute)
     laws: dict = {}
     chinchilla = None
     for key, fitter in (("approach1", fit_approach1), ("approach2", fit_approach2)):
@@ -963,7 +982,7 @@ def synthetic_isoflop_runs(fit="besiroglu", budgets=(1e18, 3e18, 1e19, 3e19, 1e2
 # 8. Plots: the lecture's log-log picture.
 # ---------------------------------------------------------------------------------------------------------------
 
-def _atomic_png(fig, path) -> pathlib.Path:
+def save_png(fig, path) -> pathlib.Path:
     """Save a matplotlib figure without ever leaving a half-written PNG: temp file in the same dir, then rename."""
     path = pathlib.Path(path)
     if path.is_dir():
@@ -988,7 +1007,7 @@ def plot_runs(runs: Sequence[Run], report: FitReport, path) -> pathlib.Path:
     import matplotlib.ticker
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    for budget, group in _group_close(runs, key=lambda r: r.budget).items():
+    for budget, group in group_close(runs, key=lambda r: r.budget).items():
         group = sorted(group, key=lambda r: r.params)
         line, = left.plot([r.params for r in group], [r.loss for r in group], "o", ms=4, label=f"C = {budget:.2g}")
         for _, n_star, coef in isoflop_minima(group):
@@ -1023,771 +1042,16 @@ def plot_runs(runs: Sequence[Run], report: FitReport, path) -> pathlib.Path:
     right.legend(fontsize=7)
     right.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    out = _atomic_png(fig, path)
+    out = save_png(fig, path)
     plt.close(fig)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 9. The IsoFLOP sweep (the lecture's project M3): budgets, sizes around each optimum, one annealed run per point.
-# ---------------------------------------------------------------------------------------------------------------
-
-HEAD_DIM = 16   # channels per attention head in the sweep's family; tiny widths still get at least one head
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """A model of the sweep's family: `n_layer` blocks of width `n_embd`, 16-channel heads, FFN rounded to 16.
-
-    >>> Shape(2, 64).name, Shape(2, 64).counts(512)     # (all parameters, non-embedding parameters)
-    ('L2-d64', (133440, 100672))
-    """
-    n_layer: int
-    n_embd: int
-
-    @property
-    def name(self) -> str:
-        return f"L{self.n_layer}-d{self.n_embd}"
-
-    def config_overrides(self) -> dict:
-        heads = max(1, self.n_embd // HEAD_DIM)
-        return {"n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": heads, "n_kv_head": heads,
-                "ffn_multiple_of": 16}
-
-    def counts(self, vocab_size: int) -> tuple[int, int]:
-        """(all parameters, non-embedding parameters), counted by model.py (the tied embedding counted once)."""
-        from model import GPTConfig
-        cfg = GPTConfig(vocab_size=vocab_size, **self.config_overrides())
-        return cfg.num_params(), cfg.num_params(non_embedding=True)
-
-
-def shape_family(max_width: int = 512) -> list[Shape]:
-    """Depth = width / 32 (at least 1): one aspect ratio, so size is the only variable. Widths 2, 4, then steps
-    of 8 up to 48 (where one step is a big change in N), then of 16. The smallest are barely models (a 2-wide
-    embedding), but the smallest budgets need them: there the optimum lies at a few thousand parameters.
-
-    >>> [s.name for s in shape_family(80)]
-    ['L1-d2', 'L1-d4', 'L1-d8', 'L1-d16', 'L1-d24', 'L1-d32', 'L1-d40', 'L2-d48', 'L2-d64', 'L2-d80']
-    """
-    widths = [2, 4, 8, 16, 24, 32, 40] + list(range(48, max_width + 1, 16))
-    return [Shape(max(1, round(d / 32)), d) for d in widths]
-
-
-def nearest_shapes(targets: Sequence[float], vocab_size: int, family: Sequence[Shape] | None = None) -> list[Shape]:
-    """For each target N (ascending), the family member nearest in log N that is larger than the previous pick:
-    distinct sizes, in order, as close to the targets as the family allows.
-
-    >>> [s.name for s in nearest_shapes([2e4, 4e4, 8e4], 512)]
-    ['L1-d24', 'L1-d40', 'L2-d48']
-    """
-    members = sorted(family or shape_family(), key=lambda s: s.counts(vocab_size)[0])
-    picked: list[Shape] = []
-    for target in sorted(targets):
-        floor = picked[-1].counts(vocab_size)[0] if picked else 0
-        left = [s for s in members if s.counts(vocab_size)[0] > floor]
-        if not left:
-            raise ScalingError(f"no model in the family is larger than {floor:,} parameters: lower the budgets")
-        picked.append(min(left, key=lambda s: abs(math.log(s.counts(vocab_size)[0] / target))))
-    return picked
-
-
-def lr_for_width(n_embd: int, lr_at_64: float) -> float:
-    """The sweep's learning-rate rule: Adam's best rate falls as 1/width (muP, Yang et al. 2022), anchored at
-    width 64 by the short search recorded in docs/scaling-sweep.md.
-
-    >>> lr_for_width(32, 6e-3), lr_for_width(128, 6e-3)
-    (0.012, 0.003)
-    """
-    return lr_at_64 * 64 / n_embd
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepSettings:
-    """The IsoFLOP design. At each budget C, `sizes_per_budget` models from guess/spread to guess·spread around
-    N = sqrt(C / 6r) (r = tokens_per_param_guess), each trained for exactly D = C / 6N tokens with its own cosine
-    schedule (warmup, then down to 10% at the last step), so every final point is annealed. Then a held-out
-    budget `heldout_factor` × the largest is predicted from the others, trained, and compared."""
-    data: str = "pystdlib"
-    vocab_size: int = 512
-    budgets: tuple[float, ...] = (3e9, 1e10, 3e10, 1e11)
-    sizes_per_budget: int = 5
-    size_spread: float = 4.0
-    tokens_per_param_guess: float = 20.0
-    heldout_factor: float = 3.0
-    heldout_sizes: int = 1
-    batch_size: int = 8
-    block_size: int = 128
-    lr_at_64: float = 3e-3
-    warmup_fraction: float = 0.05
-    eval_batches: int = 48
-    seed: int = 0
-    workers: int = 2
-    threads: int = 1
-    bootstrap: int = 50
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.block_size
-
-
-QUICK_SWEEP = SweepSettings(data="pydocs", budgets=(2e8, 6e8), sizes_per_budget=3, size_spread=2.0,
-                            batch_size=4, block_size=64, eval_batches=4, bootstrap=10)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedRun:
-    """One point of the sweep: a shape trained for `steps` steps of the settings' batch at learning rate `lr`."""
-    budget: float
-    shape: Shape
-    params: int
-    non_embedding: int
-    steps: int
-    tokens: int
-    lr: float
-    heldout: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"C{self.budget:.0e}-{self.shape.name}".replace("+", "")
-
-    @property
-    def compute(self) -> float:
-        return 6.0 * self.params * self.tokens
-
-
-def plan_run(budget: float, shape: Shape, settings: SweepSettings, heldout: bool = False) -> PlannedRun:
-    """Steps = D / tokens per step with D = C / 6N, rounded to whole steps (the actual D is recorded)."""
-    n, non_embedding = shape.counts(settings.vocab_size)
-    steps = max(1, round(budget / (6.0 * n * settings.tokens_per_step)))
-    return PlannedRun(budget, shape, n, non_embedding, steps, steps * settings.tokens_per_step,
-                      lr_for_width(shape.n_embd, settings.lr_at_64), heldout)
-
-
-def plan_isoflop(settings: SweepSettings) -> list[PlannedRun]:
-    """Every (budget, size) of the IsoFLOP grid, smallest budget first.
-
-    >>> [(f"{r.budget:.0e}", r.shape.name, r.steps) for r in plan_isoflop(QUICK_SWEEP)][:3]
-    [('2e+08', 'L1-d2', 114), ('2e+08', 'L1-d4', 56), ('2e+08', 'L1-d8', 25)]
-    """
-    runs = []
-    for budget in sorted(settings.budgets):
-        guess = params_for_budget(budget, settings.tokens_per_param_guess)
-        k = settings.sizes_per_budget
-        targets = [guess * settings.size_spread ** (2 * i / (k - 1) - 1) for i in range(k)]
-        runs += [plan_run(budget, s, settings) for s in nearest_shapes(targets, settings.vocab_size)]
-    return runs
-
-
-def plan_heldout(settings: SweepSettings, predicted_params: float) -> list[PlannedRun]:
-    """The held-out budget: the shape nearest the predicted N_opt (and with heldout_sizes = 3, one size 2x either
-    side, enough for a parabola that measures the optimum there too)."""
-    budget = settings.heldout_factor * max(settings.budgets)
-    targets = [predicted_params] if settings.heldout_sizes == 1 else [predicted_params / 2, predicted_params,
-                                                                      predicted_params * 2]
-    return [plan_run(budget, s, settings, heldout=True) for s in nearest_shapes(targets, settings.vocab_size)]
-
-
-def train_command(settings: SweepSettings, run: PlannedRun, data_dir, out_dir) -> list[str]:
-    """The train.py command line of one point: the shape through --model-args, its own cosine schedule of
-    exactly run.steps steps, one evaluation at the end on the same held-out windows as every other run."""
-    s = settings
-    model_args = ",".join(f"{k}={v}" for k, v in run.shape.config_overrides().items())
-    warmup = max(1, round(s.warmup_fraction * run.steps))
-    return [sys.executable, str(ROOT / "train.py"), "--data", str(data_dir), "--model", "sweep-1",
-            "--model-args", model_args, "--out-dir", str(out_dir), "--max-steps", str(run.steps),
-            "--batch-size", str(s.batch_size), "--block-size", str(s.block_size), "--lr", f"{run.lr:.6g}",
-            "--warmup-steps", str(min(warmup, run.steps)), "--schedule", "cosine",
-            "--eval-interval", str(run.steps), "--eval-batches", str(s.eval_batches),
-            "--ckpt-interval", str(run.steps), "--seed", str(s.seed), "--dtype", "fp32", "--device", "cpu",
-            "--num-samples", "0", "--log-interval", str(max(1, run.steps // 10)), "--overwrite"]
-
-
-def read_metrics(path) -> list[dict]:
-    """The records of a metrics.jsonl; a torn last line (a killed run) is ignored."""
-    records = []
-    for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def final_val_loss(metrics_path, steps: int) -> float | None:
-    """The validation loss logged at step `steps` (the end of the schedule), or None if the run did not get there."""
-    path = pathlib.Path(metrics_path)
-    if not path.is_file():
-        return None
-    losses = [r["val_loss"] for r in read_metrics(path) if r.get("step") == steps and "val_loss" in r]
-    return float(losses[-1]) if losses and losses[-1] is not None and math.isfinite(losses[-1]) else None
-
-
-def _run_train(cmd: list[str], log_path: pathlib.Path, threads: int = 1) -> None:
-    """Run train.py, its output going to log_path; a failure becomes one ScalingError line quoting its error.
-
-    threads: torch's CPU threads for the run (0 = torch's default). These models' matmuls are too small to gain
-    much from a second core, so the sweep runs `workers` single-threaded runs side by side instead."""
-    import subprocess
-    env = dict(os.environ)
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    with open(log_path, "w", encoding="utf-8") as log_file:
-        done = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    if done.returncode != 0:
-        tail = [line for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()][-1:]
-        raise ScalingError(f"train.py failed (exit {done.returncode}): {tail[0] if tail else 'no output'} "
-                           f"(full log: {log_path})")
-
-
-def _write_text(path, text: str) -> pathlib.Path:
-    """Write atomically: a temp file in the same directory, then rename (never a half-written file)."""
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, out_dir, log=print) -> list[dict]:
-    """Train every planned run (`workers` at a time), reusing a finished run whose command is unchanged.
-    Returns one final.jsonl record per run, in plan order."""
-    import concurrent.futures
-    import time
-    out = pathlib.Path(out_dir)
-
-    def one(run: PlannedRun) -> dict:
-        run_dir = out / "runs" / run.name
-        cmd = train_command(settings, run, data_dir, run_dir)
-        stamp, timing = run_dir / "command.json", run_dir / "train_seconds.txt"
-        wanted = json.dumps(cmd[1:])
-        loss = final_val_loss(run_dir / "metrics.jsonl", run.steps)
-        reused = loss is not None and stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted
-        if reused:
-            seconds = float(timing.read_text()) if timing.is_file() else 0.0
-        else:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            stamp.unlink(missing_ok=True)
-            t0 = time.perf_counter()
-            _run_train(cmd, run_dir / "train.log", settings.threads)
-            seconds = time.perf_counter() - t0
-            _write_text(timing, f"{seconds:.1f}")
-            _write_text(stamp, wanted)
-            loss = final_val_loss(run_dir / "metrics.jsonl", run.steps)
-            if loss is None:
-                raise ScalingError(f"{run.name}: no final validation loss in {run_dir / 'metrics.jsonl'}")
-        log(f"{run.name}: N = {run.params:,} ({run.non_embedding:,} non-embedding), D = {run.tokens:,}, "
-            f"lr {run.lr:.3g}, loss {loss:.4f} ({seconds:.0f} s{', reused' if reused else ''})")
-        return {"name": run.name, "budget": run.budget, "parameters": run.params,
-                "non_embedding_parameters": run.non_embedding, "tokens": run.tokens, "compute": run.compute,
-                "loss": loss, "n_layer": run.shape.n_layer, "n_embd": run.shape.n_embd, "lr": run.lr,
-                "steps": run.steps, "heldout": run.heldout, "seconds": round(seconds, 1)}
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
-        return list(pool.map(one, runs))
-
-
-def runs_of(records: Sequence[dict], heldout: bool = False, non_embedding: bool = False) -> list[Run]:
-    """final.jsonl records as Runs (N = all parameters, or Kaplan's non-embedding count)."""
-    key = "non_embedding_parameters" if non_embedding else "parameters"
-    return [Run(float(r[key]), float(r["tokens"]), float(r["loss"]), float(r["budget"]), r["name"])
-            for r in records if bool(r.get("heldout")) == heldout]
-
-
-@dataclasses.dataclass
-class SweepResult:
-    settings: SweepSettings
-    out_dir: pathlib.Path
-    records: list            # final.jsonl, one dict per final point
-    train_tokens: int        # unique tokens in the train split
-    corpus: str              # the dataset's sources, e.g. "pystdlib"
-    report: FitReport | None = None
-    non_embedding_report: FitReport | None = None
-    prediction: dict | None = None
-    plot: pathlib.Path | None = None
-
-
-def predict_heldout(report: FitReport, fit_runs: Sequence[Run]) -> dict:
-    """Before training the held-out budget (the report's target compute), from the fits on the grid alone:
-    N_opt there from Approach 2 (or, where it cannot be fitted, the next approach that can), and its loss two
-    ways: Approach 3's law at (N_opt, C/6N_opt), and a power law L* = k·C^g through the IsoFLOP minima's losses.
-    Raises ScalingError when no approach fits."""
-    budget = report.target
-    usable = [k for k in ("approach2", "approach3", "approach1") if isinstance(report.laws[k], AllocationLaw)]
-    if not usable:
-        raise ScalingError("no approach could be fitted to the IsoFLOP runs: " + report.laws["approach2"])
-    law = report.laws[usable[0]]
-    n_opt = float(law.params_at(budget))
-    out = {"budget": budget, "params": n_opt, "tokens": budget / (6 * n_opt), "a": law.a, "approach": usable[0],
-           "params_interval": report.intervals.get(usable[0], {}).get("params")}
-    minima = isoflop_minima(fit_runs)
-    if len(minima) >= 2:
-        g, k = _fit_line(np.log([m[0] for m in minima]),
-                         np.log([np.polyval(m[2], math.log(m[1])) for m in minima]))
-        out.update(minima_loss_at_budget=math.exp(k) * budget ** g, minima_loss_exponent=g)
-    if report.chinchilla is not None:
-        out["law3_loss_at_opt"] = report.chinchilla.loss(n_opt, budget / (6 * n_opt))
-        out["law3"] = dataclasses.asdict(report.chinchilla)
-    return out
-
-
-def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=print) -> SweepResult:
-    """The whole experiment: prepare the corpus, train the IsoFLOP grid, predict the held-out budget from it,
-    train that, fit the three approaches on the grid, write final.jsonl, scaling.png and REPORT.md into out_dir."""
-    import data_at_scale
-    s = settings
-    if len(s.budgets) < 2 or s.sizes_per_budget < 3:
-        raise ScalingError("a sweep needs at least 2 budgets and 3 sizes per budget (a parabola has 3 coefficients)")
-    if s.heldout_sizes not in (1, 3):
-        raise ScalingError(f"--heldout-sizes must be 1 or 3, got {s.heldout_sizes}")
-    plan_isoflop(s)                                          # a design the family cannot build fails here
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    data_path = pathlib.Path(s.data)
-    if (data_path / "manifest.json").is_file():
-        data_dir = data_path
-    else:
-        log(f"preparing {s.data} with a {s.vocab_size}-token BPE (cached after the first time) ...")
-        data_dir = data_at_scale.prepare([x for x in s.data.split(",") if x], vocab_size=s.vocab_size, seed=s.seed)
-    manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
-    train_tokens = int(manifest["splits"]["train"]["tokens"])
-    corpus = "+".join(src["spec"] for src in manifest.get("sources", [])) or s.data
-    s = dataclasses.replace(s, vocab_size=int(manifest["tokenizer"]["vocab_size"]))   # the dataset's tokenizer rules
-    grid = plan_isoflop(s)
-    log(f"{len(grid)} IsoFLOP runs on {data_dir} ({train_tokens:,} train tokens), {s.workers} at a time ...")
-    records = execute_runs(s, grid, data_dir, out, log)
-    fit_runs = runs_of(records)
-    heldout_budget = s.heldout_factor * max(s.budgets)
-    report = fit_all(fit_runs, heldout_budget, bootstrap=s.bootstrap, seed=s.seed)
-    try:
-        prediction = predict_heldout(report, fit_runs)
-    except ScalingError as e:
-        prediction = {"budget": heldout_budget, "error": str(e)}
-        log(f"no prediction for the held-out budget: {e}")
-    if "params" in prediction:
-        held = plan_heldout(s, prediction["params"])
-        log(f"predicted at C = {heldout_budget:.3g}: N_opt = {prediction['params']:,.0f} "
-            f"({prediction['approach']}); training " + ", ".join(r.shape.name for r in held))
-        records += execute_runs(s, held, data_dir, out, log)
-        for run, record in zip(held, records[len(grid):]):
-            if "law3" in prediction:
-                record["predicted_loss"] = ChinchillaFit(**prediction["law3"]).loss(run.params, run.tokens)
-    result = SweepResult(s, out, records, train_tokens, corpus, prediction=prediction)
-    result.report = report
-    result.non_embedding_report = fit_all(runs_of(records, non_embedding=True), heldout_budget, bootstrap=0)
-    _write_text(out / "final.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    result.plot = plot_sweep(result, out / "scaling.png")
-    _write_text(out / "REPORT.md", sweep_report(result))
-    return result
-
-
-def plot_sweep(result: SweepResult, path) -> pathlib.Path:
-    """Three panels from final.jsonl. Left: loss against compute, one line per size. Middle: the IsoFLOP curves,
-    loss against N per budget with the fitted parabola and its minimum (star), the held-out run(s) in black.
-    Right: N_opt against compute: Approach 2's minima and the three fitted laws, with the held-out prediction."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    grid, held = runs_of(result.records), runs_of(result.records, heldout=True)
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(18, 5.2))
-    by_size: dict[float, list[Run]] = {}
-    for r in grid + held:
-        by_size.setdefault(r.params, []).append(r)
-    for n, points in sorted(by_size.items()):
-        points = sorted(points, key=lambda r: r.compute)
-        left.plot([r.compute for r in points], [r.loss for r in points], "o-", ms=4, label=f"N = {n:,.0f}")
-    left.set_xlabel("compute C = 6·N·D (FLOPs)")
-    left.set_title("final loss against compute, one line per size")
-
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    minima = {round(m[0], -3): m for m in isoflop_minima(grid)}
-    for i, (budget, group) in enumerate(_group_close(grid, key=lambda r: r.budget).items()):
-        colour = colours[i % len(colours)]
-        group = sorted(group, key=lambda r: r.params)
-        middle.plot([r.params for r in group], [r.loss for r in group], "o", color=colour, label=f"C = {budget:.2g}")
-        m = minima.get(round(budget, -3))
-        if m is not None:
-            x = np.linspace(math.log(group[0].params), math.log(group[-1].params), 100)
-            middle.plot(np.exp(x), np.polyval(m[2], x), "-", color=colour, lw=1)
-            middle.plot([m[1]], [np.polyval(m[2], math.log(m[1]))], "*", color=colour, ms=12)
-    if held:
-        middle.plot([r.params for r in held], [r.loss for r in held], "ks", ms=7,
-                    label=f"held-out C = {held[0].budget:.2g} (measured)")
-    p = result.prediction or {}
-    for key, marker, label in (("minima_loss_at_budget", "kx", "prediction: minima's power law"),
-                               ("law3_loss_at_opt", "k+", "prediction: Approach 3's law")):
-        if "params" in p and key in p:
-            middle.plot([p["params"]], [p[key]], marker, ms=10, mew=2, label=label)
-    middle.set_xlabel("parameters N")
-    middle.set_title("IsoFLOP curves: parabola in log N, minimum = star")
-
-    computes = np.array([r.compute for r in grid + held])
-    c_grid = np.logspace(math.log10(computes.min()), math.log10(computes.max()) + 0.1, 50)
-    report = result.report
-    front = frontier(grid)
-    right.plot([r.compute for r in front], [r.params for r in front], "ks", ms=5, label="Approach 1: best run per C")
-    if minima:
-        right.plot([m[0] for m in minima.values()], [m[1] for m in minima.values()], "r*", ms=11,
-                   label="Approach 2: IsoFLOP minima")
-    for key, style in (("approach1", "k--"), ("approach2", "r-"), ("approach3", "b:")):
-        law = report.laws.get(key) if report else None
-        if isinstance(law, AllocationLaw):
-            right.plot(c_grid, law.params_at(c_grid), style, label=f"{key}: N_opt ∝ C^{law.a:.2f}")
-    if "params" in p:
-        right.plot([p["budget"]], [p["params"]], "kx", ms=10, mew=2, label="held-out: predicted N_opt")
-    right.set_xlabel("compute C (FLOPs)")
-    right.set_ylabel("compute-optimal parameters N_opt")
-    right.set_title("N_opt against compute, three approaches")
-    for ax in (left, middle, right):
-        ax.set_xscale("log")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in (left, middle):
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.set_ylabel("held-out loss (nats/token)")
-    right.set_yscale("log")
-    fig.tight_layout()
-    out = _atomic_png(fig, path)
-    plt.close(fig)
-    return out
-
-
-def wsd_cost(records: Sequence[dict], cooldown_fraction: float = 0.2) -> tuple[float, float]:
-    """Tokens the grid costs as one cosine run per point, and as WSD (Hägele et al. 2024): per size one
-    constant-rate trunk as long as its longest budget, plus a cooldown branch of `cooldown_fraction` of each
-    budget's tokens.
-
-    >>> wsd_cost([{"parameters": 1, "tokens": 100}, {"parameters": 1, "tokens": 300}, {"parameters": 2, "tokens": 50}])
-    (450, 440.0)
-    """
-    cosine = sum(r["tokens"] for r in records)
-    by_size: dict = {}
-    for r in records:
-        by_size.setdefault(r["parameters"], []).append(r["tokens"])
-    wsd = sum(max(t) + cooldown_fraction * sum(t) for t in by_size.values())
-    return cosine, wsd
-
-
-def _agreement(report: FitReport) -> tuple[list[str], float | None]:
-    """The fitted exponents a by approach and their largest pairwise gap (None when fewer than 2 were fitted)."""
-    names = {"approach1": "Approach 1", "approach2": "Approach 2", "approach3": "Approach 3"}
-    laws = {k: v for k, v in report.laws.items() if isinstance(v, AllocationLaw)}
-    parts = [f"{names[k]} a = {v.a:.3f}" for k, v in laws.items()]
-    values = [v.a for v in laws.values()]
-    return parts, (max(values) - min(values) if len(values) >= 2 else None)
-
-
-def prediction_lines(p: dict | None, records: Sequence[dict], budgets: Sequence[float]) -> list[str]:
-    """The held-out section of REPORT.md: what the fit on the smaller budgets predicted, and what was measured."""
-    if not p or "params" not in p:
-        return [f"No prediction: {p['error'] if p else 'the sweep did not reach it'}."]
-    names = {"approach1": "Approach 1", "approach2": "Approach 2", "approach3": "Approach 3"}
-    held = [r for r in records if r["heldout"]]
-    lines = [f"Fitted on the {len(budgets)} budgets above only, before training it: at C = {p['budget']:.3g} "
-             f"({p['budget'] / max(budgets):.0f}× the largest), {names[p['approach']]} puts N_opt at "
-             f"{p['params']:,.0f}" + (f" (bootstrap 10-90%: {p['params_interval'][0]:,.0f}-"
-                                      f"{p['params_interval'][1]:,.0f})" if p.get("params_interval") else "")
-             + f", D_opt = {p['tokens']:,.0f}. Predicted loss at that optimum: "
-             + "; ".join(x for x in (
-                 f"{p['minima_loss_at_budget']:.4f} from the IsoFLOP minima's power law L* ∝ C^"
-                 f"{p['minima_loss_exponent']:.3f}" if "minima_loss_at_budget" in p else "",
-                 f"{p['law3_loss_at_opt']:.4f} from Approach 3's law" if "law3_loss_at_opt" in p else "") if x)
-             + ".", "",
-             "| held-out run | N | D | predicted loss (Approach 3 at this N, D) | measured | error |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for r in held:
-        pred = r.get("predicted_loss")
-        lines.append(f"| {r['n_layer']} × {r['n_embd']} | {r['parameters']:,} | {r['tokens']:,} | "
-                     + (f"{pred:.4f} | {r['loss']:.4f} | {(r['loss'] - pred) / r['loss']:+.2%} |" if pred else
-                        f"· | {r['loss']:.4f} | · |"))
-    if not held:
-        return lines + ["", "The held-out run has not been trained yet."]
-    best = min(held, key=lambda r: r["loss"])
-    lines.append("")
-    if "minima_loss_at_budget" in p:
-        lines.append(f"Minima power law against the best held-out run: predicted {p['minima_loss_at_budget']:.4f}, "
-                     f"measured {best['loss']:.4f} ({(best['loss'] - p['minima_loss_at_budget']) / best['loss']:+.2%}).")
-    lines.append(f"The run trained N = {best['parameters']:,}, {best['parameters'] / p['params']:.2f}× the predicted "
-                 f"N_opt (the nearest size in the family).")
-    if len(held) >= 3:
-        measured = isoflop_minima(runs_of(records, heldout=True))
-        lines.append(f"Measured optimum at the held-out budget (parabola through the {len(held)} sizes): N* = "
-                     f"{measured[0][1]:,.0f}, the prediction is {p['params'] / measured[0][1]:.2f}× it." if measured
-                     else "The held-out sizes show no U with its bottom inside them, so the optimum there is not "
-                          "measured.")
-    else:
-        lines.append("One held-out size was trained, so the optimal size there is predicted, not measured "
-                     "(`--heldout-sizes 3` adds a size 2× either side and a parabola through them).")
-    return lines
-
-
-def sweep_report(result: SweepResult) -> str:
-    """REPORT.md, written from final.jsonl: the design, the runs, the three fits, the prediction and the targets."""
-    s, records = result.settings, result.records
-    grid, held = runs_of(records), runs_of(records, heldout=True)
-    budgets = sorted({r["budget"] for r in records if not r["heldout"]})
-    longest = max(r["tokens"] for r in records)
-    out = [f"# Scaling sweep: {len(budgets)} IsoFLOP budgets on `{result.corpus}`, one held-out budget predicted", "",
-           "Regenerate: `python scaling.py sweep` (reuses finished runs; every number below is computed from "
-           "`final.jsonl`).", "",
-           "## Design", "",
-           f"- **Budgets** C = {', '.join(f'{b:.3g}' for b in budgets)} FLOPs ({budgets[-1] / budgets[0]:.0f}× span); "
-           f"at each, {s.sizes_per_budget} model sizes from N/{s.size_spread:g} to {s.size_spread:g}·N around the "
-           f"guess N = sqrt(C / 6·{s.tokens_per_param_guess:g}), each trained for D = C / 6N tokens "
-           f"(rounded to whole steps of {s.tokens_per_step:,} tokens = {s.batch_size} × {s.block_size}).",
-           f"- **Models**: one aspect ratio (depth = width / 32, heads of {HEAD_DIM} channels), a "
-           f"{s.vocab_size}-token BPE so the embedding stays a minority of the parameters. N counts all parameters "
-           f"(the tied embedding is also the output layer, a real matmul per token, so C = 6·N·D counts it); "
-           f"Kaplan's non-embedding count is in the table and refitted below.",
-           f"- **Data**: `{result.corpus}` with {result.train_tokens:,} unique train tokens; the longest run reads "
-           f"{longest:,} tokens = {longest / result.train_tokens:.2f} epochs, so "
-           + ("no run repeats a token." if longest <= result.train_tokens else "the longest runs repeat data.")
-           + " Loss is measured on the same "
-           f"{s.eval_batches * s.tokens_per_step:,} held-out tokens (the val split, cut by document) for every run.",
-           f"- **Learning rate** per size by the rule lr = {s.lr_at_64:g} · 64 / width (Adam's optimum falls as "
-           f"1/width, muP); {s.warmup_fraction:.0%} warmup, then cosine to 10% at the run's last step.",
-           ]
-    cosine, wsd = wsd_cost(records)
-    out.append(f"- **Annealing**: every point is the end of its own cosine schedule ({cosine:,} tokens in all). "
-               f"WSD with cooldown branches (Hägele et al. 2024) would share one constant-rate trunk per size: "
-               f"{wsd:,.0f} tokens here, {1 - wsd / cosine:.0%} less. The budgets are {budgets[1] / budgets[0]:.1f}× "
-               f"apart, so the largest budget dominates each size's cost and the saving is small; WSD pays off "
-               f"when many budgets share one size (and when the trunk is reused for a longer run later).")
-    out += ["", "## Runs", "",
-            "| budget C | layers × width | N (all) | non-embedding | D tokens | D/N | lr | held-out loss | "
-            "train time |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(records, key=lambda r: (r["heldout"], r["budget"], r["parameters"])):
-        tag = " (held-out)" if r["heldout"] else ""
-        out.append(f"| {r['budget']:.3g}{tag} | {r['n_layer']} × {r['n_embd']} | {r['parameters']:,} | "
-                   f"{r['non_embedding_parameters']:,} | {r['tokens']:,} | {r['tokens'] / r['parameters']:.1f} | "
-                   f"{r['lr']:.3g} | {r['loss']:.4f} | {r['seconds']:.0f} s |")
-
-    minima = isoflop_minima(grid)
-    found = {round(m[0], -3) for m in minima}
-    inside = [b for b in budgets if round(b, -3) in found]
-    out += ["", "## IsoFLOP minima (Approach 2, step 1)", "",
-            "| budget C | sizes | N* (parabola vertex) | D* = C/6N* | D*/N* | loss at N* |", "|---:|---:|---:|---:|---:|---:|"]
-    for budget, n_star, coef in minima:
-        out.append(f"| {budget:.3g} | {sum(abs(math.log(r.budget / budget)) < 0.01 for r in grid)} | {n_star:,.0f} | "
-                   f"{budget / (6 * n_star):,.0f} | {budget / (6 * n_star * n_star):.1f} | "
-                   f"{np.polyval(coef, math.log(n_star)):.4f} |")
-    out.append(f"\n{len(inside)} of {len(budgets)} budgets have their minimum inside the sizes tried"
-               + ("." if len(inside) == len(budgets) else
-                  f" (missing: {', '.join(f'{b:.3g}' for b in budgets if b not in inside)})."))
-
-    report = result.report
-    parts, gap = _agreement(report)
-    out += ["", "## The three approaches on the same runs", "", report.markdown(), "",
-            f"Agreement: {'; '.join(parts)}" + (f"; largest gap {gap:.3f} (target ≤ 0.1)." if gap is not None
-                                                 else ".")]
-    if result.non_embedding_report is not None:
-        ne_parts, _ = _agreement(result.non_embedding_report)
-        out.append(f"With Kaplan's non-embedding N instead: {'; '.join(ne_parts)}.")
-    out += ["", f"![loss against compute, IsoFLOP curves and N_opt]({result.plot.name if result.plot else 'scaling.png'})"]
-
-    out += ["", "## Prediction of the held-out budget", ""] + prediction_lines(result.prediction, records, budgets)
-    return "\n".join(out) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 9b. The dedup effect: a few documents repeated many times (as web crawls repeat boilerplate pages), measured.
-# ---------------------------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class DedupEffectSettings:
-    """`repeated_share` of the train documents each get `repeats` near-copies (2-5% of words edited, so exact
-    dedup misses them): 1% of documents × 50 copies is about a third of the tokens. The held-out documents are cut
-    off first, so no copy of them exists anywhere. The same model trains the same number of tokens on the corpus
-    with the copies and on dedup.py's cleaned version, with `seeds` seeds each (init and data order), so the
-    effect is compared with the seed-to-seed spread."""
-    source: str = "pydocs"
-    shape: Shape = Shape(1, 32)
-    vocab_size: int = 512
-    tokens: int = 500_000
-    batch_size: int = 8
-    block_size: int = 128
-    lr_at_64: float = SweepSettings.lr_at_64
-    repeated_share: float = 0.01
-    repeats: int = 50
-    held_out_fraction: float = 0.1
-    threshold: float = 0.5
-    seeds: int = 3
-    workers: int = 2
-    threads: int = 1
-    max_documents: int | None = None      # read only the first documents of the source (quick runs)
-
-
-QUICK_DEDUP = DedupEffectSettings(shape=Shape(1, 16), tokens=4096, batch_size=4, block_size=64, repeated_share=0.02,
-                                  repeats=5, seeds=2, max_documents=150)
-
-
-def _write_if_changed(path: pathlib.Path, text: str) -> pathlib.Path:
-    """Rewrite a file only when its content changes: data.py's cache keys on size and mtime, so an unchanged
-    corpus file keeps its prepared dataset."""
-    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
-        _write_text(path, text)
-    return path
-
-
-def repeat_documents(documents: list[str], share: float, repeats: int, seed: int = 0) -> tuple[list[str], list[int]]:
-    """documents + `repeats` near-copies of each of round(share · len) randomly chosen documents (at least 1).
-    Returns the corpus and the chosen indices.
-
-    >>> corpus, chosen = repeat_documents([f"doc {i} " + "word " * 20 for i in range(10)], 0.1, 3)
-    >>> len(corpus), chosen
-    (13, [6])
-    """
-    import random
-    import dedup as dedup_lib
-    rng = random.Random(seed)
-    vocabulary = sorted({w for doc in documents for w in doc.split()})
-    chosen = sorted(rng.sample(range(len(documents)), max(1, round(share * len(documents)))))
-    copies = [dedup_lib.make_near_copy(documents[i], rng, rng.uniform(0.02, 0.05), vocabulary)
-              for i in chosen for _ in range(repeats)]
-    return documents + copies, chosen
-
-
-def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir="out/dedup-effect",
-                 log=print) -> dict:
-    """Build both corpora, prepare them with one tokenizer (data.py), train the same model for the same tokens
-    on each with several seeds (train.py), score every run on the same held-out documents (evaluate.py)."""
-    import concurrent.futures
-    import data as data_lib
-    import data_at_scale
-    import dedup as dedup_lib
-    import evaluate as evaluate_lib
-
-    s = settings
-    _fraction("repeated share", s.repeated_share)
-    _fraction("held-out fraction", s.held_out_fraction)
-    if s.seeds < 2:
-        raise ScalingError("--seeds must be at least 2: the seed-to-seed spread is the yardstick")
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # The source through data.py's funnel (quality filters, exact dedup) but without near-dedup: that is ours.
-    source = data_lib.open_source(s.source, max_documents=s.max_documents)
-    docs, _, _ = data_lib.clean([source], data_lib.CleanSettings(near_dup_threshold=0))
-    order = np.random.default_rng(0).permutation(len(docs))
-    n_held = max(1, round(s.held_out_fraction * len(docs)))
-    held = [docs[i] for i in sorted(order[:n_held])]
-    train_docs = [docs[i] for i in sorted(order[n_held:])]
-    with_dups, chosen = repeat_documents(train_docs, s.repeated_share, s.repeats)
-    kept = dedup_lib.dedup(with_dups, threshold=s.threshold)
-    deduped = [with_dups[i] for i in kept]
-    copies_left = sum(i >= len(train_docs) for i in kept)
-    originals_dropped = sum(i not in set(kept) for i in range(len(train_docs)))
-    n_copies = len(with_dups) - len(train_docs)
-    log(f"{len(train_docs)} train documents + {len(chosen)} × {s.repeats} near-copies = {len(with_dups)}; dedup.py "
-        f"kept {len(deduped)} ({n_copies - copies_left} copies removed, {originals_dropped} originals dropped); "
-        f"{len(held)} held out")
-
-    corpora = {name: _write_if_changed(out / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
-               for name, texts in (("deduplicated", deduped), ("with_duplicates", with_dups))}
-    keep_all = data_lib.CleanSettings(filters="none", near_dup_threshold=0)   # already cleaned above
-    datasets = {"deduplicated": data_at_scale.prepare([str(corpora["deduplicated"])], vocab_size=s.vocab_size,
-                                                      clean_settings=keep_all, val_fraction=0.02)}
-    datasets["with_duplicates"] = data_at_scale.prepare([str(corpora["with_duplicates"])], clean_settings=keep_all,
-                                                        val_fraction=0.02,
-                                                        tokenizer=datasets["deduplicated"] / "tokenizer.json")
-    trainer = SweepSettings(batch_size=s.batch_size, block_size=s.block_size, lr_at_64=s.lr_at_64, eval_batches=1,
-                            threads=s.threads)
-    n, _ = s.shape.counts(s.vocab_size)
-    planned = plan_run(6.0 * n * s.tokens, s.shape, trainer)
-
-    def one(job):
-        name, seed = job
-        run_dir = out / f"{name}-seed{seed}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cmd = train_command(dataclasses.replace(trainer, seed=seed), planned, datasets[name], run_dir)
-        _run_train(cmd, run_dir / "train.log", s.threads)
-        model, tok, ckpt = evaluate_lib.load_model(run_dir)
-        held_ids = evaluate_lib.held_out_from_documents("held-out", held, tok)
-        scored = evaluate_lib.perplexity_report(model, held_ids, block_size=s.block_size)
-        manifest = json.loads((datasets[name] / "manifest.json").read_text(encoding="utf-8"))
-        log(f"{name}, seed {seed}: held-out loss {scored['loss']:.4f}")
-        return {"corpus": name, "seed": seed, "train_tokens": manifest["splits"]["train"]["tokens"],
-                "tokens_trained": planned.tokens, "held_out_loss": scored["loss"],
-                "held_out_bpb": scored["bits_per_byte"], "held_out_tokens": scored["tokens"]}
-
-    jobs = [(name, seed) for seed in range(s.seeds) for name in ("with_duplicates", "deduplicated")]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, s.workers)) as pool:
-        rows = list(pool.map(one, jobs))
-    result = {"settings": {**dataclasses.asdict(s), "shape": s.shape.name}, "train_documents": len(train_docs),
-              "repeated_documents": len(chosen), "copies": n_copies, "copies_removed": n_copies - copies_left,
-              "originals_dropped": originals_dropped, "held_out_documents": len(held),
-              "documents": {"with_duplicates": len(with_dups), "deduplicated": len(deduped)},
-              "parameters": n, "lr": planned.lr, "rows": rows}
-    _write_text(out / "result.json", json.dumps(result, indent=1))
-    _write_text(out / "REPORT.md", dedup_effect_report(result))
-    return result
-
-
-def dedup_effect_summary(rows: Sequence[dict]) -> dict:
-    """Mean and sample standard deviation of the held-out loss per corpus, the effect (with - without) and
-    the effect in seed standard deviations (the larger of the two corpora's spreads).
-
-    >>> r = dedup_effect_summary([{"corpus": "with_duplicates", "held_out_loss": x} for x in (3.0, 3.2)]
-    ...                          + [{"corpus": "deduplicated", "held_out_loss": x} for x in (2.5, 2.7)])
-    >>> round(r["effect"], 3), round(r["seed_sd"], 3), round(r["sigmas"], 1)
-    (0.5, 0.141, 3.5)
-    """
-    by = {c: np.array([r["held_out_loss"] for r in rows if r["corpus"] == c]) for c in ("with_duplicates",
-                                                                                       "deduplicated")}
-    sd = max(float(np.std(v, ddof=1)) for v in by.values())
-    effect = float(by["with_duplicates"].mean() - by["deduplicated"].mean())
-    return {"mean": {c: float(v.mean()) for c, v in by.items()}, "sd": {c: float(np.std(v, ddof=1))
-                                                                        for c, v in by.items()},
-            "effect": effect, "seed_sd": sd, "sigmas": effect / sd if sd > 0 else math.inf}
-
-
-def dedup_effect_report(result: dict) -> str:
-    """The per-seed table, the effect against the seed spread, and what it means, written from the numbers."""
-    s, rows = result["settings"], result["rows"]
-    summary = dedup_effect_summary(rows)
-    trained = rows[0]["tokens_trained"]
-    out = [f"# Dedup effect: {s['shape']} ({result['parameters']:,} parameters) on `{s['source']}`, "
-           f"{trained:,} tokens per run, {s['seeds']} seeds per corpus", "",
-           f"{result['repeated_documents']} of {result['train_documents']} train documents "
-           f"({result['repeated_documents'] / result['train_documents']:.1%}) were each repeated {s['repeats']} "
-           f"times as near-copies (2-5% of words edited, so exact hashing misses them). dedup.py (MinHash + LSH, "
-           f"Jaccard ≥ {s['threshold']}) removed {result['copies_removed']} of the {result['copies']} copies and "
-           f"{result['originals_dropped']} originals. Every run is scored on the same "
-           f"{result['held_out_documents']} held-out documents, cut before the copies were made (none of them is "
-           f"repeated anywhere). Same model, learning rate {result['lr']:.3g}, tokens and tokenizer for all.", "",
-           "| training corpus | seed | train tokens | epochs read | held-out loss | held-out bits/byte |",
-           "|---|---:|---:|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: (r["corpus"], r["seed"])):
-        out.append(f"| {r['corpus'].replace('_', ' ')} | {r['seed']} | {r['train_tokens']:,} | "
-                   f"{r['tokens_trained'] / r['train_tokens']:.2f} | {r['held_out_loss']:.4f} | "
-                   f"{r['held_out_bpb']:.4f} |")
-    m, sd = summary["mean"], summary["sd"]
-    dup_tokens = {r["corpus"]: r["train_tokens"] for r in rows}
-    share = 1 - dup_tokens["deduplicated"] / dup_tokens["with_duplicates"]
-    out += ["", f"Mean held-out loss: with duplicates {m['with_duplicates']:.4f} ± {sd['with_duplicates']:.4f}, "
-            f"deduplicated {m['deduplicated']:.4f} ± {sd['deduplicated']:.4f} (± one seed standard deviation). "
-            f"**Effect of the duplicates: {summary['effect']:+.4f} nats = {summary['sigmas']:.1f} seed standard "
-            f"deviations.**", ""]
-    if summary["sigmas"] > 3:
-        out.append(f"Deduplication helped beyond the seed noise. The copies are {share:.0%} of the training tokens, so "
-                   f"the run with them read that much less distinct text in the same budget, and spent the rest "
-                   f"memorising {result['repeated_documents']} documents that say nothing about the held-out ones.")
-    elif summary["sigmas"] < -3:
-        out.append("The run with duplicates scored better, beyond the seed spread. Duplicates add no information, "
-                   "so look for a confound: the repeated documents may resemble the held-out text.")
-    else:
-        out.append(f"No effect beyond 3 seed standard deviations: with {share:.0%} of the tokens duplicated, the "
-                   f"difference is within the run-to-run noise at this budget.")
-    return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # 10. The command line.
 # ---------------------------------------------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad argument in one line (and exit code 2), without the usage block."""
 
     def error(self, message):
@@ -1796,32 +1060,53 @@ class _Parser(argparse.ArgumentParser):
 
 NUMBER_MAX = 1e30      # FLOPs, parameters, tokens: 1e30 is ~1e4 x the largest run to date, and products stay finite
 
+# What each quantity can sensibly be. Below the low end the chain prints fractions of a parameter, a token or a
+# step (`budget 1e-300` would plan a 9e-152-parameter model); above the high end it describes nothing physical.
+# Tokens per parameter: GPT-3 trained 1.7, Llama 3 8B 1,875; 1e-2 .. 1e6 brackets anything anyone has trained.
+QUANTITIES = {"compute": (1e6, NUMBER_MAX, "FLOPs", "1.2e20"), "parameters": (1.0, 1e15, "parameters", "7e9"),
+              "tokens": (1.0, NUMBER_MAX, "tokens", "2e10"),
+              "tokens per parameter": (1e-2, 1e6, "tokens per parameter", "20"),
+              "tokens per step": (1.0, 1e12, "tokens per step", "5e5"), "FLOP/s": (1e9, 1e18, "FLOP/s", "2e14"),
+              "GB": (1e-3, 1e6, "GB", "80")}
 
-def _number(text: str) -> float:
-    """argparse type for budgets and sizes: '1.2e20' -> 1.2e20; a clear message for anything else."""
-    try:
-        x = _positive("value", text)
-    except ScalingError:
-        x = None
-    if x is None or x > NUMBER_MAX:
-        raise argparse.ArgumentTypeError(f"expected a positive number up to {NUMBER_MAX:g} like 1.2e20, got {text!r}")
-    return x
+
+def _number(what: str):
+    """argparse type for a quantity of QUANTITIES: '1.2e20' -> 1.2e20; outside its range, one line with the range.
+
+    >>> _number("compute")("1e-300")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be 1e+06 to 1e+30 FLOPs, e.g. 1.2e20, got '1e-300'
+    """
+    low, high, unit, example = QUANTITIES[what]
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            x = math.nan
+        if not low <= x <= high:                     # NaN fails both comparisons
+            raise argparse.ArgumentTypeError(f"must be {low:g} to {high:g} {unit}, e.g. {example}, got {text!r}")
+        return x
+    return parse
 
 
 def _whole(text: str) -> float:
     """argparse type for counts (GPUs, layers, stages): a positive whole number, '8' or '1e3'."""
-    x = _number(text)
-    if x != int(x):
+    try:
+        x = positive("value", text)
+    except ScalingError:
+        x = math.nan
+    if not x <= NUMBER_MAX or x != int(x):           # NaN fails the first test
         raise argparse.ArgumentTypeError(f"expected a whole number like 8, got {text!r}")
     return x
 
 
-def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
+def in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
     """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
 
-    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
+    >>> in_range(float, 0.0, 1.0, low_open=True)("0.5")
     0.5
-    >>> _in_range(int, 0)("-1")
+    >>> in_range(int, 0)("-1")
     Traceback (most recent call last):
     argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
     """
@@ -1844,7 +1129,7 @@ def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
     return parse
 
 
-def _writable(kind="file"):
+def writable(kind="file"):
     """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
     bad output path fails before any work."""
     def parse(text: str) -> str:
@@ -1904,41 +1189,6 @@ def _cmd_fit(args) -> str:
     return text
 
 
-def _sweep_settings(args) -> SweepSettings:
-    """The defaults (or --quick's), with the flags given; the whole design is checked before anything runs."""
-    settings = QUICK_SWEEP if args.quick else SweepSettings()
-    changes = {k: v for k, v in (("budgets", tuple(args.budgets) if args.budgets else None),
-                                 ("sizes_per_budget", args.sizes), ("heldout_sizes", args.heldout_sizes),
-                                 ("data", args.data), ("vocab_size", args.vocab_size), ("lr_at_64", args.lr_at_64),
-                                 ("workers", args.workers), ("threads", args.threads),
-                                 ("bootstrap", args.bootstrap), ("seed", args.seed)) if v is not None}
-    settings = dataclasses.replace(settings, **changes)
-    if len(settings.budgets) < 2 or len(set(settings.budgets)) != len(settings.budgets):
-        raise ScalingError("--budgets needs at least 2 different compute budgets, e.g. 1e10 3e10 1e11 3e11")
-    if max(settings.budgets) * settings.heldout_factor > 1e16:
-        raise ScalingError(f"--budgets up to {max(settings.budgets):.3g} FLOPs would take days on a CPU; this "
-                           f"sweep is sized for 1e9-1e13 (a GPU run goes through train.py directly)")
-    return settings
-
-
-def _cmd_sweep(args) -> str:
-    settings = _sweep_settings(args)
-    out_dir = args.out_dir or ("out/sweep-quick" if args.quick else "out/sweep")
-    result = sweep(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
-    return sweep_report(result) + f"\nwritten: {result.out_dir / 'REPORT.md'}, {result.plot}, " \
-                                  f"{result.out_dir / 'final.jsonl'}"
-
-
-def _cmd_dedup_effect(args) -> str:
-    settings = QUICK_DEDUP if args.quick else DedupEffectSettings()
-    changes = {k: v for k, v in (("tokens", args.tokens), ("seeds", args.seeds), ("workers", args.workers),
-                                 ("threads", args.threads)) if v is not None}
-    settings = dataclasses.replace(settings, **changes)
-    out_dir = args.out_dir or ("out/dedup-effect-quick" if args.quick else "out/dedup-effect")
-    result = dedup_effect(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
-    return dedup_effect_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
-
-
 def _lesson() -> str:
     """`python scaling.py` with no subcommand: the lecture's planning chain in one go."""
     return "\n\n".join([budget_report(plan_budget(1.2e20)), isoflop_report(1.2e20), hardware_report(),
@@ -1951,42 +1201,43 @@ def _lesson() -> str:
                         "dedup-effect} --help"])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="scaling.py", description="Plan a pretraining run (C = 6ND, Chinchilla, memory) and fit "
+def build_parser(add_experiments=None) -> argparse.ArgumentParser:
+    """The calculator's and the fit's subcommands; add_experiments(sub) adds more (main passes sweep.py's)."""
+    p = OneLineParser(prog="scaling.py", description="Plan a pretraining run (C = 6ND, Chinchilla, memory) and fit "
                 "scaling laws to runs. With no subcommand: the lecture's worked example.")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
-    fraction, threads = _in_range(float, 0.0, 1.0, low_open=True), _in_range(int, 0, 1024)
+    sub = p.add_subparsers(dest="command", parser_class=OneLineParser)
+    fraction = in_range(float, 0.0, 1.0, low_open=True)
 
     s = sub.add_parser("budget", help="N, D, steps and GPU time for a compute budget")
-    s.add_argument("compute", type=_number, help="FLOPs, e.g. 1.2e20")
-    s.add_argument("--tokens-per-param", type=_number, default=20.0, help="D = R·N (default 20, Chinchilla)")
-    s.add_argument("--tokens-per-step", type=_number, default=5e5, help="global batch in tokens (default 5e5)")
+    s.add_argument("compute", type=_number("compute"), help="FLOPs, e.g. 1.2e20")
+    s.add_argument("--tokens-per-param", type=_number("tokens per parameter"), default=20.0, help="D = R·N (default 20, Chinchilla)")
+    s.add_argument("--tokens-per-step", type=_number("tokens per step"), default=5e5, help="global batch in tokens (default 5e5)")
     s.add_argument("--gpu", choices=sorted(GPUS), help="take the peak from the hardware table (MFU default 0.4)")
     s.add_argument("--gpus", type=_whole, default=8, help="GPUs for the wall time (default 8)")
-    s.add_argument("--flops-per-gpu", type=_number, default=None,
+    s.add_argument("--flops-per-gpu", type=_number("FLOP/s"), default=None,
                    help="peak FLOP/s per GPU (default: the lecture's achieved 2e14, with MFU 1)")
     s.add_argument("--mfu", type=fraction, default=None, help="fraction of the peak achieved, in (0, 1]")
     s.set_defaults(run=_cmd_budget)
 
     s = sub.add_parser("isoflop", help="the Chinchilla IsoFLOP table and the compute-optimal size")
-    s.add_argument("compute", type=_number, help="FLOPs, e.g. 1.2e20")
+    s.add_argument("compute", type=_number("compute"), help="FLOPs, e.g. 1.2e20")
     s.add_argument("--fit", choices=sorted(FITS), default="hoffmann", help="which published fit (default hoffmann)")
-    s.add_argument("--sizes", type=_number, nargs="+", default=list(LECTURE_SIZES), help="model sizes N")
+    s.add_argument("--sizes", type=_number("parameters"), nargs="+", default=list(LECTURE_SIZES), help="model sizes N")
     s.set_defaults(run=lambda a: isoflop_report(a.compute, a.fit, a.sizes))
 
     s = sub.add_parser("kaplan", help="Kaplan et al. 2020's power laws next to Chinchilla's allocation")
     s.set_defaults(run=lambda a: kaplan_report())
 
     s = sub.add_parser("verdicts", help="tokens per parameter of real models against 20:1")
-    s.add_argument("--params", type=_number, help="judge your own model: parameters ...")
-    s.add_argument("--tokens", type=_number, help="... and training tokens")
+    s.add_argument("--params", type=_number("parameters"), help="judge your own model: parameters ...")
+    s.add_argument("--tokens", type=_number("tokens"), help="... and training tokens")
     s.set_defaults(run=lambda a: (f"{a.params:.3g} parameters, {a.tokens:.3g} tokens: "
                                   f"{tokens_per_param_verdict(a.params, a.tokens)}"
                                   if a.params and a.tokens else verdicts_report()))
 
     s = sub.add_parser("trillion", help="the exercise: a 1T-parameter model at D = 20N on H100s")
-    s.add_argument("--params", type=_number, default=1e12)
-    s.add_argument("--tokens-per-param", type=_number, default=20.0)
+    s.add_argument("--params", type=_number("parameters"), default=1e12)
+    s.add_argument("--tokens-per-param", type=_number("tokens per parameter"), default=20.0)
     s.add_argument("--gpu", choices=sorted(GPUS), default="H100")
     s.add_argument("--mfu", type=fraction, default=0.4, help="fraction of peak, in (0, 1] (default 0.4)")
     s.add_argument("--active-fraction", type=fraction, default=37 / 671,
@@ -1994,9 +1245,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(run=lambda a: trillion_report(a.params, a.tokens_per_param, a.gpu, a.mfu, a.active_fraction))
 
     s = sub.add_parser("memory", help="training-state bytes per GPU by ZeRO stage, plus activations")
-    s.add_argument("params", type=_number, nargs="?", default=7e9, help="parameters (default 7e9)")
+    s.add_argument("params", type=_number("parameters"), nargs="?", default=7e9, help="parameters (default 7e9)")
     s.add_argument("--gpus", type=_whole, default=8)
-    s.add_argument("--gpu-memory", type=_number, default=80.0, help="GB per GPU (default 80)")
+    s.add_argument("--gpu-memory", type=_number("GB"), default=80.0, help="GB per GPU (default 80)")
     s.add_argument("--layers", type=_whole, default=32, help="activation estimate: layers (default: a 7B shape)")
     s.add_argument("--d-model", type=_whole, default=4096)
     s.add_argument("--heads", type=_whole, default=32)
@@ -2015,52 +1266,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("fit", help="fit Approaches 1-3 to runs (JSON/JSONL of parameters, tokens or compute, loss)")
     s.add_argument("runs", help="runs file, e.g. ../shared/data/cs336/a3/data/isoflops_curves.json")
-    s.add_argument("--target-compute", type=_number, default=1e23, help="where to report N_opt, D_opt")
-    s.add_argument("--bootstrap", type=_in_range(int, 0, 10_000), default=100, help="bootstrap resamples (default 100)")
-    s.add_argument("--seed", type=_in_range(int, 0, 2**32 - 1), default=0)
-    s.add_argument("--plot", type=_writable("file"), help="also draw the runs and the fits to this PNG")
+    s.add_argument("--target-compute", type=_number("compute"), default=1e23, help="where to report N_opt, D_opt")
+    s.add_argument("--bootstrap", type=in_range(int, 0, 10_000), default=100, help="bootstrap resamples (default 100)")
+    s.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), default=0)
+    s.add_argument("--plot", type=writable("file"), help="also draw the runs and the fits to this PNG")
     s.set_defaults(run=_cmd_fit)
-
-    s = sub.add_parser("sweep", help="IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget")
-    s.add_argument("--quick", action="store_true", help="a tiny design on pydocs (seconds per run), for tests")
-    s.add_argument("--budgets", type=_in_range(float, 1e6, 1e16), nargs="+",
-                   help="compute budgets in FLOPs (default 3e9 1e10 3e10 1e11)")
-    s.add_argument("--sizes", type=_in_range(int, 3, 9), help="model sizes per budget, 3..9 (default 5)")
-    s.add_argument("--heldout-sizes", type=int, choices=(1, 3), help="sizes trained at the held-out budget: 1 "
-                   "(default) or 3 (a parabola there measures the optimum too)")
-    s.add_argument("--data", help="corpus (default pystdlib, embedded) or a prepared dataset directory")
-    s.add_argument("--vocab-size", type=_in_range(int, 257, 65536),
-                   help="BPE vocabulary when the corpus is prepared (default 512)")
-    s.add_argument("--lr-at-64", type=_in_range(float, 0.0, 1.0, low_open=True),
-                   help="learning rate of a width-64 model; each size gets this·64/width (default 3e-3)")
-    s.add_argument("--workers", type=_in_range(int, 1, 64), help="training runs side by side (default 2)")
-    s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
-    s.add_argument("--bootstrap", type=_in_range(int, 0, 10_000), help="bootstrap resamples (default 50)")
-    s.add_argument("--seed", type=_in_range(int, 0, 2**32 - 1), help="seed of every run and of the bootstrap")
-    s.add_argument("--out-dir", type=_writable("dir"), default=None, help="default out/sweep (quick: out/sweep-quick)")
-    s.set_defaults(run=_cmd_sweep)
-
-    s = sub.add_parser("dedup-effect", help="1%% of documents repeated 50x vs dedup.py's cleaned corpus, 3 seeds")
-    s.add_argument("--quick", action="store_true", help="tiny runs (seconds each), for tests")
-    s.add_argument("--tokens", type=_in_range(int, 1, 10**9), help="tokens trained per run (default 500000)")
-    s.add_argument("--seeds", type=_in_range(int, 2, 20), help="seeds per corpus, 2..20 (default 3)")
-    s.add_argument("--workers", type=_in_range(int, 1, 64), help="training runs side by side (default 2)")
-    s.add_argument("--out-dir", type=_writable("dir"), default=None,
-                   help="default out/dedup-effect (quick: out/dedup-effect-quick)")
-    s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
-    s.set_defaults(run=_cmd_dedup_effect)
+    if add_experiments is not None:
+        add_experiments(sub)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_command(args, prog: str = "scaling.py") -> int:
+    """Print a parsed command's text (the lesson when there is none); a ScalingError is one line and exit 2."""
     try:
         print(args.run(args) if args.command else _lesson())
     except ScalingError as e:
-        print(f"scaling.py: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    import sweep      # the experiments' subcommands (sweep, dedup-effect) live in sweep.py, above this file
+    return run_command(build_parser(sweep.add_commands).parse_args(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    import scaling    # run as the module `scaling`, so sweep.py's `from scaling import ScalingError` is this class
+    sys.exit(scaling.main())

@@ -53,8 +53,8 @@ Run it:
     torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
 
 Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), data_at_scale.py (prepares
---data with the streaming engine), model.py (the GPT) and, under
-torchrun, parallel.py (data parallel, ZeRO, tensor and pipeline parallel). matplotlib draws the loss curve
+--data with the streaming engine), model.py (the GPT, the check of --device), fileio.py (reading --config) and,
+under torchrun, parallel.py (data parallel, ZeRO, tensor and pipeline parallel). matplotlib draws the loss curve
 (imported only then).
 """
 from __future__ import annotations
@@ -80,6 +80,7 @@ import torch
 
 import data as data_lib
 import data_at_scale
+import fileio
 import model as model_lib
 
 
@@ -290,23 +291,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
-    """auto: CUDA if present, else Apple MPS, else CPU."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TrainError("--device cuda but no CUDA GPU is visible; use --device cpu (or auto)")
-    if name == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise TrainError("--device mps but Apple's MPS backend is not available; use --device cpu (or auto)")
-    try:
-        return torch.device(name)
-    except RuntimeError as e:
-        raise TrainError(f"unknown --device {name!r}; use auto, cpu, cuda or mps") from e
+    """auto: CUDA if present (this rank's GPU under torchrun), else Apple MPS, else CPU; model.py's one check of
+    --device (meta, a missing GPU or an unknown name is one TrainError line)."""
+    return model_lib.resolve_device(name, TrainError)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -1414,10 +1401,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def read_config_file(path: str) -> dict:
     """Read a JSON settings file into {field: value}; keys may use '-' or '_'. Unknown keys are an error."""
-    try:
-        raw = json.loads(pathlib.Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise TrainError(f"--config {path}: cannot read it ({e}); pass a JSON object of train.py settings") from e
+    try:                # fileio: a missing file, bad syntax or UTF-8, JSON nested thousands deep: one line each
+        raw = fileio.read_json(path, TrainError, "pass a JSON object of train.py settings")
+    except TrainError as e:
+        raise TrainError(f"--config {e}") from None
     if not isinstance(raw, dict):
         raise TrainError(f"--config {path} must hold a JSON object like {{\"max_steps\": 100}}")
     names = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -1444,6 +1431,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 
 
 SEED_MAX = 2**32 - 1        # numpy's generators take seeds in [0, 2^32)
+SAMPLE_TOKENS_MAX = 100_000  # --num-samples x --sample-tokens: ~75,000 words, more than anyone reads at the end
 
 
 def validate_config(cfg: TrainConfig) -> None:
@@ -1471,8 +1459,9 @@ def validate_config(cfg: TrainConfig) -> None:
                 "num_samples": 0, "sample_tokens": 0, "top_k": 0, "weight_decay": 0, "grad_clip": 0,
                 "temperature": 0, "peak_flops": 0, "seed": 0}
     # sizes that could never finish: more samples or sample tokens than anyone reads, a step of more than 2^30
-    # tokens (the largest published batches are ~1.6e7)
-    at_most = {"seed": SEED_MAX, "num_samples": 1000, "sample_tokens": 100_000, "total_batch_tokens": 2**30}
+    # tokens (the largest published batches are ~1.6e7), more than 1e8 steps (the longest published runs take ~1e6)
+    at_most = {"seed": SEED_MAX, "num_samples": 1000, "sample_tokens": 100_000, "total_batch_tokens": 2**30,
+               "max_steps": 10**8, "eval_batches": 10**6}
     for name, low in at_least.items():
         value = getattr(cfg, name)
         if not value >= low:
@@ -1491,6 +1480,14 @@ def validate_config(cfg: TrainConfig) -> None:
             raise TrainError(f"{flag(name)} must lie in [0, 1{')' if is_beta else ']'}, got {value}")
     if cfg.rollback_lr_factor == 0:
         raise TrainError("--rollback-lr-factor must be > 0 (0 would stop learning after a rollback); e.g. 0.5")
+    if cfg.num_samples * cfg.sample_tokens > SAMPLE_TOKENS_MAX:      # generated one token at a time, at the end
+        raise TrainError(f"--num-samples {cfg.num_samples} x --sample-tokens {cfg.sample_tokens} = "
+                         f"{cfg.num_samples * cfg.sample_tokens:,} tokens to generate after training, more than "
+                         f"{SAMPLE_TOKENS_MAX:,} (a novel's worth, hours on a CPU): lower one of them")
+    if cfg.zero_reduce_dtype != "fp32" and (cfg.zero != 3 or cfg.dtype in ("fp32", "fp16")):
+        raise TrainError(f"--zero-reduce-dtype {cfg.zero_reduce_dtype} applies only with --zero 3 and bf16 compute "
+                         f"(--dtype bf16, or auto on a bf16 GPU): add --zero 3, or drop the flag")
+    resolve_device(cfg.device)                       # meta, a missing GPU or a typo fails here, before any work
     if cfg.resume and cfg.overwrite:
         raise TrainError("--resume and --overwrite contradict each other: --resume continues the run in --out-dir, "
                          "--overwrite deletes it; give one")

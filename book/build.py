@@ -275,9 +275,12 @@ def read_source(path: pathlib.Path, modules: set[str]) -> Source:
 
 
 def first_line(source: Source) -> str:
-    """What the file teaches: its docstring's first line, without a leading "name.py:"."""
-    line = source.docstring.split("\n", 1)[0].strip()
-    return re.sub(rf"^{re.escape(source.stem)}\.py:\s*", "", line)
+    """What the file teaches: its docstring's first paragraph (a line may wrap), or its first sentence when the
+    paragraph is longer than a table cell should be; without a leading "name.py:"."""
+    paragraph = " ".join(source.docstring.split("\n\n", 1)[0].split())
+    if len(paragraph) > 240:
+        paragraph = re.split(r"(?<=[.!?])\s+(?=[A-Z`])", paragraph, maxsplit=1)[0]
+    return re.sub(rf"^{re.escape(source.stem)}\.py:\s*", "", paragraph)
 
 
 def serves_line(source: Source) -> str:
@@ -724,7 +727,8 @@ def index_html(linker: Linker, sources: dict[str, Source], chapters: list[str],
     md = make_markdown(linker, set())
 
     def inline(stem: str, text: str) -> str:
-        return md.renderInline(text, {"source": sources[stem]})
+        # Rendered as if on stem's page, where a name it defines links to "#name"; on the index that is stem.html#name.
+        return md.renderInline(text, {"source": sources[stem]}).replace('href="#', f'href="{stem}.html#')
 
     stages = "".join(f'<li><a href="{stem}.html"><code>{stem}.py</code></a><span>{html.escape(stage)}</span></li>'
                      for stem, stage in CHAPTERS if stem in sources)

@@ -69,7 +69,7 @@ def test_one_page_per_top_level_file_and_an_index_in_reading_order(site):
     chapter_links = re.findall(r'<tr><td>\d+</td><td><a href="(\w+)\.html">', index)
     assert chapter_links == [stem for stem, _ in book.CHAPTERS if (ROOT / f"{stem}.py").exists()]
     index_words = " ".join(re.findall(r"\w+", "".join(parse(site / "index.html").text)))
-    for stem in chapter_links:                        # what each teaches: the docstring's first line
+    for stem in chapter_links:                        # what each teaches: its docstring opens with the first line
         first = ast.get_docstring(ast.parse((ROOT / f"{stem}.py").read_text(encoding="utf-8"))).split("\n")[0]
         assert " ".join(re.findall(r"\w+", re.sub(rf"^{stem}\.py:", "", first))) in index_words, stem
     companions = [p.stem for p in top_level_files() if p.stem not in dict(book.CHAPTERS)]

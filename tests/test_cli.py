@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import shlex
+import shutil
 
 import pytest
 
@@ -255,6 +256,23 @@ BAD_INPUT = [
     ("train", "--data {data} --block-size 100000", "--block-size"),
     ("train", "--data {data} --batch-size 100000000000", "--batch-size"),
     ("train", "--data {data} --total-batch-tokens 1000", "--total-batch-tokens"),
+    # issue 24: scaling, evaluate and train flags
+    ("scaling", "budget 1e-300", "compute"),                                   # values that parse but are absurd
+    ("scaling", "budget 1e20 --tokens-per-param 1e-300", "--tokens-per-param"),
+    ("scaling", "budget 1e6 --tokens-per-param 1e6", "--tokens-per-param"),    # a plan of less than one parameter
+    ("scaling", "sweep --quick --budgets 1e15 3e15", "--max-hours"),           # hours of CPU time, refused up front
+    ("scaling", "sweep --quick --data nosuch.txt", "--data"),                  # the sweep's helpers' failures
+    ("scaling", "sweep --quick --data {dataset_without_manifest}", "--data"),
+    ("scaling", "fit {runs_object}", "not a list of runs"),                    # valid JSON, wrong shape
+    ("scaling", "fit {deep_json}", "nested"),                                  # JSON nested thousands deep
+    ("evaluate", "--device meta", "--device"),                                 # --device, checked once
+    ("evaluate", "sample --device meta", "--device"),
+    ("evaluate", "--tasks {deep_json}", "--tasks"),
+    ("train", "--device meta", "--device"),
+    ("train", "--num-samples 1000 --sample-tokens 100000", "--num-samples"),   # hours of sampling, refused
+    ("train", "--max-steps 100000000000000000000", "--max-steps"),             # a run that can never finish
+    ("train", "--zero-reduce-dtype bf16", "--zero-reduce-dtype"),              # a flag that would be ignored
+    ("train", "--config {deep_json}", "--config"),
 ]
 
 
@@ -289,9 +307,16 @@ def fixtures(tmp_path_factory) -> dict:
     os.mkfifo(more["fifo"])
     more["empty"].touch()
     more["blank"].write_text(" \n\n \n")
+    # issue 24: deep JSON, a runs file that is an object, a dataset folder without its manifest
+    (root / "deep.json").write_text("[" * 5000)
+    (root / "object.json").write_text('{\n "runs": [{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}]\n}\n')
+    shutil.copytree(prepared, root / "no-manifest")
+    (root / "no-manifest" / "manifest.json").unlink()
     return {"root": root, "corpus": corpus, "data": prepared, "file": root / "file", "dir": root / "dir",
             "bad_config": root / "bad_config.json", "hf_nan": root / "hf_nan", "hf_text": root / "hf_text",
-            "ckpt_no_tokenizer": root / "no_tokenizer.pt", "imported": root / "imported.pt", **more}
+            "ckpt_no_tokenizer": root / "no_tokenizer.pt", "imported": root / "imported.pt",
+            "deep_json": root / "deep.json", "runs_object": root / "object.json",
+            "dataset_without_manifest": root / "no-manifest", **more}
 
 
 def tree(root: pathlib.Path) -> dict:

@@ -556,3 +556,53 @@ def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
         code, out, err = run_cli(argv, capsys)
         assert code == 2, (argv, out, err)
         assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+# --- issue 24: --device checked once, task files read through fileio --------------------------------------------
+
+def test_docstring_examples():
+    import doctest
+    assert doctest.testmod(ev).failed == 0
+
+
+@pytest.mark.parametrize("argv", [["--device", "meta"], ["sample", "--device", "meta"],
+                                  ["compare", "--ckpt", "a", "--ckpt", "b", "--device", "meta"],
+                                  ["emergence", "--ckpt", "a", "--device", "meta"], ["--device", "nosuch"],
+                                  ["sample", "--device", "xla"], ["--device", "cuda:3"]])
+def test_a_bad_device_is_one_line_naming_it_before_any_work(argv, tmp_path, capsys, monkeypatch):
+    """meta used to reach the model and fail inside torch (a RuntimeError traceback)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(argv + ["--ckpt", str(tmp_path / "nosuch")] if argv[0].startswith("--") else argv,
+                             capsys)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert f"--device {argv[-1]}" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_device_check_knows_what_this_machine_has(monkeypatch):
+    """model.resolve_device, the one check every CLI uses: cuda:N must exist; auto picks CUDA, then MPS, then CPU."""
+    import model
+    assert model.resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "mps"
+                                                        if torch.backends.mps.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert model.resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert model.resolve_device("cuda") == torch.device("cuda", 0) == model.resolve_device("auto")
+    monkeypatch.setenv("LOCAL_RANK", "1")                            # under torchrun: this rank's GPU
+    assert model.resolve_device("cuda") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="--device cuda:2: this machine has 2 CUDA device"):
+        model.resolve_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ev.EvalError, match="--device cuda:0: no CUDA device here"):
+        ev.resolve_device("cuda:0")
+
+
+def test_a_task_file_nested_thousands_deep_is_one_line(tmp_path):
+    deep = tmp_path / "tasks.jsonl"
+    deep.write_text('{"prompt": "a", "answer": "b"}\n' + "[" * 5000 + "\n")
+    with pytest.raises(ev.EvalError, match="tasks.jsonl line 2: JSON nested more than 1,000 levels deep"):
+        ev.read_tasks(deep)
+    deep.write_bytes(b'{"prompt": "\xff", "answer": "b"}\n')
+    with pytest.raises(ev.EvalError, match="tasks.jsonl line 1: "):
+        ev.read_tasks(deep)

@@ -1,0 +1,1029 @@
+"""The IsoFLOP sweep and the dedup-effect experiment: scaling.py's laws measured on real runs, on a CPU.
+
+Serves: scaling.py. It owns the experiments of that chapter, the parts that train models: the sweep's model
+family and plan, running each point through train.py, reading the runs back, the held-out prediction, the sweep's
+plot and REPORT.md, the dedup-effect experiment and its report, and the `sweep` and `dedup-effect` subcommands
+(`python scaling.py sweep ...` and `python sweep.py sweep ...` are the same command).
+
+The sweep does the lecture's project M3 the Chinchilla way: at 4 budgets 3e9 .. 1e11 FLOPs (33×), 5 sizes around
+sqrt(C/120) parameters, each trained through train.py for exactly D = C/6N tokens with its own cosine schedule,
+so every point is annealed. Example: at C = 1e10 a 2,316-parameter model trains 1e10 / (6 · 2,316) = 720k tokens
+and a 40,440-parameter one 41k. A parabola in log N per budget gives N* (scaling.py's Approach 2); the minima give
+N_opt ∝ C^a. Then the law fitted on these budgets predicts N_opt and the loss at 3e11, and that run is trained
+and compared. `dedup-effect` repeats 1% of the documents 50 times and measures what dedup.py buys, against the
+seed-to-seed spread. How the design and its learning rates were chosen: docs/scaling-sweep.md.
+
+Depends on numpy, scaling.py (the laws, the fits and the plots' helpers) and fileio.py; inside the functions
+that need them: model.py (parameter counts), data.py and data_at_scale.py (preparing corpora), dedup.py and
+evaluate.py (the dedup effect), matplotlib (the plot).
+
+Every run is `python train.py ...` in a subprocess, so the sweep imports no training code.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import shutil
+import sys
+import threading
+from typing import Sequence
+
+import numpy as np
+
+import fileio
+import scaling
+from scaling import (AllocationLaw, ChinchillaFit, FitReport, Run, ScalingError, fit_all, fit_line, frontier,
+                     group_close, in_range, isoflop_minima, params_for_budget, save_png, unit_fraction, writable)
+
+ROOT = pathlib.Path(__file__).resolve().parent
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. The IsoFLOP sweep (the lecture's project M3): budgets, sizes around each optimum, one annealed run per point.
+# ---------------------------------------------------------------------------------------------------------------
+
+HEAD_DIM = 16   # channels per attention head in the sweep's family; tiny widths still get at least one head
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A model of the sweep's family: `n_layer` blocks of width `n_embd`, 16-channel heads, FFN rounded to 16.
+
+    >>> Shape(2, 64).name, Shape(2, 64).counts(512)     # (all parameters, non-embedding parameters)
+    ('L2-d64', (133440, 100672))
+    """
+    n_layer: int
+    n_embd: int
+
+    @property
+    def name(self) -> str:
+        return f"L{self.n_layer}-d{self.n_embd}"
+
+    def config_overrides(self) -> dict:
+        heads = max(1, self.n_embd // HEAD_DIM)
+        return {"n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": heads, "n_kv_head": heads,
+                "ffn_multiple_of": 16}
+
+    def counts(self, vocab_size: int) -> tuple[int, int]:
+        """(all parameters, non-embedding parameters), counted by model.py (the tied embedding counted once)."""
+        from model import GPTConfig
+        cfg = GPTConfig(vocab_size=vocab_size, **self.config_overrides())
+        return cfg.num_params(), cfg.num_params(non_embedding=True)
+
+
+def shape_family(max_width: int = 512) -> list[Shape]:
+    """Depth = width / 32 (at least 1): one aspect ratio, so size is the only variable. Widths 2, 4, then steps
+    of 8 up to 48 (where one step is a big change in N), then of 16. The smallest are barely models (a 2-wide
+    embedding), but the smallest budgets need them: there the optimum lies at a few thousand parameters.
+
+    >>> [s.name for s in shape_family(80)]
+    ['L1-d2', 'L1-d4', 'L1-d8', 'L1-d16', 'L1-d24', 'L1-d32', 'L1-d40', 'L2-d48', 'L2-d64', 'L2-d80']
+    """
+    widths = [2, 4, 8, 16, 24, 32, 40] + list(range(48, max_width + 1, 16))
+    return [Shape(max(1, round(d / 32)), d) for d in widths]
+
+
+def nearest_shapes(targets: Sequence[float], vocab_size: int, family: Sequence[Shape] | None = None) -> list[Shape]:
+    """For each target N (ascending), the family member nearest in log N that is larger than the previous pick:
+    distinct sizes, in order, as close to the targets as the family allows.
+
+    >>> [s.name for s in nearest_shapes([2e4, 4e4, 8e4], 512)]
+    ['L1-d24', 'L1-d40', 'L2-d48']
+    """
+    members = sorted(family or shape_family(), key=lambda s: s.counts(vocab_size)[0])
+    picked: list[Shape] = []
+    for target in sorted(targets):
+        floor = picked[-1].counts(vocab_size)[0] if picked else 0
+        left = [s for s in members if s.counts(vocab_size)[0] > floor]
+        if not left:
+            raise ScalingError(f"no model in the family is larger than {floor:,} parameters: lower the budgets")
+        picked.append(min(left, key=lambda s: abs(math.log(s.counts(vocab_size)[0] / target))))
+    return picked
+
+
+def lr_for_width(n_embd: int, lr_at_64: float) -> float:
+    """The sweep's learning-rate rule: Adam's best rate falls as 1/width (muP, Yang et al. 2022), anchored at
+    width 64 by the short search recorded in docs/scaling-sweep.md.
+
+    >>> lr_for_width(32, 6e-3), lr_for_width(128, 6e-3)
+    (0.012, 0.003)
+    """
+    return lr_at_64 * 64 / n_embd
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSettings:
+    """The IsoFLOP design. At each budget C, `sizes_per_budget` models from guess/spread to guess·spread around
+    N = sqrt(C / 6r) (r = tokens_per_param_guess), each trained for exactly D = C / 6N tokens with its own cosine
+    schedule (warmup, then down to 10% at the last step), so every final point is annealed. Then a held-out
+    budget `heldout_factor` × the largest is predicted from the others, trained, and compared."""
+    data: str = "pystdlib"
+    vocab_size: int = 512
+    budgets: tuple[float, ...] = (3e9, 1e10, 3e10, 1e11)
+    sizes_per_budget: int = 5
+    size_spread: float = 4.0
+    tokens_per_param_guess: float = 20.0
+    heldout_factor: float = 3.0
+    heldout_sizes: int = 1
+    batch_size: int = 8
+    block_size: int = 128
+    lr_at_64: float = 3e-3
+    warmup_fraction: float = 0.05
+    eval_batches: int = 48
+    seed: int = 0
+    workers: int = 2
+    threads: int = 1
+    bootstrap: int = 50
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.block_size
+
+
+QUICK_SWEEP = SweepSettings(data="pydocs", budgets=(2e8, 6e8), sizes_per_budget=3, size_spread=2.0,
+                            batch_size=4, block_size=64, eval_batches=4, bootstrap=10)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """One point of the sweep: a shape trained for `steps` steps of the settings' batch at learning rate `lr`."""
+    budget: float
+    shape: Shape
+    params: int
+    non_embedding: int
+    steps: int
+    tokens: int
+    lr: float
+    heldout: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"C{self.budget:.0e}-{self.shape.name}".replace("+", "")
+
+    @property
+    def compute(self) -> float:
+        return 6.0 * self.params * self.tokens
+
+
+def plan_run(budget: float, shape: Shape, settings: SweepSettings, heldout: bool = False) -> PlannedRun:
+    """Steps = D / tokens per step with D = C / 6N, rounded to whole steps (the actual D is recorded)."""
+    n, non_embedding = shape.counts(settings.vocab_size)
+    steps = max(1, round(budget / (6.0 * n * settings.tokens_per_step)))
+    return PlannedRun(budget, shape, n, non_embedding, steps, steps * settings.tokens_per_step,
+                      lr_for_width(shape.n_embd, settings.lr_at_64), heldout)
+
+
+def plan_isoflop(settings: SweepSettings) -> list[PlannedRun]:
+    """Every (budget, size) of the IsoFLOP grid, smallest budget first.
+
+    >>> [(f"{r.budget:.0e}", r.shape.name, r.steps) for r in plan_isoflop(QUICK_SWEEP)][:3]
+    [('2e+08', 'L1-d2', 114), ('2e+08', 'L1-d4', 56), ('2e+08', 'L1-d8', 25)]
+    """
+    runs = []
+    for budget in sorted(settings.budgets):
+        guess = params_for_budget(budget, settings.tokens_per_param_guess)
+        k = settings.sizes_per_budget
+        targets = [guess * settings.size_spread ** (2 * i / (k - 1) - 1) for i in range(k)]
+        runs += [plan_run(budget, s, settings) for s in nearest_shapes(targets, settings.vocab_size)]
+    return runs
+
+
+def plan_heldout(settings: SweepSettings, predicted_params: float) -> list[PlannedRun]:
+    """The held-out budget: the shape nearest the predicted N_opt (and with heldout_sizes = 3, one size 2x either
+    side, enough for a parabola that measures the optimum there too)."""
+    budget = settings.heldout_factor * max(settings.budgets)
+    targets = [predicted_params] if settings.heldout_sizes == 1 else [predicted_params / 2, predicted_params,
+                                                                      predicted_params * 2]
+    return [plan_run(budget, s, settings, heldout=True) for s in nearest_shapes(targets, settings.vocab_size)]
+
+
+# What one train.py run of the sweep costs on a CPU, assumed (measured on the 2-core machine this project is built
+# on): ~30 s to start (Python, torch, the dataset, one checkpoint), ~0.02 s of framework overhead per step (a tiny
+# model is all overhead), and the model's FLOPs at ~1e9 FLOP/s on one thread (docs/sweep's 133k-parameter run:
+# 6·N·D = 1e11 in ~200 s of compute at load ~20, i.e. 5e8; a quiet machine does a few times that).
+RUN_START_SECONDS, STEP_SECONDS, CPU_FLOPS = 30.0, 0.02, 1e9
+MAX_HOURS = 12.0     # an experiment estimated longer than this is refused unless max_hours (--max-hours) allows it
+
+
+def estimate_seconds(settings: SweepSettings, runs: Sequence[PlannedRun]) -> float:
+    """Wall time of training `runs`, `workers` side by side (at most one per core): start-up, per-step overhead,
+    and 6·N·D training plus 2·N per evaluated token, at CPU_FLOPS per run.
+
+    >>> round(estimate_seconds(QUICK_SWEEP, plan_isoflop(QUICK_SWEEP)))           # 6 tiny runs, 2 at a time
+    99
+    >>> f"{estimate_seconds(QUICK_SWEEP, plan_isoflop(dataclasses.replace(QUICK_SWEEP, budgets=(1e15, 3e15)))):.2g}"
+    '6e+06'
+    """
+    eval_tokens = settings.eval_batches * settings.tokens_per_step
+    each = [RUN_START_SECONDS + r.steps * STEP_SECONDS + (r.compute + 2.0 * r.params * eval_tokens) / CPU_FLOPS
+            for r in runs]
+    return sum(each) / max(1, min(settings.workers, os.cpu_count() or 1))
+
+
+def planned_hours(settings: SweepSettings) -> float:
+    """The whole sweep's estimated wall time in hours: the grid, and the held-out budget at the 20:1 guess."""
+    heldout_budget = settings.heldout_factor * max(settings.budgets)
+    runs = plan_isoflop(settings) + plan_heldout(settings, params_for_budget(heldout_budget,
+                                                                             settings.tokens_per_param_guess))
+    return estimate_seconds(settings, runs) / 3600
+
+
+def train_command(settings: SweepSettings, run: PlannedRun, data_dir, out_dir) -> list[str]:
+    """The train.py command line of one point: the shape through --model-args, its own cosine schedule of
+    exactly run.steps steps, one evaluation at the end on the same held-out windows as every other run."""
+    s = settings
+    model_args = ",".join(f"{k}={v}" for k, v in run.shape.config_overrides().items())
+    warmup = max(1, round(s.warmup_fraction * run.steps))
+    return [sys.executable, str(ROOT / "train.py"), "--data", str(data_dir), "--model", "sweep-1",
+            "--model-args", model_args, "--out-dir", str(out_dir), "--max-steps", str(run.steps),
+            "--batch-size", str(s.batch_size), "--block-size", str(s.block_size), "--lr", f"{run.lr:.6g}",
+            "--warmup-steps", str(min(warmup, run.steps)), "--schedule", "cosine",
+            "--eval-interval", str(run.steps), "--eval-batches", str(s.eval_batches),
+            "--ckpt-interval", str(run.steps), "--seed", str(s.seed), "--dtype", "fp32", "--device", "cpu",
+            "--num-samples", "0", "--log-interval", str(max(1, run.steps // 10)), "--overwrite"]
+
+
+def read_metrics(path) -> list[dict]:
+    """The records of a metrics.jsonl; a torn last line (a killed run) is ignored."""
+    records = []
+    for line in pathlib.Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            records.append(fileio.parse_json(line, str(path), ScalingError))
+        except ScalingError:
+            continue
+    return records
+
+
+def final_val_loss(metrics_path, steps: int) -> float | None:
+    """The validation loss logged at step `steps` (the end of the schedule), or None if the run did not get there."""
+    path = pathlib.Path(metrics_path)
+    if not path.is_file():
+        return None
+    losses = [r["val_loss"] for r in read_metrics(path) if r.get("step") == steps and "val_loss" in r]
+    return float(losses[-1]) if losses and losses[-1] is not None and math.isfinite(losses[-1]) else None
+
+
+def _run_train(cmd: list[str], log_path: pathlib.Path, threads: int = 1) -> None:
+    """Run train.py, its output going to log_path; a failure becomes one ScalingError line quoting its error.
+
+    threads: torch's CPU threads for the run (0 = torch's default). These models' matmuls are too small to gain
+    much from a second core, so the sweep runs `workers` single-threaded runs side by side instead."""
+    import subprocess
+    env = dict(os.environ)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    with open(log_path, "w", encoding="utf-8") as log_file:
+        done = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    if done.returncode != 0:
+        tail = [line for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+                if line.strip()][-1:]
+        raise ScalingError(f"train.py failed (exit {done.returncode}) in {log_path.parent.name}: "
+                           f"{tail[0] if tail else 'no output'}")
+
+
+def _write_text(path, text: str) -> pathlib.Path:
+    """Write whole or not at all (fileio: temp file, then rename); a full disk is one ScalingError line."""
+    return fileio.write_atomic(path, text, error=ScalingError, fix="pass --out-dir on another disk")
+
+
+def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, out_dir, log=print) -> list[dict]:
+    """Train every planned run (`workers` at a time), reusing a finished run whose command is unchanged.
+    Returns one final.jsonl record per run, in plan order."""
+    import concurrent.futures
+    import time
+    out = pathlib.Path(out_dir)
+
+    failed = threading.Event()
+
+    def one(run: PlannedRun) -> dict:
+        if failed.is_set():              # another run failed: the sweep stops, this queued run never starts
+            raise concurrent.futures.CancelledError()
+        try:
+            return train_one(run)
+        except BaseException:
+            failed.set()
+            raise
+
+    def train_one(run: PlannedRun) -> dict:
+        run_dir = out / "runs" / run.name
+        cmd = train_command(settings, run, data_dir, run_dir)
+        stamp, timing = run_dir / "command.json", run_dir / "train_seconds.txt"
+        wanted = json.dumps(cmd[1:])
+        loss = final_val_loss(run_dir / "metrics.jsonl", run.steps)
+        reused = loss is not None and stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted
+        if reused:
+            seconds = float(timing.read_text()) if timing.is_file() else 0.0
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            stamp.unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            try:
+                _run_train(cmd, run_dir / "train.log", settings.threads)
+                seconds = time.perf_counter() - t0
+                loss = final_val_loss(run_dir / "metrics.jsonl", run.steps)
+                if loss is None:
+                    raise ScalingError(f"{run.name}: train.py wrote no final validation loss")
+                _write_text(timing, f"{seconds:.1f}")
+                _write_text(stamp, wanted)
+            except BaseException:
+                shutil.rmtree(run_dir, ignore_errors=True)   # only finished runs stay (a rerun reuses them)
+                raise
+        log(f"{run.name}: N = {run.params:,} ({run.non_embedding:,} non-embedding), D = {run.tokens:,}, "
+            f"lr {run.lr:.3g}, loss {loss:.4f} ({seconds:.0f} s{', reused' if reused else ''})")
+        return {"name": run.name, "budget": run.budget, "parameters": run.params,
+                "non_embedding_parameters": run.non_embedding, "tokens": run.tokens, "compute": run.compute,
+                "loss": loss, "n_layer": run.shape.n_layer, "n_embd": run.shape.n_embd, "lr": run.lr,
+                "steps": run.steps, "heldout": run.heldout, "seconds": round(seconds, 1)}
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
+        futures = [pool.submit(one, run) for run in runs]
+        concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        failed.set()                     # done, or one failed: nothing queued starts now
+        errors = [f.exception() for f in futures if f.done() and not f.cancelled() and f.exception() is not None
+                  and not isinstance(f.exception(), concurrent.futures.CancelledError)]
+        if errors:
+            raise errors[0]
+        return [f.result() for f in futures]
+
+
+def runs_of(records: Sequence[dict], heldout: bool = False, non_embedding: bool = False) -> list[Run]:
+    """final.jsonl records as Runs (N = all parameters, or Kaplan's non-embedding count)."""
+    key = "non_embedding_parameters" if non_embedding else "parameters"
+    return [Run(float(r[key]), float(r["tokens"]), float(r["loss"]), float(r["budget"]), r["name"])
+            for r in records if bool(r.get("heldout")) == heldout]
+
+
+@dataclasses.dataclass
+class SweepResult:
+    settings: SweepSettings
+    out_dir: pathlib.Path
+    records: list            # final.jsonl, one dict per final point
+    train_tokens: int        # unique tokens in the train split
+    corpus: str              # the dataset's sources, e.g. "pystdlib"
+    report: FitReport | None = None
+    non_embedding_report: FitReport | None = None
+    prediction: dict | None = None
+    plot: pathlib.Path | None = None
+
+
+def predict_heldout(report: FitReport, fit_runs: Sequence[Run]) -> dict:
+    """Before training the held-out budget (the report's target compute), from the fits on the grid alone:
+    N_opt there from Approach 2 (or, where it cannot be fitted, the next approach that can), and its loss two
+    ways: Approach 3's law at (N_opt, C/6N_opt), and a power law L* = k·C^g through the IsoFLOP minima's losses.
+    Raises ScalingError when no approach fits."""
+    budget = report.target
+    usable = [k for k in ("approach2", "approach3", "approach1") if isinstance(report.laws[k], AllocationLaw)]
+    if not usable:
+        raise ScalingError("no approach could be fitted to the IsoFLOP runs: " + report.laws["approach2"])
+    law = report.laws[usable[0]]
+    n_opt = float(law.params_at(budget))
+    out = {"budget": budget, "params": n_opt, "tokens": budget / (6 * n_opt), "a": law.a, "approach": usable[0],
+           "params_interval": report.intervals.get(usable[0], {}).get("params")}
+    minima = isoflop_minima(fit_runs)
+    if len(minima) >= 2:
+        g, k = fit_line(np.log([m[0] for m in minima]),
+                         np.log([np.polyval(m[2], math.log(m[1])) for m in minima]))
+        out.update(minima_loss_at_budget=math.exp(k) * budget ** g, minima_loss_exponent=g)
+    if report.chinchilla is not None:
+        out["law3_loss_at_opt"] = report.chinchilla.loss(n_opt, budget / (6 * n_opt))
+        out["law3"] = dataclasses.asdict(report.chinchilla)
+    return out
+
+
+def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float:
+    """Refuse a design that cannot be fitted or built, or that would run past max_hours; returns the estimate."""
+    s = settings
+    if len(s.budgets) < 2 or len(set(s.budgets)) != len(s.budgets):
+        raise ScalingError("--budgets needs at least 2 different compute budgets, e.g. 1e10 3e10 1e11 3e11")
+    if s.sizes_per_budget < 3:
+        raise ScalingError("a sweep needs at least 3 sizes per budget (a parabola has 3 coefficients)")
+    if s.heldout_sizes not in (1, 3):
+        raise ScalingError(f"--heldout-sizes must be 1 or 3, got {s.heldout_sizes}")
+    hours = planned_hours(s)                                  # a design the family cannot build fails here
+    if hours > max_hours:
+        flops = sum(r.compute for r in plan_isoflop(s)) + s.heldout_sizes * s.heldout_factor * max(s.budgets)
+        raise ScalingError(f"this sweep ({flops:.2g} FLOPs) would take about {hours:,.0f} hours on this CPU "
+                           f"({s.workers} runs at a time at ~{CPU_FLOPS:.0e} FLOP/s each, assumed): lower "
+                           f"--budgets, or pass --max-hours {math.ceil(hours * 1.5)} to run it anyway")
+    return hours
+
+
+def open_dataset(spec: str):
+    """A prepared dataset directory, checked whole (manifest, shard sizes, token ids below the vocabulary) before
+    any run reads it: a data.TokenData; None when `spec` names sources to prepare. Problems are one ScalingError."""
+    import data as data_lib
+    path = pathlib.Path(spec)
+    if path.is_dir() and not (path / "manifest.json").exists() and (
+            (path / "tokenizer.json").exists() or any(path.glob("train_*.bin"))):
+        raise ScalingError(f"--data {spec}: a dataset folder without manifest.json (damaged or half copied): "
+                           f"prepare it again with python data.py prepare --out {spec}")
+    if not (path / "manifest.json").exists():
+        return None
+    with _data_errors(spec):
+        fileio.read_json(path / "manifest.json", ScalingError, "prepare it again with python data.py prepare")
+        dataset = data_lib.TokenData(path)
+        for split, shards in dataset.shards.items():
+            top = max((int(a.max()) for a in shards if len(a)), default=-1)
+            if top >= dataset.vocab_size:
+                raise ScalingError(f"a token id {top} in the {split} shards is outside the {dataset.vocab_size}-token "
+                                   f"vocabulary (damaged shards): prepare it again with python data.py prepare")
+    return dataset
+
+
+@contextlib.contextmanager
+def _data_errors(spec: str):
+    """data.py's errors (DataError is a ValueError), and OSErrors, as one ScalingError line naming --data."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        raise ScalingError(f"--data {spec}: {first}") from None
+
+
+def make_out_dir(out_dir) -> tuple[pathlib.Path, bool]:
+    """Create the output folder and prove it writable (a probe file); returns (path, whether it was created)."""
+    out = pathlib.Path(out_dir)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fileio.write_atomic(out / ".write-probe", "", fsync=False).unlink()
+    except OSError as e:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise ScalingError(f"cannot write --out-dir {out_dir} ({e.strerror or e}): pass a writable --out-dir") \
+            from None
+    return out, created
+
+
+def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=print,
+          max_hours: float = MAX_HOURS) -> SweepResult:
+    """The whole experiment: prepare the corpus, train the IsoFLOP grid, predict the held-out budget from it,
+    train that, fit the three approaches on the grid, write final.jsonl, scaling.png and REPORT.md into out_dir.
+
+    Everything that can be checked is checked before the first side effect (the design and its estimated time, the
+    dataset, the output folder); a sweep that fails later keeps only its finished runs (a rerun reuses them) and
+    removes an output folder it created that holds none."""
+    import data as data_lib
+    import data_at_scale
+    s = settings
+    dataset = open_dataset(s.data)
+    if dataset is not None:
+        s = dataclasses.replace(s, vocab_size=int(dataset.vocab_size))     # the dataset's tokenizer rules
+    hours = check_design(s, max_hours)
+    sources = [x for x in s.data.split(",") if x]
+    if dataset is None:
+        with _data_errors(s.data):
+            for spec in sources:
+                data_lib.open_source(spec)               # a missing file fails here, before any output
+    out, created = make_out_dir(out_dir)
+    try:
+        if dataset is None:
+            log(f"preparing {s.data} with a {s.vocab_size}-token BPE (cached after the first time) ...")
+            with _data_errors(s.data):
+                data_dir = data_at_scale.prepare(sources, vocab_size=s.vocab_size, seed=s.seed)
+            dataset = open_dataset(str(data_dir))
+        return _sweep_in(s, dataset, out, hours, log)
+    except BaseException:
+        if created and not any((out / "runs").glob("*/command.json")):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -> SweepResult:
+    """sweep() once its inputs are checked: the grid, the prediction, the held-out runs, the files."""
+    data_dir, manifest = dataset.data_dir, dataset.manifest
+    train_tokens = int(manifest["splits"]["train"]["tokens"])
+    corpus = "+".join(src["spec"] for src in manifest.get("sources", [])) or s.data
+    grid = plan_isoflop(s)
+    log(f"{len(grid)} IsoFLOP runs on {data_dir} ({train_tokens:,} train tokens), {s.workers} at a time, about "
+        f"{hours * 60:,.0f} min with the held-out budget ...")
+    records = execute_runs(s, grid, data_dir, out, log)
+    fit_runs = runs_of(records)
+    heldout_budget = s.heldout_factor * max(s.budgets)
+    report = fit_all(fit_runs, heldout_budget, bootstrap=s.bootstrap, seed=s.seed)
+    try:
+        prediction = predict_heldout(report, fit_runs)
+    except ScalingError as e:
+        prediction = {"budget": heldout_budget, "error": str(e)}
+        log(f"no prediction for the held-out budget: {e}")
+    if "params" in prediction:
+        held = plan_heldout(s, prediction["params"])
+        log(f"predicted at C = {heldout_budget:.3g}: N_opt = {prediction['params']:,.0f} "
+            f"({prediction['approach']}); training " + ", ".join(r.shape.name for r in held))
+        records += execute_runs(s, held, data_dir, out, log)
+        for run, record in zip(held, records[len(grid):]):
+            if "law3" in prediction:
+                record["predicted_loss"] = ChinchillaFit(**prediction["law3"]).loss(run.params, run.tokens)
+    result = SweepResult(s, out, records, train_tokens, corpus, prediction=prediction)
+    result.report = report
+    result.non_embedding_report = fit_all(runs_of(records, non_embedding=True), heldout_budget, bootstrap=0)
+    _write_text(out / "final.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    result.plot = plot_sweep(result, out / "scaling.png")
+    _write_text(out / "REPORT.md", sweep_report(result))
+    return result
+
+
+def plot_sweep(result: SweepResult, path) -> pathlib.Path:
+    """Three panels from final.jsonl. Left: loss against compute, one line per size. Middle: the IsoFLOP curves,
+    loss against N per budget with the fitted parabola and its minimum (star), the held-out run(s) in black.
+    Right: N_opt against compute: Approach 2's minima and the three fitted laws, with the held-out prediction."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    grid, held = runs_of(result.records), runs_of(result.records, heldout=True)
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(18, 5.2))
+    by_size: dict[float, list[Run]] = {}
+    for r in grid + held:
+        by_size.setdefault(r.params, []).append(r)
+    for n, points in sorted(by_size.items()):
+        points = sorted(points, key=lambda r: r.compute)
+        left.plot([r.compute for r in points], [r.loss for r in points], "o-", ms=4, label=f"N = {n:,.0f}")
+    left.set_xlabel("compute C = 6·N·D (FLOPs)")
+    left.set_title("final loss against compute, one line per size")
+
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    minima = {round(m[0], -3): m for m in isoflop_minima(grid)}
+    for i, (budget, group) in enumerate(group_close(grid, key=lambda r: r.budget).items()):
+        colour = colours[i % len(colours)]
+        group = sorted(group, key=lambda r: r.params)
+        middle.plot([r.params for r in group], [r.loss for r in group], "o", color=colour, label=f"C = {budget:.2g}")
+        m = minima.get(round(budget, -3))
+        if m is not None:
+            x = np.linspace(math.log(group[0].params), math.log(group[-1].params), 100)
+            middle.plot(np.exp(x), np.polyval(m[2], x), "-", color=colour, lw=1)
+            middle.plot([m[1]], [np.polyval(m[2], math.log(m[1]))], "*", color=colour, ms=12)
+    if held:
+        middle.plot([r.params for r in held], [r.loss for r in held], "ks", ms=7,
+                    label=f"held-out C = {held[0].budget:.2g} (measured)")
+    p = result.prediction or {}
+    for key, marker, label in (("minima_loss_at_budget", "kx", "prediction: minima's power law"),
+                               ("law3_loss_at_opt", "k+", "prediction: Approach 3's law")):
+        if "params" in p and key in p:
+            middle.plot([p["params"]], [p[key]], marker, ms=10, mew=2, label=label)
+    middle.set_xlabel("parameters N")
+    middle.set_title("IsoFLOP curves: parabola in log N, minimum = star")
+
+    computes = np.array([r.compute for r in grid + held])
+    c_grid = np.logspace(math.log10(computes.min()), math.log10(computes.max()) + 0.1, 50)
+    report = result.report
+    front = frontier(grid)
+    right.plot([r.compute for r in front], [r.params for r in front], "ks", ms=5, label="Approach 1: best run per C")
+    if minima:
+        right.plot([m[0] for m in minima.values()], [m[1] for m in minima.values()], "r*", ms=11,
+                   label="Approach 2: IsoFLOP minima")
+    for key, style in (("approach1", "k--"), ("approach2", "r-"), ("approach3", "b:")):
+        law = report.laws.get(key) if report else None
+        if isinstance(law, AllocationLaw):
+            right.plot(c_grid, law.params_at(c_grid), style, label=f"{key}: N_opt ∝ C^{law.a:.2f}")
+    if "params" in p:
+        right.plot([p["budget"]], [p["params"]], "kx", ms=10, mew=2, label="held-out: predicted N_opt")
+    right.set_xlabel("compute C (FLOPs)")
+    right.set_ylabel("compute-optimal parameters N_opt")
+    right.set_title("N_opt against compute, three approaches")
+    for ax in (left, middle, right):
+        ax.set_xscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in (left, middle):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_ylabel("held-out loss (nats/token)")
+    right.set_yscale("log")
+    fig.tight_layout()
+    out = save_png(fig, path)
+    plt.close(fig)
+    return out
+
+
+def wsd_cost(records: Sequence[dict], cooldown_fraction: float = 0.2) -> tuple[float, float]:
+    """Tokens the grid costs as one cosine run per point, and as WSD (Hägele et al. 2024): per size one
+    constant-rate trunk as long as its longest budget, plus a cooldown branch of `cooldown_fraction` of each
+    budget's tokens.
+
+    >>> wsd_cost([{"parameters": 1, "tokens": 100}, {"parameters": 1, "tokens": 300}, {"parameters": 2, "tokens": 50}])
+    (450, 440.0)
+    """
+    cosine = sum(r["tokens"] for r in records)
+    by_size: dict = {}
+    for r in records:
+        by_size.setdefault(r["parameters"], []).append(r["tokens"])
+    wsd = sum(max(t) + cooldown_fraction * sum(t) for t in by_size.values())
+    return cosine, wsd
+
+
+def _agreement(report: FitReport) -> tuple[list[str], float | None]:
+    """The fitted exponents a by approach and their largest pairwise gap (None when fewer than 2 were fitted)."""
+    names = {"approach1": "Approach 1", "approach2": "Approach 2", "approach3": "Approach 3"}
+    laws = {k: v for k, v in report.laws.items() if isinstance(v, AllocationLaw)}
+    parts = [f"{names[k]} a = {v.a:.3f}" for k, v in laws.items()]
+    values = [v.a for v in laws.values()]
+    return parts, (max(values) - min(values) if len(values) >= 2 else None)
+
+
+def prediction_lines(p: dict | None, records: Sequence[dict], budgets: Sequence[float]) -> list[str]:
+    """The held-out section of REPORT.md: what the fit on the smaller budgets predicted, and what was measured."""
+    if not p or "params" not in p:
+        return [f"No prediction: {p['error'] if p else 'the sweep did not reach it'}."]
+    names = {"approach1": "Approach 1", "approach2": "Approach 2", "approach3": "Approach 3"}
+    held = [r for r in records if r["heldout"]]
+    lines = [f"Fitted on the {len(budgets)} budgets above only, before training it: at C = {p['budget']:.3g} "
+             f"({p['budget'] / max(budgets):.0f}× the largest), {names[p['approach']]} puts N_opt at "
+             f"{p['params']:,.0f}" + (f" (bootstrap 10-90%: {p['params_interval'][0]:,.0f}-"
+                                      f"{p['params_interval'][1]:,.0f})" if p.get("params_interval") else "")
+             + f", D_opt = {p['tokens']:,.0f}. Predicted loss at that optimum: "
+             + "; ".join(x for x in (
+                 f"{p['minima_loss_at_budget']:.4f} from the IsoFLOP minima's power law L* ∝ C^"
+                 f"{p['minima_loss_exponent']:.3f}" if "minima_loss_at_budget" in p else "",
+                 f"{p['law3_loss_at_opt']:.4f} from Approach 3's law" if "law3_loss_at_opt" in p else "") if x)
+             + ".", "",
+             "| held-out run | N | D | predicted loss (Approach 3 at this N, D) | measured | error |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in held:
+        pred = r.get("predicted_loss")
+        lines.append(f"| {r['n_layer']} × {r['n_embd']} | {r['parameters']:,} | {r['tokens']:,} | "
+                     + (f"{pred:.4f} | {r['loss']:.4f} | {(r['loss'] - pred) / r['loss']:+.2%} |" if pred else
+                        f"· | {r['loss']:.4f} | · |"))
+    if not held:
+        return lines + ["", "The held-out run has not been trained yet."]
+    best = min(held, key=lambda r: r["loss"])
+    lines.append("")
+    if "minima_loss_at_budget" in p:
+        lines.append(f"Minima power law against the best held-out run: predicted {p['minima_loss_at_budget']:.4f}, "
+                     f"measured {best['loss']:.4f} ({(best['loss'] - p['minima_loss_at_budget']) / best['loss']:+.2%}).")
+    lines.append(f"The run trained N = {best['parameters']:,}, {best['parameters'] / p['params']:.2f}× the predicted "
+                 f"N_opt (the nearest size in the family).")
+    if len(held) >= 3:
+        measured = isoflop_minima(runs_of(records, heldout=True))
+        lines.append(f"Measured optimum at the held-out budget (parabola through the {len(held)} sizes): N* = "
+                     f"{measured[0][1]:,.0f}, the prediction is {p['params'] / measured[0][1]:.2f}× it." if measured
+                     else "The held-out sizes show no U with its bottom inside them, so the optimum there is not "
+                          "measured.")
+    else:
+        lines.append("One held-out size was trained, so the optimal size there is predicted, not measured "
+                     "(`--heldout-sizes 3` adds a size 2× either side and a parabola through them).")
+    return lines
+
+
+def sweep_report(result: SweepResult) -> str:
+    """REPORT.md, written from final.jsonl: the design, the runs, the three fits, the prediction and the targets."""
+    s, records = result.settings, result.records
+    grid, held = runs_of(records), runs_of(records, heldout=True)
+    budgets = sorted({r["budget"] for r in records if not r["heldout"]})
+    longest = max(r["tokens"] for r in records)
+    out = [f"# Scaling sweep: {len(budgets)} IsoFLOP budgets on `{result.corpus}`, one held-out budget predicted", "",
+           "Regenerate: `python scaling.py sweep` (reuses finished runs; every number below is computed from "
+           "`final.jsonl`).", "",
+           "## Design", "",
+           f"- **Budgets** C = {', '.join(f'{b:.3g}' for b in budgets)} FLOPs ({budgets[-1] / budgets[0]:.0f}× span); "
+           f"at each, {s.sizes_per_budget} model sizes from N/{s.size_spread:g} to {s.size_spread:g}·N around the "
+           f"guess N = sqrt(C / 6·{s.tokens_per_param_guess:g}), each trained for D = C / 6N tokens "
+           f"(rounded to whole steps of {s.tokens_per_step:,} tokens = {s.batch_size} × {s.block_size}).",
+           f"- **Models**: one aspect ratio (depth = width / 32, heads of {HEAD_DIM} channels), a "
+           f"{s.vocab_size}-token BPE so the embedding stays a minority of the parameters. N counts all parameters "
+           f"(the tied embedding is also the output layer, a real matmul per token, so C = 6·N·D counts it); "
+           f"Kaplan's non-embedding count is in the table and refitted below.",
+           f"- **Data**: `{result.corpus}` with {result.train_tokens:,} unique train tokens; the longest run reads "
+           f"{longest:,} tokens = {longest / result.train_tokens:.2f} epochs, so "
+           + ("no run repeats a token." if longest <= result.train_tokens else "the longest runs repeat data.")
+           + " Loss is measured on the same "
+           f"{s.eval_batches * s.tokens_per_step:,} held-out tokens (the val split, cut by document) for every run.",
+           f"- **Learning rate** per size by the rule lr = {s.lr_at_64:g} · 64 / width (Adam's optimum falls as "
+           f"1/width, muP); {s.warmup_fraction:.0%} warmup, then cosine to 10% at the run's last step.",
+           ]
+    cosine, wsd = wsd_cost(records)
+    out.append(f"- **Annealing**: every point is the end of its own cosine schedule ({cosine:,} tokens in all). "
+               f"WSD with cooldown branches (Hägele et al. 2024) would share one constant-rate trunk per size: "
+               f"{wsd:,.0f} tokens here, {1 - wsd / cosine:.0%} less. The budgets are {budgets[1] / budgets[0]:.1f}× "
+               f"apart, so the largest budget dominates each size's cost and the saving is small; WSD pays off "
+               f"when many budgets share one size (and when the trunk is reused for a longer run later).")
+    out += ["", "## Runs", "",
+            "| budget C | layers × width | N (all) | non-embedding | D tokens | D/N | lr | held-out loss | "
+            "train time |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(records, key=lambda r: (r["heldout"], r["budget"], r["parameters"])):
+        tag = " (held-out)" if r["heldout"] else ""
+        out.append(f"| {r['budget']:.3g}{tag} | {r['n_layer']} × {r['n_embd']} | {r['parameters']:,} | "
+                   f"{r['non_embedding_parameters']:,} | {r['tokens']:,} | {r['tokens'] / r['parameters']:.1f} | "
+                   f"{r['lr']:.3g} | {r['loss']:.4f} | {r['seconds']:.0f} s |")
+
+    minima = isoflop_minima(grid)
+    found = {round(m[0], -3) for m in minima}
+    inside = [b for b in budgets if round(b, -3) in found]
+    out += ["", "## IsoFLOP minima (Approach 2, step 1)", "",
+            "| budget C | sizes | N* (parabola vertex) | D* = C/6N* | D*/N* | loss at N* |", "|---:|---:|---:|---:|---:|---:|"]
+    for budget, n_star, coef in minima:
+        out.append(f"| {budget:.3g} | {sum(abs(math.log(r.budget / budget)) < 0.01 for r in grid)} | {n_star:,.0f} | "
+                   f"{budget / (6 * n_star):,.0f} | {budget / (6 * n_star * n_star):.1f} | "
+                   f"{np.polyval(coef, math.log(n_star)):.4f} |")
+    out.append(f"\n{len(inside)} of {len(budgets)} budgets have their minimum inside the sizes tried"
+               + ("." if len(inside) == len(budgets) else
+                  f" (missing: {', '.join(f'{b:.3g}' for b in budgets if b not in inside)})."))
+
+    report = result.report
+    parts, gap = _agreement(report)
+    out += ["", "## The three approaches on the same runs", "", report.markdown(), "",
+            f"Agreement: {'; '.join(parts)}" + (f"; largest gap {gap:.3f} (target ≤ 0.1)." if gap is not None
+                                                 else ".")]
+    if result.non_embedding_report is not None:
+        ne_parts, _ = _agreement(result.non_embedding_report)
+        out.append(f"With Kaplan's non-embedding N instead: {'; '.join(ne_parts)}.")
+    out += ["", f"![loss against compute, IsoFLOP curves and N_opt]({result.plot.name if result.plot else 'scaling.png'})"]
+
+    out += ["", "## Prediction of the held-out budget", ""] + prediction_lines(result.prediction, records, budgets)
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. The dedup effect: a few documents repeated many times (as web crawls repeat boilerplate pages), measured.
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class DedupEffectSettings:
+    """`repeated_share` of the train documents each get `repeats` near-copies (2-5% of words edited, so exact
+    dedup misses them): 1% of documents × 50 copies is about a third of the tokens. The held-out documents are cut
+    off first, so no copy of them exists anywhere. The same model trains the same number of tokens on the corpus
+    with the copies and on dedup.py's cleaned version, with `seeds` seeds each (init and data order), so the
+    effect is compared with the seed-to-seed spread."""
+    source: str = "pydocs"
+    shape: Shape = Shape(1, 32)
+    vocab_size: int = 512
+    tokens: int = 500_000
+    batch_size: int = 8
+    block_size: int = 128
+    lr_at_64: float = SweepSettings.lr_at_64
+    repeated_share: float = 0.01
+    repeats: int = 50
+    held_out_fraction: float = 0.1
+    threshold: float = 0.5
+    seeds: int = 3
+    workers: int = 2
+    threads: int = 1
+    max_documents: int | None = None      # read only the first documents of the source (quick runs)
+
+
+QUICK_DEDUP = DedupEffectSettings(shape=Shape(1, 16), tokens=4096, batch_size=4, block_size=64, repeated_share=0.02,
+                                  repeats=5, seeds=2, max_documents=150)
+
+
+def _write_if_changed(path: pathlib.Path, text: str) -> pathlib.Path:
+    """Rewrite a file only when its content changes: data.py's cache keys on size and mtime, so an unchanged
+    corpus file keeps its prepared dataset."""
+    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+        _write_text(path, text)
+    return path
+
+
+def repeat_documents(documents: list[str], share: float, repeats: int, seed: int = 0) -> tuple[list[str], list[int]]:
+    """documents + `repeats` near-copies of each of round(share · len) randomly chosen documents (at least 1).
+    Returns the corpus and the chosen indices.
+
+    >>> corpus, chosen = repeat_documents([f"doc {i} " + "word " * 20 for i in range(10)], 0.1, 3)
+    >>> len(corpus), chosen
+    (13, [6])
+    """
+    import random
+    import dedup as dedup_lib
+    rng = random.Random(seed)
+    vocabulary = sorted({w for doc in documents for w in doc.split()})
+    chosen = sorted(rng.sample(range(len(documents)), max(1, round(share * len(documents)))))
+    copies = [dedup_lib.make_near_copy(documents[i], rng, rng.uniform(0.02, 0.05), vocabulary)
+              for i in chosen for _ in range(repeats)]
+    return documents + copies, chosen
+
+
+def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir="out/dedup-effect",
+                 log=print, max_hours: float = MAX_HOURS) -> dict:
+    """Build both corpora, prepare them with one tokenizer (data.py), train the same model for the same tokens
+    on each with several seeds (train.py), score every run on the same held-out documents (evaluate.py)."""
+    s = settings
+    unit_fraction("repeated share", s.repeated_share)
+    unit_fraction("held-out fraction", s.held_out_fraction)
+    if s.seeds < 2:
+        raise ScalingError("--seeds must be at least 2: the seed-to-seed spread is the yardstick")
+    trainer, planned = _dedup_effect_plan(s)
+    hours = estimate_seconds(dataclasses.replace(trainer, workers=s.workers), [planned] * (2 * s.seeds)) / 3600
+    if hours > max_hours:
+        raise ScalingError(f"{2 * s.seeds} runs of {planned.tokens:,} tokens would take about {hours:,.0f} hours on "
+                           f"this CPU: lower --tokens, or pass --max-hours {math.ceil(hours * 1.5)} to run them anyway")
+    out, created = make_out_dir(out_dir)
+    try:
+        return _dedup_effect_in(s, out, log)
+    except BaseException:
+        if created:                  # a failed experiment leaves no half-made folder (an old one keeps its files)
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _dedup_effect_plan(s: DedupEffectSettings) -> tuple[SweepSettings, PlannedRun]:
+    """The trainer settings and the one run every (corpus, seed) trains: the same model, tokens and schedule."""
+    trainer = SweepSettings(batch_size=s.batch_size, block_size=s.block_size, lr_at_64=s.lr_at_64, eval_batches=1,
+                            threads=s.threads)
+    n, _ = s.shape.counts(s.vocab_size)
+    return trainer, plan_run(6.0 * n * s.tokens, s.shape, trainer)
+
+
+def _dedup_effect_in(s: DedupEffectSettings, out: pathlib.Path, log) -> dict:
+    import concurrent.futures
+    import data as data_lib
+    import data_at_scale
+    import dedup as dedup_lib
+    import evaluate as evaluate_lib
+    # The source through data.py's funnel (quality filters, exact dedup) but without near-dedup: that is ours.
+    source = data_lib.open_source(s.source, max_documents=s.max_documents)
+    docs, _, _ = data_lib.clean([source], data_lib.CleanSettings(near_dup_threshold=0))
+    order = np.random.default_rng(0).permutation(len(docs))
+    n_held = max(1, round(s.held_out_fraction * len(docs)))
+    held = [docs[i] for i in sorted(order[:n_held])]
+    train_docs = [docs[i] for i in sorted(order[n_held:])]
+    with_dups, chosen = repeat_documents(train_docs, s.repeated_share, s.repeats)
+    kept = dedup_lib.dedup(with_dups, threshold=s.threshold)
+    deduped = [with_dups[i] for i in kept]
+    copies_left = sum(i >= len(train_docs) for i in kept)
+    originals_dropped = sum(i not in set(kept) for i in range(len(train_docs)))
+    n_copies = len(with_dups) - len(train_docs)
+    log(f"{len(train_docs)} train documents + {len(chosen)} × {s.repeats} near-copies = {len(with_dups)}; dedup.py "
+        f"kept {len(deduped)} ({n_copies - copies_left} copies removed, {originals_dropped} originals dropped); "
+        f"{len(held)} held out")
+
+    corpora = {name: _write_if_changed(out / f"{name}.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts))
+               for name, texts in (("deduplicated", deduped), ("with_duplicates", with_dups))}
+    keep_all = data_lib.CleanSettings(filters="none", near_dup_threshold=0)   # already cleaned above
+    datasets = {"deduplicated": data_at_scale.prepare([str(corpora["deduplicated"])], vocab_size=s.vocab_size,
+                                                      clean_settings=keep_all, val_fraction=0.02)}
+    datasets["with_duplicates"] = data_at_scale.prepare([str(corpora["with_duplicates"])], clean_settings=keep_all,
+                                                        val_fraction=0.02,
+                                                        tokenizer=datasets["deduplicated"] / "tokenizer.json")
+    trainer, planned = _dedup_effect_plan(s)
+    n = planned.params
+
+    def one(job):
+        name, seed = job
+        run_dir = out / f"{name}-seed{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cmd = train_command(dataclasses.replace(trainer, seed=seed), planned, datasets[name], run_dir)
+        _run_train(cmd, run_dir / "train.log", s.threads)
+        model, tok, ckpt = evaluate_lib.load_model(run_dir)
+        held_ids = evaluate_lib.held_out_from_documents("held-out", held, tok)
+        scored = evaluate_lib.perplexity_report(model, held_ids, block_size=s.block_size)
+        manifest = fileio.read_json(datasets[name] / "manifest.json", ScalingError, "run the experiment again")
+        log(f"{name}, seed {seed}: held-out loss {scored['loss']:.4f}")
+        return {"corpus": name, "seed": seed, "train_tokens": manifest["splits"]["train"]["tokens"],
+                "tokens_trained": planned.tokens, "held_out_loss": scored["loss"],
+                "held_out_bpb": scored["bits_per_byte"], "held_out_tokens": scored["tokens"]}
+
+    jobs = [(name, seed) for seed in range(s.seeds) for name in ("with_duplicates", "deduplicated")]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, s.workers)) as pool:
+        rows = list(pool.map(one, jobs))
+    result = {"settings": {**dataclasses.asdict(s), "shape": s.shape.name}, "train_documents": len(train_docs),
+              "repeated_documents": len(chosen), "copies": n_copies, "copies_removed": n_copies - copies_left,
+              "originals_dropped": originals_dropped, "held_out_documents": len(held),
+              "documents": {"with_duplicates": len(with_dups), "deduplicated": len(deduped)},
+              "parameters": n, "lr": planned.lr, "rows": rows}
+    _write_text(out / "result.json", json.dumps(result, indent=1))
+    _write_text(out / "REPORT.md", dedup_effect_report(result))
+    return result
+
+
+def dedup_effect_summary(rows: Sequence[dict]) -> dict:
+    """Mean and sample standard deviation of the held-out loss per corpus, the effect (with - without) and
+    the effect in seed standard deviations (the larger of the two corpora's spreads).
+
+    >>> r = dedup_effect_summary([{"corpus": "with_duplicates", "held_out_loss": x} for x in (3.0, 3.2)]
+    ...                          + [{"corpus": "deduplicated", "held_out_loss": x} for x in (2.5, 2.7)])
+    >>> round(r["effect"], 3), round(r["seed_sd"], 3), round(r["sigmas"], 1)
+    (0.5, 0.141, 3.5)
+    """
+    by = {c: np.array([r["held_out_loss"] for r in rows if r["corpus"] == c]) for c in ("with_duplicates",
+                                                                                       "deduplicated")}
+    sd = max(float(np.std(v, ddof=1)) for v in by.values())
+    effect = float(by["with_duplicates"].mean() - by["deduplicated"].mean())
+    return {"mean": {c: float(v.mean()) for c, v in by.items()}, "sd": {c: float(np.std(v, ddof=1))
+                                                                        for c, v in by.items()},
+            "effect": effect, "seed_sd": sd, "sigmas": effect / sd if sd > 0 else math.inf}
+
+
+def dedup_effect_report(result: dict) -> str:
+    """The per-seed table, the effect against the seed spread, and what it means, written from the numbers."""
+    s, rows = result["settings"], result["rows"]
+    summary = dedup_effect_summary(rows)
+    trained = rows[0]["tokens_trained"]
+    out = [f"# Dedup effect: {s['shape']} ({result['parameters']:,} parameters) on `{s['source']}`, "
+           f"{trained:,} tokens per run, {s['seeds']} seeds per corpus", "",
+           f"{result['repeated_documents']} of {result['train_documents']} train documents "
+           f"({result['repeated_documents'] / result['train_documents']:.1%}) were each repeated {s['repeats']} "
+           f"times as near-copies (2-5% of words edited, so exact hashing misses them). dedup.py (MinHash + LSH, "
+           f"Jaccard ≥ {s['threshold']}) removed {result['copies_removed']} of the {result['copies']} copies and "
+           f"{result['originals_dropped']} originals. Every run is scored on the same "
+           f"{result['held_out_documents']} held-out documents, cut before the copies were made (none of them is "
+           f"repeated anywhere). Same model, learning rate {result['lr']:.3g}, tokens and tokenizer for all.", "",
+           "| training corpus | seed | train tokens | epochs read | held-out loss | held-out bits/byte |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["corpus"], r["seed"])):
+        out.append(f"| {r['corpus'].replace('_', ' ')} | {r['seed']} | {r['train_tokens']:,} | "
+                   f"{r['tokens_trained'] / r['train_tokens']:.2f} | {r['held_out_loss']:.4f} | "
+                   f"{r['held_out_bpb']:.4f} |")
+    m, sd = summary["mean"], summary["sd"]
+    dup_tokens = {r["corpus"]: r["train_tokens"] for r in rows}
+    share = 1 - dup_tokens["deduplicated"] / dup_tokens["with_duplicates"]
+    out += ["", f"Mean held-out loss: with duplicates {m['with_duplicates']:.4f} ± {sd['with_duplicates']:.4f}, "
+            f"deduplicated {m['deduplicated']:.4f} ± {sd['deduplicated']:.4f} (± one seed standard deviation). "
+            f"**Effect of the duplicates: {summary['effect']:+.4f} nats = {summary['sigmas']:.1f} seed standard "
+            f"deviations.**", ""]
+    if summary["sigmas"] > 3:
+        out.append(f"Deduplication helped beyond the seed noise. The copies are {share:.0%} of the training tokens, so "
+                   f"the run with them read that much less distinct text in the same budget, and spent the rest "
+                   f"memorising {result['repeated_documents']} documents that say nothing about the held-out ones.")
+    elif summary["sigmas"] < -3:
+        out.append("The run with duplicates scored better, beyond the seed spread. Duplicates add no information, "
+                   "so look for a confound: the repeated documents may resemble the held-out text.")
+    else:
+        out.append(f"No effect beyond 3 seed standard deviations: with {share:.0%} of the tokens duplicated, the "
+                   f"difference is within the run-to-run noise at this budget.")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. The command line: `sweep` and `dedup-effect`, added to scaling.py's parser (or run as `python sweep.py`).
+# ---------------------------------------------------------------------------------------------------------------
+
+def _sweep_settings(args) -> SweepSettings:
+    """The defaults (or --quick's), with the flags given (sweep() checks the whole design before anything runs)."""
+    settings = QUICK_SWEEP if args.quick else SweepSettings()
+    changes = {k: v for k, v in (("budgets", tuple(args.budgets) if args.budgets else None),
+                                 ("sizes_per_budget", args.sizes), ("heldout_sizes", args.heldout_sizes),
+                                 ("data", args.data), ("vocab_size", args.vocab_size), ("lr_at_64", args.lr_at_64),
+                                 ("workers", args.workers), ("threads", args.threads),
+                                 ("bootstrap", args.bootstrap), ("seed", args.seed)) if v is not None}
+    return dataclasses.replace(settings, **changes)
+
+
+def _cmd_sweep(args) -> str:
+    settings = _sweep_settings(args)
+    out_dir = args.out_dir or ("out/sweep-quick" if args.quick else "out/sweep")
+    result = sweep(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True), max_hours=args.max_hours)
+    return sweep_report(result) + f"\nwritten: {result.out_dir / 'REPORT.md'}, {result.plot}, " \
+                                  f"{result.out_dir / 'final.jsonl'}"
+
+
+def _cmd_dedup_effect(args) -> str:
+    settings = QUICK_DEDUP if args.quick else DedupEffectSettings()
+    changes = {k: v for k, v in (("tokens", args.tokens), ("seeds", args.seeds), ("workers", args.workers),
+                                 ("threads", args.threads)) if v is not None}
+    settings = dataclasses.replace(settings, **changes)
+    out_dir = args.out_dir or ("out/dedup-effect-quick" if args.quick else "out/dedup-effect")
+    result = dedup_effect(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True),
+                          max_hours=args.max_hours)
+    return dedup_effect_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
+
+
+def add_commands(sub) -> None:
+    """Add the `sweep` and `dedup-effect` subcommands to an argparse subparsers object (scaling.py's, or ours)."""
+    threads, max_hours = in_range(int, 0, 1024), in_range(float, 0.0, 1e6, low_open=True)
+    s = sub.add_parser("sweep", help="IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget")
+    s.add_argument("--quick", action="store_true", help="a tiny design on pydocs (seconds per run), for tests")
+    s.add_argument("--budgets", type=in_range(float, 1e6, 1e16), nargs="+",
+                   help="compute budgets in FLOPs (default 3e9 1e10 3e10 1e11)")
+    s.add_argument("--sizes", type=in_range(int, 3, 9), help="model sizes per budget, 3..9 (default 5)")
+    s.add_argument("--heldout-sizes", type=int, choices=(1, 3), help="sizes trained at the held-out budget: 1 "
+                   "(default) or 3 (a parabola there measures the optimum too)")
+    s.add_argument("--data", help="corpus (default pystdlib, embedded) or a prepared dataset directory")
+    s.add_argument("--vocab-size", type=in_range(int, 257, 65536),
+                   help="BPE vocabulary when the corpus is prepared (default 512)")
+    s.add_argument("--lr-at-64", type=in_range(float, 0.0, 1.0, low_open=True),
+                   help="learning rate of a width-64 model; each size gets this·64/width (default 3e-3)")
+    s.add_argument("--workers", type=in_range(int, 1, 64), help="training runs side by side (default 2)")
+    s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
+    s.add_argument("--bootstrap", type=in_range(int, 0, 10_000), help="bootstrap resamples (default 50)")
+    s.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), help="seed of every run and of the bootstrap")
+    s.add_argument("--out-dir", type=writable("dir"), default=None, help="default out/sweep (quick: out/sweep-quick)")
+    s.add_argument("--max-hours", type=max_hours, default=MAX_HOURS,
+                   help=f"refuse a sweep estimated to take longer than this on this CPU (default {MAX_HOURS:g})")
+    s.set_defaults(run=_cmd_sweep)
+
+    s = sub.add_parser("dedup-effect", help="1%% of documents repeated 50x vs dedup.py's cleaned corpus, 3 seeds")
+    s.add_argument("--quick", action="store_true", help="tiny runs (seconds each), for tests")
+    s.add_argument("--tokens", type=in_range(int, 1, 10**9), help="tokens trained per run (default 500000)")
+    s.add_argument("--seeds", type=in_range(int, 2, 20), help="seeds per corpus, 2..20 (default 3)")
+    s.add_argument("--workers", type=in_range(int, 1, 64), help="training runs side by side (default 2)")
+    s.add_argument("--out-dir", type=writable("dir"), default=None,
+                   help="default out/dedup-effect (quick: out/dedup-effect-quick)")
+    s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
+    s.add_argument("--max-hours", type=max_hours, default=MAX_HOURS,
+                   help=f"refuse runs estimated to take longer than this on this CPU (default {MAX_HOURS:g})")
+    s.set_defaults(run=_cmd_dedup_effect)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = scaling.OneLineParser(prog="sweep.py", description="scaling.py's experiments: the IsoFLOP sweep "
+                                   "through train.py and the dedup effect (the same as `scaling.py sweep|dedup-effect`)")
+    add_commands(parser.add_subparsers(dest="command", required=True, parser_class=scaling.OneLineParser))
+    return scaling.run_command(parser.parse_args(argv), "sweep.py")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
