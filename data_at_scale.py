@@ -1625,6 +1625,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
     if store.is_uri(work_dir):
         raise DataError(f"--work-dir {work_dir}: give a folder (on a cluster, one every node mounts): work files "
                         f"are renamed, appended and memory-mapped, which an object store cannot do")
+    if work_dir is not None and pathlib.Path(work_dir).exists() and not pathlib.Path(work_dir).is_dir():
+        raise DataError(f"--work-dir {work_dir} is a file; give a directory path")
     remote = store.is_uri(out_dir)
     if remote and engine == "ray" and ray_address is not None and work_dir is None:
         raise DataError(f"--out {out_dir} with --ray-address: pass --work-dir on a folder every node mounts "

@@ -85,6 +85,8 @@ BAD_INPUT = [
     ("data", "prepare --data {empty}", "is empty (0 bytes)"),
     ("data", "prepare --data {blank}", "has no documents"),
     ("data", "download {data} d", "train.py --data"),
+    ("data", "prepare --data {corpus} --work-dir {file}", "is a file; give a directory"),   # data_at_scale's flags
+    ("data", "prepare --data {corpus} --workers 5000", "--workers"),
     ("train", "--data {empty}", "--data"),
     ("train", "--data {blank}", "--data"),
     # dedup.py: MinHash sizes that cannot fit, thresholds, seeds, output paths
