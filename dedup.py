@@ -53,7 +53,8 @@ Run it:
     python dedup.py experiment --data ../shared/data/wikitext-2-raw/wiki.valid.raw
     python dedup.py run --input corpus.jsonl --out deduped.jsonl
 
-Depends on numpy and the standard library only (no sibling files).
+Depends on numpy, the standard library and fileio.py (untrusted JSON lines, files written whole with the
+umask's modes).
 """
 from __future__ import annotations
 
@@ -65,11 +66,12 @@ import pathlib
 import random
 import re
 import sys
-import tempfile
 import time
 import unicodedata
 
 import numpy as np
+
+import fileio
 
 
 class DedupError(ValueError):
@@ -1243,22 +1245,15 @@ def read_text(path: str | os.PathLike) -> str:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename: readers see the old file or the whole new one."""
+    """fileio.write_atomic (temp file, rename, the umask's modes), with the failures said as one DedupError line."""
     path = pathlib.Path(path)
     if path.is_dir():
         raise DedupError(f"{path} is a directory: give a file path for the output")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fileio.write_atomic(path, text, error=DedupError, fix="give --out a path on another disk")
     except OSError as error:
         raise DedupError(f"cannot write {path} ({error.strerror}): choose a writable folder") from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def read_corpus(path: str | os.PathLike, text_field: str = "text", split: str = "auto") -> tuple[list[str], list[str]]:
@@ -1271,10 +1266,7 @@ def read_corpus(path: str | os.PathLike, text_field: str = "text", split: str = 
         for number, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DedupError(f"{path}:{number} is not valid JSON ({error.msg}): one JSON object per line") from None
+            record = fileio.parse_json(line, f"{path}:{number}", DedupError, "give one JSON object per line")
             if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
                 raise DedupError(f"{path}:{number} has no string field {text_field!r}: pass --text-field NAME")
             texts.append(record[text_field])

@@ -77,7 +77,6 @@ import random
 import re
 import resource
 import sys
-import tempfile
 import time
 import unicodedata
 
@@ -739,22 +738,18 @@ def format_evaluation(result: dict) -> str:
 
 
 def write_json(obj, path) -> pathlib.Path:
-    """Write JSON atomically: a temp file in the same directory, then rename (never a half-written file)."""
+    """Write JSON whole (fileio.write_atomic: temp file, rename, the umask's modes); failures are one EvalError."""
+    return _write_whole(path, json.dumps(obj, indent=1) + "\n", "--json")
+
+
+def _write_whole(path, content, flag: str) -> pathlib.Path:
+    import fileio
     path = pathlib.Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        return fileio.write_atomic(path, content, error=EvalError, fix=f"choose another {flag} path")
     except OSError as e:
-        raise EvalError(f"cannot write {path} ({e.strerror}): choose another --json path") from e
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+        raise EvalError(f"cannot write {path} ({e.strerror}): choose another {flag} path") from e
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -939,19 +934,8 @@ def _write_kept(spec: str, documents: list[str], report: dict, out_path) -> path
     """--drop: the evaluation documents that are not contaminated, as jsonl {"text": ...} (atomic write)."""
     out_path = pathlib.Path(out_path)
     kept = [doc for doc, row in zip(documents, report["documents"]) if not row["contaminated"]]
-    try:
-        fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise EvalError(f"cannot write {out_path} ({e.strerror}): choose another --drop path") from e
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for doc in kept:
-                f.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out_path
+    return _write_whole(out_path, "".join(json.dumps({"text": doc}, ensure_ascii=False) + "\n" for doc in kept),
+                        "--drop")
 
 
 class _Parser(argparse.ArgumentParser):

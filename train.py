@@ -53,9 +53,10 @@ Run it:
     torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
 
 Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), data_at_scale.py (prepares
---data with the streaming engine), model.py (the GPT, the check of --device), fileio.py (reading --config) and,
-under torchrun, parallel.py (data parallel, ZeRO, tensor and pipeline parallel). matplotlib draws the loss curve
-(imported only then).
+--data with the streaming engine), model.py (the GPT, the check of --device), bpe.py (the tokenizer a checkpoint
+carries), fileio.py (reading --config; checkpoints and the loss PNG written whole) and, under torchrun,
+parallel.py (the mesh, data parallel) and model_parallel.py (`parallelize`: ZeRO, tensor and pipeline parallel).
+matplotlib draws the loss curve (imported only then).
 """
 from __future__ import annotations
 
@@ -319,7 +320,7 @@ def autocast(device: torch.device, dtype: torch.dtype):
 # ----------------------------------------------------------------------------------------------------------------------
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d{7})\.pt$")
-TEMP_PATTERN = re.compile(r"^\.(ckpt_\d{7}\.pt|loss\.png)\.tmp\d+(\.png)?$")     # atomic writes in flight
+TEMP_PATTERN = re.compile(r"^\.(ckpt_\d{7}\.pt|loss\.png)\.\w+\.tmp$")     # fileio.write_atomic's, in flight
 CHECKSUM_TAG = b"sha256:"
 CHECKSUM_LEN = len(CHECKSUM_TAG) + 64           # the zip comment: tag + hex digest
 
@@ -332,27 +333,27 @@ def checkpoint_path(out_dir, step: int) -> pathlib.Path:
 def list_checkpoints(out_dir) -> list[pathlib.Path]:
     """Checkpoint files in `out_dir`, newest (highest step) first; temp files of interrupted writes are ignored."""
     out_dir = pathlib.Path(out_dir)
-    if not out_dir.is_dir():
-        return []
-    found = [p for p in out_dir.iterdir() if CKPT_PATTERN.match(p.name)]
+    found = [p for p in out_dir.iterdir() if CKPT_PATTERN.match(p.name)] if out_dir.is_dir() else []
     return sorted(found, key=lambda p: int(CKPT_PATTERN.match(p.name).group(1)), reverse=True)
 
 
 class HashingWriter:
-    """A write-only file that feeds every byte torch.save streams into it to a sha256 as well."""
+    """A write-only file that feeds every byte torch.save streams into it to a sha256 as well, and keeps the last
+    22 bytes (the zip's end record, which append_checksum completes)."""
 
     def __init__(self, file):
-        self.file, self.digest = file, hashlib.sha256()
+        self.file, self.digest, self.tail = file, hashlib.sha256(), b""
 
     def write(self, data) -> int:
         self.digest.update(data)
+        self.tail = (self.tail + bytes(memoryview(data).cast("B")[-22:]))[-22:]
         return self.file.write(data)
 
     def flush(self) -> None:
         self.file.flush()
 
 
-def append_checksum(file, digest) -> None:
+def append_checksum(hashing: HashingWriter) -> None:
     """Store the sha256 of a torch.save zip inside it, as the zip's comment (the file's last bytes).
 
     torch.load checks no CRC, so 4 KiB of zeros inside the weights load silently as wrong numbers; the digest
@@ -360,12 +361,10 @@ def append_checksum(file, digest) -> None:
     torch.save); we set it to 71 and append b"sha256:" + the 64 hex digits of the zip as torch.save wrote it. The
     file stays a valid zip, so torch.load (and any zip tool) still reads it as it is.
     """
-    file.seek(-22, os.SEEK_END)
-    end_record = file.read(22)
-    if end_record[:4] != b"PK\x05\x06" or end_record[-2:] != b"\x00\x00":
+    if hashing.tail[:4] != b"PK\x05\x06" or hashing.tail[-2:] != b"\x00\x00":
         raise ValueError("not a zip written by torch.save (no end record without a comment)")
-    file.seek(-2, os.SEEK_END)
-    file.write(CHECKSUM_LEN.to_bytes(2, "little") + CHECKSUM_TAG + digest.hexdigest().encode())
+    hashing.file.seek(-2, os.SEEK_END)
+    hashing.file.write(CHECKSUM_LEN.to_bytes(2, "little") + CHECKSUM_TAG + hashing.digest.hexdigest().encode())
 
 
 def verify_checksum(path) -> None:
@@ -391,23 +390,17 @@ def verify_checksum(path) -> None:
 
 
 def atomic_save(obj, path) -> None:
-    """torch.save with a checksum to a temp file in the same directory, fsync it, then rename over `path`.
+    """torch.save with a checksum to a temp file in the same directory, fsync it, then rename over `path`
+    (fileio.write_atomic), and fsync the directory so that the rename itself is on disk.
 
     A crash at any moment leaves either the old file or the complete new one, never half a checkpoint; a temp file
-    left by a kill is removed by the next run (remove_stale_temp_files).
+    left by a kill is removed by the next run (remove_stale_temp_files). A full disk is one line (TrainError).
     """
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w+b") as f:
-            hashing = HashingWriter(f)
-            torch.save(obj, hashing)
-            append_checksum(f, hashing.digest)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    def save(f) -> None:
+        hashing = HashingWriter(f)
+        torch.save(obj, hashing)
+        append_checksum(hashing)
+    path = fileio.write_atomic(path, save, error=TrainError, fix="choose another --out-dir")
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)                  # make the rename itself durable
@@ -416,7 +409,7 @@ def atomic_save(obj, path) -> None:
 
 
 def remove_stale_temp_files(out_dir, log=print) -> None:
-    """Delete the temp files (.ckpt_*.pt.tmpPID, .loss.png.tmpPID.png) of writes that a kill interrupted."""
+    """Delete the temp files (.ckpt_*.pt.XXXX.tmp, .loss.png.XXXX.tmp) of writes that a kill interrupted."""
     for stale in pathlib.Path(out_dir).iterdir():
         if TEMP_PATTERN.match(stale.name):
             stale.unlink(missing_ok=True)
@@ -561,28 +554,21 @@ class SpikeGuard:
 # no dense fp32/tf32 figure we could confirm, so none is given), Ada whitepaper (RTX 4090, fp32 accumulate),
 # AMD Instinct MI300X datasheet (AMD prints dense figures).
 _H100_SXM = {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}
-_H100_NVL = {"bf16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}
 _A100 = {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
-_MI300X = {"bf16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12}
 GPU_PEAK_FLOPS = {
-    "NVIDIA H100 80GB HBM3": _H100_SXM,
+    **dict.fromkeys(["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GH200 480GB"], _H100_SXM),
     "NVIDIA H100 PCIe": {"bf16": 756.5e12, "tf32": 378e12, "fp32": 51e12},
-    "NVIDIA H100 NVL": _H100_NVL,
-    "NVIDIA H200": _H100_SXM,
-    "NVIDIA H200 NVL": _H100_NVL,
-    "NVIDIA GH200 480GB": _H100_SXM,
-    "NVIDIA A100-SXM4-40GB": _A100,
-    "NVIDIA A100-SXM4-80GB": _A100,
-    "NVIDIA A100-PCIE-40GB": _A100,
-    "NVIDIA A100 80GB PCIe": _A100,
+    **dict.fromkeys(["NVIDIA H100 NVL", "NVIDIA H200 NVL"], {"bf16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}),
+    **dict.fromkeys(["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB",
+                     "NVIDIA A100 80GB PCIe"], _A100),
     "NVIDIA B200": {"bf16": 2250e12},
     "NVIDIA L4": {"bf16": 121e12, "tf32": 60e12, "fp32": 30.3e12},
     "NVIDIA L40": {"bf16": 181e12, "tf32": 90.5e12, "fp32": 90.5e12},
     "NVIDIA L40S": {"bf16": 362e12, "tf32": 183e12, "fp32": 91.6e12},
     "NVIDIA A10": {"bf16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12},
     "NVIDIA GeForce RTX 4090": {"bf16": 165.2e12, "tf32": 82.6e12, "fp32": 82.6e12},
-    "AMD Instinct MI300X": _MI300X,
-    "AMD Instinct MI300X VF": _MI300X,
+    **dict.fromkeys(["AMD Instinct MI300X", "AMD Instinct MI300X VF"],
+                    {"bf16": 1307.4e12, "tf32": 653.7e12, "fp32": 163.4e12}),
 }
 
 
@@ -668,16 +654,11 @@ def plot_loss_curve(metrics_path, png_path) -> pathlib.Path:
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.legend()
     ax.grid(alpha=0.3)
-    png_path = pathlib.Path(png_path)
-    tmp = png_path.with_name(f".{png_path.name}.tmp{os.getpid()}.png")
     try:
-        fig.savefig(tmp, dpi=100, bbox_inches="tight")
-        os.replace(tmp, png_path)
-    finally:                                              # a failed save leaves no stray temp file
+        return fileio.write_atomic(png_path, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"),
+                                   error=TrainError, fix="choose another --out-dir")
+    finally:
         plt.close(fig)
-        if tmp.exists():
-            tmp.unlink()
-    return png_path
 
 
 def eval_plan(num_windows: int, batch_size: int, world_size: int, eval_batches: int) -> tuple[int, int]:
@@ -771,7 +752,7 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
 
 
 def uses_model_parallel(cfg: TrainConfig) -> bool:
-    """ZeRO, tensor or pipeline parallel: the model and optimizer go through parallel.parallelize."""
+    """ZeRO, tensor or pipeline parallel: the model and optimizer go through model_parallel.parallelize."""
     return bool(cfg.zero) or cfg.tp > 1 or cfg.pp > 1
 
 
@@ -786,18 +767,20 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
     """
     if dist.mesh is None:
         return model, optimizer
+    import model_parallel
     import parallel
     if uses_model_parallel(cfg):
         if cfg.dtype == "fp16":
             raise TrainError("--dtype fp16 with --zero/--tp/--pp: ranks holding different gradients would disagree "
                              "on the loss scaler's overflow check; use --dtype bf16 or fp32")
-        # ZeRO / TP / PP: parallel.py splits the full model and optimizer over the mesh; the returned pair keeps
-        # this loop's calls and saves checkpoints in the single-process format (any layout can resume them).
+        # ZeRO / TP / PP: model_parallel.py splits the full model and optimizer over the mesh; the returned pair
+        # keeps this loop's calls and saves checkpoints in the single-process format (any layout can resume them).
         mixed = {}
         if cfg.zero == 3 and dtype == torch.bfloat16:
             mixed = dict(compute_dtype=dtype, reduce_dtype=DTYPES[cfg.zero_reduce_dtype])
         try:
-            return parallel.parallelize(model, optimizer, dist.mesh, zero=cfg.zero, schedule=cfg.pp_schedule, **mixed)
+            return model_parallel.parallelize(model, optimizer, dist.mesh, zero=cfg.zero, schedule=cfg.pp_schedule,
+                                              **mixed)
         except parallel.ParallelError as e:
             raise TrainError(str(e)) from e
     if dist.world_size == 1:
@@ -805,21 +788,14 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
     return parallel.DataParallel(model, dist.mesh.dp), optimizer
 
 
-def all_reduce_mean(values: torch.Tensor, dist: Dist) -> torch.Tensor:
-    """Average a small float tensor over data-parallel ranks (identity in one process)."""
-    if dist.world_size > 1:
+def all_reduce_mean(values: torch.Tensor, dist: Dist, over_world: bool = False) -> torch.Tensor:
+    """Average a small float tensor over the data-parallel ranks, or with over_world over every process of the run
+    (tp and pp ranks included); the identity in one process."""
+    n = dist.devices if over_world else dist.world_size
+    if n > 1:
         values = values.clone()
-        torch.distributed.all_reduce(values, group=dist.mesh.dp.group)
-        values /= dist.world_size
-    return values
-
-
-def all_reduce_world_mean(values: torch.Tensor, dist: Dist) -> torch.Tensor:
-    """Average a small float tensor over every process of the run, tp and pp ranks included."""
-    if dist.devices > 1:
-        values = values.clone()
-        torch.distributed.all_reduce(values)
-        values /= dist.devices
+        torch.distributed.all_reduce(values, group=None if over_world else dist.mesh.dp.group)
+        values /= n
     return values
 
 
@@ -865,26 +841,19 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
 
 def parse_model_args(text: str) -> dict:
     """'n_layer=2,n_embd=32,dropout=0.1' -> {'n_layer': 2, 'n_embd': 32, 'dropout': 0.1}, typed by GPTConfig."""
-    types = {f.name: f.type for f in dataclasses.fields(model_lib.GPTConfig)}
+    types = {f.name: str(f.type) for f in dataclasses.fields(model_lib.GPTConfig)}
     out = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
-        key, sep, value = item.partition("=")
-        key = key.strip()
+        key, sep, value = (part.strip() for part in item.partition("="))
         if not sep or key not in types:
             raise TrainError(f"--model-args: {item!r} is not NAME=VALUE with NAME a GPTConfig field "
                              f"({', '.join(types)})")
-        kind = str(types[key])
+        kind = next((k for k in ("bool", "int", "float") if k in types[key]), "str")
         try:
-            if "bool" in kind:
-                out[key] = value.strip().lower() in ("1", "true", "yes")
-            elif "int" in kind:
-                out[key] = int(value)
-            elif "float" in kind:
-                out[key] = float(value)
-                if not math.isfinite(out[key]):
-                    raise ValueError(f"{value.strip()} is not a finite number")
-            else:
-                out[key] = value.strip()
+            out[key] = {"bool": lambda v: v.lower() in ("1", "true", "yes"), "int": int, "float": float,
+                        "str": str}[kind](value)
+            if kind == "float" and not math.isfinite(out[key]):
+                raise ValueError(f"{value} is not a finite number")
         except ValueError as e:
             raise TrainError(f"--model-args: bad value in {item!r}: {e}") from e
     return out
@@ -1006,14 +975,9 @@ class Trainer:
         check_writable_dir(self.out_dir)
         existing = list_checkpoints(self.out_dir)
         if self.cfg.resume:
-            where = self.out_dir if self.cfg.resume == "latest" else pathlib.Path(self.cfg.resume)
-            if not where.exists():
-                raise TrainError(f"--resume: {where} does not exist; train first (without --resume) or pass a "
-                                 f"checkpoint file")
-            try:
-                ckpt = load_checkpoint(where, self.log)
-            except TrainError as e:
-                raise TrainError(f"--resume: {e}") from e
+            where = self.out_dir if self.cfg.resume == "latest" else self.cfg.resume
+            ckpt = self._load_flag_checkpoint("--resume", where, "train first (without --resume) or pass a "
+                                                                 "checkpoint file")
             if "optimizer" not in ckpt:                   # weights only: nothing of a run to continue
                 raise TrainError(f"--resume: {ckpt['path']} has no optimizer state (written by model.py import-hf): "
                                  f"start a new run from its weights with --init-from {ckpt['path']}")
@@ -1026,16 +990,20 @@ class Trainer:
     def _load_init_checkpoint(self) -> dict:
         """--init-from: the checkpoint whose weights start the run (its shape replaces --model/--model-args; a
         resumed run takes the same shape and then its own newer weights). Its tokenizer must be --data's."""
-        path = pathlib.Path(self.cfg.init_from)
-        if not path.exists():
-            raise TrainError(f"--init-from: {path} does not exist; pass a checkpoint (python model.py import-hf "
-                             f"writes one from a Hugging Face model)")
-        try:
-            ckpt = load_checkpoint(path, self.log)
-        except TrainError as e:
-            raise TrainError(f"--init-from: {e}") from e
+        ckpt = self._load_flag_checkpoint("--init-from", self.cfg.init_from, "pass a checkpoint (python model.py "
+                                          "import-hf writes one from a Hugging Face model)")
         self.log(f"initialising from {ckpt['path']} (--model and --model-args are not used)")
         return ckpt
+
+    def _load_flag_checkpoint(self, flag: str, path, fix: str) -> dict:
+        """load_checkpoint for a flag's value, its errors named after the flag."""
+        path = pathlib.Path(path)
+        if not path.exists():
+            raise TrainError(f"{flag}: {path} does not exist; {fix}")
+        try:
+            return load_checkpoint(path, self.log)
+        except TrainError as e:
+            raise TrainError(f"{flag}: {e}") from e
 
     def _make_out_dir(self) -> None:
         """Create out-dir (every rank; the same directory) and sweep away temp files of writes killed mid-way."""
@@ -1103,10 +1071,8 @@ class Trainer:
         if ckpt["tokenizer_json"] != self.tokenizer.to_json():
             raise TrainError(f"checkpoint {ckpt['path']} was trained with another tokenizer than --data "
                              f"{self.cfg.data!r}; resume with the run's data ({ckpt['data_dir']})")
-        if hasattr(self.model, "load_full_state_dict"):
-            self.model.load_full_state_dict(ckpt["model"])
-        else:
-            self.raw_model.load_state_dict(ckpt["model"])
+        # A split model slices the single-process state dict to this rank's pieces; a whole one loads it as it is.
+        getattr(self.model, "load_full_state_dict", self.raw_model.load_state_dict)(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.scaler and ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
@@ -1172,7 +1138,7 @@ class Trainer:
         # signal may reach one pipeline stage and not the other. The loss is the same on every tp and pp rank of
         # a data-parallel rank, so the mean over the world is the dp mean.
         stop = torch.tensor(float(self.stop_requested), device=self.device)
-        loss_value, stop_any = all_reduce_world_mean(torch.stack([loss_sum / n, stop]), self.dist).tolist()
+        loss_value, stop_any = all_reduce_mean(torch.stack([loss_sum / n, stop]), self.dist, over_world=True).tolist()
         self.stopping = stop_any > 0                                   # every rank stops after this step
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -1250,10 +1216,8 @@ class Trainer:
         if self.cfg.num_samples <= 0 or self.cfg.sample_tokens <= 0:
             return []
         generator = torch.Generator(device=self.device).manual_seed(self.cfg.seed)
-        if self.cfg.prompt:
-            start = self.tokenizer.encode(self.cfg.prompt, allowed_special="all")
-        else:
-            start = [self.data.eot_id or 0]                    # "a new document starts here"
+        start = (self.tokenizer.encode(self.cfg.prompt, allowed_special="all") if self.cfg.prompt
+                 else [self.data.eot_id or 0])                  # no prompt: "a new document starts here"
         start = start[-self.model_config.block_size:]
         idx = torch.tensor([start] * self.cfg.num_samples, dtype=torch.long, device=self.device)
         model = getattr(self, "sample_model", self.raw_model)
@@ -1287,15 +1251,12 @@ class Trainer:
         if not self._peak:
             self.log(f"MFU n/a: pass --peak-flops (no dense {str(self.dtype).split('.')[-1]} peak for "
                      f"{torch.cuda.get_device_name(self.device)!r} in train.GPU_PEAK_FLOPS)")
-        handler = self._install_interrupt_handler()
         start_time = time.time()
-        try:
+        with self._stop_on_signals():
             if self.step == 0:
                 self._log_eval(self.evaluate())
             while self.step < cfg.max_steps and not self.stopping:    # never on a local flag: see train_step
                 self.loop_step()
-        finally:
-            self._restore_interrupt_handler(handler)
         summary = {"step": self.step, "interrupted": self.stopping, "seconds": time.time() - start_time,
                    **{k: v for k, v in self.last_eval.items() if k != "step"},
                    "checkpoint": str(checkpoint_path(self.out_dir, self.step)),
@@ -1343,24 +1304,23 @@ class Trainer:
     def _log_eval(self, result: dict) -> None:
         self.log(f"step {result['step']:>6} | val loss {result['val_loss']:.4f} | val bpb {result['val_bpb']:.4f}")
 
-    def _install_interrupt_handler(self) -> dict:
-        """Ctrl-C (SIGINT) or a scheduler's SIGTERM: finish the step, save a checkpoint, exit. A second one stops at
-        once. Returns the previous handlers."""
-        if not threading_main():
-            return {}
-
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """Inside this block, Ctrl-C (SIGINT) or a scheduler's SIGTERM: finish the step, save a checkpoint, exit. A
+        second one stops at once. The previous handlers come back on leaving it."""
         def on_signal(signum, frame):
             if self.stop_requested:
                 raise KeyboardInterrupt
             self.stop_requested = True
             self.log(f"\n{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
                      f"(Ctrl-C again to abort)")
-        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    @staticmethod
-    def _restore_interrupt_handler(previous: dict) -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signals = (signal.SIGINT, signal.SIGTERM) if threading_main() else ()
+        previous = {sig: signal.signal(sig, on_signal) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ section 6 is 9 launches of ~15 s (torch import, CUDA and nccl init, pydocs from 
 milliseconds: ~2.5 minutes. Total ~6-7 minutes, under the 8 allowed; `--nproc 8` adds sections 5 and 6 again.
 Every figure the bench prints comes from the run itself.
 
-Depends on: torch and the project's train.py, model.py, parallel.py, data.py, fileio.py.
+Depends on: torch and the project's train.py, model.py, parallel.py, model_parallel.py, data.py, fileio.py.
 """
 from __future__ import annotations
 
@@ -74,6 +74,7 @@ sys.path.insert(0, str(ROOT))
 import data as data_lib  # noqa: E402
 import fileio  # noqa: E402
 import model as model_lib  # noqa: E402
+import model_parallel  # noqa: E402
 import parallel  # noqa: E402
 import train  # noqa: E402
 
@@ -701,7 +702,7 @@ def layout_worker(out_path: str) -> int:
         opt = torch.optim.AdamW(train.param_groups(gpt, 0.1), lr=LAYOUT_LR)
         mesh = parallel.Mesh.build(dp=lay["dp"], tp=lay["tp"], pp=lay["pp"])
         mixed = dict(compute_dtype=torch.bfloat16) if lay["bf16"] else {}
-        model, optim = parallel.parallelize(gpt, opt, mesh, zero=lay["zero"], **mixed)
+        model, optim = model_parallel.parallelize(gpt, opt, mesh, zero=lay["zero"], **mixed)
         for x, y in _layout_batches(device, config):
             xs, ys = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
             if model.pipelined:
@@ -717,7 +718,7 @@ def layout_worker(out_path: str) -> int:
     if world == 1:  # the pipeline executor with one stage: its schedule, loss and backward on this device
         torch.manual_seed(0)
         gpt = model_lib.GPT(config).to(device)
-        pipe = parallel.PipelineParallel(gpt, parallel.Mesh.build(), "1f1b")
+        pipe = model_parallel.PipelineParallel(gpt, parallel.Mesh.build(), "1f1b")
         x, y = _layout_batches(device, config)[0]
         loss = pipe.step(x, y, micro_batches=4)
         torch.manual_seed(0)

@@ -1,5 +1,6 @@
-"""Benchmark: every layout of parallel.py on 2 CPU processes (gloo) against one process, and our data parallel and
-ZeRO-3 against torch's own DistributedDataParallel and FSDP (`fully_shard`) on the same model, data and optimizer.
+"""Benchmark: every layout of parallel.py and model_parallel.py on 2 CPU processes (gloo) against one process, and
+our data parallel and ZeRO-3 against torch's own DistributedDataParallel and FSDP (`fully_shard`) on the same
+model, data and optimizer.
 
 For each mode it prints, per rank: the median step time (and its ratio to one process), the bytes this rank sent
 in one step (our counters; torch's wrappers have none), the bytes of weights + gradients + optimizer state it
@@ -21,6 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import model_parallel as MP  # noqa: E402
 import parallel as P  # noqa: E402
 from model import GPT, ConfigError, GPTConfig  # noqa: E402
 
@@ -74,7 +76,7 @@ def _ours(cfg, data, sizes, zero, micro_batches):
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     mesh = P.Mesh.build(**sizes)
-    wrapped, wopt = P.parallelize(model, opt, mesh, zero=zero)
+    wrapped, wopt = MP.parallelize(model, opt, mesh, zero=zero)
     times = []
     for x, y in data:
         mesh.reset_counters()
@@ -196,10 +198,10 @@ def main(argv=None) -> int:
               f"{'-' if sent is None else f'{sent:,.0f}':>21} "
               f"{'' if sent is None else f'{sent / dp_bytes:.2f}':>6} {memory:>17,} {memory / (16 * n):>6.2f} "
               f"{diff:>13.1e}" + (f"  (vs {oracle[name]})" if name in oracle else ""))
-    sim = P.simulate(P.one_f_one_b_schedule(args.world, args.micro_batches))["bubble"]
-    measured = P.launch(P.measure_pipeline_bubble, args.world, "1f1b", args.micro_batches, timeout_s=600)
+    sim = MP.simulate(MP.one_f_one_b_schedule(args.world, args.micro_batches))["bubble"]
+    measured = P.launch(MP.measure_pipeline_bubble, args.world, "1f1b", args.micro_batches, timeout_s=600)
     print(f"pipeline bubble, {args.world} stages x {args.micro_batches} micro-batches: formula "
-          f"{P.bubble_fraction(args.world, args.micro_batches):.3f}, simulated {sim:.3f}, measured (idle share of "
+          f"{MP.bubble_fraction(args.world, args.micro_batches):.3f}, simulated {sim:.3f}, measured (idle share of "
           f"each stage's wall time) " + ", ".join(f"{r['bubble']:.3f}" for r in measured))
     return 0
 

@@ -75,6 +75,7 @@ COMPANION_KINDS = {
     "hf": "bridge",
     "sweep": "experiment",
     "fileio": "helper",
+    "model_parallel": "chapter half (TP, PP)",
 }
 
 

@@ -489,11 +489,23 @@ def test_run_deduplicates_jsonl_and_text(tmp_path, capsys):
     assert json.loads((tmp_path / "sep_out.jsonl").read_text())["text"] == "a\u2028b " + other
 
 
+def test_run_writes_its_output_with_the_umask_modes(tmp_path):
+    """The kept documents are for others to read: 0644 under umask 022 (a bare mkstemp would leave 0600)."""
+    (tmp_path / "in.txt").write_text("one document here\nanother one there\n")
+    old = os.umask(0o022)
+    try:
+        dedup.main(["run", "--input", str(tmp_path / "in.txt"), "--out", str(tmp_path / "out.txt")])
+    finally:
+        os.umask(old)
+    assert oct((tmp_path / "out.txt").stat().st_mode & 0o777) == "0o644"
+
+
 @pytest.mark.parametrize("content, args, message", [
     (None, [], "does not exist"),
     (b"\x89PNG\x00\x00binary", [], "not a text file"),
     (b"caf\xe9 latin-1", [], "not UTF-8"),
-    (b'{"text": "ok"}\n{broken\n', [], "in.jsonl:2 is not valid JSON"),
+    (b'{"text": "ok"}\n{broken\n', [], "in.jsonl:2: not valid JSON"),
+    (b'{"text": "ok"}\n' + b"[" * 5000 + b"\n", [], "in.jsonl:2: JSON nested more than 1,000 levels"),
     (b'{"body": "no text field"}\n', [], "no string field 'text'"),
     (b"\n\n", [], "no documents found"),
     (b'{"text": "a b c"}\n', ["--bands", "30"], "not divisible"),

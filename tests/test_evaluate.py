@@ -2,6 +2,7 @@
 decoding, contamination against a plain set of n-gram tuples, and the command line on real checkpoints."""
 import json
 import math
+import os
 import random
 
 import numpy as np
@@ -606,3 +607,14 @@ def test_a_task_file_nested_thousands_deep_is_one_line(tmp_path):
     deep.write_bytes(b'{"prompt": "\xff", "answer": "b"}\n')
     with pytest.raises(ev.EvalError, match="tasks.jsonl line 1: "):
         ev.read_tasks(deep)
+
+
+def test_reports_are_written_whole_with_the_umask_modes(tmp_path):
+    """--json and --drop outputs are for others to read: 0644 under umask 022 (a bare mkstemp leaves 0600)."""
+    old = os.umask(0o022)
+    try:
+        path = ev.write_json({"a": 1}, tmp_path / "r.json")
+    finally:
+        os.umask(old)
+    assert json.loads(path.read_text()) == {"a": 1} and oct(path.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -32,10 +32,6 @@ import sys
 
 import pytest
 
-# The rule holds only once issue 23's moves land (today data -> evaluate -> data is a cycle); the doctests, which pass
-# today, and the checker's own tests below run unmarked. The integrator deletes this mark after merging the moves.
-until_moves_land = pytest.mark.xfail(strict=False, reason="until issue 23's moves land")
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # The pipeline, lowest layer first (a file may import its own layer and those below). Every top-level .py file
@@ -220,7 +216,6 @@ RULES = {                                    # test id -> the check that lists t
 }
 
 
-@until_moves_land
 @pytest.mark.parametrize("check", RULES.values(), ids=RULES.keys())
 def test_the_tree_keeps_the_rule(check):
     problems = check()

@@ -1,5 +1,6 @@
-"""Tests for parallel.py: pure tests of the grid, layouts and schedules, then multi-process runs (gloo, CPU)
-whose parameters after several AdamW steps must equal a single-process run that sees the whole batch.
+"""Tests for parallel.py and model_parallel.py: pure tests of the grid, layouts and schedules, then multi-process
+runs (gloo, CPU) whose parameters after several AdamW steps must equal a single-process run that sees the whole
+batch.
 
 Clipped AdamW hides the gradient's scale: clipping rescales to a fixed norm and Adam divides by sqrt(v), so ranks
 that summed their gradients instead of averaging them would end with the same weights. So every layout is also
@@ -16,6 +17,7 @@ import copy
 import pytest
 import torch
 
+import model_parallel as MP
 import parallel as P
 from model import GPT, GPTConfig
 
@@ -556,14 +558,14 @@ def test_bad_mesh_is_one_clear_line():
 @pytest.mark.parametrize("name", ["afab", "1f1b"])
 @pytest.mark.parametrize("p,m", [(1, 1), (1, 3), (2, 1), (2, 4), (3, 2), (4, 1), (4, 4), (4, 6), (4, 16), (5, 3)])
 def test_schedule_is_complete_ordered_matched_and_bounded(name, p, m):
-    schedule = P.SCHEDULES[name](p, m)
+    schedule = MP.SCHEDULES[name](p, m)
     assert len(schedule) == p
     for s, actions in enumerate(schedule):
         f = [a.mb for a in actions if a.op == "F"]
         b = [a.mb for a in actions if a.op == "B"]
         assert sorted(f) == list(range(m)) and sorted(b) == list(range(m))
         for i in range(m):  # each micro-batch's forward before its backward
-            assert actions.index(P.Action("F", i)) < actions.index(P.Action("B", i))
+            assert actions.index(MP.Action("F", i)) < actions.index(MP.Action("B", i))
         # Every activation sent forward has a receive on the next stage, in the same order; same backwards.
         if s < p - 1:
             assert [a.mb for a in actions if a.op == "SEND_F"] == [a.mb for a in schedule[s + 1] if a.op == "RECV_F"]
@@ -572,35 +574,35 @@ def test_schedule_is_complete_ordered_matched_and_bounded(name, p, m):
             assert not [a for a in actions if a.op in ("SEND_F", "RECV_B")]
         if s == 0:
             assert not [a for a in actions if a.op in ("RECV_F", "SEND_B")]
-    result = P.simulate(schedule)  # raises on deadlock, mismatched messages, or compute before its input
+    result = MP.simulate(schedule)  # raises on deadlock, mismatched messages, or compute before its input
     bound = m if name == "afab" else min(p, m)
     assert max(result["peak_in_flight"]) == bound
     if name == "1f1b":
         assert result["peak_in_flight"] == [min(p - s, m) for s in range(p)]
     # The idle share equals (p - 1) / (m + p - 1) whatever the forward/backward cost ratio.
     for t_f, t_b in [(1, 1), (1, 2), (1, 3)]:
-        assert P.simulate(schedule, t_f, t_b)["bubble"] == pytest.approx(P.bubble_fraction(p, m))
+        assert MP.simulate(schedule, t_f, t_b)["bubble"] == pytest.approx(MP.bubble_fraction(p, m))
 
 
 def test_bubble_of_the_lecture():
-    assert P.bubble_fraction(4, 16) == pytest.approx(3 / 19)
-    assert round(P.bubble_fraction(4, 16), 2) == 0.16
+    assert MP.bubble_fraction(4, 16) == pytest.approx(3 / 19)
+    assert round(MP.bubble_fraction(4, 16), 2) == 0.16
 
 
 def test_simulator_catches_broken_schedules():
-    good = P.one_f_one_b_schedule(2, 2)
-    swapped = [good[0], [a if a.op != "RECV_F" else P.Action("RECV_F", 1 - a.mb) for a in good[1]]]
+    good = MP.one_f_one_b_schedule(2, 2)
+    swapped = [good[0], [a if a.op != "RECV_F" else MP.Action("RECV_F", 1 - a.mb) for a in good[1]]]
     with pytest.raises(P.ParallelError, match="meets micro-batch"):
-        P.simulate(swapped)
-    early_send = [[P.Action("F", 0), P.Action("SEND_F", 0), P.Action("RECV_B", 0), P.Action("B", 0)],
-                  [P.Action("SEND_B", 0), P.Action("RECV_F", 0), P.Action("F", 0), P.Action("B", 0)]]
+        MP.simulate(swapped)
+    early_send = [[MP.Action("F", 0), MP.Action("SEND_F", 0), MP.Action("RECV_B", 0), MP.Action("B", 0)],
+                  [MP.Action("SEND_B", 0), MP.Action("RECV_F", 0), MP.Action("F", 0), MP.Action("B", 0)]]
     with pytest.raises(P.ParallelError, match="before computing what it sends"):
-        P.simulate(early_send)
+        MP.simulate(early_send)
     # Stage 0 waits for a gradient before sending the activation that stage 1 needs to produce it.
-    deadlock = [[P.Action("RECV_B", 0), P.Action("F", 0), P.Action("SEND_F", 0), P.Action("B", 0)],
-                [P.Action("RECV_F", 0), P.Action("F", 0), P.Action("B", 0), P.Action("SEND_B", 0)]]
+    deadlock = [[MP.Action("RECV_B", 0), MP.Action("F", 0), MP.Action("SEND_F", 0), MP.Action("B", 0)],
+                [MP.Action("RECV_F", 0), MP.Action("F", 0), MP.Action("B", 0), MP.Action("SEND_B", 0)]]
     with pytest.raises(P.ParallelError, match="deadlock"):
-        P.simulate(deadlock)
+        MP.simulate(deadlock)
 
 
 def test_refused_combinations_say_why():
@@ -613,26 +615,26 @@ def test_refused_combinations_say_why():
 
 
 def test_layer_ranges():
-    assert P.layer_ranges(4, 2) == [(0, 2), (2, 4)]
-    assert P.layer_ranges(5, 3) == [(0, 2), (2, 4), (4, 5)]
+    assert MP.layer_ranges(4, 2) == [(0, 2), (2, 4)]
+    assert MP.layer_ranges(5, 3) == [(0, 2), (2, 4), (4, 5)]
     with pytest.raises(P.ParallelError, match="2 layers cannot fill 4 pipeline stages"):
-        P.layer_ranges(2, 4)
+        MP.layer_ranges(2, 4)
 
 
 def test_tensor_parallel_refuses_sizes_that_do_not_divide():
     comm = P.Comm(None, [0, 1, 2], 0)  # only sizes are read before any communication
     with pytest.raises(P.ParallelError, match="n_head = 4 is not divisible by --tp 3"):
-        P.apply_tensor_parallel(make_model(), comm)
+        MP.apply_tensor_parallel(make_model(), comm)
     gqa = GPTConfig(vocab_size=62, block_size=16, n_layer=1, n_head=4, n_kv_head=1, n_embd=32, ffn_hidden=64)
     with pytest.raises(P.ParallelError, match="n_kv_head = 1 is not divisible by --tp 2"):
-        P.apply_tensor_parallel(make_model(gqa), P.Comm(None, [0, 1], 0))
+        MP.apply_tensor_parallel(make_model(gqa), P.Comm(None, [0, 1], 0))
     moe = dataclasses.replace(CFG, n_expert=2)
     with pytest.raises(P.ParallelError, match="this model uses MoE"):
-        P.apply_tensor_parallel(make_model(moe), P.Comm(None, [0, 1], 0))
+        MP.apply_tensor_parallel(make_model(moe), P.Comm(None, [0, 1], 0))
     two_stages = P.Mesh(2, 0, P.Comm.single(), P.Comm.single(), P.Comm(None, [0, 1], 0), P.Comm.single())
     model = make_model(moe)
     with pytest.raises(P.ParallelError, match="use --pp 1 with MoE"):
-        P.parallelize(model, torch.optim.AdamW(model.parameters()), two_stages)
+        MP.parallelize(model, torch.optim.AdamW(model.parameters()), two_stages)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -648,8 +650,8 @@ def _train_split(mesh, cfg, schedule, micro_batches, data, zero_stage=0, sgd=Fal
     """Train a model split over the mesh (tp, then pp, then DP or ZeRO over dp) with clipped AdamW, or with
     SGD_STEPS steps of plain SGD and no clipping (sgd=True); return its full state, losses and pre-clip norms."""
     model = make_model(cfg)
-    split = P.TensorParallel(model, mesh.tp)  # with tp = 1 nothing is split
-    pipe = P.PipelineParallel(model, mesh, schedule) if mesh.pp.size > 1 else None
+    split = MP.TensorParallel(model, mesh.tp)  # with tp = 1 nothing is split
+    pipe = MP.PipelineParallel(model, mesh, schedule) if mesh.pp.size > 1 else None
     optimizer_cls, lr, clip = (torch.optim.SGD, SGD_LR, float("inf")) if sgd else (torch.optim.AdamW, LR, CLIP)
     if zero_stage:
         zero = P.Zero(model, mesh.dp, zero_stage, optimizer_cls, param_groups=param_groups(model), lr=lr)
@@ -675,7 +677,7 @@ def _train_split(mesh, cfg, schedule, micro_batches, data, zero_stage=0, sgd=Fal
         opt.step()
         opt.zero_grad()
     with zero.gathered() if zero_stage else contextlib.nullcontext():
-        full = P.full_model_state_dict(model, mesh)
+        full = MP.full_model_state_dict(model, mesh)
     losses = torch.stack(losses)
     mesh.dp.all_reduce(losses)  # each dp rank saw a slice of the batch: the batch loss is their mean
     return {"state": full, "losses": losses / mesh.dp.size, "norms": torch.stack(norms)}
@@ -701,7 +703,7 @@ def _train_parallelized(mesh, zero, schedule, micro_batches, data, resume_from=N
     steps of plain SGD without clipping."""
     model = make_model()
     opt = torch.optim.SGD(param_groups(model), lr=SGD_LR) if sgd else torch.optim.AdamW(param_groups(model), lr=LR)
-    wrapped, wopt = P.parallelize(model, opt, mesh, zero=zero, schedule=schedule)
+    wrapped, wopt = MP.parallelize(model, opt, mesh, zero=zero, schedule=schedule)
     if sgd:
         data = data[:SGD_STEPS]
     norms = []
@@ -1039,7 +1041,7 @@ def test_full_model_for_sampling_is_built_on_the_device_of_the_split_model():
     """Catches: full_model() building a CPU model from CPU state, which the sampler then feeds CUDA ids and a CUDA
     generator (every --zero/--tp/--pp run crashed at its end)."""
     model = _meta_gpt()
-    wrapped, _ = P.parallelize(model, torch.optim.AdamW(model.parameters()), P.Mesh.single(), zero=1)
+    wrapped, _ = MP.parallelize(model, torch.optim.AdamW(model.parameters()), P.Mesh.single(), zero=1)
     full = wrapped.full_model()
     assert {p.device.type for p in full.parameters()} == {"meta"}
     ids = torch.zeros(1, 2, dtype=torch.long, device="meta")
@@ -1049,5 +1051,5 @@ def test_full_model_for_sampling_is_built_on_the_device_of_the_split_model():
 def test_tensor_parallel_untied_head_is_created_on_the_models_device():
     """Catches: the padded LM head of an untied model made with nn.Linear(...) on the CPU."""
     model = _meta_gpt(tie_embeddings=False)
-    P.apply_tensor_parallel(model, P.Comm(None, [0, 1], 0))      # slicing only: no collective runs here
+    MP.apply_tensor_parallel(model, P.Comm(None, [0, 1], 0))      # slicing only: no collective runs here
     assert {p.device.type for p in model.parameters()} == {"meta"}

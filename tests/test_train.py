@@ -189,6 +189,18 @@ def test_atomic_save_keeps_last_k_and_falls_back_past_a_damaged_file(tmp_path):
         train.load_checkpoint(newest, log=quiet)
 
 
+def test_a_full_disk_while_saving_a_checkpoint_is_one_train_error_and_no_temp_file(tmp_path, monkeypatch):
+    """The checkpoint goes through fileio.write_atomic: ENOSPC half way is one TrainError line, nothing left."""
+    def half_then_full(obj, f):
+        f.write(b"PK" * 1000)
+        raise OSError(28, "No space left on device")                          # errno.ENOSPC
+    monkeypatch.setattr(torch, "save", half_then_full)
+    path = train.checkpoint_path(tmp_path, 10)
+    with pytest.raises(train.TrainError, match=r"^no space left writing .*ckpt_0000010\.pt: free space or choose"):
+        train.atomic_save({"version": 1, "step": 10, "model": {}}, path)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_checksum_catches_zeros_inside_a_checkpoint_that_torch_load_accepts(tmp_path):
     for step in (10, 20):
         train.atomic_save({"version": 1, "step": step, "model": {"w": torch.arange(65536, dtype=torch.float32)}},
@@ -332,7 +344,7 @@ def test_resume_falls_back_past_a_corrupted_checkpoint_and_sweeps_stale_temp_fil
     middle = len(damaged) // 2
     damaged[middle:middle + 4096] = bytes(4096)
     newest.write_bytes(damaged)
-    stale = [out / ".ckpt_0000012.pt.tmp4242", out / ".loss.png.tmp4242.png"]
+    stale = [out / ".ckpt_0000012.pt.k2j_x9ab.tmp", out / ".loss.png.q1w2e3r4.tmp"]
     for path in stale:
         path.write_bytes(b"half a write")
     messages = []
