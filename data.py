@@ -45,15 +45,12 @@ and packed into shards: a 32-byte header (magic, version, dtype, token count) fo
 (uint32 when the vocabulary has more than 65,536 entries). A JSON manifest records sources, settings, the funnel,
 the tokenizer and the split sizes. The same inputs and settings map to the same cache directory, reused as is.
 
-At scale: a stream, not a list. Holding the corpus costs ~5.5 bytes of RAM per byte of text (Python strings, the
-lists of ids): FineWeb-Edu's 10B tokens are ~40 GB of text, ~220 GB of RAM. This file is the lesson, on lists: the
-in-memory engine (section 9) runs every step in the order above, and `prepare` here runs it. Its companion
-data_at_scale.py is the scale: the same steps over 16 MiB chunks of the files in worker processes (or Ray tasks),
-with memory that does not grow with the corpus, resumable after a kill, and `python data.py prepare` runs that one.
-The two write byte-identical shards, tokenizer and manifest: every choice about a document is a keyed hash of its
-text (`document_keys`), so any order of reading makes the same one, and the tests hold the engine to this file's
-bytes. Sources and --out may be object-store URIs (s3://bucket/web/*.parquet): store.py lists, reads and publishes
-them, and `download` copies a published dataset down for the loader.
+This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order above, and
+`prepare` here runs it. data_at_scale.py is the scale (a stream, not a list: memory that does not grow with the
+corpus, worker processes or Ray, resumable), and `python data.py prepare` runs that one; its flags (--workers,
+--chunk-mb, --engine, --ray-address, --work-dir) and `download` live there. The two write byte-identical datasets:
+every choice about a document is a keyed hash of its text (`document_keys`), whatever the order of reading. Sources
+and --out may be object-store URIs (s3://bucket/web/*.parquet), which store.py lists, reads and publishes.
 
 The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
 of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.
@@ -79,7 +76,6 @@ import glob
 import gzip
 import hashlib
 import html.parser
-import io
 import itertools
 import json
 import math
@@ -87,6 +83,7 @@ import os
 import pathlib
 import re
 import shutil
+import stat
 import struct
 import sys
 import sysconfig
@@ -318,21 +315,47 @@ def read_jsonl(path: pathlib.Path | str, field: str = "text", skip_bad_lines: bo
                 if not line.strip():
                     continue
                 try:
-                    text = json.loads(line)[field]           # json.loads decodes the UTF-8 bytes itself
-                    if not isinstance(text, str):
-                        raise TypeError
-                except (ValueError, KeyError, TypeError, IndexError):
+                    record = fileio.parse_json(line, "", DataError)      # decodes the UTF-8 bytes itself
+                except DataError:
+                    record = _NOT_JSON
+                text = record.get(field) if isinstance(record, dict) else None
+                if not isinstance(text, str):
                     if skip_bad_lines:
                         if stats is not None:
                             stats.skipped += 1
                         continue
-                    if start:                              # line numbers count from the file's start
-                        lineno += _count_lines(path, start)
-                    raise DataError(f"{path}:{lineno}: not a UTF-8 JSON object with a string field {field!r} (fix "
-                                    f"the line, pass --text-field, or --skip-bad-lines to skip and count)") from None
+                    raise _bad_jsonl_line(path, lineno + (_count_lines(path, start) if start else 0), line, record,
+                                          field)
                 yield text
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
+
+
+_NOT_JSON = object()                  # what read_jsonl records for a line that does not parse
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def _bad_jsonl_line(path: pathlib.Path | str, lineno: int, line: bytes, record, field: str) -> DataError:
+    """The one line for a .jsonl line without a string `field`: what is wrong with it, and the fix for that. A line
+    that is not JSON (or not UTF-8, or nested 5,000 deep) needs fixing; a JSON object with other keys, --text-field.
+
+    >>> print(_bad_jsonl_line("a.jsonl", 3, b'{"body": "hi"}', {"body": "hi"}, "text"))  # doctest: +ELLIPSIS
+    a.jsonl:3: no string field 'text' (its keys: body); pass --text-field, or --skip-bad-lines to skip and ...
+    >>> print(_bad_jsonl_line("a.jsonl", 4, b"[" * 5000, _NOT_JSON, "text"))              # doctest: +ELLIPSIS
+    a.jsonl:4: JSON nested more than 1,000 levels deep; this project writes at most a few levels: fix the line, ...
+    """
+    skip = "--skip-bad-lines to skip and count such lines"
+    if record is _NOT_JSON:                   # parse again, now naming the line: only a bad line pays for this
+        try:
+            fileio.parse_json(line, f"{path}:{lineno}", DataError, f"fix the line, or pass {skip}")
+        except DataError as e:
+            return e
+    if isinstance(record, dict):
+        keys = ", ".join(list(map(str, record))[:8]) or "none"
+        return DataError(f"{path}:{lineno}: no string field {field!r} (its keys: {keys}); pass --text-field, or {skip}")
+    return DataError(f"{path}:{lineno}: {_JSON_TYPES.get(type(record), 'a value')}, not an object with a string field "
+                     f"{field!r}; fix the line, or pass {skip}")
 
 
 def _count_lines(path: pathlib.Path | str, start: int) -> int:
@@ -478,6 +501,18 @@ def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
     return files
 
 
+def _special_file(path: pathlib.Path) -> str:
+    """What a path that is neither a file nor a folder is: 'a FIFO (named pipe)', 'a device', 'a socket'."""
+    mode = path.stat().st_mode
+    return "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
+def _is_dataset(folder: pathlib.Path) -> bool:
+    """Whether a folder holds a dataset `prepare` wrote (its manifest says so): a corpus it must not read."""
+    manifest = read_manifest_or_none(folder)
+    return isinstance(manifest, dict) and manifest.get("format") == "llm-token-shards"
+
+
 def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", skip_bad_lines: bool = False,
                 max_documents: int | None = None, jsonl_stats: JsonlStats | None = None,
                 kind: str | None = None) -> Source:
@@ -510,10 +545,20 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
     elif not path.exists():
         hint = "a name (pydocs, pystdlib, hf:NAME), an existing file/directory or a glob pattern"
         raise DataError(f"source {spec!r} not found: give {hint}")
+    elif not (path.is_dir() or path.is_file()):        # reading a FIFO waits for a writer; /dev/zero never ends
+        raise DataError(f"source {spec!r} is {_special_file(path)}, not a regular file: save the text to a file "
+                        f"and pass that")
     else:
         files = _files_under(path) if path.is_dir() else [path]
     if not store.is_uri(spec):
-        fingerprint = ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+        for f in files:
+            if f.name == "manifest.json" and _is_dataset(f.parent):
+                raise DataError(f"source {spec!r}: {f.parent} is a prepared dataset, not text: pass it to "
+                                f"train.py --data (or data.py inspect), not to prepare")
+        stats = [f.stat() for f in files]
+        if not any(st.st_size for st in stats):
+            raise DataError(f"source {spec!r} is empty (0 bytes): give a file with text")
+        fingerprint = ";".join(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}" for f, st in zip(files, stats))
     readers = [file_source(f, options) for f in files]
     kinds = {_FILE_KINDS.get(FILE_READERS[inner_suffix(f)], "prose") for f in files}
     if len(kinds) > 1 and kind is None:
@@ -1285,7 +1330,8 @@ def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.
     train_files = [f for source in sources for f in source.files if not store.is_uri(f)]   # globs, folders resolved
     for path in paths:
         if not path.is_file():
-            what = "is a directory: name the file(s)" if path.is_dir() else "not found: name the held-out text file"
+            what = "is a directory: name the file(s)" if path.is_dir() else "not found: name the held-out text file" \
+                if not path.exists() else f"is {_special_file(path)}, not a regular file: save the held-out text"
             raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
         if inner_suffix(path) not in FILE_READERS:
             raise DataError(f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or .parquet "
@@ -1334,6 +1380,51 @@ def format_overlap(overlap: dict) -> str:
             f"occur in train, in {overlap['contaminated']:,} of {overlap['documents']:,} documents{example}")
 
 
+# Bounds on a mix, far beyond any sensible one, so a typo fails in one line instead of writing until the disk is full.
+# Weights 1 and 1e16 ask for a source at 1e16 times the share of another: under the covering budget (the smallest
+# that reads every source once) the heavy one is repeated ~1e16 times its size. Past ~16 epochs a repeated token is
+# worth almost nothing (Muennighoff et al. 2023), so more than 100 is a mistake, as is a weight under a millionth of
+# another's (that source gets under a millionth of the tokens: leave it out).
+MAX_WEIGHT_RATIO = 1e6
+MAX_EPOCHS = 100
+
+
+def check_weights(weights: Iterable[float], flag: str = "--weights") -> None:
+    """Mixing weights are finite, positive, and the largest is at most MAX_WEIGHT_RATIO times the smallest.
+
+    >>> check_weights([1e-300, 1])                # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    data.DataError: --weights: the largest weight is 1e+300 times the smallest, more than 1,000,000: ...
+    """
+    weights = list(weights)
+    if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
+        raise DataError(f"{flag}: mixing weights must be finite and positive, got {weights}")
+    if max(weights) > MAX_WEIGHT_RATIO * min(weights):
+        raise DataError(f"{flag}: the largest weight is {max(weights) / min(weights):.3g} times the smallest, "
+                        f"more than {MAX_WEIGHT_RATIO:,.0f}: no mix needs that (the light source would get under a "
+                        f"millionth of the tokens); drop that source or fix the typo")
+
+
+def check_budget(sources: list[Source], weights: list[float], train_tokens: float) -> None:
+    """Before any work: refuse a token budget that must read a source more than MAX_EPOCHS times. The tokens are
+    not known until the text is encoded, but a byte of UTF-8 is at most one token, and each document adds one
+    <|endoftext|>: N bytes of text hold at most 2N tokens. So a share of T tokens of a 20 kB file is at least
+    T / 40,000 epochs: --train-tokens 1e15 would be 2.5e10 passes over it. Only local uncompressed files have a known
+    size; other sources are checked once they are encoded (`mixture_plan`)."""
+    total_weight = sum(weights)
+    for source, w in zip(sources, weights):
+        files = source.files
+        if not files or any(store.is_uri(f) or store.pure_path(f).suffix == ".gz" for f in files):
+            continue
+        most_tokens = 2 * sum(pathlib.Path(f).stat().st_size for f in files)
+        epochs = train_tokens * w / total_weight / max(1, most_tokens)
+        if epochs > MAX_EPOCHS:
+            raise DataError(f"--train-tokens {train_tokens:g} reads {source.label} at least {epochs:.3g} times, more "
+                            f"than {MAX_EPOCHS} epochs: lower the budget (its {most_tokens / 2:,.0f} bytes hold at "
+                            f"most {most_tokens:,.0f} tokens)")
+
+
 def mixture_plan(weights: dict[str, float], total_tokens: float,
                  unique_tokens: dict[str, float] | None = None, max_epochs: float = 4.0) -> dict[str, dict]:
     """Tokens and epochs per source for a token budget.
@@ -1343,14 +1434,14 @@ def mixture_plan(weights: dict[str, float], total_tokens: float,
     >>> plan["math"]["tokens"], plan["math"]["epochs"], plan["web"]["tokens"]
     (1000000000.0, 2.0, 14000000000.0)
 
-    Weights are normalised to sum to 1. A source repeated more than max_epochs times triggers a warning.
+    Weights are normalised to sum to 1. A source repeated more than max_epochs times triggers a warning; more than
+    MAX_EPOCHS times, the plan is refused.
     """
-    if not weights or any(w <= 0 for w in weights.values()):
-        raise DataError(f"mixing weights must be positive, got {weights}")
-    if not total_tokens > 0:
-        raise DataError(f"the token budget must be positive, got {total_tokens:g}")
-    if unique_tokens and any(not u > 0 for u in unique_tokens.values()):
-        raise DataError(f"unique token counts must be positive, got {unique_tokens}")
+    check_weights(weights.values())
+    if not (total_tokens > 0 and math.isfinite(total_tokens)):
+        raise DataError(f"the token budget must be positive and finite, got {total_tokens:g}")
+    if unique_tokens and any(not (u >= 1 and math.isfinite(u)) for u in unique_tokens.values()):
+        raise DataError(f"unique token counts must be positive (at least 1 token) and finite, got {unique_tokens}")
     total_weight = sum(weights.values())
     unique_tokens = unique_tokens or {}
     plan = {}
@@ -1358,6 +1449,10 @@ def mixture_plan(weights: dict[str, float], total_tokens: float,
         tokens = total_tokens * w / total_weight
         unique = unique_tokens.get(name)
         epochs = tokens / unique if unique else None
+        if epochs is not None and epochs > MAX_EPOCHS:
+            raise DataError(f"source {name} would be read {epochs:.3g} times, more than {MAX_EPOCHS} epochs (past ~16 "
+                            f"a repeat adds almost nothing): lower its --weights or the token budget, or give it "
+                            f"more unique data")
         if epochs is not None and epochs > max_epochs:
             warnings.warn(f"source {name} would be read {epochs:.1f} times (> {max_epochs:g} epochs): expect "
                           f"memorisation and diminishing returns; lower its weight or the token budget", stacklevel=2)
@@ -1450,19 +1545,6 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     raise DataError(f"vocabulary of {vocab_size:,} does not fit uint32 token ids")
 
 
-def _atomic_write(path: pathlib.Path, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Write through a temporary file in the same directory, then rename: readers never see half a file."""
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_shard(path: pathlib.Path, tokens: np.ndarray, dtype: np.dtype | str = "uint16") -> None:
     """Write token ids as a shard; ids that do not fit the dtype are refused (nothing is written)."""
     dtype = np.dtype(dtype).newbyteorder("<")
@@ -1473,7 +1555,8 @@ def write_shard(path: pathlib.Path, tokens: np.ndarray, dtype: np.dtype | str = 
         raise DataError(f"token id {int(tokens.max())} does not fit {dtype.name}: the vocabulary is too large for "
                         f"this dtype; use uint32")
     header = SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, dtype.itemsize, tokens.size)
-    _atomic_write(path, lambda f: (f.write(header), f.write(tokens.astype(dtype).tobytes())))
+    fileio.write_atomic(path, lambda f: (f.write(header), f.write(tokens.astype(dtype).tobytes())), error=DataError,
+                        fix="write it elsewhere")     # whole or not at all, the umask's mode, a full disk one line
 
 
 def read_shard(path: pathlib.Path) -> np.ndarray:
@@ -1752,6 +1835,8 @@ def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None, v
         raise DataError(f"a source is listed twice in {sources}; give each once (use --weights to up-weight)")
     if weights is not None and len(weights) != len(sources):
         raise DataError(f"--weights: {len(weights)} weights for {len(sources)} sources: give one weight per source")
+    if weights is not None:
+        check_weights(weights)
     if tokenizer is None and vocab_size < 257:
         raise DataError(f"--vocab-size {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at least 257")
     if not 0 <= val_fraction < 1:
@@ -1771,6 +1856,8 @@ def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None, v
         if store.is_uri(path):
             raise DataError(f"{flag} {path}: give a local file (copy it down first, e.g. with aws s3 cp)")
     val_paths = check_val_files(val_data, opened) if val_data else []
+    if train_tokens is not None:
+        check_budget(opened, weights, train_tokens)
     tokenizer_path = pathlib.Path(tokenizer) if tokenizer else None
     if tokenizer_path is not None and not tokenizer_path.is_file():
         raise DataError(f"tokenizer file {tokenizer_path} not found: pass a bpe.py tokenizer JSON")
@@ -1792,7 +1879,7 @@ def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None, v
     remote = store.is_uri(out_dir)
     if not remote:
         out_dir = pathlib.Path(out_dir)
-    existing = _read_manifest_or_none(out_dir)
+    existing = read_manifest_or_none(out_dir)
     if existing is not None:
         if existing.get("cache_key") == key:
             log(f"reusing {out_dir} (same inputs and settings)")
@@ -1801,7 +1888,7 @@ def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None, v
             return Plan(None, key, out_dir, True, jsonl_stats)
         raise DataError(f"{out_dir} already holds a different dataset; remove it or pick another --out")
     if remote:
-        store.check_out(out_dir, _DATASET_FILE, DataError)
+        store.check_out(out_dir, DATASET_FILE, DataError)
     elif out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--out {out_dir} is a file; give a directory path")
     elif out_dir.exists() and any(out_dir.iterdir()):
@@ -1853,8 +1940,10 @@ def write_dataset(plan: Plan, built: Built, clock: Clock, staging: pathlib.Path,
     text_field, txt_split, _, max_documents = recipe.read_options
     for notice in built.funnel.notices:
         print(notice, file=sys.stderr)
-    tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{local_name(out_dir)}.tmp-"))
+    made, tmp_dir = missing_folders(staging), None
     try:
+        staging.mkdir(parents=True, exist_ok=True)
+        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{local_name(out_dir)}.tmp-"))
         dtype = dtype_for_vocab(len(tok))
         splits = built.write_splits(tmp_dir, dtype)
         if val_paths:
@@ -1884,11 +1973,15 @@ def write_dataset(plan: Plan, built: Built, clock: Clock, staging: pathlib.Path,
             shutil.rmtree(tmp_dir)
         else:
             fileio.publish_tree(tmp_dir)
-            _publish(tmp_dir, out_dir)
+            rename_into_place(tmp_dir, out_dir)
     except BaseException as e:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        if isinstance(e, OSError) and fileio.is_no_space(e):
-            raise DataError(fileio.no_space_message(out_dir, NO_SPACE_FIX)) from None
+        if tmp_dir is not None:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        remove_if_empty(made)
+        if isinstance(e, Exception) and fileio.is_no_space(e):      # a full disk, a quota or ulimit -f
+            remote = store.is_uri(out_dir)               # a store's dataset is staged on local disk first
+            raise DataError(fileio.no_space_message(staging if remote else out_dir, "pass --work-dir elsewhere"
+                                                    if remote else NO_SPACE_FIX)) from None
         raise
     return out_dir
 
@@ -1915,18 +2008,35 @@ def remove_stale_publishes(out_dir: pathlib.Path | str, staging: pathlib.Path) -
 
 
 def check_writable(folder: pathlib.Path, flag: str) -> None:
-    """Raise DataError unless a file can be created in `folder` (made if missing)."""
+    """Raise DataError unless a file can be created in `folder`. A check, not a step: the folders it makes to try
+    are removed again, so a run that then fails on its input leaves no empty cache folder behind."""
+    made = missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         raise DataError(f"cannot write in {folder} ({e.strerror}); pick a writable {flag}") from None
+    finally:
+        remove_if_empty(made)
 
 
-_DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest
+def missing_folders(folder: pathlib.Path) -> list[pathlib.Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) makes."""
+    folder = pathlib.Path(folder).absolute()
+    return [p for p in (folder, *folder.parents) if not p.exists()]
 
 
-def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
+def remove_if_empty(folders: list[pathlib.Path]) -> None:
+    """Remove the folders a failed run made (deepest first), unless something else has been put in them since."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest
+
+
+def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
     """Rename the finished temporary directory into place. If another process (another rank) finished the same
     dataset first, keep theirs: the shards and tokenizer are identical by construction."""
     if out_dir.exists() and not any(out_dir.iterdir()):
@@ -1934,27 +2044,37 @@ def _publish(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
     try:
         os.rename(tmp_dir, out_dir)
     except OSError:
-        if _read_manifest_or_none(out_dir) is None:
+        if read_manifest_or_none(out_dir) is None:
             raise
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
+def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
     if store.is_uri(data_dir):
         path = store.uri_of(data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError)
     else:
         path = pathlib.Path(data_dir) / "manifest.json"
     try:
         with store.open_input(path, error=DataError) as f:
-            return json.loads(f.read().decode("utf-8"))
-    except (OSError, ValueError):                  # missing, unreadable, or not JSON (a JSONDecodeError)
+            manifest = fileio.parse_json(f.read(), str(path), DataError)
+    except (OSError, DataError):                   # missing, unreadable, or not JSON (however deeply nested)
         return None
+    return manifest if isinstance(manifest, dict) else None
 
 
 def summary(data_dir: str | os.PathLike) -> str:
-    """A few lines on a prepared dataset: tokens and documents per split, bytes per token, throughput."""
+    """A prepared dataset's funnel, then a few lines: tokens and documents per split, bytes per token, throughput.
+    A manifest that is valid JSON but lacks what prepare writes (a key, a number) is one line, not a KeyError."""
     m = load_manifest(data_dir)
-    lines = [f"dataset {data_dir}", f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}"]
+    try:
+        return "\n".join(_summary_lines(m, data_dir))
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
+        raise DataError(f"{data_dir}: damaged manifest.json ({type(e).__name__}: {e}); re-run prepare") from None
+
+
+def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
+    lines = [Funnel.from_manifest(m).format(), f"dataset {data_dir}",
+             f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}"]
     for split, s in m["splits"].items():
         lines.append(f"{split:>5}: {s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes'] / 1e6:,.2f} MB, "
                      f"{s['bytes'] / max(1, s['tokens']):.2f} bytes/token, {len(s['shards'])} shard(s)")
@@ -1969,7 +2089,7 @@ def summary(data_dir: str | os.PathLike) -> str:
                  f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per {cpu}-second); encoding {mb_encoded:.2f} MB at "
                  f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s ({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
                  f" MB per {cpu}-second)")
-    return "\n".join(lines)
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1978,7 +2098,13 @@ def summary(data_dir: str | os.PathLike) -> str:
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """A dataset's manifest.json, from a local directory or an object-store URI."""
-    manifest = _read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
+    manifest = read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
+    local = None if store.is_uri(data_dir) else pathlib.Path(data_dir) / "manifest.json"
+    if manifest is None and local is not None and local.is_file():         # there, but damaged: say how
+        manifest = fileio.read_json(local, DataError, "re-run `python data.py prepare`")
+        if not isinstance(manifest, dict):
+            what = _JSON_TYPES.get(type(manifest), "a value")
+            raise DataError(f"{local}: damaged manifest ({what}, not an object); re-run `python data.py prepare`")
     if manifest is None:
         raise DataError(f"{data_dir} has no readable manifest.json: run `python data.py prepare` first")
     return manifest
@@ -2023,8 +2149,13 @@ class TokenData:
     @property
     def tokenizer(self) -> bpe.Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = bpe.Tokenizer.from_json(
-                (self.data_dir / self.manifest["tokenizer"]["file"]).read_text(encoding="utf-8"))
+            path = self.data_dir / self.manifest["tokenizer"]["file"]
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise DataError(f"{path}: cannot read the dataset's tokenizer ({getattr(e, 'strerror', None) or e}); "
+                                f"re-run prepare") from None
+            self._tokenizer = bpe.Tokenizer.from_json(text)
         return self._tokenizer
 
     def _split(self, split: str) -> list[np.ndarray]:
@@ -2128,32 +2259,6 @@ class BatchIterator:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
-    """Copy a dataset that prepare published to an object store down to a local directory, for the loader (which
-    memory-maps shards): the manifest's files, then the manifest, into a temporary folder renamed into place. A
-    directory that already holds the same dataset (same cache key) is returned as is."""
-    manifest, directory = _read_manifest_or_none(uri), pathlib.Path(directory)
-    if manifest is None:
-        raise DataError(f"{uri} has no readable manifest.json: not a published dataset (or a run still publishing)")
-    here = _read_manifest_or_none(directory)
-    if here is not None and here.get("cache_key") == manifest["cache_key"]:
-        return directory
-    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
-    check_writable(directory.parent, "download directory")
-    tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
-    try:
-        names = [manifest["tokenizer"]["file"]] + [s["file"] for split in manifest["splits"].values()
-                                                   for s in split["shards"]]
-        store.copy_down(uri, names, tmp_dir, DataError)
-        (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        _publish(tmp_dir, directory)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
-    return directory
-
-
 def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> float:
     """UTF-8 bytes of text per token in a split (tokens include one <|endoftext|> per document), so that
     bits-per-byte = loss_nats / ln 2 / bytes_per_token."""
@@ -2226,8 +2331,9 @@ SEED_MAX = 2**32 - 1             # numpy's legacy generator and torch agree on s
 TOKENS_MAX = 1e16                # a token budget beyond any run (the largest public ones are ~4e13)
 
 
-def _parse_assignments(items: list[str], flag: str) -> dict[str, float]:
-    """['web=0.7', 'code=0.3'] -> {'web': 0.7, 'code': 0.3}; each number finite, > 0 and at most TOKENS_MAX."""
+def _parse_assignments(items: list[str], flag: str, low: float = 0.0) -> dict[str, float]:
+    """['web=0.7', 'code=0.3'] -> {'web': 0.7, 'code': 0.3}; each number finite, at least `low` (or > 0 without
+    one) and at most TOKENS_MAX."""
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -2239,8 +2345,9 @@ def _parse_assignments(items: list[str], flag: str) -> dict[str, float]:
             raise DataError(f"{flag} {item!r} must look like name=number, e.g. math=0.05")
         if name in out:
             raise DataError(f"{flag} names {name!r} twice; give each source once")
-        if not (math.isfinite(number) and 0 < number <= TOKENS_MAX):
-            raise DataError(f"{flag} {item!r}: the number must be > 0 and <= {TOKENS_MAX:g}")
+        if not (math.isfinite(number) and (number >= low if low else number > 0) and number <= TOKENS_MAX):
+            raise DataError(f"{flag} {item!r}: the number must be {f'>= {low:g}' if low else '> 0'} and <= "
+                            f"{TOKENS_MAX:g}")
         out[name] = number
     return out
 
@@ -2256,13 +2363,12 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
                        max_documents=args.max_documents, kind=args.kind, threads=args.threads, workers=args.workers,
                        chunk_mb=args.chunk_mb, engine=args.engine, ray_address=args.ray_address,
                        val_data=args.val_data, work_dir=args.work_dir, verbose=True)
-    print(Funnel.from_manifest(load_manifest(out)).format())
     print(summary(out))
 
 
 def _cmd_mix(args: argparse.Namespace) -> None:
     weights = _parse_assignments(args.weights, "--weights")
-    unique = _parse_assignments(args.unique, "--unique")
+    unique = _parse_assignments(args.unique, "--unique", low=1.0)      # a count of tokens: a fraction of one is a typo
     unknown = set(unique) - set(weights)
     if unknown:
         raise DataError(f"--unique names {sorted(unknown)} have no --weights entry")
@@ -2276,14 +2382,15 @@ def _cmd_mix(args: argparse.Namespace) -> None:
 
 def _cmd_inspect(args: argparse.Namespace) -> None:
     data = TokenData(args.dir)
-    print(Funnel.from_manifest(data.manifest).format())
     print(summary(args.dir))
-    x, _ = data.get_batch("val", 1, min(args.tokens, len(data.shards["val"][0]) - 1), torch.Generator().manual_seed(0))
-    print("a random val window, decoded:\n" + data.tokenizer.decode(x[0].tolist()))
-
-
-def _cmd_download(args: argparse.Namespace) -> None:
-    print(f"downloaded {args.uri} to {download(args.uri, args.dir)}")
+    longest = {split: max(map(len, shards), default=0) for split, shards in data.shards.items()}
+    split = next((s for s in ("val", "train") if longest.get(s, 0) >= 2), None)   # a window needs x and its y
+    if split is None:
+        print("no split holds two tokens: no window to decode")
+        return
+    x, _ = data.get_batch(split, 1, min(args.tokens, longest[split] - 1), torch.Generator().manual_seed(0))
+    note = "" if split == "val" else " (the val split is empty)"
+    print(f"a random {split} window{note}, decoded:\n" + data.tokenizer.decode(x[0].tolist()))
 
 
 def _cmd_html(args: argparse.Namespace) -> None:
@@ -2308,9 +2415,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=_writable("dir"), default=None,
                    help="output directory or object-store URI, e.g. s3://bucket/datasets/name (default: a cache dir "
                         "in $PRETRAIN_CACHE or .cache/)")
-    p.add_argument("--work-dir", type=_writable("dir"), default=None,
-                   help="where the streaming engine's work files go (default: beside a local --out, the temp folder "
-                        "for a URI); on a multi-node cluster a folder every node sees")
     p.add_argument("--seed", type=_in_range(int, 0, SEED_MAX), default=0,
                    help="seeds the split, the tokenizer sample, mixing and order")
     p.add_argument("--val-fraction", type=_in_range(float, 0.0, 1.0, high_open=True), default=0.05,
@@ -2350,15 +2454,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kind", choices=["prose", "code", "html"], default=None,
                    help="treat every source as this kind (default: by name and file type; .py files are code)")
     p.add_argument("--threads", type=_in_range(int, 1, 1024), default=None, help="encoding threads (default: all cores)")
-    p.add_argument("--workers", type=_in_range(int, 1, 1024), default=None,
-                   help="processes for the per-document steps (default: all cores)")
-    p.add_argument("--chunk-mb", type=_in_range(float, 0.001, 4096), default=data_at_scale.CHUNK_BYTES / 2**20,
-                   help="MiB of input per chunk, the unit of parallel work and of resuming (default %(default)g)")
-    p.add_argument("--engine", choices=["local", "ray"], default="local",
-                   help="local: worker processes here; ray: the same steps as Ray tasks (pip install ray)")
-    p.add_argument("--ray-address", default=None,
-                   help="with --engine ray: auto or HOST:PORT of a running cluster (default: start Ray here)")
-    p.set_defaults(run=_cmd_prepare, prepare=data_at_scale.prepare)
+    data_at_scale.add_engine_arguments(p)       # --workers, --chunk-mb, --engine, --ray-address, --work-dir
+    p.set_defaults(run=_cmd_prepare)
 
     p = sub.add_parser("mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)")
     p.add_argument("--tokens", type=_in_range(float, 1.0, TOKENS_MAX), default=20e9)
@@ -2374,7 +2471,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("download", help="copy a dataset published to an object store down to a local directory")
     p.add_argument("uri", help="the dataset's URI, as given to prepare --out (s3://bucket/datasets/name)")
     p.add_argument("dir", type=_writable("dir"), help="local directory to create (train.py --data reads it)")
-    p.set_defaults(run=_cmd_download)
+    p.set_defaults(run=lambda args: print(f"downloaded {args.uri} to {data_at_scale.download(args.uri, args.dir)}"))
 
     p = sub.add_parser("html", help="print the text extracted from an HTML file")
     p.add_argument("file")

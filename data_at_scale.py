@@ -90,7 +90,8 @@ A cluster's corpus and datasets live in an object store. `--data` and `--out` ta
 it itself: a .jsonl range is one seek and sequential reads, a .parquet row group a byte range. The work files stay
 on a POSIX folder (`--work-dir`, on a cluster one every node mounts), since they are renamed, appended and
 memory-mapped; the dataset is published to the store by store.publish (manifest last), and `python data.py download`
-copies one down for the loader, which memory-maps shards.
+(`download`, section 4) copies one down for the loader, which memory-maps shards. The engine's flags of `python
+data.py prepare` are this file's too (`add_engine_arguments`), checked by `prepare` before any work.
 
 A job that dies leaves nothing running and nothing it should not: a worker process asks the kernel to kill it when
 its parent dies (prctl PR_SET_PDEATHSIG on Linux, and a check of its parent's pid), so a SIGKILLed `prepare` frees
@@ -105,6 +106,7 @@ Optional: ray (`--engine ray`), pyarrow (.parquet and URIs).
 """
 from __future__ import annotations
 
+import argparse
 import array
 import codecs
 import collections
@@ -1514,19 +1516,36 @@ def _import_ray():
     return ray
 
 
+def check_ray_address(address: str | None) -> None:
+    """--ray-address is auto or HOST:PORT with a port a socket can have (1-65535), before anything dials it.
+
+    >>> check_ray_address("10.0.0.1:6379"), check_ray_address("auto"), check_ray_address(None)
+    (None, None, None)
+    >>> check_ray_address("127.0.0.1:99999")     # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    data.DataError: --ray-address 127.0.0.1:99999: port 99999 is out of range 1-65535; give auto or HOST:PORT, ...
+    """
+    if address in (None, "auto"):
+        return
+    host, _, port = address.rpartition(":")
+    form = "give auto or HOST:PORT, e.g. 10.0.0.1:6379"
+    if not host or "/" in host or not (port.isascii() and port.isdigit()):
+        raise DataError(f"--ray-address {address!r} is not auto or HOST:PORT; {form}")
+    if not 1 <= int(port) <= 65535:
+        raise DataError(f"--ray-address {address}: port {port} is out of range 1-65535; {form}")
+
+
 def _check_ray_ready(address: str | None) -> None:
-    """Before any work: Ray is installed, and a HOST:PORT address is one (a port in 1-65535) and answers (ray.init
-    would retry for minutes before giving up)."""
+    """Before any work: the address has its form (`check_ray_address`), Ray is installed, and a HOST:PORT address
+    answers (ray.init would retry for minutes before giving up)."""
+    check_ray_address(address)
     _import_ray()
     if address in (None, "auto"):
         return
     host, _, port = address.rpartition(":")
     try:
-        if not (host and 1 <= int(port) <= 65535):
-            raise ValueError(port)
         socket.create_connection((host, int(port)), timeout=5).close()
-    except ValueError:
-        raise DataError(f"--ray-address {address!r} must be auto or HOST:PORT, e.g. 10.0.0.1:6379") from None
     except OSError as e:
         raise DataError(f"--ray-address {address}: nothing answers there ({e.strerror or e}); start the head with "
                         f"`ray start --head --port {port}` or fix the address") from None
@@ -1594,8 +1613,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
     with `workers` cores; the output is again byte-identical.
     """
     log = print if verbose else (lambda *a, **k: None)
-    if workers is not None and workers < 1:
-        raise DataError(f"--workers must be at least 1, got {workers}; leave it out to use all cores")
+    if workers is not None and not 1 <= workers <= 1024:
+        raise DataError(f"--workers must be between 1 and 1024, got {workers}; leave it out to use all cores")
     if not 0.001 <= chunk_mb <= 4096:
         raise DataError(f"--chunk-mb must be between 0.001 and 4096, got {chunk_mb}")
     if engine == "ray":
@@ -1606,6 +1625,8 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
     if store.is_uri(work_dir):
         raise DataError(f"--work-dir {work_dir}: give a folder (on a cluster, one every node mounts): work files "
                         f"are renamed, appended and memory-mapped, which an object store cannot do")
+    if work_dir is not None and pathlib.Path(work_dir).exists() and not pathlib.Path(work_dir).is_dir():
+        raise DataError(f"--work-dir {work_dir} is a file; give a directory path")
     remote = store.is_uri(out_dir)
     if remote and engine == "ray" and ray_address is not None and work_dir is None:
         raise DataError(f"--out {out_dir} with --ray-address: pass --work-dir on a folder every node mounts "
@@ -1630,6 +1651,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             if stale != work and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
 
+    made_for_work = data.missing_folders(work_root)    # the work folder makes them: undone on bad input
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
     with session as ray:
         clock = data.Clock()
@@ -1645,13 +1667,84 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             raise                                        # as a kill: the work stays, a rerun resumes from it
         except (DataError, bpe.TokenizerError, dedup.DedupError):
             shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
-            raise                                        # file changes the key); a kill keeps it for the rerun
+            data.remove_if_empty(made_for_work)          # file changes the key); a kill keeps it for the rerun
+            raise
         staging = work_root if remote else out_dir.parent      # the shard tasks write there: every node sees it
         data.write_dataset(plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)")
     shutil.rmtree(work, ignore_errors=True)
     for key in [key for key in _PROCESS_CACHE if key.startswith(str(work))]:
         del _PROCESS_CACHE[key]              # steps run here cached the work's arrays: free them with the work
     return out_dir
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """`python data.py prepare`'s flags for this file's engines; `prepare` checks their values before any work (a
+    bad one is one line naming the flag, as data.py's own flags are)."""
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes for the per-document steps (default: all cores)")
+    parser.add_argument("--chunk-mb", type=float, default=CHUNK_BYTES / 2**20,
+                        help="MiB of input per chunk, the unit of parallel work and of resuming (default %(default)g)")
+    parser.add_argument("--engine", choices=["local", "ray"], default="local",
+                        help="local: worker processes here; ray: the same steps as Ray tasks (pip install ray)")
+    parser.add_argument("--ray-address", default=None,
+                        help="with --engine ray: auto or HOST:PORT of a running cluster (default: start Ray here)")
+    parser.add_argument("--work-dir", default=None,
+                        help="where the streaming engine's work files go (default: beside a local --out, the temp "
+                             "folder for a URI); on a multi-node cluster a folder every node sees")
+    parser.set_defaults(prepare=prepare)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 4. download: a dataset published to an object store, copied down for the loader
+# ---------------------------------------------------------------------------------------------------------------------
+
+def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
+    """Copy a dataset that prepare published to an object store down to a local directory, for the loader (which
+    memory-maps shards): the manifest's files, then the manifest, into a temporary folder renamed into place. A
+    directory that already holds the same dataset (same cache key) is returned as is. An endpoint that does not
+    answer is told apart from a prefix that holds no dataset: they need different fixes."""
+    directory = pathlib.Path(directory)
+    if not store.is_uri(uri):
+        raise DataError(f"download {uri}: give the URI the dataset was published to (s3://bucket/datasets/name); a "
+                        f"local dataset folder needs no download: pass it to train.py --data")
+    found = store.exists(uri, "manifest.json", DataError)      # refused or unreachable: not a missing dataset
+    manifest = data.read_manifest_or_none(uri) if found else None
+    if manifest is None:
+        raise DataError(f"{uri} has {'a damaged' if found else 'no'} manifest.json: not a published dataset (or a "
+                        f"run still publishing); check the URI, or prepare it with --out {uri}")
+    try:
+        key = manifest["cache_key"]
+        names = [manifest["tokenizer"]["file"]] + [s["file"] for split in manifest["splits"].values()
+                                                  for s in split["shards"]]
+    except (KeyError, TypeError, AttributeError) as e:
+        raise DataError(f"{uri}: damaged manifest.json (missing {e}); prepare it again") from None
+    strange = [n for n in names if not (isinstance(n, str) and data.DATASET_FILE.fullmatch(n))]
+    if strange:                                   # "../x" would be written outside the folder
+        raise DataError(f"{uri}: its manifest.json names {strange[0]!r}, not a dataset file; prepare it again")
+    here = data.read_manifest_or_none(directory)
+    if here is not None and here.get("cache_key") == key:
+        return directory
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
+    data.check_writable(directory.parent, "download directory")
+    made, tmp_dir = data.missing_folders(directory.parent), None
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
+        store.copy_down(uri, names, tmp_dir, DataError)
+        (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        fileio.publish_tree(tmp_dir)              # the umask's modes, as for a dataset prepare writes
+        data.rename_into_place(tmp_dir, directory)
+    except BaseException as e:
+        if tmp_dir is not None:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        data.remove_if_empty(made)
+        if isinstance(e, Exception) and fileio.is_no_space(e):
+            raise DataError(fileio.no_space_message(directory, "download to another directory")) from None
+        if isinstance(e, OSError):                # the store stopped answering half-way
+            raise DataError(f"downloading {uri} failed ({store.first_line(e)}); run again to retry") from None
+        raise
+    return directory
 
 
 def main(argv: list[str] | None = None) -> None:

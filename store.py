@@ -114,6 +114,17 @@ def open_input(path: pathlib.Path | str, unzip: bool = False, buffer: int = 1 <<
         yield gzip.GzipFile(fileobj=raw) if unzip else raw
 
 
+def exists(uri: str, name: str, error: type[Exception] = StoreError) -> bool:
+    """Whether the object URI/NAME exists. An endpoint that refuses or does not answer (or denies access) is
+    `error`, not False: "no dataset there" and "no store there" need different fixes."""
+    fs, path = filesystem(uri, error)
+    import pyarrow.fs as pafs                     # `filesystem` has checked it is installed
+    try:
+        return fs.get_file_info(f"{path}/{name}").type != pafs.FileType.NotFound
+    except OSError as e:
+        raise error(f"{uri}: cannot reach it ({first_line(e)}); {STORE_HINT}") from None
+
+
 def file_size(path: pathlib.Path | str, error: type[Exception] = StoreError) -> int:
     if is_uri(path):
         fs, key = filesystem(path, error)

@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import io
 import json
+import os
 import pathlib
 import shlex
 import shutil
@@ -65,6 +66,29 @@ BAD_INPUT = [
     ("data", "mix --weights a=1 --unique a=0", "--unique"),
     ("data", "mix --weights a=1 --unique b=5", "--unique"),
     ("data", "inspect {data} --tokens 0", "--tokens"),
+    # issue 24: data.py
+    ("data", "prepare --data {deep_jsonl}", "deep.jsonl:2: JSON nested more than 1,000 levels"),
+    ("data", "inspect {deep_manifest}", "manifest.json: JSON nested more than 1,000 levels"),
+    ("data", "prepare --data {corpus} pydocs --weights 1e-300 1", "--weights"),
+    ("data", "prepare --data {corpus} pydocs --weights 1 1e16", "--weights"),
+    ("data", "prepare --data {corpus} --weights 1 --train-tokens 1e15", "--train-tokens"),
+    ("data", "mix --weights a=1e-300 b=1 --unique", "--weights"),
+    ("data", "mix --weights a=1 --unique a=1e-300", "--unique"),
+    ("data", "mix --tokens 1e15 --weights a=1 --unique a=1", "--weights"),
+    ("data", "prepare --data {fifo}", "is a FIFO"),
+    ("data", "prepare --data /dev/zero", "is a device"),
+    ("data", "prepare --data {corpus} --val-data {fifo}", "is a FIFO"),
+    ("data", "prepare --data {data}", "train.py --data"),
+    ("data", "prepare --data {data}/manifest.json", "train.py --data"),
+    ("data", "prepare --data {corpus} --engine ray --ray-address 127.0.0.1:99999", "port 99999 is out of range"),
+    ("data", "prepare --data {corpus} --engine ray --ray-address ray://head:10001", "not auto or HOST:PORT"),
+    ("data", "prepare --data {empty}", "is empty (0 bytes)"),
+    ("data", "prepare --data {blank}", "has no documents"),
+    ("data", "download {data} d", "train.py --data"),
+    ("data", "prepare --data {corpus} --work-dir {file}", "is a file; give a directory"),   # data_at_scale's flags
+    ("data", "prepare --data {corpus} --workers 5000", "--workers"),
+    ("train", "--data {empty}", "--data"),
+    ("train", "--data {blank}", "--data"),
     # dedup.py: MinHash sizes that cannot fit, thresholds, seeds, output paths
     ("dedup", "run --input {corpus} --out o.jsonl --num-perm 100000000000", "--num-perm"),
     ("dedup", "run --input {corpus} --out o.jsonl --num-perm 0", "--num-perm"),
@@ -277,6 +301,14 @@ def fixtures(tmp_path_factory) -> dict:
     train.atomic_save({"version": 1, "step": 0, "model": tiny.state_dict(), "model_config": tiny.config.to_dict()},
                       root / "no_tokenizer.pt")
     hf.save_imported_checkpoint(tiny, tokenizer, root / "imported.pt", "test")
+    more = {"deep_jsonl": root / "deep.jsonl", "deep_manifest": root / "deep-manifest", "fifo": root / "fifo.txt",
+            "empty": root / "empty.txt", "blank": root / "blank.txt"}
+    more["deep_jsonl"].write_text('{"text": "fine"}\n' + "[" * 5000 + "]" * 5000 + "\n")
+    more["deep_manifest"].mkdir()
+    (more["deep_manifest"] / "manifest.json").write_text("[" * 5000 + "]" * 5000)
+    os.mkfifo(more["fifo"])
+    more["empty"].touch()
+    more["blank"].write_text(" \n\n \n")
     # issue 24: deep JSON, a runs file that is an object, a dataset folder without its manifest
     (root / "deep.json").write_text("[" * 5000)
     (root / "object.json").write_text('{\n "runs": [{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}]\n}\n')
@@ -286,7 +318,7 @@ def fixtures(tmp_path_factory) -> dict:
             "bad_config": root / "bad_config.json", "hf_nan": root / "hf_nan", "hf_text": root / "hf_text",
             "ckpt_no_tokenizer": root / "no_tokenizer.pt", "imported": root / "imported.pt",
             "deep_json": root / "deep.json", "runs_object": root / "object.json",
-            "dataset_without_manifest": root / "no-manifest"}
+            "dataset_without_manifest": root / "no-manifest", **more}
 
 
 def tree(root: pathlib.Path) -> dict:

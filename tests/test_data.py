@@ -150,8 +150,32 @@ def test_malformed_jsonl_names_the_line_or_skips_and_counts(tmp_path):
     docs = list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents())
     assert docs == ["ok", "fine"] and stats.skipped == 4
     path.write_bytes(b'{"text": "ok"}\n\n{"text": "caf\xe9"}\n')
-    with pytest.raises(DataError, match=r"bad.jsonl:3: not a UTF-8 JSON object"):
+    with pytest.raises(DataError, match=r"bad.jsonl:3: not UTF-8 text \(byte 13\); fix the line"):
         list(data.open_source(str(path)).documents())
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"[" * 5000 + b"]" * 5000, r"bad.jsonl:2: JSON nested more than 1,000 levels deep.*fix the line, or pass "
+                                r"--skip-bad-lines"),                   # json.loads: RecursionError
+    (b'{"a": ' * 3000 + b"1" + b"}" * 3000, "bad.jsonl:2: JSON nested more than 1,000"),
+    (b'{"body": "x", "id": 3}', r"bad.jsonl:2: no string field 'text' \(its keys: body, id\); pass --text-field"),
+    (b'{"text": 3}', r"no string field 'text' \(its keys: text\); pass --text-field"),
+    (b'["text"]', r"bad.jsonl:2: an array, not an object with a string field 'text'; fix the line"),
+    (b"null", "bad.jsonl:2: null, not an object"),
+    (b"1" * 5000, r"bad.jsonl:2: not valid JSON \(Exceeds the limit"),    # int's 4,300-digit string limit
+])
+def test_each_kind_of_bad_jsonl_line_is_named_with_its_fix(tmp_path, line, message):
+    """What is wrong with the line decides the fix: a line that is not JSON needs fixing, an object without the
+    field needs --text-field. A line nested thousands deep is a bad line like any other (skipped and counted with
+    --skip-bad-lines), not a RecursionError."""
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n' + line + b'\n{"text": "fine"}\n')
+    with pytest.raises(DataError, match=message) as raised:
+        list(data.open_source(str(path)).documents())
+    assert "\n" not in str(raised.value) and len(str(raised.value)) < 400
+    stats = data.JsonlStats()
+    assert list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents()) == ["ok", "fine"]
+    assert stats.skipped == 1
 
 
 def test_bad_paths_and_files(tmp_path):
@@ -1543,3 +1567,146 @@ def test_bad_inputs_name_the_file_exit_2_and_write_nothing(tmp_path):
         lines = [line for line in err.splitlines() if not line.startswith("  ")]   # progress lines are indented
         assert process.returncode == 2 and len(lines) == 1 and message in lines[0], err
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(d.name for d in cases), err
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# issue 24: data.py (absurd mixes, a dataset without val, modes for others to read, a full disk, unreachable stores)
+# ---------------------------------------------------------------------------------------------------------------------
+
+QUICK = dict(vocab_size=257, clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
+
+
+def two_corpora(tmp_path: pathlib.Path) -> list[str]:
+    rng = random.Random(24)
+    return [str(write_jsonl(tmp_path / f"{name}.jsonl", [random_doc(rng, 60) for _ in range(12)]))
+            for name in ("a", "b")]
+
+
+def test_a_mix_that_repeats_a_source_over_100_times_is_refused_before_anything_is_written(tmp_path):
+    """Weights 1 and 5,000 pass the ratio bound (a million), but under the covering budget they read b about 5,000
+    times: refused once the tokens are counted, with nothing left behind (the old code wrote 5,000 passes)."""
+    sources = two_corpora(tmp_path)
+    with pytest.raises(DataError, match=r"would be read [\d.e+]+ times, more than 100 epochs.*--weights"):
+        data.prepare(sources, tmp_path / "out", weights=[1, 5000], **QUICK)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
+    with pytest.raises(DataError, match="more than 1,000,000"):
+        data.prepare(sources, tmp_path / "out", weights=[1e-300, 1], **QUICK)
+    with pytest.raises(DataError, match="more than 100 epochs"):
+        data.mixture_plan({"math": 1.0}, 1e12, {"math": 1e9})
+    with pytest.raises(DataError, match="at least 1 token"):
+        data.mixture_plan({"math": 1.0}, 1e9, {"math": 1e-300})        # was a plan of inf epochs
+    assert data.mixture_plan({"a": 1, "b": 1e6}, 1e6 + 1, {"a": 1, "b": 1e6})["a"]["epochs"] == pytest.approx(1.0)
+
+
+def test_inspect_of_a_dataset_without_val_shows_a_train_window(tmp_path, capsys):
+    """--val-fraction 0 gives a val split of no shards: inspect reports train and decodes a train window."""
+    out = data.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", val_fraction=0, **QUICK)
+    assert data.load_manifest(out)["splits"]["val"]["shards"] == []
+    data.main(["inspect", str(out), "--tokens", "16"])
+    printed = capsys.readouterr().out
+    assert "  val: 0 documents" in printed and "a random train window (the val split is empty), decoded:" in printed
+    (out / "tokenizer.json").unlink()                                  # was a FileNotFoundError traceback
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(["inspect", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "tokenizer.json: cannot read the dataset's" in err
+
+
+@pytest.mark.parametrize("key", ["timings", "funnel", "mixture", "dtype"])
+def test_inspect_of_a_manifest_missing_a_key_is_one_line(tmp_path, capsys, key):
+    """A manifest that is valid JSON but lacks a key prepare writes: summary() raised a KeyError traceback."""
+    out = data.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", **QUICK)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest[key]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(["inspect", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err == f"error: {out}: damaged manifest.json (KeyError: '{key}'); re-run " \
+                                                f"prepare\n"
+
+
+@pytest.mark.parametrize("mask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)],
+                         ids=["umask-022", "umask-077"])
+def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monkeypatch, mask, folder_mode,
+                                                                  file_mode):
+    """mkdtemp makes 0700 folders and mkstemp 0600 files; renamed into place they stayed private, so another
+    account could not read a dataset. Published, every folder and file has the umask's mode: 0755/0644 under
+    umask 022 (and 0700/0600 under 077: the modes follow the umask, they are not forced open)."""
+    pytest.importorskip("pyarrow", reason="download reads a file:// store through pyarrow.fs")
+    monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
+    old = __import__("os").umask(mask)
+    try:
+        cached = data.prepare(two_corpora(tmp_path)[:1], **QUICK)                       # the default: the cache
+        (tmp_path / "store").mkdir()
+        store = f"file://{tmp_path}/store/ds"
+        data.prepare(two_corpora(tmp_path)[:1], store, **QUICK)
+        downloaded = data_at_scale.download(store, tmp_path / "down" / "ds")
+    finally:
+        __import__("os").umask(old)
+    for root in (cached, downloaded):
+        paths = [root, *root.rglob("*")]
+        assert {p.name for p in paths} >= {"manifest.json", "tokenizer.json", "train_00000.bin", "val_00000.bin"}
+        for path in paths + [root.parent]:
+            assert path.stat().st_mode & 0o777 == (folder_mode if path.is_dir() else file_mode), path
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == folder_mode
+
+
+FULL_DISK_RUN = """
+import resource, sys
+import data, data_at_scale
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # ulimit -f
+def reference(sources, out_dir, *, threads=None, verbose=False, workers=None, chunk_mb=None, engine=None,
+              ray_address=None, work_dir=None, **recipe):     # the publish step, not the streaming engine's work files
+    return data.prepare(sources, out_dir, threads=threads, verbose=verbose, **recipe)
+data_at_scale.prepare = reference
+data.main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("vocab, limit, fails_in", [(300, 8000, "train"), (1000, 7000, "tokenizer")],
+                         ids=["in-a-shard", "in-the-tokenizer"])
+def test_a_file_size_limit_while_publishing_is_one_line_leaves_nothing_and_a_rerun_works(tmp_path, monkeypatch, vocab,
+                                                                                         limit, fails_in):
+    """Under `ulimit -f` a write fails with EFBIG (on a full disk: ENOSPC), here in the train shard (vocabulary 300:
+    a 17 kB shard, a 4 kB tokenizer) or in tokenizer.json (vocabulary 1,000: 5 kB and 10 kB). Either gives one line
+    naming the output and the fix, exit 2, and no temp folder, temp file or empty parent; the same prepare without
+    the limit then builds the dataset. (The old code: `OSError: [Errno 27] File too large` and a traceback.)"""
+    corpus = tmp_path / "in" / "corpus.txt"
+    corpus.parent.mkdir()
+    rng = random.Random(5)
+    corpus.write_text("\n\n".join(random_doc(rng, 40) for _ in range(60)))
+    out = tmp_path / "out" / "ds"
+    argv = ["prepare", "--data", str(corpus), "--out", str(out), "--vocab-size", str(vocab), "--filters", "none",
+            "--near-dup-threshold", "0", "--no-pii"]
+    env = {**__import__("os").environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+    failed = subprocess.run([sys.executable, "-c", FULL_DISK_RUN, str(limit), *argv], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    lines = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert failed.returncode == 2 and lines[-1] == f"error: no space left writing {out}: free space or pass --out " \
+                                                   f"elsewhere" and "Traceback" not in failed.stderr, failed.stderr
+    assert not (tmp_path / "out").exists()                         # no temp folder, no empty parent, no dataset
+    monkeypatch.chdir(tmp_path)
+    data.prepare([str(corpus)], out, vocab_size=vocab, **{k: v for k, v in QUICK.items() if k != "vocab_size"})
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ds"]
+    sizes = {p.name.split("_")[0].split(".")[0]: p.stat().st_size for p in out.iterdir()}
+    assert sizes[fails_in] > limit > max(size for name, size in sizes.items() if name != fails_in)   # where it hit
+    assert data.TokenData(out).get_batch("train", 1, 8)[0].shape == (1, 8)
+
+
+def test_download_tells_an_unreachable_store_from_a_missing_dataset(tmp_path, monkeypatch):
+    """Nothing listens on the endpoint: the store cannot be reached (the old message said the dataset was not
+    published, sending the user to re-run prepare). A prefix without a manifest: not a published dataset."""
+    pytest.importorskip("pyarrow", reason="object-store URIs go through pyarrow.fs")
+    for name, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with __import__("socket").socket() as probe:                  # a port that was free a moment ago: refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(DataError, match=r"cannot reach it \(.*connect.*\); check the bucket and key, the endpoint"):
+        data_at_scale.download(f"s3://bucket/ds?endpoint_override=127.0.0.1:{port}&scheme=http", tmp_path / "d")
+    with pytest.raises(DataError, match="has no manifest.json: not a published dataset"):
+        data_at_scale.download(f"file://{tmp_path}/nothing-here", tmp_path / "d")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -308,7 +308,7 @@ def test_download_for_the_loader_and_aws_endpoint_url(s3, inputs, uploaded, refe
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://" + query.split("=")[1].split("&")[0])
     store.filesystem_root.cache_clear()
     try:
-        local = data.download("s3://datasets/dl", tmp_path / "dl")
+        local = data_at_scale.download("s3://datasets/dl", tmp_path / "dl")
     finally:
         store.filesystem_root.cache_clear()
     same_dataset(dataset_files(local), reference, uploaded, str(inputs))
@@ -334,6 +334,6 @@ def test_local_paths_never_import_pyarrow(inputs, tmp_path):
             f"chunks = data_at_scale.plan_chunks([s], 1 << 10); "
             f"job = data_at_scale.Job('.', (('web', 'prose'),), ('text', 'auto', False, None), None, 0, 0.1, 32, 4); "
             f"assert sum(1 for c in chunks for _ in data_at_scale.chunk_documents(job, c, data.JsonlStats())) > 40; "
-            f"assert data._read_manifest_or_none({str(tmp_path)!r}) is None; "
+            f"assert data.read_manifest_or_none({str(tmp_path)!r}) is None; "
             f"assert 'pyarrow' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(data.__file__).parent, check=True)
