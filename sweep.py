@@ -5,13 +5,17 @@ family and plan, running each point through train.py, reading the runs back, the
 plot and REPORT.md, the dedup-effect experiment and its report, and the `sweep` and `dedup-effect` subcommands
 (`python scaling.py sweep ...` and `python sweep.py sweep ...` are the same command).
 
-The sweep does the lecture's project M3 the Chinchilla way: at 4 budgets 3e9 .. 1e11 FLOPs (33×), 5 sizes around
+The sweep does the lecture's project M3 the Chinchilla way: at 4 budgets 1e12 .. 8e12 FLOPs (8×), 5 sizes around
 sqrt(C/120) parameters, each trained through train.py for exactly D = C/6N tokens with its own cosine schedule,
-so every point is annealed. Example: at C = 1e10 a 2,316-parameter model trains 1e10 / (6 · 2,316) = 720k tokens
-and a 40,440-parameter one 41k. A parabola in log N per budget gives N* (scaling.py's Approach 2); the minima give
-N_opt ∝ C^a. Then the law fitted on these budgets predicts N_opt and the loss at 3e11, and that run is trained
-and compared. `dedup-effect` repeats 1% of the documents 50 times and measures what dedup.py buys, against the
-seed-to-seed spread. How the design and its learning rates were chosen: docs/scaling-sweep.md.
+so every point is annealed. The models are small transformers, not toys: 2 to 4 layers of width 32 to 128 with
+16-channel heads (43k to 870k parameters on a 512-token BPE). Example: at C = 1e12 the 43,168-parameter model
+trains 1e12 / (6 · 43,168) = 3.86M tokens in 943 steps of 32 × 128, and the 381,600-parameter one 437k tokens in
+853 steps of 4 × 128: the batch follows the size so that every run takes at least 800 steps (fewer leave the loss
+visibly short of the same tokens in more steps: docs/scaling-sweep.md has the measurement). A parabola in log N
+per budget gives N* (scaling.py's Approach 2); the minima give N_opt ∝ C^a. Then the law fitted on these budgets
+predicts N_opt and the loss at 2e13, and three sizes there are trained and compared. `dedup-effect` repeats 1% of
+the documents 50 times and measures what dedup.py buys, against the seed-to-seed spread. How the design and its
+learning rates were chosen: docs/scaling-sweep.md. `--device cuda` runs the same plan at 10× the budgets.
 
 Depends on numpy, scaling.py (the laws, the fits and the plots' helpers) and fileio.py; inside the functions
 that need them: model.py (parameter counts), data.py and data_at_scale.py (preparing corpora), dedup.py and
@@ -45,7 +49,7 @@ ROOT = pathlib.Path(__file__).resolve().parent
 # 1. The IsoFLOP sweep (the lecture's project M3): budgets, sizes around each optimum, one annealed run per point.
 # ---------------------------------------------------------------------------------------------------------------
 
-HEAD_DIM = 16   # channels per attention head in the sweep's family; tiny widths still get at least one head
+HEAD_DIM = 16   # channels per attention head in the sweep's family: width 32 has 2 heads, width 128 has 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +67,7 @@ class Shape:
         return f"L{self.n_layer}-d{self.n_embd}"
 
     def config_overrides(self) -> dict:
-        heads = max(1, self.n_embd // HEAD_DIM)
+        heads = self.n_embd // HEAD_DIM
         return {"n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": heads, "n_kv_head": heads,
                 "ffn_multiple_of": 16}
 
@@ -74,24 +78,34 @@ class Shape:
         return cfg.num_params(), cfg.num_params(non_embedding=True)
 
 
-def shape_family(max_width: int = 512) -> list[Shape]:
-    """Depth = width / 32 (at least 1): one aspect ratio, so size is the only variable. Widths 2, 4, then steps
-    of 8 up to 48 (where one step is a big change in N), then of 16. The smallest are barely models (a 2-wide
-    embedding), but the smallest budgets need them: there the optimum lies at a few thousand parameters.
+def depth_for_width(n_embd: int) -> int:
+    """The sweep's depth rule: one layer per 32 channels of width, rounded, and never fewer than 2 (attention over
+    attention's output is what makes a transformer more than a bigram table with a mixer).
 
-    >>> [s.name for s in shape_family(80)]
-    ['L1-d2', 'L1-d4', 'L1-d8', 'L1-d16', 'L1-d24', 'L1-d32', 'L1-d40', 'L2-d48', 'L2-d64', 'L2-d80']
+    >>> [depth_for_width(d) for d in (32, 48, 64, 80, 96, 128, 192)]
+    [2, 2, 2, 3, 3, 4, 6]
     """
-    widths = [2, 4, 8, 16, 24, 32, 40] + list(range(48, max_width + 1, 16))
-    return [Shape(max(1, round(d / 32)), d) for d in widths]
+    return max(2, (n_embd + 16) // 32)
+
+
+def shape_family(max_width: int = 512) -> list[Shape]:
+    """Widths 32 to 128 in steps of 16, then steps of 32; depth by depth_for_width. The smallest member, 2 layers
+    of width 32 with two 16-channel heads, has 43,168 parameters on a 512-token vocabulary; the 128-wide one has 4
+    layers and 869,504. Width 32 is the floor: below it a head is thinner than 16 channels or the model has one.
+
+    >>> [s.name for s in shape_family(192)]
+    ['L2-d32', 'L2-d48', 'L2-d64', 'L3-d80', 'L3-d96', 'L4-d112', 'L4-d128', 'L5-d160', 'L6-d192']
+    """
+    widths = list(range(32, 129, 16)) + list(range(160, max_width + 1, 32))
+    return [Shape(depth_for_width(d), d) for d in widths if d <= max_width]
 
 
 def nearest_shapes(targets: Sequence[float], vocab_size: int, family: Sequence[Shape] | None = None) -> list[Shape]:
     """For each target N (ascending), the family member nearest in log N that is larger than the previous pick:
     distinct sizes, in order, as close to the targets as the family allows.
 
-    >>> [s.name for s in nearest_shapes([2e4, 4e4, 8e4], 512)]
-    ['L1-d24', 'L1-d40', 'L2-d48']
+    >>> [s.name for s in nearest_shapes([2e4, 4e4, 3e5], 512)]       # 2e4 and 4e4 both nearest 43k: 80k next
+    ['L2-d32', 'L2-d48', 'L3-d80']
     """
     members = sorted(family or shape_family(), key=lambda s: s.counts(vocab_size)[0])
     picked: list[Shape] = []
@@ -118,38 +132,49 @@ def lr_for_width(n_embd: int, lr_at_64: float) -> float:
 class SweepSettings:
     """The IsoFLOP design. At each budget C, `sizes_per_budget` models from guess/spread to guess·spread around
     N = sqrt(C / 6r) (r = tokens_per_param_guess), each trained for exactly D = C / 6N tokens with its own cosine
-    schedule (warmup, then down to 10% at the last step), so every final point is annealed. Then a held-out
-    budget `heldout_factor` × the largest is predicted from the others, trained, and compared."""
+    schedule (warmup, then down to 10% at the last step), so every final point is annealed.
+
+    Every run takes at least `min_steps` optimizer steps: its batch is the largest of `batch_sizes` (sequences of
+    `block_size` tokens) that still gives that many. A small model at a big budget then takes big batches (its
+    steps are cheap but many: a 2-layer step costs ~20 ms of framework time however small the batch) and a big
+    model takes small ones. A size that would get fewer steps even at the smallest batch, or read more than
+    `max_run_tokens`, is left out of that budget's choice. Then a held-out budget `heldout_factor` × the largest is
+    predicted from the others, trained at `heldout_sizes` sizes around the prediction, and compared."""
     data: str = "pystdlib"
     vocab_size: int = 512
-    budgets: tuple[float, ...] = (3e9, 1e10, 3e10, 1e11)
+    budgets: tuple[float, ...] = (1e12, 2e12, 4e12, 8e12)
     sizes_per_budget: int = 5
     size_spread: float = 4.0
     tokens_per_param_guess: float = 20.0
-    heldout_factor: float = 3.0
-    heldout_sizes: int = 1
-    batch_size: int = 8
+    heldout_factor: float = 2.5
+    heldout_sizes: int = 3
+    batch_sizes: tuple[int, ...] = (4, 8, 16, 32)
     block_size: int = 128
-    lr_at_64: float = 3e-3
+    min_steps: int = 800
+    max_run_tokens: int = 27_000_000     # 2 epochs of pystdlib's 13.7M train tokens; sweep() sets the dataset's
+    lr_at_64: float = 4e-3
     warmup_fraction: float = 0.05
-    eval_batches: int = 48
+    eval_windows: int = 384              # every run is scored on the same first 384 windows of the val split
     seed: int = 0
+    device: str = "cpu"
     workers: int = 2
     threads: int = 1
     bootstrap: int = 50
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.block_size
 
+QUICK_SWEEP = SweepSettings(data="pydocs", budgets=(3e9, 9e9), sizes_per_budget=3, size_spread=2.0,
+                            batch_sizes=(2, 4), block_size=64, min_steps=20, eval_windows=16, bootstrap=10)
 
-QUICK_SWEEP = SweepSettings(data="pydocs", budgets=(2e8, 6e8), sizes_per_budget=3, size_spread=2.0,
-                            batch_size=4, block_size=64, eval_batches=4, bootstrap=10)
+# The same plan for one CUDA GPU (`--device cuda`): budgets 10x, batches 2x, bf16, one run at a time. pystdlib
+# still holds enough text for it (the largest budget's smallest size reads 1.8 epochs); bigger budgets need a
+# bigger --data, since the smallest sizes would otherwise read it many times over.
+GPU_SWEEP = dataclasses.replace(SweepSettings(), budgets=(1e13, 2e13, 4e13, 8e13), batch_sizes=(8, 16, 32, 64),
+                                device="cuda", workers=1, threads=0)
 
 
 @dataclasses.dataclass(frozen=True)
 class PlannedRun:
-    """One point of the sweep: a shape trained for `steps` steps of the settings' batch at learning rate `lr`."""
+    """One point of the sweep: a shape trained for `steps` steps of `batch_size` sequences at learning rate `lr`."""
     budget: float
     shape: Shape
     params: int
@@ -157,6 +182,7 @@ class PlannedRun:
     steps: int
     tokens: int
     lr: float
+    batch_size: int
     heldout: bool = False
 
     @property
@@ -169,25 +195,61 @@ class PlannedRun:
 
 
 def plan_run(budget: float, shape: Shape, settings: SweepSettings, heldout: bool = False) -> PlannedRun:
-    """Steps = D / tokens per step with D = C / 6N, rounded to whole steps (the actual D is recorded)."""
+    """D = C / 6N tokens in whole steps of the largest batch that still gives min_steps steps (else the
+    smallest batch); the actual D is recorded.
+
+    >>> r = plan_run(1e12, Shape(2, 32), SweepSettings())      # 43,168 parameters: D = 3.86M tokens
+    >>> r.batch_size, r.steps, r.tokens
+    (32, 943, 3862528)
+    """
     n, non_embedding = shape.counts(settings.vocab_size)
-    steps = max(1, round(budget / (6.0 * n * settings.tokens_per_step)))
-    return PlannedRun(budget, shape, n, non_embedding, steps, steps * settings.tokens_per_step,
-                      lr_for_width(shape.n_embd, settings.lr_at_64), heldout)
+    tokens = budget / (6.0 * n)
+    fits = [b for b in settings.batch_sizes if tokens / (b * settings.block_size) >= settings.min_steps]
+    batch = max(fits) if fits else min(settings.batch_sizes)
+    steps = max(1, round(tokens / (batch * settings.block_size)))
+    return PlannedRun(budget, shape, n, non_embedding, steps, steps * batch * settings.block_size,
+                      lr_for_width(shape.n_embd, settings.lr_at_64), batch, heldout)
+
+
+def trainable_shapes(budget: float, settings: SweepSettings) -> list[Shape]:
+    """The family members a budget can train well: at least min_steps steps at the smallest batch, and at most
+    max_run_tokens tokens.
+
+    >>> [s.name for s in trainable_shapes(8e12, SweepSettings())][:2]     # 43k: 31M tokens, more than 2 epochs
+    ['L2-d48', 'L2-d64']
+    """
+    smallest = min(settings.batch_sizes) * settings.block_size
+    return [s for s in shape_family() if settings.min_steps * smallest
+            <= budget / (6.0 * s.counts(settings.vocab_size)[0]) <= settings.max_run_tokens]
+
+
+def sizes_near(budget: float, targets: Sequence[float], settings: SweepSettings) -> list[Shape]:
+    """nearest_shapes among the shapes this budget can train; a design they cannot cover is one ScalingError."""
+    allowed = trainable_shapes(budget, settings)
+    try:
+        if len(allowed) < len(targets):
+            raise ScalingError(f"only {len(allowed)} sizes")
+        return nearest_shapes(targets, settings.vocab_size, allowed)
+    except ScalingError:
+        raise ScalingError(f"at C = {budget:.3g} only {len(allowed)} sizes of the family train at least "
+                           f"{settings.min_steps} steps on at most {settings.max_run_tokens:,} tokens, and "
+                           f"{len(targets)} are needed: choose other --budgets (a smaller one leaves the big "
+                           f"sizes too few steps, a bigger one the small sizes too few tokens: a larger --data helps)") \
+            from None
 
 
 def plan_isoflop(settings: SweepSettings) -> list[PlannedRun]:
     """Every (budget, size) of the IsoFLOP grid, smallest budget first.
 
-    >>> [(f"{r.budget:.0e}", r.shape.name, r.steps) for r in plan_isoflop(QUICK_SWEEP)][:3]
-    [('2e+08', 'L1-d2', 114), ('2e+08', 'L1-d4', 56), ('2e+08', 'L1-d8', 25)]
+    >>> [(f"{r.budget:.0e}", r.shape.name, r.batch_size, r.steps) for r in plan_isoflop(SweepSettings())][:3]
+    [('1e+12', 'L2-d32', 32, 943), ('1e+12', 'L2-d48', 16, 1016), ('1e+12', 'L2-d64', 8, 1220)]
     """
     runs = []
     for budget in sorted(settings.budgets):
         guess = params_for_budget(budget, settings.tokens_per_param_guess)
         k = settings.sizes_per_budget
         targets = [guess * settings.size_spread ** (2 * i / (k - 1) - 1) for i in range(k)]
-        runs += [plan_run(budget, s, settings) for s in nearest_shapes(targets, settings.vocab_size)]
+        runs += [plan_run(budget, s, settings) for s in sizes_near(budget, targets, settings)]
     return runs
 
 
@@ -197,28 +259,30 @@ def plan_heldout(settings: SweepSettings, predicted_params: float) -> list[Plann
     budget = settings.heldout_factor * max(settings.budgets)
     targets = [predicted_params] if settings.heldout_sizes == 1 else [predicted_params / 2, predicted_params,
                                                                       predicted_params * 2]
-    return [plan_run(budget, s, settings, heldout=True) for s in nearest_shapes(targets, settings.vocab_size)]
+    return [plan_run(budget, s, settings, heldout=True) for s in sizes_near(budget, targets, settings)]
 
 
-# What one train.py run of the sweep costs on a CPU, assumed (measured on the 2-core machine this project is built
-# on): ~30 s to start (Python, torch, the dataset, one checkpoint), ~0.02 s of framework overhead per step (a tiny
-# model is all overhead), and the model's FLOPs at ~1e9 FLOP/s on one thread (docs/sweep's 133k-parameter run:
-# 6·N·D = 1e11 in ~200 s of compute at load ~20, i.e. 5e8; a quiet machine does a few times that).
-RUN_START_SECONDS, STEP_SECONDS, CPU_FLOPS = 30.0, 0.02, 1e9
+# What one train.py run of the sweep costs on this 2-core CPU, two runs side by side at one thread each (measured
+# for docs/scaling-sweep.md): ~7 s to start (Python and torch, torch.optim's first import of torch._dynamo, the
+# dataset, the checkpoint), ~20 ms of framework time per step (a 2-layer model's forward and backward are a few
+# hundred small kernels), and the model's 6·N FLOPs per token at ~2.5e10 FLOP/s (a 4-layer, 128-wide model).
+RUN_START_SECONDS, STEP_SECONDS, CPU_FLOPS = 7.0, 0.02, 2.5e10
+GPU_FLOPS = 5e12     # assumed, not measured: a model of a few million parameters uses ~1% of a big GPU's peak
 MAX_HOURS = 12.0     # an experiment estimated longer than this is refused unless max_hours (--max-hours) allows it
 
 
 def estimate_seconds(settings: SweepSettings, runs: Sequence[PlannedRun]) -> float:
-    """Wall time of training `runs`, `workers` side by side (at most one per core): start-up, per-step overhead,
-    and 6·N·D training plus 2·N per evaluated token, at CPU_FLOPS per run.
+    """Wall time of training `runs`, `workers` side by side (at most one per core): start-up, per-step framework
+    time, and 6·N·D training plus 2·N per evaluated token, at CPU_FLOPS per run (GPU_FLOPS on a GPU).
 
     >>> round(estimate_seconds(QUICK_SWEEP, plan_isoflop(QUICK_SWEEP)))           # 6 tiny runs, 2 at a time
-    99
+    25
     >>> f"{estimate_seconds(QUICK_SWEEP, plan_isoflop(dataclasses.replace(QUICK_SWEEP, budgets=(1e15, 3e15)))):.2g}"
-    '6e+06'
+    '2.4e+05'
     """
-    eval_tokens = settings.eval_batches * settings.tokens_per_step
-    each = [RUN_START_SECONDS + r.steps * STEP_SECONDS + (r.compute + 2.0 * r.params * eval_tokens) / CPU_FLOPS
+    flops = CPU_FLOPS if settings.device == "cpu" else GPU_FLOPS
+    eval_tokens = settings.eval_windows * settings.block_size
+    each = [RUN_START_SECONDS + r.steps * STEP_SECONDS + (r.compute + 2.0 * r.params * eval_tokens) / flops
             for r in runs]
     return sum(each) / max(1, min(settings.workers, os.cpu_count() or 1))
 
@@ -239,11 +303,27 @@ def train_command(settings: SweepSettings, run: PlannedRun, data_dir, out_dir) -
     warmup = max(1, round(s.warmup_fraction * run.steps))
     return [sys.executable, str(ROOT / "train.py"), "--data", str(data_dir), "--model", "sweep-1",
             "--model-args", model_args, "--out-dir", str(out_dir), "--max-steps", str(run.steps),
-            "--batch-size", str(s.batch_size), "--block-size", str(s.block_size), "--lr", f"{run.lr:.6g}",
+            "--batch-size", str(run.batch_size), "--block-size", str(s.block_size), "--lr", f"{run.lr:.6g}",
             "--warmup-steps", str(min(warmup, run.steps)), "--schedule", "cosine",
-            "--eval-interval", str(run.steps), "--eval-batches", str(s.eval_batches),
-            "--ckpt-interval", str(run.steps), "--seed", str(s.seed), "--dtype", "fp32", "--device", "cpu",
-            "--num-samples", "0", "--log-interval", str(max(1, run.steps // 10)), "--overwrite"]
+            "--eval-interval", str(run.steps), "--eval-batches", str(max(1, s.eval_windows // run.batch_size)),
+            "--no-eval-at-start", "--ckpt-interval", str(run.steps), "--seed", str(s.seed),
+            "--dtype", "fp32" if s.device == "cpu" else "bf16", "--device", s.device,
+            "--num-samples", "0", "--no-plot", "--log-interval", str(max(1, run.steps // 10)), "--overwrite"]
+
+
+def shell_command(cmd: Sequence[str], threads: int = 1) -> str:
+    """A train.py command line as one shell line to copy: `python`, paths relative to the project folder where
+    they are inside it, and the thread count the run had (a CPU's sums depend on it).
+
+    >>> shell_command([sys.executable, str(ROOT / "train.py"), "--out-dir", str(ROOT / "out" / "a b")])
+    "OMP_NUM_THREADS=1 python train.py --out-dir 'out/a b'"
+    """
+    def relative(arg: str) -> str:
+        path = pathlib.Path(arg)
+        return str(path.relative_to(ROOT)) if path.is_absolute() and path.is_relative_to(ROOT) else arg
+    import shlex
+    line = shlex.join(["python"] + [relative(a) for a in cmd[1:]])
+    return f"OMP_NUM_THREADS={threads} {line}" if threads else line
 
 
 def read_metrics(path) -> list[dict]:
@@ -336,7 +416,8 @@ def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, 
         return {"name": run.name, "budget": run.budget, "parameters": run.params,
                 "non_embedding_parameters": run.non_embedding, "tokens": run.tokens, "compute": run.compute,
                 "loss": loss, "n_layer": run.shape.n_layer, "n_embd": run.shape.n_embd, "lr": run.lr,
-                "steps": run.steps, "heldout": run.heldout, "seconds": round(seconds, 1)}
+                "steps": run.steps, "batch_size": run.batch_size, "heldout": run.heldout,
+                "seconds": round(seconds, 1), "command": shell_command(cmd, settings.threads)}
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
         futures = [pool.submit(one, run) for run in runs]
@@ -402,11 +483,15 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
         raise ScalingError("a sweep needs at least 3 sizes per budget (a parabola has 3 coefficients)")
     if s.heldout_sizes not in (1, 3):
         raise ScalingError(f"--heldout-sizes must be 1 or 3, got {s.heldout_sizes}")
+    if s.device != "cpu":
+        import model as model_lib
+        model_lib.resolve_device(s.device, error=ScalingError)       # "--device cuda: no CUDA device here; ..."
     hours = planned_hours(s)                                  # a design the family cannot build fails here
     if hours > max_hours:
         flops = sum(r.compute for r in plan_isoflop(s)) + s.heldout_sizes * s.heldout_factor * max(s.budgets)
-        raise ScalingError(f"this sweep ({flops:.2g} FLOPs) would take about {hours:,.0f} hours on this CPU "
-                           f"({s.workers} runs at a time at ~{CPU_FLOPS:.0e} FLOP/s each, assumed): lower "
+        where = "this CPU" if s.device == "cpu" else f"the GPU (assumed {GPU_FLOPS:.0e} FLOP/s)"
+        raise ScalingError(f"this sweep ({flops:.2g} FLOPs) would take about {hours:,.0f} hours on {where} "
+                           f"({s.workers} runs at a time at ~{CPU_FLOPS:.1e} FLOP/s each on a CPU): lower "
                            f"--budgets, or pass --max-hours {math.ceil(hours * 1.5)} to run it anyway")
     return hours
 
@@ -470,8 +555,8 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
     import data_at_scale
     s = settings
     dataset = open_dataset(s.data)
-    if dataset is not None:
-        s = dataclasses.replace(s, vocab_size=int(dataset.vocab_size))     # the dataset's tokenizer rules
+    if dataset is not None:                  # the dataset's tokenizer rules, and no run reads it more than twice
+        s = dataclasses.replace(s, vocab_size=int(dataset.vocab_size), max_run_tokens=_two_epochs(dataset))
     hours = check_design(s, max_hours)
     sources = [x for x in s.data.split(",") if x]
     if dataset is None:
@@ -485,11 +570,18 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
             with _data_errors(s.data):
                 data_dir = data_at_scale.prepare(sources, vocab_size=s.vocab_size, seed=s.seed)
             dataset = open_dataset(str(data_dir))
+            s = dataclasses.replace(s, max_run_tokens=_two_epochs(dataset))
         return _sweep_in(s, dataset, out, hours, log)
     except BaseException:
         if created and not any((out / "runs").glob("*/command.json")):
             shutil.rmtree(out, ignore_errors=True)
         raise
+
+
+def _two_epochs(dataset) -> int:
+    """A run may read its train split twice: Muennighoff et al. (2023) measured up to 4 epochs of repeated data
+    as nearly as good as unique data, and the largest budgets need the small sizes' long runs."""
+    return 2 * int(dataset.manifest["splits"]["train"]["tokens"])
 
 
 def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -> SweepResult:
@@ -633,7 +725,7 @@ def prediction_lines(p: dict | None, records: Sequence[dict], budgets: Sequence[
     names = {"approach1": "Approach 1", "approach2": "Approach 2", "approach3": "Approach 3"}
     held = [r for r in records if r["heldout"]]
     lines = [f"Fitted on the {len(budgets)} budgets above only, before training it: at C = {p['budget']:.3g} "
-             f"({p['budget'] / max(budgets):.0f}× the largest), {names[p['approach']]} puts N_opt at "
+             f"({p['budget'] / max(budgets):g}× the largest), {names[p['approach']]} puts N_opt at "
              f"{p['params']:,.0f}" + (f" (bootstrap 10-90%: {p['params_interval'][0]:,.0f}-"
                                       f"{p['params_interval'][1]:,.0f})" if p.get("params_interval") else "")
              + f", D_opt = {p['tokens']:,.0f}. Predicted loss at that optimum: "
@@ -670,6 +762,16 @@ def prediction_lines(p: dict | None, records: Sequence[dict], budgets: Sequence[
     return lines
 
 
+def _regenerate(result: SweepResult) -> str:
+    """The commands that make this sweep again: its --data folder first, when it was given one."""
+    s = result.settings
+    if s.data == SweepSettings.data:
+        return "`python scaling.py sweep`"
+    corpus = result.corpus.replace("+", " ")
+    return (f"`python data.py prepare --data {corpus} --vocab-size {s.vocab_size} --out {s.data}`, then "
+            f"`python scaling.py sweep --data {s.data}`")
+
+
 def sweep_report(result: SweepResult) -> str:
     """REPORT.md, written from final.jsonl: the design, the runs, the three fits, the prediction and the targets."""
     s, records = result.settings, result.records
@@ -677,14 +779,19 @@ def sweep_report(result: SweepResult) -> str:
     budgets = sorted({r["budget"] for r in records if not r["heldout"]})
     longest = max(r["tokens"] for r in records)
     out = [f"# Scaling sweep: {len(budgets)} IsoFLOP budgets on `{result.corpus}`, one held-out budget predicted", "",
-           "Regenerate: `python scaling.py sweep` (reuses finished runs; every number below is computed from "
-           "`final.jsonl`).", "",
+           f"Regenerate: {_regenerate(result)} (reuses finished runs; every number below is computed from "
+           "`final.jsonl`, whose `command` field is the `python train.py ...` line of each point: run one alone "
+           "from the project folder and it gives the same loss).", "",
            "## Design", "",
            f"- **Budgets** C = {', '.join(f'{b:.3g}' for b in budgets)} FLOPs ({budgets[-1] / budgets[0]:.0f}× span); "
            f"at each, {s.sizes_per_budget} model sizes from N/{s.size_spread:g} to {s.size_spread:g}·N around the "
            f"guess N = sqrt(C / 6·{s.tokens_per_param_guess:g}), each trained for D = C / 6N tokens "
-           f"(rounded to whole steps of {s.tokens_per_step:,} tokens = {s.batch_size} × {s.block_size}).",
-           f"- **Models**: one aspect ratio (depth = width / 32, heads of {HEAD_DIM} channels), a "
+           f"in whole steps of {'/'.join(map(str, s.batch_sizes))} sequences of {s.block_size} tokens: the largest "
+           f"batch that still gives at least {s.min_steps:,} steps (steps per run: "
+           f"{min(r['steps'] for r in records):,} to {max(r['steps'] for r in records):,}). A size that would get "
+           f"fewer steps, or read more than {s.max_run_tokens:,} tokens, is not tried at that budget.",
+           f"- **Models**: one aspect ratio (depth = width / 32 rounded, at least 2 layers; heads of {HEAD_DIM} "
+           f"channels; widths {min(r['n_embd'] for r in records)} to {max(r['n_embd'] for r in records)}), a "
            f"{s.vocab_size}-token BPE so the embedding stays a minority of the parameters. N counts all parameters "
            f"(the tied embedding is also the output layer, a real matmul per token, so C = 6·N·D counts it); "
            f"Kaplan's non-embedding count is in the table and refitted below.",
@@ -692,7 +799,7 @@ def sweep_report(result: SweepResult) -> str:
            f"{longest:,} tokens = {longest / result.train_tokens:.2f} epochs, so "
            + ("no run repeats a token." if longest <= result.train_tokens else "the longest runs repeat data.")
            + " Loss is measured on the same "
-           f"{s.eval_batches * s.tokens_per_step:,} held-out tokens (the val split, cut by document) for every run.",
+           f"{s.eval_windows * s.block_size:,} held-out tokens (the val split, cut by document) for every run.",
            f"- **Learning rate** per size by the rule lr = {s.lr_at_64:g} · 64 / width (Adam's optimum falls as "
            f"1/width, muP); {s.warmup_fraction:.0%} warmup, then cosine to 10% at the run's last step.",
            ]
@@ -750,7 +857,7 @@ class DedupEffectSettings:
     with the copies and on dedup.py's cleaned version, with `seeds` seeds each (init and data order), so the
     effect is compared with the seed-to-seed spread."""
     source: str = "pydocs"
-    shape: Shape = Shape(1, 32)
+    shape: Shape = Shape(2, 32)
     vocab_size: int = 512
     tokens: int = 500_000
     batch_size: int = 8
@@ -766,7 +873,7 @@ class DedupEffectSettings:
     max_documents: int | None = None      # read only the first documents of the source (quick runs)
 
 
-QUICK_DEDUP = DedupEffectSettings(shape=Shape(1, 16), tokens=4096, batch_size=4, block_size=64, repeated_share=0.02,
+QUICK_DEDUP = DedupEffectSettings(shape=Shape(2, 32), tokens=4096, batch_size=4, block_size=64, repeated_share=0.02,
                                   repeats=5, seeds=2, max_documents=150)
 
 
@@ -821,8 +928,8 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
 
 def _dedup_effect_plan(s: DedupEffectSettings) -> tuple[SweepSettings, PlannedRun]:
     """The trainer settings and the one run every (corpus, seed) trains: the same model, tokens and schedule."""
-    trainer = SweepSettings(batch_size=s.batch_size, block_size=s.block_size, lr_at_64=s.lr_at_64, eval_batches=1,
-                            threads=s.threads)
+    trainer = SweepSettings(batch_sizes=(s.batch_size,), block_size=s.block_size, lr_at_64=s.lr_at_64,
+                            eval_windows=s.batch_size, threads=s.threads)
     n, _ = s.shape.counts(s.vocab_size)
     return trainer, plan_run(6.0 * n * s.tokens, s.shape, trainer)
 
@@ -953,7 +1060,10 @@ def dedup_effect_report(result: dict) -> str:
 
 def _sweep_settings(args) -> SweepSettings:
     """The defaults (or --quick's), with the flags given (sweep() checks the whole design before anything runs)."""
-    settings = QUICK_SWEEP if args.quick else SweepSettings()
+    gpu = args.device != "cpu"
+    settings = QUICK_SWEEP if args.quick else GPU_SWEEP if gpu else SweepSettings()
+    if gpu:                                 # one run at a time on the GPU, bf16; the device is checked in sweep()
+        settings = dataclasses.replace(settings, device=args.device, workers=1, threads=0)
     changes = {k: v for k, v in (("budgets", tuple(args.budgets) if args.budgets else None),
                                  ("sizes_per_budget", args.sizes), ("heldout_sizes", args.heldout_sizes),
                                  ("data", args.data), ("vocab_size", args.vocab_size), ("lr_at_64", args.lr_at_64),
@@ -986,16 +1096,18 @@ def add_commands(sub) -> None:
     threads, max_hours = in_range(int, 0, 1024), in_range(float, 0.0, 1e6, low_open=True)
     s = sub.add_parser("sweep", help="IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget")
     s.add_argument("--quick", action="store_true", help="a tiny design on pydocs (seconds per run), for tests")
-    s.add_argument("--budgets", type=in_range(float, 1e6, 1e16), nargs="+",
-                   help="compute budgets in FLOPs (default 3e9 1e10 3e10 1e11)")
+    s.add_argument("--budgets", type=in_range(float, 1e6, 1e18), nargs="+",
+                   help="compute budgets in FLOPs (default 1e12 2e12 4e12 8e12; on a GPU 1e13 2e13 4e13 8e13)")
     s.add_argument("--sizes", type=in_range(int, 3, 9), help="model sizes per budget, 3..9 (default 5)")
-    s.add_argument("--heldout-sizes", type=int, choices=(1, 3), help="sizes trained at the held-out budget: 1 "
-                   "(default) or 3 (a parabola there measures the optimum too)")
+    s.add_argument("--heldout-sizes", type=int, choices=(1, 3), help="sizes trained at the held-out budget: 3 "
+                   "(default: a parabola there measures the optimum too) or 1 (the predicted size only)")
+    s.add_argument("--device", default="cpu", help="cpu (default), or cuda / cuda:N: the same plan at 10x the "
+                   "budgets, bf16, one run at a time")
     s.add_argument("--data", help="corpus (default pystdlib, embedded) or a prepared dataset directory")
     s.add_argument("--vocab-size", type=in_range(int, 257, 65536),
                    help="BPE vocabulary when the corpus is prepared (default 512)")
     s.add_argument("--lr-at-64", type=in_range(float, 0.0, 1.0, low_open=True),
-                   help="learning rate of a width-64 model; each size gets this·64/width (default 3e-3)")
+                   help="learning rate of a width-64 model; each size gets this·64/width (default 4e-3)")
     s.add_argument("--workers", type=in_range(int, 1, 64), help="training runs side by side (default 2)")
     s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
     s.add_argument("--bootstrap", type=in_range(int, 0, 10_000), help="bootstrap resamples (default 50)")

@@ -140,6 +140,9 @@ class TrainConfig:
     # checkpoints and evaluation
     eval_interval: int = dataclasses.field(default=100, metadata={"help": "steps between validation evaluations"})
     eval_batches: int = dataclasses.field(default=10, metadata={"help": "micro-batches per validation estimate"})
+    eval_at_start: bool = dataclasses.field(default=True, metadata={"help": "evaluate before the first step too "
+                                            "(the loss at initialisation, about ln(vocab)); a sweep that needs only "
+                                            "the final loss passes --no-eval-at-start"})
     ckpt_interval: int = dataclasses.field(default=250, metadata={"help": "steps between checkpoints"})
     keep_checkpoints: int = dataclasses.field(default=3, metadata={"help": "how many recent checkpoints to keep"})
     resume: str | None = dataclasses.field(default=None, metadata={"help": "continue from the newest good "
@@ -150,6 +153,8 @@ class TrainConfig:
     overwrite: bool = dataclasses.field(default=False, metadata={"help": "start fresh even if --out-dir holds a "
                                         "run (its checkpoints and metrics are deleted)"})
     log_interval: int = dataclasses.field(default=10, metadata={"help": "steps between progress lines"})
+    plot: bool = dataclasses.field(default=True, metadata={"help": "draw the loss curve (loss.png) at the end; "
+                                   "--no-plot skips matplotlib (about 2 s a run)"})
     # loss-spike guard
     spike_factor: float = dataclasses.field(default=2.0, metadata={"help": "a loss above this x the recent median "
                                             "is a spike"})
@@ -1253,7 +1258,7 @@ class Trainer:
                      f"{torch.cuda.get_device_name(self.device)!r} in train.GPU_PEAK_FLOPS)")
         start_time = time.time()
         with self._stop_on_signals():
-            if self.step == 0:
+            if self.step == 0 and cfg.eval_at_start:
                 self._log_eval(self.evaluate())
             while self.step < cfg.max_steps and not self.stopping:    # never on a local flag: see train_step
                 self.loop_step()
@@ -1270,10 +1275,11 @@ class Trainer:
             summary["samples"] = self.sample()
             for i, text in enumerate(summary["samples"]):
                 self.log(f"--- sample {i + 1} ---\n{text}")
-            summary["plot"] = str(plot_loss_curve(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png"))
+            if cfg.plot:
+                summary["plot"] = str(plot_loss_curve(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png"))
             self.log(f"done in {format_duration(summary['seconds'])}: val loss {self.last_eval['val_loss']:.4f}, "
                      f"val bpb {self.last_eval['val_bpb']:.4f}\n  checkpoint {summary['checkpoint']}\n"
-                     f"  metrics    {summary['metrics']}\n  loss curve {summary['plot']}")
+                     f"  metrics    {summary['metrics']}" + (f"\n  loss curve {summary['plot']}" if cfg.plot else ""))
         if self.dist.mesh is not None:
             self.dist.mesh.wait_for_rank0()          # rank 0 sampled and plotted; the others leave with it
         self.metrics.close()

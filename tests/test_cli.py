@@ -262,7 +262,7 @@ BAD_INPUT = [
     ("scaling", "budget 1e-300", "compute"),                                   # values that parse but are absurd
     ("scaling", "budget 1e20 --tokens-per-param 1e-300", "--tokens-per-param"),
     ("scaling", "budget 1e6 --tokens-per-param 1e6", "--tokens-per-param"),    # a plan of less than one parameter
-    ("scaling", "sweep --quick --budgets 1e15 3e15", "--max-hours"),           # hours of CPU time, refused up front
+    ("scaling", "sweep --quick --budgets 1e15 3e15", "--budgets"),             # sizes the family cannot train well
     ("scaling", "sweep --quick --data nosuch.txt", "--data"),                  # the sweep's helpers' failures
     ("scaling", "sweep --quick --data {dataset_without_manifest}", "--data"),
     ("scaling", "fit {runs_object}", "not a list of runs"),                    # valid JSON, wrong shape

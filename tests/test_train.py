@@ -298,6 +298,17 @@ def test_fp16_uses_a_gradient_scaler_and_activation_checkpointing_changes_nothin
         assert torch.allclose(p, q, atol=1e-7)
 
 
+def test_a_sweep_run_skips_the_first_evaluation_and_the_plot_and_trains_the_same(dataset_dir, tmp_path):
+    """--no-eval-at-start and --no-plot (sweep.py's runs) take work away, not training: the same losses."""
+    flags = ("--max-steps", 6, "--eval-interval", 6, "--ckpt-interval", 6, "--num-samples", 0)
+    full = train.train(config(dataset_dir, tmp_path / "full", *flags), log=quiet)
+    lean = train.train(config(dataset_dir, tmp_path / "lean", *flags, "--no-eval-at-start", "--no-plot"), log=quiet)
+    evals = lambda out: [r["step"] for r in train.read_metrics(out / "metrics.jsonl") if "val_loss" in r]
+    assert evals(tmp_path / "full") == [0, 6] and evals(tmp_path / "lean") == [6]
+    assert (tmp_path / "full" / "loss.png").is_file() and not (tmp_path / "lean" / "loss.png").exists()
+    assert "plot" not in lean and lean["val_loss"] == full["val_loss"]
+
+
 def test_short_run_validation_loss_falls_and_artifacts(dataset_dir, tmp_path):
     out = tmp_path / "run"
     messages = []
