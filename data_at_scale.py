@@ -100,8 +100,9 @@ dataset's files and folders get the umask's modes (fileio.publish_tree); and a f
 the one line "no space left writing PATH: free space or pass --out elsewhere".
 
 Depends on: numpy, the standard library, and data.py's siblings: data.py (the steps, the recipe, the shard format,
-the dataset directory), bpe.py (the tokenizer), dedup.py (MinHash band keys, pairs, union-find, exact Jaccard, the
-13-gram index), store.py (object-store URIs) and fileio.py (work files written whole, a full disk in one line).
+the dataset directory), formats.py (a .jsonl byte range, a .parquet row group, DataError), bpe.py (the tokenizer),
+dedup.py (MinHash band keys, pairs, union-find, exact Jaccard, the 13-gram index), store.py (object-store URIs) and
+fileio.py (work files written whole, a full disk in one line).
 Optional: ray (`--engine ray`), pyarrow (.parquet and URIs).
 """
 from __future__ import annotations
@@ -142,8 +143,9 @@ import bpe
 import data
 import dedup
 import fileio
+import formats
 import store
-from data import DataError
+from formats import DataError
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -213,13 +215,13 @@ def plan_chunks(sources: list[data.Source], chunk_bytes: int = CHUNK_BYTES, text
             add(source=s_index, size=sum(store.file_size(f, DataError) for f in source.files))
             continue
         for path in source.files:
-            size, reader = store.file_size(path, DataError), data.FILE_READERS[data.inner_suffix(path)]
+            size, reader = store.file_size(path, DataError), formats.FILE_READERS[formats.inner_suffix(path)]
             if reader == "jsonl" and store.pure_path(path).suffix != ".gz" and size > chunk_bytes:
                 for start in range(0, size, chunk_bytes):
                     add(source=s_index, path=str(path), start=start, stop=min(start + chunk_bytes, size),
                         size=min(chunk_bytes, size - start))
             elif reader == "parquet":
-                meta = data.parquet_file(path, text_field).metadata
+                meta = formats.parquet_file(path, text_field).metadata
                 first, gathered = 0, 0
                 for group in range(meta.num_row_groups):
                     gathered += meta.row_group(group).total_byte_size
@@ -231,7 +233,7 @@ def plan_chunks(sources: list[data.Source], chunk_bytes: int = CHUNK_BYTES, text
     return chunks
 
 
-def chunk_documents(job: Job, chunk: Chunk, stats: data.JsonlStats) -> Iterator[str]:
+def chunk_documents(job: Job, chunk: Chunk, stats: formats.JsonlStats) -> Iterator[str]:
     """The documents of one chunk, in order."""
     spec, kind = job.sources[chunk.source]
     text_field, txt_split, skip_bad_lines, max_documents = job.read_options
@@ -241,13 +243,13 @@ def chunk_documents(job: Job, chunk: Chunk, stats: data.JsonlStats) -> Iterator[
         yield from data.open_source(spec, text_field, txt_split, skip_bad_lines, max_documents, stats, kind).documents()
         return
     path = chunk.path if store.is_uri(chunk.path) else pathlib.Path(chunk.path)
-    reader = data.FILE_READERS[data.inner_suffix(path)]
+    reader = formats.FILE_READERS[formats.inner_suffix(path)]
     if reader == "jsonl":
-        yield from data.read_jsonl(path, text_field, skip_bad_lines, stats, chunk.start, chunk.stop)
+        yield from formats.read_jsonl(path, text_field, skip_bad_lines, stats, chunk.start, chunk.stop)
     elif reader == "parquet":
-        yield from data.read_parquet(path, text_field, range(chunk.start, chunk.stop))
+        yield from formats.read_parquet(path, text_field, range(chunk.start, chunk.stop))
     else:
-        yield from data.file_source(path, {"text_field": text_field, "txt_split": txt_split})()
+        yield from formats.file_source(path, {"text_field": text_field, "txt_split": txt_split})()
 
 
 # A text file kept whole is read in blocks, never as one string: a 10 GB book is 10 GB of text but only one
@@ -389,7 +391,7 @@ def stripped_chars(fragments: Iterable[str | None], limit: int) -> int:
 
 def _streams_text(chunk: Chunk) -> bool:
     """Whether a kept-whole chunk is a text file, read in blocks (other readers yield bounded documents)."""
-    return chunk.path is not None and data.FILE_READERS[data.inner_suffix(chunk.path)] == "txt"
+    return chunk.path is not None and formats.FILE_READERS[formats.inner_suffix(chunk.path)] == "txt"
 
 
 def _text_fragments(job: Job, chunk: Chunk) -> Iterator[str | None]:
@@ -401,7 +403,7 @@ def _text_fragments(job: Job, chunk: Chunk) -> Iterator[str | None]:
 def _kept_documents(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
     """The documents of a kept-whole chunk that is not a text file, as `clean` reads them (text extracted from
     HTML, documents of whitespace skipped), counting them."""
-    for doc in chunk_documents(job, chunk, data.JsonlStats()):
+    for doc in chunk_documents(job, chunk, formats.JsonlStats()):
         if not doc.strip():
             continue
         counts["read_docs"] += 1
@@ -536,7 +538,7 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
     empty runs: dedup passes them by."""
     spec, kind = job.sources[chunk.source]
     rule_name, rule = data.quality_rule(kind, job.settings)
-    counts, reasons, jsonl = collections.Counter(), collections.Counter(), data.JsonlStats()
+    counts, reasons, jsonl = collections.Counter(), collections.Counter(), formats.JsonlStats()
     hashes, line_hashes, line_docs = [], [], []
     spill = _TextSpill(_chunk_file(job, 1, chunk.index, "txt"))
     try:
@@ -1049,7 +1051,7 @@ def copy_val_files(job: Job, paths: list[pathlib.Path]) -> None:
         return
     spill = _TextSpill(_work(job, "val.txt"))
     for path in paths:
-        for doc in data.read_val_file(path):
+        for doc in formats.read_val_file(path):
             spill.add(doc)
     _save_array(_work(job, "val.offsets.npy"), spill.close())
 

@@ -72,6 +72,7 @@ CHAPTERS = [
 COMPANION_KINDS = {
     "data_at_scale": "engine",
     "store": "engine (object-store I/O)",
+    "formats": "helper (the file formats of data.py's sources)",
     "hf": "bridge",
     "sweep": "experiment",
     "fileio": "helper",

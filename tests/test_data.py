@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import data
 import data_at_scale
 import dedup
+import formats
 from data import DataError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -105,11 +106,11 @@ def test_pystdlib_documents_are_python_files():
 
 
 def test_split_plain_text_modes():
-    assert data.split_plain_text("a\n\nb\n \nc") == ["a", "b", "c"]
-    assert data.split_plain_text("a\n\nb<|endoftext|>c") == ["a\n\nb", "c"]
-    assert data.split_plain_text("a\n\nb", "file") == ["a\n\nb"]
+    assert formats.split_plain_text("a\n\nb\n \nc") == ["a", "b", "c"]
+    assert formats.split_plain_text("a\n\nb<|endoftext|>c") == ["a\n\nb", "c"]
+    assert formats.split_plain_text("a\n\nb", "file") == ["a\n\nb"]
     with pytest.raises(DataError, match="txt split"):
-        data.split_plain_text("a", "lines")
+        formats.split_plain_text("a", "lines")
 
 
 def test_local_files_txt_jsonl_gz_and_directories(tmp_path):
@@ -146,7 +147,7 @@ def test_malformed_jsonl_names_the_line_or_skips_and_counts(tmp_path):
     path.write_bytes(b'{"text": "ok"}\n{"text": broken\n{"other": 1}\n{"text": "caf\xe9"}\n[1]\n{"text": "fine"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: "):
         list(data.open_source(str(path)).documents())
-    stats = data.JsonlStats()
+    stats = formats.JsonlStats()
     docs = list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents())
     assert docs == ["ok", "fine"] and stats.skipped == 4
     path.write_bytes(b'{"text": "ok"}\n\n{"text": "caf\xe9"}\n')
@@ -173,7 +174,7 @@ def test_each_kind_of_bad_jsonl_line_is_named_with_its_fix(tmp_path, line, messa
     with pytest.raises(DataError, match=message) as raised:
         list(data.open_source(str(path)).documents())
     assert "\n" not in str(raised.value) and len(str(raised.value)) < 400
-    stats = data.JsonlStats()
+    stats = formats.JsonlStats()
     assert list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents()) == ["ok", "fine"]
     assert stats.skipped == 1
 
@@ -254,17 +255,17 @@ def test_hf_source_resolves_aliases_and_regroups_wikitext(monkeypatch):
 def test_wikitext_articles_and_paragraphs():
     raw = (" \n = Lobster = \n \n Lobsters live in the sea . \n \n = = Biology = = \n \n They moult . \n"
            " = Crab = \n \n Crabs walk sideways . \n")
-    assert data.parse_wikitext(raw) == ["Lobster\n\nLobsters live in the sea .\n= = Biology = =\nThey moult .",
+    assert formats.parse_wikitext(raw) == ["Lobster\n\nLobsters live in the sea .\n= = Biology = =\nThey moult .",
                                         "Crab\n\nCrabs walk sideways ."]
-    assert data.wikitext_paragraphs(raw) == ["Lobsters live in the sea .", "They moult .", "Crabs walk sideways ."]
-    assert data.wikitext_paragraphs(raw, min_words=5) == ["Lobsters live in the sea ."]
+    assert formats.wikitext_paragraphs(raw) == ["Lobsters live in the sea .", "They moult .", "Crabs walk sideways ."]
+    assert formats.wikitext_paragraphs(raw, min_words=5) == ["Lobsters live in the sea ."]
 
 
 def test_wikitext_shared_valid_split(shared_data):
     text = (shared_data / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8")
-    articles = data.parse_wikitext(text)
+    articles = formats.parse_wikitext(text)
     assert len(articles) == 60 and articles[0].startswith("Homarus gammarus\n")
-    assert len(data.wikitext_paragraphs(text, min_words=100)) >= 500        # enough for the dedup experiment
+    assert len(formats.wikitext_paragraphs(text, min_words=100)) >= 500        # enough for the dedup experiment
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1009,7 +1010,7 @@ def test_val_data_is_the_file_verbatim_and_its_overlap_is_reported(tmp_path, cap
     assert "--val-data: 8 of its" in err and "also occur in train" in err
     eot_file = tmp_path / "stories.txt"                      # TinyStories' marker separates documents
     eot_file.write_text("One story.<|endoftext|>Another story.\n")
-    assert data.read_val_file(eot_file) == ["One story.", "Another story.\n"]
+    assert formats.read_val_file(eot_file) == ["One story.", "Another story.\n"]
 
 
 def test_one_long_document_is_cut_into_chunks(tmp_path):
@@ -1350,7 +1351,7 @@ def test_block_stream_cuts_the_pieces_of_chunk_document(parts, block, size, mode
     with tempfile.TemporaryDirectory(prefix="keptwhole-") as folder:
         path = pathlib.Path(folder) / "t.txt"
         path.write_bytes("".join(parts).encode("utf-8"))
-        docs = data.split_plain_text(data._read_text(path), mode)
+        docs = formats.split_plain_text(formats.read_text(path), mode)
         counts = collections.Counter()
         events = lambda: data_at_scale.split_text_stream(data_at_scale.read_text_blocks(path, block), mode)  # noqa: E731
         pieces = [p for d in docs for p in data.chunk_document(d, size)]
@@ -1368,11 +1369,11 @@ def test_jsonl_byte_ranges_read_every_line_once(tmp_path):
     path.write_text("\n".join(lines[:100]) + "\n\n" + "\n".join(lines[100:]) + "\n")
     size = path.stat().st_size
     for step in (1, 7, 64, 1000, size):
-        got = [d for start in range(0, size, step) for d in data.read_jsonl(path, start=start, stop=start + step)]
+        got = [d for start in range(0, size, step) for d in formats.read_jsonl(path, start=start, stop=start + step)]
         assert got == [json.loads(line)["text"] for line in lines], step
     path.write_text("\n".join(lines[:150]) + "\n{broken\n")
     with pytest.raises(DataError, match=r"d.jsonl:151: "):                       # the line number from the start
-        list(data.read_jsonl(path, start=size // 2, stop=size))
+        list(formats.read_jsonl(path, start=size // 2, stop=size))
 
 
 def run_prepare(args: list[str], **popen) -> subprocess.Popen:

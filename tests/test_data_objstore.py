@@ -21,6 +21,7 @@ import pytest
 
 import data
 import data_at_scale
+import formats
 import store
 from data import DataError
 from test_data import dataset_files, web_corpus, write_jsonl
@@ -168,8 +169,8 @@ def test_jsonl_byte_ranges_over_s3_read_every_line_once(s3, inputs, uploaded):
     raw = (inputs / "a.jsonl").read_bytes()
     line_starts = [0] + [k + 1 for k, byte in enumerate(raw[:-1]) if byte == ord("\n")]
     cuts = [0] + [line_starts[k] + k % 2 for k in range(1, len(line_starts), 3)] + [len(raw)]
-    got = [d for start, stop in zip(cuts, cuts[1:]) for d in data.read_jsonl(uri, start=start, stop=stop)]
-    assert got == list(data.read_jsonl(inputs / "a.jsonl")) and len(cuts) > 10
+    got = [d for start, stop in zip(cuts, cuts[1:]) for d in formats.read_jsonl(uri, start=start, stop=stop)]
+    assert got == list(formats.read_jsonl(inputs / "a.jsonl")) and len(cuts) > 10
 
 
 def test_file_uris_and_globs(inputs, tmp_path):
@@ -330,10 +331,10 @@ def test_ray_engine_reads_s3(s3, inputs, uploaded, reference, tmp_path):
 
 def test_local_paths_never_import_pyarrow(inputs, tmp_path):
     """pyarrow stays optional: a local .jsonl is listed, planned, read and its manifest checked without it."""
-    code = (f"import sys, data, data_at_scale; s = data.open_source({str(inputs / '*.jsonl*')!r}); "
+    code = (f"import sys, data, data_at_scale, formats; s = data.open_source({str(inputs / '*.jsonl*')!r}); "
             f"chunks = data_at_scale.plan_chunks([s], 1 << 10); "
             f"job = data_at_scale.Job('.', (('web', 'prose'),), ('text', 'auto', False, None), None, 0, 0.1, 32, 4); "
-            f"assert sum(1 for c in chunks for _ in data_at_scale.chunk_documents(job, c, data.JsonlStats())) > 40; "
+            f"assert sum(1 for c in chunks for _ in data_at_scale.chunk_documents(job, c, formats.JsonlStats())) > 40; "
             f"assert data.read_manifest_or_none({str(tmp_path)!r}) is None; "
             f"assert 'pyarrow' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(data.__file__).parent, check=True)

@@ -41,6 +41,7 @@ LAYERS = {
     "store": 1,            # object-store I/O (s3://, gs://, hdfs://) for the data engine
     "bpe": 2,
     "dedup": 2,
+    "formats": 2,          # the file formats data.py's sources are read from (.txt, .jsonl, .parquet, ...), DataError
     "data": 3,             # the lesson on in-memory lists; the reference engine
     "data_at_scale": 4,    # the streaming and Ray engines of data.py
     "model": 5,
