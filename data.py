@@ -46,11 +46,13 @@ and packed into shards: a 32-byte header (magic, version, dtype, token count) fo
 the tokenizer and the split sizes. The same inputs and settings map to the same cache directory, reused as is.
 
 This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order above, and
-`prepare` here runs it. data_at_scale.py is the scale (a stream, not a list: memory that does not grow with the
-corpus, worker processes or Ray, resumable), and `python data.py prepare` runs that one; its flags (--workers,
---chunk-mb, --engine, --ray-address, --work-dir) and `download` live there. The two write byte-identical datasets:
-every choice about a document is a keyed hash of its text (`document_keys`), whatever the order of reading. Sources
-and --out may be object-store URIs (s3://bucket/web/*.parquet), which store.py lists, reads and publishes.
+dataset.prepare runs it (dataset.py checks the recipe, names it by its cache key, publishes the directory whole).
+data_at_scale.py is the scale (a stream, not a list: memory that does not grow with the corpus, worker processes or
+Ray, resumable), and `python data.py prepare` runs that one; its flags (--workers, --chunk-mb, --engine,
+--ray-address, --work-dir) and `download` live there. The two write byte-identical datasets: every choice about a
+document is a keyed hash of its text (`document_keys`), whatever the order of reading. Sources and --out may be
+object-store URIs (s3://bucket/web/*.parquet), which store.py lists, reads and publishes. The file formats a source
+is read from (.txt, .jsonl, .parquet, WikiText, .html, .py, hf:) are formats.py's.
 
 The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
 of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.
@@ -58,12 +60,12 @@ of non-overlapping windows, split across data-parallel ranks, with a position th
 Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and five siblings:
 bpe.py (train_bpe, Tokenizer), dedup.py (MinHash near-dedup, the 13-gram overlap index), formats.py (the readers of
 .txt, .jsonl, .parquet, WikiText, .html, .py and hf: sources, and DataError), store.py (object-store URIs) and
-fileio.py (datasets published with the umask's modes, a full disk in one line). Everything runs offline except
+fileio.py (shards written whole, untrusted manifests in one line). Everything runs offline except
 `hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs), datasets (`hf:`),
 ray (`--engine ray`).
 
 The command line's main() also imports the engine, data_at_scale, which `python data.py prepare` runs; the library
-functions above never do (the engine is the layer above this file).
+functions above never do, nor import dataset.py (both are layers above this file).
 """
 from __future__ import annotations
 
@@ -77,12 +79,10 @@ import glob
 import hashlib
 import html.parser
 import itertools
-import json
 import math
 import os
 import pathlib
 import re
-import shutil
 import stat
 import struct
 import sys
@@ -1114,7 +1114,7 @@ def check_weights(weights: Iterable[float], flag: str = "--weights") -> None:
     >>> check_weights([1e-300, 1])                # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    data.DataError: --weights: the largest weight is 1e+300 times the smallest, more than 1,000,000: ...
+    formats.DataError: --weights: the largest weight is 1e+300 times the smallest, more than 1,000,000: ...
     """
     weights = list(weights)
     if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
@@ -1380,7 +1380,8 @@ def cache_root() -> pathlib.Path:
 # Every file whose bytes can change a dataset's: this chapter, its engine, and the siblings the prepare path imports
 # (tests/test_data_at_scale.py checks this is the set of imports). Their bytes are in the cache key, so an edit to any
 # invalidates the datasets it would build differently, and a Ray cluster's workers receive these very files.
-PREPARE_FILES = ("data.py", "data_at_scale.py", "formats.py", "store.py", "bpe.py", "dedup.py", "fileio.py")
+PREPARE_FILES = ("data.py", "data_at_scale.py", "dataset.py", "formats.py", "store.py", "bpe.py", "dedup.py",
+                 "fileio.py")
 
 
 def code_version(files: Iterable[str] = PREPARE_FILES, root: pathlib.Path = REPO_ROOT) -> str:
@@ -1417,11 +1418,11 @@ def tokenizer_for(recipe: "Recipe", draw_sample: Callable[[], str], log: Callabl
     sample = draw_sample()
     trained_on = len(sample.encode("utf-8"))
     log(f"training a {recipe.vocab_size:,}-token BPE tokenizer on {trained_on / 1e6:.2f} MB of train text ...")
-    return _check_eot(bpe.train_bpe(sample, recipe.vocab_size, special_tokens=(EOT,), pattern=recipe.pattern)), \
+    return check_eot(bpe.train_bpe(sample, recipe.vocab_size, special_tokens=(EOT,), pattern=recipe.pattern)), \
         trained_on
 
 
-def _check_eot(tok: bpe.Tokenizer) -> bpe.Tokenizer:
+def check_eot(tok: bpe.Tokenizer) -> bpe.Tokenizer:
     if tok.eot_id is None:
         raise DataError(f"the tokenizer has no {EOT} special token; train it with special_tokens=({EOT!r},)")
     return tok
@@ -1514,259 +1515,11 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 10. prepare: the checked recipe and its cache key, an engine's run, then the dataset directory (shards, tokenizer,
-#     manifest), published whole. The reference engine runs here; data_at_scale.prepare runs the streaming engine
-#     and Ray, with the same plan and the same publishing, so the bytes are the same.
+# 10. A prepared dataset's manifest, and its summary (`python data.py inspect`). prepare itself (the checked recipe
+#     and its cache key, an engine's run, the directory published whole) is dataset.py, the layer above this file:
+#     dataset.prepare runs the reference engine, data_at_scale.prepare the streaming engine and Ray, with one plan
+#     and one publishing, so the bytes are the same.
 # ---------------------------------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Plan:
-    """What prepare settles before any work: the recipe, its cache key, the output (a folder, or a store's URI), and
-    whether a finished dataset with that key is already there (reuse: return it as is)."""
-    recipe: Recipe | None                # None when reused
-    key: str
-    out_dir: pathlib.Path | str
-    reuse: bool
-    jsonl_stats: formats.JsonlStats      # malformed .jsonl lines the in-memory reading skipped (--skip-bad-lines)
-
-
-def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                 seed: int = 0, val_fraction: float = 0.05, weights: list[float] | None = None,
-                 train_tokens: float | None = None, tokenizer: str | os.PathLike | None = None,
-                 tokenizer_train_bytes: int = 4_000_000, pattern: str = "gpt4", shard_tokens: int = 100_000_000,
-                 clean_settings: CleanSettings | None = None, text_field: str = "text", txt_split: str = "auto",
-                 skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
-                 val_data: list[str] | None = None, log: Callable = lambda *a, **k: None) -> Plan:
-    """Check every argument, open the sources, and name the dataset: out_dir or a cache directory named by a hash
-    of the inputs, every setting and the code (`code_version`). Every bad input fails here, before any work.
-
-    sources: names ("pydocs", "pystdlib", "hf:..."), files, directories, globs or URIs (`open_source`). weights (one
-    per source) with train_tokens mix the train split by token share (None: the smallest budget that reads every
-    source once). tokenizer: a bpe.py JSON file to reuse instead of training one on (up to tokenizer_train_bytes of)
-    train text. val_data: files that are the validation split, verbatim (`read_val_file`); every cleaned document
-    then goes to train (val_fraction is not used), and the overlap of the two is measured (`val_overlap`).
-    out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://, file://): the dataset is built on local disk,
-    then published to the store (`store.publish`).
-    """
-    if not sources:
-        raise DataError("no sources given: pass --data pydocs (or a path)")
-    if len(set(sources)) != len(sources):
-        raise DataError(f"a source is listed twice in {sources}; give each once (use --weights to up-weight)")
-    if weights is not None and len(weights) != len(sources):
-        raise DataError(f"--weights: {len(weights)} weights for {len(sources)} sources: give one weight per source")
-    if weights is not None:
-        check_weights(weights)
-    if tokenizer is None and vocab_size < 257:
-        raise DataError(f"--vocab-size {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at least 257")
-    if not 0 <= val_fraction < 1:
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    if train_tokens is not None and (weights is None or not train_tokens > 0):
-        raise DataError(f"--train-tokens {train_tokens:g} needs --weights and a positive budget, e.g. --weights 1 "
-                        f"--train-tokens 5e6")
-    settings = clean_settings or CleanSettings()
-    jsonl_stats = formats.JsonlStats()
-    opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
-              for s in sources]
-    if txt_split == "auto":          # text kept whole is cut into documents only at <|endoftext|> markers
-        opened = [open_source(s.spec, text_field, kept_txt_split(txt_split), skip_bad_lines, max_documents,
-                              jsonl_stats, kind)
-                  if keeps_whole(s, settings) else s for s in opened]
-    for flag, path in [("--tokenizer", tokenizer)] + [("--val-data", p) for p in val_data or []]:
-        if store.is_uri(path):
-            raise DataError(f"{flag} {path}: give a local file (copy it down first, e.g. with aws s3 cp)")
-    val_paths = check_val_files(val_data, opened) if val_data else []
-    if train_tokens is not None:
-        check_budget(opened, weights, train_tokens)
-    tokenizer_path = pathlib.Path(tokenizer) if tokenizer else None
-    if tokenizer_path is not None and not tokenizer_path.is_file():
-        raise DataError(f"tokenizer file {tokenizer_path} not found: pass a bpe.py tokenizer JSON")
-    key_inputs = {
-        "code": code_version(),
-        "sources": [(s.spec, s.kind, s.fingerprint) for s in opened],
-        "settings": dataclasses.asdict(settings),
-        "vocab_size": vocab_size, "seed": seed, "val_fraction": val_fraction, "weights": weights,
-        "train_tokens": train_tokens, "pattern": pattern, "tokenizer_train_bytes": tokenizer_train_bytes,
-        "tokenizer": hashlib.sha256(tokenizer_path.read_bytes()).hexdigest() if tokenizer_path else None,
-        "shard_tokens": shard_tokens, "text_field": text_field, "txt_split": txt_split,
-        "skip_bad_lines": skip_bad_lines, "max_documents": max_documents,
-        "val_data": [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in val_paths],
-    }
-    key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True, default=str).encode()).hexdigest()
-    if out_dir is None:
-        slug = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", store.pure_path(s).name or s)[:40] for s in sources)[:80]
-        out_dir = cache_root() / "data" / f"{slug}-v{vocab_size}-{key[:12]}"
-    remote = store.is_uri(out_dir)
-    if not remote:
-        out_dir = pathlib.Path(out_dir)
-    existing = read_manifest_or_none(out_dir)
-    if existing is not None:
-        if existing.get("cache_key") == key:
-            log(f"reusing {out_dir} (same inputs and settings)")
-            for notice in existing.get("notices", []):
-                print(notice, file=sys.stderr)
-            return Plan(None, key, out_dir, True, jsonl_stats)
-        raise DataError(f"{out_dir} already holds a different dataset; remove it or pick another --out")
-    if remote:
-        store.check_out(out_dir, DATASET_FILE, DataError)
-    elif out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"--out {out_dir} is a file; give a directory path")
-    elif out_dir.exists() and any(out_dir.iterdir()):
-        raise DataError(f"{out_dir} exists and is not a dataset directory; remove it or pick another --out")
-    recipe = Recipe(opened, settings, vocab_size, seed, val_fraction, weights, train_tokens, tokenizer_path,
-                    _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
-                    tokenizer_train_bytes, pattern, shard_tokens,
-                    (text_field, txt_split, skip_bad_lines, max_documents), val_paths)
-    if remote:                                                     # fail now, not after minutes of cleaning
-        store.check_writable(out_dir, DataError)
-    else:
-        check_writable(out_dir.parent, "--out")
-    return Plan(recipe, key, out_dir, False, jsonl_stats)
-
-
-def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, threads: int | None = None,
-            verbose: bool = False, **recipe) -> pathlib.Path | str:
-    """Build (or reuse) a token dataset directory with the reference engine: manifest.json, tokenizer.json,
-    train_*.bin, val_*.bin. recipe: `plan_dataset`'s arguments (vocab_size, seed, val_fraction, weights, ...).
-
-    The whole corpus is held in lists (`build_in_memory`): for small inputs, and the oracle of the tests.
-    data_at_scale.prepare takes the same arguments and writes the same bytes with the streaming engine (any corpus
-    size, worker processes, resumable) or Ray; `python data.py prepare` runs that one. Notices (heavy cleaning, the
-    --val-data overlap) are printed to stderr, also when the dataset is reused.
-    """
-    log = print if verbose else (lambda *a, **k: None)
-    plan = plan_dataset(sources, out_dir, log=log, **recipe)
-    if plan.reuse:
-        return plan.out_dir
-    staging = pathlib.Path(tempfile.gettempdir()) if store.is_uri(plan.out_dir) else plan.out_dir.parent
-    remove_stale_publishes(plan.out_dir, staging)
-    clock = Clock()
-    built = build_in_memory(plan.recipe, clock, log, threads)
-    if plan.jsonl_stats.skipped:
-        built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = plan.jsonl_stats.skipped
-    return write_dataset(plan, built, clock, staging, "in-memory")
-
-
-NO_SPACE_FIX = "pass --out elsewhere"
-
-
-def write_dataset(plan: Plan, built: Built, clock: Clock, staging: pathlib.Path, engine: str) -> pathlib.Path | str:
-    """The dataset directory from what an engine built: its shards, tokenizer.json and manifest.json, written in a
-    temporary folder in `staging`, given the umask's modes (mkdtemp makes it 0700 and ShardWriter's files are 0600:
-    another account could not read the dataset), then published whole: one rename, or `store.publish` for a URI.
-    A full disk (or ulimit -f) is one line naming the output. Prints the engine's notices first."""
-    recipe, out_dir, tok = plan.recipe, plan.out_dir, built.tokenizer
-    settings, val_paths = recipe.settings, recipe.val_files
-    text_field, txt_split, _, max_documents = recipe.read_options
-    for notice in built.funnel.notices:
-        print(notice, file=sys.stderr)
-    made, tmp_dir = missing_folders(staging), None
-    try:
-        staging.mkdir(parents=True, exist_ok=True)
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{local_name(out_dir)}.tmp-"))
-        dtype = dtype_for_vocab(len(tok))
-        splits = built.write_splits(tmp_dir, dtype)
-        if val_paths:
-            splits["val"].update(files=[str(p) for p in val_paths], overlap=built.overlap)
-        (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
-        clock.finish()
-        manifest = {
-            "format": "llm-token-shards", "version": SHARD_VERSION, "cache_key": plan.key,
-            "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]}
-                        for s in recipe.sources],
-            "settings": {**dataclasses.asdict(settings), "val_fraction": None if val_paths else recipe.val_fraction,
-                         "val_data": [str(p) for p in val_paths], "seed": recipe.seed, "weights": recipe.weights,
-                         "train_tokens": recipe.train_tokens, "text_field": text_field, "txt_split": txt_split,
-                         "max_documents": max_documents},
-            "funnel": built.funnel.to_list(), "notices": built.funnel.notices,
-            "tokenizer": {"file": "tokenizer.json", "vocab_size": len(tok), "eot_id": tok.eot_id,
-                          "pattern": recipe.pattern if recipe.tokenizer_path is None else "from file",
-                          "trained_on_bytes": built.trained_on,
-                          "source": str(recipe.tokenizer_path) if recipe.tokenizer_path else None},
-            "dtype": dtype.name, "mixture": built.mixture, "splits": splits,
-            "timings": {**clock.timings, "encoded_bytes": built.encoded_bytes, "input_bytes": built.funnel.bytes_read,
-                        "engine": engine},
-        }
-        (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        if store.is_uri(out_dir):
-            store.publish(tmp_dir, out_dir, DataError)
-            shutil.rmtree(tmp_dir)
-        else:
-            fileio.publish_tree(tmp_dir)
-            rename_into_place(tmp_dir, out_dir)
-    except BaseException as e:
-        if tmp_dir is not None:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-        remove_if_empty(made)
-        if isinstance(e, Exception) and fileio.is_no_space(e):      # a full disk, a quota or ulimit -f
-            remote = store.is_uri(out_dir)               # a store's dataset is staged on local disk first
-            raise DataError(fileio.no_space_message(staging if remote else out_dir, "pass --work-dir elsewhere"
-                                                    if remote else NO_SPACE_FIX)) from None
-        raise
-    return out_dir
-
-
-def local_name(out_dir: pathlib.Path | str) -> str:
-    """The name of out_dir's temporary and work folders: its own name, plus a hash of the URI for a store's (whose
-    folders share the temp folder with those of any other bucket)."""
-    if not store.is_uri(out_dir):
-        return out_dir.name
-    return f"{store.pure_path(out_dir).name}-{hashlib.sha256(out_dir.encode()).hexdigest()[:8]}"
-
-
-def remove_stale_publishes(out_dir: pathlib.Path | str, staging: pathlib.Path) -> None:
-    """Remove what killed runs left: half-written .NAME.tmp-* folders (never used: a dataset is published by one
-    rename, or in a store by copies that end with the manifest) in the staging folder and beside out_dir, and, for
-    a URI, the store's OUT.tmp-* prefixes."""
-    name = glob.escape(local_name(out_dir))
-    folders = {staging} if store.is_uri(out_dir) else {staging, out_dir.parent}
-    for stale in itertools.chain(*(f.glob(f".{name}.tmp-*") for f in folders)):
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-    if store.is_uri(out_dir):
-        store.remove_stale_publishes(out_dir, DataError)
-
-
-def check_writable(folder: pathlib.Path, flag: str) -> None:
-    """Raise DataError unless a file can be created in `folder`. A check, not a step: the folders it makes to try
-    are removed again, so a run that then fails on its input leaves no empty cache folder behind."""
-    made = missing_folders(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise DataError(f"cannot write in {folder} ({e.strerror}); pick a writable {flag}") from None
-    finally:
-        remove_if_empty(made)
-
-
-def missing_folders(folder: pathlib.Path) -> list[pathlib.Path]:
-    """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) makes."""
-    folder = pathlib.Path(folder).absolute()
-    return [p for p in (folder, *folder.parents) if not p.exists()]
-
-
-def remove_if_empty(folders: list[pathlib.Path]) -> None:
-    """Remove the folders a failed run made (deepest first), unless something else has been put in them since."""
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
-DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest
-
-
-def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
-    """Rename the finished temporary directory into place. If another process (another rank) finished the same
-    dataset first, keep theirs: the shards and tokenizer are identical by construction."""
-    if out_dir.exists() and not any(out_dir.iterdir()):
-        out_dir.rmdir()
-    try:
-        os.rename(tmp_dir, out_dir)
-    except OSError:
-        if read_manifest_or_none(out_dir) is None:
-            raise
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-
 
 def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
     if store.is_uri(data_dir):
@@ -1837,7 +1590,7 @@ def _check_batch_shape(batch_size: int, block_size: int) -> None:
 class TokenData:
     """A prepared dataset directory.
 
-    >>> data = TokenData(prepare(["pydocs"]))                          # doctest: +SKIP
+    >>> data = TokenData(dataset.prepare(["pydocs"]))                  # doctest: +SKIP
     >>> x, y = data.get_batch("train", batch_size=4, block_size=64)   # doctest: +SKIP
     >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all())                  # doctest: +SKIP
     (torch.Size([4, 64]), True)

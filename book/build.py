@@ -73,6 +73,7 @@ COMPANION_KINDS = {
     "data_at_scale": "engine",
     "store": "engine (object-store I/O)",
     "formats": "helper (the file formats of data.py's sources)",
+    "dataset": "engine (prepare: plan, cache key, publish)",
     "hf": "bridge",
     "sweep": "experiment",
     "fileio": "helper",

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import data
 import data_at_scale
+import dataset
 import dedup
 import formats
 from data import DataError
@@ -1162,7 +1163,7 @@ def test_streaming_equals_in_memory(mixed_inputs, tmp_path, case, monkeypatch):
     sources = kwargs.pop("sources")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                                   # the up-weighted sources' epochs warning
-        reference = data.prepare(sources, tmp_path / "reference", vocab_size=300, **kwargs)
+        reference = dataset.prepare(sources, tmp_path / "reference", vocab_size=300, **kwargs)
         streamed = data_at_scale.prepare(sources, tmp_path / "streamed", vocab_size=300, workers=2,
                                          chunk_mb=4 / 1024, **kwargs)
     expected, got = dataset_files(reference), dataset_files(streamed)
@@ -1220,7 +1221,7 @@ def test_streaming_joins_over_many_ranges_equal_in_memory(tmp_path, workers, mon
     write_jsonl(tmp_path / "web.jsonl", docs)
     monkeypatch.setattr(data_at_scale, "JOIN_BYTES", 1 << 10)
     monkeypatch.setattr(data_at_scale, "VERIFY_BYTES", 3000)
-    reference = data.prepare([str(tmp_path / "web.jsonl")], tmp_path / "reference", vocab_size=300)
+    reference = dataset.prepare([str(tmp_path / "web.jsonl")], tmp_path / "reference", vocab_size=300)
     streamed = data_at_scale.prepare([str(tmp_path / "web.jsonl")], tmp_path / "streamed", vocab_size=300,
                                      workers=workers, chunk_mb=4 / 1024, verbose=True)
     assert dataset_files(streamed) == dataset_files(reference)
@@ -1238,7 +1239,7 @@ def test_streaming_reads_parquet_row_groups_and_globs(tmp_path):
         pq.write_table(pa.table({"text": web_corpus(rng, 40)}), tmp_path / f"{name}.parquet", row_group_size=10)
     chunks = data_at_scale.plan_chunks([data.open_source(str(tmp_path / "*.parquet"))], chunk_bytes=1)
     assert len(chunks) > 10 and {c.stop - c.start for c in chunks} == {1}          # one row group per chunk
-    reference = data.prepare([str(tmp_path / "*.parquet")], tmp_path / "reference", vocab_size=280)
+    reference = dataset.prepare([str(tmp_path / "*.parquet")], tmp_path / "reference", vocab_size=280)
     streamed = data_at_scale.prepare([str(tmp_path / "*.parquet")], tmp_path / "streamed", vocab_size=280,
                                      workers=2, chunk_mb=1e-3)
     assert dataset_files(streamed) == dataset_files(reference)
@@ -1276,7 +1277,7 @@ def own_text(tmp_path_factory):
 def streamed_and_reference(sources: list[str], tmp_path: pathlib.Path, **kwargs) -> tuple[dict, dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                                   # the up-weighted sources' epochs warning
-        reference = data.prepare(sources, tmp_path / "reference", **kwargs)
+        reference = dataset.prepare(sources, tmp_path / "reference", **kwargs)
         streamed = data_at_scale.prepare(sources, tmp_path / "streamed", workers=2, chunk_mb=4 / 1024, **kwargs)
     assert data.load_manifest(streamed)["timings"]["engine"] == "streaming, 2 worker(s)"
     return dataset_files(streamed), dataset_files(reference)
@@ -1439,7 +1440,7 @@ def test_killed_join_resumes_from_its_finished_ranges(tmp_path, capsys):
     own. Both write the in-memory engine's bytes."""
     import signal
     corpus = write_jsonl(tmp_path / "web.jsonl", chained_corpus(random.Random(8))[0])
-    reference = dataset_files(data.prepare([str(corpus)], tmp_path / "reference", vocab_size=300))
+    reference = dataset_files(dataset.prepare([str(corpus)], tmp_path / "reference", vocab_size=300))
     for killed_with, done_before in ((1, " (2 done before)"), (2, "")):
         script = KILL_IN_JOIN.format(root=str(ROOT), corpus=str(corpus), out=str(tmp_path / "ds"),
                                      workers=killed_with)
@@ -1588,10 +1589,10 @@ def test_a_mix_that_repeats_a_source_over_100_times_is_refused_before_anything_i
     times: refused once the tokens are counted, with nothing left behind (the old code wrote 5,000 passes)."""
     sources = two_corpora(tmp_path)
     with pytest.raises(DataError, match=r"would be read [\d.e+]+ times, more than 100 epochs.*--weights"):
-        data.prepare(sources, tmp_path / "out", weights=[1, 5000], **QUICK)
+        dataset.prepare(sources, tmp_path / "out", weights=[1, 5000], **QUICK)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
     with pytest.raises(DataError, match="more than 1,000,000"):
-        data.prepare(sources, tmp_path / "out", weights=[1e-300, 1], **QUICK)
+        dataset.prepare(sources, tmp_path / "out", weights=[1e-300, 1], **QUICK)
     with pytest.raises(DataError, match="more than 100 epochs"):
         data.mixture_plan({"math": 1.0}, 1e12, {"math": 1e9})
     with pytest.raises(DataError, match="at least 1 token"):
@@ -1601,7 +1602,7 @@ def test_a_mix_that_repeats_a_source_over_100_times_is_refused_before_anything_i
 
 def test_inspect_of_a_dataset_without_val_shows_a_train_window(tmp_path, capsys):
     """--val-fraction 0 gives a val split of no shards: inspect reports train and decodes a train window."""
-    out = data.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", val_fraction=0, **QUICK)
+    out = dataset.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", val_fraction=0, **QUICK)
     assert data.load_manifest(out)["splits"]["val"]["shards"] == []
     data.main(["inspect", str(out), "--tokens", "16"])
     printed = capsys.readouterr().out
@@ -1616,7 +1617,7 @@ def test_inspect_of_a_dataset_without_val_shows_a_train_window(tmp_path, capsys)
 @pytest.mark.parametrize("key", ["timings", "funnel", "mixture", "dtype"])
 def test_inspect_of_a_manifest_missing_a_key_is_one_line(tmp_path, capsys, key):
     """A manifest that is valid JSON but lacks a key prepare writes: summary() raised a KeyError traceback."""
-    out = data.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", **QUICK)
+    out = dataset.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", **QUICK)
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest[key]
     (out / "manifest.json").write_text(json.dumps(manifest))
@@ -1638,10 +1639,10 @@ def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monk
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
     old = __import__("os").umask(mask)
     try:
-        cached = data.prepare(two_corpora(tmp_path)[:1], **QUICK)                       # the default: the cache
+        cached = dataset.prepare(two_corpora(tmp_path)[:1], **QUICK)                       # the default: the cache
         (tmp_path / "store").mkdir()
         store = f"file://{tmp_path}/store/ds"
-        data.prepare(two_corpora(tmp_path)[:1], store, **QUICK)
+        dataset.prepare(two_corpora(tmp_path)[:1], store, **QUICK)
         downloaded = data_at_scale.download(store, tmp_path / "down" / "ds")
     finally:
         __import__("os").umask(old)
@@ -1659,7 +1660,7 @@ import data, data_at_scale
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # ulimit -f
 def reference(sources, out_dir, *, threads=None, verbose=False, workers=None, chunk_mb=None, engine=None,
               ray_address=None, work_dir=None, **recipe):     # the publish step, not the streaming engine's work files
-    return data.prepare(sources, out_dir, threads=threads, verbose=verbose, **recipe)
+    return dataset.prepare(sources, out_dir, threads=threads, verbose=verbose, **recipe)
 data_at_scale.prepare = reference
 data.main(sys.argv[2:])
 """
@@ -1688,7 +1689,7 @@ def test_a_file_size_limit_while_publishing_is_one_line_leaves_nothing_and_a_rer
                                                    f"elsewhere" and "Traceback" not in failed.stderr, failed.stderr
     assert not (tmp_path / "out").exists()                         # no temp folder, no empty parent, no dataset
     monkeypatch.chdir(tmp_path)
-    data.prepare([str(corpus)], out, vocab_size=vocab, **{k: v for k, v in QUICK.items() if k != "vocab_size"})
+    dataset.prepare([str(corpus)], out, vocab_size=vocab, **{k: v for k, v in QUICK.items() if k != "vocab_size"})
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ds"]
     sizes = {p.name.split("_")[0].split(".")[0]: p.stat().st_size for p in out.iterdir()}
     assert sizes[fails_in] > limit > max(size for name, size in sizes.items() if name != fails_in)   # where it hit

@@ -21,6 +21,7 @@ import pytest
 
 import data
 import data_at_scale
+import dataset
 import formats
 import store
 from data import DataError
@@ -32,7 +33,7 @@ import pyarrow.fs as pafs            # noqa: E402  (after the skips)
 import pyarrow.parquet as pq         # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-RECIPE = dict(vocab_size=300, val_fraction=0.2, seed=1)             # the dataset; data.prepare takes these
+RECIPE = dict(vocab_size=300, val_fraction=0.2, seed=1)             # the dataset; dataset.prepare takes these
 SETTINGS = dict(RECIPE, workers=2, chunk_mb=3 / 1024)            # and the engine's: data_at_scale.prepare
 
 
@@ -92,7 +93,7 @@ def uploaded(s3, inputs) -> str:
 @pytest.fixture(scope="module")
 def reference(inputs, tmp_path_factory) -> dict:
     """The oracle: the in-memory engine on the local files (whole files, no byte ranges, no URIs)."""
-    out = data.prepare([str(inputs)], tmp_path_factory.mktemp("reference") / "web", **RECIPE)
+    out = dataset.prepare([str(inputs)], tmp_path_factory.mktemp("reference") / "web", **RECIPE)
     return dataset_files(out)
 
 
@@ -154,7 +155,7 @@ def test_kept_whole_text_streams_from_s3(s3, tmp_path, monkeypatch):
         with fs.open_output_stream(f"own/books/{path.name}", compression=None) as f:
             f.write(path.read_bytes())
     monkeypatch.setattr(data_at_scale, "TEXT_BLOCK_BYTES", 7)
-    expected = dataset_files(data.prepare([str(books)], tmp_path / "reference", **RECIPE))
+    expected = dataset_files(dataset.prepare([str(books)], tmp_path / "reference", **RECIPE))
     spec = f"s3://own/books?{query}"
     got = dataset_files(data_at_scale.prepare([spec], tmp_path / "ds", work_dir=tmp_path / "work", **SETTINGS))
     same_dataset(got, expected, spec, str(books))
@@ -177,7 +178,7 @@ def test_file_uris_and_globs(inputs, tmp_path):
     """file:// URIs take the same road as s3:// (pyarrow's LocalFileSystem): a glob in, a URI out. The cache key
     sees an object change size even when its mtime is put back."""
     spec = f"file://{inputs}/*.jsonl*"
-    oracle = dataset_files(data.prepare([str(inputs / "*.jsonl*")], tmp_path / "local", **RECIPE))
+    oracle = dataset_files(dataset.prepare([str(inputs / "*.jsonl*")], tmp_path / "local", **RECIPE))
     assert data_at_scale.prepare([spec], f"file://{tmp_path}/uri", **SETTINGS) == f"file://{tmp_path}/uri"
     same_dataset(dataset_files(tmp_path / "uri"), oracle, spec, str(inputs / "*.jsonl*"))
     assert [f.rsplit("/", 1)[1] for f in data.open_source(spec).files] == ["a.jsonl", "b.jsonl.gz"]
