@@ -58,7 +58,7 @@ from formats import DataError
 class Plan:
     """What prepare settles before any work: the recipe, its cache key, the output (a folder, or a store's URI), and
     whether a finished dataset with that key is already there (reuse: return it as is)."""
-    recipe: data.Recipe | None                # None when reused
+    recipe: data.Recipe | None           # None when reused
     key: str
     out_dir: pathlib.Path | str
     reuse: bool
@@ -66,9 +66,9 @@ class Plan:
 
 
 def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None,
-                 vocab_size: int = data.DEFAULT_VOCAB_SIZE,
-                 seed: int = 0, val_fraction: float = 0.05, weights: list[float] | None = None,
-                 train_tokens: float | None = None, tokenizer: str | os.PathLike | None = None,
+                 vocab_size: int = data.DEFAULT_VOCAB_SIZE, seed: int = 0, val_fraction: float = 0.05,
+                 weights: list[float] | None = None, train_tokens: float | None = None,
+                 tokenizer: str | os.PathLike | None = None,
                  tokenizer_train_bytes: int = 4_000_000, pattern: str = "gpt4", shard_tokens: int = 100_000_000,
                  clean_settings: data.CleanSettings | None = None, text_field: str = "text", txt_split: str = "auto",
                  skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
