@@ -1656,7 +1656,7 @@ def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monk
 
 FULL_DISK_RUN = """
 import resource, sys
-import data, data_at_scale
+import data, data_at_scale, dataset
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # ulimit -f
 def reference(sources, out_dir, *, threads=None, verbose=False, workers=None, chunk_mb=None, engine=None,
               ray_address=None, work_dir=None, **recipe):     # the publish step, not the streaming engine's work files
