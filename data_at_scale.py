@@ -1654,7 +1654,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             if stale != work and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
 
-    made_for_work = dataset.missing_folders(work_root)    # the work folder makes them: undone on bad input
+    made_for_work = dataset.missing_folders(work_root)  # the work folder makes them: undone on bad input
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
     with session as ray:
         clock = data.Clock()
@@ -1670,7 +1670,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             raise                                        # as a kill: the work stays, a rerun resumes from it
         except (DataError, bpe.TokenizerError, dedup.DedupError):
             shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
-            dataset.remove_if_empty(made_for_work)          # file changes the key); a kill keeps it for the rerun
+            dataset.remove_if_empty(made_for_work)       # file changes the key); a kill keeps it for the rerun
             raise
         staging = work_root if remote else out_dir.parent      # the shard tasks write there: every node sees it
         dataset.write_dataset(plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)")
