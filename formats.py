@@ -20,8 +20,8 @@ which store.py opens. How a .txt splits, worked: "a b\\n\\nc<|endoftext|>d" hold
 into 2 documents ("a b\\n\\nc", "d"); "a b\\n\\n\\nc" has none and is cut at its blank lines into "a b" and "c".
 
 Reading a piece of a file, for the engine's workers. A .jsonl's byte range [start, stop) reads the lines whose first
-byte lies in it: a 100-byte file of 10-byte lines cut at byte 45 reads lines 1-5 (bytes 0-49: line 5 starts at 40)
-in the first range and lines 6-10 in the second, so ranges that tile a file read each line exactly once, each worker
+byte lies in it: a 200-byte file of 20-byte lines cut at byte 90 reads lines 1-5 (line 5 holds bytes 80-99) in
+the first range and lines 6-10 in the second, so ranges that tile a file read each line exactly once, each worker
 seeking to its own start. A .parquet file is cut by row group (its footer lists them), read as byte ranges of the
 object. A malformed line's error names its line number in the whole file, counted only when one fails.
 
