@@ -46,23 +46,26 @@ and packed into shards: a 32-byte header (magic, version, dtype, token count) fo
 the tokenizer and the split sizes. The same inputs and settings map to the same cache directory, reused as is.
 
 This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order above, and
-`prepare` here runs it. data_at_scale.py is the scale (a stream, not a list: memory that does not grow with the
-corpus, worker processes or Ray, resumable), and `python data.py prepare` runs that one; its flags (--workers,
---chunk-mb, --engine, --ray-address, --work-dir) and `download` live there. The two write byte-identical datasets:
-every choice about a document is a keyed hash of its text (`document_keys`), whatever the order of reading. Sources
-and --out may be object-store URIs (s3://bucket/web/*.parquet), which store.py lists, reads and publishes.
+dataset.prepare runs it (dataset.py checks the recipe, names it by its cache key, publishes the directory whole).
+data_at_scale.py is the scale (a stream, not a list: memory that does not grow with the corpus, worker processes or
+Ray, resumable), and `python data.py prepare` runs that one; its flags (--workers, --chunk-mb, --engine,
+--ray-address, --work-dir) and `download` live there. The two write byte-identical datasets: every choice about a
+document is a keyed hash of its text (`document_keys`), whatever the order of reading. Sources and --out may be
+object-store URIs (s3://bucket/web/*.parquet), which store.py lists, reads and publishes. The file formats a source
+is read from (.txt, .jsonl, .parquet, WikiText, .html, .py, hf:) are formats.py's.
 
 The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
 of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.
 
-Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and four siblings:
-bpe.py (train_bpe, Tokenizer), dedup.py (MinHash near-dedup, the 13-gram overlap index), store.py (object-store
-URIs) and fileio.py (datasets published with the umask's modes, a full disk in one line). Everything runs offline
-except `hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs), datasets
-(`hf:`), ray (`--engine ray`).
+Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and five siblings:
+bpe.py (train_bpe, Tokenizer), dedup.py (MinHash near-dedup, the 13-gram overlap index), formats.py (the readers of
+.txt, .jsonl, .parquet, WikiText, .html, .py and hf: sources, and DataError), store.py (object-store URIs) and
+fileio.py (shards written whole, untrusted manifests in one line). Everything runs offline except
+`hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs), datasets (`hf:`),
+ray (`--engine ray`).
 
 The command line's main() also imports the engine, data_at_scale, which `python data.py prepare` runs; the library
-functions above never do (the engine is the layer above this file).
+functions above never do, nor import dataset.py (both are layers above this file).
 """
 from __future__ import annotations
 
@@ -73,16 +76,13 @@ import contextlib
 import dataclasses
 import functools
 import glob
-import gzip
 import hashlib
 import html.parser
 import itertools
-import json
 import math
 import os
 import pathlib
 import re
-import shutil
 import stat
 import struct
 import sys
@@ -91,7 +91,6 @@ import tempfile
 import time
 import tokenize
 import warnings
-import zlib
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -100,15 +99,12 @@ import torch
 import bpe
 import dedup
 import fileio
+import formats
 import store
+from formats import EOT, DataError        # the marker before each document; the one-line error of the pipeline
 
-EOT = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 4096          # the tiny CPU run: small enough to train on ~2 MB in seconds, big enough for words
 REPO_ROOT = pathlib.Path(__file__).resolve().parent
-
-
-class DataError(ValueError):
-    """Bad input to the data pipeline: the message is one line naming the problem and the fix."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -234,270 +230,15 @@ def read_pystdlib() -> Iterator[str]:
             yield source
 
 
-# A source may also be an object store's URI (s3://bucket/web/*.parquet): store.py lists and opens those, so a file
-# of a source is named by its own URI (a str) or by a local pathlib.Path, and the readers below take either.
-
-def _read_bytes(path: pathlib.Path | str) -> bytes:
-    """A (possibly gzipped) file's bytes; a binary file or a damaged .gz is refused with one clear line."""
-    try:
-        with store.open_input(path, unzip=store.pure_path(path).suffix == ".gz", error=DataError) as f:
-            raw = f.read()
-    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
-    if b"\x00" in raw[:8192]:
-        raise DataError(f"{path} looks binary (NUL bytes); pass a UTF-8 text, .jsonl, .parquet or .gz file")
-    return raw
-
-
-def _read_text(path: pathlib.Path) -> str:
-    """A (possibly gzipped) file as UTF-8 text with universal newlines."""
-    try:
-        text = _read_bytes(path).decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def inner_suffix(path: pathlib.Path | str) -> str:
-    """'.txt' for both a.txt and a.txt.gz (and s3://bucket/a.txt.gz)."""
-    suffixes = [s.lower() for s in store.pure_path(path).suffixes]
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes.pop()
-    return suffixes[-1] if suffixes else ""
-
-
-def split_plain_text(text: str, mode: str = "auto") -> list[str]:
-    """Split a .txt file into documents.
-
-    mode "eot": on <|endoftext|> (TinyStories' convention); "blank": on blank lines (one paragraph per document);
-    "file": the whole file is one document; "auto": "eot" when the marker occurs, else "blank".
-
-    >>> split_plain_text("a b\\n\\nc<|endoftext|>d")
-    ['a b\\n\\nc', 'd']
-    >>> split_plain_text("a b\\n\\n\\nc")
-    ['a b', 'c']
-    """
-    if mode == "auto":
-        mode = "eot" if EOT in text else "blank"
-    if mode == "eot":
-        parts = text.split(EOT)
-    elif mode == "blank":
-        parts = re.split(r"\n[ \t]*\n", text)
-    elif mode == "file":
-        parts = [text]
-    else:
-        raise DataError(f"unknown txt split mode {mode!r}; use auto, eot, blank or file")
-    return [p.strip() for p in parts if p.strip()]
-
-
-def read_txt(path: pathlib.Path, mode: str = "auto") -> Iterator[str]:
-    yield from split_plain_text(_read_text(path), mode)
-
-
-@dataclasses.dataclass
-class JsonlStats:
-    """Malformed lines skipped while reading (only when skipping was asked for)."""
-    skipped: int = 0
-
-
-def read_jsonl(path: pathlib.Path | str, field: str = "text", skip_bad_lines: bool = False,
-               stats: JsonlStats | None = None, start: int = 0, stop: int | None = None) -> Iterator[str]:
-    """One JSON object per line; the document is `obj[field]`. A malformed line stops with its line number,
-    unless skip_bad_lines, which skips and counts it. start/stop (uncompressed files): only the lines whose first
-    byte lies in [start, stop), so byte ranges that tile a file read every line exactly once."""
-    with store.open_input(path, unzip=store.pure_path(path).suffix == ".gz", error=DataError) as f:   # line by line
-        if start:
-            f.seek(start - 1)
-            f.readline()                   # the line holding byte start - 1 belongs to the range before
-        lines = iter(f.readline, b"") if stop is None else iter(lambda: f.readline() if f.tell() < stop else b"", b"")
-        try:
-            for lineno, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = fileio.parse_json(line, "", DataError)      # decodes the UTF-8 bytes itself
-                except DataError:
-                    record = _NOT_JSON
-                text = record.get(field) if isinstance(record, dict) else None
-                if not isinstance(text, str):
-                    if skip_bad_lines:
-                        if stats is not None:
-                            stats.skipped += 1
-                        continue
-                    raise _bad_jsonl_line(path, lineno + (_count_lines(path, start) if start else 0), line, record,
-                                          field)
-                yield text
-        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-            raise DataError(f"{path}: damaged gzip file ({e}); re-download or re-compress it") from None
-
-
-_NOT_JSON = object()                  # what read_jsonl records for a line that does not parse
-_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-               type(None): "null"}
-
-
-def _bad_jsonl_line(path: pathlib.Path | str, lineno: int, line: bytes, record, field: str) -> DataError:
-    """The one line for a .jsonl line without a string `field`: what is wrong with it, and the fix for that. A line
-    that is not JSON (or not UTF-8, or nested 5,000 deep) needs fixing; a JSON object with other keys, --text-field.
-
-    >>> print(_bad_jsonl_line("a.jsonl", 3, b'{"body": "hi"}', {"body": "hi"}, "text"))  # doctest: +ELLIPSIS
-    a.jsonl:3: no string field 'text' (its keys: body); pass --text-field, or --skip-bad-lines to skip and ...
-    >>> print(_bad_jsonl_line("a.jsonl", 4, b"[" * 5000, _NOT_JSON, "text"))              # doctest: +ELLIPSIS
-    a.jsonl:4: JSON nested more than 1,000 levels deep; this project writes at most a few levels: fix the line, ...
-    """
-    skip = "--skip-bad-lines to skip and count such lines"
-    if record is _NOT_JSON:                   # parse again, now naming the line: only a bad line pays for this
-        try:
-            fileio.parse_json(line, f"{path}:{lineno}", DataError, f"fix the line, or pass {skip}")
-        except DataError as e:
-            return e
-    if isinstance(record, dict):
-        keys = ", ".join(list(map(str, record))[:8]) or "none"
-        return DataError(f"{path}:{lineno}: no string field {field!r} (its keys: {keys}); pass --text-field, or {skip}")
-    return DataError(f"{path}:{lineno}: {_JSON_TYPES.get(type(record), 'a value')}, not an object with a string field "
-                     f"{field!r}; fix the line, or pass {skip}")
-
-
-def _count_lines(path: pathlib.Path | str, start: int) -> int:
-    """Lines of the file before the first line that starts at or after byte `start` > 0 (for a line number)."""
-    with store.open_input(path, error=DataError) as f:
-        head = f.read(start)
-    return head.count(b"\n") + (0 if head.endswith(b"\n") else 1)
-
-
-def read_parquet(path: pathlib.Path | str, field: str = "text", row_groups: range | None = None) -> Iterator[str]:
-    """The `field` column of a .parquet file, batch by batch (row_groups: only those)."""
-    for batch in parquet_file(path, field).iter_batches(columns=[field], row_groups=row_groups):
-        for text in batch.column(0).to_pylist():
-            if text:
-                yield text
-
-
-def parquet_file(path: pathlib.Path | str, field: str):
-    """A pyarrow ParquetFile with a `field` column, or one line saying what is wrong with the file."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow), "
-                        f"or convert it to .jsonl") from None
-    fs, key = store.filesystem(path, DataError) if store.is_uri(path) else (None, path)   # an object: its footer and
-    try:                                                                 # row groups are read as byte ranges
-        table = pq.ParquetFile(key, filesystem=fs)
-    except Exception as e:           # pyarrow's ArrowInvalid/OSError: not a parquet file, or a damaged one
-        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:120]}); "
-                        f"re-download it") from None
-    if field not in table.schema_arrow.names:
-        raise DataError(f"{path}: no column {field!r} (columns: {', '.join(table.schema_arrow.names)}); "
-                        f"pass --text-field")
-    return table
-
-
-_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
-
-
-def iter_wikitext_articles(lines: Iterable[str]) -> Iterator[str]:
-    """WikiText raw: an article starts at a top-level heading line ' = Title = ' (sub-headings use ' = = ');
-    each article becomes one document, its title the first line. Streams: one article in memory at a time."""
-    article = None
-    for line in lines:
-        line = line.rstrip("\n")
-        if _WIKITEXT_TITLE.match(line):
-            if article and len(article) > 2:
-                yield "\n".join(article)
-            article = [line.strip(" =").strip(), ""]
-        elif article is not None and line.strip():
-            article.append(line.strip())
-    if article and len(article) > 2:
-        yield "\n".join(article)
-
-
-def parse_wikitext(text: str) -> list[str]:
-    """The articles of a WikiText raw file.
-
-    >>> parse_wikitext(" = A = \\n \\n Text a . \\n = = Sub = = \\n More . \\n = B = \\n Text b . \\n")
-    ['A\\n\\nText a .\\n= = Sub = =\\nMore .', 'B\\n\\nText b .']
-    """
-    return list(iter_wikitext_articles(text.split("\n")))
-
-
-def wikitext_paragraphs(text: str, min_words: int = 0) -> list[str]:
-    """WikiText raw body paragraphs (not headings) with at least min_words words, in file order: the units of the
-    dedup experiment (the lecture takes the first 500 of at least 100 words)."""
-    paragraphs = (line.strip() for line in text.split("\n"))
-    return [p for p in paragraphs if p and not p.startswith("=") and len(p.split()) >= min_words]
-
-
-def read_wikitext(path: pathlib.Path) -> Iterator[str]:
-    yield from parse_wikitext(_read_text(path))
-
-
-def read_html(path: pathlib.Path) -> Iterator[str]:
-    yield _read_text(path)
-
-
-FILE_READERS = {".txt": "txt", ".md": "txt", ".text": "txt", ".jsonl": "jsonl", ".json": "jsonl",
-                ".parquet": "parquet", ".raw": "wikitext", ".html": "html", ".htm": "html", ".py": "python"}
-_FILE_KINDS = {"html": "html", "python": "code"}          # every other reader yields prose
-_CURATED_READERS = {"txt", "wikitext", "python"}          # local text someone chose; jsonl/parquet/html are web-like
-
-HF_ALIASES = {
-    "wikitext-2": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
-    "wikitext-103": ("Salesforce/wikitext", "wikitext-103-raw-v1"),
-    "tinystories": ("roneneldan/TinyStories", None),
-    "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT"),
-}
-
-
-def read_hf(name: str, field: str = "text") -> Iterator[str]:
-    """hf:NAME[:CONFIG[:SPLIT]] or an alias (hf:wikitext-2, hf:wikitext-103, hf:tinystories, hf:fineweb-edu),
-    streamed with the `datasets` package. WikiText comes as lines and is regrouped into articles."""
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(f"hf:{name} needs the `datasets` package and the network (pip install datasets); "
-                        f"offline, use pydocs, pystdlib or a local .txt/.jsonl/.parquet/.raw path") from None
-    repo, *rest = name.split(":")
-    config, split = (rest + [None, None])[:2]
-    if repo in HF_ALIASES:
-        repo, config = HF_ALIASES[repo][0], config or HF_ALIASES[repo][1]
-    try:
-        stream = datasets.load_dataset(repo, config, split=split or "train", streaming=True)
-        if repo == "Salesforce/wikitext":                  # rows are lines: regroup them into articles
-            yield from iter_wikitext_articles(row[field] for row in stream)
-            return
-        for row in stream:
-            yield row[field]
-    except Exception as e:          # the hub's many error types (offline, unknown name, gated) become one line
-        first_line = (str(e).strip().splitlines() or [""])[0][:200]
-        raise DataError(f"hf:{name}: could not load it ({type(e).__name__}: {first_line}); offline, use pydocs, "
-                        f"pystdlib or a local path") from None
-
-
-def file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterator[str]]:
-    kind = FILE_READERS.get(inner_suffix(path))
-    field = options.get("text_field", "text")
-    if kind == "txt":
-        return lambda: read_txt(path, options.get("txt_split", "auto"))
-    if kind == "jsonl":
-        return lambda: read_jsonl(path, field, options.get("skip_bad_lines", False), options.get("jsonl_stats"))
-    if kind == "parquet":
-        return lambda: read_parquet(path, field)
-    if kind == "wikitext":
-        return lambda: read_wikitext(path)
-    if kind == "html":
-        return lambda: read_html(path)
-    if kind == "python":
-        return lambda: iter([_read_text(path)])
-    raise DataError(f"{path}: unknown file type {store.pure_path(path).suffix!r}; use "
-                    f"{', '.join(sorted(FILE_READERS))} (optionally .gz)")
-
+# A file of a source (a path, or an object's URI: s3://bucket/web/a.jsonl) is read by formats.py, which knows .txt,
+# .md, .jsonl, .parquet, WikiText's .raw, .html and .py files (each may be gzipped) and streams hf: datasets.
 
 def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
     files = sorted(p for p in directory.rglob("*")                    # hidden files and folders (.git) skipped
-                   if p.is_file() and inner_suffix(p) in FILE_READERS
+                   if p.is_file() and formats.readable(p)
                    and not any(part.startswith(".") for part in p.relative_to(directory).parts))
     if not files:
-        raise DataError(f"{directory} holds no {'/'.join(sorted(FILE_READERS))} files")
+        raise DataError(f"{directory} holds no {formats.FILE_TYPES} files")
     return files
 
 
@@ -514,7 +255,7 @@ def _is_dataset(folder: pathlib.Path) -> bool:
 
 
 def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", skip_bad_lines: bool = False,
-                max_documents: int | None = None, jsonl_stats: JsonlStats | None = None,
+                max_documents: int | None = None, jsonl_stats: formats.JsonlStats | None = None,
                 kind: str | None = None) -> Source:
     """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an object, prefix or
     glob in an object store: s3://bucket/web/*.parquet) into a Source. kind overrides what the file types imply
@@ -530,18 +271,17 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         return Source(spec, kind or "code", version, read_pystdlib, max_documents)
     if spec.startswith("hf:"):
         name = spec[3:]
-        return Source(spec, kind or "prose", spec, lambda: read_hf(name, text_field), max_documents)
+        return Source(spec, kind or "prose", spec, lambda: formats.read_hf(name, text_field), max_documents)
     path = pathlib.Path(spec).expanduser()
     if store.is_uri(spec):
-        listed = store.list_files(spec, lambda p: inner_suffix(p) in FILE_READERS, "/".join(sorted(FILE_READERS)),
-                                  DataError)
+        listed = store.list_files(spec, formats.readable, formats.FILE_TYPES, DataError)
         files = [uri for uri, _, _ in listed]
         fingerprint = ";".join(f"{uri}:{size}:{mtime_ns}" for uri, size, mtime_ns in listed)
     elif any(c in spec for c in "*?[") and not path.exists():      # a pattern: "shards/*.parquet"
         files = sorted(p for p in map(pathlib.Path, glob.glob(str(path), recursive=True))
-                       if p.is_file() and inner_suffix(p) in FILE_READERS)
+                       if p.is_file() and formats.readable(p))
         if not files:
-            raise DataError(f"source {spec!r} matches no {'/'.join(sorted(FILE_READERS))} files; check the pattern")
+            raise DataError(f"source {spec!r} matches no {formats.FILE_TYPES} files; check the pattern")
     elif not path.exists():
         hint = "a name (pydocs, pystdlib, hf:NAME), an existing file/directory or a glob pattern"
         raise DataError(f"source {spec!r} not found: give {hint}")
@@ -559,8 +299,8 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         if not any(st.st_size for st in stats):
             raise DataError(f"source {spec!r} is empty (0 bytes): give a file with text")
         fingerprint = ";".join(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}" for f, st in zip(files, stats))
-    readers = [file_source(f, options) for f in files]
-    kinds = {_FILE_KINDS.get(FILE_READERS[inner_suffix(f)], "prose") for f in files}
+    readers = [formats.file_source(f, options) for f in files]
+    kinds = {formats.file_kind(f) for f in files}
     if len(kinds) > 1 and kind is None:
         raise DataError(f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: pass "
                         f"them as separate sources (or force one with --kind)")
@@ -569,7 +309,7 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         for reader in readers:
             yield from reader()
 
-    curated = all(FILE_READERS[inner_suffix(f)] in _CURATED_READERS for f in files)
+    curated = all(formats.is_curated(f) for f in files)
     return Source(spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files), curated)
 
 
@@ -1302,27 +1042,6 @@ def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -
     return EOT.join(picked)
 
 
-def read_val_file(path: pathlib.Path) -> list[str]:
-    """The documents of a --val-data file, verbatim: a text file is one document, byte for byte (no newline
-    normalization, no stripping), cut only at <|endoftext|> markers (which become the token); a .jsonl/.parquet
-    file gives its records' text fields as they are. Nothing is filtered, deduplicated or masked.
-
-    >>> import tempfile; f = pathlib.Path(tempfile.mkdtemp()) / "val.txt"; _ = f.write_bytes(b" a\\r\\n\\nb ")
-    >>> read_val_file(f)
-    [' a\\r\\n\\nb ']
-    """
-    reader = FILE_READERS.get(inner_suffix(path))
-    if reader == "jsonl":
-        return list(read_jsonl(path))
-    if reader == "parquet":
-        return list(read_parquet(path))
-    try:
-        text = _read_bytes(path).decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"--val-data {path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
-    return [part for part in text.split(EOT) if part.strip()]
-
-
 def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.Path]:
     """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a known type, has
     text, and is not the text of a training source (a copy would make the held-out loss a training loss)."""
@@ -1333,10 +1052,10 @@ def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.
             what = "is a directory: name the file(s)" if path.is_dir() else "not found: name the held-out text file" \
                 if not path.exists() else f"is {_special_file(path)}, not a regular file: save the held-out text"
             raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
-        if inner_suffix(path) not in FILE_READERS:
+        if not formats.readable(path):
             raise DataError(f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or .parquet "
                             f"file")
-        if not read_val_file(path):
+        if not formats.read_val_file(path):
             raise DataError(f"--val-data {path} is empty: give a file with the held-out text")
         digest = hashlib.sha256(path.read_bytes()).digest()
         for train_file in train_files:
@@ -1395,7 +1114,7 @@ def check_weights(weights: Iterable[float], flag: str = "--weights") -> None:
     >>> check_weights([1e-300, 1])                # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    data.DataError: --weights: the largest weight is 1e+300 times the smallest, more than 1,000,000: ...
+    formats.DataError: --weights: the largest weight is 1e+300 times the smallest, more than 1,000,000: ...
     """
     weights = list(weights)
     if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
@@ -1661,7 +1380,8 @@ def cache_root() -> pathlib.Path:
 # Every file whose bytes can change a dataset's: this chapter, its engine, and the siblings the prepare path imports
 # (tests/test_data_at_scale.py checks this is the set of imports). Their bytes are in the cache key, so an edit to any
 # invalidates the datasets it would build differently, and a Ray cluster's workers receive these very files.
-PREPARE_FILES = ("data.py", "data_at_scale.py", "store.py", "bpe.py", "dedup.py", "fileio.py")
+PREPARE_FILES = ("data.py", "data_at_scale.py", "dataset.py", "formats.py", "store.py", "bpe.py", "dedup.py",
+                 "fileio.py")
 
 
 def code_version(files: Iterable[str] = PREPARE_FILES, root: pathlib.Path = REPO_ROOT) -> str:
@@ -1698,11 +1418,11 @@ def tokenizer_for(recipe: "Recipe", draw_sample: Callable[[], str], log: Callabl
     sample = draw_sample()
     trained_on = len(sample.encode("utf-8"))
     log(f"training a {recipe.vocab_size:,}-token BPE tokenizer on {trained_on / 1e6:.2f} MB of train text ...")
-    return _check_eot(bpe.train_bpe(sample, recipe.vocab_size, special_tokens=(EOT,), pattern=recipe.pattern)), \
+    return check_eot(bpe.train_bpe(sample, recipe.vocab_size, special_tokens=(EOT,), pattern=recipe.pattern)), \
         trained_on
 
 
-def _check_eot(tok: bpe.Tokenizer) -> bpe.Tokenizer:
+def check_eot(tok: bpe.Tokenizer) -> bpe.Tokenizer:
     if tok.eot_id is None:
         raise DataError(f"the tokenizer has no {EOT} special token; train it with special_tokens=({EOT!r},)")
     return tok
@@ -1747,7 +1467,7 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
         docs, origin, funnel = clean(recipe.sources, recipe.settings, log)
     cleaned, cleaned_chars, overlap = len(docs), sum(map(len, docs)), None
     if recipe.val_files:                            # every cleaned document trains; the files are the val split
-        val_texts = [d for p in recipe.val_files for d in read_val_file(p)]
+        val_texts = [d for p in recipe.val_files for d in formats.read_val_file(p)]
         with clock.phase("overlap"):
             overlap = val_overlap(docs, val_texts)
         funnel.notices.append(format_overlap(overlap))
@@ -1795,259 +1515,11 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 10. prepare: the checked recipe and its cache key, an engine's run, then the dataset directory (shards, tokenizer,
-#     manifest), published whole. The reference engine runs here; data_at_scale.prepare runs the streaming engine
-#     and Ray, with the same plan and the same publishing, so the bytes are the same.
+# 10. A prepared dataset's manifest, and its summary (`python data.py inspect`). prepare itself (the checked recipe
+#     and its cache key, an engine's run, the directory published whole) is dataset.py, the layer above this file:
+#     dataset.prepare runs the reference engine, data_at_scale.prepare the streaming engine and Ray, with one plan
+#     and one publishing, so the bytes are the same.
 # ---------------------------------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Plan:
-    """What prepare settles before any work: the recipe, its cache key, the output (a folder, or a store's URI), and
-    whether a finished dataset with that key is already there (reuse: return it as is)."""
-    recipe: Recipe | None                # None when reused
-    key: str
-    out_dir: pathlib.Path | str
-    reuse: bool
-    jsonl_stats: JsonlStats              # malformed .jsonl lines the in-memory reading skipped (--skip-bad-lines)
-
-
-def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                 seed: int = 0, val_fraction: float = 0.05, weights: list[float] | None = None,
-                 train_tokens: float | None = None, tokenizer: str | os.PathLike | None = None,
-                 tokenizer_train_bytes: int = 4_000_000, pattern: str = "gpt4", shard_tokens: int = 100_000_000,
-                 clean_settings: CleanSettings | None = None, text_field: str = "text", txt_split: str = "auto",
-                 skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
-                 val_data: list[str] | None = None, log: Callable = lambda *a, **k: None) -> Plan:
-    """Check every argument, open the sources, and name the dataset: out_dir or a cache directory named by a hash
-    of the inputs, every setting and the code (`code_version`). Every bad input fails here, before any work.
-
-    sources: names ("pydocs", "pystdlib", "hf:..."), files, directories, globs or URIs (`open_source`). weights (one
-    per source) with train_tokens mix the train split by token share (None: the smallest budget that reads every
-    source once). tokenizer: a bpe.py JSON file to reuse instead of training one on (up to tokenizer_train_bytes of)
-    train text. val_data: files that are the validation split, verbatim (`read_val_file`); every cleaned document
-    then goes to train (val_fraction is not used), and the overlap of the two is measured (`val_overlap`).
-    out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://, file://): the dataset is built on local disk,
-    then published to the store (`store.publish`).
-    """
-    if not sources:
-        raise DataError("no sources given: pass --data pydocs (or a path)")
-    if len(set(sources)) != len(sources):
-        raise DataError(f"a source is listed twice in {sources}; give each once (use --weights to up-weight)")
-    if weights is not None and len(weights) != len(sources):
-        raise DataError(f"--weights: {len(weights)} weights for {len(sources)} sources: give one weight per source")
-    if weights is not None:
-        check_weights(weights)
-    if tokenizer is None and vocab_size < 257:
-        raise DataError(f"--vocab-size {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at least 257")
-    if not 0 <= val_fraction < 1:
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    if train_tokens is not None and (weights is None or not train_tokens > 0):
-        raise DataError(f"--train-tokens {train_tokens:g} needs --weights and a positive budget, e.g. --weights 1 "
-                        f"--train-tokens 5e6")
-    settings = clean_settings or CleanSettings()
-    jsonl_stats = JsonlStats()
-    opened = [open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
-              for s in sources]
-    if txt_split == "auto":          # text kept whole is cut into documents only at <|endoftext|> markers
-        opened = [open_source(s.spec, text_field, kept_txt_split(txt_split), skip_bad_lines, max_documents,
-                              jsonl_stats, kind)
-                  if keeps_whole(s, settings) else s for s in opened]
-    for flag, path in [("--tokenizer", tokenizer)] + [("--val-data", p) for p in val_data or []]:
-        if store.is_uri(path):
-            raise DataError(f"{flag} {path}: give a local file (copy it down first, e.g. with aws s3 cp)")
-    val_paths = check_val_files(val_data, opened) if val_data else []
-    if train_tokens is not None:
-        check_budget(opened, weights, train_tokens)
-    tokenizer_path = pathlib.Path(tokenizer) if tokenizer else None
-    if tokenizer_path is not None and not tokenizer_path.is_file():
-        raise DataError(f"tokenizer file {tokenizer_path} not found: pass a bpe.py tokenizer JSON")
-    key_inputs = {
-        "code": code_version(),
-        "sources": [(s.spec, s.kind, s.fingerprint) for s in opened],
-        "settings": dataclasses.asdict(settings),
-        "vocab_size": vocab_size, "seed": seed, "val_fraction": val_fraction, "weights": weights,
-        "train_tokens": train_tokens, "pattern": pattern, "tokenizer_train_bytes": tokenizer_train_bytes,
-        "tokenizer": hashlib.sha256(tokenizer_path.read_bytes()).hexdigest() if tokenizer_path else None,
-        "shard_tokens": shard_tokens, "text_field": text_field, "txt_split": txt_split,
-        "skip_bad_lines": skip_bad_lines, "max_documents": max_documents,
-        "val_data": [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in val_paths],
-    }
-    key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True, default=str).encode()).hexdigest()
-    if out_dir is None:
-        slug = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", store.pure_path(s).name or s)[:40] for s in sources)[:80]
-        out_dir = cache_root() / "data" / f"{slug}-v{vocab_size}-{key[:12]}"
-    remote = store.is_uri(out_dir)
-    if not remote:
-        out_dir = pathlib.Path(out_dir)
-    existing = read_manifest_or_none(out_dir)
-    if existing is not None:
-        if existing.get("cache_key") == key:
-            log(f"reusing {out_dir} (same inputs and settings)")
-            for notice in existing.get("notices", []):
-                print(notice, file=sys.stderr)
-            return Plan(None, key, out_dir, True, jsonl_stats)
-        raise DataError(f"{out_dir} already holds a different dataset; remove it or pick another --out")
-    if remote:
-        store.check_out(out_dir, DATASET_FILE, DataError)
-    elif out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"--out {out_dir} is a file; give a directory path")
-    elif out_dir.exists() and any(out_dir.iterdir()):
-        raise DataError(f"{out_dir} exists and is not a dataset directory; remove it or pick another --out")
-    recipe = Recipe(opened, settings, vocab_size, seed, val_fraction, weights, train_tokens, tokenizer_path,
-                    _check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
-                    tokenizer_train_bytes, pattern, shard_tokens,
-                    (text_field, txt_split, skip_bad_lines, max_documents), val_paths)
-    if remote:                                                     # fail now, not after minutes of cleaning
-        store.check_writable(out_dir, DataError)
-    else:
-        check_writable(out_dir.parent, "--out")
-    return Plan(recipe, key, out_dir, False, jsonl_stats)
-
-
-def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, threads: int | None = None,
-            verbose: bool = False, **recipe) -> pathlib.Path | str:
-    """Build (or reuse) a token dataset directory with the reference engine: manifest.json, tokenizer.json,
-    train_*.bin, val_*.bin. recipe: `plan_dataset`'s arguments (vocab_size, seed, val_fraction, weights, ...).
-
-    The whole corpus is held in lists (`build_in_memory`): for small inputs, and the oracle of the tests.
-    data_at_scale.prepare takes the same arguments and writes the same bytes with the streaming engine (any corpus
-    size, worker processes, resumable) or Ray; `python data.py prepare` runs that one. Notices (heavy cleaning, the
-    --val-data overlap) are printed to stderr, also when the dataset is reused.
-    """
-    log = print if verbose else (lambda *a, **k: None)
-    plan = plan_dataset(sources, out_dir, log=log, **recipe)
-    if plan.reuse:
-        return plan.out_dir
-    staging = pathlib.Path(tempfile.gettempdir()) if store.is_uri(plan.out_dir) else plan.out_dir.parent
-    remove_stale_publishes(plan.out_dir, staging)
-    clock = Clock()
-    built = build_in_memory(plan.recipe, clock, log, threads)
-    if plan.jsonl_stats.skipped:
-        built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = plan.jsonl_stats.skipped
-    return write_dataset(plan, built, clock, staging, "in-memory")
-
-
-NO_SPACE_FIX = "pass --out elsewhere"
-
-
-def write_dataset(plan: Plan, built: Built, clock: Clock, staging: pathlib.Path, engine: str) -> pathlib.Path | str:
-    """The dataset directory from what an engine built: its shards, tokenizer.json and manifest.json, written in a
-    temporary folder in `staging`, given the umask's modes (mkdtemp makes it 0700 and ShardWriter's files are 0600:
-    another account could not read the dataset), then published whole: one rename, or `store.publish` for a URI.
-    A full disk (or ulimit -f) is one line naming the output. Prints the engine's notices first."""
-    recipe, out_dir, tok = plan.recipe, plan.out_dir, built.tokenizer
-    settings, val_paths = recipe.settings, recipe.val_files
-    text_field, txt_split, _, max_documents = recipe.read_options
-    for notice in built.funnel.notices:
-        print(notice, file=sys.stderr)
-    made, tmp_dir = missing_folders(staging), None
-    try:
-        staging.mkdir(parents=True, exist_ok=True)
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{local_name(out_dir)}.tmp-"))
-        dtype = dtype_for_vocab(len(tok))
-        splits = built.write_splits(tmp_dir, dtype)
-        if val_paths:
-            splits["val"].update(files=[str(p) for p in val_paths], overlap=built.overlap)
-        (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
-        clock.finish()
-        manifest = {
-            "format": "llm-token-shards", "version": SHARD_VERSION, "cache_key": plan.key,
-            "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]}
-                        for s in recipe.sources],
-            "settings": {**dataclasses.asdict(settings), "val_fraction": None if val_paths else recipe.val_fraction,
-                         "val_data": [str(p) for p in val_paths], "seed": recipe.seed, "weights": recipe.weights,
-                         "train_tokens": recipe.train_tokens, "text_field": text_field, "txt_split": txt_split,
-                         "max_documents": max_documents},
-            "funnel": built.funnel.to_list(), "notices": built.funnel.notices,
-            "tokenizer": {"file": "tokenizer.json", "vocab_size": len(tok), "eot_id": tok.eot_id,
-                          "pattern": recipe.pattern if recipe.tokenizer_path is None else "from file",
-                          "trained_on_bytes": built.trained_on,
-                          "source": str(recipe.tokenizer_path) if recipe.tokenizer_path else None},
-            "dtype": dtype.name, "mixture": built.mixture, "splits": splits,
-            "timings": {**clock.timings, "encoded_bytes": built.encoded_bytes, "input_bytes": built.funnel.bytes_read,
-                        "engine": engine},
-        }
-        (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        if store.is_uri(out_dir):
-            store.publish(tmp_dir, out_dir, DataError)
-            shutil.rmtree(tmp_dir)
-        else:
-            fileio.publish_tree(tmp_dir)
-            rename_into_place(tmp_dir, out_dir)
-    except BaseException as e:
-        if tmp_dir is not None:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-        remove_if_empty(made)
-        if isinstance(e, Exception) and fileio.is_no_space(e):      # a full disk, a quota or ulimit -f
-            remote = store.is_uri(out_dir)               # a store's dataset is staged on local disk first
-            raise DataError(fileio.no_space_message(staging if remote else out_dir, "pass --work-dir elsewhere"
-                                                    if remote else NO_SPACE_FIX)) from None
-        raise
-    return out_dir
-
-
-def local_name(out_dir: pathlib.Path | str) -> str:
-    """The name of out_dir's temporary and work folders: its own name, plus a hash of the URI for a store's (whose
-    folders share the temp folder with those of any other bucket)."""
-    if not store.is_uri(out_dir):
-        return out_dir.name
-    return f"{store.pure_path(out_dir).name}-{hashlib.sha256(out_dir.encode()).hexdigest()[:8]}"
-
-
-def remove_stale_publishes(out_dir: pathlib.Path | str, staging: pathlib.Path) -> None:
-    """Remove what killed runs left: half-written .NAME.tmp-* folders (never used: a dataset is published by one
-    rename, or in a store by copies that end with the manifest) in the staging folder and beside out_dir, and, for
-    a URI, the store's OUT.tmp-* prefixes."""
-    name = glob.escape(local_name(out_dir))
-    folders = {staging} if store.is_uri(out_dir) else {staging, out_dir.parent}
-    for stale in itertools.chain(*(f.glob(f".{name}.tmp-*") for f in folders)):
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-    if store.is_uri(out_dir):
-        store.remove_stale_publishes(out_dir, DataError)
-
-
-def check_writable(folder: pathlib.Path, flag: str) -> None:
-    """Raise DataError unless a file can be created in `folder`. A check, not a step: the folders it makes to try
-    are removed again, so a run that then fails on its input leaves no empty cache folder behind."""
-    made = missing_folders(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as e:
-        raise DataError(f"cannot write in {folder} ({e.strerror}); pick a writable {flag}") from None
-    finally:
-        remove_if_empty(made)
-
-
-def missing_folders(folder: pathlib.Path) -> list[pathlib.Path]:
-    """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) makes."""
-    folder = pathlib.Path(folder).absolute()
-    return [p for p in (folder, *folder.parents) if not p.exists()]
-
-
-def remove_if_empty(folders: list[pathlib.Path]) -> None:
-    """Remove the folders a failed run made (deepest first), unless something else has been put in them since."""
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
-DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest
-
-
-def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
-    """Rename the finished temporary directory into place. If another process (another rank) finished the same
-    dataset first, keep theirs: the shards and tokenizer are identical by construction."""
-    if out_dir.exists() and not any(out_dir.iterdir()):
-        out_dir.rmdir()
-    try:
-        os.rename(tmp_dir, out_dir)
-    except OSError:
-        if read_manifest_or_none(out_dir) is None:
-            raise
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-
 
 def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
     if store.is_uri(data_dir):
@@ -2103,7 +1575,7 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
     if manifest is None and local is not None and local.is_file():         # there, but damaged: say how
         manifest = fileio.read_json(local, DataError, "re-run `python data.py prepare`")
         if not isinstance(manifest, dict):
-            what = _JSON_TYPES.get(type(manifest), "a value")
+            what = formats.JSON_TYPES.get(type(manifest), "a value")
             raise DataError(f"{local}: damaged manifest ({what}, not an object); re-run `python data.py prepare`")
     if manifest is None:
         raise DataError(f"{data_dir} has no readable manifest.json: run `python data.py prepare` first")
@@ -2118,7 +1590,7 @@ def _check_batch_shape(batch_size: int, block_size: int) -> None:
 class TokenData:
     """A prepared dataset directory.
 
-    >>> data = TokenData(prepare(["pydocs"]))                          # doctest: +SKIP
+    >>> data = TokenData(dataset.prepare(["pydocs"]))                  # doctest: +SKIP
     >>> x, y = data.get_batch("train", batch_size=4, block_size=64)   # doctest: +SKIP
     >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all())                  # doctest: +SKIP
     (torch.Size([4, 64]), True)
@@ -2397,7 +1869,7 @@ def _cmd_html(args: argparse.Namespace) -> None:
     path = pathlib.Path(args.file)
     if not path.is_file():
         raise DataError(f"{path} not found")
-    print(html_to_text(_read_text(path)))
+    print(html_to_text(formats.read_text(path)))
 
 
 def main(argv: list[str] | None = None) -> None:

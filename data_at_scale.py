@@ -99,9 +99,10 @@ its workers' memory at once; a Ray started here keeps its session files in the w
 dataset's files and folders get the umask's modes (fileio.publish_tree); and a full disk, a quota or `ulimit -f` is
 the one line "no space left writing PATH: free space or pass --out elsewhere".
 
-Depends on: numpy, the standard library, and data.py's siblings: data.py (the steps, the recipe, the shard format,
-the dataset directory), bpe.py (the tokenizer), dedup.py (MinHash band keys, pairs, union-find, exact Jaccard, the
-13-gram index), store.py (object-store URIs) and fileio.py (work files written whole, a full disk in one line).
+Depends on: numpy, the standard library, and data.py's siblings: data.py (the steps, the recipe, the shard format),
+dataset.py (the plan, the publishing of the directory), formats.py (a .jsonl byte range, a .parquet row group,
+DataError), bpe.py (the tokenizer), dedup.py (MinHash band keys, pairs, union-find, exact Jaccard, the 13-gram
+index), store.py (object-store URIs) and fileio.py (work files written whole, a full disk in one line).
 Optional: ray (`--engine ray`), pyarrow (.parquet and URIs).
 """
 from __future__ import annotations
@@ -140,10 +141,12 @@ import numpy as np
 
 import bpe
 import data
+import dataset
 import dedup
 import fileio
+import formats
 import store
-from data import DataError
+from formats import DataError
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -213,13 +216,13 @@ def plan_chunks(sources: list[data.Source], chunk_bytes: int = CHUNK_BYTES, text
             add(source=s_index, size=sum(store.file_size(f, DataError) for f in source.files))
             continue
         for path in source.files:
-            size, reader = store.file_size(path, DataError), data.FILE_READERS[data.inner_suffix(path)]
+            size, reader = store.file_size(path, DataError), formats.FILE_READERS[formats.inner_suffix(path)]
             if reader == "jsonl" and store.pure_path(path).suffix != ".gz" and size > chunk_bytes:
                 for start in range(0, size, chunk_bytes):
                     add(source=s_index, path=str(path), start=start, stop=min(start + chunk_bytes, size),
                         size=min(chunk_bytes, size - start))
             elif reader == "parquet":
-                meta = data.parquet_file(path, text_field).metadata
+                meta = formats.parquet_file(path, text_field).metadata
                 first, gathered = 0, 0
                 for group in range(meta.num_row_groups):
                     gathered += meta.row_group(group).total_byte_size
@@ -231,7 +234,7 @@ def plan_chunks(sources: list[data.Source], chunk_bytes: int = CHUNK_BYTES, text
     return chunks
 
 
-def chunk_documents(job: Job, chunk: Chunk, stats: data.JsonlStats) -> Iterator[str]:
+def chunk_documents(job: Job, chunk: Chunk, stats: formats.JsonlStats) -> Iterator[str]:
     """The documents of one chunk, in order."""
     spec, kind = job.sources[chunk.source]
     text_field, txt_split, skip_bad_lines, max_documents = job.read_options
@@ -241,13 +244,13 @@ def chunk_documents(job: Job, chunk: Chunk, stats: data.JsonlStats) -> Iterator[
         yield from data.open_source(spec, text_field, txt_split, skip_bad_lines, max_documents, stats, kind).documents()
         return
     path = chunk.path if store.is_uri(chunk.path) else pathlib.Path(chunk.path)
-    reader = data.FILE_READERS[data.inner_suffix(path)]
+    reader = formats.FILE_READERS[formats.inner_suffix(path)]
     if reader == "jsonl":
-        yield from data.read_jsonl(path, text_field, skip_bad_lines, stats, chunk.start, chunk.stop)
+        yield from formats.read_jsonl(path, text_field, skip_bad_lines, stats, chunk.start, chunk.stop)
     elif reader == "parquet":
-        yield from data.read_parquet(path, text_field, range(chunk.start, chunk.stop))
+        yield from formats.read_parquet(path, text_field, range(chunk.start, chunk.stop))
     else:
-        yield from data.file_source(path, {"text_field": text_field, "txt_split": txt_split})()
+        yield from formats.file_source(path, {"text_field": text_field, "txt_split": txt_split})()
 
 
 # A text file kept whole is read in blocks, never as one string: a 10 GB book is 10 GB of text but only one
@@ -389,7 +392,7 @@ def stripped_chars(fragments: Iterable[str | None], limit: int) -> int:
 
 def _streams_text(chunk: Chunk) -> bool:
     """Whether a kept-whole chunk is a text file, read in blocks (other readers yield bounded documents)."""
-    return chunk.path is not None and data.FILE_READERS[data.inner_suffix(chunk.path)] == "txt"
+    return chunk.path is not None and formats.FILE_READERS[formats.inner_suffix(chunk.path)] == "txt"
 
 
 def _text_fragments(job: Job, chunk: Chunk) -> Iterator[str | None]:
@@ -401,7 +404,7 @@ def _text_fragments(job: Job, chunk: Chunk) -> Iterator[str | None]:
 def _kept_documents(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
     """The documents of a kept-whole chunk that is not a text file, as `clean` reads them (text extracted from
     HTML, documents of whitespace skipped), counting them."""
-    for doc in chunk_documents(job, chunk, data.JsonlStats()):
+    for doc in chunk_documents(job, chunk, formats.JsonlStats()):
         if not doc.strip():
             continue
         counts["read_docs"] += 1
@@ -471,12 +474,12 @@ class DiskFull(DataError):
 def _write_work(path: pathlib.Path, content) -> None:
     """A work file written whole (temporary name, then rename: a kill never leaves half of one), without fsync: a
     rerun after a crash of the machine redoes the chunk anyway. A full disk is data.py's one line."""
-    fileio.write_atomic(path, content, error=DiskFull, fix=data.NO_SPACE_FIX, fsync=False)
+    fileio.write_atomic(path, content, error=DiskFull, fix=dataset.NO_SPACE_FIX, fsync=False)
 
 
 def _no_space(error: OSError, path) -> DiskFull:
     """The one line for a full disk, a quota or ulimit -f met while writing `path` (or the file the error names)."""
-    return DiskFull(fileio.no_space_message(getattr(error, "filename", None) or path, data.NO_SPACE_FIX))
+    return DiskFull(fileio.no_space_message(getattr(error, "filename", None) or path, dataset.NO_SPACE_FIX))
 
 
 def _save_array(path: pathlib.Path, array: np.ndarray) -> None:
@@ -536,7 +539,7 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
     empty runs: dedup passes them by."""
     spec, kind = job.sources[chunk.source]
     rule_name, rule = data.quality_rule(kind, job.settings)
-    counts, reasons, jsonl = collections.Counter(), collections.Counter(), data.JsonlStats()
+    counts, reasons, jsonl = collections.Counter(), collections.Counter(), formats.JsonlStats()
     hashes, line_hashes, line_docs = [], [], []
     spill = _TextSpill(_chunk_file(job, 1, chunk.index, "txt"))
     try:
@@ -1049,7 +1052,7 @@ def copy_val_files(job: Job, paths: list[pathlib.Path]) -> None:
         return
     spill = _TextSpill(_work(job, "val.txt"))
     for path in paths:
-        for doc in data.read_val_file(path):
+        for doc in formats.read_val_file(path):
             spill.add(doc)
     _save_array(_work(job, "val.offsets.npy"), spill.close())
 
@@ -1524,7 +1527,7 @@ def check_ray_address(address: str | None) -> None:
     >>> check_ray_address("127.0.0.1:99999")     # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    data.DataError: --ray-address 127.0.0.1:99999: port 99999 is out of range 1-65535; give auto or HOST:PORT, ...
+    formats.DataError: --ray-address 127.0.0.1:99999: port 99999 is out of range 1-65535; give auto or HOST:PORT, ...
     """
     if address in (None, "auto"):
         return
@@ -1603,7 +1606,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             ray_address: str | None = None, work_dir: str | os.PathLike | None = None, verbose: bool = False,
             **recipe) -> pathlib.Path | str:
     """Build (or reuse) a token dataset directory (manifest.json, tokenizer.json, train_*.bin, val_*.bin) with the
-    streaming engine, byte-identical to data.prepare's. recipe: data.plan_dataset's arguments (vocab_size, seed,
+    streaming engine, byte-identical to dataset.prepare's. recipe: dataset.plan_dataset's arguments (vocab_size, seed,
     val_fraction, weights, train_tokens, tokenizer, clean_settings, val_data, ...), checked there before any work.
 
     The streaming engine reads chunks of chunk_mb MiB on `workers` processes (default: all cores) and is resumable:
@@ -1631,27 +1634,27 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
     if remote and engine == "ray" and ray_address is not None and work_dir is None:
         raise DataError(f"--out {out_dir} with --ray-address: pass --work-dir on a folder every node mounts "
                         f"(NFS), since a task on one node reads the work files of another")
-    plan = data.plan_dataset(sources, out_dir, log=log, **recipe)
+    plan = dataset.plan_dataset(sources, out_dir, log=log, **recipe)
     if engine == "ray" and not remote:                              # Ray's workers may run in any folder
         plan = dataclasses.replace(plan, out_dir=plan.out_dir.absolute())
     if plan.reuse:
         return plan.out_dir
     out_dir, recipe = plan.out_dir, plan.recipe
     chunk_bytes = max(1, int(chunk_mb * 2**20))
-    name = data.local_name(out_dir)
+    name = dataset.local_name(out_dir)
     work_root = pathlib.Path(work_dir) if work_dir is not None \
         else pathlib.Path(tempfile.gettempdir()) if remote else out_dir.parent
     work_root = work_root.absolute() if engine == "ray" else work_root
     work = work_root / f".{name}.work-{hashlib.sha256(f'{plan.key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
     plan_chunks(recipe.sources, chunk_bytes, recipe.read_options[0])     # unreadable or malformed files: fail now
-    data.check_writable(work_root, "--work-dir" if work_dir is not None else "--out")
-    data.remove_stale_publishes(out_dir, work_root)
+    dataset.check_writable(work_root, "--work-dir" if work_dir is not None else "--out")
+    dataset.remove_stale_publishes(out_dir, work_root)
     for folder in {work_root} if remote else {work_root, out_dir.parent}:    # other settings' work: never reused
         for stale in folder.glob(f".{glob.escape(name)}.work-*"):
             if stale != work and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
 
-    made_for_work = data.missing_folders(work_root)    # the work folder makes them: undone on bad input
+    made_for_work = dataset.missing_folders(work_root)  # the work folder makes them: undone on bad input
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
     with session as ray:
         clock = data.Clock()
@@ -1667,10 +1670,10 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             raise                                        # as a kill: the work stays, a rerun resumes from it
         except (DataError, bpe.TokenizerError, dedup.DedupError):
             shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
-            data.remove_if_empty(made_for_work)          # file changes the key); a kill keeps it for the rerun
+            dataset.remove_if_empty(made_for_work)       # file changes the key); a kill keeps it for the rerun
             raise
         staging = work_root if remote else out_dir.parent      # the shard tasks write there: every node sees it
-        data.write_dataset(plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)")
+        dataset.write_dataset(plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)")
     shutil.rmtree(work, ignore_errors=True)
     for key in [key for key in _PROCESS_CACHE if key.startswith(str(work))]:
         del _PROCESS_CACHE[key]              # steps run here cached the work's arrays: free them with the work
@@ -1718,7 +1721,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
                                                   for s in split["shards"]]
     except (KeyError, TypeError, AttributeError) as e:
         raise DataError(f"{uri}: damaged manifest.json (missing {e}); prepare it again") from None
-    strange = [n for n in names if not (isinstance(n, str) and data.DATASET_FILE.fullmatch(n))]
+    strange = [n for n in names if not (isinstance(n, str) and dataset.DATASET_FILE.fullmatch(n))]
     if strange:                                   # "../x" would be written outside the folder
         raise DataError(f"{uri}: its manifest.json names {strange[0]!r}, not a dataset file; prepare it again")
     here = data.read_manifest_or_none(directory)
@@ -1726,19 +1729,19 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
         return directory
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
-    data.check_writable(directory.parent, "download directory")
-    made, tmp_dir = data.missing_folders(directory.parent), None
+    dataset.check_writable(directory.parent, "download directory")
+    made, tmp_dir = dataset.missing_folders(directory.parent), None
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
         store.copy_down(uri, names, tmp_dir, DataError)
         (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         fileio.publish_tree(tmp_dir)              # the umask's modes, as for a dataset prepare writes
-        data.rename_into_place(tmp_dir, directory)
+        dataset.rename_into_place(tmp_dir, directory)
     except BaseException as e:
         if tmp_dir is not None:
             shutil.rmtree(tmp_dir, ignore_errors=True)
-        data.remove_if_empty(made)
+        dataset.remove_if_empty(made)
         if isinstance(e, Exception) and fileio.is_no_space(e):
             raise DataError(fileio.no_space_message(directory, "download to another directory")) from None
         if isinstance(e, OSError):                # the store stopped answering half-way

@@ -97,7 +97,7 @@ class TrainError(Exception):
 class TrainConfig:
     """Every setting of a run. Each field is a flag (`max_steps` -> `--max-steps`) and a key of a --config file."""
     # data and model
-    data: str = dataclasses.field(default="pydocs", metadata={"help": "corpus: source names or paths for data.prepare "
+    data: str = dataclasses.field(default="pydocs", metadata={"help": "corpus: source names or paths to prepare "
                                   "(comma-separated), or a prepared dataset directory (holds manifest.json)"})
     val_data: str = dataclasses.field(default="", metadata={"help": "held-out file(s), comma-separated, used "
                                       "verbatim as the validation split (data.py prepare --val-data)"})
@@ -818,7 +818,7 @@ def gather_objects(obj, dist: Dist) -> list:
 # ----------------------------------------------------------------------------------------------------------------------
 
 def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
-    """A data.TokenData from --data: a prepared dataset directory as is, else data.prepare(sources) (cached).
+    """A data.TokenData from --data: a prepared dataset directory as is, else data_at_scale.prepare(sources) (cached).
 
     Under torchrun rank 0 prepares first while the others wait, then they find it in the cache.
     """

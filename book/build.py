@@ -12,7 +12,7 @@ from the code. A page is the file read top to bottom:
   anchor). The comments and docstrings of a row are its prose, rendered as Markdown (lists, tables, code spans,
   indented blocks for the worked numbers) in a column beside the code they describe; docstrings leave the code
   column, trailing `# why` comments stay in it;
-* names that come from another chapter (`data_lib.prepare`, `from model import GPT`, `bpe.Tokenizer`, a code
+* names that come from another chapter (`data_lib.open_source`, `from model import GPT`, `bpe.Tokenizer`, a code
   span `train.load_checkpoint` in prose) link to their definition on that chapter's page;
 * the figures a chapter draws appear on its page, read from the files its own commands wrote (table FIGURES).
 
@@ -72,6 +72,8 @@ CHAPTERS = [
 COMPANION_KINDS = {
     "data_at_scale": "engine",
     "store": "engine (object-store I/O)",
+    "formats": "helper (the file formats of data.py's sources)",
+    "dataset": "engine (prepare: plan, cache key, publish)",
     "hf": "bridge",
     "sweep": "experiment",
     "fileio": "helper",
@@ -482,7 +484,7 @@ class Linker:
 
     def link_text(self, src: Source, escaped: str) -> str:
         """Plain prose (already HTML-escaped): another file's name (`bpe.py`) links to its page, and
-        `module.name` (train.load_checkpoint, data_lib.prepare) to the definition, where that file defines it."""
+        `module.name` (train.load_checkpoint, data_lib.open_source) to the definition, where that file defines it."""
         def replace(match: re.Match) -> str:
             head, tail = match.group(1), match.group(2)
             if tail == "py":
@@ -494,7 +496,7 @@ class Linker:
         return re.sub(r"(?<![\w./-])([A-Za-z_]\w*)\.([A-Za-z_]\w*)\b(?![\w/-]|\.\w)", replace, escaped)
 
     def code_span(self, src: Source, content: str) -> str | None:
-        """A prose code span: `bpe.py`, `data_lib.prepare(...)`, `bpe.Tokenizer`, `GPT`, `Tokenizer.encode`."""
+        """A prose code span: `bpe.py`, `data_lib.open_source(...)`, `bpe.Tokenizer`, `GPT`, `Tokenizer.encode`."""
         match = re.fullmatch(r"(\w+)\.py", content)
         if match and match.group(1) in self.sources:
             return self.page(match.group(1))
@@ -614,7 +616,7 @@ def code_line_html(linker: Linker, src: Source, tokens: list[tuple[object, str]]
     hrefs: list[str | None] = [None] * len(tokens)
     for k, (ttype, value) in enumerate(tokens):
         if ttype not in Name or (k and tokens[k - 1][1] == "."):
-            continue                                                # `self.prepare` is not data.prepare
+            continue                                                # `self.prepare` is not dataset.prepare
         if ttype is Name.Namespace:
             hrefs[k] = linker.page(value) if value in linker.sources else None
         elif value in src.module_aliases:

@@ -184,7 +184,7 @@ MUTANTS = [
            'names = ["manifest.json"] + sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")',
            ("tests/test_data_objstore.py::test_failed_publish_leaves_no_manifest",),
            "the manifest is copied to OUT/ before the shards: a failed publish leaves a dataset that looks finished"),
-    Mutant("jsonl-range-seek-off-by-one", "data.py",
+    Mutant("jsonl-range-seek-off-by-one", "formats.py",
            "            f.seek(start - 1)\n", "            f.seek(start)\n",
            ("tests/test_data_objstore.py::test_jsonl_byte_ranges_over_s3_read_every_line_once",),
            "a byte range starting on a line start skips that line"),

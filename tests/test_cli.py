@@ -19,6 +19,7 @@ import pytest
 
 import bpe
 import data
+import dataset
 import hf
 import model
 import train
@@ -285,8 +286,8 @@ def fixtures(tmp_path_factory) -> dict:
     words = "the parser reads a list of tokens and writes every item into the module while this loop counts".split()
     corpus = root / "corpus.txt"
     corpus.write_text("\n\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(60)) for i in range(40)))
-    prepared = data.prepare([str(corpus)], root / "data", vocab_size=300, val_fraction=0.2,
-                            clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
+    prepared = dataset.prepare([str(corpus)], root / "data", vocab_size=300, val_fraction=0.2,
+                               clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
     (root / "file").write_text("a plain file\n")
     (root / "dir").mkdir()
     (root / "bad_config.json").write_text('{"lr": "fast"}')

@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 import data
 import data_at_scale
+import dataset
 import dedup
+import formats
 from data import DataError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -105,11 +107,11 @@ def test_pystdlib_documents_are_python_files():
 
 
 def test_split_plain_text_modes():
-    assert data.split_plain_text("a\n\nb\n \nc") == ["a", "b", "c"]
-    assert data.split_plain_text("a\n\nb<|endoftext|>c") == ["a\n\nb", "c"]
-    assert data.split_plain_text("a\n\nb", "file") == ["a\n\nb"]
+    assert formats.split_plain_text("a\n\nb\n \nc") == ["a", "b", "c"]
+    assert formats.split_plain_text("a\n\nb<|endoftext|>c") == ["a\n\nb", "c"]
+    assert formats.split_plain_text("a\n\nb", "file") == ["a\n\nb"]
     with pytest.raises(DataError, match="txt split"):
-        data.split_plain_text("a", "lines")
+        formats.split_plain_text("a", "lines")
 
 
 def test_local_files_txt_jsonl_gz_and_directories(tmp_path):
@@ -146,7 +148,7 @@ def test_malformed_jsonl_names_the_line_or_skips_and_counts(tmp_path):
     path.write_bytes(b'{"text": "ok"}\n{"text": broken\n{"other": 1}\n{"text": "caf\xe9"}\n[1]\n{"text": "fine"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: "):
         list(data.open_source(str(path)).documents())
-    stats = data.JsonlStats()
+    stats = formats.JsonlStats()
     docs = list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents())
     assert docs == ["ok", "fine"] and stats.skipped == 4
     path.write_bytes(b'{"text": "ok"}\n\n{"text": "caf\xe9"}\n')
@@ -173,7 +175,7 @@ def test_each_kind_of_bad_jsonl_line_is_named_with_its_fix(tmp_path, line, messa
     with pytest.raises(DataError, match=message) as raised:
         list(data.open_source(str(path)).documents())
     assert "\n" not in str(raised.value) and len(str(raised.value)) < 400
-    stats = data.JsonlStats()
+    stats = formats.JsonlStats()
     assert list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents()) == ["ok", "fine"]
     assert stats.skipped == 1
 
@@ -254,17 +256,17 @@ def test_hf_source_resolves_aliases_and_regroups_wikitext(monkeypatch):
 def test_wikitext_articles_and_paragraphs():
     raw = (" \n = Lobster = \n \n Lobsters live in the sea . \n \n = = Biology = = \n \n They moult . \n"
            " = Crab = \n \n Crabs walk sideways . \n")
-    assert data.parse_wikitext(raw) == ["Lobster\n\nLobsters live in the sea .\n= = Biology = =\nThey moult .",
+    assert formats.parse_wikitext(raw) == ["Lobster\n\nLobsters live in the sea .\n= = Biology = =\nThey moult .",
                                         "Crab\n\nCrabs walk sideways ."]
-    assert data.wikitext_paragraphs(raw) == ["Lobsters live in the sea .", "They moult .", "Crabs walk sideways ."]
-    assert data.wikitext_paragraphs(raw, min_words=5) == ["Lobsters live in the sea ."]
+    assert formats.wikitext_paragraphs(raw) == ["Lobsters live in the sea .", "They moult .", "Crabs walk sideways ."]
+    assert formats.wikitext_paragraphs(raw, min_words=5) == ["Lobsters live in the sea ."]
 
 
 def test_wikitext_shared_valid_split(shared_data):
     text = (shared_data / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8")
-    articles = data.parse_wikitext(text)
+    articles = formats.parse_wikitext(text)
     assert len(articles) == 60 and articles[0].startswith("Homarus gammarus\n")
-    assert len(data.wikitext_paragraphs(text, min_words=100)) >= 500        # enough for the dedup experiment
+    assert len(formats.wikitext_paragraphs(text, min_words=100)) >= 500        # enough for the dedup experiment
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1009,7 +1011,7 @@ def test_val_data_is_the_file_verbatim_and_its_overlap_is_reported(tmp_path, cap
     assert "--val-data: 8 of its" in err and "also occur in train" in err
     eot_file = tmp_path / "stories.txt"                      # TinyStories' marker separates documents
     eot_file.write_text("One story.<|endoftext|>Another story.\n")
-    assert data.read_val_file(eot_file) == ["One story.", "Another story.\n"]
+    assert formats.read_val_file(eot_file) == ["One story.", "Another story.\n"]
 
 
 def test_one_long_document_is_cut_into_chunks(tmp_path):
@@ -1161,7 +1163,7 @@ def test_streaming_equals_in_memory(mixed_inputs, tmp_path, case, monkeypatch):
     sources = kwargs.pop("sources")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                                   # the up-weighted sources' epochs warning
-        reference = data.prepare(sources, tmp_path / "reference", vocab_size=300, **kwargs)
+        reference = dataset.prepare(sources, tmp_path / "reference", vocab_size=300, **kwargs)
         streamed = data_at_scale.prepare(sources, tmp_path / "streamed", vocab_size=300, workers=2,
                                          chunk_mb=4 / 1024, **kwargs)
     expected, got = dataset_files(reference), dataset_files(streamed)
@@ -1219,7 +1221,7 @@ def test_streaming_joins_over_many_ranges_equal_in_memory(tmp_path, workers, mon
     write_jsonl(tmp_path / "web.jsonl", docs)
     monkeypatch.setattr(data_at_scale, "JOIN_BYTES", 1 << 10)
     monkeypatch.setattr(data_at_scale, "VERIFY_BYTES", 3000)
-    reference = data.prepare([str(tmp_path / "web.jsonl")], tmp_path / "reference", vocab_size=300)
+    reference = dataset.prepare([str(tmp_path / "web.jsonl")], tmp_path / "reference", vocab_size=300)
     streamed = data_at_scale.prepare([str(tmp_path / "web.jsonl")], tmp_path / "streamed", vocab_size=300,
                                      workers=workers, chunk_mb=4 / 1024, verbose=True)
     assert dataset_files(streamed) == dataset_files(reference)
@@ -1237,7 +1239,7 @@ def test_streaming_reads_parquet_row_groups_and_globs(tmp_path):
         pq.write_table(pa.table({"text": web_corpus(rng, 40)}), tmp_path / f"{name}.parquet", row_group_size=10)
     chunks = data_at_scale.plan_chunks([data.open_source(str(tmp_path / "*.parquet"))], chunk_bytes=1)
     assert len(chunks) > 10 and {c.stop - c.start for c in chunks} == {1}          # one row group per chunk
-    reference = data.prepare([str(tmp_path / "*.parquet")], tmp_path / "reference", vocab_size=280)
+    reference = dataset.prepare([str(tmp_path / "*.parquet")], tmp_path / "reference", vocab_size=280)
     streamed = data_at_scale.prepare([str(tmp_path / "*.parquet")], tmp_path / "streamed", vocab_size=280,
                                      workers=2, chunk_mb=1e-3)
     assert dataset_files(streamed) == dataset_files(reference)
@@ -1275,7 +1277,7 @@ def own_text(tmp_path_factory):
 def streamed_and_reference(sources: list[str], tmp_path: pathlib.Path, **kwargs) -> tuple[dict, dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                                   # the up-weighted sources' epochs warning
-        reference = data.prepare(sources, tmp_path / "reference", **kwargs)
+        reference = dataset.prepare(sources, tmp_path / "reference", **kwargs)
         streamed = data_at_scale.prepare(sources, tmp_path / "streamed", workers=2, chunk_mb=4 / 1024, **kwargs)
     assert data.load_manifest(streamed)["timings"]["engine"] == "streaming, 2 worker(s)"
     return dataset_files(streamed), dataset_files(reference)
@@ -1350,7 +1352,7 @@ def test_block_stream_cuts_the_pieces_of_chunk_document(parts, block, size, mode
     with tempfile.TemporaryDirectory(prefix="keptwhole-") as folder:
         path = pathlib.Path(folder) / "t.txt"
         path.write_bytes("".join(parts).encode("utf-8"))
-        docs = data.split_plain_text(data._read_text(path), mode)
+        docs = formats.split_plain_text(formats.read_text(path), mode)
         counts = collections.Counter()
         events = lambda: data_at_scale.split_text_stream(data_at_scale.read_text_blocks(path, block), mode)  # noqa: E731
         pieces = [p for d in docs for p in data.chunk_document(d, size)]
@@ -1368,11 +1370,11 @@ def test_jsonl_byte_ranges_read_every_line_once(tmp_path):
     path.write_text("\n".join(lines[:100]) + "\n\n" + "\n".join(lines[100:]) + "\n")
     size = path.stat().st_size
     for step in (1, 7, 64, 1000, size):
-        got = [d for start in range(0, size, step) for d in data.read_jsonl(path, start=start, stop=start + step)]
+        got = [d for start in range(0, size, step) for d in formats.read_jsonl(path, start=start, stop=start + step)]
         assert got == [json.loads(line)["text"] for line in lines], step
     path.write_text("\n".join(lines[:150]) + "\n{broken\n")
     with pytest.raises(DataError, match=r"d.jsonl:151: "):                       # the line number from the start
-        list(data.read_jsonl(path, start=size // 2, stop=size))
+        list(formats.read_jsonl(path, start=size // 2, stop=size))
 
 
 def run_prepare(args: list[str], **popen) -> subprocess.Popen:
@@ -1438,7 +1440,7 @@ def test_killed_join_resumes_from_its_finished_ranges(tmp_path, capsys):
     own. Both write the in-memory engine's bytes."""
     import signal
     corpus = write_jsonl(tmp_path / "web.jsonl", chained_corpus(random.Random(8))[0])
-    reference = dataset_files(data.prepare([str(corpus)], tmp_path / "reference", vocab_size=300))
+    reference = dataset_files(dataset.prepare([str(corpus)], tmp_path / "reference", vocab_size=300))
     for killed_with, done_before in ((1, " (2 done before)"), (2, "")):
         script = KILL_IN_JOIN.format(root=str(ROOT), corpus=str(corpus), out=str(tmp_path / "ds"),
                                      workers=killed_with)
@@ -1587,10 +1589,10 @@ def test_a_mix_that_repeats_a_source_over_100_times_is_refused_before_anything_i
     times: refused once the tokens are counted, with nothing left behind (the old code wrote 5,000 passes)."""
     sources = two_corpora(tmp_path)
     with pytest.raises(DataError, match=r"would be read [\d.e+]+ times, more than 100 epochs.*--weights"):
-        data.prepare(sources, tmp_path / "out", weights=[1, 5000], **QUICK)
+        dataset.prepare(sources, tmp_path / "out", weights=[1, 5000], **QUICK)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
     with pytest.raises(DataError, match="more than 1,000,000"):
-        data.prepare(sources, tmp_path / "out", weights=[1e-300, 1], **QUICK)
+        dataset.prepare(sources, tmp_path / "out", weights=[1e-300, 1], **QUICK)
     with pytest.raises(DataError, match="more than 100 epochs"):
         data.mixture_plan({"math": 1.0}, 1e12, {"math": 1e9})
     with pytest.raises(DataError, match="at least 1 token"):
@@ -1600,7 +1602,7 @@ def test_a_mix_that_repeats_a_source_over_100_times_is_refused_before_anything_i
 
 def test_inspect_of_a_dataset_without_val_shows_a_train_window(tmp_path, capsys):
     """--val-fraction 0 gives a val split of no shards: inspect reports train and decodes a train window."""
-    out = data.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", val_fraction=0, **QUICK)
+    out = dataset.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", val_fraction=0, **QUICK)
     assert data.load_manifest(out)["splits"]["val"]["shards"] == []
     data.main(["inspect", str(out), "--tokens", "16"])
     printed = capsys.readouterr().out
@@ -1615,7 +1617,7 @@ def test_inspect_of_a_dataset_without_val_shows_a_train_window(tmp_path, capsys)
 @pytest.mark.parametrize("key", ["timings", "funnel", "mixture", "dtype"])
 def test_inspect_of_a_manifest_missing_a_key_is_one_line(tmp_path, capsys, key):
     """A manifest that is valid JSON but lacks a key prepare writes: summary() raised a KeyError traceback."""
-    out = data.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", **QUICK)
+    out = dataset.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", **QUICK)
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest[key]
     (out / "manifest.json").write_text(json.dumps(manifest))
@@ -1637,10 +1639,10 @@ def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monk
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
     old = __import__("os").umask(mask)
     try:
-        cached = data.prepare(two_corpora(tmp_path)[:1], **QUICK)                       # the default: the cache
+        cached = dataset.prepare(two_corpora(tmp_path)[:1], **QUICK)                       # the default: the cache
         (tmp_path / "store").mkdir()
         store = f"file://{tmp_path}/store/ds"
-        data.prepare(two_corpora(tmp_path)[:1], store, **QUICK)
+        dataset.prepare(two_corpora(tmp_path)[:1], store, **QUICK)
         downloaded = data_at_scale.download(store, tmp_path / "down" / "ds")
     finally:
         __import__("os").umask(old)
@@ -1654,11 +1656,11 @@ def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monk
 
 FULL_DISK_RUN = """
 import resource, sys
-import data, data_at_scale
+import data, data_at_scale, dataset
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # ulimit -f
 def reference(sources, out_dir, *, threads=None, verbose=False, workers=None, chunk_mb=None, engine=None,
               ray_address=None, work_dir=None, **recipe):     # the publish step, not the streaming engine's work files
-    return data.prepare(sources, out_dir, threads=threads, verbose=verbose, **recipe)
+    return dataset.prepare(sources, out_dir, threads=threads, verbose=verbose, **recipe)
 data_at_scale.prepare = reference
 data.main(sys.argv[2:])
 """
@@ -1687,7 +1689,7 @@ def test_a_file_size_limit_while_publishing_is_one_line_leaves_nothing_and_a_rer
                                                    f"elsewhere" and "Traceback" not in failed.stderr, failed.stderr
     assert not (tmp_path / "out").exists()                         # no temp folder, no empty parent, no dataset
     monkeypatch.chdir(tmp_path)
-    data.prepare([str(corpus)], out, vocab_size=vocab, **{k: v for k, v in QUICK.items() if k != "vocab_size"})
+    dataset.prepare([str(corpus)], out, vocab_size=vocab, **{k: v for k, v in QUICK.items() if k != "vocab_size"})
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ds"]
     sizes = {p.name.split("_")[0].split(".")[0]: p.stat().st_size for p in out.iterdir()}
     assert sizes[fails_in] > limit > max(size for name, size in sizes.items() if name != fails_in)   # where it hit

@@ -19,6 +19,7 @@ import pytest
 
 import data
 import data_at_scale
+import dataset
 from test_data import random_doc, web_corpus, write_jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -106,7 +107,7 @@ def test_published_dataset_has_the_umask_modes(tmp_path):
         old = os.umask(mask)
         try:
             outs = [data_at_scale.prepare([str(corpus)], tmp_path / f"stream-{mask:o}", vocab_size=300, workers=1),
-                    data.prepare([str(corpus)], tmp_path / f"memory-{mask:o}", vocab_size=300)]
+                    dataset.prepare([str(corpus)], tmp_path / f"memory-{mask:o}", vocab_size=300)]
         finally:
             os.umask(old)
         for out in outs:

@@ -21,6 +21,8 @@ import pytest
 
 import data
 import data_at_scale
+import dataset
+import formats
 import store
 from data import DataError
 from test_data import dataset_files, web_corpus, write_jsonl
@@ -31,7 +33,7 @@ import pyarrow.fs as pafs            # noqa: E402  (after the skips)
 import pyarrow.parquet as pq         # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
-RECIPE = dict(vocab_size=300, val_fraction=0.2, seed=1)             # the dataset; data.prepare takes these
+RECIPE = dict(vocab_size=300, val_fraction=0.2, seed=1)             # the dataset; dataset.prepare takes these
 SETTINGS = dict(RECIPE, workers=2, chunk_mb=3 / 1024)            # and the engine's: data_at_scale.prepare
 
 
@@ -91,7 +93,7 @@ def uploaded(s3, inputs) -> str:
 @pytest.fixture(scope="module")
 def reference(inputs, tmp_path_factory) -> dict:
     """The oracle: the in-memory engine on the local files (whole files, no byte ranges, no URIs)."""
-    out = data.prepare([str(inputs)], tmp_path_factory.mktemp("reference") / "web", **RECIPE)
+    out = dataset.prepare([str(inputs)], tmp_path_factory.mktemp("reference") / "web", **RECIPE)
     return dataset_files(out)
 
 
@@ -153,7 +155,7 @@ def test_kept_whole_text_streams_from_s3(s3, tmp_path, monkeypatch):
         with fs.open_output_stream(f"own/books/{path.name}", compression=None) as f:
             f.write(path.read_bytes())
     monkeypatch.setattr(data_at_scale, "TEXT_BLOCK_BYTES", 7)
-    expected = dataset_files(data.prepare([str(books)], tmp_path / "reference", **RECIPE))
+    expected = dataset_files(dataset.prepare([str(books)], tmp_path / "reference", **RECIPE))
     spec = f"s3://own/books?{query}"
     got = dataset_files(data_at_scale.prepare([spec], tmp_path / "ds", work_dir=tmp_path / "work", **SETTINGS))
     same_dataset(got, expected, spec, str(books))
@@ -168,15 +170,15 @@ def test_jsonl_byte_ranges_over_s3_read_every_line_once(s3, inputs, uploaded):
     raw = (inputs / "a.jsonl").read_bytes()
     line_starts = [0] + [k + 1 for k, byte in enumerate(raw[:-1]) if byte == ord("\n")]
     cuts = [0] + [line_starts[k] + k % 2 for k in range(1, len(line_starts), 3)] + [len(raw)]
-    got = [d for start, stop in zip(cuts, cuts[1:]) for d in data.read_jsonl(uri, start=start, stop=stop)]
-    assert got == list(data.read_jsonl(inputs / "a.jsonl")) and len(cuts) > 10
+    got = [d for start, stop in zip(cuts, cuts[1:]) for d in formats.read_jsonl(uri, start=start, stop=stop)]
+    assert got == list(formats.read_jsonl(inputs / "a.jsonl")) and len(cuts) > 10
 
 
 def test_file_uris_and_globs(inputs, tmp_path):
     """file:// URIs take the same road as s3:// (pyarrow's LocalFileSystem): a glob in, a URI out. The cache key
     sees an object change size even when its mtime is put back."""
     spec = f"file://{inputs}/*.jsonl*"
-    oracle = dataset_files(data.prepare([str(inputs / "*.jsonl*")], tmp_path / "local", **RECIPE))
+    oracle = dataset_files(dataset.prepare([str(inputs / "*.jsonl*")], tmp_path / "local", **RECIPE))
     assert data_at_scale.prepare([spec], f"file://{tmp_path}/uri", **SETTINGS) == f"file://{tmp_path}/uri"
     same_dataset(dataset_files(tmp_path / "uri"), oracle, spec, str(inputs / "*.jsonl*"))
     assert [f.rsplit("/", 1)[1] for f in data.open_source(spec).files] == ["a.jsonl", "b.jsonl.gz"]
@@ -330,10 +332,10 @@ def test_ray_engine_reads_s3(s3, inputs, uploaded, reference, tmp_path):
 
 def test_local_paths_never_import_pyarrow(inputs, tmp_path):
     """pyarrow stays optional: a local .jsonl is listed, planned, read and its manifest checked without it."""
-    code = (f"import sys, data, data_at_scale; s = data.open_source({str(inputs / '*.jsonl*')!r}); "
+    code = (f"import sys, data, data_at_scale, formats; s = data.open_source({str(inputs / '*.jsonl*')!r}); "
             f"chunks = data_at_scale.plan_chunks([s], 1 << 10); "
             f"job = data_at_scale.Job('.', (('web', 'prose'),), ('text', 'auto', False, None), None, 0, 0.1, 32, 4); "
-            f"assert sum(1 for c in chunks for _ in data_at_scale.chunk_documents(job, c, data.JsonlStats())) > 40; "
+            f"assert sum(1 for c in chunks for _ in data_at_scale.chunk_documents(job, c, formats.JsonlStats())) > 40; "
             f"assert data.read_manifest_or_none({str(tmp_path)!r}) is None; "
             f"assert 'pyarrow' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(data.__file__).parent, check=True)

@@ -384,11 +384,12 @@ def save_checkpoint(path, model, tokenizer, data_dir, step=7):
 def run_dir(tmp_path_factory):
     """A prepared dataset (data.py, a 300-token BPE) and two GPT checkpoints of different sizes beside it."""
     import data
+    import dataset
     import model
     root = tmp_path_factory.mktemp("evaluate")
     (root / "corpus.txt").write_text(synthetic_corpus(0, 120))        # cleaning="web": one document per paragraph
-    data_dir = data.prepare([str(root / "corpus.txt")], out_dir=root / "data", vocab_size=300, val_fraction=0.2,
-                            clean_settings=data.CleanSettings(cleaning="web", filters="none", near_dup_threshold=0))
+    data_dir = dataset.prepare([str(root / "corpus.txt")], out_dir=root / "data", vocab_size=300, val_fraction=0.2,
+                               clean_settings=data.CleanSettings(cleaning="web", filters="none", near_dup_threshold=0))
     tokenizer = data.TokenData(data_dir).tokenizer
     for name, width in (("small", 32), ("large", 64)):
         torch.manual_seed(0)

@@ -41,8 +41,10 @@ LAYERS = {
     "store": 1,            # object-store I/O (s3://, gs://, hdfs://) for the data engine
     "bpe": 2,
     "dedup": 2,
+    "formats": 2,          # the file formats data.py's sources are read from (.txt, .jsonl, .parquet, ...), DataError
     "data": 3,             # the lesson on in-memory lists; the reference engine
-    "data_at_scale": 4,    # the streaming and Ray engines of data.py
+    "dataset": 4,          # data.py's prepare: the recipe checked, its cache key, the directory published
+    "data_at_scale": 4,    # the streaming and Ray engines of data.py (imports dataset.py, its own layer)
     "model": 5,
     "parallel": 6,         # many copies of one model: DP, ZeRO
     "model_parallel": 7,   # one model cut into pieces: TP, PP (if parallel.py is split)

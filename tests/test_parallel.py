@@ -903,13 +903,14 @@ def tiny_dataset(tmp_path_factory):
     import random
 
     import data
+    import dataset
     rng = random.Random(0)
     words = ["the parser", "a list", "returns", "reads", "the keys", "every item", "a string", "sorts", "joins"]
     docs = [" ".join(rng.choice(words) for _ in range(rng.randint(40, 80))) + "." for _ in range(200)]
     root = tmp_path_factory.mktemp("parallel-train-data")
     (root / "corpus.txt").write_text("\n\n".join(docs))
-    return data.prepare([str(root / "corpus.txt")], out_dir=root / "prepared", vocab_size=300, seed=0,
-                        clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
+    return dataset.prepare([str(root / "corpus.txt")], out_dir=root / "prepared", vocab_size=300, seed=0,
+                           clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
 
 
 def _train_rank(rank, world, argv):

@@ -262,12 +262,13 @@ def test_the_gpu_plan_is_refused_without_a_gpu_before_any_output(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_dataset(tmp_path_factory):
     import data
+    import dataset
     root = tmp_path_factory.mktemp("sweep-data")
     corpus = root / "corpus.txt"
     words = "the parser reads a list of tokens and writes every item into the module while this loop counts".split()
     corpus.write_text("\n\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(80)) for i in range(60)))
-    return data.prepare([str(corpus)], root / "data", vocab_size=300, val_fraction=0.2,
-                        clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
+    return dataset.prepare([str(corpus)], root / "data", vocab_size=300, val_fraction=0.2,
+                           clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
 
 
 def _damage(kind, good, folder):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import data
+import dataset
 import model
 import train
 
@@ -45,11 +46,11 @@ def make_corpus(n_docs: int = 300, seed: int = 0) -> list[str]:
 
 
 def prepare_corpus(root: pathlib.Path, docs: list[str]) -> pathlib.Path:
-    """data.prepare with the cleaning steps off (templated text is all near-duplicates by design)."""
+    """dataset.prepare with the cleaning steps off (templated text is all near-duplicates by design)."""
     corpus = root / "corpus.txt"
     corpus.write_text("\n\n".join(docs))
-    return data.prepare([str(corpus)], out_dir=root / "prepared", vocab_size=300, seed=0,
-                        clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
+    return dataset.prepare([str(corpus)], out_dir=root / "prepared", vocab_size=300, seed=0,
+                           clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
 
 
 @pytest.fixture(scope="session")
@@ -744,7 +745,7 @@ def test_readme_multi_gpu_command_on_8_gloo_ranks_in_every_layout(tmp_path_facto
     world_size" of the val split (22 windows), and any layout that cannot eval, save, resume or sample on 8
     ranks. Minutes on 2 cores (8 ranks x 16 x 1,024 tokens a step)."""
     import parallel
-    prepared = data.prepare(["pydocs"], out_dir=tmp_path_factory.mktemp("pydocs") / "prepared")
+    prepared = dataset.prepare(["pydocs"], out_dir=tmp_path_factory.mktemp("pydocs") / "prepared")
     base = ["--data", str(prepared), "--model", "tiny", "--model-args",
             "block_size=1024,n_layer=2,n_embd=32,n_head=4,n_kv_head=2", "--eval-interval", "1",
             "--ckpt-interval", "1", "--num-samples", "1", "--sample-tokens", "8", "--peak-flops", "1e12"]
