@@ -105,11 +105,9 @@ class TrainConfig:
         "help": "data.py's cleaning: auto (the funnel for web-like sources, local text files kept whole), web (the "
                 "funnel for all), keep (none); other data settings: run data.py prepare, pass its --out as --data",
         "choices": ("auto", "web", "keep")})
-    vocab_size: int = dataclasses.field(default=0, metadata={"help": "tokenizer size when data.py trains one "
-                                        "(0 = data.py's default)"})
+    vocab_size: int = dataclasses.field(default=0, metadata={"help": "BPE size if data.py trains one (0 = default)"})
     model: str = dataclasses.field(default="tiny", metadata={"help": "model preset from model.PRESETS"})
-    model_args: str = dataclasses.field(default="", metadata={"help": "overrides of the preset, e.g. "
-                                        "'n_layer=2,n_embd=32,n_head=2,n_kv_head=2'"})
+    model_args: str = dataclasses.field(default="", metadata={"help": "preset overrides, e.g. 'n_layer=2,n_embd=32'"})
     out_dir: str = dataclasses.field(default="out", metadata={"help": "checkpoints, metrics.jsonl, loss-curve PNG"})
     seed: int = dataclasses.field(default=0, metadata={"help": "seeds model init, data order and sampling"})
     # batch
@@ -140,9 +138,8 @@ class TrainConfig:
     # checkpoints and evaluation
     eval_interval: int = dataclasses.field(default=100, metadata={"help": "steps between validation evaluations"})
     eval_batches: int = dataclasses.field(default=10, metadata={"help": "micro-batches per validation estimate"})
-    eval_at_start: bool = dataclasses.field(default=True, metadata={"help": "evaluate before the first step too "
-                                            "(the loss at initialisation, about ln(vocab)); a sweep that needs only "
-                                            "the final loss passes --no-eval-at-start"})
+    eval_at_start: bool = dataclasses.field(default=True, metadata={"help": "evaluate at step 0 too (the loss at "
+                                            "initialisation, about ln(vocab))"})
     ckpt_interval: int = dataclasses.field(default=250, metadata={"help": "steps between checkpoints"})
     keep_checkpoints: int = dataclasses.field(default=3, metadata={"help": "how many recent checkpoints to keep"})
     resume: str | None = dataclasses.field(default=None, metadata={"help": "continue from the newest good "
@@ -150,14 +147,11 @@ class TrainConfig:
     init_from: str = dataclasses.field(default="", metadata={"help": "start a new run from this checkpoint's "
                                        "weights, shape and tokenizer (e.g. one `python model.py import-hf` wrote); "
                                        "--data must use the same tokenizer"})
-    overwrite: bool = dataclasses.field(default=False, metadata={"help": "start fresh even if --out-dir holds a "
-                                        "run (its checkpoints and metrics are deleted)"})
+    overwrite: bool = dataclasses.field(default=False, metadata={"help": "start fresh, deleting a run in --out-dir"})
     log_interval: int = dataclasses.field(default=10, metadata={"help": "steps between progress lines"})
-    plot: bool = dataclasses.field(default=True, metadata={"help": "draw the loss curve (loss.png) at the end; "
-                                   "--no-plot skips matplotlib (about 2 s a run)"})
+    plot: bool = dataclasses.field(default=True, metadata={"help": "draw loss.png at the end (imports matplotlib)"})
     # loss-spike guard
-    spike_factor: float = dataclasses.field(default=2.0, metadata={"help": "a loss above this x the recent median "
-                                            "is a spike"})
+    spike_factor: float = dataclasses.field(default=2.0, metadata={"help": "a spike: a loss over this x the median"})
     spike_window: int = dataclasses.field(default=50, metadata={"help": "recent losses the median is taken over"})
     spike_patience: int = dataclasses.field(default=3, metadata={"help": "spikes in a row before rolling back"})
     rollback_lr_factor: float = dataclasses.field(default=0.5, metadata={"help": "lr multiplier after a rollback"})
