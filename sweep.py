@@ -234,7 +234,7 @@ def sizes_near(budget: float, targets: Sequence[float], settings: SweepSettings)
         raise ScalingError(f"at C = {budget:.3g} only {len(allowed)} sizes of the family train at least "
                            f"{settings.min_steps} steps on at most {settings.max_run_tokens:,} tokens, and "
                            f"{len(targets)} are needed: choose other --budgets (a smaller one leaves the big "
-                           f"sizes too few steps, a bigger one the small sizes too few tokens: a larger --data helps)") \
+                           f"sizes too few steps, a bigger one the small too few tokens: a larger --data helps)") \
             from None
 
 
@@ -262,11 +262,12 @@ def plan_heldout(settings: SweepSettings, predicted_params: float) -> list[Plann
     return [plan_run(budget, s, settings, heldout=True) for s in sizes_near(budget, targets, settings)]
 
 
-# What one train.py run of the sweep costs on this 2-core CPU, two runs side by side at one thread each (measured
-# for docs/scaling-sweep.md): ~7 s to start (Python and torch, torch.optim's first import of torch._dynamo, the
-# dataset, the checkpoint), ~20 ms of framework time per step (a 2-layer model's forward and backward are a few
-# hundred small kernels), and the model's 6·N FLOPs per token at ~2.5e10 FLOP/s (a 4-layer, 128-wide model).
-RUN_START_SECONDS, STEP_SECONDS, CPU_FLOPS = 7.0, 0.02, 2.5e10
+# What one train.py run of the sweep costs on this 2-core CPU, two runs side by side at one thread each (fitted to
+# the 23 runs of docs/sweep/final.jsonl: 59 min predicted for their 62 min of run time): ~7 s to start (Python and
+# torch, torch.optim's first import of torch._dynamo, the dataset, the checkpoint), ~20 ms of framework time per
+# step (a 2-layer model's forward and backward are a few hundred small kernels), and the model's 6·N FLOPs per
+# token at ~2.2e10 FLOP/s (7e9 for 2 × 32 at batch 32, 2.8e10 for 4 × 128: wider matmuls use the core better).
+RUN_START_SECONDS, STEP_SECONDS, CPU_FLOPS = 7.0, 0.02, 2.2e10
 GPU_FLOPS = 5e12     # assumed, not measured: a model of a few million parameters uses ~1% of a big GPU's peak
 MAX_HOURS = 12.0     # an experiment estimated longer than this is refused unless max_hours (--max-hours) allows it
 
@@ -278,7 +279,7 @@ def estimate_seconds(settings: SweepSettings, runs: Sequence[PlannedRun]) -> flo
     >>> round(estimate_seconds(QUICK_SWEEP, plan_isoflop(QUICK_SWEEP)))           # 6 tiny runs, 2 at a time
     25
     >>> f"{estimate_seconds(QUICK_SWEEP, plan_isoflop(dataclasses.replace(QUICK_SWEEP, budgets=(1e15, 3e15)))):.2g}"
-    '2.4e+05'
+    '2.8e+05'
     """
     flops = CPU_FLOPS if settings.device == "cpu" else GPU_FLOPS
     eval_tokens = settings.eval_windows * settings.block_size
@@ -807,16 +808,17 @@ def sweep_report(result: SweepResult) -> str:
     out.append(f"- **Annealing**: every point is the end of its own cosine schedule ({cosine:,} tokens in all). "
                f"WSD with cooldown branches (Hägele et al. 2024) would share one constant-rate trunk per size: "
                f"{wsd:,.0f} tokens here, {1 - wsd / cosine:.0%} less. The budgets are {budgets[1] / budgets[0]:.1f}× "
-               f"apart, so the largest budget dominates each size's cost and the saving is small; WSD pays off "
-               f"when many budgets share one size (and when the trunk is reused for a longer run later).")
+               f"apart, so the largest budget dominates each size's cost; WSD pays off the more budgets share one "
+               f"size (and when the trunk is reused for a longer run later), and one cosine run per point keeps "
+               f"every point a run anyone can repeat alone.")
     out += ["", "## Runs", "",
-            "| budget C | layers × width | N (all) | non-embedding | D tokens | D/N | lr | held-out loss | "
-            "train time |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "| budget C | layers × width | N (all) | non-embedding | D tokens | D/N | steps × batch | lr | "
+            "held-out loss | train time |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(records, key=lambda r: (r["heldout"], r["budget"], r["parameters"])):
         tag = " (held-out)" if r["heldout"] else ""
         out.append(f"| {r['budget']:.3g}{tag} | {r['n_layer']} × {r['n_embd']} | {r['parameters']:,} | "
                    f"{r['non_embedding_parameters']:,} | {r['tokens']:,} | {r['tokens'] / r['parameters']:.1f} | "
-                   f"{r['lr']:.3g} | {r['loss']:.4f} | {r['seconds']:.0f} s |")
+                   f"{r['steps']:,} × {r['batch_size']} | {r['lr']:.3g} | {r['loss']:.4f} | {r['seconds']:.0f} s |")
 
     minima = isoflop_minima(grid)
     found = {round(m[0], -3) for m in minima}
@@ -857,12 +859,12 @@ class DedupEffectSettings:
     with the copies and on dedup.py's cleaned version, with `seeds` seeds each (init and data order), so the
     effect is compared with the seed-to-seed spread."""
     source: str = "pydocs"
-    shape: Shape = Shape(2, 32)
+    shape: Shape = Shape(1, 32)      # see docs/scaling-sweep.md: 2 × 32 lands on seed-dependent plateaus at 488 steps
     vocab_size: int = 512
     tokens: int = 500_000
     batch_size: int = 8
     block_size: int = 128
-    lr_at_64: float = SweepSettings.lr_at_64
+    lr_at_64: float = 3e-3
     repeated_share: float = 0.01
     repeats: int = 50
     held_out_fraction: float = 0.1
@@ -873,7 +875,7 @@ class DedupEffectSettings:
     max_documents: int | None = None      # read only the first documents of the source (quick runs)
 
 
-QUICK_DEDUP = DedupEffectSettings(shape=Shape(2, 32), tokens=4096, batch_size=4, block_size=64, repeated_share=0.02,
+QUICK_DEDUP = DedupEffectSettings(shape=Shape(1, 16), tokens=4096, batch_size=4, block_size=64, repeated_share=0.02,
                                   repeats=5, seeds=2, max_documents=150)
 
 
