@@ -166,7 +166,7 @@ QUICK_SWEEP = SweepSettings(data="pydocs", budgets=(3e9, 9e9), sizes_per_budget=
                             batch_sizes=(2, 4), block_size=64, min_steps=20, eval_windows=16, bootstrap=10)
 
 # The same plan for one CUDA GPU (`--device cuda`): budgets 10x, batches 2x, bf16, one run at a time. pystdlib
-# still holds enough text for it (the largest budget's smallest size reads 1.8 epochs); bigger budgets need a
+# still holds enough text for it (the longest run reads 1.5 epochs); bigger budgets need a
 # bigger --data, since the smallest sizes would otherwise read it many times over.
 GPU_SWEEP = dataclasses.replace(SweepSettings(), budgets=(1e13, 2e13, 4e13, 8e13), batch_sizes=(8, 16, 32, 64),
                                 device="cuda", workers=1, threads=0)
