@@ -226,16 +226,16 @@ def trainable_shapes(budget: float, settings: SweepSettings) -> list[Shape]:
 def sizes_near(budget: float, targets: Sequence[float], settings: SweepSettings) -> list[Shape]:
     """nearest_shapes among the shapes this budget can train; a design they cannot cover is one ScalingError."""
     allowed = trainable_shapes(budget, settings)
-    try:
-        if len(allowed) < len(targets):
-            raise ScalingError(f"only {len(allowed)} sizes")
-        return nearest_shapes(targets, settings.vocab_size, allowed)
-    except ScalingError:
+    picked = None
+    if len(allowed) >= len(targets):         # (an empty list would mean the whole family to nearest_shapes)
+        with contextlib.suppress(ScalingError):
+            picked = nearest_shapes(targets, settings.vocab_size, allowed)
+    if picked is None:
         raise ScalingError(f"at C = {budget:.3g} only {len(allowed)} sizes of the family train at least "
                            f"{settings.min_steps} steps on at most {settings.max_run_tokens:,} tokens, and "
                            f"{len(targets)} are needed: choose other --budgets (a smaller one leaves the big "
-                           f"sizes too few steps, a bigger one the small too few tokens: a larger --data helps)") \
-            from None
+                           f"sizes too few steps, a bigger one the small too few tokens: a larger --data helps)")
+    return picked
 
 
 def plan_isoflop(settings: SweepSettings) -> list[PlannedRun]:
