@@ -479,7 +479,7 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
     """Refuse a design that cannot be fitted or built, or that would run past max_hours; returns the estimate."""
     s = settings
     if len(s.budgets) < 2 or len(set(s.budgets)) != len(s.budgets):
-        raise ScalingError("--budgets needs at least 2 different compute budgets, e.g. 1e10 3e10 1e11 3e11")
+        raise ScalingError("--budgets needs at least 2 different compute budgets, e.g. 1e12 2e12 4e12 8e12")
     if s.sizes_per_budget < 3:
         raise ScalingError("a sweep needs at least 3 sizes per budget (a parabola has 3 coefficients)")
     if s.heldout_sizes not in (1, 3):
