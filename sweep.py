@@ -10,8 +10,9 @@ sqrt(C/120) parameters, each trained through train.py for exactly D = C/6N token
 so every point is annealed. The models are small transformers, not toys: 2 to 4 layers of width 32 to 128 with
 16-channel heads (43k to 870k parameters on a 512-token BPE). Example: at C = 1e12 the 43,168-parameter model
 trains 1e12 / (6 · 43,168) = 3.86M tokens in 943 steps of 32 × 128, and the 381,600-parameter one 437k tokens in
-853 steps of 4 × 128: the batch follows the size so that every run takes at least 800 steps (fewer leave the loss
-visibly short of the same tokens in more steps: docs/scaling-sweep.md has the measurement). A parabola in log N
+853 steps of 4 × 128: the batch (4 to 128 sequences, doubling) follows the size so that every run takes 800 to
+1,600 steps (fewer leave the loss visibly short of the same tokens in more steps, and a run with many more would
+be better annealed than its neighbours: docs/scaling-sweep.md has the measurement). A parabola in log N
 per budget gives N* (scaling.py's Approach 2); the minima give N_opt ∝ C^a. Then the law fitted on these budgets
 predicts N_opt and the loss at 2e13, and three sizes there are trained and compared. `dedup-effect` repeats 1% of
 the documents 50 times and measures what dedup.py buys, against the seed-to-seed spread. How the design and its
@@ -135,7 +136,8 @@ class SweepSettings:
     schedule (warmup, then down to 10% at the last step), so every final point is annealed.
 
     Every run takes at least `min_steps` optimizer steps: its batch is the largest of `batch_sizes` (sequences of
-    `block_size` tokens) that still gives that many. A small model at a big budget then takes big batches (its
+    `block_size` tokens) that still gives that many, so with batches doubling from 4 to 128 every run takes
+    between 800 and 1,600 steps and no point is better annealed than its neighbours. A small model at a big budget then takes big batches (its
     steps are cheap but many: a 2-layer step costs ~20 ms of framework time however small the batch) and a big
     model takes small ones. A size that would get fewer steps even at the smallest batch, or read more than
     `max_run_tokens`, is left out of that budget's choice. Then a held-out budget `heldout_factor` × the largest is
@@ -148,7 +150,7 @@ class SweepSettings:
     tokens_per_param_guess: float = 20.0
     heldout_factor: float = 2.5
     heldout_sizes: int = 3
-    batch_sizes: tuple[int, ...] = (4, 8, 16, 32)
+    batch_sizes: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
     block_size: int = 128
     min_steps: int = 800
     max_run_tokens: int = 27_000_000     # 2 epochs of pystdlib's 13.7M train tokens; sweep() sets the dataset's
@@ -166,9 +168,10 @@ QUICK_SWEEP = SweepSettings(data="pydocs", budgets=(3e9, 9e9), sizes_per_budget=
                             batch_sizes=(2, 4), block_size=64, min_steps=20, eval_windows=16, bootstrap=10)
 
 # The same plan for one CUDA GPU (`--device cuda`): budgets 10x, batches 2x, bf16, one run at a time. pystdlib
-# still holds enough text for it (the longest run reads 1.5 epochs); bigger budgets need a
+# still holds enough text for it (the longest run reads 1.8 epochs); bigger budgets need a
 # bigger --data, since the smallest sizes would otherwise read it many times over.
-GPU_SWEEP = dataclasses.replace(SweepSettings(), budgets=(1e13, 2e13, 4e13, 8e13), batch_sizes=(8, 16, 32, 64),
+GPU_SWEEP = dataclasses.replace(SweepSettings(), budgets=(1e13, 2e13, 4e13, 8e13),
+                                batch_sizes=(8, 16, 32, 64, 128, 256),
                                 device="cuda", workers=1, threads=0)
 
 

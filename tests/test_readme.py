@@ -42,14 +42,12 @@ SKIPPED = {
                                                          "weights; test_hf covers --init-from",
     "torchrun --standalone --nproc_per_node=2 train.py --batch-size 8": "the full main job on 2 ranks (minutes)",
     "torchrun --standalone --nproc_per_node=8 train.py --model 124m": "8 GPUs with nccl (bench_gpu.py's section)",
-    "python scaling.py sweep": "23 training runs, over an hour on the 2-core machine",
+    "python scaling.py sweep": "23 training runs, about an hour on the 2-core machine",
     "python scaling.py dedup-effect": "6 training runs and two datasets, about 2 minutes here",
     "python dedup.py experiment --data hf": "downloads a Hugging Face dataset (needs `datasets` and a network)",
     "python data.py prepare --data pystdlib --vocab-size 8192": "31 MB of code through every stage: minutes here",
     "python data.py prepare --data pystdlib --vocab-size 512 --out out/pystdlib-512": "the sweep's dataset: 31 MB "
                                                                                      "through every stage",
-    "OMP_NUM_THREADS=1 python train.py --data out/pystdlib-512": "one point of the sweep: 17 minutes (test_sweep "
-                                                                 "reruns a small recorded point)",
     "huggingface-cli download": "downloads FineWeb-Edu's sample-10BT (~28 GB of parquet; needs a network)",
     "python data.py prepare --data \"fineweb-edu/": "10B tokens: an hour on a 64-core machine, days here",
     "python evaluate.py contamination --train pystdlib": "reads and indexes the 31 MB pystdlib corpus: minutes here",
