@@ -11,8 +11,8 @@ so every point is annealed. The models are small transformers, not toys: 2 to 4 
 16-channel heads (43k to 870k parameters on a 512-token BPE). Example: at C = 1e12 the 43,168-parameter model
 trains 1e12 / (6 · 43,168) = 3.86M tokens in 943 steps of 32 × 128, and the 381,600-parameter one 437k tokens in
 853 steps of 4 × 128: the batch (4 to 128 sequences, doubling) follows the size so that every run takes 800 to
-1,600 steps (fewer leave the loss visibly short of the same tokens in more steps, and a run with many more would
-be better annealed than its neighbours: docs/scaling-sweep.md has the measurement). A parabola in log N
+1,600 steps (fewer leave the loss visibly short of the same tokens in more steps, and runs far apart in steps
+would not be compared on equal terms: docs/scaling-sweep.md has the measurement). A parabola in log N
 per budget gives N* (scaling.py's Approach 2); the minima give N_opt ∝ C^a. Then the law fitted on these budgets
 predicts N_opt and the loss at 2e13, and three sizes there are trained and compared. `dedup-effect` repeats 1% of
 the documents 50 times and measures what dedup.py buys, against the seed-to-seed spread. How the design and its
@@ -137,11 +137,12 @@ class SweepSettings:
 
     Every run takes at least `min_steps` optimizer steps: its batch is the largest of `batch_sizes` (sequences of
     `block_size` tokens) that still gives that many, so with batches doubling from 4 to 128 every run takes
-    between 800 and 1,600 steps and no point is better annealed than its neighbours. A small model at a big budget then takes big batches (its
-    steps are cheap but many: a 2-layer step costs ~20 ms of framework time however small the batch) and a big
-    model takes small ones. A size that would get fewer steps even at the smallest batch, or read more than
-    `max_run_tokens`, is left out of that budget's choice. Then a held-out budget `heldout_factor` × the largest is
-    predicted from the others, trained at `heldout_sizes` sizes around the prediction, and compared."""
+    between 800 and 1,600 steps and no point gains more from its step count than its neighbours. A small model at
+    a big budget then takes big batches (its steps are cheap but many: a 2-layer step costs ~20 ms of framework
+    time however small the batch) and a big model takes small ones. A size that would get fewer steps even at the
+    smallest batch, or read more than `max_run_tokens`, is left out of that budget's choice. Then a held-out
+    budget `heldout_factor` × the largest is predicted from the others, trained at `heldout_sizes` sizes around
+    the prediction, and compared."""
     data: str = "pystdlib"
     vocab_size: int = 512
     budgets: tuple[float, ...] = (1e12, 2e12, 4e12, 8e12)

@@ -31,8 +31,8 @@ def test_docstring_examples():
 def test_isoflop_plan_trains_each_size_for_its_budget():
     """The default design: 4 budgets over 8x from 1e12, 5 distinct sizes per budget around the 20:1 guess, 6·N·D
     equal to the budget (within the rounding to whole steps), and every model a model: width >= 32, heads of 16
-    channels, 2+ layers, 800 to 1,600 steps each (min_steps, and under 2x that, so no point is better annealed
-    than its neighbours), at most 2 epochs of pystdlib's 13.6M train tokens."""
+    channels, 2+ layers, 800 to 1,600 steps each (min_steps, and under 2x that, so no point gains more from its
+    step count than its neighbours), at most 2 epochs of pystdlib's 13.6M train tokens."""
     settings = sweep.SweepSettings()
     plan = sweep.plan_isoflop(settings)
     budgets = sorted({r.budget for r in plan})
