@@ -267,10 +267,10 @@ def plan_heldout(settings: SweepSettings, predicted_params: float) -> list[Plann
 
 
 # What one train.py run of the sweep costs on this 2-core CPU, two runs side by side at one thread each (fitted to
-# the 23 runs of docs/sweep/final.jsonl: 59 min predicted for their 62 min of run time): ~7 s to start (Python and
+# the sweep's runs: 57 min predicted for the 23 of docs/sweep/final.jsonl, 58 measured): ~7 s to start (Python and
 # torch, torch.optim's first import of torch._dynamo, the dataset, the checkpoint), ~20 ms of framework time per
 # step (a 2-layer model's forward and backward are a few hundred small kernels), and the model's 6·N FLOPs per
-# token at ~2.2e10 FLOP/s (7e9 for 2 × 32 at batch 32, 2.8e10 for 4 × 128: wider matmuls use the core better).
+# token at ~2.2e10 FLOP/s (7e9 for 2 × 32 at batch 32, 3e10 for 4 × 128: wider matmuls use the core better).
 RUN_START_SECONDS, STEP_SECONDS, CPU_FLOPS = 7.0, 0.02, 2.2e10
 GPU_FLOPS = 5e12     # assumed, not measured: a model of a few million parameters uses ~1% of a big GPU's peak
 MAX_HOURS = 12.0     # an experiment estimated longer than this is refused unless max_hours (--max-hours) allows it
