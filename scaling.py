@@ -643,7 +643,8 @@ def load_runs(path) -> list[Run]:
     """Read runs from a JSON list or a JSONL file (one object per line); errors name the line.
 
     The format: {"parameters": N, "tokens": D (or "compute": C), "loss": L, optional "budget": the IsoFLOP group,
-    "series": a run name}. A record marked "heldout": true (a sweep's prediction check) is left out of the fit.
+    "series": a run name}. A record marked "heldout": true (a sweep's prediction check) is left out of the fit, and
+    records of one point trained with several seeds become one run at their mean loss (mean_over_seeds).
     """
     p = pathlib.Path(path)
     if not p.is_file():
@@ -671,7 +672,22 @@ def load_runs(path) -> list[Run]:
     for where, record in records:
         if not (isinstance(record, dict) and record.get("heldout")):
             runs.append(run_from_record(record, where))
-    return runs
+    return mean_over_seeds(runs)
+
+
+def mean_over_seeds(runs: Sequence[Run]) -> list[Run]:
+    """Runs of the same N, D and budget (one point trained again with another seed) as one run at their mean loss,
+    in first-seen order: a point measured twice is measured better, not counted twice by a fit.
+
+    >>> runs = [Run(1e5, 2e6, 2.5, 1e12), Run(2e5, 1e6, 2.9, 1e12), Run(1e5, 2e6, 3.5, 1e12)]
+    >>> [r.loss for r in mean_over_seeds(runs)]
+    [3.0, 2.9]
+    """
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.params, r.tokens, r.budget), []).append(r)
+    return [dataclasses.replace(g[0], loss=sum(r.loss for r in g) / len(g)) if len(g) > 1 else g[0]
+            for g in groups.values()]
 
 
 def _describe(value) -> str:

@@ -12,11 +12,13 @@ so every point is annealed. The models are small transformers, not toys: 2 to 4 
 trains 1e12 / (6 · 43,168) = 3.86M tokens in 943 steps of 32 × 128, and the 381,600-parameter one 437k tokens in
 853 steps of 4 × 128: the batch (4 to 128 sequences, doubling) follows the size so that every run takes 800 to
 1,600 steps (fewer leave the loss visibly short of the same tokens in more steps, and runs far apart in steps
-would not be compared on equal terms: docs/scaling-sweep.md has the measurement). A parabola in log N
-per budget gives N* (scaling.py's Approach 2); the minima give N_opt ∝ C^a. Then the law fitted on these budgets
-predicts N_opt and the loss at 2e13, and three sizes there are trained and compared. `dedup-effect` repeats 1% of
-the documents 50 times and measures what dedup.py buys, against the seed-to-seed spread. How the design and its
-learning rates were chosen: docs/scaling-sweep.md. `--device cuda` runs the same plan at 10× the budgets.
+would not be compared on equal terms: docs/scaling-sweep.md has the measurement). The 3 sizes nearest each
+budget's best run are trained again from another seed, since one run's loss varies ~0.02 nats with its seed, and
+a point's seeds count as their mean. A parabola in log N per budget gives N* (scaling.py's Approach 2); the
+minima give N_opt ∝ C^a. Then the law fitted on these budgets predicts N_opt and the loss at 2e13, and three sizes
+there are trained (the best twice) and compared. `dedup-effect` repeats 1% of the documents 50 times and measures
+what dedup.py buys, against the seed-to-seed spread. How the design and its learning rates were chosen:
+docs/scaling-sweep.md. `--device cuda` runs the same plan at 10× the budgets.
 
 Depends on numpy, scaling.py (the laws, the fits and the plots' helpers) and fileio.py; inside the functions
 that need them: model.py (parameter counts), data.py and data_at_scale.py (preparing corpora), dedup.py and
@@ -142,7 +144,13 @@ class SweepSettings:
     time however small the batch) and a big model takes small ones. A size that would get fewer steps even at the
     smallest batch, or read more than `max_run_tokens`, is left out of that budget's choice. Then a held-out
     budget `heldout_factor` × the largest is predicted from the others, trained at `heldout_sizes` sizes around
-    the prediction, and compared."""
+    the prediction, and compared.
+
+    Every run uses `seed`; the `second_seed_sizes` sizes nearest each budget's best run, and the held-out budget's
+    best, are trained again with seed + 1 before anything is fitted to them, and a point's seeds count as their mean
+    loss. One run's loss varies by ~0.02 nats (0.8%) from seed to seed (docs/scaling-sweep.md); near a minimum,
+    where a parabola's vertex and its loss are read, that is a quarter of the loss step between neighbouring sizes,
+    so the minima and the prediction rest on two seeds there and on one where the curve is steep."""
     data: str = "pystdlib"
     vocab_size: int = 512
     budgets: tuple[float, ...] = (1e12, 2e12, 4e12, 8e12)
@@ -159,6 +167,7 @@ class SweepSettings:
     warmup_fraction: float = 0.05
     eval_windows: int = 384              # every run is scored on the same first 384 windows of the val split
     seed: int = 0
+    second_seed_sizes: int = 3
     device: str = "cpu"
     workers: int = 2
     threads: int = 1
@@ -166,7 +175,8 @@ class SweepSettings:
 
 
 QUICK_SWEEP = SweepSettings(data="pydocs", budgets=(3e9, 9e9), sizes_per_budget=3, size_spread=2.0,
-                            batch_sizes=(2, 4), block_size=64, min_steps=20, eval_windows=16, bootstrap=10)
+                            batch_sizes=(2, 4), block_size=64, min_steps=20, eval_windows=16, bootstrap=10,
+                            second_seed_sizes=1)
 
 # The same plan for one CUDA GPU (`--device cuda`): budgets 10x, batches 2x, bf16, one run at a time. pystdlib
 # still holds enough text for it (the longest run reads 1.8 epochs); bigger budgets need a
@@ -178,7 +188,8 @@ GPU_SWEEP = dataclasses.replace(SweepSettings(), budgets=(1e13, 2e13, 4e13, 8e13
 
 @dataclasses.dataclass(frozen=True)
 class PlannedRun:
-    """One point of the sweep: a shape trained for `steps` steps of `batch_size` sequences at learning rate `lr`."""
+    """One point of the sweep: a shape trained for `steps` steps of `batch_size` sequences at learning rate `lr`,
+    from `seed` (named with it when it is not 0: C1e12-L2-d32 and its second seed C1e12-L2-d32-s1)."""
     budget: float
     shape: Shape
     params: int
@@ -188,19 +199,21 @@ class PlannedRun:
     lr: float
     batch_size: int
     heldout: bool = False
+    seed: int = 0
 
     @property
     def name(self) -> str:
-        return f"C{self.budget:.0e}-{self.shape.name}".replace("+", "")
+        return f"C{self.budget:.0e}-{self.shape.name}".replace("+", "") + (f"-s{self.seed}" if self.seed else "")
 
     @property
     def compute(self) -> float:
         return 6.0 * self.params * self.tokens
 
 
-def plan_run(budget: float, shape: Shape, settings: SweepSettings, heldout: bool = False) -> PlannedRun:
+def plan_run(budget: float, shape: Shape, settings: SweepSettings, heldout: bool = False,
+             seed: int | None = None) -> PlannedRun:
     """D = C / 6N tokens in whole steps of the largest batch that still gives min_steps steps (else the
-    smallest batch); the actual D is recorded.
+    smallest batch); the actual D is recorded. The seed is settings.seed unless given.
 
     >>> r = plan_run(1e12, Shape(2, 32), SweepSettings())      # 43,168 parameters: D = 3.86M tokens
     >>> r.batch_size, r.steps, r.tokens
@@ -212,7 +225,8 @@ def plan_run(budget: float, shape: Shape, settings: SweepSettings, heldout: bool
     batch = max(fits) if fits else min(settings.batch_sizes)
     steps = max(1, round(tokens / (batch * settings.block_size)))
     return PlannedRun(budget, shape, n, non_embedding, steps, steps * batch * settings.block_size,
-                      lr_for_width(shape.n_embd, settings.lr_at_64), batch, heldout)
+                      lr_for_width(shape.n_embd, settings.lr_at_64), batch, heldout,
+                      settings.seed if seed is None else seed)
 
 
 def trainable_shapes(budget: float, settings: SweepSettings) -> list[Shape]:
@@ -259,11 +273,40 @@ def plan_isoflop(settings: SweepSettings) -> list[PlannedRun]:
 
 def plan_heldout(settings: SweepSettings, predicted_params: float) -> list[PlannedRun]:
     """The held-out budget: the shape nearest the predicted N_opt (and with heldout_sizes = 3, one size 2x either
-    side, enough for a parabola that measures the optimum there too)."""
+    side, enough for a parabola that measures the optimum there too); with second seeds, the shape nearest the
+    prediction once more from seed + 1, planned with the others so that the four runs share the cores."""
     budget = settings.heldout_factor * max(settings.budgets)
     targets = [predicted_params] if settings.heldout_sizes == 1 else [predicted_params / 2, predicted_params,
                                                                       predicted_params * 2]
-    return [plan_run(budget, s, settings, heldout=True) for s in sizes_near(budget, targets, settings)]
+    runs = [plan_run(budget, s, settings, heldout=True) for s in sizes_near(budget, targets, settings)]
+    if settings.second_seed_sizes:
+        nearest = min(runs, key=lambda r: abs(math.log(r.params / predicted_params)))
+        runs.append(dataclasses.replace(nearest, seed=settings.seed + 1))
+    return runs
+
+
+def plan_second_seeds(settings: SweepSettings, records: Sequence[dict]) -> list[PlannedRun]:
+    """The grid points measured again with seed + 1: at each budget of `records` (the grid's final.jsonl records,
+    one seed), the `second_seed_sizes` sizes nearest its best run (the best and its neighbours, the window slid
+    inside the sizes at an edge).
+
+    >>> rec = lambda d, loss: {"budget": 1e12, "parameters": d * d, "loss": loss, "n_layer": 2, "n_embd": d,
+    ...                        "heldout": False}
+    >>> again = plan_second_seeds(SweepSettings(), [rec(d, 3 - d / 100) for d in (32, 48, 64, 80, 96)])
+    >>> [r.name for r in again]          # the best is the largest size: the window ends there
+    ['C1e12-L2-d64-s1', 'C1e12-L2-d80-s1', 'C1e12-L2-d96-s1']
+    """
+    again = []
+    for budget, group in group_close(list(records), key=lambda r: r["budget"]).items():
+        group = sorted(group, key=lambda r: r["parameters"])
+        k = min(settings.second_seed_sizes, len(group))
+        if k == 0:
+            continue
+        best = min(range(len(group)), key=lambda i: group[i]["loss"])
+        start = min(max(best - (k - 1) // 2, 0), len(group) - k)
+        again += [plan_run(r["budget"], Shape(r["n_layer"], r["n_embd"]), settings, seed=settings.seed + 1)
+                  for r in group[start:start + k]]
+    return again
 
 
 # What one train.py run of the sweep costs on this 2-core CPU, two runs side by side at one thread each (fitted to
@@ -285,19 +328,59 @@ def estimate_seconds(settings: SweepSettings, runs: Sequence[PlannedRun]) -> flo
     >>> f"{estimate_seconds(QUICK_SWEEP, plan_isoflop(dataclasses.replace(QUICK_SWEEP, budgets=(1e15, 3e15)))):.2g}"
     '2.8e+05'
     """
-    flops = CPU_FLOPS if settings.device == "cpu" else GPU_FLOPS
-    eval_tokens = settings.eval_windows * settings.block_size
-    each = [RUN_START_SECONDS + r.steps * STEP_SECONDS + (r.compute + 2.0 * r.params * eval_tokens) / flops
-            for r in runs]
+    each = [run_seconds(settings, r) for r in runs]
     return sum(each) / max(1, min(settings.workers, os.cpu_count() or 1))
 
 
-def planned_hours(settings: SweepSettings) -> float:
-    """The whole sweep's estimated wall time in hours: the grid, and the held-out budget at the 20:1 guess."""
+def run_seconds(settings: SweepSettings, run: PlannedRun) -> float:
+    """One run's estimated seconds (see estimate_seconds)."""
+    return _estimated_seconds(settings, run.steps, run.params, run.tokens)
+
+
+def _estimated_seconds(settings: SweepSettings, steps: int, params: float, tokens: float) -> float:
+    flops = CPU_FLOPS if settings.device == "cpu" else GPU_FLOPS
+    eval_tokens = settings.eval_windows * settings.block_size
+    return RUN_START_SECONDS + steps * STEP_SECONDS + (6.0 * params * tokens + 2.0 * params * eval_tokens) / flops
+
+
+def wall_seconds(settings: SweepSettings, records: Sequence[dict]) -> float:
+    """How long `records` take from scratch as the sweep runs them, from their measured seconds: the grid's first
+    seeds, then its second seeds, then the held-out runs (each phase needs the last one's losses), each phase
+    `workers` at a time, the longest by estimate first, every run to the worker that is free first.
+
+    >>> rec = lambda secs, seed=0: {"steps": secs * 1000, "parameters": 1, "tokens": 1, "seconds": secs,
+    ...                             "seed": seed, "heldout": False}
+    >>> wall_seconds(SweepSettings(), [rec(2), rec(3), rec(2), rec(5, seed=1)])     # 3 beside 2 + 2, then 5
+    9.0
+    """
+    phases = ([r for r in records if not r["heldout"] and r.get("seed", 0) == settings.seed],
+              [r for r in records if not r["heldout"] and r.get("seed", 0) != settings.seed],
+              [r for r in records if r["heldout"]])
+    total = 0.0
+    for phase in phases:
+        free = [0.0] * max(1, settings.workers)
+        for r in sorted(phase, key=lambda r: -_estimated_seconds(settings, r["steps"], r["parameters"], r["tokens"])):
+            free[free.index(min(free))] += r["seconds"]
+        total += max(free)
+    return total
+
+
+def planned_runs(settings: SweepSettings) -> list[PlannedRun]:
+    """Every run the sweep will train, as far as it is known before training: the grid, the held-out budget at the
+    20:1 guess, and the second seeds where that guess puts the minima (the middle of each budget's sizes)."""
+    grid = plan_isoflop(settings)
     heldout_budget = settings.heldout_factor * max(settings.budgets)
-    runs = plan_isoflop(settings) + plan_heldout(settings, params_for_budget(heldout_budget,
-                                                                             settings.tokens_per_param_guess))
-    return estimate_seconds(settings, runs) / 3600
+    held = plan_heldout(settings, params_for_budget(heldout_budget, settings.tokens_per_param_guess))
+    k, again = settings.second_seed_sizes, []
+    for group in group_close(grid, key=lambda r: r.budget).values():
+        start = (len(group) - k) // 2
+        again += [dataclasses.replace(r, seed=settings.seed + 1) for r in group[start:start + k]]
+    return grid + held + again
+
+
+def planned_hours(settings: SweepSettings) -> float:
+    """The whole sweep's estimated wall time in hours (planned_runs at estimate_seconds)."""
+    return estimate_seconds(settings, planned_runs(settings)) / 3600
 
 
 def train_command(settings: SweepSettings, run: PlannedRun, data_dir, out_dir) -> list[str]:
@@ -311,7 +394,7 @@ def train_command(settings: SweepSettings, run: PlannedRun, data_dir, out_dir) -
             "--batch-size", str(run.batch_size), "--block-size", str(s.block_size), "--lr", f"{run.lr:.6g}",
             "--warmup-steps", str(min(warmup, run.steps)), "--schedule", "cosine",
             "--eval-interval", str(run.steps), "--eval-batches", str(max(1, s.eval_windows // run.batch_size)),
-            "--no-eval-at-start", "--ckpt-interval", str(run.steps), "--seed", str(s.seed),
+            "--no-eval-at-start", "--ckpt-interval", str(run.steps), "--seed", str(run.seed),
             "--dtype", "fp32" if s.device == "cpu" else "bf16", "--device", s.device,
             "--num-samples", "0", "--no-plot", "--log-interval", str(max(1, run.steps // 10)), "--overwrite"]
 
@@ -375,8 +458,9 @@ def _write_text(path, text: str) -> pathlib.Path:
 
 
 def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, out_dir, log=print) -> list[dict]:
-    """Train every planned run (`workers` at a time), reusing a finished run whose command is unchanged.
-    Returns one final.jsonl record per run, in plan order."""
+    """Train every planned run (`workers` at a time, the longest first by run_seconds, so that no long run starts
+    last while the other cores idle), reusing a finished run whose command is unchanged. Returns one final.jsonl
+    record per run, in plan order."""
     import concurrent.futures
     import time
     out = pathlib.Path(out_dir)
@@ -421,11 +505,14 @@ def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, 
         return {"name": run.name, "budget": run.budget, "parameters": run.params,
                 "non_embedding_parameters": run.non_embedding, "tokens": run.tokens, "compute": run.compute,
                 "loss": loss, "n_layer": run.shape.n_layer, "n_embd": run.shape.n_embd, "lr": run.lr,
-                "steps": run.steps, "batch_size": run.batch_size, "heldout": run.heldout,
+                "steps": run.steps, "batch_size": run.batch_size, "heldout": run.heldout, "seed": run.seed,
                 "seconds": round(seconds, 1), "command": shell_command(cmd, settings.threads)}
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
-        futures = [pool.submit(one, run) for run in runs]
+        longest_first = sorted(range(len(runs)), key=lambda i: -run_seconds(settings, runs[i]))
+        futures = [None] * len(runs)
+        for i in longest_first:
+            futures[i] = pool.submit(one, runs[i])
         concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
         failed.set()                     # done, or one failed: nothing queued starts now
         errors = [f.exception() for f in futures if f.done() and not f.cancelled() and f.exception() is not None
@@ -436,10 +523,11 @@ def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, 
 
 
 def runs_of(records: Sequence[dict], heldout: bool = False, non_embedding: bool = False) -> list[Run]:
-    """final.jsonl records as Runs (N = all parameters, or Kaplan's non-embedding count)."""
+    """final.jsonl records as Runs (N = all parameters, or Kaplan's non-embedding count), a point's seeds as one
+    Run at their mean loss (scaling.mean_over_seeds)."""
     key = "non_embedding_parameters" if non_embedding else "parameters"
-    return [Run(float(r[key]), float(r["tokens"]), float(r["loss"]), float(r["budget"]), r["name"])
-            for r in records if bool(r.get("heldout")) == heldout]
+    return scaling.mean_over_seeds([Run(float(r[key]), float(r["tokens"]), float(r["loss"]), float(r["budget"]),
+                                        r["name"]) for r in records if bool(r.get("heldout")) == heldout])
 
 
 @dataclasses.dataclass
@@ -488,14 +576,19 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
         raise ScalingError("a sweep needs at least 3 sizes per budget (a parabola has 3 coefficients)")
     if s.heldout_sizes not in (1, 3):
         raise ScalingError(f"--heldout-sizes must be 1 or 3, got {s.heldout_sizes}")
+    if not 0 <= s.second_seed_sizes <= s.sizes_per_budget:
+        raise ScalingError(f"--second-seeds {s.second_seed_sizes}: give 0 (one seed) to {s.sizes_per_budget} "
+                           f"(every size of a budget)")
     if s.device != "cpu":
         import model as model_lib
         model_lib.resolve_device(s.device, error=ScalingError)       # "--device cuda: no CUDA device here; ..."
-    hours = planned_hours(s)                                  # a design the family cannot build fails here
+    runs = planned_runs(s)                                    # a design the family cannot build fails here
+    hours = estimate_seconds(s, runs) / 3600
     if hours > max_hours:
-        flops = sum(r.compute for r in plan_isoflop(s)) + s.heldout_sizes * s.heldout_factor * max(s.budgets)
+        flops = sum(r.compute for r in runs)
         where = "this CPU" if s.device == "cpu" else f"the GPU (assumed {GPU_FLOPS:.0e} FLOP/s)"
-        raise ScalingError(f"this sweep ({flops:.2g} FLOPs) would take about {hours:,.0f} hours on {where} "
+        shown = f"{hours:,.{1 if hours < 10 else 0}f}"
+        raise ScalingError(f"this sweep ({flops:.2g} FLOPs) would take about {shown} hours on {where} "
                            f"({s.workers} runs at a time at ~{CPU_FLOPS:.1e} FLOP/s each on a CPU): lower "
                            f"--budgets, or pass --max-hours {math.ceil(hours * 1.5)} to run it anyway")
     return hours
@@ -598,7 +691,12 @@ def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -
     log(f"{len(grid)} IsoFLOP runs on {data_dir} ({train_tokens:,} train tokens), {s.workers} at a time, about "
         f"{hours * 60:,.0f} min with the held-out budget ...")
     records = execute_runs(s, grid, data_dir, out, log)
-    fit_runs = runs_of(records)
+    again = plan_second_seeds(s, records)
+    if again:
+        log(f"seed {s.seed + 1} for the {s.second_seed_sizes} sizes nearest each budget's best: "
+            + ", ".join(r.name for r in again))
+        records += execute_runs(s, again, data_dir, out, log)
+    fit_runs = runs_of(records)                 # a point's two seeds as their mean
     heldout_budget = s.heldout_factor * max(s.budgets)
     report = fit_all(fit_runs, heldout_budget, bootstrap=s.bootstrap, seed=s.seed)
     try:
@@ -609,11 +707,13 @@ def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -
     if "params" in prediction:
         held = plan_heldout(s, prediction["params"])
         log(f"predicted at C = {heldout_budget:.3g}: N_opt = {prediction['params']:,.0f} "
-            f"({prediction['approach']}); training " + ", ".join(r.shape.name for r in held))
-        records += execute_runs(s, held, data_dir, out, log)
-        for run, record in zip(held, records[len(grid):]):
-            if "law3" in prediction:
-                record["predicted_loss"] = ChinchillaFit(**prediction["law3"]).loss(run.params, run.tokens)
+            f"({prediction['approach']}); training " + ", ".join(r.name for r in held))
+        held_records = execute_runs(s, held, data_dir, out, log)
+        if "law3" in prediction:
+            for record in held_records:
+                record["predicted_loss"] = ChinchillaFit(**prediction["law3"]).loss(record["parameters"],
+                                                                                    record["tokens"])
+        records += held_records
     result = SweepResult(s, out, records, train_tokens, corpus, prediction=prediction)
     result.report = report
     result.non_embedding_report = fit_all(runs_of(records, non_embedding=True), heldout_budget, bootstrap=0)
@@ -633,7 +733,7 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
     import matplotlib.ticker
 
     grid, held = runs_of(result.records), runs_of(result.records, heldout=True)
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(18, 5.2))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(18, 6))
     by_size: dict[float, list[Run]] = {}
     for r in grid + held:
         by_size.setdefault(r.params, []).append(r)
@@ -657,6 +757,10 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
     if held:
         middle.plot([r.params for r in held], [r.loss for r in held], "ks", ms=7,
                     label=f"held-out C = {held[0].budget:.2g} (measured)")
+    twice = [r for group in _points(result.records).values() if len(group) > 1 for r in group]
+    if twice:
+        middle.plot([r["parameters"] for r in twice], [r["loss"] for r in twice], ".", color="grey", ms=4,
+                    label="the two seeds of a point (their mean is plotted)")
     p = result.prediction or {}
     for key, marker, label in (("minima_loss_at_budget", "kx", "prediction: minima's power law"),
                                ("law3_loss_at_opt", "k+", "prediction: Approach 3's law")):
@@ -686,6 +790,7 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
         ax.set_xscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+    middle.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.13))   # below: the curves fill it
     for ax in (left, middle):
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -714,6 +819,49 @@ def wsd_cost(records: Sequence[dict], cooldown_fraction: float = 0.2) -> tuple[f
     return cosine, wsd
 
 
+def _points(records: Sequence[dict]) -> dict[tuple, list[dict]]:
+    """final.jsonl records by point (budget, N, D, held out or not): a point trained with two seeds has two."""
+    by_point: dict[tuple, list[dict]] = {}
+    for r in records:
+        by_point.setdefault((r["budget"], r["parameters"], r["tokens"], bool(r["heldout"])), []).append(r)
+    return by_point
+
+
+def seed_pairs(records: Sequence[dict]) -> list[tuple[str, float, float]]:
+    """(name, first seed's loss, second seed's loss) for every point of `records` trained with two seeds."""
+    pairs = []
+    for group in _points(records).values():
+        if len(group) == 2:
+            first, second = sorted(group, key=lambda r: r.get("seed", 0))
+            pairs.append((first["name"], first["loss"], second["loss"]))
+    return pairs
+
+
+def seed_line(records: Sequence[dict], settings: SweepSettings) -> str:
+    """The design's seeds bullet: which points have two, and the seed noise they measure.
+
+    The s.d. of one run's loss from n pairs of differences d: sqrt(sum d^2 / 2n) (each d is the difference of two
+    draws, whose variance is twice one draw's), e.g. pairs differing by 0.02 and 0.04 give sqrt(0.002 / 4) = 0.022.
+    """
+    s, pairs = settings, seed_pairs(records)
+    if not pairs:
+        return f"- **Seeds**: every run from seed {s.seed}, one seed per point."
+    d = np.array([b - a for _, a, b in pairs])
+    worst = max(pairs, key=lambda p: abs(p[2] - p[1]))
+    steps = []                     # |loss difference| between each budget's best size and its neighbours
+    for group in group_close(runs_of(records), key=lambda r: r.budget).values():
+        losses = [r.loss for r in sorted(group, key=lambda r: r.params)]
+        best = int(np.argmin(losses))
+        steps += [abs(losses[j] - losses[best]) for j in (best - 1, best + 1) if 0 <= j < len(losses)]
+    which = f"the {s.second_seed_sizes} sizes" if s.second_seed_sizes > 1 else "the size"
+    return (f"- **Seeds**: every run from seed {s.seed}; {which} nearest each budget's best run, and the held-out "
+            f"budget's best, again from seed {s.seed + 1} ({len(pairs)} points), and the fits "
+            f"and the prediction use a point's mean loss. The pairs measure the seed noise: one run's loss has a "
+            f"standard deviation of {math.sqrt(np.sum(d ** 2) / (2 * len(d))):.3f} nats (largest difference "
+            f"{abs(worst[2] - worst[1]):.3f}, at {worst[0]}: {worst[1]:.4f} and {worst[2]:.4f}), against a median "
+            f"difference of {np.median(steps):.3f} between a budget's best size and its neighbours.")
+
+
 def _agreement(report: FitReport) -> tuple[list[str], float | None]:
     """The fitted exponents a by approach and their largest pairwise gap (None when fewer than 2 were fitted)."""
     names = {"approach1": "Approach 1", "approach2": "Approach 2", "approach3": "Approach 3"}
@@ -739,25 +887,31 @@ def prediction_lines(p: dict | None, records: Sequence[dict], budgets: Sequence[
                  f"{p['minima_loss_exponent']:.3f}" if "minima_loss_at_budget" in p else "",
                  f"{p['law3_loss_at_opt']:.4f} from Approach 3's law" if "law3_loss_at_opt" in p else "") if x)
              + ".", "",
-             "| held-out run | N | D | predicted loss (Approach 3 at this N, D) | measured | error |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| held-out run | seed | N | D | predicted loss (Approach 3 at this N, D) | measured | error |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in held:
         pred = r.get("predicted_loss")
-        lines.append(f"| {r['n_layer']} × {r['n_embd']} | {r['parameters']:,} | {r['tokens']:,} | "
+        lines.append(f"| {r['n_layer']} × {r['n_embd']} | {r.get('seed', 0)} | {r['parameters']:,} | "
+                     f"{r['tokens']:,} | "
                      + (f"{pred:.4f} | {r['loss']:.4f} | {(r['loss'] - pred) / r['loss']:+.2%} |" if pred else
                         f"· | {r['loss']:.4f} | · |"))
     if not held:
         return lines + ["", "The held-out run has not been trained yet."]
-    best = min(held, key=lambda r: r["loss"])
+    best = min(runs_of(records, heldout=True), key=lambda r: r.loss)          # a size's seeds as their mean
+    seeds = [r["loss"] for r in held if r["parameters"] == best.params]
+    measured_as = (f"the mean of its {len(seeds)} seeds ({', '.join(f'{x:.4f}' for x in seeds)})" if len(seeds) > 1
+                   else "one seed")
     lines.append("")
     if "minima_loss_at_budget" in p:
-        lines.append(f"Minima power law against the best held-out run: predicted {p['minima_loss_at_budget']:.4f}, "
-                     f"measured {best['loss']:.4f} ({(best['loss'] - p['minima_loss_at_budget']) / best['loss']:+.2%}).")
-    lines.append(f"The run trained N = {best['parameters']:,}, {best['parameters'] / p['params']:.2f}× the predicted "
+        lines.append(f"Minima power law against the best held-out size: predicted {p['minima_loss_at_budget']:.4f}, "
+                     f"measured {best.loss:.4f}, {measured_as} "
+                     f"({(best.loss - p['minima_loss_at_budget']) / best.loss:+.2%}).")
+    lines.append(f"That size has N = {best.params:,.0f}, {best.params / p['params']:.2f}× the predicted "
                  f"N_opt (the nearest size in the family).")
-    if len(held) >= 3:
+    sizes = len(runs_of(records, heldout=True))
+    if sizes >= 3:
         measured = isoflop_minima(runs_of(records, heldout=True))
-        lines.append(f"Measured optimum at the held-out budget (parabola through the {len(held)} sizes): N* = "
+        lines.append(f"Measured optimum at the held-out budget (parabola through the {sizes} sizes): N* = "
                      f"{measured[0][1]:,.0f}, the prediction is {p['params'] / measured[0][1]:.2f}× it." if measured
                      else "The held-out sizes show no U with its bottom inside them, so the optimum there is not "
                           "measured.")
@@ -808,7 +962,8 @@ def sweep_report(result: SweepResult) -> str:
            f"- **Learning rate** per size by the rule lr = {s.lr_at_64:g} · 64 / width (Adam's optimum falls as "
            f"1/width, muP); {s.warmup_fraction:.0%} warmup, then cosine to 10% at the run's last step.",
            ]
-    cosine, wsd = wsd_cost(records)
+    out.append(seed_line(records, s))
+    cosine, wsd = wsd_cost([r for r in records if r.get("seed", 0) == s.seed])
     out.append(f"- **Annealing**: every point is the end of its own cosine schedule ({cosine:,} tokens in all). "
                f"WSD with cooldown branches (Hägele et al. 2024) would share one constant-rate trunk per size: "
                f"{wsd:,.0f} tokens here, {1 - wsd / cosine:.0%} less. The budgets are {budgets[1] / budgets[0]:.1f}× "
@@ -816,13 +971,18 @@ def sweep_report(result: SweepResult) -> str:
                f"size (and when the trunk is reused for a longer run later), and one cosine run per point keeps "
                f"every point a run anyone can repeat alone.")
     out += ["", "## Runs", "",
-            "| budget C | layers × width | N (all) | non-embedding | D tokens | D/N | steps × batch | lr | "
-            "held-out loss | train time |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(records, key=lambda r: (r["heldout"], r["budget"], r["parameters"])):
+            "| budget C | layers × width | N (all) | non-embedding | D tokens | D/N | steps × batch | lr | seed | "
+            "held-out loss | train time |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(records, key=lambda r: (r["heldout"], r["budget"], r["parameters"], r.get("seed", 0))):
         tag = " (held-out)" if r["heldout"] else ""
         out.append(f"| {r['budget']:.3g}{tag} | {r['n_layer']} × {r['n_embd']} | {r['parameters']:,} | "
                    f"{r['non_embedding_parameters']:,} | {r['tokens']:,} | {r['tokens'] / r['parameters']:.1f} | "
-                   f"{r['steps']:,} × {r['batch_size']} | {r['lr']:.3g} | {r['loss']:.4f} | {r['seconds']:.0f} s |")
+                   f"{r['steps']:,} × {r['batch_size']} | {r['lr']:.3g} | {r.get('seed', 0)} | {r['loss']:.4f} | "
+                   f"{r['seconds']:.0f} s |")
+    out.append(f"\n{len(records)} runs, {sum(r['seconds'] for r in records):,.0f} run-seconds. From scratch, "
+               f"{s.workers} at a time as the sweep orders them (the grid, its second seeds, the held-out budget; "
+               f"longest first), these times take {wall_seconds(s, records) / 60:.0f} min; the estimate printed "
+               f"before the first run is {planned_hours(s) * 60:.0f} min.")
 
     minima = isoflop_minima(grid)
     found = {round(m[0], -3) for m in minima}
@@ -1074,14 +1234,21 @@ def _sweep_settings(args) -> SweepSettings:
                                  ("sizes_per_budget", args.sizes), ("heldout_sizes", args.heldout_sizes),
                                  ("data", args.data), ("vocab_size", args.vocab_size), ("lr_at_64", args.lr_at_64),
                                  ("workers", args.workers), ("threads", args.threads),
-                                 ("bootstrap", args.bootstrap), ("seed", args.seed)) if v is not None}
+                                 ("bootstrap", args.bootstrap), ("seed", args.seed),
+                                 ("second_seed_sizes", args.second_seeds)) if v is not None}
     return dataclasses.replace(settings, **changes)
+
+
+def _log_line(message: str) -> None:
+    """One progress line to stderr in one write, so the lines of two runs finishing together never interleave."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
 
 
 def _cmd_sweep(args) -> str:
     settings = _sweep_settings(args)
     out_dir = args.out_dir or ("out/sweep-quick" if args.quick else "out/sweep")
-    result = sweep(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True), max_hours=args.max_hours)
+    result = sweep(settings, out_dir, log=_log_line, max_hours=args.max_hours)
     return sweep_report(result) + f"\nwritten: {result.out_dir / 'REPORT.md'}, {result.plot}, " \
                                   f"{result.out_dir / 'final.jsonl'}"
 
@@ -1092,8 +1259,7 @@ def _cmd_dedup_effect(args) -> str:
                                  ("threads", args.threads)) if v is not None}
     settings = dataclasses.replace(settings, **changes)
     out_dir = args.out_dir or ("out/dedup-effect-quick" if args.quick else "out/dedup-effect")
-    result = dedup_effect(settings, out_dir, log=lambda m: print(m, file=sys.stderr, flush=True),
-                          max_hours=args.max_hours)
+    result = dedup_effect(settings, out_dir, log=_log_line, max_hours=args.max_hours)
     return dedup_effect_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
 
 
@@ -1118,6 +1284,8 @@ def add_commands(sub) -> None:
     s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
     s.add_argument("--bootstrap", type=in_range(int, 0, 10_000), help="bootstrap resamples (default 50)")
     s.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), help="seed of every run and of the bootstrap")
+    s.add_argument("--second-seeds", type=in_range(int, 0, 9), help="sizes nearest each budget's best run trained "
+                   "again with seed + 1, and fitted as the mean of the two (default 3; 0 = one seed per point)")
     s.add_argument("--out-dir", type=writable("dir"), default=None, help="default out/sweep (quick: out/sweep-quick)")
     s.add_argument("--max-hours", type=max_hours, default=MAX_HOURS,
                    help=f"refuse a sweep estimated to take longer than this on this CPU (default {MAX_HOURS:g})")

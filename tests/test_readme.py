@@ -8,7 +8,7 @@ without touching this file. Each command is one of three kinds, matched by the l
 (an entry ending in `$` matches only the whole command):
     quick    (the default) a few seconds each: test_readme_quick_commands runs them all;
     SLOW     tens of seconds (or needing a slow one's output): test_readme_slow_commands, marked slow;
-    SKIPPED  never run here, each with its reason (the full main job, the 15-minute sweep, installs, benchmarks).
+    SKIPPED  never run here, each with its reason (the full main job, the 90-minute sweep, installs, benchmarks).
 A command passes when it exits 0 and prints no traceback. Commands that read ../shared/data run only when it exists,
 and those naming GPT-2's tokenizer only where its ranks can be had (../shared, tiktoken's cache or a network).
 """
@@ -42,7 +42,7 @@ SKIPPED = {
                                                          "weights; test_hf covers --init-from",
     "torchrun --standalone --nproc_per_node=2 train.py --batch-size 8": "the full main job on 2 ranks (minutes)",
     "torchrun --standalone --nproc_per_node=8 train.py --model 124m": "8 GPUs with nccl (bench_gpu.py's section)",
-    "python scaling.py sweep": "23 training runs, about an hour on the 2-core machine",
+    "python scaling.py sweep": "36 training runs, about 90 minutes on the 2-core machine",
     "python scaling.py dedup-effect": "6 training runs and two datasets, about 2 minutes here",
     "python dedup.py experiment --data hf": "downloads a Hugging Face dataset (needs `datasets` and a network)",
     "python data.py prepare --data pystdlib --vocab-size 8192": "31 MB of code through every stage: minutes here",
@@ -75,7 +75,7 @@ SLOW = {
     "python model.py demo --model 10m": "a 10M model decodes 200 tokens twice (tens of CPU-seconds)",
     "python parallel.py schedule --p 2 --m 8 --measure": "times a real 2-process pipeline",
     "torchrun": "data preparation and 20 steps on 2 ranks",
-    "python scaling.py sweep --quick": "nine tiny training runs, about a minute on a quiet machine",
+    "python scaling.py sweep --quick": "twelve tiny training runs, about a minute on a quiet machine",
     "python scaling.py dedup-effect --quick": "four tiny training runs, under a minute on a quiet machine",
     "python evaluate.py --ckpt out/": "needs out/ (a trained checkpoint: the stand-in run)",
     "python model.py export --ckpt out": "needs out/ (the stand-in run); --verify loads transformers",

@@ -52,9 +52,59 @@ def test_isoflop_plan_trains_each_size_for_its_budget():
             bigger = [b for b in settings.batch_sizes if b > r.batch_size]   # the largest batch that keeps the steps
             assert not bigger or r.tokens / (min(bigger) * settings.block_size) < settings.min_steps
     held = sweep.plan_heldout(settings, scaling.params_for_budget(2e13, 20))
-    assert len(held) == 3 and all(r.budget == 2.5 * budgets[-1] for r in held)
+    assert len(held) == 3 + 1 and all(r.budget == 2.5 * budgets[-1] for r in held)     # + the predicted size again
     assert all(settings.min_steps <= r.steps < 2 * settings.min_steps for r in held)
     assert sweep.planned_hours(settings) <= 1.5                 # the issue's 90 minutes, by the estimate
+
+
+def test_second_seeds_go_to_the_sizes_nearest_each_minimum():
+    """At each budget the 3 sizes around its best run (slid inside at an edge), at the held-out budget the size
+    nearest the prediction, each trained again from seed + 1 under its own name; --second-seeds 0 trains none."""
+    settings = sweep.SweepSettings()
+    law = scaling.ChinchillaFit(1.2, 93.0, 250.0, 0.33, 0.33)
+    records, record = _sweep_records(settings, law, noise=0.0)
+    grid = sweep.plan_isoflop(settings)
+    again = sweep.plan_second_seeds(settings, records)
+    assert len(again) == 3 * len(settings.budgets) and all(r.seed == 1 and not r.heldout for r in again)
+    for budget in settings.budgets:
+        sizes = [r for r in records if r["budget"] == budget]
+        best = min(range(5), key=lambda i: sizes[i]["loss"])
+        want = {sizes[i]["parameters"] for i in range(max(0, min(best - 1, 2)), max(0, min(best - 1, 2)) + 3)}
+        assert {r.params for r in again if r.budget == budget} == want
+    edge = [dict(r, loss=r["parameters"]) for r in records if r["budget"] == 1e12]    # the smallest size is best
+    assert [r.params for r in sweep.plan_second_seeds(settings, edge)] == [r.params for r in grid[:3]]
+    for run in again:
+        twin = next(r for r in grid if (r.budget, r.params) == (run.budget, run.params))
+        assert run.name == twin.name + "-s1" and (run.steps, run.batch_size, run.lr) == (twin.steps, twin.batch_size,
+                                                                                           twin.lr)
+        cmd = sweep.train_command(settings, run, "/data/x", "out/x")
+        assert cmd[cmd.index("--seed") + 1] == "1"
+        cmd = sweep.train_command(settings, twin, "/data/x", "out/x")
+        assert cmd[cmd.index("--seed") + 1] == "0"
+    *held, twice = sweep.plan_heldout(settings, 4e5)
+    nearest = min(held, key=lambda r: abs(math.log(r.params / 4e5)))
+    assert [r.seed for r in held] == [0, 0, 0] and twice == dataclasses.replace(nearest, seed=1) and twice.heldout
+    one_seed = dataclasses.replace(settings, second_seed_sizes=0)
+    assert sweep.plan_second_seeds(one_seed, records) == [] and sweep.plan_heldout(one_seed, 4e5) == held
+    # the estimate counts them: 3 per budget and one held out
+    assert len(sweep.planned_runs(settings)) == len(grid) + 3 + 3 * len(settings.budgets) + 1
+
+
+def test_a_points_seeds_are_fitted_as_their_mean(tmp_path):
+    """runs_of (the sweep's fits) and load_runs (`scaling.py fit final.jsonl`) see one point at its mean loss."""
+    settings = sweep.SweepSettings()
+    records, _ = _sweep_records(settings, scaling.ChinchillaFit(1.2, 93.0, 250.0, 0.33, 0.33))
+    first = records[0]
+    records.append(dict(first, name=first["name"] + "-s1", seed=1, loss=first["loss"] + 0.1))
+    for runs in (sweep.runs_of(records), load_runs(_write_jsonl(tmp_path / "final.jsonl", records))):
+        assert len(runs) == len(records) - 1
+        [point] = [r for r in runs if (r.params, r.budget) == (first["parameters"], first["budget"])]
+        assert point.loss == pytest.approx(first["loss"] + 0.05)
+
+
+def _write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
 
 
 def test_a_budget_the_family_cannot_cover_names_the_flag():
@@ -146,14 +196,20 @@ def test_sweep_recovers_a_known_law_and_predicts_the_held_out_run(tmp_path):
     settings = sweep.SweepSettings()
     law = scaling.ChinchillaFit(1.2, 93.0, 250.0, 0.33, 0.33)   # made up: N_opt = sqrt(C/120), inside the sizes
     records, record = _sweep_records(settings, law)
+    rng = np.random.default_rng(1)
+    records += [dict(record(r), loss=law.loss(r.params, r.tokens) * math.exp(0.003 * rng.standard_normal()),
+                     name=r.name, seed=1) for r in sweep.plan_second_seeds(settings, records)]
     grid = sweep.runs_of(records)
     report = fit_all(grid, 2e13, bootstrap=2, refine=4)
     prediction = sweep.predict_heldout(report, grid)
     assert prediction["approach"] == "approach2"
     assert prediction["params"] == pytest.approx(float(law.optimal_params(2e13)), rel=0.3)
     held = sweep.plan_heldout(settings, prediction["params"])
-    records += [dict(record(r), predicted_loss=scaling.ChinchillaFit(**prediction["law3"]).loss(r.params, r.tokens))
-                for r in held]
+    assert held[-1].seed == 1                                       # the size nearest the prediction, twice
+    held_records = [dict(record(r), seed=r.seed) for r in held]
+    held_records[-1]["loss"] = next(h["loss"] for h in held_records if h["parameters"] == held[-1].params) + 0.002
+    records += [dict(r, predicted_loss=scaling.ChinchillaFit(**prediction["law3"]).loss(r["parameters"], r["tokens"]))
+                for r in held_records]
     result = sweep.SweepResult(settings, tmp_path, records, 13_748_414, "pystdlib", prediction=prediction)
     result.report = report
     result.non_embedding_report = fit_all(sweep.runs_of(records, non_embedding=True), 2e13, bootstrap=0, refine=4)
@@ -164,10 +220,24 @@ def test_sweep_recovers_a_known_law_and_predicts_the_held_out_run(tmp_path):
     assert "4 of 4 budgets have their minimum inside the sizes tried." in text
     assert "(target ≤ 0.1)" in text and "With Kaplan's non-embedding N instead" in text
     assert f"| 2e+13 (held-out) | {held[0].shape.n_layer} × {held[0].shape.n_embd} |" in text
-    error = abs(records[-1]["loss"] - records[-1]["predicted_loss"]) / records[-1]["loss"]
-    assert f"{(records[-1]['loss'] - records[-1]['predicted_loss']) / records[-1]['loss']:+.2%} |" in text
+    last = records[-2]                                                   # the largest held-out size, one seed
+    error = abs(last["loss"] - last["predicted_loss"]) / last["loss"]
+    assert f"{(last['loss'] - last['predicted_loss']) / last['loss']:+.2%} |" in text
     assert error < 0.02
+    # the seeds: 13 pairs, one run's s.d. from their differences, and the held-out best as its seeds' mean
+    pairs = sweep.seed_pairs(records)
+    assert len(pairs) == 3 * 4 + 1
+    sd = math.sqrt(sum((b - a) ** 2 for _, a, b in pairs) / (2 * len(pairs)))
+    assert f"({len(pairs)} points)" in text and f"standard deviation of {sd:.3f} nats" in text
+    assert text.count("| 1 | ") == len(pairs) + 1      # the seed column: the runs, and the held-out table's 2nd seed
+    best = min(sweep.runs_of(records, heldout=True), key=lambda r: r.loss)
+    seeds = [r["loss"] for r in records if r["heldout"] and r["parameters"] == best.params]
+    assert best.loss == pytest.approx(sum(seeds) / len(seeds))
+    assert (f"measured {best.loss:.4f}, the mean of its 2 seeds ({seeds[0]:.4f}, {seeds[1]:.4f})" if len(seeds) == 2
+            else f"measured {best.loss:.4f}, one seed") in text
     assert "epochs, so the longest runs repeat data." in text and "tokens here, " in text   # epochs, WSD arithmetic
+    assert f"{len(records)} runs, {len(records)} run-seconds." in text   # 1 s each: 20, 12 and 4 runs, 2 at a time
+    assert sweep.wall_seconds(settings, records) == 10 + 6 + 2
     assert (tmp_path / "scaling.png").stat().st_size > 20_000
 
 
@@ -175,9 +245,7 @@ def test_load_runs_reads_a_sweeps_final_jsonl(tmp_path):
     settings = sweep.SweepSettings()
     records, record = _sweep_records(settings, scaling.ChinchillaFit(1.2, 40.0, 250.0, 0.33, 0.33))
     records.append(record(sweep.plan_heldout(settings, 5e4)[0]))
-    path = tmp_path / "final.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    runs = load_runs(path)
+    runs = load_runs(_write_jsonl(tmp_path / "final.jsonl", records))
     assert len(runs) == len(records) - 1                               # the held-out line is left out of fits
     assert sorted({r.budget for r in runs}) == sorted(settings.budgets)   # grouped by budget, not by 6·N·D
 
@@ -206,6 +274,9 @@ def test_sweep_cli_checks_the_design_before_training():
     assert r.returncode == 2 and "at least 2 different compute budgets" in r.stderr
     r = cli("sweep", "--sizes", "2", "--out-dir", "out/never")
     assert r.returncode == 2 and "--sizes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = cli("sweep", "--sizes", "3", "--second-seeds", "4", "--out-dir", "out/never")
+    assert r.returncode == 2 and r.stderr.strip() == ("scaling.py: error: --second-seeds 4: give 0 (one seed) to 3 "
+                                                      "(every size of a budget)"), r.stderr
     assert not (scaling.ROOT / "out" / "never").exists()
 
 
@@ -223,12 +294,13 @@ def test_quick_sweep_and_dedup_effect_end_to_end(tmp_path):
         assert record["compute"] == 6 * record["parameters"] * record["tokens"]
         assert record["command"].startswith("OMP_NUM_THREADS=1 python train.py ")
     held = sum(r["heldout"] for r in records)          # tiny runs may show no law to predict with
-    assert held in (0, 3) and len(records) == 6 + held
+    assert held in (0, 4) and len(records) == 6 + 2 + held     # + each budget's best size, and the held-out's, again
+    assert sorted(r["seed"] for r in records) == [0] * (6 + max(0, held - 1)) + [1] * (2 + min(1, held))
     assert (tmp_path / "sw" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     report = (tmp_path / "sw" / "REPORT.md").read_text()
     assert "## Prediction of the held-out budget" in report and (held or "No prediction:" in report)
     again = cli(*args, timeout=900)
-    assert again.returncode == 0 and again.stderr.count(" s, reused)") == 6 + held
+    assert again.returncode == 0 and again.stderr.count(" s, reused)") == 6 + 2 + held
 
     r = cli("dedup-effect", "--quick", "--out-dir", str(tmp_path / "dd"), timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -246,7 +318,7 @@ def test_a_sweep_too_long_for_this_cpu_is_refused_up_front_with_the_flag_that_al
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--budgets" in r.stderr, r.stderr
     r = cli("sweep", "--max-hours", "0.5", "--out-dir", str(tmp_path / "never"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "would take about 1 hours on this CPU" in r.stderr and "--max-hours 2" in r.stderr
+    assert "would take about 1.4 hours on this CPU" in r.stderr and "--max-hours 3" in r.stderr
     assert not (tmp_path / "never").exists()
     assert 0.5 < sweep.check_design(sweep.SweepSettings(), max_hours=2) <= 1.5       # the default sweep passes
     with pytest.raises(ScalingError, match="hours on"):
@@ -333,7 +405,11 @@ def test_a_failed_run_stops_the_sweep_and_leaves_only_finished_runs(fail_at, tin
 
     monkeypatch.setattr(sweep, "_run_train", fake_train)
     settings = dataclasses.replace(sweep.QUICK_SWEEP, data=str(tiny_dataset), workers=1)
-    finished = [r.name for r in sweep.plan_isoflop(dataclasses.replace(settings, vocab_size=300))][:fail_at]
+    dataset = sweep.open_dataset(str(tiny_dataset))           # the plan sweep() makes: this vocabulary, 2 epochs
+    plan = sweep.plan_isoflop(dataclasses.replace(settings, vocab_size=300, max_run_tokens=sweep._two_epochs(dataset)))
+    longest_first = sorted(plan, key=lambda r: -sweep.run_seconds(settings, r))       # the order they start in
+    assert longest_first != plan
+    finished = sorted(r.name for r in longest_first[:fail_at])
     with pytest.raises(ScalingError, match="something broke"):
         sweep.sweep(settings, tmp_path / "out", log=lambda m: None)
     assert len(calls) == fail_at + 1                                   # nothing ran after the failure
