@@ -310,7 +310,7 @@ def plan_second_seeds(settings: SweepSettings, records: Sequence[dict]) -> list[
 
 
 # What one train.py run of the sweep costs on this 2-core CPU, two runs side by side at one thread each (fitted to
-# the sweep's runs: 57 min predicted for the 23 of docs/sweep/final.jsonl, 58 measured): ~7 s to start (Python and
+# the sweep's runs: 85 min predicted for the 36 of docs/sweep/final.jsonl, 85.5 measured): ~7 s to start (Python and
 # torch, torch.optim's first import of torch._dynamo, the dataset, the checkpoint), ~20 ms of framework time per
 # step (a 2-layer model's forward and backward are a few hundred small kernels), and the model's 6·N FLOPs per
 # token at ~2.2e10 FLOP/s (7e9 for 2 × 32 at batch 32, 3e10 for 4 × 128: wider matmuls use the core better).
