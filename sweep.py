@@ -693,8 +693,8 @@ def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -
     records = execute_runs(s, grid, data_dir, out, log)
     again = plan_second_seeds(s, records)
     if again:
-        log(f"seed {s.seed + 1} for the {s.second_seed_sizes} sizes nearest each budget's best: "
-            + ", ".join(r.name for r in again))
+        which = f"{s.second_seed_sizes} sizes" if s.second_seed_sizes > 1 else "size"
+        log(f"seed {s.seed + 1} for the {which} nearest each budget's best: " + ", ".join(r.name for r in again))
         records += execute_runs(s, again, data_dir, out, log)
     fit_runs = runs_of(records)                 # a point's two seeds as their mean
     heldout_budget = s.heldout_factor * max(s.budgets)
@@ -934,7 +934,7 @@ def _regenerate(result: SweepResult) -> str:
 def sweep_report(result: SweepResult) -> str:
     """REPORT.md, written from final.jsonl: the design, the runs, the three fits, the prediction and the targets."""
     s, records = result.settings, result.records
-    grid, held = runs_of(records), runs_of(records, heldout=True)
+    grid = runs_of(records)
     budgets = sorted({r["budget"] for r in records if not r["heldout"]})
     longest = max(r["tokens"] for r in records)
     out = [f"# Scaling sweep: {len(budgets)} IsoFLOP budgets on `{result.corpus}`, one held-out budget predicted", "",
