@@ -16,9 +16,9 @@ would not be compared on equal terms: docs/scaling-sweep.md has the measurement)
 budget's best run are trained again from another seed, since one run's loss varies ~0.02 nats with its seed, and
 a point's seeds count as their mean. A parabola in log N per budget gives N* (scaling.py's Approach 2); the
 minima give N_opt ∝ C^a. Then the law fitted on these budgets predicts N_opt and the loss at 2e13, and three sizes
-there are trained (the best twice) and compared. `dedup-effect` repeats 1% of the documents 50 times and measures
-what dedup.py buys, against the seed-to-seed spread. How the design and its learning rates were chosen:
-docs/scaling-sweep.md. `--device cuda` runs the same plan at 10× the budgets.
+there are trained (the one nearest the prediction twice) and compared. `dedup-effect` repeats 1% of the
+documents 50 times and measures what dedup.py buys, against the seed-to-seed spread. How the design and its
+learning rates were chosen: docs/scaling-sweep.md. `--device cuda` runs the same plan at 10× the budgets.
 
 Depends on numpy, scaling.py (the laws, the fits and the plots' helpers) and fileio.py; inside the functions
 that need them: model.py (parameter counts), data.py and data_at_scale.py (preparing corpora), dedup.py and
@@ -146,11 +146,12 @@ class SweepSettings:
     budget `heldout_factor` × the largest is predicted from the others, trained at `heldout_sizes` sizes around
     the prediction, and compared.
 
-    Every run uses `seed`; the `second_seed_sizes` sizes nearest each budget's best run, and the held-out budget's
-    best, are trained again with seed + 1 before anything is fitted to them, and a point's seeds count as their mean
-    loss. One run's loss varies by ~0.02 nats (0.8%) from seed to seed (docs/scaling-sweep.md); near a minimum,
-    where a parabola's vertex and its loss are read, that is a quarter of the loss step between neighbouring sizes,
-    so the minima and the prediction rest on two seeds there and on one where the curve is steep."""
+    Every run uses `seed`; the `second_seed_sizes` sizes nearest each budget's best run are trained again with
+    seed + 1 before anything is fitted to them (and the held-out size nearest the prediction along with the other
+    held-out runs), and a point's seeds count as their mean loss. One run's loss varies by ~0.02 nats (0.8%) from
+    seed to seed (docs/scaling-sweep.md); near a minimum, where a parabola's vertex and its loss are read, that is a
+    quarter of the loss step between neighbouring sizes, so the minima and the prediction rest on two seeds there
+    and on one where the curve is steep."""
     data: str = "pystdlib"
     vocab_size: int = 512
     budgets: tuple[float, ...] = (1e12, 2e12, 4e12, 8e12)
@@ -855,7 +856,7 @@ def seed_line(records: Sequence[dict], settings: SweepSettings) -> str:
         steps += [abs(losses[j] - losses[best]) for j in (best - 1, best + 1) if 0 <= j < len(losses)]
     which = f"the {s.second_seed_sizes} sizes" if s.second_seed_sizes > 1 else "the size"
     return (f"- **Seeds**: every run from seed {s.seed}; {which} nearest each budget's best run, and the held-out "
-            f"budget's best, again from seed {s.seed + 1} ({len(pairs)} points), and the fits "
+            f"size nearest the prediction, again from seed {s.seed + 1} ({len(pairs)} points), and the fits "
             f"and the prediction use a point's mean loss. The pairs measure the seed noise: one run's loss has a "
             f"standard deviation of {math.sqrt(np.sum(d ** 2) / (2 * len(d))):.3f} nats (largest difference "
             f"{abs(worst[2] - worst[1]):.3f}, at {worst[0]}: {worst[1]:.4f} and {worst[2]:.4f}), against a median "
@@ -897,7 +898,8 @@ def prediction_lines(p: dict | None, records: Sequence[dict], budgets: Sequence[
                         f"· | {r['loss']:.4f} | · |"))
     if not held:
         return lines + ["", "The held-out run has not been trained yet."]
-    best = min(runs_of(records, heldout=True), key=lambda r: r.loss)          # a size's seeds as their mean
+    held_points = runs_of(records, heldout=True)                            # a size's seeds as their mean
+    best = min(held_points, key=lambda r: r.loss)
     seeds = [r["loss"] for r in held if r["parameters"] == best.params]
     measured_as = (f"the mean of its {len(seeds)} seeds ({', '.join(f'{x:.4f}' for x in seeds)})" if len(seeds) > 1
                    else "one seed")
@@ -908,9 +910,9 @@ def prediction_lines(p: dict | None, records: Sequence[dict], budgets: Sequence[
                      f"({(best.loss - p['minima_loss_at_budget']) / best.loss:+.2%}).")
     lines.append(f"That size has N = {best.params:,.0f}, {best.params / p['params']:.2f}× the predicted "
                  f"N_opt (the nearest size in the family).")
-    sizes = len(runs_of(records, heldout=True))
+    sizes = len(held_points)
     if sizes >= 3:
-        measured = isoflop_minima(runs_of(records, heldout=True))
+        measured = isoflop_minima(held_points)
         lines.append(f"Measured optimum at the held-out budget (parabola through the {sizes} sizes): N* = "
                      f"{measured[0][1]:,.0f}, the prediction is {p['params'] / measured[0][1]:.2f}× it." if measured
                      else "The held-out sizes show no U with its bottom inside them, so the optimum there is not "
