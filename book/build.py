@@ -83,27 +83,44 @@ COMPANION_KINDS = {
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
-    """One figure a chapter makes: where its committed output lies and the command that produced it."""
+    """One figure a chapter makes: where its committed output lies, the command that produced it, and the rows
+    whose text discusses it (the first anchor the page has wins; the figure is laid out right after that row)."""
     name: str            # for --refresh-figures
     chapter: str         # the page it appears on
     title: str
     output: str          # repository-relative: a .png (shown as an image) or a .txt (the command's printed output)
     command: str         # run from the repository root
-    produces: str = ""   # for a PNG: the file the command writes, copied to `output` by --refresh-figures
+    produces: str = ""   # for a PNG another command writes elsewhere: copied to `output` by --refresh-figures
+    near: tuple[str, ...] = ()
 
 
 FIGURES = [
     Figure("funnel", "data", "The funnel on the embedded corpus: documents and characters through each step",
-           "docs/figures/data-funnel.txt", "python data.py prepare --data pydocs --out out-book-data"),
-    Figure("s-curve", "dedup", "The LSH S-curve: P(candidate) = 1 − (1 − J^r)^b against Jaccard J",
-           "docs/figures/dedup-demo.txt", "python dedup.py demo"),
+           "docs/figures/data-funnel.txt", "python data.py prepare --data pydocs --out out-book-data",
+           near=("Funnel",)),
+    Figure("s-curve", "dedup", "The LSH S-curve: P(candidate) = 1 − (1 − J^r)^b against Jaccard J, drawn",
+           "docs/figures/dedup-s-curve.png", "python book/figures.py s-curve", near=("candidate_probability",)),
+    Figure("lsh-demo", "dedup", "The same S-curve as numbers, and the lecture's demo",
+           "docs/figures/dedup-demo.txt", "python dedup.py demo", near=("lsh_threshold", "candidate_probability")),
+    Figure("bpe-merges", "bpe", "Tokens per word as merges are learned: held-out English against Python code",
+           "docs/figures/bpe-merges.png", "python book/figures.py bpe-merges", near=("train_bpe",)),
+    Figure("model-cost", "model", "Parameters per preset, and the attention share of the training FLOPs per token",
+           "docs/figures/model-cost.png", "python book/figures.py model-cost",
+           near=("GPTConfig.flops_per_token", "GPTConfig")),
     Figure("loss", "train", "Loss curve of the default run (tiny model, pydocs, 600 steps): training and held-out loss",
            "docs/figures/train-loss.png", "python train.py --out-dir out-book-train",
-           produces="out-book-train/loss.png"),
-    Figure("bubble", "parallel", "A 1F1B pipeline schedule on 4 stages and 16 micro-batches, and its bubble",
-           "docs/figures/parallel-schedule.txt", "python parallel.py schedule --p 4 --m 16"),
+           produces="out-book-train/loss.png", near=("plot_loss_curve",)),
+    Figure("zero-memory", "parallel", "Training state per rank of a 7e9-parameter model: DP against ZeRO-1, 2 and 3",
+           "docs/figures/parallel-zero-memory.png", "python book/figures.py zero-memory",
+           near=("zero_memory_per_rank",)),
+    Figure("bubble", "model_parallel", "A 1F1B pipeline schedule on 4 stages and 16 micro-batches, and its bubble",
+           "docs/figures/parallel-schedule.txt", "python parallel.py schedule --p 4 --m 16",
+           near=("bubble_fraction", "one_f_one_b_schedule")),
     Figure("scaling", "scaling", "Loss against compute, the IsoFLOP curves and N_opt of the committed sweep",
-           "docs/sweep/scaling.png", "python scaling.py sweep"),
+           "docs/sweep/scaling.png", "python scaling.py sweep", near=("plot_runs",)),
+    Figure("emergence", "evaluate", "Exact match of k steps (p^k) against per-step accuracy p: a jump made by the metric",
+           "docs/figures/evaluate-emergence.png", "python book/figures.py emergence",
+           near=("emergence_table", "exact_match_from_per_step")),
 ]
 
 
@@ -287,12 +304,13 @@ def first_line(source: Source) -> str:
 
 
 def serves_line(source: Source) -> str:
-    """The "Serves: ..." paragraph of a companion's docstring, else the first sentence that says what it serves."""
+    """The "Serves: ..." paragraph of a companion's docstring, else the first sentence that says what it serves
+    (a sentence ends at a stop followed by a space, so "data.py" does not end one); without a leading "Serves"."""
     match = re.search(r"^Serves:\s*(.+?)(?:\n\s*\n|\n[A-Z][\w -]*:|\Z)", source.docstring, re.M | re.S)
     if match:       # up to the next labelled sentence ("... one). Owns: ..."), if the paragraph goes on
         return re.split(r"(?<=[.)])\s+(?=[A-Z][\w ]{0,20}:\s)", " ".join(match.group(1).split()))[0]
-    match = re.search(r"[^.\n]*\bserves\b[^.]*\.", source.docstring, re.I)
-    return " ".join(match.group(0).split()) if match else ""
+    match = re.search(r"\bserves\s+(.*?[.!?])(?=\s|\Z)", source.docstring, re.I | re.S)
+    return " ".join(match.group(1).split()) if match else ""
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -548,12 +566,31 @@ def make_markdown(linker: Linker, used_ids: set[str]):
         return content if inside_link or env.get("in_link") else linker.link_text(env["source"], content)
 
     md = MarkdownIt("commonmark", {"html": False}).enable("table").enable("strikethrough")
+    md.inline.ruler.before("emphasis", "formula_star", formula_star)
     md.use(anchors_plugin, min_level=1, max_level=4, slug_func=unique_slug)
     md.add_render_rule("code_inline", code_inline)
     md.add_render_rule("text", text)
     md.add_render_rule("fence", fence)
     md.add_render_rule("code_block", code_block)
     return md
+
+
+def formula_star(state, silent: bool) -> bool:
+    """A `*` run between two non-space characters is a product or a glob (3*C*H, B*T, train_*.bin, 2**32), not
+    emphasis: keep it as text. Emphasis (*word*, **a sentence.**) has a space or punctuation on its outer side."""
+    pos, src = state.pos, state.src
+    if src[pos] != "*":
+        return False
+    end = pos
+    while end < state.posMax and src[end] == "*":
+        end += 1
+    before, after = src[pos - 1] if pos else " ", src[end] if end < state.posMax else " "
+    if not (before.isalnum() or before in ")]_") or not (after.isalnum() or after in "([._"):
+        return False
+    if not silent:
+        state.push("text", "", 0).content = src[pos:end]
+    state.pos = end
+    return True
 
 
 def highlight_block(text: str, language: str) -> str:
@@ -566,10 +603,26 @@ def highlight_block(text: str, language: str) -> str:
     return "".join(_span(ttype, value) for ttype, value in lex(text, lexer)).rstrip("\n")
 
 
+_DIVIDER = re.compile(r"^-{2,}\s*(.*?)\s*-{4,}\s*$|^(\S.*?)\s+-{4,}\s*$")
+
+
+def divider_headings(text: str) -> str:
+    """A divider comment (`-- encoding ------`, `Closed-form accounting ------`) is a sub-heading; a bare rule of
+    dashes says nothing and goes."""
+    out = []
+    for line in text.split("\n"):
+        match = _DIVIDER.match(line) or re.match(r"^-{4,}\s*$", line)
+        if match is None:
+            out.append(line)
+        elif any(match.groups()):
+            out += ["", f"#### {next(g for g in match.groups() if g)}", ""]
+    return "\n".join(out)
+
+
 def prose_html(md, src: Source, parts: list[tuple[str, str]]) -> str:
     chunks = []
     for kind, text in parts:
-        text = fence_doctests(text)
+        text = fence_doctests(divider_headings(text) if kind == "comment" else text)
         text = fence_aligned_comment_lines(text) if kind == "comment" else separate_indented_blocks(text)
         chunks.append(md.render(text, {"source": src}))
     return "".join(chunks)
@@ -642,7 +695,9 @@ def _layout(title: str, body: str, nav: str) -> str:
             f"</head>\n<body>\n<nav class=\"top\">{nav}</nav>\n<main>\n{body}\n</main>\n</body>\n</html>\n")
 
 
-def _nav(order: list[str], stem: str | None) -> str:
+def _nav(order: list[str], stem: str | None, toc: str = "") -> str:
+    """Index, previous and next in reading order, and the page's sections as a menu (a <details>, so it opens
+    without JavaScript and stays in the sticky bar wherever the reader is)."""
     links = ['<a href="index.html">Book index</a>']
     if stem is not None:                                  # `order`: the pages in book order, index excluded
         k = order.index(stem)
@@ -650,11 +705,14 @@ def _nav(order: list[str], stem: str | None) -> str:
             links.append(f'<a href="{order[k - 1]}.html" rel="prev">← {order[k - 1]}.py</a>')
         if k + 1 < len(order):
             links.append(f'<a href="{order[k + 1]}.html" rel="next">{order[k + 1]}.py →</a>')
+    if toc:
+        links.append(f'<details class="sections"><summary>Sections</summary><ul>{toc}</ul></details>')
     return " ".join(links)
 
 
 def figure_html(figure: Figure, root: pathlib.Path) -> str:
-    """A figure from the file the chapter's command wrote; when it is missing, the command that makes it."""
+    """A figure from the file the chapter's command wrote, opening full size on a click; when it is missing, the
+    command that makes it."""
     path = root / figure.output
     caption = (f"<figcaption>{html.escape(figure.title)}. Made by <code>{html.escape(figure.command)}</code>"
                f" (<code>{html.escape(figure.output)}</code>).</figcaption>")
@@ -663,8 +721,9 @@ def figure_html(figure: Figure, root: pathlib.Path) -> str:
                 f"<code>{html.escape(figure.command)}</code> from the repository root, then "
                 f"<code>python book/build.py --refresh-figures {figure.name}</code>.</p>{caption}</figure>")
     if path.suffix == ".png":
-        return (f'<figure id="figure-{figure.name}"><img src="figures/{path.name}" alt="{html.escape(figure.title)}">'
-                f"{caption}</figure>")
+        src = f"figures/{path.name}"
+        return (f'<figure id="figure-{figure.name}"><a href="{src}" title="open full size"><img src="{src}" '
+                f'alt="{html.escape(figure.title)}"></a>{caption}</figure>')
     printed = printed_output_html(path.read_text(encoding="utf-8"))
     return f'<figure id="figure-{figure.name}">{printed}{caption}</figure>'
 
@@ -686,6 +745,30 @@ def printed_output_html(text: str) -> str:
     return "".join(chunks)
 
 
+def is_wide(prose: str, code_lines: int) -> bool:
+    """Prose that needs the page's width: a table or a block (doctests, worked numbers) would be clipped in the
+    one-third column, and a lesson much taller than its code would leave the code column empty beside it
+    (about 70 characters of prose per line of code keeps the two columns of similar height)."""
+    if "<table" in prose or '<pre class="block' in prose:
+        return True
+    return len(re.sub(r"<[^>]+>", "", prose)) > 300 + 70 * code_lines
+
+
+_CLI = re.compile(r"^(\d+\.\s*)?(the\s+)?command line\b", re.I)
+
+
+def folded_from(items: list) -> int:
+    """Where the command-line code starts (folded, so the page reads as its lesson): a section titled "Command
+    line", else the first row of a CLI's parser or main()."""
+    for k, item in enumerate(items):
+        if isinstance(item, Heading) and _CLI.match(item.title):
+            return k
+    for k, item in enumerate(items):
+        if isinstance(item, Row) and item.anchor in ("_Parser", "main", "build_parser"):
+            return k
+    return len(items)
+
+
 def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pathlib.Path) -> str:
     used_ids: set[str] = set()
     md = make_markdown(linker, used_ids)
@@ -704,25 +787,41 @@ def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pa
 
     toc = "".join(f'<li><a href="#{h.anchor}">{md.renderInline(h.title, {"source": src, "in_link": True})}</a></li>'
                   for h in items if isinstance(h, Heading))
-    figures = "".join(figure_html(f, root) for f in FIGURES if f.chapter == src.stem)
+    # Each figure goes right after the row whose text discusses it (the first of its anchors on this page).
+    anchors = {item.anchor: k for k, item in enumerate(items) if isinstance(item, Row) and item.anchor}
+    placed: dict[int, list[str]] = {}
+    for figure in (f for f in FIGURES if f.chapter == src.stem):
+        at = next((anchors[a] for a in figure.near if a in anchors), -1)
+        placed.setdefault(at, []).append(figure_html(figure, root))
     label = "" if kind == "chapter" else f'<p class="kind">Companion file: {html.escape(kind)}. Serves: ' \
         f'{md.renderInline(serves_line(src), {"source": src})}</p>'
     parts = [f'<header class="intro"><h1><code>{src.stem}.py</code></h1>{label}'
              f'{md.render(separate_indented_blocks(fence_doctests(src.docstring)), {"source": src})}'
-             + (f'<div class="figures">{figures}</div>' if figures else "")
+             + "".join(f'<div class="figures">{f}</div>' for f in placed.get(-1, []))
              + (f'<nav class="toc"><h2>Sections</h2><ul>{toc}</ul></nav>' if toc else "") + "</header>"]
-    for item in items:
-        if isinstance(item, Heading):
-            parts.append(f'<h2 class="banner" id="{item.anchor}"><a href="#{item.anchor}">'
-                         f'{md.renderInline(item.title, {"source": src, "in_link": True})}</a></h2>')
+    fold = folded_from(items)
+    hint = '<span class="hint">folded: the code that reads the flags and runs the commands</span>'
+    for k, item in enumerate(items):
+        heading = isinstance(item, Heading) and (f'<h2 class="banner" id="{item.anchor}"><a href="#{item.anchor}">'
+                                                 f'{md.renderInline(item.title, {"source": src, "in_link": True})}'
+                                                 "</a></h2>")
+        if k == fold:
+            parts.append(f'<details class="cli"><summary>{heading or "<h2>The command line</h2>"}{hint}</summary>')
+        if heading:
+            if k != fold:
+                parts.append(heading)
             continue
-        code = "\n".join(f'<span class="line" data-n="{n}"{line_anchor(n)}>{code_line_html(linker, src, tokens[n - 1])}'
-                         f"</span>" for n in item.code)
+        code = "".join(f'<span class="line" data-n="{n}"{line_anchor(n)}>{code_line_html(linker, src, tokens[n - 1])}'
+                       f"</span>" for n in item.code)
         anchor = f' id="{html.escape(item.anchor)}"' if item.anchor else ""
         prose = prose_html(md, src, item.prose)
-        parts.append(f'<section class="row{"" if prose else " bare"}"{anchor}><div class="prose">{prose}</div>'
+        shape = " wide" if prose and is_wide(prose, len(item.code)) else "" if prose else " bare"
+        parts.append(f'<section class="row{shape}"{anchor}><div class="prose">{prose}</div>'
                      f'<div class="code"><pre>{code}</pre></div></section>')
-    return _layout(f"{src.stem}.py · the book", "\n".join(parts), _nav(order, src.stem))
+        parts += [f'<div class="figures">{f}</div>' for f in placed.get(k, [])]
+    if fold < len(items):
+        parts.append("</details>")
+    return _layout(f"{src.stem}.py · the book", "\n".join(parts), _nav(order, src.stem, toc))
 
 
 def index_html(linker: Linker, sources: dict[str, Source], chapters: list[str],
@@ -770,22 +869,34 @@ def discover(root: pathlib.Path = ROOT) -> tuple[dict[str, Source], list[str], l
     sources = {p.stem: read_source(p, modules) for p in paths}
     reading = [stem for stem, _ in CHAPTERS]
     chapters = [stem for stem in reading if stem in sources]
-
-    def served_position(stem: str) -> tuple[int, str]:
-        named = [reading.index(m) for m in re.findall(r"\b(\w+)(?:\.py)?\b", serves_line(sources[stem]))
-                 if m in reading]
-        return (min(named) if named and "every" not in serves_line(sources[stem]) else len(reading), stem)
-
-    others = sorted((stem for stem in sources if stem not in reading), key=served_position)
+    others = sorted((stem for stem in sources if stem not in reading), key=lambda s: (served(sources[s]), s))
     companions = [(stem, COMPANION_KINDS.get(stem, "companion file")) for stem in others]
     return sources, chapters, companions
+
+
+def served(source: Source) -> int:
+    """Position in CHAPTERS of the first chapter a companion's "Serves" line names (the one it serves first: "the
+    chapter parallel.py ... and train.py" is parallel's); after all of them if it serves every one."""
+    line = serves_line(source)
+    reading = [stem for stem, _ in CHAPTERS]
+    named = [reading.index(m) for m in re.findall(r"\b(\w+)(?:\.py)?\b", line) if m in reading]
+    return named[0] if named and "every" not in line else len(reading)
+
+
+def reading_order(sources: dict[str, Source], chapters: list[str], companions: list[tuple[str, str]]) -> list[str]:
+    """Previous/next order: each chapter, then the companions that serve it; those serving every chapter last."""
+    order = []
+    for k, stem in enumerate([stem for stem, _ in CHAPTERS] + [None]):
+        if stem in chapters:
+            order.append(stem)
+        order += [c for c, _ in companions if served(sources[c]) == k]
+    return order
 
 
 def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     """Render every page of the files in `root` into a fresh folder beside `out`, then swap it in: `out` is whole
     or untouched."""
     _require_libraries()
-    from pygments.formatters import HtmlFormatter
     out = out.resolve()
     if out.exists() and not out.is_dir():
         raise BookError(f"--out {out} is a file: give a folder for the site, e.g. book/site")
@@ -794,7 +905,7 @@ def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     if out == root or root.is_relative_to(out):
         raise BookError(f"--out {out} would replace the repository: choose a folder inside it, e.g. book/site")
     sources, chapters, companions = discover(root)
-    order = chapters + [stem for stem, _ in companions]
+    order = reading_order(sources, chapters, companions)
     linker = Linker(sources)
     pages = {"index.html": index_html(linker, sources, chapters, companions)}
     for stem in chapters:
@@ -802,8 +913,21 @@ def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     for stem, kind in companions:
         pages[f"{stem}.html"] = page_html(linker, sources[stem], order, kind, root)
 
+    try:
+        publish(out, pages, root)
+    except OSError as e:                  # a full disk, a read-only or special folder (/proc): one line, no traceback
+        raise BookError(f"--out {out}: cannot write the site ({e.strerror or e}): choose a writable folder with "
+                        "free space; nothing was changed there") from e
+    return [out / name for name in pages]
+
+
+def publish(out: pathlib.Path, pages: dict[str, str], root: pathlib.Path) -> None:
+    """Write every file into a fresh folder beside `out`, then swap it in: `out` is the old site or the new one,
+    whole, whatever fails (a full disk midway removes the half-written folder and keeps the old site)."""
+    from pygments.formatters import HtmlFormatter
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    old = None
     try:
         for name, text in pages.items():
             (staging / name).write_text(text, encoding="utf-8")
@@ -819,17 +943,19 @@ def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
         os.umask(umask)
         for path in [staging, *staging.rglob("*")]:
             path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
-        old = None
         if out.exists():
             old = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
             os.replace(out, old / "site")
         os.replace(staging, out)
-        if old is not None:
-            shutil.rmtree(old)
     except BaseException:
+        if old is not None and (old / "site").exists() and not out.exists():
+            os.replace(old / "site", out)                    # the swap failed halfway: put the old site back
         shutil.rmtree(staging, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
         raise
-    return [out / name for name in pages]
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def refresh_figures(names: list[str]) -> None:
@@ -850,9 +976,10 @@ def refresh_figures(names: list[str]) -> None:
         temp = target.with_name(f".{target.name}.tmp{os.getpid()}")
         if figure.produces:
             shutil.copyfile(ROOT / figure.produces, temp)
-        else:
+        elif not figure.output.endswith(".png"):          # a PNG without `produces` was written by its command
             temp.write_text(result.stdout, encoding="utf-8")
-        os.replace(temp, target)
+        if temp.exists():
+            os.replace(temp, target)
         print(f"{name}: {figure.output} from `{figure.command}`")
 
 
