@@ -53,11 +53,11 @@ def s_curve(plt) -> pathlib.Path:
     import dedup
     j = np.linspace(0.0, 1.0, 201)
     fig, ax = plt.subplots(figsize=(9, 5))
-    for bands, rows in ((32, 4), (16, 8)):
+    for (bands, rows), y in (((32, 4), 0.45), ((16, 8), 0.3)):
         threshold = dedup.lsh_threshold(bands, rows)
         line, = ax.plot(j, dedup.candidate_probability(j, bands, rows), lw=2.5, label=f"{bands} bands x {rows} rows")
         ax.axvline(threshold, color=line.get_color(), ls=":", lw=1.5)
-        ax.annotate(f"threshold (1/b)^(1/r) = {threshold:.2f}", (threshold, 0.5), xytext=(6, 0),
+        ax.annotate(f"threshold (1/b)^(1/r) = {threshold:.2f}", (threshold, y), xytext=(6, 0),
                     textcoords="offset points", color=line.get_color())
     for jj in (0.2, 0.5):
         p = dedup.candidate_probability(jj, 32, 4)
