@@ -33,6 +33,7 @@ import ast
 import dataclasses
 import html
 import io
+import math
 import os
 import pathlib
 import re
@@ -335,6 +336,7 @@ class Row:
 class Heading:
     anchor: str
     title: str
+    line: int = 0            # the banner's first line: a long file's page is cut at headings
 
 
 def _slug(text: str) -> str:
@@ -370,7 +372,7 @@ def cut_rows(src: Source) -> list[Row | Heading]:
             last, title, rest, title_end = src.banners[line_no]
             number = re.match(r"(\d+)\.", title)
             items.append(Heading(f"s{number.group(1)}-{_slug(title[number.end():])}" if number else f"s-{_slug(title)}",
-                                 title))
+                                 title, line_no))
             if rest:
                 comment_run.extend([rest, ""])
             comment_run.extend(src.comments[n] for n in range(title_end + 1, last) if src.comments[n] or comment_run)
@@ -476,20 +478,43 @@ def fence_aligned_comment_lines(text: str) -> str:
 
 
 class Linker:
-    """Resolves a name seen on one page to a link: another page's anchor, this page's, or nothing."""
+    """Resolves a name seen on one page to a link: another page's anchor, this page's, or nothing. A file whose
+    lesson needs more than one sitting is cut into parts (stem.html, stem-2.html, ...) at section headings;
+    `current` is the page being written, so an anchor on it is "#name" and one on another part is "file#name"."""
 
     def __init__(self, sources: dict[str, Source]):
         self.sources = sources
+        self.items = {stem: cut_rows(src) for stem, src in sources.items()}
+        self.cuts = {stem: part_cuts(src, self.items[stem]) for stem, src in sources.items()}
+        self.current = "index.html"
+        self._lines: dict[str, dict[str, int]] = {}
 
-    def page(self, stem: str) -> str:
-        return f"{stem}.html"
+    def page(self, stem: str, line: int = 1) -> str:
+        """The page (part) of stem's file that shows `line`."""
+        part = sum(cut <= line for cut in self.cuts.get(stem, []))
+        return f"{stem}.html" if part == 0 else f"{stem}-{part + 1}.html"
+
+    def parts(self, stem: str) -> list[str]:
+        return [f"{stem}.html"] + [f"{stem}-{k}.html" for k in range(2, len(self.cuts[stem]) + 2)]
+
+    def href(self, stem: str, anchor: str) -> str:
+        """stem's anchor from the current page: "#anchor" on the same part, "stem-2.html#anchor" on another."""
+        if stem not in self._lines:
+            src, lines = self.sources[stem], {}
+            for line, names in sorted(src.assigned.items(), reverse=True):
+                lines.update({name: line for name in names})
+            lines.update({h.anchor: h.line for h in self.items[stem] if isinstance(h, Heading)})
+            lines.update({d.qualname: d.start for d in src.definitions.values() if d.qualname})
+            self._lines[stem] = lines
+        target = self.page(stem, self._lines[stem].get(anchor, 1))
+        return f"#{anchor}" if target == self.current else f"{target}#{anchor}"
 
     def attribute(self, module: str, attr: str, more: str = "") -> str | None:
         """`module.attr` (or `module.Class.method`): the anchor on module's page, when it defines that name."""
         symbols = self.sources[module].symbols
         if more and f"{attr}.{more}" in symbols:
-            return f"{self.page(module)}#{attr}.{more}"
-        return f"{self.page(module)}#{attr}" if attr in symbols else None
+            return self.href(module, f"{attr}.{more}")
+        return self.href(module, attr) if attr in symbols else None
 
     def name(self, src: Source, name: str) -> str | None:
         """A bare name: imported from another page (`from model import GPT`), or a definition on this page."""
@@ -497,7 +522,7 @@ class Linker:
             module, original = src.imported_names[name]
             return self.attribute(module, original) or self.page(module)
         if name in src.top_level:
-            return f"#{name}"
+            return self.href(src.stem, name)
         return None
 
     def link_text(self, src: Source, escaped: str) -> str:
@@ -525,7 +550,7 @@ class Linker:
             if module is not None:
                 return self.attribute(module, attr, more or "")
             if f"{head}.{attr}" in src.symbols:
-                return f"#{head}.{attr}"
+                return self.href(src.stem, f"{head}.{attr}")
             return None
         match = re.fullmatch(r"([A-Za-z_]\w*)(?:\(.*\))?", content)
         return self.name(src, match.group(1)) if match else None
@@ -695,19 +720,35 @@ def _layout(title: str, body: str, nav: str) -> str:
             f"</head>\n<body>\n<nav class=\"top\">{nav}</nav>\n<main>\n{body}\n</main>\n</body>\n</html>\n")
 
 
-def _nav(order: list[str], stem: str | None, toc: str = "") -> str:
-    """Index, previous and next in reading order, and the page's sections as a menu (a <details>, so it opens
-    without JavaScript and stays in the sticky bar wherever the reader is)."""
+def _nav(order: list[str], page: str | None, toc: str = "", files: list[str] | None = None) -> str:
+    """Index, previous and next in reading order (a file's parts, then the next file), the parts of a long file,
+    and the page's sections as a menu (a <details>, so it opens without JavaScript and stays in the sticky bar
+    wherever the reader is). `order`: the files' stems in book order; `files`: the parts of this page's file."""
     links = ['<a href="index.html">Book index</a>']
-    if stem is not None:                                  # `order`: the pages in book order, index excluded
-        k = order.index(stem)
-        if k > 0:
-            links.append(f'<a href="{order[k - 1]}.html" rel="prev">← {order[k - 1]}.py</a>')
-        if k + 1 < len(order):
-            links.append(f'<a href="{order[k + 1]}.html" rel="next">{order[k + 1]}.py →</a>')
+    if page is not None:
+        files = files or [page]
+        k = files.index(page)
+        stem = re.sub(r"-\d+$", "", page.removesuffix(".html"))
+        j = order.index(stem)
+        prev = files[k - 1] if k > 0 else f"{order[j - 1]}.html" if j > 0 else None
+        next_ = files[k + 1] if k + 1 < len(files) else f"{order[j + 1]}.html" if j + 1 < len(order) else None
+        if prev:
+            links.append(f'<a href="{prev}" rel="prev">← {_label(prev)}</a>')
+        if next_:
+            links.append(f'<a href="{next_}" rel="next">{_label(next_)} →</a>')
+        if len(files) > 1:
+            links.append('<span class="parts">Parts: ' + " ".join(
+                f"<b>{n}</b>" if name == page else f'<a href="{name}">{n}</a>' for n, name in enumerate(files, 1))
+                + "</span>")
     if toc:
         links.append(f'<details class="sections"><summary>Sections</summary><ul>{toc}</ul></details>')
     return " ".join(links)
+
+
+def _label(page: str) -> str:
+    """data.html -> data.py, data-2.html -> data.py (2)."""
+    match = re.fullmatch(r"(\w+?)(?:-(\d+))?\.html", page)
+    return f"{match.group(1)}.py" + (f" ({match.group(2)})" if match.group(2) else "")
 
 
 def figure_html(figure: Figure, root: pathlib.Path) -> str:
@@ -769,10 +810,58 @@ def folded_from(items: list) -> int:
     return len(items)
 
 
-def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pathlib.Path) -> str:
+SITTING_MINUTES = 45
+WORDS_PER_MINUTE = 200          # prose read with care (a technical text, not a novel)
+SECONDS_PER_CODE_LINE = 6       # a line of code read, not skimmed
+
+
+def reading_minutes(words: int, code_lines: int) -> float:
+    """The time a learner needs: 200 words of prose a minute and 6 s a line of code (so 1,000 words beside 200
+    lines take 5 + 20 = 25 minutes)."""
+    return words / WORDS_PER_MINUTE + code_lines * SECONDS_PER_CODE_LINE / 60
+
+
+def part_cuts(src: Source, items: list) -> list[int]:
+    """Where a page longer than one sitting (45 minutes of its lesson; the folded command line not counted) is
+    cut into parts of about equal reading time: the first lines of the parts 2, 3, ... A part starts at a section
+    heading, or at a definition when a section (train.py's Trainer) is longer than a part."""
+    fold = folded_from(items)
+    costs = [0.0 if isinstance(item, Heading) else
+             reading_minutes(sum(len(text.split()) for _, text in item.prose), len(item.code)) for item in items[:fold]]
+    intro = reading_minutes(len(src.docstring.split()), 0)
+    total = intro + sum(costs)
+    n = math.ceil(total / SITTING_MINUTES)
+    cuts, done = [], intro
+    for item, cost in zip(items, costs):
+        line = _first_line(item)
+        starts = isinstance(item, Heading) or (item.anchor and line)
+        if starts and len(cuts) + 1 < n and done >= total * (len(cuts) + 1) / n:
+            cuts.append(line)
+        done += cost
+    return cuts
+
+
+def part_minutes(src: Source, items: list, cuts: list[int]) -> list[float]:
+    """The reading time of each part of a page (its folded command line not counted), shown in its heading."""
+    minutes, part = [reading_minutes(len(src.docstring.split()), 0)] + [0.0] * len(cuts), 0
+    for item in items[:folded_from(items)]:
+        if _first_line(item):
+            part = sum(cut <= _first_line(item) for cut in cuts)
+        if isinstance(item, Row):
+            minutes[part] += reading_minutes(sum(len(text.split()) for _, text in item.prose), len(item.code))
+    return minutes
+
+
+def _first_line(item) -> int:
+    """The line an item starts at (0 for a row of prose alone, which stays with the part before it)."""
+    return item.line if isinstance(item, Heading) else item.code[0] if item.code else 0
+
+
+def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pathlib.Path) -> dict[str, str]:
+    """The pages of one file: {file name: html}, one per part (one for a file read in one sitting)."""
     used_ids: set[str] = set()
     md = make_markdown(linker, used_ids)
-    items = cut_rows(src)
+    items = linker.items[src.stem]
     tokens = token_lines(src)
     for item in items:
         if item.anchor:
@@ -785,7 +874,10 @@ def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pa
                 return f' id="{html.escape(name)}"'
         return ""
 
-    toc = "".join(f'<li><a href="#{h.anchor}">{md.renderInline(h.title, {"source": src, "in_link": True})}</a></li>'
+    files = linker.parts(src.stem)
+    linker.current = None                                     # the menu is on every part: links name the file
+    toc = "".join(f'<li><a href="{linker.href(src.stem, h.anchor)}">'
+                  f'{md.renderInline(h.title, {"source": src, "in_link": True})}</a></li>'
                   for h in items if isinstance(h, Heading))
     # Each figure goes right after the row whose text discusses it (the first of its anchors on this page).
     anchors = {item.anchor: k for k, item in enumerate(items) if isinstance(item, Row) and item.anchor}
@@ -795,33 +887,52 @@ def page_html(linker: Linker, src: Source, order: list[str], kind: str, root: pa
         placed.setdefault(at, []).append(figure_html(figure, root))
     label = "" if kind == "chapter" else f'<p class="kind">Companion file: {html.escape(kind)}. Serves: ' \
         f'{md.renderInline(serves_line(src), {"source": src})}</p>'
-    parts = [f'<header class="intro"><h1><code>{src.stem}.py</code></h1>{label}'
-             f'{md.render(separate_indented_blocks(fence_doctests(src.docstring)), {"source": src})}'
-             + "".join(f'<div class="figures">{f}</div>' for f in placed.get(-1, []))
-             + (f'<nav class="toc"><h2>Sections</h2><ul>{toc}</ul></nav>' if toc else "") + "</header>"]
+    linker.current = files[0]
+    minutes = part_minutes(src, items, linker.cuts[src.stem])
+    of = f" · part 1 of {len(files)}" if len(files) > 1 else ""
+    of += f' <small class="minutes">about {minutes[0]:.0f} minutes</small>'
+
+    parts: dict[str, list[str]] = {name: [] for name in files}
+    parts[files[0]].append(
+        f'<header class="intro"><h1><code>{src.stem}.py</code>{of}</h1>{label}'
+        f'{md.render(separate_indented_blocks(fence_doctests(src.docstring)), {"source": src})}'
+        + "".join(f'<div class="figures">{f}</div>' for f in placed.get(-1, []))
+        + (f'<nav class="toc"><h2>Sections</h2><ul>{toc}</ul></nav>' if toc else "") + "</header>")
     fold = folded_from(items)
     hint = '<span class="hint">folded: the code that reads the flags and runs the commands</span>'
     for k, item in enumerate(items):
+        if _first_line(item) and linker.page(src.stem, _first_line(item)) != linker.current:
+            linker.current = linker.page(src.stem, _first_line(item))
+            number = files.index(linker.current) + 1
+            parts[linker.current].append(f'<header class="intro part"><h1><code>{src.stem}.py</code> · part '
+                                         f"{number} of {len(files)} <small class=\"minutes\">about "
+                                         f"{minutes[number - 1]:.0f} minutes</small></h1></header>")
+        out = parts[linker.current]
         heading = isinstance(item, Heading) and (f'<h2 class="banner" id="{item.anchor}"><a href="#{item.anchor}">'
                                                  f'{md.renderInline(item.title, {"source": src, "in_link": True})}'
                                                  "</a></h2>")
         if k == fold:
-            parts.append(f'<details class="cli"><summary>{heading or "<h2>The command line</h2>"}{hint}</summary>')
+            out.append(f'<details class="cli"><summary>{heading or "<h2>The command line</h2>"}{hint}</summary>')
         if heading:
             if k != fold:
-                parts.append(heading)
+                out.append(heading)
             continue
         code = "".join(f'<span class="line" data-n="{n}"{line_anchor(n)}>{code_line_html(linker, src, tokens[n - 1])}'
                        f"</span>" for n in item.code)
         anchor = f' id="{html.escape(item.anchor)}"' if item.anchor else ""
         prose = prose_html(md, src, item.prose)
         shape = " wide" if prose and is_wide(prose, len(item.code)) else "" if prose else " bare"
-        parts.append(f'<section class="row{shape}"{anchor}><div class="prose">{prose}</div>'
-                     f'<div class="code"><pre>{code}</pre></div></section>')
-        parts += [f'<div class="figures">{f}</div>' for f in placed.get(k, [])]
+        out.append(f'<section class="row{shape}"{anchor}><div class="prose">{prose}</div>'
+                   f'<div class="code"><pre>{code}</pre></div></section>')
+        out += [f'<div class="figures">{f}</div>' for f in placed.get(k, [])]
     if fold < len(items):
-        parts.append("</details>")
-    return _layout(f"{src.stem}.py · the book", "\n".join(parts), _nav(order, src.stem, toc))
+        parts[linker.current].append("</details>")
+    linker.current = "index.html"
+    pages = {}
+    for number, name in enumerate(files):
+        title = f"{src.stem}.py" + (f" (part {number + 1} of {len(files)})" if len(files) > 1 else "")
+        pages[name] = _layout(f"{title} · the book", "\n".join(parts[name]), _nav(order, name, toc, files))
+    return pages
 
 
 def index_html(linker: Linker, sources: dict[str, Source], chapters: list[str],
@@ -909,9 +1020,9 @@ def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     linker = Linker(sources)
     pages = {"index.html": index_html(linker, sources, chapters, companions)}
     for stem in chapters:
-        pages[f"{stem}.html"] = page_html(linker, sources[stem], order, "chapter", root)
+        pages.update(page_html(linker, sources[stem], order, "chapter", root))
     for stem, kind in companions:
-        pages[f"{stem}.html"] = page_html(linker, sources[stem], order, kind, root)
+        pages.update(page_html(linker, sources[stem], order, kind, root))
 
     try:
         publish(out, pages, root)

@@ -234,7 +234,7 @@ def check_site(site: pathlib.Path, shots: pathlib.Path | None, executable: str,
                only: list[str] | None = None, root: pathlib.Path | None = None) -> list[dict]:
     """Every *.html of `site` (or those named in `only`) at every width in WIDTHS:
     [{page, width, console, layout, screenshot, seconds}]; `root`: the repository, for the formula check."""
-    pages = sorted(p for p in site.glob("*.html") if not only or p.stem in only)
+    pages = sorted(p for p in site.glob("*.html") if not only or stem_of(p.name) in only)
     results = []
     browser = Browser(executable)
     try:
@@ -276,6 +276,11 @@ def check_site(site: pathlib.Path, shots: pathlib.Path | None, executable: str,
     return results
 
 
+def stem_of(page: str) -> str:
+    """The file a page shows: data.html and data-2.html (its part 2) are data.py's."""
+    return re.sub(r"-\d+$", "", page.removesuffix(".html"))
+
+
 def formulas(path: pathlib.Path) -> set[str]:
     """What a reader must see as written: every `*`-formula or glob (3*C*H, B*T, train_*.bin, 2**32) in the prose
     of a source file (its docstrings and full-line comments), which Markdown would turn into emphasis."""
@@ -295,7 +300,10 @@ def site_problems(results: list[dict], site: pathlib.Path, root: pathlib.Path | 
     import build
     chapters = {stem for stem, _ in build.CHAPTERS}
     ids = {(r["width"], r["page"]): set(r["layout"]["ids"]) for r in results}
-    expected = {}
+    expected, prose, figures = {}, collections.defaultdict(str), collections.Counter()
+    for r in results:                       # a file's parts together: its prose and its figures
+        prose[r["width"], stem_of(r["page"])] += r["layout"]["prose"]
+        figures[r["width"], stem_of(r["page"])] += r["layout"]["figures"]
     for r in results:
         layout, problems = r["layout"], r["layout"]["problems"]
         for tag, url in layout["links"]:
@@ -311,13 +319,14 @@ def site_problems(results: list[dict], site: pathlib.Path, root: pathlib.Path | 
                         problems.append(f"broken link: {url} (no such anchor)")
             elif not url.startswith(("data:", "about:")) and tag != "a":
                 problems.append(f"external load: {tag} {url}")
-        stem = r["page"].removesuffix(".html")
-        if stem in chapters and not layout["figures"]:
+        stem = stem_of(r["page"])
+        first_part = r["page"] == f"{stem}.html"                # a file's own checks are reported on its part 1
+        if first_part and stem in chapters and not figures[r["width"], stem]:
             problems.append("no figure: a chapter without a figure")
-        if root is not None and (root / f"{stem}.py").is_file():
+        if first_part and root is not None and (root / f"{stem}.py").is_file():
             if stem not in expected:
                 expected[stem] = formulas(root / f"{stem}.py")
-            shown = layout["prose"]
+            shown = prose[r["width"], stem]
             problems += [f"damaged formula: {f!r} is not in the page's prose" for f in sorted(expected[stem])
                          if f not in shown][:20]
         for key in ("links", "ids", "prose"):

@@ -3,6 +3,7 @@ page, every internal link and anchor resolving, nothing loaded from the network,
 Chromium at desktop and phone widths with no console error and the layout checked (skipped without chromium)."""
 import ast
 import html.parser
+import math
 import pathlib
 import re
 import struct
@@ -49,6 +50,22 @@ def parse(path: pathlib.Path) -> PageParser:
     return parser
 
 
+def whole(site: pathlib.Path, stem: str) -> str:
+    """All the pages of one file, its parts in order (a file longer than one sitting has data.html, data-2.html)."""
+    return "".join((site / name).read_text(encoding="utf-8") for name in part_names(site, stem))
+
+
+def part_names(site: pathlib.Path, stem: str) -> list[str]:
+    more = sorted((p.name for p in site.glob(f"{stem}-*.html")), key=lambda n: int(n[len(stem) + 1:-5]))
+    return [f"{stem}.html", *more]
+
+
+def parse_whole(site: pathlib.Path, stem: str) -> PageParser:
+    parser = PageParser()
+    parser.feed(whole(site, stem))
+    return parser
+
+
 def top_level_files() -> list[pathlib.Path]:
     return sorted(ROOT.glob("*.py"))
 
@@ -63,7 +80,7 @@ def site(tmp_path_factory) -> pathlib.Path:
 # ---------------------------------------------------------------- the build on the real files
 
 def test_one_page_per_top_level_file_and_an_index_in_reading_order(site):
-    pages = {p.stem for p in site.glob("*.html")}
+    pages = {book_check.stem_of(p.name) for p in site.glob("*.html")}
     assert pages == {p.stem for p in top_level_files()} | {"index"}
     index = (site / "index.html").read_text(encoding="utf-8")
     chapter_links = re.findall(r'<tr><td>\d+</td><td><a href="(\w+)\.html">', index)
@@ -75,14 +92,14 @@ def test_one_page_per_top_level_file_and_an_index_in_reading_order(site):
     companions = [p.stem for p in top_level_files() if p.stem not in dict(book.CHAPTERS)]
     for stem in companions:                           # after the chapters, marked as companions
         assert f'<a href="{stem}.html"><code>{stem}.py</code></a></td><td>' in index.split('id="companions"')[1]
-        assert "Companion file:" in (site / f"{stem}.html").read_text(encoding="utf-8")
+        assert "Companion file:" in whole(site, stem)
 
 
 def test_every_top_level_function_and_class_is_on_its_page_with_its_code_and_docstring(site):
     for path in top_level_files():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        page = (site / f"{path.stem}.html").read_text(encoding="utf-8")
-        parsed = parse(site / f"{path.stem}.html")
+        page = whole(site, path.stem)
+        parsed = parse_whole(site, path.stem)
         words = " ".join(re.findall(r"\w+", "".join(parsed.text)))
         shown = {int(n) for n in re.findall(r'<span class="line" data-n="(\d+)"', page)}
         definitions = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
@@ -122,12 +139,12 @@ def test_section_banners_are_headings_with_anchors_in_the_table_of_contents(site
                     k = end
             k += 1
         banners += len(titles)
-        page = (site / f"{path.stem}.html").read_text(encoding="utf-8")
+        page = whole(site, path.stem)
         headings = [(anchor, re.sub(r"<[^>]+>", "", title)) for anchor, title in
                     re.findall(r'<h2 class="banner" id="([^"]+)"><a href="#\1">(.+?)</a></h2>', page)]
         assert [h[1].split(" ")[0] for h in headings] == [t.split(" ")[0] for t in titles], path.name
         for anchor, _ in headings:
-            assert f'<li><a href="#{anchor}">' in page
+            assert re.search(rf'<li><a href="{path.stem}(-\d+)?\.html#{re.escape(anchor)}">', page), anchor
     assert banners >= 40          # the chapters have dozens; none found would mean the parser broke
 
 
@@ -163,11 +180,11 @@ def test_names_from_another_chapter_link_to_their_definition(site):
                     and node.module in modules for a in node.names}
         used = {(aliases[node.value.id], node.attr) for node in ast.walk(tree) if isinstance(node, ast.Attribute)
                 and isinstance(node.value, ast.Name) and node.value.id in aliases}
-        page = (site / f"{path.stem}.html").read_text(encoding="utf-8")
+        page = whole(site, path.stem)
         for module, name in used | imported:
             target = ast.parse((ROOT / f"{module}.py").read_text(encoding="utf-8"))
             if name in {n.name for n in target.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}:
-                assert f'href="{module}.html#{name}"' in page, f"{path.name}: {module}.{name} is not linked"
+                assert re.search(rf'href="({module}(-\d+)?\.html)?#{name}"', page), f"{path.name}: {module}.{name}"
                 expected += 1
     assert expected >= 20
     # In prose too: a module docstring that names another file (`train.py`, or plain train.py) links to its page,
@@ -181,12 +198,11 @@ def test_names_from_another_chapter_link_to_their_definition(site):
             mentions += 1
     assert mentions >= 10
     if "bpe.Tokenizer" in (ROOT / "model.py").read_text(encoding="utf-8"):
-        assert '<a class="xref" href="bpe.html#Tokenizer">bpe.Tokenizer</a>' in \
-            (site / "model.html").read_text(encoding="utf-8")
+        assert re.search(r'<a class="xref" href="bpe(-\d+)?\.html#Tokenizer">bpe.Tokenizer</a>', whole(site, "model"))
 
 
 def test_prose_keeps_the_docstrings_blocks_doctests_and_aligned_comments(site):
-    dedup = (site / "dedup.html").read_text(encoding="utf-8")
+    dedup = whole(site, "dedup")
     # "Run it:" then indented commands (no blank line between): a block of commands, not one run-on sentence.
     assert re.search(r'<pre class="block">python dedup.py demo +# the lecture', dedup)
     # A doctest becomes a highlighted pycon block (the prompt is a Generic.Prompt token: class "gp").
@@ -197,7 +213,7 @@ def test_prose_keeps_the_docstrings_blocks_doctests_and_aligned_comments(site):
 
 def test_figures_are_on_the_page_of_the_chapter_that_makes_them(site):
     for figure in book.FIGURES:
-        page = (site / f"{figure.chapter}.html").read_text(encoding="utf-8")
+        page = whole(site, figure.chapter)
         assert f'id="figure-{figure.name}"' in page
         assert (ROOT / figure.output).is_file(), f"{figure.output} is not committed: run {figure.command}"
         assert figure.command in page
@@ -205,12 +221,12 @@ def test_figures_are_on_the_page_of_the_chapter_that_makes_them(site):
             name = pathlib.Path(figure.output).name
             assert f'<img src="figures/{name}"' in page
             assert (site / "figures" / name).read_bytes() == (ROOT / figure.output).read_bytes()
-    assert "<table>" in (site / "dedup.html").read_text(encoding="utf-8").split('id="figure-lsh-demo"')[1]
+    assert "<table>" in whole(site, "dedup").split('id="figure-lsh-demo"')[1]
     # Every chapter shows a figure, in the section that discusses it (right after the row of its first anchor
     # there), and a PNG opens full size.
     for stem, _ in book.CHAPTERS:
-        assert 'id="figure-' in (site / f"{stem}.html").read_text(encoding="utf-8"), stem
-    dedup = (site / "dedup.html").read_text(encoding="utf-8")
+        assert 'id="figure-' in whole(site, stem), stem
+    dedup = whole(site, "dedup")
     after = dedup.split('id="candidate_probability"', 1)[1].split('<section class="row', 1)[0]
     assert 'id="figure-s-curve"' in after and '<a href="figures/dedup-s-curve.png"' in after
     assert "python book/figures.py s-curve" in after
@@ -218,10 +234,10 @@ def test_figures_are_on_the_page_of_the_chapter_that_makes_them(site):
 
 def test_formulas_dividers_serves_lines_and_reading_order_read_as_written(site):
     for path in top_level_files():
-        text = "".join(parse(site / f"{path.stem}.html").text)
+        text = "".join(parse_whole(site, path.stem).text)
         assert [f for f in book_check.formulas(path) if f not in text] == [], path.name
-        assert not re.search(r"<p>[^<]*-{8,}", (site / f"{path.stem}.html").read_text(encoding="utf-8")), path.name
-    bpe_page = (site / "bpe.html").read_text(encoding="utf-8")
+        assert not re.search(r"<p>[^<]*-{8,}", whole(site, path.stem)), path.name
+    bpe_page = whole(site, "bpe")
     if "# -- encoding --" in (ROOT / "bpe.py").read_text(encoding="utf-8"):
         assert re.search(r"<h4[^>]*>encoding</h4>", bpe_page)
     index = re.sub(r"<[^>]+>", "", (site / "index.html").read_text(encoding="utf-8"))
@@ -229,9 +245,30 @@ def test_formulas_dividers_serves_lines_and_reading_order_read_as_written(site):
     model_parallel = (site / "model_parallel.html").read_text(encoding="utf-8")
     assert 'rel="prev">← parallel.py</a>' in model_parallel
     for stem in ("data", "dedup", "train"):                     # a sections menu and the CLI folded
-        page = (site / f"{stem}.html").read_text(encoding="utf-8")
+        page = whole(site, stem)
         assert '<nav class="top">' in page and '<details class="sections"><summary>Sections</summary>' in page
         assert page.count('<details class="cli">') == 1 and 'id="main"' in page.split('<details class="cli">')[1]
+
+
+def test_a_file_longer_than_one_sitting_is_cut_into_parts_of_at_most_45_minutes(site):
+    """At 200 words of prose and 10 lines of code a minute, each part reads in one sitting (45 minutes)."""
+    sources, chapters, companions = book.discover()
+    linker = book.Linker(sources)
+    split = 0
+    for stem, src in sources.items():
+        cuts = linker.cuts[stem]
+        minutes = book.part_minutes(src, linker.items[stem], cuts)
+        assert max(minutes) <= book.SITTING_MINUTES + 5, (stem, minutes)
+        assert part_names(site, stem) == linker.parts(stem), stem
+        if sum(minutes) > book.SITTING_MINUTES:
+            assert len(cuts) == math.ceil(sum(minutes) / book.SITTING_MINUTES) - 1, (stem, minutes)
+        split += len(cuts) > 0
+        for number, name in enumerate(linker.parts(stem), 1):
+            page = (site / name).read_text(encoding="utf-8")
+            assert f"about {minutes[number - 1]:.0f} minutes" in page, name
+    assert split >= 5
+    if len(linker.parts("data")) > 1:        # the second part opens with its heading, and the first links to it
+        assert 'rel="next">data.py (2) →</a>' in (site / "data.html").read_text(encoding="utf-8")
 
 
 def test_a_formula_keeps_its_stars_and_a_divider_is_a_heading(tmp_path):
@@ -396,7 +433,7 @@ def test_the_browser_check_finds_each_fault_a_reader_sees_and_passes_a_real_chap
     assert "cut code line" in kinds["desktop"] and "cut code line" not in kinds["phone"]
     assert "clipped prose: div" not in kinds["phone"]         # a phone may scroll a table sideways
     good = book_check.check_site(site, tmp_path / "shots", _chromium(), only=["dedup"], root=ROOT)
-    _assert_reads_well(good, ["dedup.html"])
+    _assert_reads_well(good, part_names(site, "dedup"))
 
 
 @pytest.mark.long
