@@ -1,0 +1,242 @@
+"""book/figures.py: the book's drawn figures, made by the chapters' own functions.
+
+    python book/figures.py s-curve     # docs/figures/dedup-s-curve.png (dedup.candidate_probability)
+    python book/figures.py all         # every figure below, in a few seconds
+
+Each figure calls the lesson's code (no number is typed here), so a figure changes when the chapter
+does, and `python book/build.py --refresh-figures NAME` reruns the command printed under it in the
+book. The PNGs are committed in docs/figures/ so the build needs neither matplotlib nor the time to
+draw them.
+
+* s-curve: P(candidate | J) = 1 - (1 - J^r)^b for the two LSH settings dedup.py teaches, with their
+  thresholds.
+* bpe-merges: tokens per word as merges are added, for BPE trained by bpe.train_bpe on the committed
+  docs/*.md, measured on held-out English (README.md) and on Python (model.py): where the merges
+  come from matters.
+* model-cost: each preset's parameters (embedding vs the rest, model.GPTConfig.num_params) and the
+  attention share of its training FLOPs per token as the context grows
+  (GPTConfig.flops_per_token).
+* zero-memory: bytes per rank of a 7e9-parameter model under DP and ZeRO-1/2/3 as ranks are added
+  (parallel.zero_memory_per_rank).
+* emergence: exact match of k steps, p^k (evaluate.exact_match_from_per_step), against per-step
+  accuracy p.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "figures"
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit(
+            "book/figures.py: error: the figures need matplotlib: pip install matplotlib"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 12, "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100})
+    return plt
+
+
+def _save(fig, name: str) -> pathlib.Path:
+    """Write through a temp name and rename, so a killed run leaves the old PNG whole."""
+    path = OUT / name
+    OUT.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fig.savefig(temp, format="png", bbox_inches="tight", metadata={"Software": None})
+    os.replace(temp, path)
+    return path
+
+
+def s_curve(plt) -> pathlib.Path:
+    import numpy as np
+    import dedup
+
+    j = np.linspace(0.0, 1.0, 201)
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for (bands, rows), y in (((32, 4), 0.45), ((16, 8), 0.3)):
+        threshold = dedup.lsh_threshold(bands, rows)
+        (line,) = ax.plot(
+            j,
+            dedup.candidate_probability(j, bands, rows),
+            lw=2.5,
+            label=f"{bands} bands x {rows} rows",
+        )
+        ax.axvline(threshold, color=line.get_color(), ls=":", lw=1.5)
+        ax.annotate(
+            f"threshold (1/b)^(1/r) = {threshold:.2f}",
+            (threshold, y),
+            xytext=(6, 0),
+            textcoords="offset points",
+            color=line.get_color(),
+        )
+    for jj in (0.2, 0.5):
+        p = dedup.candidate_probability(jj, 32, 4)
+        ax.plot([jj], [p], "o", color="C0")
+        ax.annotate(
+            f"P({jj}) = {p:.2f}", (jj, p), xytext=(-70, 8), textcoords="offset points", color="C0"
+        )
+    ax.set(
+        xlabel="Jaccard similarity J of two documents",
+        ylabel="P(the pair becomes an LSH candidate)",
+        title="The LSH S-curve: 1 - (1 - J^r)^b",
+        xlim=(0, 1),
+        ylim=(-0.02, 1.02),
+    )
+    ax.legend(loc="lower right")
+    return _save(fig, "dedup-s-curve.png")
+
+
+def bpe_merges(plt) -> pathlib.Path:
+    import bpe
+
+    train = [str(p) for p in sorted((ROOT / "docs").glob("*.md"))]
+    held_out = {
+        "English (README.md)": (ROOT / "README.md").read_text(encoding="utf-8"),
+        "Python (model.py)": (ROOT / "model.py").read_text(encoding="utf-8"),
+    }
+    merges = [0, 64, 128, 256, 512, 1024, 2048]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for label, text in held_out.items():
+        words = len(text.split())
+        ratios = [len(bpe.train_bpe(train, 256 + 1 + m).encode(text)) / words for m in merges]
+        ax.plot(merges, ratios, "o-", lw=2.5, label=label)
+        ax.annotate(
+            f"{ratios[-1]:.2f}", (merges[-1], ratios[-1]), xytext=(6, 0), textcoords="offset points"
+        )
+    ax.set(
+        xlabel="merges learned (vocabulary = 256 bytes + 1 special + merges)",
+        ylabel="tokens per word",
+        title="BPE trained on docs/*.md: tokens per word of held-out text",
+        ylim=(0, None),
+    )
+    ax.set_xscale("symlog", linthresh=64)
+    ax.legend()
+    return _save(fig, "bpe-merges.png")
+
+
+def model_cost(plt) -> pathlib.Path:
+    import model
+
+    names = list(model.PRESETS)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    total = [model.PRESETS[n].num_params() for n in names]
+    body = [model.PRESETS[n].num_params(non_embedding=True) for n in names]
+    left.barh(names, body, label="blocks (attention, MLP, norms)")
+    left.barh(
+        names, [t - b for t, b in zip(total, body)], left=body, label="embedding (+ untied head)"
+    )
+    left.set(
+        xscale="log",
+        xlabel="parameters (log scale)",
+        title="Parameters per preset (num_params)",
+        xlim=(min(body) / 2, max(total) * 2),
+    )
+    left.legend(loc="lower right", fontsize=10)
+    for name in names:
+        config = model.PRESETS[name]
+        context = [2**k for k in range(6, 18) if 2**k <= max(config.block_size, 1 << 15)]
+        share = [1 - config.flops_per_token(0) / config.flops_per_token(t) for t in context]
+        right.plot(context, share, "o-", ms=3, label=name)
+    right.set(
+        xscale="log",
+        xlabel="context length T (tokens)",
+        ylabel="attention share of FLOPs per token",
+        title="12·L·T·C of flops_per_token(T), as T grows",
+        ylim=(0, 1),
+    )
+    right.set_xscale("log", base=2)
+    right.legend(fontsize=9)
+    return _save(fig, "model-cost.png")
+
+
+def zero_memory(plt) -> pathlib.Path:
+    import parallel
+
+    worlds = [1, 2, 4, 8, 16, 32, 64]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for stage, label in enumerate(
+        ("DP (ZeRO-0)", "ZeRO-1: optimizer", "ZeRO-2: + gradients", "ZeRO-3: + weights")
+    ):
+        gb = [parallel.zero_memory_per_rank(7e9, w, stage) / 1e9 for w in worlds]
+        ax.plot(worlds, gb, "o-", lw=2.5, label=label)
+        ax.annotate(f"{gb[3]:.1f} GB", (8, gb[3]), xytext=(6, 4), textcoords="offset points")
+    ax.axhline(80, color="k", ls=":", lw=1.5)
+    ax.annotate("one 80 GB GPU", (1, 80), xytext=(4, 4), textcoords="offset points")
+    ax.set(
+        xlabel="ranks (world size)",
+        ylabel="GB per rank (weights + grads + AdamW state)",
+        yscale="log",
+        title="A 7e9-parameter model's training state per rank (zero_memory_per_rank)",
+    )
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    return _save(fig, "parallel-zero-memory.png")
+
+
+def emergence(plt) -> pathlib.Path:
+    import numpy as np
+    import evaluate
+
+    p = np.linspace(0, 1, 101)
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ax.plot(p, p, "k--", lw=1.5, label="per-step accuracy p (k = 1)")
+    for k in (2, 5, 10, 20):
+        ax.plot(
+            p,
+            evaluate.exact_match_from_per_step(p, k),
+            lw=2.5,
+            label=f"exact match of {k} steps, p^{k}",
+        )
+    lecture = np.array(evaluate.LECTURE_PER_STEP)
+    ax.plot(
+        lecture,
+        evaluate.exact_match_from_per_step(lecture, 5),
+        "o",
+        color="C1",
+        label="the lecture's table (k = 5)",
+    )
+    ax.set(
+        xlabel="per-step accuracy p (improves smoothly with scale)",
+        ylabel="score",
+        title="Emergence from a metric: exact match p^k jumps where p grows smoothly",
+        xlim=(0, 1),
+        ylim=(0, 1),
+    )
+    ax.legend(loc="upper left")
+    return _save(fig, "evaluate-emergence.png")
+
+
+FIGURES = {
+    "s-curve": s_curve,
+    "bpe-merges": bpe_merges,
+    "model-cost": model_cost,
+    "zero-memory": zero_memory,
+    "emergence": emergence,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="+", choices=[*FIGURES, "all"], help="the figures to draw")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    plt = _pyplot()
+    for name in FIGURES if "all" in args.names else args.names:
+        path = FIGURES[name](plt)
+        plt.close("all")
+        print(f"{name}: {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
