@@ -1635,14 +1635,14 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
         raise DataError(f"--out {out_dir} with --ray-address: pass --work-dir on a folder every node mounts "
                         f"(NFS), since a task on one node reads the work files of another")
     with dataset.planned(sources, out_dir, log, recipe) as plan:
-        return _build_and_publish(plan, remote, threads, workers, chunk_mb, engine, ray_address, work_dir, verbose,
-                                  log)
+        return _build_and_publish(plan, remote, threads, workers, chunk_mb, engine, ray_address,
+                                  work_dir, verbose, log)
 
 
-def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk_mb, engine, ray_address, work_dir,
-                       verbose, log) -> pathlib.Path | str:
-    """prepare once its output is planned and locked: run the streaming engine (or Ray) in the work folder, then
-    publish the dataset."""
+def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk_mb, engine,
+                       ray_address, work_dir, verbose, log) -> pathlib.Path | str:
+    """prepare once its output is planned and locked: run the streaming engine (or Ray) in the
+    work folder, then publish the dataset."""
     if engine == "ray" and not remote:                              # Ray's workers may run in any folder
         plan = dataclasses.replace(plan, out_dir=plan.out_dir.absolute())
     if plan.reuse:
@@ -1662,7 +1662,7 @@ def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk
             if stale != work and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
 
-    made_for_work = fileio.missing_folders(work_root)  # the work folder makes them: undone on bad input
+    made_for_work = fileio.missing_folders(work_root)  # made for the work: undone on bad input
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
     with session as ray:
         clock = data.Clock()
@@ -1678,7 +1678,7 @@ def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk
             raise                                        # as a kill: the work stays, a rerun resumes from it
         except (DataError, bpe.TokenizerError, dedup.DedupError):
             shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
-            fileio.remove_if_empty(made_for_work)       # file changes the key); a kill keeps it for the rerun
+            fileio.remove_if_empty(made_for_work)        # file changes the key); a kill keeps it
             raise
         staging = work_root if remote else out_dir.parent      # the shard tasks write there: every node sees it
         dataset.write_dataset(plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)")

@@ -174,29 +174,37 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
     with planned(sources, out_dir, log, recipe) as plan:
         if plan.reuse:
             return plan.out_dir
-        staging = pathlib.Path(tempfile.gettempdir()) if store.is_uri(plan.out_dir) else plan.out_dir.parent
+        staging = staging_dir(plan.out_dir)
         remove_stale_publishes(plan.out_dir, staging)
         clock = data.Clock()
         built = data.build_in_memory(plan.recipe, clock, log, threads)
         if plan.jsonl_stats.skipped:
-            built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = plan.jsonl_stats.skipped
+            built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = \
+                plan.jsonl_stats.skipped
         return write_dataset(plan, built, clock, staging, "in-memory")
 
 
 @contextlib.contextmanager
 def planned(sources: list[str], out_dir, log: Callable, recipe: dict) -> Iterator[Plan]:
-    """plan_dataset, with the output locked until the block (which builds and publishes it) ends. Two prepares
-    of the same output (two shells, a sweep's runs) would share its temporary and work folders, each removing the
-    other's; so the second waits for the first (saying so), then plans again: it reuses what the first published,
-    or, if the first was killed, resumes its work. The lock is `fileio.hold`'s: a killed holder frees it."""
+    """plan_dataset, with the output locked until the block (which builds and publishes it)
+    ends. Two prepares of one output (two shells, a sweep's runs) would share its temporary and
+    work folders, each removing the other's; so the second waits for the first (saying so), then
+    plans again: it reuses what the first published or, if the first was killed, resumes its
+    work. The lock is `fileio.hold`'s: a killed holder frees it."""
     plan = plan_dataset(sources, out_dir, log=log, **recipe)
     if plan.reuse:
         yield plan
         return
-    beside = pathlib.Path(tempfile.gettempdir()) if store.is_uri(plan.out_dir) else plan.out_dir.parent
-    with fileio.hold(beside / f".{local_name(plan.out_dir)}.lock", lambda pid: print(
-            f"waiting for process {pid}, which is preparing {plan.out_dir}", file=sys.stderr)) as (busy, _):
+    lock = staging_dir(plan.out_dir) / f".{local_name(plan.out_dir)}.lock"
+    with fileio.hold(lock, lambda pid: print(f"waiting for process {pid}, which is preparing "
+                                             f"{plan.out_dir}", file=sys.stderr)) as (busy, _):
         yield plan_dataset(sources, out_dir, log=log, **recipe) if busy else plan
+
+
+def staging_dir(out_dir: pathlib.Path | str) -> pathlib.Path:
+    """Where a prepare of out_dir writes its temporary folder and lock: beside a local out_dir,
+    in the temp folder for a store's URI."""
+    return pathlib.Path(tempfile.gettempdir()) if store.is_uri(out_dir) else out_dir.parent
 
 
 NO_SPACE_FIX = "pass --out elsewhere"

@@ -306,11 +306,12 @@ def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.de
     """Join the process group that torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
     Returns (rank, world_size, device): gloo on CPU, nccl on CUDA (one GPU per local rank). Without torchrun's
-    variables it is a plain single-process run: (0, 1, device), no process group. Every variable is checked before
-    the group starts (`check_launch_env`, MASTER_PORT's range, MASTER_ADDR resolved): a bad one is one line naming
-    it. A rank that never joins ends the rendezvous, and a rank that dies later the collectives of the others, with
-    one line after `timeout_s` (env PARALLEL_TIMEOUT_S, default 600, torch's own default for nccl) instead of
-    hanging; work that only rank 0 does is waited for in `Mesh.wait_for_rank0` instead.
+    variables it is a plain single-process run: (0, 1, device), no process group. Every variable is
+    checked before the group starts (`check_launch_env`, MASTER_PORT's range, MASTER_ADDR
+    resolved): a bad one is one line naming it. A rank that never joins ends the rendezvous, and
+    a rank that dies later the collectives of the others, with one line after `timeout_s` (env
+    PARALLEL_TIMEOUT_S, default 600, torch's own default for nccl) instead of hanging; work that
+    only rank 0 does is waited for in `Mesh.wait_for_rank0` instead.
     """
     if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -319,12 +320,13 @@ def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.de
     try:
         socket.getaddrinfo(host, port)                  # an empty host (not set) fails too
     except (OSError, UnicodeError) as e:
-        raise ParallelError((f"MASTER_ADDR={host}: cannot resolve this host ({getattr(e, 'strerror', None) or e})"
-                             if host else "MASTER_ADDR is not set") + ": it names rank 0's host, which every rank "
-                            "must reach; torchrun sets it (--master-addr, or --standalone)") from None
+        raise ParallelError((f"MASTER_ADDR={host}: cannot resolve this host ({e})" if host else
+                             "MASTER_ADDR is not set") + ": it names rank 0's host, which every "
+                            "rank must reach; torchrun sets it (--master-addr, or --standalone)") \
+            from None
     timeout_s = timeout_s or float(os.environ.get("PARALLEL_TIMEOUT_S", 600))
     if torch.cuda.is_available():
-        local = launch_variable("LOCAL_RANK", 0, torch.cuda.device_count() - 1, "0")     # one GPU per rank
+        local = launch_variable("LOCAL_RANK", 0, torch.cuda.device_count() - 1, "0")  # a GPU each
         torch.cuda.set_device(local)
         device, backend = torch.device("cuda", local), "nccl"
     else:
@@ -334,39 +336,39 @@ def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.de
         try:
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                                     device_id=device if backend == "nccl" else None)
-        except dist.DistError as e:                 # the rendezvous: a rank that never came, a port in use
-            raise ParallelError(f"rank {rank} of WORLD_SIZE={world} could not join the process group at "
-                                f"{host}:{port} within {timeout_s:g} s (PARALLEL_TIMEOUT_S): "
-                                f"{str(e).splitlines()[0][:200]}; start every rank, with the same MASTER_ADDR "
-                                f"and MASTER_PORT") from None
+        except dist.DistError as e:         # the rendezvous: a rank that never came, a port in use
+            raise ParallelError(f"rank {rank} of WORLD_SIZE={world} could not join the process "
+                                f"group at {host}:{port} within {timeout_s:g} s "
+                                f"(PARALLEL_TIMEOUT_S): {str(e).splitlines()[0][:200]}; start "
+                                f"every rank, with the same MASTER_ADDR and MASTER_PORT") from None
     return dist.get_rank(), dist.get_world_size(), device
 
 
 def launch_variable(name: str, low: int, high: int, default: str | None = None) -> int:
-    """A torchrun variable that must be an integer in [low, high]; anything else is one line naming it.
+    """A torchrun variable that must be an integer in [low, high]; else one line naming it.
 
     >>> launch_variable("MASTER_PORT", 1, 65_535, default="99999")
     Traceback (most recent call last):
-    parallel.ParallelError: MASTER_PORT=99999: must be an integer in [1, 65535] (torchrun sets the launch variables: \
-launch with torchrun --nproc_per_node=N, or unset them for one process)
+    parallel.ParallelError: MASTER_PORT=99999: must be an integer in [1, 65535] (torchrun sets the \
+launch variables: launch with torchrun --nproc_per_node=N, or unset them for one process)
     """
     text = os.environ.get(name, default)
     if text is None or not text.strip().isdigit() or not low <= int(text) <= high:
-        raise ParallelError(f"{name}{'' if text is None else '=' + text}: {'not set, ' if text is None else ''}must "
-                            f"be an integer in [{low}, {high}] (torchrun sets the launch variables: launch with "
+        raise ParallelError(f"{name}{'' if text is None else '=' + text}: "
+                            f"{'not set, ' if text is None else ''}must be an integer in "
+                            f"[{low}, {high}] (torchrun sets the launch variables: launch with "
                             f"torchrun --nproc_per_node=N, or unset them for one process)")
     return int(text)
 
 
 def check_launch_env() -> tuple[int, int]:
-    """(RANK, WORLD_SIZE) of torchrun's environment, checked with LOCAL_RANK before any process group starts (torch
-    would fail minutes later, or deep inside, on a typo): a bad one is one line naming the variable. Neither RANK
-    nor WORLD_SIZE set is a plain run, (0, 1); one of them set needs the other."""
-    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
-        return 0, 1
-    world = launch_variable("WORLD_SIZE", 1, 1 << 20)
+    """(RANK, WORLD_SIZE) of torchrun's environment, checked with LOCAL_RANK before any process
+    group starts (torch would fail minutes later, or deep inside, on a typo): a bad one is one
+    line naming the variable. Neither RANK nor WORLD_SIZE set is a plain run, (0, 1); one of them
+    set needs the other."""
+    world = launch_variable("WORLD_SIZE", 1, 1 << 20, None if "RANK" in os.environ else "1")
     launch_variable("LOCAL_RANK", 0, world - 1, "0")
-    return launch_variable("RANK", 0, world - 1), world
+    return launch_variable("RANK", 0, world - 1, None if "WORLD_SIZE" in os.environ else "0"), world
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -1262,5 +1264,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import parallel        # model_parallel raises `parallel`'s errors, which are not __main__'s classes
+    import parallel        # model_parallel raises `parallel`'s errors, not __main__'s classes
     sys.exit(parallel.main())

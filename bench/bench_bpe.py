@@ -16,9 +16,10 @@ machine hits both alike.
 
     python bench/bench_bpe.py                     # everything (about 2 minutes on 2 cores)
     python bench/bench_bpe.py --stream-mb 20      # a smaller file for section 4
-    python bench/bench_bpe.py --smoke             # every section on small inputs, once (seconds; the test suite's)
+    python bench/bench_bpe.py --smoke             # every section on small inputs, once (the tests')
 
-Needs ../shared/data and, for the training peer, Hugging Face `tokenizers` (requirements-test.txt installs it).
+Needs ../shared/data and, for the training peer, Hugging Face `tokenizers` (requirements-test.txt
+installs it).
 """
 import json
 import os
@@ -40,7 +41,7 @@ DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data
 CORPUS_EN = DATA / "cs336" / "a1" / "fixtures" / "corpus.en"
 TINYSTORIES = DATA / "tinystories" / "TinyStories-train-head-2MiB.txt"
 WIKITEXT = [DATA / "wikitext-2-raw" / "wiki.test.raw", DATA / "wikitext-2-raw" / "wiki.valid.raw"]
-# --smoke: the characters read from each corpus, and the vocabulary of the tokenizer trained on TinyStories
+# --smoke: the characters read from each corpus, the vocabulary of the tokenizer of TinyStories
 LIMIT = {"chars": None, "vocab": 8192}
 
 
@@ -77,7 +78,7 @@ def bench_training(repeats: int) -> None:
     print(f"## 1-2. Training (median of {repeats} runs, GPT-2 pattern, <|endoftext|>; by default bpe.py uses one "
           f"process below {bpe.PARALLEL_MIN_BYTES >> 20} MiB)")
     runs = [("corpus.en", CORPUS_EN, 500), ("TinyStories 2 MiB", TINYSTORIES, 8192)]
-    for label, path, vocab in runs[:1] if LIMIT["chars"] else runs:                  # --smoke: corpus.en only
+    for label, path, vocab in runs[:1] if LIMIT["chars"] else runs:    # --smoke: corpus.en only
         t = alternate({
             "bpe.py (default)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2"),
             f"bpe.py ({os.cpu_count()} processes)":
@@ -108,7 +109,8 @@ def bench_encoding(repeats: int) -> None:
     t = alternate({
         "tiktoken cl100k": lambda: cl100k.encode_ordinary(text),
         "bpe.py pure Python, cl100k ranks, cold cache": cold(pure_cl100k),
-        f"bpe.py trained {len(trained)}, to_tiktoken()": lambda: trained.to_tiktoken().encode_ordinary(text),
+        f"bpe.py trained {len(trained)}, to_tiktoken()":
+            lambda: trained.to_tiktoken().encode_ordinary(text),
         f"bpe.py trained {len(trained)}, pure Python, cold": cold(pure_trained),
     }, repeats)
     for name, sec in t.items():
@@ -137,17 +139,19 @@ def corpus_files() -> list[pathlib.Path]:
 
 
 def read_corpus(path: pathlib.Path) -> str:
-    """Plain files as they are; JSON-lines files as their documents' text fields joined by newlines (with --smoke
-    the first LIMIT["chars"] characters)."""
+    """Plain files as they are; JSON-lines files as their documents' text fields joined by
+    newlines (with --smoke the first LIMIT["chars"] characters)."""
     if path.suffix == ".jsonl":
-        text = "\n".join(json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines())
+        lines = path.read_text(encoding="utf-8").splitlines()
+        text = "\n".join(json.loads(line)["text"] for line in lines)
     else:
         text = path.read_text(encoding="utf-8")
     return text[:LIMIT["chars"]]
 
 
 def train_on_tinystories() -> bpe.Tokenizer:
-    """The tokenizer of sections 3 and 4: BPE with LIMIT["vocab"] tokens on TinyStories (its head with --smoke)."""
+    """The tokenizer of sections 3 and 4: BPE with LIMIT["vocab"] tokens on TinyStories (its
+    head with --smoke)."""
     if LIMIT["chars"] is None:
         return bpe.train_bpe([TINYSTORIES], LIMIT["vocab"], workers=1)
     return bpe.train_bpe(read_corpus(TINYSTORIES), LIMIT["vocab"])
@@ -195,8 +199,8 @@ def bench_memory(stream_mb: int, pure: bool) -> None:
                 written += f.write(pieces[i % len(pieces)])
                 i += 1
         size = big.stat().st_size / 1e6
-        print(f"\n## 4. Peak memory (peak RSS of a fresh process) encoding a {size:.0f} MB file, tokenizer: ours, "
-              f"{len(trained)}")
+        print(f"\n## 4. Peak memory (peak RSS of a fresh process) encoding a {size:.0f} MB file, "
+              f"tokenizer: ours, {len(trained)}")
         modes = [("load", "load the tokenizer only (baseline)"),
                  ("stream-fast", "bpe.py encode_file(fast=True), 256k-char blocks"),
                  ("whole", "read whole file + tiktoken encode")]
@@ -223,8 +227,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="size of the generated file for section 4")
     parser.add_argument("--pure-stream", action="store_true", help="also stream the big file in pure Python (slow)")
     parser.add_argument("--only", choices=["train", "encode", "memory"], help="run one section")
-    parser.add_argument("--smoke", action="store_true", help="every section on small inputs, once (seconds): "
-                                                             "a test that the benchmark runs, not a measurement")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every section on small inputs, once (seconds): a test that the "
+                             "benchmark runs, not a measurement")
     args = parser.parse_args(argv)
     if args.smoke:
         args.repeats, args.stream_mb = 1, 1

@@ -9,7 +9,7 @@ its fixed part: `ray.init` + a map of trivial tasks + `ray.shutdown`, timed alon
     python bench/bench_data_ray.py                     # bench_data.py's ~300 MB web-like corpus (built once, kept)
     python bench/bench_data_ray.py --corpus DIR        # any input data.py reads
     python bench/bench_data_ray.py --overhead-only     # only the fixed cost of starting and stopping Ray
-    python bench/bench_data_ray.py --corpus small.txt --workers 1    # the tests' run (Ray's start: ~20 s)
+    python bench/bench_data_ray.py --corpus small.txt --workers 1    # Ray's start alone: ~20 s
 
 The engines run one after the other, each in its own `python data.py prepare` subprocess, so on a shared machine
 the neighbours weigh on both; CPU seconds (summed over the process tree) are the steadier figure.
@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mb", type=in_range(float, 0.01, 100_000), default=300,
                         help="size of bench_data.py's corpus (default %(default)g)")
     parser.add_argument("--work", default="/tmp/bench_data", help="where bench_data.py keeps its corpora")
-    parser.add_argument("--workers", type=in_range(int, 1, 1024), default=len(os.sched_getaffinity(0)),
+    parser.add_argument("--workers", type=in_range(int, 1, 1024),
+                        default=len(os.sched_getaffinity(0)),
                         help="cores for both engines")
     parser.add_argument("--chunk-mb", type=in_range(float, 0.001, 4096), default=None,
                         help="passed to prepare (default: its own)")

@@ -16,10 +16,10 @@
 
     python bench/bench_dedup.py                       # all three, ~2-4 minutes on 2 busy cores
     python bench/bench_dedup.py --docs 2000 --big-docs 0 --repeats 1      # quick look
-    python bench/bench_dedup.py --docs 200 --big-docs 200 --repeats 1 --skip-c4   # the test suite's (seconds)
+    python bench/bench_dedup.py --docs 200 --big-docs 200 --repeats 1 --skip-c4   # the tests'
 
-Needs ../shared/data (the corpora) and the datasketch package (requirements-test.txt installs it; not in
-requirements.txt).
+Needs ../shared/data (the corpora) and the datasketch package (requirements-test.txt installs
+it; not in requirements.txt).
 """
 import argparse
 import json
@@ -271,17 +271,19 @@ def report(result: dict) -> str:
 def main(argv=None):
     parser = Parser(description=__doc__.split("\n")[0])
     docs = in_range(int, 0, 10_000_000)
-    parser.add_argument("--docs", type=docs, default=10_000, help="documents side by side, 0 to skip "
-                                                                   "(default: %(default)s)")
-    parser.add_argument("--big-docs", type=docs, default=100_000, help="documents for the scale run, 0 to skip")
-    parser.add_argument("--repeats", type=in_range(int, 1, 1000), default=3, help="interleaved rounds, best time kept")
+    parser.add_argument("--docs", type=docs, default=10_000,
+                        help="documents side by side, 0 to skip (default: %(default)s)")
+    parser.add_argument("--big-docs", type=docs, default=100_000,
+                        help="documents for the scale run, 0 to skip")
+    parser.add_argument("--repeats", type=in_range(int, 1, 1000), default=3,
+                        help="interleaved rounds, best time kept")
     parser.add_argument("--seed", type=in_range(int, 0), default=0)
     parser.add_argument("--skip-c4", action="store_true", help="skip the natural C4 near-duplicate check")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench_dedup.json"))
     parser.add_argument("--child-big", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for flag, value in (("--docs", args.docs), ("--big-docs", args.big_docs)):
-        if 0 < value < MIN_DOCS:            # a tenth are planted copies: fewer would plant none to find
+        if 0 < value < MIN_DOCS:            # a tenth are planted copies: fewer plant none
             parser.error(f"argument {flag}: 0 (skip) or at least {MIN_DOCS} documents, got {value}")
     if args.child_big:
         print(json.dumps(big_child(args.child_big, args.seed)))
@@ -291,7 +293,8 @@ def main(argv=None):
     try:
         import datasketch  # noqa: F401  the peer of sections 1 and 2
     except ImportError:
-        sys.exit("error: the peer needs datasketch: pip install datasketch (or pip install -r requirements-test.txt)")
+        sys.exit("error: the peer needs datasketch: pip install datasketch (or pip install -r "
+                 "requirements-test.txt)")
     result = {}
     if args.docs:
         result["side_by_side"] = side_by_side(args.docs, args.repeats, args.seed)

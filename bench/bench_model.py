@@ -14,7 +14,7 @@ about 4/3 of the time) and under torch.compile (inductor; the compile's wall tim
     python bench/bench_model.py                        # tiny and 10m presets
     python bench/bench_model.py --presets tiny --no-compile
     python bench/bench_model.py --threads 1 --clock cpu   # on a busy shared machine
-    python bench/bench_model.py --presets tiny --no-compile --batch-size 1 --warmup 0 --steps 1   # the tests' run
+    python bench/bench_model.py --presets tiny --no-compile --batch-size 1 --warmup 0 --steps 1
 
 Depends on: torch and model.py.
 """
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=in_range(int, 1, 4096), default=8,
                         help="sequences per step (each block_size long)")
     parser.add_argument("--warmup", type=in_range(int, 0, 1000), default=2)
-    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=5, help="timed steps (the median is reported)")
+    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=5,
+                        help="timed steps (the median is reported)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     parser.add_argument("--threads", type=in_range(int, 1, 1024), default=torch.get_num_threads(),
                         help="intra-op threads for the peak and the model alike (default: torch's)")

@@ -11,7 +11,7 @@ processes hits both alike; the figure is the median step time over all timed ste
 
     python bench/bench_train.py                    # tiny and 10m on the pydocs corpus, CPU fp32
     python bench/bench_train.py --presets tiny --steps 30 --threads 2
-    python bench/bench_train.py --presets tiny --data corpus.txt --rounds 1 --warmup 0 --steps 1   # the tests' run
+    python bench/bench_train.py --presets tiny --data corpus.txt --rounds 1 --warmup 0 --steps 1
 """
 import argparse
 import pathlib
@@ -79,16 +79,20 @@ def bench_preset(preset: str, data: str, batch_size: int, steps: int, rounds: in
 
 
 def main(argv=None) -> None:
-    parser = Parser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = Parser(description=__doc__.splitlines()[0],
+                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--presets", default="tiny,10m", help="comma-separated model presets")
     parser.add_argument("--data", default="pydocs", help="train.py --data")
     parser.add_argument("--batch-size", type=in_range(int, 1, 4096), default=4,
                         help="sequences per step (at the preset's length)")
     parser.add_argument("--threads", type=in_range(int, 1, 1024), default=1,
                         help="torch threads (1: least noise on a shared machine)")
-    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=6, help="timed steps per loop per round")
-    parser.add_argument("--warmup", type=in_range(int, 0, 1000), default=1, help="untimed steps per loop per round")
-    parser.add_argument("--rounds", type=in_range(int, 1, 100), default=3, help="alternating rounds (ours, reference)")
+    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=6,
+                        help="timed steps per loop per round")
+    parser.add_argument("--warmup", type=in_range(int, 0, 1000), default=1,
+                        help="untimed steps per loop per round")
+    parser.add_argument("--rounds", type=in_range(int, 1, 100), default=3,
+                        help="alternating rounds (ours, reference)")
     args = parser.parse_args(argv)
     unknown = [p for p in args.presets.split(",") if p not in model_lib.PRESETS]
     if unknown:
@@ -101,9 +105,9 @@ def main(argv=None) -> None:
           f"{'MFU ours':>9} {'MFU ref':>8} {'overhead':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets.split(","):
-            try:                              # --data or --batch-size that train.py refuses: its one line
-                r = bench_preset(preset, args.data, args.batch_size, args.steps, args.rounds, args.warmup,
-                                 pathlib.Path(tmp))
+            try:                          # --data or --batch-size that train.py refuses: one line
+                r = bench_preset(preset, args.data, args.batch_size, args.steps, args.rounds,
+                                 args.warmup, pathlib.Path(tmp))
             except (train.TrainError, train.data_lib.DataError) as e:
                 parser.error(str(e))
             print(f"{r['preset']:<7} {r['params']:>10,} {r['tokens_per_step']:>11,} {r['ours_tok_s']:>15,.0f} "

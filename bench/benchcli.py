@@ -1,8 +1,9 @@
-"""The benchmarks' command lines, checked like the chapters': a bad flag is one line naming it, exit code 2.
+"""The benchmarks' command lines, checked like the chapters': a bad flag is one line naming it.
 
-Every bench/*.py builds its parser with `Parser` and gives each number flag a range with `in_range`, so
-`--steps 0`, `--batch-size -1` or `--docs nan` stop at once with `bench_x.py: error: argument --steps: must be an
-integer >= 1, got '0' (see --help)` instead of a traceback minutes into the run.
+Every bench/*.py builds its parser with `Parser` and gives each number flag a range with
+`in_range`, so `--steps 0`, `--batch-size -1` or `--docs nan` stop at once (exit code 2) with
+`bench_x.py: error: argument --steps: must be an integer >= 1, got '0' (see --help)` instead of
+a traceback minutes into the run.
 
     >>> in_range(int, 1)("0")
     Traceback (most recent call last):

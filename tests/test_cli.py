@@ -352,9 +352,10 @@ def test_bad_input_is_one_line_naming_the_flag_exit_2_and_nothing_written(script
     assert not list(tmp_path.iterdir()) and tree(fixtures["root"]) == before      # nothing created or changed
 
 
-# issue 38: torchrun's launch variables, each checked before the process group starts (one line naming it, exit 2);
-# a rank that never comes ends the rendezvous after PARALLEL_TIMEOUT_S (2 s here) with one line.
-TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{port}"}
+# issue 38: torchrun's launch variables, each checked before the process group starts (one line
+# naming it, exit 2); a rank that never comes ends the rendezvous after PARALLEL_TIMEOUT_S (2 s).
+TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "{port}"}
 BAD_LAUNCH = [
     ({"MASTER_ADDR": None}, "MASTER_ADDR is not set"),
     ({"WORLD_SIZE": "abc"}, "WORLD_SIZE=abc"),
@@ -374,7 +375,8 @@ BAD_LAUNCH = [
 
 
 @pytest.mark.parametrize("change, words", BAD_LAUNCH, ids=[str(c) for c, _ in BAD_LAUNCH])
-def test_bad_launch_environment_is_one_line_naming_the_variable(change, words, tmp_path, monkeypatch):
+def test_bad_launch_environment_is_one_line_naming_the_variable(change, words, tmp_path,
+                                                                monkeypatch):
     import socket
     with socket.socket() as s:                              # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -390,17 +392,18 @@ def test_bad_launch_environment_is_one_line_naming_the_variable(change, words, t
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, (out[-500:], err[-2000:])
     assert words.format(port=port) in lines[0], lines[0]
-    assert not list(tmp_path.iterdir())                     # nothing written, not even the out-dir's lock
+    assert not list(tmp_path.iterdir())                     # nothing written, not even a lock
 
 
 def test_parallel_demo_refusal_is_one_line_when_run_as_a_script():
-    """As a script parallel.py is __main__, and model_parallel raises `parallel`'s ParallelError, another class than
-    __main__'s: main() must catch that one (issue 38: `python parallel.py demo --world 3` was a traceback)."""
+    """As a script parallel.py is __main__, and model_parallel raises `parallel`'s ParallelError,
+    another class than __main__'s: main() must catch that one (issue 38: `python parallel.py demo
+    --world 3` was a traceback)."""
     import subprocess
     import sys
     root = pathlib.Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, str(root / "parallel.py"), "demo", "--world", "3"], capture_output=True,
-                          text=True, timeout=120, cwd=root)
+    done = subprocess.run([sys.executable, str(root / "parallel.py"), "demo", "--world", "3"],
+                          capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
-    assert done.stderr.startswith("parallel.py: error: the demo model") and "--world 3" in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert done.stderr.startswith("parallel.py: error: the demo model"), done.stderr[-2000:]
+    assert "--world 3" in done.stderr and len(done.stderr.strip().splitlines()) == 1
