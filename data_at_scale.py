@@ -1634,7 +1634,15 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
     if remote and engine == "ray" and ray_address is not None and work_dir is None:
         raise DataError(f"--out {out_dir} with --ray-address: pass --work-dir on a folder every node mounts "
                         f"(NFS), since a task on one node reads the work files of another")
-    plan = dataset.plan_dataset(sources, out_dir, log=log, **recipe)
+    with dataset.planned(sources, out_dir, log, recipe) as plan:
+        return _build_and_publish(plan, remote, threads, workers, chunk_mb, engine, ray_address,
+                                  work_dir, verbose, log)
+
+
+def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk_mb, engine,
+                       ray_address, work_dir, verbose, log) -> pathlib.Path | str:
+    """prepare once its output is planned and locked: run the streaming engine (or Ray) in the
+    work folder, then publish the dataset."""
     if engine == "ray" and not remote:                              # Ray's workers may run in any folder
         plan = dataclasses.replace(plan, out_dir=plan.out_dir.absolute())
     if plan.reuse:
@@ -1654,7 +1662,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             if stale != work and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
 
-    made_for_work = dataset.missing_folders(work_root)  # the work folder makes them: undone on bad input
+    made_for_work = fileio.missing_folders(work_root)  # made for the work: undone on bad input
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
     with session as ray:
         clock = data.Clock()
@@ -1670,7 +1678,7 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
             raise                                        # as a kill: the work stays, a rerun resumes from it
         except (DataError, bpe.TokenizerError, dedup.DedupError):
             shutil.rmtree(work, ignore_errors=True)      # bad input: its work can never be reused (fixing the
-            dataset.remove_if_empty(made_for_work)       # file changes the key); a kill keeps it for the rerun
+            fileio.remove_if_empty(made_for_work)        # file changes the key); a kill keeps it
             raise
         staging = work_root if remote else out_dir.parent      # the shard tasks write there: every node sees it
         dataset.write_dataset(plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)")
@@ -1730,7 +1738,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
     dataset.check_writable(directory.parent, "download directory")
-    made, tmp_dir = dataset.missing_folders(directory.parent), None
+    made, tmp_dir = fileio.missing_folders(directory.parent), None
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
@@ -1741,7 +1749,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
     except BaseException as e:
         if tmp_dir is not None:
             shutil.rmtree(tmp_dir, ignore_errors=True)
-        dataset.remove_if_empty(made)
+        fileio.remove_if_empty(made)
         if isinstance(e, Exception) and fileio.is_no_space(e):
             raise DataError(fileio.no_space_message(directory, "download to another directory")) from None
         if isinstance(e, OSError):                # the store stopped answering half-way

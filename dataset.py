@@ -44,7 +44,7 @@ import re
 import shutil
 import sys
 import tempfile
-from typing import Callable
+from typing import Callable, Iterator
 
 import bpe
 import data
@@ -171,16 +171,40 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
     --val-data overlap) are printed to stderr, also when the dataset is reused.
     """
     log = print if verbose else (lambda *a, **k: None)
+    with planned(sources, out_dir, log, recipe) as plan:
+        if plan.reuse:
+            return plan.out_dir
+        staging = staging_dir(plan.out_dir)
+        remove_stale_publishes(plan.out_dir, staging)
+        clock = data.Clock()
+        built = data.build_in_memory(plan.recipe, clock, log, threads)
+        if plan.jsonl_stats.skipped:
+            built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = \
+                plan.jsonl_stats.skipped
+        return write_dataset(plan, built, clock, staging, "in-memory")
+
+
+@contextlib.contextmanager
+def planned(sources: list[str], out_dir, log: Callable, recipe: dict) -> Iterator[Plan]:
+    """plan_dataset, with the output locked until the block (which builds and publishes it)
+    ends. Two prepares of one output (two shells, a sweep's runs) would share its temporary and
+    work folders, each removing the other's; so the second waits for the first (saying so), then
+    plans again: it reuses what the first published or, if the first was killed, resumes its
+    work. The lock is `fileio.hold`'s: a killed holder frees it."""
     plan = plan_dataset(sources, out_dir, log=log, **recipe)
     if plan.reuse:
-        return plan.out_dir
-    staging = pathlib.Path(tempfile.gettempdir()) if store.is_uri(plan.out_dir) else plan.out_dir.parent
-    remove_stale_publishes(plan.out_dir, staging)
-    clock = data.Clock()
-    built = data.build_in_memory(plan.recipe, clock, log, threads)
-    if plan.jsonl_stats.skipped:
-        built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = plan.jsonl_stats.skipped
-    return write_dataset(plan, built, clock, staging, "in-memory")
+        yield plan
+        return
+    lock = staging_dir(plan.out_dir) / f".{local_name(plan.out_dir)}.lock"
+    with fileio.hold(lock, lambda pid: print(f"waiting for process {pid}, which is preparing "
+                                             f"{plan.out_dir}", file=sys.stderr)) as (busy, _):
+        yield plan_dataset(sources, out_dir, log=log, **recipe) if busy else plan
+
+
+def staging_dir(out_dir: pathlib.Path | str) -> pathlib.Path:
+    """Where a prepare of out_dir writes its temporary folder and lock: beside a local out_dir,
+    in the temp folder for a store's URI."""
+    return pathlib.Path(tempfile.gettempdir()) if store.is_uri(out_dir) else out_dir.parent
 
 
 NO_SPACE_FIX = "pass --out elsewhere"
@@ -197,7 +221,7 @@ def write_dataset(plan: Plan, built: data.Built, clock: data.Clock, staging: pat
     text_field, txt_split, _, max_documents = recipe.read_options
     for notice in built.funnel.notices:
         print(notice, file=sys.stderr)
-    made, tmp_dir = missing_folders(staging), None
+    made, tmp_dir = fileio.missing_folders(staging), None
     try:
         staging.mkdir(parents=True, exist_ok=True)
         tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{local_name(out_dir)}.tmp-"))
@@ -234,7 +258,7 @@ def write_dataset(plan: Plan, built: data.Built, clock: data.Clock, staging: pat
     except BaseException as e:
         if tmp_dir is not None:
             shutil.rmtree(tmp_dir, ignore_errors=True)
-        remove_if_empty(made)
+        fileio.remove_if_empty(made)
         if isinstance(e, Exception) and fileio.is_no_space(e):      # a full disk, a quota or ulimit -f
             remote = store.is_uri(out_dir)               # a store's dataset is staged on local disk first
             raise DataError(fileio.no_space_message(staging if remote else out_dir, "pass --work-dir elsewhere"
@@ -267,27 +291,14 @@ def remove_stale_publishes(out_dir: pathlib.Path | str, staging: pathlib.Path) -
 def check_writable(folder: pathlib.Path, flag: str) -> None:
     """Raise DataError unless a file can be created in `folder`. A check, not a step: the folders it makes to try
     are removed again, so a run that then fails on its input leaves no empty cache folder behind."""
-    made = missing_folders(folder)
+    made = fileio.missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         raise DataError(f"cannot write in {folder} ({e.strerror}); pick a writable {flag}") from None
     finally:
-        remove_if_empty(made)
-
-
-def missing_folders(folder: pathlib.Path) -> list[pathlib.Path]:
-    """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) makes."""
-    folder = pathlib.Path(folder).absolute()
-    return [p for p in (folder, *folder.parents) if not p.exists()]
-
-
-def remove_if_empty(folders: list[pathlib.Path]) -> None:
-    """Remove the folders a failed run made (deepest first), unless something else has been put in them since."""
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+        fileio.remove_if_empty(made)
 
 
 DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest

@@ -28,15 +28,24 @@ Three promises of the README live here, so each chapter keeps them in one way:
    would have: 0666 & ~umask (0644 under the usual umask 022). A write that fails with ENOSPC, EDQUOT or EFBIG (a
    full disk, a quota, `ulimit -f`) becomes `no space left writing PATH: free space or <fix>`, and the temp file
    is removed.
+
+4. **One process at a time in a folder, and no lock outlives its holder.** `hold` takes an
+   exclusive POSIX record lock (`lockf`) on a lock file and writes its pid there. The kernel drops
+   it when the process dies, SIGKILL included, and a forked child (a worker) does not inherit it
+   (a `flock` it would: a surviving worker would keep it), so a lock never stays stuck; a killed
+   holder only leaves its pid in the file, which the next holder reports as stale (`train.py`
+   says so), while a clean exit removes the file. data.py's prepare waits for the lock (the second
+   of two identical prepares then reuses the first's dataset); train.py refuses a held --out-dir.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import pathlib
 import tempfile
-from typing import Callable
+from typing import Callable, Iterator
 
 MAX_JSON_DEPTH = 1000          # deeper than anything we write by two orders of magnitude, shallower than the C stack
 NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -178,3 +187,69 @@ def write_atomic(path: str | os.PathLike, content: str | bytes | Callable, *, er
             raise error(no_space_message(path, fix)) from None
         raise
     return path
+
+
+def missing_folders(folder: str | os.PathLike) -> list[pathlib.Path]:
+    """`folder` and its parents that do not exist yet, deepest first: what mkdir(parents=True)
+    makes."""
+    folder = pathlib.Path(folder).absolute()
+    return [p for p in (folder, *folder.parents) if not p.exists()]
+
+
+def remove_if_empty(folders: list[pathlib.Path]) -> None:
+    """Remove the folders a failed run made (deepest first), unless something else has been put
+    in them since."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+@contextlib.contextmanager
+def hold(path: str | os.PathLike,
+         on_busy: Callable[[str], None]) -> Iterator[tuple[str | None, str | None]]:
+    """Hold an exclusive lock on the file `path` for the block (the file and its folders made,
+    our pid written in it).
+
+    When another live process holds it, `on_busy(its pid)` is called first: raise there to
+    refuse, or return to wait until the holder ends (or dies). Yields (busy, stale): the pid
+    waited for, and the pid a killed holder left in the file, each None when there was none. On
+    leaving, the file (and the folders made) are removed.
+
+    >>> import tempfile; lock = pathlib.Path(tempfile.mkdtemp()) / "x.lock"
+    >>> with hold(lock, print) as (busy, stale):
+    ...     lock.read_text() == str(os.getpid()), busy, stale
+    (True, None, None)
+    >>> lock.exists()
+    False
+    """
+    import fcntl                    # POSIX only: imported here, so the rest works everywhere
+    path, busy = pathlib.Path(path), None
+    made = missing_folders(path.parent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        how = fcntl.LOCK_EX | fcntl.LOCK_NB
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, publish_mode())
+            try:
+                fcntl.lockf(fd, how)
+            except (BlockingIOError, PermissionError):          # EAGAIN or EACCES: held
+                busy = os.pread(fd, 32, 0).decode(errors="replace") or "unknown"  # not written yet
+                os.close(fd)
+                on_busy(busy)
+                how = fcntl.LOCK_EX                             # then wait for it
+                continue
+            # A holder that ended cleanly removed the file we waited on: lock the new one instead.
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    break
+            os.close(fd)
+        stale = os.pread(fd, 32, 0).decode(errors="replace") or None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield busy, stale
+        finally:
+            path.unlink(missing_ok=True)        # still locked: no one locks the file being removed
+            os.close(fd)
+    finally:
+        remove_if_empty(made)

@@ -48,6 +48,7 @@ import gc
 import io
 import math
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -305,24 +306,69 @@ def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.de
     """Join the process group that torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
     Returns (rank, world_size, device): gloo on CPU, nccl on CUDA (one GPU per local rank). Without torchrun's
-    variables it is a plain single-process run: (0, 1, device), no process group. A rank that dies makes the
-    others fail with a timeout error after `timeout_s` (env PARALLEL_TIMEOUT_S, default 600, torch's own default
-    for nccl) instead of hanging; work that only rank 0 does is waited for in `Mesh.wait_for_rank0` instead.
+    variables it is a plain single-process run: (0, 1, device), no process group. Every variable is
+    checked before the group starts (`check_launch_env`, MASTER_PORT's range, MASTER_ADDR
+    resolved): a bad one is one line naming it. A rank that never joins ends the rendezvous, and
+    a rank that dies later the collectives of the others, with one line after `timeout_s` (env
+    PARALLEL_TIMEOUT_S, default 600, torch's own default for nccl) instead of hanging; work that
+    only rank 0 does is waited for in `Mesh.wait_for_rank0` instead.
     """
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world = check_launch_env()
+    host, port = os.environ.get("MASTER_ADDR", ""), launch_variable("MASTER_PORT", 1, 65_535)
+    try:
+        socket.getaddrinfo(host, port)                  # an empty host (not set) fails too
+    except (OSError, UnicodeError) as e:
+        raise ParallelError((f"MASTER_ADDR={host}: cannot resolve this host ({e})" if host else
+                             "MASTER_ADDR is not set") + ": it names rank 0's host, which every "
+                            "rank must reach; torchrun sets it (--master-addr, or --standalone)") \
+            from None
     timeout_s = timeout_s or float(os.environ.get("PARALLEL_TIMEOUT_S", 600))
     if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", 0))
+        local = launch_variable("LOCAL_RANK", 0, torch.cuda.device_count() - 1, "0")  # a GPU each
         torch.cuda.set_device(local)
         device, backend = torch.device("cuda", local), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         # device_id binds nccl to this rank's GPU at once (torch >= 2.3), so no collective has to guess it.
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if backend == "nccl" else None)
+        try:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+                                    device_id=device if backend == "nccl" else None)
+        except dist.DistError as e:         # the rendezvous: a rank that never came, a port in use
+            raise ParallelError(f"rank {rank} of WORLD_SIZE={world} could not join the process "
+                                f"group at {host}:{port} within {timeout_s:g} s "
+                                f"(PARALLEL_TIMEOUT_S): {str(e).splitlines()[0][:200]}; start "
+                                f"every rank, with the same MASTER_ADDR and MASTER_PORT") from None
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def launch_variable(name: str, low: int, high: int, default: str | None = None) -> int:
+    """A torchrun variable that must be an integer in [low, high]; else one line naming it.
+
+    >>> launch_variable("MASTER_PORT", 1, 65_535, default="99999")
+    Traceback (most recent call last):
+    parallel.ParallelError: MASTER_PORT=99999: must be an integer in [1, 65535] (torchrun sets the \
+launch variables: launch with torchrun --nproc_per_node=N, or unset them for one process)
+    """
+    text = os.environ.get(name, default)
+    if text is None or not text.strip().isdigit() or not low <= int(text) <= high:
+        raise ParallelError(f"{name}{'' if text is None else '=' + text}: "
+                            f"{'not set, ' if text is None else ''}must be an integer in "
+                            f"[{low}, {high}] (torchrun sets the launch variables: launch with "
+                            f"torchrun --nproc_per_node=N, or unset them for one process)")
+    return int(text)
+
+
+def check_launch_env() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) of torchrun's environment, checked with LOCAL_RANK before any process
+    group starts (torch would fail minutes later, or deep inside, on a typo): a bad one is one
+    line naming the variable. Neither RANK nor WORLD_SIZE set is a plain run, (0, 1); one of them
+    set needs the other."""
+    world = launch_variable("WORLD_SIZE", 1, 1 << 20, None if "RANK" in os.environ else "1")
+    launch_variable("LOCAL_RANK", 0, world - 1, "0")
+    return launch_variable("RANK", 0, world - 1, None if "WORLD_SIZE" in os.environ else "0"), world
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -1218,4 +1264,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import parallel        # model_parallel raises `parallel`'s errors, not __main__'s classes
+    sys.exit(parallel.main())

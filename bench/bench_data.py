@@ -21,12 +21,12 @@ forked from.
 
     python bench/bench_data.py                                  # 30, 300, 1000 MB + the in-memory peer at 30 MB
     python bench/bench_data.py --sizes 3 --peer-mb 3            # a smoke run (~1 minute)
+    python bench/bench_data.py --sizes 0.2 --peer-mb 0.2        # the test suite's run (seconds)
     python bench/bench_data.py --sizes --peers before --peer-rev f90028c   # the pipeline before streaming, 30 MB
     python bench/bench_data.py --sizes 30 --peers --workers 1 2            # the stream on 1 core, then on 2
 
 Needs ../shared/data. Corpora and outputs go to --work (default /tmp/bench_data), reused across runs.
 """
-import argparse
 import json
 import os
 import pathlib
@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
 import dedup  # noqa: E402
 from bench_dedup import DATA, sentence_pool  # noqa: E402
+from benchcli import Parser, in_range  # noqa: E402
 
 COPY_SHARE, COPY_RATE, FOOTER_SHARE = 0.05, 0.02, 0.2
 FOOTERS = ["Subscribe to our newsletter to get the latest stories delivered to your inbox.",
@@ -138,7 +139,8 @@ def checkout(revision: str, directory: pathlib.Path) -> pathlib.Path:
 def run_prepare(corpus: pathlib.Path, out: pathlib.Path, engine: str, code: pathlib.Path = ROOT,
                 workers: int = 0) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    module = {"streaming": "data_at_scale", "in-memory": "data", "before": "data"}[engine]   # data.py: the reference
+    # dataset.py runs the reference (in-memory) engine; revisions before the split, data.py
+    module = {"streaming": "data_at_scale", "in-memory": "dataset", "before": "data"}[engine]
     options = f", workers={workers}" if workers and engine != "in-memory" else ""
     script = RUN.format(root=str(code), corpus=str(corpus), out=str(out), options=options, module=module)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -168,19 +170,22 @@ def recall(info: dict, out: pathlib.Path) -> float:
     return found / max(1, len(info["eligible"]))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=float, nargs="*", default=[30, 300, 1000],
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    megabytes = in_range(float, 0.01, 100_000)
+    parser.add_argument("--sizes", type=megabytes, nargs="*", default=[30, 300, 1000],
                         help="corpus sizes in MB for the streaming engine")
-    parser.add_argument("--peer-mb", type=float, default=30, help="corpus size for the peers")
+    parser.add_argument("--peer-mb", type=megabytes, default=30, help="corpus size for the peers")
     parser.add_argument("--peers", nargs="*", choices=["in-memory", "before"], default=["in-memory"],
                         help="in-memory: this data.py's reference engine; before: the pipeline of --peer-rev")
     parser.add_argument("--peer-rev", default=None, help="a git revision for the 'before' peer (e.g. the commit "
                                                          "before the streaming engine)")
-    parser.add_argument("--workers", type=int, nargs="*", default=[0],
+    parser.add_argument("--workers", type=in_range(int, 0, 1024), nargs="*", default=[0],
                         help="worker processes of the streaming runs, one run per count (0, the default: all cores)")
     parser.add_argument("--work", default="/tmp/bench_data", help="where corpora and outputs go")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if "before" in args.peers and not args.peer_rev:
+        parser.error("argument --peers: before needs --peer-rev REV")
     if not DATA.is_dir():
         raise SystemExit(f"needs the shared corpora at {DATA} (set SHARED_DATA)")
     work = pathlib.Path(args.work)
@@ -188,8 +193,6 @@ def main() -> None:
     pool = sentence_pool(DATA)
     print(f"sentence pool: {len(pool):,} sentences; machine: {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.1f} at the start")
-    if "before" in args.peers and not args.peer_rev:
-        raise SystemExit("--peers before needs --peer-rev REV")
     runs = [(args.peer_mb, peer, 0) for peer in args.peers] + [(mb, "streaming", workers) for mb in args.sizes
                                                                for workers in args.workers]
     header = (f"{'corpus':>8} {'engine':<10} {'docs':>9} {'wall s':>8} {'MB/s':>6} {'CPU s/MB':>8} "
@@ -209,7 +212,7 @@ def main() -> None:
         near = next((s["reasons"].get("near_duplicate", 0) for s in result["funnel"]
                      if s["name"].startswith("near dedup")), 0)
         mb_in = info["bytes"] / 1e6
-        row = (f"{mb_in:>6.0f}MB {engine:<10} {info['documents']:>9,} "
+        row = (f"{mb_in:>6.1f}MB {engine:<10} {info['documents']:>9,} "
                f"{result['wall']:>8.1f} {mb_in / result['wall']:>6.2f} {result['cpu'] / mb_in:>8.2f} "
                f"{result['rss_main']:>7.0f}MB {result['rss_worker']:>8.0f}MB {near:>9,} {recall(info, out):>7.3f}")
         rows.append(row)

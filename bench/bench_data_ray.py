@@ -9,11 +9,11 @@ its fixed part: `ray.init` + a map of trivial tasks + `ray.shutdown`, timed alon
     python bench/bench_data_ray.py                     # bench_data.py's ~300 MB web-like corpus (built once, kept)
     python bench/bench_data_ray.py --corpus DIR        # any input data.py reads
     python bench/bench_data_ray.py --overhead-only     # only the fixed cost of starting and stopping Ray
+    python bench/bench_data_ray.py --corpus small.txt --workers 1    # Ray's start alone: ~20 s
 
 The engines run one after the other, each in its own `python data.py prepare` subprocess, so on a shared machine
 the neighbours weigh on both; CPU seconds (summed over the process tree) are the steadier figure.
 """
-import argparse
 import json
 import os
 import pathlib
@@ -23,6 +23,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from benchcli import Parser, in_range
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -108,6 +110,9 @@ def run_engine(engine: str, corpus: str, out: pathlib.Path, workers: int, extra:
     with ProcessTreeSampler(process.pid) as sampler:
         output, _ = process.communicate()
     wall = time.perf_counter() - start
+    if process.returncode == 2:                 # data.py refused the input in one line: pass it on
+        print(f"bench_data_ray.py: error: {output.strip().splitlines()[-1]}", file=sys.stderr)
+        sys.exit(2)
     if process.returncode:
         sys.exit(f"{engine} engine failed:\n{output[-3000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
@@ -160,15 +165,19 @@ def ray_fixed_overhead(cpus: int, tasks: int = OVERHEAD_TASKS) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", default=None, help="input for prepare (default: bench_data.py's corpus of --mb)")
-    parser.add_argument("--mb", type=float, default=300, help="size of bench_data.py's corpus (default %(default)g)")
+    parser.add_argument("--mb", type=in_range(float, 0.01, 100_000), default=300,
+                        help="size of bench_data.py's corpus (default %(default)g)")
     parser.add_argument("--work", default="/tmp/bench_data", help="where bench_data.py keeps its corpora")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="cores for both engines")
-    parser.add_argument("--chunk-mb", type=float, default=None, help="passed to prepare (default: its own)")
+    parser.add_argument("--workers", type=in_range(int, 1, 1024),
+                        default=len(os.sched_getaffinity(0)),
+                        help="cores for both engines")
+    parser.add_argument("--chunk-mb", type=in_range(float, 0.001, 4096), default=None,
+                        help="passed to prepare (default: its own)")
     parser.add_argument("--overhead-only", action="store_true", help="only time Ray's start, trivial map and stop")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     overhead = ray_fixed_overhead(args.workers)
     fixed = overhead["init_s"] + overhead["first_map_s"] + overhead["shutdown_s"]

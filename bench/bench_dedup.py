@@ -16,8 +16,10 @@
 
     python bench/bench_dedup.py                       # all three, ~2-4 minutes on 2 busy cores
     python bench/bench_dedup.py --docs 2000 --big-docs 0 --repeats 1      # quick look
+    python bench/bench_dedup.py --docs 200 --big-docs 200 --repeats 1 --skip-c4   # the tests'
 
-Needs ../shared/data (the corpora) and the datasketch package (benchmarks only; not in requirements.txt).
+Needs ../shared/data (the corpora) and the datasketch package (requirements-test.txt installs
+it; not in requirements.txt).
 """
 import argparse
 import json
@@ -34,9 +36,11 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import dedup  # noqa: E402
+from benchcli import Parser, in_range  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
 THRESHOLD, NUM_PERM, SHINGLE = 0.5, 128, 3
+MIN_DOCS = 20
 
 
 # ---------------------------------------------------------------- corpora
@@ -84,7 +88,7 @@ def ours(texts, n=SHINGLE, verify="exact"):
 
 
 def datasketch_pairs(texts, n=SHINGLE):
-    from datasketch import MinHash, MinHashLSH
+    from datasketch import MinHash, MinHashLSH  # main() checks that it is installed
     minhashes = MinHash.bulk([[s.encode("utf-8") for s in dedup.shingles(t, n)] for t in texts], num_perm=NUM_PERM)
     lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
     for i, m in enumerate(minhashes):
@@ -265,20 +269,32 @@ def report(result: dict) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--docs", type=int, default=10_000, help="documents side by side (default: %(default)s)")
-    parser.add_argument("--big-docs", type=int, default=100_000, help="documents for the scale run, 0 to skip")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds, best time kept")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = Parser(description=__doc__.split("\n")[0])
+    docs = in_range(int, 0, 10_000_000)
+    parser.add_argument("--docs", type=docs, default=10_000,
+                        help="documents side by side, 0 to skip (default: %(default)s)")
+    parser.add_argument("--big-docs", type=docs, default=100_000,
+                        help="documents for the scale run, 0 to skip")
+    parser.add_argument("--repeats", type=in_range(int, 1, 1000), default=3,
+                        help="interleaved rounds, best time kept")
+    parser.add_argument("--seed", type=in_range(int, 0), default=0)
     parser.add_argument("--skip-c4", action="store_true", help="skip the natural C4 near-duplicate check")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench_dedup.json"))
     parser.add_argument("--child-big", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    for flag, value in (("--docs", args.docs), ("--big-docs", args.big_docs)):
+        if 0 < value < MIN_DOCS:            # a tenth are planted copies: fewer plant none
+            parser.error(f"argument {flag}: 0 (skip) or at least {MIN_DOCS} documents, got {value}")
     if args.child_big:
         print(json.dumps(big_child(args.child_big, args.seed)))
         return
     if not DATA.is_dir():
         sys.exit(f"error: shared corpora not found at {DATA} (set SHARED_DATA)")
+    try:
+        import datasketch  # noqa: F401  the peer of sections 1 and 2
+    except ImportError:
+        sys.exit("error: the peer needs datasketch: pip install datasketch (or pip install -r "
+                 "requirements-test.txt)")
     result = {}
     if args.docs:
         result["side_by_side"] = side_by_side(args.docs, args.repeats, args.seed)

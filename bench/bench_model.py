@@ -14,12 +14,12 @@ about 4/3 of the time) and under torch.compile (inductor; the compile's wall tim
     python bench/bench_model.py                        # tiny and 10m presets
     python bench/bench_model.py --presets tiny --no-compile
     python bench/bench_model.py --threads 1 --clock cpu   # on a busy shared machine
+    python bench/bench_model.py --presets tiny --no-compile --batch-size 1 --warmup 0 --steps 1
 
 Depends on: torch and model.py.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import pathlib
@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from model import GPT, PRESETS, ConfigError  # noqa: E402
+from benchcli import Parser, in_range  # noqa: E402
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -97,23 +98,21 @@ def bench_preset(name: str, batch_size: int, warmup: int, steps: int, compile_to
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["tiny", "10m"], help="presets from model.PRESETS")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step (each block_size long)")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (the median is reported)")
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", choices=list(PRESETS), default=["tiny", "10m"],
+                        help="presets from model.PRESETS")
+    parser.add_argument("--batch-size", type=in_range(int, 1, 4096), default=8,
+                        help="sequences per step (each block_size long)")
+    parser.add_argument("--warmup", type=in_range(int, 0, 1000), default=2)
+    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=5,
+                        help="timed steps (the median is reported)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+    parser.add_argument("--threads", type=in_range(int, 1, 1024), default=torch.get_num_threads(),
                         help="intra-op threads for the peak and the model alike (default: torch's)")
     parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
                         help="wall: elapsed time; cpu: this process's CPU time (with --threads 1 on a busy machine)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    unknown = [p for p in args.presets if p not in PRESETS]
-    if unknown:
-        print(f"error: unknown preset(s) {unknown}; choose from {list(PRESETS)}", file=sys.stderr)
-        return 2
-
     clock = CLOCKS[args.clock]
     rows = []
     try:

@@ -9,11 +9,11 @@ final weights from the one-process run (ours) or between ours and torch's (the o
 
     python bench/bench_parallel.py                       # 4-layer 128-wide GPT, 10 timed steps
     python bench/bench_parallel.py --steps 20 --layers 8
+    python bench/bench_parallel.py --steps 1 --layers 2 --width 32 --micro-batches 2   # the tests'
 
 On this shared 2-core machine the step times carry the load of other processes; the traffic and memory columns
 are exact. Every process uses one thread (on a loaded 2-core machine more threads per process only fight).
 """
-import argparse
 import pathlib
 import statistics
 import sys
@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import model_parallel as MP  # noqa: E402
 import parallel as P  # noqa: E402
+from benchcli import Parser, in_range  # noqa: E402
 from model import GPT, ConfigError, GPTConfig  # noqa: E402
 
 BATCH = 8  # sequences per step over all ranks
@@ -157,15 +158,19 @@ def bench_worker(rank: int, world: int, cfg_dict: dict, steps: int, micro_batche
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=10, help="timed steps (after 2 warm-up steps)")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--world", type=int, default=2, help="processes")
-    parser.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches")
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=10,
+                        help="timed steps (after 2 warm-up steps)")
+    parser.add_argument("--layers", type=in_range(int, 1, 256), default=4)
+    parser.add_argument("--width", type=in_range(int, 1, 8192), default=128)
+    parser.add_argument("--world", type=in_range(int, 1, 64), default=2,
+                        help="processes (CPU, gloo)")
+    parser.add_argument("--micro-batches", type=in_range(int, 1, 1024), default=4,
+                        help="pipeline micro-batches")
     args = parser.parse_args(argv)
-    if min(args.steps, args.layers, args.width, args.world, args.micro_batches) < 1 or args.layers < args.world:
-        parser.exit(2, "bench_parallel.py: error: sizes must be >= 1 and --layers >= --world\n")
+    if args.layers < args.world:
+        parser.error(f"argument --layers: {args.layers} layers cannot fill {args.world} pipeline "
+                     f"stages: give --layers >= --world")
     try:
         cfg = GPTConfig(vocab_size=1024, block_size=64, n_layer=args.layers, n_head=4, n_kv_head=4,
                         n_embd=args.width)

@@ -11,6 +11,7 @@ processes hits both alike; the figure is the median step time over all timed ste
 
     python bench/bench_train.py                    # tiny and 10m on the pydocs corpus, CPU fp32
     python bench/bench_train.py --presets tiny --steps 30 --threads 2
+    python bench/bench_train.py --presets tiny --data corpus.txt --rounds 1 --warmup 0 --steps 1
 """
 import argparse
 import pathlib
@@ -24,6 +25,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import model as model_lib  # noqa: E402
 import train  # noqa: E402
+from benchcli import Parser, in_range  # noqa: E402
 
 
 def reference_loop(trainer: train.Trainer, steps: int) -> list[float]:
@@ -77,16 +79,25 @@ def bench_preset(preset: str, data: str, batch_size: int, steps: int, rounds: in
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = Parser(description=__doc__.splitlines()[0],
+                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--presets", default="tiny,10m", help="comma-separated model presets")
     parser.add_argument("--data", default="pydocs", help="train.py --data")
-    parser.add_argument("--batch-size", type=int, default=4, help="sequences per step (at the preset's length)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: least noise on a shared machine)")
-    parser.add_argument("--steps", type=int, default=6, help="timed steps per loop per round")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per loop per round")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (ours, reference)")
+    parser.add_argument("--batch-size", type=in_range(int, 1, 4096), default=4,
+                        help="sequences per step (at the preset's length)")
+    parser.add_argument("--threads", type=in_range(int, 1, 1024), default=1,
+                        help="torch threads (1: least noise on a shared machine)")
+    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=6,
+                        help="timed steps per loop per round")
+    parser.add_argument("--warmup", type=in_range(int, 0, 1000), default=1,
+                        help="untimed steps per loop per round")
+    parser.add_argument("--rounds", type=in_range(int, 1, 100), default=3,
+                        help="alternating rounds (ours, reference)")
     args = parser.parse_args(argv)
+    unknown = [p for p in args.presets.split(",") if p not in model_lib.PRESETS]
+    if unknown:
+        parser.error(f"argument --presets: unknown preset(s) {', '.join(unknown)}; choose from "
+                     f"{', '.join(model_lib.PRESETS)}")
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU fp32; median step time over "
           f"{args.rounds} x {args.steps} steps per loop")
@@ -94,8 +105,11 @@ def main(argv=None) -> None:
           f"{'MFU ours':>9} {'MFU ref':>8} {'overhead':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets.split(","):
-            r = bench_preset(preset, args.data, args.batch_size, args.steps, args.rounds, args.warmup,
-                             pathlib.Path(tmp))
+            try:                          # --data or --batch-size that train.py refuses: one line
+                r = bench_preset(preset, args.data, args.batch_size, args.steps, args.rounds,
+                                 args.warmup, pathlib.Path(tmp))
+            except (train.TrainError, train.data_lib.DataError) as e:
+                parser.error(str(e))
             print(f"{r['preset']:<7} {r['params']:>10,} {r['tokens_per_step']:>11,} {r['ours_tok_s']:>15,.0f} "
                   f"{r['ref_tok_s']:>16,.0f} {100 * r['ours_mfu']:>8.1f}% {100 * r['ref_mfu']:>7.1f}% "
                   f"{100 * r['overhead']:>+8.1f}%")

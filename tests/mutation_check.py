@@ -250,6 +250,20 @@ MUTANTS = [
            "    return tokens_per_s * flops_per_token / peak_flops\n",
            (f"{TRAIN}::test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast",),
            "MFU is every rank's tokens over one device's peak: 8 GPUs at 40% print 320%"),
+    # issue 38: runs that share a folder, and the launch environment
+    Mutant("lock-passed-to-forked-workers", "fileio.py",
+           "fcntl.lockf(fd, how)", "fcntl.flock(fd, how)",
+           ("tests/test_concurrency.py::test_hold_refuses_in_the_callback_and_survives_a_killed_holder",),
+           "a flock, which forked workers inherit: a killed prepare's surviving worker keeps it"),
+    Mutant("prepare-without-the-lock", "dataset.py",
+           "    if plan.reuse:\n        yield plan\n        return\n    lock = ",
+           "    if True:\n        yield plan\n        return\n    lock = ",
+           ("tests/test_concurrency.py::test_two_prepares_of_one_recipe_take_turns",),
+           "two prepares of one output run at once in the same work and temporary folders"),
+    Mutant("local-rank-unchecked", "parallel.py",
+           '    launch_variable("LOCAL_RANK", 0, world - 1, "0")\n', "",
+           ("tests/test_cli.py::test_bad_launch_environment_is_one_line_naming_the_variable",),
+           "LOCAL_RANK=x is not refused before the process group starts"),
 ]
 
 

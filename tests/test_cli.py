@@ -350,3 +350,60 @@ def test_bad_input_is_one_line_naming_the_flag_exit_2_and_nothing_written(script
     assert len(lines) == 1 and "Traceback" not in out + err, (out[-500:], err[-2000:])
     assert flag in lines[0], lines[0]
     assert not list(tmp_path.iterdir()) and tree(fixtures["root"]) == before      # nothing created or changed
+
+
+# issue 38: torchrun's launch variables, each checked before the process group starts (one line
+# naming it, exit 2); a rank that never comes ends the rendezvous after PARALLEL_TIMEOUT_S (2 s).
+TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "{port}"}
+BAD_LAUNCH = [
+    ({"MASTER_ADDR": None}, "MASTER_ADDR is not set"),
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE=abc"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0"),
+    ({"WORLD_SIZE": None}, "WORLD_SIZE: not set"),
+    ({"RANK": "2"}, "RANK=2"),
+    ({"RANK": "-1"}, "RANK=-1"),
+    ({"LOCAL_RANK": "x"}, "LOCAL_RANK=x"),
+    ({"LOCAL_RANK": "5"}, "LOCAL_RANK=5"),
+    ({"MASTER_PORT": "notaport"}, "MASTER_PORT=notaport"),
+    ({"MASTER_PORT": "99999"}, "MASTER_PORT=99999"),
+    ({"MASTER_PORT": None}, "MASTER_PORT: not set"),
+    ({"MASTER_ADDR": "no-such-host.invalid"}, "MASTER_ADDR=no-such-host.invalid: cannot resolve"),
+    ({}, "rank 0 of WORLD_SIZE=2 could not join the process group at 127.0.0.1:{port} within 2 s"),
+    ({"RANK": "1"}, "rank 1 of WORLD_SIZE=2 could not join the process group"),
+]
+
+
+@pytest.mark.parametrize("change, words", BAD_LAUNCH, ids=[str(c) for c, _ in BAD_LAUNCH])
+def test_bad_launch_environment_is_one_line_naming_the_variable(change, words, tmp_path,
+                                                                monkeypatch):
+    import socket
+    with socket.socket() as s:                              # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PARALLEL_TIMEOUT_S", "2")
+    for name, value in {**TORCHRUN, **change}.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value.format(port=port))
+    code, out, err = run_main("train", ["--max-steps", "1"])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, (out[-500:], err[-2000:])
+    assert words.format(port=port) in lines[0], lines[0]
+    assert not list(tmp_path.iterdir())                     # nothing written, not even a lock
+
+
+def test_parallel_demo_refusal_is_one_line_when_run_as_a_script():
+    """As a script parallel.py is __main__, and model_parallel raises `parallel`'s ParallelError,
+    another class than __main__'s: main() must catch that one (issue 38: `python parallel.py demo
+    --world 3` was a traceback)."""
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "parallel.py"), "demo", "--world", "3"],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+    assert done.stderr.startswith("parallel.py: error: the demo model"), done.stderr[-2000:]
+    assert "--world 3" in done.stderr and len(done.stderr.strip().splitlines()) == 1

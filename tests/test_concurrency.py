@@ -1,0 +1,146 @@
+"""Two runs that share a folder, as real processes. Two `data.py prepare` of one recipe take turns
+(the second waits, then reuses the first's dataset; if the first is SIGKILLed it builds it
+itself), and two `train.py` into one --out-dir: the second refuses in one line naming the first's
+pid; after a SIGKILL the next run takes the stale lock over and says so. The holder is paused with
+SIGSTOP while the second one arrives, so no timing can race."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fileio
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def start(*argv) -> subprocess.Popen:
+    """A CLI in its own process group (its worker processes die with it on a kill of the group)."""
+    return subprocess.Popen([sys.executable, *map(str, argv)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def wait_for(condition, what: str, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def lock_holder(lock: pathlib.Path) -> str:
+    try:
+        return lock.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> pathlib.Path:
+    import random
+    rng, words = random.Random(0), "alpha beta gamma delta epsilon zeta eta theta iota".split()
+    path = tmp_path_factory.mktemp("corpus") / "c.txt"
+    path.write_text("\n\n".join(" ".join(rng.choice(words) for _ in range(60)) for _ in range(300)))
+    return path
+
+
+def prepare(corpus, out) -> subprocess.Popen:
+    return start("data.py", "prepare", "--data", corpus, "--vocab-size", 300, "--workers", 1,
+                 "--out", out)
+
+
+@pytest.mark.parametrize("kill_first", [False, True])
+def test_two_prepares_of_one_recipe_take_turns(corpus, tmp_path, kill_first):
+    out, lock = tmp_path / "ds", tmp_path / ".ds.lock"
+    first = prepare(corpus, out)
+    wait_for(lambda: lock_holder(lock) == str(first.pid), "the first prepare to take the lock")
+    os.kill(first.pid, signal.SIGSTOP)                   # hold it there: lock taken, work started
+    second = prepare(corpus, out)
+    waiting = second.stderr.readline()
+    assert waiting == f"waiting for process {first.pid}, which is preparing {out}\n"
+    if kill_first:
+        os.killpg(first.pid, signal.SIGKILL)             # the holder and its workers
+    else:
+        os.kill(first.pid, signal.SIGCONT)
+    first_rc, _, first_err = finish(first)
+    rc, stdout, stderr = finish(second)
+    assert rc == 0 and "Traceback" not in stderr, stderr
+    assert first_rc == (-signal.SIGKILL if kill_first else 0), first_err
+    # Not killed, the first built it and the second reused it; killed, the second built it.
+    assert ("reusing" in stdout) != kill_first, stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["tokens"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]       # no lock, work or temp left
+
+
+def test_hold_refuses_in_the_callback_and_survives_a_killed_holder(tmp_path):
+    """fileio.hold across processes: held -> on_busy gets the holder's pid; killed -> stale pid."""
+    lock = tmp_path / "sub" / "x.lock"
+    # The holder forks a worker that outlives it (as a killed prepare's workers may): the lock
+    # must not pass to it (a flock would).
+    code = (f"import fileio, os, time\nwith fileio.hold({str(lock)!r}, print):\n"
+            f"    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+            f"    print('held', flush=True)\n    time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=ENV,
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert holder.stdout.readline() == "held\n"
+    busy = []
+
+    def refuse(pid):
+        busy.append(pid)
+        raise RuntimeError("busy")
+    with pytest.raises(RuntimeError):
+        with fileio.hold(lock, refuse):
+            pass
+    assert busy == [str(holder.pid)] and lock.read_text() == str(holder.pid)    # file untouched
+    holder.kill()                                        # the holder alone: its worker lives on
+    holder.wait()
+    try:
+        with fileio.hold(lock, refuse) as (was_busy, stale):
+            assert (was_busy, stale) == (None, str(holder.pid))
+            assert lock.read_text() == str(os.getpid())
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+    assert not lock.exists()
+    with fileio.hold(tmp_path / "new" / "deeper" / "y.lock", refuse):
+        assert (tmp_path / "new" / "deeper").is_dir()
+    assert not (tmp_path / "new").exists()               # the folders made for it go with it
+
+
+TRAIN_ARGS = ["--model", "tiny", "--model-args", "n_layer=1,n_head=2,n_kv_head=2,n_embd=16,"
+              "block_size=16", "--batch-size", "2", "--block-size", "16", "--eval-batches", "1",
+              "--num-samples", "0", "--log-interval", "1000", "--peak-flops", "1e12"]
+
+
+def test_second_train_into_one_out_dir_refuses_and_a_killed_runs_lock_is_taken_over(corpus,
+                                                                                     tmp_path):
+    import dataset
+    data_dir = dataset.prepare([str(corpus)], tmp_path / "data", vocab_size=300)
+    out, lock = tmp_path / "run", tmp_path / "run" / ".train.lock"
+    run = ["train.py", "--data", data_dir, "--out-dir", out, *TRAIN_ARGS]
+    first = start(*run, "--max-steps", 100_000, "--eval-interval", 100_000,
+                  "--ckpt-interval", 100_000)
+    wait_for(lambda: lock_holder(lock) == str(first.pid), "the first run to hold --out-dir")
+    rc, stdout, stderr = finish(start(*run, "--max-steps", 2))
+    assert rc == 2 and stdout == "" and stderr == (
+        f"train.py: error: --out-dir {out} is in use by another run (pid {first.pid}): wait for it "
+        f"to end, stop it (kill {first.pid}), or pick another --out-dir\n")
+    assert first.poll() is None and lock_holder(lock) == str(first.pid)   # the first goes on
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert lock_holder(lock) == str(first.pid)           # a SIGKILL removes nothing: its pid stays
+    rc, stdout, stderr = finish(start(*run, "--max-steps", 2, "--eval-interval", 2, "--overwrite"))
+    assert rc == 0 and "Traceback" not in stderr, stderr
+    assert (f"--out-dir {out}: taking over the lock of process {first.pid}, which ended without "
+            f"releasing it (killed?)") in stdout.splitlines()
+    assert not lock.exists() and (out / "metrics.jsonl").is_file()
