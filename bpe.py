@@ -43,10 +43,8 @@ pattern's Hugging Face export.
 """
 from __future__ import annotations
 
-import argparse
 import heapq
 import json
-import math
 import multiprocessing
 import os
 import re
@@ -1196,64 +1194,14 @@ def show(texts: list[str], tok: Tokenizer, steps: bool = False) -> None:
             print(f"  {piece!r}: " + " -> ".join("".join(f"[{_show_token(p)}]" for p in parts) for parts in history))
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
-    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
-
-    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
-    0.5
-    >>> _in_range(int, 0)("-1")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
-    """
-    def show(x):
-        return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-    return parse
-
-
-def _writable(kind="file"):
-    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
-    bad output path fails before any work."""
-    def parse(text: str) -> str:
-        path = Path(text)
-        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
-                                             f"give a {'file' if kind == 'file' else 'directory'} path")
-        here = path.absolute()
-        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
-                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
-        return text
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="bpe.py", description="Byte-level BPE: train, encode, decode, and the lecture's lessons.")
-    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    from cli import Parser, in_range, writable
+    parser = Parser(prog="bpe.py",
+                    description="Byte-level BPE: train, encode, decode, and the lecture's lessons.")
+    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     p = sub.add_parser("demo", help="the lecture's 'low lower lowest' merges, step by step")
     p.add_argument("--text", default=DEMO_TEXT)
-    p.add_argument("--merges", type=_in_range(int, 0, 10_000), default=4)
+    p.add_argument("--merges", type=in_range(int, 0, 10_000), default=4)
     p = sub.add_parser("show", help="the tokens a text becomes (strawberry, digits, English vs Chinese)")
     p.add_argument("text", nargs="*", help=f"texts to show (default: {SHOW_TEXTS})")
     p.add_argument("--tokenizer", nargs="+", default=None,
@@ -1261,11 +1209,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", action="store_true", help="also show the merges that build each pre-token")
     p = sub.add_parser("train", help="train a tokenizer on UTF-8 text files")
     p.add_argument("--input", nargs="+", required=True, help="text files")
-    p.add_argument("--vocab-size", type=_in_range(int, 256, 2**32), required=True)
-    p.add_argument("--out", type=_writable("file"), required=True, help="tokenizer .json to write")
+    p.add_argument("--vocab-size", type=in_range(int, 256, 2**32), required=True)
+    p.add_argument("--out", type=writable("file"), required=True, help="tokenizer .json to write")
     p.add_argument("--pattern", default="gpt4", help="gpt2, gpt4 or a regex (default gpt4)")
     p.add_argument("--special", nargs="*", default=[EOT], help=f"special tokens (default {EOT})")
-    p.add_argument("--workers", type=_in_range(int, 1, 1024), default=None,
+    p.add_argument("--workers", type=in_range(int, 1, 1024), default=None,
                    help="pre-tokenization processes (default: all cores)")
     p.add_argument("--errors", default="strict", choices=["strict", "replace", "ignore"],
                    help="what to do with invalid UTF-8 (default: stop with an error)")
@@ -1275,7 +1223,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default="cl100k", help="cl100k, gpt2 or a tokenizer .json")
     p.add_argument("--allow-special", action="store_true", help="encode special tokens in the text as their ids")
     p = sub.add_parser("decode", help="print the text of ids")
-    p.add_argument("ids", nargs="+", type=_in_range(int, 0, 2**32 - 1))
+    p.add_argument("ids", nargs="+", type=in_range(int, 0, 2**32 - 1))
     p.add_argument("--tokenizer", default="cl100k", help="cl100k, gpt2 or a tokenizer .json")
     args = parser.parse_args(argv)
     try:

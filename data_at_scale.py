@@ -1752,7 +1752,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
 
 def main(argv: list[str] | None = None) -> None:
     """`python data_at_scale.py ...` is `python data.py ...`: the command line is the chapter's."""
-    data.main(argv)
+    data.main(argv, prog="data_at_scale.py")
 
 
 if __name__ == "__main__":

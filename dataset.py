@@ -304,3 +304,12 @@ def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
         if data.read_manifest_or_none(out_dir) is None:
             raise
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from cli import help_only
+    help_only(__doc__, "No commands of its own: `python data.py prepare` runs it.", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -344,3 +344,12 @@ def read_val_file(path: pathlib.Path) -> list[str]:
     except UnicodeDecodeError as e:
         raise DataError(f"--val-data {path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
     return [part for part in text.split(EOT) if part.strip()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from cli import help_only
+    help_only(__doc__, "No commands of its own: `python data.py prepare --data FILES` reads them through it.", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -61,7 +61,6 @@ Run `python model.py` to print every preset with its parameters, FLOPs per token
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -820,55 +819,23 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
-    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
-
-    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
-    0.5
-    >>> _in_range(int, 0)("-1")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
-    """
-    def show(x):
-        return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="model.py", description="The model: print the presets, time generation with a KV cache, "
-                                                  "export to / import from the Hugging Face Llama layout.")
+    from cli import Parser, in_range
+    parser = Parser(prog="model.py",
+                    description="The model: print the presets, time generation with a KV cache, "
+                                "export to / import from the Hugging Face Llama layout.")
     parser.set_defaults(moe=8, top_k=2)
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
     presets = sub.add_parser("presets", help="table of presets (the default): shape, parameters, FLOPs, memory")
-    presets.add_argument("--moe", type=_in_range(int, 0, 4096), default=8, metavar="E",
+    presets.add_argument("--moe", type=in_range(int, 0, 4096), default=8, metavar="E",
                          help="also show each preset as a Mixture of Experts with E experts (0: don't)")
-    presets.add_argument("--top-k", type=_in_range(int, 1, 4096), default=2, help="experts per token in that table")
+    presets.add_argument("--top-k", type=in_range(int, 1, 4096), default=2,
+                         help="experts per token in that table")
     demo = sub.add_parser("demo", help="greedy generation from an untrained preset, with and without the KV cache")
     demo.add_argument("--model", choices=list(PRESETS), default="tiny")
-    demo.add_argument("--tokens", type=_in_range(int, 1, 10_000), default=100,
+    demo.add_argument("--tokens", type=in_range(int, 1, 10_000), default=100,
                       help="new tokens (the uncached side recomputes the window per token: 1e4 is minutes on a CPU)")
-    demo.add_argument("--seed", type=_in_range(int, 0, 2**32 - 1), default=0)
+    demo.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), default=0)
     # The bridge's commands are hf.py's, listed here and handed to hf.main before parsing (see its --help).
     sub.add_parser("export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory (hf.py)")
     sub.add_parser("import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint (hf.py)")

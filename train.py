@@ -56,7 +56,7 @@ Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batch
 --data with the streaming engine), model.py (the GPT, the check of --device), bpe.py (the tokenizer a checkpoint
 carries), fileio.py (reading --config; checkpoints and the loss PNG written whole) and, under torchrun,
 parallel.py (the mesh, data parallel) and model_parallel.py (`parallelize`: ZeRO, tensor and pipeline parallel).
-matplotlib draws the loss curve (imported only then).
+matplotlib draws the loss curve (imported only then); cli.py (the shared parser) only in build_parser().
 """
 from __future__ import annotations
 
@@ -1332,16 +1332,10 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrainConfig field, plus --config FILE (JSON with the same keys; explicit flags win)."""
-    parser = _Parser(
+    from cli import Parser
+    parser = Parser(
         prog="train.py", description="Pretrain a GPT: data.py -> model.py -> checkpoints, metrics.jsonl, samples.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=None, help="JSON file of settings (keys as below, '-' or '_')")
