@@ -100,7 +100,6 @@ import bpe
 import dedup
 import fileio
 import formats
-import store
 from formats import EOT, DataError        # the marker before each document; the one-line error of the pipeline
 
 DEFAULT_VOCAB_SIZE = 4096          # the tiny CPU run: small enough to train on ~2 MB in seconds, big enough for words
@@ -132,6 +131,7 @@ class Source:
     @property
     def label(self) -> str:
         """The spec, shortened to a file name for paths (for the funnel table)."""
+        import store
         return self.spec if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:") \
             else store.pure_path(self.spec).name or self.spec
 
@@ -260,6 +260,7 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
     """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an object, prefix or
     glob in an object store: s3://bucket/web/*.parquet) into a Source. kind overrides what the file types imply
     ("code" for a .jsonl of source files, say)."""
+    import store             # object-store I/O, loaded only where a path may be a URI
     if kind not in (None, "prose", "code", "html"):
         raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
     options = dict(text_field=text_field, txt_split=txt_split, skip_bad_lines=skip_bad_lines,
@@ -1045,6 +1046,7 @@ def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -
 def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.Path]:
     """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a known type, has
     text, and is not the text of a training source (a copy would make the held-out loss a training loss)."""
+    import store
     paths = [pathlib.Path(p).expanduser() for p in val_data]
     train_files = [f for source in sources for f in source.files if not store.is_uri(f)]   # globs, folders resolved
     for path in paths:
@@ -1131,6 +1133,7 @@ def check_budget(sources: list[Source], weights: list[float], train_tokens: floa
     <|endoftext|>: N bytes of text hold at most 2N tokens. So a share of T tokens of a 20 kB file is at least
     T / 40,000 epochs: --train-tokens 1e15 would be 2.5e10 passes over it. Only local uncompressed files have a known
     size; other sources are checked once they are encoded (`mixture_plan`)."""
+    import store
     total_weight = sum(weights)
     for source, w in zip(sources, weights):
         files = source.files
@@ -1522,6 +1525,7 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
 # ---------------------------------------------------------------------------------------------------------------------
 
 def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
+    import store
     if store.is_uri(data_dir):
         path = store.uri_of(data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError)
     else:
@@ -1570,6 +1574,7 @@ def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """A dataset's manifest.json, from a local directory or an object-store URI."""
+    import store
     manifest = read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
     local = None if store.is_uri(data_dir) else pathlib.Path(data_dir) / "manifest.json"
     if manifest is None and local is not None and local.is_file():         # there, but damaged: say how
@@ -1597,6 +1602,7 @@ class TokenData:
     """
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
+        import store
         if store.is_uri(data_dir):                 # shards are memory-mapped: they must be on a local file system
             raise DataError(f"{data_dir}: the loader reads a local dataset; copy it down first: python data.py "
                             f"download {data_dir} DIR")
@@ -1819,6 +1825,7 @@ def _cmd_html(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
+    import store
     from cli import Parser, in_range, run, writable
     import data_at_scale     # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
     parser = Parser(prog=prog, description=__doc__.split("\n\n")[0],

@@ -172,8 +172,13 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
     """
     log = print if verbose else (lambda *a, **k: None)
     plan = plan_dataset(sources, out_dir, log=log, **recipe)
-    if plan.reuse:
-        return plan.out_dir
+    return plan.out_dir if plan.reuse else run_in_memory(plan, threads, log)
+
+
+def run_in_memory(plan: Plan, threads: int | None, log: Callable) -> pathlib.Path | str:
+    """The reference engine on a checked plan: `data.build_in_memory` (the code the chapter
+    teaches), then the directory published whole. data_at_scale.prepare(engine="auto") sends small
+    inputs here."""
     staging = pathlib.Path(tempfile.gettempdir()) if store.is_uri(plan.out_dir) else plan.out_dir.parent
     remove_stale_publishes(plan.out_dir, staging)
     clock = data.Clock()
