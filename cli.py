@@ -1,13 +1,14 @@
-"""The command-line helpers every chapter's CLI shares: no lesson here, only the rule that a bad input gets
-one line naming the flag and the fix, exit code 2, before any work starts.
+"""The command-line helpers every chapter's CLI shares: no lesson here, only the rule that a bad
+input gets one line naming the flag and the fix, exit code 2, before any work starts.
 
 - `Parser`: argparse that reports a bad argument in one line, without the usage block.
-- `in_range`, `writable`: argparse types for a bounded number and an output path (checked, nothing created).
+- `in_range`, `writable`: argparse types for a bounded number and an output path (checked,
+  nothing created).
 - `run`: calls a command; the library's own errors become that one line and exit code 2.
 
-Library code raises in library terms (the value and the fix); the CLI adds the flag's name. Only a `main()`
-or a parser builder imports this file (`import cli` inside the function), so a chapter imported for its
-lesson never loads it.
+Library code raises in library terms (the value and the fix); the CLI adds the flag's name.
+Only a `main()` or a parser builder imports this file (inside the function), so a chapter
+imported for its lesson never loads it.
 
 Depends on the standard library only (no sibling files).
 """
@@ -56,9 +57,9 @@ def in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
 
 
 def writable(kind="file", elsewhere=None):
-    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing,
-    so a bad output path fails before any work. `elsewhere(text)` true: a path another check owns (an
-    object store's URI), passed through.
+    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only,
+    creates nothing, so a bad output path fails before any work. `elsewhere(text)` true: a path
+    another check owns (an object store's URI), passed through.
 
     >>> writable("dir")("out/run")
     'out/run'
@@ -108,6 +109,7 @@ def run(command, errors: tuple, prog: str | None = None) -> int:
 def help_only(doc: str, runs: str, argv: list[str] | None = None) -> None:
     """The command line of a file with no commands of its own: with --help or no arguments it prints
     the file's docstring and `runs` (the commands that use it); any other argument is an error."""
-    parser = Parser(description=doc, epilog=runs, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=doc, epilog=runs,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args(argv)
     parser.print_help()

@@ -182,7 +182,8 @@ def write_atomic(path: str | os.PathLike, content: str | bytes | Callable, *, er
 
 def main(argv: list[str] | None = None) -> None:
     from cli import help_only
-    help_only(__doc__, "No commands of its own: every chapter reads and writes its files through it.", argv)
+    help_only(__doc__, "No commands of its own: every chapter reads and writes its files "
+              "through it.", argv)
 
 
 if __name__ == "__main__":

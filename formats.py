@@ -353,7 +353,8 @@ def read_val_file(path: pathlib.Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     from cli import help_only
-    help_only(__doc__, "No commands of its own: `python data.py prepare --data FILES` reads them through it.", argv)
+    help_only(__doc__, "No commands of its own: `python data.py prepare --data FILES` reads them "
+              "through it.", argv)
 
 
 if __name__ == "__main__":

@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
             print(export_checkpoint(args.ckpt, args.to, args.verify, args.tokenizer))
         else:
             print(import_hf_checkpoint(args.hf_dir, args.to))
-    return run(command, (ConfigError, OSError))       # OSError: unwritable --to, full disk: one line
+    return run(command, (ConfigError, OSError))       # OSError: unwritable --to, a full disk
 
 
 if __name__ == "__main__":

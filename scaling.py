@@ -51,7 +51,7 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
    sweep.py) measures what dedup.py buys.
 
 Depends on numpy, the standard library and fileio.py (reading runs files); torch only for the Approach 3 fit
-(L-BFGS), matplotlib only to draw a PNG. The calculator and the fitting work in a copy of this file and fileio.py;
+(L-BFGS), matplotlib only to draw a PNG. The calculator and the fitting work in a copy of this file and fileio.py.
 build_parser() imports cli.py (the shared parser and argparse types).
 
 The experiments that train models live in sweep.py; only main() imports it, to add their subcommands.

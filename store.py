@@ -266,7 +266,8 @@ def copy_down(uri: str, names: list[str], directory: pathlib.Path, error: type[E
 
 def main(argv: list[str] | None = None) -> None:
     from cli import help_only
-    help_only(__doc__, "No commands of its own: `python data.py prepare --data s3://... --out s3://...` runs it.", argv)
+    help_only(__doc__, "No commands of its own: `python data.py prepare --data s3://... "
+              "--out s3://...` runs it.", argv)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ streaming one; imported only then), model.py (the GPT, the check of --device), b
 tokenizer a checkpoint carries), fileio.py (reading --config; checkpoints and the loss PNG written
 whole) and, under torchrun, parallel.py (the mesh, data parallel) and model_parallel.py
 (`parallelize`: ZeRO, tensor and pipeline parallel).
-matplotlib draws the loss curve (imported only then); cli.py (the shared parser) only in build_parser().
+matplotlib draws the loss curve (imported only then); cli.py (the shared parser) only in
+build_parser().
 """
 from __future__ import annotations
 

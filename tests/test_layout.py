@@ -38,7 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # must be here, so a new file cannot slip past the rule: test_every_top_level_file_has_a_layer says which is missing.
 LAYERS = {
     "fileio": 0,           # untrusted JSON, atomic writes: the standard library only
-    "cli": 0,              # the CLI helpers (parser, argparse types, exit 2): imported by main() only
+    "cli": 0,              # the CLI helpers (parser, argparse types, exit 2): main() imports it
     "store": 1,            # object-store I/O (s3://, gs://, hdfs://) for the data engine
     "bpe": 2,
     "dedup": 2,
