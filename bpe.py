@@ -241,147 +241,6 @@ def pretokenize(text: str, pattern: str = GPT2_PATTERN, special_tokens: Iterable
     return [piece for segment in segments for piece in pat.findall(segment)]
 
 
-def _count_chunk(task, pattern: str, specials: tuple[str, ...], errors: str) -> Counter:
-    """Count pre-tokens in one chunk. A task is a str of text, or (path, start, end) bytes of a file."""
-    if isinstance(task, str):
-        text = task
-    else:
-        path, start, end = task
-        with open(path, "rb") as f:
-            f.seek(start)
-            data = f.read(end - start)
-        try:
-            text = data.decode("utf-8", errors=errors)
-        except UnicodeDecodeError as e:
-            raise TokenizerError(f"{path}: invalid UTF-8 at byte {start + e.start}; fix the file or pass "
-                                 f"errors='replace' (CLI: --errors replace)") from None
-    return Counter(pretokenize(text, pattern, specials))
-
-
-def _cut_finder(specials: tuple[str, ...], at_spaces: bool, as_bytes: bool) -> regex.Pattern | None:
-    """A regex for the places where a chunk of training text may start, so that counting chunk by chunk gives
-    exactly the counts of one pass: the start of a special token (a hard boundary anyway), and, for the GPT-2 and
-    GPT-4 patterns, a space or tab after a printable ASCII character, where a new piece starts whatever follows."""
-    alternatives = [regex.escape(s) for s in sorted(specials, key=len, reverse=True)]
-    if at_spaces:
-        alternatives.append(r"(?<=[!-~])[ \t]")
-    if not alternatives:
-        return None
-    pattern = "|".join(alternatives)
-    return regex.compile(pattern.encode("utf-8") if as_bytes else pattern)
-
-
-def _next_cut(data, pos: int, finder: regex.Pattern, spaced_specials: tuple, limit: int) -> int | None:
-    """The first cut at or after pos (and before limit) that is not inside a special token containing a space."""
-    m = finder.search(data, pos)
-    while m is not None and m.start() < limit:
-        p = m.start()
-        # an occurrence of s covers p if it starts in (p - len(s), p): is the first one from there before p?
-        if not any(-1 < data.find(s, max(0, p - len(s) + 1)) < p for s in spaced_specials):
-            return p
-        m = finder.search(data, p + 1)
-    return None
-
-
-def _text_chunks(text: str, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[str]:
-    """Split text into about n chunks at places where a new piece must start (see _cut_finder)."""
-    finder = _cut_finder(specials, at_spaces, as_bytes=False)
-    if n <= 1 or finder is None or len(text) < 2 * n:
-        return [text]
-    spaced = tuple(s for s in specials if " " in s or "\t" in s)
-    cuts, target = [0], len(text) // n
-    while (cut := _next_cut(text, cuts[-1] + target, finder, spaced, len(text))) is not None:
-        cuts.append(cut)
-    cuts.append(len(text))
-    return [text[a:b] for a, b in zip(cuts, cuts[1:])]
-
-
-def _file_chunks(path: Path, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[tuple[str, int, int]]:
-    """Byte ranges of a file, about n of them, cut as _text_chunks cuts text (never inside a UTF-8 character:
-    a cut is at an ASCII space or tab, or at a special token's first byte)."""
-    size = path.stat().st_size
-    finder = _cut_finder(specials, at_spaces, as_bytes=True)
-    if n <= 1 or finder is None or size < 2 * n:
-        return [(str(path), 0, size)]
-    spaced = tuple(s.encode("utf-8") for s in specials if " " in s or "\t" in s)
-    margin = max([len(s.encode("utf-8")) for s in specials] + [1])  # context kept on both sides of a window
-    cuts = [0]
-    with open(path, "rb") as f:
-        for k in range(1, n):
-            pos, cut = max(k * size // n, cuts[-1] + 1), None
-            while cut is None and pos < size:  # read 64 kB windows from pos until one holds a cut
-                start = pos - min(pos, margin)
-                f.seek(start)
-                window = f.read(pos - start + (1 << 16) + margin)
-                # judge only cuts before `limit`, so every special token that could cover one is in the window
-                limit = len(window) - margin if start + len(window) < size else len(window)
-                found = _next_cut(window, pos - start, finder, spaced, limit)
-                if found is not None:
-                    cut = start + found
-                pos = start + limit
-            if cut is None:
-                break
-            cuts.append(cut)
-    cuts.append(size)
-    return [(str(path), a, b) for a, b in zip(cuts, cuts[1:])]
-
-
-def _check_file(path: Path) -> None:
-    if not path.is_file():
-        raise TokenizerError(f"input file not found: {path}")
-    with open(path, "rb") as f:
-        head = f.read(8192)
-    if b"\x00" in head:
-        raise TokenizerError(f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text")
-
-
-PARALLEL_MIN_BYTES = 4 << 20
-
-
-def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] = (), workers: int | None = None,
-                    errors: str = "strict") -> Counter:
-    """Frequency of every distinct pre-token, as bytes, over a text or files; in parallel for big inputs.
-
-    Inputs are cut into chunks only where a new piece must start (at special tokens and, for the built-in
-    patterns, at spaces after a printable ASCII character), so counting chunk by chunk gives exactly the counts
-    of one pass. `workers=None` uses up to one process per core and per MiB when the input is over
-    PARALLEL_MIN_BYTES (below that, starting processes costs more than it saves); `workers=1` stays in this process.
-
-    >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
-    Counter({b' a': 2, b'a': 1, b'b': 1})
-    """
-    specials = tuple(special_tokens)
-    if isinstance(text_or_paths, str):
-        texts, paths = [text_or_paths], []
-        total = len(text_or_paths)
-    else:
-        items = [text_or_paths] if isinstance(text_or_paths, os.PathLike) else list(text_or_paths)
-        if not all(isinstance(p, (str, os.PathLike)) for p in items):
-            raise TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
-        paths = [Path(p) for p in items]
-        for p in paths:
-            _check_file(p)
-        texts, total = [], sum(p.stat().st_size for p in paths)
-    if workers is not None and workers < 1:
-        raise TokenizerError(f"workers must be at least 1, got {workers}; leave it out to use all cores")
-    if workers is None:
-        workers = min(os.cpu_count() or 1, total >> 20) if total > PARALLEL_MIN_BYTES else 1  # >= 1 MiB each
-    n_chunks = 4 * workers if workers > 1 else 1
-    at_spaces = pattern in (GPT2_PATTERN, GPT4_PATTERN)
-    tasks = [c for t in texts for c in _text_chunks(t, specials, n_chunks, at_spaces)]
-    tasks += [c for p in paths for c in _file_chunks(p, specials, n_chunks, at_spaces)]
-    counts = Counter()
-    if workers > 1 and len(tasks) > 1:
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with multiprocessing.get_context(method).Pool(min(workers, len(tasks))) as pool:
-            results = pool.starmap(_count_chunk, [(t, pattern, specials, errors) for t in tasks])
-    else:
-        results = [_count_chunk(t, pattern, specials, errors) for t in tasks]
-    for chunk_counts in results:
-        counts.update(chunk_counts)
-    return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # 3. The fast trainer: same merges as train_bpe_naive, without recounting the corpus after each merge.
 # ----------------------------------------------------------------------------------------------------------------
@@ -993,6 +852,176 @@ def _str_to_bytes(text: str) -> bytes:
         raise ValueError(f"character {e.args[0]!r} is not in GPT-2's byte alphabet") from None
 
 
+def load_gpt2_bpe(encoder_json_path, vocab_bpe_path, special_tokens: Iterable[str] = (EOT,)) -> Tokenizer:
+    """GPT-2's tokenizer from OpenAI's `encoder.json` (token -> id) and `vocab.bpe` (the merges, in order)."""
+    encoder_json_path, vocab_bpe_path = Path(encoder_json_path), Path(vocab_bpe_path)
+    for p in (encoder_json_path, vocab_bpe_path):
+        if not p.is_file():
+            raise TokenizerError(f"GPT-2 tokenizer file not found: {p}")
+    specials = set(_check_specials(special_tokens))
+    encoder = fileio.read_json(encoder_json_path, TokenizerError, "use GPT-2's own encoder.json")
+    try:
+        ranks = {_str_to_bytes(t): i for t, i in encoder.items() if t not in specials}
+        lines = vocab_bpe_path.read_text(encoding="utf-8").split("\n")
+        merges = [tuple(_str_to_bytes(x) for x in line.split(" ")) for line in lines[1:] if line]
+    except (ValueError, AttributeError) as e:
+        raise TokenizerError(f"{encoder_json_path} / {vocab_bpe_path}: not GPT-2 tokenizer files ({e})") from None
+    special_ids = {t: i for t, i in encoder.items() if t in specials}
+    return Tokenizer(ranks, special_ids, "gpt2", merges, "gpt2")
+
+
+# ==================================================================================================
+# === Appendix: machinery (the lesson above runs without reading it) ===
+# A. Counting pre-tokens in parallel: a corpus cut into chunks at special tokens or spaces, one
+#    process per chunk (count_pretokens, which train_bpe calls).
+# B. Hugging Face's regex dialect: what to_hf/from_hf need to write and read tokenizer.json.
+# ==================================================================================================
+
+# A. Counting pre-tokens in parallel.
+
+def _count_chunk(task, pattern: str, specials: tuple[str, ...], errors: str) -> Counter:
+    """Count pre-tokens in one chunk. A task is a str of text, or (path, start, end) bytes of a file."""
+    if isinstance(task, str):
+        text = task
+    else:
+        path, start, end = task
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+        try:
+            text = data.decode("utf-8", errors=errors)
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{path}: invalid UTF-8 at byte {start + e.start}; fix the file or pass "
+                                 f"errors='replace' (CLI: --errors replace)") from None
+    return Counter(pretokenize(text, pattern, specials))
+
+
+def _cut_finder(specials: tuple[str, ...], at_spaces: bool, as_bytes: bool) -> regex.Pattern | None:
+    """A regex for the places where a chunk of training text may start, so that counting chunk by chunk gives
+    exactly the counts of one pass: the start of a special token (a hard boundary anyway), and, for the GPT-2 and
+    GPT-4 patterns, a space or tab after a printable ASCII character, where a new piece starts whatever follows."""
+    alternatives = [regex.escape(s) for s in sorted(specials, key=len, reverse=True)]
+    if at_spaces:
+        alternatives.append(r"(?<=[!-~])[ \t]")
+    if not alternatives:
+        return None
+    pattern = "|".join(alternatives)
+    return regex.compile(pattern.encode("utf-8") if as_bytes else pattern)
+
+
+def _next_cut(data, pos: int, finder: regex.Pattern, spaced_specials: tuple, limit: int) -> int | None:
+    """The first cut at or after pos (and before limit) that is not inside a special token containing a space."""
+    m = finder.search(data, pos)
+    while m is not None and m.start() < limit:
+        p = m.start()
+        # an occurrence of s covers p if it starts in (p - len(s), p): is the first one from there before p?
+        if not any(-1 < data.find(s, max(0, p - len(s) + 1)) < p for s in spaced_specials):
+            return p
+        m = finder.search(data, p + 1)
+    return None
+
+
+def _text_chunks(text: str, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[str]:
+    """Split text into about n chunks at places where a new piece must start (see _cut_finder)."""
+    finder = _cut_finder(specials, at_spaces, as_bytes=False)
+    if n <= 1 or finder is None or len(text) < 2 * n:
+        return [text]
+    spaced = tuple(s for s in specials if " " in s or "\t" in s)
+    cuts, target = [0], len(text) // n
+    while (cut := _next_cut(text, cuts[-1] + target, finder, spaced, len(text))) is not None:
+        cuts.append(cut)
+    cuts.append(len(text))
+    return [text[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def _file_chunks(path: Path, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[tuple[str, int, int]]:
+    """Byte ranges of a file, about n of them, cut as _text_chunks cuts text (never inside a UTF-8 character:
+    a cut is at an ASCII space or tab, or at a special token's first byte)."""
+    size = path.stat().st_size
+    finder = _cut_finder(specials, at_spaces, as_bytes=True)
+    if n <= 1 or finder is None or size < 2 * n:
+        return [(str(path), 0, size)]
+    spaced = tuple(s.encode("utf-8") for s in specials if " " in s or "\t" in s)
+    margin = max([len(s.encode("utf-8")) for s in specials] + [1])  # context kept on both sides of a window
+    cuts = [0]
+    with open(path, "rb") as f:
+        for k in range(1, n):
+            pos, cut = max(k * size // n, cuts[-1] + 1), None
+            while cut is None and pos < size:  # read 64 kB windows from pos until one holds a cut
+                start = pos - min(pos, margin)
+                f.seek(start)
+                window = f.read(pos - start + (1 << 16) + margin)
+                # judge only cuts before `limit`, so every special token that could cover one is in the window
+                limit = len(window) - margin if start + len(window) < size else len(window)
+                found = _next_cut(window, pos - start, finder, spaced, limit)
+                if found is not None:
+                    cut = start + found
+                pos = start + limit
+            if cut is None:
+                break
+            cuts.append(cut)
+    cuts.append(size)
+    return [(str(path), a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise TokenizerError(f"input file not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    if b"\x00" in head:
+        raise TokenizerError(f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text")
+
+
+PARALLEL_MIN_BYTES = 4 << 20
+
+
+def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] = (), workers: int | None = None,
+                    errors: str = "strict") -> Counter:
+    """Frequency of every distinct pre-token, as bytes, over a text or files; in parallel for big inputs.
+
+    Inputs are cut into chunks only where a new piece must start (at special tokens and, for the built-in
+    patterns, at spaces after a printable ASCII character), so counting chunk by chunk gives exactly the counts
+    of one pass. `workers=None` uses up to one process per core and per MiB when the input is over
+    PARALLEL_MIN_BYTES (below that, starting processes costs more than it saves); `workers=1` stays in this process.
+
+    >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
+    Counter({b' a': 2, b'a': 1, b'b': 1})
+    """
+    specials = tuple(special_tokens)
+    if isinstance(text_or_paths, str):
+        texts, paths = [text_or_paths], []
+        total = len(text_or_paths)
+    else:
+        items = [text_or_paths] if isinstance(text_or_paths, os.PathLike) else list(text_or_paths)
+        if not all(isinstance(p, (str, os.PathLike)) for p in items):
+            raise TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
+        paths = [Path(p) for p in items]
+        for p in paths:
+            _check_file(p)
+        texts, total = [], sum(p.stat().st_size for p in paths)
+    if workers is not None and workers < 1:
+        raise TokenizerError(f"workers must be at least 1, got {workers}; leave it out to use all cores")
+    if workers is None:
+        workers = min(os.cpu_count() or 1, total >> 20) if total > PARALLEL_MIN_BYTES else 1  # >= 1 MiB each
+    n_chunks = 4 * workers if workers > 1 else 1
+    at_spaces = pattern in (GPT2_PATTERN, GPT4_PATTERN)
+    tasks = [c for t in texts for c in _text_chunks(t, specials, n_chunks, at_spaces)]
+    tasks += [c for p in paths for c in _file_chunks(p, specials, n_chunks, at_spaces)]
+    counts = Counter()
+    if workers > 1 and len(tasks) > 1:
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with multiprocessing.get_context(method).Pool(min(workers, len(tasks))) as pool:
+            results = pool.starmap(_count_chunk, [(t, pattern, specials, errors) for t in tasks])
+    else:
+        results = [_count_chunk(t, pattern, specials, errors) for t in tasks]
+    for chunk_counts in results:
+        counts.update(chunk_counts)
+    return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
+
+
+# B. Hugging Face's regex dialect.
+
 # HF's ByteLevel pre-tokenizer with use_regex=true cuts with this GPT-2 regex of its own (tokenizers' byte_level.rs).
 HF_BYTE_LEVEL_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -1087,24 +1116,6 @@ def _hf_pattern(pre_tokenizer: dict, refuse) -> str:
             or split.get("behavior") != "Isolated" or byte_level.get("use_regex", True)):
         refuse(f"its pre-tokenizer {[step.get('type') for step in steps]} is not one regex Split then ByteLevel")
     return split["pattern"]["Regex"]
-
-
-def load_gpt2_bpe(encoder_json_path, vocab_bpe_path, special_tokens: Iterable[str] = (EOT,)) -> Tokenizer:
-    """GPT-2's tokenizer from OpenAI's `encoder.json` (token -> id) and `vocab.bpe` (the merges, in order)."""
-    encoder_json_path, vocab_bpe_path = Path(encoder_json_path), Path(vocab_bpe_path)
-    for p in (encoder_json_path, vocab_bpe_path):
-        if not p.is_file():
-            raise TokenizerError(f"GPT-2 tokenizer file not found: {p}")
-    specials = set(_check_specials(special_tokens))
-    encoder = fileio.read_json(encoder_json_path, TokenizerError, "use GPT-2's own encoder.json")
-    try:
-        ranks = {_str_to_bytes(t): i for t, i in encoder.items() if t not in specials}
-        lines = vocab_bpe_path.read_text(encoding="utf-8").split("\n")
-        merges = [tuple(_str_to_bytes(x) for x in line.split(" ")) for line in lines[1:] if line]
-    except (ValueError, AttributeError) as e:
-        raise TokenizerError(f"{encoder_json_path} / {vocab_bpe_path}: not GPT-2 tokenizer files ({e})") from None
-    special_ids = {t: i for t, i in encoder.items() if t in specials}
-    return Tokenizer(ranks, special_ids, "gpt2", merges, "gpt2")
 
 
 # ----------------------------------------------------------------------------------------------------------------
