@@ -250,6 +250,11 @@ MUTANTS = [
            "    return tokens_per_s * flops_per_token / peak_flops\n",
            (f"{TRAIN}::test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast",),
            "MFU is every rank's tokens over one device's peak: 8 GPUs at 40% print 320%"),
+    Mutant("auto-engine-always-streams", "data_at_scale.py",
+           '    if engine == "memory" or small:', '    if engine == "memory":',
+           ("tests/test_data_at_scale.py::"
+            "test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above",),
+           "the default prepare streams small inputs: the reference engine a learner reads never runs"),
 ]
 
 
