@@ -48,8 +48,8 @@ the tokenizer and the split sizes. The same inputs and settings map to the same 
 This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order above, and
 dataset.prepare runs it (dataset.py checks the recipe, names it by its cache key, publishes the directory whole).
 data_at_scale.py is the scale (a stream, not a list: memory that does not grow with the corpus, worker processes or
-Ray, resumable), which `python data.py prepare` runs above 64 MiB of local input (below, the lesson's
-engine: `--engine auto`); its flags (--workers, --chunk-mb, --engine,
+Ray, resumable), which `python data.py prepare` runs above 64 MiB of local input (below, the
+lesson's engine: `--engine auto`); its flags (--workers, --chunk-mb, --engine,
 --ray-address, --work-dir) and `download` live there. The two write byte-identical datasets: every choice about a
 document is a keyed hash of its text (`document_keys`), whatever the order of reading. Sources and --out may be
 object-store URIs (s3://bucket/web/*.parquet), which store.py lists, reads and publishes. The file formats a source

@@ -167,8 +167,9 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
 
     The whole corpus is held in lists (`data.build_in_memory`): for small inputs, and the oracle of the tests.
     data_at_scale.prepare takes the same arguments and writes the same bytes with the streaming engine (any corpus
-    size, worker processes, resumable) or Ray; `python data.py prepare` runs it above 64 MiB (`--engine auto`). Notices (heavy cleaning, the
-    --val-data overlap) are printed to stderr, also when the dataset is reused.
+    size, worker processes, resumable) or Ray; `python data.py prepare` runs it above 64 MiB
+    (`--engine auto`). Notices (heavy cleaning, the --val-data overlap) are printed to stderr,
+    also when the dataset is reused.
     """
     log = print if verbose else (lambda *a, **k: None)
     plan = plan_dataset(sources, out_dir, log=log, **recipe)
