@@ -43,10 +43,8 @@ pattern's Hugging Face export.
 """
 from __future__ import annotations
 
-import argparse
 import heapq
 import json
-import math
 import multiprocessing
 import os
 import re
@@ -241,147 +239,6 @@ def pretokenize(text: str, pattern: str = GPT2_PATTERN, special_tokens: Iterable
     specials = tuple(special_tokens)
     segments = special_splitter(specials).split(text) if specials else [text]
     return [piece for segment in segments for piece in pat.findall(segment)]
-
-
-def _count_chunk(task, pattern: str, specials: tuple[str, ...], errors: str) -> Counter:
-    """Count pre-tokens in one chunk. A task is a str of text, or (path, start, end) bytes of a file."""
-    if isinstance(task, str):
-        text = task
-    else:
-        path, start, end = task
-        with open(path, "rb") as f:
-            f.seek(start)
-            data = f.read(end - start)
-        try:
-            text = data.decode("utf-8", errors=errors)
-        except UnicodeDecodeError as e:
-            raise TokenizerError(f"{path}: invalid UTF-8 at byte {start + e.start}; fix the file or pass "
-                                 f"errors='replace' (CLI: --errors replace)") from None
-    return Counter(pretokenize(text, pattern, specials))
-
-
-def _cut_finder(specials: tuple[str, ...], at_spaces: bool, as_bytes: bool) -> regex.Pattern | None:
-    """A regex for the places where a chunk of training text may start, so that counting chunk by chunk gives
-    exactly the counts of one pass: the start of a special token (a hard boundary anyway), and, for the GPT-2 and
-    GPT-4 patterns, a space or tab after a printable ASCII character, where a new piece starts whatever follows."""
-    alternatives = [regex.escape(s) for s in sorted(specials, key=len, reverse=True)]
-    if at_spaces:
-        alternatives.append(r"(?<=[!-~])[ \t]")
-    if not alternatives:
-        return None
-    pattern = "|".join(alternatives)
-    return regex.compile(pattern.encode("utf-8") if as_bytes else pattern)
-
-
-def _next_cut(data, pos: int, finder: regex.Pattern, spaced_specials: tuple, limit: int) -> int | None:
-    """The first cut at or after pos (and before limit) that is not inside a special token containing a space."""
-    m = finder.search(data, pos)
-    while m is not None and m.start() < limit:
-        p = m.start()
-        # an occurrence of s covers p if it starts in (p - len(s), p): is the first one from there before p?
-        if not any(-1 < data.find(s, max(0, p - len(s) + 1)) < p for s in spaced_specials):
-            return p
-        m = finder.search(data, p + 1)
-    return None
-
-
-def _text_chunks(text: str, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[str]:
-    """Split text into about n chunks at places where a new piece must start (see _cut_finder)."""
-    finder = _cut_finder(specials, at_spaces, as_bytes=False)
-    if n <= 1 or finder is None or len(text) < 2 * n:
-        return [text]
-    spaced = tuple(s for s in specials if " " in s or "\t" in s)
-    cuts, target = [0], len(text) // n
-    while (cut := _next_cut(text, cuts[-1] + target, finder, spaced, len(text))) is not None:
-        cuts.append(cut)
-    cuts.append(len(text))
-    return [text[a:b] for a, b in zip(cuts, cuts[1:])]
-
-
-def _file_chunks(path: Path, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[tuple[str, int, int]]:
-    """Byte ranges of a file, about n of them, cut as _text_chunks cuts text (never inside a UTF-8 character:
-    a cut is at an ASCII space or tab, or at a special token's first byte)."""
-    size = path.stat().st_size
-    finder = _cut_finder(specials, at_spaces, as_bytes=True)
-    if n <= 1 or finder is None or size < 2 * n:
-        return [(str(path), 0, size)]
-    spaced = tuple(s.encode("utf-8") for s in specials if " " in s or "\t" in s)
-    margin = max([len(s.encode("utf-8")) for s in specials] + [1])  # context kept on both sides of a window
-    cuts = [0]
-    with open(path, "rb") as f:
-        for k in range(1, n):
-            pos, cut = max(k * size // n, cuts[-1] + 1), None
-            while cut is None and pos < size:  # read 64 kB windows from pos until one holds a cut
-                start = pos - min(pos, margin)
-                f.seek(start)
-                window = f.read(pos - start + (1 << 16) + margin)
-                # judge only cuts before `limit`, so every special token that could cover one is in the window
-                limit = len(window) - margin if start + len(window) < size else len(window)
-                found = _next_cut(window, pos - start, finder, spaced, limit)
-                if found is not None:
-                    cut = start + found
-                pos = start + limit
-            if cut is None:
-                break
-            cuts.append(cut)
-    cuts.append(size)
-    return [(str(path), a, b) for a, b in zip(cuts, cuts[1:])]
-
-
-def _check_file(path: Path) -> None:
-    if not path.is_file():
-        raise TokenizerError(f"input file not found: {path}")
-    with open(path, "rb") as f:
-        head = f.read(8192)
-    if b"\x00" in head:
-        raise TokenizerError(f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text")
-
-
-PARALLEL_MIN_BYTES = 4 << 20
-
-
-def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] = (), workers: int | None = None,
-                    errors: str = "strict") -> Counter:
-    """Frequency of every distinct pre-token, as bytes, over a text or files; in parallel for big inputs.
-
-    Inputs are cut into chunks only where a new piece must start (at special tokens and, for the built-in
-    patterns, at spaces after a printable ASCII character), so counting chunk by chunk gives exactly the counts
-    of one pass. `workers=None` uses up to one process per core and per MiB when the input is over
-    PARALLEL_MIN_BYTES (below that, starting processes costs more than it saves); `workers=1` stays in this process.
-
-    >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
-    Counter({b' a': 2, b'a': 1, b'b': 1})
-    """
-    specials = tuple(special_tokens)
-    if isinstance(text_or_paths, str):
-        texts, paths = [text_or_paths], []
-        total = len(text_or_paths)
-    else:
-        items = [text_or_paths] if isinstance(text_or_paths, os.PathLike) else list(text_or_paths)
-        if not all(isinstance(p, (str, os.PathLike)) for p in items):
-            raise TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
-        paths = [Path(p) for p in items]
-        for p in paths:
-            _check_file(p)
-        texts, total = [], sum(p.stat().st_size for p in paths)
-    if workers is not None and workers < 1:
-        raise TokenizerError(f"workers must be at least 1, got {workers}; leave it out to use all cores")
-    if workers is None:
-        workers = min(os.cpu_count() or 1, total >> 20) if total > PARALLEL_MIN_BYTES else 1  # >= 1 MiB each
-    n_chunks = 4 * workers if workers > 1 else 1
-    at_spaces = pattern in (GPT2_PATTERN, GPT4_PATTERN)
-    tasks = [c for t in texts for c in _text_chunks(t, specials, n_chunks, at_spaces)]
-    tasks += [c for p in paths for c in _file_chunks(p, specials, n_chunks, at_spaces)]
-    counts = Counter()
-    if workers > 1 and len(tasks) > 1:
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with multiprocessing.get_context(method).Pool(min(workers, len(tasks))) as pool:
-            results = pool.starmap(_count_chunk, [(t, pattern, specials, errors) for t in tasks])
-    else:
-        results = [_count_chunk(t, pattern, specials, errors) for t in tasks]
-    for chunk_counts in results:
-        counts.update(chunk_counts)
-    return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -995,6 +852,176 @@ def _str_to_bytes(text: str) -> bytes:
         raise ValueError(f"character {e.args[0]!r} is not in GPT-2's byte alphabet") from None
 
 
+def load_gpt2_bpe(encoder_json_path, vocab_bpe_path, special_tokens: Iterable[str] = (EOT,)) -> Tokenizer:
+    """GPT-2's tokenizer from OpenAI's `encoder.json` (token -> id) and `vocab.bpe` (the merges, in order)."""
+    encoder_json_path, vocab_bpe_path = Path(encoder_json_path), Path(vocab_bpe_path)
+    for p in (encoder_json_path, vocab_bpe_path):
+        if not p.is_file():
+            raise TokenizerError(f"GPT-2 tokenizer file not found: {p}")
+    specials = set(_check_specials(special_tokens))
+    encoder = fileio.read_json(encoder_json_path, TokenizerError, "use GPT-2's own encoder.json")
+    try:
+        ranks = {_str_to_bytes(t): i for t, i in encoder.items() if t not in specials}
+        lines = vocab_bpe_path.read_text(encoding="utf-8").split("\n")
+        merges = [tuple(_str_to_bytes(x) for x in line.split(" ")) for line in lines[1:] if line]
+    except (ValueError, AttributeError) as e:
+        raise TokenizerError(f"{encoder_json_path} / {vocab_bpe_path}: not GPT-2 tokenizer files ({e})") from None
+    special_ids = {t: i for t, i in encoder.items() if t in specials}
+    return Tokenizer(ranks, special_ids, "gpt2", merges, "gpt2")
+
+
+# ==================================================================================================
+# === Appendix: machinery (the lesson above runs without reading it) ===
+# A. Counting pre-tokens in parallel: a corpus cut into chunks at special tokens or spaces, one
+#    process per chunk (count_pretokens, which train_bpe calls).
+# B. Hugging Face's regex dialect: what to_hf/from_hf need to write and read tokenizer.json.
+# ==================================================================================================
+
+# A. Counting pre-tokens in parallel.
+
+def _count_chunk(task, pattern: str, specials: tuple[str, ...], errors: str) -> Counter:
+    """Count pre-tokens in one chunk. A task is a str of text, or (path, start, end) bytes of a file."""
+    if isinstance(task, str):
+        text = task
+    else:
+        path, start, end = task
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+        try:
+            text = data.decode("utf-8", errors=errors)
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{path}: invalid UTF-8 at byte {start + e.start}; fix the file or pass "
+                                 f"errors='replace' (CLI: --errors replace)") from None
+    return Counter(pretokenize(text, pattern, specials))
+
+
+def _cut_finder(specials: tuple[str, ...], at_spaces: bool, as_bytes: bool) -> regex.Pattern | None:
+    """A regex for the places where a chunk of training text may start, so that counting chunk by chunk gives
+    exactly the counts of one pass: the start of a special token (a hard boundary anyway), and, for the GPT-2 and
+    GPT-4 patterns, a space or tab after a printable ASCII character, where a new piece starts whatever follows."""
+    alternatives = [regex.escape(s) for s in sorted(specials, key=len, reverse=True)]
+    if at_spaces:
+        alternatives.append(r"(?<=[!-~])[ \t]")
+    if not alternatives:
+        return None
+    pattern = "|".join(alternatives)
+    return regex.compile(pattern.encode("utf-8") if as_bytes else pattern)
+
+
+def _next_cut(data, pos: int, finder: regex.Pattern, spaced_specials: tuple, limit: int) -> int | None:
+    """The first cut at or after pos (and before limit) that is not inside a special token containing a space."""
+    m = finder.search(data, pos)
+    while m is not None and m.start() < limit:
+        p = m.start()
+        # an occurrence of s covers p if it starts in (p - len(s), p): is the first one from there before p?
+        if not any(-1 < data.find(s, max(0, p - len(s) + 1)) < p for s in spaced_specials):
+            return p
+        m = finder.search(data, p + 1)
+    return None
+
+
+def _text_chunks(text: str, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[str]:
+    """Split text into about n chunks at places where a new piece must start (see _cut_finder)."""
+    finder = _cut_finder(specials, at_spaces, as_bytes=False)
+    if n <= 1 or finder is None or len(text) < 2 * n:
+        return [text]
+    spaced = tuple(s for s in specials if " " in s or "\t" in s)
+    cuts, target = [0], len(text) // n
+    while (cut := _next_cut(text, cuts[-1] + target, finder, spaced, len(text))) is not None:
+        cuts.append(cut)
+    cuts.append(len(text))
+    return [text[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def _file_chunks(path: Path, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[tuple[str, int, int]]:
+    """Byte ranges of a file, about n of them, cut as _text_chunks cuts text (never inside a UTF-8 character:
+    a cut is at an ASCII space or tab, or at a special token's first byte)."""
+    size = path.stat().st_size
+    finder = _cut_finder(specials, at_spaces, as_bytes=True)
+    if n <= 1 or finder is None or size < 2 * n:
+        return [(str(path), 0, size)]
+    spaced = tuple(s.encode("utf-8") for s in specials if " " in s or "\t" in s)
+    margin = max([len(s.encode("utf-8")) for s in specials] + [1])  # context kept on both sides of a window
+    cuts = [0]
+    with open(path, "rb") as f:
+        for k in range(1, n):
+            pos, cut = max(k * size // n, cuts[-1] + 1), None
+            while cut is None and pos < size:  # read 64 kB windows from pos until one holds a cut
+                start = pos - min(pos, margin)
+                f.seek(start)
+                window = f.read(pos - start + (1 << 16) + margin)
+                # judge only cuts before `limit`, so every special token that could cover one is in the window
+                limit = len(window) - margin if start + len(window) < size else len(window)
+                found = _next_cut(window, pos - start, finder, spaced, limit)
+                if found is not None:
+                    cut = start + found
+                pos = start + limit
+            if cut is None:
+                break
+            cuts.append(cut)
+    cuts.append(size)
+    return [(str(path), a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise TokenizerError(f"input file not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    if b"\x00" in head:
+        raise TokenizerError(f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text")
+
+
+PARALLEL_MIN_BYTES = 4 << 20
+
+
+def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] = (), workers: int | None = None,
+                    errors: str = "strict") -> Counter:
+    """Frequency of every distinct pre-token, as bytes, over a text or files; in parallel for big inputs.
+
+    Inputs are cut into chunks only where a new piece must start (at special tokens and, for the built-in
+    patterns, at spaces after a printable ASCII character), so counting chunk by chunk gives exactly the counts
+    of one pass. `workers=None` uses up to one process per core and per MiB when the input is over
+    PARALLEL_MIN_BYTES (below that, starting processes costs more than it saves); `workers=1` stays in this process.
+
+    >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
+    Counter({b' a': 2, b'a': 1, b'b': 1})
+    """
+    specials = tuple(special_tokens)
+    if isinstance(text_or_paths, str):
+        texts, paths = [text_or_paths], []
+        total = len(text_or_paths)
+    else:
+        items = [text_or_paths] if isinstance(text_or_paths, os.PathLike) else list(text_or_paths)
+        if not all(isinstance(p, (str, os.PathLike)) for p in items):
+            raise TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
+        paths = [Path(p) for p in items]
+        for p in paths:
+            _check_file(p)
+        texts, total = [], sum(p.stat().st_size for p in paths)
+    if workers is not None and workers < 1:
+        raise TokenizerError(f"workers must be at least 1, got {workers}; leave it out to use all cores")
+    if workers is None:
+        workers = min(os.cpu_count() or 1, total >> 20) if total > PARALLEL_MIN_BYTES else 1  # >= 1 MiB each
+    n_chunks = 4 * workers if workers > 1 else 1
+    at_spaces = pattern in (GPT2_PATTERN, GPT4_PATTERN)
+    tasks = [c for t in texts for c in _text_chunks(t, specials, n_chunks, at_spaces)]
+    tasks += [c for p in paths for c in _file_chunks(p, specials, n_chunks, at_spaces)]
+    counts = Counter()
+    if workers > 1 and len(tasks) > 1:
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with multiprocessing.get_context(method).Pool(min(workers, len(tasks))) as pool:
+            results = pool.starmap(_count_chunk, [(t, pattern, specials, errors) for t in tasks])
+    else:
+        results = [_count_chunk(t, pattern, specials, errors) for t in tasks]
+    for chunk_counts in results:
+        counts.update(chunk_counts)
+    return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
+
+
+# B. Hugging Face's regex dialect.
+
 # HF's ByteLevel pre-tokenizer with use_regex=true cuts with this GPT-2 regex of its own (tokenizers' byte_level.rs).
 HF_BYTE_LEVEL_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -1091,24 +1118,6 @@ def _hf_pattern(pre_tokenizer: dict, refuse) -> str:
     return split["pattern"]["Regex"]
 
 
-def load_gpt2_bpe(encoder_json_path, vocab_bpe_path, special_tokens: Iterable[str] = (EOT,)) -> Tokenizer:
-    """GPT-2's tokenizer from OpenAI's `encoder.json` (token -> id) and `vocab.bpe` (the merges, in order)."""
-    encoder_json_path, vocab_bpe_path = Path(encoder_json_path), Path(vocab_bpe_path)
-    for p in (encoder_json_path, vocab_bpe_path):
-        if not p.is_file():
-            raise TokenizerError(f"GPT-2 tokenizer file not found: {p}")
-    specials = set(_check_specials(special_tokens))
-    encoder = fileio.read_json(encoder_json_path, TokenizerError, "use GPT-2's own encoder.json")
-    try:
-        ranks = {_str_to_bytes(t): i for t, i in encoder.items() if t not in specials}
-        lines = vocab_bpe_path.read_text(encoding="utf-8").split("\n")
-        merges = [tuple(_str_to_bytes(x) for x in line.split(" ")) for line in lines[1:] if line]
-    except (ValueError, AttributeError) as e:
-        raise TokenizerError(f"{encoder_json_path} / {vocab_bpe_path}: not GPT-2 tokenizer files ({e})") from None
-    special_ids = {t: i for t, i in encoder.items() if t in specials}
-    return Tokenizer(ranks, special_ids, "gpt2", merges, "gpt2")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # 6. Teaching views and the command line.
 # ----------------------------------------------------------------------------------------------------------------
@@ -1196,64 +1205,14 @@ def show(texts: list[str], tok: Tokenizer, steps: bool = False) -> None:
             print(f"  {piece!r}: " + " -> ".join("".join(f"[{_show_token(p)}]" for p in parts) for parts in history))
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
-    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
-
-    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
-    0.5
-    >>> _in_range(int, 0)("-1")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
-    """
-    def show(x):
-        return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-    return parse
-
-
-def _writable(kind="file"):
-    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
-    bad output path fails before any work."""
-    def parse(text: str) -> str:
-        path = Path(text)
-        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
-                                             f"give a {'file' if kind == 'file' else 'directory'} path")
-        here = path.absolute()
-        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
-                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
-        return text
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="bpe.py", description="Byte-level BPE: train, encode, decode, and the lecture's lessons.")
-    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    from cli import Parser, in_range, writable
+    parser = Parser(prog="bpe.py",
+                    description="Byte-level BPE: train, encode, decode, and the lecture's lessons.")
+    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     p = sub.add_parser("demo", help="the lecture's 'low lower lowest' merges, step by step")
     p.add_argument("--text", default=DEMO_TEXT)
-    p.add_argument("--merges", type=_in_range(int, 0, 10_000), default=4)
+    p.add_argument("--merges", type=in_range(int, 0, 10_000), default=4)
     p = sub.add_parser("show", help="the tokens a text becomes (strawberry, digits, English vs Chinese)")
     p.add_argument("text", nargs="*", help=f"texts to show (default: {SHOW_TEXTS})")
     p.add_argument("--tokenizer", nargs="+", default=None,
@@ -1261,11 +1220,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", action="store_true", help="also show the merges that build each pre-token")
     p = sub.add_parser("train", help="train a tokenizer on UTF-8 text files")
     p.add_argument("--input", nargs="+", required=True, help="text files")
-    p.add_argument("--vocab-size", type=_in_range(int, 256, 2**32), required=True)
-    p.add_argument("--out", type=_writable("file"), required=True, help="tokenizer .json to write")
+    p.add_argument("--vocab-size", type=in_range(int, 256, 2**32), required=True)
+    p.add_argument("--out", type=writable("file"), required=True, help="tokenizer .json to write")
     p.add_argument("--pattern", default="gpt4", help="gpt2, gpt4 or a regex (default gpt4)")
     p.add_argument("--special", nargs="*", default=[EOT], help=f"special tokens (default {EOT})")
-    p.add_argument("--workers", type=_in_range(int, 1, 1024), default=None,
+    p.add_argument("--workers", type=in_range(int, 1, 1024), default=None,
                    help="pre-tokenization processes (default: all cores)")
     p.add_argument("--errors", default="strict", choices=["strict", "replace", "ignore"],
                    help="what to do with invalid UTF-8 (default: stop with an error)")
@@ -1275,7 +1234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default="cl100k", help="cl100k, gpt2 or a tokenizer .json")
     p.add_argument("--allow-special", action="store_true", help="encode special tokens in the text as their ids")
     p = sub.add_parser("decode", help="print the text of ids")
-    p.add_argument("ids", nargs="+", type=_in_range(int, 0, 2**32 - 1))
+    p.add_argument("ids", nargs="+", type=in_range(int, 0, 2**32 - 1))
     p.add_argument("--tokenizer", default="cl100k", help="cl100k, gpt2 or a tokenizer .json")
     args = parser.parse_args(argv)
     try:

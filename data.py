@@ -48,7 +48,8 @@ the tokenizer and the split sizes. The same inputs and settings map to the same 
 This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order above, and
 dataset.prepare runs it (dataset.py checks the recipe, names it by its cache key, publishes the directory whole).
 data_at_scale.py is the scale (a stream, not a list: memory that does not grow with the corpus, worker processes or
-Ray, resumable), and `python data.py prepare` runs that one; its flags (--workers, --chunk-mb, --engine,
+Ray, resumable), which `python data.py prepare` runs above 64 MiB of local input (below, the
+lesson's engine: `--engine auto`); its flags (--workers, --chunk-mb, --engine,
 --ray-address, --work-dir) and `download` live there. The two write byte-identical datasets: every choice about a
 document is a keyed hash of its text (`document_keys`), whatever the order of reading. Sources and --out may be
 object-store URIs (s3://bucket/web/*.parquet), which store.py lists, reads and publishes. The file formats a source
@@ -100,7 +101,6 @@ import bpe
 import dedup
 import fileio
 import formats
-import store
 from formats import EOT, DataError        # the marker before each document; the one-line error of the pipeline
 
 DEFAULT_VOCAB_SIZE = 4096          # the tiny CPU run: small enough to train on ~2 MB in seconds, big enough for words
@@ -132,6 +132,7 @@ class Source:
     @property
     def label(self) -> str:
         """The spec, shortened to a file name for paths (for the funnel table)."""
+        import store
         return self.spec if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:") \
             else store.pure_path(self.spec).name or self.spec
 
@@ -260,6 +261,7 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
     """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an object, prefix or
     glob in an object store: s3://bucket/web/*.parquet) into a Source. kind overrides what the file types imply
     ("code" for a .jsonl of source files, say)."""
+    import store             # object-store I/O, loaded only where a path may be a URI
     if kind not in (None, "prose", "code", "html"):
         raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
     options = dict(text_field=text_field, txt_split=txt_split, skip_bad_lines=skip_bad_lines,
@@ -1045,6 +1047,7 @@ def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -
 def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.Path]:
     """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a known type, has
     text, and is not the text of a training source (a copy would make the held-out loss a training loss)."""
+    import store
     paths = [pathlib.Path(p).expanduser() for p in val_data]
     train_files = [f for source in sources for f in source.files if not store.is_uri(f)]   # globs, folders resolved
     for path in paths:
@@ -1131,6 +1134,7 @@ def check_budget(sources: list[Source], weights: list[float], train_tokens: floa
     <|endoftext|>: N bytes of text hold at most 2N tokens. So a share of T tokens of a 20 kB file is at least
     T / 40,000 epochs: --train-tokens 1e15 would be 2.5e10 passes over it. Only local uncompressed files have a known
     size; other sources are checked once they are encoded (`mixture_plan`)."""
+    import store
     total_weight = sum(weights)
     for source, w in zip(sources, weights):
         files = source.files
@@ -1522,6 +1526,7 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
 # ---------------------------------------------------------------------------------------------------------------------
 
 def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
+    import store
     if store.is_uri(data_dir):
         path = store.uri_of(data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError)
     else:
@@ -1570,6 +1575,7 @@ def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """A dataset's manifest.json, from a local directory or an object-store URI."""
+    import store
     manifest = read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
     local = None if store.is_uri(data_dir) else pathlib.Path(data_dir) / "manifest.json"
     if manifest is None and local is not None and local.is_file():         # there, but damaged: say how
@@ -1597,6 +1603,7 @@ class TokenData:
     """
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
+        import store
         if store.is_uri(data_dir):                 # shards are memory-mapped: they must be on a local file system
             raise DataError(f"{data_dir}: the loader reads a local dataset; copy it down first: python data.py "
                             f"download {data_dir} DIR")
@@ -1745,60 +1752,6 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
 # 12. Command line
 # ---------------------------------------------------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
-    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
-
-    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
-    0.5
-    >>> _in_range(int, 0)("-1")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
-    """
-    def show(x):
-        return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-    return parse
-
-
-def _writable(kind="file"):
-    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
-    bad output path fails before any work."""
-    def parse(text: str) -> str:
-        if store.is_uri(text):                   # an object store's: checked by prepare, before any work
-            return text
-        path = pathlib.Path(text)
-        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
-                                             f"give a {'file' if kind == 'file' else 'directory'} path")
-        here = path.absolute()
-        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
-                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
-        return text
-    return parse
-
-
 SEED_MAX = 2**32 - 1             # numpy's legacy generator and torch agree on seeds in [0, 2^32)
 TOKENS_MAX = 1e16                # a token budget beyond any run (the largest public ones are ~4e13)
 
@@ -1872,24 +1825,26 @@ def _cmd_html(args: argparse.Namespace) -> None:
     print(html_to_text(formats.read_text(path)))
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
+    import store
+    from cli import Parser, in_range, run, writable
     import data_at_scale     # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
-    parser = _Parser(prog="data.py", description=__doc__.split("\n\n")[0],
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog=prog, description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("prepare", help="clean, dedup, split, train/reuse the tokenizer, encode and pack shards")
     p.add_argument("--data", nargs="+", default=["pydocs"],
                    help="sources: pydocs, pystdlib, hf:NAME, files/dirs/globs (.txt .jsonl .parquet .raw .html .py, "
                         ".gz), or their URIs in an object store (s3://bucket/web/*.parquet, gs://, hdfs://, file://)")
-    p.add_argument("--vocab-size", type=_in_range(int, 257, 2**32), default=DEFAULT_VOCAB_SIZE,
+    p.add_argument("--vocab-size", type=in_range(int, 257, 2**32), default=DEFAULT_VOCAB_SIZE,
                    help="BPE vocabulary (default %(default)s)")
-    p.add_argument("--out", type=_writable("dir"), default=None,
+    p.add_argument("--out", type=writable("dir", elsewhere=store.is_uri), default=None,
                    help="output directory or object-store URI, e.g. s3://bucket/datasets/name (default: a cache dir "
                         "in $PRETRAIN_CACHE or .cache/)")
-    p.add_argument("--seed", type=_in_range(int, 0, SEED_MAX), default=0,
+    p.add_argument("--seed", type=in_range(int, 0, SEED_MAX), default=0,
                    help="seeds the split, the tokenizer sample, mixing and order")
-    p.add_argument("--val-fraction", type=_in_range(float, 0.0, 1.0, high_open=True), default=0.05,
+    p.add_argument("--val-fraction", type=in_range(float, 0.0, 1.0, high_open=True), default=0.05,
                    help="documents held out for validation")
     p.add_argument("--val-data", nargs="+", default=None, metavar="PATH",
                    help="held-out file(s) used verbatim as the val split (replaces --val-fraction); their 13-gram "
@@ -1897,12 +1852,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cleaning", choices=CLEANING_CHOICES, default="auto",
                    help="auto: the funnel for web-like sources (.jsonl .parquet .html hf: pydocs pystdlib), local "
                         "text (.txt .md .raw .py) kept whole; web: the funnel for every source; keep: none")
-    p.add_argument("--weights", type=_in_range(float, 0.0, TOKENS_MAX, low_open=True), nargs="+", default=None,
+    p.add_argument("--weights", type=in_range(float, 0.0, TOKENS_MAX, low_open=True), nargs="+",
+                   default=None,
                    help="mixing weight per source, in order")
-    p.add_argument("--train-tokens", type=_in_range(float, 1.0, TOKENS_MAX), default=None,
+    p.add_argument("--train-tokens", type=in_range(float, 1.0, TOKENS_MAX), default=None,
                    help="train token budget for the mix (e.g. 5e6)")
     p.add_argument("--tokenizer", default=None, help="reuse this bpe.py tokenizer JSON instead of training one")
-    p.add_argument("--tokenizer-train-mb", type=_in_range(float, 1e-6, 1e6), default=4.0,     # >= 1 byte
+    p.add_argument("--tokenizer-train-mb", type=in_range(float, 1e-6, 1e6), default=4.0,
+                       # >= 1 byte
                    help="MB of train text the tokenizer trains on (default %(default)s)")
     p.add_argument("--filters", choices=FILTER_CHOICES, default="auto",
                    help="quality rules: auto = Gopher for prose, code rules for code; gopher-handout = only the "
@@ -1910,9 +1867,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--line-dedup", choices=LINE_DEDUP_CHOICES, default="documents",
                    help="documents: remove boilerplate lines (see --boilerplate-min-documents); occurrences: remove "
                         "every line seen more than once in the corpus (CS336's exact line dedup)")
-    p.add_argument("--near-dup-threshold", type=_in_range(float, 0.0, 1.0, high_open=True), default=0.5,
+    p.add_argument("--near-dup-threshold", type=in_range(float, 0.0, 1.0, high_open=True),
+                   default=0.5,
                    help="Jaccard threshold; 0 turns near-dedup off")
-    p.add_argument("--boilerplate-min-documents", type=_in_range(int, 2), default=3,
+    p.add_argument("--boilerplate-min-documents", type=in_range(int, 2), default=3,
                    help="a prose line found in this many documents is boilerplate and removed")
     p.add_argument("--strip-accents", action="store_true", help="near dedup compares texts without accents")
     p.add_argument("--no-pii", action="store_true", help="do not mask emails, phones and IPs")
@@ -1921,28 +1879,30 @@ def main(argv: list[str] | None = None) -> None:
                    help="how .txt files split into documents (auto: <|endoftext|> if present, else blank lines; "
                         "a file kept whole is cut only at <|endoftext|>)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed .jsonl lines")
-    p.add_argument("--max-documents", type=_in_range(int, 1), default=None,
+    p.add_argument("--max-documents", type=in_range(int, 1), default=None,
                    help="read at most this many documents per source")
     p.add_argument("--kind", choices=["prose", "code", "html"], default=None,
                    help="treat every source as this kind (default: by name and file type; .py files are code)")
-    p.add_argument("--threads", type=_in_range(int, 1, 1024), default=None, help="encoding threads (default: all cores)")
+    p.add_argument("--threads", type=in_range(int, 1, 1024), default=None,
+                   help="encoding threads (default: all cores)")
     data_at_scale.add_engine_arguments(p)       # --workers, --chunk-mb, --engine, --ray-address, --work-dir
     p.set_defaults(run=_cmd_prepare)
 
     p = sub.add_parser("mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)")
-    p.add_argument("--tokens", type=_in_range(float, 1.0, TOKENS_MAX), default=20e9)
+    p.add_argument("--tokens", type=in_range(float, 1.0, TOKENS_MAX), default=20e9)
     p.add_argument("--weights", nargs="+", default=["web=0.70", "code=0.15", "books=0.10", "math=0.05"])
     p.add_argument("--unique", nargs="*", default=["math=0.5e9"], help="unique tokens on hand per source")
     p.set_defaults(run=_cmd_mix)
 
     p = sub.add_parser("inspect", help="print a prepared dataset's funnel, sizes and a decoded sample")
     p.add_argument("dir")
-    p.add_argument("--tokens", type=_in_range(int, 1, 1_000_000), default=64)
+    p.add_argument("--tokens", type=in_range(int, 1, 1_000_000), default=64)
     p.set_defaults(run=_cmd_inspect)
 
     p = sub.add_parser("download", help="copy a dataset published to an object store down to a local directory")
     p.add_argument("uri", help="the dataset's URI, as given to prepare --out (s3://bucket/datasets/name)")
-    p.add_argument("dir", type=_writable("dir"), help="local directory to create (train.py --data reads it)")
+    p.add_argument("dir", type=writable("dir"),
+                   help="local directory to create (train.py --data reads it)")
     p.set_defaults(run=lambda args: print(f"downloaded {args.uri} to {data_at_scale.download(args.uri, args.dir)}"))
 
     p = sub.add_parser("html", help="print the text extracted from an HTML file")
@@ -1950,10 +1910,7 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(run=_cmd_html)
 
     args = parser.parse_args(argv)
-    try:
-        args.run(args)
-    except (DataError, bpe.TokenizerError, dedup.DedupError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    if run(lambda: args.run(args), (DataError, bpe.TokenizerError, dedup.DedupError)):
         sys.exit(2)
 
 

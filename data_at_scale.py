@@ -7,7 +7,7 @@ the corpus, joins by key range on disk, resuming after a kill, Ray tasks over a 
 half (work folders, stale files, the engine's run). "The engines write byte-identical output" is this file
 boundary: data.py is the reference, this file the scale, and tests/test_data*.py compare their bytes.
 
-    python data.py prepare --data corpus.jsonl --workers 8                 # this file's streaming engine
+    python data.py prepare --data corpus.jsonl --engine stream --workers 8  # the streaming engine
     python data.py prepare --data s3://bucket/web/*.parquet --engine ray --ray-address auto --out s3://bucket/ds
 
 A stream, not a list. Holding the corpus costs ~5.5 bytes of RAM per byte of text (Python strings, the lists of
@@ -1602,7 +1602,8 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
 # ---------------------------------------------------------------------------------------------------------------------
 
 def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, threads: int | None = None,
-            workers: int | None = None, chunk_mb: float = CHUNK_BYTES / 2**20, engine: str = "local",
+            workers: int | None = None, chunk_mb: float = CHUNK_BYTES / 2**20,
+            engine: str = "stream",
             ray_address: str | None = None, work_dir: str | os.PathLike | None = None, verbose: bool = False,
             **recipe) -> pathlib.Path | str:
     """Build (or reuse) a token dataset directory (manifest.json, tokenizer.json, train_*.bin, val_*.bin) with the
@@ -1613,7 +1614,10 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
     its work files live in a hidden .NAME.work-* folder in work_dir, by default beside a local output or in the temp
     folder for a URI, removed when the dataset is published; on a multi-node cluster a folder every node sees.
     engine="ray" runs its steps as Ray tasks (section 2) on the cluster at ray_address, or on a Ray started here
-    with `workers` cores; the output is again byte-identical.
+    with `workers` cores; the output is again byte-identical. engine="auto" (the command line's
+    default, and train.py's) sends small local inputs (`fits_in_memory`) to data.py's reference
+    engine instead, the code the chapter teaches; "memory" always does; "stream" (the default
+    here, or its old name "local") never.
     """
     log = print if verbose else (lambda *a, **k: None)
     if workers is not None and not 1 <= workers <= 1024:
@@ -1622,9 +1626,9 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
         raise DataError(f"--chunk-mb must be between 0.001 and 4096, got {chunk_mb}")
     if engine == "ray":
         _check_ray_ready(ray_address)
-    elif engine != "local" or ray_address is not None:
-        raise DataError(f"--engine {engine} --ray-address {ray_address}: the engine is local or ray, and only "
-                        f"ray takes an address")
+    elif engine not in ENGINES or ray_address is not None:
+        raise DataError(f"--engine {engine} --ray-address {ray_address}: the engine is one of "
+                        f"{ENGINES}, and only ray takes an address")
     if store.is_uri(work_dir):
         raise DataError(f"--work-dir {work_dir}: give a folder (on a cluster, one every node mounts): work files "
                         f"are renamed, appended and memory-mapped, which an object store cannot do")
@@ -1647,6 +1651,9 @@ def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk
         plan = dataclasses.replace(plan, out_dir=plan.out_dir.absolute())
     if plan.reuse:
         return plan.out_dir
+    small = engine == "auto" and fits_in_memory(plan.recipe.sources, plan.recipe.val_files)
+    if engine == "memory" or small:
+        return dataset.run_in_memory(plan, threads, log)
     out_dir, recipe = plan.out_dir, plan.recipe
     chunk_bytes = max(1, int(chunk_mb * 2**20))
     name = dataset.local_name(out_dir)
@@ -1688,6 +1695,25 @@ def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk
     return out_dir
 
 
+ENGINES = ("auto", "memory", "stream", "local", "ray")     # "local": the old name of "stream"
+IN_MEMORY_MAX_BYTES = 64 << 20   # engine="auto": local inputs up to this size are held in lists
+
+
+def fits_in_memory(sources: list[data.Source], val_files: list[pathlib.Path]) -> bool:
+    """engine="auto"'s choice: the embedded corpora and local files (with --val-data) of at most
+    IN_MEMORY_MAX_BYTES in all go through data.build_in_memory, the reference a learner reads (its
+    lists take a few times the text's size); hf: sources, object-store URIs and anything larger
+    stream.
+
+    >>> fits_in_memory([data.open_source("pydocs")], [])
+    True
+    """
+    if any(s.spec.startswith("hf:") or any(map(store.is_uri, s.files)) for s in sources):
+        return False
+    files = [*(f for s in sources for f in s.files), *val_files]
+    return sum(pathlib.Path(f).stat().st_size for f in files) <= IN_MEMORY_MAX_BYTES
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """`python data.py prepare`'s flags for this file's engines; `prepare` checks their values before any work (a
     bad one is one line naming the flag, as data.py's own flags are)."""
@@ -1695,8 +1721,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="processes for the per-document steps (default: all cores)")
     parser.add_argument("--chunk-mb", type=float, default=CHUNK_BYTES / 2**20,
                         help="MiB of input per chunk, the unit of parallel work and of resuming (default %(default)g)")
-    parser.add_argument("--engine", choices=["local", "ray"], default="local",
-                        help="local: worker processes here; ray: the same steps as Ray tasks (pip install ray)")
+    parser.add_argument("--engine", choices=ENGINES, default="auto",
+                        help=f"auto: data.py's in-memory reference engine for the embedded corpora "
+                             f"and local inputs up to {IN_MEMORY_MAX_BYTES >> 20} MiB, else stream;"
+                             f" memory: always the reference; stream (or local): worker processes"
+                             f" here; ray: the stream's steps as Ray tasks (pip install ray); all "
+                             f"write the same bytes")
     parser.add_argument("--ray-address", default=None,
                         help="with --engine ray: auto or HOST:PORT of a running cluster (default: start Ray here)")
     parser.add_argument("--work-dir", default=None,
@@ -1760,7 +1790,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
 
 def main(argv: list[str] | None = None) -> None:
     """`python data_at_scale.py ...` is `python data.py ...`: the command line is the chapter's."""
-    data.main(argv)
+    data.main(argv, prog="data_at_scale.py")
 
 
 if __name__ == "__main__":

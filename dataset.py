@@ -167,21 +167,13 @@ def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, thr
 
     The whole corpus is held in lists (`data.build_in_memory`): for small inputs, and the oracle of the tests.
     data_at_scale.prepare takes the same arguments and writes the same bytes with the streaming engine (any corpus
-    size, worker processes, resumable) or Ray; `python data.py prepare` runs that one. Notices (heavy cleaning, the
-    --val-data overlap) are printed to stderr, also when the dataset is reused.
+    size, worker processes, resumable) or Ray; `python data.py prepare` runs it above 64 MiB
+    (`--engine auto`). Notices (heavy cleaning, the --val-data overlap) are printed to stderr,
+    also when the dataset is reused.
     """
     log = print if verbose else (lambda *a, **k: None)
     with planned(sources, out_dir, log, recipe) as plan:
-        if plan.reuse:
-            return plan.out_dir
-        staging = staging_dir(plan.out_dir)
-        remove_stale_publishes(plan.out_dir, staging)
-        clock = data.Clock()
-        built = data.build_in_memory(plan.recipe, clock, log, threads)
-        if plan.jsonl_stats.skipped:
-            built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = \
-                plan.jsonl_stats.skipped
-        return write_dataset(plan, built, clock, staging, "in-memory")
+        return plan.out_dir if plan.reuse else run_in_memory(plan, threads, log)
 
 
 @contextlib.contextmanager
@@ -205,6 +197,19 @@ def staging_dir(out_dir: pathlib.Path | str) -> pathlib.Path:
     """Where a prepare of out_dir writes its temporary folder and lock: beside a local out_dir,
     in the temp folder for a store's URI."""
     return pathlib.Path(tempfile.gettempdir()) if store.is_uri(out_dir) else out_dir.parent
+
+
+def run_in_memory(plan: Plan, threads: int | None, log: Callable) -> pathlib.Path | str:
+    """The reference engine on a checked plan: `data.build_in_memory` (the code the chapter
+    teaches), then the directory published whole. data_at_scale.prepare(engine="auto") sends small
+    inputs here."""
+    staging = staging_dir(plan.out_dir)
+    remove_stale_publishes(plan.out_dir, staging)
+    clock = data.Clock()
+    built = data.build_in_memory(plan.recipe, clock, log, threads)
+    if plan.jsonl_stats.skipped:
+        built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = plan.jsonl_stats.skipped
+    return write_dataset(plan, built, clock, staging, "in-memory")
 
 
 NO_SPACE_FIX = "pass --out elsewhere"
@@ -315,3 +320,12 @@ def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
         if data.read_manifest_or_none(out_dir) is None:
             raise
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from cli import help_only
+    help_only(__doc__, "No commands of its own: `python data.py prepare` runs it.", argv)
+
+
+if __name__ == "__main__":
+    main()

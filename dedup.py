@@ -58,7 +58,6 @@ umask's modes).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -1336,58 +1335,6 @@ def demo() -> str:
     return "\n".join(out)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
-    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
-
-    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
-    0.5
-    >>> _in_range(int, 0)("-1")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
-    """
-    def show(x):
-        return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-    return parse
-
-
-def _writable(kind="file"):
-    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
-    bad output path fails before any work."""
-    def parse(text: str) -> str:
-        path = pathlib.Path(text)
-        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
-                                             f"give a {'file' if kind == 'file' else 'directory'} path")
-        here = path.absolute()
-        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
-                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
-        return text
-    return parse
-
-
 SEED_MAX = 2**32 - 1             # the seeds every CLI of the project accepts: [0, 2^32)
 
 
@@ -1407,10 +1354,12 @@ def _parse_settings(text: str) -> list[tuple[int, int, int]]:
 
 
 def main(argv=None) -> None:
-    parser = _Parser(prog="dedup.py", description="Near-duplicate detection with MinHash + LSH (see the docstring).")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    threshold = _in_range(float, 0.0, 1.0, low_open=True, high_open=True)
-    seed = _in_range(int, 0, SEED_MAX)
+    from cli import Parser, in_range, writable
+    parser = Parser(prog="dedup.py",
+                    description="Near-duplicate detection with MinHash + LSH (see the docstring).")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    threshold = in_range(float, 0.0, 1.0, low_open=True, high_open=True)
+    seed = in_range(int, 0, SEED_MAX)
     commands.add_parser("demo", help="print the lecture's worked numbers")
     exp = commands.add_parser("experiment", help="the lecture's exercise: planted near-duplicates in WikiText-2")
     exp.add_argument("--data", default=str(DEFAULT_WIKITEXT) if DEFAULT_WIKITEXT.is_file() else "hf",
@@ -1421,16 +1370,18 @@ def main(argv=None) -> None:
     exp.add_argument("--verify", choices=("estimate", "exact"), default="estimate",
                      help="how candidates are confirmed (default: the MinHash estimate)")
     exp.add_argument("--seed", type=seed, default=0)
-    exp.add_argument("--out", type=_writable("file"), default="out/dedup_experiment.json",
+    exp.add_argument("--out", type=writable("file"), default="out/dedup_experiment.json",
                      help="JSON results (default: %(default)s)")
     run = commands.add_parser("run", help="deduplicate corpus files")
     run.add_argument("--input", nargs="+", required=True, help=".jsonl (one object per line) or text files")
-    run.add_argument("--out", type=_writable("file"), required=True, help="output file (.jsonl or text)")
+    run.add_argument("--out", type=writable("file"), required=True,
+                     help="output file (.jsonl or text)")
     run.add_argument("--threshold", type=threshold, default=0.5)
-    run.add_argument("--num-perm", type=_in_range(int, 1, MAX_NUM_PERM), default=128)
-    run.add_argument("--bands", type=_in_range(int, 1, MAX_NUM_PERM), default=None)
-    run.add_argument("--rows", type=_in_range(int, 1, MAX_NUM_PERM), default=None)
-    run.add_argument("--n", type=_in_range(int, 1, 100), default=3, help="words per shingle (default: %(default)s)")
+    run.add_argument("--num-perm", type=in_range(int, 1, MAX_NUM_PERM), default=128)
+    run.add_argument("--bands", type=in_range(int, 1, MAX_NUM_PERM), default=None)
+    run.add_argument("--rows", type=in_range(int, 1, MAX_NUM_PERM), default=None)
+    run.add_argument("--n", type=in_range(int, 1, 100), default=3,
+                     help="words per shingle (default: %(default)s)")
     run.add_argument("--verify", choices=("exact", "estimate"), default="exact")
     run.add_argument("--text-field", default="text", help="jsonl field holding the text (default: %(default)s)")
     run.add_argument("--split", choices=("auto", "line", "blank"), default="auto",

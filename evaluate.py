@@ -55,6 +55,7 @@ Depends on: torch, numpy and five siblings. dedup.py: the contamination check's 
 between corpora is its topic; numpy only). train.py (its checkpoint loader, which builds the GPT and the tokenizer),
 data.py (held-out token shards, text sources), model.py (the check of --device) and fileio.py (task files), imported
 only where checkpoints, datasets and task files are loaded, so the metrics can be copied with dedup alone.
+cli.py (the shared parser and argparse types) only in build_parser().
 
     python evaluate.py --ckpt out/                          held-out loss, perplexity, bits/byte, last-word task
     python evaluate.py --ckpt out/ --data wiki.test.raw     the same on any text (--tasks FILE.jsonl: exact match)
@@ -938,61 +939,10 @@ def _write_kept(spec: str, documents: list[str], report: dict, out_path) -> path
                         "--drop")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
-    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
-
-    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
-    0.5
-    >>> _in_range(int, 0)("-1")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
-    """
-    def show(x):
-        return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-    return parse
-
-
-def _writable(kind="file"):
-    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
-    bad output path fails before any work."""
-    def parse(text: str) -> str:
-        path = pathlib.Path(text)
-        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
-                                             f"give a {'file' if kind == 'file' else 'directory'} path")
-        here = path.absolute()
-        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
-                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
-        return text
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
-    count, seed, out_file = _in_range(int, 1), _in_range(int, 0, 2**32 - 1), _writable("file")
-    parser = _Parser(
+    from cli import Parser, in_range, writable
+    count, seed, out_file = in_range(int, 1), in_range(int, 0, 2**32 - 1), writable("file")
+    parser = Parser(
         prog="evaluate.py", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Evaluate a checkpoint: held-out loss, perplexity, bits-per-byte, exact match; the emergence "
                     "lesson; contamination; tokenizer-fair comparison; sampling.",
@@ -1013,18 +963,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the results here (default: eval_STEP.json beside the checkpoint)")
     parser.add_argument("--device", default="auto", help="auto (GPU if any), cpu, cuda, cuda:1, ...")
     sub = parser.add_subparsers(dest="command", metavar="{bpb,emergence,contamination,compare,sample}",
-                                parser_class=_Parser)
+                                parser_class=Parser)
 
     p = sub.add_parser("bpb", help="the lecture's bits-per-byte example (or your own numbers)")
     p.add_argument("--bytes", type=count, default=1000)
     p.add_argument("--tokens", type=count, nargs="+", default=[250, 400])
-    p.add_argument("--ppl", type=_in_range(float, 1.0, 1e30), nargs="+", default=[18, 12],
+    p.add_argument("--ppl", type=in_range(float, 1.0, 1e30), nargs="+", default=[18, 12],
                    help="perplexity per --tokens entry (>= 1: e^loss with loss >= 0)")
 
     p = sub.add_parser("emergence", help="the p -> p^k table; with --ckpt ... the plot from a sweep's checkpoints")
     p.add_argument("--ckpt", action="append", default=[],
                    help="a sweep checkpoint or run directory (repeat), or a directory of run directories")
-    p.add_argument("--k", type=_in_range(int, 1, 1000), default=5, help="steps that must all be right")
+    p.add_argument("--k", type=in_range(int, 1, 1000), default=5,
+                   help="steps that must all be right")
     p.add_argument("--data", help="held-out text for all models (default: the first checkpoint's val split)")
     p.add_argument("--max-tokens", type=count, default=20000)
     p.add_argument("--plot", type=out_file, default=None, help="PNG path for the plot (with --ckpt; default "
@@ -1037,9 +988,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "from the token shards), text/jsonl file(s), pystdlib")
     p.add_argument("--eval", required=True, help="evaluation documents: data dir (its val split), .txt/.raw "
                                                  "(one document per paragraph), .jsonl (text, or prompt + answer)")
-    p.add_argument("--n", type=_in_range(int, 1, 1000), default=13, help="n-gram length in words (default 13)")
+    p.add_argument("--n", type=in_range(int, 1, 1000), default=13,
+                   help="n-gram length in words (default 13)")
     p.add_argument("--min-overlap", type=count, default=1, help="shared n-grams that flag a document (default 1)")
-    p.add_argument("--show", type=_in_range(int, 0), default=10, help="how many flagged documents to list")
+    p.add_argument("--show", type=in_range(int, 0), default=10,
+                   help="how many flagged documents to list")
     p.add_argument("--index", choices=("hashed", "set"), default="hashed",
                    help="hashed: sorted uint64 n-gram hashes in numpy (default); set: Python set of word tuples")
     p.add_argument("--drop", type=out_file, help="write the uncontaminated evaluation documents here (jsonl)")
@@ -1056,9 +1009,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sample", help="generate from a checkpoint, streaming to stdout")
     p.add_argument("--ckpt", default="out")
     p.add_argument("--prompt", default="")
-    p.add_argument("--max-new-tokens", type=_in_range(int, 0, 1_000_000), default=200)
-    p.add_argument("--temperature", type=_in_range(float, 0.0, 100.0), default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=_in_range(int, 0), default=50, help="0 = all tokens")
+    p.add_argument("--max-new-tokens", type=in_range(int, 0, 1_000_000), default=200)
+    p.add_argument("--temperature", type=in_range(float, 0.0, 100.0), default=0.8,
+                   help="0 = greedy")
+    p.add_argument("--top-k", type=in_range(int, 0), default=50, help="0 = all tokens")
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--device", default="auto")
     return parser
@@ -1111,14 +1065,13 @@ def run(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cli import run as run_cli
     args = build_parser().parse_args(argv)
-    try:
+
+    def command():
         args.device = resolve_device(args.device)       # once, before any work, for every command that takes it
         run(args)
-    except EvalError as e:
-        print(f"evaluate.py: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(command, (EvalError,), "evaluate.py")
 
 
 if __name__ == "__main__":

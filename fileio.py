@@ -253,3 +253,13 @@ def hold(path: str | os.PathLike,
             os.close(fd)
     finally:
         remove_if_empty(made)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from cli import help_only
+    help_only(__doc__, "No commands of its own: every chapter reads and writes its files "
+              "through it.", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,6 @@ import zlib
 from typing import Callable, Iterable, Iterator
 
 import fileio
-import store
 
 EOT = "<|endoftext|>"        # the document separator of .txt files (TinyStories' convention) and of the shards
 
@@ -56,6 +55,7 @@ class DataError(ValueError):
 
 def _read_bytes(path: pathlib.Path | str) -> bytes:
     """A (possibly gzipped) file's bytes; a binary file or a damaged .gz is refused with one clear line."""
+    import store
     try:
         with store.open_input(path, unzip=store.pure_path(path).suffix == ".gz", error=DataError) as f:
             raw = f.read()
@@ -77,6 +77,7 @@ def read_text(path: pathlib.Path) -> str:
 
 def inner_suffix(path: pathlib.Path | str) -> str:
     """'.txt' for both a.txt and a.txt.gz (and s3://bucket/a.txt.gz)."""
+    import store
     suffixes = [s.lower() for s in store.pure_path(path).suffixes]
     if suffixes and suffixes[-1] == ".gz":
         suffixes.pop()
@@ -122,6 +123,7 @@ def read_jsonl(path: pathlib.Path | str, field: str = "text", skip_bad_lines: bo
     """One JSON object per line; the document is `obj[field]`. A malformed line stops with its line number,
     unless skip_bad_lines, which skips and counts it. start/stop (uncompressed files): only the lines whose first
     byte lies in [start, stop), so byte ranges that tile a file read every line exactly once."""
+    import store
     with store.open_input(path, unzip=store.pure_path(path).suffix == ".gz", error=DataError) as f:   # line by line
         if start:
             f.seek(start - 1)
@@ -177,6 +179,7 @@ def _bad_jsonl_line(path: pathlib.Path | str, lineno: int, line: bytes, record, 
 
 def _count_lines(path: pathlib.Path | str, start: int) -> int:
     """Lines of the file before the first line that starts at or after byte `start` > 0 (for a line number)."""
+    import store
     with store.open_input(path, error=DataError) as f:
         head = f.read(start)
     return head.count(b"\n") + (0 if head.endswith(b"\n") else 1)
@@ -192,6 +195,7 @@ def read_parquet(path: pathlib.Path | str, field: str = "text", row_groups: rang
 
 def parquet_file(path: pathlib.Path | str, field: str):
     """A pyarrow ParquetFile with a `field` column, or one line saying what is wrong with the file."""
+    import store
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -307,6 +311,7 @@ def read_hf(name: str, field: str = "text") -> Iterator[str]:
 
 
 def file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterator[str]]:
+    import store
     kind = FILE_READERS.get(inner_suffix(path))
     field = options.get("text_field", "text")
     if kind == "txt":
@@ -344,3 +349,13 @@ def read_val_file(path: pathlib.Path) -> list[str]:
     except UnicodeDecodeError as e:
         raise DataError(f"--val-data {path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv") from None
     return [part for part in text.split(EOT) if part.strip()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from cli import help_only
+    help_only(__doc__, "No commands of its own: `python data.py prepare --data FILES` reads them "
+              "through it.", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -39,7 +39,6 @@ digits, so "2000" would stay one piece there ([20][00]) and be [200][0] here. `b
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -454,17 +453,12 @@ def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
     return f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, from {hf_dir}"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
     """The bridge's two commands; `python model.py export|import-hf ...` runs them with prog="model.py"."""
-    parser = _Parser(prog=prog, description="Export a checkpoint to / import one from the Hugging Face Llama layout.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    from cli import Parser, run
+    parser = Parser(prog=prog, description="Export a checkpoint to / import one from the Hugging "
+                                           "Face Llama layout.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     export = sub.add_parser("export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory")
     export.add_argument("--ckpt", required=True, help="a train.py checkpoint file, or a run directory (its newest)")
     export.add_argument("--to", required=True, help="the directory to create (must not exist, or be empty)")
@@ -477,18 +471,13 @@ def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
                            "model.safetensors and tokenizer.json")
     import_hf.add_argument("--to", required=True, help="the checkpoint file to write")
     args = parser.parse_args(argv)
-    try:
+
+    def command():
         if args.command == "export":
             print(export_checkpoint(args.ckpt, args.to, args.verify, args.tokenizer))
         else:
             print(import_hf_checkpoint(args.hf_dir, args.to))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:                          # unwritable --to, full disk: one line, not a traceback
-        print(f"error: {e.filename or ''}: {e.strerror or e}; check the path and its permissions", file=sys.stderr)
-        return 2
-    return 0
+    return run(command, (ConfigError, OSError))       # OSError: unwritable --to, a full disk
 
 
 if __name__ == "__main__":

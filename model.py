@@ -61,7 +61,6 @@ Run `python model.py` to print every preset with its parameters, FLOPs per token
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -113,36 +112,7 @@ class GPTConfig:
     activation_checkpointing: bool = False
 
     def __post_init__(self):
-        def need(ok: bool, field: str, message: str):
-            if not ok:
-                raise ConfigError(f"GPTConfig.{field}: {message}")
-
-        for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_multiple_of"):
-            value = getattr(self, field)
-            need(isinstance(value, int) and not isinstance(value, bool) and value > 0, field,
-                 f"must be a positive integer, got {value!r}")
-        need(self.n_embd % self.n_head == 0, "n_embd",
-             f"{self.n_embd} is not divisible by n_head={self.n_head}; pick n_embd as a multiple of n_head")
-        need(self.n_head % self.n_kv_head == 0, "n_kv_head",
-             f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}; "
-             f"use a divisor of n_head (n_head for MHA, 1 for MQA)")
-        need(self.head_dim % 2 == 0, "n_head",
-             f"head size n_embd/n_head = {self.head_dim} is odd, but RoPE rotates pairs of features; "
-             f"choose n_embd and n_head so that the head size is even")
-        need(isinstance(self.ffn_hidden, int) and self.ffn_hidden >= 0, "ffn_hidden",
-             f"must be an integer >= 0 (0 = auto), got {self.ffn_hidden!r}")
-        need(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
-        need(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
-        need(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
-        need(isinstance(self.n_expert, int) and self.n_expert >= 0, "n_expert",
-             f"must be an integer >= 0 (0 = dense), got {self.n_expert!r}")
-        if self.n_expert > 0:
-            need(1 <= self.expert_top_k <= self.n_expert, "expert_top_k",
-                 f"top_k={self.expert_top_k} must be between 1 and n_expert={self.n_expert}; "
-                 f"lower expert_top_k or raise n_expert")
-        need(self.moe_capacity_factor >= 0, "moe_capacity_factor",
-             f"must be >= 0 (0 = no token dropping), got {self.moe_capacity_factor}")
-        need(self.moe_aux_coef >= 0, "moe_aux_coef", f"must be >= 0, got {self.moe_aux_coef}")
+        check_config(self)                # the rules and their messages: see the appendix
 
     # Derived sizes ------------------------------------------------------------------------------------------
 
@@ -219,6 +189,49 @@ class GPTConfig:
 def _round_up(x: float, multiple: int) -> int:
     """Smallest multiple of `multiple` that is >= x: _round_up(341.3, 64) -> 384."""
     return int(math.ceil(x / multiple) * multiple)
+
+
+# The config's checks, out of the lesson's way (GPTConfig.__post_init__ runs them).
+
+def check_config(c: GPTConfig) -> None:
+    """GPTConfig's rules: a bad field is a ConfigError naming it and the fix (the lesson's config
+    table stays short; this is the machinery behind it).
+
+    >>> check_config(GPTConfig(dropout=1.0))
+    Traceback (most recent call last):
+    model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
+    """
+    def need(ok: bool, field: str, message: str):
+        if not ok:
+            raise ConfigError(f"GPTConfig.{field}: {message}")
+
+    for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",
+                  "ffn_multiple_of"):
+        value = getattr(c, field)
+        need(isinstance(value, int) and not isinstance(value, bool) and value > 0, field,
+             f"must be a positive integer, got {value!r}")
+    need(c.n_embd % c.n_head == 0, "n_embd",
+         f"{c.n_embd} is not divisible by n_head={c.n_head}; pick n_embd as a multiple of n_head")
+    need(c.n_head % c.n_kv_head == 0, "n_kv_head",
+         f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
+         f"use a divisor of n_head (n_head for MHA, 1 for MQA)")
+    need(c.head_dim % 2 == 0, "n_head",
+         f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
+         f"choose n_embd and n_head so that the head size is even")
+    need(isinstance(c.ffn_hidden, int) and c.ffn_hidden >= 0, "ffn_hidden",
+         f"must be an integer >= 0 (0 = auto), got {c.ffn_hidden!r}")
+    need(c.rope_theta > 0, "rope_theta", f"must be > 0, got {c.rope_theta}")
+    need(c.norm_eps > 0, "norm_eps", f"must be > 0, got {c.norm_eps}")
+    need(0.0 <= c.dropout < 1.0, "dropout", f"must be in [0, 1), got {c.dropout}")
+    need(isinstance(c.n_expert, int) and c.n_expert >= 0, "n_expert",
+         f"must be an integer >= 0 (0 = dense), got {c.n_expert!r}")
+    if c.n_expert > 0:
+        need(1 <= c.expert_top_k <= c.n_expert, "expert_top_k",
+             f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
+             f"lower expert_top_k or raise n_expert")
+    need(c.moe_capacity_factor >= 0, "moe_capacity_factor",
+         f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}")
+    need(c.moe_aux_coef >= 0, "moe_aux_coef", f"must be >= 0, got {c.moe_aux_coef}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -741,6 +754,10 @@ def _human(n: int) -> str:
     return str(n)
 
 
+# ==================================================================================================
+# === Appendix: machinery (the device a command line asks for) ===
+# ==================================================================================================
+
 # ----------------------------------------------------------------------------------------------------------------
 # Devices: the one check of --device that every CLI (train, evaluate, ...) uses
 # ----------------------------------------------------------------------------------------------------------------
@@ -820,55 +837,23 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
-    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
-
-    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
-    0.5
-    >>> _in_range(int, 0)("-1")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
-    """
-    def show(x):
-        return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="model.py", description="The model: print the presets, time generation with a KV cache, "
-                                                  "export to / import from the Hugging Face Llama layout.")
+    from cli import Parser, in_range
+    parser = Parser(prog="model.py",
+                    description="The model: print the presets, time generation with a KV cache, "
+                                "export to / import from the Hugging Face Llama layout.")
     parser.set_defaults(moe=8, top_k=2)
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
     presets = sub.add_parser("presets", help="table of presets (the default): shape, parameters, FLOPs, memory")
-    presets.add_argument("--moe", type=_in_range(int, 0, 4096), default=8, metavar="E",
+    presets.add_argument("--moe", type=in_range(int, 0, 4096), default=8, metavar="E",
                          help="also show each preset as a Mixture of Experts with E experts (0: don't)")
-    presets.add_argument("--top-k", type=_in_range(int, 1, 4096), default=2, help="experts per token in that table")
+    presets.add_argument("--top-k", type=in_range(int, 1, 4096), default=2,
+                         help="experts per token in that table")
     demo = sub.add_parser("demo", help="greedy generation from an untrained preset, with and without the KV cache")
     demo.add_argument("--model", choices=list(PRESETS), default="tiny")
-    demo.add_argument("--tokens", type=_in_range(int, 1, 10_000), default=100,
+    demo.add_argument("--tokens", type=in_range(int, 1, 10_000), default=100,
                       help="new tokens (the uncached side recomputes the window per token: 1e4 is minutes on a CPU)")
-    demo.add_argument("--seed", type=_in_range(int, 0, 2**32 - 1), default=0)
+    demo.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), default=0)
     # The bridge's commands are hf.py's, listed here and handed to hf.main before parsing (see its --help).
     sub.add_parser("export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory (hf.py)")
     sub.add_parser("import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint (hf.py)")

@@ -46,7 +46,6 @@ import dataclasses
 import datetime
 import gc
 import io
-import math
 import os
 import socket
 import sys
@@ -1187,68 +1186,36 @@ def _cmd_mesh(args) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
-    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
-
-    >>> _in_range(float, 0.0, 1.0, low_open=True)("0.5")
-    0.5
-    >>> _in_range(int, 0)("-1")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
-    """
-    def show(x):
-        return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-    return parse
-
-
 # Sizes the CLI draws or spawns: a rank grid wider than this does not fit a screen, and every pipeline stage or
 # data-parallel rank of a demo is a CPU process of this machine.
 MAX_DRAWN_RANKS, MAX_MICRO_BATCHES, MAX_PROCESSES = 512, 1024, 64
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cli import Parser, in_range, run
     import model_parallel  # the demos that need tensor and pipeline parallel (a main may import anything)
-    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(description=__doc__.split("\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     p = sub.add_parser("demo", help="train a tiny GPT in every layout on N CPU processes; compare with one process")
-    p.add_argument("--world", type=_in_range(int, 1, MAX_PROCESSES), default=2, help="processes (gloo on CPU)")
-    p.add_argument("--steps", type=_in_range(int, 1, 10_000), default=5, help="AdamW steps")
+    p.add_argument("--world", type=in_range(int, 1, MAX_PROCESSES), default=2,
+                   help="processes (gloo on CPU)")
+    p.add_argument("--steps", type=in_range(int, 1, 10_000), default=5, help="AdamW steps")
     p.set_defaults(run=model_parallel.cmd_demo)
     p = sub.add_parser("schedule", help="draw a pipeline schedule and its bubble")
-    p.add_argument("--p", type=_in_range(int, 1, MAX_PROCESSES), default=4, help="stages")
-    p.add_argument("--m", type=_in_range(int, 1, MAX_MICRO_BATCHES), default=8, help="micro-batches")
+    p.add_argument("--p", type=in_range(int, 1, MAX_PROCESSES), default=4, help="stages")
+    p.add_argument("--m", type=in_range(int, 1, MAX_MICRO_BATCHES), default=8, help="micro-batches")
     p.add_argument("--schedule", choices=sorted(model_parallel.SCHEDULES), default="1f1b")
     p.add_argument("--measure", action="store_true", help="also time a real pipeline on p CPU processes")
     p.set_defaults(run=model_parallel.cmd_schedule)
     p = sub.add_parser("memory", help="bytes per rank under DP and ZeRO-1/2/3 (the lecture's 7B on 8 GPUs)")
-    p.add_argument("--params", type=_in_range(float, 0.0, 1e15, low_open=True), default=7e9)
-    p.add_argument("--world", type=_in_range(int, 1, 10**9), default=8)
+    p.add_argument("--params", type=in_range(float, 0.0, 1e15, low_open=True), default=7e9)
+    p.add_argument("--world", type=in_range(int, 1, 10**9), default=8)
     p.set_defaults(run=_cmd_memory)
     p = sub.add_parser("mesh", help="print the dp x tp x pp rank grid and its groups")
-    p.add_argument("--dp", type=_in_range(int, 1, MAX_DRAWN_RANKS), default=2)
-    p.add_argument("--tp", type=_in_range(int, 1, MAX_DRAWN_RANKS), default=2)
-    p.add_argument("--pp", type=_in_range(int, 1, MAX_DRAWN_RANKS), default=2)
+    p.add_argument("--dp", type=in_range(int, 1, MAX_DRAWN_RANKS), default=2)
+    p.add_argument("--tp", type=in_range(int, 1, MAX_DRAWN_RANKS), default=2)
+    p.add_argument("--pp", type=in_range(int, 1, MAX_DRAWN_RANKS), default=2)
     p.set_defaults(run=_cmd_mesh)
     args = parser.parse_args(argv)
     if args.command == "mesh" and args.dp * args.tp * args.pp > MAX_DRAWN_RANKS:
@@ -1256,11 +1223,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"keep dp x tp x pp <= {MAX_DRAWN_RANKS}")
     if args.command == "schedule" and args.measure and args.p < 2:
         parser.error("argument --p: --measure needs --p >= 2 processes")
-    try:
-        return args.run(args)
-    except (ParallelError, WorkerError) as e:
-        print(f"parallel.py: error: {e}", file=sys.stderr)
-        return 2
+    return run(lambda: args.run(args), (ParallelError, WorkerError), "parallel.py")
 
 
 if __name__ == "__main__":

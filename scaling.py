@@ -52,6 +52,7 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
 
 Depends on numpy, the standard library and fileio.py (reading runs files); torch only for the Approach 3 fit
 (L-BFGS), matplotlib only to draw a PNG. The calculator and the fitting work in a copy of this file and fileio.py.
+build_parser() imports cli.py (the shared parser and argparse types).
 
 The experiments that train models live in sweep.py; only main() imports it, to add their subcommands.
 """
@@ -1066,13 +1067,6 @@ def plot_runs(runs: Sequence[Run], report: FitReport, path) -> pathlib.Path:
 # 10. The command line.
 # ---------------------------------------------------------------------------------------------------------------
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (and exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 NUMBER_MAX = 1e30      # FLOPs, parameters, tokens: 1e30 is ~1e4 x the largest run to date, and products stay finite
 
 # What each quantity can sensibly be. Below the low end the chain prints fractions of a parameter, a token or a
@@ -1114,51 +1108,6 @@ def _whole(text: str) -> float:
     if not x <= NUMBER_MAX or x != int(x):           # NaN fails the first test
         raise argparse.ArgumentTypeError(f"expected a whole number like 8, got {text!r}")
     return x
-
-
-def in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
-    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
-
-    >>> in_range(float, 0.0, 1.0, low_open=True)("0.5")
-    0.5
-    >>> in_range(int, 0)("-1")
-    Traceback (most recent call last):
-    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
-    """
-    def show(x):
-        return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
-        return value
-    return parse
-
-
-def writable(kind="file"):
-    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only, creates nothing, so a
-    bad output path fails before any work."""
-    def parse(text: str) -> str:
-        path = pathlib.Path(text)
-        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is a {'directory' if kind == 'file' else 'file'}: "
-                                             f"give a {'file' if kind == 'file' else 'directory'} path")
-        here = path.absolute()
-        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
-                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
-        return text
-    return parse
 
 
 def hardware_report() -> str:
@@ -1218,9 +1167,11 @@ def _lesson() -> str:
 
 def build_parser(add_experiments=None) -> argparse.ArgumentParser:
     """The calculator's and the fit's subcommands; add_experiments(sub) adds more (main passes sweep.py's)."""
-    p = OneLineParser(prog="scaling.py", description="Plan a pretraining run (C = 6ND, Chinchilla, memory) and fit "
-                "scaling laws to runs. With no subcommand: the lecture's worked example.")
-    sub = p.add_subparsers(dest="command", parser_class=OneLineParser)
+    from cli import Parser, in_range, writable
+    p = Parser(prog="scaling.py",
+               description="Plan a pretraining run (C = 6ND, Chinchilla, memory) and fit scaling "
+                           "laws to runs. With no subcommand: the lecture's worked example.")
+    sub = p.add_subparsers(dest="command", parser_class=Parser)
     fraction = in_range(float, 0.0, 1.0, low_open=True)
 
     s = sub.add_parser("budget", help="N, D, steps and GPU time for a compute budget")
@@ -1293,12 +1244,8 @@ def build_parser(add_experiments=None) -> argparse.ArgumentParser:
 
 def run_command(args, prog: str = "scaling.py") -> int:
     """Print a parsed command's text (the lesson when there is none); a ScalingError is one line and exit 2."""
-    try:
-        print(args.run(args) if args.command else _lesson())
-    except ScalingError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    from cli import run
+    return run(lambda: print(args.run(args) if args.command else _lesson()), (ScalingError,), prog)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -262,3 +262,13 @@ def copy_down(uri: str, names: list[str], directory: pathlib.Path, error: type[E
     for name in names:
         with fs.open_input_stream(f"{path}/{name}", compression=None) as remote, open(directory / name, "wb") as local:
             shutil.copyfileobj(remote, local, 8 << 20)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from cli import help_only
+    help_only(__doc__, "No commands of its own: `python data.py prepare --data s3://... "
+              "--out s3://...` runs it.", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,7 @@ learning rates were chosen: docs/scaling-sweep.md. `--device cuda` runs the same
 
 Depends on numpy, scaling.py (the laws, the fits and the plots' helpers) and fileio.py; inside the functions
 that need them: model.py (parameter counts), data.py and data_at_scale.py (preparing corpora), dedup.py and
-evaluate.py (the dedup effect), matplotlib (the plot).
+evaluate.py (the dedup effect), matplotlib (the plot), cli.py (the parser's types).
 
 Every run is `python train.py ...` in a subprocess, so the sweep imports no training code.
 """
@@ -44,7 +44,7 @@ import numpy as np
 import fileio
 import scaling
 from scaling import (AllocationLaw, ChinchillaFit, FitReport, Run, ScalingError, fit_all, fit_line, frontier,
-                     group_close, in_range, isoflop_minima, params_for_budget, save_png, unit_fraction, writable)
+                     group_close, isoflop_minima, params_for_budget, save_png, unit_fraction)
 
 ROOT = pathlib.Path(__file__).resolve().parent
 
@@ -1267,6 +1267,7 @@ def _cmd_dedup_effect(args) -> str:
 
 def add_commands(sub) -> None:
     """Add the `sweep` and `dedup-effect` subcommands to an argparse subparsers object (scaling.py's, or ours)."""
+    from cli import in_range, writable
     threads, max_hours = in_range(int, 0, 1024), in_range(float, 0.0, 1e6, low_open=True)
     s = sub.add_parser("sweep", help="IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget")
     s.add_argument("--quick", action="store_true", help="a tiny design on pydocs (seconds per run), for tests")
@@ -1307,9 +1308,11 @@ def add_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = scaling.OneLineParser(prog="sweep.py", description="scaling.py's experiments: the IsoFLOP sweep "
-                                   "through train.py and the dedup effect (the same as `scaling.py sweep|dedup-effect`)")
-    add_commands(parser.add_subparsers(dest="command", required=True, parser_class=scaling.OneLineParser))
+    from cli import Parser
+    parser = Parser(prog="sweep.py",
+                    description="scaling.py's experiments: the IsoFLOP sweep through train.py and "
+                                "the dedup effect (the same as `scaling.py sweep|dedup-effect`)")
+    add_commands(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
     return scaling.run_command(parser.parse_args(argv), "sweep.py")
 
 

@@ -52,11 +52,14 @@ Run it:
     python train.py --data my.txt --val-data my_held_out.txt  # your text kept whole, validated on the file you name
     torchrun --standalone --nproc_per_node=8 train.py --model 124m --data ...   # data parallel via parallel.py
 
-Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches), data_at_scale.py (prepares
---data with the streaming engine), model.py (the GPT, the check of --device), bpe.py (the tokenizer a checkpoint
-carries), fileio.py (reading --config; checkpoints and the loss PNG written whole) and, under torchrun,
-parallel.py (the mesh, data parallel) and model_parallel.py (`parallelize`: ZeRO, tensor and pipeline parallel).
-matplotlib draws the loss curve (imported only then).
+Depends on: torch, numpy and the sibling files data.py (corpus, tokenizer, batches),
+data_at_scale.py (prepares --data: data.py's reference engine for small inputs, else the
+streaming one; imported only then), model.py (the GPT, the check of --device), bpe.py (the
+tokenizer a checkpoint carries), fileio.py (reading --config; checkpoints and the loss PNG written
+whole) and, under torchrun, parallel.py (the mesh, data parallel) and model_parallel.py
+(`parallelize`: ZeRO, tensor and pipeline parallel).
+matplotlib draws the loss curve (imported only then); cli.py (the shared parser) only in
+build_parser().
 """
 from __future__ import annotations
 
@@ -80,7 +83,6 @@ import numpy as np
 import torch
 
 import data as data_lib
-import data_at_scale
 import fileio
 import model as model_lib
 
@@ -830,7 +832,8 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
         log(f"preparing data {sources} (cached after the first time)")
         if dist.mesh is not None and not dist.is_main:
             dist.mesh.wait_for_rank0()
-        data_dir = data_at_scale.prepare(sources, **kwargs)
+        import data_at_scale            # the engines' entry: small inputs run data.build_in_memory
+        data_dir = data_at_scale.prepare(sources, engine="auto", **kwargs)
         if dist.mesh is not None and dist.is_main:
             dist.mesh.wait_for_rank0()
         return data_lib.TokenData(data_dir)
@@ -1332,16 +1335,10 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrainConfig field, plus --config FILE (JSON with the same keys; explicit flags win)."""
-    parser = _Parser(
+    from cli import Parser
+    parser = Parser(
         prog="train.py", description="Pretrain a GPT: data.py -> model.py -> checkpoints, metrics.jsonl, samples.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=None, help="JSON file of settings (keys as below, '-' or '_')")

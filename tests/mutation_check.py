@@ -264,6 +264,11 @@ MUTANTS = [
            '    launch_variable("LOCAL_RANK", 0, world - 1, "0")\n', "",
            ("tests/test_cli.py::test_bad_launch_environment_is_one_line_naming_the_variable",),
            "LOCAL_RANK=x is not refused before the process group starts"),
+    Mutant("auto-engine-always-streams", "data_at_scale.py",
+           '    if engine == "memory" or small:', '    if engine == "memory":',
+           ("tests/test_data_at_scale.py::"
+            "test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above",),
+           "the default prepare streams small inputs: the reference engine a learner reads never runs"),
 ]
 
 

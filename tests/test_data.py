@@ -1378,8 +1378,9 @@ def test_jsonl_byte_ranges_read_every_line_once(tmp_path):
 
 
 def run_prepare(args: list[str], **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "data.py", "prepare", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
+    return subprocess.Popen([sys.executable, "data.py", "prepare", "--engine", "stream", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **popen)
 
 
 def kill_when(process: subprocess.Popen, work_parent: pathlib.Path, pattern: str, count: int) -> None:

@@ -80,7 +80,8 @@ def test_sigkilled_prepare_leaves_no_worker_process_behind(tmp_path):
     within seconds (the kernel's parent-death signal), instead of living on re-parented to init."""
     corpus = write_jsonl(tmp_path / "web.jsonl", [d for seed in range(6) for d in web_corpus(random.Random(seed), 600)])
     process = subprocess.Popen([sys.executable, "data.py", "prepare", "--data", str(corpus), "--out",
-                                str(tmp_path / "ds"), "--vocab-size", "300", "--workers", "2", "--chunk-mb", "0.05"],
+                                str(tmp_path / "ds"), "--vocab-size", "300", "--workers", "2",
+                                "--chunk-mb", "0.05", "--engine", "stream"],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline, workers = time.time() + 120, set()
@@ -121,7 +122,8 @@ def limited_run(args: list[str], limit_bytes: int) -> subprocess.CompletedProces
     full disk fails with ENOSPC."""
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
-    return subprocess.run([sys.executable, "data.py", "prepare", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "data.py", "prepare", "--engine", "stream", *args],
+                          cwd=ROOT, capture_output=True, text=True,
                           timeout=600, preexec_fn=limit, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
 
 
@@ -142,7 +144,8 @@ def test_full_disk_is_one_line_naming_the_file_and_leaves_nothing(tmp_path):
         assert len(errors) == 1 and errors[0].startswith("error: no space left writing "), (case, done.stderr)
         assert errors[0].endswith(": free space or pass --out elsewhere") and named in errors[0], (case, errors)
         assert not out.exists() and not list(out.parent.glob(".ds.tmp-*")), case   # no dataset, no temp folder
-        resumed = subprocess.run([sys.executable, "data.py", "prepare", "--data", str(corpus), "--out", str(out),
+        resumed = subprocess.run([sys.executable, "data.py", "prepare", "--engine", "stream",
+                                  "--data", str(corpus), "--out", str(out),
                                   "--vocab-size", "300", *options], cwd=ROOT, capture_output=True, text=True,
                                  timeout=600)
         assert resumed.returncode == 0, (case, resumed.stderr)
@@ -166,3 +169,23 @@ def test_ray_started_here_leaves_no_session_in_tmpdir(tmp_path):
         assert list(temp.iterdir()) == []
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above(tmp_path, monkeypatch):
+    """engine="auto" (data.py prepare's and train.py's default): a small local corpus goes
+    through data.build_in_memory, the code the chapter teaches; above IN_MEMORY_MAX_BYTES it
+    streams; the bytes agree."""
+    calls = []
+    reference = data.build_in_memory
+    monkeypatch.setattr(data, "build_in_memory",
+                        lambda *a, **k: calls.append(1) or reference(*a, **k))
+    corpus = write_jsonl(tmp_path / "web.jsonl", web_corpus(random.Random(4), 60))
+    assert data_at_scale.fits_in_memory([data.open_source(str(corpus))], [])
+    small = data_at_scale.prepare([str(corpus)], tmp_path / "small", vocab_size=300, engine="auto")
+    assert calls == [1] and data.load_manifest(small)["timings"]["engine"] == "in-memory"
+    monkeypatch.setattr(data_at_scale, "IN_MEMORY_MAX_BYTES", corpus.stat().st_size - 1)
+    big = data_at_scale.prepare([str(corpus)], tmp_path / "big", vocab_size=300, engine="auto",
+                                workers=1)
+    assert calls == [1] and data.load_manifest(big)["timings"]["engine"].startswith("streaming")
+    assert all((small / p.name).read_bytes() == p.read_bytes() for p in big.glob("*.bin"))
+    assert (small / "tokenizer.json").read_bytes() == (big / "tokenizer.json").read_bytes()

@@ -38,11 +38,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # must be here, so a new file cannot slip past the rule: test_every_top_level_file_has_a_layer says which is missing.
 LAYERS = {
     "fileio": 0,           # untrusted JSON, atomic writes: the standard library only
+    "cli": 0,              # the CLI helpers (parser, argparse types, exit 2): main() imports it
     "store": 1,            # object-store I/O (s3://, gs://, hdfs://) for the data engine
     "bpe": 2,
     "dedup": 2,
     "formats": 2,          # the file formats data.py's sources are read from (.txt, .jsonl, .parquet, ...), DataError
     "data": 3,             # the lesson on in-memory lists; the reference engine
+    "cli": 0,              # the CLI helpers (parser, argparse types, exit 2): main() only
     "dataset": 4,          # data.py's prepare: the recipe checked, its cache key, the directory published
     "data_at_scale": 4,    # the streaming and Ray engines of data.py (imports dataset.py, its own layer)
     "model": 5,

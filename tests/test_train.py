@@ -761,3 +761,22 @@ def test_readme_multi_gpu_command_on_8_gloo_ranks_in_every_layout(tmp_path_facto
         assert [r["step"] for r in records if r.get("event") == "resumed"] == [1], layout
         assert train.load_checkpoint(out)["step"] == 2, layout
         assert len(first[0]) == len(resumed[0]) == 1 and all(s == [] for s in resumed[1:]), layout
+
+
+def test_train_prepares_small_data_with_the_reference_engine(tmp_path, monkeypatch):
+    """`python train.py --data my.txt` (and the default, the embedded pydocs) runs
+    data.build_in_memory, the code data.py teaches, not the streaming engine; `import train` loads
+    no engine."""
+    import data
+    monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
+    calls, reference = [], data.build_in_memory
+    monkeypatch.setattr(data, "build_in_memory",
+                        lambda *a, **k: calls.append(1) or reference(*a, **k))
+    (tmp_path / "my.txt").write_text("\n\n".join(make_corpus(n_docs=40, seed=3)))
+    args = ["--data", str(tmp_path / "my.txt"), "--vocab-size", "257"]
+    dataset = train.open_dataset(train.parse_config(args), train.Dist(), log=quiet)
+    assert calls == [1] and dataset.manifest["timings"]["engine"] == "in-memory"
+    code = ("import sys, train; "
+            "print(sorted(m for m in sys.modules if m in {'data_at_scale', 'store', 'dataset'}))")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout == "[]\n"

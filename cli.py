@@ -1,0 +1,115 @@
+"""The command-line helpers every chapter's CLI shares: no lesson here, only the rule that a bad
+input gets one line naming the flag and the fix, exit code 2, before any work starts.
+
+- `Parser`: argparse that reports a bad argument in one line, without the usage block.
+- `in_range`, `writable`: argparse types for a bounded number and an output path (checked,
+  nothing created).
+- `run`: calls a command; the library's own errors become that one line and exit code 2.
+
+Library code raises in library terms (the value and the fix); the CLI adds the flag's name.
+Only a `main()` or a parser builder imports this file (inside the function), so a chapter
+imported for its lesson never loads it.
+
+Depends on the standard library only (no sibling files).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pathlib
+import sys
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
+    """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
+
+    >>> in_range(float, 0.0, 1.0, low_open=True)("0.5")
+    0.5
+    >>> in_range(int, 0)("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
+    """
+    def show(x):
+        return f"{x:g}" if isinstance(x, float) else str(x)
+    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
+              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
+    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (value is None or not math.isfinite(value)
+                or low is not None and (value < low or low_open and value == low)
+                or high is not None and (value > high or high_open and value == high)):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
+        return value
+    return parse
+
+
+def writable(kind="file", elsewhere=None):
+    """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only,
+    creates nothing, so a bad output path fails before any work. `elsewhere(text)` true: a path
+    another check owns (an object store's URI), passed through.
+
+    >>> writable("dir")("out/run")
+    'out/run'
+    >>> writable("file")(".")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: . is a directory: give a file path
+    """
+    def parse(text: str) -> str:
+        if elsewhere is not None and elsewhere(text):
+            return text
+        path = pathlib.Path(text)
+        if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(
+                f"{text} is a {'directory' if kind == 'file' else 'file'}: "
+                f"give a {'file' if kind == 'file' else 'directory'} path")
+        here = path.absolute()
+        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents)
+                      if p.exists())
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
+                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
+        return text
+    return parse
+
+
+def run(command, errors: tuple, prog: str | None = None) -> int:
+    """Call `command()` and return its exit code (None: 0); one of `errors` (the library's own)
+    becomes one line on stderr, `prog: error: ...` (or `error: ...`), and exit code 2. An OSError in
+    `errors` (unreadable input, a full disk) is told by its path and errno text.
+
+    >>> def bad():
+    ...     raise ValueError("--lr must be > 0, got -1")
+    >>> run(bad, (ValueError,), "x.py")
+    2
+    >>> run(lambda: None, (ValueError,))
+    0
+    """
+    try:
+        return command() or 0
+    except errors as e:
+        text = (f"{e.filename or ''}: {e.strerror or e}; check the path and its permissions"
+                if isinstance(e, OSError) else e)
+        print(f"{prog}: error: {text}" if prog else f"error: {text}", file=sys.stderr)
+        return 2
+
+
+def help_only(doc: str, runs: str, argv: list[str] | None = None) -> None:
+    """The command line of a file with no commands of its own: with --help or no arguments it prints
+    the file's docstring and `runs` (the commands that use it); any other argument is an error."""
+    parser = Parser(description=doc, epilog=runs,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
+    parser.print_help()
