@@ -61,11 +61,12 @@ from parallel import (Comm, DataParallel, Mesh, ParallelError, Zero, check_combi
 # Autograd needs the mirror image, so the pair of operators of the paper (called f and g there):
 #   f = copy_to_tp:     forward identity,     backward all-reduce (each rank's x fed a slice; the grads add up)
 #   g = reduce_from_tp: forward all-reduce,   backward identity
-# f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted by the callers,
-# outside autograd: torch.compile traces a Function's forward and backward, where Python side effects (a
-# dict updated) are not allowed (dynamo's "lift_tracked_freevar_to_input" error in backward).
-# The embedding splits the vocabulary: rank r holds rows [r V/t, (r+1) V/t) (V padded up to a multiple of
-# t), looks up the ids it owns, zeros the rest and all-reduces. The LM head shares those rows and produces logits for its slice of the vocabulary; the
+# f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted
+# by the callers, outside autograd: torch.compile traces a Function's forward and backward, where
+# a Python side effect (a dict updated) is not allowed (dynamo: "lift_tracked_freevar_to_input").
+# The embedding splits the vocabulary:
+# rank r holds rows [r V/t, (r+1) V/t) (V padded up to a multiple of t), looks up the ids it owns, zeros the
+# rest and all-reduces. The LM head shares those rows and produces logits for its slice of the vocabulary; the
 # cross-entropy is computed without ever gathering the (B, T, V) logits: all-reduce the row maxima, the sums of
 # exponentials and the target's logit - three tensors of (B*T,) floats instead of (B*T, V).
 # Every rank slices the same full, seeded weights, so the model computes the same function for any t.
@@ -101,7 +102,7 @@ def copy_to_tp(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """f: identity forward, all-reduce of the gradient backward."""
     if comm.size == 1:
         return x
-    comm.count_all_reduce(x.numel(), x.element_size())           # backward's, of a gradient shaped like x
+    comm.count_all_reduce(x.numel(), x.element_size())    # backward's, of a gradient like x
     return _CopyToTP.apply(x, comm)
 
 
@@ -220,7 +221,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, comm: Comm, start: int,
                                  vocab_size: int) -> torch.Tensor:
     """Mean cross-entropy over (N,) targets from each rank's (N, V/t) slice of the logits (ignore_index -1)."""
-    comm.count_all_reduce(3 * logits.shape[0], 4)        # row maxima, sums of exponentials, target logits: fp32
+    comm.count_all_reduce(3 * logits.shape[0], 4)   # fp32 row maxima, exp sums, target logits
     return _VocabParallelCrossEntropy.apply(logits, targets, comm, start, vocab_size)
 
 

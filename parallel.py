@@ -123,9 +123,11 @@ class Comm:
         """Record the bytes of an all-reduce of numel elements (ring: 2 (n-1)/n of them)."""
         self._count("all_reduce", 2 * (self.size - 1) / self.size * numel * itemsize)
 
-    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM, async_op: bool = False, count: bool = True):
-        """In place: every rank ends with op(t over ranks). gloo has no AVG: sum, then divide yourself.
-        count=False inside an autograd.Function: its caller counts, so backward mutates no Python state."""
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM, async_op: bool = False,
+                   count: bool = True):
+        """In place: every rank ends with op(t over ranks). gloo has no AVG: sum, then divide
+        yourself. count=False inside an autograd.Function: its caller counts the bytes, so a
+        traced backward mutates no Python state."""
         if self.size == 1:
             return _DoneWork() if async_op else None
         if count:

@@ -788,20 +788,22 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
     return parallel.DataParallel(model, dist.mesh.dp), optimizer
 
 
-def compile_model(model: torch.nn.Module, raw_model: torch.nn.Module, per_block: bool) -> torch.nn.Module:
-    """torch.compile with static shapes: an eval batch of another size gets a graph of its own instead of making
-    the batch dimension dynamic. Under ZeRO/TP/PP (per_block) each block's forward is compiled, not the wrapper:
-    ZeRO-3's hooks that gather a block's weights and free them (storage resized to 0) then run outside the
-    compiled region (as in torchtitan), a pipeline stage's blocks are compiled (its step never calls the
-    wrapper's forward), and a no_grad eval compiles its own block graph rather than rebuilding parameter views
-    from a freed flat buffer. Env TRAIN_COMPILE_BACKEND (default inductor; "aot_eager" for fast CPU tests)."""
-    compiled = functools.partial(torch.compile, backend=os.environ.get("TRAIN_COMPILE_BACKEND", "inductor"),
-                                dynamic=False)
+def compile_model(model: torch.nn.Module, raw_model: torch.nn.Module,
+                  per_block: bool) -> torch.nn.Module:
+    """torch.compile with static shapes: an eval batch of another size gets a graph of its own
+    instead of making the batch dimension dynamic. Under ZeRO/TP/PP (per_block) each block's
+    forward is compiled, not the wrapper: ZeRO-3's hooks that gather a block's weights and free
+    them (storage resized to 0) then run outside the compiled region (as in torchtitan), a
+    pipeline stage's blocks are compiled (its step never calls the wrapper's forward), and a
+    no_grad eval compiles its own block graph rather than rebuilding parameter views from a freed
+    flat buffer. Env TRAIN_COMPILE_BACKEND: default inductor; "aot_eager" for fast CPU tests."""
+    backend = os.environ.get("TRAIN_COMPILE_BACKEND", "inductor")
+    compiled = functools.partial(torch.compile, backend=backend, dynamic=False)
     if not per_block:
         return compiled(model)
     for block in raw_model.blocks:
-        if not isinstance(block, torch.nn.Identity):          # a pipeline stage's pruned block is Identity
-            block.forward = compiled(block.forward)      # the module's hooks stay outside, in __call__
+        if not isinstance(block, torch.nn.Identity):     # a pipeline stage's pruned block
+            block.forward = compiled(block.forward)      # its hooks stay outside, in __call__
     return model
 
 
@@ -965,7 +967,8 @@ class Trainer:
         self.last_eval: dict = {}
         self.stop_requested = False          # a signal reached this process
         self.stopping = False                # every process agreed, in a step's all-reduce, to stop after it
-        self._step_time, self._compiled = None, False     # smoothed seconds per step; first compiled step done
+        self._step_time = None             # smoothed seconds per step
+        self._compiled = False             # the first (compiling) step is done
         try:
             val_windows = self.data.iterator("val", 1, self.block_size).num_windows
         except data_lib.DataError as e:
@@ -1303,10 +1306,10 @@ class Trainer:
         t0 = time.perf_counter()
         record = self.train_step(self.next_micro_batches())
         dt = time.perf_counter() - t0
-        if cfg.compile and not self._compiled:       # the step that compiled is no rate: leave it out of the mean
+        if cfg.compile and not self._compiled:    # the step that compiled is no rate: not averaged
             self._compiled = True
-        else:
-            self._step_time = dt if self._step_time is None else 0.9 * self._step_time + 0.1 * dt   # for ETA
+        else:                                      # smoothed, for the ETA
+            self._step_time = dt if self._step_time is None else 0.9 * self._step_time + 0.1 * dt
         record["tok_per_s"] = self.tokens_per_step / dt
         if self._peak:
             record["mfu"] = model_flops_utilization(record["tok_per_s"], self._flops_per_token, self._peak,
