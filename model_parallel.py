@@ -61,7 +61,10 @@ from parallel import (Comm, DataParallel, Mesh, ParallelError, Zero, check_combi
 # Autograd needs the mirror image, so the pair of operators of the paper (called f and g there):
 #   f = copy_to_tp:     forward identity,     backward all-reduce (each rank's x fed a slice; the grads add up)
 #   g = reduce_from_tp: forward all-reduce,   backward identity
-# f sits before attention and before the MLP, g after wo and after w2. The embedding splits the vocabulary:
+# f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted
+# by the callers, outside autograd: torch.compile traces a Function's forward and backward, where
+# a Python side effect (a dict updated) is not allowed (dynamo: "lift_tracked_freevar_to_input").
+# The embedding splits the vocabulary:
 # rank r holds rows [r V/t, (r+1) V/t) (V padded up to a multiple of t), looks up the ids it owns, zeros the
 # rest and all-reduces. The LM head shares those rows and produces logits for its slice of the vocabulary; the
 # cross-entropy is computed without ever gathering the (B, T, V) logits: all-reduce the row maxima, the sums of
@@ -79,7 +82,7 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous().clone()
-        ctx.comm.all_reduce(grad)
+        ctx.comm.all_reduce(grad, count=False)
         return grad, None
 
 
@@ -87,7 +90,7 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, comm):
         x = x.contiguous().clone()
-        comm.all_reduce(x)
+        comm.all_reduce(x, count=False)
         return x
 
     @staticmethod
@@ -97,12 +100,18 @@ class _ReduceFromTP(torch.autograd.Function):
 
 def copy_to_tp(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """f: identity forward, all-reduce of the gradient backward."""
-    return x if comm.size == 1 else _CopyToTP.apply(x, comm)
+    if comm.size == 1:
+        return x
+    comm.count_all_reduce(x.numel(), x.element_size())    # backward's, of a gradient like x
+    return _CopyToTP.apply(x, comm)
 
 
 def reduce_from_tp(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """g: all-reduce forward, identity backward."""
-    return x if comm.size == 1 else _ReduceFromTP.apply(x, comm)
+    if comm.size == 1:
+        return x
+    comm.count_all_reduce(x.numel(), x.element_size())
+    return _ReduceFromTP.apply(x, comm)
 
 
 def _tag(p: nn.Parameter, dim: int, full_size: int) -> nn.Parameter:
@@ -183,16 +192,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         ids = torch.arange(start, start + width, device=logits.device)
         logits = logits.masked_fill(ids >= vocab_size, float("-inf"))         # padded vocabulary rows
         row_max = logits.max(dim=-1).values
-        comm.all_reduce(row_max, op=dist.ReduceOp.MAX)
+        comm.all_reduce(row_max, op=dist.ReduceOp.MAX, count=False)
         shifted = logits - row_max[:, None]
         exp = shifted.exp()
         sum_exp = exp.sum(dim=-1)
-        comm.all_reduce(sum_exp)
+        comm.all_reduce(sum_exp, count=False)
         local_t = targets - start
         owned = (local_t >= 0) & (local_t < width)
         rows = torch.arange(len(targets), device=logits.device)
         target_logit = torch.where(owned, shifted[rows, local_t.clamp(0, width - 1)], 0.0)
-        comm.all_reduce(target_logit)
+        comm.all_reduce(target_logit, count=False)
         valid = targets != -1
         count = valid.sum().clamp(min=1)
         loss = ((sum_exp.log() - target_logit) * valid).sum() / count
@@ -212,6 +221,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, comm: Comm, start: int,
                                  vocab_size: int) -> torch.Tensor:
     """Mean cross-entropy over (N,) targets from each rank's (N, V/t) slice of the logits (ignore_index -1)."""
+    comm.count_all_reduce(3 * logits.shape[0], 4)   # fp32 row maxima, exp sums, target logits
     return _VocabParallelCrossEntropy.apply(logits, targets, comm, start, vocab_size)
 
 

@@ -119,11 +119,19 @@ class Comm:
     def global_rank(self, group_rank: int) -> int:
         return self.ranks[group_rank]
 
-    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM, async_op: bool = False):
-        """In place: every rank ends with op(t over ranks). gloo has no AVG: sum, then divide yourself."""
+    def count_all_reduce(self, numel: int, itemsize: int) -> None:
+        """Record the bytes of an all-reduce of numel elements (ring: 2 (n-1)/n of them)."""
+        self._count("all_reduce", 2 * (self.size - 1) / self.size * numel * itemsize)
+
+    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM, async_op: bool = False,
+                   count: bool = True):
+        """In place: every rank ends with op(t over ranks). gloo has no AVG: sum, then divide
+        yourself. count=False inside an autograd.Function: its caller counts the bytes, so a
+        traced backward mutates no Python state."""
         if self.size == 1:
             return _DoneWork() if async_op else None
-        self._count("all_reduce", 2 * (self.size - 1) / self.size * t.numel() * t.element_size())
+        if count:
+            self.count_all_reduce(t.numel(), t.element_size())
         return dist.all_reduce(t, op=op, group=self.group, async_op=async_op)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):

@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -789,6 +790,25 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
     return parallel.DataParallel(model, dist.mesh.dp), optimizer
 
 
+def compile_model(model: torch.nn.Module, raw_model: torch.nn.Module,
+                  per_block: bool) -> torch.nn.Module:
+    """torch.compile with static shapes: an eval batch of another size gets a graph of its own
+    instead of making the batch dimension dynamic. Under ZeRO/TP/PP (per_block) each block's
+    forward is compiled, not the wrapper: ZeRO-3's hooks that gather a block's weights and free
+    them (storage resized to 0) then run outside the compiled region (as in torchtitan), a
+    pipeline stage's blocks are compiled (its step never calls the wrapper's forward), and a
+    no_grad eval compiles its own block graph rather than rebuilding parameter views from a freed
+    flat buffer. Env TRAIN_COMPILE_BACKEND: default inductor; "aot_eager" for fast CPU tests."""
+    backend = os.environ.get("TRAIN_COMPILE_BACKEND", "inductor")
+    compiled = functools.partial(torch.compile, backend=backend, dynamic=False)
+    if not per_block:
+        return compiled(model)
+    for block in raw_model.blocks:
+        if not isinstance(block, torch.nn.Identity):     # a pipeline stage's pruned block
+            block.forward = compiled(block.forward)      # its hooks stay outside, in __call__
+    return model
+
+
 def all_reduce_mean(values: torch.Tensor, dist: Dist, over_world: bool = False) -> torch.Tensor:
     """Average a small float tensor over the data-parallel ranks, or with over_world over every process of the run
     (tp and pp ranks included); the identity in one process."""
@@ -937,7 +957,7 @@ class Trainer:
         optimizer = make_optimizer(self.raw_model, cfg, self.device.type)
         self.model, self.optimizer = wrap_for_distribution(self.raw_model, optimizer, cfg, self.dist, self.dtype)
         if cfg.compile:
-            self.model = torch.compile(self.model)
+            self.model = compile_model(self.model, self.raw_model, uses_model_parallel(cfg))
         self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
         try:
             self.loader = self.data.iterator("train", cfg.batch_size, self.block_size, rank=self.dist.rank,
@@ -950,7 +970,8 @@ class Trainer:
         self.last_eval: dict = {}
         self.stop_requested = False          # a signal reached this process
         self.stopping = False                # every process agreed, in a step's all-reduce, to stop after it
-        self._step_time = None
+        self._step_time = None             # smoothed seconds per step
+        self._compiled = False             # the first (compiling) step is done
         try:
             val_windows = self.data.iterator("val", 1, self.block_size).num_windows
         except data_lib.DataError as e:
@@ -1288,14 +1309,19 @@ class Trainer:
         t0 = time.perf_counter()
         record = self.train_step(self.next_micro_batches())
         dt = time.perf_counter() - t0
-        self._step_time = dt if self._step_time is None else 0.9 * self._step_time + 0.1 * dt   # smoothed for ETA
+        if cfg.compile and not self._compiled:    # the step that compiled is no rate: not averaged
+            self._compiled = True
+        else:                                      # smoothed, for the ETA
+            self._step_time = dt if self._step_time is None else 0.9 * self._step_time + 0.1 * dt
         record["tok_per_s"] = self.tokens_per_step / dt
         if self._peak:
             record["mfu"] = model_flops_utilization(record["tok_per_s"], self._flops_per_token, self._peak,
                                                     self.dist.devices)
         self.metrics.write(record)
         if self.step % cfg.log_interval == 0 or self.step == cfg.max_steps:
-            self.log(self.progress_line(record, self.tokens_per_step / self._step_time, self._step_time))
+            seconds = self._step_time or dt
+            self.log(self.progress_line(record, self.tokens_per_step / seconds, seconds)
+                     + (" | compiling" if self._step_time is None else ""))
         if self.step % cfg.eval_interval == 0 or self.step == cfg.max_steps:
             self._log_eval(self.evaluate())
         if self.dist.devices == 1:                      # alone, a signal that came after the step's flag counts

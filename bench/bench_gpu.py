@@ -1,6 +1,6 @@
 """bench_gpu.py: one command that proves train.py's CUDA path on a GPU, and the same code paths on a CPU (--smoke).
 
-    python bench/bench_gpu.py                  # one CUDA GPU (projected 6-7 minutes on an H200, see below)
+    python bench/bench_gpu.py --deadline-s 540 # one CUDA GPU, in 9 minutes (what no longer fits: skipped)
     python bench/bench_gpu.py --nproc 8        # the same, and the torchrun sections also on 8 GPUs
     python bench/bench_gpu.py --smoke          # CPU, tiny models, gloo: the same code paths (CI keeps it alive)
 
@@ -31,19 +31,26 @@ that raises is a FAIL row ("section ran to its end", its traceback on stderr) an
             init, then every layout N allows (dp x tp x pp with ZeRO-0/1/2/3, ZeRO-3 also in bf16) on a small
             GPT, each compared with one process computing the whole batch on the same device (weights after 3
             AdamW steps within 1e-4); N = 1 runs ZeRO-1/2/3 at world 1 and the pipeline executor with one stage.
-6. train.py train.py itself under `torchrun --nproc_per_node=N` (the same N), `--zero 1/2/3 --dtype bf16`, fused
-            AdamW (train.make_optimizer's, checked): per stage three launches of a 4-layer GPT, 20 steps: train
-            (evaluations at 0/10/20, checkpoints at 10 and 20, two samples), resume from step 10 in a new process
-            (the same losses), and resume with a forced loss spike that the spike guard rolls back (ROLLBACK_FLAGS).
-            --smoke runs ZeRO-3 on 2 gloo ranks (train.py uses ZeRO only at world size > 1).
+6. train.py train.py itself under `torchrun --nproc_per_node=N`, on a GPU as README's multi-GPU command:
+            `--zero 3 --dtype bf16 --compile`, fused AdamW (checked): three launches of a 4-layer GPT, 20 steps:
+            train (evaluations at 0/10/20, checkpoints at 10 and 20, two samples), resume from step 10 in a new
+            process (the same losses), and resume with a forced spike the guard rolls back (ROLLBACK_FLAGS).
+            --smoke runs it eager on 2 gloo ranks (tests/test_compile.py rehearses --compile on CPUs).
+7. nccl     a world-1 nccl group runs every collective train.py uses (Comm short-circuits a group of one).
+
+Order and time: the sections run highest value first (6, 7, 2, 1, 3, 4, 5), each in a child process with
+its own timeout (a broken CUDA context loses that section only); the JSON is rewritten after every
+section; --deadline-s skips a section whose projection (PROJECTED_S, ~545 s in all on a GPU) no longer
+fits in what is left, and says so. The speed section writes a profiler trace of 2 compiled steps next to
+the JSON (bench_gpu.trace.json).
 
 Sizing, a projection (no GPU has run this file yet): the 88M model costs 6.42e8 FLOPs/token (model.py's
 6N + 12LTC at T = 1024), 1.05e13 per 16 x 1024 step: 27 ms at 40% of the H200's 989 TFLOP/s dense bf16 peak.
 Section 1 runs 52 such steps (3 untimed + 10 timed, train.py's loop and the minimal one, eager and compiled:
 ~2 s) plus the micro-batch search (16 to 256: ~1 s of steps) and two inductor compiles (~1 minute each, the
 largest item); sections 2-4 are a few steps each (~30 s with start-up); section 5 is one torchrun launch (~20 s);
-section 6 is 9 launches of ~15 s (torch import, CUDA and nccl init, pydocs from the cache) around steps of
-milliseconds: ~2.5 minutes. Total ~6-7 minutes, under the 8 allowed; `--nproc 8` adds sections 5 and 6 again.
+section 6 is 3 compiled launches (~15 s of start-up and ~1 minute of inductor compiles each): ~3.5
+minutes. Total ~9 minutes, what --deadline-s 540 holds to; `--nproc 8` adds sections 5 and 6 again.
 Every figure the bench prints comes from the run itself.
 
 Depends on: torch and the project's train.py, model.py, parallel.py, model_parallel.py, data.py, fileio.py.
@@ -111,12 +118,14 @@ class Setup:
     run_batch: int
     run_block: int
     run_timeout_s: float        # one train.py launch
+    run_compile: bool = False   # train.py --compile (GPU; tests/test_compile.py: CPU)
+    trace: str = ""             # the profiler trace of 2 compiled steps, next to the JSON
 
     @classmethod
     def gpu(cls, nproc: int) -> "Setup":
         worlds = sorted({1, nproc})
         return cls(torch.device("cuda", 0), "bf16", "124m", "", 16, 1024, 10, 3, 256, 256, "inductor", worlds,
-                   worlds, (1, 2, 3), "n_layer=4", 8, 128, 300)
+                   worlds, (3,), "n_layer=4", 8, 128, 150, run_compile=True)
 
     @classmethod
     def smoke(cls) -> "Setup":
@@ -133,12 +142,15 @@ class Setup:
 class Report:
     """Rows of (section, item, value, status); status '' (a figure), 'ok'/'FAIL' (a check), 'met'/'missed'."""
 
-    def __init__(self):
+    def __init__(self, sink: pathlib.Path | None = None):
         self.rows: list[dict] = []
+        self.sink = sink            # in a section's child: each row reaches this file at once
 
     def add(self, section: str, item: str, value, status: str = "") -> None:
         self.rows.append({"section": section, "item": item, "value": value, "status": status})
         print(f"  {section:<8} {item:<58} {_show(value):>16} {status}", flush=True)
+        if self.sink:
+            write_json(self.sink, {"rows": self.rows})
 
     def check(self, section: str, item: str, value, ok: bool) -> None:
         self.add(section, item, value, "ok" if ok else "FAIL")
@@ -239,6 +251,9 @@ def bench_speed(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
         with compile_backend(setup.compile_backend):
             trainer = trainer_for(setup, tmp / f"speed-{tag}", *(["--compile"] if compiled else []))
         ours = time_loop(trainer.loop_step, setup.device, setup.warmup, setup.steps)
+        if compiled and setup.trace:
+            out["trace"] = profile_steps(trainer, setup, pathlib.Path(setup.trace))
+            report.add("speed", "profiler trace of 2 compiled steps (Perfetto)", out["trace"])
         ref = time_loop(reference_step_fn(trainer, setup.compile_backend if compiled else None),
                         setup.device, setup.warmup, setup.steps)
         tokens = trainer.tokens_per_step
@@ -266,6 +281,18 @@ def bench_speed(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
                out["max_micro_batch"])
     report.add("speed", "  the search stopped at", out["max_micro_batch_stop"])
     return out
+
+
+def profile_steps(trainer: train.Trainer, setup: Setup, path: pathlib.Path) -> str:
+    """2 of train.py's (compiled) steps under torch.profiler: a Chrome trace, CPU and CUDA."""
+    kinds = torch.profiler.ProfilerActivity
+    activities = [kinds.CPU, kinds.CUDA] if setup.cuda else [kinds.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(2):
+            trainer.loop_step()
+        sync(setup.device)
+    prof.export_chrome_trace(str(path))
+    return str(path)
 
 
 def largest_micro_batch(setup: Setup, tmp: pathlib.Path) -> tuple[int, str]:
@@ -794,12 +821,13 @@ ROLLBACK_FLAGS = ["--lr", "1", "--spike-patience", "1", "--rollback-lr-factor", 
 
 def run_flags(setup: Setup, zero: int, out_dir: pathlib.Path) -> list[str]:
     """train.py's flags for one run of this section: a small GPT, bf16 autocast, --zero, eval and checkpoints at
-    steps 10 and 20, two samples at the end."""
+    steps 10 and 20, two samples at the end; on a GPU --compile (README's multi-GPU flags)."""
     return ["--data", "pydocs", "--model", "tiny", "--model-args", setup.run_model_args, "--device",
             setup.device.type, "--dtype", "bf16", "--zero", str(zero), "--batch-size", str(setup.run_batch),
             "--block-size", str(setup.run_block), "--max-steps", str(RUN_STEPS), "--eval-interval", str(RUN_CKPT),
             "--ckpt-interval", str(RUN_CKPT), "--keep-checkpoints", "5", "--warmup-steps", "2", "--eval-batches",
-            "2", "--num-samples", "2", "--sample-tokens", "16", "--log-interval", "5", "--out-dir", str(out_dir)]
+            "2", "--num-samples", "2", "--sample-tokens", "16", "--log-interval", "5",
+            "--out-dir", str(out_dir)] + (["--compile"] if setup.run_compile else [])
 
 
 def read_run(out_dir: pathlib.Path, proc: subprocess.CompletedProcess) -> dict:
@@ -871,12 +899,72 @@ def bench_train_runs(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------------------------
+# 7. The collective probe: every collective train.py uses, on a process group of one GPU
+# ------------------------------------------------------------------------------------------------
+
+def bench_nccl(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    """A world-1 nccl group (gloo on --smoke) runs each collective train.py calls, through
+    torch.distributed itself: parallel.Comm short-circuits a group of one, so no other section at
+    world 1 reaches nccl. With one rank each result is known: a sum, max or gather of one is the
+    tensor itself. Seconds, mostly nccl's init."""
+    import torch.distributed as dist
+    backend = "nccl" if setup.cuda else "gloo"
+    dist.init_process_group(backend, init_method=(tmp / "nccl").as_uri(), rank=0, world_size=1,
+                            **({"device_id": setup.device} if setup.cuda else {}))
+    out = {}
+    try:
+        t = torch.arange(1.0, 9.0, device=setup.device)
+        patient = dist.new_group(backend="gloo")
+        x = torch.empty_like(t)          # each probe writes its result here (or returns it)
+        probes = {
+            "all_reduce sum (gradients, losses)": lambda: dist.all_reduce(x.copy_(t)),
+            "all_reduce max (vocab-parallel loss)":
+                lambda: dist.all_reduce(x.copy_(t), dist.ReduceOp.MAX),
+            "reduce_scatter (ZeRO gradients)": lambda: parallel._reduce_scatter_flat(x, t),
+            "all_gather (ZeRO-3 weights)": lambda: parallel._all_gather_flat(x, t),
+            "broadcast (initial weights)": lambda: dist.broadcast(x.copy_(t), src=0),
+            "all_gather_object (pipeline state)": lambda: _gathered_object(dist, t),
+            "barrier on the patient gloo group":
+                lambda: (dist.barrier(group=patient), x.copy_(t))[1],
+        }
+        for name, probe in probes.items():
+            start = time.perf_counter()
+            try:
+                x.zero_()
+                got = probe()
+                got = got if torch.is_tensor(got) else x
+                sync(setup.device)
+                ok = bool(torch.equal(got.cpu(), t.cpu()))
+                value = f"{time.perf_counter() - start:.3f} s"
+            except Exception as e:         # noqa: BLE001 - one collective's failure is one FAIL row
+                ok, value = False, f"{type(e).__name__}: {e}"[:60]
+            report.check("nccl", f"{backend} world 1: {name}", value, ok)
+            out[name] = ok
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def _gathered_object(dist, t: torch.Tensor) -> torch.Tensor:
+    parts = [None]
+    dist.all_gather_object(parts, {"t": t.cpu()})
+    return parts[0]["t"]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
 
-SECTIONS = {"speed": bench_speed, "memory": bench_memory, "decode": bench_decode, "resume": bench_resume,
-            "torchrun": bench_torchrun, "train.py": bench_train_runs}
+# Highest value first: the README's command (train.py under torchrun, --zero 3 --dtype bf16
+# --compile), the collectives, then the figures. Each with its projected seconds (GPU, --smoke),
+# what --deadline-s compares with the time left before starting it; a section runs with a timeout
+# of 3x its projection + 60 s (10x on a CPU, which may be shared), or what is left.
+SECTIONS = {"train.py": bench_train_runs, "nccl": bench_nccl, "memory": bench_memory,
+            "speed": bench_speed, "decode": bench_decode, "resume": bench_resume,
+            "torchrun": bench_torchrun}
+PROJECTED_S = {"train.py": (220, 60), "nccl": (15, 8), "memory": (40, 15), "speed": (150, 30),
+               "decode": (20, 8), "resume": (40, 20), "torchrun": (60, 45)}
 DEFAULT_JSON = ROOT / "out" / "bench_gpu.json"      # out/ is train.py's default run folder, ignored by git
 
 
@@ -894,13 +982,59 @@ def check_json_path(text: str | None) -> pathlib.Path:
     return path
 
 
-def run_sections(setup: Setup, report: Report, only: list[str] | None) -> tuple[dict, dict]:
-    """Every section in turn, each guarded: an exception ends that section only, as a FAIL row (its traceback on
-    stderr) and "failed: ..." in the sections' status; the others still run."""
-    results, status = {}, {}
+def write_json(path: pathlib.Path, value) -> None:
+    fileio.write_atomic(path, json.dumps(value, indent=1, default=str), error=BenchError,
+                        fix="pass --json elsewhere")
+
+
+def run_isolated(section: str, argv: list[str], report: Report, timeout_s: float,
+                 tmp: pathlib.Path):
+    """One section in a child process of this script (a broken CUDA context dies with it),
+    stopped after timeout_s; its rows come back even when it is killed (written as it goes)."""
+    sink = tmp / f"section-{section.replace('.', '_')}.json"
+    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), *argv, "--section", section,
+           "--section-out", str(sink)]
+    try:
+        code = subprocess.run(cmd, timeout=timeout_s, stdout=sys.stdout,
+                              stderr=sys.stderr).returncode
+    except subprocess.TimeoutExpired:
+        code = None
+    got = json.loads(sink.read_text()) if sink.exists() else {}
+    report.rows += got.get("rows", [])
+    if "status" in got:
+        return got.get("result"), got["status"]
+    why = (f"stopped after its {timeout_s:.0f} s timeout" if code is None
+           else f"its process exited {code}")
+    report.check(section, "section ran to its end", why, False)
+    return {"error": why}, f"failed: {why}"
+
+
+def run_sections(setup: Setup, report: Report, only: list[str] | None,
+                 argv: list[str] | None = None, deadline_s: float = 0,
+                 save=lambda results, status: None) -> tuple[dict, dict]:
+    """Every section in turn, highest value first, each guarded: an exception ends that section
+    only, as a FAIL row (its traceback on stderr) and "failed: ..." in the sections' status; the
+    others still run. With argv each runs in a child process (run_isolated). With deadline_s a
+    section whose projection no longer fits in the time left is skipped and says so.
+    save(results, status) runs after every section."""
+    results, status, start = {}, {}, time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         for section, run in SECTIONS.items():
             if only and section not in only:
+                continue
+            need = PROJECTED_S.get(section, (60, 30))[0 if setup.cuda else 1]
+            left = deadline_s - (time.perf_counter() - start) if deadline_s else math.inf
+            if need > left:
+                status[section] = (f"skipped: needs ~{need} s, {max(left, 0):.0f} s left of "
+                                   f"--deadline-s")
+                print(f"  {section:<8} {status[section]}", flush=True)
+                save(results, status)
+                continue
+            if argv is not None:
+                timeout = min((3 if setup.cuda else 10) * need + 60, left)     # a CPU may be shared
+                results[section], status[section] = run_isolated(section, argv, report, timeout,
+                                                                 pathlib.Path(tmp))
+                save(results, status)
                 continue
             try:
                 results[section] = run(setup, report, pathlib.Path(tmp))
@@ -913,6 +1047,7 @@ def run_sections(setup: Setup, report: Report, only: list[str] | None) -> tuple[
                 results[section] = {"error": message, "traceback": traceback.format_exc()}
                 status[section] = f"failed: {message}"
                 _free(setup.device)
+            save(results, status)
     return results, status
 
 
@@ -925,7 +1060,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=0, help="world sizes of the torchrun and train.py sections: 1 and "
                         "this (0 = every visible GPU)")
     parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run only these sections")
+    parser.add_argument("--deadline-s", type=float, default=0, help="skip a section whose "
+                        "projected time no longer fits in what is left of these seconds (0: none)")
+    parser.add_argument("--in-process", action="store_true", help="run the sections in this "
+                        "process (default: each in a child process, so a broken CUDA context "
+                        "loses only its own section)")
     parser.add_argument("--layout-worker", metavar="OUT", help=argparse.SUPPRESS)   # what torchrun runs
+    # A child of run_isolated: one section, its rows and result written to --section-out.
+    parser.add_argument("--section", choices=list(SECTIONS), help=argparse.SUPPRESS)
+    parser.add_argument("--section-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.layout_worker:
         return layout_worker(args.layout_worker)
@@ -936,10 +1079,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.nproc < 0 or (torch.cuda.is_available() and args.nproc > torch.cuda.device_count()):
             raise BenchError(f"--nproc {args.nproc} must lie in [0, {torch.cuda.device_count()}] (the visible GPUs)")
         json_path = check_json_path(args.json)
+        if args.deadline_s < 0:
+            raise BenchError(f"--deadline-s {args.deadline_s:g} must be >= 0 (0: no deadline)")
     except BenchError as e:
         print(f"bench_gpu.py: error: {e}", file=sys.stderr)
         return 2
     setup = Setup.smoke() if args.smoke else Setup.gpu(args.nproc or torch.cuda.device_count())
+    setup = dataclasses.replace(setup, trace=str(json_path.with_suffix(".trace.json")))
+    if args.section:                                           # a child of run_isolated
+        sink = pathlib.Path(args.section_out)
+        report = Report(sink)
+        results, status = run_sections(setup, report, [args.section])
+        write_json(sink, {"rows": report.rows, "result": results[args.section],
+                          "status": status[args.section]})
+        return 0
     name = torch.cuda.get_device_name(0) if setup.cuda else "CPU (--smoke)"
     print(f"bench_gpu.py on {name}: preset {setup.preset}, dtype {setup.dtype}, micro-batch {setup.batch_size} x "
           f"{setup.block_size}, torchrun N in {setup.nproc}, train.py on N in {setup.run_nproc}")
@@ -947,14 +1100,17 @@ def main(argv: list[str] | None = None) -> int:
     results = {"device": name, "torch": torch.__version__, "setup": {k: str(v) for k, v in
                                                                      dataclasses.asdict(setup).items()}}
     start = time.perf_counter()
-    sections, results["sections"] = run_sections(setup, report, args.only)
-    results.update(sections)
-    results["rows"] = report.rows
-    results["seconds"] = time.perf_counter() - start
-    try:
+
+    def save(sections: dict, status: dict) -> None:    # after every section: a kill loses one
+        results.update(sections, sections=status, rows=report.rows,
+                       seconds=time.perf_counter() - start)
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        fileio.write_atomic(json_path, json.dumps(results, indent=1, default=str), error=BenchError,
-                            fix="pass --json elsewhere")
+        write_json(json_path, results)
+    child_argv = None if args.in_process else (["--smoke"] if args.smoke else []) + [
+        "--nproc", str(args.nproc), "--json", str(json_path)]
+    try:
+        sections, status = run_sections(setup, report, args.only, child_argv, args.deadline_s, save)
+        save(sections, status)
     except BenchError as e:                                  # a full disk or a file-size limit
         print(f"bench_gpu.py: error: --json: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ checked on their own."""
 import collections
 import dataclasses
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -219,7 +220,7 @@ def test_a_section_that_raises_is_reported_and_the_others_still_run(tmp_path, mo
         return {"done": True}
     monkeypatch.setattr(bench_gpu, "SECTIONS", {"decode": broken, "resume": fine})
     out = tmp_path / "r.json"
-    assert bench_gpu.main(["--smoke", "--json", str(out)]) == 1
+    assert bench_gpu.main(["--smoke", "--in-process", "--json", str(out)]) == 1
     result = json.loads(out.read_text())
     assert result["sections"] == {"decode": "failed: RuntimeError: CUDA error: an illegal memory access was "
                                             "encountered", "resume": "ok"}
@@ -233,7 +234,7 @@ def test_a_failed_check_exits_1_and_no_gpu_without_smoke_exits_2(tmp_path, monke
         report.check("resume", "a check that fails", 1.0, False)
         return {}
     monkeypatch.setattr(bench_gpu, "SECTIONS", {"resume": failing})
-    assert bench_gpu.main(["--smoke", "--json", str(tmp_path / "r.json")]) == 1
+    assert bench_gpu.main(["--smoke", "--in-process", "--json", str(tmp_path / "r.json")]) == 1
     assert "FAILED: resume: a check that fails" in capsys.readouterr().err
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["rows"][0]["status"] == "FAIL" and result["sections"] == {"resume": "1 failed checks"}
@@ -266,8 +267,8 @@ def test_json_is_written_atomically_through_fileio(tmp_path, monkeypatch):
     calls = []
     real = bench_gpu.fileio.write_atomic
     monkeypatch.setattr(bench_gpu.fileio, "write_atomic", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
-    assert bench_gpu.main(["--smoke", "--json", str(tmp_path / "r.json")]) == 0
-    assert calls == [tmp_path / "r.json"] and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert bench_gpu.main(["--smoke", "--in-process", "--json", str(tmp_path / "r.json")]) == 0
+    assert set(calls) == {tmp_path / "r.json"} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
 # ---- the forced spike-guard rollback ----------------------------------------------------------------------------
@@ -287,3 +288,39 @@ def test_rollback_flags_force_a_rollback_to_the_checkpoint(tmp_path):
                   log=lambda *a, **k: None).run()
     events = [r for r in train.read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event") == "rollback"]
     assert [e["to_step"] for e in events] == [bench_gpu.RUN_CKPT]
+
+
+# ---- deadline, isolation, the collective probe ------------------------------------------------------------------
+
+def test_a_deadline_skips_what_no_longer_fits_and_the_json_says_so(tmp_path):
+    """`--smoke --deadline-s 30`: the sections run highest value first, each in its own process;
+    what no longer fits in the 30 s is skipped, and the JSON (written after every section) and the
+    last lines say which."""
+    out = tmp_path / "partial.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py"), "--smoke",
+                           "--deadline-s", "30", "--only", "nccl", "speed", "torchrun",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = json.loads(out.read_text())
+    assert "nccl" in result["sections"], proc.stderr[-2000:]   # ran (on a busy CPU it may time out)
+    skipped = [k for k, v in result["sections"].items() if v.startswith("skipped")]
+    assert "torchrun" in skipped                 # after nccl's 8 s, 45 s no longer fit in 30 s
+    assert all(f"{k:<8} skipped: needs" in proc.stdout for k in skipped)
+    assert list(result["sections"]) == ["nccl", "speed", "torchrun"]    # the value order
+
+
+def test_the_collective_probe_runs_every_collective_on_a_group_of_one(tmp_path):
+    report = bench_gpu.Report()
+    out = bench_gpu.bench_nccl(bench_gpu.Setup.smoke(), report, tmp_path)
+    assert len(out) == 7 and all(out.values()) and not report.failed
+    assert not torch.distributed.is_initialized()           # destroyed: the next section starts clean
+
+
+def test_a_section_that_kills_its_process_loses_only_itself(tmp_path, monkeypatch):
+    """A section's child that ends without its result (here: bad arguments, exit 2; on a GPU a
+    broken CUDA context) is one FAIL row naming how it ended, in the parent, which goes on."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    report = bench_gpu.Report()
+    result, status = bench_gpu.run_isolated("decode", ["--smoke", "--nproc", "-5"], report, 120,
+                                            tmp_path)
+    assert status.startswith("failed: its process exited") and report.failed
