@@ -520,3 +520,18 @@ def test_dedup_experiment_without_shared_data_says_where_wikitext_comes_from(mon
     code, out, err = run_main("dedup", ["experiment"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "WikiText-2 is read from" in err and "--data PATH" in err and "--data hf" not in err
+
+
+def test_sweep_regenerate_line_keeps_quick_and_prepares_only_a_prepared_folder(fixtures):
+    import sweep
+    from types import SimpleNamespace
+
+    def regenerate(**changes):
+        settings = sweep.dataclasses.replace(sweep.QUICK_SWEEP, **changes)
+        return sweep._regenerate(SimpleNamespace(settings=settings, corpus="pydocs"))
+    assert regenerate() == "`python scaling.py sweep --quick`"                  # not --out pydocs, not 90 minutes
+    assert regenerate(data="pystdlib") == "`python scaling.py sweep --quick --data pystdlib`"
+    assert regenerate(data=str(fixtures["data"])) == (f"`python data.py prepare --data pydocs --vocab-size "
+                                                      f"{sweep.QUICK_SWEEP.vocab_size} --out {fixtures['data']}`, "
+                                                      f"then `python scaling.py sweep --quick --data {fixtures['data']}`")
+    assert sweep._regenerate(SimpleNamespace(settings=sweep.SweepSettings(), corpus="x")) == "`python scaling.py sweep`"
