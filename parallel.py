@@ -1183,7 +1183,9 @@ MAX_DRAWN_RANKS, MAX_MICRO_BATCHES, MAX_PROCESSES = 512, 1024, 64
 
 def main(argv: list[str] | None = None) -> int:
     import model_parallel  # the demos that need tensor and pipeline parallel (a main may import anything)
-    parser = _Parser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(description="Training one model on many processes, by hand over torch.distributed: data "
+                     "parallel and ZeRO-1/2/3 (parallel.py), tensor and pipeline parallel (model_parallel.py).",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("demo", help="train a tiny GPT in every layout on N CPU processes; compare with one process")
     p.add_argument("--world", type=_in_range(int, 1, MAX_PROCESSES), default=2, help="processes (gloo on CPU)")
