@@ -424,6 +424,9 @@ class Tokenizer:
             raise TokenizerError(f"ranks lack {len(missing)} single bytes (e.g. {bytes([missing[0]])!r}); a "
                                  f"byte-level tokenizer needs all 256")
         self.vocab = {i: t for t, i in self.ranks.items()}
+        bad = [i for i in [*self.vocab, *self.special_tokens.values()] if not 0 <= i < 2**31]
+        if bad:
+            raise TokenizerError(f"id {bad[0]} is out of range; token ids run from 0 to 2**31 - 1")
         if len(self.vocab) != len(self.ranks):
             raise TokenizerError("two tokens share one id in ranks; every token needs its own id")
         for s, i in self.special_tokens.items():
@@ -716,27 +719,41 @@ class Tokenizer:
         def refuse(what: str):
             raise TokenizerError(f"{source}: {what}, which bpe.py cannot reproduce; only byte-level BPE "
                                  f"tokenizers (GPT-2, Llama 3, ours) can be read")
-        model = doc.get("model") or {}
+
+        def field(value, kind, name: str, shape: str, ok: bool = True):
+            """value if it is a `kind` (a JSON object, list, ...) and ok, else one line naming the field."""
+            if not isinstance(value, kind) or isinstance(value, bool) or not ok:
+                raise TokenizerError(f"{source}: {name} is {str(value)[:40]!r}, not {shape}; damaged tokenizer.json "
+                                     f"(take the model's own)")
+            return value
+        field(doc, dict, "the document", "an object")
+        model, normalizer, pre = (field(doc.get(k) or {}, dict, k, "an object")
+                                  for k in ("model", "normalizer", "pre_tokenizer"))
         if model.get("type") != "BPE":
             refuse(f"model type {model.get('type')!r} is not BPE")
-        if doc.get("normalizer"):
-            refuse(f"it has a normalizer ({doc['normalizer'].get('type')})")
+        if normalizer:
+            refuse(f"it has a normalizer ({normalizer.get('type')})")
         if model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
             refuse("its BPE uses byte fallback or subword prefixes/suffixes")
-        pattern = _hf_pattern(doc.get("pre_tokenizer") or {}, refuse)
+        pattern = _hf_pattern(pre, refuse, field)
         pattern = {hf_regex(p): p for p in (GPT2_PATTERN, GPT4_PATTERN)}.get(pattern, pattern)  # to_hf's forms back
+        vocab = field(model.get("vocab"), dict, "model.vocab", "an object of token -> id")
+        ids = [field(i, int, f"model.vocab[{t!r}]", "an id from 0 to 2**31 - 1") for t, i in vocab.items()]
+        merges = [field(m.split(" ") if isinstance(m, str) else m, list, f"model.merges[{k}]", "two tokens")
+                  for k, m in enumerate(field(model.get("merges"), list, "model.merges", "a list"))]
+        added = [field(t, dict, f"added_tokens[{k}]", "an object with content and id")
+                 for k, t in enumerate(field(doc.get("added_tokens", []), list, "added_tokens", "a list"))]
+        specials = {field(t.get("content"), str, f"added_tokens[{k}].content", "a string"):
+                    field(t.get("id"), int, f"added_tokens[{k}].id", "an id") for k, t in enumerate(added)}
+        for k, m in enumerate(merges):
+            field(m, list, f"model.merges[{k}]", "two tokens", len(m) == 2 and all(isinstance(x, str) for x in m))
         try:
-            ranks = {_str_to_bytes(t): int(i) for t, i in model["vocab"].items()}
-            merges = [tuple(_str_to_bytes(x) for x in (m.split(" ") if isinstance(m, str) else m))
-                      for m in model["merges"]]
+            ranks = {_str_to_bytes(t): i for t, i in zip(vocab, ids)}
+            merges = [(_str_to_bytes(a), _str_to_bytes(b)) for a, b in merges]
         except ValueError as e:
             refuse(f"its vocabulary is not written in GPT-2's byte alphabet ({e})")
-        except (KeyError, TypeError, AttributeError) as e:
-            raise TokenizerError(f"{source}: damaged tokenizer.json ({type(e).__name__}: {e})") from None
-        ids = set(ranks.values())
-        specials = {t["content"]: int(t["id"]) for t in doc.get("added_tokens", []) if int(t["id"]) not in ids}
         try:
-            return cls(ranks, specials, pattern, merges)
+            return cls(ranks, {s: i for s, i in specials.items() if i not in set(ids)}, pattern, merges)
         except TokenizerError as e:
             raise TokenizerError(f"{source}: {e}") from None
 
@@ -1102,10 +1119,13 @@ def _check_hf_regex(pattern: str, theirs: str) -> None:
                              f"use 'gpt2', 'gpt4' or a pattern both engines read alike")
 
 
-def _hf_pattern(pre_tokenizer: dict, refuse) -> str:
+def _hf_pattern(pre_tokenizer: dict, refuse, field) -> str:
     """The regex of a tokenizer.json pre-tokenizer: Split(regex) then ByteLevel (ours, Llama 3), or a lone
-    ByteLevel with its built-in GPT-2 regex (GPT-2). `refuse(reason)` raises for any other shape."""
+    ByteLevel with its built-in GPT-2 regex (GPT-2). `refuse(reason)` raises for any other shape, `field` for a
+    damaged one."""
     steps = pre_tokenizer.get("pretokenizers", []) if pre_tokenizer.get("type") == "Sequence" else [pre_tokenizer]
+    steps = [field(step, dict, "a pre_tokenizer step", "an object") for step in field(steps, list, "pretokenizers",
+                                                                                        "a list")]
     *splits, byte_level = steps or [{}]
     if byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space"):
         refuse("its pre-tokenizer does not end in ByteLevel without a prefix space")
@@ -1241,14 +1261,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "demo":
             demo(args.text, args.merges)
         elif args.cmd == "show":
+            loaded = []
             for spec in args.tokenizer or ["cl100k", "gpt2"]:
                 try:
-                    tok = load_tokenizer(spec)
+                    loaded.append(load_tokenizer(spec))
                 except TokenizerError as e:
                     if args.tokenizer:
                         raise
                     print(f"== {spec}: skipped ({e})")
-                    continue
+            if not loaded:                  # the main install alone, offline: a small BPE trained here instead
+                print("== showing a 1,000-token BPE trained now on bpe.py's own text (--tokenizer "
+                      "DATA_DIR/tokenizer.json shows the one data.py prepare trained)")
+                loaded = [train_bpe(Path(__file__).read_text(encoding="utf-8"), 1000)]
+            for tok in loaded:
                 show(args.text or SHOW_TEXTS, tok, args.steps)
         elif args.cmd == "train":
             try:                                          # every flag checked before the corpus is read

@@ -76,7 +76,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import glob
 import hashlib
 import html.parser
 import itertools
@@ -280,8 +279,9 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         files = [uri for uri, _, _ in listed]
         fingerprint = ";".join(f"{uri}:{size}:{mtime_ns}" for uri, size, mtime_ns in listed)
     elif any(c in spec for c in "*?[") and not path.exists():      # a pattern: "shards/*.parquet"
-        files = sorted(p for p in map(pathlib.Path, glob.glob(str(path), recursive=True))
-                       if p.is_file() and formats.readable(p))
+        anchor = pathlib.Path(path.anchor or ".")            # pathlib's ** never follows a directory symlink:
+        matches = anchor.glob(str(path.relative_to(anchor)) if path.anchor else str(path))   # glob's loops forever
+        files = sorted(p for p in matches if p.is_file() and formats.readable(p) and not p.name.startswith("."))
         if not files:
             raise DataError(f"source {spec!r} matches no {formats.FILE_TYPES} files; check the pattern")
     elif not path.exists():

@@ -278,9 +278,12 @@ def _jsonl_objects(path: pathlib.Path):
                                                 "each line must be one JSON object")
 
 
-def read_tasks(path) -> list[Task]:
+MAX_TASKS = 10_000      # --max-tasks: each task decodes its answer token by token; 1,000,000 would take hours
+
+
+def read_tasks(path, limit: int = MAX_TASKS) -> list[Task]:
     """A jsonl task file: one {"prompt": "...", "answer": "..."} object per line (blank lines skipped).
-    A malformed line is reported with its number."""
+    A malformed line is reported with its number; a file of more than `limit` tasks is refused (--max-tasks)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise EvalError(f"--tasks {path} {'is a directory' if path.is_dir() else 'not found'}: give a jsonl file of "
@@ -292,6 +295,9 @@ def read_tasks(path) -> list[Task]:
                     and isinstance(item.get("answer"), str) and item["answer"].strip()):
                 raise EvalError(f"{path} line {number}: needs string fields \"prompt\" and a non-empty \"answer\"")
             tasks.append(Task(item["prompt"], item["answer"]))
+            if len(tasks) > limit:
+                raise EvalError(f"{path} holds more than {limit:,} tasks (--max-tasks), hours of decoding; "
+                                f"raise --max-tasks or score a sample of the file")
     except EvalError as e:
         raise EvalError(f"--tasks {e}") from None
     if not tasks:
@@ -428,6 +434,9 @@ def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_t
         token_total += len(answer_ids)
         examples[hit].append({"prompt_tail": task.prompt[-60:], "answer": task.answer, "prediction": prediction,
                               "exact_match": hit, "p_answer": math.exp(logprob)})
+        if number % 500 == 0:                          # a long task file shows it is moving, on stderr
+            print(f"tasks: {number:,} of {len(tasks):,} scored, exact match so far {hits / number:.3f}",
+                  file=sys.stderr, flush=True)
     shown = examples[True][:1] + examples[False][:n_examples - min(1, len(examples[True]))]
     return {"items": len(tasks), "exact_match": hits / len(tasks), "p_answer": float(np.mean(probs)),
             "answer_token_accuracy": token_hits / token_total, "examples": shown}
@@ -695,9 +704,9 @@ def perplexity_report(model, held: HeldOut, block_size: int, stride: int | None 
 
 def evaluate_checkpoint(ckpt_path, data: str | None = None, stride: int | None = None,
                         max_tokens: int | None = None, tasks_path=None, last_word_items: int = 200,
-                        min_words: int = 20, seed: int = 0, device="cpu") -> dict:
+                        min_words: int = 20, seed: int = 0, device="cpu", max_tasks: int = MAX_TASKS) -> dict:
     """Everything `python evaluate.py --ckpt PATH` reports, as one dict (written as JSON, printed as a table)."""
-    tasks = read_tasks(tasks_path) if tasks_path else None           # a bad task file fails before any work
+    tasks = read_tasks(tasks_path, max_tasks) if tasks_path else None          # a bad task file fails before any work
     model, tokenizer, ckpt = load_model(ckpt_path, device)
     block_size = model.config.block_size
     held = checkpoint_held_out(ckpt, tokenizer, data)
@@ -956,6 +965,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stride", type=count, help="sliding-window stride in tokens (default block_size / 2)")
     parser.add_argument("--max-tokens", type=count, help="score only the first N held-out tokens")
     parser.add_argument("--tasks", help="jsonl task file of {\"prompt\": ..., \"answer\": ...} for exact match")
+    parser.add_argument("--max-tasks", type=count, default=MAX_TASKS, help="refuse a --tasks file of more tasks "
+                        "(default %(default)s; a progress line every 500)")
     parser.add_argument("--last-word-items", type=count, default=200, help="items of the built-in last-word task")
     parser.add_argument("--min-words", type=count, default=20, help="shortest paragraph for the last-word task")
     parser.add_argument("--seed", type=seed, default=0, help="seed for drawing last-word items")
@@ -1058,7 +1069,8 @@ def run(args) -> None:
         print()
     else:
         result = evaluate_checkpoint(args.ckpt, args.data, args.stride, args.max_tokens, args.tasks,
-                                     args.last_word_items, args.min_words, args.seed, args.device)
+                                     args.last_word_items, args.min_words, args.seed, args.device,
+                                     args.max_tasks)
         print(format_evaluation(result))
         json_path = args.json or pathlib.Path(result["checkpoint"]).parent / f"eval_{result['step'] or 0:07d}.json"
         print(f"json: {write_json(result, json_path)}")

@@ -197,6 +197,7 @@ def parquet_file(path: pathlib.Path | str, field: str):
     """A pyarrow ParquetFile with a `field` column, or one line saying what is wrong with the file."""
     import store
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow), "
@@ -210,6 +211,10 @@ def parquet_file(path: pathlib.Path | str, field: str):
     if field not in table.schema_arrow.names:
         raise DataError(f"{path}: no column {field!r} (columns: {', '.join(table.schema_arrow.names)}); "
                         f"pass --text-field")
+    kind = table.schema_arrow.field(field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):      # bytes or lists: no text to read
+        raise DataError(f"{path}: column {field!r} holds {kind}, not text (string); pass the --text-field of "
+                        f"a string column or convert the file")
     return table
 
 

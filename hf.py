@@ -39,6 +39,7 @@ digits, so "2000" would stay one piece there ([20][00]) and be [200][0] here. `b
 """
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -192,9 +193,11 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
              "generation_config.json": {"bos_token_id": eot, "eos_token_id": eot,
                                         "max_length": model.config.block_size},
              **hf_tokenizer_files(tokenizer, model.config.block_size)}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp"))
+    tmp = None
     try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_exports(out_dir)
+        tmp = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-{os.getpid()}-"))
         for name, doc in files.items():
             (tmp / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -202,9 +205,30 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)
+    except (OSError, RuntimeError) as e:                   # safetensors' writer reports a full disk as either
+        if fileio.is_no_space(e):
+            raise HFError(fileio.no_space_message(out_dir, "export elsewhere (--to)")) from None
+        if isinstance(e, OSError):
+            raise HFError(f"--to {out_dir}: cannot write it ({e.strerror or e}); choose another --to") from None
+        raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def remove_dead_exports(out_dir: pathlib.Path) -> None:
+    """Remove the temp folders that exports to out_dir killed mid-way (SIGKILL, a power cut) left beside it: the
+    writer's pid is in the name (.NAME.tmp-PID-xxxx), and a folder whose writer is gone is garbage. A live
+    writer's folder stays."""
+    for stale in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.tmp-*-*"):
+        pid = stale.name.rsplit(".tmp-", 1)[1].split("-")[0]
+        try:
+            os.kill(int(pid), 0)                           # signal 0: only asks whether the process exists
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except (ValueError, PermissionError, OverflowError):  # not our name, or another user's live process
+            pass
 
 
 VERIFY_TEXT = ("Once upon a time, a naïve café served Ελληνικά, русский, 中文 and 日本語 🙂👩‍👩‍👧 at 12:34.<|endoftext|>"

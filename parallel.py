@@ -1202,7 +1202,9 @@ MAX_DRAWN_RANKS, MAX_MICRO_BATCHES, MAX_PROCESSES = 512, 1024, 64
 def main(argv: list[str] | None = None) -> int:
     from cli import Parser, in_range, run
     import model_parallel  # the demos that need tensor and pipeline parallel (a main may import anything)
-    parser = Parser(description=__doc__.split("\n")[0],
+    parser = Parser(description="Training one model on many processes, by hand over "
+                    "torch.distributed: data parallel and ZeRO-1/2/3 (parallel.py), tensor and "
+                    "pipeline parallel (model_parallel.py).",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     p = sub.add_parser("demo", help="train a tiny GPT in every layout on N CPU processes; compare with one process")

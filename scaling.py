@@ -636,7 +636,15 @@ def run_from_record(record: dict, where: str = "record") -> Run:
             positive("compute", c) if c is not None else 6.0 * n * d
     except ScalingError as e:
         raise ScalingError(f"{where}: {e}") from None
+    for name, value in (("parameters", n), ("tokens", d), ("loss", loss), ("budget", budget)):
+        if not _RANGES[name][0] <= value <= _RANGES[name][1]:    # 1e300 tokens or a subnormal loss: no real run
+            raise ScalingError(f"{where}: {name} {value:.3g} is outside {_RANGES[name]}, the range of a real "
+                               f"run; fix the record")
     return Run(n, d, loss, budget, str(record.get("series", record.get("run", ""))))
+
+
+# What a real run can hold: a fit's logs and powers stay finite inside these bounds (e^708 is float64's limit).
+_RANGES = {"parameters": (1.0, 1e16), "tokens": (1.0, 1e20), "loss": (1e-6, 1e3), "budget": (1.0, 1e40)}
 
 
 def load_runs(path) -> list[Run]:
@@ -670,6 +678,8 @@ def load_runs(path) -> list[Run]:
                    for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     runs = []
     for where, record in records:
+        if isinstance(record, dict) and not isinstance(record.get("heldout", False), bool):
+            raise ScalingError(f"{where}: heldout is {record['heldout']!r}, not true or false; fix the record")
         if not (isinstance(record, dict) and record.get("heldout")):
             runs.append(run_from_record(record, where))
     return mean_over_seeds(runs)

@@ -690,7 +690,7 @@ def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -
     corpus = "+".join(src["spec"] for src in manifest.get("sources", [])) or s.data
     grid = plan_isoflop(s)
     log(f"{len(grid)} IsoFLOP runs on {data_dir} ({train_tokens:,} train tokens), {s.workers} at a time, about "
-        f"{hours * 60:,.0f} min with the held-out budget ...")
+        f"{hours * 60:,.0f} min with the held-out budget ..." + (f"\n{QUICK_NOTE}" if is_quick(s) else ""))
     records = execute_runs(s, grid, data_dir, out, log)
     again = plan_second_seeds(s, records)
     if again:
@@ -924,13 +924,25 @@ def prediction_lines(p: dict | None, records: Sequence[dict], budgets: Sequence[
 
 
 def _regenerate(result: SweepResult) -> str:
-    """The commands that make this sweep again: its --data folder first, when it was given one."""
+    """The commands that make this sweep again (--quick kept): its --data folder first, when it was given a
+    prepared one (a source name such as pydocs the sweep prepares itself)."""
     s = result.settings
-    if s.data == SweepSettings.data:
-        return "`python scaling.py sweep`"
+    quick = " --quick" if is_quick(s) else ""
+    data = "" if s.data == (QUICK_SWEEP if quick else SweepSettings).data else f" --data {s.data}"
+    command = f"`python scaling.py sweep{quick}{data}`"
+    if not data or not (pathlib.Path(s.data) / "manifest.json").is_file():
+        return command
     corpus = result.corpus.replace("+", " ")
-    return (f"`python data.py prepare --data {corpus} --vocab-size {s.vocab_size} --out {s.data}`, then "
-            f"`python scaling.py sweep --data {s.data}`")
+    return f"`python data.py prepare --data {corpus} --vocab-size {s.vocab_size} --out {s.data}`, then {command}"
+
+
+def is_quick(s: SweepSettings) -> bool:
+    """Whether these are --quick's settings: tiny models, seconds per run, a test of the plumbing."""
+    return s.budgets == QUICK_SWEEP.budgets and s.block_size == QUICK_SWEEP.block_size
+
+
+QUICK_NOTE = ("--quick is a plumbing test (tiny models, seconds per run): its fits and prediction are not "
+              "meaningful; `python scaling.py sweep` runs the real design")
 
 
 def sweep_report(result: SweepResult) -> str:
@@ -940,6 +952,7 @@ def sweep_report(result: SweepResult) -> str:
     budgets = sorted({r["budget"] for r in records if not r["heldout"]})
     longest = max(r["tokens"] for r in records)
     out = [f"# Scaling sweep: {len(budgets)} IsoFLOP budgets on `{result.corpus}`, one held-out budget predicted", "",
+           *([f"**{QUICK_NOTE}.**", ""] if is_quick(s) else []),
            f"Regenerate: {_regenerate(result)} (reuses finished runs; every number below is computed from "
            "`final.jsonl`, whose `command` field is the `python train.py ...` line of each point: run one alone "
            "from the project folder and it gives the same loss).", "",

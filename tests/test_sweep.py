@@ -299,6 +299,8 @@ def test_quick_sweep_and_dedup_effect_end_to_end(tmp_path):
     assert (tmp_path / "sw" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     report = (tmp_path / "sw" / "REPORT.md").read_text()
     assert "## Prediction of the held-out budget" in report and (held or "No prediction:" in report)
+    assert sweep.QUICK_NOTE in report and sweep.QUICK_NOTE in r.stderr                     # issue 38
+    assert "Regenerate: `python scaling.py sweep --quick` (reuses" in report
     again = cli(*args, timeout=900)
     assert again.returncode == 0 and again.stderr.count(" s, reused)") == 6 + 2 + held
 

@@ -611,7 +611,8 @@ def test_unknown_gpu_or_dtype_means_mfu_not_available():
     assert train.gpu_peak_flops("NVIDIA GeForce RTX 3050", torch.bfloat16) is None
     assert train.gpu_peak_flops("NVIDIA B200", torch.float32) is None                          # no confirmed figure
     fake = types.SimpleNamespace(_flops_per_token=6e6, _peak=None, cfg=train.TrainConfig(max_steps=10), step=1,
-                                 dist=train.Dist())
+                                 dist=train.Dist(), _peak_probed=False)
+    fake.mfu = lambda tok_per_s: train.Trainer.mfu(fake, tok_per_s)
     record = {"step": 0, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0}
     assert "MFU n/a" in train.Trainer.progress_line(fake, record, 1000.0, 0.5)
     fake._peak = 6e10
