@@ -129,8 +129,9 @@ class Classifier:
                 raise ValueError(f"version {state.get('version')!r}, this code reads {VERSION}")
             return cls(list(state["labels"]), *(state[k].numpy() for k in ("embed", "weight", "bias")))
         except Exception as e:                             # any damage: a truncated zip, a missing key, a pickle
-            raise ValueError(f"{path}: not a classifier file of this version ({e}); retrain it or delete "
-                             f"it") from None
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]       # torch's are many lines
+            raise ValueError(f"{path}: not a classifier file of this version ({first}); retrain it or "
+                             f"delete it") from None
 
 
 def faker_sentences(code: str, count: int, seed: int) -> list[str]:
