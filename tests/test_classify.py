@@ -82,3 +82,14 @@ def test_lang_and_quality_rows_and_engines_write_the_same_bytes(mixed_language, 
     off = dataset.plan_dataset([str(mixed_language)], vocab_size=300, clean_settings=data.CleanSettings())
     on = dataset.plan_dataset([str(mixed_language)], vocab_size=300, clean_settings=settings)
     assert off.key != on.key                                              # the filters are in the cache key
+
+
+@pytest.mark.slow
+def test_ray_engine_writes_the_same_bytes_with_both_filters(mixed_language, tmp_path):
+    pytest.importorskip("ray", reason="the Ray engine needs Ray: pip install ray")
+    from test_data import dataset_files
+    settings = data.CleanSettings(filters="none", lang=("en",), quality_threshold=0.5, near_dup_threshold=0)
+    kwargs = dict(vocab_size=300, clean_settings=settings, val_fraction=0.2)
+    reference = dataset.prepare([str(mixed_language)], tmp_path / "memory", **kwargs)
+    on_ray = data_at_scale.prepare([str(mixed_language)], tmp_path / "ray", engine="ray", workers=1, **kwargs)
+    assert dataset_files(on_ray) == dataset_files(reference)
