@@ -58,8 +58,8 @@ is read from (.txt, .jsonl, .parquet, WikiText, .html, .py, hf:) are formats.py'
 The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
 of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.
 
-Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and five siblings:
-bpe.py (train_bpe, Tokenizer), dedup.py (MinHash near-dedup, the 13-gram overlap index), formats.py (the readers of
+Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and six siblings:
+bpe.py (train_bpe, Tokenizer), classify.py (language and quality classifiers), dedup.py (MinHash near-dedup, the 13-gram overlap index), formats.py (the readers of
 .txt, .jsonl, .parquet, WikiText, .html, .py and hf: sources, and DataError), store.py (object-store URIs) and
 fileio.py (shards written whole, untrusted manifests in one line). Everything runs offline except
 `hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs), datasets (`hf:`),
@@ -97,6 +97,7 @@ import numpy as np
 import torch
 
 import bpe
+import classify
 import dedup
 import fileio
 import formats
@@ -764,6 +765,10 @@ class CleanSettings:
     strip_accents: bool = False          # near-dedup shingles "café" as "cafe"
     mask_pii: bool = True
     chunk_chars: int = 16_384            # ~4,000 tokens: several training windows per piece of a long text
+    lang: tuple[str, ...] = ()           # keep only these languages (classify.py's identifier); () keeps all
+    lang_threshold: float = 0.65         # ... and only if its score is at least this (datatrove's default)
+    quality_threshold: float = 0.0       # keep P(high) >= this by the quality classifier; 0 turns it off
+    quality_model: str = ""              # a classifier file (labels high/low); "" is classify.py's default
 
     def __post_init__(self):                             # checked on creation, so a bad flag fails before any work
         for name, choices in (("cleaning", CLEANING_CHOICES), ("filters", FILTER_CHOICES),
@@ -779,6 +784,22 @@ class CleanSettings:
                             f"got {self.near_dup_threshold}")
         if self.chunk_chars < 1:
             raise DataError(f"chunk_chars must be at least 1, got {self.chunk_chars}")
+        for name in ("lang_threshold", "quality_threshold"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise DataError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
+        unknown = sorted(set(self.lang) - set(classify.LANGUAGES))
+        if unknown:
+            raise DataError(f"--lang {' '.join(unknown)}: unknown; use ISO 639-1 codes among "
+                            f"{' '.join(classify.LANGUAGES)}")
+        self.lang = tuple(self.lang)                   # a list from the command line: the same key as a tuple
+        try:                          # read (or train, once) here: a bad file fails first, workers only read
+            if self.quality_model:
+                classify.model_at(self.quality_model)
+            for task, on in (("language", self.lang), ("quality", self.quality_threshold)):
+                if on and not (task == "quality" and self.quality_model):
+                    classify.default_model(task)
+        except ValueError as e:
+            raise DataError(f"--quality-model {e}" if self.quality_model else str(e)) from None
 
 
 def keeps_whole(source: Source, settings: CleanSettings) -> bool:
@@ -823,7 +844,34 @@ def quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str
     rules = {"gopher": lambda d: gopher_rejection(d, settings.min_words, settings.max_words),
              "gopher-handout": lambda d: gopher_rejection(d, settings.min_words, settings.max_words, "handout"),
              "code": code_rejection, "none": None}
-    return choice, rules[choice]
+    judged = classifier_rejection(settings)
+    if judged is None:
+        return choice, rules[choice]
+    rule = rules[choice] or (lambda d: None)
+    return f"{choice} + classifiers", lambda d: rule(d) or judged(d)
+
+
+def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None] | None:
+    """classify.py's language and quality classifiers as one rule: why a document goes (its detected language,
+    a low score, low quality) or None; None when both are off. The reasons are the funnel's per-document record."""
+    if not settings.lang and not settings.quality_threshold:
+        return None
+    lid = classify.default_model("language") if settings.lang else None
+    quality = (classify.model_at(settings.quality_model) if settings.quality_model
+               else classify.default_model("quality")) if settings.quality_threshold else None
+
+    def reject(doc: str) -> str | None:
+        if lid is not None:
+            code, score = lid.predict(doc)
+            if code not in settings.lang:
+                return f"language_{code}"
+            if score < settings.lang_threshold:
+                return f"language_{code}_below_{settings.lang_threshold}"
+        if quality is not None and quality.probabilities(doc)[quality.labels.index("high")] < \
+                settings.quality_threshold:
+            return "low_quality"
+        return None
+    return reject
 
 
 def _without(docs: list[str], origin: list[int], dropped: set[int]) -> tuple[list[str], list[int]]:
@@ -1385,7 +1433,7 @@ def cache_root() -> pathlib.Path:
 # (tests/test_data_at_scale.py checks this is the set of imports). Their bytes are in the cache key, so an edit to any
 # invalidates the datasets it would build differently, and a Ray cluster's workers receive these very files.
 PREPARE_FILES = ("data.py", "data_at_scale.py", "dataset.py", "formats.py", "store.py", "bpe.py", "dedup.py",
-                 "fileio.py")
+                 "fileio.py", "classify.py")
 
 
 def code_version(files: Iterable[str] = PREPARE_FILES, root: pathlib.Path = REPO_ROOT) -> str:
@@ -1777,10 +1825,33 @@ def _parse_assignments(items: list[str], flag: str, low: float = 0.0) -> dict[st
     return out
 
 
+def train_quality_model(positives: list[str], negatives: list[str]) -> str:
+    """A quality classifier trained on the documents of these sources, saved in the cache under a name made of
+    its training text's hash (so the dataset's cache key follows the text). Returns the file's path."""
+    texts = {}
+    for flag, specs in (("--quality-positives", positives), ("--quality-negatives", negatives)):
+        texts[flag] = [d for spec in specs for d in open_source(spec).documents() if d.strip()]
+        if not texts[flag]:
+            raise DataError(f"{flag} {' '.join(specs)}: no documents; name files that hold text")
+    high, low = texts.values()
+    digest = hashlib.sha256("\0".join(high + ["\1"] + low).encode()).hexdigest()[:16]
+    path = cache_root() / "classify" / f"quality-{digest}.pt"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        classify.Classifier.train(high + low, ["high"] * len(high) + ["low"] * len(low)).save(path)
+    return str(path)
+
+
 def _cmd_prepare(args: argparse.Namespace) -> None:
+    if bool(args.quality_positives) != bool(args.quality_negatives):
+        raise DataError("--quality-positives and --quality-negatives go together; give both")
+    model = train_quality_model(args.quality_positives, args.quality_negatives) if args.quality_positives \
+        else args.quality_model
     settings = CleanSettings(cleaning=args.cleaning, filters=args.filters, line_dedup=args.line_dedup,
                              near_dup_threshold=args.near_dup_threshold, strip_accents=args.strip_accents,
-                             mask_pii=not args.no_pii, boilerplate_min_documents=args.boilerplate_min_documents)
+                             mask_pii=not args.no_pii, boilerplate_min_documents=args.boilerplate_min_documents,
+                             lang=tuple(args.lang), lang_threshold=args.lang_threshold,
+                             quality_threshold=args.quality_threshold, quality_model=model)
     out = args.prepare(args.data, args.out, vocab_size=args.vocab_size, seed=args.seed, val_fraction=args.val_fraction,
                        weights=args.weights, train_tokens=args.train_tokens, tokenizer=args.tokenizer,
                        tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6), clean_settings=settings,
@@ -1874,6 +1945,15 @@ def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
                    help="a prose line found in this many documents is boilerplate and removed")
     p.add_argument("--strip-accents", action="store_true", help="near dedup compares texts without accents")
     p.add_argument("--no-pii", action="store_true", help="do not mask emails, phones and IPs")
+    p.add_argument("--lang", nargs="+", default=[], metavar="CODE",
+                   help="keep only documents in these languages (ISO 639-1: en zh ...; classify.py)")
+    p.add_argument("--lang-threshold", type=float, default=0.65, help="least language score kept")
+    p.add_argument("--quality-threshold", type=float, default=0.0,
+                   help="keep documents whose quality-classifier P(high) is at least this (0: off)")
+    p.add_argument("--quality-model", default="", help="a classifier file (default: classify.py's)")
+    p.add_argument("--quality-positives", nargs="+", default=[], metavar="SOURCE",
+                   help="train the quality classifier: reference-like sources (with --quality-negatives)")
+    p.add_argument("--quality-negatives", nargs="+", default=[], metavar="SOURCE", help="web-like sources")
     p.add_argument("--text-field", default="text", help="the .jsonl/.parquet field holding the text")
     p.add_argument("--txt-split", choices=["auto", "eot", "blank", "file"], default="auto",
                    help="how .txt files split into documents (auto: <|endoftext|> if present, else blank lines; "

@@ -124,6 +124,8 @@ def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None,
         "vocab_size": vocab_size, "seed": seed, "val_fraction": val_fraction, "weights": weights,
         "train_tokens": train_tokens, "pattern": pattern, "tokenizer_train_bytes": tokenizer_train_bytes,
         "tokenizer": hashlib.sha256(tokenizer_path.read_bytes()).hexdigest() if tokenizer_path else None,
+        "quality_model": settings.quality_model and                 # its bytes, not only its name
+        hashlib.sha256(pathlib.Path(settings.quality_model).read_bytes()).hexdigest(),
         "shard_tokens": shard_tokens, "text_field": text_field, "txt_split": txt_split,
         "skip_bad_lines": skip_bad_lines, "max_documents": max_documents,
         "val_data": [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in val_paths],

@@ -276,6 +276,12 @@ BAD_INPUT = [
     ("train", "--max-steps 100000000000000000000", "--max-steps"),             # a run that can never finish
     ("train", "--zero-reduce-dtype bf16", "--zero-reduce-dtype"),              # a flag that would be ignored
     ("train", "--config {deep_json}", "--config"),
+    ("data", "prepare --data {corpus} --lang xx", "--lang"),                 # issue 35: classify.py's filters
+    ("data", "prepare --data {corpus} --lang-threshold 1.5", "--lang-threshold"),
+    ("data", "prepare --data {corpus} --quality-threshold -0.1", "--quality-threshold"),
+    ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {deep_json}", "--quality-model"),
+    ("data", "prepare --data {corpus} --quality-positives {blank} --quality-negatives {corpus}",
+     "--quality-positives"),
 ]
 
 

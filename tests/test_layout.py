@@ -42,6 +42,7 @@ LAYERS = {
     "store": 1,            # object-store I/O (s3://, gs://, hdfs://) for the data engine
     "bpe": 2,
     "dedup": 2,
+    "classify": 2,         # the fastText-style language and quality classifiers of data.py's funnel
     "formats": 2,          # the file formats data.py's sources are read from (.txt, .jsonl, .parquet, ...), DataError
     "data": 3,             # the lesson on in-memory lists; the reference engine
     "cli": 0,              # the CLI helpers (parser, argparse types, exit 2): main() only
