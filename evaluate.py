@@ -934,7 +934,7 @@ def mqar_batch(n_pairs: int, batch: int, vocab_size: int = 256, generator=None):
 
     >>> idx, targets = mqar_batch(2, 1, vocab_size=8, generator=torch.Generator().manual_seed(0))
     >>> idx.tolist(), targets.tolist()
-    ([[2, 7, 0, 6, 0, 6, 2, 7]], [[-1, -1, -1, -1, 6, -1, 7, -1]])
+    ([[2, 7, 3, 7, 2, 7, 3, 7]], [[-1, -1, -1, -1, 7, -1, 7, -1]])
     """
     half = vocab_size // 2
     if not 1 <= n_pairs <= half:
