@@ -1235,7 +1235,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", type=_in_range(int, 1, 128), nargs="+", default=[4, 8, 16],
                    help="key-value pair counts (sequence length 4 x pairs)")
     p.add_argument("--seeds", type=count, default=3)
-    p.add_argument("--steps", type=count, default=300, help="training steps per model")
+    p.add_argument("--steps", type=count, default=2000, help="training steps per model")
     p.add_argument("--width", type=_in_range(int, 4, 1024), default=64, help="n_embd (2 heads)")
     p.add_argument("--contexts", type=count, nargs="+", default=[256, 1024, 4096],
                    help="prompt lengths at which decoding is timed")
