@@ -48,6 +48,13 @@ together with the training data, or we would be grading it on questions it has a
    3.1M distinct 13-grams) becomes 24 MB of hashes, and building it raises the peak memory by ~100 MB, where a
    Python set of word tuples raises it by ~740 MB (`--index set`).
 
+7. Recall (MQAR, Arora et al. 2023, "Zoology"). A sequence lists key-value pairs, then asks for keys
+   again: "k1 v1 k2 v2 ... k1 ? k2 ?": after each repeated key the model must output its value.
+   Attention looks the key up in its cache (one induction head); a linear-attention layer must have
+   squeezed every pair into its fixed d x d state, which holds about d clean facts before they blur.
+   `python evaluate.py recall` trains all-attention, all-linear and hybrid models of equal size on
+   it and writes docs/recall/REPORT.md.
+
 The metrics work on any causal language model that maps token ids (B, T) to logits (B, T, V) (or returns
 (logits, loss)).
 
@@ -64,6 +71,8 @@ cli.py (the shared parser and argparse types) only in build_parser().
     python evaluate.py contamination --train T --eval E     13-gram overlap per evaluation document (--drop OUT)
     python evaluate.py compare --ckpt A --ckpt B --data F   two tokenizers, one text, compared by bits-per-byte
     python evaluate.py sample --ckpt out/ --prompt "def"    streaming generation (--temperature, --top-k)
+    python evaluate.py recall                               MQAR: attention vs linear vs hybrid
+    (docs/recall/)
 """
 from __future__ import annotations
 
@@ -864,6 +873,12 @@ def plot_emergence(rows: list[dict], k: int, png_path) -> pathlib.Path:
         right.set_ylim(bottom=0)
         right.legend()
     right.set(xlabel="non-embedding parameters", ylabel="score on held-out text", title="our sweep")
+    return _save_figure(fig, png_path, "--plot")
+
+
+def _save_figure(fig, png_path, flag: str) -> pathlib.Path:
+    """Write a matplotlib figure as a PNG atomically (temp file, rename) and close it."""
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     png_path = pathlib.Path(png_path)
     tmp = png_path.with_name(f".{png_path.stem}.tmp{os.getpid()}.png")
@@ -871,7 +886,8 @@ def plot_emergence(rows: list[dict], k: int, png_path) -> pathlib.Path:
         fig.savefig(tmp, dpi=110)
         os.replace(tmp, png_path)
     except OSError as e:
-        raise EvalError(f"cannot write {png_path} ({e.strerror}): choose another --plot path") from e
+        raise EvalError(f"cannot write {png_path} ({e.strerror}): choose another {flag} path") \
+            from e
     finally:
         plt.close(fig)
         if tmp.exists():                        # False (no error) when the folder itself is missing
@@ -908,6 +924,167 @@ def stream_sample(model, tokenizer, prompt: str, max_new_tokens: int = 200, temp
     tail = decoder.decode(b"", final=True)
     if tail:
         yield tail
+
+
+# --------------------------------------------------------------------------------------------------
+# 10. Associative recall (MQAR): what linear attention gives up, what one attention layer buys back
+# --------------------------------------------------------------------------------------------------
+
+# GPTConfig.layer_pattern of each model
+RECALL_KINDS = {"attention": "A", "linear": "L", "hybrid": "LA"}
+
+
+def mqar_batch(n_pairs: int, batch: int, vocab_size: int = 256, generator=None):
+    """Multi-query associative recall: (idx, targets), each (batch, 4 * n_pairs).
+
+    Keys come from the lower half of the vocabulary and values from the upper half, n_pairs distinct
+    keys per row; the pairs are listed, then every key is asked again in a shuffled order, followed
+    by its value. Only the values of the second half are targets (-1 elsewhere: the first half is
+    random, nothing to learn).
+
+    >>> idx, targets = mqar_batch(2, 1, vocab_size=8, generator=torch.Generator().manual_seed(0))
+    >>> idx.tolist(), targets.tolist()
+    ([[2, 7, 3, 7, 2, 7, 3, 7]], [[-1, -1, -1, -1, 7, -1, 7, -1]])
+    """
+    half = vocab_size // 2
+    if not 1 <= n_pairs <= half:
+        raise EvalError(f"{n_pairs} key-value pairs need {n_pairs} distinct keys, but "
+                        f"vocab_size={vocab_size} "
+                        f"has {half}; use 1 to {half} pairs")
+    # (B, n) distinct keys
+    keys = torch.rand(batch, half, generator=generator).argsort(-1)[:, :n_pairs]
+    values = torch.randint(half, vocab_size, (batch, n_pairs), generator=generator)   # (B, n)
+    # the questions' order
+    order = torch.rand(batch, n_pairs, generator=generator).argsort(-1)
+    # (B, 2n) k1 v1 k2 v2 ...
+    listed = torch.stack((keys, values), -1).flatten(1)
+    asked = torch.stack((keys.gather(1, order), values.gather(1, order)), -1).flatten(1)
+    idx = torch.cat((listed, asked), 1)                                              # (B, 4n)
+    targets = torch.full_like(idx, -1)
+    targets[:, 2 * n_pairs:-1:2] = asked[:, 1::2]          # after the asked key comes its value
+    return idx, targets
+
+
+def recall_accuracy(model, n_pairs: int, n_rows: int = 256, seed: int = 0) -> float:
+    """Fraction of asked keys whose value the model predicts (greedy), on fresh MQAR rows."""
+    idx, targets = mqar_batch(n_pairs, n_rows, model.config.vocab_size,
+                              torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        predicted = model(idx)[0].argmax(-1)
+    asked = targets >= 0
+    return (predicted[asked] == targets[asked]).float().mean().item()
+
+
+def train_recall(kind: str, seed: int, pair_counts: list[int], steps: int, width: int = 64,
+                 batch: int = 32):
+    """A 2-layer model of `kind` (RECALL_KINDS) trained on MQAR rows whose pair count cycles through
+    pair_counts; AdamW with a short warmup and cosine decay. Returns the model in eval mode."""
+    import model as model_lib
+    torch.manual_seed(seed)
+    config = model_lib.GPTConfig(vocab_size=256, block_size=4 * max(pair_counts), n_layer=2,
+                                 n_head=2,
+                                 n_kv_head=2, n_embd=width, layer_pattern=RECALL_KINDS[kind])
+    net = model_lib.GPT(config)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.9, 0.98))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50)
+                                                 * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    generator = torch.Generator().manual_seed(seed + 1000)
+    for step in range(steps):
+        _, loss = net(*mqar_batch(pair_counts[step % len(pair_counts)], batch, 256, generator))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+    return net.eval()
+
+
+def decode_cost(net, context: int, new_tokens: int = 16) -> tuple[float, int]:
+    """(ms per generated token, bytes of KV cache + recurrent state) after a prompt of `context`
+    tokens: the same weights in a model whose block_size is the context (RoPE has no table)."""
+    import model as model_lib
+    long = model_lib.GPT(dataclasses.replace(net.config, block_size=context)).eval()
+    long.load_state_dict(net.state_dict())
+    cache = model_lib.KVCache(long.config.n_layer, 1, long.config.n_kv_head, context,
+                              long.config.head_dim, kinds=long.config.layer_kinds)
+    token = torch.zeros(1, 1, dtype=torch.long)
+    with torch.no_grad():
+        long(torch.zeros(1, context, dtype=torch.long), kv_cache=cache)
+        start = time.perf_counter()
+        for _ in range(new_tokens):
+            long(token, kv_cache=cache)
+    return (time.perf_counter() - start) / new_tokens * 1e3, cache.nbytes()
+
+
+def recall_experiment(pair_counts: list[int], seeds: int, steps: int, contexts: list[int],
+                      width: int = 64):
+    """Train every kind with every seed, score recall at every pair count, time decoding at every
+    context."""
+    started, rows, costs = time.perf_counter(), [], []
+    for kind in RECALL_KINDS:
+        for seed in range(seeds):
+            begun = time.perf_counter()
+            net = train_recall(kind, seed, pair_counts, steps, width)
+            rows.append({"kind": kind, "seed": seed, "params": net.num_params(),
+                         "train_s": time.perf_counter() - begun,
+                         "accuracy": {n: recall_accuracy(net, n, seed=10_000 + seed)
+                                      for n in pair_counts}})
+            print(f"  {kind:<9} seed {seed}: " + "  ".join(f"{n} pairs {a:.3f}" for n, a in
+                                                          rows[-1]["accuracy"].items()), flush=True)
+        costs += [dict(zip(("kind", "context", "ms_per_token", "state_bytes"),
+                           (kind, c, *decode_cost(net, c))))
+                  for c in contexts]
+    return {"pair_counts": pair_counts, "seeds": seeds, "steps": steps, "width": width,
+            "rows": rows,
+            "costs": costs, "wall_s": time.perf_counter() - started}
+
+
+def recall_report(result: dict) -> str:
+    """REPORT.md: accuracy per kind and pair count (mean, min-max over seeds), decoding cost."""
+    counts = result["pair_counts"]
+    lines = ["# Associative recall (MQAR): attention, linear attention, hybrid", "",
+             f"Made by `python evaluate.py recall` in {result['wall_s'] / 60:.1f} min: 2-layer "
+             f"models "
+             f"of width {result['width']} (attention `AA`, gated linear `LL`, hybrid `LA`), "
+             f"{result['steps']} AdamW steps of 32 rows each, {result['seeds']} seeds, scored on "
+             f"256 "
+             f"fresh rows per pair count.", "",
+             "## Recall accuracy (mean over seeds, min-max in brackets)", "",
+             "| model | params | " + " | ".join(f"{n} pairs" for n in counts) + " |",
+             "|---|---:|" + "---:|" * len(counts)]
+    for kind in RECALL_KINDS:
+        runs = [r for r in result["rows"] if r["kind"] == kind]
+        cells = [[r["accuracy"][n] for r in runs] for n in counts]
+        lines.append(f"| {kind} | {runs[0]['params']:,} | "
+                     + " | ".join(f"{np.mean(c):.3f} ({min(c):.2f}-{max(c):.2f})" for c in cells)
+                     + " |")
+    lines += ["", "## Decoding cost per token at growing context (one sequence, fp32, this CPU)",
+              "",
+              "| model | context | ms / token | KV cache + state |", "|---|---:|---:|---:|"]
+    lines += [f"| {c['kind']} | {c['context']:,} | {c['ms_per_token']:.2f} | "
+              f"{c['state_bytes'] / 1024:,.0f} KiB |" for c in result["costs"]]
+    lines += ["", "![recall vs pairs](recall.png)", ""]
+    return "\n".join(lines)
+
+
+def plot_recall(result: dict, png_path) -> pathlib.Path:
+    """Accuracy against pairs, one line per kind (the mean) over its seeds' points."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    counts = result["pair_counts"]
+    for i, kind in enumerate(RECALL_KINDS):
+        runs = [r for r in result["rows"] if r["kind"] == kind]
+        for r in runs:
+            ax.scatter(counts, list(r["accuracy"].values()), color=f"C{i}", alpha=0.4, s=12)
+        ax.plot(counts, [np.mean([r["accuracy"][n] for r in runs]) for n in counts], "o-",
+                color=f"C{i}", label=f"{kind} ({RECALL_KINDS[kind]})")
+    ax.set(xlabel="key-value pairs in the sequence", ylabel="recall accuracy", ylim=(0, 1.02),
+           title="MQAR: what a fixed-size state forgets")
+    ax.set_xscale("log", base=2)
+    ax.legend()
+    return _save_figure(fig, png_path, "--out")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -973,7 +1150,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=out_file,
                         help="write the results here (default: eval_STEP.json beside the checkpoint)")
     parser.add_argument("--device", default="auto", help="auto (GPU if any), cpu, cuda, cuda:1, ...")
-    sub = parser.add_subparsers(dest="command", metavar="{bpb,emergence,contamination,compare,sample}",
+    sub = parser.add_subparsers(dest="command",
+                                metavar="{bpb,emergence,contamination,compare,recall,sample}",
                                 parser_class=Parser)
 
     p = sub.add_parser("bpb", help="the lecture's bits-per-byte example (or your own numbers)")
@@ -1016,6 +1194,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-documents", type=count, help="use only the first N documents")
     p.add_argument("--device", default="auto")
     p.add_argument("--json", type=out_file)
+
+    p = sub.add_parser("recall", help="MQAR: attention / linear / hybrid models, recall vs pairs")
+    p.add_argument("--pairs", type=in_range(int, 1, 128), nargs="+", default=[4, 8, 16],
+                   help="key-value pair counts (sequence length 4 x pairs)")
+    p.add_argument("--seeds", type=count, default=3)
+    p.add_argument("--steps", type=count, default=2000, help="training steps per model")
+    p.add_argument("--width", type=in_range(int, 4, 1024), default=64, help="n_embd (2 heads)")
+    p.add_argument("--contexts", type=count, nargs="+", default=[256, 1024, 4096],
+                   help="prompt lengths at which decoding is timed")
+    p.add_argument("--out", type=writable("dir"), default="docs/recall",
+                   help="where REPORT.md, recall.png, recall.json go")
 
     p = sub.add_parser("sample", help="generate from a checkpoint, streaming to stdout")
     p.add_argument("--ckpt", default="out")
@@ -1060,6 +1249,16 @@ def run(args) -> None:
         print(format_comparison(rows))
         if args.json:
             print(f"json: {write_json(rows, args.json)}")
+    elif args.command == "recall":
+        if args.width % 4:
+            raise EvalError(f"--width {args.width}: 2 heads need an even head size; "
+                            f"use a multiple of 4")
+        result = recall_experiment(args.pairs, args.seeds, args.steps, args.contexts, args.width)
+        print(report := recall_report(result))
+        pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+        plot_recall(result, pathlib.Path(args.out) / "recall.png")
+        write_json(result, pathlib.Path(args.out) / "recall.json")
+        print(f"report: {_write_whole(pathlib.Path(args.out) / 'REPORT.md', report, '--out')}")
     elif args.command == "sample":
         model, tokenizer, _ = load_model(args.ckpt, args.device)
         print(args.prompt, end="", flush=True)

@@ -124,6 +124,10 @@ def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
     HF's defaults differ from ours (rms_norm_eps 1e-6 vs our 1e-5, tie_word_embeddings False vs our True).
     rope_theta is written both the classic way (vLLM, llama.cpp, transformers 4) and as transformers 5's
     rope_parameters. bos/eos are <|endoftext|>: data.py starts every document with it."""
+    if "L" in config.layer_kinds:
+        raise HFError(f"cannot export layer_pattern={config.layer_pattern!r}: Llama has no "
+                      f"linear-attention layers; "
+                      f"export an all-attention model (layer_pattern='')")
     if config.n_expert:
         raise HFError("cannot export a Mixture of Experts: model.py weighs the top-k experts by their full-softmax "
                           "probabilities while Mixtral renormalises them over the k, so the logits would differ; "

@@ -49,6 +49,27 @@ Accounting (the numbers scaling.py and train.py plan with)
 * Training memory with AdamW in mixed precision: 16 bytes per parameter (bf16 weights 2 + bf16 grads 2 + fp32
   master 4 + two fp32 moments 4 + 4), so 1e9 parameters need 16 GB before any activation is stored.
 
+Attention's cost (FlashAttention by hand, linear attention, hybrids)
+-----------------------------------------------------------------
+Attention scores every query against every key: T x T numbers per head. At T = 128K that is 1.7e10
+scores, 69 GB in fp32 for one head of one layer, so nobody stores it. Two answers:
+
+* FlashAttention (Dao et al. 2022, FA-2 2023) keeps the exact result and never builds the matrix: it
+  walks tiles of 64 queries against tiles of 64 keys and keeps per query a running max m, a running
+  sum l of exp(s - m) and a running output. When a new tile raises the max, the old sums are
+  rescaled by exp(m_old - m_new) (the "online softmax"). It saves only the log-sum-exp m + log l per
+  query, and its backward recomputes each tile's probabilities from it, so memory grows as T (q, k,
+  v, out) instead of T^2. Causal tiles above the diagonal are skipped: half the work.
+  `FlashAttention2.apply(q, k, v, is_causal)` is that, in plain PyTorch (the speed of the real
+  kernel comes from doing it in on-chip SRAM; here the lesson is the arithmetic and the memory).
+* Linear attention drops the softmax: o_t = q_t S_t with the state S_t = sum_s k_s^T v_s, a d x d
+  matrix per head however long the context. Generation then keeps one fixed-size state per layer
+  instead of a KV cache that grows by 2 * n_kv_head * d numbers per token: for a 64-wide head at
+  128K context the cache holds 2 * 128K * 64 = 16.8M numbers per head, the state 64 * 64 = 4,096.
+  The price is recall: a fixed state cannot hold an unbounded number of key -> value facts, which
+  `python evaluate.py recall` measures (Zoology's MQAR). The hybrid answer (Jamba, MiniMax,
+  Qwen3-Next): mostly linear layers, a full attention layer every few (`layer_pattern="LLLA"`).
+
 Initialisation: every Linear and the embedding draw from N(0, 0.02); the two projections that write into the
 residual stream (attn.wo, ffn.w2) use 0.02 / sqrt(2 L), so the variance the 2L residual additions pile up stays
 that of a single layer (GPT-2). Norm gains start at 1. With tied embeddings the LM head reuses tok_emb.weight.
@@ -110,6 +131,10 @@ class GPTConfig:
     moe_capacity_factor: float = 1.25  # slots per expert = factor * tokens * k / E; 0 = never drop a token
     moe_aux_coef: float = 0.01        # train.py adds moe_aux_coef * model.aux_loss to the loss
     activation_checkpointing: bool = False
+    # "sdpa": the fused kernel; "flash": FlashAttention2 by hand (a lesson)
+    attention: str = "sdpa"
+    # "" = all attention; else A (attention) / L (linear), tiled: "LLLA"
+    layer_pattern: str = ""
 
     def __post_init__(self):
         check_config(self)                # the rules and their messages: see the appendix
@@ -126,6 +151,16 @@ class GPTConfig:
         if self.ffn_hidden:
             return self.ffn_hidden
         return _round_up(8 * self.n_embd / 3, self.ffn_multiple_of)
+
+    @property
+    def layer_kinds(self) -> str:
+        """One letter per layer, the pattern tiled: A attention, L linear attention.
+
+        >>> GPTConfig(n_layer=4, layer_pattern="LA").layer_kinds
+        'LALA'
+        """
+        pattern = self.layer_pattern or "A"
+        return pattern * (self.n_layer // len(pattern))
 
     # Checkpoint round trip --------------------------------------------------------------------------------
 
@@ -162,7 +197,11 @@ class GPTConfig:
             ffn = experts * 3 * C * H + C * self.n_expert           # experts + router
         else:
             ffn = 3 * C * H
-        blocks = L * (attention + ffn + 2 * C)                      # + attn_norm and ffn_norm gains
+        n_linear = self.layer_kinds.count("L")
+        # wq, wk, wv, wo + the gate wg and its bias
+        linear = 4 * C * q_width + C * self.n_head + self.n_head
+        # + the two norm gains
+        blocks = (L - n_linear) * attention + n_linear * linear + L * (ffn + 2 * C)
         total = blocks + C                                          # + final norm
         if not non_embedding:
             total += self.vocab_size * C * (1 if self.tie_embeddings else 2)
@@ -173,17 +212,33 @@ class GPTConfig:
 
         The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul whether tied or
         not); the embedding lookup is not a matmul. The attention term counts q.k and p.v for all T keys
-        (PaLM's convention; a causal kernel skips about half of it).
+        (PaLM's convention; a causal kernel skips about half of it). A linear layer has no T term:
+        its state costs q S and k^T v, 2 x 2 C_q d a token forward, 12 C_q d with the backward.
         """
         T = self.block_size if seq_len is None else seq_len
         matmul_params = self.num_params(non_embedding=True, active=True) + self.vocab_size * self.n_embd
-        attention = 12 * self.n_layer * T * self.n_head * self.head_dim
+        kinds, q_width = self.layer_kinds, self.n_head * self.head_dim
+        attention = 12 * q_width * (kinds.count("A") * T + kinds.count("L") * self.head_dim)
         return 6 * matmul_params + attention
 
     def training_memory_bytes(self) -> int:
         """Bytes of weights, gradients and AdamW state in mixed precision (16 per parameter, all experts),
         activations excluded."""
         return TRAINING_BYTES_PER_PARAM * self.num_params()
+
+
+    def decode_state_bytes(self, context: int, batch: int = 1, bytes_per_value: int = 2) -> int:
+        """What generation keeps per sequence batch at `context` tokens: the KV cache of the
+        attention layers (2 * n_kv_head * head_dim per token, growing) plus the recurrent state of
+        the linear layers (n_head * head_dim^2, fixed). bf16 by default. In KiB at 128K tokens:
+
+        >>> [GPTConfig(layer_pattern=p).decode_state_bytes(2**17) >> 10 for p in ("A", "L", "LLLA")]
+        [262144, 32, 65560]
+        """
+        kinds, d = self.layer_kinds, self.head_dim
+        per_value = (kinds.count("A") * 2 * self.n_kv_head * d * context     # grows with context
+                     + kinds.count("L") * self.n_head * d * d)               # a fixed state
+        return per_value * batch * bytes_per_value
 
 
 def _round_up(x: float, multiple: int) -> int:
@@ -232,6 +287,15 @@ def check_config(c: GPTConfig) -> None:
     need(c.moe_capacity_factor >= 0, "moe_capacity_factor",
          f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}")
     need(c.moe_aux_coef >= 0, "moe_aux_coef", f"must be >= 0, got {c.moe_aux_coef}")
+    need(c.attention in ("sdpa", "flash"), "attention",
+         f"must be 'sdpa' or 'flash', got {c.attention!r}")
+    need(c.attention == "sdpa" or c.dropout == 0, "attention",
+         "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'")
+    need(set(c.layer_pattern) <= set("AL"), "layer_pattern",
+         f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'")
+    need(c.n_layer % max(1, len(c.layer_pattern)) == 0, "layer_pattern",
+         f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile n_layer={c.n_layer}; "
+         f"give a pattern whose length divides n_layer")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -313,10 +377,14 @@ class KVCache:
     """
 
     def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
-                 device=None, dtype=torch.float32):
+                 device=None, dtype=torch.float32, kinds: str | None = None):
         shape = (batch, n_kv_head, max_len, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        # GPTConfig.layer_kinds: only attention layers get buffers
+        kinds = kinds or "A" * n_layer
+        self.k, self.v = ([torch.zeros(shape, device=device, dtype=dtype) if kind == "A" else None
+                           for kind in kinds] for _ in range(2))
+        # a linear layer's recurrent state (B, h, d, d), set by its first forward
+        self.states = [None] * n_layer
         self.max_len = max_len
         self.length = 0        # tokens seen so far, i.e. the absolute position of the next token
 
@@ -331,12 +399,26 @@ class KVCache:
     def layer(self, i: int) -> "LayerKV":
         return LayerKV(self, i)
 
+    def nbytes(self) -> int:
+        """Bytes held: the KV buffers of attention layers and the states of linear layers."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + self.states
+                   if t is not None)
+
 
 class LayerKV:
     """One layer's view of a KVCache: `append` writes the new keys/values and returns all keys/values held."""
 
     def __init__(self, cache: KVCache, index: int):
         self.cache, self.index = cache, index
+
+    @property
+    def state(self) -> torch.Tensor | None:
+        """A linear layer's recurrent state (None before the first token): all it remembers."""
+        return self.cache.states[self.index]
+
+    @state.setter
+    def state(self, value: torch.Tensor):
+        self.cache.states[self.index] = value
 
     @property
     def start(self) -> int:
@@ -393,6 +475,7 @@ class Attention(nn.Module):
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         self.rope_theta = config.rope_theta
         self.dropout = config.dropout
+        self.flash = config.attention == "flash"
         C = config.n_embd
         self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
         self.wk = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
@@ -417,7 +500,11 @@ class Attention(nn.Module):
             # copy in the kernels that support it; the explicit view keeps causal_attention one plain attention.)
             k, v = (t[:, :, None].expand(-1, -1, self.n_head // self.n_kv_head, -1, -1)
                     .reshape(B, self.n_head, t.shape[2], self.head_dim) for t in (k, v))     # (B, h, Tk, d)
-        y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)   # (B, h, T, d)
+        if self.flash and cache is None:
+            y = flash_attention(q, k, v, True)                                 # (B, h, T, d)
+        else:
+            # (B, h, T, d)
+            y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
         return self.wo(y)
 
@@ -523,10 +610,10 @@ class Block(nn.Module):
     `self.aux_loss` holds the MoE load-balancing loss of the last forward (0 for a dense FFN).
     """
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, kind: str = "A"):
         super().__init__()
         self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = Attention(config)
+        self.attn = LinearAttention(config) if kind == "L" else Attention(config)
         self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.ffn = MoE(config) if config.n_expert else SwiGLU(config.n_embd, config.ffn_dim)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -553,6 +640,167 @@ class Block(nn.Module):
         return x + self.resid_dropout(update), aux_loss
 
 
+# --------------------------------------------------------------------------------------------------
+# Attention's cost: FlashAttention by hand, linear attention (see the docstring's section)
+# --------------------------------------------------------------------------------------------------
+
+def _key_tiles(i: int, Tk: int, tile: int, is_causal: bool) -> range:
+    """Starts of the key tiles the query tile at i needs: all, or (causal) those not after it."""
+    return range(0, min(Tk, i + tile) if is_causal else Tk, tile)
+
+
+def _tile_scores(q_tile: torch.Tensor, k: torch.Tensor, i: int, j: int, tile: int, is_causal: bool):
+    """Scores of the (already scaled) query tile at i against the key tile at j: (..., bq, bk).
+    Causal masks keys after their query (top-left aligned, SDPA's is_causal) on diagonal tiles."""
+    s = q_tile @ k[..., j:j + tile, :].transpose(-1, -2)                      # (..., bq, bk)
+    if is_causal and j + tile > i:
+        rows = torch.arange(i, i + s.shape[-2], device=s.device)[:, None]
+        cols = torch.arange(j, j + s.shape[-1], device=s.device)[None, :]
+        s = s.masked_fill(cols > rows, -math.inf)
+    return s
+
+
+class FlashAttention2(torch.autograd.Function):
+    """softmax(q k^T / sqrt(d)) v over tiles, never holding the T x T matrix (FlashAttention-2).
+
+    q (..., Tq, d), k and v (..., Tk, d); apply(q, k, v, is_causal, tile=64). Saved for backward: q,
+    k, v, the output and one log-sum-exp per query, O(T). A small check against the fused kernel:
+
+    >>> q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)
+    >>> fused = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> torch.allclose(flash_attention(q, k, v, True, 2), fused, atol=1e-6)
+    True
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal: bool = False, tile: int = 64):
+        scale, Tq, Tk = q.shape[-1] ** -0.5, q.shape[-2], k.shape[-2]
+        # (..., Tq, d), (..., Tq)
+        out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])
+        for i in range(0, Tq, tile):
+            q_tile = q[..., i:i + tile, :] * scale                              # (..., bq, d)
+            # running max, (..., bq)
+            m = q_tile.new_full(q_tile.shape[:-1], -math.inf)
+            # running sum of exp(s - m)
+            l = q_tile.new_zeros(q_tile.shape[:-1])
+            # running sum of exp(s - m) v
+            acc = torch.zeros_like(q_tile)
+            for j in _key_tiles(i, Tk, tile, is_causal):
+                s = _tile_scores(q_tile, k, i, j, tile, is_causal)              # (..., bq, bk)
+                m_new = torch.maximum(m, s.amax(-1))
+                p = torch.exp(s - m_new[..., None])
+                # the old sums were relative to the old max
+                rescale = torch.exp(m - m_new)
+                l = rescale * l + p.sum(-1)
+                acc = rescale[..., None] * acc + p @ v[..., j:j + tile, :]
+                m = m_new
+            out[..., i:i + tile, :] = acc / l[..., None]
+            lse[..., i:i + tile] = m + torch.log(l)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.is_causal, ctx.tile = is_causal, tile
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        """With P = exp(S - lse) recomputed per tile: dV = P^T dO, dP = dO V^T,
+        dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d)
+        (rowsum(dP * P) = rowsum(dO * O): one number per query)."""
+        q, k, v, out, lse = ctx.saved_tensors
+        scale, tile = q.shape[-1] ** -0.5, ctx.tile
+        delta = (d_out * out).sum(-1)                                           # (..., Tq)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for i in range(0, q.shape[-2], tile):
+            rows = slice(i, i + tile)
+            q_tile = q[..., rows, :] * scale
+            for j in _key_tiles(i, k.shape[-2], tile, ctx.is_causal):
+                cols = slice(j, j + tile)
+                p = torch.exp(_tile_scores(q_tile, k, i, j, tile, ctx.is_causal)   # P, recomputed
+                              - lse[..., rows, None])
+                dv[..., cols, :] += p.transpose(-1, -2) @ d_out[..., rows, :]
+                # dS = P (dP - D)
+                ds = p * (d_out[..., rows, :] @ v[..., cols, :].transpose(-1, -2)
+                          - delta[..., rows, None])
+                dq[..., rows, :] += ds @ k[..., cols, :] * scale
+                dk[..., cols, :] += ds.transpose(-1, -2) @ q_tile
+        return dq, dk, dv, None, None
+
+
+flash_attention = FlashAttention2.apply
+
+
+def linear_attention_recurrent(q, k, v, log_a, state=None):
+    """Linear attention token by token (generation): S_t = a_t S_t-1 + k_t^T v_t, o_t = q_t S_t
+
+    q, k, v (B, h, T, d), log_a (B, h, T) the log of the forget gate a_t in (0, 1), state (B, h, d,
+    d) or None -> (o (B, h, T, d), the last state). The state is all the layer remembers: d x d
+    numbers per head.
+    """
+    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if state is None else state
+    outs = []
+    for t in range(q.shape[2]):
+        # (B, h, d, d)
+        S = log_a[:, :, t, None, None].exp() * S + k[:, :, t, :, None] * v[:, :, t, None, :]
+        # (B, h, d)
+        outs.append((q[:, :, t, None, :] @ S).squeeze(2))
+    return torch.stack(outs, dim=2), S
+
+
+def linear_attention_chunked(q, k, v, log_a, state=None, chunk: int = 64):
+    """The same outputs a chunk at a time (what training runs): matmuls, not T sequential steps.
+
+    Inside a chunk, with b_t = log a_c + ... + log a_t the cumulative log gate from the chunk's
+    start c:
+        o_t = sum_{s <= t} (q_t . k_s) exp(b_t - b_s) v_s  +  exp(b_t) q_t S_prev     (masked
+        attention + memory) S   = exp(b_last) S_prev + sum_s exp(b_last - b_s) k_s^T v_s
+        (the state for the next)
+    """
+    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if state is None else state
+    outs = []
+    for c in range(0, q.shape[2], chunk):
+        qc, kc, vc = (t[:, :, c:c + chunk] for t in (q, k, v))                 # (B, h, n, d)
+        b = log_a[:, :, c:c + chunk].cumsum(-1)                                 # (B, h, n)
+        n = b.shape[-1]
+        later = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)    # s > t: the future
+        # (B, h, n, n)
+        decay = (b[..., :, None] - b[..., None, :]).masked_fill(later, -math.inf).exp()
+        outs.append(((qc @ kc.transpose(-1, -2)) * decay) @ vc + (qc * b[..., None].exp()) @ S)
+        S = (b[..., -1, None, None].exp() * S
+             + (kc * (b[..., -1:] - b).exp()[..., None]).transpose(-1, -2) @ vc)   # (B, h, d, d)
+    return torch.cat(outs, dim=2), S
+
+
+class LinearAttention(nn.Module):
+    """Gated linear attention, one forget gate per head and token (the scalar gate of Mamba-2,
+    RetNet with a learned decay, GLA simplified). Why this form: plain linear attention never
+    forgets, so its state fills with noise; a data-dependent scalar gate is the smallest fix, and
+    being a scalar per token keeps the chunked form a masked matmul (DeltaNet's better recall needs
+    a WY-transform to chunk). q and k are L2-normalised (no softmax bounds them); no RoPE: the
+    gate's decay is what tells near from far.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        C, width = config.n_embd, config.n_head * config.head_dim
+        self.wq, self.wk, self.wv = (nn.Linear(C, width, bias=False) for _ in range(3))
+        # forget gate logits; bias 3: a = 0.95 at the start
+        self.wg = nn.Linear(C, self.n_head)
+        self.wo = nn.Linear(width, C, bias=False)
+        nn.init.constant_(self.wg.bias, 3.0)
+
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = (w(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))                        # (B, h, T, d)
+        log_a = F.logsigmoid(self.wg(x).float()).transpose(1, 2)               # (B, h, T), < 0
+        form = linear_attention_recurrent if T == 1 else linear_attention_chunked
+        y, state = form(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, log_a.type_as(x),
+                        None if cache is None else cache.state)                 # (B, h, T, d)
+        if cache is not None:
+            cache.state = state
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The model
 # ----------------------------------------------------------------------------------------------------------------
@@ -565,7 +813,7 @@ class GPT(nn.Module):
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.emb_dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, kind) for kind in config.layer_kinds)
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -576,8 +824,8 @@ class GPT(nn.Module):
     def _init_weights(self, module: nn.Module):
         """N(0, 0.02) everywhere; residual-stream writers (wo, w2) get 0.02 / sqrt(2 * n_layer)."""
         std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
-        if isinstance(module, (Attention, SwiGLU)):
-            out = module.wo if isinstance(module, Attention) else module.w2
+        if isinstance(module, (Attention, LinearAttention, SwiGLU)):
+            out = module.w2 if isinstance(module, SwiGLU) else module.wo
             for linear in module.children():
                 nn.init.normal_(linear.weight, 0.0, residual_std if linear is out else std)
         elif isinstance(module, MoE):
@@ -663,8 +911,9 @@ class GPT(nn.Module):
         was_training = self.training
         self.eval()
         cfg = self.config
-        cache = KVCache(cfg.n_layer, idx.shape[0], self.blocks[0].attn.n_kv_head, cfg.block_size, cfg.head_dim,
-                        device=idx.device, dtype=self.tok_emb.weight.dtype)
+        kv_heads = next((b.attn.n_kv_head for b in self.blocks if isinstance(b.attn, Attention)), 1)
+        cache = KVCache(cfg.n_layer, idx.shape[0], kv_heads, cfg.block_size, cfg.head_dim,
+                        device=idx.device, dtype=self.tok_emb.weight.dtype, kinds=cfg.layer_kinds)
         pending = idx[:, -cfg.block_size:]                                     # ids not yet cached: the prompt
         for _ in range(max_new_tokens):
             logits, _ = self(pending, kv_cache=cache)

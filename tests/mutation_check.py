@@ -269,6 +269,23 @@ MUTANTS = [
            ("tests/test_data_at_scale.py::"
             "test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above",),
            "the default prepare streams small inputs: the reference engine a learner reads never runs"),
+    # --- attention's cost (issue 37): the online softmax, the causal tiles, the linear layer's gate -----------
+    Mutant("flash-sum-not-rescaled", "model.py",
+           "l = rescale * l + p.sum(-1)", "l = l + p.sum(-1)",
+           ("tests/test_model.py::test_flash_attention_equals_sdpa_and_the_formula_with_gradients",),
+           "the running softmax sum keeps terms relative to an old max when a new tile raises it"),
+    Mutant("flash-causal-mask-off-by-one", "model.py",
+           "s = s.masked_fill(cols > rows, -math.inf)", "s = s.masked_fill(cols >= rows, -math.inf)",
+           ("tests/test_model.py::test_flash_attention_equals_sdpa_and_the_formula_with_gradients",),
+           "the causal tile mask hides each query's own key"),
+    Mutant("linear-recurrence-without-gate", "model.py",
+           "S = log_a[:, :, t, None, None].exp() * S + ", "S = S + ",
+           ("tests/test_model.py::test_linear_attention_recurrent_and_chunked_forms_agree",),
+           "the token-by-token form never forgets: generation drifts from the chunked form training used"),
+    Mutant("linear-state-not-carried-into-generation", "model.py",
+           "            cache.state = state\n", "            pass\n",
+           ("tests/test_model.py::test_generate_with_kv_cache_and_recurrent_state_equals_the_full_forward",),
+           "each generated token starts a linear layer from an empty state"),
 ]
 
 

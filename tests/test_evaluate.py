@@ -619,3 +619,50 @@ def test_reports_are_written_whole_with_the_umask_modes(tmp_path):
         os.umask(old)
     assert json.loads(path.read_text()) == {"a": 1} and oct(path.stat().st_mode & 0o777) == "0o644"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+# ------------------------------------------------------------------------------ associative recall (MQAR)
+
+def test_mqar_rows_ask_every_listed_key_for_its_value():
+    idx, targets = ev.mqar_batch(6, 5, vocab_size=32, generator=torch.Generator().manual_seed(3))
+    assert idx.shape == targets.shape == (5, 24)
+    for row, target in zip(idx.tolist(), targets.tolist()):
+        pairs = dict(zip(row[:12:2], row[1:12:2]))
+        assert len(pairs) == 6 and all(k < 16 <= v < 32 for k, v in pairs.items())       # distinct keys
+        assert sorted(row[12::2]) == sorted(pairs)                                       # each key asked once
+        assert [t for t in target if t >= 0] == [pairs[k] for k in row[12::2]]           # answered by its value
+        assert target[:12] == [-1] * 12 and target[13::2] == [-1] * 6
+    with pytest.raises(ev.EvalError, match="17 key-value pairs need 17 distinct keys"):
+        ev.mqar_batch(17, 1, vocab_size=32)
+
+
+def test_recall_accuracy_is_one_for_a_model_that_looks_the_key_up():
+    class LookUp(nn.Module):
+        """Predicts after each token the token that followed its previous occurrence (an ideal induction head)."""
+        config = type("C", (), {"vocab_size": 64})
+
+        def forward(self, idx):
+            logits = torch.zeros(*idx.shape, 64)
+            for b, row in enumerate(idx.tolist()):
+                for t, token in enumerate(row):
+                    seen = [s for s in range(t) if row[s] == token]
+                    if seen:
+                        logits[b, t, row[seen[-1] + 1]] = 1
+            return logits, None
+    assert ev.recall_accuracy(LookUp(), 5, n_rows=8) == 1.0
+
+
+def test_recall_command_writes_its_report_in_a_tiny_configuration(tmp_path, capsys):
+    out = tmp_path / "recall"
+    assert ev.main(["recall", "--steps", "2", "--seeds", "2", "--pairs", "2", "3", "--width", "16",
+                    "--contexts", "32", "64", "--out", str(out)]) == 0
+    report = (out / "REPORT.md").read_text()
+    assert report in capsys.readouterr().out
+    for kind in ("attention", "linear", "hybrid"):
+        assert sum(line.startswith(f"| {kind} |") for line in report.splitlines()) == 3     # accuracy + 2 costs
+    assert "| model | params | 2 pairs | 3 pairs |" in report and "![recall vs pairs](recall.png)" in report
+    result = json.loads((out / "recall.json").read_text())
+    assert len(result["rows"]) == 6 and (out / "recall.png").stat().st_size > 1000
+    costs = {(c["kind"], c["context"]): c["state_bytes"] for c in result["costs"]}
+    assert costs["attention", 64] == 2 * costs["attention", 32] and costs["linear", 64] == costs["linear", 32]
+    assert ev.main(["recall", "--width", "6", "--out", str(out)]) == 2

@@ -354,3 +354,12 @@ def test_permutation_example_of_the_docstring():
     hf_cos, hf_sin = torch.cat((cos, cos), -1)[None, :, None], torch.cat((sin, sin), -1)[None, :, None]
     rotated = hf_q * hf_cos + torch.cat((-hf_q[..., 4:], hf_q[..., :4]), -1) * hf_sin   # HF's rotate_half
     assert torch.allclose(rotated, ours[..., hf.rope_halves_order(8)], atol=1e-6)
+
+
+def test_a_hybrid_with_linear_layers_is_refused_in_one_line(tmp_path):
+    hybrid = model.GPT(model.GPTConfig(vocab_size=300, n_layer=2, n_head=2, n_kv_head=2, n_embd=16,
+                                       layer_pattern="LA"))
+    tokenizer = bpe.train_bpe("one two three " * 20, 260)
+    with pytest.raises(model.ConfigError, match="layer_pattern='LA': Llama has no linear-attention layers"):
+        hf.export_hf(hybrid, tokenizer, tmp_path / "hybrid")
+    assert not (tmp_path / "hybrid").exists()

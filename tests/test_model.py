@@ -566,3 +566,122 @@ def test_gqa_expands_kv_heads_in_groups_like_repeat_interleave():
                                        is_causal=True)
     want = attn.wo(y.transpose(1, 2).reshape(B, T, 4 * d))
     torch.testing.assert_close(attn(x), want)
+
+
+# ------------------------------------------------------------------------- attention's cost: flash, linear, hybrid
+
+from model import (FlashAttention2, flash_attention, linear_attention_chunked,  # noqa: E402
+                   linear_attention_recurrent)
+
+
+def naive_attention(q, k, v, is_causal):
+    """The formula, T x T matrix and all: softmax(q k^T / sqrt(d) + mask) v, mask top-left aligned."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("tq, tk, tile", [(37, 37, 8), (16, 16, 16), (1, 1, 4), (5, 70, 16), (70, 70, 64)])
+def test_flash_attention_equals_sdpa_and_the_formula_with_gradients(is_causal, tq, tk, tile):
+    gen = torch.Generator().manual_seed(tq * 100 + tk)
+    q = torch.randn(2, 3, tq, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 3, tk, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    d_out = torch.randn(2, 3, tq, 8, generator=gen, dtype=torch.float64)
+    out = FlashAttention2.apply(q, k, v, is_causal, tile)
+    for reference in (F.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
+                      naive_attention(q, k, v, is_causal)):
+        torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-10)
+        grads = torch.autograd.grad(out, (q, k, v), d_out, retain_graph=True)
+        for got, want in zip(grads, torch.autograd.grad(reference, (q, k, v), d_out)):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_flash_attention_saves_linear_memory_for_backward():
+    """What autograd keeps: q, k, v, the output and one log-sum-exp per query (O(T)); the formula keeps T x T."""
+    def saved_numbers(fn, T):
+        numbers = []
+        q, k, v = (torch.randn(1, 1, T, 8, requires_grad=True) for _ in range(3))
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: numbers.append(t.numel()) or t, lambda t: t):
+            fn(q, k, v, True)
+        return sum(numbers)
+    assert saved_numbers(flash_attention, 512) == 2 * saved_numbers(flash_attention, 256) == 2 * 256 * 33
+    assert saved_numbers(naive_attention, 512) > 3.5 * saved_numbers(naive_attention, 256)
+
+
+def test_flash_in_the_model_equals_sdpa_with_gqa_outputs_and_gradients():
+    x = ids((2, 13))
+    sdpa, flash = make(small()), make(small(attention="flash"))
+    assert sdpa.blocks[0].attn.n_kv_head < sdpa.blocks[0].attn.n_head          # GQA is exercised
+    (logits_a, loss_a), (logits_b, loss_b) = sdpa(x, x), flash(x, x)
+    torch.testing.assert_close(logits_a, logits_b, rtol=1e-5, atol=1e-5)
+    loss_a.backward()
+    loss_b.backward()
+    for (name, a), b in zip(sdpa.named_parameters(), flash.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert torch.equal(sdpa.generate(x, 3, temperature=0), flash.generate(x, 3, temperature=0))
+
+
+@pytest.mark.parametrize("T, chunk", [(1, 4), (37, 8), (64, 64), (50, 64)])
+def test_linear_attention_recurrent_and_chunked_forms_agree(T, chunk):
+    gen = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(2, 3, T, 6, generator=gen, dtype=torch.float64) for _ in range(3))
+    log_a = F.logsigmoid(torch.randn(2, 3, T, generator=gen, dtype=torch.float64) + 1)
+    state = torch.randn(2, 3, 6, 6, generator=gen, dtype=torch.float64)
+    for start in (None, state):
+        out_r, state_r = linear_attention_recurrent(q, k, v, log_a, start)
+        out_c, state_c = linear_attention_chunked(q, k, v, log_a, start, chunk)
+        torch.testing.assert_close(out_r, out_c, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(state_r, state_c, rtol=1e-10, atol=1e-10)
+    # The formula by hand for the last token: o_T = sum_s prod_{r > s} a_r (q_T . k_s) v_s (no initial state).
+    a = log_a.exp()
+    scores = (q[:, :, -1:] @ k.transpose(-1, -2))[:, :, 0]                      # (B, h, T)
+    weights = torch.stack([a[:, :, s + 1:].prod(-1) for s in range(T)], -1) * scores
+    torch.testing.assert_close(linear_attention_recurrent(q, k, v, log_a)[0][:, :, -1], (weights[..., None] * v).sum(2))
+
+
+@pytest.mark.parametrize("pattern", ["L", "LA", "AL"])
+def test_generate_with_kv_cache_and_recurrent_state_equals_the_full_forward(pattern):
+    model = make(small(layer_pattern=pattern, block_size=40)).eval()
+    prompt = ids((2, 5))
+    out = model.generate(prompt, 30, temperature=0)
+    idx = prompt
+    with torch.no_grad():
+        for _ in range(30):
+            idx = torch.cat((idx, model(idx)[0][:, -1].argmax(-1, keepdim=True)), 1)
+    assert torch.equal(out, idx)
+    cache = KVCache(2, 2, 2, 40, 8, kinds=model.config.layer_kinds)
+    with torch.no_grad():
+        model(idx[:, :34], kv_cache=cache)                                       # a prompt, chunked form
+        step = model(idx[:, 34:35], kv_cache=cache)[0]                           # one token, recurrent form
+        torch.testing.assert_close(step[:, -1], model(idx)[0][:, -1], rtol=1e-4, atol=1e-5)
+    attention_layers = pattern.count("A")
+    assert cache.nbytes() == 4 * (attention_layers * 2 * 2 * 2 * 40 * 8 + (2 - attention_layers) * 2 * 4 * 8 * 8)
+
+
+def test_layer_pattern_builds_the_kinds_and_counts_their_parameters_and_state():
+    config = small(n_layer=4, layer_pattern="LLLA")
+    model = make(config)
+    assert [type(b.attn).__name__ for b in model.blocks] == ["LinearAttention"] * 3 + ["Attention"]
+    assert model.num_params() == config.num_params() and config.layer_kinds == "LLLA"
+    assert make(small(layer_pattern="A")).num_params() == make(small()).num_params()
+    full, linear = small(layer_pattern="A"), small(layer_pattern="L")
+    assert full.decode_state_bytes(2000) == 2 * full.decode_state_bytes(1000)        # the cache grows
+    assert linear.decode_state_bytes(2000) == linear.decode_state_bytes(10) > 0       # the state does not
+    assert linear.flops_per_token(1000) == linear.flops_per_token(10) < full.flops_per_token(1000)
+    x = ids((2, 16))
+    loss = model(x, x)[1]
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(layer_pattern="LAX"), "layer_pattern: 'LAX' has a kind other than A"),
+    (dict(n_layer=4, layer_pattern="LLA"), r"layer_pattern: 'LLA' \(length 3\) does not tile n_layer=4"),
+    (dict(attention="triton"), "attention: must be 'sdpa' or 'flash'"),
+    (dict(attention="flash", dropout=0.1), "attention: 'flash' has no attention dropout"),
+])
+def test_bad_attention_configs_get_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=rf"GPTConfig\.{message}"):
+        small(**overrides)
