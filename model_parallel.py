@@ -1181,6 +1181,11 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
 # ------------------------------------------------------------------------------------------------------------------
 
 
+_DEMO = dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+             ffn_hidden=64)
+_DEMO_MOE = dict(n_expert=4, expert_top_k=2, moe_capacity_factor=0.0)  # EP over 1, 2 or 4 ranks
+
+
 def measure_pipeline_bubble(rank: int, world: int, schedule: str, micro_batches: int, steps: int = 3) -> dict:
     """(launch target) Time a real pipeline of `world` stages on a small GPT: busy vs wall time per stage."""
     from model import GPT, GPTConfig  # the demo's model; the library above takes any GPT
@@ -1199,7 +1204,7 @@ def measure_pipeline_bubble(rank: int, world: int, schedule: str, micro_batches:
 def _demo_worker(rank: int, world: int, steps: int) -> dict:
     """Train a tiny GPT `steps` AdamW steps in each layout; return its full weights, traffic and memory."""
     from model import GPT, GPTConfig
-    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+    cfg = GPTConfig(**_DEMO)
     g = torch.Generator().manual_seed(1)
     data = [(torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g))
             for _ in range(steps)]
@@ -1234,10 +1239,33 @@ def _demo_worker(rank: int, world: int, steps: int) -> dict:
     return out
 
 
+def _ep_cp_demo_worker(rank: int, world: int, batch: tuple) -> dict:
+    """(launch target) One forward + backward of a MoE GPT under EP and a dense one under CP over
+    `world` ranks: the loss, the bytes the all-to-all / the K/V ring sent, and their formula."""
+    from model import GPT, GPTConfig
+    out = {}
+    for name, extra, ep, cp in [(f"EP{world}", _DEMO_MOE, world, 1), (f"CP{world}", {}, 1, world)]:
+        torch.manual_seed(0)
+        cfg = GPTConfig(**_DEMO, **extra)
+        model, mesh = GPT(cfg), Mesh.build(cp=cp)
+        wrapped, _ = parallelize(model, torch.optim.SGD(model.parameters()), mesh, ep=ep)
+        x, y = (t.chunk(mesh.dp.size)[mesh.dp.rank] for t in batch)
+        comm = wrapped.module.ep if ep > 1 else mesh.cp
+        comm.reset_counters()
+        loss = wrapped(x, y)[1]
+        loss.backward()
+        B, T = x.shape
+        want = (all_to_all_bytes(cfg.n_expert, B * T, cfg.n_embd, ep) if ep > 1  # cap = B T
+                else ring_bytes(B, T, cfg.n_kv_head, cfg.head_dim, cp))
+        sent = comm.bytes_by_op.get("all_to_all" if ep > 1 else "send", 0)  # not the loss's sum
+        out[name] = (float(loss.detach()), sent, cfg.n_layer * want)
+    return out
+
+
 def cmd_demo(args) -> int:
     """`parallel.py demo`: train a tiny GPT in every layout on --world processes; compare with one process."""
     from model import GPT, GPTConfig
-    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+    cfg = GPTConfig(**_DEMO)
     # Every layout uses all ranks on one axis: TP splits the heads, PP the layers, DP the batch of 8.
     fits = [w for w in range(1, 9) if all(d % w == 0 for d in (cfg.n_head, cfg.n_kv_head, cfg.n_layer, 8))]
     if args.world not in fits:
@@ -1265,6 +1293,17 @@ def cmd_demo(args) -> int:
         sent = max(r[mode]["bytes"] for r in results)
         memory = max(r[mode]["memory"] for r in results)
         print(f"{mode:<12} {diff:>11.2e} {sent:>21,.0f} {memory:>17,} {memory / (16 * n):>12.2f}x")
+    batch = (torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g))
+    results = launch(_ep_cp_demo_worker, args.world, batch, timeout_s=300)
+    print(f"\none forward + backward: EP (MoE, {_DEMO_MOE['n_expert']} experts, capacity factor 0)"
+          f" and CP (ring attention) vs one process")
+    print(f"{'mode':<12} {'|loss diff|':>11} {'bytes sent/rank':>16} {'by the formula':>15}")
+    for (mode, (_, sent, want)), extra in zip(results[0].items(), (_DEMO_MOE, {})):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            one = float(GPT(GPTConfig(**_DEMO, **extra))(*batch)[1])
+        loss = sum(r[mode][0] for r in results) / len(results)
+        print(f"{mode:<12} {abs(loss - one):>11.2e} {sent:>16,.0f} {want:>15,.0f}")
     return 0
 
 

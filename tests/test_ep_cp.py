@@ -164,7 +164,8 @@ def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts
     tiny_dataset, tmp_path
 ):
     """`train.py --ep 2` (2 ranks, 2 sequences each) and `--cp 2` (2 ranks, 4 sequences split along
-    time) = one process on the same 4 sequences: loss and pre-clip gradient norm per step (rel 1e-4).
+    time) = one process on the same 4 sequences: loss and pre-clip gradient norm per step (rel
+    1e-4).
     Each run's step-3 checkpoint resumes on one process, the one-process one on 2 ranks."""
     import shutil
 
