@@ -22,10 +22,14 @@ The two knives:
    idles while it fills and drains; with p stages and m micro-batches the idle share (the bubble) is
    (p - 1) / (m + p - 1): p = 4, m = 16 gives 3/19, about 16%.
 
-The order of this file: tensor parallel, pipeline schedules as plain lists of actions (testable without
-processes), their executor, `parallelize` (what train.py calls: TP inside, then PP, then DP or ZeRO over dp), and
-the demos. Every mode is tested equal to a single-process run (tests/test_parallel.py). The demos run from
-parallel.py's command line (this file's main is the same one):
+The lecture's other two dimensions: expert parallel (the MoE's experts on different ranks, tokens
+sent to them by all-to-all) and context parallel (one sequence over several ranks, ring attention).
+
+The order of this file: tensor parallel, pipeline schedules as plain lists of actions (testable
+without processes), their executor, expert parallel, context parallel, `parallelize` (what train.py
+calls: TP inside, then PP, then DP or ZeRO over dp), and the demos. Every mode is tested equal to a
+single-process run (tests/test_parallel.py, tests/test_ep_cp.py). The demos run from parallel.py's
+command line (this file's main is the same one):
     python parallel.py demo                                 # every layout on 2 CPU processes vs one process
     python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
 """
