@@ -481,6 +481,10 @@ class Attention(nn.Module):
         self.wk = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
         self.wv = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
+        # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
+        # tokens, and ring attention in place of causal_attention, fed the K/V before the GQA
+        # expansion (less to send).
+        self.positions, self.attend = None, None
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -488,11 +492,17 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim)               # (B, T, h_kv, d)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim)
         start = 0 if cache is None else cache.start
-        cos, sin = rope_angles(torch.arange(start, start + T, device=x.device), self.head_dim, self.rope_theta)
+        positions = self.positions
+        if positions is None:
+            positions = torch.arange(start, start + T, device=x.device)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, heads, T, d)
         if cache is not None:
             k, v = cache.append(k, v)                                          # (B, h_kv, start + T, d)
+        if self.attend is not None:
+            y = self.attend(q, k, v).transpose(1, 2)                          # (B, T, h, d)
+            return self.wo(y.reshape(B, T, self.n_head * self.head_dim))
         if self.n_kv_head != self.n_head:
             # GQA: query head j reads kv head j // group. expand makes the group copies a view (stride 0, no
             # memory); only the reshape to (B, h, Tk, d) materialises them, in one plain copy, where
@@ -565,6 +575,16 @@ class MoE(nn.Module):
             return n_tokens
         return min(n_tokens, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_expert))
 
+    def experts(self, x: torch.Tensor) -> torch.Tensor:
+        """Every expert on its slots, one batched matmul: (E, cap, C) -> (E, cap, C). Expert
+        parallel (model_parallel.py) puts an all-to-all on each side, over the rank's experts."""
+        return (F.silu(x @ self.w1) * (x @ self.w3)) @ self.w2                 # hidden (E, cap, H)
+
+    def balance_stats(self, fraction: torch.Tensor,
+                      mean_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """f_e and P_e of this batch; expert parallel averages them over every rank's batch."""
+        return fraction, mean_prob
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, C) -> (output (B, T, C), load-balancing loss (0-dim))."""
         B, T, C = x.shape
@@ -587,14 +607,13 @@ class MoE(nn.Module):
 
         inputs = tokens.new_zeros(E * cap + 1, C)
         inputs.index_copy_(0, slot, tokens.repeat(k, 1))                       # kept slots are unique
-        expert_in = inputs[:-1].view(E, cap, C)
-        hidden = F.silu(expert_in @ self.w1) * (expert_in @ self.w3)           # (E, cap, H)
-        expert_out = torch.cat(((hidden @ self.w2).view(E * cap, C), tokens.new_zeros(1, C)))  # (E*cap + 1, C)
+        expert_out = self.experts(inputs[:-1].view(E, cap, C))                 # (E, cap, C)
+        expert_out = torch.cat((expert_out.view(E * cap, C), tokens.new_zeros(1, C)))  # +1 row
         weighted = expert_out[slot] * (gate * kept).unsqueeze(-1).to(x.dtype)  # (k*N, C)
         y = weighted.view(k, N, C).sum(0)
 
-        fraction = chosen.float().mean(0)                                      # f_e, sums to 1
-        mean_prob = probs.mean(0)                                              # P_e, sums to 1
+        # f_e and P_e, each summing to 1
+        fraction, mean_prob = self.balance_stats(chosen.float().mean(0), probs.mean(0))
         aux_loss = E * (fraction * mean_prob).sum()
         return y.view(B, T, C), aux_loss
 

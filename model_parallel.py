@@ -22,16 +22,21 @@ The two knives:
    idles while it fills and drains; with p stages and m micro-batches the idle share (the bubble) is
    (p - 1) / (m + p - 1): p = 4, m = 16 gives 3/19, about 16%.
 
-The order of this file: tensor parallel, pipeline schedules as plain lists of actions (testable without
-processes), their executor, `parallelize` (what train.py calls: TP inside, then PP, then DP or ZeRO over dp), and
-the demos. Every mode is tested equal to a single-process run (tests/test_parallel.py). The demos run from
-parallel.py's command line (this file's main is the same one):
+The lecture's other two dimensions: expert parallel (the MoE's experts on different ranks, tokens
+sent to them by all-to-all) and context parallel (one sequence over several ranks, ring attention).
+
+The order of this file: tensor parallel, pipeline schedules as plain lists of actions (testable
+without processes), their executor, expert parallel, context parallel, `parallelize` (what train.py
+calls: TP inside, then PP, then DP or ZeRO over dp), and the demos. Every mode is tested equal to a
+single-process run (tests/test_parallel.py, tests/test_ep_cp.py). The demos run from parallel.py's
+command line (this file's main is the same one):
     python parallel.py demo                                 # every layout on 2 CPU processes vs one process
     python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from typing import NamedTuple
@@ -666,8 +671,258 @@ def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tenso
     return merged
 
 
+# --------------------------------------------------------------------------------------------------
+# 4. Expert parallel (GShard, DeepSpeed-MoE): the experts on different ranks, tokens sent to them
+#
+# E experts over n ranks: rank j keeps experts [j E/n, (j+1) E/n) of every MoE layer; attention,
+# norms, the router and the embedding stay replicated. Each rank routes its own tokens as model.py
+# does, into the static (E, cap, C) buffer of slots (capacity is what makes it static: every rank
+# sends every other rank exactly E/n x cap slots, padded with zeros where fewer tokens chose that
+# expert, so the message sizes are known before routing and no rank has to tell the others how much
+# is coming). Then:
+#   dispatch: all-to-all of that buffer: row j (the slots for rank j's experts) goes to rank j;
+#   rank j runs its E/n experts on (E/n, n cap, C), its experts' slots from every rank, one matmul;
+#   combine:  the inverse permutation back to (n, E/n, cap, C) rows, and the same all-to-all returns
+#             each rank its slots, which model.py weights by the gates and sums per token.
+# An all-to-all is its own adjoint (backward sends the gradients the same way), so each MoE layer
+# costs four (`all_to_all_bytes`):
+#     bytes per rank per layer and step = 4 (n-1)/n x E x cap x C x bytes per float
+# The expert group sits inside the data-parallel group (DeepSpeed-MoE, Megatron): n consecutive dp
+# ranks share their experts, each reading its own batch. Dense gradients average over dp as usual;
+# an expert's gradient on its owner already sums the losses of its n ranks, so it is divided by n
+# and averaged over the dp/n ranks that hold the same experts (the expert-data-parallel group). The
+# balance loss uses f_e and P_e of the global batch (averaged over dp), as one process would see
+# them. Capacity is per rank (cap = factor x N_rank x k / E): with factor 0 nothing is dropped and
+# the step equals one process's; with drops, which tokens lose a slot depends on the tokens each
+# rank holds, so it differs from one process (which ranks the whole batch at once).
+# --------------------------------------------------------------------------------------------------
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return comm.all_to_all(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.comm.all_to_all(grad.contiguous()), None
+
+
+def all_to_all_bytes(n_expert: int, capacity: int, n_embd: int, n: int, nbytes: int = 4) -> float:
+    """Bytes one rank sends per MoE layer and training step under expert parallel over n ranks.
+    >>> all_to_all_bytes(8, 320, 4096, 8) / 2**20    # dispatch + combine, forward and backward
+    140.0
+    """
+    return 4 * (n - 1) / n * n_expert * capacity * n_embd * nbytes
+
+
+def dispatch_experts_combine(moe: nn.Module, x: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """Expert parallel in place of MoE.experts: slots (E, cap, C) -> expert outputs (E, cap, C)."""
+    n, (E, cap, C) = comm.size, x.shape
+    got = _AllToAll.apply(x.reshape(n, -1), comm)                      # dispatch (n, E/n cap C)
+    mine = got.view(n, E // n, cap, C).transpose(0, 1).reshape(E // n, n * cap, C)
+    out = type(moe).experts(moe, mine)                                 # my experts: (E/n, n cap, C)
+    back = out.view(E // n, n, cap, C).transpose(0, 1).reshape(n, -1)  # the inverse permutation
+    return _AllToAll.apply(back, comm).view(E, cap, C)                 # combine
+
+
+def global_balance_stats(fraction: torch.Tensor, mean_prob: torch.Tensor, dp: Comm):
+    """f_e and P_e averaged over every data-parallel rank's tokens (equal counts). The gradient of
+    P_e stays this rank's own: data parallel averages the ranks' gradients, which sums each rank's
+    share of the mean."""
+    stats = torch.stack([fraction, mean_prob.detach()])
+    dp.all_reduce(stats)
+    stats /= dp.size
+    return stats[0], mean_prob + (stats[1] - mean_prob).detach()
+
+
+def _split_comms(dp: Comm, n: int) -> tuple[Comm, Comm]:
+    """(expert group: n consecutive dp ranks, expert-data-parallel group: the dp ranks holding my
+    experts). Every rank creates every group (dp is the world: EP runs without tp, pp and cp)."""
+    comms = []
+    experts, replicas = range(0, dp.size, n), range(n)
+    for groups in ([dp.ranks[i:i + n] for i in experts], [dp.ranks[j::n] for j in replicas]):
+        for ranks in groups:
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if dp.global_rank(dp.rank) in ranks:
+                comms.append(Comm(group, ranks, ranks.index(dp.global_rank(dp.rank))))
+    return comms[0], comms[1]
+
+
+class ExpertParallel(nn.Module):
+    """A MoE GPT whose experts are split over n of the dp ranks; forward as a GPT's."""
+
+    def __init__(self, model: nn.Module, dp: Comm, n: int):
+        super().__init__()
+        E = model.config.n_expert
+        if not E or E % n or dp.size % n:
+            raise ParallelError(f"--ep {n} needs a MoE whose n_expert ({E}) and data-parallel "
+                                f"size ({dp.size}) it divides; set --model-args n_expert=<a "
+                                f"multiple of {n}>")
+        self.module = model
+        self.ep, self.edp = _split_comms(dp, n)
+        for block in model.blocks:
+            moe = block.ffn
+            for name in ("w1", "w2", "w3"):
+                p = _tag(nn.Parameter(_slice(getattr(moe, name).data, 0, self.ep)), 0, E)
+                p.register_hook(lambda g: g / n)  # the owner summed the losses of n ranks
+                setattr(moe, name, p)
+            moe.experts = lambda x, moe=moe: dispatch_experts_combine(moe, x, self.ep)
+            moe.balance_stats = lambda f, p: global_balance_stats(f, p, dp)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        return self.module(idx, targets)
+
+
+class _ExpertDataParallel:
+    """Data parallel under EP: dense parameters averaged over dp, expert slices over expert-dp."""
+
+    def __init__(self, model: nn.Module, dp: Comm, edp: Comm):
+        split: dict[bool, list] = {False: [], True: []}
+        for p in model.parameters():
+            split[getattr(p, "tp_sharded", False)].append(p)
+        self.parts = [DataParallel(nn.ParameterList(split[False]), dp),
+                      DataParallel(nn.ParameterList(split[True]), edp)]
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        with self.parts[0].no_sync(), self.parts[1].no_sync():
+            yield
+
+    def finish_gradient_sync(self) -> None:
+        for part in self.parts:
+            part.finish_gradient_sync()
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. Context parallel (ring attention, Liu et al. 2023): one sequence split over n ranks
+#
+# Everything but attention is per token, so n ranks can each hold T/n of a sequence's tokens:
+# activations per rank fall from B T C per layer to B (T/n) C, and the attention scores of one block
+# pair are (T/n)^2, not T^2. Attention needs every earlier key, so the K/V blocks travel around a
+# ring: at step s rank r holds the block of rank r - s, attends to it and passes it on (n - 1 passes
+# per layer). Each step gives partial softmax results over one block of keys; with the row-wise
+# log-sum-exp l of each, two partials combine exactly (the algebra of FlashAttention's online
+# softmax): l = logaddexp(l1, l2), o = o1 exp(l1 - l) + o2 exp(l2 - l). Causal masking compares
+# absolute positions, query position >= key position, on every block pair. The load-balanced split:
+# cut the sequence into 2n chunks, rank r holds chunks r and 2n-1-r (one early, one late), so every
+# rank has the same number of visible (query, key) pairs; contiguous blocks would leave rank 0 with
+# almost nothing to attend to and rank n-1 with n times as much. T = 8, n = 2: rank 0 holds
+# positions 0 1 6 7, rank 1 holds 2 3 4 5. RoPE rotates each token by its absolute position, so it
+# needs no change. Traffic per rank, layer and step: (n-1) blocks of K and V, 2 B h_kv (T/n) d
+# floats each, forward and backward (the gradients travel back the other way): 4 (n-1) B h_kv (T/n)
+# d bytes-per-float (`ring_bytes`). The compute one pass has to hide behind grows as (T/n)^2, the
+# bytes as T/n: the longer the blocks, the cheaper the ring. The loss is summed over this rank's
+# tokens and divided by the whole sequence's count; the gradients of the replicated weights add up
+# over cp, so data parallel averages over dp x cp (Megatron's dp-cp group) with the local loss
+# multiplied by n.
+# --------------------------------------------------------------------------------------------------
+
+
+def cp_positions(seq_len: int, n: int, rank: int, device=None) -> torch.Tensor:
+    """The positions of the tokens rank `rank` of n holds: chunks rank and 2n-1-rank of 2n.
+    >>> cp_positions(8, 2, 0).tolist(), cp_positions(8, 2, 1).tolist()
+    ([0, 1, 6, 7], [2, 3, 4, 5])
+    """
+    L = seq_len // (2 * n)
+    late = 2 * n - 1 - rank
+    early = torch.arange(rank * L, (rank + 1) * L)
+    return torch.cat([early, torch.arange(late * L, (late + 1) * L)]).to(device)
+
+
+def ring_bytes(batch: int, seq_len: int, n_kv_head: int, head_dim: int, n: int,
+               nbytes: int = 4) -> float:
+    """Bytes one rank sends per attention layer and training step in the K/V ring of n ranks.
+    >>> ring_bytes(1, 131072, 8, 128, 8) / 2**20    # a 128k-token sequence on 8 ranks, fp32
+    1792.0
+    """
+    return 4 * (n - 1) * batch * n_kv_head * (seq_len // n) * head_dim * nbytes
+
+
+class _RingPass(torch.autograd.Function):
+    """Send x to the next rank, receive the previous one's; backward sends the gradient back."""
+
+    @staticmethod
+    def forward(ctx, x, comm, shift):
+        ctx.comm, ctx.shift = comm, shift
+        out = torch.empty_like(x)
+        n, r = comm.size, comm.rank
+        comm.send_recv([(x.contiguous(), comm.global_rank((r + shift) % n))],
+                       [(out, comm.global_rank((r - shift) % n))])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _RingPass.forward(ctx, grad, ctx.comm, -ctx.shift), None, None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm,
+                   seq_len: int) -> torch.Tensor:
+    """Causal attention of this rank's queries q (B, h, T/n, d) over the whole sequence, whose K/V
+    (B, h_kv, T/n, d) blocks go round the ring of `comm`; positions as `cp_positions`.
+    -> (B, h, T/n, d)."""
+    n, r = comm.size, comm.rank
+    q_pos = cp_positions(seq_len, n, r, q.device)
+    kv, out, lse = torch.stack([k, v]), None, None                     # one message per step
+    for step in range(n):
+        if step:
+            kv = _RingPass.apply(kv, comm, 1)
+        # GQA: query head j reads kv head j // group, as in model.py -> (B, h, T/n, d)
+        k_b, v_b = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in kv)
+        k_pos = cp_positions(seq_len, n, (r - step) % n, q.device)  # the block of rank r - step
+        scores = (q @ k_b.transpose(-1, -2)) * q.shape[-1] ** -0.5   # (B, h, T/n, T/n)
+        # Finite, not -inf: a query that sees none of this block gets weight exp(-1e30 - l) = 0.
+        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], -1e30)
+        lse_b = scores.logsumexp(-1, keepdim=True)                   # (B, h, T/n, 1)
+        out_b = (scores - lse_b).exp() @ v_b
+        if out is None:
+            out, lse = out_b, lse_b
+        else:
+            new = torch.logaddexp(lse, lse_b)
+            # the online-softmax rescale
+            out, lse = out * (lse - new).exp() + out_b * (lse_b - new).exp(), new
+    return out
+
+
+class ContextParallel(nn.Module):
+    """A GPT whose sequences are split over the ranks of `comm`: forward(idx, targets) with the full
+    (B, T) batch (the same on every cp rank) -> (this rank's logits (B, T/n, V), the loss)."""
+
+    def __init__(self, model: nn.Module, comm: Comm):
+        super().__init__()
+        if model.config.n_expert or model.config.dropout:
+            raise ParallelError("--cp splits dense attention without dropout: set n_expert=0 and "
+                                "dropout=0, or --cp 1 (MoE capacity would count one rank's tokens)")
+        self.module, self.comm = model, comm
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        m, n, T = self.module, self.comm.size, idx.shape[1]
+        if T % (2 * n):
+            raise ParallelError(f"sequence length {T} is not a multiple of 2 x --cp {n} (two "
+                                f"chunks per rank); choose a block size divisible by {2 * n}")
+        positions = cp_positions(T, n, self.comm.rank, idx.device)
+        for block in m.blocks:
+            block.attn.positions = positions
+            block.attn.attend = lambda q, k, v: ring_attention(q, k, v, self.comm, T)
+        x = m.embed(idx[:, positions])                                         # (B, T/n, C)
+        for block in m.blocks:
+            x = block(x)
+        logits = m.head(x)                                                     # (B, T/n, V)
+        if targets is None:
+            return logits, None
+        mine = targets[:, positions].reshape(-1)
+        local = F.cross_entropy(logits.float().flatten(0, 1), mine, ignore_index=-1,
+                                reduction="sum")
+        totals = torch.stack([local.detach(), (mine != -1).sum().to(local.dtype)])
+        self.comm.all_reduce(totals)
+        loss = local * n / totals[1].clamp(min=1)     # x n: data parallel averages over dp x cp
+        mean = totals[0] / totals[1].clamp(min=1)     # the value returned: the whole batch's mean
+        return logits, loss + (mean - loss).detach()
+
+
 # ------------------------------------------------------------------------------------------------------------------
-# 4. Putting it together for train.py: `parallelize(model, optimizer, mesh, zero, schedule)`
+# 6. Putting it together for train.py: `parallelize(model, optimizer, mesh, zero, schedule)`
 #
 # train.py builds the full model and a plain optimizer as if it were alone, then hands both over. Every rank
 # builds the same full weights (same seed within a dp group), so slicing them (TP) or pruning them (PP) gives
@@ -689,11 +944,19 @@ def _canonical(name: str, p: torch.Tensor) -> str:
 class DistributedModel(nn.Module):
     """A GPT split over a mesh; see the section comment. Build it with `parallelize`."""
 
-    def __init__(self, model: nn.Module, mesh: Mesh, zero: int, schedule: str):
+    def __init__(self, model: nn.Module, mesh: Mesh, zero: int, schedule: str, ep: int = 1):
         super().__init__()
-        self.mesh, self.zero_stage = mesh, zero
+        self.mesh, self.zero_stage, self.layout = mesh, zero, mesh
         self.config = model.config
-        self.module = TensorParallel(model, mesh.tp)  # tp = 1 splits nothing
+        self.edp = None
+        if ep > 1:  # the expert slices gather, load and clip over ep as TP's slices do over tp
+            self.module = ExpertParallel(model, mesh.dp, ep)
+            self.mesh, self.edp = dataclasses.replace(mesh, tp=self.module.ep), self.module.edp
+        elif mesh.cp.size > 1:  # gradients average over dp x cp: the world (cp runs without tp, pp)
+            self.module = ContextParallel(model, mesh.cp)
+            self.mesh = dataclasses.replace(mesh, dp=Comm(None, range(mesh.world), mesh.rank))
+        else:
+            self.module = TensorParallel(model, mesh.tp)  # tp = 1 splits nothing
         self.pipe = PipelineParallel(model, mesh, schedule) if mesh.pp.size > 1 else None
         self.zero: Zero | None = None
         self.sync = None
@@ -776,8 +1039,21 @@ class DistributedModel(nn.Module):
         n_local = sum(p.numel() for p in self.model.parameters())
         n_full = self.config.num_params()
         dp, stage = m.dp.size, self.zero_stage
-        lines = [f"parallel: world {m.world} = dp {dp} x tp {m.tp.size} x pp {m.pp.size}, ZeRO-{stage}"
+        L, cfg = self.layout, self.config
+        lines = [f"parallel: world {m.world} = dp {L.dp.size} x tp {L.tp.size} x pp {L.pp.size} x "
+                 f"cp {L.cp.size} (ep {self.mesh.tp.size if self.edp else 1} inside dp), "
+                 f"ZeRO-{stage}"
                  + (f", {self.pipe.schedule} schedule" if self.pipe else "")]
+        if self.edp is not None:  # per token of this rank's batch: cap = N (factor 0), f N k / E
+            n, f = self.mesh.tp.size, cfg.moe_capacity_factor
+            slots = f * cfg.expert_top_k / cfg.n_expert if f else 1
+            per_token = all_to_all_bytes(cfg.n_expert, slots, cfg.n_embd, n)
+            lines.append(f"  expert all-to-all per MoE layer and step: 4 (n-1)/n E cap C x 4 bytes"
+                         f" = {per_token:,.0f} bytes per token of this rank's batch")
+        if L.cp.size > 1:
+            per_token = ring_bytes(1, L.cp.size, cfg.n_kv_head, cfg.head_dim, L.cp.size) / L.cp.size
+            lines.append(f"  K/V ring per attention layer and step: 4 (n-1) B h_kv (T/n) d x 4 "
+                         f"bytes = {per_token:,.0f} bytes per token of the batch")
         lines.append(f"  this rank: {n_local:,} of {n_full:,} parameters after TP/PP; weights + grads + AdamW state "
                      f"per rank by the formula: {zero_memory_per_rank(n_local, dp, stage, 4, 4, 8) / 2**20:,.1f} MiB "
                      f"fp32 (16 bytes/param, ZeRO shares), "
@@ -822,7 +1098,9 @@ class DistributedOptimizer:
             wrapped.sync = self.inner = wrapped.zero
         else:
             self.inner = type(optimizer)([g for g in groups if g["params"]])
-            if self.mesh.dp.size > 1:
+            if wrapped.edp is not None:
+                wrapped.sync = _ExpertDataParallel(wrapped.model, self.mesh.dp, wrapped.edp)
+            elif self.mesh.dp.size > 1:
                 wrapped.sync = DataParallel(wrapped.model, self.mesh.dp)
 
     @property
@@ -886,10 +1164,17 @@ class DistributedOptimizer:
 
 def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, zero: int = 0,
                 schedule: str = "1f1b", compute_dtype: torch.dtype | None = None,
-                reduce_dtype: torch.dtype | None = None) -> tuple[DistributedModel, DistributedOptimizer]:
-    """Split a full GPT and its plain optimizer over the mesh: TP inside, then PP, then DP or ZeRO over dp.
+                reduce_dtype: torch.dtype | None = None,
+                ep: int = 1) -> tuple[DistributedModel, DistributedOptimizer]:
+    """Split a full GPT and its plain optimizer over the mesh: TP inside, then PP, then DP or ZeRO
+    over dp; or experts over ep consecutive dp ranks; or sequences over mesh.cp.
     compute_dtype / reduce_dtype: ZeRO-3's mixed precision (see `Zero`)."""
     check_combination(zero, mesh.tp.size, mesh.pp.size)
+    if (ep > 1 and zero) or (mesh.cp.size > 1 and zero == 3):
+        raise ParallelError(f"--zero {zero} with --{'ep' if ep > 1 else 'cp'}: ZeRO shards over "
+                            f"every dp rank, but expert slices differ per rank (and ZeRO-3 gathers "
+                            f"in hooks ring attention bypasses); use --zero 0 with --ep, "
+                            f"--zero <= 2 with --cp")
     if (compute_dtype or reduce_dtype) and zero != 3:
         raise ParallelError("gathering weights in a compute dtype is ZeRO-3's; use --zero 3, or autocast alone")
     if mesh.pp.size > 1 and getattr(model.config, "n_expert", 0):
@@ -901,13 +1186,18 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
                 dist.broadcast(t, src=0)
     names = {id(p): n for n, p in model.named_parameters()}
     group_names = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
-    wrapped = DistributedModel(model, mesh, zero, schedule)
+    wrapped = DistributedModel(model, mesh, zero, schedule, ep)
     return wrapped, DistributedOptimizer(wrapped, optimizer, group_names, compute_dtype, reduce_dtype)
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# 5. The demos: every layout against one process, a real pipeline's bubble (parallel.py's CLI runs them)
+# 7. The demos: every layout against one process, a real pipeline's bubble (parallel.py's CLI)
 # ------------------------------------------------------------------------------------------------------------------
+
+
+_DEMO = dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+             ffn_hidden=64)
+_DEMO_MOE = dict(n_expert=4, expert_top_k=2, moe_capacity_factor=0.0)  # EP over 1, 2 or 4 ranks
 
 
 def measure_pipeline_bubble(rank: int, world: int, schedule: str, micro_batches: int, steps: int = 3) -> dict:
@@ -928,7 +1218,7 @@ def measure_pipeline_bubble(rank: int, world: int, schedule: str, micro_batches:
 def _demo_worker(rank: int, world: int, steps: int) -> dict:
     """Train a tiny GPT `steps` AdamW steps in each layout; return its full weights, traffic and memory."""
     from model import GPT, GPTConfig
-    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+    cfg = GPTConfig(**_DEMO)
     g = torch.Generator().manual_seed(1)
     data = [(torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g))
             for _ in range(steps)]
@@ -963,10 +1253,33 @@ def _demo_worker(rank: int, world: int, steps: int) -> dict:
     return out
 
 
+def _ep_cp_demo_worker(rank: int, world: int, batch: tuple) -> dict:
+    """(launch target) One forward + backward of a MoE GPT under EP and a dense one under CP over
+    `world` ranks: the loss, the bytes the all-to-all / the K/V ring sent, and their formula."""
+    from model import GPT, GPTConfig
+    out = {}
+    for name, extra, ep, cp in [(f"EP{world}", _DEMO_MOE, world, 1), (f"CP{world}", {}, 1, world)]:
+        torch.manual_seed(0)
+        cfg = GPTConfig(**_DEMO, **extra)
+        model, mesh = GPT(cfg), Mesh.build(cp=cp)
+        wrapped, _ = parallelize(model, torch.optim.SGD(model.parameters()), mesh, ep=ep)
+        x, y = (t.chunk(mesh.dp.size)[mesh.dp.rank] for t in batch)
+        comm = wrapped.module.ep if ep > 1 else mesh.cp
+        comm.reset_counters()
+        loss = wrapped(x, y)[1]
+        loss.backward()
+        B, T = x.shape
+        want = (all_to_all_bytes(cfg.n_expert, B * T, cfg.n_embd, ep) if ep > 1  # cap = B T
+                else ring_bytes(B, T, cfg.n_kv_head, cfg.head_dim, cp))
+        sent = comm.bytes_by_op.get("all_to_all" if ep > 1 else "send", 0)  # not the loss's sum
+        out[name] = (float(loss.detach()), sent, cfg.n_layer * want)
+    return out
+
+
 def cmd_demo(args) -> int:
     """`parallel.py demo`: train a tiny GPT in every layout on --world processes; compare with one process."""
     from model import GPT, GPTConfig
-    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+    cfg = GPTConfig(**_DEMO)
     # Every layout uses all ranks on one axis: TP splits the heads, PP the layers, DP the batch of 8.
     fits = [w for w in range(1, 9) if all(d % w == 0 for d in (cfg.n_head, cfg.n_kv_head, cfg.n_layer, 8))]
     if args.world not in fits:
@@ -994,6 +1307,17 @@ def cmd_demo(args) -> int:
         sent = max(r[mode]["bytes"] for r in results)
         memory = max(r[mode]["memory"] for r in results)
         print(f"{mode:<12} {diff:>11.2e} {sent:>21,.0f} {memory:>17,} {memory / (16 * n):>12.2f}x")
+    batch = (torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g))
+    results = launch(_ep_cp_demo_worker, args.world, batch, timeout_s=300)
+    print(f"\none forward + backward: EP (MoE, {_DEMO_MOE['n_expert']} experts, capacity factor 0)"
+          f" and CP (ring attention) vs one process")
+    print(f"{'mode':<12} {'|loss diff|':>11} {'bytes sent/rank':>16} {'by the formula':>15}")
+    for (mode, (_, sent, want)), extra in zip(results[0].items(), (_DEMO_MOE, {})):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            one = float(GPT(GPTConfig(**_DEMO, **extra))(*batch)[1])
+        loss = sum(r[mode][0] for r in results) / len(results)
+        print(f"{mode:<12} {abs(loss - one):>11.2e} {sent:>16,.0f} {want:>15,.0f}")
     return 0
 
 

@@ -150,6 +150,15 @@ class Comm:
         self._count("all_gather", (self.size - 1) / self.size * out.numel() * out.element_size())
         return _all_gather_flat(out, inp, group=self.group, async_op=async_op)
 
+    def all_to_all(self, t: torch.Tensor) -> torch.Tensor:
+        """Row j of t (n, ...) goes to rank j; row j of the result came from rank j."""
+        if self.size == 1:
+            return t.clone()
+        self._count("all_to_all", (self.size - 1) / self.size * t.numel() * t.element_size())
+        out = torch.empty_like(t)
+        dist.all_to_all_single(out, t.contiguous(), group=self.group)
+        return out
+
     def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
         """In place: every rank gets group rank `src`'s t."""
         if self.size == 1:
@@ -244,15 +253,22 @@ class Mesh:
     pp: Comm
     embed: Comm  # {first stage, last stage} of this rank's pipeline: tied-embedding gradients
     patient: object = None  # a gloo group of every rank with a long timeout, for waiting out rank-0-only work
+    cp: Comm = dataclasses.field(default_factory=Comm.single)  # context parallel's group
 
     @property
     def sizes(self) -> dict[str, int]:
         return {"dp": self.dp.size, "tp": self.tp.size, "pp": self.pp.size}
 
     @classmethod
-    def build(cls, dp: int = -1, tp: int = 1, pp: int = 1) -> "Mesh":
-        """Create the groups on an initialised process group; dp=-1 means world // (tp * pp)."""
+    def build(cls, dp: int = -1, tp: int = 1, pp: int = 1, cp: int = 1) -> "Mesh":
+        """Create the groups on an initialised process group; dp=-1 means world // (tp * pp * cp).
+        Context parallel runs with dp alone (model_parallel.py): its groups take the tp groups'
+        place, consecutive ranks."""
         world, rank = dist.get_world_size(), dist.get_rank()
+        if cp > 1 and tp * pp > 1:
+            raise ParallelError(f"--cp {cp} with --tp {tp} / --pp {pp}: ring attention is wired "
+                                f"into the plain forward only; use --cp with data parallel alone")
+        tp = tp * cp  # one of the two is 1
         if dp == -1:
             if tp < 1 or pp < 1 or world % (tp * pp):
                 raise ParallelError(f"tp*pp = {tp}*{pp} does not divide the world size {world}: "
@@ -266,13 +282,16 @@ class Mesh:
                 group = dist.new_group(ranks) if len(ranks) > 1 else None
                 if rank in ranks:
                     comms[axis] = Comm(group, ranks, ranks.index(rank))
+        if cp > 1:
+            comms["cp"], comms["tp"] = comms["tp"], Comm.single()
         embed = comms.get("embed", Comm.single())  # middle pipeline stages hold no embedding
         # Work only rank 0 does (preparing the data, writing a 13 GB checkpoint, sampling) can outlast the
         # collectives' timeout, which is kept short so that a dead rank is noticed. The other ranks wait for it
         # in a barrier of this group instead, whose timeout is a day (env PARALLEL_SLOW_TIMEOUT_S).
         patient = dist.new_group(backend="gloo", timeout=datetime.timedelta(
             seconds=float(os.environ.get("PARALLEL_SLOW_TIMEOUT_S", 86_400))))
-        return cls(world, rank, comms["dp"], comms["tp"], comms["pp"], embed, patient)
+        return cls(world, rank, comms["dp"], comms["tp"], comms["pp"], embed, patient,
+                   comms.get("cp", Comm.single()))
 
     def wait_for_rank0(self) -> None:
         """Every rank waits here until all have arrived, rank 0 after its rank-0-only work (long timeout)."""
@@ -285,7 +304,7 @@ class Mesh:
         return cls(1, 0, Comm.single(), Comm.single(), Comm.single(), Comm.single())
 
     def comms(self) -> list[Comm]:
-        return [self.dp, self.tp, self.pp, self.embed]
+        return [self.dp, self.tp, self.pp, self.embed, self.cp]
 
     def bytes_sent(self) -> float:
         return sum(c.bytes_sent for c in self.comms())

@@ -171,6 +171,10 @@ class TrainConfig:
                                                "are reduce-scattered in this dtype", "choices": ("fp32", "bf16")})
     tp: int = dataclasses.field(default=1, metadata={"help": "tensor-parallel degree"})
     pp: int = dataclasses.field(default=1, metadata={"help": "pipeline-parallel degree"})
+    ep: int = dataclasses.field(default=1, metadata={"help": "expert-parallel degree (MoE experts "
+                                "over ep of the data-parallel ranks)"})
+    cp: int = dataclasses.field(default=1, metadata={"help": "context-parallel degree (each "
+                                "sequence over cp ranks, ring attention)"})
     pp_schedule: str = dataclasses.field(default="1f1b", metadata={"help": "pipeline schedule",
                                          "choices": ("afab", "1f1b")})
     micro_batches: int = dataclasses.field(default=0, metadata={"help": "pipeline micro-batches per step "
@@ -764,7 +768,7 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
             return Dist()
         _, _, device = parallel.init_distributed()
         parallel.check_combination(cfg.zero, cfg.tp, cfg.pp)
-        mesh = parallel.Mesh.build(dp=-1, tp=cfg.tp, pp=cfg.pp)
+        mesh = parallel.Mesh.build(dp=-1, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
     except parallel.ParallelError as e:
         raise TrainError(str(e)) from e
     return Dist(rank=mesh.dp.rank, world_size=mesh.dp.size, mesh=mesh, device=device, global_rank=mesh.rank)
@@ -772,7 +776,7 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
 
 def uses_model_parallel(cfg: TrainConfig) -> bool:
     """ZeRO, tensor or pipeline parallel: the model and optimizer go through model_parallel.parallelize."""
-    return bool(cfg.zero) or cfg.tp > 1 or cfg.pp > 1
+    return bool(cfg.zero) or max(cfg.tp, cfg.pp, cfg.ep, cfg.cp) > 1
 
 
 def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, dist: Dist,
@@ -794,11 +798,15 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
                              "on the loss scaler's overflow check; use --dtype bf16 or fp32")
         # ZeRO / TP / PP: model_parallel.py splits the full model and optimizer over the mesh; the returned pair
         # keeps this loop's calls and saves checkpoints in the single-process format (any layout can resume them).
+        if (cfg.block_size or model.config.block_size) % (2 * cfg.cp):
+            raise TrainError(f"--block-size is not a multiple of 2 x --cp {cfg.cp} (each rank "
+                             f"holds two chunks of every sequence); use a multiple of {2 * cfg.cp}")
         mixed = {}
         if cfg.zero == 3 and dtype == torch.bfloat16:
             mixed = dict(compute_dtype=dtype, reduce_dtype=DTYPES[cfg.zero_reduce_dtype])
         try:
             return model_parallel.parallelize(model, optimizer, dist.mesh, zero=cfg.zero, schedule=cfg.pp_schedule,
+                                              ep=cfg.ep,
                                               **mixed)
         except parallel.ParallelError as e:
             raise TrainError(str(e)) from e
@@ -1467,6 +1475,7 @@ def validate_config(cfg: TrainConfig) -> None:
             raise TrainError(f"{flag(field.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
     at_least = {"max_steps": 1, "eval_interval": 1, "eval_batches": 1, "ckpt_interval": 1, "keep_checkpoints": 1,
                 "log_interval": 1, "spike_window": 1, "spike_patience": 1, "tp": 1, "pp": 1, "batch_size": 1,
+                "ep": 1, "cp": 1,
                 "warmup_steps": 0, "block_size": 0, "vocab_size": 0, "total_batch_tokens": 0, "micro_batches": 0,
                 "num_samples": 0, "sample_tokens": 0, "top_k": 0, "weight_decay": 0, "grad_clip": 0,
                 "temperature": 0, "peak_flops": 0, "seed": 0}

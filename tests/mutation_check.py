@@ -54,6 +54,7 @@ class Mutant:
 
 PARALLEL = "tests/test_parallel.py"
 TRAIN = "tests/test_train.py"
+EPCP = "tests/test_ep_cp.py"
 
 MUTANTS = [
     # --- the gradient's scale: invisible to clipped AdamW, visible to the pre-clip norm and to plain SGD ----------
@@ -286,6 +287,26 @@ MUTANTS = [
            "            cache.state = state\n", "            pass\n",
            ("tests/test_model.py::test_generate_with_kv_cache_and_recurrent_state_equals_the_full_forward",),
            "each generated token starts a linear layer from an empty state"),
+    # --- expert parallel and context parallel (model_parallel.py sections 4 and 5) ---------------
+    Mutant("ep-combine-without-inverse-permutation", "model_parallel.py",
+           "back = out.view(E // n, n, cap, C).transpose(0, 1).reshape(n, -1)",
+           "back = out.reshape(n, -1)",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "expert outputs sent back in expert-major order: ranks get others' tokens' outputs"),
+    Mutant("ep-expert-gradient-not-divided", "model_parallel.py",
+           "p.register_hook(lambda g: g / n)", "p.register_hook(lambda g: g)",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "an expert's gradient sums the losses of n ranks: n times the one-process gradient"),
+    Mutant("ring-attention-without-rescale", "model_parallel.py",
+           "out * (lse - new).exp() + out_b * (lse_b - new).exp(), new",
+           "out + out_b, new",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "partial softmax outputs of two K/V blocks added without the online-softmax rescale"),
+    Mutant("ring-mask-on-the-wrong-block", "model_parallel.py",
+           "k_pos = cp_positions(seq_len, n, (r - step) % n, q.device)",
+           "k_pos = cp_positions(seq_len, n, r, q.device)",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "every K/V block masked as if it were this rank's own: the mask on the wrong block"),
 ]
 
 

@@ -1,0 +1,224 @@
+"""Expert parallel (--ep) and context parallel (--cp) equal one process (model_parallel.py 4, 5).
+
+One spawn per world size runs every layout of that size: a training step (loss, aux loss, gradient
+norm, and the weights after a plain SGD step: AdamW's first step is about lr x sign(g), so gradients
+at rounding level flip it) against the same step in this process on the same global batch, and the
+bytes the all-to-all and the K/V ring sent against `all_to_all_bytes` and `ring_bytes`.
+"""
+
+import pytest
+import torch
+
+import model_parallel as MP
+import parallel as P
+from model import GPT, GPTConfig
+
+MOE = dict(
+    vocab_size=64,
+    block_size=16,
+    n_layer=2,
+    n_head=4,
+    n_kv_head=2,
+    n_embd=32,
+    ffn_hidden=32,
+    n_expert=4,
+    expert_top_k=2,
+    moe_capacity_factor=0.0,
+)
+DENSE = dict(
+    vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64
+)
+B, T = 8, 16
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 64, (B, T), generator=g), torch.randint(0, 64, (B, T), generator=g)
+
+
+def _step(model, wrapped, opt, x, y):
+    """One step; returns (loss, aux loss, pre-clip gradient norm, full weights after the update)."""
+    _, loss = wrapped(x, y)
+    aux = model.aux_loss if model.config.n_expert else torch.zeros(())
+    (loss + model.config.moe_aux_coef * aux).backward()
+    if hasattr(wrapped, "finish_gradient_sync"):
+        wrapped.finish_gradient_sync()
+        norm = wrapped.clip_grad_norm_(1e9)
+    else:
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
+    opt.step()
+    state = wrapped.full_state_dict() if hasattr(wrapped, "full_state_dict") else model.state_dict()
+    return (
+        float(loss.detach()),
+        float(aux.detach()),
+        norm,
+        {k: v.detach().clone() for k, v in state.items()},
+    )
+
+
+def _single(cfg):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**cfg))
+    return _step(model, model, torch.optim.SGD(model.parameters(), lr=0.5), *_batch())
+
+
+def _worker(rank, world, layouts):
+    out = {}
+    for name, cfg, ep, cp in layouts:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**cfg))
+        mesh = P.Mesh.build(cp=cp)
+        wrapped, opt = MP.parallelize(
+            model, torch.optim.SGD(model.parameters(), lr=0.5), mesh, ep=ep
+        )
+        x, y = (t.chunk(mesh.dp.size)[mesh.dp.rank] for t in _batch())
+        mesh.reset_counters()
+        for c in [wrapped.module.ep, wrapped.module.edp] if ep > 1 else []:
+            c.reset_counters()
+        loss, aux, norm, state = _step(model, wrapped, opt, x, y)
+        sent = (
+            wrapped.module.ep.bytes_by_op.get("all_to_all", 0)
+            if ep > 1
+            else mesh.cp.bytes_by_op.get("send")
+        )
+        out[name] = dict(
+            loss=loss, aux=aux, norm=norm, state=state, sent=sent, describe=wrapped.describe()
+        )
+    return out
+
+
+def _check(results, layouts):
+    for name, cfg, ep, cp in layouts:
+        want_loss, want_aux, want_norm, want_state = _single(cfg)
+        loss = sum(r[name]["loss"] for r in results) / len(
+            results
+        )  # the mean over dp (cp ranks agree)
+        assert loss == pytest.approx(want_loss, rel=1e-5), name
+        for r in results:
+            assert r[name]["aux"] == pytest.approx(want_aux, rel=1e-5), (
+                name
+            )  # the global batch's balance
+            assert r[name]["norm"] == pytest.approx(want_norm, rel=1e-4), name
+            for k, v in want_state.items():
+                torch.testing.assert_close(
+                    r[name]["state"][k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {k}: {m}"
+                )
+        c = GPTConfig(**cfg)
+        n_dp = len(results) // cp
+        if ep > 1:  # capacity factor 0: cap = this rank's tokens
+            want = c.n_layer * MP.all_to_all_bytes(c.n_expert, B // n_dp * T, c.n_embd, ep)
+        else:
+            want = c.n_layer * MP.ring_bytes(B // n_dp, T, c.n_kv_head, c.head_dim, cp)
+        assert all(r[name]["sent"] == want for r in results), (
+            name,
+            want,
+            [r[name]["sent"] for r in results],
+        )
+        assert (
+            f"ep {ep} inside dp" in results[0][name]["describe"]
+            and f"cp {cp}" in results[0][name]["describe"]
+        )
+
+
+WORLD2 = [("ep2", MOE, 2, 1), ("cp2", DENSE, 1, 2)]
+WORLD4 = [
+    ("ep4", MOE, 4, 1),
+    ("ep2_dp2", MOE, 2, 1),
+    ("cp4", DENSE, 1, 4),
+    ("cp2_dp2", DENSE, 1, 2),
+]
+
+
+def test_expert_and_context_parallel_equal_one_process_on_2_ranks():
+    _check(P.launch(_worker, 2, WORLD2, timeout_s=180), WORLD2)
+
+
+@pytest.mark.slow
+def test_expert_and_context_parallel_equal_one_process_on_4_ranks():
+    _check(P.launch(_worker, 4, WORLD4, timeout_s=300), WORLD4)
+
+
+def test_positions_split_the_sequence_one_early_one_late_chunk():
+    parts = [MP.cp_positions(16, 4, r) for r in range(4)]
+    assert sorted(torch.cat(parts).tolist()) == list(range(16))
+    assert [p.tolist() for p in parts[:1]] == [[0, 1, 14, 15]]
+    # Balanced: every rank has the same number of visible (query, key) pairs.
+    assert len({int(sum(int(q) + 1 for q in p)) for p in parts}) == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# train.py: --ep 2 and --cp 2 on 2 ranks give the one-process curve, resume, refuse in one line
+# --------------------------------------------------------------------------------------------------
+
+from test_parallel import (  # noqa: E402,F401
+    TRAIN_ARGS, _curve, _train_expect_error, _train_rank, tiny_dataset)
+
+MOE_ARGS = [
+    a + ",n_expert=4,expert_top_k=2,moe_capacity_factor=0" if a.startswith("n_layer=") else a
+    for a in TRAIN_ARGS
+]
+
+
+@pytest.mark.slow
+def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts(
+    tiny_dataset, tmp_path
+):
+    """`train.py --ep 2` (2 ranks, 2 sequences each) and `--cp 2` (2 ranks, 4 sequences split along
+    time) = one process on the same 4 sequences: loss and pre-clip gradient norm per step (rel
+    1e-4).
+    Each run's step-3 checkpoint resumes on one process, the one-process one on 2 ranks."""
+    import shutil
+
+    import train
+
+    for name, args, world, flags in [
+        ("ep2", MOE_ARGS, 2, ["--ep", "2", "--batch-size", "2"]),
+        ("cp2", TRAIN_ARGS, 2, ["--cp", "2"]),
+    ]:
+        base = ["--data", str(tiny_dataset), *args]
+        one = tmp_path / f"one_{name}"
+        train.train(train.parse_config([*base, "--out-dir", str(one)]), log=lambda *a, **k: None)
+        want, want_val = _curve(one)
+        P.launch(
+            _train_rank, world, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240
+        )
+        got, val = _curve(tmp_path / name)
+        for s in range(6):
+            assert got[s] == pytest.approx(want[s], rel=1e-4), (name, s)
+        assert val == pytest.approx(want_val, rel=1e-4), name
+        for source, target, w, f in [
+            (name, f"{name}_on_1", 1, []),
+            (one.name, f"one_on_{name}", world, flags),
+        ]:
+            (tmp_path / target).mkdir()
+            shutil.copy(train.checkpoint_path(tmp_path / source, 3), tmp_path / target)
+            argv = [*base, *f, "--out-dir", str(tmp_path / target), "--resume"]
+            if w > 1:
+                P.launch(_train_rank, w, argv, timeout_s=240)
+            else:
+                train.train(train.parse_config(argv), log=lambda *a, **k: None)
+            got, _ = _curve(tmp_path / target)
+            for s in range(3, 6):
+                assert got[s] == pytest.approx(want[s], rel=1e-4), (target, s)
+
+
+def _refusals(rank, world, cases):
+    return [_train_expect_error(rank, world, argv) for argv, _ in cases]
+
+
+def test_train_py_refuses_ep_and_cp_layouts_it_does_not_support_in_one_line(tiny_dataset, tmp_path):
+    base = ["--data", str(tiny_dataset), "--out-dir", str(tmp_path / "run")]
+    cases = [
+        ([*base, *TRAIN_ARGS, "--ep", "2"], "--ep 2 needs a MoE whose n_expert (0)"),
+        (
+            [*base, *(a.replace("n_expert=4", "n_expert=3") for a in MOE_ARGS), "--ep", "2"],
+            "n_expert (3)",
+        ),
+        ([*base, *MOE_ARGS, "--ep", "2", "--zero", "1"], "use --zero 0 with --ep"),
+        ([*base, *TRAIN_ARGS, "--cp", "2", "--tp", "2"], "--cp 2 with --tp 2 / --pp 1"),
+        ([*base, *MOE_ARGS, "--cp", "2"], "--cp splits dense attention"),
+        ([*base, *TRAIN_ARGS, "--cp", "2", "--block-size", "30"], "not a multiple of 2 x --cp 2"),
+    ]
+    for rank_errors in P.launch(_refusals, 2, cases, timeout_s=120):
+        for error, (_, message) in zip(rank_errors, cases):
+            assert message in error and "\n" not in error, (message, error)
