@@ -529,7 +529,6 @@ def test_contamination_cli_on_token_shards_and_drop(run_dir, capsys, tmp_path):
 
 
 def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
-    import model
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     (damaged / "ckpt_0000001.pt").write_bytes(b"not a zip file at all")

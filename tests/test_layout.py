@@ -45,12 +45,11 @@ LAYERS = {
     "classify": 2,         # the fastText-style language and quality classifiers of data.py's funnel
     "formats": 2,          # the file formats data.py's sources are read from (.txt, .jsonl, .parquet, ...), DataError
     "data": 3,             # the lesson on in-memory lists; the reference engine
-    "cli": 0,              # the CLI helpers (parser, argparse types, exit 2): main() only
     "dataset": 4,          # data.py's prepare: the recipe checked, its cache key, the directory published
     "data_at_scale": 4,    # the streaming and Ray engines of data.py (imports dataset.py, its own layer)
     "model": 5,
     "parallel": 6,         # many copies of one model: DP, ZeRO
-    "model_parallel": 7,   # one model cut into pieces: TP, PP (if parallel.py is split)
+    "model_parallel": 7,   # one model cut into pieces: TP, PP, EP, CP
     "train": 8,
     "evaluate": 9,
     "hf": 9,               # the Hugging Face bridge: model + the checkpoint format of train

@@ -1,6 +1,5 @@
 """Tests for scaling.py: every worked number of the lecture, the closed-form optimum against a numerical minimum,
 the fitters against synthetic runs from known laws, and the bad-input messages."""
-import dataclasses
 import json
 import math
 import subprocess
