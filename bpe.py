@@ -439,7 +439,6 @@ class Tokenizer:
                     raise TokenizerError(f"merge ({left!r}, {right!r}) makes a token that is not in the vocabulary")
         self._merges = list(merges) if merges is not None else None
         self._cache: dict[str, list[int]] = {}
-        self._special_res: dict[frozenset, regex.Pattern] = {}
         self._tiktoken = None
 
     @classmethod
@@ -507,22 +506,18 @@ class Tokenizer:
 
     def _special_sets(self, allowed_special, disallowed_special) -> tuple[frozenset, frozenset]:
         names = set(self.special_tokens)
-        if isinstance(allowed_special, str) and allowed_special != "all":
-            allowed_special = {allowed_special}
-        if isinstance(disallowed_special, str) and disallowed_special != "all":
-            disallowed_special = {disallowed_special}
-        allowed = names if allowed_special == "all" else set(allowed_special)
+
+        def as_set(given, everything):      # "all", one special token's string, or a collection of them
+            return everything if given == "all" else {given} if isinstance(given, str) else set(given)
+        allowed = as_set(allowed_special, names)
         unknown = allowed - names
         if unknown:
             raise TokenizerError(f"allowed_special has {sorted(unknown)}, which are not special tokens of this "
                                  f"tokenizer (it has {sorted(names)})")
-        disallowed = names - allowed if disallowed_special == "all" else set(disallowed_special)
-        return frozenset(allowed), frozenset(disallowed)
+        return frozenset(allowed), frozenset(as_set(disallowed_special, names - allowed))
 
     def _special_re(self, specials: frozenset) -> regex.Pattern:
-        if specials not in self._special_res:
-            self._special_res[specials] = special_splitter(tuple(sorted(specials)))
-        return self._special_res[specials]
+        return special_splitter(tuple(sorted(specials)))     # sorted: one cache entry per set
 
     def encode(self, text: str, allowed_special=(), disallowed_special="all") -> list[int]:
         """Encode text like tiktoken: a special token in the text raises unless allowed.
@@ -687,7 +682,6 @@ class Tokenizer:
         \\p{L} or \\p{N} here and unassigned in HF. tests/test_hf.py checks every character that Python's
         unicodedata knows (Unicode 14) in every pattern's pieces.
         """
-        to_str = _bytes_to_str
         theirs = hf_regex(self.pattern)
         if self.pattern not in (GPT2_PATTERN, GPT4_PATTERN):
             _check_hf_regex(self.pattern, theirs)
@@ -706,8 +700,7 @@ class Tokenizer:
             "decoder": byte_level,
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
-                      "vocab": {to_str(t): i for t, i in sorted(self.ranks.items(), key=lambda kv: kv[1])},
-                      "merges": [f"{to_str(a)} {to_str(b)}" for a, b in merges]},
+                      **_written(self.ranks, merges)},
         }
 
     @classmethod
@@ -770,15 +763,13 @@ class Tokenizer:
         Tokens are bytes written in GPT-2's printable alphabet (`gpt2_bytes_to_unicode`: the space byte is "Ġ"),
         the convention of GPT-2's and Hugging Face's files, so a merge is two tokens joined by one real space.
         """
-        to_str = _bytes_to_str
         doc = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "name": self.name,
             "pattern": self.pattern,
             "special_tokens": self.special_tokens,
-            "vocab": {to_str(t): i for t, i in sorted(self.ranks.items(), key=lambda kv: kv[1])},
-            "merges": [f"{to_str(a)} {to_str(b)}" for a, b in self.merges],
+            **_written(self.ranks, self.merges),
         }
         return json.dumps(doc, ensure_ascii=False, indent=1)
 
@@ -860,6 +851,13 @@ def _unicode_to_byte() -> dict[str, int]:
 def _bytes_to_str(token: bytes) -> str:
     byte_to_char = gpt2_bytes_to_unicode()
     return "".join(byte_to_char[b] for b in token)
+
+
+def _written(ranks: dict[bytes, int], merges: list[tuple[bytes, bytes]]) -> dict:
+    """"vocab" (token -> id, in id order) and "merges" ("left right") in GPT-2's alphabet, as both JSON
+    formats (ours, Hugging Face's) write them."""
+    return {"vocab": {_bytes_to_str(t): i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])},
+            "merges": [f"{_bytes_to_str(a)} {_bytes_to_str(b)}" for a, b in merges]}
 
 
 def _str_to_bytes(text: str) -> bytes:
@@ -1007,8 +1005,7 @@ def count_pretokens(text_or_paths, pattern: str, special_tokens: Iterable[str] =
     """
     specials = tuple(special_tokens)
     if isinstance(text_or_paths, str):
-        texts, paths = [text_or_paths], []
-        total = len(text_or_paths)
+        texts, paths, total = [text_or_paths], [], len(text_or_paths)
     else:
         items = [text_or_paths] if isinstance(text_or_paths, os.PathLike) else list(text_or_paths)
         if not all(isinstance(p, (str, os.PathLike)) for p in items):
@@ -1067,11 +1064,9 @@ def hf_regex(pattern: str) -> str:
             out[atom:] = ["(?>" + "".join(out[atom:]) + repeat.group() + ")"]
             i = repeat.end() + 1
             continue
-        if repeat:
-            out.append(repeat.group())
-            i = repeat.end()
-            continue
-        if c == "\\":
+        if repeat:                                      # a counted repeat: not an atom
+            end = repeat.end()
+        elif c == "\\":
             end = i + 2
             if pattern[i + 1:i + 2] in ("p", "P", "x", "N") and pattern[end:end + 1] == "{":
                 end = pattern.index("}", end) + 1
@@ -1226,7 +1221,7 @@ def show(texts: list[str], tok: Tokenizer, steps: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli import Parser, in_range, writable
+    from cli import Parser, in_range, run, writable
     parser = Parser(prog="bpe.py",
                     description="Byte-level BPE: train, encode, decode, and the lecture's lessons.")
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=Parser)
@@ -1257,7 +1252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("ids", nargs="+", type=in_range(int, 0, 2**32 - 1))
     p.add_argument("--tokenizer", default="cl100k", help="cl100k, gpt2 or a tokenizer .json")
     args = parser.parse_args(argv)
-    try:
+
+    def command():
         if args.cmd == "demo":
             demo(args.text, args.merges)
         elif args.cmd == "show":
@@ -1308,13 +1304,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise TokenizerError("give a text or --input FILE to encode")
         elif args.cmd == "decode":
             print(load_tokenizer(args.tokenizer).decode(args.ids))
-    except TokenizerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:                          # unreadable input, full disk: one line, not a traceback
-        print(f"error: {e.filename or ''}: {e.strerror or e}; check the path and its permissions", file=sys.stderr)
-        return 2
-    return 0
+    # a TokenizerError, or an OSError (unreadable input, full disk): one line and exit code 2
+    return run(command, (TokenizerError, OSError))
 
 
 if __name__ == "__main__":
