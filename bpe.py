@@ -631,9 +631,7 @@ class Tokenizer:
 
     def encode_file(self, path, chunk_chars: int = 1 << 18, errors: str = "strict", **kwargs) -> Iterator[list[int]]:
         """Stream-encode a UTF-8 file in blocks of `chunk_chars` characters: memory stays near one block."""
-        path = Path(path)
-        if not path.is_file():
-            raise TokenizerError(f"input file not found: {path}")
+        path = _existing(path, "input file")
         with open(path, encoding="utf-8", errors=errors, newline="") as f:  # newline="": keep \r\n as it is
             try:
                 yield from self.encode_stream(iter(lambda: f.read(chunk_chars), ""), **kwargs)
@@ -815,10 +813,16 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path) -> "Tokenizer":
-        path = Path(path)
-        if not path.is_file():
-            raise TokenizerError(f"tokenizer file not found: {path}")
+        path = _existing(path, "tokenizer file")
         return cls.from_document(fileio.read_json(path, TokenizerError, REMAKE_TOKENIZER), str(path))
+
+
+def _existing(path, what: str) -> Path:
+    """`path` as a Path if it is a file, else one line: "{what} not found: {path}"."""
+    path = Path(path)
+    if not path.is_file():
+        raise TokenizerError(f"{what} not found: {path}")
+    return path
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -869,10 +873,8 @@ def _str_to_bytes(text: str) -> bytes:
 
 def load_gpt2_bpe(encoder_json_path, vocab_bpe_path, special_tokens: Iterable[str] = (EOT,)) -> Tokenizer:
     """GPT-2's tokenizer from OpenAI's `encoder.json` (token -> id) and `vocab.bpe` (the merges, in order)."""
-    encoder_json_path, vocab_bpe_path = Path(encoder_json_path), Path(vocab_bpe_path)
-    for p in (encoder_json_path, vocab_bpe_path):
-        if not p.is_file():
-            raise TokenizerError(f"GPT-2 tokenizer file not found: {p}")
+    encoder_json_path, vocab_bpe_path = (_existing(p, "GPT-2 tokenizer file")
+                                         for p in (encoder_json_path, vocab_bpe_path))
     specials = set(_check_specials(special_tokens))
     encoder = fileio.read_json(encoder_json_path, TokenizerError, "use GPT-2's own encoder.json")
     try:
@@ -980,9 +982,7 @@ def _file_chunks(path: Path, specials: tuple[str, ...], n: int, at_spaces: bool)
 
 
 def _check_file(path: Path) -> None:
-    if not path.is_file():
-        raise TokenizerError(f"input file not found: {path}")
-    with open(path, "rb") as f:
+    with open(_existing(path, "input file"), "rb") as f:
         head = f.read(8192)
     if b"\x00" in head:
         raise TokenizerError(f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text")

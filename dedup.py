@@ -364,9 +364,7 @@ def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ...                np.array([2**32 - 1], dtype=np.uint64)).tolist() == [[((2**32 - 1)**2 + 2**32 - 1) % PRIME]]
     True
     """
-    x = np.asarray(x, dtype=np.uint64)
-    a = np.asarray(a, dtype=np.uint64)
-    b = np.asarray(b, dtype=np.uint64)
+    x, a, b = (np.asarray(values, dtype=np.uint64) for values in (x, a, b))
     for name, values in (("x", x), ("a", a), ("b", b)):
         if values.size and int(values.max()) >= _HASH_RANGE:
             raise DedupError(f"{name} must be below 2^32 for exact arithmetic, got {int(values.max())}")
@@ -928,7 +926,6 @@ def dedup(texts: list[str], threshold: float = 0.5, **kwargs) -> list[int]:
 # punctuation ignored) occurs in training. 13 words are long enough that only copied text shares them (evaluate.py
 # shows why 6 is too short). The big side becomes an index, the small side is looked up in it, document by document.
 
-_OVERLAP_WORD = re.compile(r"\w+")
 _UNKNOWN = np.uint64(2**64 - 1)          # id of a word the indexed corpus never had
 _NGRAM_BASE = np.uint64(_POLY_BASE)      # odd multiplier of the polynomial n-gram hash (mod 2^64)
 
@@ -939,7 +936,7 @@ def overlap_words(text: str) -> list[str]:
     >>> overlap_words("It's 13 words, or so.")
     ['it', 's', '13', 'words', 'or', 'so']
     """
-    return _OVERLAP_WORD.findall(text.lower())
+    return _WORD.findall(text.lower())           # the words of section 1, lowercased, not NFKC-folded
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -1213,7 +1210,7 @@ def run_experiment(documents: list[str], planted: set[tuple[int, int]], settings
 
 
 def experiment_table(result: dict) -> str:
-    """The experiment's Markdown table (one row per setting)."""
+    """The experiment's Markdown table (one row per setting), then a line on the data it ran on."""
     lines = [f"| k | bands x rows | LSH threshold | P(cand. at J={result['threshold']}) | MAE (J > 0.1) | recall "
              "| false positives | pairs compared | vs brute force | time (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -1224,6 +1221,9 @@ def experiment_table(result: dict) -> str:
                      f"| {100 * s['fraction_of_brute_force']:.2f}% | {s['seconds']:.2f} |")
     brute = result["brute_force"]
     lines.append(f"| brute force | all pairs | | | exact | | | {brute['pairs']:,} | 100% | {brute['seconds']:.2f} |")
+    lines.append(f"\n{result['documents']} documents, {result['planted_pairs']} planted pairs "
+                 f"(exact Jaccard {result['planted_jaccard']['min']:.2f}..{result['planted_jaccard']['max']:.2f}); "
+                 f"{brute['pairs_jaccard_above_0.1']} pairs with J > 0.1; verify = {result['verify']}")
     return "\n".join(lines)
 
 
@@ -1288,11 +1288,9 @@ def dedup_files(inputs: list[str], out: str, threshold: float = 0.5, num_perm: i
     """Deduplicate the documents of all `inputs` together and write the kept ones to `out` (.jsonl: one JSON
     line per document, the original line for jsonl inputs; otherwise text, one document per line, or separated
     by blank lines when any document spans lines). Returns the counts."""
-    texts, records = [], []
-    for path in inputs:
-        more_texts, more_records = read_corpus(path, text_field, split)
-        texts += more_texts
-        records += more_records
+    corpora = [read_corpus(path, text_field, split) for path in inputs]      # (texts, records) per file
+    texts = [text for file_texts, _ in corpora for text in file_texts]
+    records = [record for _, file_records in corpora for record in file_records]
     if not texts:
         raise DedupError(f"no documents found in {', '.join(map(str, inputs))}: check the files and --split")
     start = time.perf_counter()
@@ -1356,43 +1354,41 @@ def _parse_settings(text: str) -> list[tuple[int, int, int]]:
 
 
 def main(argv=None) -> None:
-    from cli import Parser, in_range, writable
+    from cli import Parser, in_range, run as run_cli, writable
     parser = Parser(prog="dedup.py",
                     description="Near-duplicate detection with MinHash + LSH (see the docstring).")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    threshold = in_range(float, 0.0, 1.0, low_open=True, high_open=True)
-    seed = in_range(int, 0, SEED_MAX)
     commands.add_parser("demo", help="print the lecture's worked numbers")
     exp = commands.add_parser("experiment", help="the lecture's exercise: planted near-duplicates in WikiText-2")
     exp.add_argument("--data", default=str(DEFAULT_WIKITEXT) if DEFAULT_WIKITEXT.is_file() else "hf",
                      help="raw WikiText file, or 'hf' for the Hugging Face train split (default: %(default)s)")
     exp.add_argument("--settings", default=",".join(":".join(map(str, s)) for s in DEFAULT_SETTINGS),
                      help="k:bands:rows,... (default: %(default)s)")
-    exp.add_argument("--threshold", type=threshold, default=0.5)
     exp.add_argument("--verify", choices=("estimate", "exact"), default="estimate",
                      help="how candidates are confirmed (default: the MinHash estimate)")
-    exp.add_argument("--seed", type=seed, default=0)
     exp.add_argument("--out", type=writable("file"), default="out/dedup_experiment.json",
                      help="JSON results (default: %(default)s)")
     run = commands.add_parser("run", help="deduplicate corpus files")
     run.add_argument("--input", nargs="+", required=True, help=".jsonl (one object per line) or text files")
     run.add_argument("--out", type=writable("file"), required=True,
                      help="output file (.jsonl or text)")
-    run.add_argument("--threshold", type=threshold, default=0.5)
-    run.add_argument("--num-perm", type=in_range(int, 1, MAX_NUM_PERM), default=128)
-    run.add_argument("--bands", type=in_range(int, 1, MAX_NUM_PERM), default=None)
-    run.add_argument("--rows", type=in_range(int, 1, MAX_NUM_PERM), default=None)
+    for flag, default in (("--num-perm", 128), ("--bands", None), ("--rows", None)):
+        run.add_argument(flag, type=in_range(int, 1, MAX_NUM_PERM), default=default)
     run.add_argument("--n", type=in_range(int, 1, 100), default=3,
                      help="words per shingle (default: %(default)s)")
     run.add_argument("--verify", choices=("exact", "estimate"), default="exact")
     run.add_argument("--text-field", default="text", help="jsonl field holding the text (default: %(default)s)")
     run.add_argument("--split", choices=("auto", "line", "blank"), default="auto",
                      help="text files: one document per line, or blank-line separated (default: %(default)s)")
-    run.add_argument("--seed", type=seed, default=0)
     run.add_argument("--strip-accents", action="store_true",
                      help="compare texts without their accents (NFD, combining marks dropped): café = cafe")
+    for sub in (exp, run):
+        sub.add_argument("--threshold", type=in_range(float, 0.0, 1.0, low_open=True, high_open=True),
+                         default=0.5)
+        sub.add_argument("--seed", type=in_range(int, 0, SEED_MAX), default=0)
     args = parser.parse_args(argv)
-    try:
+
+    def command():
         if args.command == "demo":
             print(demo())
         elif args.command == "experiment":
@@ -1402,10 +1398,6 @@ def main(argv=None) -> None:
             result = run_experiment(documents, planted, settings, args.threshold, seed=args.seed, verify=args.verify)
             result["data"] = str(args.data)
             print(experiment_table(result))
-            brute = result["brute_force"]
-            print(f"\n{result['documents']} documents, {result['planted_pairs']} planted pairs "
-                  f"(exact Jaccard {result['planted_jaccard']['min']:.2f}..{result['planted_jaccard']['max']:.2f}); "
-                  f"{brute['pairs_jaccard_above_0.1']} pairs with J > 0.1; verify = {args.verify}")
             write_atomic(args.out, json.dumps(result, indent=2) + "\n")
             print(f"wrote {args.out}")
         else:
@@ -1417,12 +1409,9 @@ def main(argv=None) -> None:
                                  args.seed, args.verify, args.text_field, args.split, args.strip_accents)
             print(f"{report['documents']} documents, {report['clusters']} clusters, removed {report['removed']}, "
                   f"kept {report['kept']} -> {args.out} ({report['seconds']:.2f} s)")
-    except DedupError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except OSError as error:                          # unreadable input, full disk: one line, not a traceback
-        print(f"error: {error.filename or ''}: {error.strerror or error}: check the path and its permissions",
-              file=sys.stderr)
+    # a DedupError, or an OSError (unreadable input, full disk): one line, exit code 2 (SystemExit, as
+    # a script); success returns None, so a caller in this process goes on
+    if run_cli(command, (DedupError, OSError)):
         sys.exit(2)
 
 
