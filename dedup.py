@@ -1090,9 +1090,9 @@ def load_wikitext(source: str | os.PathLike, count: int = 500, min_words: int = 
         try:
             import datasets
         except ImportError:
-            raise DedupError(f"WikiText-2 is read from {DEFAULT_WIKITEXT} (not here) or from Hugging Face "
-                             "(pip install datasets, and a network): install it or pass --data PATH to a raw "
-                             "WikiText file") from None
+            raise DedupError(f"WikiText-2 is read from {DEFAULT_WIKITEXT} (not here) or from Hugging Face, "
+                             "which needs the `datasets` package (pip install datasets) and a network: install "
+                             "it or pass --data PATH to a raw WikiText file") from None
         try:
             lines = datasets.load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1", split="train")["text"]
         except Exception as error:                    # network or hub failure: one line, not the hub's traceback
