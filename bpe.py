@@ -510,12 +510,11 @@ class Tokenizer:
                     f"special token {s!r} has id {i}, which {self.vocab[i]!r} already uses"
                 )
             self.vocab[i] = s.encode("utf-8")
-        if merges is not None:
-            for left, right in merges:
-                if left + right not in self.ranks:
-                    raise TokenizerError(
-                        f"merge ({left!r}, {right!r}) makes a token that is not in the vocabulary"
-                    )
+        unknown = [(left, right) for left, right in merges or () if left + right not in self.ranks]
+        if unknown:
+            raise TokenizerError(
+                f"merge {unknown[0]!r} makes a token that is not in the vocabulary"
+            )
         self._merges = list(merges) if merges is not None else None
         self._cache: dict[str, list[int]] = {}
         self._tiktoken = None

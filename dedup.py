@@ -239,9 +239,8 @@ def _powers(base: int, length: int) -> np.ndarray:
         steps = np.full(max(length, GROUP_CHARS + 1), base, dtype=np.uint64)
         steps[0] = 1
         cached = np.cumprod(steps)
-        if len(cached) > GROUP_CHARS + 1:
-            return cached[:length]
-        _POWER_CACHE[base] = cached
+        if len(cached) == GROUP_CHARS + 1:           # a longer one is not kept
+            _POWER_CACHE[base] = cached
     return cached[:length]
 
 
@@ -557,17 +556,14 @@ class MinHasher:
         shingle_sets[d]."""
         if len(shingle_sets) == 0:
             raise DedupError("no documents: pass a non-empty list of shingle sets")
-        counts = np.empty(len(shingle_sets), dtype=np.int64)
-        xs = []
-        for d, shingle_set in enumerate(shingle_sets):
-            if not shingle_set:
-                raise DedupError(
-                    f"document {d} has no shingles: use shingles(text), which never returns an "
-                    f"empty set"
-                )
-            counts[d] = len(shingle_set)
-            xs.extend(map(shingle_hash, shingle_set))
-        offsets = np.concatenate(([0], np.cumsum(counts)))
+        empty = [d for d, shingle_set in enumerate(shingle_sets) if not shingle_set]
+        if empty:
+            raise DedupError(
+                f"document {empty[0]} has no shingles: use shingles(text), which never returns an "
+                f"empty set"
+            )
+        xs = [shingle_hash(s) for shingle_set in shingle_sets for s in shingle_set]
+        offsets = np.concatenate(([0], np.cumsum([len(s) for s in shingle_sets], dtype=np.int64)))
         return self.signatures_from_hashes(np.asarray(xs, dtype=np.uint64), offsets)
 
     def signatures_from_texts(self, texts: list[str], n: int = 3) -> np.ndarray:
