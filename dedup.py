@@ -1,60 +1,69 @@
 """Near-duplicate detection: shingles, Jaccard, MinHash and LSH banding, written out by hand.
 
-Why. A model that sees the same article many times learns to recite it, the compute spent on the copies is
-wasted, and benchmark questions that float around the web leak into training. An exact hash of each document
-finds copies that are byte-for-byte equal; it misses the reposted article with a few words changed, because
-changing one word changes the whole hash. For that we compare *content overlap*.
+Why. A model that sees the same article many times learns to recite it, the compute spent on the
+copies is wasted, and benchmark questions that float around the web leak into training. An exact
+hash of each document finds copies that are byte-for-byte equal; it misses the reposted article with
+a few words changed, because changing one word changes the whole hash. For that we compare *content
+overlap*.
 
-1. Shingles and Jaccard. Cut a document into overlapping runs of n words ("shingles", n = 3 here as in the
-   lecture, 5 in FineWeb) and compare the sets:
+1. Shingles and Jaccard. Cut a document into overlapping runs of n words ("shingles", n = 3 here as
+   in the lecture, 5 in FineWeb) and compare the sets:
 
-       A = "the cat sat on the mat today" -> {the cat sat, cat sat on, sat on the, on the mat, the mat today}
-       B = "the cat sat on the rug today" -> {the cat sat, cat sat on, sat on the, on the rug, the rug today}
+       A = "the cat sat on the mat today"
+         -> {the cat sat, cat sat on, sat on the, on the mat, the mat today}
+       B = "the cat sat on the rug today"
+         -> {the cat sat, cat sat on, sat on the, on the rug, the rug today}
        Jaccard(A, B) = |A ∩ B| / |A ∪ B| = 3 / 7 ≈ 0.43
 
-   One changed word breaks every shingle that covers it (up to n of them), so shingles are sensitive:
-   "a b c d e f" vs "a b c x e f" share only "a b c": 1 / 7 ≈ 0.14.
+   One changed word breaks every shingle that covers it (up to n of them), so shingles are
+   sensitive: "a b c d e f" vs "a b c x e f" share only "a b c": 1 / 7 ≈ 0.14.
 
-2. MinHash: a short signature whose agreement rate estimates Jaccard. Pick k random hash functions; for each
-   one keep only the smallest hash over the document's shingles. Why P(min_A == min_B) = Jaccard(A, B): order
-   all shingles of A ∪ B by one random hash. The smallest of them is equally likely to be any element of the
-   union. min_A == min_B exactly when that element lies in A ∩ B (if it were only in A, B's minimum would be a
-   different, larger shingle). So the probability is |A ∩ B| / |A ∪ B|. With k = 128 functions, a pair whose
-   signatures agree in 55 places gets the estimate 55 / 128 ≈ 0.43, and comparing two documents costs 128
-   number comparisons whatever their length. Each position is a coin flip with success probability J, so the
-   estimate's standard error is √(J(1 − J) / k): 0.044 at J = 0.43, k = 128 (4x the functions halve it).
+2. MinHash: a short signature whose agreement rate estimates Jaccard. Pick k random hash functions;
+   for each one keep only the smallest hash over the document's shingles. Why P(min_A == min_B) =
+   Jaccard(A, B): order all shingles of A ∪ B by one random hash. The smallest of them is equally
+   likely to be any element of the union. min_A == min_B exactly when that element lies in A ∩ B
+   (if it were only in A, B's minimum would be a different, larger shingle). So the probability
+   is |A ∩ B| / |A ∪ B|. With k = 128 functions, a pair whose signatures agree in 55 places gets
+   the estimate 55 / 128 ≈ 0.43, and comparing two documents costs 128 number comparisons
+   whatever their length. Each position is a coin flip with success probability J, so the
+   estimate's standard error is √(J(1 − J) / k): 0.044 at J = 0.43, k = 128 (4x the functions
+   halve it).
 
-   The k functions are h_i(x) = (a_i·x + b_i) mod p: x is the shingle's 32-bit hash, p = 2^32 + 15 (the smallest
-   prime above 2^32), a_i and b_i random (seeded). The arithmetic is exact, never a silent uint64 wrap-around:
-   `universal_hash` shows the plain uint64 way (a·x + b < 2^64), `MinHasher.hash_fractions` the fast way (one
-   matrix product in float64 whose every rounding is bounded, so the minimum is still exact).
+   The k functions are h_i(x) = (a_i·x + b_i) mod p: x is the shingle's 32-bit hash, p = 2^32 + 15
+   (the smallest prime above 2^32), a_i and b_i random (seeded). The arithmetic is exact, never a
+   silent uint64 wrap-around: `universal_hash` shows the plain uint64 way (a·x + b < 2^64),
+   `MinHasher.hash_fractions` the fast way (one matrix product in float64 whose every rounding is
+   bounded, so the minimum is still exact).
 
-3. LSH banding: compare only pairs that are likely similar. 600 documents already make 179,700 pairs, a million
-   make 5·10^11. Cut each signature into b bands of r rows (32 x 4 = 128). Two documents become a *candidate*
-   if they agree on every row of at least one band. A band matches with probability J^r, so
+3. LSH banding: compare only pairs that are likely similar. 600 documents already make 179,700
+   pairs, a million make 5·10^11. Cut each signature into b bands of r rows (32 x 4 = 128). Two
+   documents become a *candidate* if they agree on every row of at least one band. A band matches
+   with probability J^r, so
 
-       P(candidate | J) = 1 − (1 − J^r)^b       an S-curve whose steepest point is near (1/b)^(1/r)
+       P(candidate | J) = 1 − (1 − J^r)^b    an S-curve, steepest near (1/b)^(1/r)
 
-   32 x 4: threshold ≈ 0.42, P(J = 0.5) ≈ 0.87, P(J = 0.2) ≈ 0.05.   16 x 8: threshold ≈ 0.71, P(J = 0.5) ≈ 0.06.
-   Candidates are then *verified* (signature estimate, or exact Jaccard when the texts are at hand) against the
-   threshold, and union-find joins the verified pairs into clusters; `dedup` keeps the first of each cluster.
-   Exact copies (identical shingle sets) are joined to their first copy before banding: a page copied m times
-   costs m − 1 pairs instead of m(m − 1)/2 in every band.
+   32 x 4: threshold ≈ 0.42, P(J = 0.5) ≈ 0.87, P(J = 0.2) ≈ 0.05. 16 x 8: threshold ≈ 0.71,
+   P(J = 0.5) ≈ 0.06. Candidates are then *verified* (signature estimate, or exact Jaccard when
+   the texts are at hand) against the threshold, and union-find joins the verified pairs into
+   clusters; `dedup` keeps the first of each cluster. Exact copies (identical shingle sets) are
+   joined to their first copy before banding: a page copied m times costs m − 1 pairs instead
+   of m(m − 1)/2 in every band.
 
-4. Overlap between two corpora (section 8). The same shingles, turned on a different question: which documents of a
-   small corpus share a long shingle with a big one? An evaluation document that shares a 13-gram of words with the
-   training corpus is contaminated (GPT-3's rule); a held-out file that shares many was not held out. The big side
-   becomes a sorted array of 64-bit 13-gram hashes (8 bytes per n-gram; the standard library's 3.1M distinct
-   13-grams are 24 MB), looked up by binary search. evaluate.py reports contamination with it, data.py the overlap
-   of --val-data with train.
+4. Overlap between two corpora (section 8). The same shingles, turned on a different question: which
+   documents of a small corpus share a long shingle with a big one? An evaluation document that
+   shares a 13-gram of words with the training corpus is contaminated (GPT-3's rule); a held-out
+   file that shares many was not held out. The big side becomes a sorted array of 64-bit 13-gram
+   hashes (8 bytes per n-gram; the standard library's 3.1M distinct 13-grams are 24 MB), looked up
+   by binary search. evaluate.py reports contamination with it, data.py the overlap of --val-data
+   with train.
 
 Run it:
     python dedup.py demo                                  # the lecture's worked numbers
     python dedup.py experiment --data ../shared/data/wikitext-2-raw/wiki.valid.raw
     python dedup.py run --input corpus.jsonl --out deduped.jsonl
 
-Depends on numpy, the standard library and fileio.py (untrusted JSON lines, files written whole with the
-umask's modes).
+Depends on numpy, the standard library and fileio.py (untrusted JSON lines, files written whole with
+the umask's modes).
 """
 from __future__ import annotations
 
@@ -74,33 +83,37 @@ import fileio
 
 
 class DedupError(ValueError):
-    """A bad input to this module: the message names the problem and the fix (the CLI prints it, exit code 2)."""
+    """A bad input to this module: the message names the problem and the fix (the CLI prints it,
+    exit code 2)."""
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. Shingles and exact Jaccard
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 _WORD = re.compile(r"\w+")
 
 
 def normalized_words(text: str) -> list[str]:
-    """The words a shingle is made of: Unicode NFKC, case-folded, then the runs of letters, digits and "_"
-    (regex \\w+), so punctuation and whitespace only separate words. Case, punctuation and spacing differences
-    do not count as edits.
+    """The words a shingle is made of: Unicode NFKC, case-folded, then the runs of letters, digits
+    and "_" (regex \\w+), so punctuation and whitespace only separate words. Case, punctuation and
+    spacing differences do not count as edits.
 
     >>> normalized_words("The  cat, sat.\\nON the-mat!")
     ['the', 'cat', 'sat', 'on', 'the', 'mat']
     """
     if not isinstance(text, str):
-        raise DedupError(f"documents must be str, got {type(text).__name__}: convert or drop it before dedup")
+        raise DedupError(
+            f"documents must be str, got {type(text).__name__}: convert or drop it before dedup"
+        )
     return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
 def remove_accents(text: str) -> str:
-    """Accents removed, for comparing texts that differ only in them: Unicode NFD splits "é" into "e" and a
-    combining acute accent, and every combining mark is dropped (the normalization of Stanford CS336's MinHash
-    exercise). Scripts that are all combining marks lose them too, so it is an option, off by default.
+    """Accents removed, for comparing texts that differ only in them: Unicode NFD splits "é" into
+    "e" and a combining acute accent, and every combining mark is dropped (the normalization of
+    Stanford CS336's MinHash exercise). Scripts that are all combining marks lose them too, so it is
+    an option, off by default.
 
     >>> remove_accents("Café Müller, naïve")
     'Cafe Muller, naive'
@@ -110,13 +123,15 @@ def remove_accents(text: str) -> str:
 
 def _check_n(n) -> None:
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise DedupError(f"shingle size n must be an integer >= 1, got {n!r}: use n=3 (lecture) or n=5 (FineWeb)")
+        raise DedupError(
+            f"shingle size n must be an integer >= 1, got {n!r}: use n=3 (lecture) or n=5 (FineWeb)"
+        )
 
 
 def shingles(text: str, n: int = 3, strip_accents: bool = False) -> set[str]:
-    """The set of n-word shingles of `text` (words joined by one space). A document with fewer than n words is a
-    single shingle: all of its words (the empty string for an empty document), so it can still be compared.
-    strip_accents=True shingles the text after `remove_accents`.
+    """The set of n-word shingles of `text` (words joined by one space). A document with fewer than
+    n words is a single shingle: all of its words (the empty string for an empty document), so it
+    can still be compared. strip_accents=True shingles the text after `remove_accents`.
 
     >>> sorted(shingles("a b c d"))
     ['a b c', 'b c d']
@@ -131,7 +146,8 @@ def shingles(text: str, n: int = 3, strip_accents: bool = False) -> set[str]:
 
 
 def jaccard(a: set, b: set) -> float:
-    """Exact Jaccard similarity |a ∩ b| / |a ∪ b| of two sets (two empty sets are identical: 1.0).
+    """Exact Jaccard similarity |a ∩ b| / |a ∪ b| of two sets (two empty sets are identical:
+    1.0).
 
     >>> jaccard(shingles("the cat sat on the mat today"), shingles("the cat sat on the rug today"))
     0.42857142857142855
@@ -140,24 +156,28 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / union if union else 1.0
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. A stable 32-bit hash per shingle
-# ----------------------------------------------------------------------------------------------------------
-# Python's built-in hash() of a str is salted per process (PYTHONHASHSEED), so signatures would change between
-# runs. We want the same 32-bit number for the same shingle on every run and machine, and we want it fast: at
-# ~0.5 µs per call, hashing each shingle string (or even each word) in Python would cost more than all of MinHash.
-# So the hash is built from pieces numpy computes for a whole batch of text at once:
-#   word:    a polynomial hash of its Unicode code points c_0..c_{L-1}, Σ c_i·B^(L-1-i) mod 2^64 (B odd), plus the
-#            length, then MurmurHash3's fmix64 finalizer (a bijection that makes every output bit depend on every
-#            input bit). Over a long string it is one cumulative sum: with W_i = B^-i (B is odd, so invertible
-#            mod 2^64), Σ_{s<=i<e} c_i·B^(e-1-i) = (prefix[e] − prefix[s])·B^(e-1), prefix = cumsum(c·W).
+# --------------------------------------------------------------------------------------------------
+# Python's built-in hash() of a str is salted per process (PYTHONHASHSEED), so signatures would
+# change between runs. We want the same 32-bit number for the same shingle on every run and machine,
+# and we want it fast: at ~0.5 µs per call, hashing each shingle string (or even each word) in
+# Python would cost more than all of MinHash. So the hash is built from pieces numpy computes for a
+# whole batch of text at once:
+#   word:    a polynomial hash of its Unicode code points c_0..c_{L-1}, Σ c_i·B^(L-1-i) mod 2^64
+#            (B odd), plus the length, then MurmurHash3's fmix64 finalizer (a bijection that makes
+#            every output bit depend on every input bit). Over a long string it is one cumulative
+#            sum: with W_i = B^-i (B is odd, so invertible mod 2^64),
+#            Σ_{s<=i<e} c_i·B^(e-1-i) = (prefix[e] − prefix[s])·B^(e-1), prefix = cumsum(c·W).
 #   shingle: h <- fmix64(h XOR word) over its n words, from a fixed seed; x = the top 32 bits.
-# Here uint64 wrap-around is what we want (the hash lives mod 2^64); the *modular* MinHash arithmetic in section 3
-# must not wrap. `word_hash` and `shingle_hash` are the same functions in plain Python, the tests' oracle.
+# Here uint64 wrap-around is what we want (the hash lives mod 2^64); the *modular* MinHash
+# arithmetic in section 3 must not wrap. `word_hash` and `shingle_hash` are the same functions in
+# plain Python, the tests' oracle.
 
 _MASK64 = (1 << 64) - 1
 _POLY_BASE = 0x100000001B3                       # FNV-1's 64-bit prime: odd, so invertible mod 2^64
-_LENGTH_MIX = 0x9E3779B97F4A7C15                 # golden-ratio constant: word length enters the hash too
+# golden-ratio constant: word length enters the hash too
+_LENGTH_MIX = 0x9E3779B97F4A7C15
 _SHINGLE_SEED = 0x9E3779B97F4A7C15               # the shingle hash before any word
 _FMIX_MUL1, _FMIX_MUL2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53   # MurmurHash3 fmix64 constants
 
@@ -172,7 +192,8 @@ def _fmix64_int(h: int) -> int:
 
 
 def _fmix64_array(h: np.ndarray) -> np.ndarray:
-    """fmix64 on a uint64 array; products wrap modulo 2^64 on purpose (that is the mixing). Shape preserved."""
+    """fmix64 on a uint64 array; products wrap modulo 2^64 on purpose (that is the mixing). Shape
+    preserved."""
     h = h ^ (h >> np.uint64(33))
     h *= np.uint64(_FMIX_MUL1)
     h ^= h >> np.uint64(33)
@@ -181,7 +202,8 @@ def _fmix64_array(h: np.ndarray) -> np.ndarray:
 
 
 def word_hash(word: str) -> int:
-    """Stable 64-bit hash of one normalised word: fmix64(Σ c_i·B^(L-1-i) + L·K mod 2^64) over its code points.
+    """Stable 64-bit hash of one normalised word: fmix64(Σ c_i·B^(L-1-i) + L·K mod 2^64) over its
+    code points.
 
     >>> word_hash("cat") == word_hash("cat") != word_hash("act")
     True
@@ -193,7 +215,8 @@ def word_hash(word: str) -> int:
 
 
 def shingle_hash(shingle: str) -> int:
-    """The 32-bit hash x of one shingle string (words separated by single spaces, as `shingles` makes them).
+    """The 32-bit hash x of one shingle string (words separated by single spaces, as `shingles`
+    makes them).
 
     >>> 0 <= shingle_hash("the cat sat") < 2**32
     True
@@ -208,21 +231,22 @@ _POWER_CACHE: dict[int, np.ndarray] = {}
 
 
 def _powers(base: int, length: int) -> np.ndarray:
-    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps mod 2^64, as it should).
-    Kept for lengths up to one group of texts (8 MiB per base); a longer single text gets its own, uncached."""
+    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps mod 2^64, as
+    it should). Kept for lengths up to one group of texts (8 MiB per base); a longer single text
+    gets its own, uncached."""
     cached = _POWER_CACHE.get(base)
     if cached is None or len(cached) < length:
         steps = np.full(max(length, GROUP_CHARS + 1), base, dtype=np.uint64)
         steps[0] = 1
         cached = np.cumprod(steps)
-        if len(cached) > GROUP_CHARS + 1:
-            return cached[:length]
-        _POWER_CACHE[base] = cached
+        if len(cached) == GROUP_CHARS + 1:           # a longer one is not kept
+            _POWER_CACHE[base] = cached
     return cached[:length]
 
 
 def _bmp_word_table() -> np.ndarray:
-    """(65536,) bool: which Basic Multilingual Plane characters regex \\w matches, asked of the regex itself."""
+    """(65536,) bool: which Basic Multilingual Plane characters regex \\w matches, asked of the
+    regex itself."""
     table = np.zeros(0x10000, dtype=bool)
     for match in _WORD.finditer("".join(map(chr, range(0x10000)))):
         table[match.start():match.end()] = True
@@ -233,20 +257,24 @@ _WORD_CHAR = _bmp_word_table()
 
 
 def _is_word_char(codes: np.ndarray) -> np.ndarray:
-    """Exactly the characters regex \\w matches (the table was made by the regex itself). (L,) uint32 -> bool."""
+    """Exactly the characters regex \\w matches (the table was made by the regex itself). (L,)
+    uint32 -> bool."""
     if codes.size == 0 or codes.max() <= 0xFFFF:
         return _WORD_CHAR[codes]
     flags = _WORD_CHAR[np.minimum(codes, 0xFFFF)]
-    astral = np.flatnonzero(codes > 0xFFFF)                               # emoji, rare CJK: ask the regex
+    # emoji, rare CJK: ask the regex
+    astral = np.flatnonzero(codes > 0xFFFF)
     flags[astral] = [_WORD.fullmatch(chr(c)) is not None for c in codes[astral].tolist()]
     return flags
 
 
-GROUP_CHARS = 1 << 20         # texts are hashed in groups of about this many characters: temporaries stay small
+# texts are hashed in groups of about this many characters: temporaries stay small
+GROUP_CHARS = 1 << 20
 
 
 def _text_groups(texts: list[str]):
-    """(first, last) index ranges covering texts, each about GROUP_CHARS characters (at least one text)."""
+    """(first, last) index ranges covering texts, each about GROUP_CHARS characters (at least one
+    text)."""
     first, group_chars = 0, GROUP_CHARS
     while first < len(texts):
         last, size = first, 0
@@ -258,26 +286,30 @@ def _text_groups(texts: list[str]):
 
 
 def _word_hashes_of_group(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """`word_hashes` of one group of texts, all in one string: (hashes (words,), words per text (texts,))."""
+    """`word_hashes` of one group of texts, all in one string: (hashes (words,), words per text
+    (texts,))."""
     normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts]
-    joined = "\n".join(normalized) + "\n"                               # "\n" is no word char: words never span texts
+    # "\n" is no word char: words never span texts
+    joined = "\n".join(normalized) + "\n"
     codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)      # (L,)
     edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)   # (words,) [start, end)
     prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
     inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), len(codes))       # (L,) B^-i
-    np.cumsum(codes * inverse_powers, out=prefix[1:])                        # Σ c_i·B^-i, wraps mod 2^64
+    # Σ c_i·B^-i, wraps mod 2^64
+    np.cumsum(codes * inverse_powers, out=prefix[1:])
     powers = _powers(_POLY_BASE, len(codes))                                 # (L,) B^i
     poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]                 # Σ c_i·B^(end-1-i)
     lengths = (ends - starts).astype(np.uint64)
-    text_ends = np.cumsum([len(t) + 1 for t in normalized])                  # code point after each text's "\n"
+    # code point after each text's "\n"
+    text_ends = np.cumsum([len(t) + 1 for t in normalized])
     counts = np.diff(np.searchsorted(starts, text_ends), prepend=0)          # words per text
     return _fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)), counts
 
 
 def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """The 64-bit `word_hash` of every word of every text, in order, without a Python loop over words:
-    (hashes (total words,) uint64, words per text (texts,) int64).
+    """The 64-bit `word_hash` of every word of every text, in order, without a Python loop over
+    words: (hashes (total words,) uint64, words per text (texts,) int64).
 
     >>> hashes, counts = word_hashes(["The cat", "", "sat."])
     >>> counts.tolist(), [int(h) for h in hashes] == [word_hash(w) for w in ("the", "cat", "sat")]
@@ -292,18 +324,23 @@ def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.nda
     """`shingle_fingerprints` of one group of texts."""
     words64, lengths = _word_hashes_of_group(texts)
     empty = np.flatnonzero(lengths == 0)
-    if empty.size:                                  # an empty document is the one shingle "" (one empty word)
+    # an empty document is the one shingle "" (one empty word)
+    if empty.size:
         word_ends = np.cumsum(lengths)
         words64 = np.insert(words64, word_ends[empty], np.uint64(word_hash("")))
         lengths[empty] = 1
-    word_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))           # (docs,) first word of each doc
+    # (docs,) first word of each doc
+    word_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     per_doc = np.where(lengths >= n, lengths - n + 1, 1)                   # shingles per document
     offsets = np.concatenate(([0], np.cumsum(per_doc))).astype(np.int64)   # (docs + 1,)
-    # First word of every shingle: doc start + 0, 1, ..., per_doc - 1 (a flat arange, restarted per doc).
+    # First word of every shingle: doc start + 0, 1, ..., per_doc - 1 (a flat arange, restarted per
+    # doc).
     first_word = np.repeat(word_starts - offsets[:-1], per_doc) + np.arange(offsets[-1])
-    width = np.repeat(np.minimum(lengths, n), per_doc)                     # words in each shingle (< n if short)
+    # words in each shingle (< n if short)
+    width = np.repeat(np.minimum(lengths, n), per_doc)
     h = np.full(offsets[-1], _SHINGLE_SEED, dtype=np.uint64)
-    for j in range(n):                                                     # fold word j of every shingle into h
+    # fold word j of every shingle into h
+    for j in range(n):
         live = width > j
         if live.all():
             h = _fmix64_array(h ^ words64[first_word + j])
@@ -313,11 +350,12 @@ def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.nda
 
 
 def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """All shingles of all texts as 64-bit fingerprints: (values, offsets), where values[offsets[d]:offsets[d+1]]
-    belong to document d (one per shingle position, repeats allowed). Equal to `shingle_hash` of every string of
-    `shingles(text, n)` before its final >> 32, without building those strings. Two different shingles share a
-    fingerprint with probability ~2^-64, so the Jaccard of fingerprint sets is the exact Jaccard of the shingle
-    sets (the tests check it against `jaccard(shingles(a), shingles(b))`).
+    """All shingles of all texts as 64-bit fingerprints: (values, offsets), where
+    values[offsets[d]:offsets[d+1]] belong to document d (one per shingle position, repeats
+    allowed). Equal to `shingle_hash` of every string of `shingles(text, n)` before its final >> 32,
+    without building those strings. Two different shingles share a fingerprint with probability
+    ~2^-64, so the Jaccard of fingerprint sets is the exact Jaccard of the shingle sets (the tests
+    check it against `jaccard(shingles(a), shingles(b))`).
 
     >>> values, offsets = shingle_fingerprints(["a b c d", "hi"], n=3)
     >>> offsets.tolist(), int(values[2] >> np.uint64(32)) == shingle_hash("hi")
@@ -334,58 +372,66 @@ def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.n
 
 
 def shingle_hashes(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """The 32-bit shingle hashes x that MinHash uses: (x, offsets) as in `shingle_fingerprints`, x = top 32 bits."""
+    """The 32-bit shingle hashes x that MinHash uses: (x, offsets) as in `shingle_fingerprints`, x =
+    top 32 bits."""
     values, offsets = shingle_fingerprints(texts, n)
     return values >> np.uint64(32), offsets
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 3. MinHash with exact modular arithmetic
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
-PRIME = (1 << 32) + 15          # 4,294,967,311: the smallest prime above 2^32 (tests check it with Miller-Rabin)
+# 4,294,967,311: the smallest prime above 2^32 (tests check it with Miller-Rabin)
+PRIME = (1 << 32) + 15
 _HASH_RANGE = 1 << 32           # x, a and b all lie in [0, 2^32)
 
 
 def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """h_i(x) = (a_i·x + b_i) mod p for every x and every function i, exactly: shape (len(x), len(a)), uint64.
+    """h_i(x) = (a_i·x + b_i) mod p for every x and every function i, exactly: shape (len(x),
+    len(a)), uint64.
 
     Why this never overflows. x, a and b are all below 2^32, so
         a·x + b <= (2^32 − 1)·(2^32 − 1) + (2^32 − 1) = 2^64 − 2^32 < 2^64,
-    which a uint64 holds exactly; then one `%` by p gives the true residue. (a ranges over [1, 2^32) instead of
-    [1, p): 15 of 4.3 billion values are left out, which changes nothing measurable.)
-    The classic bug, in peers too: p = 2^61 − 1 with a up to 2^61 and x up to 2^32 makes a·x as large as 2^93;
-    numpy wraps it silently modulo 2^64, so the code computes some other function, not (a·x + b) mod p.
-    And the tempting fix "keep a < 2^29 so a·x < 2^61" is worse than it looks: with no wrap-around, a·x + b mod p
-    orders the x's by x itself (rotated once where a·x + b crosses p), so about half of the k functions pick the
-    same shingle, the smallest x, and the k estimates stop being independent (a test shows it).
+    which a uint64 holds exactly; then one `%` by p gives the true residue. (a ranges over [1,
+    2^32) instead of [1, p): 15 of 4.3 billion values are left out, which changes nothing
+    measurable.) The classic bug, in peers too: p = 2^61 − 1 with a up to 2^61 and x up to 2^32
+    makes a·x as large as 2^93; numpy wraps it silently modulo 2^64, so the code computes some
+    other function, not (a·x + b) mod p. And the tempting fix "keep a < 2^29 so a·x < 2^61" is
+    worse than it looks: with no wrap-around, a·x + b mod p orders the x's by x itself (rotated
+    once where a·x + b crosses p), so about half of the k functions pick the same shingle, the
+    smallest x, and the k estimates stop being independent (a test shows it).
 
-    >>> universal_hash(np.array([2**32 - 1], dtype=np.uint64), np.array([2**32 - 1], dtype=np.uint64),
-    ...                np.array([2**32 - 1], dtype=np.uint64)).tolist() == [[((2**32 - 1)**2 + 2**32 - 1) % PRIME]]
+    >>> top = np.array([2**32 - 1], dtype=np.uint64)
+    >>> universal_hash(top, top, top).tolist() == [[((2**32 - 1)**2 + 2**32 - 1) % PRIME]]
     True
     """
-    x = np.asarray(x, dtype=np.uint64)
-    a = np.asarray(a, dtype=np.uint64)
-    b = np.asarray(b, dtype=np.uint64)
+    x, a, b = (np.asarray(values, dtype=np.uint64) for values in (x, a, b))
     for name, values in (("x", x), ("a", a), ("b", b)):
         if values.size and int(values.max()) >= _HASH_RANGE:
-            raise DedupError(f"{name} must be below 2^32 for exact arithmetic, got {int(values.max())}")
+            raise DedupError(
+                f"{name} must be below 2^32 for exact arithmetic, got {int(values.max())}"
+            )
     return (x[:, None] * a[None, :] + b[None, :]) % np.uint64(PRIME)
 
 
-_FIXED_POINT_SHIFT = 2.0 ** 17           # added to s < 2^13 so the float's exponent is fixed (`hash_fractions`)
+# added to s < 2^13 so the float's exponent is fixed (`hash_fractions`)
+_FIXED_POINT_SHIFT = 2.0 ** 17
 _FRACTION_MASK = (1 << 35) - 1           # the mantissa bits below the binary point at that exponent
 
 
 def _residues(fixed_point: np.ndarray) -> np.ndarray:
-    """35-bit fixed-point fractions of p (from `hash_fractions`) -> exact residues in [0, p), uint64."""
+    """35-bit fixed-point fractions of p (from `hash_fractions`) -> exact residues in [0, p),
+    uint64."""
     residues = np.rint(fixed_point * (PRIME / 2.0 ** 35))
-    residues[residues == PRIME] = 0.0                                     # a root read as 1 − ε: residue 0
+    # a root read as 1 − ε: residue 0
+    residues[residues == PRIME] = 0.0
     return residues.astype(np.uint64)
 
 
 def _split_11_bits(x: np.ndarray) -> np.ndarray:
-    """x -> (4, n) float64 rows x_0, x_1, x_2, 1 with x = x_2·2^22 + x_1·2^11 + x_0 (see `MinHasher.hash_fractions`)."""
+    """x -> (4, n) float64 rows x_0, x_1, x_2, 1 with x = x_2·2^22 + x_1·2^11 + x_0 (see
+    `MinHasher.hash_fractions`)."""
     x = np.asarray(x, dtype=np.uint64)
     parts = np.empty((4, len(x)))
     parts[0] = x & np.uint64(0x7FF)
@@ -395,29 +441,37 @@ def _split_11_bits(x: np.ndarray) -> np.ndarray:
     return parts
 
 
-# Beyond 8,192 permutations the standard error sqrt(J(1-J)/k) is below 0.006 and buys nothing, while the
-# signatures (8 bytes x k per document) and the (k, chunk) hash block grow without bound (1e8 would need 745 GiB).
+# Beyond 8,192 permutations the standard error sqrt(J(1-J)/k) is below 0.006 and buys nothing, while
+# the signatures (8 bytes x k per document) and the (k, chunk) hash block grow without bound (1e8
+# would need 745 GiB).
 MAX_NUM_PERM = 8192
 
 
 def _check_num_perm(num_perm) -> None:
-    if not isinstance(num_perm, (int, np.integer)) or isinstance(num_perm, bool) or not 1 <= num_perm <= MAX_NUM_PERM:
-        raise DedupError(f"num_perm must be an integer in [1, {MAX_NUM_PERM}], got {num_perm!r}: use e.g. "
-                         f"num_perm=128")
+    if (
+        not isinstance(num_perm, (int, np.integer))
+        or isinstance(num_perm, bool)
+        or not 1 <= num_perm <= MAX_NUM_PERM
+    ):
+        raise DedupError(
+            f"num_perm must be an integer in [1, {MAX_NUM_PERM}], got {num_perm!r}: use e.g. "
+            f"num_perm=128"
+        )
 
 
 class MinHasher:
     """k seeded hash functions h_i(x) = (a_i·x + b_i) mod p and the signatures they give.
 
     >>> hasher = MinHasher(num_perm=128, seed=0)
-    >>> sig = hasher.signatures([shingles("the cat sat on the mat today"), shingles("the cat sat on the rug today")])
+    >>> sig = hasher.signatures([shingles("the cat sat on the mat today"),
+    ...                          shingles("the cat sat on the rug today")])
     >>> sig.shape, sig.dtype
     ((2, 128), dtype('uint64'))
     """
 
-    # Shingles hashed per step. The (num_perm, chunk) float64 block (256 KiB at k = 128) stays in cache, and the
-    # (k, 4) @ (4, chunk) product stays below OpenBLAS's threading threshold (m·n·k <= 262,144): BLAS threads on
-    # a busy machine were measured 50x slower at chunk = 2048.
+    # Shingles hashed per step. The (num_perm, chunk) float64 block (256 KiB at k = 128) stays in
+    # cache, and the (k, 4) @ (4, chunk) product stays below OpenBLAS's threading threshold (m·n·k
+    # <= 262,144): BLAS threads on a busy machine were measured 50x slower at chunk = 2048.
     chunk = 256
 
     def __init__(self, num_perm: int = 128, seed: int = 0):
@@ -427,45 +481,61 @@ class MinHasher:
         rng = np.random.default_rng(seed)
         self.a = rng.integers(1, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)   # (k,) never 0
         self.b = rng.integers(0, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)   # (k,)
-        # The fast path's coefficients (see `hash_fractions`): a·2^(11j) mod p for j = 0, 1, 2, and b, over p.
+        # The fast path's coefficients (see `hash_fractions`): a·2^(11j) mod p for j = 0, 1, 2, and
+        # b, over p.
         shifted = [(int(a) << shift) % PRIME for a in self.a for shift in (0, 11, 22)]
-        self._coefficients = np.column_stack([np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME,
-                                              self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT])   # (k, 4)
-        # Each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p (see `hash_fractions`).
-        self._roots = np.array([(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)],
-                               dtype=np.uint64)                                         # (k,)
+        self._coefficients = np.column_stack(
+            [
+                np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME,
+                # (k, 4)
+                self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT,
+            ]
+        )
+        # Each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p
+        # (see `hash_fractions`).
+        self._roots = np.array(
+            [(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)],
+            dtype=np.uint64,
+        )  # (k,)
 
     def hash_fractions(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """h_i(x)/p for all k functions and all 32-bit x as 35-bit fixed-point integers: (k, len(x)) uint64 equal
-        to (h_i(x)/p)·2^35 within ±2.2. out: an optional (k, len(x)) float64 buffer (the signature loop reuses one).
+        """h_i(x)/p for all k functions and all 32-bit x as 35-bit fixed-point integers: (k, len(x))
+        uint64 equal to (h_i(x)/p)·2^35 within ±2.2. out: an optional (k, len(x)) float64 buffer
+        (the signature loop reuses one).
 
-        Why floats, and why the minimum stays exact. numpy's uint64 product has no SIMD instruction on common CPUs
-        and `%` is a division per element, so `universal_hash` costs ~3x more per value. Instead cut x into
-        11-bit pieces, x = x_2·2^22 + x_1·2^11 + x_0, and let c_j = a·2^(11j) mod p. Then
-        a·x + b ≡ c_0·x_0 + c_1·x_1 + c_2·x_2 + b (mod p), so h(x)/p is the fractional part of
-            s = (c_0/p)·x_0 + (c_1/p)·x_1 + (c_2/p)·x_2 + b/p,                    0 <= s < 3·2^11 + 1 < 2^13
-        and s for all k x n pairs is ONE matrix product (k, 4) @ (4, n). We add 2^17 to the b/p column: then every
-        S = s + 2^17 lies in [2^17, 2^18), where a float64 has a fixed exponent and a step of 2^-35, so the low 35
-        bits of S's mantissa ARE s's fractional part in units of 2^-35: one bitwise AND instead of floor and minus.
-        Error: rounding b/p + 2^17 and each of the three additions at magnitude < 2^18 (any order, as BLAS
-        pleases) costs at most 2^-36 each, the c_j/p terms below 2^-40: |error| < 1.1·2^-34 in s. Residues that
-        differ differ by at least 1/p > 2^-32.01, over twice the worst error of both, so the integer ORDER of the
-        fixed-point values is the exact order of the residues: a minimum picks the right shingle, and
-        rint(value·p/2^35) recovers its residue exactly (off by < 0.3 before rounding). One case is special:
-        residue 0 (for exactly one x per function, its root −b/a mod p) can read as 1 − ε instead of 0.
-        `hash_block` fixes that; the signature loop patches roots after the minimum.
+        Why floats, and why the minimum stays exact. numpy's uint64 product has no SIMD
+        instruction on common CPUs and `%` is a division per element, so `universal_hash` costs
+        ~3x more per value. Instead cut x into 11-bit pieces, x = x_2·2^22 + x_1·2^11 + x_0, and
+        let c_j = a·2^(11j) mod p. Then a·x + b ≡ c_0·x_0 + c_1·x_1 + c_2·x_2 + b (mod p), so
+        h(x)/p is the fractional part of
+            s = (c_0/p)·x_0 + (c_1/p)·x_1 + (c_2/p)·x_2 + b/p,     0 <= s < 3·2^11 + 1 < 2^13
+        and s for all k x n pairs is ONE matrix product (k, 4) @ (4, n). We add 2^17 to the b/p
+        column: then every S = s + 2^17 lies in [2^17, 2^18), where a float64 has a fixed
+        exponent and a step of 2^-35, so the low 35 bits of S's mantissa ARE s's fractional part
+        in units of 2^-35: one bitwise AND instead of floor and minus. Error: rounding b/p + 2^17
+        and each of the three additions at magnitude < 2^18 (any order, as BLAS pleases) costs at
+        most 2^-36 each, the c_j/p terms below 2^-40: |error| < 1.1·2^-34 in s. Residues that
+        differ differ by at least 1/p > 2^-32.01, over twice the worst error of both, so the
+        integer ORDER of the fixed-point values is the exact order of the residues: a minimum
+        picks the right shingle, and rint(value·p/2^35) recovers its residue exactly (off by <
+        0.3 before rounding). One case is special: residue 0 (for exactly one x per function, its
+        root −b/a mod p) can read as 1 − ε instead of 0. `hash_block` fixes that; the signature
+        loop patches roots after the minimum.
         """
         return self._fractions(_split_11_bits(x), out)
 
     def _fractions(self, parts: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """`hash_fractions` from the (4, n) pieces of `_split_11_bits`."""
-        shifted = np.matmul(self._coefficients, parts, out=out)          # (k, n) float64 S = s + 2^17
-        bits = shifted.view(np.uint64)                                   # same memory, read as integers
+        # (k, n) float64 S = s + 2^17
+        shifted = np.matmul(self._coefficients, parts, out=out)
+        # same memory, read as integers
+        bits = shifted.view(np.uint64)
         np.bitwise_and(bits, np.uint64(_FRACTION_MASK), out=bits)        # keep the 35 fraction bits
         return bits
 
     def hash_block(self, x: np.ndarray) -> np.ndarray:
-        """All k hashes (a_i·x + b_i) mod p of 32-bit values x, exactly: (k, len(x)) uint64 (via `hash_fractions`).
+        """All k hashes (a_i·x + b_i) mod p of 32-bit values x, exactly: (k, len(x)) uint64 (via
+        `hash_fractions`).
 
         >>> hasher = MinHasher(4, seed=0)
         >>> x = np.array([0, 12345, 2**32 - 1], dtype=np.uint64)
@@ -475,28 +545,31 @@ class MinHasher:
         return _residues(self.hash_fractions(x))
 
     def signature_reference(self, shingle_set: set[str]) -> list[int]:
-        """The lesson version, in plain Python integers: for each function, the minimum over the shingles.
-        Slow (k x |set| Python operations); the tests use it as the oracle for `signatures`."""
+        """The lesson version, in plain Python integers: for each function, the minimum over the
+        shingles. Slow (k x |set| Python operations); the tests use it as the oracle for
+        `signatures`."""
         xs = [shingle_hash(s) for s in shingle_set]
         return [min((int(a) * x + int(b)) % PRIME for x in xs) for a, b in zip(self.a, self.b)]
 
     def signatures(self, shingle_sets: list[set[str]]) -> np.ndarray:
-        """Signatures of many shingle sets: (docs, num_perm) uint64, row d = signature of shingle_sets[d]."""
+        """Signatures of many shingle sets: (docs, num_perm) uint64, row d = signature of
+        shingle_sets[d]."""
         if len(shingle_sets) == 0:
             raise DedupError("no documents: pass a non-empty list of shingle sets")
-        counts = np.empty(len(shingle_sets), dtype=np.int64)
-        xs = []
-        for d, shingle_set in enumerate(shingle_sets):
-            if not shingle_set:
-                raise DedupError(f"document {d} has no shingles: use shingles(text), which never returns an empty set")
-            counts[d] = len(shingle_set)
-            xs.extend(map(shingle_hash, shingle_set))
-        offsets = np.concatenate(([0], np.cumsum(counts)))
+        empty = [d for d, shingle_set in enumerate(shingle_sets) if not shingle_set]
+        if empty:
+            raise DedupError(
+                f"document {empty[0]} has no shingles: use shingles(text), which never returns an "
+                f"empty set"
+            )
+        xs = [shingle_hash(s) for shingle_set in shingle_sets for s in shingle_set]
+        offsets = np.concatenate(([0], np.cumsum([len(s) for s in shingle_sets], dtype=np.int64)))
         return self.signatures_from_hashes(np.asarray(xs, dtype=np.uint64), offsets)
 
     def signatures_from_texts(self, texts: list[str], n: int = 3) -> np.ndarray:
-        """Signatures straight from texts (the fast path): equal to `signatures([shingles(t, n) for t in texts])`.
-        Texts go through in groups (`GROUP_CHARS`), so memory is the (docs, k) result plus one group's arrays."""
+        """Signatures straight from texts (the fast path): equal to `signatures([shingles(t, n) for
+        t in texts])`. Texts go through in groups (`GROUP_CHARS`), so memory is the (docs, k) result
+        plus one group's arrays."""
         _check_documents(texts)
         _check_n(n)
         out = np.empty((len(texts), self.num_perm), dtype=np.uint64)
@@ -506,37 +579,48 @@ class MinHasher:
         return out
 
     def signatures_from_hashes(self, x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Per-document minima of every h_i over x[offsets[d]:offsets[d+1]] (each range non-empty): (docs, k).
+        """Per-document minima of every h_i over x[offsets[d]:offsets[d+1]] (each range non-empty):
+        (docs, k).
 
-        We walk over the shingles in fixed windows so memory stays flat however long a document is. In a window,
-        the (k, window) block of hash values is reduced per document with `np.minimum.reduceat`; a document cut
-        by a window edge gets its minimum from both windows.
+        We walk over the shingles in fixed windows so memory stays flat however long a document is.
+        In a window, the (k, window) block of hash values is reduced per document with
+        `np.minimum.reduceat`; a document cut by a window edge gets its minimum from both windows.
         """
         x = np.asarray(x, dtype=np.uint64)
         offsets = np.asarray(offsets, dtype=np.int64)
         num_docs = len(offsets) - 1
         if x.size and int(x.max()) >= _HASH_RANGE:
             raise DedupError("shingle hashes must be 32-bit: use shingle_hash / shingle_hashes")
-        out = np.full((num_docs, self.num_perm), np.iinfo(np.uint64).max, dtype=np.uint64)   # (docs, k) minima
+        # (docs, k) minima
+        out = np.full((num_docs, self.num_perm), np.iinfo(np.uint64).max, dtype=np.uint64)
         block = np.empty((self.num_perm, self.chunk))
         window_starts = np.arange(0, len(x), self.chunk)
         window_stops = np.minimum(window_starts + self.chunk, len(x))
-        first_docs = np.searchsorted(offsets, window_starts, side="right") - 1     # doc holding each window's start
-        last_docs = np.searchsorted(offsets, window_stops - 1, side="right") - 1   # ... and its last shingle
-        span = 256 * self.chunk                                           # shingles split into pieces at a time
-        for start, stop, first, last in zip(window_starts.tolist(), window_stops.tolist(), first_docs.tolist(),
-                                            last_docs.tolist()):
+        # doc holding each window's start
+        first_docs = np.searchsorted(offsets, window_starts, side="right") - 1
+        # ... and its last shingle
+        last_docs = np.searchsorted(offsets, window_stops - 1, side="right") - 1
+        # shingles split into pieces at a time
+        span = 256 * self.chunk
+        for start, stop, first, last in zip(
+            window_starts.tolist(), window_stops.tolist(), first_docs.tolist(), last_docs.tolist()
+        ):
             if start % span == 0:
                 parts = _split_11_bits(x[start:start + span])             # (4, <= span)
             piece = parts[:, start % span:start % span + stop - start]
-            values = self._fractions(piece, block if stop - start == self.chunk else None)   # (k, window) uint64
-            seg_starts = offsets[first:last + 1] - start                  # where each document's run begins
-            seg_starts[0] = 0                                             # the first may have begun earlier
+            # (k, window) uint64
+            values = self._fractions(piece, block if stop - start == self.chunk else None)
+            # where each document's run begins
+            seg_starts = offsets[first:last + 1] - start
+            # the first may have begun earlier
+            seg_starts[0] = 0
             minima = np.minimum.reduceat(values, seg_starts, axis=1)     # (k, docs in window)
             rows = out[first:last + 1]
             np.minimum(rows, minima.T, out=rows)
-        out = _residues(out)                                              # exact residues (see hash_fractions)
-        # A document holding some function's root has true minimum 0 there (its fraction may have read 1 − ε).
+        # exact residues (see hash_fractions)
+        out = _residues(out)
+        # A document holding some function's root has true minimum 0 there (its fraction may have
+        # read 1 − ε).
         for position in np.flatnonzero(np.isin(x, self._roots)):
             doc = np.searchsorted(offsets, position, side="right") - 1
             out[doc, self._roots == x[position]] = 0
@@ -544,25 +628,29 @@ class MinHasher:
 
 
 def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float | np.ndarray:
-    """Fraction of positions where two signatures agree (the MinHash estimate of Jaccard). Works row-wise on
-    stacks of signatures too: (pairs, k) and (pairs, k) -> (pairs,).
+    """Fraction of positions where two signatures agree (the MinHash estimate of Jaccard). Works
+    row-wise on stacks of signatures too: (pairs, k) and (pairs, k) -> (pairs,).
 
     >>> estimate_jaccard(np.array([1, 2, 3, 4]), np.array([1, 9, 3, 9]))
     0.5
     """
     sig_a, sig_b = np.asarray(sig_a), np.asarray(sig_b)
     if sig_a.shape != sig_b.shape:
-        raise DedupError(f"signatures differ in shape {sig_a.shape} vs {sig_b.shape}: use the same MinHasher for both")
+        raise DedupError(
+            f"signatures differ in shape {sig_a.shape} vs {sig_b.shape}: use the same MinHasher "
+            f"for both"
+        )
     agree = np.mean(sig_a == sig_b, axis=-1)
     return float(agree) if agree.ndim == 0 else agree
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 4. The theory: standard error, the S-curve, and choosing (bands, rows)
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def standard_error(j: float, num_perm: int) -> float:
-    """Standard error √(J(1 − J)/k) of the MinHash estimate (each of k positions is a coin with P = J).
+    """Standard error √(J(1 − J)/k) of the MinHash estimate (each of k positions is a coin with
+    P = J).
 
     >>> round(standard_error(0.43, 128), 3)
     0.044
@@ -571,7 +659,8 @@ def standard_error(j: float, num_perm: int) -> float:
 
 
 def candidate_probability(j, bands: int, rows: int):
-    """P(two documents with Jaccard j share at least one whole band) = 1 − (1 − j^rows)^bands. Accepts arrays.
+    """P(two documents with Jaccard j share at least one whole band) = 1 − (1 − j^rows)^bands.
+    Accepts arrays.
 
     >>> round(candidate_probability(0.5, 32, 4), 2), round(candidate_probability(0.2, 32, 4), 2)
     (0.87, 0.05)
@@ -592,12 +681,15 @@ def lsh_threshold(bands: int, rows: int) -> float:
 def _check_threshold(threshold) -> None:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)) \
             or not 0.0 < float(threshold) < 1.0:
-        raise DedupError(f"threshold must be a number strictly between 0 and 1, got {threshold!r}: e.g. 0.5")
+        raise DedupError(
+            f"threshold must be a number strictly between 0 and 1, got {threshold!r}: e.g. 0.5"
+        )
 
 
 def band_errors(threshold: float, bands: int, rows: int, grid: int = 2001) -> tuple[float, float]:
-    """(false-positive area, false-negative area) of a banding under the S-curve, over Jaccard uniform in [0, 1]:
-    ∫_0^t P(j) dj (dissimilar pairs that become candidates) and ∫_t^1 1 − P(j) dj (similar pairs that do not)."""
+    """(false-positive area, false-negative area) of a banding under the S-curve, over Jaccard
+    uniform in [0, 1]: ∫_0^t P(j) dj (dissimilar pairs that become candidates) and ∫_t^1 1 −
+    P(j) dj (similar pairs that do not)."""
     below = np.linspace(0.0, threshold, grid)
     above = np.linspace(threshold, 1.0, grid)
     false_pos = np.trapezoid(candidate_probability(below, bands, rows), below)
@@ -607,8 +699,8 @@ def band_errors(threshold: float, bands: int, rows: int, grid: int = 2001) -> tu
 
 def choose_bands_rows(threshold: float, num_perm: int = 128, false_positive_weight: float = 0.5,
                       false_negative_weight: float = 0.5) -> tuple[int, int]:
-    """The (bands, rows) with bands·rows = num_perm that minimises the weighted false-positive + false-negative
-    areas of `band_errors` at this threshold.
+    """The (bands, rows) with bands·rows = num_perm that minimises the weighted false-positive +
+    false-negative areas of `band_errors` at this threshold.
 
     >>> choose_bands_rows(0.5, 128)
     (32, 4)
@@ -627,38 +719,48 @@ def choose_bands_rows(threshold: float, num_perm: int = 128, false_positive_weig
     return best[1], best[2]
 
 
-def resolve_bands_rows(threshold: float, num_perm: int, bands: int | None, rows: int | None) -> tuple[int, int]:
-    """Fill in (bands, rows): both None -> `choose_bands_rows`; one given -> the other is num_perm / it;
-    both given -> they must multiply to num_perm."""
+def resolve_bands_rows(
+    threshold: float, num_perm: int, bands: int | None, rows: int | None
+) -> tuple[int, int]:
+    """Fill in (bands, rows): both None -> `choose_bands_rows`; one given -> the other is num_perm /
+    it; both given -> they must multiply to num_perm."""
     _check_num_perm(num_perm)
     for name, value in (("bands", bands), ("rows", rows)):
-        if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1):
+        if value is not None and (
+            not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1
+        ):
             raise DedupError(f"{name} must be a positive integer, got {value!r}")
     if bands is None and rows is None:
         return choose_bands_rows(threshold, num_perm)
     if bands is None or rows is None:
         given, name = (bands, "bands") if rows is None else (rows, "rows")
         if num_perm % given:
-            raise DedupError(f"num_perm={num_perm} is not divisible by {name}={given}: pick a divisor of num_perm")
+            raise DedupError(
+                f"num_perm={num_perm} is not divisible by {name}={given}: pick a divisor of "
+                f"num_perm"
+            )
         return (given, num_perm // given) if name == "bands" else (num_perm // given, given)
     if bands * rows != num_perm:
-        raise DedupError(f"bands x rows = {bands} x {rows} = {bands * rows} must equal num_perm={num_perm}: "
-                         f"give only bands (rows = num_perm // bands) or use choose_bands_rows")
+        raise DedupError(
+            f"bands x rows = {bands} x {rows} = {bands * rows} must equal num_perm={num_perm}: "
+            f"give only bands (rows = num_perm // bands) or use choose_bands_rows"
+        )
     return int(bands), int(rows)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 5. LSH banding: candidates by sorting band rows (numpy), not by Python dicts
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
     """All pairs of items that share a group.
 
-    order: (N,) item ids sorted so that equal groups are contiguous; group: (N,) group id of order[i].
-    Returns (pairs, 2) int64 item ids with the smaller id first. Pairs at distance d in sorted order share a
-    group when group[i] == group[i + d]; we step d = 1, 2, ... keeping only positions still inside a group.
+    order: (N,) item ids sorted so that equal groups are contiguous; group: (N,) group id of
+    order[i]. Returns (pairs, 2) int64 item ids with the smaller id first. Pairs at distance d in
+    sorted order share a group when group[i] == group[i + d]; we step d = 1, 2, ... keeping only
+    positions still inside a group.
 
-    >>> pairs_in_groups(np.array([7, 3, 5, 9]), np.array([0, 0, 0, 1])).tolist()      # 7, 3, 5 share group 0
+    >>> pairs_in_groups(np.array([7, 3, 5, 9]), np.array([0, 0, 0, 1])).tolist()  # 7, 3, 5: group 0
     [[3, 7], [3, 5], [5, 7]]
     """
     found = []
@@ -666,7 +768,8 @@ def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
     distance = 1
     while candidates.size:
         same = group[candidates] == group[candidates + distance]
-        candidates = candidates[same]                        # positions whose group reaches distance d further
+        # positions whose group reaches distance d further
+        candidates = candidates[same]
         if candidates.size:
             left, right = order[candidates], order[candidates + distance]
             found.append(np.stack([np.minimum(left, right), np.maximum(left, right)], axis=1))
@@ -676,8 +779,9 @@ def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
 
 
 def _band_keys(band_rows: np.ndarray) -> np.ndarray:
-    """One 64-bit key per document for a band: (N, r) uint64 -> (N,) uint64, fmix64 folded over the r values.
-    Equal bands give equal keys; different bands share a key with probability ~2^-64 (handled by the caller)."""
+    """One 64-bit key per document for a band: (N, r) uint64 -> (N,) uint64, fmix64 folded over the
+    r values. Equal bands give equal keys; different bands share a key with probability ~2^-64
+    (handled by the caller)."""
     key = np.full(len(band_rows), _SHINGLE_SEED, dtype=np.uint64)
     for column in band_rows.T:
         key = _fmix64_array(key ^ column)
@@ -685,50 +789,69 @@ def _band_keys(band_rows: np.ndarray) -> np.ndarray:
 
 
 def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """One 64-bit key per (document, band): (N, bands) uint64, band b's rows folded with b itself, so keys of
-    different bands differ. Two documents share a key when they agree on every row of that band (or, with odds
-    ~2^-64, by collision, which verification then rejects). An index too big for memory joins documents on
-    these keys on disk instead of sorting the signatures (data.py's streaming engine does).
+    """One 64-bit key per (document, band): (N, bands) uint64, band b's rows folded with b itself,
+    so keys of different bands differ. Two documents share a key when they agree on every row of
+    that band (or, with odds ~2^-64, by collision, which verification then rejects). An index too
+    big for memory joins documents on these keys on disk instead of sorting the signatures
+    (data.py's streaming engine does).
 
     >>> keys = band_keys(np.array([[1, 2, 3, 4], [1, 2, 9, 9]], dtype=np.uint64), bands=2, rows=2)
-    >>> bool(keys[0, 0] == keys[1, 0]), bool(keys[0, 1] == keys[1, 1]), bool(keys[0, 0] == keys[0, 1])
+    >>> same = lambda a, b: bool(keys[a] == keys[b])
+    >>> same((0, 0), (1, 0)), same((0, 1), (1, 1)), same((0, 0), (0, 1))
     (True, False, False)
     """
     signatures = np.asarray(signatures, dtype=np.uint64)
     out = np.empty((len(signatures), bands), dtype=np.uint64)
     for band in range(bands):
         band_index = np.full((len(signatures), 1), band, dtype=np.uint64)
-        out[:, band] = _band_keys(np.hstack([band_index, signatures[:, band * rows:(band + 1) * rows]]))
+        out[:, band] = _band_keys(
+            np.hstack([band_index, signatures[:, band * rows : (band + 1) * rows]])
+        )
     return out
 
 
-def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, documents: np.ndarray | None = None) -> np.ndarray:
-    """Candidate pairs as an array (pairs, 2) of document ids, i < j, sorted, each pair once. `documents`, an
-    ascending array of row ids, restricts the search to those rows (without copying the whole signature array).
+def candidate_pairs(
+    signatures: np.ndarray, bands: int, rows: int, documents: np.ndarray | None = None
+) -> np.ndarray:
+    """Candidate pairs as an array (pairs, 2) of document ids, i < j, sorted, each pair once.
+    `documents`, an ascending array of row ids, restricts the search to those rows (without copying
+    the whole signature array).
 
-    Per band: sort the documents by a 64-bit key of their band (one argsort), so documents with identical bands
-    become neighbours; every pair inside a run of identical bands is a candidate. Runs are cut where the band
-    rows themselves differ, so a key collision can never make a false candidate; if two different bands ever
-    share a key (odds ~2^-64 per pair), that band is re-sorted by the rows themselves (np.lexsort), so none is
-    missed either. Memory is a few arrays of length N per band plus the pairs found: no dict of tuples.
+    Per band: sort the documents by a 64-bit key of their band (one argsort), so documents with
+    identical bands become neighbours; every pair inside a run of identical bands is a candidate.
+    Runs are cut where the band rows themselves differ, so a key collision can never make a false
+    candidate; if two different bands ever share a key (odds ~2^-64 per pair), that band is
+    re-sorted by the rows themselves (np.lexsort), so none is missed either. Memory is a few arrays
+    of length N per band plus the pairs found: no dict of tuples.
     """
     signatures = np.asarray(signatures)
     if signatures.ndim != 2 or signatures.shape[0] == 0:
-        raise DedupError(f"signatures must be a non-empty (docs, num_perm) array, got shape {signatures.shape}")
+        raise DedupError(
+            f"signatures must be a non-empty (docs, num_perm) array, got shape {signatures.shape}"
+        )
     if bands is None or rows is None:
-        raise DedupError("lsh_candidates needs both bands and rows: e.g. choose_bands_rows(threshold, num_perm)")
+        raise DedupError(
+            "lsh_candidates needs both bands and rows: e.g. choose_bands_rows(threshold, num_perm)"
+        )
     bands, rows = resolve_bands_rows(0.5, signatures.shape[1], bands, rows)
-    documents = np.arange(signatures.shape[0]) if documents is None else np.asarray(documents, dtype=np.int64)
+    documents = (
+        np.arange(signatures.shape[0])
+        if documents is None
+        else np.asarray(documents, dtype=np.int64)
+    )
     num_docs = len(documents)
     keys = []
     for band in range(bands):
         band_rows = signatures[documents, band * rows:(band + 1) * rows]      # (N, r) a small copy
         band_keys = _band_keys(band_rows)
-        order = np.argsort(band_keys, kind="stable")                           # (N,) equal keys side by side
+        # (N,) equal keys side by side
+        order = np.argsort(band_keys, kind="stable")
         sorted_rows = band_rows[order]
-        new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)          # (N-1,) the band changes here
+        # (N-1,) the band changes here
+        new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
         sorted_keys = band_keys[order]
-        if np.any(new_run & (sorted_keys[1:] == sorted_keys[:-1])):            # a key collision: sort exactly
+        # a key collision: sort exactly
+        if np.any(new_run & (sorted_keys[1:] == sorted_keys[:-1])):
             order = np.lexsort(band_rows.T[::-1])
             sorted_rows = band_rows[order]
             new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
@@ -740,7 +863,8 @@ def candidate_pairs(signatures: np.ndarray, bands: int, rows: int, documents: np
 
 
 def lsh_candidates(signatures: np.ndarray, bands: int, rows: int) -> set[tuple[int, int]]:
-    """Pairs (i, j), i < j, of documents that agree on all `rows` values of at least one of `bands` bands.
+    """Pairs (i, j), i < j, of documents that agree on all `rows` values of at least one of `bands`
+    bands.
 
     >>> sig = np.array([[1, 2, 3, 4], [1, 2, 9, 9], [7, 7, 3, 4], [5, 6, 7, 8]], dtype=np.uint64)
     >>> sorted(lsh_candidates(sig, bands=2, rows=2))
@@ -749,9 +873,9 @@ def lsh_candidates(signatures: np.ndarray, bands: int, rows: int) -> set[tuple[i
     return set(map(tuple, candidate_pairs(signatures, bands, rows).tolist()))
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 6. Clusters: union-find over the verified pairs
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 class UnionFind:
     """Disjoint sets over 0..n-1 with path halving and union by size.
@@ -768,7 +892,8 @@ class UnionFind:
     def find(self, i: int) -> int:
         parent = self.parent
         while parent[i] != i:
-            parent[i] = parent[parent[i]]          # path halving: point at the grandparent as we climb
+            # path halving: point at the grandparent as we climb
+            parent[i] = parent[parent[i]]
             i = parent[i]
         return i
 
@@ -782,16 +907,18 @@ class UnionFind:
         self.size[root_i] += self.size[root_j]
 
     def clusters(self) -> list[list[int]]:
-        """Sets with at least two members, each sorted ascending, ordered by their smallest member."""
+        """Sets with at least two members, each sorted ascending, ordered by their smallest
+        member."""
         members: dict[int, list[int]] = {}
         for i in range(len(self.parent)):
-            members.setdefault(self.find(i), []).append(i)     # i increases, so each list comes out sorted
+            # i increases, so each list comes out sorted
+            members.setdefault(self.find(i), []).append(i)
         return sorted((m for m in members.values() if len(m) >= 2), key=lambda m: m[0])
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 7. The whole job: texts -> clusters -> documents to keep
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _check_documents(texts) -> None:
     if isinstance(texts, (str, bytes)) or not hasattr(texts, "__len__"):
@@ -800,20 +927,24 @@ def _check_documents(texts) -> None:
         raise DedupError("empty document list: pass at least one document")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise DedupError(f"document {i} is {type(text).__name__}, not str: decode or drop it before dedup")
+            raise DedupError(
+                f"document {i} is {type(text).__name__}, not str: decode or drop it before dedup"
+            )
 
 
 def pair_jaccard(texts: list[str], pairs: np.ndarray, n: int = 3) -> np.ndarray:
-    """Exact Jaccard of the shingle sets of each pair (i, j): (pairs,). Only documents that appear in a pair are
-    shingled (as 64-bit fingerprints, see `shingle_fingerprints`).
+    """Exact Jaccard of the shingle sets of each pair (i, j): (pairs,). Only documents that appear
+    in a pair are shingled (as 64-bit fingerprints, see `shingle_fingerprints`).
 
-    >>> pair_jaccard(["the cat sat on the mat today", "x", "the cat sat on the rug today"], np.array([[0, 2]]))
+    >>> texts = ["the cat sat on the mat today", "x", "the cat sat on the rug today"]
+    >>> pair_jaccard(texts, np.array([[0, 2]]))
     array([0.42857143])
     """
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     involved = np.unique(pairs)
     values, offsets = shingle_fingerprints([texts[d] for d in involved.tolist()], n)
-    sets = [np.unique(values[offsets[k]:offsets[k + 1]]) for k in range(len(involved))]   # sorted, distinct
+    # sorted, distinct
+    sets = [np.unique(values[offsets[k]:offsets[k + 1]]) for k in range(len(involved))]
     similarity = np.empty(len(pairs))
     for p, (i, j) in enumerate(np.searchsorted(involved, pairs).tolist()):
         common = len(np.intersect1d(sets[i], sets[j], assume_unique=True))
@@ -827,46 +958,70 @@ def pair_estimates(signatures: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     similarity = np.empty(len(pairs))
     for start in range(0, len(pairs), 65536):
         chunk = pairs[start:start + 65536]
-        similarity[start:start + len(chunk)] = estimate_jaccard(signatures[chunk[:, 0]], signatures[chunk[:, 1]])
+        similarity[start : start + len(chunk)] = estimate_jaccard(
+            signatures[chunk[:, 0]], signatures[chunk[:, 1]]
+        )
     return similarity
 
 
 def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Collapse documents whose whole signatures are identical (exact copies, mostly): returns (representatives,
-    the smallest document of each group plus every document without a twin, ascending; star pairs (m, 2), one
-    (representative, member) per other member). Without this, m copies of one boilerplate page would make
-    m(m-1)/2 candidate pairs in every band; with it, they cost m - 1 pairs.
+    """Collapse documents whose whole signatures are identical (exact copies, mostly): returns
+    (representatives, the smallest document of each group plus every document without a twin,
+    ascending; star pairs (m, 2), one (representative, member) per other member). Without this, m
+    copies of one boilerplate page would make m(m-1)/2 candidate pairs in every band; with it, they
+    cost m - 1 pairs.
 
     >>> sig = np.array([[1, 2], [3, 4], [1, 2], [1, 2]], dtype=np.uint64)
     >>> representatives, stars = identical_signature_groups(sig)
     >>> representatives.tolist(), stars.tolist()
     ([0, 1], [[0, 2], [0, 3]])
     """
-    mixer = np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64) * 2 + 1
-    keys = _fmix64_array(signatures @ mixer)                      # (N,) a hash of the whole row (wraps mod 2^64)
-    order = np.argsort(keys, kind="stable")                       # twins side by side, smaller index first
-    same_key = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])                # only these can be twins
-    twin_of_previous = np.zeros(len(order) - 1, dtype=bool)                        # (N-1,) exactly equal rows
-    twin_of_previous[same_key] = np.all(signatures[order[same_key]] == signatures[order[same_key + 1]], axis=1)
+    mixer = (
+        np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64) * 2
+        + 1
+    )
+    # (N,) a hash of the whole row (wraps mod 2^64)
+    keys = _fmix64_array(signatures @ mixer)
+    # twins side by side, smaller index first
+    order = np.argsort(keys, kind="stable")
+    # only these can be twins
+    same_key = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])
+    # (N-1,) exactly equal rows
+    twin_of_previous = np.zeros(len(order) - 1, dtype=bool)
+    twin_of_previous[same_key] = np.all(
+        signatures[order[same_key]] == signatures[order[same_key + 1]], axis=1
+    )
     group = np.concatenate(([0], np.cumsum(~twin_of_previous)))
-    first_in_group = order[np.concatenate(([True], ~twin_of_previous))]           # (groups,) stable: smallest
-    representative = first_in_group[group]                                         # (N,) for order[i]
+    # (groups,) stable: smallest
+    first_in_group = order[np.concatenate(([True], ~twin_of_previous))]
+    # (N,) for order[i]
+    representative = first_in_group[group]
     is_member = representative != order
     stars = np.stack([representative[is_member], order[is_member]], axis=1).astype(np.int64)
     return np.sort(first_in_group), stars[np.lexsort((stars[:, 1], stars[:, 0]))]
 
 
-def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
-                         rows: int | None = None, n: int = 3, seed: int = 0, verify: str = "exact",
-                         strip_accents: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Verified pairs (m, 2), i < j, sorted, with their similarity (m,): MinHash signatures -> copies collapsed
-    -> LSH candidates -> verification at `threshold` (verify="exact": exact Jaccard of the shingle sets, via 64-bit
-    fingerprints; "estimate": the signatures' agreement rate). bands/rows default to `choose_bands_rows`.
+def near_duplicate_pairs(
+    texts: list[str],
+    threshold: float = 0.5,
+    num_perm: int = 128,
+    bands: int | None = None,
+    rows: int | None = None,
+    n: int = 3,
+    seed: int = 0,
+    verify: str = "exact",
+    strip_accents: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Verified pairs (m, 2), i < j, sorted, with their similarity (m,): MinHash signatures ->
+    copies collapsed -> LSH candidates -> verification at `threshold` (verify="exact": exact Jaccard
+    of the shingle sets, via 64-bit fingerprints; "estimate": the signatures' agreement rate).
+    bands/rows default to `choose_bands_rows`.
 
-    Copies: a document whose shingle set equals an earlier one's (for "estimate": whose signature does) is listed
-    once, as (first copy, copy) with similarity 1.0, and left out of LSH; its other pairs are its first copy's,
-    so the clusters are exactly those of the full pair list, at a cost linear in the number of copies.
-    strip_accents: shingle every text after `remove_accents` (both the signatures and the exact verification).
+    Copies: a document whose shingle set equals an earlier one's (for "estimate": whose signature
+    does) is listed once, as (first copy, copy) with similarity 1.0, and left out of LSH; its other
+    pairs are its first copy's, so the clusters are exactly those of the full pair list, at a cost
+    linear in the number of copies. strip_accents: shingle every text after `remove_accents` (both
+    the signatures and the exact verification).
     """
     _check_documents(texts)
     _check_threshold(threshold)
@@ -878,12 +1033,17 @@ def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int
         texts = [remove_accents(text) for text in texts]
     signatures = MinHasher(num_perm, seed).signatures_from_texts(texts, n)
     representatives, stars = identical_signature_groups(signatures)
-    if verify == "exact":                           # equal signatures, unequal sets: not copies, back into LSH
+    # equal signatures, unequal sets: not copies, back into LSH
+    if verify == "exact":
         copies = pair_jaccard(texts, stars, n) == 1.0
         representatives = np.union1d(representatives, stars[~copies, 1])
         stars = stars[copies]
     candidates = candidate_pairs(signatures, bands, rows, documents=representatives)
-    similarity = pair_jaccard(texts, candidates, n) if verify == "exact" else pair_estimates(signatures, candidates)
+    similarity = (
+        pair_jaccard(texts, candidates, n)
+        if verify == "exact"
+        else pair_estimates(signatures, candidates)
+    )
     keep = similarity >= threshold
     pairs = np.concatenate([stars, candidates[keep]])
     similarity = np.concatenate([np.ones(len(stars)), similarity[keep]])
@@ -891,17 +1051,28 @@ def near_duplicate_pairs(texts: list[str], threshold: float = 0.5, num_perm: int
     return pairs[order], similarity[order]
 
 
-def near_duplicates(texts: list[str], threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
-                    rows: int | None = None, n: int = 3, seed: int = 0, verify: str = "exact",
-                    strip_accents: bool = False) -> list[list[int]]:
-    """Clusters of near-duplicate documents (each cluster sorted, size >= 2, clusters ordered by first index):
-    union-find over `near_duplicate_pairs`. Clusters are transitive: if A ~ B and B ~ C, A and C share one.
+def near_duplicates(
+    texts: list[str],
+    threshold: float = 0.5,
+    num_perm: int = 128,
+    bands: int | None = None,
+    rows: int | None = None,
+    n: int = 3,
+    seed: int = 0,
+    verify: str = "exact",
+    strip_accents: bool = False,
+) -> list[list[int]]:
+    """Clusters of near-duplicate documents (each cluster sorted, size >= 2, clusters ordered by
+    first index): union-find over `near_duplicate_pairs`. Clusters are transitive: if A ~ B and B ~
+    C, A and C share one.
 
     >>> near_duplicates(["the cat sat on the mat today", "a completely different sentence here",
     ...                  "The cat sat on the mat, today!"])
     [[0, 2]]
     """
-    pairs, _ = near_duplicate_pairs(texts, threshold, num_perm, bands, rows, n, seed, verify, strip_accents)
+    pairs, _ = near_duplicate_pairs(
+        texts, threshold, num_perm, bands, rows, n, seed, verify, strip_accents
+    )
     union_find = UnionFind(len(texts))
     for i, j in pairs.tolist():
         union_find.union(i, j)
@@ -909,26 +1080,28 @@ def near_duplicates(texts: list[str], threshold: float = 0.5, num_perm: int = 12
 
 
 def dedup(texts: list[str], threshold: float = 0.5, **kwargs) -> list[int]:
-    """Indices of the documents to keep: every document outside a cluster, and the first of each cluster, in order.
-    Keyword arguments go to `near_duplicates`.
+    """Indices of the documents to keep: every document outside a cluster, and the first of each
+    cluster, in order. Keyword arguments go to `near_duplicates`.
 
-    >>> dedup(["the cat sat on the mat today", "other words entirely here", "the cat sat on the mat today"])
+    >>> dedup(["the cat sat on the mat today", "other words entirely here",
+    ...        "the cat sat on the mat today"])
     [0, 1]
     """
     dropped = {i for cluster in near_duplicates(texts, threshold, **kwargs) for i in cluster[1:]}
     return [i for i in range(len(texts)) if i not in dropped]
 
 
-# ----------------------------------------------------------------------------------------------------------
-# 8. Shingle overlap between two corpora: the 13-gram index (evaluate.py's contamination, data.py's --val-data)
-# ----------------------------------------------------------------------------------------------------------
-# Near-dedup asks which documents of one corpus resemble each other; contamination asks which documents of a small
-# corpus (an evaluation set, a held-out file) share a long shingle with a big one (the training corpus). GPT-3's
-# rule: an evaluation document is contaminated when one of its 13-grams (13 consecutive lowercased words,
-# punctuation ignored) occurs in training. 13 words are long enough that only copied text shares them (evaluate.py
-# shows why 6 is too short). The big side becomes an index, the small side is looked up in it, document by document.
+# --------------------------------------------------------------------------------------------------
+# 8. Shingle overlap between two corpora: the 13-gram index (evaluate.py's contamination, data.py's
+#    --val-data)
+# --------------------------------------------------------------------------------------------------
+# Near-dedup asks which documents of one corpus resemble each other; contamination asks which
+# documents of a small corpus (an evaluation set, a held-out file) share a long shingle with a big
+# one (the training corpus). GPT-3's rule: an evaluation document is contaminated when one of its
+# 13-grams (13 consecutive lowercased words, punctuation ignored) occurs in training. 13 words are
+# long enough that only copied text shares them (evaluate.py shows why 6 is too short). The big side
+# becomes an index, the small side is looked up in it, document by document.
 
-_OVERLAP_WORD = re.compile(r"\w+")
 _UNKNOWN = np.uint64(2**64 - 1)          # id of a word the indexed corpus never had
 _NGRAM_BASE = np.uint64(_POLY_BASE)      # odd multiplier of the polynomial n-gram hash (mod 2^64)
 
@@ -939,11 +1112,13 @@ def overlap_words(text: str) -> list[str]:
     >>> overlap_words("It's 13 words, or so.")
     ['it', 's', '13', 'words', 'or', 'so']
     """
-    return _OVERLAP_WORD.findall(text.lower())
+    # the words of section 1, lowercased, not NFKC-folded
+    return _WORD.findall(text.lower())
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: spreads small consecutive word ids over all 64 bits (uint64 arithmetic wraps)."""
+    """splitmix64's finaliser: spreads small consecutive word ids over all 64 bits (uint64
+    arithmetic wraps)."""
     x = x ^ (x >> np.uint64(30))
     x = x * np.uint64(0xBF58476D1CE4E5B9)
     x = x ^ (x >> np.uint64(27))
@@ -952,12 +1127,13 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
-    """64-bit hash of every run of n consecutive word ids: h = sum_j mix(id[i+j]) * BASE^(n-1-j) mod 2^64.
-    (len(word_ids) - n + 1,) uint64; empty when the document has fewer than n words. Two different n-grams share
-    a hash with probability about 2^-64, so a false hit needs ~10^19 comparisons.
+    """64-bit hash of every run of n consecutive word ids: h = sum_j mix(id[i+j]) * BASE^(n-1-j) mod
+    2^64. (len(word_ids) - n + 1,) uint64; empty when the document has fewer than n words. Two
+    different n-grams share a hash with probability about 2^-64, so a false hit needs ~10^19
+    comparisons.
 
     >>> a, b = ngram_hashes(np.array([1, 2, 3, 1, 2]), 2), ngram_hashes(np.array([9, 1, 2]), 2)
-    >>> len(a), bool(a[0] == a[3] == b[1]), bool(a[0] == a[1])         # (1, 2) hashes alike wherever it occurs
+    >>> len(a), bool(a[0] == a[3] == b[1]), bool(a[0] == a[1])  # (1, 2) alike wherever it occurs
     (4, True, False)
     """
     count = len(word_ids) - n + 1
@@ -965,16 +1141,19 @@ def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
         return np.empty(0, dtype=np.uint64)
     mixed = _mix64(word_ids.astype(np.uint64) + np.uint64(1))
     h = np.zeros(count, dtype=np.uint64)
-    for j in range(n):                   # Horner's rule over the n positions, all start positions at once
+    # Horner's rule over the n positions, all start positions at once
+    for j in range(n):
         h = h * _NGRAM_BASE + mixed[j:j + count]
     return h
 
 
 class SetNgramIndex:
-    """The plain way, kept as the readable reference: a Python set of word tuples. Exact, but every 13-gram costs a
-    tuple of 13 string references plus a set slot (~200 bytes), so it is ~25x the memory of the hashed index.
+    """The plain way, kept as the readable reference: a Python set of word tuples. Exact, but every
+    13-gram costs a tuple of 13 string references plus a set slot (~200 bytes), so it is ~25x the
+    memory of the hashed index.
 
-    index = SetNgramIndex(13); index.add(doc) for each indexed document; index.freeze(); document_overlap(index, text).
+    index = SetNgramIndex(13); index.add(doc) for each indexed document; index.freeze();
+    document_overlap(index, text).
     """
 
     def __init__(self, n: int = 13):
@@ -994,18 +1173,21 @@ class SetNgramIndex:
         return len(self.grams)
 
     def hit_mask(self, tokens: list[str]) -> np.ndarray:
-        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the indexed corpus."""
-        return np.array([tuple(tokens[i:i + self.n]) in self.grams for i in range(len(tokens) - self.n + 1)],
-                        dtype=bool)
+        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the indexed
+        corpus."""
+        return np.array(
+            [tuple(tokens[i : i + self.n]) in self.grams for i in range(len(tokens) - self.n + 1)],
+            dtype=bool,
+        )
 
 
 class NgramIndex:
-    """The scalable way: every n-gram hash of the corpus in one sorted uint64 array (8 bytes per n-gram), queried
-    by binary search. Same interface as SetNgramIndex; words get integer ids from a dict, so identical words hash
-    identically on both sides.
+    """The scalable way: every n-gram hash of the corpus in one sorted uint64 array (8 bytes per
+    n-gram), queried by binary search. Same interface as SetNgramIndex; words get integer ids from a
+    dict, so identical words hash identically on both sides.
 
     >>> index = NgramIndex(n=3); index.add("the cat sat on the mat"); _ = index.freeze()
-    >>> index.hit_mask(overlap_words("a cat sat on the rug")).tolist()      # "cat sat on", "sat on the"
+    >>> index.hit_mask(overlap_words("a cat sat on the rug")).tolist()  # "cat sat on", "sat on the"
     [False, True, True, False]
     """
 
@@ -1018,16 +1200,21 @@ class NgramIndex:
     def add(self, text: str) -> None:
         tokens = overlap_words(text)
         vocab = self.vocab
-        ids = np.fromiter((vocab.setdefault(w, len(vocab)) for w in tokens), dtype=np.uint64, count=len(tokens))
+        ids = np.fromiter(
+            (vocab.setdefault(w, len(vocab)) for w in tokens), dtype=np.uint64, count=len(tokens)
+        )
         self._parts.append(ngram_hashes(ids, self.n))
         self.words_seen += len(tokens)
         self.documents += 1
 
     def freeze(self) -> "NgramIndex":
-        """Sort and deduplicate (sort + neighbour compare: np.unique is ~20x slower on uint64 in numpy 2.x)."""
+        """Sort and deduplicate (sort + neighbour compare: np.unique is ~20x slower on uint64 in
+        numpy 2.x)."""
         hashes = np.concatenate([self.hashes, *self._parts])
         hashes.sort()
-        self.hashes = hashes[np.concatenate([[True], hashes[1:] != hashes[:-1]])] if len(hashes) else hashes
+        self.hashes = (
+            hashes[np.concatenate([[True], hashes[1:] != hashes[:-1]])] if len(hashes) else hashes
+        )
         self._parts = []
         return self
 
@@ -1035,23 +1222,28 @@ class NgramIndex:
         return len(self.hashes)
 
     def hit_mask(self, tokens: list[str]) -> np.ndarray:
-        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the indexed corpus."""
+        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the indexed
+        corpus."""
         n = self.n
-        ids = np.fromiter((self.vocab.get(w, _UNKNOWN) for w in tokens), dtype=np.uint64, count=len(tokens))
+        ids = np.fromiter(
+            (self.vocab.get(w, _UNKNOWN) for w in tokens), dtype=np.uint64, count=len(tokens)
+        )
         hashes = ngram_hashes(ids, n)
         if not len(hashes) or not len(self.hashes):
             return np.zeros(len(hashes), dtype=bool)
         at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
         hit = self.hashes[at] == hashes
         known = np.concatenate([[0], np.cumsum(ids != _UNKNOWN, dtype=np.int64)])
-        return hit & ((known[n:] - known[:-n]) == n)    # an n-gram with a word the corpus never had is not in it
+        # an n-gram with a word the corpus never had is not in it
+        return hit & ((known[n:] - known[:-n]) == n)
 
 
 def document_overlap(index, text: str) -> dict:
-    """The n-grams of one document (of the small corpus) found in the indexed one.
-    -> {"words", "ngrams", "overlapping", "fraction", "example"}: example is the first shared n-gram (or None).
-    `index` is anything with `n` and `hit_mask(words)`: NgramIndex, SetNgramIndex, or data_at_scale's index of the
-    small side, which marks the n-grams its stream of training documents held.
+    """The n-grams of one document (of the small corpus) found in the indexed one. -> {"words",
+    "ngrams", "overlapping", "fraction", "example"}: example is the first shared n-gram (or None).
+    `index` is anything with `n` and `hit_mask(words)`: NgramIndex, SetNgramIndex, or
+    data_at_scale's index of the small side, which marks the n-grams its stream of training
+    documents held.
 
     >>> index = NgramIndex(n=3); index.add("the cat sat on the mat"); _ = index.freeze()
     >>> document_overlap(index, "A cat sat on the rug!")["example"]
@@ -1065,17 +1257,24 @@ def document_overlap(index, text: str) -> dict:
             "example": " ".join(tokens[first:first + index.n]) if first is not None else None}
 
 
-# ----------------------------------------------------------------------------------------------------------
-# 9. The lecture's required exercise: planted near-duplicates in WikiText-2, measured against brute force
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# 9. The lecture's required exercise: planted near-duplicates in WikiText-2, measured against brute
+#    force
+# --------------------------------------------------------------------------------------------------
 
-DEFAULT_WIKITEXT = (pathlib.Path(__file__).resolve().parent.parent / "shared" / "data" / "wikitext-2-raw"
-                    / "wiki.valid.raw")
+DEFAULT_WIKITEXT = (
+    pathlib.Path(__file__).resolve().parent.parent
+    / "shared"
+    / "data"
+    / "wikitext-2-raw"
+    / "wiki.valid.raw"
+)
 DEFAULT_SETTINGS = ((64, 16, 4), (128, 32, 4), (128, 16, 8), (128, 64, 2), (256, 64, 4))
 
 
 def wikitext_paragraphs(lines, count: int = 500, min_words: int = 100) -> list[str]:
-    """The first `count` paragraphs (lines) with at least `min_words` words that are not headings (" = ... = ")."""
+    """The first `count` paragraphs (lines) with at least `min_words` words that are not
+    headings (" = ... = ")."""
     paragraphs = []
     for line in lines:
         line = line.strip()
@@ -1087,33 +1286,42 @@ def wikitext_paragraphs(lines, count: int = 500, min_words: int = 100) -> list[s
 
 
 def load_wikitext(source: str | os.PathLike, count: int = 500, min_words: int = 100) -> list[str]:
-    """Paragraphs from a raw WikiText file, or from Hugging Face's wikitext-2-raw-v1 train split when
-    source == "hf" (needs the `datasets` package and a network)."""
+    """Paragraphs from a raw WikiText file, or from Hugging Face's wikitext-2-raw-v1 train split
+    when source == "hf" (needs the `datasets` package and a network)."""
     if str(source) == "hf":
         try:
             import datasets
         except ImportError:
-            raise DedupError(f"WikiText-2 is read from {DEFAULT_WIKITEXT} (not here) or from Hugging Face "
-                             "(pip install datasets, and a network): install it or pass --data PATH to a raw "
-                             "WikiText file") from None
+            raise DedupError(
+                f"WikiText-2 is read from {DEFAULT_WIKITEXT} (not here) or from Hugging Face, "
+                "which needs the `datasets` package (pip install datasets) and a network: install "
+                "it or pass --data PATH to a raw WikiText file"
+            ) from None
         try:
-            lines = datasets.load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1", split="train")["text"]
-        except Exception as error:                    # network or hub failure: one line, not the hub's traceback
-            raise DedupError(f"WikiText-2 is read from {DEFAULT_WIKITEXT} (not here) or downloaded from Hugging "
-                             f"Face, which failed ({type(error).__name__}): pass --data PATH to a raw WikiText "
-                             f"file") from None
+            lines = datasets.load_dataset(
+                "Salesforce/wikitext", "wikitext-2-raw-v1", split="train"
+            )["text"]
+        # network or hub failure: one line, not the hub's traceback
+        except Exception as error:
+            raise DedupError(
+                f"WikiText-2 is read from {DEFAULT_WIKITEXT} (not here) or downloaded from Hugging "
+                f"Face, which failed ({type(error).__name__}): pass --data PATH to a raw WikiText "
+                f"file"
+            ) from None
     else:
         lines = read_text(source).split("\n")
     paragraphs = wikitext_paragraphs(lines, count, min_words)
     if len(paragraphs) < count:
-        raise DedupError(f"{source} has only {len(paragraphs)} paragraphs of {min_words}+ words, need {count}: "
-                         "use a larger raw WikiText file (e.g. wiki.valid.raw)")
+        raise DedupError(
+            f"{source} has only {len(paragraphs)} paragraphs of {min_words}+ words, need {count}: "
+            "use a larger raw WikiText file (e.g. wiki.valid.raw)"
+        )
     return paragraphs
 
 
 def make_near_copy(text: str, rng: random.Random, rate: float, vocabulary: list[str]) -> str:
-    """A copy of `text` with round(rate · words) edits (at least one), each a random replace, delete or insert
-    of one word at a random position; new words come from `vocabulary`.
+    """A copy of `text` with round(rate · words) edits (at least one), each a random replace,
+    delete or insert of one word at a random position; new words come from `vocabulary`.
 
     >>> make_near_copy("a b c d e f g h i j", random.Random(0), 0.2, ["X", "Y"])
     'a b c d Y f h i j'
@@ -1133,9 +1341,10 @@ def make_near_copy(text: str, rng: random.Random, rate: float, vocabulary: list[
 
 def plant_near_duplicates(documents: list[str], copies: int = 100, rate_range=(0.02, 0.05),
                           seed: int = 0) -> tuple[list[str], set[tuple[int, int]]]:
-    """documents + one near copy of `copies` randomly chosen documents (appended), and the true pairs
-    (original index, copy index). Each copy gets its own edit rate drawn uniformly from `rate_range`; inserted
-    and replacing words come from the documents' own words (punctuation tokens left out: they are no edit)."""
+    """documents + one near copy of `copies` randomly chosen documents (appended), and the true
+    pairs (original index, copy index). Each copy gets its own edit rate drawn uniformly from
+    `rate_range`; inserted and replacing words come from the documents' own words (punctuation
+    tokens left out: they are no edit)."""
     rng = random.Random(seed)
     vocabulary = sorted({w for doc in documents for w in doc.split() if _WORD.search(w)})
     chosen = sorted(rng.sample(range(len(documents)), copies))
@@ -1147,7 +1356,8 @@ def plant_near_duplicates(documents: list[str], copies: int = 100, rate_range=(0
 
 
 def brute_force_jaccard(shingle_sets: list[set[str]]) -> tuple[np.ndarray, np.ndarray]:
-    """Exact Jaccard of every pair i < j: (pairs (N(N-1)/2, 2), jaccard (N(N-1)/2,)). 600 documents: 179,700."""
+    """Exact Jaccard of every pair i < j: (pairs (N(N-1)/2, 2), jaccard (N(N-1)/2,)). 600 documents:
+    179,700."""
     num_docs = len(shingle_sets)
     i, j = np.triu_indices(num_docs, k=1)
     sizes = [len(s) for s in shingle_sets]
@@ -1158,9 +1368,17 @@ def brute_force_jaccard(shingle_sets: list[set[str]]) -> tuple[np.ndarray, np.nd
     return np.stack([i, j], axis=1).astype(np.int64), values
 
 
-def run_experiment(documents: list[str], planted: set[tuple[int, int]], settings=DEFAULT_SETTINGS,
-                   threshold: float = 0.5, n: int = 3, seed: int = 0, verify: str = "estimate") -> dict:
-    """Brute force vs MinHash + LSH for each (k, bands, rows). Returns a JSON-ready dict (see `experiment_table`)."""
+def run_experiment(
+    documents: list[str],
+    planted: set[tuple[int, int]],
+    settings=DEFAULT_SETTINGS,
+    threshold: float = 0.5,
+    n: int = 3,
+    seed: int = 0,
+    verify: str = "estimate",
+) -> dict:
+    """Brute force vs MinHash + LSH for each (k, bands, rows). Returns a JSON-ready dict (see
+    `experiment_table`)."""
     _check_threshold(threshold)
     if verify not in ("exact", "estimate"):
         raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
@@ -1172,16 +1390,27 @@ def run_experiment(documents: list[str], planted: set[tuple[int, int]], settings
     brute_seconds = time.perf_counter() - start
     num_docs = len(documents)
     exact_of = dict(zip((all_pairs[:, 0] * num_docs + all_pairs[:, 1]).tolist(), exact.tolist()))
-    similar = exact > 0.1                                        # MAE only where there is something to estimate
+    # MAE only where there is something to estimate
+    similar = exact > 0.1
     planted_j = [exact_of[i * num_docs + j] for i, j in planted]
     result = {
-        "documents": num_docs, "planted_pairs": len(planted), "threshold": threshold, "shingle_n": n,
-        "verify": verify, "seed": seed,
-        "brute_force": {"pairs": len(exact), "seconds": round(brute_seconds, 3),
-                        "pairs_jaccard_above_0.1": int(similar.sum()),
-                        "pairs_jaccard_at_least_threshold": int((exact >= threshold).sum())},
-        "planted_jaccard": {"min": round(min(planted_j), 4), "mean": round(float(np.mean(planted_j)), 4),
-                            "max": round(max(planted_j), 4)},
+        "documents": num_docs,
+        "planted_pairs": len(planted),
+        "threshold": threshold,
+        "shingle_n": n,
+        "verify": verify,
+        "seed": seed,
+        "brute_force": {
+            "pairs": len(exact),
+            "seconds": round(brute_seconds, 3),
+            "pairs_jaccard_above_0.1": int(similar.sum()),
+            "pairs_jaccard_at_least_threshold": int((exact >= threshold).sum()),
+        },
+        "planted_jaccard": {
+            "min": round(min(planted_j), 4),
+            "mean": round(float(np.mean(planted_j)), 4),
+            "max": round(max(planted_j), 4),
+        },
         "settings": [],
     }
     for k, bands, rows in settings:
@@ -1192,44 +1421,69 @@ def run_experiment(documents: list[str], planted: set[tuple[int, int]], settings
             pair_estimates(signatures, candidates)
         found = candidates[similarity >= threshold]
         seconds = time.perf_counter() - start
-        estimates = estimate_jaccard(signatures[all_pairs[similar, 0]], signatures[all_pairs[similar, 1]])
+        estimates = estimate_jaccard(
+            signatures[all_pairs[similar, 0]], signatures[all_pairs[similar, 1]]
+        )
         found_set = set(map(tuple, found.tolist()))
         false_pairs = found_set - planted
-        result["settings"].append({
-            "num_perm": k, "bands": bands, "rows": rows,
-            "lsh_threshold": round(lsh_threshold(bands, rows), 4),
-            "p_candidate_at_threshold": round(candidate_probability(threshold, bands, rows), 4),
-            "mae_jaccard_above_0.1": round(float(np.mean(np.abs(estimates - exact[similar]))), 4),
-            "standard_error_at_planted_mean": round(standard_error(float(np.mean(planted_j)), k), 4),
-            "recall": len(found_set & planted) / len(planted),
-            "false_positives": len(false_pairs),
-            "false_positives_exact_below_threshold": sum(exact_of[i * num_docs + j] < threshold
-                                                         for i, j in false_pairs),
-            "pairs_compared": len(candidates),
-            "fraction_of_brute_force": round(len(candidates) / len(exact), 5),
-            "seconds": round(seconds, 3),
-        })
+        result["settings"].append(
+            {
+                "num_perm": k,
+                "bands": bands,
+                "rows": rows,
+                "lsh_threshold": round(lsh_threshold(bands, rows), 4),
+                "p_candidate_at_threshold": round(candidate_probability(threshold, bands, rows), 4),
+                "mae_jaccard_above_0.1": round(
+                    float(np.mean(np.abs(estimates - exact[similar]))), 4
+                ),
+                "standard_error_at_planted_mean": round(
+                    standard_error(float(np.mean(planted_j)), k), 4
+                ),
+                "recall": len(found_set & planted) / len(planted),
+                "false_positives": len(false_pairs),
+                "false_positives_exact_below_threshold": sum(
+                    exact_of[i * num_docs + j] < threshold for i, j in false_pairs
+                ),
+                "pairs_compared": len(candidates),
+                "fraction_of_brute_force": round(len(candidates) / len(exact), 5),
+                "seconds": round(seconds, 3),
+            }
+        )
     return result
 
 
 def experiment_table(result: dict) -> str:
-    """The experiment's Markdown table (one row per setting)."""
-    lines = [f"| k | bands x rows | LSH threshold | P(cand. at J={result['threshold']}) | MAE (J > 0.1) | recall "
-             "| false positives | pairs compared | vs brute force | time (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    """The experiment's Markdown table (one row per setting), then a line on the data it ran on."""
+    lines = [
+        f"| k | bands x rows | LSH threshold | P(cand. at J={result['threshold']}) "
+        "| MAE (J > 0.1) | recall | false positives | pairs compared | vs brute force | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in result["settings"]:
-        lines.append(f"| {s['num_perm']} | {s['bands']} x {s['rows']} | {s['lsh_threshold']:.2f} "
-                     f"| {s['p_candidate_at_threshold']:.2f} | {s['mae_jaccard_above_0.1']:.4f} | {s['recall']:.2f} "
-                     f"| {s['false_positives']} | {s['pairs_compared']:,} "
-                     f"| {100 * s['fraction_of_brute_force']:.2f}% | {s['seconds']:.2f} |")
+        lines.append(
+            f"| {s['num_perm']} | {s['bands']} x {s['rows']} | {s['lsh_threshold']:.2f} "
+            f"| {s['p_candidate_at_threshold']:.2f} | {s['mae_jaccard_above_0.1']:.4f} "
+            f"| {s['recall']:.2f} "
+            f"| {s['false_positives']} | {s['pairs_compared']:,} "
+            f"| {100 * s['fraction_of_brute_force']:.2f}% | {s['seconds']:.2f} |"
+        )
     brute = result["brute_force"]
-    lines.append(f"| brute force | all pairs | | | exact | | | {brute['pairs']:,} | 100% | {brute['seconds']:.2f} |")
+    lines.append(
+        f"| brute force | all pairs | | | exact | | | {brute['pairs']:,} | 100% "
+        f"| {brute['seconds']:.2f} |"
+    )
+    lines.append(
+        f"\n{result['documents']} documents, {result['planted_pairs']} planted pairs "
+        f"(exact Jaccard {result['planted_jaccard']['min']:.2f}.."
+        f"{result['planted_jaccard']['max']:.2f}); "
+        f"{brute['pairs_jaccard_above_0.1']} pairs with J > 0.1; verify = {result['verify']}"
+    )
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 10. Files: reading corpora, writing results without half-written files
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def read_text(path: str | os.PathLike) -> str:
     """The UTF-8 text of a file, or a DedupError naming what is wrong with it."""
@@ -1238,15 +1492,20 @@ def read_text(path: str | os.PathLike) -> str:
         raise DedupError(f"{path} does not exist or is not a file: check the path")
     data = path.read_bytes()
     if b"\x00" in data:
-        raise DedupError(f"{path} is not a text file (it contains NUL bytes): pass UTF-8 text or jsonl")
+        raise DedupError(
+            f"{path} is not a text file (it contains NUL bytes): pass UTF-8 text or jsonl"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise DedupError(f"{path} is not UTF-8 text (bad byte at offset {error.start}): convert it to UTF-8") from None
+        raise DedupError(
+            f"{path} is not UTF-8 text (bad byte at offset {error.start}): convert it to UTF-8"
+        ) from None
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """fileio.write_atomic (temp file, rename, the umask's modes), with the failures said as one DedupError line."""
+    """fileio.write_atomic (temp file, rename, the umask's modes), with the failures said as one
+    DedupError line."""
     path = pathlib.Path(path)
     if path.is_dir():
         raise DedupError(f"{path} is a directory: give a file path for the output")
@@ -1254,22 +1513,31 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fileio.write_atomic(path, text, error=DedupError, fix="give --out a path on another disk")
     except OSError as error:
-        raise DedupError(f"cannot write {path} ({error.strerror}): choose a writable folder") from None
+        raise DedupError(
+            f"cannot write {path} ({error.strerror}): choose a writable folder"
+        ) from None
 
 
-def read_corpus(path: str | os.PathLike, text_field: str = "text", split: str = "auto") -> tuple[list[str], list[str]]:
-    """Documents of one corpus file: (texts, records). A .jsonl/.ndjson file holds one JSON object per line with the
-    text under `text_field` (records are the original lines); other files are text with one document per line
-    (split="line") or documents separated by blank lines (split="blank"); "auto" picks blank when there are any."""
+def read_corpus(
+    path: str | os.PathLike, text_field: str = "text", split: str = "auto"
+) -> tuple[list[str], list[str]]:
+    """Documents of one corpus file: (texts, records). A .jsonl/.ndjson file holds one JSON object
+    per line with the text under `text_field` (records are the original lines); other files are text
+    with one document per line (split="line") or documents separated by blank lines (split="blank");
+    "auto" picks blank when there are any."""
     text = read_text(path)
     if pathlib.Path(path).suffix.lower() in (".jsonl", ".ndjson"):
         texts, records = [], []
         for number, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
-            record = fileio.parse_json(line, f"{path}:{number}", DedupError, "give one JSON object per line")
+            record = fileio.parse_json(
+                line, f"{path}:{number}", DedupError, "give one JSON object per line"
+            )
             if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                raise DedupError(f"{path}:{number} has no string field {text_field!r}: pass --text-field NAME")
+                raise DedupError(
+                    f"{path}:{number} has no string field {text_field!r}: pass --text-field NAME"
+                )
             texts.append(record[text_field])
             records.append(line)
         return texts, records
@@ -1282,21 +1550,35 @@ def read_corpus(path: str | os.PathLike, text_field: str = "text", split: str = 
     return texts, [json.dumps({"text": t}, ensure_ascii=False) for t in texts]
 
 
-def dedup_files(inputs: list[str], out: str, threshold: float = 0.5, num_perm: int = 128, bands: int | None = None,
-                rows: int | None = None, n: int = 3, seed: int = 0, verify: str = "exact",
-                text_field: str = "text", split: str = "auto", strip_accents: bool = False) -> dict:
-    """Deduplicate the documents of all `inputs` together and write the kept ones to `out` (.jsonl: one JSON
-    line per document, the original line for jsonl inputs; otherwise text, one document per line, or separated
-    by blank lines when any document spans lines). Returns the counts."""
-    texts, records = [], []
-    for path in inputs:
-        more_texts, more_records = read_corpus(path, text_field, split)
-        texts += more_texts
-        records += more_records
+def dedup_files(
+    inputs: list[str],
+    out: str,
+    threshold: float = 0.5,
+    num_perm: int = 128,
+    bands: int | None = None,
+    rows: int | None = None,
+    n: int = 3,
+    seed: int = 0,
+    verify: str = "exact",
+    text_field: str = "text",
+    split: str = "auto",
+    strip_accents: bool = False,
+) -> dict:
+    """Deduplicate the documents of all `inputs` together and write the kept ones to `out` (.jsonl:
+    one JSON line per document, the original line for jsonl inputs; otherwise text, one document per
+    line, or separated by blank lines when any document spans lines). Returns the counts."""
+    # (texts, records) per file
+    corpora = [read_corpus(path, text_field, split) for path in inputs]
+    texts = [text for file_texts, _ in corpora for text in file_texts]
+    records = [record for _, file_records in corpora for record in file_records]
     if not texts:
-        raise DedupError(f"no documents found in {', '.join(map(str, inputs))}: check the files and --split")
+        raise DedupError(
+            f"no documents found in {', '.join(map(str, inputs))}: check the files and --split"
+        )
     start = time.perf_counter()
-    clusters = near_duplicates(texts, threshold, num_perm, bands, rows, n, seed, verify, strip_accents)
+    clusters = near_duplicates(
+        texts, threshold, num_perm, bands, rows, n, seed, verify, strip_accents
+    )
     dropped = {i for cluster in clusters for i in cluster[1:]}
     kept = [i for i in range(len(texts)) if i not in dropped]
     seconds = time.perf_counter() - start
@@ -1306,13 +1588,18 @@ def dedup_files(inputs: list[str], out: str, threshold: float = 0.5, num_perm: i
         separator = "\n\n" if any("\n" in texts[i] for i in kept) or split == "blank" else "\n"
         body = separator.join(texts[i] for i in kept) + "\n"
     write_atomic(out, body)
-    return {"documents": len(texts), "clusters": len(clusters), "removed": len(dropped), "kept": len(kept),
-            "seconds": round(seconds, 3)}
+    return {
+        "documents": len(texts),
+        "clusters": len(clusters),
+        "removed": len(dropped),
+        "kept": len(kept),
+        "seconds": round(seconds, 3),
+    }
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 11. Command line
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def demo() -> str:
     """The lecture's worked numbers, computed (not typed in)."""
@@ -1322,18 +1609,33 @@ def demo() -> str:
     sig = hasher.signatures([a, b])
     agree = int(np.sum(sig[0] == sig[1]))
     j = jaccard(a, b)
-    out = [f"A = {a_text!r}", f"B = {b_text!r}",
-           f"shared shingles: {sorted(a & b)}",
-           f"Jaccard(A, B) = {len(a & b)}/{len(a | b)} = {j:.2f}",
-           f"'a b c d e f' vs 'a b c x e f': Jaccard = "
-           f"{jaccard(shingles('a b c d e f'), shingles('a b c x e f')):.2f} (1/7: one word touches 3 shingles)",
-           f"MinHash k=128: {agree} of 128 positions agree -> estimate {agree / 128:.2f} (true {j:.2f};"
-           f" standard error sqrt(J(1-J)/k) = {standard_error(j, 128):.3f} at J={j:.2f}, k=128)",
-           "", "P(candidate) = 1 - (1 - J^r)^b:", "| J | 32 x 4 | 16 x 8 |", "|---|---|---|"]
+    out = [
+        f"A = {a_text!r}",
+        f"B = {b_text!r}",
+        f"shared shingles: {sorted(a & b)}",
+        f"Jaccard(A, B) = {len(a & b)}/{len(a | b)} = {j:.2f}",
+        f"'a b c d e f' vs 'a b c x e f': Jaccard = "
+        f"{jaccard(shingles('a b c d e f'), shingles('a b c x e f')):.2f} "
+        f"(1/7: one word touches 3 shingles)",
+        f"MinHash k=128: {agree} of 128 positions agree -> estimate {agree / 128:.2f} "
+        f"(true {j:.2f}; standard error sqrt(J(1-J)/k) = {standard_error(j, 128):.3f} "
+        f"at J={j:.2f}, k=128)",
+        "",
+        "P(candidate) = 1 - (1 - J^r)^b:",
+        "| J | 32 x 4 | 16 x 8 |",
+        "|---|---|---|",
+    ]
     for jj in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
-        out.append(f"| {jj:.1f} | {candidate_probability(jj, 32, 4):.2f} | {candidate_probability(jj, 16, 8):.2f} |")
-    out += ["", f"threshold (1/b)^(1/r): 32 x 4 -> {lsh_threshold(32, 4):.2f}, 16 x 8 -> {lsh_threshold(16, 8):.2f}",
-            "chosen for threshold 0.5, k=128: bands x rows = %d x %d" % choose_bands_rows(0.5, 128)]
+        out.append(
+            f"| {jj:.1f} | {candidate_probability(jj, 32, 4):.2f} "
+            f"| {candidate_probability(jj, 16, 8):.2f} |"
+        )
+    out += [
+        "",
+        f"threshold (1/b)^(1/r): 32 x 4 -> {lsh_threshold(32, 4):.2f}, "
+        f"16 x 8 -> {lsh_threshold(16, 8):.2f}",
+        "chosen for threshold 0.5, k=128: bands x rows = %d x %d" % choose_bands_rows(0.5, 128),
+    ]
     return "\n".join(out)
 
 
@@ -1342,11 +1644,15 @@ SEED_MAX = 2**32 - 1             # the seeds every CLI of the project accepts: [
 
 def _parse_settings(text: str) -> list[tuple[int, int, int]]:
     try:
-        settings = [tuple(int(v) for v in item.split(":")) for item in text.split(",") if item.strip()]
+        settings = [
+            tuple(int(v) for v in item.split(":")) for item in text.split(",") if item.strip()
+        ]
     except ValueError:
         settings = []
     if not settings or any(len(s) != 3 for s in settings):
-        raise DedupError(f"--settings must look like 128:32:4,128:16:8 (k:bands:rows), got {text!r}")
+        raise DedupError(
+            f"--settings must look like 128:32:4,128:16:8 (k:bands:rows), got {text!r}"
+        )
     for k, bands, rows in settings:                       # fail before any data is read
         try:
             resolve_bands_rows(0.5, k, bands, rows)
@@ -1356,73 +1662,106 @@ def _parse_settings(text: str) -> list[tuple[int, int, int]]:
 
 
 def main(argv=None) -> None:
-    from cli import Parser, in_range, writable
+    from cli import Parser, in_range, run as run_cli, writable
     parser = Parser(prog="dedup.py",
                     description="Near-duplicate detection with MinHash + LSH (see the docstring).")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    threshold = in_range(float, 0.0, 1.0, low_open=True, high_open=True)
-    seed = in_range(int, 0, SEED_MAX)
     commands.add_parser("demo", help="print the lecture's worked numbers")
-    exp = commands.add_parser("experiment", help="the lecture's exercise: planted near-duplicates in WikiText-2")
-    exp.add_argument("--data", default=str(DEFAULT_WIKITEXT) if DEFAULT_WIKITEXT.is_file() else "hf",
-                     help="raw WikiText file, or 'hf' for the Hugging Face train split (default: %(default)s)")
-    exp.add_argument("--settings", default=",".join(":".join(map(str, s)) for s in DEFAULT_SETTINGS),
-                     help="k:bands:rows,... (default: %(default)s)")
-    exp.add_argument("--threshold", type=threshold, default=0.5)
+    exp = commands.add_parser(
+        "experiment", help="the lecture's exercise: planted near-duplicates in WikiText-2"
+    )
+    exp.add_argument(
+        "--data",
+        default=str(DEFAULT_WIKITEXT) if DEFAULT_WIKITEXT.is_file() else "hf",
+        help="raw WikiText file, or 'hf' for the Hugging Face train split (default: %(default)s)",
+    )
+    exp.add_argument(
+        "--settings",
+        default=",".join(":".join(map(str, s)) for s in DEFAULT_SETTINGS),
+        help="k:bands:rows,... (default: %(default)s)",
+    )
     exp.add_argument("--verify", choices=("estimate", "exact"), default="estimate",
                      help="how candidates are confirmed (default: the MinHash estimate)")
-    exp.add_argument("--seed", type=seed, default=0)
     exp.add_argument("--out", type=writable("file"), default="out/dedup_experiment.json",
                      help="JSON results (default: %(default)s)")
     run = commands.add_parser("run", help="deduplicate corpus files")
-    run.add_argument("--input", nargs="+", required=True, help=".jsonl (one object per line) or text files")
+    run.add_argument(
+        "--input", nargs="+", required=True, help=".jsonl (one object per line) or text files"
+    )
     run.add_argument("--out", type=writable("file"), required=True,
                      help="output file (.jsonl or text)")
-    run.add_argument("--threshold", type=threshold, default=0.5)
-    run.add_argument("--num-perm", type=in_range(int, 1, MAX_NUM_PERM), default=128)
-    run.add_argument("--bands", type=in_range(int, 1, MAX_NUM_PERM), default=None)
-    run.add_argument("--rows", type=in_range(int, 1, MAX_NUM_PERM), default=None)
+    for flag, default in (("--num-perm", 128), ("--bands", None), ("--rows", None)):
+        run.add_argument(flag, type=in_range(int, 1, MAX_NUM_PERM), default=default)
     run.add_argument("--n", type=in_range(int, 1, 100), default=3,
                      help="words per shingle (default: %(default)s)")
     run.add_argument("--verify", choices=("exact", "estimate"), default="exact")
-    run.add_argument("--text-field", default="text", help="jsonl field holding the text (default: %(default)s)")
-    run.add_argument("--split", choices=("auto", "line", "blank"), default="auto",
-                     help="text files: one document per line, or blank-line separated (default: %(default)s)")
-    run.add_argument("--seed", type=seed, default=0)
-    run.add_argument("--strip-accents", action="store_true",
-                     help="compare texts without their accents (NFD, combining marks dropped): café = cafe")
+    run.add_argument(
+        "--text-field", default="text", help="jsonl field holding the text (default: %(default)s)"
+    )
+    run.add_argument(
+        "--split",
+        choices=("auto", "line", "blank"),
+        default="auto",
+        help="text files: one document per line, or blank-line separated (default: %(default)s)",
+    )
+    run.add_argument(
+        "--strip-accents",
+        action="store_true",
+        help="compare texts without their accents (NFD, combining marks dropped): café = cafe",
+    )
+    for sub in (exp, run):
+        sub.add_argument(
+            "--threshold",
+            type=in_range(float, 0.0, 1.0, low_open=True, high_open=True),
+            default=0.5,
+        )
+        sub.add_argument("--seed", type=in_range(int, 0, SEED_MAX), default=0)
     args = parser.parse_args(argv)
-    try:
+
+    def command():
         if args.command == "demo":
             print(demo())
         elif args.command == "experiment":
             settings = _parse_settings(args.settings)
             paragraphs = load_wikitext(args.data)
             documents, planted = plant_near_duplicates(paragraphs, seed=args.seed)
-            result = run_experiment(documents, planted, settings, args.threshold, seed=args.seed, verify=args.verify)
+            result = run_experiment(
+                documents, planted, settings, args.threshold, seed=args.seed, verify=args.verify
+            )
             result["data"] = str(args.data)
             print(experiment_table(result))
-            brute = result["brute_force"]
-            print(f"\n{result['documents']} documents, {result['planted_pairs']} planted pairs "
-                  f"(exact Jaccard {result['planted_jaccard']['min']:.2f}..{result['planted_jaccard']['max']:.2f}); "
-                  f"{brute['pairs_jaccard_above_0.1']} pairs with J > 0.1; verify = {args.verify}")
             write_atomic(args.out, json.dumps(result, indent=2) + "\n")
             print(f"wrote {args.out}")
         else:
             try:                                          # fail before any data is read
                 resolve_bands_rows(args.threshold, args.num_perm, args.bands, args.rows)
             except DedupError as e:
-                raise DedupError(f"--num-perm {args.num_perm} --bands {args.bands} --rows {args.rows}: {e}") from None
-            report = dedup_files(args.input, args.out, args.threshold, args.num_perm, args.bands, args.rows, args.n,
-                                 args.seed, args.verify, args.text_field, args.split, args.strip_accents)
-            print(f"{report['documents']} documents, {report['clusters']} clusters, removed {report['removed']}, "
-                  f"kept {report['kept']} -> {args.out} ({report['seconds']:.2f} s)")
-    except DedupError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except OSError as error:                          # unreadable input, full disk: one line, not a traceback
-        print(f"error: {error.filename or ''}: {error.strerror or error}: check the path and its permissions",
-              file=sys.stderr)
+                raise DedupError(
+                    f"--num-perm {args.num_perm} --bands {args.bands} --rows {args.rows}: {e}"
+                ) from None
+            report = dedup_files(
+                args.input,
+                args.out,
+                args.threshold,
+                args.num_perm,
+                args.bands,
+                args.rows,
+                args.n,
+                args.seed,
+                args.verify,
+                args.text_field,
+                args.split,
+                args.strip_accents,
+            )
+            print(
+                f"{report['documents']} documents, {report['clusters']} clusters, "
+                f"removed {report['removed']}, "
+                f"kept {report['kept']} -> {args.out} ({report['seconds']:.2f} s)"
+            )
+
+    # a DedupError, or an OSError (unreadable input, full disk): one line, exit code 2 (SystemExit,
+    # as a script); success returns None, so a caller in this process goes on
+    if run_cli(command, (DedupError, OSError)):
         sys.exit(2)
 
 

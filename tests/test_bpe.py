@@ -508,6 +508,16 @@ def test_a_tokenizer_file_nested_thousands_deep_is_one_line(tmp_path):
     assert code == 2
 
 
+def test_cli_an_os_error_is_one_line_and_exit_2(monkeypatch, capsys):
+    """An unreadable file or a full disk (OSError) goes through cli.run like a TokenizerError."""
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(bpe.Tokenizer, "load", staticmethod(unreadable))
+    assert bpe.main(["decode", "1", "--tokenizer", "tok.json"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: tok.json: Permission denied; check the path and its permissions\n"
+
+
 def test_stops_early_when_pairs_run_out():
     tok = train_bpe("ab", 1000)
     assert tok.merges == [(b"a", b"b")] and len(tok) == 258
