@@ -76,7 +76,8 @@ MUTANTS = [
            (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
            "the vocabulary-parallel cross-entropy's backward forgets to divide by the token count"),
     Mutant("tp-input-grad-not-reduced", "model_parallel.py",
-           "        ctx.comm.all_reduce(grad)\n        return grad, None", "        return grad, None",
+           "        ctx.comm.all_reduce(grad, count=False)\n        return grad, None",
+           "        return grad, None",
            (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
            "tensor parallel's f operator skips the all-reduce of the input gradient"),
     Mutant("clip-norm-misses-tp-slices", "parallel.py",
@@ -141,7 +142,7 @@ MUTANTS = [
            ("tests/test_model.py::test_causal_attention_aligns_queries_to_the_last_positions",),
            "a prompt appended to a KV cache does not see its own position"),
     Mutant("rope-ignores-cache-offset", "model.py",
-           "rope_angles(torch.arange(start, start + T, device=x.device)", "rope_angles(torch.arange(T, device=x.device)",
+           "torch.arange(start, start + T, device=x.device)", "torch.arange(T, device=x.device)",
            ("tests/test_model.py::test_kv_cache_gives_the_full_forward_logits",),
            "RoPE rotates cached decoding steps as if they were at position 0"),
     # --- the Hugging Face bridge: transformers' LlamaForCausalLM and AutoTokenizer are the oracles --------------------
