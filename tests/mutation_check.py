@@ -289,7 +289,7 @@ MUTANTS = [
            (RANK0,), "f's gradient all-reduce is left out of TP's communicated bytes"),
     Mutant("rank0-work-waited-in-the-short-timeout", "parallel.py",
            "dist.barrier(group=self.patient)", "dist.barrier()",
-           (RANK0,), "waiting for rank 0's save under PARALLEL_TIMEOUT_S: a slow save kills the run"),
+           (RANK0,), "waiting for rank 0's save under PARALLEL_TIMEOUT_S: a slow save kills it"),
     Mutant("gpu-tensors-through-all-gather-object", "model_parallel.py",
            "dist.all_gather_object(parts, _to_cpu(local)", "dist.all_gather_object(parts, local",
            (RANK0,), "pipeline stages pickle CUDA tensors: they unpickle onto the sender's GPU"),
