@@ -6,7 +6,7 @@
    longer: a 13 GB checkpoint at 1 GB/s is 13 s. The other ranks must not wait for it inside the
    next step's all-reduce, whose timeout would fire, but in `Mesh.wait_for_rank0`, a barrier on a
    separate gloo group with a timeout of a day. Here train.py runs on 2 gloo ranks with
-   PARALLEL_TIMEOUT_S=2 and a checkpoint write that takes 3 s on rank 0, at every step: the run
+   PARALLEL_TIMEOUT_S=3 and a checkpoint write that takes 5 s on rank 0, at every step: the run
    must finish, every step logged. (Had rank 1 waited in the all-reduce, gloo would stop it.)
 2. all_gather_object pickles its object; a CUDA tensor unpickles onto the GPU it came from, so
    every tensor must be copied to the CPU first (model_parallel._to_cpu). There is no GPU here:
@@ -33,7 +33,7 @@ import parallel as P
 from model import GPT, GPTConfig
 from test_parallel import TRAIN_ARGS, tiny_dataset  # noqa: F401  (the fixture)
 
-COLLECTIVE_TIMEOUT_S, SLOW_SAVE_S = 2, 3      # rank 0's save outlasts every collective's timeout
+COLLECTIVE_TIMEOUT_S, SLOW_SAVE_S = 3, 5      # rank 0's save outlasts every collective's timeout
 TP_CFG = GPTConfig(vocab_size=62, block_size=8, n_layer=2, n_head=2, n_kv_head=2, n_embd=16,
                    ffn_hidden=32)
 TP_B, TP_T = 2, 8
@@ -125,7 +125,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cpu(tiny_dataset,
                                                                                   tmp_path):
-    steps = 3
+    steps = 2                     # the first save is followed by a step, the last by the end
     argv = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--max-steps", str(steps), "--ckpt-interval",
             "1", "--num-samples", "0", "--log-interval", "1", "--no-plot",
             "--out-dir", str(tmp_path / "run")]
