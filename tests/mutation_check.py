@@ -55,6 +55,9 @@ class Mutant:
 PARALLEL = "tests/test_parallel.py"
 TRAIN = "tests/test_train.py"
 EPCP = "tests/test_ep_cp.py"
+COMPILE = "tests/test_compile.py"
+RANK0 = ("tests/test_rank0_work.py::"
+         "test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cpu")
 
 MUTANTS = [
     # --- the gradient's scale: invisible to clipped AdamW, visible to the pre-clip norm and to plain SGD ----------
@@ -308,6 +311,27 @@ MUTANTS = [
            "k_pos = cp_positions(seq_len, n, r, q.device)",
            (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
            "every K/V block masked as if it were this rank's own: the mask on the wrong block"),
+    # issue 32: --compile in every layout, rank-0-only work, gathers, TP's bytes
+    Mutant("zero3-compiles-the-whole-model", "train.py",
+           "    if not per_block:\n", "    if True:\n",
+           (f"{COMPILE}::test_zero3_compiled_in_one_process_evaluates_and_equals_eager",),
+           "--zero 3 --compile compiles the wrapper: eval rebuilds views of a freed buffer"),
+    Mutant("compile-step-averaged-into-the-rate", "train.py",
+           "if cfg.compile and not self._compiled:", "if False:",
+           (f"{COMPILE}::test_progress_after_the_compile_step_reports_the_true_rate",),
+           "the compile step starts the smoothed step time: ~0 tok/s for tens of lines"),
+    Mutant("tp-bytes-counted-in-backward-too", "model_parallel.py",
+           "ctx.comm.all_reduce(grad, count=False)", "ctx.comm.all_reduce(grad)",
+           (RANK0,), "f's backward all-reduce counted twice (a dict updated in a traced backward)"),
+    Mutant("tp-bytes-of-f-not-counted", "model_parallel.py",
+           "    comm.count_all_reduce(x.numel(), x.element_size())    # backward's", "    pass  #",
+           (RANK0,), "f's gradient all-reduce is left out of TP's communicated bytes"),
+    Mutant("rank0-work-waited-in-the-short-timeout", "parallel.py",
+           "dist.barrier(group=self.patient)", "dist.barrier()",
+           (RANK0,), "waiting for rank 0's save under PARALLEL_TIMEOUT_S: a slow save kills it"),
+    Mutant("gpu-tensors-through-all-gather-object", "model_parallel.py",
+           "dist.all_gather_object(parts, _to_cpu(local)", "dist.all_gather_object(parts, local",
+           (RANK0,), "pipeline stages pickle CUDA tensors: they unpickle onto the sender's GPU"),
 ]
 
 
