@@ -43,10 +43,8 @@ import numpy as np
 
 import fileio
 import scaling
-from scaling import (AllocationLaw, ChinchillaFit, FitReport, Run, ScalingError, fit_all, fit_line, frontier,
+from scaling import (ROOT, AllocationLaw, ChinchillaFit, FitReport, Run, ScalingError, fit_all, fit_line,
                      group_close, isoflop_minima, params_for_budget, save_png, unit_fraction)
-
-ROOT = pathlib.Path(__file__).resolve().parent
 
 # ---------------------------------------------------------------------------------------------------------------
 # 1. The IsoFLOP sweep (the lecture's project M3): budgets, sizes around each optimum, one annealed run per point.
@@ -245,16 +243,13 @@ def trainable_shapes(budget: float, settings: SweepSettings) -> list[Shape]:
 def sizes_near(budget: float, targets: Sequence[float], settings: SweepSettings) -> list[Shape]:
     """nearest_shapes among the shapes this budget can train; a design they cannot cover is one ScalingError."""
     allowed = trainable_shapes(budget, settings)
-    picked = None
     if len(allowed) >= len(targets):         # (an empty list would mean the whole family to nearest_shapes)
         with contextlib.suppress(ScalingError):
-            picked = nearest_shapes(targets, settings.vocab_size, allowed)
-    if picked is None:
-        raise ScalingError(f"at C = {budget:.3g} only {len(allowed)} sizes of the family train at least "
-                           f"{settings.min_steps} steps on at most {settings.max_run_tokens:,} tokens, and "
-                           f"{len(targets)} are needed: choose other --budgets (a smaller one leaves the big "
-                           f"sizes too few steps, a bigger one the small too few tokens: a larger --data helps)")
-    return picked
+            return nearest_shapes(targets, settings.vocab_size, allowed)
+    raise ScalingError(f"at C = {budget:.3g} only {len(allowed)} sizes of the family train at least "
+                       f"{settings.min_steps} steps on at most {settings.max_run_tokens:,} tokens, and "
+                       f"{len(targets)} are needed: choose other --budgets (a smaller one leaves the big "
+                       f"sizes too few steps, a bigger one the small too few tokens: a larger --data helps)")
 
 
 def plan_isoflop(settings: SweepSettings) -> list[PlannedRun]:
@@ -300,9 +295,7 @@ def plan_second_seeds(settings: SweepSettings, records: Sequence[dict]) -> list[
     again = []
     for budget, group in group_close(list(records), key=lambda r: r["budget"]).items():
         group = sorted(group, key=lambda r: r["parameters"])
-        k = min(settings.second_seed_sizes, len(group))
-        if k == 0:
-            continue
+        k = min(settings.second_seed_sizes, len(group))        # k = 0: the window below is empty
         best = min(range(len(group)), key=lambda i: group[i]["loss"])
         start = min(max(best - (k - 1) // 2, 0), len(group) - k)
         again += [plan_run(r["budget"], Shape(r["n_layer"], r["n_embd"]), settings, seed=settings.seed + 1)
@@ -329,8 +322,7 @@ def estimate_seconds(settings: SweepSettings, runs: Sequence[PlannedRun]) -> flo
     >>> f"{estimate_seconds(QUICK_SWEEP, plan_isoflop(dataclasses.replace(QUICK_SWEEP, budgets=(1e15, 3e15)))):.2g}"
     '2.8e+05'
     """
-    each = [run_seconds(settings, r) for r in runs]
-    return sum(each) / max(1, min(settings.workers, os.cpu_count() or 1))
+    return sum(run_seconds(settings, r) for r in runs) / max(1, min(settings.workers, os.cpu_count() or 1))
 
 
 def run_seconds(settings: SweepSettings, run: PlannedRun) -> float:
@@ -415,23 +407,17 @@ def shell_command(cmd: Sequence[str], threads: int = 1) -> str:
     return f"OMP_NUM_THREADS={threads} {line}" if threads else line
 
 
-def read_metrics(path) -> list[dict]:
-    """The records of a metrics.jsonl; a torn last line (a killed run) is ignored."""
-    records = []
-    for line in pathlib.Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            records.append(fileio.parse_json(line, str(path), ScalingError))
-        except ScalingError:
-            continue
-    return records
-
-
 def final_val_loss(metrics_path, steps: int) -> float | None:
     """The validation loss logged at step `steps` (the end of the schedule), or None if the run did not get there."""
     path = pathlib.Path(metrics_path)
     if not path.is_file():
         return None
-    losses = [r["val_loss"] for r in read_metrics(path) if r.get("step") == steps and "val_loss" in r]
+    losses = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        with contextlib.suppress(ScalingError):          # a torn last line (a killed run) is no record
+            r = fileio.parse_json(line, str(path), ScalingError)
+            if r.get("step") == steps and "val_loss" in r:
+                losses.append(r["val_loss"])
     return float(losses[-1]) if losses and losses[-1] is not None and math.isfinite(losses[-1]) else None
 
 
@@ -510,17 +496,15 @@ def execute_runs(settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, 
                 "seconds": round(seconds, 1), "command": shell_command(cmd, settings.threads)}
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
-        longest_first = sorted(range(len(runs)), key=lambda i: -run_seconds(settings, runs[i]))
-        futures = [None] * len(runs)
-        for i in longest_first:
-            futures[i] = pool.submit(one, runs[i])
-        concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        futures = {i: pool.submit(one, runs[i])              # submitted longest first
+                   for i in sorted(range(len(runs)), key=lambda i: -run_seconds(settings, runs[i]))}
+        concurrent.futures.wait(futures.values(), return_when=concurrent.futures.FIRST_EXCEPTION)
         failed.set()                     # done, or one failed: nothing queued starts now
-        errors = [f.exception() for f in futures if f.done() and not f.cancelled() and f.exception() is not None
-                  and not isinstance(f.exception(), concurrent.futures.CancelledError)]
+        errors = [f.exception() for f in futures.values() if f.done() and not f.cancelled()
+                  and f.exception() is not None and not isinstance(f.exception(), concurrent.futures.CancelledError)]
         if errors:
             raise errors[0]
-        return [f.result() for f in futures]
+        return [futures[i].result() for i in range(len(runs))]
 
 
 def runs_of(records: Sequence[dict], heldout: bool = False, non_embedding: bool = False) -> list[Run]:
@@ -627,8 +611,10 @@ def _data_errors(spec: str):
         raise ScalingError(f"--data {spec}: {first}") from None
 
 
-def make_out_dir(out_dir) -> tuple[pathlib.Path, bool]:
-    """Create the output folder and prove it writable (a probe file); returns (path, whether it was created)."""
+@contextlib.contextmanager
+def output_folder(out_dir, keep=lambda out: False):
+    """Create the output folder and prove it writable (a probe file), then yield it. When the body fails, a folder
+    this call created is removed, unless keep(folder) says it holds something a rerun reuses."""
     out = pathlib.Path(out_dir)
     created = not out.exists()
     try:
@@ -639,7 +625,12 @@ def make_out_dir(out_dir) -> tuple[pathlib.Path, bool]:
             shutil.rmtree(out, ignore_errors=True)
         raise ScalingError(f"cannot write --out-dir {out_dir} ({e.strerror or e}): pass a writable --out-dir") \
             from None
-    return out, created
+    try:
+        yield out
+    except BaseException:
+        if created and not keep(out):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=print,
@@ -662,8 +653,7 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
         with _data_errors(s.data):
             for spec in sources:
                 data_lib.open_source(spec)               # a missing file fails here, before any output
-    out, created = make_out_dir(out_dir)
-    try:
+    with output_folder(out_dir, keep=lambda out: any((out / "runs").glob("*/command.json"))) as out:
         if dataset is None:
             log(f"preparing {s.data} with a {s.vocab_size}-token BPE (cached after the first time) ...")
             with _data_errors(s.data):
@@ -671,10 +661,6 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
             dataset = open_dataset(str(data_dir))
             s = dataclasses.replace(s, max_run_tokens=_two_epochs(dataset))
         return _sweep_in(s, dataset, out, hours, log)
-    except BaseException:
-        if created and not any((out / "runs").glob("*/command.json")):
-            shutil.rmtree(out, ignore_errors=True)
-        raise
 
 
 def _two_epochs(dataset) -> int:
@@ -715,9 +701,8 @@ def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -
                 record["predicted_loss"] = ChinchillaFit(**prediction["law3"]).loss(record["parameters"],
                                                                                     record["tokens"])
         records += held_records
-    result = SweepResult(s, out, records, train_tokens, corpus, prediction=prediction)
-    result.report = report
-    result.non_embedding_report = fit_all(runs_of(records, non_embedding=True), heldout_budget, bootstrap=0)
+    result = SweepResult(s, out, records, train_tokens, corpus, report,
+                         fit_all(runs_of(records, non_embedding=True), heldout_budget, bootstrap=0), prediction)
     _write_text(out / "final.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     result.plot = plot_sweep(result, out / "scaling.png")
     _write_text(out / "REPORT.md", sweep_report(result))
@@ -728,33 +713,15 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
     """Three panels from final.jsonl. Left: loss against compute, one line per size. Middle: the IsoFLOP curves,
     loss against N per budget with the fitted parabola and its minimum (star), the held-out run(s) in black.
     Right: N_opt against compute: Approach 2's minima and the three fitted laws, with the held-out prediction."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
     grid, held = runs_of(result.records), runs_of(result.records, heldout=True)
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(18, 6))
-    by_size: dict[float, list[Run]] = {}
-    for r in grid + held:
-        by_size.setdefault(r.params, []).append(r)
-    for n, points in sorted(by_size.items()):
+    fig, (left, middle, right) = scaling.pyplot().subplots(1, 3, figsize=(18, 6))
+    for n, points in group_close(grid + held, key=lambda r: r.params).items():        # one group per size
         points = sorted(points, key=lambda r: r.compute)
         left.plot([r.compute for r in points], [r.loss for r in points], "o-", ms=4, label=f"N = {n:,.0f}")
     left.set_xlabel("compute C = 6·N·D (FLOPs)")
     left.set_title("final loss against compute, one line per size")
 
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    minima = {round(m[0], -3): m for m in isoflop_minima(grid)}
-    for i, (budget, group) in enumerate(group_close(grid, key=lambda r: r.budget).items()):
-        colour = colours[i % len(colours)]
-        group = sorted(group, key=lambda r: r.params)
-        middle.plot([r.params for r in group], [r.loss for r in group], "o", color=colour, label=f"C = {budget:.2g}")
-        m = minima.get(round(budget, -3))
-        if m is not None:
-            x = np.linspace(math.log(group[0].params), math.log(group[-1].params), 100)
-            middle.plot(np.exp(x), np.polyval(m[2], x), "-", color=colour, lw=1)
-            middle.plot([m[1]], [np.polyval(m[2], math.log(m[1]))], "*", color=colour, ms=12)
+    scaling.draw_isoflop_curves(middle, grid)
     if held:
         middle.plot([r.params for r in held], [r.loss for r in held], "ks", ms=7,
                     label=f"held-out C = {held[0].budget:.2g} (measured)")
@@ -767,41 +734,19 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
                                ("law3_loss_at_opt", "k+", "prediction: Approach 3's law")):
         if "params" in p and key in p:
             middle.plot([p["params"]], [p[key]], marker, ms=10, mew=2, label=label)
-    middle.set_xlabel("parameters N")
     middle.set_title("IsoFLOP curves: parabola in log N, minimum = star")
 
     computes = np.array([r.compute for r in grid + held])
-    c_grid = np.logspace(math.log10(computes.min()), math.log10(computes.max()) + 0.1, 50)
-    report = result.report
-    front = frontier(grid)
-    right.plot([r.compute for r in front], [r.params for r in front], "ks", ms=5, label="Approach 1: best run per C")
-    if minima:
-        right.plot([m[0] for m in minima.values()], [m[1] for m in minima.values()], "r*", ms=11,
-                   label="Approach 2: IsoFLOP minima")
-    for key, style in (("approach1", "k--"), ("approach2", "r-"), ("approach3", "b:")):
-        law = report.laws.get(key) if report else None
-        if isinstance(law, AllocationLaw):
-            right.plot(c_grid, law.params_at(c_grid), style, label=f"{key}: N_opt ∝ C^{law.a:.2f}")
+    scaling.draw_allocations(right, grid, result.report.laws if result.report else {},
+                             np.logspace(math.log10(computes.min()), math.log10(computes.max()) + 0.1, 50))
     if "params" in p:
         right.plot([p["budget"]], [p["params"]], "kx", ms=10, mew=2, label="held-out: predicted N_opt")
-    right.set_xlabel("compute C (FLOPs)")
-    right.set_ylabel("compute-optimal parameters N_opt")
     right.set_title("N_opt against compute, three approaches")
-    for ax in (left, middle, right):
-        ax.set_xscale("log")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    middle.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.13))   # below: the curves fill it
     for ax in (left, middle):
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.set_ylabel("held-out loss (nats/token)")
-    right.set_yscale("log")
-    fig.tight_layout()
-    out = save_png(fig, path)
-    plt.close(fig)
-    return out
+        scaling.log_axes(ax, "held-out loss (nats/token)")
+    scaling.log_axes(right)
+    middle.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.13))   # below: the curves fill it
+    return save_png(fig, path)
 
 
 def wsd_cost(records: Sequence[dict], cooldown_fraction: float = 0.2) -> tuple[float, float]:
@@ -863,11 +808,13 @@ def seed_line(records: Sequence[dict], settings: SweepSettings) -> str:
             f"difference of {np.median(steps):.3f} between a budget's best size and its neighbours.")
 
 
+APPROACHES = {"approach1": "Approach 1", "approach2": "Approach 2", "approach3": "Approach 3"}
+
+
 def _agreement(report: FitReport) -> tuple[list[str], float | None]:
     """The fitted exponents a by approach and their largest pairwise gap (None when fewer than 2 were fitted)."""
-    names = {"approach1": "Approach 1", "approach2": "Approach 2", "approach3": "Approach 3"}
     laws = {k: v for k, v in report.laws.items() if isinstance(v, AllocationLaw)}
-    parts = [f"{names[k]} a = {v.a:.3f}" for k, v in laws.items()]
+    parts = [f"{APPROACHES[k]} a = {v.a:.3f}" for k, v in laws.items()]
     values = [v.a for v in laws.values()]
     return parts, (max(values) - min(values) if len(values) >= 2 else None)
 
@@ -876,10 +823,9 @@ def prediction_lines(p: dict | None, records: Sequence[dict], budgets: Sequence[
     """The held-out section of REPORT.md: what the fit on the smaller budgets predicted, and what was measured."""
     if not p or "params" not in p:
         return [f"No prediction: {p['error'] if p else 'the sweep did not reach it'}."]
-    names = {"approach1": "Approach 1", "approach2": "Approach 2", "approach3": "Approach 3"}
     held = [r for r in records if r["heldout"]]
     lines = [f"Fitted on the {len(budgets)} budgets above only, before training it: at C = {p['budget']:.3g} "
-             f"({p['budget'] / max(budgets):g}× the largest), {names[p['approach']]} puts N_opt at "
+             f"({p['budget'] / max(budgets):g}× the largest), {APPROACHES[p['approach']]} puts N_opt at "
              f"{p['params']:,.0f}" + (f" (bootstrap 10-90%: {p['params_interval'][0]:,.0f}-"
                                       f"{p['params_interval'][1]:,.0f})" if p.get("params_interval") else "")
              + f", D_opt = {p['tokens']:,.0f}. Predicted loss at that optimum: "
@@ -1098,13 +1044,8 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
     if hours > max_hours:
         raise ScalingError(f"{2 * s.seeds} runs of {planned.tokens:,} tokens would take about {hours:,.0f} hours on "
                            f"this CPU: lower --tokens, or pass --max-hours {math.ceil(hours * 1.5)} to run them anyway")
-    out, created = make_out_dir(out_dir)
-    try:
+    with output_folder(out_dir) as out:     # a failed experiment leaves no half-made folder (an old one stays)
         return _dedup_effect_in(s, out, log)
-    except BaseException:
-        if created:                  # a failed experiment leaves no half-made folder (an old one keeps its files)
-            shutil.rmtree(out, ignore_errors=True)
-        raise
 
 
 def _dedup_effect_plan(s: DedupEffectSettings) -> tuple[SweepSettings, PlannedRun]:
@@ -1188,11 +1129,11 @@ def dedup_effect_summary(rows: Sequence[dict]) -> dict:
     """
     by = {c: np.array([r["held_out_loss"] for r in rows if r["corpus"] == c]) for c in ("with_duplicates",
                                                                                        "deduplicated")}
-    sd = max(float(np.std(v, ddof=1)) for v in by.values())
+    sd = {c: float(np.std(v, ddof=1)) for c, v in by.items()}
     effect = float(by["with_duplicates"].mean() - by["deduplicated"].mean())
-    return {"mean": {c: float(v.mean()) for c, v in by.items()}, "sd": {c: float(np.std(v, ddof=1))
-                                                                        for c, v in by.items()},
-            "effect": effect, "seed_sd": sd, "sigmas": effect / sd if sd > 0 else math.inf}
+    worst = max(sd.values())
+    return {"mean": {c: float(v.mean()) for c, v in by.items()}, "sd": sd, "effect": effect, "seed_sd": worst,
+            "sigmas": effect / worst if worst > 0 else math.inf}
 
 
 def dedup_effect_report(result: dict) -> str:
@@ -1278,12 +1219,27 @@ def _cmd_dedup_effect(args) -> str:
     return dedup_effect_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
 
 
+def _experiment_parser(sub, name: str, text: str, quick: str, run):
+    """A subcommand with the flags both experiments share: --quick, --workers, --threads, --out-dir, --max-hours."""
+    from cli import in_range, writable
+    s = sub.add_parser(name, help=text)
+    s.add_argument("--quick", action="store_true", help=f"{quick}, for tests")
+    s.add_argument("--workers", type=in_range(int, 1, 64), help="training runs side by side (default 2)")
+    s.add_argument("--threads", type=in_range(int, 0, 1024),
+                   help="torch CPU threads per training run (default 1; 0 = torch's own)")
+    s.add_argument("--out-dir", type=writable("dir"), default=None,
+                   help=f"default out/{name} (quick: out/{name}-quick)")
+    s.add_argument("--max-hours", type=in_range(float, 0.0, 1e6, low_open=True), default=MAX_HOURS,
+                   help=f"refuse runs estimated to take longer than this on this CPU (default {MAX_HOURS:g})")
+    s.set_defaults(run=run)
+    return s
+
+
 def add_commands(sub) -> None:
     """Add the `sweep` and `dedup-effect` subcommands to an argparse subparsers object (scaling.py's, or ours)."""
-    from cli import in_range, writable
-    threads, max_hours = in_range(int, 0, 1024), in_range(float, 0.0, 1e6, low_open=True)
-    s = sub.add_parser("sweep", help="IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget")
-    s.add_argument("--quick", action="store_true", help="a tiny design on pydocs (seconds per run), for tests")
+    from cli import in_range
+    s = _experiment_parser(sub, "sweep", "IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out "
+                           "budget", "a tiny design on pydocs (seconds per run)", _cmd_sweep)
     s.add_argument("--budgets", type=in_range(float, 1e6, 1e18), nargs="+",
                    help="compute budgets in FLOPs (default 1e12 2e12 4e12 8e12; on a GPU 1e13 2e13 4e13 8e13)")
     s.add_argument("--sizes", type=in_range(int, 3, 9), help="model sizes per budget, 3..9 (default 5)")
@@ -1296,28 +1252,15 @@ def add_commands(sub) -> None:
                    help="BPE vocabulary when the corpus is prepared (default 512)")
     s.add_argument("--lr-at-64", type=in_range(float, 0.0, 1.0, low_open=True),
                    help="learning rate of a width-64 model; each size gets this·64/width (default 4e-3)")
-    s.add_argument("--workers", type=in_range(int, 1, 64), help="training runs side by side (default 2)")
-    s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
     s.add_argument("--bootstrap", type=in_range(int, 0, 10_000), help="bootstrap resamples (default 50)")
     s.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), help="seed of every run and of the bootstrap")
     s.add_argument("--second-seeds", type=in_range(int, 0, 9), help="sizes nearest each budget's best run trained "
                    "again with seed + 1, and fitted as the mean of the two (default 3; 0 = one seed per point)")
-    s.add_argument("--out-dir", type=writable("dir"), default=None, help="default out/sweep (quick: out/sweep-quick)")
-    s.add_argument("--max-hours", type=max_hours, default=MAX_HOURS,
-                   help=f"refuse a sweep estimated to take longer than this on this CPU (default {MAX_HOURS:g})")
-    s.set_defaults(run=_cmd_sweep)
 
-    s = sub.add_parser("dedup-effect", help="1%% of documents repeated 50x vs dedup.py's cleaned corpus, 3 seeds")
-    s.add_argument("--quick", action="store_true", help="tiny runs (seconds each), for tests")
+    s = _experiment_parser(sub, "dedup-effect", "1%% of documents repeated 50x vs dedup.py's cleaned corpus, "
+                           "3 seeds", "tiny runs (seconds each)", _cmd_dedup_effect)
     s.add_argument("--tokens", type=in_range(int, 1, 10**9), help="tokens trained per run (default 500000)")
     s.add_argument("--seeds", type=in_range(int, 2, 20), help="seeds per corpus, 2..20 (default 3)")
-    s.add_argument("--workers", type=in_range(int, 1, 64), help="training runs side by side (default 2)")
-    s.add_argument("--out-dir", type=writable("dir"), default=None,
-                   help="default out/dedup-effect (quick: out/dedup-effect-quick)")
-    s.add_argument("--threads", type=threads, help="torch CPU threads per training run (default 1; 0 = torch's own)")
-    s.add_argument("--max-hours", type=max_hours, default=MAX_HOURS,
-                   help=f"refuse runs estimated to take longer than this on this CPU (default {MAX_HOURS:g})")
-    s.set_defaults(run=_cmd_dedup_effect)
 
 
 def main(argv: list[str] | None = None) -> int:
