@@ -1045,7 +1045,7 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
         raise ScalingError(f"{2 * s.seeds} runs of {planned.tokens:,} tokens would take about {hours:,.0f} hours on "
                            f"this CPU: lower --tokens, or pass --max-hours {math.ceil(hours * 1.5)} to run them anyway")
     with output_folder(out_dir) as out:     # a failed experiment leaves no half-made folder (an old one stays)
-        return _dedup_effect_in(s, out, log)
+        return _dedup_effect_in(s, trainer, planned, out, log)
 
 
 def _dedup_effect_plan(s: DedupEffectSettings) -> tuple[SweepSettings, PlannedRun]:
@@ -1056,7 +1056,8 @@ def _dedup_effect_plan(s: DedupEffectSettings) -> tuple[SweepSettings, PlannedRu
     return trainer, plan_run(6.0 * n * s.tokens, s.shape, trainer)
 
 
-def _dedup_effect_in(s: DedupEffectSettings, out: pathlib.Path, log) -> dict:
+def _dedup_effect_in(s: DedupEffectSettings, trainer: SweepSettings, planned: PlannedRun, out: pathlib.Path,
+                     log) -> dict:
     import concurrent.futures
     import data as data_lib
     import data_at_scale
@@ -1087,8 +1088,6 @@ def _dedup_effect_in(s: DedupEffectSettings, out: pathlib.Path, log) -> dict:
     datasets["with_duplicates"] = data_at_scale.prepare([str(corpora["with_duplicates"])], clean_settings=keep_all,
                                                         val_fraction=0.02,
                                                         tokenizer=datasets["deduplicated"] / "tokenizer.json")
-    trainer, planned = _dedup_effect_plan(s)
-    n = planned.params
 
     def one(job):
         name, seed = job
@@ -1112,7 +1111,7 @@ def _dedup_effect_in(s: DedupEffectSettings, out: pathlib.Path, log) -> dict:
               "repeated_documents": len(chosen), "copies": n_copies, "copies_removed": n_copies - copies_left,
               "originals_dropped": originals_dropped, "held_out_documents": len(held),
               "documents": {"with_duplicates": len(with_dups), "deduplicated": len(deduped)},
-              "parameters": n, "lr": planned.lr, "rows": rows}
+              "parameters": planned.params, "lr": planned.lr, "rows": rows}
     _write_text(out / "result.json", json.dumps(result, indent=1))
     _write_text(out / "REPORT.md", dedup_effect_report(result))
     return result
