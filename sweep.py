@@ -1058,7 +1058,7 @@ def seed_line(records: Sequence[dict], settings: SweepSettings) -> str:
         "fits "
         "and the prediction use a point's mean loss. The pairs measure the seed noise: one run's "
         "loss has a "
-        f"standard deviation of {math.sqrt(np.sum(d**2) / (2 * len(d))):.3f} nats (largest "
+        f"standard deviation of {math.sqrt(np.sum(d ** 2) / (2 * len(d))):.3f} nats (largest "
         "difference "
         f"{abs(worst[2] - worst[1]):.3f}, at {worst[0]}: {worst[1]:.4f} and {worst[2]:.4f}), "
         "against a median "
