@@ -905,6 +905,68 @@ def heavy_cleaning_note(source: Source, removed: float) -> str:
             f"funnel); --cleaning keep keeps its text whole")
 
 
+def read_documents(docs: Iterable[str], kind: str, rule: Callable[[str], str | None] | None,
+                   counts: collections.Counter, reasons: collections.Counter) -> Iterator[str]:
+    """A source's own steps, one document at a time, as both engines run them: skip documents of whitespace,
+    extract text (HTML), then the quality rule (None: none). Counts into `counts` (read_docs, read_chars,
+    read_bytes, no_text, text_chars, kept_chars) and the rule's rejections into `reasons`.
+
+    >>> counts, reasons = collections.Counter(), collections.Counter()
+    >>> list(read_documents(["a b", " ", "c"], "prose", lambda d: "short" if len(d) < 2 else None,
+    ...                     counts, reasons)), counts["read_docs"], dict(reasons)
+    (['a b'], 2, {'short': 1})
+    """
+    for doc in docs:
+        if not doc.strip():
+            continue
+        counts["read_docs"] += 1
+        counts["read_chars"] += len(doc)
+        counts["read_bytes"] += len(doc.encode("utf-8"))
+        if kind == "html":
+            doc = html_to_text(doc)
+            if not doc:
+                counts["no_text"] += 1
+                continue
+            counts["text_chars"] += len(doc)
+        reason = rule(doc) if rule is not None else None
+        if reason:
+            reasons[reason] += 1
+            continue
+        counts["kept_chars"] += len(doc)
+        yield doc
+
+
+def source_steps(funnel: Funnel, source: Source, settings: CleanSettings, counts: collections.Counter,
+                 reasons: dict, kept: int, log: Callable[[str], None]) -> None:
+    """The funnel's rows for one source's own steps from its counts (`read_documents`'s, summed over chunks by
+    the streaming engine), with the checks both engines make: a source with no documents, or none left, is an
+    error; one whose quality filters removed more than HEAVY_CLEANING of its characters gets a notice. kept:
+    its documents (or pieces, when kept whole) after these steps; reasons: the rejections (or the piece size)."""
+    read, chars = counts["read_docs"], counts["read_chars"]
+    if not read:
+        raise DataError(f"source {source.spec!r} has no documents (empty file or wrong --text-field?)")
+    funnel.bytes_read += counts["read_bytes"]
+    funnel.add_counts(f"read {source.label}", read, read, chars, chars)
+    docs = read
+    if source.kind == "html":                                  # markup is not text: counted after extraction
+        docs, chars = read - counts["no_text"], counts["text_chars"]
+        funnel.add_counts(f"extract text ({source.label})", read, docs, counts["read_chars"], chars,
+                          {"no_text": counts["no_text"]})
+    rule_name, rule = quality_rule(source.kind, settings)
+    if keeps_whole(source, settings):
+        funnel.add_counts(f"kept whole ({source.label}; --cleaning web filters it)", docs, kept, chars,
+                          counts["kept_chars"], reasons)
+    elif rule is not None:
+        funnel.add_counts(f"quality filters ({rule_name}, {source.label})", docs, kept, chars,
+                          counts["kept_chars"], reasons)
+        if not kept:
+            raise funnel.empty_error(f"source {source.spec!r}")
+        removed = 1 - counts["kept_chars"] / max(1, chars)
+        if removed > HEAVY_CLEANING:
+            funnel.notices.append(heavy_cleaning_note(source, removed))
+    log(f"  {source.label}: {kept:,} documents after the per-source steps")
+
+
 def clean(sources: list[Source], settings: CleanSettings | None = None,
           log: Callable[[str], None] = lambda s: None) -> tuple[list[str], list[int], Funnel]:
     """Run the funnel over all sources. Returns (documents, source index of each, funnel); funnel.notices holds
@@ -922,41 +984,15 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
     docs, origin = [], []
     whole = [keeps_whole(source, settings) for source in sources]
     for s_index, source in enumerate(sources):
-        raw = [d for d in source.documents() if d.strip()]
-        if not raw:
-            raise DataError(f"source {source.spec!r} has no documents (empty file or wrong --text-field?)")
-        funnel.add(f"read {source.label}", raw, raw)
-        funnel.bytes_read += sum(len(d.encode("utf-8")) for d in raw)
-        if source.kind == "html":
-            text = [html_to_text(d) for d in raw]
-            kept = [t for t in text if t]
-            funnel.add(f"extract text ({source.label})", raw, kept, {"no_text": len(text) - len(kept)})
-            raw = kept
-        chars_read = sum(map(len, raw))                     # markup is not text: counted after extraction
+        counts, reasons = collections.Counter(), collections.Counter()
+        rule = None if whole[s_index] else quality_rule(source.kind, settings)[1]
+        raw = list(read_documents(source.documents(), source.kind, rule, counts, reasons))
         if whole[s_index]:
-            size = kept_piece_size(chars_read, settings.chunk_chars)
-            pieces = [piece for d in raw for piece in chunk_document(d, size)]
-            funnel.add(f"kept whole ({source.label}; --cleaning web filters it)", raw, pieces,
-                       {f"pieces_of_at_most_{size}_chars": len(pieces)})
-            raw = pieces
-        else:
-            rule_name, rule = quality_rule(source.kind, settings)
-            if rule is not None:
-                reasons, kept = collections.Counter(), []
-                for d in raw:
-                    reason = rule(d)
-                    if reason:
-                        reasons[reason] += 1
-                    else:
-                        kept.append(d)
-                funnel.add(f"quality filters ({rule_name}, {source.label})", raw, kept, reasons)
-                if not kept:
-                    raise funnel.empty_error(f"source {source.spec!r}")
-                raw = kept
-                removed = 1 - sum(map(len, kept)) / max(1, chars_read)
-                if removed > HEAVY_CLEANING:
-                    funnel.notices.append(heavy_cleaning_note(source, removed))
-        log(f"  {source.label}: {len(raw):,} documents after the per-source steps")
+            size = kept_piece_size(sum(map(len, raw)), settings.chunk_chars)
+            raw = [piece for d in raw for piece in chunk_document(d, size)]
+            counts["kept_chars"] = sum(map(len, raw))
+            reasons = {f"pieces_of_at_most_{size}_chars": len(raw)}
+        source_steps(funnel, source, settings, counts, reasons, len(raw), log)
         docs += raw
         origin += [s_index] * len(raw)
 

@@ -404,19 +404,9 @@ def _text_fragments(job: Job, chunk: Chunk) -> Iterator[str | None]:
 def _kept_documents(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
     """The documents of a kept-whole chunk that is not a text file, as `clean` reads them (text extracted from
     HTML, documents of whitespace skipped), counting them."""
-    for doc in chunk_documents(job, chunk, formats.JsonlStats()):
-        if not doc.strip():
-            continue
-        counts["read_docs"] += 1
-        counts["read_chars"] += len(doc)
-        counts["read_bytes"] += len(doc.encode("utf-8"))
-        if job.sources[chunk.source][1] == "html":
-            doc = data.html_to_text(doc)
-            if not doc:
-                counts["no_text"] += 1
-                continue
-            counts["text_chars"] += len(doc)
-        yield doc
+    kind = job.sources[chunk.source][1]
+    return data.read_documents(chunk_documents(job, chunk, formats.JsonlStats()), kind, None, counts,
+                               collections.Counter())
 
 
 def kept_pieces(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
@@ -543,28 +533,15 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
     hashes, line_hashes, line_docs = [], [], []
     spill = _TextSpill(_chunk_file(job, 1, chunk.index, "txt"))
     try:
+        pieces = [0]                         # kept whole: the pieces' characters (not the documents' ones)
         for piece in kept_pieces(job, chunk, counts) if job.whole(chunk) else ():
             spill.add(piece)                 # no hash: exact dedup never sees it (join_exact keeps every piece)
-            counts["kept_chars"] += len(piece)
-        for doc in () if job.whole(chunk) else chunk_documents(job, chunk, jsonl):
-            if not doc.strip():
-                continue
-            counts["read_docs"] += 1
-            counts["read_chars"] += len(doc)
-            counts["read_bytes"] += len(doc.encode("utf-8"))
-            if kind == "html":
-                doc = data.html_to_text(doc)
-                if not doc:
-                    counts["no_text"] += 1
-                    continue
-                counts["text_chars"] += len(doc)
-            if rule is not None:
-                reason = rule(doc)
-                if reason:
-                    reasons[reason] += 1
-                    continue
+            pieces.append(len(piece))
+        if job.whole(chunk):
+            counts["kept_chars"] = sum(pieces)
+        documents = () if job.whole(chunk) else chunk_documents(job, chunk, jsonl)
+        for doc in data.read_documents(documents, kind, rule, counts, reasons):
             local = spill.add(doc)
-            counts["kept_chars"] += len(doc)
             hashes.append(data.document_hash(doc))
             if kind != "code":               # distinct long lines, or (CS336's line dedup) every line occurrence
                 for line in (data.countable_lines(doc) if job.settings.line_dedup == "documents"
@@ -1306,35 +1283,14 @@ def build_streaming(recipe: data.Recipe, work: pathlib.Path, clock: "data.Clock"
     with clock.phase("clean"):
         read = _run_stage("read + filters", 1, stage_read, job, chunks, workers, show_progress, ray=ray)
         funnel = data.Funnel()
-        funnel.bytes_read = sum(r["counts"].get("read_bytes", 0) for r in read)
         for s_index, source in enumerate(recipe.sources):
             mine = [r for r in read if r["source"] == s_index]
-            total = collections.Counter()
-            for r in mine:
-                total.update(r["counts"])
+            total = sum((collections.Counter(r["counts"]) for r in mine), collections.Counter())
             reasons = sum((collections.Counter(r["reasons"]) for r in mine), collections.Counter())
             kept = sum(r["docs"] for r in mine)
-            if not total["read_docs"]:
-                raise DataError(f"source {source.spec!r} has no documents (empty file or wrong --text-field?)")
-            funnel.add_counts(f"read {source.label}", total["read_docs"], total["read_docs"], total["read_chars"],
-                              total["read_chars"])
-            docs, chars = total["read_docs"], total["read_chars"]
-            if source.kind == "html":
-                docs, chars = docs - total["no_text"], total["text_chars"]
-                funnel.add_counts(f"extract text ({source.label})", total["read_docs"], docs, total["read_chars"],
-                                  chars, {"no_text": total["no_text"]})
-            rule_name, rule = data.quality_rule(source.kind, settings)
             if whole[s_index]:
-                funnel.add_counts(f"kept whole ({source.label}; --cleaning web filters it)", docs, kept, chars,
-                                  total["kept_chars"], {f"pieces_of_at_most_{job.kept_whole[s_index]}_chars": kept})
-            elif rule is not None:
-                funnel.add_counts(f"quality filters ({rule_name}, {source.label})", docs, kept, chars,
-                                  total["kept_chars"], reasons)
-                if not kept:
-                    raise funnel.empty_error(f"source {source.spec!r}")
-                if 1 - total["kept_chars"] / max(1, chars) > data.HEAVY_CLEANING:     # here: the per-source steps only
-                    funnel.notices.append(data.heavy_cleaning_note(source, 1 - total["kept_chars"] / max(1, chars)))
-            log(f"  {source.label}: {kept:,} documents after the per-source steps")
+                reasons = {f"pieces_of_at_most_{job.kept_whole[s_index]}_chars": kept}
+            data.source_steps(funnel, source, settings, total, reasons, kept, log)
         skipped = sum(r["jsonl_skipped"] for r in read)
         if skipped:
             funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = skipped
