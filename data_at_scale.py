@@ -1724,23 +1724,15 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
     dataset.check_writable(directory.parent, "download directory")
-    made, tmp_dir = fileio.missing_folders(directory.parent), None
     try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.tmp-"))
-        store.copy_down(uri, names, tmp_dir, DataError)
-        (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        fileio.publish_tree(tmp_dir)              # the umask's modes, as for a dataset prepare writes
-        dataset.rename_into_place(tmp_dir, directory)
-    except BaseException as e:
-        if tmp_dir is not None:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-        fileio.remove_if_empty(made)
-        if isinstance(e, Exception) and fileio.is_no_space(e):
-            raise DataError(fileio.no_space_message(directory, "download to another directory")) from None
-        if isinstance(e, OSError):                # the store stopped answering half-way
-            raise DataError(f"downloading {uri} failed ({store.first_line(e)}); run again to retry") from None
-        raise
+        with dataset.temporary_folder(directory.parent, directory.name, directory,
+                                      "download to another directory") as tmp_dir:
+            store.copy_down(uri, names, tmp_dir, DataError)
+            (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            fileio.publish_tree(tmp_dir)              # the umask's modes, as for a dataset prepare writes
+            dataset.rename_into_place(tmp_dir, directory)
+    except OSError as e:                          # the store stopped answering half-way (a full disk: above)
+        raise DataError(f"downloading {uri} failed ({store.first_line(e)}); run again to retry") from None
     return directory
 
 

@@ -228,10 +228,9 @@ def write_dataset(plan: Plan, built: data.Built, clock: data.Clock, staging: pat
     text_field, txt_split, _, max_documents = recipe.read_options
     for notice in built.funnel.notices:
         print(notice, file=sys.stderr)
-    made, tmp_dir = fileio.missing_folders(staging), None
-    try:
-        staging.mkdir(parents=True, exist_ok=True)
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{local_name(out_dir)}.tmp-"))
+    remote = store.is_uri(out_dir)                       # a store's dataset is staged on local disk first
+    full = (staging, "pass --work-dir elsewhere") if remote else (out_dir, NO_SPACE_FIX)
+    with temporary_folder(staging, local_name(out_dir), *full) as tmp_dir:
         dtype = data.dtype_for_vocab(len(tok))
         splits = built.write_splits(tmp_dir, dtype)
         if val_paths:
@@ -256,22 +255,32 @@ def write_dataset(plan: Plan, built: data.Built, clock: data.Clock, staging: pat
                         "engine": engine},
         }
         (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        if store.is_uri(out_dir):
+        if remote:
             store.publish(tmp_dir, out_dir, DataError)
             shutil.rmtree(tmp_dir)
         else:
             fileio.publish_tree(tmp_dir)
             rename_into_place(tmp_dir, out_dir)
+    return out_dir
+
+
+@contextlib.contextmanager
+def temporary_folder(parent: pathlib.Path, name: str, target, fix: str) -> Iterator[pathlib.Path]:
+    """A new .NAME.tmp-* folder in `parent` for a block that fills it and renames (or copies) it into place. If
+    the block fails, the folder goes, with the folders made for it, and a full disk (a quota, ulimit -f) becomes
+    one line naming `target` and the `fix`. Both a prepare's publish and a download write this way."""
+    made, tmp_dir = fileio.missing_folders(parent), None
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-"))
+        yield tmp_dir
     except BaseException as e:
         if tmp_dir is not None:
             shutil.rmtree(tmp_dir, ignore_errors=True)
         fileio.remove_if_empty(made)
-        if isinstance(e, Exception) and fileio.is_no_space(e):      # a full disk, a quota or ulimit -f
-            remote = store.is_uri(out_dir)               # a store's dataset is staged on local disk first
-            raise DataError(fileio.no_space_message(staging if remote else out_dir, "pass --work-dir elsewhere"
-                                                    if remote else NO_SPACE_FIX)) from None
+        if isinstance(e, Exception) and fileio.is_no_space(e):
+            raise DataError(fileio.no_space_message(target, fix)) from None
         raise
-    return out_dir
 
 
 def local_name(out_dir: pathlib.Path | str) -> str:
