@@ -1,7 +1,9 @@
-"""data.py: from raw corpora to clean, deduplicated, mixed, packed token shards, and the loader that reads them.
+"""data.py: from raw corpora to clean, deduplicated, mixed, packed token shards, and the loader that
+reads them.
 
-"What the model learns depends on what it reads." Raw text is mostly unusable: web pages carry menus, footers,
-boilerplate, machine-made junk and duplicates. The lecture's pipeline, with its illustrative funnel for 1,000 pages:
+"What the model learns depends on what it reads." Raw text is mostly unusable: web pages carry
+menus, footers, boilerplate, machine-made junk and duplicates. The lecture's pipeline, with its
+illustrative funnel for 1,000 pages:
 
     step                      what it does                                         1,000 web pages
     extract text              HTML -> body text, drop menus and footers            1,000
@@ -10,63 +12,73 @@ boilerplate, machine-made junk and duplicates. The lecture's pipeline, with its 
     PII removal               emails, phone numbers, ... -> placeholders           200, masked
     mixing                    decide how much web, code, books, math               by weight
 
-"Most of it is thrown away" is normal. This file runs that funnel on real text and prints it the same way. On the
-embedded corpus (the standard library's docstrings, CPython 3.11): 722 documents read -> 337 pass the Gopher rules
-(236 have under 50 words, 121 repeat too many 5-grams) -> 336 after exact dedup -> 335 after near-dedup, 7 IPs and
-5 emails masked: 2.50M characters in, 1.19M out.
+"Most of it is thrown away" is normal. This file runs that funnel on real text and prints it the
+same way. On the embedded corpus (the standard library's docstrings, CPython 3.11): 722 documents
+read -> 337 pass the Gopher rules (236 have under 50 words, 121 repeat too many 5-grams) -> 336
+after exact dedup -> 335 after near-dedup, 7 IPs and 5 emails masked: 2.50M characters in, 1.19M
+out.
 
-    python data.py prepare --data pydocs                 # the embedded corpus: stdlib docstrings, ~2 MB, offline
-    python data.py prepare --data corpus.jsonl pystdlib --weights 0.7 0.3 --vocab-size 8192 --out data/my
-    python data.py mix --tokens 20e9 --weights web=0.70 code=0.15 books=0.10 math=0.05 --unique math=0.5e9
-    python data.py prepare --data book.txt --val-data book_last_10pct.txt    # your own text, kept whole
+    python data.py prepare --data pydocs       # the embedded corpus: stdlib docstrings, offline
+    python data.py prepare --data corpus.jsonl pystdlib --weights 0.7 0.3 --vocab-size 8192 \
+        --out data/my
+    python data.py mix --tokens 20e9 --weights web=0.70 code=0.15 books=0.10 math=0.05 \
+        --unique math=0.5e9
+    python data.py prepare --data book.txt --val-data book_last_10pct.txt  # your text, kept whole
 
-Mixing is arithmetic on tokens. The lecture's example: 20e9 training tokens at 70% web / 15% code / 10% books /
-5% math asks for 0.05 x 20e9 = 1e9 math tokens; with only 0.5e9 unique math tokens on hand, math is read
-1e9 / 0.5e9 = 2 times (2 epochs). Scarce high-quality data is up-weighted like this, but repeat it too often and
-the model starts to memorise it (we warn above 4 epochs, where Muennighoff et al. 2023 saw returns fall off).
+Mixing is arithmetic on tokens. The lecture's example: 20e9 training tokens at 70% web / 15% code /
+10% books / 5% math asks for 0.05 x 20e9 = 1e9 math tokens; with only 0.5e9 unique math tokens on
+hand, math is read 1e9 / 0.5e9 = 2 times (2 epochs). Scarce high-quality data is up-weighted like
+this, but repeat it too often and the model starts to memorise it (we warn above 4 epochs, where
+Muennighoff et al. 2023 saw returns fall off).
 
-Web-crawl cleaning is for web crawls. Text someone chose (a local .txt, .md, .raw or .py file: a book, a play, a
-code base) is kept whole by default: cut into pieces of at most 16,384 characters (and at least 20) for shuffling
-and the split, PII-masked, and nothing else. Tiny Shakespeare shows why: through the funnel, 6,142 of its 7,222
-speeches have under 50 words and 1.10M characters become 0.56M; kept whole, 1,115,257 of its 1,115,394 bytes reach
-the shards (only the blank lines at 68 cuts go). `--cleaning web` runs the funnel on any source, `--cleaning keep`
-keeps any source whole, and a source whose quality filters remove more than a quarter of its characters gets a
-one-line note saying so. `--val-data FILE` makes a held-out file the validation split byte for byte (the fixed
-splits of WikiText and TinyStories, or the last 10% of your book); its 13-gram overlap with train (evaluate.py's
-contamination check) is reported. The steps also take Stanford CS336's data-handout variants: `--filters
-gopher-handout` (its four Gopher rules only), `--line-dedup occurrences` (drop every line seen twice anywhere),
-`--strip-accents` (near-dedup compares "café" as "cafe"); phone masking knows its "(283)-182-3829". All of it
-streams (below): a 10 GB book kept whole is read 1 MiB at a time, and --val-data's overlap needs no index of train.
+Web-crawl cleaning is for web crawls. Text someone chose (a local .txt, .md, .raw or .py file: a
+book, a play, a code base) is kept whole by default: cut into pieces of at most 16,384 characters
+(and at least 20) for shuffling and the split, PII-masked, and nothing else. Tiny Shakespeare shows
+why: through the funnel, 6,142 of its 7,222 speeches have under 50 words and 1.10M characters become
+0.56M; kept whole, 1,115,257 of its 1,115,394 bytes reach the shards (only the blank lines at 68
+cuts go). `--cleaning web` runs the funnel on any source, `--cleaning keep` keeps any source whole,
+and a source whose quality filters remove more than a quarter of its characters gets a one-line note
+saying so. `--val-data FILE` makes a held-out file the validation split byte for byte (the fixed
+splits of WikiText and TinyStories, or the last 10% of your book); its 13-gram overlap with train
+(evaluate.py's contamination check) is reported. The steps also take Stanford CS336's data-handout
+variants: `--filters gopher-handout` (its four Gopher rules only), `--line-dedup occurrences` (drop
+every line seen twice anywhere), `--strip-accents` (near-dedup compares "café" as "cafe"); phone
+masking knows its "(283)-182-3829". All of it streams (below): a 10 GB book kept whole is read 1 MiB
+at a time, and --val-data's overlap needs no index of train.
 
-The validation split is cut after deduplication, so no validation document has a near-duplicate in train (else the
-held-out loss is measured on text the model has seen). The tokenizer (bpe.py) is trained on the train split only.
-Documents are encoded with the tokenizer's tiktoken twin (fast, multi-threaded), each preceded by <|endoftext|>,
-and packed into shards: a 32-byte header (magic, version, dtype, token count) followed by raw uint16 token ids
-(uint32 when the vocabulary has more than 65,536 entries). A JSON manifest records sources, settings, the funnel,
-the tokenizer and the split sizes. The same inputs and settings map to the same cache directory, reused as is.
+The validation split is cut after deduplication, so no validation document has a near-duplicate in
+train (else the held-out loss is measured on text the model has seen). The tokenizer (bpe.py) is
+trained on the train split only. Documents are encoded with the tokenizer's tiktoken twin (fast,
+multi-threaded), each preceded by <|endoftext|>, and packed into shards: a 32-byte header (magic,
+version, dtype, token count) followed by raw uint16 token ids (uint32 when the vocabulary has more
+than 65,536 entries). A JSON manifest records sources, settings, the funnel, the tokenizer and the
+split sizes. The same inputs and settings map to the same cache directory, reused as is.
 
-This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order above, and
-dataset.prepare runs it (dataset.py checks the recipe, names it by its cache key, publishes the directory whole).
-data_at_scale.py is the scale (a stream, not a list: memory that does not grow with the corpus, worker processes or
-Ray, resumable), which `python data.py prepare` runs above 64 MiB of local input (below, the
-lesson's engine: `--engine auto`); its flags (--workers, --chunk-mb, --engine,
---ray-address, --work-dir) and `download` live there. The two write byte-identical datasets: every choice about a
-document is a keyed hash of its text (`document_keys`), whatever the order of reading. Sources and --out may be
-object-store URIs (s3://bucket/web/*.parquet), which store.py lists, reads and publishes. The file formats a source
-is read from (.txt, .jsonl, .parquet, WikiText, .html, .py, hf:) are formats.py's.
+This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order
+above, and dataset.prepare runs it (dataset.py checks the recipe, names it by its cache key,
+publishes the directory whole). data_at_scale.py is the scale (a stream, not a list: memory that
+does not grow with the corpus, worker processes or Ray, resumable), which `python data.py prepare`
+runs above 64 MiB of local input (below, the lesson's engine: `--engine auto`); its flags
+(--workers, --chunk-mb, --engine, --ray-address, --work-dir) and `download` live there. The two
+write byte-identical datasets: every choice about a document is a keyed hash of its text
+(`document_keys`), whatever the order of reading. Sources and --out may be object-store URIs
+(s3://bucket/web/*.parquet), which store.py lists, reads and publishes. The file formats a source is
+read from (.txt, .jsonl, .parquet, WikiText, .html, .py, hf:) are formats.py's.
 
-The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a seeded permutation
-of non-overlapping windows, split across data-parallel ranks, with a position that can be saved and restored.
+The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a
+seeded permutation of non-overlapping windows, split across data-parallel ranks, with a position
+that can be saved and restored.
 
-Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library, and six siblings:
-bpe.py (train_bpe, Tokenizer), classify.py (language and quality classifiers), dedup.py (MinHash near-dedup, the 13-gram overlap index), formats.py (the readers of
-.txt, .jsonl, .parquet, WikiText, .html, .py and hf: sources, and DataError), store.py (object-store URIs) and
+Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library,
+and six siblings: bpe.py (train_bpe, Tokenizer), classify.py (language and quality classifiers),
+dedup.py (MinHash near-dedup, the 13-gram overlap index), formats.py (the readers of .txt, .jsonl,
+.parquet, WikiText, .html, .py and hf: sources, and DataError), store.py (object-store URIs) and
 fileio.py (shards written whole, untrusted manifests in one line). Everything runs offline except
-`hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs), datasets (`hf:`),
-ray (`--engine ray`).
+`hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs),
+datasets (`hf:`), ray (`--engine ray`).
 
-The command line's main() also imports the engine, data_at_scale, which `python data.py prepare` runs; the library
-functions above never do, nor import dataset.py (both are layers above this file).
+The command line's main() also imports the engine, data_at_scale, which `python data.py prepare`
+runs; the library functions above never do, nor import dataset.py (both are layers above this file).
 """
 from __future__ import annotations
 
@@ -101,32 +113,36 @@ import classify
 import dedup
 import fileio
 import formats
-from formats import EOT, DataError        # the marker before each document; the one-line error of the pipeline
+# the marker before each document; the one-line error of the pipeline
+from formats import EOT, DataError
 
-DEFAULT_VOCAB_SIZE = 4096          # the tiny CPU run: small enough to train on ~2 MB in seconds, big enough for words
+# the tiny CPU run: small enough to train on ~2 MB in seconds, big enough for words
+DEFAULT_VOCAB_SIZE = 4096
 REPO_ROOT = pathlib.Path(__file__).resolve().parent
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. Sources: each yields documents (strings) in a stable order
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class Source:
     """A named stream of documents.
 
-    kind: "prose" (Gopher quality filters, boilerplate-line removal), "code" (code filters only) or "html"
-    (text is extracted first, then treated as prose). fingerprint: what the cache key needs to know about the
-    input (file sizes and mtimes, the Python version for embedded corpora). curated: local text files (.txt, .md,
-    .raw, .py), which someone chose and which `clean` keeps whole by default, as opposed to web-like sources
-    (.jsonl, .parquet, .html, hf:, the embedded corpora that demonstrate the funnel).
+    kind: "prose" (Gopher quality filters, boilerplate-line removal), "code" (code filters only) or
+    "html" (text is extracted first, then treated as prose). fingerprint: what the cache key needs
+    to know about the input (file sizes and mtimes, the Python version for embedded corpora).
+    curated: local text files (.txt, .md, .raw, .py), which someone chose and which `clean` keeps
+    whole by default, as opposed to web-like sources (.jsonl, .parquet, .html, hf:, the embedded
+    corpora that demonstrate the funnel).
     """
     spec: str
     kind: str
     fingerprint: str
     read: Callable[[], Iterator[str]]
     max_documents: int | None = None
-    files: tuple[pathlib.Path | str, ...] = ()  # the files (or objects' URIs) it reads, in order (none for names)
+    # the files (or objects' URIs) it reads, in order (none for names)
+    files: tuple[pathlib.Path | str, ...] = ()
     curated: bool = False
 
     @property
@@ -164,7 +180,8 @@ def stdlib_files(include_tests: bool) -> list[pathlib.Path]:
 
 
 def _read_python_source(path: pathlib.Path) -> str | None:
-    """Decode a .py file by its coding cookie (PEP 263); None for the few deliberately broken test files."""
+    """Decode a .py file by its coding cookie (PEP 263); None for the few deliberately broken test
+    files."""
     try:
         with tokenize.open(path) as f:
             return f.read()
@@ -173,7 +190,8 @@ def _read_python_source(path: pathlib.Path) -> str | None:
 
 
 def module_docstrings(source: str, module: str) -> str:
-    """One module's docstrings as a document: a heading line with the qualified name, then the docstring.
+    """One module's docstrings as a document: a heading line with the qualified name, then the
+    docstring.
 
     >>> print(module_docstrings('"Say hi."\\ndef hi():\\n    "Print hi."', "greet"))
     greet
@@ -208,8 +226,9 @@ def _module_name(path: pathlib.Path) -> str:
 
 
 def read_pydocs() -> Iterator[str]:
-    """The embedded prose corpus (~2.3 MB): stdlib docstrings, one document per module (tests skipped), then the
-    reference manual's topics from pydoc_data.topics (what `help("with")` prints), one document per topic."""
+    """The embedded prose corpus (~2.3 MB): stdlib docstrings, one document per module (tests
+    skipped), then the reference manual's topics from pydoc_data.topics (what `help("with")`
+    prints), one document per topic."""
     for path in stdlib_files(include_tests=False):
         source = _read_python_source(path)
         text = module_docstrings(source, _module_name(path)) if source else ""
@@ -217,25 +236,29 @@ def read_pydocs() -> Iterator[str]:
             yield text
     try:
         from pydoc_data.topics import topics
-    except ImportError:       # some distributions strip pydoc_data; the docstrings alone are still ~1.8 MB
+    # some distributions strip pydoc_data; the docstrings alone are still ~1.8 MB
+    except ImportError:
         return
     for name in sorted(topics):
         yield topics[name].strip()
 
 
 def read_pystdlib() -> Iterator[str]:
-    """The embedded code corpus (~31 MB): every .py file of the standard library, tests included, one per document."""
+    """The embedded code corpus (~31 MB): every .py file of the standard library, tests included,
+    one per document."""
     for path in stdlib_files(include_tests=True):
         source = _read_python_source(path)
         if source and source.strip():
             yield source
 
 
-# A file of a source (a path, or an object's URI: s3://bucket/web/a.jsonl) is read by formats.py, which knows .txt,
-# .md, .jsonl, .parquet, WikiText's .raw, .html and .py files (each may be gzipped) and streams hf: datasets.
+# A file of a source (a path, or an object's URI: s3://bucket/web/a.jsonl) is read by formats.py,
+# which knows .txt, .md, .jsonl, .parquet, WikiText's .raw, .html and .py files (each may be
+# gzipped) and streams hf: datasets.
 
 def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
-    files = sorted(p for p in directory.rglob("*")                    # hidden files and folders (.git) skipped
+    # hidden files and folders (.git) skipped
+    files = sorted(p for p in directory.rglob("*")
                    if p.is_file() and formats.readable(p)
                    and not any(part.startswith(".") for part in p.relative_to(directory).parts))
     if not files:
@@ -244,23 +267,37 @@ def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def _special_file(path: pathlib.Path) -> str:
-    """What a path that is neither a file nor a folder is: 'a FIFO (named pipe)', 'a device', 'a socket'."""
+    """What a path that is neither a file nor a folder is: 'a FIFO (named pipe)', 'a device', 'a
+    socket'."""
     mode = path.stat().st_mode
-    return "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+    )
 
 
 def _is_dataset(folder: pathlib.Path) -> bool:
-    """Whether a folder holds a dataset `prepare` wrote (its manifest says so): a corpus it must not read."""
+    """Whether a folder holds a dataset `prepare` wrote (its manifest says so): a corpus it must not
+    read."""
     manifest = read_manifest_or_none(folder)
     return isinstance(manifest, dict) and manifest.get("format") == "llm-token-shards"
 
 
-def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", skip_bad_lines: bool = False,
-                max_documents: int | None = None, jsonl_stats: formats.JsonlStats | None = None,
-                kind: str | None = None) -> Source:
-    """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an object, prefix or
-    glob in an object store: s3://bucket/web/*.parquet) into a Source. kind overrides what the file types imply
-    ("code" for a .jsonl of source files, say)."""
+def open_source(
+    spec: str,
+    text_field: str = "text",
+    txt_split: str = "auto",
+    skip_bad_lines: bool = False,
+    max_documents: int | None = None,
+    jsonl_stats: formats.JsonlStats | None = None,
+    kind: str | None = None,
+) -> Source:
+    """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an
+    object, prefix or glob in an object store: s3://bucket/web/*.parquet) into a Source. kind
+    overrides what the file types imply ("code" for a .jsonl of source files, say)."""
     import store             # object-store I/O, loaded only where a path may be a URI
     if kind not in (None, "prose", "code", "html"):
         raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
@@ -273,59 +310,122 @@ def open_source(spec: str, text_field: str = "text", txt_split: str = "auto", sk
         return Source(spec, kind or "code", version, read_pystdlib, max_documents)
     if spec.startswith("hf:"):
         name = spec[3:]
-        return Source(spec, kind or "prose", spec, lambda: formats.read_hf(name, text_field), max_documents)
+        return Source(
+            spec, kind or "prose", spec, lambda: formats.read_hf(name, text_field), max_documents
+        )
     path = pathlib.Path(spec).expanduser()
     if store.is_uri(spec):
         listed = store.list_files(spec, formats.readable, formats.FILE_TYPES, DataError)
         files = [uri for uri, _, _ in listed]
         fingerprint = ";".join(f"{uri}:{size}:{mtime_ns}" for uri, size, mtime_ns in listed)
     elif any(c in spec for c in "*?[") and not path.exists():      # a pattern: "shards/*.parquet"
-        anchor = pathlib.Path(path.anchor or ".")            # pathlib's ** never follows a directory symlink:
-        matches = anchor.glob(str(path.relative_to(anchor)) if path.anchor else str(path))   # glob's loops forever
-        files = sorted(p for p in matches if p.is_file() and formats.readable(p) and not p.name.startswith("."))
+        # pathlib's ** never follows a directory symlink:
+        anchor = pathlib.Path(path.anchor or ".")
+        # glob's loops forever
+        matches = anchor.glob(str(path.relative_to(anchor)) if path.anchor else str(path))
+        files = sorted(
+            p for p in matches if p.is_file() and formats.readable(p) and not p.name.startswith(".")
+        )
         if not files:
-            raise DataError(f"source {spec!r} matches no {formats.FILE_TYPES} files; check the pattern")
+            raise DataError(
+                f"source {spec!r} matches no {formats.FILE_TYPES} files; check the pattern"
+            )
     elif not path.exists():
         hint = "a name (pydocs, pystdlib, hf:NAME), an existing file/directory or a glob pattern"
         raise DataError(f"source {spec!r} not found: give {hint}")
-    elif not (path.is_dir() or path.is_file()):        # reading a FIFO waits for a writer; /dev/zero never ends
-        raise DataError(f"source {spec!r} is {_special_file(path)}, not a regular file: save the text to a file "
-                        f"and pass that")
+    # reading a FIFO waits for a writer; /dev/zero never ends
+    elif not (path.is_dir() or path.is_file()):
+        raise DataError(
+            f"source {spec!r} is {_special_file(path)}, not a regular file: save the text to a "
+            "file "
+            f"and pass that"
+        )
     else:
         files = _files_under(path) if path.is_dir() else [path]
     if not store.is_uri(spec):
         for f in files:
             if f.name == "manifest.json" and _is_dataset(f.parent):
-                raise DataError(f"source {spec!r}: {f.parent} is a prepared dataset, not text: pass it to "
-                                f"train.py --data (or data.py inspect), not to prepare")
+                raise DataError(
+                    f"source {spec!r}: {f.parent} is a prepared dataset, not text: pass it to "
+                    f"train.py --data (or data.py inspect), not to prepare"
+                )
         stats = [f.stat() for f in files]
         if not any(st.st_size for st in stats):
             raise DataError(f"source {spec!r} is empty (0 bytes): give a file with text")
-        fingerprint = ";".join(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}" for f, st in zip(files, stats))
+        fingerprint = ";".join(
+            f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}" for f, st in zip(files, stats)
+        )
     readers = [formats.file_source(f, options) for f in files]
     kinds = {formats.file_kind(f) for f in files}
     if len(kinds) > 1 and kind is None:
-        raise DataError(f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: pass "
-                        f"them as separate sources (or force one with --kind)")
+        raise DataError(
+            f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: "
+            "pass "
+            f"them as separate sources (or force one with --kind)"
+        )
 
     def read() -> Iterator[str]:
         for reader in readers:
             yield from reader()
 
     curated = all(formats.is_curated(f) for f in files)
-    return Source(spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files), curated)
+    return Source(
+        spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files), curated
+    )
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. Extract text from HTML (standard library parser)
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 class _TextExtractor(html.parser.HTMLParser):
-    """Collects visible text, skipping non-content elements and breaking paragraphs at block elements."""
-    SKIP = {"script", "style", "nav", "header", "footer", "aside", "noscript", "template", "head", "svg",
-            "iframe", "form", "button", "select"}
-    BLOCK = {"p", "div", "br", "li", "ul", "ol", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "table", "section",
-             "article", "main", "blockquote", "pre", "hr", "dl", "dt", "dd", "figcaption", "title", "body"}
+    """Collects visible text, skipping non-content elements and breaking paragraphs at block
+    elements."""
+
+    SKIP = {
+        "script",
+        "style",
+        "nav",
+        "header",
+        "footer",
+        "aside",
+        "noscript",
+        "template",
+        "head",
+        "svg",
+        "iframe",
+        "form",
+        "button",
+        "select",
+    }
+    BLOCK = {
+        "p",
+        "div",
+        "br",
+        "li",
+        "ul",
+        "ol",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "tr",
+        "table",
+        "section",
+        "article",
+        "main",
+        "blockquote",
+        "pre",
+        "hr",
+        "dl",
+        "dt",
+        "dd",
+        "figcaption",
+        "title",
+        "body",
+    }
     PARAGRAPH = "\x00"
 
     def __init__(self) -> None:
@@ -355,9 +455,11 @@ class _TextExtractor(html.parser.HTMLParser):
 
 
 def html_to_text(page: str) -> str:
-    """Body text of an HTML page: no script/style/nav/header/footer/aside, one paragraph per block element.
+    """Body text of an HTML page: no script/style/nav/header/footer/aside, one paragraph per block
+    element.
 
-    >>> html_to_text("<nav>Home | About</nav><p>Hello <b>big</b>\\n world.</p><footer>(c) 2024</footer><p>Bye</p>")
+    >>> html_to_text("<nav>Home | About</nav><p>Hello <b>big</b>\\n world.</p>"
+    ...              "<footer>(c) 2024</footer><p>Bye</p>")
     'Hello big world.\\n\\nBye'
     """
     parser = _TextExtractor()
@@ -367,15 +469,18 @@ def html_to_text(page: str) -> str:
     return "\n\n".join(" ".join(p.split()) for p in paragraphs if p.strip())
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# 3. Quality filters: rules after Gopher (Rae et al. 2021, MassiveText), each rejection with a named reason
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# 3. Quality filters: rules after Gopher (Rae et al. 2021, MassiveText), each rejection with a named
+#    reason
+# --------------------------------------------------------------------------------------------------
 
 GOPHER_STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 _BULLETS = ("-", "*", "•", "‣", "●", "◦", "–")
 _PUNCTUATION = ".,;:!?\"'()[]{}"
-TOP_NGRAM_MAX = {2: 0.20, 3: 0.18, 4: 0.16}                  # chars in the most frequent n-gram / all word chars
-DUP_NGRAM_MAX = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}   # chars in repeated n-grams / all
+# chars in the most frequent n-gram / all word chars
+TOP_NGRAM_MAX = {2: 0.20, 3: 0.18, 4: 0.16}
+# chars in repeated n-grams / all
+DUP_NGRAM_MAX = {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10}
 
 
 def _duplicate_fractions(items: list[str]) -> tuple[float, float]:
@@ -395,9 +500,10 @@ def _duplicate_fractions(items: list[str]) -> tuple[float, float]:
 
 
 class NGrams:
-    """The n-grams of a word list as small integers, equal n-grams equal integers, exactly (no hashing): word ids,
-    then (n-1)-gram id and next word id paired and renumbered by np.unique, one n at a time. One pass of numpy
-    sorting per n replaces a dict of word tuples per n (the Gopher n-gram rules were 80% of the filter's time).
+    """The n-grams of a word list as small integers, equal n-grams equal integers, exactly (no
+    hashing): word ids, then (n-1)-gram id and next word id paired and renumbered by np.unique, one
+    n at a time. One pass of numpy sorting per n replaces a dict of word tuples per n (the Gopher
+    n-gram rules were 80% of the filter's time).
 
     >>> NGrams("a b a b a".split()).of(2).tolist()                  # "a b", "b a", "a b", "b a"
     [0, 1, 0, 1]
@@ -407,39 +513,51 @@ class NGrams:
 
     def __init__(self, words: list[str]) -> None:
         first_position: dict[str, int] = {}
-        self.lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))           # (N,)
-        self.ids = {1: np.fromiter(map(first_position.setdefault, words, itertools.count()), dtype=np.int64,
-                                   count=len(words))}       # n -> (N-n+1,); a word's id: where it first occurs
+        # (N,)
+        self.lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        self.ids = {
+            1: np.fromiter(
+                map(first_position.setdefault, words, itertools.count()),
+                dtype=np.int64,
+                # n -> (N-n+1,); a word's id: where it first occurs
+                count=len(words),
+            )
+        }
 
     def of(self, n: int) -> np.ndarray:
         while n not in self.ids:
             k = max(self.ids)
-            pairs = self.ids[k][:-1] * (len(self.lengths) + 1) + self.ids[1][k:]      # (k-gram, next word)
+            # (k-gram, next word)
+            pairs = self.ids[k][:-1] * (len(self.lengths) + 1) + self.ids[1][k:]
             self.ids[k + 1] = np.unique(pairs, return_inverse=True)[1].reshape(-1)
         return self.ids[n]
 
 
 def _top_ngram_fraction(ngrams: NGrams, n: int, total_chars: int) -> float:
-    """Share of word characters covered by the single most frequent n-gram (counting every occurrence; among
-    equally frequent n-grams, the one seen first)."""
+    """Share of word characters covered by the single most frequent n-gram (counting every
+    occurrence; among equally frequent n-grams, the one seen first)."""
     ids = ngrams.of(n)
     if not len(ids):
         return 0.0
     counts = np.bincount(ids)
     if counts.max() < 2:
         return 0.0
-    first = np.flatnonzero(counts[ids] == counts.max())[0]                   # first position of a top n-gram
+    # first position of a top n-gram
+    first = np.flatnonzero(counts[ids] == counts.max())[0]
     return int(counts.max()) * int(ngrams.lengths[first:first + n].sum()) / total_chars
 
 
 def _duplicate_ngram_fraction(ngrams: NGrams, n: int, total_chars: int) -> float:
-    """Share of word characters inside n-grams that occur more than once (each word counted once)."""
+    """Share of word characters inside n-grams that occur more than once (each word counted
+    once)."""
     ids = ngrams.of(n)
     if not len(ids):
         return 0.0
-    repeated = np.bincount(ids)[ids] > 1                                     # (N-n+1,) positions of repeats
+    # (N-n+1,) positions of repeats
+    repeated = np.bincount(ids)[ids] > 1
     starts = np.flatnonzero(repeated)
-    depth = np.zeros(len(ngrams.lengths) + 1, dtype=np.int64)                # +1 where a repeat starts, -1 after
+    # +1 where a repeat starts, -1 after
+    depth = np.zeros(len(ngrams.lengths) + 1, dtype=np.int64)
     np.add.at(depth, starts, 1)
     np.add.at(depth, starts + n, -1)
     return int(ngrams.lengths[np.cumsum(depth[:-1]) > 0].sum()) / total_chars
@@ -448,8 +566,11 @@ def _duplicate_ngram_fraction(ngrams: NGrams, n: int, total_chars: int) -> float
 GOPHER_RULE_SETS = ("all", "handout")
 
 
-def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000, rules: str = "all") -> str | None:
-    """The first Gopher rule a document breaks (its name), or None when it passes. Rules (Rae et al. 2021, App. A):
+def gopher_rejection(
+    text: str, min_words: int = 50, max_words: int = 100_000, rules: str = "all"
+) -> str | None:
+    """The first Gopher rule a document breaks (its name), or None when it passes. Rules (Rae et al.
+    2021, App. A):
 
         too_few_words, too_many_words   50 <= words <= 100,000 (words: whitespace-separated)
         mean_word_length                3 to 10 characters
@@ -457,19 +578,22 @@ def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000, r
         bullet_lines, ellipsis_lines    <= 90% of lines start with a bullet, <= 30% end with "..."
         alphabetic_words                >= 80% of words contain a letter
         stop_words                      at least 2 of: the, be, to, of, and, that, have, with
-        duplicate_lines, _paragraphs    <= 30% of lines (paragraphs) repeat one above, holding <= 20% of characters
-        top_2gram, _3gram, _4gram       the most frequent n-gram covers <= 20%, 18%, 16% of characters
+        duplicate_lines, _paragraphs    <= 30% of lines (paragraphs) repeat one above,
+                                        holding <= 20% of characters
+        top_2gram, _3gram, _4gram       the most frequent n-gram covers <= 20%, 18%, 16% of chars
         duplicate_5grams ... _10grams   repeated n-grams cover <= 15%, 14%, ... 10% of characters
 
-    rules="handout" keeps only the four that Stanford CS336's data handout (assignment 4) asks for: word count,
-    mean word length, ellipsis lines and alphabetic words (words here are whitespace-separated; the handout
-    tokenizes with NLTK, which also counts punctuation marks as words).
+    rules="handout" keeps only the four that Stanford CS336's data handout (assignment 4) asks for:
+    word count, mean word length, ellipsis lines and alphabetic words (words here are
+    whitespace-separated; the handout tokenizes with NLTK, which also counts punctuation marks as
+    words).
 
     >>> gopher_rejection("too short")
     'too_few_words'
     >>> gopher_rejection(" ".join(["the quick brown fox jumps over the lazy dog and runs"] * 10))
     'top_3gram'
-    >>> print(gopher_rejection(" ".join(["the quick brown fox jumps over the lazy dog"] * 10), rules="handout"))
+    >>> fox = " ".join(["the quick brown fox jumps over the lazy dog"] * 10)
+    >>> print(gopher_rejection(fox, rules="handout"))
     None
     """
     if rules not in GOPHER_RULE_SETS:
@@ -495,8 +619,9 @@ def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000, r
         return "alphabetic_words"
     if not every_rule:
         return None
+    # "the," too
     if len(GOPHER_STOP_WORDS.intersection(text.lower().split())) < 2 and \
-            len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2:   # "the," too
+            len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2:
         return "stop_words"
     dup_lines, dup_line_chars = _duplicate_fractions(lines)
     if dup_lines > 0.3 or dup_line_chars > 0.2:
@@ -513,7 +638,8 @@ def gopher_rejection(text: str, min_words: int = 50, max_words: int = 100_000, r
         fraction = _duplicate_ngram_fraction(ngrams, k, total_chars)
         if fraction > limit:
             return f"duplicate_{k}grams"
-        if fraction <= min(DUP_NGRAM_MAX.values()):     # longer repeats lie inside shorter ones: all pass from here
+        # longer repeats lie inside shorter ones: all pass from here
+        if fraction <= min(DUP_NGRAM_MAX.values()):
             return None
     return None
 
@@ -523,8 +649,8 @@ def _has_letter(word: str) -> bool:
 
 
 def code_rejection(text: str) -> str | None:
-    """Rules for source code (as in the Codex and StarCoder data cards): minified or generated files have huge
-    lines; data blobs have few letters and digits.
+    """Rules for source code (as in the Codex and StarCoder data cards): minified or generated files
+    have huge lines; data blobs have few letters and digits.
 
     >>> code_rejection("x = 1\\n" + "y = [" + "0, " * 500 + "]\\n")
     'max_line_length'
@@ -539,23 +665,28 @@ def code_rejection(text: str) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 4. Exact dedup of documents, and removal of lines repeated across the corpus (boilerplate)
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def document_hash(text: str) -> int:
-    """64-bit hash of a document after normalising case and whitespace, so re-wrapped copies collide. Fixed size:
-    a stream keeps 8 bytes per document, not the text (two of 10^8 documents collide with odds ~3·10^-4).
+    """64-bit hash of a document after normalising case and whitespace, so re-wrapped copies
+    collide. Fixed size: a stream keeps 8 bytes per document, not the text (two of 10^8 documents
+    collide with odds ~3·10^-4).
 
-    >>> document_hash("Hello  World\\n") == document_hash("hello world") != document_hash("hello word")
+    >>> h = document_hash
+    >>> h("Hello  World\\n") == h("hello world") != h("hello word")
     True
     """
-    return int.from_bytes(hashlib.blake2b(" ".join(text.lower().split()).encode("utf-8"), digest_size=8).digest(),
-                          "little")
+    return int.from_bytes(
+        hashlib.blake2b(" ".join(text.lower().split()).encode("utf-8"), digest_size=8).digest(),
+        "little",
+    )
 
 
 def line_hash(line: str) -> int:
-    """64-bit hash of a stripped line: what the streaming engine counts across documents instead of the line."""
+    """64-bit hash of a stripped line: what the streaming engine counts across documents instead of
+    the line."""
     return int.from_bytes(hashlib.blake2b(line.encode("utf-8"), digest_size=8).digest(), "little")
 
 
@@ -574,7 +705,8 @@ def exact_dedup(texts: list[str]) -> list[int]:
     return kept
 
 
-BOILERPLATE_MIN_WORDS = 3          # shorter lines ("Returns", "}", "Share this") are never boilerplate
+# shorter lines ("Returns", "}", "Share this") are never boilerplate
+BOILERPLATE_MIN_WORDS = 3
 
 
 def countable_lines(text: str, min_words: int = BOILERPLATE_MIN_WORDS) -> set[str]:
@@ -583,19 +715,28 @@ def countable_lines(text: str, min_words: int = BOILERPLATE_MIN_WORDS) -> set[st
     >>> sorted(countable_lines("Read more about it\\n}\\n  Read more about it  \\nok"))
     ['Read more about it']
     """
-    return {line for line in (raw.strip() for raw in text.split("\n")) if len(line.split()) >= min_words}
+    return {
+        line for line in (raw.strip() for raw in text.split("\n")) if len(line.split()) >= min_words
+    }
 
 
-def boilerplate_lines(texts: list[str], min_documents: int = 3, min_words: int = BOILERPLATE_MIN_WORDS) -> set[str]:
-    """Lines (stripped, at least min_words words) that occur in at least min_documents different documents:
-    cookie notices, navigation leftovers, licence footers. Short lines ("Returns", "}") are never boilerplate.
+def boilerplate_lines(
+    texts: list[str], min_documents: int = 3, min_words: int = BOILERPLATE_MIN_WORDS
+) -> set[str]:
+    """Lines (stripped, at least min_words words) that occur in at least min_documents different
+    documents: cookie notices, navigation leftovers, licence footers. Short lines ("Returns", "}")
+    are never boilerplate.
 
-    >>> sorted(boilerplate_lines(["a\\nAll rights reserved here", "b\\nAll rights reserved here", "c"], 2))
+    >>> line = "All rights reserved here"
+    >>> sorted(boilerplate_lines([f"a\\n{line}", f"b\\n{line}", "c"], 2))
     ['All rights reserved here']
     """
     if min_documents < 2:
-        raise DataError(f"--boilerplate-min-documents must be at least 2 (a line in one document is not repeated), "
-                        f"got {min_documents}")
+        raise DataError(
+            "--boilerplate-min-documents must be at least 2 (a line in one document is not "
+            "repeated), "
+            f"got {min_documents}"
+        )
     document_counts = collections.Counter()
     for text in texts:
         document_counts.update(countable_lines(text, min_words))
@@ -613,8 +754,9 @@ LINE = re.compile(r"[^\n]*\n|[^\n]+")          # a line with its newline, or a l
 
 
 def repeated_lines(texts: list[str]) -> set[str]:
-    """Lines (exactly, without their newline) that occur more than once in the whole corpus, counting every
-    occurrence, so a line repeated inside one document counts too: Stanford CS336's exact line dedup.
+    """Lines (exactly, without their newline) that occur more than once in the whole corpus,
+    counting every occurrence, so a line repeated inside one document counts too: Stanford CS336's
+    exact line dedup.
 
     >>> sorted(repeated_lines(["a\\nb\\n", "b\\nc", "c\\nd\\nd"]))
     ['b', 'c', 'd']
@@ -624,8 +766,8 @@ def repeated_lines(texts: list[str]) -> set[str]:
 
 
 def drop_lines(text: str, lines: set[str]) -> tuple[str, int]:
-    """(text without those lines, how many were removed); kept lines keep their newlines, so a file's trailing
-    newline survives and a document whose every line goes becomes "".
+    """(text without those lines, how many were removed); kept lines keep their newlines, so a
+    file's trailing newline survives and a document whose every line goes becomes "".
 
     >>> drop_lines("- home\\n- back\\nbody\\n", {"- home"})
     ('- back\\nbody\\n', 1)
@@ -635,9 +777,9 @@ def drop_lines(text: str, lines: set[str]) -> tuple[str, int]:
     return "".join(kept), len(all_lines) - len(kept)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 5. PII masking
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 PII_PATTERNS = {
@@ -645,31 +787,42 @@ PII_PATTERNS = {
     "EMAIL": re.compile(r"\b[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}\b"),
     # four octets 0-255; not inside a longer dotted number ("1.2.3.4.5") or a word ("v1.2.3.4").
     "IP": re.compile(rf"(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\d)(?!\w)"),
-    # North American (555) 123-4567, (555)-123-4567 (CS336's format), 555-123-4567, 555.123.4567, +1 555 123 4567;
-    # international +44 20 7946 0958. Separators are required, so bare numbers, dates (2023-01-15) and versions
-    # (3.11.7) never match.
-    "PHONE": re.compile(r"(?<![\w+.-])(?:(?:\+?1[ .-]?)?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4}"
-                        r"|\+\d{1,3}(?:[ .-]\(?\d{1,4}\)?){2,5})(?!\d)(?![.-]\d)"),
+    # North American (555) 123-4567, (555)-123-4567 (CS336's format), 555-123-4567, 555.123.4567, +1
+    # 555 123 4567; international +44 20 7946 0958. Separators are required, so bare numbers, dates
+    # (2023-01-15) and versions (3.11.7) never match.
+    "PHONE": re.compile(
+        r"(?<![\w+.-])(?:(?:\+?1[ .-]?)?(?:\(\d{3}\)[ .-]?|\d{3}[ .-])\d{3}[ .-]\d{4}"
+        r"|\+\d{1,3}(?:[ .-]\(?\d{1,4}\)?){2,5})(?!\d)(?![.-]\d)"
+    ),
 }
 
 
-# A dotted quad right after "version", "Ver.", "driver", "build", ... is a version number, not an address.
-_VERSION_CONTEXT = re.compile(r"(?i)\b(?:v|ver\.?|version|release|build|driver|firmware|update)\s*$")
+# A dotted quad right after "version", "Ver.", "driver", "build", ... is a version number, not an
+# address.
+_VERSION_CONTEXT = re.compile(
+    r"(?i)\b(?:v|ver\.?|version|release|build|driver|firmware|update)\s*$"
+)
 
 
 def mask_pii(text: str) -> tuple[str, collections.Counter]:
-    """Replace emails, phone numbers and IPv4 addresses with <EMAIL>, <PHONE>, <IP>; return the counts.
+    """Replace emails, phone numbers and IPv4 addresses with <EMAIL>, <PHONE>, <IP>; return the
+    counts.
 
-    >>> text, counts = mask_pii("Mail bob@example.com or call (555) 123-4567 from 10.0.0.1, Python 3.11.7, 2023-01-15.")
-    >>> text, sorted(counts.items())
-    ('Mail <EMAIL> or call <PHONE> from <IP>, Python 3.11.7, 2023-01-15.', [('EMAIL', 1), ('IP', 1), ('PHONE', 1)])
+    >>> text, counts = mask_pii("Mail bob@example.com or call (555) 123-4567 from 10.0.0.1, "
+    ...                         "Python 3.11.7, 2023-01-15.")
+    >>> text
+    'Mail <EMAIL> or call <PHONE> from <IP>, Python 3.11.7, 2023-01-15.'
+    >>> sorted(counts.items())
+    [('EMAIL', 1), ('IP', 1), ('PHONE', 1)]
     """
     counts = collections.Counter()
     for label, pattern in PII_PATTERNS.items():
         def replace(match: re.Match, label=label) -> str:
             if label == "PHONE" and not 7 <= sum(c.isdigit() for c in match.group()) <= 15:
                 return match.group()
-            if label == "IP" and _VERSION_CONTEXT.search(match.string, max(0, match.start() - 16), match.start()):
+            if label == "IP" and _VERSION_CONTEXT.search(
+                match.string, max(0, match.start() - 16), match.start()
+            ):
                 return match.group()
             counts[label] += 1
             return f"<{label}>"
@@ -677,13 +830,14 @@ def mask_pii(text: str) -> tuple[str, collections.Counter]:
     return text, counts
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 6. The funnel: every step reports documents and characters in and out, and why documents left
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class Step:
-    """One row of the funnel; reasons maps a named cause to how many documents (or lines, or masks) it hit."""
+    """One row of the funnel; reasons maps a named cause to how many documents (or lines, or masks)
+    it hit."""
     name: str
     docs_in: int
     docs_out: int
@@ -697,17 +851,32 @@ class Funnel:
 
     def __init__(self) -> None:
         self.steps: list[Step] = []
-        self.bytes_read = 0                  # UTF-8 bytes of every document read, for the throughput figure
-        self.notices: list[str] = []         # one line per source that cleaning cut by more than a quarter
+        # UTF-8 bytes of every document read, for the throughput figure
+        self.bytes_read = 0
+        # one line per source that cleaning cut by more than a quarter
+        self.notices: list[str] = []
 
-    def add(self, name: str, before: list[str], after: list[str], reasons: dict | None = None) -> None:
-        self.add_counts(name, len(before), len(after), sum(map(len, before)), sum(map(len, after)), reasons)
+    def add(
+        self, name: str, before: list[str], after: list[str], reasons: dict | None = None
+    ) -> None:
+        self.add_counts(
+            name, len(before), len(after), sum(map(len, before)), sum(map(len, after)), reasons
+        )
 
     def add_counts(self, name: str, docs_in: int, docs_out: int, chars_in: int, chars_out: int,
                    reasons: dict | None = None) -> None:
-        """A row from counts (the streaming engine sums them over chunks; it never holds the documents)."""
-        self.steps.append(Step(name, int(docs_in), int(docs_out), int(chars_in), int(chars_out),
-                               dict(sorted((reasons or {}).items(), key=lambda kv: (-kv[1], kv[0])))))
+        """A row from counts (the streaming engine sums them over chunks; it never holds the
+        documents)."""
+        self.steps.append(
+            Step(
+                name,
+                int(docs_in),
+                int(docs_out),
+                int(chars_in),
+                int(chars_out),
+                dict(sorted((reasons or {}).items(), key=lambda kv: (-kv[1], kv[0]))),
+            )
+        )
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> "Funnel":
@@ -720,7 +889,9 @@ class Funnel:
 
     def format(self) -> str:
         width = max([len(s.name) for s in self.steps] + [30])
-        rows = [f"{'step':<{width}}{'documents':>20}{'characters':>24}   removed or changed because"]
+        rows = [
+            f"{'step':<{width}}{'documents':>20}{'characters':>24}   removed or changed because"
+        ]
         for s in self.steps:
             docs = f"{s.docs_in:,} -> {s.docs_out:,}"
             chars = f"{s.chars_in / 1e6:,.2f}M -> {s.chars_out / 1e6:,.2f}M"
@@ -731,11 +902,14 @@ class Funnel:
     def empty_error(self, what: str) -> DataError:
         last = self.steps[-1]
         why = ", ".join(f"{k} {v:,}" for k, v in last.reasons.items()) or "no reason recorded"
-        return DataError(f"{what}: step '{last.name}' removed all {last.docs_in:,} documents ({why}); "
-                         f"loosen it (--filters none/code) or add data")
+        return DataError(
+            f"{what}: step '{last.name}' removed all {last.docs_in:,} documents ({why}); "
+            f"loosen it (--filters none/code) or add data"
+        )
 
 
-NEAR_DUP_NUM_PERM = 128        # MinHash functions: standard error 0.044 at J = 0.43 (dedup.py's lesson)
+# MinHash functions: standard error 0.044 at J = 0.43 (dedup.py's lesson)
+NEAR_DUP_NUM_PERM = 128
 NEAR_DUP_SHINGLE = 3           # words per shingle, as in the lecture
 
 CLEANING_CHOICES = ("auto", "web", "keep")
@@ -747,13 +921,14 @@ LINE_DEDUP_CHOICES = ("documents", "occurrences")
 class CleanSettings:
     """Knobs of the cleaning pipeline (all part of the cache key).
 
-    cleaning: "auto" runs the funnel on web-like sources and keeps curated local text whole (Source.curated);
-    "web" runs it on every source; "keep" keeps every source whole. A source kept whole is only cut into
-    documents of at most chunk_chars characters, and into at least KEPT_MIN_PIECES (so it can be shuffled and
-    split), and PII-masked: no quality filters, no line removal, no dedup (a refrain or a repeated speech in a
-    book is the author's choice).
-    line_dedup: "documents" removes boilerplate (a line of 3+ words in >= boilerplate_min_documents documents);
-    "occurrences" removes every line that occurs more than once in the corpus (CS336's exact line dedup).
+    cleaning: "auto" runs the funnel on web-like sources and keeps curated local text whole
+    (Source.curated); "web" runs it on every source; "keep" keeps every source whole. A source kept
+    whole is only cut into documents of at most chunk_chars characters, and into at least
+    KEPT_MIN_PIECES (so it can be shuffled and split), and PII-masked: no quality filters, no line
+    removal, no dedup (a refrain or a repeated speech in a book is the author's choice). line_dedup:
+    "documents" removes boilerplate (a line of 3+ words in >= boilerplate_min_documents documents);
+    "occurrences" removes every line that occurs more than once in the corpus (CS336's exact line
+    dedup).
     """
     cleaning: str = "auto"
     filters: str = "auto"                # auto (by source kind), gopher, gopher-handout, code, none
@@ -764,21 +939,29 @@ class CleanSettings:
     near_dup_threshold: float = 0.5      # Jaccard of 3-word shingles; 0 disables near-dedup
     strip_accents: bool = False          # near-dedup shingles "café" as "cafe"
     mask_pii: bool = True
-    chunk_chars: int = 16_384            # ~4,000 tokens: several training windows per piece of a long text
-    lang: tuple[str, ...] = ()           # keep only these languages (classify.py's identifier); () keeps all
-    lang_threshold: float = 0.65         # ... and only if its score is at least this (datatrove's default)
-    quality_threshold: float = 0.0       # keep P(high) >= this by the quality classifier; 0 turns it off
-    quality_model: str = ""              # a classifier file (labels high/low); "" is classify.py's default
+    # ~4,000 tokens: several training windows per piece of a long text
+    chunk_chars: int = 16_384
+    # keep only these languages (classify.py's identifier); () keeps all
+    lang: tuple[str, ...] = ()
+    # ... and only if its score is at least this (datatrove's default)
+    lang_threshold: float = 0.65
+    # keep P(high) >= this by the quality classifier; 0 turns it off
+    quality_threshold: float = 0.0
+    # a classifier file (labels high/low); "" is classify.py's default
+    quality_model: str = ""
 
-    def __post_init__(self):                             # checked on creation, so a bad flag fails before any work
+    # checked on creation, so a bad flag fails before any work
+    def __post_init__(self):
         for name, choices in (("cleaning", CLEANING_CHOICES), ("filters", FILTER_CHOICES),
                               ("line_dedup", LINE_DEDUP_CHOICES)):
             if getattr(self, name) not in choices:
                 raise DataError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of "
                                 f"{', '.join(choices)}")
         if self.boilerplate_min_documents < 2:
-            raise DataError(f"--boilerplate-min-documents must be at least 2 (a line in one document is not "
-                            f"repeated), got {self.boilerplate_min_documents}")
+            raise DataError(
+                f"--boilerplate-min-documents must be at least 2 (a line in one document is not "
+                f"repeated), got {self.boilerplate_min_documents}"
+            )
         if not (self.near_dup_threshold == 0 or 0 < self.near_dup_threshold < 1):
             raise DataError(f"--near-dup-threshold must be 0 (off) or strictly between 0 and 1, "
                             f"got {self.near_dup_threshold}")
@@ -786,13 +969,17 @@ class CleanSettings:
             raise DataError(f"chunk_chars must be at least 1, got {self.chunk_chars}")
         for name in ("lang_threshold", "quality_threshold"):
             if not 0 <= getattr(self, name) <= 1:
-                raise DataError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
+                raise DataError(
+                    f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}"
+                )
         unknown = sorted(set(self.lang) - set(classify.LANGUAGES))
         if unknown:
             raise DataError(f"--lang {' '.join(unknown)}: unknown; use ISO 639-1 codes among "
                             f"{' '.join(classify.LANGUAGES)}")
-        self.lang = tuple(self.lang)                   # a list from the command line: the same key as a tuple
-        try:                          # read (or train, once) here: a bad file fails first, workers only read
+        # a list from the command line: the same key as a tuple
+        self.lang = tuple(self.lang)
+        # read (or train, once) here: a bad file fails first, workers only read
+        try:
             if self.quality_model:
                 classify.model_at(self.quality_model)
             for task, on in (("language", self.lang), ("quality", self.quality_threshold)):
@@ -808,9 +995,9 @@ def keeps_whole(source: Source, settings: CleanSettings) -> bool:
 
 
 def chunk_document(text: str, max_chars: int) -> list[str]:
-    """A long document cut into pieces of at most max_chars characters, each at the last blank line before the
-    limit (else the last line break, else at the limit), so one novel or one-file corpus can still be shuffled
-    and split into train and val. Only the separators at the cuts are lost.
+    """A long document cut into pieces of at most max_chars characters, each at the last blank line
+    before the limit (else the last line break, else at the limit), so one novel or one-file corpus
+    can still be shuffled and split into train and val. Only the separators at the cuts are lost.
 
     >>> chunk_document("aa bb\\n\\ncc dd\\nee", 8)
     ['aa bb', 'cc dd', 'ee']
@@ -825,11 +1012,13 @@ def chunk_document(text: str, max_chars: int) -> list[str]:
 
 
 def cut_position(window: str, max_chars: int) -> int:
-    """Where a piece ends in the next max_chars + 1 characters: at the last blank line, else the last line break
-    (not at the window's first character), else at max_chars.
+    """Where a piece ends in the next max_chars + 1 characters: at the last blank line, else the
+    last line break (not at the window's first character), else at max_chars.
 
-    >>> cut_position("aa bb\\n\\ncc", 8), cut_position("aaaa\\nbbbb", 8), cut_position("abcdefghi", 8)
-    (5, 4, 8)
+    >>> cut_position("aa bb\\n\\ncc", 8), cut_position("aaaa\\nbbbb", 8)
+    (5, 4)
+    >>> cut_position("abcdefghi", 8)
+    8
     """
     cut = window.rfind("\n\n")
     if cut <= 0:
@@ -837,13 +1026,24 @@ def cut_position(window: str, max_chars: int) -> int:
     return cut if cut > 0 else max_chars
 
 
-def quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str], str | None] | None]:
-    """(name, document -> rejection reason or None) for a source kind; "auto" picks Gopher for prose."""
-    choice = {"prose": "gopher", "html": "gopher", "code": "code"}[kind] if settings.filters == "auto" \
+def quality_rule(
+    kind: str, settings: CleanSettings
+) -> tuple[str, Callable[[str], str | None] | None]:
+    """(name, document -> rejection reason or None) for a source kind; "auto" picks Gopher for
+    prose."""
+    choice = (
+        {"prose": "gopher", "html": "gopher", "code": "code"}[kind]
+        if settings.filters == "auto"
         else settings.filters
-    rules = {"gopher": lambda d: gopher_rejection(d, settings.min_words, settings.max_words),
-             "gopher-handout": lambda d: gopher_rejection(d, settings.min_words, settings.max_words, "handout"),
-             "code": code_rejection, "none": None}
+    )
+    rules = {
+        "gopher": lambda d: gopher_rejection(d, settings.min_words, settings.max_words),
+        "gopher-handout": lambda d: gopher_rejection(
+            d, settings.min_words, settings.max_words, "handout"
+        ),
+        "code": code_rejection,
+        "none": None,
+    }
     judged = classifier_rejection(settings)
     if judged is None:
         return choice, rules[choice]
@@ -852,8 +1052,9 @@ def quality_rule(kind: str, settings: CleanSettings) -> tuple[str, Callable[[str
 
 
 def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None] | None:
-    """classify.py's language and quality classifiers as one rule: why a document goes (its detected language,
-    a low score, low quality) or None; None when both are off. The reasons are the funnel's per-document record."""
+    """classify.py's language and quality classifiers as one rule: why a document goes (its detected
+    language, a low score, low quality) or None; None when both are off. The reasons are the
+    funnel's per-document record."""
     if not settings.lang and not settings.quality_threshold:
         return None
     lid = classify.default_model("language") if settings.lang else None
@@ -879,13 +1080,16 @@ def _without(docs: list[str], origin: list[int], dropped: set[int]) -> tuple[lis
     return [docs[i] for i in keep], [origin[i] for i in keep]
 
 
-KEPT_MIN_PIECES = 20           # a small file kept whole is cut finer, so that a 5% validation split still holds one
-HEAVY_CLEANING = 0.25          # a source that loses more than this share of its characters gets a one-line notice
+# a small file kept whole is cut finer, so that a 5% validation split still holds one
+KEPT_MIN_PIECES = 20
+# a source that loses more than this share of its characters gets a one-line notice
+HEAVY_CLEANING = 0.25
 
 
 def kept_piece_size(chars_read: int, chunk_chars: int) -> int:
-    """The piece size of a source kept whole: chunk_chars, or less for a small source, so that it still makes
-    KEPT_MIN_PIECES pieces. Tiny Shakespeare's 1,115,393 characters: 16,384; a 6,000-character note: 300.
+    """The piece size of a source kept whole: chunk_chars, or less for a small source, so that it
+    still makes KEPT_MIN_PIECES pieces. Tiny Shakespeare's 1,115,393 characters: 16,384; a
+    6,000-character note: 300.
 
     >>> kept_piece_size(1_115_393, 16_384), kept_piece_size(6_000, 16_384)
     (16384, 300)
@@ -894,69 +1098,130 @@ def kept_piece_size(chars_read: int, chunk_chars: int) -> int:
 
 
 def kept_txt_split(txt_split: str) -> str:
-    """How a .txt kept whole is cut into documents: only at <|endoftext|> unless --txt-split says otherwise."""
+    """How a .txt kept whole is cut into documents: only at <|endoftext|> unless --txt-split says
+    otherwise."""
     return "eot" if txt_split == "auto" else txt_split
 
 
 def heavy_cleaning_note(source: Source, removed: float) -> str:
-    """The line printed when a source's own steps (quality filters) removed more than a quarter of its text
-    (extracted text for HTML: markup is not text), naming the way out. Both engines count the same steps."""
-    return (f"note: cleaning removed {removed:.0%} of the characters of {source.label} (web-crawl rules, see the "
-            f"funnel); --cleaning keep keeps its text whole")
+    """The line printed when a source's own steps (quality filters) removed more than a quarter of
+    its text (extracted text for HTML: markup is not text), naming the way out. Both engines count
+    the same steps."""
+    return (
+        f"note: cleaning removed {removed:.0%} of the characters of {source.label} (web-crawl "
+        "rules, see the "
+        f"funnel); --cleaning keep keeps its text whole"
+    )
+
+
+def read_documents(docs: Iterable[str], kind: str, rule: Callable[[str], str | None] | None,
+                   counts: collections.Counter, reasons: collections.Counter) -> Iterator[str]:
+    """A source's own steps, one document at a time, as both engines run them: skip documents of
+    whitespace, extract text (HTML), then the quality rule (None: none). Counts into `counts`
+    (read_docs, read_chars, read_bytes, no_text, text_chars, kept_chars) and the rule's rejections
+    into `reasons`.
+
+    >>> counts, reasons = collections.Counter(), collections.Counter()
+    >>> list(read_documents(["a b", " ", "c"], "prose", lambda d: "short" if len(d) < 2 else None,
+    ...                     counts, reasons)), counts["read_docs"], dict(reasons)
+    (['a b'], 2, {'short': 1})
+    """
+    for doc in docs:
+        if not doc.strip():
+            continue
+        counts["read_docs"] += 1
+        counts["read_chars"] += len(doc)
+        counts["read_bytes"] += len(doc.encode("utf-8"))
+        if kind == "html":
+            doc = html_to_text(doc)
+            if not doc:
+                counts["no_text"] += 1
+                continue
+            counts["text_chars"] += len(doc)
+        reason = rule(doc) if rule is not None else None
+        if reason:
+            reasons[reason] += 1
+            continue
+        counts["kept_chars"] += len(doc)
+        yield doc
+
+
+def source_steps(
+    funnel: Funnel,
+    source: Source,
+    settings: CleanSettings,
+    counts: collections.Counter,
+    reasons: dict,
+    kept: int,
+    log: Callable[[str], None],
+) -> None:
+    """The funnel's rows for one source's own steps from its counts (`read_documents`'s, summed over
+    chunks by the streaming engine), with the checks both engines make: a source with no documents,
+    or none left, is an error; one whose quality filters removed more than HEAVY_CLEANING of its
+    characters gets a notice. kept: its documents (or pieces, when kept whole) after these steps;
+    reasons: the rejections (or the piece size)."""
+    read, chars = counts["read_docs"], counts["read_chars"]
+    if not read:
+        raise DataError(
+            f"source {source.spec!r} has no documents (empty file or wrong --text-field?)"
+        )
+    funnel.bytes_read += counts["read_bytes"]
+    funnel.add_counts(f"read {source.label}", read, read, chars, chars)
+    docs = read
+    # markup is not text: counted after extraction
+    if source.kind == "html":
+        docs, chars = read - counts["no_text"], counts["text_chars"]
+        funnel.add_counts(f"extract text ({source.label})", read, docs, counts["read_chars"], chars,
+                          {"no_text": counts["no_text"]})
+    rule_name, rule = quality_rule(source.kind, settings)
+    if keeps_whole(source, settings):
+        funnel.add_counts(
+            f"kept whole ({source.label}; --cleaning web filters it)",
+            docs,
+            kept,
+            chars,
+            counts["kept_chars"],
+            reasons,
+        )
+    elif rule is not None:
+        funnel.add_counts(f"quality filters ({rule_name}, {source.label})", docs, kept, chars,
+                          counts["kept_chars"], reasons)
+        if not kept:
+            raise funnel.empty_error(f"source {source.spec!r}")
+        removed = 1 - counts["kept_chars"] / max(1, chars)
+        if removed > HEAVY_CLEANING:
+            funnel.notices.append(heavy_cleaning_note(source, removed))
+    log(f"  {source.label}: {kept:,} documents after the per-source steps")
 
 
 def clean(sources: list[Source], settings: CleanSettings | None = None,
           log: Callable[[str], None] = lambda s: None) -> tuple[list[str], list[int], Funnel]:
-    """Run the funnel over all sources. Returns (documents, source index of each, funnel); funnel.notices holds
-    a line for each source whose quality filters removed more than a quarter of its characters.
+    """Run the funnel over all sources. Returns (documents, source index of each, funnel);
+    funnel.notices holds a line for each source whose quality filters removed more than a quarter of
+    its characters.
 
-    Per source: read, extract text (HTML), then quality filters, or, for a source kept whole (`keeps_whole`),
-    cutting long documents into chunks. Across the cleaned sources: exact dedup, line removal (prose only; a
-    repeated line of code is not boilerplate); then PII masking of everything; then near-dedup with dedup.py of
-    the cleaned sources. This is the in-memory reference: the streaming engine (data_at_scale.py) computes the same
-    result without holding the corpus. PII masking comes before near-dedup so that pages differing only in a
-    contact address compare as equal and near-dedup reads the final text.
+    Per source: read, extract text (HTML), then quality filters, or, for a source kept whole
+    (`keeps_whole`), cutting long documents into chunks. Across the cleaned sources: exact dedup,
+    line removal (prose only; a repeated line of code is not boilerplate); then PII masking of
+    everything; then near-dedup with dedup.py of the cleaned sources. This is the in-memory
+    reference: the streaming engine (data_at_scale.py) computes the same result without holding the
+    corpus. PII masking comes before near-dedup so that pages differing only in a contact address
+    compare as equal and near-dedup reads the final text.
     """
     settings = settings or CleanSettings()
     funnel = Funnel()
     docs, origin = [], []
     whole = [keeps_whole(source, settings) for source in sources]
     for s_index, source in enumerate(sources):
-        raw = [d for d in source.documents() if d.strip()]
-        if not raw:
-            raise DataError(f"source {source.spec!r} has no documents (empty file or wrong --text-field?)")
-        funnel.add(f"read {source.label}", raw, raw)
-        funnel.bytes_read += sum(len(d.encode("utf-8")) for d in raw)
-        if source.kind == "html":
-            text = [html_to_text(d) for d in raw]
-            kept = [t for t in text if t]
-            funnel.add(f"extract text ({source.label})", raw, kept, {"no_text": len(text) - len(kept)})
-            raw = kept
-        chars_read = sum(map(len, raw))                     # markup is not text: counted after extraction
+        counts, reasons = collections.Counter(), collections.Counter()
+        rule = None if whole[s_index] else quality_rule(source.kind, settings)[1]
+        raw = list(read_documents(source.documents(), source.kind, rule, counts, reasons))
         if whole[s_index]:
-            size = kept_piece_size(chars_read, settings.chunk_chars)
-            pieces = [piece for d in raw for piece in chunk_document(d, size)]
-            funnel.add(f"kept whole ({source.label}; --cleaning web filters it)", raw, pieces,
-                       {f"pieces_of_at_most_{size}_chars": len(pieces)})
-            raw = pieces
-        else:
-            rule_name, rule = quality_rule(source.kind, settings)
-            if rule is not None:
-                reasons, kept = collections.Counter(), []
-                for d in raw:
-                    reason = rule(d)
-                    if reason:
-                        reasons[reason] += 1
-                    else:
-                        kept.append(d)
-                funnel.add(f"quality filters ({rule_name}, {source.label})", raw, kept, reasons)
-                if not kept:
-                    raise funnel.empty_error(f"source {source.spec!r}")
-                raw = kept
-                removed = 1 - sum(map(len, kept)) / max(1, chars_read)
-                if removed > HEAVY_CLEANING:
-                    funnel.notices.append(heavy_cleaning_note(source, removed))
-        log(f"  {source.label}: {len(raw):,} documents after the per-source steps")
+            size = kept_piece_size(sum(map(len, raw)), settings.chunk_chars)
+            raw = [piece for d in raw for piece in chunk_document(d, size)]
+            counts["kept_chars"] = sum(map(len, raw))
+            reasons = {f"pieces_of_at_most_{size}_chars": len(raw)}
+        source_steps(funnel, source, settings, counts, reasons, len(raw), log)
         docs += raw
         origin += [s_index] * len(raw)
 
@@ -978,8 +1243,14 @@ def clean(sources: list[Source], settings: CleanSettings | None = None,
     return docs, origin, funnel
 
 
-def _exact_and_line_dedup(docs: list[str], origin: list[int], sources: list[Source], whole: list[bool],
-                          settings: CleanSettings, funnel: Funnel) -> tuple[list[str], list[int]]:
+def _exact_and_line_dedup(
+    docs: list[str],
+    origin: list[int],
+    sources: list[Source],
+    whole: list[bool],
+    settings: CleanSettings,
+    funnel: Funnel,
+) -> tuple[list[str], list[int]]:
     """Exact dedup and line removal over the documents of the sources that are cleaned."""
     cleaned = [i for i, o in enumerate(origin) if not whole[o]]
     kept = exact_dedup([docs[i] for i in cleaned])
@@ -989,10 +1260,16 @@ def _exact_and_line_dedup(docs: list[str], origin: list[int], sources: list[Sour
 
     prose = [i for i, o in enumerate(origin) if sources[o].kind != "code" and not whole[o]]
     if settings.line_dedup == "occurrences":
-        step, lines, remove = "line dedup (every line seen more than once)", repeated_lines, drop_lines
+        step, lines, remove = (
+            "line dedup (every line seen more than once)",
+            repeated_lines,
+            drop_lines,
+        )
     else:
         step = f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)"
-        lines = functools.partial(boilerplate_lines, min_documents=settings.boilerplate_min_documents)
+        lines = functools.partial(
+            boilerplate_lines, min_documents=settings.boilerplate_min_documents
+        )
         remove = remove_lines
     repeated = lines([docs[i] for i in prose])
     before, lines_removed = list(docs), 0
@@ -1007,14 +1284,25 @@ def _exact_and_line_dedup(docs: list[str], origin: list[int], sources: list[Sour
     return docs, origin
 
 
-def _near_dedup(docs: list[str], origin: list[int], whole: list[bool], settings: CleanSettings, funnel: Funnel,
-                log: Callable[[str], None]) -> tuple[list[str], list[int]]:
+def _near_dedup(
+    docs: list[str],
+    origin: list[int],
+    whole: list[bool],
+    settings: CleanSettings,
+    funnel: Funnel,
+    log: Callable[[str], None],
+) -> tuple[list[str], list[int]]:
     """Near-dedup (dedup.py) over the documents of the sources that are cleaned."""
     cleaned = [i for i, o in enumerate(origin) if not whole[o]]
     if cleaned:
         t0 = time.perf_counter()
-        kept = dedup.dedup([docs[i] for i in cleaned], threshold=settings.near_dup_threshold,
-                           num_perm=NEAR_DUP_NUM_PERM, n=NEAR_DUP_SHINGLE, strip_accents=settings.strip_accents)
+        kept = dedup.dedup(
+            [docs[i] for i in cleaned],
+            threshold=settings.near_dup_threshold,
+            num_perm=NEAR_DUP_NUM_PERM,
+            n=NEAR_DUP_SHINGLE,
+            strip_accents=settings.strip_accents,
+        )
         before = docs
         docs, origin = _without(docs, origin, set(cleaned) - {cleaned[k] for k in kept})
         funnel.add(f"near dedup (MinHash, J>={settings.near_dup_threshold})", before, docs,
@@ -1023,9 +1311,9 @@ def _near_dedup(docs: list[str], origin: list[int], whole: list[bool], settings:
     return docs, origin
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 7. Train/val split (after dedup) and mixing
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 KEY_RANGE = 1 << 64                 # document keys are uniform 64-bit integers
 
@@ -1033,13 +1321,15 @@ KEY_RANGE = 1 << 64                 # document keys are uniform 64-bit integers
 def document_keys(text: str, seed: int) -> tuple[int, int, int]:
     """Three 64-bit keys of a document's final text under a seed: (split, tokenizer sample, mixing).
 
-    Every choice about a document is a function of that document alone, so a stream makes it the moment it sees
-    the text, in any order, on any worker, and every engine makes the same one. blake2b keyed by the seed: the
-    keys of different seeds are independent.
+    Every choice about a document is a function of that document alone, so a stream makes it the
+    moment it sees the text, in any order, on any worker, and every engine makes the same one.
+    blake2b keyed by the seed: the keys of different seeds are independent.
 
     >>> keys = document_keys("a document", seed=0)
-    >>> keys == document_keys("a document", 0) != document_keys("a document", 1), all(0 <= k < 2**64 for k in keys)
-    (True, True)
+    >>> keys == document_keys("a document", 0) != document_keys("a document", 1)
+    True
+    >>> all(0 <= k < 2**64 for k in keys)
+    True
     """
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=24, key=str(seed).encode()).digest()
     return tuple(int.from_bytes(digest[i:i + 8], "little") for i in (0, 8, 16))
@@ -1051,10 +1341,11 @@ def val_cut(val_fraction: float) -> int:
 
 
 def split_documents(split_keys: np.ndarray, val_fraction: float) -> np.ndarray:
-    """(n,) bool, True = validation. A document is held out when its split key is below val_fraction·2^64: a
-    per-document coin, so about val_fraction of them are, whatever the order or number of workers. On a tiny
-    corpus the coins may leave a side empty; then the document nearest the cut crosses over (the smallest key
-    to val, or the largest to train), so each side has one when n >= 2.
+    """(n,) bool, True = validation. A document is held out when its split key is below
+    val_fraction·2^64: a per-document coin, so about val_fraction of them are, whatever the order
+    or number of workers. On a tiny corpus the coins may leave a side empty; then the document
+    nearest the cut crosses over (the smallest key to val, or the largest to train), so each side
+    has one when n >= 2.
 
     >>> split_documents(np.array([5, 2**62, 2**63, 3 * 2**62], dtype=np.uint64), 0.3).tolist()
     [True, True, False, False]
@@ -1063,10 +1354,15 @@ def split_documents(split_keys: np.ndarray, val_fraction: float) -> np.ndarray:
     """
     n = len(split_keys)
     if n < 2:
-        raise DataError(f"{n} document(s) left after cleaning: need at least 2 for a train/val split; add text or "
-                        f"name a held-out file with --val-data")
+        raise DataError(
+            f"{n} document(s) left after cleaning: need at least 2 for a train/val split; add text "
+            "or "
+            f"name a held-out file with --val-data"
+        )
     keys = np.asarray(split_keys, dtype=np.uint64)
-    is_val = keys < np.uint64(val_cut(val_fraction)) if val_fraction > 0 else np.zeros(n, dtype=bool)
+    is_val = (
+        keys < np.uint64(val_cut(val_fraction)) if val_fraction > 0 else np.zeros(n, dtype=bool)
+    )
     if val_fraction > 0 and not is_val.any():
         is_val[np.argmin(keys)] = True
     if is_val.all():
@@ -1075,10 +1371,10 @@ def split_documents(split_keys: np.ndarray, val_fraction: float) -> np.ndarray:
 
 
 def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -> str:
-    """The text the tokenizer trains on: train documents in the order of their sample key, while fewer than
-    max_bytes are taken, joined by <|endoftext|> (which BPE never merges across). A seeded random sample that a
-    stream can draw too (data_at_scale.py: a histogram of the keys finds the cut, then only documents below it are
-    read).
+    """The text the tokenizer trains on: train documents in the order of their sample key, while
+    fewer than max_bytes are taken, joined by <|endoftext|> (which BPE never merges across). A
+    seeded random sample that a stream can draw too (data_at_scale.py: a histogram of the keys finds
+    the cut, then only documents below it are read).
 
     >>> tokenizer_sample(["aa", "bbb", "c"], [30, 10, 20], max_bytes=4)
     'bbb<|endoftext|>c'
@@ -1093,37 +1389,51 @@ def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -
 
 
 def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.Path]:
-    """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a known type, has
-    text, and is not the text of a training source (a copy would make the held-out loss a training loss)."""
+    """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a
+    known type, has text, and is not the text of a training source (a copy would make the held-out
+    loss a training loss)."""
     import store
     paths = [pathlib.Path(p).expanduser() for p in val_data]
-    train_files = [f for source in sources for f in source.files if not store.is_uri(f)]   # globs, folders resolved
+    # globs, folders resolved
+    train_files = [f for source in sources for f in source.files if not store.is_uri(f)]
     for path in paths:
         if not path.is_file():
-            what = "is a directory: name the file(s)" if path.is_dir() else "not found: name the held-out text file" \
-                if not path.exists() else f"is {_special_file(path)}, not a regular file: save the held-out text"
+            what = (
+                "is a directory: name the file(s)"
+                if path.is_dir()
+                else "not found: name the held-out text file"
+                if not path.exists()
+                else f"is {_special_file(path)}, not a regular file: save the held-out text"
+            )
             raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
         if not formats.readable(path):
-            raise DataError(f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or .parquet "
-                            f"file")
+            raise DataError(
+                f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or "
+                ".parquet "
+                f"file"
+            )
         if not formats.read_val_file(path):
             raise DataError(f"--val-data {path} is empty: give a file with the held-out text")
         digest = hashlib.sha256(path.read_bytes()).digest()
         for train_file in train_files:
             if train_file.stat().st_size == path.stat().st_size \
                     and hashlib.sha256(train_file.read_bytes()).digest() == digest:
-                raise DataError(f"--val-data {path} is the same text as the training file {train_file}: hold out a "
-                                f"different file (e.g. its last 10%), or drop --val-data to use --val-fraction")
+                raise DataError(
+                    f"--val-data {path} is the same text as the training file {train_file}: hold "
+                    "out a "
+                    f"different file (e.g. its last 10%), or drop --val-data to use --val-fraction"
+                )
     return paths
 
 
-OVERLAP_N = 13                      # --val-data's overlap: 13-grams of words, GPT-3's contamination unit
+# --val-data's overlap: 13-grams of words, GPT-3's contamination unit
+OVERLAP_N = 13
 
 
 def val_overlap(train_docs: list[str], val_docs: list[str], n: int = OVERLAP_N) -> dict:
-    """How much of a held-out file also occurs in train: evaluate.py's contamination check (13-grams of lowercased
-    words), with dedup.py's index of the train side. {"n", "ngrams", "shared", "documents", "contaminated",
-    "example"}."""
+    """How much of a held-out file also occurs in train: evaluate.py's contamination check (13-grams
+    of lowercased words), with dedup.py's index of the train side. {"n", "ngrams", "shared",
+    "documents", "contaminated", "example"}."""
     index = dedup.NgramIndex(n)
     for doc in train_docs:
         index.add(doc)
@@ -1132,56 +1442,74 @@ def val_overlap(train_docs: list[str], val_docs: list[str], n: int = OVERLAP_N) 
 
 
 def overlap_summary(rows: list[dict], n: int) -> dict:
-    """The totals of dedup.document_overlap's rows, one per val document (shared: n-gram positions found in train)."""
-    return {"n": n, "ngrams": sum(r["ngrams"] for r in rows), "shared": sum(r["overlapping"] for r in rows),
-            "documents": len(rows), "contaminated": sum(r["overlapping"] > 0 for r in rows),
-            "example": next((r["example"] for r in rows if r["example"]), None)}
+    """The totals of dedup.document_overlap's rows, one per val document (shared: n-gram positions
+    found in train)."""
+    return {
+        "n": n,
+        "ngrams": sum(r["ngrams"] for r in rows),
+        "shared": sum(r["overlapping"] for r in rows),
+        "documents": len(rows),
+        "contaminated": sum(r["overlapping"] > 0 for r in rows),
+        "example": next((r["example"] for r in rows if r["example"]), None),
+    }
 
 
 def format_overlap(overlap: dict) -> str:
     """One line on the overlap of --val-data with train.
 
-    >>> format_overlap({"n": 13, "ngrams": 2000, "shared": 3, "documents": 1, "contaminated": 1, "example": "a b"})
-    '--val-data: 3 of its 2,000 13-grams (0.15%) also occur in train, in 1 of 1 documents (e.g. "a b")'
+    >>> print(format_overlap({"n": 13, "ngrams": 2000,  # doctest: +NORMALIZE_WHITESPACE
+    ...     "shared": 3, "documents": 1, "contaminated": 1, "example": "a b"}))
+    --val-data: 3 of its 2,000 13-grams (0.15%) also occur in train,
+    in 1 of 1 documents (e.g. "a b")
     """
     share = overlap["shared"] / max(1, overlap["ngrams"])
     example = f' (e.g. "{overlap["example"]}")' if overlap["example"] else ""
-    return (f"--val-data: {overlap['shared']:,} of its {overlap['ngrams']:,} {overlap['n']}-grams ({share:.2%}) also "
-            f"occur in train, in {overlap['contaminated']:,} of {overlap['documents']:,} documents{example}")
+    return (
+        f"--val-data: {overlap['shared']:,} of its {overlap['ngrams']:,} {overlap['n']}-grams "
+        f"({share:.2%}) also "
+        f"occur in train, in {overlap['contaminated']:,} of {overlap['documents']:,} "
+        f"documents{example}"
+    )
 
 
-# Bounds on a mix, far beyond any sensible one, so a typo fails in one line instead of writing until the disk is full.
-# Weights 1 and 1e16 ask for a source at 1e16 times the share of another: under the covering budget (the smallest
-# that reads every source once) the heavy one is repeated ~1e16 times its size. Past ~16 epochs a repeated token is
-# worth almost nothing (Muennighoff et al. 2023), so more than 100 is a mistake, as is a weight under a millionth of
-# another's (that source gets under a millionth of the tokens: leave it out).
+# Bounds on a mix, far beyond any sensible one, so a typo fails in one line instead of writing until
+# the disk is full. Weights 1 and 1e16 ask for a source at 1e16 times the share of another: under
+# the covering budget (the smallest that reads every source once) the heavy one is repeated ~1e16
+# times its size. Past ~16 epochs a repeated token is worth almost nothing (Muennighoff et al.
+# 2023), so more than 100 is a mistake, as is a weight under a millionth of another's (that source
+# gets under a millionth of the tokens: leave it out).
 MAX_WEIGHT_RATIO = 1e6
 MAX_EPOCHS = 100
 
 
 def check_weights(weights: Iterable[float], flag: str = "--weights") -> None:
-    """Mixing weights are finite, positive, and the largest is at most MAX_WEIGHT_RATIO times the smallest.
+    """Mixing weights are finite, positive, and the largest is at most MAX_WEIGHT_RATIO times the
+    smallest.
 
     >>> check_weights([1e-300, 1])                # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    formats.DataError: --weights: the largest weight is 1e+300 times the smallest, more than 1,000,000: ...
+    formats.DataError: --weights: the largest weight is 1e+300 times the smallest, more than ...
     """
     weights = list(weights)
     if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
         raise DataError(f"{flag}: mixing weights must be finite and positive, got {weights}")
     if max(weights) > MAX_WEIGHT_RATIO * min(weights):
-        raise DataError(f"{flag}: the largest weight is {max(weights) / min(weights):.3g} times the smallest, "
-                        f"more than {MAX_WEIGHT_RATIO:,.0f}: no mix needs that (the light source would get under a "
-                        f"millionth of the tokens); drop that source or fix the typo")
+        raise DataError(
+            f"{flag}: the largest weight is {max(weights) / min(weights):.3g} times the smallest, "
+            f"more than {MAX_WEIGHT_RATIO:,.0f}: no mix needs that (the light source would get "
+            "under a "
+            f"millionth of the tokens); drop that source or fix the typo"
+        )
 
 
 def check_budget(sources: list[Source], weights: list[float], train_tokens: float) -> None:
-    """Before any work: refuse a token budget that must read a source more than MAX_EPOCHS times. The tokens are
-    not known until the text is encoded, but a byte of UTF-8 is at most one token, and each document adds one
-    <|endoftext|>: N bytes of text hold at most 2N tokens. So a share of T tokens of a 20 kB file is at least
-    T / 40,000 epochs: --train-tokens 1e15 would be 2.5e10 passes over it. Only local uncompressed files have a known
-    size; other sources are checked once they are encoded (`mixture_plan`)."""
+    """Before any work: refuse a token budget that must read a source more than MAX_EPOCHS times.
+    The tokens are not known until the text is encoded, but a byte of UTF-8 is at most one token,
+    and each document adds one <|endoftext|>: N bytes of text hold at most 2N tokens. So a share of
+    T tokens of a 20 kB file is at least T / 40,000 epochs: --train-tokens 1e15 would be 2.5e10
+    passes over it. Only local uncompressed files have a known size; other sources are checked once
+    they are encoded (`mixture_plan`)."""
     import store
     total_weight = sum(weights)
     for source, w in zip(sources, weights):
@@ -1191,28 +1519,40 @@ def check_budget(sources: list[Source], weights: list[float], train_tokens: floa
         most_tokens = 2 * sum(pathlib.Path(f).stat().st_size for f in files)
         epochs = train_tokens * w / total_weight / max(1, most_tokens)
         if epochs > MAX_EPOCHS:
-            raise DataError(f"--train-tokens {train_tokens:g} reads {source.label} at least {epochs:.3g} times, more "
-                            f"than {MAX_EPOCHS} epochs: lower the budget (its {most_tokens / 2:,.0f} bytes hold at "
-                            f"most {most_tokens:,.0f} tokens)")
+            raise DataError(
+                f"--train-tokens {train_tokens:g} reads {source.label} at least {epochs:.3g} "
+                "times, more "
+                f"than {MAX_EPOCHS} epochs: lower the budget (its {most_tokens / 2:,.0f} bytes "
+                "hold at "
+                f"most {most_tokens:,.0f} tokens)"
+            )
 
 
-def mixture_plan(weights: dict[str, float], total_tokens: float,
-                 unique_tokens: dict[str, float] | None = None, max_epochs: float = 4.0) -> dict[str, dict]:
+def mixture_plan(
+    weights: dict[str, float],
+    total_tokens: float,
+    unique_tokens: dict[str, float] | None = None,
+    max_epochs: float = 4.0,
+) -> dict[str, dict]:
     """Tokens and epochs per source for a token budget.
 
     The lecture: 20e9 tokens at web 70 / code 15 / books 10 / math 5 with 0.5e9 unique math tokens:
-    >>> plan = mixture_plan({"web": .7, "code": .15, "books": .1, "math": .05}, 20e9, {"math": 0.5e9})
+    >>> mix = {"web": .7, "code": .15, "books": .1, "math": .05}
+    >>> plan = mixture_plan(mix, 20e9, {"math": 0.5e9})
     >>> plan["math"]["tokens"], plan["math"]["epochs"], plan["web"]["tokens"]
     (1000000000.0, 2.0, 14000000000.0)
 
-    Weights are normalised to sum to 1. A source repeated more than max_epochs times triggers a warning; more than
-    MAX_EPOCHS times, the plan is refused.
+    Weights are normalised to sum to 1. A source repeated more than max_epochs times triggers a
+    warning; more than MAX_EPOCHS times, the plan is refused.
     """
     check_weights(weights.values())
     if not (total_tokens > 0 and math.isfinite(total_tokens)):
         raise DataError(f"the token budget must be positive and finite, got {total_tokens:g}")
     if unique_tokens and any(not (u >= 1 and math.isfinite(u)) for u in unique_tokens.values()):
-        raise DataError(f"unique token counts must be positive (at least 1 token) and finite, got {unique_tokens}")
+        raise DataError(
+            "unique token counts must be positive (at least 1 token) and finite, got "
+            f"{unique_tokens}"
+        )
     total_weight = sum(weights.values())
     unique_tokens = unique_tokens or {}
     plan = {}
@@ -1221,19 +1561,31 @@ def mixture_plan(weights: dict[str, float], total_tokens: float,
         unique = unique_tokens.get(name)
         epochs = tokens / unique if unique else None
         if epochs is not None and epochs > MAX_EPOCHS:
-            raise DataError(f"source {name} would be read {epochs:.3g} times, more than {MAX_EPOCHS} epochs (past ~16 "
-                            f"a repeat adds almost nothing): lower its --weights or the token budget, or give it "
-                            f"more unique data")
+            raise DataError(
+                f"source {name} would be read {epochs:.3g} times, more than {MAX_EPOCHS} epochs "
+                "(past ~16 "
+                "a repeat adds almost nothing): lower its --weights or the token budget, or give "
+                "it "
+                f"more unique data"
+            )
         if epochs is not None and epochs > max_epochs:
-            warnings.warn(f"source {name} would be read {epochs:.1f} times (> {max_epochs:g} epochs): expect "
-                          f"memorisation and diminishing returns; lower its weight or the token budget", stacklevel=2)
-        plan[name] = {"weight": w / total_weight, "tokens": tokens, "unique_tokens": unique, "epochs": epochs}
+            warnings.warn(
+                f"source {name} would be read {epochs:.1f} times (> {max_epochs:g} epochs): expect "
+                f"memorisation and diminishing returns; lower its weight or the token budget",
+                stacklevel=2,
+            )
+        plan[name] = {
+            "weight": w / total_weight,
+            "tokens": tokens,
+            "unique_tokens": unique,
+            "epochs": epochs,
+        }
     return plan
 
 
 def covering_budget(weights: dict[str, float], unique_tokens: dict[str, float]) -> float:
-    """The smallest budget that reads every source at least once (no token thrown away; the scarce sources are
-    repeated instead): max over sources of unique / weight.
+    """The smallest budget that reads every source at least once (no token thrown away; the scarce
+    sources are repeated instead): max over sources of unique / weight.
 
     >>> covering_budget({"a": 0.5, "b": 0.5}, {"a": 100, "b": 300})
     600.0
@@ -1249,12 +1601,16 @@ def mix_bucket(mix_keys: np.ndarray) -> np.ndarray:
     return (np.asarray(mix_keys, dtype=np.uint64) >> np.uint64(64 - 16)).astype(np.int64)
 
 
-def partial_epoch(target_tokens: float, unique_tokens: int, bucket_tokens: np.ndarray) -> tuple[int, int]:
-    """How one source fills its share: (full passes, cut). Every document is read `full` times, and once more when
-    its mix bucket is below `cut`, the smallest cut whose buckets hold the remaining tokens. bucket_tokens (65,536,)
-    is the source's tokens per mix bucket: the decision needs this histogram, not every document's length.
+def partial_epoch(
+    target_tokens: float, unique_tokens: int, bucket_tokens: np.ndarray
+) -> tuple[int, int]:
+    """How one source fills its share: (full passes, cut). Every document is read `full` times, and
+    once more when its mix bucket is below `cut`, the smallest cut whose buckets hold the remaining
+    tokens. bucket_tokens (65,536,) is the source's tokens per mix bucket: the decision needs this
+    histogram, not every document's length.
 
-    A 45-token target over 30 unique tokens (10 in bucket 0, 20 in bucket 5): one pass, then buckets 0..5 (30 >= 15).
+    A 45-token target over 30 unique tokens (10 in bucket 0, 20 in bucket 5): one pass, then buckets
+    0..5 (30 >= 15).
     >>> partial_epoch(45, 30, np.bincount([0, 5], weights=[10, 20], minlength=MIX_BUCKETS))
     (1, 6)
     """
@@ -1264,13 +1620,20 @@ def partial_epoch(target_tokens: float, unique_tokens: int, bucket_tokens: np.nd
     return int(full), int(np.searchsorted(np.cumsum(bucket_tokens), remainder)) + 1
 
 
-def plan_mixture(names: list[str], weights: list[float] | None, total_tokens: float | None,
-                 unique: dict[str, int], bucket_tokens: list[np.ndarray]) -> tuple[dict | None, list[tuple[int, int]]]:
-    """(the mixture plan, (full passes, cut) per source). Without weights every document once; with weights each
-    source fills its share of total_tokens (default: the covering budget) by whole passes plus a partial pass
-    over the documents of its lowest mix buckets (a seeded random subset, `partial_epoch`).
+def plan_mixture(
+    names: list[str],
+    weights: list[float] | None,
+    total_tokens: float | None,
+    unique: dict[str, int],
+    bucket_tokens: list[np.ndarray],
+) -> tuple[dict | None, list[tuple[int, int]]]:
+    """(the mixture plan, (full passes, cut) per source). Without weights every document once; with
+    weights each source fills its share of total_tokens (default: the covering budget) by whole
+    passes plus a partial pass over the documents of its lowest mix buckets (a seeded random subset,
+    `partial_epoch`).
 
-    Two sources at 50/50 over 40 tokens, web with 20 unique tokens and math with 5: math is read 4 times.
+    Two sources at 50/50 over 40 tokens, web with 20 unique tokens and math with 5: math is read 4
+    times.
     >>> plan_mixture(["web", "math"], [0.5, 0.5], 40, {"web": 20, "math": 5}, [None, None])[1]
     [(1, 0), (4, 0)]
     """
@@ -1278,7 +1641,9 @@ def plan_mixture(names: list[str], weights: list[float] | None, total_tokens: fl
         return None, [(1, 0)] * len(names)
     empty = [name for name in names if unique[name] == 0]
     if empty:
-        raise DataError(f"source(s) {empty} have no train documents left to mix; drop them or add data")
+        raise DataError(
+            f"source(s) {empty} have no train documents left to mix; drop them or add data"
+        )
     weight_of = dict(zip(names, weights))
     mixture = mixture_plan(weight_of, total_tokens or covering_budget(weight_of, unique), unique)
     return mixture, [partial_epoch(mixture[name]["tokens"], unique[name], bucket_tokens[i])
@@ -1286,29 +1651,31 @@ def plan_mixture(names: list[str], weights: list[float] | None, total_tokens: fl
 
 
 def document_reads(full: int, cut: int, buckets: np.ndarray) -> np.ndarray:
-    """How many times each document of a source is packed: full, plus one when its mix bucket is below cut."""
+    """How many times each document of a source is packed: full, plus one when its mix bucket is
+    below cut."""
     return full + (np.asarray(buckets) < cut).astype(np.int64)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 8. Token shards: a 32-byte header (magic, version, dtype, count) and raw little-endian token ids
 #
-#    offset  0   8 bytes  magic b"LLMTOKS\0"         (a file that is not a shard is refused)
-#    offset  8   uint32   format version (1)
-#    offset 12   uint32   bytes per token: 2 (uint16) or 4 (uint32)
-#    offset 16   uint64   token count N               (must equal (file size - 32) / bytes per token)
-#    offset 24   8 bytes  zero padding, so the ids start 32-byte aligned
-#    offset 32   N ids    <|endoftext|> doc <|endoftext|> doc ...   (memory-mapped by the loader)
-# ---------------------------------------------------------------------------------------------------------------------
+#    offset 0 8 bytes magic b"LLMTOKS\0" (a file that is not a shard is refused) offset 8 uint32
+#    format version (1) offset 12 uint32 bytes per token: 2 (uint16) or 4 (uint32) offset 16 uint64
+#    token count N (must equal (file size - 32) / bytes per token) offset 24 8 bytes zero padding,
+#    so the ids start 32-byte aligned offset 32 N ids <|endoftext|> doc <|endoftext|> doc ...
+#    (memory-mapped by the loader)
+# --------------------------------------------------------------------------------------------------
 
 SHARD_MAGIC = b"LLMTOKS\x00"
 SHARD_VERSION = 1
-SHARD_HEADER = struct.Struct("<8sIIQ8x")      # magic, version, bytes per token (2 or 4), token count, padding
+# magic, version, bytes per token (2 or 4), token count, padding
+SHARD_HEADER = struct.Struct("<8sIIQ8x")
 SHARD_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
-    """uint16 holds ids below 65,536 (GPT-2's 50,257 fits); bigger vocabularies (cl100k) need uint32."""
+    """uint16 holds ids below 65,536 (GPT-2's 50,257 fits); bigger vocabularies (cl100k) need
+    uint32."""
     if vocab_size <= 2 ** 16:
         return SHARD_DTYPES[2]
     if vocab_size <= 2 ** 32:
@@ -1317,17 +1684,26 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
 
 
 def write_shard(path: pathlib.Path, tokens: np.ndarray, dtype: np.dtype | str = "uint16") -> None:
-    """Write token ids as a shard; ids that do not fit the dtype are refused (nothing is written)."""
+    """Write token ids as a shard; ids that do not fit the dtype are refused (nothing is
+    written)."""
     dtype = np.dtype(dtype).newbyteorder("<")
     if dtype.itemsize not in SHARD_DTYPES or dtype.kind != "u":
         raise DataError(f"shard dtype must be uint16 or uint32, got {dtype}")
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2 ** (8 * dtype.itemsize)):
-        raise DataError(f"token id {int(tokens.max())} does not fit {dtype.name}: the vocabulary is too large for "
-                        f"this dtype; use uint32")
+        raise DataError(
+            f"token id {int(tokens.max())} does not fit {dtype.name}: the vocabulary is too large "
+            "for "
+            f"this dtype; use uint32"
+        )
     header = SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, dtype.itemsize, tokens.size)
-    fileio.write_atomic(path, lambda f: (f.write(header), f.write(tokens.astype(dtype).tobytes())), error=DataError,
-                        fix="write it elsewhere")     # whole or not at all, the umask's mode, a full disk one line
+    fileio.write_atomic(
+        path,
+        lambda f: (f.write(header), f.write(tokens.astype(dtype).tobytes())),
+        error=DataError,
+        # whole or not at all, the umask's mode, a full disk one line
+        fix="write it elsewhere",
+    )
 
 
 def read_shard(path: pathlib.Path) -> np.ndarray:
@@ -1340,12 +1716,18 @@ def read_shard(path: pathlib.Path) -> np.ndarray:
     except OSError as e:
         raise DataError(f"cannot read shard {path}: {e.strerror}") from None
     if len(head) < SHARD_HEADER.size:
-        raise DataError(f"{path}: damaged shard (shorter than its {SHARD_HEADER.size}-byte header); re-run prepare")
+        raise DataError(
+            f"{path}: damaged shard (shorter than its {SHARD_HEADER.size}-byte header); re-run "
+            "prepare"
+        )
     magic, version, itemsize, count = SHARD_HEADER.unpack(head)
     if magic != SHARD_MAGIC:
         raise DataError(f"{path}: not a token shard (bad magic {magic!r}); re-run prepare")
     if version != SHARD_VERSION:
-        raise DataError(f"{path}: shard format version {version}, this data.py reads {SHARD_VERSION}; re-run prepare")
+        raise DataError(
+            f"{path}: shard format version {version}, this data.py reads {SHARD_VERSION}; re-run "
+            "prepare"
+        )
     if itemsize not in SHARD_DTYPES:
         raise DataError(f"{path}: damaged shard header (token size {itemsize}); re-run prepare")
     if SHARD_HEADER.size + count * itemsize != size:
@@ -1353,16 +1735,25 @@ def read_shard(path: pathlib.Path) -> np.ndarray:
                         f"{(size - SHARD_HEADER.size) / itemsize:,.1f}); re-run prepare")
     if count == 0:
         return np.zeros(0, dtype=SHARD_DTYPES[itemsize])
-    return np.memmap(path, dtype=SHARD_DTYPES[itemsize], mode="r", offset=SHARD_HEADER.size, shape=(count,))
+    return np.memmap(
+        path, dtype=SHARD_DTYPES[itemsize], mode="r", offset=SHARD_HEADER.size, shape=(count,)
+    )
 
 
 class ShardWriter:
-    """Streams token ids into shards of at most shard_tokens tokens (documents may straddle two). Each shard is
-    written straight into a temporary file, its header completed and the file renamed when it is full, so memory
-    holds one add() at a time, never a shard (100M tokens would be 200 MB)."""
+    """Streams token ids into shards of at most shard_tokens tokens (documents may straddle two).
+    Each shard is written straight into a temporary file, its header completed and the file renamed
+    when it is full, so memory holds one add() at a time, never a shard (100M tokens would be 200
+    MB)."""
 
-    def __init__(self, directory: pathlib.Path, prefix: str, dtype: np.dtype, shard_tokens: int) -> None:
-        self.directory, self.prefix, self.shard_tokens = pathlib.Path(directory), prefix, shard_tokens
+    def __init__(
+        self, directory: pathlib.Path, prefix: str, dtype: np.dtype, shard_tokens: int
+    ) -> None:
+        self.directory, self.prefix, self.shard_tokens = (
+            pathlib.Path(directory),
+            prefix,
+            shard_tokens,
+        )
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.file, self.tmp, self.count = None, None, 0
         self.shards: list[dict] = []
@@ -1371,7 +1762,9 @@ class ShardWriter:
         tokens = np.asarray(tokens).astype(self.dtype, copy=False)
         while len(tokens):
             if self.file is None:
-                fd, self.tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.prefix}.", suffix=".tmp")
+                fd, self.tmp = tempfile.mkstemp(
+                    dir=self.directory, prefix=f".{self.prefix}.", suffix=".tmp"
+                )
                 self.file, self.count = os.fdopen(fd, "wb"), 0
                 self.file.write(bytes(SHARD_HEADER.size))                  # completed in _finish
             room = self.shard_tokens - self.count
@@ -1384,7 +1777,9 @@ class ShardWriter:
     def _finish(self) -> None:
         name = f"{self.prefix}_{len(self.shards):05d}.bin"
         self.file.seek(0)
-        self.file.write(SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, self.dtype.itemsize, self.count))
+        self.file.write(
+            SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, self.dtype.itemsize, self.count)
+        )
         self.file.close()
         os.replace(self.tmp, self.directory / name)
         self.shards.append({"file": name, "tokens": int(self.count)})
@@ -1396,13 +1791,15 @@ class ShardWriter:
         return self.shards
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# 9. Shared pieces of prepare, and the in-memory reference engine: clean -> split -> tokenizer -> encode -> mix
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# 9. Shared pieces of prepare, and the in-memory reference engine: clean -> split -> tokenizer ->
+#    encode -> mix
+# --------------------------------------------------------------------------------------------------
 
 class Clock:
-    """Wall and CPU seconds per phase. The CPU clock counts every thread of this process and its finished worker
-    processes: on a shared machine the wall clock also measures the neighbours, the CPU clock only us."""
+    """Wall and CPU seconds per phase. The CPU clock counts every thread of this process and its
+    finished worker processes: on a shared machine the wall clock also measures the neighbours, the
+    CPU clock only us."""
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
@@ -1417,8 +1814,12 @@ class Clock:
     def phase(self, name: str) -> Iterator[None]:
         wall, cpu = time.perf_counter(), self.cpu()
         yield
-        for key, spent in ((f"{name}_s", time.perf_counter() - wall), (f"{name}_cpu_s", self.cpu() - cpu)):
-            self.timings[key] = round(self.timings.get(key, 0) + spent, 3)        # a phase may recur: add up
+        for key, spent in (
+            (f"{name}_s", time.perf_counter() - wall),
+            (f"{name}_cpu_s", self.cpu() - cpu),
+        ):
+            # a phase may recur: add up
+            self.timings[key] = round(self.timings.get(key, 0) + spent, 3)
 
     def finish(self) -> None:
         self.timings["total_s"] = round(time.perf_counter() - self.start[0], 3)
@@ -1429,16 +1830,26 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get("PRETRAIN_CACHE", REPO_ROOT / ".cache")).expanduser()
 
 
-# Every file whose bytes can change a dataset's: this chapter, its engine, and the siblings the prepare path imports
-# (tests/test_data_at_scale.py checks this is the set of imports). Their bytes are in the cache key, so an edit to any
-# invalidates the datasets it would build differently, and a Ray cluster's workers receive these very files.
-PREPARE_FILES = ("data.py", "data_at_scale.py", "dataset.py", "formats.py", "store.py", "bpe.py", "dedup.py",
-                 "fileio.py", "classify.py")
+# Every file whose bytes can change a dataset's: this chapter, its engine, and the siblings the
+# prepare path imports (tests/test_data_at_scale.py checks this is the set of imports). Their bytes
+# are in the cache key, so an edit to any invalidates the datasets it would build differently, and a
+# Ray cluster's workers receive these very files.
+PREPARE_FILES = (
+    "data.py",
+    "data_at_scale.py",
+    "dataset.py",
+    "formats.py",
+    "store.py",
+    "bpe.py",
+    "dedup.py",
+    "fileio.py",
+    "classify.py",
+)
 
 
 def code_version(files: Iterable[str] = PREPARE_FILES, root: pathlib.Path = REPO_ROOT) -> str:
-    """Hash of the code that shapes the output: each file's name and bytes (a file missing, say data.py copied
-    without its engine, hashes as missing)."""
+    """Hash of the code that shapes the output: each file's name and bytes (a file missing, say
+    data.py copied without its engine, hashes as missing)."""
     h = hashlib.sha256()
     for name in files:
         path = pathlib.Path(root) / name
@@ -1447,12 +1858,16 @@ def code_version(files: Iterable[str] = PREPARE_FILES, root: pathlib.Path = REPO
     return h.hexdigest()[:16]
 
 
-def encode_documents(tokenizer: bpe.Tokenizer, docs: list[str], threads: int | None = None) -> list[np.ndarray]:
-    """Token ids of each document through the tokenizer's tiktoken twin, whose Rust core encodes a batch on
-    several threads at once (the GIL is released), in batches to bound memory."""
+def encode_documents(
+    tokenizer: bpe.Tokenizer, docs: list[str], threads: int | None = None
+) -> list[np.ndarray]:
+    """Token ids of each document through the tokenizer's tiktoken twin, whose Rust core encodes a
+    batch on several threads at once (the GIL is released), in batches to bound memory."""
     encoding = tokenizer.to_tiktoken()
     if threads is not None and threads < 1:
-        raise DataError(f"--threads must be at least 1, got {threads}; leave it out to use all cores")
+        raise DataError(
+            f"--threads must be at least 1, got {threads}; leave it out to use all cores"
+        )
     threads = threads or os.cpu_count() or 1
     dtype = dtype_for_vocab(len(tokenizer))
     out = []
@@ -1462,21 +1877,29 @@ def encode_documents(tokenizer: bpe.Tokenizer, docs: list[str], threads: int | N
     return out
 
 
-def tokenizer_for(recipe: "Recipe", draw_sample: Callable[[], str], log: Callable) -> tuple[bpe.Tokenizer, int]:
-    """(the tokenizer, bytes it trained on): the --tokenizer file (loaded by prepare), or BPE trained on the
-    drawn sample."""
+def tokenizer_for(
+    recipe: "Recipe", draw_sample: Callable[[], str], log: Callable
+) -> tuple[bpe.Tokenizer, int]:
+    """(the tokenizer, bytes it trained on): the --tokenizer file (loaded by prepare), or BPE
+    trained on the drawn sample."""
     if recipe.tokenizer is not None:
         return recipe.tokenizer, 0
     sample = draw_sample()
     trained_on = len(sample.encode("utf-8"))
-    log(f"training a {recipe.vocab_size:,}-token BPE tokenizer on {trained_on / 1e6:.2f} MB of train text ...")
-    return check_eot(bpe.train_bpe(sample, recipe.vocab_size, special_tokens=(EOT,), pattern=recipe.pattern)), \
-        trained_on
+    log(
+        f"training a {recipe.vocab_size:,}-token BPE tokenizer on {trained_on / 1e6:.2f} MB of "
+        "train text ..."
+    )
+    return check_eot(
+        bpe.train_bpe(sample, recipe.vocab_size, special_tokens=(EOT,), pattern=recipe.pattern)
+    ), trained_on
 
 
 def check_eot(tok: bpe.Tokenizer) -> bpe.Tokenizer:
     if tok.eot_id is None:
-        raise DataError(f"the tokenizer has no {EOT} special token; train it with special_tokens=({EOT!r},)")
+        raise DataError(
+            f"the tokenizer has no {EOT} special token; train it with special_tokens=({EOT!r},)"
+        )
     return tok
 
 
@@ -1496,29 +1919,34 @@ class Recipe:
     pattern: str
     shard_tokens: int
     read_options: tuple                  # (text_field, txt_split, skip_bad_lines, max_documents)
-    val_files: list[pathlib.Path] = dataclasses.field(default_factory=list)   # --val-data: the val split as is
+    # --val-data: the val split as is
+    val_files: list[pathlib.Path] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
 class Built:
-    """What an engine hands back: the funnel, the tokenizer, per-source counts, and a writer of the shards."""
+    """What an engine hands back: the funnel, the tokenizer, per-source counts, and a writer of the
+    shards."""
     funnel: Funnel
     tokenizer: bpe.Tokenizer
     trained_on: int
-    unique: dict[str, int]                               # train tokens per source, each document once
+    # train tokens per source, each document once
+    unique: dict[str, int]
     mixture: dict | None
     encoded_bytes: int
     write_splits: Callable[[pathlib.Path, np.dtype], dict]   # directory -> manifest["splits"]
-    overlap: dict | None = None                          # --val-data's n-gram overlap with train (`val_overlap`)
+    # --val-data's n-gram overlap with train (`val_overlap`)
+    overlap: dict | None = None
 
 
 def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int | None) -> Built:
-    """The reference engine, for small corpora and as the tests' oracle: every step on Python lists, in the
-    order of the lesson. The streaming engine must give byte-identical output."""
+    """The reference engine, for small corpora and as the tests' oracle: every step on Python lists,
+    in the order of the lesson. The streaming engine must give byte-identical output."""
     with clock.phase("clean"):
         docs, origin, funnel = clean(recipe.sources, recipe.settings, log)
     cleaned, cleaned_chars, overlap = len(docs), sum(map(len, docs)), None
-    if recipe.val_files:                            # every cleaned document trains; the files are the val split
+    # every cleaned document trains; the files are the val split
+    if recipe.val_files:
         val_texts = [d for p in recipe.val_files for d in formats.read_val_file(p)]
         with clock.phase("overlap"):
             overlap = val_overlap(docs, val_texts)
@@ -1528,21 +1956,35 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
         keys = [document_keys(d, recipe.seed) for d in docs]
     else:
         keys = [document_keys(d, recipe.seed) for d in docs]
-        is_val = split_documents(np.array([k[0] for k in keys], dtype=np.uint64), recipe.val_fraction)
+        is_val = split_documents(
+            np.array([k[0] for k in keys], dtype=np.uint64), recipe.val_fraction
+        )
         train = [i for i in range(len(docs)) if not is_val[i]]
         val = [i for i in range(len(docs)) if is_val[i]]
-    funnel.add_counts("train/val split" + (" (--val-data)" if recipe.val_files else ""), cleaned, len(train),
-                      cleaned_chars, sum(len(docs[i]) for i in train), {"val": len(val)})
+    funnel.add_counts(
+        "train/val split" + (" (--val-data)" if recipe.val_files else ""),
+        cleaned,
+        len(train),
+        cleaned_chars,
+        sum(len(docs[i]) for i in train),
+        {"val": len(val)},
+    )
     with clock.phase("tokenizer"):
-        tok, trained_on = tokenizer_for(recipe, lambda: tokenizer_sample(
-            [docs[i] for i in train], [keys[i][1] for i in train], recipe.tokenizer_train_bytes), log)
+        tok, trained_on = tokenizer_for(
+            recipe,
+            lambda: tokenizer_sample(
+                [docs[i] for i in train], [keys[i][1] for i in train], recipe.tokenizer_train_bytes
+            ),
+            log,
+        )
     with clock.phase("encode"):
         ids = encode_documents(tok, [docs[i] for i in train + val], threads)
     names = [s.spec for s in recipe.sources]
     unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
     buckets = mix_bucket(np.array([keys[i][2] for i in train], dtype=np.uint64))
     for k, i in enumerate(train):
-        unique[names[origin[i]]] += len(ids[k]) + 1                 # + 1: the <|endoftext|> before each document
+        # + 1: the <|endoftext|> before each document
+        unique[names[origin[i]]] += len(ids[k]) + 1
         bucket_tokens[origin[i]][buckets[k]] += len(ids[k]) + 1
     mixture, rules = plan_mixture(names, recipe.weights, recipe.train_tokens, unique, bucket_tokens)
     reads = [int(document_reads(*rules[origin[i]], buckets[k])) for k, i in enumerate(train)]
@@ -1550,95 +1992,138 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
 
     def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
         eot, splits = np.array([tok.eot_id], dtype=dtype), {}
-        for split, members, reads_of, first in (("train", train, reads, 0), ("val", val, [1] * len(val), len(train))):
-            writer, documents, n_bytes = ShardWriter(directory, split, dtype, recipe.shard_tokens), 0, 0
-            for epoch in range(max(reads_of, default=0)):                # pass e packs documents read > e times
+        for split, members, reads_of, first in (
+            ("train", train, reads, 0),
+            ("val", val, [1] * len(val), len(train)),
+        ):
+            writer, documents, n_bytes = (
+                ShardWriter(directory, split, dtype, recipe.shard_tokens),
+                0,
+                0,
+            )
+            # pass e packs documents read > e times
+            for epoch in range(max(reads_of, default=0)):
                 for k, i in enumerate(members):
                     if reads_of[k] > epoch:
                         writer.add(eot)
                         writer.add(ids[first + k])
                         documents, n_bytes = documents + 1, n_bytes + sizes[i]
             shards = writer.close()
-            splits[split] = {"documents": documents, "unique_documents": len(members),
-                             "tokens": sum(s["tokens"] for s in shards), "bytes": n_bytes, "shards": shards}
+            splits[split] = {
+                "documents": documents,
+                "unique_documents": len(members),
+                "tokens": sum(s["tokens"] for s in shards),
+                "bytes": n_bytes,
+                "shards": shards,
+            }
         return splits
 
     return Built(funnel, tok, trained_on, unique, mixture, sum(sizes), write_splits, overlap)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# 10. A prepared dataset's manifest, and its summary (`python data.py inspect`). prepare itself (the checked recipe
-#     and its cache key, an engine's run, the directory published whole) is dataset.py, the layer above this file:
-#     dataset.prepare runs the reference engine, data_at_scale.prepare the streaming engine and Ray, with one plan
-#     and one publishing, so the bytes are the same.
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# 10. A prepared dataset's manifest, and its summary (`python data.py inspect`). prepare itself (the
+#     checked recipe and its cache key, an engine's run, the directory published whole) is
+#     dataset.py, the layer above this file: dataset.prepare runs the reference engine,
+#     data_at_scale.prepare the streaming engine and Ray, with one plan and one publishing, so the
+#     bytes are the same.
+# --------------------------------------------------------------------------------------------------
 
 def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
     import store
     if store.is_uri(data_dir):
-        path = store.uri_of(data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError)
+        path = store.uri_of(
+            data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError
+        )
     else:
         path = pathlib.Path(data_dir) / "manifest.json"
     try:
         with store.open_input(path, error=DataError) as f:
             manifest = fileio.parse_json(f.read(), str(path), DataError)
-    except (OSError, DataError):                   # missing, unreadable, or not JSON (however deeply nested)
+    # missing, unreadable, or not JSON (however deeply nested)
+    except (OSError, DataError):
         return None
     return manifest if isinstance(manifest, dict) else None
 
 
 def summary(data_dir: str | os.PathLike) -> str:
-    """A prepared dataset's funnel, then a few lines: tokens and documents per split, bytes per token, throughput.
-    A manifest that is valid JSON but lacks what prepare writes (a key, a number) is one line, not a KeyError."""
+    """A prepared dataset's funnel, then a few lines: tokens and documents per split, bytes per
+    token, throughput. A manifest that is valid JSON but lacks what prepare writes (a key, a number)
+    is one line, not a KeyError."""
     m = load_manifest(data_dir)
     try:
         return "\n".join(_summary_lines(m, data_dir))
     except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
-        raise DataError(f"{data_dir}: damaged manifest.json ({type(e).__name__}: {e}); re-run prepare") from None
+        raise DataError(
+            f"{data_dir}: damaged manifest.json ({type(e).__name__}: {e}); re-run prepare"
+        ) from None
 
 
 def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
     lines = [Funnel.from_manifest(m).format(), f"dataset {data_dir}",
              f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}"]
     for split, s in m["splits"].items():
-        lines.append(f"{split:>5}: {s['documents']:,} documents, {s['tokens']:,} tokens, {s['bytes'] / 1e6:,.2f} MB, "
-                     f"{s['bytes'] / max(1, s['tokens']):.2f} bytes/token, {len(s['shards'])} shard(s)")
+        lines.append(
+            f"{split:>5}: {s['documents']:,} documents, {s['tokens']:,} tokens, "
+            f"{s['bytes'] / 1e6:,.2f} MB, "
+            f"{s['bytes'] / max(1, s['tokens']):.2f} bytes/token, {len(s['shards'])} shard(s)"
+        )
     for name, p in (m["mixture"] or {}).items():
-        lines.append(f"  mix {name}: weight {p['weight']:.2f}, {p['tokens']:,.0f} tokens, {p['epochs']:.2f} epochs")
+        lines.append(
+            f"  mix {name}: weight {p['weight']:.2f}, {p['tokens']:,.0f} tokens, {p['epochs']:.2f} "
+            "epochs"
+        )
     tm = m["timings"]
-    phases = ", ".join(f"{p} {tm[p + '_s']:.1f}/{tm[p + '_cpu_s']:.1f}s" for p in ("clean", "tokenizer", "encode"))
+    phases = ", ".join(
+        f"{p} {tm[p + '_s']:.1f}/{tm[p + '_cpu_s']:.1f}s" for p in ("clean", "tokenizer", "encode")
+    )
     mb_in, mb_encoded = tm["input_bytes"] / 1e6, tm["encoded_bytes"] / 1e6
-    cpu = "driver CPU" if tm.get("engine") == "ray" else "CPU"      # os.times() does not see Ray's worker processes
+    # os.times() does not see Ray's worker processes
+    cpu = "driver CPU" if tm.get("engine") == "ray" else "CPU"
     lines.append(f"time (wall/{cpu}): {phases}, total {tm['total_s']:.1f}/{tm['total_cpu_s']:.1f}s")
-    lines.append(f"throughput: {mb_in:.2f} MB read -> {mb_in / tm['total_s']:.2f} MB/s end to end "
-                 f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per {cpu}-second); encoding {mb_encoded:.2f} MB at "
-                 f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s ({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
-                 f" MB per {cpu}-second)")
+    lines.append(
+        f"throughput: {mb_in:.2f} MB read -> {mb_in / tm['total_s']:.2f} MB/s end to end "
+        f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per {cpu}-second); encoding "
+        f"{mb_encoded:.2f} MB at "
+        f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s "
+        f"({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
+        f" MB per {cpu}-second)"
+    )
     return lines
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# 11. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential iterator
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# 11. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential
+#     iterator
+# --------------------------------------------------------------------------------------------------
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """A dataset's manifest.json, from a local directory or an object-store URI."""
     import store
     manifest = read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
     local = None if store.is_uri(data_dir) else pathlib.Path(data_dir) / "manifest.json"
-    if manifest is None and local is not None and local.is_file():         # there, but damaged: say how
+    # there, but damaged: say how
+    if manifest is None and local is not None and local.is_file():
         manifest = fileio.read_json(local, DataError, "re-run `python data.py prepare`")
         if not isinstance(manifest, dict):
             what = formats.JSON_TYPES.get(type(manifest), "a value")
-            raise DataError(f"{local}: damaged manifest ({what}, not an object); re-run `python data.py prepare`")
+            raise DataError(
+                f"{local}: damaged manifest ({what}, not an object); re-run `python data.py "
+                "prepare`"
+            )
     if manifest is None:
-        raise DataError(f"{data_dir} has no readable manifest.json: run `python data.py prepare` first")
+        raise DataError(
+            f"{data_dir} has no readable manifest.json: run `python data.py prepare` first"
+        )
     return manifest
 
 
 def _check_batch_shape(batch_size: int, block_size: int) -> None:
     if not all(isinstance(n, (int, np.integer)) and n > 0 for n in (batch_size, block_size)):
-        raise DataError(f"batch_size and block_size must be positive integers, got {batch_size!r}, {block_size!r}")
+        raise DataError(
+            f"batch_size and block_size must be positive integers, got {batch_size!r}, "
+            f"{block_size!r}"
+        )
 
 
 class TokenData:
@@ -1652,9 +2137,12 @@ class TokenData:
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
         import store
-        if store.is_uri(data_dir):                 # shards are memory-mapped: they must be on a local file system
-            raise DataError(f"{data_dir}: the loader reads a local dataset; copy it down first: python data.py "
-                            f"download {data_dir} DIR")
+        # shards are memory-mapped: they must be on a local file system
+        if store.is_uri(data_dir):
+            raise DataError(
+                f"{data_dir}: the loader reads a local dataset; copy it down first: python data.py "
+                f"download {data_dir} DIR"
+            )
         self.data_dir = pathlib.Path(data_dir)
         self.manifest = load_manifest(self.data_dir)
         self._tokenizer = None
@@ -1666,12 +2154,15 @@ class TokenData:
                 arrays = [read_shard(self.data_dir / s["file"]) for s in info["shards"]]
                 for a, s in zip(arrays, info["shards"]):
                     if len(a) != s["tokens"]:
-                        raise DataError(f"{self.data_dir / s['file']}: {len(a):,} tokens, manifest says "
-                                        f"{s['tokens']:,}; re-run prepare")
+                        raise DataError(
+                            f"{self.data_dir / s['file']}: {len(a):,} tokens, manifest says "
+                            f"{s['tokens']:,}; re-run prepare"
+                        )
                 self.shards[split] = arrays
         except (KeyError, TypeError) as e:
-            raise DataError(f"{self.data_dir / 'manifest.json'}: damaged manifest (missing {e}); re-run prepare") \
-                from None
+            raise DataError(
+                f"{self.data_dir / 'manifest.json'}: damaged manifest (missing {e}); re-run prepare"
+            ) from None
 
     @property
     def tokenizer(self) -> bpe.Tokenizer:
@@ -1680,8 +2171,11 @@ class TokenData:
             try:
                 text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
-                raise DataError(f"{path}: cannot read the dataset's tokenizer ({getattr(e, 'strerror', None) or e}); "
-                                f"re-run prepare") from None
+                raise DataError(
+                    f"{path}: cannot read the dataset's tokenizer "
+                    f"({getattr(e, 'strerror', None) or e}); "
+                    f"re-run prepare"
+                ) from None
             self._tokenizer = bpe.Tokenizer.from_json(text)
         return self._tokenizer
 
@@ -1692,40 +2186,64 @@ class TokenData:
 
     def get_batch(self, split: str, batch_size: int, block_size: int,
                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random windows: x (B, T) and y (B, T) = x shifted by one token, int64 on CPU. A window never straddles
-        two shards; every start position in the split is equally likely."""
+        """Random windows: x (B, T) and y (B, T) = x shifted by one token, int64 on CPU. A window
+        never straddles two shards; every start position in the split is equally likely."""
         _check_batch_shape(batch_size, block_size)
         shards = self._split(split)
-        starts = np.array([max(0, len(a) - block_size) for a in shards])   # valid start positions per shard
+        # valid start positions per shard
+        starts = np.array([max(0, len(a) - block_size) for a in shards])
         total = int(starts.sum())
         if total == 0:
-            raise DataError(f"split {split!r} has no shard with more than block_size={block_size} tokens; "
-                            f"use a smaller --block-size or more data")
+            raise DataError(
+                f"split {split!r} has no shard with more than block_size={block_size} tokens; "
+                f"use a smaller --block-size or more data"
+            )
         picks = torch.randint(total, (batch_size,), generator=generator).numpy()
         bounds = np.cumsum(starts)
         shard_of = np.searchsorted(bounds, picks, side="right")
         offsets = picks - (bounds - starts)[shard_of]
-        windows = np.stack([shards[s][o:o + block_size + 1] for s, o in zip(shard_of, offsets)]).astype(np.int64)
+        windows = np.stack(
+            [shards[s][o : o + block_size + 1] for s, o in zip(shard_of, offsets)]
+        ).astype(np.int64)
         xy = torch.from_numpy(windows)                                     # (B, T+1)
         return xy[:, :-1], xy[:, 1:]
 
-    def iterator(self, split: str, batch_size: int, block_size: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle: bool = True, pin_memory: bool = False) -> "BatchIterator":
-        return BatchIterator(self._split(split), batch_size, block_size, rank, world_size, seed, shuffle, split,
-                             pin_memory)
+    def iterator(
+        self,
+        split: str,
+        batch_size: int,
+        block_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        pin_memory: bool = False,
+    ) -> "BatchIterator":
+        return BatchIterator(
+            self._split(split),
+            batch_size,
+            block_size,
+            rank,
+            world_size,
+            seed,
+            shuffle,
+            split,
+            pin_memory,
+        )
 
 
 class BatchIterator:
     """Sequential, resumable, rank-sharded batches.
 
-    The split is cut into non-overlapping windows of T+1 tokens (stride T, so every token is a target once per
-    epoch). Each epoch walks a permutation of the windows seeded by (seed, epoch) (or file order when not
-    shuffle). A step consumes batch_size x world_size windows; rank r takes the r-th slice of batch_size. The
-    state is the epoch and the number of windows consumed in it: save it with state_dict(), restore it with
-    load_state_dict(), and the next batch is the one that would have come (also after changing world_size).
-    pin_memory=True (for a CUDA run) returns x and y in page-locked memory, each contiguous: only such a tensor
-    goes to the GPU asynchronously under .to(device, non_blocking=True); from ordinary (pageable) memory the copy
-    waits, and a strided view would be copied to a pageable contiguous buffer first.
+    The split is cut into non-overlapping windows of T+1 tokens (stride T, so every token is a
+    target once per epoch). Each epoch walks a permutation of the windows seeded by (seed, epoch)
+    (or file order when not shuffle). A step consumes batch_size x world_size windows; rank r takes
+    the r-th slice of batch_size. The state is the epoch and the number of windows consumed in it:
+    save it with state_dict(), restore it with load_state_dict(), and the next batch is the one that
+    would have come (also after changing world_size). pin_memory=True (for a CUDA run) returns x and
+    y in page-locked memory, each contiguous: only such a tensor goes to the GPU asynchronously
+    under .to(device, non_blocking=True); from ordinary (pageable) memory the copy waits, and a
+    strided view would be copied to a pageable contiguous buffer first.
     """
 
     def __init__(self, shards: list[np.ndarray], batch_size: int, block_size: int, rank: int = 0,
@@ -1741,22 +2259,29 @@ class BatchIterator:
         self.first_window = np.concatenate([[0], np.cumsum(self.windows_per_shard)])
         self.num_windows = int(self.first_window[-1])
         if self.num_windows < batch_size * world_size:
-            raise DataError(f"split {split!r} has {self.num_windows:,} windows of {block_size + 1} tokens, fewer "
-                            f"than batch_size x world_size = {batch_size * world_size}; use smaller batches or "
-                            f"blocks, or more data")
+            raise DataError(
+                f"split {split!r} has {self.num_windows:,} windows of {block_size + 1} tokens, "
+                "fewer "
+                f"than batch_size x world_size = {batch_size * world_size}; use smaller batches or "
+                f"blocks, or more data"
+            )
         self.epoch, self.position = 0, 0
         self._order_epoch, self._order = None, None
 
     def _epoch_order(self) -> np.ndarray:
         if self._order_epoch != self.epoch:
-            self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.num_windows)
-                           if self.shuffle else np.arange(self.num_windows))
+            self._order = (
+                np.random.default_rng([self.seed, self.epoch]).permutation(self.num_windows)
+                if self.shuffle
+                else np.arange(self.num_windows)
+            )
             self._order_epoch = self.epoch
         return self._order
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         step = self.batch_size * self.world_size
-        if self.position + step > self.num_windows:       # drop the ragged tail so every rank stays in step
+        # drop the ragged tail so every rank stays in step
+        if self.position + step > self.num_windows:
             self.epoch, self.position = self.epoch + 1, 0
         start = self.position + self.rank * self.batch_size
         windows = self._epoch_order()[start:start + self.batch_size]
@@ -1764,7 +2289,8 @@ class BatchIterator:
         shard_of = np.searchsorted(self.first_window, windows, side="right") - 1
         offsets = (windows - self.first_window[shard_of]) * self.block_size
         xy = torch.from_numpy(np.stack([self.shards[s][o:o + self.block_size + 1]
-                                        for s, o in zip(shard_of, offsets)]).astype(np.int64))   # (B, T+1)
+                                        # (B, T+1)
+                                        for s, o in zip(shard_of, offsets)]).astype(np.int64))
         if self.pin_memory:
             return xy[:, :-1].contiguous().pin_memory(), xy[:, 1:].contiguous().pin_memory()
         return xy[:, :-1], xy[:, 1:]
@@ -1775,20 +2301,28 @@ class BatchIterator:
         return self
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "block_size": self.block_size, "num_windows": self.num_windows, "shuffle": int(self.shuffle)}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "block_size": self.block_size,
+            "num_windows": self.num_windows,
+            "shuffle": int(self.shuffle),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for k in ("seed", "block_size", "num_windows", "shuffle"):
             if state[k] != int(getattr(self, k)):
-                raise DataError(f"loader state was saved with {k}={state[k]}, this iterator has "
-                                f"{getattr(self, k)}: resume with the same data and --block-size/--seed")
+                raise DataError(
+                    f"loader state was saved with {k}={state[k]}, this iterator has "
+                    f"{getattr(self, k)}: resume with the same data and --block-size/--seed"
+                )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
 def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> float:
-    """UTF-8 bytes of text per token in a split (tokens include one <|endoftext|> per document), so that
-    bits-per-byte = loss_nats / ln 2 / bytes_per_token."""
+    """UTF-8 bytes of text per token in a split (tokens include one <|endoftext|> per document), so
+    that bits-per-byte = loss_nats / ln 2 / bytes_per_token."""
     manifest = data.manifest if isinstance(data, TokenData) else load_manifest(data)
     s = manifest["splits"].get(split)
     if not s or not s["tokens"]:
@@ -1796,17 +2330,17 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
     return s["bytes"] / s["tokens"]
 
 
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 12. Command line
-# ---------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 SEED_MAX = 2**32 - 1             # numpy's legacy generator and torch agree on seeds in [0, 2^32)
 TOKENS_MAX = 1e16                # a token budget beyond any run (the largest public ones are ~4e13)
 
 
 def _parse_assignments(items: list[str], flag: str, low: float = 0.0) -> dict[str, float]:
-    """['web=0.7', 'code=0.3'] -> {'web': 0.7, 'code': 0.3}; each number finite, at least `low` (or > 0 without
-    one) and at most TOKENS_MAX."""
+    """['web=0.7', 'code=0.3'] -> {'web': 0.7, 'code': 0.3}; each number finite, at least `low` (or
+    > 0 without one) and at most TOKENS_MAX."""
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -1818,16 +2352,23 @@ def _parse_assignments(items: list[str], flag: str, low: float = 0.0) -> dict[st
             raise DataError(f"{flag} {item!r} must look like name=number, e.g. math=0.05")
         if name in out:
             raise DataError(f"{flag} names {name!r} twice; give each source once")
-        if not (math.isfinite(number) and (number >= low if low else number > 0) and number <= TOKENS_MAX):
-            raise DataError(f"{flag} {item!r}: the number must be {f'>= {low:g}' if low else '> 0'} and <= "
-                            f"{TOKENS_MAX:g}")
+        if not (
+            math.isfinite(number)
+            and (number >= low if low else number > 0)
+            and number <= TOKENS_MAX
+        ):
+            raise DataError(
+                f"{flag} {item!r}: the number must be {f'>= {low:g}' if low else '> 0'} and <= "
+                f"{TOKENS_MAX:g}"
+            )
         out[name] = number
     return out
 
 
 def train_quality_model(positives: list[str], negatives: list[str]) -> str:
-    """A quality classifier trained on the documents of these sources, saved in the cache under a name made of
-    its training text's hash (so the dataset's cache key follows the text). Returns the file's path."""
+    """A quality classifier trained on the documents of these sources, saved in the cache under a
+    name made of its training text's hash (so the dataset's cache key follows the text). Returns the
+    file's path."""
     texts = {}
     for flag, specs in (("--quality-positives", positives), ("--quality-negatives", negatives)):
         texts[flag] = [d for spec in specs for d in open_source(spec).documents() if d.strip()]
@@ -1845,26 +2386,56 @@ def train_quality_model(positives: list[str], negatives: list[str]) -> str:
 def _cmd_prepare(args: argparse.Namespace) -> None:
     if bool(args.quality_positives) != bool(args.quality_negatives):
         raise DataError("--quality-positives and --quality-negatives go together; give both")
-    model = train_quality_model(args.quality_positives, args.quality_negatives) if args.quality_positives \
+    model = (
+        train_quality_model(args.quality_positives, args.quality_negatives)
+        if args.quality_positives
         else args.quality_model
-    settings = CleanSettings(cleaning=args.cleaning, filters=args.filters, line_dedup=args.line_dedup,
-                             near_dup_threshold=args.near_dup_threshold, strip_accents=args.strip_accents,
-                             mask_pii=not args.no_pii, boilerplate_min_documents=args.boilerplate_min_documents,
-                             lang=tuple(args.lang), lang_threshold=args.lang_threshold,
-                             quality_threshold=args.quality_threshold, quality_model=model)
-    out = args.prepare(args.data, args.out, vocab_size=args.vocab_size, seed=args.seed, val_fraction=args.val_fraction,
-                       weights=args.weights, train_tokens=args.train_tokens, tokenizer=args.tokenizer,
-                       tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6), clean_settings=settings,
-                       text_field=args.text_field, txt_split=args.txt_split, skip_bad_lines=args.skip_bad_lines,
-                       max_documents=args.max_documents, kind=args.kind, threads=args.threads, workers=args.workers,
-                       chunk_mb=args.chunk_mb, engine=args.engine, ray_address=args.ray_address,
-                       val_data=args.val_data, work_dir=args.work_dir, verbose=True)
+    )
+    settings = CleanSettings(
+        cleaning=args.cleaning,
+        filters=args.filters,
+        line_dedup=args.line_dedup,
+        near_dup_threshold=args.near_dup_threshold,
+        strip_accents=args.strip_accents,
+        mask_pii=not args.no_pii,
+        boilerplate_min_documents=args.boilerplate_min_documents,
+        lang=tuple(args.lang),
+        lang_threshold=args.lang_threshold,
+        quality_threshold=args.quality_threshold,
+        quality_model=model,
+    )
+    out = args.prepare(
+        args.data,
+        args.out,
+        vocab_size=args.vocab_size,
+        seed=args.seed,
+        val_fraction=args.val_fraction,
+        weights=args.weights,
+        train_tokens=args.train_tokens,
+        tokenizer=args.tokenizer,
+        tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6),
+        clean_settings=settings,
+        text_field=args.text_field,
+        txt_split=args.txt_split,
+        skip_bad_lines=args.skip_bad_lines,
+        max_documents=args.max_documents,
+        kind=args.kind,
+        threads=args.threads,
+        workers=args.workers,
+        chunk_mb=args.chunk_mb,
+        engine=args.engine,
+        ray_address=args.ray_address,
+        val_data=args.val_data,
+        work_dir=args.work_dir,
+        verbose=True,
+    )
     print(summary(out))
 
 
 def _cmd_mix(args: argparse.Namespace) -> None:
     weights = _parse_assignments(args.weights, "--weights")
-    unique = _parse_assignments(args.unique, "--unique", low=1.0)      # a count of tokens: a fraction of one is a typo
+    # a count of tokens: a fraction of one is a typo
+    unique = _parse_assignments(args.unique, "--unique", low=1.0)
     unknown = set(unique) - set(weights)
     if unknown:
         raise DataError(f"--unique names {sorted(unknown)} have no --weights entry")
@@ -1880,11 +2451,14 @@ def _cmd_inspect(args: argparse.Namespace) -> None:
     data = TokenData(args.dir)
     print(summary(args.dir))
     longest = {split: max(map(len, shards), default=0) for split, shards in data.shards.items()}
-    split = next((s for s in ("val", "train") if longest.get(s, 0) >= 2), None)   # a window needs x and its y
+    # a window needs x and its y
+    split = next((s for s in ("val", "train") if longest.get(s, 0) >= 2), None)
     if split is None:
         print("no split holds two tokens: no window to decode")
         return
-    x, _ = data.get_batch(split, 1, min(args.tokens, longest[split] - 1), torch.Generator().manual_seed(0))
+    x, _ = data.get_batch(
+        split, 1, min(args.tokens, longest[split] - 1), torch.Generator().manual_seed(0)
+    )
     note = "" if split == "val" else " (the val split is empty)"
     print(f"a random {split} window{note}, decoded:\n" + data.tokenizer.decode(x[0].tolist()))
 
@@ -1899,91 +2473,167 @@ def _cmd_html(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
     import store
     from cli import Parser, in_range, run, writable
-    import data_at_scale     # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
+    # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
+    import data_at_scale
     parser = Parser(prog=prog, description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    p = sub.add_parser("prepare", help="clean, dedup, split, train/reuse the tokenizer, encode and pack shards")
-    p.add_argument("--data", nargs="+", default=["pydocs"],
-                   help="sources: pydocs, pystdlib, hf:NAME, files/dirs/globs (.txt .jsonl .parquet .raw .html .py, "
-                        ".gz), or their URIs in an object store (s3://bucket/web/*.parquet, gs://, hdfs://, file://)")
+    p = sub.add_parser(
+        "prepare", help="clean, dedup, split, train/reuse the tokenizer, encode and pack shards"
+    )
+    p.add_argument(
+        "--data",
+        nargs="+",
+        default=["pydocs"],
+        help="sources: pydocs, pystdlib, hf:NAME, files/dirs/globs (.txt .jsonl .parquet .raw "
+             ".html .py, .gz), or their URIs in an object store (s3://bucket/web/*.parquet, gs://, "
+             "hdfs://, file://)",
+    )
     p.add_argument("--vocab-size", type=in_range(int, 257, 2**32), default=DEFAULT_VOCAB_SIZE,
                    help="BPE vocabulary (default %(default)s)")
-    p.add_argument("--out", type=writable("dir", elsewhere=store.is_uri), default=None,
-                   help="output directory or object-store URI, e.g. s3://bucket/datasets/name (default: a cache dir "
-                        "in $PRETRAIN_CACHE or .cache/)")
+    p.add_argument(
+        "--out",
+        type=writable("dir", elsewhere=store.is_uri),
+        default=None,
+        help="output directory or object-store URI, e.g. s3://bucket/datasets/name (default: a "
+             "cache dir in $PRETRAIN_CACHE or .cache/)",
+    )
     p.add_argument("--seed", type=in_range(int, 0, SEED_MAX), default=0,
                    help="seeds the split, the tokenizer sample, mixing and order")
     p.add_argument("--val-fraction", type=in_range(float, 0.0, 1.0, high_open=True), default=0.05,
                    help="documents held out for validation")
-    p.add_argument("--val-data", nargs="+", default=None, metavar="PATH",
-                   help="held-out file(s) used verbatim as the val split (replaces --val-fraction); their 13-gram "
-                        "overlap with train is reported")
-    p.add_argument("--cleaning", choices=CLEANING_CHOICES, default="auto",
-                   help="auto: the funnel for web-like sources (.jsonl .parquet .html hf: pydocs pystdlib), local "
-                        "text (.txt .md .raw .py) kept whole; web: the funnel for every source; keep: none")
+    p.add_argument(
+        "--val-data",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="held-out file(s) used verbatim as the val split (replaces --val-fraction); their "
+             "13-gram overlap with train is reported",
+    )
+    p.add_argument(
+        "--cleaning",
+        choices=CLEANING_CHOICES,
+        default="auto",
+        help="auto: the funnel for web-like sources (.jsonl .parquet .html hf: pydocs pystdlib), "
+             "local text (.txt .md .raw .py) kept whole; web: the funnel for every source; keep: "
+             "none",
+    )
     p.add_argument("--weights", type=in_range(float, 0.0, TOKENS_MAX, low_open=True), nargs="+",
                    default=None,
                    help="mixing weight per source, in order")
     p.add_argument("--train-tokens", type=in_range(float, 1.0, TOKENS_MAX), default=None,
                    help="train token budget for the mix (e.g. 5e6)")
-    p.add_argument("--tokenizer", default=None, help="reuse this bpe.py tokenizer JSON instead of training one")
+    p.add_argument(
+        "--tokenizer", default=None, help="reuse this bpe.py tokenizer JSON instead of training one"
+    )
     p.add_argument("--tokenizer-train-mb", type=in_range(float, 1e-6, 1e6), default=4.0,
                        # >= 1 byte
                    help="MB of train text the tokenizer trains on (default %(default)s)")
-    p.add_argument("--filters", choices=FILTER_CHOICES, default="auto",
-                   help="quality rules: auto = Gopher for prose, code rules for code; gopher-handout = only the "
-                        "Gopher rules of CS336's data handout (word count, word length, ellipsis lines, alphabetic)")
-    p.add_argument("--line-dedup", choices=LINE_DEDUP_CHOICES, default="documents",
-                   help="documents: remove boilerplate lines (see --boilerplate-min-documents); occurrences: remove "
-                        "every line seen more than once in the corpus (CS336's exact line dedup)")
+    p.add_argument(
+        "--filters",
+        choices=FILTER_CHOICES,
+        default="auto",
+        help="quality rules: auto = Gopher for prose, code rules for code; gopher-handout = only "
+             "the Gopher rules of CS336's data handout (word count, word length, ellipsis lines, "
+             "alphabetic)",
+    )
+    p.add_argument(
+        "--line-dedup",
+        choices=LINE_DEDUP_CHOICES,
+        default="documents",
+        help="documents: remove boilerplate lines (see --boilerplate-min-documents); occurrences: "
+             "remove every line seen more than once in the corpus (CS336's exact line dedup)",
+    )
     p.add_argument("--near-dup-threshold", type=in_range(float, 0.0, 1.0, high_open=True),
                    default=0.5,
                    help="Jaccard threshold; 0 turns near-dedup off")
     p.add_argument("--boilerplate-min-documents", type=in_range(int, 2), default=3,
                    help="a prose line found in this many documents is boilerplate and removed")
-    p.add_argument("--strip-accents", action="store_true", help="near dedup compares texts without accents")
+    p.add_argument(
+        "--strip-accents", action="store_true", help="near dedup compares texts without accents"
+    )
     p.add_argument("--no-pii", action="store_true", help="do not mask emails, phones and IPs")
-    p.add_argument("--lang", nargs="+", default=[], metavar="CODE",
-                   help="keep only documents in these languages (ISO 639-1: en zh ...; classify.py)")
+    p.add_argument(
+        "--lang",
+        nargs="+",
+        default=[],
+        metavar="CODE",
+        help="keep only documents in these languages (ISO 639-1: en zh ...; classify.py)",
+    )
     p.add_argument("--lang-threshold", type=float, default=0.65, help="least language score kept")
     p.add_argument("--quality-threshold", type=float, default=0.0,
                    help="keep documents whose quality-classifier P(high) is at least this (0: off)")
     p.add_argument("--quality-model", default="", help="a classifier file (default: classify.py's)")
-    p.add_argument("--quality-positives", nargs="+", default=[], metavar="SOURCE",
-                   help="train the quality classifier: reference-like sources (with --quality-negatives)")
-    p.add_argument("--quality-negatives", nargs="+", default=[], metavar="SOURCE", help="web-like sources")
-    p.add_argument("--text-field", default="text", help="the .jsonl/.parquet field holding the text")
-    p.add_argument("--txt-split", choices=["auto", "eot", "blank", "file"], default="auto",
-                   help="how .txt files split into documents (auto: <|endoftext|> if present, else blank lines; "
-                        "a file kept whole is cut only at <|endoftext|>)")
-    p.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed .jsonl lines")
+    p.add_argument(
+        "--quality-positives",
+        nargs="+",
+        default=[],
+        metavar="SOURCE",
+        help="train the quality classifier: reference-like sources (with --quality-negatives)",
+    )
+    p.add_argument(
+        "--quality-negatives", nargs="+", default=[], metavar="SOURCE", help="web-like sources"
+    )
+    p.add_argument(
+        "--text-field", default="text", help="the .jsonl/.parquet field holding the text"
+    )
+    p.add_argument(
+        "--txt-split",
+        choices=["auto", "eot", "blank", "file"],
+        default="auto",
+        help="how .txt files split into documents (auto: <|endoftext|> if present, else blank "
+             "lines; a file kept whole is cut only at <|endoftext|>)",
+    )
+    p.add_argument(
+        "--skip-bad-lines", action="store_true", help="skip and count malformed .jsonl lines"
+    )
     p.add_argument("--max-documents", type=in_range(int, 1), default=None,
                    help="read at most this many documents per source")
-    p.add_argument("--kind", choices=["prose", "code", "html"], default=None,
-                   help="treat every source as this kind (default: by name and file type; .py files are code)")
+    p.add_argument(
+        "--kind",
+        choices=["prose", "code", "html"],
+        default=None,
+        help="treat every source as this kind (default: by name and file type; .py files are code)",
+    )
     p.add_argument("--threads", type=in_range(int, 1, 1024), default=None,
                    help="encoding threads (default: all cores)")
-    data_at_scale.add_engine_arguments(p)       # --workers, --chunk-mb, --engine, --ray-address, --work-dir
+    # --workers, --chunk-mb, --engine, --ray-address, --work-dir
+    data_at_scale.add_engine_arguments(p)
     p.set_defaults(run=_cmd_prepare)
 
-    p = sub.add_parser("mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)")
+    p = sub.add_parser(
+        "mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)"
+    )
     p.add_argument("--tokens", type=in_range(float, 1.0, TOKENS_MAX), default=20e9)
-    p.add_argument("--weights", nargs="+", default=["web=0.70", "code=0.15", "books=0.10", "math=0.05"])
-    p.add_argument("--unique", nargs="*", default=["math=0.5e9"], help="unique tokens on hand per source")
+    p.add_argument(
+        "--weights", nargs="+", default=["web=0.70", "code=0.15", "books=0.10", "math=0.05"]
+    )
+    p.add_argument(
+        "--unique", nargs="*", default=["math=0.5e9"], help="unique tokens on hand per source"
+    )
     p.set_defaults(run=_cmd_mix)
 
-    p = sub.add_parser("inspect", help="print a prepared dataset's funnel, sizes and a decoded sample")
+    p = sub.add_parser(
+        "inspect", help="print a prepared dataset's funnel, sizes and a decoded sample"
+    )
     p.add_argument("dir")
     p.add_argument("--tokens", type=in_range(int, 1, 1_000_000), default=64)
     p.set_defaults(run=_cmd_inspect)
 
-    p = sub.add_parser("download", help="copy a dataset published to an object store down to a local directory")
-    p.add_argument("uri", help="the dataset's URI, as given to prepare --out (s3://bucket/datasets/name)")
+    p = sub.add_parser(
+        "download", help="copy a dataset published to an object store down to a local directory"
+    )
+    p.add_argument(
+        "uri", help="the dataset's URI, as given to prepare --out (s3://bucket/datasets/name)"
+    )
     p.add_argument("dir", type=writable("dir"),
                    help="local directory to create (train.py --data reads it)")
-    p.set_defaults(run=lambda args: print(f"downloaded {args.uri} to {data_at_scale.download(args.uri, args.dir)}"))
+    p.set_defaults(
+        run=lambda args: print(
+            f"downloaded {args.uri} to {data_at_scale.download(args.uri, args.dir)}"
+        )
+    )
 
     p = sub.add_parser("html", help="print the text extracted from an HTML file")
     p.add_argument("file")
@@ -1995,5 +2645,7 @@ def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
 
 
 if __name__ == "__main__":
-    import data              # run as the module `data`, not `__main__`: Ray sends workers functions by name (its
-    data.main()              # engine's, in data_at_scale.py, which imports `data`): one copy of data.py's classes
+    # run as the module `data`, not `__main__`: Ray sends workers functions by name (its
+    import data
+    # engine's, in data_at_scale.py, which imports `data`): one copy of data.py's classes
+    data.main()

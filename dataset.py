@@ -1,34 +1,40 @@
-"""dataset.py: data.py's `prepare`: check the recipe and name it by a cache key, run an engine, publish the directory.
+"""dataset.py: data.py's `prepare`: check the recipe and name it by a cache key, run an engine,
+publish the directory.
 
-Serves: data.py (`python data.py prepare`; the lesson's steps, its reference engine and the shard format are there),
-data_at_scale.py (its `prepare` plans and publishes with this file, so both engines end in the same bytes), and
-whoever needs a dataset built: train.py (`--data pydocs` is dataset.prepare(["pydocs"]), cached), the tests.
+Serves: data.py (`python data.py prepare`; the lesson's steps, its reference engine and the shard
+format are there), data_at_scale.py (its `prepare` plans and publishes with this file, so both
+engines end in the same bytes), and whoever needs a dataset built: train.py (`--data pydocs` is
+dataset.prepare(["pydocs"]), cached), the tests.
 
 A prepared dataset is one directory, published whole, that train.py reads with data.TokenData:
 
-    manifest.json        sources, settings, the funnel, the tokenizer, the mixture, the split sizes, the timings
+    manifest.json        sources, settings, the funnel, the tokenizer, the mixture, the split
+                         sizes, the timings
     tokenizer.json       the BPE tokenizer (bpe.py), trained on the train split only
-    train_00000.bin ...  token shards, data.py's format: a 32-byte header, then uint16 (or uint32) ids
+    train_00000.bin ...  token shards, data.py's format: a 32-byte header, then uint16 (or
+                         uint32) ids
     val_00000.bin ...
 
 Three steps, each a function:
 
-    plan_dataset   every argument checked and every source opened before any work (a typo fails in one line, in
-                   a second, not after an hour of cleaning); the cache key: a SHA-256 of the inputs (each file's
-                   path, size and mtime), every setting, and the bytes of the code that writes the dataset
-                   (data.code_version). With no --out it names the folder: .cache/data/pydocs-v4096-<its first
-                   12 hex digits>. A finished dataset with the same key is reused as is; a folder holding anything
-                   else is refused.
-    an engine      data.build_in_memory (`prepare` below) or data_at_scale's streaming and Ray engines: the funnel,
-                   the tokenizer, per-source token counts, and a writer of the shards (a data.Built).
-    write_dataset  the shards, tokenizer.json and manifest.json written into a temporary folder beside the output,
-                   given the umask's modes, then one rename into place (or store.publish for an s3:// URI, which
-                   copies the manifest last). A reader sees no dataset or all of it; a killed run leaves a
-                   .NAME.tmp-* folder that the next run removes (`remove_stale_publishes`).
+    plan_dataset   every argument checked and every source opened before any work (a typo fails in
+                   one line, in a second, not after an hour of cleaning); the cache key: a SHA-256
+                   of the inputs (each file's path, size and mtime), every setting, and the bytes of
+                   the code that writes the dataset (data.code_version). With no --out it names the
+                   folder: .cache/data/pydocs-v4096-<its first 12 hex digits>. A finished dataset
+                   with the same key is reused as is; a folder holding anything else is refused.
+    an engine      data.build_in_memory (`prepare` below) or data_at_scale's streaming and Ray
+                   engines: the funnel, the tokenizer, per-source token counts, and a writer of the
+                   shards (a data.Built).
+    write_dataset  the shards, tokenizer.json and manifest.json written into a temporary folder
+                   beside the output, given the umask's modes, then one rename into place (or
+                   store.publish for an s3:// URI, which copies the manifest last). A reader sees no
+                   dataset or all of it; a killed run leaves a .NAME.tmp-* folder that the next run
+                   removes (`remove_stale_publishes`).
 
-Depends on: data.py (the recipe, the engine, the checks of sources, weights and --val-data), formats.py (DataError,
-the count of skipped .jsonl lines), bpe.py (a --tokenizer file), store.py (an --out URI) and fileio.py (the umask's
-modes, a full disk in one line), and the standard library.
+Depends on: data.py (the recipe, the engine, the checks of sources, weights and --val-data),
+formats.py (DataError, the count of skipped .jsonl lines), bpe.py (a --tokenizer file), store.py (an
+--out URI) and fileio.py (the umask's modes, a full disk in one line), and the standard library.
 """
 from __future__ import annotations
 
@@ -56,61 +62,104 @@ from formats import DataError
 
 @dataclasses.dataclass
 class Plan:
-    """What prepare settles before any work: the recipe, its cache key, the output (a folder, or a store's URI), and
-    whether a finished dataset with that key is already there (reuse: return it as is)."""
+    """What prepare settles before any work: the recipe, its cache key, the output (a folder, or a
+    store's URI), and whether a finished dataset with that key is already there (reuse: return it as
+    is)."""
     recipe: data.Recipe | None           # None when reused
     key: str
     out_dir: pathlib.Path | str
     reuse: bool
-    jsonl_stats: formats.JsonlStats      # malformed .jsonl lines the in-memory reading skipped (--skip-bad-lines)
+    # malformed .jsonl lines the in-memory reading skipped (--skip-bad-lines)
+    jsonl_stats: formats.JsonlStats
 
 
-def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None,
-                 vocab_size: int = data.DEFAULT_VOCAB_SIZE, seed: int = 0, val_fraction: float = 0.05,
-                 weights: list[float] | None = None, train_tokens: float | None = None,
-                 tokenizer: str | os.PathLike | None = None,
-                 tokenizer_train_bytes: int = 4_000_000, pattern: str = "gpt4", shard_tokens: int = 100_000_000,
-                 clean_settings: data.CleanSettings | None = None, text_field: str = "text", txt_split: str = "auto",
-                 skip_bad_lines: bool = False, max_documents: int | None = None, kind: str | None = None,
-                 val_data: list[str] | None = None, log: Callable = lambda *a, **k: None) -> Plan:
-    """Check every argument, open the sources, and name the dataset: out_dir or a cache directory named by a hash
-    of the inputs, every setting and the code (`data.code_version`). Every bad input fails here, before any work.
+def plan_dataset(
+    sources: list[str],
+    out_dir: str | os.PathLike | None = None,
+    vocab_size: int = data.DEFAULT_VOCAB_SIZE,
+    seed: int = 0,
+    val_fraction: float = 0.05,
+    weights: list[float] | None = None,
+    train_tokens: float | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    tokenizer_train_bytes: int = 4_000_000,
+    pattern: str = "gpt4",
+    shard_tokens: int = 100_000_000,
+    clean_settings: data.CleanSettings | None = None,
+    text_field: str = "text",
+    txt_split: str = "auto",
+    skip_bad_lines: bool = False,
+    max_documents: int | None = None,
+    kind: str | None = None,
+    val_data: list[str] | None = None,
+    log: Callable = lambda *a, **k: None,
+) -> Plan:
+    """Check every argument, open the sources, and name the dataset: out_dir or a cache directory
+    named by a hash of the inputs, every setting and the code (`data.code_version`). Every bad input
+    fails here, before any work.
 
-    sources: names ("pydocs", "pystdlib", "hf:..."), files, directories, globs or URIs (`data.open_source`).
-    weights (one per source) with train_tokens mix the train split by token share (None: the smallest budget that
-    reads every source once). tokenizer: a bpe.py JSON file to reuse instead of training one on (up to
-    tokenizer_train_bytes of) train text. val_data: files that are the validation split, verbatim
-    (`formats.read_val_file`); every cleaned document then goes to train (val_fraction is not used), and the overlap
-    of the two is measured (`data.val_overlap`).
-    out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://, file://): the dataset is built on local disk,
-    then published to the store (`store.publish`).
+    sources: names ("pydocs", "pystdlib", "hf:..."), files, directories, globs or URIs
+    (`data.open_source`). weights (one per source) with train_tokens mix the train split by token
+    share (None: the smallest budget that reads every source once). tokenizer: a bpe.py JSON file to
+    reuse instead of training one on (up to tokenizer_train_bytes of) train text. val_data: files
+    that are the validation split, verbatim (`formats.read_val_file`); every cleaned document then
+    goes to train (val_fraction is not used), and the overlap of the two is measured
+    (`data.val_overlap`). out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://, file://):
+    the dataset is built on local disk, then published to the store (`store.publish`).
     """
     if not sources:
         raise DataError("no sources given: pass --data pydocs (or a path)")
     if len(set(sources)) != len(sources):
-        raise DataError(f"a source is listed twice in {sources}; give each once (use --weights to up-weight)")
+        raise DataError(
+            f"a source is listed twice in {sources}; give each once (use --weights to up-weight)"
+        )
     if weights is not None and len(weights) != len(sources):
-        raise DataError(f"--weights: {len(weights)} weights for {len(sources)} sources: give one weight per source")
+        raise DataError(
+            f"--weights: {len(weights)} weights for {len(sources)} sources: give one weight per "
+            "source"
+        )
     if weights is not None:
         data.check_weights(weights)
     if tokenizer is None and vocab_size < 257:
-        raise DataError(f"--vocab-size {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at least 257")
+        raise DataError(
+            f"--vocab-size {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at "
+            "least 257"
+        )
     if not 0 <= val_fraction < 1:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     if train_tokens is not None and (weights is None or not train_tokens > 0):
-        raise DataError(f"--train-tokens {train_tokens:g} needs --weights and a positive budget, e.g. --weights 1 "
-                        f"--train-tokens 5e6")
+        raise DataError(
+            f"--train-tokens {train_tokens:g} needs --weights and a positive budget, e.g. "
+            "--weights 1 "
+            f"--train-tokens 5e6"
+        )
     settings = clean_settings or data.CleanSettings()
     jsonl_stats = formats.JsonlStats()
-    opened = [data.open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
-              for s in sources]
-    if txt_split == "auto":          # text kept whole is cut into documents only at <|endoftext|> markers
-        opened = [data.open_source(s.spec, text_field, data.kept_txt_split(txt_split), skip_bad_lines, max_documents,
-                              jsonl_stats, kind)
-                  if data.keeps_whole(s, settings) else s for s in opened]
+    opened = [
+        data.open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
+        for s in sources
+    ]
+    # text kept whole is cut into documents only at <|endoftext|> markers
+    if txt_split == "auto":
+        opened = [
+            data.open_source(
+                s.spec,
+                text_field,
+                data.kept_txt_split(txt_split),
+                skip_bad_lines,
+                max_documents,
+                jsonl_stats,
+                kind,
+            )
+            if data.keeps_whole(s, settings)
+            else s
+            for s in opened
+        ]
     for flag, path in [("--tokenizer", tokenizer)] + [("--val-data", p) for p in val_data or []]:
         if store.is_uri(path):
-            raise DataError(f"{flag} {path}: give a local file (copy it down first, e.g. with aws s3 cp)")
+            raise DataError(
+                f"{flag} {path}: give a local file (copy it down first, e.g. with aws s3 cp)"
+            )
     val_paths = data.check_val_files(val_data, opened) if val_data else []
     if train_tokens is not None:
         data.check_budget(opened, weights, train_tokens)
@@ -121,18 +170,30 @@ def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None,
         "code": data.code_version(),
         "sources": [(s.spec, s.kind, s.fingerprint) for s in opened],
         "settings": dataclasses.asdict(settings),
-        "vocab_size": vocab_size, "seed": seed, "val_fraction": val_fraction, "weights": weights,
-        "train_tokens": train_tokens, "pattern": pattern, "tokenizer_train_bytes": tokenizer_train_bytes,
-        "tokenizer": hashlib.sha256(tokenizer_path.read_bytes()).hexdigest() if tokenizer_path else None,
-        "quality_model": settings.quality_model and                 # its bytes, not only its name
-        hashlib.sha256(pathlib.Path(settings.quality_model).read_bytes()).hexdigest(),
-        "shard_tokens": shard_tokens, "text_field": text_field, "txt_split": txt_split,
-        "skip_bad_lines": skip_bad_lines, "max_documents": max_documents,
+        "vocab_size": vocab_size,
+        "seed": seed,
+        "val_fraction": val_fraction,
+        "weights": weights,
+        "train_tokens": train_tokens,
+        "pattern": pattern,
+        "tokenizer_train_bytes": tokenizer_train_bytes,
+        "tokenizer": hashlib.sha256(tokenizer_path.read_bytes()).hexdigest()
+        if tokenizer_path
+        else None,
+        "quality_model": settings.quality_model  # its bytes, not only its name
+        and hashlib.sha256(pathlib.Path(settings.quality_model).read_bytes()).hexdigest(),
+        "shard_tokens": shard_tokens,
+        "text_field": text_field,
+        "txt_split": txt_split,
+        "skip_bad_lines": skip_bad_lines,
+        "max_documents": max_documents,
         "val_data": [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in val_paths],
     }
     key = hashlib.sha256(json.dumps(key_inputs, sort_keys=True, default=str).encode()).hexdigest()
     if out_dir is None:
-        slug = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", store.pure_path(s).name or s)[:40] for s in sources)[:80]
+        slug = "+".join(
+            re.sub(r"[^A-Za-z0-9._-]+", "_", store.pure_path(s).name or s)[:40] for s in sources
+        )[:80]
         out_dir = data.cache_root() / "data" / f"{slug}-v{vocab_size}-{key[:12]}"
     remote = store.is_uri(out_dir)
     if not remote:
@@ -144,34 +205,58 @@ def plan_dataset(sources: list[str], out_dir: str | os.PathLike | None = None,
             for notice in existing.get("notices", []):
                 print(notice, file=sys.stderr)
             return Plan(None, key, out_dir, True, jsonl_stats)
-        raise DataError(f"{out_dir} already holds a different dataset; remove it or pick another --out")
+        raise DataError(
+            f"{out_dir} already holds a different dataset; remove it or pick another --out"
+        )
     if remote:
         store.check_out(out_dir, DATASET_FILE, DataError)
     elif out_dir.exists() and not out_dir.is_dir():
         raise DataError(f"--out {out_dir} is a file; give a directory path")
     elif out_dir.exists() and any(out_dir.iterdir()):
-        raise DataError(f"{out_dir} exists and is not a dataset directory; remove it or pick another --out")
-    recipe = data.Recipe(opened, settings, vocab_size, seed, val_fraction, weights, train_tokens, tokenizer_path,
-                    data.check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
-                    tokenizer_train_bytes, pattern, shard_tokens,
-                    (text_field, txt_split, skip_bad_lines, max_documents), val_paths)
-    if remote:                                                     # fail now, not after minutes of cleaning
+        raise DataError(
+            f"{out_dir} exists and is not a dataset directory; remove it or pick another --out"
+        )
+    recipe = data.Recipe(
+        opened,
+        settings,
+        vocab_size,
+        seed,
+        val_fraction,
+        weights,
+        train_tokens,
+        tokenizer_path,
+        data.check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
+        tokenizer_train_bytes,
+        pattern,
+        shard_tokens,
+        (text_field, txt_split, skip_bad_lines, max_documents),
+        val_paths,
+    )
+    # fail now, not after minutes of cleaning
+    if remote:
         store.check_writable(out_dir, DataError)
     else:
         check_writable(out_dir.parent, "--out")
     return Plan(recipe, key, out_dir, False, jsonl_stats)
 
 
-def prepare(sources: list[str], out_dir: str | os.PathLike | None = None, *, threads: int | None = None,
-            verbose: bool = False, **recipe) -> pathlib.Path | str:
-    """Build (or reuse) a token dataset directory with the reference engine: manifest.json, tokenizer.json,
-    train_*.bin, val_*.bin. recipe: `plan_dataset`'s arguments (vocab_size, seed, val_fraction, weights, ...).
+def prepare(
+    sources: list[str],
+    out_dir: str | os.PathLike | None = None,
+    *,
+    threads: int | None = None,
+    verbose: bool = False,
+    **recipe,
+) -> pathlib.Path | str:
+    """Build (or reuse) a token dataset directory with the reference engine: manifest.json,
+    tokenizer.json, train_*.bin, val_*.bin. recipe: `plan_dataset`'s arguments (vocab_size, seed,
+    val_fraction, weights, ...).
 
-    The whole corpus is held in lists (`data.build_in_memory`): for small inputs, and the oracle of the tests.
-    data_at_scale.prepare takes the same arguments and writes the same bytes with the streaming engine (any corpus
-    size, worker processes, resumable) or Ray; `python data.py prepare` runs it above 64 MiB
-    (`--engine auto`). Notices (heavy cleaning, the --val-data overlap) are printed to stderr,
-    also when the dataset is reused.
+    The whole corpus is held in lists (`data.build_in_memory`): for small inputs, and the oracle of
+    the tests. data_at_scale.prepare takes the same arguments and writes the same bytes with the
+    streaming engine (any corpus size, worker processes, resumable) or Ray; `python data.py prepare`
+    runs it above 64 MiB (`--engine auto`). Notices (heavy cleaning, the --val-data overlap) are
+    printed to stderr, also when the dataset is reused.
     """
     log = print if verbose else (lambda *a, **k: None)
     with planned(sources, out_dir, log, recipe) as plan:
@@ -219,19 +304,20 @@ NO_SPACE_FIX = "pass --out elsewhere"
 
 def write_dataset(plan: Plan, built: data.Built, clock: data.Clock, staging: pathlib.Path,
                   engine: str) -> pathlib.Path | str:
-    """The dataset directory from what an engine built: its shards, tokenizer.json and manifest.json, written in a
-    temporary folder in `staging`, given the umask's modes (mkdtemp makes it 0700 and ShardWriter's files are 0600:
-    another account could not read the dataset), then published whole: one rename, or `store.publish` for a URI.
-    A full disk (or ulimit -f) is one line naming the output. Prints the engine's notices first."""
+    """The dataset directory from what an engine built: its shards, tokenizer.json and
+    manifest.json, written in a temporary folder in `staging`, given the umask's modes (mkdtemp
+    makes it 0700 and ShardWriter's files are 0600: another account could not read the dataset),
+    then published whole: one rename, or `store.publish` for a URI. A full disk (or ulimit -f) is
+    one line naming the output. Prints the engine's notices first."""
     recipe, out_dir, tok = plan.recipe, plan.out_dir, built.tokenizer
     settings, val_paths = recipe.settings, recipe.val_files
     text_field, txt_split, _, max_documents = recipe.read_options
     for notice in built.funnel.notices:
         print(notice, file=sys.stderr)
-    made, tmp_dir = fileio.missing_folders(staging), None
-    try:
-        staging.mkdir(parents=True, exist_ok=True)
-        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=staging, prefix=f".{local_name(out_dir)}.tmp-"))
+    # a store's dataset is staged on local disk first
+    remote = store.is_uri(out_dir)
+    full = (staging, "pass --work-dir elsewhere") if remote else (out_dir, NO_SPACE_FIX)
+    with temporary_folder(staging, local_name(out_dir), *full) as tmp_dir:
         dtype = data.dtype_for_vocab(len(tok))
         splits = built.write_splits(tmp_dir, dtype)
         if val_paths:
@@ -239,53 +325,86 @@ def write_dataset(plan: Plan, built: data.Built, clock: data.Clock, staging: pat
         (tmp_dir / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
         clock.finish()
         manifest = {
-            "format": "llm-token-shards", "version": data.SHARD_VERSION, "cache_key": plan.key,
-            "sources": [{"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]}
-                        for s in recipe.sources],
-            "settings": {**dataclasses.asdict(settings), "val_fraction": None if val_paths else recipe.val_fraction,
-                         "val_data": [str(p) for p in val_paths], "seed": recipe.seed, "weights": recipe.weights,
-                         "train_tokens": recipe.train_tokens, "text_field": text_field, "txt_split": txt_split,
-                         "max_documents": max_documents},
-            "funnel": built.funnel.to_list(), "notices": built.funnel.notices,
-            "tokenizer": {"file": "tokenizer.json", "vocab_size": len(tok), "eot_id": tok.eot_id,
-                          "pattern": recipe.pattern if recipe.tokenizer_path is None else "from file",
-                          "trained_on_bytes": built.trained_on,
-                          "source": str(recipe.tokenizer_path) if recipe.tokenizer_path else None},
-            "dtype": dtype.name, "mixture": built.mixture, "splits": splits,
-            "timings": {**clock.timings, "encoded_bytes": built.encoded_bytes, "input_bytes": built.funnel.bytes_read,
-                        "engine": engine},
+            "format": "llm-token-shards",
+            "version": data.SHARD_VERSION,
+            "cache_key": plan.key,
+            "sources": [
+                {"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]}
+                for s in recipe.sources
+            ],
+            "settings": {
+                **dataclasses.asdict(settings),
+                "val_fraction": None if val_paths else recipe.val_fraction,
+                "val_data": [str(p) for p in val_paths],
+                "seed": recipe.seed,
+                "weights": recipe.weights,
+                "train_tokens": recipe.train_tokens,
+                "text_field": text_field,
+                "txt_split": txt_split,
+                "max_documents": max_documents,
+            },
+            "funnel": built.funnel.to_list(),
+            "notices": built.funnel.notices,
+            "tokenizer": {
+                "file": "tokenizer.json",
+                "vocab_size": len(tok),
+                "eot_id": tok.eot_id,
+                "pattern": recipe.pattern if recipe.tokenizer_path is None else "from file",
+                "trained_on_bytes": built.trained_on,
+                "source": str(recipe.tokenizer_path) if recipe.tokenizer_path else None,
+            },
+            "dtype": dtype.name,
+            "mixture": built.mixture,
+            "splits": splits,
+            "timings": {
+                **clock.timings,
+                "encoded_bytes": built.encoded_bytes,
+                "input_bytes": built.funnel.bytes_read,
+                "engine": engine,
+            },
         }
         (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        if store.is_uri(out_dir):
+        if remote:
             store.publish(tmp_dir, out_dir, DataError)
             shutil.rmtree(tmp_dir)
         else:
             fileio.publish_tree(tmp_dir)
             rename_into_place(tmp_dir, out_dir)
+    return out_dir
+
+
+@contextlib.contextmanager
+def temporary_folder(parent: pathlib.Path, name: str, target, fix: str) -> Iterator[pathlib.Path]:
+    """A new .NAME.tmp-* folder in `parent` for a block that fills it and renames (or copies) it
+    into place. If the block fails, the folder goes, with the folders made for it, and a full disk
+    (a quota, ulimit -f) becomes one line naming `target` and the `fix`. Both a prepare's publish
+    and a download write this way."""
+    made, tmp_dir = fileio.missing_folders(parent), None
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp_dir = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-"))
+        yield tmp_dir
     except BaseException as e:
         if tmp_dir is not None:
             shutil.rmtree(tmp_dir, ignore_errors=True)
         fileio.remove_if_empty(made)
-        if isinstance(e, Exception) and fileio.is_no_space(e):      # a full disk, a quota or ulimit -f
-            remote = store.is_uri(out_dir)               # a store's dataset is staged on local disk first
-            raise DataError(fileio.no_space_message(staging if remote else out_dir, "pass --work-dir elsewhere"
-                                                    if remote else NO_SPACE_FIX)) from None
+        if isinstance(e, Exception) and fileio.is_no_space(e):
+            raise DataError(fileio.no_space_message(target, fix)) from None
         raise
-    return out_dir
 
 
 def local_name(out_dir: pathlib.Path | str) -> str:
-    """The name of out_dir's temporary and work folders: its own name, plus a hash of the URI for a store's (whose
-    folders share the temp folder with those of any other bucket)."""
+    """The name of out_dir's temporary and work folders: its own name, plus a hash of the URI for a
+    store's (whose folders share the temp folder with those of any other bucket)."""
     if not store.is_uri(out_dir):
         return out_dir.name
     return f"{store.pure_path(out_dir).name}-{hashlib.sha256(out_dir.encode()).hexdigest()[:8]}"
 
 
 def remove_stale_publishes(out_dir: pathlib.Path | str, staging: pathlib.Path) -> None:
-    """Remove what killed runs left: half-written .NAME.tmp-* folders (never used: a dataset is published by one
-    rename, or in a store by copies that end with the manifest) in the staging folder and beside out_dir, and, for
-    a URI, the store's OUT.tmp-* prefixes."""
+    """Remove what killed runs left: half-written .NAME.tmp-* folders (never used: a dataset is
+    published by one rename, or in a store by copies that end with the manifest) in the staging
+    folder and beside out_dir, and, for a URI, the store's OUT.tmp-* prefixes."""
     name = glob.escape(local_name(out_dir))
     folders = {staging} if store.is_uri(out_dir) else {staging, out_dir.parent}
     for stale in itertools.chain(*(f.glob(f".{name}.tmp-*") for f in folders)):
@@ -296,24 +415,29 @@ def remove_stale_publishes(out_dir: pathlib.Path | str, staging: pathlib.Path) -
 
 
 def check_writable(folder: pathlib.Path, flag: str) -> None:
-    """Raise DataError unless a file can be created in `folder`. A check, not a step: the folders it makes to try
-    are removed again, so a run that then fails on its input leaves no empty cache folder behind."""
+    """Raise DataError unless a file can be created in `folder`. A check, not a step: the folders it
+    makes to try are removed again, so a run that then fails on its input leaves no empty cache
+    folder behind."""
     made = fileio.missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
-        raise DataError(f"cannot write in {folder} ({e.strerror}); pick a writable {flag}") from None
+        raise DataError(
+            f"cannot write in {folder} ({e.strerror}); pick a writable {flag}"
+        ) from None
     finally:
         fileio.remove_if_empty(made)
 
 
-DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")       # what a publish writes, but the manifest
+# what a publish writes, but the manifest
+DATASET_FILE = re.compile(r"(train|val)_\d{5}\.bin|tokenizer\.json")
 
 
 def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
-    """Rename the finished temporary directory into place. If another process (another rank) finished the same
-    dataset first, keep theirs: the shards and tokenizer are identical by construction."""
+    """Rename the finished temporary directory into place. If another process (another rank)
+    finished the same dataset first, keep theirs: the shards and tokenizer are identical by
+    construction."""
     if out_dir.exists() and not any(out_dir.iterdir()):
         out_dir.rmdir()
     try:

@@ -1,33 +1,37 @@
-"""Files in and out, the same way in every chapter: untrusted JSON read in one line of error, files published whole.
+"""Files in and out, the same way in every chapter: untrusted JSON read in one line of error, files
+published whole.
 
-Serves: every chapter (bpe, dedup, data, train, evaluate, scaling) and the engine, bridge and bench files.
+Serves: every chapter (bpe, dedup, data, train, evaluate, scaling) and the engine, bridge and bench
+files.
 
-Depends on the standard library only (no sibling files), so a chapter copied into another project takes this one
-small file along.
+Depends on the standard library only (no sibling files), so a chapter copied into another project
+takes this one small file along.
 
 Three promises of the README live here, so each chapter keeps them in one way:
 
-1. **Untrusted JSON gives one line, never a traceback.** `json.loads` raises four different things on bad input:
-   `JSONDecodeError` (bad syntax), `UnicodeDecodeError` (bytes that are not UTF-8), `ValueError` (an integer of more
-   than 4,300 digits) and `RecursionError` (arrays nested a few thousand deep: `"[" * 5000`). `parse_json` turns
-   each into the chapter's own error class with the file's name and the fix:
+1. **Untrusted JSON gives one line, never a traceback.** `json.loads` raises four different things
+   on bad input: `JSONDecodeError` (bad syntax), `UnicodeDecodeError` (bytes that are not UTF-8),
+   `ValueError` (an integer of more than 4,300 digits) and `RecursionError` (arrays nested a few
+   thousand deep: `"[" * 5000`). `parse_json` turns each into the chapter's own error class with the
+   file's name and the fix:
 
    >>> parse_json('{"a": [1, 2]}', "config.json")
    {'a': [1, 2]}
-   >>> parse_json("[" * 5000, "config.json")
+   >>> parse_json("[" * 5000, "config.json")  # doctest: +ELLIPSIS
    Traceback (most recent call last):
    ...
-   ValueError: config.json: JSON nested more than 1,000 levels deep; this project writes at most a few levels: regenerate the file
+   ValueError: config.json: JSON nested more than 1,000 levels deep; ...: regenerate the file
 
-2. **Nothing half-written.** `write_atomic` writes a temp file in the destination's folder, flushes and fsyncs it,
-   then renames it over the destination: a reader (or a crash) sees the old file or the new one, never half.
+2. **Nothing half-written.** `write_atomic` writes a temp file in the destination's folder, flushes
+   and fsyncs it, then renames it over the destination: a reader (or a crash) sees the old file or
+   the new one, never half.
 
-3. **Files for others to read get the umask's modes, and a full disk is one line.** `tempfile.mkstemp` creates
-   0600 files and `mkdtemp` 0700 folders, private to their owner; renamed into place they would stay private, so a
-   dataset prepared on a shared machine could not be read by another account. `publish_mode` gives what `open()`
-   would have: 0666 & ~umask (0644 under the usual umask 022). A write that fails with ENOSPC, EDQUOT or EFBIG (a
-   full disk, a quota, `ulimit -f`) becomes `no space left writing PATH: free space or <fix>`, and the temp file
-   is removed.
+3. **Files for others to read get the umask's modes, and a full disk is one line.**
+   `tempfile.mkstemp` creates 0600 files and `mkdtemp` 0700 folders, private to their owner; renamed
+   into place they would stay private, so a dataset prepared on a shared machine could not be read
+   by another account. `publish_mode` gives what `open()` would have: 0666 & ~umask (0644 under the
+   usual umask 022). A write that fails with ENOSPC, EDQUOT or EFBIG (a full disk, a quota, `ulimit
+   -f`) becomes `no space left writing PATH: free space or <fix>`, and the temp file is removed.
 
 4. **One process at a time in a folder, and no lock outlives its holder.** `hold` takes an
    exclusive POSIX record lock (`lockf`) on a lock file and writes its pid there. The kernel drops
@@ -47,7 +51,8 @@ import pathlib
 import tempfile
 from typing import Callable, Iterator
 
-MAX_JSON_DEPTH = 1000          # deeper than anything we write by two orders of magnitude, shallower than the C stack
+# deeper than anything we write by two orders of magnitude, shallower than the C stack
+MAX_JSON_DEPTH = 1000
 NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
@@ -79,35 +84,46 @@ def _depth_exceeds(text: str, limit: int) -> bool:
 
 def parse_json(text: str | bytes, where: str, error: type[Exception] = ValueError,
                fix: str = "regenerate the file"):
-    """json.loads for text from outside: any failure raises `error` with one line naming `where` and the fix.
+    """json.loads for text from outside: any failure raises `error` with one line naming `where` and
+    the fix.
 
-    >>> parse_json('{"vocab": 3', "tok.json", fix="re-run bpe.py train")
+    >>> parse_json('{"vocab": 3', "tok.json", fix="re-run bpe.py train")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: tok.json: not valid JSON (Expecting ',' delimiter at line 1, column 12); re-run bpe.py train
+    ValueError: tok.json: not valid JSON (Expecting ',' delimiter at line 1, column 12); re-run ...
     """
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise error(f"{where}: not UTF-8 text (byte {e.start}); {fix}") from None
-    # The C decoder recurses once per level; a deep document would reach Python's recursion limit somewhere inside
-    # it. Only a document that opens more brackets than the limit allows needs the scan.
+    # The C decoder recurses once per level; a deep document would reach Python's recursion limit
+    # somewhere inside it. Only a document that opens more brackets than the limit allows needs the
+    # scan.
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth_exceeds(text, MAX_JSON_DEPTH):
-        raise error(f"{where}: JSON nested more than {MAX_JSON_DEPTH:,} levels deep; this project writes at most a "
-                    f"few levels: {fix}")
+        raise error(
+            f"{where}: JSON nested more than {MAX_JSON_DEPTH:,} levels deep; this project writes "
+            "at most a "
+            f"few levels: {fix}"
+        )
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise error(f"{where}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); {fix}") from None
+        raise error(
+            f"{where}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); {fix}"
+        ) from None
     except RecursionError:
         raise error(f"{where}: JSON nested too deeply to read; {fix}") from None
-    except ValueError as e:                          # e.g. an integer longer than int's 4,300-digit string limit
+    # e.g. an integer longer than int's 4,300-digit string limit
+    except ValueError as e:
         raise error(f"{where}: not valid JSON ({str(e).splitlines()[0]}); {fix}") from None
 
 
-def read_json(path: str | os.PathLike, error: type[Exception] = ValueError, fix: str = "regenerate the file"):
-    """Read and parse a JSON file; a missing, unreadable or damaged file raises `error` in one line."""
+def read_json(
+    path: str | os.PathLike, error: type[Exception] = ValueError, fix: str = "regenerate the file"
+):
+    """Read and parse a JSON file; a missing, unreadable or damaged file raises `error` in one
+    line."""
     path = pathlib.Path(path)
     if path.is_dir():
         raise error(f"{path}: is a folder, not a JSON file; {fix}")
@@ -128,14 +144,17 @@ def umask() -> int:
 def publish_mode(is_dir: bool = False) -> int:
     """The mode `open()` or `mkdir()` would give a new file or folder: 0666 (0777) less the umask.
 
-    >>> old = os.umask(0o022); oct(publish_mode()), oct(publish_mode(is_dir=True)); _ = os.umask(old)
+    >>> old = os.umask(0o022)
+    >>> oct(publish_mode()), oct(publish_mode(is_dir=True))
     ('0o644', '0o755')
+    >>> _ = os.umask(old)
     """
     return (0o777 if is_dir else 0o666) & ~umask()
 
 
 def publish_tree(root: str | os.PathLike) -> None:
-    """Give a folder made by mkdtemp, and everything under it, the umask's modes before it is renamed into place."""
+    """Give a folder made by mkdtemp, and everything under it, the umask's modes before it is
+    renamed into place."""
     root = pathlib.Path(root)
     root.chmod(publish_mode(is_dir=True))
     for path in root.rglob("*"):
@@ -148,7 +167,8 @@ def is_no_space(exc: BaseException) -> bool:
     while exc is not None:
         if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
             return True
-        text = str(exc)                # torch.save wraps the OSError in a RuntimeError from its C++ writer
+        # torch.save wraps the OSError in a RuntimeError from its C++ writer
+        text = str(exc)
         if isinstance(exc, RuntimeError) and ("No space left" in text or "File too large" in text
                                               or "file write failed" in text):
             return True
@@ -160,9 +180,16 @@ def no_space_message(path, fix: str) -> str:
     return f"no space left writing {path}: free space or {fix}"
 
 
-def write_atomic(path: str | os.PathLike, content: str | bytes | Callable, *, error: type[Exception] = OSError,
-                 fix: str = "write it elsewhere", fsync: bool = True) -> pathlib.Path:
-    """Write `content` (text, bytes, or a function given the open binary file) to `path` whole, or not at all.
+def write_atomic(
+    path: str | os.PathLike,
+    content: str | bytes | Callable,
+    *,
+    error: type[Exception] = OSError,
+    fix: str = "write it elsewhere",
+    fsync: bool = True,
+) -> pathlib.Path:
+    """Write `content` (text, bytes, or a function given the open binary file) to `path` whole, or
+    not at all.
 
     >>> import tempfile; d = pathlib.Path(tempfile.mkdtemp())
     >>> write_atomic(d / "a.txt", "hello").read_text(), [p.name for p in d.iterdir()]
