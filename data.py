@@ -1844,6 +1844,7 @@ PREPARE_FILES = (
     "dedup.py",
     "fileio.py",
     "classify.py",
+    "cli.py",
 )
 
 

@@ -265,9 +265,8 @@ def publish(tmp_dir: pathlib.Path, out_uri: str, error: type[Exception] = StoreE
     import pyarrow.fs as pafs
     fs, out = filesystem(out_uri, error)
     tmp = f"{out}.tmp-{os.getpid()}-{time.time_ns()}"
-    names = sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json") + [
-        "manifest.json"
-    ]
+    names = (sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")
+             + ["manifest.json"])                                         # the manifest last
     try:
         # a no-op in a bucket; a folder for file:// and hdfs://
         fs.create_dir(tmp)

@@ -198,8 +198,10 @@ MUTANTS = [
            "the streaming engine strips the --val-data documents: the val split is no longer the file's bytes"),
     # --- object stores: a reader must never see half a dataset, nor a range read lose a line ---------------------
     Mutant("store-manifest-published-first", "store.py",
-           'names = sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json") + ["manifest.json"]',
-           'names = ["manifest.json"] + sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")',
+           '    names = (sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")\n'
+           '             + ["manifest.json"])',
+           '    names = (["manifest.json"]\n'
+           '             + sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json"))',
            ("tests/test_data_objstore.py::test_failed_publish_leaves_no_manifest",),
            "the manifest is copied to OUT/ before the shards: a failed publish leaves a dataset that looks finished"),
     Mutant("jsonl-range-seek-off-by-one", "formats.py",
