@@ -40,6 +40,7 @@ digits, so "2000" would stay one piece there ([20][00]) and be [200][0] here. `b
 from __future__ import annotations
 
 import glob
+import importlib
 import json
 import math
 import os
@@ -78,6 +79,14 @@ HF_GLOBAL_NAMES = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight":
                    "lm_head.weight": "lm_head.weight"}
 INSTALL_HINT = "pip install safetensors transformers"
 FIX_HF_DIR = "export the model again, or download the file again"
+
+
+def require(module: str, feature: str):
+    """Import `module` (safetensors.torch, transformers), or an HFError that says what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise HFError(f"{feature} needs the {module.split('.')[0]} package: {INSTALL_HINT}") from None
 
 
 def hf_name(name: str) -> str:
@@ -124,14 +133,16 @@ def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
     HF's defaults differ from ours (rms_norm_eps 1e-6 vs our 1e-5, tie_word_embeddings False vs our True).
     rope_theta is written both the classic way (vLLM, llama.cpp, transformers 4) and as transformers 5's
     rope_parameters. bos/eos are <|endoftext|>: data.py starts every document with it."""
-    if "L" in config.layer_kinds:
-        raise HFError(f"cannot export layer_pattern={config.layer_pattern!r}: Llama has no "
-                      f"linear-attention layers; "
-                      f"export an all-attention model (layer_pattern='')")
-    if config.n_expert:
-        raise HFError("cannot export a Mixture of Experts: model.py weighs the top-k experts by their full-softmax "
-                          "probabilities while Mixtral renormalises them over the k, so the logits would differ; "
-                          "export a dense model (n_expert=0)")
+    refusals = [  # (Llama cannot hold it, why)
+        ("L" in config.layer_kinds, f"layer_pattern={config.layer_pattern!r}: Llama has no "
+         f"linear-attention layers; export an all-attention model (layer_pattern='')"),
+        (config.n_expert, "a Mixture of Experts: model.py weighs the top-k experts by their full-softmax "
+         "probabilities while Mixtral renormalises them over the k, so the logits would differ; "
+         "export a dense model (n_expert=0)"),
+    ]
+    for cannot, why in refusals:
+        if cannot:
+            raise HFError(f"cannot export {why}")
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": config.vocab_size, "hidden_size": config.n_embd, "intermediate_size": config.ffn_dim,
@@ -185,10 +196,7 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
     """Write a Hugging Face LlamaForCausalLM directory: config.json, model.safetensors, generation_config.json,
     tokenizer.json (tokenizer: a bpe.Tokenizer, via its to_hf) and tokenizer_config.json. All files go to a
     temporary directory that is renamed to out_dir at the end, so out_dir is complete or absent."""
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise HFError(f"export needs the safetensors package: {INSTALL_HINT}") from None
+    save_file = require("safetensors.torch", "export").save_file
     out_dir = check_new_directory(out_dir)
     if len(tokenizer) > model.config.vocab_size:
         raise HFError(f"the tokenizer has {len(tokenizer)} ids but the model only {model.config.vocab_size}")
@@ -244,18 +252,14 @@ def verify_hf(model: GPT, tokenizer, hf_dir, new_tokens: int = 16) -> dict:
     the largest |logit difference| on random ids and on VERIFY_TEXT (fp32), whether greedy decoding gives the
     same tokens, and whether AutoTokenizer gives our ids for VERIFY_TEXT and bpe.PROBE_TEXT (long numbers,
     contractions in every case, CRLF, NBSP: what regex engines disagree on)."""
-    try:
-        import transformers
-    except ImportError:
-        raise HFError(f"--verify needs the transformers package: {INSTALL_HINT}") from None
+    transformers = require("transformers", "--verify")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    ids = tokenizer.encode(VERIFY_TEXT, allowed_special="all")
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
     same_ids = all(hf_tokenizer(text, verbose=False)["input_ids"] == tokenizer.encode(text, allowed_special="all")
                    for text in (VERIFY_TEXT, bpe.PROBE_TEXT))
     T = model.config.block_size
     random_ids = torch.randint(0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
-    text_ids = torch.tensor([ids[:T]])
+    text_ids = torch.tensor([tokenizer.encode(VERIFY_TEXT, allowed_special="all")[:T]])
     model = model.eval()
     with torch.no_grad():
         diff = max((model(x)[0] - theirs(x).logits).abs().max().item() for x in (random_ids, text_ids))
@@ -299,19 +303,23 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
     if not isinstance(hf, dict):
         raise HFError(f"{source}: a JSON {type(hf).__name__}, not an object of model settings; --from must be a "
                       f"Hugging Face model directory")
-    architectures = hf.get("architectures")
-    if architectures != ["LlamaForCausalLM"] and (architectures or hf.get("model_type") != "llama"):
-        refuse(f"architecture {architectures or hf.get('model_type')}")
     rope = hf.get("rope_parameters") or {}
     scaling = hf.get("rope_scaling") or rope               # transformers 4 writes rope_scaling, 5 rope_parameters
     if not isinstance(rope, dict) or not isinstance(scaling, dict):
         raise HFError(f"{source}: rope_parameters and rope_scaling must be objects (or null); fix config.json")
-    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        refuse(f"RoPE scaling {scaling.get('rope_type', scaling.get('type'))!r}")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        refuse("biases in the linear layers")
-    if hf.get("hidden_act", "silu") != "silu":
-        refuse(f"activation {hf['hidden_act']!r} (model.py's SwiGLU uses silu)")
+    architectures = hf.get("architectures")
+    scaling_type = scaling.get("rope_type", scaling.get("type", "default"))
+    refusals = [  # (model.py cannot express it, what)
+        (architectures != ["LlamaForCausalLM"] and (architectures or hf.get("model_type") != "llama"),
+         f"architecture {architectures or hf.get('model_type')}"),
+        (scaling_type != "default", f"RoPE scaling {scaling_type!r}"),
+        (hf.get("attention_bias") or hf.get("mlp_bias"), "biases in the linear layers"),
+        (hf.get("hidden_act", "silu") != "silu",
+         f"activation {hf.get('hidden_act')!r} (model.py's SwiGLU uses silu)"),
+    ]
+    for cannot, what in refusals:
+        if cannot:
+            refuse(what)
     if not isinstance(hf.get("tie_word_embeddings", False), bool):
         raise HFError(f"{source}: tie_word_embeddings is {hf['tie_word_embeddings']!r}, not true or false; "
                       f"fix that field of config.json")
@@ -341,10 +349,7 @@ def _explicit_ffn_hidden(intermediate_size: int, n_embd: int) -> int:
 
 def _read_safetensors(hf_dir: pathlib.Path) -> dict[str, torch.Tensor]:
     """Every tensor of model.safetensors, or of the shards listed in model.safetensors.index.json."""
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise HFError(f"reading a Hugging Face model needs the safetensors package: {INSTALL_HINT}") from None
+    load_file = require("safetensors.torch", "reading a Hugging Face model").load_file
     index = hf_dir / "model.safetensors.index.json"
     try:
         files = sorted(set(fileio.read_json(index, HFError, FIX_HF_DIR)["weight_map"].values())) if index.is_file() \
@@ -401,8 +406,9 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
     tokenizer = None
     if (hf_dir / "tokenizer.json").is_file():
         try:
-            doc = fileio.read_json(hf_dir / "tokenizer.json", bpe.TokenizerError, FIX_HF_DIR)
-            tokenizer = bpe.Tokenizer.from_hf(doc, str(hf_dir / "tokenizer.json"))
+            tokenizer = bpe.Tokenizer.from_hf(
+                fileio.read_json(hf_dir / "tokenizer.json", bpe.TokenizerError, FIX_HF_DIR),
+                str(hf_dir / "tokenizer.json"))
         except bpe.TokenizerError as e:
             raise HFError(str(e)) from None
         if len(tokenizer) > config.vocab_size:
@@ -498,14 +504,10 @@ def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
     import_hf.add_argument("--from", dest="hf_dir", required=True, help="directory with config.json, "
                            "model.safetensors and tokenizer.json")
     import_hf.add_argument("--to", required=True, help="the checkpoint file to write")
+    export.set_defaults(execute=lambda a: export_checkpoint(a.ckpt, a.to, a.verify, a.tokenizer))
+    import_hf.set_defaults(execute=lambda a: import_hf_checkpoint(a.hf_dir, a.to))
     args = parser.parse_args(argv)
-
-    def command():
-        if args.command == "export":
-            print(export_checkpoint(args.ckpt, args.to, args.verify, args.tokenizer))
-        else:
-            print(import_hf_checkpoint(args.hf_dir, args.to))
-    return run(command, (ConfigError, OSError))       # OSError: unwritable --to, a full disk
+    return run(lambda: print(args.execute(args)), (ConfigError, OSError))  # OSError: unwritable --to, full disk
 
 
 if __name__ == "__main__":

@@ -150,7 +150,8 @@ class GPTConfig:
         """Hidden width of one SwiGLU FFN (or of one expert)."""
         if self.ffn_hidden:
             return self.ffn_hidden
-        return _round_up(8 * self.n_embd / 3, self.ffn_multiple_of)
+        multiple = self.ffn_multiple_of
+        return math.ceil(8 * self.n_embd / 3 / multiple) * multiple      # rounded up: 341.3 -> 384
 
     @property
     def layer_kinds(self) -> str:
@@ -241,11 +242,6 @@ class GPTConfig:
         return per_value * batch * bytes_per_value
 
 
-def _round_up(x: float, multiple: int) -> int:
-    """Smallest multiple of `multiple` that is >= x: _round_up(341.3, 64) -> 384."""
-    return int(math.ceil(x / multiple) * multiple)
-
-
 # The config's checks, out of the lesson's way (GPTConfig.__post_init__ runs them).
 
 def check_config(c: GPTConfig) -> None:
@@ -256,46 +252,45 @@ def check_config(c: GPTConfig) -> None:
     Traceback (most recent call last):
     model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
     """
-    def need(ok: bool, field: str, message: str):
-        if not ok:
-            raise ConfigError(f"GPTConfig.{field}: {message}")
-
+    # Types first: the rules below do arithmetic on these fields.
     for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",
-                  "ffn_multiple_of"):
+                  "ffn_multiple_of", "ffn_hidden", "n_expert"):
         value = getattr(c, field)
-        need(isinstance(value, int) and not isinstance(value, bool) and value > 0, field,
-             f"must be a positive integer, got {value!r}")
-    need(c.n_embd % c.n_head == 0, "n_embd",
-         f"{c.n_embd} is not divisible by n_head={c.n_head}; pick n_embd as a multiple of n_head")
-    need(c.n_head % c.n_kv_head == 0, "n_kv_head",
+        zero = {"ffn_hidden": "auto", "n_expert": "dense"}.get(field)    # what 0 means, if allowed
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= (0 if zero else 1)):
+            kind = f"an integer >= 0 (0 = {zero})" if zero else "a positive integer"
+            raise ConfigError(f"GPTConfig.{field}: must be {kind}, got {value!r}")
+    rules = [  # (field, the rule holds, what is wrong and the fix), checked in this order
+        ("n_embd", c.n_embd % c.n_head == 0,
+         f"{c.n_embd} is not divisible by n_head={c.n_head}; pick n_embd as a multiple of n_head"),
+        ("n_kv_head", c.n_head % c.n_kv_head == 0,
          f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
-         f"use a divisor of n_head (n_head for MHA, 1 for MQA)")
-    need(c.head_dim % 2 == 0, "n_head",
+         f"use a divisor of n_head (n_head for MHA, 1 for MQA)"),
+        ("n_head", c.head_dim % 2 == 0,
          f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
-         f"choose n_embd and n_head so that the head size is even")
-    need(isinstance(c.ffn_hidden, int) and c.ffn_hidden >= 0, "ffn_hidden",
-         f"must be an integer >= 0 (0 = auto), got {c.ffn_hidden!r}")
-    need(c.rope_theta > 0, "rope_theta", f"must be > 0, got {c.rope_theta}")
-    need(c.norm_eps > 0, "norm_eps", f"must be > 0, got {c.norm_eps}")
-    need(0.0 <= c.dropout < 1.0, "dropout", f"must be in [0, 1), got {c.dropout}")
-    need(isinstance(c.n_expert, int) and c.n_expert >= 0, "n_expert",
-         f"must be an integer >= 0 (0 = dense), got {c.n_expert!r}")
-    if c.n_expert > 0:
-        need(1 <= c.expert_top_k <= c.n_expert, "expert_top_k",
-             f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
-             f"lower expert_top_k or raise n_expert")
-    need(c.moe_capacity_factor >= 0, "moe_capacity_factor",
-         f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}")
-    need(c.moe_aux_coef >= 0, "moe_aux_coef", f"must be >= 0, got {c.moe_aux_coef}")
-    need(c.attention in ("sdpa", "flash"), "attention",
-         f"must be 'sdpa' or 'flash', got {c.attention!r}")
-    need(c.attention == "sdpa" or c.dropout == 0, "attention",
-         "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'")
-    need(set(c.layer_pattern) <= set("AL"), "layer_pattern",
-         f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'")
-    need(c.n_layer % max(1, len(c.layer_pattern)) == 0, "layer_pattern",
+         f"choose n_embd and n_head so that the head size is even"),
+        ("rope_theta", c.rope_theta > 0, f"must be > 0, got {c.rope_theta}"),
+        ("norm_eps", c.norm_eps > 0, f"must be > 0, got {c.norm_eps}"),
+        ("dropout", 0.0 <= c.dropout < 1.0, f"must be in [0, 1), got {c.dropout}"),
+        ("expert_top_k", c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert,
+         f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
+         f"lower expert_top_k or raise n_expert"),
+        ("moe_capacity_factor", c.moe_capacity_factor >= 0,
+         f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}"),
+        ("moe_aux_coef", c.moe_aux_coef >= 0, f"must be >= 0, got {c.moe_aux_coef}"),
+        ("attention", c.attention in ("sdpa", "flash"),
+         f"must be 'sdpa' or 'flash', got {c.attention!r}"),
+        ("attention", c.attention == "sdpa" or c.dropout == 0,
+         "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'"),
+        ("layer_pattern", set(c.layer_pattern) <= set("AL"),
+         f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'"),
+        ("layer_pattern", c.n_layer % max(1, len(c.layer_pattern)) == 0,
          f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile n_layer={c.n_layer}; "
-         f"give a pattern whose length divides n_layer")
+         f"give a pattern whose length divides n_layer"),
+    ]
+    for field, holds, message in rules:
+        if not holds:
+            raise ConfigError(f"GPTConfig.{field}: {message}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -371,54 +366,41 @@ class KVCache:
     the window, which a cropped recompute forgets. So past block_size the cache follows sliding-window attention,
     tested token for token against a full forward with a banded mask (tests/test_model.py).
 
-    >>> cache = KVCache(n_layer=1, batch=1, n_kv_head=1, max_len=4, head_dim=2)
-    >>> cache.length = 5; cache.stored, cache.slot(5)     # positions 1..4 held; position 5 replaces position 1
-    (4, 1)
+    >>> cache = KVCache(n_layer=1, batch=1, n_kv_head=1, max_len=4, head_dim=1)
+    >>> layer, prompt = cache.layers[0], torch.arange(4.0).view(1, 1, 4, 1)    # positions 0..3
+    >>> _ = layer.append(prompt, prompt)
+    >>> cache.length = 4                        # what GPT.forward does after the prompt
+    >>> k, v = layer.append(torch.full((1, 1, 1, 1), 4.0), prompt[:, :, :1])
+    >>> k.flatten()                             # position 4 took slot 4 % 4 = 0, position 0's
+    tensor([4., 1., 2., 3.])
     """
 
     def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
                  device=None, dtype=torch.float32, kinds: str | None = None):
+        # one view per layer; only attention layers get buffers (kinds: GPTConfig.layer_kinds)
         shape = (batch, n_kv_head, max_len, head_dim)
-        # GPTConfig.layer_kinds: only attention layers get buffers
-        kinds = kinds or "A" * n_layer
-        self.k, self.v = ([torch.zeros(shape, device=device, dtype=dtype) if kind == "A" else None
-                           for kind in kinds] for _ in range(2))
-        # a linear layer's recurrent state (B, h, d, d), set by its first forward
-        self.states = [None] * n_layer
+        self.layers = [LayerKV(self, shape if kind == "A" else None, device, dtype)
+                       for kind in kinds or "A" * n_layer]
         self.max_len = max_len
         self.length = 0        # tokens seen so far, i.e. the absolute position of the next token
 
-    @property
-    def stored(self) -> int:
-        """Tokens held in the window: min(length, max_len)."""
-        return min(self.length, self.max_len)
-
-    def slot(self, position: int) -> int:
-        return position % self.max_len
-
-    def layer(self, i: int) -> "LayerKV":
-        return LayerKV(self, i)
-
     def nbytes(self) -> int:
         """Bytes held: the KV buffers of attention layers and the states of linear layers."""
-        return sum(t.numel() * t.element_size() for t in self.k + self.v + self.states
-                   if t is not None)
+        return sum(t.numel() * t.element_size() for layer in self.layers
+                   for t in (layer.k, layer.v, layer.state) if t is not None)
 
 
 class LayerKV:
-    """One layer's view of a KVCache: `append` writes the new keys/values and returns all keys/values held."""
+    """One layer's part of a KVCache: an attention layer's key/value buffers (`append` writes the new
+    ones and returns all held), or a linear layer's recurrent `state` (B, h, d, d), None before the
+    first token: all such a layer remembers."""
 
-    def __init__(self, cache: KVCache, index: int):
-        self.cache, self.index = cache, index
-
-    @property
-    def state(self) -> torch.Tensor | None:
-        """A linear layer's recurrent state (None before the first token): all it remembers."""
-        return self.cache.states[self.index]
-
-    @state.setter
-    def state(self, value: torch.Tensor):
-        self.cache.states[self.index] = value
+    def __init__(self, cache: KVCache, shape: tuple | None, device=None, dtype=torch.float32):
+        self.cache = cache
+        # an attention layer's two (B, n_kv_head, max_len, head_dim) buffers; a linear layer has none
+        self.k, self.v = [None if shape is None else torch.zeros(shape, device=device, dtype=dtype)
+                          for _ in range(2)]
+        self.state = None
 
     @property
     def start(self) -> int:
@@ -434,11 +416,11 @@ class LayerKV:
         if T_new > 1 and self.start + T_new > cache.max_len:
             raise ConfigError(f"KV cache holds {cache.max_len} tokens and {self.start} are cached: {T_new} new ones "
                               f"at once do not fit; feed them one at a time (the window slides) or start a new cache")
-        lo = cache.slot(self.start)                     # = start while the window is not yet full
-        cache.k[self.index][:, :, lo:lo + T_new] = k
-        cache.v[self.index][:, :, lo:lo + T_new] = v
+        lo = self.start % cache.max_len                 # the slot; = start while the window is not yet full
+        self.k[:, :, lo:lo + T_new] = k
+        self.v[:, :, lo:lo + T_new] = v
         held = min(self.start + T_new, cache.max_len)
-        return cache.k[self.index][:, :, :held], cache.v[self.index][:, :, :held]
+        return self.k[:, :, :held], self.v[:, :, :held]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
@@ -447,20 +429,17 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
 
     `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's convention); None
     means causal. Then the queries are the last Tq of the Tk positions (a KV cache holds the first Tk - Tq), so
-    query i may see keys 0 .. Tk - Tq + i. Three cases, all through the fused F.scaled_dot_product_attention:
+    query i may see keys 0 .. Tk - Tq + i. Three cases, one call of the fused F.scaled_dot_product_attention:
     Tq == Tk: the usual lower-triangular mask (is_causal); Tq == 1: the new token sees every key, no mask;
     otherwise (a prompt appended to a non-empty cache) an explicit bottom-right-aligned mask.
     """
-    if mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     Tq, Tk = q.shape[-2], k.shape[-2]
-    if Tq == Tk:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    if Tq == 1:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
-    key_pos = torch.arange(Tk, device=q.device)[None, :]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_pos <= query_pos, dropout_p=dropout_p)
+    if mask is None and 1 < Tq < Tk:
+        query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
+        key_pos = torch.arange(Tk, device=q.device)[None, :]
+        mask = key_pos <= query_pos
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                          is_causal=mask is None and Tq == Tk)
 
 
 class Attention(nn.Module):
@@ -478,8 +457,7 @@ class Attention(nn.Module):
         self.flash = config.attention == "flash"
         C = config.n_embd
         self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
-        self.wk = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
-        self.wv = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+        self.wk, self.wv = (nn.Linear(C, self.n_kv_head * self.head_dim, bias=False) for _ in range(2))
         self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
         # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
         # tokens, and ring attention in place of causal_attention, fed the K/V before the GQA
@@ -488,12 +466,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_head, self.head_dim)                  # (B, T, h, d)
-        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim)               # (B, T, h_kv, d)
-        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim)
-        start = 0 if cache is None else cache.start
+        # q (B, T, h, d); k, v (B, T, h_kv, d)
+        q, k, v = (w(x).view(B, T, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
         positions = self.positions
         if positions is None:
+            start = 0 if cache is None else cache.start
             positions = torch.arange(start, start + T, device=x.device)
         cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -501,22 +478,19 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)                                          # (B, h_kv, start + T, d)
         if self.attend is not None:
-            y = self.attend(q, k, v).transpose(1, 2)                          # (B, T, h, d)
-            return self.wo(y.reshape(B, T, self.n_head * self.head_dim))
-        if self.n_kv_head != self.n_head:
+            y = self.attend(q, k, v)                                           # (B, h, T, d)
+        else:
             # GQA: query head j reads kv head j // group. expand makes the group copies a view (stride 0, no
             # memory); only the reshape to (B, h, Tk, d) materialises them, in one plain copy, where
             # repeat_interleave ran an index gather. (SDPA's enable_gqa=True, torch >= 2.5, can skip even that
             # copy in the kernels that support it; the explicit view keeps causal_attention one plain attention.)
             k, v = (t[:, :, None].expand(-1, -1, self.n_head // self.n_kv_head, -1, -1)
                     .reshape(B, self.n_head, t.shape[2], self.head_dim) for t in (k, v))     # (B, h, Tk, d)
-        if self.flash and cache is None:
-            y = flash_attention(q, k, v, True)                                 # (B, h, T, d)
-        else:
-            # (B, h, T, d)
-            y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
-        return self.wo(y)
+            if self.flash and cache is None:
+                y = flash_attention(q, k, v, True)                             # (B, h, T, d)
+            else:
+                y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
 class SwiGLU(nn.Module):
@@ -843,19 +817,13 @@ class GPT(nn.Module):
     def _init_weights(self, module: nn.Module):
         """N(0, 0.02) everywhere; residual-stream writers (wo, w2) get 0.02 / sqrt(2 * n_layer)."""
         std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
-        if isinstance(module, (Attention, LinearAttention, SwiGLU)):
-            out = module.w2 if isinstance(module, SwiGLU) else module.wo
-            for linear in module.children():
-                nn.init.normal_(linear.weight, 0.0, residual_std if linear is out else std)
-        elif isinstance(module, MoE):
-            nn.init.normal_(module.router.weight, 0.0, std)
-            nn.init.normal_(module.w1, 0.0, std)
-            nn.init.normal_(module.w3, 0.0, std)
-            nn.init.normal_(module.w2, 0.0, residual_std)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, GPT) and not self.config.tie_embeddings:
-            nn.init.normal_(module.lm_head.weight, 0.0, std)
+        if isinstance(module, (Attention, LinearAttention, SwiGLU, MoE)):
+            for name, weight in module.named_parameters():      # "wq.weight", ...; MoE's "w1", ...
+                if not name.endswith("bias"):                     # LinearAttention's gate bias: set there
+                    writes_residual = name.split(".")[0] in ("wo", "w2")
+                    nn.init.normal_(weight, 0.0, residual_std if writes_residual else std)
+        elif isinstance(module, nn.Embedding) or module is self.lm_head and not self.config.tie_embeddings:
+            nn.init.normal_(module.weight, 0.0, std)              # the embedding, and an untied head
 
     # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the last.
 
@@ -898,7 +866,7 @@ class GPT(nn.Module):
                               f"block_size={self.config.block_size}; make the cache block_size long at most")
         x = self.embed(idx)                                                    # (B, T, C)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_cache is None else kv_cache.layer(i))     # (B, T, C)
+            x = block(x, None if kv_cache is None else kv_cache.layers[i])    # (B, T, C)
         if kv_cache is not None:
             kv_cache.length += idx.shape[1]
         if self.config.n_expert:
@@ -921,12 +889,11 @@ class GPT(nn.Module):
         then each step feeds one token. Past block_size the cache window slides (see KVCache): every layer
         attends to the previous block_size tokens, one query per step at any length.
         """
-        if max_new_tokens < 0:
-            raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ConfigError(f"top_k must be >= 1 or None, got {top_k}")
+        for bad, message in ((max_new_tokens < 0, f"max_new_tokens must be >= 0, got {max_new_tokens}"),
+                             (temperature < 0, f"temperature must be >= 0 (0 = greedy), got {temperature}"),
+                             (top_k is not None and top_k < 1, f"top_k must be >= 1 or None, got {top_k}")):
+            if bad:
+                raise ConfigError(message)
         was_training = self.training
         self.eval()
         cfg = self.config
@@ -948,14 +915,12 @@ class GPT(nn.Module):
         """Count the actual tensors (a tied head is counted once). See GPTConfig.num_params for the closed form."""
         total = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            total -= self.tok_emb.weight.numel()
-            if self.lm_head.weight is not self.tok_emb.weight:
-                total -= self.lm_head.weight.numel()
+            # the embedding and an untied head; a set holds a tied (V, C) matrix once
+            total -= sum(w.numel() for w in {self.tok_emb.weight, self.lm_head.weight})
         if active and self.config.n_expert:
             E, k = self.config.n_expert, self.config.expert_top_k
-            for block in self.blocks:
-                expert_params = sum(w.numel() for w in (block.ffn.w1, block.ffn.w2, block.ffn.w3))
-                total -= expert_params * (E - k) // E
+            experts = sum(w.numel() for b in self.blocks for w in (b.ffn.w1, b.ffn.w2, b.ffn.w3))
+            total -= experts * (E - k) // E                   # all E experts' weights -> the top k's
         return total
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
