@@ -503,9 +503,8 @@ class Attention(nn.Module):
         self.flash = config.attention == "flash"
         C = config.n_embd
         self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
-        self.wk, self.wv = (
-            nn.Linear(C, self.n_kv_head * self.head_dim, bias=False) for _ in range(2)
-        )
+        self.wk, self.wv = (nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+                            for _ in range(2))
         self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
         # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
         # tokens, and ring attention in place of causal_attention, fed the K/V before the GQA
@@ -524,8 +523,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, heads, T, d)
         if cache is not None:
-            # (B, h_kv, start + T, d)
-            k, v = cache.append(k, v)
+            k, v = cache.append(k, v)                                  # (B, h_kv, start + T, d)
         if self.attend is not None:
             y = self.attend(q, k, v)                                           # (B, h, T, d)
         else:
@@ -533,9 +531,8 @@ class Attention(nn.Module):
             # (stride 0, no memory); only the reshape to (B, h, Tk, d) materialises them, in one
             # plain copy, where repeat_interleave ran an index gather. (SDPA's enable_gqa=True,
             # torch >= 2.5, can skip even that copy in the kernels that support it; the explicit
-            # view keeps causal_attention one plain attention.)
+            # view keeps causal_attention one plain attention.) k, v become (B, h, Tk, d).
             k, v = (t[:, :, None].expand(-1, -1, self.n_head // self.n_kv_head, -1, -1)
-                    # (B, h, Tk, d)
                     .reshape(B, self.n_head, t.shape[2], self.head_dim) for t in (k, v))
             if self.flash and cache is None:
                 y = flash_attention(q, k, v, True)                             # (B, h, T, d)
