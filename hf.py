@@ -1,45 +1,52 @@
-r"""The Hugging Face bridge: a model.py network out to a `LlamaForCausalLM` directory, and one back into a checkpoint.
+r"""The Hugging Face bridge: a model.py network out to a `LlamaForCausalLM` directory, and one back
+into a checkpoint.
 
-Serves: model.py (`python model.py export` and `python model.py import-hf` run this file's main) and train.py (its
-checkpoints are what gets exported; `train.py --init-from` starts a run from an imported one).
-Owns: the name map and the RoPE permutation between the two layouts, config.json in both directions, the export
-directory, the import into a train.py checkpoint, and `--verify` (transformers as the oracle).
+Serves: model.py (`python model.py export` and `python model.py import-hf` run this file's main) and
+train.py (its checkpoints are what gets exported; `train.py --init-from` starts a run from an
+imported one).
+Owns: the name map and the RoPE permutation between the two layouts, config.json in both
+directions, the export directory, the import into a train.py checkpoint, and `--verify`
+(transformers as the oracle).
 
-Depends on: model.py (the network), bpe.py (tokenizer.json), train.py (the checkpoint format: its loader for
-export, its writer for import) and fileio.py; safetensors and transformers, imported inside the features that need
-them (`pip install safetensors transformers`). It sits above train.py in the layers; model.py's library never
-imports it, only model.py's main() does, to run these two commands.
+Depends on: model.py (the network), bpe.py (tokenizer.json), train.py (the checkpoint format: its
+loader for export, its writer for import) and fileio.py; safetensors and transformers, imported
+inside the features that need them (`pip install safetensors transformers`). It sits above train.py
+in the layers; model.py's library never imports it, only model.py's main() does, to run these two
+commands.
 
 The same network, another RoPE layout
 -------------------------------------
-A dense model here is Hugging Face's LlamaForCausalLM up to names (wq/wk/wv/wo = q/k/v/o_proj, w1 = gate_proj,
-w3 = up_proj, w2 = down_proj, attn_norm = input_layernorm, ffn_norm = post_attention_layernorm) and one real
-difference: which features RoPE rotates together. We rotate adjacent pairs (x_2i, x_2i+1), as RoFormer and
-Meta's Llama code do; HF rotates the two halves (x_i, x_i+d/2) (`rotate_half`). With head_dim d = 4, pair 0
-turning by angle a and pair 1 by angle b:
+A dense model here is Hugging Face's LlamaForCausalLM up to names (wq/wk/wv/wo = q/k/v/o_proj, w1 =
+gate_proj, w3 = up_proj, w2 = down_proj, attn_norm = input_layernorm, ffn_norm =
+post_attention_layernorm) and one real difference: which features RoPE rotates together. We rotate
+adjacent pairs (x_2i, x_2i+1), as RoFormer and Meta's Llama code do; HF rotates the two halves (x_i,
+x_i+d/2) (`rotate_half`). With head_dim d = 4, pair 0 turning by angle a and pair 1 by angle b:
 
     ours: [q0, q1, q2, q3]   rotates (q0, q1) by a and (q2, q3) by b
     HF:   [q0, q2, q1, q3]   rotates its features (0, 2) = (q0, q1) by a and (1, 3) = (q2, q3) by b
 
-So HF's feature j must be our feature [0, 2, 1, 3][j] (the even ones, then the odd ones): permute the output
-rows of wq and wk that way inside every head and HF rotates exactly our pairs by exactly our angles. q and k
-then hold the same numbers in another order, and q.k, a sum over features, does not care about the order; v
-and wo are not rotated and need nothing. Skip the permutation and the export still loads and runs, just wrong:
-q0 turns with q2 instead of q1, and the logits drift away from ours. The rest is configuration HF would
-otherwise default differently: rms_norm_eps (HF 1e-6, ours 1e-5), rope_theta, tie_word_embeddings (HF False,
-ours True); silu is the SwiGLU gate in both. `python model.py export` writes the directory (`export_hf`) and
-`python model.py import-hf` reads one back (`load_hf`); tests/test_hf.py checks the logits against
-transformers'. A Mixture of Experts is refused: we weigh the top-k experts by their full-softmax probabilities,
-Mixtral renormalises them over the k, so no Mixtral config computes our logits.
+So HF's feature j must be our feature [0, 2, 1, 3][j] (the even ones, then the odd ones): permute
+the output rows of wq and wk that way inside every head and HF rotates exactly our pairs by exactly
+our angles. q and k then hold the same numbers in another order, and q.k, a sum over features, does
+not care about the order; v and wo are not rotated and need nothing. Skip the permutation and the
+export still loads and runs, just wrong: q0 turns with q2 instead of q1, and the logits drift away
+from ours. The rest is configuration HF would otherwise default differently: rms_norm_eps (HF 1e-6,
+ours 1e-5), rope_theta, tie_word_embeddings (HF False, ours True); silu is the SwiGLU gate in both.
+`python model.py export` writes the directory (`export_hf`) and `python model.py import-hf` reads
+one back (`load_hf`); tests/test_hf.py checks the logits against transformers'. A Mixture of Experts
+is refused: we weigh the top-k experts by their full-softmax probabilities, Mixtral renormalises
+them over the k, so no Mixtral config computes our logits.
 
-The tokenizer goes along as tokenizer.json (`bpe.Tokenizer.to_hf`), and its regex must cut text as ours does in
-another engine: Oniguruma, the one of HF `tokenizers`, reads GPT-4's `\p{N}{1,3}+` as one or more runs of 1-3
-digits, so "2000" would stay one piece there ([20][00]) and be [200][0] here. `bpe.hf_regex` writes it
-`(?>\p{N}{1,3})`, which both engines read alike; a custom regex is checked piece by piece or refused.
+The tokenizer goes along as tokenizer.json (`bpe.Tokenizer.to_hf`), and its regex must cut text as
+ours does in another engine: Oniguruma, the one of HF `tokenizers`, reads GPT-4's `\p{N}{1,3}+` as
+one or more runs of 1-3 digits, so "2000" would stay one piece there ([20][00]) and be [200][0]
+here. `bpe.hf_regex` writes it `(?>\p{N}{1,3})`, which both engines read alike; a custom regex is
+checked piece by piece or refused.
 """
 from __future__ import annotations
 
 import glob
+import importlib
 import json
 import math
 import os
@@ -57,12 +64,13 @@ from model import GPT, ConfigError, GPTConfig
 
 
 class HFError(ConfigError):
-    """Bad input to the bridge (a checkpoint, a Hugging Face directory): one line that names the file and the fix.
-    A ConfigError, so model.py's main reports it like its own."""
+    """Bad input to the bridge (a checkpoint, a Hugging Face directory): one line that names the
+    file and the fix. A ConfigError, so model.py's main reports it like its own."""
 
 
-# Our parameter names -> Hugging Face LlamaForCausalLM's: inside block i (HF's "model.layers.{i}."), and the
-# others. wq and wk also need `interleaved_to_halves`; lm_head is absent from the file when the embeddings are tied.
+# Our parameter names -> Hugging Face LlamaForCausalLM's: inside block i (HF's "model.layers.{i}."),
+# and the others. wq and wk also need `interleaved_to_halves`; lm_head is absent from the file when
+# the embeddings are tied.
 HF_LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn.wq.weight": "self_attn.q_proj.weight",
@@ -74,10 +82,24 @@ HF_LAYER_NAMES = {
     "ffn.w3.weight": "mlp.up_proj.weight",
     "ffn.w2.weight": "mlp.down_proj.weight",
 }
-HF_GLOBAL_NAMES = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-                   "lm_head.weight": "lm_head.weight"}
+HF_GLOBAL_NAMES = {
+    "tok_emb.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
 INSTALL_HINT = "pip install safetensors transformers"
 FIX_HF_DIR = "export the model again, or download the file again"
+
+
+def require(module: str, feature: str):
+    """Import `module` (safetensors.torch, transformers), or an HFError that says what to
+    install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise HFError(
+            f"{feature} needs the {module.split('.')[0]} package: {INSTALL_HINT}"
+        ) from None
 
 
 def hf_name(name: str) -> str:
@@ -93,12 +115,16 @@ def hf_name(name: str) -> str:
 
 
 def rope_heads(name: str, config: GPTConfig) -> int | None:
-    """The number of heads whose rows RoPE rotates in parameter `name` (wq: n_head, wk: n_kv_head), else None."""
-    return {"attn.wq.weight": config.n_head, "attn.wk.weight": config.n_kv_head}.get(name.split(".", 2)[-1])
+    """The number of heads whose rows RoPE rotates in parameter `name` (wq: n_head, wk: n_kv_head),
+    else None."""
+    return {"attn.wq.weight": config.n_head, "attn.wk.weight": config.n_kv_head}.get(
+        name.split(".", 2)[-1]
+    )
 
 
 def rope_halves_order(head_dim: int) -> torch.Tensor:
-    """Which of our features each of HF's features is, inside one head: the even ones, then the odd ones.
+    """Which of our features each of HF's features is, inside one head: the even ones, then the odd
+    ones.
 
     >>> rope_halves_order(4)       # HF's [x_0, x_1 | x_2, x_3] are our [x_0, x_2 | x_1, x_3]
     tensor([0, 2, 1, 3])
@@ -107,7 +133,8 @@ def rope_halves_order(head_dim: int) -> torch.Tensor:
 
 
 def interleaved_to_halves(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder the output rows of wq or wk (n_heads * head_dim, C) from our RoPE pairs to HF's, head by head."""
+    """Reorder the output rows of wq or wk (n_heads * head_dim, C) from our RoPE pairs to HF's, head
+    by head."""
     head_dim = weight.shape[0] // n_heads
     return weight.view(n_heads, head_dim, -1)[:, rope_halves_order(head_dim)].reshape(weight.shape)
 
@@ -120,28 +147,52 @@ def halves_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
-    """config.json of the equivalent LlamaForCausalLM. Every field HF would otherwise default is written out:
-    HF's defaults differ from ours (rms_norm_eps 1e-6 vs our 1e-5, tie_word_embeddings False vs our True).
-    rope_theta is written both the classic way (vLLM, llama.cpp, transformers 4) and as transformers 5's
-    rope_parameters. bos/eos are <|endoftext|>: data.py starts every document with it."""
-    if "L" in config.layer_kinds:
-        raise HFError(f"cannot export layer_pattern={config.layer_pattern!r}: Llama has no "
-                      f"linear-attention layers; "
-                      f"export an all-attention model (layer_pattern='')")
-    if config.n_expert:
-        raise HFError("cannot export a Mixture of Experts: model.py weighs the top-k experts by their full-softmax "
-                          "probabilities while Mixtral renormalises them over the k, so the logits would differ; "
-                          "export a dense model (n_expert=0)")
+    """config.json of the equivalent LlamaForCausalLM. Every field HF would otherwise default is
+    written out: HF's defaults differ from ours (rms_norm_eps 1e-6 vs our 1e-5, tie_word_embeddings
+    False vs our True). rope_theta is written both the classic way (vLLM, llama.cpp, transformers 4)
+    and as transformers 5's rope_parameters. bos/eos are <|endoftext|>: data.py starts every
+    document with it."""
+    refusals = [  # (Llama cannot hold it, why)
+        (
+            "L" in config.layer_kinds,
+            f"layer_pattern={config.layer_pattern!r}: Llama has no "
+            f"linear-attention layers; export an all-attention model (layer_pattern='')",
+        ),
+        (
+            config.n_expert,
+            "a Mixture of Experts: model.py weighs the top-k experts by their full-softmax "
+            "probabilities while Mixtral renormalises them over the k, so the logits would differ; "
+            "export a dense model (n_expert=0)",
+        ),
+    ]
+    for cannot, why in refusals:
+        if cannot:
+            raise HFError(f"cannot export {why}")
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": config.vocab_size, "hidden_size": config.n_embd, "intermediate_size": config.ffn_dim,
-        "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
-        "num_key_value_heads": config.n_kv_head, "head_dim": config.head_dim, "hidden_act": "silu",
-        "max_position_embeddings": config.block_size, "rms_norm_eps": config.norm_eps,
-        "rope_theta": config.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-        "rope_scaling": None, "tie_word_embeddings": config.tie_embeddings,
-        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
-        "bos_token_id": bos_eos_id, "eos_token_id": bos_eos_id, "torch_dtype": "float32", "use_cache": True,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.n_embd,
+        "intermediate_size": config.ffn_dim,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.n_kv_head,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.block_size,
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_scaling": None,
+        "tie_word_embeddings": config.tie_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "bos_token_id": bos_eos_id,
+        "eos_token_id": bos_eos_id,
+        "torch_dtype": "float32",
+        "use_cache": True,
     }
 
 
@@ -150,7 +201,8 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     cfg, out = model.config, {}
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_embeddings:
-            continue                                       # tied: HF re-ties it to embed_tokens on load
+            # tied: HF re-ties it to embed_tokens on load
+            continue
         if rope_heads(name, cfg):
             tensor = interleaved_to_halves(tensor, rope_heads(name, cfg))
         out[hf_name(name)] = tensor.detach().to("cpu", torch.float32).contiguous()
@@ -158,40 +210,50 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 
 
 def check_new_directory(out_dir) -> pathlib.Path:
-    """out_dir as a Path, if it does not exist or is an empty directory (export never mixes into old files)."""
+    """out_dir as a Path, if it does not exist or is an empty directory (export never mixes into old
+    files)."""
     out_dir = pathlib.Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise HFError(f"--to {out_dir} already exists and is not an empty directory; choose a new directory")
+        raise HFError(
+            f"--to {out_dir} already exists and is not an empty directory; choose a new directory"
+        )
     return out_dir
 
 
 def hf_tokenizer_files(tokenizer, block_size: int) -> dict[str, dict]:
-    """tokenizer.json (bpe.Tokenizer.to_hf) and tokenizer_config.json, what AutoTokenizer reads. No BOS is
-    added to encoded text (GPT-2's convention, and ours: ids equal `tokenizer.encode(text, allowed_special="all")`);
-    decoding keeps spaces as they are."""
+    """tokenizer.json (bpe.Tokenizer.to_hf) and tokenizer_config.json, what AutoTokenizer reads. No
+    BOS is added to encoded text (GPT-2's convention, and ours: ids equal `tokenizer.encode(text,
+    allowed_special="all")`); decoding keeps spaces as they are."""
     eot = tokenizer.eot_id
     eot_text = None if eot is None else tokenizer.vocab[eot].decode("utf-8")
     try:
         tokenizer_json = tokenizer.to_hf()
-    except bpe.TokenizerError as e:                       # a custom regex Hugging Face would read otherwise
+    # a custom regex Hugging Face would read otherwise
+    except bpe.TokenizerError as e:
         raise HFError(f"cannot export the tokenizer: {e}") from None
-    return {"tokenizer.json": tokenizer_json,
-            "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eot_text,
-                                      "eos_token": eot_text, "model_max_length": block_size,
-                                      "clean_up_tokenization_spaces": False}}
+    return {
+        "tokenizer.json": tokenizer_json,
+        "tokenizer_config.json": {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": eot_text,
+            "eos_token": eot_text,
+            "model_max_length": block_size,
+            "clean_up_tokenization_spaces": False,
+        },
+    }
 
 
 def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
-    """Write a Hugging Face LlamaForCausalLM directory: config.json, model.safetensors, generation_config.json,
-    tokenizer.json (tokenizer: a bpe.Tokenizer, via its to_hf) and tokenizer_config.json. All files go to a
-    temporary directory that is renamed to out_dir at the end, so out_dir is complete or absent."""
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise HFError(f"export needs the safetensors package: {INSTALL_HINT}") from None
+    """Write a Hugging Face LlamaForCausalLM directory: config.json, model.safetensors,
+    generation_config.json, tokenizer.json (tokenizer: a bpe.Tokenizer, via its to_hf) and
+    tokenizer_config.json. All files go to a temporary directory that is renamed to out_dir at the
+    end, so out_dir is complete or absent."""
+    save_file = require("safetensors.torch", "export").save_file
     out_dir = check_new_directory(out_dir)
     if len(tokenizer) > model.config.vocab_size:
-        raise HFError(f"the tokenizer has {len(tokenizer)} ids but the model only {model.config.vocab_size}")
+        raise HFError(
+            f"the tokenizer has {len(tokenizer)} ids but the model only {model.config.vocab_size}"
+        )
     eot = tokenizer.eot_id
     files = {"config.json": hf_config(model.config, eot),
              "generation_config.json": {"bos_token_id": eot, "eos_token_id": eot,
@@ -201,19 +263,27 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         remove_dead_exports(out_dir)
-        tmp = pathlib.Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-{os.getpid()}-"))
+        tmp = pathlib.Path(
+            tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-{os.getpid()}-")
+        )
         for name, doc in files.items():
-            (tmp / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            (tmp / name).write_text(
+                json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+            )
         save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        fileio.publish_tree(tmp)                           # mkdtemp made it private: give it the umask's modes
+        # mkdtemp made it private: give it the umask's modes
+        fileio.publish_tree(tmp)
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)
-    except (OSError, RuntimeError) as e:                   # safetensors' writer reports a full disk as either
+    # safetensors' writer reports a full disk as either
+    except (OSError, RuntimeError) as e:
         if fileio.is_no_space(e):
             raise HFError(fileio.no_space_message(out_dir, "export elsewhere (--to)")) from None
         if isinstance(e, OSError):
-            raise HFError(f"--to {out_dir}: cannot write it ({e.strerror or e}); choose another --to") from None
+            raise HFError(
+                f"--to {out_dir}: cannot write it ({e.strerror or e}); choose another --to"
+            ) from None
         raise
     finally:
         if tmp:
@@ -222,108 +292,156 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
 
 
 def remove_dead_exports(out_dir: pathlib.Path) -> None:
-    """Remove the temp folders that exports to out_dir killed mid-way (SIGKILL, a power cut) left beside it: the
-    writer's pid is in the name (.NAME.tmp-PID-xxxx), and a folder whose writer is gone is garbage. A live
-    writer's folder stays."""
+    """Remove the temp folders that exports to out_dir killed mid-way (SIGKILL, a power cut) left
+    beside it: the writer's pid is in the name (.NAME.tmp-PID-xxxx), and a folder whose writer is
+    gone is garbage. A live writer's folder stays."""
     for stale in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.tmp-*-*"):
         pid = stale.name.rsplit(".tmp-", 1)[1].split("-")[0]
         try:
-            os.kill(int(pid), 0)                           # signal 0: only asks whether the process exists
+            # signal 0: only asks whether the process exists
+            os.kill(int(pid), 0)
         except ProcessLookupError:
             shutil.rmtree(stale, ignore_errors=True)
-        except (ValueError, PermissionError, OverflowError):  # not our name, or another user's live process
+        # not our name, or another user's live process
+        except (ValueError, PermissionError, OverflowError):
             pass
 
 
-VERIFY_TEXT = ("Once upon a time, a naïve café served Ελληνικά, русский, 中文 and 日本語 🙂👩‍👩‍👧 at 12:34.<|endoftext|>"
-               "def f(x):\n    return x ** 2  # it's done\n")
+VERIFY_TEXT = (
+    "Once upon a time, a naïve café served Ελληνικά, русский, 中文 and 日本語 🙂👩‍👩‍👧 "
+    "at 12:34.<|endoftext|>"
+    "def f(x):\n    return x ** 2  # it's done\n"
+)
 
 
 def verify_hf(model: GPT, tokenizer, hf_dir, new_tokens: int = 16) -> dict:
-    """Load hf_dir with transformers and compare it with (model, tokenizer), the oracle of tests/test_hf.py:
-    the largest |logit difference| on random ids and on VERIFY_TEXT (fp32), whether greedy decoding gives the
-    same tokens, and whether AutoTokenizer gives our ids for VERIFY_TEXT and bpe.PROBE_TEXT (long numbers,
-    contractions in every case, CRLF, NBSP: what regex engines disagree on)."""
-    try:
-        import transformers
-    except ImportError:
-        raise HFError(f"--verify needs the transformers package: {INSTALL_HINT}") from None
+    """Load hf_dir with transformers and compare it with (model, tokenizer), the oracle of
+    tests/test_hf.py: the largest |logit difference| on random ids and on VERIFY_TEXT (fp32),
+    whether greedy decoding gives the same tokens, and whether AutoTokenizer gives our ids for
+    VERIFY_TEXT and bpe.PROBE_TEXT (long numbers, contractions in every case, CRLF, NBSP: what regex
+    engines disagree on)."""
+    transformers = require("transformers", "--verify")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    ids = tokenizer.encode(VERIFY_TEXT, allowed_special="all")
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
-    same_ids = all(hf_tokenizer(text, verbose=False)["input_ids"] == tokenizer.encode(text, allowed_special="all")
-                   for text in (VERIFY_TEXT, bpe.PROBE_TEXT))
+    same_ids = all(
+        hf_tokenizer(text, verbose=False)["input_ids"]
+        == tokenizer.encode(text, allowed_special="all")
+        for text in (VERIFY_TEXT, bpe.PROBE_TEXT)
+    )
     T = model.config.block_size
-    random_ids = torch.randint(0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
-    text_ids = torch.tensor([ids[:T]])
+    random_ids = torch.randint(
+        0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0)
+    )
+    text_ids = torch.tensor([tokenizer.encode(VERIFY_TEXT, allowed_special="all")[:T]])
     model = model.eval()
     with torch.no_grad():
-        diff = max((model(x)[0] - theirs(x).logits).abs().max().item() for x in (random_ids, text_ids))
+        diff = max(
+            (model(x)[0] - theirs(x).logits).abs().max().item() for x in (random_ids, text_ids)
+        )
     prompt = text_ids[:, :8]
     n = min(new_tokens, T - prompt.shape[1])
-    theirs.generation_config.eos_token_id = None               # compare n tokens even past an <|endoftext|>
+    # compare n tokens even past an <|endoftext|>
+    theirs.generation_config.eos_token_id = None
     theirs.generation_config.pad_token_id = 0
     hf_greedy = theirs.generate(prompt, max_new_tokens=n, do_sample=False, max_length=None)
-    return {"max_abs_logit_diff": diff, "logit_positions": random_ids.numel() + text_ids.numel(),
-            "greedy_tokens": n, "greedy_equal": torch.equal(model.generate(prompt, n, temperature=0), hf_greedy),
-            "tokenizer_ids_equal": same_ids}
+    return {
+        "max_abs_logit_diff": diff,
+        "logit_positions": random_ids.numel() + text_ids.numel(),
+        "greedy_tokens": n,
+        "greedy_equal": torch.equal(model.generate(prompt, n, temperature=0), hf_greedy),
+        "tokenizer_ids_equal": same_ids,
+    }
 
 
 def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
-    """GPTConfig of a LlamaForCausalLM config.json, refusing in one line what model.py cannot express.
+    """GPTConfig of a LlamaForCausalLM config.json, refusing in one line what model.py cannot
+    express.
 
-    Every size must be a JSON integer and rope_theta, rms_norm_eps finite positive numbers: `int("64")` or
-    `int(float("nan"))` would either accept a config transformers itself rejects or fail deep inside.
+    Every size must be a JSON integer and rope_theta, rms_norm_eps finite positive numbers:
+    `int("64")` or `int(float("nan"))` would either accept a config transformers itself rejects or
+    fail deep inside.
 
-    >>> config_from_hf({"model_type": "llama", "vocab_size": 300, "hidden_size": 64, "num_attention_heads": 4,
-    ...                 "num_hidden_layers": 2, "intermediate_size": "wide"})
-    Traceback (most recent call last):
-    ...
-    hf.HFError: config.json: intermediate_size is 'wide', not a positive integer; fix that field of config.json
+    >>> try:
+    ...     config_from_hf({"model_type": "llama", "vocab_size": 300, "hidden_size": 64,
+    ...                     "num_attention_heads": 4, "num_hidden_layers": 2,
+    ...                     "intermediate_size": "wide"})
+    ... except HFError as e:
+    ...     print(e)
+    config.json: intermediate_size is 'wide', not a positive integer; fix that field of config.json
     """
     def refuse(what: str):
-        raise HFError(f"{source}: {what}, which model.py cannot express; it loads plain LlamaForCausalLM only")
+        raise HFError(
+            f"{source}: {what}, which model.py cannot express; it loads plain LlamaForCausalLM only"
+        )
 
     def field(key: str, kind: type, default=None, settings: dict | None = None):
-        """settings[key] (hf's by default; the default when absent): a positive int, or a positive finite float."""
+        """settings[key] (hf's by default; the default when absent): a positive int, or a positive
+        finite float."""
         value = (hf if settings is None else settings).get(key)
         value = default if value is None else value
         if value is None:
             raise HFError(f"{source} lacks {key!r}; it is not a LlamaForCausalLM config")
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        number = (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        )
         if not number or value <= 0 or kind is int and value != int(value):
-            raise HFError(f"{source}: {key} is {value!r}, not a positive {'integer' if kind is int else 'number'}; "
-                          f"fix that field of config.json")
+            raise HFError(
+                f"{source}: {key} is {value!r}, not a positive "
+                f"{'integer' if kind is int else 'number'}; fix that field of config.json"
+            )
         return kind(value)
 
     if not isinstance(hf, dict):
-        raise HFError(f"{source}: a JSON {type(hf).__name__}, not an object of model settings; --from must be a "
-                      f"Hugging Face model directory")
-    architectures = hf.get("architectures")
-    if architectures != ["LlamaForCausalLM"] and (architectures or hf.get("model_type") != "llama"):
-        refuse(f"architecture {architectures or hf.get('model_type')}")
+        raise HFError(
+            f"{source}: a JSON {type(hf).__name__}, not an object of model settings; --from must "
+            f"be a Hugging Face model directory"
+        )
     rope = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or rope               # transformers 4 writes rope_scaling, 5 rope_parameters
+    # transformers 4 writes rope_scaling, 5 rope_parameters
+    scaling = hf.get("rope_scaling") or rope
     if not isinstance(rope, dict) or not isinstance(scaling, dict):
-        raise HFError(f"{source}: rope_parameters and rope_scaling must be objects (or null); fix config.json")
-    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        refuse(f"RoPE scaling {scaling.get('rope_type', scaling.get('type'))!r}")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        refuse("biases in the linear layers")
-    if hf.get("hidden_act", "silu") != "silu":
-        refuse(f"activation {hf['hidden_act']!r} (model.py's SwiGLU uses silu)")
+        raise HFError(
+            f"{source}: rope_parameters and rope_scaling must be objects (or null); fix config.json"
+        )
+    architectures = hf.get("architectures")
+    scaling_type = scaling.get("rope_type", scaling.get("type", "default"))
+    refusals = [  # (model.py cannot express it, what)
+        (
+            architectures != ["LlamaForCausalLM"]
+            and (architectures or hf.get("model_type") != "llama"),
+            f"architecture {architectures or hf.get('model_type')}",
+        ),
+        (scaling_type != "default", f"RoPE scaling {scaling_type!r}"),
+        (hf.get("attention_bias") or hf.get("mlp_bias"), "biases in the linear layers"),
+        (
+            hf.get("hidden_act", "silu") != "silu",
+            f"activation {hf.get('hidden_act')!r} (model.py's SwiGLU uses silu)",
+        ),
+    ]
+    for cannot, what in refusals:
+        if cannot:
+            refuse(what)
     if not isinstance(hf.get("tie_word_embeddings", False), bool):
-        raise HFError(f"{source}: tie_word_embeddings is {hf['tie_word_embeddings']!r}, not true or false; "
-                      f"fix that field of config.json")
+        raise HFError(
+            f"{source}: tie_word_embeddings is {hf['tie_word_embeddings']!r}, not true or false; "
+            f"fix that field of config.json"
+        )
     n_embd, n_head = field("hidden_size", int), field("num_attention_heads", int)
     if hf.get("head_dim") not in (None, n_embd // n_head):
-        refuse(f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads = {n_embd // n_head}")
-    sizes = dict(vocab_size=field("vocab_size", int), block_size=field("max_position_embeddings", int, 2048),
-                 n_layer=field("num_hidden_layers", int), n_head=n_head, n_embd=n_embd,
-                 n_kv_head=field("num_key_value_heads", int, n_head),
-                 ffn_hidden=_explicit_ffn_hidden(field("intermediate_size", int), n_embd),
-                 rope_theta=field("rope_theta", float, 10000.0, rope if "rope_theta" in rope else hf),
-                 norm_eps=field("rms_norm_eps", float, 1e-6))
+        refuse(
+            f"head_dim {hf['head_dim']} != hidden_size / num_attention_heads = {n_embd // n_head}"
+        )
+    sizes = dict(
+        vocab_size=field("vocab_size", int),
+        block_size=field("max_position_embeddings", int, 2048),
+        n_layer=field("num_hidden_layers", int),
+        n_head=n_head,
+        n_embd=n_embd,
+        n_kv_head=field("num_key_value_heads", int, n_head),
+        ffn_hidden=_explicit_ffn_hidden(field("intermediate_size", int), n_embd),
+        rope_theta=field("rope_theta", float, 10000.0, rope if "rope_theta" in rope else hf),
+        norm_eps=field("rms_norm_eps", float, 1e-6),
+    )
     try:
         return GPTConfig(**sizes, tie_embeddings=hf.get("tie_word_embeddings", False))
     except ConfigError as e:
@@ -331,48 +449,66 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
 
 
 def _explicit_ffn_hidden(intermediate_size: int, n_embd: int) -> int:
-    """0 (auto) when HF's intermediate_size is what GPTConfig would derive, so a round trip gives the same config.
+    """0 (auto) when HF's intermediate_size is what GPTConfig would derive, so a round trip gives
+    the same config.
 
     >>> _explicit_ffn_hidden(384, 128), _explicit_ffn_hidden(8192, 2048)
     (0, 8192)
     """
-    return 0 if intermediate_size == GPTConfig(n_embd=n_embd, n_head=1, n_kv_head=1).ffn_dim else intermediate_size
+    return (
+        0
+        if intermediate_size == GPTConfig(n_embd=n_embd, n_head=1, n_kv_head=1).ffn_dim
+        else intermediate_size
+    )
 
 
 def _read_safetensors(hf_dir: pathlib.Path) -> dict[str, torch.Tensor]:
-    """Every tensor of model.safetensors, or of the shards listed in model.safetensors.index.json."""
-    try:
-        from safetensors.torch import load_file
-    except ImportError:
-        raise HFError(f"reading a Hugging Face model needs the safetensors package: {INSTALL_HINT}") from None
+    """Every tensor of model.safetensors, or of the shards listed in
+    model.safetensors.index.json."""
+    load_file = require("safetensors.torch", "reading a Hugging Face model").load_file
     index = hf_dir / "model.safetensors.index.json"
     try:
-        files = sorted(set(fileio.read_json(index, HFError, FIX_HF_DIR)["weight_map"].values())) if index.is_file() \
+        files = (
+            sorted(set(fileio.read_json(index, HFError, FIX_HF_DIR)["weight_map"].values()))
+            if index.is_file()
             else ["model.safetensors"]
+        )
     except (KeyError, TypeError, AttributeError) as e:
-        raise HFError(f"{index} is damaged ({type(e).__name__}: {e}); it must map tensor names to files") from None
+        raise HFError(
+            f"{index} is damaged ({type(e).__name__}: {e}); it must map tensor names to files"
+        ) from None
     tensors = {}
     for name in files:
         if not (hf_dir / name).is_file():
-            raise HFError(f"{hf_dir / name} not found; the directory must hold the weights as safetensors")
+            raise HFError(
+                f"{hf_dir / name} not found; the directory must hold the weights as safetensors"
+            )
         try:
             tensors.update(load_file(str(hf_dir / name)))
-        except Exception as e:                 # safetensors' own error type: a truncated or foreign file
+        # safetensors' own error type: a truncated or foreign file
+        except Exception as e:
             raise HFError(f"{hf_dir / name} is not a readable safetensors file ({e})") from None
     return tensors
 
 
 def load_hf(hf_dir) -> tuple[GPT, object]:
-    """(GPT in eval mode, bpe.Tokenizer or None) from a Hugging Face LlamaForCausalLM directory (one `export_hf`
-    wrote, or any Llama checkpoint on disk in safetensors). Weights become fp32; q/k rows go back to our RoPE
-    layout. What model.py cannot express (another architecture, RoPE scaling, biases, tensors whose shapes
-    disagree with config.json) fails with one ConfigError line. The tokenizer (bpe.py, imported here) comes from
-    tokenizer.json when present and must be byte-level BPE."""
+    """(GPT in eval mode, bpe.Tokenizer or None) from a Hugging Face LlamaForCausalLM directory (one
+    `export_hf` wrote, or any Llama checkpoint on disk in safetensors). Weights become fp32; q/k
+    rows go back to our RoPE layout. What model.py cannot express (another architecture, RoPE
+    scaling, biases, tensors whose shapes disagree with config.json) fails with one ConfigError
+    line. The tokenizer (bpe.py, imported here) comes from tokenizer.json when present and must be
+    byte-level BPE."""
     hf_dir = pathlib.Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
-        raise HFError(f"{hf_dir / 'config.json'} not found; --from must be a Hugging Face model directory")
-    config = config_from_hf(fileio.read_json(hf_dir / "config.json", HFError, FIX_HF_DIR), str(hf_dir / "config.json"))
-    tensors = {k: v for k, v in _read_safetensors(hf_dir).items() if not k.endswith("rotary_emb.inv_freq")}
+        raise HFError(
+            f"{hf_dir / 'config.json'} not found; --from must be a Hugging Face model directory"
+        )
+    config = config_from_hf(
+        fileio.read_json(hf_dir / "config.json", HFError, FIX_HF_DIR), str(hf_dir / "config.json")
+    )
+    tensors = {
+        k: v for k, v in _read_safetensors(hf_dir).items() if not k.endswith("rotary_emb.inv_freq")
+    }
     with torch.device("meta"):
         model = GPT(config)
     state = {}
@@ -385,24 +521,30 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
                               f"the directory is incomplete or not a LlamaForCausalLM")
         tensor = tensors.pop(theirs)
         if tuple(tensor.shape) != tuple(ours.shape):
-            raise HFError(f"{hf_dir}: {theirs} has shape {tuple(tensor.shape)} but config.json implies "
-                              f"{tuple(ours.shape)}; the weights and config.json disagree")
+            raise HFError(
+                f"{hf_dir}: {theirs} has shape {tuple(tensor.shape)} but config.json implies "
+                f"{tuple(ours.shape)}; the weights and config.json disagree"
+            )
         if rope_heads(name, config):
             tensor = halves_to_interleaved(tensor, rope_heads(name, config))
         state[name] = tensor.to(torch.float32)
     if config.tie_embeddings:
-        tensors.pop("lm_head.weight", None)                # some tied checkpoints store the copy anyway
+        # some tied checkpoints store the copy anyway
+        tensors.pop("lm_head.weight", None)
         state["lm_head.weight"] = state["tok_emb.weight"]
     if tensors:
-        raise HFError(f"{hf_dir}: tensor {sorted(tensors)[0]} (and {len(tensors) - 1} more) has no place in "
-                          f"model.py's Llama (a bias, an extra module), which model.py cannot express")
+        raise HFError(
+            f"{hf_dir}: tensor {sorted(tensors)[0]} (and {len(tensors) - 1} more) has no place in "
+            f"model.py's Llama (a bias, an extra module), which model.py cannot express"
+        )
     model = GPT(config)
     model.load_state_dict(state)
     tokenizer = None
     if (hf_dir / "tokenizer.json").is_file():
         try:
-            doc = fileio.read_json(hf_dir / "tokenizer.json", bpe.TokenizerError, FIX_HF_DIR)
-            tokenizer = bpe.Tokenizer.from_hf(doc, str(hf_dir / "tokenizer.json"))
+            tokenizer = bpe.Tokenizer.from_hf(
+                fileio.read_json(hf_dir / "tokenizer.json", bpe.TokenizerError, FIX_HF_DIR),
+                str(hf_dir / "tokenizer.json"))
         except bpe.TokenizerError as e:
             raise HFError(str(e)) from None
         if len(tokenizer) > config.vocab_size:
@@ -412,30 +554,42 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
 
 
 def save_imported_checkpoint(model: GPT, tokenizer, path, source: str) -> pathlib.Path:
-    """Write a checkpoint in train.py's format (version 1: model, model_config, tokenizer_json, step 0), which
-    evaluate.py samples from and `train.py --init-from` starts a run from. train.py's own atomic writer does it
-    (imported here only: the format and its checksum belong to train.py)."""
+    """Write a checkpoint in train.py's format (version 1: model, model_config, tokenizer_json, step
+    0), which evaluate.py samples from and `train.py --init-from` starts a run from. train.py's own
+    atomic writer does it (imported here only: the format and its checksum belong to train.py)."""
     path = pathlib.Path(path)
-    ckpt = {"version": 1, "step": 0, "model": model.state_dict(), "model_config": model.config.to_dict(),
-            "tokenizer_json": tokenizer.to_json(), "imported_from": source}
+    ckpt = {
+        "version": 1,
+        "step": 0,
+        "model": model.state_dict(),
+        "model_config": model.config.to_dict(),
+        "tokenizer_json": tokenizer.to_json(),
+        "imported_from": source,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     train.atomic_save(ckpt, path)
     return path
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Command line: `python model.py export` and `python model.py import-hf` (or `python hf.py ...`)
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
-def export_checkpoint(ckpt_path: str, out_dir: str, verify: bool = False, tokenizer_path: str | None = None) -> str:
-    """`python model.py export`: a train.py checkpoint (or run directory) -> a Hugging Face directory.
+def export_checkpoint(
+    ckpt_path: str, out_dir: str, verify: bool = False, tokenizer_path: str | None = None
+) -> str:
+    """`python model.py export`: a train.py checkpoint (or run directory) -> a Hugging Face
+    directory.
 
-    The checkpoint is read by train.py's own loader (newest good checkpoint of a run directory, weights_only
-    torch.load): the format belongs to train.py, and a second reader would drift from it. A checkpoint that holds
-    no tokenizer (train.py always stores one) takes it from `tokenizer_path` (--tokenizer)."""
+    The checkpoint is read by train.py's own loader (newest good checkpoint of a run directory,
+    weights_only torch.load): the format belongs to train.py, and a second reader would drift from
+    it. A checkpoint that holds no tokenizer (train.py always stores one) takes it from
+    `tokenizer_path` (--tokenizer)."""
     check_new_directory(out_dir)
     if not pathlib.Path(ckpt_path).exists():
-        raise HFError(f"--ckpt {ckpt_path} not found; pass a checkpoint file or a run directory of train.py")
+        raise HFError(
+            f"--ckpt {ckpt_path} not found; pass a checkpoint file or a run directory of train.py"
+        )
     try:
         ckpt = train.load_checkpoint(ckpt_path, log=lambda message: print(message, file=sys.stderr))
     except train.TrainError as e:
@@ -446,66 +600,98 @@ def export_checkpoint(ckpt_path: str, out_dir: str, verify: bool = False, tokeni
         except bpe.TokenizerError as e:
             raise HFError(f"--tokenizer: {e}") from None
         if ckpt.get("tokenizer_json", given) != given:
-            raise HFError(f"--tokenizer {tokenizer_path} is not the tokenizer stored in {ckpt['path']}; leave "
-                          f"--tokenizer out (the checkpoint's own is exported)")
+            raise HFError(
+                f"--tokenizer {tokenizer_path} is not the tokenizer stored in {ckpt['path']}; "
+                f"leave --tokenizer out (the checkpoint's own is exported)"
+            )
         ckpt["tokenizer_json"] = given
     if "tokenizer_json" not in ckpt:
-        raise HFError(f"--ckpt {ckpt['path']} holds no tokenizer ('tokenizer_json'); pass the one it was trained "
-                      f"with: --tokenizer DATA_DIR/tokenizer.json (data.py prepare wrote it beside the shards)")
+        raise HFError(
+            f"--ckpt {ckpt['path']} holds no tokenizer ('tokenizer_json'); pass the one it was "
+            f"trained with: --tokenizer DATA_DIR/tokenizer.json (data.py prepare wrote it beside "
+            f"the shards)"
+        )
     try:
         model, tokenizer = train.model_from_checkpoint(ckpt)
     except (train.TrainError, bpe.TokenizerError, KeyError, ValueError, RuntimeError) as e:
-        raise HFError(f"--ckpt {ckpt_path}: cannot load it ({str(e).splitlines()[0]}); pass a checkpoint that "
-                      f"train.py wrote") from None
+        raise HFError(
+            f"--ckpt {ckpt_path}: cannot load it ({str(e).splitlines()[0]}); pass a checkpoint "
+            f"that train.py wrote"
+        ) from None
     export_hf(model, tokenizer, out_dir)
-    report = (f"wrote {out_dir}: LlamaForCausalLM, {model.num_params():,} parameters, vocab {len(tokenizer)}, "
-              f"from {ckpt['path']} (step {ckpt.get('step')})")
+    report = (
+        f"wrote {out_dir}: LlamaForCausalLM, {model.num_params():,} parameters, "
+        f"vocab {len(tokenizer)}, from {ckpt['path']} (step {ckpt.get('step')})"
+    )
     if verify:
         v = verify_hf(model, tokenizer, out_dir)
-        report += (f"\nverified with transformers: max |logit diff| {v['max_abs_logit_diff']:.2e} over "
-                   f"{v['logit_positions']} positions (fp32); greedy {v['greedy_tokens']} tokens "
-                   f"{'identical' if v['greedy_equal'] else 'DIFFERENT'}; AutoTokenizer ids "
-                   f"{'identical' if v['tokenizer_ids_equal'] else 'DIFFERENT'}")
+        report += (
+            f"\nverified with transformers: max |logit diff| {v['max_abs_logit_diff']:.2e} over "
+            f"{v['logit_positions']} positions (fp32); greedy {v['greedy_tokens']} tokens "
+            f"{'identical' if v['greedy_equal'] else 'DIFFERENT'}; AutoTokenizer ids "
+            f"{'identical' if v['tokenizer_ids_equal'] else 'DIFFERENT'}"
+        )
     return report
 
 
 def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
-    """`python model.py import-hf`: a Hugging Face Llama directory -> a train.py-format checkpoint."""
+    """`python model.py import-hf`: a Hugging Face Llama directory -> a train.py-format
+    checkpoint."""
     if pathlib.Path(ckpt_path).is_dir():
         raise HFError(f"--to {ckpt_path} is a directory; give a checkpoint file name such as "
                       f"{pathlib.Path(ckpt_path) / 'imported.pt'}")
     model, tokenizer = load_hf(hf_dir)
     if tokenizer is None:
-        raise HFError(f"{pathlib.Path(hf_dir) / 'tokenizer.json'} not found; a checkpoint needs its tokenizer")
+        raise HFError(
+            f"{pathlib.Path(hf_dir) / 'tokenizer.json'} not found; a checkpoint needs its tokenizer"
+        )
     save_imported_checkpoint(model, tokenizer, ckpt_path, str(hf_dir))
-    return f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, from {hf_dir}"
+    return (f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, "
+            f"from {hf_dir}")
 
 
 def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
-    """The bridge's two commands; `python model.py export|import-hf ...` runs them with prog="model.py"."""
+    """The bridge's two commands; `python model.py export|import-hf ...` runs them with
+    prog="model.py"."""
     from cli import Parser, run
     parser = Parser(prog=prog, description="Export a checkpoint to / import one from the Hugging "
                                            "Face Llama layout.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    export = sub.add_parser("export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory")
-    export.add_argument("--ckpt", required=True, help="a train.py checkpoint file, or a run directory (its newest)")
-    export.add_argument("--to", required=True, help="the directory to create (must not exist, or be empty)")
-    export.add_argument("--tokenizer", help="a tokenizer .json, only for a checkpoint that holds none "
-                        "(train.py's always hold theirs)")
-    export.add_argument("--verify", action="store_true", help="load the result with transformers and compare "
-                        "logits, greedy tokens and tokenizer ids with ours")
-    import_hf = sub.add_parser("import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint")
-    import_hf.add_argument("--from", dest="hf_dir", required=True, help="directory with config.json, "
-                           "model.safetensors and tokenizer.json")
+    export = sub.add_parser(
+        "export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory"
+    )
+    export.add_argument(
+        "--ckpt", required=True, help="a train.py checkpoint file, or a run directory (its newest)"
+    )
+    export.add_argument(
+        "--to", required=True, help="the directory to create (must not exist, or be empty)"
+    )
+    export.add_argument(
+        "--tokenizer",
+        help="a tokenizer .json, only for a checkpoint that holds none "
+        "(train.py's always hold theirs)",
+    )
+    export.add_argument(
+        "--verify",
+        action="store_true",
+        help="load the result with transformers and compare "
+        "logits, greedy tokens and tokenizer ids with ours",
+    )
+    import_hf = sub.add_parser(
+        "import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint"
+    )
+    import_hf.add_argument(
+        "--from",
+        dest="hf_dir",
+        required=True,
+        help="directory with config.json, model.safetensors and tokenizer.json",
+    )
     import_hf.add_argument("--to", required=True, help="the checkpoint file to write")
+    export.set_defaults(execute=lambda a: export_checkpoint(a.ckpt, a.to, a.verify, a.tokenizer))
+    import_hf.set_defaults(execute=lambda a: import_hf_checkpoint(a.hf_dir, a.to))
     args = parser.parse_args(argv)
-
-    def command():
-        if args.command == "export":
-            print(export_checkpoint(args.ckpt, args.to, args.verify, args.tokenizer))
-        else:
-            print(import_hf_checkpoint(args.hf_dir, args.to))
-    return run(command, (ConfigError, OSError))       # OSError: unwritable --to, a full disk
+    # OSError: unwritable --to, full disk
+    return run(lambda: print(args.execute(args)), (ConfigError, OSError))
 
 
 if __name__ == "__main__":

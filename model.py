@@ -1,53 +1,61 @@
-"""A modern decoder-only Transformer in one file: RMSNorm, RoPE, SwiGLU, grouped-query attention, optional
-Mixture of Experts, a KV cache for generation, and the parameter / FLOP / memory accounting that the rest of
-the project plans with.
+"""A modern decoder-only Transformer in one file: RMSNorm, RoPE, SwiGLU, grouped-query attention,
+optional Mixture of Experts, a KV cache for generation, and the parameter / FLOP / memory accounting
+that the rest of the project plans with.
 
 Depends on torch only (no sibling files).
 
-The Hugging Face bridge (`python model.py export` / `import-hf`) lives in hf.py; only main() imports it, to run
-those two commands.
+The Hugging Face bridge (`python model.py export` / `import-hf`) lives in hf.py; only main() imports
+it, to run those two commands.
 
 The lesson, in numbers
 ----------------------
-Pretraining maximises log P(x_t | x_<t) at every position. The network that computes P is a stack of L identical
-blocks over a residual stream of width C (`n_embd`):
+Pretraining maximises log P(x_t | x_<t) at every position. The network that computes P is a stack of
+L identical blocks over a residual stream of width C (`n_embd`):
 
-    x = tok_emb[idx]                        # (B, T, C)  no position embedding: position enters through RoPE
+    x = tok_emb[idx]                        # (B, T, C)  no position embedding: RoPE brings position
     for each block:
         x = x + attn(rmsnorm(x))            # tokens talk to earlier tokens
         x = x + ffn(rmsnorm(x))             # each token thinks on its own
     logits = lm_head(rmsnorm(x))            # (B, T, V)
 
-"The details matter" - each choice below is what Llama-class models settled on, and each has a reason:
+"The details matter" - each choice below is what Llama-class models settled on, and each has a
+reason:
 
-* Pre-normalisation with RMSNorm: y = x / sqrt(mean(x^2) + eps) * g. Normalising the *input* of each sub-layer
-  leaves the residual path an identity from the loss down to the embeddings, so gradients reach the bottom of a
-  deep stack unchanged; RMSNorm drops LayerNorm's mean subtraction and bias (cheaper, works as well).
-  Example: x = [3, 4] has mean square 12.5, so RMSNorm gives [3, 4] / 3.536 = [0.849, 1.131].
-* Rotary position embeddings (RoPE): rotate each pair of features (x_2i, x_2i+1) of q and k by the angle
-  pos * theta^(-2i/d). A rotation keeps lengths, and the dot product of a query rotated by m and a key rotated by
-  n depends only on m - n: attention sees relative position, with nothing added to the residual stream.
-  Pair 0 turns by 1 radian per position, the last pair of a 64-wide head by 10000^(-62/64) = 1.3e-4 radian:
-  fast pairs resolve neighbours, slow pairs carry long-range position.
-* Grouped-query attention (GQA): n_head query heads share n_kv_head key/value heads (n_kv_head = n_head is
-  plain multi-head attention, 1 is multi-query). The KV cache shrinks by n_head / n_kv_head, which is what
-  bounds the batch size at inference time.
-* SwiGLU feed-forward: w2(silu(w1 x) * w3 x). Three matrices instead of two, so the hidden width is 8/3 C
-  instead of 4 C to keep the parameter count (3 * 8/3 = 2 * 4); rounded up to a multiple for fast matmuls.
-* Mixture of Experts (optional): E copies of the FFN, a router picks the top-k per token. Parameters grow by E,
-  compute per token by k. DeepSeek-V3 holds 671B parameters but activates 37B per token: it pays the compute of
-  the active parameters and the memory of all of them (every expert must sit in memory, because routing is
-  decided per token). A load-balancing loss keeps the router from collapsing onto a few experts.
+* Pre-normalisation with RMSNorm: y = x / sqrt(mean(x^2) + eps) * g. Normalising the *input* of each
+  sub-layer leaves the residual path an identity from the loss down to the embeddings, so gradients
+  reach the bottom of a deep stack unchanged; RMSNorm drops LayerNorm's mean subtraction and bias
+  (cheaper, works as well). Example: x = [3, 4] has mean square 12.5, so RMSNorm gives [3, 4] /
+  3.536 = [0.849, 1.131].
+* Rotary position embeddings (RoPE): rotate each pair of features (x_2i, x_2i+1) of q and k by the
+  angle pos * theta^(-2i/d). A rotation keeps lengths, and the dot product of a query rotated by m
+  and a key rotated by n depends only on m - n: attention sees relative position, with nothing added
+  to the residual stream. Pair 0 turns by 1 radian per position, the last pair of a 64-wide head by
+  10000^(-62/64) = 1.3e-4 radian: fast pairs resolve neighbours, slow pairs carry long-range
+  position.
+* Grouped-query attention (GQA): n_head query heads share n_kv_head key/value heads (n_kv_head =
+  n_head is plain multi-head attention, 1 is multi-query). The KV cache shrinks by n_head /
+  n_kv_head, which is what bounds the batch size at inference time.
+* SwiGLU feed-forward: w2(silu(w1 x) * w3 x). Three matrices instead of two, so the hidden width is
+  8/3 C instead of 4 C to keep the parameter count (3 * 8/3 = 2 * 4); rounded up to a multiple for
+  fast matmuls.
+* Mixture of Experts (optional): E copies of the FFN, a router picks the top-k per token. Parameters
+  grow by E, compute per token by k. DeepSeek-V3 holds 671B parameters but activates 37B per token:
+  it pays the compute of the active parameters and the memory of all of them (every expert must sit
+  in memory, because routing is decided per token). A load-balancing loss keeps the router from
+  collapsing onto a few experts.
 
 Accounting (the numbers scaling.py and train.py plan with)
 ----------------------------------------------------------
-* Parameters of one dense block: attention C*(C + 2*C_kv + C) with C_kv = n_kv_head * head_dim, FFN 3*C*H,
-  two norms 2*C. With MHA and H = 8/3 C that is 12 C^2: the 124m preset (L=12, C=768, V=50304) has
-  12 * 12 * 768^2 = 85M block parameters plus 50304 * 768 = 39M embedding parameters = 124M.
-* Training FLOPs per token: 6 per matmul parameter (2 forward: one multiply, one add; 4 backward) plus the
-  attention scores 12 * L * T * C_q (PaLM's formula), so training costs C = 6ND. MFU = achieved FLOP/s / peak.
-* Training memory with AdamW in mixed precision: 16 bytes per parameter (bf16 weights 2 + bf16 grads 2 + fp32
-  master 4 + two fp32 moments 4 + 4), so 1e9 parameters need 16 GB before any activation is stored.
+* Parameters of one dense block: attention C*(C + 2*C_kv + C) with C_kv = n_kv_head * head_dim, FFN
+  3*C*H, two norms 2*C. With MHA and H = 8/3 C that is 12 C^2: the 124m preset (L=12, C=768,
+  V=50304) has 12 * 12 * 768^2 = 85M block parameters plus 50304 * 768 = 39M embedding parameters =
+  124M.
+* Training FLOPs per token: 6 per matmul parameter (2 forward: one multiply, one add; 4 backward)
+  plus the attention scores 12 * L * T * C_q (PaLM's formula), so training costs C = 6ND. MFU =
+  achieved FLOP/s / peak.
+* Training memory with AdamW in mixed precision: 16 bytes per parameter (bf16 weights 2 + bf16 grads
+  2 + fp32 master 4 + two fp32 moments 4 + 4), so 1e9 parameters need 16 GB before any activation is
+  stored.
 
 Attention's cost (FlashAttention by hand, linear attention, hybrids)
 -----------------------------------------------------------------
@@ -70,15 +78,17 @@ scores, 69 GB in fp32 for one head of one layer, so nobody stores it. Two answer
   `python evaluate.py recall` measures (Zoology's MQAR). The hybrid answer (Jamba, MiniMax,
   Qwen3-Next): mostly linear layers, a full attention layer every few (`layer_pattern="LLLA"`).
 
-Initialisation: every Linear and the embedding draw from N(0, 0.02); the two projections that write into the
-residual stream (attn.wo, ffn.w2) use 0.02 / sqrt(2 L), so the variance the 2L residual additions pile up stays
-that of a single layer (GPT-2). Norm gains start at 1. With tied embeddings the LM head reuses tok_emb.weight.
+Initialisation: every Linear and the embedding draw from N(0, 0.02); the two projections that write
+into the residual stream (attn.wo, ffn.w2) use 0.02 / sqrt(2 L), so the variance the 2L residual
+additions pile up stays that of a single layer (GPT-2). Norm gains start at 1. With tied embeddings
+the LM head reuses tok_emb.weight.
 
-Exporting to Hugging Face: a dense model here is Hugging Face's LlamaForCausalLM up to names and one layout
-detail (which features RoPE rotates together); hf.py's docstring tells it with a 4-wide head, and
-`python model.py export` / `import-hf` run hf.py's commands.
+Exporting to Hugging Face: a dense model here is Hugging Face's LlamaForCausalLM up to names and one
+layout detail (which features RoPE rotates together); hf.py's docstring tells it with a 4-wide head,
+and `python model.py export` / `import-hf` run hf.py's commands.
 
-Run `python model.py` to print every preset with its parameters, FLOPs per token and training memory.
+Run `python model.py` to print every preset with its parameters, FLOPs per token and training
+memory.
 """
 from __future__ import annotations
 
@@ -93,7 +103,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-# bf16 weights (2) + bf16 grads (2) + fp32 master weights (4) + AdamW first and second moments (4 + 4).
+# bf16 weights (2) + bf16 grads (2) + fp32 master weights (4) + AdamW's two moments (4 + 4).
 TRAINING_BYTES_PER_PARAM = 16
 
 
@@ -101,13 +111,14 @@ class ConfigError(ValueError):
     """A model configuration or input that cannot work; the message names the field and the fix."""
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Configuration
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class GPTConfig:
-    """Shape and options of the model. Validated on creation, so a bad config fails before any tensor exists.
+    """Shape and options of the model. Validated on creation, so a bad config fails before any
+    tensor exists.
 
     >>> GPTConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64).head_dim
     16
@@ -118,7 +129,8 @@ class GPTConfig:
     block_size: int = 256             # the longest sequence the model is trained on (and may see)
     n_layer: int = 4
     n_head: int = 4
-    n_kv_head: int = 4                # = n_head: multi-head attention; 1: multi-query; in between: GQA
+    # = n_head: multi-head attention; 1: multi-query; in between: GQA
+    n_kv_head: int = 4
     n_embd: int = 128
     ffn_hidden: int = 0               # 0 = auto: 8/3 * n_embd rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
@@ -126,9 +138,11 @@ class GPTConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     dropout: float = 0.0
-    n_expert: int = 0                 # 0 = dense FFN; E > 0 = Mixture of Experts with E experts per layer
+    # 0 = dense FFN; E > 0 = Mixture of Experts with E experts per layer
+    n_expert: int = 0
     expert_top_k: int = 2
-    moe_capacity_factor: float = 1.25  # slots per expert = factor * tokens * k / E; 0 = never drop a token
+    # slots per expert = factor * tokens * k / E; 0 = never drop a token
+    moe_capacity_factor: float = 1.25
     moe_aux_coef: float = 0.01        # train.py adds moe_aux_coef * model.aux_loss to the loss
     activation_checkpointing: bool = False
     # "sdpa": the fused kernel; "flash": FlashAttention2 by hand (a lesson)
@@ -139,7 +153,7 @@ class GPTConfig:
     def __post_init__(self):
         check_config(self)                # the rules and their messages: see the appendix
 
-    # Derived sizes ------------------------------------------------------------------------------------------
+    # Derived sizes ----------------------------------------------------------------------------
 
     @property
     def head_dim(self) -> int:
@@ -150,7 +164,8 @@ class GPTConfig:
         """Hidden width of one SwiGLU FFN (or of one expert)."""
         if self.ffn_hidden:
             return self.ffn_hidden
-        return _round_up(8 * self.n_embd / 3, self.ffn_multiple_of)
+        multiple = self.ffn_multiple_of
+        return math.ceil(8 * self.n_embd / 3 / multiple) * multiple      # rounded up: 341.3 -> 384
 
     @property
     def layer_kinds(self) -> str:
@@ -162,7 +177,7 @@ class GPTConfig:
         pattern = self.layer_pattern or "A"
         return pattern * (self.n_layer // len(pattern))
 
-    # Checkpoint round trip --------------------------------------------------------------------------------
+    # Checkpoint round trip --------------------------------------------------------------------
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict (what a checkpoint stores)."""
@@ -170,22 +185,26 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
-        """Inverse of to_dict; an unknown key is an error (it means the checkpoint comes from another model)."""
+        """Inverse of to_dict; an unknown key is an error (it means the checkpoint comes from
+        another model)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ConfigError(f"GPTConfig: unknown field(s) {unknown}; known fields are {sorted(known)}")
+            raise ConfigError(
+                f"GPTConfig: unknown field(s) {unknown}; known fields are {sorted(known)}"
+            )
         return cls(**d)
 
-    # Closed-form accounting (no model needs to be built: scaling.py uses these for a 70B plan) ------------------
+    # Closed-form accounting (no model needs to be built: scaling.py uses these for a 70B plan) --
 
     def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
         """Parameter count from the shapes alone.
 
         non_embedding: leave out the token embedding and an untied LM head (Kaplan's N).
-        active: count only the top-k experts a token uses (MoE compute), instead of all E (MoE memory).
+        active: count only the top-k experts a token uses (MoE compute), not all E (MoE memory).
 
-        >>> GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8, ffn_hidden=16).num_params()
+        >>> GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8,
+        ...           ffn_hidden=16).num_params()
         1464
         """
         C, H, L = self.n_embd, self.ffn_dim, self.n_layer
@@ -210,20 +229,23 @@ class GPTConfig:
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs (forward + backward) per token: 6 * matmul parameters + 12 * L * T * C_q.
 
-        The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul whether tied or
-        not); the embedding lookup is not a matmul. The attention term counts q.k and p.v for all T keys
-        (PaLM's convention; a causal kernel skips about half of it). A linear layer has no T term:
-        its state costs q S and k^T v, 2 x 2 C_q d a token forward, 12 C_q d with the backward.
+        The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul
+        whether tied or not); the embedding lookup is not a matmul. The attention term counts q.k
+        and p.v for all T keys (PaLM's convention; a causal kernel skips about half of it). A linear
+        layer has no T term: its state costs q S and k^T v, 2 x 2 C_q d a token forward, 12 C_q d
+        with the backward.
         """
         T = self.block_size if seq_len is None else seq_len
-        matmul_params = self.num_params(non_embedding=True, active=True) + self.vocab_size * self.n_embd
+        matmul_params = (
+            self.num_params(non_embedding=True, active=True) + self.vocab_size * self.n_embd
+        )
         kinds, q_width = self.layer_kinds, self.n_head * self.head_dim
         attention = 12 * q_width * (kinds.count("A") * T + kinds.count("L") * self.head_dim)
         return 6 * matmul_params + attention
 
     def training_memory_bytes(self) -> int:
-        """Bytes of weights, gradients and AdamW state in mixed precision (16 per parameter, all experts),
-        activations excluded."""
+        """Bytes of weights, gradients and AdamW state in mixed precision (16 per parameter, all
+        experts), activations excluded."""
         return TRAINING_BYTES_PER_PARAM * self.num_params()
 
 
@@ -241,11 +263,6 @@ class GPTConfig:
         return per_value * batch * bytes_per_value
 
 
-def _round_up(x: float, multiple: int) -> int:
-    """Smallest multiple of `multiple` that is >= x: _round_up(341.3, 64) -> 384."""
-    return int(math.ceil(x / multiple) * multiple)
-
-
 # The config's checks, out of the lesson's way (GPTConfig.__post_init__ runs them).
 
 def check_config(c: GPTConfig) -> None:
@@ -256,51 +273,52 @@ def check_config(c: GPTConfig) -> None:
     Traceback (most recent call last):
     model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
     """
-    def need(ok: bool, field: str, message: str):
-        if not ok:
+    # Types first: the rules below do arithmetic on these fields.
+    for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",
+                  "ffn_multiple_of", "ffn_hidden", "n_expert"):
+        value = getattr(c, field)
+        zero = {"ffn_hidden": "auto", "n_expert": "dense"}.get(field)  # what 0 means, if allowed
+        if not (
+            isinstance(value, int) and not isinstance(value, bool) and value >= (0 if zero else 1)
+        ):
+            kind = f"an integer >= 0 (0 = {zero})" if zero else "a positive integer"
+            raise ConfigError(f"GPTConfig.{field}: must be {kind}, got {value!r}")
+    rules = [  # (field, the rule holds, what is wrong and the fix), checked in this order
+        ("n_embd", c.n_embd % c.n_head == 0,
+         f"{c.n_embd} is not divisible by n_head={c.n_head}; pick n_embd as a multiple of n_head"),
+        ("n_kv_head", c.n_head % c.n_kv_head == 0,
+         f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
+         f"use a divisor of n_head (n_head for MHA, 1 for MQA)"),
+        ("n_head", c.head_dim % 2 == 0,
+         f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
+         f"choose n_embd and n_head so that the head size is even"),
+        ("rope_theta", c.rope_theta > 0, f"must be > 0, got {c.rope_theta}"),
+        ("norm_eps", c.norm_eps > 0, f"must be > 0, got {c.norm_eps}"),
+        ("dropout", 0.0 <= c.dropout < 1.0, f"must be in [0, 1), got {c.dropout}"),
+        ("expert_top_k", c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert,
+         f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
+         f"lower expert_top_k or raise n_expert"),
+        ("moe_capacity_factor", c.moe_capacity_factor >= 0,
+         f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}"),
+        ("moe_aux_coef", c.moe_aux_coef >= 0, f"must be >= 0, got {c.moe_aux_coef}"),
+        ("attention", c.attention in ("sdpa", "flash"),
+         f"must be 'sdpa' or 'flash', got {c.attention!r}"),
+        ("attention", c.attention == "sdpa" or c.dropout == 0,
+         "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'"),
+        ("layer_pattern", set(c.layer_pattern) <= set("AL"),
+         f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'"),
+        ("layer_pattern", c.n_layer % max(1, len(c.layer_pattern)) == 0,
+         f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile n_layer={c.n_layer}; "
+         f"give a pattern whose length divides n_layer"),
+    ]
+    for field, holds, message in rules:
+        if not holds:
             raise ConfigError(f"GPTConfig.{field}: {message}")
 
-    for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",
-                  "ffn_multiple_of"):
-        value = getattr(c, field)
-        need(isinstance(value, int) and not isinstance(value, bool) and value > 0, field,
-             f"must be a positive integer, got {value!r}")
-    need(c.n_embd % c.n_head == 0, "n_embd",
-         f"{c.n_embd} is not divisible by n_head={c.n_head}; pick n_embd as a multiple of n_head")
-    need(c.n_head % c.n_kv_head == 0, "n_kv_head",
-         f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
-         f"use a divisor of n_head (n_head for MHA, 1 for MQA)")
-    need(c.head_dim % 2 == 0, "n_head",
-         f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
-         f"choose n_embd and n_head so that the head size is even")
-    need(isinstance(c.ffn_hidden, int) and c.ffn_hidden >= 0, "ffn_hidden",
-         f"must be an integer >= 0 (0 = auto), got {c.ffn_hidden!r}")
-    need(c.rope_theta > 0, "rope_theta", f"must be > 0, got {c.rope_theta}")
-    need(c.norm_eps > 0, "norm_eps", f"must be > 0, got {c.norm_eps}")
-    need(0.0 <= c.dropout < 1.0, "dropout", f"must be in [0, 1), got {c.dropout}")
-    need(isinstance(c.n_expert, int) and c.n_expert >= 0, "n_expert",
-         f"must be an integer >= 0 (0 = dense), got {c.n_expert!r}")
-    if c.n_expert > 0:
-        need(1 <= c.expert_top_k <= c.n_expert, "expert_top_k",
-             f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
-             f"lower expert_top_k or raise n_expert")
-    need(c.moe_capacity_factor >= 0, "moe_capacity_factor",
-         f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}")
-    need(c.moe_aux_coef >= 0, "moe_aux_coef", f"must be >= 0, got {c.moe_aux_coef}")
-    need(c.attention in ("sdpa", "flash"), "attention",
-         f"must be 'sdpa' or 'flash', got {c.attention!r}")
-    need(c.attention == "sdpa" or c.dropout == 0, "attention",
-         "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'")
-    need(set(c.layer_pattern) <= set("AL"), "layer_pattern",
-         f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'")
-    need(c.n_layer % max(1, len(c.layer_pattern)) == 0, "layer_pattern",
-         f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile n_layer={c.n_layer}; "
-         f"give a pattern whose length divides n_layer")
 
-
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Building blocks, in the order of the lesson
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension, computed in fp32.
@@ -320,28 +338,36 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the RoPE angles pos * theta^(-2i/head_dim) for i = 0 .. head_dim/2 - 1, each (T, head_dim/2).
+def rope_angles(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the RoPE angles pos * theta^(-2i/head_dim) for i = 0 .. head_dim/2 - 1, each
+    (T, head_dim/2).
 
-    Computed on the fly in fp32 from the positions (a few thousand multiplies, folded into the graph by
-    torch.compile), so there is no buffer to keep in sync with the device, the dtype or a KV-cache offset.
+    Computed on the fly in fp32 from the positions (a few thousand multiplies, folded into the graph
+    by torch.compile), so there is no buffer to keep in sync with the device, the dtype or a
+    KV-cache offset.
 
-    >>> cos, sin = rope_angles(torch.tensor([0, 1]), 4, 10000.0)    # frequencies 1 and 0.01 rad/position
+    >>> cos, sin = rope_angles(torch.tensor([0, 1]), 4, 10000.0)    # 1 and 0.01 rad per position
     >>> sin
     tensor([[0.0000, 0.0000],
             [0.8415, 0.0100]])
     """
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    inv_freq = theta ** (
+        -torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    )
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]      # (T, head_dim/2)
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each adjacent pair (x_2i, x_2i+1) of x (B, T, heads, head_dim) by its angle (cos, sin: (T, head_dim/2)).
+    """Rotate each adjacent pair (x_2i, x_2i+1) of x (B, T, heads, head_dim) by its angle (cos, sin:
+    (T, head_dim/2)).
 
-    Layout: interleaved pairs, as in the RoFormer paper, Meta's Llama code and Stanford CS336. (Hugging Face
-    rotates the two halves (x_i, x_{i+d/2}) instead; that is the same rotation after permuting the features of
-    wq and wk, so the two layouts train identically but their checkpoints need that permutation to convert.)
+    Layout: interleaved pairs, as in the RoFormer paper, Meta's Llama code and Stanford CS336.
+    (Hugging Face rotates the two halves (x_i, x_{i+d/2}) instead; that is the same rotation after
+    permuting the features of wq and wk, so the two layouts train identically but their checkpoints
+    need that permutation to convert.)
 
         [x0, x1] at angle a  ->  [x0 cos a - x1 sin a,  x0 sin a + x1 cos a]
     """
@@ -354,71 +380,63 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache:
-    """Keys and values of the last `max_len` tokens of one sequence batch, one entry per layer: a rolling window.
+    """Keys and values of the last `max_len` tokens of one sequence batch, one entry per layer: a
+    rolling window.
 
-    Each layer's buffer is (B, n_kv_head, max_len, head_dim), allocated once. The token at absolute position p lives
-    in slot p % max_len, so once the window is full a new token overwrites the oldest one (a ring buffer, nothing
-    is copied). Decoding one token then costs one query against at most max_len cached keys, at any length.
-    With GQA the cache holds n_kv_head heads, not n_head: the saving grouped-query attention is for.
+    Each layer's buffer is (B, n_kv_head, max_len, head_dim), allocated once. The token at absolute
+    position p lives in slot p % max_len, so once the window is full a new token overwrites the
+    oldest one (a ring buffer, nothing is copied). Decoding one token then costs one query against
+    at most max_len cached keys, at any length. With GQA the cache holds n_kv_head heads, not
+    n_head: the saving grouped-query attention is for.
 
-    Why a window may slide without recomputing anything: keys are stored already rotated by RoPE at their absolute
-    positions, and a query at position m scores a key at position n through m - n only, so slot order does not
-    matter and a new query at position 1,000 scores the key at 990 exactly as a query at 10 scores a key at 0.
-    Positions past block_size are fine: rope_angles computes cos/sin for any position, there is no table.
-    What sliding means: every layer attends to the previous max_len tokens (sliding-window attention, Mistral's
-    rolling buffer, llama.cpp's context shift). For one layer that is exactly a fresh forward over the cropped
-    window; deeper, it is not: a cached key of layer 2 was computed when its token still saw the tokens before
-    the window, which a cropped recompute forgets. So past block_size the cache follows sliding-window attention,
-    tested token for token against a full forward with a banded mask (tests/test_model.py).
+    Why a window may slide without recomputing anything: keys are stored already rotated by RoPE at
+    their absolute positions, and a query at position m scores a key at position n through m - n
+    only, so slot order does not matter and a new query at position 1,000 scores the key at 990
+    exactly as a query at 10 scores a key at 0. Positions past block_size are fine: rope_angles
+    computes cos/sin for any position, there is no table. What sliding means: every layer attends to
+    the previous max_len tokens (sliding-window attention, Mistral's rolling buffer, llama.cpp's
+    context shift). For one layer that is exactly a fresh forward over the cropped window; deeper,
+    it is not: a cached key of layer 2 was computed when its token still saw the tokens before the
+    window, which a cropped recompute forgets. So past block_size the cache follows sliding-window
+    attention, tested token for token against a full forward with a banded mask
+    (tests/test_model.py).
 
-    >>> cache = KVCache(n_layer=1, batch=1, n_kv_head=1, max_len=4, head_dim=2)
-    >>> cache.length = 5; cache.stored, cache.slot(5)     # positions 1..4 held; position 5 replaces position 1
-    (4, 1)
+    >>> cache = KVCache(n_layer=1, batch=1, n_kv_head=1, max_len=4, head_dim=1)
+    >>> layer, prompt = cache.layers[0], torch.arange(4.0).view(1, 1, 4, 1)    # positions 0..3
+    >>> _ = layer.append(prompt, prompt)
+    >>> cache.length = 4                        # what GPT.forward does after the prompt
+    >>> k, v = layer.append(torch.full((1, 1, 1, 1), 4.0), prompt[:, :, :1])
+    >>> k.flatten()                             # position 4 took slot 4 % 4 = 0, position 0's
+    tensor([4., 1., 2., 3.])
     """
 
     def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
                  device=None, dtype=torch.float32, kinds: str | None = None):
+        # one view per layer; only attention layers get buffers (kinds: GPTConfig.layer_kinds)
         shape = (batch, n_kv_head, max_len, head_dim)
-        # GPTConfig.layer_kinds: only attention layers get buffers
-        kinds = kinds or "A" * n_layer
-        self.k, self.v = ([torch.zeros(shape, device=device, dtype=dtype) if kind == "A" else None
-                           for kind in kinds] for _ in range(2))
-        # a linear layer's recurrent state (B, h, d, d), set by its first forward
-        self.states = [None] * n_layer
+        self.layers = [LayerKV(self, shape if kind == "A" else None, device, dtype)
+                       for kind in kinds or "A" * n_layer]
         self.max_len = max_len
         self.length = 0        # tokens seen so far, i.e. the absolute position of the next token
 
-    @property
-    def stored(self) -> int:
-        """Tokens held in the window: min(length, max_len)."""
-        return min(self.length, self.max_len)
-
-    def slot(self, position: int) -> int:
-        return position % self.max_len
-
-    def layer(self, i: int) -> "LayerKV":
-        return LayerKV(self, i)
-
     def nbytes(self) -> int:
         """Bytes held: the KV buffers of attention layers and the states of linear layers."""
-        return sum(t.numel() * t.element_size() for t in self.k + self.v + self.states
-                   if t is not None)
+        return sum(t.numel() * t.element_size() for layer in self.layers
+                   for t in (layer.k, layer.v, layer.state) if t is not None)
 
 
 class LayerKV:
-    """One layer's view of a KVCache: `append` writes the new keys/values and returns all keys/values held."""
+    """One layer's part of a KVCache: an attention layer's key/value buffers (`append` writes the
+    new ones and returns all held), or a linear layer's recurrent `state` (B, h, d, d), None before
+    the first token: all such a layer remembers."""
 
-    def __init__(self, cache: KVCache, index: int):
-        self.cache, self.index = cache, index
-
-    @property
-    def state(self) -> torch.Tensor | None:
-        """A linear layer's recurrent state (None before the first token): all it remembers."""
-        return self.cache.states[self.index]
-
-    @state.setter
-    def state(self, value: torch.Tensor):
-        self.cache.states[self.index] = value
+    def __init__(self, cache: KVCache, shape: tuple | None, device=None, dtype=torch.float32):
+        self.cache = cache
+        # an attention layer's two (B, n_kv_head, max_len, head_dim) buffers; a linear layer has
+        # none
+        self.k, self.v = [None if shape is None else torch.zeros(shape, device=device, dtype=dtype)
+                          for _ in range(2)]
+        self.state = None
 
     @property
     def start(self) -> int:
@@ -426,60 +444,67 @@ class LayerKV:
         return self.cache.length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: (B, n_kv_head, T_new, head_dim) -> the keys/values held, (B, n_kv_head, min(start + T_new, max_len), d).
+        """k, v: (B, n_kv_head, T_new, head_dim) -> the keys/values held, (B, n_kv_head, min(start +
+        T_new, max_len), d).
 
-        Several tokens at once must fit the window in order (a prompt); one token at a time may wrap around.
+        Several tokens at once must fit the window in order (a prompt); one token at a time may wrap
+        around.
         """
         cache, T_new = self.cache, k.shape[2]
         if T_new > 1 and self.start + T_new > cache.max_len:
-            raise ConfigError(f"KV cache holds {cache.max_len} tokens and {self.start} are cached: {T_new} new ones "
-                              f"at once do not fit; feed them one at a time (the window slides) or start a new cache")
-        lo = cache.slot(self.start)                     # = start while the window is not yet full
-        cache.k[self.index][:, :, lo:lo + T_new] = k
-        cache.v[self.index][:, :, lo:lo + T_new] = v
+            raise ConfigError(
+                f"KV cache holds {cache.max_len} tokens and {self.start} are cached: {T_new} new "
+                f"ones at once do not fit; feed them one at a time (the window slides) or start a "
+                f"new cache"
+            )
+        # the slot; = start while the window is not yet full
+        lo = self.start % cache.max_len
+        self.k[:, :, lo:lo + T_new] = k
+        self.v[:, :, lo:lo + T_new] = v
         held = min(self.start + T_new, cache.max_len)
-        return cache.k[self.index][:, :, :held], cache.v[self.index][:, :, :held]
+        return self.k[:, :, :held], self.v[:, :, :held]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                      mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v with q (..., Tq, d) and k, v (..., Tk, d), Tq <= Tk, e.g. (B, h, T, d).
+    """softmax(q k^T / sqrt(d) + mask) v with q (..., Tq, d) and k, v (..., Tk, d), Tq <= Tk, e.g.
+    (B, h, T, d).
 
-    `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's convention); None
-    means causal. Then the queries are the last Tq of the Tk positions (a KV cache holds the first Tk - Tq), so
-    query i may see keys 0 .. Tk - Tq + i. Three cases, all through the fused F.scaled_dot_product_attention:
-    Tq == Tk: the usual lower-triangular mask (is_causal); Tq == 1: the new token sees every key, no mask;
-    otherwise (a prompt appended to a non-empty cache) an explicit bottom-right-aligned mask.
+    `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's
+    convention); None means causal. Then the queries are the last Tq of the Tk positions (a KV cache
+    holds the first Tk - Tq), so query i may see keys 0 .. Tk - Tq + i. Three cases, one call of the
+    fused F.scaled_dot_product_attention: Tq == Tk: the usual lower-triangular mask (is_causal); Tq
+    == 1: the new token sees every key, no mask; otherwise (a prompt appended to a non-empty cache)
+    an explicit bottom-right-aligned mask.
     """
-    if mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     Tq, Tk = q.shape[-2], k.shape[-2]
-    if Tq == Tk:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    if Tq == 1:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
-    key_pos = torch.arange(Tk, device=q.device)[None, :]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_pos <= query_pos, dropout_p=dropout_p)
+    if mask is None and 1 < Tq < Tk:
+        query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
+        key_pos = torch.arange(Tk, device=q.device)[None, :]
+        mask = key_pos <= query_pos
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                          is_causal=mask is None and Tq == Tk)
 
 
 class Attention(nn.Module):
     """Causal self-attention with RoPE and grouped-query heads.
 
-    `n_head`, `n_kv_head` and `head_dim` are plain attributes read by forward, so a tensor-parallel copy that
-    keeps a slice of the heads only has to shrink wq/wk/wv/wo and set its local head counts.
+    `n_head`, `n_kv_head` and `head_dim` are plain attributes read by forward, so a tensor-parallel
+    copy that keeps a slice of the heads only has to shrink wq/wk/wv/wo and set its local head
+    counts.
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.n_head, self.n_kv_head, self.head_dim = (config.n_head, config.n_kv_head,
+                                                      config.head_dim)
         self.rope_theta = config.rope_theta
         self.dropout = config.dropout
         self.flash = config.attention == "flash"
         C = config.n_embd
         self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
-        self.wk = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
-        self.wv = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+        self.wk, self.wv = (nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+                            for _ in range(2))
         self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
         # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
         # tokens, and ring attention in place of causal_attention, fed the K/V before the GQA
@@ -488,39 +513,37 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_head, self.head_dim)                  # (B, T, h, d)
-        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim)               # (B, T, h_kv, d)
-        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim)
-        start = 0 if cache is None else cache.start
+        # q (B, T, h, d); k, v (B, T, h_kv, d)
+        q, k, v = (w(x).view(B, T, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
         positions = self.positions
         if positions is None:
+            start = 0 if cache is None else cache.start
             positions = torch.arange(start, start + T, device=x.device)
         cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, heads, T, d)
         if cache is not None:
-            k, v = cache.append(k, v)                                          # (B, h_kv, start + T, d)
+            k, v = cache.append(k, v)                                  # (B, h_kv, start + T, d)
         if self.attend is not None:
-            y = self.attend(q, k, v).transpose(1, 2)                          # (B, T, h, d)
-            return self.wo(y.reshape(B, T, self.n_head * self.head_dim))
-        if self.n_kv_head != self.n_head:
-            # GQA: query head j reads kv head j // group. expand makes the group copies a view (stride 0, no
-            # memory); only the reshape to (B, h, Tk, d) materialises them, in one plain copy, where
-            # repeat_interleave ran an index gather. (SDPA's enable_gqa=True, torch >= 2.5, can skip even that
-            # copy in the kernels that support it; the explicit view keeps causal_attention one plain attention.)
-            k, v = (t[:, :, None].expand(-1, -1, self.n_head // self.n_kv_head, -1, -1)
-                    .reshape(B, self.n_head, t.shape[2], self.head_dim) for t in (k, v))     # (B, h, Tk, d)
-        if self.flash and cache is None:
-            y = flash_attention(q, k, v, True)                                 # (B, h, T, d)
+            y = self.attend(q, k, v)                                           # (B, h, T, d)
         else:
-            # (B, h, T, d)
-            y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
-        return self.wo(y)
+            # GQA: query head j reads kv head j // group. expand makes the group copies a view
+            # (stride 0, no memory); only the reshape to (B, h, Tk, d) materialises them, in one
+            # plain copy, where repeat_interleave ran an index gather. (SDPA's enable_gqa=True,
+            # torch >= 2.5, can skip even that copy in the kernels that support it; the explicit
+            # view keeps causal_attention one plain attention.) k, v become (B, h, Tk, d).
+            k, v = (t[:, :, None].expand(-1, -1, self.n_head // self.n_kv_head, -1, -1)
+                    .reshape(B, self.n_head, t.shape[2], self.head_dim) for t in (k, v))
+            if self.flash and cache is None:
+                y = flash_attention(q, k, v, True)                             # (B, h, T, d)
+            else:
+                y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
 class SwiGLU(nn.Module):
-    """w2(silu(w1 x) * w3 x): a gated feed-forward layer (Shazeer 2020). silu(z) = z * sigmoid(z)."""
+    """w2(silu(w1 x) * w3 x): a gated feed-forward layer (Shazeer 2020). silu(z) = z *
+    sigmoid(z)."""
 
     def __init__(self, n_embd: int, hidden: int):
         super().__init__()
@@ -533,32 +556,36 @@ class SwiGLU(nn.Module):
 
 
 class MoE(nn.Module):
-    """A Mixture of Experts in place of the FFN: E SwiGLU experts, top-k routing per token, fixed capacity.
+    """A Mixture of Experts in place of the FFN: E SwiGLU experts, top-k routing per token, fixed
+    capacity.
 
-    Routing: p = softmax(router(x)) over the E experts; each token goes to its k most probable experts and
-    their outputs are summed with weights p (not renormalised over the k, as in Switch Transformer and
-    Qwen-MoE: the router then gets a gradient from the main loss even with k = 1).
+    Routing: p = softmax(router(x)) over the E experts; each token goes to its k most probable
+    experts and their outputs are summed with weights p (not renormalised over the k, as in Switch
+    Transformer and Qwen-MoE: the router then gets a gradient from the main loss even with k = 1).
 
-    Capacity: each expert processes at most `capacity = ceil(factor * N * k / E)` of the N tokens; choices are
-    served first-choice-first then in token order, and an assignment beyond capacity is dropped (that token's
-    residual stream simply passes through this layer for that expert). Fixed capacity is what makes every
-    shape static, so torch.compile sees one graph and the experts run as one batched matmul (E, capacity, C).
-    factor = 0 means capacity = N: nothing is ever dropped (costs E/k times the active compute). In eval mode
-    capacity is always N, so generation and evaluation do not depend on which other tokens share the batch.
-    Dropping is why a capacity-limited MoE is not strictly causal in training: a later token can take the slot
-    an earlier token's second choice wanted (the cost of static shapes; Switch and GShard accept it too).
+    Capacity: each expert processes at most `capacity = ceil(factor * N * k / E)` of the N tokens;
+    choices are served first-choice-first then in token order, and an assignment beyond capacity is
+    dropped (that token's residual stream simply passes through this layer for that expert). Fixed
+    capacity is what makes every shape static, so torch.compile sees one graph and the experts run
+    as one batched matmul (E, capacity, C). factor = 0 means capacity = N: nothing is ever dropped
+    (costs E/k times the active compute). In eval mode capacity is always N, so generation and
+    evaluation do not depend on which other tokens share the batch. Dropping is why a
+    capacity-limited MoE is not strictly causal in training: a later token can take the slot an
+    earlier token's second choice wanted (the cost of static shapes; Switch and GShard accept it
+    too).
 
-    Load balancing (Switch Transformer): aux = E * sum_e f_e * P_e, with f_e the fraction of the N*k choices
-    that picked expert e and P_e the mean router probability of e. It is 1 when routing is uniform and grows
-    towards E as the router collapses onto one expert. forward returns it beside the output rather than storing
-    it: a pure function can sit inside activation checkpointing under torch.compile (a side effect there is a
-    graph break); the Block records it.
+    Load balancing (Switch Transformer): aux = E * sum_e f_e * P_e, with f_e the fraction of the N*k
+    choices that picked expert e and P_e the mean router probability of e. It is 1 when routing is
+    uniform and grows towards E as the router collapses onto one expert. forward returns it beside
+    the output rather than storing it: a pure function can sit inside activation checkpointing under
+    torch.compile (a side effect there is a graph break); the Block records it.
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         C, H, E = config.n_embd, config.ffn_dim, config.n_expert
-        self.n_expert, self.top_k, self.capacity_factor = E, config.expert_top_k, config.moe_capacity_factor
+        self.n_expert, self.top_k, self.capacity_factor = (E, config.expert_top_k,
+                                                           config.moe_capacity_factor)
         self.router = nn.Linear(C, E, bias=False)
         # The experts' SwiGLU weights stacked on a leading expert axis, laid out for x @ w.
         self.w1 = nn.Parameter(torch.empty(E, C, H))
@@ -573,7 +600,9 @@ class MoE(nn.Module):
         """
         if self.capacity_factor == 0:
             return n_tokens
-        return min(n_tokens, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_expert))
+        return min(
+            n_tokens, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_expert)
+        )
 
     def experts(self, x: torch.Tensor) -> torch.Tensor:
         """Every expert on its slots, one batched matmul: (E, cap, C) -> (E, cap, C). Expert
@@ -594,19 +623,23 @@ class MoE(nn.Module):
         probs = F.softmax(self.router(tokens).float(), dim=-1)                 # (N, E)
         gate, expert = probs.topk(k, dim=-1)                                   # (N, k) each
 
-        # Order the N*k assignments choice-major (all first choices, then all second choices), so a full
-        # expert drops second choices before first ones.
+        # Order the N*k assignments choice-major (all first choices, then all second choices), so a
+        # full expert drops second choices before first ones.
         expert = expert.t().reshape(-1)                                        # (k*N,)
         gate = gate.t().reshape(-1)                                            # (k*N,)
         chosen = F.one_hot(expert, E)                                          # (k*N, E)
-        slot_in_expert = (chosen.cumsum(0) * chosen).sum(-1) - 1               # rank of this assignment, (k*N,)
-        cap = self.capacity(N) if self.training else N                        # inference never drops
+        # rank of this assignment, (k*N,)
+        slot_in_expert = (chosen.cumsum(0) * chosen).sum(-1) - 1
+        # inference never drops
+        cap = self.capacity(N) if self.training else N
         kept = slot_in_expert < cap
-        # Flat slot in an (E * cap + 1, C) buffer; dropped assignments all land in the spare last row.
+        # Flat slot in an (E * cap + 1, C) buffer; dropped assignments all land in the spare last
+        # row.
         slot = torch.where(kept, expert * cap + slot_in_expert, torch.full_like(expert, E * cap))
 
         inputs = tokens.new_zeros(E * cap + 1, C)
-        inputs.index_copy_(0, slot, tokens.repeat(k, 1))                       # kept slots are unique
+        # kept slots are unique
+        inputs.index_copy_(0, slot, tokens.repeat(k, 1))
         expert_out = self.experts(inputs[:-1].view(E, cap, C))                 # (E, cap, C)
         expert_out = torch.cat((expert_out.view(E * cap, C), tokens.new_zeros(1, C)))  # +1 row
         weighted = expert_out[slot] * (gate * kept).unsqueeze(-1).to(x.dtype)  # (k*N, C)
@@ -619,14 +652,16 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)). forward(x) -> x, the unit pipeline parallel moves.
+    """x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)). forward(x) -> x, the unit pipeline
+    parallel moves.
 
-    RoPE needs no table here: each Attention computes its angles from the positions (0..T-1, or shifted by a
-    KV cache), so a block is self-contained and can run on any pipeline stage.
+    RoPE needs no table here: each Attention computes its angles from the positions (0..T-1, or
+    shifted by a KV cache), so a block is self-contained and can run on any pipeline stage.
 
-    Activation checkpointing lives here too: in training, with the flag, the block keeps only its input and
-    recomputes its inside during backward (about 1/3 more compute for most of the activation memory).
-    `self.aux_loss` holds the MoE load-balancing loss of the last forward (0 for a dense FFN).
+    Activation checkpointing lives here too: in training, with the flag, the block keeps only its
+    input and recomputes its inside during backward (about 1/3 more compute for most of the
+    activation memory). `self.aux_loss` holds the MoE load-balancing loss of the last forward (0 for
+    a dense FFN).
     """
 
     def __init__(self, config: GPTConfig, kind: str = "A"):
@@ -648,8 +683,11 @@ class Block(nn.Module):
             self.aux_loss = aux_loss                   # recorded outside the checkpointed function
         return x
 
-    def _residual_updates(self, x: torch.Tensor, cache: LayerKV | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The block's math, free of side effects: (B, T, C) -> (B, T, C) and the MoE loss (None when dense)."""
+    def _residual_updates(
+        self, x: torch.Tensor, cache: LayerKV | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block's math, free of side effects: (B, T, C) -> (B, T, C) and the MoE loss (None
+        when dense)."""
         x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
         aux_loss = None
         if isinstance(self.ffn, MoE):
@@ -820,12 +858,13 @@ class LinearAttention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The model
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 class GPT(nn.Module):
-    """Decoder-only Transformer: embed -> blocks -> head. forward(idx, targets) -> (logits, loss)."""
+    """Decoder-only Transformer: embed -> blocks -> head. forward(idx, targets) -> (logits,
+    loss)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -836,31 +875,30 @@ class GPT(nn.Module):
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
-            self.lm_head.weight = self.tok_emb.weight     # one (V, C) matrix reads tokens in and writes them out
+            # one (V, C) matrix reads tokens in and writes them out
+            self.lm_head.weight = self.tok_emb.weight
         self.aux_loss = torch.zeros(())
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module):
         """N(0, 0.02) everywhere; residual-stream writers (wo, w2) get 0.02 / sqrt(2 * n_layer)."""
         std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
-        if isinstance(module, (Attention, LinearAttention, SwiGLU)):
-            out = module.w2 if isinstance(module, SwiGLU) else module.wo
-            for linear in module.children():
-                nn.init.normal_(linear.weight, 0.0, residual_std if linear is out else std)
-        elif isinstance(module, MoE):
-            nn.init.normal_(module.router.weight, 0.0, std)
-            nn.init.normal_(module.w1, 0.0, std)
-            nn.init.normal_(module.w3, 0.0, std)
-            nn.init.normal_(module.w2, 0.0, residual_std)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, GPT) and not self.config.tie_embeddings:
-            nn.init.normal_(module.lm_head.weight, 0.0, std)
+        if isinstance(module, (Attention, LinearAttention, SwiGLU, MoE)):
+            for name, weight in module.named_parameters():      # "wq.weight", ...; MoE's "w1", ...
+                # LinearAttention's gate bias: set there
+                if not name.endswith("bias"):
+                    writes_residual = name.split(".")[0] in ("wo", "w2")
+                    nn.init.normal_(weight, 0.0, residual_std if writes_residual else std)
+        elif isinstance(module, nn.Embedding) or (module is self.lm_head
+                                                   and not self.config.tie_embeddings):
+            nn.init.normal_(module.weight, 0.0, std)          # the embedding, and an untied head
 
-    # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the last.
+    # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the
+    # last.
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped while compiling)."""
+        """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped
+        while compiling)."""
         if not torch.compiler.is_compiling():
             self._check_input(idx)
         return self.emb_dropout(self.tok_emb(idx))
@@ -871,34 +909,46 @@ class GPT(nn.Module):
 
     def _check_input(self, idx: torch.Tensor):
         if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
-            raise ConfigError(f"idx must be an integer tensor of shape (batch, time), got {tuple(idx.shape)} "
-                              f"{idx.dtype}; pass token ids as torch.long")
+            raise ConfigError(
+                f"idx must be an integer tensor of shape (batch, time), got {tuple(idx.shape)} "
+                f"{idx.dtype}; pass token ids as torch.long"
+            )
         if idx.shape[1] > self.config.block_size:
-            raise ConfigError(f"sequence length {idx.shape[1]} exceeds block_size={self.config.block_size}; "
-                              f"crop the input to its last block_size tokens or use a config with a larger block_size")
-        # The id range is checked where the ids already live on the host. On a GPU, reading min and max back
-        # would stop the CPU twice per forward until the GPU catches up (two device-to-host syncs), so the queue
-        # of kernels runs dry every step; there an out-of-range id stops the embedding with CUDA's
-        # device-side assert instead (the loader's ids come from the tokenizer that set vocab_size).
+            raise ConfigError(
+                f"sequence length {idx.shape[1]} exceeds block_size={self.config.block_size}; "
+                f"crop the input to its last block_size tokens or use a config with a larger "
+                f"block_size"
+            )
+        # The id range is checked where the ids already live on the host. On a GPU, reading min and
+        # max back would stop the CPU twice per forward until the GPU catches up (two device-to-host
+        # syncs), so the queue of kernels runs dry every step; there an out-of-range id stops the
+        # embedding with CUDA's device-side assert instead (the loader's ids come from the tokenizer
+        # that set vocab_size).
         if idx.device.type == "cpu" and idx.numel():
             low, high = (int(v) for v in torch.aminmax(idx))
             if low < 0 or high >= self.config.vocab_size:
-                raise ConfigError(f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got "
-                                  f"[{low}, {high}]; set vocab_size to the tokenizer's size")
+                raise ConfigError(
+                    f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got "
+                    f"[{low}, {high}]; set vocab_size to the tokenizer's size"
+                )
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy (ignore_index -1).
+        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy
+        (ignore_index -1).
 
-        The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense model).
-        With a kv_cache the tokens continue the cached sequence (generation); the cache is advanced by T.
+        The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense
+        model). With a kv_cache the tokens continue the cached sequence (generation); the cache is
+        advanced by T.
         """
         if kv_cache is not None and kv_cache.max_len > self.config.block_size:
-            raise ConfigError(f"a KV cache of {kv_cache.max_len} tokens would let attention reach past "
-                              f"block_size={self.config.block_size}; make the cache block_size long at most")
+            raise ConfigError(
+                f"a KV cache of {kv_cache.max_len} tokens would let attention reach past "
+                f"block_size={self.config.block_size}; make the cache block_size long at most"
+            )
         x = self.embed(idx)                                                    # (B, T, C)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_cache is None else kv_cache.layer(i))     # (B, T, C)
+            x = block(x, None if kv_cache is None else kv_cache.layers[i])    # (B, T, C)
         if kv_cache is not None:
             kv_cache.length += idx.shape[1]
         if self.config.n_expert:
@@ -906,34 +956,47 @@ class GPT(nn.Module):
         logits = self.head(x)                                                  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+            )
         return logits, loss
 
-    # Generation -------------------------------------------------------------------------------------------
+    # Generation
+    # -------------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), using a KV cache.
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), using a KV
+        cache.
 
-        temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely before sampling;
-        `generator` makes sampling reproducible. The prompt's last block_size tokens fill the cache in one forward,
-        then each step feeds one token. Past block_size the cache window slides (see KVCache): every layer
-        attends to the previous block_size tokens, one query per step at any length.
+        temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely
+        before sampling; `generator` makes sampling reproducible. The prompt's last block_size
+        tokens fill the cache in one forward, then each step feeds one token. Past block_size the
+        cache window slides (see KVCache): every layer attends to the previous block_size tokens,
+        one query per step at any length.
         """
-        if max_new_tokens < 0:
-            raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ConfigError(f"top_k must be >= 1 or None, got {top_k}")
+        for bad, message in (
+            (max_new_tokens < 0, f"max_new_tokens must be >= 0, got {max_new_tokens}"),
+            (temperature < 0, f"temperature must be >= 0 (0 = greedy), got {temperature}"),
+            (top_k is not None and top_k < 1, f"top_k must be >= 1 or None, got {top_k}"),
+        ):
+            if bad:
+                raise ConfigError(message)
         was_training = self.training
         self.eval()
         cfg = self.config
         kv_heads = next((b.attn.n_kv_head for b in self.blocks if isinstance(b.attn, Attention)), 1)
         cache = KVCache(cfg.n_layer, idx.shape[0], kv_heads, cfg.block_size, cfg.head_dim,
                         device=idx.device, dtype=self.tok_emb.weight.dtype, kinds=cfg.layer_kinds)
-        pending = idx[:, -cfg.block_size:]                                     # ids not yet cached: the prompt
+        # ids not yet cached: the prompt
+        pending = idx[:, -cfg.block_size:]
         for _ in range(max_new_tokens):
             logits, _ = self(pending, kv_cache=cache)
             next_token = sample(logits[:, -1, :], temperature, top_k, generator)   # (B, 1)
@@ -942,34 +1005,38 @@ class GPT(nn.Module):
         self.train(was_training)
         return idx
 
-    # Accounting -------------------------------------------------------------------------------------------
+    # Accounting
+    # -------------------------------------------------------------------------------------------
 
     def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
-        """Count the actual tensors (a tied head is counted once). See GPTConfig.num_params for the closed form."""
+        """Count the actual tensors (a tied head is counted once). See GPTConfig.num_params for the
+        closed form."""
         total = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            total -= self.tok_emb.weight.numel()
-            if self.lm_head.weight is not self.tok_emb.weight:
-                total -= self.lm_head.weight.numel()
+            # the embedding and an untied head; a set holds a tied (V, C) matrix once
+            total -= sum(w.numel() for w in {self.tok_emb.weight, self.lm_head.weight})
         if active and self.config.n_expert:
             E, k = self.config.n_expert, self.config.expert_top_k
-            for block in self.blocks:
-                expert_params = sum(w.numel() for w in (block.ffn.w1, block.ffn.w2, block.ffn.w3))
-                total -= expert_params * (E - k) // E
+            experts = sum(w.numel() for b in self.blocks for w in (b.ffn.w1, b.ffn.w2, b.ffn.w3))
+            # all E experts' weights -> the top k's
+            total -= experts * (E - k) // E
         return total
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
         return self.config.flops_per_token(seq_len)
 
-    def estimate_mfu(self, tokens_per_s: float, peak_flops: float, seq_len: int | None = None) -> float:
+    def estimate_mfu(
+        self, tokens_per_s: float, peak_flops: float, seq_len: int | None = None
+    ) -> float:
         """Model FLOPs utilisation: tokens/s * FLOPs/token / peak FLOP/s (a fraction, 0..1)."""
         return tokens_per_s * self.flops_per_token(seq_len) / peak_flops
 
 
 def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
            generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k best."""
+    """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k
+    best."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
@@ -979,38 +1046,66 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Presets
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 PRESETS: dict[str, GPTConfig] = {
     # The default CPU run: trains to a visibly falling loss in a few minutes on 2 cores.
-    "tiny": GPTConfig(vocab_size=4096, block_size=128, n_layer=4, n_head=4, n_kv_head=2, n_embd=128),
+    "tiny": GPTConfig(
+        vocab_size=4096, block_size=128, n_layer=4, n_head=4, n_kv_head=2, n_embd=128
+    ),
     # The scaling sweep: non-embedding parameters about 4x apart, small enough to train on a CPU.
-    "sweep-1": GPTConfig(vocab_size=4096, block_size=128, n_layer=2, n_head=2, n_kv_head=2, n_embd=64),
-    "sweep-2": GPTConfig(vocab_size=4096, block_size=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=96),
-    "sweep-3": GPTConfig(vocab_size=4096, block_size=128, n_layer=4, n_head=6, n_kv_head=6, n_embd=192),
-    "sweep-4": GPTConfig(vocab_size=4096, block_size=128, n_layer=8, n_head=8, n_kv_head=8, n_embd=256),
+    "sweep-1": GPTConfig(
+        vocab_size=4096, block_size=128, n_layer=2, n_head=2, n_kv_head=2, n_embd=64
+    ),
+    "sweep-2": GPTConfig(
+        vocab_size=4096, block_size=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=96
+    ),
+    "sweep-3": GPTConfig(
+        vocab_size=4096, block_size=128, n_layer=4, n_head=6, n_kv_head=6, n_embd=192
+    ),
+    "sweep-4": GPTConfig(
+        vocab_size=4096, block_size=128, n_layer=8, n_head=8, n_kv_head=8, n_embd=256
+    ),
     "10m": GPTConfig(vocab_size=8192, block_size=256, n_layer=6, n_head=6, n_kv_head=2, n_embd=384),
-    # GPU sizes. 124m and 350m have GPT-2 small/medium shapes (SwiGLU at 8/3 C matches GPT-2's 4C MLP in size).
-    "124m": GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_kv_head=12, n_embd=768),
-    "350m": GPTConfig(vocab_size=50304, block_size=1024, n_layer=24, n_head=16, n_kv_head=16, n_embd=1024),
+    # GPU sizes. 124m and 350m have GPT-2 small/medium shapes (SwiGLU at 8/3 C matches GPT-2's 4C
+    # MLP in size).
+    "124m": GPTConfig(
+        vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_kv_head=12, n_embd=768
+    ),
+    "350m": GPTConfig(
+        vocab_size=50304, block_size=1024, n_layer=24, n_head=16, n_kv_head=16, n_embd=1024
+    ),
     # Llama-3.2-1B's shape (GQA 32/8, FFN 8192) with the GPT-2 vocabulary.
-    "1b": GPTConfig(vocab_size=50304, block_size=2048, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048,
-                    ffn_hidden=8192, rope_theta=500000.0),
+    "1b": GPTConfig(
+        vocab_size=50304,
+        block_size=2048,
+        n_layer=16,
+        n_head=32,
+        n_kv_head=8,
+        n_embd=2048,
+        ffn_hidden=8192,
+        rope_theta=500000.0,
+    ),
 }
 
 
 def preset_table(presets: dict[str, GPTConfig] = PRESETS) -> str:
-    """The presets as a text table: shape, parameters (total / non-embedding / active), FLOPs/token, memory."""
-    header = (f"{'preset':<11} {'layers':>6} {'heads':>5} {'kv':>3} {'width':>5} {'ffn':>5} {'vocab':>6} "
-              f"{'ctx':>5} {'params':>9} {'non-emb':>9} {'active':>9} {'FLOPs/tok':>10} {'train mem':>10}")
+    """The presets as a text table: shape, parameters (total / non-embedding / active), FLOPs/token,
+    memory."""
+    header = (
+        f"{'preset':<11} {'layers':>6} {'heads':>5} {'kv':>3} {'width':>5} {'ffn':>5} {'vocab':>6} "
+        f"{'ctx':>5} {'params':>9} {'non-emb':>9} {'active':>9} {'FLOPs/tok':>10} {'train mem':>10}"
+    )
     rows = [header, "-" * len(header)]
     for name, c in presets.items():
-        rows.append(f"{name:<11} {c.n_layer:>6} {c.n_head:>5} {c.n_kv_head:>3} {c.n_embd:>5} {c.ffn_dim:>5} "
-                    f"{c.vocab_size:>6} {c.block_size:>5} {_human(c.num_params()):>9} "
-                    f"{_human(c.num_params(non_embedding=True)):>9} {_human(c.num_params(active=True)):>9} "
-                    f"{c.flops_per_token():>10.3g} {c.training_memory_bytes() / 1e9:>8.2f}GB")
+        rows.append(
+            f"{name:<11} {c.n_layer:>6} {c.n_head:>5} {c.n_kv_head:>3} {c.n_embd:>5} "
+            f"{c.ffn_dim:>5} {c.vocab_size:>6} {c.block_size:>5} {_human(c.num_params()):>9} "
+            f"{_human(c.num_params(non_embedding=True)):>9} {_human(c.num_params(active=True)):>9} "
+            f"{c.flops_per_token():>10.3g} {c.training_memory_bytes() / 1e9:>8.2f}GB"
+        )
     return "\n".join(rows)
 
 
@@ -1026,24 +1121,28 @@ def _human(n: int) -> str:
 # === Appendix: machinery (the device a command line asks for) ===
 # ==================================================================================================
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Devices: the one check of --device that every CLI (train, evaluate, ...) uses
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
 
 def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.device:
-    """A --device value as a torch.device, or `error` in one line naming --device and what this machine has.
+    """A --device value as a torch.device, or `error` in one line naming --device and what this
+    machine has.
 
-    auto: CUDA (cuda:LOCAL_RANK under torchrun), else Apple's MPS, else the CPU. cuda:N must be a GPU that exists;
-    "meta" (tensors without data: everything after the first forward fails) and anything else are refused.
+    auto: CUDA (cuda:LOCAL_RANK under torchrun), else Apple's MPS, else the CPU. cuda:N must be a
+    GPU that exists; "meta" (tensors without data: everything after the first forward fails) and
+    anything else are refused.
 
     >>> resolve_device("cpu")
     device(type='cpu')
-    >>> resolve_device("meta")
-    Traceback (most recent call last):
-    ValueError: --device meta: meta tensors hold no data to compute with; use auto, cpu, cuda, cuda:N or mps
+    >>> try:
+    ...     resolve_device("meta")
+    ... except ValueError as e:
+    ...     print(e)
+    --device meta: meta tensors hold no data to compute with; use auto, cpu, cuda, cuda:N or mps
     """
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if name == "auto":
@@ -1059,30 +1158,40 @@ def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.devi
             raise error(f"--device {name}: no CUDA device here; use --device cpu (or auto)")
         index = int(os.environ.get("LOCAL_RANK", 0)) if device.index is None else device.index
         if index >= torch.cuda.device_count():
-            raise error(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+            raise error(
+                f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+            )
         return torch.device("cuda", index)
     if device.type == "mps":
         if not mps:
-            raise error(f"--device {name}: Apple's MPS backend is not available here; use --device cpu (or auto)")
+            raise error(
+                f"--device {name}: Apple's MPS backend is not available here; use --device cpu "
+                f"(or auto)"
+            )
         return device
     if device.type == "meta":
-        raise error(f"--device {name}: meta tensors hold no data to compute with; use {DEVICE_CHOICES}")
+        raise error(
+            f"--device {name}: meta tensors hold no data to compute with; use {DEVICE_CHOICES}"
+        )
     raise error(f"--device {name}: this project runs on {DEVICE_CHOICES}, not {device.type}")
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Command line
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
-    """Greedy decoding from an untrained preset, with the KV cache and without it (a full forward over the last
-    block_size tokens at every step): the time each took and where their ids agree. Within block_size they must
-    be equal; past it the cache slides its window (see KVCache), so a deeper model may pick other tokens."""
+    """Greedy decoding from an untrained preset, with the KV cache and without it (a full forward
+    over the last block_size tokens at every step): the time each took and where their ids agree.
+    Within block_size they must be equal; past it the cache slides its window (see KVCache), so a
+    deeper model may pick other tokens."""
     torch.manual_seed(seed)
     model = GPT(PRESETS[name]).eval()
     prompt_len, window = 8, model.config.block_size
-    prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    prompt = torch.randint(
+        0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed)
+    )
     start = time.perf_counter()
     cached = model.generate(prompt, new_tokens, temperature=0)
     cached_s = time.perf_counter() - start
@@ -1093,15 +1202,22 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
             logits, _ = model(idx[:, -window:])
             idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
     full_s = time.perf_counter() - start
-    inside = min(new_tokens, window - prompt_len)             # tokens predicted from a window that is not full
+    # tokens predicted from a window that is not full
+    inside = min(new_tokens, window - prompt_len)
+    known = prompt_len + inside
     past = new_tokens - inside
-    lines = [f"{name}: {model.num_params():,} parameters, {new_tokens} greedy tokens, block_size {window}",
-             f"  with KV cache   {cached_s:6.2f} s",
-             f"  without cache   {full_s:6.2f} s  ({full_s / cached_s:.1f}x the cached time)",
-             f"  same ids within block_size: {torch.equal(cached[:, :prompt_len + inside], idx[:, :prompt_len + inside])}"]
+    lines = [
+        f"{name}: {model.num_params():,} parameters, {new_tokens} greedy tokens, "
+        f"block_size {window}",
+        f"  with KV cache   {cached_s:6.2f} s",
+        f"  without cache   {full_s:6.2f} s  ({full_s / cached_s:.1f}x the cached time)",
+        f"  same ids within block_size: {torch.equal(cached[:, :known], idx[:, :known])}",
+    ]
     if past:
         agree = int((cached[0, -past:] == idx[0, -past:]).sum())
-        lines.append(f"  past block_size (sliding window vs cropped recompute): {agree} of {past} ids agree")
+        lines.append(
+            f"  past block_size (sliding window vs cropped recompute): {agree} of {past} ids agree"
+        )
     return "\n".join(lines)
 
 
@@ -1112,37 +1228,62 @@ def main(argv: list[str] | None = None) -> int:
                                 "export to / import from the Hugging Face Llama layout.")
     parser.set_defaults(moe=8, top_k=2)
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
-    presets = sub.add_parser("presets", help="table of presets (the default): shape, parameters, FLOPs, memory")
-    presets.add_argument("--moe", type=in_range(int, 0, 4096), default=8, metavar="E",
-                         help="also show each preset as a Mixture of Experts with E experts (0: don't)")
+    presets = sub.add_parser(
+        "presets", help="table of presets (the default): shape, parameters, FLOPs, memory"
+    )
+    presets.add_argument(
+        "--moe",
+        type=in_range(int, 0, 4096),
+        default=8,
+        metavar="E",
+        help="also show each preset as a Mixture of Experts with E experts (0: don't)",
+    )
     presets.add_argument("--top-k", type=in_range(int, 1, 4096), default=2,
                          help="experts per token in that table")
-    demo = sub.add_parser("demo", help="greedy generation from an untrained preset, with and without the KV cache")
+    demo = sub.add_parser(
+        "demo", help="greedy generation from an untrained preset, with and without the KV cache"
+    )
     demo.add_argument("--model", choices=list(PRESETS), default="tiny")
-    demo.add_argument("--tokens", type=in_range(int, 1, 10_000), default=100,
-                      help="new tokens (the uncached side recomputes the window per token: 1e4 is minutes on a CPU)")
+    demo.add_argument(
+        "--tokens",
+        type=in_range(int, 1, 10_000),
+        default=100,
+        help="new tokens (the uncached side recomputes the window per token: 1e4 is minutes on a "
+        "CPU)",
+    )
     demo.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), default=0)
-    # The bridge's commands are hf.py's, listed here and handed to hf.main before parsing (see its --help).
-    sub.add_parser("export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory (hf.py)")
-    sub.add_parser("import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint (hf.py)")
+    # The bridge's commands are hf.py's, listed here and handed to hf.main before parsing (see its
+    # --help).
+    sub.add_parser(
+        "export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory (hf.py)"
+    )
+    sub.add_parser(
+        "import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint (hf.py)"
+    )
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["export"], ["import-hf"]):
-        import hf                                 # main only: model.py's library never imports the bridge
+        # main only: model.py's library never imports the bridge
+        import hf
         return hf.main(argv, prog="model.py")
     args = parser.parse_args(argv)
     if args.moe and args.top_k > args.moe:
-        parser.error(f"argument --top-k: {args.top_k} experts per token, but --moe gives only {args.moe}")
+        parser.error(
+            f"argument --top-k: {args.top_k} experts per token, but --moe gives only {args.moe}"
+        )
     try:
         if args.command in (None, "presets"):
             print(preset_table())
             if args.moe:
-                print(f"\nThe same presets as Mixtures of Experts: every FFN becomes {args.moe} experts, "
-                      f"{args.top_k} active per token (memory of all, compute of the active):")
-                print(preset_table({f"{k}-moe": dataclasses.replace(v, n_expert=args.moe, expert_top_k=args.top_k)
+                print(f"\nThe same presets as Mixtures of Experts: every FFN becomes {args.moe} "
+                      f"experts, {args.top_k} active per token (memory of all, compute of the "
+                      f"active):")
+                print(preset_table({f"{k}-moe": dataclasses.replace(v, n_expert=args.moe,
+                                                                    expert_top_k=args.top_k)
                                     for k, v in PRESETS.items()}))
-            print("\nparams counts a tied LM head once; non-emb leaves out the token embedding and an untied head;"
-                  "\nFLOPs/tok = 6 x (active matmul params) + 12 L T C, training, at T = ctx; "
-                  f"train mem = {TRAINING_BYTES_PER_PARAM} B/param\n(AdamW, mixed precision), activations excluded.")
+            print("\nparams counts a tied LM head once; non-emb leaves out the token embedding and "
+                  "an untied head;\nFLOPs/tok = 6 x (active matmul params) + 12 L T C, training, "
+                  f"at T = ctx; train mem = {TRAINING_BYTES_PER_PARAM} B/param\n(AdamW, mixed "
+                  "precision), activations excluded.")
         elif args.command == "demo":
             print(demo_kv_cache(args.model, args.tokens, args.seed))
     except ConfigError as e:

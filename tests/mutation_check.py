@@ -141,11 +141,11 @@ MUTANTS = [
            "the bubble formula (p-1)/(m+p-1) loses its -1"),
     # --- the model --------------------------------------------------------------------------------------------------
     Mutant("cached-prompt-mask-off-by-one", "model.py",
-           "attn_mask=key_pos <= query_pos", "attn_mask=key_pos < query_pos",
+           "mask = key_pos <= query_pos", "mask = key_pos < query_pos",
            ("tests/test_model.py::test_causal_attention_aligns_queries_to_the_last_positions",),
            "a prompt appended to a KV cache does not see its own position"),
     Mutant("rope-ignores-cache-offset", "model.py",
-           "torch.arange(start, start + T, device=x.device)", "torch.arange(T, device=x.device)",
+           "positions = torch.arange(start, start + T, device=x.device)", "positions = torch.arange(T, device=x.device)",
            ("tests/test_model.py::test_kv_cache_gives_the_full_forward_logits",),
            "RoPE rotates cached decoding steps as if they were at position 0"),
     # --- the Hugging Face bridge: transformers' LlamaForCausalLM and AutoTokenizer are the oracles --------------------
