@@ -968,7 +968,9 @@ def recall_accuracy(model, n_pairs: int, n_rows: int = 256, seed: int = 0) -> fl
 def train_recall(kind: str, seed: int, pair_counts: list[int], steps: int, width: int = 64,
                  batch: int = 32):
     """A 2-layer model of `kind` (RECALL_KINDS) trained on MQAR rows whose pair count cycles through
-    pair_counts; AdamW with a short warmup and cosine decay. Returns the model in eval mode."""
+    pair_counts; AdamW with a short warmup and cosine decay. Returns the model in eval mode.
+    2,000 steps x 32 rows is ~1% of the rows Zoology trains on: too few to leave the plateau where
+    a model answers with any value from the context (1 / pairs); see docs/recall/REPORT.md."""
     import model as model_lib
     torch.manual_seed(seed)
     config = model_lib.GPTConfig(vocab_size=256, block_size=4 * max(pair_counts), n_layer=2,
