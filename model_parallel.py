@@ -47,7 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import parallel
-from parallel import (Comm, DataParallel, Mesh, ParallelError, Zero, check_combination, clip_grad_norm_, launch,
+from parallel import (Comm, DataParallel, Layout, Mesh, ParallelError, Zero, check_combination, clip_grad_norm_, launch,
                       load_named_optimizer_state, named_optimizer_state, training_state_bytes,
                       zero_bytes_per_step, zero_memory_per_rank)
 
@@ -750,7 +750,7 @@ def _split_comms(dp: Comm, n: int) -> tuple[Comm, Comm]:
     return comms[0], comms[1]
 
 
-class ExpertParallel(nn.Module):
+class ExpertParallel(Layout):
     """A MoE GPT whose experts are split over n of the dp ranks; forward as a GPT's."""
 
     def __init__(self, model: nn.Module, dp: Comm, n: int):
@@ -770,9 +770,6 @@ class ExpertParallel(nn.Module):
                 setattr(moe, name, p)
             moe.experts = lambda x, moe=moe: dispatch_experts_combine(moe, x, self.ep)
             moe.balance_stats = lambda f, p: global_balance_stats(f, p, dp)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        return self.module(idx, targets)
 
 
 class _ExpertDataParallel:
@@ -941,7 +938,7 @@ def _canonical(name: str, p: torch.Tensor) -> str:
     return "tok_emb.weight" if getattr(p, "pp_tied_copy", False) else name
 
 
-class DistributedModel(nn.Module):
+class DistributedModel(Layout):
     """A GPT split over a mesh; see the section comment. Build it with `parallelize`."""
 
     def __init__(self, model: nn.Module, mesh: Mesh, zero: int, schedule: str, ep: int = 1):
@@ -1007,11 +1004,9 @@ class DistributedModel(nn.Module):
             self.sync.finish_gradient_sync()
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip to the global norm of the full model (max_norm 0: only measure); return the norm before."""
-        limit = max_norm if max_norm > 0 else float("inf")
-        if self.zero is not None:
-            return float(self.zero.clip_grad_norm_(limit, self.mesh))
-        return float(clip_grad_norm_(self.model.parameters(), limit, self.mesh))
+        if self.zero is None:  # the slices TP, PP, EP hold, added up over self.mesh
+            return super().clip_grad_norm_(max_norm)
+        return float(self.zero.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"), self.mesh))
 
     def full_state_dict(self, cpu: bool = True) -> dict[str, torch.Tensor]:
         """The single-process state dict, fp32 (under ZeRO-3 gathered from the master shards), on every rank; on

@@ -540,7 +540,53 @@ class _Bucket:
         return self.buffer[self.offsets[i]:self.offsets[i + 1]]
 
 
-class DataParallel(nn.Module):
+class Layout(nn.Module):
+    """What train.py's loop calls on a model, whatever the layout; this base is one whole model in one
+    process (the defaults), DataParallel and model_parallel.DistributedModel override what they split.
+
+    >>> layout = Layout(nn.Linear(2, 1))
+    >>> layout.pipelined, layout.describe(), sorted(layout.full_state_dict())
+    (False, '', ['bias', 'weight'])
+    """
+    pipelined = False           # True: train through pipeline_step(micro_batches), not forward + backward
+    mesh: Mesh | None = None    # the axes the gradient norm adds up over (None: all of it is here)
+
+    def __init__(self, module: nn.Module | None = None):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def no_sync(self):
+        """Inside this block, backward accumulates gradients locally (all micro-batches but the last)."""
+        return contextlib.nullcontext()
+
+    def finish_gradient_sync(self) -> None:
+        """After the last backward: every rank's gradients averaged (nothing to do in one process)."""
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip to the global norm of the full model (max_norm 0: only measure); return the norm before."""
+        limit = max_norm if max_norm > 0 else float("inf")
+        return float(clip_grad_norm_(self.module.parameters(), limit, self.mesh))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The single-process state dict on the CPU: the checkpoint's "model" (collective when split)."""
+        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.module.load_state_dict(state)
+
+    def describe(self, micro_batches: int = 1) -> str:
+        """The layout's accounting printed at the start of a run ('' when there is nothing to split)."""
+        return ""
+
+    def full_model(self) -> nn.Module:
+        """A whole model with the current weights, for sampling (collective when split)."""
+        return self.module
+
+
+class DataParallel(Layout):
     """Wrap a module for data parallel training over `comm` (the mesh's dp axis).
 
     Usage per step:  loss = dp(x, y)[1]; loss.backward(); dp.finish_gradient_sync(); opt.step()
@@ -549,8 +595,8 @@ class DataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, comm: Comm, bucket_bytes: int = 25 * 2**20):
-        super().__init__()
-        self.module, self.comm = module, comm
+        super().__init__(module)
+        self.comm = comm
         broadcast_module(module, comm)
         params = [p for p in module.parameters() if p.requires_grad]  # shared (tied) weights appear once
         order = list(reversed(params))
@@ -563,9 +609,6 @@ class DataParallel(nn.Module):
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         self._next_bucket = 0
         self._sync = True
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self):

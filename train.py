@@ -92,93 +92,71 @@ class TrainError(Exception):
     """A problem with the user's input or environment; the CLI prints it as one line and exits with code 2."""
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Configuration: one dataclass, every field is a kebab-case flag with its default shown in --help.
-# ----------------------------------------------------------------------------------------------------------------------
-
 @dataclasses.dataclass
 class TrainConfig:
-    """Every setting of a run. Each field is a flag (`max_steps` -> `--max-steps`) and a key of a --config file."""
+    """Every setting of a run: each field is a flag (`max_steps` -> `--max-steps`, its help in HELP by the CLI)
+    and a key of a --config file."""
     # data and model
-    data: str = dataclasses.field(default="pydocs", metadata={"help": "corpus: source names or paths to prepare "
-                                  "(comma-separated), or a prepared dataset directory (holds manifest.json)"})
-    val_data: str = dataclasses.field(default="", metadata={"help": "held-out file(s), comma-separated, used "
-                                      "verbatim as the validation split (data.py prepare --val-data)"})
-    cleaning: str = dataclasses.field(default="auto", metadata={
-        "help": "data.py's cleaning: auto (the funnel for web-like sources, local text files kept whole), web (the "
-                "funnel for all), keep (none); other data settings: run data.py prepare, pass its --out as --data",
-        "choices": ("auto", "web", "keep")})
-    vocab_size: int = dataclasses.field(default=0, metadata={"help": "BPE size if data.py trains one (0 = default)"})
-    model: str = dataclasses.field(default="tiny", metadata={"help": "model preset from model.PRESETS"})
-    model_args: str = dataclasses.field(default="", metadata={"help": "preset overrides, e.g. 'n_layer=2,n_embd=32'"})
-    out_dir: str = dataclasses.field(default="out", metadata={"help": "checkpoints, metrics.jsonl, loss-curve PNG"})
-    seed: int = dataclasses.field(default=0, metadata={"help": "seeds model init, data order and sampling"})
+    data: str = "pydocs"            # sources to prepare (comma-separated), or a prepared dataset directory
+    val_data: str = ""              # held-out file(s) used verbatim as the validation split
+    cleaning: str = "auto"          # data.py's cleaning: auto | web | keep
+    vocab_size: int = 0             # BPE size if data.py trains one (0 = default)
+    model: str = "tiny"             # a preset of model.PRESETS
+    model_args: str = ""            # preset overrides, 'n_layer=2,n_embd=32'
+    out_dir: str = "out"            # checkpoints, metrics.jsonl, loss.png
+    seed: int = 0                   # model init, data order, sampling
     # batch
-    batch_size: int = dataclasses.field(default=16, metadata={"help": "micro-batch: sequences per forward per rank"})
-    block_size: int = dataclasses.field(default=0, metadata={"help": "sequence length in tokens (0 = the model's)"})
-    total_batch_tokens: int = dataclasses.field(default=0, metadata={"help": "tokens per optimizer step over all "
-                                                "ranks; sets gradient accumulation (0 = one micro-batch per rank)"})
+    batch_size: int = 16            # sequences per forward per rank (the micro-batch)
+    block_size: int = 0             # tokens per sequence (0 = the model's)
+    total_batch_tokens: int = 0     # tokens per optimizer step, all ranks (0 = one micro-batch per rank)
     # optimisation
-    max_steps: int = dataclasses.field(default=600, metadata={"help": "optimizer steps (the schedule's total)"})
-    lr: float = dataclasses.field(default=2e-3, metadata={"help": "peak learning rate"})
-    min_lr_ratio: float = dataclasses.field(default=0.1, metadata={"help": "final lr as a fraction of the peak"})
-    warmup_steps: int = dataclasses.field(default=30, metadata={"help": "linear warmup steps"})
-    schedule: str = dataclasses.field(default="cosine", metadata={"help": "cosine | wsd", "choices": ("cosine", "wsd")})
-    decay_fraction: float = dataclasses.field(default=0.2, metadata={"help": "wsd: fraction of steps spent decaying"})
-    weight_decay: float = dataclasses.field(default=0.1, metadata={"help": "AdamW decay (weight matrices only)"})
-    beta1: float = dataclasses.field(default=0.9, metadata={"help": "AdamW beta1"})
-    beta2: float = dataclasses.field(default=0.95, metadata={"help": "AdamW beta2"})
-    grad_clip: float = dataclasses.field(default=1.0, metadata={"help": "clip the global grad norm to this (0 = off)"})
+    max_steps: int = 600            # optimizer steps: the schedule's total
+    lr: float = 2e-3                # peak learning rate
+    min_lr_ratio: float = 0.1       # final lr / peak
+    warmup_steps: int = 30
+    schedule: str = "cosine"        # cosine | wsd
+    decay_fraction: float = 0.2     # wsd: the decaying fraction of the steps
+    weight_decay: float = 0.1       # AdamW, weight matrices only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0          # global grad-norm limit (0 = off)
     # precision and speed
-    device: str = dataclasses.field(default="auto", metadata={"help": "auto | cpu | cuda | mps"})
-    dtype: str = dataclasses.field(default="auto", metadata={"help": "auto (bf16 on capable CUDA, else fp32) | "
-                                   "fp32 | bf16 | fp16", "choices": ("auto", "fp32", "bf16", "fp16")})
-    compile: bool = dataclasses.field(default=False, metadata={"help": "torch.compile the model"})
-    activation_checkpointing: bool = dataclasses.field(default=False, metadata={"help": "recompute block "
-                                                       "activations in backward (less memory, ~1/3 more compute)"})
-    peak_flops: float = dataclasses.field(default=0.0, metadata={"help": "hardware peak FLOP/s for MFU "
-                                          "(0 = known GPU table, or a measured fp32 matmul on CPU)"})
+    device: str = "auto"            # auto | cpu | cuda | mps
+    dtype: str = "auto"             # auto | fp32 | bf16 | fp16
+    compile: bool = False           # torch.compile
+    activation_checkpointing: bool = False   # recompute block activations in backward
+    peak_flops: float = 0.0         # the hardware's peak FLOP/s for MFU (0 = datasheet table or measured)
     # checkpoints and evaluation
-    eval_interval: int = dataclasses.field(default=100, metadata={"help": "steps between validation evaluations"})
-    eval_batches: int = dataclasses.field(default=10, metadata={"help": "micro-batches per validation estimate"})
-    eval_at_start: bool = dataclasses.field(default=True, metadata={"help": "evaluate at step 0 too (the loss at "
-                                            "initialisation, about ln(vocab))"})
-    ckpt_interval: int = dataclasses.field(default=250, metadata={"help": "steps between checkpoints"})
-    keep_checkpoints: int = dataclasses.field(default=3, metadata={"help": "how many recent checkpoints to keep"})
-    resume: str | None = dataclasses.field(default=None, metadata={"help": "continue from the newest good "
-                                           "checkpoint in --out-dir (bare --resume) or from a given file"})
-    init_from: str = dataclasses.field(default="", metadata={"help": "start a new run from this checkpoint's "
-                                       "weights, shape and tokenizer (e.g. one `python model.py import-hf` wrote); "
-                                       "--data must use the same tokenizer"})
-    overwrite: bool = dataclasses.field(default=False, metadata={"help": "start fresh, deleting a run in --out-dir"})
-    log_interval: int = dataclasses.field(default=10, metadata={"help": "steps between progress lines"})
-    plot: bool = dataclasses.field(default=True, metadata={"help": "draw loss.png at the end (imports matplotlib)"})
+    eval_interval: int = 100
+    eval_batches: int = 10          # micro-batches per validation estimate
+    eval_at_start: bool = True      # evaluate at step 0 (about ln(vocab))
+    ckpt_interval: int = 250
+    keep_checkpoints: int = 3
+    resume: str | None = None       # "latest" (bare --resume) or a checkpoint file
+    init_from: str = ""             # a checkpoint whose weights, shape and tokenizer start a new run
+    overwrite: bool = False         # delete the run in --out-dir and start over
+    log_interval: int = 10          # steps between progress lines
+    plot: bool = True               # draw loss.png at the end
     # loss-spike guard
-    spike_factor: float = dataclasses.field(default=2.0, metadata={"help": "a spike: a loss over this x the median"})
-    spike_window: int = dataclasses.field(default=50, metadata={"help": "recent losses the median is taken over"})
-    spike_patience: int = dataclasses.field(default=3, metadata={"help": "spikes in a row before rolling back"})
-    rollback_lr_factor: float = dataclasses.field(default=0.5, metadata={"help": "lr multiplier after a rollback"})
+    spike_factor: float = 2.0       # a spike: a loss over this x the median
+    spike_window: int = 50          # recent losses the median is taken over
+    spike_patience: int = 3         # spikes in a row before a rollback
+    rollback_lr_factor: float = 0.5
     # samples at the end
-    num_samples: int = dataclasses.field(default=2, metadata={"help": "samples printed at the end"})
-    sample_tokens: int = dataclasses.field(default=120, metadata={"help": "tokens per sample"})
-    temperature: float = dataclasses.field(default=0.8, metadata={"help": "sampling temperature"})
-    top_k: int = dataclasses.field(default=40, metadata={"help": "sample among the k likeliest tokens (0 = all)"})
-    prompt: str = dataclasses.field(default="", metadata={"help": "sample prompt (empty = start of a document)"})
-    # parallelism (wired by parallel.py's issue; see wrap_for_distribution)
-    zero: int = dataclasses.field(default=0, metadata={"help": "ZeRO stage", "choices": (0, 1, 2, 3)})
-    zero_reduce_dtype: str = dataclasses.field(default="fp32", metadata={"help": "--zero 3 with --dtype bf16 "
-                                               "gathers weights in bf16 and keeps fp32 master shards; gradients "
-                                               "are reduce-scattered in this dtype", "choices": ("fp32", "bf16")})
-    tp: int = dataclasses.field(default=1, metadata={"help": "tensor-parallel degree"})
-    pp: int = dataclasses.field(default=1, metadata={"help": "pipeline-parallel degree"})
-    ep: int = dataclasses.field(default=1, metadata={"help": "expert-parallel degree (MoE experts "
-                                "over ep of the data-parallel ranks)"})
-    cp: int = dataclasses.field(default=1, metadata={"help": "context-parallel degree (each "
-                                "sequence over cp ranks, ring attention)"})
-    pp_schedule: str = dataclasses.field(default="1f1b", metadata={"help": "pipeline schedule",
-                                         "choices": ("afab", "1f1b")})
-    micro_batches: int = dataclasses.field(default=0, metadata={"help": "pipeline micro-batches per step "
-                                           "(0 = the accumulation steps)"})
+    num_samples: int = 2
+    sample_tokens: int = 120
+    temperature: float = 0.8
+    top_k: int = 40                 # 0 = all tokens
+    prompt: str = ""                # empty = the start of a document
+    # parallelism (parallel.py, model_parallel.py; see wrap_for_distribution)
+    zero: int = 0                   # ZeRO stage 0-3
+    zero_reduce_dtype: str = "fp32"  # --zero 3 in bf16: the dtype gradients are reduce-scattered in
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    pp_schedule: str = "1f1b"       # afab | 1f1b
+    micro_batches: int = 0          # pipeline micro-batches per step (0 = the accumulation steps)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -788,10 +766,10 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
     model has `no_sync()` (accumulation micro-batches skip the averaging) and `finish_gradient_sync()`.
     ZeRO-3 in bf16 (`dtype`) is FSDP's mixed precision: weights gathered in bf16, fp32 master shards.
     """
-    if dist.mesh is None:
-        return model, optimizer
-    import model_parallel
     import parallel
+    if dist.mesh is None or (dist.world_size == 1 and not uses_model_parallel(cfg)):
+        return parallel.Layout(model), optimizer      # one whole model: the interface's defaults
+    import model_parallel
     if uses_model_parallel(cfg):
         if cfg.dtype == "fp16":
             raise TrainError("--dtype fp16 with --zero/--tp/--pp: ranks holding different gradients would disagree "
@@ -810,8 +788,6 @@ def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, d
                                               **mixed)
         except parallel.ParallelError as e:
             raise TrainError(str(e)) from e
-    if dist.world_size == 1:
-        return model, optimizer
     return parallel.DataParallel(model, dist.mesh.dp), optimizer
 
 
@@ -995,8 +971,8 @@ class Trainer:
         self.last_eval: dict = {}
         self.stop_requested = False          # a signal reached this process
         self.stopping = False                # every process agreed, in a step's all-reduce, to stop after it
-        self._step_time = None             # smoothed seconds per step
-        self._compiled = False             # the first (compiling) step is done
+        self.step_time = None                # smoothed seconds per step
+        self.compiled = False                # the first (compiling) step is done
         try:
             val_windows = self.data.iterator("val", 1, self.block_size).num_windows
         except data_lib.DataError as e:
@@ -1085,7 +1061,7 @@ class Trainer:
         rank; "metrics" the tokens seen, the rollback lr factor, the spike guard and the last evaluation."""
         ranks = gather_objects({"rng": rng_state(), "loader": self.loader.state_dict()}, self.dist)
         return {"version": 1, "step": self.step,
-                "model": self._full_model_state(),
+                "model": self.model.full_state_dict(),      # collective when the model is split
                 "model_config": self.model_config.to_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -1096,12 +1072,6 @@ class Trainer:
                 "loader": [r["loader"] for r in ranks],
                 "metrics": {"tokens": self.tokens, "lr_scale": self.lr_scale, "guard": self.guard.state_dict(),
                             "last_eval": self.last_eval}}
-
-    def _full_model_state(self) -> dict:
-        """The unsharded state dict (collective when parallel.py splits the model)."""
-        if hasattr(self.model, "full_state_dict"):
-            return self.model.full_state_dict()
-        return {k: v.detach().cpu() for k, v in self.raw_model.state_dict().items()}
 
     def save_checkpoint(self) -> pathlib.Path:
         """Write OUT_DIR/ckpt_{step}.pt atomically (rank 0) and prune old ones; every rank must call it."""
@@ -1125,7 +1095,7 @@ class Trainer:
             raise TrainError(f"checkpoint {ckpt['path']} is for another model (checkpoint vs now: {diff}); "
                              f"resume with the same --model/--model-args or start a new --out-dir")
         # A split model slices the single-process state dict to this rank's pieces; a whole one loads it as it is.
-        getattr(self.model, "load_full_state_dict", self.raw_model.load_state_dict)(ckpt["model"])
+        self.model.load_full_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.scaler and ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
@@ -1154,76 +1124,20 @@ class Trainer:
         self.log(f"resumed from {ckpt['path']} at step {self.step}"
                  + (f" (settings changed, checkpoint -> now: {changed})" if changed else ""))
 
-    # -- one optimizer step --------------------------------------------------------------------------------------------
+    # -- called by the loop -------------------------------------------------------------------------------------------
 
     def next_micro_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The `accum` micro-batches of the next step, each (x, y) of shape (batch_size, block_size)."""
         return [tuple(t.to(self.device, non_blocking=True) for t in self.loader.next()) for _ in range(self.accum)]
 
-    def train_step(self, micro_batches) -> dict:
-        """Forward/backward over the micro-batches, then clip, guard and update. Returns the step's record."""
-        lr = lr_at(self.step, self.cfg) * self.lr_scale
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        n = len(micro_batches)
-        loss_sum = torch.zeros((), device=self.device)
-        if getattr(self.model, "pipelined", False):            # --pp: every micro-batch in one pipelined pass
-            with autocast(self.device, self.dtype):               # bf16 compute as without --pp
-                loss_sum += self.model.pipeline_step(micro_batches, self.cfg.micro_batches) * n
-            micro_batches = []
-        for i, (x, y) in enumerate(micro_batches):
-            last = i == n - 1
-            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
-            with sync:
-                with autocast(self.device, self.dtype):
-                    _, loss = self.model(x, y)                         # mean cross-entropy over (B, T)
-                objective = loss
-                if self.model_config.n_expert:                         # MoE: + the load-balancing loss
-                    objective = loss + self.model_config.moe_aux_coef * self.raw_model.aux_loss
-                objective = objective / n                              # the mean over all n micro-batches
-                (self.scaler.scale(objective) if self.scaler else objective).backward()
-            loss_sum += loss.detach().float()
-        if hasattr(self.model, "finish_gradient_sync"):
-            self.model.finish_gradient_sync()
-        # A signal sets this process's flag; the run stops only once the flag has been all-reduced, so that every
-        # process stops after the same step (a process leaving on its own flag leaves the others waiting in the
-        # next step's collectives). Over every process, not only the data-parallel group: under --tp/--pp the
-        # signal may reach one pipeline stage and not the other. The loss is the same on every tp and pp rank of
-        # a data-parallel rank, so the mean over the world is the dp mean.
-        stop = torch.tensor(float(self.stop_requested), device=self.device)
-        loss_value, stop_any = all_reduce_mean(torch.stack([loss_sum / n, stop]), self.dist, over_world=True).tolist()
-        self.stopping = stop_any > 0                                   # every rank stops after this step
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        if hasattr(self.model, "clip_grad_norm_"):              # split model: the norm of the full model
-            grad_norm = self.model.clip_grad_norm_(self.cfg.grad_clip)
-        else:
-            grad_norm = clip_gradients(self.raw_model.parameters(), self.cfg.grad_clip)
-        bad_grad = not math.isfinite(grad_norm) and self.scaler is None   # fp16: the scaler handles inf grads
-        verdict = self.guard.check(float("nan") if bad_grad else loss_value)
-        if verdict == "ok":
-            if self.scaler:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        record = {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm}
-        self.step += 1
-        self.tokens += self.tokens_per_step
-        record["tokens"] = self.tokens
-        if verdict != "ok":
-            record["skipped"] = True
-            self.metrics.write({"step": record["step"], "event": "skipped_batch", "loss": loss_value,
-                                "grad_norm": grad_norm, "median": self._median()})
-            self.log(f"step {record['step']}: loss {loss_value:.4f} is a spike (median {self._median():.4f}); "
-                     f"batch skipped")
-        if verdict == "rollback":
-            self.rollback()
-        return record
-
-    def _median(self) -> float:
-        return statistics.median(self.guard.history) if self.guard.history else float("nan")
+    def skip_batch(self, record: dict) -> None:
+        """The guard refused this step's update: say so in metrics.jsonl and on screen."""
+        record["skipped"] = True
+        median = statistics.median(self.guard.history) if self.guard.history else float("nan")
+        self.metrics.write({"step": record["step"], "event": "skipped_batch", "loss": record["loss"],
+                            "grad_norm": record["grad_norm"], "median": median})
+        self.log(f"step {record['step']}: loss {record['loss']:.4f} is a spike (median {median:.4f}); "
+                 f"batch skipped")
 
     def rollback(self) -> None:
         """Repeated spikes: reload the last good checkpoint, lower the learning rate, keep going on fresh data."""
@@ -1240,8 +1154,6 @@ class Trainer:
                             "lr_scale": self.lr_scale, "checkpoint": ckpt["path"]})
         self.log(f"step {from_step}: repeated spikes; rolled back to {ckpt['path']} (step {self.step}), "
                  f"lr scaled to x{self.lr_scale:g}")
-
-    # -- evaluation and samples ----------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -1261,11 +1173,12 @@ class Trainer:
         self.last_eval = {"step": self.step, "val_loss": val_loss,
                           "val_bpb": val_loss / math.log(2) / self.bytes_per_token}
         self.metrics.write(dict(self.last_eval))
+        self.log(f"step {self.step:>6} | val loss {val_loss:.4f} | val bpb {self.last_eval['val_bpb']:.4f}")
         return self.last_eval
 
     @torch.no_grad()
-    def sample(self) -> list[str]:
-        """`num_samples` continuations of --prompt (or of a document start), seeded by --seed."""
+    def sample(self, model: torch.nn.Module) -> list[str]:
+        """`num_samples` continuations of --prompt (or of a document start) by `model`, seeded by --seed."""
         if self.cfg.num_samples <= 0 or self.cfg.sample_tokens <= 0:
             return []
         generator = torch.Generator(device=self.device).manual_seed(self.cfg.seed)
@@ -1273,14 +1186,11 @@ class Trainer:
                  else [self.data.eot_id or 0])                  # no prompt: "a new document starts here"
         start = start[-self.model_config.block_size:]
         idx = torch.tensor([start] * self.cfg.num_samples, dtype=torch.long, device=self.device)
-        model = getattr(self, "sample_model", self.raw_model)
         model.eval()
         out = model.generate(idx, self.cfg.sample_tokens, temperature=self.cfg.temperature,
-                                      top_k=self.cfg.top_k or None, generator=generator)
+                             top_k=self.cfg.top_k or None, generator=generator)
         model.train()
         return [self.cfg.prompt + self.tokenizer.decode(row[len(start):].tolist()) for row in out]
-
-    # -- the loop ------------------------------------------------------------------------------------------------------
 
     def mfu(self, tok_per_s: float) -> float:
         """MFU at this throughput. A peak probed at start (CPU, Apple GPU) is only the best that one matmul saw, on a
@@ -1304,8 +1214,9 @@ class Trainer:
         cfg = self.cfg
         self.log(f"config: {json.dumps(dataclasses.asdict(cfg))}")
         self.log(f"model: {cfg.model} {self.model_config.to_dict()}")
-        if hasattr(self.model, "describe"):                  # parallel.py's accounting of this layout
-            self.log(self.model.describe(cfg.micro_batches or self.accum))
+        layout = self.model.describe(cfg.micro_batches or self.accum)      # parallel.py's accounting
+        if layout:
+            self.log(layout)
         self.log(f"{self.raw_model.num_params():,} parameters | {self.tokens_per_step:,} tokens/step = "
                  f"{cfg.batch_size} seq x {self.block_size} tokens x {self.accum} accumulation x "
                  f"{self.dist.world_size} ranks | device {self.device} | dtype {str(self.dtype).split('.')[-1]}")
@@ -1313,85 +1224,216 @@ class Trainer:
             self.log(f"MFU n/a: pass --peak-flops (no dense {str(self.dtype).split('.')[-1]} peak for "
                      f"{torch.cuda.get_device_name(self.device)!r} in train.GPU_PEAK_FLOPS)")
         start_time = time.time()
-        with self._stop_on_signals():
+        with stop_on_signals(self):
             if self.step == 0 and cfg.eval_at_start:
-                self._log_eval(self.evaluate())
-            while self.step < cfg.max_steps and not self.stopping:    # never on a local flag: see train_step
-                self.loop_step()
+                self.evaluate()
+            train_loop(self)
         summary = {"step": self.step, "interrupted": self.stopping, "seconds": time.time() - start_time,
                    **{k: v for k, v in self.last_eval.items() if k != "step"},
                    "checkpoint": str(checkpoint_path(self.out_dir, self.step)),
                    "metrics": str(self.out_dir / "metrics.jsonl")}
-        if not self.stopping and uses_model_parallel(cfg):
-            self.sample_model = self.model.full_model()    # collective: every rank gathers the split weights
         if self.stopping:
             self.metrics.write({"step": self.step, "event": "interrupted", "checkpoint": summary["checkpoint"]})
             self.log(f"interrupted: checkpoint saved at step {self.step}; continue with the same command plus --resume")
-        elif self.dist.is_main:
-            summary["samples"] = self.sample()
-            for i, text in enumerate(summary["samples"]):
-                self.log(f"--- sample {i + 1} ---\n{text}")
-            if cfg.plot:
-                summary["plot"] = str(plot_loss_curve(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png"))
-            self.log(f"done in {format_duration(summary['seconds'])}: val loss {self.last_eval['val_loss']:.4f}, "
-                     f"val bpb {self.last_eval['val_bpb']:.4f}\n  checkpoint {summary['checkpoint']}\n"
-                     f"  metrics    {summary['metrics']}" + (f"\n  loss curve {summary['plot']}" if cfg.plot else ""))
+        else:
+            sample_model = self.model.full_model()    # collective when split: every rank gathers the weights
+            if self.dist.is_main:
+                summary["samples"] = self.sample(sample_model)
+                for i, text in enumerate(summary["samples"]):
+                    self.log(f"--- sample {i + 1} ---\n{text}")
+                if cfg.plot:
+                    summary["plot"] = str(plot_loss_curve(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png"))
+                self.log(f"done in {format_duration(summary['seconds'])}: val loss {self.last_eval['val_loss']:.4f}, "
+                         f"val bpb {self.last_eval['val_bpb']:.4f}\n  checkpoint {summary['checkpoint']}\n"
+                         f"  metrics    {summary['metrics']}" + (f"\n  loss curve {summary['plot']}" if cfg.plot else ""))
         if self.dist.mesh is not None:
             self.dist.mesh.wait_for_rank0()          # rank 0 sampled and plotted; the others leave with it
         self.metrics.close()
         return summary
 
-    def loop_step(self) -> dict:
-        """One iteration of the loop: a step, its metrics line, and the periodic progress, eval and checkpoint."""
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        record = self.train_step(self.next_micro_batches())
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The training loop: every numbered section above, once per optimizer step
+# ----------------------------------------------------------------------------------------------------------------------
+
+def train_loop(run: Trainer, steps: int | None = None, batches=None) -> dict:
+    """Optimizer steps until --max-steps (or `steps` more), or until a signal stops every process (see `stop`
+    below); returns the last step's record (its metrics.jsonl line). `batches` (tests): one list of (x, y)
+    micro-batches per step, instead of the loader's.
+
+    `run.model` is a parallel.Layout whatever the layout (one process, DP, ZeRO, TP/PP, EP, CP), so the loop
+    calls the same methods everywhere: no_sync, finish_gradient_sync, clip_grad_norm_, and under --pp
+    pipeline_step (the schedule runs every micro-batch's forward and backward itself).
+    """
+    cfg, model, optimizer, scaler = run.cfg, run.model, run.optimizer, run.scaler
+    if batches is not None:                                # one step per list of micro-batches
+        steps, batches = len(batches), iter(batches)
+    done, record = 0, {}
+    while run.step < cfg.max_steps and not run.stopping and done != steps:   # never on a local flag
+        t0, done = time.perf_counter(), done + 1
+        micro_batches = next(batches) if batches else run.next_micro_batches()    # §1: accum x (B, T)
+        lr = lr_at(run.step, cfg) * run.lr_scale                                  # §2
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        n = len(micro_batches)
+        loss_sum = torch.zeros((), device=run.device)
+        if model.pipelined:                                # --pp: every micro-batch in one pipelined pass
+            with autocast(run.device, run.dtype):           # §5: bf16 compute as without --pp
+                loss_sum += model.pipeline_step(micro_batches, cfg.micro_batches) * n
+            micro_batches = []
+        for i, (x, y) in enumerate(micro_batches):
+            # §1: gradients add up over the micro-batches; only the last backward communicates (DP, ZeRO)
+            with contextlib.nullcontext() if i == n - 1 else model.no_sync():
+                with autocast(run.device, run.dtype):
+                    _, loss = model(x, y)                   # mean cross-entropy over (B, T)
+                objective = loss
+                if run.model_config.n_expert:               # MoE: + the load-balancing loss
+                    objective = loss + run.model_config.moe_aux_coef * run.raw_model.aux_loss
+                objective = objective / n                   # the mean over all n micro-batches
+                (scaler.scale(objective) if scaler else objective).backward()
+            loss_sum += loss.detach().float()
+        model.finish_gradient_sync()
+        # A signal sets this process's flag; the run stops only once the flag has been all-reduced, so that every
+        # process stops after the same step (a process leaving on its own flag leaves the others waiting in the
+        # next step's collectives). Over every process, not only the data-parallel group: under --tp/--pp the
+        # signal may reach one pipeline stage and not the other. The loss is the same on every tp and pp rank of
+        # a data-parallel rank, so the mean over the world is the dp mean.
+        stop = torch.tensor(float(run.stop_requested), device=run.device)
+        loss_value, stop_any = all_reduce_mean(torch.stack([loss_sum / n, stop]), run.dist, over_world=True).tolist()
+        run.stopping = stop_any > 0                         # every rank stops after this step
+        if scaler:
+            scaler.unscale_(optimizer)
+        grad_norm = model.clip_grad_norm_(cfg.grad_clip)    # §4: the norm of the full model
+        bad_grad = not math.isfinite(grad_norm) and scaler is None     # fp16: the scaler handles inf grads
+        verdict = run.guard.check(float("nan") if bad_grad else loss_value)             # §7
+        if verdict == "ok" and scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        elif verdict == "ok":
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        run.tokens += run.tokens_per_step
+        record = {"step": run.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm, "tokens": run.tokens}
+        run.step += 1
+        if verdict != "ok":
+            run.skip_batch(record)
+        if verdict == "rollback":
+            run.rollback()                                  # §7: the last good checkpoint, a lower lr
+        # §8: watching the run
         dt = time.perf_counter() - t0
-        if cfg.compile and not self._compiled:    # the step that compiled is no rate: not averaged
-            self._compiled = True
-        else:                                      # smoothed, for the ETA
-            self._step_time = dt if self._step_time is None else 0.9 * self._step_time + 0.1 * dt
-        record["tok_per_s"] = self.tokens_per_step / dt
-        if self._peak:
-            record["mfu"] = self.mfu(record["tok_per_s"])
-        self.metrics.write(record)
-        if self.step % cfg.log_interval == 0 or self.step == cfg.max_steps:
-            seconds = self._step_time or dt
-            self.log(self.progress_line(record, self.tokens_per_step / seconds, seconds)
-                     + (" | compiling" if self._step_time is None else ""))
-        if self.step % cfg.eval_interval == 0 or self.step == cfg.max_steps:
-            self._log_eval(self.evaluate())
-        if self.dist.devices == 1:                      # alone, a signal that came after the step's flag counts
-            self.stopping = self.stopping or self.stop_requested
-        if self.step % cfg.ckpt_interval == 0 or self.step == cfg.max_steps or self.stopping:
-            self.log(f"saved {self.save_checkpoint()}")
-        return record
+        if cfg.compile and not run.compiled:               # the step that compiled is no rate: not averaged
+            run.compiled = True
+        else:                                               # smoothed, for the ETA
+            run.step_time = dt if run.step_time is None else 0.9 * run.step_time + 0.1 * dt
+        record["tok_per_s"] = run.tokens_per_step / dt
+        if run._peak:
+            record["mfu"] = run.mfu(record["tok_per_s"])
+        run.metrics.write(record)
+        if run.step % cfg.log_interval == 0 or run.step == cfg.max_steps:
+            seconds = run.step_time or dt
+            run.log(run.progress_line(record, run.tokens_per_step / seconds, seconds)
+                    + (" | compiling" if run.step_time is None else ""))
+        if run.step % cfg.eval_interval == 0 or run.step == cfg.max_steps:
+            run.evaluate()
+        if run.dist.devices == 1:                           # alone, a signal after the step's flag counts
+            run.stopping = run.stopping or run.stop_requested
+        if run.step % cfg.ckpt_interval == 0 or run.step == cfg.max_steps or run.stopping:
+            run.log(f"saved {run.save_checkpoint()}")         # §6
+    return record
 
-    def _log_eval(self, result: dict) -> None:
-        self.log(f"step {result['step']:>6} | val loss {result['val_loss']:.4f} | val bpb {result['val_bpb']:.4f}")
 
-    @contextlib.contextmanager
-    def _stop_on_signals(self):
-        """Inside this block, Ctrl-C (SIGINT) or a scheduler's SIGTERM: finish the step, save a checkpoint, exit. A
-        second one stops at once. The previous handlers come back on leaving it."""
-        def on_signal(signum, frame):
-            if self.stop_requested:
-                raise KeyboardInterrupt
-            self.stop_requested = True
-            self.log(f"\n{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
-                     f"(Ctrl-C again to abort)")
-        signals = (signal.SIGINT, signal.SIGTERM) if threading_main() else ()
-        previous = {sig: signal.signal(sig, on_signal) for sig in signals}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+@contextlib.contextmanager
+def stop_on_signals(run: Trainer):
+    """Inside this block, Ctrl-C (SIGINT) or a scheduler's SIGTERM: finish the step, save a checkpoint, exit. A
+    second one stops at once. The previous handlers come back on leaving it."""
+    def on_signal(signum, frame):
+        if run.stop_requested:
+            raise KeyboardInterrupt
+        run.stop_requested = True
+        run.log(f"\n{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
+                f"(Ctrl-C again to abort)")
+    signals = (signal.SIGINT, signal.SIGTERM) if threading_main() else ()
+    previous = {sig: signal.signal(sig, on_signal) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # The command line: flags from TrainConfig, a --config file, validation of every setting
 # ----------------------------------------------------------------------------------------------------------------------
+
+HELP = {    # the --help text of each TrainConfig field
+    "data": ("corpus: source names or paths to prepare (comma-separated), or a prepared dataset "
+             "directory (holds manifest.json)"),
+    "val_data": ("held-out file(s), comma-separated, used verbatim as the validation split "
+                 "(data.py prepare --val-data)"),
+    "cleaning": ("data.py's cleaning: auto (the funnel for web-like sources, local text files kept "
+                 "whole), web (the funnel for all), keep (none); other data settings: run data.py "
+                 "prepare, pass its --out as --data"),
+    "vocab_size": "BPE size if data.py trains one (0 = default)",
+    "model": "model preset from model.PRESETS",
+    "model_args": "preset overrides, e.g. 'n_layer=2,n_embd=32'",
+    "out_dir": "checkpoints, metrics.jsonl, loss-curve PNG",
+    "seed": "seeds model init, data order and sampling",
+    "batch_size": "micro-batch: sequences per forward per rank",
+    "block_size": "sequence length in tokens (0 = the model's)",
+    "total_batch_tokens": ("tokens per optimizer step over all ranks; sets gradient accumulation "
+                           "(0 = one micro-batch per rank)"),
+    "max_steps": "optimizer steps (the schedule's total)",
+    "lr": "peak learning rate",
+    "min_lr_ratio": "final lr as a fraction of the peak",
+    "warmup_steps": "linear warmup steps",
+    "schedule": "cosine | wsd",
+    "decay_fraction": "wsd: fraction of steps spent decaying",
+    "weight_decay": "AdamW decay (weight matrices only)",
+    "beta1": "AdamW beta1",
+    "beta2": "AdamW beta2",
+    "grad_clip": "clip the global grad norm to this (0 = off)",
+    "device": "auto | cpu | cuda | mps",
+    "dtype": "auto (bf16 on capable CUDA, else fp32) | fp32 | bf16 | fp16",
+    "compile": "torch.compile the model",
+    "activation_checkpointing": ("recompute block activations in backward (less memory, ~1/3 more "
+                                 "compute)"),
+    "peak_flops": ("hardware peak FLOP/s for MFU (0 = known GPU table, or a measured fp32 matmul "
+                   "on CPU)"),
+    "eval_interval": "steps between validation evaluations",
+    "eval_batches": "micro-batches per validation estimate",
+    "eval_at_start": "evaluate at step 0 too (the loss at initialisation, about ln(vocab))",
+    "ckpt_interval": "steps between checkpoints",
+    "keep_checkpoints": "how many recent checkpoints to keep",
+    "resume": ("continue from the newest good checkpoint in --out-dir (bare --resume) or from a "
+               "given file"),
+    "init_from": ("start a new run from this checkpoint's weights, shape and tokenizer (e.g. one "
+                  "`python model.py import-hf` wrote); --data must use the same tokenizer"),
+    "overwrite": "start fresh, deleting a run in --out-dir",
+    "log_interval": "steps between progress lines",
+    "plot": "draw loss.png at the end (imports matplotlib)",
+    "spike_factor": "a spike: a loss over this x the median",
+    "spike_window": "recent losses the median is taken over",
+    "spike_patience": "spikes in a row before rolling back",
+    "rollback_lr_factor": "lr multiplier after a rollback",
+    "num_samples": "samples printed at the end",
+    "sample_tokens": "tokens per sample",
+    "temperature": "sampling temperature",
+    "top_k": "sample among the k likeliest tokens (0 = all)",
+    "prompt": "sample prompt (empty = start of a document)",
+    "zero": "ZeRO stage",
+    "zero_reduce_dtype": ("--zero 3 with --dtype bf16 gathers weights in bf16 and keeps fp32 "
+                          "master shards; gradients are reduce-scattered in this dtype"),
+    "tp": "tensor-parallel degree",
+    "pp": "pipeline-parallel degree",
+    "ep": "expert-parallel degree (MoE experts over ep of the data-parallel ranks)",
+    "cp": "context-parallel degree (each sequence over cp ranks, ring attention)",
+    "pp_schedule": "pipeline schedule",
+    "micro_batches": "pipeline micro-batches per step (0 = the accumulation steps)",
+}
+CHOICES = {"cleaning": ("auto", "web", "keep"), "schedule": ("cosine", "wsd"),
+           "dtype": ("auto", "fp32", "bf16", "fp16"), "zero": (0, 1, 2, 3),
+           "zero_reduce_dtype": ("fp32", "bf16"), "pp_schedule": ("afab", "1f1b")}
+
 
 def flag(name: str) -> str:
     """`max_steps` -> `--max-steps`."""
@@ -1406,15 +1448,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=None, help="JSON file of settings (keys as below, '-' or '_')")
     for field in dataclasses.fields(TrainConfig):
-        meta = dict(field.metadata)
-        kwargs = {"default": field.default, "help": meta.pop("help")}
+        kwargs = {"default": field.default, "help": HELP[field.name]}
         if field.type == "bool":
             kwargs["action"] = argparse.BooleanOptionalAction
         elif field.name == "resume":
             kwargs.update(nargs="?", const="latest", metavar="PATH")
         else:
             kwargs["type"] = {"int": int, "float": float, "str": str}[field.type]
-        kwargs.update(meta)
+        if field.name in CHOICES:
+            kwargs["choices"] = CHOICES[field.name]
         parser.add_argument(flag(field.name), **kwargs)
     return parser
 
@@ -1470,7 +1512,7 @@ def validate_config(cfg: TrainConfig) -> None:
             raise TrainError(f"{flag(field.name)} must be {noun}, got {value!r}")
         if field.type == "float" and not math.isfinite(value):
             raise TrainError(f"{flag(field.name)} must be a finite number, got {value}")
-        choices = field.metadata.get("choices")
+        choices = CHOICES.get(field.name)
         if choices and value not in choices:
             raise TrainError(f"{flag(field.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
     at_least = {"max_steps": 1, "eval_interval": 1, "eval_batches": 1, "ckpt_interval": 1, "keep_checkpoints": 1,
