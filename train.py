@@ -92,73 +92,6 @@ class TrainError(Exception):
     """A problem with the user's input or environment; the CLI prints it as one line and exits with code 2."""
 
 
-@dataclasses.dataclass
-class TrainConfig:
-    """Every setting of a run: each field is a flag (`max_steps` -> `--max-steps`, its help in HELP by the CLI)
-    and a key of a --config file."""
-    # data and model
-    data: str = "pydocs"            # sources to prepare (comma-separated), or a prepared dataset directory
-    val_data: str = ""              # held-out file(s) used verbatim as the validation split
-    cleaning: str = "auto"          # data.py's cleaning: auto | web | keep
-    vocab_size: int = 0             # BPE size if data.py trains one (0 = default)
-    model: str = "tiny"             # a preset of model.PRESETS
-    model_args: str = ""            # preset overrides, 'n_layer=2,n_embd=32'
-    out_dir: str = "out"            # checkpoints, metrics.jsonl, loss.png
-    seed: int = 0                   # model init, data order, sampling
-    # batch
-    batch_size: int = 16            # sequences per forward per rank (the micro-batch)
-    block_size: int = 0             # tokens per sequence (0 = the model's)
-    total_batch_tokens: int = 0     # tokens per optimizer step, all ranks (0 = one micro-batch per rank)
-    # optimisation
-    max_steps: int = 600            # optimizer steps: the schedule's total
-    lr: float = 2e-3                # peak learning rate
-    min_lr_ratio: float = 0.1       # final lr / peak
-    warmup_steps: int = 30
-    schedule: str = "cosine"        # cosine | wsd
-    decay_fraction: float = 0.2     # wsd: the decaying fraction of the steps
-    weight_decay: float = 0.1       # AdamW, weight matrices only
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0          # global grad-norm limit (0 = off)
-    # precision and speed
-    device: str = "auto"            # auto | cpu | cuda | mps
-    dtype: str = "auto"             # auto | fp32 | bf16 | fp16
-    compile: bool = False           # torch.compile
-    activation_checkpointing: bool = False   # recompute block activations in backward
-    peak_flops: float = 0.0         # the hardware's peak FLOP/s for MFU (0 = datasheet table or measured)
-    # checkpoints and evaluation
-    eval_interval: int = 100
-    eval_batches: int = 10          # micro-batches per validation estimate
-    eval_at_start: bool = True      # evaluate at step 0 (about ln(vocab))
-    ckpt_interval: int = 250
-    keep_checkpoints: int = 3
-    resume: str | None = None       # "latest" (bare --resume) or a checkpoint file
-    init_from: str = ""             # a checkpoint whose weights, shape and tokenizer start a new run
-    overwrite: bool = False         # delete the run in --out-dir and start over
-    log_interval: int = 10          # steps between progress lines
-    plot: bool = True               # draw loss.png at the end
-    # loss-spike guard
-    spike_factor: float = 2.0       # a spike: a loss over this x the median
-    spike_window: int = 50          # recent losses the median is taken over
-    spike_patience: int = 3         # spikes in a row before a rollback
-    rollback_lr_factor: float = 0.5
-    # samples at the end
-    num_samples: int = 2
-    sample_tokens: int = 120
-    temperature: float = 0.8
-    top_k: int = 40                 # 0 = all tokens
-    prompt: str = ""                # empty = the start of a document
-    # parallelism (parallel.py, model_parallel.py; see wrap_for_distribution)
-    zero: int = 0                   # ZeRO stage 0-3
-    zero_reduce_dtype: str = "fp32"  # --zero 3 in bf16: the dtype gradients are reduce-scattered in
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
-    cp: int = 1
-    pp_schedule: str = "1f1b"       # afab | 1f1b
-    micro_batches: int = 0          # pipeline micro-batches per step (0 = the accumulation steps)
-
-
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Tokens per step -> gradient accumulation
 # ----------------------------------------------------------------------------------------------------------------------
@@ -305,8 +238,6 @@ def autocast(device: torch.device, dtype: torch.dtype):
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d{7})\.pt$")
 TEMP_PATTERN = re.compile(r"^\.(ckpt_\d{7}\.pt|loss\.png)\.\w+\.tmp$")     # fileio.write_atomic's, in flight
-CHECKSUM_TAG = b"sha256:"
-CHECKSUM_LEN = len(CHECKSUM_TAG) + 64           # the zip comment: tag + hex digest
 
 
 def checkpoint_path(out_dir, step: int) -> pathlib.Path:
@@ -319,58 +250,6 @@ def list_checkpoints(out_dir) -> list[pathlib.Path]:
     out_dir = pathlib.Path(out_dir)
     found = [p for p in out_dir.iterdir() if CKPT_PATTERN.match(p.name)] if out_dir.is_dir() else []
     return sorted(found, key=lambda p: int(CKPT_PATTERN.match(p.name).group(1)), reverse=True)
-
-
-class HashingWriter:
-    """A write-only file that feeds every byte torch.save streams into it to a sha256 as well, and keeps the last
-    22 bytes (the zip's end record, which append_checksum completes)."""
-
-    def __init__(self, file):
-        self.file, self.digest, self.tail = file, hashlib.sha256(), b""
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        self.tail = (self.tail + bytes(memoryview(data).cast("B")[-22:]))[-22:]
-        return self.file.write(data)
-
-    def flush(self) -> None:
-        self.file.flush()
-
-
-def append_checksum(hashing: HashingWriter) -> None:
-    """Store the sha256 of a torch.save zip inside it, as the zip's comment (the file's last bytes).
-
-    torch.load checks no CRC, so 4 KiB of zeros inside the weights load silently as wrong numbers; the digest
-    catches that. A zip ends with a 22-byte record whose last 2 bytes give the comment's length (0 after
-    torch.save); we set it to 71 and append b"sha256:" + the 64 hex digits of the zip as torch.save wrote it. The
-    file stays a valid zip, so torch.load (and any zip tool) still reads it as it is.
-    """
-    if hashing.tail[:4] != b"PK\x05\x06" or hashing.tail[-2:] != b"\x00\x00":
-        raise ValueError("not a zip written by torch.save (no end record without a comment)")
-    hashing.file.seek(-2, os.SEEK_END)
-    hashing.file.write(CHECKSUM_LEN.to_bytes(2, "little") + CHECKSUM_TAG + hashing.digest.hexdigest().encode())
-
-
-def verify_checksum(path) -> None:
-    """Raise ValueError when the sha256 stored by append_checksum does not match the file's bytes. A file without
-    one (written by hand or an older train.py) passes: torch.load's own checks are all it gets."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size < CHECKSUM_LEN + 22:
-            return
-        f.seek(size - CHECKSUM_LEN)
-        stored = f.read()
-        if not stored.startswith(CHECKSUM_TAG):
-            return
-        digest, remaining = hashlib.sha256(), size - CHECKSUM_LEN - 2      # the zip up to its comment length
-        f.seek(0)
-        while remaining > 0:
-            chunk = f.read(min(remaining, 1 << 24))
-            digest.update(chunk)
-            remaining -= len(chunk)
-        digest.update(b"\x00\x00")                                      # ... which torch.save wrote as 0
-    if digest.hexdigest().encode() != stored[len(CHECKSUM_TAG):]:
-        raise ValueError("sha256 mismatch: the file's bytes changed after it was written")
 
 
 def atomic_save(obj, path) -> None:
@@ -697,6 +576,77 @@ def format_duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Configuration: every setting of a run, one dataclass (the flags, their help and checks: the CLI at the end)
+# ----------------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Every setting of a run: each field is a flag (`max_steps` -> `--max-steps`, its help in HELP by the CLI)
+    and a key of a --config file."""
+    # data and model
+    data: str = "pydocs"            # sources to prepare (comma-separated), or a prepared dataset directory
+    val_data: str = ""              # held-out file(s) used verbatim as the validation split
+    cleaning: str = "auto"          # data.py's cleaning: auto | web | keep
+    vocab_size: int = 0             # BPE size if data.py trains one (0 = default)
+    model: str = "tiny"             # a preset of model.PRESETS
+    model_args: str = ""            # preset overrides, 'n_layer=2,n_embd=32'
+    out_dir: str = "out"            # checkpoints, metrics.jsonl, loss.png
+    seed: int = 0                   # model init, data order, sampling
+    # batch
+    batch_size: int = 16            # sequences per forward per rank (the micro-batch)
+    block_size: int = 0             # tokens per sequence (0 = the model's)
+    total_batch_tokens: int = 0     # tokens per optimizer step, all ranks (0 = one micro-batch per rank)
+    # optimisation
+    max_steps: int = 600            # optimizer steps: the schedule's total
+    lr: float = 2e-3                # peak learning rate
+    min_lr_ratio: float = 0.1       # final lr / peak
+    warmup_steps: int = 30
+    schedule: str = "cosine"        # cosine | wsd
+    decay_fraction: float = 0.2     # wsd: the decaying fraction of the steps
+    weight_decay: float = 0.1       # AdamW, weight matrices only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0          # global grad-norm limit (0 = off)
+    # precision and speed
+    device: str = "auto"            # auto | cpu | cuda | mps
+    dtype: str = "auto"             # auto | fp32 | bf16 | fp16
+    compile: bool = False           # torch.compile
+    activation_checkpointing: bool = False   # recompute block activations in backward
+    peak_flops: float = 0.0         # the hardware's peak FLOP/s for MFU (0 = datasheet table or measured)
+    # checkpoints and evaluation
+    eval_interval: int = 100
+    eval_batches: int = 10          # micro-batches per validation estimate
+    eval_at_start: bool = True      # evaluate at step 0 (about ln(vocab))
+    ckpt_interval: int = 250
+    keep_checkpoints: int = 3
+    resume: str | None = None       # "latest" (bare --resume) or a checkpoint file
+    init_from: str = ""             # a checkpoint whose weights, shape and tokenizer start a new run
+    overwrite: bool = False         # delete the run in --out-dir and start over
+    log_interval: int = 10          # steps between progress lines
+    plot: bool = True               # draw loss.png at the end
+    # loss-spike guard
+    spike_factor: float = 2.0       # a spike: a loss over this x the median
+    spike_window: int = 50          # recent losses the median is taken over
+    spike_patience: int = 3         # spikes in a row before a rollback
+    rollback_lr_factor: float = 0.5
+    # samples at the end
+    num_samples: int = 2
+    sample_tokens: int = 120
+    temperature: float = 0.8
+    top_k: int = 40                 # 0 = all tokens
+    prompt: str = ""                # empty = the start of a document
+    # parallelism (parallel.py, model_parallel.py; see wrap_for_distribution)
+    zero: int = 0                   # ZeRO stage 0-3
+    zero_reduce_dtype: str = "fp32"  # --zero 3 in bf16: the dtype gradients are reduce-scattered in
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    pp_schedule: str = "1f1b"       # afab | 1f1b
+    micro_batches: int = 0          # pipeline micro-batches per step (0 = the accumulation steps)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -1359,6 +1309,66 @@ def stop_on_signals(run: Trainer):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Appendix: the checkpoint checksum (section 6's atomic_save and load_checkpoint use it)
+# ----------------------------------------------------------------------------------------------------------------------
+
+CHECKSUM_TAG = b"sha256:"
+CHECKSUM_LEN = len(CHECKSUM_TAG) + 64           # the zip comment: tag + hex digest
+
+
+class HashingWriter:
+    """A write-only file that feeds every byte torch.save streams into it to a sha256 as well, and keeps the last
+    22 bytes (the zip's end record, which append_checksum completes)."""
+
+    def __init__(self, file):
+        self.file, self.digest, self.tail = file, hashlib.sha256(), b""
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.tail = (self.tail + bytes(memoryview(data).cast("B")[-22:]))[-22:]
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def append_checksum(hashing: HashingWriter) -> None:
+    """Store the sha256 of a torch.save zip inside it, as the zip's comment (the file's last bytes).
+
+    torch.load checks no CRC, so 4 KiB of zeros inside the weights load silently as wrong numbers; the digest
+    catches that. A zip ends with a 22-byte record whose last 2 bytes give the comment's length (0 after
+    torch.save); we set it to 71 and append b"sha256:" + the 64 hex digits of the zip as torch.save wrote it. The
+    file stays a valid zip, so torch.load (and any zip tool) still reads it as it is.
+    """
+    if hashing.tail[:4] != b"PK\x05\x06" or hashing.tail[-2:] != b"\x00\x00":
+        raise ValueError("not a zip written by torch.save (no end record without a comment)")
+    hashing.file.seek(-2, os.SEEK_END)
+    hashing.file.write(CHECKSUM_LEN.to_bytes(2, "little") + CHECKSUM_TAG + hashing.digest.hexdigest().encode())
+
+
+def verify_checksum(path) -> None:
+    """Raise ValueError when the sha256 stored by append_checksum does not match the file's bytes. A file without
+    one (written by hand or an older train.py) passes: torch.load's own checks are all it gets."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size < CHECKSUM_LEN + 22:
+            return
+        f.seek(size - CHECKSUM_LEN)
+        stored = f.read()
+        if not stored.startswith(CHECKSUM_TAG):
+            return
+        digest, remaining = hashlib.sha256(), size - CHECKSUM_LEN - 2      # the zip up to its comment length
+        f.seek(0)
+        while remaining > 0:
+            chunk = f.read(min(remaining, 1 << 24))
+            digest.update(chunk)
+            remaining -= len(chunk)
+        digest.update(b"\x00\x00")                                      # ... which torch.save wrote as 0
+    if digest.hexdigest().encode() != stored[len(CHECKSUM_TAG):]:
+        raise ValueError("sha256 mismatch: the file's bytes changed after it was written")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
