@@ -1,26 +1,29 @@
-"""model_parallel.py: one model cut into pieces, by hand over torch.distributed: tensor and pipeline parallel.
+"""model_parallel.py: one model cut into pieces, by hand over torch.distributed: tensor and pipeline
+parallel.
 
-Tensor parallel (Megatron-LM) and pipeline parallel, and `parallelize`, which combines them with parallel.py's data
-parallel and ZeRO for train.py.
+Tensor parallel (Megatron-LM) and pipeline parallel, and `parallelize`, which combines them with
+parallel.py's data parallel and ZeRO for train.py.
 
-Serves the chapter parallel.py (its second half: the lecture's knives 3 and 4) and train.py (--zero/--tp/--pp go
-through `parallelize`). parallel.py teaches why a 7e9-parameter model (112 GB of training state) needs several
-GPUs and owns the knives that copy the model (DP, ZeRO) with the mesh they run on; this file owns the knives that
-cut it: the split layers and the vocabulary-parallel loss, the pipeline schedules and their executor, the wiring
-of all four for train.py (checkpoints in the single-process format, in any layout), and the demos that need them.
+Serves the chapter parallel.py (its second half: the lecture's knives 3 and 4) and train.py
+(--zero/--tp/--pp go through `parallelize`). parallel.py teaches why a 7e9-parameter model (112 GB
+of training state) needs several GPUs and owns the knives that copy the model (DP, ZeRO) with the
+mesh they run on; this file owns the knives that cut it: the split layers and the
+vocabulary-parallel loss, the pipeline schedules and their executor, the wiring of all four for
+train.py (checkpoints in the single-process format, in any layout), and the demos that need them.
 
-Depends on: torch, the standard library, parallel.py (Comm and Mesh to communicate, DataParallel and Zero over the
-dp axis, the clipping and accounting they share) and model.py (the tiny GPT of the demos only; everything else
-takes any model.py-shaped GPT it is given).
+Depends on: torch, the standard library, parallel.py (Comm and Mesh to communicate, DataParallel and
+Zero over the dp axis, the clipping and accounting they share) and model.py (the tiny GPT of the
+demos only; everything else takes any model.py-shaped GPT it is given).
 
 The two knives:
 
-3. Tensor parallel (TP). Split the matrices inside a layer. The MLP's first matrix is split by columns, the second
-   by rows; the nonlinearity runs on each piece alone, so one MLP costs one all-reduce in forward and one in
-   backward. Attention is split by heads. Traffic is per layer, so TP stays inside one machine.
-4. Pipeline parallel (PP). Put different layers on different ranks: 32 layers on 4 GPUs is 8 each. The pipeline
-   idles while it fills and drains; with p stages and m micro-batches the idle share (the bubble) is
-   (p - 1) / (m + p - 1): p = 4, m = 16 gives 3/19, about 16%.
+3. Tensor parallel (TP). Split the matrices inside a layer. The MLP's first matrix is split by
+   columns, the second by rows; the nonlinearity runs on each piece alone, so one MLP costs one
+   all-reduce in forward and one in backward. Attention is split by heads. Traffic is per layer, so
+   TP stays inside one machine.
+4. Pipeline parallel (PP). Put different layers on different ranks: 32 layers on 4 GPUs is 8 each.
+   The pipeline idles while it fills and drains; with p stages and m micro-batches the idle share
+   (the bubble) is (p - 1) / (m + p - 1): p = 4, m = 16 gives 3/19, about 16%.
 
 The lecture's other two dimensions: expert parallel (the MoE's experts on different ranks, tokens
 sent to them by all-to-all) and context parallel (one sequence over several ranks, ring attention).
@@ -30,7 +33,7 @@ without processes), their executor, expert parallel, context parallel, `parallel
 calls: TP inside, then PP, then DP or ZeRO over dp), and the demos. Every mode is tested equal to a
 single-process run (tests/test_parallel.py, tests/test_ep_cp.py). The demos run from parallel.py's
 command line (this file's main is the same one):
-    python parallel.py demo                                 # every layout on 2 CPU processes vs one process
+    python parallel.py demo                                 # every layout on 2 CPU processes vs one
     python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
 """
 from __future__ import annotations
@@ -47,35 +50,39 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import parallel
-from parallel import (Comm, DataParallel, Mesh, ParallelError, Zero, check_combination, clip_grad_norm_, launch,
-                      load_named_optimizer_state, named_optimizer_state, training_state_bytes,
-                      zero_bytes_per_step, zero_memory_per_rank)
+from parallel import (Comm, DataParallel, Layout, Mesh, ParallelError, Zero, check_combination,
+                      launch, load_named_optimizer_state, named_optimizer_state,
+                      training_state_bytes, zero_bytes_per_step, zero_memory_per_rank)
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. Tensor parallel (Megatron-LM)
 #
 # A linear layer y = x W^T with W (out, in) can be split two ways across t ranks:
-#   column parallel: rank r keeps rows r of W (a slice of the outputs): y_r = x W_r^T, no communication;
-#   row parallel:    rank r keeps columns r of W (a slice of the inputs): y = sum_r x_r W_r^T, one all-reduce.
-# Chaining column then row needs no communication in between, because the slice of the outputs rank r computed
-# is exactly the slice of the inputs it needs next. So in the MLP w2(silu(w1 x) * w3 x), w1 and w3 are split by
-# columns, silu and the product run on each slice alone, w2 is split by rows: one all-reduce per MLP (of the
-# activations, (B, T, C) floats). Attention is the same with heads as the slices: wq, wk, wv by heads (under GQA
-# the kv heads split too, so the query heads of rank r find their kv heads on rank r), wo by rows.
-# Autograd needs the mirror image, so the pair of operators of the paper (called f and g there):
-#   f = copy_to_tp:     forward identity,     backward all-reduce (each rank's x fed a slice; the grads add up)
+#   column parallel: rank r keeps rows r of W (a slice of the outputs): y_r = x W_r^T,
+#                    no communication;
+#   row parallel:    rank r keeps columns r of W (a slice of the inputs): y = sum_r x_r W_r^T,
+#                    one all-reduce.
+# Chaining column then row needs no communication in between, because the slice of the outputs rank
+# r computed is exactly the slice of the inputs it needs next. So in the MLP w2(silu(w1 x) * w3 x),
+# w1 and w3 are split by columns, silu and the product run on each slice alone, w2 is split by rows:
+# one all-reduce per MLP (of the activations, (B, T, C) floats). Attention is the same with heads as
+# the slices: wq, wk, wv by heads (under GQA the kv heads split too, so the query heads of rank r
+# find their kv heads on rank r), wo by rows. Autograd needs the mirror image, so the pair of
+# operators of the paper (called f and g there):
+#   f = copy_to_tp:     forward identity,     backward all-reduce (each rank's x fed a slice;
+#                       the grads add up)
 #   g = reduce_from_tp: forward all-reduce,   backward identity
-# f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted
-# by the callers, outside autograd: torch.compile traces a Function's forward and backward, where
-# a Python side effect (a dict updated) is not allowed (dynamo: "lift_tracked_freevar_to_input").
-# The embedding splits the vocabulary:
-# rank r holds rows [r V/t, (r+1) V/t) (V padded up to a multiple of t), looks up the ids it owns, zeros the
-# rest and all-reduces. The LM head shares those rows and produces logits for its slice of the vocabulary; the
-# cross-entropy is computed without ever gathering the (B, T, V) logits: all-reduce the row maxima, the sums of
-# exponentials and the target's logit - three tensors of (B*T,) floats instead of (B*T, V).
-# Every rank slices the same full, seeded weights, so the model computes the same function for any t.
-# ------------------------------------------------------------------------------------------------------------------
+# f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted by
+# the callers, outside autograd: torch.compile traces a Function's forward and backward, where a
+# Python side effect (a dict updated) is not allowed (dynamo: "lift_tracked_freevar_to_input"). The
+# embedding splits the vocabulary: rank r holds rows [r V/t, (r+1) V/t) (V padded up to a multiple
+# of t), looks up the ids it owns, zeros the rest and all-reduces. The LM head shares those rows and
+# produces logits for its slice of the vocabulary; the cross-entropy is computed without ever
+# gathering the (B, T, V) logits: all-reduce the row maxima, the sums of exponentials and the
+# target's logit - three tensors of (B*T,) floats instead of (B*T, V). Every rank slices the same
+# full, seeded weights, so the model computes the same function for any t.
+# --------------------------------------------------------------------------------------------------
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -120,7 +127,8 @@ def reduce_from_tp(x: torch.Tensor, comm: Comm) -> torch.Tensor:
 
 
 def _tag(p: nn.Parameter, dim: int, full_size: int) -> nn.Parameter:
-    """Mark a parameter as this rank's slice along `dim` of a tensor whose full (unpadded) size there is full_size."""
+    """Mark a parameter as this rank's slice along `dim` of a tensor whose full (unpadded) size
+    there is full_size."""
     p.tp_sharded, p.tp_dim, p.tp_full_size = True, dim, full_size
     return p
 
@@ -138,16 +146,28 @@ def _slice(full: torch.Tensor, dim: int, comm: Comm, padded: int | None = None) 
 
 
 class ColumnParallelLinear(nn.Module):
-    """Rows [r out/t, (r+1) out/t) of a Linear's weight: (..., in) -> (..., out/t), no communication forward.
-    copy_input=True applies f to the input (when no enclosing module does it already)."""
+    """Rows [r out/t, (r+1) out/t) of a Linear's weight: (..., in) -> (..., out/t), no communication
+    forward. copy_input=True applies f to the input (when no enclosing module does it already)."""
 
-    def __init__(self, full: nn.Linear, comm: Comm, copy_input: bool = False, weight: nn.Parameter | None = None):
+    def __init__(
+        self,
+        full: nn.Linear,
+        comm: Comm,
+        copy_input: bool = False,
+        weight: nn.Parameter | None = None,
+    ):
         super().__init__()
         self.comm, self.copy_input = comm, copy_input
-        self.weight = weight if weight is not None else _tag(nn.Parameter(_slice(full.weight.data, 0, comm)), 0,
-                                                             full.out_features)
-        self.bias = None if full.bias is None else _tag(nn.Parameter(_slice(full.bias.data, 0, comm)), 0,
-                                                        full.out_features)
+        self.weight = (
+            weight
+            if weight is not None
+            else _tag(nn.Parameter(_slice(full.weight.data, 0, comm)), 0, full.out_features)
+        )
+        self.bias = (
+            None
+            if full.bias is None
+            else _tag(nn.Parameter(_slice(full.bias.data, 0, comm)), 0, full.out_features)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.copy_input:
@@ -156,13 +176,15 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """Columns [r in/t, (r+1) in/t) of a Linear's weight: (..., in/t) -> (..., out), one all-reduce (g)."""
+    """Columns [r in/t, (r+1) in/t) of a Linear's weight: (..., in/t) -> (..., out), one all-reduce
+    (g)."""
 
     def __init__(self, full: nn.Linear, comm: Comm):
         super().__init__()
         self.comm = comm
         self.weight = _tag(nn.Parameter(_slice(full.weight.data, 1, comm)), 1, full.in_features)
-        self.bias = None if full.bias is None else nn.Parameter(full.bias.data.clone())  # added once, after g
+        # added once, after g
+        self.bias = None if full.bias is None else nn.Parameter(full.bias.data.clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = reduce_from_tp(F.linear(x, self.weight), self.comm)
@@ -170,7 +192,8 @@ class RowParallelLinear(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Rows [r V'/t, (r+1) V'/t) of the embedding (V' = V padded to a multiple of t): ids (B, T) -> (B, T, C)."""
+    """Rows [r V'/t, (r+1) V'/t) of the embedding (V' = V padded to a multiple of t): ids (B, T) ->
+    (B, T, C)."""
 
     def __init__(self, full: nn.Embedding, comm: Comm):
         super().__init__()
@@ -179,11 +202,14 @@ class VocabParallelEmbedding(nn.Module):
         self.padded = -(-self.vocab_size // comm.size) * comm.size
         self.per_rank = self.padded // comm.size
         self.start = comm.rank * self.per_rank
-        self.weight = _tag(nn.Parameter(_slice(full.weight.data, 0, comm, self.padded)), 0, self.vocab_size)
+        self.weight = _tag(
+            nn.Parameter(_slice(full.weight.data, 0, comm, self.padded)), 0, self.vocab_size
+        )
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         local = idx - self.start
-        mine = (local >= 0) & (local < self.per_rank)                         # (B, T) ids this rank owns
+        # (B, T) ids this rank owns
+        mine = (local >= 0) & (local < self.per_rank)
         x = F.embedding(local.clamp(0, self.per_rank - 1), self.weight)        # (B, T, C)
         return reduce_from_tp(x * mine.unsqueeze(-1).to(x.dtype), self.comm)
 
@@ -191,11 +217,13 @@ class VocabParallelEmbedding(nn.Module):
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, comm, start, vocab_size):
-        # logits (N, V/t) for vocabulary ids [start, start + V/t); targets (N,) global ids, -1 = ignore.
+        # logits (N, V/t) for vocabulary ids [start, start + V/t); targets (N,) global ids, -1 =
+        # ignore.
         logits = logits.float()
         width = logits.shape[-1]
         ids = torch.arange(start, start + width, device=logits.device)
-        logits = logits.masked_fill(ids >= vocab_size, float("-inf"))         # padded vocabulary rows
+        # padded vocabulary rows
+        logits = logits.masked_fill(ids >= vocab_size, float("-inf"))
         row_max = logits.max(dim=-1).values
         comm.all_reduce(row_max, op=dist.ReduceOp.MAX, count=False)
         shifted = logits - row_max[:, None]
@@ -218,14 +246,17 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         softmax, local_t, owned, valid, count = ctx.saved_tensors
         rows = torch.arange(len(local_t), device=softmax.device)
         g = softmax.clone()
-        g[rows[owned], local_t[owned]] -= 1.0                                 # d loss / d logits = p - onehot
+        # d loss / d logits = p - onehot
+        g[rows[owned], local_t[owned]] -= 1.0
         g *= (valid.to(g.dtype) * grad / count)[:, None]
         return g, None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, comm: Comm, start: int,
-                                 vocab_size: int) -> torch.Tensor:
-    """Mean cross-entropy over (N,) targets from each rank's (N, V/t) slice of the logits (ignore_index -1)."""
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, comm: Comm, start: int, vocab_size: int
+) -> torch.Tensor:
+    """Mean cross-entropy over (N,) targets from each rank's (N, V/t) slice of the logits
+    (ignore_index -1)."""
     comm.count_all_reduce(3 * logits.shape[0], 4)   # fp32 row maxima, exp sums, target logits
     return _VocabParallelCrossEntropy.apply(logits, targets, comm, start, vocab_size)
 
@@ -235,19 +266,30 @@ def _copy_input_hook(comm: Comm):
 
 
 def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
-    """Split a model.py GPT across the ranks of `comm` in place (heads, MLP hidden units, vocabulary)."""
+    """Split a model.py GPT across the ranks of `comm` in place (heads, MLP hidden units,
+    vocabulary)."""
     t, cfg = comm.size, model.config
     if getattr(cfg, "n_expert", 0):
-        raise ParallelError("tensor parallel splits the dense SwiGLU; this model uses MoE: set n_expert=0 or --tp 1")
-    for name, value in [("n_head", cfg.n_head), ("n_kv_head", cfg.n_kv_head), ("ffn hidden size", cfg.ffn_dim)]:
+        raise ParallelError(
+            "tensor parallel splits the dense SwiGLU; this model uses MoE: set n_expert=0 or --tp 1"
+        )
+    for name, value in [
+        ("n_head", cfg.n_head),
+        ("n_kv_head", cfg.n_kv_head),
+        ("ffn hidden size", cfg.ffn_dim),
+    ]:
         if value % t:
-            raise ParallelError(f"{name} = {value} is not divisible by --tp {t}; choose a tp that divides it")
+            raise ParallelError(
+                f"{name} = {value} is not divisible by --tp {t}; choose a tp that divides it"
+            )
     model.tp_comm = comm
     if t == 1:
         return model
     for block in model.blocks:
         attn, ffn = block.attn, block.ffn
-        attn.wq, attn.wk, attn.wv = (ColumnParallelLinear(lin, comm) for lin in (attn.wq, attn.wk, attn.wv))
+        attn.wq, attn.wk, attn.wv = (
+            ColumnParallelLinear(lin, comm) for lin in (attn.wq, attn.wk, attn.wv)
+        )
         attn.wo = RowParallelLinear(attn.wo, comm)
         attn.n_head, attn.n_kv_head = attn.n_head // t, attn.n_kv_head // t  # heads on this rank
         attn.register_forward_pre_hook(_copy_input_hook(comm))
@@ -256,11 +298,16 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
         ffn.register_forward_pre_hook(_copy_input_hook(comm))
     tied = model.lm_head.weight is model.tok_emb.weight
     model.tok_emb = VocabParallelEmbedding(model.tok_emb, comm)
-    model.tp_vocab_start = model.tok_emb.start  # kept on the model: a last pipeline stage has no embedding
-    padded_head = nn.Linear(cfg.n_embd, model.tok_emb.padded, bias=False, device=model.lm_head.weight.device)
+    # kept on the model: a last pipeline stage has no embedding
+    model.tp_vocab_start = model.tok_emb.start
+    padded_head = nn.Linear(
+        cfg.n_embd, model.tok_emb.padded, bias=False, device=model.lm_head.weight.device
+    )
     with torch.no_grad():
         padded_head.weight.zero_()[:cfg.vocab_size].copy_(model.lm_head.weight)
-    head = ColumnParallelLinear(padded_head, comm, copy_input=True, weight=model.tok_emb.weight if tied else None)
+    head = ColumnParallelLinear(
+        padded_head, comm, copy_input=True, weight=model.tok_emb.weight if tied else None
+    )
     if not tied:
         _tag(head.weight, 0, cfg.vocab_size)
     model.lm_head = head
@@ -271,13 +318,21 @@ def lm_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor) -> to
     """Mean next-token cross-entropy; vocabulary-parallel when the model's head is split."""
     comm = getattr(model, "tp_comm", None)
     if comm is None or comm.size == 1:
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-    return vocab_parallel_cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), comm,
-                                        model.tp_vocab_start, model.config.vocab_size)
+        return F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+        )
+    return vocab_parallel_cross_entropy(
+        logits.reshape(-1, logits.size(-1)),
+        targets.reshape(-1),
+        comm,
+        model.tp_vocab_start,
+        model.config.vocab_size,
+    )
 
 
 class TensorParallel(nn.Module):
-    """A GPT split by `apply_tensor_parallel`; forward(idx, targets) -> (this rank's logits slice, loss)."""
+    """A GPT split by `apply_tensor_parallel`; forward(idx, targets) -> (this rank's logits slice,
+    loss)."""
 
     def __init__(self, model: nn.Module, comm: Comm):
         super().__init__()
@@ -287,7 +342,8 @@ class TensorParallel(nn.Module):
         m = self.module
         if m.tp_comm.size == 1:
             return m(idx, targets)
-        x = m.embed(idx)                                                       # (B, T, C), the same on every rank
+        # (B, T, C), the same on every rank
+        x = m.embed(idx)
         for block in m.blocks:
             x = block(x)  # a Block checkpoints its own activations when the config asks
         logits = m.head(x)                                                     # (B, T, V'/t)
@@ -306,30 +362,34 @@ def tp_gather(t: torch.Tensor, p: nn.Parameter, comm: Comm) -> torch.Tensor:
 
 
 def tp_slice(full: torch.Tensor, p: nn.Parameter, comm: Comm) -> torch.Tensor:
-    """This rank's slice of a full tensor shaped like parameter p's full tensor (inverse of tp_gather)."""
+    """This rank's slice of a full tensor shaped like parameter p's full tensor (inverse of
+    tp_gather)."""
     if not getattr(p, "tp_sharded", False) or comm.size == 1:
         return full.clone()
     return _slice(full, p.tp_dim, comm, padded=p.shape[p.tp_dim] * comm.size)
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. Pipeline parallel: schedules as plain lists of actions
 #
-# The model's layers are cut into p contiguous stages; the batch into m micro-batches. A schedule says, for each
-# stage, the order of its actions: F i / B i (forward / backward of micro-batch i) and the messages between
-# neighbours: SEND_F / RECV_F carry activations (B/m, T, C) to the next stage, SEND_B / RECV_B carry their
-# gradients back. Consecutive messages in a list are posted together as one batch (see Comm.send_recv).
+# The model's layers are cut into p contiguous stages; the batch into m micro-batches. A schedule
+# says, for each stage, the order of its actions: F i / B i (forward / backward of micro-batch i)
+# and the messages between neighbours: SEND_F / RECV_F carry activations (B/m, T, C) to the next
+# stage, SEND_B / RECV_B carry their gradients back. Consecutive messages in a list are posted
+# together as one batch (see Comm.send_recv).
 #
-# GPipe, all-forward-all-backward (AFAB): every forward, then every backward. Simple, but stage s holds the
-# activations of all m micro-batches at once. p = 3, m = 4 (time ->, each cell one forward or backward slot):
+# GPipe, all-forward-all-backward (AFAB): every forward, then every backward. Simple, but stage s
+# holds the activations of all m micro-batches at once. p = 3, m = 4 (time ->, each cell one forward
+# or backward slot):
 #     stage 0: F0 F1 F2 F3 .  .  .  .  B0 B1 B2 B3
 #     stage 1: .  F0 F1 F2 F3 .  .  B0 B1 B2 B3 .
 #     stage 2: .  .  F0 F1 F2 F3 B0 B1 B2 B3 .  .
-# 1F1B: stage s runs p - s - 1 warm-up forwards, then alternates one forward and one backward, then drains.
-# Same bubble, but at most p - s micro-batches are in flight, so activation memory is bounded by p, not m.
-# In both, each stage idles (p - 1) slots of forward + backward out of (m + p - 1): the bubble
-# (p - 1) / (m + p - 1); p = 4, m = 16 -> 3/19 = 16%. `simulate` replays a schedule with timings and checks it.
-# ------------------------------------------------------------------------------------------------------------------
+# 1F1B: stage s runs p - s - 1 warm-up forwards, then alternates one forward and one backward, then
+# drains. Same bubble, but at most p - s micro-batches are in flight, so activation memory is
+# bounded by p, not m. In both, each stage idles (p - 1) slots of forward + backward out of (m + p -
+# 1): the bubble (p - 1) / (m + p - 1); p = 4, m = 16 -> 3/19 = 16%. `simulate` replays a schedule
+# with timings and checks it.
+# --------------------------------------------------------------------------------------------------
 
 
 class Action(NamedTuple):
@@ -345,25 +405,35 @@ COMM_OPS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 
 def _forward_actions(stage: int, p: int, mb: int) -> list[Action]:
     first, last = stage == 0, stage == p - 1
-    return ([] if first else [Action("RECV_F", mb)]) + [Action("F", mb)] + ([] if last else [Action("SEND_F", mb)])
+    return (
+        ([] if first else [Action("RECV_F", mb)])
+        + [Action("F", mb)]
+        + ([] if last else [Action("SEND_F", mb)])
+    )
 
 
 def _backward_actions(stage: int, p: int, mb: int) -> list[Action]:
     first, last = stage == 0, stage == p - 1
-    return ([] if last else [Action("RECV_B", mb)]) + [Action("B", mb)] + ([] if first else [Action("SEND_B", mb)])
+    return (
+        ([] if last else [Action("RECV_B", mb)])
+        + [Action("B", mb)]
+        + ([] if first else [Action("SEND_B", mb)])
+    )
 
 
 def afab_schedule(p: int, m: int) -> list[list[Action]]:
     """GPipe: per stage, all forwards then all backwards.
-    >>> afab_schedule(2, 2)
-    [[F0, SEND_F0, F1, SEND_F1, RECV_B0, B0, RECV_B1, B1], [RECV_F0, F0, RECV_F1, F1, B0, SEND_B0, B1, SEND_B1]]
+    >>> afab_schedule(2, 2)  # doctest: +NORMALIZE_WHITESPACE
+    [[F0, SEND_F0, F1, SEND_F1, RECV_B0, B0, RECV_B1, B1],
+     [RECV_F0, F0, RECV_F1, F1, B0, SEND_B0, B1, SEND_B1]]
     """
     return [[a for i in range(m) for a in _forward_actions(s, p, i)] +
             [a for i in range(m) for a in _backward_actions(s, p, i)] for s in range(p)]
 
 
 def one_f_one_b_schedule(p: int, m: int) -> list[list[Action]]:
-    """1F1B: warm-up forwards, steady one-forward-one-backward, cool-down backwards (PipeDream-flush/Megatron).
+    """1F1B: warm-up forwards, steady one-forward-one-backward, cool-down backwards
+    (PipeDream-flush/Megatron).
     >>> one_f_one_b_schedule(2, 2)[0]
     [F0, SEND_F0, F1, SEND_F1, RECV_B0, B0, RECV_B1, B1]
     """
@@ -382,7 +452,8 @@ SCHEDULES = {"afab": afab_schedule, "1f1b": one_f_one_b_schedule}
 
 
 def _batches(actions: list[Action]) -> list[list[Action]]:
-    """Split a stage's actions into steps: one compute action, or a run of consecutive messages posted together."""
+    """Split a stage's actions into steps: one compute action, or a run of consecutive messages
+    posted together."""
     steps: list[list[Action]] = []
     for a in actions:
         if a.op in COMM_OPS and steps and steps[-1][0].op in COMM_OPS:
@@ -393,16 +464,22 @@ def _batches(actions: list[Action]) -> list[list[Action]]:
 
 
 def _channel(stage: int, a: Action) -> tuple[str, int, int, str]:
-    """(direction, from stage, to stage, side) of a message: SEND_F on s goes s -> s+1, RECV_B on s comes s+1 -> s."""
-    return {"SEND_F": ("F", stage, stage + 1, "send"), "RECV_F": ("F", stage - 1, stage, "recv"),
-            "SEND_B": ("B", stage, stage - 1, "send"), "RECV_B": ("B", stage + 1, stage, "recv")}[a.op]
+    """(direction, from stage, to stage, side) of a message: SEND_F on s goes s -> s+1, RECV_B on s
+    comes s+1 -> s."""
+    return {
+        "SEND_F": ("F", stage, stage + 1, "send"),
+        "RECV_F": ("F", stage - 1, stage, "recv"),
+        "SEND_B": ("B", stage, stage - 1, "send"),
+        "RECV_B": ("B", stage + 1, stage, "recv"),
+    }[a.op]
 
 
 def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -> dict:
-    """Replay a schedule as the executor runs it: a compute takes t_f / t_b, a batch of messages completes when
-    the partner of every message in it has been posted (the k-th send on a channel meets its k-th receive).
-    Raises ParallelError on a deadlock, a send meeting the receive of another micro-batch, or a compute whose
-    input has not arrived. Returns the makespan, each stage's bubble (idle share) and peak in-flight micro-batches.
+    """Replay a schedule as the executor runs it: a compute takes t_f / t_b, a batch of messages
+    completes when the partner of every message in it has been posted (the k-th send on a channel
+    meets its k-th receive). Raises ParallelError on a deadlock, a send meeting the receive of
+    another micro-batch, or a compute whose input has not arrived. Returns the makespan, each
+    stage's bubble (idle share) and peak in-flight micro-batches.
     >>> round(simulate(one_f_one_b_schedule(4, 16))["bubble"], 3), round(3 / 19, 3)
     (0.158, 0.158)
     """
@@ -431,7 +508,9 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
                     peak[s] = max(peak[s], in_flight[s])
                 else:
                     if a.mb not in done_f[s] or (s < p - 1 and a.mb not in arrived_b[s]):
-                        raise ParallelError(f"stage {s} runs B{a.mb} before its forward or its output gradient")
+                        raise ParallelError(
+                            f"stage {s} runs B{a.mb} before its forward or its output gradient"
+                        )
                     done_b[s].add(a.mb)
                     in_flight[s] -= 1
                 duration = t_f if a.op == "F" else t_b
@@ -447,7 +526,9 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
                     key = _channel(s, a)
                     if not 0 <= key[1] < p or not 0 <= key[2] < p:
                         raise ParallelError(f"stage {s} has {a} with no neighbour")
-                    if (a.op == "SEND_F" and a.mb not in done_f[s]) or (a.op == "SEND_B" and a.mb not in done_b[s]):
+                    if (a.op == "SEND_F" and a.mb not in done_f[s]) or (
+                        a.op == "SEND_B" and a.mb not in done_b[s]
+                    ):
                         raise ParallelError(f"stage {s} runs {a} before computing what it sends")
                     mine[s].append(len(posted.setdefault(key, [])))
                     posted[key].append((a.mb, clock[s]))
@@ -459,7 +540,9 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
                 if len(other) <= k:
                     break
                 if other[k][0] != a.mb:
-                    raise ParallelError(f"stage {s}: {a} meets micro-batch {other[k][0]} on the other side")
+                    raise ParallelError(
+                        f"stage {s}: {a} meets micro-batch {other[k][0]} on the other side"
+                    )
                 partners.append(other[k][1])
             else:
                 clock[s] = max([clock[s]] + partners)
@@ -472,15 +555,23 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
                 pc[s] += 1
                 progress = True
         if not progress:
-            raise ParallelError(f"deadlock: stages wait at {[steps[s][pc[s]] if pc[s] < len(steps[s]) else None for s in range(p)]}")
+            raise ParallelError(
+                "deadlock: stages wait at "
+                f"{[steps[s][pc[s]] if pc[s] < len(steps[s]) else None for s in range(p)]}"
+            )
     for s in range(p):
         n = len({a.mb for a in schedule[s] if a.op == "F"})
         if done_f[s] != done_b[s] or len(done_f[s]) != n:
             raise ParallelError(f"stage {s} does not run every forward and backward exactly once")
     makespan = max(clock)
     bubbles = [1 - b / makespan for b in busy]
-    return {"makespan": makespan, "bubble": max(bubbles), "bubbles": bubbles, "peak_in_flight": peak,
-            "timeline": timeline}
+    return {
+        "makespan": makespan,
+        "bubble": max(bubbles),
+        "bubbles": bubbles,
+        "peak_in_flight": peak,
+        "timeline": timeline,
+    }
 
 
 def render_schedule(schedule: list[list[Action]]) -> str:
@@ -509,26 +600,30 @@ def bubble_fraction(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 3. Pipeline parallel: the executor
 #
-# Each rank builds the whole model from the same seed, then keeps only its stage: the first stage keeps the
-# embedding, the last the final norm and head, every stage its slice of the blocks (the others become Identity,
-# so parameter names stay those of the full model and checkpoints merge by name). With tied embeddings the
-# first and last stage each hold a copy of the (V, C) matrix; after backward they all-reduce its gradient over
-# the "embed" group, so both copies take the same step and stay equal. The last stage divides each
-# micro-batch's loss by m, so the summed gradients are those of the mean loss over the whole batch. A
-# data-parallel wrapper (DataParallel or ZeRO-1) only communicates after the stage's last backward.
-# ------------------------------------------------------------------------------------------------------------------
+# Each rank builds the whole model from the same seed, then keeps only its stage: the first stage
+# keeps the embedding, the last the final norm and head, every stage its slice of the blocks (the
+# others become Identity, so parameter names stay those of the full model and checkpoints merge by
+# name). With tied embeddings the first and last stage each hold a copy of the (V, C) matrix; after
+# backward they all-reduce its gradient over the "embed" group, so both copies take the same step
+# and stay equal. The last stage divides each micro-batch's loss by m, so the summed gradients are
+# those of the mean loss over the whole batch. A data-parallel wrapper (DataParallel or ZeRO-1) only
+# communicates after the stage's last backward.
+# --------------------------------------------------------------------------------------------------
 
 
 def layer_ranges(n_layer: int, p: int) -> list[tuple[int, int]]:
-    """Contiguous [lo, hi) layer ranges for p stages, sizes differing by at most one (earlier stages get more).
+    """Contiguous [lo, hi) layer ranges for p stages, sizes differing by at most one (earlier stages
+    get more).
     >>> layer_ranges(5, 2)
     [(0, 3), (3, 5)]
     """
     if n_layer < p:
-        raise ParallelError(f"{n_layer} layers cannot fill {p} pipeline stages; use --pp <= {n_layer}")
+        raise ParallelError(
+            f"{n_layer} layers cannot fill {p} pipeline stages; use --pp <= {n_layer}"
+        )
     sizes = [n_layer // p + (1 if s < n_layer % p else 0) for s in range(p)]
     starts = [sum(sizes[:s]) for s in range(p)]
     return [(lo, lo + n) for lo, n in zip(starts, sizes)]
@@ -537,13 +632,15 @@ def layer_ranges(n_layer: int, p: int) -> list[tuple[int, int]]:
 class PipelineParallel:
     """Run one training step of a GPT cut into pipeline stages over `mesh.pp`.
 
-        pipe = PipelineParallel(model, mesh, schedule="1f1b")   # prunes `model` to this rank's stage
-        loss = pipe.step(x, y, micro_batches=4, grad_sync=dp)   # forward + backward; then opt.step()
+        pipe = PipelineParallel(model, mesh, schedule="1f1b")  # prunes `model` to this rank's stage
+        loss = pipe.step(x, y, micro_batches=4, grad_sync=dp)  # forward + backward; then opt.step()
     """
 
     def __init__(self, model: nn.Module, mesh: Mesh, schedule: str = "1f1b"):
         if schedule not in SCHEDULES:
-            raise ParallelError(f"unknown pipeline schedule {schedule!r}; choose one of {sorted(SCHEDULES)}")
+            raise ParallelError(
+                f"unknown pipeline schedule {schedule!r}; choose one of {sorted(SCHEDULES)}"
+            )
         self.model, self.comm, self.embed_comm, self.schedule = model, mesh.pp, mesh.embed, schedule
         p, s = self.comm.size, self.comm.rank
         self.lo, self.hi = layer_ranges(len(model.blocks), p)[s]
@@ -556,7 +653,9 @@ class PipelineParallel:
             if self.tied and self.last:  # the last stage gets its own copy of the tied matrix
                 shared = model.lm_head.weight
                 copy = nn.Parameter(shared.detach().clone())
-                copy.__dict__.update({k: v for k, v in shared.__dict__.items() if k.startswith("tp_")})
+                copy.__dict__.update(
+                    {k: v for k, v in shared.__dict__.items() if k.startswith("tp_")}
+                )
                 copy.pp_tied_copy = True  # counted once in the gradient norm
                 model.lm_head.weight = copy
             if not self.first:
@@ -569,23 +668,35 @@ class PipelineParallel:
         """This stage's copy of the tied embedding matrix (first or last stage), else None."""
         if not self.tied or self.comm.size == 1:
             return None
-        return self.model.tok_emb.weight if self.first else self.model.lm_head.weight if self.last else None
+        return (
+            self.model.tok_emb.weight
+            if self.first
+            else self.model.lm_head.weight
+            if self.last
+            else None
+        )
 
     def stage_forward(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
-        """ids (b, T) or activations (b, T, C) -> activations (b, T, C), or on the last stage the loss."""
+        """ids (b, T) or activations (b, T, C) -> activations (b, T, C), or on the last stage the
+        loss."""
         if self.first:
             x = self.model.embed(x)
         for i in range(self.lo, self.hi):
             x = self.model.blocks[i](x)
         return lm_loss(self.model, self.model.head(x), targets) if self.last else x
 
-    def step(self, idx: torch.Tensor, targets: torch.Tensor, micro_batches: int, grad_sync=None) -> torch.Tensor:
-        """Forward and backward of the batch (B, T) as `micro_batches` pieces; returns the mean loss on every
-        stage. `grad_sync` (DataParallel / Zero stage 1) communicates once, after this stage's last backward."""
+    def step(
+        self, idx: torch.Tensor, targets: torch.Tensor, micro_batches: int, grad_sync=None
+    ) -> torch.Tensor:
+        """Forward and backward of the batch (B, T) as `micro_batches` pieces; returns the mean loss
+        on every stage. `grad_sync` (DataParallel / Zero stage 1) communicates once, after this
+        stage's last backward."""
         m, p = micro_batches, self.comm.size
         if m < 1 or idx.shape[0] % m:
-            raise ParallelError(f"batch size {idx.shape[0]} is not divisible by --micro-batches {m}; "
-                                f"choose a divisor of the batch size")
+            raise ParallelError(
+                f"batch size {idx.shape[0]} is not divisible by --micro-batches {m}; "
+                f"choose a divisor of the batch size"
+            )
         ids, tgts = idx.chunk(m), targets.chunk(m)
         shape = (idx.shape[0] // m, idx.shape[1], self.model.config.n_embd)
         dtype, device = next(self.model.parameters()).dtype, idx.device
@@ -646,9 +757,10 @@ class PipelineParallel:
 
 
 def _to_cpu(obj):
-    """A nested dict of tensors with every tensor copied to the CPU. all_gather_object pickles its object, and a
-    CUDA tensor unpickles onto the GPU it came from (pytorch/pytorch#76865): every process would open a CUDA
-    context on every other rank's GPU, or crash where it sees only its own."""
+    """A nested dict of tensors with every tensor copied to the CPU. all_gather_object pickles its
+    object, and a CUDA tensor unpickles onto the GPU it came from (pytorch/pytorch#76865): every
+    process would open a CUDA context on every other rank's GPU, or crash where it sees only its
+    own."""
     if torch.is_tensor(obj):
         return obj.detach().cpu()
     if isinstance(obj, dict):
@@ -657,7 +769,8 @@ def _to_cpu(obj):
 
 
 def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tensor]:
-    """Merge every stage's (and every tensor-parallel rank's) parameters into the single-process state dict."""
+    """Merge every stage's (and every tensor-parallel rank's) parameters into the single-process
+    state dict."""
     params = dict(model.named_parameters(remove_duplicate=False))
     local = {k: tp_gather(v, params[k], mesh.tp) if k in params else v.detach().clone()
              for k, v in model.state_dict().items()}
@@ -750,7 +863,7 @@ def _split_comms(dp: Comm, n: int) -> tuple[Comm, Comm]:
     return comms[0], comms[1]
 
 
-class ExpertParallel(nn.Module):
+class ExpertParallel(Layout):
     """A MoE GPT whose experts are split over n of the dp ranks; forward as a GPT's."""
 
     def __init__(self, model: nn.Module, dp: Comm, n: int):
@@ -770,9 +883,6 @@ class ExpertParallel(nn.Module):
                 setattr(moe, name, p)
             moe.experts = lambda x, moe=moe: dispatch_experts_combine(moe, x, self.ep)
             moe.balance_stats = lambda f, p: global_balance_stats(f, p, dp)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        return self.module(idx, targets)
 
 
 class _ExpertDataParallel:
@@ -921,27 +1031,30 @@ class ContextParallel(nn.Module):
         return logits, loss + (mean - loss).detach()
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 6. Putting it together for train.py: `parallelize(model, optimizer, mesh, zero, schedule)`
 #
-# train.py builds the full model and a plain optimizer as if it were alone, then hands both over. Every rank
-# builds the same full weights (same seed within a dp group), so slicing them (TP) or pruning them (PP) gives
-# the same function as one process. What comes back keeps train.py's loop unchanged:
-#   model:     forward(x, y) (not under PP), no_sync(), finish_gradient_sync(), clip_grad_norm_(max_norm),
-#              pipeline_step(micro_batches) (under PP), full_state_dict() / load_full_state_dict() and
-#              full_model() (a plain GPT with every weight, for sampling); all of them collective.
-#   optimizer: param_groups, step(), zero_grad(), and state_dict() / load_state_dict() in the format of the
-#              single-process optimizer (torch's, keyed by position), so a checkpoint saved on 4 ranks resumes
-#              on 1 and back, in any layout.
-# ------------------------------------------------------------------------------------------------------------------
+# train.py builds the full model and a plain optimizer as if it were alone, then hands both over.
+# Every rank builds the same full weights (same seed within a dp group), so slicing them (TP) or
+# pruning them (PP) gives the same function as one process. What comes back keeps train.py's loop
+# unchanged:
+#   model:     parallel.Layout's interface: forward(x, y) (not under PP), no_sync(),
+#              finish_gradient_sync(), clip_grad_norm_(max_norm), pipeline_step(micro_batches)
+#              (under PP), full_state_dict() / load_full_state_dict() and full_model() (a plain GPT
+#              with every weight, for sampling); all of them collective.
+#   optimizer: param_groups, step(), zero_grad(), and state_dict() / load_state_dict() in the format
+#              of the single-process optimizer (torch's, keyed by position), so a checkpoint saved
+#              on 4 ranks resumes on 1 and back, in any layout.
+# --------------------------------------------------------------------------------------------------
 
 
 def _canonical(name: str, p: torch.Tensor) -> str:
-    """The single-process name of a parameter: the last stage's copy of a tied embedding is tok_emb.weight."""
+    """The single-process name of a parameter: the last stage's copy of a tied embedding is
+    tok_emb.weight."""
     return "tok_emb.weight" if getattr(p, "pp_tied_copy", False) else name
 
 
-class DistributedModel(nn.Module):
+class DistributedModel(Layout):
     """A GPT split over a mesh; see the section comment. Build it with `parallelize`."""
 
     def __init__(self, model: nn.Module, mesh: Mesh, zero: int, schedule: str, ep: int = 1):
@@ -967,14 +1080,17 @@ class DistributedModel(nn.Module):
 
     @property
     def pipelined(self) -> bool:
-        """True under pipeline parallel: train with pipeline_step(micro_batches), not forward + backward."""
+        """True under pipeline parallel: train with pipeline_step(micro_batches), not forward +
+        backward."""
         return self.pipe is not None
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         if self.pipe is None:
             return self.module(idx, targets)
         if torch.is_grad_enabled():
-            raise ParallelError("under pipeline parallel, train through pipeline_step(); forward() only evaluates")
+            raise ParallelError(
+                "under pipeline parallel, train through pipeline_step(); forward() only evaluates"
+            )
         return None, self.pipeline_eval(idx, targets)
 
     @torch.no_grad()
@@ -993,8 +1109,11 @@ class DistributedModel(nn.Module):
         comm.broadcast(loss, src=comm.size - 1)
         return loss
 
-    def pipeline_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], count: int = 0) -> float:
-        """Forward + backward of all micro-batches as one pipelined batch of `count` pieces (0 = as given)."""
+    def pipeline_step(
+        self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], count: int = 0
+    ) -> float:
+        """Forward + backward of all micro-batches as one pipelined batch of `count` pieces (0 = as
+        given)."""
         x = torch.cat([b[0] for b in micro_batches])
         y = torch.cat([b[1] for b in micro_batches])
         return float(self.pipe.step(x, y, count or len(micro_batches), self.sync))
@@ -1007,15 +1126,15 @@ class DistributedModel(nn.Module):
             self.sync.finish_gradient_sync()
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip to the global norm of the full model (max_norm 0: only measure); return the norm before."""
-        limit = max_norm if max_norm > 0 else float("inf")
-        if self.zero is not None:
-            return float(self.zero.clip_grad_norm_(limit, self.mesh))
-        return float(clip_grad_norm_(self.model.parameters(), limit, self.mesh))
+        if self.zero is None:  # the slices TP, PP, EP hold, added up over self.mesh
+            return super().clip_grad_norm_(max_norm)
+        return float(
+            self.zero.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"), self.mesh)
+        )
 
     def full_state_dict(self, cpu: bool = True) -> dict[str, torch.Tensor]:
-        """The single-process state dict, fp32 (under ZeRO-3 gathered from the master shards), on every rank; on
-        the CPU (for a checkpoint), or with cpu=False where the weights live."""
+        """The single-process state dict, fp32 (under ZeRO-3 gathered from the master shards), on
+        every rank; on the CPU (for a checkpoint), or with cpu=False where the weights live."""
         if self.zero is not None and self.zero.stage == 3:  # ZeRO-3 runs without tp and pp
             state = self.zero.full_state_dict()
         else:
@@ -1034,7 +1153,8 @@ class DistributedModel(nn.Module):
             self.model.load_state_dict(local)
 
     def describe(self, micro_batches: int = 1) -> str:
-        """The accounting printed at the start of a run: layout, what this rank holds, traffic and bubble."""
+        """The accounting printed at the start of a run: layout, what this rank holds, traffic and
+        bubble."""
         m = self.mesh
         n_local = sum(p.numel() for p in self.model.parameters())
         n_full = self.config.num_params()
@@ -1054,26 +1174,41 @@ class DistributedModel(nn.Module):
             per_token = ring_bytes(1, L.cp.size, cfg.n_kv_head, cfg.head_dim, L.cp.size) / L.cp.size
             lines.append(f"  K/V ring per attention layer and step: 4 (n-1) B h_kv (T/n) d x 4 "
                          f"bytes = {per_token:,.0f} bytes per token of the batch")
-        lines.append(f"  this rank: {n_local:,} of {n_full:,} parameters after TP/PP; weights + grads + AdamW state "
-                     f"per rank by the formula: {zero_memory_per_rank(n_local, dp, stage, 4, 4, 8) / 2**20:,.1f} MiB "
-                     f"fp32 (16 bytes/param, ZeRO shares), "
-                     f"{zero_memory_per_rank(n_local, dp, stage) / 2**20:,.1f} MiB mixed precision")
+        lines.append(
+            f"  this rank: {n_local:,} of {n_full:,} parameters after TP/PP; weights + grads + "
+            "AdamW state "
+            "per rank by the formula: "
+            f"{zero_memory_per_rank(n_local, dp, stage, 4, 4, 8) / 2**20:,.1f} MiB "
+            f"fp32 (16 bytes/param, ZeRO shares), "
+            f"{zero_memory_per_rank(n_local, dp, stage) / 2**20:,.1f} MiB mixed precision"
+        )
         if dp > 1:
-            blocks = sum(p.numel() for b in getattr(self.model, "blocks", []) for p in b.parameters())
+            blocks = sum(
+                p.numel() for b in getattr(self.model, "blocks", []) for p in b.parameters()
+            )
             unit = self.zero.units[0] if self.zero is not None else None
             gather_bytes = unit.full.element_size() if unit else 4
             reduce_bytes = torch.finfo(unit.reduce_dtype).bits // 8 if unit else 4
-            sent = zero_bytes_per_step(blocks, n_local - blocks, dp, stage, gather_bytes, reduce_bytes)
-            lines.append(f"  data-parallel traffic per step and rank: {sent / 2**20:,.2f} MiB (weights gathered in "
-                         f"{gather_bytes} bytes, gradients reduced in {reduce_bytes}; see zero_bytes_per_step)")
+            sent = zero_bytes_per_step(
+                blocks, n_local - blocks, dp, stage, gather_bytes, reduce_bytes
+            )
+            lines.append(
+                f"  data-parallel traffic per step and rank: {sent / 2**20:,.2f} MiB (weights "
+                "gathered in "
+                f"{gather_bytes} bytes, gradients reduced in {reduce_bytes}; see "
+                "zero_bytes_per_step)"
+            )
         if self.pipe is not None:
-            lines.append(f"  pipeline bubble (p-1)/(m+p-1) = {bubble_fraction(m.pp.size, micro_batches):.1%} with "
-                         f"{micro_batches} micro-batches")
+            lines.append(
+                "  pipeline bubble (p-1)/(m+p-1) = "
+                f"{bubble_fraction(m.pp.size, micro_batches):.1%} with "
+                f"{micro_batches} micro-batches"
+            )
         return "\n".join(lines)
 
     def full_model(self) -> nn.Module:
-        """A plain (unsplit) copy of the model with the current weights, on every rank, on this rank's device
-        (the sampler feeds it ids and a generator of that device)."""
+        """A plain (unsplit) copy of the model with the current weights, on every rank, on this
+        rank's device (the sampler feeds it ids and a generator of that device)."""
         device = next(self.model.parameters()).device
         full = type(self.model)(self.config).to(device)
         full.load_state_dict(self.full_state_dict(cpu=False))
@@ -1081,20 +1216,39 @@ class DistributedModel(nn.Module):
 
 
 class DistributedOptimizer:
-    """The optimizer of a DistributedModel: a plain torch optimizer or ZeRO over this rank's parameters, whose
-    state_dict() is the single-process optimizer's (collective: gathers over dp, tp and pp)."""
+    """The optimizer of a DistributedModel: a plain torch optimizer or ZeRO over this rank's
+    parameters, whose state_dict() is the single-process optimizer's (collective: gathers over dp,
+    tp and pp)."""
 
-    def __init__(self, wrapped: DistributedModel, optimizer: torch.optim.Optimizer, names: list[list[str]],
-                 compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        wrapped: DistributedModel,
+        optimizer: torch.optim.Optimizer,
+        names: list[list[str]],
+        compute_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
+    ):
         self.wrapped, self.mesh = wrapped, wrapped.mesh
-        self.group_names = names  # the single-process optimizer's parameter names, group by group, in order
+        # the single-process optimizer's parameter names, group by group, in order
+        self.group_names = names
         local = {_canonical(n, p): p for n, p in wrapped.model.named_parameters()}
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [local[n] for n in names_g if n in local]}
-                  for g, names_g in zip(optimizer.param_groups, names)]
+        groups = [
+            {
+                **{k: v for k, v in g.items() if k != "params"},
+                "params": [local[n] for n in names_g if n in local],
+            }
+            for g, names_g in zip(optimizer.param_groups, names)
+        ]
         if wrapped.zero_stage:
-            wrapped.zero = Zero(wrapped.model, self.mesh.dp, wrapped.zero_stage, type(optimizer),
-                                param_groups=[g for g in groups if g["params"]], compute_dtype=compute_dtype,
-                                reduce_dtype=reduce_dtype)
+            wrapped.zero = Zero(
+                wrapped.model,
+                self.mesh.dp,
+                wrapped.zero_stage,
+                type(optimizer),
+                param_groups=[g for g in groups if g["params"]],
+                compute_dtype=compute_dtype,
+                reduce_dtype=reduce_dtype,
+            )
             wrapped.sync = self.inner = wrapped.zero
         else:
             self.inner = type(optimizer)([g for g in groups if g["params"]])
@@ -1125,8 +1279,10 @@ class DistributedOptimizer:
             p = params[name]
             if getattr(p, "pp_tied_copy", False):
                 continue  # the first stage's copy is the one saved
-            state[name] = {k: tp_gather(v, p, tp) if torch.is_tensor(v) and v.shape == p.shape else v
-                           for k, v in s.items()}
+            state[name] = {
+                k: tp_gather(v, p, tp) if torch.is_tensor(v) and v.shape == p.shape else v
+                for k, v in s.items()
+            }
         if self.mesh.pp.size > 1:
             parts = [None] * self.mesh.pp.size
             dist.all_gather_object(parts, _to_cpu(state), group=self.mesh.pp.group)
@@ -1134,7 +1290,8 @@ class DistributedOptimizer:
         return state
 
     def state_dict(self) -> dict:
-        """torch's format of the single-process optimizer: {"state": {index: ...}, "param_groups": [...]}."""
+        """torch's format of the single-process optimizer: {"state": {index: ...}, "param_groups":
+        [...]}."""
         state = self._named_state()
         order = [n for names in self.group_names for n in names]
         groups, start = [], 0
@@ -1142,7 +1299,10 @@ class DistributedOptimizer:
             groups.append({**{k: v for k, v in options.items() if k != "params"},
                            "params": list(range(start, start + len(names)))})
             start += len(names)
-        return {"state": {i: state[n] for i, n in enumerate(order) if n in state}, "param_groups": groups}
+        return {
+            "state": {i: state[n] for i, n in enumerate(order) if n in state},
+            "param_groups": groups,
+        }
 
     def load_state_dict(self, saved: dict) -> None:
         order = [n for names in self.group_names for n in names]
@@ -1155,7 +1315,10 @@ class DistributedOptimizer:
                 named[name] = {k: tp_slice(v, p, tp) if torch.is_tensor(v) and v.dim() > 0 else v
                                for k, v in s.items()}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in saved["param_groups"]]
-        payload = {"state": named, "param_groups": groups if len(groups) == len(self.inner.param_groups) else []}
+        payload = {
+            "state": named,
+            "param_groups": groups if len(groups) == len(self.inner.param_groups) else [],
+        }
         if isinstance(self.inner, Zero):
             self.inner.load_optimizer_state_dict(payload)
         else:
@@ -1176,9 +1339,13 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
                             f"in hooks ring attention bypasses); use --zero 0 with --ep, "
                             f"--zero <= 2 with --cp")
     if (compute_dtype or reduce_dtype) and zero != 3:
-        raise ParallelError("gathering weights in a compute dtype is ZeRO-3's; use --zero 3, or autocast alone")
+        raise ParallelError(
+            "gathering weights in a compute dtype is ZeRO-3's; use --zero 3, or autocast alone"
+        )
     if mesh.pp.size > 1 and getattr(model.config, "n_expert", 0):
-        raise ParallelError("pipeline parallel does not carry the MoE load-balancing loss; use --pp 1 with MoE")
+        raise ParallelError(
+            "pipeline parallel does not carry the MoE load-balancing loss; use --pp 1 with MoE"
+        )
     if dist.is_initialized() and dist.get_world_size() > 1:
         # Every rank must start from the same full weights before slicing or pruning them: rank 0's.
         with torch.no_grad():
@@ -1187,12 +1354,14 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
     names = {id(p): n for n, p in model.named_parameters()}
     group_names = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     wrapped = DistributedModel(model, mesh, zero, schedule, ep)
-    return wrapped, DistributedOptimizer(wrapped, optimizer, group_names, compute_dtype, reduce_dtype)
+    return wrapped, DistributedOptimizer(
+        wrapped, optimizer, group_names, compute_dtype, reduce_dtype
+    )
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 7. The demos: every layout against one process, a real pipeline's bubble (parallel.py's CLI)
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 _DEMO = dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
@@ -1200,11 +1369,16 @@ _DEMO = dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_e
 _DEMO_MOE = dict(n_expert=4, expert_top_k=2, moe_capacity_factor=0.0)  # EP over 1, 2 or 4 ranks
 
 
-def measure_pipeline_bubble(rank: int, world: int, schedule: str, micro_batches: int, steps: int = 3) -> dict:
-    """(launch target) Time a real pipeline of `world` stages on a small GPT: busy vs wall time per stage."""
+def measure_pipeline_bubble(
+    rank: int, world: int, schedule: str, micro_batches: int, steps: int = 3
+) -> dict:
+    """(launch target) Time a real pipeline of `world` stages on a small GPT: busy vs wall time per
+    stage."""
     from model import GPT, GPTConfig  # the demo's model; the library above takes any GPT
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=256, block_size=64, n_layer=2 * world, n_head=4, n_kv_head=4, n_embd=128)
+    cfg = GPTConfig(
+        vocab_size=256, block_size=64, n_layer=2 * world, n_head=4, n_kv_head=4, n_embd=128
+    )
     mesh = Mesh.build(pp=world)
     pipe = PipelineParallel(GPT(cfg), mesh, schedule)
     x = torch.randint(0, cfg.vocab_size, (2 * micro_batches, cfg.block_size))
@@ -1216,16 +1390,22 @@ def measure_pipeline_bubble(rank: int, world: int, schedule: str, micro_batches:
 
 
 def _demo_worker(rank: int, world: int, steps: int) -> dict:
-    """Train a tiny GPT `steps` AdamW steps in each layout; return its full weights, traffic and memory."""
+    """Train a tiny GPT `steps` AdamW steps in each layout; return its full weights, traffic and
+    memory."""
     from model import GPT, GPTConfig
     cfg = GPTConfig(**_DEMO)
     g = torch.Generator().manual_seed(1)
     data = [(torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g))
             for _ in range(steps)]
     out = {}
-    for name, sizes, zero in [("DP", dict(dp=world), 0), ("ZeRO-1", dict(dp=world), 1), ("ZeRO-2", dict(dp=world), 2),
-                              ("ZeRO-3", dict(dp=world), 3), (f"TP{world}", dict(tp=world), 0),
-                              (f"PP{world} 1F1B", dict(pp=world), 0)]:
+    for name, sizes, zero in [
+        ("DP", dict(dp=world), 0),
+        ("ZeRO-1", dict(dp=world), 1),
+        ("ZeRO-2", dict(dp=world), 2),
+        ("ZeRO-3", dict(dp=world), 3),
+        (f"TP{world}", dict(tp=world), 0),
+        (f"PP{world} 1F1B", dict(pp=world), 0),
+    ]:
         torch.manual_seed(0)
         model = GPT(cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -1277,33 +1457,53 @@ def _ep_cp_demo_worker(rank: int, world: int, batch: tuple) -> dict:
 
 
 def cmd_demo(args) -> int:
-    """`parallel.py demo`: train a tiny GPT in every layout on --world processes; compare with one process."""
+    """`parallel.py demo`: train a tiny GPT in every layout on --world processes; compare with one
+    process."""
     from model import GPT, GPTConfig
     cfg = GPTConfig(**_DEMO)
-    # Every layout uses all ranks on one axis: TP splits the heads, PP the layers, DP the batch of 8.
-    fits = [w for w in range(1, 9) if all(d % w == 0 for d in (cfg.n_head, cfg.n_kv_head, cfg.n_layer, 8))]
+    # Every layout uses all ranks on one axis: TP splits the heads, PP the layers, DP the batch of
+    # 8.
+    fits = [
+        w
+        for w in range(1, 9)
+        if all(d % w == 0 for d in (cfg.n_head, cfg.n_kv_head, cfg.n_layer, 8))
+    ]
     if args.world not in fits:
-        raise ParallelError(f"the demo model (n_head {cfg.n_head}, n_kv_head {cfg.n_kv_head}, n_layer "
-                            f"{cfg.n_layer}, batch 8) splits over {' or '.join(map(str, fits))} ranks, not "
-                            f"--world {args.world}")
+        raise ParallelError(
+            f"the demo model (n_head {cfg.n_head}, n_kv_head {cfg.n_kv_head}, n_layer "
+            f"{cfg.n_layer}, batch 8) splits over {' or '.join(map(str, fits))} ranks, not "
+            f"--world {args.world}"
+        )
     torch.manual_seed(0)
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     for _ in range(args.steps):
-        x, y = torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g)
+        x, y = (
+            torch.randint(0, 64, (8, 16), generator=g),
+            torch.randint(0, 64, (8, 16), generator=g),
+        )
         model(x, y)[1].backward()
         opt.step()
         opt.zero_grad()
     want = model.state_dict()
     n = model.num_params()
     results = launch(_demo_worker, args.world, args.steps, timeout_s=300)
-    print(f"{n:,} parameters, {args.steps} AdamW steps on {args.world} ranks vs one process (fp32, 16 bytes/param"
-          f" = {16 * n:,} bytes in one process)")
-    print(f"{'mode':<12} {'max |diff|':>11} {'bytes sent/step/rank':>21} {'state bytes/rank':>17} {'vs 1 process':>13}")
+    print(
+        f"{n:,} parameters, {args.steps} AdamW steps on {args.world} ranks vs one process (fp32, "
+        "16 bytes/param"
+        f" = {16 * n:,} bytes in one process)"
+    )
+    print(
+        f"{'mode':<12} {'max |diff|':>11} {'bytes sent/step/rank':>21} {'state bytes/rank':>17} "
+        f"{'vs 1 process':>13}"
+    )
     for mode in results[0]:
-        diff = max(float((results[r][mode]["state"][k] - want[k]).abs().max()) for r in range(args.world)
-                   for k in want)
+        diff = max(
+            float((results[r][mode]["state"][k] - want[k]).abs().max())
+            for r in range(args.world)
+            for k in want
+        )
         sent = max(r[mode]["bytes"] for r in results)
         memory = max(r[mode]["memory"] for r in results)
         print(f"{mode:<12} {diff:>11.2e} {sent:>21,.0f} {memory:>17,} {memory / (16 * n):>12.2f}x")
@@ -1322,12 +1522,16 @@ def cmd_demo(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    """`parallel.py schedule`: draw a schedule, simulate its bubble, with --measure time a real pipeline."""
+    """`parallel.py schedule`: draw a schedule, simulate its bubble, with --measure time a real
+    pipeline."""
     schedule = SCHEDULES[args.schedule](args.p, args.m)
     print(render_schedule(schedule))
     sim = simulate(schedule)
-    print(f"bubble: simulated {sim['bubble']:.3f}, formula (p-1)/(m+p-1) = {bubble_fraction(args.p, args.m):.3f}; "
-          f"peak micro-batches in flight per stage: {sim['peak_in_flight']}")
+    print(
+        f"bubble: simulated {sim['bubble']:.3f}, formula (p-1)/(m+p-1) = "
+        f"{bubble_fraction(args.p, args.m):.3f}; "
+        f"peak micro-batches in flight per stage: {sim['peak_in_flight']}"
+    )
     if args.measure:
         measured = launch(measure_pipeline_bubble, args.p, args.schedule, args.m, timeout_s=300)
         print(f"measured on {args.p} processes (busy vs wall time per stage): "

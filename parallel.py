@@ -1,39 +1,47 @@
-"""Training one model on many processes, by hand over torch.distributed: data parallel and ZeRO-1/2/3.
+"""Training one model on many processes, by hand over torch.distributed: data parallel and
+ZeRO-1/2/3.
 
-Many copies of one model, on a dp x tp x pp mesh of process groups, each proved equal to a single-process run.
+Many copies of one model, on a dp x tp x pp mesh of process groups, each proved equal to a
+single-process run.
 
 Depends on torch and the standard library only (no sibling files).
 
-Collectives run on gloo (CPU, where every figure below was measured) or nccl (CUDA, one GPU per rank). The other
-half of the lecture, one model cut into pieces (tensor and pipeline parallel, and `parallelize`, what train.py
-calls), is model_parallel.py, built on this file's Comm, Mesh, DataParallel and Zero.
+Collectives run on gloo (CPU, where every figure below was measured) or nccl (CUDA, one GPU per
+rank). The other half of the lecture, one model cut into pieces (tensor and pipeline parallel, and
+`parallelize`, what train.py calls), is model_parallel.py, built on this file's Comm, Mesh,
+DataParallel and Zero.
 
-Why it is needed. Mixed-precision AdamW keeps 16 bytes per parameter: 2 for bf16 weights, 2 for bf16 gradients
-and 12 for the optimizer (an fp32 master copy and two moving averages). A 7e9-parameter model needs
-7e9 x 16 = 112 GB before a single activation is stored; a 70B model about 1,120 GB. No GPU holds that, and one GPU
-would take months anyway. The lecture names four knives; the first two copy the whole model to every rank:
+Why it is needed. Mixed-precision AdamW keeps 16 bytes per parameter: 2 for bf16 weights, 2 for bf16
+gradients and 12 for the optimizer (an fp32 master copy and two moving averages). A 7e9-parameter
+model needs 7e9 x 16 = 112 GB before a single activation is stored; a 70B model about 1,120 GB. No
+GPU holds that, and one GPU would take months anyway. The lecture names four knives; the first two
+copy the whole model to every rank:
 
-1. Data parallel (DP). Every rank holds the whole model, reads a different slice of the batch, and the ranks
-   average their gradients with an all-reduce before the optimizer step. A ring all-reduce sends 2(n-1)/n of the
-   gradient bytes per rank, whatever n is. It makes training faster, not smaller: each of 8 GPUs still holds 112 GB.
-2. ZeRO (FSDP is the same idea). An all-reduce is a reduce-scatter (rank r gets the sum of slice r) followed by an
-   all-gather (everyone gets every slice). So rank r only needs to keep slice r of what is redundant:
-       stage 1 shards the optimizer state:        2 + 2 + 12/8 = 5.5 bytes/param  -> 7e9 on 8 GPUs: 38.5 GB
-       stage 2 also shards the gradients:          2 + 14/8     = 3.75 bytes/param -> 26.25 GB
-       stage 3 also shards the weights:            16/8         = 2 bytes/param    -> 14 GB (on 4 GPUs: 28 GB)
-   Stages 1 and 2 communicate what DP does; stage 3 gathers the weights once for forward and again for backward,
-   about 1.5x DP. ZeRO saves memory; it does not make a step faster.
-3. Tensor parallel (TP) splits the matrices inside a layer, and 4. pipeline parallel (PP) puts different layers
-   on different ranks: model_parallel.py.
+1. Data parallel (DP). Every rank holds the whole model, reads a different slice of the batch, and
+   the ranks average their gradients with an all-reduce before the optimizer step. A ring all-reduce
+   sends 2(n-1)/n of the gradient bytes per rank, whatever n is. It makes training faster, not
+   smaller: each of 8 GPUs still holds 112 GB.
+2. ZeRO (FSDP is the same idea). An all-reduce is a reduce-scatter (rank r gets the sum of slice r)
+   followed by an all-gather (everyone gets every slice). So rank r only needs to keep slice r of
+   what is redundant:
+       stage 1 shards the optimizer state:  2 + 2 + 12/8 = 5.5 bytes/param  -> 7e9, 8 GPUs: 38.5 GB
+       stage 2 also shards the gradients:   2 + 14/8     = 3.75 bytes/param -> 26.25 GB
+       stage 3 also shards the weights:     16/8         = 2 bytes/param    -> 14 GB (4 GPUs: 28)
+   Stages 1 and 2 communicate what DP does; stage 3 gathers the weights once for forward and again
+   for backward, about 1.5x DP. ZeRO saves memory; it does not make a step faster.
+3. Tensor parallel (TP) splits the matrices inside a layer, and 4. pipeline parallel (PP) puts
+   different layers on different ranks: model_parallel.py.
 
-Large runs combine them: TP inside a machine, PP and DP (with ZeRO) across machines. The ranks form a grid
-world = dp x tp x pp with tp innermost (neighbouring ranks share the fast links) and pp outermost.
+Large runs combine them: TP inside a machine, PP and DP (with ZeRO) across machines. The ranks form
+a grid world = dp x tp x pp with tp innermost (neighbouring ranks share the fast links) and pp
+outermost.
 
-The order of this file: communication helpers (with byte counters), the mesh, a process launcher for tests,
-data parallel, ZeRO, gradient clipping across the mesh, and the accounting of memory and traffic against the
-formulas above. Every mode is tested equal to a single-process run (tests/test_parallel.py). Demos, no download
-needed (`demo` and `schedule` run model_parallel.py's code; main() imports it):
-    python parallel.py demo              # each layout on 2 CPU processes vs one process: weights, bytes, memory
+The order of this file: communication helpers (with byte counters), the mesh, a process launcher for
+tests, data parallel, ZeRO, gradient clipping across the mesh, and the accounting of memory and
+traffic against the formulas above. Every mode is tested equal to a single-process run
+(tests/test_parallel.py). Demos, no download needed (`demo` and `schedule` run model_parallel.py's
+code; main() imports it):
+    python parallel.py demo              # each layout on 2 CPU processes vs one: weights, bytes
     python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
     python parallel.py memory --params 7e9 --world 8        # 112 / 38.5 / 26.25 / 14 GB per GPU
     python parallel.py mesh --dp 2 --tp 2 --pp 2            # the rank grid and its groups
@@ -61,22 +69,25 @@ import torch.nn as nn
 
 
 class ParallelError(ValueError):
-    """A bad parallel configuration (sizes that do not divide, ...): one line naming the problem and the fix."""
+    """A bad parallel configuration (sizes that do not divide, ...): one line naming the problem and
+    the fix."""
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. Communication helpers
 #
-# Every collective goes through a `Comm`, which is one process group plus counters of the bytes this rank sends.
-# The counters use the cost of the standard ring algorithms, per rank, for a tensor of b bytes on n ranks:
+# Every collective goes through a `Comm`, which is one process group plus counters of the bytes this
+# rank sends. The counters use the cost of the standard ring algorithms, per rank, for a tensor of b
+# bytes on n ranks:
 #     all-reduce      2(n-1)/n * b   (a reduce-scatter then an all-gather)
 #     reduce-scatter   (n-1)/n * b   (b = the full input)
 #     all-gather       (n-1)/n * b   (b = the full output)
 #     broadcast / send           b
-# so "bytes communicated per step" can be compared with the theory (DP: 2(n-1)/n of the gradient bytes).
-# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to all_gather_single / reduce_scatter_single;
-# the old names warn. We pick whichever this torch has, so the file runs on old and new versions without warnings.
-# ------------------------------------------------------------------------------------------------------------------
+# so "bytes communicated per step" can be compared with the theory (DP: 2(n-1)/n of the gradient
+# bytes). torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to all_gather_single /
+# reduce_scatter_single; the old names warn. We pick whichever this torch has, so the file runs on
+# old and new versions without warnings.
+# --------------------------------------------------------------------------------------------------
 
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -92,8 +103,9 @@ class _DoneWork:
 class Comm:
     """One process group (one axis of the mesh) and the bytes this rank has sent through it.
 
-    `ranks` are global ranks in group order; `rank` is this process's index in that list. With one rank every
-    collective is the identity and costs nothing, so a mesh axis of size 1 needs no special cases elsewhere.
+    `ranks` are global ranks in group order; `rank` is this process's index in that list. With one
+    rank every collective is the identity and costs nothing, so a mesh axis of size 1 needs no
+    special cases elsewhere.
     >>> c = Comm.single(); t = torch.ones(3); c.all_reduce(t); t.tolist(), c.bytes_sent
     ([1.0, 1.0, 1.0], 0)
     """
@@ -139,8 +151,12 @@ class Comm:
         if self.size == 1:
             out.copy_(inp)
             return _DoneWork() if async_op else None
-        self._count("reduce_scatter", (self.size - 1) / self.size * inp.numel() * inp.element_size())
-        return _reduce_scatter_flat(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op)
+        self._count(
+            "reduce_scatter", (self.size - 1) / self.size * inp.numel() * inp.element_size()
+        )
+        return _reduce_scatter_flat(
+            out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op
+        )
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
         """out (N,) = concatenation of every rank's inp (N/n,), in rank order."""
@@ -167,11 +183,14 @@ class Comm:
             self._count("broadcast", t.numel() * t.element_size())
         dist.broadcast(t, src=self.ranks[src], group=self.group)
 
-    def send_recv(self, sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]]):
-        """Post all sends and receives (tensor, global peer rank) as one batch and wait for all of them.
+    def send_recv(
+        self, sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]]
+    ):
+        """Post all sends and receives (tensor, global peer rank) as one batch and wait for all of
+        them.
 
-        Posting a send and a receive together is what keeps two neighbours that both send first from waiting on
-        each other forever.
+        Posting a send and a receive together is what keeps two neighbours that both send first from
+        waiting on each other forever.
         """
         ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
         ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
@@ -182,19 +201,21 @@ class Comm:
                 work.wait()
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. The mesh: world = dp x tp x pp
 #
-# Global rank = (pp_rank * dp + dp_rank) * tp + tp_rank: tp varies fastest, so the ranks of one tensor-parallel
-# group are neighbours (the same machine, with the fast links); pp varies slowest. With dp=2, tp=2, pp=2:
+# Global rank = (pp_rank * dp + dp_rank) * tp + tp_rank: tp varies fastest, so the ranks of one
+# tensor-parallel group are neighbours (the same machine, with the fast links); pp varies slowest.
+# With dp=2, tp=2, pp=2:
 #     rank:     0  1  2  3  4  5  6  7
 #     pp_rank:  0  0  0  0  1  1  1  1
 #     dp_rank:  0  0  1  1  0  0  1  1
 #     tp_rank:  0  1  0  1  0  1  0  1
-# tp groups {0,1} {2,3} {4,5} {6,7}; dp groups {0,2} {1,3} {4,6} {5,7}; pp groups {0,4} {1,5} {2,6} {3,7}.
-# The pure functions below compute the grid; `Mesh.build` turns it into process groups. Every rank must create
-# every group, in the same order (a rule of torch.distributed), and keeps the ones it belongs to.
-# ------------------------------------------------------------------------------------------------------------------
+# tp groups {0,1} {2,3} {4,5} {6,7}; dp groups {0,2} {1,3} {4,6} {5,7}; pp groups {0,4} {1,5} {2,6}
+# {3,7}. The pure functions below compute the grid; `Mesh.build` turns it into process groups. Every
+# rank must create every group, in the same order (a rule of torch.distributed), and keeps the ones
+# it belongs to.
+# --------------------------------------------------------------------------------------------------
 
 
 def check_mesh_sizes(world: int, dp: int, tp: int, pp: int) -> None:
@@ -223,8 +244,8 @@ def coords_rank(pp_rank: int, dp_rank: int, tp_rank: int, dp: int, tp: int) -> i
 
 
 def axis_groups(dp: int, tp: int, pp: int) -> dict[str, list[list[int]]]:
-    """Every group of every axis as lists of global ranks, plus the "embed" groups {first, last pipeline stage}
-    that share the gradient of tied embeddings.
+    """Every group of every axis as lists of global ranks, plus the "embed" groups {first, last
+    pipeline stage} that share the gradient of tied embeddings.
     >>> axis_groups(dp=2, tp=2, pp=2)["dp"]
     [[0, 2], [1, 3], [4, 6], [5, 7]]
     """
@@ -244,7 +265,8 @@ def axis_groups(dp: int, tp: int, pp: int) -> dict[str, list[list[int]]]:
 
 @dataclasses.dataclass
 class Mesh:
-    """This rank's place in the dp x tp x pp grid and one Comm per axis (passed explicitly, never global)."""
+    """This rank's place in the dp x tp x pp grid and one Comm per axis (passed explicitly, never
+    global)."""
 
     world: int
     rank: int
@@ -252,7 +274,8 @@ class Mesh:
     tp: Comm
     pp: Comm
     embed: Comm  # {first stage, last stage} of this rank's pipeline: tied-embedding gradients
-    patient: object = None  # a gloo group of every rank with a long timeout, for waiting out rank-0-only work
+    # a gloo group of every rank with a long timeout, for waiting out rank-0-only work
+    patient: object = None
     cp: Comm = dataclasses.field(default_factory=Comm.single)  # context parallel's group
 
     @property
@@ -285,16 +308,18 @@ class Mesh:
         if cp > 1:
             comms["cp"], comms["tp"] = comms["tp"], Comm.single()
         embed = comms.get("embed", Comm.single())  # middle pipeline stages hold no embedding
-        # Work only rank 0 does (preparing the data, writing a 13 GB checkpoint, sampling) can outlast the
-        # collectives' timeout, which is kept short so that a dead rank is noticed. The other ranks wait for it
-        # in a barrier of this group instead, whose timeout is a day (env PARALLEL_SLOW_TIMEOUT_S).
+        # Work only rank 0 does (preparing the data, writing a 13 GB checkpoint, sampling) can
+        # outlast the collectives' timeout, which is kept short so that a dead rank is noticed. The
+        # other ranks wait for it in a barrier of this group instead, whose timeout is a day (env
+        # PARALLEL_SLOW_TIMEOUT_S).
         patient = dist.new_group(backend="gloo", timeout=datetime.timedelta(
             seconds=float(os.environ.get("PARALLEL_SLOW_TIMEOUT_S", 86_400))))
         return cls(world, rank, comms["dp"], comms["tp"], comms["pp"], embed, patient,
                    comms.get("cp", Comm.single()))
 
     def wait_for_rank0(self) -> None:
-        """Every rank waits here until all have arrived, rank 0 after its rank-0-only work (long timeout)."""
+        """Every rank waits here until all have arrived, rank 0 after its rank-0-only work (long
+        timeout)."""
         if self.patient is not None:
             dist.barrier(group=self.patient)
 
@@ -321,23 +346,28 @@ def check_combination(zero_stage: int, tp: int, pp: int) -> None:
     if zero_stage not in (0, 1, 2, 3):
         raise ParallelError(f"--zero must be 0, 1, 2 or 3, got {zero_stage}")
     if zero_stage >= 2 and pp > 1:
-        raise ParallelError(f"--zero {zero_stage} with --pp {pp}: ZeRO-2/3 reduce gradients as backward produces "
-                            f"them, but a pipeline accumulates them over micro-batches; use --zero 1 with --pp")
+        raise ParallelError(
+            f"--zero {zero_stage} with --pp {pp}: ZeRO-2/3 reduce gradients as backward produces "
+            f"them, but a pipeline accumulates them over micro-batches; use --zero 1 with --pp"
+        )
     if zero_stage == 3 and tp > 1:
-        raise ParallelError(f"--zero 3 with --tp {tp}: ZeRO-3 gathers weights in the module's forward hooks, which "
-                            f"the tensor-parallel forward bypasses; use --zero 1 or 2 with --tp")
+        raise ParallelError(
+            f"--zero 3 with --tp {tp}: ZeRO-3 gathers weights in the module's forward hooks, which "
+            f"the tensor-parallel forward bypasses; use --zero 1 or 2 with --tp"
+        )
 
 
 def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.device]:
-    """Join the process group that torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+    """Join the process group that torchrun describes in the environment (RANK, WORLD_SIZE,
+    MASTER_ADDR, ...).
 
-    Returns (rank, world_size, device): gloo on CPU, nccl on CUDA (one GPU per local rank). Without torchrun's
-    variables it is a plain single-process run: (0, 1, device), no process group. Every variable is
-    checked before the group starts (`check_launch_env`, MASTER_PORT's range, MASTER_ADDR
-    resolved): a bad one is one line naming it. A rank that never joins ends the rendezvous, and
-    a rank that dies later the collectives of the others, with one line after `timeout_s` (env
-    PARALLEL_TIMEOUT_S, default 600, torch's own default for nccl) instead of hanging; work that
-    only rank 0 does is waited for in `Mesh.wait_for_rank0` instead.
+    Returns (rank, world_size, device): gloo on CPU, nccl on CUDA (one GPU per local rank). Without
+    torchrun's variables it is a plain single-process run: (0, 1, device), no process group. Every
+    variable is checked before the group starts (`check_launch_env`, MASTER_PORT's range,
+    MASTER_ADDR resolved): a bad one is one line naming it. A rank that never joins ends the
+    rendezvous, and a rank that dies later the collectives of the others, with one line after
+    `timeout_s` (env PARALLEL_TIMEOUT_S, default 600, torch's own default for nccl) instead of
+    hanging; work that only rank 0 does is waited for in `Mesh.wait_for_rank0` instead.
     """
     if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -358,7 +388,8 @@ def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.de
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        # device_id binds nccl to this rank's GPU at once (torch >= 2.3), so no collective has to guess it.
+        # device_id binds nccl to this rank's GPU at once (torch >= 2.3), so no collective has to
+        # guess it.
         try:
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                                     device_id=device if backend == "nccl" else None)
@@ -397,13 +428,15 @@ def check_launch_env() -> tuple[int, int]:
     return launch_variable("RANK", 0, world - 1, None if "WORLD_SIZE" in os.environ else "0"), world
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# 3. A launcher for tests, demos and benchmarks: `launch(fn, world)` runs fn(rank, world, *args) in `world` fresh
-# processes joined by a gloo group over a FileStore (no ports to collide), and returns each rank's result.
-# If a rank raises, the parent stops the others and raises WorkerError naming the rank and its error; if the whole
-# run exceeds `timeout_s`, it stops them all. Nothing can hang a test. On Linux "fork" starts a worker in ~0.05 s
-# (it inherits the imported torch); "spawn" re-imports torch (3-6 s each here) and is what other systems need.
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# 3. A launcher for tests, demos and benchmarks: `launch(fn, world)` runs fn(rank, world, *args) in
+#    `world` fresh
+# processes joined by a gloo group over a FileStore (no ports to collide), and returns each rank's
+# result. If a rank raises, the parent stops the others and raises WorkerError naming the rank and
+# its error; if the whole run exceeds `timeout_s`, it stops them all. Nothing can hang a test. On
+# Linux "fork" starts a worker in ~0.05 s (it inherits the imported torch); "spawn" re-imports torch
+# (3-6 s each here) and is what other systems need.
+# --------------------------------------------------------------------------------------------------
 
 
 class WorkerError(RuntimeError):
@@ -411,13 +444,16 @@ class WorkerError(RuntimeError):
 
 
 def _shut_down_process_group() -> None:
-    """Tear gloo down in a fixed order, all ranks together (a no-op if `fn` already destroyed the group).
+    """Tear gloo down in a fixed order, all ranks together (a no-op if `fn` already destroyed the
+    group).
 
-    1. A barrier: no rank closes its connections while a peer still has a message in flight to or from it.
-    2. A garbage collection: modules, hooks and wrappers form reference cycles that keep Comm objects, hence
-       ProcessGroups and async work handles, alive; they are freed now, while every backend still runs, not by a
-       GC pass at some later point of the process's exit.
-    3. destroy_process_group: every backend shuts down and joins its worker threads, here, on this thread.
+    1. A barrier: no rank closes its connections while a peer still has a message in flight to or
+       from it.
+    2. A garbage collection: modules, hooks and wrappers form reference cycles that keep Comm
+       objects, hence ProcessGroups and async work handles, alive; they are freed now, while every
+       backend still runs, not by a GC pass at some later point of the process's exit.
+    3. destroy_process_group: every backend shuts down and joins its worker threads, here, on this
+       thread.
     """
     if not dist.is_initialized():
         return
@@ -434,27 +470,39 @@ def _worker_main(fn, rank, world, store_path, timeout_s, results, args):
                                 timeout=datetime.timedelta(seconds=timeout_s))
         value = fn(rank, world, *args)
         buffer = io.BytesIO()
-        torch.save(value, buffer)  # tensors travel as bytes: the worker may exit before the parent reads them
+        # tensors travel as bytes: the worker may exit before the parent reads them
+        torch.save(value, buffer)
         del value
         results.put((rank, "ok", buffer.getvalue()))
         _shut_down_process_group()
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent as one line
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f"{os.sep}torch{os.sep}" not in f.filename]
+        frames = [
+            f
+            for f in traceback.extract_tb(e.__traceback__)
+            if f"{os.sep}torch{os.sep}" not in f.filename
+        ]
         last = frames[-1] if frames else None
         where = f" (at {os.path.basename(last.filename)}:{last.lineno})" if last else ""
         results.put((rank, "error", f"{type(e).__name__}: {e}{where}".encode()))
 
 
-def launch(fn: Callable, world: int, *args, timeout_s: float = 120.0, start_method: str | None = None) -> list:
-    """Run fn(rank, world, *args) on `world` processes; return the list of their return values, by rank.
-    fn must be a module-level function (spawn pickles it by name); its return value may hold tensors."""
+def launch(
+    fn: Callable, world: int, *args, timeout_s: float = 120.0, start_method: str | None = None
+) -> list:
+    """Run fn(rank, world, *args) on `world` processes; return the list of their return values, by
+    rank. fn must be a module-level function (spawn pickles it by name); its return value may hold
+    tensors."""
     method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
     ctx = mp.get_context(method)
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker_main, args=(fn, r, world, store_path, timeout_s, results, args))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(
+                target=_worker_main, args=(fn, r, world, store_path, timeout_s, results, args)
+            )
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         done: dict[int, object] = {}
@@ -467,12 +515,18 @@ def launch(fn: Callable, world: int, *args, timeout_s: float = 120.0, start_meth
                         raise WorkerError(f"rank {rank} failed: {payload.decode()}")
                     done[rank] = torch.load(io.BytesIO(payload), weights_only=True)
                     continue
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
+                dead = [
+                    r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done
+                ]
                 if dead and results.empty():
-                    raise WorkerError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}")
+                    raise WorkerError(
+                        f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}"
+                    )
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(world)) - set(done))
-                    raise WorkerError(f"ranks {missing} did not finish within {timeout_s:.0f} s; stopped them")
+                    raise WorkerError(
+                        f"ranks {missing} did not finish within {timeout_s:.0f} s; stopped them"
+                    )
                 time.sleep(0.01)
         finally:
             for p in procs:
@@ -484,32 +538,35 @@ def launch(fn: Callable, world: int, *args, timeout_s: float = 120.0, start_meth
 
 
 def broadcast_module(module: nn.Module, comm: Comm, src: int = 0) -> None:
-    """Make every rank's parameters and buffers equal to group rank `src`'s (the start of DP and ZeRO)."""
+    """Make every rank's parameters and buffers equal to group rank `src`'s (the start of DP and
+    ZeRO)."""
     with torch.no_grad():
         for t in list(module.parameters()) + list(module.buffers()):
             comm.broadcast(t.data, src)
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 4. Data parallel
 #
-# Each rank runs forward and backward on its own slice of the batch; the gradients must be averaged before the
-# step. Waiting for the whole backward and then all-reducing leaves the network idle during backward and the
-# compute idle during the all-reduce. Instead, gradients are grouped into buckets in *reverse* parameter order
-# (the order backward produces them: the last layer's gradients come first), and a bucket's all-reduce starts,
-# asynchronously, the moment its last gradient is accumulated (`register_post_accumulate_grad_hook`), while
-# backward keeps computing earlier layers. `finish_gradient_sync()` waits for the buckets in flight, flushes the
-# ones that never filled (a parameter unused in this forward) and writes the averages back into `.grad`.
-# Buckets are launched strictly in order, so every rank issues the same all-reduces in the same order even if
-# one rank skipped a parameter. The hooks only read `.grad`; they never touch the weights.
-# `no_sync()` turns the hooks off for gradient accumulation: micro-batches accumulate locally and only the last
+# Each rank runs forward and backward on its own slice of the batch; the gradients must be averaged
+# before the step. Waiting for the whole backward and then all-reducing leaves the network idle
+# during backward and the compute idle during the all-reduce. Instead, gradients are grouped into
+# buckets in *reverse* parameter order (the order backward produces them: the last layer's gradients
+# come first), and a bucket's all-reduce starts, asynchronously, the moment its last gradient is
+# accumulated (`register_post_accumulate_grad_hook`), while backward keeps computing earlier layers.
+# `finish_gradient_sync()` waits for the buckets in flight, flushes the ones that never filled (a
+# parameter unused in this forward) and writes the averages back into `.grad`. Buckets are launched
+# strictly in order, so every rank issues the same all-reduces in the same order even if one rank
+# skipped a parameter. The hooks only read `.grad`; they never touch the weights. `no_sync()` turns
+# the hooks off for gradient accumulation: micro-batches accumulate locally and only the last
 # backward communicates. Frozen parameters (requires_grad=False) are not in any bucket.
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def bucket_layout(nbytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
-    """Group tensors (given in the order their gradients arrive) into buckets of about `bucket_bytes`.
-    A bucket closes once it reaches the cap; a tensor bigger than the cap gets a bucket of its own.
+    """Group tensors (given in the order their gradients arrive) into buckets of about
+    `bucket_bytes`. A bucket closes once it reaches the cap; a tensor bigger than the cap gets a
+    bucket of its own.
     >>> bucket_layout([4, 4, 4, 12, 4], bucket_bytes=8)
     [[0, 1], [2, 3], [4]]
     """
@@ -540,19 +597,73 @@ class _Bucket:
         return self.buffer[self.offsets[i]:self.offsets[i + 1]]
 
 
-class DataParallel(nn.Module):
+class Layout(nn.Module):
+    """What train.py's loop calls on a model, whatever the layout; this base is one whole model in
+    one process (the defaults), DataParallel and model_parallel.DistributedModel override what they
+    split.
+
+    >>> layout = Layout(nn.Linear(2, 1))
+    >>> layout.pipelined, layout.describe(), sorted(layout.full_state_dict())
+    (False, '', ['bias', 'weight'])
+    """
+    # True: train through pipeline_step(micro_batches), not forward + backward
+    pipelined = False
+    mesh: Mesh | None = None    # the axes the gradient norm adds up over (None: all of it is here)
+
+    def __init__(self, module: nn.Module | None = None):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def no_sync(self):
+        """Inside this block, backward accumulates gradients locally (all micro-batches but the
+        last)."""
+        return contextlib.nullcontext()
+
+    def finish_gradient_sync(self) -> None:
+        """After the last backward: every rank's gradients averaged (nothing to do alone)."""
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip to the global norm of the full model (max_norm 0: only measure); return the norm
+        before."""
+        limit = max_norm if max_norm > 0 else float("inf")
+        return float(clip_grad_norm_(self.module.parameters(), limit, self.mesh))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The single-process state dict on the CPU: the checkpoint's "model" (collective when
+        split)."""
+        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.module.load_state_dict(state)
+
+    def describe(self, micro_batches: int = 1) -> str:
+        """The layout's accounting printed at the start of a run ('' when there is nothing to
+        split)."""
+        return ""
+
+    def full_model(self) -> nn.Module:
+        """A whole model with the current weights, for sampling (collective when split)."""
+        return self.module
+
+
+class DataParallel(Layout):
     """Wrap a module for data parallel training over `comm` (the mesh's dp axis).
 
-    Usage per step:  loss = dp(x, y)[1]; loss.backward(); dp.finish_gradient_sync(); opt.step()
-    With accumulation:  with dp.no_sync(): (micro-batches but the last) backward; then the last backward; finish.
-    `bucket_bytes` trades overlap (small buckets start early) against per-message latency (25 MB in DDP).
+    Usage per step: loss = dp(x, y)[1]; loss.backward(); dp.finish_gradient_sync(); opt.step() With
+    accumulation: with dp.no_sync(): (micro-batches but the last) backward; then the last backward;
+    finish. `bucket_bytes` trades overlap (small buckets start early) against per-message latency
+    (25 MB in DDP).
     """
 
     def __init__(self, module: nn.Module, comm: Comm, bucket_bytes: int = 25 * 2**20):
-        super().__init__()
-        self.module, self.comm = module, comm
+        super().__init__(module)
+        self.comm = comm
         broadcast_module(module, comm)
-        params = [p for p in module.parameters() if p.requires_grad]  # shared (tied) weights appear once
+        # shared (tied) weights appear once
+        params = [p for p in module.parameters() if p.requires_grad]
         order = list(reversed(params))
         layout = bucket_layout([p.numel() * p.element_size() for p in order], bucket_bytes)
         self.buckets = [_Bucket([order[i] for i in idx]) for idx in layout]
@@ -563,9 +674,6 @@ class DataParallel(nn.Module):
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         self._next_bucket = 0
         self._sync = True
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -581,26 +689,31 @@ class DataParallel(nn.Module):
             return
         bucket, i = self._where[id(p)]
         if bucket.work is not None:
-            raise RuntimeError("a gradient arrived for a bucket already sent: call finish_gradient_sync() after "
-                               "each backward, or wrap all but the last micro-batch in no_sync()")
+            raise RuntimeError(
+                "a gradient arrived for a bucket already sent: call finish_gradient_sync() after "
+                "each backward, or wrap all but the last micro-batch in no_sync()"
+            )
         bucket.slice(i).copy_(p.grad.reshape(-1))
         bucket.arrived.add(i)
         self._launch(flush=False)
 
     def _launch(self, flush: bool) -> None:
-        """Start the all-reduce of every bucket that is full (or, when flushing, of every bucket), in order."""
+        """Start the all-reduce of every bucket that is full (or, when flushing, of every bucket),
+        in order."""
         while self._next_bucket < len(self.buckets):
             bucket = self.buckets[self._next_bucket]
             if not flush and len(bucket.arrived) < len(bucket.params):
                 return
             for i, p in enumerate(bucket.params):
-                if i not in bucket.arrived:  # unused here: contribute zeros (or the grad accumulated under no_sync)
+                # unused here: contribute zeros (or the grad accumulated under no_sync)
+                if i not in bucket.arrived:
                     bucket.slice(i).copy_(p.grad.reshape(-1) if p.grad is not None else 0)
             bucket.work = self.comm.all_reduce(bucket.buffer, async_op=True)
             self._next_bucket += 1
 
     def finish_gradient_sync(self) -> None:
-        """Wait for every bucket, flush partial ones, and set each .grad to the average over the dp ranks."""
+        """Wait for every bucket, flush partial ones, and set each .grad to the average over the dp
+        ranks."""
         if self.comm.size == 1:
             return
         self._launch(flush=True)
@@ -617,42 +730,47 @@ class DataParallel(nn.Module):
         self._next_bucket = 0
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 5. ZeRO stages 1, 2 and 3
 #
-# Parameters are grouped into units (by default: each element of the model's ModuleLists, e.g. each Transformer
-# block, plus a "root" unit with everything else: embedding, final norm, head). A unit's parameters live in one
-# flat buffer padded to a multiple of n (the dp size), so it splits into n equal shards; rank r owns shard r of
-# every unit. Example: a unit of 3 + 4 parameters on 4 ranks is padded to 8; each rank owns 2 of them:
+# Parameters are grouped into units (by default: each element of the model's ModuleLists, e.g. each
+# Transformer block, plus a "root" unit with everything else: embedding, final norm, head). A unit's
+# parameters live in one flat buffer padded to a multiple of n (the dp size), so it splits into n
+# equal shards; rank r owns shard r of every unit. Example: a unit of 3 + 4 parameters on 4 ranks is
+# padded to 8; each rank owns 2 of them:
 #     flat  [a a a b b b b 0]   shards  r0 [a a]  r1 [a b]  r2 [b b]  r3 [b 0]
-# The optimizer (any torch.optim class) sees only this rank's shards, one Parameter per unit, so its state is
-# 1/n of the full state: that is stage 1. After backward:
+# The optimizer (any torch.optim class) sees only this rank's shards, one Parameter per unit, so its
+# state is 1/n of the full state: that is stage 1. After backward:
 #     stage 1: gradients stay full in .grad; a reduce-scatter hands each rank the sum of its shard.
-#     stage 2: as soon as a unit's gradients are complete, a hook copies them into a flat buffer, frees .grad and
-#              starts the reduce-scatter (overlapping backward); only the shard's gradient is kept.
-#     stage 3: like 2, and the full weights are freed too. A unit's weights are all-gathered just before its
-#              forward and freed after it; gathered again when backward reaches the unit (a hook on the unit's
-#              output gradient) and freed once its gradients are sent. Memory: 16/n bytes per parameter.
-# After the optimizer steps its shard, stages 1 and 2 all-gather the shards back into the full weights (stage 3
-# gathers them at the next forward). Traffic per step: stages 1-2 reduce-scatter + all-gather = 2(n-1)/n of the
-# parameter bytes, like DP's all-reduce; stage 3 gathers twice + reduce-scatter = 3(n-1)/n, i.e. 1.5x.
-# Units launch their reduce-scatters strictly in order (last block first, root last) so all ranks agree.
+#     stage 2: as soon as a unit's gradients are complete, a hook copies them into a flat buffer,
+#              frees .grad and starts the reduce-scatter (overlapping backward); only the shard's
+#              gradient is kept.
+#     stage 3: like 2, and the full weights are freed too. A unit's weights are all-gathered just
+#              before its forward and freed after it; gathered again when backward reaches the unit
+#              (a hook on the unit's output gradient) and freed once its gradients are sent.
+#              Memory: 16/n bytes per parameter.
+# After the optimizer steps its shard, stages 1 and 2 all-gather the shards back into the full
+# weights (stage 3 gathers them at the next forward). Traffic per step: stages 1-2 reduce-scatter +
+# all-gather = 2(n-1)/n of the parameter bytes, like DP's all-reduce; stage 3 gathers twice +
+# reduce-scatter = 3(n-1)/n, i.e. 1.5x. Units launch their reduce-scatters strictly in order (last
+# block first, root last) so all ranks agree.
 #
-# Mixed precision (stage 3, FSDP's MixedPrecision): the shards stay fp32 (the master weights the optimizer
-# updates), but a unit is gathered in the compute dtype: `compute_dtype=torch.bfloat16` all-gathers
-# shard.to(bf16), so forward and backward run on bf16 weights and produce bf16 gradients, which are
-# reduce-scattered in `reduce_dtype` (fp32 by default: exact sums; bf16 halves that traffic too) and land in
-# the shard's fp32 .grad. Gathers then send 2 bytes per parameter instead of 4: the 124m preset on 8 GPUs
-# (85M block + 39M root parameters) gathers 7/8 x (2 x 85M + 39M) x 2 B = 366 MB per step instead of 732 MB
-# (`zero_bytes_per_step` counts it all). Held per rank: fp32 shard 4/n +
-# fp32 shard gradient 4/n + moments 8/n = 16/n bytes/param, plus one gathered unit at a time in bf16.
-# gloo (CPU) reduces and gathers bf16 as well as nccl, so the CPU tests run this path as the GPU does.
-# ------------------------------------------------------------------------------------------------------------------
+# Mixed precision (stage 3, FSDP's MixedPrecision): the shards stay fp32 (the master weights the
+# optimizer updates), but a unit is gathered in the compute dtype: `compute_dtype=torch.bfloat16`
+# all-gathers shard.to(bf16), so forward and backward run on bf16 weights and produce bf16
+# gradients, which are reduce-scattered in `reduce_dtype` (fp32 by default: exact sums; bf16 halves
+# that traffic too) and land in the shard's fp32 .grad. Gathers then send 2 bytes per parameter
+# instead of 4: the 124m preset on 8 GPUs (85M block + 39M root parameters) gathers 7/8 x (2 x 85M +
+# 39M) x 2 B = 366 MB per step instead of 732 MB (`zero_bytes_per_step` counts it all). Held per
+# rank: fp32 shard 4/n + fp32 shard gradient 4/n + moments 8/n = 16/n bytes/param, plus one gathered
+# unit at a time in bf16. gloo (CPU) reduces and gathers bf16 as well as nccl, so the CPU tests run
+# this path as the GPU does.
+# --------------------------------------------------------------------------------------------------
 
 
 def shard_layout(numels: Sequence[int], world: int) -> tuple[list[int], int, int]:
-    """Offsets of tensors packed in one flat buffer, the buffer length padded to a multiple of `world`,
-    and the length of one shard.
+    """Offsets of tensors packed in one flat buffer, the buffer length padded to a multiple of
+    `world`, and the length of one shard.
     >>> shard_layout([3, 4], 4)
     ([0, 3, 7], 8, 2)
     """
@@ -672,15 +790,20 @@ def _alloc_storage(t: torch.Tensor) -> None:
 
 
 class _FlatUnit:
-    """The parameters of one unit (and one optimizer param group) as a padded flat buffer + this rank's shard.
+    """The parameters of one unit (and one optimizer param group) as a padded flat buffer + this
+    rank's shard.
 
-    `full` is what the module computes with (compute_dtype); `shard` is this rank's fp32 master slice.
+    `full` is what the module computes with (compute_dtype); `shard` is this rank's fp32 master
+    slice.
     """
 
     def __init__(self, params: list[nn.Parameter], comm: Comm, stage: int, group: int = 0,
                  compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None):
-        self.params, self.comm, self.stage, self.group = params, comm, stage, group  # group: optimizer group
-        self.offsets, self.padded, self.shard_size = shard_layout([p.numel() for p in params], comm.size)
+        # group: optimizer group
+        self.params, self.comm, self.stage, self.group = params, comm, stage, group
+        self.offsets, self.padded, self.shard_size = shard_layout(
+            [p.numel() for p in params], comm.size
+        )
         p0 = params[0]
         master = torch.zeros(self.padded, dtype=p0.dtype, device=p0.device)
         with torch.no_grad():
@@ -690,10 +813,12 @@ class _FlatUnit:
         self.reduce_dtype = reduce_dtype or p0.dtype
         self.full = master if self.compute_dtype == p0.dtype else master.to(self.compute_dtype)
         for p, o in zip(params, self.offsets):
-            p.data = self.full[o:o + p.numel()].view(p.shape)  # the module now reads the flat buffer
+            # the module now reads the flat buffer
+            p.data = self.full[o:o + p.numel()].view(p.shape)
         lo = comm.rank * self.shard_size
         mine = master[lo:lo + self.shard_size]
-        # Stages 1-2 keep the full buffer, so the shard is a view of it: the step updates the weights in place.
+        # Stages 1-2 keep the full buffer, so the shard is a view of it: the step updates the
+        # weights in place.
         self.shard = nn.Parameter(mine if stage < 3 else mine.clone())
         self.gathered = True
         self.arrived: set[int] = set()
@@ -702,7 +827,8 @@ class _FlatUnit:
             self.free()
 
     def gather(self) -> None:
-        """All-gather the shards, cast to the compute dtype, into the full buffer (which every parameter views)."""
+        """All-gather the shards, cast to the compute dtype, into the full buffer (which every
+        parameter views)."""
         if self.gathered:
             return
         _alloc_storage(self.full)
@@ -714,7 +840,8 @@ class _FlatUnit:
         self.gathered = False
 
     def master_full(self) -> torch.Tensor:
-        """The unit's full weights in the master dtype (padded flat; collective when the shards must be gathered)."""
+        """The unit's full weights in the master dtype (padded flat; collective when the shards must
+        be gathered)."""
         if self.gathered and self.full.dtype == self.shard.dtype:
             return self.full
         out = torch.empty(self.padded, dtype=self.shard.dtype, device=self.shard.device)
@@ -722,7 +849,8 @@ class _FlatUnit:
         return out
 
     def flat_grad(self, release: bool) -> torch.Tensor:
-        """The unit's gradients in one padded flat tensor of reduce_dtype (zeros where a parameter got none)."""
+        """The unit's gradients in one padded flat tensor of reduce_dtype (zeros where a parameter
+        got none)."""
         flat = torch.zeros(self.padded, dtype=self.reduce_dtype, device=self.full.device)
         for p, o in zip(self.params, self.offsets):
             if p.grad is not None:
@@ -732,8 +860,9 @@ class _FlatUnit:
         return flat
 
     def start_reduce(self, release: bool) -> None:
-        """Start the async reduce-scatter of this unit's gradients. release=True (stages 2-3) frees the full
-        gradients; release=False (stage 1) keeps them, re-pointed into the flat buffer so they are held once."""
+        """Start the async reduce-scatter of this unit's gradients. release=True (stages 2-3) frees
+        the full gradients; release=False (stage 1) keeps them, re-pointed into the flat buffer so
+        they are held once."""
         flat = self.flat_grad(release)
         if not release:
             for p, o in zip(self.params, self.offsets):
@@ -743,11 +872,13 @@ class _FlatUnit:
         self.pending = (work, out, None if release else flat)
 
     def finish_reduce(self) -> None:
-        """Wait for the reduce-scatter; the shard's .grad (master dtype) becomes the average over the dp ranks."""
+        """Wait for the reduce-scatter; the shard's .grad (master dtype) becomes the average over
+        the dp ranks."""
         work, out, flat = self.pending
         work.wait()
         out = out.to(self.shard.dtype).div_(self.comm.size)
-        if flat is not None:  # stage 1: write the averaged slice into the full gradient buffer and view it
+        # stage 1: write the averaged slice into the full gradient buffer and view it
+        if flat is not None:
             lo = self.comm.rank * self.shard_size
             flat[lo:lo + self.shard_size].copy_(out)
             out = flat[lo:lo + self.shard_size]
@@ -774,15 +905,17 @@ class Zero:
     """A ZeRO optimizer: wraps a module (in place) and runs `optimizer_cls` on this rank's shards.
 
         zero = Zero(model, mesh.dp, stage=3, optimizer_cls=torch.optim.AdamW, lr=3e-4)
-        loss = model(x, y)[1]; loss.backward(); zero.finish_gradient_sync(); zero.clip_grad_norm_(1.0); zero.step()
+        loss = model(x, y)[1]; loss.backward(); zero.finish_gradient_sync()
+        zero.clip_grad_norm_(1.0); zero.step()
         zero.zero_grad()
 
-    `param_groups` are torch-style dicts over the module's parameters (e.g. weight decay only on matrices);
-    `units` are the modules whose weights stage 3 gathers and frees one at a time (default: every element of the
-    module's ModuleLists). `param_groups` of the wrapper are the inner optimizer's, so a learning-rate schedule
-    sets `group["lr"]` as usual. Stage 3 only: `compute_dtype` (e.g. torch.bfloat16) is the dtype weights are
-    gathered and computed in, `reduce_dtype` the dtype gradients are reduce-scattered in (default: the master
-    dtype, fp32); the shards and the optimizer stay in the master dtype.
+    `param_groups` are torch-style dicts over the module's parameters (e.g. weight decay only on
+    matrices); `units` are the modules whose weights stage 3 gathers and frees one at a time
+    (default: every element of the module's ModuleLists). `param_groups` of the wrapper are the
+    inner optimizer's, so a learning-rate schedule sets `group["lr"]` as usual. Stage 3 only:
+    `compute_dtype` (e.g. torch.bfloat16) is the dtype weights are gathered and computed in,
+    `reduce_dtype` the dtype gradients are reduce-scattered in (default: the master dtype, fp32);
+    the shards and the optimizer stay in the master dtype.
     """
 
     def __init__(self, module: nn.Module, comm: Comm, stage: int, optimizer_cls=torch.optim.AdamW,
@@ -792,8 +925,10 @@ class Zero:
         if stage not in (1, 2, 3):
             raise ParallelError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
         if stage < 3 and (compute_dtype or reduce_dtype):
-            raise ParallelError(f"compute_dtype/reduce_dtype are ZeRO-3's (it gathers the weights); stage {stage} "
-                                f"keeps full fp32 weights: run its forward under autocast instead")
+            raise ParallelError(
+                f"compute_dtype/reduce_dtype are ZeRO-3's (it gathers the weights); stage {stage} "
+                f"keeps full fp32 weights: run its forward under autocast instead"
+            )
         self.module, self.comm, self.stage = module, comm, stage
         broadcast_module(module, comm)
         groups = param_groups or [{"params": [p for p in module.parameters() if p.requires_grad]}]
@@ -809,8 +944,13 @@ class Zero:
         all_params = list(module.parameters())
         for u in list(reversed(range(len(unit_modules)))) + [len(unit_modules)]:
             for g in range(len(groups)):
-                params = [p for p in all_params if id(p) in group_of and owner.get(id(p), len(unit_modules)) == u
-                          and group_of[id(p)] == g]
+                params = [
+                    p
+                    for p in all_params
+                    if id(p) in group_of
+                    and owner.get(id(p), len(unit_modules)) == u
+                    and group_of[id(p)] == g
+                ]
                 if params:
                     unit = _FlatUnit(params, comm, stage, group=g, compute_dtype=compute_dtype,
                                      reduce_dtype=reduce_dtype)
@@ -821,7 +961,9 @@ class Zero:
         inner_groups = []
         for g, group in enumerate(groups):
             options = {k: v for k, v in group.items() if k != "params"}
-            inner_groups.append({"params": [u.shard for u in self.units if u.group == g], **options})
+            inner_groups.append(
+                {"params": [u.shard for u in self.units if u.group == g], **options}
+            )
         self.optimizer = optimizer_cls([g for g in inner_groups if g["params"]], **optimizer_kwargs)
         self._next_unit = 0
         self._sync = True
@@ -832,32 +974,41 @@ class Zero:
         if stage == 3:
             self._hook_units(unit_modules)
 
-    # --- stage 3: gather just in time -----------------------------------------------------------------------------
+    # --- stage 3: gather just in time
+    # -----------------------------------------------------------------------------
     def _hook_units(self, unit_modules: list[nn.Module]) -> None:
-        """Block units: gather before forward, free after it, gather again when backward reaches them.
-        The root unit (embedding, head): gathered at the model's forward, freed once its gradients are sent
-        (or right after forward when no backward will come, e.g. under torch.no_grad)."""
+        """Block units: gather before forward, free after it, gather again when backward reaches
+        them. The root unit (embedding, head): gathered at the model's forward, freed once its
+        gradients are sent (or right after forward when no backward will come, e.g. under
+        torch.no_grad)."""
         for m in unit_modules:
             units = self._units_of_module.get(id(m), [])
             m.register_forward_pre_hook(lambda mod, args, units=units: _gather_units(units))
-            m.register_forward_hook(lambda mod, args, out, units=units: self._after_unit_forward(units, out))
+            m.register_forward_hook(
+                lambda mod, args, out, units=units: self._after_unit_forward(units, out)
+            )
         root = self._units_of_module.get(id(self.module), [])
         self.module.register_forward_pre_hook(lambda mod, args: _gather_units(root))
-        self.module.register_forward_hook(lambda mod, args, out: None if torch.is_grad_enabled() else _free_units(root))
+        self.module.register_forward_hook(
+            lambda mod, args, out: None if torch.is_grad_enabled() else _free_units(root)
+        )
 
     def _after_unit_forward(self, units: list[_FlatUnit], out) -> None:
         _free_units(units)
         outputs = out if isinstance(out, (tuple, list)) else (out,)
         for t in outputs:
             if torch.is_tensor(t) and t.requires_grad:
-                # Runs when the gradient of the unit's output is ready, i.e. just before the unit's backward.
+                # Runs when the gradient of the unit's output is ready, i.e. just before the unit's
+                # backward.
                 t.register_hook(lambda grad, units=units: _gather_units(units))
                 break
 
-    # --- gradients ------------------------------------------------------------------------------------------------
+    # --- gradients
+    # ----------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self):
-        """Accumulate full local gradients without communicating (the last micro-batch's backward sends)."""
+        """Accumulate full local gradients without communicating (the last micro-batch's backward
+        sends)."""
         previous, self._sync = self._sync, False
         try:
             yield
@@ -882,7 +1033,8 @@ class Zero:
             self._next_unit += 1
 
     def finish_gradient_sync(self) -> None:
-        """Wait for (or, in stage 1, start) the reduce-scatters; afterwards each shard's .grad is the average."""
+        """Wait for (or, in stage 1, start) the reduce-scatters; afterwards each shard's .grad is
+        the average."""
         if self.stage == 1:
             for unit in self.units:
                 unit.start_reduce(release=False)
@@ -899,9 +1051,10 @@ class Zero:
         return self.optimizer.param_groups
 
     def clip_grad_norm_(self, max_norm: float, mesh: Mesh | None = None) -> torch.Tensor:
-        """Scale the shard gradients so the global gradient norm is at most max_norm; return the norm before.
-        Squared norms of the shards add up over dp (padding is zero); with a mesh, tensor-parallel slices add up
-        over tp and pipeline stages over pp (see `clip_grad_norm_`)."""
+        """Scale the shard gradients so the global gradient norm is at most max_norm; return the
+        norm before. Squared norms of the shards add up over dp (padding is zero); with a mesh,
+        tensor-parallel slices add up over tp and pipeline stages over pp (see
+        `clip_grad_norm_`)."""
         if not self._reduced:
             self.finish_gradient_sync()
         sharded, replicated = _zero_grad_sq_norms(self.units)
@@ -912,7 +1065,7 @@ class Zero:
         return norm
 
     def step(self) -> None:
-        """Step the inner optimizer on the shards, then (stages 1-2) all-gather the updated weights."""
+        """Step the inner optimizer on the shards, then (stages 1-2) all-gather the new weights."""
         if not self._reduced:
             self.finish_gradient_sync()
         self.optimizer.step()
@@ -930,10 +1083,11 @@ class Zero:
                 p.grad = None
         self._reduced = False
 
-    # --- checkpoints in any layout --------------------------------------------------------------------------------
+    # --- checkpoints in any layout
+    # --------------------------------------------------------------------------------
     @contextlib.contextmanager
     def gathered(self):
-        """Inside this block every unit holds its full weights (stage 3 frees them again on exit)."""
+        """Inside this block every unit holds its full weights (stage 3 frees them on exit)."""
         was = [u.gathered for u in self.units]
         for u in self.units:
             u.gather()
@@ -945,8 +1099,9 @@ class Zero:
                     u.free()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The module's unsharded state dict in the master dtype (same keys as a single-process model), on every
-        rank. Collective: gathers the fp32 shards (never the bf16 compute copies)."""
+        """The module's unsharded state dict in the master dtype (same keys as a single-process
+        model), on every rank. Collective: gathers the fp32 shards (never the bf16 compute
+        copies)."""
         full = {}
         for u in self.units:
             flat = u.master_full()
@@ -956,7 +1111,8 @@ class Zero:
                 for k, v in self.module.state_dict(keep_vars=True).items()}
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Set every rank's shards (and the full weights where they are held) from an unsharded state dict."""
+        """Set every rank's shards (and the full weights where they are held) from an unsharded
+        state dict."""
         names = self._names()
         for u in self.units:
             flat = torch.zeros(u.padded, dtype=u.shard.dtype, device=u.shard.device)
@@ -975,7 +1131,7 @@ class Zero:
         return {id(p): n for n, p in self.module.named_parameters()}
 
     def optimizer_state_dict(self) -> dict:
-        """The optimizer state unsharded and keyed by parameter name (see `named_optimizer_state`)."""
+        """The optimizer state unsharded, keyed by parameter name (see `named_optimizer_state`)."""
         names, state = self._names(), {}
         for u in self.units:
             for key, value in self.optimizer.state.get(u.shard, {}).items():
@@ -983,15 +1139,21 @@ class Zero:
                     full = torch.empty(u.padded, dtype=value.dtype, device=value.device)
                     self.comm.all_gather(full, value.contiguous())
                     for p, o in zip(u.params, u.offsets):
-                        state.setdefault(names[id(p)], {})[key] = full[o:o + p.numel()].view(p.shape).clone()
+                        state.setdefault(names[id(p)], {})[key] = (
+                            full[o : o + p.numel()].view(p.shape).clone()
+                        )
                 else:
                     for p in u.params:
-                        state.setdefault(names[id(p)], {})[key] = value.clone() if torch.is_tensor(value) else value
+                        state.setdefault(names[id(p)], {})[key] = (
+                            value.clone() if torch.is_tensor(value) else value
+                        )
         groups = []
         for group in self.optimizer.param_groups:
             options = {k: v for k, v in group.items() if k != "params"}
             members = {id(q) for q in group["params"]}
-            options["param_names"] = [names[id(p)] for u in self.units if id(u.shard) in members for p in u.params]
+            options["param_names"] = [
+                names[id(p)] for u in self.units if id(u.shard) in members for p in u.params
+            ]
             groups.append(options)
         return {"state": state, "param_groups": groups}
 
@@ -1010,8 +1172,11 @@ class Zero:
                         if key in s:
                             flat[o:o + p.numel()].copy_(s[key].reshape(-1))
                     state[key] = flat[lo:lo + u.shard_size].clone()
-                else:      # AdamW's 0-dim `step`: fused and capturable kernels read it on the shard's device
-                    state[key] = first.to(u.shard.device, copy=True) if torch.is_tensor(first) else first
+                # AdamW's 0-dim `step`: fused and capturable kernels read it on the shard's device
+                else:
+                    state[key] = (
+                        first.to(u.shard.device, copy=True) if torch.is_tensor(first) else first
+                    )
             if state:
                 self.optimizer.state[u.shard] = state
         _load_group_options(self.optimizer, saved)
@@ -1023,8 +1188,8 @@ class Zero:
 
 
 def _zero_grad_sq_norms(units: list[_FlatUnit]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of squared gradients of this rank's shards, split into tensor-parallel-sharded and replicated parts
-    (a shard can cover pieces of several parameters: walk their ranges)."""
+    """Sum of squared gradients of this rank's shards, split into tensor-parallel-sharded and
+    replicated parts (a shard can cover pieces of several parameters: walk their ranges)."""
     device = units[0].full.device if units else None
     sharded, replicated = torch.zeros((), device=device), torch.zeros((), device=device)
     for u in units:
@@ -1049,21 +1214,29 @@ def _load_group_options(optimizer: torch.optim.Optimizer, saved: dict) -> None:
 
 
 def named_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module) -> dict:
-    """A plain optimizer's state keyed by parameter name instead of position, the layout-free format that
-    `Zero.optimizer_state_dict` also writes, so a checkpoint moves between 1 rank and n ranks.
-    >>> m = nn.Linear(2, 1); o = torch.optim.AdamW(m.parameters()); m(torch.ones(1, 2)).sum().backward(); o.step()
+    """A plain optimizer's state keyed by parameter name instead of position, the layout-free format
+    that `Zero.optimizer_state_dict` also writes, so a checkpoint moves between 1 rank and n ranks.
+    >>> m = nn.Linear(2, 1); o = torch.optim.AdamW(m.parameters())
+    >>> m(torch.ones(1, 2)).sum().backward(); o.step()
     >>> sorted(named_optimizer_state(o, m)["state"]["weight"])
     ['exp_avg', 'exp_avg_sq', 'step']
     """
     names = {id(p): n for n, p in module.named_parameters()}
     state = {names[id(p)]: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
              for p, s in optimizer.state.items() if id(p) in names}
-    groups = [{**{k: v for k, v in g.items() if k != "params"},
-               "param_names": [names[id(p)] for p in g["params"] if id(p) in names]} for g in optimizer.param_groups]
+    groups = [
+        {
+            **{k: v for k, v in g.items() if k != "params"},
+            "param_names": [names[id(p)] for p in g["params"] if id(p) in names],
+        }
+        for g in optimizer.param_groups
+    ]
     return {"state": state, "param_groups": groups}
 
 
-def load_named_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module, saved: dict) -> None:
+def load_named_optimizer_state(
+    optimizer: torch.optim.Optimizer, module: nn.Module, saved: dict
+) -> None:
     """Inverse of `named_optimizer_state` for a plain optimizer over `module`'s parameters."""
     for name, p in module.named_parameters():
         if name in saved["state"]:
@@ -1072,8 +1245,11 @@ def load_named_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Modu
     _load_group_options(optimizer, saved)
 
 
-def training_state_bytes(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes actually allocated for parameters, gradients and optimizer state (each storage counted once)."""
+def training_state_bytes(
+    params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer
+) -> dict[str, int]:
+    """Bytes actually allocated for parameters, gradients and optimizer state (each storage counted
+    once)."""
     seen: set[int] = set()
 
     def size(tensors) -> int:
@@ -1093,22 +1269,26 @@ def training_state_bytes(params: Iterable[torch.Tensor], optimizer: torch.optim.
             "optimizer": size(v for s in optimizer.state.values() for v in s.values())}
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 6. Gradient clipping across the mesh
 #
-# Clipping needs the norm of the whole model's gradient, and each layout holds a different part of it. Squared
-# norms add up, so each rank sums the squares of what it holds and the sums are all-reduced where they differ:
+# Clipping needs the norm of the whole model's gradient, and each layout holds a different part of
+# it. Squared norms add up, so each rank sums the squares of what it holds and the sums are
+# all-reduced where they differ:
 #     DP: every rank holds the full averaged gradient                      -> nothing to add
 #     ZeRO: rank r holds shard r (padding is zero)                         -> add over dp
-#     TP (model_parallel.py): slices of the split matrices (`p.tp_sharded`) -> add over tp; replicated
-#         parameters (norm gains) are the same on every tp rank: counted once
-#     PP: stage s holds its layers                                         -> add over pp; the last stage's copy
-#         of a tied embedding (`p.pp_tied_copy`) is skipped, the first stage's counts
-# ------------------------------------------------------------------------------------------------------------------
+#     TP (model_parallel.py): slices of the split matrices (`p.tp_sharded`) -> add over tp;
+#         replicated parameters (norm gains) are the same on every tp rank: counted once
+#     PP: stage s holds its layers                                         -> add over pp; the last
+#         stage's copy of a tied embedding (`p.pp_tied_copy`) is skipped, the first stage's counts
+# --------------------------------------------------------------------------------------------------
 
 
-def _combine_sq_norms(sharded: torch.Tensor, replicated: torch.Tensor, mesh: Mesh | None) -> torch.Tensor:
-    """Global norm from this rank's squared sums: tensor-parallel slices add up over tp, stages over pp."""
+def _combine_sq_norms(
+    sharded: torch.Tensor, replicated: torch.Tensor, mesh: Mesh | None
+) -> torch.Tensor:
+    """Global norm from this rank's squared sums: tensor-parallel slices add up over tp, stages over
+    pp."""
     if mesh is None:
         return (sharded + replicated).sqrt()
     sharded = sharded.clone()
@@ -1126,10 +1306,11 @@ def _scale_grads(params: Iterable[torch.Tensor], max_norm: float, norm: torch.Te
 
 
 def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, mesh: Mesh) -> torch.Tensor:
-    """torch.nn.utils.clip_grad_norm_ for a model split by tp and pp (gradients already averaged over dp).
-    The norm must be that of the full model: the squares of tensor-parallel slices (`p.tp_sharded`) are summed
-    over tp, replicated parameters (norm weights) counted once, stages summed over pp, and the last stage's copy
-    of a tied embedding (`p.pp_tied_copy`) skipped. Returns the norm before clipping."""
+    """torch.nn.utils.clip_grad_norm_ for a model split by tp and pp (gradients already averaged
+    over dp). The norm must be that of the full model: the squares of tensor-parallel slices
+    (`p.tp_sharded`) are summed over tp, replicated parameters (norm weights) counted once, stages
+    summed over pp, and the last stage's copy of a tied embedding (`p.pp_tied_copy`) skipped.
+    Returns the norm before clipping."""
     params = list(params)
     device = params[0].device if params else None
     sharded, replicated = torch.zeros((), device=device), torch.zeros((), device=device)
@@ -1146,9 +1327,9 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, mesh: Mesh)
     return norm
 
 
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 7. Accounting: what each rank holds and sends (the formulas)
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def zero_memory_per_rank(num_params: float, world: int, stage: int, bytes_param: float = 2,
@@ -1168,15 +1349,20 @@ def zero_memory_per_rank(num_params: float, world: int, stage: int, bytes_param:
 
 def zero_bytes_per_step(block_params: float, other_params: float, world: int, stage: int,
                         gather_bytes: float = 4, reduce_bytes: float = 4) -> float:
-    """Bytes one rank sends per optimizer step under DP (stage 0) or ZeRO-1/2/3, at the ring costs of section 1,
-    as this file's code sends them. With f = (n-1)/n and N = block_params + other_params:
+    """Bytes one rank sends per optimizer step under DP (stage 0) or ZeRO-1/2/3, at the ring costs
+    of section 1, as this file's code sends them. With f = (n-1)/n and
+    N = block_params + other_params:
         stage 0:    all-reduce of the gradients                       2 f N reduce_bytes
-        stages 1-2: reduce-scatter the gradients, all-gather weights  f N (reduce_bytes + gather_bytes)
-        stage 3:    gather every unit for forward, the blocks again for backward (the root unit, embedding +
-                    norm + head, stays gathered until its gradients are sent), reduce-scatter the gradients
+        stages 1-2: reduce-scatter the gradients, all-gather weights  f N (reduce_bytes +
+                    gather_bytes)
+        stage 3:    gather every unit for forward, the blocks again for backward (the root unit,
+                    embedding + norm + head, stays gathered until its gradients are sent),
+                    reduce-scatter the gradients
                     f ((2 blocks + other) gather_bytes + N reduce_bytes)
-    gather_bytes is the size of the dtype weights travel in (ZeRO-3 in bf16: 2), reduce_bytes the gradients'.
-    >>> f"{zero_bytes_per_step(85e6, 39e6, 8, 3) / 1e6:.0f} MB fp32 vs {zero_bytes_per_step(85e6, 39e6, 8, 3, 2) / 1e6:.0f} MB bf16 gathers"
+    gather_bytes is the size of the dtype weights travel in (ZeRO-3 in bf16: 2), reduce_bytes the
+    gradients'.
+    >>> fp32, bf16 = zero_bytes_per_step(85e6, 39e6, 8, 3), zero_bytes_per_step(85e6, 39e6, 8, 3, 2)
+    >>> f"{fp32 / 1e6:.0f} MB fp32 vs {bf16 / 1e6:.0f} MB bf16 gathers"
     '1166 MB fp32 vs 800 MB bf16 gathers'
     """
     if stage not in (0, 1, 2, 3):
@@ -1189,16 +1375,23 @@ def zero_bytes_per_step(block_params: float, other_params: float, world: int, st
     return f * ((2 * block_params + other_params) * gather_bytes + total * reduce_bytes)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# The command line: demos of each lesson (demo and schedule are model_parallel.py's; main() imports it)
-# ------------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# The command line: demos of each lesson (demo and schedule are model_parallel.py's; main() imports
+# it)
+# --------------------------------------------------------------------------------------------------
 
 
 def _cmd_memory(args) -> int:
-    print(f"{args.params:.3g} parameters x 16 bytes (mixed-precision AdamW) = {16 * args.params / 1e9:.2f} GB")
+    print(
+        f"{args.params:.3g} parameters x 16 bytes (mixed-precision AdamW) = "
+        f"{16 * args.params / 1e9:.2f} GB"
+    )
     for stage in range(4):
         per = zero_memory_per_rank(args.params, args.world, stage)
-        print(f"  {'DP' if stage == 0 else f'ZeRO-{stage}':<7} on {args.world} ranks: {per / 1e9:8.2f} GB per rank")
+        print(
+            f"  {'DP' if stage == 0 else f'ZeRO-{stage}':<7} on {args.world} ranks: "
+            f"{per / 1e9:8.2f} GB per rank"
+        )
     return 0
 
 
@@ -1207,26 +1400,32 @@ def _cmd_mesh(args) -> int:
     print(f"world {world} = dp {args.dp} x tp {args.tp} x pp {args.pp}")
     print("rank     " + " ".join(f"{r:>2}" for r in range(world)))
     for i, axis in enumerate(("pp", "dp", "tp")):
-        print(f"{axis}_rank  " + " ".join(f"{rank_coords(r, args.dp, args.tp, args.pp)[i]:>2}" for r in range(world)))
+        print(
+            f"{axis}_rank  "
+            + " ".join(f"{rank_coords(r, args.dp, args.tp, args.pp)[i]:>2}" for r in range(world))
+        )
     for axis, groups in axis_groups(args.dp, args.tp, args.pp).items():
         print(f"{axis} groups: {groups}")
     return 0
 
 
-# Sizes the CLI draws or spawns: a rank grid wider than this does not fit a screen, and every pipeline stage or
-# data-parallel rank of a demo is a CPU process of this machine.
+# Sizes the CLI draws or spawns: a rank grid wider than this does not fit a screen, and every
+# pipeline stage or data-parallel rank of a demo is a CPU process of this machine.
 MAX_DRAWN_RANKS, MAX_MICRO_BATCHES, MAX_PROCESSES = 512, 1024, 64
 
 
 def main(argv: list[str] | None = None) -> int:
     from cli import Parser, in_range, run
-    import model_parallel  # the demos that need tensor and pipeline parallel (a main may import anything)
+    # the demos that need tensor and pipeline parallel (a main may import anything)
+    import model_parallel
     parser = Parser(description="Training one model on many processes, by hand over "
                     "torch.distributed: data parallel and ZeRO-1/2/3 (parallel.py), tensor and "
                     "pipeline parallel (model_parallel.py).",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    p = sub.add_parser("demo", help="train a tiny GPT in every layout on N CPU processes; compare with one process")
+    p = sub.add_parser(
+        "demo", help="train a tiny GPT in every layout on N CPU processes; compare with one process"
+    )
     p.add_argument("--world", type=in_range(int, 1, MAX_PROCESSES), default=2,
                    help="processes (gloo on CPU)")
     p.add_argument("--steps", type=in_range(int, 1, 10_000), default=5, help="AdamW steps")
@@ -1235,9 +1434,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--p", type=in_range(int, 1, MAX_PROCESSES), default=4, help="stages")
     p.add_argument("--m", type=in_range(int, 1, MAX_MICRO_BATCHES), default=8, help="micro-batches")
     p.add_argument("--schedule", choices=sorted(model_parallel.SCHEDULES), default="1f1b")
-    p.add_argument("--measure", action="store_true", help="also time a real pipeline on p CPU processes")
+    p.add_argument(
+        "--measure", action="store_true", help="also time a real pipeline on p CPU processes"
+    )
     p.set_defaults(run=model_parallel.cmd_schedule)
-    p = sub.add_parser("memory", help="bytes per rank under DP and ZeRO-1/2/3 (the lecture's 7B on 8 GPUs)")
+    p = sub.add_parser(
+        "memory", help="bytes per rank under DP and ZeRO-1/2/3 (the lecture's 7B on 8 GPUs)"
+    )
     p.add_argument("--params", type=in_range(float, 0.0, 1e15, low_open=True), default=7e9)
     p.add_argument("--world", type=in_range(int, 1, 10**9), default=8)
     p.set_defaults(run=_cmd_memory)
@@ -1248,8 +1451,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=_cmd_mesh)
     args = parser.parse_args(argv)
     if args.command == "mesh" and args.dp * args.tp * args.pp > MAX_DRAWN_RANKS:
-        parser.error(f"argument --dp/--tp/--pp: a grid of {args.dp * args.tp * args.pp} ranks is too wide to draw; "
-                     f"keep dp x tp x pp <= {MAX_DRAWN_RANKS}")
+        parser.error(
+            f"argument --dp/--tp/--pp: a grid of {args.dp * args.tp * args.pp} ranks is too wide "
+            "to draw; "
+            f"keep dp x tp x pp <= {MAX_DRAWN_RANKS}"
+        )
     if args.command == "schedule" and args.measure and args.p < 2:
         parser.error("argument --p: --measure needs --p >= 2 processes")
     return run(lambda: args.run(args), (ParallelError, WorkerError), "parallel.py")

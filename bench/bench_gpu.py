@@ -9,7 +9,7 @@ elsewhere). Six sections, each a few rows. A row is a measured figure, a check (
 any check fails) or a target (met / missed, never a failure: targets are goals). Every section is guarded: one
 that raises is a FAIL row ("section ran to its end", its traceback on stderr) and the next one runs; the JSON's
 "sections" says which finished, and with how many failed checks.
-1. speed    train.py's own loop (Trainer.loop_step: schedule, spike guard, metrics line) on the 124m preset's
+1. speed    train.py's own loop (train.train_loop: schedule, spike guard, metrics line) on the 124m preset's
             shape in bf16, eager and with --compile: tokens/s and MFU against the GPU's dense peak
             (train.gpu_peak_flops), side by side with a minimal loop in this file on the same model and batch (the
             overhead ratio), and the largest micro-batch that fits (doubling until the allocator, CUDA or cuBLAS
@@ -250,7 +250,7 @@ def bench_speed(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
         tag = "compiled" if compiled else "eager"
         with compile_backend(setup.compile_backend):
             trainer = trainer_for(setup, tmp / f"speed-{tag}", *(["--compile"] if compiled else []))
-        ours = time_loop(trainer.loop_step, setup.device, setup.warmup, setup.steps)
+        ours = time_loop(lambda: train.train_loop(trainer, steps=1), setup.device, setup.warmup, setup.steps)
         if compiled and setup.trace:
             out["trace"] = profile_steps(trainer, setup, pathlib.Path(setup.trace))
             report.add("speed", "profiler trace of 2 compiled steps (Perfetto)", out["trace"])
@@ -289,7 +289,7 @@ def profile_steps(trainer: train.Trainer, setup: Setup, path: pathlib.Path) -> s
     activities = [kinds.CPU, kinds.CUDA] if setup.cuda else [kinds.CPU]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(2):
-            trainer.loop_step()
+            train.train_loop(trainer, steps=1)
         sync(setup.device)
     prof.export_chrome_trace(str(path))
     return str(path)
@@ -503,7 +503,7 @@ def _measure_memory(setup: Setup, report: Report, tmp: pathlib.Path, checkpointi
         baseline = torch.cuda.memory_allocated(setup.device)      # whatever earlier sections still hold
     trainer = trainer_for(setup, tmp / f"memory-{tag.replace(', ', '-')}",
                           *(["--activation-checkpointing"] if checkpointing else []))
-    trainer.loop_step()                                  # AdamW's moments exist after the first step
+    train.train_loop(trainer, steps=1)                                  # AdamW's moments exist after the first step
     want = predicted_memory(trainer.model_config, setup.batch_size, setup.block_size, checkpointing, setup.dtype)
     held = parallel.training_state_bytes(trainer.raw_model.parameters(), trainer.optimizer)
     # Between steps the grads are freed (zero_grad(set_to_none)): weights + AdamW moments = 4 + 8 bytes/param
@@ -512,14 +512,14 @@ def _measure_memory(setup: Setup, report: Report, tmp: pathlib.Path, checkpointi
     report.check("memory", f"{tag}: weights + AdamW state held (= 12 bytes/param)",
                  held["params"] + held["optimizer"], abs(held["params"] + held["optimizer"] - state) <= 0.01 * state)
     if setup.cuda:
-        trainer.loop_step()
+        train.train_loop(trainer, steps=1)
         sync(setup.device)
         peak = torch.cuda.max_memory_allocated(setup.device) - baseline
         where = "CUDA allocator"
     else:
         counter = LiveBytes()
         with counter:
-            trainer.loop_step()
+            train.train_loop(trainer, steps=1)
         peak = counter.peak + held["params"] + held["optimizer"]
         where = "CPU, live tensors"
     ratio = peak / want["total"]

@@ -8,6 +8,7 @@ import pathlib
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -253,8 +254,8 @@ def test_accumulation_equivalence_one_batch_of_8_equals_4_micro_batches_of_2(dat
     for p, q in zip(whole.raw_model.parameters(), accum.raw_model.parameters()):
         assert torch.equal(p, q)                                                # same seed, same init
     x, y = data.TokenData(dataset_dir).get_batch("train", 8, 32, generator=torch.Generator().manual_seed(1))
-    r1 = whole.train_step([(x, y)])
-    r2 = accum.train_step([(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)])
+    r1 = train.train_loop(whole, batches=[[(x, y)]])
+    r2 = train.train_loop(accum, batches=[[(x[i:i + 2], y[i:i + 2]) for i in range(0, 8, 2)]])
     assert r1["loss"] == pytest.approx(r2["loss"], rel=1e-6)                   # the mean over all 8, not the last 2
     assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-5)
     # Adam's first step is lr * g / (|g| + eps): for the few entries whose gradient is near eps, float noise in the
@@ -274,7 +275,7 @@ def test_bf16_lesson_master_weights_stay_fp32(dataset_dir, tmp_path):
     with train.autocast(trainer.device, trainer.dtype):
         logits, _ = trainer.raw_model(x, y)
     assert logits.dtype == torch.bfloat16                                       # the compute runs in bf16
-    trainer.train_step([(x, y)])
+    train.train_loop(trainer, batches=[[(x, y)]])
     for name, p in trainer.raw_model.named_parameters():
         assert p.dtype == torch.float32                                         # master weights
         assert all(v.dtype == torch.float32 for v in trainer.optimizer.state[p].values() if v.dim())
@@ -287,14 +288,14 @@ def test_bf16_lesson_master_weights_stay_fp32(dataset_dir, tmp_path):
 def test_fp16_uses_a_gradient_scaler_and_activation_checkpointing_changes_nothing(dataset_dir, tmp_path):
     fp16 = train.Trainer(config(dataset_dir, tmp_path / "fp16", "--dtype", "fp16"), log=quiet)
     assert fp16.scaler is not None and fp16.scaler.get_scale() == 2.0 ** 16
-    record = fp16.train_step(fp16.next_micro_batches())
+    record = train.train_loop(fp16, steps=1)
     assert math.isfinite(record["loss"]) and all(p.dtype == torch.float32 for p in fp16.raw_model.parameters())
     assert fp16.state_dict()["scaler"]["scale"] > 0                             # the scale is checkpointed
     plain = train.Trainer(config(dataset_dir, tmp_path / "a"), log=quiet)
     recompute = train.Trainer(config(dataset_dir, tmp_path / "b", "--activation-checkpointing"), log=quiet)
     assert recompute.model_config.activation_checkpointing and not plain.model_config.activation_checkpointing
     batch = plain.next_micro_batches()
-    assert plain.train_step(batch)["loss"] == recompute.train_step(batch)["loss"]
+    assert train.train_loop(plain, batches=[batch])["loss"] == train.train_loop(recompute, batches=[batch])["loss"]
     for p, q in zip(plain.raw_model.parameters(), recompute.raw_model.parameters()):
         assert torch.allclose(p, q, atol=1e-7)
 
@@ -371,26 +372,24 @@ def test_resume_falls_back_past_a_corrupted_checkpoint_and_sweeps_stale_temp_fil
 def test_spike_guard_skips_an_injected_bad_batch_and_rolls_back(dataset_dir, tmp_path):
     trainer = train.Trainer(config(dataset_dir, tmp_path, "--max-steps", 100, "--spike-patience", 3,
                                    "--spike-window", 10), log=quiet)
-    for _ in range(50):
-        trainer.train_step(trainer.next_micro_batches())
+    train.train_loop(trainer, steps=50)
     trainer.save_checkpoint()                                                  # the last good state: step 50
     saved = {n: p.detach().clone() for n, p in trainer.raw_model.named_parameters()}
-    for _ in range(5):
-        trainer.train_step(trainer.next_micro_batches())
+    train.train_loop(trainer, steps=5)
     x, _ = trainer.loader.next()
     with torch.no_grad():                                                     # targets the model finds least likely
         adversarial = trainer.raw_model(x)[0].argmin(-1)
     before = {n: p.detach().clone() for n, p in trainer.raw_model.named_parameters()}
-    record = trainer.train_step([(x, adversarial)])
-    assert record["skipped"] and record["loss"] > 2 * trainer._median()
+    record = train.train_loop(trainer, batches=[[(x, adversarial)]])
+    assert record["skipped"] and record["loss"] > 2 * statistics.median(trainer.guard.history)
     assert all(torch.equal(p, before[n]) for n, p in trainer.raw_model.named_parameters())   # no update
     nan_batch = (x, torch.full_like(x, -1))                                   # every target ignored: loss NaN
-    assert math.isnan(trainer.train_step([nan_batch])["loss"])
+    assert math.isnan(train.train_loop(trainer, batches=[[nan_batch]])["loss"])
     assert trainer.step == 57 and trainer.lr_scale == 1.0
-    trainer.train_step([nan_batch])                                           # third spike in a row: roll back
+    train.train_loop(trainer, batches=[[nan_batch]])                          # third spike in a row: roll back
     assert trainer.step == 50 and trainer.lr_scale == 0.5
     assert all(torch.equal(p, saved[n]) for n, p in trainer.raw_model.named_parameters())
-    record = trainer.train_step(trainer.next_micro_batches())                  # training goes on, lr halved
+    record = train.train_loop(trainer, steps=1)                                # training goes on, lr halved
     assert record["lr"] == pytest.approx(0.5 * train.lr_at(50, trainer.cfg))
     events = [r for r in train.read_metrics(tmp_path / "metrics.jsonl") if "event" in r]
     assert [e["event"] for e in events] == ["skipped_batch"] * 3 + ["rollback"]
@@ -704,18 +703,17 @@ def test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast(dataset
 
 def _sigterm_on_rank_5(rank: int, world: int, argv: list[str]) -> tuple[int, bool]:
     """Train; rank 5 alone (pipeline stage 1, not rank 0's data-parallel group) gets SIGTERM after step 2."""
-    loop_step = train.Trainer.loop_step
+    write = train.MetricsLog.write
 
-    def stepping(self):
-        record = loop_step(self)
-        if rank == 5 and self.step == 2:
+    def writing(self, record):
+        write(self, record)
+        if rank == 5 and record.get("step") == 1 and "loss" in record:     # step 2's line: the step is done
             os.kill(os.getpid(), signal.SIGTERM)
-        return record
-    train.Trainer.loop_step = stepping
+    train.MetricsLog.write = writing
     try:
         summary = train.train(train.parse_config(argv), log=quiet)
     finally:
-        train.Trainer.loop_step = loop_step
+        train.MetricsLog.write = write
     return summary["step"], summary["interrupted"]
 
 
