@@ -274,7 +274,7 @@ def bench_speed(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
             cfg = trainer.model_config
             report.add("speed", f"model: preset {setup.preset}'s shape ({cfg.n_layer} x {cfg.n_embd}), vocab "
                        f"{cfg.vocab_size:,} of --data pydocs: parameters", out["params"])
-        del trainer
+        trainer = None                                   # freed before the next one is built
         _free(setup.device)
     out["max_micro_batch"], out["max_micro_batch_stop"] = largest_micro_batch(setup, tmp)
     report.add("speed", f"largest micro-batch that fits, eager (T={setup.block_size}, up to {setup.max_batch})",

@@ -791,8 +791,10 @@ def test_parallelize_checkpoints_are_single_process_checkpoints(world2_split, mo
         assert [g["params"] for g in got["optimizer"]["param_groups"]] == \
             [g["params"] for g in ref_opt_state["param_groups"]]
         assert_same(res["resumed_" + mode]["model"], state(next_model), f"{mode} resumed on rank {rank}")
-        sizes = {"zero3": "dp 2 x tp 1 x pp 1, ZeRO-3", "tp2_zero2": "dp 1 x tp 2 x pp 1, ZeRO-2",
-                 "pp2_afab": "dp 1 x tp 1 x pp 2, ZeRO-0, afab", "dp2": "dp 2 x tp 1 x pp 1, ZeRO-0"}[mode]
+        sizes = {"zero3": "dp 2 x tp 1 x pp 1 x cp 1 (ep 1 inside dp), ZeRO-3",
+                 "tp2_zero2": "dp 1 x tp 2 x pp 1 x cp 1 (ep 1 inside dp), ZeRO-2",
+                 "pp2_afab": "dp 1 x tp 1 x pp 2 x cp 1 (ep 1 inside dp), ZeRO-0, afab",
+                 "dp2": "dp 2 x tp 1 x pp 1 x cp 1 (ep 1 inside dp), ZeRO-0"}[mode]
         assert sizes in got["describe"]
         if mode == "pp2_afab":
             assert "bubble (p-1)/(m+p-1) = 25.0% with 3 micro-batches" in got["describe"]
