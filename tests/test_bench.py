@@ -107,6 +107,22 @@ def test_bench_model_smoke():
     assert variants == ["eager", "eager+ckpt"], out
 
 
+def test_bench_attention_smoke():
+    out = ok(run("bench_attention.py", "--no-peak", "--lengths", 64, 128))
+    rows = [line.split() for line in out.splitlines() if line.startswith(("flash", "formula", "SDPA"))]
+    assert len(rows) == 6, out                     # three kinds at two lengths
+    growth = {" ".join(r[:-5]): float(r[-3]) for r in rows if r[-5] == "128"}
+    assert growth["flash (by hand)"] < 2.5 < growth["formula (T x T)"], growth   # O(T) vs O(T^2)
+
+
+@pytest.mark.long
+def test_bench_classify_smoke():
+    pytest.importorskip("fasttext", reason="the peer: pip install fasttext-wheel")
+    out = ok(run("bench_classify.py", "--per-language", 2))
+    assert "language id, 48 held-out texts in 24 languages" in out and "lid.176" in out, out
+    assert "fasttext" in out.split("quality", 1)[1], out
+
+
 @pytest.mark.slow
 def test_bench_parallel_smoke():
     out = ok(run("bench_parallel.py", "--steps", 1, "--layers", 2, "--width", 32,
