@@ -76,7 +76,8 @@ scores, 69 GB in fp32 for one head of one layer, so nobody stores it. Two answer
   128K context the cache holds 2 * 128K * 64 = 16.8M numbers per head, the state 64 * 64 = 4,096.
   The price is recall: a fixed state cannot hold an unbounded number of key -> value facts, which
   evaluate.py measures (`python evaluate.py recall`, Zoology's MQAR). The hybrid answer (Jamba,
-  MiniMax, Qwen3-Next): mostly linear layers, a full attention layer every few (`layer_pattern="LLLA"`).
+  MiniMax, Qwen3-Next): mostly linear layers, a full attention layer every few
+  (`layer_pattern="LLLA"`).
 
 Initialisation: every Linear and the embedding draw from N(0, 0.02); the two projections that write
 into the residual stream (attn.wo, ffn.w2) use 0.02 / sqrt(2 L), so the variance the 2L residual
