@@ -994,9 +994,10 @@ def run_isolated(section: str, argv: list[str], report: Report, timeout_s: float
     sink = tmp / f"section-{section.replace('.', '_')}.json"
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), *argv, "--section", section,
            "--section-out", str(sink)]
+    sys.stdout.flush()                   # the child writes to the same descriptors, after us
+    sys.stderr.flush()
     try:
-        code = subprocess.run(cmd, timeout=timeout_s, stdout=sys.stdout,
-                              stderr=sys.stderr).returncode
+        code = subprocess.run(cmd, timeout=timeout_s).returncode
     except subprocess.TimeoutExpired:
         code = None
     got = json.loads(sink.read_text()) if sink.exists() else {}
