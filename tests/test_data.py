@@ -998,17 +998,18 @@ def test_val_data_is_the_file_verbatim_and_its_overlap_is_reported(tmp_path, cap
     copied = " ".join(train_docs[5].split()[:20])                              # 8 of its 13-grams are in train
     val_bytes = f"Held-out text, kept exactly:\r\n  {random_doc(rng, 60)}\n\n{copied}\n   \n".encode()
     (tmp_path / "val.txt").write_bytes(val_bytes)
-    data.main(["prepare", "--data", str(tmp_path / "train.txt"), "--val-data", str(tmp_path / "val.txt"),
-               "--vocab-size", "300", "--out", str(tmp_path / "ds")])
-    err = capsys.readouterr().err
-    td = data.TokenData(tmp_path / "ds")
-    val = td.manifest["splits"]["val"]
-    assert val["bytes"] == len(val_bytes) and val["documents"] == 1
-    stream = np.concatenate([np.asarray(a) for a in td.shards["val"]])
-    assert td.tokenizer.decode(split_stream(stream, td.eot_id)[0]).encode() == val_bytes
-    assert td.manifest["splits"]["train"]["bytes"] >= 0.99 * len("\n\n".join(train_docs))     # all of train
-    assert val["overlap"]["shared"] == 8 and val["overlap"]["contaminated"] == 1
-    assert "--val-data: 8 of its" in err and "also occur in train" in err
+    for engine in ("memory", "stream"):                # the lesson's engine and the streaming one
+        data.main(["prepare", "--data", str(tmp_path / "train.txt"), "--val-data", str(tmp_path / "val.txt"),
+                   "--vocab-size", "300", "--engine", engine, "--out", str(tmp_path / engine)])
+        err = capsys.readouterr().err
+        td = data.TokenData(tmp_path / engine)
+        val = td.manifest["splits"]["val"]
+        assert val["bytes"] == len(val_bytes) and val["documents"] == 1
+        stream = np.concatenate([np.asarray(a) for a in td.shards["val"]])
+        assert td.tokenizer.decode(split_stream(stream, td.eot_id)[0]).encode() == val_bytes
+        assert td.manifest["splits"]["train"]["bytes"] >= 0.99 * len("\n\n".join(train_docs))  # all of train
+        assert val["overlap"]["shared"] == 8 and val["overlap"]["contaminated"] == 1
+        assert "--val-data: 8 of its" in err and "also occur in train" in err
     eot_file = tmp_path / "stories.txt"                      # TinyStories' marker separates documents
     eot_file.write_text("One story.<|endoftext|>Another story.\n")
     assert formats.read_val_file(eot_file) == ["One story.", "Another story.\n"]
