@@ -2136,35 +2136,34 @@ def fits_in_memory(sources: list[data.Source], val_files: list[pathlib.Path]) ->
     return sum(pathlib.Path(f).stat().st_size for f in files) <= IN_MEMORY_MAX_BYTES
 
 
+# `python data.py prepare`'s flags for this file's engines (cli.add_arguments rows)
+ENGINE_FLAGS = [
+    ("--workers", {"type": int, "default": None,
+                   "help": "processes for the per-document steps (default: all cores)"}),
+    ("--chunk-mb", {"type": float, "default": CHUNK_BYTES / 2**20,
+                    "help": "MiB of input per chunk, the unit of parallel work and of resuming "
+                            "(default %(default)g)"}),
+    ("--engine", {"choices": ENGINES, "default": "auto",
+                  "help": f"auto: data.py's in-memory reference engine for the embedded corpora "
+                          f"and local inputs up to {IN_MEMORY_MAX_BYTES >> 20} MiB, else stream; "
+                          f"memory: always the reference; stream (or local): worker processes "
+                          f"here; ray: the stream's steps as Ray tasks (pip install ray); all "
+                          f"write the same bytes"}),
+    ("--ray-address", {"default": None,
+                       "help": "with --engine ray: auto or HOST:PORT of a running cluster "
+                               "(default: start Ray here)"}),
+    ("--work-dir", {"default": None,
+                    "help": "where the streaming engine's work files go (default: beside a local "
+                            "--out, the temp folder for a URI); on a multi-node cluster a folder "
+                            "every node sees"}),
+]
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """`python data.py prepare`'s flags for this file's engines; `prepare` checks their values
     before any work (a bad one is one line naming the flag, as data.py's own flags are)."""
-    parser.add_argument("--workers", type=int, default=None,
-                        help="processes for the per-document steps (default: all cores)")
-    parser.add_argument(
-        "--chunk-mb",
-        type=float,
-        default=CHUNK_BYTES / 2**20,
-        help="MiB of input per chunk, the unit of parallel work and of resuming "
-        "(default %(default)g)",
-    )
-    parser.add_argument("--engine", choices=ENGINES, default="auto",
-                        help=f"auto: data.py's in-memory reference engine for the embedded corpora "
-                             f"and local inputs up to {IN_MEMORY_MAX_BYTES >> 20} MiB, else stream;"
-                             f" memory: always the reference; stream (or local): worker processes"
-                             f" here; ray: the stream's steps as Ray tasks (pip install ray); all "
-                             f"write the same bytes")
-    parser.add_argument(
-        "--ray-address",
-        default=None,
-        help="with --engine ray: auto or HOST:PORT of a running cluster (default: start Ray here)",
-    )
-    parser.add_argument(
-        "--work-dir",
-        default=None,
-        help="where the streaming engine's work files go (default: beside a local --out, the temp "
-        "folder for a URI); on a multi-node cluster a folder every node sees",
-    )
+    from cli import add_arguments
+    add_arguments(parser, ENGINE_FLAGS)
     parser.set_defaults(prepare=prepare)
 
 
