@@ -30,20 +30,26 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
+def in_range(kind=int, low=None, high=None, low_open=False, high_open=False, rule=None):
     """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
+    A bad value is told "must be <rule>"; `rule` defaults to the bounds, and a caller with a unit
+    and an example to show gives its own.
 
     >>> in_range(float, 0.0, 1.0, low_open=True)("0.5")
     0.5
     >>> in_range(int, 0)("-1")
     Traceback (most recent call last):
     argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
+    >>> in_range(float, 1.0, 1e15, rule="1 to 1e+15 parameters, e.g. 7e9")("0")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be 1 to 1e+15 parameters, e.g. 7e9, got '0'
     """
     def show(x):
         return f"{x:g}" if isinstance(x, float) else str(x)
     bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
               f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
+    rule = rule or ("an integer " if kind is int else "a number ") + " and ".join(
+        filter(None, bounds))
 
     def parse(text: str):
         try:

@@ -2384,7 +2384,8 @@ def train_quality_model(positives: list[str], negatives: list[str]) -> str:
     return str(path)
 
 
-def _cmd_prepare(args: argparse.Namespace) -> None:
+def _cmd_prepare(args: argparse.Namespace, prepare) -> None:
+    # prepare: data_at_scale.prepare, which runs this file's engine or the streaming one
     if bool(args.quality_positives) != bool(args.quality_negatives):
         raise DataError("--quality-positives and --quality-negatives go together; give both")
     model = (
@@ -2405,7 +2406,7 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         quality_threshold=args.quality_threshold,
         quality_model=model,
     )
-    out = args.prepare(
+    out = prepare(
         args.data,
         args.out,
         vocab_size=args.vocab_size,
@@ -2480,9 +2481,9 @@ def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    parsers = add_commands(sub, {
+    add_commands(sub, {
         "prepare": ("clean, dedup, split, train/reuse the tokenizer, encode and pack shards",
-                    _cmd_prepare, [
+                    lambda args: _cmd_prepare(args, data_at_scale.prepare), [
             ("--data", {"nargs": "+", "default": ["pydocs"],
                         "help": "sources: pydocs, pystdlib, hf:NAME, files/dirs/globs (.txt .jsonl "
                                 ".parquet .raw .html .py, .gz), or their URIs in an object store "
@@ -2562,7 +2563,9 @@ def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
                         "help": "treat every source as this kind (default: by name and file type; "
                                 ".py files are code)"}),
             ("--threads", {"type": in_range(int, 1, 1024), "default": None,
-                           "help": "encoding threads (default: all cores)"})]),
+                           "help": "encoding threads (default: all cores)"}),
+            # --workers, --chunk-mb, --engine, --ray-address, --work-dir
+            *data_at_scale.ENGINE_FLAGS]),
         "mix": ("tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)",
                 _cmd_mix, [
             ("--tokens", {"type": in_range(float, 1.0, TOKENS_MAX), "default": 20e9}),
@@ -2582,8 +2585,6 @@ def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
                      "help": "local directory to create (train.py --data reads it)"})]),
         "html": ("print the text extracted from an HTML file", _cmd_html, [("file", {})]),
     })
-    # --workers, --chunk-mb, --engine, --ray-address, --work-dir
-    data_at_scale.add_engine_arguments(parsers["prepare"])
 
     args = parser.parse_args(argv)
     if run(lambda: args.run(args), (DataError, bpe.TokenizerError, dedup.DedupError)):

@@ -1365,19 +1365,9 @@ def _number(what: str):
     Traceback (most recent call last):
     argparse.ArgumentTypeError: must be 1e+06 to 1e+30 FLOPs, e.g. 1.2e20, got '1e-300'
     """
+    from cli import in_range
     low, high, unit, example = QUANTITIES[what]
-
-    def parse(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            x = math.nan
-        if not low <= x <= high:  # NaN fails both comparisons
-            raise argparse.ArgumentTypeError(
-                f"must be {low:g} to {high:g} {unit}, e.g. {example}, got {text!r}"
-            )
-        return x
-    return parse
+    return in_range(float, low, high, rule=f"{low:g} to {high:g} {unit}, e.g. {example}")
 
 
 def _whole(text: str) -> float:
