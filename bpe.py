@@ -1528,122 +1528,121 @@ def show(texts: list[str], tok: Tokenizer, steps: bool = False) -> None:
             )
 
 
+def _cmd_show(args) -> None:
+    loaded = []
+    for spec in args.tokenizer or ["cl100k", "gpt2"]:
+        try:
+            loaded.append(load_tokenizer(spec))
+        except TokenizerError as e:
+            if args.tokenizer:
+                raise
+            print(f"== {spec}: skipped ({e})")
+    # the main install alone, offline: a small BPE trained here instead
+    if not loaded:
+        print("== showing a 1,000-token BPE trained now on bpe.py's own text (--tokenizer "
+              "DATA_DIR/tokenizer.json shows the one data.py prepare trained)")
+        loaded = [train_bpe(Path(__file__).read_text(encoding="utf-8"), 1000)]
+    for tok in loaded:
+        show(args.text or SHOW_TEXTS, tok, args.steps)
+
+
+def _cmd_train(args) -> None:
+    # every flag checked before the corpus is read
+    try:
+        resolve_pattern(args.pattern)
+    except TokenizerError as e:
+        raise TokenizerError(f"--pattern: {e}") from None
+    out = Path(args.out)
+    # the tokenizer would be written over its own training text
+    for given in args.input:
+        if Path(given).resolve() == out.resolve() or out.exists() and Path(given).exists() \
+                and os.path.samefile(given, out):
+            raise TokenizerError(
+                f"--out {args.out} is also an --input file: writing the tokenizer would "
+                f"replace that training text; give --out another path"
+            )
+    if not all(args.special):
+        raise TokenizerError(
+            f"--special: special tokens must be non-empty strings, got {args.special}"
+        )
+    if args.vocab_size < 256 + len(args.special):
+        raise TokenizerError(
+            f"--vocab-size {args.vocab_size} leaves no room: 256 byte tokens + "
+            f"{len(args.special)} --special tokens need at least {256 + len(args.special)}"
+        )
+    tok = train_bpe(
+        args.input,
+        args.vocab_size,
+        args.special,
+        args.pattern,
+        args.workers,
+        args.errors,
+        verbose=True,
+    )
+    tok.save(args.out)
+    print(
+        f"wrote {args.out}: {len(tok)} ids ({len(tok.merges)} merges, "
+        f"specials {tok.special_tokens})"
+    )
+
+
+def _cmd_encode(args) -> None:
+    tok = load_tokenizer(args.tokenizer)
+    allowed = "all" if args.allow_special else ()
+    if args.input:
+        for ids in tok.encode_file(args.input, allowed_special=allowed, fast=True):
+            if ids:
+                print(" ".join(map(str, ids)))
+    elif args.text is not None:
+        print(" ".join(map(str, tok.encode(args.text, allowed_special=allowed))))
+    else:
+        raise TokenizerError("give a text or --input FILE to encode")
+
+
 def main(argv: list[str] | None = None) -> int:
-    from cli import Parser, in_range, run, writable
+    from cli import Parser, add_commands, in_range, run, writable
     parser = Parser(prog="bpe.py",
                     description="Byte-level BPE: train, encode, decode, and the lecture's lessons.")
-    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    p = sub.add_parser("demo", help="the lecture's 'low lower lowest' merges, step by step")
-    p.add_argument("--text", default=DEMO_TEXT)
-    p.add_argument("--merges", type=in_range(int, 0, 10_000), default=4)
-    p = sub.add_parser(
-        "show", help="the tokens a text becomes (strawberry, digits, English vs Chinese)"
-    )
-    p.add_argument("text", nargs="*", help=f"texts to show (default: {SHOW_TEXTS})")
-    p.add_argument(
-        "--tokenizer",
-        nargs="+",
-        default=None,
-        help="cl100k, gpt2 or tokenizer .json files (default: cl100k and, if its files are found, "
-        "gpt2)",
-    )
-    p.add_argument(
-        "--steps", action="store_true", help="also show the merges that build each pre-token"
-    )
-    p = sub.add_parser("train", help="train a tokenizer on UTF-8 text files")
-    p.add_argument("--input", nargs="+", required=True, help="text files")
-    p.add_argument("--vocab-size", type=in_range(int, 256, 2**32), required=True)
-    p.add_argument("--out", type=writable("file"), required=True, help="tokenizer .json to write")
-    p.add_argument("--pattern", default="gpt4", help="gpt2, gpt4 or a regex (default gpt4)")
-    p.add_argument("--special", nargs="*", default=[EOT], help=f"special tokens (default {EOT})")
-    p.add_argument("--workers", type=in_range(int, 1, 1024), default=None,
-                   help="pre-tokenization processes (default: all cores)")
-    p.add_argument("--errors", default="strict", choices=["strict", "replace", "ignore"],
-                   help="what to do with invalid UTF-8 (default: stop with an error)")
-    p = sub.add_parser("encode", help="print the ids of a text or a file")
-    p.add_argument("text", nargs="?", help="text to encode (or use --input)")
-    p.add_argument("--input", help="a UTF-8 file, streamed")
-    p.add_argument("--tokenizer", default="cl100k", help="cl100k, gpt2 or a tokenizer .json")
-    p.add_argument(
-        "--allow-special",
-        action="store_true",
-        help="encode special tokens in the text as their ids",
-    )
-    p = sub.add_parser("decode", help="print the text of ids")
-    p.add_argument("ids", nargs="+", type=in_range(int, 0, 2**32 - 1))
-    p.add_argument("--tokenizer", default="cl100k", help="cl100k, gpt2 or a tokenizer .json")
+    tokenizer = ("--tokenizer", {"default": "cl100k", "help": "cl100k, gpt2 or a tokenizer .json"})
+    add_commands(parser.add_subparsers(dest="cmd", required=True, parser_class=Parser), {
+        "demo": ("the lecture's 'low lower lowest' merges, step by step",
+                 lambda args: demo(args.text, args.merges), [
+            ("--text", {"default": DEMO_TEXT}),
+            ("--merges", {"type": in_range(int, 0, 10_000), "default": 4})]),
+        "show": ("the tokens a text becomes (strawberry, digits, English vs Chinese)", _cmd_show, [
+            ("text", {"nargs": "*", "help": f"texts to show (default: {SHOW_TEXTS})"}),
+            ("--tokenizer", {"nargs": "+", "default": None,
+                             "help": "cl100k, gpt2 or tokenizer .json files (default: cl100k and, "
+                                     "if its files are found, gpt2)"}),
+            ("--steps", {"action": "store_true",
+                         "help": "also show the merges that build each pre-token"})]),
+        "train": ("train a tokenizer on UTF-8 text files", _cmd_train, [
+            ("--input", {"nargs": "+", "required": True, "help": "text files"}),
+            ("--vocab-size", {"type": in_range(int, 256, 2**32), "required": True}),
+            ("--out", {"type": writable("file"), "required": True,
+                       "help": "tokenizer .json to write"}),
+            ("--pattern", {"default": "gpt4", "help": "gpt2, gpt4 or a regex (default gpt4)"}),
+            ("--special", {"nargs": "*", "default": [EOT],
+                           "help": f"special tokens (default {EOT})"}),
+            ("--workers", {"type": in_range(int, 1, 1024), "default": None,
+                           "help": "pre-tokenization processes (default: all cores)"}),
+            ("--errors", {"default": "strict", "choices": ["strict", "replace", "ignore"],
+                          "help": "what to do with invalid UTF-8 (default: stop with an error)"})]),
+        "encode": ("print the ids of a text or a file", _cmd_encode, [
+            ("text", {"nargs": "?", "help": "text to encode (or use --input)"}),
+            ("--input", {"help": "a UTF-8 file, streamed"}),
+            tokenizer,
+            ("--allow-special", {"action": "store_true",
+                                 "help": "encode special tokens in the text as their ids"})]),
+        "decode": ("print the text of ids",
+                   lambda args: print(load_tokenizer(args.tokenizer).decode(args.ids)), [
+            ("ids", {"nargs": "+", "type": in_range(int, 0, 2**32 - 1)}),
+            tokenizer]),
+    })
     args = parser.parse_args(argv)
 
     def command():
-        if args.cmd == "demo":
-            demo(args.text, args.merges)
-        elif args.cmd == "show":
-            loaded = []
-            for spec in args.tokenizer or ["cl100k", "gpt2"]:
-                try:
-                    loaded.append(load_tokenizer(spec))
-                except TokenizerError as e:
-                    if args.tokenizer:
-                        raise
-                    print(f"== {spec}: skipped ({e})")
-            # the main install alone, offline: a small BPE trained here instead
-            if not loaded:
-                print("== showing a 1,000-token BPE trained now on bpe.py's own text (--tokenizer "
-                      "DATA_DIR/tokenizer.json shows the one data.py prepare trained)")
-                loaded = [train_bpe(Path(__file__).read_text(encoding="utf-8"), 1000)]
-            for tok in loaded:
-                show(args.text or SHOW_TEXTS, tok, args.steps)
-        elif args.cmd == "train":
-            # every flag checked before the corpus is read
-            try:
-                resolve_pattern(args.pattern)
-            except TokenizerError as e:
-                raise TokenizerError(f"--pattern: {e}") from None
-            out = Path(args.out)
-            # the tokenizer would be written over its own training text
-            for given in args.input:
-                if Path(given).resolve() == out.resolve() or out.exists() and Path(given).exists() \
-                        and os.path.samefile(given, out):
-                    raise TokenizerError(
-                        f"--out {args.out} is also an --input file: writing the tokenizer would "
-                        f"replace that training text; give --out another path"
-                    )
-            if not all(args.special):
-                raise TokenizerError(
-                    f"--special: special tokens must be non-empty strings, got {args.special}"
-                )
-            if args.vocab_size < 256 + len(args.special):
-                raise TokenizerError(
-                    f"--vocab-size {args.vocab_size} leaves no room: 256 byte tokens + "
-                    f"{len(args.special)} --special tokens need at least {256 + len(args.special)}"
-                )
-            tok = train_bpe(
-                args.input,
-                args.vocab_size,
-                args.special,
-                args.pattern,
-                args.workers,
-                args.errors,
-                verbose=True,
-            )
-            tok.save(args.out)
-            print(
-                f"wrote {args.out}: {len(tok)} ids ({len(tok.merges)} merges, "
-                f"specials {tok.special_tokens})"
-            )
-        elif args.cmd == "encode":
-            tok = load_tokenizer(args.tokenizer)
-            allowed = "all" if args.allow_special else ()
-            if args.input:
-                for ids in tok.encode_file(args.input, allowed_special=allowed, fast=True):
-                    if ids:
-                        print(" ".join(map(str, ids)))
-            elif args.text is not None:
-                print(" ".join(map(str, tok.encode(args.text, allowed_special=allowed))))
-            else:
-                raise TokenizerError("give a text or --input FILE to encode")
-        elif args.cmd == "decode":
-            print(load_tokenizer(args.tokenizer).decode(args.ids))
+        args.run(args)          # a command prints; what it returns (demo's merges) is no exit code
     # a TokenizerError, or an OSError (unreadable input, full disk): one line and exit code 2
     return run(command, (TokenizerError, OSError))
 

@@ -5,6 +5,8 @@ input gets one line naming the flag and the fix, exit code 2, before any work st
 - `in_range`, `writable`: argparse types for a bounded number and an output path (checked,
   nothing created).
 - `run`: calls a command; the library's own errors become that one line and exit code 2.
+- `add_arguments`, `add_commands`: a parser's flags, and a file's subcommands, from a table, so a
+  command line reads as one table of flags instead of a page of `add_argument` calls.
 
 Library code raises in library terms (the value and the fix); the CLI adds the flag's name.
 Only a `main()` or a parser builder imports this file (inside the function), so a chapter
@@ -28,20 +30,26 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def in_range(kind=int, low=None, high=None, low_open=False, high_open=False):
+def in_range(kind=int, low=None, high=None, low_open=False, high_open=False, rule=None):
     """argparse type: a finite int or float within the bounds (open ends with low_open/high_open).
+    A bad value is told "must be <rule>"; `rule` defaults to the bounds, and a caller with a unit
+    and an example to show gives its own.
 
     >>> in_range(float, 0.0, 1.0, low_open=True)("0.5")
     0.5
     >>> in_range(int, 0)("-1")
     Traceback (most recent call last):
     argparse.ArgumentTypeError: must be an integer >= 0, got '-1'
+    >>> in_range(float, 1.0, 1e15, rule="1 to 1e+15 parameters, e.g. 7e9")("0")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be 1 to 1e+15 parameters, e.g. 7e9, got '0'
     """
     def show(x):
         return f"{x:g}" if isinstance(x, float) else str(x)
     bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
               f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
-    rule = ("an integer " if kind is int else "a number ") + " and ".join(filter(None, bounds))
+    rule = rule or ("an integer " if kind is int else "a number ") + " and ".join(
+        filter(None, bounds))
 
     def parse(text: str):
         try:
@@ -104,6 +112,40 @@ def run(command, errors: tuple, prog: str | None = None) -> int:
                 if isinstance(e, OSError) else e)
         print(f"{prog}: error: {text}" if prog else f"error: {text}", file=sys.stderr)
         return 2
+
+
+def add_arguments(parser, flags) -> None:
+    """Add each `(name, options)` of `flags` to `parser`: `parser.add_argument(name, **options)`;
+    a tuple of names (`("-o", "--out")`) gives them all.
+
+    >>> p = Parser(prog="x")
+    >>> add_arguments(p, [("n", {"type": int}), ("--quick", {"action": "store_true"})])
+    >>> p.parse_args(["3", "--quick"])
+    Namespace(n=3, quick=True)
+    """
+    for names, options in flags:
+        parser.add_argument(*((names,) if isinstance(names, str) else names), **options)
+
+
+def add_commands(sub, commands: dict) -> dict:
+    """Add one subcommand per entry of `commands`, `{name: (help, run, flags)}`, to the subparsers
+    `sub`: its flags as in `add_arguments`, and `run` (the function the command calls with the
+    parsed arguments) as its default `args.run`. Returns the subcommands' parsers by name, for
+    flags another file adds.
+
+    >>> p = Parser(prog="x")
+    >>> parsers = add_commands(p.add_subparsers(dest="command"),
+    ...                        {"double": ("print 2n", lambda a: 2 * a.n, [("n", {"type": int})])})
+    >>> args = p.parse_args(["double", "21"])
+    >>> args.run(args)
+    42
+    """
+    parsers = {}
+    for name, (text, command, flags) in commands.items():
+        parsers[name] = sub.add_parser(name, help=text)
+        add_arguments(parsers[name], flags)
+        parsers[name].set_defaults(run=command)
+    return parsers
 
 
 def help_only(doc: str, runs: str, argv: list[str] | None = None) -> None:

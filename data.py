@@ -2384,7 +2384,8 @@ def train_quality_model(positives: list[str], negatives: list[str]) -> str:
     return str(path)
 
 
-def _cmd_prepare(args: argparse.Namespace) -> None:
+def _cmd_prepare(args: argparse.Namespace, prepare) -> None:
+    # prepare: data_at_scale.prepare, which runs this file's engine or the streaming one
     if bool(args.quality_positives) != bool(args.quality_negatives):
         raise DataError("--quality-positives and --quality-negatives go together; give both")
     model = (
@@ -2405,7 +2406,7 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         quality_threshold=args.quality_threshold,
         quality_model=model,
     )
-    out = args.prepare(
+    out = prepare(
         args.data,
         args.out,
         vocab_size=args.vocab_size,
@@ -2473,172 +2474,117 @@ def _cmd_html(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
     import store
-    from cli import Parser, in_range, run, writable
+    from cli import Parser, add_commands, in_range, run, writable
     # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
     import data_at_scale
     parser = Parser(prog=prog, description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    p = sub.add_parser(
-        "prepare", help="clean, dedup, split, train/reuse the tokenizer, encode and pack shards"
-    )
-    p.add_argument(
-        "--data",
-        nargs="+",
-        default=["pydocs"],
-        help="sources: pydocs, pystdlib, hf:NAME, files/dirs/globs (.txt .jsonl .parquet .raw "
-             ".html .py, .gz), or their URIs in an object store (s3://bucket/web/*.parquet, gs://, "
-             "hdfs://, file://)",
-    )
-    p.add_argument("--vocab-size", type=in_range(int, 257, 2**32), default=DEFAULT_VOCAB_SIZE,
-                   help="BPE vocabulary (default %(default)s)")
-    p.add_argument(
-        "--out",
-        type=writable("dir", elsewhere=store.is_uri),
-        default=None,
-        help="output directory or object-store URI, e.g. s3://bucket/datasets/name (default: a "
-             "cache dir in $PRETRAIN_CACHE or .cache/)",
-    )
-    p.add_argument("--seed", type=in_range(int, 0, SEED_MAX), default=0,
-                   help="seeds the split, the tokenizer sample, mixing and order")
-    p.add_argument("--val-fraction", type=in_range(float, 0.0, 1.0, high_open=True), default=0.05,
-                   help="documents held out for validation")
-    p.add_argument(
-        "--val-data",
-        nargs="+",
-        default=None,
-        metavar="PATH",
-        help="held-out file(s) used verbatim as the val split (replaces --val-fraction); their "
-             "13-gram overlap with train is reported",
-    )
-    p.add_argument(
-        "--cleaning",
-        choices=CLEANING_CHOICES,
-        default="auto",
-        help="auto: the funnel for web-like sources (.jsonl .parquet .html hf: pydocs pystdlib), "
-             "local text (.txt .md .raw .py) kept whole; web: the funnel for every source; keep: "
-             "none",
-    )
-    p.add_argument("--weights", type=in_range(float, 0.0, TOKENS_MAX, low_open=True), nargs="+",
-                   default=None,
-                   help="mixing weight per source, in order")
-    p.add_argument("--train-tokens", type=in_range(float, 1.0, TOKENS_MAX), default=None,
-                   help="train token budget for the mix (e.g. 5e6)")
-    p.add_argument(
-        "--tokenizer", default=None, help="reuse this bpe.py tokenizer JSON instead of training one"
-    )
-    p.add_argument("--tokenizer-train-mb", type=in_range(float, 1e-6, 1e6), default=4.0,
-                       # >= 1 byte
-                   help="MB of train text the tokenizer trains on (default %(default)s)")
-    p.add_argument(
-        "--filters",
-        choices=FILTER_CHOICES,
-        default="auto",
-        help="quality rules: auto = Gopher for prose, code rules for code; gopher-handout = only "
-             "the Gopher rules of CS336's data handout (word count, word length, ellipsis lines, "
-             "alphabetic)",
-    )
-    p.add_argument(
-        "--line-dedup",
-        choices=LINE_DEDUP_CHOICES,
-        default="documents",
-        help="documents: remove boilerplate lines (see --boilerplate-min-documents); occurrences: "
-             "remove every line seen more than once in the corpus (CS336's exact line dedup)",
-    )
-    p.add_argument("--near-dup-threshold", type=in_range(float, 0.0, 1.0, high_open=True),
-                   default=0.5,
-                   help="Jaccard threshold; 0 turns near-dedup off")
-    p.add_argument("--boilerplate-min-documents", type=in_range(int, 2), default=3,
-                   help="a prose line found in this many documents is boilerplate and removed")
-    p.add_argument(
-        "--strip-accents", action="store_true", help="near dedup compares texts without accents"
-    )
-    p.add_argument("--no-pii", action="store_true", help="do not mask emails, phones and IPs")
-    p.add_argument(
-        "--lang",
-        nargs="+",
-        default=[],
-        metavar="CODE",
-        help="keep only documents in these languages (ISO 639-1: en zh ...; classify.py)",
-    )
-    p.add_argument("--lang-threshold", type=float, default=0.65, help="least language score kept")
-    p.add_argument("--quality-threshold", type=float, default=0.0,
-                   help="keep documents whose quality-classifier P(high) is at least this (0: off)")
-    p.add_argument("--quality-model", default="", help="a classifier file (default: classify.py's)")
-    p.add_argument(
-        "--quality-positives",
-        nargs="+",
-        default=[],
-        metavar="SOURCE",
-        help="train the quality classifier: reference-like sources (with --quality-negatives)",
-    )
-    p.add_argument(
-        "--quality-negatives", nargs="+", default=[], metavar="SOURCE", help="web-like sources"
-    )
-    p.add_argument(
-        "--text-field", default="text", help="the .jsonl/.parquet field holding the text"
-    )
-    p.add_argument(
-        "--txt-split",
-        choices=["auto", "eot", "blank", "file"],
-        default="auto",
-        help="how .txt files split into documents (auto: <|endoftext|> if present, else blank "
-             "lines; a file kept whole is cut only at <|endoftext|>)",
-    )
-    p.add_argument(
-        "--skip-bad-lines", action="store_true", help="skip and count malformed .jsonl lines"
-    )
-    p.add_argument("--max-documents", type=in_range(int, 1), default=None,
-                   help="read at most this many documents per source")
-    p.add_argument(
-        "--kind",
-        choices=["prose", "code", "html"],
-        default=None,
-        help="treat every source as this kind (default: by name and file type; .py files are code)",
-    )
-    p.add_argument("--threads", type=in_range(int, 1, 1024), default=None,
-                   help="encoding threads (default: all cores)")
-    # --workers, --chunk-mb, --engine, --ray-address, --work-dir
-    data_at_scale.add_engine_arguments(p)
-    p.set_defaults(run=_cmd_prepare)
-
-    p = sub.add_parser(
-        "mix", help="tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)"
-    )
-    p.add_argument("--tokens", type=in_range(float, 1.0, TOKENS_MAX), default=20e9)
-    p.add_argument(
-        "--weights", nargs="+", default=["web=0.70", "code=0.15", "books=0.10", "math=0.05"]
-    )
-    p.add_argument(
-        "--unique", nargs="*", default=["math=0.5e9"], help="unique tokens on hand per source"
-    )
-    p.set_defaults(run=_cmd_mix)
-
-    p = sub.add_parser(
-        "inspect", help="print a prepared dataset's funnel, sizes and a decoded sample"
-    )
-    p.add_argument("dir")
-    p.add_argument("--tokens", type=in_range(int, 1, 1_000_000), default=64)
-    p.set_defaults(run=_cmd_inspect)
-
-    p = sub.add_parser(
-        "download", help="copy a dataset published to an object store down to a local directory"
-    )
-    p.add_argument(
-        "uri", help="the dataset's URI, as given to prepare --out (s3://bucket/datasets/name)"
-    )
-    p.add_argument("dir", type=writable("dir"),
-                   help="local directory to create (train.py --data reads it)")
-    p.set_defaults(
-        run=lambda args: print(
-            f"downloaded {args.uri} to {data_at_scale.download(args.uri, args.dir)}"
-        )
-    )
-
-    p = sub.add_parser("html", help="print the text extracted from an HTML file")
-    p.add_argument("file")
-    p.set_defaults(run=_cmd_html)
+    add_commands(sub, {
+        "prepare": ("clean, dedup, split, train/reuse the tokenizer, encode and pack shards",
+                    lambda args: _cmd_prepare(args, data_at_scale.prepare), [
+            ("--data", {"nargs": "+", "default": ["pydocs"],
+                        "help": "sources: pydocs, pystdlib, hf:NAME, files/dirs/globs (.txt .jsonl "
+                                ".parquet .raw .html .py, .gz), or their URIs in an object store "
+                                "(s3://bucket/web/*.parquet, gs://, hdfs://, file://)"}),
+            ("--vocab-size", {"type": in_range(int, 257, 2**32), "default": DEFAULT_VOCAB_SIZE,
+                              "help": "BPE vocabulary (default %(default)s)"}),
+            ("--out", {"type": writable("dir", elsewhere=store.is_uri), "default": None,
+                       "help": "output directory or object-store URI, e.g. "
+                               "s3://bucket/datasets/name (default: a cache dir in "
+                               "$PRETRAIN_CACHE or .cache/)"}),
+            ("--seed", {"type": in_range(int, 0, SEED_MAX), "default": 0,
+                        "help": "seeds the split, the tokenizer sample, mixing and order"}),
+            ("--val-fraction", {"type": in_range(float, 0.0, 1.0, high_open=True),
+                                "default": 0.05, "help": "documents held out for validation"}),
+            ("--val-data", {"nargs": "+", "default": None, "metavar": "PATH",
+                            "help": "held-out file(s) used verbatim as the val split (replaces "
+                                    "--val-fraction); their 13-gram overlap with train is "
+                                    "reported"}),
+            ("--cleaning", {"choices": CLEANING_CHOICES, "default": "auto",
+                            "help": "auto: the funnel for web-like sources (.jsonl .parquet .html "
+                                    "hf: pydocs pystdlib), local text (.txt .md .raw .py) kept "
+                                    "whole; web: the funnel for every source; keep: none"}),
+            ("--weights", {"type": in_range(float, 0.0, TOKENS_MAX, low_open=True), "nargs": "+",
+                           "default": None, "help": "mixing weight per source, in order"}),
+            ("--train-tokens", {"type": in_range(float, 1.0, TOKENS_MAX), "default": None,
+                                "help": "train token budget for the mix (e.g. 5e6)"}),
+            ("--tokenizer", {"default": None,
+                             "help": "reuse this bpe.py tokenizer JSON instead of training one"}),
+            # >= 1 byte
+            ("--tokenizer-train-mb", {"type": in_range(float, 1e-6, 1e6), "default": 4.0,
+                                      "help": "MB of train text the tokenizer trains on (default "
+                                              "%(default)s)"}),
+            ("--filters", {"choices": FILTER_CHOICES, "default": "auto",
+                           "help": "quality rules: auto = Gopher for prose, code rules for code; "
+                                   "gopher-handout = only the Gopher rules of CS336's data handout "
+                                   "(word count, word length, ellipsis lines, alphabetic)"}),
+            ("--line-dedup", {"choices": LINE_DEDUP_CHOICES, "default": "documents",
+                              "help": "documents: remove boilerplate lines (see "
+                                      "--boilerplate-min-documents); occurrences: remove every "
+                                      "line seen more than once in the corpus (CS336's exact line "
+                                      "dedup)"}),
+            ("--near-dup-threshold", {"type": in_range(float, 0.0, 1.0, high_open=True),
+                                      "default": 0.5,
+                                      "help": "Jaccard threshold; 0 turns near-dedup off"}),
+            ("--boilerplate-min-documents", {"type": in_range(int, 2), "default": 3,
+                                             "help": "a prose line found in this many documents "
+                                                     "is boilerplate and removed"}),
+            ("--strip-accents", {"action": "store_true",
+                                 "help": "near dedup compares texts without accents"}),
+            ("--no-pii", {"action": "store_true", "help": "do not mask emails, phones and IPs"}),
+            ("--lang", {"nargs": "+", "default": [], "metavar": "CODE",
+                        "help": "keep only documents in these languages (ISO 639-1: en zh ...; "
+                                "classify.py)"}),
+            ("--lang-threshold", {"type": float, "default": 0.65,
+                                  "help": "least language score kept"}),
+            ("--quality-threshold", {"type": float, "default": 0.0,
+                                     "help": "keep documents whose quality-classifier P(high) is "
+                                             "at least this (0: off)"}),
+            ("--quality-model", {"default": "",
+                                 "help": "a classifier file (default: classify.py's)"}),
+            ("--quality-positives", {"nargs": "+", "default": [], "metavar": "SOURCE",
+                                     "help": "train the quality classifier: reference-like "
+                                             "sources (with --quality-negatives)"}),
+            ("--quality-negatives", {"nargs": "+", "default": [], "metavar": "SOURCE",
+                                     "help": "web-like sources"}),
+            ("--text-field", {"default": "text",
+                              "help": "the .jsonl/.parquet field holding the text"}),
+            ("--txt-split", {"choices": ["auto", "eot", "blank", "file"], "default": "auto",
+                             "help": "how .txt files split into documents (auto: <|endoftext|> if "
+                                     "present, else blank lines; a file kept whole is cut only at "
+                                     "<|endoftext|>)"}),
+            ("--skip-bad-lines", {"action": "store_true",
+                                  "help": "skip and count malformed .jsonl lines"}),
+            ("--max-documents", {"type": in_range(int, 1), "default": None,
+                                 "help": "read at most this many documents per source"}),
+            ("--kind", {"choices": ["prose", "code", "html"], "default": None,
+                        "help": "treat every source as this kind (default: by name and file type; "
+                                ".py files are code)"}),
+            ("--threads", {"type": in_range(int, 1, 1024), "default": None,
+                           "help": "encoding threads (default: all cores)"}),
+            # --workers, --chunk-mb, --engine, --ray-address, --work-dir
+            *data_at_scale.ENGINE_FLAGS]),
+        "mix": ("tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)",
+                _cmd_mix, [
+            ("--tokens", {"type": in_range(float, 1.0, TOKENS_MAX), "default": 20e9}),
+            ("--weights", {"nargs": "+",
+                           "default": ["web=0.70", "code=0.15", "books=0.10", "math=0.05"]}),
+            ("--unique", {"nargs": "*", "default": ["math=0.5e9"],
+                          "help": "unique tokens on hand per source"})]),
+        "inspect": ("print a prepared dataset's funnel, sizes and a decoded sample", _cmd_inspect, [
+            ("dir", {}),
+            ("--tokens", {"type": in_range(int, 1, 1_000_000), "default": 64})]),
+        "download": ("copy a dataset published to an object store down to a local directory",
+                     lambda args: print(f"downloaded {args.uri} to "
+                                        f"{data_at_scale.download(args.uri, args.dir)}"), [
+            ("uri", {"help": "the dataset's URI, as given to prepare --out "
+                             "(s3://bucket/datasets/name)"}),
+            ("dir", {"type": writable("dir"),
+                     "help": "local directory to create (train.py --data reads it)"})]),
+        "html": ("print the text extracted from an HTML file", _cmd_html, [("file", {})]),
+    })
 
     args = parser.parse_args(argv)
     if run(lambda: args.run(args), (DataError, bpe.TokenizerError, dedup.DedupError)):

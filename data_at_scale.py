@@ -100,7 +100,7 @@ object by URI and each task opens it itself: a .jsonl range is one seek and sequ
 one every node mounts), since they are renamed, appended and memory-mapped; the dataset is published
 to the store by store.publish (manifest last), and `python data.py download` (`download`, section 4)
 copies one down for the loader, which memory-maps shards. The engine's flags of `python data.py
-prepare` are this file's too (`add_engine_arguments`), checked by `prepare` before any work.
+prepare` are this file's too (`ENGINE_FLAGS`), checked by `prepare` before any work.
 
 A job that dies leaves nothing running and nothing it should not: a worker process asks the kernel
 to kill it when its parent dies (prctl PR_SET_PDEATHSIG on Linux, and a check of its parent's pid),
@@ -118,7 +118,6 @@ URIs).
 """
 from __future__ import annotations
 
-import argparse
 import array
 import codecs
 import collections
@@ -428,10 +427,9 @@ def cut_stream(
             continue
         # nothing of this document yet: strip its start
         if not text:
-            first = _NON_SPACE.search(fragment)
-            if first is None:
+            fragment = fragment.lstrip()
+            if not fragment:
                 continue
-            fragment = fragment[first.start():]
         text, start = text[start:] + fragment, 0
         while _NON_SPACE.search(text, start + max_chars):
             cut = data.cut_position(text[start:start + max_chars + 1], max_chars)
@@ -456,10 +454,9 @@ def stripped_chars(fragments: Iterable[str | None], limit: int) -> int:
             total, length, last = total + last, 0, 0
             continue
         if not length:
-            first = _NON_SPACE.search(fragment)
-            if first is None:
+            fragment = fragment.lstrip()
+            if not fragment:
                 continue
-            fragment = fragment[first.start():]
         end = len(fragment.rstrip())
         if end:
             last = length + end
@@ -2136,36 +2133,28 @@ def fits_in_memory(sources: list[data.Source], val_files: list[pathlib.Path]) ->
     return sum(pathlib.Path(f).stat().st_size for f in files) <= IN_MEMORY_MAX_BYTES
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """`python data.py prepare`'s flags for this file's engines; `prepare` checks their values
-    before any work (a bad one is one line naming the flag, as data.py's own flags are)."""
-    parser.add_argument("--workers", type=int, default=None,
-                        help="processes for the per-document steps (default: all cores)")
-    parser.add_argument(
-        "--chunk-mb",
-        type=float,
-        default=CHUNK_BYTES / 2**20,
-        help="MiB of input per chunk, the unit of parallel work and of resuming "
-        "(default %(default)g)",
-    )
-    parser.add_argument("--engine", choices=ENGINES, default="auto",
-                        help=f"auto: data.py's in-memory reference engine for the embedded corpora "
-                             f"and local inputs up to {IN_MEMORY_MAX_BYTES >> 20} MiB, else stream;"
-                             f" memory: always the reference; stream (or local): worker processes"
-                             f" here; ray: the stream's steps as Ray tasks (pip install ray); all "
-                             f"write the same bytes")
-    parser.add_argument(
-        "--ray-address",
-        default=None,
-        help="with --engine ray: auto or HOST:PORT of a running cluster (default: start Ray here)",
-    )
-    parser.add_argument(
-        "--work-dir",
-        default=None,
-        help="where the streaming engine's work files go (default: beside a local --out, the temp "
-        "folder for a URI); on a multi-node cluster a folder every node sees",
-    )
-    parser.set_defaults(prepare=prepare)
+# `python data.py prepare`'s flags for this file's engines (rows of cli.add_arguments); `prepare`
+# checks their values before any work (a bad one is one line naming the flag, as data.py's own are)
+ENGINE_FLAGS = [
+    ("--workers", {"type": int, "default": None,
+                   "help": "processes for the per-document steps (default: all cores)"}),
+    ("--chunk-mb", {"type": float, "default": CHUNK_BYTES / 2**20,
+                    "help": "MiB of input per chunk, the unit of parallel work and of resuming "
+                            "(default %(default)g)"}),
+    ("--engine", {"choices": ENGINES, "default": "auto",
+                  "help": f"auto: data.py's in-memory reference engine for the embedded corpora "
+                          f"and local inputs up to {IN_MEMORY_MAX_BYTES >> 20} MiB, else stream; "
+                          f"memory: always the reference; stream (or local): worker processes "
+                          f"here; ray: the stream's steps as Ray tasks (pip install ray); all "
+                          f"write the same bytes"}),
+    ("--ray-address", {"default": None,
+                       "help": "with --engine ray: auto or HOST:PORT of a running cluster "
+                               "(default: start Ray here)"}),
+    ("--work-dir", {"default": None,
+                    "help": "where the streaming engine's work files go (default: beside a local "
+                            "--out, the temp folder for a URI); on a multi-node cluster a folder "
+                            "every node sees"}),
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -2228,12 +2217,9 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
     return directory
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python data_at_scale.py ...` is `python data.py ...`: the command line is the chapter's."""
-    data.main(argv, prog="data_at_scale.py")
-
-
 if __name__ == "__main__":
-    # as the module `data_at_scale`, not `__main__`: Ray sends workers functions by name
-    import data_at_scale
-    data_at_scale.main()
+    # `python data_at_scale.py ...` is `python data.py ...`: the command line is the chapter's. Its
+    # main imports this file again as the module `data_at_scale`, not `__main__`: Ray sends workers
+    # functions by name
+    import data
+    data.main(prog="data_at_scale.py")

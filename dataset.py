@@ -448,10 +448,7 @@ def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> None:
-    from cli import help_only
-    help_only(__doc__, "No commands of its own: `python data.py prepare` runs it.", argv)
-
-
 if __name__ == "__main__":
-    main()
+    # no commands of its own: --help (or no argument) says what runs this file
+    import cli
+    cli.help_only(__doc__, "No commands of its own: `python data.py prepare` runs it.")

@@ -1661,107 +1661,93 @@ def _parse_settings(text: str) -> list[tuple[int, int, int]]:
     return settings
 
 
+def _cmd_experiment(args) -> None:
+    settings = _parse_settings(args.settings)
+    paragraphs = load_wikitext(args.data)
+    documents, planted = plant_near_duplicates(paragraphs, seed=args.seed)
+    result = run_experiment(
+        documents, planted, settings, args.threshold, seed=args.seed, verify=args.verify
+    )
+    result["data"] = str(args.data)
+    print(experiment_table(result))
+    write_atomic(args.out, json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+def _cmd_run(args) -> None:
+    try:                                          # fail before any data is read
+        resolve_bands_rows(args.threshold, args.num_perm, args.bands, args.rows)
+    except DedupError as e:
+        raise DedupError(
+            f"--num-perm {args.num_perm} --bands {args.bands} --rows {args.rows}: {e}"
+        ) from None
+    report = dedup_files(
+        args.input,
+        args.out,
+        args.threshold,
+        args.num_perm,
+        args.bands,
+        args.rows,
+        args.n,
+        args.seed,
+        args.verify,
+        args.text_field,
+        args.split,
+        args.strip_accents,
+    )
+    print(
+        f"{report['documents']} documents, {report['clusters']} clusters, "
+        f"removed {report['removed']}, "
+        f"kept {report['kept']} -> {args.out} ({report['seconds']:.2f} s)"
+    )
+
+
 def main(argv=None) -> None:
-    from cli import Parser, in_range, run as run_cli, writable
+    from cli import Parser, add_commands, in_range, run, writable
     parser = Parser(prog="dedup.py",
                     description="Near-duplicate detection with MinHash + LSH (see the docstring).")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    commands.add_parser("demo", help="print the lecture's worked numbers")
-    exp = commands.add_parser(
-        "experiment", help="the lecture's exercise: planted near-duplicates in WikiText-2"
-    )
-    exp.add_argument(
-        "--data",
-        default=str(DEFAULT_WIKITEXT) if DEFAULT_WIKITEXT.is_file() else "hf",
-        help="raw WikiText file, or 'hf' for the Hugging Face train split (default: %(default)s)",
-    )
-    exp.add_argument(
-        "--settings",
-        default=",".join(":".join(map(str, s)) for s in DEFAULT_SETTINGS),
-        help="k:bands:rows,... (default: %(default)s)",
-    )
-    exp.add_argument("--verify", choices=("estimate", "exact"), default="estimate",
-                     help="how candidates are confirmed (default: the MinHash estimate)")
-    exp.add_argument("--out", type=writable("file"), default="out/dedup_experiment.json",
-                     help="JSON results (default: %(default)s)")
-    run = commands.add_parser("run", help="deduplicate corpus files")
-    run.add_argument(
-        "--input", nargs="+", required=True, help=".jsonl (one object per line) or text files"
-    )
-    run.add_argument("--out", type=writable("file"), required=True,
-                     help="output file (.jsonl or text)")
-    for flag, default in (("--num-perm", 128), ("--bands", None), ("--rows", None)):
-        run.add_argument(flag, type=in_range(int, 1, MAX_NUM_PERM), default=default)
-    run.add_argument("--n", type=in_range(int, 1, 100), default=3,
-                     help="words per shingle (default: %(default)s)")
-    run.add_argument("--verify", choices=("exact", "estimate"), default="exact")
-    run.add_argument(
-        "--text-field", default="text", help="jsonl field holding the text (default: %(default)s)"
-    )
-    run.add_argument(
-        "--split",
-        choices=("auto", "line", "blank"),
-        default="auto",
-        help="text files: one document per line, or blank-line separated (default: %(default)s)",
-    )
-    run.add_argument(
-        "--strip-accents",
-        action="store_true",
-        help="compare texts without their accents (NFD, combining marks dropped): café = cafe",
-    )
-    for sub in (exp, run):
-        sub.add_argument(
-            "--threshold",
-            type=in_range(float, 0.0, 1.0, low_open=True, high_open=True),
-            default=0.5,
-        )
-        sub.add_argument("--seed", type=in_range(int, 0, SEED_MAX), default=0)
+    # the flags `experiment` and `run` share, after each one's own
+    shared = [("--threshold", {"type": in_range(float, 0.0, 1.0, low_open=True, high_open=True),
+                               "default": 0.5}),
+              ("--seed", {"type": in_range(int, 0, SEED_MAX), "default": 0})]
+    add_commands(parser.add_subparsers(dest="command", required=True, parser_class=Parser), {
+        "demo": ("print the lecture's worked numbers", lambda args: print(demo()), []),
+        "experiment": ("the lecture's exercise: planted near-duplicates in WikiText-2",
+                       _cmd_experiment, [
+            ("--data", {"default": str(DEFAULT_WIKITEXT) if DEFAULT_WIKITEXT.is_file() else "hf",
+                        "help": "raw WikiText file, or 'hf' for the Hugging Face train split "
+                                "(default: %(default)s)"}),
+            ("--settings", {"default": ",".join(":".join(map(str, s)) for s in DEFAULT_SETTINGS),
+                            "help": "k:bands:rows,... (default: %(default)s)"}),
+            ("--verify", {"choices": ("estimate", "exact"), "default": "estimate",
+                          "help": "how candidates are confirmed (default: the MinHash estimate)"}),
+            ("--out", {"type": writable("file"), "default": "out/dedup_experiment.json",
+                       "help": "JSON results (default: %(default)s)"}),
+            *shared]),
+        "run": ("deduplicate corpus files", _cmd_run, [
+            ("--input", {"nargs": "+", "required": True,
+                         "help": ".jsonl (one object per line) or text files"}),
+            ("--out", {"type": writable("file"), "required": True,
+                       "help": "output file (.jsonl or text)"}),
+            *[(flag, {"type": in_range(int, 1, MAX_NUM_PERM), "default": default})
+              for flag, default in (("--num-perm", 128), ("--bands", None), ("--rows", None))],
+            ("--n", {"type": in_range(int, 1, 100), "default": 3,
+                     "help": "words per shingle (default: %(default)s)"}),
+            ("--verify", {"choices": ("exact", "estimate"), "default": "exact"}),
+            ("--text-field", {"default": "text",
+                              "help": "jsonl field holding the text (default: %(default)s)"}),
+            ("--split", {"choices": ("auto", "line", "blank"), "default": "auto",
+                         "help": "text files: one document per line, or blank-line separated "
+                                 "(default: %(default)s)"}),
+            ("--strip-accents", {"action": "store_true",
+                                 "help": "compare texts without their accents (NFD, combining "
+                                         "marks dropped): café = cafe"}),
+            *shared]),
+    })
     args = parser.parse_args(argv)
-
-    def command():
-        if args.command == "demo":
-            print(demo())
-        elif args.command == "experiment":
-            settings = _parse_settings(args.settings)
-            paragraphs = load_wikitext(args.data)
-            documents, planted = plant_near_duplicates(paragraphs, seed=args.seed)
-            result = run_experiment(
-                documents, planted, settings, args.threshold, seed=args.seed, verify=args.verify
-            )
-            result["data"] = str(args.data)
-            print(experiment_table(result))
-            write_atomic(args.out, json.dumps(result, indent=2) + "\n")
-            print(f"wrote {args.out}")
-        else:
-            try:                                          # fail before any data is read
-                resolve_bands_rows(args.threshold, args.num_perm, args.bands, args.rows)
-            except DedupError as e:
-                raise DedupError(
-                    f"--num-perm {args.num_perm} --bands {args.bands} --rows {args.rows}: {e}"
-                ) from None
-            report = dedup_files(
-                args.input,
-                args.out,
-                args.threshold,
-                args.num_perm,
-                args.bands,
-                args.rows,
-                args.n,
-                args.seed,
-                args.verify,
-                args.text_field,
-                args.split,
-                args.strip_accents,
-            )
-            print(
-                f"{report['documents']} documents, {report['clusters']} clusters, "
-                f"removed {report['removed']}, "
-                f"kept {report['kept']} -> {args.out} ({report['seconds']:.2f} s)"
-            )
-
     # a DedupError, or an OSError (unreadable input, full disk): one line, exit code 2 (SystemExit,
     # as a script); success returns None, so a caller in this process goes on
-    if run_cli(command, (DedupError, OSError)):
+    if run(lambda: args.run(args), (DedupError, OSError)):
         sys.exit(2)
 
 

@@ -282,11 +282,8 @@ def hold(path: str | os.PathLike,
         remove_if_empty(made)
 
 
-def main(argv: list[str] | None = None) -> None:
-    from cli import help_only
-    help_only(__doc__, "No commands of its own: every chapter reads and writes its files "
-              "through it.", argv)
-
-
 if __name__ == "__main__":
-    main()
+    # no commands of its own: --help (or no argument) says what runs this file
+    import cli
+    cli.help_only(__doc__, "No commands of its own: every chapter reads and writes its files "
+                  "through it.")

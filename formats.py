@@ -79,15 +79,20 @@ def _read_bytes(path: pathlib.Path | str) -> bytes:
     return raw
 
 
-def read_text(path: pathlib.Path) -> str:
-    """A (possibly gzipped) file as UTF-8 text with universal newlines."""
+def _read_utf8(path: pathlib.Path | str, flag: str = "") -> str:
+    """A (possibly gzipped) file's UTF-8 text, as it is; text that is not UTF-8 is one line (naming
+    the flag that gave the file, if any)."""
     try:
-        text = _read_bytes(path).decode("utf-8")
+        return _read_bytes(path).decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(
-            f"{path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv"
+            f"{flag}{path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv"
         ) from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_text(path: pathlib.Path) -> str:
+    """A (possibly gzipped) file as UTF-8 text with universal newlines."""
+    return _read_utf8(path).replace("\r\n", "\n").replace("\r", "\n")
 
 
 def inner_suffix(path: pathlib.Path | str) -> str:
@@ -444,20 +449,11 @@ def read_val_file(path: pathlib.Path) -> list[str]:
         return list(read_jsonl(path))
     if reader == "parquet":
         return list(read_parquet(path))
-    try:
-        text = _read_bytes(path).decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"--val-data {path} is not UTF-8 text (byte {e.start}); convert it, e.g. with iconv"
-        ) from None
-    return [part for part in text.split(EOT) if part.strip()]
-
-
-def main(argv: list[str] | None = None) -> None:
-    from cli import help_only
-    help_only(__doc__, "No commands of its own: `python data.py prepare --data FILES` reads them "
-              "through it.", argv)
+    return [part for part in _read_utf8(path, "--val-data ").split(EOT) if part.strip()]
 
 
 if __name__ == "__main__":
-    main()
+    # no commands of its own: --help (or no argument) says what runs this file
+    import cli
+    cli.help_only(__doc__, "No commands of its own: `python data.py prepare --data FILES` reads "
+                  "them through it.")

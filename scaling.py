@@ -1365,19 +1365,9 @@ def _number(what: str):
     Traceback (most recent call last):
     argparse.ArgumentTypeError: must be 1e+06 to 1e+30 FLOPs, e.g. 1.2e20, got '1e-300'
     """
+    from cli import in_range
     low, high, unit, example = QUANTITIES[what]
-
-    def parse(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            x = math.nan
-        if not low <= x <= high:  # NaN fails both comparisons
-            raise argparse.ArgumentTypeError(
-                f"must be {low:g} to {high:g} {unit}, e.g. {example}, got {text!r}"
-            )
-        return x
-    return parse
+    return in_range(float, low, high, rule=f"{low:g} to {high:g} {unit}, e.g. {example}")
 
 
 def _whole(text: str) -> float:
@@ -1464,147 +1454,85 @@ def _lesson() -> str:
 def build_parser(add_experiments=None) -> argparse.ArgumentParser:
     """The calculator's and the fit's subcommands; add_experiments(sub) adds more (main passes
     sweep.py's)."""
-    from cli import Parser, in_range, writable
+    from cli import Parser, add_commands, in_range, writable
     p = Parser(prog="scaling.py",
                description="Plan a pretraining run (C = 6ND, Chinchilla, memory) and fit scaling "
                            "laws to runs. With no subcommand: the lecture's worked example.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     fraction = in_range(float, 0.0, 1.0, low_open=True)
-
-    s = sub.add_parser("budget", help="N, D, steps and GPU time for a compute budget")
-    s.add_argument("compute", type=_number("compute"), help="FLOPs, e.g. 1.2e20")
-    s.add_argument(
-        "--tokens-per-param",
-        type=_number("tokens per parameter"),
-        default=20.0,
-        help="D = R·N (default 20, Chinchilla)",
-    )
-    s.add_argument(
-        "--tokens-per-step",
-        type=_number("tokens per step"),
-        default=5e5,
-        help="global batch in tokens (default 5e5)",
-    )
-    s.add_argument(
-        "--gpu",
-        choices=sorted(GPUS),
-        help="take the peak from the hardware table (MFU default 0.4)",
-    )
-    s.add_argument("--gpus", type=_whole, default=8, help="GPUs for the wall time (default 8)")
-    s.add_argument("--flops-per-gpu", type=_number("FLOP/s"), default=None,
-                   help="peak FLOP/s per GPU (default: the lecture's achieved 2e14, with MFU 1)")
-    s.add_argument(
-        "--mfu", type=fraction, default=None, help="fraction of the peak achieved, in (0, 1]"
-    )
-    s.set_defaults(run=_cmd_budget)
-
-    s = sub.add_parser("isoflop", help="the Chinchilla IsoFLOP table and the compute-optimal size")
-    s.add_argument("compute", type=_number("compute"), help="FLOPs, e.g. 1.2e20")
-    s.add_argument(
-        "--fit",
-        choices=sorted(FITS),
-        default="hoffmann",
-        help="which published fit (default hoffmann)",
-    )
-    s.add_argument(
-        "--sizes",
-        type=_number("parameters"),
-        nargs="+",
-        default=list(LECTURE_SIZES),
-        help="model sizes N",
-    )
-    s.set_defaults(run=lambda a: isoflop_report(a.compute, a.fit, a.sizes))
-
-    for name, text, report in (
-        (
-            "kaplan",
-            "Kaplan et al. 2020's power laws next to Chinchilla's allocation",
-            kaplan_report,
-        ),
-        ("hardware", "the GPU table (bf16 dense peaks)", hardware_report),
-    ):
-        sub.add_parser(name, help=text).set_defaults(run=lambda a, report=report: report())
-
-    s = sub.add_parser("verdicts", help="tokens per parameter of real models against 20:1")
-    s.add_argument(
-        "--params", type=_number("parameters"), help="judge your own model: parameters ..."
-    )
-    s.add_argument("--tokens", type=_number("tokens"), help="... and training tokens")
-    s.set_defaults(run=lambda a: (f"{a.params:.3g} parameters, {a.tokens:.3g} tokens: "
-                                  f"{tokens_per_param_verdict(a.params, a.tokens)}"
-                                  if a.params and a.tokens else verdicts_report()))
-
-    s = sub.add_parser("trillion", help="the exercise: a 1T-parameter model at D = 20N on H100s")
-    s.add_argument("--params", type=_number("parameters"), default=1e12)
-    s.add_argument("--tokens-per-param", type=_number("tokens per parameter"), default=20.0)
-    s.add_argument("--gpu", choices=sorted(GPUS), default="H100")
-    s.add_argument(
-        "--mfu", type=fraction, default=0.4, help="fraction of peak, in (0, 1] (default 0.4)"
-    )
-    s.add_argument("--active-fraction", type=fraction, default=37 / 671,
-                   help="MoE: active / total parameters (default DeepSeek-V3's 37/671)")
-    s.set_defaults(
-        run=lambda a: trillion_report(a.params, a.tokens_per_param, a.gpu, a.mfu, a.active_fraction)
-    )
-
-    s = sub.add_parser(
-        "memory", help="training-state bytes per GPU by ZeRO stage, plus activations"
-    )
-    s.add_argument(
-        "params",
-        type=_number("parameters"),
-        nargs="?",
-        default=7e9,
-        help="parameters (default 7e9)",
-    )
-    s.add_argument("--gpus", type=_whole, default=8)
-    s.add_argument("--gpu-memory", type=_number("GB"), default=80.0, help="GB per GPU (default 80)")
-    for flag, default in (
-        ("--layers", 32),
-        ("--d-model", 4096),
-        ("--heads", 32),
-        ("--seq-len", 4096),
-        ("--micro-batch", 1),
-    ):
-        s.add_argument(
-            flag,
-            type=_whole,
-            default=default,
-            help=f"activation estimate (default {default}: a 7B shape)",
-        )
-    s.set_defaults(run=_cmd_memory)
-
-    s = sub.add_parser("bubble", help="pipeline bubble (p-1)/(m+p-1)")
-    s.add_argument("p", type=_whole, help="pipeline stages")
-    s.add_argument("m", type=_whole, help="micro-batches per step")
-    s.set_defaults(
-        run=lambda a: (
-            f"p={a.p:g}, m={a.m:g}: bubble = ({a.p:g}-1)/({a.m:g}+{a.p:g}-1) = "
-            f"{pipeline_bubble(a.p, a.m):.1%}"
-        )
-    )
-
-    s = sub.add_parser(
-        "fit", help="fit Approaches 1-3 to runs (JSON/JSONL of parameters, tokens or compute, loss)"
-    )
-    s.add_argument("runs", help="runs file, e.g. ../shared/data/cs336/a3/data/isoflops_curves.json")
-    s.add_argument(
-        "--target-compute",
-        type=_number("compute"),
-        default=1e23,
-        help="where to report N_opt, D_opt",
-    )
-    s.add_argument(
-        "--bootstrap",
-        type=in_range(int, 0, 10_000),
-        default=100,
-        help="bootstrap resamples (default 100)",
-    )
-    s.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), default=0)
-    s.add_argument(
-        "--plot", type=writable("file"), help="also draw the runs and the fits to this PNG"
-    )
-    s.set_defaults(run=_cmd_fit)
+    compute = ("compute", {"type": _number("compute"), "help": "FLOPs, e.g. 1.2e20"})
+    # the activation estimate's shape flags: a 7B model's by default
+    shape = [(flag, {"type": _whole, "default": default,
+                     "help": f"activation estimate (default {default}: a 7B shape)"})
+             for flag, default in (("--layers", 32), ("--d-model", 4096), ("--heads", 32),
+                                   ("--seq-len", 4096), ("--micro-batch", 1))]
+    add_commands(sub, {
+        "budget": ("N, D, steps and GPU time for a compute budget", _cmd_budget, [
+            compute,
+            ("--tokens-per-param", {"type": _number("tokens per parameter"), "default": 20.0,
+                                    "help": "D = R·N (default 20, Chinchilla)"}),
+            ("--tokens-per-step", {"type": _number("tokens per step"), "default": 5e5,
+                                   "help": "global batch in tokens (default 5e5)"}),
+            ("--gpu", {"choices": sorted(GPUS),
+                       "help": "take the peak from the hardware table (MFU default 0.4)"}),
+            ("--gpus", {"type": _whole, "default": 8,
+                        "help": "GPUs for the wall time (default 8)"}),
+            ("--flops-per-gpu", {"type": _number("FLOP/s"), "default": None,
+                                 "help": "peak FLOP/s per GPU (default: the lecture's achieved "
+                                         "2e14, with MFU 1)"}),
+            ("--mfu", {"type": fraction, "default": None,
+                       "help": "fraction of the peak achieved, in (0, 1]"})]),
+        "isoflop": ("the Chinchilla IsoFLOP table and the compute-optimal size",
+                    lambda a: isoflop_report(a.compute, a.fit, a.sizes), [
+            compute,
+            ("--fit", {"choices": sorted(FITS), "default": "hoffmann",
+                       "help": "which published fit (default hoffmann)"}),
+            ("--sizes", {"type": _number("parameters"), "nargs": "+",
+                         "default": list(LECTURE_SIZES), "help": "model sizes N"})]),
+        "kaplan": ("Kaplan et al. 2020's power laws next to Chinchilla's allocation",
+                   lambda a: kaplan_report(), []),
+        "hardware": ("the GPU table (bf16 dense peaks)", lambda a: hardware_report(), []),
+        "verdicts": ("tokens per parameter of real models against 20:1",
+                     lambda a: (f"{a.params:.3g} parameters, {a.tokens:.3g} tokens: "
+                                f"{tokens_per_param_verdict(a.params, a.tokens)}"
+                                if a.params and a.tokens else verdicts_report()), [
+            ("--params", {"type": _number("parameters"),
+                          "help": "judge your own model: parameters ..."}),
+            ("--tokens", {"type": _number("tokens"), "help": "... and training tokens"})]),
+        "trillion": ("the exercise: a 1T-parameter model at D = 20N on H100s",
+                     lambda a: trillion_report(a.params, a.tokens_per_param, a.gpu, a.mfu,
+                                               a.active_fraction), [
+            ("--params", {"type": _number("parameters"), "default": 1e12}),
+            ("--tokens-per-param", {"type": _number("tokens per parameter"), "default": 20.0}),
+            ("--gpu", {"choices": sorted(GPUS), "default": "H100"}),
+            ("--mfu", {"type": fraction, "default": 0.4,
+                       "help": "fraction of peak, in (0, 1] (default 0.4)"}),
+            ("--active-fraction", {"type": fraction, "default": 37 / 671,
+                                   "help": "MoE: active / total parameters (default DeepSeek-V3's "
+                                           "37/671)"})]),
+        "memory": ("training-state bytes per GPU by ZeRO stage, plus activations", _cmd_memory, [
+            ("params", {"type": _number("parameters"), "nargs": "?", "default": 7e9,
+                        "help": "parameters (default 7e9)"}),
+            ("--gpus", {"type": _whole, "default": 8}),
+            ("--gpu-memory", {"type": _number("GB"), "default": 80.0,
+                              "help": "GB per GPU (default 80)"}),
+            *shape]),
+        "bubble": ("pipeline bubble (p-1)/(m+p-1)",
+                   lambda a: (f"p={a.p:g}, m={a.m:g}: bubble = ({a.p:g}-1)/({a.m:g}+{a.p:g}-1) = "
+                              f"{pipeline_bubble(a.p, a.m):.1%}"), [
+            ("p", {"type": _whole, "help": "pipeline stages"}),
+            ("m", {"type": _whole, "help": "micro-batches per step"})]),
+        "fit": ("fit Approaches 1-3 to runs (JSON/JSONL of parameters, tokens or compute, loss)",
+                _cmd_fit, [
+            ("runs", {"help": "runs file, e.g. ../shared/data/cs336/a3/data/isoflops_curves.json"}),
+            ("--target-compute", {"type": _number("compute"), "default": 1e23,
+                                  "help": "where to report N_opt, D_opt"}),
+            ("--bootstrap", {"type": in_range(int, 0, 10_000), "default": 100,
+                             "help": "bootstrap resamples (default 100)"}),
+            ("--seed", {"type": in_range(int, 0, 2**32 - 1), "default": 0}),
+            ("--plot", {"type": writable("file"),
+                        "help": "also draw the runs and the fits to this PNG"})]),
+    })
     if add_experiments is not None:
         add_experiments(sub)
     return p

@@ -314,11 +314,8 @@ def copy_down(
             shutil.copyfileobj(remote, local, 8 << 20)
 
 
-def main(argv: list[str] | None = None) -> None:
-    from cli import help_only
-    help_only(__doc__, "No commands of its own: `python data.py prepare --data s3://... "
-              "--out s3://...` runs it.", argv)
-
-
 if __name__ == "__main__":
-    main()
+    # no commands of its own: --help (or no argument) says what runs this file
+    import cli
+    cli.help_only(__doc__, "No commands of its own: `python data.py prepare --data s3://... "
+                  "--out s3://...` runs it.")

@@ -1714,98 +1714,67 @@ def _cmd_dedup_effect(args) -> str:
     return dedup_effect_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
 
 
-def _experiment_parser(sub, name: str, text: str, quick: str, run):
-    """A subcommand with the flags both experiments share: --quick, --workers, --threads, --out-dir,
-    --max-hours."""
+def _shared_flags(name: str, quick: str) -> list:
+    """The flags both experiments share (cli.add_arguments rows): --quick, --workers, --threads,
+    --out-dir, --max-hours."""
     from cli import in_range, writable
-    s = sub.add_parser(name, help=text)
-    s.add_argument("--quick", action="store_true", help=f"{quick}, for tests")
-    s.add_argument(
-        "--workers", type=in_range(int, 1, 64), help="training runs side by side (default 2)"
-    )
-    s.add_argument("--threads", type=in_range(int, 0, 1024),
-                   help="torch CPU threads per training run (default 1; 0 = torch's own)")
-    s.add_argument("--out-dir", type=writable("dir"), default=None,
-                   help=f"default out/{name} (quick: out/{name}-quick)")
-    s.add_argument(
-        "--max-hours",
-        type=in_range(float, 0.0, 1e6, low_open=True),
-        default=MAX_HOURS,
-        help=f"refuse runs estimated to take longer than this on this CPU (default {MAX_HOURS:g})",
-    )
-    s.set_defaults(run=run)
-    return s
+    return [
+        ("--quick", {"action": "store_true", "help": f"{quick}, for tests"}),
+        ("--workers", {"type": in_range(int, 1, 64),
+                       "help": "training runs side by side (default 2)"}),
+        ("--threads", {"type": in_range(int, 0, 1024),
+                       "help": "torch CPU threads per training run (default 1; 0 = torch's own)"}),
+        ("--out-dir", {"type": writable("dir"), "default": None,
+                       "help": f"default out/{name} (quick: out/{name}-quick)"}),
+        ("--max-hours", {"type": in_range(float, 0.0, 1e6, low_open=True), "default": MAX_HOURS,
+                         "help": f"refuse runs estimated to take longer than this on this CPU "
+                                 f"(default {MAX_HOURS:g})"}),
+    ]
 
 
 def add_commands(sub) -> None:
     """Add the `sweep` and `dedup-effect` subcommands to an argparse subparsers object
     (scaling.py's, or ours)."""
-    from cli import in_range
-
-    s = _experiment_parser(
-        sub,
-        "sweep",
-        "IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget",
-        "a tiny design on pydocs (seconds per run)",
-        _cmd_sweep,
-    )
-    s.add_argument(
-        "--budgets",
-        type=in_range(float, 1e6, 1e18),
-        nargs="+",
-        help="compute budgets in FLOPs (default 1e12 2e12 4e12 8e12; on a GPU 1e13 2e13 4e13 8e13)",
-    )
-    s.add_argument(
-        "--sizes", type=in_range(int, 3, 9), help="model sizes per budget, 3..9 (default 5)"
-    )
-    s.add_argument(
-        "--heldout-sizes",
-        type=int,
-        choices=(1, 3),
-        help="sizes trained at the held-out budget: 3 "
-        "(default: a parabola there measures the optimum too) or 1 (the predicted size only)",
-    )
-    s.add_argument(
-        "--device",
-        default="cpu",
-        help="cpu (default), or cuda / cuda:N: the same plan at 10x the "
-        "budgets, bf16, one run at a time",
-    )
-    s.add_argument(
-        "--data", help="corpus (default pystdlib, embedded) or a prepared dataset directory"
-    )
-    s.add_argument("--vocab-size", type=in_range(int, 257, 65536),
-                   help="BPE vocabulary when the corpus is prepared (default 512)")
-    s.add_argument(
-        "--lr-at-64",
-        type=in_range(float, 0.0, 1.0, low_open=True),
-        help="learning rate of a width-64 model; each size gets this·64/width (default 4e-3)",
-    )
-    s.add_argument(
-        "--bootstrap", type=in_range(int, 0, 10_000), help="bootstrap resamples (default 50)"
-    )
-    s.add_argument(
-        "--seed", type=in_range(int, 0, 2**32 - 1), help="seed of every run and of the bootstrap"
-    )
-    s.add_argument(
-        "--second-seeds",
-        type=in_range(int, 0, 9),
-        help="sizes nearest each budget's best run trained "
-        "again with seed + 1, and fitted as the mean of the two (default 3; 0 = one seed per "
-        "point)",
-    )
-
-    s = _experiment_parser(
-        sub,
-        "dedup-effect",
-        "1%% of documents repeated 50x vs dedup.py's cleaned corpus, 3 seeds",
-        "tiny runs (seconds each)",
-        _cmd_dedup_effect,
-    )
-    s.add_argument(
-        "--tokens", type=in_range(int, 1, 10**9), help="tokens trained per run (default 500000)"
-    )
-    s.add_argument("--seeds", type=in_range(int, 2, 20), help="seeds per corpus, 2..20 (default 3)")
+    from cli import add_commands as add_table, in_range
+    add_table(sub, {
+        "sweep": ("IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget",
+                  _cmd_sweep,
+                  _shared_flags("sweep", "a tiny design on pydocs (seconds per run)") + [
+            ("--budgets", {"type": in_range(float, 1e6, 1e18), "nargs": "+",
+                           "help": "compute budgets in FLOPs (default 1e12 2e12 4e12 8e12; on a "
+                                   "GPU 1e13 2e13 4e13 8e13)"}),
+            ("--sizes", {"type": in_range(int, 3, 9),
+                         "help": "model sizes per budget, 3..9 (default 5)"}),
+            ("--heldout-sizes", {"type": int, "choices": (1, 3),
+                                 "help": "sizes trained at the held-out budget: 3 (default: a "
+                                         "parabola there measures the optimum too) or 1 (the "
+                                         "predicted size only)"}),
+            ("--device", {"default": "cpu",
+                          "help": "cpu (default), or cuda / cuda:N: the same plan at 10x the "
+                                  "budgets, bf16, one run at a time"}),
+            ("--data", {"help": "corpus (default pystdlib, embedded) or a prepared dataset "
+                                "directory"}),
+            ("--vocab-size", {"type": in_range(int, 257, 65536),
+                              "help": "BPE vocabulary when the corpus is prepared (default 512)"}),
+            ("--lr-at-64", {"type": in_range(float, 0.0, 1.0, low_open=True),
+                            "help": "learning rate of a width-64 model; each size gets "
+                                    "this·64/width (default 4e-3)"}),
+            ("--bootstrap", {"type": in_range(int, 0, 10_000),
+                             "help": "bootstrap resamples (default 50)"}),
+            ("--seed", {"type": in_range(int, 0, 2**32 - 1),
+                        "help": "seed of every run and of the bootstrap"}),
+            ("--second-seeds", {"type": in_range(int, 0, 9),
+                                "help": "sizes nearest each budget's best run trained again with "
+                                        "seed + 1, and fitted as the mean of the two (default 3; "
+                                        "0 = one seed per point)"})]),
+        "dedup-effect": ("1%% of documents repeated 50x vs dedup.py's cleaned corpus, 3 seeds",
+                         _cmd_dedup_effect,
+                         _shared_flags("dedup-effect", "tiny runs (seconds each)") + [
+            ("--tokens", {"type": in_range(int, 1, 10**9),
+                          "help": "tokens trained per run (default 500000)"}),
+            ("--seeds", {"type": in_range(int, 2, 20),
+                         "help": "seeds per corpus, 2..20 (default 3)"})]),
+    })
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1132,9 +1132,7 @@ class Trainer:
         if resume_ckpt is not None:
             self.restore(resume_ckpt, rollback=False)
         # every input is known good: only now is anything written
-        self._make_out_dir()
-        if resume_ckpt is None:
-            self._clear_old_run()
+        self._make_out_dir(fresh=resume_ckpt is None)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.dist.is_main)
         if resume_ckpt is not None:
             self.metrics.write(
@@ -1196,9 +1194,11 @@ class Trainer:
         except TrainError as e:
             raise TrainError(f"{flag}: {e}") from e
 
-    def _make_out_dir(self) -> None:
+    def _make_out_dir(self, fresh: bool) -> None:
         """Create out-dir (every rank; the same directory) and sweep away temp files of writes
-        killed mid-way."""
+        killed mid-way. A `fresh` run (not resumed; --overwrite, where a run was there) deletes the
+        previous run's checkpoints and metrics: only now, once the new run is fully built, so a typo
+        in another flag never costs the old run."""
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -1207,11 +1207,7 @@ class Trainer:
             )
         if self.dist.is_main:
             remove_stale_temp_files(self.out_dir, self.log)
-
-    def _clear_old_run(self) -> None:
-        """--overwrite: delete the previous run's checkpoints and metrics, only once the new run is
-        fully built (a typo in another flag must not cost the old run)."""
-        if self.dist.is_main:
+        if self.dist.is_main and fresh:
             for old in list_checkpoints(self.out_dir):
                 old.unlink()
             (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
