@@ -70,6 +70,9 @@ LANGUAGES = ("ar az bn cs da de el en es fa fr he hy it ja ko mk nl pl ru th uk 
 DJANGO_LOCALE = {"zh": "zh_Hans"}
 # "%(name)s", "%s", "{name}": the message's placeholders, no language's words
 PLACEHOLDER = re.compile(r"%\(\w+\)[sd]|%[sd]|\{\w*\}")
+# a .po entry: msgid "..." then msgstr "...", each string possibly continued on "..." lines
+PO_ENTRY = re.compile(r'^msgid ((?:".*"\n)+)msgstr ((?:".*"\n)+)', re.MULTILINE)
+PO_FUZZY = re.compile(r"^#,.*\bfuzzy\b", re.MULTILINE)
 # one message in HELD_OUT_EVERY is held out (by its msgid's crc32), in every language
 HELD_OUT_EVERY = 5
 MODEL_DIR = pathlib.Path(__file__).resolve().parent / "classifiers"
@@ -188,34 +191,23 @@ class Classifier:
 
 
 def po_messages(path: pathlib.Path) -> list[tuple[str, str]]:
-    """(msgid, msgstr) of a gettext catalog's translated entries: not fuzzy, not plural, not empty.
-    A string continues on the lines that follow it ("..." alone); each piece is a C-style string
-    literal, which Python's own parser unescapes.
+    """(msgid, msgstr) of a gettext catalog's entries but the header (msgid ""), fuzzy ones and
+    plural ones (msgid is followed by msgid_plural, not msgstr); msgstr is "" where a language has
+    no translation yet (English's catalogs: all of them). Entries are separated by blank lines; a
+    string continues on the lines that follow it, C-style literals that Python reads as one when
+    they sit in parentheses, unescaped.
 
     >>> import tempfile
     >>> po = pathlib.Path(tempfile.mkdtemp()) / "x.po"
-    >>> _ = po.write_text('msgid "Save"\\nmsgstr "Enregis"\\n"trer"\\n\\n'
+    >>> _ = po.write_text('msgid "Save"\\nmsgstr "Enregis"\\n"trer \\\\"1\\\\""\\n\\n'
     ...                   '#, fuzzy\\nmsgid "A"\\nmsgstr "B"\\n')
     >>> po_messages(po)
-    [('Save', 'Enregistrer')]
+    [('Save', 'Enregistrer "1"')]
     """
-    messages, entry, key, fuzzy = [], {}, None, False
-    for line in path.read_text(encoding="utf-8").splitlines() + [""]:
-        if line.startswith(("msgid ", "msgstr ", "msgctxt ")):
-            key, _, quoted = line.partition(" ")
-            entry[key] = ast.literal_eval(quoted)
-        elif line.startswith('"') and key:
-            entry[key] += ast.literal_eval(line)
-        elif line.startswith("#,") and "fuzzy" in line:
-            fuzzy = True
-        elif not line.strip():
-            if entry.get("msgid") and entry.get("msgstr") is not None and not fuzzy:
-                messages.append((entry["msgid"], entry["msgstr"]))
-            entry, key, fuzzy = {}, None, False
-        elif not line.startswith("#"):
-            # msgid_plural, msgstr[0]: a plural entry is skipped
-            entry, key = {"msgstr": None}, None
-    return messages
+    blocks = path.read_text(encoding="utf-8").split("\n\n")
+    entries = [PO_ENTRY.search(block + "\n") for block in blocks if not PO_FUZZY.search(block)]
+    pairs = [[ast.literal_eval(f"({quoted})") for quoted in e.groups()] for e in entries if e]
+    return [(msgid, msgstr) for msgid, msgstr in pairs if msgid]
 
 
 @functools.lru_cache(maxsize=None)
