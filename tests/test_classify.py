@@ -67,6 +67,18 @@ def test_saved_file_round_trips_and_bad_files_are_refused(tmp_path):
         classify.Classifier.train(["a"], ["high"])
 
 
+def test_docstring_examples_and_the_install_hints(monkeypatch):
+    """The doctests (features, training, a .po catalog read); without django or faker, one line naming the package."""
+    import doctest
+    assert doctest.testmod(classify).failed == 0
+    monkeypatch.setitem(sys.modules, "django", None)
+    monkeypatch.setitem(sys.modules, "faker", None)
+    with pytest.raises(ValueError, match=r"pip install 'django>=5.2,<5.3'"):
+        classify.django_messages.__wrapped__("fr")
+    with pytest.raises(ValueError, match="pip install faker"):
+        classify.spam_texts(1, 0)
+
+
 def test_quality_within_2_points_of_fasttext_on_the_same_split():
     pytest.importorskip("fasttext", reason="the peer: pip install fasttext-wheel")
     result = bench_classify.compare_quality()
