@@ -1063,16 +1063,16 @@ def filter_rows(
     >>> [name for name, _ in filter_rows("none", "web.jsonl", settings)]
     ['language (en, score >= 0.65, web.jsonl)', 'quality classifier (P(high) >= 0.5, web.jsonl)']
     """
-    classifier = ("language_", "low_quality")
-    rows = [] if rule_name == "none" else [
-        (f"quality filters ({rule_name}, {label})", lambda r: not r.startswith(classifier))]
-    if settings.lang:
-        rows.append((f"language ({' '.join(settings.lang)}, score >= {settings.lang_threshold}, "
-                     f"{label})", lambda r: r.startswith("language_")))
-    if settings.quality_threshold:
-        rows.append((f"quality classifier (P(high) >= {settings.quality_threshold}, {label})",
-                     lambda r: r == "low_quality"))
-    return rows
+    # (row, its reasons, whether it runs)
+    rows = [
+        (f"quality filters ({rule_name}, {label})",
+         lambda r: not r.startswith(("language_", "low_quality")), rule_name != "none"),
+        (f"language ({' '.join(settings.lang)}, score >= {settings.lang_threshold}, {label})",
+         lambda r: r.startswith("language_"), bool(settings.lang)),
+        (f"quality classifier (P(high) >= {settings.quality_threshold}, {label})",
+         lambda r: r == "low_quality", bool(settings.quality_threshold)),
+    ]
+    return [(name, mine) for name, mine, runs in rows if runs]
 
 
 def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None] | None:
