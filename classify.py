@@ -19,7 +19,8 @@ n-grams sharing a bucket share a row, a small price (B = 2**16). Why it is fast 
 document of a crawl: a 1,000-character text has ~3,200 features; scoring it is a gather of 3,200
 rows of D = 16 floats, one mean and one (16 x K) product: ~0.1 M flops, a millisecond in Python with
 numpy, nothing next to a transformer's forward pass. Training is cross-entropy on the softmax, by
-Adam over a few epochs: seconds on one CPU for tens of thousands of documents.
+Adam over a few epochs, a step touching only its batch's rows: seconds on one CPU for tens of
+thousands of documents.
 
 Scoring is numpy (the same floats in every process, so every engine keeps the same documents);
 training is torch. A trained model is a plain file of tensors (`save`, `load` with
@@ -28,7 +29,7 @@ version or a damaged one is refused with its name.
 
 Language identification, `identify_language(text) -> ("en", 0.97)`: the default model is trained on
 real human translations: the gettext catalogs Django ships in its wheel (django/conf/locale/*/
-LC_MESSAGES/*.po and its contrib apps', BSD-3 licence), the same ~900 English interface messages
+LC_MESSAGES/*.po and its contrib apps', BSD-3 licence), the same 791 English interface messages
 ("Save and add another", "Enter a valid email address.") translated into each of LANGUAGES. A
 message's hash puts it in the training set or the held-out set in every language at once, so a
 held-out message was never seen in any language. The funnel keeps a document whose top language is
@@ -40,7 +41,7 @@ user trains their own from files (data.py's --quality-positives / --quality-nega
 keeps a document whose P(high) >= --quality-threshold.
 
 Both default models ship in classifiers/ (language.pt, quality.pt: 2 MiB each, float16);
-`python classify.py` retrains them (~15 s; needs django for the text and faker for the spam, only
+`python classify.py` retrains them (~20 s; needs django for the text and faker for the spam, only
 then).
 
 Depends on: numpy, torch and the standard library (no sibling files).
