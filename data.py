@@ -1048,7 +1048,31 @@ def quality_rule(
     if judged is None:
         return choice, rules[choice]
     rule = rules[choice] or (lambda d: None)
-    return f"{choice} + classifiers", lambda d: rule(d) or judged(d)
+    return choice, lambda d: rule(d) or judged(d)
+
+
+def filter_rows(
+    rule_name: str, label: str, settings: CleanSettings
+) -> list[tuple[str, Callable[[str], bool]]]:
+    """The funnel rows of a source's filters, in the order they judge a document: (row name, which
+    rejection reasons are its). The rules' reasons ("too_few_words"), the language identifier's
+    ("language_fr", "language_en_below_0.65") and the quality classifier's ("low_quality") never
+    overlap, so one count of reasons per source splits into the three rows.
+
+    >>> settings = CleanSettings(filters="none", lang=("en",), quality_threshold=0.5)
+    >>> [name for name, _ in filter_rows("none", "web.jsonl", settings)]
+    ['language (en, score >= 0.65, web.jsonl)', 'quality classifier (P(high) >= 0.5, web.jsonl)']
+    """
+    # (row, its reasons, whether it runs)
+    rows = [
+        (f"quality filters ({rule_name}, {label})",
+         lambda r: not r.startswith(("language_", "low_quality")), rule_name != "none"),
+        (f"language ({' '.join(settings.lang)}, score >= {settings.lang_threshold}, {label})",
+         lambda r: r.startswith("language_"), bool(settings.lang)),
+        (f"quality classifier (P(high) >= {settings.quality_threshold}, {label})",
+         lambda r: r == "low_quality", bool(settings.quality_threshold)),
+    ]
+    return [(name, mine) for name, mine, runs in rows if runs]
 
 
 def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None] | None:
@@ -1141,6 +1165,8 @@ def read_documents(docs: Iterable[str], kind: str, rule: Callable[[str], str | N
         reason = rule(doc) if rule is not None else None
         if reason:
             reasons[reason] += 1
+            # the characters each reason removed: the funnel's rows (`filter_rows`) add them up
+            counts[f"removed_chars_{reason}"] += len(doc)
             continue
         counts["kept_chars"] += len(doc)
         yield doc
@@ -1184,10 +1210,16 @@ def source_steps(
             reasons,
         )
     elif rule is not None:
-        funnel.add_counts(f"quality filters ({rule_name}, {source.label})", docs, kept, chars,
-                          counts["kept_chars"], reasons)
-        if not kept:
-            raise funnel.empty_error(f"source {source.spec!r}")
+        # each row starts from what the one before it kept
+        left, left_chars = docs, chars
+        for name, mine in filter_rows(rule_name, source.label, settings):
+            out = {r: n for r, n in reasons.items() if mine(r)}
+            out_docs = left - sum(out.values())
+            out_chars = left_chars - sum(counts[f"removed_chars_{r}"] for r in out)
+            funnel.add_counts(name, left, out_docs, left_chars, out_chars, out)
+            if not out_docs:
+                raise funnel.empty_error(f"source {source.spec!r}")
+            left, left_chars = out_docs, out_chars
         removed = 1 - counts["kept_chars"] / max(1, chars)
         if removed > HEAVY_CLEANING:
             funnel.notices.append(heavy_cleaning_note(source, removed))
