@@ -1878,9 +1878,11 @@ PREPARE_FILES = (
     "classify.py",
     "cli.py",
 )
+# ... and the files they read that change what a filter keeps: the shipped classifiers
+CACHE_KEY_FILES = PREPARE_FILES + ("classifiers/language.pt", "classifiers/quality.pt")
 
 
-def code_version(files: Iterable[str] = PREPARE_FILES, root: pathlib.Path = REPO_ROOT) -> str:
+def code_version(files: Iterable[str] = CACHE_KEY_FILES, root: pathlib.Path = REPO_ROOT) -> str:
     """Hash of the code that shapes the output: each file's name and bytes (a file missing, say
     data.py copied without its engine, hashes as missing)."""
     h = hashlib.sha256()

@@ -47,17 +47,18 @@ def test_cache_key_hashes_every_file_the_prepare_path_imports(tmp_path):
     """PREPARE_FILES is exactly the set of files data_at_scale.prepare (and data.py's CLI, which imports it)
     reaches, and a change to the bytes of any one of them changes the code version in the cache key."""
     assert set(data.PREPARE_FILES) == imported_siblings("data_at_scale") == imported_siblings("data")
-    for name in data.PREPARE_FILES:
+    (tmp_path / "classifiers").mkdir()
+    for name in data.CACHE_KEY_FILES:
         shutil.copy(ROOT / name, tmp_path / name)
-    base = data.code_version(data.PREPARE_FILES, tmp_path)
+    base = data.code_version(data.CACHE_KEY_FILES, tmp_path)
     assert base == data.code_version()                               # the copies hash as the real files
-    for name in data.PREPARE_FILES:
+    for name in data.CACHE_KEY_FILES:                                # a retrained classifier too
         original = (tmp_path / name).read_bytes()
         (tmp_path / name).write_bytes(original + b"\n")
-        assert data.code_version(data.PREPARE_FILES, tmp_path) != base, name
+        assert data.code_version(data.CACHE_KEY_FILES, tmp_path) != base, name
         (tmp_path / name).write_bytes(original)
     (tmp_path / "store.py").unlink()                                 # data.py copied without a sibling
-    assert data.code_version(data.PREPARE_FILES, tmp_path) != base
+    assert data.code_version(data.CACHE_KEY_FILES, tmp_path) != base
 
 
 def children_of(pid: int) -> set[int]:
