@@ -196,6 +196,18 @@ MUTANTS = [
            "    docs = [d.strip() for d in val_documents(job)]\n    starts = _encode_into(",
            ("tests/test_data.py::test_val_data_is_the_file_verbatim_and_its_overlap_is_reported",),
            "the streaming engine strips the --val-data documents: the val split is no longer the file's bytes"),
+    # --- classifiers: a message never on both sides of the split, each filter its own funnel row ---
+    Mutant("held-out-split-by-text", "classify.py",
+           "if (zlib.crc32(msgid.encode()) % HELD_OUT_EVERY == 0)",
+           "if (zlib.crc32(text.encode()) % HELD_OUT_EVERY == 0)",
+           ("tests/test_classify.py::test_retraining_reproduces_the_shipped_language_model_and_no_message_is_on_both_sides",),
+           "held out by each translation's text: one message trains in French and is tested in German"),
+    Mutant("language-reasons-in-the-quality-row", "data.py",
+           '         lambda r: r == "low_quality", bool(settings.quality_threshold)),',
+           '         lambda r: r == "low_quality" or r.startswith("language_"),\n'
+           '         bool(settings.quality_threshold)),',
+           ("tests/test_classify.py::test_lang_and_quality_rows_and_engines_write_the_same_bytes",),
+           "the quality classifier's row also counts the language identifier's rejections"),
     # --- object stores: a reader must never see half a dataset, nor a range read lose a line ---------------------
     Mutant("store-manifest-published-first", "store.py",
            '    names = (sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")\n'
