@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from model import (GPT, PRESETS, TRAINING_BYTES_PER_PARAM, ConfigError, GPTConfig, KVCache, MoE, RMSNorm,
                    SwiGLU, apply_rope, causal_attention, main, rope_angles, sample)
@@ -217,6 +219,43 @@ def test_forward_is_embed_blocks_head_and_loss_is_cross_entropy():
     kept = t != -1
     expected = -torch.log_softmax(logits, -1)[kept].gather(-1, t[kept][:, None]).mean()
     torch.testing.assert_close(model(x, t)[1], expected)
+
+
+class NewTensors(TorchDispatchMode):
+    """The (op, dtype) of every tensor of `numel` elements that the ops run under it allocate: outputs whose
+    storage is no input's (views and in-place ops allocate nothing)."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.made = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = {t.untyped_storage().data_ptr() for t in tensors}
+        self.made += [(str(func), t.dtype) for t in tree_leaves(out) if isinstance(t, torch.Tensor)
+                      and t.numel() == self.numel and t.untyped_storage().data_ptr() not in inputs]
+        return out
+
+
+@pytest.mark.parametrize("compute", ["bf16 autocast", "bf16 weights", "fp32"])
+def test_the_loss_upcasts_the_logits_once_and_returns_them_in_the_compute_dtype(compute):
+    """Catches: a second full fp32 copy of the logits (B, T, V) for the loss, the logits returned in fp32 (train.py's
+    `_, loss = model(x, y)` keeps them alive), or a loss left in bf16 (no autocast to upcast it: ZeRO-3's bf16
+    weights). The loss makes one fp32 copy on purpose (model.py says why) plus the log-softmax that backward needs;
+    in fp32 the logits are already fp32: no copy. The loss is the fp32 cross-entropy of the logits returned."""
+    model = make(small())
+    dtype = torch.float32 if compute == "fp32" else torch.bfloat16
+    if compute == "bf16 weights":
+        model = model.to(torch.bfloat16)
+    x = ids((3, 16))                                                  # B x T x V = 3,072 elements: no weight's size
+    with NewTensors(3 * 16 * 64) as watch, torch.autocast("cpu", torch.bfloat16, enabled=compute == "bf16 autocast"):
+        logits, loss = model(x, x)
+    assert logits.dtype == dtype and loss.dtype == torch.float32
+    fp32 = [op for op, kind in watch.made if kind == torch.float32]
+    copies = [op for op in fp32 if "_to_copy" in op]
+    assert len(copies) == (dtype != torch.float32) and len(fp32) == 2, watch.made
+    torch.testing.assert_close(loss, F.cross_entropy(logits.float().flatten(0, 1), x.flatten()), rtol=0, atol=0)
 
 
 def test_tied_and_untied_head():
