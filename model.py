@@ -466,25 +466,46 @@ class LayerKV:
         return self.k[:, :, :held], self.v[:, :, :held]
 
 
+# Where F.scaled_dot_product_attention reads grouped K/V heads in place (enable_gqa=True: query
+# head j reads kv head j // group, nothing copied): device type -> (the dtypes it does so for,
+# whether with an explicit mask too). Elsewhere causal_attention copies K/V to n_head heads first.
+# Read off torch 2.13's dispatch (aten/.../sdp_utils*.cpp) and checked on the CPU: the CPU's flash
+# kernel takes groups in every float dtype, mask or not (dropout runs the math kernel, which
+# repeats K/V itself: no worse). On CUDA only the flash kernel takes groups (fp16/bf16, no explicit
+# mask); the memory-efficient kernel does not, so an fp32 or masked call with enable_gqa would
+# fall to the math kernel and build the (Tq, Tk) scores: there one K/V copy costs less.
+SDPA_GQA_IN_PLACE = {
+    "cpu": ((torch.float32, torch.float64, torch.bfloat16, torch.float16), True),
+    "cuda": ((torch.float16, torch.bfloat16), False),
+}
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                      mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v with q (..., Tq, d) and k, v (..., Tk, d), Tq <= Tk, e.g.
-    (B, h, T, d).
+    """softmax(q k^T / sqrt(d) + mask) v with q (..., h, Tq, d) and k, v (..., h_kv, Tk, d), Tq <=
+    Tk, e.g. (B, h, T, d); h_kv divides h (GQA: query head j reads kv head j // (h / h_kv)).
 
     `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's
     convention); None means causal. Then the queries are the last Tq of the Tk positions (a KV cache
     holds the first Tk - Tq), so query i may see keys 0 .. Tk - Tq + i. Three cases, one call of the
     fused F.scaled_dot_product_attention: Tq == Tk: the usual lower-triangular mask (is_causal); Tq
     == 1: the new token sees every key, no mask; otherwise (a prompt appended to a non-empty cache)
-    an explicit bottom-right-aligned mask.
+    an explicit bottom-right-aligned mask. K/V are copied to h heads only where SDPA_GQA_IN_PLACE
+    says the kernel would not read the groups in place: 8 query heads over 2 kv heads on a GPU in
+    fp32 copy 2 x 4 heads of K/V, on the CPU none.
     """
-    Tq, Tk = q.shape[-2], k.shape[-2]
+    Tq, Tk, group = q.shape[-2], k.shape[-2], q.shape[-3] // k.shape[-3]
     if mask is None and 1 < Tq < Tk:
         query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
         key_pos = torch.arange(Tk, device=q.device)[None, :]
         mask = key_pos <= query_pos
+    dtypes, with_mask = SDPA_GQA_IN_PLACE.get(q.device.type, ((), False))
+    if group > 1 and not (q.dtype in dtypes and (with_mask or mask is None)):
+        # (..., h, Tk, d); with an int, repeat_interleave is a stride-0 expand and one plain copy
+        k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                          is_causal=mask is None and Tq == Tk)
+                                          is_causal=mask is None and Tq == Tk,
+                                          enable_gqa=k.shape[-3] != q.shape[-3])
 
 
 class Attention(nn.Module):
@@ -508,8 +529,8 @@ class Attention(nn.Module):
                             for _ in range(2))
         self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
         # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
-        # tokens, and ring attention in place of causal_attention, fed the K/V before the GQA
-        # expansion (less to send).
+        # tokens, and ring attention in place of causal_attention, fed the K/V at n_kv_head heads
+        # (less to send).
         self.positions, self.attend = None, None
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
@@ -528,15 +549,11 @@ class Attention(nn.Module):
         if self.attend is not None:
             y = self.attend(q, k, v)                                           # (B, h, T, d)
         else:
-            # GQA: query head j reads kv head j // group. expand makes the group copies a view
-            # (stride 0, no memory); only the reshape to (B, h, Tk, d) materialises them, in one
-            # plain copy, where repeat_interleave ran an index gather. (SDPA's enable_gqa=True,
-            # torch >= 2.5, can skip even that copy in the kernels that support it; the explicit
-            # view keeps causal_attention one plain attention.) k, v become (B, h, Tk, d).
-            k, v = (t[:, :, None].expand(-1, -1, self.n_head // self.n_kv_head, -1, -1)
-                    .reshape(B, self.n_head, t.shape[2], self.head_dim) for t in (k, v))
             if self.flash and cache is None:
-                y = flash_attention(q, k, v, True)                             # (B, h, T, d)
+                # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
+                # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
+                y = flash_attention(q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2),
+                                    v.unsqueeze(2), True).flatten(1, 2)        # (B, h, T, d)
             else:
                 y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
@@ -722,7 +739,9 @@ class FlashAttention2(torch.autograd.Function):
     """softmax(q k^T / sqrt(d)) v over tiles, never holding the T x T matrix (FlashAttention-2).
 
     q (..., Tq, d), k and v (..., Tk, d); apply(q, k, v, is_causal, tile=64). Saved for backward: q,
-    k, v, the output and one log-sum-exp per query, O(T). A small check against the fused kernel:
+    k, v, the output and one log-sum-exp per query, O(T). k and v may have size 1 where q has more,
+    broadcast: GQA's q (B, h_kv, group, T, d) over k, v (B, h_kv, 1, T, d), with no copy but a
+    tile's. A small check against the fused kernel:
 
     >>> q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)
     >>> fused = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -774,12 +793,16 @@ class FlashAttention2(torch.autograd.Function):
                 cols = slice(j, j + tile)
                 p = torch.exp(_tile_scores(q_tile, k, i, j, tile, ctx.is_causal)   # P, recomputed
                               - lse[..., rows, None])
-                dv[..., cols, :] += p.transpose(-1, -2) @ d_out[..., rows, :]
+                # GQA (k, v (..., 1, Tk, d) against q (..., group, Tq, d)): sum_to_size adds up
+                # the group's contributions to its one kv head
+                dv[..., cols, :] += (p.transpose(-1, -2) @ d_out[..., rows, :]).sum_to_size(
+                    dv[..., cols, :].shape)
                 # dS = P (dP - D)
                 ds = p * (d_out[..., rows, :] @ v[..., cols, :].transpose(-1, -2)
                           - delta[..., rows, None])
                 dq[..., rows, :] += ds @ k[..., cols, :] * scale
-                dk[..., cols, :] += ds.transpose(-1, -2) @ q_tile
+                dk[..., cols, :] += (ds.transpose(-1, -2) @ q_tile).sum_to_size(
+                    dk[..., cols, :].shape)
         return dq, dk, dv, None, None
 
 
@@ -957,6 +980,11 @@ class GPT(nn.Module):
         logits = self.head(x)                                                  # (B, T, V)
         loss = None
         if targets is not None:
+            # The loss's one fp32 copy of the logits (B, T, V), kept on purpose: in bf16 the loss
+            # itself would round to bf16's spacing, 1/32 for a loss between 4 and 8 (0.06 off at
+            # loss 9.5 over 4,096 ids, measured). Under autocast cross_entropy would make this very
+            # cast itself; in fp32 it is no copy at all. The logits returned stay in the compute
+            # dtype (tests/test_model.py counts both).
             loss = F.cross_entropy(
                 logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
             )

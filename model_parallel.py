@@ -218,36 +218,39 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, comm, start, vocab_size):
         # logits (N, V/t) for vocabulary ids [start, start + V/t); targets (N,) global ids, -1 =
-        # ignore.
-        logits = logits.float()
-        width = logits.shape[-1]
-        ids = torch.arange(start, start + width, device=logits.device)
+        # ignore. One fp32 working copy of the logits (N, V/t), as model.py's loss keeps one (bf16
+        # would round the loss itself), and every step after it in place: it becomes the shifted
+        # logits, their exp, then the softmax that backward needs.
+        probs = logits.to(torch.float32, copy=True)
+        width = probs.shape[-1]
+        ids = torch.arange(start, start + width, device=probs.device)
         # padded vocabulary rows
-        logits = logits.masked_fill(ids >= vocab_size, float("-inf"))
-        row_max = logits.max(dim=-1).values
+        probs.masked_fill_(ids >= vocab_size, float("-inf"))
+        row_max = probs.max(dim=-1).values
         comm.all_reduce(row_max, op=dist.ReduceOp.MAX, count=False)
-        shifted = logits - row_max[:, None]
-        exp = shifted.exp()
-        sum_exp = exp.sum(dim=-1)
-        comm.all_reduce(sum_exp, count=False)
+        probs.sub_(row_max[:, None])
         local_t = targets - start
         owned = (local_t >= 0) & (local_t < width)
-        rows = torch.arange(len(targets), device=logits.device)
-        target_logit = torch.where(owned, shifted[rows, local_t.clamp(0, width - 1)], 0.0)
+        local_t = local_t.clamp(0, width - 1)
+        rows = torch.arange(len(targets), device=probs.device)
+        target_logit = torch.where(owned, probs[rows, local_t], 0.0)
         comm.all_reduce(target_logit, count=False)
+        sum_exp = probs.exp_().sum(dim=-1)
+        comm.all_reduce(sum_exp, count=False)
         valid = targets != -1
         count = valid.sum().clamp(min=1)
         loss = ((sum_exp.log() - target_logit) * valid).sum() / count
-        ctx.save_for_backward(exp / sum_exp[:, None], local_t, owned, valid, count)
+        ctx.save_for_backward(probs.div_(sum_exp[:, None]), local_t, owned, valid, count)
         return loss
 
     @staticmethod
     def backward(ctx, grad):
-        softmax, local_t, owned, valid, count = ctx.saved_tensors
-        rows = torch.arange(len(local_t), device=softmax.device)
-        g = softmax.clone()
-        # d loss / d logits = p - onehot
-        g[rows[owned], local_t[owned]] -= 1.0
+        # in place on the saved softmax (a second backward would find it changed and raise)
+        g, local_t, owned, valid, count = ctx.saved_tensors
+        rows = torch.arange(len(local_t), device=g.device)
+        # d loss / d logits = p - onehot; indexed by every row, not by a boolean mask (whose
+        # nonzero() would stop the host until the GPU caught up)
+        g[rows, local_t] -= owned.to(g.dtype)
         g *= (valid.to(g.dtype) * grad / count)[:, None]
         return g, None, None, None, None
 
@@ -1111,12 +1114,12 @@ class DistributedModel(Layout):
 
     def pipeline_step(
         self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], count: int = 0
-    ) -> float:
+    ) -> torch.Tensor:
         """Forward + backward of all micro-batches as one pipelined batch of `count` pieces (0 = as
-        given)."""
+        given); the mean loss, 0-dim, on the device (no host read)."""
         x = torch.cat([b[0] for b in micro_batches])
         y = torch.cat([b[1] for b in micro_batches])
-        return float(self.pipe.step(x, y, count or len(micro_batches), self.sync))
+        return self.pipe.step(x, y, count or len(micro_batches), self.sync)
 
     def no_sync(self):
         return self.sync.no_sync() if self.sync is not None else contextlib.nullcontext()
@@ -1125,12 +1128,10 @@ class DistributedModel(Layout):
         if self.sync is not None and self.pipe is None:
             self.sync.finish_gradient_sync()
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         if self.zero is None:  # the slices TP, PP, EP hold, added up over self.mesh
             return super().clip_grad_norm_(max_norm)
-        return float(
-            self.zero.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"), self.mesh)
-        )
+        return self.zero.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"), self.mesh)
 
     def full_state_dict(self, cpu: bool = True) -> dict[str, torch.Tensor]:
         """The single-process state dict, fp32 (under ZeRO-3 gathered from the master shards), on

@@ -625,11 +625,12 @@ class Layout(nn.Module):
     def finish_gradient_sync(self) -> None:
         """After the last backward: every rank's gradients averaged (nothing to do alone)."""
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip to the global norm of the full model (max_norm 0: only measure); return the norm
-        before."""
+        before, a 0-dim tensor where the gradients are (read on the host, it would stop the host
+        until the device caught up: train.py reads it with the loss, once per step)."""
         limit = max_norm if max_norm > 0 else float("inf")
-        return float(clip_grad_norm_(self.module.parameters(), limit, self.mesh))
+        return clip_grad_norm_(self.module.parameters(), limit, self.mesh)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The single-process state dict on the CPU: the checkpoint's "model" (collective when

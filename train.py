@@ -1548,20 +1548,21 @@ def train_loop(run: Trainer, steps: int | None = None, batches=None) -> dict:
                 (scaler.scale(objective) if scaler else objective).backward()
             loss_sum += loss.detach().float()
         model.finish_gradient_sync()
+        if scaler:
+            scaler.unscale_(optimizer)
+        grad_norm = model.clip_grad_norm_(cfg.grad_clip)    # §4: the full model's norm, 0-dim
         # A signal sets this process's flag; the run stops only once the flag has been all-reduced,
         # so that every process stops after the same step (a process leaving on its own flag leaves
         # the others waiting in the next step's collectives). Over every process, not only the
         # data-parallel group: under --tp/--pp the signal may reach one pipeline stage and not the
         # other. The loss is the same on every tp and pp rank of a data-parallel rank, so the mean
-        # over the world is the dp mean.
+        # over the world is the dp mean. The step's one host read: loss, flag and norm in one
+        # .tolist() (each read waits for the GPU to finish the queue; one per step is the least a
+        # progress line needs, tests/test_train.py counts them).
         stop = torch.tensor(float(run.stop_requested), device=run.device)
-        loss_value, stop_any = all_reduce_mean(
-            torch.stack([loss_sum / n, stop]), run.dist, over_world=True
-        ).tolist()
+        reduced = all_reduce_mean(torch.stack([loss_sum / n, stop]), run.dist, over_world=True)
+        loss_value, stop_any, grad_norm = torch.cat([reduced, grad_norm.view(1)]).tolist()
         run.stopping = stop_any > 0                         # every rank stops after this step
-        if scaler:
-            scaler.unscale_(optimizer)
-        grad_norm = model.clip_grad_norm_(cfg.grad_clip)    # §4: the norm of the full model
         bad_grad = not math.isfinite(grad_norm) and scaler is None   # fp16: the scaler's job
         verdict = run.guard.check(float("nan") if bad_grad else loss_value)             # §7
         if verdict == "ok" and scaler:

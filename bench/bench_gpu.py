@@ -356,9 +356,11 @@ def _free(device: torch.device) -> None:
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def saved_terms(config: model_lib.GPTConfig, batch: int, seq: int, dtype: str) -> tuple[dict, dict]:
+def saved_terms(config: model_lib.GPTConfig, batch: int, seq: int, dtype: str,
+                device: str = "cpu") -> tuple[dict, dict]:
     """What autograd saves for backward in one forward of model.py's GPT as written, term by term:
-    ({name: (dtype, bytes)} of one block, the same of the rest: embedding, final norm, LM head, loss).
+    ({name: (dtype, bytes)} of one block, the same of the rest: embedding, final norm, LM head, loss), on a
+    `device` type ("cpu", "cuda").
 
     Counted from the code (dense FFN, dropout 0), B = batch, T = seq, C = n_embd, H = ffn_dim, V = vocab, a = 2
     bytes under bf16/fp16 autocast, 4 in fp32:
@@ -368,8 +370,9 @@ def saved_terms(config: model_lib.GPTConfig, batch: int, seq: int, dtype: str) -
     - autocast casts an activation again for every matmul that reads it (only weights are cached): the normed
       input is saved as three bf16 copies (wq, wk, wv) and two more in the FFN (w1, w3): 5 x 2 bytes; in fp32 the
       matmuls share one tensor per norm (2 x 4 bytes);
-    - attention saves q, k, v and its output (the output is also wo's input, the same storage), K and V at n_head
-      width because GQA repeats them first (repeat_interleave), and an fp32 logsumexp (B, heads, T); RoPE's cos
+    - attention saves q, k, v and its output (the output is also wo's input, the same storage), K and V at
+      n_kv_head width where the kernel reads GQA's groups in place (model.SDPA_GQA_IN_PLACE: the CPU, CUDA in
+      bf16/fp16), else at n_head width (repeated first), and an fp32 logsumexp (B, heads, T); RoPE's cos
       and sin tables (T, d/2) in fp32 are saved by the rotation;
     - SwiGLU saves w1's output, silu's output, w3's output and their product (w2's input): 4 x a bytes of (B, T, H);
     - autocast's bf16 copy of every matmul weight (2 bytes per weight; none in fp32);
@@ -388,7 +391,8 @@ def saved_terms(config: model_lib.GPTConfig, batch: int, seq: int, dtype: str) -
     act = str(LOW_PRECISION[dtype]).split(".")[-1] if low else "float32"
     a = 2 if low else 4
     q_width = config.n_head * config.head_dim
-    kv_width = q_width if config.n_kv_head != config.n_head else config.n_kv_head * config.head_dim
+    in_place = LOW_PRECISION.get(dtype, torch.float32) in model_lib.SDPA_GQA_IN_PLACE.get(device, ((),))[0]
+    kv_width = config.n_kv_head * config.head_dim if in_place else q_width
     linear = q_width * C + 2 * config.n_kv_head * config.head_dim * C + q_width * C + 3 * C * H
     block = {
         "norm inputs and normalised (fp32)": ("float32", 2 * (4 + 4) * B * T * C),
@@ -420,7 +424,8 @@ def bytes_by_dtype(terms: dict, times: int = 1) -> dict[str, int]:
     return {k: v for k, v in out.items() if v}
 
 
-def predicted_memory(config: model_lib.GPTConfig, batch: int, seq: int, checkpointing: bool, dtype: str) -> dict:
+def predicted_memory(config: model_lib.GPTConfig, batch: int, seq: int, checkpointing: bool, dtype: str,
+                     device: str = "cpu") -> dict:
     """Peak bytes of one train.py step (micro-batch `batch` x `seq`, one process, AdamW's state already made).
 
     The peak is in the loss's backward, before any gradient exists: fp32 weights (4/param) and AdamW's two
@@ -433,7 +438,7 @@ def predicted_memory(config: model_lib.GPTConfig, batch: int, seq: int, checkpoi
     set and weight copies, with the head's gradient (4 x V x C) made and the logits freed).
     """
     n = config.num_params()
-    block, rest = saved_terms(config, batch, seq, dtype)
+    block, rest = saved_terms(config, batch, seq, dtype, device)
     a = 2 if dtype in LOW_PRECISION else 4
     B, T, C, V = batch, seq, config.n_embd, config.vocab_size
     one_block = sum(b for _, b in block.values())
@@ -504,7 +509,8 @@ def _measure_memory(setup: Setup, report: Report, tmp: pathlib.Path, checkpointi
     trainer = trainer_for(setup, tmp / f"memory-{tag.replace(', ', '-')}",
                           *(["--activation-checkpointing"] if checkpointing else []))
     train.train_loop(trainer, steps=1)                                  # AdamW's moments exist after the first step
-    want = predicted_memory(trainer.model_config, setup.batch_size, setup.block_size, checkpointing, setup.dtype)
+    want = predicted_memory(trainer.model_config, setup.batch_size, setup.block_size, checkpointing, setup.dtype,
+                            setup.device.type)
     held = parallel.training_state_bytes(trainer.raw_model.parameters(), trainer.optimizer)
     # Between steps the grads are freed (zero_grad(set_to_none)): weights + AdamW moments = 4 + 8 bytes/param
     # (+ a 4-byte step counter per tensor).

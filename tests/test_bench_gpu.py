@@ -94,7 +94,7 @@ def saved_by_autograd(config, batch, seq, autocast: bool, whole_model: bool) -> 
     return dict(out)
 
 
-@pytest.mark.parametrize("n_kv_head", [4, 2])               # MHA and GQA (K, V repeated before attention)
+@pytest.mark.parametrize("n_kv_head", [4, 2])               # MHA and GQA (on the CPU K, V read in place)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_saved_terms_are_what_autograd_saves(n_kv_head, dtype):
     cfg = model.GPTConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=64)

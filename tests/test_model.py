@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from model import (GPT, PRESETS, TRAINING_BYTES_PER_PARAM, ConfigError, GPTConfig, KVCache, MoE, RMSNorm,
                    SwiGLU, apply_rope, causal_attention, main, rope_angles, sample)
@@ -219,6 +221,43 @@ def test_forward_is_embed_blocks_head_and_loss_is_cross_entropy():
     torch.testing.assert_close(model(x, t)[1], expected)
 
 
+class NewTensors(TorchDispatchMode):
+    """The (op, dtype) of every tensor of `numel` elements that the ops run under it allocate: outputs whose
+    storage is no input's (views and in-place ops allocate nothing)."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.made = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = {t.untyped_storage().data_ptr() for t in tensors}
+        self.made += [(str(func), t.dtype) for t in tree_leaves(out) if isinstance(t, torch.Tensor)
+                      and t.numel() == self.numel and t.untyped_storage().data_ptr() not in inputs]
+        return out
+
+
+@pytest.mark.parametrize("compute", ["bf16 autocast", "bf16 weights", "fp32"])
+def test_the_loss_upcasts_the_logits_once_and_returns_them_in_the_compute_dtype(compute):
+    """Catches: a second full fp32 copy of the logits (B, T, V) for the loss, the logits returned in fp32 (train.py's
+    `_, loss = model(x, y)` keeps them alive), or a loss left in bf16 (no autocast to upcast it: ZeRO-3's bf16
+    weights). The loss makes one fp32 copy on purpose (model.py says why) plus the log-softmax that backward needs;
+    in fp32 the logits are already fp32: no copy. The loss is the fp32 cross-entropy of the logits returned."""
+    model = make(small())
+    dtype = torch.float32 if compute == "fp32" else torch.bfloat16
+    if compute == "bf16 weights":
+        model = model.to(torch.bfloat16)
+    x = ids((3, 16))                                                  # B x T x V = 3,072 elements: no weight's size
+    with NewTensors(3 * 16 * 64) as watch, torch.autocast("cpu", torch.bfloat16, enabled=compute == "bf16 autocast"):
+        logits, loss = model(x, x)
+    assert logits.dtype == dtype and loss.dtype == torch.float32
+    fp32 = [op for op, kind in watch.made if kind == torch.float32]
+    copies = [op for op in fp32 if "_to_copy" in op]
+    assert len(copies) == (dtype != torch.float32) and len(fp32) == 2, watch.made
+    torch.testing.assert_close(loss, F.cross_entropy(logits.float().flatten(0, 1), x.flatten()), rtol=0, atol=0)
+
+
 def test_tied_and_untied_head():
     tied, untied = make(small()), make(small(tie_embeddings=False))
     assert tied.lm_head.weight is tied.tok_emb.weight
@@ -276,7 +315,7 @@ def banded_forward(model, seq, monkeypatch):
     def banded_attention(q, k, v, dropout_p=0.0):
         pos = torch.arange(q.shape[2])
         band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - W)     # (T, T) key visible
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=band)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=band, enable_gqa=True)   # k, v: h_kv heads
 
     with monkeypatch.context() as patch:
         patch.setattr(model_module, "causal_attention", banded_attention)
@@ -568,6 +607,48 @@ def test_gqa_expands_kv_heads_in_groups_like_repeat_interleave():
     torch.testing.assert_close(attn(x), want)
 
 
+def gqa_inputs(tq, tk, dtype, seed=0):
+    """q (2, 8, tq, 16) over k, v (2, 2, tk, 16): 4 query heads per kv head; and an output gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 8, tq, 16, generator=gen).to(dtype).requires_grad_()
+    k, v = (torch.randn(2, 2, tk, 16, generator=gen).to(dtype).requires_grad_() for _ in range(2))
+    return q, k, v, torch.randn(2, 8, tq, 16, generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tq, tk", [(8, 8), (1, 8), (3, 8)])     # causal, one new token, a prompt after a cache
+def test_gqa_reads_kv_heads_in_place_and_equals_the_copy(dtype, tq, tk, monkeypatch):
+    """Catches: K/V copied to n_head heads where the CPU's kernel reads the groups itself (autograd then keeps the
+    copies: group times the K/V memory), or paired with the wrong query heads. The references: the same function
+    made to copy (SDPA_GQA_IN_PLACE emptied, the rule for a device whose kernel needs the copy) and K/V repeated
+    by hand (query head j reads kv head j // 4) into plain SDPA, outputs and gradients."""
+    import model as model_module
+    q, k, v, d_out = gqa_inputs(tq, tk, dtype)
+
+    def run(attention):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.data_ptr()) or t, lambda t: t):
+            out = attention(q, k, v)
+        return out, torch.autograd.grad(out, (q, k, v), d_out), saved
+
+    out, grads, saved = run(causal_attention)
+    assert k.data_ptr() in saved and v.data_ptr() in saved                 # the kernel keeps k, v, no copies
+    mask = torch.arange(tk)[None, :] <= torch.arange(tk - tq, tk)[:, None]
+    by_hand = run(lambda q, k, v: F.scaled_dot_product_attention(
+        q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1), attn_mask=mask))
+    with monkeypatch.context() as patch:
+        patch.setattr(model_module, "SDPA_GQA_IN_PLACE", {})
+        copied = run(causal_attention)
+    assert k.data_ptr() not in copied[2]                                   # this one did copy
+    # bf16: the kernel adds a group's 4 K/V gradients in fp32 and rounds once, the copy's backward rounds each
+    # head's gradient and adds them in bf16: they differ by bf16 rounding (~2e-3 here, |grad| ~ 3), not more
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    for want in (copied, by_hand):
+        torch.testing.assert_close(out, want[0], **tol)
+        for got, grad in zip(grads, want[1]):
+            torch.testing.assert_close(got, grad, **tol)
+
+
 # ------------------------------------------------------------------------- attention's cost: flash, linear, hybrid
 
 from model import (FlashAttention2, flash_attention, linear_attention_chunked,  # noqa: E402
@@ -596,6 +677,19 @@ def test_flash_attention_equals_sdpa_and_the_formula_with_gradients(is_causal, t
         grads = torch.autograd.grad(out, (q, k, v), d_out, retain_graph=True)
         for got, want in zip(grads, torch.autograd.grad(reference, (q, k, v), d_out)):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_flash_attention_broadcasts_gqa_groups_with_gradients(is_causal):
+    """Catches: a kv head's gradient taken from one query head of its group instead of the group's sum. The
+    reference: SDPA's own GQA (enable_gqa) in float64; q (2, 2, 4, 37, 16) against k, v (2, 2, 1, 37, 16)."""
+    q, k, v, d_out = gqa_inputs(37, 37, torch.float64, seed=1)
+    out = FlashAttention2.apply(q.unflatten(1, (2, 4)), k.unsqueeze(2), v.unsqueeze(2), is_causal, 8).flatten(1, 2)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    grads = torch.autograd.grad(out, (q, k, v), d_out)
+    for got, grad in zip(grads, torch.autograd.grad(want, (q, k, v), d_out)):
+        torch.testing.assert_close(got, grad, rtol=1e-9, atol=1e-9)
 
 
 def test_flash_attention_saves_linear_memory_for_backward():

@@ -621,6 +621,29 @@ def test_layer_ranges():
         MP.layer_ranges(2, 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_vocab_parallel_loss_makes_one_fp32_copy_and_no_host_read(dtype, monkeypatch):
+    """Catches: more than one fp32 (N, V/t) tensor in TP's cross-entropy (each shifted, exp'd or normalised copy
+    of the logits costs as much as the copy itself), and the boolean-mask index in its backward (a nonzero: the
+    host waits for the GPU). One rank's slice here (Comm.single: the all-reduces are the identity) with 3 padded
+    vocabulary rows; the reference is F.cross_entropy of the fp32 logits, loss and gradient."""
+    from test_model import NewTensors
+    from test_train import HostReads
+    gen = torch.Generator().manual_seed(0)
+    logits = (4 * torch.randn(12, 10, generator=gen)).to(dtype).requires_grad_()
+    targets = torch.randint(0, 7, (12,), generator=gen)
+    targets[3] = -1                                                    # ignored
+    with NewTensors(12 * 10) as made, HostReads() as reads:
+        loss = MP.vocab_parallel_cross_entropy(logits, targets, P.Comm.single(), 0, 7)
+        (grad,) = torch.autograd.grad(loss, logits)
+    assert [kind for _, kind in made.made].count(torch.float32) == 1 and reads.reads == [], (made.made, reads.reads)
+    reference = torch.nn.functional.cross_entropy(logits[:, :7].float(), targets, ignore_index=-1)
+    (want,) = torch.autograd.grad(reference, logits)
+    torch.testing.assert_close(loss, reference)
+    torch.testing.assert_close(grad, want)
+    assert grad.dtype == dtype and not grad[:, 7:].any()
+
+
 def test_tensor_parallel_refuses_sizes_that_do_not_divide():
     comm = P.Comm(None, [0, 1, 2], 0)  # only sizes are read before any communication
     with pytest.raises(P.ParallelError, match="n_head = 4 is not divisible by --tp 3"):

@@ -1,6 +1,7 @@
 """Tests for train.py: the lecture's schedule, clipping and bf16 numbers, accumulation equivalence, atomic
 checkpoints, exact resume after SIGKILL and Ctrl-C, the loss-spike guard, bad input, and a short run whose
 validation loss falls. Every run uses a tiny model (2 layers, width 32) on a small hand-made corpus."""
+import contextlib
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import types
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import data
 import dataset
@@ -262,6 +264,78 @@ def test_accumulation_equivalence_one_batch_of_8_equals_4_micro_batches_of_2(dat
     # summation order moves the update by up to ~0.2% of lr. A wrong accumulation moves it by ~lr.
     for p, q in zip(whole.raw_model.parameters(), accum.raw_model.parameters()):
         assert torch.allclose(p, q, atol=1e-2 * r1["lr"])
+
+
+class HostReads(TorchDispatchMode):
+    """Counts what would stop the host until a GPU caught up: a value read back (.item(), float(), int(), bool():
+    aten._local_scalar_dense), a nonzero or a boolean-mask index (the output's size lives on the device), and
+    .tolist() (counted by the patch in `count_host_reads`: on the CPU it reads memory without dispatching an op).
+    `paused` leaves a stretch out."""
+    SYNCING = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+               torch.ops.aten.masked_select.default}
+
+    def __init__(self):
+        super().__init__()
+        self.reads, self.paused = [], False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        indices = args[1] if func in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default) else ()
+        if not self.paused and (func in self.SYNCING or any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)):
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def count_host_reads(monkeypatch, fn):
+    """(fn's result, the host reads HostReads saw while it ran). GPT._check_input is left out: it reads the ids
+    back only where they already live on the CPU (skipped for GPU tensors, see model.py)."""
+    watch, check_input, tolist = HostReads(), model.GPT._check_input, torch.Tensor.tolist
+
+    def unwatched_check(self, idx):
+        watch.paused = True
+        try:
+            return check_input(self, idx)
+        finally:
+            watch.paused = False
+
+    def counted_tolist(t):
+        if not watch.paused:
+            watch.reads.append("tolist")
+        return tolist(t)
+    monkeypatch.setattr(model.GPT, "_check_input", unwatched_check)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    with watch:
+        out = fn()
+    return out, watch.reads
+
+
+@contextlib.contextmanager
+def process_group_of_one():
+    """A gloo group of one process, in this process: train.py then takes ZeRO's code path (as under
+    `torchrun --nproc_per_node=1`)."""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("layout", [[], ["--zero", "1"], ["--zero", "3"]])
+def test_an_optimizer_step_reads_the_device_back_once(dataset_dir, tmp_path, monkeypatch, layout):
+    """Catches: a second host read per optimizer step, e.g. the grad norm returned as a float by clip_grad_norm_,
+    a loss .item() per micro-batch, a boolean mask in the loss: on a GPU each waits for the queue of kernels to
+    drain. The progress line needs the loss once; train.py reads loss, stop flag and grad norm in one .tolist().
+    3 steps of 2 micro-batches, a progress line every step: 3 reads, one process alone and through ZeRO-1 and
+    ZeRO-3's wrappers (in a group of one)."""
+    x, y = data.TokenData(dataset_dir).get_batch("train", 4, 32, generator=torch.Generator().manual_seed(1))
+    steps = [[(x[:2], y[:2]), (x[2:], y[2:])]] * 3
+    with process_group_of_one() if layout else contextlib.nullcontext():
+        trainer = train.Trainer(config(dataset_dir, tmp_path, "--batch-size", 2, "--total-batch-tokens", 4 * 32,
+                                       "--log-interval", 1, "--max-steps", 50, *layout), log=quiet)
+        assert trainer.accum == 2
+        record, reads = count_host_reads(monkeypatch, lambda: train.train_loop(trainer, batches=steps))
+    assert reads == ["tolist"] * 3, reads
+    assert record["step"] == 2 and math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])
 
 
 def test_bf16_lesson_master_weights_stay_fp32(dataset_dir, tmp_path):
