@@ -334,6 +334,19 @@ MUTANTS = [
     Mutant("gpu-tensors-through-all-gather-object", "model_parallel.py",
            "dist.all_gather_object(parts, _to_cpu(local)", "dist.all_gather_object(parts, local",
            (RANK0,), "pipeline stages pickle CUDA tensors: they unpickle onto the sender's GPU"),
+    # issue 36: expert parallel under ZeRO-1/2
+    Mutant("ep-zero-experts-sharded-over-dp", "model_parallel.py",
+           "edp = wrapped.edp or self.mesh.dp", "edp = self.mesh.dp",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "expert slices sharded over every dp rank: ranks holding other experts sum into them"),
+    Mutant("ep-zero-expert-norm-added-over-ep-twice", "model_parallel.py",
+           "self.mesh if self.edp is None else None)", "self.mesh)",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "ZeRO's expert squares, already summed over dp, summed again over the expert group"),
+    Mutant("zero-broadcasts-expert-slices-over-dp", "parallel.py",
+           "(comm_of(t) if comm_of else comm).broadcast(t.data, src)", "comm.broadcast(t.data, src)",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "ZeRO's start copies rank 0's expert slices over every dp rank's own experts"),
 ]
 
 
