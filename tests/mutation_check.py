@@ -347,6 +347,10 @@ MUTANTS = [
            "(comm_of(t) if comm_of else comm).broadcast(t.data, src)", "comm.broadcast(t.data, src)",
            (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
            "ZeRO's start copies rank 0's expert slices over every dp rank's own experts"),
+    Mutant("zero-expert-moments-gathered-over-dp", "parallel.py",
+           "u.comm.all_gather(full, value.contiguous())", "self.comm.all_gather(full, value.contiguous())",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "a checkpoint gathers an expert unit's optimizer state over dp, not the ranks sharing it"),
 ]
 
 

@@ -37,7 +37,9 @@ def _batch():
 
 
 def _step(model, wrapped, opt, x, y):
-    """One step; returns (loss, aux loss, pre-clip gradient norm, full weights after the update)."""
+    """One step; returns (loss, aux loss, pre-clip gradient norm, full weights after the update,
+    the momentum buffers (= the gradients) in the one-process optimizer's format after a round
+    trip: saved (gathered), loaded (sliced back onto the shards) and saved again)."""
     _, loss = wrapped(x, y)
     aux = model.aux_loss if model.config.n_expert else torch.zeros(())
     (loss + model.config.moe_aux_coef * aux).backward()
@@ -48,18 +50,26 @@ def _step(model, wrapped, opt, x, y):
         norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
     opt.step()
     state = wrapped.full_state_dict() if hasattr(wrapped, "full_state_dict") else model.state_dict()
+    opt.load_state_dict(opt.state_dict())
+    momenta = {i: s["momentum_buffer"].clone() for i, s in opt.state_dict()["state"].items()}
     return (
         float(loss.detach()),
         float(aux.detach()),
         norm,
         {k: v.detach().clone() for k, v in state.items()},
+        momenta,
     )
+
+
+def _sgd(model):
+    """SGD with momentum: its one state tensor per parameter is the gradient after one step."""
+    return torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
 
 
 def _single(cfg):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**cfg))
-    return _step(model, model, torch.optim.SGD(model.parameters(), lr=0.5), *_batch())
+    return _step(model, model, _sgd(model), *_batch())
 
 
 def _worker(rank, world, layouts):
@@ -69,27 +79,28 @@ def _worker(rank, world, layouts):
         model = GPT(GPTConfig(**cfg))
         mesh = P.Mesh.build(cp=cp)
         wrapped, opt = MP.parallelize(
-            model, torch.optim.SGD(model.parameters(), lr=0.5), mesh, ep=ep, zero=zero
+            model, _sgd(model), mesh, ep=ep, zero=zero
         )
         x, y = (t.chunk(mesh.dp.size)[mesh.dp.rank] for t in _batch())
         mesh.reset_counters()
         for c in [wrapped.module.ep, wrapped.module.edp] if ep > 1 else []:
             c.reset_counters()
-        loss, aux, norm, state = _step(model, wrapped, opt, x, y)
+        loss, aux, norm, state, momenta = _step(model, wrapped, opt, x, y)
         sent = (
             wrapped.module.ep.bytes_by_op.get("all_to_all", 0)
             if ep > 1
             else mesh.cp.bytes_by_op.get("send")
         )
         out[name] = dict(
-            loss=loss, aux=aux, norm=norm, state=state, sent=sent, describe=wrapped.describe()
+            loss=loss, aux=aux, norm=norm, state=state, momenta=momenta, sent=sent,
+            describe=wrapped.describe(),
         )
     return out
 
 
 def _check(results, layouts):
     for name, cfg, ep, cp, zero in layouts:
-        want_loss, want_aux, want_norm, want_state = _single(cfg)
+        want_loss, want_aux, want_norm, want_state, want_momenta = _single(cfg)
         loss = sum(r[name]["loss"] for r in results) / len(
             results
         )  # the mean over dp (cp ranks agree)
@@ -103,6 +114,9 @@ def _check(results, layouts):
                 torch.testing.assert_close(
                     r[name]["state"][k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {k}: {m}"
                 )
+            assert r[name]["momenta"].keys() == want_momenta.keys(), name
+            for i, v in want_momenta.items():
+                torch.testing.assert_close(r[name]["momenta"][i], v, rtol=1e-4, atol=1e-6)
         c = GPTConfig(**cfg)
         n_dp = len(results) // cp
         if ep > 1:  # capacity factor 0: cap = this rank's tokens
