@@ -1202,9 +1202,9 @@ class DistributedModel(Layout):
             unit = self.zero.units[0] if self.zero is not None else None
             gather_bytes = unit.full.element_size() if unit else 4
             reduce_bytes = torch.finfo(unit.reduce_dtype).bits // 8 if unit else 4
-            sent = zero_bytes_per_step(
-                blocks, n_local - blocks, dp, stage, gather_bytes, reduce_bytes
-            )
+            sent = sum(zero_bytes_per_step(b, other, size, stage, gather_bytes, reduce_bytes)
+                       for b, other, size in [(blocks - n_experts, n_local - blocks, dp),
+                                              (n_experts, 0, parts[1][1])])  # EP: over expert-dp
             lines.append(
                 f"  data-parallel traffic per step and rank: {sent / 2**20:,.2f} MiB (weights "
                 "gathered in "
