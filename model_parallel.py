@@ -1350,7 +1350,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
     check_combination(zero, mesh.tp.size, mesh.pp.size)
     if zero == 3 and (ep > 1 or mesh.cp.size > 1):
         why = ("its full state dict gathers dp shards, not the expert slices over ep" if ep > 1
-               else "ring attention runs the blocks itself, past the hook that gathers the head")
+               else "ring attention runs the blocks itself, past the hook gathering embedding+head")
         raise ParallelError(f"--zero 3 with --{'ep' if ep > 1 else 'cp'}: {why}; use --zero <= 2")
     if (compute_dtype or reduce_dtype) and zero != 3:
         raise ParallelError(

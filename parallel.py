@@ -919,7 +919,7 @@ class Zero:
     `reduce_dtype` the dtype gradients are reduce-scattered in (default: the master dtype, fp32);
     the shards and the optimizer stay in the master dtype. `shard_comm(p)`: the group that shares
     parameter p's shards when not all of `comm` holds p (expert parallel's expert slices:
-    model_parallel.py section 6); default `comm` for every parameter.
+    model_parallel.py section 4); default `comm` for every parameter.
     """
 
     def __init__(self, module: nn.Module, comm: Comm, stage: int, optimizer_cls=torch.optim.AdamW,
