@@ -811,6 +811,14 @@ def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tenso
 # them. Capacity is per rank (cap = factor x N_rank x k / E): with factor 0 nothing is dropped and
 # the step equals one process's; with drops, which tokens lose a slot depends on the tokens each
 # rank holds, so it differs from one process (which ranks the whole batch at once).
+# ZeRO-1/2 under EP (`Zero`'s shard_comm, section 6): the dense parameters' AdamW state (stage 2:
+# and gradients) shards over all dp ranks as without EP; an expert slice lives on the dp/n ranks of
+# its expert-dp group only, so its state shards over those (DeepSpeed-MoE's choice) rather than
+# staying whole on each. fp32 AdamW keeps 8 bytes of moments per parameter: with 100M dense and
+# 800M expert parameters on dp 8 and ep 4, a rank holds 200M expert parameters, whose moments take
+# 1.6 GB kept local and 0.8 GB sharded over its expert-dp group of 2, beside the dense moments'
+# 800 MB / 8 = 0.1 GB. With dp = ep that group is one rank and the two choices coincide. The
+# gradient norm adds every shard's squares once over dp (the world), dense and expert alike.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -1131,7 +1139,10 @@ class DistributedModel(Layout):
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         if self.zero is None:  # the slices TP, PP, EP hold, added up over self.mesh
             return super().clip_grad_norm_(max_norm)
-        return self.zero.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"), self.mesh)
+        # Under EP dp is the world and every shard, dense or expert, is on one of its ranks: the
+        # squares add up over dp alone (adding the expert ones over ep too would count them twice).
+        return self.zero.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"),
+                                         self.mesh if self.edp is None else None)
 
     def full_state_dict(self, cpu: bool = True) -> dict[str, torch.Tensor]:
         """The single-process state dict, fp32 (under ZeRO-3 gathered from the master shards), on
@@ -1175,13 +1186,17 @@ class DistributedModel(Layout):
             per_token = ring_bytes(1, L.cp.size, cfg.n_kv_head, cfg.head_dim, L.cp.size) / L.cp.size
             lines.append(f"  K/V ring per attention layer and step: 4 (n-1) B h_kv (T/n) d x 4 "
                          f"bytes = {per_token:,.0f} bytes per token of the batch")
+        # (parameters, the ranks their ZeRO shards spread over): EP's expert slices, expert-dp's
+        n_experts = sum(p.numel() for p in self.model.parameters()
+                        if self.edp and getattr(p, "tp_sharded", False))
+        parts = [(n_local - n_experts, dp), (n_experts, self.edp.size if self.edp else dp)]
+        fp32, mixed = (sum(zero_memory_per_rank(n, size, stage, *nbytes) for n, size in parts)
+                       for nbytes in [(4, 4, 8), (2, 2, 12)])
         lines.append(
-            f"  this rank: {n_local:,} of {n_full:,} parameters after TP/PP; weights + grads + "
-            "AdamW state "
-            "per rank by the formula: "
-            f"{zero_memory_per_rank(n_local, dp, stage, 4, 4, 8) / 2**20:,.1f} MiB "
-            f"fp32 (16 bytes/param, ZeRO shares), "
-            f"{zero_memory_per_rank(n_local, dp, stage) / 2**20:,.1f} MiB mixed precision"
+            f"  this rank: {n_local:,} of {n_full:,} parameters after TP/PP/EP; weights + grads + "
+            "AdamW state per rank by the formula: "
+            f"{fp32 / 2**20:,.1f} MiB fp32 (16 bytes/param, ZeRO shares), "
+            f"{mixed / 2**20:,.1f} MiB mixed precision"
         )
         if dp > 1:
             blocks = sum(
@@ -1190,9 +1205,9 @@ class DistributedModel(Layout):
             unit = self.zero.units[0] if self.zero is not None else None
             gather_bytes = unit.full.element_size() if unit else 4
             reduce_bytes = torch.finfo(unit.reduce_dtype).bits // 8 if unit else 4
-            sent = zero_bytes_per_step(
-                blocks, n_local - blocks, dp, stage, gather_bytes, reduce_bytes
-            )
+            sent = sum(zero_bytes_per_step(b, other, size, stage, gather_bytes, reduce_bytes)
+                       for b, other, size in [(blocks - n_experts, n_local - blocks, dp),
+                                              (n_experts, 0, parts[1][1])])  # EP: over expert-dp
             lines.append(
                 f"  data-parallel traffic per step and rank: {sent / 2**20:,.2f} MiB (weights "
                 "gathered in "
@@ -1241,6 +1256,7 @@ class DistributedOptimizer:
             for g, names_g in zip(optimizer.param_groups, names)
         ]
         if wrapped.zero_stage:
+            edp = wrapped.edp or self.mesh.dp  # EP: each expert slice over the ranks holding it
             wrapped.zero = Zero(
                 wrapped.model,
                 self.mesh.dp,
@@ -1249,6 +1265,7 @@ class DistributedOptimizer:
                 param_groups=[g for g in groups if g["params"]],
                 compute_dtype=compute_dtype,
                 reduce_dtype=reduce_dtype,
+                shard_comm=lambda p: edp if getattr(p, "tp_sharded", False) else self.mesh.dp,
             )
             wrapped.sync = self.inner = wrapped.zero
         else:
@@ -1334,11 +1351,10 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
     over dp; or experts over ep consecutive dp ranks; or sequences over mesh.cp.
     compute_dtype / reduce_dtype: ZeRO-3's mixed precision (see `Zero`)."""
     check_combination(zero, mesh.tp.size, mesh.pp.size)
-    if (ep > 1 and zero) or (mesh.cp.size > 1 and zero == 3):
-        raise ParallelError(f"--zero {zero} with --{'ep' if ep > 1 else 'cp'}: ZeRO shards over "
-                            f"every dp rank, but expert slices differ per rank (and ZeRO-3 gathers "
-                            f"in hooks ring attention bypasses); use --zero 0 with --ep, "
-                            f"--zero <= 2 with --cp")
+    if zero == 3 and (ep > 1 or mesh.cp.size > 1):
+        why = ("its full state dict gathers dp shards, not the expert slices over ep" if ep > 1
+               else "ring attention runs the blocks itself, past the hook gathering embedding+head")
+        raise ParallelError(f"--zero 3 with --{'ep' if ep > 1 else 'cp'}: {why}; use --zero <= 2")
     if (compute_dtype or reduce_dtype) and zero != 3:
         raise ParallelError(
             "gathering weights in a compute dtype is ZeRO-3's; use --zero 3, or autocast alone"

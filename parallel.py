@@ -54,6 +54,7 @@ import dataclasses
 import datetime
 import gc
 import io
+import itertools
 import os
 import socket
 import sys
@@ -537,12 +538,13 @@ def launch(
     return [done[r] for r in range(world)]
 
 
-def broadcast_module(module: nn.Module, comm: Comm, src: int = 0) -> None:
+def broadcast_module(module: nn.Module, comm: Comm, src: int = 0, comm_of=None) -> None:
     """Make every rank's parameters and buffers equal to group rank `src`'s (the start of DP and
-    ZeRO)."""
+    ZeRO). comm_of(t), when given, is the group that shares tensor t (under expert parallel an
+    expert slice is shared by the ranks holding those experts only)."""
     with torch.no_grad():
         for t in list(module.parameters()) + list(module.buffers()):
-            comm.broadcast(t.data, src)
+            (comm_of(t) if comm_of else comm).broadcast(t.data, src)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -916,13 +918,15 @@ class Zero:
     inner optimizer's, so a learning-rate schedule sets `group["lr"]` as usual. Stage 3 only:
     `compute_dtype` (e.g. torch.bfloat16) is the dtype weights are gathered and computed in,
     `reduce_dtype` the dtype gradients are reduce-scattered in (default: the master dtype, fp32);
-    the shards and the optimizer stay in the master dtype.
+    the shards and the optimizer stay in the master dtype. `shard_comm(p)`: the group that shares
+    parameter p's shards when not all of `comm` holds p (expert parallel's expert slices:
+    model_parallel.py section 4); default `comm` for every parameter.
     """
 
     def __init__(self, module: nn.Module, comm: Comm, stage: int, optimizer_cls=torch.optim.AdamW,
                  param_groups: list[dict] | None = None, units: list[nn.Module] | None = None,
                  compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                 **optimizer_kwargs):
+                 shard_comm: Callable[[nn.Parameter], Comm] | None = None, **optimizer_kwargs):
         if stage not in (1, 2, 3):
             raise ParallelError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
         if stage < 3 and (compute_dtype or reduce_dtype):
@@ -931,7 +935,8 @@ class Zero:
                 f"keeps full fp32 weights: run its forward under autocast instead"
             )
         self.module, self.comm, self.stage = module, comm, stage
-        broadcast_module(module, comm)
+        self.comm_of = shard_comm or (lambda p: comm)
+        broadcast_module(module, comm, comm_of=self.comm_of)
         groups = param_groups or [{"params": [p for p in module.parameters() if p.requires_grad]}]
         group_of = {id(p): g for g, group in enumerate(groups) for p in group["params"]}
         unit_modules = units if units is not None else _default_units(module)
@@ -943,17 +948,19 @@ class Zero:
         self.units: list[_FlatUnit] = []
         self._units_of_module: dict[int, list[_FlatUnit]] = {}
         all_params = list(module.parameters())
+        comms = list(dict.fromkeys(map(self.comm_of, all_params)))  # in order: the same on all
         for u in list(reversed(range(len(unit_modules)))) + [len(unit_modules)]:
-            for g in range(len(groups)):
+            for g, c in itertools.product(range(len(groups)), comms):
                 params = [
                     p
                     for p in all_params
                     if id(p) in group_of
                     and owner.get(id(p), len(unit_modules)) == u
                     and group_of[id(p)] == g
+                    and self.comm_of(p) is c
                 ]
                 if params:
-                    unit = _FlatUnit(params, comm, stage, group=g, compute_dtype=compute_dtype,
+                    unit = _FlatUnit(params, c, stage, group=g, compute_dtype=compute_dtype,
                                      reduce_dtype=reduce_dtype)
                     self.units.append(unit)
                     key = id(unit_modules[u]) if u < len(unit_modules) else id(module)
@@ -1138,7 +1145,7 @@ class Zero:
             for key, value in self.optimizer.state.get(u.shard, {}).items():
                 if torch.is_tensor(value) and value.shape == u.shard.shape:
                     full = torch.empty(u.padded, dtype=value.dtype, device=value.device)
-                    self.comm.all_gather(full, value.contiguous())
+                    u.comm.all_gather(full, value.contiguous())
                     for p, o in zip(u.params, u.offsets):
                         state.setdefault(names[id(p)], {})[key] = (
                             full[o : o + p.numel()].view(p.shape).clone()

@@ -377,6 +377,23 @@ MUTANTS = [
            "(loss_value, stop_any), grad_norm = reduced.tolist(), grad_norm.item()",
            (f"{TRAIN}::test_an_optimizer_step_reads_the_device_back_once",),
            "the grad norm read on its own: two host syncs per optimizer step"),
+    # issue 36: expert parallel under ZeRO-1/2
+    Mutant("ep-zero-experts-sharded-over-dp", "model_parallel.py",
+           "edp = wrapped.edp or self.mesh.dp", "edp = self.mesh.dp",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "expert slices sharded over every dp rank: ranks holding other experts sum into them"),
+    Mutant("ep-zero-expert-norm-added-over-ep-twice", "model_parallel.py",
+           "self.mesh if self.edp is None else None)", "self.mesh)",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "ZeRO's expert squares, already summed over dp, summed again over the expert group"),
+    Mutant("zero-broadcasts-expert-slices-over-dp", "parallel.py",
+           "(comm_of(t) if comm_of else comm).broadcast(t.data, src)", "comm.broadcast(t.data, src)",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "ZeRO's start copies rank 0's expert slices over every dp rank's own experts"),
+    Mutant("zero-expert-moments-gathered-over-dp", "parallel.py",
+           "u.comm.all_gather(full, value.contiguous())", "self.comm.all_gather(full, value.contiguous())",
+           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+           "a checkpoint gathers an expert unit's optimizer state over dp, not the ranks sharing it"),
 ]
 
 

@@ -37,7 +37,9 @@ def _batch():
 
 
 def _step(model, wrapped, opt, x, y):
-    """One step; returns (loss, aux loss, pre-clip gradient norm, full weights after the update)."""
+    """One step; returns (loss, aux loss, pre-clip gradient norm, full weights after the update,
+    the momentum buffers (= the gradients) in the one-process optimizer's format after a round
+    trip: saved (gathered), loaded (sliced back onto the shards) and saved again)."""
     _, loss = wrapped(x, y)
     aux = model.aux_loss if model.config.n_expert else torch.zeros(())
     (loss + model.config.moe_aux_coef * aux).backward()
@@ -48,48 +50,57 @@ def _step(model, wrapped, opt, x, y):
         norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9))
     opt.step()
     state = wrapped.full_state_dict() if hasattr(wrapped, "full_state_dict") else model.state_dict()
+    opt.load_state_dict(opt.state_dict())
+    momenta = {i: s["momentum_buffer"].clone() for i, s in opt.state_dict()["state"].items()}
     return (
         float(loss.detach()),
         float(aux.detach()),
         norm,
         {k: v.detach().clone() for k, v in state.items()},
+        momenta,
     )
+
+
+def _sgd(model):
+    """SGD with momentum: its one state tensor per parameter is the gradient after one step."""
+    return torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
 
 
 def _single(cfg):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**cfg))
-    return _step(model, model, torch.optim.SGD(model.parameters(), lr=0.5), *_batch())
+    return _step(model, model, _sgd(model), *_batch())
 
 
 def _worker(rank, world, layouts):
     out = {}
-    for name, cfg, ep, cp in layouts:
+    for name, cfg, ep, cp, zero in layouts:
         torch.manual_seed(0)
         model = GPT(GPTConfig(**cfg))
         mesh = P.Mesh.build(cp=cp)
         wrapped, opt = MP.parallelize(
-            model, torch.optim.SGD(model.parameters(), lr=0.5), mesh, ep=ep
+            model, _sgd(model), mesh, ep=ep, zero=zero
         )
         x, y = (t.chunk(mesh.dp.size)[mesh.dp.rank] for t in _batch())
         mesh.reset_counters()
         for c in [wrapped.module.ep, wrapped.module.edp] if ep > 1 else []:
             c.reset_counters()
-        loss, aux, norm, state = _step(model, wrapped, opt, x, y)
+        loss, aux, norm, state, momenta = _step(model, wrapped, opt, x, y)
         sent = (
             wrapped.module.ep.bytes_by_op.get("all_to_all", 0)
             if ep > 1
             else mesh.cp.bytes_by_op.get("send")
         )
         out[name] = dict(
-            loss=loss, aux=aux, norm=norm, state=state, sent=sent, describe=wrapped.describe()
+            loss=loss, aux=aux, norm=norm, state=state, momenta=momenta, sent=sent,
+            describe=wrapped.describe(),
         )
     return out
 
 
 def _check(results, layouts):
-    for name, cfg, ep, cp in layouts:
-        want_loss, want_aux, want_norm, want_state = _single(cfg)
+    for name, cfg, ep, cp, zero in layouts:
+        want_loss, want_aux, want_norm, want_state, want_momenta = _single(cfg)
         loss = sum(r[name]["loss"] for r in results) / len(
             results
         )  # the mean over dp (cp ranks agree)
@@ -103,6 +114,9 @@ def _check(results, layouts):
                 torch.testing.assert_close(
                     r[name]["state"][k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {k}: {m}"
                 )
+            assert r[name]["momenta"].keys() == want_momenta.keys(), name
+            for i, v in want_momenta.items():
+                torch.testing.assert_close(r[name]["momenta"][i], v, rtol=1e-4, atol=1e-6)
         c = GPTConfig(**cfg)
         n_dp = len(results) // cp
         if ep > 1:  # capacity factor 0: cap = this rank's tokens
@@ -117,15 +131,24 @@ def _check(results, layouts):
         assert (
             f"ep {ep} inside dp" in results[0][name]["describe"]
             and f"cp {cp}" in results[0][name]["describe"]
+            and f"ZeRO-{zero}" in results[0][name]["describe"]
         )
 
 
-WORLD2 = [("ep2", MOE, 2, 1), ("cp2", DENSE, 1, 2)]
+# (name, model, ep, cp, ZeRO stage). Under EP, ZeRO shards the dense parameters over dp and each
+# expert slice over the ranks holding it: one rank on 2 ranks with ep 2, two with ep 2 on 4 ranks.
+WORLD2 = [
+    ("ep2", MOE, 2, 1, 0),
+    ("ep2_zero1", MOE, 2, 1, 1),
+    ("ep2_zero2", MOE, 2, 1, 2),
+    ("cp2", DENSE, 1, 2, 0),
+]
 WORLD4 = [
-    ("ep4", MOE, 4, 1),
-    ("ep2_dp2", MOE, 2, 1),
-    ("cp4", DENSE, 1, 4),
-    ("cp2_dp2", DENSE, 1, 2),
+    ("ep4", MOE, 4, 1, 0),
+    ("ep2_dp2", MOE, 2, 1, 0),
+    ("ep2_dp2_zero1", MOE, 2, 1, 1),
+    ("cp4", DENSE, 1, 4, 0),
+    ("cp2_dp2", DENSE, 1, 2, 0),
 ]
 
 
@@ -163,9 +186,9 @@ MOE_ARGS = [
 def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts(
     tiny_dataset, tmp_path
 ):
-    """`train.py --ep 2` (2 ranks, 2 sequences each) and `--cp 2` (2 ranks, 4 sequences split along
-    time) = one process on the same 4 sequences: loss and pre-clip gradient norm per step (rel
-    1e-4).
+    """`train.py --ep 2` (2 ranks, 2 sequences each; also under --zero 1: AdamW's state sharded)
+    and `--cp 2` (2 ranks, 4 sequences split along time) = one process on the same 4 sequences:
+    loss and pre-clip gradient norm per step (rel 1e-4).
     Each run's step-3 checkpoint resumes on one process, the one-process one on 2 ranks."""
     import shutil
 
@@ -173,6 +196,7 @@ def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts
 
     for name, args, world, flags in [
         ("ep2", MOE_ARGS, 2, ["--ep", "2", "--batch-size", "2"]),
+        ("ep2_zero1", MOE_ARGS, 2, ["--ep", "2", "--zero", "1", "--batch-size", "2"]),
         ("cp2", TRAIN_ARGS, 2, ["--cp", "2"]),
     ]:
         base = ["--data", str(tiny_dataset), *args]
@@ -214,7 +238,8 @@ def test_train_py_refuses_ep_and_cp_layouts_it_does_not_support_in_one_line(tiny
             [*base, *(a.replace("n_expert=4", "n_expert=3") for a in MOE_ARGS), "--ep", "2"],
             "n_expert (3)",
         ),
-        ([*base, *MOE_ARGS, "--ep", "2", "--zero", "1"], "use --zero 0 with --ep"),
+        ([*base, *MOE_ARGS, "--ep", "2", "--zero", "3"], "--zero 3 with --ep: its full state"),
+        ([*base, *TRAIN_ARGS, "--cp", "2", "--zero", "3"], "--zero 3 with --cp: ring attention"),
         ([*base, *TRAIN_ARGS, "--cp", "2", "--tp", "2"], "--cp 2 with --tp 2 / --pp 1"),
         ([*base, *MOE_ARGS, "--cp", "2"], "--cp splits dense attention"),
         ([*base, *TRAIN_ARGS, "--cp", "2", "--block-size", "30"], "not a multiple of 2 x --cp 2"),
