@@ -119,6 +119,22 @@ def parse_json(text: str | bytes, where: str, error: type[Exception] = ValueErro
         raise error(f"{where}: not valid JSON ({str(e).splitlines()[0]}); {fix}") from None
 
 
+def expect(value, kind, where: str, shape: str, error: type[Exception] = ValueError,
+           fix: str = "regenerate the file", ok: Callable = lambda value: True):
+    """`value` if it is a `kind` (a bool never stands for a number) and `ok(value)`, else `error`
+    with one line naming the file's field and what it must be: every reader of a format from
+    outside (tokenizer.json, a checkpoint, a shard index) checks its fields with this one helper.
+
+    >>> expect(-5, int, "tok.json: model.vocab['a']", "an id >= 0", ok=lambda i: i >= 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: tok.json: model.vocab['a'] is '-5', not an id >= 0; regenerate the file
+    """
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool or not ok(value):
+        raise error(f"{where} is {str(value)[:40]!r}, not {shape}; {fix}")
+    return value
+
+
 def read_json(
     path: str | os.PathLike, error: type[Exception] = ValueError, fix: str = "regenerate the file"
 ):

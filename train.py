@@ -368,6 +368,7 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
             ckpt = torch.load(candidate, map_location="cpu", weights_only=True)
             if not isinstance(ckpt, dict) or ckpt.get("version") != 1 or "model" not in ckpt:
                 raise ValueError("not a train.py checkpoint (version 1)")
+            check_checkpoint_fields(ckpt)
         # truncated zip, bad checksum, bad pickle, wrong content: all mean "damaged"
         except Exception as e:
             problems.append(
@@ -384,6 +385,28 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
     raise TrainError(f"no loadable checkpoint in {path}: " + "; ".join(problems))
 
 
+# A context longer than any Llama-format model's (Llama 3.1: 131,072): a KV cache or a mask of
+# 10**13 positions is an allocation of petabytes, so a larger block_size is damage, not a plan.
+MAX_BLOCK_SIZE = 2**20
+
+
+def check_checkpoint_fields(ckpt: dict) -> None:
+    """Each field of a loaded checkpoint checked before anything uses it (fileio.expect): "model"
+    a dict of floating-point tensors (int weights would train and export as garbage),
+    "model_config" an object, "tokenizer_json" a string, "step" an int >= 0. A bad one raises
+    ValueError naming the field, which load_checkpoint reports with the file's name."""
+    fix = "the file is damaged or hand-edited: use a checkpoint train.py wrote"
+    fields = [(f"model[{name!r}].dtype", getattr(weight, "dtype", weight), torch.dtype,
+               "a floating-point dtype", lambda dtype: dtype.is_floating_point) for name, weight in
+              fileio.expect(ckpt["model"], dict, "model", "a dict of weights", fix=fix).items()]
+    fields += [(key, ckpt[key], kind, shape, ok) for key, kind, shape, ok in (
+        ("model_config", dict, "an object of GPTConfig fields", lambda config: True),
+        ("tokenizer_json", str, "a tokenizer JSON string", lambda text: True),
+        ("step", int, "a step number >= 0", lambda step: step >= 0)) if key in ckpt]
+    for where, value, kind, shape, ok in fields:
+        fileio.expect(value, kind, where, shape, fix=fix, ok=ok)
+
+
 def model_from_checkpoint(ckpt: dict, device="cpu"):
     """(GPT in eval mode with the checkpoint's weights, bpe.Tokenizer) from a load_checkpoint()
     dict."""
@@ -398,6 +421,9 @@ def checkpoint_config(ckpt: dict):
     the meta device: no memory): a config that disagrees with its weights is one ConfigError line,
     not load_state_dict's traceback of size mismatches."""
     config = model_lib.GPTConfig.from_dict(ckpt["model_config"])
+    fileio.expect(config.block_size, int, f"{ckpt['path']}: model_config.block_size",
+                  f"a context of at most {MAX_BLOCK_SIZE:,} positions", model_lib.ConfigError,
+                  "the file is damaged or hand-edited", lambda size: size <= MAX_BLOCK_SIZE)
     with torch.device("meta"):
         want = {k: tuple(v.shape) for k, v in model_lib.GPT(config).state_dict().items()}
     have = {k: tuple(getattr(v, "shape", ())) for k, v in ckpt["model"].items()}
