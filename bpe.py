@@ -984,11 +984,16 @@ class Tokenizer:
                 f"{FORMAT_VERSION}"
             )
         try:
-            ranks = {_str_to_bytes(t): int(i) for t, i in doc["vocab"].items()}
+            # 3.7 or "12" is no id (int() would take both, and 3.7 would then share id 3)
+            ranks = {_str_to_bytes(t): fileio.expect(i, int, f"vocab[{t!r}]", "an id",
+                                                     TokenizerError, REMAKE_TOKENIZER)
+                     for t, i in doc["vocab"].items()}
             merges = [tuple(_str_to_bytes(x) for x in m.split(" ")) for m in doc["merges"]]
             if any(len(m) != 2 for m in merges):
                 raise ValueError("a merge is not two tokens separated by one space")
-            specials = {str(s): int(i) for s, i in doc["special_tokens"].items()}
+            specials = {str(s): fileio.expect(i, int, f"special_tokens[{s!r}]", "an id",
+                                              TokenizerError, REMAKE_TOKENIZER)
+                        for s, i in doc["special_tokens"].items()}
             return cls(ranks, specials, doc["pattern"], merges, str(doc.get("name", "bpe")))
         except TokenizerError as e:
             raise TokenizerError(f"{source}: {e}") from None

@@ -443,7 +443,10 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         n_kv_head=field("num_key_value_heads", int, n_head),
         ffn_hidden=_explicit_ffn_hidden(field("intermediate_size", int), n_embd),
         rope_theta=field("rope_theta", float, 10000.0, rope if "rope_theta" in rope else hf),
-        norm_eps=field("rms_norm_eps", float, 1e-6),
+        # an epsilon of 1e300 would flatten every activation to about zero
+        norm_eps=fileio.expect(field("rms_norm_eps", float, 1e-6), float, f"{source}: rms_norm_eps",
+                               "an epsilon below 1", HFError, "fix that field of config.json",
+                               lambda eps: eps < 1),
     )
     try:
         return GPTConfig(**sizes, tie_embeddings=hf.get("tie_word_embeddings", False))
@@ -526,6 +529,9 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
             raise HFError(f"{hf_dir}: the weights lack {theirs}, which config.json implies; "
                               f"the directory is incomplete or not a LlamaForCausalLM")
         tensor = tensors.pop(theirs)
+        # an I64 or BOOL tensor would become float32 weights without a word
+        fileio.expect(tensor.dtype, torch.dtype, f"{hf_dir}: {theirs}'s dtype",
+                      "a floating-point dtype", HFError, FIX_HF_DIR, lambda d: d.is_floating_point)
         if tuple(tensor.shape) != tuple(ours.shape):
             raise HFError(
                 f"{hf_dir}: {theirs} has shape {tuple(tensor.shape)} but config.json implies "

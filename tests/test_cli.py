@@ -16,6 +16,7 @@ import shlex
 import shutil
 
 import pytest
+import torch
 
 import bpe
 import data
@@ -451,6 +452,9 @@ BAD_FILES = [
     ("data", "prepare --data {damaged_parquet}", "damaged_parquet.parquet: damaged parquet data (OSError"),
     ("scaling", "fit {parameters_true}", "record 1: parameters must be a positive finite number, got True"),
     ("scaling", "fit {parameters_huge_int}", "record 1: parameters must be a positive number like 1.2e20, got 1000"),
+    ("bpe", "encode hello --tokenizer {float_id_tokenizer}", "float_id.json: vocab['Ā'] is '3.5', not an id"),
+    ("model", "import-hf --from {hf_huge_eps} --to x.pt", "rms_norm_eps is '1e+300', not an epsilon below 1"),
+    ("model", "import-hf --from {hf_int_weights} --to x.pt", "model.norm.weight's dtype is 'torch.int64', not a float"),
 ]
 
 
@@ -482,12 +486,21 @@ def hostile(fixtures, tmp_path_factory) -> dict:
     out["negative_tokenizer"] = root / "hf_negative_id" / "tokenizer.json"
     config = json.loads((out["hf_good"] / "config.json").read_text())
     for name, file, doc in (("hf_huge_context", "config.json", {**config, "max_position_embeddings": 10 ** 13}),
+                            ("hf_huge_eps", "config.json", {**config, "rms_norm_eps": 1e300}),
                             ("hf_index_int", "model.safetensors.index.json", {"weight_map": {"model.norm.weight": 5}}),
                             ("hf_index_outside", "model.safetensors.index.json",
                              {"weight_map": {"model.norm.weight": "../hf_good/model.safetensors"}})):
         shutil.copytree(out["hf_good"], root / name)
         (root / name / file).write_text(json.dumps(doc))
         out[name] = root / name
+    import safetensors.torch
+    weights = {**hf.hf_state_dict(tiny), "model.norm.weight": torch.ones(16, dtype=torch.int64)}
+    shutil.copytree(out["hf_good"], root / "hf_int_weights")
+    safetensors.torch.save_file(weights, str(root / "hf_int_weights" / "model.safetensors"))
+    own = json.loads(tokenizer.to_json())
+    own["vocab"]["Ā"] = 3.5
+    (root / "float_id.json").write_text(json.dumps(own))
+    out.update(hf_int_weights=root / "hf_int_weights", float_id_tokenizer=root / "float_id.json")
     good_ckpt = {"version": 1, "step": 0, "model": tiny.state_dict(), "model_config": tiny.config.to_dict(),
                  "tokenizer_json": tokenizer.to_json()}
     for name, change in (("ckpt_model_list", {"model": [1]}), ("ckpt_tokenizer_int", {"tokenizer_json": 5}),
