@@ -393,8 +393,10 @@ MAX_BLOCK_SIZE = 2**20
 def check_checkpoint_fields(ckpt: dict) -> None:
     """Each field of a loaded checkpoint checked before anything uses it (fileio.expect): "model"
     a dict of floating-point tensors (int weights would train and export as garbage),
-    "model_config" an object, "tokenizer_json" a string, "step" an int >= 0. A bad one raises
-    ValueError naming the field, which load_checkpoint reports with the file's name."""
+    "model_config" an object, "tokenizer_json" a string, "step" an int >= 0, and the shapes of
+    what --resume restores (optimizer, rng, loader, metrics). A bad one raises ValueError naming
+    the field, which load_checkpoint reports with the file's name (a run directory falls back to
+    its previous checkpoint)."""
     fix = "the file is damaged or hand-edited: use a checkpoint train.py wrote"
     fields = [(f"model[{name!r}].dtype", getattr(weight, "dtype", weight), torch.dtype,
                "a floating-point dtype", lambda dtype: dtype.is_floating_point) for name, weight in
@@ -402,7 +404,15 @@ def check_checkpoint_fields(ckpt: dict) -> None:
     fields += [(key, ckpt[key], kind, shape, ok) for key, kind, shape, ok in (
         ("model_config", dict, "an object of GPTConfig fields", lambda config: True),
         ("tokenizer_json", str, "a tokenizer JSON string", lambda text: True),
-        ("step", int, "a step number >= 0", lambda step: step >= 0)) if key in ckpt]
+        ("step", int, "a step number >= 0", lambda step: step >= 0),
+        # what --resume restores (an imported checkpoint has none of them)
+        ("optimizer", dict, "an optimizer state_dict (state, param_groups)",
+         lambda state: {"state", "param_groups"} <= state.keys()),
+        ("train_config", dict, "an object of train.py settings", lambda config: True),
+        ("rng", list, "a list of random states, one per rank", lambda states: len(states) > 0),
+        ("loader", list, "a list of loader states, one per rank", lambda states: len(states) > 0),
+        ("metrics", dict, "an object with tokens, lr_scale and guard",
+         lambda metrics: {"tokens", "lr_scale", "guard"} <= metrics.keys())) if key in ckpt]
     for where, value, kind, shape, ok in fields:
         fileio.expect(value, kind, where, shape, fix=fix, ok=ok)
 

@@ -455,6 +455,8 @@ BAD_FILES = [
     ("bpe", "encode hello --tokenizer {float_id_tokenizer}", "float_id.json: vocab['Ā'] is '3.5', not an id"),
     ("model", "import-hf --from {hf_huge_eps} --to x.pt", "rms_norm_eps is '1e+300', not an epsilon below 1"),
     ("model", "import-hf --from {hf_int_weights} --to x.pt", "model.norm.weight's dtype is 'torch.int64', not a float"),
+    ("train", "--data {data} --resume {ckpt_optimizer_empty} --out-dir o --model-args {tiny_args} --warmup-steps 0 --batch-size 1",
+     "ckpt_optimizer_empty.pt: ValueError: optimizer is '{}', not an optimizer state_dict"),
 ]
 
 
@@ -500,12 +502,14 @@ def hostile(fixtures, tmp_path_factory) -> dict:
     own = json.loads(tokenizer.to_json())
     own["vocab"]["Ā"] = 3.5
     (root / "float_id.json").write_text(json.dumps(own))
-    out.update(hf_int_weights=root / "hf_int_weights", float_id_tokenizer=root / "float_id.json")
+    out.update(hf_int_weights=root / "hf_int_weights", float_id_tokenizer=root / "float_id.json",
+               tiny_args=",".join(f"{k}={v}" for k, v in tiny.config.to_dict().items() if k in
+                                  ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size")))
     good_ckpt = {"version": 1, "step": 0, "model": tiny.state_dict(), "model_config": tiny.config.to_dict(),
                  "tokenizer_json": tokenizer.to_json()}
     for name, change in (("ckpt_model_list", {"model": [1]}), ("ckpt_tokenizer_int", {"tokenizer_json": 5}),
                          ("ckpt_int_weights", {"model": {k: v.long() for k, v in tiny.state_dict().items()}}),
-                         ("ckpt_step_text", {"step": "x"}),
+                         ("ckpt_step_text", {"step": "x"}), ("ckpt_optimizer_empty", {"optimizer": {}}),
                          ("ckpt_huge_context", {"model_config": {**tiny.config.to_dict(), "block_size": 10 ** 13}})):
         train.atomic_save({**good_ckpt, **change}, root / f"{name}.pt")
         out[name] = root / f"{name}.pt"
