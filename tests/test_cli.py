@@ -519,7 +519,8 @@ def hostile(fixtures, tmp_path_factory) -> dict:
     other = bpe.Tokenizer.from_merges([(b"a", b"b")])
     small = model.GPT(model.GPTConfig(vocab_size=len(other), n_layer=1, n_head=2, n_kv_head=2, n_embd=16))
     train.atomic_save({"version": 1, "step": 5, "model": small.state_dict(), "model_config": small.config.to_dict(),
-                       "optimizer": {}, "tokenizer_json": other.to_json(), "data_dir": "other-data"},
+                       "optimizer": {"state": {}, "param_groups": []}, "tokenizer_json": other.to_json(),
+                       "data_dir": "other-data"},
                       root / "other.pt")
     out.update(mismatch=root / "mismatch.pt", other_tokenizer_run=root / "other.pt")
     for name, column in (("binary_parquet", pa.array([b"some text"] * 3)), ("list_parquet", pa.array([["a"]] * 3))):
