@@ -903,10 +903,10 @@ class Tokenizer:
             field(i, int, f"model.vocab[{t!r}]", "an id from 0 to 2**31 - 1")
             for t, i in vocab.items()
         ]
+        # "a b" (older files) or ["a", "b"] (newer ones); "a b c" splits into three: refused
         merges = [
-            field(
-                m.split(" ") if isinstance(m, str) else m, list, f"model.merges[{k}]", "two tokens"
-            )
+            field(m.split(" ") if isinstance(m, str) else m, list, f"model.merges[{k}]",
+                  "two tokens", lambda m: len(m) == 2 and all(isinstance(x, str) for x in m))
             for k, m in enumerate(field(model.get("merges"), list, "model.merges", "a list"))
         ]
         added = [
@@ -921,9 +921,6 @@ class Tokenizer:
             )
             for k, t in enumerate(added)
         }
-        for k, m in enumerate(merges):
-            field(m, list, f"model.merges[{k}]", "two tokens",
-                  lambda m: len(m) == 2 and all(isinstance(x, str) for x in m))
         try:
             ranks = {_str_to_bytes(t): i for t, i in zip(vocab, ids)}
             merges = [(_str_to_bytes(a), _str_to_bytes(b)) for a, b in merges]

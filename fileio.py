@@ -22,6 +22,10 @@ Three promises of the README live here, so each chapter keeps them in one way:
    ...
    ValueError: config.json: JSON nested more than 1,000 levels deep; ...: regenerate the file
 
+   A parsed document is then checked field by field with `expect` (a type, a range, a file name
+   that stays in its folder), so a tokenizer.json, a checkpoint or a shard index with a string
+   where an object belongs is one line naming the file and the field, not a traceback later.
+
 2. **Nothing half-written.** `write_atomic` writes a temp file in the destination's folder, flushes
    and fsyncs it, then renames it over the destination: a reader (or a crash) sees the old file or
    the new one, never half.

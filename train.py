@@ -366,8 +366,6 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
             # before torch.load: zeros inside load silently
             verify_checksum(candidate)
             ckpt = torch.load(candidate, map_location="cpu", weights_only=True)
-            if not isinstance(ckpt, dict) or ckpt.get("version") != 1 or "model" not in ckpt:
-                raise ValueError("not a train.py checkpoint (version 1)")
             check_checkpoint_fields(ckpt)
         # truncated zip, bad checksum, bad pickle, wrong content: all mean "damaged"
         except Exception as e:
@@ -390,31 +388,39 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
 MAX_BLOCK_SIZE = 2**20
 
 
-def check_checkpoint_fields(ckpt: dict) -> None:
-    """Each field of a loaded checkpoint checked before anything uses it (fileio.expect): "model"
-    a dict of floating-point tensors (int weights would train and export as garbage),
-    "model_config" an object, "tokenizer_json" a string, "step" an int >= 0, and the shapes of
-    what --resume restores (optimizer, rng, loader, metrics). A bad one raises ValueError naming
-    the field, which load_checkpoint reports with the file's name (a run directory falls back to
-    its previous checkpoint)."""
+# What each field of a checkpoint must be, beside "model" (a dict of floating-point weights):
+# (type, what it must be, a check of the value). The last five are what --resume restores; an
+# imported checkpoint (model.py import-hf) has none of them, and a field that is absent is skipped.
+CHECKPOINT_FIELDS = {
+    "model_config": (dict, "an object of GPTConfig fields", lambda config: True),
+    "tokenizer_json": (str, "a tokenizer JSON string", lambda text: True),
+    "step": (int, "a step number >= 0", lambda step: step >= 0),
+    "optimizer": (dict, "an optimizer state_dict (state, param_groups)",
+                  lambda state: {"state", "param_groups"} <= state.keys()),
+    "train_config": (dict, "an object of train.py settings", lambda config: True),
+    "rng": (list, "a list of random states, one per rank", lambda states: len(states) > 0),
+    "loader": (list, "a list of loader states, one per rank", lambda states: len(states) > 0),
+    "metrics": (dict, "an object with tokens, lr_scale and guard",
+                lambda metrics: {"tokens", "lr_scale", "guard"} <= metrics.keys()),
+}
+
+
+def check_checkpoint_fields(ckpt) -> None:
+    """What torch.load gave, checked field by field before anything uses it (fileio.expect): a
+    dict of version 1, its "model" a dict of floating-point tensors (int64 weights would train and
+    export as garbage), then CHECKPOINT_FIELDS. A bad one raises ValueError naming the field,
+    e.g. "step is 'x', not a step number >= 0", which load_checkpoint reports with the file's
+    name (a run directory falls back to its previous checkpoint)."""
     fix = "the file is damaged or hand-edited: use a checkpoint train.py wrote"
-    fields = [(f"model[{name!r}].dtype", getattr(weight, "dtype", weight), torch.dtype,
-               "a floating-point dtype", lambda dtype: dtype.is_floating_point) for name, weight in
-              fileio.expect(ckpt["model"], dict, "model", "a dict of weights", fix=fix).items()]
-    fields += [(key, ckpt[key], kind, shape, ok) for key, kind, shape, ok in (
-        ("model_config", dict, "an object of GPTConfig fields", lambda config: True),
-        ("tokenizer_json", str, "a tokenizer JSON string", lambda text: True),
-        ("step", int, "a step number >= 0", lambda step: step >= 0),
-        # what --resume restores (an imported checkpoint has none of them)
-        ("optimizer", dict, "an optimizer state_dict (state, param_groups)",
-         lambda state: {"state", "param_groups"} <= state.keys()),
-        ("train_config", dict, "an object of train.py settings", lambda config: True),
-        ("rng", list, "a list of random states, one per rank", lambda states: len(states) > 0),
-        ("loader", list, "a list of loader states, one per rank", lambda states: len(states) > 0),
-        ("metrics", dict, "an object with tokens, lr_scale and guard",
-         lambda metrics: {"tokens", "lr_scale", "guard"} <= metrics.keys())) if key in ckpt]
-    for where, value, kind, shape, ok in fields:
-        fileio.expect(value, kind, where, shape, fix=fix, ok=ok)
+    fileio.expect(ckpt, dict, "the checkpoint", "a train.py checkpoint (version 1, with a model)",
+                  fix=fix, ok=lambda ckpt: ckpt.get("version") == 1 and "model" in ckpt)
+    weights = fileio.expect(ckpt["model"], dict, "model", "a dict of weights", fix=fix)
+    for name, weight in weights.items():
+        fileio.expect(getattr(weight, "dtype", weight), torch.dtype, f"model[{name!r}].dtype",
+                      "a floating-point dtype", fix=fix, ok=lambda dtype: dtype.is_floating_point)
+    for key in (key for key in CHECKPOINT_FIELDS if key in ckpt):
+        kind, shape, ok = CHECKPOINT_FIELDS[key]
+        fileio.expect(ckpt[key], kind, key, shape, fix=fix, ok=ok)
 
 
 def model_from_checkpoint(ckpt: dict, device="cpu"):

@@ -287,8 +287,7 @@ MUTANTS = [
            (CLI_FILES,),
            "a checkpoint whose model is a list or whose tokenizer_json is a number is a traceback later"),
     Mutant("checkpoint-int-weights-accepted", "train.py",
-           '"a floating-point dtype", lambda dtype: dtype.is_floating_point)',
-           '"a floating-point dtype", lambda dtype: True)',
+           "ok=lambda dtype: dtype.is_floating_point)", "ok=lambda dtype: True)",
            (CLI_FILES,),
            "int64 weights are exported and trained as if they were a model"),
     # --- attention's cost (issue 37): the online softmax, the causal tiles, the linear layer's gate -----------
