@@ -875,15 +875,11 @@ class Tokenizer:
                 f"tokenizers (GPT-2, Llama 3, ours) can be read"
             )
 
-        def field(value, kind, name: str, shape: str, ok: bool = True):
-            """value if it is a `kind` (a JSON object, list, ...) and ok, else one line naming the
-            field."""
-            if not isinstance(value, kind) or isinstance(value, bool) or not ok:
-                raise TokenizerError(
-                    f"{source}: {name} is {str(value)[:40]!r}, not {shape}; damaged tokenizer.json "
-                    f"(take the model's own)"
-                )
-            return value
+        def field(value, kind, name: str, shape: str, ok=lambda value: True):
+            """value if it is a `kind` (a JSON object, list, ...) and ok(value), else one line
+            naming the field (fileio.expect)."""
+            return fileio.expect(value, kind, f"{source}: {name}", shape, TokenizerError,
+                                 "damaged tokenizer.json (take the model's own)", ok)
         field(doc, dict, "the document", "an object")
         model, normalizer, pre = (field(doc.get(k) or {}, dict, k, "an object")
                                   for k in ("model", "normalizer", "pre_tokenizer"))
@@ -895,8 +891,10 @@ class Tokenizer:
             model.get("byte_fallback")
             or model.get("continuing_subword_prefix")
             or model.get("end_of_word_suffix")
+            or model.get("dropout")
         ):
-            refuse("its BPE uses byte fallback or subword prefixes/suffixes")
+            # dropout: HF would skip merges at random, so no fixed ids to reproduce
+            refuse("its BPE uses byte fallback, subword prefixes/suffixes or dropout")
         pattern = _hf_pattern(pre, refuse, field)
         # to_hf's forms back
         pattern = {hf_regex(p): p for p in (GPT2_PATTERN, GPT4_PATTERN)}.get(pattern, pattern)
@@ -905,10 +903,10 @@ class Tokenizer:
             field(i, int, f"model.vocab[{t!r}]", "an id from 0 to 2**31 - 1")
             for t, i in vocab.items()
         ]
+        # "a b" (older files) or ["a", "b"] (newer ones); "a b c" splits into three: refused
         merges = [
-            field(
-                m.split(" ") if isinstance(m, str) else m, list, f"model.merges[{k}]", "two tokens"
-            )
+            field(m.split(" ") if isinstance(m, str) else m, list, f"model.merges[{k}]",
+                  "two tokens", lambda m: len(m) == 2 and all(isinstance(x, str) for x in m))
             for k, m in enumerate(field(model.get("merges"), list, "model.merges", "a list"))
         ]
         added = [
@@ -923,14 +921,6 @@ class Tokenizer:
             )
             for k, t in enumerate(added)
         }
-        for k, m in enumerate(merges):
-            field(
-                m,
-                list,
-                f"model.merges[{k}]",
-                "two tokens",
-                len(m) == 2 and all(isinstance(x, str) for x in m),
-            )
         try:
             ranks = {_str_to_bytes(t): i for t, i in zip(vocab, ids)}
             merges = [(_str_to_bytes(a), _str_to_bytes(b)) for a, b in merges]
@@ -991,11 +981,16 @@ class Tokenizer:
                 f"{FORMAT_VERSION}"
             )
         try:
-            ranks = {_str_to_bytes(t): int(i) for t, i in doc["vocab"].items()}
+            # 3.7 or "12" is no id (int() would take both, and 3.7 would then share id 3)
+            ranks = {_str_to_bytes(t): fileio.expect(i, int, f"vocab[{t!r}]", "an id",
+                                                     TokenizerError, REMAKE_TOKENIZER)
+                     for t, i in doc["vocab"].items()}
             merges = [tuple(_str_to_bytes(x) for x in m.split(" ")) for m in doc["merges"]]
             if any(len(m) != 2 for m in merges):
                 raise ValueError("a merge is not two tokens separated by one space")
-            specials = {str(s): int(i) for s, i in doc["special_tokens"].items()}
+            specials = {str(s): fileio.expect(i, int, f"special_tokens[{s!r}]", "an id",
+                                              TokenizerError, REMAKE_TOKENIZER)
+                        for s, i in doc["special_tokens"].items()}
             return cls(ranks, specials, doc["pattern"], merges, str(doc.get("name", "bpe")))
         except TokenizerError as e:
             raise TokenizerError(f"{source}: {e}") from None
@@ -1396,7 +1391,8 @@ def _hf_pattern(pre_tokenizer: dict, refuse, field) -> str:
     split = splits[0] if len(splits) == 1 else {}
     if (
         split.get("type") != "Split"
-        or "Regex" not in split.get("pattern", {})
+        or "Regex" not in field(split.get("pattern", {}), dict, "the Split step's pattern",
+                                'an object such as {"Regex": "..."}')
         or split.get("invert")
         or split.get("behavior") != "Isolated"
         or byte_level.get("use_regex", True)

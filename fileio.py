@@ -22,6 +22,10 @@ Three promises of the README live here, so each chapter keeps them in one way:
    ...
    ValueError: config.json: JSON nested more than 1,000 levels deep; ...: regenerate the file
 
+   A parsed document is then checked field by field with `expect` (a type, a range, a file name
+   that stays in its folder), so a tokenizer.json, a checkpoint or a shard index with a string
+   where an object belongs is one line naming the file and the field, not a traceback later.
+
 2. **Nothing half-written.** `write_atomic` writes a temp file in the destination's folder, flushes
    and fsyncs it, then renames it over the destination: a reader (or a crash) sees the old file or
    the new one, never half.
@@ -117,6 +121,22 @@ def parse_json(text: str | bytes, where: str, error: type[Exception] = ValueErro
     # e.g. an integer longer than int's 4,300-digit string limit
     except ValueError as e:
         raise error(f"{where}: not valid JSON ({str(e).splitlines()[0]}); {fix}") from None
+
+
+def expect(value, kind, where: str, shape: str, error: type[Exception] = ValueError,
+           fix: str = "regenerate the file", ok: Callable = lambda value: True):
+    """`value` if it is a `kind` (a bool never stands for a number) and `ok(value)`, else `error`
+    with one line naming the file's field and what it must be: every reader of a format from
+    outside (tokenizer.json, a checkpoint, a shard index) checks its fields with this one helper.
+
+    >>> expect(-5, int, "tok.json: model.vocab['a']", "an id >= 0", ok=lambda i: i >= 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: tok.json: model.vocab['a'] is '-5', not an id >= 0; regenerate the file
+    """
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool or not ok(value):
+        raise error(f"{where} is {str(value)[:40]!r}, not {shape}; {fix}")
+    return value
 
 
 def read_json(

@@ -248,11 +248,17 @@ def _count_lines(path: pathlib.Path | str, start: int) -> int:
 def read_parquet(
     path: pathlib.Path | str, field: str = "text", row_groups: range | None = None
 ) -> Iterator[str]:
-    """The `field` column of a .parquet file, batch by batch (row_groups: only those)."""
-    for batch in parquet_file(path, field).iter_batches(columns=[field], row_groups=row_groups):
-        for text in batch.column(0).to_pylist():
-            if text:
-                yield text
+    """The `field` column of a .parquet file, batch by batch (row_groups: only those). A data page
+    that does not decompress (the footer read fine) is one line too, not pyarrow's OSError."""
+    batches = parquet_file(path, field).iter_batches(columns=[field], row_groups=row_groups)
+    try:
+        for batch in batches:
+            yield from filter(None, batch.column(0).to_pylist())
+    # pyarrow's ArrowInvalid is a ValueError, its IOError an OSError
+    except (OSError, ValueError) as e:
+        raise DataError(
+            f"{path}: damaged parquet data ({type(e).__name__}: {str(e)[:120]}); re-download it"
+        ) from None
 
 
 def parquet_file(path: pathlib.Path | str, field: str):
@@ -276,10 +282,11 @@ def parquet_file(path: pathlib.Path | str, field: str):
             f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:120]}); "
             f"re-download it"
         ) from None
-    if field not in table.schema_arrow.names:
+    # two columns of one name: pyarrow cannot pick one
+    if table.schema_arrow.names.count(field) != 1:
         raise DataError(
-            f"{path}: no column {field!r} (columns: {', '.join(table.schema_arrow.names)}); "
-            f"pass --text-field"
+            f"{path}: {'no' if field not in table.schema_arrow.names else 'more than one'} "
+            f"column {field!r} (columns: {', '.join(table.schema_arrow.names)}); pass --text-field"
         )
     kind = table.schema_arrow.field(field).type
     # bytes or lists: no text to read

@@ -433,14 +433,20 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         )
     sizes = dict(
         vocab_size=field("vocab_size", int),
-        block_size=field("max_position_embeddings", int, 2048),
+        block_size=fileio.expect(
+            field("max_position_embeddings", int, 2048), int, f"{source}: max_position_embeddings",
+            f"a context of at most {train.MAX_BLOCK_SIZE:,} positions", HFError,
+            "fix that field of config.json", lambda size: size <= train.MAX_BLOCK_SIZE),
         n_layer=field("num_hidden_layers", int),
         n_head=n_head,
         n_embd=n_embd,
         n_kv_head=field("num_key_value_heads", int, n_head),
         ffn_hidden=_explicit_ffn_hidden(field("intermediate_size", int), n_embd),
         rope_theta=field("rope_theta", float, 10000.0, rope if "rope_theta" in rope else hf),
-        norm_eps=field("rms_norm_eps", float, 1e-6),
+        # an epsilon of 1e300 would flatten every activation to about zero
+        norm_eps=fileio.expect(field("rms_norm_eps", float, 1e-6), float, f"{source}: rms_norm_eps",
+                               "an epsilon below 1", HFError, "fix that field of config.json",
+                               lambda eps: eps < 1),
     )
     try:
         return GPTConfig(**sizes, tie_embeddings=hf.get("tie_word_embeddings", False))
@@ -467,16 +473,19 @@ def _read_safetensors(hf_dir: pathlib.Path) -> dict[str, torch.Tensor]:
     model.safetensors.index.json."""
     load_file = require("safetensors.torch", "reading a Hugging Face model").load_file
     index = hf_dir / "model.safetensors.index.json"
-    try:
-        files = (
-            sorted(set(fileio.read_json(index, HFError, FIX_HF_DIR)["weight_map"].values()))
-            if index.is_file()
-            else ["model.safetensors"]
-        )
-    except (KeyError, TypeError, AttributeError) as e:
-        raise HFError(
-            f"{index} is damaged ({type(e).__name__}: {e}); it must map tensor names to files"
-        ) from None
+    if index.is_file():
+        doc = fileio.expect(fileio.read_json(index, HFError, FIX_HF_DIR), dict, str(index),
+                            "an object", HFError, FIX_HF_DIR)
+        weight_map = fileio.expect(doc.get("weight_map"), dict, f"{index}: weight_map",
+                                   "an object of tensor name -> file", HFError, FIX_HF_DIR)
+    else:
+        weight_map = {"": "model.safetensors"}
+    # a shard is a file beside the index: "../x" or "/etc/passwd" would read outside the folder
+    files = sorted({
+        fileio.expect(name, str, f"{index}: weight_map[{key!r}]", "a file name in that folder",
+                      HFError, FIX_HF_DIR, lambda name: pathlib.PurePath(name).name == name != "..")
+        for key, name in weight_map.items()
+    })
     tensors = {}
     for name in files:
         if not (hf_dir / name).is_file():
@@ -520,6 +529,9 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
             raise HFError(f"{hf_dir}: the weights lack {theirs}, which config.json implies; "
                               f"the directory is incomplete or not a LlamaForCausalLM")
         tensor = tensors.pop(theirs)
+        # an I64 or BOOL tensor would become float32 weights without a word
+        fileio.expect(tensor.dtype, torch.dtype, f"{hf_dir}: {theirs}'s dtype",
+                      "a floating-point dtype", HFError, FIX_HF_DIR, lambda d: d.is_floating_point)
         if tuple(tensor.shape) != tuple(ours.shape):
             raise HFError(
                 f"{hf_dir}: {theirs} has shape {tuple(tensor.shape)} but config.json implies "

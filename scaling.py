@@ -91,9 +91,12 @@ def positive(name: str, value) -> float:
     1.2e+20
     """
     try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ScalingError(f"{name} must be a positive number like 1.2e20, got {value!r}") from None
+        # true is not 1 parameter; 10**400, an int JSON allows, overflows float
+        x = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ScalingError(
+            f"{name} must be a positive number like 1.2e20, got {value!r:.40}"
+        ) from None
     if not math.isfinite(x) or x <= 0:
         raise ScalingError(f"{name} must be a positive finite number, got {value!r}")
     return x

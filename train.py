@@ -366,8 +366,7 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
             # before torch.load: zeros inside load silently
             verify_checksum(candidate)
             ckpt = torch.load(candidate, map_location="cpu", weights_only=True)
-            if not isinstance(ckpt, dict) or ckpt.get("version") != 1 or "model" not in ckpt:
-                raise ValueError("not a train.py checkpoint (version 1)")
+            check_checkpoint_fields(ckpt)
         # truncated zip, bad checksum, bad pickle, wrong content: all mean "damaged"
         except Exception as e:
             problems.append(
@@ -384,6 +383,46 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
     raise TrainError(f"no loadable checkpoint in {path}: " + "; ".join(problems))
 
 
+# A context longer than any Llama-format model's (Llama 3.1: 131,072): a KV cache or a mask of
+# 10**13 positions is an allocation of petabytes, so a larger block_size is damage, not a plan.
+MAX_BLOCK_SIZE = 2**20
+
+
+# What each field of a checkpoint must be, beside "model" (a dict of floating-point weights):
+# (type, what it must be, a check of the value). The last five are what --resume restores; an
+# imported checkpoint (model.py import-hf) has none of them, and a field that is absent is skipped.
+CHECKPOINT_FIELDS = {
+    "model_config": (dict, "an object of GPTConfig fields", lambda config: True),
+    "tokenizer_json": (str, "a tokenizer JSON string", lambda text: True),
+    "step": (int, "a step number >= 0", lambda step: step >= 0),
+    "optimizer": (dict, "an optimizer state_dict (state, param_groups)",
+                  lambda state: {"state", "param_groups"} <= state.keys()),
+    "train_config": (dict, "an object of train.py settings", lambda config: True),
+    "rng": (list, "a list of random states, one per rank", lambda states: len(states) > 0),
+    "loader": (list, "a list of loader states, one per rank", lambda states: len(states) > 0),
+    "metrics": (dict, "an object with tokens, lr_scale and guard",
+                lambda metrics: {"tokens", "lr_scale", "guard"} <= metrics.keys()),
+}
+
+
+def check_checkpoint_fields(ckpt) -> None:
+    """What torch.load gave, checked field by field before anything uses it (fileio.expect): a
+    dict of version 1, its "model" a dict of floating-point tensors (int64 weights would train and
+    export as garbage), then CHECKPOINT_FIELDS. A bad one raises ValueError naming the field,
+    e.g. "step is 'x', not a step number >= 0", which load_checkpoint reports with the file's
+    name (a run directory falls back to its previous checkpoint)."""
+    fix = "the file is damaged or hand-edited: use a checkpoint train.py wrote"
+    fileio.expect(ckpt, dict, "the checkpoint", "a train.py checkpoint (version 1, with a model)",
+                  fix=fix, ok=lambda ckpt: ckpt.get("version") == 1 and "model" in ckpt)
+    weights = fileio.expect(ckpt["model"], dict, "model", "a dict of weights", fix=fix)
+    for name, weight in weights.items():
+        fileio.expect(getattr(weight, "dtype", weight), torch.dtype, f"model[{name!r}].dtype",
+                      "a floating-point dtype", fix=fix, ok=lambda dtype: dtype.is_floating_point)
+    for key in (key for key in CHECKPOINT_FIELDS if key in ckpt):
+        kind, shape, ok = CHECKPOINT_FIELDS[key]
+        fileio.expect(ckpt[key], kind, key, shape, fix=fix, ok=ok)
+
+
 def model_from_checkpoint(ckpt: dict, device="cpu"):
     """(GPT in eval mode with the checkpoint's weights, bpe.Tokenizer) from a load_checkpoint()
     dict."""
@@ -398,6 +437,9 @@ def checkpoint_config(ckpt: dict):
     the meta device: no memory): a config that disagrees with its weights is one ConfigError line,
     not load_state_dict's traceback of size mismatches."""
     config = model_lib.GPTConfig.from_dict(ckpt["model_config"])
+    fileio.expect(config.block_size, int, f"{ckpt['path']}: model_config.block_size",
+                  f"a context of at most {MAX_BLOCK_SIZE:,} positions", model_lib.ConfigError,
+                  "the file is damaged or hand-edited", lambda size: size <= MAX_BLOCK_SIZE)
     with torch.device("meta"):
         want = {k: tuple(v.shape) for k, v in model_lib.GPT(config).state_dict().items()}
     have = {k: tuple(getattr(v, "shape", ())) for k, v in ckpt["model"].items()}

@@ -53,6 +53,7 @@ class Mutant:
 
 
 PARALLEL = "tests/test_parallel.py"
+CLI_FILES = "tests/test_cli.py::test_a_damaged_file_is_one_line_naming_the_file_and_field"
 TRAIN = "tests/test_train.py"
 EPCP = "tests/test_ep_cp.py"
 COMPILE = "tests/test_compile.py"
@@ -288,6 +289,19 @@ MUTANTS = [
            ("tests/test_data_at_scale.py::"
             "test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above",),
            "the default prepare streams small inputs: the reference engine a learner reads never runs"),
+    # issue 38: files read from outside, checked field by field before use
+    Mutant("shard-index-reads-outside-the-folder", "hf.py",
+           'lambda name: pathlib.PurePath(name).name == name != "..")', "lambda name: True)",
+           (CLI_FILES,),
+           "a shard index naming ../other/model.safetensors loads weights from outside the model folder"),
+    Mutant("checkpoint-fields-unchecked", "train.py",
+           "            check_checkpoint_fields(ckpt)\n", "",
+           (CLI_FILES,),
+           "a checkpoint whose model is a list or whose tokenizer_json is a number is a traceback later"),
+    Mutant("checkpoint-int-weights-accepted", "train.py",
+           "ok=lambda dtype: dtype.is_floating_point)", "ok=lambda dtype: True)",
+           (CLI_FILES,),
+           "int64 weights are exported and trained as if they were a model"),
     # --- attention's cost (issue 37): the online softmax, the causal tiles, the linear layer's gate -----------
     Mutant("flash-sum-not-rescaled", "model.py",
            "l = rescale * l + p.sum(-1)", "l = l + p.sum(-1)",

@@ -16,6 +16,7 @@ import shlex
 import shutil
 
 import pytest
+import torch
 
 import bpe
 import data
@@ -433,6 +434,29 @@ BAD_FILES = [
     ("scaling", "fit {subnormal_loss}", "record 1: loss 4.94e-324 is outside"),
     ("scaling", "fit {heldout_yes}", "record 1: heldout is 'yes', not true or false"),
     ("evaluate", "--tasks {many_tasks}", "more than 10,000 tasks (--max-tasks)"),
+    # the audit of issue 38's field checks: each of these was a traceback or was silently accepted
+    ("model", "import-hf --from {hf_split_str} --to x.pt", "the Split step's pattern is 'Regex', not an object"),
+    ("model", "import-hf --from {hf_dropout} --to x.pt", "or dropout, which bpe.py cannot reproduce"),
+    ("model", "import-hf --from {hf_huge_context} --to x.pt",
+     "max_position_embeddings is '10000000000000', not a context of at most 1,048,576"),
+    ("model", "import-hf --from {hf_index_int} --to x.pt", "weight_map['model.norm.weight'] is '5', not a file name"),
+    ("model", "import-hf --from {hf_index_outside} --to x.pt", "is '../hf_good/model.safetensors', not a file name"),
+    ("evaluate", "--ckpt {ckpt_model_list}", "ckpt_model_list.pt: ValueError: model is '[1]', not a dict of weights"),
+    ("evaluate", "sample --ckpt {ckpt_tokenizer_int}", "tokenizer_json is '5', not a tokenizer JSON string"),
+    ("model", "export --ckpt {ckpt_tokenizer_int} --to o", "tokenizer_json is '5', not a tokenizer JSON string"),
+    ("model", "export --ckpt {ckpt_int_weights} --to o", "model['tok_emb.weight'].dtype is 'torch.int64', not a"),
+    ("evaluate", "--ckpt {ckpt_step_text}", "step is 'x', not a step number >= 0"),
+    ("train", "--init-from {ckpt_huge_context} --out-dir o", "block_size is '10000000000000', not a context of"),
+    ("evaluate", "sample --ckpt {ckpt_huge_context}", "block_size is '10000000000000', not a context of"),
+    ("data", "prepare --data {two_text_parquet}", "more than one column 'text' (columns: text, text)"),
+    ("data", "prepare --data {damaged_parquet}", "damaged_parquet.parquet: damaged parquet data (OSError"),
+    ("scaling", "fit {parameters_true}", "record 1: parameters must be a positive finite number, got True"),
+    ("scaling", "fit {parameters_huge_int}", "record 1: parameters must be a positive number like 1.2e20, got 1000"),
+    ("bpe", "encode hello --tokenizer {float_id_tokenizer}", "float_id.json: vocab['Ā'] is '3.5', not an id"),
+    ("model", "import-hf --from {hf_huge_eps} --to x.pt", "rms_norm_eps is '1e+300', not an epsilon below 1"),
+    ("model", "import-hf --from {hf_int_weights} --to x.pt", "model.norm.weight's dtype is 'torch.int64', not a float"),
+    ("train", "--data {data} --resume {ckpt_optimizer_empty} --out-dir o --model-args {tiny_args} --warmup-steps 0 --batch-size 1",
+     "ckpt_optimizer_empty.pt: ValueError: optimizer is '{}', not an optimizer state_dict"),
 ]
 
 
@@ -452,7 +476,9 @@ def hostile(fixtures, tmp_path_factory) -> dict:
                "hf_added_str": lambda d: d.update(added_tokens=["<|endoftext|>"]),
                "hf_merge3": lambda d: d["model"]["merges"].insert(0, "a b c"),
                "hf_negative_id": lambda d: d["model"]["vocab"].update({first: -5}),
-               "hf_huge_id": lambda d: d["model"]["vocab"].update({first: 10 ** 12})}
+               "hf_huge_id": lambda d: d["model"]["vocab"].update({first: 10 ** 12}),
+               "hf_split_str": lambda d: d["pre_tokenizer"]["pretokenizers"][0].update(pattern="Regex"),
+               "hf_dropout": lambda d: d["model"].update(dropout=0.1)}
     for name, change in changes.items():
         shutil.copytree(out["hf_good"], root / name)
         doc = json.loads(json.dumps(good))
@@ -460,21 +486,57 @@ def hostile(fixtures, tmp_path_factory) -> dict:
         (root / name / "tokenizer.json").write_text(json.dumps(doc))
         out[name] = root / name
     out["negative_tokenizer"] = root / "hf_negative_id" / "tokenizer.json"
+    config = json.loads((out["hf_good"] / "config.json").read_text())
+    for name, file, doc in (("hf_huge_context", "config.json", {**config, "max_position_embeddings": 10 ** 13}),
+                            ("hf_huge_eps", "config.json", {**config, "rms_norm_eps": 1e300}),
+                            ("hf_index_int", "model.safetensors.index.json", {"weight_map": {"model.norm.weight": 5}}),
+                            ("hf_index_outside", "model.safetensors.index.json",
+                             {"weight_map": {"model.norm.weight": "../hf_good/model.safetensors"}})):
+        shutil.copytree(out["hf_good"], root / name)
+        (root / name / file).write_text(json.dumps(doc))
+        out[name] = root / name
+    import safetensors.torch
+    weights = {**hf.hf_state_dict(tiny), "model.norm.weight": torch.ones(16, dtype=torch.int64)}
+    shutil.copytree(out["hf_good"], root / "hf_int_weights")
+    safetensors.torch.save_file(weights, str(root / "hf_int_weights" / "model.safetensors"))
+    own = json.loads(tokenizer.to_json())
+    own["vocab"]["Ā"] = 3.5
+    (root / "float_id.json").write_text(json.dumps(own))
+    out.update(hf_int_weights=root / "hf_int_weights", float_id_tokenizer=root / "float_id.json",
+               tiny_args=",".join(f"{k}={v}" for k, v in tiny.config.to_dict().items() if k in
+                                  ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size")))
+    good_ckpt = {"version": 1, "step": 0, "model": tiny.state_dict(), "model_config": tiny.config.to_dict(),
+                 "tokenizer_json": tokenizer.to_json()}
+    for name, change in (("ckpt_model_list", {"model": [1]}), ("ckpt_tokenizer_int", {"tokenizer_json": 5}),
+                         ("ckpt_int_weights", {"model": {k: v.long() for k, v in tiny.state_dict().items()}}),
+                         ("ckpt_step_text", {"step": "x"}), ("ckpt_optimizer_empty", {"optimizer": {}}),
+                         ("ckpt_huge_context", {"model_config": {**tiny.config.to_dict(), "block_size": 10 ** 13}})):
+        train.atomic_save({**good_ckpt, **change}, root / f"{name}.pt")
+        out[name] = root / f"{name}.pt"
     config = {**tiny.config.to_dict(), "n_embd": 32}
     train.atomic_save({"version": 1, "step": 0, "model": tiny.state_dict(), "model_config": config,
                        "tokenizer_json": tokenizer.to_json()}, root / "mismatch.pt")
     other = bpe.Tokenizer.from_merges([(b"a", b"b")])
     small = model.GPT(model.GPTConfig(vocab_size=len(other), n_layer=1, n_head=2, n_kv_head=2, n_embd=16))
     train.atomic_save({"version": 1, "step": 5, "model": small.state_dict(), "model_config": small.config.to_dict(),
-                       "optimizer": {}, "tokenizer_json": other.to_json(), "data_dir": "other-data"},
+                       "optimizer": {"state": {}, "param_groups": []}, "tokenizer_json": other.to_json(),
+                       "data_dir": "other-data"},
                       root / "other.pt")
     out.update(mismatch=root / "mismatch.pt", other_tokenizer_run=root / "other.pt")
     for name, column in (("binary_parquet", pa.array([b"some text"] * 3)), ("list_parquet", pa.array([["a"]] * 3))):
         pq.write_table(pa.table({"text": column}), root / f"{name}.parquet")
         out[name] = root / f"{name}.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["a b"] * 3)] * 2, names=["text", "text"]),
+                   root / "two_text_parquet.parquet")
+    pq.write_table(pa.table({"text": [f"document {i} " * 20 for i in range(2000)]}), root / "damaged_parquet.parquet")
+    damaged = bytearray((root / "damaged_parquet.parquet").read_bytes())
+    damaged[len(damaged) // 3:len(damaged) // 3 + 200] = bytes(range(200))      # a data page, the footer intact
+    (root / "damaged_parquet.parquet").write_bytes(bytes(damaged))
+    out.update(two_text_parquet=root / "two_text_parquet.parquet", damaged_parquet=root / "damaged_parquet.parquet")
     runs = [{"parameters": 1e6 * (i + 1), "tokens": 2e7 * (1 + i % 2), "loss": 4.0 - 0.1 * i} for i in range(8)]
     for name, change in (("huge_tokens", {"tokens": 1e300}), ("subnormal_loss", {"loss": 5e-324}),
-                         ("heldout_yes", {"heldout": "yes"})):
+                         ("heldout_yes", {"heldout": "yes"}), ("parameters_true", {"parameters": True}),
+                         ("parameters_huge_int", {"parameters": 10 ** 400})):
         (root / f"{name}.json").write_text(json.dumps([{**runs[0], **change}, *runs[1:]]))
         out[name] = root / f"{name}.json"
     out["many_tasks"] = root / "many.jsonl"
