@@ -1251,44 +1251,32 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli import Parser, in_range
+    from cli import Parser, add_commands, in_range
     parser = Parser(prog="model.py",
                     description="The model: print the presets, time generation with a KV cache, "
                                 "export to / import from the Hugging Face Llama layout.")
     parser.set_defaults(moe=8, top_k=2)
-    sub = parser.add_subparsers(dest="command", parser_class=Parser)
-    presets = sub.add_parser(
-        "presets", help="table of presets (the default): shape, parameters, FLOPs, memory"
-    )
-    presets.add_argument(
-        "--moe",
-        type=in_range(int, 0, 4096),
-        default=8,
-        metavar="E",
-        help="also show each preset as a Mixture of Experts with E experts (0: don't)",
-    )
-    presets.add_argument("--top-k", type=in_range(int, 1, 4096), default=2,
-                         help="experts per token in that table")
-    demo = sub.add_parser(
-        "demo", help="greedy generation from an untrained preset, with and without the KV cache"
-    )
-    demo.add_argument("--model", choices=list(PRESETS), default="tiny")
-    demo.add_argument(
-        "--tokens",
-        type=in_range(int, 1, 10_000),
-        default=100,
-        help="new tokens (the uncached side recomputes the window per token: 1e4 is minutes on a "
-        "CPU)",
-    )
-    demo.add_argument("--seed", type=in_range(int, 0, 2**32 - 1), default=0)
     # The bridge's commands are hf.py's, listed here and handed to hf.main before parsing (see its
     # --help).
-    sub.add_parser(
-        "export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory (hf.py)"
-    )
-    sub.add_parser(
-        "import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint (hf.py)"
-    )
+    add_commands(parser.add_subparsers(dest="command", parser_class=Parser), {
+        "presets": ("table of presets (the default): shape, parameters, FLOPs, memory", None, [
+            ("--moe", {"type": in_range(int, 0, 4096), "default": 8, "metavar": "E",
+                       "help": "also show each preset as a Mixture of Experts with E experts "
+                               "(0: don't)"}),
+            ("--top-k", {"type": in_range(int, 1, 4096), "default": 2,
+                         "help": "experts per token in that table"})]),
+        "demo": ("greedy generation from an untrained preset, with and without the KV cache",
+                 None, [
+            ("--model", {"choices": list(PRESETS), "default": "tiny"}),
+            ("--tokens", {"type": in_range(int, 1, 10_000), "default": 100,
+                          "help": "new tokens (the uncached side recomputes the window per token: "
+                                  "1e4 is minutes on a CPU)"}),
+            ("--seed", {"type": in_range(int, 0, 2**32 - 1), "default": 0})]),
+        "export": ("write a checkpoint as a Hugging Face LlamaForCausalLM directory (hf.py)",
+                   None, []),
+        "import-hf": ("read a Hugging Face Llama directory into a train.py checkpoint (hf.py)",
+                      None, []),
+    })
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["export"], ["import-hf"]):
         # main only: model.py's library never imports the bridge
