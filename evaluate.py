@@ -88,6 +88,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -346,16 +347,9 @@ def read_tasks(path, limit: int = MAX_TASKS) -> list[Task]:
 def split_paragraphs(text: str) -> list[str]:
     """Paragraphs are separated by blank (or whitespace-only) lines.
     "a\\nb\\n \\nc" -> ["a\\nb", "c"]"""
-    paragraphs, current = [], []
-    for line in text.splitlines():
-        if line.strip():
-            current.append(line)
-        elif current:
-            paragraphs.append("\n".join(current))
-            current = []
-    if current:
-        paragraphs.append("\n".join(current))
-    return paragraphs
+    # runs of consecutive lines, each run all blank or all non-blank: (non_blank, its lines)
+    runs = itertools.groupby(text.splitlines(), key=lambda line: bool(line.strip()))
+    return ["\n".join(lines) for non_blank, lines in runs if non_blank]
 
 
 # The last word of a paragraph: letters only, after a space, followed only by punctuation (WikiText
@@ -670,11 +664,8 @@ def held_out_from_documents(name: str, documents: list[str], tokenizer) -> HeldO
         raise EvalError(f"the evaluation set {name} is empty: give a text with at least one "
                         "non-blank document")
     eot = getattr(tokenizer, "eot_id", None)
-    pieces = []
-    for doc in documents:
-        if eot is not None:
-            pieces.append([eot])
-        pieces.append(_encode(tokenizer, doc if eot is not None else doc + "\n\n"))
+    pieces = [[eot] + _encode(tokenizer, doc) if eot is not None
+              else _encode(tokenizer, doc + "\n\n") for doc in documents]
     ids = np.fromiter((i for piece in pieces for i in piece), dtype=np.int64)
     n_bytes = sum(len(d.encode("utf-8")) + (0 if eot is not None else 2) for d in documents)
     return HeldOut(name, ids, n_bytes, documents)
