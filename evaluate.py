@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import concurrent.futures
 import dataclasses
 import itertools
 import json
@@ -1100,32 +1101,48 @@ def decode_cost(net, context: int, new_tokens: int = 16) -> tuple[float, int]:
     return (time.perf_counter() - start) / new_tokens * 1e3, cache.nbytes()
 
 
+def _recall_run(kind: str, seed: int, pair_counts: list[int], steps: int, width: int,
+                lr: float | None, contexts: list[int]):
+    """One model of the experiment, in a worker process on one thread (a second thread buys
+    nothing on matmuls this small; the processes use the cores): its row, and its decoding cost at
+    each of `contexts`."""
+    torch.set_num_threads(1)
+    begun = time.perf_counter()
+    net = train_recall(kind, seed, pair_counts, steps, width, lr=lr)
+    row = {"kind": kind, "seed": seed, "params": net.num_params(),
+           "train_s": time.perf_counter() - begun,
+           "accuracy": {n: recall_accuracy(net, n, seed=10_000 + seed) for n in pair_counts}}
+    print(f"  {kind:<9} seed {seed}: " + "  ".join(
+        f"{n} pairs {a:.3f}" for n, a in row["accuracy"].items()), flush=True)
+    return row, [dict(zip(("kind", "context", "ms_per_token", "state_bytes"),
+                          (kind, c, *decode_cost(net, c)))) for c in contexts]
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and of its finished (joined) children."""
+    both = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in both)
+
+
 def recall_experiment(pair_counts: list[int], seeds: int, steps: int, contexts: list[int],
-                      width: int = 64, lr: float | None = None):
-    """Train every kind with every seed, score recall at every pair count, time decoding at every
-    context. Also what the run cost: wall and CPU seconds, and the machine's load average at the
-    start and the end (a shared machine inflates the wall time and the ms / token)."""
-    started, load = time.perf_counter(), os.getloadavg()
-    cpu, rows, costs = resource.getrusage(resource.RUSAGE_SELF), [], []
-    for kind in RECALL_KINDS:
-        for seed in range(seeds):
-            begun = time.perf_counter()
-            net = train_recall(kind, seed, pair_counts, steps, width, lr=lr)
-            rows.append({"kind": kind, "seed": seed, "params": net.num_params(),
-                         "train_s": time.perf_counter() - begun,
-                         "accuracy": {n: recall_accuracy(net, n, seed=10_000 + seed)
-                                      for n in pair_counts}})
-            print(f"  {kind:<9} seed {seed}: " + "  ".join(
-                f"{n} pairs {a:.3f}" for n, a in rows[-1]["accuracy"].items()), flush=True)
-        costs += [dict(zip(("kind", "context", "ms_per_token", "state_bytes"),
-                           (kind, c, *decode_cost(net, c)))) for c in contexts]
-    now = resource.getrusage(resource.RUSAGE_SELF)
+                      width: int = 64, lr: float | None = None, workers: int = 3):
+    """Train every kind with every seed (in `workers` processes), score recall at every pair
+    count, time decoding at every context (the last seed's model of each kind). Also what the run
+    cost: wall and CPU seconds, and the machine's load average at the start and the end (a shared
+    machine inflates the wall time and the ms / token)."""
+    started, cpu, load = time.perf_counter(), _cpu_seconds(), os.getloadavg()
+    jobs = [(kind, seed, pair_counts, steps, width, lr, contexts if seed == seeds - 1 else [])
+            for kind in RECALL_KINDS for seed in range(seeds)]
+    # spawn, not fork: a forked child of a process that already ran torch's thread pool can hang
+    import multiprocessing
+    with concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(_recall_run, *zip(*jobs)))            # in the jobs' order
     return {"pair_counts": pair_counts, "seeds": seeds, "steps": steps, "width": width,
             "batch": RECALL_BATCH, "lr": {kind: lr or RECALL_LR[kind] for kind in RECALL_KINDS},
-            "rows": rows, "costs": costs,
-            "wall_s": time.perf_counter() - started,
-            "cpu_s": now.ru_utime + now.ru_stime - cpu.ru_utime - cpu.ru_stime,
-            "threads": torch.get_num_threads(), "cores": os.cpu_count(),
+            "rows": [row for row, _ in done], "costs": [c for _, costs in done for c in costs],
+            "wall_s": time.perf_counter() - started, "cpu_s": _cpu_seconds() - cpu,
+            "workers": workers, "cores": os.cpu_count(),
             "load_start": load[0], "load_end": os.getloadavg()[0]}
 
 
@@ -1151,7 +1168,8 @@ def recall_report(result: dict) -> str:
              + ", ".join(f"{lr:g} ({kind})" for kind, lr in r["lr"].items()) + ", "
              f"{r['seeds']} seeds, scored on 256 fresh rows per pair count.", "",
              f"The run took {r['wall_s'] / 60:.1f} min of wall time and {r['cpu_s'] / 60:.1f} min "
-             f"of CPU time ({r['threads']} threads, {r['cores']} cores); the load average was "
+             f"of CPU time ({r['workers']} processes of one thread, {r['cores']} cores); the load "
+             f"average was "
              f"{r['load_start']:.1f} at the start and {r['load_end']:.1f} at the end"
              + (", so the machine was shared and the wall time and ms / token below are inflated."
                 if max(r["load_start"], r["load_end"]) > r["cores"] else "."), "",
@@ -1336,6 +1354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=in_range(float, 0.0, 1.0, low_open=True),
                    help="one learning rate for every kind (default: each kind's, RECALL_LR)")
     p.add_argument("--width", type=in_range(int, 4, 1024), default=64, help="n_embd (2 heads)")
+    p.add_argument("--workers", type=count, default=3,
+                   help="processes training models at once (default 3, one per kind)")
     p.add_argument("--contexts", type=count, nargs="+", default=[256, 1024, 4096],
                    help="prompt lengths at which decoding is timed")
     p.add_argument("--out", type=writable("dir"), default="docs/recall",
@@ -1386,7 +1406,7 @@ def run(args) -> None:
             raise EvalError(f"--width {args.width}: 2 heads need an even head size; "
                             f"use a multiple of 4")
         result = recall_experiment(args.pairs, args.seeds, args.steps, args.contexts, args.width,
-                                   args.lr)
+                                   args.lr, args.workers)
         print(report := recall_report(result))
         plot_recall(result, pathlib.Path(args.out) / "recall.png")
         write_json(result, pathlib.Path(args.out) / "recall.json")
