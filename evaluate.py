@@ -453,7 +453,8 @@ def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_t
     def stop(new_ids):
         return (eot is not None and new_ids[-1] == eot) or "\n" in tokenizer.decode(new_ids)
 
-    hits, probs, token_hits, token_total, examples = 0, [], 0, 0, {True: [], False: []}
+    # examples[True]: the tasks answered right, examples[False]: the others
+    probs, token_hits, token_total, examples = [], 0, 0, {True: [], False: []}
     for number, task in enumerate(tasks, 1):
         prompt_ids, answer_ids = _encode(tokenizer, task.prompt), _encode(tokenizer, task.answer)
         if not prompt_ids:
@@ -468,7 +469,6 @@ def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_t
             generated = generated[:-1]
         prediction = leading_words(tokenizer.decode(generated), max(1, len(task.answer.split())))
         hit = exact_match(prediction, task.answer)
-        hits += hit
         probs.append(math.exp(logprob))
         token_hits += n_top
         token_total += len(answer_ids)
@@ -477,9 +477,9 @@ def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_t
                               "p_answer": math.exp(logprob)})
         if number % 500 == 0:                  # a long task file shows it is moving, on stderr
             print(f"tasks: {number:,} of {len(tasks):,} scored, exact match so far "
-                  f"{hits / number:.3f}", file=sys.stderr, flush=True)
+                  f"{len(examples[True]) / number:.3f}", file=sys.stderr, flush=True)
     shown = examples[True][:1] + examples[False][:n_examples - min(1, len(examples[True]))]
-    return {"items": len(tasks), "exact_match": hits / len(tasks),
+    return {"items": len(tasks), "exact_match": len(examples[True]) / len(tasks),
             "p_answer": float(np.mean(probs)), "answer_token_accuracy": token_hits / token_total,
             "examples": shown}
 
@@ -785,8 +785,9 @@ def evaluate_checkpoint(ckpt_path, data: str | None = None, stride: int | None =
               "non_embedding_params": model.num_params(non_embedding=True),
               "vocab_size": len(tokenizer)}
     result["held_out"] = perplexity_report(model, held, block_size, stride, max_tokens)
-    last_word = last_word_tasks(held.documents, last_word_items, min_words, seed)
-    result["last_word"] = evaluate_tasks(model, tokenizer, last_word, block_size)
+    result["last_word"] = evaluate_tasks(
+        model, tokenizer, last_word_tasks(held.documents, last_word_items, min_words, seed),
+        block_size)
     if tasks is not None:
         result["tasks"] = dict(evaluate_tasks(model, tokenizer, tasks, block_size),
                                file=str(tasks_path))
@@ -979,12 +980,11 @@ def stream_sample(model, tokenizer, prompt: str, max_new_tokens: int = 200,
                         "from: give --prompt")
     device = device_of(model)
     generator = torch.Generator(device=device).manual_seed(seed)
-    block_size = model.config.block_size
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)   # (1, T)
     for _ in range(max_new_tokens):
-        idx = model.generate(idx[:, -block_size:], 1, temperature=temperature, top_k=top_k,
-                             generator=generator)
+        idx = model.generate(idx[:, -model.config.block_size:], 1, temperature=temperature,
+                             top_k=top_k, generator=generator)
         token = int(idx[0, -1])
         if token == eot:
             break
@@ -1384,8 +1384,7 @@ def run(args) -> None:
         print(emergence_table(k=args.k))
         if args.ckpt:
             to_json = emergence_sweep(args.ckpt, args.k, args.data, args.max_tokens, args.device)
-            print()
-            print(format_emergence_sweep(to_json, args.k))
+            print("\n" + format_emergence_sweep(to_json, args.k))
             print(f"plot: {plot_emergence(to_json, args.k, args.plot or 'emergence.png')}")
     elif args.command == "contamination":
         documents = list(_read_documents(args.eval, "val"))
