@@ -1015,7 +1015,7 @@ RECALL_KINDS = {"attention": "A", "linear": "L", "hybrid": "LA"}
 # too); 800 steps were too short for attention, and 4 / 8 / 16 pairs from scratch stayed on the
 # plateau at this budget.
 RECALL_LR = {"attention": 1e-3, "linear": 1e-3, "hybrid": 3e-3}
-RECALL_BATCH, RECALL_STEPS = 64, 1200
+RECALL_BATCH, RECALL_STEPS = 64, 1000
 
 
 def mqar_batch(n_pairs: int, batch: int, vocab_size: int = 256, generator=None):
@@ -1125,24 +1125,24 @@ def _cpu_seconds() -> float:
 
 
 def recall_experiment(pair_counts: list[int], seeds: int, steps: int, contexts: list[int],
-                      width: int = 64, lr: float | None = None, workers: int = 3):
-    """Train every kind with every seed (in `workers` processes), score recall at every pair
-    count, time decoding at every context (the last seed's model of each kind). Also what the run
-    cost: wall and CPU seconds, and the machine's load average at the start and the end (a shared
-    machine inflates the wall time and the ms / token)."""
+                      width: int = 64, lr: float | None = None, workers: int | None = None):
+    """Train every kind with every seed (in `workers` processes, default one per model: they share
+    the cores), score recall at every pair count, time decoding at every context (the last seed's
+    model of each kind). Also what the run cost: wall and CPU seconds, and the machine's load
+    average at the start and the end (a shared machine inflates the wall time and ms / token)."""
     started, cpu, load = time.perf_counter(), _cpu_seconds(), os.getloadavg()
     jobs = [(kind, seed, pair_counts, steps, width, lr, contexts if seed == seeds - 1 else [])
             for kind in RECALL_KINDS for seed in range(seeds)]
     # spawn, not fork: a forked child of a process that already ran torch's thread pool can hang
     import multiprocessing
     with concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            workers or len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
         done = list(pool.map(_recall_run, *zip(*jobs)))            # in the jobs' order
     return {"pair_counts": pair_counts, "seeds": seeds, "steps": steps, "width": width,
             "batch": RECALL_BATCH, "lr": {kind: lr or RECALL_LR[kind] for kind in RECALL_KINDS},
             "rows": [row for row, _ in done], "costs": [c for _, costs in done for c in costs],
             "wall_s": time.perf_counter() - started, "cpu_s": _cpu_seconds() - cpu,
-            "workers": workers, "cores": os.cpu_count(),
+            "workers": workers or len(jobs), "cores": os.cpu_count(),
             "load_start": load[0], "load_end": os.getloadavg()[0]}
 
 
@@ -1354,8 +1354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=in_range(float, 0.0, 1.0, low_open=True),
                    help="one learning rate for every kind (default: each kind's, RECALL_LR)")
     p.add_argument("--width", type=in_range(int, 4, 1024), default=64, help="n_embd (2 heads)")
-    p.add_argument("--workers", type=count, default=3,
-                   help="processes training models at once (default 3, one per kind)")
+    p.add_argument("--workers", type=count,
+                   help="processes training models at once (default: one per model)")
     p.add_argument("--contexts", type=count, nargs="+", default=[256, 1024, 4096],
                    help="prompt lengths at which decoding is timed")
     p.add_argument("--out", type=writable("dir"), default="docs/recall",
