@@ -1015,7 +1015,7 @@ RECALL_KINDS = {"attention": "A", "linear": "L", "hybrid": "LA"}
 # too); 800 steps were too short for attention, and 4 / 8 / 16 pairs from scratch stayed on the
 # plateau at this budget.
 RECALL_LR = {"attention": 1e-3, "linear": 1e-3, "hybrid": 3e-3}
-RECALL_BATCH, RECALL_STEPS = 64, 1000
+RECALL_BATCH, RECALL_STEPS = 64, 1500
 
 
 def mqar_batch(n_pairs: int, batch: int, vocab_size: int = 256, generator=None):
