@@ -50,7 +50,7 @@ SKIPPED = {
                                                                                      "through every stage",
     "huggingface-cli download": "downloads FineWeb-Edu's sample-10BT (~28 GB of parquet; needs a network)",
     "python data.py prepare --data \"fineweb-edu/": "10B tokens: an hour on a 64-core machine, days here",
-    "python evaluate.py recall": "trains 9 small models (10-20 minutes); tests/test_evaluate.py runs it tiny",
+    "python evaluate.py recall": "trains 9 small models (5-20 minutes); tests/test_evaluate.py runs it tiny",
     "python evaluate.py contamination --train pystdlib": "reads and indexes the 31 MB pystdlib corpus: minutes here",
     "python data.py prepare --data ../shared/data/c4-sample/c4-en-train-00000-first1000.jsonl pystdlib":
         "mixes in the 31 MB pystdlib corpus (about a minute); test_data's mixing tests cover --weights",
