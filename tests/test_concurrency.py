@@ -1,8 +1,10 @@
 """Two runs that share a folder, as real processes. Two `data.py prepare` of one recipe take turns
 (the second waits, then reuses the first's dataset; if the first is SIGKILLed it builds it
 itself), and two `train.py` into one --out-dir: the second refuses in one line naming the first's
-pid; after a SIGKILL the next run takes the stale lock over and says so. The holder is paused with
-SIGSTOP while the second one arrives, so no timing can race."""
+pid; after a SIGKILL the next run takes the stale lock over and says so. The first prepare stops
+itself (SIGSTOP) the moment it holds the lock, and stays stopped while the second one arrives, so
+no timing can race: the small build holds its lock for ~60 ms, less than a poll could be sure to
+see."""
 import json
 import os
 import pathlib
@@ -54,17 +56,39 @@ def corpus(tmp_path_factory) -> pathlib.Path:
     return path
 
 
-def prepare(corpus, out) -> subprocess.Popen:
-    return start("data.py", "prepare", "--data", corpus, "--vocab-size", 300, "--workers", 1,
-                 "--out", out)
+def prepare(corpus, out, pause_holding_the_lock=False) -> subprocess.Popen:
+    """`data.py prepare` as a user runs it; paused, it says "locked" on stderr and stops itself
+    (SIGSTOP) as soon as fileio.hold has given it the lock, before any work."""
+    argv = ["prepare", "--data", corpus, "--vocab-size", 300, "--workers", 1, "--out", out]
+    if not pause_holding_the_lock:
+        return start("data.py", *argv)
+    code = ("import contextlib, os, runpy, signal, sys, fileio\n"
+            "hold = fileio.hold\n"
+            "@contextlib.contextmanager\n"
+            "def hold_then_stop(path, on_busy):\n"
+            "    with hold(path, on_busy) as held:\n"
+            "        print('locked', file=sys.stderr, flush=True)\n"
+            "        os.kill(os.getpid(), signal.SIGSTOP)\n"
+            "        yield held\n"
+            "fileio.hold = hold_then_stop\n"
+            "sys.argv = ['data.py', *sys.argv[1:]]\n"
+            "runpy.run_path('data.py', run_name='__main__')\n")
+    return start("-c", code, *argv)
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped by a signal (state T in /proc/PID/stat)."""
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
 
 
 @pytest.mark.parametrize("kill_first", [False, True])
 def test_two_prepares_of_one_recipe_take_turns(corpus, tmp_path, kill_first):
     out, lock = tmp_path / "ds", tmp_path / ".ds.lock"
-    first = prepare(corpus, out)
-    wait_for(lambda: lock_holder(lock) == str(first.pid), "the first prepare to take the lock")
-    os.kill(first.pid, signal.SIGSTOP)                   # hold it there: lock taken, work started
+    first = prepare(corpus, out, pause_holding_the_lock=True)
+    assert first.stderr.readline() == "locked\n"
+    wait_for(lambda: stopped(first.pid), "the first prepare to stop itself")
+    assert lock_holder(lock) == str(first.pid)
     second = prepare(corpus, out)
     waiting = second.stderr.readline()
     assert waiting == f"waiting for process {first.pid}, which is preparing {out}\n"
