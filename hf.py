@@ -532,6 +532,8 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
         # an I64 or BOOL tensor would become float32 weights without a word
         fileio.expect(tensor.dtype, torch.dtype, f"{hf_dir}: {theirs}'s dtype",
                       "a floating-point dtype", HFError, FIX_HF_DIR, lambda d: d.is_floating_point)
+        fileio.expect(tensor, torch.Tensor, f"{hf_dir}: {theirs}", "finite weights (no NaN or inf)",
+                      HFError, FIX_HF_DIR, lambda t: bool(torch.isfinite(t).all()))
         if tuple(tensor.shape) != tuple(ours.shape):
             raise HFError(
                 f"{hf_dir}: {theirs} has shape {tuple(tensor.shape)} but config.json implies "

@@ -407,10 +407,10 @@ CHECKPOINT_FIELDS = {
 
 def check_checkpoint_fields(ckpt) -> None:
     """What torch.load gave, checked field by field before anything uses it (fileio.expect): a
-    dict of version 1, its "model" a dict of floating-point tensors (int64 weights would train and
-    export as garbage), then CHECKPOINT_FIELDS. A bad one raises ValueError naming the field,
-    e.g. "step is 'x', not a step number >= 0", which load_checkpoint reports with the file's
-    name (a run directory falls back to its previous checkpoint)."""
+    dict of version 1, its "model" a dict of finite floating-point tensors (int64 or NaN weights
+    would train, evaluate and export as garbage), then CHECKPOINT_FIELDS. A bad one raises
+    ValueError naming the field, e.g. "step is 'x', not a step number >= 0", which load_checkpoint
+    reports with the file's name (a run directory falls back to its previous checkpoint)."""
     fix = "the file is damaged or hand-edited: use a checkpoint train.py wrote"
     fileio.expect(ckpt, dict, "the checkpoint", "a train.py checkpoint (version 1, with a model)",
                   fix=fix, ok=lambda ckpt: ckpt.get("version") == 1 and "model" in ckpt)
@@ -418,6 +418,9 @@ def check_checkpoint_fields(ckpt) -> None:
     for name, weight in weights.items():
         fileio.expect(getattr(weight, "dtype", weight), torch.dtype, f"model[{name!r}].dtype",
                       "a floating-point dtype", fix=fix, ok=lambda dtype: dtype.is_floating_point)
+        # the spike guard never saves a NaN: one here is damage
+        fileio.expect(weight, torch.Tensor, f"model[{name!r}]", "finite weights (no NaN or inf)",
+                      fix=fix, ok=lambda weight: bool(torch.isfinite(weight).all()))
     for key in (key for key in CHECKPOINT_FIELDS if key in ckpt):
         kind, shape, ok = CHECKPOINT_FIELDS[key]
         fileio.expect(ckpt[key], kind, key, shape, fix=fix, ok=ok)

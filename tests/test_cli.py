@@ -457,6 +457,10 @@ BAD_FILES = [
     ("model", "import-hf --from {hf_int_weights} --to x.pt", "model.norm.weight's dtype is 'torch.int64', not a float"),
     ("train", "--data {data} --resume {ckpt_optimizer_empty} --out-dir o --model-args {tiny_args} --warmup-steps 0 --batch-size 1",
      "ckpt_optimizer_empty.pt: ValueError: optimizer is '{}', not an optimizer state_dict"),
+    # NaN weights would evaluate to a NaN perplexity, train and export without a word
+    ("evaluate", "--ckpt {ckpt_nan_weights}", "model['norm.weight'] is 'tensor([nan, nan"),
+    ("train", "--init-from {ckpt_nan_weights} --out-dir o", "not finite weights (no NaN or inf)"),
+    ("model", "import-hf --from {hf_nan_weights} --to x.pt", "model.norm.weight is 'tensor([nan,"),
 ]
 
 
@@ -496,19 +500,21 @@ def hostile(fixtures, tmp_path_factory) -> dict:
         (root / name / file).write_text(json.dumps(doc))
         out[name] = root / name
     import safetensors.torch
-    weights = {**hf.hf_state_dict(tiny), "model.norm.weight": torch.ones(16, dtype=torch.int64)}
-    shutil.copytree(out["hf_good"], root / "hf_int_weights")
-    safetensors.torch.save_file(weights, str(root / "hf_int_weights" / "model.safetensors"))
+    for name, norm in (("hf_int_weights", torch.ones(16, dtype=torch.int64)), ("hf_nan_weights", torch.full((16,), torch.nan))):
+        shutil.copytree(out["hf_good"], root / name)
+        safetensors.torch.save_file({**hf.hf_state_dict(tiny), "model.norm.weight": norm}, str(root / name / "model.safetensors"))
+        out[name] = root / name
     own = json.loads(tokenizer.to_json())
     own["vocab"]["Ā"] = 3.5
     (root / "float_id.json").write_text(json.dumps(own))
-    out.update(hf_int_weights=root / "hf_int_weights", float_id_tokenizer=root / "float_id.json",
+    out.update(float_id_tokenizer=root / "float_id.json",
                tiny_args=",".join(f"{k}={v}" for k, v in tiny.config.to_dict().items() if k in
                                   ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size")))
     good_ckpt = {"version": 1, "step": 0, "model": tiny.state_dict(), "model_config": tiny.config.to_dict(),
                  "tokenizer_json": tokenizer.to_json()}
     for name, change in (("ckpt_model_list", {"model": [1]}), ("ckpt_tokenizer_int", {"tokenizer_json": 5}),
                          ("ckpt_int_weights", {"model": {k: v.long() for k, v in tiny.state_dict().items()}}),
+                         ("ckpt_nan_weights", {"model": {**tiny.state_dict(), "norm.weight": torch.full((16,), torch.nan)}}),
                          ("ckpt_step_text", {"step": "x"}), ("ckpt_optimizer_empty", {"optimizer": {}}),
                          ("ckpt_huge_context", {"model_config": {**tiny.config.to_dict(), "block_size": 10 ** 13}})):
         train.atomic_save({**good_ckpt, **change}, root / f"{name}.pt")
