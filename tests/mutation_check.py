@@ -18,11 +18,14 @@ How a run works, for each mutant:
     pytest exit 0 (all passed)     -> SURVIVED, the check fails
     anything else (collection error, no tests ran, timeout) -> error, the check fails
 A baseline run of the same tests on the unmutated copy must pass first: otherwise every "kill" would mean nothing.
+CI skips it (--no-baseline): there the tree is a clean clone on which the whole suite and the long set just passed,
+and a copy of it is the same tree.
 
     python tests/mutation_check.py                  # every mutant: a table of kills, exit 0 only if all are killed
     python tests/mutation_check.py --list           # the mutants, their files and tests
     python tests/mutation_check.py --only dp-sum-instead-of-mean,warmup-shifted-by-one
     python tests/mutation_check.py --jobs 2         # mutants run two at a time (default: 2, or 1 on one core)
+    python tests/mutation_check.py --no-baseline    # CI, after the suite passed on this clean clone
 
 The corpora in ../shared/data are found as the tests find them (SHARED_DATA, else next to the repository).
 """
@@ -477,14 +480,16 @@ def run_mutant(m: Mutant | None, tests: tuple, timeout_s: float) -> dict:
             "result": verdict(code), "seconds": time.monotonic() - start, "tail": tail}
 
 
-def run_all(mutants: list[Mutant], jobs: int, timeout_s: float, log=print) -> list[dict]:
-    """The baseline (every listed test, unmutated), then every mutant, `jobs` at a time."""
+def run_all(mutants: list[Mutant], jobs: int, timeout_s: float, log=print, baseline=True) -> list[dict]:
+    """The baseline (every listed test, unmutated; unless `baseline` is False), then every mutant, `jobs` at a
+    time."""
     check_patterns(mutants)
     every_test = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
-    baseline = run_mutant(None, every_test, timeout_s * 2)
-    log(f"baseline: {len(every_test)} test targets, pytest exit {baseline['code']} ({baseline['seconds']:.0f} s)")
-    if baseline["code"] != 0:
-        raise MutantError(f"the tests fail without any mutant, so kills would mean nothing:\n{baseline['tail']}")
+    if baseline:
+        run = run_mutant(None, every_test, timeout_s * 2)
+        log(f"baseline: {len(every_test)} test targets, pytest exit {run['code']} ({run['seconds']:.0f} s)")
+        if run["code"] != 0:
+            raise MutantError(f"the tests fail without any mutant, so kills would mean nothing:\n{run['tail']}")
     rows = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_mutant, m, m.tests, timeout_s): m for m in mutants}
@@ -519,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated mutant names to run (default: all)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="mutants run at once")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per mutant before it counts as an error")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the unmutated run: only where these tests just passed on this same tree (CI)")
     args = parser.parse_args(argv)
     if args.jobs < 1 or not args.timeout > 0:
         parser.error("--jobs must be >= 1 and --timeout > 0")
@@ -534,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:<34} {m.file:<12} {m.why}\n{'':<47}tests: {' '.join(m.tests)}")
         return 0
     try:
-        rows = run_all(mutants, args.jobs, args.timeout)
+        rows = run_all(mutants, args.jobs, args.timeout, baseline=not args.no_baseline)
     except MutantError as e:
         print(f"mutation check: {e}", file=sys.stderr)
         return 2

@@ -28,6 +28,19 @@ def test_a_pattern_gone_from_the_source_is_an_error():
         M.check_patterns([gone])
 
 
+def test_a_failing_baseline_stops_the_check_and_no_baseline_skips_it(monkeypatch):
+    """The unmutated run comes first and a failure there is an error; --no-baseline (CI) runs mutants only."""
+    mutant = next(m for m in M.MUTANTS if m.name == "warmup-shifted-by-one")
+    runs = []
+    monkeypatch.setattr(M, "run_mutant", lambda m, tests, timeout_s: runs.append(m) or {
+        "name": m.name if m else "baseline", "file": m.file if m else "-", "code": 1 if m else 2,
+        "result": "killed", "seconds": 0.0, "tail": "boom"})
+    with pytest.raises(M.MutantError, match="fail without any mutant.*\n.*boom"):
+        M.run_all([mutant], jobs=1, timeout_s=1, log=lambda *a: None)
+    assert runs == [None]
+    assert M.main(["--only", mutant.name, "--no-baseline"]) == 0 and runs == [None, mutant]
+
+
 @pytest.mark.slow
 def test_cheap_mutants_are_killed_and_a_harmless_edit_survives():
     cheap = [m for m in M.MUTANTS if m.name in ("warmup-shifted-by-one", "pipeline-bubble-off-by-one")]
