@@ -651,9 +651,10 @@ def export_checkpoint(
 def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
     """`python model.py import-hf`: a Hugging Face Llama directory -> a train.py-format
     checkpoint."""
-    if pathlib.Path(ckpt_path).is_dir():
-        raise HFError(f"--to {ckpt_path} is a directory; give a checkpoint file name such as "
-                      f"{pathlib.Path(ckpt_path) / 'imported.pt'}")
+    if (to := pathlib.Path(ckpt_path)).is_dir() or not to.parent.is_dir():   # before reading --from
+        raise HFError(f"--to {ckpt_path} " + (
+            f"is a directory; give a checkpoint file name such as {to / 'imported.pt'}"
+            if to.is_dir() else f"is in a folder that does not exist; create {to.parent} first"))
     model, tokenizer = load_hf(hf_dir)
     if tokenizer is None:
         raise HFError(

@@ -461,6 +461,8 @@ BAD_FILES = [
     ("evaluate", "--ckpt {ckpt_nan_weights}", "model['norm.weight'] is 'tensor([nan, nan"),
     ("train", "--init-from {ckpt_nan_weights} --out-dir o", "not finite weights (no NaN or inf)"),
     ("model", "import-hf --from {hf_nan_weights} --to x.pt", "model.norm.weight is 'tensor([nan,"),
+    # a --to in no folder was the OS's "No such file or directory" after the model was read
+    ("model", "import-hf --from {hf_good} --to nosuch/x.pt", "--to nosuch/x.pt is in a folder that does not exist"),
 ]
 
 
