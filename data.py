@@ -2203,15 +2203,8 @@ class TokenData:
     def tokenizer(self) -> bpe.Tokenizer:
         if self._tokenizer is None:
             path = self.data_dir / self.manifest["tokenizer"]["file"]
-            try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise DataError(
-                    f"{path}: cannot read the dataset's tokenizer "
-                    f"({getattr(e, 'strerror', None) or e}); "
-                    f"re-run prepare"
-                ) from None
-            self._tokenizer = bpe.Tokenizer.from_json(text)
+            document = fileio.read_json(path, DataError, "the dataset's tokenizer: re-run prepare")
+            self._tokenizer = bpe.Tokenizer.from_document(document, str(path))
         return self._tokenizer
 
     def _split(self, split: str) -> list[np.ndarray]:

@@ -1925,9 +1925,10 @@ def _check_ray_ready(address: str | None) -> None:
 def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     """A RayEngine on the cluster at `address` ("auto": the one `ray start` runs on this machine),
     or on a Ray started here with `cpus` cores and stopped afterwards. A Ray the caller already
-    started is used as it is. A cluster's workers receive data.PREPARE_FILES (this file, data.py and
-    the siblings they import) from this driver (runtime_env py_modules), so they run the very code
-    this run was started with; a Ray started here imports them from this driver's sys.path. A Ray
+    started is used as it is. A cluster's workers receive data.CACHE_KEY_FILES (this file, data.py,
+    the siblings they import and the shipped classifiers/) from this driver as their working folder
+    (runtime_env working_dir), so they run the very code and models this run was started with; a
+    Ray started here imports them from this driver's sys.path. A Ray
     started here writes its session (logs, sockets, spilled objects) into a fresh folder of the temp
     folder, removed when it stops: by default Ray keeps every session under /tmp/ray for good. Set
     RAY_TMPDIR to keep them where you say."""
@@ -1948,8 +1949,13 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
             session = tempfile.mkdtemp(prefix="ray-", dir=base if len(base) <= 32 else "/tmp")
             options["_temp_dir"] = session
     else:
-        code = [str(data.REPO_ROOT / name) for name in data.PREPARE_FILES]
-        options = {"address": address, "runtime_env": {"py_modules": code}}
+        # py_modules would ship the .py files alone, each to a folder of its own: classify.py would
+        # find no classifiers/ beside it. A working folder keeps the repository's layout.
+        session = tempfile.mkdtemp(prefix="pretrain-code-")     # uploaded by ray.init, then removed
+        for name in data.CACHE_KEY_FILES:
+            pathlib.Path(session, name).parent.mkdir(exist_ok=True)
+            shutil.copy2(data.REPO_ROOT / name, pathlib.Path(session, name))
+        options = {"address": address, "runtime_env": {"working_dir": session}}
     try:
         # a busy machine can miss the 30 s Ray gives a new raylet: start once more
         for attempt in range(2):

@@ -637,14 +637,6 @@ def load_model(ckpt_path, device="cpu") -> tuple[object, object, dict]:
     return model, tokenizer, ckpt
 
 
-def _read_text(path: pathlib.Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise EvalError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): "
-                        "give a text file") from e
-
-
 @dataclasses.dataclass
 class HeldOut:
     """Evaluation text as the model sees it: ids (each document preceded by <|endoftext|> when the
@@ -1239,7 +1231,12 @@ def _read_documents(spec: str, split: str):
                 raise EvalError(f"{path} line {number}: expected a JSON object with \"text\" "
                                 "(or \"prompt\" and \"answer\")") from None
     elif path.is_file():
-        yield from split_paragraphs(_read_text(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise EvalError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): "
+                            "give a text file") from e
+        yield from split_paragraphs(text)
     else:
         data_lib, errors = _data_error_types()
         try:

@@ -463,6 +463,9 @@ BAD_FILES = [
     ("model", "import-hf --from {hf_nan_weights} --to x.pt", "model.norm.weight is 'tensor([nan,"),
     # a --to in no folder was the OS's "No such file or directory" after the model was read
     ("model", "import-hf --from {hf_good} --to nosuch/x.pt", "--to nosuch/x.pt is in a folder that does not exist"),
+    # a prepared dataset whose tokenizer.json is damaged was "tokenizer JSON: not valid JSON", no file named
+    ("train", "--data {data_bad_tokenizer} --out-dir o", "data_bad_tokenizer/tokenizer.json: not valid JSON"),
+    ("evaluate", "contamination --train {latin1_txt} --eval {latin1_txt}", "latin1.txt is not UTF-8 text"),
 ]
 
 
@@ -506,6 +509,10 @@ def hostile(fixtures, tmp_path_factory) -> dict:
         shutil.copytree(out["hf_good"], root / name)
         safetensors.torch.save_file({**hf.hf_state_dict(tiny), "model.norm.weight": norm}, str(root / name / "model.safetensors"))
         out[name] = root / name
+    shutil.copytree(fixtures["data"], root / "data_bad_tokenizer")
+    (root / "data_bad_tokenizer" / "tokenizer.json").write_text('{"format": ')
+    (root / "latin1.txt").write_bytes("café au lait\n\nmore".encode("latin-1"))
+    out.update(data_bad_tokenizer=root / "data_bad_tokenizer", latin1_txt=root / "latin1.txt")
     own = json.loads(tokenizer.to_json())
     own["vocab"]["Ā"] = 3.5
     (root / "float_id.json").write_text(json.dumps(own))

@@ -8,8 +8,11 @@ import gzip
 import json
 import logging
 import pathlib
+import os
 import random
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -177,3 +180,29 @@ def test_ray_missing_or_unreachable_is_one_line_before_any_work(inputs, tmp_path
     with pytest.raises(DataError, match=r"--engine ray needs Ray: pip install ray"):
         data_at_scale.prepare(sources(inputs), tmp_path / "ds", engine="ray")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_clusters_workers_get_the_code_and_the_classifiers_as_their_working_folder(monkeypatch):
+    """--ray-address: ray.init ships data.CACHE_KEY_FILES as the workers' working folder (their cwd and
+    sys.path), where classify.py finds classifiers/ beside it; the folder is removed when Ray stops.
+    Catches: runtime_env py_modules of the .py files alone, each unpacked into a folder of its own, so
+    a cluster's workers found no classifiers/ beside classify.py (--lang, --quality-threshold)."""
+    seen = {}
+
+    def init(**options):                 # instead of dialling a cluster: look at what it would get
+        folder = seen["folder"] = pathlib.Path(options["runtime_env"]["working_dir"])
+        seen["files"] = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+        code = "import classify; print(classify.identify_language('Bonjour tout le monde, merci')[0])"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        seen["worker"] = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env,
+                                        capture_output=True, text=True)
+        raise RuntimeError("no cluster in this test")
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)            # the module's own Ray keeps running
+    with pytest.raises(DataError, match="Ray did not start: no cluster in this test"):
+        with data_at_scale.ray_engine("127.0.0.1:6379", None):
+            pass
+    assert seen["files"] == sorted(data.CACHE_KEY_FILES)
+    assert seen["worker"].stdout == "fr\n", seen["worker"].stderr[-1500:]
+    assert not seen["folder"].exists()
