@@ -7,8 +7,8 @@ uses a Ray that its caller already started. The tests that need Ray are marked s
 import gzip
 import json
 import logging
-import pathlib
 import os
+import pathlib
 import random
 import socket
 import subprocess

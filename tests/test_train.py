@@ -810,14 +810,14 @@ def _readme_rank(rank: int, world: int, argv: list[str]) -> list[str]:
 
 
 @pytest.mark.long
-def test_readme_multi_gpu_command_on_8_gloo_ranks_in_every_layout(tmp_path_factory):
+def test_readme_multi_gpu_command_on_8_gloo_ranks_under_zero3_and_the_mesh(tmp_path_factory):
     """README's `torchrun --nproc_per_node=8 train.py --model 124m --zero 3 ...` scaled to a 2-layer width-32 model
     with the 124m's block size (1,024) and the README's batch (16 per rank) and data (pydocs), on 8 gloo ranks:
     --zero 3 (dp 8) and dp 2 x tp 2 x pp 2, each trained a step (eval at steps 0 and 1, checkpoint), then
     resumed for a second (eval, checkpoint, samples). Catches: the step-0 "fewer than batch_size x
     world_size" of the val split (22 windows), and a layout that cannot eval, save, resume or sample on 8
-    ranks. ZeRO-1/2 take ZeRO-3's data path at dp 8, and --tp 2 or --pp 2 alone the mesh's at dp 4; each is
-    checked against one process at world 2 and 4 (tests/test_parallel.py) and compiled at world 2
+    ranks. ZeRO-1/2 take ZeRO-3's data path at dp 8, and --tp 2 or --pp 2 alone (dp 4) the mesh's code; each
+    is checked against one process at world 2 and 4 (tests/test_parallel.py) and compiled at world 2
     (tests/test_compile.py). Minutes on 2 cores (8 x 16 x 1,024 tokens a step)."""
     import parallel
     prepared = dataset.prepare(["pydocs"], out_dir=tmp_path_factory.mktemp("pydocs") / "prepared")
