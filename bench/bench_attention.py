@@ -17,7 +17,6 @@ Depends on: torch and model.py.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import pathlib
 import subprocess
@@ -28,9 +27,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from benchcli import Parser, in_range  # noqa: E402
 from model import flash_attention  # noqa: E402
 
 HEADS, HEAD_DIM = 8, 64
+# The longest T a row may ask for. The formula keeps two (8, T, T) fp32 matrices for the backward
+# (1,064 MB at T = 4,096, measured): ~4.1 GB at 8,192, and its row takes ~4x the 4,096 row's time
+# (40 s on a busy 2-core CPU), so 8,192 still finishes; 100,000 would want ~640 GB and never end.
+MAX_LENGTH = 8192
 
 
 def naive(q, k, v, is_causal=True):
@@ -68,8 +72,12 @@ def peak_mb(method: str, T: int) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    parser = Parser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", type=in_range(int, 1, MAX_LENGTH), nargs="+",
+                        default=[512, 1024, 2048, 4096],
+                        help=f"sequence lengths T, 1 to {MAX_LENGTH:,} (at {MAX_LENGTH:,} the "
+                             "formula keeps ~4 GB for its backward and runs minutes on a small CPU; "
+                             "longer would not finish)")
     parser.add_argument("--no-peak", action="store_true", help="skip the subprocess peak-memory column")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

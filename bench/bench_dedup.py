@@ -37,6 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import dedup  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
+from cli import writable  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
 THRESHOLD, NUM_PERM, SHINGLE = 0.5, 128, 3
@@ -279,7 +280,9 @@ def main(argv=None):
                         help="interleaved rounds, best time kept")
     parser.add_argument("--seed", type=in_range(int, 0), default=0)
     parser.add_argument("--skip-c4", action="store_true", help="skip the natural C4 near-duplicate check")
-    parser.add_argument("--out", default=str(ROOT / "out" / "bench_dedup.json"))
+    # checked now (a path under a file, a directory), not after minutes of work
+    parser.add_argument("--out", type=writable("file"), default=str(ROOT / "out" / "bench_dedup.json"),
+                        help="the JSON of every figure (default: %(default)s)")
     parser.add_argument("--child-big", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for flag, value in (("--docs", args.docs), ("--big-docs", args.big_docs)):
@@ -303,9 +306,13 @@ def main(argv=None):
     if args.big_docs:
         result["scale"] = scale(args.big_docs, args.seed)
     print(report(result))
-    dedup.write_atomic(args.out, json.dumps(result, indent=2) + "\n")
+    try:
+        dedup.write_atomic(args.out, json.dumps(result, indent=2) + "\n")
+    except dedup.DedupError as e:         # a full disk, or a folder made read-only meanwhile
+        print(f"{parser.prog}: error: --out {e}", file=sys.stderr)
+        return 2
     print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -142,6 +142,8 @@ def test_bench_train_smoke(small_corpus, tmp_path):
 
 
 BAD_FLAGS = [
+    ("bench_attention.py", "--lengths -1", "--lengths"),
+    ("bench_attention.py", "--lengths 512 100000", "--lengths"),     # once a hang: 640 GB
     ("bench_bpe.py", "--repeats 0", "--repeats"),
     ("bench_bpe.py", "--stream-mb -1", "--stream-mb"),
     ("bench_data.py", "--sizes -1", "--sizes"),
@@ -155,6 +157,8 @@ BAD_FLAGS = [
     ("bench_dedup.py", "--docs 5", "--docs"),
     ("bench_dedup.py", "--big-docs -1", "--big-docs"),
     ("bench_dedup.py", "--repeats 0", "--repeats"),
+    ("bench_dedup.py", f"--out {BENCH / 'benchcli.py'}/dedup.json", "--out"),   # under a file
+    ("bench_dedup.py", f"--out {BENCH}", "--out"),                             # a directory
     ("bench_model.py", "--steps 0", "--steps"),
     ("bench_model.py", "--batch-size -1", "--batch-size"),
     ("bench_model.py", "--presets nosuch", "--presets"),
@@ -179,6 +183,25 @@ def test_bad_flag_is_one_line_naming_it_exit_2(script, args, flag, capsys, monke
     lines = err.strip().splitlines()
     assert exit_.value.code == 2 and len(lines) == 1 and out == "", (out, err[-2000:])
     assert lines[0].startswith(f"{script}: error: ") and flag in lines[0], lines[0]
+
+
+def test_bench_dedup_write_error_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    """A write that fails after the work (a full disk): one line naming --out, not a traceback."""
+    needs("datasketch", shared=True)
+    import errno
+
+    import bench_dedup
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(bench_dedup.dedup.fileio, "write_atomic", full)
+    monkeypatch.setattr(sys, "argv", [str(BENCH / "bench_dedup.py")])
+    code = bench_dedup.main(["--docs", "0", "--big-docs", "0", "--skip-c4",
+                             "--out", str(tmp_path / "dedup.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("bench_dedup.py: error: --out ") and "No space" in err[0], err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_every_benchmark_has_a_smoke_row():
