@@ -452,6 +452,21 @@ def planned_runs(settings: SweepSettings) -> list[PlannedRun]:
     return grid + held + again
 
 
+def about(hours: float) -> str:
+    """An estimate as a person says it: hours from one hour up, minutes below, so a short run is
+    never "about 0 hours".
+
+    >>> about(1.42), about(12.6), about(0.12), about(1 / 60), about(0.001)
+    ('about 1.4 hours', 'about 13 hours', 'about 7 minutes', 'about 1 minute', 'under a minute')
+    """
+    if hours >= 1:
+        return f"about {hours:,.{1 if hours < 10 else 0}f} hours"
+    minutes = round(hours * 60)
+    if minutes < 1:
+        return "under a minute"
+    return f"about {minutes} minute{'' if minutes == 1 else 's'}"
+
+
 def planned_hours(settings: SweepSettings) -> float:
     """The whole sweep's estimated wall time in hours (planned_runs at estimate_seconds)."""
     return estimate_seconds(settings, planned_runs(settings)) / 3600
@@ -758,9 +773,8 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
     if hours > max_hours:
         flops = sum(r.compute for r in runs)
         where = "this CPU" if s.device == "cpu" else f"the GPU (assumed {GPU_FLOPS:.0e} FLOP/s)"
-        shown = f"{hours:,.{1 if hours < 10 else 0}f}"
         raise ScalingError(
-            f"this sweep ({flops:.2g} FLOPs) would take about {shown} hours on {where} "
+            f"this sweep ({flops:.2g} FLOPs) would take {about(hours)} on {where} "
             f"({s.workers} runs at a time at ~{CPU_FLOPS:.1e} FLOP/s each on a CPU): lower "
             f"--budgets, or pass --max-hours {math.ceil(hours * 1.5)} to run it anyway"
         )
@@ -886,8 +900,7 @@ def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -
     grid = plan_isoflop(s)
     log(
         f"{len(grid)} IsoFLOP runs on {data_dir} ({train_tokens:,} train tokens), {s.workers} at a "
-        "time, about "
-        f"{hours * 60:,.0f} min with the held-out budget ..."
+        f"time, {about(hours)} with the held-out budget ..."
         + (f"\n{QUICK_NOTE}" if is_quick(s) else "")
     )
     records = execute_runs(s, grid, data_dir, out, log)
@@ -1436,9 +1449,8 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
     )
     if hours > max_hours:
         raise ScalingError(
-            f"{2 * s.seeds} runs of {planned.tokens:,} tokens would take about {hours:,.0f} hours "
-            "on "
-            f"this CPU: lower --tokens, or pass --max-hours {math.ceil(hours * 1.5)} to run them "
+            f"{2 * s.seeds} runs of {planned.tokens:,} tokens would take {about(hours)} on this "
+            f"CPU: lower --tokens, or pass --max-hours {math.ceil(hours * 1.5)} to run them "
             "anyway"
         )
     # a failed experiment leaves no half-made folder (an old one stays)

@@ -328,6 +328,13 @@ def test_a_sweep_too_long_for_this_cpu_is_refused_up_front_with_the_flag_that_al
     assert not (tmp_path / "dd").exists()
 
 
+def test_a_short_estimate_is_said_in_minutes_not_about_0_hours(tmp_path):
+    """Under an hour the refusal said "about 0 hours": minutes now (sweep.about's doctest has the rest)."""
+    with pytest.raises(ScalingError, match=r"would take about \d+ minutes? on this CPU"):
+        sweep.dedup_effect(sweep.DedupEffectSettings(), tmp_path / "dd", max_hours=0.01)
+    assert not (tmp_path / "dd").exists()
+
+
 def test_the_gpu_plan_is_refused_without_a_gpu_before_any_output(tmp_path):
     r = cli("sweep", "--device", "cuda", "--out-dir", str(tmp_path / "never"))
     assert r.returncode == 2 and r.stderr.strip() == ("scaling.py: error: --device cuda: no CUDA device here; use "
