@@ -7,6 +7,7 @@ input gets one line naming the flag and the fix, exit code 2, before any work st
 - `run`: calls a command; the library's own errors become that one line and exit code 2.
 - `add_arguments`, `add_commands`: a parser's flags, and a file's subcommands, from a table, so a
   command line reads as one table of flags instead of a page of `add_argument` calls.
+- `help_only`: the command line of a file with no commands of its own (this one's too).
 
 Library code raises in library terms (the value and the fix); the CLI adds the flag's name.
 Only a `main()` or a parser builder imports this file (inside the function), so a chapter
@@ -155,3 +156,12 @@ def help_only(doc: str, runs: str, argv: list[str] | None = None) -> None:
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args(argv)
     parser.print_help()
+
+
+if __name__ == "__main__":
+    # no commands of its own: --help (or no argument) says what it is and where the commands are
+    help_only(__doc__, "No commands of its own: each chapter's command line is built with it.\n"
+                       "The commands, each with --help:\n"
+                       "  python bpe.py | dedup.py | classify.py | data.py | model.py | train.py\n"
+                       "  python parallel.py | model_parallel.py | evaluate.py | scaling.py | "
+                       "sweep.py | hf.py")

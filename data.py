@@ -2499,12 +2499,13 @@ def _cmd_html(args: argparse.Namespace) -> None:
     print(html_to_text(formats.read_text(path)))
 
 
-def main(argv: list[str] | None = None, prog: str = "data.py") -> None:
+def main(argv: list[str] | None = None, prog: str = "data.py",
+         description: str | None = None) -> None:
     import store
     from cli import Parser, add_commands, in_range, run, writable
     # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
     import data_at_scale
-    parser = Parser(prog=prog, description=__doc__.split("\n\n")[0],
+    parser = Parser(prog=prog, description=description or __doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 

@@ -2223,9 +2223,15 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
     return directory
 
 
+def main(argv: list[str] | None = None) -> None:
+    """`python data_at_scale.py ...` is `python data.py ...`: the command line is the chapter's,
+    under this file's name and description."""
+    data.main(argv, prog="data_at_scale.py", description=(
+        __doc__.split("\n\n")[0] + "\n\nIts command line is data.py's: the same commands and "
+        "flags;\n`prepare --engine stream` (or `--engine ray`) runs this file's engines."))
+
+
 if __name__ == "__main__":
-    # `python data_at_scale.py ...` is `python data.py ...`: the command line is the chapter's. Its
-    # main imports this file again as the module `data_at_scale`, not `__main__`: Ray sends workers
-    # functions by name
-    import data
-    data.main(prog="data_at_scale.py")
+    # run as the module `data_at_scale`, not `__main__`: Ray sends workers functions by name
+    import data_at_scale
+    data_at_scale.main()

@@ -850,8 +850,11 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
         launched = joined or "RANK" in os.environ
         if world <= 1 and not (launched and uses_model_parallel(cfg)):
             if uses_model_parallel(cfg):
-                raise TrainError("--zero/--tp/--pp need a process group: launch with torchrun "
-                                 "--nproc_per_node=N (N=1 runs ZeRO's code path on one device)")
+                flags = model_parallel_flags(cfg)          # the ones given: "--ep 2"
+                raise TrainError(
+                    f"{' '.join(flags)} need{'s' if len(flags) == 1 else ''} a process group: "
+                    "launch with torchrun --nproc_per_node=N"
+                    + (" (N=1 runs ZeRO's code path on one device)" if cfg.zero else ""))
             return Dist()
         _, _, device = parallel.init_distributed()
         parallel.check_combination(cfg.zero, cfg.tp, cfg.pp)
@@ -867,6 +870,14 @@ def uses_model_parallel(cfg: TrainConfig) -> bool:
     """ZeRO, tensor or pipeline parallel: the model and optimizer go through
     model_parallel.parallelize."""
     return bool(cfg.zero) or max(cfg.tp, cfg.pp, cfg.ep, cfg.cp) > 1
+
+
+def model_parallel_flags(cfg: TrainConfig) -> list[str]:
+    """The flags that make `uses_model_parallel` true, as given: ["--zero 2", "--cp 2"]."""
+    given = [("--zero", cfg.zero)] if cfg.zero else []
+    given += [(flag, size) for flag, size in
+              (("--tp", cfg.tp), ("--pp", cfg.pp), ("--ep", cfg.ep), ("--cp", cfg.cp)) if size > 1]
+    return [f"{flag} {size}" for flag, size in given]
 
 
 def wrap_for_distribution(model: torch.nn.Module, optimizer, cfg: TrainConfig, dist: Dist,

@@ -250,6 +250,9 @@ BAD_INPUT = [
     ("train", "--vocab-size 100", "--vocab-size"),
     ("train", "--zero 5", "--zero"),
     ("train", "--zero 1", "--zero"),
+    ("train", "--ep 2", "--ep 2 needs a process group"),         # issue 43: said "--zero/--tp/--pp"
+    ("train", "--cp 2", "--cp 2 needs a process group"),
+    ("train", "--tp 2 --cp 2", "--tp 2 --cp 2 need a process group"),
     ("train", "--dtype fp8", "--dtype"),
     ("train", "--device nosuch", "--device"),
     ("train", "--out-dir {file}", "--out-dir"),
@@ -414,6 +417,20 @@ def test_parallel_demo_refusal_is_one_line_when_run_as_a_script():
     assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
     assert done.stderr.startswith("parallel.py: error: the demo model"), done.stderr[-2000:]
     assert "--world 3" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_helper_files_help_says_what_it_is():
+    """issue 43: `python cli.py --help` printed nothing (as a script: its text is in __main__);
+    data_at_scale.py's showed data.py's description."""
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "cli.py"), "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=root)
+    assert done.returncode == 0 and "The commands, each with --help:" in done.stdout, done
+    code, out, _ = run_main("data_at_scale", ["--help"])
+    assert code == 0 and out.startswith("usage: data_at_scale.py"), out
+    assert "data_at_scale.py: data.py's pipeline at scale" in out and "from raw corpora" not in out
 # issue 38: files read from outside, checked field by field (tokenizer.json, checkpoints, parquet, fit files), and
 # the fix each error suggests. Same checks as above: exit 2, one line naming the file and field, nothing written.
 BAD_FILES = [
