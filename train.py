@@ -80,6 +80,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import io
 import json
 import math
 import os
@@ -276,8 +277,10 @@ def autocast(device: torch.device, dtype: torch.dtype):
 # --------------------------------------------------------------------------------------------------
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d{7})\.pt$")
+# every setting of the run, as a --config file (the screen shows a summary)
+CONFIG_FILE = "train_config.json"
 # fileio.write_atomic's, in flight
-TEMP_PATTERN = re.compile(r"^\.(ckpt_\d{7}\.pt|loss\.png)\.\w+\.tmp$")
+TEMP_PATTERN = re.compile(r"^\.(ckpt_\d{7}\.pt|loss\.png|train_config\.json)\.\w+\.tmp$")
 
 
 def checkpoint_path(out_dir, step: int) -> pathlib.Path:
@@ -995,7 +998,11 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
         if dist.mesh is not None and not dist.is_main:
             dist.mesh.wait_for_rank0()
         import data_at_scale            # the engines' entry: small inputs run data.build_in_memory
-        data_dir = data_at_scale.prepare(sources, engine="auto", **kwargs)
+        # the dataset's notices (the cleaning note) are rank 0's to print: the other ranks find the
+        # dataset in the cache, which prints them again, once per rank
+        quiet = dist.mesh is not None and not dist.is_main
+        with contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext():
+            data_dir = data_at_scale.prepare(sources, engine="auto", **kwargs)
         if dist.mesh is not None and dist.is_main:
             dist.mesh.wait_for_rank0()
         return data_lib.TokenData(data_dir)
@@ -1483,6 +1490,18 @@ class Trainer:
             self._peak, mfu = self._peak * mfu, 1.0
         return mfu
 
+    def summary_line(self) -> str:
+        """'tiny: 1,311,872 parameters | 600 steps x 2,048 tokens = 1,228,800 tokens | cpu float32 |
+        ETA on the step lines, from step 10': the run in one line, printed first."""
+        cfg, steps = self.cfg, self.cfg.max_steps - self.step
+        start = f"step {self.step:,} to {cfg.max_steps:,}" if self.step else f"{steps:,} steps"
+        return (
+            f"{cfg.model}: {self.raw_model.num_params():,} parameters | {start} x "
+            f"{self.tokens_per_step:,} tokens = {steps * self.tokens_per_step:,} tokens | "
+            f"{self.device} {str(self.dtype).split('.')[-1]} | ETA on the step lines, from step "
+            f"{min(self.step + cfg.log_interval, cfg.max_steps):,}"
+        )
+
     def progress_line(self, record: dict, tok_per_s: float, seconds_per_step: float) -> str:
         """'step 10/600 | loss 8.0344 | lr 6.67e-04 | grad norm 0.911 | 2,147 tok/s | MFU 58.89% |
         ETA 9m22s'"""
@@ -1499,17 +1518,26 @@ class Trainer:
         """Train to max_steps (or until Ctrl-C), evaluating, checkpointing and logging; then sample
         and plot."""
         cfg = self.cfg
-        self.log(f"config: {json.dumps(dataclasses.asdict(cfg))}")
-        self.log(f"model: {cfg.model} {self.model_config.to_dict()}")
+        # the first screen: what runs, how much, where; every setting goes to a file, not the screen
+        self.log(self.summary_line())
+        if self.dist.is_main:
+            settings = fileio.write_atomic(
+                self.out_dir / CONFIG_FILE, json.dumps(dataclasses.asdict(cfg), indent=1) + "\n",
+                error=TrainError, fix="pick another --out-dir")
+            self.log(f"config: every setting in {settings} (python train.py --config {settings} "
+                     "runs them again)")
+        shape = self.model_config
+        experts = f", {shape.n_expert} experts (top {shape.expert_top_k})" if shape.n_expert else ""
+        self.log(f"model: {cfg.model}, {shape.n_layer} layers x {shape.n_embd} wide, "
+                 f"{shape.n_head} heads ({shape.n_kv_head} kv), vocab {shape.vocab_size:,}, "
+                 f"context {shape.block_size}{experts} (every field: a checkpoint's model_config)")
         # parallel.py's accounting
         layout = self.model.describe(cfg.micro_batches or self.accum)
         if layout:
             self.log(layout)
         self.log(
-            f"{self.raw_model.num_params():,} parameters | {self.tokens_per_step:,} tokens/step = "
-            f"{cfg.batch_size} seq x {self.block_size} tokens x {self.accum} accumulation x "
-            f"{self.dist.world_size} ranks | device {self.device} | dtype "
-            f"{str(self.dtype).split('.')[-1]}"
+            f"{self.tokens_per_step:,} tokens/step = {cfg.batch_size} seq x {self.block_size} "
+            f"tokens x {self.accum} accumulation x {self.dist.world_size} ranks"
         )
         if not self._peak:
             self.log(

@@ -75,6 +75,26 @@ def config(dataset_dir, out_dir, *extra) -> train.TrainConfig:
     return train.parse_config(["--data", str(dataset_dir), "--out-dir", str(out_dir), *TINY_ARGS, *map(str, extra)])
 
 
+def test_under_torchrun_only_rank_0_prints_the_datasets_notices(dataset_dir, monkeypatch, capsys):
+    """issue 43: the other ranks find the dataset in the cache, whose reuse prints its notices (the
+    cleaning note) again: once per rank. Rank 0's stay; the others' are not printed."""
+    import data_at_scale
+
+    def prepare(sources, **settings):             # a cache hit: its notice, then the folder
+        print("note: cleaning removed 52% of the characters of corpus.txt", file=sys.stderr)
+        return dataset_dir
+
+    class Mesh:
+        def wait_for_rank0(self):
+            pass
+    monkeypatch.setattr(data_at_scale, "prepare", prepare)
+    cfg = train.TrainConfig(data="corpus.txt")
+    for rank, notes in ((0, 1), (1, 0)):
+        dist = train.Dist(rank=rank, world_size=2, mesh=Mesh(), global_rank=rank)
+        assert train.open_dataset(cfg, dist, log=lambda *a: None).tokenizer is not None
+        assert capsys.readouterr().err.count("note: cleaning") == notes, rank
+
+
 def losses_by_step(metrics_path, key: str = "loss") -> dict[int, float]:
     """step -> training loss, or another field of the step lines such as "grad_norm" (a resumed run logs the
     steps after its checkpoint again: the last entry wins)."""
@@ -388,9 +408,9 @@ def test_a_sweep_run_skips_the_first_evaluation_and_the_plot_and_trains_the_same
 def test_short_run_validation_loss_falls_and_artifacts(dataset_dir, tmp_path):
     out = tmp_path / "run"
     messages = []
-    summary = train.train(config(dataset_dir, out, "--max-steps", 60, "--eval-interval", 30, "--ckpt-interval", 30,
-                                 "--num-samples", 1, "--sample-tokens", 20, "--log-interval", 20),
-                          log=messages.append)
+    cfg = config(dataset_dir, out, "--max-steps", 60, "--eval-interval", 30, "--ckpt-interval", 30,
+                 "--num-samples", 1, "--sample-tokens", 20, "--log-interval", 20)
+    summary = train.train(cfg, log=messages.append)
     records = train.read_metrics(out / "metrics.jsonl")
     evals = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evals] == [0, 30, 60]
@@ -401,7 +421,13 @@ def test_short_run_validation_loss_falls_and_artifacts(dataset_dir, tmp_path):
     assert all({"step", "loss", "lr", "tokens", "grad_norm", "tok_per_s"} <= set(r) for r in steps)
     assert steps[-1]["tokens"] == 60 * 4 * 32
     assert any("MFU" in m and "ETA" in m and "tok/s" in m and "grad norm" in m for m in messages)
-    assert any(m.startswith("config: ") for m in messages)
+    # issue 43: the first screen was ~1,500 characters of config JSON; now a one-line summary first,
+    # every setting in a file that --config reads back
+    first_step = next(i for i, m in enumerate(messages) if m.startswith("step "))
+    screen = messages[:first_step]
+    assert screen[0].startswith("tiny: ") and "60 steps x 128 tokens = 7,680 tokens" in screen[0], screen
+    assert any(m.startswith("config: ") for m in screen) and sum(map(len, screen)) < 800, screen
+    assert train.TrainConfig(**train.read_config_file(str(out / train.CONFIG_FILE))) == cfg
     assert (out / "loss.png").stat().st_size > 1000
     assert isinstance(summary["samples"][0], str) and summary["val_loss"] == evals[-1]["val_loss"]
     ckpt = train.load_checkpoint(out)
