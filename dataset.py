@@ -201,7 +201,8 @@ def plan_dataset(
     existing = data.read_manifest_or_none(out_dir)
     if existing is not None:
         if existing.get("cache_key") == key:
-            log(f"reusing {out_dir} (same inputs and settings)")
+            log(f"cache hit: reusing {out_dir} (same inputs and settings); the times below are "
+                "its first build's")
             for notice in existing.get("notices", []):
                 print(notice, file=sys.stderr)
             return Plan(None, key, out_dir, True, jsonl_stats)

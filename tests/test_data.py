@@ -924,7 +924,13 @@ def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path, 
     data.main(["prepare", "--data", str(small_corpus["path"]), "--vocab-size", "300", "--val-fraction", "0.2",
                "--out", str(small_corpus["out"])])
     out = capsys.readouterr().out
-    assert "reusing" in out and "quality filters (gopher" in out and "too_few_words 3" in out and "train:" in out
+    assert "quality filters (gopher" in out and "too_few_words 3" in out and "train:" in out
+    # issue 43: a cache hit printed the first build's times as this call's: said apart now
+    lines = out.splitlines()
+    hit = next(i for i, line in enumerate(lines) if line.startswith("cache hit: "))
+    timing = next(i for i, line in enumerate(lines) if line.startswith("time (wall/CPU): "))
+    assert hit < timing and "the times below are its first build's" in lines[hit], out
+    assert re.fullmatch(r"this call: \d+\.\ds", lines[-1]), out
     data.main(["inspect", str(small_corpus["out"])])
     assert "a random val window, decoded:" in capsys.readouterr().out
     for argv in (["prepare", "--data", str(tmp_path / "nope.jsonl")], ["inspect", str(tmp_path)],
