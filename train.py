@@ -2065,9 +2065,8 @@ def busy_machine_note(load: float, cores: int, threads: int, threads_chosen: boo
     """
     if threads_chosen or threads <= 1 or load < cores:
         return ""
-    return (f"note: the machine is busy (load {load:.1f} on {cores} cores): OMP_NUM_THREADS=1 "
-            f"python train.py ... is faster here than torch's {threads} threads, which wait for "
-            "the cores at every step")
+    return (f"note: the machine is busy (load {load:.1f} on {cores} cores): set OMP_NUM_THREADS=1, "
+            f"faster here than torch's {threads} threads (each waits for a core at every step)")
 
 
 def note_if_busy(cfg: TrainConfig) -> None:

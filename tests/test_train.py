@@ -860,7 +860,7 @@ def test_busy_machine_note_only_when_every_core_is_taken_and_no_thread_count_was
     """The decision alone: load at or above the cores, torch on more than one thread, no
     OMP_NUM_THREADS from the user (or torchrun)."""
     note = train.busy_machine_note(4.1, 2, 2, threads_chosen=False)
-    assert note.startswith("note: the machine is busy (load 4.1 on 2 cores): OMP_NUM_THREADS=1 ")
+    assert note.startswith("note: the machine is busy (load 4.1 on 2 cores): set OMP_NUM_THREADS=1,")
     assert "\n" not in note and train.busy_machine_note(2.0, 2, 2, threads_chosen=False)
     assert train.busy_machine_note(1.9, 2, 2, threads_chosen=False) == ""     # a core is free
     assert train.busy_machine_note(4.1, 2, 1, threads_chosen=False) == ""     # already one thread
