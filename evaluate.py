@@ -195,6 +195,29 @@ def window_plan(n_ids: int, block_size: int, stride: int) -> list[tuple[int, int
     return plan
 
 
+PROGRESS_EVERY_S = 10.0      # a long loop says where it is this often (a short one says nothing)
+
+
+class Progress:
+    """Where a loop of known length is, on stderr, at most once every PROGRESS_EVERY_S seconds:
+    'held-out text: 120 of 480 windows, 3.1/s, ETA 1m50s'. Scoring a checkpoint takes minutes on a
+    busy CPU; these lines say it is moving and when it ends, and stdout keeps only the results."""
+
+    def __init__(self, what: str, total: int, unit: str):
+        self.what, self.total, self.unit = what, total, unit
+        self.start = self.last = time.perf_counter()
+
+    def update(self, done: int, detail: str = "") -> None:
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        left = round((self.total - done) / rate) if rate else 0
+        print(f"{self.what}: {done:,} of {self.total:,} {self.unit}{detail}, {rate:,.1f}/s, "
+              f"ETA {left // 60}m{left % 60:02d}s", file=sys.stderr, flush=True)
+
+
 @dataclasses.dataclass
 class TokenScores:
     """Per-target results of a teacher-forced pass: nll[i] = -ln p(ids[i+1] | ids[:i+1]) and
@@ -221,12 +244,13 @@ class TokenScores:
 
 @torch.no_grad()
 def score_tokens(model, ids, block_size: int, stride: int | None = None,
-                 batch_size: int = 8) -> TokenScores:
+                 batch_size: int = 8, progress: bool = False) -> TokenScores:
     """Teacher-forced loss and top-1 correctness for every id after the first, with a sliding
     window.
 
     ids: a sequence of N >= 2 token ids. stride defaults to block_size (disjoint blocks).
     Windows of equal length are stacked into batches of `batch_size` (B, block_size).
+    progress: say on stderr how many windows are done (Progress).
     """
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
     if ids.numel() < 2:
@@ -238,6 +262,8 @@ def score_tokens(model, ids, block_size: int, stride: int | None = None,
     # The first window may be shorter than block_size; every later one has exactly block_size ids,
     # so they stack.
     groups = [plan[:1]] + [plan[i:i + batch_size] for i in range(1, len(plan), batch_size)]
+    ticker = Progress("held-out text", len(plan), "windows") if progress else None
+    windows_done = 0
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
@@ -254,6 +280,9 @@ def score_tokens(model, ids, block_size: int, stride: int | None = None,
                 new = slice(first - s, e - s)
                 nll[first:e] = token_nll[row, new].double().cpu().numpy()
                 correct[first:e] = hit[row, new].cpu().numpy()
+            windows_done += len(group)
+            if ticker:
+                ticker.update(windows_done)
     finally:
         if was_training:
             model.train()
@@ -437,14 +466,15 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_tokens: int = 4,
-                   n_examples: int = 3) -> dict:
+                   n_examples: int = 3, label: str = "tasks") -> dict:
     """Exact match by greedy decoding, plus the continuous view of the same answers.
 
     For each task: greedy-decode up to len(answer tokens) + slack_tokens tokens (stopping at a
     newline or end-of-text), keep the first line's first as many words as the answer has, and
     compare under normalize_answer. The same answers are also scored teacher-forced: p(answer |
     prompt) and the fraction of answer tokens that were the model's top choice. `examples` shows the
-    first right answer (if any) and the first wrong ones.
+    first right answer (if any) and the first wrong ones. A long set says on stderr where it is
+    (Progress, named `label`).
     """
     if not tasks:
         raise EvalError("the task set is empty: nothing to score")
@@ -455,6 +485,7 @@ def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_t
 
     # examples[True]: the tasks answered right, examples[False]: the others
     probs, token_hits, token_total, examples = [], 0, 0, {True: [], False: []}
+    ticker = Progress(label, len(tasks), "scored")
     for number, task in enumerate(tasks, 1):
         prompt_ids, answer_ids = _encode(tokenizer, task.prompt), _encode(tokenizer, task.answer)
         if not prompt_ids:
@@ -475,9 +506,7 @@ def evaluate_tasks(model, tokenizer, tasks: list[Task], block_size: int, slack_t
         examples[hit].append({"prompt_tail": task.prompt[-60:], "answer": task.answer,
                               "prediction": prediction, "exact_match": hit,
                               "p_answer": math.exp(logprob)})
-        if number % 500 == 0:                  # a long task file shows it is moving, on stderr
-            print(f"tasks: {number:,} of {len(tasks):,} scored, exact match so far "
-                  f"{len(examples[True]) / number:.3f}", file=sys.stderr, flush=True)
+        ticker.update(number, f" (exact match so far {len(examples[True]) / number:.3f})")
     shown = examples[True][:1] + examples[False][:n_examples - min(1, len(examples[True]))]
     return {"items": len(tasks), "exact_match": len(examples[True]) / len(tasks),
             "p_answer": float(np.mean(probs)), "answer_token_accuracy": token_hits / token_total,
@@ -746,13 +775,14 @@ def checkpoint_held_out(ckpt: dict, tokenizer, data: str | None) -> HeldOut:
 
 
 def perplexity_report(model, held: HeldOut, block_size: int, stride: int | None = None,
-                      max_tokens: int | None = None) -> dict:
+                      max_tokens: int | None = None, progress: bool = False) -> dict:
     """Mean loss, perplexity, bits-per-byte and tokens per byte of a model on held-out ids. With
     max_tokens only a prefix is scored and bits-per-byte uses the split's average bytes per
     token."""
     ids = held.ids if not max_tokens else held.ids[:max_tokens + 1]
     stride = stride or max(1, block_size // 2)
-    scores = score_tokens(model, torch.from_numpy(np.ascontiguousarray(ids)), block_size, stride)
+    scores = score_tokens(model, torch.from_numpy(np.ascontiguousarray(ids)), block_size, stride,
+                          progress=progress)
     whole = len(ids) == len(held.ids)
     n_bytes = held.n_bytes if whole else held.n_bytes * scores.n_tokens / (len(held.ids) - 1)
     return {"data": held.name, "tokens": scores.n_tokens, "bytes": round(n_bytes),
@@ -776,10 +806,11 @@ def evaluate_checkpoint(ckpt_path, data: str | None = None, stride: int | None =
     result = {"checkpoint": ckpt["path"], "step": ckpt.get("step"), "params": model.num_params(),
               "non_embedding_params": model.num_params(non_embedding=True),
               "vocab_size": len(tokenizer)}
-    result["held_out"] = perplexity_report(model, held, block_size, stride, max_tokens)
+    result["held_out"] = perplexity_report(model, held, block_size, stride, max_tokens,
+                                           progress=True)
     result["last_word"] = evaluate_tasks(
         model, tokenizer, last_word_tasks(held.documents, last_word_items, min_words, seed),
-        block_size)
+        block_size, label="last-word tasks")
     if tasks is not None:
         result["tasks"] = dict(evaluate_tasks(model, tokenizer, tasks, block_size),
                                file=str(tasks_path))

@@ -40,6 +40,7 @@ CODE_UNCUT_AT = (
     "wide",
 )  # where a code line must wrap, never be cut (a phone scrolls sideways)
 MIN_FIGURE_PX = 600  # a drawn figure at least this wide on a desktop (its labels stay legible)
+PROGRESS_EVERY_S = 10.0  # main() says how far the check is this often (a whole book takes minutes)
 
 # Runs inside the page; returns a JSON-able summary. Tolerances: 2 px (sub-pixel rounding of grid tracks).
 # Each problem starts with its kind ("clipped prose", "cut code line", ...), which the tests count
@@ -269,9 +270,11 @@ def check_site(
     executable: str,
     only: list[str] | None = None,
     root: pathlib.Path | None = None,
+    progress=None,
 ) -> list[dict]:
     """Every *.html of `site` (or those named in `only`) at every width in WIDTHS: [{page, width,
-    console, layout, screenshot, seconds}]; `root`: the repository, for the formula check."""
+    console, layout, screenshot, seconds}]; `root`: the repository, for the formula check;
+    `progress(done, total)` is called after each page and width."""
     pages = sorted(p for p in site.glob("*.html") if not only or stem_of(p.name) in only)
     results = []
     browser = Browser(executable)
@@ -334,10 +337,34 @@ def check_site(
                         "seconds": round(time.monotonic() - started, 2),
                     }
                 )
+                if progress:
+                    progress(len(results), len(pages) * len(WIDTHS))
     finally:
         browser.close()
     site_problems(results, site, root)
     return results
+
+
+class ProgressLines:
+    """check_site's `progress`: on stderr, at most every PROGRESS_EVERY_S seconds and at the end,
+    'checked 40 of 133 pages and widths, 1.9/s, ETA 0m49s' (the results print only when all end)."""
+
+    def __init__(self):
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_EVERY_S and done < total:
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        left = round((total - done) / rate)
+        print(
+            f"checked {done} of {total} pages and widths, {rate:.1f}/s, "
+            f"ETA {left // 60}m{left % 60:02d}s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def stem_of(page: str) -> str:
@@ -447,7 +474,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     failed = False
-    for result in check_site(args.site, args.shots, executable, args.only, args.root):
+    results = check_site(
+        args.site, args.shots, executable, args.only, args.root, progress=ProgressLines()
+    )
+    for result in results:
         problems = result["console"] + result["layout"]["problems"]
         failed |= bool(problems)
         kinds = collections.Counter(p.split(":")[0].split(" at ")[0] for p in problems)

@@ -502,6 +502,32 @@ def test_a_rebuild_replaces_the_site_whole(tmp_path):
 # ---------------------------------------------------------------- in a real browser
 
 
+def test_the_browser_check_says_how_far_it_is_on_stderr(tmp_path, monkeypatch, capsys):
+    """A whole book is 133 checks and minutes: main() prints count, rate and ETA every
+    PROGRESS_EVERY_S seconds and at the end (a fake clock and a fake check_site: no browser)."""
+    clock = iter([0.0, 4.0, 10.0, 12.0, 15.0])  # start, then one reading per page and width
+    monkeypatch.setattr(book_check.time, "monotonic", lambda: next(clock))
+    progress = book_check.ProgressLines()
+    for done in (1, 4, 5, 6):
+        progress(done, 6)
+    assert capsys.readouterr().err.splitlines() == [
+        "checked 4 of 6 pages and widths, 0.4/s, ETA 0m05s",  # 10 s in
+        "checked 6 of 6 pages and widths, 0.4/s, ETA 0m00s",  # the end, 5 s after the last
+    ]
+
+    def fake_check_site(site, shots, executable, only, root, progress):
+        for done in (1, 2, 3):
+            progress(done, 3)
+        return []
+
+    (tmp_path / "index.html").write_text("<html></html>")
+    monkeypatch.setattr(book_check, "find_chromium", lambda: "chromium")
+    monkeypatch.setattr(book_check, "check_site", fake_check_site)
+    monkeypatch.setattr(book_check.time, "monotonic", lambda: 0.0)
+    assert book_check.main([str(tmp_path)]) == 0
+    assert capsys.readouterr().err.startswith("checked 3 of 3 pages and widths")
+
+
 def _png_size(path: pathlib.Path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -562,7 +588,11 @@ def test_the_browser_check_finds_each_fault_a_reader_sees_and_passes_a_real_chap
         (site / "figures" / "dedup-s-curve.png").read_bytes()
     )
     (bad_site / "dedup.html").write_text(_BAD_PAGE % ("wide_" * 400, "x = 1  # " + "why " * 400))
-    results = book_check.check_site(bad_site, None, _chromium(), root=bad_root)
+    reported = []
+    results = book_check.check_site(
+        bad_site, None, _chromium(), root=bad_root, progress=lambda *n: reported.append(n)
+    )
+    assert reported == [(done, 3) for done in (1, 2, 3)]  # one page, three widths
     kinds = {r["width"]: " | ".join(r["layout"]["problems"] + r["console"]) for r in results}
     for width in ("desktop", "wide"):
         for kind in (

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -432,6 +433,35 @@ def test_cli_evaluates_a_checkpoint_on_its_held_out_split(run_dir, capsys):
     assert held["loss"] == pytest.approx(total / count, rel=1e-5)
     assert 0 <= result["last_word"]["exact_match"] <= 1 and result["last_word"]["items"] > 10
 
+
+
+def test_progress_lines_give_count_rate_and_eta_at_most_every_interval(monkeypatch, capsys):
+    clock = iter([100.0, 105.0, 110.0, 112.0, 130.0])          # start, then one reading per update
+    monkeypatch.setattr(ev.time, "perf_counter", lambda: next(clock))
+    ticker = ev.Progress("held-out text", 100, "windows")
+    ticker.update(10)                   # 5 s in: too soon to say anything
+    ticker.update(25, " (so far)")      # 10 s: 2.5 windows/s, 75 left -> 30 s
+    ticker.update(30)                   # 2 s after the last line: quiet
+    ticker.update(100)                  # 30 s: done
+    assert capsys.readouterr().err.splitlines() == [
+        "held-out text: 25 of 100 windows (so far), 2.5/s, ETA 0m30s",
+        "held-out text: 100 of 100 windows, 3.3/s, ETA 0m00s"]
+
+
+def test_evaluating_a_checkpoint_shows_progress_on_stderr_only(run_dir, capsys, monkeypatch):
+    """`evaluate.py --ckpt` scores windows, then last-word tasks, for minutes on a busy CPU: both say
+    where they are on stderr (here every update: the interval set to 0), stdout keeps the table."""
+    monkeypatch.setattr(ev, "PROGRESS_EVERY_S", 0.0)
+    code, out, err = run_cli(["--ckpt", run_dir / "small", "--min-words", "10", "--stride", "32",
+                              "--max-tokens", "600", "--last-word-items", "5",
+                              "--json", run_dir / "progress.json"], capsys)
+    assert code == 0, err
+    windows = [line for line in err.splitlines() if line.startswith("held-out text: ")]
+    tasks = [line for line in err.splitlines() if line.startswith("last-word tasks: ")]
+    assert re.fullmatch(r"held-out text: (\d+) of \1 windows, [\d,.]+/s, ETA 0m00s", windows[-1])
+    assert re.fullmatch(r"last-word tasks: (\d+) of \1 scored \(exact match so far [01]\.\d{3}\), "
+                        r"[\d,.]+/s, ETA 0m00s", tasks[-1])
+    assert len(windows) > 1 and not re.search(r"^(held-out text|last-word tasks): ", out, re.M)
 
 def test_held_out_documents_retokenize_to_the_shards(run_dir):
     import data

@@ -880,3 +880,30 @@ def test_train_prepares_small_data_with_the_reference_engine(tmp_path, monkeypat
             "print(sorted(m for m in sys.modules if m in {'data_at_scale', 'store', 'dataset'}))")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout == "[]\n"
+
+
+def test_busy_machine_note_only_when_every_core_is_taken_and_no_thread_count_was_chosen():
+    """The decision alone: load at or above the cores, torch on more than one thread, no
+    OMP_NUM_THREADS from the user (or torchrun)."""
+    note = train.busy_machine_note(4.1, 2, 2, threads_chosen=False)
+    assert note.startswith("note: the machine is busy (load 4.1 on 2 cores): set OMP_NUM_THREADS=1,")
+    assert "\n" not in note and train.busy_machine_note(2.0, 2, 2, threads_chosen=False)
+    assert train.busy_machine_note(1.9, 2, 2, threads_chosen=False) == ""     # a core is free
+    assert train.busy_machine_note(4.1, 2, 1, threads_chosen=False) == ""     # already one thread
+    assert train.busy_machine_note(4.1, 2, 2, threads_chosen=True) == ""      # the user chose
+    assert "load 40.0 on 16 cores" in train.busy_machine_note(40.0, 16, 16, threads_chosen=False)
+
+
+def test_python_train_py_on_a_busy_machine_prints_the_note_once(monkeypatch, capsys):
+    """main() (the CLI only: train() called from code never reads the load) says it before the run,
+    and not when OMP_NUM_THREADS is set."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 6.0, 3.0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(train, "train", lambda cfg: {"interrupted": False})
+    torch.set_num_threads(2)                    # torch's default on 2 cores (the fixture set 1)
+    train.main(["--device", "cpu"])
+    assert capsys.readouterr().err.count("note: the machine is busy (load 9.0 on 2 cores)") == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    train.main(["--device", "cpu"])
+    assert capsys.readouterr().err == ""
