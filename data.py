@@ -2407,7 +2407,12 @@ def train_quality_model(positives: list[str], negatives: list[str]) -> str:
     path = cache_root() / "classify" / f"quality-{digest}.pt"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        classify.Classifier.train(high + low, ["high"] * len(high) + ["low"] * len(low)).save(path)
+        model = classify.Classifier.train(high + low, ["high"] * len(high) + ["low"] * len(low),
+                                          progress=classify.Progress("training the quality model"))
+        try:
+            model.save(path, fix="point PRETRAIN_CACHE elsewhere")
+        except classify.ClassifyError as e:
+            raise DataError(f"--quality-positives: {e}") from None
     return str(path)
 
 
