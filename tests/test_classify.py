@@ -179,6 +179,42 @@ def test_lang_and_quality_rows_and_engines_write_the_same_bytes(mixed_language, 
     assert off.key != on.key                                              # the filters are in the cache key
 
 
+def django_pages(code: str) -> list[str]:
+    """Pages of 60+ words of Django's messages in one language (those of 6+ words, in order), no two messages of a
+    page sharing three words in a row: the nearest to prose that ships offline in a package."""
+    pages, page, seen = [], [], set()
+    for message in sorted(t for t in classify.django_messages(code).values() if len(t.split()) >= 6):
+        words = message.lower().split()
+        grams = {tuple(words[i:i + 3]) for i in range(len(words) - 2)}
+        if not grams & seen:
+            page.append(message)
+            seen |= grams
+        if sum(len(m.split()) for m in page) >= 60:
+            pages.append(" ".join(page))
+            page, seen = [], set()
+    return pages
+
+
+def test_lang_fr_with_the_default_filters_keeps_french_and_the_engines_agree(tmp_path):
+    """Issue 43: the Gopher stop-word rule knows only English, so `--lang fr` with the default filters dropped every
+    document. Under --lang it runs on the documents identified as English only, and the funnel row says so."""
+    pytest.importorskip("django", reason="the pages are Django's translations: pip install 'django>=5.2,<5.3'")
+    from test_data import dataset_files
+    french, english = django_pages("fr"), django_pages("en")
+    assert len(french) >= 25 and all(data.gopher_rejection(p) == "stop_words" for p in french[:5])
+    (tmp_path / "web.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in french + english))
+    settings = data.CleanSettings(lang=("fr",), near_dup_threshold=0)
+    kwargs = dict(vocab_size=300, clean_settings=settings, val_fraction=0.2)
+    reference = dataset.prepare([str(tmp_path / "web.jsonl")], tmp_path / "memory", **kwargs)
+    streamed = data_at_scale.prepare([str(tmp_path / "web.jsonl")], tmp_path / "streamed", workers=2,
+                                     chunk_mb=4 / 1024, **kwargs)
+    assert dataset_files(streamed) == dataset_files(reference)
+    rules, lang = data.load_manifest(reference)["funnel"][1:3]
+    assert rules["name"] == "quality filters (gopher; stop_words on en documents only, web.jsonl)", rules
+    assert "stop_words" not in rules["reasons"] and rules["docs_out"] >= len(french) + len(english) - 3, rules
+    assert lang["reasons"] == {"language_en": len(english)} and lang["docs_out"] >= len(french) - 2, lang
+
+
 @pytest.mark.slow
 def test_ray_engine_writes_the_same_bytes_with_both_filters(mixed_language, tmp_path):
     pytest.importorskip("ray", reason="the Ray engine needs Ray: pip install ray")
