@@ -41,25 +41,32 @@ user trains their own from files (data.py's --quality-positives / --quality-nega
 keeps a document whose P(high) >= --quality-threshold.
 
 Both default models ship in classifiers/ (language.pt, quality.pt: 2 MiB each, float16);
-`python classify.py` retrains them (~20 s; needs django for the text and faker for the spam, only
-then).
+`python classify.py train {language,quality} --out DIR` retrains one into DIR (default
+out/classifiers; the shipped file is rewritten only by `--out classifiers`).
 
-Depends on: numpy, torch and the standard library (no sibling files).
+Depends on: numpy, torch, the standard library and fileio.py (files written whole).
 """
 from __future__ import annotations
 
+import argparse
 import ast
+import errno
 import functools
+import json
 import os
 import pathlib
-import random
+import pickle
 import re
+import stat
 import sys
 import time
 import zlib
+from typing import Callable
 
 import numpy as np
 import torch
+
+import fileio
 
 VERSION = 1
 BUCKETS = 2 ** 16
@@ -77,6 +84,7 @@ PO_FUZZY = re.compile(r"^#,.*\bfuzzy\b", re.MULTILINE)
 # one message in HELD_OUT_EVERY is held out (by its msgid's crc32), in every language
 HELD_OUT_EVERY = 5
 MODEL_DIR = pathlib.Path(__file__).resolve().parent / "classifiers"
+QUALITY_LABELS = ("high", "low")
 
 
 def features(text: str) -> np.ndarray:
@@ -112,11 +120,13 @@ class Classifier:
 
     @classmethod
     def train(
-        cls, texts: list[str], labels: list[str], epochs: int = 5, seed: int = 0
+        cls, texts: list[str], labels: list[str], epochs: int = 5, seed: int = 0,
+        progress: Callable[[int, int], None] | None = None,
     ) -> "Classifier":
         """Fit by Adam on the cross-entropy of shuffled mini-batches of 64 documents. As in
         fastText, a step updates only the embedding rows of the batch's features (sparse
-        gradients), not all B of them: 14,000 Django messages train in ~10 s.
+        gradients), not all B of them: 14,000 Django messages train in ~10 s. `progress(done,
+        total)` is called after each batch (documents seen, of epochs x documents).
 
         >>> c = Classifier.train(["good text here"] * 20 + ["buy now cheap"] * 20,
         ...                      ["high"] * 20 + ["low"] * 20)
@@ -140,6 +150,7 @@ class Classifier:
         # ops this small run fastest on one thread (on a busy 2-core machine, 20x faster)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
+        done = 0
         try:
             for _ in range(epochs):
                 for batch in torch.randperm(len(texts)).split(64):
@@ -151,44 +162,113 @@ class Classifier:
                     loss.backward()
                     for opt in opts:
                         opt.step()
+                    done += len(batch)
+                    if progress is not None:
+                        progress(done, epochs * len(texts))
         finally:
             torch.set_num_threads(threads)
         # the embedding is kept in float16 (`save`): rounded here, so the saved model is this one
         return cls(names, bag.weight.detach().half().float().numpy(),
                    head.weight.detach().numpy().T.copy(), head.bias.detach().numpy())
 
-    def save(self, path: pathlib.Path | str) -> None:
+    def save(self, path: pathlib.Path | str, fix: str = "write it elsewhere") -> None:
         """Tensors (the embedding in float16: half the bytes, 2 MiB) and labels, written to a
-        temporary file then renamed (never half-written)."""
-        tmp = pathlib.Path(f"{path}.tmp{os.getpid()}")
-        torch.save(
-            {
-                "version": VERSION,
-                "labels": self.labels,
-                "embed": torch.from_numpy(self.embed).half(),
-                "weight": torch.from_numpy(self.weight),
-                "bias": torch.from_numpy(self.bias),
-            },
-            tmp,
-        )
-        os.replace(tmp, path)
+        temporary file then renamed (never half-written; on a full disk, one line and no temp
+        file left)."""
+        state = {
+            "version": VERSION,
+            "labels": self.labels,
+            "embed": torch.from_numpy(self.embed).half(),
+            "weight": torch.from_numpy(self.weight),
+            "bias": torch.from_numpy(self.bias),
+        }
+        fileio.write_atomic(path, lambda f: torch.save(state, f), error=ClassifyError, fix=fix)
 
     @classmethod
-    def load(cls, path: pathlib.Path | str) -> "Classifier":
+    def load(cls, path: pathlib.Path | str, labels: tuple[str, ...] = ()) -> "Classifier":
+        """A classifier file, checked like any file from outside before it is trusted: a regular
+        file (a FIFO would hang the read), plain tensors (never a pickle), this version, two or
+        more labels (exactly `labels` when given), shapes and float dtypes that fit, finite
+        weights (a NaN makes every score NaN, and a NaN compared to a threshold keeps nothing or
+        everything). Anything else is a ClassifyError naming the file."""
+        kind = special_file_kind(path)
+        if kind:
+            raise ClassifyError(f"{path} is {kind}, not a classifier file")
         try:
             state = torch.load(path, weights_only=True)
-            if state.get("version") != VERSION:
-                raise ValueError(f"version {state.get('version')!r}, this code reads {VERSION}")
-            return cls(list(state["labels"]),
-                       *(state[k].float().numpy() for k in ("embed", "weight", "bias")))
-        # any damage: a truncated zip, a missing key, a pickle
+        except pickle.UnpicklingError:
+            # torch's message advises weights_only=False: running the pickle's code
+            raise ClassifyError(f"{path}: holds Python objects, not a classifier file of ours "
+                                "(refused unread: a pickle can run code)") from None
+        # any other damage: a truncated zip, not a zip at all
         except Exception as e:
             # torch's are many lines
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ValueError(
-                f"{path}: not a classifier file of this version ({first}); retrain it "
-                "(`python classify.py` for the default ones)"
-            ) from None
+            raise ClassifyError(f"{path}: not a classifier file ({first}); {RETRAIN}") from None
+        embed, weight, bias = checked_state(state, str(path), labels)
+        return cls(list(state["labels"]), embed, weight, bias)
+
+
+class ClassifyError(ValueError):
+    """A classifier file that cannot be trusted or written, training text that cannot be had."""
+
+
+RETRAIN = "retrain it (python classify.py train --help)"
+# the tensors of a saved classifier: embedding (B, D), linear layer (D, K) and bias (K,)
+TENSOR_SHAPES = {"embed": ("buckets", "dim"), "weight": ("dim", "labels"), "bias": ("labels",)}
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def special_file_kind(path: pathlib.Path | str) -> str:
+    """"" for a regular file (or a link to one), else what it is, in words ("a FIFO", "a folder",
+    "missing"): checked before any read."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"unreadable ({e.strerror})" if e.errno != errno.ENOENT else "missing"
+    for test, words in ((stat.S_ISREG, ""), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"),
+                        (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def checked_state(
+    state: object, where: str, labels: tuple[str, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(embed, weight, bias) as float32 arrays from a loaded file's dict, or a ClassifyError naming
+    the file and the field that is wrong."""
+    def refuse(what: str) -> ClassifyError:
+        return ClassifyError(f"{where}: {what}; {RETRAIN}")
+    if not isinstance(state, dict) or set(state) != {"version", "labels", *TENSOR_SHAPES}:
+        keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+        raise refuse(f"holds {keys}, not a classifier's version, labels, embed, weight and bias")
+    if type(state["version"]) is not int or state["version"] != VERSION:
+        raise refuse(f"version {state['version']!r}, this code reads {VERSION}")
+    names = state["labels"]
+    if not (isinstance(names, list) and len(names) >= 2 and len(set(names)) == len(names)
+            and all(isinstance(n, str) and n for n in names)):
+        raise refuse(f"labels {str(names)[:60]!r} are not two or more distinct names")
+    if labels and sorted(names) != sorted(labels):
+        shown = " ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+        raise ClassifyError(f"{where}: its labels are {shown}, not "
+                            f"{' and '.join(labels)}: not a model for this filter")
+    sizes = {"buckets": BUCKETS, "dim": None, "labels": len(names)}
+    for key, dims in TENSOR_SHAPES.items():
+        tensor = state[key]
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in FLOAT_DTYPES:
+            raise refuse(f"{key} is {getattr(tensor, 'dtype', type(tensor).__name__)}, not a "
+                         "float tensor")
+        # the embedding fixes D; the other two must agree with it
+        if key == "embed" and tensor.dim() == 2:
+            sizes["dim"] = tensor.shape[1]
+        want = tuple(sizes[d] for d in dims)
+        if tuple(tensor.shape) != want:
+            raise refuse(f"{key} has shape {tuple(tensor.shape)}, not {want}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise refuse(f"{key} holds NaN or infinite weights")
+    return tuple(state[key].float().numpy() for key in TENSOR_SHAPES)
 
 
 def po_messages(path: pathlib.Path) -> list[tuple[str, str]]:
@@ -242,48 +322,95 @@ def language_corpus(split: str) -> tuple[list[str], list[str]]:
     return [t for t, _ in pairs], [c for _, c in pairs]
 
 
-def reference_texts() -> list[str]:
-    """Module docstrings of Python's standard library: curated, edited prose (the default
-    positives)."""
-    root = pathlib.Path(os.__file__).parent
-    docs = (ast.get_docstring(ast.parse(p.read_bytes())) for p in sorted(root.glob("*.py")))
-    return [d for d in docs if d and len(d) > 200]
+def shared_data() -> pathlib.Path:
+    """The corpora folder next to the repository (../shared/data), or $SHARED_DATA."""
+    return pathlib.Path(os.environ.get("SHARED_DATA", MODEL_DIR.parent.parent / "shared" / "data"))
 
 
-def spam_texts(count: int, seed: int) -> list[str]:
-    """Synthetic low-quality web text: shop listings, contact blocks, keyword stuffing (the default
-    negatives)."""
+# the default quality contrast, relative to shared_data(): reference prose against web crawl
+QUALITY_POSITIVES = ("wikipedia-sample/exllamav2-wiki.utf8",)
+QUALITY_NEGATIVES = ("c4-sample/c4-en-train-00000-first1000.jsonl",
+                     "fineweb-sample/fineweb-10BT-legalprefilter-500.jsonl")
+# a WikiExtractor article's first and last lines: <doc id=".." url=".." title=".."> ... </doc>
+WIKI_DOC = re.compile(r"^<doc [^>]*>\n(.*?)^</doc>$", re.MULTILINE | re.DOTALL)
+
+
+def read_documents(path: pathlib.Path | str) -> list[str]:
+    """The documents of a training file: a .jsonl file's "text" fields, a WikiExtractor dump's
+    articles (<doc ...> ... </doc>), else blank-line-separated blocks of text."""
+    path = pathlib.Path(path)
+    kind = special_file_kind(path)
+    if kind:
+        raise ClassifyError(f"{path} is {kind}, not a file of documents")
     try:
-        import faker
-    except ImportError:
-        raise ValueError("the default quality model's negatives are Faker's: pip install faker") \
-            from None
-    fake, rng = faker.Faker("en_US"), random.Random(seed)
-    fake.seed_instance(seed)
-    parts = [lambda: f"BUY {fake.catch_phrase().upper()} NOW!!! only ${rng.randint(1, 99)}.99",
-             lambda: f"{fake.company()} | {fake.address()} | call {fake.phone_number()}",
-             lambda: " ".join(fake.words(8)) + " best cheap free " + " ".join(fake.words(4)),
-             lambda: f"Home > {fake.word().title()} > {fake.bs().title()} >> click here",
-             lambda: f"{fake.email()} {fake.url()} #{fake.word()} #{fake.word()} login | register"]
-    return ["\n".join(rng.choice(parts)() for _ in range(rng.randint(3, 12))) for _ in range(count)]
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            docs = [row["text"] for row in rows if isinstance(row.get("text"), str)]
+        elif WIKI_DOC.search(text):
+            docs = WIKI_DOC.findall(text)
+        else:
+            docs = re.split(r"\n\s*\n", text)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+        raise ClassifyError(f"{path}: cannot read documents from it ({e}); give .jsonl rows with "
+                            "a text field, or plain UTF-8 text") from None
+    return [d.strip() for d in docs if d.strip()]
 
 
-def quality_corpus(seed: int) -> tuple[list[str], list[str]]:
-    """(texts, "high"/"low"): the reference docstrings and as many spam pages."""
-    high = reference_texts()
-    return high + spam_texts(len(high), seed), ["high"] * len(high) + ["low"] * len(high)
+def quality_corpus(
+    positives: tuple[str, ...] = (), negatives: tuple[str, ...] = (), split: str = "train"
+) -> tuple[list[str], list[str]]:
+    """(texts, "high"/"low") of the "train" or "held-out" documents: the positives' (reference
+    prose: by default Wikipedia) and the negatives' (web crawl: by default C4 and FineWeb). Files
+    default to QUALITY_POSITIVES and QUALITY_NEGATIVES under shared_data(). A document is held out
+    by its text's hash, one in HELD_OUT_EVERY, and a text found on both sides is dropped: no
+    document is in both splits or both classes."""
+    sides = {}
+    for label, files, default, flag in (("high", positives, QUALITY_POSITIVES, "--positives"),
+                                        ("low", negatives, QUALITY_NEGATIVES, "--negatives")):
+        if not files:
+            files = tuple(str(shared_data() / name) for name in default)
+            missing = [f for f in files if not pathlib.Path(f).exists()]
+            if missing:
+                raise ClassifyError(f"{flag}: the default {missing[0]} is not here (a clone "
+                                    f"without ../shared/data); name the files with {flag}")
+        sides[label] = dict.fromkeys(d for f in files for d in read_documents(f))
+    both = set(sides["high"]) & set(sides["low"])
+    pairs = [(text, label) for label, docs in sides.items() for text in docs if text not in both
+             and (zlib.crc32(text.encode()) % HELD_OUT_EVERY == 0) == (split == "held-out")]
+    return [t for t, _ in pairs], [y for _, y in pairs]
 
 
-def train_default(task: str) -> Classifier:
+def roc_auc(scores: list[float], truth: list[bool]) -> float:
+    """The probability that a random positive scores above a random negative (ties count half):
+    the area under the ROC curve, by ranks (Mann-Whitney).
+
+    >>> roc_auc([0.9, 0.8, 0.3, 0.1], [True, False, True, False])
+    0.75
+    """
+    order = np.argsort(scores, kind="stable")
+    ranks = np.empty(len(scores))
+    ranks[order] = np.arange(1, len(scores) + 1)
+    # tied scores share their mean rank
+    values = np.asarray(scores)[order]
+    for value in np.unique(values):
+        ranks[order[values == value]] = ranks[order[values == value]].mean()
+    positive = np.asarray(truth, dtype=bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def train_default(task: str, progress=None) -> Classifier:
     """The default "language" or "quality" classifier, trained afresh (what classifiers/ ships)."""
-    return Classifier.train(*(language_corpus("train") if task == "language"
-                              else quality_corpus(0)))
+    if task == "language":
+        return Classifier.train(*language_corpus("train"), progress=progress)
+    return Classifier.train(*quality_corpus(), progress=progress)
 
 
 @functools.lru_cache(maxsize=None)
 def default_model(task: str) -> Classifier:
     """The shipped "language" or "quality" classifier, read once per process."""
-    return Classifier.load(MODEL_DIR / f"{task}.pt")
+    return Classifier.load(MODEL_DIR / f"{task}.pt", QUALITY_LABELS if task == "quality" else ())
 
 
 def identify_language(text: str) -> tuple[str, float]:
@@ -302,22 +429,85 @@ def classify_quality(text: str) -> tuple[str, float]:
 
 @functools.lru_cache(maxsize=None)
 def model_at(path: str) -> Classifier:
-    """A classifier file, read once per process (every chunk of an engine reuses it)."""
-    return Classifier.load(path)
+    """A quality classifier file (labels high and low), read once per process (every chunk of an
+    engine reuses it)."""
+    return Classifier.load(path, QUALITY_LABELS)
 
 
-def main() -> None:
-    """python classify.py: retrain the default models into classifiers/ (needs django, faker)."""
-    for task in ("language", "quality"):
+class Progress:
+    """A training's progress on stderr, every few seconds: count, rate and ETA."""
+
+    def __init__(self, what: str, every_s: float = 3.0) -> None:
+        self.what, self.every_s = what, every_s
+        self.start = self.last = None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        # timed from the first batch: the features are read before it
+        if self.start is None:
+            self.start, self.last, self.first = now, now, done
+            return
+        if now - self.last < self.every_s and done < total:
+            return
+        self.last = now
+        rate = (done - self.first) / max(now - self.start, 1e-9)
+        print(f"{self.what}: {done:,} of {total:,} documents (epochs x texts), {rate:,.0f}/s, "
+              f"ETA {(total - done) / max(rate, 1e-9):.0f} s", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="classify.py", description="Train the language or quality classifier (the models "
+        "that ship in classifiers/ are read by data.py's --lang and --quality-threshold).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser(
+        "train", help="train a classifier into --out",
+        description="Train a classifier and write it to OUT/TASK.pt (atomically). The shipped ones "
+        "are rewritten only by --out classifiers.")
+    train.add_argument("task", choices=("language", "quality"))
+    train.add_argument("--out", default="out/classifiers",
+                       help="folder to write TASK.pt into (default: out/classifiers; "
+                            "classifiers rewrites the shipped model)")
+    for flag, side, default in (("--positives", "high (reference prose)", QUALITY_POSITIVES),
+                                ("--negatives", "low (web crawl)", QUALITY_NEGATIVES)):
+        train.add_argument(flag, nargs="+", default=[], metavar="FILE",
+                           help=f"quality: {side} documents, .jsonl (text field), a WikiExtractor "
+                                f"dump or blank-line-separated text (default: ../shared/data/"
+                                f"{' and '.join(default)})")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python classify.py train {language,quality} [--out DIR]: train a classifier into DIR."""
+    args = parse_args(argv)
+    out = pathlib.Path(args.out)
+    path = out / f"{args.task}.pt"
+    try:
+        if args.task == "language" and (args.positives or args.negatives):
+            raise ClassifyError("--positives and --negatives train the quality model; "
+                                "drop them or train quality")
+        if out.exists() and not out.is_dir():
+            raise ClassifyError(f"--out {out} is a file; name a folder")
         start = time.perf_counter()
+        if args.task == "language":
+            texts, labels = language_corpus("train")
+        else:
+            texts, labels = quality_corpus(tuple(args.positives), tuple(args.negatives))
+        model = Classifier.train(texts, labels, progress=Progress(f"training {args.task}"))
+        created = fileio.missing_folders(out)
+        out.mkdir(parents=True, exist_ok=True)
         try:
-            model = train_default(task)
-        except ValueError as e:
-            sys.exit(f"classify.py: {e}")
-        model.save(MODEL_DIR / f"{task}.pt")
-        print(f"{MODEL_DIR.name}/{task}.pt: {len(model.labels)} labels, trained in "
-              f"{time.perf_counter() - start:.1f} s")
+            model.save(path, fix="choose another --out")
+        except ClassifyError:
+            fileio.remove_if_empty(created)
+            raise
+    except ClassifyError as e:
+        print(f"classify.py: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{path}: {len(model.labels)} labels, {len(texts):,} documents, trained in "
+          f"{time.perf_counter() - start:.1f} s")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

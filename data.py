@@ -475,6 +475,10 @@ def html_to_text(page: str) -> str:
 # --------------------------------------------------------------------------------------------------
 
 GOPHER_STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
+# rules that know one language's words, and languages written without spaces between words
+ENGLISH_ONLY_RULES = ("stop_words",)
+UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "km", "my", "bo"})
+WORD_COUNT_RULES = ("too_few_words", "too_many_words", "mean_word_length")
 _BULLETS = ("-", "*", "•", "‣", "●", "◦", "–")
 _PUNCTUATION = ".,;:!?\"'()[]{}"
 # chars in the most frequent n-gram / all word chars
@@ -567,7 +571,8 @@ GOPHER_RULE_SETS = ("all", "handout")
 
 
 def gopher_rejection(
-    text: str, min_words: int = 50, max_words: int = 100_000, rules: str = "all"
+    text: str, min_words: int = 50, max_words: int = 100_000, rules: str = "all",
+    language: str = "en",
 ) -> str | None:
     """The first Gopher rule a document breaks (its name), or None when it passes. Rules (Rae et al.
     2021, App. A):
@@ -588,6 +593,12 @@ def gopher_rejection(
     whitespace-separated; the handout tokenizes with NLTK, which also counts punctuation marks as
     words).
 
+    Two rules know only some languages: stop_words is English's (ENGLISH_ONLY_RULES: a French
+    page has none of "the", "of"), and the word counts and mean word length need words between
+    spaces (UNSPACED_LANGUAGES: Chinese, Japanese, Thai write none). `language`, the document's
+    (classify.py's identifier, under --lang), skips the rules that do not know it; without --lang
+    every document is taken for English.
+
     >>> gopher_rejection("too short")
     'too_few_words'
     >>> gopher_rejection(" ".join(["the quick brown fox jumps over the lazy dog and runs"] * 10))
@@ -599,14 +610,17 @@ def gopher_rejection(
     if rules not in GOPHER_RULE_SETS:
         raise DataError(f"unknown Gopher rule set {rules!r}; use {' or '.join(GOPHER_RULE_SETS)}")
     every_rule = rules == "all"
+    spaced = language not in UNSPACED_LANGUAGES
     words = text.split()
     n = len(words)
-    if n < min_words:
+    if n < min_words and spaced:
         return "too_few_words"
-    if n > max_words:
+    if n > max_words and spaced:
         return "too_many_words"
+    if not n:
+        return "too_few_words"
     total_chars = sum(map(len, words))
-    if not 3 <= total_chars / n <= 10:
+    if not 3 <= total_chars / n <= 10 and spaced:
         return "mean_word_length"
     if every_rule and (text.count("#") + text.count("...") + text.count("…")) / n > 0.1:
         return "symbol_ratio"
@@ -620,7 +634,7 @@ def gopher_rejection(
     if not every_rule:
         return None
     # "the," too
-    if len(GOPHER_STOP_WORDS.intersection(text.lower().split())) < 2 and \
+    if language == "en" and len(GOPHER_STOP_WORDS.intersection(text.lower().split())) < 2 and \
             len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2:
         return "stop_words"
     dup_lines, dup_line_chars = _duplicate_fractions(lines)
@@ -1037,18 +1051,28 @@ def quality_rule(
         else settings.filters
     )
     rules = {
-        "gopher": lambda d: gopher_rejection(d, settings.min_words, settings.max_words),
-        "gopher-handout": lambda d: gopher_rejection(
-            d, settings.min_words, settings.max_words, "handout"
+        "gopher": lambda d, code="en": gopher_rejection(
+            d, settings.min_words, settings.max_words, language=code
         ),
-        "code": code_rejection,
-        "none": None,
+        "gopher-handout": lambda d, code="en": gopher_rejection(
+            d, settings.min_words, settings.max_words, "handout", language=code
+        ),
+        "code": lambda d, code="en": code_rejection(d),
+        "none": lambda d, code="en": None,
     }
     judged = classifier_rejection(settings)
     if judged is None:
-        return choice, rules[choice]
-    rule = rules[choice] or (lambda d: None)
-    return choice, lambda d: rule(d) or judged(d)
+        return choice, None if choice == "none" else rules[choice]
+    rule = rules[choice]
+    if not settings.lang:
+        return choice, lambda d: rule(d) or judged(d)
+    lid = classify.default_model("language")
+
+    # the language is identified first, so that the rules that know only some skip the others
+    def judge(doc: str) -> str | None:
+        identified = lid.predict(doc)
+        return rule(doc, identified[0]) or judged(doc, identified)
+    return choice, judge
 
 
 def filter_rows(
@@ -1065,7 +1089,7 @@ def filter_rows(
     """
     # (row, its reasons, whether it runs)
     rows = [
-        (f"quality filters ({rule_name}, {label})",
+        (f"quality filters ({rule_name}{language_note(rule_name, settings.lang)}, {label})",
          lambda r: not r.startswith(("language_", "low_quality")), rule_name != "none"),
         (f"language ({' '.join(settings.lang)}, score >= {settings.lang_threshold}, {label})",
          lambda r: r.startswith("language_"), bool(settings.lang)),
@@ -1073,6 +1097,25 @@ def filter_rows(
          lambda r: r == "low_quality", bool(settings.quality_threshold)),
     ]
     return [(name, mine) for name, mine, runs in rows if runs]
+
+
+def language_note(rule_name: str, lang: tuple[str, ...]) -> str:
+    """What the funnel row of the rules adds under --lang: which rules ran for which languages.
+
+    >>> language_note("gopher", ("fr", "zh"))
+    '; stop_words on en documents only; too_few_words, too_many_words, mean_word_length not on zh'
+    >>> language_note("gopher", ()), language_note("code", ("fr",))
+    ('', '')
+    """
+    if not lang or rule_name != "gopher" and rule_name != "gopher-handout":
+        return ""
+    notes = []
+    if rule_name == "gopher":
+        notes.append(f"{', '.join(ENGLISH_ONLY_RULES)} on en documents only")
+    unspaced = sorted(UNSPACED_LANGUAGES.intersection(lang))
+    if unspaced:
+        notes.append(f"{', '.join(WORD_COUNT_RULES)} not on {' '.join(unspaced)}")
+    return "".join(f"; {note}" for note in notes)
 
 
 def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None] | None:
@@ -1085,9 +1128,10 @@ def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None]
     quality = (classify.model_at(settings.quality_model) if settings.quality_model
                else classify.default_model("quality")) if settings.quality_threshold else None
 
-    def reject(doc: str) -> str | None:
+    # identified: (code, score) when the caller already asked the identifier
+    def reject(doc: str, identified: tuple[str, float] | None = None) -> str | None:
         if lid is not None:
-            code, score = lid.predict(doc)
+            code, score = identified or lid.predict(doc)
             if code not in settings.lang:
                 return f"language_{code}"
             if score < settings.lang_threshold:
@@ -2407,7 +2451,12 @@ def train_quality_model(positives: list[str], negatives: list[str]) -> str:
     path = cache_root() / "classify" / f"quality-{digest}.pt"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        classify.Classifier.train(high + low, ["high"] * len(high) + ["low"] * len(low)).save(path)
+        model = classify.Classifier.train(high + low, ["high"] * len(high) + ["low"] * len(low),
+                                          progress=classify.Progress("training the quality model"))
+        try:
+            model.save(path, fix="point PRETRAIN_CACHE elsewhere")
+        except classify.ClassifyError as e:
+            raise DataError(f"--quality-positives: {e}") from None
     return str(path)
 
 

@@ -212,6 +212,11 @@ MUTANTS = [
            '         bool(settings.quality_threshold)),',
            ("tests/test_classify.py::test_lang_and_quality_rows_and_engines_write_the_same_bytes",),
            "the quality classifier's row also counts the language identifier's rejections"),
+    Mutant("classifier-nan-weights-trusted", "classify.py",
+           "        if not bool(torch.isfinite(tensor).all()):\n", "        if False:\n",
+           ("tests/test_classify.py::test_saved_file_round_trips_and_bad_files_are_refused",
+            f"{CLI_FILES}[data.py prepare --data {{corpus}} --quality-threshold 0.5 --quality-model {{q_nan}}]"),
+           "a classifier file with NaN or infinite weights is trusted: the quality filter keeps every document"),
     # --- object stores: a reader must never see half a dataset, nor a range read lose a line ---------------------
     Mutant("store-manifest-published-first", "store.py",
            '    names = (sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")\n'

@@ -483,6 +483,22 @@ BAD_FILES = [
     # a prepared dataset whose tokenizer.json is damaged was "tokenizer JSON: not valid JSON", no file named
     ("train", "--data {data_bad_tokenizer} --out-dir o", "data_bad_tokenizer/tokenizer.json: not valid JSON"),
     ("evaluate", "contamination --train {latin1_txt} --eval {latin1_txt}", "latin1.txt is not UTF-8 text"),
+    # issue 43: a --quality-model is checked before any work: NaN weights kept every document, other labels were
+    # "'high' is not in list", a wrong shape an IndexError (the streaming engine left a .work folder), a FIFO hung,
+    # a pickle quoted torch's advice to load it with weights_only=False
+    ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_nan}", "q_nan.pt: weight holds NaN"),
+    ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_inf}", "q_inf.pt: embed holds NaN or"),
+    ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_languages}",
+     "q_languages.pt: its labels are en fr, not high and low"),
+    ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_bias_shape} --workers 2",
+     "q_bias_shape.pt: bias has shape (3,), not (2,)"),
+    ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_int_embed}",
+     "q_int_embed.pt: embed is torch.int64, not a float tensor"),
+    ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_version_text}",
+     "q_version_text.pt: version '1', this code reads 1"),
+    ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_pickle}",
+     "q_pickle.pt: holds Python objects, not a classifier file of ours"),
+    ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {fifo}", "fifo.txt is a FIFO, not a"),
 ]
 
 
@@ -572,6 +588,19 @@ def hostile(fixtures, tmp_path_factory) -> dict:
         (root / f"{name}.json").write_text(json.dumps([{**runs[0], **change}, *runs[1:]]))
         out[name] = root / f"{name}.json"
     out["many_tasks"] = root / "many.jsonl"
+    import argparse
+
+    import classify
+    quality = classify.Classifier.train(["good words"] * 8 + ["bad junk"] * 8, ["high"] * 8 + ["low"] * 8)
+    quality.save(root / "q_good.pt")
+    good_state = torch.load(root / "q_good.pt", weights_only=True)
+    for name, change in (("q_nan", {"weight": good_state["weight"].clone().fill_(torch.nan)}),
+                         ("q_inf", {"embed": good_state["embed"].clone().fill_(torch.inf)}),
+                         ("q_languages", {"labels": ["en", "fr"]}), ("q_bias_shape", {"bias": torch.zeros(3)}),
+                         ("q_int_embed", {"embed": good_state["embed"].long()}), ("q_version_text", {"version": "1"}),
+                         ("q_pickle", {"embed": argparse.Namespace()})):
+        torch.save({**good_state, **change}, root / f"{name}.pt")
+        out[name] = root / f"{name}.pt"
     out["many_tasks"].write_text('{"prompt": "1 + 1 =", "answer": " 2"}\n' * 10_001)
     return {**fixtures, **out}
 
