@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import math
 import sys
 import time
 from typing import NamedTuple
@@ -942,68 +944,171 @@ class _ExpertDataParallel:
 
 
 def cp_positions(seq_len: int, n: int, rank: int, device=None) -> torch.Tensor:
-    """The positions of the tokens rank `rank` of n holds: chunks rank and 2n-1-rank of 2n.
+    """The positions of the tokens rank `rank` of n holds: chunks rank and 2n-1-rank of 2n. Built
+    where they are used (no host-to-device copy).
     >>> cp_positions(8, 2, 0).tolist(), cp_positions(8, 2, 1).tolist()
     ([0, 1, 6, 7], [2, 3, 4, 5])
     """
     L = seq_len // (2 * n)
     late = 2 * n - 1 - rank
-    early = torch.arange(rank * L, (rank + 1) * L)
-    return torch.cat([early, torch.arange(late * L, (late + 1) * L)]).to(device)
+    early = torch.arange(rank * L, (rank + 1) * L, device=device)
+    return torch.cat([early, torch.arange(late * L, (late + 1) * L, device=device)])
 
 
 def ring_bytes(batch: int, seq_len: int, n_kv_head: int, head_dim: int, n: int,
                nbytes: int = 4) -> float:
-    """Bytes one rank sends per attention layer and training step in the K/V ring of n ranks.
+    """Bytes one rank sends per attention layer and training step in the K/V ring of n ranks: K and
+    V forward (n-1 passes) and again in backward (n-1), dK and dV in fp32 (n passes, the last one
+    home). One pass of a block is 2 B h_kv (T/n) d floats.
     >>> ring_bytes(1, 131072, 8, 128, 8) / 2**20    # a 128k-token sequence on 8 ranks, fp32
-    1792.0
+    2816.0
     """
-    return 4 * (n - 1) * batch * n_kv_head * (seq_len // n) * head_dim * nbytes
+    block = 2 * batch * n_kv_head * (seq_len // n) * head_dim
+    return block * (2 * (n - 1) * nbytes + n * 4)
 
 
-class _RingPass(torch.autograd.Function):
-    """Send x to the next rank, receive the previous one's; backward sends the gradient back."""
+def ring_pieces(rank: int, source: int, L: int, tile: int = 64) -> list[tuple[slice, slice, bool]]:
+    """The score blocks rank `rank` computes against the K/V block of rank `source`, each as (query
+    rows, key rows, causal) in the local (2L,) order (early chunk, late chunk). Fully masked pairs
+    are skipped: an earlier source's early chunk is seen by all of this rank's queries, a later
+    source is seen by the late chunk only, and this rank's own block has two diagonal chunks, run
+    in tiles of `tile` queries: the keys before the tile in one piece, the tile's own square
+    causally (top-left aligned). Every rank gets 2 L^2 pairs per step (plus the diagonals' halves).
+    >>> [(q.start, q.stop, k.start, k.stop, c) for q, k, c in ring_pieces(1, 0, 4)]
+    [(0, 8, 0, 4, False)]
+    >>> [(q.start, q.stop, k.start, k.stop, c) for q, k, c in ring_pieces(0, 1, 4)]
+    [(4, 8, 0, 8, False)]
+    """
+    if source < rank:
+        return [(slice(0, 2 * L), slice(0, L), False)]
+    if source > rank:
+        return [(slice(L, 2 * L), slice(0, 2 * L), False)]
+    pieces = [(slice(L, 2 * L), slice(0, L), False)]      # late queries, early keys: all visible
+    for start in (0, L):                                  # early x early, late x late: causal
+        for i in range(start, start + L, tile):
+            rows = slice(i, min(i + tile, start + L))
+            if i > start:
+                pieces.append((rows, slice(start, i), False))
+            pieces.append((rows, rows, True))
+    return pieces
+
+
+def _start_ring_pass(t: torch.Tensor, comm: Comm) -> tuple[torch.Tensor, list]:
+    """Send t to the next rank and receive the previous one's, without waiting: (the buffer it
+    arrives in, the handles to wait on before reading it or writing t)."""
+    if comm.size == 1:
+        return t, []
+    got = torch.empty_like(t)
+    n, r = comm.size, comm.rank
+    works = comm.start_send_recv([(t, comm.global_rank((r + 1) % n))],
+                                 [(got, comm.global_rank((r - 1) % n))])
+    return got, works
+
+
+def _scores(q, k, rows: slice, cols: slice, causal: bool, scale: float) -> torch.Tensor:
+    """Scores of query rows against key rows, (B, h_kv, g, |rows|, |cols|) in fp32 (fp64 for fp64
+    inputs); causal masks keys after their query on a diagonal square."""
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    s = (q[..., rows, :] @ k[..., cols, :].transpose(-1, -2)).to(acc_dtype) * scale
+    if causal:
+        side = s.shape[-1]
+        s = s.masked_fill(torch.ones(side, side, dtype=torch.bool, device=s.device).triu(1),
+                          -math.inf)
+    return s
+
+
+class _RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's queries over the ring's K/V blocks, the FlashAttention way.
+
+    q (B, h_kv, g, 2L, d), k and v (B, h_kv, 1, 2L, d) (GQA's group g broadcast, no copy), in the
+    local order of `cp_positions`. Forward keeps a running max m, sum l and unnormalised output
+    (fp32) per query, updated block by block (online softmax); saved for backward: q, k, v, the
+    output and one log-sum-exp per query, O(T/n). Backward recomputes each block's probabilities
+    from the log-sum-exp and sends the K/V blocks round again, each followed by the dK/dV its
+    visitors have added so far; after n passes a block's gradient is home. Every transfer is
+    started before the block's compute and waited after it. `work` (a dict or None) counts the
+    score elements computed, per batch row and head."""
 
     @staticmethod
-    def forward(ctx, x, comm, shift):
-        ctx.comm, ctx.shift = comm, shift
-        out = torch.empty_like(x)
-        n, r = comm.size, comm.rank
-        comm.send_recv([(x.contiguous(), comm.global_rank((r + shift) % n))],
-                       [(out, comm.global_rank((r - shift) % n))])
+    def forward(ctx, q, k, v, comm, work):
+        n, r, L, scale = comm.size, comm.rank, q.shape[-2] // 2, q.shape[-1] ** -0.5
+        acc_dtype = torch.promote_types(q.dtype, torch.float32)   # fp32 statistics under bf16
+        acc = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)    # sum_j p_ij v_j
+        m = torch.full(q.shape[:-1], -math.inf, dtype=acc_dtype, device=q.device)  # running max
+        l = torch.zeros(q.shape[:-1], dtype=acc_dtype, device=q.device)             # running sum
+        kv = torch.stack([k, v])                                   # one message per step
+        for step in range(n):
+            if step < n - 1:
+                arriving, works = _start_ring_pass(kv, comm)
+            for rows, cols, causal in ring_pieces(r, (r - step) % n, L):
+                s = _scores(q, kv[0], rows, cols, causal, scale)
+                m_new = torch.maximum(m[..., rows], s.amax(-1))
+                p = (s - m_new[..., None]).exp()
+                rescale = (m[..., rows] - m_new).exp()              # exp(-inf) = 0 at the start
+                l[..., rows] = l[..., rows] * rescale + p.sum(-1)
+                acc[..., rows, :] = (acc[..., rows, :] * rescale[..., None]
+                                     + (p.to(v.dtype) @ kv[1][..., cols, :]).to(acc_dtype))
+                m[..., rows] = m_new
+                if work is not None:
+                    work["scores"] = work.get("scores", 0) + s.shape[-2] * s.shape[-1]
+            if step < n - 1:
+                for w in works:
+                    w.wait()
+                kv = arriving
+        out = (acc / l[..., None]).to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, m + l.log())
+        ctx.comm = comm
         return out
 
     @staticmethod
-    def backward(ctx, grad):
-        return _RingPass.forward(ctx, grad, ctx.comm, -ctx.shift), None, None
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        comm, dout = ctx.comm, dout.contiguous()
+        n, r, L, scale = comm.size, comm.rank, q.shape[-2] // 2, q.shape[-1] ** -0.5
+        acc_dtype = torch.promote_types(q.dtype, torch.float32)
+        delta = (dout.to(acc_dtype) * out.to(acc_dtype)).sum(-1)    # (B, h_kv, g, 2L)
+        dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
+        kv, dkv_arrived, dkv_works = torch.stack([k, v]), None, []
+        for step in range(n):
+            if step < n - 1:
+                arriving, works = _start_ring_pass(kv, comm)
+            dkv = torch.zeros(kv.shape, dtype=acc_dtype, device=q.device)
+            for rows, cols, causal in ring_pieces(r, (r - step) % n, L):
+                p = (_scores(q, kv[0], rows, cols, causal, scale) - lse[..., rows, None]).exp()
+                dp = (dout[..., rows, :] @ kv[1][..., cols, :].transpose(-1, -2)).to(acc_dtype)
+                ds = (p * (dp - delta[..., rows, None])).to(q.dtype)
+                dq[..., rows, :] += (ds @ kv[0][..., cols, :]).to(acc_dtype) * scale
+                # dK, dV sum over the query heads of the group (dim 2)
+                dk = (ds.transpose(-1, -2) @ q[..., rows, :]).to(acc_dtype) * scale
+                dv = (p.to(q.dtype).transpose(-1, -2) @ dout[..., rows, :]).to(acc_dtype)
+                dkv[0][..., cols, :] += dk.sum(2, keepdim=True)
+                dkv[1][..., cols, :] += dv.sum(2, keepdim=True)
+            if dkv_arrived is not None:   # what the previous ranks added to the block we hold
+                for w in dkv_works:
+                    w.wait()
+                dkv += dkv_arrived
+            dkv_arrived, dkv_works = _start_ring_pass(dkv, comm)
+            if step < n - 1:
+                for w in works:
+                    w.wait()
+                kv = arriving
+        for w in dkv_works:
+            w.wait()
+        return (dq.to(q.dtype), dkv_arrived[0].to(k.dtype), dkv_arrived[1].to(v.dtype), None,
+                None)
 
 
+@torch.compiler.disable
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm,
-                   seq_len: int) -> torch.Tensor:
+                   work: dict | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries q (B, h, T/n, d) over the whole sequence, whose K/V
     (B, h_kv, T/n, d) blocks go round the ring of `comm`; positions as `cp_positions`.
-    -> (B, h, T/n, d)."""
-    n, r = comm.size, comm.rank
-    q_pos = cp_positions(seq_len, n, r, q.device)
-    kv, out, lse = torch.stack([k, v]), None, None                     # one message per step
-    for step in range(n):
-        if step:
-            kv = _RingPass.apply(kv, comm, 1)
-        # GQA: query head j reads kv head j // group, as in model.py -> (B, h, T/n, d)
-        k_b, v_b = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in kv)
-        k_pos = cp_positions(seq_len, n, (r - step) % n, q.device)  # the block of rank r - step
-        scores = (q @ k_b.transpose(-1, -2)) * q.shape[-1] ** -0.5   # (B, h, T/n, T/n)
-        # Finite, not -inf: a query that sees none of this block gets weight exp(-1e30 - l) = 0.
-        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], -1e30)
-        lse_b = scores.logsumexp(-1, keepdim=True)                   # (B, h, T/n, 1)
-        out_b = (scores - lse_b).exp() @ v_b
-        if out is None:
-            out, lse = out_b, lse_b
-        else:
-            new = torch.logaddexp(lse, lse_b)
-            # the online-softmax rescale
-            out, lse = out * (lse - new).exp() + out_b * (lse_b - new).exp(), new
-    return out
+    -> (B, h, T/n, d). Outside torch.compile's graph (its sends, waits and counters are Python);
+    the rest of the block compiles around it."""
+    h_kv = k.shape[1]
+    out = _RingAttention.apply(q.unflatten(1, (h_kv, -1)), k.unsqueeze(2), v.unsqueeze(2), comm,
+                               work)
+    return out.flatten(1, 2)
 
 
 class ContextParallel(nn.Module):
@@ -1016,6 +1121,10 @@ class ContextParallel(nn.Module):
             raise ParallelError("--cp splits dense attention without dropout: set n_expert=0 and "
                                 "dropout=0, or --cp 1 (MoE capacity would count one rank's tokens)")
         self.module, self.comm = model, comm
+        self.work: dict[str, int] = {}       # score elements computed per batch row and head
+        # Set once: a function made anew each step would be a new guard for torch.compile.
+        for block in model.blocks:
+            block.attn.attend = functools.partial(ring_attention, comm=comm, work=self.work)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         m, n, T = self.module, self.comm.size, idx.shape[1]
@@ -1025,7 +1134,6 @@ class ContextParallel(nn.Module):
         positions = cp_positions(T, n, self.comm.rank, idx.device)
         for block in m.blocks:
             block.attn.positions = positions
-            block.attn.attend = lambda q, k, v: ring_attention(q, k, v, self.comm, T)
         x = m.embed(idx[:, positions])                                         # (B, T/n, C)
         for block in m.blocks:
             x = block(x)
