@@ -843,8 +843,13 @@ def all_to_all_bytes(n_expert: int, capacity: int, n_embd: int, n: int, nbytes: 
     return 4 * (n - 1) / n * n_expert * capacity * n_embd * nbytes
 
 
+@torch.compiler.disable
 def dispatch_experts_combine(moe: nn.Module, x: torch.Tensor, comm: Comm) -> torch.Tensor:
-    """Expert parallel in place of MoE.experts: slots (E, cap, C) -> expert outputs (E, cap, C)."""
+    """Expert parallel in place of MoE.experts: slots (E, cap, C) -> expert outputs (E, cap, C).
+    The slots travel in the compute dtype (bf16 under autocast, half the bytes of the fp32 norm's
+    output). Outside torch.compile's graph, as the counters it updates."""
+    if torch.is_autocast_enabled(x.device.type):
+        x = x.to(torch.get_autocast_dtype(x.device.type))
     n, (E, cap, C) = comm.size, x.shape
     got = _AllToAll.apply(x.reshape(n, -1), comm)                      # dispatch (n, E/n cap C)
     mine = got.view(n, E // n, cap, C).transpose(0, 1).reshape(E // n, n * cap, C)
@@ -853,10 +858,11 @@ def dispatch_experts_combine(moe: nn.Module, x: torch.Tensor, comm: Comm) -> tor
     return _AllToAll.apply(back, comm).view(E, cap, C)                 # combine
 
 
+@torch.compiler.disable
 def global_balance_stats(fraction: torch.Tensor, mean_prob: torch.Tensor, dp: Comm):
     """f_e and P_e averaged over every data-parallel rank's tokens (equal counts). The gradient of
     P_e stays this rank's own: data parallel averages the ranks' gradients, which sums each rank's
-    share of the mean."""
+    share of the mean. Outside torch.compile's graph (its all-reduce updates a counter)."""
     stats = torch.stack([fraction, mean_prob.detach()])
     dp.all_reduce(stats)
     stats /= dp.size
@@ -1463,6 +1469,10 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
         why = ("its full state dict gathers dp shards, not the expert slices over ep" if ep > 1
                else "ring attention runs the blocks itself, past the hook gathering embedding+head")
         raise ParallelError(f"--zero 3 with --{'ep' if ep > 1 else 'cp'}: {why}; use --zero <= 2")
+    if ep > 1 and mesh.cp.size > 1:
+        raise ParallelError(f"--ep {ep} with --cp {mesh.cp.size}: expert parallel needs a MoE, "
+                            "ring attention a dense model (a rank's capacity would count its "
+                            "chunk's tokens only); use one of --ep and --cp")
     if (compute_dtype or reduce_dtype) and zero != 3:
         raise ParallelError(
             "gathering weights in a compute dtype is ZeRO-3's; use --zero 3, or autocast alone"

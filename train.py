@@ -1604,7 +1604,9 @@ def train_loop(run: Trainer, steps: int | None = None, batches=None) -> dict:
         # over the world is the dp mean. The step's one host read: loss, flag and norm in one
         # .tolist() (each read waits for the GPU to finish the queue; one per step is the least a
         # progress line needs, tests/test_train.py counts them).
-        stop = torch.tensor(float(run.stop_requested), device=run.device)
+        # torch.full, a fill kernel: torch.tensor(flag, device=...) would be a blocking upload,
+        # a second sync per step on a GPU.
+        stop = torch.full((), float(run.stop_requested), device=run.device)
         reduced = all_reduce_mean(torch.stack([loss_sum / n, stop]), run.dist, over_world=True)
         loss_value, stop_any, grad_norm = torch.cat([reduced, grad_norm.view(1)]).tolist()
         run.stopping = stop_any > 0                         # every rank stops after this step
