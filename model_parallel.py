@@ -75,9 +75,12 @@ from parallel import (Comm, DataParallel, Layout, Mesh, ParallelError, Zero, che
 #   f = copy_to_tp:     forward identity,     backward all-reduce (each rank's x fed a slice;
 #                       the grads add up)
 #   g = reduce_from_tp: forward all-reduce,   backward identity
-# f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted by
-# the callers, outside autograd: torch.compile traces a Function's forward and backward, where a
-# Python side effect (a dict updated) is not allowed (dynamo: "lift_tracked_freevar_to_input"). The
+# f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted
+# outside autograd and outside torch.compile's graph: a Function's traced backward allows no Python
+# side effect (dynamo: "lift_tracked_freevar_to_input"), and a counter updated inside a compiled
+# block is a value dynamo guards on, so every call would recompile until the recompile limit sends
+# the block back to eager. A block's four all-reduces are counted from its input's shape by a hook
+# in the block's __call__ (`_count_block_traffic`), which runs before the compiled forward. The
 # embedding splits the vocabulary: rank r holds rows [r V/t, (r+1) V/t) (V padded up to a multiple
 # of t), looks up the ids it owns, zeros the rest and all-reduces. The LM head shares those rows and
 # produces logits for its slice of the vocabulary; the cross-entropy is computed without ever
@@ -112,20 +115,37 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
-def copy_to_tp(x: torch.Tensor, comm: Comm) -> torch.Tensor:
-    """f: identity forward, all-reduce of the gradient backward."""
+def copy_to_tp(x: torch.Tensor, comm: Comm, count: bool = True) -> torch.Tensor:
+    """f: identity forward, all-reduce of the gradient backward. count=False inside a block (its
+    hook counts)."""
     if comm.size == 1:
         return x
-    comm.count_all_reduce(x.numel(), x.element_size())    # backward's, of a gradient like x
+    if count:
+        comm.count_all_reduce(x.numel(), x.element_size())    # backward's, of a gradient like x
     return _CopyToTP.apply(x, comm)
 
 
-def reduce_from_tp(x: torch.Tensor, comm: Comm) -> torch.Tensor:
-    """g: all-reduce forward, identity backward."""
+def reduce_from_tp(x: torch.Tensor, comm: Comm, count: bool = True) -> torch.Tensor:
+    """g: all-reduce forward, identity backward. count=False inside a block (its hook counts)."""
     if comm.size == 1:
         return x
-    comm.count_all_reduce(x.numel(), x.element_size())
+    if count:
+        comm.count_all_reduce(x.numel(), x.element_size())
     return _ReduceFromTP.apply(x, comm)
+
+
+def _count_block_traffic(comm: Comm):
+    """A Block's forward pre-hook counting its four all-reduces of (B, T, C) from the input's
+    shape: f's before attention and the MLP (gradients like x), g's after wo and w2 (the compute
+    dtype: bf16 under autocast). It runs in the block's __call__, outside a compiled forward."""
+    def hook(block, args):
+        x = args[0]
+        g_itemsize = x.element_size()
+        if torch.is_autocast_enabled(x.device.type):
+            g_itemsize = torch.finfo(torch.get_autocast_dtype(x.device.type)).bits // 8
+        for itemsize in (x.element_size(), g_itemsize) * 2:
+            comm.count_all_reduce(x.numel(), itemsize)
+    return hook
 
 
 def _tag(p: nn.Parameter, dim: int, full_size: int) -> nn.Parameter:
@@ -183,13 +203,13 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, full: nn.Linear, comm: Comm):
         super().__init__()
-        self.comm = comm
+        self.comm, self.count = comm, False      # inside a block, whose hook counts
         self.weight = _tag(nn.Parameter(_slice(full.weight.data, 1, comm)), 1, full.in_features)
         # added once, after g
         self.bias = None if full.bias is None else nn.Parameter(full.bias.data.clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(F.linear(x, self.weight), self.comm)
+        y = reduce_from_tp(F.linear(x, self.weight), self.comm, self.count)
         return y if self.bias is None else y + self.bias
 
 
@@ -267,7 +287,7 @@ def vocab_parallel_cross_entropy(
 
 
 def _copy_input_hook(comm: Comm):
-    return lambda module, args: (copy_to_tp(args[0], comm),) + tuple(args[1:])
+    return lambda module, args: (copy_to_tp(args[0], comm, count=False),) + tuple(args[1:])
 
 
 def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
@@ -301,6 +321,7 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
         ffn.w1, ffn.w3 = ColumnParallelLinear(ffn.w1, comm), ColumnParallelLinear(ffn.w3, comm)
         ffn.w2 = RowParallelLinear(ffn.w2, comm)
         ffn.register_forward_pre_hook(_copy_input_hook(comm))
+        block.register_forward_pre_hook(_count_block_traffic(comm))
     tied = model.lm_head.weight is model.tok_emb.weight
     model.tok_emb = VocabParallelEmbedding(model.tok_emb, comm)
     # kept on the model: a last pipeline stage has no embedding

@@ -97,7 +97,34 @@ def _worker(rank, world, layouts):
         )
     out["ring"] = _ring_saved_and_work(P.Mesh.build(cp=world).cp)
     out["ep_bf16_sent"] = _ep_sent_under_bf16(world)
+    out["tp_graphs"] = _tp_graphs_compiled(P.Mesh.build(dp=1, tp=world).tp)
     return out
+
+
+def _tp_graphs_compiled(comm):
+    """Graphs torch.compile made for TP's blocks (compiled one by one, as train.compile_model does)
+    over 4 training steps and 2 no_grad evaluations: 2 (train, eval) when nothing inside a block
+    changes between calls. A byte counter updated inside one is a value dynamo guards on: a new
+    graph per call."""
+    import torch._dynamo
+
+    graphs = []
+
+    def backend(gm, example_inputs):            # dynamo only: no code generation to wait for
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    tp = MP.TensorParallel(GPT(GPTConfig(**DENSE)), comm)
+    for block in tp.module.blocks:
+        block.forward = torch.compile(block.forward, backend=backend, dynamic=False)
+    x, y = _batch()
+    for _ in range(4):
+        tp(x, y)[1].backward()
+    with torch.no_grad():
+        for _ in range(2):
+            tp(x, y)
+    return len(graphs)
 
 
 def _ep_sent_under_bf16(world):
@@ -151,7 +178,8 @@ def _ring_saved_and_work(comm):
 def _check_ring(results):
     """Per rank: saved activations within 1/n + 10% of one process's (SDPA), the score elements
     computed the causal pairs' share (the diagonal squares' 64-query tiles add under 10%), the
-    loss and gradient one process's; and EP's all-to-all bytes under bf16."""
+    loss and gradient one process's; EP's all-to-all bytes under bf16; TP's blocks compiled once
+    for training and once for evaluation."""
     n, T_long = len(results), LONG["block_size"]
     torch.manual_seed(0)
     model = GPT(GPTConfig(**LONG))
@@ -162,6 +190,7 @@ def _check_ring(results):
     c = GPTConfig(**MOE)    # EP's slots travel in bf16 under autocast, not in the fp32 of the norm
     want = c.n_layer * MP.all_to_all_bytes(c.n_expert, B // n * T, c.n_embd, n, nbytes=2)
     assert [r["ep_bf16_sent"] for r in results] == [want] * n, (want, results[0]["ep_bf16_sent"])
+    assert [r["tp_graphs"] for r in results] == [2] * n, [r["tp_graphs"] for r in results]
     for r in results:
         assert r["ring"]["saved"] <= (1 / n + 0.1) * single, (r["ring"]["saved"], single)
         assert causal / n <= r["ring"]["scores"] <= 1.1 * causal / n, (r["ring"]["scores"], causal)
