@@ -952,21 +952,24 @@ class _ExpertDataParallel:
 # activations per rank fall from B T C per layer to B (T/n) C, and the attention scores of one block
 # pair are (T/n)^2, not T^2. Attention needs every earlier key, so the K/V blocks travel around a
 # ring: at step s rank r holds the block of rank r - s, attends to it and passes it on (n - 1 passes
-# per layer). Each step gives partial softmax results over one block of keys; with the row-wise
-# log-sum-exp l of each, two partials combine exactly (the algebra of FlashAttention's online
-# softmax): l = logaddexp(l1, l2), o = o1 exp(l1 - l) + o2 exp(l2 - l). Causal masking compares
-# absolute positions, query position >= key position, on every block pair. The load-balanced split:
-# cut the sequence into 2n chunks, rank r holds chunks r and 2n-1-r (one early, one late), so every
-# rank has the same number of visible (query, key) pairs; contiguous blocks would leave rank 0 with
-# almost nothing to attend to and rank n-1 with n times as much. T = 8, n = 2: rank 0 holds
-# positions 0 1 6 7, rank 1 holds 2 3 4 5. RoPE rotates each token by its absolute position, so it
-# needs no change. Traffic per rank, layer and step: (n-1) blocks of K and V, 2 B h_kv (T/n) d
-# floats each, forward and backward (the gradients travel back the other way): 4 (n-1) B h_kv (T/n)
-# d bytes-per-float (`ring_bytes`). The compute one pass has to hide behind grows as (T/n)^2, the
-# bytes as T/n: the longer the blocks, the cheaper the ring. The loss is summed over this rank's
-# tokens and divided by the whole sequence's count; the gradients of the replicated weights add up
-# over cp, so data parallel averages over dp x cp (Megatron's dp-cp group) with the local loss
-# multiplied by n.
+# per layer), the next block's transfer started before this one's compute and waited after it. Each
+# step is FlashAttention's online softmax: per query a running max m, sum l and unnormalised output,
+# rescaled by exp(m_old - m_new) when a block raises the max; nothing of size (T/n)^2 is kept, and
+# backward recomputes each block's probabilities from the saved log-sum-exp m + log l, sending the
+# K/V blocks round again with the dK/dV their visitors have added (n passes bring them home). The
+# load-balanced split: cut the sequence into 2n chunks, rank r holds chunks r and 2n-1-r (one early,
+# one late), so every rank has the same number of visible (query, key) pairs; contiguous blocks
+# would leave rank 0 with almost nothing to attend to and rank n-1 with n times as much. T = 8,
+# n = 2: rank 0 holds positions 0 1 6 7, rank 1 holds 2 3 4 5. A block pair is then fully visible,
+# fully masked (skipped: no compute) or this rank's own diagonal chunk (run causally), so each rank
+# computes its share of the causal pairs, not all n^2 blocks (`ring_pieces`). RoPE rotates each
+# token by its absolute position, so it needs no change. Traffic per rank, layer and step: a block
+# is 2 B h_kv (T/n) d values; n-1 K/V passes forward, n-1 in backward and n dK/dV passes in fp32:
+# 2 B h_kv (T/n) d (2 (n-1) bytes-per-float + 4 n) (`ring_bytes`). The compute one pass has to hide
+# behind grows as (T/n)^2, the bytes as T/n: the longer the blocks, the cheaper the ring. The loss
+# is summed over this rank's tokens and divided by the whole sequence's count; the gradients of the
+# replicated weights add up over cp, so data parallel averages over dp x cp (Megatron's dp-cp
+# group) with the local loss multiplied by n.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -1319,8 +1322,9 @@ class DistributedModel(Layout):
                          f" = {per_token:,.0f} bytes per token of this rank's batch")
         if L.cp.size > 1:
             per_token = ring_bytes(1, L.cp.size, cfg.n_kv_head, cfg.head_dim, L.cp.size) / L.cp.size
-            lines.append(f"  K/V ring per attention layer and step: 4 (n-1) B h_kv (T/n) d x 4 "
-                         f"bytes = {per_token:,.0f} bytes per token of the batch")
+            lines.append(f"  K/V ring per attention layer and step: 2 B h_kv (T/n) d x "
+                         f"(2 (n-1) x 4 + 4 n) bytes = {per_token:,.0f} bytes per token of the "
+                         "batch")
         # (parameters, the ranks their ZeRO shards spread over): EP's expert slices, expert-dp's
         n_experts = sum(p.numel() for p in self.model.parameters()
                         if self.edp and getattr(p, "tp_sharded", False))

@@ -97,7 +97,7 @@ def _worker(rank, world, layouts):
         )
     out["ring"] = _ring_saved_and_work(P.Mesh.build(cp=world).cp)
     out["ep_bf16_sent"] = _ep_sent_under_bf16(world)
-    out["tp_graphs"] = _tp_graphs_compiled(P.Mesh.build(dp=1, tp=world).tp)
+    out["tp_graphs"] = _tp_graphs_compiled(P.Mesh.build(dp=world // 2, tp=2).tp)
     return out
 
 
