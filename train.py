@@ -1986,6 +1986,9 @@ def validate_config(cfg: TrainConfig) -> None:
             "compute "
             f"(--dtype bf16, or auto on a bf16 GPU): add --zero 3, or drop the flag"
         )
+    if cfg.ep > 1 and cfg.cp > 1:      # before any process group: one line, exit 2
+        raise TrainError(f"--ep {cfg.ep} with --cp {cfg.cp}: expert parallel needs a MoE, ring "
+                         "attention a dense model; use one of --ep and --cp")
     # meta, a missing GPU or a typo fails here, before any work
     resolve_device(cfg.device)
     if cfg.resume and cfg.overwrite:

@@ -98,6 +98,10 @@ def _worker(rank, world, layouts):
     out["ring"] = _ring_saved_and_work(P.Mesh.build(cp=world).cp)
     out["ep_bf16_sent"] = _ep_sent_under_bf16(world)
     out["tp_graphs"] = _tp_graphs_compiled(P.Mesh.build(dp=world // 2, tp=2).tp)
+    model = GPT(GPTConfig(**MOE))
+    with pytest.raises(P.ParallelError) as refused:       # CP would be silently ignored
+        MP.parallelize(model, _sgd(model), P.Mesh.build(cp=2), ep=2)
+    out["ep_cp_refused"] = str(refused.value)
     return out
 
 
@@ -179,7 +183,7 @@ def _check_ring(results):
     """Per rank: saved activations within 1/n + 10% of one process's (SDPA), the score elements
     computed the causal pairs' share (the diagonal squares' 64-query tiles add under 10%), the
     loss and gradient one process's; EP's all-to-all bytes under bf16; TP's blocks compiled once
-    for training and once for evaluation."""
+    for training and once for evaluation; --ep with --cp refused."""
     n, T_long = len(results), LONG["block_size"]
     torch.manual_seed(0)
     model = GPT(GPTConfig(**LONG))
@@ -191,6 +195,7 @@ def _check_ring(results):
     want = c.n_layer * MP.all_to_all_bytes(c.n_expert, B // n * T, c.n_embd, n, nbytes=2)
     assert [r["ep_bf16_sent"] for r in results] == [want] * n, (want, results[0]["ep_bf16_sent"])
     assert [r["tp_graphs"] for r in results] == [2] * n, [r["tp_graphs"] for r in results]
+    assert all("--ep 2 with --cp 2:" in r["ep_cp_refused"] for r in results), results[0]
     for r in results:
         assert r["ring"]["saved"] <= (1 / n + 0.1) * single, (r["ring"]["saved"], single)
         assert causal / n <= r["ring"]["scores"] <= 1.1 * causal / n, (r["ring"]["scores"], causal)
