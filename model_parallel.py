@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import math
 import sys
 import time
 from typing import NamedTuple
@@ -73,9 +75,12 @@ from parallel import (Comm, DataParallel, Layout, Mesh, ParallelError, Zero, che
 #   f = copy_to_tp:     forward identity,     backward all-reduce (each rank's x fed a slice;
 #                       the grads add up)
 #   g = reduce_from_tp: forward all-reduce,   backward identity
-# f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted by
-# the callers, outside autograd: torch.compile traces a Function's forward and backward, where a
-# Python side effect (a dict updated) is not allowed (dynamo: "lift_tracked_freevar_to_input"). The
+# f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted
+# outside autograd and outside torch.compile's graph: a Function's traced backward allows no Python
+# side effect (dynamo: "lift_tracked_freevar_to_input"), and a counter updated inside a compiled
+# block is a value dynamo guards on, so every call would recompile until the recompile limit sends
+# the block back to eager. A block's four all-reduces are counted from its input's shape by a hook
+# in the block's __call__ (`_count_block_traffic`), which runs before the compiled forward. The
 # embedding splits the vocabulary: rank r holds rows [r V/t, (r+1) V/t) (V padded up to a multiple
 # of t), looks up the ids it owns, zeros the rest and all-reduces. The LM head shares those rows and
 # produces logits for its slice of the vocabulary; the cross-entropy is computed without ever
@@ -110,20 +115,37 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
-def copy_to_tp(x: torch.Tensor, comm: Comm) -> torch.Tensor:
-    """f: identity forward, all-reduce of the gradient backward."""
+def copy_to_tp(x: torch.Tensor, comm: Comm, count: bool = True) -> torch.Tensor:
+    """f: identity forward, all-reduce of the gradient backward. count=False inside a block (its
+    hook counts)."""
     if comm.size == 1:
         return x
-    comm.count_all_reduce(x.numel(), x.element_size())    # backward's, of a gradient like x
+    if count:
+        comm.count_all_reduce(x.numel(), x.element_size())    # backward's, of a gradient like x
     return _CopyToTP.apply(x, comm)
 
 
-def reduce_from_tp(x: torch.Tensor, comm: Comm) -> torch.Tensor:
-    """g: all-reduce forward, identity backward."""
+def reduce_from_tp(x: torch.Tensor, comm: Comm, count: bool = True) -> torch.Tensor:
+    """g: all-reduce forward, identity backward. count=False inside a block (its hook counts)."""
     if comm.size == 1:
         return x
-    comm.count_all_reduce(x.numel(), x.element_size())
+    if count:
+        comm.count_all_reduce(x.numel(), x.element_size())
     return _ReduceFromTP.apply(x, comm)
+
+
+def _count_block_traffic(comm: Comm):
+    """A Block's forward pre-hook counting its four all-reduces of (B, T, C) from the input's
+    shape: f's before attention and the MLP (gradients like x), g's after wo and w2 (the compute
+    dtype: bf16 under autocast). It runs in the block's __call__, outside a compiled forward."""
+    def hook(block, args):
+        x = args[0]
+        g_itemsize = x.element_size()
+        if torch.is_autocast_enabled(x.device.type):
+            g_itemsize = torch.finfo(torch.get_autocast_dtype(x.device.type)).bits // 8
+        for itemsize in (x.element_size(), g_itemsize) * 2:
+            comm.count_all_reduce(x.numel(), itemsize)
+    return hook
 
 
 def _tag(p: nn.Parameter, dim: int, full_size: int) -> nn.Parameter:
@@ -181,13 +203,13 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, full: nn.Linear, comm: Comm):
         super().__init__()
-        self.comm = comm
+        self.comm, self.count = comm, False      # inside a block, whose hook counts
         self.weight = _tag(nn.Parameter(_slice(full.weight.data, 1, comm)), 1, full.in_features)
         # added once, after g
         self.bias = None if full.bias is None else nn.Parameter(full.bias.data.clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(F.linear(x, self.weight), self.comm)
+        y = reduce_from_tp(F.linear(x, self.weight), self.comm, self.count)
         return y if self.bias is None else y + self.bias
 
 
@@ -265,7 +287,7 @@ def vocab_parallel_cross_entropy(
 
 
 def _copy_input_hook(comm: Comm):
-    return lambda module, args: (copy_to_tp(args[0], comm),) + tuple(args[1:])
+    return lambda module, args: (copy_to_tp(args[0], comm, count=False),) + tuple(args[1:])
 
 
 def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
@@ -299,6 +321,7 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
         ffn.w1, ffn.w3 = ColumnParallelLinear(ffn.w1, comm), ColumnParallelLinear(ffn.w3, comm)
         ffn.w2 = RowParallelLinear(ffn.w2, comm)
         ffn.register_forward_pre_hook(_copy_input_hook(comm))
+        block.register_forward_pre_hook(_count_block_traffic(comm))
     tied = model.lm_head.weight is model.tok_emb.weight
     model.tok_emb = VocabParallelEmbedding(model.tok_emb, comm)
     # kept on the model: a last pipeline stage has no embedding
@@ -841,8 +864,13 @@ def all_to_all_bytes(n_expert: int, capacity: int, n_embd: int, n: int, nbytes: 
     return 4 * (n - 1) / n * n_expert * capacity * n_embd * nbytes
 
 
+@torch.compiler.disable
 def dispatch_experts_combine(moe: nn.Module, x: torch.Tensor, comm: Comm) -> torch.Tensor:
-    """Expert parallel in place of MoE.experts: slots (E, cap, C) -> expert outputs (E, cap, C)."""
+    """Expert parallel in place of MoE.experts: slots (E, cap, C) -> expert outputs (E, cap, C).
+    The slots travel in the compute dtype (bf16 under autocast, half the bytes of the fp32 norm's
+    output). Outside torch.compile's graph, as the counters it updates."""
+    if torch.is_autocast_enabled(x.device.type):
+        x = x.to(torch.get_autocast_dtype(x.device.type))
     n, (E, cap, C) = comm.size, x.shape
     got = _AllToAll.apply(x.reshape(n, -1), comm)                      # dispatch (n, E/n cap C)
     mine = got.view(n, E // n, cap, C).transpose(0, 1).reshape(E // n, n * cap, C)
@@ -851,10 +879,11 @@ def dispatch_experts_combine(moe: nn.Module, x: torch.Tensor, comm: Comm) -> tor
     return _AllToAll.apply(back, comm).view(E, cap, C)                 # combine
 
 
+@torch.compiler.disable
 def global_balance_stats(fraction: torch.Tensor, mean_prob: torch.Tensor, dp: Comm):
     """f_e and P_e averaged over every data-parallel rank's tokens (equal counts). The gradient of
     P_e stays this rank's own: data parallel averages the ranks' gradients, which sums each rank's
-    share of the mean."""
+    share of the mean. Outside torch.compile's graph (its all-reduce updates a counter)."""
     stats = torch.stack([fraction, mean_prob.detach()])
     dp.all_reduce(stats)
     stats /= dp.size
@@ -923,87 +952,193 @@ class _ExpertDataParallel:
 # activations per rank fall from B T C per layer to B (T/n) C, and the attention scores of one block
 # pair are (T/n)^2, not T^2. Attention needs every earlier key, so the K/V blocks travel around a
 # ring: at step s rank r holds the block of rank r - s, attends to it and passes it on (n - 1 passes
-# per layer). Each step gives partial softmax results over one block of keys; with the row-wise
-# log-sum-exp l of each, two partials combine exactly (the algebra of FlashAttention's online
-# softmax): l = logaddexp(l1, l2), o = o1 exp(l1 - l) + o2 exp(l2 - l). Causal masking compares
-# absolute positions, query position >= key position, on every block pair. The load-balanced split:
-# cut the sequence into 2n chunks, rank r holds chunks r and 2n-1-r (one early, one late), so every
-# rank has the same number of visible (query, key) pairs; contiguous blocks would leave rank 0 with
-# almost nothing to attend to and rank n-1 with n times as much. T = 8, n = 2: rank 0 holds
-# positions 0 1 6 7, rank 1 holds 2 3 4 5. RoPE rotates each token by its absolute position, so it
-# needs no change. Traffic per rank, layer and step: (n-1) blocks of K and V, 2 B h_kv (T/n) d
-# floats each, forward and backward (the gradients travel back the other way): 4 (n-1) B h_kv (T/n)
-# d bytes-per-float (`ring_bytes`). The compute one pass has to hide behind grows as (T/n)^2, the
-# bytes as T/n: the longer the blocks, the cheaper the ring. The loss is summed over this rank's
-# tokens and divided by the whole sequence's count; the gradients of the replicated weights add up
-# over cp, so data parallel averages over dp x cp (Megatron's dp-cp group) with the local loss
-# multiplied by n.
+# per layer), the next block's transfer started before this one's compute and waited after it. Each
+# step is FlashAttention's online softmax: per query a running max m, sum l and unnormalised output,
+# rescaled by exp(m_old - m_new) when a block raises the max; nothing of size (T/n)^2 is kept, and
+# backward recomputes each block's probabilities from the saved log-sum-exp m + log l, sending the
+# K/V blocks round again with the dK/dV their visitors have added (n passes bring them home). The
+# load-balanced split: cut the sequence into 2n chunks, rank r holds chunks r and 2n-1-r (one early,
+# one late), so every rank has the same number of visible (query, key) pairs; contiguous blocks
+# would leave rank 0 with almost nothing to attend to and rank n-1 with n times as much. T = 8,
+# n = 2: rank 0 holds positions 0 1 6 7, rank 1 holds 2 3 4 5. A block pair is then fully visible,
+# fully masked (skipped: no compute) or this rank's own diagonal chunk (run causally), so each rank
+# computes its share of the causal pairs, not all n^2 blocks (`ring_pieces`). RoPE rotates each
+# token by its absolute position, so it needs no change. Traffic per rank, layer and step: a block
+# is 2 B h_kv (T/n) d values; n-1 K/V passes forward, n-1 in backward and n dK/dV passes in fp32:
+# 2 B h_kv (T/n) d (2 (n-1) bytes-per-float + 4 n) (`ring_bytes`). The compute one pass has to hide
+# behind grows as (T/n)^2, the bytes as T/n: the longer the blocks, the cheaper the ring. The loss
+# is summed over this rank's tokens and divided by the whole sequence's count; the gradients of the
+# replicated weights add up over cp, so data parallel averages over dp x cp (Megatron's dp-cp
+# group) with the local loss multiplied by n.
 # --------------------------------------------------------------------------------------------------
 
 
 def cp_positions(seq_len: int, n: int, rank: int, device=None) -> torch.Tensor:
-    """The positions of the tokens rank `rank` of n holds: chunks rank and 2n-1-rank of 2n.
+    """The positions of the tokens rank `rank` of n holds: chunks rank and 2n-1-rank of 2n. Built
+    where they are used (no host-to-device copy).
     >>> cp_positions(8, 2, 0).tolist(), cp_positions(8, 2, 1).tolist()
     ([0, 1, 6, 7], [2, 3, 4, 5])
     """
     L = seq_len // (2 * n)
     late = 2 * n - 1 - rank
-    early = torch.arange(rank * L, (rank + 1) * L)
-    return torch.cat([early, torch.arange(late * L, (late + 1) * L)]).to(device)
+    early = torch.arange(rank * L, (rank + 1) * L, device=device)
+    return torch.cat([early, torch.arange(late * L, (late + 1) * L, device=device)])
 
 
 def ring_bytes(batch: int, seq_len: int, n_kv_head: int, head_dim: int, n: int,
                nbytes: int = 4) -> float:
-    """Bytes one rank sends per attention layer and training step in the K/V ring of n ranks.
+    """Bytes one rank sends per attention layer and training step in the K/V ring of n ranks: K and
+    V forward (n-1 passes) and again in backward (n-1), dK and dV in fp32 (n passes, the last one
+    home). One pass of a block is 2 B h_kv (T/n) d floats.
     >>> ring_bytes(1, 131072, 8, 128, 8) / 2**20    # a 128k-token sequence on 8 ranks, fp32
-    1792.0
+    2816.0
     """
-    return 4 * (n - 1) * batch * n_kv_head * (seq_len // n) * head_dim * nbytes
+    block = 2 * batch * n_kv_head * (seq_len // n) * head_dim
+    return block * (2 * (n - 1) * nbytes + n * 4)
 
 
-class _RingPass(torch.autograd.Function):
-    """Send x to the next rank, receive the previous one's; backward sends the gradient back."""
+def ring_pieces(rank: int, source: int, L: int, tile: int = 64) -> list[tuple[slice, slice, bool]]:
+    """The score blocks rank `rank` computes against the K/V block of rank `source`, each as (query
+    rows, key rows, causal) in the local (2L,) order (early chunk, late chunk). Fully masked pairs
+    are skipped: an earlier source's early chunk is seen by all of this rank's queries, a later
+    source is seen by the late chunk only, and this rank's own block has two diagonal chunks, run
+    in tiles of `tile` queries: the keys before the tile in one piece, the tile's own square
+    causally (top-left aligned). Every rank gets 2 L^2 pairs per step (plus the diagonals' halves).
+    >>> [(q.start, q.stop, k.start, k.stop, c) for q, k, c in ring_pieces(1, 0, 4)]
+    [(0, 8, 0, 4, False)]
+    >>> [(q.start, q.stop, k.start, k.stop, c) for q, k, c in ring_pieces(0, 1, 4)]
+    [(4, 8, 0, 8, False)]
+    """
+    if source < rank:
+        return [(slice(0, 2 * L), slice(0, L), False)]
+    if source > rank:
+        return [(slice(L, 2 * L), slice(0, 2 * L), False)]
+    pieces = [(slice(L, 2 * L), slice(0, L), False)]      # late queries, early keys: all visible
+    for start in (0, L):                                  # early x early, late x late: causal
+        for i in range(start, start + L, tile):
+            rows = slice(i, min(i + tile, start + L))
+            if i > start:
+                pieces.append((rows, slice(start, i), False))
+            pieces.append((rows, rows, True))
+    return pieces
+
+
+def _start_ring_pass(t: torch.Tensor, comm: Comm) -> tuple[torch.Tensor, list]:
+    """Send t to the next rank and receive the previous one's, without waiting: (the buffer it
+    arrives in, the handles to wait on before reading it or writing t)."""
+    if comm.size == 1:
+        return t, []
+    got = torch.empty_like(t)
+    n, r = comm.size, comm.rank
+    works = comm.start_send_recv([(t, comm.global_rank((r + 1) % n))],
+                                 [(got, comm.global_rank((r - 1) % n))])
+    return got, works
+
+
+def _scores(q, k, rows: slice, cols: slice, causal: bool, scale: float) -> torch.Tensor:
+    """Scores of query rows against key rows, (B, h_kv, g, |rows|, |cols|) in fp32 (fp64 for fp64
+    inputs); causal masks keys after their query on a diagonal square."""
+    acc_dtype = torch.promote_types(q.dtype, torch.float32)
+    s = (q[..., rows, :] @ k[..., cols, :].transpose(-1, -2)).to(acc_dtype) * scale
+    if causal:
+        side = s.shape[-1]
+        s = s.masked_fill(torch.ones(side, side, dtype=torch.bool, device=s.device).triu(1),
+                          -math.inf)
+    return s
+
+
+class _RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's queries over the ring's K/V blocks, the FlashAttention way.
+
+    q (B, h_kv, g, 2L, d), k and v (B, h_kv, 1, 2L, d) (GQA's group g broadcast, no copy), in the
+    local order of `cp_positions`. Forward keeps a running max m, sum l and unnormalised output
+    (fp32) per query, updated block by block (online softmax); saved for backward: q, k, v, the
+    output and one log-sum-exp per query, O(T/n). Backward recomputes each block's probabilities
+    from the log-sum-exp and sends the K/V blocks round again, each followed by the dK/dV its
+    visitors have added so far; after n passes a block's gradient is home. Every transfer is
+    started before the block's compute and waited after it. `work` (a dict or None) counts the
+    score elements computed, per batch row and head."""
 
     @staticmethod
-    def forward(ctx, x, comm, shift):
-        ctx.comm, ctx.shift = comm, shift
-        out = torch.empty_like(x)
-        n, r = comm.size, comm.rank
-        comm.send_recv([(x.contiguous(), comm.global_rank((r + shift) % n))],
-                       [(out, comm.global_rank((r - shift) % n))])
+    def forward(ctx, q, k, v, comm, work):
+        n, r, L, scale = comm.size, comm.rank, q.shape[-2] // 2, q.shape[-1] ** -0.5
+        acc_dtype = torch.promote_types(q.dtype, torch.float32)   # fp32 statistics under bf16
+        acc = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)    # sum_j p_ij v_j
+        m = torch.full(q.shape[:-1], -math.inf, dtype=acc_dtype, device=q.device)  # running max
+        l = torch.zeros(q.shape[:-1], dtype=acc_dtype, device=q.device)             # running sum
+        kv = torch.stack([k, v])                                   # one message per step
+        for step in range(n):
+            if step < n - 1:
+                arriving, works = _start_ring_pass(kv, comm)
+            for rows, cols, causal in ring_pieces(r, (r - step) % n, L):
+                s = _scores(q, kv[0], rows, cols, causal, scale)
+                m_new = torch.maximum(m[..., rows], s.amax(-1))
+                p = (s - m_new[..., None]).exp()
+                rescale = (m[..., rows] - m_new).exp()              # exp(-inf) = 0 at the start
+                l[..., rows] = l[..., rows] * rescale + p.sum(-1)
+                acc[..., rows, :] = (acc[..., rows, :] * rescale[..., None]
+                                     + (p.to(v.dtype) @ kv[1][..., cols, :]).to(acc_dtype))
+                m[..., rows] = m_new
+                if work is not None:
+                    work["scores"] = work.get("scores", 0) + s.shape[-2] * s.shape[-1]
+            if step < n - 1:
+                for w in works:
+                    w.wait()
+                kv = arriving
+        out = (acc / l[..., None]).to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, m + l.log())
+        ctx.comm = comm
         return out
 
     @staticmethod
-    def backward(ctx, grad):
-        return _RingPass.forward(ctx, grad, ctx.comm, -ctx.shift), None, None
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        comm, dout = ctx.comm, dout.contiguous()
+        n, r, L, scale = comm.size, comm.rank, q.shape[-2] // 2, q.shape[-1] ** -0.5
+        acc_dtype = torch.promote_types(q.dtype, torch.float32)
+        delta = (dout.to(acc_dtype) * out.to(acc_dtype)).sum(-1)    # (B, h_kv, g, 2L)
+        dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
+        kv, dkv_arrived, dkv_works = torch.stack([k, v]), None, []
+        for step in range(n):
+            if step < n - 1:
+                arriving, works = _start_ring_pass(kv, comm)
+            dkv = torch.zeros(kv.shape, dtype=acc_dtype, device=q.device)
+            for rows, cols, causal in ring_pieces(r, (r - step) % n, L):
+                p = (_scores(q, kv[0], rows, cols, causal, scale) - lse[..., rows, None]).exp()
+                dp = (dout[..., rows, :] @ kv[1][..., cols, :].transpose(-1, -2)).to(acc_dtype)
+                ds = (p * (dp - delta[..., rows, None])).to(q.dtype)
+                dq[..., rows, :] += (ds @ kv[0][..., cols, :]).to(acc_dtype) * scale
+                # dK, dV sum over the query heads of the group (dim 2)
+                dk = (ds.transpose(-1, -2) @ q[..., rows, :]).to(acc_dtype) * scale
+                dv = (p.to(q.dtype).transpose(-1, -2) @ dout[..., rows, :]).to(acc_dtype)
+                dkv[0][..., cols, :] += dk.sum(2, keepdim=True)
+                dkv[1][..., cols, :] += dv.sum(2, keepdim=True)
+            if dkv_arrived is not None:   # what the previous ranks added to the block we hold
+                for w in dkv_works:
+                    w.wait()
+                dkv += dkv_arrived
+            dkv_arrived, dkv_works = _start_ring_pass(dkv, comm)
+            if step < n - 1:
+                for w in works:
+                    w.wait()
+                kv = arriving
+        for w in dkv_works:
+            w.wait()
+        return (dq.to(q.dtype), dkv_arrived[0].to(k.dtype), dkv_arrived[1].to(v.dtype), None,
+                None)
 
 
+@torch.compiler.disable
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm,
-                   seq_len: int) -> torch.Tensor:
+                   work: dict | None = None) -> torch.Tensor:
     """Causal attention of this rank's queries q (B, h, T/n, d) over the whole sequence, whose K/V
     (B, h_kv, T/n, d) blocks go round the ring of `comm`; positions as `cp_positions`.
-    -> (B, h, T/n, d)."""
-    n, r = comm.size, comm.rank
-    q_pos = cp_positions(seq_len, n, r, q.device)
-    kv, out, lse = torch.stack([k, v]), None, None                     # one message per step
-    for step in range(n):
-        if step:
-            kv = _RingPass.apply(kv, comm, 1)
-        # GQA: query head j reads kv head j // group, as in model.py -> (B, h, T/n, d)
-        k_b, v_b = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in kv)
-        k_pos = cp_positions(seq_len, n, (r - step) % n, q.device)  # the block of rank r - step
-        scores = (q @ k_b.transpose(-1, -2)) * q.shape[-1] ** -0.5   # (B, h, T/n, T/n)
-        # Finite, not -inf: a query that sees none of this block gets weight exp(-1e30 - l) = 0.
-        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], -1e30)
-        lse_b = scores.logsumexp(-1, keepdim=True)                   # (B, h, T/n, 1)
-        out_b = (scores - lse_b).exp() @ v_b
-        if out is None:
-            out, lse = out_b, lse_b
-        else:
-            new = torch.logaddexp(lse, lse_b)
-            # the online-softmax rescale
-            out, lse = out * (lse - new).exp() + out_b * (lse_b - new).exp(), new
-    return out
+    -> (B, h, T/n, d). Outside torch.compile's graph (its sends, waits and counters are Python);
+    the rest of the block compiles around it."""
+    h_kv = k.shape[1]
+    out = _RingAttention.apply(q.unflatten(1, (h_kv, -1)), k.unsqueeze(2), v.unsqueeze(2), comm,
+                               work)
+    return out.flatten(1, 2)
 
 
 class ContextParallel(nn.Module):
@@ -1016,6 +1151,10 @@ class ContextParallel(nn.Module):
             raise ParallelError("--cp splits dense attention without dropout: set n_expert=0 and "
                                 "dropout=0, or --cp 1 (MoE capacity would count one rank's tokens)")
         self.module, self.comm = model, comm
+        self.work: dict[str, int] = {}       # score elements computed per batch row and head
+        # Set once: a function made anew each step would be a new guard for torch.compile.
+        for block in model.blocks:
+            block.attn.attend = functools.partial(ring_attention, comm=comm, work=self.work)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         m, n, T = self.module, self.comm.size, idx.shape[1]
@@ -1025,7 +1164,6 @@ class ContextParallel(nn.Module):
         positions = cp_positions(T, n, self.comm.rank, idx.device)
         for block in m.blocks:
             block.attn.positions = positions
-            block.attn.attend = lambda q, k, v: ring_attention(q, k, v, self.comm, T)
         x = m.embed(idx[:, positions])                                         # (B, T/n, C)
         for block in m.blocks:
             x = block(x)
@@ -1184,8 +1322,9 @@ class DistributedModel(Layout):
                          f" = {per_token:,.0f} bytes per token of this rank's batch")
         if L.cp.size > 1:
             per_token = ring_bytes(1, L.cp.size, cfg.n_kv_head, cfg.head_dim, L.cp.size) / L.cp.size
-            lines.append(f"  K/V ring per attention layer and step: 4 (n-1) B h_kv (T/n) d x 4 "
-                         f"bytes = {per_token:,.0f} bytes per token of the batch")
+            lines.append(f"  K/V ring per attention layer and step: 2 B h_kv (T/n) d x "
+                         f"(2 (n-1) x 4 + 4 n) bytes = {per_token:,.0f} bytes per token of the "
+                         "batch")
         # (parameters, the ranks their ZeRO shards spread over): EP's expert slices, expert-dp's
         n_experts = sum(p.numel() for p in self.model.parameters()
                         if self.edp and getattr(p, "tp_sharded", False))
@@ -1355,6 +1494,10 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
         why = ("its full state dict gathers dp shards, not the expert slices over ep" if ep > 1
                else "ring attention runs the blocks itself, past the hook gathering embedding+head")
         raise ParallelError(f"--zero 3 with --{'ep' if ep > 1 else 'cp'}: {why}; use --zero <= 2")
+    if ep > 1 and mesh.cp.size > 1:
+        raise ParallelError(f"--ep {ep} with --cp {mesh.cp.size}: expert parallel needs a MoE, "
+                            "ring attention a dense model (a rank's capacity would count its "
+                            "chunk's tokens only); use one of --ep and --cp")
     if (compute_dtype or reduce_dtype) and zero != 3:
         raise ParallelError(
             "gathering weights in a compute dtype is ZeRO-3's; use --zero 3, or autocast alone"

@@ -193,13 +193,20 @@ class Comm:
         Posting a send and a receive together is what keeps two neighbours that both send first from
         waiting on each other forever.
         """
+        for work in self.start_send_recv(sends, recvs):
+            work.wait()
+
+    def start_send_recv(
+        self, sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]]
+    ) -> list:
+        """send_recv without the wait: the handles to wait on once the caller has computed
+        something meanwhile (ring attention overlaps the next K/V block's transfer with this
+        one's attention). Neither side may touch the tensors before the wait."""
         ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
         ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
         for t, _ in sends:
             self._count("send", t.numel() * t.element_size())
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+        return dist.batch_isend_irecv(ops) if ops else []
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1643,7 +1643,9 @@ def train_loop(run: Trainer, steps: int | None = None, batches=None) -> dict:
         # over the world is the dp mean. The step's one host read: loss, flag and norm in one
         # .tolist() (each read waits for the GPU to finish the queue; one per step is the least a
         # progress line needs, tests/test_train.py counts them).
-        stop = torch.tensor(float(run.stop_requested), device=run.device)
+        # torch.full, a fill kernel: torch.tensor(flag, device=...) would be a blocking upload,
+        # a second sync per step on a GPU.
+        stop = torch.full((), float(run.stop_requested), device=run.device)
         reduced = all_reduce_mean(torch.stack([loss_sum / n, stop]), run.dist, over_world=True)
         loss_value, stop_any, grad_norm = torch.cat([reduced, grad_norm.view(1)]).tolist()
         run.stopping = stop_any > 0                         # every rank stops after this step
@@ -2023,6 +2025,9 @@ def validate_config(cfg: TrainConfig) -> None:
             "compute "
             f"(--dtype bf16, or auto on a bf16 GPU): add --zero 3, or drop the flag"
         )
+    if cfg.ep > 1 and cfg.cp > 1:      # before any process group: one line, exit 2
+        raise TrainError(f"--ep {cfg.ep} with --cp {cfg.cp}: expert parallel needs a MoE, ring "
+                         "attention a dense model; use one of --ep and --cp")
     # meta, a missing GPU or a typo fails here, before any work
     resolve_device(cfg.device)
     if cfg.resume and cfg.overwrite:

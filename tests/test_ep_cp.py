@@ -95,7 +95,113 @@ def _worker(rank, world, layouts):
             loss=loss, aux=aux, norm=norm, state=state, momenta=momenta, sent=sent,
             describe=wrapped.describe(),
         )
+    out["ring"] = _ring_saved_and_work(P.Mesh.build(cp=world).cp)
+    out["ep_bf16_sent"] = _ep_sent_under_bf16(world)
+    out["tp_graphs"] = _tp_graphs_compiled(P.Mesh.build(dp=world // 2, tp=2).tp)
+    model = GPT(GPTConfig(**MOE))
+    with pytest.raises(P.ParallelError) as refused:       # CP would be silently ignored
+        MP.parallelize(model, _sgd(model), P.Mesh.build(cp=2), ep=2)
+    out["ep_cp_refused"] = str(refused.value)
     return out
+
+
+def _tp_graphs_compiled(comm):
+    """Graphs torch.compile made for TP's blocks (compiled one by one, as train.compile_model does)
+    over 4 training steps and 2 no_grad evaluations: 2 (train, eval) when nothing inside a block
+    changes between calls. A byte counter updated inside one is a value dynamo guards on: a new
+    graph per call."""
+    import torch._dynamo
+
+    graphs = []
+
+    def backend(gm, example_inputs):            # dynamo only: no code generation to wait for
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    tp = MP.TensorParallel(GPT(GPTConfig(**DENSE)), comm)
+    for block in tp.module.blocks:
+        block.forward = torch.compile(block.forward, backend=backend, dynamic=False)
+    x, y = _batch()
+    for _ in range(4):
+        tp(x, y)[1].backward()
+    with torch.no_grad():
+        for _ in range(2):
+            tp(x, y)
+    return len(graphs)
+
+
+def _ep_sent_under_bf16(world):
+    """The all-to-all bytes of --ep world's forward and backward under bf16 autocast."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**MOE))
+    mesh = P.Mesh.build()
+    wrapped, _ = MP.parallelize(model, _sgd(model), mesh, ep=world)
+    x, y = (t.chunk(world)[mesh.dp.rank] for t in _batch())
+    wrapped.module.ep.reset_counters()
+    with torch.autocast("cpu", torch.bfloat16):
+        _, loss = wrapped(x, y)
+    loss.backward()
+    return wrapped.module.ep.bytes_by_op["all_to_all"]
+
+
+# Saved activations at T = 1,024: a 1-layer, 64-wide model (weights ~0.1 MiB, activations MiBs).
+LONG = dict(vocab_size=64, block_size=1024, n_layer=1, n_head=4, n_kv_head=2, n_embd=64,
+            ffn_hidden=128)
+
+
+def saved_bytes(fn):
+    """(bytes of the unique storages autograd saves for backward while fn runs, fn's result)."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(storages.values()), out
+
+
+def _long_batch():
+    g = torch.Generator().manual_seed(2)
+    return (torch.randint(0, 64, (1, 1024), generator=g),) * 2
+
+
+def _ring_saved_and_work(comm):
+    """This cp rank's saved bytes and score elements computed (per batch row and head) for one
+    forward of LONG, and its loss after a backward (the gradient of the embedding)."""
+    torch.manual_seed(0)
+    cp = MP.ContextParallel(GPT(GPTConfig(**LONG)), comm)
+    nbytes, (_, loss) = saved_bytes(lambda: cp(*_long_batch()))
+    loss.backward()                 # its loss is x n: data parallel averages over dp x cp
+    comm.all_reduce(cp.module.tok_emb.weight.grad)
+    return dict(saved=nbytes, scores=cp.work["scores"], loss=float(loss),
+                grad=cp.module.tok_emb.weight.grad / comm.size)
+
+
+def _check_ring(results):
+    """Per rank: saved activations within 1/n + 10% of one process's (SDPA), the score elements
+    computed the causal pairs' share (the diagonal squares' 64-query tiles add under 10%), the
+    loss and gradient one process's; EP's all-to-all bytes under bf16; TP's blocks compiled once
+    for training and once for evaluation; --ep with --cp refused."""
+    n, T_long = len(results), LONG["block_size"]
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**LONG))
+    single, (_, loss) = saved_bytes(lambda: model(*_long_batch()))
+    loss.backward()
+    loss = loss.detach()
+    causal = T_long * (T_long + 1) // 2
+    c = GPTConfig(**MOE)    # EP's slots travel in bf16 under autocast, not in the fp32 of the norm
+    want = c.n_layer * MP.all_to_all_bytes(c.n_expert, B // n * T, c.n_embd, n, nbytes=2)
+    assert [r["ep_bf16_sent"] for r in results] == [want] * n, (want, results[0]["ep_bf16_sent"])
+    assert [r["tp_graphs"] for r in results] == [2] * n, [r["tp_graphs"] for r in results]
+    assert all("--ep 2 with --cp 2:" in r["ep_cp_refused"] for r in results), results[0]
+    for r in results:
+        assert r["ring"]["saved"] <= (1 / n + 0.1) * single, (r["ring"]["saved"], single)
+        assert causal / n <= r["ring"]["scores"] <= 1.1 * causal / n, (r["ring"]["scores"], causal)
+        assert r["ring"]["loss"] == pytest.approx(float(loss), rel=1e-5)
+        torch.testing.assert_close(r["ring"]["grad"], model.tok_emb.weight.grad, rtol=1e-4,
+                                   atol=1e-6)
 
 
 def _check(results, layouts):
@@ -153,12 +259,16 @@ WORLD4 = [
 
 
 def test_expert_and_context_parallel_equal_one_process_on_2_ranks():
-    _check(P.launch(_worker, 2, WORLD2, timeout_s=180), WORLD2)
+    results = P.launch(_worker, 2, WORLD2, timeout_s=180)
+    _check(results, WORLD2)
+    _check_ring(results)
 
 
 @pytest.mark.slow
 def test_expert_and_context_parallel_equal_one_process_on_4_ranks():
-    _check(P.launch(_worker, 4, WORLD4, timeout_s=300), WORLD4)
+    results = P.launch(_worker, 4, WORLD4, timeout_s=300)
+    _check(results, WORLD4)
+    _check_ring(results)
 
 
 def test_positions_split_the_sequence_one_early_one_late_chunk():
@@ -243,6 +353,7 @@ def test_train_py_refuses_ep_and_cp_layouts_it_does_not_support_in_one_line(tiny
         ([*base, *TRAIN_ARGS, "--cp", "2", "--tp", "2"], "--cp 2 with --tp 2 / --pp 1"),
         ([*base, *MOE_ARGS, "--cp", "2"], "--cp splits dense attention"),
         ([*base, *TRAIN_ARGS, "--cp", "2", "--block-size", "30"], "not a multiple of 2 x --cp 2"),
+        ([*base, *MOE_ARGS, "--ep", "2", "--cp", "2"], "--ep 2 with --cp 2: expert parallel"),
     ]
     for rank_errors in P.launch(_refusals, 2, cases, timeout_s=120):
         for error, (_, message) in zip(rank_errors, cases):

@@ -289,10 +289,11 @@ def test_accumulation_equivalence_one_batch_of_8_equals_4_micro_batches_of_2(dat
 class HostReads(TorchDispatchMode):
     """Counts what would stop the host until a GPU caught up: a value read back (.item(), float(), int(), bool():
     aten._local_scalar_dense), a nonzero or a boolean-mask index (the output's size lives on the device), and
-    .tolist() (counted by the patch in `count_host_reads`: on the CPU it reads memory without dispatching an op).
+    .tolist() (counted by the patch in `count_host_reads`: on the CPU it reads memory without dispatching an op),
+    and a tensor made from host data (torch.tensor(x, device=...): aten.lift_fresh; on a GPU a blocking upload).
     `paused` leaves a stretch out."""
     SYNCING = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-               torch.ops.aten.masked_select.default}
+               torch.ops.aten.masked_select.default, torch.ops.aten.lift_fresh.default}
 
     def __init__(self):
         super().__init__()
