@@ -67,7 +67,8 @@ scores, 69 GB in fp32 for one head of one layer, so nobody stores it. Two answer
   sum l of exp(s - m) and a running output. When a new tile raises the max, the old sums are
   rescaled by exp(m_old - m_new) (the "online softmax"). It saves only the log-sum-exp m + log l per
   query, and its backward recomputes each tile's probabilities from it, so memory grows as T (q, k,
-  v, out) instead of T^2. Causal tiles above the diagonal are skipped: half the work.
+  v, out) instead of T^2. Causal tiles above the diagonal are skipped: half the work. The running
+  statistics live in fp32 even when q, k, v are bf16 (a bf16 sum stops growing at 256x its terms).
   `FlashAttention2.apply(q, k, v, is_causal)` is that, in plain PyTorch (the speed of the real
   kernel comes from doing it in on-chip SRAM; here the lesson is the arithmetic and the memory).
 * Linear attention drops the softmax: o_t = q_t S_t with the state S_t = sum_s k_s^T v_s, a d x d
@@ -719,20 +720,129 @@ class Block(nn.Module):
 # Attention's cost: FlashAttention by hand, linear attention (see the docstring's section)
 # --------------------------------------------------------------------------------------------------
 
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernel keeps its sums in: fp32 for bf16/fp16/fp32 inputs, fp64 for fp64. A bf16
+    running sum stops growing once it is 256 times the next term (8 bits of mantissa), so the real
+    kernels read bf16 tiles but accumulate in fp32 registers and round once, at the end."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _key_tiles(i: int, Tk: int, tile: int, is_causal: bool) -> range:
     """Starts of the key tiles the query tile at i needs: all, or (causal) those not after it."""
     return range(0, min(Tk, i + tile) if is_causal else Tk, tile)
 
 
 def _tile_scores(q_tile: torch.Tensor, k: torch.Tensor, i: int, j: int, tile: int, is_causal: bool):
-    """Scores of the (already scaled) query tile at i against the key tile at j: (..., bq, bk).
-    Causal masks keys after their query (top-left aligned, SDPA's is_causal) on diagonal tiles."""
-    s = q_tile @ k[..., j:j + tile, :].transpose(-1, -2)                      # (..., bq, bk)
+    """Scores of the (already scaled) query tile at i against the key tile at j: (..., bq, bk), in
+    q_tile's dtype (the key tile is cast to it). Causal masks keys after their query (top-left
+    aligned, SDPA's is_causal) on diagonal tiles."""
+    s = q_tile @ k[..., j:j + tile, :].to(q_tile.dtype).transpose(-1, -2)     # (..., bq, bk)
     if is_causal and j + tile > i:
         rows = torch.arange(i, i + s.shape[-2], device=s.device)[:, None]
         cols = torch.arange(j, j + s.shape[-1], device=s.device)[None, :]
         s = s.masked_fill(cols > rows, -math.inf)
     return s
+
+
+def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch.Tensor,
+                          v_tile: torch.Tensor):
+    """One key tile's step of the online softmax: the running max m (..., bq), the running sum l
+    (..., bq) of exp(s - m) and the running output acc (..., bq, d) of exp(s - m) v, all in the
+    accumulator dtype, updated with the scores s (..., bq, bk) of this tile's keys and their values
+    v_tile (..., bk, d), cast to acc's dtype. Every row needs a finite score in its first tile (else
+    exp(-inf - -inf) is nan). Start from m = -inf, l = 0, acc = 0; finish with
+    online_softmax_result."""
+    m_new = torch.maximum(m, s.amax(-1))
+    p = torch.exp(s - m_new[..., None])                                         # (..., bq, bk)
+    # the old sums were relative to the old max
+    rescale = torch.exp(m - m_new)
+    l = rescale * l + p.sum(-1)
+    acc = rescale[..., None] * acc + p @ v_tile.to(acc.dtype)
+    return m_new, l, acc
+
+
+def online_softmax_result(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor):
+    """The softmax-weighted output acc / l (..., bq, d) and the log-sum-exp m + log l (..., bq) that
+    the backward recomputes the probabilities from."""
+    return acc / l[..., None], m + torch.log(l)
+
+
+def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                   tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tiled forward: out (..., Tq, d) in q's dtype, lse (..., Tq) in the accumulator dtype."""
+    scale, Tq, Tk = q.shape[-1] ** -0.5, q.shape[-2], k.shape[-2]
+    dtype = accumulator_dtype(q.dtype)
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:-1], dtype=dtype)
+    for i in range(0, Tq, tile):
+        q_tile = q[..., i:i + tile, :].to(dtype) * scale                        # (..., bq, d)
+        m = q_tile.new_full(q_tile.shape[:-1], -math.inf)
+        l = q_tile.new_zeros(q_tile.shape[:-1])
+        acc = torch.zeros_like(q_tile)
+        for j in _key_tiles(i, Tk, tile, is_causal):
+            s = _tile_scores(q_tile, k, i, j, tile, is_causal)                  # (..., bq, bk)
+            m, l, acc = online_softmax_update(m, l, acc, s, v[..., j:j + tile, :])
+        out_tile, lse_tile = online_softmax_result(m, l, acc)
+        # rounded to the input dtype once, here
+        out[..., i:i + tile, :] = out_tile
+        lse[..., i:i + tile] = lse_tile
+    return out, lse
+
+
+def _flash_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    out: torch.Tensor, lse: torch.Tensor, is_causal: bool,
+                    tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """With P = exp(S - lse) recomputed per tile: dV = P^T dO, dP = dO V^T,
+    dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d)
+    (rowsum(dP * P) = rowsum(dO * O): one number per query). The three gradients are summed over
+    the tiles in the accumulator dtype and rounded to their inputs' dtypes at the end."""
+    scale, dtype = q.shape[-1] ** -0.5, accumulator_dtype(q.dtype)
+    delta = (d_out.to(dtype) * out.to(dtype)).sum(-1)                           # (..., Tq)
+    dq, dk, dv = (torch.zeros(x.shape, dtype=dtype, device=x.device) for x in (q, k, v))
+    for i in range(0, q.shape[-2], tile):
+        rows = slice(i, i + tile)
+        q_tile = q[..., rows, :].to(dtype) * scale                              # (..., bq, d)
+        d_out_tile = d_out[..., rows, :].to(dtype)                              # (..., bq, d)
+        for j in _key_tiles(i, k.shape[-2], tile, is_causal):
+            cols = slice(j, j + tile)
+            p = torch.exp(_tile_scores(q_tile, k, i, j, tile, is_causal)         # P, recomputed
+                          - lse[..., rows, None])
+            # GQA (k, v (..., 1, Tk, d) against q (..., group, Tq, d)): sum_to_size adds up the
+            # group's contributions to its one kv head
+            dv[..., cols, :] += (p.transpose(-1, -2) @ d_out_tile).sum_to_size(
+                dv[..., cols, :].shape)
+            # dS = P (dP - D)
+            ds = p * (d_out_tile @ v[..., cols, :].to(dtype).transpose(-1, -2)
+                      - delta[..., rows, None])
+            dq[..., rows, :] += ds @ k[..., cols, :].to(dtype) * scale
+            dk[..., cols, :] += (ds.transpose(-1, -2) @ q_tile).sum_to_size(dk[..., cols, :].shape)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _operator(name: str, schema: str, kernel, shapes):
+    """torch.ops.pretrain.<name>, defined once per process (model.py run as a script, then imported
+    as model by hf.py, would define it twice), with `kernel` as its body and `shapes` giving its
+    outputs' shapes and dtypes to the compiler (empty tensors, no arithmetic)."""
+    if not hasattr(torch.ops.pretrain, name):
+        torch.library.define(f"pretrain::{name}", schema)
+        torch.library.impl(f"pretrain::{name}", "CompositeExplicitAutograd")(kernel)
+        torch.library.register_fake(f"pretrain::{name}")(shapes)
+    return getattr(torch.ops.pretrain, name)
+
+
+# The two loops as custom operators: torch.compile sees each as one opaque node instead of unrolling
+# the tiles, which grows the graph as (T / tile)^2 (4,150 forward and 9,524 backward nodes at T =
+# 1,024). FlashAttention2 below is their derivative: neither operator has one of its own.
+_flash_forward_op = _operator(
+    "flash_attention_forward", "(Tensor q, Tensor k, Tensor v, bool is_causal, int tile) -> "
+    "(Tensor, Tensor)", _flash_forward,
+    lambda q, k, v, is_causal, tile: (q.new_empty(q.shape),
+                                      q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))))
+_flash_backward_op = _operator(
+    "flash_attention_backward", "(Tensor d_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+    "Tensor lse, bool is_causal, int tile) -> (Tensor, Tensor, Tensor)", _flash_backward,
+    lambda d_out, q, k, v, out, lse, is_causal, tile: (q.new_empty(q.shape), k.new_empty(k.shape),
+                                                       v.new_empty(v.shape)))
 
 
 class FlashAttention2(torch.autograd.Function):
@@ -741,7 +851,10 @@ class FlashAttention2(torch.autograd.Function):
     q (..., Tq, d), k and v (..., Tk, d); apply(q, k, v, is_causal, tile=64). Saved for backward: q,
     k, v, the output and one log-sum-exp per query, O(T). k and v may have size 1 where q has more,
     broadcast: GQA's q (B, h_kv, group, T, d) over k, v (B, h_kv, 1, T, d), with no copy but a
-    tile's. A small check against the fused kernel:
+    tile's. Running max, sums and gradients are kept in fp32 (fp64 for fp64 inputs) whatever the
+    input dtype; the output and gradients come back in the inputs' dtypes. Forward and backward are
+    custom operators (_flash_forward, _flash_backward), so a compiled model holds one node for each.
+    A small check against the fused kernel:
 
     >>> q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)
     >>> fused = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -751,58 +864,15 @@ class FlashAttention2(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal: bool = False, tile: int = 64):
-        scale, Tq, Tk = q.shape[-1] ** -0.5, q.shape[-2], k.shape[-2]
-        # (..., Tq, d), (..., Tq)
-        out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])
-        for i in range(0, Tq, tile):
-            q_tile = q[..., i:i + tile, :] * scale                              # (..., bq, d)
-            # running max, (..., bq)
-            m = q_tile.new_full(q_tile.shape[:-1], -math.inf)
-            # running sum of exp(s - m)
-            l = q_tile.new_zeros(q_tile.shape[:-1])
-            # running sum of exp(s - m) v
-            acc = torch.zeros_like(q_tile)
-            for j in _key_tiles(i, Tk, tile, is_causal):
-                s = _tile_scores(q_tile, k, i, j, tile, is_causal)              # (..., bq, bk)
-                m_new = torch.maximum(m, s.amax(-1))
-                p = torch.exp(s - m_new[..., None])
-                # the old sums were relative to the old max
-                rescale = torch.exp(m - m_new)
-                l = rescale * l + p.sum(-1)
-                acc = rescale[..., None] * acc + p @ v[..., j:j + tile, :]
-                m = m_new
-            out[..., i:i + tile, :] = acc / l[..., None]
-            lse[..., i:i + tile] = m + torch.log(l)
+        out, lse = _flash_forward_op(q, k, v, is_causal, tile)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal, ctx.tile = is_causal, tile
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        """With P = exp(S - lse) recomputed per tile: dV = P^T dO, dP = dO V^T,
-        dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d)
-        (rowsum(dP * P) = rowsum(dO * O): one number per query)."""
         q, k, v, out, lse = ctx.saved_tensors
-        scale, tile = q.shape[-1] ** -0.5, ctx.tile
-        delta = (d_out * out).sum(-1)                                           # (..., Tq)
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for i in range(0, q.shape[-2], tile):
-            rows = slice(i, i + tile)
-            q_tile = q[..., rows, :] * scale
-            for j in _key_tiles(i, k.shape[-2], tile, ctx.is_causal):
-                cols = slice(j, j + tile)
-                p = torch.exp(_tile_scores(q_tile, k, i, j, tile, ctx.is_causal)   # P, recomputed
-                              - lse[..., rows, None])
-                # GQA (k, v (..., 1, Tk, d) against q (..., group, Tq, d)): sum_to_size adds up
-                # the group's contributions to its one kv head
-                dv[..., cols, :] += (p.transpose(-1, -2) @ d_out[..., rows, :]).sum_to_size(
-                    dv[..., cols, :].shape)
-                # dS = P (dP - D)
-                ds = p * (d_out[..., rows, :] @ v[..., cols, :].transpose(-1, -2)
-                          - delta[..., rows, None])
-                dq[..., rows, :] += ds @ k[..., cols, :] * scale
-                dk[..., cols, :] += (ds.transpose(-1, -2) @ q_tile).sum_to_size(
-                    dk[..., cols, :].shape)
+        dq, dk, dv = _flash_backward_op(d_out, q, k, v, out, lse, ctx.is_causal, ctx.tile)
         return dq, dk, dv, None, None
 
 

@@ -704,6 +704,65 @@ def test_flash_attention_saves_linear_memory_for_backward():
     assert saved_numbers(naive_attention, 512) > 3.5 * saved_numbers(naive_attention, 256)
 
 
+@pytest.mark.parametrize("T", [256, 2048])
+def test_flash_attention_in_bf16_is_as_accurate_as_sdpa(T):
+    """Catches: the running max, sum or output (or the gradients' sums) kept in bf16, whose error is 2-5x the
+    fused kernel's and grows with T. Both kernels get the same bf16 q, k, v, d_out (1, 2, T, 32); the reference is
+    the formula in float64 on those values; the error is |x - ref| / |ref| over the output and each gradient."""
+    gen = torch.Generator().manual_seed(T)
+    q, k, v, d_out = (torch.randn(1, 2, T, 32, generator=gen).to(torch.bfloat16) for _ in range(4))
+
+    def output_and_grads(attend, dtype):
+        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+        out = attend(*leaves)
+        return [out] + list(torch.autograd.grad(out, leaves, d_out.to(dtype)))
+
+    reference = output_and_grads(lambda *qkv: F.scaled_dot_product_attention(*qkv, is_causal=True), torch.float64)
+    fused = output_and_grads(lambda *qkv: F.scaled_dot_product_attention(*qkv, is_causal=True), torch.bfloat16)
+    by_hand = output_and_grads(lambda *qkv: flash_attention(*qkv, True), torch.bfloat16)
+    for name, want, sdpa, got in zip(("out", "dq", "dk", "dv"), reference, fused, by_hand):
+        assert got.dtype == torch.bfloat16
+        sdpa_error = ((sdpa.double() - want).norm() / want.norm()).item()
+        error = ((got.double() - want).norm() / want.norm()).item()
+        assert error <= 1.5 * sdpa_error, (name, error, sdpa_error)
+
+
+def test_compiled_flash_attention_graph_does_not_grow_with_T():
+    """Catches: the tile loops traced into the graph (370 forward + 734 backward nodes at T = 256, 4,150 + 9,524
+    at 1,024: (T / tile)^2). Counted by the compiler's own graphs (aot_autograd's forward and backward); the
+    compiled result equals eager, GQA-shaped as the model calls it: q (1, 2, 2, T, 16), k, v (1, 2, 1, T, 16)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiled_nodes(T):
+        counts = {}
+
+        def counting(kind):
+            def compile_graph(graph_module, example_inputs):
+                counts[kind] = len(graph_module.graph.nodes)
+                return make_boxed_func(graph_module.forward)
+            return compile_graph
+
+        torch._dynamo.reset()
+        backend = aot_autograd(fw_compiler=counting("forward"), bw_compiler=counting("backward"))
+        attend = torch.compile(lambda q, k, v: flash_attention(q, k, v, True), backend=backend, dynamic=False,
+                               fullgraph=True)
+        gen = torch.Generator().manual_seed(T)
+        q = torch.randn(1, 2, 2, T, 16, generator=gen, requires_grad=True)
+        k, v = (torch.randn(1, 2, 1, T, 16, generator=gen, requires_grad=True) for _ in range(2))
+        compiled = attend(q, k, v)
+        eager = flash_attention(q, k, v, True)
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+        for got, want in zip(torch.autograd.grad(compiled.sum(), (q, k, v)), torch.autograd.grad(eager.sum(), (q, k, v))):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        return counts
+
+    short, long = compiled_nodes(256), compiled_nodes(1024)
+    torch._dynamo.reset()
+    assert set(short) == {"forward", "backward"}
+    assert short == long, (short, long)
+
+
 def test_flash_in_the_model_equals_sdpa_with_gqa_outputs_and_gradients():
     x = ids((2, 13))
     sdpa, flash = make(small()), make(small(attention="flash"))
