@@ -1494,12 +1494,14 @@ class Trainer:
         """'tiny: 1,311,872 parameters | 600 steps x 2,048 tokens = 1,228,800 tokens | cpu float32 |
         ETA on the step lines, from step 10': the run in one line, printed first."""
         cfg, steps = self.cfg, self.cfg.max_steps - self.step
-        start = f"step {self.step:,} to {cfg.max_steps:,}" if self.step else f"{steps:,} steps"
+        resumed = f" (from step {self.step:,})" if self.step else ""
+        # train_loop's first progress line: the next multiple of --log-interval, or the last step
+        first_line = min((self.step // cfg.log_interval + 1) * cfg.log_interval, cfg.max_steps)
         return (
-            f"{cfg.model}: {self.raw_model.num_params():,} parameters | {start} x "
+            f"{cfg.model}: {self.raw_model.num_params():,} parameters | {steps:,} steps{resumed} x "
             f"{self.tokens_per_step:,} tokens = {steps * self.tokens_per_step:,} tokens | "
             f"{self.device} {str(self.dtype).split('.')[-1]} | ETA on the step lines, from step "
-            f"{min(self.step + cfg.log_interval, cfg.max_steps):,}"
+            f"{first_line:,}"
         )
 
     def progress_line(self, record: dict, tok_per_s: float, seconds_per_step: float) -> str:
