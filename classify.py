@@ -373,9 +373,15 @@ def quality_corpus(
                                     f"without ../shared/data); name the files with {flag}")
         docs = (d for f in files for d in read_documents(f))
         sides[label] = dict.fromkeys(d for d in docs if len(d.split()) >= QUALITY_MIN_WORDS)
+        if not sides[label]:
+            raise ClassifyError(f"{flag} {' '.join(files)}: no document of {QUALITY_MIN_WORDS} "
+                                "words or more; name files that hold text")
     both = set(sides["high"]) & set(sides["low"])
     pairs = [(text, label) for label, docs in sides.items() for text in docs if text not in both
              and (zlib.crc32(text.encode()) % HELD_OUT_EVERY == 0) == (split == "held-out")]
+    if len({label for _, label in pairs}) < 2:
+        raise ClassifyError(f"--positives and --negatives: no {split} documents left on one side "
+                            f"({len(both):,} texts on both sides are left out); name other files")
     if split == "train":
         pairs = [(piece, label) for text, label in pairs for piece in pieces(text)]
     return [t for t, _ in pairs], [y for _, y in pairs]

@@ -98,8 +98,8 @@ def test_help_does_no_work_and_leaves_the_repository_as_it_was():
 def test_train_writes_its_out_folder_atomically_with_progress(tmp_path, monkeypatch, capsys):
     """`train quality --positives --negatives --out DIR`: DIR/quality.pt, a progress line with a rate and an ETA, no
     temp file; the default training files missing (a clone without ../shared) and a wrong flag: one line, exit 2."""
-    (tmp_path / "good.txt").write_text("\n\n".join(f"the history of the {w} river valley" for w in "abcdefgh"))
-    (tmp_path / "web.jsonl").write_text("".join(json.dumps({"text": f"buy {w} now click here"}) + "\n"
+    (tmp_path / "good.txt").write_text("\n\n".join(f"the history of the {w} river valley " * 4 for w in "abcdefgh"))
+    (tmp_path / "web.jsonl").write_text("".join(json.dumps({"text": f"buy {w} now click here " * 5}) + "\n"
                                                 for w in "abcdefgh"))
     argv = ["train", "quality", "--positives", str(tmp_path / "good.txt"), "--negatives", str(tmp_path / "web.jsonl")]
     assert classify.main([*argv, "--out", str(tmp_path / "o")]) == 0
@@ -111,7 +111,11 @@ def test_train_writes_its_out_folder_atomically_with_progress(tmp_path, monkeypa
     monkeypatch.setenv("SHARED_DATA", str(tmp_path / "nowhere"))
     for bad, words in ((["train", "quality", "--out", str(tmp_path / "d")], "--positives: the default"),
                        ([*argv, "--out", str(tmp_path / "good.txt")], "is a file; name a folder"),
-                       (["train", "language", "--positives", "x"], "--positives and --negatives train the quality")):
+                       (["train", "language", "--positives", "x"], "--positives and --negatives train the quality"),
+                       ([*argv[:4], "--negatives", str(tmp_path / "o" / "quality.pt"), "--out", str(tmp_path / "d")],
+                        "cannot read documents from it"),
+                       ([*argv[:2], "--positives", str(tmp_path / "web.jsonl"), "--negatives", str(tmp_path / "web.jsonl"),
+                         "--out", str(tmp_path / "d")], "--positives")):
         assert classify.main(bad) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], lines
