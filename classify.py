@@ -1,5 +1,4 @@
-"""classify.py: a fastText-style linear text classifier, written by hand; one model, two filters of
-the funnel.
+"""classify.py: a fastText-style linear text classifier, written by hand; two filters of the funnel.
 
 The last two steps of the lecture's filter table are "language detection" and "a classifier score".
 Both are the same small model (Joulin et al. 2016, "Bag of Tricks for Efficient Text
@@ -22,27 +21,20 @@ numpy, nothing next to a transformer's forward pass. Training is cross-entropy o
 Adam over a few epochs, a step touching only its batch's rows: seconds on one CPU for tens of
 thousands of documents.
 
-Scoring is numpy (the same floats in every process, so every engine keeps the same documents);
-training is torch. A trained model is a plain file of tensors (`save`, `load` with
-torch.load(weights_only=True): never a pickle), with a version and its labels; a file from another
-version or a damaged one is refused with its name.
+Language identification, `identify_language(text) -> ("en", 0.97)`: trained on human translations
+(docs/data.md); --lang keeps a top language listed, score >= --lang-threshold (datatrove's 0.65).
 
-Language identification, `identify_language(text) -> ("en", 0.97)`: the default model is trained on
-real human translations: the gettext catalogs Django ships in its wheel (django/conf/locale/*/
-LC_MESSAGES/*.po and its contrib apps', BSD-3 licence), the same 791 English interface messages
-("Save and add another", "Enter a valid email address.") translated into each of LANGUAGES. A
-message's hash puts it in the training set or the held-out set in every language at once, so a
-held-out message was never seen in any language. The funnel keeps a document whose top language is
-one of --lang with a score >= --lang-threshold (datatrove's 0.65). Quality, `classify_quality(text)
--> ("high", 0.9)`: positives are reference-like text, negatives web-like junk; the default model
-takes the module docstrings of Python's standard library as positives and synthetic web spam
-(Faker's product names, addresses, phone numbers, catch phrases and keyword lists) as negatives; a
-user trains their own from files (data.py's --quality-positives / --quality-negatives). The funnel
-keeps a document whose P(high) >= --quality-threshold.
+Quality, `classify_quality(text) -> ("high", 0.9)`, trained on the lecture's contrast (GPT-3, LLaMA,
+DCLM): reference prose as "high" (the Wikipedia sample) against web crawl as "low" (the C4 and
+FineWeb samples). That contrast is the lesson: the model knows no rule of quality, it scores how
+much a page reads like text someone chose to keep, so choosing the positives is choosing what
+"quality" means, biases included (a topic the positives lack scores low). `train quality
+--positives --negatives` trains your own; --quality-threshold keeps P(high) >= it.
 
-Both default models ship in classifiers/ (language.pt, quality.pt: 2 MiB each, float16);
-`python classify.py train {language,quality} --out DIR` retrains one into DIR (default
-out/classifiers; the shipped file is rewritten only by `--out classifiers`).
+Scoring is numpy (the same floats in every process: every engine keeps the same documents);
+training is torch. Both models ship in classifiers/ (plain tensors, float16, 2 MiB each, checked
+before trusted: `Classifier.load`); `python classify.py train {language,quality} --out DIR`
+retrains one (default out/classifiers; only `--out classifiers` rewrites the shipped file).
 
 Depends on: numpy, torch, the standard library and fileio.py (files written whole).
 """
@@ -331,6 +323,8 @@ def shared_data() -> pathlib.Path:
 QUALITY_POSITIVES = ("wikipedia-sample/exllamav2-wiki.utf8",)
 QUALITY_NEGATIVES = ("c4-sample/c4-en-train-00000-first1000.jsonl",
                      "fineweb-sample/fineweb-10BT-legalprefilter-500.jsonl")
+# shorter documents are not training text of either side: a title, a one-line stub
+QUALITY_MIN_WORDS = 20
 # a WikiExtractor article's first and last lines: <doc id=".." url=".." title=".."> ... </doc>
 WIKI_DOC = re.compile(r"^<doc [^>]*>\n(.*?)^</doc>$", re.MULTILINE | re.DOTALL)
 
@@ -364,7 +358,10 @@ def quality_corpus(
     prose: by default Wikipedia) and the negatives' (web crawl: by default C4 and FineWeb). Files
     default to QUALITY_POSITIVES and QUALITY_NEGATIVES under shared_data(). A document is held out
     by its text's hash, one in HELD_OUT_EVERY, and a text found on both sides is dropped: no
-    document is in both splits or both classes."""
+    document is in both splits or both classes. Documents under QUALITY_MIN_WORDS words are left
+    out (1,281 of the Wikipedia sample's 2,349 "articles" are a redirect's title alone: kept, they
+    teach that short means reference). The train split is cut into pieces of at most MAX_CHARS
+    (`pieces`), so the model learns from all of a document, not only from its start."""
     sides = {}
     for label, files, default, flag in (("high", positives, QUALITY_POSITIVES, "--positives"),
                                         ("low", negatives, QUALITY_NEGATIVES, "--negatives")):
@@ -374,11 +371,36 @@ def quality_corpus(
             if missing:
                 raise ClassifyError(f"{flag}: the default {missing[0]} is not here (a clone "
                                     f"without ../shared/data); name the files with {flag}")
-        sides[label] = dict.fromkeys(d for f in files for d in read_documents(f))
+        docs = (d for f in files for d in read_documents(f))
+        sides[label] = dict.fromkeys(d for d in docs if len(d.split()) >= QUALITY_MIN_WORDS)
+        if not sides[label]:
+            raise ClassifyError(f"{flag} {' '.join(files)}: no document of {QUALITY_MIN_WORDS} "
+                                "words or more; name files that hold text")
     both = set(sides["high"]) & set(sides["low"])
     pairs = [(text, label) for label, docs in sides.items() for text in docs if text not in both
              and (zlib.crc32(text.encode()) % HELD_OUT_EVERY == 0) == (split == "held-out")]
+    if len({label for _, label in pairs}) < 2:
+        raise ClassifyError(f"--positives and --negatives: no {split} documents left on one side "
+                            f"({len(both):,} texts on both sides are left out); name other files")
+    if split == "train":
+        pairs = [(piece, label) for text, label in pairs for piece in pieces(text)]
     return [t for t, _ in pairs], [y for _, y in pairs]
+
+
+def pieces(text: str, size: int = MAX_CHARS) -> list[str]:
+    """A document cut at line breaks into pieces of at most `size` characters (a longer line is
+    a piece of its own: the model reads its first `size`).
+
+    >>> pieces("aaa\\nbb\\ncccc", 6)
+    ['aaa\\nbb', 'cccc']
+    """
+    out, piece = [], ""
+    for line in text.split("\n"):
+        if piece and len(piece) + 1 + len(line) > size:
+            out.append(piece)
+            piece = ""
+        piece = f"{piece}\n{line}" if piece else line
+    return [p for p in [*out, piece] if p.strip()]
 
 
 def roc_auc(scores: list[float], truth: list[bool]) -> float:
@@ -437,7 +459,7 @@ def model_at(path: str) -> Classifier:
 class Progress:
     """A training's progress on stderr, every few seconds: count, rate and ETA."""
 
-    def __init__(self, what: str, every_s: float = 3.0) -> None:
+    def __init__(self, what: str, every_s: float = 10.0) -> None:
         self.what, self.every_s = what, every_s
         self.start = self.last = None
 

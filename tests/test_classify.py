@@ -98,8 +98,8 @@ def test_help_does_no_work_and_leaves_the_repository_as_it_was():
 def test_train_writes_its_out_folder_atomically_with_progress(tmp_path, monkeypatch, capsys):
     """`train quality --positives --negatives --out DIR`: DIR/quality.pt, a progress line with a rate and an ETA, no
     temp file; the default training files missing (a clone without ../shared) and a wrong flag: one line, exit 2."""
-    (tmp_path / "good.txt").write_text("\n\n".join(f"the history of the {w} river valley" for w in "abcdefgh"))
-    (tmp_path / "web.jsonl").write_text("".join(json.dumps({"text": f"buy {w} now click here"}) + "\n"
+    (tmp_path / "good.txt").write_text("\n\n".join(f"the history of the {w} river valley " * 4 for w in "abcdefgh"))
+    (tmp_path / "web.jsonl").write_text("".join(json.dumps({"text": f"buy {w} now click here " * 5}) + "\n"
                                                 for w in "abcdefgh"))
     argv = ["train", "quality", "--positives", str(tmp_path / "good.txt"), "--negatives", str(tmp_path / "web.jsonl")]
     assert classify.main([*argv, "--out", str(tmp_path / "o")]) == 0
@@ -111,7 +111,11 @@ def test_train_writes_its_out_folder_atomically_with_progress(tmp_path, monkeypa
     monkeypatch.setenv("SHARED_DATA", str(tmp_path / "nowhere"))
     for bad, words in ((["train", "quality", "--out", str(tmp_path / "d")], "--positives: the default"),
                        ([*argv, "--out", str(tmp_path / "good.txt")], "is a file; name a folder"),
-                       (["train", "language", "--positives", "x"], "--positives and --negatives train the quality")):
+                       (["train", "language", "--positives", "x"], "--positives and --negatives train the quality"),
+                       ([*argv[:4], "--negatives", str(tmp_path / "o" / "quality.pt"), "--out", str(tmp_path / "d")],
+                        "cannot read documents from it"),
+                       ([*argv[:2], "--positives", str(tmp_path / "web.jsonl"), "--negatives", str(tmp_path / "web.jsonl"),
+                         "--out", str(tmp_path / "d")], "--positives")):
         assert classify.main(bad) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], lines
@@ -138,10 +142,28 @@ def test_a_retrained_quality_model_on_a_full_disk_is_one_line_and_no_temp_file(t
     assert [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()] == [] and not (tmp_path / "ds").exists()
 
 
-def test_quality_within_2_points_of_fasttext_on_the_same_split():
+@pytest.mark.long
+def test_quality_auc_at_least_0_90_and_within_2_points_of_fasttext_on_the_same_split(shared_data):
+    """Issue 45: reference prose (Wikipedia) against web crawl (C4, FineWeb), held out by document: ROC AUC of
+    classify.py's model and of fastText trained on the same pieces."""
     pytest.importorskip("fasttext", reason="the peer: pip install fasttext-wheel")
     result = bench_classify.compare_quality()
+    assert result["test"] > 400 and result["ours"] >= 0.90, result
     assert result["ours"] >= result["fasttext"] - 0.02, result
+
+
+def test_cs336_quality_fixtures_and_a_forum_header_score_as_the_lecture_says(shared_data):
+    """Stanford CS336 assignment 4's test_classify_quality on its fixtures (a Common Crawl forum page must be "cc",
+    an encyclopedia article "wiki", each with a score > 0), here "low" and "high"; and text unlike the training
+    data: the forum page's header line alone (it scored 0.660 high when the model was docstrings vs spam)."""
+    fixtures = shared_data / "cs336" / "a4" / "fixtures"
+    low_cc = (fixtures / "low_quality_cc.txt").read_text()
+    wiki = (fixtures / "high_quality_wiki_reference.txt").read_text()
+    for text, label in ((low_cc, "low"), (wiki, "high")):
+        prediction, score = classify.classify_quality(text)
+        assert prediction == label and isinstance(score, float) and score > 0, (label, prediction, score)
+    header = "Korean Job Discussion Forums Forum Index Korean Job Discussion Forums"
+    assert classify.classify_quality(header)[0] == "low", classify.classify_quality(header)
 
 
 @pytest.fixture(scope="module")
@@ -157,9 +179,19 @@ def mixed_language(tmp_path_factory):
     return path
 
 
+def page_quality_model(folder: pathlib.Path) -> str:
+    """A quality model of mixed_language's two kinds of page, English interface messages as high and spam as low
+    (the shipped model, Wikipedia against web crawl, calls interface messages web text)."""
+    english = list(classify.django_messages("en").values())
+    spam = ["BUY CHEAP NOW!!! only $9.99", "login | register | Home > Deals >> click here"] * 20
+    classify.Classifier.train(english + spam, ["high"] * len(english) + ["low"] * len(spam)).save(folder / "pages.pt")
+    return str(folder / "pages.pt")
+
+
 def test_lang_and_quality_rows_and_engines_write_the_same_bytes(mixed_language, tmp_path):
     from test_data import dataset_files
-    settings = data.CleanSettings(filters="none", lang=("en",), quality_threshold=0.5, near_dup_threshold=0)
+    settings = data.CleanSettings(filters="none", lang=("en",), quality_threshold=0.5, near_dup_threshold=0,
+                                  quality_model=page_quality_model(tmp_path))
     kwargs = dict(vocab_size=300, clean_settings=settings, val_fraction=0.2)
     reference = dataset.prepare([str(mixed_language)], tmp_path / "memory", **kwargs)
     streamed = data_at_scale.prepare([str(mixed_language)], tmp_path / "streamed", workers=2,
@@ -171,8 +203,7 @@ def test_lang_and_quality_rows_and_engines_write_the_same_bytes(mixed_language, 
     assert all(lang["reasons"].get(f"language_{c}", 0) == 6 for c in ("fr", "de", "ru", "es", "it")), lang
     assert lang["docs_out"] == 10 and lang["chars_out"] < lang["chars_in"] / 3, lang   # 6 English, 4 spam
     assert quality["name"].startswith("quality classifier") and quality["docs_in"] == 10, quality
-    low = quality["reasons"]["low_quality"]                              # the 4 spam pages, an English one or two
-    assert 4 <= low <= 6 and quality["docs_out"] == 10 - low and list(quality["reasons"]) == ["low_quality"], quality
+    assert quality["reasons"] == {"low_quality": 4} and quality["docs_out"] == 6, quality    # the 4 spam pages
     assert quality["chars_in"] == lang["chars_out"] > quality["chars_out"], quality
     off = dataset.plan_dataset([str(mixed_language)], vocab_size=300, clean_settings=data.CleanSettings())
     on = dataset.plan_dataset([str(mixed_language)], vocab_size=300, clean_settings=settings)
@@ -219,7 +250,8 @@ def test_lang_fr_with_the_default_filters_keeps_french_and_the_engines_agree(tmp
 def test_ray_engine_writes_the_same_bytes_with_both_filters(mixed_language, tmp_path):
     pytest.importorskip("ray", reason="the Ray engine needs Ray: pip install ray")
     from test_data import dataset_files
-    settings = data.CleanSettings(filters="none", lang=("en",), quality_threshold=0.5, near_dup_threshold=0)
+    settings = data.CleanSettings(filters="none", lang=("en",), quality_threshold=0.5, near_dup_threshold=0,
+                                  quality_model=page_quality_model(tmp_path))
     kwargs = dict(vocab_size=300, clean_settings=settings, val_fraction=0.2)
     reference = dataset.prepare([str(mixed_language)], tmp_path / "memory", **kwargs)
     on_ray = data_at_scale.prepare([str(mixed_language)], tmp_path / "ray", engine="ray", workers=1, **kwargs)
