@@ -2100,7 +2100,8 @@ def busy_machine_note(load: float, cores: int, threads: int, threads_chosen: boo
     nothing to say). torch starts one thread per core, and each matmul waits for its slowest
     thread: when other jobs already keep every core busy (the 1-minute load average at or above
     the cores), every thread waits its turn for a core at every step, and one thread is several
-    times faster (2 shared cores at load 4-9: 163-408 tokens/s with 2 threads, 962-2,643 with 1).
+    times faster (20 steps on 2 shared cores, one run after the other at load 2-9: 173-222 tokens/s
+    with 2 threads, 1,509-2,031 with 1).
     It advises instead of switching: the thread count changes the order of float sums (a grad
     norm's last bit), so the same command's numbers would depend on the machine's load. Said only
     when the user chose no thread count (OMP_NUM_THREADS, which torchrun sets too).

@@ -23,7 +23,7 @@ def shared_data() -> pathlib.Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `long` (minutes each) run only with RUN_LONG=1, so `python -m pytest` stays under 10 minutes on
+    """Tests marked `long` (minutes each) run only with RUN_LONG=1, so `python -m pytest` stays near 15 minutes on
     2 cores; `.ci/run` runs them in a second step."""
     if os.environ.get("RUN_LONG") == "1":
         return

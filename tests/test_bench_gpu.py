@@ -23,7 +23,7 @@ import train  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.long      # run by .ci/run (RUN_LONG=1): keeps `python -m pytest` under 10 minutes
+@pytest.mark.long      # run by .ci/run (RUN_LONG=1): keeps `python -m pytest` near 15 minutes
 def test_smoke_runs_every_section_and_every_check_passes(tmp_path, capsys):
     out = tmp_path / "smoke.json"
     assert bench_gpu.main(["--smoke", "--json", str(out)]) == 0

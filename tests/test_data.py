@@ -1484,7 +1484,7 @@ def peak_rss_mb(corpus: pathlib.Path, out: pathlib.Path) -> float:
     return float(done.stdout.split()[-1])
 
 
-@pytest.mark.long      # run by .ci/run (RUN_LONG=1): keeps `python -m pytest` under 10 minutes
+@pytest.mark.long      # run by .ci/run (RUN_LONG=1): keeps `python -m pytest` near 15 minutes
 def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
     """A corpus 10x larger (1.5 MB -> 15 MB) costs the streaming engine (one process) no more than a few MB more at
     peak; the in-memory engine, ~5 bytes of RAM per byte of text, would add ~70 MB."""
@@ -1507,7 +1507,7 @@ print(before, data_at_scale._peak_rss_mb(), pieces)
 """
 
 
-@pytest.mark.long      # run by .ci/run (RUN_LONG=1): keeps `python -m pytest` under 10 minutes
+@pytest.mark.long      # run by .ci/run (RUN_LONG=1): keeps `python -m pytest` near 15 minutes
 def test_peak_memory_of_kept_whole_text_does_not_grow_with_the_file(tmp_path):
     """A .txt kept whole 10x larger (1.8 MB -> 18 MB, one document: no <|endoftext|>) costs the streaming engine
     (one process) ~1 MB more at peak (the in-memory engine: +230 MB), measured as the child's own peak; reading it

@@ -182,8 +182,9 @@ def needs_missing_gpt2(command: str) -> bool:
     return "gpt2" in named and bool(gpt2_unavailable())
 
 
-def run_command(command: str, repo: pathlib.Path) -> None:
-    """Run one README command in the scratch repo; fail with its output unless it exits 0 without a traceback."""
+def run_command(command: str, repo: pathlib.Path) -> str:
+    """Run one README command in the scratch repo; fail with its output unless it exits 0 without a traceback;
+    return what it printed (stdout, then stderr)."""
     python = os.path.dirname(sys.executable)
     env = {**os.environ, "PATH": python + os.pathsep + os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1",
            "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "PRETRAIN_CACHE": str(repo / ".cache")}
@@ -191,6 +192,78 @@ def run_command(command: str, repo: pathlib.Path) -> None:
     output = (done.stdout + done.stderr)[-3000:]
     assert done.returncode == 0 and "Traceback (most recent call last)" not in done.stderr, \
         f"README command failed (exit {done.returncode}): {command}\n{output}"
+    return done.stdout + done.stderr
+
+
+# README quotes some figures "as it prints them": they are compared with what the command printed in the slow test
+# (the commands run there anyway). The full `python train.py` is skipped, so of its table only the step-0 column,
+# which the 20-step stand-in prints too (the first evaluation comes before any update).
+DEMO = "python parallel.py demo"
+
+
+def readme_step0(readme: str) -> tuple[str, str]:
+    """(val loss, val bpb) in the step-0 column of README's default-run table."""
+    loss = re.search(r"^\| val loss \(nats/token\) \| ([\d.]+) \|", readme, re.M)
+    bpb = re.search(r"^\| val bits-per-byte \| ([\d.]+) \|", readme, re.M)
+    assert loss and bpb, "README's default-run table has no val loss / val bits-per-byte row"
+    return loss.group(1), bpb.group(1)
+
+
+def printed_step0(output: str) -> tuple[str, str]:
+    found = re.search(r"^step +0 \| val loss ([\d.]+) \| val bpb ([\d.]+)", output, re.M)
+    assert found, f"no step-0 evaluation line in:\n{output[-2000:]}"
+    return found.group(1), found.group(2)
+
+
+def readme_demo_differences(readme: str) -> dict[str, float]:
+    """Layout -> the largest weight difference README quotes for `python parallel.py demo`:
+    '2.52e-6 (DP, ZeRO-1/2/3), 1.94e-6 (PP2 1F1B), ...' -> {'DP': 2.52e-6, 'ZeRO-1': 2.52e-6, ...}."""
+    sentence = re.search(r"difference ((?:[\d.]+e-\d+ \([^)]*\),?\s+)+)as it prints them", readme)
+    assert sentence, "README's parallel.py demo sentence ('... as it prints them') not found"
+    quoted = {}
+    for value, layouts in re.findall(r"([\d.]+e-\d+) \(([^)]*)\)", sentence.group(1)):
+        for layout in layouts.split(", "):
+            name, _, more = layout.partition("/")           # ZeRO-1/2/3 -> ZeRO-1, ZeRO-2, ZeRO-3
+            for stage in [name, *(name[:-1] + n for n in more.split("/") if n)]:
+                quoted[stage] = float(value)
+    return quoted
+
+
+def printed_demo_differences(output: str) -> dict[str, float]:
+    """Layout -> max |diff| from the demo's table rows ('ZeRO-1          2.52e-06   ...')."""
+    return {name: float(value) for name, value in
+            re.findall(r"^(DP|ZeRO-\d|TP2|PP2 1F1B) +(\d\.\d+e-\d+) ", output, re.M)}
+
+
+def quoted_figure_mismatches(readme: str, outputs: dict[str, str]) -> list[str]:
+    """What README quotes and the commands (outputs: command -> what it printed) did not print."""
+    mismatches = []
+    if STAND_IN in outputs and readme_step0(readme) != printed_step0(outputs[STAND_IN]):
+        mismatches.append(f"README's default run at step 0: {readme_step0(readme)}; "
+                          f"`python train.py` prints {printed_step0(outputs[STAND_IN])}")
+    if DEMO in outputs and readme_demo_differences(readme) != printed_demo_differences(outputs[DEMO]):
+        mismatches.append(f"README's `{DEMO}` differences: {readme_demo_differences(readme)}; "
+                          f"it prints {printed_demo_differences(outputs[DEMO])}")
+    return mismatches
+
+
+def test_readme_quoted_figures_are_found_and_compared():
+    """The parsers find README's figures (a reworded sentence fails here, not silently in the slow test), and a
+    figure that differs from the output is reported."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    step0 = readme_step0(readme)
+    differences = readme_demo_differences(readme)
+    assert set(differences) == {"DP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "TP2", "PP2 1F1B"}
+
+    def demo_table(values):
+        return "".join(f"{name:<14}{value:9.2e}   82,560\n" for name, value in values.items())
+    printed = {STAND_IN: f"step      0 | val loss {step0[0]} | val bpb {step0[1]}\n",
+               DEMO: demo_table(differences)}
+    assert quoted_figure_mismatches(readme, printed) == []
+    printed = {STAND_IN: f"step      0 | val loss {step0[0]} | val bpb 9.9999\n",
+               DEMO: demo_table({**differences, "TP2": 2 * differences["TP2"]})}
+    assert [m.split(":")[0] for m in quoted_figure_mismatches(readme, printed)] == [
+        "README's default run at step 0", f"README's `{DEMO}` differences"]
 
 
 def test_readme_parsing_and_every_command_has_a_kind():
@@ -270,12 +343,13 @@ def test_readme_quick_commands(command, scratch):
 def test_readme_slow_commands(tmp_path):
     """The slow commands in README order, after a 20-step stand-in for the main job (for the ones reading out/)."""
     repo = scratch_copy(tmp_path)
-    run_command(STAND_IN, repo)
+    outputs = {STAND_IN: run_command(STAND_IN, repo)}
     failures = []
     for command in commands_of("slow"):
         if not needs_missing_shared(command, repo) and not needs_missing_gpt2(command):
             try:
-                run_command(command, repo)
+                outputs[command] = run_command(command, repo)
             except AssertionError as e:                  # run the rest too: one report names every broken command
                 failures.append(str(e))
+    failures += quoted_figure_mismatches((ROOT / "README.md").read_text(encoding="utf-8"), outputs)
     assert not failures, "\n\n".join(failures)
