@@ -3,7 +3,10 @@
 One spawn per world size runs every layout of that size: a training step (loss, aux loss, gradient
 norm, and the weights after a plain SGD step: AdamW's first step is about lr x sign(g), so gradients
 at rounding level flip it) against the same step in this process on the same global batch, and the
-bytes the all-to-all and the K/V ring sent against `all_to_all_bytes` and `ring_bytes`.
+bytes the all-to-all and the K/V ring sent against `all_to_all_bytes` and `ring_bytes`. The same
+spawn measures what each layout is for (`_check_costs`): CP's saved activations (saved-tensor hooks)
+and score elements computed at T = 1,024 against one process, EP's bytes under bf16, TP's blocks
+compiled without a recompile per call, and `--ep` with `--cp` refused.
 """
 
 import pytest
@@ -179,7 +182,7 @@ def _ring_saved_and_work(comm):
                 grad=cp.module.tok_emb.weight.grad / comm.size)
 
 
-def _check_ring(results):
+def _check_costs(results):
     """Per rank: saved activations within 1/n + 10% of one process's (SDPA), the score elements
     computed the causal pairs' share (the diagonal squares' 64-query tiles add under 10%), the
     loss and gradient one process's; EP's all-to-all bytes under bf16; TP's blocks compiled once
@@ -261,14 +264,14 @@ WORLD4 = [
 def test_expert_and_context_parallel_equal_one_process_on_2_ranks():
     results = P.launch(_worker, 2, WORLD2, timeout_s=180)
     _check(results, WORLD2)
-    _check_ring(results)
+    _check_costs(results)
 
 
 @pytest.mark.slow
 def test_expert_and_context_parallel_equal_one_process_on_4_ranks():
     results = P.launch(_worker, 4, WORLD4, timeout_s=300)
     _check(results, WORLD4)
-    _check_ring(results)
+    _check_costs(results)
 
 
 def test_positions_split_the_sequence_one_early_one_late_chunk():
