@@ -1,13 +1,13 @@
 """bench_gpu.py: one command that proves train.py's CUDA path on a GPU, and the same code paths on a CPU (--smoke).
 
-    python bench/bench_gpu.py --deadline-s 540 # one CUDA GPU, in 9 minutes (what no longer fits: skipped)
+    python bench/bench_gpu.py --deadline-s 500 # one CUDA GPU, in 500 s (what does not fit: skipped: deadline)
     python bench/bench_gpu.py --nproc 8        # the same, and the torchrun sections also on 8 GPUs
     python bench/bench_gpu.py --smoke          # CPU, tiny models, gloo: the same code paths (CI keeps it alive)
 
 The table goes to stdout, the JSON to out/bench_gpu.json in the repository (out/ is git-ignored; --json PATH
-elsewhere). Six sections, each a few rows. A row is a measured figure, a check (ok / FAIL: the exit code is 1 if
-any check fails) or a target (met / missed, never a failure: targets are goals). Every section is guarded: one
-that raises is a FAIL row ("section ran to its end", its traceback on stderr) and the next one runs; the JSON's
+elsewhere). Nine sections, each a few rows. A row is a measured figure, a check (ok / FAIL: the exit code is 1 if
+any check fails, else 0) or a target (met / missed, never a failure: targets are goals). Every section is guarded:
+one that raises is a FAIL row ("section ran to its end", its traceback on stderr) and the next one runs; the JSON's
 "sections" says which finished, and with how many failed checks.
 1. speed    train.py's own loop (train.train_loop: schedule, spike guard, metrics line) on the 124m preset's
             shape in bf16, eager and with --compile: tokens/s and MFU against the GPU's dense peak
@@ -36,21 +36,34 @@ that raises is a FAIL row ("section ran to its end", its traceback on stderr) an
             train (evaluations at 0/10/20, checkpoints at 10 and 20, two samples), resume from step 10 in a new
             process (the same losses), and resume with a forced spike the guard rolls back (ROLLBACK_FLAGS).
             --smoke runs it eager on 2 gloo ranks (tests/test_compile.py rehearses --compile on CPUs).
-7. nccl     a world-1 nccl group runs every collective train.py uses (Comm short-circuits a group of one).
+7. nccl     a world-1 nccl group runs every collective train.py uses (Comm short-circuits a group of one):
+            all_reduce, reduce_scatter, all_gather, all_to_all_single, broadcast, all_gather_object, a barrier;
+            where 2 ranks exist (2 GPUs; gloo on --smoke) torchrun runs them on 2 ranks with send/recv as
+            context parallel's ring posts it (torch refuses a send to oneself, so 1 GPU cannot probe it).
+8. kernels  this round's code on the device against its reference path: the hand FlashAttention against SDPA
+            (fp32 equal; bf16 error against float64 within 1.5x SDPA's; compiled = eager), linear attention's
+            chunked form against its recurrent one, and a GPT with flash attention, linear layers, the LLLA
+            hybrid and MoE (loss, logits, every gradient) against the same weights in float64 on the CPU.
+9. ep_cp    `--ep` and `--cp` under torchrun at world 1 and, where 2 ranks exist, 2: one SGD step against one
+            process on the same device (loss, every weight).
 
-Order and time: the sections run highest value first (6, 7, 2, 1, 3, 4, 5), each in a child process with
-its own timeout (a broken CUDA context loses that section only); the JSON is rewritten after every
-section; --deadline-s skips a section whose projection (PROJECTED_S, ~545 s in all on a GPU) no longer
-fits in what is left, and says so. The speed section writes a profiler trace of 2 compiled steps next to
-the JSON (bench_gpu.trace.json).
+Order and time: the sections run highest value first (6, 7, 8, 9, 2, 1, 3, 4, 5), each in a child process (in a
+session of its own) with its own timeout; past it the child, its process group and every process it started
+(torchrun's workers lead sessions of their own) get SIGTERM, then SIGKILL (end_process_tree), so a broken CUDA
+context or a hang loses that section only. The JSON is rewritten after every section. --deadline-s skips a
+section whose projection (PROJECTED_S, 470 s in all on a GPU) no longer fits in what is left, and stops one that
+outlives what was left: both are "skipped: deadline", not failures. The speed section writes a profiler trace
+of 2 compiled steps next to the JSON (bench_gpu.trace.json).
 
 Sizing, a projection (no GPU has run this file yet): the 88M model costs 6.42e8 FLOPs/token (model.py's
 6N + 12LTC at T = 1024), 1.05e13 per 16 x 1024 step: 27 ms at 40% of the H200's 989 TFLOP/s dense bf16 peak.
 Section 1 runs 52 such steps (3 untimed + 10 timed, train.py's loop and the minimal one, eager and compiled:
 ~2 s) plus the micro-batch search (16 to 256: ~1 s of steps) and two inductor compiles (~1 minute each, the
 largest item); sections 2-4 are a few steps each (~30 s with start-up); section 5 is one torchrun launch (~20 s);
-section 6 is 3 compiled launches (~15 s of start-up and ~1 minute of inductor compiles each): ~3.5
-minutes. Total ~9 minutes, what --deadline-s 540 holds to; `--nproc 8` adds sections 5 and 6 again.
+section 6 is 3 compiled launches (~15 s of start-up each, ~1 minute of inductor compiles for the first; the
+resumed two compile the same graphs, which inductor's on-disk cache holds): ~2.7 minutes; section 8 is seconds
+of kernels at T = 2,048 and one compile of the flash operator, section 9 one torchrun launch per world (~15 s).
+Total 470 s projected, within --deadline-s 500; `--nproc 8` adds sections 5, 6 and 9 (and 7's 2-rank probe).
 Every figure the bench prints comes from the run itself.
 
 Depends on: torch and the project's train.py, model.py, parallel.py, model_parallel.py, data.py, fileio.py.
