@@ -1,13 +1,13 @@
 """bench_gpu.py: one command that proves train.py's CUDA path on a GPU, and the same code paths on a CPU (--smoke).
 
-    python bench/bench_gpu.py --deadline-s 540 # one CUDA GPU, in 9 minutes (what no longer fits: skipped)
+    python bench/bench_gpu.py --deadline-s 500 # one CUDA GPU, in 500 s (what does not fit: skipped: deadline)
     python bench/bench_gpu.py --nproc 8        # the same, and the torchrun sections also on 8 GPUs
     python bench/bench_gpu.py --smoke          # CPU, tiny models, gloo: the same code paths (CI keeps it alive)
 
 The table goes to stdout, the JSON to out/bench_gpu.json in the repository (out/ is git-ignored; --json PATH
-elsewhere). Six sections, each a few rows. A row is a measured figure, a check (ok / FAIL: the exit code is 1 if
-any check fails) or a target (met / missed, never a failure: targets are goals). Every section is guarded: one
-that raises is a FAIL row ("section ran to its end", its traceback on stderr) and the next one runs; the JSON's
+elsewhere). Nine sections, each a few rows. A row is a measured figure, a check (ok / FAIL: the exit code is 1 if
+any check fails, else 0) or a target (met / missed, never a failure: targets are goals). Every section is guarded:
+one that raises is a FAIL row ("section ran to its end", its traceback on stderr) and the next one runs; the JSON's
 "sections" says which finished, and with how many failed checks.
 1. speed    train.py's own loop (train.train_loop: schedule, spike guard, metrics line) on the 124m preset's
             shape in bf16, eager and with --compile: tokens/s and MFU against the GPU's dense peak
@@ -36,21 +36,34 @@ that raises is a FAIL row ("section ran to its end", its traceback on stderr) an
             train (evaluations at 0/10/20, checkpoints at 10 and 20, two samples), resume from step 10 in a new
             process (the same losses), and resume with a forced spike the guard rolls back (ROLLBACK_FLAGS).
             --smoke runs it eager on 2 gloo ranks (tests/test_compile.py rehearses --compile on CPUs).
-7. nccl     a world-1 nccl group runs every collective train.py uses (Comm short-circuits a group of one).
+7. nccl     a world-1 nccl group runs every collective train.py uses (Comm short-circuits a group of one):
+            all_reduce, reduce_scatter, all_gather, all_to_all_single, broadcast, all_gather_object, a barrier;
+            where 2 ranks exist (2 GPUs; gloo on --smoke) torchrun runs them on 2 ranks with send/recv as
+            context parallel's ring posts it (torch refuses a send to oneself, so 1 GPU cannot probe it).
+8. kernels  this round's code on the device against its reference path: the hand FlashAttention against SDPA
+            (fp32 equal; bf16 error against float64 within 1.5x SDPA's; compiled = eager), linear attention's
+            chunked form against its recurrent one, and a GPT with flash attention, linear layers, the LLLA
+            hybrid and MoE (loss, logits, every gradient) against the same weights in float64 on the CPU.
+9. ep_cp    `--ep` and `--cp` under torchrun at world 1 and, where 2 ranks exist, 2: one SGD step against one
+            process on the same device (loss, every weight).
 
-Order and time: the sections run highest value first (6, 7, 2, 1, 3, 4, 5), each in a child process with
-its own timeout (a broken CUDA context loses that section only); the JSON is rewritten after every
-section; --deadline-s skips a section whose projection (PROJECTED_S, ~545 s in all on a GPU) no longer
-fits in what is left, and says so. The speed section writes a profiler trace of 2 compiled steps next to
-the JSON (bench_gpu.trace.json).
+Order and time: the sections run highest value first (6, 7, 8, 9, 2, 1, 3, 4, 5), each in a child process (in a
+session of its own) with its own timeout; past it the child, its process group and every process it started
+(torchrun's workers lead sessions of their own) get SIGTERM, then SIGKILL (end_process_tree), so a broken CUDA
+context or a hang loses that section only. The JSON is rewritten after every section. --deadline-s skips a
+section whose projection (PROJECTED_S, 470 s in all on a GPU) no longer fits in what is left, and stops one that
+outlives what was left: both are "skipped: deadline", not failures. The speed section writes a profiler trace
+of 2 compiled steps next to the JSON (bench_gpu.trace.json).
 
 Sizing, a projection (no GPU has run this file yet): the 88M model costs 6.42e8 FLOPs/token (model.py's
 6N + 12LTC at T = 1024), 1.05e13 per 16 x 1024 step: 27 ms at 40% of the H200's 989 TFLOP/s dense bf16 peak.
 Section 1 runs 52 such steps (3 untimed + 10 timed, train.py's loop and the minimal one, eager and compiled:
 ~2 s) plus the micro-batch search (16 to 256: ~1 s of steps) and two inductor compiles (~1 minute each, the
 largest item); sections 2-4 are a few steps each (~30 s with start-up); section 5 is one torchrun launch (~20 s);
-section 6 is 3 compiled launches (~15 s of start-up and ~1 minute of inductor compiles each): ~3.5
-minutes. Total ~9 minutes, what --deadline-s 540 holds to; `--nproc 8` adds sections 5 and 6 again.
+section 6 is 3 compiled launches (~15 s of start-up each, ~1 minute of inductor compiles for the first; the
+resumed two compile the same graphs, which inductor's on-disk cache holds): ~2.7 minutes; section 8 is seconds
+of kernels at T = 2,048 and one compile of the flash operator, section 9 one torchrun launch per world (~15 s).
+Total 470 s projected, within --deadline-s 500; `--nproc 8` adds sections 5, 6 and 9 (and 7's 2-rank probe).
 Every figure the bench prints comes from the run itself.
 
 Depends on: torch and the project's train.py, model.py, parallel.py, model_parallel.py, data.py, fileio.py.
@@ -65,6 +78,7 @@ import math
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,6 +92,7 @@ from torch.utils._pytree import tree_flatten
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import benchcli  # noqa: E402
 import data as data_lib  # noqa: E402
 import fileio  # noqa: E402
 import model as model_lib  # noqa: E402
@@ -791,18 +806,92 @@ def bench_torchrun(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
 
 def torchrun(n: int, script: pathlib.Path, args: list[str], setup: Setup, timeout_s: float):
     """`torchrun --standalone --nproc_per_node=n script args...` -> (CompletedProcess, seconds). --smoke hides any
-    GPU so the ranks join over gloo on the CPU. A run past `timeout_s` is stopped and reported as exit code 124."""
+    GPU so the ranks join over gloo on the CPU. A run past `timeout_s` is ended with its workers (end_process_tree:
+    torchrun starts each worker in a session of its own) and reported as exit code 124."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(script), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if not setup.cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        proc = subprocess.CompletedProcess(cmd, 124, out, f"stopped after {timeout_s:.0f} s")
+    proc, _ = run_bounded(cmd, timeout_s, env=env, capture=True)
     return proc, time.perf_counter() - start
+
+
+# A child that outlives its limit gets SIGTERM (torchrun passes it on to its workers and waits for them), then,
+# after this grace, SIGKILL: it, its process group and every process it started, wherever they went.
+TERM_GRACE_S = 10.0
+
+
+def run_bounded(cmd: list[str], timeout_s: float, env: dict | None = None,
+                capture: bool = False) -> tuple[subprocess.CompletedProcess, bool]:
+    """Run cmd in a session (and process group) of its own -> (its CompletedProcess, whether it ran past
+    timeout_s). Past timeout_s it and everything it started are ended (end_process_tree); its exit code is then
+    124 and what it printed until then comes back. capture: its stdout and stderr come back as text; else it
+    writes to ours."""
+    pipe = subprocess.PIPE if capture else None
+    with subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=timeout_s)
+            return subprocess.CompletedProcess(cmd, child.returncode, out, err), False
+        except subprocess.TimeoutExpired:
+            end_process_tree(child.pid)
+            out, err = child.communicate()
+            note = f"stopped after {timeout_s:.0f} s"
+            return subprocess.CompletedProcess(cmd, 124, out, f"{err or ''}{note}" if capture else note), True
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (its children, theirs, ...), read from /proc (Linux); [] without /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):          # it exited while we read, or not a process folder
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """pid exists and is not a zombie (a dead process its parent has not reaped yet)."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def end_process_tree(pid: int, grace_s: float | None = None) -> None:
+    """SIGTERM to pid's process group and to the group of every process below it (torchrun's workers each lead
+    their own), then, for whatever is still alive after grace_s, SIGKILL to the same groups and processes. The
+    tree is read again before each signal: what it started meanwhile is ended too, and what lost its parent to
+    the first signal is still known by its group."""
+    grace_s = TERM_GRACE_S if grace_s is None else grace_s
+    known: set[int] = set()
+    groups: set[int] = set()
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        known |= {pid, *descendants(pid)}
+        for p in known:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                groups.add(os.getpgid(p))
+        groups.discard(os.getpgrp())                    # never our own group (a child that joined it)
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+        for p in known:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, sig)
+        stop = time.monotonic() + wait_s
+        while time.monotonic() < stop and any(alive(p) for p in known):
+            time.sleep(0.1)
+        if not any(alive(p) for p in known):
+            return
 
 
 def _tail(proc: subprocess.CompletedProcess, lines: int = 2) -> str:
@@ -929,6 +1018,7 @@ def bench_nccl(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
                 lambda: dist.all_reduce(x.copy_(t), dist.ReduceOp.MAX),
             "reduce_scatter (ZeRO gradients)": lambda: parallel._reduce_scatter_flat(x, t),
             "all_gather (ZeRO-3 weights)": lambda: parallel._all_gather_flat(x, t),
+            "all_to_all_single (expert parallel)": lambda: dist.all_to_all_single(x, t),
             "broadcast (initial weights)": lambda: dist.broadcast(x.copy_(t), src=0),
             "all_gather_object (pipeline state)": lambda: _gathered_object(dist, t),
             "barrier on the patient gloo group":
@@ -949,13 +1039,259 @@ def bench_nccl(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
             out[name] = ok
     finally:
         dist.destroy_process_group()
+    out.update(probe_two_ranks(setup, report, tmp))
     return out
+
+
+# What each rank r of a world of n holds and what every collective must then give, known in advance: rank r's
+# tensor is r * 100 + [0, 1, ..., 2n - 1] (floats, exact in any dtype that counts to 1,000).
+def _probe_tensor(rank: int, n: int, device) -> torch.Tensor:
+    return rank * 100 + torch.arange(2.0 * n, device=device)
+
+
+def probe_worker(out_path: str) -> int:
+    """(run by torchrun) every collective train.py's layouts use, on `world` ranks of nccl (gloo on the CPU),
+    each against the result known from _probe_tensor; send/recv as context parallel's ring posts it (a batch of
+    isend and irecv to the two neighbours). Rank 0 writes {name: ok}."""
+    import torch.distributed as dist
+    rank, n, device = parallel.init_distributed(timeout_s=120)
+    mine, every = _probe_tensor(rank, n, device), [_probe_tensor(r, n, device) for r in range(n)]
+    total = sum(every)
+    results = {}
+    out = mine.clone()
+    dist.all_reduce(out)
+    results["all_reduce sum"] = torch.equal(out, total)
+    out = torch.empty(2, device=device)
+    parallel._reduce_scatter_flat(out, mine.clone())
+    results["reduce_scatter"] = torch.equal(out, total[2 * rank:2 * rank + 2])
+    out = torch.empty(2 * n * n, device=device)
+    parallel._all_gather_flat(out, mine)
+    results["all_gather"] = torch.equal(out, torch.cat(every))
+    out = torch.empty_like(mine)
+    dist.all_to_all_single(out, mine)                      # rank r gets piece r (2 numbers) of every rank
+    results["all_to_all_single"] = torch.equal(out, torch.cat([t[2 * rank:2 * rank + 2] for t in every]))
+    if n > 1:
+        out = torch.empty_like(mine)
+        ops = [dist.P2POp(dist.isend, mine, (rank + 1) % n), dist.P2POp(dist.irecv, out, (rank - 1) % n)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        results["send/recv (the ring's batch_isend_irecv)"] = torch.equal(out, every[(rank - 1) % n])
+    checked = torch.tensor([all(results.values())], dtype=torch.float32, device=device)
+    dist.all_reduce(checked, dist.ReduceOp.MIN)            # every rank's results, not only rank 0's
+    if rank == 0:
+        pathlib.Path(out_path).write_text(json.dumps({"world": n, "backend": dist.get_backend(),
+                                                      "results": results, "all_ranks_ok": bool(checked)}))
+    dist.destroy_process_group()
+    return 0
+
+
+def probe_two_ranks(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    """The probe on 2 ranks under torchrun, where 2 ranks exist (2 GPUs; gloo on --smoke): send/recv needs a
+    peer (torch refuses a send to oneself), and the collectives then move data between processes."""
+    if max(setup.nproc) < 2:
+        report.add("nccl", "2 ranks: send/recv and collectives between processes", "not run: 1 GPU")
+        return {}
+    path = tmp / "probe-2.json"
+    proc, seconds = torchrun(2, pathlib.Path(__file__).resolve(), ["--probe-worker", str(path)], setup, 180)
+    if proc.returncode != 0 or not path.exists():
+        report.check("nccl", f"2 ranks: torchrun exited {proc.returncode}", _tail(proc, 3)[:60], False)
+        return {"2 ranks": False}
+    result = json.loads(path.read_text())
+    for name, ok in result["results"].items():
+        report.check("nccl", f"{result['backend']} world 2: {name} (every rank)", f"{seconds:.1f} s",
+                     ok and result["all_ranks_ok"])
+    return {f"2 ranks: {name}": ok and result["all_ranks_ok"] for name, ok in result["results"].items()}
 
 
 def _gathered_object(dist, t: torch.Tensor) -> torch.Tensor:
     parts = [None]
     dist.all_gather_object(parts, {"t": t.cpu()})
     return parts[0]["t"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 8. Kernels: the hand FlashAttention, linear and hybrid layers, MoE on the device, each against its reference path
+# ----------------------------------------------------------------------------------------------------------------
+
+# q, k, v of the kernel checks (B, h, T, d): a long sequence on a GPU; on --smoke's CPU, small.
+KERNEL_SHAPE = {"cuda": (2, 8, 2048, 64), "cpu": (1, 2, 256, 16)}
+# The models of the kernel checks: a few layers of each kind on the device vs the same weights on the CPU.
+KERNEL_MODELS = {"flash attention": dict(attention="flash"), "linear attention": dict(layer_pattern="L"),
+                 "hybrid LLLA": dict(layer_pattern="LLLA"),
+                 "MoE, 4 experts top-2": dict(n_expert=4, expert_top_k=2, moe_capacity_factor=0.0)}
+
+
+def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want|, in float64: one number per tensor, in the reference's own scale."""
+    got, want = (t.detach().double().cpu() for t in (got, want))
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def output_and_grads(attend, q, k, v, d_out, dtype: torch.dtype) -> list[torch.Tensor]:
+    """[attend(q, k, v), dq, dk, dv] with the inputs cast to dtype and the output's gradient d_out."""
+    leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    out = attend(*leaves)
+    return [out.detach(), *torch.autograd.grad(out, leaves, d_out.to(dtype))]
+
+
+def check_flash_kernel(setup: Setup, report: Report) -> dict:
+    """model.flash_attention against SDPA on the device: fp32 equal (output and gradients); bf16 no less accurate
+    than SDPA against a float64 reference of the same bf16 inputs (the kernel sums in fp32); compiled (one custom
+    operator in the graph) equal to eager."""
+    B, H, T, D = KERNEL_SHAPE[setup.device.type]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, d_out = (torch.randn(B, H, T, D, generator=gen).to(setup.device) for _ in range(4))
+    fused = lambda *qkv: torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=True)    # noqa: E731
+    by_hand = lambda *qkv: model_lib.flash_attention(*qkv, True)                                     # noqa: E731
+    worst = max(map(relative_difference, output_and_grads(by_hand, q, k, v, d_out, torch.float32),
+                    output_and_grads(fused, q, k, v, d_out, torch.float32)))
+    report.check("kernels", f"hand flash = SDPA, fp32, T={T}: out, dq, dk, dv (max rel. diff < 1e-4)",
+                 f"{worst:.1e}", worst < 1e-4)
+    q, k, v, d_out = (t.to(torch.bfloat16) for t in (q, k, v, d_out))
+    want = output_and_grads(fused, q, k, v, d_out, torch.float64)
+    errors = {}
+    for name, attend in (("sdpa", fused), ("flash", by_hand)):
+        got = output_and_grads(attend, q, k, v, d_out, torch.bfloat16)
+        errors[name] = max(float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want))
+    ratio = errors["flash"] / errors["sdpa"]
+    report.check("kernels", f"hand flash, bf16, T={T}: error vs float64 / SDPA's (<= 1.5)", f"{ratio:.2f}",
+                 ratio <= 1.5)
+    compiled = torch.compile(by_hand, backend=setup.compile_backend, fullgraph=True, dynamic=False)
+    q, k, v, d_out = (t.float() for t in (q, k, v, d_out))
+    worst_compiled = max(map(relative_difference, output_and_grads(compiled, q, k, v, d_out, torch.float32),
+                             output_and_grads(by_hand, q, k, v, d_out, torch.float32)))
+    report.check("kernels", f"hand flash compiled ({setup.compile_backend}) = eager (max rel. diff < 1e-6)",
+                 f"{worst_compiled:.1e}", worst_compiled < 1e-6)
+    return {"fp32_max_rel_diff": worst, "bf16_errors": errors, "bf16_ratio": ratio,
+            "compiled_max_rel_diff": worst_compiled}
+
+
+def check_linear_forms(setup: Setup, report: Report) -> float:
+    """Linear attention's chunked form (training) against its token-by-token form (generation), on the device."""
+    B, H, T, D = KERNEL_SHAPE[setup.device.type]
+    T = min(T, 256)                                        # the recurrent form is T Python steps
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, T, D, generator=gen).to(setup.device) / D ** 0.5 for _ in range(3))
+    log_a = torch.nn.functional.logsigmoid(torch.randn(B, H, T, generator=gen) + 3).to(setup.device)
+    chunked, state_c = model_lib.linear_attention_chunked(q, k, v, log_a)
+    recurrent, state_r = model_lib.linear_attention_recurrent(q, k, v, log_a)
+    worst = max(relative_difference(chunked, recurrent), relative_difference(state_c, state_r))
+    report.check("kernels", f"linear attention chunked = recurrent, T={T}: outputs, state (< 1e-4)",
+                 f"{worst:.1e}", worst < 1e-4)
+    return worst
+
+
+def check_kernel_models(setup: Setup, report: Report) -> dict:
+    """A GPT of each kind (flash, linear, hybrid, MoE): loss, logits and every gradient on the device (fp32)
+    against the same weights in float64 on the CPU; the flash one also against the SDPA model on the device."""
+    wide = setup.cuda
+    base = dict(vocab_size=512, block_size=256 if wide else 64, n_layer=4, n_head=8 if wide else 4, n_kv_head=2,
+                n_embd=256 if wide else 64)
+    gen = torch.Generator().manual_seed(2)
+    x, y = (torch.randint(0, 512, (2, base["block_size"]), generator=gen) for _ in range(2))
+    out = {}
+    for name, extra in KERNEL_MODELS.items():
+        runs = {}
+        for where, device, dtype, attention in (("device", setup.device, torch.float32, None),
+                                                ("cpu", torch.device("cpu"), torch.float64, None),
+                                                ("sdpa", setup.device, torch.float32, "sdpa")):
+            if where == "sdpa" and "attention" not in extra:
+                continue
+            torch.manual_seed(0)
+            config = model_lib.GPTConfig(**{**base, **extra, **({"attention": attention} if attention else {})})
+            gpt = model_lib.GPT(config).to(device, dtype)
+            logits, loss = gpt(x.to(device), y.to(device))
+            (loss + config.moe_aux_coef * gpt.aux_loss).backward()
+            runs[where] = [loss, logits] + [p.grad for p in gpt.parameters()]
+        for against in [w for w in ("cpu", "sdpa") if w in runs]:
+            worst = max(relative_difference(a, b) for a, b in zip(runs["device"], runs[against]))
+            what = "float64 on the CPU" if against == "cpu" else "SDPA's model"
+            report.check("kernels", f"GPT, {name}, on {setup.device.type} = {what}: loss, logits, grads (< 1e-4)",
+                         f"{worst:.1e}", worst < 1e-4)
+            out[f"{name} vs {against}"] = worst
+    return out
+
+
+def bench_kernels(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    return {"flash": check_flash_kernel(setup, report), "linear_forms": check_linear_forms(setup, report),
+            "models": check_kernel_models(setup, report)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 9. --ep and --cp under torchrun: one training step against one process on the same device
+# ----------------------------------------------------------------------------------------------------------------
+
+EP_CP_MODELS = {"ep": dict(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=32,
+                           n_expert=4, expert_top_k=2, moe_capacity_factor=0.0),
+                "cp": dict(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
+                           ffn_hidden=64)}
+EP_CP_BATCH = 4
+
+
+def _ep_cp_step(config: model_lib.GPTConfig, device: torch.device, ep: int = 1, cp: int = 0):
+    """One SGD step of a GPT on the fixed batch -> (loss over the whole batch, full weights after the step): one
+    process (cp = 0), or this rank's part of the world with experts over ep ranks or the sequence over cp."""
+    torch.manual_seed(0)
+    gpt = model_lib.GPT(config).to(device)
+    opt = torch.optim.SGD(gpt.parameters(), lr=0.5)
+    gen = torch.Generator().manual_seed(3)
+    x, y = (torch.randint(0, config.vocab_size, (EP_CP_BATCH, config.block_size), generator=gen).to(device)
+            for _ in range(2))
+    if not cp:
+        _, loss = gpt(x, y)
+        (loss + config.moe_aux_coef * gpt.aux_loss).backward()
+        opt.step()
+        return float(loss.detach()), {k: v.detach().float().cpu() for k, v in gpt.state_dict().items()}
+    mesh = parallel.Mesh.build(cp=cp)
+    model, optim = model_parallel.parallelize(gpt, opt, mesh, ep=ep)
+    x, y = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
+    _, loss = model(x, y)
+    (loss + config.moe_aux_coef * gpt.aux_loss).backward()
+    model.finish_gradient_sync()
+    optim.step()
+    total = loss.detach().reshape(1) / mesh.dp.size            # the mean over dp (cp ranks hold the same loss)
+    torch.distributed.all_reduce(total)
+    return float(total) / (mesh.world // mesh.dp.size), model.full_state_dict()
+
+
+def ep_cp_worker(out_path: str) -> int:
+    """(run by torchrun) experts over every rank (--ep world) and the sequence over every rank (--cp world),
+    each against one process on this device; rank 0 writes the results. At world 1 only --cp 1 (the dense model
+    through parallelize in a process group of one): model_parallel refuses a MoE model without an expert split
+    ("tensor parallel splits the dense SwiGLU", even at tp 1), and --ep 1 splits nothing."""
+    rank, world, device = parallel.init_distributed(timeout_s=120)
+    results = []
+    for kind, ep, cp in [("ep", world, 1)] * (world > 1) + [("cp", 1, world)]:
+        config = model_lib.GPTConfig(**EP_CP_MODELS[kind])
+        want_loss, want = _ep_cp_step(config, device)
+        loss, got = _ep_cp_step(config, device, ep=ep, cp=cp)
+        diff = max(float((got[k].float() - want[k]).abs().max()) for k in want)
+        ok = abs(loss - want_loss) <= 1e-5 * abs(want_loss) and all(
+            torch.allclose(got[k].float(), want[k], rtol=1e-4, atol=1e-5) for k in want)
+        results.append({"layout": f"--{kind} {world}", "loss": loss, "want_loss": want_loss, "max_diff": diff,
+                        "ok": ok})
+    if rank == 0:
+        pathlib.Path(out_path).write_text(json.dumps({"world": world, "device": str(device), "results": results}))
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def bench_ep_cp(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    """--ep and --cp at world 1 and, where the ranks exist (2 GPUs; gloo on --smoke), 2."""
+    out = {}
+    for n in sorted({1, min(2, max(setup.nproc))}):
+        path = tmp / f"ep-cp-{n}.json"
+        proc, seconds = torchrun(n, pathlib.Path(__file__).resolve(), ["--ep-cp-worker", str(path)], setup, 300)
+        if proc.returncode != 0 or not path.exists():
+            report.check("ep_cp", f"N={n}: torchrun exited {proc.returncode}", _tail(proc, 3)[:60], False)
+            continue
+        result = json.loads(path.read_text())
+        for r in result["results"]:
+            report.check("ep_cp", f"N={n}: {r['layout']} on {result['device']} = one process: loss, weights after "
+                         "an SGD step (1e-4)", f"{r['max_diff']:.1e}", r["ok"])
+        report.add("ep_cp", f"N={n}: wall time, s", seconds)
+        out[n] = result
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -966,11 +1302,12 @@ def _gathered_object(dist, t: torch.Tensor) -> torch.Tensor:
 # --compile), the collectives, then the figures. Each with its projected seconds (GPU, --smoke),
 # what --deadline-s compares with the time left before starting it; a section runs with a timeout
 # of 3x its projection + 60 s (10x on a CPU, which may be shared), or what is left.
-SECTIONS = {"train.py": bench_train_runs, "nccl": bench_nccl, "memory": bench_memory,
-            "speed": bench_speed, "decode": bench_decode, "resume": bench_resume,
-            "torchrun": bench_torchrun}
-PROJECTED_S = {"train.py": (220, 60), "nccl": (15, 8), "memory": (40, 15), "speed": (150, 30),
-               "decode": (20, 8), "resume": (40, 20), "torchrun": (60, 45)}
+SECTIONS = {"train.py": bench_train_runs, "nccl": bench_nccl, "kernels": bench_kernels,
+            "ep_cp": bench_ep_cp, "memory": bench_memory, "speed": bench_speed,
+            "decode": bench_decode, "resume": bench_resume, "torchrun": bench_torchrun}
+PROJECTED_S = {"train.py": (160, 60), "nccl": (15, 30), "kernels": (30, 25), "ep_cp": (30, 40),
+               "memory": (30, 15), "speed": (120, 30), "decode": (15, 8), "resume": (30, 20),
+               "torchrun": (40, 45)}
 DEFAULT_JSON = ROOT / "out" / "bench_gpu.json"      # out/ is train.py's default run folder, ignored by git
 
 
@@ -994,24 +1331,28 @@ def write_json(path: pathlib.Path, value) -> None:
 
 
 def run_isolated(section: str, argv: list[str], report: Report, timeout_s: float,
-                 tmp: pathlib.Path):
+                 tmp: pathlib.Path, deadline_stop: bool = False):
     """One section in a child process of this script (a broken CUDA context dies with it),
-    stopped after timeout_s; its rows come back even when it is killed (written as it goes)."""
+    stopped after timeout_s with everything it started (run_bounded); its rows come back even
+    when it is stopped (written as it goes). deadline_stop: timeout_s is what was left of
+    --deadline-s, so a stop there is "skipped: deadline", not a failure; a stop at the section's
+    own limit, or a child that dies, is a FAIL row."""
     sink = tmp / f"section-{section.replace('.', '_')}.json"
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), *argv, "--section", section,
            "--section-out", str(sink)]
     sys.stdout.flush()                   # the child writes to the same descriptors, after us
     sys.stderr.flush()
-    try:
-        code = subprocess.run(cmd, timeout=timeout_s).returncode
-    except subprocess.TimeoutExpired:
-        code = None
+    proc, timed_out = run_bounded(cmd, timeout_s)
     got = json.loads(sink.read_text()) if sink.exists() else {}
     report.rows += got.get("rows", [])
     if "status" in got:
         return got.get("result"), got["status"]
-    why = (f"stopped after its {timeout_s:.0f} s timeout" if code is None
-           else f"its process exited {code}")
+    if timed_out and deadline_stop:
+        why = f"skipped: deadline (stopped after {timeout_s:.0f} s, what was left of --deadline-s)"
+        print(f"  {section:<8} {why}", flush=True)
+        return {"error": why}, why
+    why = (f"stopped after its {timeout_s:.0f} s timeout" if timed_out
+           else f"its process exited {proc.returncode}")
     report.check(section, "section ran to its end", why, False)
     return {"error": why}, f"failed: {why}"
 
@@ -1032,15 +1373,15 @@ def run_sections(setup: Setup, report: Report, only: list[str] | None,
             need = PROJECTED_S.get(section, (60, 30))[0 if setup.cuda else 1]
             left = deadline_s - (time.perf_counter() - start) if deadline_s else math.inf
             if need > left:
-                status[section] = (f"skipped: needs ~{need} s, {max(left, 0):.0f} s left of "
-                                   f"--deadline-s")
+                status[section] = (f"skipped: deadline (needs ~{need} s, {max(left, 0):.0f} s "
+                                   f"left of --deadline-s)")
                 print(f"  {section:<8} {status[section]}", flush=True)
                 save(results, status)
                 continue
             if argv is not None:
-                timeout = min((3 if setup.cuda else 10) * need + 60, left)     # a CPU may be shared
-                results[section], status[section] = run_isolated(section, argv, report, timeout,
-                                                                 pathlib.Path(tmp))
+                own = (3 if setup.cuda else 10) * need + 60                   # a CPU may be shared
+                results[section], status[section] = run_isolated(
+                    section, argv, report, min(own, left), pathlib.Path(tmp), left < own)
                 save(results, status)
                 continue
             try:
@@ -1059,35 +1400,39 @@ def run_sections(setup: Setup, report: Report, only: list[str] | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = benchcli.Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny models, gloo: the same code paths (a few minutes on 2 cores, "
                         "most of it torchrun start-ups)")
     parser.add_argument("--json", default=None, help="where the table goes as JSON (default: out/bench_gpu.json "
                         "in the repository)")
-    parser.add_argument("--nproc", type=int, default=0, help="world sizes of the torchrun and train.py sections: 1 and "
+    parser.add_argument("--nproc", type=benchcli.in_range(int, 0), default=0, help="world sizes of the torchrun and train.py sections: 1 and "
                         "this (0 = every visible GPU)")
     parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run only these sections")
-    parser.add_argument("--deadline-s", type=float, default=0, help="skip a section whose "
+    parser.add_argument("--deadline-s", type=benchcli.in_range(float, 0), default=0, help="skip a section whose "
                         "projected time no longer fits in what is left of these seconds (0: none)")
     parser.add_argument("--in-process", action="store_true", help="run the sections in this "
                         "process (default: each in a child process, so a broken CUDA context "
                         "loses only its own section)")
     parser.add_argument("--layout-worker", metavar="OUT", help=argparse.SUPPRESS)   # what torchrun runs
+    parser.add_argument("--ep-cp-worker", metavar="OUT", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-worker", metavar="OUT", help=argparse.SUPPRESS)
     # A child of run_isolated: one section, its rows and result written to --section-out.
     parser.add_argument("--section", choices=list(SECTIONS), help=argparse.SUPPRESS)
     parser.add_argument("--section-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.layout_worker:
         return layout_worker(args.layout_worker)
+    if args.ep_cp_worker:
+        return ep_cp_worker(args.ep_cp_worker)
+    if args.probe_worker:
+        return probe_worker(args.probe_worker)
     try:
         if not args.smoke and not torch.cuda.is_available():
             raise BenchError("no CUDA GPU is visible; run on a GPU machine, or pass --smoke for the CPU version of "
                              "every check")
-        if args.nproc < 0 or (torch.cuda.is_available() and args.nproc > torch.cuda.device_count()):
+        if torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
             raise BenchError(f"--nproc {args.nproc} must lie in [0, {torch.cuda.device_count()}] (the visible GPUs)")
         json_path = check_json_path(args.json)
-        if args.deadline_s < 0:
-            raise BenchError(f"--deadline-s {args.deadline_s:g} must be >= 0 (0: no deadline)")
     except BenchError as e:
         print(f"bench_gpu.py: error: {e}", file=sys.stderr)
         return 2

@@ -7,8 +7,11 @@ import dataclasses
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -28,8 +31,14 @@ def test_smoke_runs_every_section_and_every_check_passes(tmp_path, capsys):
     out = tmp_path / "smoke.json"
     assert bench_gpu.main(["--smoke", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert {"speed", "memory", "decode", "resume", "torchrun", "train.py"} <= set(result)
+    assert set(bench_gpu.SECTIONS) <= set(result) and list(result["sections"]) == list(bench_gpu.SECTIONS)
+    assert {"kernels", "ep_cp"} <= set(result)           # this round's sections, named in the JSON
     assert set(result["sections"].values()) == {"ok"}
+    # The kernels on the device (here the CPU): flash, linear forms, one GPT per kind; --ep 2 and --cp 2 on gloo
+    # ranks; the collective probe on 2 ranks with send/recv.
+    assert result["kernels"]["flash"]["bf16_ratio"] <= 1.5 and len(result["kernels"]["models"]) == 5
+    assert [r["layout"] for r in result["ep_cp"]["2"]["results"]] == ["--ep 2", "--cp 2"]
+    assert result["nccl"]["2 ranks: send/recv (the ring's batch_isend_irecv)"] is True
     checks = [r for r in result["rows"] if r["status"] in ("ok", "FAIL")]
     assert checks and all(r["status"] == "ok" for r in checks)
     assert result["resume"]["exact"] and result["resume"]["cpu_close"]
@@ -293,26 +302,96 @@ def test_rollback_flags_force_a_rollback_to_the_checkpoint(tmp_path):
 # ---- deadline, isolation, the collective probe ------------------------------------------------------------------
 
 def test_a_deadline_skips_what_no_longer_fits_and_the_json_says_so(tmp_path):
-    """`--smoke --deadline-s 30`: the sections run highest value first, each in its own process;
-    what no longer fits in the 30 s is skipped, and the JSON (written after every section) and the
-    last lines say which."""
+    """`--smoke --deadline-s 20`: the sections run highest value first, each in its own process;
+    what no longer fits in the 20 s is "skipped: deadline" (so is decode if a busy CPU makes it
+    outlive the 20 s), the JSON (written after every section) and the last lines say which, and
+    the exit code is 0: a deadline is no failed check."""
     out = tmp_path / "partial.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py"), "--smoke",
-                           "--deadline-s", "30", "--only", "nccl", "speed", "torchrun",
+                           "--deadline-s", "20", "--only", "decode", "speed", "torchrun",
                            "--json", str(out)], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert "nccl" in result["sections"], proc.stderr[-2000:]   # ran (on a busy CPU it may time out)
-    skipped = [k for k, v in result["sections"].items() if v.startswith("skipped")]
-    assert "torchrun" in skipped                 # after nccl's 8 s, 45 s no longer fit in 30 s
-    assert all(f"{k:<8} skipped: needs" in proc.stdout for k in skipped)
-    assert list(result["sections"]) == ["nccl", "speed", "torchrun"]    # the value order
+    skipped = [k for k, v in result["sections"].items() if v.startswith("skipped: deadline")]
+    assert {"speed", "torchrun"} <= set(skipped)  # their 30 s and 45 s do not fit in 20 s; decode's 8 s do
+    assert all(f"{k:<8} skipped: deadline" in proc.stdout for k in skipped)
+    assert result["sections"]["decode"] in ("ok", *[result["sections"][k] for k in skipped])
+    assert list(result["sections"]) == ["speed", "decode", "torchrun"]    # the value order
+    assert not [r for r in result["rows"] if r["status"] == "FAIL"] and "0 failed checks" in proc.stdout
+
+
+def test_a_stop_at_the_deadline_is_a_skip_and_at_the_sections_own_limit_a_failure(tmp_path, monkeypatch):
+    """run_isolated: a child stopped where the deadline left less than the section's own limit is
+    "skipped: deadline" and no FAIL row; the same stop at its own limit (a hang) is a FAIL row."""
+    def stopped(cmd, timeout_s, **kwargs):
+        return subprocess.CompletedProcess(cmd, 124, None, "stopped"), True
+    monkeypatch.setattr(bench_gpu, "run_bounded", stopped)
+    report = bench_gpu.Report()
+    result, status = bench_gpu.run_isolated("decode", ["--smoke"], report, 7, tmp_path, deadline_stop=True)
+    assert status.startswith("skipped: deadline") and not report.rows and result == {"error": status}
+    result, status = bench_gpu.run_isolated("decode", ["--smoke"], report, 7, tmp_path, deadline_stop=False)
+    assert status == "failed: stopped after its 7 s timeout" and len(report.failed) == 1
+
+
+CHILD_TREE = """
+import pathlib, signal, subprocess, sys, time
+sleeper = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"]
+same_group = subprocess.Popen(sleeper)                              # stays in the child's group
+own_session = subprocess.Popen(sleeper, start_new_session=True)     # as torchrun starts each worker
+pathlib.Path(sys.argv[1]).write_text(f"{same_group.pid} {own_session.pid}")
+time.sleep(600)
+"""
+
+
+def test_a_child_past_its_limit_is_ended_with_every_process_it_started(tmp_path, monkeypatch):
+    """run_bounded: the child runs in a session of its own; past its limit it, its group and the processes it
+    started in sessions of their own (torchrun's workers) get SIGTERM, then (these ignore it) SIGKILL: none is
+    alive afterwards, and the exit code is 124. Catches: subprocess's own timeout (SIGKILL to the child alone)."""
+    monkeypatch.setattr(bench_gpu, "TERM_GRACE_S", 1.0)
+    pid_file = tmp_path / "pids"
+    proc, timed_out = bench_gpu.run_bounded([sys.executable, "-c", CHILD_TREE, str(pid_file)], 5)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    survivors = [p for p in pids if bench_gpu.alive(p)]
+    for p in survivors:                                   # a failing run leaves nothing behind either
+        os.kill(p, signal.SIGKILL)
+    assert timed_out and proc.returncode == 124 and len(pids) == 2
+    assert not survivors
+
+
+@pytest.mark.long
+def test_a_section_past_its_limit_leaves_no_process_of_its_tree_alive(tmp_path):
+    """A real section (train.py's: torchrun and 2 workers, each in a session of its own) stopped by the deadline
+    after 25 s: "skipped: deadline", no FAIL row, and no process it started is alive afterwards (every process
+    below this one is recorded while it runs)."""
+    seen, done = set(), threading.Event()
+
+    def record():
+        while not done.is_set():
+            seen.update(bench_gpu.descendants(os.getpid()))
+            time.sleep(0.2)
+    watcher = threading.Thread(target=record)
+    watcher.start()
+    report = bench_gpu.Report()
+    try:
+        _, status = bench_gpu.run_isolated("train.py", ["--smoke", "--json", str(tmp_path / "r.json")], report, 25,
+                                           tmp_path, deadline_stop=True)
+    finally:
+        done.set()
+        watcher.join()
+    assert status.startswith("skipped: deadline") and not report.failed
+    assert len(seen) >= 4                   # the section's child, torchrun, its 2 workers (and their helpers)
+    assert not [p for p in seen if bench_gpu.alive(p)]
 
 
 def test_the_collective_probe_runs_every_collective_on_a_group_of_one(tmp_path):
+    """At world 1 (one GPU; the 2-rank probe with send/recv runs in the smoke run): every collective but
+    send/recv, which needs a peer; the row says it did not run."""
     report = bench_gpu.Report()
-    out = bench_gpu.bench_nccl(bench_gpu.Setup.smoke(), report, tmp_path)
-    assert len(out) == 7 and all(out.values()) and not report.failed
+    out = bench_gpu.bench_nccl(dataclasses.replace(bench_gpu.Setup.smoke(), nproc=[1]), report, tmp_path)
+    assert len(out) == 8 and all(out.values()) and not report.failed
+    assert "all_to_all_single (expert parallel)" in out
+    assert report.rows[-1]["value"] == "not run: 1 GPU"
     assert not torch.distributed.is_initialized()           # destroyed: the next section starts clean
 
 
@@ -324,3 +403,40 @@ def test_a_section_that_kills_its_process_loses_only_itself(tmp_path, monkeypatc
     result, status = bench_gpu.run_isolated("decode", ["--smoke", "--nproc", "-5"], report, 120,
                                             tmp_path)
     assert status.startswith("failed: its process exited") and report.failed
+
+
+# ---- this round's sections, the time they need, the command line ------------------------------------------------
+
+def test_every_section_has_a_projection_and_the_gpu_run_fits_500_s():
+    """README's one command is `--deadline-s 500`: the GPU projections of all sections add up to less."""
+    assert set(bench_gpu.PROJECTED_S) == set(bench_gpu.SECTIONS)
+    assert {"kernels", "ep_cp"} <= set(bench_gpu.SECTIONS)
+    assert sum(gpu for gpu, _ in bench_gpu.PROJECTED_S.values()) <= 500
+    readme = (ROOT / "README.md").read_text()
+    assert "python bench/bench_gpu.py --deadline-s 500" in readme and "--deadline-s 540" not in readme
+
+
+def test_the_flash_checks_fail_on_a_kernel_that_is_wrong(monkeypatch):
+    """The kernels section's flash checks can fail: a kernel without the causal mask is a FAIL row (fp32 equality,
+    bf16 error), the real one passes them all (a small shape; torch.compile left out: the smoke run compiles)."""
+    monkeypatch.setitem(bench_gpu.KERNEL_SHAPE, "cpu", (1, 1, 128, 8))
+    monkeypatch.setattr(bench_gpu.torch, "compile", lambda fn, **kwargs: fn)
+    setup = bench_gpu.Setup.smoke()
+    report = bench_gpu.Report()
+    bench_gpu.check_flash_kernel(setup, report)
+    assert len(report.rows) == 3 and not report.failed
+    real = model.flash_attention
+    monkeypatch.setattr(bench_gpu.model_lib, "flash_attention", lambda q, k, v, causal: real(q, k, v, False))
+    report = bench_gpu.Report()
+    bench_gpu.check_flash_kernel(setup, report)
+    assert [r["item"].split(":")[0] for r in report.failed] == ["hand flash = SDPA, fp32, T=128",
+                                                                "hand flash, bf16, T=128"]
+
+
+@pytest.mark.parametrize("argv, flag", [(["--nproc", "two"], "--nproc"), (["--deadline-s", "-1"], "--deadline-s"),
+                                        (["--smoke", "--only", "nope"], "--only")])
+def test_a_bad_flag_is_one_line_without_the_usage_block(capsys, argv, flag):
+    with pytest.raises(SystemExit) as stop:
+        bench_gpu.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and flag in err and "usage:" not in err
