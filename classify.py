@@ -13,8 +13,8 @@ Classification"; fastText's lid.176 is one, DCLM's quality filter another):
 What it sees of a document: its first MAX_CHARS characters, lower-cased with spaces collapsed, so a
 5 MB page costs as much as a 1 KB one. Character n-grams carry the language ("th", "ing", "sch",
 "ção"), and need no spaces: Chinese, Japanese and Thai are written without them, and their single
-characters are already features. Why hashing: the vocabulary of n-grams of a crawl is unbounded;
-crc32(n-gram) mod B maps any of them to a fixed table with no dictionary to build or ship. Two
+characters are already features. Why hashing: the vocabulary of n-grams of a crawl is unbounded; a
+hash of the n-gram mod B maps any of them to a fixed table with no dictionary to build or ship. Two
 n-grams sharing a bucket share a row, a small price (B = 2**16). Why it is fast enough for every
 document of a crawl: a 1,000-character text has ~3,200 features; scoring it is a gather of 3,200
 rows of D = 16 floats, one mean and one (16 x K) product: ~0.1 M flops, a millisecond in Python with
@@ -61,8 +61,9 @@ import zlib
 import numpy as np
 import torch
 
-VERSION = 1
-BUCKETS = 2 ** 16
+VERSION = 2
+BUCKET_BITS = 16
+BUCKETS = 2 ** BUCKET_BITS
 DIM = 16
 MAX_CHARS = 1_000
 NGRAMS = (1, 2, 3)
@@ -77,18 +78,63 @@ PO_FUZZY = re.compile(r"^#,.*\bfuzzy\b", re.MULTILINE)
 # one message in HELD_OUT_EVERY is held out (by its msgid's crc32), in every language
 HELD_OUT_EVERY = 5
 MODEL_DIR = pathlib.Path(__file__).resolve().parent / "classifiers"
+# the polynomial hash of `features`: P (odd, so invertible mod 2^64), its powers P^i and P^-i for
+# every position of a text, the multiplier that spreads h over the buckets (2^64 / golden ratio),
+# and a salt per kind of feature: words, then each n of NGRAMS
+HASH_BASE = 0x100000001B3
+
+
+def _powers(base: int, count: int) -> np.ndarray:
+    """base^0, base^1, ... base^(count - 1) mod 2^64, (count,) uint64."""
+    return np.cumprod(np.r_[1, np.full(count - 1, base)].astype(np.uint64))
+
+
+HASH_POWERS = _powers(HASH_BASE, MAX_CHARS + 2)
+HASH_INVERSE_POWERS = _powers(pow(HASH_BASE, -1, 2 ** 64), MAX_CHARS + 2)
+HASH_MIX = np.uint64(0x9E3779B97F4A7C15)
+HASH_SALTS = np.arange(len(NGRAMS) + 1, dtype=np.uint64) * np.uint64(0x632BE59BD9B4E019)
+
+
+def _code_points(text: str) -> np.ndarray:
+    """The text's first MAX_CHARS characters, lower-cased, spaces collapsed, a space at each end, as
+    an array of code points (L,) (UTF-32: one number per character, whatever its script)."""
+    s = " " + " ".join(text[:MAX_CHARS].lower().split()) + " "
+    # surrogatepass: a lone surrogate ("\ud800", legal in JSON) is a code point like any other
+    return np.frombuffer(s.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
 
 
 def features(text: str) -> np.ndarray:
     """The hashed bucket of each character n-gram and word of the text's first MAX_CHARS characters.
 
-    >>> grams = (" ", "h", "i", " ", " h", "hi", "i ", " hi", "hi ", "hi")
-    >>> features("Hi").tolist() == [zlib.crc32(g.encode()) % BUCKETS for g in grams]
+    Every string is hashed as a polynomial, h = sum_k (c_k + 1) P^k mod 2^64, computed for all of
+    them at once from one prefix sum over the code points: the string at [i, i + n) is
+    (prefix[i + n] - prefix[i]) * P^-i (P is odd, so it has an inverse mod 2^64). uint64 arithmetic
+    wraps in numpy as in C, the same in every process. The bucket is the top 16 bits of (h + the
+    kind's salt) * MIX (Knuth's multiplicative hashing; the salt keeps the word "hi" apart from the
+    bigram "hi"). No Python loop over n-grams: ~60 µs for 1,000 characters, crc32 per n-gram took
+    ~1.5 ms.
+
+    >>> features("Hi").tolist() == features("  hI ").tolist()     # " hi ": 4 + 3 + 2 grams, 1 word
     True
+    >>> len(set(features("abc abc").tolist()))      # 1 word, 4 distinct 1-, 2- and 3-grams each
+    13
     """
-    s = " " + " ".join(text[:MAX_CHARS].lower().split()) + " "
-    grams = [s[i:i + n] for n in NGRAMS for i in range(len(s) - n + 1)] + s.split()
-    return np.array([zlib.crc32(g.encode()) % BUCKETS for g in grams], dtype=np.int64)
+    codes = _code_points(text)                                                      # (L,)
+    length = len(codes)
+    prefix = np.zeros(length + 1, dtype=np.uint64)
+    np.cumsum((codes + np.uint64(1)) * HASH_POWERS[:length], out=prefix[1:])         # (L + 1,)
+    # the words: between two consecutive spaces (the text starts and ends with one)
+    spaces = np.flatnonzero(codes == 32)
+    starts, ends = spaces[:-1] + 1, spaces[1:]
+    starts, ends = starts[ends > starts], ends[ends > starts]
+    hashes = [(prefix[ends] - prefix[starts]) * HASH_INVERSE_POWERS[starts] + HASH_SALTS[0]]
+    # the n-grams at every start i: slices, no index arrays
+    for salt, n in zip(HASH_SALTS[1:], NGRAMS):
+        count = max(length - n + 1, 0)
+        hashes.append((prefix[n:] - prefix[:count]) * HASH_INVERSE_POWERS[:count] + salt)
+    buckets = (np.concatenate(hashes) * HASH_MIX) >> np.uint64(64 - BUCKET_BITS)
+    # < 2^16: the same bits read as int64 (what torch's embedding takes)
+    return buckets.view(np.int64)
 
 
 class Classifier:
