@@ -163,7 +163,7 @@ def print_languages(lang: dict, min_bytes: int) -> None:
         print(f"  {name} ({lang[key][0]:,} texts) scored >= 0.65: {lang[key][1]:.1%}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--min-bytes", type=in_range(int, 1, 1_000), default=40,
                         help="shortest held-out text scored (UTF-8 bytes, 1-1000)")
@@ -172,7 +172,7 @@ def main() -> None:
     parser.add_argument("--catalogs", type=pathlib.Path, default=classify_corpora.default_folder(),
                         help="folder of the catalogs' wheels (default: $PRETRAIN_CACHE or .cache/, "
                              "then catalogs/)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     classify_corpora.fetch(args.catalogs)
     print_languages(compare_languages(args.catalogs, args.min_bytes), args.min_bytes)
     speeds = compare_speed(args.docs)

@@ -145,6 +145,9 @@ def test_bench_train_smoke(small_corpus, tmp_path):
 BAD_FLAGS = [
     ("bench_bpe.py", "--repeats 0", "--repeats"),
     ("bench_bpe.py", "--stream-mb -1", "--stream-mb"),
+    ("bench_classify.py", "--min-bytes 1000000", "--min-bytes"),
+    ("bench_classify.py", "--min-bytes -1", "--min-bytes"),
+    ("bench_classify.py", "--docs 5", "--docs"),
     ("bench_data.py", "--sizes -1", "--sizes"),
     ("bench_data.py", "--peer-mb nan", "--peer-mb"),
     ("bench_data.py", "--workers -1", "--workers"),
