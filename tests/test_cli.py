@@ -283,6 +283,16 @@ BAD_INPUT = [
     ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {deep_json}", "--quality-model"),
     ("data", "prepare --data {corpus} --quality-positives {blank} --quality-negatives {corpus}",
      "--quality-positives"),
+    # issue 43: odd output paths, refused before any work (prepare's --out was a traceback after the whole build)
+    ("data", "prepare --data {corpus} --out {loop}", "argument --out: {loop} is a symbolic link that loops"),
+    ("data", "prepare --data {corpus} --out {dangling}", "argument --out: {dangling} is a symbolic link to nowhere"),
+    ("data", "prepare --data {corpus} --out " + "x" * 300, "argument --out: a name of 300 bytes"),
+    ("train", "--out-dir {loop}/run", "--out-dir: {loop} is a symbolic link that loops"),
+    ("train", "--out-dir {dangling}", "--out-dir: {dangling} is a symbolic link to nowhere"),
+    ("train", "--out-dir " + "x" * 300, "--out-dir: a name of 300 bytes"),
+    ("evaluate", "--json {dangling}", "argument --json: {dangling} is a symbolic link to nowhere"),
+    ("evaluate", "recall --out {loop}", "argument --out: {loop} is a symbolic link that loops"),
+    ("evaluate", "contamination --train {corpus} --eval {corpus} --drop " + "d" * 256, "argument --drop: a name of 256"),
 ]
 
 
@@ -317,6 +327,11 @@ def fixtures(tmp_path_factory) -> dict:
     os.mkfifo(more["fifo"])
     more["empty"].touch()
     more["blank"].write_text(" \n\n \n")
+    # issue 43: output paths through a link that loops or points nowhere (kept outside root: tree() stats every path)
+    odd = tmp_path_factory.mktemp("odd-paths")
+    (odd / "loop").symlink_to("loop")
+    (odd / "dangling").symlink_to("nowhere")
+    more.update(loop=odd / "loop", dangling=odd / "dangling")
     # issue 24: deep JSON, a runs file that is an object, a dataset folder without its manifest
     (root / "deep.json").write_text("[" * 5000)
     (root / "object.json").write_text('{\n "runs": [{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}]\n}\n')
@@ -355,7 +370,7 @@ def test_bad_input_is_one_line_naming_the_flag_exit_2_and_nothing_written(script
     lines = err.strip().splitlines()
     assert code == 2, (code, out[-500:], err[-2000:])
     assert len(lines) == 1 and "Traceback" not in out + err, (out[-500:], err[-2000:])
-    assert flag in lines[0], lines[0]
+    assert flag.format(**fixtures) in lines[0], lines[0]
     assert not list(tmp_path.iterdir()) and tree(fixtures["root"]) == before      # nothing created or changed
 
 
