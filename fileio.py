@@ -192,10 +192,13 @@ def is_no_space(exc: BaseException) -> bool:
     while exc is not None:
         if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
             return True
-        # torch.save wraps the OSError in a RuntimeError from its C++ writer
+        # torch.save wraps the OSError in a RuntimeError from its C++ writer; safetensors' Rust
+        # writer raises its own SafetensorError (an Exception), "... No space left on device (os
+        # error 28)", with neither cause nor context
         text = str(exc)
-        if isinstance(exc, RuntimeError) and ("No space left" in text or "File too large" in text
-                                              or "file write failed" in text):
+        wrapped = isinstance(exc, RuntimeError) or type(exc).__name__ == "SafetensorError"
+        if wrapped and ("No space left" in text or "File too large" in text
+                        or "file write failed" in text or "Disk quota exceeded" in text):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
