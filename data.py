@@ -365,8 +365,12 @@ def open_source(
         )
 
     def read() -> Iterator[str]:
-        for reader in readers:
-            yield from reader()
+        for file, reader in zip(files, readers):
+            try:
+                yield from reader()
+            except OSError as e:        # EIO from a failing disk, a file removed midway
+                raise DataError(f"{file}: cannot read it ({e.strerror or e}); check the disk, or "
+                                f"leave the file out of {spec}") from None
 
     curated = all(formats.is_curated(f) for f in files)
     return Source(

@@ -293,6 +293,8 @@ BAD_INPUT = [
     ("evaluate", "--json {dangling}", "argument --json: {dangling} is a symbolic link to nowhere"),
     ("evaluate", "recall --out {loop}", "argument --out: {loop} is a symbolic link that loops"),
     ("evaluate", "contamination --train {corpus} --eval {corpus} --drop " + "d" * 256, "argument --drop: a name of 256"),
+    # issue 43: a regression; a small input (--engine auto: in memory) left --work-dir unchecked
+    ("data", "prepare --data {corpus} --work-dir /proc/x", "cannot write in /proc/x"),
 ]
 
 
@@ -585,6 +587,27 @@ def test_a_damaged_file_is_one_line_naming_the_file_and_field(script, args, what
     assert len(lines) == 1 and "Traceback" not in out + err, (out[-500:], err[-2000:])
     assert what in lines[0], lines[0]
     assert not list(tmp_path.iterdir()) and tree(hostile["root"]) == before
+
+
+# issue 43: a regression; a file of a --data folder that fails to read (EIO: a failing disk) was a traceback again
+def test_a_file_that_fails_to_read_is_one_line_naming_it(fixtures, tmp_path, monkeypatch):
+    import errno
+    import formats
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name in ("a.txt", "b.txt"):
+        shutil.copy(fixtures["corpus"], folder / name)
+    read_bytes = formats._read_bytes
+
+    def failing_disk(path):
+        if pathlib.Path(path).name == "b.txt":
+            raise OSError(errno.EIO, "Input/output error")
+        return read_bytes(path)
+    monkeypatch.setattr(formats, "_read_bytes", failing_disk)
+    code, out, err = run_main("data", ["prepare", "--data", str(folder), "--out", str(tmp_path / "ds")])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in out + err, (out, err)
+    assert err.startswith(f"error: {folder / 'b.txt'}: cannot read it (Input/output error)"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
 
 
 # issue 38: faults. A full disk during export, the temp folder of a SIGKILLed export, a ** glob through a folder that
