@@ -610,6 +610,25 @@ def test_a_file_that_fails_to_read_is_one_line_naming_it(fixtures, tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
 
 
+# issue 43: a lone surrogate escape in valid .jsonl ({"text": "a \\ud800 b"}) was a traceback in both engines; it is
+# read as U+FFFD, and the two engines still write the same bytes
+def test_a_lone_surrogate_in_jsonl_is_read_as_a_replacement_character_by_both_engines(tmp_path):
+    import data_at_scale
+    words = "the parser reads a list of tokens and writes every item into the module while this loop counts"
+    lines = [json.dumps({"text": f"{i} {words} " * 4}) for i in range(30)]
+    lines[3] = '{"text": "a \\ud800 b ' + words + '"}'
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    settings = data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False)
+    built = [data_at_scale.prepare([str(corpus)], tmp_path / engine, engine=engine, workers=1, vocab_size=300,
+                                   clean_settings=settings) for engine in ("memory", "stream")]
+    files = [{p.name: p.read_bytes() for p in folder.glob("*_*.bin")} for folder in built]
+    assert files[0] == files[1] and len(files[0]) == 2
+    tokenizer = bpe.Tokenizer.load(built[0] / "tokenizer.json")
+    text = "".join(tokenizer.decode(data.read_shard(path).tolist()) for path in sorted(built[0].glob("*_*.bin")))
+    assert "a \ufffd b the parser" in text
+
+
 # issue 38: faults. A full disk during export, the temp folder of a SIGKILLed export, a ** glob through a folder that
 # links to itself, a task file long enough to need a progress line, and a CPU MFU measured against a low probe.
 # issue 43: what safetensors 0.8 really raises on a full tmpfs (mount -t tmpfs -o size=64k) is its own error type
