@@ -13,7 +13,8 @@ Library code raises in library terms (the value and the fix); the CLI adds the f
 Only a `main()` or a parser builder imports this file (inside the function), so a chapter
 imported for its lesson never loads it.
 
-Depends on the standard library only (no sibling files).
+Depends on fileio.py (an output path's links and name lengths, `writable`) and the standard
+library.
 """
 from __future__ import annotations
 
@@ -67,8 +68,9 @@ def in_range(kind=int, low=None, high=None, low_open=False, high_open=False, rul
 
 def writable(kind="file", elsewhere=None):
     """argparse type: a path where a `kind` ("file" or "dir") can be written. Checks only,
-    creates nothing, so a bad output path fails before any work. `elsewhere(text)` true: a path
-    another check owns (an object store's URI), passed through.
+    creates nothing, so a bad output path (a symbolic link that loops or points nowhere, a name
+    over 255 bytes: `fileio.output_path_problem`) fails before any work. `elsewhere(text)` true:
+    a path another check owns (an object store's URI), passed through.
 
     >>> writable("dir")("out/run")
     'out/run'
@@ -79,6 +81,10 @@ def writable(kind="file", elsewhere=None):
     def parse(text: str) -> str:
         if elsewhere is not None and elsewhere(text):
             return text
+        import fileio
+        problem = fileio.output_path_problem(text)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{problem}: give another path")
         path = pathlib.Path(text)
         if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
             raise argparse.ArgumentTypeError(

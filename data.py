@@ -365,8 +365,12 @@ def open_source(
         )
 
     def read() -> Iterator[str]:
-        for reader in readers:
-            yield from reader()
+        for file, reader in zip(files, readers):
+            try:
+                yield from reader()
+            except OSError as e:        # EIO from a failing disk, a file removed midway
+                raise DataError(f"{file}: cannot read it ({e.strerror or e}); check the disk, or "
+                                f"leave the file out of {spec}") from None
 
     curated = all(formats.is_curated(f) for f in files)
     return Source(
@@ -1182,12 +1186,19 @@ def heavy_cleaning_note(source: Source, removed: float) -> str:
     )
 
 
+# half of a UTF-16 pair: JSON's grammar lets "\ud800" stand alone, and json.loads gives a code point
+# that UTF-8 cannot encode (every later step, hashing and encoding, would fail on it)
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def read_documents(docs: Iterable[str], kind: str, rule: Callable[[str], str | None] | None,
                    counts: collections.Counter, reasons: collections.Counter) -> Iterator[str]:
     """A source's own steps, one document at a time, as both engines run them: skip documents of
     whitespace, extract text (HTML), then the quality rule (None: none). Counts into `counts`
     (read_docs, read_chars, read_bytes, no_text, text_chars, kept_chars) and the rule's rejections
-    into `reasons`.
+    into `reasons`. A lone surrogate (a .jsonl's "\\ud800") becomes U+FFFD, as a UTF-8 decoder
+    writes a byte it cannot read, and is counted (lone_surrogates): both engines pass here, so
+    both write the same bytes.
 
     >>> counts, reasons = collections.Counter(), collections.Counter()
     >>> list(read_documents(["a b", " ", "c"], "prose", lambda d: "short" if len(d) < 2 else None,
@@ -1199,7 +1210,12 @@ def read_documents(docs: Iterable[str], kind: str, rule: Callable[[str], str | N
             continue
         counts["read_docs"] += 1
         counts["read_chars"] += len(doc)
-        counts["read_bytes"] += len(doc.encode("utf-8"))
+        try:
+            counts["read_bytes"] += len(doc.encode("utf-8"))
+        except UnicodeEncodeError:
+            doc, replaced = LONE_SURROGATE.subn("\ufffd", doc)
+            counts["lone_surrogates"] += replaced
+            counts["read_bytes"] += len(doc.encode("utf-8"))
         if kind == "html":
             doc = html_to_text(doc)
             if not doc:

@@ -2042,6 +2042,8 @@ def prepare(
         and not pathlib.Path(work_dir).is_dir()
     ):
         raise DataError(f"--work-dir {work_dir} is a file; give a directory path")
+    if work_dir is not None:        # also when a small input leaves it unused (--engine auto)
+        dataset.check_writable(pathlib.Path(work_dir), "--work-dir")
     remote = store.is_uri(out_dir)
     if remote and engine == "ray" and ray_address is not None and work_dir is None:
         raise DataError(

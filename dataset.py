@@ -277,7 +277,8 @@ def planned(sources: list[str], out_dir, log: Callable, recipe: dict) -> Iterato
         return
     lock = staging_dir(plan.out_dir) / f".{local_name(plan.out_dir)}.lock"
     with fileio.hold(lock, lambda pid: print(f"waiting for process {pid}, which is preparing "
-                                             f"{plan.out_dir}", file=sys.stderr)) as (busy, _):
+                                             f"{plan.out_dir}", file=sys.stderr),
+                     DataError, "remove it, or pick another --out") as (busy, _):
         yield plan_dataset(sources, out_dir, log=log, **recipe) if busy else plan
 
 

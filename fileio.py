@@ -44,6 +44,10 @@ Three promises of the README live here, so each chapter keeps them in one way:
    holder only leaves its pid in the file, which the next holder reports as stale (`train.py`
    says so), while a clean exit removes the file. data.py's prepare waits for the lock (the second
    of two identical prepares then reuses the first's dataset); train.py refuses a held --out-dir.
+   The lock file is opened without following a link and without truncating, and must be a regular
+   file of one link: the prepare's lock sits beside --out, which may be a folder others write
+   (/tmp), and a link planted there would have our pid overwrite its target. A link, directory or
+   FIFO is refused in one line instead.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ import errno
 import json
 import os
 import pathlib
+import stat
 import tempfile
 from typing import Callable, Iterator
 
@@ -187,10 +192,13 @@ def is_no_space(exc: BaseException) -> bool:
     while exc is not None:
         if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
             return True
-        # torch.save wraps the OSError in a RuntimeError from its C++ writer
+        # torch.save wraps the OSError in a RuntimeError from its C++ writer; safetensors' Rust
+        # writer raises its own SafetensorError (an Exception), "... No space left on device (os
+        # error 28)", with neither cause nor context
         text = str(exc)
-        if isinstance(exc, RuntimeError) and ("No space left" in text or "File too large" in text
-                                              or "file write failed" in text):
+        wrapped = isinstance(exc, RuntimeError) or type(exc).__name__ == "SafetensorError"
+        if wrapped and ("No space left" in text or "File too large" in text
+                        or "file write failed" in text or "Disk quota exceeded" in text):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -236,6 +244,42 @@ def write_atomic(
     return path
 
 
+# bytes in one file name, in a whole path (Linux, most file systems)
+NAME_MAX, PATH_MAX = 255, 4095
+
+
+def output_path_problem(path: str | os.PathLike) -> str | None:
+    """What makes `path` unusable as an output, in words, or None: a name over 255 bytes, a path
+    over 4,095, or on the way to it a symbolic link that loops or points nowhere (mkdir and
+    rename would fail on each only at the end of the work). Checks only.
+
+    >>> output_path_problem("out/" + "x" * 300)
+    'a name of 300 bytes (xxxxxxxxxxxxxxxxxxxx...), over the 255-byte limit'
+    """
+    absolute = pathlib.Path(path).absolute()
+    for name in absolute.parts:
+        size = len(os.fsencode(name))
+        if size > NAME_MAX:
+            return f"a name of {size:,} bytes ({name[:20]}...), over the {NAME_MAX}-byte limit"
+    size = len(os.fsencode(str(absolute)))
+    if size > PATH_MAX:
+        return f"a path of {size:,} bytes, over the {PATH_MAX:,}-byte limit"
+    for step in (*reversed(absolute.parents), absolute):
+        if not os.path.lexists(step):
+            return None
+        if not step.is_symlink():
+            continue
+        try:
+            step.stat()
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return f"{step} is a symbolic link that loops"
+            if e.errno == errno.ENOENT:
+                return f"{step} is a symbolic link to {os.readlink(step)}, which does not exist"
+            return f"{step} cannot be followed ({e.strerror})"
+    return None
+
+
 def missing_folders(folder: str | os.PathLike) -> list[pathlib.Path]:
     """`folder` and its parents that do not exist yet, deepest first: what mkdir(parents=True)
     makes."""
@@ -251,16 +295,56 @@ def remove_if_empty(folders: list[pathlib.Path]) -> None:
             folder.rmdir()
 
 
+def lock_kind(mode: int) -> str | None:
+    """What an opened lock path is, in words, when it is not a regular file we may write our pid
+    in (None for a regular file)."""
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return next((name for is_kind, name in kinds if is_kind(mode)),
+                None if stat.S_ISREG(mode) else "not a regular file")
+
+
+def open_lock(path: pathlib.Path, error: type[Exception], fix: str) -> int:
+    """Open (or create) the lock file `path` for reading and writing, never through a symbolic
+    link and never truncating: the lock path may sit in a folder others can write (the system
+    temporary folder), where a link planted there would make our pid overwrite its target. A path
+    that is a link, a directory, a FIFO or a device (or a hard link to another file) raises
+    `error` in one line naming it and what it is."""
+    try:
+        # One open, then fstat, so nothing can be swapped in between a check and the open:
+        # O_NOFOLLOW fails on a link (ELOOP), O_RDWR on a directory (EISDIR) and a socket (ENXIO);
+        # O_NONBLOCK keeps a FIFO from hanging the open (fstat then refuses it); no O_TRUNC: the
+        # file is only written once it is ours and locked.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, publish_mode())
+    except OSError as e:
+        what = {errno.ELOOP: "a symbolic link", errno.EISDIR: "a directory",
+                errno.ENXIO: "a socket"}.get(e.errno)
+        if what:
+            raise error(f"lock file {path} is {what}, not a regular file: {fix}") from None
+        raise error(f"cannot open lock file {path} ({e.strerror}): {fix}") from None
+    info = os.fstat(fd)
+    kind = lock_kind(info.st_mode)
+    if not kind and info.st_nlink > 1:
+        kind = "a hard link to another file"
+    if kind:
+        os.close(fd)
+        raise error(f"lock file {path} is {kind}, not a regular file: {fix}")
+    return fd
+
+
 @contextlib.contextmanager
-def hold(path: str | os.PathLike,
-         on_busy: Callable[[str], None]) -> Iterator[tuple[str | None, str | None]]:
+def hold(path: str | os.PathLike, on_busy: Callable[[str], None],
+         error: type[Exception] = OSError,
+         fix: str = "remove it") -> Iterator[tuple[str | None, str | None]]:
     """Hold an exclusive lock on the file `path` for the block (the file and its folders made,
     our pid written in it).
 
     When another live process holds it, `on_busy(its pid)` is called first: raise there to
     refuse, or return to wait until the holder ends (or dies). Yields (busy, stale): the pid
     waited for, and the pid a killed holder left in the file, each None when there was none. On
-    leaving, the file (and the folders made) are removed.
+    leaving, the file (and the folders made) are removed. A lock path that is not a regular file
+    (a symbolic link, a directory, a FIFO) raises `error` with the `fix` (`open_lock`): it is
+    never followed, truncated or written.
 
     >>> import tempfile; lock = pathlib.Path(tempfile.mkdtemp()) / "x.lock"
     >>> with hold(lock, print) as (busy, stale):
@@ -276,7 +360,7 @@ def hold(path: str | os.PathLike,
     try:
         how = fcntl.LOCK_EX | fcntl.LOCK_NB
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, publish_mode())
+            fd = open_lock(path, error, fix)
             try:
                 fcntl.lockf(fd, how)
             except (BlockingIOError, PermissionError):          # EAGAIN or EACCES: held
@@ -290,7 +374,10 @@ def hold(path: str | os.PathLike,
                 if os.stat(path).st_ino == os.fstat(fd).st_ino:
                     break
             os.close(fd)
-        stale = os.pread(fd, 32, 0).decode(errors="replace") or None
+        stale = os.pread(fd, 33, 0).decode(errors="replace").strip() or None
+        if stale is not None and not (stale.isascii() and stale.isdigit() and len(stale) < 33):
+            os.close(fd)
+            raise error(f"lock file {path} holds something other than a pid: {fix}")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         try:

@@ -249,6 +249,7 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
     tokenizer_config.json. All files go to a temporary directory that is renamed to out_dir at the
     end, so out_dir is complete or absent."""
     save_file = require("safetensors.torch", "export").save_file
+    safetensor_error = require("safetensors", "export").SafetensorError
     out_dir = check_new_directory(out_dir)
     if len(tokenizer) > model.config.vocab_size:
         raise HFError(
@@ -276,8 +277,8 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)
-    # safetensors' writer reports a full disk as either
-    except (OSError, RuntimeError) as e:
+    # safetensors' writer reports a full disk as any of these
+    except (OSError, RuntimeError, safetensor_error) as e:
         if fileio.is_no_space(e):
             raise HFError(fileio.no_space_message(out_dir, "export elsewhere (--to)")) from None
         if isinstance(e, OSError):

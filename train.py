@@ -328,6 +328,9 @@ def remove_stale_temp_files(out_dir, log=print) -> None:
 def check_writable_dir(path) -> None:
     """Raise TrainError unless `path` is a writable directory or could be created as one. Writes
     nothing."""
+    problem = fileio.output_path_problem(path)
+    if problem:
+        raise TrainError(f"--out-dir: {problem}; choose another --out-dir")
     path = pathlib.Path(path)
     if path.exists() and not path.is_dir():
         raise TrainError(f"--out-dir {path} is a file; choose a directory")
@@ -2087,7 +2090,8 @@ def hold_out_dir(cfg: TrainConfig, log=print):
         raise TrainError(f"--out-dir {cfg.out_dir} is in use by another run (pid {pid}): wait for "
                          f"it to end, stop it (kill {pid}), or pick another --out-dir")
     # The other ranks of the run share rank 0's folder, and its lock.
-    with (fileio.hold(pathlib.Path(cfg.out_dir) / ".train.lock", refuse) if first
+    with (fileio.hold(pathlib.Path(cfg.out_dir) / ".train.lock", refuse, TrainError,
+                      "remove it, or pick another --out-dir") if first
           else contextlib.nullcontext((None, None))) as (_, stale):
         if stale:
             log(f"--out-dir {cfg.out_dir}: taking over the lock of process {stale}, which ended "

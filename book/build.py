@@ -48,6 +48,8 @@ import tokenize
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BOOK_DIR = pathlib.Path(__file__).resolve().parent
 MARKER = ".book-site"  # written into every site we build: only such a folder is ever replaced
+if str(ROOT) not in sys.path:  # fileio.py: the output-path checks every command of the repository shares
+    sys.path.append(str(ROOT))
 
 
 class BookError(Exception):
@@ -1258,7 +1260,11 @@ def reading_order(
 def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     """Render every page of the files in `root` into a fresh folder beside `out`, then swap it in: `out` is whole
     or untouched."""
+    import fileio
     _require_libraries()
+    problem = fileio.output_path_problem(out)     # before resolve(): a loop is a RuntimeError there
+    if problem:
+        raise BookError(f"--out: {problem}: choose another folder for the site, e.g. book/site")
     out = out.resolve()
     if out.exists() and not out.is_dir():
         raise BookError(f"--out {out} is a file: give a folder for the site, e.g. book/site")

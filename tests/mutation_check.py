@@ -436,6 +436,12 @@ MUTANTS = [
            "u.comm.all_gather(full, value.contiguous())", "self.comm.all_gather(full, value.contiguous())",
            (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
            "a checkpoint gathers an expert unit's optimizer state over dp, not the ranks sharing it"),
+    # issue 43: a lock file planted as a link to a victim
+    Mutant("lock-follows-a-symbolic-link", "fileio.py",
+           "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK", "os.O_RDWR | os.O_CREAT | os.O_NONBLOCK",
+           ("tests/test_concurrency.py::test_hold_refuses_a_lock_path_that_is_not_a_regular_file_and_changes_nothing",
+            "tests/test_concurrency.py::test_prepare_and_train_refuse_a_planted_lock_in_one_line"),
+           "the lock file is opened through a symbolic link: our pid overwrites the link's target"),
 ]
 
 

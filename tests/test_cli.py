@@ -286,6 +286,18 @@ BAD_INPUT = [
     ("data", "prepare --data {corpus} --quality-threshold 0.5 --quality-model {deep_json}", "--quality-model"),
     ("data", "prepare --data {corpus} --quality-positives {blank} --quality-negatives {corpus}",
      "--quality-positives"),
+    # issue 43: odd output paths, refused before any work (prepare's --out was a traceback after the whole build)
+    ("data", "prepare --data {corpus} --out {loop}", "argument --out: {loop} is a symbolic link that loops"),
+    ("data", "prepare --data {corpus} --out {dangling}", "argument --out: {dangling} is a symbolic link to nowhere"),
+    ("data", "prepare --data {corpus} --out " + "x" * 300, "argument --out: a name of 300 bytes"),
+    ("train", "--out-dir {loop}/run", "--out-dir: {loop} is a symbolic link that loops"),
+    ("train", "--out-dir {dangling}", "--out-dir: {dangling} is a symbolic link to nowhere"),
+    ("train", "--out-dir " + "x" * 300, "--out-dir: a name of 300 bytes"),
+    ("evaluate", "--json {dangling}", "argument --json: {dangling} is a symbolic link to nowhere"),
+    ("evaluate", "recall --out {loop}", "argument --out: {loop} is a symbolic link that loops"),
+    ("evaluate", "contamination --train {corpus} --eval {corpus} --drop " + "d" * 256, "argument --drop: a name of 256"),
+    # issue 43: a regression; a small input (--engine auto: in memory) left --work-dir unchecked
+    ("data", "prepare --data {corpus} --work-dir /proc/x", "cannot write in /proc/x"),
 ]
 
 
@@ -320,6 +332,11 @@ def fixtures(tmp_path_factory) -> dict:
     os.mkfifo(more["fifo"])
     more["empty"].touch()
     more["blank"].write_text(" \n\n \n")
+    # issue 43: output paths through a link that loops or points nowhere (kept outside root: tree() stats every path)
+    odd = tmp_path_factory.mktemp("odd-paths")
+    (odd / "loop").symlink_to("loop")
+    (odd / "dangling").symlink_to("nowhere")
+    more.update(loop=odd / "loop", dangling=odd / "dangling")
     # issue 24: deep JSON, a runs file that is an object, a dataset folder without its manifest
     (root / "deep.json").write_text("[" * 5000)
     (root / "object.json").write_text('{\n "runs": [{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}]\n}\n')
@@ -358,7 +375,7 @@ def test_bad_input_is_one_line_naming_the_flag_exit_2_and_nothing_written(script
     lines = err.strip().splitlines()
     assert code == 2, (code, out[-500:], err[-2000:])
     assert len(lines) == 1 and "Traceback" not in out + err, (out[-500:], err[-2000:])
-    assert flag in lines[0], lines[0]
+    assert flag.format(**fixtures) in lines[0], lines[0]
     assert not list(tmp_path.iterdir()) and tree(fixtures["root"]) == before      # nothing created or changed
 
 
@@ -618,13 +635,59 @@ def test_a_damaged_file_is_one_line_naming_the_file_and_field(script, args, what
     assert not list(tmp_path.iterdir()) and tree(hostile["root"]) == before
 
 
+# issue 43: a regression; a file of a --data folder that fails to read (EIO: a failing disk) was a traceback again
+def test_a_file_that_fails_to_read_is_one_line_naming_it(fixtures, tmp_path, monkeypatch):
+    import errno
+    import formats
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name in ("a.txt", "b.txt"):
+        shutil.copy(fixtures["corpus"], folder / name)
+    read_bytes = formats._read_bytes
+
+    def failing_disk(path):
+        if pathlib.Path(path).name == "b.txt":
+            raise OSError(errno.EIO, "Input/output error")
+        return read_bytes(path)
+    monkeypatch.setattr(formats, "_read_bytes", failing_disk)
+    code, out, err = run_main("data", ["prepare", "--data", str(folder), "--out", str(tmp_path / "ds")])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in out + err, (out, err)
+    assert err.startswith(f"error: {folder / 'b.txt'}: cannot read it (Input/output error)"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+
+# issue 43: a lone surrogate escape in valid .jsonl ({"text": "a \\ud800 b"}) was a traceback in both engines; it is
+# read as U+FFFD, and the two engines still write the same bytes
+def test_a_lone_surrogate_in_jsonl_is_read_as_a_replacement_character_by_both_engines(tmp_path):
+    import data_at_scale
+    words = "the parser reads a list of tokens and writes every item into the module while this loop counts"
+    lines = [json.dumps({"text": f"{i} {words} " * 4}) for i in range(30)]
+    lines[3] = '{"text": "a \\ud800 b ' + words + '"}'
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    settings = data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False)
+    built = [data_at_scale.prepare([str(corpus)], tmp_path / engine, engine=engine, workers=1, vocab_size=300,
+                                   clean_settings=settings) for engine in ("memory", "stream")]
+    files = [{p.name: p.read_bytes() for p in folder.glob("*_*.bin")} for folder in built]
+    assert files[0] == files[1] and len(files[0]) == 2
+    tokenizer = bpe.Tokenizer.load(built[0] / "tokenizer.json")
+    text = "".join(tokenizer.decode(data.read_shard(path).tolist()) for path in sorted(built[0].glob("*_*.bin")))
+    assert "a \ufffd b the parser" in text
+
+
 # issue 38: faults. A full disk during export, the temp folder of a SIGKILLed export, a ** glob through a folder that
 # links to itself, a task file long enough to need a progress line, and a CPU MFU measured against a low probe.
-def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(fixtures, tmp_path, monkeypatch):
+# issue 43: what safetensors 0.8 really raises on a full tmpfs (mount -t tmpfs -o size=64k) is its own error type
+@pytest.mark.parametrize("full", ["OSError", "SafetensorError"])
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(fixtures, tmp_path, monkeypatch, full):
+    import safetensors
     import safetensors.torch
 
     def half_then_full(tensors, filename, metadata=None):
         pathlib.Path(filename).write_bytes(b"\0" * 1000)
+        if full == "SafetensorError":
+            raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device "
+                                              "(os error 28)")
         raise OSError(28, "No space left on device")                          # errno.ENOSPC
     monkeypatch.setattr(safetensors.torch, "save_file", half_then_full)
     code, out, err = run_main("model", ["export", "--ckpt", str(fixtures["imported"]), "--to", str(tmp_path / "o")])

@@ -65,8 +65,8 @@ def prepare(corpus, out, pause_holding_the_lock=False) -> subprocess.Popen:
     code = ("import contextlib, os, runpy, signal, sys, fileio\n"
             "hold = fileio.hold\n"
             "@contextlib.contextmanager\n"
-            "def hold_then_stop(path, on_busy):\n"
-            "    with hold(path, on_busy) as held:\n"
+            "def hold_then_stop(path, on_busy, *how):\n"
+            "    with hold(path, on_busy, *how) as held:\n"
             "        print('locked', file=sys.stderr, flush=True)\n"
             "        os.kill(os.getpid(), signal.SIGSTOP)\n"
             "        yield held\n"
@@ -168,3 +168,69 @@ def test_second_train_into_one_out_dir_refuses_and_a_killed_runs_lock_is_taken_o
     assert (f"--out-dir {out}: taking over the lock of process {first.pid}, which ended without "
             f"releasing it (killed?)") in stdout.splitlines()
     assert not lock.exists() and (out / "metrics.jsonl").is_file()
+
+
+# issue 43: a lock path planted by someone else (in --out's parent, which may be the system
+# temporary folder) is never followed, opened or written: a link to a victim, a directory, a FIFO,
+# a hard link are each refused in one line naming the path and what it is.
+def plant(kind: str, lock: pathlib.Path, victim: pathlib.Path) -> None:
+    if kind == "symbolic link":
+        lock.symlink_to(victim)
+    elif kind == "directory":
+        lock.mkdir()
+    elif kind == "FIFO":
+        os.mkfifo(lock)
+    else:
+        os.link(victim, lock)
+
+
+LOCK_KINDS = ["symbolic link", "directory", "FIFO", "hard link to another file"]
+
+
+@pytest.mark.parametrize("kind", LOCK_KINDS)
+def test_hold_refuses_a_lock_path_that_is_not_a_regular_file_and_changes_nothing(tmp_path, kind):
+    victim, lock = tmp_path / "victim.txt", tmp_path / "x.lock"
+    victim.write_text("keep\n")
+    plant(kind, lock, victim)
+    with pytest.raises(ValueError) as info:
+        with fileio.hold(lock, print, ValueError, "remove it"):
+            pass
+    assert str(info.value) == f"lock file {lock} is a {kind}, not a regular file: remove it"
+    assert victim.read_text() == "keep\n" and os.path.lexists(lock)
+
+
+def test_hold_takes_over_a_dead_holders_file_but_never_truncates_other_data(tmp_path):
+    lock = tmp_path / "x.lock"
+    lock.write_text("999999999\n")                        # a pid no process has: a killed holder's
+    with fileio.hold(lock, print, ValueError) as (busy, stale):
+        assert (busy, stale, lock.read_text()) == (None, "999999999", str(os.getpid()))
+    lock.write_text("a file of the user's that happens to have this name\n")
+    with pytest.raises(ValueError, match="holds something other than a pid"):
+        with fileio.hold(lock, print, ValueError):
+            pass
+    assert lock.read_text() == "a file of the user's that happens to have this name\n"
+
+
+@pytest.mark.parametrize("kind", ["symbolic link", "FIFO"])
+def test_prepare_and_train_refuse_a_planted_lock_in_one_line(corpus, tmp_path, kind, capsys):
+    import data
+    import train
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    plant(kind, tmp_path / ".ds.lock", victim)
+    (tmp_path / "run").mkdir()
+    plant(kind, tmp_path / "run" / ".train.lock", victim)
+    runs = (("data", data.main, ["prepare", "--data", str(corpus), "--vocab-size", "300",
+                                 "--out", str(tmp_path / "ds")], ".ds.lock", "--out"),
+            ("train.py", train.main, ["--data", str(corpus), "--out-dir", str(tmp_path / "run"),
+                                      *TRAIN_ARGS], "run/.train.lock", "--out-dir"))
+    for name, main, argv, lock, flag in runs:
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and len(err.splitlines()) == 1, (name, err)
+        assert err.endswith(f"error: lock file {tmp_path / lock} is a {kind}, not a regular file: "
+                            f"remove it, or pick another {flag}\n"), err
+    assert victim.read_text() == "keep\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [".ds.lock", ".train.lock", "run",
+                                                           "victim.txt"]

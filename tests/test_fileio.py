@@ -82,3 +82,22 @@ def test_a_file_size_limit_is_one_line_and_leaves_no_temp_file(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == f"no space left writing {tmp_path / 'big.bin'}: free space or pass --out elsewhere"
     assert list(tmp_path.iterdir()) == []
+
+
+# issue 43: output paths through a link that loops or points nowhere, or with a name over 255 bytes, were
+# tracebacks (or, for book/build.py, a site built at the dangling link's target)
+def test_book_build_refuses_an_odd_out_in_one_line_and_builds_nothing(tmp_path, capsys):
+    sys.path.insert(0, os.path.join(ROOT, "book"))
+    try:
+        import build
+    finally:
+        sys.path.remove(os.path.join(ROOT, "book"))
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "dangling").symlink_to("nowhere")
+    for out, words in ((tmp_path / "loop", f"{tmp_path / 'loop'} is a symbolic link that loops"),
+                       (tmp_path / "dangling", "is a symbolic link to nowhere, which does not exist"),
+                       (tmp_path / ("x" * 256), "a name of 256 bytes")):
+        assert build.main(["--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("book/build.py: error: --out: ") and words in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "loop"]
