@@ -1936,6 +1936,7 @@ PREPARE_FILES = (
     "dedup.py",
     "fileio.py",
     "classify.py",
+    "classify_corpora.py",
     "cli.py",
 )
 # ... and the files they read that change what a filter keeps: the shipped classifiers
