@@ -203,6 +203,7 @@ BAD_INPUT = [
     ("evaluate", "contamination --train {corpus} --eval {corpus} --json {dir}", "--json"),
     ("evaluate", "contamination --train {corpus} --eval {corpus} --drop {dir}", "--drop"),
     ("evaluate", "compare --ckpt a --ckpt b --max-documents 0", "--max-documents"),
+    ("evaluate", "recall --contexts 100000000", "--contexts"),
     ("evaluate", "sample --max-new-tokens 100000000000", "--max-new-tokens"),
     ("evaluate", "sample --temperature nan", "--temperature"),
     ("evaluate", "sample --temperature inf", "--temperature"),
