@@ -2068,11 +2068,15 @@ def threading_main() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def train(cfg: TrainConfig, log=print) -> dict:
+def train(cfg: TrainConfig, log=print, start_note: str = "") -> dict:
     """Build a Trainer from `cfg` and run it, holding --out-dir; returns the summary (final val
-    loss/bpb, paths, samples)."""
+    loss/bpb, paths, samples). `start_note` goes to stderr once the run is set up, so a refused
+    run's error stays one line."""
     with hold_out_dir(cfg, log):
-        return Trainer(cfg, log).run()
+        trainer = Trainer(cfg, log)
+        if start_note:
+            print(start_note, file=sys.stderr)
+        return trainer.run()
 
 
 @contextlib.contextmanager
@@ -2120,27 +2124,24 @@ def busy_machine_note(load: float, cores: int, threads: int, threads_chosen: boo
             f"faster here than torch's {threads} threads (each waits for a core at every step)")
 
 
-def note_if_busy(cfg: TrainConfig) -> None:
-    """busy_machine_note for this machine, on stderr, for a run on the CPU."""
+def busy_note(cfg: TrainConfig) -> str:
+    """busy_machine_note for this machine, for a run on the CPU ("" on a GPU)."""
     if resolve_device(cfg.device).type != "cpu":
-        return
+        return ""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):                   # no load average here (Windows)
-        return
+        return ""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    note = busy_machine_note(load, cores or 1, torch.get_num_threads(),
+    return busy_machine_note(load, cores or 1, torch.get_num_threads(),
                              threads_chosen="OMP_NUM_THREADS" in os.environ)
-    if note:
-        print(note, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI: train with the flags; bad input exits with code 2 and one line, Ctrl-C with code 130."""
     try:
         cfg = parse_config(argv)
-        note_if_busy(cfg)
-        summary = train(cfg)
+        summary = train(cfg, start_note=busy_note(cfg))
     except (TrainError, data_lib.DataError, model_lib.ConfigError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -895,16 +895,31 @@ def test_busy_machine_note_only_when_every_core_is_taken_and_no_thread_count_was
     assert "load 40.0 on 16 cores" in train.busy_machine_note(40.0, 16, 16, threads_chosen=False)
 
 
-def test_python_train_py_on_a_busy_machine_prints_the_note_once(monkeypatch, capsys):
-    """main() (the CLI only: train() called from code never reads the load) says it before the run,
-    and not when OMP_NUM_THREADS is set."""
+def test_python_train_py_on_a_busy_machine_prints_the_note_once(monkeypatch, capsys, tmp_path):
+    """main() (the CLI only: train() called from code never reads the load) hands the note to the
+    run, which says it once set up (a refused run's error stays one line); none when
+    OMP_NUM_THREADS is set."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 6.0, 3.0))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(train, "train", lambda cfg: {"interrupted": False})
+    notes, real_train = [], train.train
+
+    def fake_train(cfg, start_note=""):
+        notes.append(start_note)
+        return {"interrupted": False}
+
+    monkeypatch.setattr(train, "train", fake_train)
     torch.set_num_threads(2)                    # torch's default on 2 cores (the fixture set 1)
     train.main(["--device", "cpu"])
-    assert capsys.readouterr().err.count("note: the machine is busy (load 9.0 on 2 cores)") == 1
+    assert notes[-1].startswith("note: the machine is busy (load 9.0 on 2 cores)")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     train.main(["--device", "cpu"])
-    assert capsys.readouterr().err == ""
+    assert notes[-1] == ""
+    monkeypatch.setattr(train, "train", real_train)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:                # busy, but a refusal is one line
+        train.main(["--device", "cpu", "--data", str(tmp_path / "missing.txt"),
+                    "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and len(err.strip().splitlines()) == 1, err
