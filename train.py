@@ -88,6 +88,7 @@ import pathlib
 import random
 import re
 import signal
+import stat
 import statistics
 import sys
 import time
@@ -332,7 +333,12 @@ def check_writable_dir(path) -> None:
     if problem:
         raise TrainError(f"--out-dir: {problem}; choose another --out-dir")
     path = pathlib.Path(path)
-    if path.exists() and not path.is_dir():
+    try:
+        # one stat: between an exists() and an is_dir() another rank may remove its empty folder
+        is_folder = stat.S_ISDIR(path.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_folder = True                  # not there (yet): the check below names what is in the way
+    if not is_folder:
         raise TrainError(f"--out-dir {path} is a file; choose a directory")
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
