@@ -125,6 +125,10 @@ def catalog_texts(package: str, folder: pathlib.Path | None) -> dict[str, dict[s
     return found
 
 
+class CatalogError(ValueError):
+    """A package's catalogs cannot be had (not installed, or pip could not fetch its wheel)."""
+
+
 def _po_files(package: str, folder: pathlib.Path | None):
     """(locale, the .po file's text) of a package's catalogs, from its wheel in `folder` if there
     is one, else from its installed copy."""
@@ -141,7 +145,7 @@ def _po_files(package: str, folder: pathlib.Path | None):
         return
     spec = importlib.util.find_spec(IMPORT_NAMES[package])
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"the language model's text includes {package}'s catalogs: "
+        raise CatalogError(f"the language model's text includes {package}'s catalogs: "
                          f"python classify_corpora.py FOLDER fetches them (pip download)")
     root = pathlib.Path(list(spec.submodule_search_locations)[0])
     for path in sorted(root.rglob("locale/*/LC_MESSAGES/*.po")):
@@ -169,9 +173,12 @@ def corpus(folder: pathlib.Path | None = None, train_packages=tuple(TRAIN_PACKAG
     for package in train_packages:
         for code, messages in catalog_texts(package, folder).items():
             for msgid, text in messages.items():
-                if text:
-                    (held.setdefault(code, set()).add(text) if is_held_out(msgid)
-                     else train.setdefault(code, []).append(text))
+                if not text:
+                    continue
+                if is_held_out(msgid):
+                    held.setdefault(code, set()).add(text)
+                else:
+                    train.setdefault(code, []).append(text)
     for package in held_out_packages:
         for code, messages in catalog_texts(package, folder).items():
             held.setdefault(code, set()).update(t for t in messages.values() if t)
@@ -198,8 +205,13 @@ def fetch(folder: pathlib.Path) -> None:
                if f"{name.replace('-', '_')}-{version}-" not in " ".join(have)]
     if missing:
         print(f"fetching the catalogs' wheels into {folder}: {' '.join(missing)}", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
-                        str(folder), *missing], check=True)
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder),
+                   *missing]
+        try:
+            subprocess.run(command, check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise CatalogError(f"pip could not fetch the catalogs' wheels ({e}): run "
+                               f"'{' '.join(command[2:])}' where PyPI can be reached") from None
 
 
 if __name__ == "__main__":

@@ -1111,7 +1111,7 @@ def language_note(rule_name: str, lang: tuple[str, ...]) -> str:
     >>> language_note("gopher", ()), language_note("code", ("fr",))
     ('', '')
     """
-    if not lang or rule_name != "gopher" and rule_name != "gopher-handout":
+    if not lang or rule_name not in ("gopher", "gopher-handout"):
         return ""
     notes = []
     if rule_name == "gopher":
@@ -2464,7 +2464,9 @@ def train_quality_model(positives: list[str], negatives: list[str]) -> str:
         if not texts[flag]:
             raise DataError(f"{flag} {' '.join(specs)}: no documents; name files that hold text")
     high, low = texts.values()
-    digest = hashlib.sha256("\0".join(high + ["\1"] + low).encode()).hexdigest()[:16]
+    # surrogatepass: a .jsonl's lone "\ud800" hashes like any other code point
+    digest = hashlib.sha256("\0".join(high + ["\1"] + low).encode("utf-8", "surrogatepass"))
+    digest = digest.hexdigest()[:16]
     path = cache_root() / "classify" / f"quality-{digest}.pt"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

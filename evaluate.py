@@ -1278,8 +1278,8 @@ def recall_report(result: dict) -> str:
     verdict = recall_verdict(result)
     patterns = ", ".join(f"{kind} `{pattern}`" for kind, pattern in r["patterns"].items())
     lines = ["# Associative recall (MQAR): attention, linear attention, hybrid", "",
-             f"Made by `python evaluate.py recall`: {r['layers']}-layer models of width "
-             f"{r['width']} ({patterns}; A attention, L gated linear attention), "
+             f"Made by `python evaluate.py recall --out docs/recall`: {r['layers']}-layer models "
+             f"of width {r['width']} ({patterns}; A attention, L gated linear attention), "
              f"{r['steps']:,} AdamW steps of {r['batch']} rows (no weight decay, cosine decay), "
              f"{r['seeds']} seeds, scored on 256 fresh rows per pair count.", "",
              f"The run took {r['wall_s'] / 60:.1f} min of wall time and {r['cpu_s'] / 60:.1f} min "
@@ -1542,7 +1542,8 @@ def run(args) -> None:
                             f"use a multiple of 4")
         result = recall_experiment(args.pairs, args.seeds, args.steps, args.contexts, args.width,
                                    args.lr, args.workers)
-        print(report := recall_report(result))
+        report = recall_report(result)
+        print(report)
         # never into the repository unless asked: a trial run would overwrite docs/recall
         out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="recall-"))
         plot_recall(result, out / "recall.png")

@@ -337,7 +337,7 @@ def check_writable_dir(path) -> None:
         # one stat: between an exists() and an is_dir() another rank may remove its empty folder
         is_folder = stat.S_ISDIR(path.stat().st_mode)
     except (FileNotFoundError, NotADirectoryError):
-        is_folder = True                  # not there (yet): the check below names what is in the way
+        is_folder = True                # not there (yet): the check below names what is in the way
     if not is_folder:
         raise TrainError(f"--out-dir {path} is a file; choose a directory")
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())

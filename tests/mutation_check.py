@@ -349,8 +349,13 @@ MUTANTS = [
            (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
            "an earlier rank's block treated as a later one's: visible keys skipped, masked ones seen"),
     Mutant("ring-keeps-the-score-block", "model_parallel.py",
-           "ctx.save_for_backward(q, k, v, out, m + l.log())",
-           "ctx.save_for_backward(q, k, v, out, m + l.log(), p)",
+           # the backward's unpacking takes the extra tensor too, so only the memory check can see it
+           "ctx.save_for_backward(q, k, v, out, m + l.log())\n        ctx.comm = comm\n"
+           "        return out\n\n    @staticmethod\n    def backward(ctx, dout):\n"
+           "        q, k, v, out, lse = ctx.saved_tensors\n",
+           "ctx.save_for_backward(q, k, v, out, m + l.log(), p)\n        ctx.comm = comm\n"
+           "        return out\n\n    @staticmethod\n    def backward(ctx, dout):\n"
+           "        q, k, v, out, lse, _ = ctx.saved_tensors\n",
            (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
            "ring attention keeps a (T/n)^2 probability block for backward: more memory than no CP"),
     # issue 32: --compile in every layout, rank-0-only work, gathers, TP's bytes
