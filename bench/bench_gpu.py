@@ -934,7 +934,7 @@ def read_run(out_dir: pathlib.Path, proc: subprocess.CompletedProcess) -> dict:
             "events": [r for r in records if "event" in r],
             "checkpoints": sorted(int(p.stem.split("_")[1]) for p in train.list_checkpoints(out_dir)),
             "samples": proc.stdout.count("--- sample "),
-            "bf16": "dtype bfloat16" in proc.stdout}
+            "bf16": " bfloat16 | " in proc.stdout}           # the summary line: "| cuda bfloat16 |"
 
 
 def bench_train_runs(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
