@@ -782,15 +782,24 @@ def layout_worker(out_path: str) -> int:
     return 0
 
 
+def run_worker(section: str, n: int, flag: str, path: pathlib.Path, setup: Setup,
+               report: Report) -> tuple[dict | None, float]:
+    """This script's `flag` worker on n ranks under torchrun: (the JSON it wrote, seconds), or (None,
+    seconds) after a FAIL row when torchrun failed."""
+    proc, seconds = torchrun(n, pathlib.Path(__file__).resolve(), [flag, str(path)], setup, 300)
+    if proc.returncode != 0 or not path.exists():
+        report.check(section, f"N={n}: torchrun exited {proc.returncode}", _tail(proc, 3)[:60], False)
+        return None, seconds
+    return json.loads(path.read_text()), seconds
+
+
 def bench_torchrun(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     out = {}
     for n in setup.nproc:
-        path = tmp / f"torchrun-{n}.json"
-        proc, seconds = torchrun(n, pathlib.Path(__file__).resolve(), ["--layout-worker", str(path)], setup, 300)
-        if proc.returncode != 0 or not path.exists():
-            report.check("torchrun", f"N={n}: torchrun exited {proc.returncode}", _tail(proc, 3)[:60], False)
+        result, seconds = run_worker("torchrun", n, "--layout-worker", tmp / f"torchrun-{n}.json", setup,
+                                     report)
+        if result is None:
             continue
-        result = json.loads(path.read_text())
         want_backend = "nccl" if setup.cuda else "gloo"
         report.check("torchrun", f"N={n}: process group backend, device of rank 0",
                      f"{result['backend']}, {result['device']}", result["backend"] == want_backend)
@@ -1280,12 +1289,9 @@ def bench_ep_cp(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     """--ep and --cp at world 1 and, where the ranks exist (2 GPUs; gloo on --smoke), 2."""
     out = {}
     for n in sorted({1, min(2, max(setup.nproc))}):
-        path = tmp / f"ep-cp-{n}.json"
-        proc, seconds = torchrun(n, pathlib.Path(__file__).resolve(), ["--ep-cp-worker", str(path)], setup, 300)
-        if proc.returncode != 0 or not path.exists():
-            report.check("ep_cp", f"N={n}: torchrun exited {proc.returncode}", _tail(proc, 3)[:60], False)
+        result, seconds = run_worker("ep_cp", n, "--ep-cp-worker", tmp / f"ep-cp-{n}.json", setup, report)
+        if result is None:
             continue
-        result = json.loads(path.read_text())
         for r in result["results"]:
             report.check("ep_cp", f"N={n}: {r['layout']} on {result['device']} = one process: loss, weights after "
                          "an SGD step (1e-4)", f"{r['max_diff']:.1e}", r["ok"])
