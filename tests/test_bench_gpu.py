@@ -360,21 +360,31 @@ def test_a_child_past_its_limit_is_ended_with_every_process_it_started(tmp_path,
 
 
 @pytest.mark.long
-def test_a_section_past_its_limit_leaves_no_process_of_its_tree_alive(tmp_path):
+def test_a_section_past_its_limit_leaves_no_process_of_its_tree_alive(tmp_path, monkeypatch):
     """A real section (train.py's: torchrun and 2 workers, each in a session of its own) stopped by the deadline
-    after 25 s: "skipped: deadline", no FAIL row, and no process it started is alive afterwards (every process
-    below this one is recorded while it runs)."""
+    while its whole tree runs: "skipped: deadline", no FAIL row, and no process it started is alive afterwards
+    (every process below this one is recorded while it runs). The deadline falls once torchrun's 2 workers
+    exist, not after a fixed number of seconds: a fast machine finished the whole section inside 25 s."""
     seen, done = set(), threading.Event()
+
+    class DeadlineOnceWorkersRun(subprocess.Popen):
+        def communicate(self, input=None, timeout=None):
+            if timeout is None:                                  # the wait after the tree was ended
+                return super().communicate(input)
+            while len(bench_gpu.descendants(self.pid)) < 3 and self.poll() is None:
+                time.sleep(0.2)                                  # torchrun and its 2 workers
+            raise subprocess.TimeoutExpired(self.args, timeout)
 
     def record():
         while not done.is_set():
             seen.update(bench_gpu.descendants(os.getpid()))
             time.sleep(0.2)
+    monkeypatch.setattr(bench_gpu.subprocess, "Popen", DeadlineOnceWorkersRun)
     watcher = threading.Thread(target=record)
     watcher.start()
     report = bench_gpu.Report()
     try:
-        _, status = bench_gpu.run_isolated("train.py", ["--smoke", "--json", str(tmp_path / "r.json")], report, 25,
+        _, status = bench_gpu.run_isolated("train.py", ["--smoke", "--json", str(tmp_path / "r.json")], report, 600,
                                            tmp_path, deadline_stop=True)
     finally:
         done.set()
