@@ -65,8 +65,7 @@ from typing import Iterable, Iterator
 import regex
 import tiktoken
 
-import fileio
-
+from machinery import fileio
 FORMAT_NAME = "bpe.py tokenizer"
 FORMAT_VERSION = 1
 EOT = "<|endoftext|>"
@@ -1596,7 +1595,7 @@ def _cmd_encode(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli import Parser, add_commands, in_range, run, writable
+    from machinery.cli import Parser, add_commands, in_range, run, writable
     parser = Parser(prog="bpe.py",
                     description="Byte-level BPE: train, encode, decode, and the lecture's lessons.")
     tokenizer = ("--tokenizer", {"default": "cl100k", "help": "cl100k, gpt2 or a tokenizer .json"})

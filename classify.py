@@ -56,8 +56,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-import fileio
-
+from machinery import fileio
 VERSION = 2
 BUCKET_BITS = 16
 BUCKETS = 2 ** BUCKET_BITS
@@ -311,7 +310,7 @@ def checked_state(
 def language_corpus(split: str) -> tuple[list[str], list[str]]:
     """(texts, language codes) of the "train" or "held-out" text of every language in LANGUAGES
     (classify_corpora.py: the packages' catalogs, their pinned wheels fetched by pip once)."""
-    import classify_corpora
+    from machinery import classify_corpora
     folder = classify_corpora.default_folder()
     classify_corpora.fetch(folder)
     train, held_out = classify_corpora.corpus(folder)
@@ -480,7 +479,7 @@ class Progress:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from cli import Parser, writable  # the shared CLI helper: bad flags are one line, exit 2
+    from machinery.cli import Parser, writable  # the shared CLI helper: bad flags are one line, exit 2
 
     parser = Parser(
         prog="classify.py", description="Train the language or quality classifier (the models "
@@ -505,7 +504,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """python classify.py train {language,quality} [--out DIR]: train a classifier into DIR."""
-    import classify_corpora
+    from machinery import classify_corpora
     args = parse_args(argv)
     out = pathlib.Path(args.out)
     path = out / f"{args.task}.pt"

@@ -111,10 +111,10 @@ import torch
 import bpe
 import classify
 import dedup
-import fileio
-import formats
+from machinery import fileio
+from machinery import formats
 # the marker before each document; the one-line error of the pipeline
-from formats import EOT, DataError
+from machinery.formats import EOT, DataError
 
 # the tiny CPU run: small enough to train on ~2 MB in seconds, big enough for words
 DEFAULT_VOCAB_SIZE = 4096
@@ -148,7 +148,7 @@ class Source:
     @property
     def label(self) -> str:
         """The spec, shortened to a file name for paths (for the funnel table)."""
-        import store
+        from machinery import store
         return self.spec if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:") \
             else store.pure_path(self.spec).name or self.spec
 
@@ -298,7 +298,7 @@ def open_source(
     """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an
     object, prefix or glob in an object store: s3://bucket/web/*.parquet) into a Source. kind
     overrides what the file types imply ("code" for a .jsonl of source files, say)."""
-    import store             # object-store I/O, loaded only where a path may be a URI
+    from machinery import store             # object-store I/O, loaded only where a path may be a URI
     if kind not in (None, "prose", "code", "html"):
         raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
     options = dict(text_field=text_field, txt_split=txt_split, skip_bad_lines=skip_bad_lines,
@@ -1484,7 +1484,7 @@ def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.
     """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a
     known type, has text, and is not the text of a training source (a copy would make the held-out
     loss a training loss)."""
-    import store
+    from machinery import store
     paths = [pathlib.Path(p).expanduser() for p in val_data]
     # globs, folders resolved
     train_files = [f for source in sources for f in source.files if not store.is_uri(f)]
@@ -1602,7 +1602,7 @@ def check_budget(sources: list[Source], weights: list[float], train_tokens: floa
     T tokens of a 20 kB file is at least T / 40,000 epochs: --train-tokens 1e15 would be 2.5e10
     passes over it. Only local uncompressed files have a known size; other sources are checked once
     they are encoded (`mixture_plan`)."""
-    import store
+    from machinery import store
     total_weight = sum(weights)
     for source, w in zip(sources, weights):
         files = source.files
@@ -2126,7 +2126,7 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
 # --------------------------------------------------------------------------------------------------
 
 def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
-    import store
+    from machinery import store
     if store.is_uri(data_dir):
         path = store.uri_of(
             data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError
@@ -2195,7 +2195,7 @@ def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
 
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """A dataset's manifest.json, from a local directory or an object-store URI."""
-    import store
+    from machinery import store
     manifest = read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
     local = None if store.is_uri(data_dir) else pathlib.Path(data_dir) / "manifest.json"
     # there, but damaged: say how
@@ -2232,7 +2232,7 @@ class TokenData:
     """
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
-        import store
+        from machinery import store
         # shards are memory-mapped: they must be on a local file system
         if store.is_uri(data_dir):
             raise DataError(
@@ -2572,10 +2572,10 @@ def _cmd_html(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None, prog: str = "data.py",
          description: str | None = None) -> None:
-    import store
-    from cli import Parser, add_commands, in_range, run, writable
+    from machinery import store
+    from machinery.cli import Parser, add_commands, in_range, run, writable
     # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
-    import data_at_scale
+    from machinery import data_at_scale
     parser = Parser(prog=prog, description=description or __doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)

@@ -79,9 +79,7 @@ import unicodedata
 
 import numpy as np
 
-import fileio
-
-
+from machinery import fileio
 class DedupError(ValueError):
     """A bad input to this module: the message names the problem and the fix (the CLI prints it,
     exit code 2)."""
@@ -1703,7 +1701,7 @@ def _cmd_run(args) -> None:
 
 
 def main(argv=None) -> None:
-    from cli import Parser, add_commands, in_range, run, writable
+    from machinery.cli import Parser, add_commands, in_range, run, writable
     parser = Parser(prog="dedup.py",
                     description="Near-duplicate detection with MinHash + LSH (see the docstring).")
     # the flags `experiment` and `run` share, after each one's own

@@ -335,7 +335,7 @@ class Task:
 def _jsonl_objects(path: pathlib.Path):
     """(line number, parsed object) for each non-blank line of a jsonl file; a line that is not JSON
     is an EvalError naming its number."""
-    import fileio
+    from machinery import fileio
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             # fileio: bad syntax, bad UTF-8 and JSON nested thousands deep are one line
@@ -853,7 +853,7 @@ def write_json(obj, path) -> pathlib.Path:
 
 
 def _write_whole(path, content, flag: str) -> pathlib.Path:
-    import fileio
+    from machinery import fileio
     path = pathlib.Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -1387,7 +1387,7 @@ def _write_kept(spec: str, documents: list[str], report: dict, out_path) -> path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cli import Parser, in_range, writable
+    from machinery.cli import Parser, in_range, writable
     count, seed, out_file = in_range(int, 1), in_range(int, 0, 2**32 - 1), writable("file")
     # --device, the same for the default command and every subcommand that loads a model
     device = argparse.ArgumentParser(add_help=False)
@@ -1568,7 +1568,7 @@ def run(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli import run as run_cli
+    from machinery.cli import run as run_cli
     args = build_parser().parse_args(argv)
 
     def command():

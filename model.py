@@ -1321,7 +1321,7 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli import Parser, add_commands, in_range
+    from machinery.cli import Parser, add_commands, in_range
     parser = Parser(prog="model.py",
                     description="The model: print the presets, time generation with a KV cache, "
                                 "export to / import from the Hugging Face Llama layout.")
@@ -1350,7 +1350,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] in (["export"], ["import-hf"]):
         # main only: model.py's library never imports the bridge
-        import hf
+        from machinery import hf
         return hf.main(argv, prog="model.py")
     args = parser.parse_args(argv)
     if args.moe and args.top_k > args.moe:

@@ -1430,7 +1430,7 @@ MAX_DRAWN_RANKS, MAX_MICRO_BATCHES, MAX_PROCESSES = 512, 1024, 64
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli import Parser, in_range, run
+    from machinery.cli import Parser, in_range, run
     # the demos that need tensor and pipeline parallel (a main may import anything)
     import model_parallel
     parser = Parser(description="Training one model on many processes, by hand over "

@@ -72,8 +72,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-import fileio
-
+from machinery import fileio
 ROOT = pathlib.Path(__file__).resolve().parent
 
 
@@ -1368,7 +1367,7 @@ def _number(what: str):
     Traceback (most recent call last):
     argparse.ArgumentTypeError: must be 1e+06 to 1e+30 FLOPs, e.g. 1.2e20, got '1e-300'
     """
-    from cli import in_range
+    from machinery.cli import in_range
     low, high, unit, example = QUANTITIES[what]
     return in_range(float, low, high, rule=f"{low:g} to {high:g} {unit}, e.g. {example}")
 
@@ -1457,7 +1456,7 @@ def _lesson() -> str:
 def build_parser(add_experiments=None) -> argparse.ArgumentParser:
     """The calculator's and the fit's subcommands; add_experiments(sub) adds more (main passes
     sweep.py's)."""
-    from cli import Parser, add_commands, in_range, writable
+    from machinery.cli import Parser, add_commands, in_range, writable
     p = Parser(prog="scaling.py",
                description="Plan a pretraining run (C = 6ND, Chinchilla, memory) and fit scaling "
                            "laws to runs. With no subcommand: the lecture's worked example.")
@@ -1544,13 +1543,13 @@ def build_parser(add_experiments=None) -> argparse.ArgumentParser:
 def run_command(args, prog: str = "scaling.py") -> int:
     """Print a parsed command's text (the lesson when there is none); a ScalingError is one line and
     exit 2."""
-    from cli import run
+    from machinery.cli import run
     return run(lambda: print(args.run(args) if args.command else _lesson()), (ScalingError,), prog)
 
 
 def main(argv: list[str] | None = None) -> int:
     # the experiments' subcommands (sweep, dedup-effect) live in sweep.py, above this file
-    import sweep
+    from machinery import sweep
     return run_command(build_parser(sweep.add_commands).parse_args(argv))
 
 

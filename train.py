@@ -98,7 +98,7 @@ import numpy as np
 import torch
 
 import data as data_lib
-import fileio
+from machinery import fileio
 import model as model_lib
 
 
@@ -1006,7 +1006,7 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
         log(f"preparing data {sources} (cached after the first time)")
         if dist.mesh is not None and not dist.is_main:
             dist.mesh.wait_for_rank0()
-        import data_at_scale            # the engines' entry: small inputs run data.build_in_memory
+        from machinery import data_at_scale            # the engines' entry: small inputs run data.build_in_memory
         # the dataset's notices (the cleaning note) are rank 0's to print: the other ranks find the
         # dataset in the cache, which prints them again, once per rank
         quiet = dist.mesh is not None and not dist.is_main
@@ -1866,7 +1866,7 @@ def flag(name: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrainConfig field, plus --config FILE (JSON with the same keys; explicit flags
     win)."""
-    from cli import Parser
+    from machinery.cli import Parser
 
     parser = Parser(
         prog="train.py",

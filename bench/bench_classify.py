@@ -29,7 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import classify  # noqa: E402
-import classify_corpora  # noqa: E402
+from machinery import classify_corpora  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
 
 LID176_ALIASES = {"no": "nb"}

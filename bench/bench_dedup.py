@@ -37,7 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import dedup  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
-from cli import writable  # noqa: E402
+from machinery.cli import writable  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
 THRESHOLD, NUM_PERM, SHINGLE = 0.5, 128, 3

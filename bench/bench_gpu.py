@@ -94,7 +94,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import benchcli  # noqa: E402
 import data as data_lib  # noqa: E402
-import fileio  # noqa: E402
+from machinery import fileio  # noqa: E402
 import model as model_lib  # noqa: E402
 import model_parallel  # noqa: E402
 import parallel  # noqa: E402

@@ -1260,7 +1260,7 @@ def reading_order(
 def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     """Render every page of the files in `root` into a fresh folder beside `out`, then swap it in: `out` is whole
     or untouched."""
-    import fileio
+    from machinery import fileio
     _require_libraries()
     problem = fileio.output_path_problem(out)     # before resolve(): a loop is a RuntimeError there
     if problem:

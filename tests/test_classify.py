@@ -10,10 +10,10 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import classify  # noqa: E402
-import classify_corpora  # noqa: E402
+from machinery import classify_corpora  # noqa: E402
 import data  # noqa: E402
-import data_at_scale  # noqa: E402
-import dataset  # noqa: E402
+from machinery import data_at_scale  # noqa: E402
+from machinery import dataset  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
 import bench_classify  # noqa: E402

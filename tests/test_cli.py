@@ -20,8 +20,8 @@ import torch
 
 import bpe
 import data
-import dataset
-import hf
+from machinery import dataset
+from machinery import hf
 import model
 import train
 
@@ -639,7 +639,7 @@ def test_a_damaged_file_is_one_line_naming_the_file_and_field(script, args, what
 # issue 43: a regression; a file of a --data folder that fails to read (EIO: a failing disk) was a traceback again
 def test_a_file_that_fails_to_read_is_one_line_naming_it(fixtures, tmp_path, monkeypatch):
     import errno
-    import formats
+    from machinery import formats
     folder = tmp_path / "corpus"
     folder.mkdir()
     for name in ("a.txt", "b.txt"):
@@ -660,7 +660,7 @@ def test_a_file_that_fails_to_read_is_one_line_naming_it(fixtures, tmp_path, mon
 # issue 43: a lone surrogate escape in valid .jsonl ({"text": "a \\ud800 b"}) was a traceback in both engines; it is
 # read as U+FFFD, and the two engines still write the same bytes
 def test_a_lone_surrogate_in_jsonl_is_read_as_a_replacement_character_by_both_engines(tmp_path):
-    import data_at_scale
+    from machinery import data_at_scale
     words = "the parser reads a list of tokens and writes every item into the module while this loop counts"
     lines = [json.dumps({"text": f"{i} {words} " * 4}) for i in range(30)]
     lines[3] = '{"text": "a \\ud800 b ' + words + '"}'
@@ -772,7 +772,7 @@ def test_dedup_experiment_without_shared_data_says_where_wikitext_comes_from(mon
 
 
 def test_sweep_regenerate_line_keeps_quick_and_prepares_only_a_prepared_folder(fixtures):
-    import sweep
+    from machinery import sweep
     from types import SimpleNamespace
 
     def regenerate(**changes):

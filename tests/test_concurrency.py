@@ -15,8 +15,7 @@ import time
 
 import pytest
 
-import fileio
-
+from machinery import fileio
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -148,7 +147,7 @@ TRAIN_ARGS = ["--model", "tiny", "--model-args", "n_layer=1,n_head=2,n_kv_head=2
 
 def test_second_train_into_one_out_dir_refuses_and_a_killed_runs_lock_is_taken_over(corpus,
                                                                                      tmp_path):
-    import dataset
+    from machinery import dataset
     data_dir = dataset.prepare([str(corpus)], tmp_path / "data", vocab_size=300)
     out, lock = tmp_path / "run", tmp_path / "run" / ".train.lock"
     run = ["train.py", "--data", data_dir, "--out-dir", out, *TRAIN_ARGS]

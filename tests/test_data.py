@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import data
-import data_at_scale
-import dataset
+from machinery import data_at_scale
+from machinery import dataset
 import dedup
-import formats
+from machinery import formats
 from data import DataError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -1427,7 +1427,7 @@ def test_killed_run_resumes_to_byte_identical_shards(mixed_inputs, tmp_path):
 KILL_IN_JOIN = """
 import os, pathlib, signal, sys
 sys.path.insert(0, {root!r})
-import data_at_scale
+from machinery import data_at_scale
 boilerplate_range = data_at_scale.boilerplate_range
 
 
@@ -1467,7 +1467,7 @@ def test_killed_join_resumes_from_its_finished_ranges(tmp_path, capsys):
 RSS_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-import data_at_scale
+from machinery import data_at_scale
 data_at_scale.prepare([{corpus!r}], {out!r}, vocab_size=300, tokenizer_train_bytes=200_000, workers=1, chunk_mb=0.5)
 print(data_at_scale._peak_rss_mb())
 """
@@ -1498,7 +1498,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
 CUT_SCRIPT = """
 import collections, pathlib, sys
 sys.path.insert(0, {root!r})
-import data_at_scale
+from machinery import data_at_scale
 before = data_at_scale._peak_rss_mb()
 blocks = data_at_scale.read_text_blocks(pathlib.Path({path!r}))
 stream = data_at_scale.split_text_stream(blocks, "eot")
@@ -1666,7 +1666,8 @@ def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monk
 
 FULL_DISK_RUN = """
 import resource, sys
-import data, data_at_scale, dataset
+import data
+from machinery import data_at_scale, dataset
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # ulimit -f
 def reference(sources, out_dir, *, threads=None, verbose=False, workers=None, chunk_mb=None, engine=None,
               ray_address=None, work_dir=None, **recipe):     # the publish step, not the streaming engine's work files

@@ -18,8 +18,8 @@ import time
 import pytest
 
 import data
-import data_at_scale
-import dataset
+from machinery import data_at_scale
+from machinery import dataset
 from test_data import random_doc, web_corpus, write_jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

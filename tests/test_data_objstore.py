@@ -20,10 +20,10 @@ import sys
 import pytest
 
 import data
-import data_at_scale
-import dataset
-import formats
-import store
+from machinery import data_at_scale
+from machinery import dataset
+from machinery import formats
+from machinery import store
 from data import DataError
 from test_data import dataset_files, web_corpus, write_jsonl
 
@@ -234,7 +234,7 @@ def test_failed_publish_leaves_no_manifest(s3, inputs, uploaded, reference, tmp_
 KILLED_RUN = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-import data_at_scale, store
+from machinery import data_at_scale, store
 filesystem = store.filesystem
 
 class DiesOnSecondCopy:

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import data
-import data_at_scale
+from machinery import data_at_scale
 from data import DataError
 from test_data import dataset_files, random_doc, web_corpus, write_jsonl
 
@@ -70,7 +70,7 @@ def ray_cluster(tmp_path_factory):
         import signal
         import sys
         sys.path.insert(0, root)
-        import data_at_scale as worker_engine
+        from machinery import data_at_scale as worker_engine
         stage_clean = worker_engine.stage_clean
 
         def stage_clean_or_die(*args):

@@ -387,7 +387,7 @@ def save_checkpoint(path, model, tokenizer, data_dir, step=7):
 def run_dir(tmp_path_factory):
     """A prepared dataset (data.py, a 300-token BPE) and two GPT checkpoints of different sizes beside it."""
     import data
-    import dataset
+    from machinery import dataset
     import model
     root = tmp_path_factory.mktemp("evaluate")
     (root / "corpus.txt").write_text(synthetic_corpus(0, 120))        # cleaning="web": one document per paragraph

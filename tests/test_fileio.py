@@ -6,8 +6,7 @@ import textwrap
 
 import pytest
 
-import fileio
-
+from machinery import fileio
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -71,7 +70,7 @@ def test_a_file_size_limit_is_one_line_and_leaves_no_temp_file(tmp_path):
     script = textwrap.dedent(f"""
         import resource, sys
         sys.path.insert(0, {ROOT!r})
-        import fileio
+        from machinery import fileio
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
         try:
             fileio.write_atomic({str(tmp_path / 'big.bin')!r}, b"x" * (1 << 20), error=SystemExit,

@@ -16,7 +16,7 @@ pytest.importorskip("safetensors", reason="the HF bridge tests need safetensors 
 
 import bpe  # noqa: E402
 import evaluate  # noqa: E402
-import hf  # noqa: E402
+from machinery import hf  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
 from test_bpe import EMBEDDED, corpus_texts  # noqa: E402

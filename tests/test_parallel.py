@@ -928,7 +928,7 @@ def tiny_dataset(tmp_path_factory):
     import random
 
     import data
-    import dataset
+    from machinery import dataset
     rng = random.Random(0)
     words = ["the parser", "a list", "returns", "reads", "the keys", "every item", "a string", "sorts", "joins"]
     docs = [" ".join(rng.choice(words) for _ in range(rng.randint(40, 80))) + "." for _ in range(200)]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import scaling
-import sweep
+from machinery import sweep
 from scaling import ScalingError, fit_all, load_runs
 
 
@@ -345,7 +345,7 @@ def test_the_gpu_plan_is_refused_without_a_gpu_before_any_output(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_dataset(tmp_path_factory):
     import data
-    import dataset
+    from machinery import dataset
     root = tmp_path_factory.mktemp("sweep-data")
     corpus = root / "corpus.txt"
     words = "the parser reads a list of tokens and writes every item into the module while this loop counts".split()

@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import data
-import dataset
+from machinery import dataset
 import model
 import train
 
@@ -78,8 +78,7 @@ def config(dataset_dir, out_dir, *extra) -> train.TrainConfig:
 def test_under_torchrun_only_rank_0_prints_the_datasets_notices(dataset_dir, monkeypatch, capsys):
     """issue 43: the other ranks find the dataset in the cache, whose reuse prints its notices (the
     cleaning note) again: once per rank. Rank 0's stay; the others' are not printed."""
-    import data_at_scale
-
+    from machinery import data_at_scale
     def prepare(sources, **settings):             # a cache hit: its notice, then the folder
         print("note: cleaning removed 52% of the characters of corpus.txt", file=sys.stderr)
         return dataset_dir

@@ -316,6 +316,6 @@ def copy_down(
 
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
-    import cli
+    from machinery import cli
     cli.help_only(__doc__, "No commands of its own: `python data.py prepare --data s3://... "
                   "--out s3://...` runs it.")

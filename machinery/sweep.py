@@ -46,7 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
-import fileio
+from machinery import fileio
 import scaling
 from scaling import (
     ROOT,
@@ -856,7 +856,7 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
     estimated time, the dataset, the output folder); a sweep that fails later keeps only its
     finished runs (a rerun reuses them) and removes an output folder it created that holds none."""
     import data as data_lib
-    import data_at_scale
+    from machinery import data_at_scale
     s = settings
     dataset = open_dataset(s.data)
     # the dataset's tokenizer rules, and no run reads it more than twice
@@ -1477,7 +1477,7 @@ def _dedup_effect_in(
 ) -> dict:
     import concurrent.futures
     import data as data_lib
-    import data_at_scale
+    from machinery import data_at_scale
     import dedup as dedup_lib
     import evaluate as evaluate_lib
     # The source through data.py's funnel (quality filters, exact dedup) but without near-dedup:
@@ -1729,7 +1729,7 @@ def _cmd_dedup_effect(args) -> str:
 def _shared_flags(name: str, quick: str) -> list:
     """The flags both experiments share (cli.add_arguments rows): --quick, --workers, --threads,
     --out-dir, --max-hours."""
-    from cli import in_range, writable
+    from machinery.cli import in_range, writable
     return [
         ("--quick", {"action": "store_true", "help": f"{quick}, for tests"}),
         ("--workers", {"type": in_range(int, 1, 64),
@@ -1747,7 +1747,7 @@ def _shared_flags(name: str, quick: str) -> list:
 def add_commands(sub) -> None:
     """Add the `sweep` and `dedup-effect` subcommands to an argparse subparsers object
     (scaling.py's, or ours)."""
-    from cli import add_commands as add_table, in_range
+    from machinery.cli import add_commands as add_table, in_range
     add_table(sub, {
         "sweep": ("IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget",
                   _cmd_sweep,
@@ -1790,7 +1790,7 @@ def add_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli import Parser
+    from machinery.cli import Parser
     parser = Parser(prog="sweep.py",
                     description="scaling.py's experiments: the IsoFLOP sweep through train.py and "
                                 "the dedup effect (the same as `scaling.py sweep|dedup-effect`)")

@@ -151,12 +151,12 @@ import numpy as np
 
 import bpe
 import data
-import dataset
+from machinery import dataset
 import dedup
-import fileio
-import formats
-import store
-from formats import DataError
+from machinery import fileio
+from machinery import formats
+from machinery import store
+from machinery.formats import DataError
 
 
 # --------------------------------------------------------------------------------------------------
@@ -2235,5 +2235,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # run as the module `data_at_scale`, not `__main__`: Ray sends workers functions by name
-    import data_at_scale
+    from machinery import data_at_scale
     data_at_scale.main()

@@ -58,7 +58,7 @@ import tempfile
 import torch
 
 import bpe
-import fileio
+from machinery import fileio
 import train
 from model import GPT, ConfigError, GPTConfig
 
@@ -669,7 +669,7 @@ def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
 def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
     """The bridge's two commands; `python model.py export|import-hf ...` runs them with
     prog="model.py"."""
-    from cli import Parser, run
+    from machinery.cli import Parser, run
     parser = Parser(prog=prog, description="Export a checkpoint to / import one from the Hugging "
                                            "Face Llama layout.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)

@@ -47,8 +47,7 @@ import re
 import zlib
 from typing import Callable, Iterable, Iterator
 
-import fileio
-
+from machinery import fileio
 # the document separator of .txt files (TinyStories' convention) and of the shards
 EOT = "<|endoftext|>"
 
@@ -64,7 +63,7 @@ class DataError(ValueError):
 def _read_bytes(path: pathlib.Path | str) -> bytes:
     """A (possibly gzipped) file's bytes; a binary file or a damaged .gz is refused with one clear
     line."""
-    import store
+    from machinery import store
     try:
         with store.open_input(
             path, unzip=store.pure_path(path).suffix == ".gz", error=DataError
@@ -97,7 +96,7 @@ def read_text(path: pathlib.Path) -> str:
 
 def inner_suffix(path: pathlib.Path | str) -> str:
     """'.txt' for both a.txt and a.txt.gz (and s3://bucket/a.txt.gz)."""
-    import store
+    from machinery import store
     suffixes = [s.lower() for s in store.pure_path(path).suffixes]
     if suffixes and suffixes[-1] == ".gz":
         suffixes.pop()
@@ -151,7 +150,7 @@ def read_jsonl(
     number, unless skip_bad_lines, which skips and counts it. start/stop (uncompressed files): only
     the lines whose first byte lies in [start, stop), so byte ranges that tile a file read every
     line exactly once."""
-    import store
+    from machinery import store
     # line by line
     with store.open_input(path, unzip=store.pure_path(path).suffix == ".gz", error=DataError) as f:
         if start:
@@ -239,7 +238,7 @@ def _bad_jsonl_line(
 def _count_lines(path: pathlib.Path | str, start: int) -> int:
     """Lines of the file before the first line that starts at or after byte `start` > 0 (for a line
     number)."""
-    import store
+    from machinery import store
     with store.open_input(path, error=DataError) as f:
         head = f.read(start)
     return head.count(b"\n") + (0 if head.endswith(b"\n") else 1)
@@ -264,7 +263,7 @@ def read_parquet(
 def parquet_file(path: pathlib.Path | str, field: str):
     """A pyarrow ParquetFile with a `field` column, or one line saying what is wrong with the
     file."""
-    import store
+    from machinery import store
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -418,7 +417,7 @@ def read_hf(name: str, field: str = "text") -> Iterator[str]:
 
 
 def file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterator[str]]:
-    import store
+    from machinery import store
     kind = FILE_READERS.get(inner_suffix(path))
     field = options.get("text_field", "text")
     if kind == "txt":
@@ -461,6 +460,6 @@ def read_val_file(path: pathlib.Path) -> list[str]:
 
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
-    import cli
+    from machinery import cli
     cli.help_only(__doc__, "No commands of its own: `python data.py prepare --data FILES` reads "
                   "them through it.")

@@ -391,6 +391,6 @@ def hold(path: str | os.PathLike, on_busy: Callable[[str], None],
 
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
-    import cli
+    from machinery import cli
     cli.help_only(__doc__, "No commands of its own: every chapter reads and writes its files "
                   "through it.")

@@ -54,10 +54,10 @@ from typing import Callable, Iterator
 
 import bpe
 import data
-import fileio
-import formats
-import store
-from formats import DataError
+from machinery import fileio
+from machinery import formats
+from machinery import store
+from machinery.formats import DataError
 
 
 @dataclasses.dataclass
@@ -452,5 +452,5 @@ def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
 
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
-    import cli
+    from machinery import cli
     cli.help_only(__doc__, "No commands of its own: `python data.py prepare` runs it.")

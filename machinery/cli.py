@@ -81,7 +81,7 @@ def writable(kind="file", elsewhere=None):
     def parse(text: str) -> str:
         if elsewhere is not None and elsewhere(text):
             return text
-        import fileio
+        from machinery import fileio
         problem = fileio.output_path_problem(text)
         if problem:
             raise argparse.ArgumentTypeError(f"{problem}: give another path")
