@@ -139,8 +139,8 @@ def checkout(revision: str, directory: pathlib.Path) -> pathlib.Path:
 def run_prepare(corpus: pathlib.Path, out: pathlib.Path, engine: str, code: pathlib.Path = ROOT,
                 workers: int = 0) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    # dataset.py runs the reference (in-memory) engine; revisions before the split, data.py
-    module = {"streaming": "data_at_scale", "in-memory": "dataset", "before": "data"}[engine]
+    # machinery/dataset.py runs the reference (in-memory) engine; revisions before the split, data.py
+    module = {"streaming": "machinery.data_at_scale", "in-memory": "machinery.dataset", "before": "data"}[engine]
     options = f", workers={workers}" if workers and engine != "in-memory" else ""
     script = RUN.format(root=str(code), corpus=str(corpus), out=str(out), options=options, module=module)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

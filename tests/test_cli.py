@@ -438,15 +438,15 @@ def test_parallel_demo_refusal_is_one_line_when_run_as_a_script():
 
 
 def test_a_helper_files_help_says_what_it_is():
-    """issue 43: `python cli.py --help` printed nothing (as a script: its text is in __main__);
-    data_at_scale.py's showed data.py's description."""
+    """issue 43: `python cli.py --help` (now `python -m machinery.cli --help`) printed nothing (as a script: its
+    text is in __main__); data_at_scale.py's showed data.py's description."""
     import subprocess
     import sys
     root = pathlib.Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, str(root / "cli.py"), "--help"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "machinery.cli", "--help"], capture_output=True,
                           text=True, timeout=120, cwd=root)
     assert done.returncode == 0 and "The commands, each with --help:" in done.stdout, done
-    code, out, _ = run_main("data_at_scale", ["--help"])
+    code, out, _ = run_main("machinery.data_at_scale", ["--help"])
     assert code == 0 and out.startswith("usage: data_at_scale.py"), out
     assert "data_at_scale.py: data.py's pipeline at scale" in out and "from raw corpora" not in out
 # issue 38: files read from outside, checked field by field (tokenizer.json, checkpoints, parquet, fit files), and

@@ -61,7 +61,7 @@ def prepare(corpus, out, pause_holding_the_lock=False) -> subprocess.Popen:
     argv = ["prepare", "--data", corpus, "--vocab-size", 300, "--workers", 1, "--out", out]
     if not pause_holding_the_lock:
         return start("data.py", *argv)
-    code = ("import contextlib, os, runpy, signal, sys, fileio\n"
+    code = ("import contextlib, os, runpy, signal, sys\nfrom machinery import fileio\n"
             "hold = fileio.hold\n"
             "@contextlib.contextmanager\n"
             "def hold_then_stop(path, on_busy, *how):\n"
@@ -111,7 +111,7 @@ def test_hold_refuses_in_the_callback_and_survives_a_killed_holder(tmp_path):
     lock = tmp_path / "sub" / "x.lock"
     # The holder forks a worker that outlives it (as a killed prepare's workers may): the lock
     # must not pass to it (a flock would).
-    code = (f"import fileio, os, time\nwith fileio.hold({str(lock)!r}, print):\n"
+    code = (f"import os, time\nfrom machinery import fileio\nwith fileio.hold({str(lock)!r}, print):\n"
             f"    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
             f"    print('held', flush=True)\n    time.sleep(60)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=ENV,

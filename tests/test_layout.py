@@ -1,26 +1,25 @@
-"""The layout of the top-level files: imports point down the pipeline, nothing imports in a circle, each file's
-docstring says truly which siblings it needs, and every `>>>` example runs.
+"""The layout of the repository: ten chapters at the root, everything else in machinery/.
 
-The rule (the design's layers, lowest first): a file may import a sibling on its own layer or below, never one
-above it, and no set of files may import each other in a circle. Imports inside functions count, because a
-function that imports train.py makes its file need train.py as surely as a line at the top does. Two places are
-exempt, because nothing imports them: the body of a function named `main`, and the block under
-`if __name__ == "__main__":`. A CLI may wire every file together there.
+The rule (DESIGN.md, "The rule of the root"): a file at the root teaches. It imports only the standard library,
+torch, numpy, regex and tiktoken, and chapters on its own layer or below (lowest first: bpe, dedup, classify ->
+data -> model -> parallel -> model_parallel -> train -> evaluate -> scaling). Imports inside functions count: a
+function that imports train.py makes its file need train.py as surely as a line at the top does. The one exemption
+is the `if __name__ == "__main__":` stub (at most 3 lines) that hands argv to machinery/commands/<chapter>.py.
 
-Worked example on a toy tree (what `sibling_imports` sees):
+Worked example on a toy tree (what `chapter_imports` sees):
 
-    model.py   import torch                      -> no sibling
-               def load_hf(): import bpe         -> bpe  (a function-level import counts)
-               def main(): import train          -> exempt (main may import anything)
+    model.py   import torch                          -> allowed (a core dependency)
+               def load(): import bpe                -> bpe, a chapter below: allowed, and named in 'Depends on'
+               def save(): from machinery import fileio   -> refused: a chapter never imports machinery
+               if __name__ == "__main__":            -> exempt: the stub
+                   from machinery.commands import model as command
 
-so model.py's docstring must say `Depends on: ... bpe.py ...` and name no other sibling, bpe (layer 2) sits below
-model (layer 5), and the edge model -> bpe can close no cycle unless bpe imports model.
-
-The docstring form that is checked: the paragraph of the module docstring that begins with "Depends on" (up to the
-next blank line) names, as `NAME.py`, exactly the siblings the file imports outside main; a file that imports none
-names none there ("Depends on numpy and the standard library only (no sibling files)."). Who uses a file, or what
-its tests and demos import, is said elsewhere in the docstring, so every `NAME.py` in that paragraph is a claim.
+Besides imports, a chapter keeps to a size and a density (DESIGN.md, "Budgets"): lines after `ruff format`
+within its budget, no walrus, no nested or called conditional expression, at most 2% of statements with 40 or
+more expression nodes, functions of at most 60 lines (`train_loop` 100), a module docstring of at most 40 lines.
+No `raise` outside machinery/commands/ names a command-line flag: library errors speak the library's terms.
 """
+
 from __future__ import annotations
 
 import ast
@@ -34,107 +33,137 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# The pipeline, lowest layer first (a file may import its own layer and those below). Every top-level .py file
-# must be here, so a new file cannot slip past the rule: test_every_top_level_file_has_a_layer says which is missing.
-LAYERS = {
-    "fileio": 0,           # untrusted JSON, atomic writes: the standard library only
-    "cli": 0,              # the CLI helpers (parser, argparse types, exit 2): main() imports it
-    "store": 1,            # object-store I/O (s3://, gs://, hdfs://) for the data engine
-    "classify_corpora": 1,  # the language identifier's text: gettext catalogs read from packages' wheels
-    "bpe": 2,
-    "dedup": 2,
-    "classify": 2,         # the fastText-style language and quality classifiers of data.py's funnel
-    "formats": 2,          # the file formats data.py's sources are read from (.txt, .jsonl, .parquet, ...), DataError
-    "data": 3,             # the lesson on in-memory lists; the reference engine
-    "dataset": 4,          # data.py's prepare: the recipe checked, its cache key, the directory published
-    "data_at_scale": 4,    # the streaming and Ray engines of data.py (imports dataset.py, its own layer)
-    "model": 5,
-    "parallel": 6,         # many copies of one model: DP, ZeRO
-    "model_parallel": 7,   # one model cut into pieces: TP, PP, EP, CP
-    "train": 8,
-    "evaluate": 9,
-    "hf": 9,               # the Hugging Face bridge: model + the checkpoint format of train
-    "scaling": 10,
-    "sweep": 11,           # the IsoFLOP sweep and the dedup-effect experiment
+# The chapters, lowest layer first (a chapter may import its own layer and those below, never one above).
+CHAPTERS = {
+    "bpe": 0,
+    "dedup": 0,
+    "classify": 0,
+    "data": 1,
+    "model": 2,
+    "parallel": 3,
+    "model_parallel": 4,
+    "train": 5,
+    "evaluate": 6,
+    "scaling": 7,
 }
+CORE_PACKAGES = {"torch", "numpy", "regex", "tiktoken"}
+BUDGETS = {  # lines after `ruff format --line-length 100`
+    "bpe": 650,
+    "dedup": 1100,
+    "classify": 350,
+    "data": 1500,
+    "model": 1000,
+    "parallel": 1050,
+    "model_parallel": 1050,
+    "train": 750,
+    "evaluate": 1000,
+    "scaling": 1300,
+}
+ROOT_BUDGET = 9750  # all ten chapters together
+WHOLE_BUDGET = 22216  # chapters plus machinery/: the move must not grow the code (issue 44's count of the root)
+STUB_LINES = 3
+FUNCTION_LINES = 60
+LONG_FUNCTIONS = {"train_loop": 100}  # the loop on one screen, as in nanoGPT
+DOCSTRING_LINES = 40
+DENSE_NODES = 40  # a statement with this many expression nodes is dense
+DENSE_SHARE = 0.02  # ...and at most this share of a chapter's statements may be
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+# The move of issue 44 runs in steps; a rule may still be pending for a file. Each entry is a debt, not a pass:
+# test_pending_debts_are_still_owed fails once the file keeps the rule, so the list only shrinks.
+PENDING: dict[str, set[str]] = {}
 
 
-def top_level_files(root: pathlib.Path = ROOT) -> list[str]:
+def chapter_files(root: pathlib.Path = ROOT) -> list[str]:
     return sorted(p.stem for p in root.glob("*.py"))
 
 
-def _is_main_guard(node: ast.AST) -> bool:
+def machinery_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    return sorted((root / "machinery").rglob("*.py"))
+
+
+def parse(path: pathlib.Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def is_main_guard(node: ast.AST) -> bool:
     """`if __name__ == "__main__":` (either side of the ==)."""
-    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
-            and isinstance(node.test.ops[0], ast.Eq)):
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
         return False
     sides = [node.test.left, *node.test.comparators]
-    return (any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
-            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    mains = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return (
+        len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq) and bool(names and mains)
+    )
 
 
-def _imported_names(node: ast.AST) -> list[str]:
-    """The top-level module names one statement or call imports: `import a.b` -> a, `from a import b` -> a,
-    `importlib.import_module("a")` / `__import__("a")` -> a. Relative imports name no sibling here (flat layout)."""
+def imported_modules(node: ast.AST) -> list[str]:
+    """The top-level module names one node imports: `import a.b` -> a, `from a import b` -> a,
+    `importlib.import_module("a")` / `__import__("a")` -> a.
+
+    >>> imported_modules(ast.parse("from machinery.commands import train").body[0])
+    ['machinery']
+    """
     if isinstance(node, ast.Import):
         return [alias.name.split(".")[0] for alias in node.names]
     if isinstance(node, ast.ImportFrom):
-        return [node.module.split(".")[0]] if node.module and node.level == 0 else []
-    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-            and isinstance(node.args[0].value, str):
+        if node.module and node.level == 0:
+            return [node.module.split(".")[0]]
+        return []
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
         func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-        if name in ("import_module", "__import__"):
+        name = ""
+        if isinstance(func, ast.Attribute):
+            name = func.attr
+        if isinstance(func, ast.Name):
+            name = func.id
+        if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
             return [node.args[0].value.split(".")[0]]
     return []
 
 
-def sibling_imports(source: str, siblings: set[str], self_name: str) -> dict[str, list[int]]:
-    """{sibling: [line numbers]} that `source` imports outside `main()` and the __main__ block.
+def chapter_imports(source: str) -> dict[str, list[int]]:
+    """{module: [line numbers]} a chapter imports outside its `__main__` stub.
 
-    >>> code = "import os\\nimport bpe\\ndef f():\\n    from train import x\\ndef main():\\n    import scaling\\n"
-    >>> sibling_imports(code, {"bpe", "train", "scaling"}, "model")
-    {'bpe': [2], 'train': [4]}
-    >>> sibling_imports('if __name__ == "__main__":\\n    import model\\n    model.main()\\n', {"model"}, "model")
+    >>> chapter_imports("import os\\nimport bpe\\ndef f():\\n    from train import x\\n")
+    {'os': [1], 'bpe': [2], 'train': [4]}
+    >>> chapter_imports('if __name__ == "__main__":\\n    from machinery.commands import model\\n')
     {}
     """
+    tree = ast.parse(source)
+    exempt = set()  # the stub's nodes (its size is checked by stub_problems)
+    for guard in [node for node in tree.body if is_main_guard(node)]:
+        for statement in guard.body:
+            exempt |= {id(node) for node in ast.walk(statement)}
     found: dict[str, list[int]] = {}
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and child.name == "main":
-                continue
-            if _is_main_guard(child):
-                for orelse in child.orelse:          # an `else:` under the guard runs on import
-                    visit_one(orelse)
-                continue
-            visit_one(child)
-
-    def visit_one(child: ast.AST) -> None:
-        for name in _imported_names(child):
-            if name in siblings and name != self_name:
-                found.setdefault(name, []).append(child.lineno)
-        visit(child)
-
-    visit(ast.parse(source))
+    for node in ast.walk(tree):
+        if id(node) in exempt:
+            continue
+        for name in imported_modules(node):
+            found.setdefault(name, []).append(node.lineno)
     return found
 
 
 def import_graph(root: pathlib.Path = ROOT) -> dict[str, dict[str, list[int]]]:
-    """{file: {sibling it imports outside main: [lines]}} over every top-level .py file."""
-    files = top_level_files(root)
-    return {f: sibling_imports((root / f"{f}.py").read_text(encoding="utf-8"), set(files), f) for f in files}
+    """{chapter: {chapter it imports: [lines]}}."""
+    files = [f for f in chapter_files(root) if f in CHAPTERS]
+    graph = {}
+    for f in files:
+        imports = chapter_imports((root / f"{f}.py").read_text(encoding="utf-8"))
+        graph[f] = {name: lines for name, lines in imports.items() if name in files and name != f}
+    return graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as [a, b, ..., a], or None (depth-first search, white/grey/black).
+    """One import cycle as [a, b, ..., a], or None (depth-first search).
 
     >>> find_cycle({"data": {"evaluate"}, "evaluate": {"train"}, "train": {"data"}})
     ['data', 'evaluate', 'train', 'data']
     >>> find_cycle({"train": {"data", "model"}, "data": set(), "model": set()}) is None
     True
     """
-    state: dict[str, int] = {}                      # absent: unseen, 1: on the current path, 2: finished
+    state: dict[str, int] = {}  # absent: unseen, 1: on the current path, 2: finished
     path: list[str] = []
 
     def dfs(node: str) -> list[str] | None:
@@ -142,17 +171,76 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (cycle := dfs(nxt)):
-                return cycle
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state:
+                cycle = dfs(nxt)
+                if cycle:
+                    return cycle
         path.pop()
         state[node] = 2
         return None
 
     for start in sorted(graph):
-        if start not in state and (cycle := dfs(start)):
-            return cycle
+        if start not in state:
+            cycle = dfs(start)
+            if cycle:
+                return cycle
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The rules: each lists the tree's breaches, one line each with the fix
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def root_problems(root: pathlib.Path = ROOT) -> list[str]:
+    files = set(chapter_files(root))
+    problems = [
+        f"{f}.py sits at the root but is not a chapter: move it into machinery/"
+        for f in sorted(files - set(CHAPTERS))
+    ]
+    problems += [
+        f"{f}.py, a chapter, is missing from the root" for f in sorted(set(CHAPTERS) - files)
+    ]
+    return problems
+
+
+def import_problems(root: pathlib.Path = ROOT) -> list[str]:
+    """Each import of a chapter that is neither the standard library, a core package, nor a chapter on its
+    layer or below."""
+    problems = []
+    files = set(chapter_files(root))
+    for f in sorted(files & set(CHAPTERS)):
+        imports = chapter_imports((root / f"{f}.py").read_text(encoding="utf-8"))
+        for name, lines in sorted(imports.items(), key=lambda item: item[1][0]):
+            where = f"{f}.py line {lines[0]} imports {name}"
+            if name in sys.stdlib_module_names or name in CORE_PACKAGES or name == f:
+                continue
+            if name == "machinery":
+                problems.append(
+                    f"{where}: a chapter never imports machinery (only its __main__ stub)"
+                )
+            elif name not in CHAPTERS:
+                problems.append(f"{where}: a chapter needs only torch, numpy, regex and tiktoken")
+            elif CHAPTERS[name] > CHAPTERS[f]:
+                problems.append(f"{where}, a chapter above it: move the code it needs down")
+    cycle = find_cycle({f: set(deps) for f, deps in import_graph(root).items()})
+    if cycle:
+        problems.append("import cycle: " + " -> ".join(f"{f}.py" for f in cycle))
+    return problems
+
+
+def stub_problems(root: pathlib.Path = ROOT) -> list[str]:
+    problems = []
+    for f in chapter_files(root):
+        for node in parse(root / f"{f}.py").body:
+            lines = node.end_lineno - node.lineno + 1
+            if is_main_guard(node) and lines > STUB_LINES:
+                problems.append(
+                    f"{f}.py: its __main__ block is {lines} lines (at most {STUB_LINES}): hand argv "
+                    f"to machinery/commands/{f}.py"
+                )
+    return problems
 
 
 def depends_on_paragraph(docstring: str) -> str | None:
@@ -167,144 +255,329 @@ def depends_on_paragraph(docstring: str) -> str | None:
     return None
 
 
-def named_siblings(paragraph: str) -> set[str]:
+def named_chapters(paragraph: str) -> set[str]:
     """The `NAME.py` files a paragraph names.
-    >>> sorted(named_siblings("Depends on: numpy, bpe.py (train_bpe) and dedup.py; pydoc_data.topics is stdlib."))
+
+    >>> sorted(named_chapters("Depends on: numpy, bpe.py (train_bpe) and dedup.py."))
     ['bpe', 'dedup']
     """
-    return set(re.findall(r"(?<![\w.])([A-Za-z_]\w*)\.py\b", paragraph))
-
-
-def unknown_files(root: pathlib.Path = ROOT) -> list[str]:
-    """Top-level files LAYERS does not place, each with the fix."""
-    return [f"{f}.py has no layer: add it to LAYERS in tests/test_layout.py at its place in the pipeline"
-            for f in top_level_files(root) if f not in LAYERS]
-
-
-def cycle_problems(root: pathlib.Path = ROOT) -> list[str]:
-    cycle = find_cycle({f: set(deps) for f, deps in import_graph(root).items()})
-    return [] if cycle is None else ["import cycle (outside main()): " + " -> ".join(f"{f}.py" for f in cycle)
-                                     + ": move the shared code down a layer, or the import into main()"]
-
-
-def upward_imports(root: pathlib.Path = ROOT) -> list[str]:
-    return [f"{f}.py line {lines[0]} imports {dep}.py, a layer above it ({LAYERS[f]} < {LAYERS[dep]}): move the "
-            "import into main() or the code it needs down"
-            for f, deps in import_graph(root).items() for dep, lines in deps.items()
-            if f in LAYERS and dep in LAYERS and LAYERS[dep] > LAYERS[f]]
+    return set(re.findall(r"(?<![\w./])([A-Za-z_]\w*)\.py\b", paragraph))
 
 
 def docstring_problems(root: pathlib.Path = ROOT) -> list[str]:
-    """Files whose "Depends on" paragraph is missing or does not name exactly the siblings they import."""
+    """Chapters whose "Depends on" paragraph is missing or does not name exactly the chapters they import."""
     wrong = []
     for f, deps in import_graph(root).items():
-        doc = ast.get_docstring(ast.parse((root / f"{f}.py").read_text(encoding="utf-8"))) or ""
-        paragraph = depends_on_paragraph(doc)
+        paragraph = depends_on_paragraph(ast.get_docstring(parse(root / f"{f}.py")) or "")
         if paragraph is None:
             wrong.append(f"{f}.py: its docstring has no paragraph starting 'Depends on'")
             continue
-        named, imported = named_siblings(paragraph), set(deps)
+        named, imported = named_chapters(paragraph), set(deps)
         if named != imported:
-            missing, extra = sorted(imported - named), sorted(named - imported)
-            wrong.append(f"{f}.py: 'Depends on' names {sorted(named) or 'no sibling'}, but it imports "
-                         f"{sorted(imported) or 'none'} outside main()"
-                         + (f"; add {', '.join(m + '.py' for m in missing)}" if missing else "")
-                         + (f"; drop {', '.join(e + '.py' for e in extra)}" if extra else ""))
+            wrong.append(
+                f"{f}.py: 'Depends on' names {sorted(named) or 'no chapter'}, but it imports "
+                f"{sorted(imported) or 'none'}"
+            )
     return wrong
 
 
-RULES = {                                    # test id -> the check that lists the tree's breaches of that rule
-    "every_top_level_file_has_a_layer": unknown_files,
-    "no_import_cycle": cycle_problems,
-    "imports_point_down_the_pipeline": upward_imports,
-    "depends_on_line_names_exactly_the_imported_siblings": docstring_problems,
+def expression_nodes(statement: ast.stmt) -> int:
+    """The expression nodes of one statement, not counting the statements nested in its body.
+
+    >>> expression_nodes(ast.parse("x = f(a, b + 1)").body[0])  # x, f(...), f, a, b + 1, b, 1
+    7
+    >>> expression_nodes(ast.parse("if a:\\n    x = f(a, b + 1)").body[0])
+    1
+    """
+    count = 0
+    todo = [child for child in ast.iter_child_nodes(statement) if not isinstance(child, ast.stmt)]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.expr):
+            count += 1
+        todo += [child for child in ast.iter_child_nodes(node) if not isinstance(child, ast.stmt)]
+    return count
+
+
+def density_problems_in(name: str, tree: ast.Module) -> list[str]:
+    """One file's breaches of the density rules (walrus, nested or called conditional expressions, dense
+    statements, long functions, a long module docstring)."""
+    problems = []
+    docstring = ast.get_docstring(tree, clean=False) or ""
+    if docstring.count("\n") + 1 > DOCSTRING_LINES:
+        problems.append(
+            f"{name}: module docstring of {docstring.count(chr(10)) + 1} lines (at most "
+            f"{DOCSTRING_LINES}): move the essay to docs/"
+        )
+    statements = dense = 0
+    for node in ast.walk(tree):
+        where = f"{name} line {getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.NamedExpr):
+            problems.append(f"{where}: a walrus (:=): write the assignment as its own statement")
+        if isinstance(node, ast.IfExp) and any(
+            isinstance(n, ast.IfExp) for n in ast.walk(node) if n is not node
+        ):
+            problems.append(f"{where}: a nested conditional expression: write plain ifs")
+        if isinstance(node, ast.Call):
+            callee = node.func
+            if isinstance(callee, ast.Attribute):
+                callee = callee.value
+            if isinstance(callee, ast.IfExp):
+                problems.append(
+                    f"{where}: a call on a conditional expression: choose with an if first"
+                )
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            limit = LONG_FUNCTIONS.get(node.name, FUNCTION_LINES)
+            if lines > limit:
+                problems.append(f"{where}: {node.name}() is {lines} lines (at most {limit})")
+        if isinstance(node, ast.stmt):
+            statements += 1
+            dense += expression_nodes(node) >= DENSE_NODES
+    if statements and dense > DENSE_SHARE * statements:
+        problems.append(
+            f"{name}: {dense} of {statements} statements have {DENSE_NODES}+ expression nodes "
+            f"(at most {DENSE_SHARE:.0%}): split them"
+        )
+    return problems
+
+
+def density_problems(root: pathlib.Path = ROOT) -> list[str]:
+    problems = []
+    for f in chapter_files(root):
+        problems += density_problems_in(f"{f}.py", parse(root / f"{f}.py"))
+    return problems
+
+
+def flag_raise_problems(root: pathlib.Path = ROOT) -> list[str]:
+    """Each `raise` whose message names a command-line flag, in a chapter or in machinery outside commands/."""
+    paths = [root / f"{f}.py" for f in chapter_files(root)]
+    paths += [p for p in machinery_files(root) if "commands" not in p.relative_to(root).parts]
+    problems = []
+    for path in paths:
+        for node in ast.walk(parse(path)):
+            if not isinstance(node, ast.Raise):
+                continue
+            texts = [
+                n.value
+                for n in ast.walk(node)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            ]
+            flags = sorted({flag for text in texts for flag in FLAG.findall(text)})
+            if flags:
+                problems.append(
+                    f"{path.relative_to(root)} line {node.lineno}: a raise names {', '.join(flags)}: "
+                    "say it in the library's terms; machinery/commands adds the flag"
+                )
+    return problems
+
+
+def size_problems(root: pathlib.Path = ROOT) -> list[str]:
+    problems = []
+    total = 0
+    for f in chapter_files(root):
+        lines = len((root / f"{f}.py").read_text(encoding="utf-8").splitlines())
+        total += lines
+        if f in BUDGETS and lines > BUDGETS[f]:
+            problems.append(f"{f}.py: {lines} lines (budget {BUDGETS[f]})")
+    if total > ROOT_BUDGET:
+        problems.append(f"the chapters: {total} lines together (budget {ROOT_BUDGET})")
+    whole = total + sum(
+        len(p.read_text(encoding="utf-8").splitlines()) for p in machinery_files(root)
+    )
+    if whole > WHOLE_BUDGET:
+        problems.append(
+            f"the chapters and machinery/: {whole} lines (at most {WHOLE_BUDGET}, today's root)"
+        )
+    return problems
+
+
+def placement_problems(root: pathlib.Path = ROOT) -> list[str]:
+    """train_loop (<= 100 lines) starts before line 650 of train.py; model.py's core GPT ends by line 500."""
+    problems = []
+    found = {}
+    for f, name in (("train", "train_loop"), ("model", "GPT"), ("model", "GPTConfig")):
+        if (root / f"{f}.py").exists():
+            for node in parse(root / f"{f}.py").body:
+                if getattr(node, "name", None) == name:
+                    found[name] = node
+    if "train_loop" in found and found["train_loop"].lineno >= 650:
+        problems.append(
+            f"train.py: train_loop starts at line {found['train_loop'].lineno} (before 650)"
+        )
+    if "GPT" in found and found["GPT"].end_lineno > 500:
+        problems.append(
+            f"model.py: the GPT class ends at line {found['GPT'].end_lineno} (the core in 500)"
+        )
+    if "GPT" in found and "GPTConfig" in found and found["GPTConfig"].lineno > found["GPT"].lineno:
+        problems.append("model.py: GPTConfig comes after GPT (the config first)")
+    return problems
+
+
+RULES = {  # rule -> the check that lists the tree's breaches of it
+    "only_chapters_at_the_root": root_problems,
+    "chapters_import_only_the_core_and_chapters_below": import_problems,
+    "the_main_stub_is_at_most_3_lines": stub_problems,
+    "depends_on_names_exactly_the_imported_chapters": docstring_problems,
+    "chapters_keep_the_density_rules": density_problems,
+    "no_raise_names_a_flag_outside_the_commands": flag_raise_problems,
+    "chapters_keep_their_line_budgets": size_problems,
+    "the_loop_and_the_core_come_first": placement_problems,
 }
 
 
-@pytest.mark.parametrize("check", RULES.values(), ids=RULES.keys())
-def test_the_tree_keeps_the_rule(check):
-    problems = check()
+def owed(rule: str, problems: list[str]) -> list[str]:
+    """The problems not covered by PENDING[rule] (a pending entry covers lines that begin with it)."""
+    debts = PENDING.get(rule, set())
+    return [p for p in problems if not any(p.startswith(debt) for debt in debts)]
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_the_tree_keeps_the_rule(rule):
+    problems = owed(rule, RULES[rule]())
     assert not problems, "\n".join(problems)
+
+
+def test_pending_debts_are_still_owed():
+    """A pending entry that no longer matches a problem is a debt paid: remove it, so the list only shrinks."""
+    paid = [
+        f"{rule}: {debt}"
+        for rule, debts in PENDING.items()
+        for debt in debts
+        if not any(p.startswith(debt) for p in RULES[rule]())
+    ]
+    assert not paid, "paid, remove from PENDING: " + "; ".join(paid)
 
 
 @pytest.mark.slow
 def test_every_docstring_example_runs():
-    """`python -m pytest --doctest-modules` over every top-level file, in a child process (a clean interpreter)."""
-    files = [f"{f}.py" for f in top_level_files()]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "--doctest-modules", "-q", "-p", "no:cacheprovider",
-                           *files], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"doctests failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}"
+    """`python -m pytest --doctest-modules` over every chapter and machinery module, in a clean interpreter."""
+    files = [f"{f}.py" for f in chapter_files()] + [
+        str(p.relative_to(ROOT)) for p in machinery_files()
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "Agg",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--doctest-modules",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *files,
+    ]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    output = (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, f"doctests failed (exit {done.returncode}):\n{output}"
 
 
-# The checker itself, on toy trees (these run unmarked: a checker that sees nothing would pass every rule above).
+# ---------------------------------------------------------------------------------------------------------------
+# The checker itself, on toy trees: a checker that sees nothing would pass every rule above
+# ---------------------------------------------------------------------------------------------------------------
+
 
 def write_tree(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
     for name, text in files.items():
-        (root / f"{name}.py").write_text(text, encoding="utf-8")
+        path = root / f"{name}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
     return root
 
 
+STUB = 'if __name__ == "__main__":\n    from machinery.commands import {0} as command\n    command.main()\n'
 GOOD_TREE = {
-    "bpe": '"""Tokenizer.\n\nDepends on the standard library only (no sibling files)."""\n',
-    "model": '"""GPT.\n\nDepends on: torch and bpe.py (for load_hf).\n\nUsed by train.py."""\n'
-             "import torch\ndef load_hf():\n    import bpe\ndef main():\n    import train\n",
+    "bpe": '"""Tokenizer.\n\nDepends on the standard library only."""\nimport regex\n'
+    + STUB.format("bpe"),
+    "model": '"""GPT.\n\nDepends on: torch and bpe.py (for load).\n\nUsed by train.py."""\n'
+    "import torch\ndef load():\n    import bpe\n",
     "train": '"""Loop.\n\nDepends on: model.py and\nbpe.py."""\nimport model\nfrom bpe import Tokenizer\n'
-             'if __name__ == "__main__":\n    import scaling\n',
-    "scaling": '"""Laws.\n\nDepends on: train.py (the sweep)."""\ndef sweep():\n    import importlib\n'
-               '    importlib.import_module("train")\n',
+    + STUB.format("train"),
+    "machinery/commands/train": "def main():\n    raise SystemExit('--steps must be positive')\n",
 }
 
 
 def test_checker_passes_a_good_tree(tmp_path):
     root = write_tree(tmp_path, GOOD_TREE)
-    assert import_graph(root) == {"bpe": {}, "model": {"bpe": [8]}, "train": {"model": [5], "bpe": [6]},
-                                  "scaling": {"train": [6]}}
-    assert (unknown_files(root), cycle_problems(root), upward_imports(root), docstring_problems(root)) == \
-        ([], [], [], [])
+    assert import_graph(root) == {
+        "bpe": {},
+        "model": {"bpe": [8]},
+        "train": {"model": [5], "bpe": [6]},
+    }
+    checks = [
+        import_problems,
+        stub_problems,
+        docstring_problems,
+        density_problems,
+        flag_raise_problems,
+    ]
+    assert [check(root) for check in checks] == [[]] * len(checks)
 
 
-def test_checker_finds_a_function_level_cycle(tmp_path):
-    """The issue's cycle, data -> evaluate -> train -> data, with evaluate's import inside a function."""
-    root = write_tree(tmp_path, {
-        "data": '"""D.\n\nDepends on: evaluate.py."""\ndef val_overlap():\n    import evaluate\n',
-        "evaluate": '"""E.\n\nDepends on: train.py."""\nimport train\n',
-        "train": '"""T.\n\nDepends on: data.py."""\nimport data\n'})
-    assert cycle_problems(root) == ["import cycle (outside main()): data.py -> evaluate.py -> train.py -> data.py: "
-                                    "move the shared code down a layer, or the import into main()"]
-    assert upward_imports(root) == ["data.py line 5 imports evaluate.py, a layer above it (3 < 9): move the import "
-                                    "into main() or the code it needs down"]
-
-
-def test_checker_exempts_only_main(tmp_path):
-    """An import in a CLI helper that is not main() counts; the same import inside main() does not."""
-    helper = '"""M.\n\nDepends on: torch."""\ndef cmd_export():\n    import train\n'
-    in_main = '"""M.\n\nDepends on: torch."""\ndef main():\n    def run():\n        import train\n'
-    train = '"""T.\n\nDepends on: model.py."""\nimport model\n'
-    (tmp_path / "helper").mkdir()
-    (tmp_path / "in_main").mkdir()
-    assert cycle_problems(write_tree(tmp_path / "helper", {"model": helper, "train": train}))
-    assert not cycle_problems(write_tree(tmp_path / "in_main", {"model": in_main, "train": train}))
-
-
-def test_checker_finds_an_untrue_depends_on_line(tmp_path):
-    root = write_tree(tmp_path, {
-        "bpe": '"""B."""\n',
-        "dedup": '"""D.\n\nDepends on numpy (no sibling files)."""\nimport bpe\n',
-        "parallel": '"""P.\n\nDepends on: torch (its demos use model.py)."""\n',
-        "model": '"""M.\n\nDepends on torch only."""\n'})
+def test_checker_finds_each_planted_violation(tmp_path):
+    """Each rule fails on one planted breach: a machinery import, a package beyond the core, an import up a layer,
+    a cycle, a long stub, an untrue 'Depends on', each density breach, a flag in a library raise, a file not a
+    chapter at the root, and a chapter over its budget."""
+    root = write_tree(
+        tmp_path,
+        {
+            "bpe": '"""B.\n\nDepends on nothing."""\ndef save():\n    from machinery import fileio\n'
+            "import pyarrow\n",
+            "data": '"""D.\n\nDepends on: evaluate.py."""\ndef f():\n    import evaluate\n',
+            "evaluate": '"""E.\n\nDepends on: data.py and bpe.py."""\nimport data\n'
+            'if __name__ == "__main__":\n    import sys\n    sys.argv\n    print(1)\n',
+            "model": '"""M.\n\nDepends on torch."""\nif (n := 3):\n    x = 1 if n else 2 if n else 3\n'
+            "(f if n else g)(1)\ndef long():\n" + "    pass\n" * 61,
+            "cli": '"""Not a chapter."""\n',
+            "machinery/run": "def check(steps):\n    raise ValueError(f'--max-steps {steps} must be positive')\n",
+            "scaling": '"""S.\n\nDepends on nothing."""\n' + "x = 1\n" * 1300,
+        },
+    )
+    assert import_problems(root) == [
+        "bpe.py line 5 imports machinery: a chapter never imports machinery (only its __main__ stub)",
+        "bpe.py line 6 imports pyarrow: a chapter needs only torch, numpy, regex and tiktoken",
+        "data.py line 5 imports evaluate, a chapter above it: move the code it needs down",
+        "import cycle: data.py -> evaluate.py -> data.py",
+    ]
+    assert stub_problems(root) == [
+        "evaluate.py: its __main__ block is 4 lines (at most 3): hand argv to machinery/commands/evaluate.py"
+    ]
     assert docstring_problems(root) == [
-        "bpe.py: its docstring has no paragraph starting 'Depends on'",
-        "dedup.py: 'Depends on' names no sibling, but it imports ['bpe'] outside main(); add bpe.py",
-        "parallel.py: 'Depends on' names ['model'], but it imports none outside main(); drop model.py"]
+        "evaluate.py: 'Depends on' names ['bpe', 'data'], but it imports ['data']"
+    ]
+    density = density_problems(root)
+    assert [p for p in density if "walrus" in p] == [
+        "model.py line 4: a walrus (:=): write the assignment as its own statement"
+    ]
+    assert any("nested conditional" in p for p in density)
+    assert any("call on a conditional" in p for p in density)
+    assert "model.py line 7: long() is 62 lines (at most 60)" in density
+    assert flag_raise_problems(root) == [
+        "machinery/run.py line 2: a raise names --max-steps: say it in the library's terms; machinery/commands "
+        "adds the flag"
+    ]
+    assert (
+        root_problems(root)[0]
+        == "cli.py sits at the root but is not a chapter: move it into machinery/"
+    )
+    assert "scaling.py: 1303 lines (budget 1300)" in size_problems(root)
 
 
-def test_checker_names_a_file_with_no_layer(tmp_path):
-    root = write_tree(tmp_path, {"bpe": '"""B.\n\nDepends on nothing."""\n', "tensor_parallel": '"""TP."""\n'})
-    assert unknown_files(root) == ["tensor_parallel.py has no layer: add it to LAYERS in tests/test_layout.py at "
-                                   "its place in the pipeline"]
+def test_dense_statements_are_counted_against_a_share():
+    """Two dense statements among ten is 20%: over the 2% share; the same two among two hundred would not be."""
+    dense = "x = " + " + ".join(f"a{i}" for i in range(25)) + "\n"
+    sparse = "y = 1\n"
+    assert density_problems_in("d.py", ast.parse(dense * 2 + sparse * 8)) == [
+        "d.py: 2 of 10 statements have 40+ expression nodes (at most 2%): split them"
+    ]
+    assert density_problems_in("d.py", ast.parse(dense * 2 + sparse * 198)) == []
 
 
 def test_checker_docstring_examples():
     import doctest
+
     assert doctest.testmod(sys.modules[__name__]).failed == 0
