@@ -1,1 +1,2 @@
-"""One command line per chapter: every argparse table, and every message that names a flag the user typed."""
+"""One command line per chapter: every argparse table, and every message that names a flag the
+user typed."""
