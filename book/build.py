@@ -19,9 +19,9 @@ from the code. A page is the file read top to bottom:
 The formulas in the docstrings are plain text and Unicode (C ≈ 6·N·D, Σ c_i·B^i, √(J(1−J)/k)), most of them in
 indented blocks, so they render verbatim in a monospace block: no math typesetting is needed, nothing to load.
 
-Which files are chapters: the table CHAPTERS (reading order of the pipeline). Any other top-level file is a
-companion (an engine, bridge, experiment or helper file), shown after the chapters and marked so, with the
-"Serves:" line of its docstring.
+Which files are chapters: the ten files at the root, in the order of the table CHAPTERS (the reading order README
+and docs/ use too). The files of machinery/ (command lines, the run's wiring, engines, I/O, bridges) follow them as
+an appendix, each marked with its kind and the "Serves:" line of its docstring where it has one.
 
 Libraries: markdown-it-py and mdit-py-plugins (Markdown), Pygments (highlighting), imported when the build runs.
 Figures that need long runs come from their committed outputs; `--refresh-figures NAME` reruns one's command.
@@ -62,26 +62,28 @@ class BookError(Exception):
 # (file stem, what it is in the pipeline). The order is the order of reading; the pipeline map on the index page is
 # drawn from the same table, so a chapter added here appears in both.
 CHAPTERS = [
+    ("bpe", "text → tokens: byte-level BPE, trained and encoded by hand"),
+    ("dedup", "near duplicates: shingles, MinHash, LSH"),
+    ("classify", "the filter's classifiers: language and quality, fastText-style by hand"),
     ("data", "raw sources → clean, deduplicated, mixed text → packed token shards"),
-    ("dedup", "near-duplicate math for data.py: shingles, MinHash, LSH"),
-    ("bpe", "the tokenizer trained on the train split"),
     ("model", "the decoder-only Transformer the tokens feed"),
-    ("train", "the loop: optimizer, schedule, checkpoints, metrics"),
-    ("parallel", "the same loop on many processes: DP, ZeRO, TP, PP"),
+    ("train", "the loop: optimizer, schedule, precision, checkpoints"),
+    ("parallel", "many copies of one model: DP, ZeRO-1/2/3"),
+    ("model_parallel", "one model cut into pieces: TP, PP, EP, CP"),
     ("scaling", "plan N and D before the run, fit laws after it"),
     ("evaluate", "held-out loss, bits-per-byte, exact match, contamination"),
 ]
 
-# Kinds of the companion files the design names; any other non-chapter file is a "companion file".
+# Kinds of the machinery files the design names (by module name); any other is "machinery".
 COMPANION_KINDS = {
-    "data_at_scale": "engine",
-    "store": "engine (object-store I/O)",
-    "formats": "helper (the file formats of data.py's sources)",
-    "dataset": "engine (prepare: plan, cache key, publish)",
-    "hf": "bridge",
-    "sweep": "experiment",
-    "fileio": "helper",
-    "model_parallel": "chapter half (TP, PP)",
+    "machinery.data_at_scale": "engine (streaming and Ray)",
+    "machinery.store": "engine (object-store I/O)",
+    "machinery.formats": "I/O (the file formats of data.py's sources)",
+    "machinery.dataset": "engine (prepare: plan, cache key, publish)",
+    "machinery.hf": "bridge (Hugging Face)",
+    "machinery.sweep": "experiment",
+    "machinery.fileio": "I/O (untrusted JSON, atomic writes)",
+    "machinery.cli": "command-line helpers",
 }
 
 
@@ -236,6 +238,11 @@ class Source:
     imported_names: dict[str, tuple[str, str]]  # "GPT" -> ("model", "GPT") (from model import GPT)
 
     @property
+    def filename(self) -> str:
+        """The file's path from the repository root: "train.py", "machinery/fileio.py"."""
+        return self.stem.replace(".", "/") + ".py"
+
+    @property
     def top_level(self) -> list[str]:
         """Names of the top-level functions and classes, in file order."""
         return [
@@ -316,7 +323,9 @@ def _assigned(tree: ast.Module) -> dict[int, list[str]]:
 def _imports(
     tree: ast.Module, modules: set[str]
 ) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
-    """Imports of other top-level files, anywhere in the file (main() and functions import lazily too)."""
+    """Imports of the book's other files, anywhere in the file (functions import lazily too):
+    `import data as data_lib` and `from machinery import fileio` are aliases of a module,
+    `from model import GPT` a name from one."""
     aliases: dict[str, str] = {}
     names: dict[str, tuple[str, str]] = {}
     for node in ast.walk(tree):
@@ -324,9 +333,13 @@ def _imports(
             for alias in node.names:
                 if alias.name in modules:
                     aliases[alias.asname or alias.name] = alias.name
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             for alias in node.names:
-                names[alias.asname or alias.name] = (node.module, alias.name)
+                submodule = f"{node.module}.{alias.name}"
+                if submodule in modules:
+                    aliases[alias.asname or alias.name] = submodule
+                elif node.module in modules:
+                    names[alias.asname or alias.name] = (node.module, alias.name)
     return aliases, names
 
 
@@ -376,7 +389,15 @@ def _full_line_comments(source: str) -> dict[int, str]:
     return comments
 
 
-def read_source(path: pathlib.Path, modules: set[str]) -> Source:
+def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    """A file's module name from the root: train.py -> "train", machinery/fileio.py -> "machinery.fileio"
+    (a file outside the root, shown alone, is its own name)."""
+    if not path.is_relative_to(root):
+        return path.stem
+    return ".".join(path.relative_to(root).with_suffix("").parts)
+
+
+def read_source(path: pathlib.Path, modules: set[str], root: pathlib.Path = ROOT) -> Source:
     source = path.read_text(encoding="utf-8")
     try:
         tree = ast.parse(source, filename=str(path))
@@ -396,7 +417,7 @@ def read_source(path: pathlib.Path, modules: set[str]) -> Source:
     symbols |= {name for names in assigned.values() for name in names}
     aliases, imported = _imports(tree, modules)
     return Source(
-        path.stem,
+        module_name(path, root),
         path,
         lines,
         docstring,
@@ -417,7 +438,7 @@ def first_line(source: Source) -> str:
     paragraph = " ".join(source.docstring.split("\n\n", 1)[0].split())
     if len(paragraph) > 240:
         paragraph = re.split(r"(?<=[.!?])\s+(?=[A-Z`])", paragraph, maxsplit=1)[0]
-    return re.sub(rf"^{re.escape(source.stem)}\.py:\s*", "", paragraph)
+    return re.sub(rf"^{re.escape(source.filename)}:\s*", "", paragraph)
 
 
 def serves_line(source: Source) -> str:
@@ -625,6 +646,23 @@ class Linker:
         self.cuts = {stem: part_cuts(src, self.items[stem]) for stem, src in sources.items()}
         self.current = "index.html"
         self._lines: dict[str, dict[str, int]] = {}
+        # prose names a machinery file by its own name ("fileio.py"): the module it means, unless a
+        # chapter has that name (machinery/commands/train.py is "commands/train.py" in prose)
+        self.short = {
+            stem.rsplit(".", 1)[-1]: stem
+            for stem in sources
+            if "." in stem and stem.rsplit(".", 1)[-1] not in sources
+        }
+
+    def file(self, name: str) -> str | None:
+        """The module a prose file name means: "train" -> train, "fileio" or "machinery/fileio" ->
+        machinery.fileio; None for a file the book does not show."""
+        name = name.replace("/", ".")
+        if name in self.sources:
+            return name
+        if f"machinery.{name}" in self.sources:
+            return f"machinery.{name}"
+        return self.short.get(name)
 
     def page(self, stem: str, line: int = 1) -> str:
         """The page (part) of stem's file that shows `line`."""
@@ -670,7 +708,8 @@ class Linker:
         def replace(match: re.Match) -> str:
             head, tail = match.group(1), match.group(2)
             if tail == "py":
-                href = self.page(head) if head in self.sources and head != src.stem else None
+                module = self.file(head)
+                href = self.page(module) if module is not None and module != src.stem else None
             else:
                 module = src.module_aliases.get(head, head if head in self.sources else None)
                 href = self.attribute(module, tail) if module is not None else None
@@ -682,9 +721,9 @@ class Linker:
 
     def code_span(self, src: Source, content: str) -> str | None:
         """A prose code span: `bpe.py`, `data_lib.open_source(...)`, `bpe.Tokenizer`, `GPT`, `Tokenizer.encode`."""
-        match = re.fullmatch(r"(\w+)\.py", content)
-        if match and match.group(1) in self.sources:
-            return self.page(match.group(1))
+        match = re.fullmatch(r"([\w/]+)\.py", content)
+        if match and self.file(match.group(1)) is not None:
+            return self.page(self.file(match.group(1)))
         match = re.match(
             r"([A-Za-z_]\w*)\.([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?(?:\(.*\))?$", content
         )
@@ -924,9 +963,12 @@ def _nav(order: list[str], page: str | None, toc: str = "", files: list[str] | N
 
 
 def _label(page: str) -> str:
-    """data.html -> data.py, data-2.html -> data.py (2)."""
-    match = re.fullmatch(r"(\w+?)(?:-(\d+))?\.html", page)
-    return f"{match.group(1)}.py" + (f" ({match.group(2)})" if match.group(2) else "")
+    """data.html -> data.py, data-2.html -> data.py (2), machinery.fileio.html -> machinery/fileio.py."""
+    match = re.fullmatch(r"([\w.]+?)(?:-(\d+))?\.html", page)
+    name = match.group(1).replace(".", "/") + ".py"
+    if match.group(2):
+        name += f" ({match.group(2)})"
+    return name
 
 
 def figure_html(figure: Figure, root: pathlib.Path) -> str:
@@ -1092,12 +1134,13 @@ def page_html(
     for figure in (f for f in FIGURES if f.chapter == src.stem):
         at = next((anchors[a] for a in figure.near if a in anchors), -1)
         placed.setdefault(at, []).append(figure_html(figure, root))
-    label = (
-        ""
-        if kind == "chapter"
-        else f'<p class="kind">Companion file: {html.escape(kind)}. Serves: '
-        f'{md.renderInline(serves_line(src), {"source": src})}</p>'
-    )
+    label = ""
+    if kind != "chapter":
+        serves = serves_line(src)
+        label = f'<p class="kind">Machinery: {html.escape(kind)}.'
+        if serves:
+            label += f' Serves: {md.renderInline(serves, {"source": src})}'
+        label += "</p>"
     linker.current = files[0]
     minutes = part_minutes(src, items, linker.cuts[src.stem])
     of = f" · part 1 of {len(files)}" if len(files) > 1 else ""
@@ -1105,7 +1148,7 @@ def page_html(
 
     parts: dict[str, list[str]] = {name: [] for name in files}
     parts[files[0]].append(
-        f'<header class="intro"><h1><code>{src.stem}.py</code>{of}</h1>{label}'
+        f'<header class="intro"><h1><code>{src.filename}</code>{of}</h1>{label}'
         f'{md.render(separate_indented_blocks(fence_doctests(src.docstring)), {"source": src})}'
         + "".join(f'<div class="figures">{f}</div>' for f in placed.get(-1, []))
         + (f'<nav class="toc"><h2>Sections</h2><ul>{toc}</ul></nav>' if toc else "")
@@ -1118,7 +1161,7 @@ def page_html(
             linker.current = linker.page(src.stem, _first_line(item))
             number = files.index(linker.current) + 1
             parts[linker.current].append(
-                f'<header class="intro part"><h1><code>{src.stem}.py</code> · part '
+                f'<header class="intro part"><h1><code>{src.filename}</code> · part '
                 f"{number} of {len(files)} <small class=\"minutes\">about "
                 f"{minutes[number - 1]:.0f} minutes</small></h1></header>"
             )
@@ -1154,7 +1197,7 @@ def page_html(
     linker.current = "index.html"
     pages = {}
     for number, name in enumerate(files):
-        title = f"{src.stem}.py" + (
+        title = src.filename + (
             f" (part {number + 1} of {len(files)})" if len(files) > 1 else ""
         )
         pages[name] = _layout(
@@ -1183,28 +1226,27 @@ def index_html(
         if stem in sources
     )
     chapter_rows = "".join(
-        f'<tr><td>{k}</td><td><a href="{stem}.html"><code>{stem}.py</code></a></td>'
+        f'<tr><td>{k}</td><td><a href="{stem}.html"><code>{sources[stem].filename}</code></a></td>'
         f"<td>{inline(stem, first_line(sources[stem]))}</td></tr>"
         for k, stem in enumerate(chapters, 1)
     )
     companion_rows = "".join(
-        f'<tr><td><a href="{stem}.html"><code>{stem}.py</code></a></td><td>{html.escape(kind)}</td>'
-        f"<td>{inline(stem, first_line(sources[stem]))}<br><small>Serves: {inline(stem, serves_line(sources[stem]))}"
-        f"</small></td></tr>"
+        f'<tr><td><a href="{stem}.html"><code>{sources[stem].filename}</code></a></td>'
+        f"<td>{html.escape(kind)}</td><td>{inline(stem, first_line(sources[stem]))}</td></tr>"
         for stem, kind in companions
     )
     body = (
         '<header class="intro"><h1>LLM pretraining from scratch, read as a book</h1>'
         "<p>Each page is one file of the repository, rendered from the file itself: its docstring first, then the "
         "code in file order with its comments and docstrings beside it. Read the chapters in this order; the "
-        "companion files hold engines, bridges and experiments that a chapter uses.</p>"
+        "appendix shows machinery/: the command lines, the run's wiring, engines, I/O and bridges.</p>"
         '<h2 id="pipeline">The pipeline</h2><p>Data flows down the list; each step is a chapter.</p>'
         f'<ol class="pipeline">{stages}</ol>'
         '<h2 id="chapters">Chapters</h2><div class="table"><table><thead><tr><th>#</th><th>file</th>'
         f"<th>what it teaches</th></tr></thead><tbody>{chapter_rows}</tbody></table></div>"
         + (
-            '<h2 id="companions">Companion files</h2><div class="table"><table><thead><tr><th>file</th><th>kind</th>'
-            f"<th>what it is, and what it serves</th></tr></thead><tbody>{companion_rows}</tbody></table></div>"
+            '<h2 id="companions">Appendix: machinery</h2><div class="table"><table><thead><tr><th>file</th>'
+            f"<th>kind</th><th>what it is</th></tr></thead><tbody>{companion_rows}</tbody></table></div>"
             if companions
             else ""
         )
@@ -1221,40 +1263,31 @@ def index_html(
 def discover(
     root: pathlib.Path = ROOT,
 ) -> tuple[dict[str, Source], list[str], list[tuple[str, str]]]:
-    """All top-level .py files; chapters in reading order, then companions ordered by the chapter they serve."""
+    """The chapters at the root in reading order, then machinery/'s files (its command lines last)."""
     paths = sorted(p for p in root.glob("*.py") if p.is_file())
-    modules = {p.stem for p in paths}
-    sources = {p.stem: read_source(p, modules) for p in paths}
+    paths += sorted(
+        p for p in (root / "machinery").rglob("*.py") if p.is_file() and p.name != "__init__.py"
+    )
+    modules = {module_name(p, root) for p in paths}
+    sources = {module_name(p, root): read_source(p, modules, root) for p in paths}
     reading = [stem for stem, _ in CHAPTERS]
     chapters = [stem for stem in reading if stem in sources]
     others = sorted(
-        (stem for stem in sources if stem not in reading), key=lambda s: (served(sources[s]), s)
+        (stem for stem in sources if stem not in reading),
+        key=lambda stem: (".commands." in stem, stem),
     )
-    companions = [(stem, COMPANION_KINDS.get(stem, "companion file")) for stem in others]
+    companions = []
+    for stem in others:
+        kind = COMPANION_KINDS.get(stem, "machinery")
+        if ".commands." in stem:
+            kind = "command line"
+        companions.append((stem, kind))
     return sources, chapters, companions
 
 
-def served(source: Source) -> int:
-    """Position in CHAPTERS of the first chapter a companion's "Serves" line names (the one it
-    serves first: "the chapter parallel.py ... and train.py" is parallel's); after all of them if it
-    serves every one."""
-    line = serves_line(source)
-    reading = [stem for stem, _ in CHAPTERS]
-    named = [reading.index(m) for m in re.findall(r"\b(\w+)(?:\.py)?\b", line) if m in reading]
-    return named[0] if named and "every" not in line else len(reading)
-
-
-def reading_order(
-    sources: dict[str, Source], chapters: list[str], companions: list[tuple[str, str]]
-) -> list[str]:
-    """Previous/next order: each chapter, then the companions that serve it; those serving every
-    chapter last."""
-    order = []
-    for k, stem in enumerate([stem for stem, _ in CHAPTERS] + [None]):
-        if stem in chapters:
-            order.append(stem)
-        order += [c for c, _ in companions if served(sources[c]) == k]
-    return order
+def reading_order(chapters: list[str], companions: list[tuple[str, str]]) -> list[str]:
+    """Previous/next order: the chapters, then the appendix."""
+    return chapters + [stem for stem, _ in companions]
 
 
 def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
@@ -1277,7 +1310,7 @@ def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
             f"--out {out} would replace the repository: choose a folder inside it, e.g. book/site"
         )
     sources, chapters, companions = discover(root)
-    order = reading_order(sources, chapters, companions)
+    order = reading_order(chapters, companions)
     linker = Linker(sources)
     pages = {"index.html": index_html(linker, sources, chapters, companions)}
     for stem in chapters:

@@ -76,8 +76,12 @@ def parse_whole(site: pathlib.Path, stem: str) -> PageParser:
     return parser
 
 
-def top_level_files() -> list[pathlib.Path]:
-    return sorted(ROOT.glob("*.py"))
+def book_files() -> list[tuple[pathlib.Path, str]]:
+    """Every file the book shows, with its module name (the page's name): the chapters at the root, then
+    machinery/'s files."""
+    paths = sorted(ROOT.glob("*.py"))
+    paths += sorted(p for p in (ROOT / "machinery").rglob("*.py") if p.name != "__init__.py")
+    return [(path, book.module_name(path, ROOT)) for path in paths]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +96,7 @@ def site(tmp_path_factory) -> pathlib.Path:
 
 def test_one_page_per_top_level_file_and_an_index_in_reading_order(site):
     pages = {book_check.stem_of(p.name) for p in site.glob("*.html")}
-    assert pages == {p.stem for p in top_level_files()} | {"index"}
+    assert pages == {stem for _, stem in book_files()} | {"index"}
     index = (site / "index.html").read_text(encoding="utf-8")
     chapter_links = re.findall(r'<tr><td>\d+</td><td><a href="(\w+)\.html">', index)
     assert chapter_links == [stem for stem, _ in book.CHAPTERS if (ROOT / f"{stem}.py").exists()]
@@ -104,20 +108,21 @@ def test_one_page_per_top_level_file_and_an_index_in_reading_order(site):
         assert " ".join(re.findall(r"\w+", re.sub(rf"^{stem}\.py:", "", first))) in index_words, (
             stem
         )
-    companions = [p.stem for p in top_level_files() if p.stem not in dict(book.CHAPTERS)]
-    for stem in companions:  # after the chapters, marked as companions
-        assert (
-            f'<a href="{stem}.html"><code>{stem}.py</code></a></td><td>'
-            in index.split('id="companions"')[1]
-        )
-        assert "Companion file:" in whole(site, stem)
+    machinery = [(path, stem) for path, stem in book_files() if stem not in dict(book.CHAPTERS)]
+    assert machinery and all(stem.startswith("machinery.") for _, stem in machinery)
+    for path, stem in machinery:  # after the chapters, in the appendix, marked as machinery
+        name = path.relative_to(ROOT).as_posix()
+        assert f'<a href="{stem}.html"><code>{name}</code></a></td><td>' in index.split(
+            'id="companions"'
+        )[1]
+        assert "Machinery:" in whole(site, stem)
 
 
 def test_every_top_level_function_and_class_is_on_its_page_with_its_code_and_docstring(site):
-    for path in top_level_files():
+    for path, stem in book_files():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        page = whole(site, path.stem)
-        parsed = parse_whole(site, path.stem)
+        page = whole(site, stem)
+        parsed = parse_whole(site, stem)
         words = " ".join(re.findall(r"\w+", "".join(parsed.text)))
         shown = {int(n) for n in re.findall(r'<span class="line" data-n="(\d+)"', page)}
         definitions = [
@@ -158,7 +163,7 @@ def test_every_top_level_function_and_class_is_on_its_page_with_its_code_and_doc
 
 def test_section_banners_are_headings_with_anchors_in_the_table_of_contents(site):
     banners = 0
-    for path in top_level_files():
+    for path, stem in book_files():
         lines = path.read_text(encoding="utf-8").splitlines()
         titles, k = [], 0
         while k < len(lines) - 1:  # dashes, "# title", any comment lines, dashes
@@ -175,7 +180,7 @@ def test_section_banners_are_headings_with_anchors_in_the_table_of_contents(site
                     k = end
             k += 1
         banners += len(titles)
-        page = whole(site, path.stem)
+        page = whole(site, stem)
         headings = [
             (anchor, re.sub(r"<[^>]+>", "", title))
             for anchor, title in re.findall(
@@ -187,7 +192,7 @@ def test_section_banners_are_headings_with_anchors_in_the_table_of_contents(site
         )
         for anchor, _ in headings:
             assert re.search(
-                rf'<li><a href="{path.stem}(-\d+)?\.html#{re.escape(anchor)}">', page
+                rf'<li><a href="{stem}(-\d+)?\.html#{re.escape(anchor)}">', page
             ), anchor
     assert banners >= 40  # the chapters have dozens; none found would mean the parser broke
 
@@ -216,9 +221,9 @@ def test_every_internal_link_and_anchor_resolves_and_nothing_loads_from_the_netw
 def test_names_from_another_chapter_link_to_their_definition(site):
     """Every `alias.name` (import data as data_lib; data_lib.prepare) and every `from model import GPT` whose
     name the other file defines at top level is a link to that definition."""
-    modules = {p.stem for p in top_level_files()}
+    modules = {stem for _, stem in book_files()}
     expected = 0
-    for path in top_level_files():
+    for path, stem in book_files():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         aliases = {
             a.asname or a.name: a.name
@@ -226,6 +231,13 @@ def test_names_from_another_chapter_link_to_their_definition(site):
             if isinstance(node, ast.Import)
             for a in node.names
             if a.name in modules
+        }
+        aliases |= {  # from machinery import fileio: fileio is the module machinery.fileio
+            a.asname or a.name: f"{node.module}.{a.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for a in node.names
+            if f"{node.module}.{a.name}" in modules
         }
         imported = {
             (node.module, a.name)
@@ -240,9 +252,10 @@ def test_names_from_another_chapter_link_to_their_definition(site):
             and isinstance(node.value, ast.Name)
             and node.value.id in aliases
         }
-        page = whole(site, path.stem)
+        page = whole(site, stem)
         for module, name in used | imported:
-            target = ast.parse((ROOT / f"{module}.py").read_text(encoding="utf-8"))
+            target_path = ROOT / (module.replace(".", "/") + ".py")
+            target = ast.parse(target_path.read_text(encoding="utf-8"))
             if name in {
                 n.name for n in target.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
             }:
@@ -254,12 +267,12 @@ def test_names_from_another_chapter_link_to_their_definition(site):
     # In prose too: a module docstring that names another file (`train.py`, or plain train.py) links to its page,
     # and a `module.name` it mentions to that definition.
     mentions = 0
-    for path in top_level_files():
+    for path, stem in book_files():
         intro = (
-            (site / f"{path.stem}.html").read_text(encoding="utf-8").split('<nav class="toc">')[0]
+            (site / f"{stem}.html").read_text(encoding="utf-8").split('<nav class="toc">')[0]
         )
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-        for stem in set(re.findall(r"(?<![\w./-])(\w+)\.py\b", docstring)) & modules - {path.stem}:
+        for stem in set(re.findall(r"(?<![\w./-])(\w+)\.py\b", docstring)) & modules - {stem}:
             assert f'href="{stem}.html"' in intro, (
                 f"{path.name}'s introduction names {stem}.py without a link"
             )
@@ -306,10 +319,10 @@ def test_figures_are_on_the_page_of_the_chapter_that_makes_them(site):
 
 
 def test_formulas_dividers_serves_lines_and_reading_order_read_as_written(site):
-    for path in top_level_files():
-        text = "".join(parse_whole(site, path.stem).text)
+    for path, stem in book_files():
+        text = "".join(parse_whole(site, stem).text)
         assert [f for f in book_check.formulas(path) if f not in text] == [], path.name
-        assert not re.search(r"<p>[^<]*-{8,}", whole(site, path.stem)), path.name
+        assert not re.search(r"<p>[^<]*-{8,}", whole(site, stem)), path.name
     bpe_page = whole(site, "bpe")
     if "# -- encoding --" in (ROOT / "bpe.py").read_text(encoding="utf-8"):
         assert re.search(r"<h4[^>]*>encoding</h4>", bpe_page)
@@ -319,16 +332,21 @@ def test_formulas_dividers_serves_lines_and_reading_order_read_as_written(site):
     )
     model_parallel = (site / "model_parallel.html").read_text(encoding="utf-8")
     assert 'rel="prev">← parallel.py</a>' in model_parallel
-    for stem in ("data", "dedup", "train"):  # a sections menu and the CLI folded
+    for stem in ("data", "dedup", "train"):  # a sections menu on every chapter
         page = whole(site, stem)
         assert (
             '<nav class="top">' in page
             and '<details class="sections"><summary>Sections</summary>' in page
         )
-        assert (
-            page.count('<details class="cli">') == 1
-            and 'id="main"' in page.split('<details class="cli">')[1]
-        )
+    folded = 0
+    for path, stem in book_files():  # a file's command line (its main) folded
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if "main" in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}:
+            page = whole(site, stem)
+            assert page.count('<details class="cli">') == 1, stem
+            assert 'id="main"' in page.split('<details class="cli">')[1], stem
+            folded += 1
+    assert folded >= 3
 
 
 def test_a_file_longer_than_one_sitting_is_cut_into_parts_of_at_most_45_minutes(site):
@@ -378,11 +396,14 @@ def _fake_repository(root: pathlib.Path) -> None:
         '"""The model."""\nfrom data import prepare\nimport data as data_lib\n\n\n'
         "class GPT:\n    def forward(self):\n        return data_lib.prepare(1)\n"
     )
-    (root / "store.py").write_text(
+    (root / "machinery").mkdir()
+    (root / "machinery" / "__init__.py").write_text('"""Not a page."""\n')
+    (root / "machinery" / "store.py").write_text(
         '"""Object-store I/O.\n\nServes: data.py (its s3:// inputs). Owns: the bytes.\n"""\nX = 1\n'
     )
-    (root / "alpha.py").write_text(
-        '"""Alpha helper; it serves model.py only."""\ndef z():\n    pass\n'
+    (root / "machinery" / "alpha.py").write_text(
+        '"""Alpha helper; it serves model.py only."""\nfrom machinery import store\n\n\n'
+        "def z():\n    return store.X\n"
     )
 
 
@@ -394,19 +415,16 @@ def test_companions_are_classified_by_table_and_docstring_and_missing_figures_na
     book.build(out, root=tmp_path)
     index = (out / "index.html").read_text(encoding="utf-8")
     assert re.findall(r'<tr><td>\d+</td><td><a href="(\w+)\.html">', index) == ["data", "model"]
-    companions = index.split('id="companions"')[1]
-    assert companions.index("store.py") < companions.index(
-        "alpha.py"
-    )  # by what they serve, not by name
-    assert "engine (object-store I/O)" in companions and "companion file" in companions
-    companions_text = re.sub(r"<[^>]+>", "", companions)
-    assert (
-        "Serves: data.py (its s3:// inputs)." in companions_text
-        and "Serves: model.py only." in companions_text
+    appendix = index.split('id="companions"')[1]
+    assert appendix.index("machinery/alpha.py") < appendix.index("machinery/store.py")
+    assert "engine (object-store I/O)" in appendix and "<td>machinery</td>" in appendix
+    assert not (out / "machinery.__init__.html").exists()
+    assert "Machinery: engine (object-store I/O). Serves: data.py (its s3:// inputs).</p>" in re.sub(
+        r"<(?!/p)[^>]+>", "", (out / "machinery.store.html").read_text()
     )
-    assert "Serves: data.py (its s3:// inputs).</p>" in re.sub(
-        r"<(?!/p)[^>]+>", "", (out / "store.html").read_text()
-    )
+    alpha = (out / "machinery.alpha.html").read_text(encoding="utf-8")
+    assert 'href="machinery.store.html#X"' in alpha
+    assert "Serves: model.py only." in re.sub(r"<[^>]+>", "", alpha)
     model = (out / "model.html").read_text(encoding="utf-8")
     assert 'href="data.html#prepare"' in model and 'href="data.html"' in model
     assert 'id="GPT.forward"' in model
@@ -491,9 +509,9 @@ def test_a_rebuild_replaces_the_site_whole(tmp_path):
     _fake_repository(tmp_path)
     out = tmp_path / "site"
     book.build(out, root=tmp_path)
-    (tmp_path / "alpha.py").unlink()
+    (tmp_path / "machinery" / "alpha.py").unlink()
     book.build(out, root=tmp_path)
-    assert not (out / "alpha.html").exists() and (out / "store.html").exists()
+    assert not (out / "machinery.alpha.html").exists() and (out / "machinery.store.html").exists()
     assert [
         p.name for p in tmp_path.iterdir() if p.name.startswith(".site")
     ] == []  # no staging left behind
