@@ -15,6 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import evaluate as ev
+from machinery import eval_report, recall_report
+from machinery.commands import evaluate as cmd
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -112,7 +114,7 @@ def test_bits_per_byte_of_the_lecture_example():
     b = ev.bits_per_byte(400 * math.log(12), 1000)
     assert round(a, 2) == 1.04 and round(b, 2) == 1.43
     assert ev.bpb_from_perplexity(250, 18, 1000) == pytest.approx(a)
-    table = ev.bpb_table([("A", 250, 18), ("B", 400, 12)], 1000)
+    table = eval_report.bpb_table([("A", 250, 18), ("B", 400, 12)], 1000)
     assert "1.04" in table and "1.43" in table and table.endswith(": A")
     with pytest.raises(ev.EvalError):
         ev.bits_per_byte(1.0, 0)
@@ -193,17 +195,17 @@ def test_exact_match_normalisation():
 def test_read_tasks_names_the_malformed_line(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text('{"prompt": "2+2=", "answer": " 4"}\n\n{"prompt": "x", "answer": "y"}\n')
-    assert [t.answer for t in ev.read_tasks(good)] == [" 4", "y"]
+    assert [t.answer for t in cmd.read_tasks(good)] == [" 4", "y"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "a" "answer": "b"}\n')
     with pytest.raises(ev.EvalError, match="line 2"):
-        ev.read_tasks(bad)
+        cmd.read_tasks(bad)
     bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "a", "answer": ""}\n{"prompt": "a"}\n')
     with pytest.raises(ev.EvalError, match="line 2"):
-        ev.read_tasks(bad)
+        cmd.read_tasks(bad)
     bad.write_text("\n")
     with pytest.raises(ev.EvalError, match="no tasks"):
-        ev.read_tasks(bad)
+        cmd.read_tasks(bad)
 
 
 def test_greedy_exact_match_and_answer_probability():
@@ -314,7 +316,7 @@ def test_contamination_finds_a_planted_13gram_and_ignores_a_12gram(index):
     assert docs[0]["overlapping"] == 1 and docs[0]["example"] == " ".join(secret[:13])
     assert docs[1]["overlapping"] == 0 and docs[3]["ngrams"] == 0
     assert report["contaminated"] == 1 and report["eval_checkable"] == 3
-    text = ev.format_contamination(report)
+    text = eval_report.format_contamination(report)
     assert "1 documents (25.0%)" in text and " ".join(secret[:13]) in text
 
 
@@ -342,10 +344,10 @@ def test_hashed_ngram_index_agrees_with_a_set_of_tuples():
 def test_contamination_reads_task_files(tmp_path):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"prompt": "Q: capital of France? A:", "answer": " Paris"}\n\n{"text": "plain document"}\n')
-    assert list(ev._read_documents(str(tasks), "val")) == ["Q: capital of France? A: Paris", "plain document"]
+    assert list(cmd.read_documents(str(tasks), "val")) == ["Q: capital of France? A: Paris", "plain document"]
     tasks.write_text('{"text": "fine"}\n{"prompt": "no answer"}\n')
     with pytest.raises(ev.EvalError, match="line 2"):
-        list(ev._read_documents(str(tasks), "val"))
+        list(cmd.read_documents(str(tasks), "val"))
 
 
 def test_contamination_rejects_empty_sets():
@@ -405,7 +407,7 @@ def run_dir(tmp_path_factory):
 
 def run_cli(argv, capsys):
     try:
-        code = ev.main([str(a) for a in argv])
+        code = cmd.main([str(a) for a in argv])
     except SystemExit as e:                         # argparse rejects a flag itself
         code = e.code
     out, err = capsys.readouterr()
@@ -439,12 +441,12 @@ def test_cli_evaluates_a_checkpoint_on_its_held_out_split(run_dir, capsys):
 
 def test_progress_lines_give_count_rate_and_eta_at_most_every_interval(monkeypatch, capsys):
     clock = iter([100.0, 105.0, 110.0, 112.0, 130.0])          # start, then one reading per update
-    monkeypatch.setattr(ev.time, "perf_counter", lambda: next(clock))
-    ticker = ev.Progress("held-out text", 100, "windows")
-    ticker.update(10)                   # 5 s in: too soon to say anything
-    ticker.update(25, " (so far)")      # 10 s: 2.5 windows/s, 75 left -> 30 s
-    ticker.update(30)                   # 2 s after the last line: quiet
-    ticker.update(100)                  # 30 s: done
+    monkeypatch.setattr(eval_report.time, "perf_counter", lambda: next(clock))
+    ticker = eval_report.Progress("held-out text", "windows")
+    ticker(10, 100)                     # 5 s in: too soon to say anything
+    ticker(25, 100, " (so far)")        # 10 s: 2.5 windows/s, 75 left -> 30 s
+    ticker(30, 100)                     # 2 s after the last line: quiet
+    ticker(100, 100)                    # 30 s: done
     assert capsys.readouterr().err.splitlines() == [
         "held-out text: 25 of 100 windows (so far), 2.5/s, ETA 0m30s",
         "held-out text: 100 of 100 windows, 3.3/s, ETA 0m00s"]
@@ -453,7 +455,7 @@ def test_progress_lines_give_count_rate_and_eta_at_most_every_interval(monkeypat
 def test_evaluating_a_checkpoint_shows_progress_on_stderr_only(run_dir, capsys, monkeypatch):
     """`evaluate.py --ckpt` scores windows, then last-word tasks, for minutes on a busy CPU: both say
     where they are on stderr (here every update: the interval set to 0), stdout keeps the table."""
-    monkeypatch.setattr(ev, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(eval_report, "PROGRESS_EVERY_S", 0.0)
     code, out, err = run_cli(["--ckpt", run_dir / "small", "--min-words", "10", "--stride", "32",
                               "--max-tokens", "600", "--last-word-items", "5",
                               "--json", run_dir / "progress.json"], capsys)
@@ -468,7 +470,7 @@ def test_evaluating_a_checkpoint_shows_progress_on_stderr_only(run_dir, capsys, 
 def test_held_out_documents_retokenize_to_the_shards(run_dir):
     import data
     tokenizer = data.TokenData(run_dir / "data").tokenizer
-    from_shards = ev.held_out_from_data_dir(run_dir / "data", tokenizer, tokenizer.to_json())
+    from_shards = cmd.held_out_from_data_dir(run_dir / "data", tokenizer, tokenizer.to_json())
     from_text = ev.held_out_from_documents("text", from_shards.documents, tokenizer)
     np.testing.assert_array_equal(from_text.ids, from_shards.ids)
     assert from_text.n_bytes == from_shards.n_bytes
@@ -478,8 +480,8 @@ def test_decode_documents_across_shards():
     tok = CharTokenizer(list("abc|"))
     eot = 3
     shards = [np.array([3, 0, 1, 3, 2]), np.array([2, 0]), np.array([3, 1])]      # "|ab|c" "ca" "|b"
-    assert list(ev.decode_documents(shards, eot, tok)) == ["ab", "cca", "b"]
-    assert list(ev.decode_documents([np.array([0, 1])], None, tok)) == ["ab"]
+    assert list(cmd.decode_documents(shards, eot, tok)) == ["ab", "cca", "b"]
+    assert list(cmd.decode_documents([np.array([0, 1])], None, tok)) == ["ab"]
 
 
 def test_tokenizer_fair_comparison_by_bits_per_byte(run_dir, capsys):
@@ -537,7 +539,7 @@ def test_emergence_from_sweep_checkpoints(run_dir, capsys, tmp_path):
     for r in rows:
         assert 0 <= r["exact_match_2"] <= r["per_token_accuracy"] <= 1 and r["tokens"] == 500
     assert (tmp_path / "e.png").stat().st_size > 10_000
-    assert ev.expand_runs([run_dir]) == [run_dir / "large", run_dir / "small"]     # a sweep directory
+    assert cmd.expand_runs([run_dir]) == [run_dir / "large", run_dir / "small"]     # a sweep directory
     code, out, _ = run_cli(["emergence"], capsys)
     assert "0.03   0.08   0.17   0.33   0.59   0.77" in out
 
@@ -546,7 +548,7 @@ def test_contamination_cli_on_token_shards_and_drop(run_dir, capsys, tmp_path):
     """Train split of the packed corpus vs its val split (cut after dedup: nothing shared), then an eval file with
     one paragraph copied from the training corpus: that one is flagged and dropped."""
     import data
-    train_docs = list(ev._read_documents(str(run_dir / "data"), "train"))
+    train_docs = list(cmd.read_documents(str(run_dir / "data"), "train"))
     copied = train_docs[3].split("\n")[0]
     eval_file = tmp_path / "eval.txt"
     eval_file.write_text(synthetic_corpus(5, 3).replace("\n\n", f"\n\nNew text : {copied}\n\n", 1))
@@ -595,7 +597,7 @@ def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
 
 def test_docstring_examples():
     import doctest
-    assert doctest.testmod(ev).failed == 0
+    assert doctest.testmod(ev).failed == 0 and doctest.testmod(cmd).failed == 0
 
 
 @pytest.mark.parametrize("argv", [["--device", "meta"], ["sample", "--device", "meta"],
@@ -628,24 +630,24 @@ def test_the_device_check_knows_what_this_machine_has(monkeypatch):
         model.resolve_device("cuda:2")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ev.EvalError, match="--device cuda:0: no CUDA device here"):
-        ev.resolve_device("cuda:0")
+        cmd.resolve_device("cuda:0")
 
 
 def test_a_task_file_nested_thousands_deep_is_one_line(tmp_path):
     deep = tmp_path / "tasks.jsonl"
     deep.write_text('{"prompt": "a", "answer": "b"}\n' + "[" * 5000 + "\n")
     with pytest.raises(ev.EvalError, match="tasks.jsonl line 2: JSON nested more than 1,000 levels deep"):
-        ev.read_tasks(deep)
+        cmd.read_tasks(deep)
     deep.write_bytes(b'{"prompt": "\xff", "answer": "b"}\n')
     with pytest.raises(ev.EvalError, match="tasks.jsonl line 1: "):
-        ev.read_tasks(deep)
+        cmd.read_tasks(deep)
 
 
 def test_reports_are_written_whole_with_the_umask_modes(tmp_path):
     """--json and --drop outputs are for others to read: 0644 under umask 022 (a bare mkstemp leaves 0600)."""
     old = os.umask(0o022)
     try:
-        path = ev.write_json({"a": 1}, tmp_path / "r.json")
+        path = cmd.write_json({"a": 1}, tmp_path / "r.json")
     finally:
         os.umask(old)
     assert json.loads(path.read_text()) == {"a": 1} and oct(path.stat().st_mode & 0o777) == "0o644"
@@ -700,7 +702,7 @@ def test_recall_command_writes_its_report_outside_the_repository_unless_asked(tm
     top = sorted(p.name for p in root.iterdir())
     monkeypatch.chdir(root)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert ev.main(["recall", "--steps", "2", "--seeds", "2", "--pairs", "2", "3", "--width", "16",
+    assert cmd.main(["recall", "--steps", "2", "--seeds", "2", "--pairs", "2", "3", "--width", "16",
                     "--lr", "1e-3", "3e-3", "--workers", "3", "--contexts", "32", "64"]) == 0
     printed = capsys.readouterr().out
     out = pathlib.Path(printed.rsplit("report: ", 1)[1].strip()).parent
@@ -718,7 +720,7 @@ def test_recall_command_writes_its_report_outside_the_repository_unless_asked(tm
     assert all(row["lr"] == result["lr"][row["kind"]] for row in result["rows"])
     costs = {(c["kind"], c["context"]): c["state_bytes"] for c in result["costs"]}
     assert costs["attention", 64] == 2 * costs["attention", 32] and costs["linear", 64] == costs["linear", 32]
-    assert ev.main(["recall", "--width", "6", "--out", str(tmp_path / "r")]) == 2
+    assert cmd.main(["recall", "--width", "6", "--out", str(tmp_path / "r")]) == 2
 
 
 def _recall_table(attention, linear, hybrid):
@@ -760,6 +762,6 @@ def test_decode_cost_counts_the_kv_cache_and_the_state_each_token_reads():
     net = model_lib.GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=4, n_head=2, n_kv_head=2,
                                   n_embd=32, layer_pattern="LLLA")).eval()
     threads = torch.get_num_threads()
-    cost = ev.decode_cost(net, 40, threads=1)
+    cost = recall_report.decode_cost(net, 40, threads=1)
     assert cost["state_bytes"] == kv_per_token * 40 + 3 * state and cost["ms_per_token"] > 0
     assert torch.get_num_threads() == threads
