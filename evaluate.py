@@ -25,8 +25,9 @@ deduplicated together with the training data, or we would grade it on questions 
 The metrics work on any causal LM mapping ids (B, T) to logits (B, T, V) (or to (logits, loss)).
 
 Depends on: torch, numpy, dedup.py (the contamination check's n-gram index), and only where a
-checkpoint is loaded or a recall model built, train.py and model.py. The command line is
-machinery/commands/evaluate.py:
+checkpoint is loaded or a recall model built, train.py and model.py.
+
+The commands (their command line is in machinery/commands/):
 
     python evaluate.py --ckpt out/                         loss, perplexity, bits/byte, last word
     python evaluate.py bpb                                 the lecture's 1.04 vs 1.43 example
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import itertools
 import math
 import pathlib
 import random
@@ -255,14 +255,6 @@ class Task:
 
     prompt: str
     answer: str
-
-
-def split_paragraphs(text: str) -> list[str]:
-    """Paragraphs are separated by blank (or whitespace-only) lines.
-    "a\\nb\\n \\nc" -> ["a\\nb", "c"]"""
-    # runs of consecutive lines, each run all blank or all non-blank: (non_blank, its lines)
-    runs = itertools.groupby(text.splitlines(), key=lambda line: bool(line.strip()))
-    return ["\n".join(lines) for non_blank, lines in runs if non_blank]
 
 
 # The last word of a paragraph: letters only, after a space, followed only by punctuation (WikiText

@@ -239,8 +239,8 @@ def test_teacher_forced_top1_is_greedy_decoding():
 
 
 def test_split_paragraphs():
-    assert ev.split_paragraphs("a\nb\n \nc") == ["a\nb", "c"]
-    assert ev.split_paragraphs("\n\n") == []
+    assert cmd.split_paragraphs("a\nb\n \nc") == ["a\nb", "c"]
+    assert cmd.split_paragraphs("\n\n") == []
 
 
 def test_last_word_tasks_from_documents():
@@ -503,7 +503,7 @@ def test_tokenizer_fair_comparison_by_bits_per_byte(run_dir, capsys):
                               "--json", run_dir / "compare.json"], capsys)
     assert code == 0, err
     rows = json.loads((run_dir / "compare.json").read_text())
-    n_bytes = sum(len(p.encode()) for p in ev.split_paragraphs(text))      # data.py: one document per paragraph
+    n_bytes = sum(len(p.encode()) for p in cmd.split_paragraphs(text))      # data.py: one document per paragraph
     for row, vocab in zip(rows, (257, 300)):
         assert row["bytes"] == n_bytes and row["vocab_size"] == vocab
         assert row["perplexity"] == pytest.approx(vocab, rel=1e-5)
