@@ -179,8 +179,8 @@ def score_tokens(
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
     if ids.numel() < 2:
         raise EvalError(
-            f"the evaluation text is {ids.numel()} token(s); at least 2 are needed "
-            "(give a longer text)"
+            f"the evaluation text is {ids.numel()} token(s); "
+            "at least 2 are needed (give a longer text)"
         )
     plan = window_plan(ids.numel(), block_size, stride or block_size)
     nll = np.empty(ids.numel() - 1, dtype=np.float64)
@@ -361,8 +361,8 @@ def answer_task(model, tokenizer, task: Task, block_size: int, slack_tokens: int
         prompt_ids = [eot]  # an empty prompt starts from <|endoftext|>, as a document does
     if not prompt_ids or not answer_ids or len(answer_ids) >= block_size:
         raise EvalError(
-            f"the prompt must be non-empty and the answer shorter than the {block_size}-token "
-            "context"
+            "the prompt must be non-empty and the answer shorter than the "
+            f"{block_size}-token context"
         )
 
     def stop(new_ids):
@@ -539,9 +539,8 @@ def load_model(ckpt_path, device="cpu") -> tuple[object, object, dict]:
         raise EvalError(f"cannot load checkpoint: {e}") from e
     if not ckpt.get("tokenizer_json"):
         raise EvalError(
-            f"checkpoint {ckpt['path']} has no tokenizer (tokenizer_json): evaluation "
-            "needs the tokenizer it was trained with; save checkpoints with train.py, "
-            "which embeds it"
+            f"checkpoint {ckpt['path']} has no tokenizer (tokenizer_json): evaluation needs the "
+            "tokenizer it was trained with; save checkpoints with train.py, which embeds it"
         )
     try:
         model, tokenizer = train.model_from_checkpoint(ckpt, device)
@@ -786,8 +785,7 @@ def mqar_batch(n_pairs: int, batch: int, vocab_size: int = 256, generator=None):
     half = vocab_size // 2
     if not 1 <= n_pairs <= half:
         raise EvalError(
-            f"{n_pairs} key-value pairs need {n_pairs} distinct keys, but "
-            f"vocab_size={vocab_size} "
+            f"{n_pairs} key-value pairs need {n_pairs} distinct keys, but vocab_size={vocab_size} "
             f"has {half}; use 1 to {half} pairs"
         )
     # (B, n) distinct keys

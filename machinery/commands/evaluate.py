@@ -214,8 +214,8 @@ def read_documents(spec: str, split: str):
                 yield item["text"] if "text" in item else item["prompt"] + item["answer"]
             except (KeyError, TypeError):
                 raise EvalError(
-                    f'{path} line {number}: expected a JSON object with "text" '
-                    '(or "prompt" and "answer")'
+                    f"{path} line {number}: "
+                    'expected a JSON object with "text" (or "prompt" and "answer")'
                 ) from None
     elif path.is_file():
         try:
@@ -453,8 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--index",
         choices=("hashed", "set"),
         default="hashed",
-        help="hashed: sorted uint64 n-gram hashes in numpy (default); set: Python set "
-        "of word tuples",
+        help="hashed: sorted uint64 n-gram hashes in numpy (default); "
+        "set: Python set of word tuples",
     )
     p.add_argument(
         "--drop", type=out_file, help="write the uncontaminated evaluation documents here (jsonl)"
@@ -583,8 +583,8 @@ def emergence(args) -> list[dict] | None:
     paths = expand_runs(args.ckpt)
     if not paths:
         raise EvalError(
-            "give the sweep's checkpoints: emergence --ckpt RUN1 --ckpt RUN2 ... "
-            "(or --ckpt SWEEP_DIR)"
+            "give the sweep's checkpoints: "
+            "emergence --ckpt RUN1 --ckpt RUN2 ... (or --ckpt SWEEP_DIR)"
         )
     # the first checkpoint's held-out documents are every model's text
     first = load_model(paths[0], args.device)
