@@ -293,6 +293,8 @@ def write_json(obj, path) -> pathlib.Path:
 
 
 def write_whole(path, content, flag: str) -> pathlib.Path:
+    """fileio.write_atomic of `content` (text, bytes, or a function given the open file) to `path`,
+    its folder made first; a failure is one EvalError naming `flag`, the output's flag."""
     path = pathlib.Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
