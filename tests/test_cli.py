@@ -360,7 +360,10 @@ def run_main(script: str, argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = importlib.import_module(script).main(argv)
+            module = importlib.import_module(script)
+            if not hasattr(module, "main"):             # the command line moved to machinery/commands/
+                module = importlib.import_module(f"machinery.commands.{script}")
+            code = module.main(argv)
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()
@@ -732,11 +735,13 @@ def test_a_recursive_glob_does_not_follow_a_folder_that_links_to_itself(tmp_path
 
 def test_a_long_task_file_prints_progress(capsys, monkeypatch):
     import evaluate
-    monkeypatch.setattr(evaluate, "PROGRESS_EVERY_S", 0.0)        # a line at every task
+    from machinery import eval_report
+    monkeypatch.setattr(eval_report, "PROGRESS_EVERY_S", 0.0)      # a line at every task
     tokenizer = bpe.Tokenizer.from_merges([(b"1", b" ")])
     tiny = model.GPT(model.GPTConfig(vocab_size=len(tokenizer), n_layer=1, n_head=2, n_kv_head=2, n_embd=16,
                                      block_size=32)).eval()
-    result = evaluate.evaluate_tasks(tiny, tokenizer, [evaluate.Task("1 + 1 =", " 2")] * 500, block_size=32)
+    result = evaluate.evaluate_tasks(tiny, tokenizer, [evaluate.Task("1 + 1 =", " 2")] * 500, block_size=32,
+                                     progress=eval_report.Progress("tasks", "scored"))
     assert result["items"] == 500
     assert "tasks: 500 of 500 scored (exact match so far" in capsys.readouterr().err
 

@@ -1,5 +1,6 @@
 """Tests for evaluate.py: the lecture's numbers, window evaluation against a full pass, exact match against greedy
 decoding, contamination against a plain set of n-gram tuples, and the command line on real checkpoints."""
+
 import json
 import math
 import os
@@ -15,6 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import evaluate as ev
+from machinery import eval_report, recall_report
+from machinery.commands import evaluate as cmd
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -29,6 +32,7 @@ def one_torch_thread():
 # ---------------------------------------------------------------------------------------------------------------
 # Small causal language models of our own (any model mapping ids (B, T) to logits (B, T, V) can be evaluated)
 # ---------------------------------------------------------------------------------------------------------------
+
 
 class UniformLM(nn.Module):
     """Every token equally likely: loss ln V per token, perplexity exactly V."""
@@ -59,7 +63,7 @@ class TinyTransformerLM(nn.Module):
         x = self.tok(idx) + self.pos(torch.arange(T))
         future = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
         a, _ = self.attn(x, x, x, attn_mask=future)
-        return self.out(x + a), None                     # like model.GPT: (logits, loss)
+        return self.out(x + a), None  # like model.GPT: (logits, loss)
 
 
 class ConvLM(nn.Module):
@@ -72,7 +76,7 @@ class ConvLM(nn.Module):
         self.conv = nn.Conv1d(dim, vocab_size, 3)
 
     def forward(self, idx):
-        x = self.tok(idx).transpose(1, 2)                # (B, C, T)
+        x = self.tok(idx).transpose(1, 2)  # (B, C, T)
         return self.conv(F.pad(x, (2, 0))).transpose(1, 2)
 
 
@@ -107,27 +111,58 @@ class CharTokenizer:
 # 1. Perplexity and bits-per-byte
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_bits_per_byte_of_the_lecture_example():
     a = ev.bits_per_byte(250 * math.log(18), 1000)
     b = ev.bits_per_byte(400 * math.log(12), 1000)
     assert round(a, 2) == 1.04 and round(b, 2) == 1.43
     assert ev.bpb_from_perplexity(250, 18, 1000) == pytest.approx(a)
-    table = ev.bpb_table([("A", 250, 18), ("B", 400, 12)], 1000)
+    table = eval_report.bpb_table([("A", 250, 18), ("B", 400, 12)], 1000)
     assert "1.04" in table and "1.43" in table and table.endswith(": A")
     with pytest.raises(ev.EvalError):
         ev.bits_per_byte(1.0, 0)
+
+
+def test_python_evaluate_py_runs_the_command_line_through_its_stub():
+    """`python evaluate.py ...` hands argv to machinery/commands/evaluate.py: the table, and a bad flag named."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(ev.__file__).resolve().parent
+    done = subprocess.run(
+        [sys.executable, "evaluate.py", "bpb"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 0 and "lower bits-per-byte predicts the text better: A" in done.stdout
+    ), done.stderr
+    done = subprocess.run(
+        [sys.executable, "evaluate.py", "bpb", "--tokens", "3", "--ppl", "2", "4"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 2
+        and done.stderr == "evaluate.py: error: give one --ppl per --tokens entry\n"
+    )
 
 
 def test_perplexity_of_a_uniform_model_is_the_vocabulary_size():
     ids = torch.randint(0, 50, (300,), generator=torch.Generator().manual_seed(0))
     scores = ev.score_tokens(UniformLM(50), ids, block_size=32, stride=16)
     assert scores.n_tokens == 299
-    assert ev.perplexity(scores.mean_nats) == pytest.approx(50.0, rel=1e-6)   # float32 logits
+    assert ev.perplexity(scores.mean_nats) == pytest.approx(50.0, rel=1e-6)  # float32 logits
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # 2. Sliding window
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def test_window_plan_scores_every_target_once_with_enough_context():
     assert ev.window_plan(10, 4, 2) == [(0, 4, 0), (2, 6, 4), (4, 8, 6), (5, 9, 8)]
@@ -139,7 +174,9 @@ def test_window_plan_scores_every_target_once_with_enough_context():
                 assert scored == list(range(n_ids - 1))
                 for start, end, first in plan:
                     assert 0 <= start <= first < end and end - start <= block
-                    if start > 0:      # every later window gives its new targets >= block - stride context
+                    if (
+                        start > 0
+                    ):  # every later window gives its new targets >= block - stride context
                         assert first - start >= block - stride
     with pytest.raises(ev.EvalError):
         ev.window_plan(10, 4, 5)
@@ -147,7 +184,7 @@ def test_window_plan_scores_every_target_once_with_enough_context():
 
 def test_sliding_window_equals_full_evaluation_when_the_text_fits():
     model = TinyTransformerLM(block_size=8)
-    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5])           # 9 ids: 8 targets, one full window
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5])  # 9 ids: 8 targets, one full window
     logits, _ = model(ids[None, :-1])
     full = F.cross_entropy(logits[0], ids[1:], reduction="none").detach().numpy()
     for stride in (1, 3, 8):
@@ -178,10 +215,13 @@ def test_score_tokens_rejects_too_short_texts():
 # 3. Exact match
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_exact_match_normalisation():
     assert ev.normalize_answer("  The Eiffel Tower! ") == "eiffel tower"
-    assert ev.normalize_answer("ＰＡＲＩＳ.") == "paris"                   # NFKC folds full-width letters
-    assert ev.normalize_answer("Straße") == ev.normalize_answer("STRASSE")  # case-folding, not just lower()
+    assert ev.normalize_answer("ＰＡＲＩＳ.") == "paris"  # NFKC folds full-width letters
+    assert ev.normalize_answer("Straße") == ev.normalize_answer(
+        "STRASSE"
+    )  # case-folding, not just lower()
     assert ev.exact_match(" paris .", "Paris")
     assert ev.exact_match("an apple", "apple")
     assert not ev.exact_match("Paris, France", "Paris")
@@ -193,30 +233,36 @@ def test_exact_match_normalisation():
 def test_read_tasks_names_the_malformed_line(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text('{"prompt": "2+2=", "answer": " 4"}\n\n{"prompt": "x", "answer": "y"}\n')
-    assert [t.answer for t in ev.read_tasks(good)] == [" 4", "y"]
+    assert [t.answer for t in cmd.read_tasks(good)] == [" 4", "y"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "a" "answer": "b"}\n')
     with pytest.raises(ev.EvalError, match="line 2"):
-        ev.read_tasks(bad)
-    bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "a", "answer": ""}\n{"prompt": "a"}\n')
+        cmd.read_tasks(bad)
+    bad.write_text(
+        '{"prompt": "a", "answer": "b"}\n{"prompt": "a", "answer": ""}\n{"prompt": "a"}\n'
+    )
     with pytest.raises(ev.EvalError, match="line 2"):
-        ev.read_tasks(bad)
+        cmd.read_tasks(bad)
     bad.write_text("\n")
     with pytest.raises(ev.EvalError, match="no tasks"):
-        ev.read_tasks(bad)
+        cmd.read_tasks(bad)
 
 
 def test_greedy_exact_match_and_answer_probability():
     alphabet = list("capitl: ryonsPL\n")
     successor = {":": " ", " ": "p", "p": "a", "a": "r", "r": "i", "i": "s", "s": "\n", "\n": "c"}
     model, tok = NextCharLM(alphabet, successor), CharTokenizer(alphabet)
-    tasks = [ev.Task("capital:", " paris"), ev.Task("capital:", " Paris"), ev.Task("capital:", " lyon")]
+    tasks = [
+        ev.Task("capital:", " paris"),
+        ev.Task("capital:", " Paris"),
+        ev.Task("capital:", " lyon"),
+    ]
     result = ev.evaluate_tasks(model, tok, tasks, block_size=16)
     assert result["items"] == 3
-    assert result["exact_match"] == pytest.approx(2 / 3)          # " paris" and " Paris" (case-folded)
+    assert result["exact_match"] == pytest.approx(2 / 3)  # " paris" and " Paris" (case-folded)
     # p(" paris"): 6 characters, each the favourite at logit 10 among 16 symbols
     p_right = (math.exp(10) / (math.exp(10) + 15)) ** 6
-    right, wrong = result["examples"]           # the first right answer, then the wrong ones (only one here)
+    right, wrong = result["examples"]  # the first right answer, then the wrong ones (only one here)
     assert right["p_answer"] == pytest.approx(p_right, rel=1e-5) and right["prediction"] == "paris"
     assert right["exact_match"] and wrong["answer"] == " lyon" and not wrong["exact_match"]
     assert wrong["p_answer"] < 1e-6
@@ -237,18 +283,23 @@ def test_teacher_forced_top1_is_greedy_decoding():
 
 
 def test_split_paragraphs():
-    assert ev.split_paragraphs("a\nb\n \nc") == ["a\nb", "c"]
-    assert ev.split_paragraphs("\n\n") == []
+    assert cmd.split_paragraphs("a\nb\n \nc") == ["a\nb", "c"]
+    assert cmd.split_paragraphs("\n\n") == []
 
 
 def test_last_word_tasks_from_documents():
-    wiki = ("Homarus gammarus\n\nIn life , the lobsters are blue , only becoming \" lobster red \" on cooking .\n"
-            "Too short to use .\nThe year was 1999 and nothing ended in a word here 2000 .\n"
-            "Wrapped prose that\ncontinues over lines ends here .")
+    wiki = (
+        'Homarus gammarus\n\nIn life , the lobsters are blue , only becoming " lobster red " on cooking .\n'
+        "Too short to use .\nThe year was 1999 and nothing ended in a word here 2000 .\n"
+        "Wrapped prose that\ncontinues over lines ends here ."
+    )
     tasks = ev.last_word_tasks([wiki], min_words=6)
     assert tasks == [
-        ev.Task('Homarus gammarus\n\nIn life , the lobsters are blue , only becoming " lobster red " on', " cooking"),
-        ev.Task(wiki[:wiki.rindex(" here")], " here"),     # a 7-word paragraph wrapped over two lines
+        ev.Task(
+            'Homarus gammarus\n\nIn life , the lobsters are blue , only becoming " lobster red " on',
+            " cooking",
+        ),
+        ev.Task(wiki[: wiki.rindex(" here")], " here"),  # a 7-word paragraph wrapped over two lines
     ]
     cropped = ev.last_word_tasks([wiki], min_words=6, max_prompt_chars=30)
     assert cropped[0].prompt == 'becoming " lobster red " on' and cropped[0].answer == " cooking"
@@ -264,6 +315,7 @@ def test_last_word_tasks_from_documents():
 # 4. Emergence
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_emergence_table_matches_the_lecture():
     lecture = [0.03, 0.08, 0.17, 0.33, 0.59, 0.77]
     assert [round(ev.exact_match_from_per_step(p, 5), 2) for p in ev.LECTURE_PER_STEP] == lecture
@@ -278,12 +330,14 @@ def test_k_token_exact_match_is_greedy_reproduction():
     model = TinyTransformerLM(block_size=16, seed=5)
     rng = random.Random(2)
     ids = [1] + ev.greedy_continue(model, [1], 15, block_size=16)
-    for i in rng.sample(range(1, 16), 3):                  # a mostly-predictable text with a few surprises
+    for i in rng.sample(range(1, 16), 3):  # a mostly-predictable text with a few surprises
         ids[i] = (ids[i] + 1) % 13
     scores = ev.score_tokens(model, ids, block_size=16)
     k = 3
-    reproduced = [ev.greedy_continue(model, ids[:t + 1], k, block_size=16) == ids[t + 1:t + 1 + k]
-                  for t in range(len(ids) - k)]
+    reproduced = [
+        ev.greedy_continue(model, ids[: t + 1], k, block_size=16) == ids[t + 1 : t + 1 + k]
+        for t in range(len(ids) - k)
+    ]
     assert 0 < sum(reproduced) < len(reproduced)
     assert ev.k_token_exact_match(scores.correct, k) == pytest.approx(np.mean(reproduced))
 
@@ -302,10 +356,18 @@ def _sentence(rng, n):
 @pytest.mark.parametrize("index", ["hashed", "set"])
 def test_contamination_finds_a_planted_13gram_and_ignores_a_12gram(index):
     rng = random.Random(0)
-    secret = "the quick brown fox jumps over the lazy dog while the cat sleeps soundly today".split()
-    train = [_sentence(rng, 200) + " " + " ".join(secret[:13]) + " " + _sentence(rng, 50) for _ in range(3)]
-    planted13 = _sentence(rng, 40) + " The QUICK brown fox, jumps over the lazy dog -- while the cat sleeps. " \
+    secret = (
+        "the quick brown fox jumps over the lazy dog while the cat sleeps soundly today".split()
+    )
+    train = [
+        _sentence(rng, 200) + " " + " ".join(secret[:13]) + " " + _sentence(rng, 50)
+        for _ in range(3)
+    ]
+    planted13 = (
+        _sentence(rng, 40)
+        + " The QUICK brown fox, jumps over the lazy dog -- while the cat sleeps. "
         + _sentence(rng, 40)
+    )
     planted12 = _sentence(rng, 40) + " " + " ".join(secret[:12]) + " " + _sentence(rng, 40)
     clean = _sentence(rng, 80)
     report = ev.contamination_report(train, [planted13, planted12, clean, "too short"], index=index)
@@ -314,7 +376,7 @@ def test_contamination_finds_a_planted_13gram_and_ignores_a_12gram(index):
     assert docs[0]["overlapping"] == 1 and docs[0]["example"] == " ".join(secret[:13])
     assert docs[1]["overlapping"] == 0 and docs[3]["ngrams"] == 0
     assert report["contaminated"] == 1 and report["eval_checkable"] == 3
-    text = ev.format_contamination(report)
+    text = eval_report.format_contamination(report)
     assert "1 documents (25.0%)" in text and " ".join(secret[:13]) in text
 
 
@@ -323,29 +385,40 @@ def test_hashed_ngram_index_agrees_with_a_set_of_tuples():
     rng = random.Random(4)
     vocab = ["a", "b", "c"]
     train = [" ".join(rng.choice(vocab) for _ in range(rng.randrange(0, 60))) for _ in range(20)]
-    evals = [" ".join(rng.choice(vocab + ["d"]) for _ in range(rng.randrange(0, 40))) for _ in range(30)]
+    evals = [
+        " ".join(rng.choice(vocab + ["d"]) for _ in range(rng.randrange(0, 40))) for _ in range(30)
+    ]
     n = 6
     truth = set()
     for doc in train:
         w = doc.split()
-        truth.update(tuple(w[i:i + n]) for i in range(len(w) - n + 1))
+        truth.update(tuple(w[i : i + n]) for i in range(len(w) - n + 1))
     for index in ("hashed", "set"):
         report = ev.contamination_report(train, evals, n=n, min_overlap=2, index=index)
         for doc, row in zip(evals, report["documents"]):
             w = doc.split()
-            grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+            grams = [tuple(w[i : i + n]) for i in range(len(w) - n + 1)]
             hits = sum(g in truth for g in grams)
-            assert (row["ngrams"], row["overlapping"], row["contaminated"]) == (len(grams), hits, hits >= 2)
+            assert (row["ngrams"], row["overlapping"], row["contaminated"]) == (
+                len(grams),
+                hits,
+                hits >= 2,
+            )
         assert report["train_ngrams"] == len(truth)
 
 
 def test_contamination_reads_task_files(tmp_path):
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"prompt": "Q: capital of France? A:", "answer": " Paris"}\n\n{"text": "plain document"}\n')
-    assert list(ev._read_documents(str(tasks), "val")) == ["Q: capital of France? A: Paris", "plain document"]
+    tasks.write_text(
+        '{"prompt": "Q: capital of France? A:", "answer": " Paris"}\n\n{"text": "plain document"}\n'
+    )
+    assert list(cmd.read_documents(str(tasks), "val")) == [
+        "Q: capital of France? A: Paris",
+        "plain document",
+    ]
     tasks.write_text('{"text": "fine"}\n{"prompt": "no answer"}\n')
     with pytest.raises(ev.EvalError, match="line 2"):
-        list(ev._read_documents(str(tasks), "val"))
+        list(cmd.read_documents(str(tasks), "val"))
 
 
 def test_contamination_rejects_empty_sets():
@@ -378,8 +451,17 @@ def synthetic_corpus(seed: int, n_paragraphs: int) -> str:
 
 def save_checkpoint(path, model, tokenizer, data_dir, step=7):
     """A checkpoint with the fields train.py writes and evaluate.py reads (CONTRACTS.md)."""
-    torch.save({"version": 1, "step": step, "model": model.state_dict(), "model_config": model.config.to_dict(),
-                "tokenizer_json": tokenizer.to_json(), "data_dir": str(data_dir)}, path)
+    torch.save(
+        {
+            "version": 1,
+            "step": step,
+            "model": model.state_dict(),
+            "model_config": model.config.to_dict(),
+            "tokenizer_json": tokenizer.to_json(),
+            "data_dir": str(data_dir),
+        },
+        path,
+    )
     return path
 
 
@@ -389,15 +471,24 @@ def run_dir(tmp_path_factory):
     import data
     from machinery import dataset
     import model
+
     root = tmp_path_factory.mktemp("evaluate")
-    (root / "corpus.txt").write_text(synthetic_corpus(0, 120))        # cleaning="web": one document per paragraph
-    data_dir = dataset.prepare([str(root / "corpus.txt")], out_dir=root / "data", vocab_size=300, val_fraction=0.2,
-                               clean_settings=data.CleanSettings(cleaning="web", filters="none", near_dup_threshold=0))
+    (root / "corpus.txt").write_text(
+        synthetic_corpus(0, 120)
+    )  # cleaning="web": one document per paragraph
+    data_dir = dataset.prepare(
+        [str(root / "corpus.txt")],
+        out_dir=root / "data",
+        vocab_size=300,
+        val_fraction=0.2,
+        clean_settings=data.CleanSettings(cleaning="web", filters="none", near_dup_threshold=0),
+    )
     tokenizer = data.TokenData(data_dir).tokenizer
     for name, width in (("small", 32), ("large", 64)):
         torch.manual_seed(0)
-        config = model.GPTConfig(vocab_size=len(tokenizer), block_size=32, n_layer=1, n_head=2, n_kv_head=1,
-                                 n_embd=width)
+        config = model.GPTConfig(
+            vocab_size=len(tokenizer), block_size=32, n_layer=1, n_head=2, n_kv_head=1, n_embd=width
+        )
         (root / name).mkdir()
         save_checkpoint(root / name / "ckpt_0000007.pt", model.GPT(config), tokenizer, data_dir)
     return root
@@ -405,8 +496,8 @@ def run_dir(tmp_path_factory):
 
 def run_cli(argv, capsys):
     try:
-        code = ev.main([str(a) for a in argv])
-    except SystemExit as e:                         # argparse rejects a flag itself
+        code = cmd.main([str(a) for a in argv])
+    except SystemExit as e:  # argparse rejects a flag itself
         code = e.code
     out, err = capsys.readouterr()
     return code, out, err
@@ -414,61 +505,129 @@ def run_cli(argv, capsys):
 
 def test_cli_evaluates_a_checkpoint_on_its_held_out_split(run_dir, capsys):
     import data
-    code, out, err = run_cli(["--ckpt", run_dir / "small", "--min-words", "10", "--stride", "32"], capsys)
+
+    code, out, err = run_cli(
+        ["--ckpt", run_dir / "small", "--min-words", "10", "--stride", "32"], capsys
+    )
     assert code == 0, err
     assert "bits per byte" in out and "last word: exact match" in out
     result = json.loads((run_dir / "small" / "eval_0000007.json").read_text())
     held = result["held_out"]
     manifest = data.load_manifest(run_dir / "data")["splits"]["val"]
-    assert held["whole_split"] and held["tokens"] == manifest["tokens"] - 1 and held["bytes"] == manifest["bytes"]
-    assert held["bits_per_byte"] == pytest.approx(held["loss"] * held["tokens"] / math.log(2) / held["bytes"])
+    assert (
+        held["whole_split"]
+        and held["tokens"] == manifest["tokens"] - 1
+        and held["bytes"] == manifest["bytes"]
+    )
+    assert held["bits_per_byte"] == pytest.approx(
+        held["loss"] * held["tokens"] / math.log(2) / held["bytes"]
+    )
     # Oracle: with stride = block, the mean loss is model(x, targets) over consecutive disjoint windows.
     model, tokenizer, ckpt = ev.load_model(run_dir / "small")
     shards = data.TokenData(run_dir / "data").shards["val"]
     ids = torch.from_numpy(np.concatenate([np.asarray(s, np.int64) for s in shards]))
     total, count = 0.0, 0
     for start in range(0, len(ids) - 1, 32):
-        x, y = ids[start:start + 32], ids[start + 1:start + 33]
-        x = x[:len(y)]
+        x, y = ids[start : start + 32], ids[start + 1 : start + 33]
+        x = x[: len(y)]
         _, loss = model(x[None], y[None])
         total, count = total + loss.item() * len(y), count + len(y)
     assert held["loss"] == pytest.approx(total / count, rel=1e-5)
     assert 0 <= result["last_word"]["exact_match"] <= 1 and result["last_word"]["items"] > 10
 
 
-
 def test_progress_lines_give_count_rate_and_eta_at_most_every_interval(monkeypatch, capsys):
-    clock = iter([100.0, 105.0, 110.0, 112.0, 130.0])          # start, then one reading per update
-    monkeypatch.setattr(ev.time, "perf_counter", lambda: next(clock))
-    ticker = ev.Progress("held-out text", 100, "windows")
-    ticker.update(10)                   # 5 s in: too soon to say anything
-    ticker.update(25, " (so far)")      # 10 s: 2.5 windows/s, 75 left -> 30 s
-    ticker.update(30)                   # 2 s after the last line: quiet
-    ticker.update(100)                  # 30 s: done
+    clock = iter([100.0, 105.0, 110.0, 112.0, 130.0])  # start, then one reading per update
+    monkeypatch.setattr(eval_report.time, "perf_counter", lambda: next(clock))
+    ticker = eval_report.Progress("held-out text", "windows")
+    ticker(10, 100)  # 5 s in: too soon to say anything
+    ticker(25, 100, " (so far)")  # 10 s: 2.5 windows/s, 75 left -> 30 s
+    ticker(30, 100)  # 2 s after the last line: quiet
+    ticker(100, 100)  # 30 s: done
     assert capsys.readouterr().err.splitlines() == [
         "held-out text: 25 of 100 windows (so far), 2.5/s, ETA 0m30s",
-        "held-out text: 100 of 100 windows, 3.3/s, ETA 0m00s"]
+        "held-out text: 100 of 100 windows, 3.3/s, ETA 0m00s",
+    ]
 
 
 def test_evaluating_a_checkpoint_shows_progress_on_stderr_only(run_dir, capsys, monkeypatch):
     """`evaluate.py --ckpt` scores windows, then last-word tasks, for minutes on a busy CPU: both say
     where they are on stderr (here every update: the interval set to 0), stdout keeps the table."""
-    monkeypatch.setattr(ev, "PROGRESS_EVERY_S", 0.0)
-    code, out, err = run_cli(["--ckpt", run_dir / "small", "--min-words", "10", "--stride", "32",
-                              "--max-tokens", "600", "--last-word-items", "5",
-                              "--json", run_dir / "progress.json"], capsys)
+    monkeypatch.setattr(eval_report, "PROGRESS_EVERY_S", 0.0)
+    code, out, err = run_cli(
+        [
+            "--ckpt",
+            run_dir / "small",
+            "--min-words",
+            "10",
+            "--stride",
+            "32",
+            "--max-tokens",
+            "600",
+            "--last-word-items",
+            "5",
+            "--json",
+            run_dir / "progress.json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     windows = [line for line in err.splitlines() if line.startswith("held-out text: ")]
     tasks = [line for line in err.splitlines() if line.startswith("last-word tasks: ")]
     assert re.fullmatch(r"held-out text: (\d+) of \1 windows, [\d,.]+/s, ETA 0m00s", windows[-1])
-    assert re.fullmatch(r"last-word tasks: (\d+) of \1 scored \(exact match so far [01]\.\d{3}\), "
-                        r"[\d,.]+/s, ETA 0m00s", tasks[-1])
+    assert re.fullmatch(
+        r"last-word tasks: (\d+) of \1 scored \(exact match so far [01]\.\d{3}\), "
+        r"[\d,.]+/s, ETA 0m00s",
+        tasks[-1],
+    )
     assert len(windows) > 1 and not re.search(r"^(held-out text|last-word tasks): ", out, re.M)
+
+
+def test_cli_scores_a_task_file_on_any_text_and_names_the_flags_when_no_paragraph_fits(
+    run_dir, capsys, tmp_path
+):
+    text = tmp_path / "text.txt"
+    text.write_text(synthetic_corpus(5, 20))
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        '{"prompt": "the red fox", "answer": " jumps"}\n{"prompt": "", "answer": " the"}\n'
+    )
+    code, out, err = run_cli(
+        [
+            "--ckpt",
+            run_dir / "small",
+            "--data",
+            text,
+            "--tasks",
+            tasks,
+            "--min-words",
+            "10",
+            "--json",
+            tmp_path / "r.json",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    assert "tasks: exact match (2 items)" in out
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["tasks"]["file"] == str(tasks) and result["tasks"]["items"] == 2
+    assert result["held_out"]["data"] == str(text) and result["last_word"]["items"] > 5
+    # the library says what is wrong; the command adds the flags that change it
+    code, out, err = run_cli(
+        ["--ckpt", run_dir / "small", "--data", text, "--min-words", "1000"], capsys
+    )
+    assert (
+        code == 2
+        and "no held-out paragraph has 1000+ words" in err
+        and "(--data, --min-words)" in err
+    ), err
+
 
 def test_held_out_documents_retokenize_to_the_shards(run_dir):
     import data
+
     tokenizer = data.TokenData(run_dir / "data").tokenizer
-    from_shards = ev.held_out_from_data_dir(run_dir / "data", tokenizer, tokenizer.to_json())
+    from_shards = cmd.held_out_from_data_dir(run_dir / "data", tokenizer, tokenizer.to_json())
     from_text = ev.held_out_from_documents("text", from_shards.documents, tokenizer)
     np.testing.assert_array_equal(from_text.ids, from_shards.ids)
     assert from_text.n_bytes == from_shards.n_bytes
@@ -477,9 +636,9 @@ def test_held_out_documents_retokenize_to_the_shards(run_dir):
 def test_decode_documents_across_shards():
     tok = CharTokenizer(list("abc|"))
     eot = 3
-    shards = [np.array([3, 0, 1, 3, 2]), np.array([2, 0]), np.array([3, 1])]      # "|ab|c" "ca" "|b"
-    assert list(ev.decode_documents(shards, eot, tok)) == ["ab", "cca", "b"]
-    assert list(ev.decode_documents([np.array([0, 1])], None, tok)) == ["ab"]
+    shards = [np.array([3, 0, 1, 3, 2]), np.array([2, 0]), np.array([3, 1])]  # "|ab|c" "ca" "|b"
+    assert list(cmd.decode_documents(shards, eot, tok)) == ["ab", "cca", "b"]
+    assert list(cmd.decode_documents([np.array([0, 1])], None, tok)) == ["ab"]
 
 
 def test_tokenizer_fair_comparison_by_bits_per_byte(run_dir, capsys):
@@ -487,26 +646,51 @@ def test_tokenizer_fair_comparison_by_bits_per_byte(run_dir, capsys):
     and BPE (V = 300, fewer tokens) checkpoints get exactly tokens * log2(V) / bytes bits per byte."""
     import bpe
     import model
+
     text = synthetic_corpus(1, 8)
     (run_dir / "compare.txt").write_text(text)
     paths = []
-    for name, tokenizer in (("bytes", bpe.Tokenizer.from_merges([])),
-                            ("bpe", ev.load_model(run_dir / "small")[1])):
-        config = model.GPTConfig(vocab_size=len(tokenizer), block_size=32, n_layer=1, n_head=2, n_kv_head=1,
-                                 n_embd=16)
+    for name, tokenizer in (
+        ("bytes", bpe.Tokenizer.from_merges([])),
+        ("bpe", ev.load_model(run_dir / "small")[1]),
+    ):
+        config = model.GPTConfig(
+            vocab_size=len(tokenizer), block_size=32, n_layer=1, n_head=2, n_kv_head=1, n_embd=16
+        )
         gpt = model.GPT(config)
-        torch.nn.init.zeros_(gpt.lm_head.weight)               # logits 0: the uniform model
-        paths.append(save_checkpoint(run_dir / f"uniform_{name}.pt", gpt, tokenizer, run_dir / "data"))
-    code, out, err = run_cli(["compare", "--ckpt", paths[0], "--ckpt", paths[1], "--data", run_dir / "compare.txt",
-                              "--json", run_dir / "compare.json"], capsys)
+        torch.nn.init.zeros_(gpt.lm_head.weight)  # logits 0: the uniform model
+        paths.append(
+            save_checkpoint(run_dir / f"uniform_{name}.pt", gpt, tokenizer, run_dir / "data")
+        )
+    code, out, err = run_cli(
+        [
+            "compare",
+            "--ckpt",
+            paths[0],
+            "--ckpt",
+            paths[1],
+            "--data",
+            run_dir / "compare.txt",
+            "--json",
+            run_dir / "compare.json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = json.loads((run_dir / "compare.json").read_text())
-    n_bytes = sum(len(p.encode()) for p in ev.split_paragraphs(text))      # data.py: one document per paragraph
+    n_bytes = sum(
+        len(p.encode()) for p in cmd.split_paragraphs(text)
+    )  # data.py: one document per paragraph
     for row, vocab in zip(rows, (257, 300)):
         assert row["bytes"] == n_bytes and row["vocab_size"] == vocab
         assert row["perplexity"] == pytest.approx(vocab, rel=1e-5)
-        assert row["bits_per_byte"] == pytest.approx(row["tokens"] * math.log2(vocab) / n_bytes, rel=1e-5)
-    assert rows[1]["tokens"] < rows[0]["tokens"] and rows[1]["bits_per_byte"] < rows[0]["bits_per_byte"]
+        assert row["bits_per_byte"] == pytest.approx(
+            row["tokens"] * math.log2(vocab) / n_bytes, rel=1e-5
+        )
+    assert (
+        rows[1]["tokens"] < rows[0]["tokens"]
+        and rows[1]["bits_per_byte"] < rows[0]["bits_per_byte"]
+    )
     assert f"fewest bits per byte (predicts this text best): {paths[1]}" in out
 
 
@@ -516,28 +700,45 @@ def test_sample_streams_what_generate_produces(run_dir, capsys):
     for temperature in (0.0, 1.0):
         pieces = list(ev.stream_sample(model, tokenizer, prompt, 40, temperature, top_k=20, seed=3))
         idx = torch.tensor([tokenizer.encode(prompt)])
-        ref = model.generate(idx, 40, temperature=temperature, top_k=20,
-                             generator=torch.Generator().manual_seed(3))[0, idx.shape[1]:].tolist()
+        ref = model.generate(
+            idx, 40, temperature=temperature, top_k=20, generator=torch.Generator().manual_seed(3)
+        )[0, idx.shape[1] :].tolist()
         if tokenizer.eot_id in ref:
-            ref = ref[:ref.index(tokenizer.eot_id)]
+            ref = ref[: ref.index(tokenizer.eot_id)]
         assert "".join(pieces) == tokenizer.decode(ref)
-    code, out, _ = run_cli(["sample", "--ckpt", run_dir / "small", "--prompt", prompt, "--max-new-tokens", "5"],
-                           capsys)
+    code, out, _ = run_cli(
+        ["sample", "--ckpt", run_dir / "small", "--prompt", prompt, "--max-new-tokens", "5"], capsys
+    )
     assert code == 0 and out.startswith(prompt)
 
 
 def test_emergence_from_sweep_checkpoints(run_dir, capsys, tmp_path):
-    code, out, err = run_cli(["emergence", "--ckpt", run_dir / "large", "--ckpt", run_dir / "small", "--k", "2",
-                              "--plot", tmp_path / "e.png", "--json", tmp_path / "e.json", "--max-tokens", "500"],
-                             capsys)
+    code, out, err = run_cli(
+        [
+            "emergence",
+            "--ckpt",
+            run_dir / "large",
+            "--ckpt",
+            run_dir / "small",
+            "--k",
+            "2",
+            "--plot",
+            tmp_path / "e.png",
+            "--json",
+            tmp_path / "e.json",
+            "--max-tokens",
+            "500",
+        ],
+        capsys,
+    )
     assert code == 0, err
-    assert "0.03   0.08   0.17   0.33   0.59   0.77" not in out      # k = 2 here
+    assert "0.03   0.08   0.17   0.33   0.59   0.77" not in out  # k = 2 here
     rows = json.loads((tmp_path / "e.json").read_text())
-    assert [r["checkpoint"].split("/")[-2] for r in rows] == ["small", "large"]   # sorted by size
+    assert [r["checkpoint"].split("/")[-2] for r in rows] == ["small", "large"]  # sorted by size
     for r in rows:
         assert 0 <= r["exact_match_2"] <= r["per_token_accuracy"] <= 1 and r["tokens"] == 500
     assert (tmp_path / "e.png").stat().st_size > 10_000
-    assert ev.expand_runs([run_dir]) == [run_dir / "large", run_dir / "small"]     # a sweep directory
+    assert cmd.expand_runs([run_dir]) == [run_dir / "large", run_dir / "small"]  # a sweep directory
     code, out, _ = run_cli(["emergence"], capsys)
     assert "0.03   0.08   0.17   0.33   0.59   0.77" in out
 
@@ -546,17 +747,35 @@ def test_contamination_cli_on_token_shards_and_drop(run_dir, capsys, tmp_path):
     """Train split of the packed corpus vs its val split (cut after dedup: nothing shared), then an eval file with
     one paragraph copied from the training corpus: that one is flagged and dropped."""
     import data
-    train_docs = list(ev._read_documents(str(run_dir / "data"), "train"))
+
+    train_docs = list(cmd.read_documents(str(run_dir / "data"), "train"))
     copied = train_docs[3].split("\n")[0]
     eval_file = tmp_path / "eval.txt"
     eval_file.write_text(synthetic_corpus(5, 3).replace("\n\n", f"\n\nNew text : {copied}\n\n", 1))
-    code, out, err = run_cli(["contamination", "--train", run_dir / "data", "--eval", eval_file,
-                              "--drop", tmp_path / "clean.jsonl", "--json", tmp_path / "c.json"], capsys)
+    code, out, err = run_cli(
+        [
+            "contamination",
+            "--train",
+            run_dir / "data",
+            "--eval",
+            eval_file,
+            "--drop",
+            tmp_path / "clean.jsonl",
+            "--json",
+            tmp_path / "c.json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     report = json.loads((tmp_path / "c.json").read_text())
     assert [d["contaminated"] for d in report["documents"]] == [False, True, False, False]
-    assert report["train_documents"] == data.load_manifest(run_dir / "data")["splits"]["train"]["documents"]
-    kept = [json.loads(line)["text"] for line in (tmp_path / "clean.jsonl").read_text().splitlines()]
+    assert (
+        report["train_documents"]
+        == data.load_manifest(run_dir / "data")["splits"]["train"]["documents"]
+    )
+    kept = [
+        json.loads(line)["text"] for line in (tmp_path / "clean.jsonl").read_text().splitlines()
+    ]
     assert len(kept) == 3 and all(copied not in k for k in kept)
 
 
@@ -566,13 +785,25 @@ def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
     (damaged / "ckpt_0000001.pt").write_bytes(b"not a zip file at all")
     gpt, tokenizer, ckpt = ev.load_model(run_dir / "small")
     no_tokenizer = tmp_path / "ckpt_0000002.pt"
-    torch.save({"version": 1, "step": 2, "model": gpt.state_dict(), "model_config": gpt.config.to_dict(),
-                "data_dir": ckpt["data_dir"]}, no_tokenizer)
+    torch.save(
+        {
+            "version": 1,
+            "step": 2,
+            "model": gpt.state_dict(),
+            "model_config": gpt.config.to_dict(),
+            "data_dir": ckpt["data_dir"],
+        },
+        no_tokenizer,
+    )
     bad_tasks = tmp_path / "tasks.jsonl"
-    bad_tasks.write_text('{"prompt": "a", "answer": " b"}\n{"prompt": "a", "answer": " b"}\n{oops}\n')
+    bad_tasks.write_text(
+        '{"prompt": "a", "answer": " b"}\n{"prompt": "a", "answer": " b"}\n{oops}\n'
+    )
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n   \n")
-    eval_text = tmp_path / "eval.txt"          # its own file: the case must not depend on another test's output
+    eval_text = (
+        tmp_path / "eval.txt"
+    )  # its own file: the case must not depend on another test's output
     eval_text.write_text("The quick brown fox jumps over the lazy dog near the river bank today.\n")
     cases = [
         (["--ckpt", tmp_path / "missing"], "not found"),
@@ -580,10 +811,38 @@ def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
         (["--ckpt", no_tokenizer], "has no tokenizer"),
         (["--ckpt", run_dir / "small", "--tasks", bad_tasks], "line 3"),
         (["--ckpt", run_dir / "small", "--data", empty], "empty"),
-        (["contamination", "--train", empty, "--eval", eval_text], "training corpus has no documents"),
-        (["--ckpt", run_dir / "small", "--max-tokens", 100, "--json", empty / "out.json"], "cannot write"),
-        (["contamination", "--train", eval_text, "--eval", eval_text, "--drop", empty / "kept.jsonl"], "cannot write"),
-        (["emergence", "--ckpt", run_dir / "small", "--max-tokens", 100, "--plot", empty / "e.png"], "cannot write"),
+        (
+            ["contamination", "--train", empty, "--eval", eval_text],
+            "training corpus has no documents",
+        ),
+        (
+            ["--ckpt", run_dir / "small", "--max-tokens", 100, "--json", empty / "out.json"],
+            "cannot write",
+        ),
+        (
+            [
+                "contamination",
+                "--train",
+                eval_text,
+                "--eval",
+                eval_text,
+                "--drop",
+                empty / "kept.jsonl",
+            ],
+            "cannot write",
+        ),
+        (
+            [
+                "emergence",
+                "--ckpt",
+                run_dir / "small",
+                "--max-tokens",
+                100,
+                "--plot",
+                empty / "e.png",
+            ],
+            "cannot write",
+        ),
     ]
     for argv, needle in cases:
         code, out, err = run_cli(argv, capsys)
@@ -593,20 +852,31 @@ def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
 
 # --- issue 24: --device checked once, task files read through fileio --------------------------------------------
 
+
 def test_docstring_examples():
     import doctest
-    assert doctest.testmod(ev).failed == 0
+
+    assert doctest.testmod(ev).failed == 0 and doctest.testmod(cmd).failed == 0
 
 
-@pytest.mark.parametrize("argv", [["--device", "meta"], ["sample", "--device", "meta"],
-                                  ["compare", "--ckpt", "a", "--ckpt", "b", "--device", "meta"],
-                                  ["emergence", "--ckpt", "a", "--device", "meta"], ["--device", "nosuch"],
-                                  ["sample", "--device", "xla"], ["--device", "cuda:3"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--device", "meta"],
+        ["sample", "--device", "meta"],
+        ["compare", "--ckpt", "a", "--ckpt", "b", "--device", "meta"],
+        ["emergence", "--ckpt", "a", "--device", "meta"],
+        ["--device", "nosuch"],
+        ["sample", "--device", "xla"],
+        ["--device", "cuda:3"],
+    ],
+)
 def test_a_bad_device_is_one_line_naming_it_before_any_work(argv, tmp_path, capsys, monkeypatch):
     """meta used to reach the model and fail inside torch (a RuntimeError traceback)."""
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(argv + ["--ckpt", str(tmp_path / "nosuch")] if argv[0].startswith("--") else argv,
-                             capsys)
+    code, out, err = run_cli(
+        argv + ["--ckpt", str(tmp_path / "nosuch")] if argv[0].startswith("--") else argv, capsys
+    )
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert f"--device {argv[-1]}" in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())
@@ -615,37 +885,45 @@ def test_a_bad_device_is_one_line_naming_it_before_any_work(argv, tmp_path, caps
 def test_the_device_check_knows_what_this_machine_has(monkeypatch):
     """model.resolve_device, the one check every CLI uses: cuda:N must exist; auto picks CUDA, then MPS, then CPU."""
     import model
-    assert model.resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "mps"
-                                                        if torch.backends.mps.is_available() else "cpu")
+
+    assert model.resolve_device("auto") == torch.device(
+        "cuda"
+        if torch.cuda.is_available()
+        else "mps"
+        if torch.backends.mps.is_available()
+        else "cpu"
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert model.resolve_device("cuda:1") == torch.device("cuda", 1)
     assert model.resolve_device("cuda") == torch.device("cuda", 0) == model.resolve_device("auto")
-    monkeypatch.setenv("LOCAL_RANK", "1")                            # under torchrun: this rank's GPU
+    monkeypatch.setenv("LOCAL_RANK", "1")  # under torchrun: this rank's GPU
     assert model.resolve_device("cuda") == torch.device("cuda", 1)
     with pytest.raises(ValueError, match="--device cuda:2: this machine has 2 CUDA device"):
         model.resolve_device("cuda:2")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ev.EvalError, match="--device cuda:0: no CUDA device here"):
-        ev.resolve_device("cuda:0")
+        cmd.resolve_device("cuda:0")
 
 
 def test_a_task_file_nested_thousands_deep_is_one_line(tmp_path):
     deep = tmp_path / "tasks.jsonl"
     deep.write_text('{"prompt": "a", "answer": "b"}\n' + "[" * 5000 + "\n")
-    with pytest.raises(ev.EvalError, match="tasks.jsonl line 2: JSON nested more than 1,000 levels deep"):
-        ev.read_tasks(deep)
+    with pytest.raises(
+        ev.EvalError, match="tasks.jsonl line 2: JSON nested more than 1,000 levels deep"
+    ):
+        cmd.read_tasks(deep)
     deep.write_bytes(b'{"prompt": "\xff", "answer": "b"}\n')
     with pytest.raises(ev.EvalError, match="tasks.jsonl line 1: "):
-        ev.read_tasks(deep)
+        cmd.read_tasks(deep)
 
 
 def test_reports_are_written_whole_with_the_umask_modes(tmp_path):
     """--json and --drop outputs are for others to read: 0644 under umask 022 (a bare mkstemp leaves 0600)."""
     old = os.umask(0o022)
     try:
-        path = ev.write_json({"a": 1}, tmp_path / "r.json")
+        path = cmd.write_json({"a": 1}, tmp_path / "r.json")
     finally:
         os.umask(old)
     assert json.loads(path.read_text()) == {"a": 1} and oct(path.stat().st_mode & 0o777) == "0o644"
@@ -654,14 +932,17 @@ def test_reports_are_written_whole_with_the_umask_modes(tmp_path):
 
 # ------------------------------------------------------------------------------ associative recall (MQAR)
 
+
 def test_mqar_rows_ask_every_listed_key_for_its_value():
     idx, targets = ev.mqar_batch(6, 5, vocab_size=32, generator=torch.Generator().manual_seed(3))
     assert idx.shape == targets.shape == (5, 24)
     for row, target in zip(idx.tolist(), targets.tolist()):
         pairs = dict(zip(row[:12:2], row[1:12:2]))
-        assert len(pairs) == 6 and all(k < 16 <= v < 32 for k, v in pairs.items())       # distinct keys
-        assert sorted(row[12::2]) == sorted(pairs)                                       # each key asked once
-        assert [t for t in target if t >= 0] == [pairs[k] for k in row[12::2]]           # answered by its value
+        assert len(pairs) == 6 and all(k < 16 <= v < 32 for k, v in pairs.items())  # distinct keys
+        assert sorted(row[12::2]) == sorted(pairs)  # each key asked once
+        assert [t for t in target if t >= 0] == [
+            pairs[k] for k in row[12::2]
+        ]  # answered by its value
         assert target[:12] == [-1] * 12 and target[13::2] == [-1] * 6
     with pytest.raises(ev.EvalError, match="17 key-value pairs need 17 distinct keys"):
         ev.mqar_batch(17, 1, vocab_size=32)
@@ -670,6 +951,7 @@ def test_mqar_rows_ask_every_listed_key_for_its_value():
 def test_recall_accuracy_is_one_for_a_model_that_looks_the_key_up():
     class LookUp(nn.Module):
         """Predicts after each token the token that followed its previous occurrence (an ideal induction head)."""
+
         config = type("C", (), {"vocab_size": 64})
 
         def forward(self, idx):
@@ -680,6 +962,7 @@ def test_recall_accuracy_is_one_for_a_model_that_looks_the_key_up():
                     if seen:
                         logits[b, t, row[seen[-1] + 1]] = 1
             return logits, None
+
     assert ev.recall_accuracy(LookUp(), 5, n_rows=8) == 1.0
 
 
@@ -692,16 +975,40 @@ def test_attention_learns_two_pair_recall_far_above_chance():
     assert ev.recall_accuracy(net, 2, n_rows=256, seed=1) >= 0.7
 
 
-def test_recall_command_writes_its_report_outside_the_repository_unless_asked(tmp_path, capsys,
-                                                                              monkeypatch):
+def test_recall_command_writes_its_report_outside_the_repository_unless_asked(
+    tmp_path, capsys, monkeypatch
+):
     # no --out: a fresh folder in the temporary folder; docs/recall (the committed run) untouched
     root = pathlib.Path(ev.__file__).resolve().parent
     committed = {p.name: p.read_bytes() for p in (root / "docs" / "recall").iterdir()}
     top = sorted(p.name for p in root.iterdir())
     monkeypatch.chdir(root)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert ev.main(["recall", "--steps", "2", "--seeds", "2", "--pairs", "2", "3", "--width", "16",
-                    "--lr", "1e-3", "3e-3", "--workers", "3", "--contexts", "32", "64"]) == 0
+    assert (
+        cmd.main(
+            [
+                "recall",
+                "--steps",
+                "2",
+                "--seeds",
+                "2",
+                "--pairs",
+                "2",
+                "3",
+                "--width",
+                "16",
+                "--lr",
+                "1e-3",
+                "3e-3",
+                "--workers",
+                "3",
+                "--contexts",
+                "32",
+                "64",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     out = pathlib.Path(printed.rsplit("report: ", 1)[1].strip()).parent
     assert out.parent == tmp_path and out.name.startswith("recall-")
@@ -712,25 +1019,41 @@ def test_recall_command_writes_its_report_outside_the_repository_unless_asked(tm
     for kind in ("attention", "linear", "hybrid"):
         # accuracy, sweep, 2 costs
         assert sum(line.startswith(f"| {kind} |") for line in report.splitlines()) == 4
-    assert "| model | params | 2 pairs | 3 pairs |" in report and "![recall vs pairs](recall.png)" in report
+    assert (
+        "| model | params | 2 pairs | 3 pairs |" in report
+        and "![recall vs pairs](recall.png)" in report
+    )
     result = json.loads((out / "recall.json").read_text())
-    assert len(result["rows"]) == 6 and len(result["sweep"]) == 6 and (out / "recall.png").stat().st_size > 1000
+    assert (
+        len(result["rows"]) == 6
+        and len(result["sweep"]) == 6
+        and (out / "recall.png").stat().st_size > 1000
+    )
     assert all(row["lr"] == result["lr"][row["kind"]] for row in result["rows"])
     costs = {(c["kind"], c["context"]): c["state_bytes"] for c in result["costs"]}
-    assert costs["attention", 64] == 2 * costs["attention", 32] and costs["linear", 64] == costs["linear", 32]
-    assert ev.main(["recall", "--width", "6", "--out", str(tmp_path / "r")]) == 2
+    assert (
+        costs["attention", 64] == 2 * costs["attention", 32]
+        and costs["linear", 64] == costs["linear", 32]
+    )
+    assert cmd.main(["recall", "--width", "6", "--out", str(tmp_path / "r")]) == 2
 
 
 def _recall_table(attention, linear, hybrid):
     """A result holding only the accuracy table: per kind, one {pairs: accuracy} per seed."""
-    rows = [{"kind": kind, "accuracy": dict(zip((2, 4, 8), seed))}
-            for kind, seeds in (("attention", attention), ("linear", linear), ("hybrid", hybrid))
-            for seed in seeds]
+    rows = [
+        {"kind": kind, "accuracy": dict(zip((2, 4, 8), seed))}
+        for kind, seeds in (("attention", attention), ("linear", linear), ("hybrid", hybrid))
+        for seed in seeds
+    ]
     return {"pair_counts": [2, 4, 8], "rows": rows}
 
 
 def test_recall_verdict_is_computed_from_the_table_seed_by_seed():
-    attention, linear, hybrid = [(1.0, 0.99, 0.97)] * 3, [(0.8, 0.5, 0.3)] * 3, [(1.0, 0.9, 0.8)] * 3
+    attention, linear, hybrid = (
+        [(1.0, 0.99, 0.97)] * 3,
+        [(0.8, 0.5, 0.3)] * 3,
+        [(1.0, 0.9, 0.8)] * 3,
+    )
     assert ev.recall_verdict(_recall_table(attention, linear, hybrid))["shown"]
     # one attention seed left on the 1 / pairs plateau at 8 pairs
     verdict = ev.recall_verdict(_recall_table(attention[:2] + [(1.0, 0.99, 0.13)], linear, hybrid))
@@ -745,11 +1068,19 @@ def test_recall_verdict_is_computed_from_the_table_seed_by_seed():
 
 def test_decode_cost_counts_the_kv_cache_and_the_state_each_token_reads():
     from model import GPTConfig
+
     # (kind -> a token's KV bytes in its attention layers, its layers' fixed state bytes), fp32
     head_dim, kv_per_token, state = 16, 2 * 2 * 16 * 4, 2 * 16 * 16 * 4
     for pattern, n_attention in (("AAAA", 4), ("LLLL", 0), ("LLLA", 1)):
-        config = GPTConfig(vocab_size=64, block_size=8, n_layer=4, n_head=2, n_kv_head=2, n_embd=32,
-                           layer_pattern=pattern)
+        config = GPTConfig(
+            vocab_size=64,
+            block_size=8,
+            n_layer=4,
+            n_head=2,
+            n_kv_head=2,
+            n_embd=32,
+            layer_pattern=pattern,
+        )
         assert config.head_dim == head_dim
         for context in (100, 1000):
             state_bytes, weight_bytes = ev.decode_bytes_per_token(config, context)
@@ -757,9 +1088,19 @@ def test_decode_cost_counts_the_kv_cache_and_the_state_each_token_reads():
             assert weight_bytes == 4 * config.num_params()
     # the timed decode reports the same bytes, and gives the thread count back
     import model as model_lib
-    net = model_lib.GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=4, n_head=2, n_kv_head=2,
-                                  n_embd=32, layer_pattern="LLLA")).eval()
+
+    net = model_lib.GPT(
+        GPTConfig(
+            vocab_size=64,
+            block_size=8,
+            n_layer=4,
+            n_head=2,
+            n_kv_head=2,
+            n_embd=32,
+            layer_pattern="LLLA",
+        )
+    ).eval()
     threads = torch.get_num_threads()
-    cost = ev.decode_cost(net, 40, threads=1)
+    cost = recall_report.decode_cost(net, 40, threads=1)
     assert cost["state_bytes"] == kv_per_token * 40 + 3 * state and cost["ms_per_token"] > 0
     assert torch.get_num_threads() == threads

@@ -15,8 +15,8 @@ transformers = pytest.importorskip("transformers", reason="the HF bridge tests n
 pytest.importorskip("safetensors", reason="the HF bridge tests need safetensors (pip install -r requirements-test.txt)")
 
 import bpe  # noqa: E402
-import evaluate  # noqa: E402
 from machinery import hf  # noqa: E402
+from machinery.commands import evaluate as evaluate_command  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
 from test_bpe import EMBEDDED, corpus_texts  # noqa: E402
@@ -110,8 +110,8 @@ def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_pat
     assert reloaded.config == ours.config and reloaded_tokenizer.to_json() == tokenizer.to_json()
     assert bpe.Tokenizer.load(hf_dir / "tokenizer.json").to_json() == tokenizer.to_json()   # data.py --tokenizer
     capsys.readouterr()
-    assert evaluate.main(["sample", "--ckpt", str(tmp_path / "imported.pt"), "--prompt", "the parser",
-                          "--max-new-tokens", "8", "--device", "cpu"]) in (None, 0)
+    assert evaluate_command.main(["sample", "--ckpt", str(tmp_path / "imported.pt"), "--prompt", "the parser",
+                                  "--max-new-tokens", "8", "--device", "cpu"]) in (None, 0)
     assert capsys.readouterr().out.startswith("the parser")
 
 
