@@ -30,9 +30,8 @@ Why tokenizers explain "LLM quirks" (`python bpe.py show`): GPT-2 sees "strawber
 [st][raw][berry], not ten letters; "1234" is [12][34]; Chinese costs GPT-4 1.92 tokens per
 character. docs/bpe.md has the numbers, streaming, the Hugging Face export and the benchmarks.
 
-Reading order: the idea (`count_pairs`, `merge_pair`, `train_bpe_naive`), pre-tokenization, the
-fast trainer (`train_bpe`: incremental pair counts + a heap with lazy invalidation), the
-`Tokenizer` (encode, decode, tiktoken, the JSON file), GPT-2's files, the teaching views.
+Reading order: the idea (`train_bpe_naive`), pre-tokenization, the fast trainer (`train_bpe`), the
+`Tokenizer` (encode, decode, tiktoken, the JSON file) and GPT-2's byte alphabet.
 
 Depends on: the standard library, `regex` (installed with tiktoken; needed for \\p{L}) and tiktoken.
 """
@@ -42,8 +41,6 @@ from __future__ import annotations
 import heapq
 import json
 import os
-import sys
-import time
 from collections import Counter, defaultdict
 from functools import lru_cache
 from pathlib import Path
@@ -63,9 +60,7 @@ class TokenizerError(ValueError):
 
 REMAKE_TOKENIZER = "the file is damaged: re-create it with `python bpe.py train`"
 
-# --------------------------------------------------------------------------------------------------
 # 1. The idea in a few lines: count adjacent pairs, merge the best one, repeat.
-# --------------------------------------------------------------------------------------------------
 
 
 def count_pairs(word_counts: dict[tuple[int, ...], int]) -> Counter:
@@ -141,10 +136,7 @@ def train_bpe_naive(
     return merges
 
 
-# --------------------------------------------------------------------------------------------------
-# 2. Pre-tokenization: special tokens first, then a regex cuts text into pieces that merges never
-#    cross.
-# --------------------------------------------------------------------------------------------------
+# 2. Pre-tokenization: special tokens cut first, then a regex cuts pieces that merges never cross.
 
 # GPT-2's pattern as tiktoken writes it (r50k/gpt2): contractions, optional space + letters,
 # optional space + digits, optional space + punctuation, whitespace runs (the last space of a run
@@ -163,8 +155,8 @@ PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN}
 
 # A text with what patterns disagree on: long numbers, other digits (Arabic-Indic, full-width),
 # contractions in every case, runs of spaces, tabs and newlines, CRLF, NBSP, other scripts, emoji,
-# trailing whitespace. A custom pattern is checked on it here, and its Hugging Face form against it
-# in `to_hf`.
+# trailing whitespace. A custom pattern is checked on it (machinery/tokenizer_files.py), and its
+# Hugging Face form against it (machinery/hf.py).
 PROBE_TEXT = (
     "In 2000, 1234567 people paid $3.14159 (or ١٢٣٤٥ / １２３４５ / 12,345,678.90).\r\n"
     "It's IT'S it'S we'LL I'M they'Ve you'RE he'd DON'T 'tis ''quoted''\r\n\r\n"
@@ -175,8 +167,8 @@ PROBE_TEXT = (
 
 
 def resolve_pattern(pattern: str) -> str:
-    """A pattern name ("gpt2", "gpt4") becomes its regex; any other string must be a regex that cuts
-    text into pieces which, joined, give the text back (see check_pattern).
+    """A pattern name ("gpt2", "gpt4") becomes its regex; any other string must be a regex whose
+    matches, joined, give the text back (machinery/tokenizer_files.py checks a custom one).
 
     >>> resolve_pattern("gpt2") == GPT2_PATTERN
     True
@@ -187,50 +179,8 @@ def resolve_pattern(pattern: str) -> str:
     try:
         compile_pattern(pattern)
     except regex.error as e:
-        raise TokenizerError(
-            f"pattern {pattern!r} is not a valid regex ({e}); use 'gpt2', 'gpt4' or fix it"
-        )
-    if pattern not in (GPT2_PATTERN, GPT4_PATTERN):
-        check_pattern(pattern)
+        raise TokenizerError(f"pattern {pattern!r} is not a valid regex ({e})") from None
     return pattern
-
-
-@lru_cache(maxsize=32)
-def check_pattern(pattern: str) -> None:
-    r"""Refuse a custom pattern whose pieces would lose text: encoding keeps only what the regex
-    matches, so every character must be in some match (on PROBE_TEXT), and the matches must be whole
-    pieces (no capturing group, whose text `findall` would return instead of the match).
-
-    `(?<=a)` matches only empty strings, so every text would encode to nothing; `\p{L}+|\s+` drops
-    the digits:
-
-    >>> check_pattern(r"\p{L}+|\s+")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    bpe.TokenizerError: pattern '\\p{L}+|\\s+' matches no piece that holds '2' (character 3 of ...
-    """
-    compiled = compile_pattern(pattern)
-    if compiled.groups:
-        raise TokenizerError(
-            f"pattern {pattern!r} has {compiled.groups} capturing group(s), whose text would "
-            f"replace the piece; write each group (...) as (?:...)"
-        )
-    if not any(m.group() for m in compiled.finditer(PROBE_TEXT)):
-        raise TokenizerError(
-            f"pattern {pattern!r} matches only empty strings (on bpe.PROBE_TEXT), so every text "
-            f"would encode to nothing; give a pattern whose matches are the pieces of the text"
-        )
-    covered = 0
-    for match in compiled.finditer(PROBE_TEXT):
-        if match.start() > covered:
-            break
-        covered = max(covered, match.end())
-    if covered < len(PROBE_TEXT):
-        raise TokenizerError(
-            f"pattern {pattern!r} matches no piece that holds {PROBE_TEXT[covered]!r} (character "
-            f"{covered} of bpe.PROBE_TEXT), so encode would drop it; a pattern must cover all "
-            f"text: end it with the alternatives |\\s|. (any whitespace, any other character)"
-        )
 
 
 @lru_cache(maxsize=32)
@@ -260,10 +210,7 @@ def pretokenize(
     return [piece for segment in segments for piece in pat.findall(segment)]
 
 
-# --------------------------------------------------------------------------------------------------
-# 3. The fast trainer: same merges as train_bpe_naive, without recounting the corpus after each
-#    merge.
-# --------------------------------------------------------------------------------------------------
+# 3. The fast trainer: train_bpe_naive's merges, without recounting the corpus after each merge.
 
 # Python's heap pops the *smallest* item, but ties must go to the *greatest* byte pair. So each
 # token gets a sort key that reverses byte order: byte b becomes chr(256 - b), and a terminator
@@ -285,7 +232,7 @@ def _descending_key(token: bytes) -> str:
 
 
 def _merge_words(
-    word_counts: dict[bytes, int], num_merges: int, verbose: bool = False
+    word_counts: dict[bytes, int], num_merges: int, progress=None
 ) -> list[tuple[bytes, bytes]]:
     """BPE merges with incremental pair counts and a max-heap with lazy invalidation.
 
@@ -296,6 +243,7 @@ def _merge_words(
     the merged word) - (pairs of the old word). Each changed count is pushed onto the heap as a new
     entry; old entries stay and are skipped when popped if their count is out of date ("lazy
     invalidation"), so finding the best pair costs O(log #entries) instead of a scan over all pairs.
+    `progress(merges done, merges wanted)`, if given, is called after each merge.
     """
     words = [tuple(w) for w in word_counts]
     freqs = list(word_counts.values())
@@ -312,7 +260,6 @@ def _merge_words(
     heap = [(-c, keys[a] + keys[b], a, b) for (a, b), c in pair_counts.items()]
     heapq.heapify(heap)
     merges: list[tuple[bytes, bytes]] = []
-    start = last_report = time.perf_counter()
     while len(merges) < num_merges and heap:
         neg_count, _, a, b = heapq.heappop(heap)
         if pair_counts.get((a, b), 0) != -neg_count:
@@ -321,20 +268,7 @@ def _merge_words(
         token_bytes.append(token_bytes[a] + token_bytes[b])
         keys.append(_descending_key(token_bytes[-1]))
         merges.append((token_bytes[a], token_bytes[b]))
-        delta: dict[tuple[int, int], int] = defaultdict(int)
-        for i in where.pop((a, b)):
-            word = words[i]
-            merged = merge_pair(word, (a, b), new_id)
-            if len(merged) == len(word):
-                continue  # this word lost the pair in an earlier merge
-            freq = freqs[i]
-            for pair in zip(word, word[1:]):
-                delta[pair] -= freq
-            for pair in zip(merged, merged[1:]):
-                delta[pair] += freq
-                if new_id in pair:  # only pairs with the new token are new to this word
-                    where[pair].add(i)
-            words[i] = merged
+        delta = _rewrite_words(words, freqs, where, (a, b), new_id)
         for pair, change in delta.items():
             if change:
                 count = pair_counts[pair] + change
@@ -344,17 +278,28 @@ def _merge_words(
                 else:  # gone for good: a pair of old tokens never reappears
                     del pair_counts[pair]
                     where.pop(pair, None)
-        if verbose and time.perf_counter() - last_report > 1.0:
-            last_report = time.perf_counter()
-            _report_merges(len(merges), num_merges, start)
-    if verbose:
-        _report_merges(len(merges), num_merges, start)
+        if progress is not None:
+            progress(len(merges), num_merges)
     return merges
 
 
-def _report_merges(done: int, total: int, start: float) -> None:
-    rate = done / max(time.perf_counter() - start, 1e-9)
-    print(f"merges {done:,}/{total:,} ({rate:,.0f}/s)", file=sys.stderr)
+def _rewrite_words(words, freqs, where, pair, new_id) -> dict[tuple[int, int], int]:
+    """Merge `pair` into `new_id` in the words that hold it; return each pair's count change."""
+    delta: dict[tuple[int, int], int] = defaultdict(int)
+    for i in where.pop(pair):
+        word = words[i]
+        merged = merge_pair(word, pair, new_id)
+        if len(merged) == len(word):
+            continue  # this word lost the pair in an earlier merge
+        freq = freqs[i]
+        for old in zip(word, word[1:]):
+            delta[old] -= freq
+        for new in zip(merged, merged[1:]):
+            delta[new] += freq
+            if new_id in new:  # only pairs with the new token are new to this word
+                where[new].add(i)
+        words[i] = merged
+    return delta
 
 
 def train_bpe(
@@ -363,7 +308,6 @@ def train_bpe(
     special_tokens: Iterable[str] = (EOT,),
     pattern: str = "gpt4",
     errors: str = "strict",
-    verbose: bool = False,
 ) -> "Tokenizer":
     """Train a byte-level BPE tokenizer of exactly `vocab_size` ids (fewer only if the corpus runs
     out of pairs).
@@ -382,7 +326,7 @@ def train_bpe(
     check_vocab_size(vocab_size, specials)
     pattern = resolve_pattern(pattern)
     word_counts = count_pretokens(text_or_paths, pattern, specials, errors)
-    return train_on_counts(word_counts, vocab_size, specials, pattern, verbose)
+    return train_on_counts(word_counts, vocab_size, specials, pattern)
 
 
 def train_on_counts(
@@ -390,23 +334,14 @@ def train_on_counts(
     vocab_size: int,
     specials: tuple[str, ...],
     pattern: str,
-    verbose: bool = False,
+    progress=None,
 ) -> "Tokenizer":
     """The tokenizer of `vocab_size` ids that BPE learns from pre-token counts (count_pretokens)."""
     if not word_counts:
         raise TokenizerError(
             "the training input is empty (no text besides special tokens); give it some text"
         )
-    if verbose:
-        pieces = f"{len(word_counts):,} distinct pieces, {sum(word_counts.values()):,} in all"
-        print(f"pre-tokenized: {pieces}", file=sys.stderr)
-    num_merges = vocab_size - 256 - len(specials)
-    merges = _merge_words(word_counts, num_merges, verbose)
-    if verbose and len(merges) < num_merges:
-        print(
-            f"stopped early: the corpus has no pairs left after {len(merges)} merges",
-            file=sys.stderr,
-        )
+    merges = _merge_words(word_counts, vocab_size - 256 - len(specials), progress)
     return Tokenizer.from_merges(merges, specials, pattern)
 
 
@@ -418,38 +353,31 @@ def count_pretokens(
     >>> count_pretokens("a a a<|endoftext|>b", GPT2_PATTERN, ["<|endoftext|>"])
     Counter({b' a': 2, b'a': 1, b'b': 1})
     """
+    texts = [text_or_paths] if isinstance(text_or_paths, str) else training_files(text_or_paths)
     counts = Counter()
-    if isinstance(text_or_paths, str):
-        counts.update(pretokenize(text_or_paths, pattern, special_tokens))
-    else:
-        for path in training_files(text_or_paths):
-            data = path.read_bytes()
-            try:
-                text = data.decode("utf-8", errors=errors)
-            except UnicodeDecodeError as e:
-                raise TokenizerError(
-                    f"{path}: invalid UTF-8 at byte {e.start}; fix the file or pass "
-                    f"errors='replace'"
-                ) from None
-            counts.update(pretokenize(text, pattern, special_tokens))
+    for text in texts:
+        if isinstance(text, Path):
+            text = read_text(text, errors)
+        counts.update(pretokenize(text, pattern, special_tokens))
     return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
 
 
 def training_files(paths) -> list[Path]:
-    """The paths to train on (one path or a list), each an existing file of text, not binary."""
+    """The paths to train on (one path or a list of them), each an existing file."""
     items = [paths] if isinstance(paths, os.PathLike) else list(paths)
     if not items:
         raise TokenizerError("no input to train on: give a text or at least one file")
     if not all(isinstance(p, (str, os.PathLike)) for p in items):
         raise TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
-    for path in items:
-        with open(existing_file(path, "input file"), "rb") as f:
-            head = f.read(8192)
-        if b"\x00" in head:
-            raise TokenizerError(
-                f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text"
-            )
-    return [Path(p) for p in items]
+    return [existing_file(p, "input file") for p in items]
+
+
+def read_text(path: Path, errors: str = "strict") -> str:
+    try:
+        return path.read_bytes().decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        reason = f"invalid UTF-8 at byte {e.start}; fix the file or pass errors='replace'"
+        raise TokenizerError(f"{path}: {reason}") from None
 
 
 def check_specials(special_tokens) -> tuple[str, ...]:
@@ -478,9 +406,7 @@ def existing_file(path, what: str) -> Path:
     return path
 
 
-# --------------------------------------------------------------------------------------------------
 # 4. The tokenizer: encode by merge rank (tiktoken's rule), decode by joining bytes.
-# --------------------------------------------------------------------------------------------------
 
 
 def bpe_parts(
@@ -543,27 +469,18 @@ class Tokenizer:
         self.name = name
         missing = [b for b in range(256) if bytes([b]) not in self.ranks]
         if missing:
-            raise TokenizerError(
-                f"ranks lack {len(missing)} single bytes (e.g. {bytes([missing[0]])!r}); a "
-                f"byte-level tokenizer needs all 256"
-            )
-        self.vocab = {i: t for t, i in self.ranks.items()}
-        bad = [i for i in [*self.vocab, *self.special_tokens.values()] if not 0 <= i < 2**31]
+            raise TokenizerError(f"ranks lack {len(missing)} single bytes; BPE needs all 256")
+        ids = [*self.ranks.values(), *self.special_tokens.values()]
+        bad = [i for i in ids if not 0 <= i < 2**31]
         if bad:
             raise TokenizerError(f"id {bad[0]} is out of range; token ids run from 0 to 2**31 - 1")
-        if len(self.vocab) != len(self.ranks):
-            raise TokenizerError("two tokens share one id in ranks; every token needs its own id")
-        for s, i in self.special_tokens.items():
-            if i in self.vocab:
-                raise TokenizerError(
-                    f"special token {s!r} has id {i}, which {self.vocab[i]!r} already uses"
-                )
-            self.vocab[i] = s.encode("utf-8")
-        unknown = [(left, right) for left, right in merges or () if left + right not in self.ranks]
+        self.vocab = {i: t for t, i in self.ranks.items()}
+        self.vocab.update({i: s.encode("utf-8") for s, i in self.special_tokens.items()})
+        if len(self.vocab) != len(ids):
+            raise TokenizerError("two tokens share one id; every token needs its own id")
+        unknown = [m for m in merges or () if m[0] + m[1] not in self.ranks]
         if unknown:
-            raise TokenizerError(
-                f"merge {unknown[0]!r} makes a token that is not in the vocabulary"
-            )
+            raise TokenizerError(f"merge {unknown[0]!r} makes a token that is not in the vocab")
         self._merges = list(merges) if merges is not None else None
         self._cache: dict[str, list[int]] = {}
         self._tiktoken = None
@@ -610,14 +527,7 @@ class Tokenizer:
     def eot_id(self) -> int | None:
         return self.special_tokens.get(EOT)
 
-    def __repr__(self) -> str:
-        return (
-            f"Tokenizer(name={self.name!r}, vocab_size={len(self)}, "
-            f"specials={list(self.special_tokens)})"
-        )
-
-    # -- encoding
-    # ----------------------------------------------------------------------------------------------
+    # -- encoding ----------
 
     def encode_piece(self, piece: bytes) -> list[int]:
         """Ids of one pre-token. A piece that is itself a token is one id (tiktoken's shortcut)."""
@@ -634,15 +544,13 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
-        cache = self._cache
-        if len(cache) > self.CACHE_LIMIT:
-            cache.clear()
+        if len(self._cache) > self.CACHE_LIMIT:
+            self._cache.clear()
         ids: list[int] = []
         for piece in compile_pattern(self.pattern).findall(text):
-            piece_ids = cache.get(piece)
-            if piece_ids is None:
-                piece_ids = cache[piece] = self.encode_piece(piece.encode("utf-8"))
-            ids += piece_ids
+            if piece not in self._cache:
+                self._cache[piece] = self.encode_piece(piece.encode("utf-8"))
+            ids += self._cache[piece]
         return ids
 
     def special_sets(self, allowed_special, disallowed_special) -> tuple[frozenset, frozenset]:
@@ -650,16 +558,14 @@ class Tokenizer:
 
         # "all", one special token's string, or a collection of them
         def as_set(given, everything):
-            return (
-                everything if given == "all" else {given} if isinstance(given, str) else set(given)
-            )
+            if given == "all":
+                return everything
+            return {given} if isinstance(given, str) else set(given)
 
         allowed = as_set(allowed_special, names)
-        unknown = allowed - names
-        if unknown:
+        if allowed - names:
             raise TokenizerError(
-                f"allowed_special has {sorted(unknown)}, which are not special tokens of this "
-                f"tokenizer (it has {sorted(names)})"
+                f"allowed_special has {sorted(allowed - names)}, not special tokens here"
             )
         return frozenset(allowed), frozenset(as_set(disallowed_special, names - allowed))
 
@@ -679,10 +585,9 @@ class Tokenizer:
         if disallowed:
             found = self._special_re(disallowed).search(text)
             if found:
+                how = "allowed_special to encode it as one id, disallowed_special=() as text"
                 raise TokenizerError(
-                    f"text contains the special token {found.group()!r}; pass allowed_special="
-                    f"{{{found.group()!r}}} to encode it as one id, or disallowed_special=() to "
-                    f"encode it as text"
+                    f"text contains the special token {found.group()!r}; pass {how}"
                 )
         if not allowed:
             return self.encode_ordinary(text)
@@ -693,8 +598,7 @@ class Tokenizer:
             start = found.end()
         return ids + self.encode_ordinary(text[start:])
 
-    # -- decoding
-    # ----------------------------------------------------------------------------------------------
+    # -- decoding ----------
 
     def decode_tokens(self, ids) -> list[bytes]:
         """The bytes of each id. An unknown id raises one clear error."""
@@ -705,9 +609,7 @@ class Tokenizer:
             return [vocab[i] for i in ids]
         except (KeyError, TypeError):
             bad = next(i for i in ids if not isinstance(i, int) or i not in vocab)
-            raise TokenizerError(
-                f"token id {bad!r} is not in the vocabulary (ids 0..{len(self) - 1})"
-            ) from None
+            raise TokenizerError(f"token id {bad!r} is not in the vocabulary") from None
 
     def decode_bytes(self, ids) -> bytes:
         return b"".join(self.decode_tokens(ids))
@@ -721,8 +623,7 @@ class Tokenizer:
         """
         return self.decode_bytes(ids).decode("utf-8", errors=errors)
 
-    # -- interop
-    # ----------------------------------------------------------------------------------------------
+    # -- interop ----------
 
     def to_tiktoken(self):
         """A `tiktoken.Encoding` with our ranks, pattern and special tokens (Rust speed, same ids).
@@ -745,16 +646,10 @@ class Tokenizer:
         `_pat_str` are the constructor's own arguments, stored under these names since tiktoken's
         first release.
         """
-        return cls(
-            encoding._mergeable_ranks,
-            encoding._special_tokens,
-            encoding._pat_str,
-            None,
-            encoding.name,
-        )
+        ranks, specials = encoding._mergeable_ranks, encoding._special_tokens
+        return cls(ranks, specials, encoding._pat_str, None, encoding.name)
 
-    # -- files
-    # ----------------------------------------------------------------------------------------------
+    # -- files ----------
 
     def to_json(self) -> str:
         """The tokenizer as a JSON document; `from_json` reads it back. The format (version 1):
@@ -779,7 +674,7 @@ class Tokenizer:
         return json.dumps(doc, ensure_ascii=False, indent=1)
 
     @classmethod
-    def from_json(cls, text: str, source: str = "tokenizer JSON") -> "Tokenizer":
+    def from_json(cls, text: str | bytes, source: str = "tokenizer JSON") -> "Tokenizer":
         """Read what `to_json` wrote; damage is one line naming `source`."""
         try:
             doc = json.loads(text)
@@ -793,37 +688,27 @@ class Tokenizer:
     @classmethod
     def from_document(cls, doc, source: str = "tokenizer JSON") -> "Tokenizer":
         """from_json for a document that is already parsed."""
-        if isinstance(doc, dict) and "format" not in doc and "model" in doc:
-            raise TokenizerError(
-                f"{source}: a Hugging Face tokenizer.json, not a {FORMAT_NAME} file; read it with "
-                f"machinery/hf.py (read_tokenizer)"
-            )
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise TokenizerError(
                 f'{source}: not a {FORMAT_NAME} file (no "format": "{FORMAT_NAME}")'
             )
         if doc.get("version") != FORMAT_VERSION:
-            raise TokenizerError(
-                f"{source}: format version {doc.get('version')!r}, this bpe.py reads version "
-                f"{FORMAT_VERSION}"
-            )
+            version = doc.get("version")
+            raise TokenizerError(f"{source}: format version {version!r}, not {FORMAT_VERSION}")
         try:
-            ranks = {
-                from_gpt2_text(t): token_id(i, f"vocab[{t!r}]") for t, i in doc["vocab"].items()
-            }
+            vocab, specials = doc["vocab"].items(), doc["special_tokens"].items()
+            ranks = {from_gpt2_text(t): token_id(i, f"vocab[{t!r}]") for t, i in vocab}
             merges = [tuple(from_gpt2_text(x) for x in m.split(" ")) for m in doc["merges"]]
             if any(len(m) != 2 for m in merges):
                 raise ValueError("a merge is not two tokens separated by one space")
-            specials = {
-                str(s): token_id(i, f"special_tokens[{s!r}]")
-                for s, i in doc["special_tokens"].items()
-            }
+            specials = {str(s): token_id(i, f"special_tokens[{s!r}]") for s, i in specials}
             return cls(ranks, specials, doc["pattern"], merges, str(doc.get("name", "bpe")))
         except TokenizerError as e:
             raise TokenizerError(f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as e:
+            damage = f"{type(e).__name__}: {e}"
             raise TokenizerError(
-                f"{source}: damaged tokenizer file ({type(e).__name__}: {e}); {REMAKE_TOKENIZER}"
+                f"{source}: damaged tokenizer file ({damage}); {REMAKE_TOKENIZER}"
             ) from None
 
     def save(self, path) -> None:
@@ -838,18 +723,15 @@ class Tokenizer:
         except OSError as e:
             if temporary.exists():
                 temporary.unlink()
+            reason = e.strerror or e
             raise TokenizerError(
-                f"cannot write {path} ({e.strerror or e}); choose a writable file path"
+                f"cannot write {path} ({reason}); choose a writable path"
             ) from None
 
     @classmethod
     def load(cls, path) -> "Tokenizer":
         path = existing_file(path, "tokenizer file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise TokenizerError(f"{path}: not UTF-8 text (byte {e.start}); {REMAKE_TOKENIZER}")
-        return cls.from_json(text, str(path))
+        return cls.from_json(path.read_bytes(), str(path))
 
 
 def token_id(value, where: str) -> int:
@@ -859,9 +741,7 @@ def token_id(value, where: str) -> int:
     return value
 
 
-# --------------------------------------------------------------------------------------------------
 # 5. GPT-2's files and the byte <-> printable-character map.
-# --------------------------------------------------------------------------------------------------
 
 
 @lru_cache(maxsize=1)

@@ -46,9 +46,39 @@ def train_bpe_parallel(
     pattern = bpe.resolve_pattern(pattern)
     start = time.perf_counter()
     word_counts = count_pretokens(text_or_paths, pattern, specials, workers, errors)
-    if verbose:
-        print(f"counted pre-tokens in {time.perf_counter() - start:.2f}s", file=sys.stderr)
-    return bpe.train_on_counts(word_counts, vocab_size, specials, pattern, verbose)
+    if not verbose:
+        return bpe.train_on_counts(word_counts, vocab_size, specials, pattern)
+    print(
+        f"pre-tokenized: {len(word_counts):,} distinct pieces, {sum(word_counts.values()):,} in "
+        f"all ({time.perf_counter() - start:.2f}s)",
+        file=sys.stderr,
+    )
+    wanted = vocab_size - 256 - len(specials)
+    progress = MergeProgress()
+    tokenizer = bpe.train_on_counts(word_counts, vocab_size, specials, pattern, progress)
+    progress.report(len(tokenizer.merges), wanted)
+    if len(tokenizer.merges) < wanted:
+        print(
+            f"stopped early: the corpus has no pairs left after {len(tokenizer.merges)} merges",
+            file=sys.stderr,
+        )
+    return tokenizer
+
+
+class MergeProgress:
+    """Called after each merge; prints "merges done/wanted (rate/s)" at most once a second."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, done: int, wanted: int) -> None:
+        if time.perf_counter() - self.last > 1.0:
+            self.report(done, wanted)
+
+    def report(self, done: int, wanted: int) -> None:
+        self.last = time.perf_counter()
+        rate = done / max(self.last - self.start, 1e-9)
+        print(f"merges {done:,}/{wanted:,} ({rate:,.0f}/s)", file=sys.stderr)
 
 
 def count_pretokens(
@@ -75,6 +105,8 @@ def count_pretokens(
         texts, paths, total = [text_or_paths], [], len(text_or_paths)
     else:
         paths = bpe.training_files(text_or_paths)
+        for path in paths:
+            _check_not_binary(path)
         texts, total = [], sum(p.stat().st_size for p in paths)
     if workers is not None and workers < 1:
         raise bpe.TokenizerError(
@@ -97,6 +129,15 @@ def count_pretokens(
     for chunk_counts in results:
         counts.update(chunk_counts)
     return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
+
+
+def _check_not_binary(path: Path) -> None:
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    if b"\x00" in head:
+        raise bpe.TokenizerError(
+            f"{path} looks like a binary file (it contains NUL bytes); train on UTF-8 text"
+        )
 
 
 def _count_chunk(task, pattern: str, specials: tuple[str, ...], errors: str) -> Counter:

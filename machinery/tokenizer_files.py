@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
@@ -16,6 +17,52 @@ import tiktoken
 
 import bpe
 from machinery import fileio
+
+
+@lru_cache(maxsize=32)
+def check_pattern(pattern: str) -> None:
+    r"""Refuse a custom pattern whose pieces would lose text: encoding keeps only what the regex
+    matches, so every character must be in some match (on bpe.PROBE_TEXT), and the matches must be
+    whole pieces (no capturing group, whose text `findall` would return instead of the match).
+
+    `(?<=a)` matches only empty strings, so every text would encode to nothing; `\p{L}+|\s+` drops
+    the digits:
+
+    >>> check_pattern(r"\p{L}+|\s+")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    bpe.TokenizerError: pattern '\\p{L}+|\\s+' matches no piece that holds '2' (character 3 of ...
+    """
+    compiled, probe = bpe.compile_pattern(pattern), bpe.PROBE_TEXT
+    if compiled.groups:
+        raise bpe.TokenizerError(
+            f"pattern {pattern!r} has {compiled.groups} capturing group(s), whose text would "
+            f"replace the piece; write each group (...) as (?:...)"
+        )
+    if not any(m.group() for m in compiled.finditer(probe)):
+        raise bpe.TokenizerError(
+            f"pattern {pattern!r} matches only empty strings (on bpe.PROBE_TEXT), so every text "
+            f"would encode to nothing; give a pattern whose matches are the pieces of the text"
+        )
+    covered = 0
+    for match in compiled.finditer(probe):
+        if match.start() > covered:
+            break
+        covered = max(covered, match.end())
+    if covered < len(probe):
+        raise bpe.TokenizerError(
+            f"pattern {pattern!r} matches no piece that holds {probe[covered]!r} (character "
+            f"{covered} of bpe.PROBE_TEXT), so encode would drop it; a pattern must cover all "
+            f"text: end it with the alternatives |\\s|. (any whitespace, any other character)"
+        )
+
+
+def checked_pattern(pattern: str) -> str:
+    """bpe.resolve_pattern's regex, refused (check_pattern) if a custom one would lose text."""
+    pattern = bpe.resolve_pattern(pattern)
+    if pattern not in (bpe.GPT2_PATTERN, bpe.GPT4_PATTERN):
+        check_pattern(pattern)
+    return pattern
 
 
 def load_gpt2_bpe(
@@ -48,8 +95,14 @@ def read_tokenizer(path) -> bpe.Tokenizer:
     if isinstance(doc, dict) and "format" not in doc and "model" in doc:
         from machinery import hf
 
-        return hf.tokenizer_from_hf(doc, str(path))
-    return bpe.Tokenizer.from_document(doc, str(path))
+        tokenizer = hf.tokenizer_from_hf(doc, str(path))
+    else:
+        tokenizer = bpe.Tokenizer.from_document(doc, str(path))
+    try:
+        checked_pattern(tokenizer.pattern)
+    except bpe.TokenizerError as e:
+        raise bpe.TokenizerError(f"{path}: {e}") from None
+    return tokenizer
 
 
 def load_tokenizer(spec: str) -> bpe.Tokenizer:

@@ -230,7 +230,7 @@ def test_parallel_counting_equals_serial(tmp_path):
 
 
 def test_progress_is_reported(capsys):
-    train_bpe("low lower lowest " * 20, 270, verbose=True)
+    bpe_at_scale.train_bpe_parallel("low lower lowest " * 20, 270, verbose=True)
     err = capsys.readouterr().err
     assert "pre-tokenized" in err and "merges" in err and "/s)" in err
 
@@ -471,7 +471,7 @@ def test_bad_training_input(tmp_path):
     binary = tmp_path / "model.bin"
     binary.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(TokenizerError, match="binary"):
-        train_bpe([binary], 300)
+        bpe_at_scale.train_bpe_parallel([binary], 300)
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("café au lait ".encode("latin-1") * 10)
     with pytest.raises(TokenizerError, match="invalid UTF-8 at byte 3.*errors='replace'"):
@@ -491,12 +491,14 @@ def test_bad_training_input(tmp_path):
     (r"\p{L}+|\s+", r"no piece that holds '2'.*encode would drop it"),
     (r"\p{L}+|(\p{N})|\s|.", "capturing group"),
 ])
-def test_a_custom_pattern_that_would_lose_text_is_refused(pattern, message):
+def test_a_custom_pattern_that_would_lose_text_is_refused(pattern, message, tmp_path):
     with pytest.raises(TokenizerError, match=message) as info:
-        train_bpe("a 1 b 2 " * 10, 300, pattern=pattern)
+        tokenizer_files.checked_pattern(pattern)
     assert "\n" not in str(info.value)
-    with pytest.raises(TokenizerError, match=message):                 # a file that carries one, loaded
-        Tokenizer.from_json(json.dumps({**json.loads(Tokenizer.from_merges([]).to_json()), "pattern": pattern}))
+    carrier = tmp_path / "lossy.json"                                   # a file that carries one, loaded
+    carrier.write_text(json.dumps({**json.loads(Tokenizer.from_merges([]).to_json()), "pattern": pattern}))
+    with pytest.raises(TokenizerError, match=message):
+        tokenizer_files.read_tokenizer(carrier)
     covering = train_bpe("a 1 b 2 " * 10, 300, pattern=r"\p{L}+|\p{N}|\s|.")
     assert covering.decode(covering.encode(bpe.PROBE_TEXT)) == bpe.PROBE_TEXT
 

@@ -138,7 +138,7 @@ def _cmd_show(args) -> None:
 def _cmd_train(args) -> None:
     # every flag checked before the corpus is read
     try:
-        bpe.resolve_pattern(args.pattern)
+        tokenizer_files.checked_pattern(args.pattern)
     except bpe.TokenizerError as e:
         raise bpe.TokenizerError(f"--pattern: {e}") from None
     out = Path(args.out)
