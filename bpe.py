@@ -26,12 +26,8 @@ Three facts shape the code:
 3. Encoding the way tiktoken does it: inside a piece, merge the adjacent pair whose concatenation
    has the lowest rank (id), until none is in the vocabulary. Same ranks, same ids as tiktoken.
 
-Why tokenizers explain "LLM quirks" (`python bpe.py show`): GPT-2 sees "strawberry" as
-[st][raw][berry], not ten letters; "1234" is [12][34]; Chinese costs GPT-4 1.92 tokens per
-character. docs/bpe.md has the numbers, streaming, the Hugging Face export and the benchmarks.
-
-Reading order: the idea (`train_bpe_naive`), pre-tokenization, the fast trainer (`train_bpe`), the
-`Tokenizer` (encode, decode, tiktoken, the JSON file) and GPT-2's byte alphabet.
+Tokenizers explain "LLM quirks" (`python bpe.py show`): GPT-2 sees "strawberry" as
+[st][raw][berry], not ten letters. docs/bpe.md has the numbers, streaming and the benchmarks.
 
 Depends on: the standard library, `regex` (installed with tiktoken; needed for \\p{L}) and tiktoken.
 """
@@ -338,9 +334,7 @@ def train_on_counts(
 ) -> "Tokenizer":
     """The tokenizer of `vocab_size` ids that BPE learns from pre-token counts (count_pretokens)."""
     if not word_counts:
-        raise TokenizerError(
-            "the training input is empty (no text besides special tokens); give it some text"
-        )
+        raise TokenizerError("the training input is empty (no text besides special tokens)")
     merges = _merge_words(word_counts, vocab_size - 256 - len(specials), progress)
     return Tokenizer.from_merges(merges, specials, pattern)
 
@@ -357,7 +351,11 @@ def count_pretokens(
     counts = Counter()
     for text in texts:
         if isinstance(text, Path):
-            text = read_text(text, errors)
+            try:
+                text = text.read_bytes().decode("utf-8", errors=errors)
+            except UnicodeDecodeError as e:
+                fix = "fix the file or pass errors='replace'"
+                raise TokenizerError(f"{text}: invalid UTF-8 at byte {e.start}; {fix}") from None
         counts.update(pretokenize(text, pattern, special_tokens))
     return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
 
@@ -370,14 +368,6 @@ def training_files(paths) -> list[Path]:
     if not all(isinstance(p, (str, os.PathLike)) for p in items):
         raise TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
     return [existing_file(p, "input file") for p in items]
-
-
-def read_text(path: Path, errors: str = "strict") -> str:
-    try:
-        return path.read_bytes().decode("utf-8", errors=errors)
-    except UnicodeDecodeError as e:
-        reason = f"invalid UTF-8 at byte {e.start}; fix the file or pass errors='replace'"
-        raise TokenizerError(f"{path}: {reason}") from None
 
 
 def check_specials(special_tokens) -> tuple[str, ...]:
@@ -513,9 +503,7 @@ class Tokenizer:
                 if len(token) > 1:
                     parts = bpe_parts(token, self.ranks, max_rank=rank)
                     if len(parts) != 2:
-                        raise TokenizerError(
-                            f"token {token!r} (id {rank}) is not a merge of two lower-ranked tokens"
-                        )
+                        raise TokenizerError(f"token {token!r} is no merge of lower-ranked tokens")
                     merges.append((parts[0], parts[1]))
             self._merges = merges
         return self._merges
