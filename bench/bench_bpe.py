@@ -35,6 +35,7 @@ import tiktoken
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import bpe  # noqa: E402
+from machinery import bpe_at_scale  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -75,14 +76,14 @@ def alternate(fns: dict, repeats: int) -> dict[str, float]:
 
 
 def bench_training(repeats: int) -> None:
-    print(f"## 1-2. Training (median of {repeats} runs, GPT-2 pattern, <|endoftext|>; by default bpe.py uses one "
-          f"process below {bpe.PARALLEL_MIN_BYTES >> 20} MiB)")
+    print(f"## 1-2. Training (median of {repeats} runs, GPT-2 pattern, <|endoftext|>; bpe_at_scale uses one "
+          f"process below {bpe_at_scale.PARALLEL_MIN_BYTES >> 20} MiB)")
     runs = [("corpus.en", CORPUS_EN, 500), ("TinyStories 2 MiB", TINYSTORIES, 8192)]
     for label, path, vocab in runs[:1] if LIMIT["chars"] else runs:    # --smoke: corpus.en only
         t = alternate({
             "bpe.py (default)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2"),
             f"bpe.py ({os.cpu_count()} processes)":
-                lambda: bpe.train_bpe([path], vocab, pattern="gpt2", workers=os.cpu_count()),
+                lambda: bpe_at_scale.train_bpe_parallel([path], vocab, pattern="gpt2", workers=os.cpu_count()),
             "HF tokenizers": lambda: hf_train(path, vocab),
         }, repeats)
         hf = t["HF tokenizers"]
@@ -153,7 +154,7 @@ def train_on_tinystories() -> bpe.Tokenizer:
     """The tokenizer of sections 3 and 4: BPE with LIMIT["vocab"] tokens on TinyStories (its
     head with --smoke)."""
     if LIMIT["chars"] is None:
-        return bpe.train_bpe([TINYSTORIES], LIMIT["vocab"], workers=1)
+        return bpe.train_bpe([TINYSTORIES], LIMIT["vocab"])
     return bpe.train_bpe(read_corpus(TINYSTORIES), LIMIT["vocab"])
 
 
@@ -172,14 +173,15 @@ def peak_mb():
 
 
 import bpe
+from machinery import bpe_at_scale
 tok = bpe.Tokenizer.load(sys.argv[2])
 tok.to_tiktoken()
 t0 = time.perf_counter()
 n = 0
 if sys.argv[4] == "stream-fast":
-    n = sum(len(ids) for ids in tok.encode_file(sys.argv[3], fast=True, allowed_special="all"))
+    n = sum(len(ids) for ids in bpe_at_scale.encode_file(tok, sys.argv[3], fast=True, allowed_special="all"))
 elif sys.argv[4] == "stream-pure":
-    n = sum(len(ids) for ids in tok.encode_file(sys.argv[3], allowed_special="all"))
+    n = sum(len(ids) for ids in bpe_at_scale.encode_file(tok, sys.argv[3], allowed_special="all"))
 elif sys.argv[4] == "whole":
     text = open(sys.argv[3], encoding="utf-8", newline="").read()
     n = len(tok.to_tiktoken().encode(text, allowed_special="all"))
@@ -202,10 +204,10 @@ def bench_memory(stream_mb: int, pure: bool) -> None:
         print(f"\n## 4. Peak memory (peak RSS of a fresh process) encoding a {size:.0f} MB file, "
               f"tokenizer: ours, {len(trained)}")
         modes = [("load", "load the tokenizer only (baseline)"),
-                 ("stream-fast", "bpe.py encode_file(fast=True), 256k-char blocks"),
+                 ("stream-fast", "bpe_at_scale.encode_file(fast=True), 256k-char blocks"),
                  ("whole", "read whole file + tiktoken encode")]
         if pure:
-            modes.insert(2, ("stream-pure", "bpe.py encode_file() pure Python"))
+            modes.insert(2, ("stream-pure", "bpe_at_scale.encode_file() pure Python"))
         counts = set()
         for mode, label in modes:
             run = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(ROOT), str(tok_path), str(big), mode],

@@ -52,11 +52,11 @@ import sys
 import tempfile
 from typing import Callable, Iterator
 
-import bpe
 import data
 from machinery import fileio
 from machinery import formats
 from machinery import store
+from machinery import tokenizer_files
 from machinery.formats import DataError
 
 
@@ -226,7 +226,7 @@ def plan_dataset(
         weights,
         train_tokens,
         tokenizer_path,
-        data.check_eot(bpe.Tokenizer.load(tokenizer_path)) if tokenizer_path else None,
+        data.check_eot(tokenizer_files.read_tokenizer(tokenizer_path)) if tokenizer_path else None,
         tokenizer_train_bytes,
         pattern,
         shard_tokens,

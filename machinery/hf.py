@@ -58,7 +58,7 @@ import tempfile
 import torch
 
 import bpe
-from machinery import fileio
+from machinery import fileio, tokenizer_files
 import train
 from model import GPT, ConfigError, GPTConfig
 
@@ -227,7 +227,7 @@ def hf_tokenizer_files(tokenizer, block_size: int) -> dict[str, dict]:
     eot = tokenizer.eot_id
     eot_text = None if eot is None else tokenizer.vocab[eot].decode("utf-8")
     try:
-        tokenizer_json = tokenizer.to_hf()
+        tokenizer_json = tokenizer_to_hf(tokenizer)
     # a custom regex Hugging Face would read otherwise
     except bpe.TokenizerError as e:
         raise HFError(f"cannot export the tokenizer: {e}") from None
@@ -557,7 +557,7 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
     tokenizer = None
     if (hf_dir / "tokenizer.json").is_file():
         try:
-            tokenizer = bpe.Tokenizer.from_hf(
+            tokenizer = tokenizer_from_hf(
                 fileio.read_json(hf_dir / "tokenizer.json", bpe.TokenizerError, FIX_HF_DIR),
                 str(hf_dir / "tokenizer.json"))
         except bpe.TokenizerError as e:
@@ -611,7 +611,7 @@ def export_checkpoint(
         raise HFError(f"--ckpt {ckpt_path}: cannot load it ({str(e).splitlines()[0]})") from None
     if tokenizer_path is not None:
         try:
-            given = bpe.Tokenizer.load(tokenizer_path).to_json()
+            given = tokenizer_files.read_tokenizer(tokenizer_path).to_json()
         except bpe.TokenizerError as e:
             raise HFError(f"--tokenizer: {e}") from None
         if ckpt.get("tokenizer_json", given) != given:
@@ -708,6 +708,314 @@ def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
     args = parser.parse_args(argv)
     # OSError: unwritable --to, full disk
     return run(lambda: print(args.execute(args)), (ConfigError, OSError))
+
+
+# ==================================================================================================
+# bpe.py's tokenizer as Hugging Face tokenizer.json: written (tokenizer_to_hf), read back
+# (tokenizer_from_hf), and the regex written in Hugging Face's dialect (hf_regex).
+# ==================================================================================================
+
+
+def tokenizer_to_hf(tokenizer: bpe.Tokenizer) -> dict:
+    """bpe.py's tokenizer as Hugging Face `tokenizers` JSON (a tokenizer.json document), giving the
+    same ids.
+
+    byte-level BPE in HF's terms: the pre-tokenizer first cuts text with our regex (`Split`,
+    "Isolated": every match is a piece), then `ByteLevel` writes each piece's UTF-8 bytes in
+    GPT-2's printable alphabet (`bpe.gpt2_bytes_to_unicode`: " the" -> "Ġthe", "é" = bytes C3 A9
+    -> "Ã©"), so the `BPE` model works on characters that stand one-for-one for bytes, with
+    our vocab (token -> id) and merges written in that alphabet. Two details make HF's BPE
+    reproduce our (tiktoken's) rule:
+    * `ignore_merges: true`: a piece that is itself a token becomes that one id without merging
+      (tiktoken's shortcut; Llama 3 sets the same flag);
+    * HF merges the adjacent pair listed earliest, we merge the pair whose concatenation has the
+      lowest id, so the merges are listed in the order of the ids they make.
+    Special tokens are `added_tokens` with `special: true`: HF cuts them out of any text, which
+    is our `encode(text, allowed_special="all")`. The regex is written the way HF's engine reads
+    it as ours (`hf_regex`: GPT-4's `\\p{N}{1,3}+` becomes `(?>\\p{N}{1,3})`); a custom one is
+    also cut both ways on PROBE_TEXT (`_check_hf_regex`, which needs the tokenizers package) and
+    refused if the pieces differ. For gpt2 and gpt4 it is plain JSON: writing it needs no
+    library.
+
+    One difference no pattern can remove: each engine has its own Unicode tables, and `regex`'s
+    are newer, so the few thousand letters and digits assigned in the newest Unicode versions
+    (U+0C5C, U+11DE0, ...) are \\p{L} or \\p{N} here and unassigned in HF. tests/test_hf.py
+    checks every character that Python's unicodedata knows (Unicode 14) in every pattern's
+    pieces.
+    """
+    theirs = hf_regex(tokenizer.pattern)
+    if tokenizer.pattern not in (bpe.GPT2_PATTERN, bpe.GPT4_PATTERN):
+        _check_hf_regex(tokenizer.pattern, theirs)
+    merges = sorted(tokenizer.merges, key=lambda m: tokenizer.ranks[m[0] + m[1]])
+    byte_level = {
+        "type": "ByteLevel",
+        "add_prefix_space": False,
+        "trim_offsets": True,
+        "use_regex": False,
+    }
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": i,
+                "content": s,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for s, i in sorted(tokenizer.special_tokens.items(), key=lambda kv: kv[1])
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": theirs},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+                byte_level,
+            ],
+        },
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": True,
+            **bpe.written_vocab_and_merges(tokenizer.ranks, merges),
+        },
+    }
+
+
+def tokenizer_from_hf(doc: dict, source: str = "tokenizer.json") -> bpe.Tokenizer:
+    """Read a Hugging Face tokenizer.json document (already parsed) that is byte-level BPE: ours
+    (`tokenizer_to_hf`), Llama 3's or GPT-2's. Anything bpe.py does not do (a normalizer,
+    SentencePiece or WordPiece, byte fallback, a prefix space) is refused with one line, rather
+    than loaded to give other ids.
+    """
+
+    def refuse(what: str):
+        raise bpe.TokenizerError(
+            f"{source}: {what}, which bpe.py cannot reproduce; only byte-level BPE "
+            f"tokenizers (GPT-2, Llama 3, ours) can be read"
+        )
+
+    def field(value, kind, name: str, shape: str, ok=lambda value: True):
+        """value if it is a `kind` (a JSON object, list, ...) and ok(value), else one line
+        naming the field (fileio.expect)."""
+        return fileio.expect(
+            value,
+            kind,
+            f"{source}: {name}",
+            shape,
+            bpe.TokenizerError,
+            "damaged tokenizer.json (take the model's own)",
+            ok,
+        )
+
+    field(doc, dict, "the document", "an object")
+    model, normalizer, pre = (
+        field(doc.get(k) or {}, dict, k, "an object")
+        for k in ("model", "normalizer", "pre_tokenizer")
+    )
+    if model.get("type") != "BPE":
+        refuse(f"model type {model.get('type')!r} is not BPE")
+    if normalizer:
+        refuse(f"it has a normalizer ({normalizer.get('type')})")
+    if (
+        model.get("byte_fallback")
+        or model.get("continuing_subword_prefix")
+        or model.get("end_of_word_suffix")
+        or model.get("dropout")
+    ):
+        # dropout: HF would skip merges at random, so no fixed ids to reproduce
+        refuse("its BPE uses byte fallback, subword prefixes/suffixes or dropout")
+    pattern = _hf_pattern(pre, refuse, field)
+    # to_hf's forms back
+    pattern = {hf_regex(p): p for p in (bpe.GPT2_PATTERN, bpe.GPT4_PATTERN)}.get(pattern, pattern)
+    vocab = field(model.get("vocab"), dict, "model.vocab", "an object of token -> id")
+    ids = [
+        field(i, int, f"model.vocab[{t!r}]", "an id from 0 to 2**31 - 1") for t, i in vocab.items()
+    ]
+    # "a b" (older files) or ["a", "b"] (newer ones); "a b c" splits into three: refused
+    merges = [
+        field(
+            m.split(" ") if isinstance(m, str) else m,
+            list,
+            f"model.merges[{k}]",
+            "two tokens",
+            lambda m: len(m) == 2 and all(isinstance(x, str) for x in m),
+        )
+        for k, m in enumerate(field(model.get("merges"), list, "model.merges", "a list"))
+    ]
+    added = [
+        field(t, dict, f"added_tokens[{k}]", "an object with content and id")
+        for k, t in enumerate(field(doc.get("added_tokens", []), list, "added_tokens", "a list"))
+    ]
+    specials = {
+        field(t.get("content"), str, f"added_tokens[{k}].content", "a string"): field(
+            t.get("id"), int, f"added_tokens[{k}].id", "an id"
+        )
+        for k, t in enumerate(added)
+    }
+    try:
+        ranks = {bpe.from_gpt2_text(t): i for t, i in zip(vocab, ids)}
+        merges = [(bpe.from_gpt2_text(a), bpe.from_gpt2_text(b)) for a, b in merges]
+    except ValueError as e:
+        refuse(f"its vocabulary is not written in GPT-2's byte alphabet ({e})")
+    try:
+        return bpe.Tokenizer(
+            ranks, {s: i for s, i in specials.items() if i not in set(ids)}, pattern, merges
+        )
+    except bpe.TokenizerError as e:
+        raise bpe.TokenizerError(f"{source}: {e}") from None
+
+
+# HF's ByteLevel pre-tokenizer with use_regex=true cuts with this GPT-2 regex of its own
+# (tokenizers' byte_level.rs).
+HF_BYTE_LEVEL_PATTERN = (
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+)
+
+
+_COUNTED_REPEAT = bpe.compile_pattern(r"\{\d*(?:,\d*)?\}")
+
+
+def hf_regex(pattern: str) -> str:
+    r"""`pattern` written the way Oniguruma, the regex engine of Hugging Face `tokenizers`, reads it
+    as `regex` does.
+
+    Both read `?+`, `*+` and `++` as possessive (take the most, never give back). A counted repeat
+    followed by a plus is where they part: `regex` reads `\p{N}{1,3}+` as possessive, Oniguruma
+    (Ruby syntax) as `(?:\p{N}{1,3})+`, one or more runs of 1-3 digits, so GPT-4's pattern would
+    keep "2000" whole where ours cuts [200][0]. An atomic group `(?>...)` means "possessive" in both
+    engines, so each `X{m,n}+` becomes `(?>X{m,n})`:
+
+    >>> hf_regex(r"\p{N}{1,3}+| ?\p{L}++|[a-z]{2}+|(?:ab){1,}+")
+    '(?>\\p{N}{1,3})| ?\\p{L}++|(?>[a-z]{2})|(?>(?:ab){1,})'
+    """
+    # the pattern in atoms: an escape, a [class], a (group) or one character each
+    out: list[str] = []
+    opened: list[int] = []  # where in `out` each open group started
+    atom, i = 0, 0  # atom: the index in `out` where the last complete atom starts
+    while i < len(pattern):
+        c = pattern[i]
+        repeat = _COUNTED_REPEAT.match(pattern, i) if c == "{" else None
+        if repeat and repeat.end() < len(pattern) and pattern[repeat.end()] == "+":
+            out[atom:] = ["(?>" + "".join(out[atom:]) + repeat.group() + ")"]
+            i = repeat.end() + 1
+            continue
+        if repeat:  # a counted repeat: not an atom
+            end = repeat.end()
+        elif c == "\\":
+            end = i + 2
+            if pattern[i + 1 : i + 2] in ("p", "P", "x", "N") and pattern[end : end + 1] == "{":
+                end = pattern.index("}", end) + 1
+            atom = len(out)
+        elif c == "[":
+            end = i + 1 + (pattern[i + 1 : i + 2] == "^")
+            end += pattern[end : end + 1] == "]"  # a ] right after [ or [^ is a literal
+            while pattern[end] != "]":
+                end += (
+                    2
+                    if pattern[end] == "\\"
+                    else (
+                        pattern.index(":]", end) + 2 - end if pattern.startswith("[:", end) else 1
+                    )
+                )
+            end += 1
+            atom = len(out)
+        elif c == "(":
+            opened.append(len(out))
+            end = i + 1
+        elif c == ")" and opened:
+            atom, end = opened.pop(), i + 1
+        elif c in "*+?|":
+            end = i + 1
+        else:
+            atom, end = len(out), i + 1
+        out.append(pattern[i:end])
+        i = end
+    return "".join(out)
+
+
+def _check_hf_regex(pattern: str, theirs: str) -> None:
+    """Cut bpe.PROBE_TEXT with `theirs` in HF `tokenizers` and with `pattern` here: the pieces
+    must be the same."""
+    try:
+        from tokenizers import Regex, pre_tokenizers
+    except ImportError:
+        raise bpe.TokenizerError(
+            f"exporting the custom pattern {pattern!r} needs the tokenizers package to check that "
+            f"Hugging Face cuts text the same way: pip install tokenizers"
+        ) from None
+    try:
+        split = pre_tokenizers.Split(Regex(theirs), "isolated")
+    # tokenizers' own error type: Oniguruma cannot compile it
+    except Exception as e:
+        raise bpe.TokenizerError(
+            f"pattern {pattern!r} cannot be exported: Hugging Face's regex engine rejects "
+            f"{theirs!r} ({e}); use 'gpt2', 'gpt4' or a pattern without that construct"
+        ) from None
+    ours = bpe.compile_pattern(pattern).findall(bpe.PROBE_TEXT)
+    hf = [piece for piece, _ in split.pre_tokenize_str(bpe.PROBE_TEXT)]
+    if ours != hf:
+        k = next(k for k, (a, b) in enumerate(zip(ours + [""], hf + [""])) if a != b)
+        raise bpe.TokenizerError(
+            f"pattern {pattern!r} cannot be exported: Hugging Face's regex engine cuts "
+            f"bpe.PROBE_TEXT otherwise (piece {k}: {hf[k : k + 1]} there, {ours[k : k + 1]} here); "
+            f"use 'gpt2', 'gpt4' or a pattern both engines read alike"
+        )
+
+
+def _hf_pattern(pre_tokenizer: dict, refuse, field) -> str:
+    """The regex of a tokenizer.json pre-tokenizer: Split(regex) then ByteLevel (ours, Llama 3), or
+    a lone ByteLevel with its built-in GPT-2 regex (GPT-2). `refuse(reason)` raises for any other
+    shape, `field` for a damaged one."""
+    steps = (
+        pre_tokenizer.get("pretokenizers", [])
+        if pre_tokenizer.get("type") == "Sequence"
+        else [pre_tokenizer]
+    )
+    steps = [
+        field(step, dict, "a pre_tokenizer step", "an object")
+        for step in field(steps, list, "pretokenizers", "a list")
+    ]
+    *splits, byte_level = steps or [{}]
+    if byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space"):
+        refuse("its pre-tokenizer does not end in ByteLevel without a prefix space")
+    if not splits and byte_level.get("use_regex", True):
+        return HF_BYTE_LEVEL_PATTERN
+    split = splits[0] if len(splits) == 1 else {}
+    if (
+        split.get("type") != "Split"
+        or "Regex"
+        not in field(
+            split.get("pattern", {}),
+            dict,
+            "the Split step's pattern",
+            'an object such as {"Regex": "..."}',
+        )
+        or split.get("invert")
+        or split.get("behavior") != "Isolated"
+        or byte_level.get("use_regex", True)
+    ):
+        refuse(
+            f"its pre-tokenizer {[step.get('type') for step in steps]} is not one regex Split then "
+            f"ByteLevel"
+        )
+    return split["pattern"]["Regex"]
 
 
 if __name__ == "__main__":

