@@ -361,8 +361,8 @@ def command_module(script: str):
     try:
         return importlib.import_module(f"machinery.commands.{script}")
     except ModuleNotFoundError as e:
-        if e.name != f"machinery.commands.{script}":
-            raise
+        if not f"machinery.commands.{script}".startswith(e.name or "-"):
+            raise  # a module the command imports is missing, not the command module
         return importlib.import_module(script)
 
 

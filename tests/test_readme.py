@@ -169,8 +169,10 @@ def gpt2_unavailable() -> str:
     """Why GPT-2's ranks cannot be loaded here ("" if they can): bpe.py reads them from ../shared/data/gpt2-bpe or
     tiktoken's cache, else tiktoken downloads them, which a fresh clone without network cannot."""
     import bpe
+    from machinery import tokenizer_files
+
     try:
-        bpe.load_tokenizer("gpt2")
+        tokenizer_files.load_tokenizer("gpt2")
     except bpe.TokenizerError as e:
         return str(e)
     return ""
