@@ -43,6 +43,7 @@ one or more runs of 1-3 digits, so "2000" would stay one piece there ([20][00]) 
 here. `bpe.hf_regex` writes it `(?>\p{N}{1,3})`, which both engines read alike; a custom regex is
 checked piece by piece or refused.
 """
+
 from __future__ import annotations
 
 import glob
@@ -256,10 +257,15 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
             f"the tokenizer has {len(tokenizer)} ids but the model only {model.config.vocab_size}"
         )
     eot = tokenizer.eot_id
-    files = {"config.json": hf_config(model.config, eot),
-             "generation_config.json": {"bos_token_id": eot, "eos_token_id": eot,
-                                        "max_length": model.config.block_size},
-             **hf_tokenizer_files(tokenizer, model.config.block_size)}
+    files = {
+        "config.json": hf_config(model.config, eot),
+        "generation_config.json": {
+            "bos_token_id": eot,
+            "eos_token_id": eot,
+            "max_length": model.config.block_size,
+        },
+        **hf_tokenizer_files(tokenizer, model.config.block_size),
+    }
     tmp = None
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -370,6 +376,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
     ...     print(e)
     config.json: intermediate_size is 'wide', not a positive integer; fix that field of config.json
     """
+
     def refuse(what: str):
         raise HFError(
             f"{source}: {what}, which model.py cannot express; it loads plain LlamaForCausalLM only"
@@ -435,9 +442,14 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
     sizes = dict(
         vocab_size=field("vocab_size", int),
         block_size=fileio.expect(
-            field("max_position_embeddings", int, 2048), int, f"{source}: max_position_embeddings",
-            f"a context of at most {train.MAX_BLOCK_SIZE:,} positions", HFError,
-            "fix that field of config.json", lambda size: size <= train.MAX_BLOCK_SIZE),
+            field("max_position_embeddings", int, 2048),
+            int,
+            f"{source}: max_position_embeddings",
+            f"a context of at most {train.MAX_BLOCK_SIZE:,} positions",
+            HFError,
+            "fix that field of config.json",
+            lambda size: size <= train.MAX_BLOCK_SIZE,
+        ),
         n_layer=field("num_hidden_layers", int),
         n_head=n_head,
         n_embd=n_embd,
@@ -445,9 +457,15 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         ffn_hidden=_explicit_ffn_hidden(field("intermediate_size", int), n_embd),
         rope_theta=field("rope_theta", float, 10000.0, rope if "rope_theta" in rope else hf),
         # an epsilon of 1e300 would flatten every activation to about zero
-        norm_eps=fileio.expect(field("rms_norm_eps", float, 1e-6), float, f"{source}: rms_norm_eps",
-                               "an epsilon below 1", HFError, "fix that field of config.json",
-                               lambda eps: eps < 1),
+        norm_eps=fileio.expect(
+            field("rms_norm_eps", float, 1e-6),
+            float,
+            f"{source}: rms_norm_eps",
+            "an epsilon below 1",
+            HFError,
+            "fix that field of config.json",
+            lambda eps: eps < 1,
+        ),
     )
     try:
         return GPTConfig(**sizes, tie_embeddings=hf.get("tie_word_embeddings", False))
@@ -475,18 +493,39 @@ def _read_safetensors(hf_dir: pathlib.Path) -> dict[str, torch.Tensor]:
     load_file = require("safetensors.torch", "reading a Hugging Face model").load_file
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
-        doc = fileio.expect(fileio.read_json(index, HFError, FIX_HF_DIR), dict, str(index),
-                            "an object", HFError, FIX_HF_DIR)
-        weight_map = fileio.expect(doc.get("weight_map"), dict, f"{index}: weight_map",
-                                   "an object of tensor name -> file", HFError, FIX_HF_DIR)
+        doc = fileio.expect(
+            fileio.read_json(index, HFError, FIX_HF_DIR),
+            dict,
+            str(index),
+            "an object",
+            HFError,
+            FIX_HF_DIR,
+        )
+        weight_map = fileio.expect(
+            doc.get("weight_map"),
+            dict,
+            f"{index}: weight_map",
+            "an object of tensor name -> file",
+            HFError,
+            FIX_HF_DIR,
+        )
     else:
         weight_map = {"": "model.safetensors"}
     # a shard is a file beside the index: "../x" or "/etc/passwd" would read outside the folder
-    files = sorted({
-        fileio.expect(name, str, f"{index}: weight_map[{key!r}]", "a file name in that folder",
-                      HFError, FIX_HF_DIR, lambda name: pathlib.PurePath(name).name == name != "..")
-        for key, name in weight_map.items()
-    })
+    files = sorted(
+        {
+            fileio.expect(
+                name,
+                str,
+                f"{index}: weight_map[{key!r}]",
+                "a file name in that folder",
+                HFError,
+                FIX_HF_DIR,
+                lambda name: pathlib.PurePath(name).name == name != "..",
+            )
+            for key, name in weight_map.items()
+        }
+    )
     tensors = {}
     for name in files:
         if not (hf_dir / name).is_file():
@@ -527,14 +566,30 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
             continue
         theirs = hf_name(name)
         if theirs not in tensors:
-            raise HFError(f"{hf_dir}: the weights lack {theirs}, which config.json implies; "
-                              f"the directory is incomplete or not a LlamaForCausalLM")
+            raise HFError(
+                f"{hf_dir}: the weights lack {theirs}, which config.json implies; "
+                f"the directory is incomplete or not a LlamaForCausalLM"
+            )
         tensor = tensors.pop(theirs)
         # an I64 or BOOL tensor would become float32 weights without a word
-        fileio.expect(tensor.dtype, torch.dtype, f"{hf_dir}: {theirs}'s dtype",
-                      "a floating-point dtype", HFError, FIX_HF_DIR, lambda d: d.is_floating_point)
-        fileio.expect(tensor, torch.Tensor, f"{hf_dir}: {theirs}", "finite weights (no NaN or inf)",
-                      HFError, FIX_HF_DIR, lambda t: bool(torch.isfinite(t).all()))
+        fileio.expect(
+            tensor.dtype,
+            torch.dtype,
+            f"{hf_dir}: {theirs}'s dtype",
+            "a floating-point dtype",
+            HFError,
+            FIX_HF_DIR,
+            lambda d: d.is_floating_point,
+        )
+        fileio.expect(
+            tensor,
+            torch.Tensor,
+            f"{hf_dir}: {theirs}",
+            "finite weights (no NaN or inf)",
+            HFError,
+            FIX_HF_DIR,
+            lambda t: bool(torch.isfinite(t).all()),
+        )
         if tuple(tensor.shape) != tuple(ours.shape):
             raise HFError(
                 f"{hf_dir}: {theirs} has shape {tuple(tensor.shape)} but config.json implies "
@@ -559,12 +614,15 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
         try:
             tokenizer = bpe.Tokenizer.from_hf(
                 fileio.read_json(hf_dir / "tokenizer.json", bpe.TokenizerError, FIX_HF_DIR),
-                str(hf_dir / "tokenizer.json"))
+                str(hf_dir / "tokenizer.json"),
+            )
         except bpe.TokenizerError as e:
             raise HFError(str(e)) from None
         if len(tokenizer) > config.vocab_size:
-            raise HFError(f"{hf_dir}: tokenizer.json has {len(tokenizer)} ids but vocab_size is "
-                              f"{config.vocab_size}; the tokenizer belongs to another model")
+            raise HFError(
+                f"{hf_dir}: tokenizer.json has {len(tokenizer)} ids but vocab_size is "
+                f"{config.vocab_size}; the tokenizer belongs to another model"
+            )
     return model.eval(), tokenizer
 
 
@@ -589,6 +647,7 @@ def save_imported_checkpoint(model: GPT, tokenizer, path, source: str) -> pathli
 # --------------------------------------------------------------------------------------------------
 # Command line: `python model.py export` and `python model.py import-hf` (or `python hf.py ...`)
 # --------------------------------------------------------------------------------------------------
+
 
 def export_checkpoint(
     ckpt_path: str, out_dir: str, verify: bool = False, tokenizer_path: str | None = None
@@ -652,26 +711,36 @@ def export_checkpoint(
 def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
     """`python model.py import-hf`: a Hugging Face Llama directory -> a train.py-format
     checkpoint."""
-    if (to := pathlib.Path(ckpt_path)).is_dir() or not to.parent.is_dir():   # before reading --from
-        raise HFError(f"--to {ckpt_path} " + (
-            f"is a directory; give a checkpoint file name such as {to / 'imported.pt'}"
-            if to.is_dir() else f"is in a folder that does not exist; create {to.parent} first"))
+    if (to := pathlib.Path(ckpt_path)).is_dir() or not to.parent.is_dir():  # before reading --from
+        raise HFError(
+            f"--to {ckpt_path} "
+            + (
+                f"is a directory; give a checkpoint file name such as {to / 'imported.pt'}"
+                if to.is_dir()
+                else f"is in a folder that does not exist; create {to.parent} first"
+            )
+        )
     model, tokenizer = load_hf(hf_dir)
     if tokenizer is None:
         raise HFError(
             f"{pathlib.Path(hf_dir) / 'tokenizer.json'} not found; a checkpoint needs its tokenizer"
         )
     save_imported_checkpoint(model, tokenizer, ckpt_path, str(hf_dir))
-    return (f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, "
-            f"from {hf_dir}")
+    return (
+        f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, "
+        f"from {hf_dir}"
+    )
 
 
 def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
     """The bridge's two commands; `python model.py export|import-hf ...` runs them with
     prog="model.py"."""
     from machinery.cli import Parser, run
-    parser = Parser(prog=prog, description="Export a checkpoint to / import one from the Hugging "
-                                           "Face Llama layout.")
+
+    parser = Parser(
+        prog=prog,
+        description="Export a checkpoint to / import one from the Hugging Face Llama layout.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     export = sub.add_parser(
         "export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory"

@@ -298,7 +298,7 @@ MUTANTS = [
            "the default prepare streams small inputs: the reference engine a learner reads never runs"),
     # issue 38: files read from outside, checked field by field before use
     Mutant("shard-index-reads-outside-the-folder", "machinery/hf.py",
-           'lambda name: pathlib.PurePath(name).name == name != "..")', "lambda name: True)",
+           'lambda name: pathlib.PurePath(name).name == name != "..",', "lambda name: True,",
            (CLI_FILES,),
            "a shard index naming ../other/model.safetensors loads weights from outside the model folder"),
     Mutant("checkpoint-fields-unchecked", "train.py",
