@@ -92,13 +92,12 @@ and `python model.py export` / `import-hf` run hf.py's commands.
 Run `python model.py` to print every preset with its parameters, FLOPs per token and training
 memory.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-import sys
-import time
 
 import torch
 import torch.nn as nn
@@ -117,6 +116,7 @@ class ConfigError(ValueError):
 # Configuration
 # --------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class GPTConfig:
     """Shape and options of the model. Validated on creation, so a bad config fails before any
@@ -127,14 +127,15 @@ class GPTConfig:
     >>> GPTConfig(n_embd=128).ffn_dim      # 8/3 * 128 = 341.3, rounded up to a multiple of 64
     384
     """
+
     vocab_size: int = 4096
-    block_size: int = 256             # the longest sequence the model is trained on (and may see)
+    block_size: int = 256  # the longest sequence the model is trained on (and may see)
     n_layer: int = 4
     n_head: int = 4
     # = n_head: multi-head attention; 1: multi-query; in between: GQA
     n_kv_head: int = 4
     n_embd: int = 128
-    ffn_hidden: int = 0               # 0 = auto: 8/3 * n_embd rounded up to ffn_multiple_of
+    ffn_hidden: int = 0  # 0 = auto: 8/3 * n_embd rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
@@ -145,7 +146,7 @@ class GPTConfig:
     expert_top_k: int = 2
     # slots per expert = factor * tokens * k / E; 0 = never drop a token
     moe_capacity_factor: float = 1.25
-    moe_aux_coef: float = 0.01        # train.py adds moe_aux_coef * model.aux_loss to the loss
+    moe_aux_coef: float = 0.01  # train.py adds moe_aux_coef * model.aux_loss to the loss
     activation_checkpointing: bool = False
     # "sdpa": the fused kernel; "flash": FlashAttention2 by hand (a lesson)
     attention: str = "sdpa"
@@ -153,7 +154,7 @@ class GPTConfig:
     layer_pattern: str = ""
 
     def __post_init__(self):
-        check_config(self)                # the rules and their messages: see the appendix
+        check_config(self)  # the rules and their messages: see the appendix
 
     # Derived sizes ----------------------------------------------------------------------------
 
@@ -167,7 +168,7 @@ class GPTConfig:
         if self.ffn_hidden:
             return self.ffn_hidden
         multiple = self.ffn_multiple_of
-        return math.ceil(8 * self.n_embd / 3 / multiple) * multiple      # rounded up: 341.3 -> 384
+        return math.ceil(8 * self.n_embd / 3 / multiple) * multiple  # rounded up: 341.3 -> 384
 
     @property
     def layer_kinds(self) -> str:
@@ -215,7 +216,7 @@ class GPTConfig:
         attention = C * q_width + 2 * C * kv_width + q_width * C
         if self.n_expert:
             experts = self.expert_top_k if active else self.n_expert
-            ffn = experts * 3 * C * H + C * self.n_expert           # experts + router
+            ffn = experts * 3 * C * H + C * self.n_expert  # experts + router
         else:
             ffn = 3 * C * H
         n_linear = self.layer_kinds.count("L")
@@ -223,7 +224,7 @@ class GPTConfig:
         linear = 4 * C * q_width + C * self.n_head + self.n_head
         # + the two norm gains
         blocks = (L - n_linear) * attention + n_linear * linear + L * (ffn + 2 * C)
-        total = blocks + C                                          # + final norm
+        total = blocks + C  # + final norm
         if not non_embedding:
             total += self.vocab_size * C * (1 if self.tie_embeddings else 2)
         return total
@@ -250,7 +251,6 @@ class GPTConfig:
         experts), activations excluded."""
         return TRAINING_BYTES_PER_PARAM * self.num_params()
 
-
     def decode_state_bytes(self, context: int, batch: int = 1, bytes_per_value: int = 2) -> int:
         """What generation keeps per sequence batch at `context` tokens: the KV cache of the
         attention layers (2 * n_kv_head * head_dim per token, growing) plus the recurrent state of
@@ -260,12 +260,15 @@ class GPTConfig:
         [262144, 32, 65560]
         """
         kinds, d = self.layer_kinds, self.head_dim
-        per_value = (kinds.count("A") * 2 * self.n_kv_head * d * context     # grows with context
-                     + kinds.count("L") * self.n_head * d * d)               # a fixed state
+        per_value = (
+            kinds.count("A") * 2 * self.n_kv_head * d * context  # grows with context
+            + kinds.count("L") * self.n_head * d * d
+        )  # a fixed state
         return per_value * batch * bytes_per_value
 
 
 # The config's checks, out of the lesson's way (GPTConfig.__post_init__ runs them).
+
 
 def check_config(c: GPTConfig) -> None:
     """GPTConfig's rules: a bad field is a ConfigError naming it and the fix (the lesson's config
@@ -276,8 +279,17 @@ def check_config(c: GPTConfig) -> None:
     model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
     """
     # Types first: the rules below do arithmetic on these fields.
-    for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",
-                  "ffn_multiple_of", "ffn_hidden", "n_expert"):
+    for field in (
+        "vocab_size",
+        "block_size",
+        "n_layer",
+        "n_head",
+        "n_kv_head",
+        "n_embd",
+        "ffn_multiple_of",
+        "ffn_hidden",
+        "n_expert",
+    ):
         value = getattr(c, field)
         zero = {"ffn_hidden": "auto", "n_expert": "dense"}.get(field)  # what 0 means, if allowed
         if not (
@@ -286,32 +298,60 @@ def check_config(c: GPTConfig) -> None:
             kind = f"an integer >= 0 (0 = {zero})" if zero else "a positive integer"
             raise ConfigError(f"GPTConfig.{field}: must be {kind}, got {value!r}")
     rules = [  # (field, the rule holds, what is wrong and the fix), checked in this order
-        ("n_embd", c.n_embd % c.n_head == 0,
-         f"{c.n_embd} is not divisible by n_head={c.n_head}; pick n_embd as a multiple of n_head"),
-        ("n_kv_head", c.n_head % c.n_kv_head == 0,
-         f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
-         f"use a divisor of n_head (n_head for MHA, 1 for MQA)"),
-        ("n_head", c.head_dim % 2 == 0,
-         f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
-         f"choose n_embd and n_head so that the head size is even"),
+        (
+            "n_embd",
+            c.n_embd % c.n_head == 0,
+            f"{c.n_embd} is not divisible by n_head={c.n_head}; "
+            f"pick n_embd as a multiple of n_head",
+        ),
+        (
+            "n_kv_head",
+            c.n_head % c.n_kv_head == 0,
+            f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
+            f"use a divisor of n_head (n_head for MHA, 1 for MQA)",
+        ),
+        (
+            "n_head",
+            c.head_dim % 2 == 0,
+            f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
+            f"choose n_embd and n_head so that the head size is even",
+        ),
         ("rope_theta", c.rope_theta > 0, f"must be > 0, got {c.rope_theta}"),
         ("norm_eps", c.norm_eps > 0, f"must be > 0, got {c.norm_eps}"),
         ("dropout", 0.0 <= c.dropout < 1.0, f"must be in [0, 1), got {c.dropout}"),
-        ("expert_top_k", c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert,
-         f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
-         f"lower expert_top_k or raise n_expert"),
-        ("moe_capacity_factor", c.moe_capacity_factor >= 0,
-         f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}"),
+        (
+            "expert_top_k",
+            c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert,
+            f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
+            f"lower expert_top_k or raise n_expert",
+        ),
+        (
+            "moe_capacity_factor",
+            c.moe_capacity_factor >= 0,
+            f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}",
+        ),
         ("moe_aux_coef", c.moe_aux_coef >= 0, f"must be >= 0, got {c.moe_aux_coef}"),
-        ("attention", c.attention in ("sdpa", "flash"),
-         f"must be 'sdpa' or 'flash', got {c.attention!r}"),
-        ("attention", c.attention == "sdpa" or c.dropout == 0,
-         "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'"),
-        ("layer_pattern", set(c.layer_pattern) <= set("AL"),
-         f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'"),
-        ("layer_pattern", c.n_layer % max(1, len(c.layer_pattern)) == 0,
-         f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile n_layer={c.n_layer}; "
-         f"give a pattern whose length divides n_layer"),
+        (
+            "attention",
+            c.attention in ("sdpa", "flash"),
+            f"must be 'sdpa' or 'flash', got {c.attention!r}",
+        ),
+        (
+            "attention",
+            c.attention == "sdpa" or c.dropout == 0,
+            "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'",
+        ),
+        (
+            "layer_pattern",
+            set(c.layer_pattern) <= set("AL"),
+            f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'",
+        ),
+        (
+            "layer_pattern",
+            c.n_layer % max(1, len(c.layer_pattern)) == 0,
+            f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile "
+            f"n_layer={c.n_layer}; give a pattern whose length divides n_layer",
+        ),
     ]
     for field, holds, message in rules:
         if not holds:
@@ -321,6 +361,7 @@ def check_config(c: GPTConfig) -> None:
 # --------------------------------------------------------------------------------------------------
 # Building blocks, in the order of the lesson
 # --------------------------------------------------------------------------------------------------
+
 
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension, computed in fp32.
@@ -358,7 +399,7 @@ def rope_angles(
     inv_freq = theta ** (
         -torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     )
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]      # (T, head_dim/2)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
     return angles.cos(), angles.sin()
 
 
@@ -375,8 +416,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """
     B, T, n, d = x.shape
     pairs = x.float().reshape(B, T, n, d // 2, 2)
-    x0, x1 = pairs[..., 0], pairs[..., 1]                                   # (B, T, n, d/2)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]                 # (1, T, 1, d/2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]  # (B, T, n, d/2)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, d/2)
     rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return rotated.reshape(B, T, n, d).type_as(x)
 
@@ -412,19 +453,34 @@ class KVCache:
     tensor([4., 1., 2., 3.])
     """
 
-    def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
-                 device=None, dtype=torch.float32, kinds: str | None = None):
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        device=None,
+        dtype=torch.float32,
+        kinds: str | None = None,
+    ):
         # one view per layer; only attention layers get buffers (kinds: GPTConfig.layer_kinds)
         shape = (batch, n_kv_head, max_len, head_dim)
-        self.layers = [LayerKV(self, shape if kind == "A" else None, device, dtype)
-                       for kind in kinds or "A" * n_layer]
+        self.layers = [
+            LayerKV(self, shape if kind == "A" else None, device, dtype)
+            for kind in kinds or "A" * n_layer
+        ]
         self.max_len = max_len
-        self.length = 0        # tokens seen so far, i.e. the absolute position of the next token
+        self.length = 0  # tokens seen so far, i.e. the absolute position of the next token
 
     def nbytes(self) -> int:
         """Bytes held: the KV buffers of attention layers and the states of linear layers."""
-        return sum(t.numel() * t.element_size() for layer in self.layers
-                   for t in (layer.k, layer.v, layer.state) if t is not None)
+        return sum(
+            t.numel() * t.element_size()
+            for layer in self.layers
+            for t in (layer.k, layer.v, layer.state)
+            if t is not None
+        )
 
 
 class LayerKV:
@@ -436,8 +492,10 @@ class LayerKV:
         self.cache = cache
         # an attention layer's two (B, n_kv_head, max_len, head_dim) buffers; a linear layer has
         # none
-        self.k, self.v = [None if shape is None else torch.zeros(shape, device=device, dtype=dtype)
-                          for _ in range(2)]
+        self.k, self.v = [
+            None if shape is None else torch.zeros(shape, device=device, dtype=dtype)
+            for _ in range(2)
+        ]
         self.state = None
 
     @property
@@ -461,8 +519,8 @@ class LayerKV:
             )
         # the slot; = start while the window is not yet full
         lo = self.start % cache.max_len
-        self.k[:, :, lo:lo + T_new] = k
-        self.v[:, :, lo:lo + T_new] = v
+        self.k[:, :, lo : lo + T_new] = k
+        self.v[:, :, lo : lo + T_new] = v
         held = min(self.start + T_new, cache.max_len)
         return self.k[:, :, :held], self.v[:, :, :held]
 
@@ -481,8 +539,13 @@ SDPA_GQA_IN_PLACE = {
 }
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
-                     mask: torch.Tensor | None = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + mask) v with q (..., h, Tq, d) and k, v (..., h_kv, Tk, d), Tq <=
     Tk, e.g. (B, h, T, d); h_kv divides h (GQA: query head j reads kv head j // (h / h_kv)).
 
@@ -504,9 +567,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_
     if group > 1 and not (q.dtype in dtypes and (with_mask or mask is None)):
         # (..., h, Tk, d); with an int, repeat_interleave is a stride-0 expand and one plain copy
         k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                          is_causal=mask is None and Tq == Tk,
-                                          enable_gqa=k.shape[-3] != q.shape[-3])
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=mask is None and Tq == Tk,
+        enable_gqa=k.shape[-3] != q.shape[-3],
+    )
 
 
 class Attention(nn.Module):
@@ -519,15 +588,19 @@ class Attention(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = (config.n_head, config.n_kv_head,
-                                                      config.head_dim)
+        self.n_head, self.n_kv_head, self.head_dim = (
+            config.n_head,
+            config.n_kv_head,
+            config.head_dim,
+        )
         self.rope_theta = config.rope_theta
         self.dropout = config.dropout
         self.flash = config.attention == "flash"
         C = config.n_embd
         self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
-        self.wk, self.wv = (nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
-                            for _ in range(2))
+        self.wk, self.wv = (
+            nn.Linear(C, self.n_kv_head * self.head_dim, bias=False) for _ in range(2)
+        )
         self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
         # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
         # tokens, and ring attention in place of causal_attention, fed the K/V at n_kv_head heads
@@ -544,17 +617,18 @@ class Attention(nn.Module):
             positions = torch.arange(start, start + T, device=x.device)
         cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, heads, T, d)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d)
         if cache is not None:
-            k, v = cache.append(k, v)                                  # (B, h_kv, start + T, d)
+            k, v = cache.append(k, v)  # (B, h_kv, start + T, d)
         if self.attend is not None:
-            y = self.attend(q, k, v)                                           # (B, h, T, d)
+            y = self.attend(q, k, v)  # (B, h, T, d)
         else:
             if self.flash and cache is None:
                 # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
                 # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
-                y = flash_attention(q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2),
-                                    v.unsqueeze(2), True).flatten(1, 2)        # (B, h, T, d)
+                y = flash_attention(
+                    q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2), v.unsqueeze(2), True
+                ).flatten(1, 2)  # (B, h, T, d)
             else:
                 y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
@@ -566,9 +640,9 @@ class SwiGLU(nn.Module):
 
     def __init__(self, n_embd: int, hidden: int):
         super().__init__()
-        self.w1 = nn.Linear(n_embd, hidden, bias=False)   # gate
-        self.w3 = nn.Linear(n_embd, hidden, bias=False)   # value
-        self.w2 = nn.Linear(hidden, n_embd, bias=False)   # back to the residual stream
+        self.w1 = nn.Linear(n_embd, hidden, bias=False)  # gate
+        self.w3 = nn.Linear(n_embd, hidden, bias=False)  # value
+        self.w2 = nn.Linear(hidden, n_embd, bias=False)  # back to the residual stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -603,8 +677,11 @@ class MoE(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         C, H, E = config.n_embd, config.ffn_dim, config.n_expert
-        self.n_expert, self.top_k, self.capacity_factor = (E, config.expert_top_k,
-                                                           config.moe_capacity_factor)
+        self.n_expert, self.top_k, self.capacity_factor = (
+            E,
+            config.expert_top_k,
+            config.moe_capacity_factor,
+        )
         self.router = nn.Linear(C, E, bias=False)
         # The experts' SwiGLU weights stacked on a leading expert axis, laid out for x @ w.
         self.w1 = nn.Parameter(torch.empty(E, C, H))
@@ -626,10 +703,11 @@ class MoE(nn.Module):
     def experts(self, x: torch.Tensor) -> torch.Tensor:
         """Every expert on its slots, one batched matmul: (E, cap, C) -> (E, cap, C). Expert
         parallel (model_parallel.py) puts an all-to-all on each side, over the rank's experts."""
-        return (F.silu(x @ self.w1) * (x @ self.w3)) @ self.w2                 # hidden (E, cap, H)
+        return (F.silu(x @ self.w1) * (x @ self.w3)) @ self.w2  # hidden (E, cap, H)
 
-    def balance_stats(self, fraction: torch.Tensor,
-                      mean_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def balance_stats(
+        self, fraction: torch.Tensor, mean_prob: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """f_e and P_e of this batch; expert parallel averages them over every rank's batch."""
         return fraction, mean_prob
 
@@ -637,16 +715,16 @@ class MoE(nn.Module):
         """x (B, T, C) -> (output (B, T, C), load-balancing loss (0-dim))."""
         B, T, C = x.shape
         E, k = self.n_expert, self.top_k
-        tokens = x.reshape(B * T, C)                                           # (N, C)
+        tokens = x.reshape(B * T, C)  # (N, C)
         N = tokens.shape[0]
-        probs = F.softmax(self.router(tokens).float(), dim=-1)                 # (N, E)
-        gate, expert = probs.topk(k, dim=-1)                                   # (N, k) each
+        probs = F.softmax(self.router(tokens).float(), dim=-1)  # (N, E)
+        gate, expert = probs.topk(k, dim=-1)  # (N, k) each
 
         # Order the N*k assignments choice-major (all first choices, then all second choices), so a
         # full expert drops second choices before first ones.
-        expert = expert.t().reshape(-1)                                        # (k*N,)
-        gate = gate.t().reshape(-1)                                            # (k*N,)
-        chosen = F.one_hot(expert, E)                                          # (k*N, E)
+        expert = expert.t().reshape(-1)  # (k*N,)
+        gate = gate.t().reshape(-1)  # (k*N,)
+        chosen = F.one_hot(expert, E)  # (k*N, E)
         # rank of this assignment, (k*N,)
         slot_in_expert = (chosen.cumsum(0) * chosen).sum(-1) - 1
         # inference never drops
@@ -659,7 +737,7 @@ class MoE(nn.Module):
         inputs = tokens.new_zeros(E * cap + 1, C)
         # kept slots are unique
         inputs.index_copy_(0, slot, tokens.repeat(k, 1))
-        expert_out = self.experts(inputs[:-1].view(E, cap, C))                 # (E, cap, C)
+        expert_out = self.experts(inputs[:-1].view(E, cap, C))  # (E, cap, C)
         expert_out = torch.cat((expert_out.view(E * cap, C), tokens.new_zeros(1, C)))  # +1 row
         weighted = expert_out[slot] * (gate * kept).unsqueeze(-1).to(x.dtype)  # (k*N, C)
         y = weighted.view(k, N, C).sum(0)
@@ -699,7 +777,7 @@ class Block(nn.Module):
         else:
             x, aux_loss = self._residual_updates(x, cache)
         if aux_loss is not None:
-            self.aux_loss = aux_loss                   # recorded outside the checkpointed function
+            self.aux_loss = aux_loss  # recorded outside the checkpointed function
         return x
 
     def _residual_updates(
@@ -720,6 +798,7 @@ class Block(nn.Module):
 # Attention's cost: FlashAttention by hand, linear attention (see the docstring's section)
 # --------------------------------------------------------------------------------------------------
 
+
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the kernel keeps its sums in: fp32 for bf16/fp16/fp32 inputs, fp64 for fp64. A bf16
     running sum stops growing once it is 256 times the next term (8 bits of mantissa), so the real
@@ -736,7 +815,7 @@ def _tile_scores(q_tile: torch.Tensor, k: torch.Tensor, i: int, j: int, tile: in
     """Scores of the (already scaled) query tile at i against the key tile at j: (..., bq, bk), in
     q_tile's dtype (the key tile is cast to it). Causal masks keys after their query (top-left
     aligned, SDPA's is_causal) on diagonal tiles."""
-    s = q_tile @ k[..., j:j + tile, :].to(q_tile.dtype).transpose(-1, -2)     # (..., bq, bk)
+    s = q_tile @ k[..., j : j + tile, :].to(q_tile.dtype).transpose(-1, -2)  # (..., bq, bk)
     if is_causal and j + tile > i:
         rows = torch.arange(i, i + s.shape[-2], device=s.device)[:, None]
         cols = torch.arange(j, j + s.shape[-1], device=s.device)[None, :]
@@ -744,8 +823,9 @@ def _tile_scores(q_tile: torch.Tensor, k: torch.Tensor, i: int, j: int, tile: in
     return s
 
 
-def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch.Tensor,
-                          v_tile: torch.Tensor):
+def online_softmax_update(
+    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch.Tensor, v_tile: torch.Tensor
+):
     """One key tile's step of the online softmax: the running max m (..., bq), the running sum l
     (..., bq) of exp(s - m) and the running output acc (..., bq, d) of exp(s - m) v, all in the
     accumulator dtype, updated with the scores s (..., bq, bk) of this tile's keys and their values
@@ -753,7 +833,7 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
     exp(-inf - -inf) is nan). Start from m = -inf, l = 0, acc = 0; finish with
     online_softmax_result."""
     m_new = torch.maximum(m, s.amax(-1))
-    p = torch.exp(s - m_new[..., None])                                         # (..., bq, bk)
+    p = torch.exp(s - m_new[..., None])  # (..., bq, bk)
     # the old sums were relative to the old max
     rescale = torch.exp(m - m_new)
     l = rescale * l + p.sum(-1)
@@ -767,53 +847,65 @@ def online_softmax_result(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor):
     return acc / l[..., None], m + torch.log(l)
 
 
-def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                   tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tile: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The tiled forward: out (..., Tq, d) in q's dtype, lse (..., Tq) in the accumulator dtype."""
     scale, Tq, Tk = q.shape[-1] ** -0.5, q.shape[-2], k.shape[-2]
     dtype = accumulator_dtype(q.dtype)
     out = q.new_empty(q.shape)
     lse = q.new_empty(q.shape[:-1], dtype=dtype)
     for i in range(0, Tq, tile):
-        q_tile = q[..., i:i + tile, :].to(dtype) * scale                        # (..., bq, d)
+        q_tile = q[..., i : i + tile, :].to(dtype) * scale  # (..., bq, d)
         m = q_tile.new_full(q_tile.shape[:-1], -math.inf)
         l = q_tile.new_zeros(q_tile.shape[:-1])
         acc = torch.zeros_like(q_tile)
         for j in _key_tiles(i, Tk, tile, is_causal):
-            s = _tile_scores(q_tile, k, i, j, tile, is_causal)                  # (..., bq, bk)
-            m, l, acc = online_softmax_update(m, l, acc, s, v[..., j:j + tile, :])
+            s = _tile_scores(q_tile, k, i, j, tile, is_causal)  # (..., bq, bk)
+            m, l, acc = online_softmax_update(m, l, acc, s, v[..., j : j + tile, :])
         out_tile, lse_tile = online_softmax_result(m, l, acc)
         # rounded to the input dtype once, here
-        out[..., i:i + tile, :] = out_tile
-        lse[..., i:i + tile] = lse_tile
+        out[..., i : i + tile, :] = out_tile
+        lse[..., i : i + tile] = lse_tile
     return out, lse
 
 
-def _flash_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    out: torch.Tensor, lse: torch.Tensor, is_causal: bool,
-                    tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _flash_backward(
+    d_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    is_causal: bool,
+    tile: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """With P = exp(S - lse) recomputed per tile: dV = P^T dO, dP = dO V^T,
     dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d)
     (rowsum(dP * P) = rowsum(dO * O): one number per query). The three gradients are summed over
     the tiles in the accumulator dtype and rounded to their inputs' dtypes at the end."""
     scale, dtype = q.shape[-1] ** -0.5, accumulator_dtype(q.dtype)
-    delta = (d_out.to(dtype) * out.to(dtype)).sum(-1)                           # (..., Tq)
+    delta = (d_out.to(dtype) * out.to(dtype)).sum(-1)  # (..., Tq)
     dq, dk, dv = (torch.zeros(x.shape, dtype=dtype, device=x.device) for x in (q, k, v))
     for i in range(0, q.shape[-2], tile):
         rows = slice(i, i + tile)
-        q_tile = q[..., rows, :].to(dtype) * scale                              # (..., bq, d)
-        d_out_tile = d_out[..., rows, :].to(dtype)                              # (..., bq, d)
+        q_tile = q[..., rows, :].to(dtype) * scale  # (..., bq, d)
+        d_out_tile = d_out[..., rows, :].to(dtype)  # (..., bq, d)
         for j in _key_tiles(i, k.shape[-2], tile, is_causal):
             cols = slice(j, j + tile)
-            p = torch.exp(_tile_scores(q_tile, k, i, j, tile, is_causal)         # P, recomputed
-                          - lse[..., rows, None])
+            p = torch.exp(
+                _tile_scores(q_tile, k, i, j, tile, is_causal)  # P, recomputed
+                - lse[..., rows, None]
+            )
             # GQA (k, v (..., 1, Tk, d) against q (..., group, Tq, d)): sum_to_size adds up the
             # group's contributions to its one kv head
             dv[..., cols, :] += (p.transpose(-1, -2) @ d_out_tile).sum_to_size(
-                dv[..., cols, :].shape)
+                dv[..., cols, :].shape
+            )
             # dS = P (dP - D)
-            ds = p * (d_out_tile @ v[..., cols, :].to(dtype).transpose(-1, -2)
-                      - delta[..., rows, None])
+            ds = p * (
+                d_out_tile @ v[..., cols, :].to(dtype).transpose(-1, -2) - delta[..., rows, None]
+            )
             dq[..., rows, :] += ds @ k[..., cols, :].to(dtype) * scale
             dk[..., cols, :] += (ds.transpose(-1, -2) @ q_tile).sum_to_size(dk[..., cols, :].shape)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -834,15 +926,25 @@ def _operator(name: str, schema: str, kernel, shapes):
 # the tiles, which grows the graph as (T / tile)^2 (4,150 forward and 9,524 backward nodes at T =
 # 1,024). FlashAttention2 below is their derivative: neither operator has one of its own.
 _flash_forward_op = _operator(
-    "flash_attention_forward", "(Tensor q, Tensor k, Tensor v, bool is_causal, int tile) -> "
-    "(Tensor, Tensor)", _flash_forward,
-    lambda q, k, v, is_causal, tile: (q.new_empty(q.shape),
-                                      q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))))
+    "flash_attention_forward",
+    "(Tensor q, Tensor k, Tensor v, bool is_causal, int tile) -> (Tensor, Tensor)",
+    _flash_forward,
+    lambda q, k, v, is_causal, tile: (
+        q.new_empty(q.shape),
+        q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype)),
+    ),
+)
 _flash_backward_op = _operator(
-    "flash_attention_backward", "(Tensor d_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-    "Tensor lse, bool is_causal, int tile) -> (Tensor, Tensor, Tensor)", _flash_backward,
-    lambda d_out, q, k, v, out, lse, is_causal, tile: (q.new_empty(q.shape), k.new_empty(k.shape),
-                                                       v.new_empty(v.shape)))
+    "flash_attention_backward",
+    "(Tensor d_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+    "Tensor lse, bool is_causal, int tile) -> (Tensor, Tensor, Tensor)",
+    _flash_backward,
+    lambda d_out, q, k, v, out, lse, is_causal, tile: (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        v.new_empty(v.shape),
+    ),
+)
 
 
 class FlashAttention2(torch.autograd.Function):
@@ -908,15 +1010,17 @@ def linear_attention_chunked(q, k, v, log_a, state=None, chunk: int = 64):
     S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if state is None else state
     outs = []
     for c in range(0, q.shape[2], chunk):
-        qc, kc, vc = (t[:, :, c:c + chunk] for t in (q, k, v))                 # (B, h, n, d)
-        b = log_a[:, :, c:c + chunk].cumsum(-1)                                 # (B, h, n)
+        qc, kc, vc = (t[:, :, c : c + chunk] for t in (q, k, v))  # (B, h, n, d)
+        b = log_a[:, :, c : c + chunk].cumsum(-1)  # (B, h, n)
         n = b.shape[-1]
-        later = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)    # s > t: the future
+        later = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)  # s > t: the future
         # (B, h, n, n)
         decay = (b[..., :, None] - b[..., None, :]).masked_fill(later, -math.inf).exp()
         outs.append(((qc @ kc.transpose(-1, -2)) * decay) @ vc + (qc * b[..., None].exp()) @ S)
-        S = (b[..., -1, None, None].exp() * S
-             + (kc * (b[..., -1:] - b).exp()[..., None]).transpose(-1, -2) @ vc)   # (B, h, d, d)
+        S = (
+            b[..., -1, None, None].exp() * S
+            + (kc * (b[..., -1:] - b).exp()[..., None]).transpose(-1, -2) @ vc
+        )  # (B, h, d, d)
     return torch.cat(outs, dim=2), S
 
 
@@ -941,12 +1045,19 @@ class LinearAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = (w(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))                        # (B, h, T, d)
-        log_a = F.logsigmoid(self.wg(x).float()).transpose(1, 2)               # (B, h, T), < 0
+        q, k, v = (
+            w(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+            for w in (self.wq, self.wk, self.wv)
+        )  # (B, h, T, d)
+        log_a = F.logsigmoid(self.wg(x).float()).transpose(1, 2)  # (B, h, T), < 0
         form = linear_attention_recurrent if T == 1 else linear_attention_chunked
-        y, state = form(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, log_a.type_as(x),
-                        None if cache is None else cache.state)                 # (B, h, T, d)
+        y, state = form(
+            F.normalize(q, dim=-1),
+            F.normalize(k, dim=-1),
+            v,
+            log_a.type_as(x),
+            None if cache is None else cache.state,
+        )  # (B, h, T, d)
         if cache is not None:
             cache.state = state
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
@@ -955,6 +1066,7 @@ class LinearAttention(nn.Module):
 # --------------------------------------------------------------------------------------------------
 # The model
 # --------------------------------------------------------------------------------------------------
+
 
 class GPT(nn.Module):
     """Decoder-only Transformer: embed -> blocks -> head. forward(idx, targets) -> (logits,
@@ -978,14 +1090,15 @@ class GPT(nn.Module):
         """N(0, 0.02) everywhere; residual-stream writers (wo, w2) get 0.02 / sqrt(2 * n_layer)."""
         std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
         if isinstance(module, (Attention, LinearAttention, SwiGLU, MoE)):
-            for name, weight in module.named_parameters():      # "wq.weight", ...; MoE's "w1", ...
+            for name, weight in module.named_parameters():  # "wq.weight", ...; MoE's "w1", ...
                 # LinearAttention's gate bias: set there
                 if not name.endswith("bias"):
                     writes_residual = name.split(".")[0] in ("wo", "w2")
                     nn.init.normal_(weight, 0.0, residual_std if writes_residual else std)
-        elif isinstance(module, nn.Embedding) or (module is self.lm_head
-                                                   and not self.config.tie_embeddings):
-            nn.init.normal_(module.weight, 0.0, std)          # the embedding, and an untied head
+        elif isinstance(module, nn.Embedding) or (
+            module is self.lm_head and not self.config.tie_embeddings
+        ):
+            nn.init.normal_(module.weight, 0.0, std)  # the embedding, and an untied head
 
     # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the
     # last.
@@ -1026,8 +1139,12 @@ class GPT(nn.Module):
                     f"[{low}, {high}]; set vocab_size to the tokenizer's size"
                 )
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy
         (ignore_index -1).
 
@@ -1040,14 +1157,14 @@ class GPT(nn.Module):
                 f"a KV cache of {kv_cache.max_len} tokens would let attention reach past "
                 f"block_size={self.config.block_size}; make the cache block_size long at most"
             )
-        x = self.embed(idx)                                                    # (B, T, C)
+        x = self.embed(idx)  # (B, T, C)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_cache is None else kv_cache.layers[i])    # (B, T, C)
+            x = block(x, None if kv_cache is None else kv_cache.layers[i])  # (B, T, C)
         if kv_cache is not None:
             kv_cache.length += idx.shape[1]
         if self.config.n_expert:
             self.aux_loss = torch.stack([block.aux_loss for block in self.blocks]).sum()
-        logits = self.head(x)                                                  # (B, T, V)
+        logits = self.head(x)  # (B, T, V)
         loss = None
         if targets is not None:
             # The loss's one fp32 copy of the logits (B, T, V), kept on purpose: in bf16 the loss
@@ -1092,13 +1209,21 @@ class GPT(nn.Module):
         self.eval()
         cfg = self.config
         kv_heads = next((b.attn.n_kv_head for b in self.blocks if isinstance(b.attn, Attention)), 1)
-        cache = KVCache(cfg.n_layer, idx.shape[0], kv_heads, cfg.block_size, cfg.head_dim,
-                        device=idx.device, dtype=self.tok_emb.weight.dtype, kinds=cfg.layer_kinds)
+        cache = KVCache(
+            cfg.n_layer,
+            idx.shape[0],
+            kv_heads,
+            cfg.block_size,
+            cfg.head_dim,
+            device=idx.device,
+            dtype=self.tok_emb.weight.dtype,
+            kinds=cfg.layer_kinds,
+        )
         # ids not yet cached: the prompt
-        pending = idx[:, -cfg.block_size:]
+        pending = idx[:, -cfg.block_size :]
         for _ in range(max_new_tokens):
             logits, _ = self(pending, kv_cache=cache)
-            next_token = sample(logits[:, -1, :], temperature, top_k, generator)   # (B, 1)
+            next_token = sample(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)
             idx = torch.cat((idx, next_token), dim=1)
             pending = next_token
         self.train(was_training)
@@ -1132,8 +1257,12 @@ class GPT(nn.Module):
         return tokens_per_s * self.flops_per_token(seq_len) / peak_flops
 
 
-def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-           generator: torch.Generator | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k
     best."""
     if temperature == 0:
@@ -1188,32 +1317,6 @@ PRESETS: dict[str, GPTConfig] = {
         rope_theta=500000.0,
     ),
 }
-
-
-def preset_table(presets: dict[str, GPTConfig] = PRESETS) -> str:
-    """The presets as a text table: shape, parameters (total / non-embedding / active), FLOPs/token,
-    memory."""
-    header = (
-        f"{'preset':<11} {'layers':>6} {'heads':>5} {'kv':>3} {'width':>5} {'ffn':>5} {'vocab':>6} "
-        f"{'ctx':>5} {'params':>9} {'non-emb':>9} {'active':>9} {'FLOPs/tok':>10} {'train mem':>10}"
-    )
-    rows = [header, "-" * len(header)]
-    for name, c in presets.items():
-        rows.append(
-            f"{name:<11} {c.n_layer:>6} {c.n_head:>5} {c.n_kv_head:>3} {c.n_embd:>5} "
-            f"{c.ffn_dim:>5} {c.vocab_size:>6} {c.block_size:>5} {_human(c.num_params()):>9} "
-            f"{_human(c.num_params(non_embedding=True)):>9} {_human(c.num_params(active=True)):>9} "
-            f"{c.flops_per_token():>10.3g} {c.training_memory_bytes() / 1e9:>8.2f}GB"
-        )
-    return "\n".join(rows)
-
-
-def _human(n: int) -> str:
-    """1234567 -> '1.23M'."""
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return str(n)
 
 
 # ==================================================================================================
@@ -1276,108 +1379,7 @@ def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.devi
     raise error(f"--device {name}: this project runs on {DEVICE_CHOICES}, not {device.type}")
 
 
-# --------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------
-
-def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
-    """Greedy decoding from an untrained preset, with the KV cache and without it (a full forward
-    over the last block_size tokens at every step): the time each took and where their ids agree.
-    Within block_size they must be equal; past it the cache slides its window (see KVCache), so a
-    deeper model may pick other tokens."""
-    torch.manual_seed(seed)
-    model = GPT(PRESETS[name]).eval()
-    prompt_len, window = 8, model.config.block_size
-    prompt = torch.randint(
-        0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed)
-    )
-    start = time.perf_counter()
-    cached = model.generate(prompt, new_tokens, temperature=0)
-    cached_s = time.perf_counter() - start
-    start = time.perf_counter()
-    idx = prompt
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            logits, _ = model(idx[:, -window:])
-            idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
-    full_s = time.perf_counter() - start
-    # tokens predicted from a window that is not full
-    inside = min(new_tokens, window - prompt_len)
-    known = prompt_len + inside
-    past = new_tokens - inside
-    lines = [
-        f"{name}: {model.num_params():,} parameters, {new_tokens} greedy tokens, "
-        f"block_size {window}",
-        f"  with KV cache   {cached_s:6.2f} s",
-        f"  without cache   {full_s:6.2f} s  ({full_s / cached_s:.1f}x the cached time)",
-        f"  same ids within block_size: {torch.equal(cached[:, :known], idx[:, :known])}",
-    ]
-    if past:
-        agree = int((cached[0, -past:] == idx[0, -past:]).sum())
-        lines.append(
-            f"  past block_size (sliding window vs cropped recompute): {agree} of {past} ids agree"
-        )
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from machinery.cli import Parser, add_commands, in_range
-    parser = Parser(prog="model.py",
-                    description="The model: print the presets, time generation with a KV cache, "
-                                "export to / import from the Hugging Face Llama layout.")
-    parser.set_defaults(moe=8, top_k=2)
-    # The bridge's commands are hf.py's, listed here and handed to hf.main before parsing (see its
-    # --help).
-    add_commands(parser.add_subparsers(dest="command", parser_class=Parser), {
-        "presets": ("table of presets (the default): shape, parameters, FLOPs, memory", None, [
-            ("--moe", {"type": in_range(int, 0, 4096), "default": 8, "metavar": "E",
-                       "help": "also show each preset as a Mixture of Experts with E experts "
-                               "(0: don't)"}),
-            ("--top-k", {"type": in_range(int, 1, 4096), "default": 2,
-                         "help": "experts per token in that table"})]),
-        "demo": ("greedy generation from an untrained preset, with and without the KV cache",
-                 None, [
-            ("--model", {"choices": list(PRESETS), "default": "tiny"}),
-            ("--tokens", {"type": in_range(int, 1, 10_000), "default": 100,
-                          "help": "new tokens (the uncached side recomputes the window per token: "
-                                  "1e4 is minutes on a CPU)"}),
-            ("--seed", {"type": in_range(int, 0, 2**32 - 1), "default": 0})]),
-        "export": ("write a checkpoint as a Hugging Face LlamaForCausalLM directory (hf.py)",
-                   None, []),
-        "import-hf": ("read a Hugging Face Llama directory into a train.py checkpoint (hf.py)",
-                      None, []),
-    })
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] in (["export"], ["import-hf"]):
-        # main only: model.py's library never imports the bridge
-        from machinery import hf
-        return hf.main(argv, prog="model.py")
-    args = parser.parse_args(argv)
-    if args.moe and args.top_k > args.moe:
-        parser.error(
-            f"argument --top-k: {args.top_k} experts per token, but --moe gives only {args.moe}"
-        )
-    try:
-        if args.command in (None, "presets"):
-            print(preset_table())
-            if args.moe:
-                print(f"\nThe same presets as Mixtures of Experts: every FFN becomes {args.moe} "
-                      f"experts, {args.top_k} active per token (memory of all, compute of the "
-                      f"active):")
-                print(preset_table({f"{k}-moe": dataclasses.replace(v, n_expert=args.moe,
-                                                                    expert_top_k=args.top_k)
-                                    for k, v in PRESETS.items()}))
-            print("\nparams counts a tied LM head once; non-emb leaves out the token embedding and "
-                  "an untied head;\nFLOPs/tok = 6 x (active matmul params) + 12 L T C, training, "
-                  f"at T = ctx; train mem = {TRAINING_BYTES_PER_PARAM} B/param\n(AdamW, mixed "
-                  "precision), activations excluded.")
-        elif args.command == "demo":
-            print(demo_kv_cache(args.model, args.tokens, args.seed))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from machinery.commands import model as command
+
+    raise SystemExit(command.main())

@@ -1,7 +1,8 @@
 r"""The Hugging Face bridge: a model.py network out to a `LlamaForCausalLM` directory, and one back
 into a checkpoint.
 
-Serves: model.py (`python model.py export` and `python model.py import-hf` run this file's main) and
+Serves: model.py (`python model.py export` and `python model.py import-hf`, whose flags live in
+machinery/commands/model.py, call `export_checkpoint` and `import_hf_checkpoint`) and
 train.py (its checkpoints are what gets exported; `train.py --init-from` starts a run from an
 imported one).
 Owns: the name map and the RoPE permutation between the two layouts, config.json in both
@@ -11,7 +12,7 @@ directions, the export directory, the import into a train.py checkpoint, and `--
 Depends on: model.py (the network), bpe.py (tokenizer.json), train.py (the checkpoint format: its
 loader for export, its writer for import) and fileio.py; safetensors and transformers, imported
 inside the features that need them (`pip install safetensors transformers`). It sits above train.py
-in the layers; model.py's library never imports it, only model.py's main() does, to run these two
+in the layers; model.py never imports it, only machinery/commands/model.py does, to run these two
 commands.
 
 The same network, another RoPE layout
@@ -730,54 +731,3 @@ def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
         f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, "
         f"from {hf_dir}"
     )
-
-
-def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
-    """The bridge's two commands; `python model.py export|import-hf ...` runs them with
-    prog="model.py"."""
-    from machinery.cli import Parser, run
-
-    parser = Parser(
-        prog=prog,
-        description="Export a checkpoint to / import one from the Hugging Face Llama layout.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    export = sub.add_parser(
-        "export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory"
-    )
-    export.add_argument(
-        "--ckpt", required=True, help="a train.py checkpoint file, or a run directory (its newest)"
-    )
-    export.add_argument(
-        "--to", required=True, help="the directory to create (must not exist, or be empty)"
-    )
-    export.add_argument(
-        "--tokenizer",
-        help="a tokenizer .json, only for a checkpoint that holds none "
-        "(train.py's always hold theirs)",
-    )
-    export.add_argument(
-        "--verify",
-        action="store_true",
-        help="load the result with transformers and compare "
-        "logits, greedy tokens and tokenizer ids with ours",
-    )
-    import_hf = sub.add_parser(
-        "import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint"
-    )
-    import_hf.add_argument(
-        "--from",
-        dest="hf_dir",
-        required=True,
-        help="directory with config.json, model.safetensors and tokenizer.json",
-    )
-    import_hf.add_argument("--to", required=True, help="the checkpoint file to write")
-    export.set_defaults(execute=lambda a: export_checkpoint(a.ckpt, a.to, a.verify, a.tokenizer))
-    import_hf.set_defaults(execute=lambda a: import_hf_checkpoint(a.hf_dir, a.to))
-    args = parser.parse_args(argv)
-    # OSError: unwritable --to, full disk
-    return run(lambda: print(args.execute(args)), (ConfigError, OSError))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -360,7 +360,9 @@ def run_main(script: str, argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = importlib.import_module(script).main(argv)
+            # a chapter's command line lives in machinery/commands/<chapter>.py once it has moved there
+            moved = importlib.util.find_spec(f"machinery.commands.{script}") is not None
+            code = importlib.import_module(f"machinery.commands.{script}" if moved else script).main(argv)
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()

@@ -17,6 +17,7 @@ pytest.importorskip("safetensors", reason="the HF bridge tests need safetensors 
 import bpe  # noqa: E402
 import evaluate  # noqa: E402
 from machinery import hf  # noqa: E402
+from machinery.commands import model as model_command  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
 from test_bpe import EMBEDDED, corpus_texts  # noqa: E402
@@ -49,7 +50,7 @@ def run(request, dataset_dir, tmp_path_factory):
     cfg = train.parse_config(["--data", str(dataset_dir), "--out-dir", str(out / "run"), *GQA_ARGS,
                               "--model-args", shape, "--max-steps", "30", "--ckpt-interval", "30"])
     train.train(cfg, log=lambda *a, **k: None)
-    assert model.main(["export", "--ckpt", str(out / "run"), "--to", str(out / "hf")]) == 0
+    assert model_command.main(["export", "--ckpt", str(out / "run"), "--to", str(out / "hf")]) == 0
     ours, tokenizer = train.model_from_checkpoint(train.load_checkpoint(out / "run"))
     val = "\n\n".join(make_corpus(4, seed=7))
     return out / "run", out / "hf", ours, tokenizer, tokenizer.encode(val)
@@ -100,7 +101,7 @@ def test_greedy_generation_equals_transformers_generate(run, theirs):
 
 def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_path, capsys):
     run_dir, hf_dir, ours, tokenizer, _ = run
-    assert model.main(["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")]) == 0
+    assert model_command.main(["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")]) == 0
     ckpt = train.load_checkpoint(tmp_path / "imported.pt")
     original = train.load_checkpoint(run_dir)
     assert ckpt["model_config"] == original["model_config"] and ckpt["tokenizer_json"] == original["tokenizer_json"]
@@ -117,7 +118,7 @@ def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_pat
 
 def test_train_init_from_an_imported_checkpoint(run, dataset_dir, tmp_path):
     _, hf_dir, ours, _, _ = run
-    model.main(["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")])
+    model_command.main(["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")])
     cfg = train.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "more"), *GQA_ARGS,
                               "--init-from", str(tmp_path / "imported.pt"), "--max-steps", "2"])
     trainer = train.Trainer(cfg, log=lambda *a, **k: None)
@@ -135,7 +136,7 @@ def test_train_init_from_an_imported_checkpoint(run, dataset_dir, tmp_path):
 def test_export_verify_reports_the_comparison(run, tmp_path, capsys):
     run_dir = run[0]
     capsys.readouterr()
-    assert model.main(["export", "--ckpt", str(run_dir), "--to", str(tmp_path / "hf"), "--verify"]) == 0
+    assert model_command.main(["export", "--ckpt", str(run_dir), "--to", str(tmp_path / "hf"), "--verify"]) == 0
     out = capsys.readouterr().out
     assert "greedy 16 tokens identical; AutoTokenizer ids identical" in out
     assert float(out.split("max |logit diff| ")[1].split()[0]) < 1e-4
@@ -279,7 +280,7 @@ def test_gpt2s_own_tokenizer_survives_the_trip(shared_data, tmp_path):
 
 def cli_error(capsys, args) -> str:
     capsys.readouterr()
-    assert model.main(args) == 2
+    assert model_command.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
     return err
@@ -331,7 +332,7 @@ def test_bad_input_gets_one_line_and_exit_2(run, tmp_path, capsys):
                                                                   str(tmp_path / "other.json")])
     assert not (tmp_path / "o").exists()
     bpe.Tokenizer.from_json(ckpt["tokenizer_json"]).save(tmp_path / "own.json")
-    assert model.main([*bare, "--tokenizer", str(tmp_path / "own.json")]) == 0
+    assert model_command.main([*bare, "--tokenizer", str(tmp_path / "own.json")]) == 0
     assert (tmp_path / "o" / "tokenizer.json").read_text() == (hf_dir / "tokenizer.json").read_text()
 
 

@@ -14,7 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from model import (GPT, PRESETS, TRAINING_BYTES_PER_PARAM, ConfigError, GPTConfig, KVCache, MoE, RMSNorm,
-                   SwiGLU, apply_rope, causal_attention, main, rope_angles, sample)
+                   SwiGLU, apply_rope, causal_attention, rope_angles, sample)
+from machinery.commands.model import main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
