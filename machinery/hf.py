@@ -67,7 +67,13 @@ from model import GPT, ConfigError, GPTConfig
 
 class HFError(ConfigError):
     """Bad input to the bridge (a checkpoint, a Hugging Face directory): one line that names the
-    file and the fix. A ConfigError, so model.py's main reports it like its own."""
+    file and the fix. A ConfigError, so the command line reports it like model.py's own.
+    `argument`: the parameter whose value is at fault (e.g. "out_dir"), for the command line to
+    name the flag that gave it."""
+
+    def __init__(self, message: str, argument: str | None = None):
+        super().__init__(message)
+        self.argument = argument
 
 
 # Our parameter names -> Hugging Face LlamaForCausalLM's: inside block i (HF's "model.layers.{i}."),
@@ -217,7 +223,8 @@ def check_new_directory(out_dir) -> pathlib.Path:
     out_dir = pathlib.Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise HFError(
-            f"--to {out_dir} already exists and is not an empty directory; choose a new directory"
+            f"{out_dir} already exists and is not an empty directory; choose a new directory",
+            "out_dir",
         )
     return out_dir
 
@@ -287,10 +294,11 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
     # safetensors' writer reports a full disk as any of these
     except (OSError, RuntimeError, safetensor_error) as e:
         if fileio.is_no_space(e):
-            raise HFError(fileio.no_space_message(out_dir, "export elsewhere (--to)")) from None
+            raise HFError(fileio.no_space_message(out_dir, "export elsewhere"), "out_dir") from None
         if isinstance(e, OSError):
             raise HFError(
-                f"--to {out_dir}: cannot write it ({e.strerror or e}); choose another --to"
+                f"{out_dir}: cannot write it ({e.strerror or e}); choose another directory",
+                "out_dir",
             ) from None
         raise
     finally:
@@ -328,7 +336,7 @@ def verify_hf(model: GPT, tokenizer, hf_dir, new_tokens: int = 16) -> dict:
     whether greedy decoding gives the same tokens, and whether AutoTokenizer gives our ids for
     VERIFY_TEXT and bpe.PROBE_TEXT (long numbers, contractions in every case, CRLF, NBSP: what regex
     engines disagree on)."""
-    transformers = require("transformers", "--verify")
+    transformers = require("transformers", "verifying an export")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
     same_ids = all(
@@ -402,8 +410,8 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
 
     if not isinstance(hf, dict):
         raise HFError(
-            f"{source}: a JSON {type(hf).__name__}, not an object of model settings; --from must "
-            f"be a Hugging Face model directory"
+            f"{source}: a JSON {type(hf).__name__}, not an object of model settings; give a "
+            f"Hugging Face model directory"
         )
     rope = hf.get("rope_parameters") or {}
     # transformers 4 writes rope_scaling, 5 rope_parameters
@@ -551,7 +559,7 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
     hf_dir = pathlib.Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise HFError(
-            f"{hf_dir / 'config.json'} not found; --from must be a Hugging Face model directory"
+            f"{hf_dir / 'config.json'} not found; give a Hugging Face model directory", "hf_dir"
         )
     config = config_from_hf(
         fileio.read_json(hf_dir / "config.json", HFError, FIX_HF_DIR), str(hf_dir / "config.json")
@@ -659,39 +667,43 @@ def export_checkpoint(
     The checkpoint is read by train.py's own loader (newest good checkpoint of a run directory,
     weights_only torch.load): the format belongs to train.py, and a second reader would drift from
     it. A checkpoint that holds no tokenizer (train.py always stores one) takes it from
-    `tokenizer_path` (--tokenizer)."""
+    `tokenizer_path`. An HFError about one of the three paths names it in `argument`."""
     check_new_directory(out_dir)
     if not pathlib.Path(ckpt_path).exists():
         raise HFError(
-            f"--ckpt {ckpt_path} not found; pass a checkpoint file or a run directory of train.py"
+            f"{ckpt_path} not found; pass a checkpoint file or a run directory of train.py",
+            "ckpt_path",
         )
     try:
         ckpt = train.load_checkpoint(ckpt_path, log=lambda message: print(message, file=sys.stderr))
     except train.TrainError as e:
-        raise HFError(f"--ckpt {ckpt_path}: cannot load it ({str(e).splitlines()[0]})") from None
+        first_line = str(e).splitlines()[0]
+        raise HFError(f"{ckpt_path}: cannot load it ({first_line})", "ckpt_path") from None
     if tokenizer_path is not None:
         try:
             given = bpe.Tokenizer.load(tokenizer_path).to_json()
         except bpe.TokenizerError as e:
-            raise HFError(f"--tokenizer: {e}") from None
+            raise HFError(str(e), "tokenizer_path") from None
         if ckpt.get("tokenizer_json", given) != given:
             raise HFError(
-                f"--tokenizer {tokenizer_path} is not the tokenizer stored in {ckpt['path']}; "
-                f"leave --tokenizer out (the checkpoint's own is exported)"
+                f"{tokenizer_path} is not the tokenizer stored in {ckpt['path']}; leave it out "
+                f"(the checkpoint's own is exported)",
+                "tokenizer_path",
             )
         ckpt["tokenizer_json"] = given
     if "tokenizer_json" not in ckpt:
         raise HFError(
-            f"--ckpt {ckpt['path']} holds no tokenizer ('tokenizer_json'); pass the one it was "
-            f"trained with: --tokenizer DATA_DIR/tokenizer.json (data.py prepare wrote it beside "
-            f"the shards)"
+            f"{ckpt['path']} holds no tokenizer ('tokenizer_json'); pass the one it was trained "
+            f"with, the DATA_DIR/tokenizer.json that data.py prepare wrote beside the shards",
+            "tokenizer_path",
         )
     try:
         model, tokenizer = train.model_from_checkpoint(ckpt)
     except (train.TrainError, bpe.TokenizerError, KeyError, ValueError, RuntimeError) as e:
         raise HFError(
-            f"--ckpt {ckpt_path}: cannot load it ({str(e).splitlines()[0]}); pass a checkpoint "
-            f"that train.py wrote"
+            f"{ckpt_path}: cannot load it ({str(e).splitlines()[0]}); pass a checkpoint that "
+            f"train.py wrote",
+            "ckpt_path",
         ) from None
     export_hf(model, tokenizer, out_dir)
     report = (
@@ -711,15 +723,18 @@ def export_checkpoint(
 
 def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
     """`python model.py import-hf`: a Hugging Face Llama directory -> a train.py-format
-    checkpoint."""
-    if (to := pathlib.Path(ckpt_path)).is_dir() or not to.parent.is_dir():  # before reading --from
+    checkpoint. An HFError about one of the two paths names it in `argument`."""
+    # the output is checked before the Hugging Face directory is read
+    to = pathlib.Path(ckpt_path)
+    if to.is_dir():
         raise HFError(
-            f"--to {ckpt_path} "
-            + (
-                f"is a directory; give a checkpoint file name such as {to / 'imported.pt'}"
-                if to.is_dir()
-                else f"is in a folder that does not exist; create {to.parent} first"
-            )
+            f"{ckpt_path} is a directory; give a checkpoint file name such as {to / 'imported.pt'}",
+            "ckpt_path",
+        )
+    if not to.parent.is_dir():
+        raise HFError(
+            f"{ckpt_path} is in a folder that does not exist; create {to.parent} first",
+            "ckpt_path",
         )
     model, tokenizer = load_hf(hf_dir)
     if tokenizer is None:

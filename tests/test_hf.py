@@ -317,15 +317,18 @@ def test_bad_input_gets_one_line_and_exit_2(run, tmp_path, capsys):
     (normalized / "tokenizer.json").write_text(json.dumps({**doc, "normalizer": {"type": "NFC"}}))
     assert "normalizer" in cli_error(capsys, ["import-hf", "--from", str(normalized), "--to", ckpt])
     assert "is a directory" in cli_error(capsys, ["import-hf", "--from", str(hf_dir), "--to", str(tmp_path)])
+    assert "(--from)" in cli_error(capsys, ["import-hf", "--from", str(tmp_path / "empty"), "--to", ckpt])
     assert not (tmp_path / "x.pt").exists()
     assert "not an empty directory" in cli_error(capsys, ["export", "--ckpt", str(run_dir), "--to", str(hf_dir)])
-    assert "not found" in cli_error(capsys, ["export", "--ckpt", str(tmp_path / "nope"), "--to", str(tmp_path / "o")])
+    assert cli_error(capsys, ["export", "--ckpt", str(tmp_path / "nope"), "--to", str(tmp_path / "o")]).endswith(
+        "nope not found; pass a checkpoint file or a run directory of train.py (--ckpt)")
     # issue 24: a checkpoint without its tokenizer names the fix, --tokenizer, which then exports it
     ckpt = train.load_checkpoint(run_dir)
     train.atomic_save({k: v for k, v in ckpt.items() if k not in ("path", "tokenizer_json")}, tmp_path / "bare.pt")
     bare = ["export", "--ckpt", str(tmp_path / "bare.pt"), "--to", str(tmp_path / "o")]
-    assert "holds no tokenizer ('tokenizer_json'); pass the one it was trained with: --tokenizer" in \
-        cli_error(capsys, bare)
+    no_tokenizer = cli_error(capsys, bare)
+    assert "holds no tokenizer ('tokenizer_json'); pass the one it was trained with" in no_tokenizer
+    assert no_tokenizer.endswith("(--tokenizer)")            # the library names the input, the command its flag
     bpe.train_bpe("an unrelated corpus " * 30, 300).save(tmp_path / "other.json")
     assert "is not the tokenizer stored in" in cli_error(capsys, ["export", "--ckpt", str(run_dir), "--to",
                                                                   str(tmp_path / "o"), "--tokenizer",

@@ -105,16 +105,35 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
     return "\n".join(lines)
 
 
+def naming_flags(call, flags: dict[str, str]):
+    """call(); an HFError about one of its inputs (`argument`, a parameter name of the bridge's
+    function) is told again with the flag that gave that input."""
+    from machinery import hf
+
+    try:
+        return call()
+    except hf.HFError as e:
+        if e.argument in flags:
+            raise model.ConfigError(f"{e} ({flags[e.argument]})") from None
+        raise
+
+
 def export(args) -> None:
     from machinery import hf  # the bridge loads train.py and bpe.py: only these two commands
 
-    print(hf.export_checkpoint(args.ckpt, args.to, args.verify, args.tokenizer))
+    flags = {"ckpt_path": "--ckpt", "out_dir": "--to", "tokenizer_path": "--tokenizer"}
+    print(
+        naming_flags(
+            lambda: hf.export_checkpoint(args.ckpt, args.to, args.verify, args.tokenizer), flags
+        )
+    )
 
 
 def import_hf(args) -> None:
     from machinery import hf
 
-    print(hf.import_hf_checkpoint(args.hf_dir, args.to))
+    flags = {"hf_dir": "--from", "ckpt_path": "--to"}
+    print(naming_flags(lambda: hf.import_hf_checkpoint(args.hf_dir, args.to), flags))
 
 
 PRESETS_FLAGS = [
