@@ -1,14 +1,9 @@
-"""A modern decoder-only Transformer in one file: RMSNorm, RoPE, SwiGLU, grouped-query attention,
-optional Mixture of Experts, a KV cache for generation, and the parameter / FLOP / memory accounting
-that the rest of the project plans with.
+"""A modern decoder-only Transformer in one file. The core comes first: GPTConfig, RMSNorm, RoPE,
+grouped-query attention, SwiGLU, the block, GPT with forward and generate. Then what goes beyond it:
+the KV cache, Mixture of Experts, FlashAttention by hand, linear attention and hybrids, and the
+parameter / FLOP / memory accounting the rest of the project plans with; an appendix holds the
+config's checks. Depends on torch only; docs/model.md tells why each choice, with worked numbers.
 
-Depends on torch only (no sibling files).
-
-The Hugging Face bridge (`python model.py export` / `import-hf`) lives in hf.py; only main() imports
-it, to run those two commands.
-
-The lesson, in numbers
-----------------------
 Pretraining maximises log P(x_t | x_<t) at every position. The network that computes P is a stack of
 L identical blocks over a residual stream of width C (`n_embd`):
 
@@ -18,79 +13,21 @@ L identical blocks over a residual stream of width C (`n_embd`):
         x = x + ffn(rmsnorm(x))             # each token thinks on its own
     logits = lm_head(rmsnorm(x))            # (B, T, V)
 
-"The details matter" - each choice below is what Llama-class models settled on, and each has a
-reason:
+Each choice is the one Llama-class models settled on:
 
-* Pre-normalisation with RMSNorm: y = x / sqrt(mean(x^2) + eps) * g. Normalising the *input* of each
-  sub-layer leaves the residual path an identity from the loss down to the embeddings, so gradients
-  reach the bottom of a deep stack unchanged; RMSNorm drops LayerNorm's mean subtraction and bias
-  (cheaper, works as well). Example: x = [3, 4] has mean square 12.5, so RMSNorm gives [3, 4] /
-  3.536 = [0.849, 1.131].
-* Rotary position embeddings (RoPE): rotate each pair of features (x_2i, x_2i+1) of q and k by the
-  angle pos * theta^(-2i/d). A rotation keeps lengths, and the dot product of a query rotated by m
-  and a key rotated by n depends only on m - n: attention sees relative position, with nothing added
-  to the residual stream. Pair 0 turns by 1 radian per position, the last pair of a 64-wide head by
-  10000^(-62/64) = 1.3e-4 radian: fast pairs resolve neighbours, slow pairs carry long-range
-  position.
-* Grouped-query attention (GQA): n_head query heads share n_kv_head key/value heads (n_kv_head =
-  n_head is plain multi-head attention, 1 is multi-query). The KV cache shrinks by n_head /
-  n_kv_head, which is what bounds the batch size at inference time.
-* SwiGLU feed-forward: w2(silu(w1 x) * w3 x). Three matrices instead of two, so the hidden width is
-  8/3 C instead of 4 C to keep the parameter count (3 * 8/3 = 2 * 4); rounded up to a multiple for
-  fast matmuls.
-* Mixture of Experts (optional): E copies of the FFN, a router picks the top-k per token. Parameters
-  grow by E, compute per token by k. DeepSeek-V3 holds 671B parameters but activates 37B per token:
-  it pays the compute of the active parameters and the memory of all of them (every expert must sit
-  in memory, because routing is decided per token). A load-balancing loss keeps the router from
-  collapsing onto a few experts.
+* RMSNorm before each sub-layer, y = x / sqrt(mean(x^2) + eps) * g: the residual path stays an
+  identity from the loss to the embeddings. [3, 4] has mean square 12.5: [0.849, 1.131].
+* RoPE rotates each pair of q and k features by pos * theta^(-2i/d), so q.k depends on m - n only.
+* Grouped-query attention: n_head query heads share n_kv_head K/V heads; the KV cache shrinks by
+  n_head / n_kv_head. SwiGLU, w2(silu(w1 x) * w3 x), at 8/3 C costs what a 4 C MLP did.
+* Mixture of Experts: E FFNs, top-k per token: the memory of all E, the compute of k.
+* FlashAttention: exact attention over tiles with an online softmax, memory O(T), not O(T^2).
+  Linear attention: a d x d state per head instead of a growing KV cache; "LLLA" mixes both.
 
-Accounting (the numbers scaling.py and train.py plan with)
-----------------------------------------------------------
-* Parameters of one dense block: attention C*(C + 2*C_kv + C) with C_kv = n_kv_head * head_dim, FFN
-  3*C*H, two norms 2*C. With MHA and H = 8/3 C that is 12 C^2: the 124m preset (L=12, C=768,
-  V=50304) has 12 * 12 * 768^2 = 85M block parameters plus 50304 * 768 = 39M embedding parameters =
-  124M.
-* Training FLOPs per token: 6 per matmul parameter (2 forward: one multiply, one add; 4 backward)
-  plus the attention scores 12 * L * T * C_q (PaLM's formula), so training costs C = 6ND. MFU =
-  achieved FLOP/s / peak.
-* Training memory with AdamW in mixed precision: 16 bytes per parameter (bf16 weights 2 + bf16 grads
-  2 + fp32 master 4 + two fp32 moments 4 + 4), so 1e9 parameters need 16 GB before any activation is
-  stored.
-
-Attention's cost (FlashAttention by hand, linear attention, hybrids)
------------------------------------------------------------------
-Attention scores every query against every key: T x T numbers per head. At T = 128K that is 1.7e10
-scores, 69 GB in fp32 for one head of one layer, so nobody stores it. Two answers:
-
-* FlashAttention (Dao et al. 2022, FA-2 2023) keeps the exact result and never builds the matrix: it
-  walks tiles of 64 queries against tiles of 64 keys and keeps per query a running max m, a running
-  sum l of exp(s - m) and a running output. When a new tile raises the max, the old sums are
-  rescaled by exp(m_old - m_new) (the "online softmax"). It saves only the log-sum-exp m + log l per
-  query, and its backward recomputes each tile's probabilities from it, so memory grows as T (q, k,
-  v, out) instead of T^2. Causal tiles above the diagonal are skipped: half the work. The running
-  statistics live in fp32 even when q, k, v are bf16 (a bf16 sum stops growing at 256x its terms).
-  `FlashAttention2.apply(q, k, v, is_causal)` is that, in plain PyTorch (the speed of the real
-  kernel comes from doing it in on-chip SRAM; here the lesson is the arithmetic and the memory).
-* Linear attention drops the softmax: o_t = q_t S_t with the state S_t = sum_s k_s^T v_s, a d x d
-  matrix per head however long the context. Generation then keeps one fixed-size state per layer
-  instead of a KV cache that grows by 2 * n_kv_head * d numbers per token: for a 64-wide head at
-  128K context the cache holds 2 * 128K * 64 = 16.8M numbers per head, the state 64 * 64 = 4,096.
-  The price is recall: a fixed state cannot hold an unbounded number of key -> value facts, which
-  evaluate.py measures (`python evaluate.py recall`, Zoology's MQAR). The hybrid answer (Jamba,
-  MiniMax, Qwen3-Next): mostly linear layers, a full attention layer every few
-  (`layer_pattern="LLLA"`).
-
-Initialisation: every Linear and the embedding draw from N(0, 0.02); the two projections that write
-into the residual stream (attn.wo, ffn.w2) use 0.02 / sqrt(2 L), so the variance the 2L residual
-additions pile up stays that of a single layer (GPT-2). Norm gains start at 1. With tied embeddings
-the LM head reuses tok_emb.weight.
-
-Exporting to Hugging Face: a dense model here is Hugging Face's LlamaForCausalLM up to names and one
-layout detail (which features RoPE rotates together); hf.py's docstring tells it with a 4-wide head,
-and `python model.py export` / `import-hf` run hf.py's commands.
-
-Run `python model.py` to print every preset with its parameters, FLOPs per token and training
-memory.
+Accounting: the 124m preset has 12 * 12 * 768^2 = 85M block parameters plus 50304 * 768 = 39M
+embedding parameters = 124M; training costs 6 FLOPs per parameter and token plus 12 L T C for the
+attention scores; AdamW in mixed precision holds 16 bytes per parameter. `python model.py` prints
+every preset so (its command line lives in machinery/commands/model.py).
 """
 
 from __future__ import annotations
@@ -132,8 +69,7 @@ class GPTConfig:
     block_size: int = 256  # the longest sequence the model is trained on (and may see)
     n_layer: int = 4
     n_head: int = 4
-    # = n_head: multi-head attention; 1: multi-query; in between: GQA
-    n_kv_head: int = 4
+    n_kv_head: int = 4  # = n_head: multi-head attention; 1: multi-query; in between: GQA
     n_embd: int = 128
     ffn_hidden: int = 0  # 0 = auto: 8/3 * n_embd rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
@@ -141,17 +77,14 @@ class GPTConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     dropout: float = 0.0
-    # 0 = dense FFN; E > 0 = Mixture of Experts with E experts per layer
-    n_expert: int = 0
+    n_expert: int = 0  # 0 = dense FFN; E > 0 = Mixture of Experts with E experts per layer
     expert_top_k: int = 2
     # slots per expert = factor * tokens * k / E; 0 = never drop a token
     moe_capacity_factor: float = 1.25
     moe_aux_coef: float = 0.01  # train.py adds moe_aux_coef * model.aux_loss to the loss
     activation_checkpointing: bool = False
-    # "sdpa": the fused kernel; "flash": FlashAttention2 by hand (a lesson)
-    attention: str = "sdpa"
-    # "" = all attention; else A (attention) / L (linear), tiled: "LLLA"
-    layer_pattern: str = ""
+    attention: str = "sdpa"  # "sdpa": the fused kernel; "flash": FlashAttention2 by hand (a lesson)
+    layer_pattern: str = ""  # "" = all attention; else A (attention) / L (linear), tiled: "LLLA"
 
     def __post_init__(self):
         check_config(self)  # the rules and their messages: see the appendix
@@ -198,164 +131,20 @@ class GPTConfig:
             )
         return cls(**d)
 
-    # Closed-form accounting (no model needs to be built: scaling.py uses these for a 70B plan) --
+    # Closed-form accounting: the formulas are in the Accounting section, after the core --------
 
     def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
-        """Parameter count from the shapes alone.
-
-        non_embedding: leave out the token embedding and an untied LM head (Kaplan's N).
-        active: count only the top-k experts a token uses (MoE compute), not all E (MoE memory).
-
-        >>> GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8,
-        ...           ffn_hidden=16).num_params()
-        1464
-        """
-        C, H, L = self.n_embd, self.ffn_dim, self.n_layer
-        q_width = self.n_head * self.head_dim
-        kv_width = self.n_kv_head * self.head_dim
-        attention = C * q_width + 2 * C * kv_width + q_width * C
-        if self.n_expert:
-            experts = self.expert_top_k if active else self.n_expert
-            ffn = experts * 3 * C * H + C * self.n_expert  # experts + router
-        else:
-            ffn = 3 * C * H
-        n_linear = self.layer_kinds.count("L")
-        # wq, wk, wv, wo + the gate wg and its bias
-        linear = 4 * C * q_width + C * self.n_head + self.n_head
-        # + the two norm gains
-        blocks = (L - n_linear) * attention + n_linear * linear + L * (ffn + 2 * C)
-        total = blocks + C  # + final norm
-        if not non_embedding:
-            total += self.vocab_size * C * (1 if self.tie_embeddings else 2)
-        return total
+        return count_params(self, non_embedding, active)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs (forward + backward) per token: 6 * matmul parameters + 12 * L * T * C_q.
-
-        The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul
-        whether tied or not); the embedding lookup is not a matmul. The attention term counts q.k
-        and p.v for all T keys (PaLM's convention; a causal kernel skips about half of it). A linear
-        layer has no T term: its state costs q S and k^T v, 2 x 2 C_q d a token forward, 12 C_q d
-        with the backward.
-        """
-        T = self.block_size if seq_len is None else seq_len
-        matmul_params = (
-            self.num_params(non_embedding=True, active=True) + self.vocab_size * self.n_embd
-        )
-        kinds, q_width = self.layer_kinds, self.n_head * self.head_dim
-        attention = 12 * q_width * (kinds.count("A") * T + kinds.count("L") * self.head_dim)
-        return 6 * matmul_params + attention
+        return count_flops_per_token(self, seq_len)
 
     def training_memory_bytes(self) -> int:
-        """Bytes of weights, gradients and AdamW state in mixed precision (16 per parameter, all
-        experts), activations excluded."""
+        """Weights, gradients and AdamW state in mixed precision; activations excluded."""
         return TRAINING_BYTES_PER_PARAM * self.num_params()
 
     def decode_state_bytes(self, context: int, batch: int = 1, bytes_per_value: int = 2) -> int:
-        """What generation keeps per sequence batch at `context` tokens: the KV cache of the
-        attention layers (2 * n_kv_head * head_dim per token, growing) plus the recurrent state of
-        the linear layers (n_head * head_dim^2, fixed). bf16 by default. In KiB at 128K tokens:
-
-        >>> [GPTConfig(layer_pattern=p).decode_state_bytes(2**17) >> 10 for p in ("A", "L", "LLLA")]
-        [262144, 32, 65560]
-        """
-        kinds, d = self.layer_kinds, self.head_dim
-        per_value = (
-            kinds.count("A") * 2 * self.n_kv_head * d * context  # grows with context
-            + kinds.count("L") * self.n_head * d * d
-        )  # a fixed state
-        return per_value * batch * bytes_per_value
-
-
-# The config's checks, out of the lesson's way (GPTConfig.__post_init__ runs them).
-
-
-def check_config(c: GPTConfig) -> None:
-    """GPTConfig's rules: a bad field is a ConfigError naming it and the fix (the lesson's config
-    table stays short; this is the machinery behind it).
-
-    >>> check_config(GPTConfig(dropout=1.0))
-    Traceback (most recent call last):
-    model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
-    """
-    # Types first: the rules below do arithmetic on these fields.
-    for field in (
-        "vocab_size",
-        "block_size",
-        "n_layer",
-        "n_head",
-        "n_kv_head",
-        "n_embd",
-        "ffn_multiple_of",
-        "ffn_hidden",
-        "n_expert",
-    ):
-        value = getattr(c, field)
-        zero = {"ffn_hidden": "auto", "n_expert": "dense"}.get(field)  # what 0 means, if allowed
-        if not (
-            isinstance(value, int) and not isinstance(value, bool) and value >= (0 if zero else 1)
-        ):
-            kind = f"an integer >= 0 (0 = {zero})" if zero else "a positive integer"
-            raise ConfigError(f"GPTConfig.{field}: must be {kind}, got {value!r}")
-    rules = [  # (field, the rule holds, what is wrong and the fix), checked in this order
-        (
-            "n_embd",
-            c.n_embd % c.n_head == 0,
-            f"{c.n_embd} is not divisible by n_head={c.n_head}; "
-            f"pick n_embd as a multiple of n_head",
-        ),
-        (
-            "n_kv_head",
-            c.n_head % c.n_kv_head == 0,
-            f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
-            f"use a divisor of n_head (n_head for MHA, 1 for MQA)",
-        ),
-        (
-            "n_head",
-            c.head_dim % 2 == 0,
-            f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
-            f"choose n_embd and n_head so that the head size is even",
-        ),
-        ("rope_theta", c.rope_theta > 0, f"must be > 0, got {c.rope_theta}"),
-        ("norm_eps", c.norm_eps > 0, f"must be > 0, got {c.norm_eps}"),
-        ("dropout", 0.0 <= c.dropout < 1.0, f"must be in [0, 1), got {c.dropout}"),
-        (
-            "expert_top_k",
-            c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert,
-            f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
-            f"lower expert_top_k or raise n_expert",
-        ),
-        (
-            "moe_capacity_factor",
-            c.moe_capacity_factor >= 0,
-            f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}",
-        ),
-        ("moe_aux_coef", c.moe_aux_coef >= 0, f"must be >= 0, got {c.moe_aux_coef}"),
-        (
-            "attention",
-            c.attention in ("sdpa", "flash"),
-            f"must be 'sdpa' or 'flash', got {c.attention!r}",
-        ),
-        (
-            "attention",
-            c.attention == "sdpa" or c.dropout == 0,
-            "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'",
-        ),
-        (
-            "layer_pattern",
-            set(c.layer_pattern) <= set("AL"),
-            f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'",
-        ),
-        (
-            "layer_pattern",
-            c.n_layer % max(1, len(c.layer_pattern)) == 0,
-            f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile "
-            f"n_layer={c.n_layer}; give a pattern whose length divides n_layer",
-        ),
-    ]
-    for field, holds, message in rules:
-        if not holds:
-            raise ConfigError(f"GPTConfig.{field}: {message}")
+        return count_decode_state_bytes(self, context, batch, bytes_per_value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -420,6 +209,381 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, d/2)
     rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return rotated.reshape(B, T, n, d).type_as(x)
+
+
+# Where F.scaled_dot_product_attention reads grouped K/V heads in place (enable_gqa=True: query
+# head j reads kv head j // group, nothing copied): device type -> (the dtypes it does so for,
+# whether with an explicit mask too). Elsewhere causal_attention copies K/V to n_head heads first
+# (read off torch 2.13's dispatch: docs/model.md says which kernel takes the groups where).
+SDPA_GQA_IN_PLACE = {
+    "cpu": ((torch.float32, torch.float64, torch.bfloat16, torch.float16), True),
+    "cuda": ((torch.float16, torch.bfloat16), False),
+}
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v with q (..., h, Tq, d) and k, v (..., h_kv, Tk, d), Tq <=
+    Tk, e.g. (B, h, T, d); h_kv divides h (GQA: query head j reads kv head j // (h / h_kv)).
+
+    `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's
+    convention); None means causal. Then the queries are the last Tq of the Tk positions (a KV cache
+    holds the first Tk - Tq), so query i may see keys 0 .. Tk - Tq + i. Three cases, one call of the
+    fused F.scaled_dot_product_attention: Tq == Tk: the usual lower-triangular mask (is_causal); Tq
+    == 1: the new token sees every key, no mask; otherwise (a prompt appended to a non-empty cache)
+    an explicit bottom-right-aligned mask. K/V are copied to h heads only where SDPA_GQA_IN_PLACE
+    says the kernel would not read the groups in place: 8 query heads over 2 kv heads on a GPU in
+    fp32 copy 2 x 4 heads of K/V, on the CPU none.
+    """
+    Tq, Tk, group = q.shape[-2], k.shape[-2], q.shape[-3] // k.shape[-3]
+    if mask is None and 1 < Tq < Tk:
+        query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
+        key_pos = torch.arange(Tk, device=q.device)[None, :]
+        mask = key_pos <= query_pos
+    dtypes, with_mask = SDPA_GQA_IN_PLACE.get(q.device.type, ((), False))
+    if group > 1 and not (q.dtype in dtypes and (with_mask or mask is None)):
+        # (..., h, Tk, d); with an int, repeat_interleave is a stride-0 expand and one plain copy
+        k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=mask is None and Tq == Tk,
+        enable_gqa=k.shape[-3] != q.shape[-3],
+    )
+
+
+class Attention(nn.Module):
+    """Causal self-attention with RoPE and grouped-query heads.
+
+    `n_head`, `n_kv_head` and `head_dim` are plain attributes read by forward, so a tensor-parallel
+    copy that keeps a slice of the heads only has to shrink wq/wk/wv/wo and set its local head
+    counts.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim, self.rope_theta = config.head_dim, config.rope_theta
+        self.dropout = config.dropout
+        self.flash = config.attention == "flash"
+        C = config.n_embd
+        self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
+        self.wk, self.wv = (
+            nn.Linear(C, self.n_kv_head * self.head_dim, bias=False) for _ in range(2)
+        )
+        self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
+        # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
+        # tokens, and ring attention in place of causal_attention, fed the K/V at n_kv_head heads
+        # (less to send).
+        self.positions, self.attend = None, None
+
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        # q (B, T, h, d); k, v (B, T, h_kv, d)
+        q, k, v = (w(x).view(B, T, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        positions = self.positions
+        if positions is None:
+            start = 0 if cache is None else cache.start
+            positions = torch.arange(start, start + T, device=x.device)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, h_kv, start + T, d)
+        if self.attend is not None:
+            y = self.attend(q, k, v)  # (B, h, T, d)
+        else:
+            if self.flash and cache is None:
+                # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
+                # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
+                y = flash_attention(
+                    q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2), v.unsqueeze(2), True
+                ).flatten(1, 2)  # (B, h, T, d)
+            else:
+                y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x): a gated feed-forward layer (Shazeer 2020). silu(z) = z *
+    sigmoid(z)."""
+
+    def __init__(self, n_embd: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(n_embd, hidden, bias=False)  # gate
+        self.w3 = nn.Linear(n_embd, hidden, bias=False)  # value
+        self.w2 = nn.Linear(hidden, n_embd, bias=False)  # back to the residual stream
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)). forward(x) -> x, the unit pipeline
+    parallel moves: each Attention computes its RoPE angles from the positions, so a block is
+    self-contained and can run on any pipeline stage.
+
+    Activation checkpointing: in training, with the flag, the block keeps only its input and
+    recomputes its inside during backward (about 1/3 more compute for most of the activation
+    memory). `self.aux_loss` holds the MoE load-balancing loss of the last forward (0 when dense).
+    """
+
+    def __init__(self, config: GPTConfig, kind: str = "A"):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = LinearAttention(config) if kind == "L" else Attention(config)
+        self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.ffn = MoE(config) if config.n_expert else SwiGLU(config.n_embd, config.ffn_dim)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.activation_checkpointing = config.activation_checkpointing
+        self.aux_loss = torch.zeros(())
+
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        if self.activation_checkpointing and self.training and cache is None:
+            x, aux_loss = checkpoint(self._residual_updates, x, None, use_reentrant=False)
+        else:
+            x, aux_loss = self._residual_updates(x, cache)
+        if aux_loss is not None:
+            self.aux_loss = aux_loss  # recorded outside the checkpointed function
+        return x
+
+    def _residual_updates(
+        self, x: torch.Tensor, cache: LayerKV | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block's math, free of side effects: (B, T, C) -> (B, T, C) and the MoE loss (None
+        when dense)."""
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
+        aux_loss = None
+        if isinstance(self.ffn, MoE):
+            update, aux_loss = self.ffn(self.ffn_norm(x))
+        else:
+            update = self.ffn(self.ffn_norm(x))
+        return x + self.resid_dropout(update), aux_loss
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------
+
+
+class GPT(nn.Module):
+    """Decoder-only Transformer: embed -> blocks -> head. forward(idx, targets) -> (logits,
+    loss)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.emb_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, kind) for kind in config.layer_kinds)
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            # one (V, C) matrix reads tokens in and writes them out
+            self.lm_head.weight = self.tok_emb.weight
+        self.aux_loss = torch.zeros(())
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module):
+        """N(0, 0.02) everywhere; residual-stream writers (wo, w2) get 0.02 / sqrt(2 * n_layer)."""
+        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
+        if isinstance(module, (Attention, LinearAttention, SwiGLU, MoE)):
+            for name, weight in module.named_parameters():  # "wq.weight", ...; MoE's "w1", ...
+                # LinearAttention's gate bias: set there
+                if not name.endswith("bias"):
+                    writes_residual = name.split(".")[0] in ("wo", "w2")
+                    nn.init.normal_(weight, 0.0, residual_std if writes_residual else std)
+        elif isinstance(module, nn.Embedding) or (
+            module is self.lm_head and not self.config.tie_embeddings
+        ):
+            nn.init.normal_(module.weight, 0.0, std)  # the embedding, and an untied head
+
+    # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the
+    # last.
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped
+        while compiling)."""
+        if not torch.compiler.is_compiling():
+            self._check_input(idx)
+        return self.emb_dropout(self.tok_emb(idx))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head."""
+        return self.lm_head(self.norm(x))
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy
+        (ignore_index -1).
+
+        The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense
+        model). With a kv_cache the tokens continue the cached sequence (generation); the cache is
+        advanced by T.
+        """
+        if kv_cache is not None:
+            self._check_cache(kv_cache)
+        x = self.embed(idx)  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if kv_cache is None else kv_cache.layers[i])  # (B, T, C)
+        if kv_cache is not None:
+            kv_cache.length += idx.shape[1]
+        if self.config.n_expert:
+            self.aux_loss = torch.stack([block.aux_loss for block in self.blocks]).sum()
+        logits = self.head(x)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            # The loss's one fp32 copy of the logits (B, T, V), kept on purpose: in bf16 the loss
+            # itself would round to bf16's spacing, 1/32 for a loss between 4 and 8 (0.06 off at
+            # loss 9.5 over 4,096 ids, measured). Under autocast cross_entropy would make this very
+            # cast itself; in fp32 it is no copy at all. The logits returned stay in the compute
+            # dtype (tests/test_model.py counts both).
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+            )
+        return logits, loss
+
+    # Generation
+    # -------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), using a KV
+        cache.
+
+        temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely
+        before sampling; `generator` makes sampling reproducible. The prompt's last block_size
+        tokens fill the cache in one forward, then each step feeds one token. Past block_size the
+        cache window slides (see KVCache): every layer attends to the previous block_size tokens,
+        one query per step at any length.
+        """
+        for bad, message in (
+            (max_new_tokens < 0, f"max_new_tokens must be >= 0, got {max_new_tokens}"),
+            (temperature < 0, f"temperature must be >= 0 (0 = greedy), got {temperature}"),
+            (top_k is not None and top_k < 1, f"top_k must be >= 1 or None, got {top_k}"),
+        ):
+            if bad:
+                raise ConfigError(message)
+        was_training = self.training
+        self.eval()
+        cfg, batch, dtype = self.config, idx.shape[0], self.tok_emb.weight.dtype
+        kv_heads = next((b.attn.n_kv_head for b in self.blocks if isinstance(b.attn, Attention)), 1)
+        kinds = cfg.layer_kinds  # buffers for the attention layers, a state for the linear ones
+        cache = KVCache(
+            cfg.n_layer, batch, kv_heads, cfg.block_size, cfg.head_dim, idx.device, dtype, kinds
+        )
+        # ids not yet cached: the prompt
+        pending = idx[:, -cfg.block_size :]
+        for _ in range(max_new_tokens):
+            logits, _ = self(pending, kv_cache=cache)
+            next_token = sample(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)
+            idx = torch.cat((idx, next_token), dim=1)
+            pending = next_token
+        self.train(was_training)
+        return idx
+
+    # The input checks of embed and forward
+    # -------------------------------------------------------------------------------------------
+
+    def _check_input(self, idx: torch.Tensor):
+        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise ConfigError(
+                f"idx must be an integer tensor of shape (batch, time), got {tuple(idx.shape)} "
+                f"{idx.dtype}; pass token ids as torch.long"
+            )
+        if idx.shape[1] > self.config.block_size:
+            raise ConfigError(
+                f"sequence length {idx.shape[1]} exceeds block_size={self.config.block_size}; "
+                f"crop the input to its last block_size tokens or use a config with a larger "
+                f"block_size"
+            )
+        # The id range is checked where the ids already live on the host. On a GPU, reading min and
+        # max back would stop the CPU twice per forward until the GPU catches up (two device-to-host
+        # syncs), so the queue of kernels runs dry every step; there an out-of-range id stops the
+        # embedding with CUDA's device-side assert instead (the loader's ids come from the tokenizer
+        # that set vocab_size).
+        if idx.device.type == "cpu" and idx.numel():
+            low, high = (int(v) for v in torch.aminmax(idx))
+            if low < 0 or high >= self.config.vocab_size:
+                raise ConfigError(
+                    f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got "
+                    f"[{low}, {high}]; set vocab_size to the tokenizer's size"
+                )
+
+    def _check_cache(self, kv_cache: KVCache):
+        if kv_cache.max_len > self.config.block_size:
+            raise ConfigError(
+                f"a KV cache of {kv_cache.max_len} tokens would let attention reach past "
+                f"block_size={self.config.block_size}; make the cache block_size long at most"
+            )
+
+    # Accounting
+    # -------------------------------------------------------------------------------------------
+
+    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
+        """Count the actual tensors (a tied head is counted once). See GPTConfig.num_params for the
+        closed form."""
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            # the embedding and an untied head; a set holds a tied (V, C) matrix once
+            total -= sum(w.numel() for w in {self.tok_emb.weight, self.lm_head.weight})
+        if active and self.config.n_expert:
+            E, k = self.config.n_expert, self.config.expert_top_k
+            experts = sum(w.numel() for b in self.blocks for w in (b.ffn.w1, b.ffn.w2, b.ffn.w3))
+            # all E experts' weights -> the top k's
+            total -= experts * (E - k) // E
+        return total
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
+        return self.config.flops_per_token(seq_len)
+
+    def estimate_mfu(
+        self, tokens_per_s: float, peak_flops: float, seq_len: int | None = None
+    ) -> float:
+        """Model FLOPs utilisation: tokens/s * FLOPs/token / peak FLOP/s (a fraction, 0..1)."""
+        return tokens_per_s * self.flops_per_token(seq_len) / peak_flops
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k
+    best."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth_best = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation's memory: the KV cache (and a linear layer's state)
+# --------------------------------------------------------------------------------------------------
 
 
 class KVCache:
@@ -525,127 +689,9 @@ class LayerKV:
         return self.k[:, :, :held], self.v[:, :, :held]
 
 
-# Where F.scaled_dot_product_attention reads grouped K/V heads in place (enable_gqa=True: query
-# head j reads kv head j // group, nothing copied): device type -> (the dtypes it does so for,
-# whether with an explicit mask too). Elsewhere causal_attention copies K/V to n_head heads first.
-# Read off torch 2.13's dispatch (aten/.../sdp_utils*.cpp) and checked on the CPU: the CPU's flash
-# kernel takes groups in every float dtype, mask or not (dropout runs the math kernel, which
-# repeats K/V itself: no worse). On CUDA only the flash kernel takes groups (fp16/bf16, no explicit
-# mask); the memory-efficient kernel does not, so an fp32 or masked call with enable_gqa would
-# fall to the math kernel and build the (Tq, Tk) scores: there one K/V copy costs less.
-SDPA_GQA_IN_PLACE = {
-    "cpu": ((torch.float32, torch.float64, torch.bfloat16, torch.float16), True),
-    "cuda": ((torch.float16, torch.bfloat16), False),
-}
-
-
-def causal_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float = 0.0,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v with q (..., h, Tq, d) and k, v (..., h_kv, Tk, d), Tq <=
-    Tk, e.g. (B, h, T, d); h_kv divides h (GQA: query head j reads kv head j // (h / h_kv)).
-
-    `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's
-    convention); None means causal. Then the queries are the last Tq of the Tk positions (a KV cache
-    holds the first Tk - Tq), so query i may see keys 0 .. Tk - Tq + i. Three cases, one call of the
-    fused F.scaled_dot_product_attention: Tq == Tk: the usual lower-triangular mask (is_causal); Tq
-    == 1: the new token sees every key, no mask; otherwise (a prompt appended to a non-empty cache)
-    an explicit bottom-right-aligned mask. K/V are copied to h heads only where SDPA_GQA_IN_PLACE
-    says the kernel would not read the groups in place: 8 query heads over 2 kv heads on a GPU in
-    fp32 copy 2 x 4 heads of K/V, on the CPU none.
-    """
-    Tq, Tk, group = q.shape[-2], k.shape[-2], q.shape[-3] // k.shape[-3]
-    if mask is None and 1 < Tq < Tk:
-        query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
-        key_pos = torch.arange(Tk, device=q.device)[None, :]
-        mask = key_pos <= query_pos
-    dtypes, with_mask = SDPA_GQA_IN_PLACE.get(q.device.type, ((), False))
-    if group > 1 and not (q.dtype in dtypes and (with_mask or mask is None)):
-        # (..., h, Tk, d); with an int, repeat_interleave is a stride-0 expand and one plain copy
-        k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
-    return F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=mask,
-        dropout_p=dropout_p,
-        is_causal=mask is None and Tq == Tk,
-        enable_gqa=k.shape[-3] != q.shape[-3],
-    )
-
-
-class Attention(nn.Module):
-    """Causal self-attention with RoPE and grouped-query heads.
-
-    `n_head`, `n_kv_head` and `head_dim` are plain attributes read by forward, so a tensor-parallel
-    copy that keeps a slice of the heads only has to shrink wq/wk/wv/wo and set its local head
-    counts.
-    """
-
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = (
-            config.n_head,
-            config.n_kv_head,
-            config.head_dim,
-        )
-        self.rope_theta = config.rope_theta
-        self.dropout = config.dropout
-        self.flash = config.attention == "flash"
-        C = config.n_embd
-        self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
-        self.wk, self.wv = (
-            nn.Linear(C, self.n_kv_head * self.head_dim, bias=False) for _ in range(2)
-        )
-        self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
-        # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
-        # tokens, and ring attention in place of causal_attention, fed the K/V at n_kv_head heads
-        # (less to send).
-        self.positions, self.attend = None, None
-
-    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
-        # q (B, T, h, d); k, v (B, T, h_kv, d)
-        q, k, v = (w(x).view(B, T, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
-        positions = self.positions
-        if positions is None:
-            start = 0 if cache is None else cache.start
-            positions = torch.arange(start, start + T, device=x.device)
-        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d)
-        if cache is not None:
-            k, v = cache.append(k, v)  # (B, h_kv, start + T, d)
-        if self.attend is not None:
-            y = self.attend(q, k, v)  # (B, h, T, d)
-        else:
-            if self.flash and cache is None:
-                # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
-                # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
-                y = flash_attention(
-                    q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2), v.unsqueeze(2), True
-                ).flatten(1, 2)  # (B, h, T, d)
-            else:
-                y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
-
-
-class SwiGLU(nn.Module):
-    """w2(silu(w1 x) * w3 x): a gated feed-forward layer (Shazeer 2020). silu(z) = z *
-    sigmoid(z)."""
-
-    def __init__(self, n_embd: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(n_embd, hidden, bias=False)  # gate
-        self.w3 = nn.Linear(n_embd, hidden, bias=False)  # value
-        self.w2 = nn.Linear(hidden, n_embd, bias=False)  # back to the residual stream
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+# --------------------------------------------------------------------------------------------------
+# Mixture of Experts: E FFNs, k of them per token
+# --------------------------------------------------------------------------------------------------
 
 
 class MoE(nn.Module):
@@ -746,52 +792,6 @@ class MoE(nn.Module):
         fraction, mean_prob = self.balance_stats(chosen.float().mean(0), probs.mean(0))
         aux_loss = E * (fraction * mean_prob).sum()
         return y.view(B, T, C), aux_loss
-
-
-class Block(nn.Module):
-    """x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)). forward(x) -> x, the unit pipeline
-    parallel moves.
-
-    RoPE needs no table here: each Attention computes its angles from the positions (0..T-1, or
-    shifted by a KV cache), so a block is self-contained and can run on any pipeline stage.
-
-    Activation checkpointing lives here too: in training, with the flag, the block keeps only its
-    input and recomputes its inside during backward (about 1/3 more compute for most of the
-    activation memory). `self.aux_loss` holds the MoE load-balancing loss of the last forward (0 for
-    a dense FFN).
-    """
-
-    def __init__(self, config: GPTConfig, kind: str = "A"):
-        super().__init__()
-        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = LinearAttention(config) if kind == "L" else Attention(config)
-        self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.ffn = MoE(config) if config.n_expert else SwiGLU(config.n_embd, config.ffn_dim)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.activation_checkpointing = config.activation_checkpointing
-        self.aux_loss = torch.zeros(())
-
-    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
-        if self.activation_checkpointing and self.training and cache is None:
-            x, aux_loss = checkpoint(self._residual_updates, x, None, use_reentrant=False)
-        else:
-            x, aux_loss = self._residual_updates(x, cache)
-        if aux_loss is not None:
-            self.aux_loss = aux_loss  # recorded outside the checkpointed function
-        return x
-
-    def _residual_updates(
-        self, x: torch.Tensor, cache: LayerKV | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The block's math, free of side effects: (B, T, C) -> (B, T, C) and the MoE loss (None
-        when dense)."""
-        x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
-        aux_loss = None
-        if isinstance(self.ffn, MoE):
-            update, aux_loss = self.ffn(self.ffn_norm(x))
-        else:
-            update = self.ffn(self.ffn_norm(x))
-        return x + self.resid_dropout(update), aux_loss
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1064,214 +1064,161 @@ class LinearAttention(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
-# The model
+# Accounting: parameters, FLOPs and memory from the shapes alone (no model needs to be built:
+# scaling.py plans a 70B run with these; GPTConfig's methods of the same names call them)
 # --------------------------------------------------------------------------------------------------
 
 
-class GPT(nn.Module):
-    """Decoder-only Transformer: embed -> blocks -> head. forward(idx, targets) -> (logits,
-    loss)."""
+def count_params(config: GPTConfig, non_embedding: bool = False, active: bool = False) -> int:
+    """Parameter count from the shapes alone (GPTConfig.num_params).
 
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.emb_dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, kind) for kind in config.layer_kinds)
-        self.norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_embeddings:
-            # one (V, C) matrix reads tokens in and writes them out
-            self.lm_head.weight = self.tok_emb.weight
-        self.aux_loss = torch.zeros(())
-        self.apply(self._init_weights)
+    non_embedding: leave out the token embedding and an untied LM head (Kaplan's N).
+    active: count only the top-k experts a token uses (MoE compute), not all E (MoE memory).
 
-    def _init_weights(self, module: nn.Module):
-        """N(0, 0.02) everywhere; residual-stream writers (wo, w2) get 0.02 / sqrt(2 * n_layer)."""
-        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
-        if isinstance(module, (Attention, LinearAttention, SwiGLU, MoE)):
-            for name, weight in module.named_parameters():  # "wq.weight", ...; MoE's "w1", ...
-                # LinearAttention's gate bias: set there
-                if not name.endswith("bias"):
-                    writes_residual = name.split(".")[0] in ("wo", "w2")
-                    nn.init.normal_(weight, 0.0, residual_std if writes_residual else std)
-        elif isinstance(module, nn.Embedding) or (
-            module is self.lm_head and not self.config.tie_embeddings
-        ):
-            nn.init.normal_(module.weight, 0.0, std)  # the embedding, and an untied head
-
-    # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the
-    # last.
-
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped
-        while compiling)."""
-        if not torch.compiler.is_compiling():
-            self._check_input(idx)
-        return self.emb_dropout(self.tok_emb(idx))
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head."""
-        return self.lm_head(self.norm(x))
-
-    def _check_input(self, idx: torch.Tensor):
-        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
-            raise ConfigError(
-                f"idx must be an integer tensor of shape (batch, time), got {tuple(idx.shape)} "
-                f"{idx.dtype}; pass token ids as torch.long"
-            )
-        if idx.shape[1] > self.config.block_size:
-            raise ConfigError(
-                f"sequence length {idx.shape[1]} exceeds block_size={self.config.block_size}; "
-                f"crop the input to its last block_size tokens or use a config with a larger "
-                f"block_size"
-            )
-        # The id range is checked where the ids already live on the host. On a GPU, reading min and
-        # max back would stop the CPU twice per forward until the GPU catches up (two device-to-host
-        # syncs), so the queue of kernels runs dry every step; there an out-of-range id stops the
-        # embedding with CUDA's device-side assert instead (the loader's ids come from the tokenizer
-        # that set vocab_size).
-        if idx.device.type == "cpu" and idx.numel():
-            low, high = (int(v) for v in torch.aminmax(idx))
-            if low < 0 or high >= self.config.vocab_size:
-                raise ConfigError(
-                    f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got "
-                    f"[{low}, {high}]; set vocab_size to the tokenizer's size"
-                )
-
-    def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy
-        (ignore_index -1).
-
-        The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense
-        model). With a kv_cache the tokens continue the cached sequence (generation); the cache is
-        advanced by T.
-        """
-        if kv_cache is not None and kv_cache.max_len > self.config.block_size:
-            raise ConfigError(
-                f"a KV cache of {kv_cache.max_len} tokens would let attention reach past "
-                f"block_size={self.config.block_size}; make the cache block_size long at most"
-            )
-        x = self.embed(idx)  # (B, T, C)
-        for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_cache is None else kv_cache.layers[i])  # (B, T, C)
-        if kv_cache is not None:
-            kv_cache.length += idx.shape[1]
-        if self.config.n_expert:
-            self.aux_loss = torch.stack([block.aux_loss for block in self.blocks]).sum()
-        logits = self.head(x)  # (B, T, V)
-        loss = None
-        if targets is not None:
-            # The loss's one fp32 copy of the logits (B, T, V), kept on purpose: in bf16 the loss
-            # itself would round to bf16's spacing, 1/32 for a loss between 4 and 8 (0.06 off at
-            # loss 9.5 over 4,096 ids, measured). Under autocast cross_entropy would make this very
-            # cast itself; in fp32 it is no copy at all. The logits returned stay in the compute
-            # dtype (tests/test_model.py counts both).
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
-        return logits, loss
-
-    # Generation
-    # -------------------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), using a KV
-        cache.
-
-        temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely
-        before sampling; `generator` makes sampling reproducible. The prompt's last block_size
-        tokens fill the cache in one forward, then each step feeds one token. Past block_size the
-        cache window slides (see KVCache): every layer attends to the previous block_size tokens,
-        one query per step at any length.
-        """
-        for bad, message in (
-            (max_new_tokens < 0, f"max_new_tokens must be >= 0, got {max_new_tokens}"),
-            (temperature < 0, f"temperature must be >= 0 (0 = greedy), got {temperature}"),
-            (top_k is not None and top_k < 1, f"top_k must be >= 1 or None, got {top_k}"),
-        ):
-            if bad:
-                raise ConfigError(message)
-        was_training = self.training
-        self.eval()
-        cfg = self.config
-        kv_heads = next((b.attn.n_kv_head for b in self.blocks if isinstance(b.attn, Attention)), 1)
-        cache = KVCache(
-            cfg.n_layer,
-            idx.shape[0],
-            kv_heads,
-            cfg.block_size,
-            cfg.head_dim,
-            device=idx.device,
-            dtype=self.tok_emb.weight.dtype,
-            kinds=cfg.layer_kinds,
-        )
-        # ids not yet cached: the prompt
-        pending = idx[:, -cfg.block_size :]
-        for _ in range(max_new_tokens):
-            logits, _ = self(pending, kv_cache=cache)
-            next_token = sample(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)
-            idx = torch.cat((idx, next_token), dim=1)
-            pending = next_token
-        self.train(was_training)
-        return idx
-
-    # Accounting
-    # -------------------------------------------------------------------------------------------
-
-    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
-        """Count the actual tensors (a tied head is counted once). See GPTConfig.num_params for the
-        closed form."""
-        total = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            # the embedding and an untied head; a set holds a tied (V, C) matrix once
-            total -= sum(w.numel() for w in {self.tok_emb.weight, self.lm_head.weight})
-        if active and self.config.n_expert:
-            E, k = self.config.n_expert, self.config.expert_top_k
-            experts = sum(w.numel() for b in self.blocks for w in (b.ffn.w1, b.ffn.w2, b.ffn.w3))
-            # all E experts' weights -> the top k's
-            total -= experts * (E - k) // E
-        return total
-
-    def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
-        return self.config.flops_per_token(seq_len)
-
-    def estimate_mfu(
-        self, tokens_per_s: float, peak_flops: float, seq_len: int | None = None
-    ) -> float:
-        """Model FLOPs utilisation: tokens/s * FLOPs/token / peak FLOP/s (a fraction, 0..1)."""
-        return tokens_per_s * self.flops_per_token(seq_len) / peak_flops
+    >>> GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8,
+    ...           ffn_hidden=16).num_params()
+    1464
+    """
+    C, H, L = config.n_embd, config.ffn_dim, config.n_layer
+    q_width = config.n_head * config.head_dim
+    kv_width = config.n_kv_head * config.head_dim
+    attention = C * q_width + 2 * C * kv_width + q_width * C
+    if config.n_expert:
+        experts = config.expert_top_k if active else config.n_expert
+        ffn = experts * 3 * C * H + C * config.n_expert  # experts + router
+    else:
+        ffn = 3 * C * H
+    n_linear = config.layer_kinds.count("L")
+    # wq, wk, wv, wo + the gate wg and its bias
+    linear = 4 * C * q_width + C * config.n_head + config.n_head
+    # + the two norm gains
+    blocks = (L - n_linear) * attention + n_linear * linear + L * (ffn + 2 * C)
+    total = blocks + C  # + final norm
+    if not non_embedding:
+        total += config.vocab_size * C * (1 if config.tie_embeddings else 2)
+    return total
 
 
-def sample(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k
-    best."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth_best = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth_best, float("-inf"))
-    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+def count_flops_per_token(config: GPTConfig, seq_len: int | None = None) -> int:
+    """Training FLOPs (forward + backward) per token: 6 * matmul parameters + 12 * L * T * C_q
+    (GPTConfig.flops_per_token).
+
+    The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul whether
+    tied or not); the embedding lookup is not a matmul. The attention term counts q.k and p.v for
+    all T keys (PaLM's convention; a causal kernel skips about half of it). A linear layer has no T
+    term: its state costs q S and k^T v, 2 x 2 C_q d a token forward, 12 C_q d with the backward.
+    """
+    T = config.block_size if seq_len is None else seq_len
+    matmul_params = count_params(config, non_embedding=True, active=True)
+    matmul_params += config.vocab_size * config.n_embd  # the LM head
+    kinds, q_width = config.layer_kinds, config.n_head * config.head_dim
+    attention = 12 * q_width * (kinds.count("A") * T + kinds.count("L") * config.head_dim)
+    return 6 * matmul_params + attention
+
+
+def count_decode_state_bytes(
+    config: GPTConfig, context: int, batch: int = 1, bytes_per_value: int = 2
+) -> int:
+    """What generation keeps per sequence batch at `context` tokens (GPTConfig.decode_state_bytes):
+    the KV cache of the attention layers (2 * n_kv_head * head_dim per token, growing) plus the
+    recurrent state of the linear layers (n_head * head_dim^2, fixed). bf16 by default. In KiB at
+    128K tokens:
+
+    >>> [GPTConfig(layer_pattern=p).decode_state_bytes(2**17) >> 10 for p in ("A", "L", "LLLA")]
+    [262144, 32, 65560]
+    """
+    kinds, d = config.layer_kinds, config.head_dim
+    growing = kinds.count("A") * 2 * config.n_kv_head * d * context  # the KV cache
+    fixed = kinds.count("L") * config.n_head * d * d  # the linear layers' states
+    return (growing + fixed) * batch * bytes_per_value
+
+
+# --------------------------------------------------------------------------------------------------
+# The config's checks (GPTConfig.__post_init__ runs them, for the presets below too)
+# --------------------------------------------------------------------------------------------------
+
+# Fields that must be integers >= 1, and the integer fields where 0 is allowed, with what 0 means
+POSITIVE_INTEGERS = "vocab_size block_size n_layer n_head n_kv_head n_embd ffn_multiple_of".split()
+ZERO_MEANS = {"ffn_hidden": "auto", "n_expert": "dense"}
+
+
+def check_config(c: GPTConfig) -> None:
+    """GPTConfig's rules: a bad field is a ConfigError naming it and the fix.
+
+    >>> check_config(GPTConfig(dropout=1.0))
+    Traceback (most recent call last):
+    model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
+    """
+    # Types first: the rules below do arithmetic on these fields.
+    for field in [*POSITIVE_INTEGERS, *ZERO_MEANS]:
+        value, zero = getattr(c, field), ZERO_MEANS.get(field)
+        is_integer = isinstance(value, int) and not isinstance(value, bool)
+        if not (is_integer and value >= (0 if zero else 1)):
+            kind = f"an integer >= 0 (0 = {zero})" if zero else "a positive integer"
+            raise ConfigError(f"GPTConfig.{field}: must be {kind}, got {value!r}")
+    for field, holds, message in config_rules(c):
+        if not holds:
+            raise ConfigError(f"GPTConfig.{field}: {message}")
+
+
+def config_rules(c: GPTConfig) -> list[tuple[str, bool, str]]:
+    """(field, the rule holds, what is wrong and the fix), checked in this order."""
+    return [
+        (
+            "n_embd",
+            c.n_embd % c.n_head == 0,
+            f"{c.n_embd} is not divisible by n_head={c.n_head}; "
+            f"pick n_embd as a multiple of n_head",
+        ),
+        (
+            "n_kv_head",
+            c.n_head % c.n_kv_head == 0,
+            f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
+            f"use a divisor of n_head (n_head for MHA, 1 for MQA)",
+        ),
+        (
+            "n_head",
+            c.head_dim % 2 == 0,
+            f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
+            f"choose n_embd and n_head so that the head size is even",
+        ),
+        ("rope_theta", c.rope_theta > 0, f"must be > 0, got {c.rope_theta}"),
+        ("norm_eps", c.norm_eps > 0, f"must be > 0, got {c.norm_eps}"),
+        ("dropout", 0.0 <= c.dropout < 1.0, f"must be in [0, 1), got {c.dropout}"),
+        (
+            "expert_top_k",
+            c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert,
+            f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
+            f"lower expert_top_k or raise n_expert",
+        ),
+        (
+            "moe_capacity_factor",
+            c.moe_capacity_factor >= 0,
+            f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}",
+        ),
+        ("moe_aux_coef", c.moe_aux_coef >= 0, f"must be >= 0, got {c.moe_aux_coef}"),
+        (
+            "attention",
+            c.attention in ("sdpa", "flash"),
+            f"must be 'sdpa' or 'flash', got {c.attention!r}",
+        ),
+        (
+            "attention",
+            c.attention == "sdpa" or c.dropout == 0,
+            "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'",
+        ),
+        (
+            "layer_pattern",
+            set(c.layer_pattern) <= set("AL"),
+            f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'",
+        ),
+        (
+            "layer_pattern",
+            c.n_layer % max(1, len(c.layer_pattern)) == 0,
+            f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile "
+            f"n_layer={c.n_layer}; give a pattern whose length divides n_layer",
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1320,12 +1267,8 @@ PRESETS: dict[str, GPTConfig] = {
 
 
 # ==================================================================================================
-# === Appendix: machinery (the device a command line asks for) ===
+# === Appendix: the one check of --device that every CLI (train, evaluate, ...) uses ===
 # ==================================================================================================
-
-# --------------------------------------------------------------------------------------------------
-# Devices: the one check of --device that every CLI (train, evaluate, ...) uses
-# --------------------------------------------------------------------------------------------------
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
@@ -1347,8 +1290,10 @@ def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.devi
     --device meta: meta tensors hold no data to compute with; use auto, cpu, cuda, cuda:N or mps
     """
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
-    if name == "auto":
-        name = "cuda" if cuda else "mps" if mps else "cpu"
+    if name == "auto" and cuda:
+        name = "cuda"
+    elif name == "auto":
+        name = "mps" if mps else "cpu"
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
