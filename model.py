@@ -276,9 +276,8 @@ class Attention(nn.Module):
         self.flash = config.attention == "flash"
         C = config.n_embd
         self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
-        self.wk, self.wv = (
-            nn.Linear(C, self.n_kv_head * self.head_dim, bias=False) for _ in range(2)
-        )
+        self.wk = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+        self.wv = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
         # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
         # tokens, and ring attention in place of causal_attention, fed the K/V at n_kv_head heads
@@ -375,8 +374,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Decoder-only Transformer: embed -> blocks -> head. forward(idx, targets) -> (logits,
-    loss)."""
+    """Decoder-only Transformer, embed -> blocks -> head: forward(idx, targets) -> logits, loss."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -467,8 +465,7 @@ class GPT(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), using a KV
-        cache.
+        """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), KV-cached.
 
         temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely
         before sampling; `generator` makes sampling reproducible. The prompt's last block_size
@@ -913,8 +910,8 @@ def _flash_backward(
 
 def _operator(name: str, schema: str, kernel, shapes):
     """torch.ops.pretrain.<name>, defined once per process (model.py run as a script, then imported
-    as model by hf.py, would define it twice), with `kernel` as its body and `shapes` giving its
-    outputs' shapes and dtypes to the compiler (empty tensors, no arithmetic)."""
+    as model by its command line, would define it twice), with `kernel` as its body and `shapes`
+    giving its outputs' shapes and dtypes to the compiler (empty tensors, no arithmetic)."""
     if not hasattr(torch.ops.pretrain, name):
         torch.library.define(f"pretrain::{name}", schema)
         torch.library.impl(f"pretrain::{name}", "CompositeExplicitAutograd")(kernel)
