@@ -1,8 +1,9 @@
 """A modern decoder-only Transformer in one file. The core comes first: GPTConfig, RMSNorm, RoPE,
-grouped-query attention, SwiGLU, the block, GPT with forward and generate. Then what goes beyond it:
-the KV cache, Mixture of Experts, FlashAttention by hand, linear attention and hybrids, and the
-parameter / FLOP / memory accounting the rest of the project plans with; an appendix holds the
-config's checks. Depends on torch only; docs/model.md tells why each choice, with worked numbers.
+grouped-query attention, SwiGLU, the block, GPT with forward and generate. Then the KV cache,
+Mixture of Experts, FlashAttention by hand, linear attention and hybrids, the parameter / FLOP /
+memory accounting the project plans with, the checks, the presets. docs/model.md tells why.
+
+Depends on torch only (no sibling files).
 
 Pretraining maximises log P(x_t | x_<t) at every position. The network that computes P is a stack of
 L identical blocks over a residual stream of width C (`n_embd`):
@@ -280,8 +281,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
         # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
-        # tokens, and ring attention in place of causal_attention, fed the K/V at n_kv_head heads
-        # (less to send).
+        # tokens, and ring attention for causal_attention, fed K/V at n_kv_head heads: less to send.
         self.positions, self.attend = None, None
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
@@ -488,8 +488,7 @@ class GPT(nn.Module):
         cache = KVCache(
             cfg.n_layer, batch, kv_heads, cfg.block_size, cfg.head_dim, idx.device, dtype, kinds
         )
-        # ids not yet cached: the prompt
-        pending = idx[:, -cfg.block_size :]
+        pending = idx[:, -cfg.block_size :]  # ids not yet cached: the prompt
         for _ in range(max_new_tokens):
             logits, _ = self(pending, kv_cache=cache)
             next_token = sample(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)
