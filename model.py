@@ -1,14 +1,10 @@
-"""A modern decoder-only Transformer in one file: RMSNorm, RoPE, SwiGLU, grouped-query attention,
-optional Mixture of Experts, a KV cache for generation, and the parameter / FLOP / memory accounting
-that the rest of the project plans with.
+"""A modern decoder-only Transformer in one file. The core comes first: GPTConfig, RMSNorm, RoPE,
+grouped-query attention, SwiGLU, the block, GPT with forward and generate. Then the KV cache,
+Mixture of Experts, FlashAttention by hand, linear attention and hybrids, the parameter / FLOP /
+memory accounting the project plans with, the checks, the presets. docs/model.md tells why.
 
 Depends on torch only (no sibling files).
 
-The Hugging Face bridge (`python model.py export` / `import-hf`) lives in hf.py; only main() imports
-it, to run those two commands.
-
-The lesson, in numbers
-----------------------
 Pretraining maximises log P(x_t | x_<t) at every position. The network that computes P is a stack of
 L identical blocks over a residual stream of width C (`n_embd`):
 
@@ -18,87 +14,28 @@ L identical blocks over a residual stream of width C (`n_embd`):
         x = x + ffn(rmsnorm(x))             # each token thinks on its own
     logits = lm_head(rmsnorm(x))            # (B, T, V)
 
-"The details matter" - each choice below is what Llama-class models settled on, and each has a
-reason:
+Each choice is the one Llama-class models settled on:
 
-* Pre-normalisation with RMSNorm: y = x / sqrt(mean(x^2) + eps) * g. Normalising the *input* of each
-  sub-layer leaves the residual path an identity from the loss down to the embeddings, so gradients
-  reach the bottom of a deep stack unchanged; RMSNorm drops LayerNorm's mean subtraction and bias
-  (cheaper, works as well). Example: x = [3, 4] has mean square 12.5, so RMSNorm gives [3, 4] /
-  3.536 = [0.849, 1.131].
-* Rotary position embeddings (RoPE): rotate each pair of features (x_2i, x_2i+1) of q and k by the
-  angle pos * theta^(-2i/d). A rotation keeps lengths, and the dot product of a query rotated by m
-  and a key rotated by n depends only on m - n: attention sees relative position, with nothing added
-  to the residual stream. Pair 0 turns by 1 radian per position, the last pair of a 64-wide head by
-  10000^(-62/64) = 1.3e-4 radian: fast pairs resolve neighbours, slow pairs carry long-range
-  position.
-* Grouped-query attention (GQA): n_head query heads share n_kv_head key/value heads (n_kv_head =
-  n_head is plain multi-head attention, 1 is multi-query). The KV cache shrinks by n_head /
-  n_kv_head, which is what bounds the batch size at inference time.
-* SwiGLU feed-forward: w2(silu(w1 x) * w3 x). Three matrices instead of two, so the hidden width is
-  8/3 C instead of 4 C to keep the parameter count (3 * 8/3 = 2 * 4); rounded up to a multiple for
-  fast matmuls.
-* Mixture of Experts (optional): E copies of the FFN, a router picks the top-k per token. Parameters
-  grow by E, compute per token by k. DeepSeek-V3 holds 671B parameters but activates 37B per token:
-  it pays the compute of the active parameters and the memory of all of them (every expert must sit
-  in memory, because routing is decided per token). A load-balancing loss keeps the router from
-  collapsing onto a few experts.
+* RMSNorm before each sub-layer, y = x / sqrt(mean(x^2) + eps) * g: the residual path stays an
+  identity from the loss to the embeddings. [3, 4] has mean square 12.5: [0.849, 1.131].
+* RoPE rotates each pair of q and k features by pos * theta^(-2i/d), so q.k depends on m - n only.
+* Grouped-query attention: n_head query heads share n_kv_head K/V heads; the KV cache shrinks by
+  n_head / n_kv_head. SwiGLU, w2(silu(w1 x) * w3 x), at 8/3 C costs what a 4 C MLP did.
+* Mixture of Experts: E FFNs, top-k per token: the memory of all E, the compute of k.
+* FlashAttention: exact attention over tiles with an online softmax, memory O(T), not O(T^2).
+  Linear attention: a d x d state per head instead of a growing KV cache; "LLLA" mixes both.
 
-Accounting (the numbers scaling.py and train.py plan with)
-----------------------------------------------------------
-* Parameters of one dense block: attention C*(C + 2*C_kv + C) with C_kv = n_kv_head * head_dim, FFN
-  3*C*H, two norms 2*C. With MHA and H = 8/3 C that is 12 C^2: the 124m preset (L=12, C=768,
-  V=50304) has 12 * 12 * 768^2 = 85M block parameters plus 50304 * 768 = 39M embedding parameters =
-  124M.
-* Training FLOPs per token: 6 per matmul parameter (2 forward: one multiply, one add; 4 backward)
-  plus the attention scores 12 * L * T * C_q (PaLM's formula), so training costs C = 6ND. MFU =
-  achieved FLOP/s / peak.
-* Training memory with AdamW in mixed precision: 16 bytes per parameter (bf16 weights 2 + bf16 grads
-  2 + fp32 master 4 + two fp32 moments 4 + 4), so 1e9 parameters need 16 GB before any activation is
-  stored.
-
-Attention's cost (FlashAttention by hand, linear attention, hybrids)
------------------------------------------------------------------
-Attention scores every query against every key: T x T numbers per head. At T = 128K that is 1.7e10
-scores, 69 GB in fp32 for one head of one layer, so nobody stores it. Two answers:
-
-* FlashAttention (Dao et al. 2022, FA-2 2023) keeps the exact result and never builds the matrix: it
-  walks tiles of 64 queries against tiles of 64 keys and keeps per query a running max m, a running
-  sum l of exp(s - m) and a running output. When a new tile raises the max, the old sums are
-  rescaled by exp(m_old - m_new) (the "online softmax"). It saves only the log-sum-exp m + log l per
-  query, and its backward recomputes each tile's probabilities from it, so memory grows as T (q, k,
-  v, out) instead of T^2. Causal tiles above the diagonal are skipped: half the work. The running
-  statistics live in fp32 even when q, k, v are bf16 (a bf16 sum stops growing at 256x its terms).
-  `FlashAttention2.apply(q, k, v, is_causal)` is that, in plain PyTorch (the speed of the real
-  kernel comes from doing it in on-chip SRAM; here the lesson is the arithmetic and the memory).
-* Linear attention drops the softmax: o_t = q_t S_t with the state S_t = sum_s k_s^T v_s, a d x d
-  matrix per head however long the context. Generation then keeps one fixed-size state per layer
-  instead of a KV cache that grows by 2 * n_kv_head * d numbers per token: for a 64-wide head at
-  128K context the cache holds 2 * 128K * 64 = 16.8M numbers per head, the state 64 * 64 = 4,096.
-  The price is recall: a fixed state cannot hold an unbounded number of key -> value facts, which
-  evaluate.py measures (`python evaluate.py recall`, Zoology's MQAR). The hybrid answer (Jamba,
-  MiniMax, Qwen3-Next): mostly linear layers, a full attention layer every few
-  (`layer_pattern="LLLA"`).
-
-Initialisation: every Linear and the embedding draw from N(0, 0.02); the two projections that write
-into the residual stream (attn.wo, ffn.w2) use 0.02 / sqrt(2 L), so the variance the 2L residual
-additions pile up stays that of a single layer (GPT-2). Norm gains start at 1. With tied embeddings
-the LM head reuses tok_emb.weight.
-
-Exporting to Hugging Face: a dense model here is Hugging Face's LlamaForCausalLM up to names and one
-layout detail (which features RoPE rotates together); hf.py's docstring tells it with a 4-wide head,
-and `python model.py export` / `import-hf` run hf.py's commands.
-
-Run `python model.py` to print every preset with its parameters, FLOPs per token and training
-memory.
+Accounting: the 124m preset has 12 * 12 * 768^2 = 85M block parameters plus 50304 * 768 = 39M
+embedding parameters = 124M; training costs 6 FLOPs per parameter and token plus 12 L T C for the
+attention scores; AdamW in mixed precision holds 16 bytes per parameter. `python model.py` prints
+every preset so (its command line lives in machinery/commands/model.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-import sys
-import time
 
 import torch
 import torch.nn as nn
@@ -117,6 +54,7 @@ class ConfigError(ValueError):
 # Configuration
 # --------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class GPTConfig:
     """Shape and options of the model. Validated on creation, so a bad config fails before any
@@ -127,33 +65,30 @@ class GPTConfig:
     >>> GPTConfig(n_embd=128).ffn_dim      # 8/3 * 128 = 341.3, rounded up to a multiple of 64
     384
     """
+
     vocab_size: int = 4096
-    block_size: int = 256             # the longest sequence the model is trained on (and may see)
+    block_size: int = 256  # the longest sequence the model is trained on (and may see)
     n_layer: int = 4
     n_head: int = 4
-    # = n_head: multi-head attention; 1: multi-query; in between: GQA
-    n_kv_head: int = 4
+    n_kv_head: int = 4  # = n_head: multi-head attention; 1: multi-query; in between: GQA
     n_embd: int = 128
-    ffn_hidden: int = 0               # 0 = auto: 8/3 * n_embd rounded up to ffn_multiple_of
+    ffn_hidden: int = 0  # 0 = auto: 8/3 * n_embd rounded up to ffn_multiple_of
     ffn_multiple_of: int = 64
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     dropout: float = 0.0
-    # 0 = dense FFN; E > 0 = Mixture of Experts with E experts per layer
-    n_expert: int = 0
+    n_expert: int = 0  # 0 = dense FFN; E > 0 = Mixture of Experts with E experts per layer
     expert_top_k: int = 2
     # slots per expert = factor * tokens * k / E; 0 = never drop a token
     moe_capacity_factor: float = 1.25
-    moe_aux_coef: float = 0.01        # train.py adds moe_aux_coef * model.aux_loss to the loss
+    moe_aux_coef: float = 0.01  # train.py adds moe_aux_coef * model.aux_loss to the loss
     activation_checkpointing: bool = False
-    # "sdpa": the fused kernel; "flash": FlashAttention2 by hand (a lesson)
-    attention: str = "sdpa"
-    # "" = all attention; else A (attention) / L (linear), tiled: "LLLA"
-    layer_pattern: str = ""
+    attention: str = "sdpa"  # "sdpa": the fused kernel; "flash": FlashAttention2 by hand (a lesson)
+    layer_pattern: str = ""  # "" = all attention; else A (attention) / L (linear), tiled: "LLLA"
 
     def __post_init__(self):
-        check_config(self)                # the rules and their messages: see the appendix
+        check_config(self)  # the rules and their messages: see the appendix
 
     # Derived sizes ----------------------------------------------------------------------------
 
@@ -167,7 +102,7 @@ class GPTConfig:
         if self.ffn_hidden:
             return self.ffn_hidden
         multiple = self.ffn_multiple_of
-        return math.ceil(8 * self.n_embd / 3 / multiple) * multiple      # rounded up: 341.3 -> 384
+        return math.ceil(8 * self.n_embd / 3 / multiple) * multiple  # rounded up: 341.3 -> 384
 
     @property
     def layer_kinds(self) -> str:
@@ -197,130 +132,26 @@ class GPTConfig:
             )
         return cls(**d)
 
-    # Closed-form accounting (no model needs to be built: scaling.py uses these for a 70B plan) --
+    # Closed-form accounting: the formulas are in the Accounting section, after the core --------
 
     def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
-        """Parameter count from the shapes alone.
-
-        non_embedding: leave out the token embedding and an untied LM head (Kaplan's N).
-        active: count only the top-k experts a token uses (MoE compute), not all E (MoE memory).
-
-        >>> GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8,
-        ...           ffn_hidden=16).num_params()
-        1464
-        """
-        C, H, L = self.n_embd, self.ffn_dim, self.n_layer
-        q_width = self.n_head * self.head_dim
-        kv_width = self.n_kv_head * self.head_dim
-        attention = C * q_width + 2 * C * kv_width + q_width * C
-        if self.n_expert:
-            experts = self.expert_top_k if active else self.n_expert
-            ffn = experts * 3 * C * H + C * self.n_expert           # experts + router
-        else:
-            ffn = 3 * C * H
-        n_linear = self.layer_kinds.count("L")
-        # wq, wk, wv, wo + the gate wg and its bias
-        linear = 4 * C * q_width + C * self.n_head + self.n_head
-        # + the two norm gains
-        blocks = (L - n_linear) * attention + n_linear * linear + L * (ffn + 2 * C)
-        total = blocks + C                                          # + final norm
-        if not non_embedding:
-            total += self.vocab_size * C * (1 if self.tie_embeddings else 2)
-        return total
+        return count_params(self, non_embedding, active)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs (forward + backward) per token: 6 * matmul parameters + 12 * L * T * C_q.
-
-        The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul
-        whether tied or not); the embedding lookup is not a matmul. The attention term counts q.k
-        and p.v for all T keys (PaLM's convention; a causal kernel skips about half of it). A linear
-        layer has no T term: its state costs q S and k^T v, 2 x 2 C_q d a token forward, 12 C_q d
-        with the backward.
-        """
-        T = self.block_size if seq_len is None else seq_len
-        matmul_params = (
-            self.num_params(non_embedding=True, active=True) + self.vocab_size * self.n_embd
-        )
-        kinds, q_width = self.layer_kinds, self.n_head * self.head_dim
-        attention = 12 * q_width * (kinds.count("A") * T + kinds.count("L") * self.head_dim)
-        return 6 * matmul_params + attention
+        return count_flops_per_token(self, seq_len)
 
     def training_memory_bytes(self) -> int:
-        """Bytes of weights, gradients and AdamW state in mixed precision (16 per parameter, all
-        experts), activations excluded."""
+        """Weights, gradients and AdamW state in mixed precision; activations excluded."""
         return TRAINING_BYTES_PER_PARAM * self.num_params()
 
-
     def decode_state_bytes(self, context: int, batch: int = 1, bytes_per_value: int = 2) -> int:
-        """What generation keeps per sequence batch at `context` tokens: the KV cache of the
-        attention layers (2 * n_kv_head * head_dim per token, growing) plus the recurrent state of
-        the linear layers (n_head * head_dim^2, fixed). bf16 by default. In KiB at 128K tokens:
-
-        >>> [GPTConfig(layer_pattern=p).decode_state_bytes(2**17) >> 10 for p in ("A", "L", "LLLA")]
-        [262144, 32, 65560]
-        """
-        kinds, d = self.layer_kinds, self.head_dim
-        per_value = (kinds.count("A") * 2 * self.n_kv_head * d * context     # grows with context
-                     + kinds.count("L") * self.n_head * d * d)               # a fixed state
-        return per_value * batch * bytes_per_value
-
-
-# The config's checks, out of the lesson's way (GPTConfig.__post_init__ runs them).
-
-def check_config(c: GPTConfig) -> None:
-    """GPTConfig's rules: a bad field is a ConfigError naming it and the fix (the lesson's config
-    table stays short; this is the machinery behind it).
-
-    >>> check_config(GPTConfig(dropout=1.0))
-    Traceback (most recent call last):
-    model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
-    """
-    # Types first: the rules below do arithmetic on these fields.
-    for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd",
-                  "ffn_multiple_of", "ffn_hidden", "n_expert"):
-        value = getattr(c, field)
-        zero = {"ffn_hidden": "auto", "n_expert": "dense"}.get(field)  # what 0 means, if allowed
-        if not (
-            isinstance(value, int) and not isinstance(value, bool) and value >= (0 if zero else 1)
-        ):
-            kind = f"an integer >= 0 (0 = {zero})" if zero else "a positive integer"
-            raise ConfigError(f"GPTConfig.{field}: must be {kind}, got {value!r}")
-    rules = [  # (field, the rule holds, what is wrong and the fix), checked in this order
-        ("n_embd", c.n_embd % c.n_head == 0,
-         f"{c.n_embd} is not divisible by n_head={c.n_head}; pick n_embd as a multiple of n_head"),
-        ("n_kv_head", c.n_head % c.n_kv_head == 0,
-         f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
-         f"use a divisor of n_head (n_head for MHA, 1 for MQA)"),
-        ("n_head", c.head_dim % 2 == 0,
-         f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
-         f"choose n_embd and n_head so that the head size is even"),
-        ("rope_theta", c.rope_theta > 0, f"must be > 0, got {c.rope_theta}"),
-        ("norm_eps", c.norm_eps > 0, f"must be > 0, got {c.norm_eps}"),
-        ("dropout", 0.0 <= c.dropout < 1.0, f"must be in [0, 1), got {c.dropout}"),
-        ("expert_top_k", c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert,
-         f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
-         f"lower expert_top_k or raise n_expert"),
-        ("moe_capacity_factor", c.moe_capacity_factor >= 0,
-         f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}"),
-        ("moe_aux_coef", c.moe_aux_coef >= 0, f"must be >= 0, got {c.moe_aux_coef}"),
-        ("attention", c.attention in ("sdpa", "flash"),
-         f"must be 'sdpa' or 'flash', got {c.attention!r}"),
-        ("attention", c.attention == "sdpa" or c.dropout == 0,
-         "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'"),
-        ("layer_pattern", set(c.layer_pattern) <= set("AL"),
-         f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'"),
-        ("layer_pattern", c.n_layer % max(1, len(c.layer_pattern)) == 0,
-         f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile n_layer={c.n_layer}; "
-         f"give a pattern whose length divides n_layer"),
-    ]
-    for field, holds, message in rules:
-        if not holds:
-            raise ConfigError(f"GPTConfig.{field}: {message}")
+        return count_decode_state_bytes(self, context, batch, bytes_per_value)
 
 
 # --------------------------------------------------------------------------------------------------
 # Building blocks, in the order of the lesson
 # --------------------------------------------------------------------------------------------------
+
 
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension, computed in fp32.
@@ -358,7 +189,7 @@ def rope_angles(
     inv_freq = theta ** (
         -torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     )
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]      # (T, head_dim/2)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
     return angles.cos(), angles.sin()
 
 
@@ -375,10 +206,380 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """
     B, T, n, d = x.shape
     pairs = x.float().reshape(B, T, n, d // 2, 2)
-    x0, x1 = pairs[..., 0], pairs[..., 1]                                   # (B, T, n, d/2)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]                 # (1, T, 1, d/2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]  # (B, T, n, d/2)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, d/2)
     rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return rotated.reshape(B, T, n, d).type_as(x)
+
+
+# Where F.scaled_dot_product_attention reads grouped K/V heads in place (enable_gqa=True: query
+# head j reads kv head j // group, nothing copied): device type -> (the dtypes it does so for,
+# whether with an explicit mask too). Elsewhere causal_attention copies K/V to n_head heads first
+# (read off torch 2.13's dispatch: docs/model.md says which kernel takes the groups where).
+SDPA_GQA_IN_PLACE = {
+    "cpu": ((torch.float32, torch.float64, torch.bfloat16, torch.float16), True),
+    "cuda": ((torch.float16, torch.bfloat16), False),
+}
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v with q (..., h, Tq, d) and k, v (..., h_kv, Tk, d), Tq <=
+    Tk, e.g. (B, h, T, d); h_kv divides h (GQA: query head j reads kv head j // (h / h_kv)).
+
+    `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's
+    convention); None means causal. Then the queries are the last Tq of the Tk positions (a KV cache
+    holds the first Tk - Tq), so query i may see keys 0 .. Tk - Tq + i. Three cases, one call of the
+    fused F.scaled_dot_product_attention: Tq == Tk: the usual lower-triangular mask (is_causal); Tq
+    == 1: the new token sees every key, no mask; otherwise (a prompt appended to a non-empty cache)
+    an explicit bottom-right-aligned mask. K/V are copied to h heads only where SDPA_GQA_IN_PLACE
+    says the kernel would not read the groups in place: 8 query heads over 2 kv heads on a GPU in
+    fp32 copy 2 x 4 heads of K/V, on the CPU none.
+    """
+    Tq, Tk, group = q.shape[-2], k.shape[-2], q.shape[-3] // k.shape[-3]
+    if mask is None and 1 < Tq < Tk:
+        query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
+        key_pos = torch.arange(Tk, device=q.device)[None, :]
+        mask = key_pos <= query_pos
+    dtypes, with_mask = SDPA_GQA_IN_PLACE.get(q.device.type, ((), False))
+    if group > 1 and not (q.dtype in dtypes and (with_mask or mask is None)):
+        # (..., h, Tk, d); with an int, repeat_interleave is a stride-0 expand and one plain copy
+        k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=mask is None and Tq == Tk,
+        enable_gqa=k.shape[-3] != q.shape[-3],
+    )
+
+
+class Attention(nn.Module):
+    """Causal self-attention with RoPE and grouped-query heads.
+
+    `n_head`, `n_kv_head` and `head_dim` are plain attributes read by forward, so a tensor-parallel
+    copy that keeps a slice of the heads only has to shrink wq/wk/wv/wo and set its local head
+    counts.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim, self.rope_theta = config.head_dim, config.rope_theta
+        self.dropout = config.dropout
+        self.flash = config.attention == "flash"
+        C = config.n_embd
+        self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
+        self.wk = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+        self.wv = nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
+        # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
+        # tokens, and ring attention for causal_attention, fed K/V at n_kv_head heads: less to send.
+        self.positions, self.attend = None, None
+
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        # q (B, T, h, d); k, v (B, T, h_kv, d)
+        q, k, v = (w(x).view(B, T, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        positions = self.positions
+        if positions is None:
+            start = 0 if cache is None else cache.start
+            positions = torch.arange(start, start + T, device=x.device)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, h_kv, start + T, d)
+        if self.attend is not None:
+            y = self.attend(q, k, v)  # (B, h, T, d)
+        else:
+            if self.flash and cache is None:
+                # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
+                # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
+                y = flash_attention(
+                    q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2), v.unsqueeze(2), True
+                ).flatten(1, 2)  # (B, h, T, d)
+            else:
+                y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x): a gated feed-forward layer (Shazeer 2020). silu(z) = z *
+    sigmoid(z)."""
+
+    def __init__(self, n_embd: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(n_embd, hidden, bias=False)  # gate
+        self.w3 = nn.Linear(n_embd, hidden, bias=False)  # value
+        self.w2 = nn.Linear(hidden, n_embd, bias=False)  # back to the residual stream
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)). forward(x) -> x, the unit pipeline
+    parallel moves: each Attention computes its RoPE angles from the positions, so a block is
+    self-contained and can run on any pipeline stage.
+
+    Activation checkpointing: in training, with the flag, the block keeps only its input and
+    recomputes its inside during backward (about 1/3 more compute for most of the activation
+    memory). `self.aux_loss` holds the MoE load-balancing loss of the last forward (0 when dense).
+    """
+
+    def __init__(self, config: GPTConfig, kind: str = "A"):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = LinearAttention(config) if kind == "L" else Attention(config)
+        self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.ffn = MoE(config) if config.n_expert else SwiGLU(config.n_embd, config.ffn_dim)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.activation_checkpointing = config.activation_checkpointing
+        self.aux_loss = torch.zeros(())
+
+    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
+        if self.activation_checkpointing and self.training and cache is None:
+            x, aux_loss = checkpoint(self._residual_updates, x, None, use_reentrant=False)
+        else:
+            x, aux_loss = self._residual_updates(x, cache)
+        if aux_loss is not None:
+            self.aux_loss = aux_loss  # recorded outside the checkpointed function
+        return x
+
+    def _residual_updates(
+        self, x: torch.Tensor, cache: LayerKV | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block's math, free of side effects: (B, T, C) -> (B, T, C) and the MoE loss (None
+        when dense)."""
+        x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
+        aux_loss = None
+        if isinstance(self.ffn, MoE):
+            update, aux_loss = self.ffn(self.ffn_norm(x))
+        else:
+            update = self.ffn(self.ffn_norm(x))
+        return x + self.resid_dropout(update), aux_loss
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------
+
+
+class GPT(nn.Module):
+    """Decoder-only Transformer, embed -> blocks -> head: forward(idx, targets) -> logits, loss."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.emb_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, kind) for kind in config.layer_kinds)
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            # one (V, C) matrix reads tokens in and writes them out
+            self.lm_head.weight = self.tok_emb.weight
+        self.aux_loss = torch.zeros(())
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module):
+        """N(0, 0.02) everywhere; residual-stream writers (wo, w2) get 0.02 / sqrt(2 * n_layer)."""
+        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
+        if isinstance(module, (Attention, LinearAttention, SwiGLU, MoE)):
+            for name, weight in module.named_parameters():  # "wq.weight", ...; MoE's "w1", ...
+                # LinearAttention's gate bias: set there
+                if not name.endswith("bias"):
+                    writes_residual = name.split(".")[0] in ("wo", "w2")
+                    nn.init.normal_(weight, 0.0, residual_std if writes_residual else std)
+        elif isinstance(module, nn.Embedding) or (
+            module is self.lm_head and not self.config.tie_embeddings
+        ):
+            nn.init.normal_(module.weight, 0.0, std)  # the embedding, and an untied head
+
+    # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the
+    # last.
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped
+        while compiling)."""
+        if not torch.compiler.is_compiling():
+            self._check_input(idx)
+        return self.emb_dropout(self.tok_emb(idx))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head."""
+        return self.lm_head(self.norm(x))
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy
+        (ignore_index -1).
+
+        The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense
+        model). With a kv_cache the tokens continue the cached sequence (generation); the cache is
+        advanced by T.
+        """
+        if kv_cache is not None:
+            self._check_cache(kv_cache)
+        x = self.embed(idx)  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if kv_cache is None else kv_cache.layers[i])  # (B, T, C)
+        if kv_cache is not None:
+            kv_cache.length += idx.shape[1]
+        if self.config.n_expert:
+            self.aux_loss = torch.stack([block.aux_loss for block in self.blocks]).sum()
+        logits = self.head(x)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            # The loss's one fp32 copy of the logits (B, T, V), kept on purpose: in bf16 the loss
+            # itself would round to bf16's spacing, 1/32 for a loss between 4 and 8 (0.06 off at
+            # loss 9.5 over 4,096 ids, measured). Under autocast cross_entropy would make this very
+            # cast itself; in fp32 it is no copy at all. The logits returned stay in the compute
+            # dtype (tests/test_model.py counts both).
+            loss = F.cross_entropy(
+                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+            )
+        return logits, loss
+
+    # Generation
+    # -------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), KV-cached.
+
+        temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely
+        before sampling; `generator` makes sampling reproducible. The prompt's last block_size
+        tokens fill the cache in one forward, then each step feeds one token. Past block_size the
+        cache window slides (see KVCache): every layer attends to the previous block_size tokens,
+        one query per step at any length.
+        """
+        for bad, message in (
+            (max_new_tokens < 0, f"max_new_tokens must be >= 0, got {max_new_tokens}"),
+            (temperature < 0, f"temperature must be >= 0 (0 = greedy), got {temperature}"),
+            (top_k is not None and top_k < 1, f"top_k must be >= 1 or None, got {top_k}"),
+        ):
+            if bad:
+                raise ConfigError(message)
+        was_training = self.training
+        self.eval()
+        cfg, batch, dtype = self.config, idx.shape[0], self.tok_emb.weight.dtype
+        kv_heads = next((b.attn.n_kv_head for b in self.blocks if isinstance(b.attn, Attention)), 1)
+        kinds = cfg.layer_kinds  # buffers for the attention layers, a state for the linear ones
+        cache = KVCache(
+            cfg.n_layer, batch, kv_heads, cfg.block_size, cfg.head_dim, idx.device, dtype, kinds
+        )
+        pending = idx[:, -cfg.block_size :]  # ids not yet cached: the prompt
+        for _ in range(max_new_tokens):
+            logits, _ = self(pending, kv_cache=cache)
+            next_token = sample(logits[:, -1, :], temperature, top_k, generator)  # (B, 1)
+            idx = torch.cat((idx, next_token), dim=1)
+            pending = next_token
+        self.train(was_training)
+        return idx
+
+    # The input checks of embed and forward
+    # -------------------------------------------------------------------------------------------
+
+    def _check_input(self, idx: torch.Tensor):
+        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise ConfigError(
+                f"idx must be an integer tensor of shape (batch, time), got {tuple(idx.shape)} "
+                f"{idx.dtype}; pass token ids as torch.long"
+            )
+        if idx.shape[1] > self.config.block_size:
+            raise ConfigError(
+                f"sequence length {idx.shape[1]} exceeds block_size={self.config.block_size}; "
+                f"crop the input to its last block_size tokens or use a config with a larger "
+                f"block_size"
+            )
+        # The id range is checked where the ids already live on the host. On a GPU, reading min and
+        # max back would stop the CPU twice per forward until the GPU catches up (two device-to-host
+        # syncs), so the queue of kernels runs dry every step; there an out-of-range id stops the
+        # embedding with CUDA's device-side assert instead (the loader's ids come from the tokenizer
+        # that set vocab_size).
+        if idx.device.type == "cpu" and idx.numel():
+            low, high = (int(v) for v in torch.aminmax(idx))
+            if low < 0 or high >= self.config.vocab_size:
+                raise ConfigError(
+                    f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got "
+                    f"[{low}, {high}]; set vocab_size to the tokenizer's size"
+                )
+
+    def _check_cache(self, kv_cache: KVCache):
+        if kv_cache.max_len > self.config.block_size:
+            raise ConfigError(
+                f"a KV cache of {kv_cache.max_len} tokens would let attention reach past "
+                f"block_size={self.config.block_size}; make the cache block_size long at most"
+            )
+
+    # Accounting
+    # -------------------------------------------------------------------------------------------
+
+    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
+        """Count the actual tensors (a tied head is counted once). See GPTConfig.num_params for the
+        closed form."""
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            # the embedding and an untied head; a set holds a tied (V, C) matrix once
+            total -= sum(w.numel() for w in {self.tok_emb.weight, self.lm_head.weight})
+        if active and self.config.n_expert:
+            E, k = self.config.n_expert, self.config.expert_top_k
+            experts = sum(w.numel() for b in self.blocks for w in (b.ffn.w1, b.ffn.w2, b.ffn.w3))
+            # all E experts' weights -> the top k's
+            total -= experts * (E - k) // E
+        return total
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
+        return self.config.flops_per_token(seq_len)
+
+    def estimate_mfu(
+        self, tokens_per_s: float, peak_flops: float, seq_len: int | None = None
+    ) -> float:
+        """Model FLOPs utilisation: tokens/s * FLOPs/token / peak FLOP/s (a fraction, 0..1)."""
+        return tokens_per_s * self.flops_per_token(seq_len) / peak_flops
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k
+    best."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth_best = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation's memory: the KV cache (and a linear layer's state)
+# --------------------------------------------------------------------------------------------------
 
 
 class KVCache:
@@ -412,19 +613,34 @@ class KVCache:
     tensor([4., 1., 2., 3.])
     """
 
-    def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
-                 device=None, dtype=torch.float32, kinds: str | None = None):
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        device=None,
+        dtype=torch.float32,
+        kinds: str | None = None,
+    ):
         # one view per layer; only attention layers get buffers (kinds: GPTConfig.layer_kinds)
         shape = (batch, n_kv_head, max_len, head_dim)
-        self.layers = [LayerKV(self, shape if kind == "A" else None, device, dtype)
-                       for kind in kinds or "A" * n_layer]
+        self.layers = [
+            LayerKV(self, shape if kind == "A" else None, device, dtype)
+            for kind in kinds or "A" * n_layer
+        ]
         self.max_len = max_len
-        self.length = 0        # tokens seen so far, i.e. the absolute position of the next token
+        self.length = 0  # tokens seen so far, i.e. the absolute position of the next token
 
     def nbytes(self) -> int:
         """Bytes held: the KV buffers of attention layers and the states of linear layers."""
-        return sum(t.numel() * t.element_size() for layer in self.layers
-                   for t in (layer.k, layer.v, layer.state) if t is not None)
+        return sum(
+            t.numel() * t.element_size()
+            for layer in self.layers
+            for t in (layer.k, layer.v, layer.state)
+            if t is not None
+        )
 
 
 class LayerKV:
@@ -436,8 +652,10 @@ class LayerKV:
         self.cache = cache
         # an attention layer's two (B, n_kv_head, max_len, head_dim) buffers; a linear layer has
         # none
-        self.k, self.v = [None if shape is None else torch.zeros(shape, device=device, dtype=dtype)
-                          for _ in range(2)]
+        self.k, self.v = [
+            None if shape is None else torch.zeros(shape, device=device, dtype=dtype)
+            for _ in range(2)
+        ]
         self.state = None
 
     @property
@@ -461,117 +679,15 @@ class LayerKV:
             )
         # the slot; = start while the window is not yet full
         lo = self.start % cache.max_len
-        self.k[:, :, lo:lo + T_new] = k
-        self.v[:, :, lo:lo + T_new] = v
+        self.k[:, :, lo : lo + T_new] = k
+        self.v[:, :, lo : lo + T_new] = v
         held = min(self.start + T_new, cache.max_len)
         return self.k[:, :, :held], self.v[:, :, :held]
 
 
-# Where F.scaled_dot_product_attention reads grouped K/V heads in place (enable_gqa=True: query
-# head j reads kv head j // group, nothing copied): device type -> (the dtypes it does so for,
-# whether with an explicit mask too). Elsewhere causal_attention copies K/V to n_head heads first.
-# Read off torch 2.13's dispatch (aten/.../sdp_utils*.cpp) and checked on the CPU: the CPU's flash
-# kernel takes groups in every float dtype, mask or not (dropout runs the math kernel, which
-# repeats K/V itself: no worse). On CUDA only the flash kernel takes groups (fp16/bf16, no explicit
-# mask); the memory-efficient kernel does not, so an fp32 or masked call with enable_gqa would
-# fall to the math kernel and build the (Tq, Tk) scores: there one K/V copy costs less.
-SDPA_GQA_IN_PLACE = {
-    "cpu": ((torch.float32, torch.float64, torch.bfloat16, torch.float16), True),
-    "cuda": ((torch.float16, torch.bfloat16), False),
-}
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
-                     mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v with q (..., h, Tq, d) and k, v (..., h_kv, Tk, d), Tq <=
-    Tk, e.g. (B, h, T, d); h_kv divides h (GQA: query head j reads kv head j // (h / h_kv)).
-
-    `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's
-    convention); None means causal. Then the queries are the last Tq of the Tk positions (a KV cache
-    holds the first Tk - Tq), so query i may see keys 0 .. Tk - Tq + i. Three cases, one call of the
-    fused F.scaled_dot_product_attention: Tq == Tk: the usual lower-triangular mask (is_causal); Tq
-    == 1: the new token sees every key, no mask; otherwise (a prompt appended to a non-empty cache)
-    an explicit bottom-right-aligned mask. K/V are copied to h heads only where SDPA_GQA_IN_PLACE
-    says the kernel would not read the groups in place: 8 query heads over 2 kv heads on a GPU in
-    fp32 copy 2 x 4 heads of K/V, on the CPU none.
-    """
-    Tq, Tk, group = q.shape[-2], k.shape[-2], q.shape[-3] // k.shape[-3]
-    if mask is None and 1 < Tq < Tk:
-        query_pos = torch.arange(Tk - Tq, Tk, device=q.device)[:, None]
-        key_pos = torch.arange(Tk, device=q.device)[None, :]
-        mask = key_pos <= query_pos
-    dtypes, with_mask = SDPA_GQA_IN_PLACE.get(q.device.type, ((), False))
-    if group > 1 and not (q.dtype in dtypes and (with_mask or mask is None)):
-        # (..., h, Tk, d); with an int, repeat_interleave is a stride-0 expand and one plain copy
-        k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                          is_causal=mask is None and Tq == Tk,
-                                          enable_gqa=k.shape[-3] != q.shape[-3])
-
-
-class Attention(nn.Module):
-    """Causal self-attention with RoPE and grouped-query heads.
-
-    `n_head`, `n_kv_head` and `head_dim` are plain attributes read by forward, so a tensor-parallel
-    copy that keeps a slice of the heads only has to shrink wq/wk/wv/wo and set its local head
-    counts.
-    """
-
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = (config.n_head, config.n_kv_head,
-                                                      config.head_dim)
-        self.rope_theta = config.rope_theta
-        self.dropout = config.dropout
-        self.flash = config.attention == "flash"
-        C = config.n_embd
-        self.wq = nn.Linear(C, self.n_head * self.head_dim, bias=False)
-        self.wk, self.wv = (nn.Linear(C, self.n_kv_head * self.head_dim, bias=False)
-                            for _ in range(2))
-        self.wo = nn.Linear(self.n_head * self.head_dim, C, bias=False)
-        # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
-        # tokens, and ring attention in place of causal_attention, fed the K/V at n_kv_head heads
-        # (less to send).
-        self.positions, self.attend = None, None
-
-    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
-        # q (B, T, h, d); k, v (B, T, h_kv, d)
-        q, k, v = (w(x).view(B, T, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
-        positions = self.positions
-        if positions is None:
-            start = 0 if cache is None else cache.start
-            positions = torch.arange(start, start + T, device=x.device)
-        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, heads, T, d)
-        if cache is not None:
-            k, v = cache.append(k, v)                                  # (B, h_kv, start + T, d)
-        if self.attend is not None:
-            y = self.attend(q, k, v)                                           # (B, h, T, d)
-        else:
-            if self.flash and cache is None:
-                # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
-                # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
-                y = flash_attention(q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2),
-                                    v.unsqueeze(2), True).flatten(1, 2)        # (B, h, T, d)
-            else:
-                y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
-
-
-class SwiGLU(nn.Module):
-    """w2(silu(w1 x) * w3 x): a gated feed-forward layer (Shazeer 2020). silu(z) = z *
-    sigmoid(z)."""
-
-    def __init__(self, n_embd: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(n_embd, hidden, bias=False)   # gate
-        self.w3 = nn.Linear(n_embd, hidden, bias=False)   # value
-        self.w2 = nn.Linear(hidden, n_embd, bias=False)   # back to the residual stream
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+# --------------------------------------------------------------------------------------------------
+# Mixture of Experts: E FFNs, k of them per token
+# --------------------------------------------------------------------------------------------------
 
 
 class MoE(nn.Module):
@@ -603,8 +719,11 @@ class MoE(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         C, H, E = config.n_embd, config.ffn_dim, config.n_expert
-        self.n_expert, self.top_k, self.capacity_factor = (E, config.expert_top_k,
-                                                           config.moe_capacity_factor)
+        self.n_expert, self.top_k, self.capacity_factor = (
+            E,
+            config.expert_top_k,
+            config.moe_capacity_factor,
+        )
         self.router = nn.Linear(C, E, bias=False)
         # The experts' SwiGLU weights stacked on a leading expert axis, laid out for x @ w.
         self.w1 = nn.Parameter(torch.empty(E, C, H))
@@ -626,10 +745,11 @@ class MoE(nn.Module):
     def experts(self, x: torch.Tensor) -> torch.Tensor:
         """Every expert on its slots, one batched matmul: (E, cap, C) -> (E, cap, C). Expert
         parallel (model_parallel.py) puts an all-to-all on each side, over the rank's experts."""
-        return (F.silu(x @ self.w1) * (x @ self.w3)) @ self.w2                 # hidden (E, cap, H)
+        return (F.silu(x @ self.w1) * (x @ self.w3)) @ self.w2  # hidden (E, cap, H)
 
-    def balance_stats(self, fraction: torch.Tensor,
-                      mean_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def balance_stats(
+        self, fraction: torch.Tensor, mean_prob: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """f_e and P_e of this batch; expert parallel averages them over every rank's batch."""
         return fraction, mean_prob
 
@@ -637,16 +757,16 @@ class MoE(nn.Module):
         """x (B, T, C) -> (output (B, T, C), load-balancing loss (0-dim))."""
         B, T, C = x.shape
         E, k = self.n_expert, self.top_k
-        tokens = x.reshape(B * T, C)                                           # (N, C)
+        tokens = x.reshape(B * T, C)  # (N, C)
         N = tokens.shape[0]
-        probs = F.softmax(self.router(tokens).float(), dim=-1)                 # (N, E)
-        gate, expert = probs.topk(k, dim=-1)                                   # (N, k) each
+        probs = F.softmax(self.router(tokens).float(), dim=-1)  # (N, E)
+        gate, expert = probs.topk(k, dim=-1)  # (N, k) each
 
         # Order the N*k assignments choice-major (all first choices, then all second choices), so a
         # full expert drops second choices before first ones.
-        expert = expert.t().reshape(-1)                                        # (k*N,)
-        gate = gate.t().reshape(-1)                                            # (k*N,)
-        chosen = F.one_hot(expert, E)                                          # (k*N, E)
+        expert = expert.t().reshape(-1)  # (k*N,)
+        gate = gate.t().reshape(-1)  # (k*N,)
+        chosen = F.one_hot(expert, E)  # (k*N, E)
         # rank of this assignment, (k*N,)
         slot_in_expert = (chosen.cumsum(0) * chosen).sum(-1) - 1
         # inference never drops
@@ -659,7 +779,7 @@ class MoE(nn.Module):
         inputs = tokens.new_zeros(E * cap + 1, C)
         # kept slots are unique
         inputs.index_copy_(0, slot, tokens.repeat(k, 1))
-        expert_out = self.experts(inputs[:-1].view(E, cap, C))                 # (E, cap, C)
+        expert_out = self.experts(inputs[:-1].view(E, cap, C))  # (E, cap, C)
         expert_out = torch.cat((expert_out.view(E * cap, C), tokens.new_zeros(1, C)))  # +1 row
         weighted = expert_out[slot] * (gate * kept).unsqueeze(-1).to(x.dtype)  # (k*N, C)
         y = weighted.view(k, N, C).sum(0)
@@ -670,55 +790,10 @@ class MoE(nn.Module):
         return y.view(B, T, C), aux_loss
 
 
-class Block(nn.Module):
-    """x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)). forward(x) -> x, the unit pipeline
-    parallel moves.
-
-    RoPE needs no table here: each Attention computes its angles from the positions (0..T-1, or
-    shifted by a KV cache), so a block is self-contained and can run on any pipeline stage.
-
-    Activation checkpointing lives here too: in training, with the flag, the block keeps only its
-    input and recomputes its inside during backward (about 1/3 more compute for most of the
-    activation memory). `self.aux_loss` holds the MoE load-balancing loss of the last forward (0 for
-    a dense FFN).
-    """
-
-    def __init__(self, config: GPTConfig, kind: str = "A"):
-        super().__init__()
-        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.attn = LinearAttention(config) if kind == "L" else Attention(config)
-        self.ffn_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.ffn = MoE(config) if config.n_expert else SwiGLU(config.n_embd, config.ffn_dim)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.activation_checkpointing = config.activation_checkpointing
-        self.aux_loss = torch.zeros(())
-
-    def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
-        if self.activation_checkpointing and self.training and cache is None:
-            x, aux_loss = checkpoint(self._residual_updates, x, None, use_reentrant=False)
-        else:
-            x, aux_loss = self._residual_updates(x, cache)
-        if aux_loss is not None:
-            self.aux_loss = aux_loss                   # recorded outside the checkpointed function
-        return x
-
-    def _residual_updates(
-        self, x: torch.Tensor, cache: LayerKV | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The block's math, free of side effects: (B, T, C) -> (B, T, C) and the MoE loss (None
-        when dense)."""
-        x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
-        aux_loss = None
-        if isinstance(self.ffn, MoE):
-            update, aux_loss = self.ffn(self.ffn_norm(x))
-        else:
-            update = self.ffn(self.ffn_norm(x))
-        return x + self.resid_dropout(update), aux_loss
-
-
 # --------------------------------------------------------------------------------------------------
 # Attention's cost: FlashAttention by hand, linear attention (see the docstring's section)
 # --------------------------------------------------------------------------------------------------
+
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the kernel keeps its sums in: fp32 for bf16/fp16/fp32 inputs, fp64 for fp64. A bf16
@@ -736,7 +811,7 @@ def _tile_scores(q_tile: torch.Tensor, k: torch.Tensor, i: int, j: int, tile: in
     """Scores of the (already scaled) query tile at i against the key tile at j: (..., bq, bk), in
     q_tile's dtype (the key tile is cast to it). Causal masks keys after their query (top-left
     aligned, SDPA's is_causal) on diagonal tiles."""
-    s = q_tile @ k[..., j:j + tile, :].to(q_tile.dtype).transpose(-1, -2)     # (..., bq, bk)
+    s = q_tile @ k[..., j : j + tile, :].to(q_tile.dtype).transpose(-1, -2)  # (..., bq, bk)
     if is_causal and j + tile > i:
         rows = torch.arange(i, i + s.shape[-2], device=s.device)[:, None]
         cols = torch.arange(j, j + s.shape[-1], device=s.device)[None, :]
@@ -744,8 +819,9 @@ def _tile_scores(q_tile: torch.Tensor, k: torch.Tensor, i: int, j: int, tile: in
     return s
 
 
-def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch.Tensor,
-                          v_tile: torch.Tensor):
+def online_softmax_update(
+    m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s: torch.Tensor, v_tile: torch.Tensor
+):
     """One key tile's step of the online softmax: the running max m (..., bq), the running sum l
     (..., bq) of exp(s - m) and the running output acc (..., bq, d) of exp(s - m) v, all in the
     accumulator dtype, updated with the scores s (..., bq, bk) of this tile's keys and their values
@@ -753,7 +829,7 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
     exp(-inf - -inf) is nan). Start from m = -inf, l = 0, acc = 0; finish with
     online_softmax_result."""
     m_new = torch.maximum(m, s.amax(-1))
-    p = torch.exp(s - m_new[..., None])                                         # (..., bq, bk)
+    p = torch.exp(s - m_new[..., None])  # (..., bq, bk)
     # the old sums were relative to the old max
     rescale = torch.exp(m - m_new)
     l = rescale * l + p.sum(-1)
@@ -767,53 +843,65 @@ def online_softmax_result(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor):
     return acc / l[..., None], m + torch.log(l)
 
 
-def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                   tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tile: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The tiled forward: out (..., Tq, d) in q's dtype, lse (..., Tq) in the accumulator dtype."""
     scale, Tq, Tk = q.shape[-1] ** -0.5, q.shape[-2], k.shape[-2]
     dtype = accumulator_dtype(q.dtype)
     out = q.new_empty(q.shape)
     lse = q.new_empty(q.shape[:-1], dtype=dtype)
     for i in range(0, Tq, tile):
-        q_tile = q[..., i:i + tile, :].to(dtype) * scale                        # (..., bq, d)
+        q_tile = q[..., i : i + tile, :].to(dtype) * scale  # (..., bq, d)
         m = q_tile.new_full(q_tile.shape[:-1], -math.inf)
         l = q_tile.new_zeros(q_tile.shape[:-1])
         acc = torch.zeros_like(q_tile)
         for j in _key_tiles(i, Tk, tile, is_causal):
-            s = _tile_scores(q_tile, k, i, j, tile, is_causal)                  # (..., bq, bk)
-            m, l, acc = online_softmax_update(m, l, acc, s, v[..., j:j + tile, :])
+            s = _tile_scores(q_tile, k, i, j, tile, is_causal)  # (..., bq, bk)
+            m, l, acc = online_softmax_update(m, l, acc, s, v[..., j : j + tile, :])
         out_tile, lse_tile = online_softmax_result(m, l, acc)
         # rounded to the input dtype once, here
-        out[..., i:i + tile, :] = out_tile
-        lse[..., i:i + tile] = lse_tile
+        out[..., i : i + tile, :] = out_tile
+        lse[..., i : i + tile] = lse_tile
     return out, lse
 
 
-def _flash_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    out: torch.Tensor, lse: torch.Tensor, is_causal: bool,
-                    tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _flash_backward(
+    d_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    is_causal: bool,
+    tile: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """With P = exp(S - lse) recomputed per tile: dV = P^T dO, dP = dO V^T,
     dS = P * (dP - rowsum(dO * O)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d)
     (rowsum(dP * P) = rowsum(dO * O): one number per query). The three gradients are summed over
     the tiles in the accumulator dtype and rounded to their inputs' dtypes at the end."""
     scale, dtype = q.shape[-1] ** -0.5, accumulator_dtype(q.dtype)
-    delta = (d_out.to(dtype) * out.to(dtype)).sum(-1)                           # (..., Tq)
+    delta = (d_out.to(dtype) * out.to(dtype)).sum(-1)  # (..., Tq)
     dq, dk, dv = (torch.zeros(x.shape, dtype=dtype, device=x.device) for x in (q, k, v))
     for i in range(0, q.shape[-2], tile):
         rows = slice(i, i + tile)
-        q_tile = q[..., rows, :].to(dtype) * scale                              # (..., bq, d)
-        d_out_tile = d_out[..., rows, :].to(dtype)                              # (..., bq, d)
+        q_tile = q[..., rows, :].to(dtype) * scale  # (..., bq, d)
+        d_out_tile = d_out[..., rows, :].to(dtype)  # (..., bq, d)
         for j in _key_tiles(i, k.shape[-2], tile, is_causal):
             cols = slice(j, j + tile)
-            p = torch.exp(_tile_scores(q_tile, k, i, j, tile, is_causal)         # P, recomputed
-                          - lse[..., rows, None])
+            p = torch.exp(
+                _tile_scores(q_tile, k, i, j, tile, is_causal)  # P, recomputed
+                - lse[..., rows, None]
+            )
             # GQA (k, v (..., 1, Tk, d) against q (..., group, Tq, d)): sum_to_size adds up the
             # group's contributions to its one kv head
             dv[..., cols, :] += (p.transpose(-1, -2) @ d_out_tile).sum_to_size(
-                dv[..., cols, :].shape)
+                dv[..., cols, :].shape
+            )
             # dS = P (dP - D)
-            ds = p * (d_out_tile @ v[..., cols, :].to(dtype).transpose(-1, -2)
-                      - delta[..., rows, None])
+            ds = p * (
+                d_out_tile @ v[..., cols, :].to(dtype).transpose(-1, -2) - delta[..., rows, None]
+            )
             dq[..., rows, :] += ds @ k[..., cols, :].to(dtype) * scale
             dk[..., cols, :] += (ds.transpose(-1, -2) @ q_tile).sum_to_size(dk[..., cols, :].shape)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -821,8 +909,8 @@ def _flash_backward(d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
 def _operator(name: str, schema: str, kernel, shapes):
     """torch.ops.pretrain.<name>, defined once per process (model.py run as a script, then imported
-    as model by hf.py, would define it twice), with `kernel` as its body and `shapes` giving its
-    outputs' shapes and dtypes to the compiler (empty tensors, no arithmetic)."""
+    as model by its command line, would define it twice), with `kernel` as its body and `shapes`
+    giving its outputs' shapes and dtypes to the compiler (empty tensors, no arithmetic)."""
     if not hasattr(torch.ops.pretrain, name):
         torch.library.define(f"pretrain::{name}", schema)
         torch.library.impl(f"pretrain::{name}", "CompositeExplicitAutograd")(kernel)
@@ -834,15 +922,25 @@ def _operator(name: str, schema: str, kernel, shapes):
 # the tiles, which grows the graph as (T / tile)^2 (4,150 forward and 9,524 backward nodes at T =
 # 1,024). FlashAttention2 below is their derivative: neither operator has one of its own.
 _flash_forward_op = _operator(
-    "flash_attention_forward", "(Tensor q, Tensor k, Tensor v, bool is_causal, int tile) -> "
-    "(Tensor, Tensor)", _flash_forward,
-    lambda q, k, v, is_causal, tile: (q.new_empty(q.shape),
-                                      q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))))
+    "flash_attention_forward",
+    "(Tensor q, Tensor k, Tensor v, bool is_causal, int tile) -> (Tensor, Tensor)",
+    _flash_forward,
+    lambda q, k, v, is_causal, tile: (
+        q.new_empty(q.shape),
+        q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype)),
+    ),
+)
 _flash_backward_op = _operator(
-    "flash_attention_backward", "(Tensor d_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-    "Tensor lse, bool is_causal, int tile) -> (Tensor, Tensor, Tensor)", _flash_backward,
-    lambda d_out, q, k, v, out, lse, is_causal, tile: (q.new_empty(q.shape), k.new_empty(k.shape),
-                                                       v.new_empty(v.shape)))
+    "flash_attention_backward",
+    "(Tensor d_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+    "Tensor lse, bool is_causal, int tile) -> (Tensor, Tensor, Tensor)",
+    _flash_backward,
+    lambda d_out, q, k, v, out, lse, is_causal, tile: (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        v.new_empty(v.shape),
+    ),
+)
 
 
 class FlashAttention2(torch.autograd.Function):
@@ -908,15 +1006,17 @@ def linear_attention_chunked(q, k, v, log_a, state=None, chunk: int = 64):
     S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if state is None else state
     outs = []
     for c in range(0, q.shape[2], chunk):
-        qc, kc, vc = (t[:, :, c:c + chunk] for t in (q, k, v))                 # (B, h, n, d)
-        b = log_a[:, :, c:c + chunk].cumsum(-1)                                 # (B, h, n)
+        qc, kc, vc = (t[:, :, c : c + chunk] for t in (q, k, v))  # (B, h, n, d)
+        b = log_a[:, :, c : c + chunk].cumsum(-1)  # (B, h, n)
         n = b.shape[-1]
-        later = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)    # s > t: the future
+        later = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)  # s > t: the future
         # (B, h, n, n)
         decay = (b[..., :, None] - b[..., None, :]).masked_fill(later, -math.inf).exp()
         outs.append(((qc @ kc.transpose(-1, -2)) * decay) @ vc + (qc * b[..., None].exp()) @ S)
-        S = (b[..., -1, None, None].exp() * S
-             + (kc * (b[..., -1:] - b).exp()[..., None]).transpose(-1, -2) @ vc)   # (B, h, d, d)
+        S = (
+            b[..., -1, None, None].exp() * S
+            + (kc * (b[..., -1:] - b).exp()[..., None]).transpose(-1, -2) @ vc
+        )  # (B, h, d, d)
     return torch.cat(outs, dim=2), S
 
 
@@ -941,208 +1041,180 @@ class LinearAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = (w(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))                        # (B, h, T, d)
-        log_a = F.logsigmoid(self.wg(x).float()).transpose(1, 2)               # (B, h, T), < 0
+        q, k, v = (
+            w(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+            for w in (self.wq, self.wk, self.wv)
+        )  # (B, h, T, d)
+        log_a = F.logsigmoid(self.wg(x).float()).transpose(1, 2)  # (B, h, T), < 0
         form = linear_attention_recurrent if T == 1 else linear_attention_chunked
-        y, state = form(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, log_a.type_as(x),
-                        None if cache is None else cache.state)                 # (B, h, T, d)
+        y, state = form(
+            F.normalize(q, dim=-1),
+            F.normalize(k, dim=-1),
+            v,
+            log_a.type_as(x),
+            None if cache is None else cache.state,
+        )  # (B, h, T, d)
         if cache is not None:
             cache.state = state
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
 # --------------------------------------------------------------------------------------------------
-# The model
+# Accounting: parameters, FLOPs and memory from the shapes alone (no model needs to be built:
+# scaling.py plans a 70B run with these; GPTConfig's methods of the same names call them)
 # --------------------------------------------------------------------------------------------------
 
-class GPT(nn.Module):
-    """Decoder-only Transformer: embed -> blocks -> head. forward(idx, targets) -> (logits,
-    loss)."""
 
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.emb_dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, kind) for kind in config.layer_kinds)
-        self.norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        if config.tie_embeddings:
-            # one (V, C) matrix reads tokens in and writes them out
-            self.lm_head.weight = self.tok_emb.weight
-        self.aux_loss = torch.zeros(())
-        self.apply(self._init_weights)
+def count_params(config: GPTConfig, non_embedding: bool = False, active: bool = False) -> int:
+    """Parameter count from the shapes alone (GPTConfig.num_params).
 
-    def _init_weights(self, module: nn.Module):
-        """N(0, 0.02) everywhere; residual-stream writers (wo, w2) get 0.02 / sqrt(2 * n_layer)."""
-        std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
-        if isinstance(module, (Attention, LinearAttention, SwiGLU, MoE)):
-            for name, weight in module.named_parameters():      # "wq.weight", ...; MoE's "w1", ...
-                # LinearAttention's gate bias: set there
-                if not name.endswith("bias"):
-                    writes_residual = name.split(".")[0] in ("wo", "w2")
-                    nn.init.normal_(weight, 0.0, residual_std if writes_residual else std)
-        elif isinstance(module, nn.Embedding) or (module is self.lm_head
-                                                   and not self.config.tie_embeddings):
-            nn.init.normal_(module.weight, 0.0, std)          # the embedding, and an untied head
+    non_embedding: leave out the token embedding and an untied LM head (Kaplan's N).
+    active: count only the top-k experts a token uses (MoE compute), not all E (MoE memory).
 
-    # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the
-    # last.
-
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped
-        while compiling)."""
-        if not torch.compiler.is_compiling():
-            self._check_input(idx)
-        return self.emb_dropout(self.tok_emb(idx))
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head."""
-        return self.lm_head(self.norm(x))
-
-    def _check_input(self, idx: torch.Tensor):
-        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
-            raise ConfigError(
-                f"idx must be an integer tensor of shape (batch, time), got {tuple(idx.shape)} "
-                f"{idx.dtype}; pass token ids as torch.long"
-            )
-        if idx.shape[1] > self.config.block_size:
-            raise ConfigError(
-                f"sequence length {idx.shape[1]} exceeds block_size={self.config.block_size}; "
-                f"crop the input to its last block_size tokens or use a config with a larger "
-                f"block_size"
-            )
-        # The id range is checked where the ids already live on the host. On a GPU, reading min and
-        # max back would stop the CPU twice per forward until the GPU catches up (two device-to-host
-        # syncs), so the queue of kernels runs dry every step; there an out-of-range id stops the
-        # embedding with CUDA's device-side assert instead (the loader's ids come from the tokenizer
-        # that set vocab_size).
-        if idx.device.type == "cpu" and idx.numel():
-            low, high = (int(v) for v in torch.aminmax(idx))
-            if low < 0 or high >= self.config.vocab_size:
-                raise ConfigError(
-                    f"token ids must lie in [0, vocab_size={self.config.vocab_size}), got "
-                    f"[{low}, {high}]; set vocab_size to the tokenizer's size"
-                )
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy
-        (ignore_index -1).
-
-        The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense
-        model). With a kv_cache the tokens continue the cached sequence (generation); the cache is
-        advanced by T.
-        """
-        if kv_cache is not None and kv_cache.max_len > self.config.block_size:
-            raise ConfigError(
-                f"a KV cache of {kv_cache.max_len} tokens would let attention reach past "
-                f"block_size={self.config.block_size}; make the cache block_size long at most"
-            )
-        x = self.embed(idx)                                                    # (B, T, C)
-        for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_cache is None else kv_cache.layers[i])    # (B, T, C)
-        if kv_cache is not None:
-            kv_cache.length += idx.shape[1]
-        if self.config.n_expert:
-            self.aux_loss = torch.stack([block.aux_loss for block in self.blocks]).sum()
-        logits = self.head(x)                                                  # (B, T, V)
-        loss = None
-        if targets is not None:
-            # The loss's one fp32 copy of the logits (B, T, V), kept on purpose: in bf16 the loss
-            # itself would round to bf16's spacing, 1/32 for a loss between 4 and 8 (0.06 off at
-            # loss 9.5 over 4,096 ids, measured). Under autocast cross_entropy would make this very
-            # cast itself; in fp32 it is no copy at all. The logits returned stay in the compute
-            # dtype (tests/test_model.py counts both).
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
-        return logits, loss
-
-    # Generation
-    # -------------------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), using a KV
-        cache.
-
-        temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely
-        before sampling; `generator` makes sampling reproducible. The prompt's last block_size
-        tokens fill the cache in one forward, then each step feeds one token. Past block_size the
-        cache window slides (see KVCache): every layer attends to the previous block_size tokens,
-        one query per step at any length.
-        """
-        for bad, message in (
-            (max_new_tokens < 0, f"max_new_tokens must be >= 0, got {max_new_tokens}"),
-            (temperature < 0, f"temperature must be >= 0 (0 = greedy), got {temperature}"),
-            (top_k is not None and top_k < 1, f"top_k must be >= 1 or None, got {top_k}"),
-        ):
-            if bad:
-                raise ConfigError(message)
-        was_training = self.training
-        self.eval()
-        cfg = self.config
-        kv_heads = next((b.attn.n_kv_head for b in self.blocks if isinstance(b.attn, Attention)), 1)
-        cache = KVCache(cfg.n_layer, idx.shape[0], kv_heads, cfg.block_size, cfg.head_dim,
-                        device=idx.device, dtype=self.tok_emb.weight.dtype, kinds=cfg.layer_kinds)
-        # ids not yet cached: the prompt
-        pending = idx[:, -cfg.block_size:]
-        for _ in range(max_new_tokens):
-            logits, _ = self(pending, kv_cache=cache)
-            next_token = sample(logits[:, -1, :], temperature, top_k, generator)   # (B, 1)
-            idx = torch.cat((idx, next_token), dim=1)
-            pending = next_token
-        self.train(was_training)
-        return idx
-
-    # Accounting
-    # -------------------------------------------------------------------------------------------
-
-    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
-        """Count the actual tensors (a tied head is counted once). See GPTConfig.num_params for the
-        closed form."""
-        total = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            # the embedding and an untied head; a set holds a tied (V, C) matrix once
-            total -= sum(w.numel() for w in {self.tok_emb.weight, self.lm_head.weight})
-        if active and self.config.n_expert:
-            E, k = self.config.n_expert, self.config.expert_top_k
-            experts = sum(w.numel() for b in self.blocks for w in (b.ffn.w1, b.ffn.w2, b.ffn.w3))
-            # all E experts' weights -> the top k's
-            total -= experts * (E - k) // E
-        return total
-
-    def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
-        return self.config.flops_per_token(seq_len)
-
-    def estimate_mfu(
-        self, tokens_per_s: float, peak_flops: float, seq_len: int | None = None
-    ) -> float:
-        """Model FLOPs utilisation: tokens/s * FLOPs/token / peak FLOP/s (a fraction, 0..1)."""
-        return tokens_per_s * self.flops_per_token(seq_len) / peak_flops
+    >>> GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8,
+    ...           ffn_hidden=16).num_params()
+    1464
+    """
+    C, H, L = config.n_embd, config.ffn_dim, config.n_layer
+    q_width = config.n_head * config.head_dim
+    kv_width = config.n_kv_head * config.head_dim
+    attention = C * q_width + 2 * C * kv_width + q_width * C
+    if config.n_expert:
+        experts = config.expert_top_k if active else config.n_expert
+        ffn = experts * 3 * C * H + C * config.n_expert  # experts + router
+    else:
+        ffn = 3 * C * H
+    n_linear = config.layer_kinds.count("L")
+    # wq, wk, wv, wo + the gate wg and its bias
+    linear = 4 * C * q_width + C * config.n_head + config.n_head
+    # + the two norm gains
+    blocks = (L - n_linear) * attention + n_linear * linear + L * (ffn + 2 * C)
+    total = blocks + C  # + final norm
+    if not non_embedding:
+        total += config.vocab_size * C * (1 if config.tie_embeddings else 2)
+    return total
 
 
-def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-           generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k
-    best."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth_best = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth_best, float("-inf"))
-    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+def count_flops_per_token(config: GPTConfig, seq_len: int | None = None) -> int:
+    """Training FLOPs (forward + backward) per token: 6 * matmul parameters + 12 * L * T * C_q
+    (GPTConfig.flops_per_token).
+
+    The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul whether
+    tied or not); the embedding lookup is not a matmul. The attention term counts q.k and p.v for
+    all T keys (PaLM's convention; a causal kernel skips about half of it). A linear layer has no T
+    term: its state costs q S and k^T v, 2 x 2 C_q d a token forward, 12 C_q d with the backward.
+    """
+    T = config.block_size if seq_len is None else seq_len
+    matmul_params = count_params(config, non_embedding=True, active=True)
+    matmul_params += config.vocab_size * config.n_embd  # the LM head
+    kinds, q_width = config.layer_kinds, config.n_head * config.head_dim
+    attention = 12 * q_width * (kinds.count("A") * T + kinds.count("L") * config.head_dim)
+    return 6 * matmul_params + attention
+
+
+def count_decode_state_bytes(
+    config: GPTConfig, context: int, batch: int = 1, bytes_per_value: int = 2
+) -> int:
+    """What generation keeps per sequence batch at `context` tokens (GPTConfig.decode_state_bytes):
+    the KV cache of the attention layers (2 * n_kv_head * head_dim per token, growing) plus the
+    recurrent state of the linear layers (n_head * head_dim^2, fixed). bf16 by default. In KiB at
+    128K tokens:
+
+    >>> [GPTConfig(layer_pattern=p).decode_state_bytes(2**17) >> 10 for p in ("A", "L", "LLLA")]
+    [262144, 32, 65560]
+    """
+    kinds, d = config.layer_kinds, config.head_dim
+    growing = kinds.count("A") * 2 * config.n_kv_head * d * context  # the KV cache
+    fixed = kinds.count("L") * config.n_head * d * d  # the linear layers' states
+    return (growing + fixed) * batch * bytes_per_value
+
+
+# --------------------------------------------------------------------------------------------------
+# The config's checks (GPTConfig.__post_init__ runs them, for the presets below too)
+# --------------------------------------------------------------------------------------------------
+
+# Fields that must be integers >= 1, and the integer fields where 0 is allowed, with what 0 means
+POSITIVE_INTEGERS = "vocab_size block_size n_layer n_head n_kv_head n_embd ffn_multiple_of".split()
+ZERO_MEANS = {"ffn_hidden": "auto", "n_expert": "dense"}
+
+
+def check_config(c: GPTConfig) -> None:
+    """GPTConfig's rules: a bad field is a ConfigError naming it and the fix.
+
+    >>> check_config(GPTConfig(dropout=1.0))
+    Traceback (most recent call last):
+    model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
+    """
+    # Types first: the rules below do arithmetic on these fields.
+    for field in [*POSITIVE_INTEGERS, *ZERO_MEANS]:
+        value, zero = getattr(c, field), ZERO_MEANS.get(field)
+        is_integer = isinstance(value, int) and not isinstance(value, bool)
+        if not (is_integer and value >= (0 if zero else 1)):
+            kind = f"an integer >= 0 (0 = {zero})" if zero else "a positive integer"
+            raise ConfigError(f"GPTConfig.{field}: must be {kind}, got {value!r}")
+    for field, holds, message in config_rules(c):
+        if not holds:
+            raise ConfigError(f"GPTConfig.{field}: {message}")
+
+
+def config_rules(c: GPTConfig) -> list[tuple[str, bool, str]]:
+    """(field, the rule holds, what is wrong and the fix), checked in this order."""
+    return [
+        (
+            "n_embd",
+            c.n_embd % c.n_head == 0,
+            f"{c.n_embd} is not divisible by n_head={c.n_head}; "
+            f"pick n_embd as a multiple of n_head",
+        ),
+        (
+            "n_kv_head",
+            c.n_head % c.n_kv_head == 0,
+            f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
+            f"use a divisor of n_head (n_head for MHA, 1 for MQA)",
+        ),
+        (
+            "n_head",
+            c.head_dim % 2 == 0,
+            f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
+            f"choose n_embd and n_head so that the head size is even",
+        ),
+        ("rope_theta", c.rope_theta > 0, f"must be > 0, got {c.rope_theta}"),
+        ("norm_eps", c.norm_eps > 0, f"must be > 0, got {c.norm_eps}"),
+        ("dropout", 0.0 <= c.dropout < 1.0, f"must be in [0, 1), got {c.dropout}"),
+        (
+            "expert_top_k",
+            c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert,
+            f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
+            f"lower expert_top_k or raise n_expert",
+        ),
+        (
+            "moe_capacity_factor",
+            c.moe_capacity_factor >= 0,
+            f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}",
+        ),
+        ("moe_aux_coef", c.moe_aux_coef >= 0, f"must be >= 0, got {c.moe_aux_coef}"),
+        (
+            "attention",
+            c.attention in ("sdpa", "flash"),
+            f"must be 'sdpa' or 'flash', got {c.attention!r}",
+        ),
+        (
+            "attention",
+            c.attention == "sdpa" or c.dropout == 0,
+            "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'",
+        ),
+        (
+            "layer_pattern",
+            set(c.layer_pattern) <= set("AL"),
+            f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'",
+        ),
+        (
+            "layer_pattern",
+            c.n_layer % max(1, len(c.layer_pattern)) == 0,
+            f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile "
+            f"n_layer={c.n_layer}; give a pattern whose length divides n_layer",
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1190,39 +1262,9 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 
-def preset_table(presets: dict[str, GPTConfig] = PRESETS) -> str:
-    """The presets as a text table: shape, parameters (total / non-embedding / active), FLOPs/token,
-    memory."""
-    header = (
-        f"{'preset':<11} {'layers':>6} {'heads':>5} {'kv':>3} {'width':>5} {'ffn':>5} {'vocab':>6} "
-        f"{'ctx':>5} {'params':>9} {'non-emb':>9} {'active':>9} {'FLOPs/tok':>10} {'train mem':>10}"
-    )
-    rows = [header, "-" * len(header)]
-    for name, c in presets.items():
-        rows.append(
-            f"{name:<11} {c.n_layer:>6} {c.n_head:>5} {c.n_kv_head:>3} {c.n_embd:>5} "
-            f"{c.ffn_dim:>5} {c.vocab_size:>6} {c.block_size:>5} {_human(c.num_params()):>9} "
-            f"{_human(c.num_params(non_embedding=True)):>9} {_human(c.num_params(active=True)):>9} "
-            f"{c.flops_per_token():>10.3g} {c.training_memory_bytes() / 1e9:>8.2f}GB"
-        )
-    return "\n".join(rows)
-
-
-def _human(n: int) -> str:
-    """1234567 -> '1.23M'."""
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return str(n)
-
-
 # ==================================================================================================
-# === Appendix: machinery (the device a command line asks for) ===
+# === Appendix: the one check of --device that every CLI (train, evaluate, ...) uses ===
 # ==================================================================================================
-
-# --------------------------------------------------------------------------------------------------
-# Devices: the one check of --device that every CLI (train, evaluate, ...) uses
-# --------------------------------------------------------------------------------------------------
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
@@ -1244,8 +1286,10 @@ def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.devi
     --device meta: meta tensors hold no data to compute with; use auto, cpu, cuda, cuda:N or mps
     """
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
-    if name == "auto":
-        name = "cuda" if cuda else "mps" if mps else "cpu"
+    if name == "auto" and cuda:
+        name = "cuda"
+    elif name == "auto":
+        name = "mps" if mps else "cpu"
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
@@ -1276,108 +1320,7 @@ def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.devi
     raise error(f"--device {name}: this project runs on {DEVICE_CHOICES}, not {device.type}")
 
 
-# --------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------
-
-def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
-    """Greedy decoding from an untrained preset, with the KV cache and without it (a full forward
-    over the last block_size tokens at every step): the time each took and where their ids agree.
-    Within block_size they must be equal; past it the cache slides its window (see KVCache), so a
-    deeper model may pick other tokens."""
-    torch.manual_seed(seed)
-    model = GPT(PRESETS[name]).eval()
-    prompt_len, window = 8, model.config.block_size
-    prompt = torch.randint(
-        0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed)
-    )
-    start = time.perf_counter()
-    cached = model.generate(prompt, new_tokens, temperature=0)
-    cached_s = time.perf_counter() - start
-    start = time.perf_counter()
-    idx = prompt
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            logits, _ = model(idx[:, -window:])
-            idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
-    full_s = time.perf_counter() - start
-    # tokens predicted from a window that is not full
-    inside = min(new_tokens, window - prompt_len)
-    known = prompt_len + inside
-    past = new_tokens - inside
-    lines = [
-        f"{name}: {model.num_params():,} parameters, {new_tokens} greedy tokens, "
-        f"block_size {window}",
-        f"  with KV cache   {cached_s:6.2f} s",
-        f"  without cache   {full_s:6.2f} s  ({full_s / cached_s:.1f}x the cached time)",
-        f"  same ids within block_size: {torch.equal(cached[:, :known], idx[:, :known])}",
-    ]
-    if past:
-        agree = int((cached[0, -past:] == idx[0, -past:]).sum())
-        lines.append(
-            f"  past block_size (sliding window vs cropped recompute): {agree} of {past} ids agree"
-        )
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from machinery.cli import Parser, add_commands, in_range
-    parser = Parser(prog="model.py",
-                    description="The model: print the presets, time generation with a KV cache, "
-                                "export to / import from the Hugging Face Llama layout.")
-    parser.set_defaults(moe=8, top_k=2)
-    # The bridge's commands are hf.py's, listed here and handed to hf.main before parsing (see its
-    # --help).
-    add_commands(parser.add_subparsers(dest="command", parser_class=Parser), {
-        "presets": ("table of presets (the default): shape, parameters, FLOPs, memory", None, [
-            ("--moe", {"type": in_range(int, 0, 4096), "default": 8, "metavar": "E",
-                       "help": "also show each preset as a Mixture of Experts with E experts "
-                               "(0: don't)"}),
-            ("--top-k", {"type": in_range(int, 1, 4096), "default": 2,
-                         "help": "experts per token in that table"})]),
-        "demo": ("greedy generation from an untrained preset, with and without the KV cache",
-                 None, [
-            ("--model", {"choices": list(PRESETS), "default": "tiny"}),
-            ("--tokens", {"type": in_range(int, 1, 10_000), "default": 100,
-                          "help": "new tokens (the uncached side recomputes the window per token: "
-                                  "1e4 is minutes on a CPU)"}),
-            ("--seed", {"type": in_range(int, 0, 2**32 - 1), "default": 0})]),
-        "export": ("write a checkpoint as a Hugging Face LlamaForCausalLM directory (hf.py)",
-                   None, []),
-        "import-hf": ("read a Hugging Face Llama directory into a train.py checkpoint (hf.py)",
-                      None, []),
-    })
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] in (["export"], ["import-hf"]):
-        # main only: model.py's library never imports the bridge
-        from machinery import hf
-        return hf.main(argv, prog="model.py")
-    args = parser.parse_args(argv)
-    if args.moe and args.top_k > args.moe:
-        parser.error(
-            f"argument --top-k: {args.top_k} experts per token, but --moe gives only {args.moe}"
-        )
-    try:
-        if args.command in (None, "presets"):
-            print(preset_table())
-            if args.moe:
-                print(f"\nThe same presets as Mixtures of Experts: every FFN becomes {args.moe} "
-                      f"experts, {args.top_k} active per token (memory of all, compute of the "
-                      f"active):")
-                print(preset_table({f"{k}-moe": dataclasses.replace(v, n_expert=args.moe,
-                                                                    expert_top_k=args.top_k)
-                                    for k, v in PRESETS.items()}))
-            print("\nparams counts a tied LM head once; non-emb leaves out the token embedding and "
-                  "an untied head;\nFLOPs/tok = 6 x (active matmul params) + 12 L T C, training, "
-                  f"at T = ctx; train mem = {TRAINING_BYTES_PER_PARAM} B/param\n(AdamW, mixed "
-                  "precision), activations excluded.")
-        elif args.command == "demo":
-            print(demo_kv_cache(args.model, args.tokens, args.seed))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from machinery.commands import model as command
+
+    raise SystemExit(command.main())

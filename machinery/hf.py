@@ -1,7 +1,8 @@
 r"""The Hugging Face bridge: a model.py network out to a `LlamaForCausalLM` directory, and one back
 into a checkpoint.
 
-Serves: model.py (`python model.py export` and `python model.py import-hf` run this file's main) and
+Serves: model.py (`python model.py export` and `python model.py import-hf`, whose flags live in
+machinery/commands/model.py, call `export_checkpoint` and `import_hf_checkpoint`) and
 train.py (its checkpoints are what gets exported; `train.py --init-from` starts a run from an
 imported one).
 Owns: the name map and the RoPE permutation between the two layouts, config.json in both
@@ -11,7 +12,7 @@ directions, the export directory, the import into a train.py checkpoint, and `--
 Depends on: model.py (the network), bpe.py (tokenizer.json), train.py (the checkpoint format: its
 loader for export, its writer for import) and fileio.py; safetensors and transformers, imported
 inside the features that need them (`pip install safetensors transformers`). It sits above train.py
-in the layers; model.py's library never imports it, only model.py's main() does, to run these two
+in the layers; model.py never imports it, only machinery/commands/model.py does, to run these two
 commands.
 
 The same network, another RoPE layout
@@ -43,6 +44,7 @@ one or more runs of 1-3 digits, so "2000" would stay one piece there ([20][00]) 
 here. `bpe.hf_regex` writes it `(?>\p{N}{1,3})`, which both engines read alike; a custom regex is
 checked piece by piece or refused.
 """
+
 from __future__ import annotations
 
 import glob
@@ -65,7 +67,13 @@ from model import GPT, ConfigError, GPTConfig
 
 class HFError(ConfigError):
     """Bad input to the bridge (a checkpoint, a Hugging Face directory): one line that names the
-    file and the fix. A ConfigError, so model.py's main reports it like its own."""
+    file and the fix. A ConfigError, so the command line reports it like model.py's own.
+    `argument`: the parameter whose value is at fault (e.g. "out_dir"), for the command line to
+    name the flag that gave it."""
+
+    def __init__(self, message: str, argument: str | None = None):
+        super().__init__(message)
+        self.argument = argument
 
 
 # Our parameter names -> Hugging Face LlamaForCausalLM's: inside block i (HF's "model.layers.{i}."),
@@ -215,7 +223,8 @@ def check_new_directory(out_dir) -> pathlib.Path:
     out_dir = pathlib.Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise HFError(
-            f"--to {out_dir} already exists and is not an empty directory; choose a new directory"
+            f"{out_dir} already exists and is not an empty directory; choose a new directory",
+            "out_dir",
         )
     return out_dir
 
@@ -256,10 +265,15 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
             f"the tokenizer has {len(tokenizer)} ids but the model only {model.config.vocab_size}"
         )
     eot = tokenizer.eot_id
-    files = {"config.json": hf_config(model.config, eot),
-             "generation_config.json": {"bos_token_id": eot, "eos_token_id": eot,
-                                        "max_length": model.config.block_size},
-             **hf_tokenizer_files(tokenizer, model.config.block_size)}
+    files = {
+        "config.json": hf_config(model.config, eot),
+        "generation_config.json": {
+            "bos_token_id": eot,
+            "eos_token_id": eot,
+            "max_length": model.config.block_size,
+        },
+        **hf_tokenizer_files(tokenizer, model.config.block_size),
+    }
     tmp = None
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -280,10 +294,11 @@ def export_hf(model: GPT, tokenizer, out_dir) -> pathlib.Path:
     # safetensors' writer reports a full disk as any of these
     except (OSError, RuntimeError, safetensor_error) as e:
         if fileio.is_no_space(e):
-            raise HFError(fileio.no_space_message(out_dir, "export elsewhere (--to)")) from None
+            raise HFError(fileio.no_space_message(out_dir, "export elsewhere"), "out_dir") from None
         if isinstance(e, OSError):
             raise HFError(
-                f"--to {out_dir}: cannot write it ({e.strerror or e}); choose another --to"
+                f"{out_dir}: cannot write it ({e.strerror or e}); choose another directory",
+                "out_dir",
             ) from None
         raise
     finally:
@@ -321,7 +336,7 @@ def verify_hf(model: GPT, tokenizer, hf_dir, new_tokens: int = 16) -> dict:
     whether greedy decoding gives the same tokens, and whether AutoTokenizer gives our ids for
     VERIFY_TEXT and bpe.PROBE_TEXT (long numbers, contractions in every case, CRLF, NBSP: what regex
     engines disagree on)."""
-    transformers = require("transformers", "--verify")
+    transformers = require("transformers", "verifying an export")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
     same_ids = all(
@@ -370,6 +385,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
     ...     print(e)
     config.json: intermediate_size is 'wide', not a positive integer; fix that field of config.json
     """
+
     def refuse(what: str):
         raise HFError(
             f"{source}: {what}, which model.py cannot express; it loads plain LlamaForCausalLM only"
@@ -394,8 +410,8 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
 
     if not isinstance(hf, dict):
         raise HFError(
-            f"{source}: a JSON {type(hf).__name__}, not an object of model settings; --from must "
-            f"be a Hugging Face model directory"
+            f"{source}: a JSON {type(hf).__name__}, not an object of model settings; give a "
+            f"Hugging Face model directory"
         )
     rope = hf.get("rope_parameters") or {}
     # transformers 4 writes rope_scaling, 5 rope_parameters
@@ -435,9 +451,14 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
     sizes = dict(
         vocab_size=field("vocab_size", int),
         block_size=fileio.expect(
-            field("max_position_embeddings", int, 2048), int, f"{source}: max_position_embeddings",
-            f"a context of at most {train.MAX_BLOCK_SIZE:,} positions", HFError,
-            "fix that field of config.json", lambda size: size <= train.MAX_BLOCK_SIZE),
+            field("max_position_embeddings", int, 2048),
+            int,
+            f"{source}: max_position_embeddings",
+            f"a context of at most {train.MAX_BLOCK_SIZE:,} positions",
+            HFError,
+            "fix that field of config.json",
+            lambda size: size <= train.MAX_BLOCK_SIZE,
+        ),
         n_layer=field("num_hidden_layers", int),
         n_head=n_head,
         n_embd=n_embd,
@@ -445,9 +466,15 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         ffn_hidden=_explicit_ffn_hidden(field("intermediate_size", int), n_embd),
         rope_theta=field("rope_theta", float, 10000.0, rope if "rope_theta" in rope else hf),
         # an epsilon of 1e300 would flatten every activation to about zero
-        norm_eps=fileio.expect(field("rms_norm_eps", float, 1e-6), float, f"{source}: rms_norm_eps",
-                               "an epsilon below 1", HFError, "fix that field of config.json",
-                               lambda eps: eps < 1),
+        norm_eps=fileio.expect(
+            field("rms_norm_eps", float, 1e-6),
+            float,
+            f"{source}: rms_norm_eps",
+            "an epsilon below 1",
+            HFError,
+            "fix that field of config.json",
+            lambda eps: eps < 1,
+        ),
     )
     try:
         return GPTConfig(**sizes, tie_embeddings=hf.get("tie_word_embeddings", False))
@@ -475,18 +502,39 @@ def _read_safetensors(hf_dir: pathlib.Path) -> dict[str, torch.Tensor]:
     load_file = require("safetensors.torch", "reading a Hugging Face model").load_file
     index = hf_dir / "model.safetensors.index.json"
     if index.is_file():
-        doc = fileio.expect(fileio.read_json(index, HFError, FIX_HF_DIR), dict, str(index),
-                            "an object", HFError, FIX_HF_DIR)
-        weight_map = fileio.expect(doc.get("weight_map"), dict, f"{index}: weight_map",
-                                   "an object of tensor name -> file", HFError, FIX_HF_DIR)
+        doc = fileio.expect(
+            fileio.read_json(index, HFError, FIX_HF_DIR),
+            dict,
+            str(index),
+            "an object",
+            HFError,
+            FIX_HF_DIR,
+        )
+        weight_map = fileio.expect(
+            doc.get("weight_map"),
+            dict,
+            f"{index}: weight_map",
+            "an object of tensor name -> file",
+            HFError,
+            FIX_HF_DIR,
+        )
     else:
         weight_map = {"": "model.safetensors"}
     # a shard is a file beside the index: "../x" or "/etc/passwd" would read outside the folder
-    files = sorted({
-        fileio.expect(name, str, f"{index}: weight_map[{key!r}]", "a file name in that folder",
-                      HFError, FIX_HF_DIR, lambda name: pathlib.PurePath(name).name == name != "..")
-        for key, name in weight_map.items()
-    })
+    files = sorted(
+        {
+            fileio.expect(
+                name,
+                str,
+                f"{index}: weight_map[{key!r}]",
+                "a file name in that folder",
+                HFError,
+                FIX_HF_DIR,
+                lambda name: pathlib.PurePath(name).name == name != "..",
+            )
+            for key, name in weight_map.items()
+        }
+    )
     tensors = {}
     for name in files:
         if not (hf_dir / name).is_file():
@@ -511,7 +559,7 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
     hf_dir = pathlib.Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise HFError(
-            f"{hf_dir / 'config.json'} not found; --from must be a Hugging Face model directory"
+            f"{hf_dir / 'config.json'} not found; give a Hugging Face model directory", "hf_dir"
         )
     config = config_from_hf(
         fileio.read_json(hf_dir / "config.json", HFError, FIX_HF_DIR), str(hf_dir / "config.json")
@@ -527,14 +575,30 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
             continue
         theirs = hf_name(name)
         if theirs not in tensors:
-            raise HFError(f"{hf_dir}: the weights lack {theirs}, which config.json implies; "
-                              f"the directory is incomplete or not a LlamaForCausalLM")
+            raise HFError(
+                f"{hf_dir}: the weights lack {theirs}, which config.json implies; "
+                f"the directory is incomplete or not a LlamaForCausalLM"
+            )
         tensor = tensors.pop(theirs)
         # an I64 or BOOL tensor would become float32 weights without a word
-        fileio.expect(tensor.dtype, torch.dtype, f"{hf_dir}: {theirs}'s dtype",
-                      "a floating-point dtype", HFError, FIX_HF_DIR, lambda d: d.is_floating_point)
-        fileio.expect(tensor, torch.Tensor, f"{hf_dir}: {theirs}", "finite weights (no NaN or inf)",
-                      HFError, FIX_HF_DIR, lambda t: bool(torch.isfinite(t).all()))
+        fileio.expect(
+            tensor.dtype,
+            torch.dtype,
+            f"{hf_dir}: {theirs}'s dtype",
+            "a floating-point dtype",
+            HFError,
+            FIX_HF_DIR,
+            lambda d: d.is_floating_point,
+        )
+        fileio.expect(
+            tensor,
+            torch.Tensor,
+            f"{hf_dir}: {theirs}",
+            "finite weights (no NaN or inf)",
+            HFError,
+            FIX_HF_DIR,
+            lambda t: bool(torch.isfinite(t).all()),
+        )
         if tuple(tensor.shape) != tuple(ours.shape):
             raise HFError(
                 f"{hf_dir}: {theirs} has shape {tuple(tensor.shape)} but config.json implies "
@@ -559,12 +623,15 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
         try:
             tokenizer = tokenizer_from_hf(
                 fileio.read_json(hf_dir / "tokenizer.json", bpe.TokenizerError, FIX_HF_DIR),
-                str(hf_dir / "tokenizer.json"))
+                str(hf_dir / "tokenizer.json"),
+            )
         except bpe.TokenizerError as e:
             raise HFError(str(e)) from None
         if len(tokenizer) > config.vocab_size:
-            raise HFError(f"{hf_dir}: tokenizer.json has {len(tokenizer)} ids but vocab_size is "
-                              f"{config.vocab_size}; the tokenizer belongs to another model")
+            raise HFError(
+                f"{hf_dir}: tokenizer.json has {len(tokenizer)} ids but vocab_size is "
+                f"{config.vocab_size}; the tokenizer belongs to another model"
+            )
     return model.eval(), tokenizer
 
 
@@ -590,6 +657,7 @@ def save_imported_checkpoint(model: GPT, tokenizer, path, source: str) -> pathli
 # Command line: `python model.py export` and `python model.py import-hf` (or `python hf.py ...`)
 # --------------------------------------------------------------------------------------------------
 
+
 def export_checkpoint(
     ckpt_path: str, out_dir: str, verify: bool = False, tokenizer_path: str | None = None
 ) -> str:
@@ -599,39 +667,43 @@ def export_checkpoint(
     The checkpoint is read by train.py's own loader (newest good checkpoint of a run directory,
     weights_only torch.load): the format belongs to train.py, and a second reader would drift from
     it. A checkpoint that holds no tokenizer (train.py always stores one) takes it from
-    `tokenizer_path` (--tokenizer)."""
+    `tokenizer_path`. An HFError about one of the three paths names it in `argument`."""
     check_new_directory(out_dir)
     if not pathlib.Path(ckpt_path).exists():
         raise HFError(
-            f"--ckpt {ckpt_path} not found; pass a checkpoint file or a run directory of train.py"
+            f"{ckpt_path} not found; pass a checkpoint file or a run directory of train.py",
+            "ckpt_path",
         )
     try:
         ckpt = train.load_checkpoint(ckpt_path, log=lambda message: print(message, file=sys.stderr))
     except train.TrainError as e:
-        raise HFError(f"--ckpt {ckpt_path}: cannot load it ({str(e).splitlines()[0]})") from None
+        first_line = str(e).splitlines()[0]
+        raise HFError(f"{ckpt_path}: cannot load it ({first_line})", "ckpt_path") from None
     if tokenizer_path is not None:
         try:
             given = tokenizer_files.read_tokenizer(tokenizer_path).to_json()
         except bpe.TokenizerError as e:
-            raise HFError(f"--tokenizer: {e}") from None
+            raise HFError(str(e), "tokenizer_path") from None
         if ckpt.get("tokenizer_json", given) != given:
             raise HFError(
-                f"--tokenizer {tokenizer_path} is not the tokenizer stored in {ckpt['path']}; "
-                f"leave --tokenizer out (the checkpoint's own is exported)"
+                f"{tokenizer_path} is not the tokenizer stored in {ckpt['path']}; leave it out "
+                f"(the checkpoint's own is exported)",
+                "tokenizer_path",
             )
         ckpt["tokenizer_json"] = given
     if "tokenizer_json" not in ckpt:
         raise HFError(
-            f"--ckpt {ckpt['path']} holds no tokenizer ('tokenizer_json'); pass the one it was "
-            f"trained with: --tokenizer DATA_DIR/tokenizer.json (data.py prepare wrote it beside "
-            f"the shards)"
+            f"{ckpt['path']} holds no tokenizer ('tokenizer_json'); pass the one it was trained "
+            f"with, the DATA_DIR/tokenizer.json that data.py prepare wrote beside the shards",
+            "tokenizer_path",
         )
     try:
         model, tokenizer = train.model_from_checkpoint(ckpt)
     except (train.TrainError, bpe.TokenizerError, KeyError, ValueError, RuntimeError) as e:
         raise HFError(
-            f"--ckpt {ckpt_path}: cannot load it ({str(e).splitlines()[0]}); pass a checkpoint "
-            f"that train.py wrote"
+            f"{ckpt_path}: cannot load it ({str(e).splitlines()[0]}); pass a checkpoint that "
+            f"train.py wrote",
+            "ckpt_path",
         ) from None
     export_hf(model, tokenizer, out_dir)
     report = (
@@ -651,63 +723,29 @@ def export_checkpoint(
 
 def import_hf_checkpoint(hf_dir: str, ckpt_path: str) -> str:
     """`python model.py import-hf`: a Hugging Face Llama directory -> a train.py-format
-    checkpoint."""
-    if (to := pathlib.Path(ckpt_path)).is_dir() or not to.parent.is_dir():   # before reading --from
-        raise HFError(f"--to {ckpt_path} " + (
-            f"is a directory; give a checkpoint file name such as {to / 'imported.pt'}"
-            if to.is_dir() else f"is in a folder that does not exist; create {to.parent} first"))
+    checkpoint. An HFError about one of the two paths names it in `argument`."""
+    # the output is checked before the Hugging Face directory is read
+    to = pathlib.Path(ckpt_path)
+    if to.is_dir():
+        raise HFError(
+            f"{ckpt_path} is a directory; give a checkpoint file name such as {to / 'imported.pt'}",
+            "ckpt_path",
+        )
+    if not to.parent.is_dir():
+        raise HFError(
+            f"{ckpt_path} is in a folder that does not exist; create {to.parent} first",
+            "ckpt_path",
+        )
     model, tokenizer = load_hf(hf_dir)
     if tokenizer is None:
         raise HFError(
             f"{pathlib.Path(hf_dir) / 'tokenizer.json'} not found; a checkpoint needs its tokenizer"
         )
     save_imported_checkpoint(model, tokenizer, ckpt_path, str(hf_dir))
-    return (f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, "
-            f"from {hf_dir}")
-
-
-def main(argv: list[str] | None = None, prog: str = "hf.py") -> int:
-    """The bridge's two commands; `python model.py export|import-hf ...` runs them with
-    prog="model.py"."""
-    from machinery.cli import Parser, run
-    parser = Parser(prog=prog, description="Export a checkpoint to / import one from the Hugging "
-                                           "Face Llama layout.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    export = sub.add_parser(
-        "export", help="write a checkpoint as a Hugging Face LlamaForCausalLM directory"
+    return (
+        f"wrote {ckpt_path}: {model.num_params():,} parameters, vocab {len(tokenizer)}, "
+        f"from {hf_dir}"
     )
-    export.add_argument(
-        "--ckpt", required=True, help="a train.py checkpoint file, or a run directory (its newest)"
-    )
-    export.add_argument(
-        "--to", required=True, help="the directory to create (must not exist, or be empty)"
-    )
-    export.add_argument(
-        "--tokenizer",
-        help="a tokenizer .json, only for a checkpoint that holds none "
-        "(train.py's always hold theirs)",
-    )
-    export.add_argument(
-        "--verify",
-        action="store_true",
-        help="load the result with transformers and compare "
-        "logits, greedy tokens and tokenizer ids with ours",
-    )
-    import_hf = sub.add_parser(
-        "import-hf", help="read a Hugging Face Llama directory into a train.py checkpoint"
-    )
-    import_hf.add_argument(
-        "--from",
-        dest="hf_dir",
-        required=True,
-        help="directory with config.json, model.safetensors and tokenizer.json",
-    )
-    import_hf.add_argument("--to", required=True, help="the checkpoint file to write")
-    export.set_defaults(execute=lambda a: export_checkpoint(a.ckpt, a.to, a.verify, a.tokenizer))
-    import_hf.set_defaults(execute=lambda a: import_hf_checkpoint(a.hf_dir, a.to))
-    args = parser.parse_args(argv)
-    # OSError: unwritable --to, full disk
-    return run(lambda: print(args.execute(args)), (ConfigError, OSError))
 
 
 # ==================================================================================================
@@ -1016,7 +1054,3 @@ def _hf_pattern(pre_tokenizer: dict, refuse, field) -> str:
             f"ByteLevel"
         )
     return split["pattern"]["Regex"]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

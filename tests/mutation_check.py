@@ -298,7 +298,7 @@ MUTANTS = [
            "the default prepare streams small inputs: the reference engine a learner reads never runs"),
     # issue 38: files read from outside, checked field by field before use
     Mutant("shard-index-reads-outside-the-folder", "machinery/hf.py",
-           'lambda name: pathlib.PurePath(name).name == name != "..")', "lambda name: True)",
+           'lambda name: pathlib.PurePath(name).name == name != "..",', "lambda name: True,",
            (CLI_FILES,),
            "a shard index naming ../other/model.safetensors loads weights from outside the model folder"),
     Mutant("checkpoint-fields-unchecked", "train.py",
@@ -395,7 +395,7 @@ MUTANTS = [
            ("tests/test_model.py::test_flash_in_the_model_equals_sdpa_with_gqa_outputs_and_gradients",),
            "the flash path's groups pair query head j with kv head j % h_kv, not j // group"),
     Mutant("logits-returned-in-fp32", "model.py",
-           "logits = self.head(x)      ", "logits = self.head(x).float()",
+           "logits = self.head(x)  # (B, T, V)", "logits = self.head(x).float()  # (B, T, V)",
            ("tests/test_model.py::test_the_loss_upcasts_the_logits_once_and_returns_them_in_the_compute_dtype",),
            "the logits upcast for the caller too: a full fp32 (B, T, V) kept alive between steps"),
     Mutant("tp-loss-extra-fp32-copy", "model_parallel.py",

@@ -508,7 +508,7 @@ BAD_FILES = [
     ("train", "--init-from {ckpt_nan_weights} --out-dir o", "not finite weights (no NaN or inf)"),
     ("model", "import-hf --from {hf_nan_weights} --to x.pt", "model.norm.weight is 'tensor([nan,"),
     # a --to in no folder was the OS's "No such file or directory" after the model was read
-    ("model", "import-hf --from {hf_good} --to nosuch/x.pt", "--to nosuch/x.pt is in a folder that does not exist"),
+    ("model", "import-hf --from {hf_good} --to nosuch/x.pt", "nosuch/x.pt is in a folder that does not exist; create nosuch first (--to)"),
     # a prepared dataset whose tokenizer.json is damaged was "tokenizer JSON: not valid JSON", no file named
     ("train", "--data {data_bad_tokenizer} --out-dir o", "data_bad_tokenizer/tokenizer.json: not valid JSON"),
     ("evaluate", "contamination --train {latin1_txt} --eval {latin1_txt}", "latin1.txt is not UTF-8 text"),

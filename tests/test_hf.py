@@ -1,6 +1,7 @@
 """Tests for the Hugging Face bridge (hf.py: export_hf / load_hf and the `model.py export` / `import-hf` commands;
 oracle: transformers' LlamaForCausalLM, its generate, and AutoTokenizer. The models are trained a few steps here
 with train.py (2 layers, width 32, GQA 4/2, rope_theta 500), tied and untied; transformers is imported once."""
+
 import json
 import pathlib
 import random
@@ -10,21 +11,46 @@ import unicodedata
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="the HF bridge tests need transformers "
-                                   "(pip install -r requirements-test.txt)")
-pytest.importorskip("safetensors", reason="the HF bridge tests need safetensors (pip install -r requirements-test.txt)")
+transformers = pytest.importorskip(
+    "transformers",
+    reason="the HF bridge tests need transformers (pip install -r requirements-test.txt)",
+)
+pytest.importorskip(
+    "safetensors",
+    reason="the HF bridge tests need safetensors (pip install -r requirements-test.txt)",
+)
 
 import bpe  # noqa: E402
 from machinery import hf, tokenizer_files  # noqa: E402
 from machinery.commands import evaluate as evaluate_command  # noqa: E402
+from machinery.commands import model as model_command  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
 from test_bpe import EMBEDDED, corpus_texts  # noqa: E402
 from test_train import make_corpus, prepare_corpus  # noqa: E402
 
-GQA_ARGS = ["--model", "tiny", "--batch-size", "4", "--block-size", "32", "--lr", "3e-3", "--warmup-steps", "5",
-            "--eval-batches", "2", "--eval-interval", "1000", "--log-interval", "1000", "--num-samples", "0",
-            "--peak-flops", "1e12"]
+GQA_ARGS = [
+    "--model",
+    "tiny",
+    "--batch-size",
+    "4",
+    "--block-size",
+    "32",
+    "--lr",
+    "3e-3",
+    "--warmup-steps",
+    "5",
+    "--eval-batches",
+    "2",
+    "--eval-interval",
+    "1000",
+    "--log-interval",
+    "1000",
+    "--num-samples",
+    "0",
+    "--peak-flops",
+    "1e12",
+]
 SHAPE = "n_layer=2,n_head=4,n_kv_head=2,n_embd=32,block_size=32,rope_theta=500.0"
 
 
@@ -46,10 +72,23 @@ def run(request, dataset_dir, tmp_path_factory):
     """A train.py run of 30 steps and its export: (run dir, exported dir, our model, tokenizer, val ids)."""
     out = tmp_path_factory.mktemp(f"hf-run-{request.param}")
     shape = SHAPE + (",tie_embeddings=false" if request.param == "untied" else "")
-    cfg = train.parse_config(["--data", str(dataset_dir), "--out-dir", str(out / "run"), *GQA_ARGS,
-                              "--model-args", shape, "--max-steps", "30", "--ckpt-interval", "30"])
+    cfg = train.parse_config(
+        [
+            "--data",
+            str(dataset_dir),
+            "--out-dir",
+            str(out / "run"),
+            *GQA_ARGS,
+            "--model-args",
+            shape,
+            "--max-steps",
+            "30",
+            "--ckpt-interval",
+            "30",
+        ]
+    )
     train.train(cfg, log=lambda *a, **k: None)
-    assert model.main(["export", "--ckpt", str(out / "run"), "--to", str(out / "hf")]) == 0
+    assert model_command.main(["export", "--ckpt", str(out / "run"), "--to", str(out / "hf")]) == 0
     ours, tokenizer = train.model_from_checkpoint(train.load_checkpoint(out / "run"))
     val = "\n\n".join(make_corpus(4, seed=7))
     return out / "run", out / "hf", ours, tokenizer, tokenizer.encode(val)
@@ -69,30 +108,45 @@ def test_config_says_what_the_model_is(run, theirs):
     _, hf_dir, ours, _, _ = run
     c = theirs.config
     assert type(theirs).__name__ == "LlamaForCausalLM"
-    assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.hidden_size) == (2, 4, 2, 32)
-    assert c.intermediate_size == ours.config.ffn_dim and c.rms_norm_eps == ours.config.norm_eps == 1e-5
+    assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.hidden_size) == (
+        2,
+        4,
+        2,
+        32,
+    )
+    assert (
+        c.intermediate_size == ours.config.ffn_dim
+        and c.rms_norm_eps == ours.config.norm_eps == 1e-5
+    )
     assert c.rope_parameters["rope_theta"] == 500.0 and c.max_position_embeddings == 32
     assert c.tie_word_embeddings == ours.config.tie_embeddings
     names = set(json.loads((hf_dir / "config.json").read_text()))
     assert {"rope_theta", "bos_token_id", "eos_token_id", "vocab_size"} <= names
-    assert sorted(p.name for p in hf_dir.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
-                                                         "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in hf_dir.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
 
 
 def test_logits_equal_transformers_on_random_and_real_ids(run, theirs):
     _, _, ours, _, val_ids = run
-    random_ids = torch.randint(0, ours.config.vocab_size, (3, 32), generator=torch.Generator().manual_seed(0))
-    real_ids = torch.tensor([val_ids[i:i + 32] for i in (0, 40, 80)])
+    random_ids = torch.randint(
+        0, ours.config.vocab_size, (3, 32), generator=torch.Generator().manual_seed(0)
+    )
+    real_ids = torch.tensor([val_ids[i : i + 32] for i in (0, 40, 80)])
     for ids in (random_ids, real_ids, real_ids[:, :7]):
         a, b = logits_both(ours, theirs, ids)
         assert (a - b).abs().max().item() < 1e-4
-    assert a.std().item() > 0.5                            # trained logits, not a near-constant output
+    assert a.std().item() > 0.5  # trained logits, not a near-constant output
 
 
 def test_greedy_generation_equals_transformers_generate(run, theirs):
     _, _, ours, _, val_ids = run
     prompt = torch.tensor([val_ids[:6], val_ids[50:56]])
-    theirs.generation_config.eos_token_id = None            # EOT is an ordinary token here: never stop early
+    theirs.generation_config.eos_token_id = None  # EOT is an ordinary token here: never stop early
     theirs.generation_config.pad_token_id = 0
     expected = theirs.generate(prompt, max_new_tokens=24, do_sample=False, max_length=None)
     assert torch.equal(ours.generate(prompt, 24, temperature=0), expected)
@@ -100,10 +154,18 @@ def test_greedy_generation_equals_transformers_generate(run, theirs):
 
 def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_path, capsys):
     run_dir, hf_dir, ours, tokenizer, _ = run
-    assert model.main(["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")]) == 0
+    assert (
+        model_command.main(
+            ["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")]
+        )
+        == 0
+    )
     ckpt = train.load_checkpoint(tmp_path / "imported.pt")
     original = train.load_checkpoint(run_dir)
-    assert ckpt["model_config"] == original["model_config"] and ckpt["tokenizer_json"] == original["tokenizer_json"]
+    assert (
+        ckpt["model_config"] == original["model_config"]
+        and ckpt["tokenizer_json"] == original["tokenizer_json"]
+    )
     assert ckpt["model"].keys() == original["model"].keys()
     assert all(torch.equal(ckpt["model"][k], original["model"][k]) for k in ckpt["model"])
     reloaded, reloaded_tokenizer = hf.load_hf(hf_dir)
@@ -117,17 +179,37 @@ def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_pat
 
 def test_train_init_from_an_imported_checkpoint(run, dataset_dir, tmp_path):
     _, hf_dir, ours, _, _ = run
-    model.main(["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")])
-    cfg = train.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "more"), *GQA_ARGS,
-                              "--init-from", str(tmp_path / "imported.pt"), "--max-steps", "2"])
+    model_command.main(["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")])
+    cfg = train.parse_config(
+        [
+            "--data",
+            str(dataset_dir),
+            "--out-dir",
+            str(tmp_path / "more"),
+            *GQA_ARGS,
+            "--init-from",
+            str(tmp_path / "imported.pt"),
+            "--max-steps",
+            "2",
+        ]
+    )
     trainer = train.Trainer(cfg, log=lambda *a, **k: None)
     start = trainer.raw_model.state_dict()
     assert all(torch.equal(start[k], v) for k, v in ours.state_dict().items())
     assert trainer.run()["step"] == 2
     other = bpe.train_bpe("an unrelated corpus " * 30, 300)
     hf.save_imported_checkpoint(ours, other, tmp_path / "other.pt", "test")
-    cfg = train.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "other"), *GQA_ARGS,
-                              "--init-from", str(tmp_path / "other.pt")])
+    cfg = train.parse_config(
+        [
+            "--data",
+            str(dataset_dir),
+            "--out-dir",
+            str(tmp_path / "other"),
+            *GQA_ARGS,
+            "--init-from",
+            str(tmp_path / "other.pt"),
+        ]
+    )
     with pytest.raises(train.TrainError, match="--init-from .* has another tokenizer"):
         train.Trainer(cfg, log=lambda *a, **k: None)
 
@@ -135,7 +217,12 @@ def test_train_init_from_an_imported_checkpoint(run, dataset_dir, tmp_path):
 def test_export_verify_reports_the_comparison(run, tmp_path, capsys):
     run_dir = run[0]
     capsys.readouterr()
-    assert model.main(["export", "--ckpt", str(run_dir), "--to", str(tmp_path / "hf"), "--verify"]) == 0
+    assert (
+        model_command.main(
+            ["export", "--ckpt", str(run_dir), "--to", str(tmp_path / "hf"), "--verify"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "greedy 16 tokens identical; AutoTokenizer ids identical" in out
     assert float(out.split("max |logit diff| ")[1].split()[0]) < 1e-4
@@ -143,14 +230,21 @@ def test_export_verify_reports_the_comparison(run, tmp_path, capsys):
 
 def test_import_of_a_model_saved_by_transformers(tmp_path):
     """The other direction with nothing of ours in the weights: a random LlamaForCausalLM saved by transformers."""
-    config = transformers.LlamaConfig(vocab_size=300, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=6, num_key_value_heads=3, max_position_embeddings=16,
-                                      rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    config = transformers.LlamaConfig(
+        vocab_size=300,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        max_position_embeddings=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+    )
     torch.manual_seed(0)
     theirs = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():
         for p in theirs.parameters():
-            p.normal_(0.0, 0.3)                             # large weights, so any layout error shows
+            p.normal_(0.0, 0.3)  # large weights, so any layout error shows
     theirs.save_pretrained(tmp_path)
     ours, tokenizer = hf.load_hf(tmp_path)
     assert tokenizer is None and ours.config.norm_eps == 1e-6 and not ours.config.tie_embeddings
@@ -197,17 +291,54 @@ def hard_text(seed: int, n: int = 400) -> str:
     contractions in every case, runs of spaces/tabs/newlines, CRLF, NBSP, ideographic space, emoji, other scripts."""
     rng = random.Random(seed)
     digits = ["0123456789", "٠١٢٣٤٥٦٧٨٩", "０１２３４５６７８９", "0١２3"]
-    contractions = ["".join(rng.choice((c.lower(), c.upper())) for c in "'" + end)
-                    for end in ("s", "t", "re", "ve", "m", "ll", "d") for _ in range(4)]
-    spaces = [" ", "  ", "   ", "\t", "\t\t ", "\n", "\n\n\n", "\r\n", " \r\n", "\r\n\r\n", "\u00a0", " \u00a0\u00a0",
-              "\u3000", "\u2028", "\x0b", "\x85 "]
-    words = ["the", " year", " It", "DON", "we", " naïve", "Ελληνικά", " русский", "中文", "🙂", "👩‍👩‍👧", "!!", "$", "(x)"]
+    contractions = [
+        "".join(rng.choice((c.lower(), c.upper())) for c in "'" + end)
+        for end in ("s", "t", "re", "ve", "m", "ll", "d")
+        for _ in range(4)
+    ]
+    spaces = [
+        " ",
+        "  ",
+        "   ",
+        "\t",
+        "\t\t ",
+        "\n",
+        "\n\n\n",
+        "\r\n",
+        " \r\n",
+        "\r\n\r\n",
+        "\u00a0",
+        " \u00a0\u00a0",
+        "\u3000",
+        "\u2028",
+        "\x0b",
+        "\x85 ",
+    ]
+    words = [
+        "the",
+        " year",
+        " It",
+        "DON",
+        "we",
+        " naïve",
+        "Ελληνικά",
+        " русский",
+        "中文",
+        "🙂",
+        "👩‍👩‍👧",
+        "!!",
+        "$",
+        "(x)",
+    ]
     parts = []
     for _ in range(n):
         kind = rng.random()
         if kind < 0.35:
             alphabet = rng.choice(digits)
-            parts.append(rng.choice(["", " "]) + "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))))
+            parts.append(
+                rng.choice(["", " "])
+                + "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12)))
+            )
         elif kind < 0.5:
             parts.append(rng.choice(contractions))
         elif kind < 0.75:
@@ -230,9 +361,15 @@ def test_autotokenizer_ids_equal_ours_on_numbers_contractions_and_odd_whitespace
     Oniguruma. A tokenizer trained on such text, so that number tokens exist, must give the same ids."""
     tokenizer = bpe.train_bpe(EMBEDDED + hard_text(1), 700, pattern=pattern)
     theirs = auto_tokenizer(tokenizer, tmp_path / "tok")
-    for text in (hard_text(2), hard_text(3), bpe.PROBE_TEXT, "in 2000 and 1234567, 12345678901 or ١٢٣٤٥٦٧"):
-        assert [p for p, _ in hf_split(tokenizer).pre_tokenize_str(text)] == \
-            bpe.pretokenize(text, tokenizer.pattern), text[:80]
+    for text in (
+        hard_text(2),
+        hard_text(3),
+        bpe.PROBE_TEXT,
+        "in 2000 and 1234567, 12345678901 or ١٢٣٤٥٦٧",
+    ):
+        assert [p for p, _ in hf_split(tokenizer).pre_tokenize_str(text)] == bpe.pretokenize(
+            text, tokenizer.pattern
+        ), text[:80]
         ids = tokenizer.encode(text, allowed_special="all")
         assert theirs(text)["input_ids"] == ids, text[:80]
         assert theirs.decode(ids) == text
@@ -246,19 +383,29 @@ def test_exported_regex_cuts_every_known_character_like_ours(pattern):
     context = "0'sS \n\r\u00a0a.1"
     known = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
     text = "".join(c + context[i % len(context)] for i, c in enumerate(known))
-    assert [p for p, _ in hf_split(tokenizer).pre_tokenize_str(text)] == bpe.pretokenize(text, tokenizer.pattern)
+    assert [p for p, _ in hf_split(tokenizer).pre_tokenize_str(text)] == bpe.pretokenize(
+        text, tokenizer.pattern
+    )
 
 
-@pytest.mark.parametrize("pattern, message", [
-    (r"\w+$|\w|\W", "cuts bpe.PROBE_TEXT otherwise"),             # Ruby's $ also matches before every newline
-    (r"\p{L}+|(?s:.)", "rejects"),                                # (?s) is Ruby's (?m): Oniguruma has no s flag
-])
+@pytest.mark.parametrize(
+    "pattern, message",
+    [
+        (
+            r"\w+$|\w|\W",
+            "cuts bpe.PROBE_TEXT otherwise",
+        ),  # Ruby's $ also matches before every newline
+        (r"\p{L}+|(?s:.)", "rejects"),  # (?s) is Ruby's (?m): Oniguruma has no s flag
+    ],
+)
 def test_a_custom_pattern_hf_reads_otherwise_is_refused_in_one_line(pattern, message, tmp_path):
     tokenizer = bpe.train_bpe("hello world 1234 " * 20, 270, pattern=pattern)
     with pytest.raises(bpe.TokenizerError, match=message):
         hf.tokenizer_to_hf(tokenizer)
     tiny = model.GPT(model.GPTConfig(vocab_size=300, n_layer=1, n_head=2, n_kv_head=2, n_embd=16))
-    with pytest.raises(hf.HFError, match="cannot export the tokenizer: pattern .*; use 'gpt2', 'gpt4'") as info:
+    with pytest.raises(
+        hf.HFError, match="cannot export the tokenizer: pattern .*; use 'gpt2', 'gpt4'"
+    ) as info:
         hf.export_hf(tiny, tokenizer, tmp_path / "out")
     assert "\n" not in str(info.value) and not (tmp_path / "out").exists()
 
@@ -277,9 +424,10 @@ def test_gpt2s_own_tokenizer_survives_the_trip(shared_data, tmp_path):
 # Bad input: one line, exit 2, nothing written
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def cli_error(capsys, args) -> str:
     capsys.readouterr()
-    assert model.main(args) == 2
+    assert model_command.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
     return err
@@ -296,47 +444,87 @@ def test_bad_input_gets_one_line_and_exit_2(run, tmp_path, capsys):
     run_dir, hf_dir, _, _, _ = run
     ckpt = str(tmp_path / "x.pt")
     (tmp_path / "empty").mkdir()
-    assert "config.json" in cli_error(capsys, ["import-hf", "--from", str(tmp_path / "empty"), "--to", ckpt])
-    mistral = edited_copy(hf_dir, tmp_path / "mistral", architectures=["MistralForCausalLM"], model_type="mistral")
-    assert "MistralForCausalLM" in cli_error(capsys, ["import-hf", "--from", str(mistral), "--to", ckpt])
-    scaled = edited_copy(hf_dir, tmp_path / "scaled", rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    assert "config.json" in cli_error(
+        capsys, ["import-hf", "--from", str(tmp_path / "empty"), "--to", ckpt]
+    )
+    mistral = edited_copy(
+        hf_dir, tmp_path / "mistral", architectures=["MistralForCausalLM"], model_type="mistral"
+    )
+    assert "MistralForCausalLM" in cli_error(
+        capsys, ["import-hf", "--from", str(mistral), "--to", ckpt]
+    )
+    scaled = edited_copy(
+        hf_dir, tmp_path / "scaled", rope_scaling={"rope_type": "llama3", "factor": 8.0}
+    )
     assert "RoPE scaling" in cli_error(capsys, ["import-hf", "--from", str(scaled), "--to", ckpt])
     biased = edited_copy(hf_dir, tmp_path / "biased", attention_bias=True)
     assert "biases" in cli_error(capsys, ["import-hf", "--from", str(biased), "--to", ckpt])
-    quoted = edited_copy(hf_dir, tmp_path / "quoted", tie_word_embeddings="false")      # bool("false") is True
-    assert "tie_word_embeddings is 'false', not true or false" in \
-        cli_error(capsys, ["import-hf", "--from", str(quoted), "--to", ckpt])
+    quoted = edited_copy(
+        hf_dir, tmp_path / "quoted", tie_word_embeddings="false"
+    )  # bool("false") is True
+    assert "tie_word_embeddings is 'false', not true or false" in cli_error(
+        capsys, ["import-hf", "--from", str(quoted), "--to", ckpt]
+    )
     wider = edited_copy(hf_dir, tmp_path / "wider", intermediate_size=200)
     assert "shape" in cli_error(capsys, ["import-hf", "--from", str(wider), "--to", ckpt])
     truncated = edited_copy(hf_dir, tmp_path / "truncated")
-    (truncated / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes()[:1000])
+    (truncated / "model.safetensors").write_bytes(
+        (hf_dir / "model.safetensors").read_bytes()[:1000]
+    )
     assert "safetensors" in cli_error(capsys, ["import-hf", "--from", str(truncated), "--to", ckpt])
     normalized = edited_copy(hf_dir, tmp_path / "nfc")
     doc = json.loads((normalized / "tokenizer.json").read_text())
     (normalized / "tokenizer.json").write_text(json.dumps({**doc, "normalizer": {"type": "NFC"}}))
     assert "normalizer" in cli_error(capsys, ["import-hf", "--from", str(normalized), "--to", ckpt])
-    assert "is a directory" in cli_error(capsys, ["import-hf", "--from", str(hf_dir), "--to", str(tmp_path)])
+    assert "is a directory" in cli_error(
+        capsys, ["import-hf", "--from", str(hf_dir), "--to", str(tmp_path)]
+    )
+    assert "(--from)" in cli_error(
+        capsys, ["import-hf", "--from", str(tmp_path / "empty"), "--to", ckpt]
+    )
     assert not (tmp_path / "x.pt").exists()
-    assert "not an empty directory" in cli_error(capsys, ["export", "--ckpt", str(run_dir), "--to", str(hf_dir)])
-    assert "not found" in cli_error(capsys, ["export", "--ckpt", str(tmp_path / "nope"), "--to", str(tmp_path / "o")])
+    assert "not an empty directory" in cli_error(
+        capsys, ["export", "--ckpt", str(run_dir), "--to", str(hf_dir)]
+    )
+    assert cli_error(
+        capsys, ["export", "--ckpt", str(tmp_path / "nope"), "--to", str(tmp_path / "o")]
+    ).endswith("nope not found; pass a checkpoint file or a run directory of train.py (--ckpt)")
     # issue 24: a checkpoint without its tokenizer names the fix, --tokenizer, which then exports it
     ckpt = train.load_checkpoint(run_dir)
-    train.atomic_save({k: v for k, v in ckpt.items() if k not in ("path", "tokenizer_json")}, tmp_path / "bare.pt")
+    train.atomic_save(
+        {k: v for k, v in ckpt.items() if k not in ("path", "tokenizer_json")}, tmp_path / "bare.pt"
+    )
     bare = ["export", "--ckpt", str(tmp_path / "bare.pt"), "--to", str(tmp_path / "o")]
-    assert "holds no tokenizer ('tokenizer_json'); pass the one it was trained with: --tokenizer" in \
-        cli_error(capsys, bare)
+    no_tokenizer = cli_error(capsys, bare)
+    assert "holds no tokenizer ('tokenizer_json'); pass the one it was trained with" in no_tokenizer
+    assert no_tokenizer.endswith(
+        "(--tokenizer)"
+    )  # the library names the input, the command its flag
     bpe.train_bpe("an unrelated corpus " * 30, 300).save(tmp_path / "other.json")
-    assert "is not the tokenizer stored in" in cli_error(capsys, ["export", "--ckpt", str(run_dir), "--to",
-                                                                  str(tmp_path / "o"), "--tokenizer",
-                                                                  str(tmp_path / "other.json")])
+    assert "is not the tokenizer stored in" in cli_error(
+        capsys,
+        [
+            "export",
+            "--ckpt",
+            str(run_dir),
+            "--to",
+            str(tmp_path / "o"),
+            "--tokenizer",
+            str(tmp_path / "other.json"),
+        ],
+    )
     assert not (tmp_path / "o").exists()
     bpe.Tokenizer.from_json(ckpt["tokenizer_json"]).save(tmp_path / "own.json")
-    assert model.main([*bare, "--tokenizer", str(tmp_path / "own.json")]) == 0
-    assert (tmp_path / "o" / "tokenizer.json").read_text() == (hf_dir / "tokenizer.json").read_text()
+    assert model_command.main([*bare, "--tokenizer", str(tmp_path / "own.json")]) == 0
+    assert (tmp_path / "o" / "tokenizer.json").read_text() == (
+        hf_dir / "tokenizer.json"
+    ).read_text()
 
 
 def test_a_mixture_of_experts_is_refused_in_one_line(tmp_path):
-    moe = model.GPT(model.GPTConfig(vocab_size=300, n_layer=1, n_head=2, n_kv_head=2, n_embd=16, n_expert=4))
+    moe = model.GPT(
+        model.GPTConfig(vocab_size=300, n_layer=1, n_head=2, n_kv_head=2, n_embd=16, n_expert=4)
+    )
     tokenizer = bpe.train_bpe("one two three " * 20, 260)
     with pytest.raises(model.ConfigError, match="Mixture of Experts.*Mixtral renormalises"):
         hf.export_hf(moe, tokenizer, tmp_path / "moe")
@@ -345,21 +533,31 @@ def test_a_mixture_of_experts_is_refused_in_one_line(tmp_path):
 
 def test_permutation_example_of_the_docstring():
     assert hf.rope_halves_order(4).tolist() == [0, 2, 1, 3]
-    w = torch.arange(2 * 8 * 3, dtype=torch.float32).view(16, 3)       # 2 heads of width 8
+    w = torch.arange(2 * 8 * 3, dtype=torch.float32).view(16, 3)  # 2 heads of width 8
     assert torch.equal(hf.halves_to_interleaved(hf.interleaved_to_halves(w, 2), 2), w)
     q = torch.randn(1, 5, 2, 8)
     cos, sin = model.rope_angles(torch.arange(5), 8, 10000.0)
     ours = model.apply_rope(q, cos, sin)
-    hf_q = q[..., hf.rope_halves_order(8)]                           # HF's feature order
-    hf_cos, hf_sin = torch.cat((cos, cos), -1)[None, :, None], torch.cat((sin, sin), -1)[None, :, None]
-    rotated = hf_q * hf_cos + torch.cat((-hf_q[..., 4:], hf_q[..., :4]), -1) * hf_sin   # HF's rotate_half
+    hf_q = q[..., hf.rope_halves_order(8)]  # HF's feature order
+    hf_cos, hf_sin = (
+        torch.cat((cos, cos), -1)[None, :, None],
+        torch.cat((sin, sin), -1)[None, :, None],
+    )
+    rotated = (
+        hf_q * hf_cos + torch.cat((-hf_q[..., 4:], hf_q[..., :4]), -1) * hf_sin
+    )  # HF's rotate_half
     assert torch.allclose(rotated, ours[..., hf.rope_halves_order(8)], atol=1e-6)
 
 
 def test_a_hybrid_with_linear_layers_is_refused_in_one_line(tmp_path):
-    hybrid = model.GPT(model.GPTConfig(vocab_size=300, n_layer=2, n_head=2, n_kv_head=2, n_embd=16,
-                                       layer_pattern="LA"))
+    hybrid = model.GPT(
+        model.GPTConfig(
+            vocab_size=300, n_layer=2, n_head=2, n_kv_head=2, n_embd=16, layer_pattern="LA"
+        )
+    )
     tokenizer = bpe.train_bpe("one two three " * 20, 260)
-    with pytest.raises(model.ConfigError, match="layer_pattern='LA': Llama has no linear-attention layers"):
+    with pytest.raises(
+        model.ConfigError, match="layer_pattern='LA': Llama has no linear-attention layers"
+    ):
         hf.export_hf(hybrid, tokenizer, tmp_path / "hybrid")
     assert not (tmp_path / "hybrid").exists()

@@ -1,5 +1,6 @@
 """Tests for model.py, each against an independent reference written here (formulas, a loop, a second model,
 torch's FLOP counter, Stanford CS336's snapshot arrays)."""
+
 import dataclasses
 import math
 import pathlib
@@ -13,8 +14,22 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from model import (GPT, PRESETS, TRAINING_BYTES_PER_PARAM, ConfigError, GPTConfig, KVCache, MoE, RMSNorm,
-                   SwiGLU, apply_rope, causal_attention, main, rope_angles, sample)
+from model import (
+    GPT,
+    PRESETS,
+    TRAINING_BYTES_PER_PARAM,
+    ConfigError,
+    GPTConfig,
+    KVCache,
+    MoE,
+    RMSNorm,
+    SwiGLU,
+    apply_rope,
+    causal_attention,
+    rope_angles,
+    sample,
+)
+from machinery.commands.model import main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -46,15 +61,19 @@ def ids(shape, vocab=64, seed=0):
 
 # ------------------------------------------------------------------------------------------------ config & errors
 
-@pytest.mark.parametrize("overrides, field", [
-    (dict(n_embd=30, n_head=4), "n_embd"),
-    (dict(n_head=4, n_kv_head=3), "n_kv_head"),
-    (dict(n_embd=36, n_head=4, n_kv_head=4), "n_head"),             # head size 9 is odd
-    (dict(n_expert=4, expert_top_k=5), "expert_top_k"),
-    (dict(n_layer=0), "n_layer"),
-    (dict(dropout=1.0), "dropout"),
-    (dict(moe_capacity_factor=-1.0), "moe_capacity_factor"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(n_embd=30, n_head=4), "n_embd"),
+        (dict(n_head=4, n_kv_head=3), "n_kv_head"),
+        (dict(n_embd=36, n_head=4, n_kv_head=4), "n_head"),  # head size 9 is odd
+        (dict(n_expert=4, expert_top_k=5), "expert_top_k"),
+        (dict(n_layer=0), "n_layer"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(moe_capacity_factor=-1.0), "moe_capacity_factor"),
+    ],
+)
 def test_bad_config_names_the_field(overrides, field):
     with pytest.raises(ConfigError, match=rf"GPTConfig\.{field}:"):
         small(**overrides)
@@ -75,7 +94,7 @@ def test_bad_inputs_name_the_problem():
 def test_config_round_trip_and_auto_ffn():
     config = small(n_expert=4, tie_embeddings=False)
     assert GPTConfig.from_dict(config.to_dict()) == config
-    assert GPTConfig(n_embd=128).ffn_dim == 384                       # 8/3 * 128 = 341.3 -> multiple of 64
+    assert GPTConfig(n_embd=128).ffn_dim == 384  # 8/3 * 128 = 341.3 -> multiple of 64
     assert GPTConfig(n_embd=768).ffn_dim == 2048
     assert GPTConfig(n_embd=128, ffn_hidden=100).ffn_dim == 100
     # ffn_hidden=0 stays "auto", so changing the width changes the FFN with it.
@@ -84,17 +103,19 @@ def test_config_round_trip_and_auto_ffn():
 
 # ------------------------------------------------------------------------------------------------ the pieces
 
+
 def test_rmsnorm_formula():
     torch.manual_seed(0)
     norm = RMSNorm(8, eps=1e-5)
     with torch.no_grad():
         norm.weight.copy_(torch.linspace(0.5, 2.0, 8))
     x = torch.randn(3, 5, 8) * 4 + 1
-    expected = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    expected = x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-5) * norm.weight
     torch.testing.assert_close(norm(x), expected)
     # The worked example: [3, 4] has mean square 12.5.
-    torch.testing.assert_close(RMSNorm(2)(torch.tensor([3.0, 4.0])),
-                               torch.tensor([3.0, 4.0]) / math.sqrt(12.5 + 1e-5))
+    torch.testing.assert_close(
+        RMSNorm(2)(torch.tensor([3.0, 4.0])), torch.tensor([3.0, 4.0]) / math.sqrt(12.5 + 1e-5)
+    )
 
 
 def rotate(x, positions, theta=10000.0):
@@ -115,8 +136,10 @@ def test_rope_preserves_norms_and_sees_only_relative_position():
     # Position 0 is the identity; pair i at position 1 turns by theta^(-2i/d).
     torch.testing.assert_close(rotate(x, torch.zeros(7, dtype=torch.long)), x)
     e = torch.zeros(1, 1, 1, 4)
-    e[..., 2] = 1.0                                                   # the first feature of pair 1
-    torch.testing.assert_close(rotate(e, [1]).flatten(), torch.tensor([0, 0, math.cos(0.01), math.sin(0.01)]))
+    e[..., 2] = 1.0  # the first feature of pair 1
+    torch.testing.assert_close(
+        rotate(e, [1]).flatten(), torch.tensor([0, 0, math.cos(0.01), math.sin(0.01)])
+    )
 
 
 def test_rope_matches_cs336_snapshot(shared_data):
@@ -134,11 +157,15 @@ def test_rope_halves_layout_is_a_permutation_of_ours():
     d = 16
     x = torch.randn(2, 5, 3, d)
     cos, sin = rope_angles(torch.arange(5), d, 10000.0)
-    a, b = x[..., : d // 2], x[..., d // 2:]
+    a, b = x[..., : d // 2], x[..., d // 2 :]
     cos_, sin_ = cos[None, :, None, :], sin[None, :, None, :]
     halves = torch.cat((a * cos_ - b * sin_, a * sin_ + b * cos_), dim=-1)
-    to_interleaved = torch.stack((torch.arange(d // 2), torch.arange(d // 2) + d // 2), dim=-1).flatten()
-    torch.testing.assert_close(apply_rope(x[..., to_interleaved], cos, sin), halves[..., to_interleaved])
+    to_interleaved = torch.stack(
+        (torch.arange(d // 2), torch.arange(d // 2) + d // 2), dim=-1
+    ).flatten()
+    torch.testing.assert_close(
+        apply_rope(x[..., to_interleaved], cos, sin), halves[..., to_interleaved]
+    )
 
 
 def cs336_qkv_mask():
@@ -158,8 +185,13 @@ def explicit_attention(q, k, v, mask):
     return scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("snapshot, shape", [("test_scaled_dot_product_attention", (4, 12)),
-                                             ("test_4d_scaled_dot_product_attention", (2, 2, 12))])
+@pytest.mark.parametrize(
+    "snapshot, shape",
+    [
+        ("test_scaled_dot_product_attention", (4, 12)),
+        ("test_4d_scaled_dot_product_attention", (2, 2, 12)),
+    ],
+)
 def test_attention_matches_cs336_snapshots(shared_data, snapshot, shape):
     """model.py's attention with CS336's mask, on CS336's fixtures (3-d, and 4-d as (batch, head) = (2, 2))."""
     expected = np.load(shared_data / f"cs336/a1/_snapshots/{snapshot}.npz")["array"]
@@ -176,7 +208,9 @@ def test_causal_attention_aligns_queries_to_the_last_positions(tq, tk):
     q, k, v = torch.randn(2, 3, tq, 8), torch.randn(2, 3, tk, 8), torch.randn(2, 3, tk, 8)
     mask = torch.arange(tk)[None, :] <= torch.arange(tk - tq, tk)[:, None]
     torch.testing.assert_close(causal_attention(q, k, v), explicit_attention(q, k, v, mask))
-    torch.testing.assert_close(causal_attention(q, k, v, mask=mask), explicit_attention(q, k, v, mask))
+    torch.testing.assert_close(
+        causal_attention(q, k, v, mask=mask), explicit_attention(q, k, v, mask)
+    )
 
 
 def test_gqa_equals_mha_with_repeated_kv_heads():
@@ -185,14 +219,18 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     state = gqa.state_dict()
     d = gqa.config.head_dim
     for key, value in list(state.items()):
-        if key.endswith(("attn.wk.weight", "attn.wv.weight")):        # (h_kv * d, C): head j -> heads 2j, 2j+1
+        if key.endswith(
+            ("attn.wk.weight", "attn.wv.weight")
+        ):  # (h_kv * d, C): head j -> heads 2j, 2j+1
             state[key] = value.view(2, d, -1).repeat_interleave(2, dim=0).reshape(4 * d, -1)
     mha.load_state_dict(state)
     x = ids((2, 16))
     torch.testing.assert_close(gqa(x)[0], mha(x)[0])
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(n_kv_head=1), dict(n_expert=4, moe_capacity_factor=0.0)])
+@pytest.mark.parametrize(
+    "overrides", [{}, dict(n_kv_head=1), dict(n_expert=4, moe_capacity_factor=0.0)]
+)
 def test_causality(overrides):
     model = make(small(**overrides))
     x = ids((2, 16))
@@ -203,6 +241,7 @@ def test_causality(overrides):
 
 
 # ------------------------------------------------------------------------------------------------ the model
+
 
 def test_forward_is_embed_blocks_head_and_loss_is_cross_entropy():
     model = make(small())
@@ -215,7 +254,7 @@ def test_forward_is_embed_blocks_head_and_loss_is_cross_entropy():
     assert logits.shape == (2, 16, 64)
     expected = -torch.log_softmax(logits, -1).gather(-1, t[..., None]).mean()
     torch.testing.assert_close(loss, expected)
-    t[0, :5] = -1                                                     # ignored positions
+    t[0, :5] = -1  # ignored positions
     kept = t != -1
     expected = -torch.log_softmax(logits, -1)[kept].gather(-1, t[kept][:, None]).mean()
     torch.testing.assert_close(model(x, t)[1], expected)
@@ -233,8 +272,13 @@ class NewTensors(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         inputs = {t.untyped_storage().data_ptr() for t in tensors}
-        self.made += [(str(func), t.dtype) for t in tree_leaves(out) if isinstance(t, torch.Tensor)
-                      and t.numel() == self.numel and t.untyped_storage().data_ptr() not in inputs]
+        self.made += [
+            (str(func), t.dtype)
+            for t in tree_leaves(out)
+            if isinstance(t, torch.Tensor)
+            and t.numel() == self.numel
+            and t.untyped_storage().data_ptr() not in inputs
+        ]
         return out
 
 
@@ -248,14 +292,19 @@ def test_the_loss_upcasts_the_logits_once_and_returns_them_in_the_compute_dtype(
     dtype = torch.float32 if compute == "fp32" else torch.bfloat16
     if compute == "bf16 weights":
         model = model.to(torch.bfloat16)
-    x = ids((3, 16))                                                  # B x T x V = 3,072 elements: no weight's size
-    with NewTensors(3 * 16 * 64) as watch, torch.autocast("cpu", torch.bfloat16, enabled=compute == "bf16 autocast"):
+    x = ids((3, 16))  # B x T x V = 3,072 elements: no weight's size
+    with (
+        NewTensors(3 * 16 * 64) as watch,
+        torch.autocast("cpu", torch.bfloat16, enabled=compute == "bf16 autocast"),
+    ):
         logits, loss = model(x, x)
     assert logits.dtype == dtype and loss.dtype == torch.float32
     fp32 = [op for op, kind in watch.made if kind == torch.float32]
     copies = [op for op in fp32 if "_to_copy" in op]
     assert len(copies) == (dtype != torch.float32) and len(fp32) == 2, watch.made
-    torch.testing.assert_close(loss, F.cross_entropy(logits.float().flatten(0, 1), x.flatten()), rtol=0, atol=0)
+    torch.testing.assert_close(
+        loss, F.cross_entropy(logits.float().flatten(0, 1), x.flatten()), rtol=0, atol=0
+    )
 
 
 def test_tied_and_untied_head():
@@ -292,7 +341,7 @@ def test_kv_cache_gives_the_full_forward_logits():
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
     assert cache.length == 16
     with pytest.raises(ConfigError, match="feed them one at a time"):
-        model(x[:, :2], kv_cache=cache)                                # a full window takes one token at a time
+        model(x[:, :2], kv_cache=cache)  # a full window takes one token at a time
     with pytest.raises(ConfigError, match="reach past block_size=16"):
         model(x[:, :1], kv_cache=KVCache(2, 3, 1, 17, 8))
 
@@ -300,7 +349,7 @@ def test_kv_cache_gives_the_full_forward_logits():
 def naive_generate(model, idx, steps):
     """Greedy decoding without a cache: a full forward over the last block_size tokens at every step."""
     for _ in range(steps):
-        logits, _ = model(idx[:, -model.config.block_size:])
+        logits, _ = model(idx[:, -model.config.block_size :])
         idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
     return idx
 
@@ -310,16 +359,21 @@ def banded_forward(model, seq, monkeypatch):
     every token attending to the block_size tokens up to itself (a banded causal mask): the semantics a rolling
     cache must reproduce, computed without any cache."""
     import model as model_module
+
     W = model.config.block_size
 
     def banded_attention(q, k, v, dropout_p=0.0):
         pos = torch.arange(q.shape[2])
-        band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - W)     # (T, T) key visible
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=band, enable_gqa=True)   # k, v: h_kv heads
+        band = (pos[None, :] <= pos[:, None]) & (
+            pos[None, :] > pos[:, None] - W
+        )  # (T, T) key visible
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=band, enable_gqa=True
+        )  # k, v: h_kv heads
 
     with monkeypatch.context() as patch:
         patch.setattr(model_module, "causal_attention", banded_attention)
-        x = model.tok_emb(seq)                                          # GPT.forward refuses T > block_size
+        x = model.tok_emb(seq)  # GPT.forward refuses T > block_size
         for block in model.blocks:
             x = block(x)
         return model.head(x)
@@ -338,18 +392,26 @@ def lively(model: GPT) -> GPT:
 @pytest.mark.parametrize("overrides", [{}, dict(n_expert=4, expert_top_k=2), dict(n_kv_head=1)])
 def test_rolling_cache_equals_sliding_window_attention_past_block_size(overrides, monkeypatch):
     model = lively(make(small(**overrides)))
-    x = ids((2, 45))                                                    # block_size 16: the window slides 29 times
+    x = ids((2, 45))  # block_size 16: the window slides 29 times
     with torch.no_grad():
         expected = banded_forward(model, x, monkeypatch)
         cache = KVCache(2, 2, model.config.n_kv_head, 16, 8)
-        pieces = [model(x[:, :10], kv_cache=cache)[0]] + [model(x[:, t:t + 1], kv_cache=cache)[0] for t in range(10, 45)]
-    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, atol=1e-3, rtol=1e-4)   # logits ~ 10
-    for prompt in (ids((2, 5)), ids((2, 20), seed=1)):                # a prompt longer than the window too
+        pieces = [model(x[:, :10], kv_cache=cache)[0]] + [
+            model(x[:, t : t + 1], kv_cache=cache)[0] for t in range(10, 45)
+        ]
+    torch.testing.assert_close(
+        torch.cat(pieces, dim=1), expected, atol=1e-3, rtol=1e-4
+    )  # logits ~ 10
+    for prompt in (ids((2, 5)), ids((2, 20), seed=1)):  # a prompt longer than the window too
         generated = model.generate(prompt, 40, temperature=0)
-        assert len(set(generated[0, -30:].tolist())) > 3               # not one repeated token
+        assert len(set(generated[0, -30:].tolist())) > 3  # not one repeated token
         with torch.no_grad():
-            logits = banded_forward(model, generated[:, -56:] if prompt.shape[1] > 16 else generated, monkeypatch)
-        assert torch.equal(generated[:, -40:], logits[:, -41:-1].argmax(-1))   # each token is the oracle's argmax
+            logits = banded_forward(
+                model, generated[:, -56:] if prompt.shape[1] > 16 else generated, monkeypatch
+            )
+        assert torch.equal(
+            generated[:, -40:], logits[:, -41:-1].argmax(-1)
+        )  # each token is the oracle's argmax
 
 
 def test_rolling_cache_of_one_layer_equals_recomputing_the_cropped_window():
@@ -368,8 +430,10 @@ def test_sample_respects_top_k_and_temperature():
     g = torch.Generator().manual_seed(0)
     assert set(sample(logits, top_k=2, generator=g).flatten().tolist()) == {2, 3}
     assert sample(logits[:1], temperature=0).item() == 3
-    counts = torch.bincount(sample(logits, temperature=1.0, generator=g).flatten(), minlength=4).float()
-    expected = logits[0].softmax(-1) * 2000                            # e^x / sum: 64, 175, 475, 1286
+    counts = torch.bincount(
+        sample(logits, temperature=1.0, generator=g).flatten(), minlength=4
+    ).float()
+    expected = logits[0].softmax(-1) * 2000  # e^x / sum: 64, 175, 475, 1286
     assert torch.all((counts - expected).abs() < 5 * expected.sqrt() + 5)
 
 
@@ -380,10 +444,11 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy():
     b = model.generate(prompt, 8, generator=torch.Generator().manual_seed(1))
     assert torch.equal(a, b) and a.shape == (2, 11) and torch.equal(a[:, :3], prompt)
     assert torch.equal(model.generate(prompt, 8, top_k=1), model.generate(prompt, 8, temperature=0))
-    assert model.training                                             # generate restores the mode
+    assert model.training  # generate restores the mode
 
 
 # ------------------------------------------------------------------------------------------------ MoE
+
 
 def test_moe_with_one_expert_top1_equals_the_dense_ffn():
     config = small(n_embd=32, n_expert=1, expert_top_k=1)
@@ -426,18 +491,18 @@ def test_moe_capacity_drops_overflow_and_aux_loss_sees_collapse():
     moe = MoE(small(n_expert=4, expert_top_k=1, moe_capacity_factor=1.0))
     for w in (moe.w1, moe.w2, moe.w3):
         torch.nn.init.normal_(w, 0, 0.2)
-    with torch.no_grad():                                             # the router sends every token to expert 2
+    with torch.no_grad():  # the router sends every token to expert 2
         moe.router.weight.zero_()
         moe.router.weight[2, 0] = 100.0
     x = torch.randn(1, 16, 32)
     x[..., 0] = x[..., 0].abs() + 1
-    assert moe.capacity(16) == 4                                      # 1.0 * 16 tokens * top-1 / 4 experts
+    assert moe.capacity(16) == 4  # 1.0 * 16 tokens * top-1 / 4 experts
     y, aux_loss = moe(x)
     served = (y.abs().sum(-1) > 0)[0]
-    assert served.tolist() == [True] * 4 + [False] * 12               # first come, first served
+    assert served.tolist() == [True] * 4 + [False] * 12  # first come, first served
     torch.testing.assert_close(y[0, :4], moe_reference(moe, x)[0, :4])
-    assert aux_loss.item() == pytest.approx(4.0, rel=1e-4)            # E * 1 * 1: total collapse
-    moe.eval()                                                        # inference never drops
+    assert aux_loss.item() == pytest.approx(4.0, rel=1e-4)  # E * 1 * 1: total collapse
+    moe.eval()  # inference never drops
     torch.testing.assert_close(moe(x)[0], moe_reference(moe, x))
 
 
@@ -454,23 +519,32 @@ def test_model_aux_loss_sums_layers_and_gets_gradients():
 
 # ------------------------------------------------------------------------------------------------ accounting
 
+
 def moe_variant(config: GPTConfig) -> GPTConfig:
     return dataclasses.replace(config, n_expert=8, expert_top_k=2)
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_param_counts_match_the_closed_form(name):
-    for config in (PRESETS[name], dataclasses.replace(PRESETS[name], tie_embeddings=False),
-                   moe_variant(PRESETS[name])):
-        with torch.device("meta"):                                    # shapes only: the 1B model costs nothing
+    for config in (
+        PRESETS[name],
+        dataclasses.replace(PRESETS[name], tie_embeddings=False),
+        moe_variant(PRESETS[name]),
+    ):
+        with torch.device("meta"):  # shapes only: the 1B model costs nothing
             model = GPT(config)
-        for kwargs in ({}, dict(non_embedding=True), dict(active=True), dict(non_embedding=True, active=True)):
+        for kwargs in (
+            {},
+            dict(non_embedding=True),
+            dict(active=True),
+            dict(non_embedding=True, active=True),
+        ):
             assert model.num_params(**kwargs) == config.num_params(**kwargs), (config, kwargs)
 
 
 def test_closed_form_by_hand_and_preset_sizes():
     # 124m: 12 layers * 12 * 768^2 + 50304 * 768 (tied) + 25 * 768 norm gains.
-    assert PRESETS["124m"].num_params() == 12 * 12 * 768 ** 2 + 50304 * 768 + 25 * 768
+    assert PRESETS["124m"].num_params() == 12 * 12 * 768**2 + 50304 * 768 + 25 * 768
     assert PRESETS["350m"].num_params() == pytest.approx(355e6, rel=0.03)
     assert PRESETS["1b"].num_params() == pytest.approx(1.08e9, rel=0.02)
     assert PRESETS["10m"].num_params(non_embedding=True) == pytest.approx(10e6, rel=0.1)
@@ -492,6 +566,7 @@ def test_flops_per_token_matches_torch_flop_counter():
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
+
     config = small(vocab_size=256, block_size=32, n_embd=64)
     model = make(config)
     x = ids((2, 32), vocab=256)
@@ -512,6 +587,7 @@ def test_training_memory_is_16_bytes_per_parameter():
 
 # ------------------------------------------------------------------------------------------------ training
 
+
 def test_activation_checkpointing_gives_the_same_gradients():
     for overrides in ({}, dict(n_expert=4, expert_top_k=2)):
         plain = make(small(**overrides))
@@ -524,7 +600,9 @@ def test_activation_checkpointing_gives_the_same_gradients():
             torch.testing.assert_close(a.grad, b.grad, msg=name)
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(n_expert=4, expert_top_k=2, activation_checkpointing=True)])
+@pytest.mark.parametrize(
+    "overrides", [{}, dict(n_expert=4, expert_top_k=2, activation_checkpointing=True)]
+)
 def test_no_graph_breaks_under_torch_compile(overrides):
     model = make(small(**overrides))
     x = ids((2, 16))
@@ -535,7 +613,9 @@ def test_no_graph_breaks_under_torch_compile(overrides):
     (loss + compiled_aux).backward()
     eager_logits, _ = model(x, x)
     torch.testing.assert_close(logits, eager_logits)
-    torch.testing.assert_close(compiled_aux, model.aux_loss)          # the MoE side channel survives compile
+    torch.testing.assert_close(
+        compiled_aux, model.aux_loss
+    )  # the MoE side channel survives compile
     torch._dynamo.reset()
 
 
@@ -549,10 +629,11 @@ def test_tiny_model_overfits_a_batch():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    assert loss.item() < 0.05                                         # started at ln(64) = 4.16
+    assert loss.item() < 0.05  # started at ln(64) = 4.16
 
 
 # ------------------------------------------------------------------------------------------------ command line
+
 
 def test_cli_prints_presets_and_demo(capsys):
     assert main([]) == 0
@@ -561,9 +642,13 @@ def test_cli_prints_presets_and_demo(capsys):
         assert f"\n{name} " in table
     assert "124M" in table and "1.08B" in table
     assert main(["demo", "--tokens", "3"]) == 0
-    assert "same ids within block_size: True" in capsys.readouterr().out    # KV cache vs full forward
-    script = subprocess.run([sys.executable, str(ROOT / "model.py"), "--help"], capture_output=True, text=True,
-                            timeout=120)
+    assert "same ids within block_size: True" in capsys.readouterr().out  # KV cache vs full forward
+    script = subprocess.run(
+        [sys.executable, str(ROOT / "model.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert script.returncode == 0 and "presets" in script.stdout
 
 
@@ -572,6 +657,7 @@ def test_cli_prints_presets_and_demo(capsys):
 # autograd over fake CUDA parameters aborts the process. The meta device stands in for "a device that is not the
 # CPU": shapes, dtypes and autograd run, a CPU tensor meeting a meta one raises (0-dim scalars excepted, as on
 # CUDA), and any read of a value back to the host raises, which is exactly what a device-to-host sync would be.
+
 
 def test_forward_backward_and_generate_on_another_device_never_read_values_back():
     """Catches: `int(idx.min())` / `int(idx.max())` in the input check (two device-to-host syncs per forward on a
@@ -595,14 +681,16 @@ def test_gqa_expands_kv_heads_in_groups_like_repeat_interleave():
     attn, x = model.blocks[0].attn, torch.randn(2, 16, config.n_embd)
     B, T, d = 2, 16, config.head_dim
     from model import apply_rope, rope_angles
+
     q = attn.wq(x).view(B, T, 4, d)
     k = attn.wk(x).view(B, T, 2, d)
     v = attn.wv(x).view(B, T, 2, d)
     cos, sin = rope_angles(torch.arange(T), d, config.rope_theta)
     q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
     v = v.transpose(1, 2)
-    y = F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1),
-                                       is_causal=True)
+    y = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), is_causal=True
+    )
     want = attn.wo(y.transpose(1, 2).reshape(B, T, 4 * d))
     torch.testing.assert_close(attn(x), want)
 
@@ -616,30 +704,38 @@ def gqa_inputs(tq, tk, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tq, tk", [(8, 8), (1, 8), (3, 8)])     # causal, one new token, a prompt after a cache
+@pytest.mark.parametrize(
+    "tq, tk", [(8, 8), (1, 8), (3, 8)]
+)  # causal, one new token, a prompt after a cache
 def test_gqa_reads_kv_heads_in_place_and_equals_the_copy(dtype, tq, tk, monkeypatch):
     """Catches: K/V copied to n_head heads where the CPU's kernel reads the groups itself (autograd then keeps the
     copies: group times the K/V memory), or paired with the wrong query heads. The references: the same function
     made to copy (SDPA_GQA_IN_PLACE emptied, the rule for a device whose kernel needs the copy) and K/V repeated
     by hand (query head j reads kv head j // 4) into plain SDPA, outputs and gradients."""
     import model as model_module
+
     q, k, v, d_out = gqa_inputs(tq, tk, dtype)
 
     def run(attention):
         saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.data_ptr()) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append(t.data_ptr()) or t, lambda t: t
+        ):
             out = attention(q, k, v)
         return out, torch.autograd.grad(out, (q, k, v), d_out), saved
 
     out, grads, saved = run(causal_attention)
-    assert k.data_ptr() in saved and v.data_ptr() in saved                 # the kernel keeps k, v, no copies
+    assert k.data_ptr() in saved and v.data_ptr() in saved  # the kernel keeps k, v, no copies
     mask = torch.arange(tk)[None, :] <= torch.arange(tk - tq, tk)[:, None]
-    by_hand = run(lambda q, k, v: F.scaled_dot_product_attention(
-        q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1), attn_mask=mask))
+    by_hand = run(
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q, k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1), attn_mask=mask
+        )
+    )
     with monkeypatch.context() as patch:
         patch.setattr(model_module, "SDPA_GQA_IN_PLACE", {})
         copied = run(causal_attention)
-    assert k.data_ptr() not in copied[2]                                   # this one did copy
+    assert k.data_ptr() not in copied[2]  # this one did copy
     # bf16: the kernel adds a group's 4 K/V gradients in fp32 and rounds once, the copy's backward rounds each
     # head's gradient and adds them in bf16: they differ by bf16 rounding (~2e-3 here, |grad| ~ 3), not more
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
@@ -651,8 +747,12 @@ def test_gqa_reads_kv_heads_in_place_and_equals_the_copy(dtype, tq, tk, monkeypa
 
 # ------------------------------------------------------------------------- attention's cost: flash, linear, hybrid
 
-from model import (FlashAttention2, flash_attention, linear_attention_chunked,  # noqa: E402
-                   linear_attention_recurrent)
+from model import (  # noqa: E402
+    FlashAttention2,
+    flash_attention,
+    linear_attention_chunked,
+    linear_attention_recurrent,
+)
 
 
 def naive_attention(q, k, v, is_causal):
@@ -664,15 +764,22 @@ def naive_attention(q, k, v, is_causal):
 
 
 @pytest.mark.parametrize("is_causal", [True, False])
-@pytest.mark.parametrize("tq, tk, tile", [(37, 37, 8), (16, 16, 16), (1, 1, 4), (5, 70, 16), (70, 70, 64)])
+@pytest.mark.parametrize(
+    "tq, tk, tile", [(37, 37, 8), (16, 16, 16), (1, 1, 4), (5, 70, 16), (70, 70, 64)]
+)
 def test_flash_attention_equals_sdpa_and_the_formula_with_gradients(is_causal, tq, tk, tile):
     gen = torch.Generator().manual_seed(tq * 100 + tk)
     q = torch.randn(2, 3, tq, 8, generator=gen, dtype=torch.float64, requires_grad=True)
-    k, v = (torch.randn(2, 3, tk, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    k, v = (
+        torch.randn(2, 3, tk, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
     d_out = torch.randn(2, 3, tq, 8, generator=gen, dtype=torch.float64)
     out = FlashAttention2.apply(q, k, v, is_causal, tile)
-    for reference in (F.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
-                      naive_attention(q, k, v, is_causal)):
+    for reference in (
+        F.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
+        naive_attention(q, k, v, is_causal),
+    ):
         torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-10)
         grads = torch.autograd.grad(out, (q, k, v), d_out, retain_graph=True)
         for got, want in zip(grads, torch.autograd.grad(reference, (q, k, v), d_out)):
@@ -684,7 +791,9 @@ def test_flash_attention_broadcasts_gqa_groups_with_gradients(is_causal):
     """Catches: a kv head's gradient taken from one query head of its group instead of the group's sum. The
     reference: SDPA's own GQA (enable_gqa) in float64; q (2, 2, 4, 37, 16) against k, v (2, 2, 1, 37, 16)."""
     q, k, v, d_out = gqa_inputs(37, 37, torch.float64, seed=1)
-    out = FlashAttention2.apply(q.unflatten(1, (2, 4)), k.unsqueeze(2), v.unsqueeze(2), is_causal, 8).flatten(1, 2)
+    out = FlashAttention2.apply(
+        q.unflatten(1, (2, 4)), k.unsqueeze(2), v.unsqueeze(2), is_causal, 8
+    ).flatten(1, 2)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
     torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
     grads = torch.autograd.grad(out, (q, k, v), d_out)
@@ -694,13 +803,21 @@ def test_flash_attention_broadcasts_gqa_groups_with_gradients(is_causal):
 
 def test_flash_attention_saves_linear_memory_for_backward():
     """What autograd keeps: q, k, v, the output and one log-sum-exp per query (O(T)); the formula keeps T x T."""
+
     def saved_numbers(fn, T):
         numbers = []
         q, k, v = (torch.randn(1, 1, T, 8, requires_grad=True) for _ in range(3))
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: numbers.append(t.numel()) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: numbers.append(t.numel()) or t, lambda t: t
+        ):
             fn(q, k, v, True)
         return sum(numbers)
-    assert saved_numbers(flash_attention, 512) == 2 * saved_numbers(flash_attention, 256) == 2 * 256 * 33
+
+    assert (
+        saved_numbers(flash_attention, 512)
+        == 2 * saved_numbers(flash_attention, 256)
+        == 2 * 256 * 33
+    )
     assert saved_numbers(naive_attention, 512) > 3.5 * saved_numbers(naive_attention, 256)
 
 
@@ -717,8 +834,12 @@ def test_flash_attention_in_bf16_is_as_accurate_as_sdpa(T):
         out = attend(*leaves)
         return [out] + list(torch.autograd.grad(out, leaves, d_out.to(dtype)))
 
-    reference = output_and_grads(lambda *qkv: F.scaled_dot_product_attention(*qkv, is_causal=True), torch.float64)
-    fused = output_and_grads(lambda *qkv: F.scaled_dot_product_attention(*qkv, is_causal=True), torch.bfloat16)
+    reference = output_and_grads(
+        lambda *qkv: F.scaled_dot_product_attention(*qkv, is_causal=True), torch.float64
+    )
+    fused = output_and_grads(
+        lambda *qkv: F.scaled_dot_product_attention(*qkv, is_causal=True), torch.bfloat16
+    )
     by_hand = output_and_grads(lambda *qkv: flash_attention(*qkv, True), torch.bfloat16)
     for name, want, sdpa, got in zip(("out", "dq", "dk", "dv"), reference, fused, by_hand):
         assert got.dtype == torch.bfloat16
@@ -741,19 +862,27 @@ def test_compiled_flash_attention_graph_does_not_grow_with_T():
             def compile_graph(graph_module, example_inputs):
                 counts[kind] = len(graph_module.graph.nodes)
                 return make_boxed_func(graph_module.forward)
+
             return compile_graph
 
         torch._dynamo.reset()
         backend = aot_autograd(fw_compiler=counting("forward"), bw_compiler=counting("backward"))
-        attend = torch.compile(lambda q, k, v: flash_attention(q, k, v, True), backend=backend, dynamic=False,
-                               fullgraph=True)
+        attend = torch.compile(
+            lambda q, k, v: flash_attention(q, k, v, True),
+            backend=backend,
+            dynamic=False,
+            fullgraph=True,
+        )
         gen = torch.Generator().manual_seed(T)
         q = torch.randn(1, 2, 2, T, 16, generator=gen, requires_grad=True)
         k, v = (torch.randn(1, 2, 1, T, 16, generator=gen, requires_grad=True) for _ in range(2))
         compiled = attend(q, k, v)
         eager = flash_attention(q, k, v, True)
         torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
-        for got, want in zip(torch.autograd.grad(compiled.sum(), (q, k, v)), torch.autograd.grad(eager.sum(), (q, k, v))):
+        for got, want in zip(
+            torch.autograd.grad(compiled.sum(), (q, k, v)),
+            torch.autograd.grad(eager.sum(), (q, k, v)),
+        ):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
         return counts
 
@@ -766,7 +895,7 @@ def test_compiled_flash_attention_graph_does_not_grow_with_T():
 def test_flash_in_the_model_equals_sdpa_with_gqa_outputs_and_gradients():
     x = ids((2, 13))
     sdpa, flash = make(small()), make(small(attention="flash"))
-    assert sdpa.blocks[0].attn.n_kv_head < sdpa.blocks[0].attn.n_head          # GQA is exercised
+    assert sdpa.blocks[0].attn.n_kv_head < sdpa.blocks[0].attn.n_head  # GQA is exercised
     (logits_a, loss_a), (logits_b, loss_b) = sdpa(x, x), flash(x, x)
     torch.testing.assert_close(logits_a, logits_b, rtol=1e-5, atol=1e-5)
     loss_a.backward()
@@ -789,9 +918,11 @@ def test_linear_attention_recurrent_and_chunked_forms_agree(T, chunk):
         torch.testing.assert_close(state_r, state_c, rtol=1e-10, atol=1e-10)
     # The formula by hand for the last token: o_T = sum_s prod_{r > s} a_r (q_T . k_s) v_s (no initial state).
     a = log_a.exp()
-    scores = (q[:, :, -1:] @ k.transpose(-1, -2))[:, :, 0]                      # (B, h, T)
-    weights = torch.stack([a[:, :, s + 1:].prod(-1) for s in range(T)], -1) * scores
-    torch.testing.assert_close(linear_attention_recurrent(q, k, v, log_a)[0][:, :, -1], (weights[..., None] * v).sum(2))
+    scores = (q[:, :, -1:] @ k.transpose(-1, -2))[:, :, 0]  # (B, h, T)
+    weights = torch.stack([a[:, :, s + 1 :].prod(-1) for s in range(T)], -1) * scores
+    torch.testing.assert_close(
+        linear_attention_recurrent(q, k, v, log_a)[0][:, :, -1], (weights[..., None] * v).sum(2)
+    )
 
 
 @pytest.mark.parametrize("pattern", ["L", "LA", "AL"])
@@ -806,11 +937,13 @@ def test_generate_with_kv_cache_and_recurrent_state_equals_the_full_forward(patt
     assert torch.equal(out, idx)
     cache = KVCache(2, 2, 2, 40, 8, kinds=model.config.layer_kinds)
     with torch.no_grad():
-        model(idx[:, :34], kv_cache=cache)                                       # a prompt, chunked form
-        step = model(idx[:, 34:35], kv_cache=cache)[0]                           # one token, recurrent form
+        model(idx[:, :34], kv_cache=cache)  # a prompt, chunked form
+        step = model(idx[:, 34:35], kv_cache=cache)[0]  # one token, recurrent form
         torch.testing.assert_close(step[:, -1], model(idx)[0][:, -1], rtol=1e-4, atol=1e-5)
     attention_layers = pattern.count("A")
-    assert cache.nbytes() == 4 * (attention_layers * 2 * 2 * 2 * 40 * 8 + (2 - attention_layers) * 2 * 4 * 8 * 8)
+    assert cache.nbytes() == 4 * (
+        attention_layers * 2 * 2 * 2 * 40 * 8 + (2 - attention_layers) * 2 * 4 * 8 * 8
+    )
 
 
 def test_layer_pattern_builds_the_kinds_and_counts_their_parameters_and_state():
@@ -820,8 +953,10 @@ def test_layer_pattern_builds_the_kinds_and_counts_their_parameters_and_state():
     assert model.num_params() == config.num_params() and config.layer_kinds == "LLLA"
     assert make(small(layer_pattern="A")).num_params() == make(small()).num_params()
     full, linear = small(layer_pattern="A"), small(layer_pattern="L")
-    assert full.decode_state_bytes(2000) == 2 * full.decode_state_bytes(1000)        # the cache grows
-    assert linear.decode_state_bytes(2000) == linear.decode_state_bytes(10) > 0       # the state does not
+    assert full.decode_state_bytes(2000) == 2 * full.decode_state_bytes(1000)  # the cache grows
+    assert (
+        linear.decode_state_bytes(2000) == linear.decode_state_bytes(10) > 0
+    )  # the state does not
     assert linear.flops_per_token(1000) == linear.flops_per_token(10) < full.flops_per_token(1000)
     x = ids((2, 16))
     loss = model(x, x)[1]
@@ -829,12 +964,18 @@ def test_layer_pattern_builds_the_kinds_and_counts_their_parameters_and_state():
     assert all(p.grad is not None for p in model.parameters())
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(layer_pattern="LAX"), "layer_pattern: 'LAX' has a kind other than A"),
-    (dict(n_layer=4, layer_pattern="LLA"), r"layer_pattern: 'LLA' \(length 3\) does not tile n_layer=4"),
-    (dict(attention="triton"), "attention: must be 'sdpa' or 'flash'"),
-    (dict(attention="flash", dropout=0.1), "attention: 'flash' has no attention dropout"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(layer_pattern="LAX"), "layer_pattern: 'LAX' has a kind other than A"),
+        (
+            dict(n_layer=4, layer_pattern="LLA"),
+            r"layer_pattern: 'LLA' \(length 3\) does not tile n_layer=4",
+        ),
+        (dict(attention="triton"), "attention: must be 'sdpa' or 'flash'"),
+        (dict(attention="flash", dropout=0.1), "attention: 'flash' has no attention dropout"),
+    ],
+)
 def test_bad_attention_configs_get_one_line(overrides, message):
     with pytest.raises(ConfigError, match=rf"GPTConfig\.{message}"):
         small(**overrides)
