@@ -37,6 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import dedup  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
+from machinery import dedup_files  # noqa: E402
 from machinery.cli import writable  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -307,7 +308,7 @@ def main(argv=None):
         result["scale"] = scale(args.big_docs, args.seed)
     print(report(result))
     try:
-        dedup.write_atomic(args.out, json.dumps(result, indent=2) + "\n")
+        dedup_files.write_atomic(args.out, json.dumps(result, indent=2) + "\n")
     except dedup.DedupError as e:         # a full disk, or a folder made read-only meanwhile
         print(f"{parser.prog}: error: --out {e}", file=sys.stderr)
         return 2
