@@ -252,9 +252,15 @@ def _text_groups(texts: list[str]):
         first = last
 
 
-def _word_hashes_of_group(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """`word_hashes` of one group of texts, all in one string: (hashes (words,), words per text
-    (texts,))."""
+def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The 64-bit `word_hash` of every word of every text, in order, without a Python loop over
+    words: (hashes (total words,) uint64, words per text (texts,) int64). The texts are joined into
+    one string, so callers pass one group of them at a time (`_text_groups`).
+
+    >>> hashes, counts = word_hashes(["The cat", "", "sat."])
+    >>> counts.tolist(), [int(h) for h in hashes] == [word_hash(w) for w in ("the", "cat", "sat")]
+    ([2, 0, 1], True)
+    """
     normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts]
     # "\n" is no word char: words never span texts
     joined = "\n".join(normalized) + "\n"
@@ -274,22 +280,9 @@ def _word_hashes_of_group(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return _fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)), counts
 
 
-def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """The 64-bit `word_hash` of every word of every text, in order, without a Python loop over
-    words: (hashes (total words,) uint64, words per text (texts,) int64).
-
-    >>> hashes, counts = word_hashes(["The cat", "", "sat."])
-    >>> counts.tolist(), [int(h) for h in hashes] == [word_hash(w) for w in ("the", "cat", "sat")]
-    ([2, 0, 1], True)
-    """
-    groups = [(np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64))]
-    groups += [_word_hashes_of_group(texts[first:last]) for first, last in _text_groups(texts)]
-    return np.concatenate([g[0] for g in groups]), np.concatenate([g[1] for g in groups])
-
-
 def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     """`shingle_fingerprints` of one group of texts."""
-    words64, lengths = _word_hashes_of_group(texts)
+    words64, lengths = word_hashes(texts)
     empty = np.flatnonzero(lengths == 0)
     # an empty document is the one shingle "" (one empty word)
     if empty.size:
@@ -336,13 +329,6 @@ def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.n
         offsets.append(group_offsets[1:] + shift)
         shift += group_offsets[-1]
     return np.concatenate(values), np.concatenate(offsets)
-
-
-def shingle_hashes(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """The 32-bit shingle hashes x that MinHash uses: (x, offsets) as in `shingle_fingerprints`, x =
-    top 32 bits."""
-    values, offsets = shingle_fingerprints(texts, n)
-    return values >> np.uint64(32), offsets
 
 
 # --------------------------------------------------------------------------------------------------
@@ -449,21 +435,15 @@ class MinHasher:
         self.a = rng.integers(1, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)  # (k,) never 0
         self.b = rng.integers(0, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)  # (k,)
         # The fast path's coefficients (see `hash_fractions`): a·2^(11j) mod p for j = 0, 1, 2, and
-        # b, over p.
+        # b, over p: (k, 4).
         shifted = [(int(a) << shift) % PRIME for a in self.a for shift in (0, 11, 22)]
-        self._coefficients = np.column_stack(
-            [
-                np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME,
-                # (k, 4)
-                self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT,
-            ]
-        )
+        pieces = np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME  # (k, 3)
+        offsets = self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT  # (k,)
+        self._coefficients = np.column_stack([pieces, offsets])
         # Each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p
         # (see `hash_fractions`).
-        self._roots = np.array(
-            [(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)],
-            dtype=np.uint64,
-        )  # (k,)
+        roots = [(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)]
+        self._roots = np.array(roots, dtype=np.uint64)  # (k,)
 
     def hash_fractions(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """h_i(x)/p for all k functions and all 32-bit x as 35-bit fixed-point integers: (k, len(x))
@@ -557,7 +537,9 @@ class MinHasher:
         offsets = np.asarray(offsets, dtype=np.int64)
         num_docs = len(offsets) - 1
         if x.size and int(x.max()) >= _HASH_RANGE:
-            raise DedupError("shingle hashes must be 32-bit: use shingle_hash / shingle_hashes")
+            raise DedupError(
+                "shingle hashes must be 32-bit: use shingle_hash, or shingle_fingerprints >> 32"
+            )
         # (docs, k) minima
         out = np.full((num_docs, self.num_perm), np.iinfo(np.uint64).max, dtype=np.uint64)
         block = np.empty((self.num_perm, self.chunk))
@@ -810,11 +792,9 @@ def candidate_pairs(
             "lsh_candidates needs both bands and rows: e.g. choose_bands_rows(threshold, num_perm)"
         )
     bands, rows = resolve_bands_rows(0.5, signatures.shape[1], bands, rows)
-    documents = (
-        np.arange(signatures.shape[0])
-        if documents is None
-        else np.asarray(documents, dtype=np.int64)
-    )
+    if documents is None:
+        documents = np.arange(signatures.shape[0])
+    documents = np.asarray(documents, dtype=np.int64)
     num_docs = len(documents)
     keys = []
     for band in range(bands):
@@ -954,10 +934,8 @@ def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.n
     >>> representatives.tolist(), stars.tolist()
     ([0, 1], [[0, 2], [0, 3]])
     """
-    mixer = (
-        np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64) * 2
-        + 1
-    )
+    odd = np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64)
+    mixer = odd * 2 + 1  # (k,) random odd multipliers
     # (N,) a hash of the whole row (wraps mod 2^64)
     keys = _fmix64_array(signatures @ mixer)
     # twins side by side, smaller index first
@@ -1017,11 +995,10 @@ def near_duplicate_pairs(
         representatives = np.union1d(representatives, stars[~copies, 1])
         stars = stars[copies]
     candidates = candidate_pairs(signatures, bands, rows, documents=representatives)
-    similarity = (
-        pair_jaccard(texts, candidates, n)
-        if verify == "exact"
-        else pair_estimates(signatures, candidates)
-    )
+    if verify == "exact":
+        similarity = pair_jaccard(texts, candidates, n)
+    else:
+        similarity = pair_estimates(signatures, candidates)
     keep = similarity >= threshold
     pairs = np.concatenate([stars, candidates[keep]])
     similarity = np.concatenate([np.ones(len(stars)), similarity[keep]])
@@ -1297,6 +1274,51 @@ def brute_force_jaccard(shingle_sets: list[set[str]]) -> tuple[np.ndarray, np.nd
     return np.stack([i, j], axis=1).astype(np.int64), values
 
 
+def measure_setting(
+    documents: list[str],
+    planted: set[tuple[int, int]],
+    exact_of: dict[tuple[int, int], float],
+    setting: tuple[int, int, int],
+    threshold: float = 0.5,
+    n: int = 3,
+    seed: int = 0,
+    verify: str = "estimate",
+) -> dict:
+    """One row of the experiment: MinHash + LSH + verification with setting = (k, bands, rows),
+    timed, and scored against `exact_of`, the exact Jaccard of every pair i < j (brute force)."""
+    k, bands, rows = setting
+    start = time.perf_counter()
+    signatures = MinHasher(k, seed).signatures_from_texts(documents, n)
+    candidates = candidate_pairs(signatures, bands, rows)
+    if verify == "exact":
+        similarity = pair_jaccard(documents, candidates, n)
+    else:
+        similarity = pair_estimates(signatures, candidates)
+    found = set(map(tuple, candidates[similarity >= threshold].tolist()))
+    seconds = time.perf_counter() - start
+    # the estimate's error only where there is something to estimate: pairs with J > 0.1
+    similar = [pair for pair, j in exact_of.items() if j > 0.1]
+    estimates = pair_estimates(signatures, np.array(similar))
+    errors = np.abs(estimates - np.array([exact_of[pair] for pair in similar]))
+    planted_mean = float(np.mean([exact_of[pair] for pair in planted]))
+    false_pairs = found - planted
+    return {
+        "num_perm": k,
+        "bands": bands,
+        "rows": rows,
+        "lsh_threshold": round(lsh_threshold(bands, rows), 4),
+        "p_candidate_at_threshold": round(candidate_probability(threshold, bands, rows), 4),
+        "mae_jaccard_above_0.1": round(float(np.mean(errors)), 4),
+        "standard_error_at_planted_mean": round(standard_error(planted_mean, k), 4),
+        "recall": len(found & planted) / len(planted),
+        "false_positives": len(false_pairs),
+        "false_positives_exact_below_threshold": sum(exact_of[p] < threshold for p in false_pairs),
+        "pairs_compared": len(candidates),
+        "fraction_of_brute_force": round(len(candidates) / len(exact_of), 5),
+        "seconds": round(seconds, 3),
+    }
+
+
 def run_experiment(
     documents: list[str],
     planted: set[tuple[int, int]],
@@ -1306,24 +1328,20 @@ def run_experiment(
     seed: int = 0,
     verify: str = "estimate",
 ) -> dict:
-    """Brute force vs MinHash + LSH for each (k, bands, rows). Returns a JSON-ready dict (see
-    `experiment_table`)."""
+    """Brute force vs MinHash + LSH for each (k, bands, rows) of `settings`: a JSON-ready dict, one
+    `measure_setting` row per setting."""
     _check_threshold(threshold)
     if verify not in ("exact", "estimate"):
         raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
     for k, bands, rows in settings:
         resolve_bands_rows(threshold, k, bands, rows)
     start = time.perf_counter()
-    sets = [shingles(doc, n) for doc in documents]
-    all_pairs, exact = brute_force_jaccard(sets)
+    all_pairs, exact = brute_force_jaccard([shingles(doc, n) for doc in documents])
     brute_seconds = time.perf_counter() - start
-    num_docs = len(documents)
-    exact_of = dict(zip((all_pairs[:, 0] * num_docs + all_pairs[:, 1]).tolist(), exact.tolist()))
-    # MAE only where there is something to estimate
-    similar = exact > 0.1
-    planted_j = [exact_of[i * num_docs + j] for i, j in planted]
-    result = {
-        "documents": num_docs,
+    exact_of = dict(zip(map(tuple, all_pairs.tolist()), exact.tolist()))
+    planted_j = [exact_of[pair] for pair in planted]
+    return {
+        "documents": len(documents),
         "planted_pairs": len(planted),
         "threshold": threshold,
         "shingle_n": n,
@@ -1332,7 +1350,7 @@ def run_experiment(
         "brute_force": {
             "pairs": len(exact),
             "seconds": round(brute_seconds, 3),
-            "pairs_jaccard_above_0.1": int(similar.sum()),
+            "pairs_jaccard_above_0.1": int((exact > 0.1).sum()),
             "pairs_jaccard_at_least_threshold": int((exact >= threshold).sum()),
         },
         "planted_jaccard": {
@@ -1340,48 +1358,11 @@ def run_experiment(
             "mean": round(float(np.mean(planted_j)), 4),
             "max": round(max(planted_j), 4),
         },
-        "settings": [],
+        "settings": [
+            measure_setting(documents, planted, exact_of, setting, threshold, n, seed, verify)
+            for setting in settings
+        ],
     }
-    for k, bands, rows in settings:
-        start = time.perf_counter()
-        signatures = MinHasher(k, seed).signatures_from_texts(documents, n)
-        candidates = candidate_pairs(signatures, bands, rows)
-        similarity = (
-            pair_jaccard(documents, candidates, n)
-            if verify == "exact"
-            else pair_estimates(signatures, candidates)
-        )
-        found = candidates[similarity >= threshold]
-        seconds = time.perf_counter() - start
-        estimates = estimate_jaccard(
-            signatures[all_pairs[similar, 0]], signatures[all_pairs[similar, 1]]
-        )
-        found_set = set(map(tuple, found.tolist()))
-        false_pairs = found_set - planted
-        result["settings"].append(
-            {
-                "num_perm": k,
-                "bands": bands,
-                "rows": rows,
-                "lsh_threshold": round(lsh_threshold(bands, rows), 4),
-                "p_candidate_at_threshold": round(candidate_probability(threshold, bands, rows), 4),
-                "mae_jaccard_above_0.1": round(
-                    float(np.mean(np.abs(estimates - exact[similar]))), 4
-                ),
-                "standard_error_at_planted_mean": round(
-                    standard_error(float(np.mean(planted_j)), k), 4
-                ),
-                "recall": len(found_set & planted) / len(planted),
-                "false_positives": len(false_pairs),
-                "false_positives_exact_below_threshold": sum(
-                    exact_of[i * num_docs + j] < threshold for i, j in false_pairs
-                ),
-                "pairs_compared": len(candidates),
-                "fraction_of_brute_force": round(len(candidates) / len(exact), 5),
-                "seconds": round(seconds, 3),
-            }
-        )
-    return result
 
 
 if __name__ == "__main__":

@@ -154,7 +154,7 @@ def score(pairs: set, planted: set, texts, n=SHINGLE) -> dict:
 
 def side_by_side(num_docs: int, repeats: int, seed: int) -> dict:
     texts, planted = build_corpus(sentence_pool(DATA), num_docs, seed=seed)
-    shingle_count = int(np.diff(dedup.shingle_hashes(texts, SHINGLE)[1]).sum())
+    shingle_count = int(np.diff(dedup.shingle_fingerprints(texts, SHINGLE)[1]).sum())
     sig_wall, sig_cpu, _ = best_times({"ours": ours_signatures, "datasketch": datasketch_signatures}, texts, repeats)
     e2e_wall, e2e_cpu, found = best_times({"ours": ours, "ours (verify=estimate)": lambda t: ours(t, verify="estimate"),
                                            "datasketch": datasketch_pairs}, texts, repeats)
