@@ -8,23 +8,18 @@ Classification"; fastText's lid.176 is one, DCLM's quality filter another):
          -> average of their rows of an embedding E (B, D)      # bag of features: no order
          -> a linear layer W (D, K) + b -> softmax over K labels   # "en", "fr", ... or "high"
 
-Why hashing: the character n-grams of a crawl ("th", "ing", "ção": they carry the language, and
-need no spaces, which Chinese, Japanese and Thai lack) are unbounded; a hash mod B maps any of them
-to a fixed table with no dictionary to ship (B = 2**16; two n-grams in one bucket share a row). Only
-a document's first MAX_CHARS characters count, so a 5 MB page costs as much as a 1 KB one: ~3,000
-features hashed at once by numpy (`features`), a gather of 3,000 rows of D = 16 floats, a mean and
-a (16 x K) product: ~0.1 ms. Training: cross-entropy by Adam, a step touching only its batch's rows.
+Why hashing: the character n-grams of a crawl ("th", "ing", "ção": the language is in them, and no
+spaces are needed, which Chinese, Japanese and Thai lack) are unbounded; a hash mod B maps any of
+them to a fixed table with no dictionary to ship (B = 2**16). Only the first MAX_CHARS characters
+count: ~3,000 features, hashed at once by numpy (`features`), then a mean of their rows: ~0.1 ms.
 
-Language identification, `identify_language(text) -> ("pt", 0.97)`, is trained on real human
-translations (the gettext catalogs of Django, Weblate, Wagtail and Sphinx). Quality,
-`classify_quality(text) -> ("high", 0.9)`, on the lecture's contrast: reference prose (Wikipedia)
-as "high" against web crawl (C4, FineWeb) as "low". The model knows no rule of quality: it scores
-how much a page reads like text someone chose to keep, so choosing the positives is choosing what
-"quality" means. Both models ship in classifiers/ (float16, 2 MiB each, checked before trusted:
-`Classifier.load`). docs/classify.md: the corpora, the funnel's thresholds, retraining.
+`identify_language(text) -> ("pt", 0.97)` is trained on real human translations (gettext catalogs);
+`classify_quality(text) -> ("high", 0.9)` on the lecture's contrast, reference prose (Wikipedia)
+against web crawl (C4, FineWeb): it knows no rule of quality, it scores how much a page reads like
+text someone chose to keep, so choosing the positives is choosing what "quality" means. Both ship
+in classifiers/, checked before trusted (`Classifier.load`). docs/classify.md: the details.
 
-Depends on: numpy, torch and the standard library. machinery/classify_corpora.py reads the
-training text; machinery/commands/classify.py is the command line.
+Depends on numpy, torch and the standard library (training text: machinery/classify_corpora.py).
 """
 
 from __future__ import annotations
@@ -51,10 +46,9 @@ NGRAMS = (1, 2, 3)
 # ISO 639 codes: every language with >= 300 training texts in classify_corpora.py's catalogs but
 # Bosnian (309 texts, read as Croatian or Serbian by this model and by lid.176 alike)
 LANGUAGES = (
-    "af ar ast az ba be bg bn br ca ckb cs cy da de dsb dv el en eo es et eu fa fi fr ga "
-    "gd gl he hi hr hsb hu hy ia id is it ja ka kab kk km ko ky lt lv mi mk ml mn mr ms "
-    "my nb ne nl nn os pa pl pt ro ru sk sl sq sr sv sw ta tet tg th tk tr tt ug uk ur uz "
-    "vi zh"
+    "af ar ast az ba be bg bn br ca ckb cs cy da de dsb dv el en eo es et eu fa fi fr ga gd gl "
+    "he hi hr hsb hu hy ia id is it ja ka kab kk km ko ky lt lv mi mk ml mn mr ms my nb ne nl nn "
+    "os pa pl pt ro ru sk sl sq sr sv sw ta tet tg th tk tr tt ug uk ur uz vi zh"
 ).split()
 MODEL_DIR = pathlib.Path(__file__).resolve().parent / "classifiers"
 QUALITY_LABELS = ("high", "low")
@@ -92,8 +86,7 @@ def features(text: str) -> np.ndarray:
     (prefix[i + n] - prefix[i]) * P^-i (P is odd, so it has an inverse mod 2^64). uint64 arithmetic
     wraps in numpy as in C, the same in every process. The bucket is the top 16 bits of (h + the
     kind's salt) * MIX (Knuth's multiplicative hashing; the salt keeps the word "hi" apart from the
-    bigram "hi"). No Python loop over n-grams: ~60 µs for 1,000 characters, crc32 per n-gram took
-    ~1.5 ms.
+    bigram "hi"). No Python loop over n-grams: ~60 µs for 1,000 characters.
 
     >>> features("Hi").tolist() == features("  hI ").tolist()     # " hi ": 4 + 3 + 2 grams, 1 word
     True
@@ -119,12 +112,9 @@ def features(text: str) -> np.ndarray:
 
 
 class Classifier:
-    """Averaged hashed-feature embeddings, a linear layer, softmax. `predict` -> (label,
-    probability)."""
+    """Averaged hashed-feature embeddings, a linear layer, softmax: `predict` -> (label, p)."""
 
-    def __init__(
-        self, labels: list[str], embed: np.ndarray, weight: np.ndarray, bias: np.ndarray
-    ) -> None:
+    def __init__(self, labels: list[str], embed: np.ndarray, weight: np.ndarray, bias: np.ndarray):
         self.labels, self.embed, self.weight, self.bias = labels, embed, weight, bias
 
     def probabilities(self, text: str) -> np.ndarray:
@@ -161,9 +151,7 @@ class Classifier:
         ('high', 'low')
         """
         if not texts or len(set(labels)) < 2:
-            raise ValueError(
-                f"training needs texts of at least two labels, got {sorted(set(labels))}"
-            )
+            raise ValueError(f"training needs texts of two labels or more: {sorted(set(labels))}")
         torch.manual_seed(seed)
         names = sorted(set(labels))
         feats = [torch.from_numpy(features(t)) for t in texts]
@@ -199,9 +187,8 @@ class Classifier:
         return cls(names, embed, head.weight.detach().numpy().T.copy(), head.bias.detach().numpy())
 
     def save(self, path: pathlib.Path | str, fix: str = "write it elsewhere") -> None:
-        """Tensors (the embedding in float16: half the bytes, 2 MiB) and labels, written to a
-        temporary file then renamed (never half-written; on a full disk, a ClassifyError ending
-        in `fix` and no temp file left)."""
+        """Tensors (the embedding in float16: 2 MiB) and labels, into a temporary file then renamed:
+        never half-written (a full disk: a ClassifyError ending in `fix`, no temp file left)."""
         state = {
             "version": VERSION,
             "labels": self.labels,
@@ -216,8 +203,7 @@ class Classifier:
             os.replace(tmp, path)
         except BaseException as e:
             tmp.unlink(missing_ok=True)
-            # torch's writer may wrap the OSError in a RuntimeError: its text tells
-            if isinstance(e, Exception) and "No space left" in f"{e} {e.__cause__} {e.__context__}":
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise ClassifyError(f"no space left writing {path}: free space or {fix}") from None
             raise
 
@@ -235,13 +221,10 @@ class Classifier:
             state = torch.load(path, weights_only=True)
         except pickle.UnpicklingError:
             # torch's message advises weights_only=False: running the pickle's code
-            raise ClassifyError(
-                f"{path}: holds Python objects, not a classifier file of ours "
-                "(refused unread: a pickle can run code)"
-            ) from None
-        # any other damage: a truncated zip, not a zip at all
+            what = "holds Python objects, not a classifier file of ours"
+            raise ClassifyError(f"{path}: {what} (refused unread: a pickle can run code)") from None
+        # any other damage (a truncated zip, not a zip at all): the first of torch's many lines
         except Exception as e:
-            # torch's are many lines
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ClassifyError(f"{path}: not a classifier file ({first}); {RETRAIN}") from None
         embed, weight, bias = checked_state(state, str(path), labels)
@@ -286,19 +269,13 @@ def checked_state(
     if type(state["version"]) is not int or state["version"] != VERSION:
         raise refuse(f"version {state['version']!r}, this code reads {VERSION}")
     names = state["labels"]
-    if not (
-        isinstance(names, list)
-        and len(names) >= 2
-        and len(set(names)) == len(names)
-        and all(isinstance(n, str) and n for n in names)
-    ):
+    strings = isinstance(names, list) and all(isinstance(n, str) and n for n in names)
+    if not strings or len(names) < 2 or len(set(names)) != len(names):
         raise refuse(f"labels {str(names)[:60]!r} are not two or more distinct names")
     if labels and sorted(names) != sorted(labels):
         shown = " ".join(names[:6]) + (" ..." if len(names) > 6 else "")
-        raise ClassifyError(
-            f"{where}: its labels are {shown}, not "
-            f"{' and '.join(labels)}: not a model for this filter"
-        )
+        wanted = " and ".join(labels)
+        raise ClassifyError(f"{where}: its labels are {shown}, not {wanted}: not for this filter")
     sizes = {"buckets": BUCKETS, "dim": None, "labels": len(names)}
     for key, dims in TENSOR_SHAPES.items():
         tensor = state[key]
@@ -339,8 +316,7 @@ def classify_quality(text: str) -> tuple[str, float]:
 
 @functools.lru_cache(maxsize=None)
 def model_at(path: str) -> Classifier:
-    """A quality classifier file (labels high and low), read once per process (every chunk of an
-    engine reuses it)."""
+    """A quality classifier file (labels high and low), read once per process (engines reuse it)."""
     return Classifier.load(path, QUALITY_LABELS)
 
 
@@ -361,12 +337,9 @@ class Progress:
             return
         self.last = now
         rate = (done - self.first) / max(now - self.start, 1e-9)
-        print(
-            f"{self.what}: {done:,} of {total:,} documents (epochs x texts), {rate:,.0f}/s, "
-            f"ETA {(total - done) / max(rate, 1e-9):.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
+        eta = (total - done) / max(rate, 1e-9)
+        counts = f"{done:,} of {total:,} documents (epochs x texts), {rate:,.0f}/s, ETA {eta:.0f} s"
+        print(f"{self.what}: {counts}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
