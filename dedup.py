@@ -88,8 +88,13 @@ def remove_accents(text: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
 
 
+def _is_int(value) -> bool:
+    """An integer, Python's or numpy's, but not a bool (in Python, True is the int 1)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def _check_n(n) -> None:
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+    if not _is_int(n) or n < 1:
         raise DedupError(
             f"shingle size n must be an integer >= 1, got {n!r}: use n=3 (lecture) or n=5 (FineWeb)"
         )
@@ -401,11 +406,7 @@ MAX_NUM_PERM = 8192
 
 
 def _check_num_perm(num_perm) -> None:
-    if (
-        not isinstance(num_perm, (int, np.integer))
-        or isinstance(num_perm, bool)
-        or not 1 <= num_perm <= MAX_NUM_PERM
-    ):
+    if not _is_int(num_perm) or not 1 <= num_perm <= MAX_NUM_PERM:
         raise DedupError(
             f"num_perm must be an integer in [1, {MAX_NUM_PERM}], got {num_perm!r}: use e.g. "
             f"num_perm=128"
@@ -683,9 +684,7 @@ def resolve_bands_rows(
     it; both given -> they must multiply to num_perm."""
     _check_num_perm(num_perm)
     for name, value in (("bands", bands), ("rows", rows)):
-        if value is not None and (
-            not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1
-        ):
+        if value is not None and (not _is_int(value) or value < 1):
             raise DedupError(f"{name} must be a positive integer, got {value!r}")
     if bands is None and rows is None:
         return choose_bands_rows(threshold, num_perm)
@@ -1071,16 +1070,6 @@ def overlap_words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: spreads small consecutive word ids over all 64 bits (uint64
-    arithmetic wraps)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
     """64-bit hash of every run of n consecutive word ids: h = sum_j mix(id[i+j]) * BASE^(n-1-j) mod
     2^64. (len(word_ids) - n + 1,) uint64; empty when the document has fewer than n words. Two
@@ -1094,7 +1083,8 @@ def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
     count = len(word_ids) - n + 1
     if count <= 0:
         return np.empty(0, dtype=np.uint64)
-    mixed = _mix64(word_ids.astype(np.uint64) + np.uint64(1))
+    # fmix64 (section 2) spreads small consecutive word ids over all 64 bits; + 1: no id mixes to 0
+    mixed = _fmix64_array(word_ids.astype(np.uint64) + np.uint64(1))
     h = np.zeros(count, dtype=np.uint64)
     # Horner's rule over the n positions, all start positions at once
     for j in range(n):
