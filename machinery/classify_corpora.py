@@ -391,4 +391,8 @@ def pieces(text: str, size: int = MAX_CHARS) -> list[str]:
 
 
 if __name__ == "__main__":
-    fetch(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else default_folder())
+    from machinery.cli import Parser
+
+    parser = Parser(description="Fetch the catalogs' wheels (pip download --no-deps) into FOLDER.")
+    parser.add_argument("folder", nargs="?", type=pathlib.Path, default=default_folder())
+    fetch(parser.parse_args().folder)
