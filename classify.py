@@ -19,7 +19,7 @@ against web crawl (C4, FineWeb): it knows no rule of quality, it scores how much
 text someone chose to keep, so choosing the positives is choosing what "quality" means. Both ship
 in classifiers/, checked before trusted (`Classifier.load`). docs/classify.md: the details.
 
-Depends on numpy, torch and the standard library (training text: machinery/classify_corpora.py).
+Depends on numpy, torch and the standard library.
 """
 
 from __future__ import annotations

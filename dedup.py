@@ -12,9 +12,7 @@ changing one word changes the whole hash. For that we compare *content overlap*.
          -> {the cat sat, cat sat on, sat on the, on the mat, the mat today}
        B = "the cat sat on the rug today"
          -> {the cat sat, cat sat on, sat on the, on the rug, the rug today}
-       Jaccard(A, B) = |A ∩ B| / |A ∪ B| = 3 / 7 ≈ 0.43
-
-   One changed word breaks every shingle that covers it (up to n of them).
+       Jaccard(A, B) = |A ∩ B| / |A ∪ B| = 3 / 7 ≈ 0.43   (one changed word breaks up to n shingles)
 
 2. MinHash: a short signature whose agreement rate estimates Jaccard. Pick k random hash functions;
    for each one keep only the smallest hash over the document's shingles. Why P(min_A == min_B) =
@@ -36,6 +34,8 @@ changing one word changes the whole hash. For that we compare *content overlap*.
 Section 8 turns the same shingles on another question: which documents of a small corpus share a
 13-gram with a big one (contamination). docs/dedup.md: the exact modular arithmetic, the numbers.
 Run it: python dedup.py demo | experiment | run --input corpus.jsonl --out deduped.jsonl
+
+Depends on numpy and the standard library.
 """
 
 from __future__ import annotations
