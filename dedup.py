@@ -2,9 +2,8 @@
 
 Why. A model that sees the same article many times learns to recite it, the compute spent on the
 copies is wasted, and benchmark questions that float around the web leak into training. An exact
-hash of each document finds copies that are byte-for-byte equal; it misses the reposted article with
-a few words changed, because changing one word changes the whole hash. For that we compare *content
-overlap*.
+hash finds byte-for-byte copies; it misses the reposted article with a few words changed, because
+changing one word changes the whole hash. For that we compare *content overlap*.
 
 1. Shingles and Jaccard. Cut a document into overlapping runs of n words ("shingles", n = 3 here as
    in the lecture, 5 in FineWeb) and compare the sets:
@@ -13,73 +12,43 @@ overlap*.
          -> {the cat sat, cat sat on, sat on the, on the mat, the mat today}
        B = "the cat sat on the rug today"
          -> {the cat sat, cat sat on, sat on the, on the rug, the rug today}
-       Jaccard(A, B) = |A ∩ B| / |A ∪ B| = 3 / 7 ≈ 0.43
-
-   One changed word breaks every shingle that covers it (up to n of them), so shingles are
-   sensitive: "a b c d e f" vs "a b c x e f" share only "a b c": 1 / 7 ≈ 0.14.
+       Jaccard(A, B) = |A ∩ B| / |A ∪ B| = 3 / 7 ≈ 0.43   (one changed word breaks up to n shingles)
 
 2. MinHash: a short signature whose agreement rate estimates Jaccard. Pick k random hash functions;
    for each one keep only the smallest hash over the document's shingles. Why P(min_A == min_B) =
    Jaccard(A, B): order all shingles of A ∪ B by one random hash. The smallest of them is equally
-   likely to be any element of the union. min_A == min_B exactly when that element lies in A ∩ B
-   (if it were only in A, B's minimum would be a different, larger shingle). So the probability
-   is |A ∩ B| / |A ∪ B|. With k = 128 functions, a pair whose signatures agree in 55 places gets
-   the estimate 55 / 128 ≈ 0.43, and comparing two documents costs 128 number comparisons
-   whatever their length. Each position is a coin flip with success probability J, so the
-   estimate's standard error is √(J(1 − J) / k): 0.044 at J = 0.43, k = 128 (4x the functions
-   halve it).
+   likely to be any element of the union, and min_A == min_B exactly when it lies in A ∩ B. With
+   k = 128, a pair whose signatures agree in 55 places gets the estimate 55 / 128 ≈ 0.43, whatever
+   the documents' length. Each position is a coin flip with success probability J, so the standard
+   error is √(J(1 − J) / k): 0.044 at J = 0.43, k = 128 (4x the functions halve it).
 
-   The k functions are h_i(x) = (a_i·x + b_i) mod p: x is the shingle's 32-bit hash, p = 2^32 + 15
-   (the smallest prime above 2^32), a_i and b_i random (seeded). The arithmetic is exact, never a
-   silent uint64 wrap-around: `universal_hash` shows the plain uint64 way (a·x + b < 2^64),
-   `MinHasher.hash_fractions` the fast way (one matrix product in float64 whose every rounding is
-   bounded, so the minimum is still exact).
-
-3. LSH banding: compare only pairs that are likely similar. 600 documents already make 179,700
-   pairs, a million make 5·10^11. Cut each signature into b bands of r rows (32 x 4 = 128). Two
-   documents become a *candidate* if they agree on every row of at least one band. A band matches
-   with probability J^r, so
-
-       P(candidate | J) = 1 − (1 − J^r)^b    an S-curve, steepest near (1/b)^(1/r)
-
+3. LSH banding: compare only pairs that are likely similar (600 documents make 179,700 pairs, a
+   million 5·10^11). Cut each signature into b bands of r rows (32 x 4 = 128). Two documents become
+   a *candidate* if they agree on every row of at least one band; a band matches with probability
+   J^r, so    P(candidate | J) = 1 − (1 − J^r)^b,    an S-curve steepest near (1/b)^(1/r).
    32 x 4: threshold ≈ 0.42, P(J = 0.5) ≈ 0.87, P(J = 0.2) ≈ 0.05. 16 x 8: threshold ≈ 0.71,
-   P(J = 0.5) ≈ 0.06. Candidates are then *verified* (signature estimate, or exact Jaccard when
-   the texts are at hand) against the threshold, and union-find joins the verified pairs into
-   clusters; `dedup` keeps the first of each cluster. Exact copies (identical shingle sets) are
-   joined to their first copy before banding: a page copied m times costs m − 1 pairs instead
-   of m(m − 1)/2 in every band.
+   P(J = 0.5) ≈ 0.06. Candidates are *verified* (exact Jaccard, or the signature estimate) against
+   the threshold, and union-find joins the verified pairs into clusters; `dedup` keeps the first of
+   each cluster.
 
-4. Overlap between two corpora (section 8). The same shingles, turned on a different question: which
-   documents of a small corpus share a long shingle with a big one? An evaluation document that
-   shares a 13-gram of words with the training corpus is contaminated (GPT-3's rule); a held-out
-   file that shares many was not held out. The big side becomes a sorted array of 64-bit 13-gram
-   hashes (8 bytes per n-gram; the standard library's 3.1M distinct 13-grams are 24 MB), looked up
-   by binary search. evaluate.py reports contamination with it, data.py the overlap of --val-data
-   with train.
+Section 8 turns the same shingles on another question: which documents of a small corpus share a
+13-gram with a big one (contamination). docs/dedup.md: the exact modular arithmetic, the numbers.
+Run it: python dedup.py demo | experiment | run --input corpus.jsonl --out deduped.jsonl
 
-Run it:
-    python dedup.py demo                                  # the lecture's worked numbers
-    python dedup.py experiment --data ../shared/data/wikitext-2-raw/wiki.valid.raw
-    python dedup.py run --input corpus.jsonl --out deduped.jsonl
-
-Depends on numpy, the standard library and fileio.py (untrusted JSON lines, files written whole with
-the umask's modes).
+Depends on numpy and the standard library.
 """
+
 from __future__ import annotations
 
-import json
 import math
-import os
-import pathlib
 import random
 import re
-import sys
 import time
 import unicodedata
 
 import numpy as np
 
-from machinery import fileio
+
 class DedupError(ValueError):
     """A bad input to this module: the message names the problem and the fix (the CLI prints it,
     exit code 2)."""
@@ -119,8 +88,13 @@ def remove_accents(text: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
 
 
+def _is_int(value) -> bool:
+    """An integer, Python's or numpy's, but not a bool (in Python, True is the int 1)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def _check_n(n) -> None:
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+    if not _is_int(n) or n < 1:
         raise DedupError(
             f"shingle size n must be an integer >= 1, got {n!r}: use n=3 (lecture) or n=5 (FineWeb)"
         )
@@ -140,7 +114,7 @@ def shingles(text: str, n: int = 3, strip_accents: bool = False) -> set[str]:
     words = normalized_words(remove_accents(text) if strip_accents else text)
     if len(words) < n:
         return {" ".join(words)}
-    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
+    return {" ".join(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
 def jaccard(a: set, b: set) -> float:
@@ -173,11 +147,11 @@ def jaccard(a: set, b: set) -> float:
 # plain Python, the tests' oracle.
 
 _MASK64 = (1 << 64) - 1
-_POLY_BASE = 0x100000001B3                       # FNV-1's 64-bit prime: odd, so invertible mod 2^64
+_POLY_BASE = 0x100000001B3  # FNV-1's 64-bit prime: odd, so invertible mod 2^64
 # golden-ratio constant: word length enters the hash too
 _LENGTH_MIX = 0x9E3779B97F4A7C15
-_SHINGLE_SEED = 0x9E3779B97F4A7C15               # the shingle hash before any word
-_FMIX_MUL1, _FMIX_MUL2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53   # MurmurHash3 fmix64 constants
+_SHINGLE_SEED = 0x9E3779B97F4A7C15  # the shingle hash before any word
+_FMIX_MUL1, _FMIX_MUL2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53  # MurmurHash3 fmix64 constants
 
 
 def _fmix64_int(h: int) -> int:
@@ -237,7 +211,7 @@ def _powers(base: int, length: int) -> np.ndarray:
         steps = np.full(max(length, GROUP_CHARS + 1), base, dtype=np.uint64)
         steps[0] = 1
         cached = np.cumprod(steps)
-        if len(cached) == GROUP_CHARS + 1:           # a longer one is not kept
+        if len(cached) == GROUP_CHARS + 1:  # a longer one is not kept
             _POWER_CACHE[base] = cached
     return cached[:length]
 
@@ -247,7 +221,7 @@ def _bmp_word_table() -> np.ndarray:
     regex itself."""
     table = np.zeros(0x10000, dtype=bool)
     for match in _WORD.finditer("".join(map(chr, range(0x10000)))):
-        table[match.start():match.end()] = True
+        table[match.start() : match.end()] = True
     return table
 
 
@@ -283,44 +257,37 @@ def _text_groups(texts: list[str]):
         first = last
 
 
-def _word_hashes_of_group(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """`word_hashes` of one group of texts, all in one string: (hashes (words,), words per text
-    (texts,))."""
-    normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts]
-    # "\n" is no word char: words never span texts
-    joined = "\n".join(normalized) + "\n"
-    codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)      # (L,)
-    edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
-    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)   # (words,) [start, end)
-    prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
-    inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), len(codes))       # (L,) B^-i
-    # Σ c_i·B^-i, wraps mod 2^64
-    np.cumsum(codes * inverse_powers, out=prefix[1:])
-    powers = _powers(_POLY_BASE, len(codes))                                 # (L,) B^i
-    poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]                 # Σ c_i·B^(end-1-i)
-    lengths = (ends - starts).astype(np.uint64)
-    # code point after each text's "\n"
-    text_ends = np.cumsum([len(t) + 1 for t in normalized])
-    counts = np.diff(np.searchsorted(starts, text_ends), prepend=0)          # words per text
-    return _fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)), counts
-
-
 def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """The 64-bit `word_hash` of every word of every text, in order, without a Python loop over
-    words: (hashes (total words,) uint64, words per text (texts,) int64).
+    words: (hashes (total words,) uint64, words per text (texts,) int64). The texts are joined into
+    one string, so callers pass one group of them at a time (`_text_groups`).
 
     >>> hashes, counts = word_hashes(["The cat", "", "sat."])
     >>> counts.tolist(), [int(h) for h in hashes] == [word_hash(w) for w in ("the", "cat", "sat")]
     ([2, 0, 1], True)
     """
-    groups = [(np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64))]
-    groups += [_word_hashes_of_group(texts[first:last]) for first, last in _text_groups(texts)]
-    return np.concatenate([g[0] for g in groups]), np.concatenate([g[1] for g in groups])
+    normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts]
+    # "\n" is no word char: words never span texts
+    joined = "\n".join(normalized) + "\n"
+    codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # (L,)
+    edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # (words,) [start, end)
+    prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
+    inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), len(codes))  # (L,) B^-i
+    # Σ c_i·B^-i, wraps mod 2^64
+    np.cumsum(codes * inverse_powers, out=prefix[1:])
+    powers = _powers(_POLY_BASE, len(codes))  # (L,) B^i
+    poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]  # Σ c_i·B^(end-1-i)
+    lengths = (ends - starts).astype(np.uint64)
+    # code point after each text's "\n"
+    text_ends = np.cumsum([len(t) + 1 for t in normalized])
+    counts = np.diff(np.searchsorted(starts, text_ends), prepend=0)  # words per text
+    return _fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)), counts
 
 
 def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     """`shingle_fingerprints` of one group of texts."""
-    words64, lengths = _word_hashes_of_group(texts)
+    words64, lengths = word_hashes(texts)
     empty = np.flatnonzero(lengths == 0)
     # an empty document is the one shingle "" (one empty word)
     if empty.size:
@@ -329,8 +296,8 @@ def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.nda
         lengths[empty] = 1
     # (docs,) first word of each doc
     word_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    per_doc = np.where(lengths >= n, lengths - n + 1, 1)                   # shingles per document
-    offsets = np.concatenate(([0], np.cumsum(per_doc))).astype(np.int64)   # (docs + 1,)
+    per_doc = np.where(lengths >= n, lengths - n + 1, 1)  # shingles per document
+    offsets = np.concatenate(([0], np.cumsum(per_doc))).astype(np.int64)  # (docs + 1,)
     # First word of every shingle: doc start + 0, 1, ..., per_doc - 1 (a flat arange, restarted per
     # doc).
     first_word = np.repeat(word_starts - offsets[:-1], per_doc) + np.arange(offsets[-1])
@@ -369,20 +336,13 @@ def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.n
     return np.concatenate(values), np.concatenate(offsets)
 
 
-def shingle_hashes(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """The 32-bit shingle hashes x that MinHash uses: (x, offsets) as in `shingle_fingerprints`, x =
-    top 32 bits."""
-    values, offsets = shingle_fingerprints(texts, n)
-    return values >> np.uint64(32), offsets
-
-
 # --------------------------------------------------------------------------------------------------
 # 3. MinHash with exact modular arithmetic
 # --------------------------------------------------------------------------------------------------
 
 # 4,294,967,311: the smallest prime above 2^32 (tests check it with Miller-Rabin)
 PRIME = (1 << 32) + 15
-_HASH_RANGE = 1 << 32           # x, a and b all lie in [0, 2^32)
+_HASH_RANGE = 1 << 32  # x, a and b all lie in [0, 2^32)
 
 
 def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -414,14 +374,14 @@ def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 # added to s < 2^13 so the float's exponent is fixed (`hash_fractions`)
-_FIXED_POINT_SHIFT = 2.0 ** 17
-_FRACTION_MASK = (1 << 35) - 1           # the mantissa bits below the binary point at that exponent
+_FIXED_POINT_SHIFT = 2.0**17
+_FRACTION_MASK = (1 << 35) - 1  # the mantissa bits below the binary point at that exponent
 
 
 def _residues(fixed_point: np.ndarray) -> np.ndarray:
     """35-bit fixed-point fractions of p (from `hash_fractions`) -> exact residues in [0, p),
     uint64."""
-    residues = np.rint(fixed_point * (PRIME / 2.0 ** 35))
+    residues = np.rint(fixed_point * (PRIME / 2.0**35))
     # a root read as 1 − ε: residue 0
     residues[residues == PRIME] = 0.0
     return residues.astype(np.uint64)
@@ -446,11 +406,7 @@ MAX_NUM_PERM = 8192
 
 
 def _check_num_perm(num_perm) -> None:
-    if (
-        not isinstance(num_perm, (int, np.integer))
-        or isinstance(num_perm, bool)
-        or not 1 <= num_perm <= MAX_NUM_PERM
-    ):
+    if not _is_int(num_perm) or not 1 <= num_perm <= MAX_NUM_PERM:
         raise DedupError(
             f"num_perm must be an integer in [1, {MAX_NUM_PERM}], got {num_perm!r}: use e.g. "
             f"num_perm=128"
@@ -477,24 +433,18 @@ class MinHasher:
         self.num_perm = int(num_perm)
         self.seed = seed
         rng = np.random.default_rng(seed)
-        self.a = rng.integers(1, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)   # (k,) never 0
-        self.b = rng.integers(0, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)   # (k,)
+        self.a = rng.integers(1, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)  # (k,) never 0
+        self.b = rng.integers(0, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)  # (k,)
         # The fast path's coefficients (see `hash_fractions`): a·2^(11j) mod p for j = 0, 1, 2, and
-        # b, over p.
+        # b, over p: (k, 4).
         shifted = [(int(a) << shift) % PRIME for a in self.a for shift in (0, 11, 22)]
-        self._coefficients = np.column_stack(
-            [
-                np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME,
-                # (k, 4)
-                self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT,
-            ]
-        )
+        pieces = np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME  # (k, 3)
+        offsets = self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT  # (k,)
+        self._coefficients = np.column_stack([pieces, offsets])
         # Each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p
         # (see `hash_fractions`).
-        self._roots = np.array(
-            [(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)],
-            dtype=np.uint64,
-        )  # (k,)
+        roots = [(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)]
+        self._roots = np.array(roots, dtype=np.uint64)  # (k,)
 
     def hash_fractions(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """h_i(x)/p for all k functions and all 32-bit x as 35-bit fixed-point integers: (k, len(x))
@@ -528,7 +478,7 @@ class MinHasher:
         shifted = np.matmul(self._coefficients, parts, out=out)
         # same memory, read as integers
         bits = shifted.view(np.uint64)
-        np.bitwise_and(bits, np.uint64(_FRACTION_MASK), out=bits)        # keep the 35 fraction bits
+        np.bitwise_and(bits, np.uint64(_FRACTION_MASK), out=bits)  # keep the 35 fraction bits
         return bits
 
     def hash_block(self, x: np.ndarray) -> np.ndarray:
@@ -588,7 +538,9 @@ class MinHasher:
         offsets = np.asarray(offsets, dtype=np.int64)
         num_docs = len(offsets) - 1
         if x.size and int(x.max()) >= _HASH_RANGE:
-            raise DedupError("shingle hashes must be 32-bit: use shingle_hash / shingle_hashes")
+            raise DedupError(
+                "shingle hashes must be 32-bit: use shingle_hash, or shingle_fingerprints >> 32"
+            )
         # (docs, k) minima
         out = np.full((num_docs, self.num_perm), np.iinfo(np.uint64).max, dtype=np.uint64)
         block = np.empty((self.num_perm, self.chunk))
@@ -604,16 +556,16 @@ class MinHasher:
             window_starts.tolist(), window_stops.tolist(), first_docs.tolist(), last_docs.tolist()
         ):
             if start % span == 0:
-                parts = _split_11_bits(x[start:start + span])             # (4, <= span)
-            piece = parts[:, start % span:start % span + stop - start]
+                parts = _split_11_bits(x[start : start + span])  # (4, <= span)
+            piece = parts[:, start % span : start % span + stop - start]
             # (k, window) uint64
             values = self._fractions(piece, block if stop - start == self.chunk else None)
             # where each document's run begins
-            seg_starts = offsets[first:last + 1] - start
+            seg_starts = offsets[first : last + 1] - start
             # the first may have begun earlier
             seg_starts[0] = 0
-            minima = np.minimum.reduceat(values, seg_starts, axis=1)     # (k, docs in window)
-            rows = out[first:last + 1]
+            minima = np.minimum.reduceat(values, seg_starts, axis=1)  # (k, docs in window)
+            rows = out[first : last + 1]
             np.minimum(rows, minima.T, out=rows)
         # exact residues (see hash_fractions)
         out = _residues(out)
@@ -646,6 +598,7 @@ def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float | np.ndarray
 # 4. The theory: standard error, the S-curve, and choosing (bands, rows)
 # --------------------------------------------------------------------------------------------------
 
+
 def standard_error(j: float, num_perm: int) -> float:
     """Standard error √(J(1 − J)/k) of the MinHash estimate (each of k positions is a coin with
     P = J).
@@ -677,8 +630,11 @@ def lsh_threshold(bands: int, rows: int) -> float:
 
 
 def _check_threshold(threshold) -> None:
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)) \
-            or not 0.0 < float(threshold) < 1.0:
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, (int, float, np.floating))
+        or not 0.0 < float(threshold) < 1.0
+    ):
         raise DedupError(
             f"threshold must be a number strictly between 0 and 1, got {threshold!r}: e.g. 0.5"
         )
@@ -695,8 +651,12 @@ def band_errors(threshold: float, bands: int, rows: int, grid: int = 2001) -> tu
     return float(false_pos), float(false_neg)
 
 
-def choose_bands_rows(threshold: float, num_perm: int = 128, false_positive_weight: float = 0.5,
-                      false_negative_weight: float = 0.5) -> tuple[int, int]:
+def choose_bands_rows(
+    threshold: float,
+    num_perm: int = 128,
+    false_positive_weight: float = 0.5,
+    false_negative_weight: float = 0.5,
+) -> tuple[int, int]:
     """The (bands, rows) with bands·rows = num_perm that minimises the weighted false-positive +
     false-negative areas of `band_errors` at this threshold.
 
@@ -724,9 +684,7 @@ def resolve_bands_rows(
     it; both given -> they must multiply to num_perm."""
     _check_num_perm(num_perm)
     for name, value in (("bands", bands), ("rows", rows)):
-        if value is not None and (
-            not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1
-        ):
+        if value is not None and (not _is_int(value) or value < 1):
             raise DedupError(f"{name} must be a positive integer, got {value!r}")
     if bands is None and rows is None:
         return choose_bands_rows(threshold, num_perm)
@@ -749,6 +707,7 @@ def resolve_bands_rows(
 # --------------------------------------------------------------------------------------------------
 # 5. LSH banding: candidates by sorting band rows (numpy), not by Python dicts
 # --------------------------------------------------------------------------------------------------
+
 
 def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
     """All pairs of items that share a group.
@@ -832,15 +791,13 @@ def candidate_pairs(
             "lsh_candidates needs both bands and rows: e.g. choose_bands_rows(threshold, num_perm)"
         )
     bands, rows = resolve_bands_rows(0.5, signatures.shape[1], bands, rows)
-    documents = (
-        np.arange(signatures.shape[0])
-        if documents is None
-        else np.asarray(documents, dtype=np.int64)
-    )
+    if documents is None:
+        documents = np.arange(signatures.shape[0])
+    documents = np.asarray(documents, dtype=np.int64)
     num_docs = len(documents)
     keys = []
     for band in range(bands):
-        band_rows = signatures[documents, band * rows:(band + 1) * rows]      # (N, r) a small copy
+        band_rows = signatures[documents, band * rows : (band + 1) * rows]  # (N, r) a small copy
         band_keys = _band_keys(band_rows)
         # (N,) equal keys side by side
         order = np.argsort(band_keys, kind="stable")
@@ -855,7 +812,7 @@ def candidate_pairs(
             new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
         group = np.concatenate(([0], np.cumsum(new_run)))
         pairs = pairs_in_groups(order, group)
-        keys.append(pairs[:, 0] * num_docs + pairs[:, 1])                      # one int64 per pair
+        keys.append(pairs[:, 0] * num_docs + pairs[:, 1])  # one int64 per pair
     unique = np.unique(np.concatenate(keys))
     return documents[np.stack([unique // num_docs, unique % num_docs], axis=1)]
 
@@ -874,6 +831,7 @@ def lsh_candidates(signatures: np.ndarray, bands: int, rows: int) -> set[tuple[i
 # --------------------------------------------------------------------------------------------------
 # 6. Clusters: union-find over the verified pairs
 # --------------------------------------------------------------------------------------------------
+
 
 class UnionFind:
     """Disjoint sets over 0..n-1 with path halving and union by size.
@@ -901,7 +859,7 @@ class UnionFind:
             return
         if self.size[root_i] < self.size[root_j]:
             root_i, root_j = root_j, root_i
-        self.parent[root_j] = root_i               # hang the smaller tree under the larger one
+        self.parent[root_j] = root_i  # hang the smaller tree under the larger one
         self.size[root_i] += self.size[root_j]
 
     def clusters(self) -> list[list[int]]:
@@ -917,6 +875,7 @@ class UnionFind:
 # --------------------------------------------------------------------------------------------------
 # 7. The whole job: texts -> clusters -> documents to keep
 # --------------------------------------------------------------------------------------------------
+
 
 def _check_documents(texts) -> None:
     if isinstance(texts, (str, bytes)) or not hasattr(texts, "__len__"):
@@ -942,7 +901,7 @@ def pair_jaccard(texts: list[str], pairs: np.ndarray, n: int = 3) -> np.ndarray:
     involved = np.unique(pairs)
     values, offsets = shingle_fingerprints([texts[d] for d in involved.tolist()], n)
     # sorted, distinct
-    sets = [np.unique(values[offsets[k]:offsets[k + 1]]) for k in range(len(involved))]
+    sets = [np.unique(values[offsets[k] : offsets[k + 1]]) for k in range(len(involved))]
     similarity = np.empty(len(pairs))
     for p, (i, j) in enumerate(np.searchsorted(involved, pairs).tolist()):
         common = len(np.intersect1d(sets[i], sets[j], assume_unique=True))
@@ -955,7 +914,7 @@ def pair_estimates(signatures: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     similarity = np.empty(len(pairs))
     for start in range(0, len(pairs), 65536):
-        chunk = pairs[start:start + 65536]
+        chunk = pairs[start : start + 65536]
         similarity[start : start + len(chunk)] = estimate_jaccard(
             signatures[chunk[:, 0]], signatures[chunk[:, 1]]
         )
@@ -974,10 +933,8 @@ def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.n
     >>> representatives.tolist(), stars.tolist()
     ([0, 1], [[0, 2], [0, 3]])
     """
-    mixer = (
-        np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64) * 2
-        + 1
-    )
+    odd = np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64)
+    mixer = odd * 2 + 1  # (k,) random odd multipliers
     # (N,) a hash of the whole row (wraps mod 2^64)
     keys = _fmix64_array(signatures @ mixer)
     # twins side by side, smaller index first
@@ -1037,11 +994,10 @@ def near_duplicate_pairs(
         representatives = np.union1d(representatives, stars[~copies, 1])
         stars = stars[copies]
     candidates = candidate_pairs(signatures, bands, rows, documents=representatives)
-    similarity = (
-        pair_jaccard(texts, candidates, n)
-        if verify == "exact"
-        else pair_estimates(signatures, candidates)
-    )
+    if verify == "exact":
+        similarity = pair_jaccard(texts, candidates, n)
+    else:
+        similarity = pair_estimates(signatures, candidates)
     keep = similarity >= threshold
     pairs = np.concatenate([stars, candidates[keep]])
     similarity = np.concatenate([np.ones(len(stars)), similarity[keep]])
@@ -1100,8 +1056,8 @@ def dedup(texts: list[str], threshold: float = 0.5, **kwargs) -> list[int]:
 # long enough that only copied text shares them (evaluate.py shows why 6 is too short). The big side
 # becomes an index, the small side is looked up in it, document by document.
 
-_UNKNOWN = np.uint64(2**64 - 1)          # id of a word the indexed corpus never had
-_NGRAM_BASE = np.uint64(_POLY_BASE)      # odd multiplier of the polynomial n-gram hash (mod 2^64)
+_UNKNOWN = np.uint64(2**64 - 1)  # id of a word the indexed corpus never had
+_NGRAM_BASE = np.uint64(_POLY_BASE)  # odd multiplier of the polynomial n-gram hash (mod 2^64)
 
 
 def overlap_words(text: str) -> list[str]:
@@ -1112,16 +1068,6 @@ def overlap_words(text: str) -> list[str]:
     """
     # the words of section 1, lowercased, not NFKC-folded
     return _WORD.findall(text.lower())
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: spreads small consecutive word ids over all 64 bits (uint64
-    arithmetic wraps)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
@@ -1137,11 +1083,12 @@ def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
     count = len(word_ids) - n + 1
     if count <= 0:
         return np.empty(0, dtype=np.uint64)
-    mixed = _mix64(word_ids.astype(np.uint64) + np.uint64(1))
+    # fmix64 (section 2) spreads small consecutive word ids over all 64 bits; + 1: no id mixes to 0
+    mixed = _fmix64_array(word_ids.astype(np.uint64) + np.uint64(1))
     h = np.zeros(count, dtype=np.uint64)
     # Horner's rule over the n positions, all start positions at once
     for j in range(n):
-        h = h * _NGRAM_BASE + mixed[j:j + count]
+        h = h * _NGRAM_BASE + mixed[j : j + count]
     return h
 
 
@@ -1160,7 +1107,7 @@ class SetNgramIndex:
 
     def add(self, text: str) -> None:
         tokens = overlap_words(text)
-        self.grams.update(tuple(tokens[i:i + self.n]) for i in range(len(tokens) - self.n + 1))
+        self.grams.update(tuple(tokens[i : i + self.n]) for i in range(len(tokens) - self.n + 1))
         self.words_seen += len(tokens)
         self.documents += 1
 
@@ -1250,9 +1197,13 @@ def document_overlap(index, text: str) -> dict:
     tokens = overlap_words(text)
     hit = index.hit_mask(tokens)
     first = int(np.argmax(hit)) if hit.any() else None
-    return {"words": len(tokens), "ngrams": len(hit), "overlapping": int(hit.sum()),
-            "fraction": float(hit.mean()) if len(hit) else 0.0,
-            "example": " ".join(tokens[first:first + index.n]) if first is not None else None}
+    return {
+        "words": len(tokens),
+        "ngrams": len(hit),
+        "overlapping": int(hit.sum()),
+        "fraction": float(hit.mean()) if len(hit) else 0.0,
+        "example": " ".join(tokens[first : first + index.n]) if first is not None else None,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1260,61 +1211,7 @@ def document_overlap(index, text: str) -> dict:
 #    force
 # --------------------------------------------------------------------------------------------------
 
-DEFAULT_WIKITEXT = (
-    pathlib.Path(__file__).resolve().parent.parent
-    / "shared"
-    / "data"
-    / "wikitext-2-raw"
-    / "wiki.valid.raw"
-)
 DEFAULT_SETTINGS = ((64, 16, 4), (128, 32, 4), (128, 16, 8), (128, 64, 2), (256, 64, 4))
-
-
-def wikitext_paragraphs(lines, count: int = 500, min_words: int = 100) -> list[str]:
-    """The first `count` paragraphs (lines) with at least `min_words` words that are not
-    headings (" = ... = ")."""
-    paragraphs = []
-    for line in lines:
-        line = line.strip()
-        if line and not line.startswith("=") and len(normalized_words(line)) >= min_words:
-            paragraphs.append(line)
-            if len(paragraphs) == count:
-                break
-    return paragraphs
-
-
-def load_wikitext(source: str | os.PathLike, count: int = 500, min_words: int = 100) -> list[str]:
-    """Paragraphs from a raw WikiText file, or from Hugging Face's wikitext-2-raw-v1 train split
-    when source == "hf" (needs the `datasets` package and a network)."""
-    if str(source) == "hf":
-        try:
-            import datasets
-        except ImportError:
-            raise DedupError(
-                f"WikiText-2 is read from {DEFAULT_WIKITEXT} (not here) or from Hugging Face, "
-                "which needs the `datasets` package (pip install datasets) and a network: install "
-                "it or pass --data PATH to a raw WikiText file"
-            ) from None
-        try:
-            lines = datasets.load_dataset(
-                "Salesforce/wikitext", "wikitext-2-raw-v1", split="train"
-            )["text"]
-        # network or hub failure: one line, not the hub's traceback
-        except Exception as error:
-            raise DedupError(
-                f"WikiText-2 is read from {DEFAULT_WIKITEXT} (not here) or downloaded from Hugging "
-                f"Face, which failed ({type(error).__name__}): pass --data PATH to a raw WikiText "
-                f"file"
-            ) from None
-    else:
-        lines = read_text(source).split("\n")
-    paragraphs = wikitext_paragraphs(lines, count, min_words)
-    if len(paragraphs) < count:
-        raise DedupError(
-            f"{source} has only {len(paragraphs)} paragraphs of {min_words}+ words, need {count}: "
-            "use a larger raw WikiText file (e.g. wiki.valid.raw)"
-        )
-    return paragraphs
 
 
 def make_near_copy(text: str, rng: random.Random, rate: float, vocabulary: list[str]) -> str:
@@ -1337,8 +1234,9 @@ def make_near_copy(text: str, rng: random.Random, rate: float, vocabulary: list[
     return " ".join(words)
 
 
-def plant_near_duplicates(documents: list[str], copies: int = 100, rate_range=(0.02, 0.05),
-                          seed: int = 0) -> tuple[list[str], set[tuple[int, int]]]:
+def plant_near_duplicates(
+    documents: list[str], copies: int = 100, rate_range=(0.02, 0.05), seed: int = 0
+) -> tuple[list[str], set[tuple[int, int]]]:
     """documents + one near copy of `copies` randomly chosen documents (appended), and the true
     pairs (original index, copy index). Each copy gets its own edit rate drawn uniformly from
     `rate_range`; inserted and replacing words come from the documents' own words (punctuation
@@ -1366,6 +1264,51 @@ def brute_force_jaccard(shingle_sets: list[set[str]]) -> tuple[np.ndarray, np.nd
     return np.stack([i, j], axis=1).astype(np.int64), values
 
 
+def measure_setting(
+    documents: list[str],
+    planted: set[tuple[int, int]],
+    exact_of: dict[tuple[int, int], float],
+    setting: tuple[int, int, int],
+    threshold: float = 0.5,
+    n: int = 3,
+    seed: int = 0,
+    verify: str = "estimate",
+) -> dict:
+    """One row of the experiment: MinHash + LSH + verification with setting = (k, bands, rows),
+    timed, and scored against `exact_of`, the exact Jaccard of every pair i < j (brute force)."""
+    k, bands, rows = setting
+    start = time.perf_counter()
+    signatures = MinHasher(k, seed).signatures_from_texts(documents, n)
+    candidates = candidate_pairs(signatures, bands, rows)
+    if verify == "exact":
+        similarity = pair_jaccard(documents, candidates, n)
+    else:
+        similarity = pair_estimates(signatures, candidates)
+    found = set(map(tuple, candidates[similarity >= threshold].tolist()))
+    seconds = time.perf_counter() - start
+    # the estimate's error only where there is something to estimate: pairs with J > 0.1
+    similar = [pair for pair, j in exact_of.items() if j > 0.1]
+    estimates = pair_estimates(signatures, np.array(similar))
+    errors = np.abs(estimates - np.array([exact_of[pair] for pair in similar]))
+    planted_mean = float(np.mean([exact_of[pair] for pair in planted]))
+    false_pairs = found - planted
+    return {
+        "num_perm": k,
+        "bands": bands,
+        "rows": rows,
+        "lsh_threshold": round(lsh_threshold(bands, rows), 4),
+        "p_candidate_at_threshold": round(candidate_probability(threshold, bands, rows), 4),
+        "mae_jaccard_above_0.1": round(float(np.mean(errors)), 4),
+        "standard_error_at_planted_mean": round(standard_error(planted_mean, k), 4),
+        "recall": len(found & planted) / len(planted),
+        "false_positives": len(false_pairs),
+        "false_positives_exact_below_threshold": sum(exact_of[p] < threshold for p in false_pairs),
+        "pairs_compared": len(candidates),
+        "fraction_of_brute_force": round(len(candidates) / len(exact_of), 5),
+        "seconds": round(seconds, 3),
+    }
+
+
 def run_experiment(
     documents: list[str],
     planted: set[tuple[int, int]],
@@ -1375,24 +1318,20 @@ def run_experiment(
     seed: int = 0,
     verify: str = "estimate",
 ) -> dict:
-    """Brute force vs MinHash + LSH for each (k, bands, rows). Returns a JSON-ready dict (see
-    `experiment_table`)."""
+    """Brute force vs MinHash + LSH for each (k, bands, rows) of `settings`: a JSON-ready dict, one
+    `measure_setting` row per setting."""
     _check_threshold(threshold)
     if verify not in ("exact", "estimate"):
         raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
     for k, bands, rows in settings:
         resolve_bands_rows(threshold, k, bands, rows)
     start = time.perf_counter()
-    sets = [shingles(doc, n) for doc in documents]
-    all_pairs, exact = brute_force_jaccard(sets)
+    all_pairs, exact = brute_force_jaccard([shingles(doc, n) for doc in documents])
     brute_seconds = time.perf_counter() - start
-    num_docs = len(documents)
-    exact_of = dict(zip((all_pairs[:, 0] * num_docs + all_pairs[:, 1]).tolist(), exact.tolist()))
-    # MAE only where there is something to estimate
-    similar = exact > 0.1
-    planted_j = [exact_of[i * num_docs + j] for i, j in planted]
-    result = {
-        "documents": num_docs,
+    exact_of = dict(zip(map(tuple, all_pairs.tolist()), exact.tolist()))
+    planted_j = [exact_of[pair] for pair in planted]
+    return {
+        "documents": len(documents),
         "planted_pairs": len(planted),
         "threshold": threshold,
         "shingle_n": n,
@@ -1401,7 +1340,7 @@ def run_experiment(
         "brute_force": {
             "pairs": len(exact),
             "seconds": round(brute_seconds, 3),
-            "pairs_jaccard_above_0.1": int(similar.sum()),
+            "pairs_jaccard_above_0.1": int((exact > 0.1).sum()),
             "pairs_jaccard_at_least_threshold": int((exact >= threshold).sum()),
         },
         "planted_jaccard": {
@@ -1409,345 +1348,14 @@ def run_experiment(
             "mean": round(float(np.mean(planted_j)), 4),
             "max": round(max(planted_j), 4),
         },
-        "settings": [],
+        "settings": [
+            measure_setting(documents, planted, exact_of, setting, threshold, n, seed, verify)
+            for setting in settings
+        ],
     }
-    for k, bands, rows in settings:
-        start = time.perf_counter()
-        signatures = MinHasher(k, seed).signatures_from_texts(documents, n)
-        candidates = candidate_pairs(signatures, bands, rows)
-        similarity = pair_jaccard(documents, candidates, n) if verify == "exact" else \
-            pair_estimates(signatures, candidates)
-        found = candidates[similarity >= threshold]
-        seconds = time.perf_counter() - start
-        estimates = estimate_jaccard(
-            signatures[all_pairs[similar, 0]], signatures[all_pairs[similar, 1]]
-        )
-        found_set = set(map(tuple, found.tolist()))
-        false_pairs = found_set - planted
-        result["settings"].append(
-            {
-                "num_perm": k,
-                "bands": bands,
-                "rows": rows,
-                "lsh_threshold": round(lsh_threshold(bands, rows), 4),
-                "p_candidate_at_threshold": round(candidate_probability(threshold, bands, rows), 4),
-                "mae_jaccard_above_0.1": round(
-                    float(np.mean(np.abs(estimates - exact[similar]))), 4
-                ),
-                "standard_error_at_planted_mean": round(
-                    standard_error(float(np.mean(planted_j)), k), 4
-                ),
-                "recall": len(found_set & planted) / len(planted),
-                "false_positives": len(false_pairs),
-                "false_positives_exact_below_threshold": sum(
-                    exact_of[i * num_docs + j] < threshold for i, j in false_pairs
-                ),
-                "pairs_compared": len(candidates),
-                "fraction_of_brute_force": round(len(candidates) / len(exact), 5),
-                "seconds": round(seconds, 3),
-            }
-        )
-    return result
-
-
-def experiment_table(result: dict) -> str:
-    """The experiment's Markdown table (one row per setting), then a line on the data it ran on."""
-    lines = [
-        f"| k | bands x rows | LSH threshold | P(cand. at J={result['threshold']}) "
-        "| MAE (J > 0.1) | recall | false positives | pairs compared | vs brute force | time (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in result["settings"]:
-        lines.append(
-            f"| {s['num_perm']} | {s['bands']} x {s['rows']} | {s['lsh_threshold']:.2f} "
-            f"| {s['p_candidate_at_threshold']:.2f} | {s['mae_jaccard_above_0.1']:.4f} "
-            f"| {s['recall']:.2f} "
-            f"| {s['false_positives']} | {s['pairs_compared']:,} "
-            f"| {100 * s['fraction_of_brute_force']:.2f}% | {s['seconds']:.2f} |"
-        )
-    brute = result["brute_force"]
-    lines.append(
-        f"| brute force | all pairs | | | exact | | | {brute['pairs']:,} | 100% "
-        f"| {brute['seconds']:.2f} |"
-    )
-    lines.append(
-        f"\n{result['documents']} documents, {result['planted_pairs']} planted pairs "
-        f"(exact Jaccard {result['planted_jaccard']['min']:.2f}.."
-        f"{result['planted_jaccard']['max']:.2f}); "
-        f"{brute['pairs_jaccard_above_0.1']} pairs with J > 0.1; verify = {result['verify']}"
-    )
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------------------------------
-# 10. Files: reading corpora, writing results without half-written files
-# --------------------------------------------------------------------------------------------------
-
-def read_text(path: str | os.PathLike) -> str:
-    """The UTF-8 text of a file, or a DedupError naming what is wrong with it."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise DedupError(f"{path} does not exist or is not a file: check the path")
-    data = path.read_bytes()
-    if b"\x00" in data:
-        raise DedupError(
-            f"{path} is not a text file (it contains NUL bytes): pass UTF-8 text or jsonl"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise DedupError(
-            f"{path} is not UTF-8 text (bad byte at offset {error.start}): convert it to UTF-8"
-        ) from None
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """fileio.write_atomic (temp file, rename, the umask's modes), with the failures said as one
-    DedupError line."""
-    path = pathlib.Path(path)
-    if path.is_dir():
-        raise DedupError(f"{path} is a directory: give a file path for the output")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fileio.write_atomic(path, text, error=DedupError, fix="give --out a path on another disk")
-    except OSError as error:
-        raise DedupError(
-            f"cannot write {path} ({error.strerror}): choose a writable folder"
-        ) from None
-
-
-def read_corpus(
-    path: str | os.PathLike, text_field: str = "text", split: str = "auto"
-) -> tuple[list[str], list[str]]:
-    """Documents of one corpus file: (texts, records). A .jsonl/.ndjson file holds one JSON object
-    per line with the text under `text_field` (records are the original lines); other files are text
-    with one document per line (split="line") or documents separated by blank lines (split="blank");
-    "auto" picks blank when there are any."""
-    text = read_text(path)
-    if pathlib.Path(path).suffix.lower() in (".jsonl", ".ndjson"):
-        texts, records = [], []
-        for number, line in enumerate(text.split("\n"), 1):
-            if not line.strip():
-                continue
-            record = fileio.parse_json(
-                line, f"{path}:{number}", DedupError, "give one JSON object per line"
-            )
-            if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                raise DedupError(
-                    f"{path}:{number} has no string field {text_field!r}: pass --text-field NAME"
-                )
-            texts.append(record[text_field])
-            records.append(line)
-        return texts, records
-    if split not in ("auto", "line", "blank"):
-        raise DedupError(f"split must be auto, line or blank, got {split!r}")
-    if split == "blank" or (split == "auto" and re.search(r"\n[ \t]*\n", text)):
-        texts = [block.strip() for block in re.split(r"\n[ \t]*\n", text) if block.strip()]
-    else:
-        texts = [line.strip() for line in text.split("\n") if line.strip()]
-    return texts, [json.dumps({"text": t}, ensure_ascii=False) for t in texts]
-
-
-def dedup_files(
-    inputs: list[str],
-    out: str,
-    threshold: float = 0.5,
-    num_perm: int = 128,
-    bands: int | None = None,
-    rows: int | None = None,
-    n: int = 3,
-    seed: int = 0,
-    verify: str = "exact",
-    text_field: str = "text",
-    split: str = "auto",
-    strip_accents: bool = False,
-) -> dict:
-    """Deduplicate the documents of all `inputs` together and write the kept ones to `out` (.jsonl:
-    one JSON line per document, the original line for jsonl inputs; otherwise text, one document per
-    line, or separated by blank lines when any document spans lines). Returns the counts."""
-    # (texts, records) per file
-    corpora = [read_corpus(path, text_field, split) for path in inputs]
-    texts = [text for file_texts, _ in corpora for text in file_texts]
-    records = [record for _, file_records in corpora for record in file_records]
-    if not texts:
-        raise DedupError(
-            f"no documents found in {', '.join(map(str, inputs))}: check the files and --split"
-        )
-    start = time.perf_counter()
-    clusters = near_duplicates(
-        texts, threshold, num_perm, bands, rows, n, seed, verify, strip_accents
-    )
-    dropped = {i for cluster in clusters for i in cluster[1:]}
-    kept = [i for i in range(len(texts)) if i not in dropped]
-    seconds = time.perf_counter() - start
-    if pathlib.Path(out).suffix.lower() in (".jsonl", ".ndjson"):
-        body = "".join(records[i] + "\n" for i in kept)
-    else:
-        separator = "\n\n" if any("\n" in texts[i] for i in kept) or split == "blank" else "\n"
-        body = separator.join(texts[i] for i in kept) + "\n"
-    write_atomic(out, body)
-    return {
-        "documents": len(texts),
-        "clusters": len(clusters),
-        "removed": len(dropped),
-        "kept": len(kept),
-        "seconds": round(seconds, 3),
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# 11. Command line
-# --------------------------------------------------------------------------------------------------
-
-def demo() -> str:
-    """The lecture's worked numbers, computed (not typed in)."""
-    a_text, b_text = "the cat sat on the mat today", "the cat sat on the rug today"
-    a, b = shingles(a_text), shingles(b_text)
-    hasher = MinHasher(128, seed=0)
-    sig = hasher.signatures([a, b])
-    agree = int(np.sum(sig[0] == sig[1]))
-    j = jaccard(a, b)
-    out = [
-        f"A = {a_text!r}",
-        f"B = {b_text!r}",
-        f"shared shingles: {sorted(a & b)}",
-        f"Jaccard(A, B) = {len(a & b)}/{len(a | b)} = {j:.2f}",
-        f"'a b c d e f' vs 'a b c x e f': Jaccard = "
-        f"{jaccard(shingles('a b c d e f'), shingles('a b c x e f')):.2f} "
-        f"(1/7: one word touches 3 shingles)",
-        f"MinHash k=128: {agree} of 128 positions agree -> estimate {agree / 128:.2f} "
-        f"(true {j:.2f}; standard error sqrt(J(1-J)/k) = {standard_error(j, 128):.3f} "
-        f"at J={j:.2f}, k=128)",
-        "",
-        "P(candidate) = 1 - (1 - J^r)^b:",
-        "| J | 32 x 4 | 16 x 8 |",
-        "|---|---|---|",
-    ]
-    for jj in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
-        out.append(
-            f"| {jj:.1f} | {candidate_probability(jj, 32, 4):.2f} "
-            f"| {candidate_probability(jj, 16, 8):.2f} |"
-        )
-    out += [
-        "",
-        f"threshold (1/b)^(1/r): 32 x 4 -> {lsh_threshold(32, 4):.2f}, "
-        f"16 x 8 -> {lsh_threshold(16, 8):.2f}",
-        "chosen for threshold 0.5, k=128: bands x rows = %d x %d" % choose_bands_rows(0.5, 128),
-    ]
-    return "\n".join(out)
-
-
-SEED_MAX = 2**32 - 1             # the seeds every CLI of the project accepts: [0, 2^32)
-
-
-def _parse_settings(text: str) -> list[tuple[int, int, int]]:
-    try:
-        settings = [
-            tuple(int(v) for v in item.split(":")) for item in text.split(",") if item.strip()
-        ]
-    except ValueError:
-        settings = []
-    if not settings or any(len(s) != 3 for s in settings):
-        raise DedupError(
-            f"--settings must look like 128:32:4,128:16:8 (k:bands:rows), got {text!r}"
-        )
-    for k, bands, rows in settings:                       # fail before any data is read
-        try:
-            resolve_bands_rows(0.5, k, bands, rows)
-        except DedupError as e:
-            raise DedupError(f"--settings {k}:{bands}:{rows}: {e}") from None
-    return settings
-
-
-def _cmd_experiment(args) -> None:
-    settings = _parse_settings(args.settings)
-    paragraphs = load_wikitext(args.data)
-    documents, planted = plant_near_duplicates(paragraphs, seed=args.seed)
-    result = run_experiment(
-        documents, planted, settings, args.threshold, seed=args.seed, verify=args.verify
-    )
-    result["data"] = str(args.data)
-    print(experiment_table(result))
-    write_atomic(args.out, json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
-
-
-def _cmd_run(args) -> None:
-    try:                                          # fail before any data is read
-        resolve_bands_rows(args.threshold, args.num_perm, args.bands, args.rows)
-    except DedupError as e:
-        raise DedupError(
-            f"--num-perm {args.num_perm} --bands {args.bands} --rows {args.rows}: {e}"
-        ) from None
-    report = dedup_files(
-        args.input,
-        args.out,
-        args.threshold,
-        args.num_perm,
-        args.bands,
-        args.rows,
-        args.n,
-        args.seed,
-        args.verify,
-        args.text_field,
-        args.split,
-        args.strip_accents,
-    )
-    print(
-        f"{report['documents']} documents, {report['clusters']} clusters, "
-        f"removed {report['removed']}, "
-        f"kept {report['kept']} -> {args.out} ({report['seconds']:.2f} s)"
-    )
-
-
-def main(argv=None) -> None:
-    from machinery.cli import Parser, add_commands, in_range, run, writable
-    parser = Parser(prog="dedup.py",
-                    description="Near-duplicate detection with MinHash + LSH (see the docstring).")
-    # the flags `experiment` and `run` share, after each one's own
-    shared = [("--threshold", {"type": in_range(float, 0.0, 1.0, low_open=True, high_open=True),
-                               "default": 0.5}),
-              ("--seed", {"type": in_range(int, 0, SEED_MAX), "default": 0})]
-    add_commands(parser.add_subparsers(dest="command", required=True, parser_class=Parser), {
-        "demo": ("print the lecture's worked numbers", lambda args: print(demo()), []),
-        "experiment": ("the lecture's exercise: planted near-duplicates in WikiText-2",
-                       _cmd_experiment, [
-            ("--data", {"default": str(DEFAULT_WIKITEXT) if DEFAULT_WIKITEXT.is_file() else "hf",
-                        "help": "raw WikiText file, or 'hf' for the Hugging Face train split "
-                                "(default: %(default)s)"}),
-            ("--settings", {"default": ",".join(":".join(map(str, s)) for s in DEFAULT_SETTINGS),
-                            "help": "k:bands:rows,... (default: %(default)s)"}),
-            ("--verify", {"choices": ("estimate", "exact"), "default": "estimate",
-                          "help": "how candidates are confirmed (default: the MinHash estimate)"}),
-            ("--out", {"type": writable("file"), "default": "out/dedup_experiment.json",
-                       "help": "JSON results (default: %(default)s)"}),
-            *shared]),
-        "run": ("deduplicate corpus files", _cmd_run, [
-            ("--input", {"nargs": "+", "required": True,
-                         "help": ".jsonl (one object per line) or text files"}),
-            ("--out", {"type": writable("file"), "required": True,
-                       "help": "output file (.jsonl or text)"}),
-            *[(flag, {"type": in_range(int, 1, MAX_NUM_PERM), "default": default})
-              for flag, default in (("--num-perm", 128), ("--bands", None), ("--rows", None))],
-            ("--n", {"type": in_range(int, 1, 100), "default": 3,
-                     "help": "words per shingle (default: %(default)s)"}),
-            ("--verify", {"choices": ("exact", "estimate"), "default": "exact"}),
-            ("--text-field", {"default": "text",
-                              "help": "jsonl field holding the text (default: %(default)s)"}),
-            ("--split", {"choices": ("auto", "line", "blank"), "default": "auto",
-                         "help": "text files: one document per line, or blank-line separated "
-                                 "(default: %(default)s)"}),
-            ("--strip-accents", {"action": "store_true",
-                                 "help": "compare texts without their accents (NFD, combining "
-                                         "marks dropped): café = cafe"}),
-            *shared]),
-    })
-    args = parser.parse_args(argv)
-    # a DedupError, or an OSError (unreadable input, full disk): one line, exit code 2 (SystemExit,
-    # as a script); success returns None, so a caller in this process goes on
-    if run(lambda: args.run(args), (DedupError, OSError)):
-        sys.exit(2)
 
 
 if __name__ == "__main__":
-    main()
+    from machinery.commands import dedup as command
+
+    raise SystemExit(command.main())

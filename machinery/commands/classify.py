@@ -1,0 +1,101 @@
+"""python classify.py train {language,quality} [--out DIR] [--positives FILE...] [--negatives ...]:
+train one of classify.py's classifiers into DIR/TASK.pt. classify.py's errors come back as one line
+naming the flag that fixes them, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import classify
+from machinery import classify_corpora, fileio
+from machinery.cli import Parser, writable
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = Parser(
+        prog="classify.py",
+        description="Train the language or quality classifier (the models that ship in "
+        "classifiers/ are read by data.py's --lang and --quality-threshold).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    train = commands.add_parser(
+        "train",
+        help="train a classifier into --out",
+        description="Train a classifier and write it to OUT/TASK.pt (atomically). The shipped ones "
+        "are rewritten only by --out classifiers.",
+    )
+    train.add_argument("task", choices=("language", "quality"))
+    train.add_argument(
+        "--out",
+        default="out/classifiers",
+        type=writable("dir"),
+        help="folder to write TASK.pt into (default: out/classifiers; "
+        "classifiers rewrites the shipped model)",
+    )
+    for flag, side, default in (
+        ("--positives", "high (reference prose)", classify_corpora.QUALITY_POSITIVES),
+        ("--negatives", "low (web crawl)", classify_corpora.QUALITY_NEGATIVES),
+    ):
+        train.add_argument(
+            flag,
+            nargs="+",
+            default=[],
+            metavar="FILE",
+            help=f"quality: {side} documents, .jsonl (text field), a WikiExtractor dump or "
+            f"blank-line-separated text (default: ../shared/data/{' and '.join(default)})",
+        )
+    return parser.parse_args(argv)
+
+
+def train(args: argparse.Namespace) -> tuple[classify.Classifier, int]:
+    """Train the model args.task names on its corpus and save it into args.out (made first, before
+    the minutes of training; removed again if training fails). -> (model, documents)."""
+    out = pathlib.Path(args.out)
+    if args.task == "language" and (args.positives or args.negatives):
+        raise classify.ClassifyError(
+            "--positives and --negatives train the quality model; drop them or train quality"
+        )
+    created = fileio.missing_folders(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise classify.ClassifyError(
+            f"--out {out}: cannot make the folder ({e.strerror})"
+        ) from None
+    try:
+        if args.task == "language":
+            texts, labels = classify_corpora.language_corpus("train")
+        else:
+            texts, labels = classify_corpora.quality_corpus(
+                tuple(args.positives), tuple(args.negatives)
+            )
+        progress = classify.Progress(f"training {args.task}")
+        model = classify.Classifier.train(texts, labels, progress=progress)
+        model.save(out / f"{args.task}.pt", fix="choose another --out")
+    except classify_corpora.SideError as e:
+        fileio.remove_if_empty(created)
+        flags = " and ".join(f"--{side}" for side in e.sides)
+        raise classify.ClassifyError(f"{flags}: {e.problem}; {e.fix}") from None
+    except BaseException:
+        fileio.remove_if_empty(created)
+        raise
+    return model, len(texts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python classify.py train {language,quality} [--out DIR]: train a classifier into DIR."""
+    args = parse_args(argv)
+    start = time.perf_counter()
+    try:
+        model, documents = train(args)
+    except (classify.ClassifyError, classify_corpora.CatalogError) as e:
+        print(f"classify.py: error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"{pathlib.Path(args.out) / f'{args.task}.pt'}: {len(model.labels)} labels, "
+        f"{documents:,} documents, trained in {time.perf_counter() - start:.1f} s"
+    )
+    return 0
