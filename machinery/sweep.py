@@ -333,8 +333,9 @@ def sizes_near(budget: float, targets: Sequence[float], settings: SweepSettings)
     raise ScalingError(
         f"at C = {budget:.3g} only {len(allowed)} sizes of the family train at least "
         f"{settings.min_steps} steps on at most {settings.max_run_tokens:,} tokens, and "
-        f"{len(targets)} are needed: choose other --budgets (a smaller one leaves the big "
-        f"sizes too few steps, a bigger one the small too few tokens: a larger --data helps)"
+        f"{len(targets)} are needed: choose other settings.budgets (a smaller one leaves the big "
+        f"sizes too few steps, a bigger one the small too few tokens: a larger settings.data "
+        f"helps)"
     )
 
 
@@ -631,7 +632,7 @@ def _run_train(cmd: list[str], log_path: pathlib.Path, threads: int = 1) -> None
 def _write_text(path, text: str) -> pathlib.Path:
     """Write whole or not at all (fileio: temp file, then rename); a full disk is one ScalingError
     line."""
-    return fileio.write_atomic(path, text, error=ScalingError, fix="pass --out-dir on another disk")
+    return fileio.write_atomic(path, text, error=ScalingError, fix="pass out_dir on another disk")
 
 
 def execute_runs(
@@ -800,17 +801,18 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
     s = settings
     if len(s.budgets) < 2 or len(set(s.budgets)) != len(s.budgets):
         raise ScalingError(
-            "--budgets needs at least 2 different compute budgets, e.g. 1e12 2e12 4e12 8e12"
+            "settings.budgets needs at least 2 different compute budgets, e.g. 1e12 2e12 4e12 8e12"
         )
     if s.sizes_per_budget < 3:
         raise ScalingError(
             "a sweep needs at least 3 sizes per budget (a parabola has 3 coefficients)"
         )
     if s.heldout_sizes not in (1, 3):
-        raise ScalingError(f"--heldout-sizes must be 1 or 3, got {s.heldout_sizes}")
+        raise ScalingError(f"settings.heldout_sizes must be 1 or 3, got {s.heldout_sizes}")
     if not 0 <= s.second_seed_sizes <= s.sizes_per_budget:
         raise ScalingError(
-            f"--second-seeds {s.second_seed_sizes}: give 0 (one seed) to {s.sizes_per_budget} "
+            f"settings.second_seed_sizes {s.second_seed_sizes}: give 0 (one seed) to "
+            f"{s.sizes_per_budget} "
             f"(every size of a budget)"
         )
     if s.device != "cpu":
@@ -827,7 +829,7 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
         raise ScalingError(
             f"this sweep ({flops:.2g} FLOPs) would take {about(hours)} on {where} "
             f"({s.workers} runs at a time at ~{CPU_FLOPS:.1e} FLOP/s each on a CPU): lower "
-            f"--budgets, or pass --max-hours {math.ceil(hours * 1.5)} to run it anyway"
+            f"settings.budgets, or pass max_hours {math.ceil(hours * 1.5)} to run it anyway"
         )
     return hours
 
@@ -845,8 +847,8 @@ def open_dataset(spec: str):
         and ((path / "tokenizer.json").exists() or any(path.glob("train_*.bin")))
     ):
         raise ScalingError(
-            f"--data {spec}: a dataset folder without manifest.json (damaged or half copied): "
-            f"prepare it again with python data.py prepare --out {spec}"
+            f"settings.data {spec}: a dataset folder without manifest.json (damaged or half "
+            f"copied): prepare it again into {spec} with python data.py prepare"
         )
     if not (path / "manifest.json").exists():
         return None
@@ -869,12 +871,12 @@ def open_dataset(spec: str):
 @contextlib.contextmanager
 def _data_errors(spec: str):
     """data.py's errors (DataError is a ValueError), and OSErrors, as one ScalingError line naming
-    --data."""
+    settings.data."""
     try:
         yield
     except (ValueError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
-        raise ScalingError(f"--data {spec}: {first}") from None
+        raise ScalingError(f"settings.data {spec}: {first}") from None
 
 
 @contextlib.contextmanager
@@ -891,7 +893,7 @@ def output_folder(out_dir, keep=lambda out: False):
         if created:
             shutil.rmtree(out, ignore_errors=True)
         raise ScalingError(
-            f"cannot write --out-dir {out_dir} ({e.strerror or e}): pass a writable --out-dir"
+            f"cannot write out_dir {out_dir} ({e.strerror or e}): pass a writable out_dir"
         ) from None
     try:
         yield out
@@ -1522,7 +1524,9 @@ def dedup_effect(
     unit_fraction("repeated share", s.repeated_share)
     unit_fraction("held-out fraction", s.held_out_fraction)
     if s.seeds < 2:
-        raise ScalingError("--seeds must be at least 2: the seed-to-seed spread is the yardstick")
+        raise ScalingError(
+            "settings.seeds must be at least 2: the seed-to-seed spread is the yardstick"
+        )
     trainer, planned = _dedup_effect_plan(s)
     hours = (
         estimate_seconds(dataclasses.replace(trainer, workers=s.workers), [planned] * (2 * s.seeds))
@@ -1531,7 +1535,7 @@ def dedup_effect(
     if hours > max_hours:
         raise ScalingError(
             f"{2 * s.seeds} runs of {planned.tokens:,} tokens would take {about(hours)} on this "
-            f"CPU: lower --tokens, or pass --max-hours {math.ceil(hours * 1.5)} to run them "
+            f"CPU: lower settings.tokens, or pass max_hours {math.ceil(hours * 1.5)} to run them "
             "anyway"
         )
     # a failed experiment leaves no half-made folder (an old one stays)

@@ -147,9 +147,11 @@ def _write_jsonl(path, records):
     return path
 
 
-def test_a_budget_the_family_cannot_cover_names_the_flag():
+def test_a_budget_the_family_cannot_cover_names_the_setting():
     """1e11 is too small for sizes of >= 800 steps: even the smallest (43k parameters) gets 754 at 4 x 128."""
-    with pytest.raises(ScalingError, match="at C = 1e\\+11 only 0 sizes .* choose other --budgets"):
+    with pytest.raises(
+        ScalingError, match="at C = 1e\\+11 only 0 sizes .* choose other settings.budgets"
+    ):
         sweep.plan_isoflop(dataclasses.replace(sweep.SweepSettings(), budgets=(1e11, 1e12)))
 
 

@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import math
 import pathlib
+import re
 import sys
 
 from machinery import runs_file, scaling_plots, scaling_reports, sweep
@@ -86,23 +87,33 @@ def _whole(text: str) -> float:
     return x
 
 
-# The library names an argument as the function does; the user typed the flag.
+# The library names an argument as its function does (plan_budget's tokens_per_param, sweep()'s
+# settings.budgets and max_hours); the user typed the flag.
 FLAGS = {
     "tokens_per_param": "--tokens-per-param",
     "tokens_per_step": "--tokens-per-step",
+    "settings.budgets": "--budgets",
+    "settings.heldout_sizes": "--heldout-sizes",
+    "settings.second_seed_sizes": "--second-seeds",
+    "settings.data": "--data",
+    "settings.seeds": "--seeds",
+    "settings.tokens": "--tokens",
+    "max_hours": "--max-hours",
+    "out_dir": "--out-dir",
 }
+# a name on its own, not a piece of a word or of a path (a folder called out_dir keeps its name)
+NAMED = re.compile(r"(?<![\w/.-])(" + "|".join(map(re.escape, FLAGS)) + r")(?![\w/])")
 
 
 def with_flags(error: ScalingError) -> ScalingError:
     """The same one line with each argument name of FLAGS in it written as its flag.
 
-    >>> str(with_flags(ScalingError("lower tokens_per_step or raise the budget")))
-    'lower --tokens-per-step or raise the budget'
+    >>> str(with_flags(ScalingError("lower settings.budgets, or pass max_hours 3 to run it")))
+    'lower --budgets, or pass --max-hours 3 to run it'
+    >>> str(with_flags(ScalingError("cannot write out_dir /tmp/out_dir (read-only)")))
+    'cannot write --out-dir /tmp/out_dir (read-only)'
     """
-    text = str(error)
-    for name, flag in FLAGS.items():
-        text = text.replace(name, flag)
-    return ScalingError(text)
+    return ScalingError(NAMED.sub(lambda m: FLAGS[m.group(1)], str(error)))
 
 
 def _cmd_budget(args) -> str:
@@ -383,7 +394,10 @@ def _log_line(message: str) -> None:
 def _cmd_sweep(args) -> str:
     settings = _sweep_settings(args)
     out_dir = args.out_dir or ("out/sweep-quick" if args.quick else "out/sweep")
-    result = sweep.sweep(settings, out_dir, log=_log_line, max_hours=args.max_hours)
+    try:
+        result = sweep.sweep(settings, out_dir, log=_log_line, max_hours=args.max_hours)
+    except ScalingError as e:
+        raise with_flags(e) from None
     written = f"{result.out_dir / 'REPORT.md'}, {result.plot}, {result.out_dir / 'final.jsonl'}"
     return sweep.sweep_report(result) + f"\nwritten: {written}"
 
@@ -398,7 +412,10 @@ def _cmd_dedup_effect(args) -> str:
     }
     settings = dataclasses.replace(settings, **{k: v for k, v in given.items() if v is not None})
     out_dir = args.out_dir or ("out/dedup-effect-quick" if args.quick else "out/dedup-effect")
-    result = sweep.dedup_effect(settings, out_dir, log=_log_line, max_hours=args.max_hours)
+    try:
+        result = sweep.dedup_effect(settings, out_dir, log=_log_line, max_hours=args.max_hours)
+    except ScalingError as e:
+        raise with_flags(e) from None
     return sweep.dedup_effect_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
 
 
