@@ -358,7 +358,7 @@ def kaplan_optimal_params(flops):
 
 
 # --------------------------------------------------------------------------------------------------
-# 5. Tokens per parameter for real models, and the 1T-parameter exercise.
+# 5. Tokens per parameter: real models against Chinchilla's 20:1.
 # --------------------------------------------------------------------------------------------------
 
 # (name, parameters, training tokens) as published.
