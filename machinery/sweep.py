@@ -3,9 +3,8 @@ CPU.
 
 Serves: scaling.py. It owns the experiments of that chapter, the parts that train models: the
 sweep's model family and plan, running each point through train.py, reading the runs back, the
-held-out prediction, the sweep's plot and REPORT.md, the dedup-effect experiment and its report, and
-the `sweep` and `dedup-effect` subcommands (`python scaling.py sweep ...` and `python sweep.py sweep
-...` are the same command).
+held-out prediction, the sweep's plot and REPORT.md, the dedup-effect experiment and its report.
+Their command line, `python scaling.py sweep|dedup-effect ...`, is machinery/commands/scaling.py.
 
 The sweep does the lecture's project M3 the Chinchilla way: at 4 budgets 1e12 .. 8e12 FLOPs (8×), 5
 sizes around sqrt(C/120) parameters, each trained through train.py for exactly D = C/6N tokens with
@@ -24,13 +23,14 @@ prediction twice) and compared. `dedup-effect` repeats 1% of the documents 50 ti
 what dedup.py buys, against the seed-to-seed spread. How the design and its learning rates were
 chosen: docs/scaling-sweep.md. `--device cuda` runs the same plan at 10× the budgets.
 
-Depends on numpy, scaling.py (the laws, the fits and the plots' helpers) and fileio.py; inside the
-functions that need them: model.py (parameter counts), data.py and data_at_scale.py (preparing
-corpora), dedup.py and evaluate.py (the dedup effect), matplotlib (the plot), cli.py (the parser's
-types).
+Depends on numpy, scaling.py (the laws and the fits), machinery's scaling_plots and scaling_reports
+(the plot's panels, the fit's table) and fileio.py; inside the functions that need them: model.py
+(parameter counts), data.py and data_at_scale.py (preparing corpora), dedup.py and evaluate.py (the
+dedup effect), matplotlib (the plot).
 
 Every run is `python train.py ...` in a subprocess, so the sweep imports no training code.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,10 +46,10 @@ from typing import Sequence
 
 import numpy as np
 
-from machinery import fileio
 import scaling
+from machinery import fileio, scaling_plots
+from machinery.scaling_reports import fit_markdown
 from scaling import (
-    ROOT,
     AllocationLaw,
     ChinchillaFit,
     FitReport,
@@ -60,9 +60,11 @@ from scaling import (
     group_close,
     isoflop_minima,
     params_for_budget,
-    save_png,
     unit_fraction,
 )
+
+# the repository's root, where train.py is
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # --------------------------------------------------------------------------------------------------
 # 1. The IsoFLOP sweep (the lecture's project M3): budgets, sizes around each optimum, one annealed
@@ -81,6 +83,7 @@ class Shape:
     >>> Shape(2, 64).name, Shape(2, 64).counts(512)     # (all parameters, non-embedding parameters)
     ('L2-d64', (133440, 100672))
     """
+
     n_layer: int
     n_embd: int
 
@@ -90,13 +93,19 @@ class Shape:
 
     def config_overrides(self) -> dict:
         heads = self.n_embd // HEAD_DIM
-        return {"n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": heads, "n_kv_head": heads,
-                "ffn_multiple_of": 16}
+        return {
+            "n_layer": self.n_layer,
+            "n_embd": self.n_embd,
+            "n_head": heads,
+            "n_kv_head": heads,
+            "ffn_multiple_of": 16,
+        }
 
     def counts(self, vocab_size: int) -> tuple[int, int]:
         """(all parameters, non-embedding parameters), counted by model.py (the tied embedding
         counted once)."""
         from model import GPTConfig
+
         cfg = GPTConfig(vocab_size=vocab_size, **self.config_overrides())
         return cfg.num_params(), cfg.num_params(non_embedding=True)
 
@@ -181,6 +190,7 @@ class SweepSettings:
     minimum, where a parabola's vertex and its loss are read, that is a quarter of the loss step
     between neighbouring sizes, so the minima and the prediction rest on two seeds there and on one
     where the curve is steep."""
+
     data: str = "pystdlib"
     vocab_size: int = 512
     budgets: tuple[float, ...] = (1e12, 2e12, 4e12, 8e12)
@@ -222,9 +232,14 @@ QUICK_SWEEP = SweepSettings(
 # The same plan for one CUDA GPU (`--device cuda`): budgets 10x, batches 2x, bf16, one run at a
 # time. pystdlib still holds enough text for it (the longest run reads 1.8 epochs); bigger budgets
 # need a bigger --data, since the smallest sizes would otherwise read it many times over.
-GPU_SWEEP = dataclasses.replace(SweepSettings(), budgets=(1e13, 2e13, 4e13, 8e13),
-                                batch_sizes=(8, 16, 32, 64, 128, 256),
-                                device="cuda", workers=1, threads=0)
+GPU_SWEEP = dataclasses.replace(
+    SweepSettings(),
+    budgets=(1e13, 2e13, 4e13, 8e13),
+    batch_sizes=(8, 16, 32, 64, 128, 256),
+    device="cuda",
+    workers=1,
+    threads=0,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +247,7 @@ class PlannedRun:
     """One point of the sweep: a shape trained for `steps` steps of `batch_size` sequences at
     learning rate `lr`, from `seed` (named with it when it is not 0: C1e12-L2-d32 and its second
     seed C1e12-L2-d32-s1)."""
+
     budget: float
     shape: Shape
     params: int
@@ -254,8 +270,13 @@ class PlannedRun:
         return 6.0 * self.params * self.tokens
 
 
-def plan_run(budget: float, shape: Shape, settings: SweepSettings, heldout: bool = False,
-             seed: int | None = None) -> PlannedRun:
+def plan_run(
+    budget: float,
+    shape: Shape,
+    settings: SweepSettings,
+    heldout: bool = False,
+    seed: int | None = None,
+) -> PlannedRun:
     """D = C / 6N tokens in whole steps of the largest batch that still gives min_steps steps (else
     the smallest batch); the actual D is recorded. The seed is settings.seed unless given.
 
@@ -270,9 +291,18 @@ def plan_run(budget: float, shape: Shape, settings: SweepSettings, heldout: bool
     ]
     batch = max(fits) if fits else min(settings.batch_sizes)
     steps = max(1, round(tokens / (batch * settings.block_size)))
-    return PlannedRun(budget, shape, n, non_embedding, steps, steps * batch * settings.block_size,
-                      lr_for_width(shape.n_embd, settings.lr_at_64), batch, heldout,
-                      settings.seed if seed is None else seed)
+    return PlannedRun(
+        budget,
+        shape,
+        n,
+        non_embedding,
+        steps,
+        steps * batch * settings.block_size,
+        lr_for_width(shape.n_embd, settings.lr_at_64),
+        batch,
+        heldout,
+        settings.seed if seed is None else seed,
+    )
 
 
 def trainable_shapes(budget: float, settings: SweepSettings) -> list[Shape]:
@@ -283,8 +313,13 @@ def trainable_shapes(budget: float, settings: SweepSettings) -> list[Shape]:
     ['L2-d48', 'L2-d64']
     """
     smallest = min(settings.batch_sizes) * settings.block_size
-    return [s for s in shape_family() if settings.min_steps * smallest
-            <= budget / (6.0 * s.counts(settings.vocab_size)[0]) <= settings.max_run_tokens]
+    return [
+        s
+        for s in shape_family()
+        if settings.min_steps * smallest
+        <= budget / (6.0 * s.counts(settings.vocab_size)[0])
+        <= settings.max_run_tokens
+    ]
 
 
 def sizes_near(budget: float, targets: Sequence[float], settings: SweepSettings) -> list[Shape]:
@@ -298,8 +333,9 @@ def sizes_near(budget: float, targets: Sequence[float], settings: SweepSettings)
     raise ScalingError(
         f"at C = {budget:.3g} only {len(allowed)} sizes of the family train at least "
         f"{settings.min_steps} steps on at most {settings.max_run_tokens:,} tokens, and "
-        f"{len(targets)} are needed: choose other --budgets (a smaller one leaves the big "
-        f"sizes too few steps, a bigger one the small too few tokens: a larger --data helps)"
+        f"{len(targets)} are needed: choose other settings.budgets (a smaller one leaves the big "
+        f"sizes too few steps, a bigger one the small too few tokens: a larger settings.data "
+        f"helps)"
     )
 
 
@@ -354,7 +390,7 @@ def plan_second_seeds(settings: SweepSettings, records: Sequence[dict]) -> list[
     again = []
     for budget, group in group_close(list(records), key=lambda r: r["budget"]).items():
         group = sorted(group, key=lambda r: r["parameters"])
-        k = min(settings.second_seed_sizes, len(group))        # k = 0: the window below is empty
+        k = min(settings.second_seed_sizes, len(group))  # k = 0: the window below is empty
         best = min(range(len(group)), key=lambda i: group[i]["loss"])
         start = min(max(best - (k - 1) // 2, 0), len(group) - k)
         again += [
@@ -421,9 +457,11 @@ def wall_seconds(settings: SweepSettings, records: Sequence[dict]) -> float:
     >>> wall_seconds(SweepSettings(), [rec(2), rec(3), rec(2), rec(5, seed=1)])   # 3 by 2+2, then 5
     9.0
     """
-    phases = ([r for r in records if not r["heldout"] and r.get("seed", 0) == settings.seed],
-              [r for r in records if not r["heldout"] and r.get("seed", 0) != settings.seed],
-              [r for r in records if r["heldout"]])
+    phases = (
+        [r for r in records if not r["heldout"] and r.get("seed", 0) == settings.seed],
+        [r for r in records if not r["heldout"] and r.get("seed", 0) != settings.seed],
+        [r for r in records if r["heldout"]],
+    )
     total = 0.0
     for phase in phases:
         free = [0.0] * max(1, settings.workers)
@@ -448,7 +486,7 @@ def planned_runs(settings: SweepSettings) -> list[PlannedRun]:
     k, again = settings.second_seed_sizes, []
     for group in group_close(grid, key=lambda r: r.budget).values():
         start = (len(group) - k) // 2
-        again += [dataclasses.replace(r, seed=settings.seed + 1) for r in group[start:start + k]]
+        again += [dataclasses.replace(r, seed=settings.seed + 1) for r in group[start : start + k]]
     return grid + held + again
 
 
@@ -532,6 +570,7 @@ def shell_command(cmd: Sequence[str], threads: int = 1) -> str:
     ...                "--out-dir", str(ROOT / "out" / "a b")])
     "OMP_NUM_THREADS=1 python train.py --out-dir 'out/a b'"
     """
+
     def relative(arg: str) -> str:
         path = pathlib.Path(arg)
         return (
@@ -539,6 +578,7 @@ def shell_command(cmd: Sequence[str], threads: int = 1) -> str:
         )
 
     import shlex
+
     line = shlex.join(["python"] + [relative(a) for a in cmd[1:]])
     return f"OMP_NUM_THREADS={threads} {line}" if threads else line
 
@@ -571,22 +611,28 @@ def _run_train(cmd: list[str], log_path: pathlib.Path, threads: int = 1) -> None
     small to gain much from a second core, so the sweep runs `workers` single-threaded runs side by
     side instead."""
     import subprocess
+
     env = dict(os.environ)
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with open(log_path, "w", encoding="utf-8") as log_file:
         done = subprocess.run(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     if done.returncode != 0:
-        tail = [line for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-                if line.strip()][-1:]
-        raise ScalingError(f"train.py failed (exit {done.returncode}) in {log_path.parent.name}: "
-                           f"{tail[0] if tail else 'no output'}")
+        tail = [
+            line
+            for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+            if line.strip()
+        ][-1:]
+        raise ScalingError(
+            f"train.py failed (exit {done.returncode}) in {log_path.parent.name}: "
+            f"{tail[0] if tail else 'no output'}"
+        )
 
 
 def _write_text(path, text: str) -> pathlib.Path:
     """Write whole or not at all (fileio: temp file, then rename); a full disk is one ScalingError
     line."""
-    return fileio.write_atomic(path, text, error=ScalingError, fix="pass --out-dir on another disk")
+    return fileio.write_atomic(path, text, error=ScalingError, fix="pass out_dir on another disk")
 
 
 def execute_runs(
@@ -597,6 +643,7 @@ def execute_runs(
     unchanged. Returns one final.jsonl record per run, in plan order."""
     import concurrent.futures
     import time
+
     out = pathlib.Path(out_dir)
 
     failed = threading.Event()
@@ -663,8 +710,10 @@ def execute_runs(
         }
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
-        futures = {i: pool.submit(one, runs[i])              # submitted longest first
-                   for i in sorted(range(len(runs)), key=lambda i: -run_seconds(settings, runs[i]))}
+        futures = {
+            i: pool.submit(one, runs[i])  # submitted longest first
+            for i in sorted(range(len(runs)), key=lambda i: -run_seconds(settings, runs[i]))
+        }
         concurrent.futures.wait(futures.values(), return_when=concurrent.futures.FIRST_EXCEPTION)
         failed.set()  # done, or one failed: nothing queued starts now
         errors = [
@@ -699,9 +748,9 @@ def runs_of(
 class SweepResult:
     settings: SweepSettings
     out_dir: pathlib.Path
-    records: list            # final.jsonl, one dict per final point
-    train_tokens: int        # unique tokens in the train split
-    corpus: str              # the dataset's sources, e.g. "pystdlib"
+    records: list  # final.jsonl, one dict per final point
+    train_tokens: int  # unique tokens in the train split
+    corpus: str  # the dataset's sources, e.g. "pystdlib"
     report: FitReport | None = None
     non_embedding_report: FitReport | None = None
     prediction: dict | None = None
@@ -735,9 +784,11 @@ def predict_heldout(report: FitReport, fit_runs: Sequence[Run]) -> dict:
     }
     minima = isoflop_minima(fit_runs)
     if len(minima) >= 2:
-        g, k = fit_line(np.log([m[0] for m in minima]),
-                         np.log([np.polyval(m[2], math.log(m[1])) for m in minima]))
-        out.update(minima_loss_at_budget=math.exp(k) * budget ** g, minima_loss_exponent=g)
+        g, k = fit_line(
+            np.log([m[0] for m in minima]),
+            np.log([np.polyval(m[2], math.log(m[1])) for m in minima]),
+        )
+        out.update(minima_loss_at_budget=math.exp(k) * budget**g, minima_loss_exponent=g)
     if report.chinchilla is not None:
         out["law3_loss_at_opt"] = report.chinchilla.loss(n_opt, budget / (6 * n_opt))
         out["law3"] = dataclasses.asdict(report.chinchilla)
@@ -750,21 +801,23 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
     s = settings
     if len(s.budgets) < 2 or len(set(s.budgets)) != len(s.budgets):
         raise ScalingError(
-            "--budgets needs at least 2 different compute budgets, e.g. 1e12 2e12 4e12 8e12"
+            "settings.budgets needs at least 2 different compute budgets, e.g. 1e12 2e12 4e12 8e12"
         )
     if s.sizes_per_budget < 3:
         raise ScalingError(
             "a sweep needs at least 3 sizes per budget (a parabola has 3 coefficients)"
         )
     if s.heldout_sizes not in (1, 3):
-        raise ScalingError(f"--heldout-sizes must be 1 or 3, got {s.heldout_sizes}")
+        raise ScalingError(f"settings.heldout_sizes must be 1 or 3, got {s.heldout_sizes}")
     if not 0 <= s.second_seed_sizes <= s.sizes_per_budget:
         raise ScalingError(
-            f"--second-seeds {s.second_seed_sizes}: give 0 (one seed) to {s.sizes_per_budget} "
+            f"settings.second_seed_sizes {s.second_seed_sizes}: give 0 (one seed) to "
+            f"{s.sizes_per_budget} "
             f"(every size of a budget)"
         )
     if s.device != "cpu":
         import model as model_lib
+
         # "--device cuda: no CUDA device here; ..."
         model_lib.resolve_device(s.device, error=ScalingError)
     # a design the family cannot build fails here
@@ -776,7 +829,7 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
         raise ScalingError(
             f"this sweep ({flops:.2g} FLOPs) would take {about(hours)} on {where} "
             f"({s.workers} runs at a time at ~{CPU_FLOPS:.1e} FLOP/s each on a CPU): lower "
-            f"--budgets, or pass --max-hours {math.ceil(hours * 1.5)} to run it anyway"
+            f"settings.budgets, or pass max_hours {math.ceil(hours * 1.5)} to run it anyway"
         )
     return hours
 
@@ -786,12 +839,16 @@ def open_dataset(spec: str):
     vocabulary) before any run reads it: a data.TokenData; None when `spec` names sources to
     prepare. Problems are one ScalingError."""
     import data as data_lib
+
     path = pathlib.Path(spec)
-    if path.is_dir() and not (path / "manifest.json").exists() and (
-            (path / "tokenizer.json").exists() or any(path.glob("train_*.bin"))):
+    if (
+        path.is_dir()
+        and not (path / "manifest.json").exists()
+        and ((path / "tokenizer.json").exists() or any(path.glob("train_*.bin")))
+    ):
         raise ScalingError(
-            f"--data {spec}: a dataset folder without manifest.json (damaged or half copied): "
-            f"prepare it again with python data.py prepare --out {spec}"
+            f"settings.data {spec}: a dataset folder without manifest.json (damaged or half "
+            f"copied): prepare it again into {spec} with python data.py prepare"
         )
     if not (path / "manifest.json").exists():
         return None
@@ -814,12 +871,12 @@ def open_dataset(spec: str):
 @contextlib.contextmanager
 def _data_errors(spec: str):
     """data.py's errors (DataError is a ValueError), and OSErrors, as one ScalingError line naming
-    --data."""
+    settings.data."""
     try:
         yield
     except (ValueError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
-        raise ScalingError(f"--data {spec}: {first}") from None
+        raise ScalingError(f"settings.data {spec}: {first}") from None
 
 
 @contextlib.contextmanager
@@ -836,7 +893,7 @@ def output_folder(out_dir, keep=lambda out: False):
         if created:
             shutil.rmtree(out, ignore_errors=True)
         raise ScalingError(
-            f"cannot write --out-dir {out_dir} ({e.strerror or e}): pass a writable --out-dir"
+            f"cannot write out_dir {out_dir} ({e.strerror or e}): pass a writable out_dir"
         ) from None
     try:
         yield out
@@ -846,8 +903,12 @@ def output_folder(out_dir, keep=lambda out: False):
         raise
 
 
-def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=print,
-          max_hours: float = MAX_HOURS) -> SweepResult:
+def sweep(
+    settings: SweepSettings = SweepSettings(),
+    out_dir="out/sweep",
+    log=print,
+    max_hours: float = MAX_HOURS,
+) -> SweepResult:
     """The whole experiment: prepare the corpus, train the IsoFLOP grid, predict the held-out budget
     from it, train that, fit the three approaches on the grid, write final.jsonl, scaling.png and
     REPORT.md into out_dir.
@@ -857,6 +918,7 @@ def sweep(settings: SweepSettings = SweepSettings(), out_dir="out/sweep", log=pr
     finished runs (a rerun reuses them) and removes an output folder it created that holds none."""
     import data as data_lib
     from machinery import data_at_scale
+
     s = settings
     dataset = open_dataset(s.data)
     # the dataset's tokenizer rules, and no run reads it more than twice
@@ -912,7 +974,7 @@ def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -
             + ", ".join(r.name for r in again)
         )
         records += execute_runs(s, again, data_dir, out, log)
-    fit_runs = runs_of(records)                 # a point's two seeds as their mean
+    fit_runs = runs_of(records)  # a point's two seeds as their mean
     heldout_budget = s.heldout_factor * max(s.budgets)
     report = fit_all(fit_runs, heldout_budget, bootstrap=s.bootstrap, seed=s.seed)
     try:
@@ -922,8 +984,10 @@ def _sweep_in(s: SweepSettings, dataset, out: pathlib.Path, hours: float, log) -
         log(f"no prediction for the held-out budget: {e}")
     if "params" in prediction:
         held = plan_heldout(s, prediction["params"])
-        log(f"predicted at C = {heldout_budget:.3g}: N_opt = {prediction['params']:,.0f} "
-            f"({prediction['approach']}); training " + ", ".join(r.name for r in held))
+        log(
+            f"predicted at C = {heldout_budget:.3g}: N_opt = {prediction['params']:,.0f} "
+            f"({prediction['approach']}); training " + ", ".join(r.name for r in held)
+        )
         held_records = execute_runs(s, held, data_dir, out, log)
         if "law3" in prediction:
             for record in held_records:
@@ -953,7 +1017,7 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
     held-out run(s) in black. Right: N_opt against compute: Approach 2's minima and the three fitted
     laws, with the held-out prediction."""
     grid, held = runs_of(result.records), runs_of(result.records, heldout=True)
-    fig, (left, middle, right) = scaling.pyplot().subplots(1, 3, figsize=(18, 6))
+    fig, (left, middle, right) = scaling_plots.pyplot().subplots(1, 3, figsize=(18, 6))
     # one group per size
     for n, points in group_close(grid + held, key=lambda r: r.params).items():
         points = sorted(points, key=lambda r: r.compute)
@@ -963,10 +1027,15 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
     left.set_xlabel("compute C = 6·N·D (FLOPs)")
     left.set_title("final loss against compute, one line per size")
 
-    scaling.draw_isoflop_curves(middle, grid)
+    scaling_plots.draw_isoflop_curves(middle, grid)
     if held:
-        middle.plot([r.params for r in held], [r.loss for r in held], "ks", ms=7,
-                    label=f"held-out C = {held[0].budget:.2g} (measured)")
+        middle.plot(
+            [r.params for r in held],
+            [r.loss for r in held],
+            "ks",
+            ms=7,
+            label=f"held-out C = {held[0].budget:.2g} (measured)",
+        )
     twice = [r for group in _points(result.records).values() if len(group) > 1 for r in group]
     if twice:
         middle.plot(
@@ -978,14 +1047,16 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
             label="the two seeds of a point (their mean is plotted)",
         )
     p = result.prediction or {}
-    for key, marker, label in (("minima_loss_at_budget", "kx", "prediction: minima's power law"),
-                               ("law3_loss_at_opt", "k+", "prediction: Approach 3's law")):
+    for key, marker, label in (
+        ("minima_loss_at_budget", "kx", "prediction: minima's power law"),
+        ("law3_loss_at_opt", "k+", "prediction: Approach 3's law"),
+    ):
         if "params" in p and key in p:
             middle.plot([p["params"]], [p[key]], marker, ms=10, mew=2, label=label)
     middle.set_title("IsoFLOP curves: parabola in log N, minimum = star")
 
     computes = np.array([r.compute for r in grid + held])
-    scaling.draw_allocations(
+    scaling_plots.draw_allocations(
         right,
         grid,
         result.report.laws if result.report else {},
@@ -997,11 +1068,11 @@ def plot_sweep(result: SweepResult, path) -> pathlib.Path:
         )
     right.set_title("N_opt against compute, three approaches")
     for ax in (left, middle):
-        scaling.log_axes(ax, "held-out loss (nats/token)")
-    scaling.log_axes(right)
+        scaling_plots.log_axes(ax, "held-out loss (nats/token)")
+    scaling_plots.log_axes(right)
     # below: the curves fill it
     middle.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.13))
-    return save_png(fig, path)
+    return scaling_plots.save_png(fig, path)
 
 
 def wsd_cost(records: Sequence[dict], cooldown_fraction: float = 0.2) -> tuple[float, float]:
@@ -1071,7 +1142,7 @@ def seed_line(records: Sequence[dict], settings: SweepSettings) -> str:
         "fits "
         "and the prediction use a point's mean loss. The pairs measure the seed noise: one run's "
         "loss has a "
-        f"standard deviation of {math.sqrt(np.sum(d ** 2) / (2 * len(d))):.3f} nats (largest "
+        f"standard deviation of {math.sqrt(np.sum(d**2) / (2 * len(d))):.3f} nats (largest "
         "difference "
         f"{abs(worst[2] - worst[1]):.3f}, at {worst[0]}: {worst[1]:.4f} and {worst[2]:.4f}), "
         "against a median "
@@ -1191,8 +1262,10 @@ def _regenerate(result: SweepResult) -> str:
     if not data or not (pathlib.Path(s.data) / "manifest.json").is_file():
         return command
     corpus = result.corpus.replace("+", " ")
-    return (f"`python data.py prepare --data {corpus} --vocab-size {s.vocab_size} --out {s.data}`, "
-            f"then {command}")
+    return (
+        f"`python data.py prepare --data {corpus} --vocab-size {s.vocab_size} --out {s.data}`, "
+        f"then {command}"
+    )
 
 
 def is_quick(s: SweepSettings) -> bool:
@@ -1341,7 +1414,7 @@ def sweep_report(result: SweepResult) -> str:
         "",
         "## The three approaches on the same runs",
         "",
-        report.markdown(),
+        fit_markdown(report),
         "",
         f"Agreement: {'; '.join(parts)}"
         + (f"; largest gap {gap:.3f} (target ≤ 0.1)." if gap is not None else "."),
@@ -1366,6 +1439,7 @@ def sweep_report(result: SweepResult) -> str:
 #    measured.
 # --------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class DedupEffectSettings:
     """`repeated_share` of the train documents each get `repeats` near-copies (2-5% of words edited,
@@ -1374,6 +1448,7 @@ class DedupEffectSettings:
     the same number of tokens on the corpus with the copies and on dedup.py's cleaned version, with
     `seeds` seeds each (init and data order), so the effect is compared with the seed-to-seed
     spread."""
+
     source: str = "pydocs"
     # see docs/scaling-sweep.md: 2 × 32 lands on seed-dependent plateaus at 488 steps
     shape: Shape = Shape(1, 32)
@@ -1389,7 +1464,7 @@ class DedupEffectSettings:
     seeds: int = 3
     workers: int = 2
     threads: int = 1
-    max_documents: int | None = None      # read only the first documents of the source (quick runs)
+    max_documents: int | None = None  # read only the first documents of the source (quick runs)
 
 
 QUICK_DEDUP = DedupEffectSettings(
@@ -1424,16 +1499,24 @@ def repeat_documents(
     """
     import random
     import dedup as dedup_lib
+
     rng = random.Random(seed)
     vocabulary = sorted({w for doc in documents for w in doc.split()})
     chosen = sorted(rng.sample(range(len(documents)), max(1, round(share * len(documents)))))
-    copies = [dedup_lib.make_near_copy(documents[i], rng, rng.uniform(0.02, 0.05), vocabulary)
-              for i in chosen for _ in range(repeats)]
+    copies = [
+        dedup_lib.make_near_copy(documents[i], rng, rng.uniform(0.02, 0.05), vocabulary)
+        for i in chosen
+        for _ in range(repeats)
+    ]
     return documents + copies, chosen
 
 
-def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir="out/dedup-effect",
-                 log=print, max_hours: float = MAX_HOURS) -> dict:
+def dedup_effect(
+    settings: DedupEffectSettings = DedupEffectSettings(),
+    out_dir="out/dedup-effect",
+    log=print,
+    max_hours: float = MAX_HOURS,
+) -> dict:
     """Build both corpora, prepare them with one tokenizer (data.py), train the same model for the
     same tokens on each with several seeds (train.py), score every run on the same held-out
     documents (evaluate.py)."""
@@ -1441,7 +1524,9 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
     unit_fraction("repeated share", s.repeated_share)
     unit_fraction("held-out fraction", s.held_out_fraction)
     if s.seeds < 2:
-        raise ScalingError("--seeds must be at least 2: the seed-to-seed spread is the yardstick")
+        raise ScalingError(
+            "settings.seeds must be at least 2: the seed-to-seed spread is the yardstick"
+        )
     trainer, planned = _dedup_effect_plan(s)
     hours = (
         estimate_seconds(dataclasses.replace(trainer, workers=s.workers), [planned] * (2 * s.seeds))
@@ -1450,7 +1535,7 @@ def dedup_effect(settings: DedupEffectSettings = DedupEffectSettings(), out_dir=
     if hours > max_hours:
         raise ScalingError(
             f"{2 * s.seeds} runs of {planned.tokens:,} tokens would take {about(hours)} on this "
-            f"CPU: lower --tokens, or pass --max-hours {math.ceil(hours * 1.5)} to run them "
+            f"CPU: lower settings.tokens, or pass max_hours {math.ceil(hours * 1.5)} to run them "
             "anyway"
         )
     # a failed experiment leaves no half-made folder (an old one stays)
@@ -1480,6 +1565,7 @@ def _dedup_effect_in(
     from machinery import data_at_scale
     import dedup as dedup_lib
     import evaluate as evaluate_lib
+
     # The source through data.py's funnel (quality filters, exact dedup) but without near-dedup:
     # that is ours.
     source = data_lib.open_source(s.source, max_documents=s.max_documents)
@@ -1540,9 +1626,15 @@ def _dedup_effect_in(
             datasets[name] / "manifest.json", ScalingError, "run the experiment again"
         )
         log(f"{name}, seed {seed}: held-out loss {scored['loss']:.4f}")
-        return {"corpus": name, "seed": seed, "train_tokens": manifest["splits"]["train"]["tokens"],
-                "tokens_trained": planned.tokens, "held_out_loss": scored["loss"],
-                "held_out_bpb": scored["bits_per_byte"], "held_out_tokens": scored["tokens"]}
+        return {
+            "corpus": name,
+            "seed": seed,
+            "train_tokens": manifest["splits"]["train"]["tokens"],
+            "tokens_trained": planned.tokens,
+            "held_out_loss": scored["loss"],
+            "held_out_bpb": scored["bits_per_byte"],
+            "held_out_tokens": scored["tokens"],
+        }
 
     jobs = [(name, seed) for seed in range(s.seeds) for name in ("with_duplicates", "deduplicated")]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, s.workers)) as pool:
@@ -1619,9 +1711,11 @@ def dedup_effect_report(result: dict) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(rows, key=lambda r: (r["corpus"], r["seed"])):
-        out.append(f"| {r['corpus'].replace('_', ' ')} | {r['seed']} | {r['train_tokens']:,} | "
-                   f"{r['tokens_trained'] / r['train_tokens']:.2f} | {r['held_out_loss']:.4f} | "
-                   f"{r['held_out_bpb']:.4f} |")
+        out.append(
+            f"| {r['corpus'].replace('_', ' ')} | {r['seed']} | {r['train_tokens']:,} | "
+            f"{r['tokens_trained'] / r['train_tokens']:.2f} | {r['held_out_loss']:.4f} | "
+            f"{r['held_out_bpb']:.4f} |"
+        )
     m, sd = summary["mean"], summary["sd"]
     dup_tokens = {r["corpus"]: r["train_tokens"] for r in rows}
     share = 1 - dup_tokens["deduplicated"] / dup_tokens["with_duplicates"]
@@ -1658,145 +1752,3 @@ def dedup_effect_report(result: dict) -> str:
             f"difference is within the run-to-run noise at this budget."
         )
     return "\n".join(out) + "\n"
-
-
-# --------------------------------------------------------------------------------------------------
-# 3. The command line: `sweep` and `dedup-effect`, added to scaling.py's parser (or run as
-#    `python sweep.py`).
-# --------------------------------------------------------------------------------------------------
-
-def _sweep_settings(args) -> SweepSettings:
-    """The defaults (or --quick's), with the flags given (sweep() checks the whole design before
-    anything runs)."""
-    gpu = args.device != "cpu"
-    settings = QUICK_SWEEP if args.quick else GPU_SWEEP if gpu else SweepSettings()
-    # one run at a time on the GPU, bf16; the device is checked in sweep()
-    if gpu:
-        settings = dataclasses.replace(settings, device=args.device, workers=1, threads=0)
-    changes = {
-        k: v
-        for k, v in (
-            ("budgets", tuple(args.budgets) if args.budgets else None),
-            ("sizes_per_budget", args.sizes),
-            ("heldout_sizes", args.heldout_sizes),
-            ("data", args.data),
-            ("vocab_size", args.vocab_size),
-            ("lr_at_64", args.lr_at_64),
-            ("workers", args.workers),
-            ("threads", args.threads),
-            ("bootstrap", args.bootstrap),
-            ("seed", args.seed),
-            ("second_seed_sizes", args.second_seeds),
-        )
-        if v is not None
-    }
-    return dataclasses.replace(settings, **changes)
-
-
-def _log_line(message: str) -> None:
-    """One progress line to stderr in one write, so the lines of two runs finishing together never
-    interleave."""
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-
-
-def _cmd_sweep(args) -> str:
-    settings = _sweep_settings(args)
-    out_dir = args.out_dir or ("out/sweep-quick" if args.quick else "out/sweep")
-    result = sweep(settings, out_dir, log=_log_line, max_hours=args.max_hours)
-    return sweep_report(result) + f"\nwritten: {result.out_dir / 'REPORT.md'}, {result.plot}, " \
-                                  f"{result.out_dir / 'final.jsonl'}"
-
-
-def _cmd_dedup_effect(args) -> str:
-    settings = QUICK_DEDUP if args.quick else DedupEffectSettings()
-    changes = {
-        k: v
-        for k, v in (
-            ("tokens", args.tokens),
-            ("seeds", args.seeds),
-            ("workers", args.workers),
-            ("threads", args.threads),
-        )
-        if v is not None
-    }
-    settings = dataclasses.replace(settings, **changes)
-    out_dir = args.out_dir or ("out/dedup-effect-quick" if args.quick else "out/dedup-effect")
-    result = dedup_effect(settings, out_dir, log=_log_line, max_hours=args.max_hours)
-    return dedup_effect_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
-
-
-def _shared_flags(name: str, quick: str) -> list:
-    """The flags both experiments share (cli.add_arguments rows): --quick, --workers, --threads,
-    --out-dir, --max-hours."""
-    from machinery.cli import in_range, writable
-    return [
-        ("--quick", {"action": "store_true", "help": f"{quick}, for tests"}),
-        ("--workers", {"type": in_range(int, 1, 64),
-                       "help": "training runs side by side (default 2)"}),
-        ("--threads", {"type": in_range(int, 0, 1024),
-                       "help": "torch CPU threads per training run (default 1; 0 = torch's own)"}),
-        ("--out-dir", {"type": writable("dir"), "default": None,
-                       "help": f"default out/{name} (quick: out/{name}-quick)"}),
-        ("--max-hours", {"type": in_range(float, 0.0, 1e6, low_open=True), "default": MAX_HOURS,
-                         "help": f"refuse runs estimated to take longer than this on this CPU "
-                                 f"(default {MAX_HOURS:g})"}),
-    ]
-
-
-def add_commands(sub) -> None:
-    """Add the `sweep` and `dedup-effect` subcommands to an argparse subparsers object
-    (scaling.py's, or ours)."""
-    from machinery.cli import add_commands as add_table, in_range
-    add_table(sub, {
-        "sweep": ("IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget",
-                  _cmd_sweep,
-                  _shared_flags("sweep", "a tiny design on pydocs (seconds per run)") + [
-            ("--budgets", {"type": in_range(float, 1e6, 1e18), "nargs": "+",
-                           "help": "compute budgets in FLOPs (default 1e12 2e12 4e12 8e12; on a "
-                                   "GPU 1e13 2e13 4e13 8e13)"}),
-            ("--sizes", {"type": in_range(int, 3, 9),
-                         "help": "model sizes per budget, 3..9 (default 5)"}),
-            ("--heldout-sizes", {"type": int, "choices": (1, 3),
-                                 "help": "sizes trained at the held-out budget: 3 (default: a "
-                                         "parabola there measures the optimum too) or 1 (the "
-                                         "predicted size only)"}),
-            ("--device", {"default": "cpu",
-                          "help": "cpu (default), or cuda / cuda:N: the same plan at 10x the "
-                                  "budgets, bf16, one run at a time"}),
-            ("--data", {"help": "corpus (default pystdlib, embedded) or a prepared dataset "
-                                "directory"}),
-            ("--vocab-size", {"type": in_range(int, 257, 65536),
-                              "help": "BPE vocabulary when the corpus is prepared (default 512)"}),
-            ("--lr-at-64", {"type": in_range(float, 0.0, 1.0, low_open=True),
-                            "help": "learning rate of a width-64 model; each size gets "
-                                    "this·64/width (default 4e-3)"}),
-            ("--bootstrap", {"type": in_range(int, 0, 10_000),
-                             "help": "bootstrap resamples (default 50)"}),
-            ("--seed", {"type": in_range(int, 0, 2**32 - 1),
-                        "help": "seed of every run and of the bootstrap"}),
-            ("--second-seeds", {"type": in_range(int, 0, 9),
-                                "help": "sizes nearest each budget's best run trained again with "
-                                        "seed + 1, and fitted as the mean of the two (default 3; "
-                                        "0 = one seed per point)"})]),
-        "dedup-effect": ("1%% of documents repeated 50x vs dedup.py's cleaned corpus, 3 seeds",
-                         _cmd_dedup_effect,
-                         _shared_flags("dedup-effect", "tiny runs (seconds each)") + [
-            ("--tokens", {"type": in_range(int, 1, 10**9),
-                          "help": "tokens trained per run (default 500000)"}),
-            ("--seeds", {"type": in_range(int, 2, 20),
-                         "help": "seeds per corpus, 2..20 (default 3)"})]),
-    })
-
-
-def main(argv: list[str] | None = None) -> int:
-    from machinery.cli import Parser
-    parser = Parser(prog="sweep.py",
-                    description="scaling.py's experiments: the IsoFLOP sweep through train.py and "
-                                "the dedup effect (the same as `scaling.py sweep|dedup-effect`)")
-    add_commands(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
-    return scaling.run_command(parser.parse_args(argv), "sweep.py")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,9 @@
 """Tests for scaling.py: every worked number of the lecture, the closed-form optimum against a numerical minimum,
 the fitters against synthetic runs from known laws, and the bad-input messages."""
+
 import json
 import math
+import pathlib
 import subprocess
 import sys
 
@@ -9,22 +11,49 @@ import numpy as np
 import pytest
 
 import scaling
-from scaling import (FITS, Run, ScalingError, activation_memory, chinchilla_loss, compute_optimal, fit_approach1,
-                     fit_approach2, fit_approach3, fit_all, isoflop_table, load_runs, pipeline_bubble, plan_budget,
-                     synthetic_isoflop_runs, training_memory)
+from machinery import runs_file, scaling_reports
+from machinery.commands import scaling as command
+from machinery.runs_file import load_runs
+from machinery.scaling_reports import fit_markdown
+from scaling import (
+    FITS,
+    Run,
+    ScalingError,
+    activation_memory,
+    chinchilla_loss,
+    compute_optimal,
+    fit_approach1,
+    fit_approach2,
+    fit_approach3,
+    fit_all,
+    isoflop_table,
+    pipeline_bubble,
+    plan_budget,
+    synthetic_isoflop_runs,
+    training_memory,
+)
+
+ROOT = pathlib.Path(scaling.__file__).resolve().parent
 
 
 def cli(*args, timeout=120):
-    return subprocess.run([sys.executable, str(scaling.ROOT / "scaling.py"), *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scaling.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_docstring_examples():
     import doctest
-    assert doctest.testmod(scaling).failed == 0
+
+    for module in (scaling, runs_file, command):
+        assert doctest.testmod(module).failed == 0, module.__name__
 
 
 # --- the budget ----------------------------------------------------------------------------------------------------
+
 
 def test_lecture_budget_chain():
     b = plan_budget(1.2e20)
@@ -40,10 +69,12 @@ def test_budgets_that_plan_less_than_one_parameter_token_or_step_are_refused():
     with pytest.raises(ScalingError, match="N = 9.13e-152 parameters"):
         plan_budget(1e-300)
     with pytest.raises(ScalingError, match="more than the whole run's D"):
-        plan_budget(1e7)                           # D = 5.8e3 tokens, one step of 5e5
+        plan_budget(1e7)  # D = 5.8e3 tokens, one step of 5e5
 
 
-@pytest.mark.parametrize("compute, n, d", [(1e18, "9.1e+07", "1.8e+09"), (1.2e21, "3.2e+09", "6.3e+10")])
+@pytest.mark.parametrize(
+    "compute, n, d", [(1e18, "9.1e+07", "1.8e+09"), (1.2e21, "3.2e+09", "6.3e+10")]
+)
 def test_lecture_exercises(compute, n, d):
     b = plan_budget(compute)
     assert (f"{b.params:.1e}", f"{b.tokens:.1e}") == (n, d)
@@ -52,8 +83,15 @@ def test_lecture_exercises(compute, n, d):
 def test_budget_cli_prints_the_chain_with_formulas():
     r = cli("budget", "1.2e20")
     assert r.returncode == 0, r.stderr
-    for piece in ("C = 120·N²", "sqrt(1e+18) = 1e+09 parameters", "D = 20·N = 2e+10 tokens", "40,000 steps",
-                  "6e+05 s ≈ 167 h", "on 8 GPUs", "≈ 21 h"):
+    for piece in (
+        "C = 120·N²",
+        "sqrt(1e+18) = 1e+09 parameters",
+        "D = 20·N = 2e+10 tokens",
+        "40,000 steps",
+        "6e+05 s ≈ 167 h",
+        "on 8 GPUs",
+        "≈ 21 h",
+    ):
         assert piece in r.stdout, piece
 
 
@@ -66,10 +104,11 @@ def test_budget_with_hardware_table_and_mfu():
 
 # --- the Chinchilla law ---------------------------------------------------------------------------------------------
 
+
 def test_chinchilla_worked_point():
     h = FITS["hoffmann"]
-    assert h.A / 1e9 ** h.alpha == pytest.approx(0.354, abs=5e-4)
-    assert h.B / 2e10 ** h.beta == pytest.approx(0.536, abs=5e-4)
+    assert h.A / 1e9**h.alpha == pytest.approx(0.354, abs=5e-4)
+    assert h.B / 2e10**h.beta == pytest.approx(0.536, abs=5e-4)
     assert round(chinchilla_loss(1e9, 2e10), 2) == 2.58
 
 
@@ -83,14 +122,18 @@ def test_isoflop_table_matches_lecture():
 def test_optimum_and_optimal_losses():
     best = compute_optimal(1.2e20)
     assert f"{best.params:.0e}" == "7e+08" and 35 < best.tokens_per_param < 45
-    assert [round(compute_optimal(c).loss, 2) for c in (1.2e19, 1.2e20, 1.2e21)] == [2.95, 2.57, 2.31]
+    assert [round(compute_optimal(c).loss, 2) for c in (1.2e19, 1.2e20, 1.2e21)] == [
+        2.95,
+        2.57,
+        2.31,
+    ]
     assert compute_optimal(1.2e20, tokens_per_param=20).params == pytest.approx(1e9)
 
 
 @pytest.mark.parametrize("fit", ["hoffmann", "besiroglu"])
 @pytest.mark.parametrize("compute", [1e18, 1.2e20, 5.76e23])
 def test_closed_form_equals_numerical_minimum(fit, compute):
-    n_grid = np.logspace(5, 14, 200_001)                       # 9 decades, spacing 1e-4 decades
+    n_grid = np.logspace(5, 14, 200_001)  # 9 decades, spacing 1e-4 decades
     losses = chinchilla_loss(n_grid, compute / (6 * n_grid), fit)
     numerical = n_grid[np.argmin(losses)]
     closed = compute_optimal(compute, fit=fit)
@@ -103,7 +146,7 @@ def test_besiroglu_replication_puts_chinchilla_at_its_real_size():
     refit = compute_optimal(5.76e23, fit="besiroglu")
     rounded = compute_optimal(5.76e23, fit="hoffmann")
     assert 6e10 < refit.params < 8e10 and 15 < refit.tokens_per_param < 25
-    assert rounded.params < 4e10                              # the rounded constants miss it by half
+    assert rounded.params < 4e10  # the rounded constants miss it by half
     assert FITS["besiroglu"].a == pytest.approx(0.5126, abs=1e-4)
 
 
@@ -112,13 +155,13 @@ def test_kaplan_laws():
     assert scaling.KAPLAN["alpha_C"] == 0.050
     assert float(scaling.kaplan_optimal_params(scaling.PF_DAY)) == pytest.approx(1.3e9)
     ratio = float(scaling.kaplan_optimal_params(1e21) / scaling.kaplan_optimal_params(1e20))
-    assert ratio == pytest.approx(10 ** 0.73)
+    assert ratio == pytest.approx(10**0.73)
     assert float(scaling.kaplan_loss_params(8.8e13)) == pytest.approx(1.0)
-    assert float(scaling.kaplan_loss_params(8.8e12)) == pytest.approx(10 ** 0.076)
+    assert float(scaling.kaplan_loss_params(8.8e12)) == pytest.approx(10**0.076)
     assert float(scaling.kaplan_loss_data(5.4e13)) == pytest.approx(1.0)
-    assert float(scaling.kaplan_loss_data(5.4e12)) == pytest.approx(10 ** 0.095)
+    assert float(scaling.kaplan_loss_data(5.4e12)) == pytest.approx(10**0.095)
     assert float(scaling.kaplan_loss_compute(3.1e8 * scaling.PF_DAY)) == pytest.approx(1.0)
-    assert float(scaling.kaplan_loss_compute(3.1e7 * scaling.PF_DAY)) == pytest.approx(10 ** 0.050)
+    assert float(scaling.kaplan_loss_compute(3.1e7 * scaling.PF_DAY)) == pytest.approx(10**0.050)
 
 
 def test_tokens_per_param_verdicts():
@@ -129,15 +172,16 @@ def test_tokens_per_param_verdicts():
 
 
 def test_trillion_exercise():
-    text = scaling.trillion_report()
+    text = scaling_reports.trillion_report()
     c = 6 * 1e12 * 2e13
     gpu_hours = c / (989e12 * 0.4) / 3600
     assert "C = 6·N·D = 1.2e+26 FLOPs" in text
     assert f"{gpu_hours:.3g} GPU-hours" in text
-    assert f"{c / (6 * 1e12 * 37 / 671 * 2e13):.0f}× less" in text      # MoE: 671/37 ≈ 18×
+    assert f"{c / (6 * 1e12 * 37 / 671 * 2e13):.0f}× less" in text  # MoE: 671/37 ≈ 18×
 
 
 # --- memory and pipelines ------------------------------------------------------------------------------------------
+
 
 def test_zero_memory_matches_lecture():
     gb = [training_memory(7e9, 8, stage).total / 1e9 for stage in (0, 1, 2, 3)]
@@ -153,7 +197,9 @@ def test_activation_memory():
     shape = dict(n_layer=32, d_model=4096, n_head=32, seq_len=4096, micro_batch=1)
     plain = activation_memory(**shape)
     assert plain == 32 * 4096 * 4096 * 34
-    assert activation_memory(**shape, flash_attention=False) == pytest.approx(32 * 4096 * 4096 * (34 + 5 * 32))
+    assert activation_memory(**shape, flash_attention=False) == pytest.approx(
+        32 * 4096 * 4096 * (34 + 5 * 32)
+    )
     ckpt = activation_memory(**shape, checkpointing=True)
     assert ckpt == 32 * 2 * 4096 * 4096 + 4096 * 4096 * 34
     assert ckpt < plain / 10
@@ -164,22 +210,24 @@ def test_pipeline_bubble():
     assert pipeline_bubble(1, 8) == 0
     assert pipeline_bubble(8, 1) == pytest.approx(7 / 8)
     with pytest.raises(ScalingError, match="pipeline stages must be a whole number"):
-        pipeline_bubble(0.5, 2)   # int(0.5) would be 0 stages and a bubble of -100%
+        pipeline_bubble(0.5, 2)  # int(0.5) would be 0 stages and a bubble of -100%
 
 
 # --- fitting -------------------------------------------------------------------------------------------------------
+
 
 def test_approach3_recovers_a_noise_free_law_exactly():
     runs = synthetic_isoflop_runs("besiroglu", noise=0.0)
     fit = fit_approach3(runs, refine=8)
     truth = FITS["besiroglu"]
     assert (fit.E, fit.A, fit.B, fit.alpha, fit.beta) == pytest.approx(
-        (truth.E, truth.A, truth.B, truth.alpha, truth.beta), rel=1e-3)
+        (truth.E, truth.A, truth.B, truth.alpha, truth.beta), rel=1e-3
+    )
 
 
 @pytest.mark.parametrize("law, seed", [("besiroglu", 0), ("hoffmann", 1)])
 def test_fitters_recover_known_laws_from_noisy_runs(law, seed):
-    runs = synthetic_isoflop_runs(law, noise=0.01, seed=seed)         # 1% multiplicative noise on the loss
+    runs = synthetic_isoflop_runs(law, noise=0.01, seed=seed)  # 1% multiplicative noise on the loss
     truth = FITS[law]
     fit = fit_approach3(runs, refine=8)
     assert fit.alpha == pytest.approx(truth.alpha, abs=0.05)
@@ -195,7 +243,7 @@ def test_fitters_recover_known_laws_from_noisy_runs(law, seed):
 def test_huber_shrugs_off_an_outlier():
     runs = synthetic_isoflop_runs("besiroglu", noise=0.0)
     bad = runs[3]
-    runs[3] = Run(bad.params, bad.tokens, bad.loss * 1.5, bad.budget)   # one run diverged
+    runs[3] = Run(bad.params, bad.tokens, bad.loss * 1.5, bad.budget)  # one run diverged
     fit = fit_approach3(runs, refine=8)
     assert fit.alpha == pytest.approx(FITS["besiroglu"].alpha, abs=0.01)
     assert fit.beta == pytest.approx(FITS["besiroglu"].beta, abs=0.01)
@@ -209,14 +257,22 @@ def test_bootstrap_intervals_bracket_the_truth():
         lo, hi = report.intervals[key]["a"]
         assert lo < hi
         assert lo - 0.03 < truth_a < hi + 0.03
-    assert "3: parametric fit" in report.markdown()
+    assert "3: parametric fit" in fit_markdown(report)
 
 
 def _runs_of_log_law(theta, sizes=(1e5, 3e5, 1e6), tokens=np.linspace(2900, 3500, 4)):
     """Runs exactly on log L = logsumexp(a - α·log N, b - β·log D, e) for theta = (a, b, e, α, β)."""
     theta = np.asarray(theta, dtype=float)
-    return [Run(n, d, float(np.exp(scaling._log_law(theta[None], np.log([n]), np.log([d])))[0, 0]), 6 * n * d)
-            for n in sizes for d in tokens]
+    return [
+        Run(
+            n,
+            d,
+            float(np.exp(scaling._log_law(theta[None], np.log([n]), np.log([d])))[0, 0]),
+            6 * n * d,
+        )
+        for n in sizes
+        for d in tokens
+    ]
 
 
 def test_approach3_never_overflows_on_a_narrow_token_range():
@@ -225,9 +281,11 @@ def test_approach3_never_overflows_on_a_narrow_token_range():
     runs = _runs_of_log_law([1.0, 800.0, math.log(2.0), 0.3, 100.0])
     fit = fit_approach3(runs, refine=4)
     assert all(math.isfinite(v) for v in (fit.E, fit.A, fit.B, fit.alpha, fit.beta))
-    assert "3: parametric fit" in fit_all(runs, 1e12, bootstrap=3, refine=2).markdown()
+    assert "3: parametric fit" in fit_markdown(fit_all(runs, 1e12, bootstrap=3, refine=2))
     # Started at the e^800 law itself (where L-BFGS stays), no finite law is left: one clear line.
-    with pytest.raises(ScalingError, match="no law with finite constants.*D \\(2.9e\\+03-3.5e\\+03\\)"):
+    with pytest.raises(
+        ScalingError, match="no law with finite constants.*D \\(2.9e\\+03-3.5e\\+03\\)"
+    ):
         fit_approach3(runs, refine=0, starts=np.array([1.0, 800.0, math.log(2.0), 0.3, 100.0]))
 
 
@@ -240,8 +298,13 @@ def test_allocation_line_no_float_holds_is_one_line():
 
 
 def test_frontier_is_lowest_loss_at_each_compute():
-    runs = [Run(1e6, 1e7, 5.0, 6e13), Run(4e6, 1e7, 5.5, 2.4e14), Run(1e6, 4e7, 4.6, 2.4e14),
-            Run(4e6, 4e7, 4.0, 9.6e14), Run(1e6, 1.6e8, 4.3, 9.6e14)]
+    runs = [
+        Run(1e6, 1e7, 5.0, 6e13),
+        Run(4e6, 1e7, 5.5, 2.4e14),
+        Run(1e6, 4e7, 4.6, 2.4e14),
+        Run(4e6, 4e7, 4.0, 9.6e14),
+        Run(1e6, 1.6e8, 4.3, 9.6e14),
+    ]
     assert [r.loss for r in scaling.frontier(runs)] == [5.0, 4.6, 4.0]
 
 
@@ -257,24 +320,32 @@ def test_too_few_runs_say_how_many_are_needed():
 
 def test_load_runs_formats_and_errors(tmp_path):
     good = tmp_path / "runs.jsonl"
-    good.write_text('{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}\n\n{"params": 2e6, "compute": 1.2e14, '
-                    '"val_loss": 3.9}\n')
+    good.write_text(
+        '{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}\n\n{"params": 2e6, "compute": 1.2e14, '
+        '"val_loss": 3.9}\n'
+    )
     runs = load_runs(good)
     assert [r.tokens for r in runs] == pytest.approx([2e7, 1e7]) and runs[1].loss == 3.9
     as_list = tmp_path / "runs.json"
     as_list.write_text(json.dumps([{"parameters": 1e6, "compute_budget": 6e13, "final_loss": 4.0}]))
     assert load_runs(as_list)[0].tokens == pytest.approx(1e7)
     missing = tmp_path / "missing.jsonl"
-    missing.write_text('{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}\n{"parameters": 1e6, "loss": 4.0}\n')
+    missing.write_text(
+        '{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}\n{"parameters": 1e6, "loss": 4.0}\n'
+    )
     with pytest.raises(ScalingError, match=r"line 2: missing tokens or compute"):
         load_runs(missing)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}\n{"parameters": \n')
     with pytest.raises(ScalingError, match="line 2: not valid JSON"):
         load_runs(broken)
-    one_object = tmp_path / "object.json"           # valid JSON, but not runs: say so, not "not valid JSON"
-    one_object.write_text(json.dumps({"runs": [{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}]}, indent=1))
-    with pytest.raises(ScalingError, match=r'object.json: a JSON object with keys "runs" \(its "runs" is a list'):
+    one_object = tmp_path / "object.json"  # valid JSON, but not runs: say so, not "not valid JSON"
+    one_object.write_text(
+        json.dumps({"runs": [{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}]}, indent=1)
+    )
+    with pytest.raises(
+        ScalingError, match=r'object.json: a JSON object with keys "runs" \(its "runs" is a list'
+    ):
         load_runs(one_object)
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 5000 + "]" * 5000)
@@ -288,8 +359,12 @@ def test_load_runs_formats_and_errors(tmp_path):
 
 def test_fit_cli_draws_the_plot(tmp_path):
     runs = tmp_path / "runs.jsonl"
-    runs.write_text("".join(json.dumps({"parameters": r.params, "tokens": r.tokens, "loss": r.loss}) + "\n"
-                            for r in synthetic_isoflop_runs("besiroglu", noise=0.005)))
+    runs.write_text(
+        "".join(
+            json.dumps({"parameters": r.params, "tokens": r.tokens, "loss": r.loss}) + "\n"
+            for r in synthetic_isoflop_runs("besiroglu", noise=0.005)
+        )
+    )
     r = cli("fit", str(runs), "--bootstrap", "2", "--plot", str(tmp_path / "fit.png"))
     assert r.returncode == 0, r.stderr
     assert "2: IsoFLOP parabolas | 0.5" in r.stdout
@@ -308,9 +383,12 @@ def test_cs336_isoflop_runs_lie_on_a_chinchilla_law(shared_data):
 
 # --- bad input at the command line -------------------------------------------------------------------------------
 
+
 def test_cli_fit_reports_missing_field_line(tmp_path):
     f = tmp_path / "runs.jsonl"
-    f.write_text('{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}\n{"parameters": 1e6, "tokens": 2e7}\n')
+    f.write_text(
+        '{"parameters": 1e6, "tokens": 2e7, "loss": 4.0}\n{"parameters": 1e6, "tokens": 2e7}\n'
+    )
     r = cli("fit", str(f), "--bootstrap", "0")
     assert r.returncode == 2 and "line 2: missing loss" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -326,7 +404,12 @@ def test_cli_fit_binary_file_is_one_line(tmp_path):
 
 def test_cli_fit_too_few_runs_says_how_many(tmp_path):
     f = tmp_path / "runs.jsonl"
-    f.write_text("".join(json.dumps({"parameters": n, "tokens": 1e9, "loss": 3.0}) + "\n" for n in (1e8, 2e8, 4e8)))
+    f.write_text(
+        "".join(
+            json.dumps({"parameters": n, "tokens": 1e9, "loss": 3.0}) + "\n"
+            for n in (1e8, 2e8, 4e8)
+        )
+    )
     r = cli("fit", str(f), "--bootstrap", "0")
     assert r.returncode == 2 and "give at least 5 runs, got 3" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -335,6 +418,13 @@ def test_cli_fit_too_few_runs_says_how_many(tmp_path):
 def test_cli_lesson_and_help():
     r = cli()
     assert r.returncode == 0
-    for piece in ("40,000 steps", "| 1e+10 | 2e+09 | 0.2 | 2.87 |", "38.5", "26.25", "28 GB", "15.8%"):
+    for piece in (
+        "40,000 steps",
+        "| 1e+10 | 2e+09 | 0.2 | 2.87 |",
+        "38.5",
+        "26.25",
+        "28 GB",
+        "15.8%",
+    ):
         assert piece in r.stdout, piece
     assert cli("--help").returncode == 0 and cli("fit", "--help").returncode == 0

@@ -1,5 +1,6 @@
-"""Tests for sweep.py: the IsoFLOP plan and its train.py commands, the analysis on runs drawn from a known law,
+"""Tests for machinery/sweep.py: the IsoFLOP plan and its train.py commands, the analysis on runs drawn from a known law,
 the reports, the CLI's checks before any run, and (marked long) the quick sweep end to end."""
+
 import dataclasses
 import json
 import math
@@ -13,20 +14,28 @@ import pytest
 
 import scaling
 from machinery import sweep
-from scaling import ScalingError, fit_all, load_runs
+from machinery.commands import scaling as command
+from machinery.runs_file import load_runs
+from scaling import ScalingError, fit_all
 
 
 def cli(*args, timeout=120):
-    return subprocess.run([sys.executable, str(scaling.ROOT / "scaling.py"), *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(sweep.ROOT / "scaling.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_docstring_examples():
     import doctest
+
     assert doctest.testmod(sweep).failed == 0
 
 
 # --- the plan ----------------------------------------------------------------------------------------------------
+
 
 def test_isoflop_plan_trains_each_size_for_its_budget():
     """The default design: 4 budgets over 8x from 1e12, 5 distinct sizes per budget around the 20:1 guess, 6·N·D
@@ -48,13 +57,20 @@ def test_isoflop_plan_trains_each_size_for_its_budget():
             assert r.lr == pytest.approx(settings.lr_at_64 * 64 / r.shape.n_embd)
             heads = r.shape.config_overrides()["n_head"]
             assert r.shape.n_embd >= 32 and r.shape.n_embd // heads == 16 and r.shape.n_layer >= 2
-            assert settings.min_steps <= r.steps < 2 * settings.min_steps and r.tokens <= 2 * 13_588_944
-            bigger = [b for b in settings.batch_sizes if b > r.batch_size]   # the largest batch that keeps the steps
+            assert (
+                settings.min_steps <= r.steps < 2 * settings.min_steps
+                and r.tokens <= 2 * 13_588_944
+            )
+            bigger = [
+                b for b in settings.batch_sizes if b > r.batch_size
+            ]  # the largest batch that keeps the steps
             assert not bigger or r.tokens / (min(bigger) * settings.block_size) < settings.min_steps
     held = sweep.plan_heldout(settings, scaling.params_for_budget(2e13, 20))
-    assert len(held) == 3 + 1 and all(r.budget == 2.5 * budgets[-1] for r in held)     # + the predicted size again
+    assert len(held) == 3 + 1 and all(
+        r.budget == 2.5 * budgets[-1] for r in held
+    )  # + the predicted size again
     assert all(settings.min_steps <= r.steps < 2 * settings.min_steps for r in held)
-    assert sweep.planned_hours(settings) <= 1.5                 # the issue's 90 minutes, by the estimate
+    assert sweep.planned_hours(settings) <= 1.5  # the issue's 90 minutes, by the estimate
 
 
 def test_second_seeds_go_to_the_sizes_nearest_each_minimum():
@@ -65,27 +81,46 @@ def test_second_seeds_go_to_the_sizes_nearest_each_minimum():
     records, record = _sweep_records(settings, law, noise=0.0)
     grid = sweep.plan_isoflop(settings)
     again = sweep.plan_second_seeds(settings, records)
-    assert len(again) == 3 * len(settings.budgets) and all(r.seed == 1 and not r.heldout for r in again)
+    assert len(again) == 3 * len(settings.budgets) and all(
+        r.seed == 1 and not r.heldout for r in again
+    )
     for budget in settings.budgets:
         sizes = [r for r in records if r["budget"] == budget]
         best = min(range(5), key=lambda i: sizes[i]["loss"])
-        want = {sizes[i]["parameters"] for i in range(max(0, min(best - 1, 2)), max(0, min(best - 1, 2)) + 3)}
+        want = {
+            sizes[i]["parameters"]
+            for i in range(max(0, min(best - 1, 2)), max(0, min(best - 1, 2)) + 3)
+        }
         assert {r.params for r in again if r.budget == budget} == want
-    edge = [dict(r, loss=r["parameters"]) for r in records if r["budget"] == 1e12]    # the smallest size is best
-    assert [r.params for r in sweep.plan_second_seeds(settings, edge)] == [r.params for r in grid[:3]]
+    edge = [
+        dict(r, loss=r["parameters"]) for r in records if r["budget"] == 1e12
+    ]  # the smallest size is best
+    assert [r.params for r in sweep.plan_second_seeds(settings, edge)] == [
+        r.params for r in grid[:3]
+    ]
     for run in again:
         twin = next(r for r in grid if (r.budget, r.params) == (run.budget, run.params))
-        assert run.name == twin.name + "-s1" and (run.steps, run.batch_size, run.lr) == (twin.steps, twin.batch_size,
-                                                                                           twin.lr)
+        assert run.name == twin.name + "-s1" and (run.steps, run.batch_size, run.lr) == (
+            twin.steps,
+            twin.batch_size,
+            twin.lr,
+        )
         cmd = sweep.train_command(settings, run, "/data/x", "out/x")
         assert cmd[cmd.index("--seed") + 1] == "1"
         cmd = sweep.train_command(settings, twin, "/data/x", "out/x")
         assert cmd[cmd.index("--seed") + 1] == "0"
     *held, twice = sweep.plan_heldout(settings, 4e5)
     nearest = min(held, key=lambda r: abs(math.log(r.params / 4e5)))
-    assert [r.seed for r in held] == [0, 0, 0] and twice == dataclasses.replace(nearest, seed=1) and twice.heldout
+    assert (
+        [r.seed for r in held] == [0, 0, 0]
+        and twice == dataclasses.replace(nearest, seed=1)
+        and twice.heldout
+    )
     one_seed = dataclasses.replace(settings, second_seed_sizes=0)
-    assert sweep.plan_second_seeds(one_seed, records) == [] and sweep.plan_heldout(one_seed, 4e5) == held
+    assert (
+        sweep.plan_second_seeds(one_seed, records) == []
+        and sweep.plan_heldout(one_seed, 4e5) == held
+    )
     # the estimate counts them: 3 per budget and one held out
     assert len(sweep.planned_runs(settings)) == len(grid) + 3 + 3 * len(settings.budgets) + 1
 
@@ -96,9 +131,14 @@ def test_a_points_seeds_are_fitted_as_their_mean(tmp_path):
     records, _ = _sweep_records(settings, scaling.ChinchillaFit(1.2, 93.0, 250.0, 0.33, 0.33))
     first = records[0]
     records.append(dict(first, name=first["name"] + "-s1", seed=1, loss=first["loss"] + 0.1))
-    for runs in (sweep.runs_of(records), load_runs(_write_jsonl(tmp_path / "final.jsonl", records))):
+    for runs in (
+        sweep.runs_of(records),
+        load_runs(_write_jsonl(tmp_path / "final.jsonl", records)),
+    ):
         assert len(runs) == len(records) - 1
-        [point] = [r for r in runs if (r.params, r.budget) == (first["parameters"], first["budget"])]
+        [point] = [
+            r for r in runs if (r.params, r.budget) == (first["parameters"], first["budget"])
+        ]
         assert point.loss == pytest.approx(first["loss"] + 0.05)
 
 
@@ -107,35 +147,51 @@ def _write_jsonl(path, records):
     return path
 
 
-def test_a_budget_the_family_cannot_cover_names_the_flag():
+def test_a_budget_the_family_cannot_cover_names_the_setting():
     """1e11 is too small for sizes of >= 800 steps: even the smallest (43k parameters) gets 754 at 4 x 128."""
-    with pytest.raises(ScalingError, match="at C = 1e\\+11 only 0 sizes .* choose other --budgets"):
+    with pytest.raises(
+        ScalingError, match="at C = 1e\\+11 only 0 sizes .* choose other settings.budgets"
+    ):
         sweep.plan_isoflop(dataclasses.replace(sweep.SweepSettings(), budgets=(1e11, 1e12)))
 
 
 def test_shape_counts_are_the_built_models_parameters():
     from model import GPT, GPTConfig
+
     for shape in sweep.shape_family(96):
         cfg = GPTConfig(vocab_size=512, block_size=64, **shape.config_overrides())
         model = GPT(cfg)
-        built = sum(p.numel() for p in model.parameters())               # a tied weight is counted once
+        built = sum(p.numel() for p in model.parameters())  # a tied weight is counted once
         embedding = model.tok_emb.weight.numel()
         assert shape.counts(512) == (built, built - embedding), shape.name
 
 
 def test_train_command_builds_the_planned_shape_and_schedule():
     import train
+
     settings = sweep.SweepSettings()
     plan = sweep.plan_isoflop(settings)
-    assert len({r.batch_size for r in plan}) >= 3                  # the batch follows the size and the budget
+    assert len({r.batch_size for r in plan}) >= 3  # the batch follows the size and the budget
     for run in plan:
         cmd = sweep.train_command(settings, run, "/data/x", "out/x")
         value = lambda flag: cmd[cmd.index(flag) + 1]
-        assert cmd[1].endswith("train.py") and value("--data") == "/data/x" and value("--out-dir") == "out/x"
-        assert int(value("--max-steps")) == run.steps == int(value("--eval-interval"))    # one evaluation, at the end
-        assert "--no-eval-at-start" in cmd and "--no-plot" in cmd                         # no per-run overhead
-        assert float(value("--lr")) == pytest.approx(run.lr, rel=1e-5) and value("--schedule") == "cosine"
-        assert int(value("--batch-size")) * int(value("--max-steps")) * int(value("--block-size")) == run.tokens
+        assert (
+            cmd[1].endswith("train.py")
+            and value("--data") == "/data/x"
+            and value("--out-dir") == "out/x"
+        )
+        assert (
+            int(value("--max-steps")) == run.steps == int(value("--eval-interval"))
+        )  # one evaluation, at the end
+        assert "--no-eval-at-start" in cmd and "--no-plot" in cmd  # no per-run overhead
+        assert (
+            float(value("--lr")) == pytest.approx(run.lr, rel=1e-5)
+            and value("--schedule") == "cosine"
+        )
+        assert (
+            int(value("--batch-size")) * int(value("--max-steps")) * int(value("--block-size"))
+            == run.tokens
+        )
         # every run is scored on the same 384 windows, whatever its batch
         assert int(value("--batch-size")) * int(value("--eval-batches")) == settings.eval_windows
         assert (value("--device"), value("--dtype")) == ("cpu", "fp32")
@@ -152,28 +208,48 @@ def test_the_same_eval_windows_whatever_the_batch(tiny_dataset):
     """train.py's evaluation reads the val split's windows in one fixed order (seed 0), so batch × eval_batches
     windows are the same windows at any batch: the sweep's runs are scored on one held-out set."""
     import data
+
     ds = data.TokenData(tiny_dataset)
+
     def windows(batch, batches):
         it = ds.iterator("val", batch, 16, seed=0)
         return np.concatenate([it.next()[0].numpy() for _ in range(batches)])
-    assert np.array_equal(windows(2, 4), windows(8, 1)) and np.array_equal(windows(1, 8), windows(4, 2))
+
+    assert np.array_equal(windows(2, 4), windows(8, 1)) and np.array_equal(
+        windows(1, 8), windows(4, 2)
+    )
 
 
 def test_shell_command_is_the_run_to_copy():
-    cmd = [sys.executable, str(scaling.ROOT / "train.py"), "--data", str(scaling.ROOT / ".cache" / "d"),
-           "--out-dir", "/tmp/elsewhere", "--model-args", "n_layer=2,n_embd=32"]
-    assert sweep.shell_command(cmd, threads=1) == ("OMP_NUM_THREADS=1 python train.py --data .cache/d "
-                                                   "--out-dir /tmp/elsewhere --model-args n_layer=2,n_embd=32")
+    cmd = [
+        sys.executable,
+        str(sweep.ROOT / "train.py"),
+        "--data",
+        str(sweep.ROOT / ".cache" / "d"),
+        "--out-dir",
+        "/tmp/elsewhere",
+        "--model-args",
+        "n_layer=2,n_embd=32",
+    ]
+    assert sweep.shell_command(cmd, threads=1) == (
+        "OMP_NUM_THREADS=1 python train.py --data .cache/d "
+        "--out-dir /tmp/elsewhere --model-args n_layer=2,n_embd=32"
+    )
     assert sweep.shell_command(cmd, threads=0).startswith("python train.py ")
 
 
 def test_final_val_loss_is_the_last_steps_evaluation(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    lines = [{"step": 0, "val_loss": 6.2}, {"step": 9, "loss": 4.0, "lr": 1e-3, "tokens": 100},
-             {"step": 10, "val_loss": 4.4}]
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 11, "val')    # a torn last line
+    lines = [
+        {"step": 0, "val_loss": 6.2},
+        {"step": 9, "loss": 4.0, "lr": 1e-3, "tokens": 100},
+        {"step": 10, "val_loss": 4.4},
+    ]
+    path.write_text(
+        "".join(json.dumps(r) + "\n" for r in lines) + '{"step": 11, "val'
+    )  # a torn last line
     assert sweep.final_val_loss(path, 10) == 4.4
-    assert sweep.final_val_loss(path, 20) is None                 # the run stopped early: no final point
+    assert sweep.final_val_loss(path, 20) is None  # the run stopped early: no final point
     assert sweep.final_val_loss(tmp_path / "missing.jsonl", 10) is None
 
 
@@ -182,11 +258,24 @@ def _sweep_records(settings, law, noise=0.003, seed=0):
     rng = np.random.default_rng(seed)
 
     def record(r):
-        return {"name": r.name, "budget": r.budget, "parameters": r.params, "non_embedding_parameters": r.non_embedding,
-                "tokens": r.tokens, "compute": r.compute, "n_layer": r.shape.n_layer, "n_embd": r.shape.n_embd,
-                "lr": r.lr, "steps": r.steps, "batch_size": r.batch_size, "heldout": r.heldout, "seconds": 1.0,
-                "command": "python train.py",
-                "loss": law.loss(r.params, r.tokens) * math.exp(noise * rng.standard_normal())}
+        return {
+            "name": r.name,
+            "budget": r.budget,
+            "parameters": r.params,
+            "non_embedding_parameters": r.non_embedding,
+            "tokens": r.tokens,
+            "compute": r.compute,
+            "n_layer": r.shape.n_layer,
+            "n_embd": r.shape.n_embd,
+            "lr": r.lr,
+            "steps": r.steps,
+            "batch_size": r.batch_size,
+            "heldout": r.heldout,
+            "seconds": 1.0,
+            "command": "python train.py",
+            "loss": law.loss(r.params, r.tokens) * math.exp(noise * rng.standard_normal()),
+        }
+
     return [record(r) for r in sweep.plan_isoflop(settings)], record
 
 
@@ -194,25 +283,47 @@ def test_sweep_recovers_a_known_law_and_predicts_the_held_out_run(tmp_path):
     """The whole analysis on runs drawn from a law (1/4 of the sizes' noise of a real sweep): the three
     approaches agree with the truth, the prediction at 2.5x the largest budget lands, and the report says so."""
     settings = sweep.SweepSettings()
-    law = scaling.ChinchillaFit(1.2, 93.0, 250.0, 0.33, 0.33)   # made up: N_opt = sqrt(C/120), inside the sizes
+    law = scaling.ChinchillaFit(
+        1.2, 93.0, 250.0, 0.33, 0.33
+    )  # made up: N_opt = sqrt(C/120), inside the sizes
     records, record = _sweep_records(settings, law)
     rng = np.random.default_rng(1)
-    records += [dict(record(r), loss=law.loss(r.params, r.tokens) * math.exp(0.003 * rng.standard_normal()),
-                     name=r.name, seed=1) for r in sweep.plan_second_seeds(settings, records)]
+    records += [
+        dict(
+            record(r),
+            loss=law.loss(r.params, r.tokens) * math.exp(0.003 * rng.standard_normal()),
+            name=r.name,
+            seed=1,
+        )
+        for r in sweep.plan_second_seeds(settings, records)
+    ]
     grid = sweep.runs_of(records)
     report = fit_all(grid, 2e13, bootstrap=2, refine=4)
     prediction = sweep.predict_heldout(report, grid)
     assert prediction["approach"] == "approach2"
     assert prediction["params"] == pytest.approx(float(law.optimal_params(2e13)), rel=0.3)
     held = sweep.plan_heldout(settings, prediction["params"])
-    assert held[-1].seed == 1                                       # the size nearest the prediction, twice
+    assert held[-1].seed == 1  # the size nearest the prediction, twice
     held_records = [dict(record(r), seed=r.seed) for r in held]
-    held_records[-1]["loss"] = next(h["loss"] for h in held_records if h["parameters"] == held[-1].params) + 0.002
-    records += [dict(r, predicted_loss=scaling.ChinchillaFit(**prediction["law3"]).loss(r["parameters"], r["tokens"]))
-                for r in held_records]
-    result = sweep.SweepResult(settings, tmp_path, records, 13_748_414, "pystdlib", prediction=prediction)
+    held_records[-1]["loss"] = (
+        next(h["loss"] for h in held_records if h["parameters"] == held[-1].params) + 0.002
+    )
+    records += [
+        dict(
+            r,
+            predicted_loss=scaling.ChinchillaFit(**prediction["law3"]).loss(
+                r["parameters"], r["tokens"]
+            ),
+        )
+        for r in held_records
+    ]
+    result = sweep.SweepResult(
+        settings, tmp_path, records, 13_748_414, "pystdlib", prediction=prediction
+    )
     result.report = report
-    result.non_embedding_report = fit_all(sweep.runs_of(records, non_embedding=True), 2e13, bootstrap=0, refine=4)
+    result.non_embedding_report = fit_all(
+        sweep.runs_of(records, non_embedding=True), 2e13, bootstrap=0, refine=4
+    )
     for key in ("approach2", "approach3"):
         assert result.report.laws[key].a == pytest.approx(law.a, abs=0.08), key
     result.plot = sweep.plot_sweep(result, tmp_path / "scaling.png")
@@ -220,7 +331,7 @@ def test_sweep_recovers_a_known_law_and_predicts_the_held_out_run(tmp_path):
     assert "4 of 4 budgets have their minimum inside the sizes tried." in text
     assert "(target ≤ 0.1)" in text and "With Kaplan's non-embedding N instead" in text
     assert f"| 2e+13 (held-out) | {held[0].shape.n_layer} × {held[0].shape.n_embd} |" in text
-    last = records[-2]                                                   # the largest held-out size, one seed
+    last = records[-2]  # the largest held-out size, one seed
     error = abs(last["loss"] - last["predicted_loss"]) / last["loss"]
     assert f"{(last['loss'] - last['predicted_loss']) / last['loss']:+.2%} |" in text
     assert error < 0.02
@@ -229,14 +340,23 @@ def test_sweep_recovers_a_known_law_and_predicts_the_held_out_run(tmp_path):
     assert len(pairs) == 3 * 4 + 1
     sd = math.sqrt(sum((b - a) ** 2 for _, a, b in pairs) / (2 * len(pairs)))
     assert f"({len(pairs)} points)" in text and f"standard deviation of {sd:.3f} nats" in text
-    assert text.count("| 1 | ") == len(pairs) + 1      # the seed column: the runs, and the held-out table's 2nd seed
+    assert (
+        text.count("| 1 | ") == len(pairs) + 1
+    )  # the seed column: the runs, and the held-out table's 2nd seed
     best = min(sweep.runs_of(records, heldout=True), key=lambda r: r.loss)
     seeds = [r["loss"] for r in records if r["heldout"] and r["parameters"] == best.params]
     assert best.loss == pytest.approx(sum(seeds) / len(seeds))
-    assert (f"measured {best.loss:.4f}, the mean of its 2 seeds ({seeds[0]:.4f}, {seeds[1]:.4f})" if len(seeds) == 2
-            else f"measured {best.loss:.4f}, one seed") in text
-    assert "epochs, so the longest runs repeat data." in text and "tokens here, " in text   # epochs, WSD arithmetic
-    assert f"{len(records)} runs, {len(records)} run-seconds." in text   # 1 s each: 20, 12 and 4 runs, 2 at a time
+    assert (
+        f"measured {best.loss:.4f}, the mean of its 2 seeds ({seeds[0]:.4f}, {seeds[1]:.4f})"
+        if len(seeds) == 2
+        else f"measured {best.loss:.4f}, one seed"
+    ) in text
+    assert (
+        "epochs, so the longest runs repeat data." in text and "tokens here, " in text
+    )  # epochs, WSD arithmetic
+    assert (
+        f"{len(records)} runs, {len(records)} run-seconds." in text
+    )  # 1 s each: 20, 12 and 4 runs, 2 at a time
     assert sweep.wall_seconds(settings, records) == 10 + 6 + 2
     assert (tmp_path / "scaling.png").stat().st_size > 20_000
 
@@ -246,27 +366,63 @@ def test_load_runs_reads_a_sweeps_final_jsonl(tmp_path):
     records, record = _sweep_records(settings, scaling.ChinchillaFit(1.2, 40.0, 250.0, 0.33, 0.33))
     records.append(record(sweep.plan_heldout(settings, 5e4)[0]))
     runs = load_runs(_write_jsonl(tmp_path / "final.jsonl", records))
-    assert len(runs) == len(records) - 1                               # the held-out line is left out of fits
-    assert sorted({r.budget for r in runs}) == sorted(settings.budgets)   # grouped by budget, not by 6·N·D
+    assert len(runs) == len(records) - 1  # the held-out line is left out of fits
+    assert sorted({r.budget for r in runs}) == sorted(
+        settings.budgets
+    )  # grouped by budget, not by 6·N·D
 
 
-@pytest.mark.parametrize("losses, verdict", [((5.10, 5.12, 5.00, 5.01), "Deduplication helped beyond"),
-                                             ((5.01, 5.03, 5.00, 5.02), "No effect beyond 3"),
-                                             ((4.90, 4.91, 5.00, 5.01), "scored better, beyond")])
+@pytest.mark.parametrize(
+    "losses, verdict",
+    [
+        ((5.10, 5.12, 5.00, 5.01), "Deduplication helped beyond"),
+        ((5.01, 5.03, 5.00, 5.02), "No effect beyond 3"),
+        ((4.90, 4.91, 5.00, 5.01), "scored better, beyond"),
+    ],
+)
 def test_dedup_effect_verdict_follows_the_numbers(losses, verdict):
-    rows = [{"corpus": c, "seed": i % 2, "train_tokens": t, "tokens_trained": 600_000, "held_out_loss": loss,
-             "held_out_bpb": loss / 1.5, "held_out_tokens": 40_000}
-            for i, (c, t, loss) in enumerate(zip(["with_duplicates"] * 2 + ["deduplicated"] * 2,
-                                                 [900_000] * 2 + [600_000] * 2, losses))]
-    result = {"settings": {**dataclasses.asdict(sweep.DedupEffectSettings()), "shape": "L1-d32", "seeds": 2},
-              "train_documents": 300, "repeated_documents": 3, "copies": 150, "copies_removed": 150,
-              "originals_dropped": 0, "held_out_documents": 33, "parameters": 29_792, "lr": 0.006, "rows": rows}
+    rows = [
+        {
+            "corpus": c,
+            "seed": i % 2,
+            "train_tokens": t,
+            "tokens_trained": 600_000,
+            "held_out_loss": loss,
+            "held_out_bpb": loss / 1.5,
+            "held_out_tokens": 40_000,
+        }
+        for i, (c, t, loss) in enumerate(
+            zip(
+                ["with_duplicates"] * 2 + ["deduplicated"] * 2,
+                [900_000] * 2 + [600_000] * 2,
+                losses,
+            )
+        )
+    ]
+    result = {
+        "settings": {
+            **dataclasses.asdict(sweep.DedupEffectSettings()),
+            "shape": "L1-d32",
+            "seeds": 2,
+        },
+        "train_documents": 300,
+        "repeated_documents": 3,
+        "copies": 150,
+        "copies_removed": 150,
+        "originals_dropped": 0,
+        "held_out_documents": 33,
+        "parameters": 29_792,
+        "lr": 0.006,
+        "rows": rows,
+    }
     text = sweep.dedup_effect_report(result)
     assert verdict in text
     summary = sweep.dedup_effect_summary(rows)
     assert f"= {summary['sigmas']:.1f} seed standard deviations" in text
     assert "3 of 300 train documents (1.0%) were each repeated 50 times" in text
-    assert ("the copies are 33% of the training tokens" in text.lower()) == (verdict == "Deduplication helped beyond")
+    assert ("the copies are 33% of the training tokens" in text.lower()) == (
+        verdict == "Deduplication helped beyond"
+    )
 
 
 def test_sweep_cli_checks_the_design_before_training():
@@ -275,9 +431,10 @@ def test_sweep_cli_checks_the_design_before_training():
     r = cli("sweep", "--sizes", "2", "--out-dir", "out/never")
     assert r.returncode == 2 and "--sizes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = cli("sweep", "--sizes", "3", "--second-seeds", "4", "--out-dir", "out/never")
-    assert r.returncode == 2 and r.stderr.strip() == ("scaling.py: error: --second-seeds 4: give 0 (one seed) to 3 "
-                                                      "(every size of a budget)"), r.stderr
-    assert not (scaling.ROOT / "out" / "never").exists()
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "scaling.py: error: --second-seeds 4: give 0 (one seed) to 3 (every size of a budget)"
+    ), r.stderr
+    assert not (sweep.ROOT / "out" / "never").exists()
 
 
 @pytest.mark.slow
@@ -288,18 +445,32 @@ def test_quick_sweep_and_dedup_effect_end_to_end(tmp_path):
     args = ["sweep", "--quick", "--out-dir", str(tmp_path / "sw")]
     r = cli(*args, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
-    records = [json.loads(line) for line in (tmp_path / "sw" / "final.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "sw" / "final.jsonl").read_text().splitlines()
+    ]
     for record in records:
-        assert {"parameters", "non_embedding_parameters", "tokens", "compute", "budget", "loss", "heldout"} <= set(record)
+        assert {
+            "parameters",
+            "non_embedding_parameters",
+            "tokens",
+            "compute",
+            "budget",
+            "loss",
+            "heldout",
+        } <= set(record)
         assert record["compute"] == 6 * record["parameters"] * record["tokens"]
         assert record["command"].startswith("OMP_NUM_THREADS=1 python train.py ")
-    held = sum(r["heldout"] for r in records)          # tiny runs may show no law to predict with
-    assert held in (0, 4) and len(records) == 6 + 2 + held     # + each budget's best size, and the held-out's, again
-    assert sorted(r["seed"] for r in records) == [0] * (6 + max(0, held - 1)) + [1] * (2 + min(1, held))
+    held = sum(r["heldout"] for r in records)  # tiny runs may show no law to predict with
+    assert (
+        held in (0, 4) and len(records) == 6 + 2 + held
+    )  # + each budget's best size, and the held-out's, again
+    assert sorted(r["seed"] for r in records) == [0] * (6 + max(0, held - 1)) + [1] * (
+        2 + min(1, held)
+    )
     assert (tmp_path / "sw" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     report = (tmp_path / "sw" / "REPORT.md").read_text()
     assert "## Prediction of the held-out budget" in report and (held or "No prediction:" in report)
-    assert sweep.QUICK_NOTE in report and sweep.QUICK_NOTE in r.stderr                     # issue 38
+    assert sweep.QUICK_NOTE in report and sweep.QUICK_NOTE in r.stderr  # issue 38
     assert "Regenerate: `python scaling.py sweep --quick` (reuses" in report
     again = cli(*args, timeout=900)
     assert again.returncode == 0 and again.stderr.count(" s, reused)") == 6 + 2 + held
@@ -307,9 +478,13 @@ def test_quick_sweep_and_dedup_effect_end_to_end(tmp_path):
     r = cli("dedup-effect", "--quick", "--out-dir", str(tmp_path / "dd"), timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads((tmp_path / "dd" / "result.json").read_text())
-    assert result["copies_removed"] >= 0.9 * result["copies"]            # dedup.py finds the repeated copies
+    assert result["copies_removed"] >= 0.9 * result["copies"]  # dedup.py finds the repeated copies
     assert sorted((row["corpus"], row["seed"]) for row in result["rows"]) == [
-        ("deduplicated", 0), ("deduplicated", 1), ("with_duplicates", 0), ("with_duplicates", 1)]
+        ("deduplicated", 0),
+        ("deduplicated", 1),
+        ("with_duplicates", 0),
+        ("with_duplicates", 1),
+    ]
     assert all(math.isfinite(row["held_out_loss"]) for row in result["rows"])
 
 
@@ -317,14 +492,20 @@ def test_a_sweep_too_long_for_this_cpu_is_refused_up_front_with_the_flag_that_al
     """The issue's case: --quick with budgets 1e15 3e15 once ran for hours without a word. Now such budgets are a
     design the family cannot cover (one line), and a design too long for --max-hours names the flag that allows it."""
     r = cli("sweep", "--quick", "--budgets", "1e15", "3e15", "--out-dir", str(tmp_path / "never"))
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--budgets" in r.stderr, r.stderr
+    assert (
+        r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--budgets" in r.stderr
+    ), r.stderr
     r = cli("sweep", "--max-hours", "0.5", "--out-dir", str(tmp_path / "never"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "would take about 1.4 hours on this CPU" in r.stderr and "--max-hours 3" in r.stderr
     assert not (tmp_path / "never").exists()
-    assert 0.5 < sweep.check_design(sweep.SweepSettings(), max_hours=2) <= 1.5       # the default sweep passes
+    assert (
+        0.5 < sweep.check_design(sweep.SweepSettings(), max_hours=2) <= 1.5
+    )  # the default sweep passes
     with pytest.raises(ScalingError, match="hours on"):
-        sweep.dedup_effect(dataclasses.replace(sweep.DedupEffectSettings(), tokens=10**9), tmp_path / "dd")
+        sweep.dedup_effect(
+            dataclasses.replace(sweep.DedupEffectSettings(), tokens=10**9), tmp_path / "dd"
+        )
     assert not (tmp_path / "dd").exists()
 
 
@@ -337,8 +518,9 @@ def test_a_short_estimate_is_said_in_minutes_not_about_0_hours(tmp_path):
 
 def test_the_gpu_plan_is_refused_without_a_gpu_before_any_output(tmp_path):
     r = cli("sweep", "--device", "cuda", "--out-dir", str(tmp_path / "never"))
-    assert r.returncode == 2 and r.stderr.strip() == ("scaling.py: error: --device cuda: no CUDA device here; use "
-                                                      "--device cpu (or auto)"), r.stderr
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "scaling.py: error: --device cuda: no CUDA device here; use --device cpu (or auto)"
+    ), r.stderr
     assert not (tmp_path / "never").exists()
 
 
@@ -346,17 +528,26 @@ def test_the_gpu_plan_is_refused_without_a_gpu_before_any_output(tmp_path):
 def tiny_dataset(tmp_path_factory):
     import data
     from machinery import dataset
+
     root = tmp_path_factory.mktemp("sweep-data")
     corpus = root / "corpus.txt"
     words = "the parser reads a list of tokens and writes every item into the module while this loop counts".split()
-    corpus.write_text("\n\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(80)) for i in range(60)))
-    return dataset.prepare([str(corpus)], root / "data", vocab_size=300, val_fraction=0.2,
-                           clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
+    corpus.write_text(
+        "\n\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(80)) for i in range(60))
+    )
+    return dataset.prepare(
+        [str(corpus)],
+        root / "data",
+        vocab_size=300,
+        val_fraction=0.2,
+        clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False),
+    )
 
 
 def _damage(kind, good, folder):
     """A copy of a prepared dataset with one kind of damage."""
     import shutil
+
     shutil.copytree(good, folder)
     shard = next(folder.glob("train_*.bin"))
     if kind == "no manifest":
@@ -369,36 +560,63 @@ def _damage(kind, good, folder):
         shard.write_bytes(shard.read_bytes()[:100])
     elif kind == "ids beyond the vocabulary":
         raw = bytearray(shard.read_bytes())
-        raw[-64:] = b"\xff" * 64                       # same size, so only the token values are wrong
+        raw[-64:] = b"\xff" * 64  # same size, so only the token values are wrong
         shard.write_bytes(bytes(raw))
     return folder
 
 
-@pytest.mark.parametrize("kind", ["no manifest", "manifest not JSON", "manifest nested deep", "truncated shard",
-                                  "ids beyond the vocabulary", "missing file"])
-def test_a_bad_dataset_is_one_line_naming_data_before_any_output(kind, tiny_dataset, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "no manifest",
+        "manifest not JSON",
+        "manifest nested deep",
+        "truncated shard",
+        "ids beyond the vocabulary",
+        "missing file",
+    ],
+)
+def test_a_bad_dataset_is_one_line_naming_data_before_any_output(
+    kind, tiny_dataset, tmp_path, capsys
+):
     """Each was a traceback, or a failure after the out-dir (and runs' logs) had been written."""
-    data_arg = tmp_path / "nosuch.txt" if kind == "missing file" else _damage(kind, tiny_dataset, tmp_path / "ds")
-    code = scaling.main(["sweep", "--quick", "--data", str(data_arg), "--out-dir", str(tmp_path / "out")])
+    data_arg = (
+        tmp_path / "nosuch.txt"
+        if kind == "missing file"
+        else _damage(kind, tiny_dataset, tmp_path / "ds")
+    )
+    code = command.main(
+        ["sweep", "--quick", "--data", str(data_arg), "--out-dir", str(tmp_path / "out")]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert f"--data {data_arg}" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(not pathlib.Path("/proc/self").is_dir(), reason="needs Linux's /proc (a folder no one can mkdir in)")
+@pytest.mark.skipif(
+    not pathlib.Path("/proc/self").is_dir(),
+    reason="needs Linux's /proc (a folder no one can mkdir in)",
+)
 def test_an_out_dir_that_cannot_be_made_is_one_line(capsys):
     """Where os.access says yes (as root: /proc) the argparse check passes; making the folder is the real test."""
     try:
-        code = scaling.main(["sweep", "--quick", "--out-dir", "/proc/sweep-test"])
-    except SystemExit as e:             # argparse already refused it (not root)
+        code = command.main(["sweep", "--quick", "--out-dir", "/proc/sweep-test"])
+    except SystemExit as e:  # argparse already refused it (not root)
         code = e.code
     err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "--out-dir" in err and "Traceback" not in err
+    assert (
+        code == 2
+        and len(err.strip().splitlines()) == 1
+        and "--out-dir" in err
+        and "Traceback" not in err
+    )
 
 
 @pytest.mark.parametrize("fail_at", [0, 2])
-def test_a_failed_run_stops_the_sweep_and_leaves_only_finished_runs(fail_at, tiny_dataset, tmp_path, monkeypatch):
+def test_a_failed_run_stops_the_sweep_and_leaves_only_finished_runs(
+    fail_at, tiny_dataset, tmp_path, monkeypatch
+):
     """train.py is replaced by a stub that writes the final evaluation, and fails at run `fail_at`: the queue
     stops there, the failed run's folder is removed, finished runs stay for a rerun, and an output folder the
     sweep made and that holds no finished run is removed."""
@@ -408,23 +626,35 @@ def test_a_failed_run_stops_the_sweep_and_leaves_only_finished_runs(fail_at, tin
         calls.append(log_path.parent.name)
         log_path.write_text("step 1\ntrain.py: error: something broke\n")
         if len(calls) - 1 == fail_at:
-            raise ScalingError(f"train.py failed (exit 2) in {log_path.parent.name}: train.py: error: something broke")
+            raise ScalingError(
+                f"train.py failed (exit 2) in {log_path.parent.name}: train.py: error: something broke"
+            )
         steps = int(cmd[cmd.index("--max-steps") + 1])
-        (log_path.parent / "metrics.jsonl").write_text(json.dumps({"step": steps, "val_loss": 5.0}) + "\n")
+        (log_path.parent / "metrics.jsonl").write_text(
+            json.dumps({"step": steps, "val_loss": 5.0}) + "\n"
+        )
 
     monkeypatch.setattr(sweep, "_run_train", fake_train)
     settings = dataclasses.replace(sweep.QUICK_SWEEP, data=str(tiny_dataset), workers=1)
-    dataset = sweep.open_dataset(str(tiny_dataset))           # the plan sweep() makes: this vocabulary, 2 epochs
-    plan = sweep.plan_isoflop(dataclasses.replace(settings, vocab_size=300, max_run_tokens=sweep._two_epochs(dataset)))
-    longest_first = sorted(plan, key=lambda r: -sweep.run_seconds(settings, r))       # the order they start in
+    dataset = sweep.open_dataset(
+        str(tiny_dataset)
+    )  # the plan sweep() makes: this vocabulary, 2 epochs
+    plan = sweep.plan_isoflop(
+        dataclasses.replace(settings, vocab_size=300, max_run_tokens=sweep._two_epochs(dataset))
+    )
+    longest_first = sorted(
+        plan, key=lambda r: -sweep.run_seconds(settings, r)
+    )  # the order they start in
     assert longest_first != plan
     finished = sorted(r.name for r in longest_first[:fail_at])
     with pytest.raises(ScalingError, match="something broke"):
         sweep.sweep(settings, tmp_path / "out", log=lambda m: None)
-    assert len(calls) == fail_at + 1                                   # nothing ran after the failure
+    assert len(calls) == fail_at + 1  # nothing ran after the failure
     if finished:
         assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == finished
-        assert all((tmp_path / "out" / "runs" / name / "command.json").is_file() for name in finished)
+        assert all(
+            (tmp_path / "out" / "runs" / name / "command.json").is_file() for name in finished
+        )
     else:
         assert not (tmp_path / "out").exists()
 
@@ -434,23 +664,42 @@ def test_cli_bad_input_is_one_line_exit_2():
     r = cli("sweep", "--budgets", "1e15", "1e16", "--out-dir", "out/never")
     assert r.returncode == 2
     assert "choose other --budgets" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert not (scaling.ROOT / "out" / "never").exists()
+    assert not (sweep.ROOT / "out" / "never").exists()
 
 
 def test_a_recorded_point_reruns_alone_to_the_same_loss(tiny_dataset, tmp_path):
     """final.jsonl's `command` is the whole run: pasted into a shell (from the project folder) it trains the
     same model on the same batches and ends at the same loss, bit for bit, on a CPU."""
-    settings = dataclasses.replace(sweep.QUICK_SWEEP, vocab_size=300, block_size=16, batch_sizes=(2,), min_steps=10,
-                                   eval_windows=8, workers=1)
+    settings = dataclasses.replace(
+        sweep.QUICK_SWEEP,
+        vocab_size=300,
+        block_size=16,
+        batch_sizes=(2,),
+        min_steps=10,
+        eval_windows=8,
+        workers=1,
+    )
     shape = sweep.Shape(2, 32)
     run = sweep.plan_run(6.0 * shape.counts(300)[0] * 40 * 2 * 16, shape, settings)
     assert (run.steps, run.batch_size) == (40, 2)
-    [record] = sweep.execute_runs(settings, [run], tiny_dataset, tmp_path / "sweep", log=lambda m: None)
+    [record] = sweep.execute_runs(
+        settings, [run], tiny_dataset, tmp_path / "sweep", log=lambda m: None
+    )
     assert record["command"].startswith("OMP_NUM_THREADS=1 python train.py --data ")
-    env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env = dict(
+        os.environ, PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    )
     env.pop("OMP_NUM_THREADS", None)
-    done = subprocess.run(["bash", "-c", record["command"]], cwd=scaling.ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", "-c", record["command"]],
+        cwd=sweep.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    again = sweep.final_val_loss(tmp_path / "sweep" / "runs" / run.name / "metrics.jsonl", run.steps)
+    again = sweep.final_val_loss(
+        tmp_path / "sweep" / "runs" / run.name / "metrics.jsonl", run.steps
+    )
     assert again == record["loss"]
