@@ -138,12 +138,20 @@ FIGURES = [
         near=("train_bpe",),
     ),
     Figure(
+        "languages",
+        "classify",
+        "One sentence in twelve languages, and its words alone, as the shipped language model reads them",
+        "docs/figures/classify-languages.png",
+        "python book/figures.py languages",
+        near=("identify_language",),
+    ),
+    Figure(
         "model-cost",
         "model",
         "Parameters per preset, and the attention share of the training FLOPs per token",
         "docs/figures/model-cost.png",
         "python book/figures.py model-cost",
-        near=("GPTConfig.flops_per_token", "GPTConfig"),
+        near=("count_flops_per_token", "GPTConfig.flops_per_token", "GPTConfig"),
     ),
     Figure(
         "loss",
@@ -176,7 +184,7 @@ FIGURES = [
         "Loss against compute, the IsoFLOP curves and N_opt of the committed sweep",
         "docs/sweep/scaling.png",
         "python scaling.py sweep",
-        near=("plot_runs",),
+        near=("fit_all", "isoflop_minima"),
     ),
     Figure(
         "emergence",

@@ -20,6 +20,8 @@ draw them.
   (parallel.zero_memory_per_rank).
 * emergence: exact match of k steps, p^k (evaluate.exact_match_from_per_step), against per-step
   accuracy p.
+* languages: one sentence in twelve languages and each of its words alone, as classify.py's shipped
+  language model reads them (classify.identify_language): a sentence is easy, a lone word is not.
 """
 
 from __future__ import annotations
@@ -216,12 +218,57 @@ def emergence(plt) -> pathlib.Path:
     return _save(fig, "evaluate-emergence.png")
 
 
+# "The weather is nice today, so we are going for a walk in the park." in twelve languages
+LANGUAGE_SAMPLES = {
+    "en": "The weather is nice today, so we are going for a walk in the park.",
+    "fr": "Il fait beau aujourd'hui, alors nous allons nous promener dans le parc.",
+    "de": "Das Wetter ist heute schön, also gehen wir im Park spazieren.",
+    "es": "Hoy hace buen tiempo, así que vamos a dar un paseo por el parque.",
+    "it": "Oggi il tempo è bello, quindi andiamo a fare una passeggiata nel parco.",
+    "pt": "O tempo está bom hoje, então vamos dar um passeio no parque.",
+    "nl": "Het weer is vandaag mooi, dus we gaan wandelen in het park.",
+    "pl": "Dzisiaj jest ładna pogoda, więc idziemy na spacer do parku.",
+    "ru": "Сегодня хорошая погода, поэтому мы идём гулять в парк.",
+    "tr": "Bugün hava güzel, bu yüzden parkta yürüyüşe çıkıyoruz.",
+    "ja": "今日は天気がいいので、公園へ散歩に行きます。",
+    "zh": "今天天气很好，所以我们去公园散步。",
+}
+
+
+def languages(plt) -> pathlib.Path:
+    import classify
+
+    names, sentence, word = [], [], []
+    for code, text in LANGUAGE_SAMPLES.items():
+        label, probability = classify.identify_language(text)
+        names.append(f"{code} -> {label}")
+        sentence.append(probability if label == code else 0.0)
+        # each whitespace word alone (CJK text has none: its characters in twos), right or not
+        pieces = text.split() if " " in text else [text[i : i + 2] for i in range(0, len(text), 2)]
+        right = [classify.identify_language(piece)[0] == code for piece in pieces]
+        word.append(sum(right) / len(right))
+    fig, ax = plt.subplots(figsize=(10, 5))
+    at = range(len(names))
+    ax.bar([x - 0.2 for x in at], sentence, 0.4, label="the sentence: P(its language)")
+    ax.bar([x + 0.2 for x in at], word, 0.4, label="its words alone: share identified right")
+    ax.axhline(0.65, color="k", ls="--", lw=1, label="data.py's --lang-threshold (0.65)")
+    ax.set_xticks(list(at), names, rotation=45, ha="right")
+    ax.set(
+        ylim=(0, 1.05),
+        ylabel="probability / share",
+        title="Language identification: a sentence is easy, a lone word is not",
+    )
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2)
+    return _save(fig, "classify-languages.png")
+
+
 FIGURES = {
     "s-curve": s_curve,
     "bpe-merges": bpe_merges,
     "model-cost": model_cost,
     "zero-memory": zero_memory,
     "emergence": emergence,
+    "languages": languages,
 }
 
 

@@ -169,5 +169,4 @@ if __name__ == "__main__":
     help_only(__doc__, "No commands of its own: each chapter's command line is built with it.\n"
                        "The commands, each with --help:\n"
                        "  python bpe.py | dedup.py | classify.py | data.py | model.py | train.py\n"
-                       "  python parallel.py | model_parallel.py | evaluate.py | scaling.py | "
-                       "sweep.py | hf.py")
+                       "  python parallel.py | model_parallel.py | scaling.py | evaluate.py")
