@@ -23,6 +23,8 @@ import data
 from machinery import dataset
 import model
 import train
+from machinery import run
+from machinery.commands import train as command
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -72,7 +74,7 @@ def one_thread():
 
 
 def config(dataset_dir, out_dir, *extra) -> train.TrainConfig:
-    return train.parse_config(["--data", str(dataset_dir), "--out-dir", str(out_dir), *TINY_ARGS, *map(str, extra)])
+    return command.parse_config(["--data", str(dataset_dir), "--out-dir", str(out_dir), *TINY_ARGS, *map(str, extra)])
 
 
 def test_under_torchrun_only_rank_0_prints_the_datasets_notices(dataset_dir, monkeypatch, capsys):
@@ -89,15 +91,15 @@ def test_under_torchrun_only_rank_0_prints_the_datasets_notices(dataset_dir, mon
     monkeypatch.setattr(data_at_scale, "prepare", prepare)
     cfg = train.TrainConfig(data="corpus.txt")
     for rank, notes in ((0, 1), (1, 0)):
-        dist = train.Dist(rank=rank, world_size=2, mesh=Mesh(), global_rank=rank)
-        assert train.open_dataset(cfg, dist, log=lambda *a: None).tokenizer is not None
+        dist = run.Dist(rank=rank, world_size=2, mesh=Mesh(), global_rank=rank)
+        assert run.open_dataset(cfg, dist, log=lambda *a: None).tokenizer is not None
         assert capsys.readouterr().err.count("note: cleaning") == notes, rank
 
 
 def losses_by_step(metrics_path, key: str = "loss") -> dict[int, float]:
     """step -> training loss, or another field of the step lines such as "grad_norm" (a resumed run logs the
     steps after its checkpoint again: the last entry wins)."""
-    return {r["step"]: r[key] for r in train.read_metrics(metrics_path) if "loss" in r and "event" not in r}
+    return {r["step"]: r[key] for r in run.read_metrics(metrics_path) if "loss" in r and "event" not in r}
 
 
 def quiet(*args, **kwargs):
@@ -179,16 +181,16 @@ def test_spike_guard_decisions_and_state():
 def test_config_file_flags_and_help(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"max-steps": 11, "lr": 0.01, "schedule": "wsd"}))
-    cfg = train.parse_config(["--config", str(path), "--lr", "0.02"])
+    cfg = command.parse_config(["--config", str(path), "--lr", "0.02"])
     assert (cfg.max_steps, cfg.lr, cfg.schedule) == (11, 0.02, "wsd")           # flags beat the file
-    assert train.parse_config([]).resume is None and train.parse_config(["--resume"]).resume == "latest"
-    text = train.build_parser().format_help()
+    assert command.parse_config([]).resume is None and command.parse_config(["--resume"]).resume == "latest"
+    text = command.build_parser().format_help()
     for field in train.TrainConfig.__dataclass_fields__.values():
-        assert train.flag(field.name) in text
+        assert command.flag(field.name) in text
     assert text.count("(default:") >= len(train.TrainConfig.__dataclass_fields__)
     path.write_text(json.dumps({"max_stepz": 3}))
     with pytest.raises(train.TrainError, match="unknown settings"):
-        train.parse_config(["--config", str(path)])
+        command.parse_config(["--config", str(path)])
 
 
 def test_atomic_save_keeps_last_k_and_falls_back_past_a_damaged_file(tmp_path):
@@ -213,14 +215,14 @@ def test_atomic_save_keeps_last_k_and_falls_back_past_a_damaged_file(tmp_path):
 
 
 def test_a_full_disk_while_saving_a_checkpoint_is_one_train_error_and_no_temp_file(tmp_path, monkeypatch):
-    """The checkpoint goes through fileio.write_atomic: ENOSPC half way is one TrainError line, nothing left."""
+    """train.atomic_save leaves no temp file behind; the run's save makes ENOSPC half way one TrainError line."""
     def half_then_full(obj, f):
         f.write(b"PK" * 1000)
         raise OSError(28, "No space left on device")                          # errno.ENOSPC
     monkeypatch.setattr(torch, "save", half_then_full)
     path = train.checkpoint_path(tmp_path, 10)
     with pytest.raises(train.TrainError, match=r"^no space left writing .*ckpt_0000010\.pt: free space or choose"):
-        train.atomic_save({"version": 1, "step": 10, "model": {}}, path)
+        run.save_checkpoint_file({"version": 1, "step": 10, "model": {}}, path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -240,7 +242,7 @@ def test_checksum_catches_zeros_inside_a_checkpoint_that_torch_load_accepts(tmp_
 
 
 def test_metrics_are_strict_json_a_nan_loss_is_null(tmp_path):
-    log = train.MetricsLog(tmp_path / "metrics.jsonl")
+    log = run.MetricsLog(tmp_path / "metrics.jsonl")
     log.write({"step": 0, "loss": float("nan"), "lr": 1e-3, "tok_per_s": float("inf"), "val_loss": 2.5})
     log.close()
 
@@ -249,13 +251,13 @@ def test_metrics_are_strict_json_a_nan_loss_is_null(tmp_path):
     line = (tmp_path / "metrics.jsonl").read_text()
     assert json.loads(line, parse_constant=refuse) == {"step": 0, "loss": None, "lr": 1e-3, "tok_per_s": None,
                                                        "val_loss": 2.5}
-    assert train.plot_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss.png").stat().st_size > 0
+    assert run.plot_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss.png").stat().st_size > 0
 
 
 def test_warmup_as_long_as_the_run_is_shortened_with_one_line(dataset_dir, tmp_path):
     """README's `python train.py --max-steps 20` keeps the default 30 warmup steps: the lr would never peak."""
     messages = []
-    trainer = train.Trainer(config(dataset_dir, tmp_path, "--max-steps", 20, "--warmup-steps", 30),
+    trainer = run.Trainer(config(dataset_dir, tmp_path, "--max-steps", 20, "--warmup-steps", 30),
                             log=messages.append)
     assert trainer.cfg.warmup_steps == 2
     assert [m for m in messages if "--warmup-steps" in m] == \
@@ -268,8 +270,8 @@ def test_warmup_as_long_as_the_run_is_shortened_with_one_line(dataset_dir, tmp_p
 # ----------------------------------------------------------------------------------------------------------------------
 
 def test_accumulation_equivalence_one_batch_of_8_equals_4_micro_batches_of_2(dataset_dir, tmp_path):
-    whole = train.Trainer(config(dataset_dir, tmp_path / "a", "--batch-size", 8), log=quiet)
-    accum = train.Trainer(config(dataset_dir, tmp_path / "b", "--batch-size", 2, "--total-batch-tokens", 8 * 32),
+    whole = run.Trainer(config(dataset_dir, tmp_path / "a", "--batch-size", 8), log=quiet)
+    accum = run.Trainer(config(dataset_dir, tmp_path / "b", "--batch-size", 2, "--total-batch-tokens", 8 * 32),
                           log=quiet)
     assert accum.accum == 4 and whole.accum == 1 and accum.tokens_per_step == whole.tokens_per_step == 256
     for p, q in zip(whole.raw_model.parameters(), accum.raw_model.parameters()):
@@ -350,7 +352,7 @@ def test_an_optimizer_step_reads_the_device_back_once(dataset_dir, tmp_path, mon
     x, y = data.TokenData(dataset_dir).get_batch("train", 4, 32, generator=torch.Generator().manual_seed(1))
     steps = [[(x[:2], y[:2]), (x[2:], y[2:])]] * 3
     with process_group_of_one() if layout else contextlib.nullcontext():
-        trainer = train.Trainer(config(dataset_dir, tmp_path, "--batch-size", 2, "--total-batch-tokens", 4 * 32,
+        trainer = run.Trainer(config(dataset_dir, tmp_path, "--batch-size", 2, "--total-batch-tokens", 4 * 32,
                                        "--log-interval", 1, "--max-steps", 50, *layout), log=quiet)
         assert trainer.accum == 2
         record, reads = count_host_reads(monkeypatch, lambda: train.train_loop(trainer, batches=steps))
@@ -363,7 +365,7 @@ def test_bf16_lesson_master_weights_stay_fp32(dataset_dir, tmp_path):
     assert one + 1e-4 == 1.0                                                    # the update vanishes in bf16
     assert torch.tensor(1.0) + 1e-4 != 1.0                                      # and survives in fp32
     assert (torch.tensor(1.0, dtype=torch.bfloat16) + 2 ** -7).item() == 1.0078125   # bf16 spacing at 1.0
-    trainer = train.Trainer(config(dataset_dir, tmp_path, "--dtype", "bf16", "--lr", "1e-5"), log=quiet)
+    trainer = run.Trainer(config(dataset_dir, tmp_path, "--dtype", "bf16", "--lr", "1e-5"), log=quiet)
     before = {n: p.detach().clone() for n, p in trainer.raw_model.named_parameters()}
     x, y = trainer.loader.next()
     with train.autocast(trainer.device, trainer.dtype):
@@ -380,13 +382,13 @@ def test_bf16_lesson_master_weights_stay_fp32(dataset_dir, tmp_path):
 
 
 def test_fp16_uses_a_gradient_scaler_and_activation_checkpointing_changes_nothing(dataset_dir, tmp_path):
-    fp16 = train.Trainer(config(dataset_dir, tmp_path / "fp16", "--dtype", "fp16"), log=quiet)
+    fp16 = run.Trainer(config(dataset_dir, tmp_path / "fp16", "--dtype", "fp16"), log=quiet)
     assert fp16.scaler is not None and fp16.scaler.get_scale() == 2.0 ** 16
     record = train.train_loop(fp16, steps=1)
     assert math.isfinite(record["loss"]) and all(p.dtype == torch.float32 for p in fp16.raw_model.parameters())
     assert fp16.state_dict()["scaler"]["scale"] > 0                             # the scale is checkpointed
-    plain = train.Trainer(config(dataset_dir, tmp_path / "a"), log=quiet)
-    recompute = train.Trainer(config(dataset_dir, tmp_path / "b", "--activation-checkpointing"), log=quiet)
+    plain = run.Trainer(config(dataset_dir, tmp_path / "a"), log=quiet)
+    recompute = run.Trainer(config(dataset_dir, tmp_path / "b", "--activation-checkpointing"), log=quiet)
     assert recompute.model_config.activation_checkpointing and not plain.model_config.activation_checkpointing
     batch = plain.next_micro_batches()
     assert train.train_loop(plain, batches=[batch])["loss"] == train.train_loop(recompute, batches=[batch])["loss"]
@@ -397,9 +399,9 @@ def test_fp16_uses_a_gradient_scaler_and_activation_checkpointing_changes_nothin
 def test_a_sweep_run_skips_the_first_evaluation_and_the_plot_and_trains_the_same(dataset_dir, tmp_path):
     """--no-eval-at-start and --no-plot (sweep.py's runs) take work away, not training: the same losses."""
     flags = ("--max-steps", 6, "--eval-interval", 6, "--ckpt-interval", 6, "--num-samples", 0)
-    full = train.train(config(dataset_dir, tmp_path / "full", *flags), log=quiet)
-    lean = train.train(config(dataset_dir, tmp_path / "lean", *flags, "--no-eval-at-start", "--no-plot"), log=quiet)
-    evals = lambda out: [r["step"] for r in train.read_metrics(out / "metrics.jsonl") if "val_loss" in r]
+    full = run.train(config(dataset_dir, tmp_path / "full", *flags), log=quiet)
+    lean = run.train(config(dataset_dir, tmp_path / "lean", *flags, "--no-eval-at-start", "--no-plot"), log=quiet)
+    evals = lambda out: [r["step"] for r in run.read_metrics(out / "metrics.jsonl") if "val_loss" in r]
     assert evals(tmp_path / "full") == [0, 6] and evals(tmp_path / "lean") == [6]
     assert (tmp_path / "full" / "loss.png").is_file() and not (tmp_path / "lean" / "loss.png").exists()
     assert "plot" not in lean and lean["val_loss"] == full["val_loss"]
@@ -410,8 +412,8 @@ def test_short_run_validation_loss_falls_and_artifacts(dataset_dir, tmp_path):
     messages = []
     cfg = config(dataset_dir, out, "--max-steps", 60, "--eval-interval", 30, "--ckpt-interval", 30,
                  "--num-samples", 1, "--sample-tokens", 20, "--log-interval", 20)
-    summary = train.train(cfg, log=messages.append)
-    records = train.read_metrics(out / "metrics.jsonl")
+    summary = run.train(cfg, log=messages.append)
+    records = run.read_metrics(out / "metrics.jsonl")
     evals = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evals] == [0, 30, 60]
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 1.0                  # clearly learning
@@ -427,7 +429,7 @@ def test_short_run_validation_loss_falls_and_artifacts(dataset_dir, tmp_path):
     screen = messages[:first_step]
     assert screen[0].startswith("tiny: ") and "60 steps x 128 tokens = 7,680 tokens" in screen[0], screen
     assert any(m.startswith("config: ") for m in screen) and sum(map(len, screen)) < 800, screen
-    assert train.TrainConfig(**train.read_config_file(str(out / train.CONFIG_FILE))) == cfg
+    assert train.TrainConfig(**command.read_config_file(str(out / run.CONFIG_FILE))) == cfg
     assert (out / "loss.png").stat().st_size > 1000
     assert isinstance(summary["samples"][0], str) and summary["val_loss"] == evals[-1]["val_loss"]
     ckpt = train.load_checkpoint(out)
@@ -445,13 +447,13 @@ def test_resume_falls_back_past_a_corrupted_checkpoint_and_sweeps_stale_temp_fil
     """4 KiB zeroed inside the newest checkpoint: resume takes the one before and ends with the losses of a run
     that was never interrupted; the temp files of killed writes are removed."""
     args = ("--max-steps", 12, "--ckpt-interval", 4, "--eval-interval", 100, "--log-interval", 4)
-    train.train(config(dataset_dir, tmp_path / "whole", *args), log=quiet)
+    run.train(config(dataset_dir, tmp_path / "whole", *args), log=quiet)
     out = tmp_path / "broken"
 
     def sigterm_at_step_8(message):
         if re.match(r"step\s+8/", message):
             os.kill(os.getpid(), signal.SIGTERM)
-    assert train.train(config(dataset_dir, out, *args), log=sigterm_at_step_8)["step"] == 8
+    assert run.train(config(dataset_dir, out, *args), log=sigterm_at_step_8)["step"] == 8
     newest = train.checkpoint_path(out, 8)
     damaged = bytearray(newest.read_bytes())
     middle = len(damaged) // 2
@@ -461,7 +463,7 @@ def test_resume_falls_back_past_a_corrupted_checkpoint_and_sweeps_stale_temp_fil
     for path in stale:
         path.write_bytes(b"half a write")
     messages = []
-    train.train(config(dataset_dir, out, *args, "--resume"), log=messages.append)
+    run.train(config(dataset_dir, out, *args, "--resume"), log=messages.append)
     assert [m for m in messages if "damaged" in m] == [m for m in messages if "sha256 mismatch" in m and
                                                         "ckpt_0000008.pt" in m and "falling back" in m] != []
     assert any(m.startswith("resumed from") and "ckpt_0000004.pt" in m for m in messages)
@@ -470,7 +472,7 @@ def test_resume_falls_back_past_a_corrupted_checkpoint_and_sweeps_stale_temp_fil
 
 
 def test_spike_guard_skips_an_injected_bad_batch_and_rolls_back(dataset_dir, tmp_path):
-    trainer = train.Trainer(config(dataset_dir, tmp_path, "--max-steps", 100, "--spike-patience", 3,
+    trainer = run.Trainer(config(dataset_dir, tmp_path, "--max-steps", 100, "--spike-patience", 3,
                                    "--spike-window", 10), log=quiet)
     train.train_loop(trainer, steps=50)
     trainer.save_checkpoint()                                                  # the last good state: step 50
@@ -491,7 +493,7 @@ def test_spike_guard_skips_an_injected_bad_batch_and_rolls_back(dataset_dir, tmp
     assert all(torch.equal(p, saved[n]) for n, p in trainer.raw_model.named_parameters())
     record = train.train_loop(trainer, steps=1)                                # training goes on, lr halved
     assert record["lr"] == pytest.approx(0.5 * train.lr_at(50, trainer.cfg))
-    events = [r for r in train.read_metrics(tmp_path / "metrics.jsonl") if "event" in r]
+    events = [r for r in run.read_metrics(tmp_path / "metrics.jsonl") if "event" in r]
     assert [e["event"] for e in events] == ["skipped_batch"] * 3 + ["rollback"]
     assert events[-1]["to_step"] == 50 and events[-1]["lr_scale"] == 0.5
 
@@ -521,12 +523,12 @@ def test_resume_after_sigkill_gives_the_uninterrupted_losses(dataset_dir, tmp_pa
     assert proc.returncode == -signal.SIGKILL                                  # killed mid-run, not finished
     killed_at = max(losses_by_step(tmp_path / "killed" / "metrics.jsonl"))
     assert killed_at < 149
-    resumed = train.train(train.parse_config([*map(str, flags), "--out-dir", str(tmp_path / "killed"), "--resume"]),
+    resumed = run.train(command.parse_config([*map(str, flags), "--out-dir", str(tmp_path / "killed"), "--resume"]),
                           log=quiet)
-    reference = train.train(train.parse_config([*map(str, flags), "--out-dir", str(tmp_path / "ref")]), log=quiet)
+    reference = run.train(command.parse_config([*map(str, flags), "--out-dir", str(tmp_path / "ref")]), log=quiet)
     got = losses_by_step(tmp_path / "killed" / "metrics.jsonl")
     want = losses_by_step(tmp_path / "ref" / "metrics.jsonl")
-    assert any(r.get("event") == "resumed" for r in train.read_metrics(tmp_path / "killed" / "metrics.jsonl"))
+    assert any(r.get("event") == "resumed" for r in run.read_metrics(tmp_path / "killed" / "metrics.jsonl"))
     assert sorted(got) == sorted(want) == list(range(150))
     assert got == want                                                         # exactly, step by step
     assert resumed["val_loss"] == reference["val_loss"]
@@ -538,10 +540,10 @@ def test_resume_restores_the_random_generators(dataset_dir, tmp_path):
     import shutil
     dropout = ["--model-args", "n_layer=2,n_head=2,n_kv_head=2,n_embd=32,block_size=32,dropout=0.2",
                "--max-steps", 6, "--ckpt-interval", 3, "--eval-interval", 3]
-    train.train(config(dataset_dir, tmp_path / "whole", *dropout), log=quiet)
+    run.train(config(dataset_dir, tmp_path / "whole", *dropout), log=quiet)
     (tmp_path / "resumed").mkdir()
     shutil.copy(train.checkpoint_path(tmp_path / "whole", 3), tmp_path / "resumed")
-    train.train(config(dataset_dir, tmp_path / "resumed", *dropout, "--resume"), log=quiet)
+    run.train(config(dataset_dir, tmp_path / "resumed", *dropout, "--resume"), log=quiet)
     want = losses_by_step(tmp_path / "whole" / "metrics.jsonl")
     got = losses_by_step(tmp_path / "resumed" / "metrics.jsonl")
     assert sorted(got) == [3, 4, 5] and [got[s] for s in range(3, 6)] == [want[s] for s in range(3, 6)]
@@ -560,13 +562,13 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(dataset_dir, tmp_path):
     assert "Traceback" not in stderr and "interrupted: checkpoint saved at step" in stdout
     ckpt = train.load_checkpoint(out)
     assert 0 < ckpt["step"] < 1000 and max(losses_by_step(out / "metrics.jsonl")) == ckpt["step"] - 1
-    assert train.read_metrics(out / "metrics.jsonl")[-1] == {"step": ckpt["step"], "event": "interrupted",
+    assert run.read_metrics(out / "metrics.jsonl")[-1] == {"step": ckpt["step"], "event": "interrupted",
                                                             "checkpoint": ckpt["path"]}
 
 
 def train_on_rank(rank: int, world: int, argv: list[str]) -> None:
     """One data-parallel rank of a parallel.launch run (the process group is up; train.py finds it)."""
-    train.train(train.parse_config(argv), log=quiet)
+    run.train(command.parse_config(argv), log=quiet)
 
 
 def test_data_parallel_two_ranks_match_one_process(dataset_dir, tmp_path):
@@ -576,7 +578,7 @@ def test_data_parallel_two_ranks_match_one_process(dataset_dir, tmp_path):
     flags = ["--data", str(dataset_dir), *TINY_ARGS, "--max-steps", "8", "--eval-interval", "4",
              "--ckpt-interval", "4"]
     parallel.launch(train_on_rank, 2, [*flags, "--batch-size", "2", "--out-dir", str(tmp_path / "dp")], timeout_s=120)
-    single = train.train(train.parse_config([*flags, "--out-dir", str(tmp_path / "one")]), log=quiet)
+    single = run.train(command.parse_config([*flags, "--out-dir", str(tmp_path / "one")]), log=quiet)
     dp = losses_by_step(tmp_path / "dp" / "metrics.jsonl")
     one = losses_by_step(tmp_path / "one" / "metrics.jsonl")
     assert sorted(dp) == sorted(one) == list(range(8))
@@ -596,7 +598,7 @@ def test_sigterm_saves_a_checkpoint_like_ctrl_c(dataset_dir, tmp_path):
         if message.startswith("step") and "/" in message.split("|")[0]:
             os.kill(os.getpid(), signal.SIGTERM)
     previous = signal.getsignal(signal.SIGTERM)
-    summary = train.train(config(dataset_dir, tmp_path, "--max-steps", 500, "--log-interval", 20), log=log)
+    summary = run.train(config(dataset_dir, tmp_path, "--max-steps", 500, "--log-interval", 20), log=log)
     assert summary["interrupted"] and summary["step"] == 20
     assert train.load_checkpoint(tmp_path)["step"] == 20
     assert signal.getsignal(signal.SIGTERM) is previous                         # the handler is put back
@@ -607,9 +609,7 @@ def test_sigterm_saves_a_checkpoint_like_ctrl_c(dataset_dir, tmp_path):
 # ----------------------------------------------------------------------------------------------------------------------
 
 def cli_error(capsys, args) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        train.main([*map(str, args)])
-    assert exit_info.value.code == 2
+    assert command.main([*map(str, args)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("train.py: error:") and "\n" not in err and "Traceback" not in err
     return err
@@ -640,8 +640,8 @@ def test_torchrun_with_one_process_runs_zero(dataset_dir, tmp_path):
     out = tmp_path / "zero1proc"
     args = [sys.executable, str(ROOT / "train.py"), "--data", str(dataset_dir), *map(str, TINY_ARGS),
             "--zero", "2", "--max-steps", "2", "--eval-interval", "2", "--out-dir", str(out)]
-    run = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr[-2000:]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps if "loss" in m] == [0, 1] and any("val_loss" in m for m in steps)
 
@@ -655,7 +655,7 @@ def test_val_data_and_cleaning_pass_through_to_data_prepare(dataset_dir, tmp_pat
     held_out = ("\n\n".join(docs[50:]) + "\n").encode()
     (tmp_path / "held_out.txt").write_bytes(held_out)
     args = ["--data", tmp_path / "my.txt", "--val-data", tmp_path / "held_out.txt", "--vocab-size", 257]
-    dataset = train.open_dataset(train.parse_config(list(map(str, args))), train.Dist(), log=quiet)
+    dataset = run.open_dataset(command.parse_config(list(map(str, args))), run.Dist(), log=quiet)
     assert dataset.manifest["splits"]["val"]["bytes"] == len(held_out)
     assert dataset.manifest["settings"]["cleaning"] == "auto" and not dataset.manifest["settings"]["val_fraction"]
     assert "--val-data: 0 of its" in capsys.readouterr().err                    # the overlap with train, reported
@@ -670,7 +670,7 @@ def test_val_data_and_cleaning_pass_through_to_data_prepare(dataset_dir, tmp_pat
 def test_resume_refuses_another_model_or_an_existing_run(dataset_dir, tmp_path, capsys):
     out = tmp_path / "run"
     base = ["--data", dataset_dir, *TINY_ARGS, "--out-dir", out, "--max-steps", 4, "--ckpt-interval", 2]
-    train.train(train.parse_config(list(map(str, base))), log=quiet)
+    run.train(command.parse_config(list(map(str, base))), log=quiet)
     assert "already holds a run" in cli_error(capsys, base)
     assert "unknown --model" in cli_error(capsys, [*base, "--overwrite", "--model", "typo"])
     assert train.list_checkpoints(out) and (out / "metrics.jsonl").exists()    # a failed --overwrite keeps the run
@@ -682,7 +682,7 @@ def test_resume_refuses_another_model_or_an_existing_run(dataset_dir, tmp_path, 
     newest = train.checkpoint_path(out, 4)
     newest.write_bytes(b"garbage")                                             # damaged: resume from step 2
     messages = []
-    summary = train.train(train.parse_config([*map(str, base), "--resume", "--max-steps", "6"]), log=messages.append)
+    summary = run.train(command.parse_config([*map(str, base), "--resume", "--max-steps", "6"]), log=messages.append)
     assert any("damaged" in m for m in messages) and any("resumed from" in m and "step 2" in m for m in messages)
     assert summary["step"] == 6 and train.load_checkpoint(out)["step"] == 6
 
@@ -702,22 +702,22 @@ def test_resume_refuses_another_model_or_an_existing_run(dataset_dir, tmp_path, 
     ("AMD Instinct MI300X", torch.bfloat16, False, 1307.4),
 ])
 def test_gpu_peak_flops_by_exact_name_and_dtype(name, dtype, tf32, tflops):
-    assert train.gpu_peak_flops(name, dtype, tf32) == pytest.approx(tflops * 1e12)
+    assert run.gpu_peak_flops(name, dtype, tf32) == pytest.approx(tflops * 1e12)
 
 
 def test_unknown_gpu_or_dtype_means_mfu_not_available():
-    assert train.gpu_peak_flops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", torch.bfloat16) is None   # a slice of a GPU
-    assert train.gpu_peak_flops("NVIDIA GeForce RTX 3050", torch.bfloat16) is None
-    assert train.gpu_peak_flops("NVIDIA B200", torch.float32) is None                          # no confirmed figure
+    assert run.gpu_peak_flops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", torch.bfloat16) is None   # a slice of a GPU
+    assert run.gpu_peak_flops("NVIDIA GeForce RTX 3050", torch.bfloat16) is None
+    assert run.gpu_peak_flops("NVIDIA B200", torch.float32) is None                          # no confirmed figure
     fake = types.SimpleNamespace(_flops_per_token=6e6, _peak=None, cfg=train.TrainConfig(max_steps=10), step=1,
-                                 dist=train.Dist(), _peak_probed=False)
-    fake.mfu = lambda tok_per_s: train.Trainer.mfu(fake, tok_per_s)
+                                 dist=run.Dist(), _peak_probed=False)
+    fake.mfu = lambda tok_per_s: run.Trainer.mfu(fake, tok_per_s)
     record = {"step": 0, "loss": 5.0, "lr": 1e-3, "grad_norm": 1.0}
-    assert "MFU n/a" in train.Trainer.progress_line(fake, record, 1000.0, 0.5)
+    assert "MFU n/a" in run.Trainer.progress_line(fake, record, 1000.0, 0.5)
     fake._peak = 6e10
-    assert "MFU 10.00%" in train.Trainer.progress_line(fake, record, 1000.0, 0.5)          # 6e9 / 6e10
-    fake.dist = train.Dist(mesh=types.SimpleNamespace(world=2))                             # 2 devices share it
-    assert "MFU 5.00%" in train.Trainer.progress_line(fake, record, 1000.0, 0.5)
+    assert "MFU 10.00%" in run.Trainer.progress_line(fake, record, 1000.0, 0.5)          # 6e9 / 6e10
+    fake.dist = run.Dist(mesh=types.SimpleNamespace(world=2))                             # 2 devices share it
+    assert "MFU 5.00%" in run.Trainer.progress_line(fake, record, 1000.0, 0.5)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -751,10 +751,10 @@ def test_dtype_auto_is_fp16_where_bf16_is_only_emulated(monkeypatch):
 def test_eval_plan_reads_what_the_val_split_holds():
     """The README's 8-GPU command on pydocs: 22 val windows of 1,025 tokens, 8 ranks x 16 sequences. Catches: a
     rank batch of --batch-size whatever the split holds ("fewer than batch_size x world_size" at step 0)."""
-    assert train.eval_plan(22, 16, 8, 10) == (2, 1)
-    assert train.eval_plan(22, 16, 1, 10) == (16, 1)
+    assert run.eval_plan(22, 16, 8, 10) == (2, 1)
+    assert run.eval_plan(22, 16, 1, 10) == (16, 1)
     with pytest.raises(train.TrainError, match="fewer than the 8 data-parallel ranks"):
-        train.eval_plan(7, 16, 8, 10)
+        run.eval_plan(7, 16, 8, 10)
 
 
 def _mfu_and_autocast_rank(rank: int, world: int, argv: list[str]) -> list[bool]:
@@ -768,7 +768,7 @@ def _mfu_and_autocast_rank(rank: int, world: int, argv: list[str]) -> list[bool]
         return forward(self, x, cache)
     model.Block.forward = recording
     try:
-        train.train(train.parse_config(argv), log=quiet)
+        run.train(command.parse_config(argv), log=quiet)
     finally:
         model.Block.forward = forward
     return seen
@@ -783,14 +783,14 @@ def test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast(dataset
     import parallel
     flags = ["--data", str(dataset_dir), *TINY_ARGS, "--max-steps", "3", "--eval-interval", "3",
              "--ckpt-interval", "3"]
-    fpt = model.GPT(train.build_model_config(train.parse_config(flags), 300)).flops_per_token(32)
+    fpt = model.GPT(run.build_model_config(command.parse_config(flags), 300)).flops_per_token(32)
 
     def check(out_dir, devices):
-        steps = [r for r in train.read_metrics(out_dir / "metrics.jsonl") if "tok_per_s" in r]
+        steps = [r for r in run.read_metrics(out_dir / "metrics.jsonl") if "tok_per_s" in r]
         assert len(steps) == 3
         for r in steps:
             assert r["mfu"] == pytest.approx(r["tok_per_s"] * fpt / (1e12 * devices), rel=1e-9)
-    train.train(train.parse_config([*flags, "--out-dir", str(tmp_path / "one")]), log=quiet)
+    run.train(command.parse_config([*flags, "--out-dir", str(tmp_path / "one")]), log=quiet)
     check(tmp_path / "one", 1)
     parallel.launch(train_on_rank, 2, [*flags, "--batch-size", "2", "--out-dir", str(tmp_path / "dp2")],
                     timeout_s=120)
@@ -803,17 +803,17 @@ def test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast(dataset
 
 def _sigterm_on_rank_5(rank: int, world: int, argv: list[str]) -> tuple[int, bool]:
     """Train; rank 5 alone (pipeline stage 1, not rank 0's data-parallel group) gets SIGTERM after step 2."""
-    write = train.MetricsLog.write
+    write = run.MetricsLog.write
 
     def writing(self, record):
         write(self, record)
         if rank == 5 and record.get("step") == 1 and "loss" in record:     # step 2's line: the step is done
             os.kill(os.getpid(), signal.SIGTERM)
-    train.MetricsLog.write = writing
+    run.MetricsLog.write = writing
     try:
-        summary = train.train(train.parse_config(argv), log=quiet)
+        summary = run.train(command.parse_config(argv), log=quiet)
     finally:
-        train.MetricsLog.write = write
+        run.MetricsLog.write = write
     return summary["step"], summary["interrupted"]
 
 
@@ -831,7 +831,7 @@ def test_sigterm_on_one_rank_under_tp2_pp2_stops_every_rank_and_saves(dataset_di
 
 def _readme_rank(rank: int, world: int, argv: list[str]) -> list[str]:
     """One rank of the README's multi-GPU command; rank 0 returns the samples it printed."""
-    summary = train.train(train.parse_config(argv), log=quiet)
+    summary = run.train(command.parse_config(argv), log=quiet)
     return summary.get("samples", [])
 
 
@@ -856,7 +856,7 @@ def test_readme_multi_gpu_command_on_8_gloo_ranks_under_zero3_and_the_mesh(tmp_p
                                 timeout_s=900)
         resumed = parallel.launch(_readme_rank, 8, [*base, *layout, "--max-steps", "2", "--resume",
                                                     "--out-dir", str(out)], timeout_s=900)
-        records = train.read_metrics(out / "metrics.jsonl")
+        records = run.read_metrics(out / "metrics.jsonl")
         assert [r["step"] for r in records if "val_loss" in r] == [0, 1, 2], layout
         assert [r["step"] for r in records if r.get("event") == "resumed"] == [1], layout
         assert train.load_checkpoint(out)["step"] == 2, layout
@@ -874,7 +874,7 @@ def test_train_prepares_small_data_with_the_reference_engine(tmp_path, monkeypat
                         lambda *a, **k: calls.append(1) or reference(*a, **k))
     (tmp_path / "my.txt").write_text("\n\n".join(make_corpus(n_docs=40, seed=3)))
     args = ["--data", str(tmp_path / "my.txt"), "--vocab-size", "257"]
-    dataset = train.open_dataset(train.parse_config(args), train.Dist(), log=quiet)
+    dataset = run.open_dataset(command.parse_config(args), run.Dist(), log=quiet)
     assert calls == [1] and dataset.manifest["timings"]["engine"] == "in-memory"
     code = ("import sys, train; "
             "print(sorted(m for m in sys.modules if m in {'data_at_scale', 'store', 'dataset'}))")
@@ -885,13 +885,13 @@ def test_train_prepares_small_data_with_the_reference_engine(tmp_path, monkeypat
 def test_busy_machine_note_only_when_every_core_is_taken_and_no_thread_count_was_chosen():
     """The decision alone: load at or above the cores, torch on more than one thread, no
     OMP_NUM_THREADS from the user (or torchrun)."""
-    note = train.busy_machine_note(4.1, 2, 2, threads_chosen=False)
+    note = run.busy_machine_note(4.1, 2, 2, threads_chosen=False)
     assert note.startswith("note: the machine is busy (load 4.1 on 2 cores): set OMP_NUM_THREADS=1,")
-    assert "\n" not in note and train.busy_machine_note(2.0, 2, 2, threads_chosen=False)
-    assert train.busy_machine_note(1.9, 2, 2, threads_chosen=False) == ""     # a core is free
-    assert train.busy_machine_note(4.1, 2, 1, threads_chosen=False) == ""     # already one thread
-    assert train.busy_machine_note(4.1, 2, 2, threads_chosen=True) == ""      # the user chose
-    assert "load 40.0 on 16 cores" in train.busy_machine_note(40.0, 16, 16, threads_chosen=False)
+    assert "\n" not in note and run.busy_machine_note(2.0, 2, 2, threads_chosen=False)
+    assert run.busy_machine_note(1.9, 2, 2, threads_chosen=False) == ""     # a core is free
+    assert run.busy_machine_note(4.1, 2, 1, threads_chosen=False) == ""     # already one thread
+    assert run.busy_machine_note(4.1, 2, 2, threads_chosen=True) == ""      # the user chose
+    assert "load 40.0 on 16 cores" in run.busy_machine_note(40.0, 16, 16, threads_chosen=False)
 
 
 def test_python_train_py_on_a_busy_machine_prints_the_note_once(monkeypatch, capsys, tmp_path):
@@ -901,24 +901,23 @@ def test_python_train_py_on_a_busy_machine_prints_the_note_once(monkeypatch, cap
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 6.0, 3.0))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    notes, real_train = [], train.train
+    notes, real_train = [], run.train
 
     def fake_train(cfg, start_note=""):
         notes.append(start_note)
         return {"interrupted": False}
 
-    monkeypatch.setattr(train, "train", fake_train)
+    monkeypatch.setattr(run, "train", fake_train)
     torch.set_num_threads(2)                    # torch's default on 2 cores (the fixture set 1)
-    train.main(["--device", "cpu"])
+    command.main(["--device", "cpu"])
     assert notes[-1].startswith("note: the machine is busy (load 9.0 on 2 cores)")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    train.main(["--device", "cpu"])
+    command.main(["--device", "cpu"])
     assert notes[-1] == ""
-    monkeypatch.setattr(train, "train", real_train)
+    monkeypatch.setattr(run, "train", real_train)
     monkeypatch.delenv("OMP_NUM_THREADS")
     capsys.readouterr()
-    with pytest.raises(SystemExit) as refused:                # busy, but a refusal is one line
-        train.main(["--device", "cpu", "--data", str(tmp_path / "missing.txt"),
-                    "--out-dir", str(tmp_path / "out")])
+    code = command.main(["--device", "cpu", "--data", str(tmp_path / "missing.txt"),   # busy, but a refusal
+                         "--out-dir", str(tmp_path / "out")])                         # is one line
     err = capsys.readouterr().err
-    assert refused.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
