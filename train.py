@@ -28,6 +28,7 @@ Run it:
 
 Worked numbers, the default run, the tests: docs/train.md. The run's wiring (flags, out-dir, resume,
 locks, dataset, distribution, metrics) is machinery/run.py, which builds train_loop's `run`.
+
 Depends on: torch, numpy, model.py (the GPT), bpe.py (the tokenizer a checkpoint carries).
 """
 

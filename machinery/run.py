@@ -91,10 +91,9 @@ def check_writable_dir(path) -> None:
         raise TrainError(f"`out_dir` {path} is a file; choose a directory")
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "read-only" if existing.is_dir() else "not a directory"
         raise TrainError(
-            f"`out_dir` {path} is not writable ({existing} is "
-            f"{'not a directory' if not existing.is_dir() else 'read-only'}); choose another "
-            "`out_dir`"
+            f"`out_dir` {path} is not writable ({existing} is {what}); choose another `out_dir`"
         )
 
 
@@ -388,8 +387,7 @@ def wrap_for_distribution(
         if cfg.dtype == "fp16":
             raise TrainError(
                 "`dtype` fp16 with `zero`/`tp`/`pp`: ranks holding different gradients would "
-                "disagree "
-                "on the loss scaler's overflow check; use `dtype` bf16 or fp32"
+                "disagree on the loss scaler's overflow check; use `dtype` bf16 or fp32"
             )
         # ZeRO / TP / PP: model_parallel.py splits the full model and optimizer over the mesh; the
         # returned pair keeps this loop's calls and saves checkpoints in the single-process format
@@ -475,8 +473,7 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
             if val_data or cfg.cleaning != "auto":
                 raise TrainError(
                     f"`data` {cfg.data} is a prepared dataset: `val_data` and `cleaning` apply "
-                    "when "
-                    f"train.py prepares the data; pass them to data.py prepare instead"
+                    "when train.py prepares the data; pass them to data.py prepare instead"
                 )
             return data_lib.TokenData(path)
         sources = [s.strip() for s in cfg.data.split(",") if s.strip()]
@@ -571,8 +568,7 @@ def check_fits(config, device: torch.device) -> None:
         raise TrainError(
             f"`model`/`model_args`: {config.num_params():,} parameters need {need / 1e9:.1f} GB of "
             f"training state per process (16 bytes/param), more than the {have / 1e9:.1f} GB of "
-            "this "
-            f"{device.type}; choose a smaller model or more processes"
+            f"this {device.type}; choose a smaller model or more processes"
         )
 
 
@@ -721,8 +717,7 @@ class Trainer:
         if existing and not self.cfg.overwrite:
             raise TrainError(
                 f"{self.out_dir} already holds a run ({existing[0].name}); add `resume` to "
-                "continue it, "
-                f"`overwrite` to start over, or pick another `out_dir`"
+                "continue it, `overwrite` to start over, or pick another `out_dir`"
             )
         return None
 
@@ -1056,9 +1051,8 @@ class Trainer:
         eta = format_duration((self.cfg.max_steps - self.step) * seconds_per_step)
         return (
             f"step {record['step'] + 1:>6}/{self.cfg.max_steps} | loss {record['loss']:.4f} | "
-            f"lr {record['lr']:.2e} | grad norm {record['grad_norm']:.3f} | {tok_per_s:,.0f} tok/s "
-            "| "
-            f"MFU {mfu} | ETA {eta}"
+            f"lr {record['lr']:.2e} | grad norm {record['grad_norm']:.3f} | "
+            f"{tok_per_s:,.0f} tok/s | MFU {mfu} | ETA {eta}"
         )
 
     def run(self) -> dict:
@@ -1283,8 +1277,8 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.zero_reduce_dtype != "fp32" and (cfg.zero != 3 or cfg.dtype in ("fp32", "fp16")):
         raise TrainError(
             f"`zero_reduce_dtype` {cfg.zero_reduce_dtype} applies only with `zero` 3 and bf16 "
-            "compute "
-            f"(`dtype` bf16, or auto on a bf16 GPU): add `zero` 3, or drop the flag"
+            "compute (`dtype` bf16, or auto on a bf16 GPU): add `zero` 3, or leave "
+            "`zero_reduce_dtype` out"
         )
     if cfg.ep > 1 and cfg.cp > 1:  # before any process group: one line, exit 2
         raise TrainError(
@@ -1296,8 +1290,7 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.resume and cfg.overwrite:
         raise TrainError(
             "`resume` and `overwrite` contradict each other: `resume` continues the run in "
-            "`out_dir`, "
-            "`overwrite` deletes it; give one"
+            "`out_dir`, `overwrite` deletes it; give one"
         )
 
 
@@ -1314,8 +1307,7 @@ def clamp_warmup(cfg: TrainConfig, log=print) -> TrainConfig:
     warmup = cfg.max_steps // 10
     log(
         f"--warmup-steps {cfg.warmup_steps} >= --max-steps {cfg.max_steps}: warming up for "
-        f"{warmup} steps "
-        f"(10% of the run) instead"
+        f"{warmup} steps (10% of the run) instead"
     )
     return dataclasses.replace(cfg, warmup_steps=warmup)
 

@@ -19,9 +19,8 @@ import torch
 
 import data as data_lib
 import model as model_lib
-from machinery import fileio
+from machinery import fileio, run
 from machinery.cli import Parser
-from machinery import run
 from train import TrainConfig, TrainError
 
 HELP = {  # the --help text of each TrainConfig field
