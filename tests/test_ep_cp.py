@@ -109,7 +109,7 @@ def _worker(rank, world, layouts):
 
 
 def _tp_graphs_compiled(comm):
-    """Graphs torch.compile made for TP's blocks (compiled one by one, as train.compile_model does)
+    """Graphs torch.compile made for TP's blocks (compiled one by one, as machinery/run.py's compile_model does)
     over 4 training steps and 2 no_grad evaluations: 2 (train, eval) when nothing inside a block
     changes between calls. A byte counter updated inside one is a value dynamo guards on: a new
     graph per call."""
@@ -306,6 +306,8 @@ def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts
     import shutil
 
     import train
+    from machinery import run as train_run
+    from machinery.commands import train as train_command
 
     for name, args, world, flags in [
         ("ep2", MOE_ARGS, 2, ["--ep", "2", "--batch-size", "2"]),
@@ -314,7 +316,7 @@ def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts
     ]:
         base = ["--data", str(tiny_dataset), *args]
         one = tmp_path / f"one_{name}"
-        train.train(train.parse_config([*base, "--out-dir", str(one)]), log=lambda *a, **k: None)
+        train_run.train(train_command.parse_config([*base, "--out-dir", str(one)]), log=lambda *a, **k: None)
         want, want_val = _curve(one)
         P.launch(
             _train_rank, world, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240
@@ -333,7 +335,7 @@ def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts
             if w > 1:
                 P.launch(_train_rank, w, argv, timeout_s=240)
             else:
-                train.train(train.parse_config(argv), log=lambda *a, **k: None)
+                train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
             got, _ = _curve(tmp_path / target)
             for s in range(3, 6):
                 assert got[s] == pytest.approx(want[s], rel=1e-4), (target, s)

@@ -26,6 +26,8 @@ from machinery.commands import evaluate as evaluate_command  # noqa: E402
 from machinery.commands import model as model_command  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
+from machinery import run as train_run  # noqa: E402
+from machinery.commands import train as train_command  # noqa: E402
 from test_bpe import EMBEDDED, corpus_texts  # noqa: E402
 from test_train import make_corpus, prepare_corpus  # noqa: E402
 
@@ -72,22 +74,9 @@ def run(request, dataset_dir, tmp_path_factory):
     """A train.py run of 30 steps and its export: (run dir, exported dir, our model, tokenizer, val ids)."""
     out = tmp_path_factory.mktemp(f"hf-run-{request.param}")
     shape = SHAPE + (",tie_embeddings=false" if request.param == "untied" else "")
-    cfg = train.parse_config(
-        [
-            "--data",
-            str(dataset_dir),
-            "--out-dir",
-            str(out / "run"),
-            *GQA_ARGS,
-            "--model-args",
-            shape,
-            "--max-steps",
-            "30",
-            "--ckpt-interval",
-            "30",
-        ]
-    )
-    train.train(cfg, log=lambda *a, **k: None)
+    cfg = train_command.parse_config(["--data", str(dataset_dir), "--out-dir", str(out / "run"), *GQA_ARGS,
+                              "--model-args", shape, "--max-steps", "30", "--ckpt-interval", "30"])
+    train_run.train(cfg, log=lambda *a, **k: None)
     assert model_command.main(["export", "--ckpt", str(out / "run"), "--to", str(out / "hf")]) == 0
     ours, tokenizer = train.model_from_checkpoint(train.load_checkpoint(out / "run"))
     val = "\n\n".join(make_corpus(4, seed=7))
@@ -180,38 +169,18 @@ def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_pat
 def test_train_init_from_an_imported_checkpoint(run, dataset_dir, tmp_path):
     _, hf_dir, ours, _, _ = run
     model_command.main(["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")])
-    cfg = train.parse_config(
-        [
-            "--data",
-            str(dataset_dir),
-            "--out-dir",
-            str(tmp_path / "more"),
-            *GQA_ARGS,
-            "--init-from",
-            str(tmp_path / "imported.pt"),
-            "--max-steps",
-            "2",
-        ]
-    )
-    trainer = train.Trainer(cfg, log=lambda *a, **k: None)
+    cfg = train_command.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "more"), *GQA_ARGS,
+                              "--init-from", str(tmp_path / "imported.pt"), "--max-steps", "2"])
+    trainer = train_run.Trainer(cfg, log=lambda *a, **k: None)
     start = trainer.raw_model.state_dict()
     assert all(torch.equal(start[k], v) for k, v in ours.state_dict().items())
     assert trainer.run()["step"] == 2
     other = bpe.train_bpe("an unrelated corpus " * 30, 300)
     hf.save_imported_checkpoint(ours, other, tmp_path / "other.pt", "test")
-    cfg = train.parse_config(
-        [
-            "--data",
-            str(dataset_dir),
-            "--out-dir",
-            str(tmp_path / "other"),
-            *GQA_ARGS,
-            "--init-from",
-            str(tmp_path / "other.pt"),
-        ]
-    )
-    with pytest.raises(train.TrainError, match="--init-from .* has another tokenizer"):
-        train.Trainer(cfg, log=lambda *a, **k: None)
+    cfg = train_command.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "other"), *GQA_ARGS,
+                              "--init-from", str(tmp_path / "other.pt")])
+    with pytest.raises(train.TrainError, match="`init_from` .* has another tokenizer"):   # the CLI shows --init-from
+        train_run.Trainer(cfg, log=lambda *a, **k: None)
 
 
 def test_export_verify_reports_the_comparison(run, tmp_path, capsys):

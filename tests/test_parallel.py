@@ -939,14 +939,15 @@ def tiny_dataset(tmp_path_factory):
 
 
 def _train_rank(rank, world, argv):
-    import train
-    train.train(train.parse_config(argv), log=lambda *a, **k: None)
+    from machinery import run as train_run
+    from machinery.commands import train as train_command
+    train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
 
 
 def _curve(out_dir):
     """step -> (training loss, pre-clip grad norm), and step -> validation loss."""
-    import train
-    records = train.read_metrics(out_dir / "metrics.jsonl")
+    from machinery import run as train_run
+    records = train_run.read_metrics(out_dir / "metrics.jsonl")
     return ({r["step"]: (r["loss"], r["grad_norm"]) for r in records if "loss" in r and "event" not in r},
             {r["step"]: r["val_loss"] for r in records if "val_loss" in r})
 
@@ -959,8 +960,10 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
     import shutil
 
     import train
+    from machinery import run as train_run
+    from machinery.commands import train as train_command
     base = ["--data", str(tiny_dataset), *TRAIN_ARGS]
-    train.train(train.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
+    train_run.train(train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
     want_loss, want_val = _curve(tmp_path / "one")
     assert sorted(want_loss) == list(range(6))
     runs = {"zero3": (2, ["--zero", "3", "--batch-size", "2"]), "tp2": (2, ["--tp", "2"]),
@@ -982,16 +985,17 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
         if world > 1:
             P.launch(_train_rank, world, argv, timeout_s=240)
         else:
-            train.train(train.parse_config(argv), log=lambda *a, **k: None)
+            train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
         loss, _ = _curve(tmp_path / target)
         for s in range(3, 6):
             assert loss[s] == pytest.approx(want_loss[s], rel=1e-4), (target, s)
 
 
 def _train_rank_log(rank, world, argv):
-    import train
+    from machinery import run as train_run
+    from machinery.commands import train as train_command
     lines = []
-    train.train(train.parse_config(argv), log=lines.append)
+    train_run.train(train_command.parse_config(argv), log=lines.append)
     return "\n".join(map(str, lines))
 
 
@@ -999,8 +1003,10 @@ def test_train_py_zero3_in_bf16_gathers_bf16_and_follows_the_single_process_curv
     """`train.py --zero 3 --dtype bf16` on 2 ranks: FSDP-style mixed precision, the 1-process bf16 curve within
     bf16's tolerance, fp32 weights in the checkpoint; --zero-reduce-dtype bf16 too."""
     import train
+    from machinery import run as train_run
+    from machinery.commands import train as train_command
     base = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--dtype", "bf16"]
-    train.train(train.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
+    train_run.train(train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
     want, _ = _curve(tmp_path / "one")
     for reduce in ("fp32", "bf16"):
         out = tmp_path / f"zero3_{reduce}"
@@ -1016,10 +1022,12 @@ def test_train_py_zero3_in_bf16_gathers_bf16_and_follows_the_single_process_curv
 
 def _train_expect_error(rank, world, argv):
     import train
+    from machinery import run as train_run
+    from machinery.commands import train as train_command
     try:
-        train.train(train.parse_config(argv), log=lambda *a, **k: None)
+        train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
     except train.TrainError as e:
-        return str(e)
+        return train_command.flag_names(str(e))       # as the command line shows it
     return "no error"
 
 

@@ -12,7 +12,7 @@
    every tensor must be copied to the CPU first (model_parallel._to_cpu). There is no GPU here:
    FakeCuda, a tensor that says it lives on "cuda" and gives its data back on .cpu(), stands in
    for one, and a spy on all_gather_object records the device of every tensor handed to it.
-   train.gather_objects copies nothing: what it gathers (rng_state, the loader's state) is made
+   train_run.gather_objects copies nothing: what it gathers (rng_state, the loader's state) is made
    on the CPU; it must return each rank's object, in rank order, equal to what that rank sent.
 
 3. Tensor parallel's bytes are counted by the callers of f and g, outside autograd (a compiled
@@ -73,6 +73,8 @@ def _devices_spy(record: list, real):
 def _rank0_work_and_gathers(rank, world, port, argv):
     import model_parallel as MP
     import train
+    from machinery import run as train_run
+    from machinery.commands import train as train_command
     # train.py starts its own group from torchrun's variables, with the short timeout.
     dist.destroy_process_group()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
@@ -86,13 +88,13 @@ def _rank0_work_and_gathers(rank, world, port, argv):
     train.atomic_save = slow_save                  # only rank 0 writes
     lines = []
     start = time.monotonic()
-    train.train(train.parse_config(argv), log=lines.append)
+    train_run.train(train_command.parse_config(argv), log=lines.append)
     result = {"train_s": time.monotonic() - start, "log": "\n".join(map(str, lines))}
 
-    # train.gather_objects over the data-parallel ranks: what each rank sent, in rank order.
+    # train_run.gather_objects over the data-parallel ranks: what each rank sent, in rank order.
     sent = {"rank": rank, "t": torch.arange(3.0) + 10 * rank, "rng": train.rng_state()["torch"]}
     mesh = P.Mesh.build(dp=world)
-    result["sent"], result["got"] = sent, train.gather_objects(sent, train.Dist(rank, world, mesh))
+    result["sent"], result["got"] = sent, train_run.gather_objects(sent, train_run.Dist(rank, world, mesh))
 
     # model_parallel's gathers over the pipeline ranks: a "GPU" buffer arrives as a CPU tensor.
     record: list = []

@@ -167,7 +167,7 @@ def test_shape_counts_are_the_built_models_parameters():
 
 
 def test_train_command_builds_the_planned_shape_and_schedule():
-    import train
+    from machinery import run as train_run
 
     settings = sweep.SweepSettings()
     plan = sweep.plan_isoflop(settings)
@@ -195,7 +195,7 @@ def test_train_command_builds_the_planned_shape_and_schedule():
         # every run is scored on the same 384 windows, whatever its batch
         assert int(value("--batch-size")) * int(value("--eval-batches")) == settings.eval_windows
         assert (value("--device"), value("--dtype")) == ("cpu", "fp32")
-        overrides = train.parse_model_args(value("--model-args"))
+        overrides = train_run.parse_model_args(value("--model-args"))
         assert (overrides["n_layer"], overrides["n_embd"]) == (run.shape.n_layer, run.shape.n_embd)
     gpu = sweep.GPU_SWEEP
     run = sweep.plan_isoflop(gpu)[0]
