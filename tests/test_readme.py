@@ -138,6 +138,12 @@ def documented_pages(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
+def documented_text(root: pathlib.Path = ROOT) -> str:
+    """README and the docs pages, one after the other: where a quoted figure may stand (the parallel.py demo's
+    sentence moved to docs/parallel.md with README's chapter sections)."""
+    return "\n".join(page.read_text(encoding="utf-8") for page in documented_pages(root))
+
+
 def documented_commands(root: pathlib.Path = ROOT) -> list[str]:
     """Every page's commands in page order, each command once (where it first appears)."""
     seen: dict[str, None] = {}
@@ -252,7 +258,7 @@ def quoted_figure_mismatches(readme: str, outputs: dict[str, str]) -> list[str]:
 def test_readme_quoted_figures_are_found_and_compared():
     """The parsers find README's figures (a reworded sentence fails here, not silently in the slow test), and a
     figure that differs from the output is reported."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = documented_text()
     step0 = readme_step0(readme)
     differences = readme_demo_differences(readme)
     assert set(differences) == {"DP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "TP2", "PP2 1F1B"}
@@ -353,5 +359,5 @@ def test_readme_slow_commands(tmp_path):
                 outputs[command] = run_command(command, repo)
             except AssertionError as e:                  # run the rest too: one report names every broken command
                 failures.append(str(e))
-    failures += quoted_figure_mismatches((ROOT / "README.md").read_text(encoding="utf-8"), outputs)
+    failures += quoted_figure_mismatches(documented_text(), outputs)
     assert not failures, "\n\n".join(failures)
