@@ -485,3 +485,22 @@ def test_ray_engine_writes_the_same_bytes_with_both_filters(mixed_language, tmp_
         [str(mixed_language)], tmp_path / "ray", engine="ray", workers=1, **kwargs
     )
     assert dataset_files(on_ray) == dataset_files(reference)
+
+
+def test_score_prints_each_texts_labels_and_refuses_bad_input_in_one_line(tmp_path, capsys):
+    """`python classify.py score`: the shipped model's best labels per text (the chapter's own demo), a model
+    from --model, and bad input (--top 0, a file that is no classifier) as one line naming it, exit 2."""
+    texts = ["Das Wetter ist heute schön, also gehen wir im Park spazieren.", "今日は天気がいいので"]
+    assert classify_command.main(["score", "language", *texts, "--top", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["de", "ja"] and lines[0].endswith(texts[0])
+    assert len(lines[0].split("  ")) == 3  # two labels, then the text
+    shipped = classify.MODEL_DIR / "quality.pt"
+    assert classify_command.main(["score", "quality", "x", "--model", str(shipped)]) == 0
+    assert capsys.readouterr().out.split()[0] in classify.QUALITY_LABELS
+    not_a_model = tmp_path / "model.pt"
+    not_a_model.write_text("hello")
+    for argv, named in ((["--top", "0"], "--top 0"), (["--model", str(not_a_model)], str(not_a_model))):
+        assert classify_command.main(["score", "language", "x", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and named in err[0], err

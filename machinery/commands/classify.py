@@ -1,4 +1,6 @@
-"""python classify.py train {language,quality} [--out DIR] [--positives FILE...] [--negatives ...]:
+"""python classify.py score {language,quality} TEXT... [--model FILE] [--top K]: what a classifier
+says of each text (the shipped one, or one trained with train).
+python classify.py train {language,quality} [--out DIR] [--positives FILE...] [--negatives ...]:
 train one of classify.py's classifiers into DIR/TASK.pt. classify.py's errors come back as one line
 naming the flag that fixes them, exit code 2."""
 
@@ -21,6 +23,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "classifiers/ are read by data.py's --lang and --quality-threshold).",
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    score = commands.add_parser(
+        "score",
+        help="score texts with a classifier",
+        description="Print each text's most likely labels and their probabilities, by the shipped "
+        "classifier (classifiers/TASK.pt) or --model FILE.",
+    )
+    score.add_argument("task", choices=("language", "quality"))
+    score.add_argument("texts", nargs="+", metavar="TEXT", help="the texts to score")
+    score.add_argument(
+        "--model", help="a classifier file written by train (default: the shipped one)"
+    )
+    score.add_argument("--top", type=int, default=1, help="labels to print per text (default: 1)")
     train = commands.add_parser(
         "train",
         help="train a classifier into --out",
@@ -85,9 +99,38 @@ def train(args: argparse.Namespace) -> tuple[classify.Classifier, int]:
     return model, len(texts)
 
 
+def score(args: argparse.Namespace) -> list[str]:
+    """One line per text: its args.top most likely labels with their probabilities, then the text.
+
+    >>> text = "Das Wetter ist heute schön, also gehen wir im Park spazieren."
+    >>> score(argparse.Namespace(task="language", model=None, top=1, texts=[text]))[0][:8]
+    'de 0.98 '
+    """
+    if args.top < 1:
+        raise classify.ClassifyError(f"--top {args.top}: give 1 or more labels to print")
+    labels = classify.QUALITY_LABELS if args.task == "quality" else ()
+    model = classify.default_model(args.task)
+    if args.model:
+        model = classify.Classifier.load(args.model, labels)
+    lines = []
+    for text in args.texts:
+        probabilities = model.probabilities(text)
+        best = probabilities.argsort()[::-1][: args.top]
+        said = "  ".join(f"{model.labels[i]} {probabilities[i]:.2f}" for i in best)
+        lines.append(f"{said}  {text}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    """python classify.py train {language,quality} [--out DIR]: train a classifier into DIR."""
+    """python classify.py score|train ...: score texts with a classifier, or train one into DIR."""
     args = parse_args(argv)
+    if args.command == "score":
+        try:
+            print("\n".join(score(args)))
+        except classify.ClassifyError as e:
+            print(f"classify.py: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     start = time.perf_counter()
     try:
         model, documents = train(args)
