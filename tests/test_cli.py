@@ -360,7 +360,10 @@ def run_main(script: str, argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = importlib.import_module(script).main(argv)
+            module = importlib.import_module(script)
+            if not hasattr(module, "main"):  # issue 44: the chapter's command line is machinery's
+                module = importlib.import_module(f"machinery.commands.{script}")
+            code = module.main(argv)
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()
