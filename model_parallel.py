@@ -22,8 +22,8 @@ context parallel (one sequence over several ranks, ring attention).
 The order of this file: tensor parallel, pipeline schedules as plain lists of actions (testable
 without processes), their executor, expert parallel, context parallel, and `parallelize` (what
 train.py calls: TP inside, then PP, then DP or ZeRO over dp). Every mode is tested equal to a
-single-process run (tests/test_parallel.py, tests/test_ep_cp.py). The demos (machinery/
-parallel_demo.py) run from parallel.py's command line, which this file shares:
+single-process run (tests/test_parallel.py, tests/test_ep_cp.py). The demos, in
+machinery/parallel_demo.py, run from parallel.py's command line, which this file shares:
     python parallel.py demo                                 # every layout on 2 CPU processes vs one
     python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
 """
@@ -299,11 +299,8 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
         raise ParallelError(
             "tensor parallel splits the dense SwiGLU; this model uses MoE: set n_expert=0 or tp 1"
         )
-    for name, value in [
-        ("n_head", cfg.n_head),
-        ("n_kv_head", cfg.n_kv_head),
-        ("ffn hidden size", cfg.ffn_dim),
-    ]:
+    split = {"n_head": cfg.n_head, "n_kv_head": cfg.n_kv_head, "ffn hidden size": cfg.ffn_dim}
+    for name, value in split.items():
         if value % t:
             raise ParallelError(
                 f"{name} = {value} is not divisible by tp {t}; choose a tp that divides it"
@@ -344,17 +341,13 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
 def lm_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy; vocabulary-parallel when the model's head is split."""
     comm = getattr(model, "tp_comm", None)
+    flat_targets = targets.reshape(-1)  # (B T,)
     if comm is None or comm.size == 1:
-        return F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-        )
-    return vocab_parallel_cross_entropy(
-        logits.reshape(-1, logits.size(-1)),
-        targets.reshape(-1),
-        comm,
-        model.tp_vocab_start,
-        model.config.vocab_size,
-    )
+        flat_logits = logits.float().view(-1, logits.size(-1))  # (B T, V)
+        return F.cross_entropy(flat_logits, flat_targets, ignore_index=-1)
+    flat_logits = logits.reshape(-1, logits.size(-1))  # (B T, V'/t): this rank's vocabulary slice
+    start, vocab_size = model.tp_vocab_start, model.config.vocab_size
+    return vocab_parallel_cross_entropy(flat_logits, flat_targets, comm, start, vocab_size)
 
 
 class TensorParallel(nn.Module):
@@ -551,7 +544,8 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
     completes when the partner of every message in it has been posted (the k-th send on a channel
     meets its k-th receive). Raises ParallelError on a deadlock, a send meeting the receive of
     another micro-batch, or a compute whose input has not arrived. Returns the makespan, each
-    stage's bubble (idle share) and peak in-flight micro-batches.
+    stage's bubble (idle share), peak in-flight micro-batches and timeline (what `python parallel.py
+    schedule` draws).
     >>> round(simulate(one_f_one_b_schedule(4, 16))["bubble"], 3), round(3 / 19, 3)
     (0.158, 0.158)
     """
@@ -590,24 +584,6 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
         "peak_in_flight": replay.peak,
         "timeline": replay.timeline,
     }
-
-
-def render_schedule(schedule: list[list[Action]]) -> str:
-    """The schedule as a time grid (forward and backward one slot each), as drawn in the lesson.
-    >>> print(render_schedule(afab_schedule(2, 2)))
-    stage 0: F0 F1 .  .  B0 B1
-    stage 1: .  F0 F1 B0 B1 .
-    """
-    timeline = simulate(schedule, 1.0, 1.0)["timeline"]
-    width = int(max(t for line in timeline for t, _ in line)) + 1
-    cell = max(len(f"{a.op}{a.mb}") for line in timeline for _, a in line) + 1
-    rows = []
-    for s, line in enumerate(timeline):
-        cells = [".".ljust(cell)] * width
-        for t, a in line:
-            cells[int(t)] = f"{a.op}{a.mb}".ljust(cell)
-        rows.append(f"stage {s}: " + "".join(cells).rstrip())
-    return "\n".join(rows)
 
 
 def bubble_fraction(p: int, m: int) -> float:
@@ -1538,19 +1514,10 @@ class DistributedOptimizer:
             load_named_optimizer_state(self.inner, model, payload)
 
 
-def parallelize(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    mesh: Mesh,
-    zero: int = 0,
-    schedule: str = "1f1b",
-    compute_dtype: torch.dtype | None = None,
-    reduce_dtype: torch.dtype | None = None,
-    ep: int = 1,
-) -> tuple[DistributedModel, DistributedOptimizer]:
-    """Split a full GPT and its plain optimizer over the mesh: TP inside, then PP, then DP or ZeRO
-    over dp; or experts over ep consecutive dp ranks; or sequences over mesh.cp.
-    compute_dtype / reduce_dtype: ZeRO-3's mixed precision (see `Zero`)."""
+def check_layout(model: nn.Module, mesh: Mesh, zero: int, ep: int, mixed: bool) -> None:
+    """Refuse, with the reason, the layouts `parallelize` does not support: ZeRO-2/3 with tp or pp
+    (`check_combination`), ZeRO-3 with ep or cp, ep with cp, a compute dtype (`mixed`) outside
+    ZeRO-3, a MoE under pp."""
     check_combination(zero, mesh.tp.size, mesh.pp.size)
     if zero == 3 and ep > 1:
         raise ParallelError(
@@ -1567,7 +1534,7 @@ def parallelize(
             f"ep {ep} with cp {mesh.cp.size}: expert parallel needs a MoE, ring attention a "
             "dense model (a rank's capacity would count its chunk's tokens only); use one of them"
         )
-    if (compute_dtype or reduce_dtype) and zero != 3:
+    if mixed and zero != 3:
         raise ParallelError(
             "gathering weights in a compute dtype is ZeRO-3's; use ZeRO-3, or autocast alone"
         )
@@ -1575,6 +1542,22 @@ def parallelize(
         raise ParallelError(
             "pipeline parallel does not carry the MoE load-balancing loss; use pp 1 with MoE"
         )
+
+
+def parallelize(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mesh: Mesh,
+    zero: int = 0,
+    schedule: str = "1f1b",
+    compute_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    ep: int = 1,
+) -> tuple[DistributedModel, DistributedOptimizer]:
+    """Split a full GPT and its plain optimizer over the mesh: TP inside, then PP, then DP or ZeRO
+    over dp; or experts over ep consecutive dp ranks; or sequences over mesh.cp.
+    compute_dtype / reduce_dtype: ZeRO-3's mixed precision (see `Zero`)."""
+    check_layout(model, mesh, zero, ep, mixed=bool(compute_dtype or reduce_dtype))
     if dist.is_initialized() and dist.get_world_size() > 1:
         # Every rank must start from the same full weights before slicing or pruning them: rank 0's.
         with torch.no_grad():

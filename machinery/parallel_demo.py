@@ -158,10 +158,28 @@ def demo(world: int, steps: int) -> None:
         print(f"{mode:<12} {abs(loss - one):>11.2e} {sent:>16,.0f} {want:>15,.0f}")
 
 
+def render_schedule(schedule: list[list[MP.Action]]) -> str:
+    """The schedule as a time grid (forward and backward one slot each), as drawn in the lesson.
+    >>> print(render_schedule(MP.afab_schedule(2, 2)))
+    stage 0: F0 F1 .  .  B0 B1
+    stage 1: .  F0 F1 B0 B1 .
+    """
+    timeline = MP.simulate(schedule, 1.0, 1.0)["timeline"]
+    width = int(max(t for line in timeline for t, _ in line)) + 1
+    cell = max(len(f"{a.op}{a.mb}") for line in timeline for _, a in line) + 1
+    rows = []
+    for s, line in enumerate(timeline):
+        cells = [".".ljust(cell)] * width
+        for t, a in line:
+            cells[int(t)] = f"{a.op}{a.mb}".ljust(cell)
+        rows.append(f"stage {s}: " + "".join(cells).rstrip())
+    return "\n".join(rows)
+
+
 def schedule(p: int, m: int, name: str, measure: bool) -> None:
     """Draw a pipeline schedule, simulate its bubble, and with `measure` time a real pipeline."""
     actions = MP.SCHEDULES[name](p, m)
-    print(MP.render_schedule(actions))
+    print(render_schedule(actions))
     sim = MP.simulate(actions)
     print(
         f"bubble: simulated {sim['bubble']:.3f}, formula (p-1)/(m+p-1) = "
