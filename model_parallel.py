@@ -1,48 +1,39 @@
-"""model_parallel.py: one model cut into pieces, by hand over torch.distributed: tensor and pipeline
-parallel.
-
-Tensor parallel (Megatron-LM) and pipeline parallel, and `parallelize`, which combines them with
-parallel.py's data parallel and ZeRO for train.py.
+"""model_parallel.py: one model cut into pieces, by hand over torch.distributed: tensor, pipeline,
+expert and context parallel, and `parallelize`, which combines them with parallel.py's data
+parallel and ZeRO for train.py.
 
 Serves the chapter parallel.py (its second half: the lecture's knives 3 and 4) and train.py
 (--zero/--tp/--pp go through `parallelize`). parallel.py teaches why a 7e9-parameter model (112 GB
 of training state) needs several GPUs and owns the knives that copy the model (DP, ZeRO) with the
 mesh they run on; this file owns the knives that cut it: the split layers and the
-vocabulary-parallel loss, the pipeline schedules and their executor, the wiring of all four for
-train.py (checkpoints in the single-process format, in any layout), and the demos that need them.
+vocabulary-parallel loss, the pipeline schedules and their executor, the experts' all-to-all, the
+ring of K/V blocks, and last the wiring of all of them for train.py (checkpoints in the
+single-process format, in any layout). It takes any GPT shaped as the one of the model chapter.
 
-Depends on: torch, the standard library, parallel.py (Comm and Mesh to communicate, DataParallel and
-Zero over the dp axis, the clipping and accounting they share) and model.py (the tiny GPT of the
-demos only; everything else takes any model.py-shaped GPT it is given).
+Depends on: torch, the standard library and parallel.py (Comm and Mesh to communicate,
+DataParallel and Zero over the dp axis, the clipping and accounting they share).
 
-The two knives:
-
-3. Tensor parallel (TP). Split the matrices inside a layer. The MLP's first matrix is split by
-   columns, the second by rows; the nonlinearity runs on each piece alone, so one MLP costs one
-   all-reduce in forward and one in backward. Attention is split by heads. Traffic is per layer, so
-   TP stays inside one machine.
-4. Pipeline parallel (PP). Put different layers on different ranks: 32 layers on 4 GPUs is 8 each.
-   The pipeline idles while it fills and drains; with p stages and m micro-batches the idle share
-   (the bubble) is (p - 1) / (m + p - 1): p = 4, m = 16 gives 3/19, about 16%.
-
-The lecture's other two dimensions: expert parallel (the MoE's experts on different ranks, tokens
-sent to them by all-to-all) and context parallel (one sequence over several ranks, ring attention).
+The lecture's knives 3 and 4: tensor parallel (TP) splits the matrices inside a layer (one
+all-reduce per MLP and per attention, forward and backward: it stays inside one machine), and
+pipeline parallel (PP) puts different layers on different ranks (idle share (p - 1) / (m + p - 1)).
+Then expert parallel (the MoE's experts on different ranks, tokens sent to them by all-to-all) and
+context parallel (one sequence over several ranks, ring attention).
 
 The order of this file: tensor parallel, pipeline schedules as plain lists of actions (testable
-without processes), their executor, expert parallel, context parallel, `parallelize` (what train.py
-calls: TP inside, then PP, then DP or ZeRO over dp), and the demos. Every mode is tested equal to a
-single-process run (tests/test_parallel.py, tests/test_ep_cp.py). The demos run from parallel.py's
-command line (this file's main is the same one):
+without processes), their executor, expert parallel, context parallel, and `parallelize` (what
+train.py calls: TP inside, then PP, then DP or ZeRO over dp). Every mode is tested equal to a
+single-process run (tests/test_parallel.py, tests/test_ep_cp.py). The demos, in
+machinery/parallel_demo.py, run from parallel.py's command line, which this file shares:
     python parallel.py demo                                 # every layout on 2 CPU processes vs one
     python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
 import math
-import sys
 import time
 from typing import NamedTuple
 
@@ -51,10 +42,23 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-import parallel
-from parallel import (Comm, DataParallel, Layout, Mesh, ParallelError, Zero, check_combination,
-                      launch, load_named_optimizer_state, named_optimizer_state,
-                      training_state_bytes, zero_bytes_per_step, zero_memory_per_rank)
+from parallel import (
+    Comm,
+    DataParallel,
+    Layout,
+    Mesh,
+    ParallelError,
+    Zero,
+    check_combination,
+    load_named_optimizer_state,
+    load_zero_full_state_dict,
+    load_zero_optimizer_state_dict,
+    named_optimizer_state,
+    zero_bytes_per_step,
+    zero_full_state_dict,
+    zero_memory_per_rank,
+    zero_optimizer_state_dict,
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -121,7 +125,7 @@ def copy_to_tp(x: torch.Tensor, comm: Comm, count: bool = True) -> torch.Tensor:
     if comm.size == 1:
         return x
     if count:
-        comm.count_all_reduce(x.numel(), x.element_size())    # backward's, of a gradient like x
+        comm.count_all_reduce(x.numel(), x.element_size())  # backward's, of a gradient like x
     return _CopyToTP.apply(x, comm)
 
 
@@ -138,6 +142,7 @@ def _count_block_traffic(comm: Comm):
     """A Block's forward pre-hook counting its four all-reduces of (B, T, C) from the input's
     shape: f's before attention and the MLP (gradients like x), g's after wo and w2 (the compute
     dtype: bf16 under autocast). It runs in the block's __call__, outside a compiled forward."""
+
     def hook(block, args):
         x = args[0]
         g_itemsize = x.element_size()
@@ -145,6 +150,7 @@ def _count_block_traffic(comm: Comm):
             g_itemsize = torch.finfo(torch.get_autocast_dtype(x.device.type)).bits // 8
         for itemsize in (x.element_size(), g_itemsize) * 2:
             comm.count_all_reduce(x.numel(), itemsize)
+
     return hook
 
 
@@ -180,16 +186,11 @@ class ColumnParallelLinear(nn.Module):
     ):
         super().__init__()
         self.comm, self.copy_input = comm, copy_input
-        self.weight = (
-            weight
-            if weight is not None
-            else _tag(nn.Parameter(_slice(full.weight.data, 0, comm)), 0, full.out_features)
-        )
-        self.bias = (
-            None
-            if full.bias is None
-            else _tag(nn.Parameter(_slice(full.bias.data, 0, comm)), 0, full.out_features)
-        )
+        if weight is None:  # given: the LM head shares the vocabulary-parallel embedding's rows
+            weight = _tag(nn.Parameter(_slice(full.weight.data, 0, comm)), 0, full.out_features)
+        self.weight, self.bias = weight, None
+        if full.bias is not None:
+            self.bias = _tag(nn.Parameter(_slice(full.bias.data, 0, comm)), 0, full.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.copy_input:
@@ -203,7 +204,7 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, full: nn.Linear, comm: Comm):
         super().__init__()
-        self.comm, self.count = comm, False      # inside a block, whose hook counts
+        self.comm, self.count = comm, False  # inside a block, whose hook counts
         self.weight = _tag(nn.Parameter(_slice(full.weight.data, 1, comm)), 1, full.in_features)
         # added once, after g
         self.bias = None if full.bias is None else nn.Parameter(full.bias.data.clone())
@@ -232,7 +233,7 @@ class VocabParallelEmbedding(nn.Module):
         local = idx - self.start
         # (B, T) ids this rank owns
         mine = (local >= 0) & (local < self.per_rank)
-        x = F.embedding(local.clamp(0, self.per_rank - 1), self.weight)        # (B, T, C)
+        x = F.embedding(local.clamp(0, self.per_rank - 1), self.weight)  # (B, T, C)
         return reduce_from_tp(x * mine.unsqueeze(-1).to(x.dtype), self.comm)
 
 
@@ -282,7 +283,7 @@ def vocab_parallel_cross_entropy(
 ) -> torch.Tensor:
     """Mean cross-entropy over (N,) targets from each rank's (N, V/t) slice of the logits
     (ignore_index -1)."""
-    comm.count_all_reduce(3 * logits.shape[0], 4)   # fp32 row maxima, exp sums, target logits
+    comm.count_all_reduce(3 * logits.shape[0], 4)  # fp32 row maxima, exp sums, target logits
     return _VocabParallelCrossEntropy.apply(logits, targets, comm, start, vocab_size)
 
 
@@ -296,16 +297,13 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
     t, cfg = comm.size, model.config
     if getattr(cfg, "n_expert", 0):
         raise ParallelError(
-            "tensor parallel splits the dense SwiGLU; this model uses MoE: set n_expert=0 or --tp 1"
+            "tensor parallel splits the dense SwiGLU; this model uses MoE: set n_expert=0 or tp 1"
         )
-    for name, value in [
-        ("n_head", cfg.n_head),
-        ("n_kv_head", cfg.n_kv_head),
-        ("ffn hidden size", cfg.ffn_dim),
-    ]:
+    split = {"n_head": cfg.n_head, "n_kv_head": cfg.n_kv_head, "ffn hidden size": cfg.ffn_dim}
+    for name, value in split.items():
         if value % t:
             raise ParallelError(
-                f"{name} = {value} is not divisible by --tp {t}; choose a tp that divides it"
+                f"{name} = {value} is not divisible by tp {t}; choose a tp that divides it"
             )
     model.tp_comm = comm
     if t == 1:
@@ -330,7 +328,7 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
         cfg.n_embd, model.tok_emb.padded, bias=False, device=model.lm_head.weight.device
     )
     with torch.no_grad():
-        padded_head.weight.zero_()[:cfg.vocab_size].copy_(model.lm_head.weight)
+        padded_head.weight.zero_()[: cfg.vocab_size].copy_(model.lm_head.weight)
     head = ColumnParallelLinear(
         padded_head, comm, copy_input=True, weight=model.tok_emb.weight if tied else None
     )
@@ -343,17 +341,13 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
 def lm_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy; vocabulary-parallel when the model's head is split."""
     comm = getattr(model, "tp_comm", None)
+    flat_targets = targets.reshape(-1)  # (B T,)
     if comm is None or comm.size == 1:
-        return F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-        )
-    return vocab_parallel_cross_entropy(
-        logits.reshape(-1, logits.size(-1)),
-        targets.reshape(-1),
-        comm,
-        model.tp_vocab_start,
-        model.config.vocab_size,
-    )
+        flat_logits = logits.float().view(-1, logits.size(-1))  # (B T, V)
+        return F.cross_entropy(flat_logits, flat_targets, ignore_index=-1)
+    flat_logits = logits.reshape(-1, logits.size(-1))  # (B T, V'/t): this rank's vocabulary slice
+    start, vocab_size = model.tp_vocab_start, model.config.vocab_size
+    return vocab_parallel_cross_entropy(flat_logits, flat_targets, comm, start, vocab_size)
 
 
 class TensorParallel(nn.Module):
@@ -372,27 +366,8 @@ class TensorParallel(nn.Module):
         x = m.embed(idx)
         for block in m.blocks:
             x = block(x)  # a Block checkpoints its own activations when the config asks
-        logits = m.head(x)                                                     # (B, T, V'/t)
+        logits = m.head(x)  # (B, T, V'/t)
         return logits, None if targets is None else lm_loss(m, logits, targets)
-
-
-def tp_gather(t: torch.Tensor, p: nn.Parameter, comm: Comm) -> torch.Tensor:
-    """The full tensor of which `t` (shaped like parameter p) is this rank's slice; unpadded."""
-    if not getattr(p, "tp_sharded", False) or comm.size == 1:
-        return t.detach().clone()
-    moved = t.detach().movedim(p.tp_dim, 0).contiguous()
-    out = torch.empty(comm.size * moved.numel(), dtype=t.dtype, device=t.device)
-    comm.all_gather(out, moved.reshape(-1))
-    full = out.view(comm.size * moved.shape[0], *moved.shape[1:])[:p.tp_full_size]
-    return full.movedim(0, p.tp_dim).contiguous()
-
-
-def tp_slice(full: torch.Tensor, p: nn.Parameter, comm: Comm) -> torch.Tensor:
-    """This rank's slice of a full tensor shaped like parameter p's full tensor (inverse of
-    tp_gather)."""
-    if not getattr(p, "tp_sharded", False) or comm.size == 1:
-        return full.clone()
-    return _slice(full, p.tp_dim, comm, padded=p.shape[p.tp_dim] * comm.size)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -419,8 +394,8 @@ def tp_slice(full: torch.Tensor, p: nn.Parameter, comm: Comm) -> torch.Tensor:
 
 
 class Action(NamedTuple):
-    op: str   # "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"
-    mb: int   # micro-batch index
+    op: str  # "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B"
+    mb: int  # micro-batch index
 
     def __repr__(self) -> str:
         return f"{self.op}{self.mb}"
@@ -453,8 +428,11 @@ def afab_schedule(p: int, m: int) -> list[list[Action]]:
     [[F0, SEND_F0, F1, SEND_F1, RECV_B0, B0, RECV_B1, B1],
      [RECV_F0, F0, RECV_F1, F1, B0, SEND_B0, B1, SEND_B1]]
     """
-    return [[a for i in range(m) for a in _forward_actions(s, p, i)] +
-            [a for i in range(m) for a in _backward_actions(s, p, i)] for s in range(p)]
+    return [
+        [a for i in range(m) for a in _forward_actions(s, p, i)]
+        + [a for i in range(m) for a in _backward_actions(s, p, i)]
+        for s in range(p)
+    ]
 
 
 def one_f_one_b_schedule(p: int, m: int) -> list[list[Action]]:
@@ -500,122 +478,112 @@ def _channel(stage: int, a: Action) -> tuple[str, int, int, str]:
     }[a.op]
 
 
+class _Replay:
+    """The state of `simulate`, per stage: its clock, the micro-batches it has computed and
+    received, and the messages posted on each channel side (the k-th send meets the k-th
+    receive)."""
+
+    def __init__(self, p: int, t_f: float, t_b: float):
+        self.p, self.duration = p, {"F": t_f, "B": t_b}
+        self.clock, self.busy = [0.0] * p, [0.0] * p
+        self.in_flight, self.peak = [0] * p, [0] * p
+        self.done = {op: [set() for _ in range(p)] for op in ("F", "B", "RECV_F", "RECV_B")}
+        self.posted: dict[tuple, list[tuple[int, float]]] = {}  # channel side -> [(mb, time)]
+        self.mine: list[list[int] | None] = [None] * p  # indices of this stage's posted messages
+        self.timeline: list[list[tuple[float, Action]]] = [[] for _ in range(p)]
+
+    def compute(self, s: int, a: Action) -> None:
+        """Run F or B of micro-batch a.mb on stage s, after checking its input is there."""
+        if a.op == "F" and s > 0 and a.mb not in self.done["RECV_F"][s]:
+            raise ParallelError(f"stage {s} runs F{a.mb} before receiving its input")
+        no_output_grad = s < self.p - 1 and a.mb not in self.done["RECV_B"][s]
+        if a.op == "B" and (a.mb not in self.done["F"][s] or no_output_grad):
+            raise ParallelError(f"stage {s} runs B{a.mb} before its forward or its output gradient")
+        self.done[a.op][s].add(a.mb)
+        self.in_flight[s] += 1 if a.op == "F" else -1
+        self.peak[s] = max(self.peak[s], self.in_flight[s])
+        self.timeline[s].append((self.clock[s], a))
+        self.clock[s] += self.duration[a.op]
+        self.busy[s] += self.duration[a.op]
+
+    def post(self, s: int, step: list[Action]) -> None:
+        """Post every message of a batch (once), after checking each has a neighbour and data."""
+        self.mine[s] = []
+        for a in step:
+            key = _channel(s, a)
+            if not 0 <= key[1] < self.p or not 0 <= key[2] < self.p:
+                raise ParallelError(f"stage {s} has {a} with no neighbour")
+            if a.op.startswith("SEND") and a.mb not in self.done[a.op[-1]][s]:
+                raise ParallelError(f"stage {s} runs {a} before computing what it sends")
+            self.mine[s].append(len(self.posted.setdefault(key, [])))
+            self.posted[key].append((a.mb, self.clock[s]))
+
+    def complete(self, s: int, step: list[Action]) -> bool:
+        """True once every message of the batch has met its partner; the clock moves to the last."""
+        partners = []
+        for a, k in zip(step, self.mine[s]):
+            direction, src, dst, side = _channel(s, a)
+            other = self.posted.get((direction, src, dst, "recv" if side == "send" else "send"), [])
+            if len(other) <= k:
+                return False
+            if other[k][0] != a.mb:
+                raise ParallelError(
+                    f"stage {s}: {a} meets micro-batch {other[k][0]} on the other side"
+                )
+            partners.append(other[k][1])
+        self.clock[s] = max([self.clock[s]] + partners)
+        for a in step:
+            if a.op.startswith("RECV"):
+                self.done[a.op][s].add(a.mb)
+        self.mine[s] = None
+        return True
+
+
 def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -> dict:
     """Replay a schedule as the executor runs it: a compute takes t_f / t_b, a batch of messages
     completes when the partner of every message in it has been posted (the k-th send on a channel
     meets its k-th receive). Raises ParallelError on a deadlock, a send meeting the receive of
     another micro-batch, or a compute whose input has not arrived. Returns the makespan, each
-    stage's bubble (idle share) and peak in-flight micro-batches.
+    stage's bubble (idle share), peak in-flight micro-batches and timeline (what `python parallel.py
+    schedule` draws).
     >>> round(simulate(one_f_one_b_schedule(4, 16))["bubble"], 3), round(3 / 19, 3)
     (0.158, 0.158)
     """
     p = len(schedule)
     steps = [_batches(a) for a in schedule]
-    pc, clock = [0] * p, [0.0] * p
-    posted: dict[tuple, list[tuple[int, float]]] = {}   # channel side -> [(mb, time posted)]
-    mine: list[list[int] | None] = [None] * p            # indices of this stage's posted messages
-    arrived_f, arrived_b = [set() for _ in range(p)], [set() for _ in range(p)]
-    done_f, done_b = [set() for _ in range(p)], [set() for _ in range(p)]
-    in_flight, peak, busy = [0] * p, [0] * p, [0.0] * p
-    timeline: list[list[tuple[float, Action]]] = [[] for _ in range(p)]
+    pc, replay = [0] * p, _Replay(p, t_f, t_b)
     while any(pc[s] < len(steps[s]) for s in range(p)):
         progress = False
         for s in range(p):
             if pc[s] >= len(steps[s]):
                 continue
             step = steps[s][pc[s]]
-            if step[0].op == "F" or step[0].op == "B":
-                a = step[0]
-                if a.op == "F":
-                    if s > 0 and a.mb not in arrived_f[s]:
-                        raise ParallelError(f"stage {s} runs F{a.mb} before receiving its input")
-                    done_f[s].add(a.mb)
-                    in_flight[s] += 1
-                    peak[s] = max(peak[s], in_flight[s])
-                else:
-                    if a.mb not in done_f[s] or (s < p - 1 and a.mb not in arrived_b[s]):
-                        raise ParallelError(
-                            f"stage {s} runs B{a.mb} before its forward or its output gradient"
-                        )
-                    done_b[s].add(a.mb)
-                    in_flight[s] -= 1
-                duration = t_f if a.op == "F" else t_b
-                timeline[s].append((clock[s], a))
-                clock[s] += duration
-                busy[s] += duration
-                pc[s] += 1
+            if step[0].op in ("F", "B"):
+                replay.compute(s, step[0])
+            elif replay.mine[s] is None:
+                replay.post(s, step)
                 progress = True
-                continue
-            if mine[s] is None:  # post every message of the batch
-                mine[s] = []
-                for a in step:
-                    key = _channel(s, a)
-                    if not 0 <= key[1] < p or not 0 <= key[2] < p:
-                        raise ParallelError(f"stage {s} has {a} with no neighbour")
-                    if (a.op == "SEND_F" and a.mb not in done_f[s]) or (
-                        a.op == "SEND_B" and a.mb not in done_b[s]
-                    ):
-                        raise ParallelError(f"stage {s} runs {a} before computing what it sends")
-                    mine[s].append(len(posted.setdefault(key, [])))
-                    posted[key].append((a.mb, clock[s]))
-                progress = True
-            partners = []
-            for a, k in zip(step, mine[s]):
-                direction, src, dst, side = _channel(s, a)
-                other = posted.get((direction, src, dst, "recv" if side == "send" else "send"), [])
-                if len(other) <= k:
-                    break
-                if other[k][0] != a.mb:
-                    raise ParallelError(
-                        f"stage {s}: {a} meets micro-batch {other[k][0]} on the other side"
-                    )
-                partners.append(other[k][1])
-            else:
-                clock[s] = max([clock[s]] + partners)
-                for a in step:
-                    if a.op == "RECV_F":
-                        arrived_f[s].add(a.mb)
-                    elif a.op == "RECV_B":
-                        arrived_b[s].add(a.mb)
-                mine[s] = None
+            if step[0].op in ("F", "B") or replay.complete(s, step):
                 pc[s] += 1
                 progress = True
         if not progress:
-            raise ParallelError(
-                "deadlock: stages wait at "
-                f"{[steps[s][pc[s]] if pc[s] < len(steps[s]) else None for s in range(p)]}"
-            )
+            waiting = [steps[s][pc[s]] if pc[s] < len(steps[s]) else None for s in range(p)]
+            raise ParallelError(f"deadlock: stages wait at {waiting}")
     for s in range(p):
-        n = len({a.mb for a in schedule[s] if a.op == "F"})
-        if done_f[s] != done_b[s] or len(done_f[s]) != n:
+        forwards, backwards = replay.done["F"][s], replay.done["B"][s]
+        if forwards != backwards or len(forwards) != len(
+            {a.mb for a in schedule[s] if a.op == "F"}
+        ):
             raise ParallelError(f"stage {s} does not run every forward and backward exactly once")
-    makespan = max(clock)
-    bubbles = [1 - b / makespan for b in busy]
+    makespan = max(replay.clock)
+    bubbles = [1 - b / makespan for b in replay.busy]
     return {
         "makespan": makespan,
         "bubble": max(bubbles),
         "bubbles": bubbles,
-        "peak_in_flight": peak,
-        "timeline": timeline,
+        "peak_in_flight": replay.peak,
+        "timeline": replay.timeline,
     }
-
-
-def render_schedule(schedule: list[list[Action]]) -> str:
-    """The schedule as a time grid (forward and backward one slot each), as drawn in the lesson.
-    >>> print(render_schedule(afab_schedule(2, 2)))
-    stage 0: F0 F1 .  .  B0 B1
-    stage 1: .  F0 F1 B0 B1 .
-    """
-    timeline = simulate(schedule, 1.0, 1.0)["timeline"]
-    width = int(max(t for line in timeline for t, _ in line)) + 1
-    cell = max(len(f"{a.op}{a.mb}") for line in timeline for _, a in line) + 1
-    rows = []
-    for s, line in enumerate(timeline):
-        cells = [".".ljust(cell)] * width
-        for t, a in line:
-            cells[int(t)] = f"{a.op}{a.mb}".ljust(cell)
-        rows.append(f"stage {s}: " + "".join(cells).rstrip())
-    return "\n".join(rows)
 
 
 def bubble_fraction(p: int, m: int) -> float:
@@ -648,7 +616,7 @@ def layer_ranges(n_layer: int, p: int) -> list[tuple[int, int]]:
     """
     if n_layer < p:
         raise ParallelError(
-            f"{n_layer} layers cannot fill {p} pipeline stages; use --pp <= {n_layer}"
+            f"{n_layer} layers cannot fill {p} pipeline stages; use pp <= {n_layer}"
         )
     sizes = [n_layer // p + (1 if s < n_layer % p else 0) for s in range(p)]
     starts = [sum(sizes[:s]) for s in range(p)]
@@ -658,8 +626,8 @@ def layer_ranges(n_layer: int, p: int) -> list[tuple[int, int]]:
 class PipelineParallel:
     """Run one training step of a GPT cut into pipeline stages over `mesh.pp`.
 
-        pipe = PipelineParallel(model, mesh, schedule="1f1b")  # prunes `model` to this rank's stage
-        loss = pipe.step(x, y, micro_batches=4, grad_sync=dp)  # forward + backward; then opt.step()
+    pipe = PipelineParallel(model, mesh, schedule="1f1b")  # prunes `model` to this rank's stage
+    loss = pipe.step(x, y, micro_batches=4, grad_sync=dp)  # forward + backward; then opt.step()
     """
 
     def __init__(self, model: nn.Module, mesh: Mesh, schedule: str = "1f1b"):
@@ -694,13 +662,11 @@ class PipelineParallel:
         """This stage's copy of the tied embedding matrix (first or last stage), else None."""
         if not self.tied or self.comm.size == 1:
             return None
-        return (
-            self.model.tok_emb.weight
-            if self.first
-            else self.model.lm_head.weight
-            if self.last
-            else None
-        )
+        if self.first:
+            return self.model.tok_emb.weight
+        if self.last:
+            return self.model.lm_head.weight
+        return None
 
     def stage_forward(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         """ids (b, T) or activations (b, T, C) -> activations (b, T, C), or on the last stage the
@@ -720,17 +686,16 @@ class PipelineParallel:
         m, p = micro_batches, self.comm.size
         if m < 1 or idx.shape[0] % m:
             raise ParallelError(
-                f"batch size {idx.shape[0]} is not divisible by --micro-batches {m}; "
+                f"batch size {idx.shape[0]} is not divisible by {m} micro-batches; "
                 f"choose a divisor of the batch size"
             )
         ids, tgts = idx.chunk(m), targets.chunk(m)
-        shape = (idx.shape[0] // m, idx.shape[1], self.model.config.n_embd)
+        shape = (idx.shape[0] // m, idx.shape[1], self.model.config.n_embd)  # (b, T, C)
         dtype, device = next(self.model.parameters()).dtype, idx.device
+        empty = functools.partial(torch.empty, shape, dtype=dtype, device=device)
         actions = SCHEDULES[self.schedule](p, m)[self.comm.rank]
         last_backward = max(i for i, a in enumerate(actions) if a.op == "B")
         inputs, outputs, grads, losses = {}, {}, {}, []
-        nxt = self.comm.global_rank(self.comm.rank + 1) if not self.last else None
-        prev = self.comm.global_rank(self.comm.rank - 1) if not self.first else None
         compute_s, start, position = 0.0, time.perf_counter(), 0
         for step in _batches(actions):
             a = step[0]
@@ -753,22 +718,7 @@ class PipelineParallel:
                 compute_s += time.perf_counter() - t0
                 position += 1
                 continue
-            sends, recvs = [], []
-            for a in step:
-                if a.op == "SEND_F":
-                    sends.append((outputs[a.mb].detach(), nxt))
-                elif a.op == "SEND_B":
-                    sends.append((inputs.pop(a.mb).grad, prev))
-                elif a.op == "RECV_F":
-                    inputs[a.mb] = torch.empty(shape, dtype=dtype, device=device)
-                    recvs.append((inputs[a.mb], prev))
-                else:
-                    grads[a.mb] = torch.empty(shape, dtype=dtype, device=device)
-                    recvs.append((grads[a.mb], nxt))
-            self.comm.send_recv(sends, recvs)
-            for a in step:
-                if a.op == "RECV_F":
-                    inputs[a.mb].requires_grad_()
+            self._exchange(step, inputs, outputs, grads, empty)
             position += len(step)
         if grad_sync is not None:
             grad_sync.finish_gradient_sync()
@@ -781,33 +731,30 @@ class PipelineParallel:
         self.comm.broadcast(loss, src=p - 1)
         return loss
 
-
-def _to_cpu(obj):
-    """A nested dict of tensors with every tensor copied to the CPU. all_gather_object pickles its
-    object, and a CUDA tensor unpickles onto the GPU it came from (pytorch/pytorch#76865): every
-    process would open a CUDA context on every other rank's GPU, or crash where it sees only its
-    own."""
-    if torch.is_tensor(obj):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
-
-
-def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tensor]:
-    """Merge every stage's (and every tensor-parallel rank's) parameters into the single-process
-    state dict."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    local = {k: tp_gather(v, params[k], mesh.tp) if k in params else v.detach().clone()
-             for k, v in model.state_dict().items()}
-    if mesh.pp.size == 1:
-        return local
-    merged: dict[str, torch.Tensor] = {}
-    parts = [None] * mesh.pp.size
-    dist.all_gather_object(parts, _to_cpu(local), group=mesh.pp.group)
-    for part in parts:
-        merged.update(part)
-    return merged
+    def _exchange(
+        self, step: list[Action], inputs: dict, outputs: dict, grads: dict, empty
+    ) -> None:
+        """Post one batch of messages together: activations to the next stage (SEND_F, RECV_F),
+        their gradients back (SEND_B, RECV_B). `empty()` makes a (b, T, C) receive buffer; a
+        received activation then requires grad, so this stage's backward produces its gradient."""
+        nxt = self.comm.global_rank(self.comm.rank + 1) if not self.last else None
+        prev = self.comm.global_rank(self.comm.rank - 1) if not self.first else None
+        sends, recvs = [], []
+        for a in step:
+            if a.op == "SEND_F":
+                sends.append((outputs[a.mb].detach(), nxt))
+            elif a.op == "SEND_B":
+                sends.append((inputs.pop(a.mb).grad, prev))
+            elif a.op == "RECV_F":
+                inputs[a.mb] = empty()
+                recvs.append((inputs[a.mb], prev))
+            else:
+                grads[a.mb] = empty()
+                recvs.append((grads[a.mb], nxt))
+        self.comm.send_recv(sends, recvs)
+        for a in step:
+            if a.op == "RECV_F":
+                inputs[a.mb].requires_grad_()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -836,12 +783,8 @@ def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tenso
 # rank holds, so it differs from one process (which ranks the whole batch at once).
 # ZeRO-1/2 under EP (`Zero`'s shard_comm, section 6): the dense parameters' AdamW state (stage 2:
 # and gradients) shards over all dp ranks as without EP; an expert slice lives on the dp/n ranks of
-# its expert-dp group only, so its state shards over those (DeepSpeed-MoE's choice) rather than
-# staying whole on each. fp32 AdamW keeps 8 bytes of moments per parameter: with 100M dense and
-# 800M expert parameters on dp 8 and ep 4, a rank holds 200M expert parameters, whose moments take
-# 1.6 GB kept local and 0.8 GB sharded over its expert-dp group of 2, beside the dense moments'
-# 800 MB / 8 = 0.1 GB. With dp = ep that group is one rank and the two choices coincide. The
-# gradient norm adds every shard's squares once over dp (the world), dense and expert alike.
+# its expert-dp group only, so its state shards over those (DeepSpeed-MoE's choice; worked numbers
+# in docs/parallel.md). The gradient norm adds every shard's squares once over dp (the world).
 # --------------------------------------------------------------------------------------------------
 
 
@@ -872,11 +815,11 @@ def dispatch_experts_combine(moe: nn.Module, x: torch.Tensor, comm: Comm) -> tor
     if torch.is_autocast_enabled(x.device.type):
         x = x.to(torch.get_autocast_dtype(x.device.type))
     n, (E, cap, C) = comm.size, x.shape
-    got = _AllToAll.apply(x.reshape(n, -1), comm)                      # dispatch (n, E/n cap C)
+    got = _AllToAll.apply(x.reshape(n, -1), comm)  # dispatch (n, E/n cap C)
     mine = got.view(n, E // n, cap, C).transpose(0, 1).reshape(E // n, n * cap, C)
-    out = type(moe).experts(moe, mine)                                 # my experts: (E/n, n cap, C)
+    out = type(moe).experts(moe, mine)  # my experts: (E/n, n cap, C)
     back = out.view(E // n, n, cap, C).transpose(0, 1).reshape(n, -1)  # the inverse permutation
-    return _AllToAll.apply(back, comm).view(E, cap, C)                 # combine
+    return _AllToAll.apply(back, comm).view(E, cap, C)  # combine
 
 
 @torch.compiler.disable
@@ -895,7 +838,7 @@ def _split_comms(dp: Comm, n: int) -> tuple[Comm, Comm]:
     experts). Every rank creates every group (dp is the world: EP runs without tp, pp and cp)."""
     comms = []
     experts, replicas = range(0, dp.size, n), range(n)
-    for groups in ([dp.ranks[i:i + n] for i in experts], [dp.ranks[j::n] for j in replicas]):
+    for groups in ([dp.ranks[i : i + n] for i in experts], [dp.ranks[j::n] for j in replicas]):
         for ranks in groups:
             group = dist.new_group(ranks) if len(ranks) > 1 else None
             if dp.global_rank(dp.rank) in ranks:
@@ -910,9 +853,10 @@ class ExpertParallel(Layout):
         super().__init__()
         E = model.config.n_expert
         if not E or E % n or dp.size % n:
-            raise ParallelError(f"--ep {n} needs a MoE whose n_expert ({E}) and data-parallel "
-                                f"size ({dp.size}) it divides; set --model-args n_expert=<a "
-                                f"multiple of {n}>")
+            raise ParallelError(
+                f"expert parallel over {n} ranks needs a MoE whose n_expert ({E}) and "
+                f"data-parallel size ({dp.size}) {n} divides; set n_expert to a multiple of {n}"
+            )
         self.module = model
         self.ep, self.edp = _split_comms(dp, n)
         for block in model.blocks:
@@ -932,8 +876,10 @@ class _ExpertDataParallel:
         split: dict[bool, list] = {False: [], True: []}
         for p in model.parameters():
             split[getattr(p, "tp_sharded", False)].append(p)
-        self.parts = [DataParallel(nn.ParameterList(split[False]), dp),
-                      DataParallel(nn.ParameterList(split[True]), edp)]
+        self.parts = [
+            DataParallel(nn.ParameterList(split[False]), dp),
+            DataParallel(nn.ParameterList(split[True]), edp),
+        ]
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -985,8 +931,9 @@ def cp_positions(seq_len: int, n: int, rank: int, device=None) -> torch.Tensor:
     return torch.cat([early, torch.arange(late * L, (late + 1) * L, device=device)])
 
 
-def ring_bytes(batch: int, seq_len: int, n_kv_head: int, head_dim: int, n: int,
-               nbytes: int = 4) -> float:
+def ring_bytes(
+    batch: int, seq_len: int, n_kv_head: int, head_dim: int, n: int, nbytes: int = 4
+) -> float:
     """Bytes one rank sends per attention layer and training step in the K/V ring of n ranks: K and
     V forward (n-1 passes) and again in backward (n-1), dK and dV in fp32 (n passes, the last one
     home). One pass of a block is 2 B h_kv (T/n) d floats.
@@ -1013,8 +960,8 @@ def ring_pieces(rank: int, source: int, L: int, tile: int = 64) -> list[tuple[sl
         return [(slice(0, 2 * L), slice(0, L), False)]
     if source > rank:
         return [(slice(L, 2 * L), slice(0, 2 * L), False)]
-    pieces = [(slice(L, 2 * L), slice(0, L), False)]      # late queries, early keys: all visible
-    for start in (0, L):                                  # early x early, late x late: causal
+    pieces = [(slice(L, 2 * L), slice(0, L), False)]  # late queries, early keys: all visible
+    for start in (0, L):  # early x early, late x late: causal
         for i in range(start, start + L, tile):
             rows = slice(i, min(i + tile, start + L))
             if i > start:
@@ -1030,8 +977,9 @@ def _start_ring_pass(t: torch.Tensor, comm: Comm) -> tuple[torch.Tensor, list]:
         return t, []
     got = torch.empty_like(t)
     n, r = comm.size, comm.rank
-    works = comm.start_send_recv([(t, comm.global_rank((r + 1) % n))],
-                                 [(got, comm.global_rank((r - 1) % n))])
+    works = comm.start_send_recv(
+        [(t, comm.global_rank((r + 1) % n))], [(got, comm.global_rank((r - 1) % n))]
+    )
     return got, works
 
 
@@ -1042,8 +990,9 @@ def _scores(q, k, rows: slice, cols: slice, causal: bool, scale: float) -> torch
     s = (q[..., rows, :] @ k[..., cols, :].transpose(-1, -2)).to(acc_dtype) * scale
     if causal:
         side = s.shape[-1]
-        s = s.masked_fill(torch.ones(side, side, dtype=torch.bool, device=s.device).triu(1),
-                          -math.inf)
+        s = s.masked_fill(
+            torch.ones(side, side, dtype=torch.bool, device=s.device).triu(1), -math.inf
+        )
     return s
 
 
@@ -1062,11 +1011,11 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, comm, work):
         n, r, L, scale = comm.size, comm.rank, q.shape[-2] // 2, q.shape[-1] ** -0.5
-        acc_dtype = torch.promote_types(q.dtype, torch.float32)   # fp32 statistics under bf16
-        acc = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)    # sum_j p_ij v_j
+        acc_dtype = torch.promote_types(q.dtype, torch.float32)  # fp32 statistics under bf16
+        acc = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)  # sum_j p_ij v_j
         m = torch.full(q.shape[:-1], -math.inf, dtype=acc_dtype, device=q.device)  # running max
-        l = torch.zeros(q.shape[:-1], dtype=acc_dtype, device=q.device)             # running sum
-        kv = torch.stack([k, v])                                   # one message per step
+        l = torch.zeros(q.shape[:-1], dtype=acc_dtype, device=q.device)  # running sum
+        kv = torch.stack([k, v])  # one message per step
         for step in range(n):
             if step < n - 1:
                 arriving, works = _start_ring_pass(kv, comm)
@@ -1074,10 +1023,10 @@ class _RingAttention(torch.autograd.Function):
                 s = _scores(q, kv[0], rows, cols, causal, scale)
                 m_new = torch.maximum(m[..., rows], s.amax(-1))
                 p = (s - m_new[..., None]).exp()
-                rescale = (m[..., rows] - m_new).exp()              # exp(-inf) = 0 at the start
+                rescale = (m[..., rows] - m_new).exp()  # exp(-inf) = 0 at the start
                 l[..., rows] = l[..., rows] * rescale + p.sum(-1)
-                acc[..., rows, :] = (acc[..., rows, :] * rescale[..., None]
-                                     + (p.to(v.dtype) @ kv[1][..., cols, :]).to(acc_dtype))
+                update = (p.to(v.dtype) @ kv[1][..., cols, :]).to(acc_dtype)
+                acc[..., rows, :] = acc[..., rows, :] * rescale[..., None] + update
                 m[..., rows] = m_new
                 if work is not None:
                     work["scores"] = work.get("scores", 0) + s.shape[-2] * s.shape[-1]
@@ -1096,7 +1045,7 @@ class _RingAttention(torch.autograd.Function):
         comm, dout = ctx.comm, dout.contiguous()
         n, r, L, scale = comm.size, comm.rank, q.shape[-2] // 2, q.shape[-1] ** -0.5
         acc_dtype = torch.promote_types(q.dtype, torch.float32)
-        delta = (dout.to(acc_dtype) * out.to(acc_dtype)).sum(-1)    # (B, h_kv, g, 2L)
+        delta = (dout.to(acc_dtype) * out.to(acc_dtype)).sum(-1)  # (B, h_kv, g, 2L)
         dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device)
         kv, dkv_arrived, dkv_works = torch.stack([k, v]), None, []
         for step in range(n):
@@ -1113,7 +1062,7 @@ class _RingAttention(torch.autograd.Function):
                 dv = (p.to(q.dtype).transpose(-1, -2) @ dout[..., rows, :]).to(acc_dtype)
                 dkv[0][..., cols, :] += dk.sum(2, keepdim=True)
                 dkv[1][..., cols, :] += dv.sum(2, keepdim=True)
-            if dkv_arrived is not None:   # what the previous ranks added to the block we hold
+            if dkv_arrived is not None:  # what the previous ranks added to the block we hold
                 for w in dkv_works:
                     w.wait()
                 dkv += dkv_arrived
@@ -1124,20 +1073,21 @@ class _RingAttention(torch.autograd.Function):
                 kv = arriving
         for w in dkv_works:
             w.wait()
-        return (dq.to(q.dtype), dkv_arrived[0].to(k.dtype), dkv_arrived[1].to(v.dtype), None,
-                None)
+        return (dq.to(q.dtype), dkv_arrived[0].to(k.dtype), dkv_arrived[1].to(v.dtype), None, None)
 
 
 @torch.compiler.disable
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm,
-                   work: dict | None = None) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm, work: dict | None = None
+) -> torch.Tensor:
     """Causal attention of this rank's queries q (B, h, T/n, d) over the whole sequence, whose K/V
     (B, h_kv, T/n, d) blocks go round the ring of `comm`; positions as `cp_positions`.
     -> (B, h, T/n, d). Outside torch.compile's graph (its sends, waits and counters are Python);
     the rest of the block compiles around it."""
     h_kv = k.shape[1]
-    out = _RingAttention.apply(q.unflatten(1, (h_kv, -1)), k.unsqueeze(2), v.unsqueeze(2), comm,
-                               work)
+    out = _RingAttention.apply(
+        q.unflatten(1, (h_kv, -1)), k.unsqueeze(2), v.unsqueeze(2), comm, work
+    )
     return out.flatten(1, 2)
 
 
@@ -1148,10 +1098,12 @@ class ContextParallel(nn.Module):
     def __init__(self, model: nn.Module, comm: Comm):
         super().__init__()
         if model.config.n_expert or model.config.dropout:
-            raise ParallelError("--cp splits dense attention without dropout: set n_expert=0 and "
-                                "dropout=0, or --cp 1 (MoE capacity would count one rank's tokens)")
+            raise ParallelError(
+                "context parallel splits dense attention without dropout: set n_expert=0 and "
+                "dropout=0, or cp 1 (MoE capacity would count one rank's tokens)"
+            )
         self.module, self.comm = model, comm
-        self.work: dict[str, int] = {}       # score elements computed per batch row and head
+        self.work: dict[str, int] = {}  # score elements computed per batch row and head
         # Set once: a function made anew each step would be a new guard for torch.compile.
         for block in model.blocks:
             block.attn.attend = functools.partial(ring_attention, comm=comm, work=self.work)
@@ -1159,24 +1111,27 @@ class ContextParallel(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         m, n, T = self.module, self.comm.size, idx.shape[1]
         if T % (2 * n):
-            raise ParallelError(f"sequence length {T} is not a multiple of 2 x --cp {n} (two "
-                                f"chunks per rank); choose a block size divisible by {2 * n}")
+            raise ParallelError(
+                f"sequence length {T} is not a multiple of 2 x cp {n} (two "
+                f"chunks per rank); choose a block size divisible by {2 * n}"
+            )
         positions = cp_positions(T, n, self.comm.rank, idx.device)
         for block in m.blocks:
             block.attn.positions = positions
-        x = m.embed(idx[:, positions])                                         # (B, T/n, C)
+        x = m.embed(idx[:, positions])  # (B, T/n, C)
         for block in m.blocks:
             x = block(x)
-        logits = m.head(x)                                                     # (B, T/n, V)
+        logits = m.head(x)  # (B, T/n, V)
         if targets is None:
             return logits, None
         mine = targets[:, positions].reshape(-1)
-        local = F.cross_entropy(logits.float().flatten(0, 1), mine, ignore_index=-1,
-                                reduction="sum")
+        local = F.cross_entropy(
+            logits.float().flatten(0, 1), mine, ignore_index=-1, reduction="sum"
+        )
         totals = torch.stack([local.detach(), (mine != -1).sum().to(local.dtype)])
         self.comm.all_reduce(totals)
-        loss = local * n / totals[1].clamp(min=1)     # x n: data parallel averages over dp x cp
-        mean = totals[0] / totals[1].clamp(min=1)     # the value returned: the whole batch's mean
+        loss = local * n / totals[1].clamp(min=1)  # x n: data parallel averages over dp x cp
+        mean = totals[0] / totals[1].clamp(min=1)  # the value returned: the whole batch's mean
         return logits, loss + (mean - loss).detach()
 
 
@@ -1194,7 +1149,59 @@ class ContextParallel(nn.Module):
 #   optimizer: param_groups, step(), zero_grad(), and state_dict() / load_state_dict() in the format
 #              of the single-process optimizer (torch's, keyed by position), so a checkpoint saved
 #              on 4 ranks resumes on 1 and back, in any layout.
+# Checkpoints go through the single-process format: `tp_gather` / `tp_slice` turn a tensor-parallel
+# slice into the full tensor and back, `full_model_state_dict` merges the pipeline stages. This
+# section is the wiring of the lessons above for train.py, not a lesson of its own.
 # --------------------------------------------------------------------------------------------------
+
+
+def tp_gather(t: torch.Tensor, p: nn.Parameter, comm: Comm) -> torch.Tensor:
+    """The full tensor of which `t` (shaped like parameter p) is this rank's slice; unpadded."""
+    if not getattr(p, "tp_sharded", False) or comm.size == 1:
+        return t.detach().clone()
+    moved = t.detach().movedim(p.tp_dim, 0).contiguous()
+    out = torch.empty(comm.size * moved.numel(), dtype=t.dtype, device=t.device)
+    comm.all_gather(out, moved.reshape(-1))
+    full = out.view(comm.size * moved.shape[0], *moved.shape[1:])[: p.tp_full_size]
+    return full.movedim(0, p.tp_dim).contiguous()
+
+
+def tp_slice(full: torch.Tensor, p: nn.Parameter, comm: Comm) -> torch.Tensor:
+    """This rank's slice of a full tensor shaped like parameter p's full tensor (inverse of
+    tp_gather)."""
+    if not getattr(p, "tp_sharded", False) or comm.size == 1:
+        return full.clone()
+    return _slice(full, p.tp_dim, comm, padded=p.shape[p.tp_dim] * comm.size)
+
+
+def _to_cpu(obj):
+    """A nested dict of tensors with every tensor copied to the CPU. all_gather_object pickles its
+    object, and a CUDA tensor unpickles onto the GPU it came from (pytorch/pytorch#76865): every
+    process would open a CUDA context on every other rank's GPU, or crash where it sees only its
+    own."""
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def full_model_state_dict(model: nn.Module, mesh: Mesh) -> dict[str, torch.Tensor]:
+    """Merge every stage's (and every tensor-parallel rank's) parameters into the single-process
+    state dict."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    local = {
+        k: tp_gather(v, params[k], mesh.tp) if k in params else v.detach().clone()
+        for k, v in model.state_dict().items()
+    }
+    if mesh.pp.size == 1:
+        return local
+    merged: dict[str, torch.Tensor] = {}
+    parts = [None] * mesh.pp.size
+    dist.all_gather_object(parts, _to_cpu(local), group=mesh.pp.group)
+    for part in parts:
+        merged.update(part)
+    return merged
 
 
 def _canonical(name: str, p: torch.Tensor) -> str:
@@ -1279,14 +1286,14 @@ class DistributedModel(Layout):
             return super().clip_grad_norm_(max_norm)
         # Under EP dp is the world and every shard, dense or expert, is on one of its ranks: the
         # squares add up over dp alone (adding the expert ones over ep too would count them twice).
-        return self.zero.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"),
-                                         self.mesh if self.edp is None else None)
+        mesh = self.mesh if self.edp is None else None
+        return self.zero.clip_grad_norm_(max_norm if max_norm > 0 else float("inf"), mesh)
 
     def full_state_dict(self, cpu: bool = True) -> dict[str, torch.Tensor]:
         """The single-process state dict, fp32 (under ZeRO-3 gathered from the master shards), on
         every rank; on the CPU (for a checkpoint), or with cpu=False where the weights live."""
         if self.zero is not None and self.zero.stage == 3:  # ZeRO-3 runs without tp and pp
-            state = self.zero.full_state_dict()
+            state = zero_full_state_dict(self.zero)
         else:
             state = full_model_state_dict(self.model, self.mesh)
         return {k: v.cpu() for k, v in state.items()} if cpu else state
@@ -1298,68 +1305,85 @@ class DistributedModel(Layout):
             full = state[_canonical(k, params[k]) if k in params else k]
             local[k] = tp_slice(full, params[k], self.mesh.tp) if k in params else full
         if self.zero is not None:
-            self.zero.load_full_state_dict(local)
+            load_zero_full_state_dict(self.zero, local)
         else:
             self.model.load_state_dict(local)
 
     def describe(self, micro_batches: int = 1) -> str:
         """The accounting printed at the start of a run: layout, what this rank holds, traffic and
         bubble."""
-        m = self.mesh
-        n_local = sum(p.numel() for p in self.model.parameters())
-        n_full = self.config.num_params()
-        dp, stage = m.dp.size, self.zero_stage
-        L, cfg = self.layout, self.config
-        lines = [f"parallel: world {m.world} = dp {L.dp.size} x tp {L.tp.size} x pp {L.pp.size} x "
-                 f"cp {L.cp.size} (ep {self.mesh.tp.size if self.edp else 1} inside dp), "
-                 f"ZeRO-{stage}"
-                 + (f", {self.pipe.schedule} schedule" if self.pipe else "")]
+        L, ep = self.layout, self.mesh.tp.size if self.edp else 1
+        schedule = f", {self.pipe.schedule} schedule" if self.pipe else ""
+        lines = [
+            f"parallel: world {L.world} = dp {L.dp.size} x tp {L.tp.size} x pp {L.pp.size} x "
+            f"cp {L.cp.size} (ep {ep} inside dp), ZeRO-{self.zero_stage}{schedule}"
+        ]
+        lines += self._token_traffic_lines() + self._state_and_dp_traffic_lines()
+        if self.pipe is not None:
+            bubble = bubble_fraction(L.pp.size, micro_batches)
+            lines.append(
+                f"  pipeline bubble (p-1)/(m+p-1) = {bubble:.1%} with {micro_batches} micro-batches"
+            )
+        return "\n".join(lines)
+
+    def _token_traffic_lines(self) -> list[str]:
+        """Bytes per token of the batch: EP's all-to-all, CP's K/V ring (per layer and step)."""
+        cfg, lines = self.config, []
         if self.edp is not None:  # per token of this rank's batch: cap = N (factor 0), f N k / E
             n, f = self.mesh.tp.size, cfg.moe_capacity_factor
             slots = f * cfg.expert_top_k / cfg.n_expert if f else 1
             per_token = all_to_all_bytes(cfg.n_expert, slots, cfg.n_embd, n)
-            lines.append(f"  expert all-to-all per MoE layer and step: 4 (n-1)/n E cap C x 4 bytes"
-                         f" = {per_token:,.0f} bytes per token of this rank's batch")
-        if L.cp.size > 1:
-            per_token = ring_bytes(1, L.cp.size, cfg.n_kv_head, cfg.head_dim, L.cp.size) / L.cp.size
-            lines.append(f"  K/V ring per attention layer and step: 2 B h_kv (T/n) d x "
-                         f"(2 (n-1) x 4 + 4 n) bytes = {per_token:,.0f} bytes per token of the "
-                         "batch")
+            lines.append(
+                f"  expert all-to-all per MoE layer and step: 4 (n-1)/n E cap C x 4 bytes"
+                f" = {per_token:,.0f} bytes per token of this rank's batch"
+            )
+        n = self.layout.cp.size
+        if n > 1:
+            per_token = ring_bytes(1, n, cfg.n_kv_head, cfg.head_dim, n) / n
+            lines.append(
+                f"  K/V ring per attention layer and step: 2 B h_kv (T/n) d x "
+                f"(2 (n-1) x 4 + 4 n) bytes = {per_token:,.0f} bytes per token of the batch"
+            )
+        return lines
+
+    def _state_and_dp_traffic_lines(self) -> list[str]:
+        """What this rank holds by the 16 bytes/param formula (ZeRO shares), and what data
+        parallel sends per step (see zero_bytes_per_step)."""
+        dp, stage = self.mesh.dp.size, self.zero_stage
+        params = list(self.model.parameters())
+        n_local = sum(p.numel() for p in params)
+        experts = [p for p in params if self.edp and getattr(p, "tp_sharded", False)]
+        n_experts = sum(p.numel() for p in experts)
         # (parameters, the ranks their ZeRO shards spread over): EP's expert slices, expert-dp's
-        n_experts = sum(p.numel() for p in self.model.parameters()
-                        if self.edp and getattr(p, "tp_sharded", False))
         parts = [(n_local - n_experts, dp), (n_experts, self.edp.size if self.edp else dp)]
-        fp32, mixed = (sum(zero_memory_per_rank(n, size, stage, *nbytes) for n, size in parts)
-                       for nbytes in [(4, 4, 8), (2, 2, 12)])
-        lines.append(
-            f"  this rank: {n_local:,} of {n_full:,} parameters after TP/PP/EP; weights + grads + "
-            "AdamW state per rank by the formula: "
-            f"{fp32 / 2**20:,.1f} MiB fp32 (16 bytes/param, ZeRO shares), "
-            f"{mixed / 2**20:,.1f} MiB mixed precision"
+        fp32, mixed = (
+            sum(zero_memory_per_rank(n, size, stage, *nbytes) for n, size in parts)
+            for nbytes in [(4, 4, 8), (2, 2, 12)]
         )
-        if dp > 1:
-            blocks = sum(
-                p.numel() for b in getattr(self.model, "blocks", []) for p in b.parameters()
-            )
-            unit = self.zero.units[0] if self.zero is not None else None
-            gather_bytes = unit.full.element_size() if unit else 4
-            reduce_bytes = torch.finfo(unit.reduce_dtype).bits // 8 if unit else 4
-            sent = sum(zero_bytes_per_step(b, other, size, stage, gather_bytes, reduce_bytes)
-                       for b, other, size in [(blocks - n_experts, n_local - blocks, dp),
-                                              (n_experts, 0, parts[1][1])])  # EP: over expert-dp
-            lines.append(
-                f"  data-parallel traffic per step and rank: {sent / 2**20:,.2f} MiB (weights "
-                "gathered in "
-                f"{gather_bytes} bytes, gradients reduced in {reduce_bytes}; see "
-                "zero_bytes_per_step)"
-            )
-        if self.pipe is not None:
-            lines.append(
-                "  pipeline bubble (p-1)/(m+p-1) = "
-                f"{bubble_fraction(m.pp.size, micro_batches):.1%} with "
-                f"{micro_batches} micro-batches"
-            )
-        return "\n".join(lines)
+        lines = [
+            f"  this rank: {n_local:,} of {self.config.num_params():,} parameters after TP/PP/EP; "
+            f"weights + grads + AdamW state per rank by the formula: {fp32 / 2**20:,.1f} MiB fp32 "
+            f"(16 bytes/param, ZeRO shares), {mixed / 2**20:,.1f} MiB mixed precision"
+        ]
+        if dp == 1:
+            return lines
+        blocks = sum(p.numel() for b in getattr(self.model, "blocks", []) for p in b.parameters())
+        unit = self.zero.units[0] if self.zero is not None else None
+        gather_bytes = unit.full.element_size() if unit else 4
+        reduce_bytes = torch.finfo(unit.reduce_dtype).bits // 8 if unit else 4
+        sent = sum(
+            zero_bytes_per_step(b, other, size, stage, gather_bytes, reduce_bytes)
+            for b, other, size in [
+                (blocks - n_experts, n_local - blocks, dp),
+                (n_experts, 0, parts[1][1]),  # EP: over expert-dp
+            ]
+        )
+        lines.append(
+            f"  data-parallel traffic per step and rank: {sent / 2**20:,.2f} MiB (weights "
+            f"gathered in {gather_bytes} bytes, gradients reduced in {reduce_bytes}; see "
+            "zero_bytes_per_step)"
+        )
+        return lines
 
     def full_model(self) -> nn.Module:
         """A plain (unsplit) copy of the model with the current weights, on every rank, on this
@@ -1428,8 +1452,10 @@ class DistributedOptimizer:
 
     def _named_state(self) -> dict[str, dict]:
         model, tp = self.wrapped.model, self.mesh.tp
-        named = (self.inner.optimizer_state_dict() if isinstance(self.inner, Zero)
-                 else named_optimizer_state(self.inner, model))["state"]
+        if isinstance(self.inner, Zero):
+            named = zero_optimizer_state_dict(self.inner)["state"]
+        else:
+            named = named_optimizer_state(self.inner, model)["state"]
         params = dict(model.named_parameters())
         state = {}
         for name, s in named.items():
@@ -1453,8 +1479,12 @@ class DistributedOptimizer:
         order = [n for names in self.group_names for n in names]
         groups, start = [], 0
         for options, names in zip(self.inner.param_groups, self.group_names):
-            groups.append({**{k: v for k, v in options.items() if k != "params"},
-                           "params": list(range(start, start + len(names)))})
+            groups.append(
+                {
+                    **{k: v for k, v in options.items() if k != "params"},
+                    "params": list(range(start, start + len(names))),
+                }
+            )
             start += len(names)
         return {
             "state": {i: state[n] for i, n in enumerate(order) if n in state},
@@ -1469,43 +1499,65 @@ class DistributedOptimizer:
         for name, p in model.named_parameters():
             s = by_name.get(_canonical(name, p))
             if s is not None:
-                named[name] = {k: tp_slice(v, p, tp) if torch.is_tensor(v) and v.dim() > 0 else v
-                               for k, v in s.items()}
+                named[name] = {
+                    k: tp_slice(v, p, tp) if torch.is_tensor(v) and v.dim() > 0 else v
+                    for k, v in s.items()
+                }
         groups = [{k: v for k, v in g.items() if k != "params"} for g in saved["param_groups"]]
         payload = {
             "state": named,
             "param_groups": groups if len(groups) == len(self.inner.param_groups) else [],
         }
         if isinstance(self.inner, Zero):
-            self.inner.load_optimizer_state_dict(payload)
+            load_zero_optimizer_state_dict(self.inner, payload)
         else:
             load_named_optimizer_state(self.inner, model, payload)
 
 
-def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, zero: int = 0,
-                schedule: str = "1f1b", compute_dtype: torch.dtype | None = None,
-                reduce_dtype: torch.dtype | None = None,
-                ep: int = 1) -> tuple[DistributedModel, DistributedOptimizer]:
-    """Split a full GPT and its plain optimizer over the mesh: TP inside, then PP, then DP or ZeRO
-    over dp; or experts over ep consecutive dp ranks; or sequences over mesh.cp.
-    compute_dtype / reduce_dtype: ZeRO-3's mixed precision (see `Zero`)."""
+def check_layout(model: nn.Module, mesh: Mesh, zero: int, ep: int, mixed: bool) -> None:
+    """Refuse, with the reason, the layouts `parallelize` does not support: ZeRO-2/3 with tp or pp
+    (`check_combination`), ZeRO-3 with ep or cp, ep with cp, a compute dtype (`mixed`) outside
+    ZeRO-3, a MoE under pp."""
     check_combination(zero, mesh.tp.size, mesh.pp.size)
-    if zero == 3 and (ep > 1 or mesh.cp.size > 1):
-        why = ("its full state dict gathers dp shards, not the expert slices over ep" if ep > 1
-               else "ring attention runs the blocks itself, past the hook gathering embedding+head")
-        raise ParallelError(f"--zero 3 with --{'ep' if ep > 1 else 'cp'}: {why}; use --zero <= 2")
-    if ep > 1 and mesh.cp.size > 1:
-        raise ParallelError(f"--ep {ep} with --cp {mesh.cp.size}: expert parallel needs a MoE, "
-                            "ring attention a dense model (a rank's capacity would count its "
-                            "chunk's tokens only); use one of --ep and --cp")
-    if (compute_dtype or reduce_dtype) and zero != 3:
+    if zero == 3 and ep > 1:
         raise ParallelError(
-            "gathering weights in a compute dtype is ZeRO-3's; use --zero 3, or autocast alone"
+            f"ZeRO-3 with ep {ep}: its full state dict gathers dp shards, not the expert slices "
+            "over ep; use ZeRO <= 2"
+        )
+    if zero == 3 and mesh.cp.size > 1:
+        raise ParallelError(
+            f"ZeRO-3 with cp {mesh.cp.size}: ring attention runs the blocks itself, past the hook "
+            "gathering embedding+head; use ZeRO <= 2"
+        )
+    if ep > 1 and mesh.cp.size > 1:
+        raise ParallelError(
+            f"ep {ep} with cp {mesh.cp.size}: expert parallel needs a MoE, ring attention a "
+            "dense model (a rank's capacity would count its chunk's tokens only); use one of them"
+        )
+    if mixed and zero != 3:
+        raise ParallelError(
+            "gathering weights in a compute dtype is ZeRO-3's; use ZeRO-3, or autocast alone"
         )
     if mesh.pp.size > 1 and getattr(model.config, "n_expert", 0):
         raise ParallelError(
-            "pipeline parallel does not carry the MoE load-balancing loss; use --pp 1 with MoE"
+            "pipeline parallel does not carry the MoE load-balancing loss; use pp 1 with MoE"
         )
+
+
+def parallelize(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mesh: Mesh,
+    zero: int = 0,
+    schedule: str = "1f1b",
+    compute_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    ep: int = 1,
+) -> tuple[DistributedModel, DistributedOptimizer]:
+    """Split a full GPT and its plain optimizer over the mesh: TP inside, then PP, then DP or ZeRO
+    over dp; or experts over ep consecutive dp ranks; or sequences over mesh.cp.
+    compute_dtype / reduce_dtype: ZeRO-3's mixed precision (see `Zero`)."""
+    check_layout(model, mesh, zero, ep, mixed=bool(compute_dtype or reduce_dtype))
     if dist.is_initialized() and dist.get_world_size() > 1:
         # Every rank must start from the same full weights before slicing or pruning them: rank 0's.
         with torch.no_grad():
@@ -1519,190 +1571,7 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: Mesh, 
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# 7. The demos: every layout against one process, a real pipeline's bubble (parallel.py's CLI)
-# --------------------------------------------------------------------------------------------------
-
-
-_DEMO = dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-             ffn_hidden=64)
-_DEMO_MOE = dict(n_expert=4, expert_top_k=2, moe_capacity_factor=0.0)  # EP over 1, 2 or 4 ranks
-
-
-def measure_pipeline_bubble(
-    rank: int, world: int, schedule: str, micro_batches: int, steps: int = 3
-) -> dict:
-    """(launch target) Time a real pipeline of `world` stages on a small GPT: busy vs wall time per
-    stage."""
-    from model import GPT, GPTConfig  # the demo's model; the library above takes any GPT
-    torch.manual_seed(0)
-    cfg = GPTConfig(
-        vocab_size=256, block_size=64, n_layer=2 * world, n_head=4, n_kv_head=4, n_embd=128
-    )
-    mesh = Mesh.build(pp=world)
-    pipe = PipelineParallel(GPT(cfg), mesh, schedule)
-    x = torch.randint(0, cfg.vocab_size, (2 * micro_batches, cfg.block_size))
-    bubbles = []
-    for _ in range(steps):
-        pipe.step(x, x, micro_batches)
-        bubbles.append(pipe.stats["bubble"])
-    return {"bubble": min(bubbles)}
-
-
-def _demo_worker(rank: int, world: int, steps: int) -> dict:
-    """Train a tiny GPT `steps` AdamW steps in each layout; return its full weights, traffic and
-    memory."""
-    from model import GPT, GPTConfig
-    cfg = GPTConfig(**_DEMO)
-    g = torch.Generator().manual_seed(1)
-    data = [(torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g))
-            for _ in range(steps)]
-    out = {}
-    for name, sizes, zero in [
-        ("DP", dict(dp=world), 0),
-        ("ZeRO-1", dict(dp=world), 1),
-        ("ZeRO-2", dict(dp=world), 2),
-        ("ZeRO-3", dict(dp=world), 3),
-        (f"TP{world}", dict(tp=world), 0),
-        (f"PP{world} 1F1B", dict(pp=world), 0),
-    ]:
-        torch.manual_seed(0)
-        model = GPT(cfg)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        mesh = Mesh.build(**sizes)
-        wrapped, wopt = parallelize(model, opt, mesh, zero=zero)
-        for i, (x, y) in enumerate(data):
-            if i == steps - 1:
-                mesh.reset_counters()
-            xs, ys = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
-            if wrapped.pipe is not None:
-                wrapped.pipeline_step(list(zip(xs.chunk(4), ys.chunk(4))))
-            else:
-                wrapped(xs, ys)[1].backward()
-                wrapped.finish_gradient_sync()
-            wopt.step()
-            if i == steps - 1:
-                sent = mesh.bytes_sent()
-                params = [p for p in wrapped.model.parameters()]
-                if wrapped.zero is not None:
-                    mem = wrapped.zero.memory_bytes()
-                else:
-                    mem = training_state_bytes(params, wopt.inner)
-            wopt.zero_grad()
-        out[name] = {"state": wrapped.full_state_dict(), "bytes": sent, "memory": sum(mem.values())}
-    return out
-
-
-def _ep_cp_demo_worker(rank: int, world: int, batch: tuple) -> dict:
-    """(launch target) One forward + backward of a MoE GPT under EP and a dense one under CP over
-    `world` ranks: the loss, the bytes the all-to-all / the K/V ring sent, and their formula."""
-    from model import GPT, GPTConfig
-    out = {}
-    for name, extra, ep, cp in [(f"EP{world}", _DEMO_MOE, world, 1), (f"CP{world}", {}, 1, world)]:
-        torch.manual_seed(0)
-        cfg = GPTConfig(**_DEMO, **extra)
-        model, mesh = GPT(cfg), Mesh.build(cp=cp)
-        wrapped, _ = parallelize(model, torch.optim.SGD(model.parameters()), mesh, ep=ep)
-        x, y = (t.chunk(mesh.dp.size)[mesh.dp.rank] for t in batch)
-        comm = wrapped.module.ep if ep > 1 else mesh.cp
-        comm.reset_counters()
-        loss = wrapped(x, y)[1]
-        loss.backward()
-        B, T = x.shape
-        want = (all_to_all_bytes(cfg.n_expert, B * T, cfg.n_embd, ep) if ep > 1  # cap = B T
-                else ring_bytes(B, T, cfg.n_kv_head, cfg.head_dim, cp))
-        sent = comm.bytes_by_op.get("all_to_all" if ep > 1 else "send", 0)  # not the loss's sum
-        out[name] = (float(loss.detach()), sent, cfg.n_layer * want)
-    return out
-
-
-def cmd_demo(args) -> int:
-    """`parallel.py demo`: train a tiny GPT in every layout on --world processes; compare with one
-    process."""
-    from model import GPT, GPTConfig
-    cfg = GPTConfig(**_DEMO)
-    # Every layout uses all ranks on one axis: TP splits the heads, PP the layers, DP the batch of
-    # 8.
-    fits = [
-        w
-        for w in range(1, 9)
-        if all(d % w == 0 for d in (cfg.n_head, cfg.n_kv_head, cfg.n_layer, 8))
-    ]
-    if args.world not in fits:
-        raise ParallelError(
-            f"the demo model (n_head {cfg.n_head}, n_kv_head {cfg.n_kv_head}, n_layer "
-            f"{cfg.n_layer}, batch 8) splits over {' or '.join(map(str, fits))} ranks, not "
-            f"--world {args.world}"
-        )
-    torch.manual_seed(0)
-    model = GPT(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(args.steps):
-        x, y = (
-            torch.randint(0, 64, (8, 16), generator=g),
-            torch.randint(0, 64, (8, 16), generator=g),
-        )
-        model(x, y)[1].backward()
-        opt.step()
-        opt.zero_grad()
-    want = model.state_dict()
-    n = model.num_params()
-    results = launch(_demo_worker, args.world, args.steps, timeout_s=300)
-    print(
-        f"{n:,} parameters, {args.steps} AdamW steps on {args.world} ranks vs one process (fp32, "
-        "16 bytes/param"
-        f" = {16 * n:,} bytes in one process)"
-    )
-    print(
-        f"{'mode':<12} {'max |diff|':>11} {'bytes sent/step/rank':>21} {'state bytes/rank':>17} "
-        f"{'vs 1 process':>13}"
-    )
-    for mode in results[0]:
-        diff = max(
-            float((results[r][mode]["state"][k] - want[k]).abs().max())
-            for r in range(args.world)
-            for k in want
-        )
-        sent = max(r[mode]["bytes"] for r in results)
-        memory = max(r[mode]["memory"] for r in results)
-        print(f"{mode:<12} {diff:>11.2e} {sent:>21,.0f} {memory:>17,} {memory / (16 * n):>12.2f}x")
-    batch = (torch.randint(0, 64, (8, 16), generator=g), torch.randint(0, 64, (8, 16), generator=g))
-    results = launch(_ep_cp_demo_worker, args.world, batch, timeout_s=300)
-    print(f"\none forward + backward: EP (MoE, {_DEMO_MOE['n_expert']} experts, capacity factor 0)"
-          f" and CP (ring attention) vs one process")
-    print(f"{'mode':<12} {'|loss diff|':>11} {'bytes sent/rank':>16} {'by the formula':>15}")
-    for (mode, (_, sent, want)), extra in zip(results[0].items(), (_DEMO_MOE, {})):
-        torch.manual_seed(0)
-        with torch.no_grad():
-            one = float(GPT(GPTConfig(**_DEMO, **extra))(*batch)[1])
-        loss = sum(r[mode][0] for r in results) / len(results)
-        print(f"{mode:<12} {abs(loss - one):>11.2e} {sent:>16,.0f} {want:>15,.0f}")
-    return 0
-
-
-def cmd_schedule(args) -> int:
-    """`parallel.py schedule`: draw a schedule, simulate its bubble, with --measure time a real
-    pipeline."""
-    schedule = SCHEDULES[args.schedule](args.p, args.m)
-    print(render_schedule(schedule))
-    sim = simulate(schedule)
-    print(
-        f"bubble: simulated {sim['bubble']:.3f}, formula (p-1)/(m+p-1) = "
-        f"{bubble_fraction(args.p, args.m):.3f}; "
-        f"peak micro-batches in flight per stage: {sim['peak_in_flight']}"
-    )
-    if args.measure:
-        measured = launch(measure_pipeline_bubble, args.p, args.schedule, args.m, timeout_s=300)
-        print(f"measured on {args.p} processes (busy vs wall time per stage): "
-              + ", ".join(f"{r['bubble']:.3f}" for r in measured))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The same command line as parallel.py's (demo, schedule, memory, mesh)."""
-    return parallel.main(argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from machinery.commands import parallel as command
+
+    raise SystemExit(command.main())

@@ -1,54 +1,44 @@
 """Training one model on many processes, by hand over torch.distributed: data parallel and
-ZeRO-1/2/3.
+ZeRO-1/2/3, on a dp x tp x pp mesh of process groups, each proved equal to a single-process run.
 
-Many copies of one model, on a dp x tp x pp mesh of process groups, each proved equal to a
-single-process run.
+Collectives run on gloo (CPU, where every figure below was measured) or nccl (CUDA, one GPU per
+rank). The other half of the lecture, one model cut into pieces (tensor, pipeline, expert and
+context parallel, and `parallelize`), is model_parallel.py, built on this file's Comm, Mesh,
+DataParallel and Zero.
 
 Depends on torch and the standard library only (no sibling files).
 
-Collectives run on gloo (CPU, where every figure below was measured) or nccl (CUDA, one GPU per
-rank). The other half of the lecture, one model cut into pieces (tensor and pipeline parallel, and
-`parallelize`, what train.py calls), is model_parallel.py, built on this file's Comm, Mesh,
-DataParallel and Zero.
-
 Why it is needed. Mixed-precision AdamW keeps 16 bytes per parameter: 2 for bf16 weights, 2 for bf16
 gradients and 12 for the optimizer (an fp32 master copy and two moving averages). A 7e9-parameter
-model needs 7e9 x 16 = 112 GB before a single activation is stored; a 70B model about 1,120 GB. No
-GPU holds that, and one GPU would take months anyway. The lecture names four knives; the first two
-copy the whole model to every rank:
+model needs 7e9 x 16 = 112 GB before a single activation is stored. The lecture names four knives;
+the two of this file copy the whole model to every rank:
 
 1. Data parallel (DP). Every rank holds the whole model, reads a different slice of the batch, and
-   the ranks average their gradients with an all-reduce before the optimizer step. A ring all-reduce
-   sends 2(n-1)/n of the gradient bytes per rank, whatever n is. It makes training faster, not
-   smaller: each of 8 GPUs still holds 112 GB.
-2. ZeRO (FSDP is the same idea). An all-reduce is a reduce-scatter (rank r gets the sum of slice r)
-   followed by an all-gather (everyone gets every slice). So rank r only needs to keep slice r of
-   what is redundant:
+   the ranks average their gradients with an all-reduce (2(n-1)/n of the gradient bytes per rank)
+   before the optimizer step. Faster, not smaller: each of 8 GPUs still holds 112 GB.
+2. ZeRO (FSDP is the same idea). An all-reduce is a reduce-scatter followed by an all-gather, so
+   rank r only needs to keep slice r of what is redundant:
        stage 1 shards the optimizer state:  2 + 2 + 12/8 = 5.5 bytes/param  -> 7e9, 8 GPUs: 38.5 GB
        stage 2 also shards the gradients:   2 + 14/8     = 3.75 bytes/param -> 26.25 GB
-       stage 3 also shards the weights:     16/8         = 2 bytes/param    -> 14 GB (4 GPUs: 28)
+       stage 3 also shards the weights:     16/8         = 2 bytes/param    -> 14 GB
    Stages 1 and 2 communicate what DP does; stage 3 gathers the weights once for forward and again
    for backward, about 1.5x DP. ZeRO saves memory; it does not make a step faster.
-3. Tensor parallel (TP) splits the matrices inside a layer, and 4. pipeline parallel (PP) puts
-   different layers on different ranks: model_parallel.py.
 
-Large runs combine them: TP inside a machine, PP and DP (with ZeRO) across machines. The ranks form
-a grid world = dp x tp x pp with tp innermost (neighbouring ranks share the fast links) and pp
-outermost.
-
-The order of this file: communication helpers (with byte counters), the mesh, a process launcher for
-tests, data parallel, ZeRO, gradient clipping across the mesh, and the accounting of memory and
-traffic against the formulas above. Every mode is tested equal to a single-process run
-(tests/test_parallel.py). Demos, no download needed (`demo` and `schedule` run model_parallel.py's
-code; main() imports it):
+The ranks form a grid world = dp x tp x pp with tp innermost (neighbouring ranks share the fast
+links) and pp outermost. The order of this file: communication helpers (with byte counters), the
+mesh, data parallel, ZeRO, gradient clipping across the mesh, the accounting of memory and traffic
+against the formulas above; last, the wiring: checkpoints in any layout and the process starters
+(torchrun's environment, and `launch` for tests and demos). Every mode is tested equal to a
+single-process run (tests/test_parallel.py). The essay in full, and the measured figures:
+docs/parallel.md, docs/parallel-figures.md. Demos:
     python parallel.py demo              # each layout on 2 CPU processes vs one: weights, bytes
     python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
     python parallel.py memory --params 7e9 --world 8        # 112 / 38.5 / 26.25 / 14 GB per GPU
     python parallel.py mesh --dp 2 --tp 2 --pp 2            # the rank grid and its groups
 """
+
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -136,8 +126,9 @@ class Comm:
         """Record the bytes of an all-reduce of numel elements (ring: 2 (n-1)/n of them)."""
         self._count("all_reduce", 2 * (self.size - 1) / self.size * numel * itemsize)
 
-    def all_reduce(self, t: torch.Tensor, op=dist.ReduceOp.SUM, async_op: bool = False,
-                   count: bool = True):
+    def all_reduce(
+        self, t: torch.Tensor, op=dist.ReduceOp.SUM, async_op: bool = False, count: bool = True
+    ):
         """In place: every rank ends with op(t over ranks). gloo has no AVG: sum, then divide
         yourself. count=False inside an autograd.Function: its caller counts the bytes, so a
         traced backward mutates no Python state."""
@@ -231,8 +222,10 @@ def check_mesh_sizes(world: int, dp: int, tp: int, pp: int) -> None:
     if min(dp, tp, pp) < 1:
         raise ParallelError(f"mesh sizes must be >= 1, got dp={dp} tp={tp} pp={pp}")
     if dp * tp * pp != world:
-        raise ParallelError(f"world size {world} != dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp}: "
-                            f"choose --tp and --pp so that their product divides {world}")
+        raise ParallelError(
+            f"world size {world} != dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp}: "
+            f"choose tp and pp sizes whose product divides {world}"
+        )
 
 
 def rank_coords(rank: int, dp: int, tp: int, pp: int) -> tuple[int, int, int]:
@@ -297,13 +290,17 @@ class Mesh:
         place, consecutive ranks."""
         world, rank = dist.get_world_size(), dist.get_rank()
         if cp > 1 and tp * pp > 1:
-            raise ParallelError(f"--cp {cp} with --tp {tp} / --pp {pp}: ring attention is wired "
-                                f"into the plain forward only; use --cp with data parallel alone")
+            raise ParallelError(
+                f"context parallel (cp {cp}) with tp {tp} / pp {pp}: ring attention is wired "
+                f"into the plain forward only; use context parallel with data parallel alone"
+            )
         tp = tp * cp  # one of the two is 1
         if dp == -1:
             if tp < 1 or pp < 1 or world % (tp * pp):
-                raise ParallelError(f"tp*pp = {tp}*{pp} does not divide the world size {world}: "
-                                    f"choose --tp and --pp whose product divides {world}")
+                raise ParallelError(
+                    f"tp*pp = {tp}*{pp} does not divide the world size {world}: "
+                    f"choose tp and pp sizes whose product divides {world}"
+                )
             dp = world // (tp * pp)
         check_mesh_sizes(world, dp, tp, pp)
         comms = {}
@@ -320,10 +317,10 @@ class Mesh:
         # outlast the collectives' timeout, which is kept short so that a dead rank is noticed. The
         # other ranks wait for it in a barrier of this group instead, whose timeout is a day (env
         # PARALLEL_SLOW_TIMEOUT_S).
-        patient = dist.new_group(backend="gloo", timeout=datetime.timedelta(
-            seconds=float(os.environ.get("PARALLEL_SLOW_TIMEOUT_S", 86_400))))
-        return cls(world, rank, comms["dp"], comms["tp"], comms["pp"], embed, patient,
-                   comms.get("cp", Comm.single()))
+        slow_s = float(os.environ.get("PARALLEL_SLOW_TIMEOUT_S", 86_400))
+        patient = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=slow_s))
+        cp_comm = comms.get("cp", Comm.single())
+        return cls(world, rank, comms["dp"], comms["tp"], comms["pp"], embed, patient, cp_comm)
 
     def wait_for_rank0(self) -> None:
         """Every rank waits here until all have arrived, rank 0 after its rank-0-only work (long
@@ -352,197 +349,17 @@ def check_combination(zero_stage: int, tp: int, pp: int) -> None:
     >>> check_combination(1, 2, 2)
     """
     if zero_stage not in (0, 1, 2, 3):
-        raise ParallelError(f"--zero must be 0, 1, 2 or 3, got {zero_stage}")
+        raise ParallelError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero_stage}")
     if zero_stage >= 2 and pp > 1:
         raise ParallelError(
-            f"--zero {zero_stage} with --pp {pp}: ZeRO-2/3 reduce gradients as backward produces "
-            f"them, but a pipeline accumulates them over micro-batches; use --zero 1 with --pp"
+            f"ZeRO-{zero_stage} with pp {pp}: ZeRO-2/3 reduce gradients as backward produces "
+            f"them, but a pipeline accumulates them over micro-batches; use ZeRO-1 with pp"
         )
     if zero_stage == 3 and tp > 1:
         raise ParallelError(
-            f"--zero 3 with --tp {tp}: ZeRO-3 gathers weights in the module's forward hooks, which "
-            f"the tensor-parallel forward bypasses; use --zero 1 or 2 with --tp"
+            f"ZeRO-3 with tp {tp}: ZeRO-3 gathers weights in the module's forward hooks, which "
+            f"the tensor-parallel forward bypasses; use ZeRO-1 or 2 with tp"
         )
-
-
-def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.device]:
-    """Join the process group that torchrun describes in the environment (RANK, WORLD_SIZE,
-    MASTER_ADDR, ...).
-
-    Returns (rank, world_size, device): gloo on CPU, nccl on CUDA (one GPU per local rank). Without
-    torchrun's variables it is a plain single-process run: (0, 1, device), no process group. Every
-    variable is checked before the group starts (`check_launch_env`, MASTER_PORT's range,
-    MASTER_ADDR resolved): a bad one is one line naming it. A rank that never joins ends the
-    rendezvous, and a rank that dies later the collectives of the others, with one line after
-    `timeout_s` (env PARALLEL_TIMEOUT_S, default 600, torch's own default for nccl) instead of
-    hanging; work that only rank 0 does is waited for in `Mesh.wait_for_rank0` instead.
-    """
-    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
-        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rank, world = check_launch_env()
-    host, port = os.environ.get("MASTER_ADDR", ""), launch_variable("MASTER_PORT", 1, 65_535)
-    try:
-        socket.getaddrinfo(host, port)                  # an empty host (not set) fails too
-    except (OSError, UnicodeError) as e:
-        raise ParallelError((f"MASTER_ADDR={host}: cannot resolve this host ({e})" if host else
-                             "MASTER_ADDR is not set") + ": it names rank 0's host, which every "
-                            "rank must reach; torchrun sets it (--master-addr, or --standalone)") \
-            from None
-    timeout_s = timeout_s or float(os.environ.get("PARALLEL_TIMEOUT_S", 600))
-    if torch.cuda.is_available():
-        local = launch_variable("LOCAL_RANK", 0, torch.cuda.device_count() - 1, "0")  # a GPU each
-        torch.cuda.set_device(local)
-        device, backend = torch.device("cuda", local), "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    if not dist.is_initialized():
-        # device_id binds nccl to this rank's GPU at once (torch >= 2.3), so no collective has to
-        # guess it.
-        try:
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
-                                    device_id=device if backend == "nccl" else None)
-        except dist.DistError as e:         # the rendezvous: a rank that never came, a port in use
-            raise ParallelError(f"rank {rank} of WORLD_SIZE={world} could not join the process "
-                                f"group at {host}:{port} within {timeout_s:g} s "
-                                f"(PARALLEL_TIMEOUT_S): {str(e).splitlines()[0][:200]}; start "
-                                f"every rank, with the same MASTER_ADDR and MASTER_PORT") from None
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def launch_variable(name: str, low: int, high: int, default: str | None = None) -> int:
-    """A torchrun variable that must be an integer in [low, high]; else one line naming it.
-
-    >>> launch_variable("MASTER_PORT", 1, 65_535, default="99999")
-    Traceback (most recent call last):
-    parallel.ParallelError: MASTER_PORT=99999: must be an integer in [1, 65535] (torchrun sets the \
-launch variables: launch with torchrun --nproc_per_node=N, or unset them for one process)
-    """
-    text = os.environ.get(name, default)
-    if text is None or not text.strip().isdigit() or not low <= int(text) <= high:
-        raise ParallelError(f"{name}{'' if text is None else '=' + text}: "
-                            f"{'not set, ' if text is None else ''}must be an integer in "
-                            f"[{low}, {high}] (torchrun sets the launch variables: launch with "
-                            f"torchrun --nproc_per_node=N, or unset them for one process)")
-    return int(text)
-
-
-def check_launch_env() -> tuple[int, int]:
-    """(RANK, WORLD_SIZE) of torchrun's environment, checked with LOCAL_RANK before any process
-    group starts (torch would fail minutes later, or deep inside, on a typo): a bad one is one
-    line naming the variable. Neither RANK nor WORLD_SIZE set is a plain run, (0, 1); one of them
-    set needs the other."""
-    world = launch_variable("WORLD_SIZE", 1, 1 << 20, None if "RANK" in os.environ else "1")
-    launch_variable("LOCAL_RANK", 0, world - 1, "0")
-    return launch_variable("RANK", 0, world - 1, None if "WORLD_SIZE" in os.environ else "0"), world
-
-
-# --------------------------------------------------------------------------------------------------
-# 3. A launcher for tests, demos and benchmarks: `launch(fn, world)` runs fn(rank, world, *args) in
-#    `world` fresh
-# processes joined by a gloo group over a FileStore (no ports to collide), and returns each rank's
-# result. If a rank raises, the parent stops the others and raises WorkerError naming the rank and
-# its error; if the whole run exceeds `timeout_s`, it stops them all. Nothing can hang a test. On
-# Linux "fork" starts a worker in ~0.05 s (it inherits the imported torch); "spawn" re-imports torch
-# (3-6 s each here) and is what other systems need.
-# --------------------------------------------------------------------------------------------------
-
-
-class WorkerError(RuntimeError):
-    """A worker of `launch` failed or the run timed out."""
-
-
-def _shut_down_process_group() -> None:
-    """Tear gloo down in a fixed order, all ranks together (a no-op if `fn` already destroyed the
-    group).
-
-    1. A barrier: no rank closes its connections while a peer still has a message in flight to or
-       from it.
-    2. A garbage collection: modules, hooks and wrappers form reference cycles that keep Comm
-       objects, hence ProcessGroups and async work handles, alive; they are freed now, while every
-       backend still runs, not by a GC pass at some later point of the process's exit.
-    3. destroy_process_group: every backend shuts down and joins its worker threads, here, on this
-       thread.
-    """
-    if not dist.is_initialized():
-        return
-    dist.barrier()
-    gc.collect()
-    dist.destroy_process_group()
-
-
-def _worker_main(fn, rank, world, store_path, timeout_s, results, args):
-    torch.set_num_threads(1)  # world processes share the cores; more threads would only fight
-    try:
-        store = dist.FileStore(store_path, world)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        value = fn(rank, world, *args)
-        buffer = io.BytesIO()
-        # tensors travel as bytes: the worker may exit before the parent reads them
-        torch.save(value, buffer)
-        del value
-        results.put((rank, "ok", buffer.getvalue()))
-        _shut_down_process_group()
-    except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent as one line
-        frames = [
-            f
-            for f in traceback.extract_tb(e.__traceback__)
-            if f"{os.sep}torch{os.sep}" not in f.filename
-        ]
-        last = frames[-1] if frames else None
-        where = f" (at {os.path.basename(last.filename)}:{last.lineno})" if last else ""
-        results.put((rank, "error", f"{type(e).__name__}: {e}{where}".encode()))
-
-
-def launch(
-    fn: Callable, world: int, *args, timeout_s: float = 120.0, start_method: str | None = None
-) -> list:
-    """Run fn(rank, world, *args) on `world` processes; return the list of their return values, by
-    rank. fn must be a module-level function (spawn pickles it by name); its return value may hold
-    tensors."""
-    method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
-    ctx = mp.get_context(method)
-    results = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as tmp:
-        store_path = os.path.join(tmp, "store")
-        procs = [
-            ctx.Process(
-                target=_worker_main, args=(fn, r, world, store_path, timeout_s, results, args)
-            )
-            for r in range(world)
-        ]
-        for p in procs:
-            p.start()
-        done: dict[int, object] = {}
-        deadline = time.monotonic() + timeout_s
-        try:
-            while len(done) < world:
-                if not results.empty():
-                    rank, status, payload = results.get()
-                    if status == "error":
-                        raise WorkerError(f"rank {rank} failed: {payload.decode()}")
-                    done[rank] = torch.load(io.BytesIO(payload), weights_only=True)
-                    continue
-                dead = [
-                    r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done
-                ]
-                if dead and results.empty():
-                    raise WorkerError(
-                        f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}"
-                    )
-                if time.monotonic() > deadline:
-                    missing = sorted(set(range(world)) - set(done))
-                    raise WorkerError(
-                        f"ranks {missing} did not finish within {timeout_s:.0f} s; stopped them"
-                    )
-                time.sleep(0.01)
-        finally:
-            for p in procs:
-                p.join(timeout=5 if len(done) == world else 0.2)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-    return [done[r] for r in range(world)]
 
 
 def broadcast_module(module: nn.Module, comm: Comm, src: int = 0, comm_of=None) -> None:
@@ -555,7 +372,7 @@ def broadcast_module(module: nn.Module, comm: Comm, src: int = 0, comm_of=None) 
 
 
 # --------------------------------------------------------------------------------------------------
-# 4. Data parallel
+# 3. Data parallel
 #
 # Each rank runs forward and backward on its own slice of the batch; the gradients must be averaged
 # before the step. Waiting for the whole backward and then all-reducing leaves the network idle
@@ -603,7 +420,7 @@ class _Bucket:
         self.work = None
 
     def slice(self, i: int) -> torch.Tensor:
-        return self.buffer[self.offsets[i]:self.offsets[i + 1]]
+        return self.buffer[self.offsets[i] : self.offsets[i + 1]]
 
 
 class Layout(nn.Module):
@@ -615,9 +432,10 @@ class Layout(nn.Module):
     >>> layout.pipelined, layout.describe(), sorted(layout.full_state_dict())
     (False, '', ['bias', 'weight'])
     """
+
     # True: train through pipeline_step(micro_batches), not forward + backward
     pipelined = False
-    mesh: Mesh | None = None    # the axes the gradient norm adds up over (None: all of it is here)
+    mesh: Mesh | None = None  # the axes the gradient norm adds up over (None: all of it is here)
 
     def __init__(self, module: nn.Module | None = None):
         super().__init__()
@@ -741,7 +559,7 @@ class DataParallel(Layout):
 
 
 # --------------------------------------------------------------------------------------------------
-# 5. ZeRO stages 1, 2 and 3
+# 4. ZeRO stages 1, 2 and 3
 #
 # Parameters are grouped into units (by default: each element of the model's ModuleLists, e.g. each
 # Transformer block, plus a "root" unit with everything else: embedding, final norm, head). A unit's
@@ -807,8 +625,15 @@ class _FlatUnit:
     slice.
     """
 
-    def __init__(self, params: list[nn.Parameter], comm: Comm, stage: int, group: int = 0,
-                 compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        comm: Comm,
+        stage: int,
+        group: int = 0,
+        compute_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
+    ):
         # group: optimizer group
         self.params, self.comm, self.stage, self.group = params, comm, stage, group
         self.offsets, self.padded, self.shard_size = shard_layout(
@@ -818,15 +643,15 @@ class _FlatUnit:
         master = torch.zeros(self.padded, dtype=p0.dtype, device=p0.device)
         with torch.no_grad():
             for p, o in zip(params, self.offsets):
-                master[o:o + p.numel()].copy_(p.data.reshape(-1))
+                master[o : o + p.numel()].copy_(p.data.reshape(-1))
         self.compute_dtype = compute_dtype or p0.dtype
         self.reduce_dtype = reduce_dtype or p0.dtype
         self.full = master if self.compute_dtype == p0.dtype else master.to(self.compute_dtype)
         for p, o in zip(params, self.offsets):
             # the module now reads the flat buffer
-            p.data = self.full[o:o + p.numel()].view(p.shape)
+            p.data = self.full[o : o + p.numel()].view(p.shape)
         lo = comm.rank * self.shard_size
-        mine = master[lo:lo + self.shard_size]
+        mine = master[lo : lo + self.shard_size]
         # Stages 1-2 keep the full buffer, so the shard is a view of it: the step updates the
         # weights in place.
         self.shard = nn.Parameter(mine if stage < 3 else mine.clone())
@@ -864,7 +689,7 @@ class _FlatUnit:
         flat = torch.zeros(self.padded, dtype=self.reduce_dtype, device=self.full.device)
         for p, o in zip(self.params, self.offsets):
             if p.grad is not None:
-                flat[o:o + p.numel()].copy_(p.grad.reshape(-1))
+                flat[o : o + p.numel()].copy_(p.grad.reshape(-1))
                 if release:
                     p.grad = None
         return flat
@@ -876,7 +701,7 @@ class _FlatUnit:
         flat = self.flat_grad(release)
         if not release:
             for p, o in zip(self.params, self.offsets):
-                p.grad = flat[o:o + p.numel()].view(p.shape)
+                p.grad = flat[o : o + p.numel()].view(p.shape)
         out = torch.empty(self.shard_size, dtype=self.reduce_dtype, device=self.full.device)
         work = self.comm.reduce_scatter(out, flat, async_op=True)
         self.pending = (work, out, None if release else flat)
@@ -890,8 +715,8 @@ class _FlatUnit:
         # stage 1: write the averaged slice into the full gradient buffer and view it
         if flat is not None:
             lo = self.comm.rank * self.shard_size
-            flat[lo:lo + self.shard_size].copy_(out)
-            out = flat[lo:lo + self.shard_size]
+            flat[lo : lo + self.shard_size].copy_(out)
+            out = flat[lo : lo + self.shard_size]
         self.shard.grad = out if self.shard.grad is None else self.shard.grad.add_(out)
         self.pending = None
 
@@ -930,10 +755,19 @@ class Zero:
     model_parallel.py section 4); default `comm` for every parameter.
     """
 
-    def __init__(self, module: nn.Module, comm: Comm, stage: int, optimizer_cls=torch.optim.AdamW,
-                 param_groups: list[dict] | None = None, units: list[nn.Module] | None = None,
-                 compute_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
-                 shard_comm: Callable[[nn.Parameter], Comm] | None = None, **optimizer_kwargs):
+    def __init__(
+        self,
+        module: nn.Module,
+        comm: Comm,
+        stage: int,
+        optimizer_cls=torch.optim.AdamW,
+        param_groups: list[dict] | None = None,
+        units: list[nn.Module] | None = None,
+        compute_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
+        shard_comm: Callable[[nn.Parameter], Comm] | None = None,
+        **optimizer_kwargs,
+    ):
         if stage not in (1, 2, 3):
             raise ParallelError(f"ZeRO stage must be 1, 2 or 3, got {stage}")
         if stage < 3 and (compute_dtype or reduce_dtype):
@@ -945,33 +779,8 @@ class Zero:
         self.comm_of = shard_comm or (lambda p: comm)
         broadcast_module(module, comm, comm_of=self.comm_of)
         groups = param_groups or [{"params": [p for p in module.parameters() if p.requires_grad]}]
-        group_of = {id(p): g for g, group in enumerate(groups) for p in group["params"]}
         unit_modules = units if units is not None else _default_units(module)
-        owner: dict[int, int] = {}  # id(param) -> unit index; unit len(unit_modules) is the root
-        for u, m in enumerate(unit_modules):
-            for p in m.parameters():
-                owner.setdefault(id(p), u)
-        # Units in backward order: last block first, the root (embedding + head) last.
-        self.units: list[_FlatUnit] = []
-        self._units_of_module: dict[int, list[_FlatUnit]] = {}
-        all_params = list(module.parameters())
-        comms = list(dict.fromkeys(map(self.comm_of, all_params)))  # in order: the same on all
-        for u in list(reversed(range(len(unit_modules)))) + [len(unit_modules)]:
-            for g, c in itertools.product(range(len(groups)), comms):
-                params = [
-                    p
-                    for p in all_params
-                    if id(p) in group_of
-                    and owner.get(id(p), len(unit_modules)) == u
-                    and group_of[id(p)] == g
-                    and self.comm_of(p) is c
-                ]
-                if params:
-                    unit = _FlatUnit(params, c, stage, group=g, compute_dtype=compute_dtype,
-                                     reduce_dtype=reduce_dtype)
-                    self.units.append(unit)
-                    key = id(unit_modules[u]) if u < len(unit_modules) else id(module)
-                    self._units_of_module.setdefault(key, []).append(unit)
+        self._build_units(groups, unit_modules, compute_dtype, reduce_dtype)
         self._where = {id(p): (unit, i) for unit in self.units for i, p in enumerate(unit.params)}
         inner_groups = []
         for g, group in enumerate(groups):
@@ -988,6 +797,32 @@ class Zero:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         if stage == 3:
             self._hook_units(unit_modules)
+
+    def _build_units(self, groups, unit_modules, compute_dtype, reduce_dtype) -> None:
+        """One _FlatUnit per (unit module, optimizer group, shard group) holding parameters, in
+        backward order: last block first, the root (embedding + head) last."""
+        group_of = {id(p): g for g, group in enumerate(groups) for p in group["params"]}
+        root = len(unit_modules)
+        owner: dict[int, int] = {}  # id(param) -> unit index; unit `root` is everything else
+        for u, m in enumerate(unit_modules):
+            for p in m.parameters():
+                owner.setdefault(id(p), u)
+        self.units: list[_FlatUnit] = []
+        self._units_of_module: dict[int, list[_FlatUnit]] = {}
+        all_params = [p for p in self.module.parameters() if id(p) in group_of]
+        comms = list(dict.fromkeys(map(self.comm_of, all_params)))  # in order: the same on all
+        for u in list(reversed(range(root))) + [root]:
+            for g, c in itertools.product(range(len(groups)), comms):
+                params = [
+                    p
+                    for p in all_params
+                    if owner.get(id(p), root) == u and group_of[id(p)] == g and self.comm_of(p) is c
+                ]
+                if params:
+                    unit = _FlatUnit(params, c, self.stage, g, compute_dtype, reduce_dtype)
+                    self.units.append(unit)
+                    key = id(unit_modules[u]) if u < root else id(self.module)
+                    self._units_of_module.setdefault(key, []).append(unit)
 
     # --- stage 3: gather just in time
     # -----------------------------------------------------------------------------
@@ -1085,8 +920,10 @@ class Zero:
             self.finish_gradient_sync()
         self.optimizer.step()
         if self.stage < 3:
-            works = [unit.comm.all_gather(unit.full, unit.shard.detach().clone(), async_op=True)
-                     for unit in self.units]
+            works = [
+                unit.comm.all_gather(unit.full, unit.shard.detach().clone(), async_op=True)
+                for unit in self.units
+            ]
             for work in works:
                 work.wait()
         self._reduced = False
@@ -1098,8 +935,7 @@ class Zero:
                 p.grad = None
         self._reduced = False
 
-    # --- checkpoints in any layout
-    # --------------------------------------------------------------------------------
+    # --- full weights on demand
     @contextlib.contextmanager
     def gathered(self):
         """Inside this block every unit holds its full weights (stage 3 frees them on exit)."""
@@ -1112,89 +948,6 @@ class Zero:
             for u, g in zip(self.units, was):
                 if not g:
                     u.free()
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The module's unsharded state dict in the master dtype (same keys as a single-process
-        model), on every rank. Collective: gathers the fp32 shards (never the bf16 compute
-        copies)."""
-        full = {}
-        for u in self.units:
-            flat = u.master_full()
-            for p, o in zip(u.params, u.offsets):
-                full[id(p)] = flat[o:o + p.numel()].view(p.shape).clone()
-        return {k: full[id(v)] if id(v) in full else v.detach().clone()
-                for k, v in self.module.state_dict(keep_vars=True).items()}
-
-    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Set every rank's shards (and the full weights where they are held) from an unsharded
-        state dict."""
-        names = self._names()
-        for u in self.units:
-            flat = torch.zeros(u.padded, dtype=u.shard.dtype, device=u.shard.device)
-            for p, o in zip(u.params, u.offsets):
-                flat[o:o + p.numel()].copy_(state[names[id(p)]].reshape(-1))
-            lo = u.comm.rank * u.shard_size
-            with torch.no_grad():
-                u.shard.copy_(flat[lo:lo + u.shard_size])
-                if u.gathered:
-                    u.full.copy_(flat)
-        with torch.no_grad():
-            for name, buffer in self.module.named_buffers():
-                buffer.copy_(state[name])
-
-    def _names(self) -> dict[int, str]:
-        return {id(p): n for n, p in self.module.named_parameters()}
-
-    def optimizer_state_dict(self) -> dict:
-        """The optimizer state unsharded, keyed by parameter name (see `named_optimizer_state`)."""
-        names, state = self._names(), {}
-        for u in self.units:
-            for key, value in self.optimizer.state.get(u.shard, {}).items():
-                if torch.is_tensor(value) and value.shape == u.shard.shape:
-                    full = torch.empty(u.padded, dtype=value.dtype, device=value.device)
-                    u.comm.all_gather(full, value.contiguous())
-                    for p, o in zip(u.params, u.offsets):
-                        state.setdefault(names[id(p)], {})[key] = (
-                            full[o : o + p.numel()].view(p.shape).clone()
-                        )
-                else:
-                    for p in u.params:
-                        state.setdefault(names[id(p)], {})[key] = (
-                            value.clone() if torch.is_tensor(value) else value
-                        )
-        groups = []
-        for group in self.optimizer.param_groups:
-            options = {k: v for k, v in group.items() if k != "params"}
-            members = {id(q) for q in group["params"]}
-            options["param_names"] = [
-                names[id(p)] for u in self.units if id(u.shard) in members for p in u.params
-            ]
-            groups.append(options)
-        return {"state": state, "param_groups": groups}
-
-    def load_optimizer_state_dict(self, saved: dict) -> None:
-        names = self._names()
-        for u in self.units:
-            per_param = [saved["state"].get(names[id(p)], {}) for p in u.params]
-            keys = set().union(*(s.keys() for s in per_param))
-            lo = u.comm.rank * u.shard_size
-            state = {}
-            for key in keys:
-                first = next(s[key] for s in per_param if key in s)
-                if torch.is_tensor(first) and first.dim() > 0:
-                    flat = torch.zeros(u.padded, dtype=first.dtype, device=u.full.device)
-                    for p, o, s in zip(u.params, u.offsets, per_param):
-                        if key in s:
-                            flat[o:o + p.numel()].copy_(s[key].reshape(-1))
-                    state[key] = flat[lo:lo + u.shard_size].clone()
-                # AdamW's 0-dim `step`: fused and capturable kernels read it on the shard's device
-                else:
-                    state[key] = (
-                        first.to(u.shard.device, copy=True) if torch.is_tensor(first) else first
-                    )
-            if state:
-                self.optimizer.state[u.shard] = state
-        _load_group_options(self.optimizer, saved)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds right now for parameters, gradients and optimizer state."""
@@ -1215,49 +968,12 @@ def _zero_grad_sq_norms(units: list[_FlatUnit]) -> tuple[torch.Tensor, torch.Ten
         for p, o in zip(u.params, u.offsets):
             a, b = max(o, lo), min(o + p.numel(), hi)
             if a < b and not getattr(p, "pp_tied_copy", False):
-                part = g[a - lo:b - lo].pow(2).sum()
+                part = g[a - lo : b - lo].pow(2).sum()
                 if getattr(p, "tp_sharded", False):
                     sharded = sharded + part
                 else:
                     replicated = replicated + part
     return sharded, replicated
-
-
-def _load_group_options(optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    for group, options in zip(optimizer.param_groups, saved.get("param_groups", [])):
-        group.update({k: v for k, v in options.items() if k not in ("params", "param_names")})
-
-
-def named_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module) -> dict:
-    """A plain optimizer's state keyed by parameter name instead of position, the layout-free format
-    that `Zero.optimizer_state_dict` also writes, so a checkpoint moves between 1 rank and n ranks.
-    >>> m = nn.Linear(2, 1); o = torch.optim.AdamW(m.parameters())
-    >>> m(torch.ones(1, 2)).sum().backward(); o.step()
-    >>> sorted(named_optimizer_state(o, m)["state"]["weight"])
-    ['exp_avg', 'exp_avg_sq', 'step']
-    """
-    names = {id(p): n for n, p in module.named_parameters()}
-    state = {names[id(p)]: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
-             for p, s in optimizer.state.items() if id(p) in names}
-    groups = [
-        {
-            **{k: v for k, v in g.items() if k != "params"},
-            "param_names": [names[id(p)] for p in g["params"] if id(p) in names],
-        }
-        for g in optimizer.param_groups
-    ]
-    return {"state": state, "param_groups": groups}
-
-
-def load_named_optimizer_state(
-    optimizer: torch.optim.Optimizer, module: nn.Module, saved: dict
-) -> None:
-    """Inverse of `named_optimizer_state` for a plain optimizer over `module`'s parameters."""
-    for name, p in module.named_parameters():
-        if name in saved["state"]:
-            optimizer.state[p] = {k: v.clone().to(p.device) if torch.is_tensor(v) else v
-                                  for k, v in saved["state"][name].items()}
-    _load_group_options(optimizer, saved)
 
 
 def training_state_bytes(
@@ -1280,12 +996,15 @@ def training_state_bytes(
         return total
 
     params = list(params)
-    return {"params": size(params), "grads": size(p.grad for p in params),
-            "optimizer": size(v for s in optimizer.state.values() for v in s.values())}
+    return {
+        "params": size(params),
+        "grads": size(p.grad for p in params),
+        "optimizer": size(v for s in optimizer.state.values() for v in s.values()),
+    }
 
 
 # --------------------------------------------------------------------------------------------------
-# 6. Gradient clipping across the mesh
+# 5. Gradient clipping across the mesh
 #
 # Clipping needs the norm of the whole model's gradient, and each layout holds a different part of
 # it. Squared norms add up, so each rank sums the squares of what it holds and the sums are
@@ -1343,12 +1062,18 @@ def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, mesh: Mesh)
 
 
 # --------------------------------------------------------------------------------------------------
-# 7. Accounting: what each rank holds and sends (the formulas)
+# 6. Accounting: what each rank holds and sends (the formulas)
 # --------------------------------------------------------------------------------------------------
 
 
-def zero_memory_per_rank(num_params: float, world: int, stage: int, bytes_param: float = 2,
-                         bytes_grad: float = 2, bytes_optimizer: float = 12) -> float:
+def zero_memory_per_rank(
+    num_params: float,
+    world: int,
+    stage: int,
+    bytes_param: float = 2,
+    bytes_grad: float = 2,
+    bytes_optimizer: float = 12,
+) -> float:
     """Bytes per rank for weights + gradients + optimizer state under ZeRO stage 0-3 (0 = plain DP).
     The defaults are mixed-precision AdamW (2 + 2 + 12 = 16 bytes/param); fp32 AdamW is 4 + 4 + 8.
     >>> [round(zero_memory_per_rank(7e9, 8, s) / 1e9, 2) for s in range(4)]
@@ -1362,8 +1087,14 @@ def zero_memory_per_rank(num_params: float, world: int, stage: int, bytes_param:
     return num_params * (weights + grads + optimizer)
 
 
-def zero_bytes_per_step(block_params: float, other_params: float, world: int, stage: int,
-                        gather_bytes: float = 4, reduce_bytes: float = 4) -> float:
+def zero_bytes_per_step(
+    block_params: float,
+    other_params: float,
+    world: int,
+    stage: int,
+    gather_bytes: float = 4,
+    reduce_bytes: float = 4,
+) -> float:
     """Bytes one rank sends per optimizer step under DP (stage 0) or ZeRO-1/2/3, at the ring costs
     of section 1, as this file's code sends them. With f = (n-1)/n and
     N = block_params + other_params:
@@ -1391,91 +1122,337 @@ def zero_bytes_per_step(block_params: float, other_params: float, world: int, st
 
 
 # --------------------------------------------------------------------------------------------------
-# The command line: demos of each lesson (demo and schedule are model_parallel.py's; main() imports
-# it)
+# 7. Checkpoints in any layout
+#
+# A checkpoint holds the single-process state dicts: the full model, and the optimizer state keyed
+# by parameter name, whatever layout saved it, so a run saved on 4 ranks resumes on 1 and back. The
+# functions below gather a Zero's shards into that format (collective) and scatter it back;
+# model_parallel.parallelize uses them for train.py: wiring of the lessons above, not a lesson.
 # --------------------------------------------------------------------------------------------------
 
 
-def _cmd_memory(args) -> int:
-    print(
-        f"{args.params:.3g} parameters x 16 bytes (mixed-precision AdamW) = "
-        f"{16 * args.params / 1e9:.2f} GB"
-    )
-    for stage in range(4):
-        per = zero_memory_per_rank(args.params, args.world, stage)
-        print(
-            f"  {'DP' if stage == 0 else f'ZeRO-{stage}':<7} on {args.world} ranks: "
-            f"{per / 1e9:8.2f} GB per rank"
+def _param_names(module: nn.Module) -> dict[int, str]:
+    return {id(p): n for n, p in module.named_parameters()}
+
+
+def zero_full_state_dict(zero: Zero) -> dict[str, torch.Tensor]:
+    """The module's unsharded state dict in the master dtype (same keys as a single-process
+    model), on every rank. Collective: gathers the fp32 shards (never the bf16 compute
+    copies)."""
+    full = {}
+    for u in zero.units:
+        flat = u.master_full()
+        for p, o in zip(u.params, u.offsets):
+            full[id(p)] = flat[o : o + p.numel()].view(p.shape).clone()
+    return {
+        k: full[id(v)] if id(v) in full else v.detach().clone()
+        for k, v in zero.module.state_dict(keep_vars=True).items()
+    }
+
+
+def load_zero_full_state_dict(zero: Zero, state: dict[str, torch.Tensor]) -> None:
+    """Set every rank's shards (and the full weights where they are held) from an unsharded
+    state dict."""
+    names = _param_names(zero.module)
+    for u in zero.units:
+        flat = torch.zeros(u.padded, dtype=u.shard.dtype, device=u.shard.device)
+        for p, o in zip(u.params, u.offsets):
+            flat[o : o + p.numel()].copy_(state[names[id(p)]].reshape(-1))
+        lo = u.comm.rank * u.shard_size
+        with torch.no_grad():
+            u.shard.copy_(flat[lo : lo + u.shard_size])
+            if u.gathered:
+                u.full.copy_(flat)
+    with torch.no_grad():
+        for name, buffer in zero.module.named_buffers():
+            buffer.copy_(state[name])
+
+
+def zero_optimizer_state_dict(zero: Zero) -> dict:
+    """The optimizer state unsharded, keyed by parameter name (see `named_optimizer_state`)."""
+    names, state = _param_names(zero.module), {}
+    for u in zero.units:
+        for key, value in zero.optimizer.state.get(u.shard, {}).items():
+            if torch.is_tensor(value) and value.shape == u.shard.shape:
+                full = torch.empty(u.padded, dtype=value.dtype, device=value.device)
+                u.comm.all_gather(full, value.contiguous())
+                for p, o in zip(u.params, u.offsets):
+                    piece = full[o : o + p.numel()].view(p.shape).clone()
+                    state.setdefault(names[id(p)], {})[key] = piece
+            else:  # the same for every parameter of the unit (AdamW's `step`)
+                for p in u.params:
+                    kept = value.clone() if torch.is_tensor(value) else value
+                    state.setdefault(names[id(p)], {})[key] = kept
+    groups = []
+    for group in zero.optimizer.param_groups:
+        options = {k: v for k, v in group.items() if k != "params"}
+        members = {id(q) for q in group["params"]}
+        options["param_names"] = [
+            names[id(p)] for u in zero.units if id(u.shard) in members for p in u.params
+        ]
+        groups.append(options)
+    return {"state": state, "param_groups": groups}
+
+
+def load_zero_optimizer_state_dict(zero: Zero, saved: dict) -> None:
+    """Each rank keeps its shard's slice of every saved per-parameter tensor (the inverse of
+    `zero_optimizer_state_dict`)."""
+    names = _param_names(zero.module)
+    for u in zero.units:
+        per_param = [saved["state"].get(names[id(p)], {}) for p in u.params]
+        keys = set().union(*(s.keys() for s in per_param))
+        lo = u.comm.rank * u.shard_size
+        state = {}
+        for key in keys:
+            first = next(s[key] for s in per_param if key in s)
+            if torch.is_tensor(first) and first.dim() > 0:
+                flat = torch.zeros(u.padded, dtype=first.dtype, device=u.full.device)
+                for p, o, s in zip(u.params, u.offsets, per_param):
+                    if key in s:
+                        flat[o : o + p.numel()].copy_(s[key].reshape(-1))
+                state[key] = flat[lo : lo + u.shard_size].clone()
+            # AdamW's 0-dim `step`: fused and capturable kernels read it on the shard's device
+            else:
+                state[key] = (
+                    first.to(u.shard.device, copy=True) if torch.is_tensor(first) else first
+                )
+        if state:
+            zero.optimizer.state[u.shard] = state
+    _load_group_options(zero.optimizer, saved)
+
+
+def _load_group_options(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    for group, options in zip(optimizer.param_groups, saved.get("param_groups", [])):
+        group.update({k: v for k, v in options.items() if k not in ("params", "param_names")})
+
+
+def named_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module) -> dict:
+    """A plain optimizer's state keyed by parameter name instead of position, the layout-free format
+    that `zero_optimizer_state_dict` also writes, so a checkpoint moves between 1 rank and n ranks.
+    >>> m = nn.Linear(2, 1); o = torch.optim.AdamW(m.parameters())
+    >>> m(torch.ones(1, 2)).sum().backward(); o.step()
+    >>> sorted(named_optimizer_state(o, m)["state"]["weight"])
+    ['exp_avg', 'exp_avg_sq', 'step']
+    """
+    names = _param_names(module)
+    state = {
+        names[id(p)]: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+        for p, s in optimizer.state.items()
+        if id(p) in names
+    }
+    groups = [
+        {
+            **{k: v for k, v in g.items() if k != "params"},
+            "param_names": [names[id(p)] for p in g["params"] if id(p) in names],
+        }
+        for g in optimizer.param_groups
+    ]
+    return {"state": state, "param_groups": groups}
+
+
+def load_named_optimizer_state(
+    optimizer: torch.optim.Optimizer, module: nn.Module, saved: dict
+) -> None:
+    """Inverse of `named_optimizer_state` for a plain optimizer over `module`'s parameters."""
+    for name, p in module.named_parameters():
+        if name in saved["state"]:
+            optimizer.state[p] = {
+                k: v.clone().to(p.device) if torch.is_tensor(v) else v
+                for k, v in saved["state"][name].items()
+            }
+    _load_group_options(optimizer, saved)
+
+
+# --------------------------------------------------------------------------------------------------
+# 8. Starting the processes: torchrun's environment (`init_distributed`, what train.py calls) and a
+#    launcher for tests and demos (`launch`). Not a lesson of its own: the plumbing that gives the
+#    sections above their process group.
+# --------------------------------------------------------------------------------------------------
+
+
+def init_distributed(timeout_s: float | None = None) -> tuple[int, int, torch.device]:
+    """Join the process group that torchrun describes in the environment (RANK, WORLD_SIZE,
+    MASTER_ADDR, ...).
+
+    Returns (rank, world_size, device): gloo on CPU, nccl on CUDA (one GPU per local rank). Without
+    torchrun's variables it is a plain single-process run: (0, 1, device), no process group. Every
+    variable is checked before the group starts (`check_launch_env`, MASTER_PORT's range,
+    MASTER_ADDR resolved): a bad one is one line naming it. A rank that never joins ends the
+    rendezvous, and a rank that dies later the collectives of the others, with one line after
+    `timeout_s` (env PARALLEL_TIMEOUT_S, default 600, torch's own default for nccl) instead of
+    hanging; work that only rank 0 does is waited for in `Mesh.wait_for_rank0` instead.
+    """
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
+        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world = check_launch_env()
+    host, port = os.environ.get("MASTER_ADDR", ""), launch_variable("MASTER_PORT", 1, 65_535)
+    try:
+        socket.getaddrinfo(host, port)  # an empty host (not set) fails too
+    except (OSError, UnicodeError) as e:
+        problem = "MASTER_ADDR is not set"
+        if host:
+            problem = f"MASTER_ADDR={host}: cannot resolve this host ({e})"
+        raise ParallelError(
+            f"{problem}: it names rank 0's host, which every rank must reach; torchrun sets it "
+            "(its master address, or in standalone mode)"
+        ) from None
+    timeout_s = timeout_s or float(os.environ.get("PARALLEL_TIMEOUT_S", 600))
+    if torch.cuda.is_available():
+        local = launch_variable("LOCAL_RANK", 0, torch.cuda.device_count() - 1, "0")  # a GPU each
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        # device_id binds nccl to this rank's GPU at once (torch >= 2.3), so no collective has to
+        # guess it.
+        try:
+            dist.init_process_group(
+                backend,
+                timeout=datetime.timedelta(seconds=timeout_s),
+                device_id=device if backend == "nccl" else None,
+            )
+        except dist.DistError as e:  # the rendezvous: a rank that never came, a port in use
+            raise ParallelError(
+                f"rank {rank} of WORLD_SIZE={world} could not join the process "
+                f"group at {host}:{port} within {timeout_s:g} s "
+                f"(PARALLEL_TIMEOUT_S): {str(e).splitlines()[0][:200]}; start "
+                f"every rank, with the same MASTER_ADDR and MASTER_PORT"
+            ) from None
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def launch_variable(name: str, low: int, high: int, default: str | None = None) -> int:
+    """A torchrun variable that must be an integer in [low, high]; else one line naming it.
+
+    >>> launch_variable("MASTER_PORT", 1, 65_535, default="99999")
+    Traceback (most recent call last):
+    parallel.ParallelError: MASTER_PORT=99999: must be an integer in [1, 65535] (torchrun sets the \
+launch variables: launch with torchrun, one process per device, or unset them for one process)
+    """
+    text = os.environ.get(name, default)
+    if text is None or not text.strip().isdigit() or not low <= int(text) <= high:
+        raise ParallelError(
+            f"{name}{'' if text is None else '=' + text}: "
+            f"{'not set, ' if text is None else ''}must be an integer in "
+            f"[{low}, {high}] (torchrun sets the launch variables: launch with "
+            f"torchrun, one process per device, or unset them for one process)"
         )
-    return 0
+    return int(text)
 
 
-def _cmd_mesh(args) -> int:
-    world = args.dp * args.tp * args.pp
-    print(f"world {world} = dp {args.dp} x tp {args.tp} x pp {args.pp}")
-    print("rank     " + " ".join(f"{r:>2}" for r in range(world)))
-    for i, axis in enumerate(("pp", "dp", "tp")):
-        print(
-            f"{axis}_rank  "
-            + " ".join(f"{rank_coords(r, args.dp, args.tp, args.pp)[i]:>2}" for r in range(world))
-        )
-    for axis, groups in axis_groups(args.dp, args.tp, args.pp).items():
-        print(f"{axis} groups: {groups}")
-    return 0
+def check_launch_env() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) of torchrun's environment, checked with LOCAL_RANK before any process
+    group starts (torch would fail minutes later, or deep inside, on a typo): a bad one is one
+    line naming the variable. Neither RANK nor WORLD_SIZE set is a plain run, (0, 1); one of them
+    set needs the other."""
+    world = launch_variable("WORLD_SIZE", 1, 1 << 20, None if "RANK" in os.environ else "1")
+    launch_variable("LOCAL_RANK", 0, world - 1, "0")
+    return launch_variable("RANK", 0, world - 1, None if "WORLD_SIZE" in os.environ else "0"), world
 
 
-# Sizes the CLI draws or spawns: a rank grid wider than this does not fit a screen, and every
-# pipeline stage or data-parallel rank of a demo is a CPU process of this machine.
-MAX_DRAWN_RANKS, MAX_MICRO_BATCHES, MAX_PROCESSES = 512, 1024, 64
+# --------------------------------------------------------------------------------------------------
+# `launch(fn, world)` runs fn(rank, world, *args) in `world` fresh processes joined by a gloo group
+# over a FileStore (no ports to collide), and returns each rank's result: the tests, demos and
+# benchmarks start their ranks with it. If a rank raises, the parent stops the others and raises
+# WorkerError naming the rank and its error; if the whole run exceeds `timeout_s`, it stops them
+# all. Nothing can hang a test. On Linux "fork" starts a worker in ~0.05 s (it inherits the imported
+# torch); "spawn" re-imports torch (3-6 s each here) and is what other systems need.
+# --------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    from machinery.cli import Parser, in_range, run
-    # the demos that need tensor and pipeline parallel (a main may import anything)
-    import model_parallel
-    parser = Parser(description="Training one model on many processes, by hand over "
-                    "torch.distributed: data parallel and ZeRO-1/2/3 (parallel.py), tensor and "
-                    "pipeline parallel (model_parallel.py).",
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    p = sub.add_parser(
-        "demo", help="train a tiny GPT in every layout on N CPU processes; compare with one process"
-    )
-    p.add_argument("--world", type=in_range(int, 1, MAX_PROCESSES), default=2,
-                   help="processes (gloo on CPU)")
-    p.add_argument("--steps", type=in_range(int, 1, 10_000), default=5, help="AdamW steps")
-    p.set_defaults(run=model_parallel.cmd_demo)
-    p = sub.add_parser("schedule", help="draw a pipeline schedule and its bubble")
-    p.add_argument("--p", type=in_range(int, 1, MAX_PROCESSES), default=4, help="stages")
-    p.add_argument("--m", type=in_range(int, 1, MAX_MICRO_BATCHES), default=8, help="micro-batches")
-    p.add_argument("--schedule", choices=sorted(model_parallel.SCHEDULES), default="1f1b")
-    p.add_argument(
-        "--measure", action="store_true", help="also time a real pipeline on p CPU processes"
-    )
-    p.set_defaults(run=model_parallel.cmd_schedule)
-    p = sub.add_parser(
-        "memory", help="bytes per rank under DP and ZeRO-1/2/3 (the lecture's 7B on 8 GPUs)"
-    )
-    p.add_argument("--params", type=in_range(float, 0.0, 1e15, low_open=True), default=7e9)
-    p.add_argument("--world", type=in_range(int, 1, 10**9), default=8)
-    p.set_defaults(run=_cmd_memory)
-    p = sub.add_parser("mesh", help="print the dp x tp x pp rank grid and its groups")
-    p.add_argument("--dp", type=in_range(int, 1, MAX_DRAWN_RANKS), default=2)
-    p.add_argument("--tp", type=in_range(int, 1, MAX_DRAWN_RANKS), default=2)
-    p.add_argument("--pp", type=in_range(int, 1, MAX_DRAWN_RANKS), default=2)
-    p.set_defaults(run=_cmd_mesh)
-    args = parser.parse_args(argv)
-    if args.command == "mesh" and args.dp * args.tp * args.pp > MAX_DRAWN_RANKS:
-        parser.error(
-            f"argument --dp/--tp/--pp: a grid of {args.dp * args.tp * args.pp} ranks is too wide "
-            "to draw; "
-            f"keep dp x tp x pp <= {MAX_DRAWN_RANKS}"
-        )
-    if args.command == "schedule" and args.measure and args.p < 2:
-        parser.error("argument --p: --measure needs --p >= 2 processes")
-    return run(lambda: args.run(args), (ParallelError, WorkerError), "parallel.py")
+class WorkerError(RuntimeError):
+    """A worker of `launch` failed or the run timed out."""
+
+
+def _shut_down_process_group() -> None:
+    """Tear gloo down in a fixed order, all ranks together (a no-op if `fn` already destroyed the
+    group).
+
+    1. A barrier: no rank closes its connections while a peer still has a message in flight to or
+       from it.
+    2. A garbage collection: modules, hooks and wrappers form reference cycles that keep Comm
+       objects, hence ProcessGroups and async work handles, alive; they are freed now, while every
+       backend still runs, not by a GC pass at some later point of the process's exit.
+    3. destroy_process_group: every backend shuts down and joins its worker threads, here, on this
+       thread.
+    """
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def _worker_main(fn, rank, world, store_path, timeout_s, results, args):
+    torch.set_num_threads(1)  # world processes share the cores; more threads would only fight
+    try:
+        store = dist.FileStore(store_path, world)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        value = fn(rank, world, *args)
+        buffer = io.BytesIO()
+        # tensors travel as bytes: the worker may exit before the parent reads them
+        torch.save(value, buffer)
+        del value
+        results.put((rank, "ok", buffer.getvalue()))
+        _shut_down_process_group()
+    except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent as one line
+        frames = traceback.extract_tb(e.__traceback__)
+        frames = [f for f in frames if f"{os.sep}torch{os.sep}" not in f.filename]
+        last = frames[-1] if frames else None
+        where = f" (at {os.path.basename(last.filename)}:{last.lineno})" if last else ""
+        results.put((rank, "error", f"{type(e).__name__}: {e}{where}".encode()))
+
+
+def launch(
+    fn: Callable, world: int, *args, timeout_s: float = 120.0, start_method: str | None = None
+) -> list:
+    """Run fn(rank, world, *args) on `world` processes; return the list of their return values, by
+    rank. fn must be a module-level function (spawn pickles it by name); its return value may hold
+    tensors."""
+    method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
+    ctx = mp.get_context(method)
+    results = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = os.path.join(tmp, "store")
+        worker_args = [(fn, r, world, store_path, timeout_s, results, args) for r in range(world)]
+        procs = [ctx.Process(target=_worker_main, args=a) for a in worker_args]
+        for p in procs:
+            p.start()
+        done: dict[int, object] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(done) < world:
+                if not results.empty():
+                    rank, status, payload = results.get()
+                    if status == "error":
+                        raise WorkerError(f"rank {rank} failed: {payload.decode()}")
+                    done[rank] = torch.load(io.BytesIO(payload), weights_only=True)
+                    continue
+                dead = [
+                    r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done
+                ]
+                if dead and results.empty():
+                    raise WorkerError(
+                        f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}"
+                    )
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world)) - set(done))
+                    raise WorkerError(
+                        f"ranks {missing} did not finish within {timeout_s:.0f} s; stopped them"
+                    )
+                time.sleep(0.01)
+        finally:
+            for p in procs:
+                p.join(timeout=5 if len(done) == world else 0.2)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    return [done[r] for r in range(world)]
 
 
 if __name__ == "__main__":
-    import parallel        # model_parallel raises `parallel`'s errors, not __main__'s classes
-    sys.exit(parallel.main())
+    from machinery.commands import parallel as command
+
+    raise SystemExit(command.main())

@@ -25,6 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import model_parallel as MP  # noqa: E402
 import parallel as P  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
+from machinery import parallel_demo  # noqa: E402
 from model import GPT, ConfigError, GPTConfig  # noqa: E402
 
 BATCH = 8  # sequences per step over all ranks
@@ -204,7 +205,7 @@ def main(argv=None) -> int:
               f"{'' if sent is None else f'{sent / dp_bytes:.2f}':>6} {memory:>17,} {memory / (16 * n):>6.2f} "
               f"{diff:>13.1e}" + (f"  (vs {oracle[name]})" if name in oracle else ""))
     sim = MP.simulate(MP.one_f_one_b_schedule(args.world, args.micro_batches))["bubble"]
-    measured = P.launch(MP.measure_pipeline_bubble, args.world, "1f1b", args.micro_batches, timeout_s=600)
+    measured = P.launch(parallel_demo.measure_pipeline_bubble, args.world, "1f1b", args.micro_batches, timeout_s=600)
     print(f"pipeline bubble, {args.world} stages x {args.micro_batches} micro-batches: formula "
           f"{MP.bubble_fraction(args.world, args.micro_batches):.3f}, simulated {sim:.3f}, measured (idle share of "
           f"each stage's wall time) " + ", ".join(f"{r['bubble']:.3f}" for r in measured))

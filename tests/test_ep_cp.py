@@ -81,9 +81,7 @@ def _worker(rank, world, layouts):
         torch.manual_seed(0)
         model = GPT(GPTConfig(**cfg))
         mesh = P.Mesh.build(cp=cp)
-        wrapped, opt = MP.parallelize(
-            model, _sgd(model), mesh, ep=ep, zero=zero
-        )
+        wrapped, opt = MP.parallelize(model, _sgd(model), mesh, ep=ep, zero=zero)
         x, y = (t.chunk(mesh.dp.size)[mesh.dp.rank] for t in _batch())
         mesh.reset_counters()
         for c in [wrapped.module.ep, wrapped.module.edp] if ep > 1 else []:
@@ -95,14 +93,19 @@ def _worker(rank, world, layouts):
             else mesh.cp.bytes_by_op.get("send")
         )
         out[name] = dict(
-            loss=loss, aux=aux, norm=norm, state=state, momenta=momenta, sent=sent,
+            loss=loss,
+            aux=aux,
+            norm=norm,
+            state=state,
+            momenta=momenta,
+            sent=sent,
             describe=wrapped.describe(),
         )
     out["ring"] = _ring_saved_and_work(P.Mesh.build(cp=world).cp)
     out["ep_bf16_sent"] = _ep_sent_under_bf16(world)
     out["tp_graphs"] = _tp_graphs_compiled(P.Mesh.build(dp=world // 2, tp=2).tp)
     model = GPT(GPTConfig(**MOE))
-    with pytest.raises(P.ParallelError) as refused:       # CP would be silently ignored
+    with pytest.raises(P.ParallelError) as refused:  # CP would be silently ignored
         MP.parallelize(model, _sgd(model), P.Mesh.build(cp=2), ep=2)
     out["ep_cp_refused"] = str(refused.value)
     return out
@@ -117,9 +120,10 @@ def _tp_graphs_compiled(comm):
 
     graphs = []
 
-    def backend(gm, example_inputs):            # dynamo only: no code generation to wait for
+    def backend(gm, example_inputs):  # dynamo only: no code generation to wait for
         graphs.append(gm)
         return gm.forward
+
     torch._dynamo.reset()
     torch.manual_seed(0)
     tp = MP.TensorParallel(GPT(GPTConfig(**DENSE)), comm)
@@ -149,8 +153,9 @@ def _ep_sent_under_bf16(world):
 
 
 # Saved activations at T = 1,024: a 1-layer, 64-wide model (weights ~0.1 MiB, activations MiBs).
-LONG = dict(vocab_size=64, block_size=1024, n_layer=1, n_head=4, n_kv_head=2, n_embd=64,
-            ffn_hidden=128)
+LONG = dict(
+    vocab_size=64, block_size=1024, n_layer=1, n_head=4, n_kv_head=2, n_embd=64, ffn_hidden=128
+)
 
 
 def saved_bytes(fn):
@@ -160,6 +165,7 @@ def saved_bytes(fn):
     def pack(t):
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
+
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return sum(storages.values()), out
@@ -176,10 +182,14 @@ def _ring_saved_and_work(comm):
     torch.manual_seed(0)
     cp = MP.ContextParallel(GPT(GPTConfig(**LONG)), comm)
     nbytes, (_, loss) = saved_bytes(lambda: cp(*_long_batch()))
-    loss.backward()                 # its loss is x n: data parallel averages over dp x cp
+    loss.backward()  # its loss is x n: data parallel averages over dp x cp
     comm.all_reduce(cp.module.tok_emb.weight.grad)
-    return dict(saved=nbytes, scores=cp.work["scores"], loss=float(loss),
-                grad=cp.module.tok_emb.weight.grad / comm.size)
+    return dict(
+        saved=nbytes,
+        scores=cp.work["scores"],
+        loss=float(loss),
+        grad=cp.module.tok_emb.weight.grad / comm.size,
+    )
 
 
 def _check_costs(results):
@@ -194,17 +204,18 @@ def _check_costs(results):
     loss.backward()
     loss = loss.detach()
     causal = T_long * (T_long + 1) // 2
-    c = GPTConfig(**MOE)    # EP's slots travel in bf16 under autocast, not in the fp32 of the norm
+    c = GPTConfig(**MOE)  # EP's slots travel in bf16 under autocast, not in the fp32 of the norm
     want = c.n_layer * MP.all_to_all_bytes(c.n_expert, B // n * T, c.n_embd, n, nbytes=2)
     assert [r["ep_bf16_sent"] for r in results] == [want] * n, (want, results[0]["ep_bf16_sent"])
     assert [r["tp_graphs"] for r in results] == [2] * n, [r["tp_graphs"] for r in results]
-    assert all("--ep 2 with --cp 2:" in r["ep_cp_refused"] for r in results), results[0]
+    assert all("ep 2 with cp 2:" in r["ep_cp_refused"] for r in results), results[0]
     for r in results:
         assert r["ring"]["saved"] <= (1 / n + 0.1) * single, (r["ring"]["saved"], single)
         assert causal / n <= r["ring"]["scores"] <= 1.1 * causal / n, (r["ring"]["scores"], causal)
         assert r["ring"]["loss"] == pytest.approx(float(loss), rel=1e-5)
-        torch.testing.assert_close(r["ring"]["grad"], model.tok_emb.weight.grad, rtol=1e-4,
-                                   atol=1e-6)
+        torch.testing.assert_close(
+            r["ring"]["grad"], model.tok_emb.weight.grad, rtol=1e-4, atol=1e-6
+        )
 
 
 def _check(results, layouts):
@@ -287,7 +298,12 @@ def test_positions_split_the_sequence_one_early_one_late_chunk():
 # --------------------------------------------------------------------------------------------------
 
 from test_parallel import (  # noqa: E402,F401
-    TRAIN_ARGS, _curve, _train_expect_error, _train_rank, tiny_dataset)
+    TRAIN_ARGS,
+    _curve,
+    _train_expect_error,
+    _train_rank,
+    tiny_dataset,
+)
 
 MOE_ARGS = [
     a + ",n_expert=4,expert_top_k=2,moe_capacity_factor=0" if a.startswith("n_layer=") else a
@@ -348,15 +364,21 @@ def _refusals(rank, world, cases):
 def test_train_py_refuses_ep_and_cp_layouts_it_does_not_support_in_one_line(tiny_dataset, tmp_path):
     base = ["--data", str(tiny_dataset), "--out-dir", str(tmp_path / "run")]
     cases = [
-        ([*base, *TRAIN_ARGS, "--ep", "2"], "--ep 2 needs a MoE whose n_expert (0)"),
+        (
+            [*base, *TRAIN_ARGS, "--ep", "2"],
+            "expert parallel over 2 ranks needs a MoE whose n_expert (0)",
+        ),
         (
             [*base, *(a.replace("n_expert=4", "n_expert=3") for a in MOE_ARGS), "--ep", "2"],
             "n_expert (3)",
         ),
-        ([*base, *MOE_ARGS, "--ep", "2", "--zero", "3"], "--zero 3 with --ep: its full state"),
-        ([*base, *TRAIN_ARGS, "--cp", "2", "--zero", "3"], "--zero 3 with --cp: ring attention"),
-        ([*base, *TRAIN_ARGS, "--cp", "2", "--tp", "2"], "--cp 2 with --tp 2 / --pp 1"),
-        ([*base, *MOE_ARGS, "--cp", "2"], "--cp splits dense attention"),
+        ([*base, *MOE_ARGS, "--ep", "2", "--zero", "3"], "ZeRO-3 with ep 2: its full state"),
+        ([*base, *TRAIN_ARGS, "--cp", "2", "--zero", "3"], "ZeRO-3 with cp 2: ring attention"),
+        (
+            [*base, *TRAIN_ARGS, "--cp", "2", "--tp", "2"],
+            "context parallel (cp 2) with tp 2 / pp 1",
+        ),
+        ([*base, *MOE_ARGS, "--cp", "2"], "context parallel splits dense attention"),
         ([*base, *TRAIN_ARGS, "--cp", "2", "--block-size", "30"], "not a multiple of 2 x --cp 2"),
         ([*base, *MOE_ARGS, "--ep", "2", "--cp", "2"], "--ep 2 with --cp 2: expert parallel"),
     ]

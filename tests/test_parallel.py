@@ -10,6 +10,7 @@ without clipping (a gradient twice too large moves every weight twice as far).
 Each launch forks its workers (about 0.1 s on Linux) and runs many checks; results come back to the parent,
 which compares them with the single-process oracle, so a failure names the mode and the tensor.
 """
+
 import contextlib
 import dataclasses
 import copy
@@ -19,28 +20,43 @@ import torch
 
 import model_parallel as MP
 import parallel as P
+from machinery.commands import parallel as command
 from model import GPT, GPTConfig
 
 # A tiny GQA model: 4 query heads, 2 kv heads, 2 layers; vocab 62 does not divide by 4 (padding is exercised).
-CFG = GPTConfig(vocab_size=62, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64)
+CFG = GPTConfig(
+    vocab_size=62, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64
+)
 LR, STEPS, BATCH, SEQ = 1e-2, 5, 8, 16
-CLIP = 0.25 # below the gradient norm of these steps, so every mode must compute the global norm right
+CLIP = (
+    0.25  # below the gradient norm of these steps, so every mode must compute the global norm right
+)
 # fp32 sums in another order differ by ~1e-7; Adam divides by sqrt(v), which can amplify that on a near-zero
 # gradient. 1e-4 is still 100x below one step's update (lr = 1e-2), so any real mistake fails.
 TOL = dict(rtol=1e-4, atol=1e-4)
-SGD_LR, SGD_STEPS = 0.1, 2  # plain SGD, no clipping: an update of lr * g, so g's scale shows in the weights
+SGD_LR, SGD_STEPS = (
+    0.1,
+    2,
+)  # plain SGD, no clipping: an update of lr * g, so g's scale shows in the weights
 
 
 def batches(steps=STEPS, batch=BATCH, seq=SEQ, vocab=CFG.vocab_size, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, vocab, (batch, seq), generator=g), torch.randint(0, vocab, (batch, seq), generator=g))
-            for _ in range(steps)]
+    return [
+        (
+            torch.randint(0, vocab, (batch, seq), generator=g),
+            torch.randint(0, vocab, (batch, seq), generator=g),
+        )
+        for _ in range(steps)
+    ]
 
 
 def param_groups(model):
     """Weight decay on matrices only, as train.py does: exercises several optimizer groups."""
-    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    return [
+        {"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+    ]
 
 
 def make_model(cfg=CFG, seed=0):
@@ -93,8 +109,13 @@ def reference_sgd(cfg=CFG, data=None) -> dict:
 
 def assert_norms(got: torch.Tensor, want: torch.Tensor, what: str):
     """Pre-clip gradient norms, step by step: ranks that sum instead of average show a factor of the world size."""
-    torch.testing.assert_close(torch.as_tensor(got, dtype=want.dtype), want, rtol=1e-4, atol=0,
-                               msg=lambda m: f"{what}: pre-clip grad norms {got} != {want}: {m}")
+    torch.testing.assert_close(
+        torch.as_tensor(got, dtype=want.dtype),
+        want,
+        rtol=1e-4,
+        atol=0,
+        msg=lambda m: f"{what}: pre-clip grad norms {got} != {want}: {m}",
+    )
 
 
 def state(model):
@@ -111,10 +132,20 @@ def assert_same(got: dict, want: dict, what: str):
 # Pure tests: grid, buckets, shards
 # ------------------------------------------------------------------------------------------------------------------
 
+
 def test_rank_grid_tp_innermost_pp_outermost():
     dp, tp, pp = 2, 2, 2
     coords = [P.rank_coords(r, dp, tp, pp) for r in range(8)]
-    assert coords == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    assert coords == [
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 1, 0),
+        (0, 1, 1),
+        (1, 0, 0),
+        (1, 0, 1),
+        (1, 1, 0),
+        (1, 1, 1),
+    ]
     assert all(P.coords_rank(*c, dp=dp, tp=tp) == r for r, c in enumerate(coords))
     groups = P.axis_groups(dp, tp, pp)
     assert groups["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -133,7 +164,10 @@ def test_every_axis_partitions_the_world(dp, tp, pp):
         # Members of a group differ only in that axis's coordinate.
         index = {"pp": 0, "dp": 1, "tp": 2}[axis]
         for g in groups:
-            others = {tuple(c for i, c in enumerate(P.rank_coords(r, dp, tp, pp)) if i != index) for r in g}
+            others = {
+                tuple(c for i, c in enumerate(P.rank_coords(r, dp, tp, pp)) if i != index)
+                for r in g
+            }
             assert len(others) == 1
 
 
@@ -195,6 +229,7 @@ def test_named_optimizer_state_round_trip():
 # World 2: data parallel and ZeRO-1/2/3 in one launch
 # ------------------------------------------------------------------------------------------------------------------
 
+
 def _dp_and_zero_worker(rank, world):
     torch.manual_seed(100 + rank)  # different on purpose: the start broadcast must fix it
     mesh = P.Mesh.build()
@@ -212,7 +247,9 @@ def _dp_and_zero_worker(rank, world):
             (dp(xs[:2], ys[:2])[1] / 2).backward()
         assert dp._next_bucket == 0  # no_sync: nothing sent
         (dp(xs[2:], ys[2:])[1] / 2).backward()
-        out["dp_launched_in_backward"] = dp._next_bucket  # every bucket started before backward returned
+        out["dp_launched_in_backward"] = (
+            dp._next_bucket
+        )  # every bucket started before backward returned
         dp.finish_gradient_sync()
         # gradients are full and equal on every rank
         out["dp_norms"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
@@ -237,10 +274,14 @@ def _dp_and_zero_worker(rank, world):
         opt.step()
         opt.zero_grad()
     out["dp_frozen"] = state(model)
-    out["dp_frozen_in_buckets"] = any(p is model.blocks[0].attn_norm.weight for b in dp.buckets for p in b.params)
+    out["dp_frozen_in_buckets"] = any(
+        p is model.blocks[0].attn_norm.weight for b in dp.buckets for p in b.params
+    )
     for stage in (1, 2, 3):
         model = make_model(seed=rank)
-        zero = P.Zero(model, mesh.dp, stage, torch.optim.AdamW, param_groups=param_groups(model), lr=LR)
+        zero = P.Zero(
+            model, mesh.dp, stage, torch.optim.AdamW, param_groups=param_groups(model), lr=LR
+        )
         out[f"zero{stage}_norms"] = []
         for i, (x, y) in enumerate(data):
             mesh.reset_counters()
@@ -255,11 +296,15 @@ def _dp_and_zero_worker(rank, world):
             assert ops.pop("all_reduce") == 8  # the two squared norms of clipping
             out[f"zero{stage}_step_bytes"] = sum(ops.values())
             if i == len(data) - 1:
-                out[f"zero{stage}_mem"] = zero.memory_bytes()  # before zero_grad: gradients still held
+                out[f"zero{stage}_mem"] = (
+                    zero.memory_bytes()
+                )  # before zero_grad: gradients still held
             zero.zero_grad()
-        out[f"zero{stage}"] = zero.full_state_dict()
-        out[f"zero{stage}_opt"] = zero.optimizer_state_dict()
-        out[f"zero{stage}_padded"] = [(u.padded, u in zero._units_of_module.get(id(model), [])) for u in zero.units]
+        out[f"zero{stage}"] = P.zero_full_state_dict(zero)
+        out[f"zero{stage}_opt"] = P.zero_optimizer_state_dict(zero)
+        out[f"zero{stage}_padded"] = [
+            (u.padded, u in zero._units_of_module.get(id(model), [])) for u in zero.units
+        ]
     # Plain SGD, no clipping: DP (2 micro-batches, the first under no_sync) and ZeRO-1/2/3.
     for stage in (0, 1, 2, 3):
         model = make_model(seed=rank)
@@ -267,7 +312,9 @@ def _dp_and_zero_worker(rank, world):
             sync = P.DataParallel(model, mesh.dp, bucket_bytes=1024)
             opt = torch.optim.SGD(param_groups(model), lr=SGD_LR)
         else:
-            sync = opt = P.Zero(model, mesh.dp, stage, torch.optim.SGD, param_groups=param_groups(model), lr=SGD_LR)
+            sync = opt = P.Zero(
+                model, mesh.dp, stage, torch.optim.SGD, param_groups=param_groups(model), lr=SGD_LR
+            )
         for x, y in data[:SGD_STEPS]:
             xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
             with sync.no_sync():
@@ -276,18 +323,18 @@ def _dp_and_zero_worker(rank, world):
             sync.finish_gradient_sync()
             opt.step()
             opt.zero_grad()
-        out[f"sgd_zero{stage}"] = state(model) if stage == 0 else sync.full_state_dict()
+        out[f"sgd_zero{stage}"] = state(model) if stage == 0 else P.zero_full_state_dict(sync)
     # Load the single-process state after 5 steps into ZeRO-3 on 2 ranks (1 -> 2 ranks), take a 6th step.
     ref_model, ref_opt = reference()
     model = make_model(seed=rank)
     zero = P.Zero(model, mesh.dp, 3, torch.optim.AdamW, param_groups=param_groups(model), lr=LR)
-    zero.load_full_state_dict(state(ref_model))
-    zero.load_optimizer_state_dict(P.named_optimizer_state(ref_opt, ref_model))
+    P.load_zero_full_state_dict(zero, state(ref_model))
+    P.load_zero_optimizer_state_dict(zero, P.named_optimizer_state(ref_opt, ref_model))
     x, y = batches(1, seed=9)[0]
     model(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
     out["resumed_on_2_norm"] = zero.clip_grad_norm_(CLIP)
     zero.step()
-    out["resumed_on_2"] = zero.full_state_dict()
+    out["resumed_on_2"] = P.zero_full_state_dict(zero)
     with torch.no_grad():  # stage 3 evaluation: gathers and frees, no backward
         out["eval_loss"] = model(x, y)[1]
     return out
@@ -305,7 +352,9 @@ def test_data_parallel_equals_single_process(dp_zero_results):
         assert_same(res["dp"], ref, f"DP rank {rank}")
         assert_norms(res["dp_norms"], reference_norms(), f"DP rank {rank}")
         assert_same(res["sgd_zero0"], reference_sgd(), f"DP rank {rank}, plain SGD")
-        assert res["dp_launched_in_backward"] == res["dp_buckets"]  # overlap: hooks started every all-reduce
+        assert (
+            res["dp_launched_in_backward"] == res["dp_buckets"]
+        )  # overlap: hooks started every all-reduce
 
 
 def test_data_parallel_skips_frozen_parameters(dp_zero_results):
@@ -323,7 +372,9 @@ def test_data_parallel_skips_frozen_parameters(dp_zero_results):
         assert not res["dp_frozen_in_buckets"]
         assert_same(res["dp_frozen"], state(model), "DP with a frozen parameter")
         assert_norms(res["dp_frozen_norms"], torch.stack(norms), "DP with a frozen parameter")
-        torch.testing.assert_close(res["dp_frozen"]["blocks.0.attn_norm.weight"], before, rtol=0, atol=0)
+        torch.testing.assert_close(
+            res["dp_frozen"]["blocks.0.attn_norm.weight"], before, rtol=0, atol=0
+        )
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -333,9 +384,13 @@ def test_zero_equals_single_process(dp_zero_results, stage):
     for rank, res in enumerate(dp_zero_results):
         assert_same(res[f"zero{stage}"], state(ref_model), f"ZeRO-{stage} rank {rank}")
         assert_norms(res[f"zero{stage}_norms"], reference_norms(), f"ZeRO-{stage} rank {rank}")
-        assert_same(res[f"sgd_zero{stage}"], reference_sgd(), f"ZeRO-{stage} rank {rank}, plain SGD")
+        assert_same(
+            res[f"sgd_zero{stage}"], reference_sgd(), f"ZeRO-{stage} rank {rank}, plain SGD"
+        )
         # Stages 2-3 start every unit's reduce-scatter from the gradient hooks, during backward; stage 1 at finish.
-        assert res[f"zero{stage}_launched_in_backward"] == (0 if stage == 1 else res[f"zero{stage}_units"])
+        assert res[f"zero{stage}_launched_in_backward"] == (
+            0 if stage == 1 else res[f"zero{stage}_units"]
+        )
         got = res[f"zero{stage}_opt"]
         for name, s in ref_opt_state["state"].items():
             for key in ("exp_avg", "exp_avg_sq"):
@@ -353,7 +408,11 @@ def test_zero_checkpoint_moves_between_layouts(dp_zero_results):
     want = state(ref_model)
     for res in dp_zero_results:
         assert_same(res["resumed_on_2"], want, "1 process -> ZeRO-3 on 2 ranks")
-        assert_norms(res["resumed_on_2_norm"].reshape(1), want_norm.reshape(1), "1 process -> ZeRO-3 on 2 ranks")
+        assert_norms(
+            res["resumed_on_2_norm"].reshape(1),
+            want_norm.reshape(1),
+            "1 process -> ZeRO-3 on 2 ranks",
+        )
     saved = dp_zero_results[0]
     model = make_model(seed=5)
     model.load_state_dict(saved["zero3"])
@@ -364,14 +423,21 @@ def test_zero_checkpoint_moves_between_layouts(dp_zero_results):
     opt.step()
     assert_same(state(model), want, "ZeRO-3 on 2 ranks -> 1 process")
     with torch.no_grad():
-        torch.testing.assert_close(saved["eval_loss"], ref_model(x, y)[1], **TOL)  # ZeRO-3 forward under no_grad
+        torch.testing.assert_close(
+            saved["eval_loss"], ref_model(x, y)[1], **TOL
+        )  # ZeRO-3 forward under no_grad
 
 
 def test_memory_per_rank_matches_formula(dp_zero_results):
     """fp32 AdamW: 4 bytes weights + 4 gradients + 8 optimizer = 16 bytes/param, sharded as ZeRO says."""
     n_params = make_model().num_params()
     world = 2
-    shares = {0: (4, 4, 8), 1: (4, 4, 8 / world), 2: (4, 4 / world, 8 / world), 3: (4 / world, 4 / world, 8 / world)}
+    shares = {
+        0: (4, 4, 8),
+        1: (4, 4, 8 / world),
+        2: (4, 4 / world, 8 / world),
+        3: (4 / world, 4 / world, 8 / world),
+    }
     for rank, res in enumerate(dp_zero_results):
         for stage in (0, 1, 2, 3):
             got = res["dp_mem" if stage == 0 else f"zero{stage}_mem"]
@@ -394,7 +460,9 @@ def test_bytes_communicated_match_theory(dp_zero_results):
     assert res["zero2_step_bytes"] == res["zero1_step_bytes"]
     # Stage 3 gathers every unit for forward, the blocks again for backward (the root stays), reduce-scatters all.
     blocks = sum(p for p, is_root in res["zero3_padded"] if not is_root)
-    assert res["zero3_step_bytes"] == pytest.approx((n - 1) / n * 4 * (3 * padded - (padded - blocks)))
+    assert res["zero3_step_bytes"] == pytest.approx(
+        (n - 1) / n * 4 * (3 * padded - (padded - blocks))
+    )
     assert 1.2 < res["zero3_step_bytes"] / res["dp_step_bytes"] <= 1.5 + 1e-3
 
 
@@ -402,7 +470,11 @@ def test_bytes_communicated_match_theory(dp_zero_results):
 # World 2: ZeRO-3 in mixed precision (bf16 gathers, bf16 or fp32 reduce-scatters, fp32 master shards)
 # ------------------------------------------------------------------------------------------------------------------
 
-MIXED = {"fp32": (torch.float32, None), "bf16/fp32": (torch.bfloat16, None), "bf16/bf16": (torch.bfloat16, torch.bfloat16)}
+MIXED = {
+    "fp32": (torch.float32, None),
+    "bf16/fp32": (torch.bfloat16, None),
+    "bf16/bf16": (torch.bfloat16, torch.bfloat16),
+}
 
 
 def _zero3_mixed_precision_worker(rank, world):
@@ -410,11 +482,22 @@ def _zero3_mixed_precision_worker(rank, world):
     out = {}
     for name, (compute, reduce) in MIXED.items():
         model = make_model(seed=rank)
-        zero = P.Zero(model, mesh.dp, 3, torch.optim.AdamW, param_groups=param_groups(model), lr=LR,
-                      compute_dtype=compute, reduce_dtype=reduce)
+        zero = P.Zero(
+            model,
+            mesh.dp,
+            3,
+            torch.optim.AdamW,
+            param_groups=param_groups(model),
+            lr=LR,
+            compute_dtype=compute,
+            reduce_dtype=reduce,
+        )
         seen = []  # what block 0 computes with: runs after Zero's gather hook
         model.blocks[0].register_forward_pre_hook(
-            lambda m, a: seen.append((m.attn.wq.weight.dtype, zero._units_of_module[id(m)][0].full.nbytes)))
+            lambda m, a: seen.append(
+                (m.attn.wq.weight.dtype, zero._units_of_module[id(m)][0].full.nbytes)
+            )
+        )
         losses = []
         for i, (x, y) in enumerate(batches()):
             mesh.reset_counters()
@@ -422,24 +505,30 @@ def _zero3_mixed_precision_worker(rank, world):
             loss.backward()
             zero.finish_gradient_sync()
             if i == 0:
-                grads = {}
+                grads, names = {}, P._param_names(model)
                 for u in zero.units:
                     flat = torch.empty(u.padded, dtype=u.shard.grad.dtype)
                     P._all_gather_flat(flat, u.shard.grad)
                     for q, o in zip(u.params, u.offsets):
-                        grads[zero._names()[id(q)]] = flat[o:o + q.numel()].view(q.shape).clone()
+                        grads[names[id(q)]] = flat[o : o + q.numel()].view(q.shape).clone()
                 out[f"{name} grads"] = grads
                 out[f"{name} bytes"] = dict(mesh.dp.bytes_by_op)
-                out[f"{name} units"] = [(u.padded, u in zero._units_of_module.get(id(model), [])) for u in zero.units]
-                out[f"{name} shard dtypes"] = {u.shard.dtype for u in zero.units} | {u.shard.grad.dtype for u in zero.units}
+                out[f"{name} units"] = [
+                    (u.padded, u in zero._units_of_module.get(id(model), [])) for u in zero.units
+                ]
+                out[f"{name} shard dtypes"] = {u.shard.dtype for u in zero.units} | {
+                    u.shard.grad.dtype for u in zero.units
+                }
             losses.append(float(loss.detach()))
             zero.clip_grad_norm_(CLIP)
             zero.step()
-            out[f"{name} memory"] = zero.memory_bytes()  # after backward and step: gradients still held
+            out[f"{name} memory"] = (
+                zero.memory_bytes()
+            )  # after backward and step: gradients still held
             zero.zero_grad()
         out[f"{name} seen"] = seen[0]
         out[f"{name} losses"] = torch.tensor(losses)
-        out[f"{name} state"] = zero.full_state_dict()
+        out[f"{name} state"] = P.zero_full_state_dict(zero)
     return out
 
 
@@ -470,15 +559,23 @@ def test_zero3_mixed_precision_gathers_bf16_keeps_fp32_masters_and_stays_close(m
     ref_losses, ref_grads, ref_state = _reference_losses_and_first_grads()
     start = state(make_model())
     for rank, res in enumerate(mixed_results):
-        assert_same(res["fp32 state"], ref_state, f"ZeRO-3 fp32 (compute_dtype=float32) rank {rank}")   # exact
+        assert_same(
+            res["fp32 state"], ref_state, f"ZeRO-3 fp32 (compute_dtype=float32) rank {rank}"
+        )  # exact
         for name in ("bf16/fp32", "bf16/bf16"):
             dtype, nbytes = res[f"{name} seen"]
             padded = res[f"{name} units"][0][0]
-            assert dtype == torch.bfloat16 and nbytes == 2 * padded, name   # block 0 ran on a bf16 gathered copy
-            assert res[f"{name} shard dtypes"] == {torch.float32}, name     # fp32 masters and shard gradients
+            assert dtype == torch.bfloat16 and nbytes == 2 * padded, (
+                name
+            )  # block 0 ran on a bf16 gathered copy
+            assert res[f"{name} shard dtypes"] == {torch.float32}, (
+                name
+            )  # fp32 masters and shard gradients
             # Tolerances ~3x what bf16 (8 significant bits) gave here: losses 4e-4, gradients 1e-2 (relative
             # norm of the error), 5 AdamW steps 0.15 (Adam's 1/sqrt(v) amplifies noise on small gradients).
-            torch.testing.assert_close(res[f"{name} losses"], ref_losses[:, rank], rtol=2e-3, atol=0)
+            torch.testing.assert_close(
+                res[f"{name} losses"], ref_losses[:, rank], rtol=2e-3, atol=0
+            )
             for k, g in ref_grads.items():
                 err = (res[f"{name} grads"][k] - g).norm() / g.norm()
                 assert err < 0.03, (name, k, float(err))
@@ -498,7 +595,8 @@ def test_zero3_mixed_precision_traffic_matches_the_formula(mixed_results):
     for name, (gather, reduce) in bytes_of.items():
         sent = res[f"{name} bytes"]
         assert sent["all_gather"] + sent["reduce_scatter"] == pytest.approx(
-            P.zero_bytes_per_step(blocks, other, 2, 3, gather, reduce)), name
+            P.zero_bytes_per_step(blocks, other, 2, 3, gather, reduce)
+        ), name
     assert res["bf16/fp32 bytes"]["all_gather"] == res["fp32 bytes"]["all_gather"] / 2
     assert res["bf16/fp32 bytes"]["reduce_scatter"] == res["fp32 bytes"]["reduce_scatter"]
     assert res["bf16/bf16 bytes"]["reduce_scatter"] == res["fp32 bytes"]["reduce_scatter"] / 2
@@ -508,6 +606,7 @@ def test_zero3_mixed_precision_holds_what_the_formulas_say(mixed_results):
     """Between steps a rank holds fp32 shards, fp32 shard gradients and AdamW's two moments: 4/n + 4/n + 8/n
     bytes per parameter, in bf16 mode as in fp32 (the bf16 copies exist only while a unit is gathered)."""
     import scaling
+
     n_params = make_model().num_params()
     for res in mixed_results:
         for name in MIXED:
@@ -515,9 +614,12 @@ def test_zero3_mixed_precision_holds_what_the_formulas_say(mixed_results):
             assert got["params"] == pytest.approx(4 / 2 * n_params, rel=0.05), name
             assert got["grads"] == pytest.approx(4 / 2 * n_params, rel=0.05), name
             assert got["optimizer"] == pytest.approx(8 / 2 * n_params, rel=0.05), name
-            assert sum(got.values()) == pytest.approx(P.zero_memory_per_rank(n_params, 2, 3, 4, 4, 8), rel=0.05)
-            assert sum(got.values()) == pytest.approx(scaling.training_memory(n_params, 2, 3, 4, 4, 8).total,
-                                                      rel=0.05)
+            assert sum(got.values()) == pytest.approx(
+                P.zero_memory_per_rank(n_params, 2, 3, 4, 4, 8), rel=0.05
+            )
+            assert sum(got.values()) == pytest.approx(
+                scaling.training_memory(n_params, 2, 3, 4, 4, 8).total, rel=0.05
+            )
 
 
 def test_mixed_precision_is_zero3s_only():
@@ -528,6 +630,7 @@ def test_mixed_precision_is_zero3s_only():
 # ------------------------------------------------------------------------------------------------------------------
 # Failures
 # ------------------------------------------------------------------------------------------------------------------
+
 
 def _one_rank_dies(rank, world):
     if rank == 1:
@@ -555,8 +658,11 @@ def test_bad_mesh_is_one_clear_line():
 # Pipeline schedules, without processes
 # ------------------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["afab", "1f1b"])
-@pytest.mark.parametrize("p,m", [(1, 1), (1, 3), (2, 1), (2, 4), (3, 2), (4, 1), (4, 4), (4, 6), (4, 16), (5, 3)])
+@pytest.mark.parametrize(
+    "p,m", [(1, 1), (1, 3), (2, 1), (2, 4), (3, 2), (4, 1), (4, 4), (4, 6), (4, 16), (5, 3)]
+)
 def test_schedule_is_complete_ordered_matched_and_bounded(name, p, m):
     schedule = MP.SCHEDULES[name](p, m)
     assert len(schedule) == p
@@ -568,13 +674,19 @@ def test_schedule_is_complete_ordered_matched_and_bounded(name, p, m):
             assert actions.index(MP.Action("F", i)) < actions.index(MP.Action("B", i))
         # Every activation sent forward has a receive on the next stage, in the same order; same backwards.
         if s < p - 1:
-            assert [a.mb for a in actions if a.op == "SEND_F"] == [a.mb for a in schedule[s + 1] if a.op == "RECV_F"]
-            assert [a.mb for a in actions if a.op == "RECV_B"] == [a.mb for a in schedule[s + 1] if a.op == "SEND_B"]
+            assert [a.mb for a in actions if a.op == "SEND_F"] == [
+                a.mb for a in schedule[s + 1] if a.op == "RECV_F"
+            ]
+            assert [a.mb for a in actions if a.op == "RECV_B"] == [
+                a.mb for a in schedule[s + 1] if a.op == "SEND_B"
+            ]
         else:
             assert not [a for a in actions if a.op in ("SEND_F", "RECV_B")]
         if s == 0:
             assert not [a for a in actions if a.op in ("RECV_F", "SEND_B")]
-    result = MP.simulate(schedule)  # raises on deadlock, mismatched messages, or compute before its input
+    result = MP.simulate(
+        schedule
+    )  # raises on deadlock, mismatched messages, or compute before its input
     bound = m if name == "afab" else min(p, m)
     assert max(result["peak_in_flight"]) == bound
     if name == "1f1b":
@@ -594,13 +706,17 @@ def test_simulator_catches_broken_schedules():
     swapped = [good[0], [a if a.op != "RECV_F" else MP.Action("RECV_F", 1 - a.mb) for a in good[1]]]
     with pytest.raises(P.ParallelError, match="meets micro-batch"):
         MP.simulate(swapped)
-    early_send = [[MP.Action("F", 0), MP.Action("SEND_F", 0), MP.Action("RECV_B", 0), MP.Action("B", 0)],
-                  [MP.Action("SEND_B", 0), MP.Action("RECV_F", 0), MP.Action("F", 0), MP.Action("B", 0)]]
+    early_send = [
+        [MP.Action("F", 0), MP.Action("SEND_F", 0), MP.Action("RECV_B", 0), MP.Action("B", 0)],
+        [MP.Action("SEND_B", 0), MP.Action("RECV_F", 0), MP.Action("F", 0), MP.Action("B", 0)],
+    ]
     with pytest.raises(P.ParallelError, match="before computing what it sends"):
         MP.simulate(early_send)
     # Stage 0 waits for a gradient before sending the activation that stage 1 needs to produce it.
-    deadlock = [[MP.Action("RECV_B", 0), MP.Action("F", 0), MP.Action("SEND_F", 0), MP.Action("B", 0)],
-                [MP.Action("RECV_F", 0), MP.Action("F", 0), MP.Action("B", 0), MP.Action("SEND_B", 0)]]
+    deadlock = [
+        [MP.Action("RECV_B", 0), MP.Action("F", 0), MP.Action("SEND_F", 0), MP.Action("B", 0)],
+        [MP.Action("RECV_F", 0), MP.Action("F", 0), MP.Action("B", 0), MP.Action("SEND_B", 0)],
+    ]
     with pytest.raises(P.ParallelError, match="deadlock"):
         MP.simulate(deadlock)
 
@@ -608,9 +724,9 @@ def test_simulator_catches_broken_schedules():
 def test_refused_combinations_say_why():
     P.check_combination(1, 2, 2)
     P.check_combination(2, 2, 1)
-    with pytest.raises(P.ParallelError, match="use --zero 1 with --pp"):
+    with pytest.raises(P.ParallelError, match="use ZeRO-1 with pp"):
         P.check_combination(2, 1, 2)
-    with pytest.raises(P.ParallelError, match="use --zero 1 or 2 with --tp"):
+    with pytest.raises(P.ParallelError, match="use ZeRO-1 or 2 with tp"):
         P.check_combination(3, 2, 1)
 
 
@@ -629,14 +745,18 @@ def test_vocab_parallel_loss_makes_one_fp32_copy_and_no_host_read(dtype, monkeyp
     vocabulary rows; the reference is F.cross_entropy of the fp32 logits, loss and gradient."""
     from test_model import NewTensors
     from test_train import HostReads
+
     gen = torch.Generator().manual_seed(0)
     logits = (4 * torch.randn(12, 10, generator=gen)).to(dtype).requires_grad_()
     targets = torch.randint(0, 7, (12,), generator=gen)
-    targets[3] = -1                                                    # ignored
+    targets[3] = -1  # ignored
     with NewTensors(12 * 10) as made, HostReads() as reads:
         loss = MP.vocab_parallel_cross_entropy(logits, targets, P.Comm.single(), 0, 7)
         (grad,) = torch.autograd.grad(loss, logits)
-    assert [kind for _, kind in made.made].count(torch.float32) == 1 and reads.reads == [], (made.made, reads.reads)
+    assert [kind for _, kind in made.made].count(torch.float32) == 1 and reads.reads == [], (
+        made.made,
+        reads.reads,
+    )
     reference = torch.nn.functional.cross_entropy(logits[:, :7].float(), targets, ignore_index=-1)
     (want,) = torch.autograd.grad(reference, logits)
     torch.testing.assert_close(loss, reference)
@@ -646,17 +766,21 @@ def test_vocab_parallel_loss_makes_one_fp32_copy_and_no_host_read(dtype, monkeyp
 
 def test_tensor_parallel_refuses_sizes_that_do_not_divide():
     comm = P.Comm(None, [0, 1, 2], 0)  # only sizes are read before any communication
-    with pytest.raises(P.ParallelError, match="n_head = 4 is not divisible by --tp 3"):
+    with pytest.raises(P.ParallelError, match="n_head = 4 is not divisible by tp 3"):
         MP.apply_tensor_parallel(make_model(), comm)
-    gqa = GPTConfig(vocab_size=62, block_size=16, n_layer=1, n_head=4, n_kv_head=1, n_embd=32, ffn_hidden=64)
-    with pytest.raises(P.ParallelError, match="n_kv_head = 1 is not divisible by --tp 2"):
+    gqa = GPTConfig(
+        vocab_size=62, block_size=16, n_layer=1, n_head=4, n_kv_head=1, n_embd=32, ffn_hidden=64
+    )
+    with pytest.raises(P.ParallelError, match="n_kv_head = 1 is not divisible by tp 2"):
         MP.apply_tensor_parallel(make_model(gqa), P.Comm(None, [0, 1], 0))
     moe = dataclasses.replace(CFG, n_expert=2)
     with pytest.raises(P.ParallelError, match="this model uses MoE"):
         MP.apply_tensor_parallel(make_model(moe), P.Comm(None, [0, 1], 0))
-    two_stages = P.Mesh(2, 0, P.Comm.single(), P.Comm.single(), P.Comm(None, [0, 1], 0), P.Comm.single())
+    two_stages = P.Mesh(
+        2, 0, P.Comm.single(), P.Comm.single(), P.Comm(None, [0, 1], 0), P.Comm.single()
+    )
     model = make_model(moe)
-    with pytest.raises(P.ParallelError, match="use --pp 1 with MoE"):
+    with pytest.raises(P.ParallelError, match="use pp 1 with MoE"):
         MP.parallelize(model, torch.optim.AdamW(model.parameters()), two_stages)
 
 
@@ -664,8 +788,16 @@ def test_tensor_parallel_refuses_sizes_that_do_not_divide():
 # Tensor and pipeline parallel (and their combinations): equal to one process after 5 clipped AdamW steps
 # ------------------------------------------------------------------------------------------------------------------
 
-CFG4 = GPTConfig(vocab_size=62, block_size=16, n_layer=4, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64,
-                 tie_embeddings=False)
+CFG4 = GPTConfig(
+    vocab_size=62,
+    block_size=16,
+    n_layer=4,
+    n_head=4,
+    n_kv_head=2,
+    n_embd=32,
+    ffn_hidden=64,
+    tie_embeddings=False,
+)
 BATCH12 = 12  # divisible by 1, 2, 3, 4, 6 micro-batches and 2 dp ranks
 
 
@@ -675,9 +807,13 @@ def _train_split(mesh, cfg, schedule, micro_batches, data, zero_stage=0, sgd=Fal
     model = make_model(cfg)
     split = MP.TensorParallel(model, mesh.tp)  # with tp = 1 nothing is split
     pipe = MP.PipelineParallel(model, mesh, schedule) if mesh.pp.size > 1 else None
-    optimizer_cls, lr, clip = (torch.optim.SGD, SGD_LR, float("inf")) if sgd else (torch.optim.AdamW, LR, CLIP)
+    optimizer_cls, lr, clip = (
+        (torch.optim.SGD, SGD_LR, float("inf")) if sgd else (torch.optim.AdamW, LR, CLIP)
+    )
     if zero_stage:
-        zero = P.Zero(model, mesh.dp, zero_stage, optimizer_cls, param_groups=param_groups(model), lr=lr)
+        zero = P.Zero(
+            model, mesh.dp, zero_stage, optimizer_cls, param_groups=param_groups(model), lr=lr
+        )
         sync = opt = zero
     else:
         sync = P.DataParallel(model, mesh.dp) if mesh.dp.size > 1 else None
@@ -702,7 +838,9 @@ def _train_split(mesh, cfg, schedule, micro_batches, data, zero_stage=0, sgd=Fal
     with zero.gathered() if zero_stage else contextlib.nullcontext():
         full = MP.full_model_state_dict(model, mesh)
     losses = torch.stack(losses)
-    mesh.dp.all_reduce(losses)  # each dp rank saw a slice of the batch: the batch loss is their mean
+    mesh.dp.all_reduce(
+        losses
+    )  # each dp rank saw a slice of the batch: the batch loss is their mean
     return {"state": full, "losses": losses / mesh.dp.size, "norms": torch.stack(norms)}
 
 
@@ -725,7 +863,11 @@ def _train_parallelized(mesh, zero, schedule, micro_batches, data, resume_from=N
     after loading a single-process checkpoint (model + optimizer in torch's own format); sgd=True: SGD_STEPS
     steps of plain SGD without clipping."""
     model = make_model()
-    opt = torch.optim.SGD(param_groups(model), lr=SGD_LR) if sgd else torch.optim.AdamW(param_groups(model), lr=LR)
+    opt = (
+        torch.optim.SGD(param_groups(model), lr=SGD_LR)
+        if sgd
+        else torch.optim.AdamW(param_groups(model), lr=LR)
+    )
     wrapped, wopt = MP.parallelize(model, opt, mesh, zero=zero, schedule=schedule)
     if sgd:
         data = data[:SGD_STEPS]
@@ -748,29 +890,46 @@ def _train_parallelized(mesh, zero, schedule, micro_batches, data, resume_from=N
     with torch.no_grad():
         x, y = data[0]
         eval_loss = wrapped(x, y)[1]
-    return {"model": wrapped.full_state_dict(), "optimizer": wopt.state_dict(), "eval_loss": eval_loss,
-            "describe": wrapped.describe(micro_batches), "norms": norms}
+    return {
+        "model": wrapped.full_state_dict(),
+        "optimizer": wopt.state_dict(),
+        "eval_loss": eval_loss,
+        "describe": wrapped.describe(micro_batches),
+        "norms": norms,
+    }
 
 
 def _world2_split_worker(rank, world, resume_from):
     data = batches(batch=BATCH12)
     out = {}
-    for name, sizes, zero, schedule in [("zero3", dict(dp=2), 3, "1f1b"), ("tp2_zero2", dict(tp=2), 2, "1f1b"),
-                                        ("pp2_afab", dict(pp=2), 0, "afab"), ("dp2", dict(dp=2), 0, "1f1b")]:
+    for name, sizes, zero, schedule in [
+        ("zero3", dict(dp=2), 3, "1f1b"),
+        ("tp2_zero2", dict(tp=2), 2, "1f1b"),
+        ("pp2_afab", dict(pp=2), 0, "afab"),
+        ("dp2", dict(dp=2), 0, "1f1b"),
+    ]:
         mesh = P.Mesh.build(**sizes)
         out["parallelized_" + name] = _train_parallelized(mesh, zero, schedule, 3, data)
         out["resumed_" + name] = _train_parallelized(mesh, zero, schedule, 3, data[:1], resume_from)
-        out["sgd_parallelized_" + name] = _train_parallelized(mesh, zero, schedule, 3, data, sgd=True)
+        out["sgd_parallelized_" + name] = _train_parallelized(
+            mesh, zero, schedule, 3, data, sgd=True
+        )
     tp = P.Mesh.build(tp=2)
     pp = P.Mesh.build(pp=2)
-    for name, mesh, cfg, schedule, m in [("tp2", tp, CFG, "1f1b", 1), ("pp2_afab", pp, CFG, "afab", 4),
-                                         ("pp2_1f1b", pp, CFG, "1f1b", 3), ("pp2_1f1b_untied", pp, CFG4, "1f1b", 6)]:
+    for name, mesh, cfg, schedule, m in [
+        ("tp2", tp, CFG, "1f1b", 1),
+        ("pp2_afab", pp, CFG, "afab", 4),
+        ("pp2_1f1b", pp, CFG, "1f1b", 3),
+        ("pp2_1f1b_untied", pp, CFG4, "1f1b", 6),
+    ]:
         out[name] = _train_split(mesh, cfg, schedule, m, data)
         out["sgd_" + name] = _train_split(mesh, cfg, schedule, m, data, sgd=True)
     # Activation checkpointing recomputes each block in backward: the same numbers under TP, PP and ZeRO-3.
     out["tp2_checkpointing"] = _train_split(tp, CFG_CKPT, "1f1b", 1, data)
     out["pp2_checkpointing"] = _train_split(pp, CFG_CKPT, "1f1b", 3, data)
-    out["zero3_checkpointing"] = _train_split(P.Mesh.build(dp=2), CFG_CKPT, "1f1b", 1, data, zero_stage=3)
+    out["zero3_checkpointing"] = _train_split(
+        P.Mesh.build(dp=2), CFG_CKPT, "1f1b", 1, data, zero_stage=3
+    )
     return out
 
 
@@ -805,19 +964,28 @@ def test_parallelize_checkpoints_are_single_process_checkpoints(world2_split, mo
         got = res["parallelized_" + mode]
         assert_same(got["model"], state(ref_model), f"{mode} rank {rank}")
         assert_norms(got["norms"], reference_norms(CFG, len(data), data), f"{mode} rank {rank}")
-        assert_same(res["sgd_parallelized_" + mode]["model"], reference_sgd(CFG, data), f"{mode} rank {rank}, SGD")
+        assert_same(
+            res["sgd_parallelized_" + mode]["model"],
+            reference_sgd(CFG, data),
+            f"{mode} rank {rank}, SGD",
+        )
         torch.testing.assert_close(got["eval_loss"], ref_eval, **TOL)
         assert got["optimizer"]["state"].keys() == ref_opt_state["state"].keys()
         for i, s in ref_opt_state["state"].items():
             for key in s:
                 torch.testing.assert_close(got["optimizer"]["state"][i][key], s[key], **TOL)
-        assert [g["params"] for g in got["optimizer"]["param_groups"]] == \
-            [g["params"] for g in ref_opt_state["param_groups"]]
-        assert_same(res["resumed_" + mode]["model"], state(next_model), f"{mode} resumed on rank {rank}")
-        sizes = {"zero3": "dp 2 x tp 1 x pp 1 x cp 1 (ep 1 inside dp), ZeRO-3",
-                 "tp2_zero2": "dp 1 x tp 2 x pp 1 x cp 1 (ep 1 inside dp), ZeRO-2",
-                 "pp2_afab": "dp 1 x tp 1 x pp 2 x cp 1 (ep 1 inside dp), ZeRO-0, afab",
-                 "dp2": "dp 2 x tp 1 x pp 1 x cp 1 (ep 1 inside dp), ZeRO-0"}[mode]
+        assert [g["params"] for g in got["optimizer"]["param_groups"]] == [
+            g["params"] for g in ref_opt_state["param_groups"]
+        ]
+        assert_same(
+            res["resumed_" + mode]["model"], state(next_model), f"{mode} resumed on rank {rank}"
+        )
+        sizes = {
+            "zero3": "dp 2 x tp 1 x pp 1 x cp 1 (ep 1 inside dp), ZeRO-3",
+            "tp2_zero2": "dp 1 x tp 2 x pp 1 x cp 1 (ep 1 inside dp), ZeRO-2",
+            "pp2_afab": "dp 1 x tp 1 x pp 2 x cp 1 (ep 1 inside dp), ZeRO-0, afab",
+            "dp2": "dp 2 x tp 1 x pp 1 x cp 1 (ep 1 inside dp), ZeRO-0",
+        }[mode]
         assert sizes in got["describe"]
         if mode == "pp2_afab":
             assert "bubble (p-1)/(m+p-1) = 25.0% with 3 micro-batches" in got["describe"]
@@ -826,9 +994,18 @@ def test_parallelize_checkpoints_are_single_process_checkpoints(world2_split, mo
 CFG_CKPT = dataclasses.replace(CFG, activation_checkpointing=True)
 
 
-@pytest.mark.parametrize("mode,cfg", [("tp2", CFG), ("pp2_afab", CFG), ("pp2_1f1b", CFG), ("pp2_1f1b_untied", CFG4),
-                                      ("tp2_checkpointing", CFG), ("pp2_checkpointing", CFG),
-                                      ("zero3_checkpointing", CFG)])
+@pytest.mark.parametrize(
+    "mode,cfg",
+    [
+        ("tp2", CFG),
+        ("pp2_afab", CFG),
+        ("pp2_1f1b", CFG),
+        ("pp2_1f1b_untied", CFG4),
+        ("tp2_checkpointing", CFG),
+        ("pp2_checkpointing", CFG),
+        ("zero3_checkpointing", CFG),
+    ],
+)
 def test_tensor_and_pipeline_parallel_equal_single_process(world2_split, mode, cfg):
     data = batches(batch=BATCH12)
     want_state, want_losses, want_norms = _reference_losses(cfg, data)
@@ -837,22 +1014,27 @@ def test_tensor_and_pipeline_parallel_equal_single_process(world2_split, mode, c
         torch.testing.assert_close(res[mode]["losses"], want_losses, **TOL)
         assert_norms(res[mode]["norms"], want_norms, f"{mode} rank {rank}")
         if "sgd_" + mode in res:
-            assert_same(res["sgd_" + mode]["state"], reference_sgd(cfg, data), f"{mode} rank {rank}, plain SGD")
+            assert_same(
+                res["sgd_" + mode]["state"],
+                reference_sgd(cfg, data),
+                f"{mode} rank {rank}, plain SGD",
+            )
 
 
 def _world4_worker(rank, world):
     data = batches(batch=BATCH12)
     out = {}
     for name, sizes, cfg, schedule, m, zero in [
-            ("tp2_dp2", dict(tp=2, dp=2), CFG, "1f1b", 1, 0),
-            ("pp2_dp2", dict(pp=2, dp=2), CFG, "1f1b", 2, 0),
-            ("pp2_dp2_zero1", dict(pp=2, dp=2), CFG, "afab", 3, 1),
-            ("tp2_pp2", dict(tp=2, pp=2), CFG, "1f1b", 3, 0),
-            ("tp2_dp2_zero2", dict(tp=2, dp=2), CFG, "1f1b", 1, 2),
-            ("pp4_m1", dict(pp=4), CFG4, "1f1b", 1, 0),
-            ("pp4_m4", dict(pp=4), CFG4, "1f1b", 4, 0),
-            ("pp4_m6", dict(pp=4), CFG4, "1f1b", 6, 0),
-            ("zero3_dp4", dict(dp=4), CFG_ODD, "1f1b", 1, 3)]:
+        ("tp2_dp2", dict(tp=2, dp=2), CFG, "1f1b", 1, 0),
+        ("pp2_dp2", dict(pp=2, dp=2), CFG, "1f1b", 2, 0),
+        ("pp2_dp2_zero1", dict(pp=2, dp=2), CFG, "afab", 3, 1),
+        ("tp2_pp2", dict(tp=2, pp=2), CFG, "1f1b", 3, 0),
+        ("tp2_dp2_zero2", dict(tp=2, dp=2), CFG, "1f1b", 1, 2),
+        ("pp4_m1", dict(pp=4), CFG4, "1f1b", 1, 0),
+        ("pp4_m4", dict(pp=4), CFG4, "1f1b", 4, 0),
+        ("pp4_m6", dict(pp=4), CFG4, "1f1b", 6, 0),
+        ("zero3_dp4", dict(dp=4), CFG_ODD, "1f1b", 1, 3),
+    ]:
         mesh = P.Mesh.build(**sizes)
         out[name] = _train_split(mesh, cfg, schedule, m, data, zero)
         out["sgd_" + name] = _train_split(mesh, cfg, schedule, m, data, zero, sgd=True)
@@ -860,7 +1042,9 @@ def _world4_worker(rank, world):
 
 
 # Sizes that do not divide by 4 ranks (embedding 63 x 34 = 2,142 and the final norm's 34): ZeRO-3 pads.
-CFG_ODD = GPTConfig(vocab_size=63, block_size=16, n_layer=2, n_head=1, n_kv_head=1, n_embd=34, ffn_hidden=50)
+CFG_ODD = GPTConfig(
+    vocab_size=63, block_size=16, n_layer=2, n_head=1, n_kv_head=1, n_embd=34, ffn_hidden=50
+)
 
 
 def test_odd_config_really_needs_padding_on_4_ranks():
@@ -875,10 +1059,14 @@ def test_world4_combinations_equal_single_process():
     results = P.launch(_world4_worker, 4, timeout_s=300)
     data = batches(batch=BATCH12)
     cfgs = {"CFG": CFG, "CFG4": CFG4, "CFG_ODD": CFG_ODD}
-    refs = {name: (*_reference_losses(cfg, data), reference_sgd(cfg, data)) for name, cfg in cfgs.items()}
+    refs = {
+        name: (*_reference_losses(cfg, data), reference_sgd(cfg, data))
+        for name, cfg in cfgs.items()
+    }
     for name in [n for n in results[0] if not n.startswith("sgd_")]:
         want_state, want_losses, want_norms, want_sgd = refs[
-            "CFG4" if name.startswith("pp4") else "CFG_ODD" if "zero3" in name else "CFG"]
+            "CFG4" if name.startswith("pp4") else "CFG_ODD" if "zero3" in name else "CFG"
+        ]
         for rank, res in enumerate(results):
             assert_same(res[name]["state"], want_state, f"{name} rank {rank}")
             torch.testing.assert_close(res[name]["losses"], want_losses, **TOL)
@@ -890,26 +1078,28 @@ def test_world4_combinations_equal_single_process():
 # Docstring examples and the command line
 # ------------------------------------------------------------------------------------------------------------------
 
+
 def test_docstring_examples():
     import doctest
+
     assert doctest.testmod(P).failed == 0
 
 
 def test_cli_memory_and_schedule(capsys):
-    assert P.main(["memory", "--params", "7e9", "--world", "8"]) == 0
+    assert command.main(["memory", "--params", "7e9", "--world", "8"]) == 0
     out = capsys.readouterr().out
     for figure in ("112.00 GB", "38.50 GB", "26.25 GB", "14.00 GB"):
         assert figure in out
-    assert P.main(["schedule", "--p", "4", "--m", "16"]) == 0
+    assert command.main(["schedule", "--p", "4", "--m", "16"]) == 0
     assert "simulated 0.158, formula (p-1)/(m+p-1) = 0.158" in capsys.readouterr().out
-    assert P.main(["mesh", "--dp", "2", "--tp", "2", "--pp", "2"]) == 0
+    assert command.main(["mesh", "--dp", "2", "--tp", "2", "--pp", "2"]) == 0
     assert "dp groups: [[0, 2], [1, 3], [4, 6], [5, 7]]" in capsys.readouterr().out
     for bad in (["schedule", "--p", "0"], ["memory", "--params", "-5"], ["schedule", "--p", "abc"]):
         with pytest.raises(SystemExit) as e:
-            P.main(bad)
+            command.main(bad)
         assert e.value.code == 2
     capsys.readouterr()
-    assert P.main(["demo", "--world", "3"]) == 2  # refused before any process starts
+    assert command.main(["demo", "--world", "3"]) == 2  # refused before any process starts
     assert "splits over 1 or 2 ranks, not --world 3" in capsys.readouterr().err
 
 
@@ -917,10 +1107,36 @@ def test_cli_memory_and_schedule(capsys):
 # train.py wiring: --zero / --tp / --pp on 2 ranks give the single-process loss curve; checkpoints change layout
 # ------------------------------------------------------------------------------------------------------------------
 
-TRAIN_ARGS = ["--model", "tiny", "--model-args", "n_layer=2,n_head=2,n_kv_head=2,n_embd=32,block_size=32",
-              "--batch-size", "4", "--block-size", "32", "--lr", "3e-3", "--warmup-steps", "2", "--max-steps", "6",
-              "--eval-interval", "3", "--eval-batches", "2", "--ckpt-interval", "3", "--log-interval", "1000",
-              "--num-samples", "1", "--sample-tokens", "4", "--peak-flops", "1e12"]
+TRAIN_ARGS = [
+    "--model",
+    "tiny",
+    "--model-args",
+    "n_layer=2,n_head=2,n_kv_head=2,n_embd=32,block_size=32",
+    "--batch-size",
+    "4",
+    "--block-size",
+    "32",
+    "--lr",
+    "3e-3",
+    "--warmup-steps",
+    "2",
+    "--max-steps",
+    "6",
+    "--eval-interval",
+    "3",
+    "--eval-batches",
+    "2",
+    "--ckpt-interval",
+    "3",
+    "--log-interval",
+    "1000",
+    "--num-samples",
+    "1",
+    "--sample-tokens",
+    "4",
+    "--peak-flops",
+    "1e12",
+]
 
 
 @pytest.fixture(scope="module")
@@ -929,13 +1145,31 @@ def tiny_dataset(tmp_path_factory):
 
     import data
     from machinery import dataset
+
     rng = random.Random(0)
-    words = ["the parser", "a list", "returns", "reads", "the keys", "every item", "a string", "sorts", "joins"]
-    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(40, 80))) + "." for _ in range(200)]
+    words = [
+        "the parser",
+        "a list",
+        "returns",
+        "reads",
+        "the keys",
+        "every item",
+        "a string",
+        "sorts",
+        "joins",
+    ]
+    docs = [
+        " ".join(rng.choice(words) for _ in range(rng.randint(40, 80))) + "." for _ in range(200)
+    ]
     root = tmp_path_factory.mktemp("parallel-train-data")
     (root / "corpus.txt").write_text("\n\n".join(docs))
-    return dataset.prepare([str(root / "corpus.txt")], out_dir=root / "prepared", vocab_size=300, seed=0,
-                           clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False))
+    return dataset.prepare(
+        [str(root / "corpus.txt")],
+        out_dir=root / "prepared",
+        vocab_size=300,
+        seed=0,
+        clean_settings=data.CleanSettings(filters="none", near_dup_threshold=0, mask_pii=False),
+    )
 
 
 def _train_rank(rank, world, argv):
@@ -966,19 +1200,27 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
     train_run.train(train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
     want_loss, want_val = _curve(tmp_path / "one")
     assert sorted(want_loss) == list(range(6))
-    runs = {"zero3": (2, ["--zero", "3", "--batch-size", "2"]), "tp2": (2, ["--tp", "2"]),
-            "pp2": (2, ["--pp", "2", "--micro-batches", "2", "--pp-schedule", "1f1b"]),
-            "dp2_tp2_zero1": (4, ["--tp", "2", "--zero", "1", "--batch-size", "2"])}
+    runs = {
+        "zero3": (2, ["--zero", "3", "--batch-size", "2"]),
+        "tp2": (2, ["--tp", "2"]),
+        "pp2": (2, ["--pp", "2", "--micro-batches", "2", "--pp-schedule", "1f1b"]),
+        "dp2_tp2_zero1": (4, ["--tp", "2", "--zero", "1", "--batch-size", "2"]),
+    }
     for name, (world, flags) in runs.items():
-        P.launch(_train_rank, world, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240)
+        P.launch(
+            _train_rank, world, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240
+        )
         loss, val = _curve(tmp_path / name)
         for s in range(6):  # the loss, and the gradient norm that sees a wrong gradient scale
             assert loss[s] == pytest.approx(want_loss[s], rel=1e-4), (name, s)
         assert val == pytest.approx(want_val, rel=1e-4), name
     # Resume at step 3 in another layout, finish, same curve.
-    for source, target, world, flags in [("zero3", "zero3_on_1", 1, []), ("dp2_tp2_zero1", "dp2_tp2_on_1", 1, []),
-                                         ("one", "one_on_tp2", 2, ["--tp", "2"]),
-                                         ("one", "one_on_tp2_pp2", 4, ["--tp", "2", "--pp", "2"])]:
+    for source, target, world, flags in [
+        ("zero3", "zero3_on_1", 1, []),
+        ("dp2_tp2_zero1", "dp2_tp2_on_1", 1, []),
+        ("one", "one_on_tp2", 2, ["--tp", "2"]),
+        ("one", "one_on_tp2_pp2", 4, ["--tp", "2", "--pp", "2"]),
+    ]:
         (tmp_path / target).mkdir()
         shutil.copy(train.checkpoint_path(tmp_path / source, 3), tmp_path / target)
         argv = [*base, *flags, "--out-dir", str(tmp_path / target), "--resume"]
@@ -999,7 +1241,9 @@ def _train_rank_log(rank, world, argv):
     return "\n".join(map(str, lines))
 
 
-def test_train_py_zero3_in_bf16_gathers_bf16_and_follows_the_single_process_curve(tiny_dataset, tmp_path):
+def test_train_py_zero3_in_bf16_gathers_bf16_and_follows_the_single_process_curve(
+    tiny_dataset, tmp_path
+):
     """`train.py --zero 3 --dtype bf16` on 2 ranks: FSDP-style mixed precision, the 1-process bf16 curve within
     bf16's tolerance, fp32 weights in the checkpoint; --zero-reduce-dtype bf16 too."""
     import train
@@ -1010,9 +1254,26 @@ def test_train_py_zero3_in_bf16_gathers_bf16_and_follows_the_single_process_curv
     want, _ = _curve(tmp_path / "one")
     for reduce in ("fp32", "bf16"):
         out = tmp_path / f"zero3_{reduce}"
-        logs = P.launch(_train_rank_log, 2, [*base, "--zero", "3", "--batch-size", "2", "--zero-reduce-dtype",
-                                             reduce, "--out-dir", str(out)], timeout_s=240)
-        assert f"weights gathered in 2 bytes, gradients reduced in {4 if reduce == 'fp32' else 2}" in logs[0]
+        logs = P.launch(
+            _train_rank_log,
+            2,
+            [
+                *base,
+                "--zero",
+                "3",
+                "--batch-size",
+                "2",
+                "--zero-reduce-dtype",
+                reduce,
+                "--out-dir",
+                str(out),
+            ],
+            timeout_s=240,
+        )
+        assert (
+            f"weights gathered in 2 bytes, gradients reduced in {4 if reduce == 'fp32' else 2}"
+            in logs[0]
+        )
         loss, _ = _curve(out)
         for s in range(6):  # the loss and the pre-clip grad norm, within bf16's tolerance
             assert loss[s] == pytest.approx(want[s], rel=1e-2), (reduce, s)
@@ -1031,13 +1292,19 @@ def _train_expect_error(rank, world, argv):
     return "no error"
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--tp", "3"], "tp*pp = 3*1 does not divide the world size 2"),
-    (["--zero", "2", "--pp", "2"], "use --zero 1 with --pp"),
-    (["--zero", "3", "--tp", "2"], "use --zero 1 or 2 with --tp"),
-    (["--pp", "2", "--micro-batches", "3"], "--micro-batches 3 does not divide the 4 sequences"),
-    (["--tp", "2", "--dtype", "fp16"], "--dtype fp16 with --zero/--tp/--pp"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--tp", "3"], "tp*pp = 3*1 does not divide the world size 2"),
+        (["--zero", "2", "--pp", "2"], "use ZeRO-1 with pp"),
+        (["--zero", "3", "--tp", "2"], "use ZeRO-1 or 2 with tp"),
+        (
+            ["--pp", "2", "--micro-batches", "3"],
+            "--micro-batches 3 does not divide the 4 sequences",
+        ),
+        (["--tp", "2", "--dtype", "fp16"], "--dtype fp16 with --zero/--tp/--pp"),
+    ],
+)
 def test_train_py_refuses_bad_layouts_with_one_line(tiny_dataset, tmp_path, flags, message):
     argv = ["--data", str(tiny_dataset), *TRAIN_ARGS, *flags, "--out-dir", str(tmp_path / "run")]
     for error in P.launch(_train_expect_error, 2, argv, timeout_s=120):
@@ -1049,9 +1316,14 @@ def test_train_py_refuses_bad_layouts_with_one_line(tiny_dataset, tmp_path, flag
 # raises, and so does copying a value out; see tests/test_model.py for why not FakeTensorMode here)
 # ------------------------------------------------------------------------------------------------------------------
 
+
 def _meta_gpt(**overrides) -> GPT:
-    cfg = GPTConfig(**{**dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32),
-                       **overrides})
+    cfg = GPTConfig(
+        **{
+            **dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32),
+            **overrides,
+        }
+    )
     with torch.device("meta"):
         return GPT(cfg)
 
@@ -1063,11 +1335,21 @@ def test_zero_optimizer_state_loads_onto_the_shards_device_step_included(stage):
     model = _meta_gpt()
     zero = P.Zero(model, P.Comm.single(), stage, torch.optim.AdamW, lr=1e-3)
     names = [n for n, _ in model.named_parameters()]
-    saved = {"state": {n: {"step": torch.tensor(7.0), "exp_avg": torch.zeros(p.shape),
-                           "exp_avg_sq": torch.zeros(p.shape)} for n, p in model.named_parameters()},
-             "param_groups": [{"lr": 1e-3, "param_names": names}]}
-    zero.load_optimizer_state_dict(saved)
-    placed = {(k, v.device.type) for u in zero.units for k, v in zero.optimizer.state[u.shard].items()}
+    saved = {
+        "state": {
+            n: {
+                "step": torch.tensor(7.0),
+                "exp_avg": torch.zeros(p.shape),
+                "exp_avg_sq": torch.zeros(p.shape),
+            }
+            for n, p in model.named_parameters()
+        },
+        "param_groups": [{"lr": 1e-3, "param_names": names}],
+    }
+    P.load_zero_optimizer_state_dict(zero, saved)
+    placed = {
+        (k, v.device.type) for u in zero.units for k, v in zero.optimizer.state[u.shard].items()
+    }
     assert placed == {("step", "meta"), ("exp_avg", "meta"), ("exp_avg_sq", "meta")}
 
 
@@ -1075,7 +1357,9 @@ def test_full_model_for_sampling_is_built_on_the_device_of_the_split_model():
     """Catches: full_model() building a CPU model from CPU state, which the sampler then feeds CUDA ids and a CUDA
     generator (every --zero/--tp/--pp run crashed at its end)."""
     model = _meta_gpt()
-    wrapped, _ = MP.parallelize(model, torch.optim.AdamW(model.parameters()), P.Mesh.single(), zero=1)
+    wrapped, _ = MP.parallelize(
+        model, torch.optim.AdamW(model.parameters()), P.Mesh.single(), zero=1
+    )
     full = wrapped.full_model()
     assert {p.device.type for p in full.parameters()} == {"meta"}
     ids = torch.zeros(1, 2, dtype=torch.long, device="meta")
@@ -1085,5 +1369,7 @@ def test_full_model_for_sampling_is_built_on_the_device_of_the_split_model():
 def test_tensor_parallel_untied_head_is_created_on_the_models_device():
     """Catches: the padded LM head of an untied model made with nn.Linear(...) on the CPU."""
     model = _meta_gpt(tie_embeddings=False)
-    MP.apply_tensor_parallel(model, P.Comm(None, [0, 1], 0))      # slicing only: no collective runs here
+    MP.apply_tensor_parallel(
+        model, P.Comm(None, [0, 1], 0)
+    )  # slicing only: no collective runs here
     assert {p.device.type for p in model.parameters()} == {"meta"}
