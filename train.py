@@ -402,8 +402,8 @@ def checkpoint_config(ckpt: dict):
 
 def rng_state() -> dict:
     """Every random generator the run touches, as plain tensors/lists (weights_only-loadable). On
-    CUDA, only the generator of this rank's GPU (the current device: parallel.init_distributed sets
-    it): each rank saves its own, and a resume where a process sees fewer GPUs (one per process, as
+    CUDA, only the generator of this rank's GPU (the current device, which the launcher sets): each
+    rank saves its own, and a resume where a process sees fewer GPUs (one per process, as
     under many schedulers) still finds it."""
     np_state = np.random.get_state()
     state = {

@@ -95,6 +95,8 @@ sys.path.insert(0, str(ROOT))
 import benchcli  # noqa: E402
 import data as data_lib  # noqa: E402
 from machinery import fileio  # noqa: E402
+from machinery import launch as launcher  # noqa: E402
+from machinery import parallelize as wiring  # noqa: E402
 import model as model_lib  # noqa: E402
 import model_parallel  # noqa: E402
 import parallel  # noqa: E402
@@ -740,7 +742,7 @@ def _layout_batches(device: torch.device, config: model_lib.GPTConfig):
 
 def layout_worker(out_path: str) -> int:
     """(run by torchrun) nccl on CUDA, gloo on CPU: every layout of this world vs the one-process reference."""
-    rank, world, device = parallel.init_distributed(timeout_s=120)
+    rank, world, device = launcher.init_distributed(timeout_s=120)
     backend, config = torch.distributed.get_backend(), layout_config(world)
     want = _layout_reference(device, config)
     torch.manual_seed(0)
@@ -752,7 +754,7 @@ def layout_worker(out_path: str) -> int:
         opt = torch.optim.AdamW(train.param_groups(gpt, 0.1), lr=LAYOUT_LR)
         mesh = parallel.Mesh.build(dp=lay["dp"], tp=lay["tp"], pp=lay["pp"])
         mixed = dict(compute_dtype=torch.bfloat16) if lay["bf16"] else {}
-        model, optim = model_parallel.parallelize(gpt, opt, mesh, zero=lay["zero"], **mixed)
+        model, optim = wiring.parallelize(gpt, opt, mesh, zero=lay["zero"], **mixed)
         for x, y in _layout_batches(device, config):
             xs, ys = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
             if model.pipelined:
@@ -1065,7 +1067,7 @@ def probe_worker(out_path: str) -> int:
     each against the result known from _probe_tensor; send/recv as context parallel's ring posts it (a batch of
     isend and irecv to the two neighbours). Rank 0 writes {name: ok}."""
     import torch.distributed as dist
-    rank, n, device = parallel.init_distributed(timeout_s=120)
+    rank, n, device = launcher.init_distributed(timeout_s=120)
     mine, every = _probe_tensor(rank, n, device), [_probe_tensor(r, n, device) for r in range(n)]
     total = sum(every)
     results = {}
@@ -1254,7 +1256,7 @@ def _ep_cp_step(config: model_lib.GPTConfig, device: torch.device, ep: int = 1, 
         opt.step()
         return float(loss.detach()), {k: v.detach().float().cpu() for k, v in gpt.state_dict().items()}
     mesh = parallel.Mesh.build(cp=cp)
-    model, optim = model_parallel.parallelize(gpt, opt, mesh, ep=ep)
+    model, optim = wiring.parallelize(gpt, opt, mesh, ep=ep)
     x, y = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
     _, loss = model(x, y)
     (loss + config.moe_aux_coef * gpt.aux_loss).backward()
@@ -1270,7 +1272,7 @@ def ep_cp_worker(out_path: str) -> int:
     each against one process on this device; rank 0 writes the results. At world 1 only --cp 1 (the dense model
     through parallelize in a process group of one): model_parallel refuses a MoE model without an expert split
     ("tensor parallel splits the dense SwiGLU", even at tp 1), and --ep 1 splits nothing."""
-    rank, world, device = parallel.init_distributed(timeout_s=120)
+    rank, world, device = launcher.init_distributed(timeout_s=120)
     results = []
     for kind, ep, cp in [("ep", world, 1)] * (world > 1) + [("cp", 1, world)]:
         config = model_lib.GPTConfig(**EP_CP_MODELS[kind])

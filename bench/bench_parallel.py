@@ -23,6 +23,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import model_parallel as MP  # noqa: E402
+from machinery import launch as launcher  # noqa: E402
+from machinery import parallelize as wiring  # noqa: E402
 import parallel as P  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
 from machinery import parallel_demo  # noqa: E402
@@ -78,7 +80,7 @@ def _ours(cfg, data, sizes, zero, micro_batches):
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     mesh = P.Mesh.build(**sizes)
-    wrapped, wopt = MP.parallelize(model, opt, mesh, zero=zero)
+    wrapped, wopt = wiring.parallelize(model, opt, mesh, zero=zero)
     times = []
     for x, y in data:
         mesh.reset_counters()
@@ -177,9 +179,9 @@ def main(argv=None) -> int:
                         n_embd=args.width)
         warm = 2
         single = single_process(cfg, make_data(cfg, args.steps + warm), threads=1)
-        results = P.launch(bench_worker, args.world, cfg.to_dict(), args.steps + warm, args.micro_batches,
+        results = launcher.launch(bench_worker, args.world, cfg.to_dict(), args.steps + warm, args.micro_batches,
                            timeout_s=1800)
-    except (ConfigError, P.WorkerError) as e:  # a size that does not divide: one line, not a traceback
+    except (ConfigError, launcher.WorkerError) as e:  # a size that does not divide: one line, not a traceback
         parser.exit(2, f"bench_parallel.py: error: {e}\n")
     n = single["n"]
     base_time = statistics.median(single["times"][warm:])
@@ -205,7 +207,7 @@ def main(argv=None) -> int:
               f"{'' if sent is None else f'{sent / dp_bytes:.2f}':>6} {memory:>17,} {memory / (16 * n):>6.2f} "
               f"{diff:>13.1e}" + (f"  (vs {oracle[name]})" if name in oracle else ""))
     sim = MP.simulate(MP.one_f_one_b_schedule(args.world, args.micro_batches))["bubble"]
-    measured = P.launch(parallel_demo.measure_pipeline_bubble, args.world, "1f1b", args.micro_batches, timeout_s=600)
+    measured = launcher.launch(parallel_demo.measure_pipeline_bubble, args.world, "1f1b", args.micro_batches, timeout_s=600)
     print(f"pipeline bubble, {args.world} stages x {args.micro_batches} micro-batches: formula "
           f"{MP.bubble_fraction(args.world, args.micro_batches):.3f}, simulated {sim:.3f}, measured (idle share of "
           f"each stage's wall time) " + ", ".join(f"{r['bubble']:.3f}" for r in measured))

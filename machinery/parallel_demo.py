@@ -7,8 +7,10 @@ from __future__ import annotations
 import torch
 
 import model_parallel as MP
+from machinery import parallelize as wiring
+from machinery.launch import launch
 from model import GPT, GPTConfig
-from parallel import Mesh, launch, training_state_bytes
+from parallel import Mesh, training_state_bytes
 
 DEMO = dict(
     vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64
@@ -88,7 +90,7 @@ def demo_worker(rank: int, world: int, steps: int) -> dict:
         model = GPT(GPTConfig(**DEMO))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         mesh = Mesh.build(**sizes)
-        wrapped, wopt = MP.parallelize(model, opt, mesh, zero=zero)
+        wrapped, wopt = wiring.parallelize(model, opt, mesh, zero=zero)
         out[name] = _train_layout(wrapped, wopt, mesh, data)
     return out
 
@@ -101,7 +103,7 @@ def ep_cp_demo_worker(rank: int, world: int, batch: tuple) -> dict:
         torch.manual_seed(0)
         cfg = GPTConfig(**DEMO, **extra)
         model, mesh = GPT(cfg), Mesh.build(cp=cp)
-        wrapped, _ = MP.parallelize(model, torch.optim.SGD(model.parameters()), mesh, ep=ep)
+        wrapped, _ = wiring.parallelize(model, torch.optim.SGD(model.parameters()), mesh, ep=ep)
         x, y = (t.chunk(mesh.dp.size)[mesh.dp.rank] for t in batch)
         B, T = x.shape
         if ep > 1:

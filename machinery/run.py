@@ -37,6 +37,8 @@ import data as data_lib
 import model as model_lib
 import train as train_lib
 from machinery import fileio
+from machinery import launch as launcher
+from machinery import parallelize as wiring
 from train import TrainConfig, TrainError
 
 # --------------------------------------------------------------------------------------------------
@@ -314,14 +316,14 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
     """Under torchrun (WORLD_SIZE > 1) join the process group and build the mesh through
     parallel.py.
 
-    A process group that is already up (a caller such as parallel.launch started it) is used as it
+    A process group that is already up (a caller such as launcher.launch started it) is used as it
     is.
     """
     import parallel
 
     joined = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:  # torchrun's variables are checked before a group starts
-        world = torch.distributed.get_world_size() if joined else parallel.check_launch_env()[1]
+        world = torch.distributed.get_world_size() if joined else launcher.check_launch_env()[1]
         # `torchrun --nproc_per_node=1 train.py --zero 2` is a real layout (ZeRO's code path on one
         # GPU, the way a one-GPU bench checks it): a process that torchrun started joins a group
         # of one. A plain `python train.py --zero 2` has no process group to join.
@@ -336,7 +338,7 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
                     f"processes per node{one_device}"
                 )
             return Dist()
-        _, _, device = parallel.init_distributed()
+        _, _, device = launcher.init_distributed()
         parallel.check_combination(cfg.zero, cfg.tp, cfg.pp)
         mesh = parallel.Mesh.build(dp=-1, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
     except parallel.ParallelError as e:
@@ -348,7 +350,7 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
 
 def uses_model_parallel(cfg: TrainConfig) -> bool:
     """ZeRO, tensor or pipeline parallel: the model and optimizer go through
-    model_parallel.parallelize."""
+    wiring.parallelize."""
     return bool(cfg.zero) or max(cfg.tp, cfg.pp, cfg.ep, cfg.cp) > 1
 
 
@@ -381,7 +383,6 @@ def wrap_for_distribution(
 
     if dist.mesh is None or (dist.world_size == 1 and not uses_model_parallel(cfg)):
         return parallel.Layout(model), optimizer  # one whole model: the interface's defaults
-    import model_parallel
 
     if uses_model_parallel(cfg):
         if cfg.dtype == "fp16":
@@ -401,7 +402,7 @@ def wrap_for_distribution(
         if cfg.zero == 3 and dtype == torch.bfloat16:
             mixed = dict(compute_dtype=dtype, reduce_dtype=train_lib.DTYPES[cfg.zero_reduce_dtype])
         try:
-            return model_parallel.parallelize(
+            return wiring.parallelize(
                 model,
                 optimizer,
                 dist.mesh,

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 import model_parallel as MP
+from machinery import launch as launcher
+from machinery import parallelize as wiring
 import parallel as P
 from model import GPT, GPTConfig
 
@@ -81,7 +83,7 @@ def _worker(rank, world, layouts):
         torch.manual_seed(0)
         model = GPT(GPTConfig(**cfg))
         mesh = P.Mesh.build(cp=cp)
-        wrapped, opt = MP.parallelize(model, _sgd(model), mesh, ep=ep, zero=zero)
+        wrapped, opt = wiring.parallelize(model, _sgd(model), mesh, ep=ep, zero=zero)
         x, y = (t.chunk(mesh.dp.size)[mesh.dp.rank] for t in _batch())
         mesh.reset_counters()
         for c in [wrapped.module.ep, wrapped.module.edp] if ep > 1 else []:
@@ -106,7 +108,7 @@ def _worker(rank, world, layouts):
     out["tp_graphs"] = _tp_graphs_compiled(P.Mesh.build(dp=world // 2, tp=2).tp)
     model = GPT(GPTConfig(**MOE))
     with pytest.raises(P.ParallelError) as refused:  # CP would be silently ignored
-        MP.parallelize(model, _sgd(model), P.Mesh.build(cp=2), ep=2)
+        wiring.parallelize(model, _sgd(model), P.Mesh.build(cp=2), ep=2)
     out["ep_cp_refused"] = str(refused.value)
     return out
 
@@ -143,7 +145,7 @@ def _ep_sent_under_bf16(world):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**MOE))
     mesh = P.Mesh.build()
-    wrapped, _ = MP.parallelize(model, _sgd(model), mesh, ep=world)
+    wrapped, _ = wiring.parallelize(model, _sgd(model), mesh, ep=world)
     x, y = (t.chunk(world)[mesh.dp.rank] for t in _batch())
     wrapped.module.ep.reset_counters()
     with torch.autocast("cpu", torch.bfloat16):
@@ -273,14 +275,14 @@ WORLD4 = [
 
 
 def test_expert_and_context_parallel_equal_one_process_on_2_ranks():
-    results = P.launch(_worker, 2, WORLD2, timeout_s=180)
+    results = launcher.launch(_worker, 2, WORLD2, timeout_s=180)
     _check(results, WORLD2)
     _check_costs(results)
 
 
 @pytest.mark.slow
 def test_expert_and_context_parallel_equal_one_process_on_4_ranks():
-    results = P.launch(_worker, 4, WORLD4, timeout_s=300)
+    results = launcher.launch(_worker, 4, WORLD4, timeout_s=300)
     _check(results, WORLD4)
     _check_costs(results)
 
@@ -334,7 +336,7 @@ def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts
         one = tmp_path / f"one_{name}"
         train_run.train(train_command.parse_config([*base, "--out-dir", str(one)]), log=lambda *a, **k: None)
         want, want_val = _curve(one)
-        P.launch(
+        launcher.launch(
             _train_rank, world, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240
         )
         got, val = _curve(tmp_path / name)
@@ -349,7 +351,7 @@ def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts
             shutil.copy(train.checkpoint_path(tmp_path / source, 3), tmp_path / target)
             argv = [*base, *f, "--out-dir", str(tmp_path / target), "--resume"]
             if w > 1:
-                P.launch(_train_rank, w, argv, timeout_s=240)
+                launcher.launch(_train_rank, w, argv, timeout_s=240)
             else:
                 train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
             got, _ = _curve(tmp_path / target)
@@ -382,6 +384,6 @@ def test_train_py_refuses_ep_and_cp_layouts_it_does_not_support_in_one_line(tiny
         ([*base, *TRAIN_ARGS, "--cp", "2", "--block-size", "30"], "not a multiple of 2 x --cp 2"),
         ([*base, *MOE_ARGS, "--ep", "2", "--cp", "2"], "--ep 2 with --cp 2: expert parallel"),
     ]
-    for rank_errors in P.launch(_refusals, 2, cases, timeout_s=120):
+    for rank_errors in launcher.launch(_refusals, 2, cases, timeout_s=120):
         for error, (_, message) in zip(rank_errors, cases):
             assert message in error and "\n" not in error, (message, error)

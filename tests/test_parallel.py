@@ -19,6 +19,8 @@ import pytest
 import torch
 
 import model_parallel as MP
+from machinery import launch as launcher
+from machinery import parallelize as wiring
 import parallel as P
 from machinery.commands import parallel as command
 from model import GPT, GPTConfig
@@ -212,12 +214,12 @@ def test_clipping_is_active_in_these_runs():
 
 def test_named_optimizer_state_round_trip():
     model, opt = reference(steps=2)
-    saved = P.named_optimizer_state(opt, model)
+    saved = wiring.named_optimizer_state(opt, model)
     assert "blocks.0.attn.wq.weight" in saved["state"]
     fresh = make_model()
     fresh.load_state_dict(model.state_dict())
     opt2 = torch.optim.AdamW(param_groups(fresh), lr=LR)
-    P.load_named_optimizer_state(opt2, fresh, saved)
+    wiring.load_named_optimizer_state(opt2, fresh, saved)
     x, y = batches(1, seed=9)[0]
     for m, o in [(model, opt), (fresh, opt2)]:
         m(x, y)[1].backward()
@@ -300,8 +302,8 @@ def _dp_and_zero_worker(rank, world):
                     zero.memory_bytes()
                 )  # before zero_grad: gradients still held
             zero.zero_grad()
-        out[f"zero{stage}"] = P.zero_full_state_dict(zero)
-        out[f"zero{stage}_opt"] = P.zero_optimizer_state_dict(zero)
+        out[f"zero{stage}"] = wiring.zero_full_state_dict(zero)
+        out[f"zero{stage}_opt"] = wiring.zero_optimizer_state_dict(zero)
         out[f"zero{stage}_padded"] = [
             (u.padded, u in zero._units_of_module.get(id(model), [])) for u in zero.units
         ]
@@ -323,18 +325,18 @@ def _dp_and_zero_worker(rank, world):
             sync.finish_gradient_sync()
             opt.step()
             opt.zero_grad()
-        out[f"sgd_zero{stage}"] = state(model) if stage == 0 else P.zero_full_state_dict(sync)
+        out[f"sgd_zero{stage}"] = state(model) if stage == 0 else wiring.zero_full_state_dict(sync)
     # Load the single-process state after 5 steps into ZeRO-3 on 2 ranks (1 -> 2 ranks), take a 6th step.
     ref_model, ref_opt = reference()
     model = make_model(seed=rank)
     zero = P.Zero(model, mesh.dp, 3, torch.optim.AdamW, param_groups=param_groups(model), lr=LR)
-    P.load_zero_full_state_dict(zero, state(ref_model))
-    P.load_zero_optimizer_state_dict(zero, P.named_optimizer_state(ref_opt, ref_model))
+    wiring.load_zero_full_state_dict(zero, state(ref_model))
+    wiring.load_zero_optimizer_state_dict(zero, wiring.named_optimizer_state(ref_opt, ref_model))
     x, y = batches(1, seed=9)[0]
     model(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
     out["resumed_on_2_norm"] = zero.clip_grad_norm_(CLIP)
     zero.step()
-    out["resumed_on_2"] = P.zero_full_state_dict(zero)
+    out["resumed_on_2"] = wiring.zero_full_state_dict(zero)
     with torch.no_grad():  # stage 3 evaluation: gathers and frees, no backward
         out["eval_loss"] = model(x, y)[1]
     return out
@@ -342,7 +344,7 @@ def _dp_and_zero_worker(rank, world):
 
 @pytest.fixture(scope="module")
 def dp_zero_results():
-    return P.launch(_dp_and_zero_worker, 2, timeout_s=120)
+    return launcher.launch(_dp_and_zero_worker, 2, timeout_s=120)
 
 
 def test_data_parallel_equals_single_process(dp_zero_results):
@@ -380,7 +382,7 @@ def test_data_parallel_skips_frozen_parameters(dp_zero_results):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_equals_single_process(dp_zero_results, stage):
     ref_model, ref_opt = reference()
-    ref_opt_state = P.named_optimizer_state(ref_opt, ref_model)
+    ref_opt_state = wiring.named_optimizer_state(ref_opt, ref_model)
     for rank, res in enumerate(dp_zero_results):
         assert_same(res[f"zero{stage}"], state(ref_model), f"ZeRO-{stage} rank {rank}")
         assert_norms(res[f"zero{stage}_norms"], reference_norms(), f"ZeRO-{stage} rank {rank}")
@@ -417,7 +419,7 @@ def test_zero_checkpoint_moves_between_layouts(dp_zero_results):
     model = make_model(seed=5)
     model.load_state_dict(saved["zero3"])
     opt = torch.optim.AdamW(param_groups(model), lr=LR)
-    P.load_named_optimizer_state(opt, model, saved["zero3_opt"])
+    wiring.load_named_optimizer_state(opt, model, saved["zero3_opt"])
     model(x, y)[1].backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     opt.step()
@@ -505,7 +507,7 @@ def _zero3_mixed_precision_worker(rank, world):
             loss.backward()
             zero.finish_gradient_sync()
             if i == 0:
-                grads, names = {}, P._param_names(model)
+                grads, names = {}, wiring._param_names(model)
                 for u in zero.units:
                     flat = torch.empty(u.padded, dtype=u.shard.grad.dtype)
                     P._all_gather_flat(flat, u.shard.grad)
@@ -528,13 +530,13 @@ def _zero3_mixed_precision_worker(rank, world):
             zero.zero_grad()
         out[f"{name} seen"] = seen[0]
         out[f"{name} losses"] = torch.tensor(losses)
-        out[f"{name} state"] = P.zero_full_state_dict(zero)
+        out[f"{name} state"] = wiring.zero_full_state_dict(zero)
     return out
 
 
 @pytest.fixture(scope="module")
 def mixed_results():
-    return P.launch(_zero3_mixed_precision_worker, 2, timeout_s=120)
+    return launcher.launch(_zero3_mixed_precision_worker, 2, timeout_s=120)
 
 
 def _reference_losses_and_first_grads():
@@ -641,8 +643,8 @@ def _one_rank_dies(rank, world):
 
 
 def test_a_dying_rank_stops_the_run_with_a_clear_error():
-    with pytest.raises(P.WorkerError, match="rank 1 failed: ValueError: simulated crash"):
-        P.launch(_one_rank_dies, 2, timeout_s=60)
+    with pytest.raises(launcher.WorkerError, match="rank 1 failed: ValueError: simulated crash"):
+        launcher.launch(_one_rank_dies, 2, timeout_s=60)
 
 
 def _build_bad_mesh(rank, world):
@@ -650,8 +652,8 @@ def _build_bad_mesh(rank, world):
 
 
 def test_bad_mesh_is_one_clear_line():
-    with pytest.raises(P.WorkerError, match="ParallelError: world size 2 != dp\\*tp\\*pp"):
-        P.launch(_build_bad_mesh, 2, timeout_s=60)
+    with pytest.raises(launcher.WorkerError, match="ParallelError: world size 2 != dp\\*tp\\*pp"):
+        launcher.launch(_build_bad_mesh, 2, timeout_s=60)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -781,7 +783,7 @@ def test_tensor_parallel_refuses_sizes_that_do_not_divide():
     )
     model = make_model(moe)
     with pytest.raises(P.ParallelError, match="use pp 1 with MoE"):
-        MP.parallelize(model, torch.optim.AdamW(model.parameters()), two_stages)
+        wiring.parallelize(model, torch.optim.AdamW(model.parameters()), two_stages)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -836,7 +838,7 @@ def _train_split(mesh, cfg, schedule, micro_batches, data, zero_stage=0, sgd=Fal
         opt.step()
         opt.zero_grad()
     with zero.gathered() if zero_stage else contextlib.nullcontext():
-        full = MP.full_model_state_dict(model, mesh)
+        full = wiring.full_model_state_dict(model, mesh)
     losses = torch.stack(losses)
     mesh.dp.all_reduce(
         losses
@@ -868,7 +870,7 @@ def _train_parallelized(mesh, zero, schedule, micro_batches, data, resume_from=N
         if sgd
         else torch.optim.AdamW(param_groups(model), lr=LR)
     )
-    wrapped, wopt = MP.parallelize(model, opt, mesh, zero=zero, schedule=schedule)
+    wrapped, wopt = wiring.parallelize(model, opt, mesh, zero=zero, schedule=schedule)
     if sgd:
         data = data[:SGD_STEPS]
     norms = []
@@ -937,7 +939,7 @@ def _world2_split_worker(rank, world, resume_from):
 def world2_split():
     model, opt = _reference_run(batches(batch=BATCH12))
     checkpoint = {"model": state(model), "optimizer": copy.deepcopy(opt.state_dict())}
-    return P.launch(_world2_split_worker, 2, checkpoint, timeout_s=180)
+    return launcher.launch(_world2_split_worker, 2, checkpoint, timeout_s=180)
 
 
 def _reference_run(data):
@@ -1056,7 +1058,7 @@ def test_odd_config_really_needs_padding_on_4_ranks():
 def test_world4_combinations_equal_single_process():
     """TP2xDP2, PP2xDP2 (+ZeRO-1), TP2xPP2, TP2xDP2 with ZeRO-2, PP4 1F1B with M in {1, 4, 6}, ZeRO-3 on 4
     ranks (unit sizes that do not divide by 4: padding)."""
-    results = P.launch(_world4_worker, 4, timeout_s=300)
+    results = launcher.launch(_world4_worker, 4, timeout_s=300)
     data = batches(batch=BATCH12)
     cfgs = {"CFG": CFG, "CFG4": CFG4, "CFG_ODD": CFG_ODD}
     refs = {
@@ -1207,7 +1209,7 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
         "dp2_tp2_zero1": (4, ["--tp", "2", "--zero", "1", "--batch-size", "2"]),
     }
     for name, (world, flags) in runs.items():
-        P.launch(
+        launcher.launch(
             _train_rank, world, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240
         )
         loss, val = _curve(tmp_path / name)
@@ -1225,7 +1227,7 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
         shutil.copy(train.checkpoint_path(tmp_path / source, 3), tmp_path / target)
         argv = [*base, *flags, "--out-dir", str(tmp_path / target), "--resume"]
         if world > 1:
-            P.launch(_train_rank, world, argv, timeout_s=240)
+            launcher.launch(_train_rank, world, argv, timeout_s=240)
         else:
             train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
         loss, _ = _curve(tmp_path / target)
@@ -1254,7 +1256,7 @@ def test_train_py_zero3_in_bf16_gathers_bf16_and_follows_the_single_process_curv
     want, _ = _curve(tmp_path / "one")
     for reduce in ("fp32", "bf16"):
         out = tmp_path / f"zero3_{reduce}"
-        logs = P.launch(
+        logs = launcher.launch(
             _train_rank_log,
             2,
             [
@@ -1307,7 +1309,7 @@ def _train_expect_error(rank, world, argv):
 )
 def test_train_py_refuses_bad_layouts_with_one_line(tiny_dataset, tmp_path, flags, message):
     argv = ["--data", str(tiny_dataset), *TRAIN_ARGS, *flags, "--out-dir", str(tmp_path / "run")]
-    for error in P.launch(_train_expect_error, 2, argv, timeout_s=120):
+    for error in launcher.launch(_train_expect_error, 2, argv, timeout_s=120):
         assert message in error and "\n" not in error
 
 
@@ -1346,7 +1348,7 @@ def test_zero_optimizer_state_loads_onto_the_shards_device_step_included(stage):
         },
         "param_groups": [{"lr": 1e-3, "param_names": names}],
     }
-    P.load_zero_optimizer_state_dict(zero, saved)
+    wiring.load_zero_optimizer_state_dict(zero, saved)
     placed = {
         (k, v.device.type) for u in zero.units for k, v in zero.optimizer.state[u.shard].items()
     }
@@ -1357,7 +1359,7 @@ def test_full_model_for_sampling_is_built_on_the_device_of_the_split_model():
     """Catches: full_model() building a CPU model from CPU state, which the sampler then feeds CUDA ids and a CUDA
     generator (every --zero/--tp/--pp run crashed at its end)."""
     model = _meta_gpt()
-    wrapped, _ = MP.parallelize(
+    wrapped, _ = wiring.parallelize(
         model, torch.optim.AdamW(model.parameters()), P.Mesh.single(), zero=1
     )
     full = wrapped.full_model()

@@ -1,7 +1,7 @@
 """Rank-0-only work under a short collective timeout, objects gathered between ranks, TP's bytes.
 
 1. The patient group. train.py's collectives time out after PARALLEL_TIMEOUT_S
-   (parallel.init_distributed), so that a dead rank ends the run with one line instead of a hang.
+   (launcher.init_distributed), so that a dead rank ends the run with one line instead of a hang.
    Some work only rank 0 does (writing a checkpoint, sampling, preparing the data) can take
    longer: a 13 GB checkpoint at 1 GB/s is 13 s. The other ranks must not wait for it inside the
    next step's all-reduce, whose timeout would fire, but in `Mesh.wait_for_rank0`, a barrier on a
@@ -9,7 +9,7 @@
    PARALLEL_TIMEOUT_S=3 and a checkpoint write that takes 5 s on rank 0, at every step: the run
    must finish, every step logged. (Had rank 1 waited in the all-reduce, gloo would stop it.)
 2. all_gather_object pickles its object; a CUDA tensor unpickles onto the GPU it came from, so
-   every tensor must be copied to the CPU first (model_parallel._to_cpu). There is no GPU here:
+   every tensor must be copied to the CPU first (wiring._to_cpu). There is no GPU here:
    FakeCuda, a tensor that says it lives on "cuda" and gives its data back on .cpu(), stands in
    for one, and a spy on all_gather_object records the device of every tensor handed to it.
    train_run.gather_objects copies nothing: what it gathers (rng_state, the loader's state) is made
@@ -30,6 +30,8 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_map
 
 import parallel as P
+from machinery import launch as launcher
+from machinery import parallelize as wiring
 from model import GPT, GPTConfig
 from test_parallel import TRAIN_ARGS, tiny_dataset  # noqa: F401  (the fixture)
 
@@ -102,7 +104,7 @@ def _rank0_work_and_gathers(rank, world, port, argv):
     dist.all_gather_object = _devices_spy(record, real_gather)
     stage = torch.nn.Module()
     stage.register_buffer(f"stage{rank}", FakeCuda(torch.full((2,), rank + 1.0)))
-    result["merged"] = MP.full_model_state_dict(stage, P.Mesh.build(dp=1, pp=world))
+    result["merged"] = wiring.full_model_state_dict(stage, P.Mesh.build(dp=1, pp=world))
     result["devices"] = record
     dist.all_gather_object = real_gather
 
@@ -131,7 +133,7 @@ def test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cp
     argv = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--max-steps", str(steps), "--ckpt-interval",
             "1", "--num-samples", "0", "--log-interval", "1", "--no-plot",
             "--out-dir", str(tmp_path / "run")]
-    results = P.launch(_rank0_work_and_gathers, 2, _free_port(), argv, timeout_s=180)
+    results = launcher.launch(_rank0_work_and_gathers, 2, _free_port(), argv, timeout_s=180)
     # 1. every step's checkpoint took SLOW_SAVE_S on rank 0 while rank 1 waited; the run finished
     assert results[0]["train_s"] > steps * SLOW_SAVE_S > COLLECTIVE_TIMEOUT_S
     log = results[0]["log"]

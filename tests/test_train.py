@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import data
 from machinery import dataset
+from machinery import launch as launcher
 import model
 import train
 from machinery import run
@@ -844,14 +845,13 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(dataset_dir, tmp_path):
 
 
 def train_on_rank(rank: int, world: int, argv: list[str]) -> None:
-    """One data-parallel rank of a parallel.launch run (the process group is up; train.py finds it)."""
+    """One data-parallel rank of a launcher.launch run (the process group is up; train.py finds it)."""
     run.train(command.parse_config(argv), log=quiet)
 
 
 def test_data_parallel_two_ranks_match_one_process(dataset_dir, tmp_path):
     """2 ranks x 2 sequences through parallel.DataParallel = 1 process x 4 sequences (same windows, same init).
-    parallel.launch forks the ranks (as torchrun would start them, without re-importing torch)."""
-    import parallel
+    launcher.launch forks the ranks (as torchrun would start them, without re-importing torch)."""
 
     flags = [
         "--data",
@@ -864,7 +864,7 @@ def test_data_parallel_two_ranks_match_one_process(dataset_dir, tmp_path):
         "--ckpt-interval",
         "4",
     ]
-    parallel.launch(
+    launcher.launch(
         train_on_rank,
         2,
         [*flags, "--batch-size", "2", "--out-dir", str(tmp_path / "dp")],
@@ -1170,7 +1170,6 @@ def test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast(dataset
     the plain formula, at world 2 (DP2, and PP2 where one data-parallel rank spans 2 devices) half of it.
     Catches: global tokens/s over one device's peak (8 GPUs at a real 40% printed 320%). The PP2 run is bf16:
     catches the pipelined step running outside autocast (fp32 compute measured against the bf16 peak)."""
-    import parallel
 
     flags = [
         "--data",
@@ -1193,14 +1192,14 @@ def test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast(dataset
 
     run.train(command.parse_config([*flags, "--out-dir", str(tmp_path / "one")]), log=quiet)
     check(tmp_path / "one", 1)
-    parallel.launch(
+    launcher.launch(
         train_on_rank,
         2,
         [*flags, "--batch-size", "2", "--out-dir", str(tmp_path / "dp2")],
         timeout_s=120,
     )
     check(tmp_path / "dp2", 2)
-    seen = parallel.launch(
+    seen = launcher.launch(
         _mfu_and_autocast_rank,
         2,
         [*flags, "--pp", "2", "--dtype", "bf16", "--out-dir", str(tmp_path / "pp2")],
@@ -1233,7 +1232,6 @@ def _sigterm_on_rank_5(rank: int, world: int, argv: list[str]) -> tuple[int, boo
 def test_sigterm_on_one_rank_under_tp2_pp2_stops_every_rank_and_saves(dataset_dir, tmp_path):
     """8 gloo ranks, dp 2 x tp 2 x pp 2; SIGTERM reaches rank 5 only. Catches: the stop flag reduced over the
     data-parallel group alone: ranks 5 and 7 stopped, the other stage waited for activations until the timeout."""
-    import parallel
 
     argv = [
         "--data",
@@ -1252,7 +1250,7 @@ def test_sigterm_on_one_rank_under_tp2_pp2_stops_every_rank_and_saves(dataset_di
         "--out-dir",
         str(tmp_path),
     ]
-    results = parallel.launch(_sigterm_on_rank_5, 8, argv, timeout_s=180)
+    results = launcher.launch(_sigterm_on_rank_5, 8, argv, timeout_s=180)
     assert results == [(3, True)] * 8  # rank 5's flag is seen by all in the all-reduce of step 3
     assert train.load_checkpoint(tmp_path)["step"] == 3
 
@@ -1273,7 +1271,6 @@ def test_readme_multi_gpu_command_on_8_gloo_ranks_under_zero3_and_the_mesh(tmp_p
     ranks. ZeRO-1/2 take ZeRO-3's data path at dp 8, and --tp 2 or --pp 2 alone (dp 4) the mesh's code; each
     is checked against one process at world 2 and 4 (tests/test_parallel.py) and compiled at world 2
     (tests/test_compile.py). Minutes on 2 cores (8 x 16 x 1,024 tokens a step)."""
-    import parallel
 
     prepared = dataset.prepare(["pydocs"], out_dir=tmp_path_factory.mktemp("pydocs") / "prepared")
     base = [
@@ -1296,13 +1293,13 @@ def test_readme_multi_gpu_command_on_8_gloo_ranks_under_zero3_and_the_mesh(tmp_p
     ]
     for layout in (["--zero", "3"], ["--tp", "2", "--pp", "2"]):
         out = tmp_path_factory.mktemp("readme8")
-        first = parallel.launch(
+        first = launcher.launch(
             _readme_rank,
             8,
             [*base, *layout, "--max-steps", "1", "--out-dir", str(out)],
             timeout_s=900,
         )
-        resumed = parallel.launch(
+        resumed = launcher.launch(
             _readme_rank,
             8,
             [*base, *layout, "--max-steps", "2", "--resume", "--out-dir", str(out)],

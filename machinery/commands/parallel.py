@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 import model_parallel
+from machinery import launch as launcher
 import parallel
 from machinery import parallel_demo
 from machinery.cli import Parser, in_range, run
@@ -113,5 +114,5 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "schedule" and args.measure and args.p < 2:
         parser.error("argument --p: --measure needs --p >= 2 processes")
     return run(
-        lambda: args.run(args), (parallel.ParallelError, parallel.WorkerError), "parallel.py"
+        lambda: args.run(args), (parallel.ParallelError, launcher.WorkerError), "parallel.py"
     )
