@@ -60,7 +60,10 @@ BUDGETS = {  # lines after `ruff format --line-length 100`
     "scaling": 1300,
 }
 ROOT_BUDGET = 9750  # all ten chapters together
-WHOLE_BUDGET = 22216  # chapters plus machinery/: the move must not grow the code (issue 44's count of the root)
+# Chapters plus machinery/: the move must not grow the code. Issue 44 counted 22,216 lines at the root before
+# `ruff format`; measured the same way as the budgets (the root of f026541, the commit before the move, formatted
+# with ruff 0.17.6) it was 25,662.
+WHOLE_BUDGET = 25662
 STUB_LINES = 3
 FUNCTION_LINES = 60
 LONG_FUNCTIONS = {"train_loop": 100}  # the loop on one screen, as in nanoGPT
@@ -395,7 +398,8 @@ def size_problems(root: pathlib.Path = ROOT) -> list[str]:
 
 
 def placement_problems(root: pathlib.Path = ROOT) -> list[str]:
-    """train_loop (<= 100 lines) starts before line 650 of train.py; model.py's core GPT ends by line 500."""
+    """train_loop (<= 100 lines) starts before line 650 of train.py; model.py's core (config, ..., the GPT
+    class up to its generate) ends by line 500."""
     problems = []
     found = {}
     for f, name in (("train", "train_loop"), ("model", "GPT"), ("model", "GPTConfig")):
@@ -407,10 +411,15 @@ def placement_problems(root: pathlib.Path = ROOT) -> list[str]:
         problems.append(
             f"train.py: train_loop starts at line {found['train_loop'].lineno} (before 650)"
         )
-    if "GPT" in found and found["GPT"].end_lineno > 500:
-        problems.append(
-            f"model.py: the GPT class ends at line {found['GPT'].end_lineno} (the core in 500)"
-        )
+    if "GPT" in found:
+        core_end = found["GPT"].end_lineno
+        for node in found["GPT"].body:
+            if getattr(node, "name", None) == "generate":
+                core_end = node.end_lineno
+        if core_end > 500:
+            problems.append(
+                f"model.py: the core ends at line {core_end} (GPT.generate, by line 500)"
+            )
     if "GPT" in found and "GPTConfig" in found and found["GPTConfig"].lineno > found["GPT"].lineno:
         problems.append("model.py: GPTConfig comes after GPT (the config first)")
     return problems
