@@ -80,9 +80,9 @@ datasets (`hf:`), ray (`--engine ray`).
 The command line's main() also imports the engine, data_at_scale, which `python data.py prepare`
 runs; the library functions above never do, nor import dataset.py (both are layers above this file).
 """
+
 from __future__ import annotations
 
-import argparse
 import ast
 import collections
 import contextlib
@@ -113,6 +113,7 @@ import classify
 import dedup
 from machinery import fileio
 from machinery import formats
+
 # the marker before each document; the one-line error of the pipeline
 from machinery.formats import EOT, DataError
 
@@ -125,6 +126,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent
 # 1. Sources: each yields documents (strings) in a stable order
 # --------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Source:
     """A named stream of documents.
@@ -136,6 +138,7 @@ class Source:
     whole by default, as opposed to web-like sources (.jsonl, .parquet, .html, hf:, the embedded
     corpora that demonstrate the funnel).
     """
+
     spec: str
     kind: str
     fingerprint: str
@@ -149,8 +152,12 @@ class Source:
     def label(self) -> str:
         """The spec, shortened to a file name for paths (for the funnel table)."""
         from machinery import store
-        return self.spec if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:") \
+
+        return (
+            self.spec
+            if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:")
             else store.pure_path(self.spec).name or self.spec
+        )
 
     def documents(self) -> Iterator[str]:
         for i, doc in enumerate(self.read()):
@@ -171,8 +178,9 @@ def stdlib_files(include_tests: bool) -> list[pathlib.Path]:
     """The standard library's .py files in sorted (stable) order, without third-party packages."""
     root, files = _stdlib_root(), []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames
-                             if d not in _NOT_STDLIB and (include_tests or d not in _TEST_DIRS))
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in _NOT_STDLIB and (include_tests or d not in _TEST_DIRS)
+        )
         for name in sorted(filenames):
             if name.endswith(".py") and (include_tests or not name.startswith("test_")):
                 files.append(pathlib.Path(dirpath) / name)
@@ -256,11 +264,16 @@ def read_pystdlib() -> Iterator[str]:
 # which knows .txt, .md, .jsonl, .parquet, WikiText's .raw, .html and .py files (each may be
 # gzipped) and streams hf: datasets.
 
+
 def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
     # hidden files and folders (.git) skipped
-    files = sorted(p for p in directory.rglob("*")
-                   if p.is_file() and formats.readable(p)
-                   and not any(part.startswith(".") for part in p.relative_to(directory).parts))
+    files = sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file()
+        and formats.readable(p)
+        and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
     if not files:
         raise DataError(f"{directory} holds no {formats.FILE_TYPES} files")
     return files
@@ -298,11 +311,16 @@ def open_source(
     """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an
     object, prefix or glob in an object store: s3://bucket/web/*.parquet) into a Source. kind
     overrides what the file types imply ("code" for a .jsonl of source files, say)."""
-    from machinery import store             # object-store I/O, loaded only where a path may be a URI
+    from machinery import store  # object-store I/O, loaded only where a path may be a URI
+
     if kind not in (None, "prose", "code", "html"):
         raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
-    options = dict(text_field=text_field, txt_split=txt_split, skip_bad_lines=skip_bad_lines,
-                   jsonl_stats=jsonl_stats)
+    options = dict(
+        text_field=text_field,
+        txt_split=txt_split,
+        skip_bad_lines=skip_bad_lines,
+        jsonl_stats=jsonl_stats,
+    )
     version = f"python-{sys.version.split()[0]}@{_stdlib_root()}"
     if spec == "pydocs":
         return Source(spec, kind or "prose", version, read_pydocs, max_documents)
@@ -318,7 +336,7 @@ def open_source(
         listed = store.list_files(spec, formats.readable, formats.FILE_TYPES, DataError)
         files = [uri for uri, _, _ in listed]
         fingerprint = ";".join(f"{uri}:{size}:{mtime_ns}" for uri, size, mtime_ns in listed)
-    elif any(c in spec for c in "*?[") and not path.exists():      # a pattern: "shards/*.parquet"
+    elif any(c in spec for c in "*?[") and not path.exists():  # a pattern: "shards/*.parquet"
         # pathlib's ** never follows a directory symlink:
         anchor = pathlib.Path(path.anchor or ".")
         # glob's loops forever
@@ -368,9 +386,11 @@ def open_source(
         for file, reader in zip(files, readers):
             try:
                 yield from reader()
-            except OSError as e:        # EIO from a failing disk, a file removed midway
-                raise DataError(f"{file}: cannot read it ({e.strerror or e}); check the disk, or "
-                                f"leave the file out of {spec}") from None
+            except OSError as e:  # EIO from a failing disk, a file removed midway
+                raise DataError(
+                    f"{file}: cannot read it ({e.strerror or e}); check the disk, or "
+                    f"leave the file out of {spec}"
+                ) from None
 
     curated = all(formats.is_curated(f) for f in files)
     return Source(
@@ -381,6 +401,7 @@ def open_source(
 # --------------------------------------------------------------------------------------------------
 # 2. Extract text from HTML (standard library parser)
 # --------------------------------------------------------------------------------------------------
+
 
 class _TextExtractor(html.parser.HTMLParser):
     """Collects visible text, skipping non-content elements and breaking paragraphs at block
@@ -552,7 +573,7 @@ def _top_ngram_fraction(ngrams: NGrams, n: int, total_chars: int) -> float:
         return 0.0
     # first position of a top n-gram
     first = np.flatnonzero(counts[ids] == counts.max())[0]
-    return int(counts.max()) * int(ngrams.lengths[first:first + n].sum()) / total_chars
+    return int(counts.max()) * int(ngrams.lengths[first : first + n].sum()) / total_chars
 
 
 def _duplicate_ngram_fraction(ngrams: NGrams, n: int, total_chars: int) -> float:
@@ -575,7 +596,10 @@ GOPHER_RULE_SETS = ("all", "handout")
 
 
 def gopher_rejection(
-    text: str, min_words: int = 50, max_words: int = 100_000, rules: str = "all",
+    text: str,
+    min_words: int = 50,
+    max_words: int = 100_000,
+    rules: str = "all",
     language: str = "en",
 ) -> str | None:
     """The first Gopher rule a document breaks (its name), or None when it passes. Rules (Rae et al.
@@ -638,8 +662,11 @@ def gopher_rejection(
     if not every_rule:
         return None
     # "the," too
-    if language == "en" and len(GOPHER_STOP_WORDS.intersection(text.lower().split())) < 2 and \
-            len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2:
+    if (
+        language == "en"
+        and len(GOPHER_STOP_WORDS.intersection(text.lower().split())) < 2
+        and len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2
+    ):
         return "stop_words"
     dup_lines, dup_line_chars = _duplicate_fractions(lines)
     if dup_lines > 0.3 or dup_line_chars > 0.2:
@@ -686,6 +713,7 @@ def code_rejection(text: str) -> str | None:
 # --------------------------------------------------------------------------------------------------
 # 4. Exact dedup of documents, and removal of lines repeated across the corpus (boilerplate)
 # --------------------------------------------------------------------------------------------------
+
 
 def document_hash(text: str) -> int:
     """64-bit hash of a document after normalising case and whitespace, so re-wrapped copies
@@ -768,7 +796,7 @@ def remove_lines(text: str, lines: set[str]) -> tuple[str, int]:
     return "\n".join(kept).strip(), removed
 
 
-LINE = re.compile(r"[^\n]*\n|[^\n]+")          # a line with its newline, or a last line without one
+LINE = re.compile(r"[^\n]*\n|[^\n]+")  # a line with its newline, or a last line without one
 
 
 def repeated_lines(texts: list[str]) -> set[str]:
@@ -835,6 +863,7 @@ def mask_pii(text: str) -> tuple[str, collections.Counter]:
     """
     counts = collections.Counter()
     for label, pattern in PII_PATTERNS.items():
+
         def replace(match: re.Match, label=label) -> str:
             if label == "PHONE" and not 7 <= sum(c.isdigit() for c in match.group()) <= 15:
                 return match.group()
@@ -844,6 +873,7 @@ def mask_pii(text: str) -> tuple[str, collections.Counter]:
                 return match.group()
             counts[label] += 1
             return f"<{label}>"
+
         text = pattern.sub(replace, text)
     return text, counts
 
@@ -852,10 +882,12 @@ def mask_pii(text: str) -> tuple[str, collections.Counter]:
 # 6. The funnel: every step reports documents and characters in and out, and why documents left
 # --------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Step:
     """One row of the funnel; reasons maps a named cause to how many documents (or lines, or masks)
     it hit."""
+
     name: str
     docs_in: int
     docs_out: int
@@ -881,8 +913,15 @@ class Funnel:
             name, len(before), len(after), sum(map(len, before)), sum(map(len, after)), reasons
         )
 
-    def add_counts(self, name: str, docs_in: int, docs_out: int, chars_in: int, chars_out: int,
-                   reasons: dict | None = None) -> None:
+    def add_counts(
+        self,
+        name: str,
+        docs_in: int,
+        docs_out: int,
+        chars_in: int,
+        chars_out: int,
+        reasons: dict | None = None,
+    ) -> None:
         """A row from counts (the streaming engine sums them over chunks; it never holds the
         documents)."""
         self.steps.append(
@@ -928,7 +967,7 @@ class Funnel:
 
 # MinHash functions: standard error 0.044 at J = 0.43 (dedup.py's lesson)
 NEAR_DUP_NUM_PERM = 128
-NEAR_DUP_SHINGLE = 3           # words per shingle, as in the lecture
+NEAR_DUP_SHINGLE = 3  # words per shingle, as in the lecture
 
 CLEANING_CHOICES = ("auto", "web", "keep")
 FILTER_CHOICES = ("auto", "gopher", "gopher-handout", "code", "none")
@@ -948,14 +987,15 @@ class CleanSettings:
     "occurrences" removes every line that occurs more than once in the corpus (CS336's exact line
     dedup).
     """
+
     cleaning: str = "auto"
-    filters: str = "auto"                # auto (by source kind), gopher, gopher-handout, code, none
+    filters: str = "auto"  # auto (by source kind), gopher, gopher-handout, code, none
     min_words: int = 50
     max_words: int = 100_000
     line_dedup: str = "documents"
     boilerplate_min_documents: int = 3
-    near_dup_threshold: float = 0.5      # Jaccard of 3-word shingles; 0 disables near-dedup
-    strip_accents: bool = False          # near-dedup shingles "café" as "cafe"
+    near_dup_threshold: float = 0.5  # Jaccard of 3-word shingles; 0 disables near-dedup
+    strip_accents: bool = False  # near-dedup shingles "café" as "cafe"
     mask_pii: bool = True
     # ~4,000 tokens: several training windows per piece of a long text
     chunk_chars: int = 16_384
@@ -970,19 +1010,26 @@ class CleanSettings:
 
     # checked on creation, so a bad flag fails before any work
     def __post_init__(self):
-        for name, choices in (("cleaning", CLEANING_CHOICES), ("filters", FILTER_CHOICES),
-                              ("line_dedup", LINE_DEDUP_CHOICES)):
+        for name, choices in (
+            ("cleaning", CLEANING_CHOICES),
+            ("filters", FILTER_CHOICES),
+            ("line_dedup", LINE_DEDUP_CHOICES),
+        ):
             if getattr(self, name) not in choices:
-                raise DataError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of "
-                                f"{', '.join(choices)}")
+                raise DataError(
+                    f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of "
+                    f"{', '.join(choices)}"
+                )
         if self.boilerplate_min_documents < 2:
             raise DataError(
                 f"--boilerplate-min-documents must be at least 2 (a line in one document is not "
                 f"repeated), got {self.boilerplate_min_documents}"
             )
         if not (self.near_dup_threshold == 0 or 0 < self.near_dup_threshold < 1):
-            raise DataError(f"--near-dup-threshold must be 0 (off) or strictly between 0 and 1, "
-                            f"got {self.near_dup_threshold}")
+            raise DataError(
+                f"--near-dup-threshold must be 0 (off) or strictly between 0 and 1, "
+                f"got {self.near_dup_threshold}"
+            )
         if self.chunk_chars < 1:
             raise DataError(f"chunk_chars must be at least 1, got {self.chunk_chars}")
         for name in ("lang_threshold", "quality_threshold"):
@@ -992,8 +1039,10 @@ class CleanSettings:
                 )
         unknown = sorted(set(self.lang) - set(classify.LANGUAGES))
         if unknown:
-            raise DataError(f"--lang {' '.join(unknown)}: unknown; use ISO 639-1 codes among "
-                            f"{' '.join(classify.LANGUAGES)}")
+            raise DataError(
+                f"--lang {' '.join(unknown)}: unknown; use ISO 639-1 codes among "
+                f"{' '.join(classify.LANGUAGES)}"
+            )
         # a list from the command line: the same key as a tuple
         self.lang = tuple(self.lang)
         # read (or train, once) here: a bad file fails first, workers only read
@@ -1022,8 +1071,8 @@ def chunk_document(text: str, max_chars: int) -> list[str]:
     """
     pieces, start = [], 0
     while len(text) - start > max_chars:
-        cut = cut_position(text[start:start + max_chars + 1], max_chars)
-        pieces.append(text[start:start + cut])
+        cut = cut_position(text[start : start + max_chars + 1], max_chars)
+        pieces.append(text[start : start + cut])
         start += cut
     pieces.append(text[start:])
     return [p.strip() for p in pieces if p.strip()]
@@ -1076,6 +1125,7 @@ def quality_rule(
     def judge(doc: str) -> str | None:
         identified = lid.predict(doc)
         return rule(doc, identified[0]) or judged(doc, identified)
+
     return choice, judge
 
 
@@ -1093,12 +1143,21 @@ def filter_rows(
     """
     # (row, its reasons, whether it runs)
     rows = [
-        (f"quality filters ({rule_name}{language_note(rule_name, settings.lang)}, {label})",
-         lambda r: not r.startswith(("language_", "low_quality")), rule_name != "none"),
-        (f"language ({' '.join(settings.lang)}, score >= {settings.lang_threshold}, {label})",
-         lambda r: r.startswith("language_"), bool(settings.lang)),
-        (f"quality classifier (P(high) >= {settings.quality_threshold}, {label})",
-         lambda r: r == "low_quality", bool(settings.quality_threshold)),
+        (
+            f"quality filters ({rule_name}{language_note(rule_name, settings.lang)}, {label})",
+            lambda r: not r.startswith(("language_", "low_quality")),
+            rule_name != "none",
+        ),
+        (
+            f"language ({' '.join(settings.lang)}, score >= {settings.lang_threshold}, {label})",
+            lambda r: r.startswith("language_"),
+            bool(settings.lang),
+        ),
+        (
+            f"quality classifier (P(high) >= {settings.quality_threshold}, {label})",
+            lambda r: r == "low_quality",
+            bool(settings.quality_threshold),
+        ),
     ]
     return [(name, mine) for name, mine, runs in rows if runs]
 
@@ -1129,8 +1188,15 @@ def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None]
     if not settings.lang and not settings.quality_threshold:
         return None
     lid = classify.default_model("language") if settings.lang else None
-    quality = (classify.model_at(settings.quality_model) if settings.quality_model
-               else classify.default_model("quality")) if settings.quality_threshold else None
+    quality = (
+        (
+            classify.model_at(settings.quality_model)
+            if settings.quality_model
+            else classify.default_model("quality")
+        )
+        if settings.quality_threshold
+        else None
+    )
 
     # identified: (code, score) when the caller already asked the identifier
     def reject(doc: str, identified: tuple[str, float] | None = None) -> str | None:
@@ -1140,10 +1206,14 @@ def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None]
                 return f"language_{code}"
             if score < settings.lang_threshold:
                 return f"language_{code}_below_{settings.lang_threshold}"
-        if quality is not None and quality.probabilities(doc)[quality.labels.index("high")] < \
-                settings.quality_threshold:
+        if (
+            quality is not None
+            and quality.probabilities(doc)[quality.labels.index("high")]
+            < settings.quality_threshold
+        ):
             return "low_quality"
         return None
+
     return reject
 
 
@@ -1191,8 +1261,13 @@ def heavy_cleaning_note(source: Source, removed: float) -> str:
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def read_documents(docs: Iterable[str], kind: str, rule: Callable[[str], str | None] | None,
-                   counts: collections.Counter, reasons: collections.Counter) -> Iterator[str]:
+def read_documents(
+    docs: Iterable[str],
+    kind: str,
+    rule: Callable[[str], str | None] | None,
+    counts: collections.Counter,
+    reasons: collections.Counter,
+) -> Iterator[str]:
     """A source's own steps, one document at a time, as both engines run them: skip documents of
     whitespace, extract text (HTML), then the quality rule (None: none). Counts into `counts`
     (read_docs, read_chars, read_bytes, no_text, text_chars, kept_chars) and the rule's rejections
@@ -1257,8 +1332,14 @@ def source_steps(
     # markup is not text: counted after extraction
     if source.kind == "html":
         docs, chars = read - counts["no_text"], counts["text_chars"]
-        funnel.add_counts(f"extract text ({source.label})", read, docs, counts["read_chars"], chars,
-                          {"no_text": counts["no_text"]})
+        funnel.add_counts(
+            f"extract text ({source.label})",
+            read,
+            docs,
+            counts["read_chars"],
+            chars,
+            {"no_text": counts["no_text"]},
+        )
     rule_name, rule = quality_rule(source.kind, settings)
     if keeps_whole(source, settings):
         funnel.add_counts(
@@ -1286,8 +1367,11 @@ def source_steps(
     log(f"  {source.label}: {kept:,} documents after the per-source steps")
 
 
-def clean(sources: list[Source], settings: CleanSettings | None = None,
-          log: Callable[[str], None] = lambda s: None) -> tuple[list[str], list[int], Funnel]:
+def clean(
+    sources: list[Source],
+    settings: CleanSettings | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> tuple[list[str], list[int], Funnel]:
     """Run the funnel over all sources. Returns (documents, source index of each, funnel);
     funnel.notices holds a line for each source whose quality filters removed more than a quarter of
     its characters.
@@ -1369,8 +1453,16 @@ def _exact_and_line_dedup(
         docs[i], removed = remove(docs[i], repeated)
         lines_removed += removed
     docs, origin = _without(docs, origin, {i for i, d in enumerate(docs) if not d.strip()})
-    funnel.add(step, before, docs, {"lines_removed": lines_removed, "distinct_lines": len(repeated),
-                                    "emptied": len(before) - len(docs)})
+    funnel.add(
+        step,
+        before,
+        docs,
+        {
+            "lines_removed": lines_removed,
+            "distinct_lines": len(repeated),
+            "emptied": len(before) - len(docs),
+        },
+    )
     if not docs:
         raise funnel.empty_error("the corpus")
     return docs, origin
@@ -1397,8 +1489,12 @@ def _near_dedup(
         )
         before = docs
         docs, origin = _without(docs, origin, set(cleaned) - {cleaned[k] for k in kept})
-        funnel.add(f"near dedup (MinHash, J>={settings.near_dup_threshold})", before, docs,
-                   {"near_duplicate": len(before) - len(docs)})
+        funnel.add(
+            f"near dedup (MinHash, J>={settings.near_dup_threshold})",
+            before,
+            docs,
+            {"near_duplicate": len(before) - len(docs)},
+        )
         log(f"  near dedup: {time.perf_counter() - t0:.1f}s")
     return docs, origin
 
@@ -1407,7 +1503,7 @@ def _near_dedup(
 # 7. Train/val split (after dedup) and mixing
 # --------------------------------------------------------------------------------------------------
 
-KEY_RANGE = 1 << 64                 # document keys are uniform 64-bit integers
+KEY_RANGE = 1 << 64  # document keys are uniform 64-bit integers
 
 
 def document_keys(text: str, seed: int) -> tuple[int, int, int]:
@@ -1424,7 +1520,7 @@ def document_keys(text: str, seed: int) -> tuple[int, int, int]:
     True
     """
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=24, key=str(seed).encode()).digest()
-    return tuple(int.from_bytes(digest[i:i + 8], "little") for i in (0, 8, 16))
+    return tuple(int.from_bytes(digest[i : i + 8], "little") for i in (0, 8, 16))
 
 
 def val_cut(val_fraction: float) -> int:
@@ -1485,6 +1581,7 @@ def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.
     known type, has text, and is not the text of a training source (a copy would make the held-out
     loss a training loss)."""
     from machinery import store
+
     paths = [pathlib.Path(p).expanduser() for p in val_data]
     # globs, folders resolved
     train_files = [f for source in sources for f in source.files if not store.is_uri(f)]
@@ -1508,8 +1605,10 @@ def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.
             raise DataError(f"--val-data {path} is empty: give a file with the held-out text")
         digest = hashlib.sha256(path.read_bytes()).digest()
         for train_file in train_files:
-            if train_file.stat().st_size == path.stat().st_size \
-                    and hashlib.sha256(train_file.read_bytes()).digest() == digest:
+            if (
+                train_file.stat().st_size == path.stat().st_size
+                and hashlib.sha256(train_file.read_bytes()).digest() == digest
+            ):
                 raise DataError(
                     f"--val-data {path} is the same text as the training file {train_file}: hold "
                     "out a "
@@ -1603,6 +1702,7 @@ def check_budget(sources: list[Source], weights: list[float], train_tokens: floa
     passes over it. Only local uncompressed files have a known size; other sources are checked once
     they are encoded (`mixture_plan`)."""
     from machinery import store
+
     total_weight = sum(weights)
     for source, w in zip(sources, weights):
         files = source.files
@@ -1686,7 +1786,7 @@ def covering_budget(weights: dict[str, float], unique_tokens: dict[str, float]) 
     return max(unique_tokens[k] / (w / total_weight) for k, w in weights.items())
 
 
-MIX_BUCKETS = 1 << 16               # a document's mix bucket: the top 16 bits of its mixing key
+MIX_BUCKETS = 1 << 16  # a document's mix bucket: the top 16 bits of its mixing key
 
 
 def mix_bucket(mix_keys: np.ndarray) -> np.ndarray:
@@ -1738,8 +1838,10 @@ def plan_mixture(
         )
     weight_of = dict(zip(names, weights))
     mixture = mixture_plan(weight_of, total_tokens or covering_budget(weight_of, unique), unique)
-    return mixture, [partial_epoch(mixture[name]["tokens"], unique[name], bucket_tokens[i])
-                     for i, name in enumerate(names)]
+    return mixture, [
+        partial_epoch(mixture[name]["tokens"], unique[name], bucket_tokens[i])
+        for i, name in enumerate(names)
+    ]
 
 
 def document_reads(full: int, cut: int, buckets: np.ndarray) -> np.ndarray:
@@ -1768,9 +1870,9 @@ SHARD_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
     """uint16 holds ids below 65,536 (GPT-2's 50,257 fits); bigger vocabularies (cl100k) need
     uint32."""
-    if vocab_size <= 2 ** 16:
+    if vocab_size <= 2**16:
         return SHARD_DTYPES[2]
-    if vocab_size <= 2 ** 32:
+    if vocab_size <= 2**32:
         return SHARD_DTYPES[4]
     raise DataError(f"vocabulary of {vocab_size:,} does not fit uint32 token ids")
 
@@ -1823,8 +1925,10 @@ def read_shard(path: pathlib.Path) -> np.ndarray:
     if itemsize not in SHARD_DTYPES:
         raise DataError(f"{path}: damaged shard header (token size {itemsize}); re-run prepare")
     if SHARD_HEADER.size + count * itemsize != size:
-        raise DataError(f"{path}: damaged shard (header says {count:,} tokens, file holds "
-                        f"{(size - SHARD_HEADER.size) / itemsize:,.1f}); re-run prepare")
+        raise DataError(
+            f"{path}: damaged shard (header says {count:,} tokens, file holds "
+            f"{(size - SHARD_HEADER.size) / itemsize:,.1f}); re-run prepare"
+        )
     if count == 0:
         return np.zeros(0, dtype=SHARD_DTYPES[itemsize])
     return np.memmap(
@@ -1858,7 +1962,7 @@ class ShardWriter:
                     dir=self.directory, prefix=f".{self.prefix}.", suffix=".tmp"
                 )
                 self.file, self.count = os.fdopen(fd, "wb"), 0
-                self.file.write(bytes(SHARD_HEADER.size))                  # completed in _finish
+                self.file.write(bytes(SHARD_HEADER.size))  # completed in _finish
             room = self.shard_tokens - self.count
             self.file.write(tokens[:room].tobytes())
             self.count += min(room, len(tokens))
@@ -1887,6 +1991,7 @@ class ShardWriter:
 # 9. Shared pieces of prepare, and the in-memory reference engine: clean -> split -> tokenizer ->
 #    encode -> mix
 # --------------------------------------------------------------------------------------------------
+
 
 class Clock:
     """Wall and CPU seconds per phase. The CPU clock counts every thread of this process and its
@@ -1968,7 +2073,7 @@ def encode_documents(
     dtype = dtype_for_vocab(len(tokenizer))
     out = []
     for start in range(0, len(docs), 4096):
-        batch = encoding.encode_ordinary_batch(docs[start:start + 4096], num_threads=threads)
+        batch = encoding.encode_ordinary_batch(docs[start : start + 4096], num_threads=threads)
         out += [np.asarray(ids, dtype=dtype) for ids in batch]
     return out
 
@@ -2002,6 +2107,7 @@ def check_eot(tok: bpe.Tokenizer) -> bpe.Tokenizer:
 @dataclasses.dataclass
 class Recipe:
     """Everything that decides a dataset's contents: prepare's checked arguments."""
+
     sources: list[Source]
     settings: CleanSettings
     vocab_size: int
@@ -2010,11 +2116,11 @@ class Recipe:
     weights: list[float] | None
     train_tokens: float | None
     tokenizer_path: pathlib.Path | None
-    tokenizer: bpe.Tokenizer | None      # the --tokenizer file, loaded before any work
+    tokenizer: bpe.Tokenizer | None  # the --tokenizer file, loaded before any work
     tokenizer_train_bytes: int
     pattern: str
     shard_tokens: int
-    read_options: tuple                  # (text_field, txt_split, skip_bad_lines, max_documents)
+    read_options: tuple  # (text_field, txt_split, skip_bad_lines, max_documents)
     # --val-data: the val split as is
     val_files: list[pathlib.Path] = dataclasses.field(default_factory=list)
 
@@ -2023,6 +2129,7 @@ class Recipe:
 class Built:
     """What an engine hands back: the funnel, the tokenizer, per-source counts, and a writer of the
     shards."""
+
     funnel: Funnel
     tokenizer: bpe.Tokenizer
     trained_on: int
@@ -2030,7 +2137,7 @@ class Built:
     unique: dict[str, int]
     mixture: dict | None
     encoded_bytes: int
-    write_splits: Callable[[pathlib.Path, np.dtype], dict]   # directory -> manifest["splits"]
+    write_splits: Callable[[pathlib.Path, np.dtype], dict]  # directory -> manifest["splits"]
     # --val-data's n-gram overlap with train (`val_overlap`)
     overlap: dict | None = None
 
@@ -2125,8 +2232,10 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
 #     bytes are the same.
 # --------------------------------------------------------------------------------------------------
 
+
 def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
     from machinery import store
+
     if store.is_uri(data_dir):
         path = store.uri_of(
             data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError
@@ -2156,8 +2265,11 @@ def summary(data_dir: str | os.PathLike) -> str:
 
 
 def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
-    lines = [Funnel.from_manifest(m).format(), f"dataset {data_dir}",
-             f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}"]
+    lines = [
+        Funnel.from_manifest(m).format(),
+        f"dataset {data_dir}",
+        f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}",
+    ]
     for split, s in m["splits"].items():
         lines.append(
             f"{split:>5}: {s['documents']:,} documents, {s['tokens']:,} tokens, "
@@ -2193,9 +2305,11 @@ def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
 #     iterator
 # --------------------------------------------------------------------------------------------------
 
+
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """A dataset's manifest.json, from a local directory or an object-store URI."""
     from machinery import store
+
     manifest = read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
     local = None if store.is_uri(data_dir) else pathlib.Path(data_dir) / "manifest.json"
     # there, but damaged: say how
@@ -2233,6 +2347,7 @@ class TokenData:
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
         from machinery import store
+
         # shards are memory-mapped: they must be on a local file system
         if store.is_uri(data_dir):
             raise DataError(
@@ -2273,8 +2388,9 @@ class TokenData:
             raise DataError(f"no split {split!r} in {self.data_dir} (has {', '.join(self.shards)})")
         return self.shards[split]
 
-    def get_batch(self, split: str, batch_size: int, block_size: int,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(
+        self, split: str, batch_size: int, block_size: int, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Random windows: x (B, T) and y (B, T) = x shifted by one token, int64 on CPU. A window
         never straddles two shards; every start position in the split is equally likely."""
         _check_batch_shape(batch_size, block_size)
@@ -2294,7 +2410,7 @@ class TokenData:
         windows = np.stack(
             [shards[s][o : o + block_size + 1] for s, o in zip(shard_of, offsets)]
         ).astype(np.int64)
-        xy = torch.from_numpy(windows)                                     # (B, T+1)
+        xy = torch.from_numpy(windows)  # (B, T+1)
         return xy[:, :-1], xy[:, 1:]
 
     def iterator(
@@ -2335,9 +2451,18 @@ class BatchIterator:
     strided view would be copied to a pageable contiguous buffer first.
     """
 
-    def __init__(self, shards: list[np.ndarray], batch_size: int, block_size: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, shuffle: bool = True, split: str = "train",
-                 pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        shards: list[np.ndarray],
+        batch_size: int,
+        block_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        split: str = "train",
+        pin_memory: bool = False,
+    ) -> None:
         _check_batch_shape(batch_size, block_size)
         self.pin_memory = pin_memory
         if not 0 <= rank < world_size:
@@ -2373,13 +2498,19 @@ class BatchIterator:
         if self.position + step > self.num_windows:
             self.epoch, self.position = self.epoch + 1, 0
         start = self.position + self.rank * self.batch_size
-        windows = self._epoch_order()[start:start + self.batch_size]
+        windows = self._epoch_order()[start : start + self.batch_size]
         self.position += step
         shard_of = np.searchsorted(self.first_window, windows, side="right") - 1
         offsets = (windows - self.first_window[shard_of]) * self.block_size
-        xy = torch.from_numpy(np.stack([self.shards[s][o:o + self.block_size + 1]
-                                        # (B, T+1)
-                                        for s, o in zip(shard_of, offsets)]).astype(np.int64))
+        xy = torch.from_numpy(
+            np.stack(
+                [
+                    self.shards[s][o : o + self.block_size + 1]
+                    # (B, T+1)
+                    for s, o in zip(shard_of, offsets)
+                ]
+            ).astype(np.int64)
+        )
         if self.pin_memory:
             return xy[:, :-1].contiguous().pin_memory(), xy[:, 1:].contiguous().pin_memory()
         return xy[:, :-1], xy[:, 1:]
@@ -2419,279 +2550,7 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
     return s["bytes"] / s["tokens"]
 
 
-# --------------------------------------------------------------------------------------------------
-# 12. Command line
-# --------------------------------------------------------------------------------------------------
-
-SEED_MAX = 2**32 - 1             # numpy's legacy generator and torch agree on seeds in [0, 2^32)
-TOKENS_MAX = 1e16                # a token budget beyond any run (the largest public ones are ~4e13)
-
-
-def _parse_assignments(items: list[str], flag: str, low: float = 0.0) -> dict[str, float]:
-    """['web=0.7', 'code=0.3'] -> {'web': 0.7, 'code': 0.3}; each number finite, at least `low` (or
-    > 0 without one) and at most TOKENS_MAX."""
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            sep = ""
-        if not sep or not name:
-            raise DataError(f"{flag} {item!r} must look like name=number, e.g. math=0.05")
-        if name in out:
-            raise DataError(f"{flag} names {name!r} twice; give each source once")
-        if not (
-            math.isfinite(number)
-            and (number >= low if low else number > 0)
-            and number <= TOKENS_MAX
-        ):
-            raise DataError(
-                f"{flag} {item!r}: the number must be {f'>= {low:g}' if low else '> 0'} and <= "
-                f"{TOKENS_MAX:g}"
-            )
-        out[name] = number
-    return out
-
-
-def train_quality_model(positives: list[str], negatives: list[str]) -> str:
-    """A quality classifier trained on the documents of these sources, saved in the cache under a
-    name made of its training text's hash (so the dataset's cache key follows the text). Returns the
-    file's path."""
-    texts = {}
-    for flag, specs in (("--quality-positives", positives), ("--quality-negatives", negatives)):
-        texts[flag] = [d for spec in specs for d in open_source(spec).documents() if d.strip()]
-        if not texts[flag]:
-            raise DataError(f"{flag} {' '.join(specs)}: no documents; name files that hold text")
-    high, low = texts.values()
-    # surrogatepass: a .jsonl's lone "\ud800" hashes like any other code point
-    digest = hashlib.sha256("\0".join(high + ["\1"] + low).encode("utf-8", "surrogatepass"))
-    digest = digest.hexdigest()[:16]
-    path = cache_root() / "classify" / f"quality-{digest}.pt"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        model = classify.Classifier.train(high + low, ["high"] * len(high) + ["low"] * len(low),
-                                          progress=classify.Progress("training the quality model"))
-        try:
-            model.save(path, fix="point PRETRAIN_CACHE elsewhere")
-        except classify.ClassifyError as e:
-            raise DataError(f"--quality-positives: {e}") from None
-    return str(path)
-
-
-def _cmd_prepare(args: argparse.Namespace, prepare) -> None:
-    # prepare: data_at_scale.prepare, which runs this file's engine or the streaming one
-    if bool(args.quality_positives) != bool(args.quality_negatives):
-        raise DataError("--quality-positives and --quality-negatives go together; give both")
-    model = (
-        train_quality_model(args.quality_positives, args.quality_negatives)
-        if args.quality_positives
-        else args.quality_model
-    )
-    settings = CleanSettings(
-        cleaning=args.cleaning,
-        filters=args.filters,
-        line_dedup=args.line_dedup,
-        near_dup_threshold=args.near_dup_threshold,
-        strip_accents=args.strip_accents,
-        mask_pii=not args.no_pii,
-        boilerplate_min_documents=args.boilerplate_min_documents,
-        lang=tuple(args.lang),
-        lang_threshold=args.lang_threshold,
-        quality_threshold=args.quality_threshold,
-        quality_model=model,
-    )
-    started = time.perf_counter()
-    out = prepare(
-        args.data,
-        args.out,
-        vocab_size=args.vocab_size,
-        seed=args.seed,
-        val_fraction=args.val_fraction,
-        weights=args.weights,
-        train_tokens=args.train_tokens,
-        tokenizer=args.tokenizer,
-        tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6),
-        clean_settings=settings,
-        text_field=args.text_field,
-        txt_split=args.txt_split,
-        skip_bad_lines=args.skip_bad_lines,
-        max_documents=args.max_documents,
-        kind=args.kind,
-        threads=args.threads,
-        workers=args.workers,
-        chunk_mb=args.chunk_mb,
-        engine=args.engine,
-        ray_address=args.ray_address,
-        val_data=args.val_data,
-        work_dir=args.work_dir,
-        verbose=True,
-    )
-    print(summary(out))
-    # on a cache hit the times above are the first build's: this call's own, said apart
-    print(f"this call: {time.perf_counter() - started:.1f}s")
-
-
-def _cmd_mix(args: argparse.Namespace) -> None:
-    weights = _parse_assignments(args.weights, "--weights")
-    # a count of tokens: a fraction of one is a typo
-    unique = _parse_assignments(args.unique, "--unique", low=1.0)
-    unknown = set(unique) - set(weights)
-    if unknown:
-        raise DataError(f"--unique names {sorted(unknown)} have no --weights entry")
-    plan = mixture_plan(weights, args.tokens, unique)
-    print(f"{'source':<10}{'weight':>8}{'tokens':>14}{'unique':>14}{'epochs':>8}")
-    for name, p in plan.items():
-        unique_s = f"{p['unique_tokens']:.3g}" if p["unique_tokens"] else "-"
-        epochs_s = f"{p['epochs']:.2f}" if p["epochs"] is not None else "-"
-        print(f"{name:<10}{p['weight']:>8.2f}{p['tokens']:>14.3g}{unique_s:>14}{epochs_s:>8}")
-
-
-def _cmd_inspect(args: argparse.Namespace) -> None:
-    data = TokenData(args.dir)
-    print(summary(args.dir))
-    longest = {split: max(map(len, shards), default=0) for split, shards in data.shards.items()}
-    # a window needs x and its y
-    split = next((s for s in ("val", "train") if longest.get(s, 0) >= 2), None)
-    if split is None:
-        print("no split holds two tokens: no window to decode")
-        return
-    x, _ = data.get_batch(
-        split, 1, min(args.tokens, longest[split] - 1), torch.Generator().manual_seed(0)
-    )
-    note = "" if split == "val" else " (the val split is empty)"
-    print(f"a random {split} window{note}, decoded:\n" + data.tokenizer.decode(x[0].tolist()))
-
-
-def _cmd_html(args: argparse.Namespace) -> None:
-    path = pathlib.Path(args.file)
-    if not path.is_file():
-        raise DataError(f"{path} not found")
-    print(html_to_text(formats.read_text(path)))
-
-
-def main(argv: list[str] | None = None, prog: str = "data.py",
-         description: str | None = None) -> None:
-    from machinery import store
-    from machinery.cli import Parser, add_commands, in_range, run, writable
-    # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
-    from machinery import data_at_scale
-    parser = Parser(prog=prog, description=description or __doc__.split("\n\n")[0],
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-
-    add_commands(sub, {
-        "prepare": ("clean, dedup, split, train/reuse the tokenizer, encode and pack shards",
-                    lambda args: _cmd_prepare(args, data_at_scale.prepare), [
-            ("--data", {"nargs": "+", "default": ["pydocs"],
-                        "help": "sources: pydocs, pystdlib, hf:NAME, files/dirs/globs (.txt .jsonl "
-                                ".parquet .raw .html .py, .gz), or their URIs in an object store "
-                                "(s3://bucket/web/*.parquet, gs://, hdfs://, file://)"}),
-            ("--vocab-size", {"type": in_range(int, 257, 2**32), "default": DEFAULT_VOCAB_SIZE,
-                              "help": "BPE vocabulary (default %(default)s)"}),
-            ("--out", {"type": writable("dir", elsewhere=store.is_uri), "default": None,
-                       "help": "output directory or object-store URI, e.g. "
-                               "s3://bucket/datasets/name (default: a cache dir in "
-                               "$PRETRAIN_CACHE or .cache/)"}),
-            ("--seed", {"type": in_range(int, 0, SEED_MAX), "default": 0,
-                        "help": "seeds the split, the tokenizer sample, mixing and order"}),
-            ("--val-fraction", {"type": in_range(float, 0.0, 1.0, high_open=True),
-                                "default": 0.05, "help": "documents held out for validation"}),
-            ("--val-data", {"nargs": "+", "default": None, "metavar": "PATH",
-                            "help": "held-out file(s) used verbatim as the val split (replaces "
-                                    "--val-fraction); their 13-gram overlap with train is "
-                                    "reported"}),
-            ("--cleaning", {"choices": CLEANING_CHOICES, "default": "auto",
-                            "help": "auto: the funnel for web-like sources (.jsonl .parquet .html "
-                                    "hf: pydocs pystdlib), local text (.txt .md .raw .py) kept "
-                                    "whole; web: the funnel for every source; keep: none"}),
-            ("--weights", {"type": in_range(float, 0.0, TOKENS_MAX, low_open=True), "nargs": "+",
-                           "default": None, "help": "mixing weight per source, in order"}),
-            ("--train-tokens", {"type": in_range(float, 1.0, TOKENS_MAX), "default": None,
-                                "help": "train token budget for the mix (e.g. 5e6)"}),
-            ("--tokenizer", {"default": None,
-                             "help": "reuse this bpe.py tokenizer JSON instead of training one"}),
-            # >= 1 byte
-            ("--tokenizer-train-mb", {"type": in_range(float, 1e-6, 1e6), "default": 4.0,
-                                      "help": "MB of train text the tokenizer trains on (default "
-                                              "%(default)s)"}),
-            ("--filters", {"choices": FILTER_CHOICES, "default": "auto",
-                           "help": "quality rules: auto = Gopher for prose, code rules for code; "
-                                   "gopher-handout = only the Gopher rules of CS336's data handout "
-                                   "(word count, word length, ellipsis lines, alphabetic)"}),
-            ("--line-dedup", {"choices": LINE_DEDUP_CHOICES, "default": "documents",
-                              "help": "documents: remove boilerplate lines (see "
-                                      "--boilerplate-min-documents); occurrences: remove every "
-                                      "line seen more than once in the corpus (CS336's exact line "
-                                      "dedup)"}),
-            ("--near-dup-threshold", {"type": in_range(float, 0.0, 1.0, high_open=True),
-                                      "default": 0.5,
-                                      "help": "Jaccard threshold; 0 turns near-dedup off"}),
-            ("--boilerplate-min-documents", {"type": in_range(int, 2), "default": 3,
-                                             "help": "a prose line found in this many documents "
-                                                     "is boilerplate and removed"}),
-            ("--strip-accents", {"action": "store_true",
-                                 "help": "near dedup compares texts without accents"}),
-            ("--no-pii", {"action": "store_true", "help": "do not mask emails, phones and IPs"}),
-            ("--lang", {"nargs": "+", "default": [], "metavar": "CODE",
-                        "help": "keep only documents in these languages (ISO 639-1: en zh ...; "
-                                "classify.py)"}),
-            ("--lang-threshold", {"type": float, "default": 0.65,
-                                  "help": "least language score kept"}),
-            ("--quality-threshold", {"type": float, "default": 0.0,
-                                     "help": "keep documents whose quality-classifier P(high) is "
-                                             "at least this (0: off)"}),
-            ("--quality-model", {"default": "",
-                                 "help": "a classifier file (default: classify.py's)"}),
-            ("--quality-positives", {"nargs": "+", "default": [], "metavar": "SOURCE",
-                                     "help": "train the quality classifier: reference-like "
-                                             "sources (with --quality-negatives)"}),
-            ("--quality-negatives", {"nargs": "+", "default": [], "metavar": "SOURCE",
-                                     "help": "web-like sources"}),
-            ("--text-field", {"default": "text",
-                              "help": "the .jsonl/.parquet field holding the text"}),
-            ("--txt-split", {"choices": ["auto", "eot", "blank", "file"], "default": "auto",
-                             "help": "how .txt files split into documents (auto: <|endoftext|> if "
-                                     "present, else blank lines; a file kept whole is cut only at "
-                                     "<|endoftext|>)"}),
-            ("--skip-bad-lines", {"action": "store_true",
-                                  "help": "skip and count malformed .jsonl lines"}),
-            ("--max-documents", {"type": in_range(int, 1), "default": None,
-                                 "help": "read at most this many documents per source"}),
-            ("--kind", {"choices": ["prose", "code", "html"], "default": None,
-                        "help": "treat every source as this kind (default: by name and file type; "
-                                ".py files are code)"}),
-            ("--threads", {"type": in_range(int, 1, 1024), "default": None,
-                           "help": "encoding threads (default: all cores)"}),
-            # --workers, --chunk-mb, --engine, --ray-address, --work-dir
-            *data_at_scale.ENGINE_FLAGS]),
-        "mix": ("tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)",
-                _cmd_mix, [
-            ("--tokens", {"type": in_range(float, 1.0, TOKENS_MAX), "default": 20e9}),
-            ("--weights", {"nargs": "+",
-                           "default": ["web=0.70", "code=0.15", "books=0.10", "math=0.05"]}),
-            ("--unique", {"nargs": "*", "default": ["math=0.5e9"],
-                          "help": "unique tokens on hand per source"})]),
-        "inspect": ("print a prepared dataset's funnel, sizes and a decoded sample", _cmd_inspect, [
-            ("dir", {}),
-            ("--tokens", {"type": in_range(int, 1, 1_000_000), "default": 64})]),
-        "download": ("copy a dataset published to an object store down to a local directory",
-                     lambda args: print(f"downloaded {args.uri} to "
-                                        f"{data_at_scale.download(args.uri, args.dir)}"), [
-            ("uri", {"help": "the dataset's URI, as given to prepare --out "
-                             "(s3://bucket/datasets/name)"}),
-            ("dir", {"type": writable("dir"),
-                     "help": "local directory to create (train.py --data reads it)"})]),
-        "html": ("print the text extracted from an HTML file", _cmd_html, [("file", {})]),
-    })
-
-    args = parser.parse_args(argv)
-    if run(lambda: args.run(args), (DataError, bpe.TokenizerError, dedup.DedupError)):
-        sys.exit(2)
-
-
 if __name__ == "__main__":
-    # run as the module `data`, not `__main__`: Ray sends workers functions by name (its
-    import data
-    # engine's, in data_at_scale.py, which imports `data`): one copy of data.py's classes
-    data.main()
+    from machinery.commands import data as command
+
+    raise SystemExit(command.main())

@@ -2225,10 +2225,11 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
     return directory
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """`python data_at_scale.py ...` is `python data.py ...`: the command line is the chapter's,
     under this file's name and description."""
-    data.main(argv, prog="data_at_scale.py", description=(
+    from machinery.commands import data as command  # the command line imports this file
+    return command.main(argv, prog="data_at_scale.py", description=(
         __doc__.split("\n\n")[0] + "\n\nIts command line is data.py's: the same commands and "
         "flags;\n`prepare --engine stream` (or `--engine ray`) runs this file's engines."))
 
@@ -2236,4 +2237,4 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     # run as the module `data_at_scale`, not `__main__`: Ray sends workers functions by name
     from machinery import data_at_scale
-    data_at_scale.main()
+    raise SystemExit(data_at_scale.main())

@@ -8,6 +8,7 @@ that neither the working directory nor the fixtures changed. Covering a new flag
 """
 import contextlib
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -355,12 +356,20 @@ def tree(root: pathlib.Path) -> dict:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
+def command_module(script: str) -> str:
+    """Where `python script.py` finds its main: machinery/commands/, machinery/, or the root."""
+    for name in (f"machinery.commands.{script}", f"machinery.{script}"):
+        if importlib.util.find_spec(name) is not None:
+            return name
+    return script
+
+
 def run_main(script: str, argv: list[str]) -> tuple[int, str, str]:
     """script.main(argv) in this process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = importlib.import_module(script).main(argv)
+            code = importlib.import_module(command_module(script)).main(argv)
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()

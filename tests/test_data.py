@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import data
 from machinery import data_at_scale
+from machinery.commands import data as data_command
 from machinery import dataset
 import dedup
 from machinery import formats
@@ -505,11 +506,11 @@ def test_mixture_plan_reproduces_the_lecture():
 
 
 def test_mix_cli_prints_the_lecture_table(capsys):
-    data.main(["mix"])
+    assert data_command.main(["mix"]) == 0
     math_row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("math")][0]
     assert math_row.split()[1:] == ["0.05", "1e+09", "5e+08", "2.00"]
     with pytest.raises(SystemExit) as exit_info:
-        data.main(["mix", "--weights", "web=0.9", "math"])
+        sys.exit(data_command.main(["mix", "--weights", "web=0.9", "math"]))
     assert exit_info.value.code == 2 and "name=number" in capsys.readouterr().err
 
 
@@ -921,8 +922,8 @@ def test_bad_settings_fail_before_any_work(small_corpus, tmp_path):
 
 
 def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path, capsys):
-    data.main(["prepare", "--data", str(small_corpus["path"]), "--vocab-size", "300", "--val-fraction", "0.2",
-               "--out", str(small_corpus["out"])])
+    assert data_command.main(["prepare", "--data", str(small_corpus["path"]), "--vocab-size", "300",
+                              "--val-fraction", "0.2", "--out", str(small_corpus["out"])]) == 0
     out = capsys.readouterr().out
     assert "quality filters (gopher" in out and "too_few_words 3" in out and "train:" in out
     # issue 43: a cache hit printed the first build's times as this call's: said apart now
@@ -931,12 +932,12 @@ def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path, 
     timing = next(i for i, line in enumerate(lines) if line.startswith("time (wall/CPU): "))
     assert hit < timing and "the times below are its first build's" in lines[hit], out
     assert re.fullmatch(r"this call: \d+\.\ds", lines[-1]), out
-    data.main(["inspect", str(small_corpus["out"])])
+    assert data_command.main(["inspect", str(small_corpus["out"])]) == 0
     assert "a random val window, decoded:" in capsys.readouterr().out
     for argv in (["prepare", "--data", str(tmp_path / "nope.jsonl")], ["inspect", str(tmp_path)],
                  ["prepare", "--data", str(small_corpus["path"]), "--tokenizer", str(small_corpus["path"])]):
         with pytest.raises(SystemExit) as exit_info:
-            data.main(argv)
+            sys.exit(data_command.main(argv))
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
 
@@ -1005,8 +1006,9 @@ def test_val_data_is_the_file_verbatim_and_its_overlap_is_reported(tmp_path, cap
     val_bytes = f"Held-out text, kept exactly:\r\n  {random_doc(rng, 60)}\n\n{copied}\n   \n".encode()
     (tmp_path / "val.txt").write_bytes(val_bytes)
     for engine in ("memory", "stream"):                # the lesson's engine and the streaming one
-        data.main(["prepare", "--data", str(tmp_path / "train.txt"), "--val-data", str(tmp_path / "val.txt"),
-                   "--vocab-size", "300", "--engine", engine, "--out", str(tmp_path / engine)])
+        assert data_command.main(["prepare", "--data", str(tmp_path / "train.txt"), "--val-data",
+                                  str(tmp_path / "val.txt"), "--vocab-size", "300", "--engine", engine,
+                                  "--out", str(tmp_path / engine)]) == 0
         err = capsys.readouterr().err
         td = data.TokenData(tmp_path / engine)
         val = td.manifest["splits"]["val"]
@@ -1057,7 +1059,7 @@ def test_own_text_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         argv = ["prepare", "--vocab-size", "257", "--out", str(tmp_path / "ds")]
         argv += [str(tmp_path / a) if a.endswith(".txt") else a for a in args]
         with pytest.raises(SystemExit) as exit_info:
-            data.main(argv)
+            sys.exit(data_command.main(argv))
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.count("\n") == 1 and re.search(message, err), (args, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.txt", "empty.txt", "train.txt"]     # nothing written
@@ -1613,12 +1615,12 @@ def test_inspect_of_a_dataset_without_val_shows_a_train_window(tmp_path, capsys)
     """--val-fraction 0 gives a val split of no shards: inspect reports train and decodes a train window."""
     out = dataset.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", val_fraction=0, **QUICK)
     assert data.load_manifest(out)["splits"]["val"]["shards"] == []
-    data.main(["inspect", str(out), "--tokens", "16"])
+    assert data_command.main(["inspect", str(out), "--tokens", "16"]) == 0
     printed = capsys.readouterr().out
     assert "  val: 0 documents" in printed and "a random train window (the val split is empty), decoded:" in printed
     (out / "tokenizer.json").unlink()                                  # was a FileNotFoundError traceback
     with pytest.raises(SystemExit) as exit_info:
-        data.main(["inspect", str(out)])
+        sys.exit(data_command.main(["inspect", str(out)]))
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "tokenizer.json: cannot read it" in err
     assert err.rstrip().endswith("the dataset's tokenizer: re-run prepare")
@@ -1632,7 +1634,7 @@ def test_inspect_of_a_manifest_missing_a_key_is_one_line(tmp_path, capsys, key):
     del manifest[key]
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(SystemExit) as exit_info:
-        data.main(["inspect", str(out)])
+        sys.exit(data_command.main(["inspect", str(out)]))
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err == f"error: {out}: damaged manifest.json (KeyError: '{key}'); re-run " \
                                                 f"prepare\n"
@@ -1666,14 +1668,14 @@ def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monk
 
 FULL_DISK_RUN = """
 import resource, sys
-import data
 from machinery import data_at_scale, dataset
+from machinery.commands import data as data_command
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # ulimit -f
 def reference(sources, out_dir, *, threads=None, verbose=False, workers=None, chunk_mb=None, engine=None,
               ray_address=None, work_dir=None, **recipe):     # the publish step, not the streaming engine's work files
     return dataset.prepare(sources, out_dir, threads=threads, verbose=verbose, **recipe)
 data_at_scale.prepare = reference
-data.main(sys.argv[2:])
+sys.exit(data_command.main(sys.argv[2:]))
 """
 
 

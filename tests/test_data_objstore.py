@@ -21,6 +21,7 @@ import pytest
 
 import data
 from machinery import data_at_scale
+from machinery.commands import data as data_command
 from machinery import dataset
 from machinery import formats
 from machinery import store
@@ -289,8 +290,8 @@ def test_bad_uris_are_one_line_exit_2_before_any_work(s3, uploaded, tmp_path, ca
     for args, message in cases:
         defaults = {"--out": str(tmp_path / "ds"), "--work-dir": str(tmp_path / "work")}
         with pytest.raises(SystemExit) as exit_info:
-            data.main(["prepare", *args, "--vocab-size", "300",
-                       *[word for flag, value in defaults.items() if flag not in args for word in (flag, value)]])
+            sys.exit(data_command.main(["prepare", *args, "--vocab-size", "300",
+                       *[word for flag, value in defaults.items() if flag not in args for word in (flag, value)]]))
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err

@@ -18,6 +18,7 @@ import pytest
 
 import data
 from machinery import data_at_scale
+from machinery.commands import data as data_command
 from data import DataError
 from test_data import dataset_files, random_doc, web_corpus, write_jsonl
 
@@ -159,8 +160,8 @@ def test_bad_file_fails_the_job_with_one_line(inputs, ray_cluster, tmp_path, cap
     whole = gzip.compress((inputs / "web" / "a.jsonl").read_bytes())
     (web / "b.jsonl.gz").write_bytes(whole[:len(whole) // 2])
     with pytest.raises(SystemExit) as exit_info:
-        data.main(["prepare", "--engine", "ray", "--data", str(web), "--out", str(tmp_path / "ds"),
-                   "--vocab-size", "300", "--chunk-mb", str(3 / 1024)])
+        sys.exit(data_command.main(["prepare", "--engine", "ray", "--data", str(web), "--out", str(tmp_path / "ds"),
+                   "--vocab-size", "300", "--chunk-mb", str(3 / 1024)]))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()                # progress lines, then the error
     assert err[-1].startswith("error: ") and "b.jsonl.gz: damaged gzip file" in err[-1], err
