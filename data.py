@@ -83,25 +83,21 @@ runs; the library functions above never do, nor import dataset.py (both are laye
 
 from __future__ import annotations
 
-import ast
 import collections
-import contextlib
 import dataclasses
 import functools
 import hashlib
+import json
 import html.parser
 import itertools
 import math
 import os
 import pathlib
 import re
-import stat
 import struct
 import sys
-import sysconfig
 import tempfile
 import time
-import tokenize
 import warnings
 from typing import Callable, Iterable, Iterator
 
@@ -111,15 +107,17 @@ import torch
 import bpe
 import classify
 import dedup
-from machinery import fileio
-from machinery import formats
 
-# the marker before each document; the one-line error of the pipeline
-from machinery.formats import EOT, DataError
+# the marker before each document
+EOT = "<|endoftext|>"
+
+
+class DataError(ValueError):
+    """Bad input to the data pipeline: the message is one line naming the problem and the fix."""
+
 
 # the tiny CPU run: small enough to train on ~2 MB in seconds, big enough for words
 DEFAULT_VOCAB_SIZE = 4096
-REPO_ROOT = pathlib.Path(__file__).resolve().parent
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,255 +145,17 @@ class Source:
     # the files (or objects' URIs) it reads, in order (none for names)
     files: tuple[pathlib.Path | str, ...] = ()
     curated: bool = False
+    # the funnel table's name for it: the spec, or a path's (or URI's) file name
+    label: str = ""
 
-    @property
-    def label(self) -> str:
-        """The spec, shortened to a file name for paths (for the funnel table)."""
-        from machinery import store
-
-        return (
-            self.spec
-            if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:")
-            else store.pure_path(self.spec).name or self.spec
-        )
+    def __post_init__(self) -> None:
+        self.label = self.label or self.spec
 
     def documents(self) -> Iterator[str]:
         for i, doc in enumerate(self.read()):
             if self.max_documents is not None and i >= self.max_documents:
                 return
             yield doc
-
-
-def _stdlib_root() -> pathlib.Path:
-    return pathlib.Path(sysconfig.get_paths()["stdlib"])
-
-
-_NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
-_TEST_DIRS = {"test", "tests", "idle_test"}
-
-
-def stdlib_files(include_tests: bool) -> list[pathlib.Path]:
-    """The standard library's .py files in sorted (stable) order, without third-party packages."""
-    root, files = _stdlib_root(), []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(
-            d for d in dirnames if d not in _NOT_STDLIB and (include_tests or d not in _TEST_DIRS)
-        )
-        for name in sorted(filenames):
-            if name.endswith(".py") and (include_tests or not name.startswith("test_")):
-                files.append(pathlib.Path(dirpath) / name)
-    return files
-
-
-def _read_python_source(path: pathlib.Path) -> str | None:
-    """Decode a .py file by its coding cookie (PEP 263); None for the few deliberately broken test
-    files."""
-    try:
-        with tokenize.open(path) as f:
-            return f.read()
-    except (SyntaxError, UnicodeDecodeError):
-        return None
-
-
-def module_docstrings(source: str, module: str) -> str:
-    """One module's docstrings as a document: a heading line with the qualified name, then the
-    docstring.
-
-    >>> print(module_docstrings('"Say hi."\\ndef hi():\\n    "Print hi."', "greet"))
-    greet
-    Say hi.
-    <BLANKLINE>
-    greet.hi
-    Print hi.
-    """
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return ""
-    blocks = []
-
-    def visit(node: ast.AST, qualname: str) -> None:
-        doc = ast.get_docstring(node, clean=True)
-        if doc:
-            blocks.append(f"{qualname}\n{doc}")
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(child, f"{qualname}.{child.name}")
-
-    visit(tree, module)
-    return "\n\n".join(blocks)
-
-
-def _module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(_stdlib_root()).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def read_pydocs() -> Iterator[str]:
-    """The embedded prose corpus (~2.3 MB): stdlib docstrings, one document per module (tests
-    skipped), then the reference manual's topics from pydoc_data.topics (what `help("with")`
-    prints), one document per topic."""
-    for path in stdlib_files(include_tests=False):
-        source = _read_python_source(path)
-        text = module_docstrings(source, _module_name(path)) if source else ""
-        if text:
-            yield text
-    try:
-        from pydoc_data.topics import topics
-    # some distributions strip pydoc_data; the docstrings alone are still ~1.8 MB
-    except ImportError:
-        return
-    for name in sorted(topics):
-        yield topics[name].strip()
-
-
-def read_pystdlib() -> Iterator[str]:
-    """The embedded code corpus (~31 MB): every .py file of the standard library, tests included,
-    one per document."""
-    for path in stdlib_files(include_tests=True):
-        source = _read_python_source(path)
-        if source and source.strip():
-            yield source
-
-
-# A file of a source (a path, or an object's URI: s3://bucket/web/a.jsonl) is read by formats.py,
-# which knows .txt, .md, .jsonl, .parquet, WikiText's .raw, .html and .py files (each may be
-# gzipped) and streams hf: datasets.
-
-
-def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
-    # hidden files and folders (.git) skipped
-    files = sorted(
-        p
-        for p in directory.rglob("*")
-        if p.is_file()
-        and formats.readable(p)
-        and not any(part.startswith(".") for part in p.relative_to(directory).parts)
-    )
-    if not files:
-        raise DataError(f"{directory} holds no {formats.FILE_TYPES} files")
-    return files
-
-
-def _special_file(path: pathlib.Path) -> str:
-    """What a path that is neither a file nor a folder is: 'a FIFO (named pipe)', 'a device', 'a
-    socket'."""
-    mode = path.stat().st_mode
-    return (
-        "a FIFO (named pipe)"
-        if stat.S_ISFIFO(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "a device"
-    )
-
-
-def _is_dataset(folder: pathlib.Path) -> bool:
-    """Whether a folder holds a dataset `prepare` wrote (its manifest says so): a corpus it must not
-    read."""
-    manifest = read_manifest_or_none(folder)
-    return isinstance(manifest, dict) and manifest.get("format") == "llm-token-shards"
-
-
-def open_source(
-    spec: str,
-    text_field: str = "text",
-    txt_split: str = "auto",
-    skip_bad_lines: bool = False,
-    max_documents: int | None = None,
-    jsonl_stats: formats.JsonlStats | None = None,
-    kind: str | None = None,
-) -> Source:
-    """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an
-    object, prefix or glob in an object store: s3://bucket/web/*.parquet) into a Source. kind
-    overrides what the file types imply ("code" for a .jsonl of source files, say)."""
-    from machinery import store  # object-store I/O, loaded only where a path may be a URI
-
-    if kind not in (None, "prose", "code", "html"):
-        raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
-    options = dict(
-        text_field=text_field,
-        txt_split=txt_split,
-        skip_bad_lines=skip_bad_lines,
-        jsonl_stats=jsonl_stats,
-    )
-    version = f"python-{sys.version.split()[0]}@{_stdlib_root()}"
-    if spec == "pydocs":
-        return Source(spec, kind or "prose", version, read_pydocs, max_documents)
-    if spec == "pystdlib":
-        return Source(spec, kind or "code", version, read_pystdlib, max_documents)
-    if spec.startswith("hf:"):
-        name = spec[3:]
-        return Source(
-            spec, kind or "prose", spec, lambda: formats.read_hf(name, text_field), max_documents
-        )
-    path = pathlib.Path(spec).expanduser()
-    if store.is_uri(spec):
-        listed = store.list_files(spec, formats.readable, formats.FILE_TYPES, DataError)
-        files = [uri for uri, _, _ in listed]
-        fingerprint = ";".join(f"{uri}:{size}:{mtime_ns}" for uri, size, mtime_ns in listed)
-    elif any(c in spec for c in "*?[") and not path.exists():  # a pattern: "shards/*.parquet"
-        # pathlib's ** never follows a directory symlink:
-        anchor = pathlib.Path(path.anchor or ".")
-        # glob's loops forever
-        matches = anchor.glob(str(path.relative_to(anchor)) if path.anchor else str(path))
-        files = sorted(
-            p for p in matches if p.is_file() and formats.readable(p) and not p.name.startswith(".")
-        )
-        if not files:
-            raise DataError(
-                f"source {spec!r} matches no {formats.FILE_TYPES} files; check the pattern"
-            )
-    elif not path.exists():
-        hint = "a name (pydocs, pystdlib, hf:NAME), an existing file/directory or a glob pattern"
-        raise DataError(f"source {spec!r} not found: give {hint}")
-    # reading a FIFO waits for a writer; /dev/zero never ends
-    elif not (path.is_dir() or path.is_file()):
-        raise DataError(
-            f"source {spec!r} is {_special_file(path)}, not a regular file: save the text to a "
-            "file "
-            f"and pass that"
-        )
-    else:
-        files = _files_under(path) if path.is_dir() else [path]
-    if not store.is_uri(spec):
-        for f in files:
-            if f.name == "manifest.json" and _is_dataset(f.parent):
-                raise DataError(
-                    f"source {spec!r}: {f.parent} is a prepared dataset, not text: pass it to "
-                    f"train.py --data (or data.py inspect), not to prepare"
-                )
-        stats = [f.stat() for f in files]
-        if not any(st.st_size for st in stats):
-            raise DataError(f"source {spec!r} is empty (0 bytes): give a file with text")
-        fingerprint = ";".join(
-            f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}" for f, st in zip(files, stats)
-        )
-    readers = [formats.file_source(f, options) for f in files]
-    kinds = {formats.file_kind(f) for f in files}
-    if len(kinds) > 1 and kind is None:
-        raise DataError(
-            f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: "
-            "pass "
-            f"them as separate sources (or force one with --kind)"
-        )
-
-    def read() -> Iterator[str]:
-        for file, reader in zip(files, readers):
-            try:
-                yield from reader()
-            except OSError as e:  # EIO from a failing disk, a file removed midway
-                raise DataError(
-                    f"{file}: cannot read it ({e.strerror or e}); check the disk, or "
-                    f"leave the file out of {spec}"
-                ) from None
-
-    curated = all(formats.is_curated(f) for f in files)
-    return Source(
-        spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files), curated
-    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1576,47 +1336,6 @@ def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -
     return EOT.join(picked)
 
 
-def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.Path]:
-    """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a
-    known type, has text, and is not the text of a training source (a copy would make the held-out
-    loss a training loss)."""
-    from machinery import store
-
-    paths = [pathlib.Path(p).expanduser() for p in val_data]
-    # globs, folders resolved
-    train_files = [f for source in sources for f in source.files if not store.is_uri(f)]
-    for path in paths:
-        if not path.is_file():
-            what = (
-                "is a directory: name the file(s)"
-                if path.is_dir()
-                else "not found: name the held-out text file"
-                if not path.exists()
-                else f"is {_special_file(path)}, not a regular file: save the held-out text"
-            )
-            raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
-        if not formats.readable(path):
-            raise DataError(
-                f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or "
-                ".parquet "
-                f"file"
-            )
-        if not formats.read_val_file(path):
-            raise DataError(f"--val-data {path} is empty: give a file with the held-out text")
-        digest = hashlib.sha256(path.read_bytes()).digest()
-        for train_file in train_files:
-            if (
-                train_file.stat().st_size == path.stat().st_size
-                and hashlib.sha256(train_file.read_bytes()).digest() == digest
-            ):
-                raise DataError(
-                    f"--val-data {path} is the same text as the training file {train_file}: hold "
-                    "out a "
-                    f"different file (e.g. its last 10%), or drop --val-data to use --val-fraction"
-                )
-    return paths
-
-
 # --val-data's overlap: 13-grams of words, GPT-3's contamination unit
 OVERLAP_N = 13
 
@@ -1680,7 +1399,7 @@ def check_weights(weights: Iterable[float], flag: str = "--weights") -> None:
     >>> check_weights([1e-300, 1])                # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    formats.DataError: --weights: the largest weight is 1e+300 times the smallest, more than ...
+    data.DataError: --weights: the largest weight is 1e+300 times the smallest, more than ...
     """
     weights = list(weights)
     if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
@@ -1692,32 +1411,6 @@ def check_weights(weights: Iterable[float], flag: str = "--weights") -> None:
             "under a "
             f"millionth of the tokens); drop that source or fix the typo"
         )
-
-
-def check_budget(sources: list[Source], weights: list[float], train_tokens: float) -> None:
-    """Before any work: refuse a token budget that must read a source more than MAX_EPOCHS times.
-    The tokens are not known until the text is encoded, but a byte of UTF-8 is at most one token,
-    and each document adds one <|endoftext|>: N bytes of text hold at most 2N tokens. So a share of
-    T tokens of a 20 kB file is at least T / 40,000 epochs: --train-tokens 1e15 would be 2.5e10
-    passes over it. Only local uncompressed files have a known size; other sources are checked once
-    they are encoded (`mixture_plan`)."""
-    from machinery import store
-
-    total_weight = sum(weights)
-    for source, w in zip(sources, weights):
-        files = source.files
-        if not files or any(store.is_uri(f) or store.pure_path(f).suffix == ".gz" for f in files):
-            continue
-        most_tokens = 2 * sum(pathlib.Path(f).stat().st_size for f in files)
-        epochs = train_tokens * w / total_weight / max(1, most_tokens)
-        if epochs > MAX_EPOCHS:
-            raise DataError(
-                f"--train-tokens {train_tokens:g} reads {source.label} at least {epochs:.3g} "
-                "times, more "
-                f"than {MAX_EPOCHS} epochs: lower the budget (its {most_tokens / 2:,.0f} bytes "
-                "hold at "
-                f"most {most_tokens:,.0f} tokens)"
-            )
 
 
 def mixture_plan(
@@ -1891,13 +1584,12 @@ def write_shard(path: pathlib.Path, tokens: np.ndarray, dtype: np.dtype | str = 
             f"this dtype; use uint32"
         )
     header = SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, dtype.itemsize, tokens.size)
-    fileio.write_atomic(
-        path,
-        lambda f: (f.write(header), f.write(tokens.astype(dtype).tobytes())),
-        error=DataError,
-        # whole or not at all, the umask's mode, a full disk one line
-        fix="write it elsewhere",
-    )
+    # whole or not at all: a reader never sees half a shard, even if this process dies midway
+    tmp = pathlib.Path(path).with_name(f".{pathlib.Path(path).name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(header)
+        f.write(tokens.astype(dtype).tobytes())
+    os.replace(tmp, path)
 
 
 def read_shard(path: pathlib.Path) -> np.ndarray:
@@ -1993,72 +1685,6 @@ class ShardWriter:
 # --------------------------------------------------------------------------------------------------
 
 
-class Clock:
-    """Wall and CPU seconds per phase. The CPU clock counts every thread of this process and its
-    finished worker processes: on a shared machine the wall clock also measures the neighbours, the
-    CPU clock only us."""
-
-    def __init__(self) -> None:
-        self.timings: dict[str, float] = {}
-        self.start = (time.perf_counter(), self.cpu())
-
-    @staticmethod
-    def cpu() -> float:
-        t = os.times()
-        return t.user + t.system + t.children_user + t.children_system
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        wall, cpu = time.perf_counter(), self.cpu()
-        yield
-        for key, spent in (
-            (f"{name}_s", time.perf_counter() - wall),
-            (f"{name}_cpu_s", self.cpu() - cpu),
-        ):
-            # a phase may recur: add up
-            self.timings[key] = round(self.timings.get(key, 0) + spent, 3)
-
-    def finish(self) -> None:
-        self.timings["total_s"] = round(time.perf_counter() - self.start[0], 3)
-        self.timings["total_cpu_s"] = round(self.cpu() - self.start[1], 3)
-
-
-def cache_root() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("PRETRAIN_CACHE", REPO_ROOT / ".cache")).expanduser()
-
-
-# Every file whose bytes can change a dataset's: this chapter, its engine, and the siblings the
-# prepare path imports (tests/test_data_at_scale.py checks this is the set of imports). Their bytes
-# are in the cache key, so an edit to any invalidates the datasets it would build differently, and a
-# Ray cluster's workers receive these very files.
-PREPARE_FILES = (
-    "data.py",
-    "data_at_scale.py",
-    "dataset.py",
-    "formats.py",
-    "store.py",
-    "bpe.py",
-    "dedup.py",
-    "fileio.py",
-    "classify.py",
-    "classify_corpora.py",
-    "cli.py",
-)
-# ... and the files they read that change what a filter keeps: the shipped classifiers
-CACHE_KEY_FILES = PREPARE_FILES + ("classifiers/language.pt", "classifiers/quality.pt")
-
-
-def code_version(files: Iterable[str] = CACHE_KEY_FILES, root: pathlib.Path = REPO_ROOT) -> str:
-    """Hash of the code that shapes the output: each file's name and bytes (a file missing, say
-    data.py copied without its engine, hashes as missing)."""
-    h = hashlib.sha256()
-    for name in files:
-        path = pathlib.Path(root) / name
-        content = path.read_bytes() if path.is_file() else b""
-        h.update(f"{name}:{len(content) if path.is_file() else 'missing'}:".encode() + content)
-    return h.hexdigest()[:16]
-
-
 def encode_documents(
     tokenizer: bpe.Tokenizer, docs: list[str], threads: int | None = None
 ) -> list[np.ndarray]:
@@ -2142,15 +1768,18 @@ class Built:
     overlap: dict | None = None
 
 
-def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int | None) -> Built:
+def build_in_memory(
+    recipe: Recipe, clock, log: Callable, threads: int | None, val_texts: list[str] | None = None
+) -> Built:
     """The reference engine, for small corpora and as the tests' oracle: every step on Python lists,
-    in the order of the lesson. The streaming engine must give byte-identical output."""
+    in the order of the lesson. The streaming engine must give byte-identical output. clock times
+    each step (`with clock.phase("clean"): ...`); val_texts: the documents of recipe.val_files,
+    the val split as they are."""
     with clock.phase("clean"):
         docs, origin, funnel = clean(recipe.sources, recipe.settings, log)
     cleaned, cleaned_chars, overlap = len(docs), sum(map(len, docs)), None
     # every cleaned document trains; the files are the val split
     if recipe.val_files:
-        val_texts = [d for p in recipe.val_files for d in formats.read_val_file(p)]
         with clock.phase("overlap"):
             overlap = val_overlap(docs, val_texts)
         funnel.notices.append(format_overlap(overlap))
@@ -2233,97 +1862,39 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
 # --------------------------------------------------------------------------------------------------
 
 
-def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
-    from machinery import store
-
-    if store.is_uri(data_dir):
-        path = store.uri_of(
-            data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError
-        )
-    else:
-        path = pathlib.Path(data_dir) / "manifest.json"
-    try:
-        with store.open_input(path, error=DataError) as f:
-            manifest = fileio.parse_json(f.read(), str(path), DataError)
-    # missing, unreadable, or not JSON (however deeply nested)
-    except (OSError, DataError):
-        return None
-    return manifest if isinstance(manifest, dict) else None
-
-
-def summary(data_dir: str | os.PathLike) -> str:
-    """A prepared dataset's funnel, then a few lines: tokens and documents per split, bytes per
-    token, throughput. A manifest that is valid JSON but lacks what prepare writes (a key, a number)
-    is one line, not a KeyError."""
-    m = load_manifest(data_dir)
-    try:
-        return "\n".join(_summary_lines(m, data_dir))
-    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
-        raise DataError(
-            f"{data_dir}: damaged manifest.json ({type(e).__name__}: {e}); re-run prepare"
-        ) from None
-
-
-def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
-    lines = [
-        Funnel.from_manifest(m).format(),
-        f"dataset {data_dir}",
-        f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}",
-    ]
-    for split, s in m["splits"].items():
-        lines.append(
-            f"{split:>5}: {s['documents']:,} documents, {s['tokens']:,} tokens, "
-            f"{s['bytes'] / 1e6:,.2f} MB, "
-            f"{s['bytes'] / max(1, s['tokens']):.2f} bytes/token, {len(s['shards'])} shard(s)"
-        )
-    for name, p in (m["mixture"] or {}).items():
-        lines.append(
-            f"  mix {name}: weight {p['weight']:.2f}, {p['tokens']:,.0f} tokens, {p['epochs']:.2f} "
-            "epochs"
-        )
-    tm = m["timings"]
-    phases = ", ".join(
-        f"{p} {tm[p + '_s']:.1f}/{tm[p + '_cpu_s']:.1f}s" for p in ("clean", "tokenizer", "encode")
-    )
-    mb_in, mb_encoded = tm["input_bytes"] / 1e6, tm["encoded_bytes"] / 1e6
-    # os.times() does not see Ray's worker processes
-    cpu = "driver CPU" if tm.get("engine") == "ray" else "CPU"
-    lines.append(f"time (wall/{cpu}): {phases}, total {tm['total_s']:.1f}/{tm['total_cpu_s']:.1f}s")
-    lines.append(
-        f"throughput: {mb_in:.2f} MB read -> {mb_in / tm['total_s']:.2f} MB/s end to end "
-        f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per {cpu}-second); encoding "
-        f"{mb_encoded:.2f} MB at "
-        f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s "
-        f"({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
-        f" MB per {cpu}-second)"
-    )
-    return lines
-
-
 # --------------------------------------------------------------------------------------------------
 # 11. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential
 #     iterator
 # --------------------------------------------------------------------------------------------------
 
 
-def load_manifest(data_dir: str | os.PathLike) -> dict:
-    """A dataset's manifest.json, from a local directory or an object-store URI."""
-    from machinery import store
+def read_json(path: pathlib.Path, fix: str):
+    """A JSON file prepare wrote; a missing or damaged one is one DataError line ending in `fix`."""
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror or e}); {fix}") from None
+    # json's parser recurses once per bracket: a deeper file reaches Python's recursion limit
+    except RecursionError:
+        depth = sys.getrecursionlimit()
+        raise DataError(f"{path}: JSON nested more than {depth:,} levels deep; {fix}") from None
+    # not UTF-8, or not JSON
+    except ValueError as e:
+        raise DataError(f"{path}: not valid JSON ({e}); {fix}") from None
 
-    manifest = read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
-    local = None if store.is_uri(data_dir) else pathlib.Path(data_dir) / "manifest.json"
-    # there, but damaged: say how
-    if manifest is None and local is not None and local.is_file():
-        manifest = fileio.read_json(local, DataError, "re-run `python data.py prepare`")
-        if not isinstance(manifest, dict):
-            what = formats.JSON_TYPES.get(type(manifest), "a value")
-            raise DataError(
-                f"{local}: damaged manifest ({what}, not an object); re-run `python data.py "
-                "prepare`"
-            )
-    if manifest is None:
+
+def load_manifest(data_dir: str | os.PathLike) -> dict:
+    """A prepared dataset's manifest.json (in a local directory)."""
+    path = pathlib.Path(data_dir) / "manifest.json"
+    if not path.is_file():
         raise DataError(
             f"{data_dir} has no readable manifest.json: run `python data.py prepare` first"
+        )
+    manifest = read_json(path, "re-run `python data.py prepare`")
+    if not isinstance(manifest, dict):
+        raise DataError(
+            f"{path}: damaged manifest ({type(manifest).__name__}, not an object); re-run "
+            "`python data.py prepare`"
         )
     return manifest
 
@@ -2346,10 +1917,8 @@ class TokenData:
     """
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
-        from machinery import store
-
-        # shards are memory-mapped: they must be on a local file system
-        if store.is_uri(data_dir):
+        # shards are memory-mapped: they must be on a local file system, not behind s3://
+        if "://" in str(data_dir):
             raise DataError(
                 f"{data_dir}: the loader reads a local dataset; copy it down first: python data.py "
                 f"download {data_dir} DIR"
@@ -2379,7 +1948,7 @@ class TokenData:
     def tokenizer(self) -> bpe.Tokenizer:
         if self._tokenizer is None:
             path = self.data_dir / self.manifest["tokenizer"]["file"]
-            document = fileio.read_json(path, DataError, "the dataset's tokenizer: re-run prepare")
+            document = read_json(path, "the dataset's tokenizer: re-run prepare")
             self._tokenizer = bpe.Tokenizer.from_document(document, str(path))
         return self._tokenizer
 

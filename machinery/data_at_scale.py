@@ -156,7 +156,7 @@ import dedup
 from machinery import fileio
 from machinery import formats
 from machinery import store
-from machinery.formats import DataError
+from data import DataError
 
 
 # --------------------------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def chunk_documents(job: Job, chunk: Chunk, stats: formats.JsonlStats) -> Iterat
     if job.whole(chunk):
         txt_split = data.kept_txt_split(txt_split)
     if chunk.path is None:
-        yield from data.open_source(
+        yield from formats.open_source(
             spec, text_field, txt_split, skip_bad_lines, max_documents, stats, kind
         ).documents()
         return
@@ -1549,7 +1549,7 @@ def _remove_work_files(work: pathlib.Path, patterns: list[str]) -> None:
 def build_streaming(
     recipe: data.Recipe,
     work: pathlib.Path,
-    clock: "data.Clock",
+    clock: "dataset.Clock",
     log: Callable,
     threads: int | None,
     workers: int,
@@ -1891,7 +1891,7 @@ def check_ray_address(address: str | None) -> None:
     >>> check_ray_address("127.0.0.1:99999")     # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    formats.DataError: --ray-address 127.0.0.1:99999: port 99999 is out of range 1-65535; ...
+    data.DataError: --ray-address 127.0.0.1:99999: port 99999 is out of range 1-65535; ...
     """
     if address in (None, "auto"):
         return
@@ -1925,9 +1925,9 @@ def _check_ray_ready(address: str | None) -> None:
 def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     """A RayEngine on the cluster at `address` ("auto": the one `ray start` runs on this machine),
     or on a Ray started here with `cpus` cores and stopped afterwards. A Ray the caller already
-    started is used as it is. A cluster's workers receive data.CACHE_KEY_FILES (this file, data.py,
-    the siblings they import and the shipped classifiers/) from this driver as their working folder
-    (runtime_env working_dir), so they run the very code and models this run was started with; a
+    started is used as it is. A cluster's workers receive dataset.CACHE_KEY_FILES (this file,
+    data.py, the siblings they import and the shipped classifiers/) from this driver as their
+    working folder (runtime_env working_dir), so they run the very code and models this run was started with; a
     Ray started here imports them from this driver's sys.path. A Ray started here writes its
     session (logs, sockets, spilled objects) into a fresh folder of the temp folder, removed when
     it stops: by default Ray keeps every session under /tmp/ray for good. Set RAY_TMPDIR to keep
@@ -1952,9 +1952,9 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
         # py_modules would ship the .py files alone, each to a folder of its own: classify.py would
         # find no classifiers/ beside it. A working folder keeps the repository's layout.
         session = tempfile.mkdtemp(prefix="pretrain-code-")     # uploaded by ray.init, then removed
-        for name in data.CACHE_KEY_FILES:
-            pathlib.Path(session, name).parent.mkdir(exist_ok=True)
-            shutil.copy2(data.REPO_ROOT / name, pathlib.Path(session, name))
+        for name in dataset.CACHE_KEY_FILES:
+            pathlib.Path(session, name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(dataset.REPO_ROOT / name, pathlib.Path(session, name))
         options = {"address": address, "runtime_env": {"working_dir": session}}
     try:
         # a busy machine can miss the 30 s Ray gives a new raylet: start once more
@@ -2090,7 +2090,7 @@ def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk
     made_for_work = fileio.missing_folders(work_root)  # made for the work: undone on bad input
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
     with session as ray:
-        clock = data.Clock()
+        clock = dataset.Clock()
         workers = workers or len(os.sched_getaffinity(0))
         try:
             try:
@@ -2132,7 +2132,7 @@ def fits_in_memory(sources: list[data.Source], val_files: list[pathlib.Path]) ->
     lists take a few times the text's size); hf: sources, object-store URIs and anything larger
     stream.
 
-    >>> fits_in_memory([data.open_source("pydocs")], [])
+    >>> fits_in_memory([formats.open_source("pydocs")], [])
     True
     """
     if any(s.spec.startswith("hf:") or any(map(store.is_uri, s.files)) for s in sources):
@@ -2184,7 +2184,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
         )
     # refused or unreachable: not a missing dataset
     found = store.exists(uri, "manifest.json", DataError)
-    manifest = data.read_manifest_or_none(uri) if found else None
+    manifest = formats.read_manifest_or_none(uri) if found else None
     if manifest is None:
         raise DataError(
             f"{uri} has {'a damaged' if found else 'no'} manifest.json: not a published dataset "
@@ -2203,7 +2203,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
         raise DataError(
             f"{uri}: its manifest.json names {strange[0]!r}, not a dataset file; prepare it again"
         )
-    here = data.read_manifest_or_none(directory)
+    here = formats.read_manifest_or_none(directory)
     if here is not None and here.get("cache_key") == key:
         return directory
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import data
-from machinery import data_at_scale
+from machinery import data_at_scale, dataset, formats
 from machinery.commands import data as data_command
 from data import DataError
 from test_data import dataset_files, random_doc, web_corpus, write_jsonl
@@ -116,7 +116,7 @@ def test_ray_engine_writes_the_local_engines_bytes(inputs, local_dataset, ray_cl
     assert got.keys() == local_dataset.keys()
     for name in local_dataset:
         assert got[name] == local_dataset[name], name
-    assert len(data_at_scale.plan_chunks([data.open_source(s) for s in sources(inputs)], 3 << 10)) > 10
+    assert len(data_at_scale.plan_chunks([formats.open_source(s) for s in sources(inputs)], 3 << 10)) > 10
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]    # no work folder left behind
 
 
@@ -184,7 +184,7 @@ def test_ray_missing_or_unreachable_is_one_line_before_any_work(inputs, tmp_path
 
 
 def test_a_clusters_workers_get_the_code_and_the_classifiers_as_their_working_folder(monkeypatch):
-    """--ray-address: ray.init ships data.CACHE_KEY_FILES as the workers' working folder (their cwd and
+    """--ray-address: ray.init ships dataset.CACHE_KEY_FILES as the workers' working folder (their cwd and
     sys.path), where classify.py finds classifiers/ beside it; the folder is removed when Ray stops.
     Catches: runtime_env py_modules of the .py files alone, each unpacked into a folder of its own, so
     a cluster's workers found no classifiers/ beside classify.py (--lang, --quality-threshold)."""
@@ -204,6 +204,6 @@ def test_a_clusters_workers_get_the_code_and_the_classifiers_as_their_working_fo
     with pytest.raises(DataError, match="Ray did not start: no cluster in this test"):
         with data_at_scale.ray_engine("127.0.0.1:6379", None):
             pass
-    assert seen["files"] == sorted(data.CACHE_KEY_FILES)
+    assert seen["files"] == sorted(dataset.CACHE_KEY_FILES)
     assert seen["worker"].stdout == "fr\n", seen["worker"].stderr[-1500:]
     assert not seen["folder"].exists()

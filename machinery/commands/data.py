@@ -28,13 +28,12 @@ from data import (
     CleanSettings,
     DataError,
     TokenData,
-    cache_root,
     html_to_text,
     mixture_plan,
-    open_source,
-    summary,
 )
 from machinery import data_at_scale, formats, store
+from machinery.dataset import cache_root, summary
+from machinery.formats import open_source
 from machinery.cli import Parser, add_commands, in_range, run, writable
 
 SEED_MAX = 2**32 - 1  # numpy's legacy generator and torch agree on seeds in [0, 2^32)
