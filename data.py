@@ -539,7 +539,7 @@ def boilerplate_lines(
     """
     if min_documents < 2:
         raise DataError(
-            "--boilerplate-min-documents must be at least 2 (a line in one document is not "
+            "boilerplate_min_documents must be at least 2 (a line in one document is not "
             "repeated), "
             f"got {min_documents}"
         )
@@ -782,12 +782,12 @@ class CleanSettings:
                 )
         if self.boilerplate_min_documents < 2:
             raise DataError(
-                f"--boilerplate-min-documents must be at least 2 (a line in one document is not "
+                f"boilerplate_min_documents must be at least 2 (a line in one document is not "
                 f"repeated), got {self.boilerplate_min_documents}"
             )
         if not (self.near_dup_threshold == 0 or 0 < self.near_dup_threshold < 1):
             raise DataError(
-                f"--near-dup-threshold must be 0 (off) or strictly between 0 and 1, "
+                f"near_dup_threshold must be 0 (off) or strictly between 0 and 1, "
                 f"got {self.near_dup_threshold}"
             )
         if self.chunk_chars < 1:
@@ -800,7 +800,7 @@ class CleanSettings:
         unknown = sorted(set(self.lang) - set(classify.LANGUAGES))
         if unknown:
             raise DataError(
-                f"--lang {' '.join(unknown)}: unknown; use ISO 639-1 codes among "
+                f"lang {' '.join(unknown)}: unknown; use ISO 639-1 codes among "
                 f"{' '.join(classify.LANGUAGES)}"
             )
         # a list from the command line: the same key as a tuple
@@ -813,7 +813,7 @@ class CleanSettings:
                 if on and not (task == "quality" and self.quality_model):
                     classify.default_model(task)
         except ValueError as e:
-            raise DataError(f"--quality-model {e}" if self.quality_model else str(e)) from None
+            raise DataError(f"quality_model {e}" if self.quality_model else str(e)) from None
 
 
 def keeps_whole(source: Source, settings: CleanSettings) -> bool:
@@ -1084,7 +1084,7 @@ def source_steps(
     read, chars = counts["read_docs"], counts["read_chars"]
     if not read:
         raise DataError(
-            f"source {source.spec!r} has no documents (empty file or wrong --text-field?)"
+            f"source {source.spec!r} has no documents (empty file or wrong text_field?)"
         )
     funnel.bytes_read += counts["read_bytes"]
     funnel.add_counts(f"read {source.label}", read, read, chars, chars)
@@ -1305,7 +1305,7 @@ def split_documents(split_keys: np.ndarray, val_fraction: float) -> np.ndarray:
         raise DataError(
             f"{n} document(s) left after cleaning: need at least 2 for a train/val split; add text "
             "or "
-            f"name a held-out file with --val-data"
+            f"name a held-out file (val_data)"
         )
     keys = np.asarray(split_keys, dtype=np.uint64)
     is_val = (
@@ -1392,24 +1392,23 @@ MAX_WEIGHT_RATIO = 1e6
 MAX_EPOCHS = 100
 
 
-def check_weights(weights: Iterable[float], flag: str = "--weights") -> None:
+def check_weights(weights: Iterable[float]) -> None:
     """Mixing weights are finite, positive, and the largest is at most MAX_WEIGHT_RATIO times the
     smallest.
 
     >>> check_weights([1e-300, 1])                # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    data.DataError: --weights: the largest weight is 1e+300 times the smallest, more than ...
+    data.DataError: weights: the largest weight is 1e+300 times the smallest, more than ...
     """
     weights = list(weights)
     if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
-        raise DataError(f"{flag}: mixing weights must be finite and positive, got {weights}")
+        raise DataError(f"weights: mixing weights must be finite and positive, got {weights}")
     if max(weights) > MAX_WEIGHT_RATIO * min(weights):
         raise DataError(
-            f"{flag}: the largest weight is {max(weights) / min(weights):.3g} times the smallest, "
-            f"more than {MAX_WEIGHT_RATIO:,.0f}: no mix needs that (the light source would get "
-            "under a "
-            f"millionth of the tokens); drop that source or fix the typo"
+            f"weights: the largest weight is {max(weights) / min(weights):.3g} times the "
+            f"smallest, more than {MAX_WEIGHT_RATIO:,.0f}: no mix needs that (the light source "
+            "would get under a millionth of the tokens); drop that source or fix the typo"
         )
 
 
@@ -1448,15 +1447,13 @@ def mixture_plan(
         if epochs is not None and epochs > MAX_EPOCHS:
             raise DataError(
                 f"source {name} would be read {epochs:.3g} times, more than {MAX_EPOCHS} epochs "
-                "(past ~16 "
-                "a repeat adds almost nothing): lower its --weights or the token budget, or give "
-                "it "
-                f"more unique data"
+                "(past ~16 a repeat adds almost nothing): lower its weight (weights) or the token budget, "
+                "or give it more unique data"
             )
         if epochs is not None and epochs > max_epochs:
             warnings.warn(
                 f"source {name} would be read {epochs:.1f} times (> {max_epochs:g} epochs): expect "
-                f"memorisation and diminishing returns; lower its weight or the token budget",
+                f"memorisation and diminishing returns; lower its weight (weights) or the token budget",
                 stacklevel=2,
             )
         plan[name] = {
@@ -1692,9 +1689,7 @@ def encode_documents(
     batch on several threads at once (the GIL is released), in batches to bound memory."""
     encoding = tokenizer.to_tiktoken()
     if threads is not None and threads < 1:
-        raise DataError(
-            f"--threads must be at least 1, got {threads}; leave it out to use all cores"
-        )
+        raise DataError(f"threads must be at least 1, got {threads}; leave it out to use all cores")
     threads = threads or os.cpu_count() or 1
     dtype = dtype_for_vocab(len(tokenizer))
     out = []
@@ -1970,7 +1965,7 @@ class TokenData:
         if total == 0:
             raise DataError(
                 f"split {split!r} has no shard with more than block_size={block_size} tokens; "
-                f"use a smaller --block-size or more data"
+                f"use a smaller block_size or more data"
             )
         picks = torch.randint(total, (batch_size,), generator=generator).numpy()
         bounds = np.cumsum(starts)
@@ -2104,7 +2099,7 @@ class BatchIterator:
             if state[k] != int(getattr(self, k)):
                 raise DataError(
                     f"loader state was saved with {k}={state[k]}, this iterator has "
-                    f"{getattr(self, k)}: resume with the same data and --block-size/--seed"
+                    f"{getattr(self, k)}: resume with the same data, block_size and seed"
                 )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
@@ -2115,7 +2110,7 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
     manifest = data.manifest if isinstance(data, TokenData) else load_manifest(data)
     s = manifest["splits"].get(split)
     if not s or not s["tokens"]:
-        raise DataError(f"the {split!r} split is empty: prepare the data with --val-fraction > 0")
+        raise DataError(f"the {split!r} split is empty: prepare the data with val_fraction > 0")
     return s["bytes"] / s["tokens"]
 
 

@@ -903,9 +903,9 @@ def test_bad_settings_fail_before_any_work(small_corpus, tmp_path):
         data_at_scale.prepare([corpus], tmp_path / "x", train_tokens=5e6)
     with pytest.raises(DataError, match="positive budget"):
         data_at_scale.prepare([corpus], tmp_path / "x", weights=[1.0], train_tokens=-5)
-    with pytest.raises(DataError, match="boilerplate-min-documents must be at least 2"):
+    with pytest.raises(DataError, match="boilerplate_min_documents must be at least 2"):
         data.CleanSettings(boilerplate_min_documents=1)
-    with pytest.raises(DataError, match="near-dup-threshold must be 0"):
+    with pytest.raises(DataError, match="near_dup_threshold must be 0"):
         data.CleanSettings(near_dup_threshold=1.0)
     with pytest.raises(DataError, match="token budget must be positive"):
         data.mixture_plan({"web": 1.0}, -1)
@@ -1599,7 +1599,7 @@ def test_a_mix_that_repeats_a_source_over_100_times_is_refused_before_anything_i
     """Weights 1 and 5,000 pass the ratio bound (a million), but under the covering budget they read b about 5,000
     times: refused once the tokens are counted, with nothing left behind (the old code wrote 5,000 passes)."""
     sources = two_corpora(tmp_path)
-    with pytest.raises(DataError, match=r"would be read [\d.e+]+ times, more than 100 epochs.*--weights"):
+    with pytest.raises(DataError, match=r"would be read [\d.e+]+ times, more than 100 epochs.*\(weights\)"):
         dataset.prepare(sources, tmp_path / "out", weights=[1, 5000], **QUICK)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
     with pytest.raises(DataError, match="more than 1,000,000"):

@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import math
 import pathlib
+import re
 import time
 
 import torch
@@ -426,6 +427,14 @@ PREPARE_FLAGS = [
 ]
 
 
+# each of prepare's parameters (the library's name) -> its flag: val_data -> --val-data
+FLAG_OF = {
+    name[2:].replace("-", "_"): name
+    for name, _ in PREPARE_FLAGS + list(data_at_scale.ENGINE_FLAGS)
+    if name.startswith("--")
+}
+
+
 def main(
     argv: list[str] | None = None, prog: str = "data.py", description: str | None = None
 ) -> int:
@@ -498,4 +507,21 @@ def main(
     )
 
     args = parser.parse_args(argv)
-    return run(lambda: args.run(args), (DataError, bpe.TokenizerError, dedup.DedupError))
+    return run(lambda: _in_flags(args), (DataError, bpe.TokenizerError, dedup.DedupError))
+
+
+def _in_flags(args: argparse.Namespace) -> None:
+    """Run the command; the library's DataError names a parameter (val_data; a one-word one such
+    as threads at the start or in parentheses), the user typed a flag (--val-data, --threads): say
+    it as the flag."""
+    try:
+        args.run(args)
+    except DataError as e:
+        message = str(e)
+        for name, flag in FLAG_OF.items():
+            if "_" in name:  # not inside a path (/tmp/val_data.txt)
+                message = re.sub(rf"(?<![\w./-]){name}(?!\w|\.\w)", flag, message)
+            elif message.startswith((f"{name} ", f"{name}:")):
+                message = flag + message[len(name) :]
+            message = message.replace(f"({name})", f"({flag})")
+        raise DataError(message) from None
