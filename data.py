@@ -1447,13 +1447,13 @@ def mixture_plan(
         if epochs is not None and epochs > MAX_EPOCHS:
             raise DataError(
                 f"source {name} would be read {epochs:.3g} times, more than {MAX_EPOCHS} epochs "
-                "(past ~16 a repeat adds almost nothing): lower its weight (weights) or the token budget, "
-                "or give it more unique data"
+                "(past ~16 a repeat adds almost nothing): lower its weight (weights) or the token "
+                "budget, or give it more unique data"
             )
         if epochs is not None and epochs > max_epochs:
             warnings.warn(
                 f"source {name} would be read {epochs:.1f} times (> {max_epochs:g} epochs): expect "
-                f"memorisation and diminishing returns; lower its weight (weights) or the token budget",
+                f"memorisation and diminishing returns; lower its weight or the token budget",
                 stacklevel=2,
             )
         plan[name] = {

@@ -36,6 +36,7 @@ Depends on: data.py (the recipe, the engine, the checks of sources, weights and 
 formats.py (DataError, the count of skipped .jsonl lines), bpe.py (a --tokenizer file), store.py (an
 --out URI) and fileio.py (the umask's modes, a full disk in one line), and the standard library.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,7 +67,8 @@ class Plan:
     """What prepare settles before any work: the recipe, its cache key, the output (a folder, or a
     store's URI), and whether a finished dataset with that key is already there (reuse: return it as
     is)."""
-    recipe: data.Recipe | None           # None when reused
+
+    recipe: data.Recipe | None  # None when reused
     key: str
     out_dir: pathlib.Path | str
     reuse: bool
@@ -137,7 +139,9 @@ def plan_dataset(
     settings = clean_settings or data.CleanSettings()
     jsonl_stats = formats.JsonlStats()
     opened = [
-        formats.open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
+        formats.open_source(
+            s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind
+        )
         for s in sources
     ]
     # text kept whole is cut into documents only at <|endoftext|> markers
@@ -202,8 +206,10 @@ def plan_dataset(
     existing = formats.read_manifest_or_none(out_dir)
     if existing is not None:
         if existing.get("cache_key") == key:
-            log(f"cache hit: reusing {out_dir} (same inputs and settings); the times below are "
-                "its first build's")
+            log(
+                f"cache hit: reusing {out_dir} (same inputs and settings); the times below are "
+                "its first build's"
+            )
             for notice in existing.get("notices", []):
                 print(notice, file=sys.stderr)
             return Plan(None, key, out_dir, True, jsonl_stats)
@@ -277,9 +283,14 @@ def planned(sources: list[str], out_dir, log: Callable, recipe: dict) -> Iterato
         yield plan
         return
     lock = staging_dir(plan.out_dir) / f".{local_name(plan.out_dir)}.lock"
-    with fileio.hold(lock, lambda pid: print(f"waiting for process {pid}, which is preparing "
-                                             f"{plan.out_dir}", file=sys.stderr),
-                     DataError, "remove it, or pick another --out") as (busy, _):
+    with fileio.hold(
+        lock,
+        lambda pid: print(
+            f"waiting for process {pid}, which is preparing {plan.out_dir}", file=sys.stderr
+        ),
+        DataError,
+        "remove it, or pick another --out",
+    ) as (busy, _):
         yield plan_dataset(sources, out_dir, log=log, **recipe) if busy else plan
 
 
@@ -306,8 +317,9 @@ def run_in_memory(plan: Plan, threads: int | None, log: Callable) -> pathlib.Pat
 NO_SPACE_FIX = "pass --out elsewhere"
 
 
-def write_dataset(plan: Plan, built: data.Built, clock: Clock, staging: pathlib.Path,
-                  engine: str) -> pathlib.Path | str:
+def write_dataset(
+    plan: Plan, built: data.Built, clock: Clock, staging: pathlib.Path, engine: str
+) -> pathlib.Path | str:
     """The dataset directory from what an engine built: its shards, tokenizer.json and
     manifest.json, written in a temporary folder in `staging`, given the umask's modes (mkdtemp
     makes it 0700 and ShardWriter's files are 0600: another account could not read the dataset),
@@ -451,6 +463,7 @@ def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
             raise
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
+
 # --------------------------------------------------------------------------------------------------
 # The checks of a recipe before any work, the cache (its root, the code version in its key), the
 # timings, and a prepared dataset's summary (`python data.py inspect`)
@@ -517,10 +530,8 @@ def check_budget(sources: list[data.Source], weights: list[float], train_tokens:
         if epochs > data.MAX_EPOCHS:
             raise DataError(
                 f"--train-tokens {train_tokens:g} reads {source.label} at least {epochs:.3g} "
-                "times, more "
-                f"than {data.MAX_EPOCHS} epochs: lower the budget (its {most_tokens / 2:,.0f} bytes "
-                "hold at "
-                f"most {most_tokens:,.0f} tokens)"
+                f"times, more than {data.MAX_EPOCHS} epochs: lower the budget (its "
+                f"{most_tokens / 2:,.0f} bytes hold at most {most_tokens:,.0f} tokens)"
             )
 
 
@@ -658,4 +669,5 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
     from machinery import cli
+
     cli.help_only(__doc__, "No commands of its own: `python data.py prepare` runs it.")

@@ -39,6 +39,7 @@ Depends on: the standard library, data.py (Source, DataError, EOT) and two sibli
 imported only by the reader that needs it: pyarrow (.parquet), datasets (`hf:`, which also needs
 the network).
 """
+
 from __future__ import annotations
 
 import ast
@@ -63,10 +64,12 @@ from machinery import fileio
 # those, so a file of a source is named by its own URI (a str) or by a local pathlib.Path, and the
 # readers below take either.
 
+
 def _read_bytes(path: pathlib.Path | str) -> bytes:
     """A (possibly gzipped) file's bytes; a binary file or a damaged .gz is refused with one clear
     line."""
     from machinery import store
+
     try:
         with store.open_input(
             path, unzip=store.pure_path(path).suffix == ".gz", error=DataError
@@ -100,6 +103,7 @@ def read_text(path: pathlib.Path) -> str:
 def inner_suffix(path: pathlib.Path | str) -> str:
     """'.txt' for both a.txt and a.txt.gz (and s3://bucket/a.txt.gz)."""
     from machinery import store
+
     suffixes = [s.lower() for s in store.pure_path(path).suffixes]
     if suffixes and suffixes[-1] == ".gz":
         suffixes.pop()
@@ -138,6 +142,7 @@ def read_txt(path: pathlib.Path, mode: str = "auto") -> Iterator[str]:
 @dataclasses.dataclass
 class JsonlStats:
     """Malformed lines skipped while reading (only when skipping was asked for)."""
+
     skipped: int = 0
 
 
@@ -154,6 +159,7 @@ def read_jsonl(
     the lines whose first byte lies in [start, stop), so byte ranges that tile a file read every
     line exactly once."""
     from machinery import store
+
     # line by line
     with store.open_input(path, unzip=store.pure_path(path).suffix == ".gz", error=DataError) as f:
         if start:
@@ -194,7 +200,7 @@ def read_jsonl(
             ) from None
 
 
-_NOT_JSON = object()                  # what read_jsonl records for a line that does not parse
+_NOT_JSON = object()  # what read_jsonl records for a line that does not parse
 JSON_TYPES = {
     list: "an array",
     str: "a string",
@@ -242,6 +248,7 @@ def _count_lines(path: pathlib.Path | str, start: int) -> int:
     """Lines of the file before the first line that starts at or after byte `start` > 0 (for a line
     number)."""
     from machinery import store
+
     with store.open_input(path, error=DataError) as f:
         head = f.read(start)
     return head.count(b"\n") + (0 if head.endswith(b"\n") else 1)
@@ -267,12 +274,14 @@ def parquet_file(path: pathlib.Path | str, field: str):
     """A pyarrow ParquetFile with a `field` column, or one line saying what is wrong with the
     file."""
     from machinery import store
+
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow), "
-                        f"or convert it to .jsonl") from None
+        raise DataError(
+            f"{path}: reading .parquet needs pyarrow (pip install pyarrow), or convert it to .jsonl"
+        ) from None
     # an object: its footer and
     fs, key = store.filesystem(path, DataError) if store.is_uri(path) else (None, path)
     # row groups are read as byte ranges
@@ -357,8 +366,8 @@ FILE_READERS = {
     ".htm": "html",
     ".py": "python",
 }
-FILE_TYPES = "/".join(sorted(FILE_READERS))              # for messages: ".htm/.html/.json/..."
-_FILE_KINDS = {"html": "html", "python": "code"}          # every other reader yields prose
+FILE_TYPES = "/".join(sorted(FILE_READERS))  # for messages: ".htm/.html/.json/..."
+_FILE_KINDS = {"html": "html", "python": "code"}  # every other reader yields prose
 # local text someone chose; jsonl/parquet/html are web-like
 _CURATED_READERS = {"txt", "wikitext", "python"}
 
@@ -377,6 +386,7 @@ def is_curated(path: pathlib.Path | str) -> bool:
     """Whether a (readable) file is text someone chose (.txt, .md, .raw, .py), which data.py keeps
     whole."""
     return FILE_READERS[inner_suffix(path)] in _CURATED_READERS
+
 
 HF_ALIASES = {
     "wikitext-2": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
@@ -421,6 +431,7 @@ def read_hf(name: str, field: str = "text") -> Iterator[str]:
 
 def file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterator[str]]:
     from machinery import store
+
     kind = FILE_READERS.get(inner_suffix(path))
     field = options.get("text_field", "text")
     if kind == "txt":
@@ -437,8 +448,10 @@ def file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterato
         return lambda: read_html(path)
     if kind == "python":
         return lambda: iter([read_text(path)])
-    raise DataError(f"{path}: unknown file type {store.pure_path(path).suffix!r}; use "
-                    f"{', '.join(sorted(FILE_READERS))} (optionally .gz)")
+    raise DataError(
+        f"{path}: unknown file type {store.pure_path(path).suffix!r}; use "
+        f"{', '.join(sorted(FILE_READERS))} (optionally .gz)"
+    )
 
 
 def read_val_file(path: pathlib.Path) -> list[str]:
@@ -459,6 +472,7 @@ def read_val_file(path: pathlib.Path) -> list[str]:
     if reader == "parquet":
         return list(read_parquet(path))
     return [part for part in _read_utf8(path, "--val-data ").split(EOT) if part.strip()]
+
 
 # --------------------------------------------------------------------------------------------------
 # Sources: a spec (a name, hf:NAME, a path, a folder, a glob, an object store's URI) opened as a
@@ -625,9 +639,7 @@ def open_source(
         return Source(spec, kind or "code", version, read_pystdlib, max_documents)
     if spec.startswith("hf:"):
         name = spec[3:]
-        return Source(
-            spec, kind or "prose", spec, lambda: read_hf(name, text_field), max_documents
-        )
+        return Source(spec, kind or "prose", spec, lambda: read_hf(name, text_field), max_documents)
     path = pathlib.Path(spec).expanduser()
     if store.is_uri(spec):
         listed = store.list_files(spec, readable, FILE_TYPES, DataError)
@@ -642,9 +654,7 @@ def open_source(
             p for p in matches if p.is_file() and readable(p) and not p.name.startswith(".")
         )
         if not files:
-            raise DataError(
-                f"source {spec!r} matches no {FILE_TYPES} files; check the pattern"
-            )
+            raise DataError(f"source {spec!r} matches no {FILE_TYPES} files; check the pattern")
     elif not path.exists():
         hint = "a name (pydocs, pystdlib, hf:NAME), an existing file/directory or a glob pattern"
         raise DataError(f"source {spec!r} not found: give {hint}")
@@ -717,5 +727,8 @@ def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
     from machinery import cli
-    cli.help_only(__doc__, "No commands of its own: `python data.py prepare --data FILES` reads "
-                  "them through it.")
+
+    cli.help_only(
+        __doc__,
+        "No commands of its own: `python data.py prepare --data FILES` reads them through it.",
+    )
