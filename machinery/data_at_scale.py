@@ -1929,9 +1929,9 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     data.py, the siblings they import and the shipped classifiers/) from this driver as their
     working folder (runtime_env working_dir), so they run the very code and models this run was
     started with; a Ray started here imports them from this driver's sys.path. A Ray started here
-    writes its session (logs, sockets, spilled objects) into a fresh folder of the temp folder, removed when
-    it stops: by default Ray keeps every session under /tmp/ray for good. Set RAY_TMPDIR to keep
-    them where you say."""
+    writes its session (logs, sockets, spilled objects) into a fresh folder of the temp folder,
+    removed when it stops: by default Ray keeps every session under /tmp/ray for good. Set
+    RAY_TMPDIR to keep them where you say."""
     ray = _import_ray()
     if ray.is_initialized():
         yield RayEngine(ray)
