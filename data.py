@@ -16,69 +16,27 @@ illustrative funnel for 1,000 pages:
 same way. On the embedded corpus (the standard library's docstrings, CPython 3.11): 722 documents
 read -> 337 pass the Gopher rules (236 have under 50 words, 121 repeat too many 5-grams) -> 336
 after exact dedup -> 335 after near-dedup, 7 IPs and 5 emails masked: 2.50M characters in, 1.19M
-out.
+out. Mixing is arithmetic on tokens: 20e9 training tokens at 70% web / 15% code / 10% books / 5%
+math asks for 1e9 math tokens; with 0.5e9 unique math tokens on hand, math is read 2 times.
 
     python data.py prepare --data pydocs       # the embedded corpus: stdlib docstrings, offline
-    python data.py prepare --data corpus.jsonl pystdlib --weights 0.7 0.3 --vocab-size 8192 \
-        --out data/my
-    python data.py mix --tokens 20e9 --weights web=0.70 code=0.15 books=0.10 math=0.05 \
-        --unique math=0.5e9
-    python data.py prepare --data book.txt --val-data book_last_10pct.txt  # your text, kept whole
+    python data.py mix --tokens 20e9 --weights web=0.70 code=0.15 books=0.10 math=0.05
 
-Mixing is arithmetic on tokens. The lecture's example: 20e9 training tokens at 70% web / 15% code /
-10% books / 5% math asks for 0.05 x 20e9 = 1e9 math tokens; with only 0.5e9 unique math tokens on
-hand, math is read 1e9 / 0.5e9 = 2 times (2 epochs). Scarce high-quality data is up-weighted like
-this, but repeat it too often and the model starts to memorise it (we warn above 4 epochs, where
-Muennighoff et al. 2023 saw returns fall off).
-
-Web-crawl cleaning is for web crawls. Text someone chose (a local .txt, .md, .raw or .py file: a
-book, a play, a code base) is kept whole by default: cut into pieces of at most 16,384 characters
-(and at least 20) for shuffling and the split, PII-masked, and nothing else. Tiny Shakespeare shows
-why: through the funnel, 6,142 of its 7,222 speeches have under 50 words and 1.10M characters become
-0.56M; kept whole, 1,115,257 of its 1,115,394 bytes reach the shards (only the blank lines at 68
-cuts go). `--cleaning web` runs the funnel on any source, `--cleaning keep` keeps any source whole,
-and a source whose quality filters remove more than a quarter of its characters gets a one-line note
-saying so. `--val-data FILE` makes a held-out file the validation split byte for byte (the fixed
-splits of WikiText and TinyStories, or the last 10% of your book); its 13-gram overlap with train
-(evaluate.py's contamination check) is reported. The steps also take Stanford CS336's data-handout
-variants: `--filters gopher-handout` (its four Gopher rules only), `--line-dedup occurrences` (drop
-every line seen twice anywhere), `--strip-accents` (near-dedup compares "café" as "cafe"); phone
-masking knows its "(283)-182-3829". All of it streams (below): a 10 GB book kept whole is read 1 MiB
-at a time, and --val-data's overlap needs no index of train.
-
+Text someone chose (a local .txt, .md, .raw or .py file) is kept whole by default: cut into pieces,
+PII-masked, and nothing else (Tiny Shakespeare through the web funnel would lose half its text).
 The validation split is cut after deduplication, so no validation document has a near-duplicate in
-train (else the held-out loss is measured on text the model has seen). The tokenizer (bpe.py) is
-trained on the train split only. Documents are encoded with the tokenizer's tiktoken twin (fast,
-multi-threaded), each preceded by <|endoftext|>, and packed into shards: a 32-byte header (magic,
-version, dtype, token count) followed by raw uint16 token ids (uint32 when the vocabulary has more
-than 65,536 entries). A JSON manifest records sources, settings, the funnel, the tokenizer and the
-split sizes. The same inputs and settings map to the same cache directory, reused as is.
+train; the tokenizer (bpe.py) is trained on the train split only. Documents are encoded, each
+preceded by <|endoftext|>, and packed into shards: a 32-byte header, then raw uint16 token ids.
+The loader memory-maps the shards: `get_batch` draws random windows, `iterator` walks a seeded
+permutation of windows, split across data-parallel ranks, with a position that can be saved.
 
-This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order
-above, and dataset.prepare runs it (dataset.py checks the recipe, names it by its cache key,
-publishes the directory whole). data_at_scale.py is the scale (a stream, not a list: memory that
-does not grow with the corpus, worker processes or Ray, resumable), which `python data.py prepare`
-runs above 64 MiB of local input (below, the lesson's engine: `--engine auto`); its flags
-(--workers, --chunk-mb, --engine, --ray-address, --work-dir) and `download` live there. The two
-write byte-identical datasets: every choice about a document is a keyed hash of its text
-(`document_keys`), whatever the order of reading. Sources and --out may be object-store URIs
-(s3://bucket/web/*.parquet), which store.py lists, reads and publishes. The file formats a source is
-read from (.txt, .jsonl, .parquet, WikiText, .html, .py, hf:) are formats.py's.
+This file is the lesson, on lists: `build_in_memory` runs every step in the order above. The
+machinery around it (machinery/: the file formats and object stores a Source is read from,
+`prepare`'s checks and cache, the streaming and Ray engines, the command line) is described in
+docs/data.md and docs/data-at-scale.md; both engines write byte-identical datasets, because every
+choice about a document is a keyed hash of its text (`document_keys`).
 
-The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a
-seeded permutation of non-overlapping windows, split across data-parallel ranks, with a position
-that can be saved and restored.
-
-Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library,
-and six siblings: bpe.py (train_bpe, Tokenizer), classify.py (language and quality classifiers),
-dedup.py (MinHash near-dedup, the 13-gram overlap index), formats.py (the readers of .txt, .jsonl,
-.parquet, WikiText, .html, .py and hf: sources, and DataError), store.py (object-store URIs) and
-fileio.py (shards written whole, untrusted manifests in one line). Everything runs offline except
-`hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs),
-datasets (`hf:`), ray (`--engine ray`).
-
-The command line's main() also imports the engine, data_at_scale, which `python data.py prepare`
-runs; the library functions above never do, nor import dataset.py (both are layers above this file).
+Depends on: numpy, torch, the standard library, bpe.py, classify.py and dedup.py.
 """
 
 from __future__ import annotations
@@ -167,50 +125,12 @@ class _TextExtractor(html.parser.HTMLParser):
     """Collects visible text, skipping non-content elements and breaking paragraphs at block
     elements."""
 
-    SKIP = {
-        "script",
-        "style",
-        "nav",
-        "header",
-        "footer",
-        "aside",
-        "noscript",
-        "template",
-        "head",
-        "svg",
-        "iframe",
-        "form",
-        "button",
-        "select",
-    }
-    BLOCK = {
-        "p",
-        "div",
-        "br",
-        "li",
-        "ul",
-        "ol",
-        "h1",
-        "h2",
-        "h3",
-        "h4",
-        "h5",
-        "h6",
-        "tr",
-        "table",
-        "section",
-        "article",
-        "main",
-        "blockquote",
-        "pre",
-        "hr",
-        "dl",
-        "dt",
-        "dd",
-        "figcaption",
-        "title",
-        "body",
-    }
+    # elements whose text is not content
+    SKIP = set("script style nav header footer aside noscript template head svg iframe".split())
+    SKIP |= {"form", "button", "select"}
+    # elements that end a paragraph
+    BLOCK = set("p div br li ul ol h1 h2 h3 h4 h5 h6 tr table section article main".split())
+    BLOCK |= set("blockquote pre hr dl dt dd figcaption title body".split())
     PARAGRAPH = "\x00"
 
     def __init__(self) -> None:
@@ -948,15 +868,11 @@ def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None]
     if not settings.lang and not settings.quality_threshold:
         return None
     lid = classify.default_model("language") if settings.lang else None
-    quality = (
-        (
-            classify.model_at(settings.quality_model)
-            if settings.quality_model
-            else classify.default_model("quality")
-        )
-        if settings.quality_threshold
-        else None
-    )
+    quality = None
+    if settings.quality_threshold and settings.quality_model:
+        quality = classify.model_at(settings.quality_model)
+    elif settings.quality_threshold:
+        quality = classify.default_model("quality")
 
     # identified: (code, score) when the caller already asked the identifier
     def reject(doc: str, identified: tuple[str, float] | None = None) -> str | None:
