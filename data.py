@@ -317,9 +317,26 @@ def gopher_rejection(
     """
     if rules not in GOPHER_RULE_SETS:
         raise DataError(f"unknown Gopher rule set {rules!r}; use {' or '.join(GOPHER_RULE_SETS)}")
-    every_rule = rules == "all"
-    spaced = language not in UNSPACED_LANGUAGES
     words = text.split()
+    lines = [line.strip() for line in text.split("\n") if line.strip()]
+    reason = _word_rejection(text, words, lines, min_words, max_words, rules == "all", language)
+    if reason is not None or rules != "all":
+        return reason
+    return _repetition_rejection(text, lines, words, sum(map(len, words)))
+
+
+def _word_rejection(
+    text: str,
+    words: list[str],
+    lines: list[str],
+    min_words: int,
+    max_words: int,
+    every_rule: bool,
+    language: str,
+) -> str | None:
+    """Gopher's rules on words and lines: counts, mean length, symbols, bullets, ellipses, letters,
+    stop words (the handout's four when not every_rule)."""
+    spaced = language not in UNSPACED_LANGUAGES
     n = len(words)
     if n < min_words and spaced:
         return "too_few_words"
@@ -332,7 +349,6 @@ def gopher_rejection(
         return "mean_word_length"
     if every_rule and (text.count("#") + text.count("...") + text.count("…")) / n > 0.1:
         return "symbol_ratio"
-    lines = [line.strip() for line in text.split("\n") if line.strip()]
     if every_rule and sum(line.startswith(_BULLETS) for line in lines) > 0.9 * len(lines):
         return "bullet_lines"
     if sum(line.endswith(("...", "…")) for line in lines) > 0.3 * len(lines):
@@ -348,6 +364,14 @@ def gopher_rejection(
         and len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2
     ):
         return "stop_words"
+    return None
+
+
+def _repetition_rejection(
+    text: str, lines: list[str], words: list[str], total_chars: int
+) -> str | None:
+    """Gopher's repetition rules (machine-made text repeats itself): duplicate lines and paragraphs,
+    then the n-gram rules, each a fraction of the document's characters."""
     dup_lines, dup_line_chars = _duplicate_fractions(lines)
     if dup_lines > 0.3 or dup_line_chars > 0.2:
         return "duplicate_lines"
@@ -1679,6 +1703,69 @@ class Built:
     overlap: dict | None = None
 
 
+def pack_split(
+    writer: ShardWriter,
+    eot_id: int,
+    documents: list[np.ndarray],
+    reads: list[int],
+    sizes: list[int],
+) -> dict:
+    """A split's shards, through the writer: <|endoftext|>, then a document's ids, for each
+    document in order. A document the mix reads r times is packed r times: pass e packs those read
+    more than e times. Returns the manifest's entry for the split (sizes: UTF-8 bytes of each)."""
+    eot = np.array([eot_id], writer.dtype)
+    packed, n_bytes = 0, 0
+    for epoch in range(max(reads, default=0)):
+        for ids, read, size in zip(documents, reads, sizes):
+            if read > epoch:
+                writer.add(eot)
+                writer.add(ids)
+                packed, n_bytes = packed + 1, n_bytes + size
+    shards = writer.close()
+    tokens = sum(s["tokens"] for s in shards)
+    return {
+        "documents": packed,
+        "unique_documents": len(documents),
+        "tokens": tokens,
+        "bytes": n_bytes,
+        "shards": shards,
+    }
+
+
+def train_val_split(
+    docs: list[str], val_texts: list[str] | None, seed: int, val_fraction: float
+) -> tuple[list[str], list[tuple[int, int, int]], list[int], list[int]]:
+    """(documents, their keys, train indices, val indices). With held-out texts every cleaned
+    document trains and the texts, appended, are the val split; else each document's split key
+    decides (`split_documents`)."""
+    if val_texts:
+        train, val = list(range(len(docs))), list(range(len(docs), len(docs) + len(val_texts)))
+        docs = docs + val_texts
+        return docs, [document_keys(d, seed) for d in docs], train, val
+    keys = [document_keys(d, seed) for d in docs]
+    is_val = split_documents(np.array([k[0] for k in keys], dtype=np.uint64), val_fraction)
+    train = [i for i in range(len(docs)) if not is_val[i]]
+    val = [i for i in range(len(docs)) if is_val[i]]
+    return docs, keys, train, val
+
+
+def mix_train(
+    recipe: Recipe, origin: list[int], mix_keys: list[int], ids: list[np.ndarray]
+) -> tuple[dict[str, int], dict | None, list[int]]:
+    """(train tokens per source, the mixture, how many times each train document is read): the
+    mix of the train documents (origin: each one's source; mix_keys: their mixing keys)."""
+    names = [s.spec for s in recipe.sources]
+    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
+    buckets = mix_bucket(np.array(mix_keys, dtype=np.uint64))
+    for k, source in enumerate(origin):
+        # + 1: the <|endoftext|> before each document
+        unique[names[source]] += len(ids[k]) + 1
+        bucket_tokens[source][buckets[k]] += len(ids[k]) + 1
+    mixture, rules = plan_mixture(names, recipe.weights, recipe.train_tokens, unique, bucket_tokens)
+    reads = [int(document_reads(*rules[source], buckets[k])) for k, source in enumerate(origin)]
+    return unique, mixture, reads
+
+
 def build_in_memory(
     recipe: Recipe, clock, log: Callable, threads: int | None, val_texts: list[str] | None = None
 ) -> Built:
@@ -1694,16 +1781,7 @@ def build_in_memory(
         with clock.phase("overlap"):
             overlap = val_overlap(docs, val_texts)
         funnel.notices.append(format_overlap(overlap))
-        train, val = list(range(len(docs))), list(range(len(docs), len(docs) + len(val_texts)))
-        docs = docs + val_texts
-        keys = [document_keys(d, recipe.seed) for d in docs]
-    else:
-        keys = [document_keys(d, recipe.seed) for d in docs]
-        is_val = split_documents(
-            np.array([k[0] for k in keys], dtype=np.uint64), recipe.val_fraction
-        )
-        train = [i for i in range(len(docs)) if not is_val[i]]
-        val = [i for i in range(len(docs)) if is_val[i]]
+    docs, keys, train, val = train_val_split(docs, val_texts, recipe.seed, recipe.val_fraction)
     funnel.add_counts(
         "train/val split" + (" (--val-data)" if recipe.val_files else ""),
         cleaned,
@@ -1722,43 +1800,20 @@ def build_in_memory(
         )
     with clock.phase("encode"):
         ids = encode_documents(tok, [docs[i] for i in train + val], threads)
-    names = [s.spec for s in recipe.sources]
-    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
-    buckets = mix_bucket(np.array([keys[i][2] for i in train], dtype=np.uint64))
-    for k, i in enumerate(train):
-        # + 1: the <|endoftext|> before each document
-        unique[names[origin[i]]] += len(ids[k]) + 1
-        bucket_tokens[origin[i]][buckets[k]] += len(ids[k]) + 1
-    mixture, rules = plan_mixture(names, recipe.weights, recipe.train_tokens, unique, bucket_tokens)
-    reads = [int(document_reads(*rules[origin[i]], buckets[k])) for k, i in enumerate(train)]
+    train_origin = [origin[i] for i in train]
+    train_mix_keys = [keys[i][2] for i in train]
+    unique, mixture, reads = mix_train(recipe, train_origin, train_mix_keys, ids[: len(train)])
     sizes = [len(d.encode("utf-8")) for d in docs]
 
     def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
-        eot, splits = np.array([tok.eot_id], dtype=dtype), {}
-        for split, members, reads_of, first in (
-            ("train", train, reads, 0),
-            ("val", val, [1] * len(val), len(train)),
+        splits = {}
+        for split, members, documents, reads_of in (
+            ("train", train, ids[: len(train)], reads),
+            ("val", val, ids[len(train) :], [1] * len(val)),
         ):
-            writer, documents, n_bytes = (
-                ShardWriter(directory, split, dtype, recipe.shard_tokens),
-                0,
-                0,
-            )
-            # pass e packs documents read > e times
-            for epoch in range(max(reads_of, default=0)):
-                for k, i in enumerate(members):
-                    if reads_of[k] > epoch:
-                        writer.add(eot)
-                        writer.add(ids[first + k])
-                        documents, n_bytes = documents + 1, n_bytes + sizes[i]
-            shards = writer.close()
-            splits[split] = {
-                "documents": documents,
-                "unique_documents": len(members),
-                "tokens": sum(s["tokens"] for s in shards),
-                "bytes": n_bytes,
-                "shards": shards,
-            }
+            writer = ShardWriter(directory, split, dtype, recipe.shard_tokens)
+            sizes_of = [sizes[i] for i in members]
+            splits[split] = pack_split(writer, tok.eot_id, documents, reads_of, sizes_of)
         return splits
 
     return Built(funnel, tok, trained_on, unique, mixture, sum(sizes), write_splits, overlap)
