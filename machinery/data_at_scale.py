@@ -1878,7 +1878,7 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise DataError("--engine ray needs Ray: pip install ray (or use --engine local)") from None
+        raise DataError("`engine` ray needs Ray: pip install ray (or use `engine` local)") from None
     return ray
 
 
@@ -1891,16 +1891,16 @@ def check_ray_address(address: str | None) -> None:
     >>> check_ray_address("127.0.0.1:99999")     # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    data.DataError: --ray-address 127.0.0.1:99999: port 99999 is out of range 1-65535; ...
+    data.DataError: `ray_address` 127.0.0.1:99999: port 99999 is out of range 1-65535; ...
     """
     if address in (None, "auto"):
         return
     host, _, port = address.rpartition(":")
     form = "give auto or HOST:PORT, e.g. 10.0.0.1:6379"
     if not host or "/" in host or not (port.isascii() and port.isdigit()):
-        raise DataError(f"--ray-address {address!r} is not auto or HOST:PORT; {form}")
+        raise DataError(f"`ray_address` {address!r} is not auto or HOST:PORT; {form}")
     if not 1 <= int(port) <= 65535:
-        raise DataError(f"--ray-address {address}: port {port} is out of range 1-65535; {form}")
+        raise DataError(f"`ray_address` {address}: port {port} is out of range 1-65535; {form}")
 
 
 def _check_ray_ready(address: str | None) -> None:
@@ -1915,7 +1915,7 @@ def _check_ray_ready(address: str | None) -> None:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as e:
         raise DataError(
-            f"--ray-address {address}: nothing answers there ({e.strerror or e}); start the head "
+            f"`ray_address` {address}: nothing answers there ({e.strerror or e}); start the head "
             "with "
             f"`ray start --head --port {port}` or fix the address"
         ) from None
@@ -1970,7 +1970,7 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
                 break
             except (ConnectionError, ray.exceptions.AuthenticationError) as e:
                 raise DataError(
-                    f"--ray-address {address}: {str(e).splitlines()[0]} (a cluster started by `ray "
+                    f"`ray_address` {address}: {str(e).splitlines()[0]} (a cluster started by `ray "
                     "start` "
                     f"may want RAY_AUTH_MODE=token and its token: see README)"
                 ) from None
@@ -1978,7 +1978,7 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
                 ray.shutdown()
                 if attempt or address is not None:
                     raise DataError(
-                        f"Ray did not start: {str(e).splitlines()[0]}; retry, or use --engine local"
+                        f"Ray did not start: {str(e).splitlines()[0]}; retry, or use `engine` local"
                     ) from None
         yield RayEngine(ray)
     finally:
@@ -2021,18 +2021,18 @@ def prepare(
     log = print if verbose else (lambda *a, **k: None)
     if workers is not None and not 1 <= workers <= 1024:
         raise DataError(
-            f"--workers must be between 1 and 1024, got {workers}; leave it out to use all cores"
+            f"`workers` must be between 1 and 1024, got {workers}; leave it out to use all cores"
         )
     if not 0.001 <= chunk_mb <= 4096:
-        raise DataError(f"--chunk-mb must be between 0.001 and 4096, got {chunk_mb}")
+        raise DataError(f"`chunk_mb` must be between 0.001 and 4096, got {chunk_mb}")
     if engine == "ray":
         _check_ray_ready(ray_address)
     elif engine not in ENGINES or ray_address is not None:
-        raise DataError(f"--engine {engine} --ray-address {ray_address}: the engine is one of "
+        raise DataError(f"`engine` {engine} `ray_address` {ray_address}: the engine is one of "
                         f"{ENGINES}, and only ray takes an address")
     if store.is_uri(work_dir):
         raise DataError(
-            f"--work-dir {work_dir}: give a folder (on a cluster, one every node mounts): work "
+            f"`work_dir` {work_dir}: give a folder (on a cluster, one every node mounts): work "
             "files "
             f"are renamed, appended and memory-mapped, which an object store cannot do"
         )
@@ -2041,13 +2041,13 @@ def prepare(
         and pathlib.Path(work_dir).exists()
         and not pathlib.Path(work_dir).is_dir()
     ):
-        raise DataError(f"--work-dir {work_dir} is a file; give a directory path")
+        raise DataError(f"`work_dir` {work_dir} is a file; give a directory path")
     if work_dir is not None:        # also when a small input leaves it unused (--engine auto)
         dataset.check_writable(pathlib.Path(work_dir), "--work-dir")
     remote = store.is_uri(out_dir)
     if remote and engine == "ray" and ray_address is not None and work_dir is None:
         raise DataError(
-            f"--out {out_dir} with --ray-address: pass --work-dir on a folder every node mounts "
+            f"`out` {out_dir} with `ray_address`: pass `work_dir` on a folder every node mounts "
             f"(NFS), since a task on one node reads the work files of another"
         )
     with dataset.planned(sources, out_dir, log, recipe) as plan:
@@ -2189,7 +2189,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
         raise DataError(
             f"{uri} has {'a damaged' if found else 'no'} manifest.json: not a published dataset "
             "(or a "
-            f"run still publishing); check the URI, or prepare it with --out {uri}"
+            f"run still publishing); check the URI, or prepare it with `out` {uri}"
         )
     try:
         key = manifest["cache_key"]

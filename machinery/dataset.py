@@ -114,11 +114,11 @@ def plan_dataset(
         raise DataError("no sources given: pass --data pydocs (or a path)")
     if len(set(sources)) != len(sources):
         raise DataError(
-            f"a source is listed twice in {sources}; give each once (use --weights to up-weight)"
+            f"a source is listed twice in {sources}; give each once (use `weights` to up-weight)"
         )
     if weights is not None and len(weights) != len(sources):
         raise DataError(
-            f"--weights: {len(weights)} weights for {len(sources)} sources: give one weight per "
+            f"`weights`: {len(weights)} weights for {len(sources)} sources: give one weight per "
             "source"
         )
     if weights is not None:
@@ -129,12 +129,12 @@ def plan_dataset(
             "least 257"
         )
     if not 0 <= val_fraction < 1:
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+        raise DataError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
     if train_tokens is not None and (weights is None or not train_tokens > 0):
         raise DataError(
-            f"--train-tokens {train_tokens:g} needs --weights and a positive budget, e.g. "
-            "--weights 1 "
-            f"--train-tokens 5e6"
+            f"`train_tokens` {train_tokens:g} needs `weights` and a positive budget, e.g. "
+            "`weights` 1 "
+            f"`train_tokens` 5e6"
         )
     settings = clean_settings or data.CleanSettings()
     jsonl_stats = formats.JsonlStats()
@@ -214,15 +214,15 @@ def plan_dataset(
                 print(notice, file=sys.stderr)
             return Plan(None, key, out_dir, True, jsonl_stats)
         raise DataError(
-            f"{out_dir} already holds a different dataset; remove it or pick another --out"
+            f"{out_dir} already holds a different dataset; remove it or pick another `out`"
         )
     if remote:
         store.check_out(out_dir, DATASET_FILE, DataError)
     elif out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"--out {out_dir} is a file; give a directory path")
+        raise DataError(f"`out` {out_dir} is a file; give a directory path")
     elif out_dir.exists() and any(out_dir.iterdir()):
         raise DataError(
-            f"{out_dir} exists and is not a dataset directory; remove it or pick another --out"
+            f"{out_dir} exists and is not a dataset directory; remove it or pick another `out`"
         )
     recipe = data.Recipe(
         opened,
@@ -529,7 +529,7 @@ def check_budget(sources: list[data.Source], weights: list[float], train_tokens:
         epochs = train_tokens * w / total_weight / max(1, most_tokens)
         if epochs > data.MAX_EPOCHS:
             raise DataError(
-                f"--train-tokens {train_tokens:g} reads {source.label} at least {epochs:.3g} "
+                f"`train_tokens` {train_tokens:g} reads {source.label} at least {epochs:.3g} "
                 f"times, more than {data.MAX_EPOCHS} epochs: lower the budget (its "
                 f"{most_tokens / 2:,.0f} bytes hold at most {most_tokens:,.0f} tokens)"
             )

@@ -221,16 +221,16 @@ def check_out(out_uri: str, dataset_file: re.Pattern, error: type[Exception] = S
     fs, out = filesystem(out_uri, error)
     if "/" not in out.strip("/"):
         raise error(
-            f"--out {out_uri} is a bucket: give a prefix inside it, e.g. s3://bucket/datasets/name"
+            f"`out` {out_uri} is a bucket: give a prefix inside it, e.g. s3://bucket/datasets/name"
         )
     try:
         if fs.get_file_info(out).type == pafs.FileType.File:
             raise error(
-                f"--out {out_uri} is an object, not a prefix; give a prefix (a \"directory\") URI"
+                f"`out` {out_uri} is an object, not a prefix; give a prefix (a \"directory\") URI"
             )
         found = fs.get_file_info(pafs.FileSelector(out, recursive=True, allow_not_found=True))
     except OSError as e:
-        raise error(f"--out {out_uri}: {first_line(e)}; {STORE_HINT}") from None
+        raise error(f"`out` {out_uri}: {first_line(e)}; {STORE_HINT}") from None
     foreign = [
         i.path
         for i in found
@@ -238,9 +238,9 @@ def check_out(out_uri: str, dataset_file: re.Pattern, error: type[Exception] = S
     ]
     if foreign:
         raise error(
-            f"--out {out_uri} holds objects that are not a dataset ({foreign[0]}); remove them or "
+            f"`out` {out_uri} holds objects that are not a dataset ({foreign[0]}); remove them or "
             "pick "
-            f"another --out"
+            f"another `out`"
         )
 
 

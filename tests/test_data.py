@@ -899,7 +899,7 @@ def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
 
 def test_bad_settings_fail_before_any_work(small_corpus, tmp_path):
     corpus = str(small_corpus["path"])
-    with pytest.raises(DataError, match="needs --weights"):
+    with pytest.raises(DataError, match="needs `weights`"):
         data_at_scale.prepare([corpus], tmp_path / "x", train_tokens=5e6)
     with pytest.raises(DataError, match="positive budget"):
         data_at_scale.prepare([corpus], tmp_path / "x", weights=[1.0], train_tokens=-5)

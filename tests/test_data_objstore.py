@@ -295,7 +295,7 @@ def test_bad_uris_are_one_line_exit_2_before_any_work(s3, uploaded, tmp_path, ca
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
-    with pytest.raises(DataError, match="with --ray-address: pass --work-dir on a folder every node mounts"):
+    with pytest.raises(DataError, match="with `ray_address`: pass `work_dir` on a folder every node mounts"):
         data_at_scale.prepare([uploaded], f"s3://datasets/ds?{query}", engine="ray", ray_address="auto", **SETTINGS)
     assert sorted(p.name for p in tmp_path.iterdir()) == []                   # nothing written, not even a work dir
     assert [i.base_name for i in fs.get_file_info(pafs.FileSelector("corpus"))] == ["web"]

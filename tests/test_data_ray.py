@@ -173,12 +173,12 @@ def test_ray_missing_or_unreachable_is_one_line_before_any_work(inputs, tmp_path
     with socket.socket() as s:                                    # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(DataError, match=rf"--ray-address 127.0.0.1:{port}: nothing answers there"):
+    with pytest.raises(DataError, match=rf"`ray_address` 127.0.0.1:{port}: nothing answers there"):
         data_at_scale.prepare(sources(inputs), tmp_path / "ds", engine="ray", ray_address=f"127.0.0.1:{port}")
     with pytest.raises(DataError, match="only ray takes an address"):
         data_at_scale.prepare(sources(inputs), tmp_path / "ds", ray_address="auto")
     monkeypatch.setitem(__import__("sys").modules, "ray", None)      # as if Ray were not installed
-    with pytest.raises(DataError, match=r"--engine ray needs Ray: pip install ray"):
+    with pytest.raises(DataError, match=r"`engine` ray needs Ray: pip install ray"):
         data_at_scale.prepare(sources(inputs), tmp_path / "ds", engine="ray")
     assert list(tmp_path.iterdir()) == []
 

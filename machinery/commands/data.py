@@ -511,14 +511,15 @@ def main(
 
 
 def _in_flags(args: argparse.Namespace) -> None:
-    """Run the command; the library's DataError names a parameter (val_data; a one-word one such
-    as threads at the start or in parentheses), the user typed a flag (--val-data, --threads): say
-    it as the flag."""
+    """Run the command; the library's DataError names a parameter (`weights`, val_data; a one-word
+    one such as threads at the start or in parentheses), the user typed a flag (--weights,
+    --val-data, --threads): say it as the flag."""
     try:
         args.run(args)
     except DataError as e:
         message = str(e)
         for name, flag in FLAG_OF.items():
+            message = message.replace(f"`{name}`", flag)
             if "_" in name:  # not inside a path (/tmp/val_data.txt)
                 message = re.sub(rf"(?<![\w./-]){name}(?!\w|\.\w)", flag, message)
             elif message.startswith((f"{name} ", f"{name}:")):
