@@ -712,7 +712,7 @@ class CleanSettings:
     # a classifier file (labels high/low); "" is classify.py's default
     quality_model: str = ""
 
-    # checked on creation, so a bad flag fails before any work
+    # checked on creation, so a bad setting fails before any work
     def __post_init__(self):
         for name, choices in (
             ("cleaning", CLEANING_CHOICES),
@@ -721,8 +721,7 @@ class CleanSettings:
         ):
             if getattr(self, name) not in choices:
                 raise DataError(
-                    f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of "
-                    f"{', '.join(choices)}"
+                    f"{name} {getattr(self, name)!r} is not one of {', '.join(choices)}"
                 )
         if self.boilerplate_min_documents < 2:
             raise DataError(
@@ -738,9 +737,7 @@ class CleanSettings:
             raise DataError(f"chunk_chars must be at least 1, got {self.chunk_chars}")
         for name in ("lang_threshold", "quality_threshold"):
             if not 0 <= getattr(self, name) <= 1:
-                raise DataError(
-                    f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}"
-                )
+                raise DataError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         unknown = sorted(set(self.lang) - set(classify.LANGUAGES))
         if unknown:
             raise DataError(

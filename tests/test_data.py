@@ -884,7 +884,7 @@ def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
         data_at_scale.prepare([str(shorts)], tmp_path / "x", vocab_size=100)
     with pytest.raises(DataError, match="listed twice"):
         data_at_scale.prepare([str(shorts), str(shorts)], tmp_path / "x")
-    with pytest.raises(DataError, match="val-fraction"):
+    with pytest.raises(DataError, match="`val_fraction`"):
         data_at_scale.prepare([str(shorts)], tmp_path / "x", val_fraction=1.0)
     with pytest.raises(DataError, match="one weight per source"):
         data_at_scale.prepare([str(shorts)], tmp_path / "x", weights=[0.5, 0.5])
