@@ -217,10 +217,8 @@ MUTANTS = [
            "a classifier file with NaN or infinite weights is trusted: the quality filter keeps every document"),
     # --- object stores: a reader must never see half a dataset, nor a range read lose a line ---------------------
     Mutant("store-manifest-published-first", "machinery/store.py",
-           '    names = (sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")\n'
-           '             + ["manifest.json"])',
-           '    names = (["manifest.json"]\n'
-           '             + sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json"))',
+           '    names += ["manifest.json"]',
+           '    names.insert(0, "manifest.json")',
            ("tests/test_data_objstore.py::test_failed_publish_leaves_no_manifest",),
            "the manifest is copied to OUT/ before the shards: a failed publish leaves a dataset that looks finished"),
     Mutant("jsonl-range-seek-off-by-one", "machinery/formats.py",
