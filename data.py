@@ -484,8 +484,7 @@ def boilerplate_lines(
     if min_documents < 2:
         raise DataError(
             "boilerplate_min_documents must be at least 2 (a line in one document is not "
-            "repeated), "
-            f"got {min_documents}"
+            f"repeated), got {min_documents}"
         )
     document_counts = collections.Counter()
     for text in texts:
@@ -665,7 +664,7 @@ class Funnel:
         why = ", ".join(f"{k} {v:,}" for k, v in last.reasons.items()) or "no reason recorded"
         return DataError(
             f"{what}: step '{last.name}' removed all {last.docs_in:,} documents ({why}); "
-            f"loosen it (--filters none/code) or add data"
+            f"loosen it (`filters` none or code) or add data"
         )
 
 
@@ -948,8 +947,7 @@ def heavy_cleaning_note(source: Source, removed: float) -> str:
     the same steps."""
     return (
         f"note: cleaning removed {removed:.0%} of the characters of {source.label} (web-crawl "
-        "rules, see the "
-        f"funnel); --cleaning keep keeps its text whole"
+        "rules, see the funnel); --cleaning keep keeps its text whole"
     )
 
 
@@ -1240,9 +1238,8 @@ def split_documents(split_keys: np.ndarray, val_fraction: float) -> np.ndarray:
     n = len(split_keys)
     if n < 2:
         raise DataError(
-            f"{n} document(s) left after cleaning: need at least 2 for a train/val split; add text "
-            "or "
-            f"name a held-out file (val_data)"
+            f"{n} document(s) left after cleaning: need at least 2 for a train/val split; add "
+            "text or name a held-out file (val_data)"
         )
     keys = np.asarray(split_keys, dtype=np.uint64)
     is_val = (
@@ -1313,9 +1310,8 @@ def format_overlap(overlap: dict) -> str:
     example = f' (e.g. "{overlap["example"]}")' if overlap["example"] else ""
     return (
         f"--val-data: {overlap['shared']:,} of its {overlap['ngrams']:,} {overlap['n']}-grams "
-        f"({share:.2%}) also "
-        f"occur in train, in {overlap['contaminated']:,} of {overlap['documents']:,} "
-        f"documents{example}"
+        f"({share:.2%}) also occur in train, in {overlap['contaminated']:,} of "
+        f"{overlap['documents']:,} documents{example}"
     )
 
 
@@ -1514,8 +1510,7 @@ def write_shard(path: pathlib.Path, tokens: np.ndarray, dtype: np.dtype | str = 
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2 ** (8 * dtype.itemsize)):
         raise DataError(
             f"token id {int(tokens.max())} does not fit {dtype.name}: the vocabulary is too large "
-            "for "
-            f"this dtype; use uint32"
+            "for this dtype; use uint32"
         )
     header = SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, dtype.itemsize, tokens.size)
     # whole or not at all: a reader never sees half a shard, even if this process dies midway
@@ -2007,9 +2002,8 @@ class BatchIterator:
         if self.num_windows < batch_size * world_size:
             raise DataError(
                 f"split {split!r} has {self.num_windows:,} windows of {block_size + 1} tokens, "
-                "fewer "
-                f"than batch_size x world_size = {batch_size * world_size}; use smaller batches or "
-                f"blocks, or more data"
+                f"fewer than batch_size x world_size = {batch_size * world_size}; use smaller "
+                "batches or blocks, or more data"
             )
         self.epoch, self.position = 0, 0
         self._order_epoch, self._order = None, None
