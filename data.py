@@ -16,92 +16,46 @@ illustrative funnel for 1,000 pages:
 same way. On the embedded corpus (the standard library's docstrings, CPython 3.11): 722 documents
 read -> 337 pass the Gopher rules (236 have under 50 words, 121 repeat too many 5-grams) -> 336
 after exact dedup -> 335 after near-dedup, 7 IPs and 5 emails masked: 2.50M characters in, 1.19M
-out.
+out. Mixing is arithmetic on tokens: 20e9 training tokens at 70% web / 15% code / 10% books / 5%
+math asks for 1e9 math tokens; with 0.5e9 unique math tokens on hand, math is read 2 times.
 
     python data.py prepare --data pydocs       # the embedded corpus: stdlib docstrings, offline
-    python data.py prepare --data corpus.jsonl pystdlib --weights 0.7 0.3 --vocab-size 8192 \
-        --out data/my
-    python data.py mix --tokens 20e9 --weights web=0.70 code=0.15 books=0.10 math=0.05 \
-        --unique math=0.5e9
-    python data.py prepare --data book.txt --val-data book_last_10pct.txt  # your text, kept whole
+    python data.py mix --tokens 20e9 --weights web=0.70 code=0.15 books=0.10 math=0.05
 
-Mixing is arithmetic on tokens. The lecture's example: 20e9 training tokens at 70% web / 15% code /
-10% books / 5% math asks for 0.05 x 20e9 = 1e9 math tokens; with only 0.5e9 unique math tokens on
-hand, math is read 1e9 / 0.5e9 = 2 times (2 epochs). Scarce high-quality data is up-weighted like
-this, but repeat it too often and the model starts to memorise it (we warn above 4 epochs, where
-Muennighoff et al. 2023 saw returns fall off).
-
-Web-crawl cleaning is for web crawls. Text someone chose (a local .txt, .md, .raw or .py file: a
-book, a play, a code base) is kept whole by default: cut into pieces of at most 16,384 characters
-(and at least 20) for shuffling and the split, PII-masked, and nothing else. Tiny Shakespeare shows
-why: through the funnel, 6,142 of its 7,222 speeches have under 50 words and 1.10M characters become
-0.56M; kept whole, 1,115,257 of its 1,115,394 bytes reach the shards (only the blank lines at 68
-cuts go). `--cleaning web` runs the funnel on any source, `--cleaning keep` keeps any source whole,
-and a source whose quality filters remove more than a quarter of its characters gets a one-line note
-saying so. `--val-data FILE` makes a held-out file the validation split byte for byte (the fixed
-splits of WikiText and TinyStories, or the last 10% of your book); its 13-gram overlap with train
-(evaluate.py's contamination check) is reported. The steps also take Stanford CS336's data-handout
-variants: `--filters gopher-handout` (its four Gopher rules only), `--line-dedup occurrences` (drop
-every line seen twice anywhere), `--strip-accents` (near-dedup compares "café" as "cafe"); phone
-masking knows its "(283)-182-3829". All of it streams (below): a 10 GB book kept whole is read 1 MiB
-at a time, and --val-data's overlap needs no index of train.
-
+Text someone chose (a local .txt, .md, .raw or .py file) is kept whole by default: cut into pieces,
+PII-masked, and nothing else (Tiny Shakespeare through the web funnel would lose half its text).
 The validation split is cut after deduplication, so no validation document has a near-duplicate in
-train (else the held-out loss is measured on text the model has seen). The tokenizer (bpe.py) is
-trained on the train split only. Documents are encoded with the tokenizer's tiktoken twin (fast,
-multi-threaded), each preceded by <|endoftext|>, and packed into shards: a 32-byte header (magic,
-version, dtype, token count) followed by raw uint16 token ids (uint32 when the vocabulary has more
-than 65,536 entries). A JSON manifest records sources, settings, the funnel, the tokenizer and the
-split sizes. The same inputs and settings map to the same cache directory, reused as is.
+train; the tokenizer (bpe.py) is trained on the train split only. Documents are encoded, each
+preceded by <|endoftext|>, and packed into shards: a 32-byte header, then raw uint16 token ids.
+The loader memory-maps the shards: `get_batch` draws random windows, `iterator` walks a seeded
+permutation of windows, split across data-parallel ranks, with a position that can be saved.
 
-This file is the lesson, on lists: the in-memory engine (section 9) runs every step in the order
-above, and dataset.prepare runs it (dataset.py checks the recipe, names it by its cache key,
-publishes the directory whole). data_at_scale.py is the scale (a stream, not a list: memory that
-does not grow with the corpus, worker processes or Ray, resumable), which `python data.py prepare`
-runs above 64 MiB of local input (below, the lesson's engine: `--engine auto`); its flags
-(--workers, --chunk-mb, --engine, --ray-address, --work-dir) and `download` live there. The two
-write byte-identical datasets: every choice about a document is a keyed hash of its text
-(`document_keys`), whatever the order of reading. Sources and --out may be object-store URIs
-(s3://bucket/web/*.parquet), which store.py lists, reads and publishes. The file formats a source is
-read from (.txt, .jsonl, .parquet, WikiText, .html, .py, hf:) are formats.py's.
+This file is the lesson, on lists: `build_in_memory` runs every step in the order above. The
+machinery around it (machinery/: the file formats and object stores a Source is read from,
+`prepare`'s checks and cache, the streaming and Ray engines, the command line) is described in
+docs/data.md and docs/data-at-scale.md; both engines write byte-identical datasets, because every
+choice about a document is a keyed hash of its text (`document_keys`).
 
-The loader memory-maps the shards: `get_batch` draws random windows (seeded), `iterator` walks a
-seeded permutation of non-overlapping windows, split across data-parallel ranks, with a position
-that can be saved and restored.
-
-Depends on: numpy, torch (the loader's tensors), tiktoken (through bpe.py), the standard library,
-and six siblings: bpe.py (train_bpe, Tokenizer), classify.py (language and quality classifiers),
-dedup.py (MinHash near-dedup, the 13-gram overlap index), formats.py (the readers of .txt, .jsonl,
-.parquet, WikiText, .html, .py and hf: sources, and DataError), store.py (object-store URIs) and
-fileio.py (shards written whole, untrusted manifests in one line). Everything runs offline except
-`hf:` sources. Optional, imported only by the feature that needs it: pyarrow (.parquet, URIs),
-datasets (`hf:`), ray (`--engine ray`).
-
-The command line's main() also imports the engine, data_at_scale, which `python data.py prepare`
-runs; the library functions above never do, nor import dataset.py (both are layers above this file).
+Depends on: numpy, torch, the standard library, bpe.py, classify.py and dedup.py.
 """
+
 from __future__ import annotations
 
-import argparse
-import ast
 import collections
-import contextlib
 import dataclasses
 import functools
 import hashlib
+import json
 import html.parser
 import itertools
 import math
 import os
 import pathlib
 import re
-import stat
 import struct
 import sys
-import sysconfig
 import tempfile
 import time
-import tokenize
 import warnings
 from typing import Callable, Iterable, Iterator
 
@@ -111,19 +65,23 @@ import torch
 import bpe
 import classify
 import dedup
-from machinery import fileio
-from machinery import formats
-# the marker before each document; the one-line error of the pipeline
-from machinery.formats import EOT, DataError
+
+# the marker before each document
+EOT = "<|endoftext|>"
+
+
+class DataError(ValueError):
+    """Bad input to the data pipeline: the message is one line naming the problem and the fix."""
+
 
 # the tiny CPU run: small enough to train on ~2 MB in seconds, big enough for words
 DEFAULT_VOCAB_SIZE = 4096
-REPO_ROOT = pathlib.Path(__file__).resolve().parent
 
 
 # --------------------------------------------------------------------------------------------------
 # 1. Sources: each yields documents (strings) in a stable order
 # --------------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Source:
@@ -136,6 +94,7 @@ class Source:
     whole by default, as opposed to web-like sources (.jsonl, .parquet, .html, hf:, the embedded
     corpora that demonstrate the funnel).
     """
+
     spec: str
     kind: str
     fingerprint: str
@@ -144,13 +103,11 @@ class Source:
     # the files (or objects' URIs) it reads, in order (none for names)
     files: tuple[pathlib.Path | str, ...] = ()
     curated: bool = False
+    # the funnel table's name for it: the spec, or a path's (or URI's) file name
+    label: str = ""
 
-    @property
-    def label(self) -> str:
-        """The spec, shortened to a file name for paths (for the funnel table)."""
-        from machinery import store
-        return self.spec if self.spec in ("pydocs", "pystdlib") or self.spec.startswith("hf:") \
-            else store.pure_path(self.spec).name or self.spec
+    def __post_init__(self) -> None:
+        self.label = self.label or self.spec
 
     def documents(self) -> Iterator[str]:
         for i, doc in enumerate(self.read()):
@@ -159,277 +116,21 @@ class Source:
             yield doc
 
 
-def _stdlib_root() -> pathlib.Path:
-    return pathlib.Path(sysconfig.get_paths()["stdlib"])
-
-
-_NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
-_TEST_DIRS = {"test", "tests", "idle_test"}
-
-
-def stdlib_files(include_tests: bool) -> list[pathlib.Path]:
-    """The standard library's .py files in sorted (stable) order, without third-party packages."""
-    root, files = _stdlib_root(), []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames
-                             if d not in _NOT_STDLIB and (include_tests or d not in _TEST_DIRS))
-        for name in sorted(filenames):
-            if name.endswith(".py") and (include_tests or not name.startswith("test_")):
-                files.append(pathlib.Path(dirpath) / name)
-    return files
-
-
-def _read_python_source(path: pathlib.Path) -> str | None:
-    """Decode a .py file by its coding cookie (PEP 263); None for the few deliberately broken test
-    files."""
-    try:
-        with tokenize.open(path) as f:
-            return f.read()
-    except (SyntaxError, UnicodeDecodeError):
-        return None
-
-
-def module_docstrings(source: str, module: str) -> str:
-    """One module's docstrings as a document: a heading line with the qualified name, then the
-    docstring.
-
-    >>> print(module_docstrings('"Say hi."\\ndef hi():\\n    "Print hi."', "greet"))
-    greet
-    Say hi.
-    <BLANKLINE>
-    greet.hi
-    Print hi.
-    """
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return ""
-    blocks = []
-
-    def visit(node: ast.AST, qualname: str) -> None:
-        doc = ast.get_docstring(node, clean=True)
-        if doc:
-            blocks.append(f"{qualname}\n{doc}")
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(child, f"{qualname}.{child.name}")
-
-    visit(tree, module)
-    return "\n\n".join(blocks)
-
-
-def _module_name(path: pathlib.Path) -> str:
-    parts = list(path.relative_to(_stdlib_root()).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def read_pydocs() -> Iterator[str]:
-    """The embedded prose corpus (~2.3 MB): stdlib docstrings, one document per module (tests
-    skipped), then the reference manual's topics from pydoc_data.topics (what `help("with")`
-    prints), one document per topic."""
-    for path in stdlib_files(include_tests=False):
-        source = _read_python_source(path)
-        text = module_docstrings(source, _module_name(path)) if source else ""
-        if text:
-            yield text
-    try:
-        from pydoc_data.topics import topics
-    # some distributions strip pydoc_data; the docstrings alone are still ~1.8 MB
-    except ImportError:
-        return
-    for name in sorted(topics):
-        yield topics[name].strip()
-
-
-def read_pystdlib() -> Iterator[str]:
-    """The embedded code corpus (~31 MB): every .py file of the standard library, tests included,
-    one per document."""
-    for path in stdlib_files(include_tests=True):
-        source = _read_python_source(path)
-        if source and source.strip():
-            yield source
-
-
-# A file of a source (a path, or an object's URI: s3://bucket/web/a.jsonl) is read by formats.py,
-# which knows .txt, .md, .jsonl, .parquet, WikiText's .raw, .html and .py files (each may be
-# gzipped) and streams hf: datasets.
-
-def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
-    # hidden files and folders (.git) skipped
-    files = sorted(p for p in directory.rglob("*")
-                   if p.is_file() and formats.readable(p)
-                   and not any(part.startswith(".") for part in p.relative_to(directory).parts))
-    if not files:
-        raise DataError(f"{directory} holds no {formats.FILE_TYPES} files")
-    return files
-
-
-def _special_file(path: pathlib.Path) -> str:
-    """What a path that is neither a file nor a folder is: 'a FIFO (named pipe)', 'a device', 'a
-    socket'."""
-    mode = path.stat().st_mode
-    return (
-        "a FIFO (named pipe)"
-        if stat.S_ISFIFO(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "a device"
-    )
-
-
-def _is_dataset(folder: pathlib.Path) -> bool:
-    """Whether a folder holds a dataset `prepare` wrote (its manifest says so): a corpus it must not
-    read."""
-    manifest = read_manifest_or_none(folder)
-    return isinstance(manifest, dict) and manifest.get("format") == "llm-token-shards"
-
-
-def open_source(
-    spec: str,
-    text_field: str = "text",
-    txt_split: str = "auto",
-    skip_bad_lines: bool = False,
-    max_documents: int | None = None,
-    jsonl_stats: formats.JsonlStats | None = None,
-    kind: str | None = None,
-) -> Source:
-    """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an
-    object, prefix or glob in an object store: s3://bucket/web/*.parquet) into a Source. kind
-    overrides what the file types imply ("code" for a .jsonl of source files, say)."""
-    from machinery import store             # object-store I/O, loaded only where a path may be a URI
-    if kind not in (None, "prose", "code", "html"):
-        raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
-    options = dict(text_field=text_field, txt_split=txt_split, skip_bad_lines=skip_bad_lines,
-                   jsonl_stats=jsonl_stats)
-    version = f"python-{sys.version.split()[0]}@{_stdlib_root()}"
-    if spec == "pydocs":
-        return Source(spec, kind or "prose", version, read_pydocs, max_documents)
-    if spec == "pystdlib":
-        return Source(spec, kind or "code", version, read_pystdlib, max_documents)
-    if spec.startswith("hf:"):
-        name = spec[3:]
-        return Source(
-            spec, kind or "prose", spec, lambda: formats.read_hf(name, text_field), max_documents
-        )
-    path = pathlib.Path(spec).expanduser()
-    if store.is_uri(spec):
-        listed = store.list_files(spec, formats.readable, formats.FILE_TYPES, DataError)
-        files = [uri for uri, _, _ in listed]
-        fingerprint = ";".join(f"{uri}:{size}:{mtime_ns}" for uri, size, mtime_ns in listed)
-    elif any(c in spec for c in "*?[") and not path.exists():      # a pattern: "shards/*.parquet"
-        # pathlib's ** never follows a directory symlink:
-        anchor = pathlib.Path(path.anchor or ".")
-        # glob's loops forever
-        matches = anchor.glob(str(path.relative_to(anchor)) if path.anchor else str(path))
-        files = sorted(
-            p for p in matches if p.is_file() and formats.readable(p) and not p.name.startswith(".")
-        )
-        if not files:
-            raise DataError(
-                f"source {spec!r} matches no {formats.FILE_TYPES} files; check the pattern"
-            )
-    elif not path.exists():
-        hint = "a name (pydocs, pystdlib, hf:NAME), an existing file/directory or a glob pattern"
-        raise DataError(f"source {spec!r} not found: give {hint}")
-    # reading a FIFO waits for a writer; /dev/zero never ends
-    elif not (path.is_dir() or path.is_file()):
-        raise DataError(
-            f"source {spec!r} is {_special_file(path)}, not a regular file: save the text to a "
-            "file "
-            f"and pass that"
-        )
-    else:
-        files = _files_under(path) if path.is_dir() else [path]
-    if not store.is_uri(spec):
-        for f in files:
-            if f.name == "manifest.json" and _is_dataset(f.parent):
-                raise DataError(
-                    f"source {spec!r}: {f.parent} is a prepared dataset, not text: pass it to "
-                    f"train.py --data (or data.py inspect), not to prepare"
-                )
-        stats = [f.stat() for f in files]
-        if not any(st.st_size for st in stats):
-            raise DataError(f"source {spec!r} is empty (0 bytes): give a file with text")
-        fingerprint = ";".join(
-            f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}" for f, st in zip(files, stats)
-        )
-    readers = [formats.file_source(f, options) for f in files]
-    kinds = {formats.file_kind(f) for f in files}
-    if len(kinds) > 1 and kind is None:
-        raise DataError(
-            f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: "
-            "pass "
-            f"them as separate sources (or force one with --kind)"
-        )
-
-    def read() -> Iterator[str]:
-        for file, reader in zip(files, readers):
-            try:
-                yield from reader()
-            except OSError as e:        # EIO from a failing disk, a file removed midway
-                raise DataError(f"{file}: cannot read it ({e.strerror or e}); check the disk, or "
-                                f"leave the file out of {spec}") from None
-
-    curated = all(formats.is_curated(f) for f in files)
-    return Source(
-        spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files), curated
-    )
-
-
 # --------------------------------------------------------------------------------------------------
 # 2. Extract text from HTML (standard library parser)
 # --------------------------------------------------------------------------------------------------
+
 
 class _TextExtractor(html.parser.HTMLParser):
     """Collects visible text, skipping non-content elements and breaking paragraphs at block
     elements."""
 
-    SKIP = {
-        "script",
-        "style",
-        "nav",
-        "header",
-        "footer",
-        "aside",
-        "noscript",
-        "template",
-        "head",
-        "svg",
-        "iframe",
-        "form",
-        "button",
-        "select",
-    }
-    BLOCK = {
-        "p",
-        "div",
-        "br",
-        "li",
-        "ul",
-        "ol",
-        "h1",
-        "h2",
-        "h3",
-        "h4",
-        "h5",
-        "h6",
-        "tr",
-        "table",
-        "section",
-        "article",
-        "main",
-        "blockquote",
-        "pre",
-        "hr",
-        "dl",
-        "dt",
-        "dd",
-        "figcaption",
-        "title",
-        "body",
-    }
+    # elements whose text is not content
+    SKIP = set("script style nav header footer aside noscript template head svg iframe".split())
+    SKIP |= {"form", "button", "select"}
+    # elements that end a paragraph
+    BLOCK = set("p div br li ul ol h1 h2 h3 h4 h5 h6 tr table section article main".split())
+    BLOCK |= set("blockquote pre hr dl dt dd figcaption title body".split())
     PARAGRAPH = "\x00"
 
     def __init__(self) -> None:
@@ -552,7 +253,7 @@ def _top_ngram_fraction(ngrams: NGrams, n: int, total_chars: int) -> float:
         return 0.0
     # first position of a top n-gram
     first = np.flatnonzero(counts[ids] == counts.max())[0]
-    return int(counts.max()) * int(ngrams.lengths[first:first + n].sum()) / total_chars
+    return int(counts.max()) * int(ngrams.lengths[first : first + n].sum()) / total_chars
 
 
 def _duplicate_ngram_fraction(ngrams: NGrams, n: int, total_chars: int) -> float:
@@ -575,7 +276,10 @@ GOPHER_RULE_SETS = ("all", "handout")
 
 
 def gopher_rejection(
-    text: str, min_words: int = 50, max_words: int = 100_000, rules: str = "all",
+    text: str,
+    min_words: int = 50,
+    max_words: int = 100_000,
+    rules: str = "all",
     language: str = "en",
 ) -> str | None:
     """The first Gopher rule a document breaks (its name), or None when it passes. Rules (Rae et al.
@@ -613,9 +317,26 @@ def gopher_rejection(
     """
     if rules not in GOPHER_RULE_SETS:
         raise DataError(f"unknown Gopher rule set {rules!r}; use {' or '.join(GOPHER_RULE_SETS)}")
-    every_rule = rules == "all"
-    spaced = language not in UNSPACED_LANGUAGES
     words = text.split()
+    lines = [line.strip() for line in text.split("\n") if line.strip()]
+    reason = _word_rejection(text, words, lines, min_words, max_words, rules == "all", language)
+    if reason is not None or rules != "all":
+        return reason
+    return _repetition_rejection(text, lines, words, sum(map(len, words)))
+
+
+def _word_rejection(
+    text: str,
+    words: list[str],
+    lines: list[str],
+    min_words: int,
+    max_words: int,
+    every_rule: bool,
+    language: str,
+) -> str | None:
+    """Gopher's rules on words and lines: counts, mean length, symbols, bullets, ellipses, letters,
+    stop words (the handout's four when not every_rule)."""
+    spaced = language not in UNSPACED_LANGUAGES
     n = len(words)
     if n < min_words and spaced:
         return "too_few_words"
@@ -628,7 +349,6 @@ def gopher_rejection(
         return "mean_word_length"
     if every_rule and (text.count("#") + text.count("...") + text.count("…")) / n > 0.1:
         return "symbol_ratio"
-    lines = [line.strip() for line in text.split("\n") if line.strip()]
     if every_rule and sum(line.startswith(_BULLETS) for line in lines) > 0.9 * len(lines):
         return "bullet_lines"
     if sum(line.endswith(("...", "…")) for line in lines) > 0.3 * len(lines):
@@ -638,9 +358,20 @@ def gopher_rejection(
     if not every_rule:
         return None
     # "the," too
-    if language == "en" and len(GOPHER_STOP_WORDS.intersection(text.lower().split())) < 2 and \
-            len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2:
+    if (
+        language == "en"
+        and len(GOPHER_STOP_WORDS.intersection(text.lower().split())) < 2
+        and len(GOPHER_STOP_WORDS.intersection(w.lower().strip(_PUNCTUATION) for w in words)) < 2
+    ):
         return "stop_words"
+    return None
+
+
+def _repetition_rejection(
+    text: str, lines: list[str], words: list[str], total_chars: int
+) -> str | None:
+    """Gopher's repetition rules (machine-made text repeats itself): duplicate lines and paragraphs,
+    then the n-gram rules, each a fraction of the document's characters."""
     dup_lines, dup_line_chars = _duplicate_fractions(lines)
     if dup_lines > 0.3 or dup_line_chars > 0.2:
         return "duplicate_lines"
@@ -686,6 +417,7 @@ def code_rejection(text: str) -> str | None:
 # --------------------------------------------------------------------------------------------------
 # 4. Exact dedup of documents, and removal of lines repeated across the corpus (boilerplate)
 # --------------------------------------------------------------------------------------------------
+
 
 def document_hash(text: str) -> int:
     """64-bit hash of a document after normalising case and whitespace, so re-wrapped copies
@@ -751,9 +483,8 @@ def boilerplate_lines(
     """
     if min_documents < 2:
         raise DataError(
-            "--boilerplate-min-documents must be at least 2 (a line in one document is not "
-            "repeated), "
-            f"got {min_documents}"
+            "boilerplate_min_documents must be at least 2 (a line in one document is not "
+            f"repeated), got {min_documents}"
         )
     document_counts = collections.Counter()
     for text in texts:
@@ -768,7 +499,7 @@ def remove_lines(text: str, lines: set[str]) -> tuple[str, int]:
     return "\n".join(kept).strip(), removed
 
 
-LINE = re.compile(r"[^\n]*\n|[^\n]+")          # a line with its newline, or a last line without one
+LINE = re.compile(r"[^\n]*\n|[^\n]+")  # a line with its newline, or a last line without one
 
 
 def repeated_lines(texts: list[str]) -> set[str]:
@@ -835,6 +566,7 @@ def mask_pii(text: str) -> tuple[str, collections.Counter]:
     """
     counts = collections.Counter()
     for label, pattern in PII_PATTERNS.items():
+
         def replace(match: re.Match, label=label) -> str:
             if label == "PHONE" and not 7 <= sum(c.isdigit() for c in match.group()) <= 15:
                 return match.group()
@@ -844,6 +576,7 @@ def mask_pii(text: str) -> tuple[str, collections.Counter]:
                 return match.group()
             counts[label] += 1
             return f"<{label}>"
+
         text = pattern.sub(replace, text)
     return text, counts
 
@@ -852,10 +585,12 @@ def mask_pii(text: str) -> tuple[str, collections.Counter]:
 # 6. The funnel: every step reports documents and characters in and out, and why documents left
 # --------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Step:
     """One row of the funnel; reasons maps a named cause to how many documents (or lines, or masks)
     it hit."""
+
     name: str
     docs_in: int
     docs_out: int
@@ -881,8 +616,15 @@ class Funnel:
             name, len(before), len(after), sum(map(len, before)), sum(map(len, after)), reasons
         )
 
-    def add_counts(self, name: str, docs_in: int, docs_out: int, chars_in: int, chars_out: int,
-                   reasons: dict | None = None) -> None:
+    def add_counts(
+        self,
+        name: str,
+        docs_in: int,
+        docs_out: int,
+        chars_in: int,
+        chars_out: int,
+        reasons: dict | None = None,
+    ) -> None:
         """A row from counts (the streaming engine sums them over chunks; it never holds the
         documents)."""
         self.steps.append(
@@ -922,13 +664,13 @@ class Funnel:
         why = ", ".join(f"{k} {v:,}" for k, v in last.reasons.items()) or "no reason recorded"
         return DataError(
             f"{what}: step '{last.name}' removed all {last.docs_in:,} documents ({why}); "
-            f"loosen it (--filters none/code) or add data"
+            f"loosen it (`filters` none or code) or add data"
         )
 
 
 # MinHash functions: standard error 0.044 at J = 0.43 (dedup.py's lesson)
 NEAR_DUP_NUM_PERM = 128
-NEAR_DUP_SHINGLE = 3           # words per shingle, as in the lecture
+NEAR_DUP_SHINGLE = 3  # words per shingle, as in the lecture
 
 CLEANING_CHOICES = ("auto", "web", "keep")
 FILTER_CHOICES = ("auto", "gopher", "gopher-handout", "code", "none")
@@ -948,14 +690,15 @@ class CleanSettings:
     "occurrences" removes every line that occurs more than once in the corpus (CS336's exact line
     dedup).
     """
+
     cleaning: str = "auto"
-    filters: str = "auto"                # auto (by source kind), gopher, gopher-handout, code, none
+    filters: str = "auto"  # auto (by source kind), gopher, gopher-handout, code, none
     min_words: int = 50
     max_words: int = 100_000
     line_dedup: str = "documents"
     boilerplate_min_documents: int = 3
-    near_dup_threshold: float = 0.5      # Jaccard of 3-word shingles; 0 disables near-dedup
-    strip_accents: bool = False          # near-dedup shingles "café" as "cafe"
+    near_dup_threshold: float = 0.5  # Jaccard of 3-word shingles; 0 disables near-dedup
+    strip_accents: bool = False  # near-dedup shingles "café" as "cafe"
     mask_pii: bool = True
     # ~4,000 tokens: several training windows per piece of a long text
     chunk_chars: int = 16_384
@@ -968,32 +711,38 @@ class CleanSettings:
     # a classifier file (labels high/low); "" is classify.py's default
     quality_model: str = ""
 
-    # checked on creation, so a bad flag fails before any work
+    # checked on creation, so a bad setting fails before any work
     def __post_init__(self):
-        for name, choices in (("cleaning", CLEANING_CHOICES), ("filters", FILTER_CHOICES),
-                              ("line_dedup", LINE_DEDUP_CHOICES)):
+        for name, choices in (
+            ("cleaning", CLEANING_CHOICES),
+            ("filters", FILTER_CHOICES),
+            ("line_dedup", LINE_DEDUP_CHOICES),
+        ):
             if getattr(self, name) not in choices:
-                raise DataError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of "
-                                f"{', '.join(choices)}")
+                raise DataError(
+                    f"{name} {getattr(self, name)!r} is not one of {', '.join(choices)}"
+                )
         if self.boilerplate_min_documents < 2:
             raise DataError(
-                f"--boilerplate-min-documents must be at least 2 (a line in one document is not "
+                f"boilerplate_min_documents must be at least 2 (a line in one document is not "
                 f"repeated), got {self.boilerplate_min_documents}"
             )
         if not (self.near_dup_threshold == 0 or 0 < self.near_dup_threshold < 1):
-            raise DataError(f"--near-dup-threshold must be 0 (off) or strictly between 0 and 1, "
-                            f"got {self.near_dup_threshold}")
+            raise DataError(
+                f"near_dup_threshold must be 0 (off) or strictly between 0 and 1, "
+                f"got {self.near_dup_threshold}"
+            )
         if self.chunk_chars < 1:
             raise DataError(f"chunk_chars must be at least 1, got {self.chunk_chars}")
         for name in ("lang_threshold", "quality_threshold"):
             if not 0 <= getattr(self, name) <= 1:
-                raise DataError(
-                    f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}"
-                )
+                raise DataError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         unknown = sorted(set(self.lang) - set(classify.LANGUAGES))
         if unknown:
-            raise DataError(f"--lang {' '.join(unknown)}: unknown; use ISO 639-1 codes among "
-                            f"{' '.join(classify.LANGUAGES)}")
+            raise DataError(
+                f"lang {' '.join(unknown)}: unknown; use ISO 639-1 codes among "
+                f"{' '.join(classify.LANGUAGES)}"
+            )
         # a list from the command line: the same key as a tuple
         self.lang = tuple(self.lang)
         # read (or train, once) here: a bad file fails first, workers only read
@@ -1004,7 +753,7 @@ class CleanSettings:
                 if on and not (task == "quality" and self.quality_model):
                     classify.default_model(task)
         except ValueError as e:
-            raise DataError(f"--quality-model {e}" if self.quality_model else str(e)) from None
+            raise DataError(f"quality_model {e}" if self.quality_model else str(e)) from None
 
 
 def keeps_whole(source: Source, settings: CleanSettings) -> bool:
@@ -1022,8 +771,8 @@ def chunk_document(text: str, max_chars: int) -> list[str]:
     """
     pieces, start = [], 0
     while len(text) - start > max_chars:
-        cut = cut_position(text[start:start + max_chars + 1], max_chars)
-        pieces.append(text[start:start + cut])
+        cut = cut_position(text[start : start + max_chars + 1], max_chars)
+        pieces.append(text[start : start + cut])
         start += cut
     pieces.append(text[start:])
     return [p.strip() for p in pieces if p.strip()]
@@ -1076,6 +825,7 @@ def quality_rule(
     def judge(doc: str) -> str | None:
         identified = lid.predict(doc)
         return rule(doc, identified[0]) or judged(doc, identified)
+
     return choice, judge
 
 
@@ -1093,12 +843,21 @@ def filter_rows(
     """
     # (row, its reasons, whether it runs)
     rows = [
-        (f"quality filters ({rule_name}{language_note(rule_name, settings.lang)}, {label})",
-         lambda r: not r.startswith(("language_", "low_quality")), rule_name != "none"),
-        (f"language ({' '.join(settings.lang)}, score >= {settings.lang_threshold}, {label})",
-         lambda r: r.startswith("language_"), bool(settings.lang)),
-        (f"quality classifier (P(high) >= {settings.quality_threshold}, {label})",
-         lambda r: r == "low_quality", bool(settings.quality_threshold)),
+        (
+            f"quality filters ({rule_name}{language_note(rule_name, settings.lang)}, {label})",
+            lambda r: not r.startswith(("language_", "low_quality")),
+            rule_name != "none",
+        ),
+        (
+            f"language ({' '.join(settings.lang)}, score >= {settings.lang_threshold}, {label})",
+            lambda r: r.startswith("language_"),
+            bool(settings.lang),
+        ),
+        (
+            f"quality classifier (P(high) >= {settings.quality_threshold}, {label})",
+            lambda r: r == "low_quality",
+            bool(settings.quality_threshold),
+        ),
     ]
     return [(name, mine) for name, mine, runs in rows if runs]
 
@@ -1129,8 +888,11 @@ def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None]
     if not settings.lang and not settings.quality_threshold:
         return None
     lid = classify.default_model("language") if settings.lang else None
-    quality = (classify.model_at(settings.quality_model) if settings.quality_model
-               else classify.default_model("quality")) if settings.quality_threshold else None
+    quality = None
+    if settings.quality_threshold and settings.quality_model:
+        quality = classify.model_at(settings.quality_model)
+    elif settings.quality_threshold:
+        quality = classify.default_model("quality")
 
     # identified: (code, score) when the caller already asked the identifier
     def reject(doc: str, identified: tuple[str, float] | None = None) -> str | None:
@@ -1140,10 +902,14 @@ def classifier_rejection(settings: CleanSettings) -> Callable[[str], str | None]
                 return f"language_{code}"
             if score < settings.lang_threshold:
                 return f"language_{code}_below_{settings.lang_threshold}"
-        if quality is not None and quality.probabilities(doc)[quality.labels.index("high")] < \
-                settings.quality_threshold:
+        if (
+            quality is not None
+            and quality.probabilities(doc)[quality.labels.index("high")]
+            < settings.quality_threshold
+        ):
             return "low_quality"
         return None
+
     return reject
 
 
@@ -1181,8 +947,7 @@ def heavy_cleaning_note(source: Source, removed: float) -> str:
     the same steps."""
     return (
         f"note: cleaning removed {removed:.0%} of the characters of {source.label} (web-crawl "
-        "rules, see the "
-        f"funnel); --cleaning keep keeps its text whole"
+        "rules, see the funnel); --cleaning keep keeps its text whole"
     )
 
 
@@ -1191,8 +956,13 @@ def heavy_cleaning_note(source: Source, removed: float) -> str:
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def read_documents(docs: Iterable[str], kind: str, rule: Callable[[str], str | None] | None,
-                   counts: collections.Counter, reasons: collections.Counter) -> Iterator[str]:
+def read_documents(
+    docs: Iterable[str],
+    kind: str,
+    rule: Callable[[str], str | None] | None,
+    counts: collections.Counter,
+    reasons: collections.Counter,
+) -> Iterator[str]:
     """A source's own steps, one document at a time, as both engines run them: skip documents of
     whitespace, extract text (HTML), then the quality rule (None: none). Counts into `counts`
     (read_docs, read_chars, read_bytes, no_text, text_chars, kept_chars) and the rule's rejections
@@ -1249,7 +1019,7 @@ def source_steps(
     read, chars = counts["read_docs"], counts["read_chars"]
     if not read:
         raise DataError(
-            f"source {source.spec!r} has no documents (empty file or wrong --text-field?)"
+            f"source {source.spec!r} has no documents (empty file or wrong text_field?)"
         )
     funnel.bytes_read += counts["read_bytes"]
     funnel.add_counts(f"read {source.label}", read, read, chars, chars)
@@ -1257,8 +1027,14 @@ def source_steps(
     # markup is not text: counted after extraction
     if source.kind == "html":
         docs, chars = read - counts["no_text"], counts["text_chars"]
-        funnel.add_counts(f"extract text ({source.label})", read, docs, counts["read_chars"], chars,
-                          {"no_text": counts["no_text"]})
+        funnel.add_counts(
+            f"extract text ({source.label})",
+            read,
+            docs,
+            counts["read_chars"],
+            chars,
+            {"no_text": counts["no_text"]},
+        )
     rule_name, rule = quality_rule(source.kind, settings)
     if keeps_whole(source, settings):
         funnel.add_counts(
@@ -1286,8 +1062,11 @@ def source_steps(
     log(f"  {source.label}: {kept:,} documents after the per-source steps")
 
 
-def clean(sources: list[Source], settings: CleanSettings | None = None,
-          log: Callable[[str], None] = lambda s: None) -> tuple[list[str], list[int], Funnel]:
+def clean(
+    sources: list[Source],
+    settings: CleanSettings | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> tuple[list[str], list[int], Funnel]:
     """Run the funnel over all sources. Returns (documents, source index of each, funnel);
     funnel.notices holds a line for each source whose quality filters removed more than a quarter of
     its characters.
@@ -1369,8 +1148,16 @@ def _exact_and_line_dedup(
         docs[i], removed = remove(docs[i], repeated)
         lines_removed += removed
     docs, origin = _without(docs, origin, {i for i, d in enumerate(docs) if not d.strip()})
-    funnel.add(step, before, docs, {"lines_removed": lines_removed, "distinct_lines": len(repeated),
-                                    "emptied": len(before) - len(docs)})
+    funnel.add(
+        step,
+        before,
+        docs,
+        {
+            "lines_removed": lines_removed,
+            "distinct_lines": len(repeated),
+            "emptied": len(before) - len(docs),
+        },
+    )
     if not docs:
         raise funnel.empty_error("the corpus")
     return docs, origin
@@ -1397,8 +1184,12 @@ def _near_dedup(
         )
         before = docs
         docs, origin = _without(docs, origin, set(cleaned) - {cleaned[k] for k in kept})
-        funnel.add(f"near dedup (MinHash, J>={settings.near_dup_threshold})", before, docs,
-                   {"near_duplicate": len(before) - len(docs)})
+        funnel.add(
+            f"near dedup (MinHash, J>={settings.near_dup_threshold})",
+            before,
+            docs,
+            {"near_duplicate": len(before) - len(docs)},
+        )
         log(f"  near dedup: {time.perf_counter() - t0:.1f}s")
     return docs, origin
 
@@ -1407,7 +1198,7 @@ def _near_dedup(
 # 7. Train/val split (after dedup) and mixing
 # --------------------------------------------------------------------------------------------------
 
-KEY_RANGE = 1 << 64                 # document keys are uniform 64-bit integers
+KEY_RANGE = 1 << 64  # document keys are uniform 64-bit integers
 
 
 def document_keys(text: str, seed: int) -> tuple[int, int, int]:
@@ -1424,7 +1215,7 @@ def document_keys(text: str, seed: int) -> tuple[int, int, int]:
     True
     """
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=24, key=str(seed).encode()).digest()
-    return tuple(int.from_bytes(digest[i:i + 8], "little") for i in (0, 8, 16))
+    return tuple(int.from_bytes(digest[i : i + 8], "little") for i in (0, 8, 16))
 
 
 def val_cut(val_fraction: float) -> int:
@@ -1447,9 +1238,8 @@ def split_documents(split_keys: np.ndarray, val_fraction: float) -> np.ndarray:
     n = len(split_keys)
     if n < 2:
         raise DataError(
-            f"{n} document(s) left after cleaning: need at least 2 for a train/val split; add text "
-            "or "
-            f"name a held-out file with --val-data"
+            f"{n} document(s) left after cleaning: need at least 2 for a train/val split; add "
+            "text or name a held-out file (val_data)"
         )
     keys = np.asarray(split_keys, dtype=np.uint64)
     is_val = (
@@ -1478,44 +1268,6 @@ def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -
         picked.append(texts[i])
         size += len(texts[i].encode("utf-8"))
     return EOT.join(picked)
-
-
-def check_val_files(val_data: list[str], sources: list[Source]) -> list[pathlib.Path]:
-    """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a
-    known type, has text, and is not the text of a training source (a copy would make the held-out
-    loss a training loss)."""
-    from machinery import store
-    paths = [pathlib.Path(p).expanduser() for p in val_data]
-    # globs, folders resolved
-    train_files = [f for source in sources for f in source.files if not store.is_uri(f)]
-    for path in paths:
-        if not path.is_file():
-            what = (
-                "is a directory: name the file(s)"
-                if path.is_dir()
-                else "not found: name the held-out text file"
-                if not path.exists()
-                else f"is {_special_file(path)}, not a regular file: save the held-out text"
-            )
-            raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
-        if not formats.readable(path):
-            raise DataError(
-                f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or "
-                ".parquet "
-                f"file"
-            )
-        if not formats.read_val_file(path):
-            raise DataError(f"--val-data {path} is empty: give a file with the held-out text")
-        digest = hashlib.sha256(path.read_bytes()).digest()
-        for train_file in train_files:
-            if train_file.stat().st_size == path.stat().st_size \
-                    and hashlib.sha256(train_file.read_bytes()).digest() == digest:
-                raise DataError(
-                    f"--val-data {path} is the same text as the training file {train_file}: hold "
-                    "out a "
-                    f"different file (e.g. its last 10%), or drop --val-data to use --val-fraction"
-                )
-    return paths
 
 
 # --val-data's overlap: 13-grams of words, GPT-3's contamination unit
@@ -1558,9 +1310,8 @@ def format_overlap(overlap: dict) -> str:
     example = f' (e.g. "{overlap["example"]}")' if overlap["example"] else ""
     return (
         f"--val-data: {overlap['shared']:,} of its {overlap['ngrams']:,} {overlap['n']}-grams "
-        f"({share:.2%}) also "
-        f"occur in train, in {overlap['contaminated']:,} of {overlap['documents']:,} "
-        f"documents{example}"
+        f"({share:.2%}) also occur in train, in {overlap['contaminated']:,} of "
+        f"{overlap['documents']:,} documents{example}"
     )
 
 
@@ -1574,50 +1325,24 @@ MAX_WEIGHT_RATIO = 1e6
 MAX_EPOCHS = 100
 
 
-def check_weights(weights: Iterable[float], flag: str = "--weights") -> None:
+def check_weights(weights: Iterable[float]) -> None:
     """Mixing weights are finite, positive, and the largest is at most MAX_WEIGHT_RATIO times the
     smallest.
 
     >>> check_weights([1e-300, 1])                # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    formats.DataError: --weights: the largest weight is 1e+300 times the smallest, more than ...
+    data.DataError: weights: the largest weight is 1e+300 times the smallest, more than ...
     """
     weights = list(weights)
     if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
-        raise DataError(f"{flag}: mixing weights must be finite and positive, got {weights}")
+        raise DataError(f"weights: mixing weights must be finite and positive, got {weights}")
     if max(weights) > MAX_WEIGHT_RATIO * min(weights):
         raise DataError(
-            f"{flag}: the largest weight is {max(weights) / min(weights):.3g} times the smallest, "
-            f"more than {MAX_WEIGHT_RATIO:,.0f}: no mix needs that (the light source would get "
-            "under a "
-            f"millionth of the tokens); drop that source or fix the typo"
+            f"weights: the largest weight is {max(weights) / min(weights):.3g} times the "
+            f"smallest, more than {MAX_WEIGHT_RATIO:,.0f}: no mix needs that (the light source "
+            "would get under a millionth of the tokens); drop that source or fix the typo"
         )
-
-
-def check_budget(sources: list[Source], weights: list[float], train_tokens: float) -> None:
-    """Before any work: refuse a token budget that must read a source more than MAX_EPOCHS times.
-    The tokens are not known until the text is encoded, but a byte of UTF-8 is at most one token,
-    and each document adds one <|endoftext|>: N bytes of text hold at most 2N tokens. So a share of
-    T tokens of a 20 kB file is at least T / 40,000 epochs: --train-tokens 1e15 would be 2.5e10
-    passes over it. Only local uncompressed files have a known size; other sources are checked once
-    they are encoded (`mixture_plan`)."""
-    from machinery import store
-    total_weight = sum(weights)
-    for source, w in zip(sources, weights):
-        files = source.files
-        if not files or any(store.is_uri(f) or store.pure_path(f).suffix == ".gz" for f in files):
-            continue
-        most_tokens = 2 * sum(pathlib.Path(f).stat().st_size for f in files)
-        epochs = train_tokens * w / total_weight / max(1, most_tokens)
-        if epochs > MAX_EPOCHS:
-            raise DataError(
-                f"--train-tokens {train_tokens:g} reads {source.label} at least {epochs:.3g} "
-                "times, more "
-                f"than {MAX_EPOCHS} epochs: lower the budget (its {most_tokens / 2:,.0f} bytes "
-                "hold at "
-                f"most {most_tokens:,.0f} tokens)"
-            )
 
 
 def mixture_plan(
@@ -1655,10 +1380,8 @@ def mixture_plan(
         if epochs is not None and epochs > MAX_EPOCHS:
             raise DataError(
                 f"source {name} would be read {epochs:.3g} times, more than {MAX_EPOCHS} epochs "
-                "(past ~16 "
-                "a repeat adds almost nothing): lower its --weights or the token budget, or give "
-                "it "
-                f"more unique data"
+                "(past ~16 a repeat adds almost nothing): lower its weight (weights) or the token "
+                "budget, or give it more unique data"
             )
         if epochs is not None and epochs > max_epochs:
             warnings.warn(
@@ -1686,7 +1409,7 @@ def covering_budget(weights: dict[str, float], unique_tokens: dict[str, float]) 
     return max(unique_tokens[k] / (w / total_weight) for k, w in weights.items())
 
 
-MIX_BUCKETS = 1 << 16               # a document's mix bucket: the top 16 bits of its mixing key
+MIX_BUCKETS = 1 << 16  # a document's mix bucket: the top 16 bits of its mixing key
 
 
 def mix_bucket(mix_keys: np.ndarray) -> np.ndarray:
@@ -1738,8 +1461,10 @@ def plan_mixture(
         )
     weight_of = dict(zip(names, weights))
     mixture = mixture_plan(weight_of, total_tokens or covering_budget(weight_of, unique), unique)
-    return mixture, [partial_epoch(mixture[name]["tokens"], unique[name], bucket_tokens[i])
-                     for i, name in enumerate(names)]
+    return mixture, [
+        partial_epoch(mixture[name]["tokens"], unique[name], bucket_tokens[i])
+        for i, name in enumerate(names)
+    ]
 
 
 def document_reads(full: int, cut: int, buckets: np.ndarray) -> np.ndarray:
@@ -1768,9 +1493,9 @@ SHARD_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
     """uint16 holds ids below 65,536 (GPT-2's 50,257 fits); bigger vocabularies (cl100k) need
     uint32."""
-    if vocab_size <= 2 ** 16:
+    if vocab_size <= 2**16:
         return SHARD_DTYPES[2]
-    if vocab_size <= 2 ** 32:
+    if vocab_size <= 2**32:
         return SHARD_DTYPES[4]
     raise DataError(f"vocabulary of {vocab_size:,} does not fit uint32 token ids")
 
@@ -1785,17 +1510,15 @@ def write_shard(path: pathlib.Path, tokens: np.ndarray, dtype: np.dtype | str = 
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2 ** (8 * dtype.itemsize)):
         raise DataError(
             f"token id {int(tokens.max())} does not fit {dtype.name}: the vocabulary is too large "
-            "for "
-            f"this dtype; use uint32"
+            "for this dtype; use uint32"
         )
     header = SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, dtype.itemsize, tokens.size)
-    fileio.write_atomic(
-        path,
-        lambda f: (f.write(header), f.write(tokens.astype(dtype).tobytes())),
-        error=DataError,
-        # whole or not at all, the umask's mode, a full disk one line
-        fix="write it elsewhere",
-    )
+    # whole or not at all: a reader never sees half a shard, even if this process dies midway
+    tmp = pathlib.Path(path).with_name(f".{pathlib.Path(path).name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(header)
+        f.write(tokens.astype(dtype).tobytes())
+    os.replace(tmp, path)
 
 
 def read_shard(path: pathlib.Path) -> np.ndarray:
@@ -1823,8 +1546,10 @@ def read_shard(path: pathlib.Path) -> np.ndarray:
     if itemsize not in SHARD_DTYPES:
         raise DataError(f"{path}: damaged shard header (token size {itemsize}); re-run prepare")
     if SHARD_HEADER.size + count * itemsize != size:
-        raise DataError(f"{path}: damaged shard (header says {count:,} tokens, file holds "
-                        f"{(size - SHARD_HEADER.size) / itemsize:,.1f}); re-run prepare")
+        raise DataError(
+            f"{path}: damaged shard (header says {count:,} tokens, file holds "
+            f"{(size - SHARD_HEADER.size) / itemsize:,.1f}); re-run prepare"
+        )
     if count == 0:
         return np.zeros(0, dtype=SHARD_DTYPES[itemsize])
     return np.memmap(
@@ -1858,7 +1583,7 @@ class ShardWriter:
                     dir=self.directory, prefix=f".{self.prefix}.", suffix=".tmp"
                 )
                 self.file, self.count = os.fdopen(fd, "wb"), 0
-                self.file.write(bytes(SHARD_HEADER.size))                  # completed in _finish
+                self.file.write(bytes(SHARD_HEADER.size))  # completed in _finish
             room = self.shard_tokens - self.count
             self.file.write(tokens[:room].tobytes())
             self.count += min(room, len(tokens))
@@ -1888,71 +1613,6 @@ class ShardWriter:
 #    encode -> mix
 # --------------------------------------------------------------------------------------------------
 
-class Clock:
-    """Wall and CPU seconds per phase. The CPU clock counts every thread of this process and its
-    finished worker processes: on a shared machine the wall clock also measures the neighbours, the
-    CPU clock only us."""
-
-    def __init__(self) -> None:
-        self.timings: dict[str, float] = {}
-        self.start = (time.perf_counter(), self.cpu())
-
-    @staticmethod
-    def cpu() -> float:
-        t = os.times()
-        return t.user + t.system + t.children_user + t.children_system
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        wall, cpu = time.perf_counter(), self.cpu()
-        yield
-        for key, spent in (
-            (f"{name}_s", time.perf_counter() - wall),
-            (f"{name}_cpu_s", self.cpu() - cpu),
-        ):
-            # a phase may recur: add up
-            self.timings[key] = round(self.timings.get(key, 0) + spent, 3)
-
-    def finish(self) -> None:
-        self.timings["total_s"] = round(time.perf_counter() - self.start[0], 3)
-        self.timings["total_cpu_s"] = round(self.cpu() - self.start[1], 3)
-
-
-def cache_root() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("PRETRAIN_CACHE", REPO_ROOT / ".cache")).expanduser()
-
-
-# Every file whose bytes can change a dataset's: this chapter, its engine, and the siblings the
-# prepare path imports (tests/test_data_at_scale.py checks this is the set of imports). Their bytes
-# are in the cache key, so an edit to any invalidates the datasets it would build differently, and a
-# Ray cluster's workers receive these very files.
-PREPARE_FILES = (
-    "data.py",
-    "data_at_scale.py",
-    "dataset.py",
-    "formats.py",
-    "store.py",
-    "bpe.py",
-    "dedup.py",
-    "fileio.py",
-    "classify.py",
-    "classify_corpora.py",
-    "cli.py",
-)
-# ... and the files they read that change what a filter keeps: the shipped classifiers
-CACHE_KEY_FILES = PREPARE_FILES + ("classifiers/language.pt", "classifiers/quality.pt")
-
-
-def code_version(files: Iterable[str] = CACHE_KEY_FILES, root: pathlib.Path = REPO_ROOT) -> str:
-    """Hash of the code that shapes the output: each file's name and bytes (a file missing, say
-    data.py copied without its engine, hashes as missing)."""
-    h = hashlib.sha256()
-    for name in files:
-        path = pathlib.Path(root) / name
-        content = path.read_bytes() if path.is_file() else b""
-        h.update(f"{name}:{len(content) if path.is_file() else 'missing'}:".encode() + content)
-    return h.hexdigest()[:16]
-
 
 def encode_documents(
     tokenizer: bpe.Tokenizer, docs: list[str], threads: int | None = None
@@ -1961,14 +1621,12 @@ def encode_documents(
     batch on several threads at once (the GIL is released), in batches to bound memory."""
     encoding = tokenizer.to_tiktoken()
     if threads is not None and threads < 1:
-        raise DataError(
-            f"--threads must be at least 1, got {threads}; leave it out to use all cores"
-        )
+        raise DataError(f"threads must be at least 1, got {threads}; leave it out to use all cores")
     threads = threads or os.cpu_count() or 1
     dtype = dtype_for_vocab(len(tokenizer))
     out = []
     for start in range(0, len(docs), 4096):
-        batch = encoding.encode_ordinary_batch(docs[start:start + 4096], num_threads=threads)
+        batch = encoding.encode_ordinary_batch(docs[start : start + 4096], num_threads=threads)
         out += [np.asarray(ids, dtype=dtype) for ids in batch]
     return out
 
@@ -2002,6 +1660,7 @@ def check_eot(tok: bpe.Tokenizer) -> bpe.Tokenizer:
 @dataclasses.dataclass
 class Recipe:
     """Everything that decides a dataset's contents: prepare's checked arguments."""
+
     sources: list[Source]
     settings: CleanSettings
     vocab_size: int
@@ -2010,11 +1669,11 @@ class Recipe:
     weights: list[float] | None
     train_tokens: float | None
     tokenizer_path: pathlib.Path | None
-    tokenizer: bpe.Tokenizer | None      # the --tokenizer file, loaded before any work
+    tokenizer: bpe.Tokenizer | None  # the --tokenizer file, loaded before any work
     tokenizer_train_bytes: int
     pattern: str
     shard_tokens: int
-    read_options: tuple                  # (text_field, txt_split, skip_bad_lines, max_documents)
+    read_options: tuple  # (text_field, txt_split, skip_bad_lines, max_documents)
     # --val-data: the val split as is
     val_files: list[pathlib.Path] = dataclasses.field(default_factory=list)
 
@@ -2023,6 +1682,7 @@ class Recipe:
 class Built:
     """What an engine hands back: the funnel, the tokenizer, per-source counts, and a writer of the
     shards."""
+
     funnel: Funnel
     tokenizer: bpe.Tokenizer
     trained_on: int
@@ -2030,33 +1690,90 @@ class Built:
     unique: dict[str, int]
     mixture: dict | None
     encoded_bytes: int
-    write_splits: Callable[[pathlib.Path, np.dtype], dict]   # directory -> manifest["splits"]
+    write_splits: Callable[[pathlib.Path, np.dtype], dict]  # directory -> manifest["splits"]
     # --val-data's n-gram overlap with train (`val_overlap`)
     overlap: dict | None = None
 
 
-def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int | None) -> Built:
+def pack_split(
+    writer: ShardWriter,
+    eot_id: int,
+    documents: list[np.ndarray],
+    reads: list[int],
+    sizes: list[int],
+) -> dict:
+    """A split's shards, through the writer: <|endoftext|>, then a document's ids, for each
+    document in order. A document the mix reads r times is packed r times: pass e packs those read
+    more than e times. Returns the manifest's entry for the split (sizes: UTF-8 bytes of each)."""
+    eot = np.array([eot_id], writer.dtype)
+    packed, n_bytes = 0, 0
+    for epoch in range(max(reads, default=0)):
+        for ids, read, size in zip(documents, reads, sizes):
+            if read > epoch:
+                writer.add(eot)
+                writer.add(ids)
+                packed, n_bytes = packed + 1, n_bytes + size
+    shards = writer.close()
+    tokens = sum(s["tokens"] for s in shards)
+    return {
+        "documents": packed,
+        "unique_documents": len(documents),
+        "tokens": tokens,
+        "bytes": n_bytes,
+        "shards": shards,
+    }
+
+
+def train_val_split(
+    docs: list[str], val_texts: list[str] | None, seed: int, val_fraction: float
+) -> tuple[list[str], list[tuple[int, int, int]], list[int], list[int]]:
+    """(documents, their keys, train indices, val indices). With held-out texts every cleaned
+    document trains and the texts, appended, are the val split; else each document's split key
+    decides (`split_documents`)."""
+    if val_texts:
+        train, val = list(range(len(docs))), list(range(len(docs), len(docs) + len(val_texts)))
+        docs = docs + val_texts
+        return docs, [document_keys(d, seed) for d in docs], train, val
+    keys = [document_keys(d, seed) for d in docs]
+    is_val = split_documents(np.array([k[0] for k in keys], dtype=np.uint64), val_fraction)
+    train = [i for i in range(len(docs)) if not is_val[i]]
+    val = [i for i in range(len(docs)) if is_val[i]]
+    return docs, keys, train, val
+
+
+def mix_train(
+    recipe: Recipe, origin: list[int], mix_keys: list[int], ids: list[np.ndarray]
+) -> tuple[dict[str, int], dict | None, list[int]]:
+    """(train tokens per source, the mixture, how many times each train document is read): the
+    mix of the train documents (origin: each one's source; mix_keys: their mixing keys)."""
+    names = [s.spec for s in recipe.sources]
+    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
+    buckets = mix_bucket(np.array(mix_keys, dtype=np.uint64))
+    for k, source in enumerate(origin):
+        # + 1: the <|endoftext|> before each document
+        unique[names[source]] += len(ids[k]) + 1
+        bucket_tokens[source][buckets[k]] += len(ids[k]) + 1
+    mixture, rules = plan_mixture(names, recipe.weights, recipe.train_tokens, unique, bucket_tokens)
+    reads = [int(document_reads(*rules[source], buckets[k])) for k, source in enumerate(origin)]
+    return unique, mixture, reads
+
+
+def build_in_memory(
+    recipe: Recipe, clock, log: Callable, threads: int | None, val_texts: list[str] | None = None
+) -> Built:
     """The reference engine, for small corpora and as the tests' oracle: every step on Python lists,
-    in the order of the lesson. The streaming engine must give byte-identical output."""
+    in the order of the lesson. The streaming engine must give byte-identical output. clock times
+    each step (`with clock.phase("clean"): ...`); val_texts: the documents of recipe.val_files,
+    the val split as they are."""
     with clock.phase("clean"):
         docs, origin, funnel = clean(recipe.sources, recipe.settings, log)
     cleaned, cleaned_chars, overlap = len(docs), sum(map(len, docs)), None
     # every cleaned document trains; the files are the val split
     if recipe.val_files:
-        val_texts = [d for p in recipe.val_files for d in formats.read_val_file(p)]
         with clock.phase("overlap"):
             overlap = val_overlap(docs, val_texts)
         funnel.notices.append(format_overlap(overlap))
-        train, val = list(range(len(docs))), list(range(len(docs), len(docs) + len(val_texts)))
-        docs = docs + val_texts
-        keys = [document_keys(d, recipe.seed) for d in docs]
-    else:
-        keys = [document_keys(d, recipe.seed) for d in docs]
-        is_val = split_documents(
-            np.array([k[0] for k in keys], dtype=np.uint64), recipe.val_fraction
-        )
-        train = [i for i in range(len(docs)) if not is_val[i]]
-        val = [i for i in range(len(docs)) if is_val[i]]
+    docs, keys, train, val = train_val_split(docs, val_texts, recipe.seed, recipe.val_fraction)
     funnel.add_counts(
         "train/val split" + (" (--val-data)" if recipe.val_files else ""),
         cleaned,
@@ -2075,43 +1792,20 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
         )
     with clock.phase("encode"):
         ids = encode_documents(tok, [docs[i] for i in train + val], threads)
-    names = [s.spec for s in recipe.sources]
-    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
-    buckets = mix_bucket(np.array([keys[i][2] for i in train], dtype=np.uint64))
-    for k, i in enumerate(train):
-        # + 1: the <|endoftext|> before each document
-        unique[names[origin[i]]] += len(ids[k]) + 1
-        bucket_tokens[origin[i]][buckets[k]] += len(ids[k]) + 1
-    mixture, rules = plan_mixture(names, recipe.weights, recipe.train_tokens, unique, bucket_tokens)
-    reads = [int(document_reads(*rules[origin[i]], buckets[k])) for k, i in enumerate(train)]
+    train_origin = [origin[i] for i in train]
+    train_mix_keys = [keys[i][2] for i in train]
+    unique, mixture, reads = mix_train(recipe, train_origin, train_mix_keys, ids[: len(train)])
     sizes = [len(d.encode("utf-8")) for d in docs]
 
     def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
-        eot, splits = np.array([tok.eot_id], dtype=dtype), {}
-        for split, members, reads_of, first in (
-            ("train", train, reads, 0),
-            ("val", val, [1] * len(val), len(train)),
+        splits = {}
+        for split, members, documents, reads_of in (
+            ("train", train, ids[: len(train)], reads),
+            ("val", val, ids[len(train) :], [1] * len(val)),
         ):
-            writer, documents, n_bytes = (
-                ShardWriter(directory, split, dtype, recipe.shard_tokens),
-                0,
-                0,
-            )
-            # pass e packs documents read > e times
-            for epoch in range(max(reads_of, default=0)):
-                for k, i in enumerate(members):
-                    if reads_of[k] > epoch:
-                        writer.add(eot)
-                        writer.add(ids[first + k])
-                        documents, n_bytes = documents + 1, n_bytes + sizes[i]
-            shards = writer.close()
-            splits[split] = {
-                "documents": documents,
-                "unique_documents": len(members),
-                "tokens": sum(s["tokens"] for s in shards),
-                "bytes": n_bytes,
-                "shards": shards,
-            }
+            writer = ShardWriter(directory, split, dtype, recipe.shard_tokens)
+            sizes_of = [sizes[i] for i in members]
+            splits[split] = pack_split(writer, tok.eot_id, documents, reads_of, sizes_of)
         return splits
 
     return Built(funnel, tok, trained_on, unique, mixture, sum(sizes), write_splits, overlap)
@@ -2125,91 +1819,40 @@ def build_in_memory(recipe: Recipe, clock: "Clock", log: Callable, threads: int 
 #     bytes are the same.
 # --------------------------------------------------------------------------------------------------
 
-def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
-    from machinery import store
-    if store.is_uri(data_dir):
-        path = store.uri_of(
-            data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError
-        )
-    else:
-        path = pathlib.Path(data_dir) / "manifest.json"
-    try:
-        with store.open_input(path, error=DataError) as f:
-            manifest = fileio.parse_json(f.read(), str(path), DataError)
-    # missing, unreadable, or not JSON (however deeply nested)
-    except (OSError, DataError):
-        return None
-    return manifest if isinstance(manifest, dict) else None
-
-
-def summary(data_dir: str | os.PathLike) -> str:
-    """A prepared dataset's funnel, then a few lines: tokens and documents per split, bytes per
-    token, throughput. A manifest that is valid JSON but lacks what prepare writes (a key, a number)
-    is one line, not a KeyError."""
-    m = load_manifest(data_dir)
-    try:
-        return "\n".join(_summary_lines(m, data_dir))
-    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
-        raise DataError(
-            f"{data_dir}: damaged manifest.json ({type(e).__name__}: {e}); re-run prepare"
-        ) from None
-
-
-def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
-    lines = [Funnel.from_manifest(m).format(), f"dataset {data_dir}",
-             f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}"]
-    for split, s in m["splits"].items():
-        lines.append(
-            f"{split:>5}: {s['documents']:,} documents, {s['tokens']:,} tokens, "
-            f"{s['bytes'] / 1e6:,.2f} MB, "
-            f"{s['bytes'] / max(1, s['tokens']):.2f} bytes/token, {len(s['shards'])} shard(s)"
-        )
-    for name, p in (m["mixture"] or {}).items():
-        lines.append(
-            f"  mix {name}: weight {p['weight']:.2f}, {p['tokens']:,.0f} tokens, {p['epochs']:.2f} "
-            "epochs"
-        )
-    tm = m["timings"]
-    phases = ", ".join(
-        f"{p} {tm[p + '_s']:.1f}/{tm[p + '_cpu_s']:.1f}s" for p in ("clean", "tokenizer", "encode")
-    )
-    mb_in, mb_encoded = tm["input_bytes"] / 1e6, tm["encoded_bytes"] / 1e6
-    # os.times() does not see Ray's worker processes
-    cpu = "driver CPU" if tm.get("engine") == "ray" else "CPU"
-    lines.append(f"time (wall/{cpu}): {phases}, total {tm['total_s']:.1f}/{tm['total_cpu_s']:.1f}s")
-    lines.append(
-        f"throughput: {mb_in:.2f} MB read -> {mb_in / tm['total_s']:.2f} MB/s end to end "
-        f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per {cpu}-second); encoding "
-        f"{mb_encoded:.2f} MB at "
-        f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s "
-        f"({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
-        f" MB per {cpu}-second)"
-    )
-    return lines
-
 
 # --------------------------------------------------------------------------------------------------
 # 11. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential
 #     iterator
 # --------------------------------------------------------------------------------------------------
 
+
+def read_json(path: pathlib.Path, fix: str):
+    """A JSON file prepare wrote; a missing or damaged one is one DataError line ending in `fix`."""
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror or e}); {fix}") from None
+    # json's parser recurses once per bracket: a deeper file reaches Python's recursion limit
+    except RecursionError:
+        depth = sys.getrecursionlimit()
+        raise DataError(f"{path}: JSON nested more than {depth:,} levels deep; {fix}") from None
+    # not UTF-8, or not JSON
+    except ValueError as e:
+        raise DataError(f"{path}: not valid JSON ({e}); {fix}") from None
+
+
 def load_manifest(data_dir: str | os.PathLike) -> dict:
-    """A dataset's manifest.json, from a local directory or an object-store URI."""
-    from machinery import store
-    manifest = read_manifest_or_none(data_dir if store.is_uri(data_dir) else pathlib.Path(data_dir))
-    local = None if store.is_uri(data_dir) else pathlib.Path(data_dir) / "manifest.json"
-    # there, but damaged: say how
-    if manifest is None and local is not None and local.is_file():
-        manifest = fileio.read_json(local, DataError, "re-run `python data.py prepare`")
-        if not isinstance(manifest, dict):
-            what = formats.JSON_TYPES.get(type(manifest), "a value")
-            raise DataError(
-                f"{local}: damaged manifest ({what}, not an object); re-run `python data.py "
-                "prepare`"
-            )
-    if manifest is None:
+    """A prepared dataset's manifest.json (in a local directory)."""
+    path = pathlib.Path(data_dir) / "manifest.json"
+    if not path.is_file():
         raise DataError(
             f"{data_dir} has no readable manifest.json: run `python data.py prepare` first"
+        )
+    manifest = read_json(path, "re-run `python data.py prepare`")
+    if not isinstance(manifest, dict):
+        raise DataError(
+            f"{path}: damaged manifest ({type(manifest).__name__}, not an object); re-run "
+            "`python data.py prepare`"
         )
     return manifest
 
@@ -2232,9 +1875,8 @@ class TokenData:
     """
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
-        from machinery import store
-        # shards are memory-mapped: they must be on a local file system
-        if store.is_uri(data_dir):
+        # shards are memory-mapped: they must be on a local file system, not behind s3://
+        if "://" in str(data_dir):
             raise DataError(
                 f"{data_dir}: the loader reads a local dataset; copy it down first: python data.py "
                 f"download {data_dir} DIR"
@@ -2264,7 +1906,7 @@ class TokenData:
     def tokenizer(self) -> bpe.Tokenizer:
         if self._tokenizer is None:
             path = self.data_dir / self.manifest["tokenizer"]["file"]
-            document = fileio.read_json(path, DataError, "the dataset's tokenizer: re-run prepare")
+            document = read_json(path, "the dataset's tokenizer: re-run prepare")
             self._tokenizer = bpe.Tokenizer.from_document(document, str(path))
         return self._tokenizer
 
@@ -2273,8 +1915,9 @@ class TokenData:
             raise DataError(f"no split {split!r} in {self.data_dir} (has {', '.join(self.shards)})")
         return self.shards[split]
 
-    def get_batch(self, split: str, batch_size: int, block_size: int,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(
+        self, split: str, batch_size: int, block_size: int, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Random windows: x (B, T) and y (B, T) = x shifted by one token, int64 on CPU. A window
         never straddles two shards; every start position in the split is equally likely."""
         _check_batch_shape(batch_size, block_size)
@@ -2285,7 +1928,7 @@ class TokenData:
         if total == 0:
             raise DataError(
                 f"split {split!r} has no shard with more than block_size={block_size} tokens; "
-                f"use a smaller --block-size or more data"
+                f"use a smaller block_size or more data"
             )
         picks = torch.randint(total, (batch_size,), generator=generator).numpy()
         bounds = np.cumsum(starts)
@@ -2294,7 +1937,7 @@ class TokenData:
         windows = np.stack(
             [shards[s][o : o + block_size + 1] for s, o in zip(shard_of, offsets)]
         ).astype(np.int64)
-        xy = torch.from_numpy(windows)                                     # (B, T+1)
+        xy = torch.from_numpy(windows)  # (B, T+1)
         return xy[:, :-1], xy[:, 1:]
 
     def iterator(
@@ -2335,9 +1978,18 @@ class BatchIterator:
     strided view would be copied to a pageable contiguous buffer first.
     """
 
-    def __init__(self, shards: list[np.ndarray], batch_size: int, block_size: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, shuffle: bool = True, split: str = "train",
-                 pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        shards: list[np.ndarray],
+        batch_size: int,
+        block_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        split: str = "train",
+        pin_memory: bool = False,
+    ) -> None:
         _check_batch_shape(batch_size, block_size)
         self.pin_memory = pin_memory
         if not 0 <= rank < world_size:
@@ -2350,9 +2002,8 @@ class BatchIterator:
         if self.num_windows < batch_size * world_size:
             raise DataError(
                 f"split {split!r} has {self.num_windows:,} windows of {block_size + 1} tokens, "
-                "fewer "
-                f"than batch_size x world_size = {batch_size * world_size}; use smaller batches or "
-                f"blocks, or more data"
+                f"fewer than batch_size x world_size = {batch_size * world_size}; use smaller "
+                "batches or blocks, or more data"
             )
         self.epoch, self.position = 0, 0
         self._order_epoch, self._order = None, None
@@ -2373,13 +2024,19 @@ class BatchIterator:
         if self.position + step > self.num_windows:
             self.epoch, self.position = self.epoch + 1, 0
         start = self.position + self.rank * self.batch_size
-        windows = self._epoch_order()[start:start + self.batch_size]
+        windows = self._epoch_order()[start : start + self.batch_size]
         self.position += step
         shard_of = np.searchsorted(self.first_window, windows, side="right") - 1
         offsets = (windows - self.first_window[shard_of]) * self.block_size
-        xy = torch.from_numpy(np.stack([self.shards[s][o:o + self.block_size + 1]
-                                        # (B, T+1)
-                                        for s, o in zip(shard_of, offsets)]).astype(np.int64))
+        xy = torch.from_numpy(
+            np.stack(
+                [
+                    self.shards[s][o : o + self.block_size + 1]
+                    # (B, T+1)
+                    for s, o in zip(shard_of, offsets)
+                ]
+            ).astype(np.int64)
+        )
         if self.pin_memory:
             return xy[:, :-1].contiguous().pin_memory(), xy[:, 1:].contiguous().pin_memory()
         return xy[:, :-1], xy[:, 1:]
@@ -2404,7 +2061,7 @@ class BatchIterator:
             if state[k] != int(getattr(self, k)):
                 raise DataError(
                     f"loader state was saved with {k}={state[k]}, this iterator has "
-                    f"{getattr(self, k)}: resume with the same data and --block-size/--seed"
+                    f"{getattr(self, k)}: resume with the same data, block_size and seed"
                 )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
@@ -2415,283 +2072,11 @@ def bytes_per_token(data: str | os.PathLike | TokenData, split: str = "val") -> 
     manifest = data.manifest if isinstance(data, TokenData) else load_manifest(data)
     s = manifest["splits"].get(split)
     if not s or not s["tokens"]:
-        raise DataError(f"the {split!r} split is empty: prepare the data with --val-fraction > 0")
+        raise DataError(f"the {split!r} split is empty: prepare the data with val_fraction > 0")
     return s["bytes"] / s["tokens"]
 
 
-# --------------------------------------------------------------------------------------------------
-# 12. Command line
-# --------------------------------------------------------------------------------------------------
-
-SEED_MAX = 2**32 - 1             # numpy's legacy generator and torch agree on seeds in [0, 2^32)
-TOKENS_MAX = 1e16                # a token budget beyond any run (the largest public ones are ~4e13)
-
-
-def _parse_assignments(items: list[str], flag: str, low: float = 0.0) -> dict[str, float]:
-    """['web=0.7', 'code=0.3'] -> {'web': 0.7, 'code': 0.3}; each number finite, at least `low` (or
-    > 0 without one) and at most TOKENS_MAX."""
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            sep = ""
-        if not sep or not name:
-            raise DataError(f"{flag} {item!r} must look like name=number, e.g. math=0.05")
-        if name in out:
-            raise DataError(f"{flag} names {name!r} twice; give each source once")
-        if not (
-            math.isfinite(number)
-            and (number >= low if low else number > 0)
-            and number <= TOKENS_MAX
-        ):
-            raise DataError(
-                f"{flag} {item!r}: the number must be {f'>= {low:g}' if low else '> 0'} and <= "
-                f"{TOKENS_MAX:g}"
-            )
-        out[name] = number
-    return out
-
-
-def train_quality_model(positives: list[str], negatives: list[str]) -> str:
-    """A quality classifier trained on the documents of these sources, saved in the cache under a
-    name made of its training text's hash (so the dataset's cache key follows the text). Returns the
-    file's path."""
-    texts = {}
-    for flag, specs in (("--quality-positives", positives), ("--quality-negatives", negatives)):
-        texts[flag] = [d for spec in specs for d in open_source(spec).documents() if d.strip()]
-        if not texts[flag]:
-            raise DataError(f"{flag} {' '.join(specs)}: no documents; name files that hold text")
-    high, low = texts.values()
-    # surrogatepass: a .jsonl's lone "\ud800" hashes like any other code point
-    digest = hashlib.sha256("\0".join(high + ["\1"] + low).encode("utf-8", "surrogatepass"))
-    digest = digest.hexdigest()[:16]
-    path = cache_root() / "classify" / f"quality-{digest}.pt"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        model = classify.Classifier.train(high + low, ["high"] * len(high) + ["low"] * len(low),
-                                          progress=classify.Progress("training the quality model"))
-        try:
-            model.save(path, fix="point PRETRAIN_CACHE elsewhere")
-        except classify.ClassifyError as e:
-            raise DataError(f"--quality-positives: {e}") from None
-    return str(path)
-
-
-def _cmd_prepare(args: argparse.Namespace, prepare) -> None:
-    # prepare: data_at_scale.prepare, which runs this file's engine or the streaming one
-    if bool(args.quality_positives) != bool(args.quality_negatives):
-        raise DataError("--quality-positives and --quality-negatives go together; give both")
-    model = (
-        train_quality_model(args.quality_positives, args.quality_negatives)
-        if args.quality_positives
-        else args.quality_model
-    )
-    settings = CleanSettings(
-        cleaning=args.cleaning,
-        filters=args.filters,
-        line_dedup=args.line_dedup,
-        near_dup_threshold=args.near_dup_threshold,
-        strip_accents=args.strip_accents,
-        mask_pii=not args.no_pii,
-        boilerplate_min_documents=args.boilerplate_min_documents,
-        lang=tuple(args.lang),
-        lang_threshold=args.lang_threshold,
-        quality_threshold=args.quality_threshold,
-        quality_model=model,
-    )
-    started = time.perf_counter()
-    out = prepare(
-        args.data,
-        args.out,
-        vocab_size=args.vocab_size,
-        seed=args.seed,
-        val_fraction=args.val_fraction,
-        weights=args.weights,
-        train_tokens=args.train_tokens,
-        tokenizer=args.tokenizer,
-        tokenizer_train_bytes=int(args.tokenizer_train_mb * 1e6),
-        clean_settings=settings,
-        text_field=args.text_field,
-        txt_split=args.txt_split,
-        skip_bad_lines=args.skip_bad_lines,
-        max_documents=args.max_documents,
-        kind=args.kind,
-        threads=args.threads,
-        workers=args.workers,
-        chunk_mb=args.chunk_mb,
-        engine=args.engine,
-        ray_address=args.ray_address,
-        val_data=args.val_data,
-        work_dir=args.work_dir,
-        verbose=True,
-    )
-    print(summary(out))
-    # on a cache hit the times above are the first build's: this call's own, said apart
-    print(f"this call: {time.perf_counter() - started:.1f}s")
-
-
-def _cmd_mix(args: argparse.Namespace) -> None:
-    weights = _parse_assignments(args.weights, "--weights")
-    # a count of tokens: a fraction of one is a typo
-    unique = _parse_assignments(args.unique, "--unique", low=1.0)
-    unknown = set(unique) - set(weights)
-    if unknown:
-        raise DataError(f"--unique names {sorted(unknown)} have no --weights entry")
-    plan = mixture_plan(weights, args.tokens, unique)
-    print(f"{'source':<10}{'weight':>8}{'tokens':>14}{'unique':>14}{'epochs':>8}")
-    for name, p in plan.items():
-        unique_s = f"{p['unique_tokens']:.3g}" if p["unique_tokens"] else "-"
-        epochs_s = f"{p['epochs']:.2f}" if p["epochs"] is not None else "-"
-        print(f"{name:<10}{p['weight']:>8.2f}{p['tokens']:>14.3g}{unique_s:>14}{epochs_s:>8}")
-
-
-def _cmd_inspect(args: argparse.Namespace) -> None:
-    data = TokenData(args.dir)
-    print(summary(args.dir))
-    longest = {split: max(map(len, shards), default=0) for split, shards in data.shards.items()}
-    # a window needs x and its y
-    split = next((s for s in ("val", "train") if longest.get(s, 0) >= 2), None)
-    if split is None:
-        print("no split holds two tokens: no window to decode")
-        return
-    x, _ = data.get_batch(
-        split, 1, min(args.tokens, longest[split] - 1), torch.Generator().manual_seed(0)
-    )
-    note = "" if split == "val" else " (the val split is empty)"
-    print(f"a random {split} window{note}, decoded:\n" + data.tokenizer.decode(x[0].tolist()))
-
-
-def _cmd_html(args: argparse.Namespace) -> None:
-    path = pathlib.Path(args.file)
-    if not path.is_file():
-        raise DataError(f"{path} not found")
-    print(html_to_text(formats.read_text(path)))
-
-
-def main(argv: list[str] | None = None, prog: str = "data.py",
-         description: str | None = None) -> None:
-    from machinery import store
-    from machinery.cli import Parser, add_commands, in_range, run, writable
-    # `prepare` runs the streaming engine or Ray: a main may import any file, the library never
-    from machinery import data_at_scale
-    parser = Parser(prog=prog, description=description or __doc__.split("\n\n")[0],
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-
-    add_commands(sub, {
-        "prepare": ("clean, dedup, split, train/reuse the tokenizer, encode and pack shards",
-                    lambda args: _cmd_prepare(args, data_at_scale.prepare), [
-            ("--data", {"nargs": "+", "default": ["pydocs"],
-                        "help": "sources: pydocs, pystdlib, hf:NAME, files/dirs/globs (.txt .jsonl "
-                                ".parquet .raw .html .py, .gz), or their URIs in an object store "
-                                "(s3://bucket/web/*.parquet, gs://, hdfs://, file://)"}),
-            ("--vocab-size", {"type": in_range(int, 257, 2**32), "default": DEFAULT_VOCAB_SIZE,
-                              "help": "BPE vocabulary (default %(default)s)"}),
-            ("--out", {"type": writable("dir", elsewhere=store.is_uri), "default": None,
-                       "help": "output directory or object-store URI, e.g. "
-                               "s3://bucket/datasets/name (default: a cache dir in "
-                               "$PRETRAIN_CACHE or .cache/)"}),
-            ("--seed", {"type": in_range(int, 0, SEED_MAX), "default": 0,
-                        "help": "seeds the split, the tokenizer sample, mixing and order"}),
-            ("--val-fraction", {"type": in_range(float, 0.0, 1.0, high_open=True),
-                                "default": 0.05, "help": "documents held out for validation"}),
-            ("--val-data", {"nargs": "+", "default": None, "metavar": "PATH",
-                            "help": "held-out file(s) used verbatim as the val split (replaces "
-                                    "--val-fraction); their 13-gram overlap with train is "
-                                    "reported"}),
-            ("--cleaning", {"choices": CLEANING_CHOICES, "default": "auto",
-                            "help": "auto: the funnel for web-like sources (.jsonl .parquet .html "
-                                    "hf: pydocs pystdlib), local text (.txt .md .raw .py) kept "
-                                    "whole; web: the funnel for every source; keep: none"}),
-            ("--weights", {"type": in_range(float, 0.0, TOKENS_MAX, low_open=True), "nargs": "+",
-                           "default": None, "help": "mixing weight per source, in order"}),
-            ("--train-tokens", {"type": in_range(float, 1.0, TOKENS_MAX), "default": None,
-                                "help": "train token budget for the mix (e.g. 5e6)"}),
-            ("--tokenizer", {"default": None,
-                             "help": "reuse this bpe.py tokenizer JSON instead of training one"}),
-            # >= 1 byte
-            ("--tokenizer-train-mb", {"type": in_range(float, 1e-6, 1e6), "default": 4.0,
-                                      "help": "MB of train text the tokenizer trains on (default "
-                                              "%(default)s)"}),
-            ("--filters", {"choices": FILTER_CHOICES, "default": "auto",
-                           "help": "quality rules: auto = Gopher for prose, code rules for code; "
-                                   "gopher-handout = only the Gopher rules of CS336's data handout "
-                                   "(word count, word length, ellipsis lines, alphabetic)"}),
-            ("--line-dedup", {"choices": LINE_DEDUP_CHOICES, "default": "documents",
-                              "help": "documents: remove boilerplate lines (see "
-                                      "--boilerplate-min-documents); occurrences: remove every "
-                                      "line seen more than once in the corpus (CS336's exact line "
-                                      "dedup)"}),
-            ("--near-dup-threshold", {"type": in_range(float, 0.0, 1.0, high_open=True),
-                                      "default": 0.5,
-                                      "help": "Jaccard threshold; 0 turns near-dedup off"}),
-            ("--boilerplate-min-documents", {"type": in_range(int, 2), "default": 3,
-                                             "help": "a prose line found in this many documents "
-                                                     "is boilerplate and removed"}),
-            ("--strip-accents", {"action": "store_true",
-                                 "help": "near dedup compares texts without accents"}),
-            ("--no-pii", {"action": "store_true", "help": "do not mask emails, phones and IPs"}),
-            ("--lang", {"nargs": "+", "default": [], "metavar": "CODE",
-                        "help": "keep only documents in these languages (ISO 639-1: en zh ...; "
-                                "classify.py)"}),
-            ("--lang-threshold", {"type": float, "default": 0.65,
-                                  "help": "least language score kept"}),
-            ("--quality-threshold", {"type": float, "default": 0.0,
-                                     "help": "keep documents whose quality-classifier P(high) is "
-                                             "at least this (0: off)"}),
-            ("--quality-model", {"default": "",
-                                 "help": "a classifier file (default: classify.py's)"}),
-            ("--quality-positives", {"nargs": "+", "default": [], "metavar": "SOURCE",
-                                     "help": "train the quality classifier: reference-like "
-                                             "sources (with --quality-negatives)"}),
-            ("--quality-negatives", {"nargs": "+", "default": [], "metavar": "SOURCE",
-                                     "help": "web-like sources"}),
-            ("--text-field", {"default": "text",
-                              "help": "the .jsonl/.parquet field holding the text"}),
-            ("--txt-split", {"choices": ["auto", "eot", "blank", "file"], "default": "auto",
-                             "help": "how .txt files split into documents (auto: <|endoftext|> if "
-                                     "present, else blank lines; a file kept whole is cut only at "
-                                     "<|endoftext|>)"}),
-            ("--skip-bad-lines", {"action": "store_true",
-                                  "help": "skip and count malformed .jsonl lines"}),
-            ("--max-documents", {"type": in_range(int, 1), "default": None,
-                                 "help": "read at most this many documents per source"}),
-            ("--kind", {"choices": ["prose", "code", "html"], "default": None,
-                        "help": "treat every source as this kind (default: by name and file type; "
-                                ".py files are code)"}),
-            ("--threads", {"type": in_range(int, 1, 1024), "default": None,
-                           "help": "encoding threads (default: all cores)"}),
-            # --workers, --chunk-mb, --engine, --ray-address, --work-dir
-            *data_at_scale.ENGINE_FLAGS]),
-        "mix": ("tokens and epochs per source for a budget (the lecture's 20e9 at 70/15/10/5)",
-                _cmd_mix, [
-            ("--tokens", {"type": in_range(float, 1.0, TOKENS_MAX), "default": 20e9}),
-            ("--weights", {"nargs": "+",
-                           "default": ["web=0.70", "code=0.15", "books=0.10", "math=0.05"]}),
-            ("--unique", {"nargs": "*", "default": ["math=0.5e9"],
-                          "help": "unique tokens on hand per source"})]),
-        "inspect": ("print a prepared dataset's funnel, sizes and a decoded sample", _cmd_inspect, [
-            ("dir", {}),
-            ("--tokens", {"type": in_range(int, 1, 1_000_000), "default": 64})]),
-        "download": ("copy a dataset published to an object store down to a local directory",
-                     lambda args: print(f"downloaded {args.uri} to "
-                                        f"{data_at_scale.download(args.uri, args.dir)}"), [
-            ("uri", {"help": "the dataset's URI, as given to prepare --out "
-                             "(s3://bucket/datasets/name)"}),
-            ("dir", {"type": writable("dir"),
-                     "help": "local directory to create (train.py --data reads it)"})]),
-        "html": ("print the text extracted from an HTML file", _cmd_html, [("file", {})]),
-    })
-
-    args = parser.parse_args(argv)
-    if run(lambda: args.run(args), (DataError, bpe.TokenizerError, dedup.DedupError)):
-        sys.exit(2)
-
-
 if __name__ == "__main__":
-    # run as the module `data`, not `__main__`: Ray sends workers functions by name (its
-    import data
-    # engine's, in data_at_scale.py, which imports `data`): one copy of data.py's classes
-    data.main()
+    from machinery.commands import data as command
+
+    raise SystemExit(command.main())

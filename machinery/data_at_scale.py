@@ -116,6 +116,7 @@ union-find, exact Jaccard, the 13-gram index), store.py (object-store URIs) and 
 files written whole, a full disk in one line). Optional: ray (`--engine ray`), pyarrow (.parquet and
 URIs).
 """
+
 from __future__ import annotations
 
 import array
@@ -156,7 +157,7 @@ import dedup
 from machinery import fileio
 from machinery import formats
 from machinery import store
-from machinery.formats import DataError
+from data import DataError
 
 
 # --------------------------------------------------------------------------------------------------
@@ -165,8 +166,8 @@ from machinery.formats import DataError
 #    design and its arithmetic.
 # --------------------------------------------------------------------------------------------------
 
-CHUNK_BYTES = 16 << 20         # input bytes per chunk: the unit of parallel work and of resuming
-JOIN_BYTES = 64 << 20          # memory for one key range of a join (boilerplate counts, LSH bands)
+CHUNK_BYTES = 16 << 20  # input bytes per chunk: the unit of parallel work and of resuming
+JOIN_BYTES = 64 << 20  # memory for one key range of a join (boilerplate counts, LSH bands)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,27 +175,29 @@ class Chunk:
     """A slice of one source, read by one worker. Chunks are numbered in document order, so a
     document's stable id is (chunk index << 32) | its position in the chunk, and sorting ids sorts
     documents as the reference does."""
+
     index: int
-    source: int                  # position of its source in --data
+    source: int  # position of its source in --data
     # None: the whole source through its own reader (named sources, --max-documents)
     path: str | None = None
-    start: int = 0               # .jsonl: first byte; .parquet: first row group
+    start: int = 0  # .jsonl: first byte; .parquet: first row group
     # .jsonl: byte after the last (None: to the end); .parquet: row group after the last
     stop: int | None = None
-    size: int = 0                # input bytes (progress and ETA)
+    size: int = 0  # input bytes (progress and ETA)
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
     """What every stage function needs, picklable: sent to worker processes (and to a cluster's
     tasks)."""
-    work: str                                  # the work directory of this dataset
-    sources: tuple[tuple[str, str], ...]       # (spec, kind) per source
+
+    work: str  # the work directory of this dataset
+    sources: tuple[tuple[str, str], ...]  # (spec, kind) per source
     # (text_field, txt_split, skip_bad_lines, max_documents)
     read_options: tuple
     settings: data.CleanSettings
     seed: int
-    val_fraction: float                        # 0 with --val-data: every cleaned document trains
+    val_fraction: float  # 0 with --val-data: every cleaned document trains
     bands: int
     rows: int
     # per source: its piece size if kept whole (`kept_piece_sizes`), else 0
@@ -282,7 +285,7 @@ def chunk_documents(job: Job, chunk: Chunk, stats: formats.JsonlStats) -> Iterat
     if job.whole(chunk):
         txt_split = data.kept_txt_split(txt_split)
     if chunk.path is None:
-        yield from data.open_source(
+        yield from formats.open_source(
             spec, text_field, txt_split, skip_bad_lines, max_documents, stats, kind
         ).documents()
         return
@@ -303,7 +306,7 @@ def chunk_documents(job: Job, chunk: Chunk, stats: formats.JsonlStats) -> Iterat
 # a stream holding a block and one piece yields exactly its pieces. Three steps: blocks of text ->
 # documents as a stream of fragments (None ends one) -> pieces.
 
-TEXT_BLOCK_BYTES = 1 << 20         # bytes of a kept-whole text file read at a time
+TEXT_BLOCK_BYTES = 1 << 20  # bytes of a kept-whole text file read at a time
 
 
 def read_text_blocks(path: pathlib.Path | str, block_bytes: int | None = None) -> Iterator[str]:
@@ -341,7 +344,7 @@ def read_text_blocks(path: pathlib.Path | str, block_bytes: int | None = None) -
                     ) from None
                 offset += len(raw)
                 held = "\r" if raw and text.endswith("\r") else ""
-                text = text[:len(text) - len(held)].replace("\r\n", "\n").replace("\r", "\n")
+                text = text[: len(text) - len(held)].replace("\r\n", "\n").replace("\r", "\n")
                 if text:
                     yield text
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
@@ -392,7 +395,7 @@ def split_text_stream(blocks: Iterable[str], mode: str) -> Iterator[str | None]:
     yield None
 
 
-_NON_SPACE = re.compile(r"\S")          # the same whitespace as str.strip()
+_NON_SPACE = re.compile(r"\S")  # the same whitespace as str.strip()
 
 
 def cut_stream(
@@ -415,7 +418,7 @@ def cut_stream(
     # text[start:] is the document from the next piece on
     text, start, done, done_bytes = "", 0, 0, 0
     for fragment in fragments:
-        if fragment is None:                            # the document ends: its last piece
+        if fragment is None:  # the document ends: its last piece
             rest = text[start:].rstrip()
             # a document with text: it has a non-space here
             if rest:
@@ -432,8 +435,8 @@ def cut_stream(
                 continue
         text, start = text[start:] + fragment, 0
         while _NON_SPACE.search(text, start + max_chars):
-            cut = data.cut_position(text[start:start + max_chars + 1], max_chars)
-            piece = text[start:start + cut]
+            cut = data.cut_position(text[start : start + max_chars + 1], max_chars)
+            piece = text[start : start + cut]
             if piece.strip():
                 yield piece.strip()
             done, done_bytes, start = (
@@ -534,6 +537,7 @@ def kept_piece_sizes(job: Job, chunks: list[Chunk]) -> tuple[int, ...]:
 # Work files. Stage s of chunk c writes ws-c.* files, each through a temporary name, and then
 # ws-c.json with its counts: the marker that the chunk is done. A global step writes its result file
 # last. A rerun skips what exists.
+
 
 def _work(job: Job, name: str) -> pathlib.Path:
     return pathlib.Path(job.work) / name
@@ -643,8 +647,11 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
             hashes.append(data.document_hash(doc))
             # distinct long lines, or (CS336's line dedup) every line occurrence
             if kind != "code":
-                for line in (data.countable_lines(doc) if job.settings.line_dedup == "documents"
-                             else [raw.rstrip("\n") for raw in data.LINE.findall(doc)]):
+                for line in (
+                    data.countable_lines(doc)
+                    if job.settings.line_dedup == "documents"
+                    else [raw.rstrip("\n") for raw in data.LINE.findall(doc)]
+                ):
                     line_hashes.append(data.line_hash(line))
                     line_docs.append(local)
         offsets = spill.close()
@@ -663,7 +670,7 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
         np.array(line_hashes, dtype=np.uint64),
         np.array(line_docs, dtype=np.uint32),
     )
-    order = np.lexsort((line_docs, line_hashes))                             # a sorted run, by hash
+    order = np.lexsort((line_docs, line_hashes))  # a sorted run, by hash
     hashes = np.array(hashes, dtype=np.uint64)
     # another, of the document hashes
     by_hash = np.argsort(hashes, kind="stable")
@@ -688,6 +695,7 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
 # of work like a chunk, run on any worker, its result a file named by its bounds; a final step per
 # join combines the files. Range functions take the number of chunks, not the chunks: each of a
 # cluster's hundreds of tasks gets a few bytes.
+
 
 def _range_count(entries: int, workers: int) -> int:
     """How many ranges a join of `entries` entries takes: enough for each to fit JOIN_BYTES (16
@@ -723,8 +731,9 @@ def _run_slice(keys: np.ndarray, low: int, high: int) -> slice:
     return slice(start, stop)
 
 
-def _range_of_runs(job: Job, stage: int, chunk_count: int, key_file: str, doc_file: str, low: int,
-                   high: int) -> tuple[np.ndarray, np.ndarray]:
+def _range_of_runs(
+    job: Job, stage: int, chunk_count: int, key_file: str, doc_file: str, low: int, high: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(keys, stable document ids) of every chunk's sorted run (sS-C.KEY_FILE, sS-C.DOC_FILE) within
     [low, high): the whole of a join's input for that range, in chunk order."""
     keys, ids = [np.zeros(0, dtype=np.uint64)], [np.zeros(0, dtype=np.int64)]
@@ -772,9 +781,9 @@ def join_exact(job: Job, chunks: list[Chunk], ranges: list[tuple[int, int]]) -> 
     for r in ranges:
         kept = np.asarray(_load_array(_range_file(job, "exact", *r)))
         keep[starts[kept >> 32] + (kept & 0xFFFFFFFF)] = True
-    for c in chunks:          # pieces kept whole: not in the hash runs, all stay
+    for c in chunks:  # pieces kept whole: not in the hash runs, all stay
         if job.whole(c):
-            keep[starts[c.index]:starts[c.index + 1]] = True
+            keep[starts[c.index] : starts[c.index + 1]] = True
     _save_array(_work(job, "doc_starts.npy"), starts)
     _save_array(_work(job, "exact_keep.npy"), keep)
 
@@ -831,9 +840,12 @@ def _remove_boilerplate(texts: list[str], boilerplate: np.ndarray) -> tuple[list
     """(texts without their boilerplate lines, lines removed): `remove_lines` with hashed lines, one
     lookup per chunk (_in_sorted) instead of a set of line strings."""
     lines = [text.split("\n") for text in texts]
-    countable = [(d, k, data.line_hash(stripped)) for d, doc_lines in enumerate(lines)
-                 for k, line in enumerate(doc_lines)
-                 if len((stripped := line.strip()).split()) >= data.BOILERPLATE_MIN_WORDS]
+    countable = [
+        (d, k, data.line_hash(stripped))
+        for d, doc_lines in enumerate(lines)
+        for k, line in enumerate(doc_lines)
+        if len((stripped := line.strip()).split()) >= data.BOILERPLATE_MIN_WORDS
+    ]
     hits = _in_sorted(np.array([h for _, _, h in countable], dtype=np.uint64), boilerplate)
     drop = collections.defaultdict(set)
     for (d, k, _), hit in zip(countable, hits.tolist()):
@@ -862,7 +874,7 @@ def _drop_repeated_lines(texts: list[str], repeated: np.ndarray) -> tuple[list[s
     ).tolist()
     out, first = [], 0
     for doc in lines:
-        out.append("".join(raw for raw, hit in zip(doc, hits[first:first + len(doc)]) if not hit))
+        out.append("".join(raw for raw, hit in zip(doc, hits[first : first + len(doc)]) if not hit))
         first += len(doc)
     return out, sum(hits)
 
@@ -876,7 +888,7 @@ def stage_clean(job: Job, chunk: Chunk) -> dict:
     spec, kind = job.sources[chunk.source]
     start = int(_load_array(_work(job, "doc_starts.npy"))[chunk.index])
     offsets = _load_array(_chunk_file(job, 1, chunk.index, "offsets.npy"))
-    keep = np.asarray(_load_array(_work(job, "exact_keep.npy"))[start:start + len(offsets) - 1])
+    keep = np.asarray(_load_array(_work(job, "exact_keep.npy"))[start : start + len(offsets) - 1])
     texts = _read_texts(
         _chunk_file(job, 1, chunk.index, "txt"), offsets, np.flatnonzero(keep).tolist()
     )
@@ -931,13 +943,19 @@ def stage_clean(job: Job, chunk: Chunk) -> dict:
         band_keys = dedup.band_keys(
             hasher.signatures_from_texts(signed, data.NEAR_DUP_SHINGLE), job.bands, job.rows
         )
-    flat_keys = band_keys.ravel()                                              # (docs · bands,)
+    flat_keys = band_keys.ravel()  # (docs · bands,)
     flat_docs = np.repeat(np.arange(len(band_keys), dtype=np.uint32), job.bands)
     order = np.lexsort((flat_docs, flat_keys))
     _save_array(_chunk_file(job, 2, chunk.index, "band_key.npy"), flat_keys[order])
     _save_array(_chunk_file(job, 2, chunk.index, "band_doc.npy"), flat_docs[order])
-    result = {"source": chunk.source, "docs": len(chars), "counts": dict(counts), "pii": dict(pii),
-              "chars_out": int(sum(chars)), "band_entries": int(len(flat_keys))}
+    result = {
+        "source": chunk.source,
+        "docs": len(chars),
+        "counts": dict(counts),
+        "pii": dict(pii),
+        "chars_out": int(sum(chars)),
+        "band_entries": int(len(flat_keys)),
+    }
     _save_json(_chunk_file(job, 2, chunk.index, "json"), result)
     return result
 
@@ -953,7 +971,7 @@ def _texts_by_id(job: Job, ids: np.ndarray) -> list[str]:
     return out
 
 
-VERIFY_BYTES = 16 << 20       # text read back at once to verify candidate pairs
+VERIFY_BYTES = 16 << 20  # text read back at once to verify candidate pairs
 
 
 def _verify_batches(job: Job, candidates: np.ndarray) -> Iterator[np.ndarray]:
@@ -1229,6 +1247,7 @@ def stage_encode(job: Job, chunk: Chunk, threads: int = 1) -> dict:
 # the val 13-grams it found; the union over the chunks gives data.val_overlap's numbers without an
 # index of train (8 bytes per val 13-gram, none per train one).
 
+
 def copy_val_files(job: Job, paths: list[pathlib.Path]) -> None:
     """The --val-data documents (`read_val_file`), copied by the driver into the work folder
     (val.txt and its offsets, last) that every task reads: on a cluster the files may be on the
@@ -1274,7 +1293,9 @@ class ValNgrams:
         if len(ids) < self.n or not len(self.hashes):
             return np.zeros(0, dtype=np.int64)
         known = np.concatenate([[0], np.cumsum(np.array(ids) >= 0)])
-        hashes = self._hashes([max(i, 0) for i in ids])[known[self.n:] - known[:-self.n] == self.n]
+        hashes = self._hashes([max(i, 0) for i in ids])[
+            known[self.n :] - known[: -self.n] == self.n
+        ]
         at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
         return np.unique(at[self.hashes[at] == hashes])
 
@@ -1384,6 +1405,7 @@ def _peak_rss_mb() -> float:
             return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**10
     except (OSError, StopIteration):
         import resource
+
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
@@ -1442,10 +1464,12 @@ def _start_worker(parent: int) -> None:
     if os.getppid() != parent:
         os._exit(1)
     if not death_signal_set:
+
         def watch() -> None:
             while os.getppid() == parent:
                 time.sleep(PARENT_POLL_S)
             os._exit(1)
+
         threading.Thread(target=watch, daemon=True).start()
 
 
@@ -1527,8 +1551,11 @@ def _run_ranges(
 ) -> None:
     """Run function(job, inputs, low, high) for every range of a join whose result file `name` is
     missing, on `workers` processes (or as Ray tasks), as _run_stage runs chunks."""
-    todo = [(function, job, inputs, low, high) for low, high in ranges
-            if not _range_file(job, name, low, high).exists()]
+    todo = [
+        (function, job, inputs, low, high)
+        for low, high in ranges
+        if not _range_file(job, name, low, high).exists()
+    ]
     if show:
         skipped = f" ({len(ranges) - len(todo)} done before)" if len(todo) < len(ranges) else ""
         print(f"  {title}: {len(ranges)} ranges{skipped}", file=sys.stderr, flush=True)
@@ -1549,7 +1576,7 @@ def _remove_work_files(work: pathlib.Path, patterns: list[str]) -> None:
 def build_streaming(
     recipe: data.Recipe,
     work: pathlib.Path,
-    clock: "data.Clock",
+    clock: "dataset.Clock",
     log: Callable,
     threads: int | None,
     workers: int,
@@ -1648,9 +1675,14 @@ def build_streaming(
         docs = sum(r["docs"] for r in cleaned)
         # as `clean`: no dedup rows when every source is kept
         if not all(whole):
-            funnel.add_counts("exact dedup (hash)", sum(r["docs"] for r in read), total["docs_in"],
-                              sum(r["counts"].get("kept_chars", 0) for r in read), kept_chars,
-                              {"duplicate": sum(r["docs"] for r in read) - total["docs_in"]})
+            funnel.add_counts(
+                "exact dedup (hash)",
+                sum(r["docs"] for r in read),
+                total["docs_in"],
+                sum(r["counts"].get("kept_chars", 0) for r in read),
+                kept_chars,
+                {"duplicate": sum(r["docs"] for r in read) - total["docs_in"]},
+            )
             funnel.add_counts(
                 f"boilerplate lines (prose, in >={settings.boilerplate_min_documents} docs)"
                 if settings.line_dedup == "documents"
@@ -1669,8 +1701,14 @@ def build_streaming(
             raise funnel.empty_error("the corpus")
         if settings.mask_pii:
             pii = sum((collections.Counter(r["pii"]) for r in cleaned), collections.Counter())
-            funnel.add_counts("PII masking", docs, docs, total["chars_boilerplate"],
-                              sum(r["chars_out"] for r in cleaned), pii)
+            funnel.add_counts(
+                "PII masking",
+                docs,
+                docs,
+                total["chars_boilerplate"],
+                sum(r["chars_out"] for r in cleaned),
+                pii,
+            )
         near_dedup = settings.near_dup_threshold > 0 and any(
             r["docs"] for c, r in zip(chunks, cleaned) if not job.whole(c)
         )
@@ -1722,8 +1760,11 @@ def build_streaming(
             tok = bpe.Tokenizer.load(_work(job, "tokenizer.json"))
             trained_on = json.loads(_work(job, "tokenizer.trained.json").read_text())["bytes"]
         else:
-            tok, trained_on = data.tokenizer_for(recipe, lambda: draw_tokenizer_sample(
-                job, chunks, recipe.tokenizer_train_bytes), log)
+            tok, trained_on = data.tokenizer_for(
+                recipe,
+                lambda: draw_tokenizer_sample(job, chunks, recipe.tokenizer_train_bytes),
+                log,
+            )
             _write_work(_work(job, "tokenizer.json"), tok.to_json())
             _save_json(_work(job, "tokenizer.trained.json"), {"bytes": trained_on})
 
@@ -1832,8 +1873,9 @@ class RayEngine:
         # re-raise the task's own one-line error, no traceback
         except self.ray.exceptions.RayTaskError as e:
             # a full disk: prepare's one line
-            if isinstance(e.cause, (DataError, bpe.TokenizerError, dedup.DedupError)) \
-                    or fileio.is_no_space(e.cause):
+            if isinstance(
+                e.cause, (DataError, bpe.TokenizerError, dedup.DedupError)
+            ) or fileio.is_no_space(e.cause):
                 raise e.cause from None
             raise
 
@@ -1878,7 +1920,7 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise DataError("--engine ray needs Ray: pip install ray (or use --engine local)") from None
+        raise DataError("`engine` ray needs Ray: pip install ray (or use `engine` local)") from None
     return ray
 
 
@@ -1891,16 +1933,16 @@ def check_ray_address(address: str | None) -> None:
     >>> check_ray_address("127.0.0.1:99999")     # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    formats.DataError: --ray-address 127.0.0.1:99999: port 99999 is out of range 1-65535; ...
+    data.DataError: `ray_address` 127.0.0.1:99999: port 99999 is out of range 1-65535; ...
     """
     if address in (None, "auto"):
         return
     host, _, port = address.rpartition(":")
     form = "give auto or HOST:PORT, e.g. 10.0.0.1:6379"
     if not host or "/" in host or not (port.isascii() and port.isdigit()):
-        raise DataError(f"--ray-address {address!r} is not auto or HOST:PORT; {form}")
+        raise DataError(f"`ray_address` {address!r} is not auto or HOST:PORT; {form}")
     if not 1 <= int(port) <= 65535:
-        raise DataError(f"--ray-address {address}: port {port} is out of range 1-65535; {form}")
+        raise DataError(f"`ray_address` {address}: port {port} is out of range 1-65535; {form}")
 
 
 def _check_ray_ready(address: str | None) -> None:
@@ -1915,7 +1957,7 @@ def _check_ray_ready(address: str | None) -> None:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as e:
         raise DataError(
-            f"--ray-address {address}: nothing answers there ({e.strerror or e}); start the head "
+            f"`ray_address` {address}: nothing answers there ({e.strerror or e}); start the head "
             "with "
             f"`ray start --head --port {port}` or fix the address"
         ) from None
@@ -1925,13 +1967,13 @@ def _check_ray_ready(address: str | None) -> None:
 def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     """A RayEngine on the cluster at `address` ("auto": the one `ray start` runs on this machine),
     or on a Ray started here with `cpus` cores and stopped afterwards. A Ray the caller already
-    started is used as it is. A cluster's workers receive data.CACHE_KEY_FILES (this file, data.py,
-    the siblings they import and the shipped classifiers/) from this driver as their working folder
-    (runtime_env working_dir), so they run the very code and models this run was started with; a
-    Ray started here imports them from this driver's sys.path. A Ray started here writes its
-    session (logs, sockets, spilled objects) into a fresh folder of the temp folder, removed when
-    it stops: by default Ray keeps every session under /tmp/ray for good. Set RAY_TMPDIR to keep
-    them where you say."""
+    started is used as it is. A cluster's workers receive dataset.CACHE_KEY_FILES (this file,
+    data.py, the siblings they import and the shipped classifiers/) from this driver as their
+    working folder (runtime_env working_dir), so they run the very code and models this run was
+    started with; a Ray started here imports them from this driver's sys.path. A Ray started here
+    writes its session (logs, sockets, spilled objects) into a fresh folder of the temp folder,
+    removed when it stops: by default Ray keeps every session under /tmp/ray for good. Set
+    RAY_TMPDIR to keep them where you say."""
     ray = _import_ray()
     if ray.is_initialized():
         yield RayEngine(ray)
@@ -1951,10 +1993,10 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
     else:
         # py_modules would ship the .py files alone, each to a folder of its own: classify.py would
         # find no classifiers/ beside it. A working folder keeps the repository's layout.
-        session = tempfile.mkdtemp(prefix="pretrain-code-")     # uploaded by ray.init, then removed
-        for name in data.CACHE_KEY_FILES:
-            pathlib.Path(session, name).parent.mkdir(exist_ok=True)
-            shutil.copy2(data.REPO_ROOT / name, pathlib.Path(session, name))
+        session = tempfile.mkdtemp(prefix="pretrain-code-")  # uploaded by ray.init, then removed
+        for name in dataset.CACHE_KEY_FILES:
+            pathlib.Path(session, name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(dataset.REPO_ROOT / name, pathlib.Path(session, name))
         options = {"address": address, "runtime_env": {"working_dir": session}}
     try:
         # a busy machine can miss the 30 s Ray gives a new raylet: start once more
@@ -1970,7 +2012,7 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
                 break
             except (ConnectionError, ray.exceptions.AuthenticationError) as e:
                 raise DataError(
-                    f"--ray-address {address}: {str(e).splitlines()[0]} (a cluster started by `ray "
+                    f"`ray_address` {address}: {str(e).splitlines()[0]} (a cluster started by `ray "
                     "start` "
                     f"may want RAY_AUTH_MODE=token and its token: see README)"
                 ) from None
@@ -1978,7 +2020,7 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
                 ray.shutdown()
                 if attempt or address is not None:
                     raise DataError(
-                        f"Ray did not start: {str(e).splitlines()[0]}; retry, or use --engine local"
+                        f"Ray did not start: {str(e).splitlines()[0]}; retry, or use `engine` local"
                     ) from None
         yield RayEngine(ray)
     finally:
@@ -1990,6 +2032,7 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
 # --------------------------------------------------------------------------------------------------
 # 3. prepare on either engine: data.py's plan and publishing around the streaming engine's run
 # --------------------------------------------------------------------------------------------------
+
 
 def prepare(
     sources: list[str],
@@ -2021,18 +2064,20 @@ def prepare(
     log = print if verbose else (lambda *a, **k: None)
     if workers is not None and not 1 <= workers <= 1024:
         raise DataError(
-            f"--workers must be between 1 and 1024, got {workers}; leave it out to use all cores"
+            f"`workers` must be between 1 and 1024, got {workers}; leave it out to use all cores"
         )
     if not 0.001 <= chunk_mb <= 4096:
-        raise DataError(f"--chunk-mb must be between 0.001 and 4096, got {chunk_mb}")
+        raise DataError(f"`chunk_mb` must be between 0.001 and 4096, got {chunk_mb}")
     if engine == "ray":
         _check_ray_ready(ray_address)
     elif engine not in ENGINES or ray_address is not None:
-        raise DataError(f"--engine {engine} --ray-address {ray_address}: the engine is one of "
-                        f"{ENGINES}, and only ray takes an address")
+        raise DataError(
+            f"`engine` {engine} `ray_address` {ray_address}: the engine is one of "
+            f"{ENGINES}, and only ray takes an address"
+        )
     if store.is_uri(work_dir):
         raise DataError(
-            f"--work-dir {work_dir}: give a folder (on a cluster, one every node mounts): work "
+            f"`work_dir` {work_dir}: give a folder (on a cluster, one every node mounts): work "
             "files "
             f"are renamed, appended and memory-mapped, which an object store cannot do"
         )
@@ -2041,22 +2086,33 @@ def prepare(
         and pathlib.Path(work_dir).exists()
         and not pathlib.Path(work_dir).is_dir()
     ):
-        raise DataError(f"--work-dir {work_dir} is a file; give a directory path")
-    if work_dir is not None:        # also when a small input leaves it unused (--engine auto)
+        raise DataError(f"`work_dir` {work_dir} is a file; give a directory path")
+    if work_dir is not None:  # also when a small input leaves it unused (--engine auto)
         dataset.check_writable(pathlib.Path(work_dir), "--work-dir")
     remote = store.is_uri(out_dir)
     if remote and engine == "ray" and ray_address is not None and work_dir is None:
         raise DataError(
-            f"--out {out_dir} with --ray-address: pass --work-dir on a folder every node mounts "
+            f"`out` {out_dir} with `ray_address`: pass `work_dir` on a folder every node mounts "
             f"(NFS), since a task on one node reads the work files of another"
         )
     with dataset.planned(sources, out_dir, log, recipe) as plan:
-        return _build_and_publish(plan, remote, threads, workers, chunk_mb, engine, ray_address,
-                                  work_dir, verbose, log)
+        return _build_and_publish(
+            plan, remote, threads, workers, chunk_mb, engine, ray_address, work_dir, verbose, log
+        )
 
 
-def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk_mb, engine,
-                       ray_address, work_dir, verbose, log) -> pathlib.Path | str:
+def _build_and_publish(
+    plan: dataset.Plan,
+    remote: bool,
+    threads,
+    workers,
+    chunk_mb,
+    engine,
+    ray_address,
+    work_dir,
+    verbose,
+    log,
+) -> pathlib.Path | str:
     """prepare once its output is planned and locked: run the streaming engine (or Ray) in the
     work folder, then publish the dataset."""
     # Ray's workers may run in any folder
@@ -2070,8 +2126,13 @@ def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk
     out_dir, recipe = plan.out_dir, plan.recipe
     chunk_bytes = max(1, int(chunk_mb * 2**20))
     name = dataset.local_name(out_dir)
-    work_root = pathlib.Path(work_dir) if work_dir is not None \
-        else pathlib.Path(tempfile.gettempdir()) if remote else out_dir.parent
+    work_root = (
+        pathlib.Path(work_dir)
+        if work_dir is not None
+        else pathlib.Path(tempfile.gettempdir())
+        if remote
+        else out_dir.parent
+    )
     work_root = work_root.absolute() if engine == "ray" else work_root
     work = (
         work_root
@@ -2090,7 +2151,7 @@ def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk
     made_for_work = fileio.missing_folders(work_root)  # made for the work: undone on bad input
     session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
     with session as ray:
-        clock = data.Clock()
+        clock = dataset.Clock()
         workers = workers or len(os.sched_getaffinity(0))
         try:
             try:
@@ -2108,7 +2169,7 @@ def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk
         except (DataError, bpe.TokenizerError, dedup.DedupError):
             # bad input: its work can never be reused (fixing the
             shutil.rmtree(work, ignore_errors=True)
-            fileio.remove_if_empty(made_for_work)        # file changes the key); a kill keeps it
+            fileio.remove_if_empty(made_for_work)  # file changes the key); a kill keeps it
             raise
         # the shard tasks write there: every node sees it
         staging = work_root if remote else out_dir.parent
@@ -2122,8 +2183,8 @@ def _build_and_publish(plan: dataset.Plan, remote: bool, threads, workers, chunk
     return out_dir
 
 
-ENGINES = ("auto", "memory", "stream", "local", "ray")     # "local": the old name of "stream"
-IN_MEMORY_MAX_BYTES = 64 << 20   # engine="auto": local inputs up to this size are held in lists
+ENGINES = ("auto", "memory", "stream", "local", "ray")  # "local": the old name of "stream"
+IN_MEMORY_MAX_BYTES = 64 << 20  # engine="auto": local inputs up to this size are held in lists
 
 
 def fits_in_memory(sources: list[data.Source], val_files: list[pathlib.Path]) -> bool:
@@ -2132,7 +2193,7 @@ def fits_in_memory(sources: list[data.Source], val_files: list[pathlib.Path]) ->
     lists take a few times the text's size); hf: sources, object-store URIs and anything larger
     stream.
 
-    >>> fits_in_memory([data.open_source("pydocs")], [])
+    >>> fits_in_memory([formats.open_source("pydocs")], [])
     True
     """
     if any(s.spec.startswith("hf:") or any(map(store.is_uri, s.files)) for s in sources):
@@ -2144,30 +2205,59 @@ def fits_in_memory(sources: list[data.Source], val_files: list[pathlib.Path]) ->
 # `python data.py prepare`'s flags for this file's engines (rows of cli.add_arguments); `prepare`
 # checks their values before any work (a bad one is one line naming the flag, as data.py's own are)
 ENGINE_FLAGS = [
-    ("--workers", {"type": int, "default": None,
-                   "help": "processes for the per-document steps (default: all cores)"}),
-    ("--chunk-mb", {"type": float, "default": CHUNK_BYTES / 2**20,
-                    "help": "MiB of input per chunk, the unit of parallel work and of resuming "
-                            "(default %(default)g)"}),
-    ("--engine", {"choices": ENGINES, "default": "auto",
-                  "help": f"auto: data.py's in-memory reference engine for the embedded corpora "
-                          f"and local inputs up to {IN_MEMORY_MAX_BYTES >> 20} MiB, else stream; "
-                          f"memory: always the reference; stream (or local): worker processes "
-                          f"here; ray: the stream's steps as Ray tasks (pip install ray); all "
-                          f"write the same bytes"}),
-    ("--ray-address", {"default": None,
-                       "help": "with --engine ray: auto or HOST:PORT of a running cluster "
-                               "(default: start Ray here)"}),
-    ("--work-dir", {"default": None,
-                    "help": "where the streaming engine's work files go (default: beside a local "
-                            "--out, the temp folder for a URI); on a multi-node cluster a folder "
-                            "every node sees"}),
+    (
+        "--workers",
+        {
+            "type": int,
+            "default": None,
+            "help": "processes for the per-document steps (default: all cores)",
+        },
+    ),
+    (
+        "--chunk-mb",
+        {
+            "type": float,
+            "default": CHUNK_BYTES / 2**20,
+            "help": "MiB of input per chunk, the unit of parallel work and of resuming "
+            "(default %(default)g)",
+        },
+    ),
+    (
+        "--engine",
+        {
+            "choices": ENGINES,
+            "default": "auto",
+            "help": f"auto: data.py's in-memory reference engine for the embedded corpora "
+            f"and local inputs up to {IN_MEMORY_MAX_BYTES >> 20} MiB, else stream; "
+            f"memory: always the reference; stream (or local): worker processes "
+            f"here; ray: the stream's steps as Ray tasks (pip install ray); all "
+            f"write the same bytes",
+        },
+    ),
+    (
+        "--ray-address",
+        {
+            "default": None,
+            "help": "with --engine ray: auto or HOST:PORT of a running cluster "
+            "(default: start Ray here)",
+        },
+    ),
+    (
+        "--work-dir",
+        {
+            "default": None,
+            "help": "where the streaming engine's work files go (default: beside a local "
+            "--out, the temp folder for a URI); on a multi-node cluster a folder "
+            "every node sees",
+        },
+    ),
 ]
 
 
 # --------------------------------------------------------------------------------------------------
 # 4. download: a dataset published to an object store, copied down for the loader
 # --------------------------------------------------------------------------------------------------
+
 
 def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
     """Copy a dataset that prepare published to an object store down to a local directory, for the
@@ -2184,12 +2274,12 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
         )
     # refused or unreachable: not a missing dataset
     found = store.exists(uri, "manifest.json", DataError)
-    manifest = data.read_manifest_or_none(uri) if found else None
+    manifest = formats.read_manifest_or_none(uri) if found else None
     if manifest is None:
         raise DataError(
             f"{uri} has {'a damaged' if found else 'no'} manifest.json: not a published dataset "
             "(or a "
-            f"run still publishing); check the URI, or prepare it with --out {uri}"
+            f"run still publishing); check the URI, or prepare it with `out` {uri}"
         )
     try:
         key = manifest["cache_key"]
@@ -2203,15 +2293,16 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
         raise DataError(
             f"{uri}: its manifest.json names {strange[0]!r}, not a dataset file; prepare it again"
         )
-    here = data.read_manifest_or_none(directory)
+    here = formats.read_manifest_or_none(directory)
     if here is not None and here.get("cache_key") == key:
         return directory
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise DataError(f"{directory} exists and is not empty; remove it or pick another directory")
     dataset.check_writable(directory.parent, "download directory")
     try:
-        with dataset.temporary_folder(directory.parent, directory.name, directory,
-                                      "download to another directory") as tmp_dir:
+        with dataset.temporary_folder(
+            directory.parent, directory.name, directory, "download to another directory"
+        ) as tmp_dir:
             store.copy_down(uri, names, tmp_dir, DataError)
             (tmp_dir / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
             # the umask's modes, as for a dataset prepare writes
@@ -2225,15 +2316,23 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
     return directory
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """`python data_at_scale.py ...` is `python data.py ...`: the command line is the chapter's,
     under this file's name and description."""
-    data.main(argv, prog="data_at_scale.py", description=(
-        __doc__.split("\n\n")[0] + "\n\nIts command line is data.py's: the same commands and "
-        "flags;\n`prepare --engine stream` (or `--engine ray`) runs this file's engines."))
+    from machinery.commands import data as command  # the command line imports this file
+
+    return command.main(
+        argv,
+        prog="data_at_scale.py",
+        description=(
+            __doc__.split("\n\n")[0] + "\n\nIts command line is data.py's: the same commands and "
+            "flags;\n`prepare --engine stream` (or `--engine ray`) runs this file's engines."
+        ),
+    )
 
 
 if __name__ == "__main__":
     # run as the module `data_at_scale`, not `__main__`: Ray sends workers functions by name
     from machinery import data_at_scale
-    data_at_scale.main()
+
+    raise SystemExit(data_at_scale.main())

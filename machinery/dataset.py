@@ -20,7 +20,7 @@ Three steps, each a function:
     plan_dataset   every argument checked and every source opened before any work (a typo fails in
                    one line, in a second, not after an hour of cleaning); the cache key: a SHA-256
                    of the inputs (each file's path, size and mtime), every setting, and the bytes of
-                   the code that writes the dataset (data.code_version). With no --out it names the
+                   the code that writes the dataset (code_version). With no --out it names the
                    folder: .cache/data/pydocs-v4096-<its first 12 hex digits>. A finished dataset
                    with the same key is reused as is; a folder holding anything else is refused.
     an engine      data.build_in_memory (`prepare` below) or data_at_scale's streaming and Ray
@@ -36,6 +36,7 @@ Depends on: data.py (the recipe, the engine, the checks of sources, weights and 
 formats.py (DataError, the count of skipped .jsonl lines), bpe.py (a --tokenizer file), store.py (an
 --out URI) and fileio.py (the umask's modes, a full disk in one line), and the standard library.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,14 +51,15 @@ import re
 import shutil
 import sys
 import tempfile
-from typing import Callable, Iterator
+import time
+from typing import Callable, Iterable, Iterator
 
 import data
 from machinery import fileio
 from machinery import formats
 from machinery import store
+from data import DataError
 from machinery import tokenizer_files
-from machinery.formats import DataError
 
 
 @dataclasses.dataclass
@@ -65,7 +67,8 @@ class Plan:
     """What prepare settles before any work: the recipe, its cache key, the output (a folder, or a
     store's URI), and whether a finished dataset with that key is already there (reuse: return it as
     is)."""
-    recipe: data.Recipe | None           # None when reused
+
+    recipe: data.Recipe | None  # None when reused
     key: str
     out_dir: pathlib.Path | str
     reuse: bool
@@ -95,11 +98,11 @@ def plan_dataset(
     log: Callable = lambda *a, **k: None,
 ) -> Plan:
     """Check every argument, open the sources, and name the dataset: out_dir or a cache directory
-    named by a hash of the inputs, every setting and the code (`data.code_version`). Every bad input
+    named by a hash of the inputs, every setting and the code (`code_version`). Every bad input
     fails here, before any work.
 
     sources: names ("pydocs", "pystdlib", "hf:..."), files, directories, globs or URIs
-    (`data.open_source`). weights (one per source) with train_tokens mix the train split by token
+    (`formats.open_source`). weights (one per source) with train_tokens mix the train split by token
     share (None: the smallest budget that reads every source once). tokenizer: a bpe.py JSON file to
     reuse instead of training one on (up to tokenizer_train_bytes of) train text. val_data: files
     that are the validation split, verbatim (`formats.read_val_file`); every cleaned document then
@@ -111,11 +114,11 @@ def plan_dataset(
         raise DataError("no sources given: pass --data pydocs (or a path)")
     if len(set(sources)) != len(sources):
         raise DataError(
-            f"a source is listed twice in {sources}; give each once (use --weights to up-weight)"
+            f"a source is listed twice in {sources}; give each once (use `weights` to up-weight)"
         )
     if weights is not None and len(weights) != len(sources):
         raise DataError(
-            f"--weights: {len(weights)} weights for {len(sources)} sources: give one weight per "
+            f"`weights`: {len(weights)} weights for {len(sources)} sources: give one weight per "
             "source"
         )
     if weights is not None:
@@ -126,23 +129,25 @@ def plan_dataset(
             "least 257"
         )
     if not 0 <= val_fraction < 1:
-        raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+        raise DataError(f"`val_fraction` must be in [0, 1), got {val_fraction}")
     if train_tokens is not None and (weights is None or not train_tokens > 0):
         raise DataError(
-            f"--train-tokens {train_tokens:g} needs --weights and a positive budget, e.g. "
-            "--weights 1 "
-            f"--train-tokens 5e6"
+            f"`train_tokens` {train_tokens:g} needs `weights` and a positive budget, e.g. "
+            "`weights` 1 "
+            f"`train_tokens` 5e6"
         )
     settings = clean_settings or data.CleanSettings()
     jsonl_stats = formats.JsonlStats()
     opened = [
-        data.open_source(s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind)
+        formats.open_source(
+            s, text_field, txt_split, skip_bad_lines, max_documents, jsonl_stats, kind
+        )
         for s in sources
     ]
     # text kept whole is cut into documents only at <|endoftext|> markers
     if txt_split == "auto":
         opened = [
-            data.open_source(
+            formats.open_source(
                 s.spec,
                 text_field,
                 data.kept_txt_split(txt_split),
@@ -160,14 +165,14 @@ def plan_dataset(
             raise DataError(
                 f"{flag} {path}: give a local file (copy it down first, e.g. with aws s3 cp)"
             )
-    val_paths = data.check_val_files(val_data, opened) if val_data else []
+    val_paths = check_val_files(val_data, opened) if val_data else []
     if train_tokens is not None:
-        data.check_budget(opened, weights, train_tokens)
+        check_budget(opened, weights, train_tokens)
     tokenizer_path = pathlib.Path(tokenizer) if tokenizer else None
     if tokenizer_path is not None and not tokenizer_path.is_file():
         raise DataError(f"tokenizer file {tokenizer_path} not found: pass a bpe.py tokenizer JSON")
     key_inputs = {
-        "code": data.code_version(),
+        "code": code_version(),
         "sources": [(s.spec, s.kind, s.fingerprint) for s in opened],
         "settings": dataclasses.asdict(settings),
         "vocab_size": vocab_size,
@@ -194,28 +199,30 @@ def plan_dataset(
         slug = "+".join(
             re.sub(r"[^A-Za-z0-9._-]+", "_", store.pure_path(s).name or s)[:40] for s in sources
         )[:80]
-        out_dir = data.cache_root() / "data" / f"{slug}-v{vocab_size}-{key[:12]}"
+        out_dir = cache_root() / "data" / f"{slug}-v{vocab_size}-{key[:12]}"
     remote = store.is_uri(out_dir)
     if not remote:
         out_dir = pathlib.Path(out_dir)
-    existing = data.read_manifest_or_none(out_dir)
+    existing = formats.read_manifest_or_none(out_dir)
     if existing is not None:
         if existing.get("cache_key") == key:
-            log(f"cache hit: reusing {out_dir} (same inputs and settings); the times below are "
-                "its first build's")
+            log(
+                f"cache hit: reusing {out_dir} (same inputs and settings); the times below are "
+                "its first build's"
+            )
             for notice in existing.get("notices", []):
                 print(notice, file=sys.stderr)
             return Plan(None, key, out_dir, True, jsonl_stats)
         raise DataError(
-            f"{out_dir} already holds a different dataset; remove it or pick another --out"
+            f"{out_dir} already holds a different dataset; remove it or pick another `out`"
         )
     if remote:
         store.check_out(out_dir, DATASET_FILE, DataError)
     elif out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"--out {out_dir} is a file; give a directory path")
+        raise DataError(f"`out` {out_dir} is a file; give a directory path")
     elif out_dir.exists() and any(out_dir.iterdir()):
         raise DataError(
-            f"{out_dir} exists and is not a dataset directory; remove it or pick another --out"
+            f"{out_dir} exists and is not a dataset directory; remove it or pick another `out`"
         )
     recipe = data.Recipe(
         opened,
@@ -276,9 +283,14 @@ def planned(sources: list[str], out_dir, log: Callable, recipe: dict) -> Iterato
         yield plan
         return
     lock = staging_dir(plan.out_dir) / f".{local_name(plan.out_dir)}.lock"
-    with fileio.hold(lock, lambda pid: print(f"waiting for process {pid}, which is preparing "
-                                             f"{plan.out_dir}", file=sys.stderr),
-                     DataError, "remove it, or pick another --out") as (busy, _):
+    with fileio.hold(
+        lock,
+        lambda pid: print(
+            f"waiting for process {pid}, which is preparing {plan.out_dir}", file=sys.stderr
+        ),
+        DataError,
+        "remove it, or pick another --out",
+    ) as (busy, _):
         yield plan_dataset(sources, out_dir, log=log, **recipe) if busy else plan
 
 
@@ -294,8 +306,9 @@ def run_in_memory(plan: Plan, threads: int | None, log: Callable) -> pathlib.Pat
     inputs here."""
     staging = staging_dir(plan.out_dir)
     remove_stale_publishes(plan.out_dir, staging)
-    clock = data.Clock()
-    built = data.build_in_memory(plan.recipe, clock, log, threads)
+    clock = Clock()
+    val_texts = [d for path in plan.recipe.val_files for d in formats.read_val_file(path)]
+    built = data.build_in_memory(plan.recipe, clock, log, threads, val_texts)
     if plan.jsonl_stats.skipped:
         built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = plan.jsonl_stats.skipped
     return write_dataset(plan, built, clock, staging, "in-memory")
@@ -304,8 +317,9 @@ def run_in_memory(plan: Plan, threads: int | None, log: Callable) -> pathlib.Pat
 NO_SPACE_FIX = "pass --out elsewhere"
 
 
-def write_dataset(plan: Plan, built: data.Built, clock: data.Clock, staging: pathlib.Path,
-                  engine: str) -> pathlib.Path | str:
+def write_dataset(
+    plan: Plan, built: data.Built, clock: Clock, staging: pathlib.Path, engine: str
+) -> pathlib.Path | str:
     """The dataset directory from what an engine built: its shards, tokenizer.json and
     manifest.json, written in a temporary folder in `staging`, given the umask's modes (mkdtemp
     makes it 0700 and ShardWriter's files are 0600: another account could not read the dataset),
@@ -445,12 +459,215 @@ def rename_into_place(tmp_dir: pathlib.Path, out_dir: pathlib.Path) -> None:
     try:
         os.rename(tmp_dir, out_dir)
     except OSError:
-        if data.read_manifest_or_none(out_dir) is None:
+        if formats.read_manifest_or_none(out_dir) is None:
             raise
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# The checks of a recipe before any work, the cache (its root, the code version in its key), the
+# timings, and a prepared dataset's summary (`python data.py inspect`)
+# --------------------------------------------------------------------------------------------------
+
+# the repository: machinery/dataset.py's folder's parent
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def check_val_files(val_data: list[str], sources: list[data.Source]) -> list[pathlib.Path]:
+    """The --val-data paths, after the checks that need no cleaning: each exists, is a file of a
+    known type, has text, and is not the text of a training source (a copy would make the held-out
+    loss a training loss)."""
+    paths = [pathlib.Path(p).expanduser() for p in val_data]
+    # globs, folders resolved
+    train_files = [f for source in sources for f in source.files if not store.is_uri(f)]
+    for path in paths:
+        if not path.is_file():
+            what = (
+                "is a directory: name the file(s)"
+                if path.is_dir()
+                else "not found: name the held-out text file"
+                if not path.exists()
+                else f"is {formats.special_file(path)}, not a regular file: save the held-out text"
+            )
+            raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
+        if not formats.readable(path):
+            raise DataError(
+                f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or "
+                ".parquet "
+                f"file"
+            )
+        if not formats.read_val_file(path):
+            raise DataError(f"--val-data {path} is empty: give a file with the held-out text")
+        digest = hashlib.sha256(path.read_bytes()).digest()
+        for train_file in train_files:
+            if (
+                train_file.stat().st_size == path.stat().st_size
+                and hashlib.sha256(train_file.read_bytes()).digest() == digest
+            ):
+                raise DataError(
+                    f"--val-data {path} is the same text as the training file {train_file}: hold "
+                    "out a "
+                    f"different file (e.g. its last 10%), or drop --val-data to use --val-fraction"
+                )
+    return paths
+
+
+def check_budget(sources: list[data.Source], weights: list[float], train_tokens: float) -> None:
+    """Before any work: refuse a token budget that must read a source more than data.MAX_EPOCHS
+    times.
+    The tokens are not known until the text is encoded, but a byte of UTF-8 is at most one token,
+    and each document adds one <|endoftext|>: N bytes of text hold at most 2N tokens. So a share of
+    T tokens of a 20 kB file is at least T / 40,000 epochs: --train-tokens 1e15 would be 2.5e10
+    passes over it. Only local uncompressed files have a known size; other sources are checked once
+    they are encoded (`mixture_plan`)."""
+    total_weight = sum(weights)
+    for source, w in zip(sources, weights):
+        files = source.files
+        if not files or any(store.is_uri(f) or store.pure_path(f).suffix == ".gz" for f in files):
+            continue
+        most_tokens = 2 * sum(pathlib.Path(f).stat().st_size for f in files)
+        epochs = train_tokens * w / total_weight / max(1, most_tokens)
+        if epochs > data.MAX_EPOCHS:
+            raise DataError(
+                f"`train_tokens` {train_tokens:g} reads {source.label} at least {epochs:.3g} "
+                f"times, more than {data.MAX_EPOCHS} epochs: lower the budget (its "
+                f"{most_tokens / 2:,.0f} bytes hold at most {most_tokens:,.0f} tokens)"
+            )
+
+
+class Clock:
+    """Wall and CPU seconds per phase. The CPU clock counts every thread of this process and its
+    finished worker processes: on a shared machine the wall clock also measures the neighbours, the
+    CPU clock only us."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self.start = (time.perf_counter(), self.cpu())
+
+    @staticmethod
+    def cpu() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), self.cpu()
+        yield
+        for key, spent in (
+            (f"{name}_s", time.perf_counter() - wall),
+            (f"{name}_cpu_s", self.cpu() - cpu),
+        ):
+            # a phase may recur: add up
+            self.timings[key] = round(self.timings.get(key, 0) + spent, 3)
+
+    def finish(self) -> None:
+        self.timings["total_s"] = round(time.perf_counter() - self.start[0], 3)
+        self.timings["total_cpu_s"] = round(self.cpu() - self.start[1], 3)
+
+
+def cache_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("PRETRAIN_CACHE", REPO_ROOT / ".cache")).expanduser()
+
+
+# Every file whose bytes can change a dataset's: the chapter, its engine, its command line, and the
+# files the prepare path imports (tests/test_data_at_scale.py checks this is the set of imports),
+# named from the repository's root. Their bytes are in the cache key, so an edit to any invalidates
+# the datasets it would build differently, and a Ray cluster's workers receive these very files.
+PREPARE_FILES = (
+    "data.py",
+    "bpe.py",
+    "dedup.py",
+    "classify.py",
+    "machinery/data_at_scale.py",
+    "machinery/dataset.py",
+    "machinery/formats.py",
+    "machinery/store.py",
+    "machinery/fileio.py",
+    "machinery/classify_corpora.py",
+    "machinery/cli.py",
+    "machinery/commands/data.py",
+)
+
+
+# ... and the files they read that change what a filter keeps: the shipped classifiers
+CACHE_KEY_FILES = PREPARE_FILES + ("classifiers/language.pt", "classifiers/quality.pt")
+
+
+def code_version(files: Iterable[str] = CACHE_KEY_FILES, root: pathlib.Path = REPO_ROOT) -> str:
+    """Hash of the code that shapes the output: each file's name and bytes (a file missing, say
+    data.py copied without its engine, hashes as missing)."""
+    h = hashlib.sha256()
+    for name in files:
+        path = pathlib.Path(root) / name
+        content = path.read_bytes() if path.is_file() else b""
+        h.update(f"{name}:{len(content) if path.is_file() else 'missing'}:".encode() + content)
+    return h.hexdigest()[:16]
+
+
+def summary(data_dir: str | os.PathLike) -> str:
+    """A prepared dataset's funnel, then a few lines: tokens and documents per split, bytes per
+    token, throughput. A manifest that is valid JSON but lacks what prepare writes (a key, a number)
+    is one line, not a KeyError."""
+    m = load_manifest(data_dir)
+    try:
+        return "\n".join(_summary_lines(m, data_dir))
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
+        raise DataError(
+            f"{data_dir}: damaged manifest.json ({type(e).__name__}: {e}); re-run prepare"
+        ) from None
+
+
+def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
+    lines = [
+        data.Funnel.from_manifest(m).format(),
+        f"dataset {data_dir}",
+        f"tokenizer: {m['tokenizer']['vocab_size']:,} tokens, dtype {m['dtype']}",
+    ]
+    for split, s in m["splits"].items():
+        lines.append(
+            f"{split:>5}: {s['documents']:,} documents, {s['tokens']:,} tokens, "
+            f"{s['bytes'] / 1e6:,.2f} MB, "
+            f"{s['bytes'] / max(1, s['tokens']):.2f} bytes/token, {len(s['shards'])} shard(s)"
+        )
+    for name, p in (m["mixture"] or {}).items():
+        lines.append(
+            f"  mix {name}: weight {p['weight']:.2f}, {p['tokens']:,.0f} tokens, {p['epochs']:.2f} "
+            "epochs"
+        )
+    tm = m["timings"]
+    phases = ", ".join(
+        f"{p} {tm[p + '_s']:.1f}/{tm[p + '_cpu_s']:.1f}s" for p in ("clean", "tokenizer", "encode")
+    )
+    mb_in, mb_encoded = tm["input_bytes"] / 1e6, tm["encoded_bytes"] / 1e6
+    # os.times() does not see Ray's worker processes
+    cpu = "driver CPU" if tm.get("engine") == "ray" else "CPU"
+    lines.append(f"time (wall/{cpu}): {phases}, total {tm['total_s']:.1f}/{tm['total_cpu_s']:.1f}s")
+    lines.append(
+        f"throughput: {mb_in:.2f} MB read -> {mb_in / tm['total_s']:.2f} MB/s end to end "
+        f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per {cpu}-second); encoding "
+        f"{mb_encoded:.2f} MB at "
+        f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s "
+        f"({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
+        f" MB per {cpu}-second)"
+    )
+    return lines
+
+
+def load_manifest(data_dir: str | os.PathLike) -> dict:
+    """A dataset's manifest.json, from a local directory (data.load_manifest) or an object-store
+    URI."""
+    if not store.is_uri(data_dir):
+        return data.load_manifest(data_dir)
+    manifest = formats.read_manifest_or_none(data_dir)
+    if manifest is None:
+        raise DataError(
+            f"{data_dir} has no readable manifest.json: run `python data.py prepare` first"
+        )
+    return manifest
 
 
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
     from machinery import cli
+
     cli.help_only(__doc__, "No commands of its own: `python data.py prepare` runs it.")

@@ -1,11 +1,11 @@
 """formats.py: the file formats a data.py source is read from, each turned into a stream of
 documents (strings).
 
-Serves: data.py (`open_source` picks a reader here by file type; the lesson of the chapter starts
-where the documents come out) and data_at_scale.py (its workers read a chunk of a file: a .jsonl
-byte range, a .parquet row group). It is the layer below them, so it imports neither, and it owns
-the error class they share, DataError: a bad input is one line naming the problem and the fix,
-whichever of the three files finds it.
+Serves: data.py's pipeline (`open_source` below turns a source spec into a data.Source whose reader
+is one of these; the lesson of the chapter starts where the documents come out), dataset.py and
+data_at_scale.py (its workers read a chunk of a file: a .jsonl byte range, a .parquet row group).
+The error class they share is the chapter's, data.DataError: a bad input is one line naming the
+problem and the fix, whichever file finds it.
 
     file type         reader          one document is                        cleaned as
     .txt .md .text    read_txt        a piece between blank lines, or        prose, kept whole
@@ -34,36 +34,42 @@ its line number in the whole file, counted only when one fails.
 --val-data files are read verbatim (`read_val_file`): a text file is one document byte for byte, cut
 only at <|endoftext|> markers, so the held-out split is the very text given.
 
-Depends on: the standard library and two siblings, store.py (files and objects named by URI, gzip)
-and fileio.py (untrusted JSON in one line). Optional, imported only by the reader that needs it:
-pyarrow (.parquet), datasets (`hf:`, which also needs the network).
+Depends on: the standard library, data.py (Source, DataError, EOT) and two siblings, store.py
+(files and objects named by URI, gzip) and fileio.py (untrusted JSON in one line). Optional,
+imported only by the reader that needs it: pyarrow (.parquet), datasets (`hf:`, which also needs
+the network).
 """
+
 from __future__ import annotations
 
+import ast
 import dataclasses
 import gzip
+import os
 import pathlib
 import re
+import stat
+import sys
+import sysconfig
+import tokenize
 import zlib
 from typing import Callable, Iterable, Iterator
 
+# EOT: the document separator of .txt files (TinyStories' convention) and of the shards
+from data import EOT, DataError, Source
 from machinery import fileio
-# the document separator of .txt files (TinyStories' convention) and of the shards
-EOT = "<|endoftext|>"
-
-
-class DataError(ValueError):
-    """Bad input to the data pipeline: the message is one line naming the problem and the fix."""
 
 
 # A source may also be an object store's URI (s3://bucket/web/*.parquet): store.py lists and opens
 # those, so a file of a source is named by its own URI (a str) or by a local pathlib.Path, and the
 # readers below take either.
 
+
 def _read_bytes(path: pathlib.Path | str) -> bytes:
     """A (possibly gzipped) file's bytes; a binary file or a damaged .gz is refused with one clear
     line."""
     from machinery import store
+
     try:
         with store.open_input(
             path, unzip=store.pure_path(path).suffix == ".gz", error=DataError
@@ -97,6 +103,7 @@ def read_text(path: pathlib.Path) -> str:
 def inner_suffix(path: pathlib.Path | str) -> str:
     """'.txt' for both a.txt and a.txt.gz (and s3://bucket/a.txt.gz)."""
     from machinery import store
+
     suffixes = [s.lower() for s in store.pure_path(path).suffixes]
     if suffixes and suffixes[-1] == ".gz":
         suffixes.pop()
@@ -135,6 +142,7 @@ def read_txt(path: pathlib.Path, mode: str = "auto") -> Iterator[str]:
 @dataclasses.dataclass
 class JsonlStats:
     """Malformed lines skipped while reading (only when skipping was asked for)."""
+
     skipped: int = 0
 
 
@@ -151,6 +159,7 @@ def read_jsonl(
     the lines whose first byte lies in [start, stop), so byte ranges that tile a file read every
     line exactly once."""
     from machinery import store
+
     # line by line
     with store.open_input(path, unzip=store.pure_path(path).suffix == ".gz", error=DataError) as f:
         if start:
@@ -191,7 +200,7 @@ def read_jsonl(
             ) from None
 
 
-_NOT_JSON = object()                  # what read_jsonl records for a line that does not parse
+_NOT_JSON = object()  # what read_jsonl records for a line that does not parse
 JSON_TYPES = {
     list: "an array",
     str: "a string",
@@ -239,6 +248,7 @@ def _count_lines(path: pathlib.Path | str, start: int) -> int:
     """Lines of the file before the first line that starts at or after byte `start` > 0 (for a line
     number)."""
     from machinery import store
+
     with store.open_input(path, error=DataError) as f:
         head = f.read(start)
     return head.count(b"\n") + (0 if head.endswith(b"\n") else 1)
@@ -264,12 +274,14 @@ def parquet_file(path: pathlib.Path | str, field: str):
     """A pyarrow ParquetFile with a `field` column, or one line saying what is wrong with the
     file."""
     from machinery import store
+
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow), "
-                        f"or convert it to .jsonl") from None
+        raise DataError(
+            f"{path}: reading .parquet needs pyarrow (pip install pyarrow), or convert it to .jsonl"
+        ) from None
     # an object: its footer and
     fs, key = store.filesystem(path, DataError) if store.is_uri(path) else (None, path)
     # row groups are read as byte ranges
@@ -354,8 +366,8 @@ FILE_READERS = {
     ".htm": "html",
     ".py": "python",
 }
-FILE_TYPES = "/".join(sorted(FILE_READERS))              # for messages: ".htm/.html/.json/..."
-_FILE_KINDS = {"html": "html", "python": "code"}          # every other reader yields prose
+FILE_TYPES = "/".join(sorted(FILE_READERS))  # for messages: ".htm/.html/.json/..."
+_FILE_KINDS = {"html": "html", "python": "code"}  # every other reader yields prose
 # local text someone chose; jsonl/parquet/html are web-like
 _CURATED_READERS = {"txt", "wikitext", "python"}
 
@@ -374,6 +386,7 @@ def is_curated(path: pathlib.Path | str) -> bool:
     """Whether a (readable) file is text someone chose (.txt, .md, .raw, .py), which data.py keeps
     whole."""
     return FILE_READERS[inner_suffix(path)] in _CURATED_READERS
+
 
 HF_ALIASES = {
     "wikitext-2": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
@@ -418,6 +431,7 @@ def read_hf(name: str, field: str = "text") -> Iterator[str]:
 
 def file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterator[str]]:
     from machinery import store
+
     kind = FILE_READERS.get(inner_suffix(path))
     field = options.get("text_field", "text")
     if kind == "txt":
@@ -434,8 +448,10 @@ def file_source(path: pathlib.Path | str, options: dict) -> Callable[[], Iterato
         return lambda: read_html(path)
     if kind == "python":
         return lambda: iter([read_text(path)])
-    raise DataError(f"{path}: unknown file type {store.pure_path(path).suffix!r}; use "
-                    f"{', '.join(sorted(FILE_READERS))} (optionally .gz)")
+    raise DataError(
+        f"{path}: unknown file type {store.pure_path(path).suffix!r}; use "
+        f"{', '.join(sorted(FILE_READERS))} (optionally .gz)"
+    )
 
 
 def read_val_file(path: pathlib.Path) -> list[str]:
@@ -458,8 +474,261 @@ def read_val_file(path: pathlib.Path) -> list[str]:
     return [part for part in _read_utf8(path, "--val-data ").split(EOT) if part.strip()]
 
 
+# --------------------------------------------------------------------------------------------------
+# Sources: a spec (a name, hf:NAME, a path, a folder, a glob, an object store's URI) opened as a
+# data.Source, whose reader is one of the above per file; and the embedded corpora
+# --------------------------------------------------------------------------------------------------
+
+
+def _stdlib_root() -> pathlib.Path:
+    return pathlib.Path(sysconfig.get_paths()["stdlib"])
+
+
+_NOT_STDLIB = {"site-packages", "dist-packages", "__pycache__"}
+
+
+_TEST_DIRS = {"test", "tests", "idle_test"}
+
+
+def stdlib_files(include_tests: bool) -> list[pathlib.Path]:
+    """The standard library's .py files in sorted (stable) order, without third-party packages."""
+    root, files = _stdlib_root(), []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in _NOT_STDLIB and (include_tests or d not in _TEST_DIRS)
+        )
+        for name in sorted(filenames):
+            if name.endswith(".py") and (include_tests or not name.startswith("test_")):
+                files.append(pathlib.Path(dirpath) / name)
+    return files
+
+
+def _read_python_source(path: pathlib.Path) -> str | None:
+    """Decode a .py file by its coding cookie (PEP 263); None for the few deliberately broken test
+    files."""
+    try:
+        with tokenize.open(path) as f:
+            return f.read()
+    except (SyntaxError, UnicodeDecodeError):
+        return None
+
+
+def module_docstrings(source: str, module: str) -> str:
+    """One module's docstrings as a document: a heading line with the qualified name, then the
+    docstring.
+
+    >>> print(module_docstrings('"Say hi."\\ndef hi():\\n    "Print hi."', "greet"))
+    greet
+    Say hi.
+    <BLANKLINE>
+    greet.hi
+    Print hi.
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ""
+    blocks = []
+
+    def visit(node: ast.AST, qualname: str) -> None:
+        doc = ast.get_docstring(node, clean=True)
+        if doc:
+            blocks.append(f"{qualname}\n{doc}")
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, f"{qualname}.{child.name}")
+
+    visit(tree, module)
+    return "\n\n".join(blocks)
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(_stdlib_root()).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def read_pydocs() -> Iterator[str]:
+    """The embedded prose corpus (~2.3 MB): stdlib docstrings, one document per module (tests
+    skipped), then the reference manual's topics from pydoc_data.topics (what `help("with")`
+    prints), one document per topic."""
+    for path in stdlib_files(include_tests=False):
+        source = _read_python_source(path)
+        text = module_docstrings(source, _module_name(path)) if source else ""
+        if text:
+            yield text
+    try:
+        from pydoc_data.topics import topics
+    # some distributions strip pydoc_data; the docstrings alone are still ~1.8 MB
+    except ImportError:
+        return
+    for name in sorted(topics):
+        yield topics[name].strip()
+
+
+def read_pystdlib() -> Iterator[str]:
+    """The embedded code corpus (~31 MB): every .py file of the standard library, tests included,
+    one per document."""
+    for path in stdlib_files(include_tests=True):
+        source = _read_python_source(path)
+        if source and source.strip():
+            yield source
+
+
+def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
+    # hidden files and folders (.git) skipped
+    files = sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file()
+        and readable(p)
+        and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
+    if not files:
+        raise DataError(f"{directory} holds no {FILE_TYPES} files")
+    return files
+
+
+def special_file(path: pathlib.Path) -> str:
+    """What a path that is neither a file nor a folder is: 'a FIFO (named pipe)', 'a device', 'a
+    socket'."""
+    mode = path.stat().st_mode
+    return (
+        "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+    )
+
+
+def _is_dataset(folder: pathlib.Path) -> bool:
+    """Whether a folder holds a dataset `prepare` wrote (its manifest says so): a corpus it must not
+    read."""
+    manifest = read_manifest_or_none(folder)
+    return isinstance(manifest, dict) and manifest.get("format") == "llm-token-shards"
+
+
+def open_source(
+    spec: str,
+    text_field: str = "text",
+    txt_split: str = "auto",
+    skip_bad_lines: bool = False,
+    max_documents: int | None = None,
+    jsonl_stats: JsonlStats | None = None,
+    kind: str | None = None,
+) -> Source:
+    """Turn a source spec (a name, hf:..., a path to a file or directory, a glob, or the URI of an
+    object, prefix or glob in an object store: s3://bucket/web/*.parquet) into a Source. kind
+    overrides what the file types imply ("code" for a .jsonl of source files, say)."""
+    from machinery import store  # object-store I/O, loaded only where a path may be a URI
+
+    if kind not in (None, "prose", "code", "html"):
+        raise DataError(f"unknown source kind {kind!r}; use prose, code or html")
+    options = dict(
+        text_field=text_field,
+        txt_split=txt_split,
+        skip_bad_lines=skip_bad_lines,
+        jsonl_stats=jsonl_stats,
+    )
+    version = f"python-{sys.version.split()[0]}@{_stdlib_root()}"
+    if spec == "pydocs":
+        return Source(spec, kind or "prose", version, read_pydocs, max_documents)
+    if spec == "pystdlib":
+        return Source(spec, kind or "code", version, read_pystdlib, max_documents)
+    if spec.startswith("hf:"):
+        name = spec[3:]
+        return Source(spec, kind or "prose", spec, lambda: read_hf(name, text_field), max_documents)
+    path = pathlib.Path(spec).expanduser()
+    if store.is_uri(spec):
+        listed = store.list_files(spec, readable, FILE_TYPES, DataError)
+        files = [uri for uri, _, _ in listed]
+        fingerprint = ";".join(f"{uri}:{size}:{mtime_ns}" for uri, size, mtime_ns in listed)
+    elif any(c in spec for c in "*?[") and not path.exists():  # a pattern: "shards/*.parquet"
+        # pathlib's ** never follows a directory symlink:
+        anchor = pathlib.Path(path.anchor or ".")
+        # glob's loops forever
+        matches = anchor.glob(str(path.relative_to(anchor)) if path.anchor else str(path))
+        files = sorted(
+            p for p in matches if p.is_file() and readable(p) and not p.name.startswith(".")
+        )
+        if not files:
+            raise DataError(f"source {spec!r} matches no {FILE_TYPES} files; check the pattern")
+    elif not path.exists():
+        hint = "a name (pydocs, pystdlib, hf:NAME), an existing file/directory or a glob pattern"
+        raise DataError(f"source {spec!r} not found: give {hint}")
+    # reading a FIFO waits for a writer; /dev/zero never ends
+    elif not (path.is_dir() or path.is_file()):
+        raise DataError(
+            f"source {spec!r} is {special_file(path)}, not a regular file: save the text to a "
+            "file "
+            f"and pass that"
+        )
+    else:
+        files = _files_under(path) if path.is_dir() else [path]
+    if not store.is_uri(spec):
+        for f in files:
+            if f.name == "manifest.json" and _is_dataset(f.parent):
+                raise DataError(
+                    f"source {spec!r}: {f.parent} is a prepared dataset, not text: pass it to "
+                    f"train.py --data (or data.py inspect), not to prepare"
+                )
+        stats = [f.stat() for f in files]
+        if not any(st.st_size for st in stats):
+            raise DataError(f"source {spec!r} is empty (0 bytes): give a file with text")
+        fingerprint = ";".join(
+            f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}" for f, st in zip(files, stats)
+        )
+    readers = [file_source(f, options) for f in files]
+    kinds = {file_kind(f) for f in files}
+    if len(kinds) > 1 and kind is None:
+        raise DataError(
+            f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: "
+            "pass "
+            f"them as separate sources (or force one with --kind)"
+        )
+
+    def read() -> Iterator[str]:
+        for file, reader in zip(files, readers):
+            try:
+                yield from reader()
+            except OSError as e:  # EIO from a failing disk, a file removed midway
+                raise DataError(
+                    f"{file}: cannot read it ({e.strerror or e}); check the disk, or "
+                    f"leave the file out of {spec}"
+                ) from None
+
+    curated = all(is_curated(f) for f in files)
+    label = store.pure_path(spec).name or spec
+    return Source(
+        spec, kind or kinds.pop(), fingerprint, read, max_documents, tuple(files), curated, label
+    )
+
+
+def read_manifest_or_none(data_dir: pathlib.Path | str) -> dict | None:
+    from machinery import store
+
+    if store.is_uri(data_dir):
+        path = store.uri_of(
+            data_dir, store.filesystem(data_dir, DataError)[1] + "/manifest.json", DataError
+        )
+    else:
+        path = pathlib.Path(data_dir) / "manifest.json"
+    try:
+        with store.open_input(path, error=DataError) as f:
+            manifest = fileio.parse_json(f.read(), str(path), DataError)
+    # missing, unreadable, or not JSON (however deeply nested)
+    except (OSError, DataError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
     from machinery import cli
-    cli.help_only(__doc__, "No commands of its own: `python data.py prepare --data FILES` reads "
-                  "them through it.")
+
+    cli.help_only(
+        __doc__,
+        "No commands of its own: `python data.py prepare --data FILES` reads them through it.",
+    )

@@ -27,6 +27,7 @@ Every function that can fail takes `error`, the class the caller's chapter raise
 DataError), as fileio.py's readers do: the message is one line naming the URI, and STORE_HINT says
 what to check.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -121,8 +122,12 @@ def pure_path(path: pathlib.Path | str) -> pathlib.PurePath:
 
 
 @contextlib.contextmanager
-def open_input(path: pathlib.Path | str, unzip: bool = False, buffer: int = 1 << 20,
-               error: type[Exception] = StoreError) -> Iterator[io.BufferedIOBase]:
+def open_input(
+    path: pathlib.Path | str,
+    unzip: bool = False,
+    buffer: int = 1 << 20,
+    error: type[Exception] = StoreError,
+) -> Iterator[io.BufferedIOBase]:
     """A local file or an object (pyarrow's random-access file, buffered: a seek, then a request per
     `buffer` bytes, not one per line), read as is or through gzip."""
     if is_uri(path):
@@ -138,7 +143,8 @@ def exists(uri: str, name: str, error: type[Exception] = StoreError) -> bool:
     """Whether the object URI/NAME exists. An endpoint that refuses or does not answer (or denies
     access) is `error`, not False: "no dataset there" and "no store there" need different fixes."""
     fs, path = filesystem(uri, error)
-    import pyarrow.fs as pafs                     # `filesystem` has checked it is installed
+    import pyarrow.fs as pafs  # `filesystem` has checked it is installed
+
     try:
         return fs.get_file_info(f"{path}/{name}").type != pafs.FileType.NotFound
     except OSError as e:
@@ -172,15 +178,20 @@ def match_glob(pattern: list[str], parts: list[str]) -> bool:
     )
 
 
-def list_files(spec: str, readable: Callable[[pathlib.PurePath], bool], kinds: str,
-               error: type[Exception] = StoreError) -> list[tuple[str, int, int]]:
+def list_files(
+    spec: str,
+    readable: Callable[[pathlib.PurePath], bool],
+    kinds: str,
+    error: type[Exception] = StoreError,
+) -> list[tuple[str, int, int]]:
     """(URI, size, mtime in ns) of the objects a source URI names: one object, every object
     `readable` accepts under a prefix ("a directory"), or those matching a glob in the key (* [...]
     **; in a URI ? starts the query). kinds names the readable file types for the message. One line
     naming the spec for a missing bucket, key or endpoint, bad credentials, or a glob matching
     nothing."""
     fs, path = filesystem(spec, error)
-    import pyarrow.fs as pafs                     # `filesystem` has checked it is installed
+    import pyarrow.fs as pafs  # `filesystem` has checked it is installed
+
     key = path.split("/")
     fixed = next((k for k, part in enumerate(key) if any(c in part for c in "*[")), len(key))
     try:
@@ -190,8 +201,14 @@ def list_files(spec: str, readable: Callable[[pathlib.PurePath], bool], kinds: s
                 return [(spec, info.size, info.mtime_ns)]
             # name the first part that is missing: the bucket?
             if info.type == pafs.FileType.NotFound:
-                missing = next((p for p in itertools.accumulate(key, lambda a, b: f"{a}/{b}")
-                                if p and fs.get_file_info(p).type == pafs.FileType.NotFound), path)
+                missing = next(
+                    (
+                        p
+                        for p in itertools.accumulate(key, lambda a, b: f"{a}/{b}")
+                        if p and fs.get_file_info(p).type == pafs.FileType.NotFound
+                    ),
+                    path,
+                )
                 raise error(f"source {spec!r} not found: {missing!r} does not exist; {STORE_HINT}")
         base = "/".join(key[:fixed])
         found = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
@@ -200,37 +217,44 @@ def list_files(spec: str, readable: Callable[[pathlib.PurePath], bool], kinds: s
         raise error(f"source {spec!r}: {first_line(e)}; {STORE_HINT}") from None
     files = []
     for info in sorted(found, key=lambda i: i.path):
-        inside = info.path[len(base):].strip("/").split("/")
-        if (info.type == pafs.FileType.File and readable(pure_path(info.path))
-                and not any(part.startswith(".") for part in inside)
-                and (fixed == len(key) or match_glob(key[fixed:], inside))):
+        inside = info.path[len(base) :].strip("/").split("/")
+        if (
+            info.type == pafs.FileType.File
+            and readable(pure_path(info.path))
+            and not any(part.startswith(".") for part in inside)
+            and (fixed == len(key) or match_glob(key[fixed:], inside))
+        ):
             files.append((uri_of(spec, info.path, error), info.size, info.mtime_ns))
     if not files:
-        raise error(f"source {spec!r} matches no {kinds} objects; check the "
-                    f"{'pattern' if fixed < len(key) else 'prefix'}")
+        raise error(
+            f"source {spec!r} matches no {kinds} objects; check the "
+            f"{'pattern' if fixed < len(key) else 'prefix'}"
+        )
     return files
 
 
 # Publishing a dataset into a store, and taking one out.
+
 
 def check_out(out_uri: str, dataset_file: re.Pattern, error: type[Exception] = StoreError) -> None:
     """Before any work: OUT/ in the store is empty, or holds what a killed publish left (files whose
     names dataset_file matches, without a manifest, replaced by the next publish); a missing bucket,
     no answer or other objects are one line."""
     import pyarrow.fs as pafs
+
     fs, out = filesystem(out_uri, error)
     if "/" not in out.strip("/"):
         raise error(
-            f"--out {out_uri} is a bucket: give a prefix inside it, e.g. s3://bucket/datasets/name"
+            f"`out` {out_uri} is a bucket: give a prefix inside it, e.g. s3://bucket/datasets/name"
         )
     try:
         if fs.get_file_info(out).type == pafs.FileType.File:
             raise error(
-                f"--out {out_uri} is an object, not a prefix; give a prefix (a \"directory\") URI"
+                f'`out` {out_uri} is an object, not a prefix; give a prefix (a "directory") URI'
             )
         found = fs.get_file_info(pafs.FileSelector(out, recursive=True, allow_not_found=True))
     except OSError as e:
-        raise error(f"--out {out_uri}: {first_line(e)}; {STORE_HINT}") from None
+        raise error(f"`out` {out_uri}: {first_line(e)}; {STORE_HINT}") from None
     foreign = [
         i.path
         for i in found
@@ -238,9 +262,9 @@ def check_out(out_uri: str, dataset_file: re.Pattern, error: type[Exception] = S
     ]
     if foreign:
         raise error(
-            f"--out {out_uri} holds objects that are not a dataset ({foreign[0]}); remove them or "
+            f"`out` {out_uri} holds objects that are not a dataset ({foreign[0]}); remove them or "
             "pick "
-            f"another --out"
+            f"another `out`"
         )
 
 
@@ -263,18 +287,22 @@ def publish(tmp_dir: pathlib.Path, out_uri: str, error: type[Exception] = StoreE
     never sees part of a dataset, and a run killed on the way leaves no manifest. Objects already in
     OUT/ are a killed publish's (`check_out`)."""
     import pyarrow.fs as pafs
+
     fs, out = filesystem(out_uri, error)
     tmp = f"{out}.tmp-{os.getpid()}-{time.time_ns()}"
-    names = (sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")
-             + ["manifest.json"])                                         # the manifest last
+    # the manifest last
+    names = sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")
+    names += ["manifest.json"]
     try:
         # a no-op in a bucket; a folder for file:// and hdfs://
         fs.create_dir(tmp)
         fs.create_dir(out)
         # streamed: a multipart upload for a large shard
         for name in names:
-            with open(tmp_dir / name, "rb") as local, \
-                    fs.open_output_stream(f"{tmp}/{name}", compression=None) as remote:
+            with (
+                open(tmp_dir / name, "rb") as local,
+                fs.open_output_stream(f"{tmp}/{name}", compression=None) as remote,
+            ):
                 shutil.copyfileobj(local, remote, 8 << 20)
         for info in fs.get_file_info(pafs.FileSelector(out, recursive=True, allow_not_found=True)):
             if info.type == pafs.FileType.File and info.base_name not in names:
@@ -294,6 +322,7 @@ def remove_stale_publishes(out_uri: str, error: type[Exception] = StoreError) ->
     """Delete the OUT.tmp-* prefixes that killed publishes left beside OUT (never read: a publish
     ends with the manifest's copy)."""
     import pyarrow.fs as pafs
+
     fs, out = filesystem(out_uri, error)
     parent, _, leaf = out.rpartition("/")
     for info in fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
@@ -317,5 +346,8 @@ def copy_down(
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
     from machinery import cli
-    cli.help_only(__doc__, "No commands of its own: `python data.py prepare --data s3://... "
-                  "--out s3://...` runs it.")
+
+    cli.help_only(
+        __doc__,
+        "No commands of its own: `python data.py prepare --data s3://... --out s3://...` runs it.",
+    )

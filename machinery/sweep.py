@@ -916,7 +916,7 @@ def sweep(
     Everything that can be checked is checked before the first side effect (the design and its
     estimated time, the dataset, the output folder); a sweep that fails later keeps only its
     finished runs (a rerun reuses them) and removes an output folder it created that holds none."""
-    import data as data_lib
+    from machinery import formats
     from machinery import data_at_scale
 
     s = settings
@@ -932,7 +932,7 @@ def sweep(
         with _data_errors(s.data):
             for spec in sources:
                 # a missing file fails here, before any output
-                data_lib.open_source(spec)
+                formats.open_source(spec)
     with output_folder(out_dir, keep=lambda out: any((out / "runs").glob("*/command.json"))) as out:
         if dataset is None:
             log(
@@ -1562,13 +1562,14 @@ def _dedup_effect_in(
 ) -> dict:
     import concurrent.futures
     import data as data_lib
+    from machinery import formats
     from machinery import data_at_scale
     import dedup as dedup_lib
     import evaluate as evaluate_lib
 
     # The source through data.py's funnel (quality filters, exact dedup) but without near-dedup:
     # that is ours.
-    source = data_lib.open_source(s.source, max_documents=s.max_documents)
+    source = formats.open_source(s.source, max_documents=s.max_documents)
     docs, _, _ = data_lib.clean([source], data_lib.CleanSettings(near_dup_threshold=0))
     order = np.random.default_rng(0).permutation(len(docs))
     n_held = max(1, round(s.held_out_fraction * len(docs)))

@@ -206,9 +206,8 @@ MUTANTS = [
            ("tests/test_classify.py::test_shipped_model_covers_languages_and_no_message_is_on_both_sides",),
            "held out by each translation's text: one message trains in French and is tested in German"),
     Mutant("language-reasons-in-the-quality-row", "data.py",
-           '         lambda r: r == "low_quality", bool(settings.quality_threshold)),',
-           '         lambda r: r == "low_quality" or r.startswith("language_"),\n'
-           '         bool(settings.quality_threshold)),',
+           '            lambda r: r == "low_quality",\n',
+           '            lambda r: r == "low_quality" or r.startswith("language_"),\n',
            ("tests/test_classify.py::test_lang_and_quality_rows_and_engines_write_the_same_bytes",),
            "the quality classifier's row also counts the language identifier's rejections"),
     Mutant("classifier-nan-weights-trusted", "classify.py",
@@ -218,17 +217,15 @@ MUTANTS = [
            "a classifier file with NaN or infinite weights is trusted: the quality filter keeps every document"),
     # --- object stores: a reader must never see half a dataset, nor a range read lose a line ---------------------
     Mutant("store-manifest-published-first", "machinery/store.py",
-           '    names = (sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json")\n'
-           '             + ["manifest.json"])',
-           '    names = (["manifest.json"]\n'
-           '             + sorted(p.name for p in tmp_dir.iterdir() if p.name != "manifest.json"))',
+           '    names += ["manifest.json"]',
+           '    names.insert(0, "manifest.json")',
            ("tests/test_data_objstore.py::test_failed_publish_leaves_no_manifest",),
            "the manifest is copied to OUT/ before the shards: a failed publish leaves a dataset that looks finished"),
     Mutant("jsonl-range-seek-off-by-one", "machinery/formats.py",
            "            f.seek(start - 1)\n", "            f.seek(start)\n",
            ("tests/test_data_objstore.py::test_jsonl_byte_ranges_over_s3_read_every_line_once",),
            "a byte range starting on a line start skips that line"),
-    Mutant("store-fingerprint-ignores-size", "data.py",
+    Mutant("store-fingerprint-ignores-size", "machinery/formats.py",
            'f"{uri}:{size}:{mtime_ns}"', 'f"{uri}:{mtime_ns}"',
            ("tests/test_data_objstore.py::test_file_uris_and_globs",),
            "an object rewritten with its old mtime is taken for the cached dataset"),

@@ -281,22 +281,11 @@ def test_a_retrained_quality_model_on_a_full_disk_is_one_line_and_no_temp_file(
     (tmp_path / "web.txt").write_text("buy now click here cheap deals login register")
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(torch, "save", half_then_full)
+    from machinery.commands import data as data_command
     with pytest.raises(SystemExit) as exit_code:
-        data.main(
-            [
-                "prepare",
-                "--data",
-                str(tmp_path / "good.txt"),
-                "--quality-threshold",
-                "0.5",
-                "--out",
-                str(tmp_path / "ds"),
-                "--quality-positives",
-                str(tmp_path / "good.txt"),
-                "--quality-negatives",
-                str(tmp_path / "web.txt"),
-            ]
-        )
+        sys.exit(data_command.main(["prepare", "--data", str(tmp_path / "good.txt"), "--quality-threshold", "0.5",
+                                    "--out", str(tmp_path / "ds"), "--quality-positives", str(tmp_path / "good.txt"),
+                                    "--quality-negatives", str(tmp_path / "web.txt")]))
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_code.value.code == 2 and "Traceback" not in lines[-1], lines
     assert (

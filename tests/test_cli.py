@@ -737,7 +737,7 @@ def test_a_recursive_glob_does_not_follow_a_folder_that_links_to_itself(tmp_path
     (tmp_path / "d" / "sub" / "a.txt").write_text("a line of text for the corpus\n")
     (tmp_path / "d" / "self").symlink_to(".")
     (tmp_path / "d" / "sub" / "up").symlink_to("..")                         # two loops: glob.glob never ends
-    code = "import data; print([str(f) for f in data.open_source('d/**/*.txt').files])"
+    code = "from machinery import formats; print([str(f) for f in formats.open_source('d/**/*.txt').files])"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])})
     assert done.stdout.strip() == "['d/sub/a.txt']", done.stderr[-500:]

@@ -212,14 +212,14 @@ def test_hold_takes_over_a_dead_holders_file_but_never_truncates_other_data(tmp_
 
 @pytest.mark.parametrize("kind", ["symbolic link", "FIFO"])
 def test_prepare_and_train_refuse_a_planted_lock_in_one_line(corpus, tmp_path, kind, capsys):
-    import data
     from machinery.commands import train as train_command
     victim = tmp_path / "victim.txt"
     victim.write_text("keep\n")
     plant(kind, tmp_path / ".ds.lock", victim)
     (tmp_path / "run").mkdir()
     plant(kind, tmp_path / "run" / ".train.lock", victim)
-    runs = (("data", data.main, ["prepare", "--data", str(corpus), "--vocab-size", "300",
+    from machinery.commands import data as data_command
+    runs = (("data", lambda argv: sys.exit(data_command.main(argv)), ["prepare", "--data", str(corpus), "--vocab-size", "300",
                                  "--out", str(tmp_path / "ds")], ".ds.lock", "--out"),
             ("train.py", lambda argv: sys.exit(train_command.main(argv)), ["--data", str(corpus), "--out-dir", str(tmp_path / "run"),
                                       *TRAIN_ARGS], "run/.train.lock", "--out-dir"))

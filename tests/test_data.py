@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import data
 from machinery import data_at_scale
+from machinery.commands import data as data_command
 from machinery import dataset
 import dedup
 from machinery import formats
@@ -81,15 +82,15 @@ def exact_jaccard(a: str, b: str) -> float:
 def test_module_docstrings_walks_classes_and_functions():
     source = '"""Mod doc."""\nclass A:\n    """A doc."""\n    def f(self):\n        """F doc."""\n' \
              'def g():\n    pass\nasync def h():\n    """H doc."""\n'
-    assert data.module_docstrings(source, "m") == "m\nMod doc.\n\nm.A\nA doc.\n\nm.A.f\nF doc.\n\nm.h\nH doc."
-    assert data.module_docstrings("def (:", "broken") == ""
+    assert formats.module_docstrings(source, "m") == "m\nMod doc.\n\nm.A\nA doc.\n\nm.A.f\nF doc.\n\nm.h\nH doc."
+    assert formats.module_docstrings("def (:", "broken") == ""
 
 
 def test_pydocs_is_stable_prose_with_topics():
-    first = list(itertools.islice(data.read_pydocs(), 5))
-    assert first == list(itertools.islice(data.read_pydocs(), 5))          # stable order
+    first = list(itertools.islice(formats.read_pydocs(), 5))
+    assert first == list(itertools.islice(formats.read_pydocs(), 5))          # stable order
     assert all(isinstance(d, str) and d for d in first)
-    docs = list(data.read_pydocs())
+    docs = list(formats.read_pydocs())
     size = sum(len(d.encode()) for d in docs)
     assert 1.0e6 < size < 6e6, size                                          # "about 2 MB" on any CPython 3.x
     assert not any(d.startswith("test.") for d in docs)                     # tests are skipped
@@ -98,12 +99,12 @@ def test_pydocs_is_stable_prose_with_topics():
 
 
 def test_pystdlib_documents_are_python_files():
-    docs = list(itertools.islice(data.read_pystdlib(), 20))
+    docs = list(itertools.islice(formats.read_pystdlib(), 20))
     assert len(docs) == 20
     import ast
     for d in docs:
         ast.parse(d)
-    assert data.open_source("pystdlib").kind == "code"
+    assert formats.open_source("pystdlib").kind == "code"
 
 
 def test_split_plain_text_modes():
@@ -122,38 +123,38 @@ def test_local_files_txt_jsonl_gz_and_directories(tmp_path):
     (tmp_path / "notes.bin").write_bytes(b"\x00\x01")                       # not a known type: ignored in a dir
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "info.txt").write_text("hidden")                 # hidden folders are skipped
-    docs = list(data.open_source(str(tmp_path)).documents())
+    docs = list(formats.open_source(str(tmp_path)).documents())
     assert docs == ["alpha", "beta", "one", "two", "gamma"]               # files in sorted path order
-    assert list(data.open_source(str(tmp_path / "c.jsonl.gz"), text_field="body").documents()) == ["x"]
-    assert list(data.open_source(str(tmp_path / "b.txt"), max_documents=1).documents()) == ["one"]
+    assert list(formats.open_source(str(tmp_path / "c.jsonl.gz"), text_field="body").documents()) == ["x"]
+    assert list(formats.open_source(str(tmp_path / "b.txt"), max_documents=1).documents()) == ["one"]
 
 
 def test_kinds_from_file_types_and_overrides(tmp_path):
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "a.py").write_text("x = 1\n")
     (tmp_path / "code" / "b.py").write_text("y = 2\n")
-    source = data.open_source(str(tmp_path / "code"))
+    source = formats.open_source(str(tmp_path / "code"))
     assert source.kind == "code" and list(source.documents()) == ["x = 1\n", "y = 2\n"]
     (tmp_path / "code" / "page.html").write_text("<p>hi</p>")
     with pytest.raises(DataError, match="mixes code and html"):
-        data.open_source(str(tmp_path / "code"))
-    assert data.open_source(str(tmp_path / "code"), kind="code").kind == "code"
-    assert data.open_source("pydocs", kind="code").kind == "code"
+        formats.open_source(str(tmp_path / "code"))
+    assert formats.open_source(str(tmp_path / "code"), kind="code").kind == "code"
+    assert formats.open_source("pydocs", kind="code").kind == "code"
     with pytest.raises(DataError, match="unknown source kind"):
-        data.open_source("pydocs", kind="poetry")
+        formats.open_source("pydocs", kind="poetry")
 
 
 def test_malformed_jsonl_names_the_line_or_skips_and_counts(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b'{"text": "ok"}\n{"text": broken\n{"other": 1}\n{"text": "caf\xe9"}\n[1]\n{"text": "fine"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: "):
-        list(data.open_source(str(path)).documents())
+        list(formats.open_source(str(path)).documents())
     stats = formats.JsonlStats()
-    docs = list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents())
+    docs = list(formats.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents())
     assert docs == ["ok", "fine"] and stats.skipped == 4
     path.write_bytes(b'{"text": "ok"}\n\n{"text": "caf\xe9"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:3: not UTF-8 text \(byte 13\); fix the line"):
-        list(data.open_source(str(path)).documents())
+        list(formats.open_source(str(path)).documents())
 
 
 @pytest.mark.parametrize("line, message", [
@@ -173,43 +174,43 @@ def test_each_kind_of_bad_jsonl_line_is_named_with_its_fix(tmp_path, line, messa
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b'{"text": "ok"}\n' + line + b'\n{"text": "fine"}\n')
     with pytest.raises(DataError, match=message) as raised:
-        list(data.open_source(str(path)).documents())
+        list(formats.open_source(str(path)).documents())
     assert "\n" not in str(raised.value) and len(str(raised.value)) < 400
     stats = formats.JsonlStats()
-    assert list(data.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents()) == ["ok", "fine"]
+    assert list(formats.open_source(str(path), skip_bad_lines=True, jsonl_stats=stats).documents()) == ["ok", "fine"]
     assert stats.skipped == 1
 
 
 def test_bad_paths_and_files(tmp_path):
     with pytest.raises(DataError, match="not found"):
-        data.open_source(str(tmp_path / "missing.txt"))
+        formats.open_source(str(tmp_path / "missing.txt"))
     with pytest.raises(DataError, match="not found"):
-        data.open_source("no-such-corpus")
+        formats.open_source("no-such-corpus")
     (tmp_path / "blob.txt").write_bytes(b"PK\x03\x04\x00\x00binary")
     with pytest.raises(DataError, match="binary"):
-        list(data.open_source(str(tmp_path / "blob.txt")).documents())
+        list(formats.open_source(str(tmp_path / "blob.txt")).documents())
     (tmp_path / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(DataError, match="not UTF-8"):
-        list(data.open_source(str(tmp_path / "latin.txt")).documents())
+        list(formats.open_source(str(tmp_path / "latin.txt")).documents())
     (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a"}\n' * 100)[:40])
     with pytest.raises(DataError, match="damaged gzip"):
-        list(data.open_source(str(tmp_path / "cut.jsonl.gz")).documents())
+        list(formats.open_source(str(tmp_path / "cut.jsonl.gz")).documents())
     (tmp_path / "cut.txt.gz").write_bytes(b"not gzip at all")
     with pytest.raises(DataError, match="damaged gzip"):
-        list(data.open_source(str(tmp_path / "cut.txt.gz")).documents())
+        list(formats.open_source(str(tmp_path / "cut.txt.gz")).documents())
     (tmp_path / "x.docx").write_text("x")
     with pytest.raises(DataError, match="unknown file type"):
-        data.open_source(str(tmp_path / "x.docx"))
+        formats.open_source(str(tmp_path / "x.docx"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="holds no"):
-        data.open_source(str(tmp_path / "empty"))
+        formats.open_source(str(tmp_path / "empty"))
 
 
 def test_parquet_source(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
     pq.write_table(pa.table({"text": ["first doc", "second doc"], "n": [1, 2]}), tmp_path / "d.parquet")
-    assert list(data.open_source(str(tmp_path / "d.parquet")).documents()) == ["first doc", "second doc"]
+    assert list(formats.open_source(str(tmp_path / "d.parquet")).documents()) == ["first doc", "second doc"]
 
 
 def test_parquet_without_pyarrow_says_how(tmp_path, monkeypatch):
@@ -217,12 +218,12 @@ def test_parquet_without_pyarrow_says_how(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(DataError, match="pip install pyarrow"):
-        list(data.open_source(str(tmp_path / "d.parquet")).documents())
+        list(formats.open_source(str(tmp_path / "d.parquet")).documents())
 
 
 def test_hf_source_offline_error_names_alternatives(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)                     # as on a machine without `datasets`
-    source = data.open_source("hf:wikitext-2")
+    source = formats.open_source("hf:wikitext-2")
     with pytest.raises(DataError, match="pip install datasets.*pydocs"):
         list(source.documents())
 
@@ -242,15 +243,15 @@ def test_hf_source_resolves_aliases_and_regroups_wikitext(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "datasets", type(sys)("datasets"))
     monkeypatch.setattr(sys.modules["datasets"], "load_dataset", load_dataset, raising=False)
-    assert list(data.open_source("hf:wikitext-103").documents()) == ["Lobster\n\nLobsters moult .",
+    assert list(formats.open_source("hf:wikitext-103").documents()) == ["Lobster\n\nLobsters moult .",
                                                                       "Crab\n\nCrabs walk ."]
-    assert list(data.open_source("hf:tinystories", max_documents=2).documents()) == ["story one", "story two"]
-    list(data.open_source("hf:someone/corpus:cfg:validation").documents())
+    assert list(formats.open_source("hf:tinystories", max_documents=2).documents()) == ["story one", "story two"]
+    list(formats.open_source("hf:someone/corpus:cfg:validation").documents())
     assert calls == [("Salesforce/wikitext", "wikitext-103-raw-v1", "train", True),
                      ("roneneldan/TinyStories", None, "train", True), ("someone/corpus", "cfg", "validation", True)]
     with pytest.raises(DataError, match=r"hf:nobody/missing: could not load it \(FileNotFoundError: Dataset "
                                         r"'nobody/missing' doesn't exist on the Hub\); offline, use pydocs"):
-        list(data.open_source("hf:nobody/missing").documents())
+        list(formats.open_source("hf:nobody/missing").documents())
 
 
 def test_wikitext_articles_and_paragraphs():
@@ -286,7 +287,7 @@ def test_html_to_text_keeps_paragraphs_and_drops_chrome():
 
 def test_html_source_goes_through_extraction(tmp_path):
     (tmp_path / "page.html").write_text("<nav>menu</nav><p>" + GOOD_PROSE + "</p><footer>foot</footer>")
-    docs, _, funnel = data.clean([data.open_source(str(tmp_path / "page.html"))],
+    docs, _, funnel = data.clean([formats.open_source(str(tmp_path / "page.html"))],
                                  data.CleanSettings(near_dup_threshold=0))
     assert docs == [GOOD_PROSE]
     assert [s.name for s in funnel.steps][:3] == ["read page.html", "extract text (page.html)",
@@ -440,7 +441,7 @@ def test_clean_line_dedup_option_counts_occurrences(tmp_path):
     rng = random.Random(3)
     docs = [random_doc(rng) + "\nSign up today for our free weekly letter" for _ in range(2)] + \
         [random_doc(rng) + "\nA line written twice here\nA line written twice here" for _ in range(1)]
-    source = data.open_source(str(write_jsonl(tmp_path / "web.jsonl", docs)))
+    source = formats.open_source(str(write_jsonl(tmp_path / "web.jsonl", docs)))
     settings = dict(filters="none", near_dup_threshold=0, mask_pii=False)
     by_documents, _, _ = data.clean([source], data.CleanSettings(**settings))
     assert by_documents == docs                                  # in 2 documents: under the default 3
@@ -452,7 +453,7 @@ def test_clean_line_dedup_option_counts_occurrences(tmp_path):
 def test_clean_near_dedup_can_strip_accents(tmp_path):
     rng = random.Random(6)
     doc = random_doc(rng).replace("e", "é").replace("a", "à")                 # most words carry an accent
-    source = data.open_source(str(write_jsonl(tmp_path / "web.jsonl", [doc, data.dedup.remove_accents(doc)])))
+    source = formats.open_source(str(write_jsonl(tmp_path / "web.jsonl", [doc, data.dedup.remove_accents(doc)])))
     settings = dict(filters="none", mask_pii=False)
     assert len(data.clean([source], data.CleanSettings(**settings))[0]) == 2
     assert data.clean([source], data.CleanSettings(strip_accents=True, **settings))[0] == [doc]
@@ -505,11 +506,11 @@ def test_mixture_plan_reproduces_the_lecture():
 
 
 def test_mix_cli_prints_the_lecture_table(capsys):
-    data.main(["mix"])
+    assert data_command.main(["mix"]) == 0
     math_row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("math")][0]
     assert math_row.split()[1:] == ["0.05", "1e+09", "5e+08", "2.00"]
     with pytest.raises(SystemExit) as exit_info:
-        data.main(["mix", "--weights", "web=0.9", "math"])
+        sys.exit(data_command.main(["mix", "--weights", "web=0.9", "math"]))
     assert exit_info.value.code == 2 and "name=number" in capsys.readouterr().err
 
 
@@ -551,7 +552,7 @@ def test_split_after_near_dedup_leaves_no_near_duplicate_across(tmp_path):
     mixed = originals + copies
     rng.shuffle(mixed)
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in mixed))
-    docs, _, funnel = data.clean([data.open_source(str(path))], data.CleanSettings(filters="none"))
+    docs, _, funnel = data.clean([formats.open_source(str(path))], data.CleanSettings(filters="none"))
     assert funnel.steps[-1].name.startswith("near dedup") and funnel.steps[-1].reasons["near_duplicate"] == len(copies)
     is_val = data.split_documents(np.array([data.document_keys(d, 0)[0] for d in docs], dtype=np.uint64), 0.3)
     train, val = np.flatnonzero(~is_val).tolist(), np.flatnonzero(is_val).tolist()
@@ -883,7 +884,7 @@ def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
         data_at_scale.prepare([str(shorts)], tmp_path / "x", vocab_size=100)
     with pytest.raises(DataError, match="listed twice"):
         data_at_scale.prepare([str(shorts), str(shorts)], tmp_path / "x")
-    with pytest.raises(DataError, match="val-fraction"):
+    with pytest.raises(DataError, match="`val_fraction`"):
         data_at_scale.prepare([str(shorts)], tmp_path / "x", val_fraction=1.0)
     with pytest.raises(DataError, match="one weight per source"):
         data_at_scale.prepare([str(shorts)], tmp_path / "x", weights=[0.5, 0.5])
@@ -898,13 +899,13 @@ def test_prepare_bad_input_is_one_clear_error(small_corpus, tmp_path):
 
 def test_bad_settings_fail_before_any_work(small_corpus, tmp_path):
     corpus = str(small_corpus["path"])
-    with pytest.raises(DataError, match="needs --weights"):
+    with pytest.raises(DataError, match="needs `weights`"):
         data_at_scale.prepare([corpus], tmp_path / "x", train_tokens=5e6)
     with pytest.raises(DataError, match="positive budget"):
         data_at_scale.prepare([corpus], tmp_path / "x", weights=[1.0], train_tokens=-5)
-    with pytest.raises(DataError, match="boilerplate-min-documents must be at least 2"):
+    with pytest.raises(DataError, match="boilerplate_min_documents must be at least 2"):
         data.CleanSettings(boilerplate_min_documents=1)
-    with pytest.raises(DataError, match="near-dup-threshold must be 0"):
+    with pytest.raises(DataError, match="near_dup_threshold must be 0"):
         data.CleanSettings(near_dup_threshold=1.0)
     with pytest.raises(DataError, match="token budget must be positive"):
         data.mixture_plan({"web": 1.0}, -1)
@@ -921,8 +922,8 @@ def test_bad_settings_fail_before_any_work(small_corpus, tmp_path):
 
 
 def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path, capsys):
-    data.main(["prepare", "--data", str(small_corpus["path"]), "--vocab-size", "300", "--val-fraction", "0.2",
-               "--out", str(small_corpus["out"])])
+    assert data_command.main(["prepare", "--data", str(small_corpus["path"]), "--vocab-size", "300",
+                              "--val-fraction", "0.2", "--out", str(small_corpus["out"])]) == 0
     out = capsys.readouterr().out
     assert "quality filters (gopher" in out and "too_few_words 3" in out and "train:" in out
     # issue 43: a cache hit printed the first build's times as this call's: said apart now
@@ -931,12 +932,12 @@ def test_cli_prints_the_funnel_and_exits_2_on_bad_input(small_corpus, tmp_path, 
     timing = next(i for i, line in enumerate(lines) if line.startswith("time (wall/CPU): "))
     assert hit < timing and "the times below are its first build's" in lines[hit], out
     assert re.fullmatch(r"this call: \d+\.\ds", lines[-1]), out
-    data.main(["inspect", str(small_corpus["out"])])
+    assert data_command.main(["inspect", str(small_corpus["out"])]) == 0
     assert "a random val window, decoded:" in capsys.readouterr().out
     for argv in (["prepare", "--data", str(tmp_path / "nope.jsonl")], ["inspect", str(tmp_path)],
                  ["prepare", "--data", str(small_corpus["path"]), "--tokenizer", str(small_corpus["path"])]):
         with pytest.raises(SystemExit) as exit_info:
-            data.main(argv)
+            sys.exit(data_command.main(argv))
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
 
@@ -982,9 +983,9 @@ def test_curated_text_is_kept_whole_and_web_cleaning_says_so(tmp_path, capsys):
     assert len(notices) == 1 and "--cleaning keep" in notices[0] and "play.txt" in notices[0]
     assert capsys.readouterr().err.strip() == notices[0]
     jsonl = write_jsonl(tmp_path / "play.jsonl", text.split("\n\n"))          # web-like: the funnel by default
-    assert not data.open_source(str(jsonl)).curated and data.open_source(str(path)).curated
+    assert not formats.open_source(str(jsonl)).curated and formats.open_source(str(path)).curated
     keep = data.CleanSettings(cleaning="keep", near_dup_threshold=0.5)
-    docs, _, funnel = data.clean([data.open_source(str(jsonl))], keep)
+    docs, _, funnel = data.clean([formats.open_source(str(jsonl))], keep)
     assert docs == [d.strip() for d in text.split("\n\n")] and funnel.notices == []
 
 
@@ -1005,8 +1006,9 @@ def test_val_data_is_the_file_verbatim_and_its_overlap_is_reported(tmp_path, cap
     val_bytes = f"Held-out text, kept exactly:\r\n  {random_doc(rng, 60)}\n\n{copied}\n   \n".encode()
     (tmp_path / "val.txt").write_bytes(val_bytes)
     for engine in ("memory", "stream"):                # the lesson's engine and the streaming one
-        data.main(["prepare", "--data", str(tmp_path / "train.txt"), "--val-data", str(tmp_path / "val.txt"),
-                   "--vocab-size", "300", "--engine", engine, "--out", str(tmp_path / engine)])
+        assert data_command.main(["prepare", "--data", str(tmp_path / "train.txt"), "--val-data",
+                                  str(tmp_path / "val.txt"), "--vocab-size", "300", "--engine", engine,
+                                  "--out", str(tmp_path / engine)]) == 0
         err = capsys.readouterr().err
         td = data.TokenData(tmp_path / engine)
         val = td.manifest["splits"]["val"]
@@ -1057,7 +1059,7 @@ def test_own_text_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         argv = ["prepare", "--vocab-size", "257", "--out", str(tmp_path / "ds")]
         argv += [str(tmp_path / a) if a.endswith(".txt") else a for a in args]
         with pytest.raises(SystemExit) as exit_info:
-            data.main(argv)
+            sys.exit(data_command.main(argv))
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and err.count("\n") == 1 and re.search(message, err), (args, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.txt", "empty.txt", "train.txt"]     # nothing written
@@ -1244,7 +1246,7 @@ def test_streaming_reads_parquet_row_groups_and_globs(tmp_path):
     rng = random.Random(2)
     for name in ("x", "y"):
         pq.write_table(pa.table({"text": web_corpus(rng, 40)}), tmp_path / f"{name}.parquet", row_group_size=10)
-    chunks = data_at_scale.plan_chunks([data.open_source(str(tmp_path / "*.parquet"))], chunk_bytes=1)
+    chunks = data_at_scale.plan_chunks([formats.open_source(str(tmp_path / "*.parquet"))], chunk_bytes=1)
     assert len(chunks) > 10 and {c.stop - c.start for c in chunks} == {1}          # one row group per chunk
     reference = dataset.prepare([str(tmp_path / "*.parquet")], tmp_path / "reference", vocab_size=280)
     streamed = data_at_scale.prepare([str(tmp_path / "*.parquet")], tmp_path / "streamed", vocab_size=280,
@@ -1531,7 +1533,7 @@ def test_progress_reports_the_process_own_peak_memory_not_its_parents():
     if not pathlib.Path("/proc/self/status").exists():
         pytest.skip("a process's own peak memory is read from Linux's /proc/self/status")
     ballast = b"x" * (600 << 20)                                   # touched pages: the parent's RSS grows by 600 MB
-    script = ("import resource, sys; sys.path.insert(0, {!r}); import data_at_scale; "
+    script = ("import resource, sys; sys.path.insert(0, {!r}); from machinery import data_at_scale; "
               "print(data_at_scale._peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
               ).format(str(ROOT))
     own, inherited = map(float, subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -1597,7 +1599,7 @@ def test_a_mix_that_repeats_a_source_over_100_times_is_refused_before_anything_i
     """Weights 1 and 5,000 pass the ratio bound (a million), but under the covering budget they read b about 5,000
     times: refused once the tokens are counted, with nothing left behind (the old code wrote 5,000 passes)."""
     sources = two_corpora(tmp_path)
-    with pytest.raises(DataError, match=r"would be read [\d.e+]+ times, more than 100 epochs.*--weights"):
+    with pytest.raises(DataError, match=r"would be read [\d.e+]+ times, more than 100 epochs.*\(weights\)"):
         dataset.prepare(sources, tmp_path / "out", weights=[1, 5000], **QUICK)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl"]
     with pytest.raises(DataError, match="more than 1,000,000"):
@@ -1613,12 +1615,12 @@ def test_inspect_of_a_dataset_without_val_shows_a_train_window(tmp_path, capsys)
     """--val-fraction 0 gives a val split of no shards: inspect reports train and decodes a train window."""
     out = dataset.prepare(two_corpora(tmp_path)[:1], tmp_path / "ds", val_fraction=0, **QUICK)
     assert data.load_manifest(out)["splits"]["val"]["shards"] == []
-    data.main(["inspect", str(out), "--tokens", "16"])
+    assert data_command.main(["inspect", str(out), "--tokens", "16"]) == 0
     printed = capsys.readouterr().out
     assert "  val: 0 documents" in printed and "a random train window (the val split is empty), decoded:" in printed
     (out / "tokenizer.json").unlink()                                  # was a FileNotFoundError traceback
     with pytest.raises(SystemExit) as exit_info:
-        data.main(["inspect", str(out)])
+        sys.exit(data_command.main(["inspect", str(out)]))
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "tokenizer.json: cannot read it" in err
     assert err.rstrip().endswith("the dataset's tokenizer: re-run prepare")
@@ -1632,7 +1634,7 @@ def test_inspect_of_a_manifest_missing_a_key_is_one_line(tmp_path, capsys, key):
     del manifest[key]
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(SystemExit) as exit_info:
-        data.main(["inspect", str(out)])
+        sys.exit(data_command.main(["inspect", str(out)]))
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err == f"error: {out}: damaged manifest.json (KeyError: '{key}'); re-run " \
                                                 f"prepare\n"
@@ -1666,14 +1668,14 @@ def test_published_dataset_cache_and_download_get_the_umask_modes(tmp_path, monk
 
 FULL_DISK_RUN = """
 import resource, sys
-import data
 from machinery import data_at_scale, dataset
+from machinery.commands import data as data_command
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))  # ulimit -f
 def reference(sources, out_dir, *, threads=None, verbose=False, workers=None, chunk_mb=None, engine=None,
               ray_address=None, work_dir=None, **recipe):     # the publish step, not the streaming engine's work files
     return dataset.prepare(sources, out_dir, threads=threads, verbose=verbose, **recipe)
 data_at_scale.prepare = reference
-data.main(sys.argv[2:])
+sys.exit(data_command.main(sys.argv[2:]))
 """
 
 

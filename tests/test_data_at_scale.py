@@ -20,45 +20,50 @@ import pytest
 import data
 from machinery import data_at_scale
 from machinery import dataset
+from machinery import formats
 from test_data import random_doc, web_corpus, write_jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def imported_siblings(module: str) -> set[str]:
-    """The top-level files of the repository that `module` imports, at any depth and inside functions too,
-    followed transitively: the files whose bytes can change what the module computes."""
-    siblings = {p.stem for p in ROOT.glob("*.py")}
+def imported_files(module: str) -> set[str]:
+    """The repository's files that `module` (dotted: machinery.data_at_scale) imports, at any depth and inside
+    functions too, followed transitively: the files whose bytes can change what the module computes. A
+    chapter's `if __name__ == "__main__":` stub (its command line) is not followed: importing runs none."""
     found, todo = set(), [module]
     while todo:
         name = todo.pop()
-        if name in found:
+        path = ROOT / (name.replace(".", "/") + ".py")
+        if name in found or not path.is_file():
             continue
         found.add(name)
-        tree = ast.parse((ROOT / f"{name}.py").read_text(encoding="utf-8"))
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree.body = [node for node in tree.body if not (isinstance(node, ast.If) and "__main__" in ast.dump(node.test))]
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
-            todo += [n.split(".")[0] for n in names if n.split(".")[0] in siblings]
-    return {f"{name}.py" for name in found}
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                todo += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return {name.replace(".", "/") + ".py" for name in found}
 
 
 def test_cache_key_hashes_every_file_the_prepare_path_imports(tmp_path):
-    """PREPARE_FILES is exactly the set of files data_at_scale.prepare (and data.py's CLI, which imports it)
-    reaches, and a change to the bytes of any one of them changes the code version in the cache key."""
-    assert set(data.PREPARE_FILES) == imported_siblings("data_at_scale") == imported_siblings("data")
-    (tmp_path / "classifiers").mkdir()
-    for name in data.CACHE_KEY_FILES:
+    """PREPARE_FILES is exactly the set of files data_at_scale.prepare (and data.py's command line, which imports
+    it) reaches, and a change to the bytes of any one of them changes the code version in the cache key."""
+    assert set(dataset.PREPARE_FILES) == imported_files("machinery.data_at_scale") == imported_files(
+        "machinery.commands.data")
+    for name in dataset.CACHE_KEY_FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
-    base = data.code_version(data.CACHE_KEY_FILES, tmp_path)
-    assert base == data.code_version()                               # the copies hash as the real files
-    for name in data.CACHE_KEY_FILES:                                # a retrained classifier too
+    base = dataset.code_version(dataset.CACHE_KEY_FILES, tmp_path)
+    assert base == dataset.code_version()                               # the copies hash as the real files
+    for name in dataset.CACHE_KEY_FILES:                                # a retrained classifier too
         original = (tmp_path / name).read_bytes()
         (tmp_path / name).write_bytes(original + b"\n")
-        assert data.code_version(data.CACHE_KEY_FILES, tmp_path) != base, name
+        assert dataset.code_version(dataset.CACHE_KEY_FILES, tmp_path) != base, name
         (tmp_path / name).write_bytes(original)
-    (tmp_path / "store.py").unlink()                                 # data.py copied without a sibling
-    assert data.code_version(data.CACHE_KEY_FILES, tmp_path) != base
+    (tmp_path / "machinery" / "store.py").unlink()                   # data.py copied without a sibling
+    assert dataset.code_version(dataset.CACHE_KEY_FILES, tmp_path) != base
 
 
 def children_of(pid: int) -> set[int]:
@@ -181,7 +186,7 @@ def test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above(tmp_p
     monkeypatch.setattr(data, "build_in_memory",
                         lambda *a, **k: calls.append(1) or reference(*a, **k))
     corpus = write_jsonl(tmp_path / "web.jsonl", web_corpus(random.Random(4), 60))
-    assert data_at_scale.fits_in_memory([data.open_source(str(corpus))], [])
+    assert data_at_scale.fits_in_memory([formats.open_source(str(corpus))], [])
     small = data_at_scale.prepare([str(corpus)], tmp_path / "small", vocab_size=300, engine="auto")
     assert calls == [1] and data.load_manifest(small)["timings"]["engine"] == "in-memory"
     monkeypatch.setattr(data_at_scale, "IN_MEMORY_MAX_BYTES", corpus.stat().st_size - 1)

@@ -21,6 +21,7 @@ import pytest
 
 import data
 from machinery import data_at_scale
+from machinery.commands import data as data_command
 from machinery import dataset
 from machinery import formats
 from machinery import store
@@ -129,11 +130,11 @@ def test_s3_in_s3_out_writes_the_local_bytes(s3, inputs, uploaded, reference, tm
     query, fs = s3
     out = f"s3://datasets/web?{query}"
     assert data_at_scale.prepare([uploaded], out, work_dir=tmp_path / "work", **SETTINGS) == out
-    assert len(data_at_scale.plan_chunks([data.open_source(uploaded)], 3 << 10)) >= 8      # byte ranges and row groups
+    assert len(data_at_scale.plan_chunks([formats.open_source(uploaded)], 3 << 10)) >= 8      # byte ranges and row groups
     same_dataset(objects(fs, "datasets/web"), reference, uploaded, str(inputs))
     assert [i.base_name for i in fs.get_file_info(pafs.FileSelector("datasets"))] == ["web"]   # no OUT.tmp-*
     assert list((tmp_path / "work").iterdir()) == []                               # no work files left
-    assert data.load_manifest(out)["splits"] == reference["manifest"]["splits"]
+    assert dataset.load_manifest(out)["splits"] == reference["manifest"]["splits"]
     with pytest.MonkeyPatch.context() as m:
         m.setattr(data_at_scale, "build_streaming", lambda *a, **k: pytest.fail("rebuilt a finished dataset"))
         assert data_at_scale.prepare([uploaded], out, work_dir=tmp_path / "work", **SETTINGS) == out
@@ -181,7 +182,7 @@ def test_file_uris_and_globs(inputs, tmp_path):
     oracle = dataset_files(dataset.prepare([str(inputs / "*.jsonl*")], tmp_path / "local", **RECIPE))
     assert data_at_scale.prepare([spec], f"file://{tmp_path}/uri", **SETTINGS) == f"file://{tmp_path}/uri"
     same_dataset(dataset_files(tmp_path / "uri"), oracle, spec, str(inputs / "*.jsonl*"))
-    assert [f.rsplit("/", 1)[1] for f in data.open_source(spec).files] == ["a.jsonl", "b.jsonl.gz"]
+    assert [f.rsplit("/", 1)[1] for f in formats.open_source(spec).files] == ["a.jsonl", "b.jsonl.gz"]
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / "a.jsonl").write_bytes((inputs / "a.jsonl").read_bytes())
@@ -289,12 +290,12 @@ def test_bad_uris_are_one_line_exit_2_before_any_work(s3, uploaded, tmp_path, ca
     for args, message in cases:
         defaults = {"--out": str(tmp_path / "ds"), "--work-dir": str(tmp_path / "work")}
         with pytest.raises(SystemExit) as exit_info:
-            data.main(["prepare", *args, "--vocab-size", "300",
-                       *[word for flag, value in defaults.items() if flag not in args for word in (flag, value)]])
+            sys.exit(data_command.main(["prepare", *args, "--vocab-size", "300",
+                       *[word for flag, value in defaults.items() if flag not in args for word in (flag, value)]]))
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
-    with pytest.raises(DataError, match="with --ray-address: pass --work-dir on a folder every node mounts"):
+    with pytest.raises(DataError, match="with `ray_address`: pass `work_dir` on a folder every node mounts"):
         data_at_scale.prepare([uploaded], f"s3://datasets/ds?{query}", engine="ray", ray_address="auto", **SETTINGS)
     assert sorted(p.name for p in tmp_path.iterdir()) == []                   # nothing written, not even a work dir
     assert [i.base_name for i in fs.get_file_info(pafs.FileSelector("corpus"))] == ["web"]
@@ -325,17 +326,17 @@ def test_ray_engine_reads_s3(s3, inputs, uploaded, reference, tmp_path):
     query, fs = s3
     out = data_at_scale.prepare([uploaded], f"s3://datasets/ray?{query}", engine="ray", work_dir=tmp_path,
                                 **{**SETTINGS, "workers": 2})
-    assert data.load_manifest(out)["timings"]["engine"] == "ray"
+    assert dataset.load_manifest(out)["timings"]["engine"] == "ray"
     same_dataset(objects(fs, "datasets/ray"), reference, uploaded, str(inputs))
     assert list(tmp_path.iterdir()) == []
 
 
 def test_local_paths_never_import_pyarrow(inputs, tmp_path):
     """pyarrow stays optional: a local .jsonl is listed, planned, read and its manifest checked without it."""
-    code = (f"import sys, data, data_at_scale, formats; s = data.open_source({str(inputs / '*.jsonl*')!r}); "
+    code = (f"import sys; from machinery import data_at_scale, formats; s = formats.open_source({str(inputs / '*.jsonl*')!r}); "
             f"chunks = data_at_scale.plan_chunks([s], 1 << 10); "
             f"job = data_at_scale.Job('.', (('web', 'prose'),), ('text', 'auto', False, None), None, 0, 0.1, 32, 4); "
             f"assert sum(1 for c in chunks for _ in data_at_scale.chunk_documents(job, c, formats.JsonlStats())) > 40; "
-            f"assert data.read_manifest_or_none({str(tmp_path)!r}) is None; "
+            f"assert formats.read_manifest_or_none({str(tmp_path)!r}) is None; "
             f"assert 'pyarrow' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(data.__file__).parent, check=True)

@@ -17,7 +17,8 @@ import sys
 import pytest
 
 import data
-from machinery import data_at_scale
+from machinery import data_at_scale, dataset, formats
+from machinery.commands import data as data_command
 from data import DataError
 from test_data import dataset_files, random_doc, web_corpus, write_jsonl
 
@@ -115,7 +116,7 @@ def test_ray_engine_writes_the_local_engines_bytes(inputs, local_dataset, ray_cl
     assert got.keys() == local_dataset.keys()
     for name in local_dataset:
         assert got[name] == local_dataset[name], name
-    assert len(data_at_scale.plan_chunks([data.open_source(s) for s in sources(inputs)], 3 << 10)) > 10
+    assert len(data_at_scale.plan_chunks([formats.open_source(s) for s in sources(inputs)], 3 << 10)) > 10
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]    # no work folder left behind
 
 
@@ -159,8 +160,8 @@ def test_bad_file_fails_the_job_with_one_line(inputs, ray_cluster, tmp_path, cap
     whole = gzip.compress((inputs / "web" / "a.jsonl").read_bytes())
     (web / "b.jsonl.gz").write_bytes(whole[:len(whole) // 2])
     with pytest.raises(SystemExit) as exit_info:
-        data.main(["prepare", "--engine", "ray", "--data", str(web), "--out", str(tmp_path / "ds"),
-                   "--vocab-size", "300", "--chunk-mb", str(3 / 1024)])
+        sys.exit(data_command.main(["prepare", "--engine", "ray", "--data", str(web), "--out", str(tmp_path / "ds"),
+                   "--vocab-size", "300", "--chunk-mb", str(3 / 1024)]))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()                # progress lines, then the error
     assert err[-1].startswith("error: ") and "b.jsonl.gz: damaged gzip file" in err[-1], err
@@ -172,18 +173,18 @@ def test_ray_missing_or_unreachable_is_one_line_before_any_work(inputs, tmp_path
     with socket.socket() as s:                                    # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(DataError, match=rf"--ray-address 127.0.0.1:{port}: nothing answers there"):
+    with pytest.raises(DataError, match=rf"`ray_address` 127.0.0.1:{port}: nothing answers there"):
         data_at_scale.prepare(sources(inputs), tmp_path / "ds", engine="ray", ray_address=f"127.0.0.1:{port}")
     with pytest.raises(DataError, match="only ray takes an address"):
         data_at_scale.prepare(sources(inputs), tmp_path / "ds", ray_address="auto")
     monkeypatch.setitem(__import__("sys").modules, "ray", None)      # as if Ray were not installed
-    with pytest.raises(DataError, match=r"--engine ray needs Ray: pip install ray"):
+    with pytest.raises(DataError, match=r"`engine` ray needs Ray: pip install ray"):
         data_at_scale.prepare(sources(inputs), tmp_path / "ds", engine="ray")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_clusters_workers_get_the_code_and_the_classifiers_as_their_working_folder(monkeypatch):
-    """--ray-address: ray.init ships data.CACHE_KEY_FILES as the workers' working folder (their cwd and
+    """--ray-address: ray.init ships dataset.CACHE_KEY_FILES as the workers' working folder (their cwd and
     sys.path), where classify.py finds classifiers/ beside it; the folder is removed when Ray stops.
     Catches: runtime_env py_modules of the .py files alone, each unpacked into a folder of its own, so
     a cluster's workers found no classifiers/ beside classify.py (--lang, --quality-threshold)."""
@@ -203,6 +204,6 @@ def test_a_clusters_workers_get_the_code_and_the_classifiers_as_their_working_fo
     with pytest.raises(DataError, match="Ray did not start: no cluster in this test"):
         with data_at_scale.ray_engine("127.0.0.1:6379", None):
             pass
-    assert seen["files"] == sorted(data.CACHE_KEY_FILES)
+    assert seen["files"] == sorted(dataset.CACHE_KEY_FILES)
     assert seen["worker"].stdout == "fr\n", seen["worker"].stderr[-1500:]
     assert not seen["folder"].exists()
