@@ -23,11 +23,10 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 def help_text(command: str) -> str:
     """What `python CHAPTER.py [SUB] --help` prints, run in this process through the chapter's command module."""
     script, *sub = command.split()
-    chapter = script.removesuffix(".py")
-    try:
-        module = importlib.import_module(f"machinery.commands.{chapter}")
-    except ModuleNotFoundError:
-        module = importlib.import_module(chapter)
+    # the module the chapter's __main__ stub hands argv to (model_parallel.py shares parallel.py's)
+    stub = re.search(r"from machinery\.commands import (\w+)", (ROOT / script).read_text(encoding="utf-8"))
+    assert stub, f"{script} has no __main__ stub handing argv to machinery/commands/"
+    module = importlib.import_module(f"machinery.commands.{stub.group(1)}")
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
         module.main([*sub, "--help"])

@@ -28,7 +28,7 @@ import numpy as np
 
 import evaluate
 from evaluate import EvalError, HeldOut, Task
-from machinery import eval_report, fileio, recall_report
+from machinery import eval_report, fileio, formats, recall_report
 from machinery.cli import Parser, in_range, writable
 from machinery.cli import run as run_cli
 
@@ -172,7 +172,7 @@ def held_out_from_source(spec: str, tokenizer, tokenizer_json: str | None = None
         return held_out_from_data_dir(path, tokenizer, tokenizer_json)
     data_lib, errors = _data_error_types()
     try:
-        documents = list(data_lib.open_source(spec).documents())
+        documents = list(formats.open_source(spec).documents())
     except errors as e:
         raise EvalError(f"cannot read --data {spec}: {e}") from e
     return evaluate.held_out_from_documents(spec, documents, tokenizer)
@@ -228,7 +228,7 @@ def read_documents(spec: str, split: str):
     else:
         data_lib, errors = _data_error_types()
         try:
-            yield from data_lib.open_source(spec).documents()
+            yield from formats.open_source(spec).documents()
         except errors as e:
             raise EvalError(f"cannot read {spec}: {e}") from e
 
