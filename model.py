@@ -538,12 +538,6 @@ class GPT(nn.Module):
         """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
         return self.config.flops_per_token(seq_len)
 
-    def estimate_mfu(
-        self, tokens_per_s: float, peak_flops: float, seq_len: int | None = None
-    ) -> float:
-        """Model FLOPs utilisation: tokens/s * FLOPs/token / peak FLOP/s (a fraction, 0..1)."""
-        return tokens_per_s * self.flops_per_token(seq_len) / peak_flops
-
 
 def sample(
     logits: torch.Tensor,
@@ -622,8 +616,7 @@ class LayerKV:
 
     def __init__(self, cache: KVCache, shape: tuple | None, device=None, dtype=torch.float32):
         self.cache = cache
-        # an attention layer's two (B, n_kv_head, max_len, head_dim) buffers; a linear layer has
-        # none
+        # an attention layer's two (B, n_kv_head, max_len, head_dim) buffers; none in a linear one
         self.k, self.v = [
             None if shape is None else torch.zeros(shape, device=device, dtype=dtype)
             for _ in range(2)
@@ -678,11 +671,8 @@ class MoE(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         C, H, E = config.n_embd, config.ffn_dim, config.n_expert
-        self.n_expert, self.top_k, self.capacity_factor = (
-            E,
-            config.expert_top_k,
-            config.moe_capacity_factor,
-        )
+        self.n_expert, self.top_k = E, config.expert_top_k
+        self.capacity_factor = config.moe_capacity_factor
         self.router = nn.Linear(C, E, bias=False)
         # The experts' SwiGLU weights stacked on a leading expert axis, laid out for x @ w.
         self.w1 = nn.Parameter(torch.empty(E, C, H))
@@ -731,8 +721,7 @@ class MoE(nn.Module):
         # inference never drops
         cap = self.capacity(N) if self.training else N
         kept = slot_in_expert < cap
-        # Flat slot in an (E * cap + 1, C) buffer; dropped assignments all land in the spare last
-        # row.
+        # Flat slot in an (E * cap + 1, C) buffer; dropped assignments land in the spare last row.
         slot = torch.where(kept, expert * cap + slot_in_expert, torch.full_like(expert, E * cap))
 
         inputs = tokens.new_zeros(E * cap + 1, C)
