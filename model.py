@@ -174,12 +174,8 @@ class RMSNorm(nn.Module):
 def rope_angles(
     positions: torch.Tensor, head_dim: int, theta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the RoPE angles pos * theta^(-2i/head_dim) for i = 0 .. head_dim/2 - 1, each
-    (T, head_dim/2).
-
-    Computed on the fly in fp32 from the positions (a few thousand multiplies, folded into the graph
-    by torch.compile), so there is no buffer to keep in sync with the device, the dtype or a
-    KV-cache offset.
+    """cos and sin of the RoPE angles pos * theta^(-2i/head_dim) for i < head_dim/2, each (T,
+    head_dim/2), computed on the fly in fp32: no buffer to keep in sync with device, dtype or cache.
 
     >>> cos, sin = rope_angles(torch.tensor([0, 1]), 4, 10000.0)    # 1 and 0.01 rad per position
     >>> sin
@@ -197,10 +193,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate each adjacent pair (x_2i, x_2i+1) of x (B, T, heads, head_dim) by its angle (cos, sin:
     (T, head_dim/2)).
 
-    Layout: interleaved pairs, as in the RoFormer paper, Meta's Llama code and Stanford CS336.
-    (Hugging Face rotates the two halves (x_i, x_{i+d/2}) instead; that is the same rotation after
-    permuting the features of wq and wk, so the two layouts train identically but their checkpoints
-    need that permutation to convert.)
+    Interleaved pairs, as in RoFormer, Llama and CS336 (Hugging Face rotates the halves (x_i,
+    x_{i+d/2}): the same after permuting wq's and wk's features, see machinery/hf.py).
 
         [x0, x1] at angle a  ->  [x0 cos a - x1 sin a,  x0 sin a + x1 cos a]
     """
@@ -232,14 +226,11 @@ def causal_attention(
     """softmax(q k^T / sqrt(d) + mask) v with q (..., h, Tq, d) and k, v (..., h_kv, Tk, d), Tq <=
     Tk, e.g. (B, h, T, d); h_kv divides h (GQA: query head j reads kv head j // (h / h_kv)).
 
-    `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key (CS336's
-    convention); None means causal. Then the queries are the last Tq of the Tk positions (a KV cache
-    holds the first Tk - Tq), so query i may see keys 0 .. Tk - Tq + i. Three cases, one call of the
-    fused F.scaled_dot_product_attention: Tq == Tk: the usual lower-triangular mask (is_causal); Tq
-    == 1: the new token sees every key, no mask; otherwise (a prompt appended to a non-empty cache)
-    an explicit bottom-right-aligned mask. K/V are copied to h heads only where SDPA_GQA_IN_PLACE
-    says the kernel would not read the groups in place: 8 query heads over 2 kv heads on a GPU in
-    fp32 copy 2 x 4 heads of K/V, on the CPU none.
+    `mask`: boolean, broadcastable to (..., Tq, Tk), True where a query may see a key; None means
+    causal, the queries being the last Tq of the Tk positions (a KV cache holds the first Tk - Tq):
+    Tq == Tk is is_causal, Tq == 1 needs no mask, else a bottom-right-aligned mask. K/V are copied
+    to h heads only where SDPA_GQA_IN_PLACE says the kernel would not read the groups in place: 8
+    query heads over 2 kv heads on a GPU in fp32 copy 2 x 4 heads of K/V, on the CPU none.
     """
     Tq, Tk, group = q.shape[-2], k.shape[-2], q.shape[-3] // k.shape[-3]
     if mask is None and 1 < Tq < Tk:
@@ -326,14 +317,10 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)). forward(x) -> x, the unit pipeline
-    parallel moves: each Attention computes its RoPE angles from the positions, so a block is
-    self-contained and can run on any pipeline stage.
-
-    Activation checkpointing: in training, with the flag, the block keeps only its input and
-    recomputes its inside during backward (about 1/3 more compute for most of the activation
-    memory). `self.aux_loss` holds the MoE load-balancing loss of the last forward (0 when dense).
-    """
+    """x + attn(attn_norm(x)), then x + ffn(ffn_norm(x)): self-contained (RoPE comes from the
+    positions), the unit pipeline parallel moves. Activation checkpointing keeps only the input and
+    recomputes the inside in backward (~1/3 more compute for most of the activation memory).
+    `self.aux_loss`: the MoE load-balancing loss of the last forward (0 when dense)."""
 
     def __init__(self, config: GPTConfig, kind: str = "A"):
         super().__init__()
@@ -467,11 +454,9 @@ class GPT(nn.Module):
     ) -> torch.Tensor:
         """Extend idx (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens), KV-cached.
 
-        temperature 0 picks the most likely token (greedy); top_k keeps only the k most likely
-        before sampling; `generator` makes sampling reproducible. The prompt's last block_size
-        tokens fill the cache in one forward, then each step feeds one token. Past block_size the
-        cache window slides (see KVCache): every layer attends to the previous block_size tokens,
-        one query per step at any length.
+        temperature 0 is greedy; top_k keeps the k most likely. The prompt's last block_size tokens
+        fill the cache in one forward, then each step feeds one token; past block_size the window
+        slides (see KVCache).
         """
         for bad, message in (
             (max_new_tokens < 0, f"max_new_tokens must be >= 0, got {max_new_tokens}"),
@@ -553,12 +538,6 @@ class GPT(nn.Module):
         """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
         return self.config.flops_per_token(seq_len)
 
-    def estimate_mfu(
-        self, tokens_per_s: float, peak_flops: float, seq_len: int | None = None
-    ) -> float:
-        """Model FLOPs utilisation: tokens/s * FLOPs/token / peak FLOP/s (a fraction, 0..1)."""
-        return tokens_per_s * self.flops_per_token(seq_len) / peak_flops
-
 
 def sample(
     logits: torch.Tensor,
@@ -586,23 +565,10 @@ class KVCache:
     """Keys and values of the last `max_len` tokens of one sequence batch, one entry per layer: a
     rolling window.
 
-    Each layer's buffer is (B, n_kv_head, max_len, head_dim), allocated once. The token at absolute
-    position p lives in slot p % max_len, so once the window is full a new token overwrites the
-    oldest one (a ring buffer, nothing is copied). Decoding one token then costs one query against
-    at most max_len cached keys, at any length. With GQA the cache holds n_kv_head heads, not
-    n_head: the saving grouped-query attention is for.
-
-    Why a window may slide without recomputing anything: keys are stored already rotated by RoPE at
-    their absolute positions, and a query at position m scores a key at position n through m - n
-    only, so slot order does not matter and a new query at position 1,000 scores the key at 990
-    exactly as a query at 10 scores a key at 0. Positions past block_size are fine: rope_angles
-    computes cos/sin for any position, there is no table. What sliding means: every layer attends to
-    the previous max_len tokens (sliding-window attention, Mistral's rolling buffer, llama.cpp's
-    context shift). For one layer that is exactly a fresh forward over the cropped window; deeper,
-    it is not: a cached key of layer 2 was computed when its token still saw the tokens before the
-    window, which a cropped recompute forgets. So past block_size the cache follows sliding-window
-    attention, tested token for token against a full forward with a banded mask
-    (tests/test_model.py).
+    Each layer's buffer is (B, n_kv_head, max_len, head_dim), allocated once (n_kv_head, not
+    n_head: GQA's saving). Position p lives in slot p % max_len: a ring buffer, nothing is copied.
+    Keys are stored already rotated at their absolute positions and q.k depends on m - n only, so
+    the window slides without recomputing: sliding-window attention past block_size (docs/model.md).
 
     >>> cache = KVCache(n_layer=1, batch=1, n_kv_head=1, max_len=4, head_dim=1)
     >>> layer, prompt = cache.layers[0], torch.arange(4.0).view(1, 1, 4, 1)    # positions 0..3
@@ -650,8 +616,7 @@ class LayerKV:
 
     def __init__(self, cache: KVCache, shape: tuple | None, device=None, dtype=torch.float32):
         self.cache = cache
-        # an attention layer's two (B, n_kv_head, max_len, head_dim) buffers; a linear layer has
-        # none
+        # an attention layer's two (B, n_kv_head, max_len, head_dim) buffers; none in a linear one
         self.k, self.v = [
             None if shape is None else torch.zeros(shape, device=device, dtype=dtype)
             for _ in range(2)
@@ -694,36 +659,20 @@ class MoE(nn.Module):
     """A Mixture of Experts in place of the FFN: E SwiGLU experts, top-k routing per token, fixed
     capacity.
 
-    Routing: p = softmax(router(x)) over the E experts; each token goes to its k most probable
-    experts and their outputs are summed with weights p (not renormalised over the k, as in Switch
-    Transformer and Qwen-MoE: the router then gets a gradient from the main loss even with k = 1).
-
-    Capacity: each expert processes at most `capacity = ceil(factor * N * k / E)` of the N tokens;
-    choices are served first-choice-first then in token order, and an assignment beyond capacity is
-    dropped (that token's residual stream simply passes through this layer for that expert). Fixed
-    capacity is what makes every shape static, so torch.compile sees one graph and the experts run
-    as one batched matmul (E, capacity, C). factor = 0 means capacity = N: nothing is ever dropped
-    (costs E/k times the active compute). In eval mode capacity is always N, so generation and
-    evaluation do not depend on which other tokens share the batch. Dropping is why a
-    capacity-limited MoE is not strictly causal in training: a later token can take the slot an
-    earlier token's second choice wanted (the cost of static shapes; Switch and GShard accept it
-    too).
-
-    Load balancing (Switch Transformer): aux = E * sum_e f_e * P_e, with f_e the fraction of the N*k
-    choices that picked expert e and P_e the mean router probability of e. It is 1 when routing is
-    uniform and grows towards E as the router collapses onto one expert. forward returns it beside
-    the output rather than storing it: a pure function can sit inside activation checkpointing under
-    torch.compile (a side effect there is a graph break); the Block records it.
+    Routing: p = softmax(router(x)); each token goes to its k most probable experts, their outputs
+    summed with weights p (not renormalised: with k = 1 the router still gets a gradient).
+    Capacity: each expert takes at most ceil(factor * N * k / E) of the N tokens, first choices
+    first; the rest are dropped (the residual passes through). Fixed capacity keeps every shape
+    static: one graph, one batched matmul (E, capacity, C). factor 0 and eval mode drop nothing.
+    Load balancing (Switch): aux = E * sum_e f_e * P_e, 1 when uniform, E when collapsed; forward
+    returns it (a pure function checkpoints under torch.compile), the Block records it.
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         C, H, E = config.n_embd, config.ffn_dim, config.n_expert
-        self.n_expert, self.top_k, self.capacity_factor = (
-            E,
-            config.expert_top_k,
-            config.moe_capacity_factor,
-        )
+        self.n_expert, self.top_k = E, config.expert_top_k
+        self.capacity_factor = config.moe_capacity_factor
         self.router = nn.Linear(C, E, bias=False)
         # The experts' SwiGLU weights stacked on a leading expert axis, laid out for x @ w.
         self.w1 = nn.Parameter(torch.empty(E, C, H))
@@ -772,8 +721,7 @@ class MoE(nn.Module):
         # inference never drops
         cap = self.capacity(N) if self.training else N
         kept = slot_in_expert < cap
-        # Flat slot in an (E * cap + 1, C) buffer; dropped assignments all land in the spare last
-        # row.
+        # Flat slot in an (E * cap + 1, C) buffer; dropped assignments land in the spare last row.
         slot = torch.where(kept, expert * cap + slot_in_expert, torch.full_like(expert, E * cap))
 
         inputs = tokens.new_zeros(E * cap + 1, C)
@@ -946,13 +894,9 @@ _flash_backward_op = _operator(
 class FlashAttention2(torch.autograd.Function):
     """softmax(q k^T / sqrt(d)) v over tiles, never holding the T x T matrix (FlashAttention-2).
 
-    q (..., Tq, d), k and v (..., Tk, d); apply(q, k, v, is_causal, tile=64). Saved for backward: q,
-    k, v, the output and one log-sum-exp per query, O(T). k and v may have size 1 where q has more,
-    broadcast: GQA's q (B, h_kv, group, T, d) over k, v (B, h_kv, 1, T, d), with no copy but a
-    tile's. Running max, sums and gradients are kept in fp32 (fp64 for fp64 inputs) whatever the
-    input dtype; the output and gradients come back in the inputs' dtypes. Forward and backward are
-    custom operators (_flash_forward, _flash_backward), so a compiled model holds one node for each.
-    A small check against the fused kernel:
+    q (..., Tq, d), k and v (..., Tk, d), which may have size 1 where q has more (GQA's q (B, h_kv,
+    group, T, d) over k, v (B, h_kv, 1, T, d): no copy). Saved for backward: q, k, v, the output and
+    one log-sum-exp per query, O(T). Sums in the accumulator dtype; results in the inputs' dtypes.
 
     >>> q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)
     >>> fused = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -997,11 +941,9 @@ def linear_attention_recurrent(q, k, v, log_a, state=None):
 def linear_attention_chunked(q, k, v, log_a, state=None, chunk: int = 64):
     """The same outputs a chunk at a time (what training runs): matmuls, not T sequential steps.
 
-    Inside a chunk, with b_t = log a_c + ... + log a_t the cumulative log gate from the chunk's
-    start c:
-        o_t = sum_{s <= t} (q_t . k_s) exp(b_t - b_s) v_s  +  exp(b_t) q_t S_prev     (masked
-        attention + memory) S   = exp(b_last) S_prev + sum_s exp(b_last - b_s) k_s^T v_s
-        (the state for the next)
+    Inside a chunk, with b_t = log a_c + ... + log a_t the cumulative log gate from its start c:
+        o_t = sum_{s <= t} (q_t . k_s) exp(b_t - b_s) v_s + exp(b_t) q_t S_prev
+        S = exp(b_last) S_prev + sum_s exp(b_last - b_s) k_s^T v_s      (the next chunk's state)
     """
     S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if state is None else state
     outs = []
@@ -1066,10 +1008,8 @@ class LinearAttention(nn.Module):
 
 
 def count_params(config: GPTConfig, non_embedding: bool = False, active: bool = False) -> int:
-    """Parameter count from the shapes alone (GPTConfig.num_params).
-
-    non_embedding: leave out the token embedding and an untied LM head (Kaplan's N).
-    active: count only the top-k experts a token uses (MoE compute), not all E (MoE memory).
+    """Parameter count from the shapes alone (GPTConfig.num_params). non_embedding: without the
+    embedding and an untied head (Kaplan's N); active: the top-k experts only (MoE compute).
 
     >>> GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8,
     ...           ffn_hidden=16).num_params()
@@ -1133,122 +1073,71 @@ def count_decode_state_bytes(
 # The config's checks (GPTConfig.__post_init__ runs them, for the presets below too)
 # --------------------------------------------------------------------------------------------------
 
-# Fields that must be integers >= 1, and the integer fields where 0 is allowed, with what 0 means
-POSITIVE_INTEGERS = "vocab_size block_size n_layer n_head n_kv_head n_embd ffn_multiple_of".split()
-ZERO_MEANS = {"ffn_hidden": "auto", "n_expert": "dense"}
-
 
 def check_config(c: GPTConfig) -> None:
-    """GPTConfig's rules: a bad field is a ConfigError naming it and the fix.
+    """The first rule broken, as one ConfigError naming the field and the fix.
 
-    >>> check_config(GPTConfig(dropout=1.0))
+    >>> GPTConfig(dropout=1.0)
     Traceback (most recent call last):
     model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
     """
-    # Types first: the rules below do arithmetic on these fields.
-    for field in [*POSITIVE_INTEGERS, *ZERO_MEANS]:
-        value, zero = getattr(c, field), ZERO_MEANS.get(field)
-        is_integer = isinstance(value, int) and not isinstance(value, bool)
-        if not (is_integer and value >= (0 if zero else 1)):
-            kind = f"an integer >= 0 (0 = {zero})" if zero else "a positive integer"
-            raise ConfigError(f"GPTConfig.{field}: must be {kind}, got {value!r}")
-    for field, holds, message in config_rules(c):
-        if not holds:
-            raise ConfigError(f"GPTConfig.{field}: {message}")
-
-
-def config_rules(c: GPTConfig) -> list[tuple[str, bool, str]]:
-    """(field, the rule holds, what is wrong and the fix), checked in this order."""
-    return [
-        (
-            "n_embd",
-            c.n_embd % c.n_head == 0,
-            f"{c.n_embd} is not divisible by n_head={c.n_head}; "
-            f"pick n_embd as a multiple of n_head",
-        ),
-        (
-            "n_kv_head",
-            c.n_head % c.n_kv_head == 0,
-            f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
-            f"use a divisor of n_head (n_head for MHA, 1 for MQA)",
-        ),
-        (
-            "n_head",
-            c.head_dim % 2 == 0,
-            f"head size n_embd/n_head = {c.head_dim} is odd, but RoPE rotates pairs of features; "
-            f"choose n_embd and n_head so that the head size is even",
-        ),
+    # The integers first: the rules below divide by them (0 = auto FFN width; 0 = dense FFN).
+    for field in "vocab_size block_size n_layer n_head n_kv_head n_embd ffn_multiple_of".split():
+        value = getattr(c, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"GPTConfig.{field}: must be a positive integer, got {value!r}")
+    for field in ("ffn_hidden", "n_expert"):
+        value = getattr(c, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"GPTConfig.{field}: must be an integer >= 0, got {value!r}")
+    pattern, n_kinds = c.layer_pattern, max(1, len(c.layer_pattern))
+    top_k_fits = c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert
+    rules = [  # (field, the rule holds, what is wrong and the fix)
+        ("n_embd", c.n_embd % c.n_head == 0, f"{c.n_embd} is not a multiple of n_head={c.n_head}"),
+        ("n_kv_head", c.n_head % c.n_kv_head == 0, f"{c.n_kv_head} does not divide n_head"),
+        ("n_head", c.head_dim % 2 == 0, f"head size {c.head_dim} is odd; RoPE rotates pairs"),
         ("rope_theta", c.rope_theta > 0, f"must be > 0, got {c.rope_theta}"),
         ("norm_eps", c.norm_eps > 0, f"must be > 0, got {c.norm_eps}"),
-        ("dropout", 0.0 <= c.dropout < 1.0, f"must be in [0, 1), got {c.dropout}"),
-        (
-            "expert_top_k",
-            c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert,
-            f"top_k={c.expert_top_k} must be between 1 and n_expert={c.n_expert}; "
-            f"lower expert_top_k or raise n_expert",
-        ),
-        (
-            "moe_capacity_factor",
-            c.moe_capacity_factor >= 0,
-            f"must be >= 0 (0 = no token dropping), got {c.moe_capacity_factor}",
-        ),
+        ("dropout", 0 <= c.dropout < 1, f"must be in [0, 1), got {c.dropout}"),
+        ("expert_top_k", top_k_fits, f"{c.expert_top_k} is not in 1..n_expert={c.n_expert}"),
+        ("moe_capacity_factor", c.moe_capacity_factor >= 0, "must be >= 0 (0 = never drop)"),
         ("moe_aux_coef", c.moe_aux_coef >= 0, f"must be >= 0, got {c.moe_aux_coef}"),
-        (
-            "attention",
-            c.attention in ("sdpa", "flash"),
-            f"must be 'sdpa' or 'flash', got {c.attention!r}",
-        ),
-        (
-            "attention",
-            c.attention == "sdpa" or c.dropout == 0,
-            "'flash' has no attention dropout; set dropout=0 or use attention='sdpa'",
-        ),
+        ("attention", c.attention in ("sdpa", "flash"), "must be 'sdpa' or 'flash'"),
+        ("attention", c.attention == "sdpa" or c.dropout == 0, "'flash' has no attention dropout"),
+        ("layer_pattern", set(pattern) <= set("AL"), f"{pattern!r} has a kind other than A and L"),
         (
             "layer_pattern",
-            set(c.layer_pattern) <= set("AL"),
-            f"{c.layer_pattern!r} has a kind other than A (attention) and L (linear); e.g. 'LLLA'",
-        ),
-        (
-            "layer_pattern",
-            c.n_layer % max(1, len(c.layer_pattern)) == 0,
-            f"{c.layer_pattern!r} (length {len(c.layer_pattern)}) does not tile "
-            f"n_layer={c.n_layer}; give a pattern whose length divides n_layer",
+            c.n_layer % n_kinds == 0,
+            f"{pattern!r} (length {len(pattern)}) does not tile n_layer={c.n_layer}",
         ),
     ]
+    for field, holds, problem in rules:
+        if not holds:
+            raise ConfigError(f"GPTConfig.{field}: {problem}")
 
 
 # --------------------------------------------------------------------------------------------------
 # Presets
 # --------------------------------------------------------------------------------------------------
 
+# The GPU sizes' vocabulary and context: GPT-2's 50,257 tokens padded to a multiple of 64, 1,024
+GPT2_VOCAB_AND_CONTEXT = dict(vocab_size=50304, block_size=1024)
+
 PRESETS: dict[str, GPTConfig] = {
+    # The CPU sizes keep the default vocab_size, 4,096 (the tokenizer data.py trains).
     # The default CPU run: trains to a visibly falling loss in a few minutes on 2 cores.
-    "tiny": GPTConfig(
-        vocab_size=4096, block_size=128, n_layer=4, n_head=4, n_kv_head=2, n_embd=128
-    ),
+    "tiny": GPTConfig(block_size=128, n_layer=4, n_head=4, n_kv_head=2, n_embd=128),
     # The scaling sweep: non-embedding parameters about 4x apart, small enough to train on a CPU.
-    "sweep-1": GPTConfig(
-        vocab_size=4096, block_size=128, n_layer=2, n_head=2, n_kv_head=2, n_embd=64
-    ),
-    "sweep-2": GPTConfig(
-        vocab_size=4096, block_size=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=96
-    ),
-    "sweep-3": GPTConfig(
-        vocab_size=4096, block_size=128, n_layer=4, n_head=6, n_kv_head=6, n_embd=192
-    ),
-    "sweep-4": GPTConfig(
-        vocab_size=4096, block_size=128, n_layer=8, n_head=8, n_kv_head=8, n_embd=256
-    ),
+    "sweep-1": GPTConfig(block_size=128, n_layer=2, n_head=2, n_kv_head=2, n_embd=64),
+    "sweep-2": GPTConfig(block_size=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=96),
+    "sweep-3": GPTConfig(block_size=128, n_layer=4, n_head=6, n_kv_head=6, n_embd=192),
+    "sweep-4": GPTConfig(block_size=128, n_layer=8, n_head=8, n_kv_head=8, n_embd=256),
     "10m": GPTConfig(vocab_size=8192, block_size=256, n_layer=6, n_head=6, n_kv_head=2, n_embd=384),
     # GPU sizes. 124m and 350m have GPT-2 small/medium shapes (SwiGLU at 8/3 C matches GPT-2's 4C
     # MLP in size).
-    "124m": GPTConfig(
-        vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_kv_head=12, n_embd=768
-    ),
-    "350m": GPTConfig(
-        vocab_size=50304, block_size=1024, n_layer=24, n_head=16, n_kv_head=16, n_embd=1024
-    ),
-    # Llama-3.2-1B's shape (GQA 32/8, FFN 8192) with the GPT-2 vocabulary.
+    "124m": GPTConfig(**GPT2_VOCAB_AND_CONTEXT, n_layer=12, n_head=12, n_kv_head=12, n_embd=768),
+    "350m": GPTConfig(**GPT2_VOCAB_AND_CONTEXT, n_layer=24, n_head=16, n_kv_head=16, n_embd=1024),
+    # Llama-3.2-1B's shape (GQA 32/8, FFN 8192) with the GPT-2 vocabulary, twice the context.
     "1b": GPTConfig(
         vocab_size=50304,
         block_size=2048,
@@ -1262,28 +1151,23 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 
-# ==================================================================================================
-# === Appendix: the one check of --device that every CLI (train, evaluate, ...) uses ===
-# ==================================================================================================
+# --------------------------------------------------------------------------------------------------
+# Where to run: the one check of a device name that every command (train, evaluate, ...) uses
+# --------------------------------------------------------------------------------------------------
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
 
 def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.device:
-    """A --device value as a torch.device, or `error` in one line naming --device and what this
-    machine has.
+    """A device name as a torch.device, or `error` in one line saying what this machine has.
 
-    auto: CUDA (cuda:LOCAL_RANK under torchrun), else Apple's MPS, else the CPU. cuda:N must be a
-    GPU that exists; "meta" (tensors without data: everything after the first forward fails) and
-    anything else are refused.
+    auto: CUDA (cuda:LOCAL_RANK under torchrun), else Apple's MPS, else the CPU. "meta" (tensors
+    without data: everything after the first forward fails) and unknown names are refused. The
+    message names the setting as `device`; a command line shows it as its flag.
 
-    >>> resolve_device("cpu")
-    device(type='cpu')
-    >>> try:
-    ...     resolve_device("meta")
-    ... except ValueError as e:
-    ...     print(e)
-    --device meta: meta tensors hold no data to compute with; use auto, cpu, cuda, cuda:N or mps
+    >>> resolve_device("meta")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: `device` meta: meta tensors hold no data to compute with; use auto, cpu, cuda, ...
     """
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     if name == "auto" and cuda:
@@ -1293,31 +1177,27 @@ def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.devi
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise error(f"--device {name}: not a device; use {DEVICE_CHOICES}") from None
-    if device.type == "cpu":
-        return torch.device("cpu")
-    if device.type == "cuda":
-        if not cuda:
-            raise error(f"--device {name}: no CUDA device here; use --device cpu (or auto)")
+        raise error(f"`device` {name}: not a device; use {DEVICE_CHOICES}") from None
+    problem = None
+    if device.type == "cuda" and not cuda:
+        problem = "no CUDA device here; use cpu (or auto)"
+    elif device.type == "cuda":
         index = int(os.environ.get("LOCAL_RANK", 0)) if device.index is None else device.index
-        if index >= torch.cuda.device_count():
-            raise error(
-                f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
-            )
-        return torch.device("cuda", index)
-    if device.type == "mps":
-        if not mps:
-            raise error(
-                f"--device {name}: Apple's MPS backend is not available here; use --device cpu "
-                f"(or auto)"
-            )
-        return device
-    if device.type == "meta":
-        raise error(
-            f"--device {name}: meta tensors hold no data to compute with; use {DEVICE_CHOICES}"
-        )
-    raise error(f"--device {name}: this project runs on {DEVICE_CHOICES}, not {device.type}")
+        count = torch.cuda.device_count()
+        if index >= count:
+            problem = f"this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+        device = torch.device("cuda", index)
+    elif device.type == "mps" and not mps:
+        problem = "Apple's MPS backend is not available here; use cpu (or auto)"
+    elif device.type == "meta":
+        problem = f"meta tensors hold no data to compute with; use {DEVICE_CHOICES}"
+    elif device.type == "cpu":
+        device = torch.device("cpu")  # "cpu:0" is the same one CPU
+    elif device.type != "mps":
+        problem = f"this project runs on {DEVICE_CHOICES}, not {device.type}"
+    if problem is not None:
+        raise error(f"`device` {name}: {problem}")
+    return device
 
 
 if __name__ == "__main__":

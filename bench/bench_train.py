@@ -76,8 +76,8 @@ def bench_preset(preset: str, data: str, batch_size: int, steps: int, rounds: in
     tokens = trainer.tokens_per_step
     return {"preset": preset, "params": trainer.raw_model.num_params(), "tokens_per_step": tokens,
             "ours_tok_s": tokens / t_ours, "ref_tok_s": tokens / t_ref,
-            "ours_mfu": trainer.raw_model.estimate_mfu(tokens / t_ours, trainer._peak, trainer.block_size),
-            "ref_mfu": trainer.raw_model.estimate_mfu(tokens / t_ref, trainer._peak, trainer.block_size),
+            "ours_mfu": tokens / t_ours * trainer._flops_per_token / trainer._peak,
+            "ref_mfu": tokens / t_ref * trainer._flops_per_token / trainer._peak,
             "overhead": t_ours / t_ref - 1, "peak": trainer._peak}
 
 

@@ -818,7 +818,7 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
     if s.device != "cpu":
         import model as model_lib
 
-        # "--device cuda: no CUDA device here; ..."
+        # "`device` cuda: no CUDA device here; ..."
         model_lib.resolve_device(s.device, error=ScalingError)
     # a design the family cannot build fails here
     runs = planned_runs(s)

@@ -900,7 +900,7 @@ def test_the_device_check_knows_what_this_machine_has(monkeypatch):
     assert model.resolve_device("cuda") == torch.device("cuda", 0) == model.resolve_device("auto")
     monkeypatch.setenv("LOCAL_RANK", "1")  # under torchrun: this rank's GPU
     assert model.resolve_device("cuda") == torch.device("cuda", 1)
-    with pytest.raises(ValueError, match="--device cuda:2: this machine has 2 CUDA device"):
+    with pytest.raises(ValueError, match="`device` cuda:2: this machine has 2 CUDA device"):
         model.resolve_device("cuda:2")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ev.EvalError, match="--device cuda:0: no CUDA device here"):

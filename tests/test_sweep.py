@@ -519,7 +519,7 @@ def test_a_short_estimate_is_said_in_minutes_not_about_0_hours(tmp_path):
 def test_the_gpu_plan_is_refused_without_a_gpu_before_any_output(tmp_path):
     r = cli("sweep", "--device", "cuda", "--out-dir", str(tmp_path / "never"))
     assert r.returncode == 2 and r.stderr.strip() == (
-        "scaling.py: error: --device cuda: no CUDA device here; use --device cpu (or auto)"
+        "scaling.py: error: --device cuda: no CUDA device here; use cpu (or auto)"
     ), r.stderr
     assert not (tmp_path / "never").exists()
 

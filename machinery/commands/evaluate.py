@@ -246,10 +246,8 @@ def resolve_device(name: str = "auto"):
     try:
         return model.resolve_device(name, EvalError)
     except EvalError as e:
-        # model.py's message names the flag before issue 44 moves flags out of the chapters
-        if str(e).startswith("--device"):
-            raise
-        raise EvalError(f"--device {name}: {e}") from None
+        # model.py names the setting `device`; the user typed the flag
+        raise EvalError(str(e).replace("`device`", "--device")) from None
 
 
 def load_model(path, device):
