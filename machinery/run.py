@@ -36,7 +36,7 @@ import torch
 import data as data_lib
 import model as model_lib
 import train as train_lib
-from machinery import fileio
+from machinery import devices, fileio
 from machinery import launch as launcher
 from machinery import parallelize as wiring
 from train import TrainConfig, TrainError
@@ -49,7 +49,7 @@ from train import TrainConfig, TrainError
 def resolve_device(name: str) -> torch.device:
     """auto: CUDA if present (this rank's GPU under torchrun), else Apple MPS, else CPU; model.py's
     one check of the device (meta, a missing GPU or an unknown name is one TrainError line)."""
-    return model_lib.resolve_device(name, TrainError)
+    return devices.resolve_device(name, TrainError)
 
 
 # every setting of the run, as a --config file (the screen shows a summary)

@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 
 import scaling
-from machinery import fileio, scaling_plots
+from machinery import devices, fileio, scaling_plots
 from machinery.scaling_reports import fit_markdown
 from scaling import (
     AllocationLaw,
@@ -816,10 +816,9 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
             f"(every size of a budget)"
         )
     if s.device != "cpu":
-        import model as model_lib
 
         # "`device` cuda: no CUDA device here; ..."
-        model_lib.resolve_device(s.device, error=ScalingError)
+        devices.resolve_device(s.device, error=ScalingError)
     # a design the family cannot build fails here
     runs = planned_runs(s)
     hours = estimate_seconds(s, runs) / 3600
@@ -916,8 +915,7 @@ def sweep(
     Everything that can be checked is checked before the first side effect (the design and its
     estimated time, the dataset, the output folder); a sweep that fails later keeps only its
     finished runs (a rerun reuses them) and removes an output folder it created that holds none."""
-    from machinery import formats
-    from machinery import data_at_scale
+    from machinery import data_at_scale, formats
 
     s = settings
     dataset = open_dataset(s.data)
@@ -1498,6 +1496,7 @@ def repeat_documents(
     (13, [6])
     """
     import random
+
     import dedup as dedup_lib
 
     rng = random.Random(seed)
@@ -1561,11 +1560,11 @@ def _dedup_effect_in(
     s: DedupEffectSettings, trainer: SweepSettings, planned: PlannedRun, out: pathlib.Path, log
 ) -> dict:
     import concurrent.futures
+
     import data as data_lib
-    from machinery import formats
-    from machinery import data_at_scale
     import dedup as dedup_lib
     import evaluate as evaluate_lib
+    from machinery import data_at_scale, formats
 
     # The source through data.py's funnel (quality filters, exact dedup) but without near-dedup:
     # that is ours.

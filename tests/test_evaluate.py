@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import evaluate as ev
 from machinery import eval_report, recall_report
+from machinery import devices
 from machinery.commands import evaluate as cmd
 
 
@@ -883,10 +884,9 @@ def test_a_bad_device_is_one_line_naming_it_before_any_work(argv, tmp_path, caps
 
 
 def test_the_device_check_knows_what_this_machine_has(monkeypatch):
-    """model.resolve_device, the one check every CLI uses: cuda:N must exist; auto picks CUDA, then MPS, then CPU."""
-    import model
+    """devices.resolve_device, the one check every CLI uses: cuda:N must exist; auto picks CUDA, then MPS, then CPU."""
 
-    assert model.resolve_device("auto") == torch.device(
+    assert devices.resolve_device("auto") == torch.device(
         "cuda"
         if torch.cuda.is_available()
         else "mps"
@@ -896,12 +896,12 @@ def test_the_device_check_knows_what_this_machine_has(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    assert model.resolve_device("cuda:1") == torch.device("cuda", 1)
-    assert model.resolve_device("cuda") == torch.device("cuda", 0) == model.resolve_device("auto")
+    assert devices.resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert devices.resolve_device("cuda") == torch.device("cuda", 0) == devices.resolve_device("auto")
     monkeypatch.setenv("LOCAL_RANK", "1")  # under torchrun: this rank's GPU
-    assert model.resolve_device("cuda") == torch.device("cuda", 1)
+    assert devices.resolve_device("cuda") == torch.device("cuda", 1)
     with pytest.raises(ValueError, match="`device` cuda:2: this machine has 2 CUDA device"):
-        model.resolve_device("cuda:2")
+        devices.resolve_device("cuda:2")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ev.EvalError, match="--device cuda:0: no CUDA device here"):
         cmd.resolve_device("cuda:0")

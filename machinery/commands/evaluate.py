@@ -13,7 +13,7 @@ data.py reads), task files, and the JSON, jsonl, Markdown and PNG files written 
     python evaluate.py recall                              MQAR: attention vs linear vs hybrid
 
 Depends on evaluate.py, train.py (load_checkpoint, list_checkpoints), data.py (TokenData,
-open_source), model.py (resolve_device), machinery's cli, fileio, eval_report and recall_report.
+open_source), machinery/devices.py (resolve_device), machinery's cli, fileio, eval_report and recall_report.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 
 import evaluate
 from evaluate import EvalError, HeldOut, Task
-from machinery import eval_report, fileio, formats, recall_report
+from machinery import devices, eval_report, fileio, formats, recall_report
 from machinery.cli import Parser, in_range, writable
 from machinery.cli import run as run_cli
 
@@ -241,10 +241,9 @@ def resolve_device(name: str = "auto"):
     Traceback (most recent call last):
     evaluate.EvalError: --device meta: ...
     """
-    import model
 
     try:
-        return model.resolve_device(name, EvalError)
+        return devices.resolve_device(name, EvalError)
     except EvalError as e:
         # model.py names the setting `device`; the user typed the flag
         raise EvalError(str(e).replace("`device`", "--device")) from None

@@ -100,7 +100,7 @@ FLAGS = {
     "settings.tokens": "--tokens",
     "max_hours": "--max-hours",
     "out_dir": "--out-dir",
-    "`device`": "--device",  # model.resolve_device's name for the setting
+    "`device`": "--device",  # machinery/devices.resolve_device's name for the setting
 }
 # a name on its own, not a piece of a word or of a path (a folder called out_dir keeps its name)
 NAMED = re.compile(r"(?<![\w/.-])(" + "|".join(map(re.escape, FLAGS)) + r")(?![\w/])")
