@@ -1,7 +1,9 @@
-"""A modern decoder-only Transformer in one file. The core comes first: GPTConfig, RMSNorm, RoPE,
-grouped-query attention, SwiGLU, the block, GPT with forward and generate. Then the KV cache,
-Mixture of Experts, FlashAttention by hand, linear attention and hybrids, the parameter / FLOP /
-memory accounting the project plans with, the checks, the presets. docs/model.md tells why.
+"""A modern decoder-only Transformer in one file, read top to bottom.
+
+The core comes first: GPTConfig, RMSNorm, RoPE, grouped-query attention, SwiGLU, the block, GPT
+with forward and generate. Then the KV cache, Mixture of Experts, FlashAttention by hand, linear
+attention and hybrids, the parameter / FLOP / memory accounting the project plans with, the checks,
+the presets. docs/model.md tells why.
 
 Depends on torch only (no sibling files).
 

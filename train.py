@@ -1,5 +1,6 @@
-"""train.py: the training loop. Forward, loss, backward, update, for tens of thousands of steps,
-without blowing up. The lecture's budget: 1.2e20 FLOPs, N = 1e9 parameters, D = 2e10 tokens at 5e5
+"""train.py: the training loop: forward, loss, backward, update, for tens of thousands of steps.
+
+The lecture's budget: 1.2e20 FLOPs, N = 1e9 parameters, D = 2e10 tokens at 5e5
 tokens per step: 40,000 optimizer steps, a day on 8 GPUs. A run that long needs a handful of
 standard safety measures, each a numbered section of this file; `train_loop` runs them each step:
 

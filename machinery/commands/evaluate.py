@@ -13,7 +13,8 @@ data.py reads), task files, and the JSON, jsonl, Markdown and PNG files written 
     python evaluate.py recall                              MQAR: attention vs linear vs hybrid
 
 Depends on evaluate.py, train.py (load_checkpoint, list_checkpoints), data.py (TokenData,
-open_source), machinery/devices.py (resolve_device), machinery's cli, fileio, eval_report and recall_report.
+open_source), machinery/devices.py (resolve_device), machinery's cli, fileio, eval_report and
+recall_report.
 """
 
 from __future__ import annotations
