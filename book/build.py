@@ -1119,11 +1119,14 @@ def page_html(
             used_ids.add(item.anchor)
 
     def line_anchor(line_no: int) -> str:
-        for name in src.assigned.get(line_no, []):
-            if name not in used_ids:
-                used_ids.add(name)
-                return f' id="{html.escape(name)}"'
-        return ""
+        """The anchors of the names a line binds (A, B = 1, 2 binds two): the first as the line's
+        id, the others as empty spans that open it."""
+        names = [name for name in src.assigned.get(line_no, []) if name not in used_ids]
+        used_ids.update(names)
+        if not names:
+            return ">"
+        more = "".join(f'<span id="{html.escape(name)}"></span>' for name in names[1:])
+        return f' id="{html.escape(names[0])}">{more}'
 
     files = linker.parts(src.stem)
     linker.current = None  # the menu is on every part: links name the file
@@ -1188,7 +1191,7 @@ def page_html(
                 out.append(heading)
             continue
         code = "".join(
-            f'<span class="line" data-n="{n}"{line_anchor(n)}>{code_line_html(linker, src, tokens[n - 1])}'
+            f'<span class="line" data-n="{n}"{line_anchor(n)}{code_line_html(linker, src, tokens[n - 1])}'
             f"</span>"
             for n in item.code
         )

@@ -25,9 +25,7 @@ import torch.multiprocessing as mp
 
 from parallel import ParallelError
 # --------------------------------------------------------------------------------------------------
-# 8. Starting the processes: torchrun's environment (`init_distributed`, what train.py calls) and a
-#    launcher for tests and demos (`launch`). Not a lesson of its own: the plumbing that gives the
-#    sections above their process group.
+# 1. Joining torchrun's process group: `init_distributed`, what machinery/run.py calls for train.py
 # --------------------------------------------------------------------------------------------------
 
 
@@ -113,6 +111,8 @@ def check_launch_env() -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------------------
+# 2. The launcher for tests, demos and benchmarks
+#
 # `launch(fn, world)` runs fn(rank, world, *args) in `world` fresh processes joined by a gloo group
 # over a FileStore (no ports to collide), and returns each rank's result: the tests, demos and
 # benchmarks start their ranks with it. If a rank raises, the parent stops the others and raises

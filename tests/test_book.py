@@ -286,13 +286,14 @@ def test_names_from_another_chapter_link_to_their_definition(site):
 
 
 def test_prose_keeps_the_docstrings_blocks_doctests_and_aligned_comments(site):
-    dedup = whole(site, "dedup")
-    # "Run it:" then indented commands (no blank line between): a block of commands, not one run-on sentence.
-    assert re.search(r'<pre class="block">python dedup.py demo +# the lecture', dedup)
+    chapters = "".join(whole(site, stem) for stem, _ in book.CHAPTERS)
+    # Indented commands under a line of prose (no blank line between): a block of commands, not one
+    # run-on sentence (parallel.py's "Demos:").
+    assert re.search(r'<pre class="block">python parallel.py demo +# each layout', chapters)
     # A doctest becomes a highlighted pycon block (the prompt is a Generic.Prompt token: class "gp").
-    assert re.search(r'<pre class="block code-pycon"><span class="gp">&gt;&gt;&gt; </span>', dedup)
-    # Aligned comment columns survive as a monospace block.
-    assert re.search(r'<pre class="block code-text">  word: +a polynomial hash', dedup)
+    assert re.search(r'<pre class="block code-pycon"><span class="gp">&gt;&gt;&gt; </span>', chapters)
+    # Aligned comment columns survive as a monospace block (dedup.py's hashes).
+    assert re.search(r'<pre class="block code-text">  word: +a polynomial hash', chapters)
 
 
 def test_figures_are_on_the_page_of_the_chapter_that_makes_them(site):
