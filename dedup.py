@@ -146,8 +146,7 @@ def jaccard(a: set, b: set) -> float:
 
 _MASK64 = (1 << 64) - 1
 _POLY_BASE = 0x100000001B3  # FNV-1's 64-bit prime: odd, so invertible mod 2^64
-# golden-ratio constant: word length enters the hash too
-_LENGTH_MIX = 0x9E3779B97F4A7C15
+_LENGTH_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: word length enters the hash too
 _SHINGLE_SEED = 0x9E3779B97F4A7C15  # the shingle hash before any word
 _FMIX_MUL1, _FMIX_MUL2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53  # MurmurHash3 fmix64 constants
 
@@ -232,8 +231,7 @@ def _is_word_char(codes: np.ndarray) -> np.ndarray:
     if codes.size == 0 or codes.max() <= 0xFFFF:
         return _WORD_CHAR[codes]
     flags = _WORD_CHAR[np.minimum(codes, 0xFFFF)]
-    # emoji, rare CJK: ask the regex
-    astral = np.flatnonzero(codes > 0xFFFF)
+    astral = np.flatnonzero(codes > 0xFFFF)  # emoji, rare CJK: ask the regex
     flags[astral] = [_WORD.fullmatch(chr(c)) is not None for c in codes[astral].tolist()]
     return flags
 
@@ -265,20 +263,17 @@ def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     ([2, 0, 1], True)
     """
     normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts]
-    # "\n" is no word char: words never span texts
-    joined = "\n".join(normalized) + "\n"
+    joined = "\n".join(normalized) + "\n"  # "\n" is no word char: words never span texts
     codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # (L,)
     edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # (words,) [start, end)
     prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
     inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), len(codes))  # (L,) B^-i
-    # Σ c_i·B^-i, wraps mod 2^64
-    np.cumsum(codes * inverse_powers, out=prefix[1:])
+    np.cumsum(codes * inverse_powers, out=prefix[1:])  # Σ c_i·B^-i, wraps mod 2^64
     powers = _powers(_POLY_BASE, len(codes))  # (L,) B^i
     poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]  # Σ c_i·B^(end-1-i)
     lengths = (ends - starts).astype(np.uint64)
-    # code point after each text's "\n"
-    text_ends = np.cumsum([len(t) + 1 for t in normalized])
+    text_ends = np.cumsum([len(t) + 1 for t in normalized])  # code point after each text's "\n"
     counts = np.diff(np.searchsorted(starts, text_ends), prepend=0)  # words per text
     return _fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)), counts
 
@@ -287,23 +282,19 @@ def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.nda
     """`shingle_fingerprints` of one group of texts."""
     words64, lengths = word_hashes(texts)
     empty = np.flatnonzero(lengths == 0)
-    # an empty document is the one shingle "" (one empty word)
-    if empty.size:
+    if empty.size:  # an empty document is the one shingle "" (one empty word)
         word_ends = np.cumsum(lengths)
         words64 = np.insert(words64, word_ends[empty], np.uint64(word_hash("")))
         lengths[empty] = 1
-    # (docs,) first word of each doc
-    word_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    word_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))  # (docs,) first word of each doc
     per_doc = np.where(lengths >= n, lengths - n + 1, 1)  # shingles per document
     offsets = np.concatenate(([0], np.cumsum(per_doc))).astype(np.int64)  # (docs + 1,)
     # First word of every shingle: doc start + 0, 1, ..., per_doc - 1 (a flat arange, restarted per
     # doc).
     first_word = np.repeat(word_starts - offsets[:-1], per_doc) + np.arange(offsets[-1])
-    # words in each shingle (< n if short)
-    width = np.repeat(np.minimum(lengths, n), per_doc)
+    width = np.repeat(np.minimum(lengths, n), per_doc)  # words in each shingle (< n if short)
     h = np.full(offsets[-1], _SHINGLE_SEED, dtype=np.uint64)
-    # fold word j of every shingle into h
-    for j in range(n):
+    for j in range(n):  # fold word j of every shingle into h
         live = width > j
         if live.all():
             h = _fmix64_array(h ^ words64[first_word + j])
@@ -380,8 +371,7 @@ def _residues(fixed_point: np.ndarray) -> np.ndarray:
     """35-bit fixed-point fractions of p (from `hash_fractions`) -> exact residues in [0, p),
     uint64."""
     residues = np.rint(fixed_point * (PRIME / 2.0**35))
-    # a root read as 1 − ε: residue 0
-    residues[residues == PRIME] = 0.0
+    residues[residues == PRIME] = 0.0  # a root read as 1 − ε: residue 0
     return residues.astype(np.uint64)
 
 
@@ -472,10 +462,8 @@ class MinHasher:
 
     def _fractions(self, parts: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """`hash_fractions` from the (4, n) pieces of `_split_11_bits`."""
-        # (k, n) float64 S = s + 2^17
-        shifted = np.matmul(self._coefficients, parts, out=out)
-        # same memory, read as integers
-        bits = shifted.view(np.uint64)
+        shifted = np.matmul(self._coefficients, parts, out=out)  # (k, n) float64 S = s + 2^17
+        bits = shifted.view(np.uint64)  # same memory, read as integers
         np.bitwise_and(bits, np.uint64(_FRACTION_MASK), out=bits)  # keep the 35 fraction bits
         return bits
 
@@ -548,8 +536,7 @@ class MinHasher:
         first_docs = np.searchsorted(offsets, window_starts, side="right") - 1
         # ... and its last shingle
         last_docs = np.searchsorted(offsets, window_stops - 1, side="right") - 1
-        # shingles split into pieces at a time
-        span = 256 * self.chunk
+        span = 256 * self.chunk  # shingles split into pieces at a time
         for start, stop, first, last in zip(
             window_starts.tolist(), window_stops.tolist(), first_docs.tolist(), last_docs.tolist()
         ):
@@ -558,15 +545,12 @@ class MinHasher:
             piece = parts[:, start % span : start % span + stop - start]
             # (k, window) uint64
             values = self._fractions(piece, block if stop - start == self.chunk else None)
-            # where each document's run begins
-            seg_starts = offsets[first : last + 1] - start
-            # the first may have begun earlier
-            seg_starts[0] = 0
+            seg_starts = offsets[first : last + 1] - start  # where each document's run begins
+            seg_starts[0] = 0  # the first may have begun earlier
             minima = np.minimum.reduceat(values, seg_starts, axis=1)  # (k, docs in window)
             rows = out[first : last + 1]
             np.minimum(rows, minima.T, out=rows)
-        # exact residues (see hash_fractions)
-        out = _residues(out)
+        out = _residues(out)  # exact residues (see hash_fractions)
         # A document holding some function's root has true minimum 0 there (its fraction may have
         # read 1 − ε).
         for position in np.flatnonzero(np.isin(x, self._roots)):
@@ -723,8 +707,7 @@ def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
     distance = 1
     while candidates.size:
         same = group[candidates] == group[candidates + distance]
-        # positions whose group reaches distance d further
-        candidates = candidates[same]
+        candidates = candidates[same]  # positions whose group reaches distance d further
         if candidates.size:
             left, right = order[candidates], order[candidates + distance]
             found.append(np.stack([np.minimum(left, right), np.maximum(left, right)], axis=1))
@@ -797,14 +780,12 @@ def candidate_pairs(
     for band in range(bands):
         band_rows = signatures[documents, band * rows : (band + 1) * rows]  # (N, r) a small copy
         band_keys = _band_keys(band_rows)
-        # (N,) equal keys side by side
-        order = np.argsort(band_keys, kind="stable")
+        order = np.argsort(band_keys, kind="stable")  # (N,) equal keys side by side
         sorted_rows = band_rows[order]
         # (N-1,) the band changes here
         new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
         sorted_keys = band_keys[order]
-        # a key collision: sort exactly
-        if np.any(new_run & (sorted_keys[1:] == sorted_keys[:-1])):
+        if np.any(new_run & (sorted_keys[1:] == sorted_keys[:-1])):  # a key collision: sort exactly
             order = np.lexsort(band_rows.T[::-1])
             sorted_rows = band_rows[order]
             new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
@@ -846,8 +827,7 @@ class UnionFind:
     def find(self, i: int) -> int:
         parent = self.parent
         while parent[i] != i:
-            # path halving: point at the grandparent as we climb
-            parent[i] = parent[parent[i]]
+            parent[i] = parent[parent[i]]  # path halving: point at the grandparent as we climb
             i = parent[i]
         return i
 
@@ -933,22 +913,17 @@ def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.n
     """
     odd = np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64)
     mixer = odd * 2 + 1  # (k,) random odd multipliers
-    # (N,) a hash of the whole row (wraps mod 2^64)
-    keys = _fmix64_array(signatures @ mixer)
-    # twins side by side, smaller index first
-    order = np.argsort(keys, kind="stable")
-    # only these can be twins
-    same_key = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])
-    # (N-1,) exactly equal rows
-    twin_of_previous = np.zeros(len(order) - 1, dtype=bool)
+    keys = _fmix64_array(signatures @ mixer)  # (N,) a hash of the whole row (wraps mod 2^64)
+    order = np.argsort(keys, kind="stable")  # twins side by side, smaller index first
+    same_key = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])  # only these can be twins
+    twin_of_previous = np.zeros(len(order) - 1, dtype=bool)  # (N-1,) exactly equal rows
     twin_of_previous[same_key] = np.all(
         signatures[order[same_key]] == signatures[order[same_key + 1]], axis=1
     )
     group = np.concatenate(([0], np.cumsum(~twin_of_previous)))
     # (groups,) stable: smallest
     first_in_group = order[np.concatenate(([True], ~twin_of_previous))]
-    # (N,) for order[i]
-    representative = first_in_group[group]
+    representative = first_in_group[group]  # (N,) for order[i]
     is_member = representative != order
     stars = np.stack([representative[is_member], order[is_member]], axis=1).astype(np.int64)
     return np.sort(first_in_group), stars[np.lexsort((stars[:, 1], stars[:, 0]))]
@@ -986,8 +961,7 @@ def near_duplicate_pairs(
         texts = [remove_accents(text) for text in texts]
     signatures = MinHasher(num_perm, seed).signatures_from_texts(texts, n)
     representatives, stars = identical_signature_groups(signatures)
-    # equal signatures, unequal sets: not copies, back into LSH
-    if verify == "exact":
+    if verify == "exact":  # equal signatures, unequal sets: not copies, back into LSH
         copies = pair_jaccard(texts, stars, n) == 1.0
         representatives = np.union1d(representatives, stars[~copies, 1])
         stars = stars[copies]
@@ -1064,8 +1038,7 @@ def overlap_words(text: str) -> list[str]:
     >>> overlap_words("It's 13 words, or so.")
     ['it', 's', '13', 'words', 'or', 'so']
     """
-    # the words of section 1, lowercased, not NFKC-folded
-    return _WORD.findall(text.lower())
+    return _WORD.findall(text.lower())  # the words of section 1, lowercased, not NFKC-folded
 
 
 def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
@@ -1084,8 +1057,7 @@ def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
     # fmix64 (section 2) spreads small consecutive word ids over all 64 bits; + 1: no id mixes to 0
     mixed = _fmix64_array(word_ids.astype(np.uint64) + np.uint64(1))
     h = np.zeros(count, dtype=np.uint64)
-    # Horner's rule over the n positions, all start positions at once
-    for j in range(n):
+    for j in range(n):  # Horner's rule over the n positions, all start positions at once
         h = h * _NGRAM_BASE + mixed[j : j + count]
     return h
 
