@@ -196,21 +196,12 @@ def shingle_hash(shingle: str) -> int:
     return h >> 32
 
 
-_POWER_CACHE: dict[int, np.ndarray] = {}
-
-
 def _powers(base: int, length: int) -> np.ndarray:
     """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps mod 2^64, as
-    it should). Kept for lengths up to one group of texts (8 MiB per base); a longer single text
-    gets its own, uncached."""
-    cached = _POWER_CACHE.get(base)
-    if cached is None or len(cached) < length:
-        steps = np.full(max(length, GROUP_CHARS + 1), base, dtype=np.uint64)
-        steps[0] = 1
-        cached = np.cumprod(steps)
-        if len(cached) == GROUP_CHARS + 1:  # a longer one is not kept
-            _POWER_CACHE[base] = cached
-    return cached[:length]
+    it should)."""
+    steps = np.full(length, base, dtype=np.uint64)
+    steps[:1] = 1
+    return np.cumprod(steps)
 
 
 def _bmp_word_table() -> np.ndarray:
@@ -342,12 +333,8 @@ def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a·x + b <= (2^32 − 1)·(2^32 − 1) + (2^32 − 1) = 2^64 − 2^32 < 2^64,
     which a uint64 holds exactly; then one `%` by p gives the true residue. (a ranges over [1,
     2^32) instead of [1, p): 15 of 4.3 billion values are left out, which changes nothing
-    measurable.) The classic bug, in peers too: p = 2^61 − 1 with a up to 2^61 and x up to 2^32
-    makes a·x as large as 2^93; numpy wraps it silently modulo 2^64, so the code computes some
-    other function, not (a·x + b) mod p. And the tempting fix "keep a < 2^29 so a·x < 2^61" is
-    worse than it looks: with no wrap-around, a·x + b mod p orders the x's by x itself (rotated
-    once where a·x + b crosses p), so about half of the k functions pick the same shingle, the
-    smallest x, and the k estimates stop being independent (a test shows it).
+    measurable.) The classic bug (p = 2^61 − 1, a·x up to 2^93, wrapped silently modulo 2^64) and
+    why "keep a < 2^29" does not fix it: docs/dedup.md.
 
     >>> top = np.array([2**32 - 1], dtype=np.uint64)
     >>> universal_hash(top, top, top).tolist() == [[((2**32 - 1)**2 + 2**32 - 1) % PRIME]]
@@ -439,24 +426,18 @@ class MinHasher:
         uint64 equal to (h_i(x)/p)·2^35 within ±2.2. out: an optional (k, len(x)) float64 buffer
         (the signature loop reuses one).
 
-        Why floats, and why the minimum stays exact. numpy's uint64 product has no SIMD
-        instruction on common CPUs and `%` is a division per element, so `universal_hash` costs
-        ~3x more per value. Instead cut x into 11-bit pieces, x = x_2·2^22 + x_1·2^11 + x_0, and
-        let c_j = a·2^(11j) mod p. Then a·x + b ≡ c_0·x_0 + c_1·x_1 + c_2·x_2 + b (mod p), so
-        h(x)/p is the fractional part of
+        Why floats: numpy's uint64 product has no SIMD instruction on common CPUs and `%` is a
+        division per element (`universal_hash` costs ~3x more per value). Cut x into 11-bit pieces,
+        x = x_2·2^22 + x_1·2^11 + x_0, and let c_j = a·2^(11j) mod p: a·x + b ≡ c_0·x_0 + c_1·x_1 +
+        c_2·x_2 + b (mod p), so h(x)/p is the fractional part of
             s = (c_0/p)·x_0 + (c_1/p)·x_1 + (c_2/p)·x_2 + b/p,     0 <= s < 3·2^11 + 1 < 2^13
-        and s for all k x n pairs is ONE matrix product (k, 4) @ (4, n). We add 2^17 to the b/p
-        column: then every S = s + 2^17 lies in [2^17, 2^18), where a float64 has a fixed
-        exponent and a step of 2^-35, so the low 35 bits of S's mantissa ARE s's fractional part
-        in units of 2^-35: one bitwise AND instead of floor and minus. Error: rounding b/p + 2^17
-        and each of the three additions at magnitude < 2^18 (any order, as BLAS pleases) costs at
-        most 2^-36 each, the c_j/p terms below 2^-40: |error| < 1.1·2^-34 in s. Residues that
-        differ differ by at least 1/p > 2^-32.01, over twice the worst error of both, so the
-        integer ORDER of the fixed-point values is the exact order of the residues: a minimum
-        picks the right shingle, and rint(value·p/2^35) recovers its residue exactly (off by <
-        0.3 before rounding). One case is special: residue 0 (for exactly one x per function, its
-        root −b/a mod p) can read as 1 − ε instead of 0. `hash_block` fixes that; the signature
-        loop patches roots after the minimum.
+        and s for all k x n pairs is ONE matrix product (k, 4) @ (4, n). Adding 2^17 to the b/p
+        column puts every S = s + 2^17 in [2^17, 2^18), where a float64's step is 2^-35: the low 35
+        bits of S's mantissa ARE s's fraction, one bitwise AND. The rounding error, < 1.1·2^-34
+        (docs/dedup.md), is under half the gap 1/p between residues, so the fixed-point values are
+        in the exact order of the residues and rint(value·p/2^35) recovers a minimum's residue.
+        Residue 0 (at one root x = −b/a mod p per function) can read as 1 − ε: `hash_block` and
+        the signature loop patch it.
         """
         return self._fractions(_split_11_bits(x), out)
 
@@ -536,15 +517,14 @@ class MinHasher:
         first_docs = np.searchsorted(offsets, window_starts, side="right") - 1
         # ... and its last shingle
         last_docs = np.searchsorted(offsets, window_stops - 1, side="right") - 1
-        span = 256 * self.chunk  # shingles split into pieces at a time
+        parts = _split_11_bits(x)  # (4, shingles)
         for start, stop, first, last in zip(
             window_starts.tolist(), window_stops.tolist(), first_docs.tolist(), last_docs.tolist()
         ):
-            if start % span == 0:
-                parts = _split_11_bits(x[start : start + span])  # (4, <= span)
-            piece = parts[:, start % span : start % span + stop - start]
             # (k, window) uint64
-            values = self._fractions(piece, block if stop - start == self.chunk else None)
+            values = self._fractions(
+                parts[:, start:stop], block if stop - start == self.chunk else None
+            )
             seg_starts = offsets[first : last + 1] - start  # where each document's run begins
             seg_starts[0] = 0  # the first may have begun earlier
             minima = np.minimum.reduceat(values, seg_starts, axis=1)  # (k, docs in window)
