@@ -129,20 +129,17 @@ def jaccard(a: set, b: set) -> float:
 # --------------------------------------------------------------------------------------------------
 # 2. A stable 32-bit hash per shingle
 # --------------------------------------------------------------------------------------------------
-# Python's built-in hash() of a str is salted per process (PYTHONHASHSEED), so signatures would
-# change between runs. We want the same 32-bit number for the same shingle on every run and machine,
-# and we want it fast: at ~0.5 µs per call, hashing each shingle string (or even each word) in
-# Python would cost more than all of MinHash. So the hash is built from pieces numpy computes for a
-# whole batch of text at once:
+# Python's hash() of a str is salted per process (PYTHONHASHSEED), so signatures would change
+# between runs. We want the same 32-bit number for a shingle on every run and machine, computed by
+# numpy for a whole batch of text at once (~0.5 µs per Python call would cost more than MinHash):
 #   word:    a polynomial hash of its Unicode code points c_0..c_{L-1}, Σ c_i·B^(L-1-i) mod 2^64
 #            (B odd), plus the length, then MurmurHash3's fmix64 finalizer (a bijection that makes
 #            every output bit depend on every input bit). Over a long string it is one cumulative
 #            sum: with W_i = B^-i (B is odd, so invertible mod 2^64),
 #            Σ_{s<=i<e} c_i·B^(e-1-i) = (prefix[e] − prefix[s])·B^(e-1), prefix = cumsum(c·W).
 #   shingle: h <- fmix64(h XOR word) over its n words, from a fixed seed; x = the top 32 bits.
-# Here uint64 wrap-around is what we want (the hash lives mod 2^64); the *modular* MinHash
-# arithmetic in section 3 must not wrap. `word_hash` and `shingle_hash` are the same functions in
-# plain Python, the tests' oracle.
+# uint64 wrap-around is wanted here (the hash lives mod 2^64); section 3's modular arithmetic must
+# not. `word_hash` and `shingle_hash` are the same functions in plain Python, the tests' oracle.
 
 _MASK64 = (1 << 64) - 1
 _POLY_BASE = 0x100000001B3  # FNV-1's 64-bit prime: odd, so invertible mod 2^64
@@ -280,8 +277,7 @@ def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.nda
     word_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))  # (docs,) first word of each doc
     per_doc = np.where(lengths >= n, lengths - n + 1, 1)  # shingles per document
     offsets = np.concatenate(([0], np.cumsum(per_doc))).astype(np.int64)  # (docs + 1,)
-    # First word of every shingle: doc start + 0, 1, ..., per_doc - 1 (a flat arange, restarted per
-    # doc).
+    # first word of every shingle: doc start + 0, 1, ..., per_doc - 1 (an arange restarted per doc)
     first_word = np.repeat(word_starts - offsets[:-1], per_doc) + np.arange(offsets[-1])
     width = np.repeat(np.minimum(lengths, n), per_doc)  # words in each shingle (< n if short)
     h = np.full(offsets[-1], _SHINGLE_SEED, dtype=np.uint64)
@@ -410,14 +406,12 @@ class MinHasher:
         rng = np.random.default_rng(seed)
         self.a = rng.integers(1, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)  # (k,) never 0
         self.b = rng.integers(0, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)  # (k,)
-        # The fast path's coefficients (see `hash_fractions`): a·2^(11j) mod p for j = 0, 1, 2, and
-        # b, over p: (k, 4).
+        # `hash_fractions`' coefficients, over p: a·2^(11j) mod p for j = 0, 1, 2, and b: (k, 4)
         shifted = [(int(a) << shift) % PRIME for a in self.a for shift in (0, 11, 22)]
         pieces = np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME  # (k, 3)
         offsets = self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT  # (k,)
         self._coefficients = np.column_stack([pieces, offsets])
-        # Each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p
-        # (see `hash_fractions`).
+        # each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p
         roots = [(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)]
         self._roots = np.array(roots, dtype=np.uint64)  # (k,)
 
@@ -592,11 +586,8 @@ def lsh_threshold(bands: int, rows: int) -> float:
 
 
 def check_threshold(threshold) -> None:
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float, np.floating))
-        or not 0.0 < float(threshold) < 1.0
-    ):
+    is_number = isinstance(threshold, (int, float, np.floating)) and not isinstance(threshold, bool)
+    if not is_number or not 0.0 < float(threshold) < 1.0:
         raise DedupError(
             f"threshold must be a number strictly between 0 and 1, got {threshold!r}: e.g. 0.5"
         )
@@ -696,36 +687,15 @@ def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
     return np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64)
 
 
-def _band_keys(band_rows: np.ndarray) -> np.ndarray:
+def band_key(band_rows: np.ndarray) -> np.ndarray:
     """One 64-bit key per document for a band: (N, r) uint64 -> (N,) uint64, fmix64 folded over the
     r values. Equal bands give equal keys; different bands share a key with probability ~2^-64
-    (handled by the caller)."""
+    (handled by the caller). An index too big for memory joins documents on these keys on disk
+    instead (machinery/data_at_scale.py)."""
     key = np.full(len(band_rows), _SHINGLE_SEED, dtype=np.uint64)
     for column in band_rows.T:
         key = _fmix64_array(key ^ column)
     return key
-
-
-def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """One 64-bit key per (document, band): (N, bands) uint64, band b's rows folded with b itself,
-    so keys of different bands differ. Two documents share a key when they agree on every row of
-    that band (or, with odds ~2^-64, by collision, which verification then rejects). An index too
-    big for memory joins documents on these keys on disk instead of sorting the signatures
-    (data.py's streaming engine does).
-
-    >>> keys = band_keys(np.array([[1, 2, 3, 4], [1, 2, 9, 9]], dtype=np.uint64), bands=2, rows=2)
-    >>> same = lambda a, b: bool(keys[a] == keys[b])
-    >>> same((0, 0), (1, 0)), same((0, 1), (1, 1)), same((0, 0), (0, 1))
-    (True, False, False)
-    """
-    signatures = np.asarray(signatures, dtype=np.uint64)
-    out = np.empty((len(signatures), bands), dtype=np.uint64)
-    for band in range(bands):
-        band_index = np.full((len(signatures), 1), band, dtype=np.uint64)
-        out[:, band] = _band_keys(
-            np.hstack([band_index, signatures[:, band * rows : (band + 1) * rows]])
-        )
-    return out
 
 
 def candidate_pairs(
@@ -759,7 +729,7 @@ def candidate_pairs(
     keys = []
     for band in range(bands):
         band_rows = signatures[documents, band * rows : (band + 1) * rows]  # (N, r) a small copy
-        band_keys = _band_keys(band_rows)
+        band_keys = band_key(band_rows)
         order = np.argsort(band_keys, kind="stable")  # (N,) equal keys side by side
         sorted_rows = band_rows[order]
         # (N-1,) the band changes here
