@@ -224,8 +224,7 @@ def _is_word_char(codes: np.ndarray) -> np.ndarray:
     return flags
 
 
-# texts are hashed in groups of about this many characters: temporaries stay small
-GROUP_CHARS = 1 << 20
+GROUP_CHARS = 1 << 20  # texts are hashed in groups of ~this many characters (small temporaries)
 
 
 def _text_groups(texts: list[str]):
@@ -316,8 +315,7 @@ def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.n
 # 3. MinHash with exact modular arithmetic
 # --------------------------------------------------------------------------------------------------
 
-# 4,294,967,311: the smallest prime above 2^32 (tests check it with Miller-Rabin)
-PRIME = (1 << 32) + 15
+PRIME = (1 << 32) + 15  # 4,294,967,311: the smallest prime above 2^32 (a Miller-Rabin test checks)
 _HASH_RANGE = 1 << 32  # x, a and b all lie in [0, 2^32)
 
 
@@ -345,8 +343,7 @@ def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (x[:, None] * a[None, :] + b[None, :]) % np.uint64(PRIME)
 
 
-# added to s < 2^13 so the float's exponent is fixed (`hash_fractions`)
-_FIXED_POINT_SHIFT = 2.0**17
+_FIXED_POINT_SHIFT = 2.0**17  # added to s < 2^13: the float's exponent is fixed (hash_fractions)
 _FRACTION_MASK = (1 << 35) - 1  # the mantissa bits below the binary point at that exponent
 
 
@@ -507,16 +504,13 @@ class MinHasher:
         block = np.empty((self.num_perm, self.chunk))
         window_starts = np.arange(0, len(x), self.chunk)
         window_stops = np.minimum(window_starts + self.chunk, len(x))
-        # doc holding each window's start
-        first_docs = np.searchsorted(offsets, window_starts, side="right") - 1
-        # ... and its last shingle
-        last_docs = np.searchsorted(offsets, window_stops - 1, side="right") - 1
+        first_docs = np.searchsorted(offsets, window_starts, side="right") - 1  # window's first doc
+        last_docs = np.searchsorted(offsets, window_stops - 1, side="right") - 1  # ... and last doc
         parts = _split_11_bits(x)  # (4, shingles)
         for start, stop, first, last in zip(
             window_starts.tolist(), window_stops.tolist(), first_docs.tolist(), last_docs.tolist()
         ):
-            # (k, window) uint64
-            values = self._fractions(
+            values = self._fractions(  # (k, window) uint64
                 parts[:, start:stop], block if stop - start == self.chunk else None
             )
             seg_starts = offsets[first : last + 1] - start  # where each document's run begins
@@ -525,8 +519,7 @@ class MinHasher:
             rows = out[first : last + 1]
             np.minimum(rows, minima.T, out=rows)
         out = _residues(out)  # exact residues (see hash_fractions)
-        # A document holding some function's root has true minimum 0 there (its fraction may have
-        # read 1 − ε).
+        # a document holding a function's root has true minimum 0 (its fraction may read 1 − ε)
         for position in np.flatnonzero(np.isin(x, self._roots)):
             doc = np.searchsorted(offsets, position, side="right") - 1
             out[doc, self._roots == x[position]] = 0
@@ -732,8 +725,7 @@ def candidate_pairs(
         band_keys = band_key(band_rows)
         order = np.argsort(band_keys, kind="stable")  # (N,) equal keys side by side
         sorted_rows = band_rows[order]
-        # (N-1,) the band changes here
-        new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
+        new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)  # (N-1,) the band changes
         sorted_keys = band_keys[order]
         if np.any(new_run & (sorted_keys[1:] == sorted_keys[:-1])):  # a key collision: sort exactly
             order = np.lexsort(band_rows.T[::-1])
@@ -795,8 +787,7 @@ class UnionFind:
         member."""
         members: dict[int, list[int]] = {}
         for i in range(len(self.parent)):
-            # i increases, so each list comes out sorted
-            members.setdefault(self.find(i), []).append(i)
+            members.setdefault(self.find(i), []).append(i)  # i ascends: lists come out sorted
         return sorted((m for m in members.values() if len(m) >= 2), key=lambda m: m[0])
 
 
@@ -871,8 +862,7 @@ def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.n
         signatures[order[same_key]] == signatures[order[same_key + 1]], axis=1
     )
     group = np.concatenate(([0], np.cumsum(~twin_of_previous)))
-    # (groups,) stable: smallest
-    first_in_group = order[np.concatenate(([True], ~twin_of_previous))]
+    first_in_group = order[np.concatenate(([True], ~twin_of_previous))]  # (groups,) stable: min
     representative = first_in_group[group]  # (N,) for order[i]
     is_member = representative != order
     stars = np.stack([representative[is_member], order[is_member]], axis=1).astype(np.int64)
@@ -1099,8 +1089,7 @@ class NgramIndex:
         at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
         hit = self.hashes[at] == hashes
         known = np.concatenate([[0], np.cumsum(ids != _UNKNOWN, dtype=np.int64)])
-        # an n-gram with a word the corpus never had is not in it
-        return hit & ((known[n:] - known[:-n]) == n)
+        return hit & ((known[n:] - known[:-n]) == n)  # an n-gram with an unseen word is not in it
 
 
 def document_overlap(index, text: str) -> dict:
