@@ -48,8 +48,7 @@ import numpy as np
 
 
 class DedupError(ValueError):
-    """A bad input to this module: the message names the problem and the fix (the CLI prints it,
-    exit code 2)."""
+    """A bad input: the message names the problem and the fix (the CLI prints it, exit code 2)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,8 +115,7 @@ def shingles(text: str, n: int = 3, strip_accents: bool = False) -> set[str]:
 
 
 def jaccard(a: set, b: set) -> float:
-    """Exact Jaccard similarity |a ∩ b| / |a ∪ b| of two sets (two empty sets are identical:
-    1.0).
+    """Exact Jaccard similarity |a ∩ b| / |a ∪ b| of two sets (two empty sets are identical: 1.0).
 
     >>> jaccard(shingles("the cat sat on the mat today"), shingles("the cat sat on the rug today"))
     0.42857142857142855
@@ -158,8 +156,7 @@ def _fmix64_int(h: int) -> int:
 
 
 def _fmix64_array(h: np.ndarray) -> np.ndarray:
-    """fmix64 on a uint64 array; products wrap modulo 2^64 on purpose (that is the mixing). Shape
-    preserved."""
+    """fmix64 on a uint64 array (same shape); products wrap modulo 2^64 on purpose (the mixing)."""
     h = h ^ (h >> np.uint64(33))
     h *= np.uint64(_FMIX_MUL1)
     h ^= h >> np.uint64(33)
@@ -194,16 +191,14 @@ def shingle_hash(shingle: str) -> int:
 
 
 def _powers(base: int, length: int) -> np.ndarray:
-    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps mod 2^64, as
-    it should)."""
+    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps: wanted)."""
     steps = np.full(length, base, dtype=np.uint64)
     steps[:1] = 1
     return np.cumprod(steps)
 
 
 def _bmp_word_table() -> np.ndarray:
-    """(65536,) bool: which Basic Multilingual Plane characters regex \\w matches, asked of the
-    regex itself."""
+    """(65536,) bool: which BMP characters regex \\w matches, asked of the regex itself."""
     table = np.zeros(0x10000, dtype=bool)
     for match in _WORD.finditer("".join(map(chr, range(0x10000)))):
         table[match.start() : match.end()] = True
@@ -214,8 +209,7 @@ _WORD_CHAR = _bmp_word_table()
 
 
 def _is_word_char(codes: np.ndarray) -> np.ndarray:
-    """Exactly the characters regex \\w matches (the table was made by the regex itself). (L,)
-    uint32 -> bool."""
+    """(L,) uint32 code points -> bool: exactly the characters regex \\w matches."""
     if codes.size == 0 or codes.max() <= 0xFFFF:
         return _WORD_CHAR[codes]
     flags = _WORD_CHAR[np.minimum(codes, 0xFFFF)]
@@ -228,8 +222,7 @@ GROUP_CHARS = 1 << 20  # texts are hashed in groups of ~this many characters (sm
 
 
 def _text_groups(texts: list[str]):
-    """(first, last) index ranges covering texts, each about GROUP_CHARS characters (at least one
-    text)."""
+    """(first, last) index ranges covering texts, each ~GROUP_CHARS characters (>= one text)."""
     first, group_chars = 0, GROUP_CHARS
     while first < len(texts):
         last, size = first, 0
@@ -294,8 +287,7 @@ def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.n
     values[offsets[d]:offsets[d+1]] belong to document d (one per shingle position, repeats
     allowed). Equal to `shingle_hash` of every string of `shingles(text, n)` before its final >> 32,
     without building those strings. Two different shingles share a fingerprint with probability
-    ~2^-64, so the Jaccard of fingerprint sets is the exact Jaccard of the shingle sets (the tests
-    check it against `jaccard(shingles(a), shingles(b))`).
+    ~2^-64, so the Jaccard of fingerprint sets is the exact Jaccard of the shingle sets.
 
     >>> values, offsets = shingle_fingerprints(["a b c d", "hi"], n=3)
     >>> offsets.tolist(), int(values[2] >> np.uint64(32)) == shingle_hash("hi")
@@ -348,8 +340,7 @@ _FRACTION_MASK = (1 << 35) - 1  # the mantissa bits below the binary point at th
 
 
 def _residues(fixed_point: np.ndarray) -> np.ndarray:
-    """35-bit fixed-point fractions of p (from `hash_fractions`) -> exact residues in [0, p),
-    uint64."""
+    """35-bit fixed-point fractions of p (`hash_fractions`) -> exact residues in [0, p), uint64."""
     residues = np.rint(fixed_point * (PRIME / 2.0**35))
     residues[residues == PRIME] = 0.0  # a root read as 1 − ε: residue 0
     return residues.astype(np.uint64)
@@ -368,8 +359,7 @@ def _split_11_bits(x: np.ndarray) -> np.ndarray:
 
 
 # Beyond 8,192 permutations the standard error sqrt(J(1-J)/k) is below 0.006 and buys nothing, while
-# the signatures (8 bytes x k per document) and the (k, chunk) hash block grow without bound (1e8
-# would need 745 GiB).
+# signatures (8k bytes per document) and the (k, chunk) block grow without bound (1e8: 745 GiB).
 MAX_NUM_PERM = 8192
 
 
@@ -549,8 +539,7 @@ def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float | np.ndarray
 
 
 def standard_error(j: float, num_perm: int) -> float:
-    """Standard error √(J(1 − J)/k) of the MinHash estimate (each of k positions is a coin with
-    P = J).
+    """Standard error √(J(1 − J)/k) of the MinHash estimate (k coins, each with P = J).
 
     >>> round(standard_error(0.43, 128), 3)
     0.044
@@ -559,8 +548,7 @@ def standard_error(j: float, num_perm: int) -> float:
 
 
 def candidate_probability(j, bands: int, rows: int):
-    """P(two documents with Jaccard j share at least one whole band) = 1 − (1 − j^rows)^bands.
-    Accepts arrays.
+    """P(documents with Jaccard j share a whole band) = 1 − (1 − j^rows)^bands; j may be an array.
 
     >>> round(candidate_probability(0.5, 32, 4), 2), round(candidate_probability(0.2, 32, 4), 2)
     (0.87, 0.05)
@@ -702,8 +690,7 @@ def candidate_pairs(
     identical bands become neighbours; every pair inside a run of identical bands is a candidate.
     Runs are cut where the band rows themselves differ, so a key collision can never make a false
     candidate; if two different bands ever share a key (odds ~2^-64 per pair), that band is
-    re-sorted by the rows themselves (np.lexsort), so none is missed either. Memory is a few arrays
-    of length N per band plus the pairs found: no dict of tuples.
+    re-sorted by the rows themselves (np.lexsort), so none is missed either.
     """
     signatures = np.asarray(signatures)
     if signatures.ndim != 2 or signatures.shape[0] == 0:
@@ -739,8 +726,7 @@ def candidate_pairs(
 
 
 def lsh_candidates(signatures: np.ndarray, bands: int, rows: int) -> set[tuple[int, int]]:
-    """Pairs (i, j), i < j, of documents that agree on all `rows` values of at least one of `bands`
-    bands.
+    """Pairs (i, j), i < j, of documents that agree on every row of at least one band.
 
     >>> sig = np.array([[1, 2, 3, 4], [1, 2, 9, 9], [7, 7, 3, 4], [5, 6, 7, 8]], dtype=np.uint64)
     >>> sorted(lsh_candidates(sig, bands=2, rows=2))
@@ -783,8 +769,7 @@ class UnionFind:
         self.size[root_i] += self.size[root_j]
 
     def clusters(self) -> list[list[int]]:
-        """Sets with at least two members, each sorted ascending, ordered by their smallest
-        member."""
+        """Sets of two or more members, each sorted, ordered by their smallest member."""
         members: dict[int, list[int]] = {}
         for i in range(len(self.parent)):
             members.setdefault(self.find(i), []).append(i)  # i ascends: lists come out sorted
@@ -958,8 +943,7 @@ def dedup(texts: list[str], threshold: float = 0.5, **kwargs) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------------
-# 8. Shingle overlap between two corpora: the 13-gram index (evaluate.py's contamination, data.py's
-#    --val-data)
+# 8. Overlap of two corpora: the 13-gram index (evaluate.py's contamination, data.py's --val-data)
 # --------------------------------------------------------------------------------------------------
 # Near-dedup asks which documents of one corpus resemble each other; contamination asks which
 # documents of a small corpus (an evaluation set, a held-out file) share a long shingle with a big
@@ -1077,8 +1061,7 @@ class NgramIndex:
         return len(self.hashes)
 
     def hit_mask(self, tokens: list[str]) -> np.ndarray:
-        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the indexed
-        corpus."""
+        """As SetNgramIndex.hit_mask, by binary search in the sorted hashes."""
         n = self.n
         ids = np.fromiter(
             (self.vocab.get(w, _UNKNOWN) for w in tokens), dtype=np.uint64, count=len(tokens)
