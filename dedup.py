@@ -347,8 +347,7 @@ def _residues(fixed_point: np.ndarray) -> np.ndarray:
 
 
 def _split_11_bits(x: np.ndarray) -> np.ndarray:
-    """x -> (4, n) float64 rows x_0, x_1, x_2, 1 with x = x_2·2^22 + x_1·2^11 + x_0 (see
-    `MinHasher.hash_fractions`)."""
+    """x -> (4, n) float64 rows x_0, x_1, x_2, 1, x = x_2·2^22 + x_1·2^11 + x_0 (hash_fractions)."""
     x = np.asarray(x, dtype=np.uint64)
     parts = np.empty((4, len(x)))
     parts[0] = x & np.uint64(0x7FF)
@@ -442,8 +441,7 @@ class MinHasher:
 
     def signature_reference(self, shingle_set: set[str]) -> list[int]:
         """The lesson version, in plain Python integers: for each function, the minimum over the
-        shingles. Slow (k x |set| Python operations); the tests use it as the oracle for
-        `signatures`."""
+        shingles. Slow (k x |set| Python operations): the tests' oracle for `signatures`."""
         xs = [shingle_hash(s) for s in shingle_set]
         return [min((int(a) * x + int(b)) % PRIME for x in xs) for a, b in zip(self.a, self.b)]
 
@@ -463,9 +461,8 @@ class MinHasher:
         return self.signatures_from_hashes(np.asarray(xs, dtype=np.uint64), offsets)
 
     def signatures_from_texts(self, texts: list[str], n: int = 3) -> np.ndarray:
-        """Signatures straight from texts (the fast path): equal to `signatures([shingles(t, n) for
-        t in texts])`. Texts go through in groups (`GROUP_CHARS`), so memory is the (docs, k) result
-        plus one group's arrays."""
+        """The fast path, equal to `signatures([shingles(t, n) for t in texts])`. Texts go through
+        in groups (`GROUP_CHARS`): memory is the (docs, k) result plus one group's arrays."""
         _check_documents(texts)
         _check_n(n)
         out = np.empty((len(texts), self.num_perm), dtype=np.uint64)
@@ -475,8 +472,7 @@ class MinHasher:
         return out
 
     def signatures_from_hashes(self, x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Per-document minima of every h_i over x[offsets[d]:offsets[d+1]] (each range non-empty):
-        (docs, k).
+        """Per-document minima (docs, k) of every h_i over x[offsets[d]:offsets[d+1]] (non-empty).
 
         We walk over the shingles in fixed windows so memory stays flat however long a document is.
         In a window, the (k, window) block of hash values is reduced per document with
@@ -872,9 +868,8 @@ def near_duplicate_pairs(
 
     Copies: a document whose shingle set equals an earlier one's (for "estimate": whose signature
     does) is listed once, as (first copy, copy) with similarity 1.0, and left out of LSH; its other
-    pairs are its first copy's, so the clusters are exactly those of the full pair list, at a cost
-    linear in the number of copies. strip_accents: shingle every text after `remove_accents` (both
-    the signatures and the exact verification).
+    pairs are its first copy's, so the clusters are those of the full pair list. strip_accents:
+    shingle every text after `remove_accents` (signatures and exact verification alike).
     """
     _check_documents(texts)
     check_threshold(threshold)
@@ -950,7 +945,7 @@ def dedup(texts: list[str], threshold: float = 0.5, **kwargs) -> list[int]:
 # one (the training corpus). GPT-3's rule: an evaluation document is contaminated when one of its
 # 13-grams (13 consecutive lowercased words, punctuation ignored) occurs in training. 13 words are
 # long enough that only copied text shares them (evaluate.py shows why 6 is too short). The big side
-# becomes an index, the small side is looked up in it, document by document.
+# becomes an index; the small side is looked up in it, document by document.
 
 _UNKNOWN = np.uint64(2**64 - 1)  # id of a word the indexed corpus never had
 _NGRAM_BASE = np.uint64(_POLY_BASE)  # odd multiplier of the polynomial n-gram hash (mod 2^64)
@@ -1047,8 +1042,7 @@ class NgramIndex:
         self.documents += 1
 
     def freeze(self) -> "NgramIndex":
-        """Sort and deduplicate (sort + neighbour compare: np.unique is ~20x slower on uint64 in
-        numpy 2.x)."""
+        """Sort, drop repeats by neighbour compare (np.unique: ~20x slower on uint64, numpy 2)."""
         hashes = np.concatenate([self.hashes, *self._parts])
         hashes.sort()
         self.hashes = (
@@ -1079,8 +1073,7 @@ def document_overlap(index, text: str) -> dict:
     """The n-grams of one document (of the small corpus) found in the indexed one. -> {"words",
     "ngrams", "overlapping", "fraction", "example"}: example is the first shared n-gram (or None).
     `index` is anything with `n` and `hit_mask(words)`: NgramIndex, SetNgramIndex, or
-    data_at_scale's index of the small side, which marks the n-grams its stream of training
-    documents held.
+    data_at_scale's index of the small side (marking the n-grams its training stream held).
 
     >>> index = NgramIndex(n=3); index.add("the cat sat on the mat"); _ = index.freeze()
     >>> document_overlap(index, "A cat sat on the rug!")["example"]
