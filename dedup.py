@@ -41,17 +41,14 @@ Depends on numpy and the standard library.
 from __future__ import annotations
 
 import math
-import random
 import re
-import time
 import unicodedata
 
 import numpy as np
 
 
 class DedupError(ValueError):
-    """A bad input to this module: the message names the problem and the fix (the CLI prints it,
-    exit code 2)."""
+    """A bad input: the message names the problem and the fix (the CLI prints it, exit code 2)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -118,8 +115,7 @@ def shingles(text: str, n: int = 3, strip_accents: bool = False) -> set[str]:
 
 
 def jaccard(a: set, b: set) -> float:
-    """Exact Jaccard similarity |a ∩ b| / |a ∪ b| of two sets (two empty sets are identical:
-    1.0).
+    """Exact Jaccard similarity |a ∩ b| / |a ∪ b| of two sets (two empty sets are identical: 1.0).
 
     >>> jaccard(shingles("the cat sat on the mat today"), shingles("the cat sat on the rug today"))
     0.42857142857142855
@@ -131,25 +127,21 @@ def jaccard(a: set, b: set) -> float:
 # --------------------------------------------------------------------------------------------------
 # 2. A stable 32-bit hash per shingle
 # --------------------------------------------------------------------------------------------------
-# Python's built-in hash() of a str is salted per process (PYTHONHASHSEED), so signatures would
-# change between runs. We want the same 32-bit number for the same shingle on every run and machine,
-# and we want it fast: at ~0.5 µs per call, hashing each shingle string (or even each word) in
-# Python would cost more than all of MinHash. So the hash is built from pieces numpy computes for a
-# whole batch of text at once:
+# Python's hash() of a str is salted per process (PYTHONHASHSEED), so signatures would change
+# between runs. We want the same 32-bit number for a shingle on every run and machine, computed by
+# numpy for a whole batch of text at once (~0.5 µs per Python call would cost more than MinHash):
 #   word:    a polynomial hash of its Unicode code points c_0..c_{L-1}, Σ c_i·B^(L-1-i) mod 2^64
 #            (B odd), plus the length, then MurmurHash3's fmix64 finalizer (a bijection that makes
 #            every output bit depend on every input bit). Over a long string it is one cumulative
 #            sum: with W_i = B^-i (B is odd, so invertible mod 2^64),
 #            Σ_{s<=i<e} c_i·B^(e-1-i) = (prefix[e] − prefix[s])·B^(e-1), prefix = cumsum(c·W).
 #   shingle: h <- fmix64(h XOR word) over its n words, from a fixed seed; x = the top 32 bits.
-# Here uint64 wrap-around is what we want (the hash lives mod 2^64); the *modular* MinHash
-# arithmetic in section 3 must not wrap. `word_hash` and `shingle_hash` are the same functions in
-# plain Python, the tests' oracle.
+# uint64 wrap-around is wanted here (the hash lives mod 2^64); section 3's modular arithmetic must
+# not. `word_hash` and `shingle_hash` are the same functions in plain Python, the tests' oracle.
 
 _MASK64 = (1 << 64) - 1
 _POLY_BASE = 0x100000001B3  # FNV-1's 64-bit prime: odd, so invertible mod 2^64
-# golden-ratio constant: word length enters the hash too
-_LENGTH_MIX = 0x9E3779B97F4A7C15
+_LENGTH_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: word length enters the hash too
 _SHINGLE_SEED = 0x9E3779B97F4A7C15  # the shingle hash before any word
 _FMIX_MUL1, _FMIX_MUL2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53  # MurmurHash3 fmix64 constants
 
@@ -164,8 +156,7 @@ def _fmix64_int(h: int) -> int:
 
 
 def _fmix64_array(h: np.ndarray) -> np.ndarray:
-    """fmix64 on a uint64 array; products wrap modulo 2^64 on purpose (that is the mixing). Shape
-    preserved."""
+    """fmix64 on a uint64 array (same shape); products wrap modulo 2^64 on purpose (the mixing)."""
     h = h ^ (h >> np.uint64(33))
     h *= np.uint64(_FMIX_MUL1)
     h ^= h >> np.uint64(33)
@@ -199,26 +190,15 @@ def shingle_hash(shingle: str) -> int:
     return h >> 32
 
 
-_POWER_CACHE: dict[int, np.ndarray] = {}
-
-
 def _powers(base: int, length: int) -> np.ndarray:
-    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps mod 2^64, as
-    it should). Kept for lengths up to one group of texts (8 MiB per base); a longer single text
-    gets its own, uncached."""
-    cached = _POWER_CACHE.get(base)
-    if cached is None or len(cached) < length:
-        steps = np.full(max(length, GROUP_CHARS + 1), base, dtype=np.uint64)
-        steps[0] = 1
-        cached = np.cumprod(steps)
-        if len(cached) == GROUP_CHARS + 1:  # a longer one is not kept
-            _POWER_CACHE[base] = cached
-    return cached[:length]
+    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps: wanted)."""
+    steps = np.full(length, base, dtype=np.uint64)
+    steps[:1] = 1
+    return np.cumprod(steps)
 
 
 def _bmp_word_table() -> np.ndarray:
-    """(65536,) bool: which Basic Multilingual Plane characters regex \\w matches, asked of the
-    regex itself."""
+    """(65536,) bool: which BMP characters regex \\w matches, asked of the regex itself."""
     table = np.zeros(0x10000, dtype=bool)
     for match in _WORD.finditer("".join(map(chr, range(0x10000)))):
         table[match.start() : match.end()] = True
@@ -229,24 +209,20 @@ _WORD_CHAR = _bmp_word_table()
 
 
 def _is_word_char(codes: np.ndarray) -> np.ndarray:
-    """Exactly the characters regex \\w matches (the table was made by the regex itself). (L,)
-    uint32 -> bool."""
+    """(L,) uint32 code points -> bool: exactly the characters regex \\w matches."""
     if codes.size == 0 or codes.max() <= 0xFFFF:
         return _WORD_CHAR[codes]
     flags = _WORD_CHAR[np.minimum(codes, 0xFFFF)]
-    # emoji, rare CJK: ask the regex
-    astral = np.flatnonzero(codes > 0xFFFF)
+    astral = np.flatnonzero(codes > 0xFFFF)  # emoji, rare CJK: ask the regex
     flags[astral] = [_WORD.fullmatch(chr(c)) is not None for c in codes[astral].tolist()]
     return flags
 
 
-# texts are hashed in groups of about this many characters: temporaries stay small
-GROUP_CHARS = 1 << 20
+GROUP_CHARS = 1 << 20  # texts are hashed in groups of ~this many characters (small temporaries)
 
 
 def _text_groups(texts: list[str]):
-    """(first, last) index ranges covering texts, each about GROUP_CHARS characters (at least one
-    text)."""
+    """(first, last) index ranges covering texts, each ~GROUP_CHARS characters (>= one text)."""
     first, group_chars = 0, GROUP_CHARS
     while first < len(texts):
         last, size = first, 0
@@ -267,20 +243,17 @@ def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     ([2, 0, 1], True)
     """
     normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts]
-    # "\n" is no word char: words never span texts
-    joined = "\n".join(normalized) + "\n"
+    joined = "\n".join(normalized) + "\n"  # "\n" is no word char: words never span texts
     codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # (L,)
     edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # (words,) [start, end)
     prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
     inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), len(codes))  # (L,) B^-i
-    # Σ c_i·B^-i, wraps mod 2^64
-    np.cumsum(codes * inverse_powers, out=prefix[1:])
+    np.cumsum(codes * inverse_powers, out=prefix[1:])  # Σ c_i·B^-i, wraps mod 2^64
     powers = _powers(_POLY_BASE, len(codes))  # (L,) B^i
     poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]  # Σ c_i·B^(end-1-i)
     lengths = (ends - starts).astype(np.uint64)
-    # code point after each text's "\n"
-    text_ends = np.cumsum([len(t) + 1 for t in normalized])
+    text_ends = np.cumsum([len(t) + 1 for t in normalized])  # code point after each text's "\n"
     counts = np.diff(np.searchsorted(starts, text_ends), prepend=0)  # words per text
     return _fmix64_array(poly + lengths * np.uint64(_LENGTH_MIX)), counts
 
@@ -289,23 +262,18 @@ def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.nda
     """`shingle_fingerprints` of one group of texts."""
     words64, lengths = word_hashes(texts)
     empty = np.flatnonzero(lengths == 0)
-    # an empty document is the one shingle "" (one empty word)
-    if empty.size:
+    if empty.size:  # an empty document is the one shingle "" (one empty word)
         word_ends = np.cumsum(lengths)
         words64 = np.insert(words64, word_ends[empty], np.uint64(word_hash("")))
         lengths[empty] = 1
-    # (docs,) first word of each doc
-    word_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    word_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))  # (docs,) first word of each doc
     per_doc = np.where(lengths >= n, lengths - n + 1, 1)  # shingles per document
     offsets = np.concatenate(([0], np.cumsum(per_doc))).astype(np.int64)  # (docs + 1,)
-    # First word of every shingle: doc start + 0, 1, ..., per_doc - 1 (a flat arange, restarted per
-    # doc).
+    # first word of every shingle: doc start + 0, 1, ..., per_doc - 1 (an arange restarted per doc)
     first_word = np.repeat(word_starts - offsets[:-1], per_doc) + np.arange(offsets[-1])
-    # words in each shingle (< n if short)
-    width = np.repeat(np.minimum(lengths, n), per_doc)
+    width = np.repeat(np.minimum(lengths, n), per_doc)  # words in each shingle (< n if short)
     h = np.full(offsets[-1], _SHINGLE_SEED, dtype=np.uint64)
-    # fold word j of every shingle into h
-    for j in range(n):
+    for j in range(n):  # fold word j of every shingle into h
         live = width > j
         if live.all():
             h = _fmix64_array(h ^ words64[first_word + j])
@@ -319,8 +287,7 @@ def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.n
     values[offsets[d]:offsets[d+1]] belong to document d (one per shingle position, repeats
     allowed). Equal to `shingle_hash` of every string of `shingles(text, n)` before its final >> 32,
     without building those strings. Two different shingles share a fingerprint with probability
-    ~2^-64, so the Jaccard of fingerprint sets is the exact Jaccard of the shingle sets (the tests
-    check it against `jaccard(shingles(a), shingles(b))`).
+    ~2^-64, so the Jaccard of fingerprint sets is the exact Jaccard of the shingle sets.
 
     >>> values, offsets = shingle_fingerprints(["a b c d", "hi"], n=3)
     >>> offsets.tolist(), int(values[2] >> np.uint64(32)) == shingle_hash("hi")
@@ -340,8 +307,7 @@ def shingle_fingerprints(texts: list[str], n: int = 3) -> tuple[np.ndarray, np.n
 # 3. MinHash with exact modular arithmetic
 # --------------------------------------------------------------------------------------------------
 
-# 4,294,967,311: the smallest prime above 2^32 (tests check it with Miller-Rabin)
-PRIME = (1 << 32) + 15
+PRIME = (1 << 32) + 15  # 4,294,967,311: the smallest prime above 2^32 (a Miller-Rabin test checks)
 _HASH_RANGE = 1 << 32  # x, a and b all lie in [0, 2^32)
 
 
@@ -353,12 +319,8 @@ def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         a·x + b <= (2^32 − 1)·(2^32 − 1) + (2^32 − 1) = 2^64 − 2^32 < 2^64,
     which a uint64 holds exactly; then one `%` by p gives the true residue. (a ranges over [1,
     2^32) instead of [1, p): 15 of 4.3 billion values are left out, which changes nothing
-    measurable.) The classic bug, in peers too: p = 2^61 − 1 with a up to 2^61 and x up to 2^32
-    makes a·x as large as 2^93; numpy wraps it silently modulo 2^64, so the code computes some
-    other function, not (a·x + b) mod p. And the tempting fix "keep a < 2^29 so a·x < 2^61" is
-    worse than it looks: with no wrap-around, a·x + b mod p orders the x's by x itself (rotated
-    once where a·x + b crosses p), so about half of the k functions pick the same shingle, the
-    smallest x, and the k estimates stop being independent (a test shows it).
+    measurable.) The classic bug (p = 2^61 − 1, a·x up to 2^93, wrapped silently modulo 2^64) and
+    why "keep a < 2^29" does not fix it: docs/dedup.md.
 
     >>> top = np.array([2**32 - 1], dtype=np.uint64)
     >>> universal_hash(top, top, top).tolist() == [[((2**32 - 1)**2 + 2**32 - 1) % PRIME]]
@@ -373,23 +335,19 @@ def universal_hash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (x[:, None] * a[None, :] + b[None, :]) % np.uint64(PRIME)
 
 
-# added to s < 2^13 so the float's exponent is fixed (`hash_fractions`)
-_FIXED_POINT_SHIFT = 2.0**17
+_FIXED_POINT_SHIFT = 2.0**17  # added to s < 2^13: the float's exponent is fixed (hash_fractions)
 _FRACTION_MASK = (1 << 35) - 1  # the mantissa bits below the binary point at that exponent
 
 
 def _residues(fixed_point: np.ndarray) -> np.ndarray:
-    """35-bit fixed-point fractions of p (from `hash_fractions`) -> exact residues in [0, p),
-    uint64."""
+    """35-bit fixed-point fractions of p (`hash_fractions`) -> exact residues in [0, p), uint64."""
     residues = np.rint(fixed_point * (PRIME / 2.0**35))
-    # a root read as 1 − ε: residue 0
-    residues[residues == PRIME] = 0.0
+    residues[residues == PRIME] = 0.0  # a root read as 1 − ε: residue 0
     return residues.astype(np.uint64)
 
 
 def _split_11_bits(x: np.ndarray) -> np.ndarray:
-    """x -> (4, n) float64 rows x_0, x_1, x_2, 1 with x = x_2·2^22 + x_1·2^11 + x_0 (see
-    `MinHasher.hash_fractions`)."""
+    """x -> (4, n) float64 rows x_0, x_1, x_2, 1, x = x_2·2^22 + x_1·2^11 + x_0 (hash_fractions)."""
     x = np.asarray(x, dtype=np.uint64)
     parts = np.empty((4, len(x)))
     parts[0] = x & np.uint64(0x7FF)
@@ -400,8 +358,7 @@ def _split_11_bits(x: np.ndarray) -> np.ndarray:
 
 
 # Beyond 8,192 permutations the standard error sqrt(J(1-J)/k) is below 0.006 and buys nothing, while
-# the signatures (8 bytes x k per document) and the (k, chunk) hash block grow without bound (1e8
-# would need 745 GiB).
+# signatures (8k bytes per document) and the (k, chunk) block grow without bound (1e8: 745 GiB).
 MAX_NUM_PERM = 8192
 
 
@@ -435,14 +392,12 @@ class MinHasher:
         rng = np.random.default_rng(seed)
         self.a = rng.integers(1, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)  # (k,) never 0
         self.b = rng.integers(0, _HASH_RANGE, size=self.num_perm, dtype=np.uint64)  # (k,)
-        # The fast path's coefficients (see `hash_fractions`): a·2^(11j) mod p for j = 0, 1, 2, and
-        # b, over p: (k, 4).
+        # `hash_fractions`' coefficients, over p: a·2^(11j) mod p for j = 0, 1, 2, and b: (k, 4)
         shifted = [(int(a) << shift) % PRIME for a in self.a for shift in (0, 11, 22)]
         pieces = np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME  # (k, 3)
         offsets = self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT  # (k,)
         self._coefficients = np.column_stack([pieces, offsets])
-        # Each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p
-        # (see `hash_fractions`).
+        # each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p
         roots = [(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)]
         self._roots = np.array(roots, dtype=np.uint64)  # (k,)
 
@@ -451,33 +406,25 @@ class MinHasher:
         uint64 equal to (h_i(x)/p)·2^35 within ±2.2. out: an optional (k, len(x)) float64 buffer
         (the signature loop reuses one).
 
-        Why floats, and why the minimum stays exact. numpy's uint64 product has no SIMD
-        instruction on common CPUs and `%` is a division per element, so `universal_hash` costs
-        ~3x more per value. Instead cut x into 11-bit pieces, x = x_2·2^22 + x_1·2^11 + x_0, and
-        let c_j = a·2^(11j) mod p. Then a·x + b ≡ c_0·x_0 + c_1·x_1 + c_2·x_2 + b (mod p), so
-        h(x)/p is the fractional part of
+        Why floats: numpy's uint64 product has no SIMD instruction on common CPUs and `%` is a
+        division per element (`universal_hash` costs ~3x more per value). Cut x into 11-bit pieces,
+        x = x_2·2^22 + x_1·2^11 + x_0, and let c_j = a·2^(11j) mod p: a·x + b ≡ c_0·x_0 + c_1·x_1 +
+        c_2·x_2 + b (mod p), so h(x)/p is the fractional part of
             s = (c_0/p)·x_0 + (c_1/p)·x_1 + (c_2/p)·x_2 + b/p,     0 <= s < 3·2^11 + 1 < 2^13
-        and s for all k x n pairs is ONE matrix product (k, 4) @ (4, n). We add 2^17 to the b/p
-        column: then every S = s + 2^17 lies in [2^17, 2^18), where a float64 has a fixed
-        exponent and a step of 2^-35, so the low 35 bits of S's mantissa ARE s's fractional part
-        in units of 2^-35: one bitwise AND instead of floor and minus. Error: rounding b/p + 2^17
-        and each of the three additions at magnitude < 2^18 (any order, as BLAS pleases) costs at
-        most 2^-36 each, the c_j/p terms below 2^-40: |error| < 1.1·2^-34 in s. Residues that
-        differ differ by at least 1/p > 2^-32.01, over twice the worst error of both, so the
-        integer ORDER of the fixed-point values is the exact order of the residues: a minimum
-        picks the right shingle, and rint(value·p/2^35) recovers its residue exactly (off by <
-        0.3 before rounding). One case is special: residue 0 (for exactly one x per function, its
-        root −b/a mod p) can read as 1 − ε instead of 0. `hash_block` fixes that; the signature
-        loop patches roots after the minimum.
+        and s for all k x n pairs is ONE matrix product (k, 4) @ (4, n). Adding 2^17 to the b/p
+        column puts every S = s + 2^17 in [2^17, 2^18), where a float64's step is 2^-35: the low 35
+        bits of S's mantissa ARE s's fraction, one bitwise AND. The rounding error, < 1.1·2^-34
+        (docs/dedup.md), is under half the gap 1/p between residues, so the fixed-point values are
+        in the exact order of the residues and rint(value·p/2^35) recovers a minimum's residue.
+        Residue 0 (at one root x = −b/a mod p per function) can read as 1 − ε: `hash_block` and
+        the signature loop patch it.
         """
         return self._fractions(_split_11_bits(x), out)
 
     def _fractions(self, parts: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """`hash_fractions` from the (4, n) pieces of `_split_11_bits`."""
-        # (k, n) float64 S = s + 2^17
-        shifted = np.matmul(self._coefficients, parts, out=out)
-        # same memory, read as integers
-        bits = shifted.view(np.uint64)
+        shifted = np.matmul(self._coefficients, parts, out=out)  # (k, n) float64 S = s + 2^17
+        bits = shifted.view(np.uint64)  # same memory, read as integers
         np.bitwise_and(bits, np.uint64(_FRACTION_MASK), out=bits)  # keep the 35 fraction bits
         return bits
 
@@ -494,8 +441,7 @@ class MinHasher:
 
     def signature_reference(self, shingle_set: set[str]) -> list[int]:
         """The lesson version, in plain Python integers: for each function, the minimum over the
-        shingles. Slow (k x |set| Python operations); the tests use it as the oracle for
-        `signatures`."""
+        shingles. Slow (k x |set| Python operations): the tests' oracle for `signatures`."""
         xs = [shingle_hash(s) for s in shingle_set]
         return [min((int(a) * x + int(b)) % PRIME for x in xs) for a, b in zip(self.a, self.b)]
 
@@ -515,9 +461,8 @@ class MinHasher:
         return self.signatures_from_hashes(np.asarray(xs, dtype=np.uint64), offsets)
 
     def signatures_from_texts(self, texts: list[str], n: int = 3) -> np.ndarray:
-        """Signatures straight from texts (the fast path): equal to `signatures([shingles(t, n) for
-        t in texts])`. Texts go through in groups (`GROUP_CHARS`), so memory is the (docs, k) result
-        plus one group's arrays."""
+        """The fast path, equal to `signatures([shingles(t, n) for t in texts])`. Texts go through
+        in groups (`GROUP_CHARS`): memory is the (docs, k) result plus one group's arrays."""
         _check_documents(texts)
         _check_n(n)
         out = np.empty((len(texts), self.num_perm), dtype=np.uint64)
@@ -527,8 +472,7 @@ class MinHasher:
         return out
 
     def signatures_from_hashes(self, x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Per-document minima of every h_i over x[offsets[d]:offsets[d+1]] (each range non-empty):
-        (docs, k).
+        """Per-document minima (docs, k) of every h_i over x[offsets[d]:offsets[d+1]] (non-empty).
 
         We walk over the shingles in fixed windows so memory stays flat however long a document is.
         In a window, the (k, window) block of hash values is reduced per document with
@@ -546,31 +490,22 @@ class MinHasher:
         block = np.empty((self.num_perm, self.chunk))
         window_starts = np.arange(0, len(x), self.chunk)
         window_stops = np.minimum(window_starts + self.chunk, len(x))
-        # doc holding each window's start
-        first_docs = np.searchsorted(offsets, window_starts, side="right") - 1
-        # ... and its last shingle
-        last_docs = np.searchsorted(offsets, window_stops - 1, side="right") - 1
-        # shingles split into pieces at a time
-        span = 256 * self.chunk
+        first_docs = np.searchsorted(offsets, window_starts, side="right") - 1  # window's first doc
+        last_docs = np.searchsorted(offsets, window_stops - 1, side="right") - 1  # ... and last doc
+        parts = _split_11_bits(x)  # (4, shingles)
         for start, stop, first, last in zip(
             window_starts.tolist(), window_stops.tolist(), first_docs.tolist(), last_docs.tolist()
         ):
-            if start % span == 0:
-                parts = _split_11_bits(x[start : start + span])  # (4, <= span)
-            piece = parts[:, start % span : start % span + stop - start]
-            # (k, window) uint64
-            values = self._fractions(piece, block if stop - start == self.chunk else None)
-            # where each document's run begins
-            seg_starts = offsets[first : last + 1] - start
-            # the first may have begun earlier
-            seg_starts[0] = 0
+            values = self._fractions(  # (k, window) uint64
+                parts[:, start:stop], block if stop - start == self.chunk else None
+            )
+            seg_starts = offsets[first : last + 1] - start  # where each document's run begins
+            seg_starts[0] = 0  # the first may have begun earlier
             minima = np.minimum.reduceat(values, seg_starts, axis=1)  # (k, docs in window)
             rows = out[first : last + 1]
             np.minimum(rows, minima.T, out=rows)
-        # exact residues (see hash_fractions)
-        out = _residues(out)
-        # A document holding some function's root has true minimum 0 there (its fraction may have
-        # read 1 − ε).
+        out = _residues(out)  # exact residues (see hash_fractions)
+        # a document holding a function's root has true minimum 0 (its fraction may read 1 − ε)
         for position in np.flatnonzero(np.isin(x, self._roots)):
             doc = np.searchsorted(offsets, position, side="right") - 1
             out[doc, self._roots == x[position]] = 0
@@ -600,8 +535,7 @@ def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float | np.ndarray
 
 
 def standard_error(j: float, num_perm: int) -> float:
-    """Standard error √(J(1 − J)/k) of the MinHash estimate (each of k positions is a coin with
-    P = J).
+    """Standard error √(J(1 − J)/k) of the MinHash estimate (k coins, each with P = J).
 
     >>> round(standard_error(0.43, 128), 3)
     0.044
@@ -610,8 +544,7 @@ def standard_error(j: float, num_perm: int) -> float:
 
 
 def candidate_probability(j, bands: int, rows: int):
-    """P(two documents with Jaccard j share at least one whole band) = 1 − (1 − j^rows)^bands.
-    Accepts arrays.
+    """P(documents with Jaccard j share a whole band) = 1 − (1 − j^rows)^bands; j may be an array.
 
     >>> round(candidate_probability(0.5, 32, 4), 2), round(candidate_probability(0.2, 32, 4), 2)
     (0.87, 0.05)
@@ -629,12 +562,9 @@ def lsh_threshold(bands: int, rows: int) -> float:
     return (1.0 / bands) ** (1.0 / rows)
 
 
-def _check_threshold(threshold) -> None:
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float, np.floating))
-        or not 0.0 < float(threshold) < 1.0
-    ):
+def check_threshold(threshold) -> None:
+    is_number = isinstance(threshold, (int, float, np.floating)) and not isinstance(threshold, bool)
+    if not is_number or not 0.0 < float(threshold) < 1.0:
         raise DedupError(
             f"threshold must be a number strictly between 0 and 1, got {threshold!r}: e.g. 0.5"
         )
@@ -663,7 +593,7 @@ def choose_bands_rows(
     >>> choose_bands_rows(0.5, 128)
     (32, 4)
     """
-    _check_threshold(threshold)
+    check_threshold(threshold)
     _check_num_perm(num_perm)
     best = None
     for rows in range(1, num_perm + 1):
@@ -725,8 +655,7 @@ def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
     distance = 1
     while candidates.size:
         same = group[candidates] == group[candidates + distance]
-        # positions whose group reaches distance d further
-        candidates = candidates[same]
+        candidates = candidates[same]  # positions whose group reaches distance d further
         if candidates.size:
             left, right = order[candidates], order[candidates + distance]
             found.append(np.stack([np.minimum(left, right), np.maximum(left, right)], axis=1))
@@ -735,36 +664,15 @@ def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
     return np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64)
 
 
-def _band_keys(band_rows: np.ndarray) -> np.ndarray:
+def band_key(band_rows: np.ndarray) -> np.ndarray:
     """One 64-bit key per document for a band: (N, r) uint64 -> (N,) uint64, fmix64 folded over the
     r values. Equal bands give equal keys; different bands share a key with probability ~2^-64
-    (handled by the caller)."""
+    (handled by the caller). An index too big for memory joins documents on these keys on disk
+    instead (machinery/data_at_scale.py)."""
     key = np.full(len(band_rows), _SHINGLE_SEED, dtype=np.uint64)
     for column in band_rows.T:
         key = _fmix64_array(key ^ column)
     return key
-
-
-def band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """One 64-bit key per (document, band): (N, bands) uint64, band b's rows folded with b itself,
-    so keys of different bands differ. Two documents share a key when they agree on every row of
-    that band (or, with odds ~2^-64, by collision, which verification then rejects). An index too
-    big for memory joins documents on these keys on disk instead of sorting the signatures
-    (data.py's streaming engine does).
-
-    >>> keys = band_keys(np.array([[1, 2, 3, 4], [1, 2, 9, 9]], dtype=np.uint64), bands=2, rows=2)
-    >>> same = lambda a, b: bool(keys[a] == keys[b])
-    >>> same((0, 0), (1, 0)), same((0, 1), (1, 1)), same((0, 0), (0, 1))
-    (True, False, False)
-    """
-    signatures = np.asarray(signatures, dtype=np.uint64)
-    out = np.empty((len(signatures), bands), dtype=np.uint64)
-    for band in range(bands):
-        band_index = np.full((len(signatures), 1), band, dtype=np.uint64)
-        out[:, band] = _band_keys(
-            np.hstack([band_index, signatures[:, band * rows : (band + 1) * rows]])
-        )
-    return out
 
 
 def candidate_pairs(
@@ -778,8 +686,7 @@ def candidate_pairs(
     identical bands become neighbours; every pair inside a run of identical bands is a candidate.
     Runs are cut where the band rows themselves differ, so a key collision can never make a false
     candidate; if two different bands ever share a key (odds ~2^-64 per pair), that band is
-    re-sorted by the rows themselves (np.lexsort), so none is missed either. Memory is a few arrays
-    of length N per band plus the pairs found: no dict of tuples.
+    re-sorted by the rows themselves (np.lexsort), so none is missed either.
     """
     signatures = np.asarray(signatures)
     if signatures.ndim != 2 or signatures.shape[0] == 0:
@@ -798,15 +705,12 @@ def candidate_pairs(
     keys = []
     for band in range(bands):
         band_rows = signatures[documents, band * rows : (band + 1) * rows]  # (N, r) a small copy
-        band_keys = _band_keys(band_rows)
-        # (N,) equal keys side by side
-        order = np.argsort(band_keys, kind="stable")
+        band_keys = band_key(band_rows)
+        order = np.argsort(band_keys, kind="stable")  # (N,) equal keys side by side
         sorted_rows = band_rows[order]
-        # (N-1,) the band changes here
-        new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
+        new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)  # (N-1,) the band changes
         sorted_keys = band_keys[order]
-        # a key collision: sort exactly
-        if np.any(new_run & (sorted_keys[1:] == sorted_keys[:-1])):
+        if np.any(new_run & (sorted_keys[1:] == sorted_keys[:-1])):  # a key collision: sort exactly
             order = np.lexsort(band_rows.T[::-1])
             sorted_rows = band_rows[order]
             new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
@@ -818,8 +722,7 @@ def candidate_pairs(
 
 
 def lsh_candidates(signatures: np.ndarray, bands: int, rows: int) -> set[tuple[int, int]]:
-    """Pairs (i, j), i < j, of documents that agree on all `rows` values of at least one of `bands`
-    bands.
+    """Pairs (i, j), i < j, of documents that agree on every row of at least one band.
 
     >>> sig = np.array([[1, 2, 3, 4], [1, 2, 9, 9], [7, 7, 3, 4], [5, 6, 7, 8]], dtype=np.uint64)
     >>> sorted(lsh_candidates(sig, bands=2, rows=2))
@@ -848,8 +751,7 @@ class UnionFind:
     def find(self, i: int) -> int:
         parent = self.parent
         while parent[i] != i:
-            # path halving: point at the grandparent as we climb
-            parent[i] = parent[parent[i]]
+            parent[i] = parent[parent[i]]  # path halving: point at the grandparent as we climb
             i = parent[i]
         return i
 
@@ -863,12 +765,10 @@ class UnionFind:
         self.size[root_i] += self.size[root_j]
 
     def clusters(self) -> list[list[int]]:
-        """Sets with at least two members, each sorted ascending, ordered by their smallest
-        member."""
+        """Sets of two or more members, each sorted, ordered by their smallest member."""
         members: dict[int, list[int]] = {}
         for i in range(len(self.parent)):
-            # i increases, so each list comes out sorted
-            members.setdefault(self.find(i), []).append(i)
+            members.setdefault(self.find(i), []).append(i)  # i ascends: lists come out sorted
         return sorted((m for m in members.values() if len(m) >= 2), key=lambda m: m[0])
 
 
@@ -935,22 +835,16 @@ def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.n
     """
     odd = np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64)
     mixer = odd * 2 + 1  # (k,) random odd multipliers
-    # (N,) a hash of the whole row (wraps mod 2^64)
-    keys = _fmix64_array(signatures @ mixer)
-    # twins side by side, smaller index first
-    order = np.argsort(keys, kind="stable")
-    # only these can be twins
-    same_key = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])
-    # (N-1,) exactly equal rows
-    twin_of_previous = np.zeros(len(order) - 1, dtype=bool)
+    keys = _fmix64_array(signatures @ mixer)  # (N,) a hash of the whole row (wraps mod 2^64)
+    order = np.argsort(keys, kind="stable")  # twins side by side, smaller index first
+    same_key = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])  # only these can be twins
+    twin_of_previous = np.zeros(len(order) - 1, dtype=bool)  # (N-1,) exactly equal rows
     twin_of_previous[same_key] = np.all(
         signatures[order[same_key]] == signatures[order[same_key + 1]], axis=1
     )
     group = np.concatenate(([0], np.cumsum(~twin_of_previous)))
-    # (groups,) stable: smallest
-    first_in_group = order[np.concatenate(([True], ~twin_of_previous))]
-    # (N,) for order[i]
-    representative = first_in_group[group]
+    first_in_group = order[np.concatenate(([True], ~twin_of_previous))]  # (groups,) stable: min
+    representative = first_in_group[group]  # (N,) for order[i]
     is_member = representative != order
     stars = np.stack([representative[is_member], order[is_member]], axis=1).astype(np.int64)
     return np.sort(first_in_group), stars[np.lexsort((stars[:, 1], stars[:, 0]))]
@@ -974,12 +868,11 @@ def near_duplicate_pairs(
 
     Copies: a document whose shingle set equals an earlier one's (for "estimate": whose signature
     does) is listed once, as (first copy, copy) with similarity 1.0, and left out of LSH; its other
-    pairs are its first copy's, so the clusters are exactly those of the full pair list, at a cost
-    linear in the number of copies. strip_accents: shingle every text after `remove_accents` (both
-    the signatures and the exact verification).
+    pairs are its first copy's, so the clusters are those of the full pair list. strip_accents:
+    shingle every text after `remove_accents` (signatures and exact verification alike).
     """
     _check_documents(texts)
-    _check_threshold(threshold)
+    check_threshold(threshold)
     _check_n(n)
     bands, rows = resolve_bands_rows(threshold, num_perm, bands, rows)
     if verify not in ("exact", "estimate"):
@@ -988,8 +881,7 @@ def near_duplicate_pairs(
         texts = [remove_accents(text) for text in texts]
     signatures = MinHasher(num_perm, seed).signatures_from_texts(texts, n)
     representatives, stars = identical_signature_groups(signatures)
-    # equal signatures, unequal sets: not copies, back into LSH
-    if verify == "exact":
+    if verify == "exact":  # equal signatures, unequal sets: not copies, back into LSH
         copies = pair_jaccard(texts, stars, n) == 1.0
         representatives = np.union1d(representatives, stars[~copies, 1])
         stars = stars[copies]
@@ -1046,15 +938,14 @@ def dedup(texts: list[str], threshold: float = 0.5, **kwargs) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------------
-# 8. Shingle overlap between two corpora: the 13-gram index (evaluate.py's contamination, data.py's
-#    --val-data)
+# 8. Overlap of two corpora: the 13-gram index (evaluate.py's contamination, data.py's --val-data)
 # --------------------------------------------------------------------------------------------------
 # Near-dedup asks which documents of one corpus resemble each other; contamination asks which
 # documents of a small corpus (an evaluation set, a held-out file) share a long shingle with a big
 # one (the training corpus). GPT-3's rule: an evaluation document is contaminated when one of its
 # 13-grams (13 consecutive lowercased words, punctuation ignored) occurs in training. 13 words are
 # long enough that only copied text shares them (evaluate.py shows why 6 is too short). The big side
-# becomes an index, the small side is looked up in it, document by document.
+# becomes an index; the small side is looked up in it, document by document.
 
 _UNKNOWN = np.uint64(2**64 - 1)  # id of a word the indexed corpus never had
 _NGRAM_BASE = np.uint64(_POLY_BASE)  # odd multiplier of the polynomial n-gram hash (mod 2^64)
@@ -1066,8 +957,7 @@ def overlap_words(text: str) -> list[str]:
     >>> overlap_words("It's 13 words, or so.")
     ['it', 's', '13', 'words', 'or', 'so']
     """
-    # the words of section 1, lowercased, not NFKC-folded
-    return _WORD.findall(text.lower())
+    return _WORD.findall(text.lower())  # the words of section 1, lowercased, not NFKC-folded
 
 
 def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
@@ -1086,8 +976,7 @@ def ngram_hashes(word_ids: np.ndarray, n: int) -> np.ndarray:
     # fmix64 (section 2) spreads small consecutive word ids over all 64 bits; + 1: no id mixes to 0
     mixed = _fmix64_array(word_ids.astype(np.uint64) + np.uint64(1))
     h = np.zeros(count, dtype=np.uint64)
-    # Horner's rule over the n positions, all start positions at once
-    for j in range(n):
+    for j in range(n):  # Horner's rule over the n positions, all start positions at once
         h = h * _NGRAM_BASE + mixed[j : j + count]
     return h
 
@@ -1153,8 +1042,7 @@ class NgramIndex:
         self.documents += 1
 
     def freeze(self) -> "NgramIndex":
-        """Sort and deduplicate (sort + neighbour compare: np.unique is ~20x slower on uint64 in
-        numpy 2.x)."""
+        """Sort, drop repeats by neighbour compare (np.unique: ~20x slower on uint64, numpy 2)."""
         hashes = np.concatenate([self.hashes, *self._parts])
         hashes.sort()
         self.hashes = (
@@ -1167,8 +1055,7 @@ class NgramIndex:
         return len(self.hashes)
 
     def hit_mask(self, tokens: list[str]) -> np.ndarray:
-        """(max(0, len(tokens) - n + 1),) bool: which of the document's n-grams occur in the indexed
-        corpus."""
+        """As SetNgramIndex.hit_mask, by binary search in the sorted hashes."""
         n = self.n
         ids = np.fromiter(
             (self.vocab.get(w, _UNKNOWN) for w in tokens), dtype=np.uint64, count=len(tokens)
@@ -1179,16 +1066,14 @@ class NgramIndex:
         at = np.minimum(np.searchsorted(self.hashes, hashes), len(self.hashes) - 1)
         hit = self.hashes[at] == hashes
         known = np.concatenate([[0], np.cumsum(ids != _UNKNOWN, dtype=np.int64)])
-        # an n-gram with a word the corpus never had is not in it
-        return hit & ((known[n:] - known[:-n]) == n)
+        return hit & ((known[n:] - known[:-n]) == n)  # an n-gram with an unseen word is not in it
 
 
 def document_overlap(index, text: str) -> dict:
     """The n-grams of one document (of the small corpus) found in the indexed one. -> {"words",
     "ngrams", "overlapping", "fraction", "example"}: example is the first shared n-gram (or None).
     `index` is anything with `n` and `hit_mask(words)`: NgramIndex, SetNgramIndex, or
-    data_at_scale's index of the small side, which marks the n-grams its stream of training
-    documents held.
+    data_at_scale's index of the small side (marking the n-grams its training stream held).
 
     >>> index = NgramIndex(n=3); index.add("the cat sat on the mat"); _ = index.freeze()
     >>> document_overlap(index, "A cat sat on the rug!")["example"]
@@ -1203,155 +1088,6 @@ def document_overlap(index, text: str) -> dict:
         "overlapping": int(hit.sum()),
         "fraction": float(hit.mean()) if len(hit) else 0.0,
         "example": " ".join(tokens[first : first + index.n]) if first is not None else None,
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# 9. The lecture's required exercise: planted near-duplicates in WikiText-2, measured against brute
-#    force
-# --------------------------------------------------------------------------------------------------
-
-DEFAULT_SETTINGS = ((64, 16, 4), (128, 32, 4), (128, 16, 8), (128, 64, 2), (256, 64, 4))
-
-
-def make_near_copy(text: str, rng: random.Random, rate: float, vocabulary: list[str]) -> str:
-    """A copy of `text` with round(rate · words) edits (at least one), each a random replace,
-    delete or insert of one word at a random position; new words come from `vocabulary`.
-
-    >>> make_near_copy("a b c d e f g h i j", random.Random(0), 0.2, ["X", "Y"])
-    'a b c d Y f h i j'
-    """
-    words = text.split()
-    for _ in range(max(1, round(rate * len(words)))):
-        action = rng.choice(("replace", "delete", "insert"))
-        position = rng.randrange(len(words))
-        if action == "replace":
-            words[position] = rng.choice(vocabulary)
-        elif action == "delete" and len(words) > 1:
-            del words[position]
-        else:
-            words.insert(position, rng.choice(vocabulary))
-    return " ".join(words)
-
-
-def plant_near_duplicates(
-    documents: list[str], copies: int = 100, rate_range=(0.02, 0.05), seed: int = 0
-) -> tuple[list[str], set[tuple[int, int]]]:
-    """documents + one near copy of `copies` randomly chosen documents (appended), and the true
-    pairs (original index, copy index). Each copy gets its own edit rate drawn uniformly from
-    `rate_range`; inserted and replacing words come from the documents' own words (punctuation
-    tokens left out: they are no edit)."""
-    rng = random.Random(seed)
-    vocabulary = sorted({w for doc in documents for w in doc.split() if _WORD.search(w)})
-    chosen = sorted(rng.sample(range(len(documents)), copies))
-    corpus, pairs = list(documents), set()
-    for source in chosen:
-        pairs.add((source, len(corpus)))
-        corpus.append(make_near_copy(documents[source], rng, rng.uniform(*rate_range), vocabulary))
-    return corpus, pairs
-
-
-def brute_force_jaccard(shingle_sets: list[set[str]]) -> tuple[np.ndarray, np.ndarray]:
-    """Exact Jaccard of every pair i < j: (pairs (N(N-1)/2, 2), jaccard (N(N-1)/2,)). 600 documents:
-    179,700."""
-    num_docs = len(shingle_sets)
-    i, j = np.triu_indices(num_docs, k=1)
-    sizes = [len(s) for s in shingle_sets]
-    values = np.empty(len(i))
-    for p, (a, b) in enumerate(zip(i.tolist(), j.tolist())):
-        common = len(shingle_sets[a] & shingle_sets[b])
-        values[p] = common / (sizes[a] + sizes[b] - common)
-    return np.stack([i, j], axis=1).astype(np.int64), values
-
-
-def measure_setting(
-    documents: list[str],
-    planted: set[tuple[int, int]],
-    exact_of: dict[tuple[int, int], float],
-    setting: tuple[int, int, int],
-    threshold: float = 0.5,
-    n: int = 3,
-    seed: int = 0,
-    verify: str = "estimate",
-) -> dict:
-    """One row of the experiment: MinHash + LSH + verification with setting = (k, bands, rows),
-    timed, and scored against `exact_of`, the exact Jaccard of every pair i < j (brute force)."""
-    k, bands, rows = setting
-    start = time.perf_counter()
-    signatures = MinHasher(k, seed).signatures_from_texts(documents, n)
-    candidates = candidate_pairs(signatures, bands, rows)
-    if verify == "exact":
-        similarity = pair_jaccard(documents, candidates, n)
-    else:
-        similarity = pair_estimates(signatures, candidates)
-    found = set(map(tuple, candidates[similarity >= threshold].tolist()))
-    seconds = time.perf_counter() - start
-    # the estimate's error only where there is something to estimate: pairs with J > 0.1
-    similar = [pair for pair, j in exact_of.items() if j > 0.1]
-    estimates = pair_estimates(signatures, np.array(similar))
-    errors = np.abs(estimates - np.array([exact_of[pair] for pair in similar]))
-    planted_mean = float(np.mean([exact_of[pair] for pair in planted]))
-    false_pairs = found - planted
-    return {
-        "num_perm": k,
-        "bands": bands,
-        "rows": rows,
-        "lsh_threshold": round(lsh_threshold(bands, rows), 4),
-        "p_candidate_at_threshold": round(candidate_probability(threshold, bands, rows), 4),
-        "mae_jaccard_above_0.1": round(float(np.mean(errors)), 4),
-        "standard_error_at_planted_mean": round(standard_error(planted_mean, k), 4),
-        "recall": len(found & planted) / len(planted),
-        "false_positives": len(false_pairs),
-        "false_positives_exact_below_threshold": sum(exact_of[p] < threshold for p in false_pairs),
-        "pairs_compared": len(candidates),
-        "fraction_of_brute_force": round(len(candidates) / len(exact_of), 5),
-        "seconds": round(seconds, 3),
-    }
-
-
-def run_experiment(
-    documents: list[str],
-    planted: set[tuple[int, int]],
-    settings=DEFAULT_SETTINGS,
-    threshold: float = 0.5,
-    n: int = 3,
-    seed: int = 0,
-    verify: str = "estimate",
-) -> dict:
-    """Brute force vs MinHash + LSH for each (k, bands, rows) of `settings`: a JSON-ready dict, one
-    `measure_setting` row per setting."""
-    _check_threshold(threshold)
-    if verify not in ("exact", "estimate"):
-        raise DedupError(f"verify must be 'exact' or 'estimate', got {verify!r}")
-    for k, bands, rows in settings:
-        resolve_bands_rows(threshold, k, bands, rows)
-    start = time.perf_counter()
-    all_pairs, exact = brute_force_jaccard([shingles(doc, n) for doc in documents])
-    brute_seconds = time.perf_counter() - start
-    exact_of = dict(zip(map(tuple, all_pairs.tolist()), exact.tolist()))
-    planted_j = [exact_of[pair] for pair in planted]
-    return {
-        "documents": len(documents),
-        "planted_pairs": len(planted),
-        "threshold": threshold,
-        "shingle_n": n,
-        "verify": verify,
-        "seed": seed,
-        "brute_force": {
-            "pairs": len(exact),
-            "seconds": round(brute_seconds, 3),
-            "pairs_jaccard_above_0.1": int((exact > 0.1).sum()),
-            "pairs_jaccard_at_least_threshold": int((exact >= threshold).sum()),
-        },
-        "planted_jaccard": {
-            "min": round(min(planted_j), 4),
-            "mean": round(float(np.mean(planted_j)), 4),
-            "max": round(max(planted_j), 4),
-        },
-        "settings": [
-            measure_setting(documents, planted, exact_of, setting, threshold, n, seed, verify)
-            for setting in settings
-        ],
     }
 
 

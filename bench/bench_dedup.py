@@ -37,7 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import dedup  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
-from machinery import dedup_files  # noqa: E402
+from machinery import dedup_experiment, dedup_files  # noqa: E402
 from machinery.cli import writable  # noqa: E402
 
 DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -79,7 +79,7 @@ def build_corpus(pool: list[str], num_docs: int, copy_fraction: float = 0.1, see
             parts.append(rng.choice(pool))
             words += parts[-1].count(" ") + 1
         originals.append(" ".join(parts))
-    return dedup.plant_near_duplicates(originals, copies=num_copies, seed=seed + 1)
+    return dedup_experiment.plant_near_duplicates(originals, copies=num_copies, seed=seed + 1)
 
 
 # ---------------------------------------------------------------- the two pipelines
@@ -181,7 +181,7 @@ def natural_c4() -> dict:
              (DATA / "c4-sample" / "c4-en-train-00000-first1000.jsonl").read_text().splitlines() if line.strip()]
     texts += [line for line in (DATA / "c4-sample" / "exllamav2-c4.utf8").read_text().splitlines() if line.strip()]
     start = time.perf_counter()
-    all_pairs, exact = dedup.brute_force_jaccard([dedup.shingles(t, 5) for t in texts])
+    all_pairs, exact = dedup_experiment.brute_force_jaccard([dedup.shingles(t, 5) for t in texts])
     brute_s = time.perf_counter() - start
     truth = set(map(tuple, all_pairs[exact >= THRESHOLD].tolist()))
     out = {"documents": len(texts), "brute_force_pairs": len(exact), "brute_force_s": round(brute_s, 2),

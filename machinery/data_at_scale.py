@@ -879,6 +879,19 @@ def _drop_repeated_lines(texts: list[str], repeated: np.ndarray) -> tuple[list[s
     return out, sum(hits)
 
 
+def _band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """One 64-bit key per (document, band): (N, bands) uint64, `dedup.band_key` of band b's rows
+    with b itself in front, so keys of different bands differ. Two documents share a key when they
+    agree on every row of that band (or, with odds ~2^-64, by collision, which verification
+    rejects)."""
+    out = np.empty((len(signatures), bands), dtype=np.uint64)
+    for band in range(bands):
+        band_index = np.full((len(signatures), 1), band, dtype=np.uint64)
+        out[:, band] = dedup.band_key(
+            np.hstack([band_index, signatures[:, band * rows : (band + 1) * rows]]))
+    return out
+
+
 def stage_clean(job: Job, chunk: Chunk) -> dict:
     """Stage 2, one chunk: drop exact duplicates, remove boilerplate lines (prose), mask PII; then
     per document its MinHash band keys (a sorted run: s2-C.band_key.npy, s2-C.band_doc.npy) and its
@@ -940,7 +953,7 @@ def stage_clean(job: Job, chunk: Chunk) -> dict:
     if job.settings.near_dup_threshold > 0 and final:
         hasher = _cached("minhash", lambda: dedup.MinHasher(data.NEAR_DUP_NUM_PERM, seed=0))
         signed = [dedup.remove_accents(t) for t in final] if job.settings.strip_accents else final
-        band_keys = dedup.band_keys(
+        band_keys = _band_keys(
             hasher.signatures_from_texts(signed, data.NEAR_DUP_SHINGLE), job.bands, job.rows
         )
     flat_keys = band_keys.ravel()  # (docs · bands,)

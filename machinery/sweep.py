@@ -1497,13 +1497,13 @@ def repeat_documents(
     """
     import random
 
-    import dedup as dedup_lib
+    from machinery import dedup_experiment
 
     rng = random.Random(seed)
     vocabulary = sorted({w for doc in documents for w in doc.split()})
     chosen = sorted(rng.sample(range(len(documents)), max(1, round(share * len(documents)))))
     copies = [
-        dedup_lib.make_near_copy(documents[i], rng, rng.uniform(0.02, 0.05), vocabulary)
+        dedup_experiment.make_near_copy(documents[i], rng, rng.uniform(0.02, 0.05), vocabulary)
         for i in chosen
         for _ in range(repeats)
     ]

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dedup
+from machinery import dedup_experiment
 from machinery.commands import dedup as dedup_command
 from dedup import (
     PRIME,
@@ -354,7 +355,7 @@ def test_lsh_candidates_match_brute_force_banding(monkeypatch):
         # Every band key colliding (as if 64-bit hashes clashed) must change nothing: the rows decide.
         with monkeypatch.context() as patch:
             patch.setattr(
-                dedup, "_band_keys", lambda band_rows: np.zeros(len(band_rows), dtype=np.uint64)
+                dedup, "band_key", lambda band_rows: np.zeros(len(band_rows), dtype=np.uint64)
             )
             assert lsh_candidates(sig, bands, rows) == want
 
@@ -538,8 +539,8 @@ def test_bad_inputs_raise_one_clear_error(call, message):
 def test_planted_copies_are_seeded_near_duplicates():
     rng = random.Random(1)
     docs = [" ".join(f"v{rng.randrange(5000)}" for _ in range(150)) for _ in range(50)]
-    corpus, pairs = dedup.plant_near_duplicates(docs, copies=20, seed=3)
-    again, same_pairs = dedup.plant_near_duplicates(docs, copies=20, seed=3)
+    corpus, pairs = dedup_experiment.plant_near_duplicates(docs, copies=20, seed=3)
+    again, same_pairs = dedup_experiment.plant_near_duplicates(docs, copies=20, seed=3)
     assert corpus == again and pairs == same_pairs and len(corpus) == 70 and len(pairs) == 20
     for i, j in pairs:
         assert corpus[j] != corpus[i] and j >= 50

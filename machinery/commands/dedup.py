@@ -12,7 +12,7 @@ import numpy as np
 
 import dedup
 from dedup import DedupError
-from machinery import dedup_files
+from machinery import dedup_experiment, dedup_files
 from machinery.cli import Parser, add_commands, in_range, run, writable
 
 DEFAULT_WIKITEXT = (
@@ -164,8 +164,8 @@ def _parse_settings(text: str) -> list[tuple[int, int, int]]:
 def _cmd_experiment(args) -> None:
     settings = _parse_settings(args.settings)
     paragraphs = load_wikitext(args.data)
-    documents, planted = dedup.plant_near_duplicates(paragraphs, seed=args.seed)
-    result = dedup.run_experiment(
+    documents, planted = dedup_experiment.plant_near_duplicates(paragraphs, seed=args.seed)
+    result = dedup_experiment.run_experiment(
         documents, planted, settings, args.threshold, seed=args.seed, verify=args.verify
     )
     result["data"] = str(args.data)
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
                         "--settings",
                         {
                             "default": ",".join(
-                                ":".join(map(str, s)) for s in dedup.DEFAULT_SETTINGS
+                                ":".join(map(str, s)) for s in dedup_experiment.DEFAULT_SETTINGS
                             ),
                             "help": "k:bands:rows,... (default: %(default)s)",
                         },
