@@ -554,7 +554,7 @@ def test_save_is_atomic(tmp_path, small_tok, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(TokenizerError, match="cannot write .*disk full"):
+    with pytest.raises(OSError, match="disk full"):  # the command line makes it one line
         small_tok.save(path)
     assert path.read_text(encoding="utf-8") == "old" and [p.name for p in tmp_path.iterdir()] == [
         "tok.json"
@@ -598,18 +598,24 @@ def test_bad_training_input(tmp_path):
         train_bpe("", 300)
     with pytest.raises(TokenizerError, match="empty"):
         train_bpe(EOT * 3, 300)
-    with pytest.raises(TokenizerError, match="no input"):
+    with pytest.raises(TokenizerError, match="empty"):
         train_bpe([], 300)
-    with pytest.raises(TokenizerError, match="not found: .*missing.txt"):
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
         train_bpe([tmp_path / "missing.txt"], 300)
+    with pytest.raises(TokenizerError, match="no input"):
+        bpe_at_scale.train_bpe_parallel([], 300)
+    with pytest.raises(TokenizerError, match="not found: .*missing.txt"):
+        bpe_at_scale.train_bpe_parallel([tmp_path / "missing.txt"], 300)
     binary = tmp_path / "model.bin"
     binary.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(TokenizerError, match="binary"):
         bpe_at_scale.train_bpe_parallel([binary], 300)
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("café au lait ".encode("latin-1") * 10)
-    with pytest.raises(TokenizerError, match="invalid UTF-8 at byte 3.*errors='replace'"):
+    with pytest.raises(UnicodeDecodeError, match="position 3"):
         train_bpe([latin1], 300)
+    with pytest.raises(TokenizerError, match="invalid UTF-8 at byte 3.*errors='replace'"):
+        bpe_at_scale.train_bpe_parallel([latin1], 300)
     replaced = train_bpe([latin1], 300, errors="replace")
     assert "\ufffd".encode() in replaced.vocab.values()  # the replacement character became a token
     with pytest.raises(TokenizerError, match="not a valid regex"):
@@ -639,7 +645,9 @@ def test_a_custom_pattern_that_would_lose_text_is_refused(pattern, message, tmp_
     with pytest.raises(TokenizerError, match=message):
         tokenizer_files.read_tokenizer(carrier)
     covering = train_bpe("a 1 b 2 " * 10, 300, pattern=r"\p{L}+|\p{N}|\s|.")
-    assert covering.decode(covering.encode(bpe.PROBE_TEXT)) == bpe.PROBE_TEXT
+    assert (
+        covering.decode(covering.encode(tokenizer_files.PROBE_TEXT)) == tokenizer_files.PROBE_TEXT
+    )
 
 
 def test_a_tokenizer_file_nested_thousands_deep_is_one_line(tmp_path):
