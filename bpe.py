@@ -26,8 +26,7 @@ Three facts shape the code:
 3. Encoding the way tiktoken does it: inside a piece, merge the adjacent pair whose concatenation
    has the lowest rank (id), until none is in the vocabulary. Same ranks, same ids as tiktoken.
 
-Tokenizers explain "LLM quirks" (`python bpe.py show`): GPT-2 sees "strawberry" as
-[st][raw][berry], not ten letters. docs/bpe.md has the numbers, streaming and the benchmarks.
+docs/bpe.md has the "LLM quirks" `python bpe.py show` prints, streaming and the benchmarks.
 
 Depends on: the standard library, `regex` (installed with tiktoken; needed for \\p{L}) and tiktoken.
 """
@@ -92,8 +91,7 @@ def merge_pair(word: tuple[int, ...], pair: tuple[int, int], new_id: int) -> tup
 
 
 def best_pair(pair_counts: dict[tuple[int, int], int], token_bytes: list[bytes]) -> tuple[int, int]:
-    """The pair to merge next: highest count, ties to the lexicographically greatest (bytes, bytes)
-    pair.
+    """The pair to merge next: highest count, ties to the greatest (bytes, bytes) pair.
 
     >>> tb = [bytes([i]) for i in range(256)]
     >>> best_pair({(108, 111): 3, (111, 119): 3, (32, 108): 2}, tb)   # (l,o) vs (o,w): b"o" > b"l"
@@ -105,8 +103,7 @@ def best_pair(pair_counts: dict[tuple[int, int], int], token_bytes: list[bytes])
 def train_bpe_naive(
     word_counts: dict[bytes, int], num_merges: int, trace=None
 ) -> list[tuple[bytes, bytes]]:
-    """The textbook trainer: recount every pair after every merge. O(merges x corpus), fine for a
-    lesson.
+    """The textbook trainer: recount every pair after every merge (O(merges x corpus)).
 
     `word_counts` maps each pre-token's bytes to its frequency. After each merge it calls
     `trace(step, pair_counts, pair, words, token_bytes)` if given (the demo prints the rounds with
@@ -151,11 +148,7 @@ PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN}
 
 def resolve_pattern(pattern: str) -> str:
     """A pattern name ("gpt2", "gpt4") becomes its regex; any other string must be a regex whose
-    matches, joined, give the text back (machinery/tokenizer_files.py checks a custom one).
-
-    >>> resolve_pattern("gpt2") == GPT2_PATTERN
-    True
-    """
+    matches, joined, give the text back (machinery/tokenizer_files.py checks a custom one)."""
     if not isinstance(pattern, str) or not pattern:
         raise TokenizerError(f"pattern must be 'gpt2', 'gpt4' or a regex string, got {pattern!r}")
     pattern = PATTERNS.get(pattern, pattern)
@@ -173,16 +166,14 @@ def compile_pattern(pattern: str) -> regex.Pattern:
 
 @lru_cache(maxsize=64)
 def special_splitter(specials: frozenset[str]) -> regex.Pattern:
-    """A regex that finds any of `specials`; longest first so "<|a|><|a|>" beats "<|a|>" when both
-    are special."""
+    """A regex that finds any of `specials`, longest first ("<|a|><|a|>" before "<|a|>")."""
     return regex.compile("|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True)))
 
 
 def pretokenize(
     text: str, pattern: str = GPT2_PATTERN, special_tokens: Iterable[str] = ()
 ) -> list[str]:
-    """Cut text into the pieces BPE works inside; special tokens are cut out and dropped (training
-    view).
+    """Cut text into the pieces BPE works inside; special tokens are cut out and dropped.
 
     >>> pretokenize("low lower<|endoftext|> lowest!!", GPT2_PATTERN, ["<|endoftext|>"])
     ['low', ' lower', ' lowest', '!!']
@@ -292,8 +283,7 @@ def train_bpe(
     pattern: str = "gpt4",
     errors: str = "strict",
 ) -> "Tokenizer":
-    """Train a byte-level BPE tokenizer of exactly `vocab_size` ids (fewer only if the corpus runs
-    out of pairs).
+    """Train a byte-level BPE tokenizer of `vocab_size` ids (fewer if the corpus runs out of pairs).
 
     `text_or_paths`: a str of text, a path, or a list of paths (files are read as UTF-8;
     `errors="replace"` accepts invalid bytes). Ids: 0-255 bytes, then one id per merge in order,
@@ -369,13 +359,9 @@ def check_vocab_size(vocab_size: int, specials: tuple[str, ...]) -> None:
 def bpe_parts(
     piece: bytes, ranks: dict[bytes, int], max_rank: float = float("inf"), steps: list | None = None
 ) -> list[bytes]:
-    """Split one piece into tokens: merge the adjacent pair whose concatenation has the lowest rank,
-    repeat.
-
-    This is tiktoken's rule (the rank of the concatenated bytes, leftmost on ties), so it reproduces
-    tiktoken's ids. `max_rank` only allows tokens ranked below it (used to recover which pair made a
-    token). `steps`, if given, receives the parts after each merge (`python bpe.py show --steps`
-    prints them).
+    """Split one piece into tokens as tiktoken does: merge the adjacent pair whose concatenation has
+    the lowest rank (leftmost on ties), repeat. `max_rank` allows only tokens ranked below it (to
+    recover which pair made a token); `steps` receives the parts after each merge.
 
     >>> ranks = {bytes([i]): i for i in range(256)} | {b"lo": 256, b"low": 257, b"er": 258}
     >>> bpe_parts(b"lower", ranks)   # l o w e r -> lo w e r -> low e r -> low er
@@ -397,12 +383,10 @@ def bpe_parts(
 
 
 class Tokenizer:
-    """A byte-level BPE tokenizer: mergeable ranks (bytes -> id), special tokens (str -> id) and a
-    regex.
+    """Byte-level BPE: mergeable ranks (bytes -> id), special tokens (str -> id) and a regex.
 
-    `vocab` (id -> bytes, specials included), `merges` (byte pairs in merge order),
-    `special_tokens`, `eot_id`, `len(tok)` (largest id + 1, the model's vocab_size). Ids need not
-    start at the bytes: GPT-2 gives "!" id 0.
+    `vocab` (id -> bytes, specials included), `merges` (byte pairs in merge order), `len(tok)`
+    (largest id + 1, the model's vocab_size). Ids need not start at the bytes: GPT-2's "!" is 0.
     """
 
     # pieces remembered by the pure-Python encoder before the cache is cleared
@@ -423,17 +407,10 @@ class Tokenizer:
         missing = [b for b in range(256) if bytes([b]) not in self.ranks]
         if missing:
             raise TokenizerError(f"ranks lack {len(missing)} single bytes; BPE needs all 256")
-        ids = [*self.ranks.values(), *self.special_tokens.values()]
-        bad = [i for i in ids if not 0 <= i < 2**31]
-        if bad:
-            raise TokenizerError(f"id {bad[0]} is out of range; token ids run from 0 to 2**31 - 1")
         self.vocab = {i: t for t, i in self.ranks.items()}
         self.vocab.update({i: s.encode("utf-8") for s, i in self.special_tokens.items()})
-        if len(self.vocab) != len(ids):
+        if len(self.vocab) != len(self.ranks) + len(self.special_tokens):
             raise TokenizerError("two tokens share one id; every token needs its own id")
-        unknown = [m for m in merges or () if m[0] + m[1] not in self.ranks]
-        if unknown:
-            raise TokenizerError(f"merge {unknown[0]!r} makes a token that is not in the vocab")
         self._merges = list(merges) if merges is not None else None
         self._cache: dict[str, list[int]] = {}
         self._tiktoken = None
@@ -488,11 +465,8 @@ class Tokenizer:
         return [self.ranks[p] for p in bpe_parts(piece, self.ranks)]
 
     def encode_ordinary(self, text: str) -> list[int]:
-        """Encode text, treating special-token strings as ordinary text.
-
-        Most pieces of real text repeat (" the", ","), so each distinct piece is encoded once and
-        cached.
-        """
+        """Encode text, special-token strings as ordinary text. Most pieces of real text repeat
+        (" the", ","), so each distinct piece is encoded once and cached."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
         if len(self._cache) > self.CACHE_LIMIT:
@@ -505,25 +479,22 @@ class Tokenizer:
         return ids
 
     def special_sets(self, allowed_special, disallowed_special) -> tuple[frozenset, frozenset]:
-        names = set(self.special_tokens)
-
-        # "all", one special token's string, or a collection of them
-        def as_set(given, everything):
-            if given == "all":
-                return everything
-            return {given} if isinstance(given, str) else set(given)
-
-        allowed = as_set(allowed_special, names)
-        if allowed - names:
+        """tiktoken's options as sets: "all" allowed is every special token, "all" disallowed every
+        one not allowed."""
+        names = frozenset(self.special_tokens)
+        allowed = names if allowed_special == "all" else frozenset(allowed_special)
+        if not allowed <= names:
             raise TokenizerError(
-                f"allowed_special has {sorted(allowed - names)}, not special tokens here"
+                f"allowed_special has {sorted(allowed - names)}, not special tokens"
             )
-        return frozenset(allowed), frozenset(as_set(disallowed_special, names - allowed))
+        if disallowed_special == "all":
+            return allowed, names - allowed
+        return allowed, frozenset(disallowed_special)
 
     def encode(self, text: str, allowed_special=(), disallowed_special="all") -> list[int]:
         """Encode text like tiktoken: a special token in the text raises unless allowed.
 
-        `allowed_special`: a set of special-token strings (or "all") to encode as their special id.
+        `allowed_special`: a set of special-token strings (or "all") to encode as their own ids.
         `disallowed_special`: those that raise when found ("all" = every special not allowed); pass
         () to encode them as ordinary text.
         """
@@ -534,9 +505,7 @@ class Tokenizer:
             found = special_splitter(disallowed).search(text)
             if found:
                 how = "allowed_special to encode it as one id, disallowed_special=() as text"
-                raise TokenizerError(
-                    f"text contains the special token {found.group()!r}; pass {how}"
-                )
+                raise TokenizerError(f"text holds the special token {found.group()!r}; pass {how}")
         if not allowed:
             return self.encode_ordinary(text)
         ids, start = [], 0
@@ -550,32 +519,26 @@ class Tokenizer:
 
     def decode_tokens(self, ids) -> list[bytes]:
         """The bytes of each id. An unknown id raises one clear error."""
-        # numpy arrays, torch tensors, generators
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        vocab = self.vocab
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # numpy, torch, generators
         try:
-            return [vocab[i] for i in ids]
+            return [self.vocab[i] for i in ids]
         except (KeyError, TypeError):
-            bad = next(i for i in ids if not isinstance(i, int) or i not in vocab)
+            bad = next(i for i in ids if not isinstance(i, int) or i not in self.vocab)
             raise TokenizerError(f"token id {bad!r} is not in the vocabulary") from None
 
     def decode_bytes(self, ids) -> bytes:
         return b"".join(self.decode_tokens(ids))
 
     def decode(self, ids, errors: str = "replace") -> str:
-        """Join the bytes and read them as UTF-8; bytes that are not valid UTF-8 become U+FFFD by
-        default.
-
-        A token can end in the middle of a character (Chinese characters are 3 bytes), so decoding
-        ids one at a time is lossy; decode the whole sequence.
-        """
+        """Join the bytes and read them as UTF-8 (invalid bytes become U+FFFD by default). A token
+        can end inside a character (Chinese characters are 3 bytes): decode whole sequences, not
+        ids one at a time."""
         return self.decode_bytes(ids).decode("utf-8", errors=errors)
 
     # -- interop ----------
 
     def to_tiktoken(self):
-        """A `tiktoken.Encoding` with our ranks, pattern and special tokens (Rust speed, same ids).
-        Cached."""
+        """A cached `tiktoken.Encoding` of our ranks, pattern and specials: same ids, Rust speed."""
         if self._tiktoken is None:
             self._tiktoken = tiktoken.Encoding(
                 name=self.name,
@@ -587,13 +550,9 @@ class Tokenizer:
 
     @classmethod
     def from_tiktoken(cls, encoding) -> "Tokenizer":
-        """Wrap a tiktoken.Encoding (GPT-2, cl100k, ...): same ranks, specials and regex; merges
-        recovered lazily.
-
-        tiktoken has no public getter for these; `_mergeable_ranks`, `_special_tokens` and
-        `_pat_str` are the constructor's own arguments, stored under these names since tiktoken's
-        first release.
-        """
+        """Wrap a tiktoken.Encoding (GPT-2, cl100k, ...); its merges are recovered when asked for.
+        tiktoken has no public getter: `_mergeable_ranks`, `_special_tokens` and `_pat_str` are its
+        constructor's arguments, stored under these names since its first release."""
         ranks, specials = encoding._mergeable_ranks, encoding._special_tokens
         return cls(ranks, specials, encoding._pat_str, None, encoding.name)
 
@@ -638,9 +597,7 @@ class Tokenizer:
         """from_json for a document that is already parsed. (A file from elsewhere is checked field
         by field first: machinery/tokenizer_files.py.)"""
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-            raise TokenizerError(
-                f'{source}: not a {FORMAT_NAME} file (no "format": "{FORMAT_NAME}")'
-            )
+            raise TokenizerError(f"{source}: not a {FORMAT_NAME} file; {REMAKE_TOKENIZER}")
         if doc.get("version") != FORMAT_VERSION:
             version = doc.get("version")
             raise TokenizerError(f"{source}: format version {version!r}, not {FORMAT_VERSION}")
@@ -649,10 +606,7 @@ class Tokenizer:
             merges = [tuple(from_gpt2_text(x) for x in m.split(" ")) for m in doc["merges"]]
             return cls(ranks, doc["special_tokens"], doc["pattern"], merges, doc.get("name", "bpe"))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            damage = f"{type(e).__name__}: {e}"
-            raise TokenizerError(
-                f"{source}: damaged tokenizer file ({damage}); {REMAKE_TOKENIZER}"
-            ) from None
+            raise TokenizerError(f"{source}: {type(e).__name__}: {e}; {REMAKE_TOKENIZER}") from None
 
     def save(self, path) -> None:
         """Write the JSON whole or not at all: into a temporary file beside it, then renamed over
@@ -676,11 +630,9 @@ class Tokenizer:
 
 @lru_cache(maxsize=1)
 def gpt2_bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's map from each byte to a printable character, so tokens can be written as text.
-
-    Printable bytes stand for themselves; the 68 others (space, control bytes, ...) map to chr(256),
-    chr(257), ... in byte order. So the space byte 32 is "Ġ" (chr(288)) and " the" is written
-    "Ġthe".
+    """GPT-2's map from each byte to a printable character, so tokens can be written as text:
+    printable bytes stand for themselves, the 68 others (space, control bytes) become chr(256),
+    chr(257), ... in byte order, so the space byte 32 is "Ġ" (chr(288)) and " the" is "Ġthe".
 
     >>> gpt2_bytes_to_unicode()[ord(" ")], gpt2_bytes_to_unicode()[ord("a")]
     ('Ġ', 'a')
@@ -704,8 +656,7 @@ def _unicode_to_byte() -> dict[str, int]:
 
 def gpt2_text(token: bytes) -> str:
     """A token's bytes written in GPT-2's printable alphabet: b" the" -> "Ġthe"."""
-    byte_to_char = gpt2_bytes_to_unicode()
-    return "".join(byte_to_char[b] for b in token)
+    return token.decode("latin-1").translate(gpt2_bytes_to_unicode())  # latin-1: byte b is chr(b)
 
 
 def from_gpt2_text(text: str) -> bytes:

@@ -913,9 +913,8 @@ def tokenizer_from_hf(doc: dict, source: str = "tokenizer.json") -> bpe.Tokenize
     except ValueError as e:
         refuse(f"its vocabulary is not written in GPT-2's byte alphabet ({e})")
     try:
-        return bpe.Tokenizer(
-            ranks, {s: i for s, i in specials.items() if i not in set(ids)}, pattern, merges
-        )
+        specials = {s: i for s, i in specials.items() if i not in set(ids)}
+        return tokenizer_files.check_ids(bpe.Tokenizer(ranks, specials, pattern, merges))
     except bpe.TokenizerError as e:
         raise bpe.TokenizerError(f"{source}: {e}") from None
 

@@ -109,7 +109,7 @@ def load_gpt2_bpe(
             f"{encoder_json_path} / {vocab_bpe_path}: not GPT-2 tokenizer files ({e})"
         ) from None
     special_ids = {t: i for t, i in encoder.items() if t in specials}
-    return bpe.Tokenizer(ranks, special_ids, "gpt2", merges, "gpt2")
+    return check_ids(bpe.Tokenizer(ranks, special_ids, "gpt2", merges, "gpt2"))
 
 
 def read_tokenizer(path) -> bpe.Tokenizer:
@@ -125,8 +125,21 @@ def read_tokenizer(path) -> bpe.Tokenizer:
         tokenizer = bpe.Tokenizer.from_document(doc, str(path))
     try:
         checked_pattern(tokenizer.pattern)
+        check_ids(tokenizer)
     except bpe.TokenizerError as e:
         raise bpe.TokenizerError(f"{path}: {e}") from None
+    return tokenizer
+
+
+def check_ids(tokenizer: bpe.Tokenizer) -> bpe.Tokenizer:
+    """What bpe.Tokenizer takes on trust from its own files, checked for one from outside: ids
+    from 0 to 2**31 - 1 (what tiktoken takes), and merges that make tokens of the vocabulary."""
+    bad = [i for i in tokenizer.vocab if not 0 <= i < 2**31]
+    if bad:
+        raise bpe.TokenizerError(f"id {bad[0]} is out of range; token ids run from 0 to 2**31 - 1")
+    unknown = [m for m in tokenizer.merges if m[0] + m[1] not in tokenizer.ranks]
+    if unknown:
+        raise bpe.TokenizerError(f"merge {unknown[0]!r} makes a token that is not in the vocab")
     return tokenizer
 
 
