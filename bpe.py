@@ -13,9 +13,8 @@ The lecture's corpus "low lower lowest" (run `python bpe.py demo` to watch it):
     round 3: (low, e) and ( , low) both occur twice -> (low, e) wins the tie -> "lowe"
     ... until |V| = target
 
-Ties are broken the way Stanford CS336 does it, so merges compare across implementations: the
-highest count wins, and among equal counts the lexicographically greatest pair of byte strings
-`(left, right)` wins (b"o" > b"l").
+The highest count wins; among equal counts, the greatest pair of byte strings (b"o" > b"l"), as
+in Stanford CS336, so merges compare across implementations.
 
 Three facts shape the code:
 1. Byte-level: ids 0-255 are the raw bytes, so nothing is ever "unknown". Special tokens such as
@@ -153,15 +152,10 @@ def resolve_pattern(pattern: str) -> str:
         raise TokenizerError(f"pattern must be 'gpt2', 'gpt4' or a regex string, got {pattern!r}")
     pattern = PATTERNS.get(pattern, pattern)
     try:
-        compile_pattern(pattern)
+        regex.compile(pattern)
     except regex.error as e:
         raise TokenizerError(f"pattern {pattern!r} is not a valid regex ({e})") from None
     return pattern
-
-
-@lru_cache(maxsize=32)
-def compile_pattern(pattern: str) -> regex.Pattern:
-    return regex.compile(pattern)
 
 
 @lru_cache(maxsize=64)
@@ -178,7 +172,7 @@ def pretokenize(
     >>> pretokenize("low lower<|endoftext|> lowest!!", GPT2_PATTERN, ["<|endoftext|>"])
     ['low', ' lower', ' lowest', '!!']
     """
-    pat = compile_pattern(pattern)
+    pat = regex.compile(pattern)
     specials = frozenset(special_tokens)
     segments = special_splitter(specials).split(text) if specials else [text]
     return [piece for segment in segments for piece in pat.findall(segment)]
@@ -210,14 +204,12 @@ def _merge_words(
 ) -> list[tuple[bytes, bytes]]:
     """BPE merges with incremental pair counts and a max-heap with lazy invalidation.
 
-    State: `words[i]` (a tuple of token ids) occurring `freqs[i]` times; `pair_counts[pair]` =
-    weighted occurrences; `where[pair]` = indices of the words that contain the pair (maybe a few
-    more: entries are never removed, a word that lost the pair is simply unchanged by the merge and
-    skipped). A merge rewrites only the words in `where[pair]`, and the counts change by (pairs of
-    the merged word) - (pairs of the old word). Each changed count is pushed onto the heap as a new
-    entry; old entries stay and are skipped when popped if their count is out of date ("lazy
-    invalidation"), so finding the best pair costs O(log #entries) instead of a scan over all pairs.
-    `progress(merges done, merges wanted)`, if given, is called after each merge.
+    State: `words[i]` (token ids) occurring `freqs[i]` times; `pair_counts[pair]`, weighted;
+    `where[pair]`, the words that hold the pair (or held it: a word that lost it is skipped). A
+    merge rewrites only the words in `where[pair]`, and counts change by (pairs of the merged word)
+    - (pairs of the old word). A changed count is pushed as a new heap entry; a popped entry whose
+    count is out of date is skipped ("lazy invalidation"), so the best pair costs O(log #entries),
+    not a scan over all pairs. `progress(merges done, merges wanted)` is called after each merge.
     """
     words = [tuple(w) for w in word_counts]
     freqs = list(word_counts.values())
@@ -336,11 +328,9 @@ def count_pretokens(
 
 
 def check_specials(special_tokens) -> tuple[str, ...]:
-    """The special tokens as a tuple without repeats; one string stands for itself."""
-    if isinstance(special_tokens, str):
-        special_tokens = (special_tokens,)
+    """The special tokens in order, without repeats."""
     specials = tuple(dict.fromkeys(special_tokens))
-    if not all(isinstance(s, str) and s for s in specials):
+    if isinstance(special_tokens, str) or not all(isinstance(s, str) and s for s in specials):
         raise TokenizerError(f"special tokens must be non-empty strings, got {special_tokens!r}")
     return specials
 
@@ -348,8 +338,7 @@ def check_specials(special_tokens) -> tuple[str, ...]:
 def check_vocab_size(vocab_size: int, specials: tuple[str, ...]) -> None:
     if not isinstance(vocab_size, int) or vocab_size < 256 + len(specials):
         raise TokenizerError(
-            f"vocab_size must be at least 256 + {len(specials)} special tokens = "
-            f"{256 + len(specials)}, got {vocab_size!r}"
+            f"vocab_size must be at least 256 + {len(specials)}, got {vocab_size!r}"
         )
 
 
@@ -389,8 +378,7 @@ class Tokenizer:
     (largest id + 1, the model's vocab_size). Ids need not start at the bytes: GPT-2's "!" is 0.
     """
 
-    # pieces remembered by the pure-Python encoder before the cache is cleared
-    CACHE_LIMIT = 200_000
+    CACHE_LIMIT = 200_000  # pieces the pure-Python encoder remembers before it clears its cache
 
     def __init__(
         self,
@@ -403,6 +391,7 @@ class Tokenizer:
         self.ranks = dict(ranks)
         self.special_tokens = dict(special_tokens or {})
         self.pattern = resolve_pattern(pattern)
+        self.splitter = regex.compile(self.pattern)  # cuts text into the pieces BPE works inside
         self.name = name
         missing = [b for b in range(256) if bytes([b]) not in self.ranks]
         if missing:
@@ -426,17 +415,15 @@ class Tokenizer:
         """Ids 0-255 for the bytes, 256 + k for merge k, then the special tokens in order."""
         ranks = {bytes([i]): i for i in range(256)}
         for left, right in merges:
-            # rare: (a, bc) and (ab, c) can both make "abc"; the token keeps its first id (tiktoken
-            # needs one)
+            # rare: (a, bc) and (ab, c) can both make "abc"; it keeps its first id (tiktoken's rule)
             ranks.setdefault(left + right, len(ranks))
         specials = {s: len(ranks) + k for k, s in enumerate(check_specials(special_tokens))}
         return cls(ranks, specials, pattern, merges, name)
 
     @property
     def merges(self) -> list[tuple[bytes, bytes]]:
-        """Merge list in order. For ranks that came without one (tiktoken), each token of rank r is
-        split by BPE with the tokens ranked below r: the two parts that remain are the pair that
-        made it."""
+        """Merge list in order. Ranks that came without one (tiktoken): a token of rank r, split by
+        BPE with the tokens ranked below r, ends in two parts, the pair that made it."""
         if self._merges is None:
             merges = []
             for token, rank in sorted(self.ranks.items(), key=lambda kv: kv[1]):
@@ -472,32 +459,27 @@ class Tokenizer:
         if len(self._cache) > self.CACHE_LIMIT:
             self._cache.clear()
         ids: list[int] = []
-        for piece in compile_pattern(self.pattern).findall(text):
+        for piece in self.splitter.findall(text):
             if piece not in self._cache:
                 self._cache[piece] = self.encode_piece(piece.encode("utf-8"))
             ids += self._cache[piece]
         return ids
 
     def special_sets(self, allowed_special, disallowed_special) -> tuple[frozenset, frozenset]:
-        """tiktoken's options as sets: "all" allowed is every special token, "all" disallowed every
-        one not allowed."""
+        """tiktoken's options as sets ("all" disallowed: every special token not allowed)."""
         names = frozenset(self.special_tokens)
         allowed = names if allowed_special == "all" else frozenset(allowed_special)
-        if not allowed <= names:
-            raise TokenizerError(
-                f"allowed_special has {sorted(allowed - names)}, not special tokens"
-            )
+        unknown = allowed - names
+        if unknown:
+            raise TokenizerError(f"allowed_special has {sorted(unknown)}, not special tokens")
         if disallowed_special == "all":
             return allowed, names - allowed
         return allowed, frozenset(disallowed_special)
 
     def encode(self, text: str, allowed_special=(), disallowed_special="all") -> list[int]:
         """Encode text like tiktoken: a special token in the text raises unless allowed.
-
-        `allowed_special`: a set of special-token strings (or "all") to encode as their own ids.
-        `disallowed_special`: those that raise when found ("all" = every special not allowed); pass
-        () to encode them as ordinary text.
-        """
+        `allowed_special`: special-token strings (a set, or "all") encoded as their own ids;
+        `disallowed_special`: those that raise when found ("all": all not allowed; (): none)."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
         allowed, disallowed = self.special_sets(allowed_special, disallowed_special)
@@ -526,14 +508,11 @@ class Tokenizer:
             bad = next(i for i in ids if not isinstance(i, int) or i not in self.vocab)
             raise TokenizerError(f"token id {bad!r} is not in the vocabulary") from None
 
-    def decode_bytes(self, ids) -> bytes:
-        return b"".join(self.decode_tokens(ids))
-
     def decode(self, ids, errors: str = "replace") -> str:
         """Join the bytes and read them as UTF-8 (invalid bytes become U+FFFD by default). A token
         can end inside a character (Chinese characters are 3 bytes): decode whole sequences, not
         ids one at a time."""
-        return self.decode_bytes(ids).decode("utf-8", errors=errors)
+        return b"".join(self.decode_tokens(ids)).decode("utf-8", errors=errors)
 
     # -- interop ----------
 
@@ -550,9 +529,8 @@ class Tokenizer:
 
     @classmethod
     def from_tiktoken(cls, encoding) -> "Tokenizer":
-        """Wrap a tiktoken.Encoding (GPT-2, cl100k, ...); its merges are recovered when asked for.
-        tiktoken has no public getter: `_mergeable_ranks`, `_special_tokens` and `_pat_str` are its
-        constructor's arguments, stored under these names since its first release."""
+        """Wrap a tiktoken.Encoding (GPT-2, cl100k): it has no getters, so read its constructor's
+        arguments, stored under these names since tiktoken's first release."""
         ranks, specials = encoding._mergeable_ranks, encoding._special_tokens
         return cls(ranks, specials, encoding._pat_str, None, encoding.name)
 
@@ -566,9 +544,8 @@ class Tokenizer:
              "vocab": {"Ā": 0, ..., "Ġ": 32, ..., "Ġt": 256, ...},   token -> id, in id order
              "merges": ["Ġ t", "Ġ a", ...]}                          merge order, left and right
 
-        Tokens are bytes written in GPT-2's printable alphabet (`gpt2_bytes_to_unicode`: the space
-        byte is "Ġ"), the convention of GPT-2's and Hugging Face's files, so a merge is two tokens
-        joined by one real space.
+        Tokens are written in GPT-2's printable alphabet (gpt2_bytes_to_unicode: a space is "Ġ"), as
+        in GPT-2's and Hugging Face's files, so a merge is two tokens joined by one real space.
         """
         doc = {
             "format": FORMAT_NAME,
@@ -586,16 +563,13 @@ class Tokenizer:
         try:
             doc = json.loads(text)
         except (ValueError, RecursionError) as e:
-            reason = str(e).splitlines()[0]
-            raise TokenizerError(
-                f"{source}: not valid JSON ({reason}); {REMAKE_TOKENIZER}"
-            ) from None
+            reason = f"not valid JSON ({str(e).splitlines()[0]})"
+            raise TokenizerError(f"{source}: {reason}; {REMAKE_TOKENIZER}") from None
         return cls.from_document(doc, source)
 
     @classmethod
     def from_document(cls, doc, source: str = "tokenizer JSON") -> "Tokenizer":
-        """from_json for a document that is already parsed. (A file from elsewhere is checked field
-        by field first: machinery/tokenizer_files.py.)"""
+        """from_json for a parsed document (machinery/tokenizer_files.py checks a foreign one)."""
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise TokenizerError(f"{source}: not a {FORMAT_NAME} file; {REMAKE_TOKENIZER}")
         if doc.get("version") != FORMAT_VERSION:
@@ -625,7 +599,7 @@ class Tokenizer:
         return cls.from_json(Path(path).read_bytes(), str(path))
 
 
-# 5. GPT-2's files and the byte <-> printable-character map.
+# 5. GPT-2's map of bytes to printable characters: how the JSON files write tokens.
 
 
 @lru_cache(maxsize=1)
@@ -649,9 +623,7 @@ def gpt2_bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-@lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
-    return {c: b for b, c in gpt2_bytes_to_unicode().items()}
+_GPT2_CHAR_TO_BYTE = {c: b for b, c in gpt2_bytes_to_unicode().items()}
 
 
 def gpt2_text(token: bytes) -> str:
@@ -661,20 +633,14 @@ def gpt2_text(token: bytes) -> str:
 
 def from_gpt2_text(text: str) -> bytes:
     """The bytes a token written in GPT-2's alphabet stands for: "Ġthe" -> b" the"."""
-    try:
-        return bytes(_unicode_to_byte()[c] for c in text)
-    except KeyError as e:
-        raise ValueError(f"character {e.args[0]!r} is not in GPT-2's byte alphabet") from None
+    return bytes(_GPT2_CHAR_TO_BYTE[c] for c in text)
 
 
 def written_vocab_and_merges(ranks: dict[bytes, int], merges: list[tuple[bytes, bytes]]) -> dict:
     """ "vocab" (token -> id, in id order) and "merges" ("left right") in GPT-2's alphabet, as both
     JSON formats (ours, Hugging Face's) write them."""
-    by_id = sorted(ranks.items(), key=lambda kv: kv[1])
-    return {
-        "vocab": {gpt2_text(t): i for t, i in by_id},
-        "merges": [f"{gpt2_text(a)} {gpt2_text(b)}" for a, b in merges],
-    }
+    vocab = {gpt2_text(t): i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])}
+    return {"vocab": vocab, "merges": [f"{gpt2_text(a)} {gpt2_text(b)}" for a, b in merges]}
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ import shutil
 import sys
 import tempfile
 
+import regex
 import torch
 
 import bpe
@@ -910,8 +911,8 @@ def tokenizer_from_hf(doc: dict, source: str = "tokenizer.json") -> bpe.Tokenize
     try:
         ranks = {bpe.from_gpt2_text(t): i for t, i in zip(vocab, ids)}
         merges = [(bpe.from_gpt2_text(a), bpe.from_gpt2_text(b)) for a, b in merges]
-    except ValueError as e:
-        refuse(f"its vocabulary is not written in GPT-2's byte alphabet ({e})")
+    except KeyError as e:
+        refuse(f"its vocabulary is not written in GPT-2's byte alphabet (character {e})")
     try:
         specials = {s: i for s, i in specials.items() if i not in set(ids)}
         return tokenizer_files.check_ids(bpe.Tokenizer(ranks, specials, pattern, merges))
@@ -926,7 +927,7 @@ HF_BYTE_LEVEL_PATTERN = (
 )
 
 
-_COUNTED_REPEAT = bpe.compile_pattern(r"\{\d*(?:,\d*)?\}")
+_COUNTED_REPEAT = regex.compile(r"\{\d*(?:,\d*)?\}")
 
 
 def hf_regex(pattern: str) -> str:
@@ -1005,7 +1006,7 @@ def _check_hf_regex(pattern: str, theirs: str) -> None:
             f"pattern {pattern!r} cannot be exported: Hugging Face's regex engine rejects "
             f"{theirs!r} ({e}); use 'gpt2', 'gpt4' or a pattern without that construct"
         ) from None
-    ours = bpe.compile_pattern(pattern).findall(tokenizer_files.PROBE_TEXT)
+    ours = regex.compile(pattern).findall(tokenizer_files.PROBE_TEXT)
     hf = [piece for piece, _ in split.pre_tokenize_str(tokenizer_files.PROBE_TEXT)]
     if ours != hf:
         k = next(k for k, (a, b) in enumerate(zip(ours + [""], hf + [""])) if a != b)

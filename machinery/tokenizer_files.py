@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
+import regex
 import tiktoken
 
 import bpe
@@ -47,7 +48,7 @@ def check_pattern(pattern: str) -> None:
     ...
     bpe.TokenizerError: pattern '\\p{L}+|\\s+' matches no piece that holds '2' (character 3 of ...
     """
-    compiled, probe = bpe.compile_pattern(pattern), PROBE_TEXT
+    compiled, probe = regex.compile(pattern), PROBE_TEXT
     if compiled.groups:
         raise bpe.TokenizerError(
             f"pattern {pattern!r} has {compiled.groups} capturing group(s), whose text would "
@@ -104,7 +105,7 @@ def load_gpt2_bpe(
         merges = [
             tuple(bpe.from_gpt2_text(x) for x in line.split(" ")) for line in lines[1:] if line
         ]
-    except (ValueError, AttributeError) as e:
+    except (KeyError, ValueError, AttributeError) as e:
         raise bpe.TokenizerError(
             f"{encoder_json_path} / {vocab_bpe_path}: not GPT-2 tokenizer files ({e})"
         ) from None

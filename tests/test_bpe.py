@@ -447,7 +447,7 @@ def test_overlapping_special_tokens_prefer_the_longest():
 def test_decode_replaces_invalid_utf8_and_rejects_unknown_ids(small_tok):
     ids = small_tok.encode("中")  # 3 bytes: a partial prefix of it is not valid UTF-8
     assert small_tok.decode(ids) == "中"
-    assert small_tok.decode([0xE4]) == "\ufffd" and small_tok.decode_bytes([0xE4]) == b"\xe4"
+    assert small_tok.decode([0xE4]) == "\ufffd" and small_tok.decode_tokens([0xE4]) == [b"\xe4"]
     with pytest.raises(TokenizerError, match="token id 99999 is not in the vocabulary"):
         small_tok.decode([1, 99999])
     with pytest.raises(TokenizerError, match="is not in the vocabulary"):
