@@ -206,8 +206,8 @@ def _merge_words(
 
     State: `words[i]` (token ids) occurring `freqs[i]` times; `pair_counts[pair]`, weighted;
     `where[pair]`, the words that hold the pair (or held it: a word that lost it is skipped). A
-    merge rewrites only the words in `where[pair]`, and counts change by (pairs of the merged word)
-    - (pairs of the old word). A changed count is pushed as a new heap entry; a popped entry whose
+    merge rewrites only the words in `where[pair]`, and counts change by the merged word's pairs
+    minus the old word's. A changed count is pushed as a new heap entry; a popped entry whose
     count is out of date is skipped ("lazy invalidation"), so the best pair costs O(log #entries),
     not a scan over all pairs. `progress(merges done, merges wanted)` is called after each merge.
     """
