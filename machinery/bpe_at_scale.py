@@ -9,7 +9,7 @@ read.
 - Encoding: `encode_stream`, `encode_iterable` and `encode_file` encode text that arrives in pieces
   in bounded memory, with exactly the ids of encoding the whole text at once.
 
-Depends on: bpe.py and the standard library.
+Depends on: bpe.py, machinery/tokenizer_files.py (existing_file) and the standard library.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Iterable, Iterator
 import regex
 
 import bpe
+from machinery import tokenizer_files
 
 # below this many bytes of input, starting processes costs more than it saves
 PARALLEL_MIN_BYTES = 4 << 20
@@ -104,7 +105,7 @@ def count_pretokens(
     if isinstance(text_or_paths, str):
         texts, paths, total = [text_or_paths], [], len(text_or_paths)
     else:
-        paths = bpe.training_files(text_or_paths)
+        paths = training_files(text_or_paths)
         for path in paths:
             _check_not_binary(path)
         texts, total = [], sum(p.stat().st_size for p in paths)
@@ -129,6 +130,16 @@ def count_pretokens(
     for chunk_counts in results:
         counts.update(chunk_counts)
     return Counter({piece.encode("utf-8"): c for piece, c in counts.items()})
+
+
+def training_files(paths) -> list[Path]:
+    """The paths to train on (one path or a list of them), each an existing file."""
+    items = [paths] if isinstance(paths, os.PathLike) else list(paths)
+    if not items:
+        raise bpe.TokenizerError("no input to train on: give a text or at least one file")
+    if not all(isinstance(p, (str, os.PathLike)) for p in items):
+        raise bpe.TokenizerError("text_or_paths must be a str of text, a path, or a list of paths")
+    return [tokenizer_files.existing_file(p, "input file") for p in items]
 
 
 def _check_not_binary(path: Path) -> None:
@@ -322,7 +333,7 @@ def encode_file(
 ) -> Iterator[list[int]]:
     """Stream-encode a UTF-8 file in blocks of `chunk_chars` characters: memory stays near one
     block."""
-    path = bpe.existing_file(path, "input file")
+    path = tokenizer_files.existing_file(path, "input file")
     # newline="": keep \r\n as it is
     with open(path, encoding="utf-8", errors=errors, newline="") as f:
         try:

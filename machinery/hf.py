@@ -57,6 +57,7 @@ import shutil
 import sys
 import tempfile
 
+import regex
 import torch
 
 import bpe
@@ -334,15 +335,15 @@ def verify_hf(model: GPT, tokenizer, hf_dir, new_tokens: int = 16) -> dict:
     """Load hf_dir with transformers and compare it with (model, tokenizer), the oracle of
     tests/test_hf.py: the largest |logit difference| on random ids and on VERIFY_TEXT (fp32),
     whether greedy decoding gives the same tokens, and whether AutoTokenizer gives our ids for
-    VERIFY_TEXT and bpe.PROBE_TEXT (long numbers, contractions in every case, CRLF, NBSP: what regex
-    engines disagree on)."""
+    VERIFY_TEXT and tokenizer_files.PROBE_TEXT (long numbers, contractions in every case, CRLF,
+    NBSP: what regex engines disagree on)."""
     transformers = require("transformers", "verifying an export")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
     same_ids = all(
         hf_tokenizer(text, verbose=False)["input_ids"]
         == tokenizer.encode(text, allowed_special="all")
-        for text in (VERIFY_TEXT, bpe.PROBE_TEXT)
+        for text in (VERIFY_TEXT, tokenizer_files.PROBE_TEXT)
     )
     T = model.config.block_size
     random_ids = torch.randint(
@@ -910,12 +911,11 @@ def tokenizer_from_hf(doc: dict, source: str = "tokenizer.json") -> bpe.Tokenize
     try:
         ranks = {bpe.from_gpt2_text(t): i for t, i in zip(vocab, ids)}
         merges = [(bpe.from_gpt2_text(a), bpe.from_gpt2_text(b)) for a, b in merges]
-    except ValueError as e:
-        refuse(f"its vocabulary is not written in GPT-2's byte alphabet ({e})")
+    except KeyError as e:
+        refuse(f"its vocabulary is not written in GPT-2's byte alphabet (character {e})")
     try:
-        return bpe.Tokenizer(
-            ranks, {s: i for s, i in specials.items() if i not in set(ids)}, pattern, merges
-        )
+        specials = {s: i for s, i in specials.items() if i not in set(ids)}
+        return tokenizer_files.check_ids(bpe.Tokenizer(ranks, specials, pattern, merges))
     except bpe.TokenizerError as e:
         raise bpe.TokenizerError(f"{source}: {e}") from None
 
@@ -927,7 +927,7 @@ HF_BYTE_LEVEL_PATTERN = (
 )
 
 
-_COUNTED_REPEAT = bpe.compile_pattern(r"\{\d*(?:,\d*)?\}")
+_COUNTED_REPEAT = regex.compile(r"\{\d*(?:,\d*)?\}")
 
 
 def hf_regex(pattern: str) -> str:
@@ -989,8 +989,8 @@ def hf_regex(pattern: str) -> str:
 
 
 def _check_hf_regex(pattern: str, theirs: str) -> None:
-    """Cut bpe.PROBE_TEXT with `theirs` in HF `tokenizers` and with `pattern` here: the pieces
-    must be the same."""
+    """Cut tokenizer_files.PROBE_TEXT with `theirs` in HF `tokenizers` and with `pattern` here: the
+    pieces must be the same."""
     try:
         from tokenizers import Regex, pre_tokenizers
     except ImportError:
@@ -1006,14 +1006,14 @@ def _check_hf_regex(pattern: str, theirs: str) -> None:
             f"pattern {pattern!r} cannot be exported: Hugging Face's regex engine rejects "
             f"{theirs!r} ({e}); use 'gpt2', 'gpt4' or a pattern without that construct"
         ) from None
-    ours = bpe.compile_pattern(pattern).findall(bpe.PROBE_TEXT)
-    hf = [piece for piece, _ in split.pre_tokenize_str(bpe.PROBE_TEXT)]
+    ours = regex.compile(pattern).findall(tokenizer_files.PROBE_TEXT)
+    hf = [piece for piece, _ in split.pre_tokenize_str(tokenizer_files.PROBE_TEXT)]
     if ours != hf:
         k = next(k for k, (a, b) in enumerate(zip(ours + [""], hf + [""])) if a != b)
         raise bpe.TokenizerError(
             f"pattern {pattern!r} cannot be exported: Hugging Face's regex engine cuts "
-            f"bpe.PROBE_TEXT otherwise (piece {k}: {hf[k : k + 1]} there, {ours[k : k + 1]} here); "
-            f"use 'gpt2', 'gpt4' or a pattern both engines read alike"
+            f"tokenizer_files.PROBE_TEXT otherwise (piece {k}: {hf[k : k + 1]} there, "
+            f"{ours[k : k + 1]} here); use 'gpt2', 'gpt4' or a pattern both engines read alike"
         )
 
 

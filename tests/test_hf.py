@@ -333,7 +333,7 @@ def test_autotokenizer_ids_equal_ours_on_numbers_contractions_and_odd_whitespace
     for text in (
         hard_text(2),
         hard_text(3),
-        bpe.PROBE_TEXT,
+        tokenizer_files.PROBE_TEXT,
         "in 2000 and 1234567, 12345678901 or ١٢٣٤٥٦٧",
     ):
         assert [p for p, _ in hf_split(tokenizer).pre_tokenize_str(text)] == bpe.pretokenize(
@@ -362,7 +362,7 @@ def test_exported_regex_cuts_every_known_character_like_ours(pattern):
     [
         (
             r"\w+$|\w|\W",
-            "cuts bpe.PROBE_TEXT otherwise",
+            "cuts tokenizer_files.PROBE_TEXT otherwise",
         ),  # Ruby's $ also matches before every newline
         (r"\p{L}+|(?s:.)", "rejects"),  # (?s) is Ruby's (?m): Oniguruma has no s flag
     ],
