@@ -332,7 +332,8 @@ def broadcast_module(module: nn.Module, comm: Comm, src: int = 0, comm_of=None) 
     expert slice is shared by the ranks holding those experts only)."""
     with torch.no_grad():
         for t in list(module.parameters()) + list(module.buffers()):
-            (comm_of(t) if comm_of else comm).broadcast(t.data, src)
+            group = comm_of(t) if comm_of else comm
+            group.broadcast(t.data, src)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import torch.nn as nn
 
 from model_parallel import (
     ContextParallel,
-    ExpertDataParallel,
     ExpertParallel,
     PipelineParallel,
     TensorParallel,
@@ -251,6 +250,29 @@ def _canonical(name: str, p: torch.Tensor) -> str:
     """The single-process name of a parameter: the last stage's copy of a tied embedding is
     tok_emb.weight."""
     return "tok_emb.weight" if getattr(p, "pp_tied_copy", False) else name
+
+
+class ExpertDataParallel:
+    """Data parallel under expert parallel (model_parallel.py section 4): dense parameters averaged
+    over dp, expert slices over their expert-dp group."""
+
+    def __init__(self, model: nn.Module, dp: Comm, edp: Comm):
+        split: dict[bool, list] = {False: [], True: []}
+        for p in model.parameters():
+            split[getattr(p, "tp_sharded", False)].append(p)
+        self.parts = [
+            DataParallel(nn.ParameterList(split[False]), dp),
+            DataParallel(nn.ParameterList(split[True]), edp),
+        ]
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        with self.parts[0].no_sync(), self.parts[1].no_sync():
+            yield
+
+    def finish_gradient_sync(self) -> None:
+        for part in self.parts:
+            part.finish_gradient_sync()
 
 
 class DistributedModel(Layout):
