@@ -1,27 +1,17 @@
-"""model_parallel.py: one model cut into pieces, by hand over torch.distributed: tensor, pipeline,
-expert and context parallel (machinery/parallelize.py combines them with parallel.py's data
-parallel and ZeRO for train.py).
+"""model_parallel.py: one model cut into pieces, by hand over torch.distributed. parallel.py
+teaches why a 7e9-parameter model (112 GB of training state) needs several GPUs and owns the knives
+that copy the model (DP, ZeRO); this file owns the knives that cut it, for any GPT shaped as the
+model chapter's: tensor parallel (TP) splits the matrices inside a layer (one all-reduce per MLP
+and per attention, forward and backward: it stays inside one machine), pipeline parallel (PP) puts
+different layers on different ranks (idle share (p - 1) / (m + p - 1)), expert parallel the MoE's
+experts (tokens sent to them by all-to-all), context parallel one sequence (ring attention).
 
-Serves the chapter parallel.py (its second half: the lecture's knives 3 and 4) and train.py
-(its tp, pp, ep and cp layouts). parallel.py teaches why a 7e9-parameter model (112 GB
-of training state) needs several GPUs and owns the knives that copy the model (DP, ZeRO) with the
-mesh they run on; this file owns the knives that cut it: the split layers and the
-vocabulary-parallel loss, the pipeline schedules and their executor, the experts' all-to-all, the
-ring of K/V blocks. It takes any GPT shaped as the one of the model chapter.
-
-Depends on: torch, the standard library and parallel.py (Comm and Mesh to communicate,
-DataParallel and Zero over the dp axis, the clipping and accounting they share).
-
-The lecture's knives 3 and 4: tensor parallel (TP) splits the matrices inside a layer (one
-all-reduce per MLP and per attention, forward and backward: it stays inside one machine), and
-pipeline parallel (PP) puts different layers on different ranks (idle share (p - 1) / (m + p - 1)).
-Then expert parallel (the MoE's experts on different ranks, tokens sent to them by all-to-all) and
-context parallel (one sequence over several ranks, ring attention).
+Depends on: torch, the standard library and parallel.py (Comm and Mesh to communicate, Layout).
 
 The order of this file: tensor parallel, pipeline schedules as plain lists of actions (testable
-without processes), their executor, expert parallel, context parallel. Every mode is tested
-equal to a single-process run (tests/test_parallel.py, tests/test_ep_cp.py). The demos, in
-machinery/parallel_demo.py, run from parallel.py's command line, which this file shares:
+without processes), their executor, expert parallel, context parallel. Every mode is tested equal
+to a single-process run (tests/test_parallel.py, tests/test_ep_cp.py). Its demos run from
+parallel.py's command line:
     python parallel.py demo                                 # every layout on 2 CPU processes vs one
     python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
 """
@@ -39,13 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from parallel import (
-    Comm,
-    DataParallel,
-    Layout,
-    Mesh,
-    ParallelError,
-)
+from parallel import Comm, Layout, Mesh, ParallelError
 
 
 # --------------------------------------------------------------------------------------------------
@@ -67,17 +51,14 @@ from parallel import (
 #                       the grads add up)
 #   g = reduce_from_tp: forward all-reduce,   backward identity
 # f sits before attention and before the MLP, g after wo and after w2. Their bytes are counted
-# outside autograd and outside torch.compile's graph: a Function's traced backward allows no Python
-# side effect (dynamo: "lift_tracked_freevar_to_input"), and a counter updated inside a compiled
-# block is a value dynamo guards on, so every call would recompile until the recompile limit sends
-# the block back to eager. A block's four all-reduces are counted from its input's shape by a hook
-# in the block's __call__ (`_count_block_traffic`), which runs before the compiled forward. The
-# embedding splits the vocabulary: rank r holds rows [r V/t, (r+1) V/t) (V padded up to a multiple
-# of t), looks up the ids it owns, zeros the rest and all-reduces. The LM head shares those rows and
-# produces logits for its slice of the vocabulary; the cross-entropy is computed without ever
-# gathering the (B, T, V) logits: all-reduce the row maxima, the sums of exponentials and the
-# target's logit - three tensors of (B*T,) floats instead of (B*T, V). Every rank slices the same
-# full, seeded weights, so the model computes the same function for any t.
+# outside autograd and torch.compile's graph (a counter updated inside a compiled block is a value
+# dynamo guards on: a recompile per call), from the input's shape by a hook in the block's __call__
+# (`_count_block_traffic`). The embedding splits the vocabulary: rank r holds rows
+# [r V/t, (r+1) V/t) (V padded up to a multiple of t), looks up the ids it owns, zeros the rest and
+# all-reduces. The LM head shares those rows and produces logits for its slice of the vocabulary;
+# the cross-entropy is computed without ever gathering the (B, T, V) logits: all-reduce the row
+# maxima, the sums of exponentials and the target's logit - three tensors of (B*T,) floats instead
+# of (B*T, V). Every rank slices the same full, seeded weights: the same function for any t.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -107,8 +88,7 @@ class _ReduceFromTP(torch.autograd.Function):
 
 
 def copy_to_tp(x: torch.Tensor, comm: Comm, count: bool = True) -> torch.Tensor:
-    """f: identity forward, all-reduce of the gradient backward. count=False inside a block (its
-    hook counts)."""
+    """f: identity forward, all-reduce of the gradient backward (count=False: a hook counts)."""
     if comm.size == 1:
         return x
     if count:
@@ -141,13 +121,6 @@ def _count_block_traffic(comm: Comm):
     return hook
 
 
-def _tag(p: nn.Parameter, dim: int, full_size: int) -> nn.Parameter:
-    """Mark a parameter as this rank's slice along `dim` of a tensor whose full (unpadded) size
-    there is full_size."""
-    p.tp_sharded, p.tp_dim, p.tp_full_size = True, dim, full_size
-    return p
-
-
 def shard_slice(
     full: torch.Tensor, dim: int, comm: Comm, padded: int | None = None
 ) -> torch.Tensor:
@@ -160,6 +133,16 @@ def shard_slice(
         pad_shape[dim] = padded - full.shape[dim]
         full = torch.cat([full, full.new_zeros(pad_shape)], dim=dim)
     return full.chunk(comm.size, dim=dim)[comm.rank].clone()
+
+
+def _shard_param(
+    full: torch.Tensor, dim: int, comm: Comm, padded: int | None = None
+) -> nn.Parameter:
+    """This rank's slice of `full` as a Parameter, marked with the dim and the full (unpadded) size
+    there: the gradient norm adds such slices up over tp, a checkpoint gathers them."""
+    p = nn.Parameter(shard_slice(full, dim, comm, padded))
+    p.tp_sharded, p.tp_dim, p.tp_full_size = True, dim, full.shape[dim]
+    return p
 
 
 class ColumnParallelLinear(nn.Module):
@@ -176,14 +159,10 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.comm, self.copy_input = comm, copy_input
         if weight is None:  # given: the LM head shares the vocabulary-parallel embedding's rows
-            weight = _tag(
-                nn.Parameter(shard_slice(full.weight.data, 0, comm)), 0, full.out_features
-            )
+            weight = _shard_param(full.weight.data, 0, comm)
         self.weight, self.bias = weight, None
         if full.bias is not None:
-            self.bias = _tag(
-                nn.Parameter(shard_slice(full.bias.data, 0, comm)), 0, full.out_features
-            )
+            self.bias = _shard_param(full.bias.data, 0, comm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.copy_input:
@@ -192,15 +171,12 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """Columns [r in/t, (r+1) in/t) of a Linear's weight: (..., in/t) -> (..., out), one all-reduce
-    (g)."""
+    """Columns [r in/t, (r+1) in/t) of a Linear's weight: (..., in/t) -> (..., out), then g."""
 
     def __init__(self, full: nn.Linear, comm: Comm):
         super().__init__()
         self.comm, self.count = comm, False  # inside a block, whose hook counts
-        self.weight = _tag(
-            nn.Parameter(shard_slice(full.weight.data, 1, comm)), 1, full.in_features
-        )
+        self.weight = _shard_param(full.weight.data, 1, comm)
         # added once, after g
         self.bias = None if full.bias is None else nn.Parameter(full.bias.data.clone())
 
@@ -210,8 +186,7 @@ class RowParallelLinear(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Rows [r V'/t, (r+1) V'/t) of the embedding (V' = V padded to a multiple of t): ids (B, T) ->
-    (B, T, C)."""
+    """Embedding rows [r V'/t, (r+1) V'/t), V' = V padded to divide by t: (B, T) -> (B, T, C)."""
 
     def __init__(self, full: nn.Embedding, comm: Comm):
         super().__init__()
@@ -220,9 +195,7 @@ class VocabParallelEmbedding(nn.Module):
         self.padded = -(-self.vocab_size // comm.size) * comm.size
         self.per_rank = self.padded // comm.size
         self.start = comm.rank * self.per_rank
-        self.weight = _tag(
-            nn.Parameter(shard_slice(full.weight.data, 0, comm, self.padded)), 0, self.vocab_size
-        )
+        self.weight = _shard_param(full.weight.data, 0, comm, self.padded)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         local = idx - self.start
@@ -276,8 +249,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 def vocab_parallel_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, comm: Comm, start: int, vocab_size: int
 ) -> torch.Tensor:
-    """Mean cross-entropy over (N,) targets from each rank's (N, V/t) slice of the logits
-    (ignore_index -1)."""
+    """Mean cross-entropy of (N,) targets (-1: ignored) from each rank's (N, V/t) logits."""
     comm.count_all_reduce(3 * logits.shape[0], 4)  # fp32 row maxima, exp sums, target logits
     return _VocabParallelCrossEntropy.apply(logits, targets, comm, start, vocab_size)
 
@@ -287,8 +259,7 @@ def _copy_input_hook(comm: Comm):
 
 
 def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
-    """Split a model.py GPT across the ranks of `comm` in place (heads, MLP hidden units,
-    vocabulary)."""
+    """Split a model.py GPT over `comm`'s ranks in place (heads, MLP hidden units, vocabulary)."""
     t, cfg = comm.size, model.config
     if getattr(cfg, "n_expert", 0):
         raise ParallelError(
@@ -328,7 +299,7 @@ def apply_tensor_parallel(model: nn.Module, comm: Comm) -> nn.Module:
         padded_head, comm, copy_input=True, weight=model.tok_emb.weight if tied else None
     )
     if not tied:
-        _tag(head.weight, 0, cfg.vocab_size)
+        head.weight.tp_full_size = cfg.vocab_size  # the padded rows are not the model's
     model.lm_head = head
     return model
 
@@ -346,8 +317,7 @@ def lm_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor) -> to
 
 
 class TensorParallel(nn.Module):
-    """A GPT split by `apply_tensor_parallel`; forward(idx, targets) -> (this rank's logits slice,
-    loss)."""
+    """A GPT split by `apply_tensor_parallel`: forward(idx, targets) -> (logits slice, loss)."""
 
     def __init__(self, model: nn.Module, comm: Comm):
         super().__init__()
@@ -399,22 +369,19 @@ class Action(NamedTuple):
 COMM_OPS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 
 
-def _forward_actions(stage: int, p: int, mb: int) -> list[Action]:
-    first, last = stage == 0, stage == p - 1
-    return (
-        ([] if first else [Action("RECV_F", mb)])
-        + [Action("F", mb)]
-        + ([] if last else [Action("SEND_F", mb)])
-    )
-
-
-def _backward_actions(stage: int, p: int, mb: int) -> list[Action]:
-    first, last = stage == 0, stage == p - 1
-    return (
-        ([] if last else [Action("RECV_B", mb)])
-        + [Action("B", mb)]
-        + ([] if first else [Action("SEND_B", mb)])
-    )
+def _actions(op: str, stage: int, p: int, mb: int) -> list[Action]:
+    """F or B of micro-batch mb with its messages: a forward receives from the stage before and
+    sends to the one after, a backward the other way round; the ends of the pipe have no
+    neighbour there."""
+    upstream, downstream = stage - 1, stage + 1  # where a forward's input comes from, goes to
+    if op == "B":
+        upstream, downstream = downstream, upstream
+    actions = [Action(op, mb)]
+    if 0 <= upstream < p:
+        actions.insert(0, Action("RECV_" + op, mb))
+    if 0 <= downstream < p:
+        actions.append(Action("SEND_" + op, mb))
+    return actions
 
 
 def afab_schedule(p: int, m: int) -> list[list[Action]]:
@@ -424,8 +391,8 @@ def afab_schedule(p: int, m: int) -> list[list[Action]]:
      [RECV_F0, F0, RECV_F1, F1, B0, SEND_B0, B1, SEND_B1]]
     """
     return [
-        [a for i in range(m) for a in _forward_actions(s, p, i)]
-        + [a for i in range(m) for a in _backward_actions(s, p, i)]
+        [a for i in range(m) for a in _actions("F", s, p, i)]
+        + [a for i in range(m) for a in _actions("B", s, p, i)]
         for s in range(p)
     ]
 
@@ -439,10 +406,10 @@ def one_f_one_b_schedule(p: int, m: int) -> list[list[Action]]:
     schedule = []
     for s in range(p):
         warmup = min(p - s - 1, m)
-        actions = [a for i in range(warmup) for a in _forward_actions(s, p, i)]
+        actions = [a for i in range(warmup) for a in _actions("F", s, p, i)]
         for k in range(m - warmup):
-            actions += _forward_actions(s, p, warmup + k) + _backward_actions(s, p, k)
-        actions += [a for i in range(m - warmup, m) for a in _backward_actions(s, p, i)]
+            actions += _actions("F", s, p, warmup + k) + _actions("B", s, p, k)
+        actions += [a for i in range(m - warmup, m) for a in _actions("B", s, p, i)]
         schedule.append(actions)
     return schedule
 
@@ -451,8 +418,7 @@ SCHEDULES = {"afab": afab_schedule, "1f1b": one_f_one_b_schedule}
 
 
 def _batches(actions: list[Action]) -> list[list[Action]]:
-    """Split a stage's actions into steps: one compute action, or a run of consecutive messages
-    posted together."""
+    """A stage's actions as steps: one compute, or a run of consecutive messages posted together."""
     steps: list[list[Action]] = []
     for a in actions:
         if a.op in COMM_OPS and steps and steps[-1][0].op in COMM_OPS:
@@ -463,8 +429,7 @@ def _batches(actions: list[Action]) -> list[list[Action]]:
 
 
 def _channel(stage: int, a: Action) -> tuple[str, int, int, str]:
-    """(direction, from stage, to stage, side) of a message: SEND_F on s goes s -> s+1, RECV_B on s
-    comes s+1 -> s."""
+    """(direction, from, to, side) of a message: SEND_F on s goes s -> s+1, RECV_B s+1 -> s."""
     return {
         "SEND_F": ("F", stage, stage + 1, "send"),
         "RECV_F": ("F", stage - 1, stage, "recv"),
@@ -475,8 +440,7 @@ def _channel(stage: int, a: Action) -> tuple[str, int, int, str]:
 
 class _Replay:
     """The state of `simulate`, per stage: its clock, the micro-batches it has computed and
-    received, and the messages posted on each channel side (the k-th send meets the k-th
-    receive)."""
+    received, the messages posted on each channel side (the k-th send meets the k-th receive)."""
 
     def __init__(self, p: int, t_f: float, t_b: float):
         self.p, self.duration = p, {"F": t_f, "B": t_b}
@@ -535,12 +499,10 @@ class _Replay:
 
 
 def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -> dict:
-    """Replay a schedule as the executor runs it: a compute takes t_f / t_b, a batch of messages
-    completes when the partner of every message in it has been posted (the k-th send on a channel
-    meets its k-th receive). Raises ParallelError on a deadlock, a send meeting the receive of
-    another micro-batch, or a compute whose input has not arrived. Returns the makespan, each
-    stage's bubble (idle share), peak in-flight micro-batches and timeline (what `python parallel.py
-    schedule` draws).
+    """Replay a schedule as the executor runs it (a compute takes t_f / t_b; a batch of messages
+    completes once every message's partner is posted); ParallelError on a deadlock, a mismatched
+    message or a compute before its input. Returns the makespan and, per stage, the bubble (idle
+    share), peak in-flight micro-batches and timeline (what `python parallel.py schedule` draws).
     >>> round(simulate(one_f_one_b_schedule(4, 16))["bubble"], 3), round(3 / 19, 3)
     (0.158, 0.158)
     """
@@ -566,9 +528,8 @@ def simulate(schedule: list[list[Action]], t_f: float = 1.0, t_b: float = 2.0) -
             raise ParallelError(f"deadlock: stages wait at {waiting}")
     for s in range(p):
         forwards, backwards = replay.done["F"][s], replay.done["B"][s]
-        if forwards != backwards or len(forwards) != len(
-            {a.mb for a in schedule[s] if a.op == "F"}
-        ):
+        expected = {a.mb for a in schedule[s] if a.op == "F"}
+        if forwards != backwards or len(forwards) != len(expected):
             raise ParallelError(f"stage {s} does not run every forward and backward exactly once")
     makespan = max(replay.clock)
     bubbles = [1 - b / makespan for b in replay.busy]
@@ -635,6 +596,7 @@ class PipelineParallel:
         self.lo, self.hi = layer_ranges(len(model.blocks), p)[s]
         self.first, self.last = s == 0, s == p - 1
         self.tied = model.lm_head.weight is model.tok_emb.weight
+        self.tied_copy = None  # this stage's copy of a tied embedding: its gradient is shared
         for i in range(len(model.blocks)):
             if not self.lo <= i < self.hi:
                 model.blocks[i] = nn.Identity()
@@ -646,26 +608,17 @@ class PipelineParallel:
                     {k: v for k, v in shared.__dict__.items() if k.startswith("tp_")}
                 )
                 copy.pp_tied_copy = True  # counted once in the gradient norm
-                model.lm_head.weight = copy
+                model.lm_head.weight = self.tied_copy = copy
+            if self.tied and self.first:
+                self.tied_copy = model.tok_emb.weight
             if not self.first:
                 model.tok_emb = None
             if not self.last:
                 model.norm, model.lm_head = None, None
         self.stats: dict[str, float] = {}
 
-    def tied_weight(self) -> nn.Parameter | None:
-        """This stage's copy of the tied embedding matrix (first or last stage), else None."""
-        if not self.tied or self.comm.size == 1:
-            return None
-        if self.first:
-            return self.model.tok_emb.weight
-        if self.last:
-            return self.model.lm_head.weight
-        return None
-
     def stage_forward(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
-        """ids (b, T) or activations (b, T, C) -> activations (b, T, C), or on the last stage the
-        loss."""
+        """ids (b, T) or activations (b, T, C) -> activations, or on the last stage the loss."""
         if self.first:
             x = self.model.embed(x)
         for i in range(self.lo, self.hi):
@@ -689,37 +642,34 @@ class PipelineParallel:
         dtype, device = next(self.model.parameters()).dtype, idx.device
         empty = functools.partial(torch.empty, shape, dtype=dtype, device=device)
         actions = SCHEDULES[self.schedule](p, m)[self.comm.rank]
-        last_backward = max(i for i, a in enumerate(actions) if a.op == "B")
         inputs, outputs, grads, losses = {}, {}, {}, []
-        compute_s, start, position = 0.0, time.perf_counter(), 0
+        compute_s, start, backwards = 0.0, time.perf_counter(), 0
         for step in _batches(actions):
             a = step[0]
-            if a.op in ("F", "B"):
-                t0 = time.perf_counter()
-                if a.op == "F":
-                    x = ids[a.mb] if self.first else inputs[a.mb]
-                    out = self.stage_forward(x, tgts[a.mb] if self.last else None)
-                    if self.last:
-                        losses.append(out.detach())
-                        out = out / m
-                    outputs[a.mb] = out
-                else:
-                    sync_now = grad_sync is None or position == last_backward
-                    with contextlib.nullcontext() if sync_now else grad_sync.no_sync():
-                        if self.last:
-                            outputs.pop(a.mb).backward()
-                        else:
-                            torch.autograd.backward(outputs.pop(a.mb), grads.pop(a.mb))
-                compute_s += time.perf_counter() - t0
-                position += 1
+            if a.op in COMM_OPS:
+                self._exchange(step, inputs, outputs, grads, empty)
                 continue
-            self._exchange(step, inputs, outputs, grads, empty)
-            position += len(step)
+            t0 = time.perf_counter()
+            if a.op == "F":
+                x = ids[a.mb] if self.first else inputs[a.mb]
+                out = self.stage_forward(x, tgts[a.mb] if self.last else None)
+                if self.last:
+                    losses.append(out.detach())
+                    out = out / m
+                outputs[a.mb] = out
+            else:
+                backwards += 1  # only the stage's last backward communicates
+                sync_now = grad_sync is None or backwards == m
+                with contextlib.nullcontext() if sync_now else grad_sync.no_sync():
+                    if self.last:
+                        outputs.pop(a.mb).backward()
+                    else:
+                        torch.autograd.backward(outputs.pop(a.mb), grads.pop(a.mb))
+            compute_s += time.perf_counter() - t0
         if grad_sync is not None:
             grad_sync.finish_gradient_sync()
-        tied = self.tied_weight()
-        if tied is not None and tied.grad is not None:
-            self.embed_comm.all_reduce(tied.grad)
+        if self.tied_copy is not None and self.tied_copy.grad is not None:
+            self.embed_comm.all_reduce(self.tied_copy.grad)
         wall = time.perf_counter() - start
         self.stats = {"compute_s": compute_s, "wall_s": wall, "bubble": 1 - compute_s / wall}
         loss = torch.stack(losses).mean() if self.last else torch.zeros((), device=device)
@@ -757,10 +707,8 @@ class PipelineParallel:
 #
 # E experts over n ranks: rank j keeps experts [j E/n, (j+1) E/n) of every MoE layer; attention,
 # norms, the router and the embedding stay replicated. Each rank routes its own tokens as model.py
-# does, into the static (E, cap, C) buffer of slots (capacity is what makes it static: every rank
-# sends every other rank exactly E/n x cap slots, padded with zeros where fewer tokens chose that
-# expert, so the message sizes are known before routing and no rank has to tell the others how much
-# is coming). Then:
+# does, into the static (E, cap, C) buffer of slots (capacity makes it static: every rank sends
+# every other exactly E/n x cap slots, zero-padded, so no rank has to announce how much is coming):
 #   dispatch: all-to-all of that buffer: row j (the slots for rank j's experts) goes to rank j;
 #   rank j runs its E/n experts on (E/n, n cap, C), its experts' slots from every rank, one matmul;
 #   combine:  the inverse permutation back to (n, E/n, cap, C) rows, and the same all-to-all returns
@@ -771,15 +719,11 @@ class PipelineParallel:
 # The expert group sits inside the data-parallel group (DeepSpeed-MoE, Megatron): n consecutive dp
 # ranks share their experts, each reading its own batch. Dense gradients average over dp as usual;
 # an expert's gradient on its owner already sums the losses of its n ranks, so it is divided by n
-# and averaged over the dp/n ranks that hold the same experts (the expert-data-parallel group). The
-# balance loss uses f_e and P_e of the global batch (averaged over dp), as one process would see
-# them. Capacity is per rank (cap = factor x N_rank x k / E): with factor 0 nothing is dropped and
-# the step equals one process's; with drops, which tokens lose a slot depends on the tokens each
-# rank holds, so it differs from one process (which ranks the whole batch at once).
-# ZeRO-1/2 under EP (`Zero`'s shard_comm, section 6): the dense parameters' AdamW state (stage 2:
-# and gradients) shards over all dp ranks as without EP; an expert slice lives on the dp/n ranks of
-# its expert-dp group only, so its state shards over those (DeepSpeed-MoE's choice; worked numbers
-# in docs/parallel.md). The gradient norm adds every shard's squares once over dp (the world).
+# and averaged over the dp/n ranks that hold the same experts (the expert-data-parallel group:
+# machinery/parallelize.py's ExpertDataParallel, and ZeRO's shard_comm for their state). The balance
+# loss uses f_e and P_e of the global batch (averaged over dp), as one process would see them.
+# Capacity is per rank (cap = factor x N_rank x k / E): with factor 0 nothing is dropped and the
+# step equals one process's; with drops it differs (docs/parallel.md has both and worked numbers).
 # --------------------------------------------------------------------------------------------------
 
 
@@ -857,33 +801,11 @@ class ExpertParallel(Layout):
         for block in model.blocks:
             moe = block.ffn
             for name in ("w1", "w2", "w3"):
-                p = _tag(nn.Parameter(shard_slice(getattr(moe, name).data, 0, self.ep)), 0, E)
+                p = _shard_param(getattr(moe, name).data, 0, self.ep)
                 p.register_hook(lambda g: g / n)  # the owner summed the losses of n ranks
                 setattr(moe, name, p)
             moe.experts = lambda x, moe=moe: dispatch_experts_combine(moe, x, self.ep)
             moe.balance_stats = lambda f, p: global_balance_stats(f, p, dp)
-
-
-class ExpertDataParallel:
-    """Data parallel under EP: dense parameters averaged over dp, expert slices over expert-dp."""
-
-    def __init__(self, model: nn.Module, dp: Comm, edp: Comm):
-        split: dict[bool, list] = {False: [], True: []}
-        for p in model.parameters():
-            split[getattr(p, "tp_sharded", False)].append(p)
-        self.parts = [
-            DataParallel(nn.ParameterList(split[False]), dp),
-            DataParallel(nn.ParameterList(split[True]), edp),
-        ]
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        with self.parts[0].no_sync(), self.parts[1].no_sync():
-            yield
-
-    def finish_gradient_sync(self) -> None:
-        for part in self.parts:
-            part.finish_gradient_sync()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -900,17 +822,14 @@ class ExpertDataParallel:
 # K/V blocks round again with the dK/dV their visitors have added (n passes bring them home). The
 # load-balanced split: cut the sequence into 2n chunks, rank r holds chunks r and 2n-1-r (one early,
 # one late), so every rank has the same number of visible (query, key) pairs; contiguous blocks
-# would leave rank 0 with almost nothing to attend to and rank n-1 with n times as much. T = 8,
-# n = 2: rank 0 holds positions 0 1 6 7, rank 1 holds 2 3 4 5. A block pair is then fully visible,
+# would leave rank 0 with almost nothing to attend to and rank n-1 with n times as much
+# (`cp_positions`). A block pair is then fully visible,
 # fully masked (skipped: no compute) or this rank's own diagonal chunk (run causally), so each rank
 # computes its share of the causal pairs, not all n^2 blocks (`ring_pieces`). RoPE rotates each
 # token by its absolute position, so it needs no change. Traffic per rank, layer and step: a block
 # is 2 B h_kv (T/n) d values; n-1 K/V passes forward, n-1 in backward and n dK/dV passes in fp32:
 # 2 B h_kv (T/n) d (2 (n-1) bytes-per-float + 4 n) (`ring_bytes`). The compute one pass has to hide
-# behind grows as (T/n)^2, the bytes as T/n: the longer the blocks, the cheaper the ring. The loss
-# is summed over this rank's tokens and divided by the whole sequence's count; the gradients of the
-# replicated weights add up over cp, so data parallel averages over dp x cp (Megatron's dp-cp
-# group) with the local loss multiplied by n.
+# behind grows as (T/n)^2, the bytes as T/n: the longer the blocks, the cheaper the ring.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -929,9 +848,7 @@ def cp_positions(seq_len: int, n: int, rank: int, device=None) -> torch.Tensor:
 def ring_bytes(
     batch: int, seq_len: int, n_kv_head: int, head_dim: int, n: int, nbytes: int = 4
 ) -> float:
-    """Bytes one rank sends per attention layer and training step in the K/V ring of n ranks: K and
-    V forward (n-1 passes) and again in backward (n-1), dK and dV in fp32 (n passes, the last one
-    home). One pass of a block is 2 B h_kv (T/n) d floats.
+    """Bytes one rank sends per attention layer and training step in the K/V ring of n ranks.
     >>> ring_bytes(1, 131072, 8, 128, 8) / 2**20    # a 128k-token sequence on 8 ranks, fp32
     2816.0
     """
@@ -992,16 +909,11 @@ def _scores(q, k, rows: slice, cols: slice, causal: bool, scale: float) -> torch
 
 
 class _RingAttention(torch.autograd.Function):
-    """Causal attention of this rank's queries over the ring's K/V blocks, the FlashAttention way.
-
-    q (B, h_kv, g, 2L, d), k and v (B, h_kv, 1, 2L, d) (GQA's group g broadcast, no copy), in the
-    local order of `cp_positions`. Forward keeps a running max m, sum l and unnormalised output
-    (fp32) per query, updated block by block (online softmax); saved for backward: q, k, v, the
-    output and one log-sum-exp per query, O(T/n). Backward recomputes each block's probabilities
-    from the log-sum-exp and sends the K/V blocks round again, each followed by the dK/dV its
-    visitors have added so far; after n passes a block's gradient is home. Every transfer is
-    started before the block's compute and waited after it. `work` (a dict or None) counts the
-    score elements computed, per batch row and head."""
+    """Causal attention of this rank's queries over the ring's K/V blocks, the FlashAttention way
+    (section 5): q (B, h_kv, g, 2L, d), k and v (B, h_kv, 1, 2L, d) (GQA's group g broadcast, no
+    copy), in the local order of `cp_positions`; saved for backward: q, k, v, the output and one
+    log-sum-exp per query, O(T/n). `work` (a dict or None) counts the score elements computed, per
+    batch row and head."""
 
     @staticmethod
     def forward(ctx, q, k, v, comm, work):
@@ -1119,6 +1031,8 @@ class ContextParallel(nn.Module):
         logits = m.head(x)  # (B, T/n, V)
         if targets is None:
             return logits, None
+        # this rank's summed loss over the whole sequence's token count (the gradients of the
+        # replicated weights add up over cp: data parallel averages over Megatron's dp x cp group)
         mine = targets[:, positions].reshape(-1)
         local = F.cross_entropy(
             logits.float().flatten(0, 1), mine, ignore_index=-1, reduction="sum"

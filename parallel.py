@@ -1,10 +1,8 @@
 """Training one model on many processes, by hand over torch.distributed: data parallel and
 ZeRO-1/2/3, on a dp x tp x pp mesh of process groups, each proved equal to a single-process run.
-
 Collectives run on gloo (CPU, where every figure below was measured) or nccl (CUDA, one GPU per
 rank). The other half of the lecture, one model cut into pieces (tensor, pipeline, expert and
-context parallel), is model_parallel.py, built on this file's Comm, Mesh, DataParallel and Zero;
-machinery/parallelize.py wires both for train.py, machinery/launch.py starts the processes.
+context parallel), is model_parallel.py, built on this file's Comm, Mesh, DataParallel and Zero.
 
 Depends on torch and the standard library only (no sibling files).
 
@@ -24,12 +22,9 @@ the two of this file copy the whole model to every rank:
    Stages 1 and 2 communicate what DP does; stage 3 gathers the weights once for forward and again
    for backward, about 1.5x DP. ZeRO saves memory; it does not make a step faster.
 
-The ranks form a grid world = dp x tp x pp with tp innermost (neighbouring ranks share the fast
-links) and pp outermost. The order of this file: communication helpers (with byte counters), the
-mesh, data parallel, ZeRO, gradient clipping across the mesh, the accounting of memory and traffic
-against the formulas above. Every mode is tested equal to a single-process run
-(tests/test_parallel.py). The essay in full, and the measured figures: docs/parallel.md,
-docs/parallel-figures.md. Demos:
+The order of this file: communication (with byte counters), the mesh, data parallel, ZeRO,
+gradient clipping across the mesh, the accounting of memory and traffic against the formulas
+above. The essay in full and the measured figures: docs/parallel.md, docs/parallel-figures.md.
     python parallel.py demo              # each layout on 2 CPU processes vs one: weights, bytes
     python parallel.py schedule --p 4 --m 16 [--measure]    # a pipeline schedule drawn, its bubble
     python parallel.py memory --params 7e9 --world 8        # 112 / 38.5 / 26.25 / 14 GB per GPU
@@ -43,7 +38,7 @@ import dataclasses
 import datetime
 import itertools
 import os
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -170,11 +165,7 @@ class Comm:
         self, sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]]
     ):
         """Post all sends and receives (tensor, global peer rank) as one batch and wait for all of
-        them.
-
-        Posting a send and a receive together is what keeps two neighbours that both send first from
-        waiting on each other forever.
-        """
+        them: posted together, two neighbours that both send first do not wait on each other."""
         for work in self.start_send_recv(sends, recvs):
             work.wait()
 
@@ -335,31 +326,14 @@ class Mesh:
             c.reset_counters()
 
 
-def check_combination(zero_stage: int, tp: int, pp: int) -> None:
-    """Refuse the layouts this file does not support, with the reason.
-    >>> check_combination(1, 2, 2)
-    """
-    if zero_stage not in (0, 1, 2, 3):
-        raise ParallelError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero_stage}")
-    if zero_stage >= 2 and pp > 1:
-        raise ParallelError(
-            f"ZeRO-{zero_stage} with pp {pp}: ZeRO-2/3 reduce gradients as backward produces "
-            f"them, but a pipeline accumulates them over micro-batches; use ZeRO-1 with pp"
-        )
-    if zero_stage == 3 and tp > 1:
-        raise ParallelError(
-            f"ZeRO-3 with tp {tp}: ZeRO-3 gathers weights in the module's forward hooks, which "
-            f"the tensor-parallel forward bypasses; use ZeRO-1 or 2 with tp"
-        )
-
-
 def broadcast_module(module: nn.Module, comm: Comm, src: int = 0, comm_of=None) -> None:
     """Make every rank's parameters and buffers equal to group rank `src`'s (the start of DP and
     ZeRO). comm_of(t), when given, is the group that shares tensor t (under expert parallel an
     expert slice is shared by the ranks holding those experts only)."""
     with torch.no_grad():
         for t in list(module.parameters()) + list(module.buffers()):
-            (comm_of(t) if comm_of else comm).broadcast(t.data, src)
+            group = comm_of(t) if comm_of else comm
+            group.broadcast(t.data, src)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -403,10 +377,8 @@ class _Bucket:
 
     def __init__(self, params: list[nn.Parameter]):
         self.params = params
-        self.offsets = [0]
-        for p in params:
-            self.offsets.append(self.offsets[-1] + p.numel())
-        self.buffer = torch.zeros(self.offsets[-1], dtype=params[0].dtype, device=params[0].device)
+        self.offsets, numel, _ = shard_layout([p.numel() for p in params], world=1)
+        self.buffer = torch.zeros(numel, dtype=params[0].dtype, device=params[0].device)
         self.arrived: set[int] = set()
         self.work = None
 
@@ -436,8 +408,7 @@ class Layout(nn.Module):
         return self.module(*args, **kwargs)
 
     def no_sync(self):
-        """Inside this block, backward accumulates gradients locally (all micro-batches but the
-        last)."""
+        """Backward accumulates gradients locally in this block (micro-batches but the last)."""
         return contextlib.nullcontext()
 
     def finish_gradient_sync(self) -> None:
@@ -445,22 +416,19 @@ class Layout(nn.Module):
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip to the global norm of the full model (max_norm 0: only measure); return the norm
-        before, a 0-dim tensor where the gradients are (read on the host, it would stop the host
-        until the device caught up: train.py reads it with the loss, once per step)."""
+        before, a 0-dim tensor on the device (train.py reads it with the loss, once per step)."""
         limit = max_norm if max_norm > 0 else float("inf")
         return clip_grad_norm_(self.module.parameters(), limit, self.mesh)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The single-process state dict on the CPU: the checkpoint's "model" (collective when
-        split)."""
+        """The one-process state dict on the CPU, a checkpoint's "model" (collective if split)."""
         return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.module.load_state_dict(state)
 
     def describe(self, micro_batches: int = 1) -> str:
-        """The layout's accounting printed at the start of a run ('' when there is nothing to
-        split)."""
+        """The layout's accounting printed at the start of a run ('' with nothing to split)."""
         return ""
 
     def full_model(self) -> nn.Module:
@@ -468,31 +436,19 @@ class Layout(nn.Module):
         return self.module
 
 
-class DataParallel(Layout):
-    """Wrap a module for data parallel training over `comm` (the mesh's dp axis).
+class _LaunchInOrder:
+    """What DataParallel and Zero share: buckets (with .params and .arrived) whose collective a
+    gradient hook starts once their last gradient has arrived, strictly in order, never inside
+    no_sync(). A subclass says how a bucket starts (`_start`)."""
 
-    Usage per step: loss = dp(x, y)[1]; loss.backward(); dp.finish_gradient_sync(); opt.step() With
-    accumulation: with dp.no_sync(): (micro-batches but the last) backward; then the last backward;
-    finish. `bucket_bytes` trades overlap (small buckets start early) against per-message latency
-    (25 MB in DDP).
-    """
-
-    def __init__(self, module: nn.Module, comm: Comm, bucket_bytes: int = 25 * 2**20):
-        super().__init__(module)
-        self.comm = comm
-        broadcast_module(module, comm)
-        # shared (tied) weights appear once
-        params = [p for p in module.parameters() if p.requires_grad]
-        order = list(reversed(params))
-        layout = bucket_layout([p.numel() * p.element_size() for p in order], bucket_bytes)
-        self.buckets = [_Bucket([order[i] for i in idx]) for idx in layout]
-        self._where: dict[int, tuple[_Bucket, int]] = {}
-        for bucket in self.buckets:
-            for i, p in enumerate(bucket.params):
-                self._where[id(p)] = (bucket, i)
+    def _launch_in_order(self, buckets: list, hooked: bool) -> None:
+        self._buckets, self._next_bucket, self._sync = buckets, 0, True
+        self._where = {id(p): (k, i) for k, b in enumerate(buckets) for i, p in enumerate(b.params)}
+        if not hooked:
+            return
+        for bucket in buckets:
+            for p in bucket.params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
-        self._next_bucket = 0
-        self._sync = True
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -504,31 +460,52 @@ class DataParallel(Layout):
             self._sync = previous
 
     def _grad_ready(self, p: torch.Tensor) -> None:
-        if not self._sync or self.comm.size == 1:
+        if not self._sync:
             return
-        bucket, i = self._where[id(p)]
-        if bucket.work is not None:
+        k, i = self._where[id(p)]
+        if k < self._next_bucket:
             raise RuntimeError(
                 "a gradient arrived for a bucket already sent: call finish_gradient_sync() after "
                 "each backward, or wrap all but the last micro-batch in no_sync()"
             )
-        bucket.slice(i).copy_(p.grad.reshape(-1))
-        bucket.arrived.add(i)
+        self._buckets[k].arrived.add(i)
         self._launch(flush=False)
 
     def _launch(self, flush: bool) -> None:
-        """Start the all-reduce of every bucket that is full (or, when flushing, of every bucket),
-        in order."""
-        while self._next_bucket < len(self.buckets):
-            bucket = self.buckets[self._next_bucket]
+        """Start every bucket whose gradients have all arrived (flush: every bucket), in order."""
+        while self._next_bucket < len(self._buckets):
+            bucket = self._buckets[self._next_bucket]
             if not flush and len(bucket.arrived) < len(bucket.params):
                 return
-            for i, p in enumerate(bucket.params):
-                # unused here: contribute zeros (or the grad accumulated under no_sync)
-                if i not in bucket.arrived:
-                    bucket.slice(i).copy_(p.grad.reshape(-1) if p.grad is not None else 0)
-            bucket.work = self.comm.all_reduce(bucket.buffer, async_op=True)
+            self._start(bucket)
             self._next_bucket += 1
+
+
+class DataParallel(_LaunchInOrder, Layout):
+    """Wrap a module for data parallel training over `comm` (the mesh's dp axis):
+
+        loss = dp(x, y)[1]; loss.backward(); dp.finish_gradient_sync(); opt.step()
+
+    (accumulating: the backwards of all micro-batches but the last inside `with dp.no_sync():`).
+    `bucket_bytes` trades overlap (small buckets start early) against per-message latency (25 MB
+    in DDP)."""
+
+    def __init__(self, module: nn.Module, comm: Comm, bucket_bytes: int = 25 * 2**20):
+        super().__init__(module)
+        self.comm = comm
+        broadcast_module(module, comm)
+        # shared (tied) weights appear once
+        params = [p for p in module.parameters() if p.requires_grad]
+        order = list(reversed(params))
+        layout = bucket_layout([p.numel() * p.element_size() for p in order], bucket_bytes)
+        self.buckets = [_Bucket([order[i] for i in idx]) for idx in layout]
+        self._launch_in_order(self.buckets, hooked=comm.size > 1)  # alone: nothing to average
+
+    def _start(self, bucket: _Bucket) -> None:
+        for i, p in enumerate(bucket.params):
+            # unused here: contribute zeros (or the grad accumulated under no_sync)
+            bucket.slice(i).copy_(p.grad.reshape(-1) if p.grad is not None else 0)
+        bucket.work = self.comm.all_reduce(bucket.buffer, async_op=True)
 
     def finish_gradient_sync(self) -> None:
         """Wait for every bucket, flush partial ones, and set each .grad to the average over the dp
@@ -575,15 +552,12 @@ class DataParallel(Layout):
 # block first, root last) so all ranks agree.
 #
 # Mixed precision (stage 3, FSDP's MixedPrecision): the shards stay fp32 (the master weights the
-# optimizer updates), but a unit is gathered in the compute dtype: `compute_dtype=torch.bfloat16`
-# all-gathers shard.to(bf16), so forward and backward run on bf16 weights and produce bf16
-# gradients, which are reduce-scattered in `reduce_dtype` (fp32 by default: exact sums; bf16 halves
-# that traffic too) and land in the shard's fp32 .grad. Gathers then send 2 bytes per parameter
-# instead of 4: the 124m preset on 8 GPUs (85M block + 39M root parameters) gathers 7/8 x (2 x 85M +
-# 39M) x 2 B = 366 MB per step instead of 732 MB (`zero_bytes_per_step` counts it all). Held per
-# rank: fp32 shard 4/n + fp32 shard gradient 4/n + moments 8/n = 16/n bytes/param, plus one gathered
-# unit at a time in bf16. gloo (CPU) reduces and gathers bf16 as well as nccl, so the CPU tests run
-# this path as the GPU does.
+# optimizer updates), but `compute_dtype=torch.bfloat16` gathers shard.to(bf16), so forward and
+# backward run on bf16 weights; their bf16 gradients are reduce-scattered in `reduce_dtype` (fp32 by
+# default: exact sums) into the shard's fp32 .grad. Gathers send 2 bytes per parameter, not 4: the
+# 124m preset on 8 GPUs (85M block + 39M root parameters) gathers 7/8 x (2 x 85M + 39M) x 2 B = 366
+# MB per step instead of 732 MB. Held per rank: 16/n bytes/param, plus one gathered unit in bf16.
+# gloo (CPU) reduces and gathers bf16 as nccl does, so the CPU tests run the GPU's path.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -598,14 +572,6 @@ def shard_layout(numels: Sequence[int], world: int) -> tuple[list[int], int, int
         offsets.append(offsets[-1] + n)
     padded = -(-offsets[-1] // world) * world
     return offsets, padded, padded // world
-
-
-def _free_storage(t: torch.Tensor) -> None:
-    t.untyped_storage().resize_(0)
-
-
-def _alloc_storage(t: torch.Tensor) -> None:
-    t.untyped_storage().resize_(t.numel() * t.element_size())
 
 
 class _FlatUnit:
@@ -657,12 +623,13 @@ class _FlatUnit:
         parameter views)."""
         if self.gathered:
             return
-        _alloc_storage(self.full)
+        self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
         self.comm.all_gather(self.full, self.shard.detach().to(self.compute_dtype))
         self.gathered = True
 
     def free(self) -> None:
-        _free_storage(self.full)
+        """Release the full weights' memory; the parameters keep viewing the (empty) buffer."""
+        self.full.untyped_storage().resize_(0)
         self.gathered = False
 
     def master_full(self) -> torch.Tensor:
@@ -727,23 +694,19 @@ def _default_units(module: nn.Module) -> list[nn.Module]:
     return [m for child in module.children() if isinstance(child, nn.ModuleList) for m in child]
 
 
-class Zero:
+class Zero(_LaunchInOrder):
     """A ZeRO optimizer: wraps a module (in place) and runs `optimizer_cls` on this rank's shards.
 
         zero = Zero(model, mesh.dp, stage=3, optimizer_cls=torch.optim.AdamW, lr=3e-4)
         loss = model(x, y)[1]; loss.backward(); zero.finish_gradient_sync()
-        zero.clip_grad_norm_(1.0); zero.step()
-        zero.zero_grad()
+        zero.clip_grad_norm_(1.0); zero.step(); zero.zero_grad()
 
-    `param_groups` are torch-style dicts over the module's parameters (e.g. weight decay only on
-    matrices); `units` are the modules whose weights stage 3 gathers and frees one at a time
-    (default: every element of the module's ModuleLists). `param_groups` of the wrapper are the
-    inner optimizer's, so a learning-rate schedule sets `group["lr"]` as usual. Stage 3 only:
-    `compute_dtype` (e.g. torch.bfloat16) is the dtype weights are gathered and computed in,
-    `reduce_dtype` the dtype gradients are reduce-scattered in (default: the master dtype, fp32);
-    the shards and the optimizer stay in the master dtype. `shard_comm(p)`: the group that shares
-    parameter p's shards when not all of `comm` holds p (expert parallel's expert slices:
-    model_parallel.py section 4); default `comm` for every parameter.
+    `param_groups`: torch-style dicts over the module's parameters (the wrapper's `param_groups` are
+    the inner optimizer's, so a schedule sets `group["lr"]` as usual); `units`: the modules stage 3
+    gathers one at a time (default: the elements of the module's ModuleLists). Stage 3 only:
+    `compute_dtype` and `reduce_dtype`, the dtypes weights are gathered in and gradients
+    reduce-scattered in (default: the master dtype). `shard_comm(p)`: the group sharing p's shards
+    when not all of `comm` holds p (expert slices, model_parallel.py section 4); default `comm`.
     """
 
     def __init__(
@@ -772,7 +735,6 @@ class Zero:
         groups = param_groups or [{"params": [p for p in module.parameters() if p.requires_grad]}]
         unit_modules = units if units is not None else _default_units(module)
         self._build_units(groups, unit_modules, compute_dtype, reduce_dtype)
-        self._where = {id(p): (unit, i) for unit in self.units for i, p in enumerate(unit.params)}
         inner_groups = []
         for g, group in enumerate(groups):
             options = {k: v for k, v in group.items() if k != "params"}
@@ -780,12 +742,9 @@ class Zero:
                 {"params": [u.shard for u in self.units if u.group == g], **options}
             )
         self.optimizer = optimizer_cls([g for g in inner_groups if g["params"]], **optimizer_kwargs)
-        self._next_unit = 0
-        self._sync = True
         self._reduced = False
-        if stage >= 2:
-            for p in [p for u in self.units for p in u.params]:
-                p.register_post_accumulate_grad_hook(self._grad_ready)
+        # stage 1 reduces after backward, stages 2-3 as backward produces the gradients
+        self._launch_in_order(self.units, hooked=stage >= 2)
         if stage == 3:
             self._hook_units(unit_modules)
 
@@ -846,45 +805,19 @@ class Zero:
 
     # --- gradients
     # ----------------------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Accumulate full local gradients without communicating (the last micro-batch's backward
-        sends)."""
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
-
-    def _grad_ready(self, p: torch.Tensor) -> None:
-        if not self._sync:
-            return
-        unit, i = self._where[id(p)]
-        unit.arrived.add(i)
-        self._launch(flush=False)
-
-    def _launch(self, flush: bool) -> None:
-        while self._next_unit < len(self.units):
-            unit = self.units[self._next_unit]
-            if not flush and len(unit.arrived) < len(unit.params):
-                return
-            unit.start_reduce(release=True)
-            if self.stage == 3:
-                unit.free()
-            self._next_unit += 1
+    def _start(self, unit: _FlatUnit) -> None:
+        unit.start_reduce(release=self.stage >= 2)
+        if self.stage == 3:
+            unit.free()
 
     def finish_gradient_sync(self) -> None:
         """Wait for (or, in stage 1, start) the reduce-scatters; afterwards each shard's .grad is
         the average."""
-        if self.stage == 1:
-            for unit in self.units:
-                unit.start_reduce(release=False)
-        else:
-            self._launch(flush=True)
+        self._launch(flush=True)
         for unit in self.units:
             unit.finish_reduce()
             unit.arrived = set()
-        self._next_unit = 0
+        self._next_bucket = 0
         self._reduced = True
 
     @property
@@ -892,14 +825,12 @@ class Zero:
         return self.optimizer.param_groups
 
     def clip_grad_norm_(self, max_norm: float, mesh: Mesh | None = None) -> torch.Tensor:
-        """Scale the shard gradients so the global gradient norm is at most max_norm; return the
-        norm before. Squared norms of the shards add up over dp (padding is zero); with a mesh,
-        tensor-parallel slices add up over tp and pipeline stages over pp (see
-        `clip_grad_norm_`)."""
+        """Scale the shard gradients so the global norm is at most max_norm; return the norm before
+        (the shards' squares add up over dp, then over tp and pp as section 5 says)."""
         if not self._reduced:
             self.finish_gradient_sync()
-        sharded, replicated = _zero_grad_sq_norms(self.units)
-        total = torch.stack([sharded, replicated])
+        device = self.units[0].full.device if self.units else None
+        total = torch.stack(_sq_norms(_shard_grad_pieces(self.units), device))
         self.comm.all_reduce(total)
         norm = _combine_sq_norms(total[0], total[1], mesh)
         _scale_grads([u.shard for u in self.units], max_norm, norm)
@@ -946,25 +877,17 @@ class Zero:
         return training_state_bytes(params, self.optimizer)
 
 
-def _zero_grad_sq_norms(units: list[_FlatUnit]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum of squared gradients of this rank's shards, split into tensor-parallel-sharded and
-    replicated parts (a shard can cover pieces of several parameters: walk their ranges)."""
-    device = units[0].full.device if units else None
-    sharded, replicated = torch.zeros((), device=device), torch.zeros((), device=device)
+def _shard_grad_pieces(units: list[_FlatUnit]) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
+    """(parameter, its piece of this rank's shard gradient): a shard can cover pieces of several
+    parameters, so walk their ranges."""
     for u in units:
         if u.shard.grad is None:
             continue
         lo, hi = u.comm.rank * u.shard_size, (u.comm.rank + 1) * u.shard_size
-        g = u.shard.grad.float()
         for p, o in zip(u.params, u.offsets):
             a, b = max(o, lo), min(o + p.numel(), hi)
-            if a < b and not getattr(p, "pp_tied_copy", False):
-                part = g[a - lo : b - lo].pow(2).sum()
-                if getattr(p, "tp_sharded", False):
-                    sharded = sharded + part
-                else:
-                    replicated = replicated + part
-    return sharded, replicated
+            if a < b:
+                yield p, u.shard.grad[a - lo : b - lo]
 
 
 def training_state_bytes(
@@ -1009,6 +932,19 @@ def training_state_bytes(
 # --------------------------------------------------------------------------------------------------
 
 
+def _sq_norms(
+    pieces: Iterable[tuple[nn.Parameter, torch.Tensor]], device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums of squared gradients over (parameter, gradient piece) pairs: (tensor-parallel slices,
+    everything else); the last stage's copy of a tied embedding is skipped."""
+    sums = {True: torch.zeros((), device=device), False: torch.zeros((), device=device)}
+    for p, grad in pieces:
+        if not getattr(p, "pp_tied_copy", False):
+            sharded = getattr(p, "tp_sharded", False)
+            sums[sharded] = sums[sharded] + grad.detach().float().pow(2).sum()
+    return sums[True], sums[False]
+
+
 def _combine_sq_norms(
     sharded: torch.Tensor, replicated: torch.Tensor, mesh: Mesh | None
 ) -> torch.Tensor:
@@ -1032,21 +968,12 @@ def _scale_grads(params: Iterable[torch.Tensor], max_norm: float, norm: torch.Te
 
 def clip_grad_norm_(params: Iterable[nn.Parameter], max_norm: float, mesh: Mesh) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ for a model split by tp and pp (gradients already averaged
-    over dp). The norm must be that of the full model: the squares of tensor-parallel slices
-    (`p.tp_sharded`) are summed over tp, replicated parameters (norm weights) counted once, stages
-    summed over pp, and the last stage's copy of a tied embedding (`p.pp_tied_copy`) skipped.
-    Returns the norm before clipping."""
+    over dp), the norm that of the full model as the table above adds it up. Returns the norm
+    before clipping."""
     params = list(params)
     device = params[0].device if params else None
-    sharded, replicated = torch.zeros((), device=device), torch.zeros((), device=device)
-    for p in params:
-        if p.grad is None or getattr(p, "pp_tied_copy", False):
-            continue
-        sq = p.grad.detach().float().pow(2).sum()
-        if getattr(p, "tp_sharded", False):
-            sharded = sharded + sq
-        else:
-            replicated = replicated + sq
+    pieces = [(p, p.grad) for p in params if p.grad is not None]
+    sharded, replicated = _sq_norms(pieces, device)
     norm = _combine_sq_norms(sharded, replicated, mesh)
     _scale_grads(params, max_norm, norm)
     return norm

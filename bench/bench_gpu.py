@@ -683,7 +683,7 @@ LAYOUT_STEPS, LAYOUT_BATCH, LAYOUT_LR, LAYOUT_CLIP = 3, 16, 1e-2, 0.25
 
 
 def layouts(world: int) -> list[dict]:
-    """Every (dp, tp, pp, zero[, bf16]) that `world` ranks allow for the config and parallel.check_combination.
+    """Every (dp, tp, pp, zero[, bf16]) that `world` ranks allow for the config and wiring.check_combination.
 
     >>> [(l["dp"], l["tp"], l["pp"], l["zero"]) for l in layouts(1)][:4]
     [(1, 1, 1, 0), (1, 1, 1, 1), (1, 1, 1, 2), (1, 1, 1, 3)]
@@ -698,7 +698,7 @@ def layouts(world: int) -> list[dict]:
                 continue
             for zero in (0, 1, 2, 3):
                 try:
-                    parallel.check_combination(zero, tp, pp)
+                    wiring.check_combination(zero, tp, pp)
                 except parallel.ParallelError:
                     continue
                 out.append(dict(dp=dp, tp=tp, pp=pp, zero=zero, bf16=False))

@@ -17,7 +17,6 @@ import torch.nn as nn
 
 from model_parallel import (
     ContextParallel,
-    ExpertDataParallel,
     ExpertParallel,
     PipelineParallel,
     TensorParallel,
@@ -33,7 +32,6 @@ from parallel import (
     Mesh,
     ParallelError,
     Zero,
-    check_combination,
     zero_bytes_per_step,
     zero_memory_per_rank,
 )
@@ -252,6 +250,29 @@ def _canonical(name: str, p: torch.Tensor) -> str:
     """The single-process name of a parameter: the last stage's copy of a tied embedding is
     tok_emb.weight."""
     return "tok_emb.weight" if getattr(p, "pp_tied_copy", False) else name
+
+
+class ExpertDataParallel:
+    """Data parallel under expert parallel (model_parallel.py section 4): dense parameters averaged
+    over dp, expert slices over their expert-dp group."""
+
+    def __init__(self, model: nn.Module, dp: Comm, edp: Comm):
+        split: dict[bool, list] = {False: [], True: []}
+        for p in model.parameters():
+            split[getattr(p, "tp_sharded", False)].append(p)
+        self.parts = [
+            DataParallel(nn.ParameterList(split[False]), dp),
+            DataParallel(nn.ParameterList(split[True]), edp),
+        ]
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        with self.parts[0].no_sync(), self.parts[1].no_sync():
+            yield
+
+    def finish_gradient_sync(self) -> None:
+        for part in self.parts:
+            part.finish_gradient_sync()
 
 
 class DistributedModel(Layout):
@@ -556,6 +577,24 @@ class DistributedOptimizer:
             load_zero_optimizer_state_dict(self.inner, payload)
         else:
             load_named_optimizer_state(self.inner, model, payload)
+
+
+def check_combination(zero_stage: int, tp: int, pp: int) -> None:
+    """Refuse the (ZeRO stage, tp, pp) combinations `parallelize` does not support, with the reason.
+    >>> check_combination(1, 2, 2)
+    """
+    if zero_stage not in (0, 1, 2, 3):
+        raise ParallelError(f"ZeRO stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if zero_stage >= 2 and pp > 1:
+        raise ParallelError(
+            f"ZeRO-{zero_stage} with pp {pp}: ZeRO-2/3 reduce gradients as backward produces "
+            f"them, but a pipeline accumulates them over micro-batches; use ZeRO-1 with pp"
+        )
+    if zero_stage == 3 and tp > 1:
+        raise ParallelError(
+            f"ZeRO-3 with tp {tp}: ZeRO-3 gathers weights in the module's forward hooks, which "
+            f"the tensor-parallel forward bypasses; use ZeRO-1 or 2 with tp"
+        )
 
 
 def check_layout(model: nn.Module, mesh: Mesh, zero: int, ep: int, mixed: bool) -> None:

@@ -339,7 +339,7 @@ def setup_distributed(cfg: TrainConfig) -> Dist:
                 )
             return Dist()
         _, _, device = launcher.init_distributed()
-        parallel.check_combination(cfg.zero, cfg.tp, cfg.pp)
+        wiring.check_combination(cfg.zero, cfg.tp, cfg.pp)
         mesh = parallel.Mesh.build(dp=-1, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp)
     except parallel.ParallelError as e:
         raise TrainError(str(e)) from e

@@ -20,7 +20,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench")
 import bench_gpu  # noqa: E402
 import data  # noqa: E402
 import model  # noqa: E402
-import parallel  # noqa: E402
 import train  # noqa: E402
 from machinery import run as train_run  # noqa: E402
 from machinery.commands import train as train_command  # noqa: E402
@@ -70,7 +69,7 @@ def test_layouts_cover_what_the_world_allows_and_nothing_parallel_refuses():
     assert {(l["dp"], l["tp"], l["pp"]) for l in eight} == {
         (8 // (t * p), t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) if 8 % (t * p) == 0}
     for lay in eight:
-        parallel.check_combination(lay["zero"], lay["tp"], lay["pp"])      # raises on a refused combination
+        bench_gpu.wiring.check_combination(lay["zero"], lay["tp"], lay["pp"])      # raises on a refused combination
         assert lay["dp"] * lay["tp"] * lay["pp"] == 8
     assert not any(l["zero"] == 3 and l["tp"] > 1 for l in eight)
     assert not any(l["zero"] >= 2 and l["pp"] > 1 for l in eight)
