@@ -434,12 +434,6 @@ def document_hash(text: str) -> int:
     )
 
 
-def line_hash(line: str) -> int:
-    """64-bit hash of a stripped line: what the streaming engine counts across documents instead of
-    the line."""
-    return int.from_bytes(hashlib.blake2b(line.encode("utf-8"), digest_size=8).digest(), "little")
-
-
 def exact_dedup(texts: list[str]) -> list[int]:
     """Indices of the first document of each hash group, in order.
 
@@ -933,12 +927,6 @@ def kept_piece_size(chars_read: int, chunk_chars: int) -> int:
     (16384, 300)
     """
     return min(chunk_chars, -(-chars_read // KEPT_MIN_PIECES))
-
-
-def kept_txt_split(txt_split: str) -> str:
-    """How a .txt kept whole is cut into documents: only at <|endoftext|> unless --txt-split says
-    otherwise."""
-    return "eot" if txt_split == "auto" else txt_split
 
 
 def heavy_cleaning_note(source: Source, removed: float) -> str:
