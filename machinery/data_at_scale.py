@@ -1788,7 +1788,6 @@ def build_streaming(
             )
             with clock.phase("overlap"):
                 overlap = run(val_files_overlap, job, chunks)
-            funnel.notices.append(data.format_overlap(overlap))
         _remove_work_files(work, ["s2-*.txt"])
     names = [s.spec for s in recipe.sources]
     unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(data.MIX_BUCKETS) for _ in names]

@@ -320,6 +320,23 @@ def run_in_memory(plan: Plan, threads: int | None, log: Callable) -> pathlib.Pat
     return write_dataset(plan, built, clock, staging, "in-memory")
 
 
+def format_overlap(overlap: dict) -> str:
+    """One line on the overlap of --val-data with train: the last of the dataset's notices.
+
+    >>> print(format_overlap({"n": 13, "ngrams": 2000,  # doctest: +NORMALIZE_WHITESPACE
+    ...     "shared": 3, "documents": 1, "contaminated": 1, "example": "a b"}))
+    --val-data: 3 of its 2,000 13-grams (0.15%) also occur in train,
+    in 1 of 1 documents (e.g. "a b")
+    """
+    share = overlap["shared"] / max(1, overlap["ngrams"])
+    example = f' (e.g. "{overlap["example"]}")' if overlap["example"] else ""
+    return (
+        f"--val-data: {overlap['shared']:,} of its {overlap['ngrams']:,} {overlap['n']}-grams "
+        f"({share:.2%}) also occur in train, in {overlap['contaminated']:,} of "
+        f"{overlap['documents']:,} documents{example}"
+    )
+
+
 NO_SPACE_FIX = "pass --out elsewhere"
 
 
@@ -334,6 +351,9 @@ def write_dataset(
     recipe, out_dir, tok = plan.recipe, plan.out_dir, built.tokenizer
     settings, val_paths = recipe.settings, recipe.val_files
     text_field, txt_split, _, max_documents = recipe.read_options
+    # both engines measure the overlap (`Built.overlap`); it is told here, once
+    if built.overlap is not None:
+        built.funnel.notices.append(format_overlap(built.overlap))
     for notice in built.funnel.notices:
         print(notice, file=sys.stderr)
     # a store's dataset is staged on local disk first
@@ -589,7 +609,11 @@ PREPARE_FILES = (
     "machinery/formats.py",
     "machinery/store.py",
     "machinery/fileio.py",
-    "machinery/classify_corpora.py",
+    "machinery/tokenizer_files.py",
+    # a Hugging Face tokenizer.json is read by the bridge, which imports the model and train.py
+    "machinery/hf.py",
+    "model.py",
+    "train.py",
     "machinery/cli.py",
     "machinery/commands/data.py",
 )
