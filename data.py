@@ -434,12 +434,6 @@ def document_hash(text: str) -> int:
     )
 
 
-def line_hash(line: str) -> int:
-    """64-bit hash of a stripped line: what the streaming engine counts across documents instead of
-    the line."""
-    return int.from_bytes(hashlib.blake2b(line.encode("utf-8"), digest_size=8).digest(), "little")
-
-
 def exact_dedup(texts: list[str]) -> list[int]:
     """Indices of the first document of each hash group, in order.
 
@@ -935,12 +929,6 @@ def kept_piece_size(chars_read: int, chunk_chars: int) -> int:
     return min(chunk_chars, -(-chars_read // KEPT_MIN_PIECES))
 
 
-def kept_txt_split(txt_split: str) -> str:
-    """How a .txt kept whole is cut into documents: only at <|endoftext|> unless --txt-split says
-    otherwise."""
-    return "eot" if txt_split == "auto" else txt_split
-
-
 def heavy_cleaning_note(source: Source, removed: float) -> str:
     """The line printed when a source's own steps (quality filters) removed more than a quarter of
     its text (extracted text for HTML: markup is not text), naming the way out. Both engines count
@@ -1298,23 +1286,6 @@ def overlap_summary(rows: list[dict], n: int) -> dict:
     }
 
 
-def format_overlap(overlap: dict) -> str:
-    """One line on the overlap of --val-data with train.
-
-    >>> print(format_overlap({"n": 13, "ngrams": 2000,  # doctest: +NORMALIZE_WHITESPACE
-    ...     "shared": 3, "documents": 1, "contaminated": 1, "example": "a b"}))
-    --val-data: 3 of its 2,000 13-grams (0.15%) also occur in train,
-    in 1 of 1 documents (e.g. "a b")
-    """
-    share = overlap["shared"] / max(1, overlap["ngrams"])
-    example = f' (e.g. "{overlap["example"]}")' if overlap["example"] else ""
-    return (
-        f"--val-data: {overlap['shared']:,} of its {overlap['ngrams']:,} {overlap['n']}-grams "
-        f"({share:.2%}) also occur in train, in {overlap['contaminated']:,} of "
-        f"{overlap['documents']:,} documents{example}"
-    )
-
-
 # Bounds on a mix, far beyond any sensible one, so a typo fails in one line instead of writing until
 # the disk is full. Weights 1 and 1e16 ask for a source at 1e16 times the share of another: under
 # the covering budget (the smallest that reads every source once) the heavy one is repeated ~1e16
@@ -1498,27 +1469,6 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     if vocab_size <= 2**32:
         return SHARD_DTYPES[4]
     raise DataError(f"vocabulary of {vocab_size:,} does not fit uint32 token ids")
-
-
-def write_shard(path: pathlib.Path, tokens: np.ndarray, dtype: np.dtype | str = "uint16") -> None:
-    """Write token ids as a shard; ids that do not fit the dtype are refused (nothing is
-    written)."""
-    dtype = np.dtype(dtype).newbyteorder("<")
-    if dtype.itemsize not in SHARD_DTYPES or dtype.kind != "u":
-        raise DataError(f"shard dtype must be uint16 or uint32, got {dtype}")
-    tokens = np.asarray(tokens)
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2 ** (8 * dtype.itemsize)):
-        raise DataError(
-            f"token id {int(tokens.max())} does not fit {dtype.name}: the vocabulary is too large "
-            "for this dtype; use uint32"
-        )
-    header = SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, dtype.itemsize, tokens.size)
-    # whole or not at all: a reader never sees half a shard, even if this process dies midway
-    tmp = pathlib.Path(path).with_name(f".{pathlib.Path(path).name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(header)
-        f.write(tokens.astype(dtype).tobytes())
-    os.replace(tmp, path)
 
 
 def read_shard(path: pathlib.Path) -> np.ndarray:
@@ -1772,7 +1722,6 @@ def build_in_memory(
     if recipe.val_files:
         with clock.phase("overlap"):
             overlap = val_overlap(docs, val_texts)
-        funnel.notices.append(format_overlap(overlap))
     docs, keys, train, val = train_val_split(docs, val_texts, recipe.seed, recipe.val_fraction)
     funnel.add_counts(
         "train/val split" + (" (--val-data)" if recipe.val_files else ""),
@@ -1812,17 +1761,9 @@ def build_in_memory(
 
 
 # --------------------------------------------------------------------------------------------------
-# 10. A prepared dataset's manifest, and its summary (`python data.py inspect`). prepare itself (the
-#     checked recipe and its cache key, an engine's run, the directory published whole) is
-#     dataset.py, the layer above this file: dataset.prepare runs the reference engine,
-#     data_at_scale.prepare the streaming engine and Ray, with one plan and one publishing, so the
-#     bytes are the same.
-# --------------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------------
-# 11. The loader: memory-mapped shards, random windows, and a resumable, rank-sharded sequential
-#     iterator
+# 10. The loader: a prepared dataset's manifest, memory-mapped shards, random windows, and a
+#     resumable, rank-sharded sequential iterator. (prepare itself, the checked recipe, its cache
+#     key and the directory published whole, is machinery/dataset.py, above this file.)
 # --------------------------------------------------------------------------------------------------
 
 

@@ -283,7 +283,7 @@ def chunk_documents(job: Job, chunk: Chunk, stats: formats.JsonlStats) -> Iterat
     spec, kind = job.sources[chunk.source]
     text_field, txt_split, skip_bad_lines, max_documents = job.read_options
     if job.whole(chunk):
-        txt_split = data.kept_txt_split(txt_split)
+        txt_split = dataset.kept_txt_split(txt_split)
     if chunk.path is None:
         yield from formats.open_source(
             spec, text_field, txt_split, skip_bad_lines, max_documents, stats, kind
@@ -480,7 +480,7 @@ def _streams_text(chunk: Chunk) -> bool:
 def _text_fragments(job: Job, chunk: Chunk) -> Iterator[str | None]:
     """The documents of a kept-whole text file as a stream of fragments (`split_text_stream`)."""
     path = chunk.path if store.is_uri(chunk.path) else pathlib.Path(chunk.path)
-    return split_text_stream(read_text_blocks(path), data.kept_txt_split(job.read_options[1]))
+    return split_text_stream(read_text_blocks(path), dataset.kept_txt_split(job.read_options[1]))
 
 
 def _kept_documents(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator[str]:
@@ -528,7 +528,7 @@ def kept_piece_sizes(job: Job, chunks: list[Chunk]) -> tuple[int, ...]:
         if whole and not chars and not counts["read_docs"]:
             raise DataError(
                 f"source {job.sources[s_index][0]!r} has no documents (empty file or wrong "
-                "--text-field?)"
+                "`text_field`?)"
             )
         sizes.append(max(1, data.kept_piece_size(chars, chunk_chars)) if whole else 0)
     return tuple(sizes)
@@ -621,6 +621,12 @@ def _read_texts(
             yield f.read(int(offsets[i + 1] - offsets[i])).decode("utf-8")
 
 
+def line_hash(line: str) -> int:
+    """64-bit hash of a stripped line: what the streaming engine counts across documents instead of
+    the line."""
+    return int.from_bytes(hashlib.blake2b(line.encode("utf-8"), digest_size=8).digest(), "little")
+
+
 def stage_read(job: Job, chunk: Chunk) -> dict:
     """Stage 1, one chunk: read -> extract text (HTML) -> quality filters. Writes the surviving
     documents (s1-C.txt + s1-C.offsets.npy), the sorted run of (8-byte exact-dedup hash, document)
@@ -652,7 +658,7 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
                     if job.settings.line_dedup == "documents"
                     else [raw.rstrip("\n") for raw in data.LINE.findall(doc)]
                 ):
-                    line_hashes.append(data.line_hash(line))
+                    line_hashes.append(line_hash(line))
                     line_docs.append(local)
         offsets = spill.close()
     except OSError as e:
@@ -841,7 +847,7 @@ def _remove_boilerplate(texts: list[str], boilerplate: np.ndarray) -> tuple[list
     lookup per chunk (_in_sorted) instead of a set of line strings."""
     lines = [text.split("\n") for text in texts]
     countable = [
-        (d, k, data.line_hash(stripped))
+        (d, k, line_hash(stripped))
         for d, doc_lines in enumerate(lines)
         for k, line in enumerate(doc_lines)
         if len((stripped := line.strip()).split()) >= data.BOILERPLATE_MIN_WORDS
@@ -867,9 +873,7 @@ def _drop_repeated_lines(texts: list[str], repeated: np.ndarray) -> tuple[list[s
     hashed lines."""
     lines = [data.LINE.findall(text) for text in texts]
     hits = _in_sorted(
-        np.array(
-            [data.line_hash(raw.rstrip("\n")) for doc in lines for raw in doc], dtype=np.uint64
-        ),
+        np.array([line_hash(raw.rstrip("\n")) for doc in lines for raw in doc], dtype=np.uint64),
         repeated,
     ).tolist()
     out, first = [], 0
@@ -1797,7 +1801,6 @@ def build_streaming(
             )
             with clock.phase("overlap"):
                 overlap = run(val_files_overlap, job, chunks)
-            funnel.notices.append(data.format_overlap(overlap))
         _remove_work_files(work, ["s2-*.txt"])
     names = [s.spec for s in recipe.sources]
     unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(data.MIX_BUCKETS) for _ in names]
@@ -1970,9 +1973,8 @@ def _check_ray_ready(address: str | None) -> None:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as e:
         raise DataError(
-            f"`ray_address` {address}: nothing answers there ({e.strerror or e}); start the head "
-            "with "
-            f"`ray start --head --port {port}` or fix the address"
+            f"`ray_address` {address}: nothing answers there ({e.strerror or e}); start a Ray head "
+            f"on port {port} (the `ray start` command) or fix the address"
         ) from None
 
 
@@ -2283,7 +2285,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
         raise DataError(
             f"download {uri}: give the URI the dataset was published to "
             "(s3://bucket/datasets/name); a "
-            f"local dataset folder needs no download: pass it to train.py --data"
+            f"local dataset folder needs no download: pass it to train.py `data`"
         )
     # refused or unreachable: not a missing dataset
     found = store.exists(uri, "manifest.json", DataError)

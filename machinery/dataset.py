@@ -76,6 +76,12 @@ class Plan:
     jsonl_stats: formats.JsonlStats
 
 
+def kept_txt_split(txt_split: str) -> str:
+    """How a .txt kept whole is cut into documents: only at <|endoftext|> unless `txt_split` says
+    otherwise."""
+    return "eot" if txt_split == "auto" else txt_split
+
+
 def plan_dataset(
     sources: list[str],
     out_dir: str | os.PathLike | None = None,
@@ -111,7 +117,7 @@ def plan_dataset(
     the dataset is built on local disk, then published to the store (`store.publish`).
     """
     if not sources:
-        raise DataError("no sources given: pass --data pydocs (or a path)")
+        raise DataError("no sources given: pass `data` pydocs (or a path)")
     if len(set(sources)) != len(sources):
         raise DataError(
             f"a source is listed twice in {sources}; give each once (use `weights` to up-weight)"
@@ -125,7 +131,7 @@ def plan_dataset(
         data.check_weights(weights)
     if tokenizer is None and vocab_size < 257:
         raise DataError(
-            f"--vocab-size {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at "
+            f"`vocab_size` {vocab_size} is too small: 256 byte tokens + <|endoftext|> need at "
             "least 257"
         )
     if not 0 <= val_fraction < 1:
@@ -150,7 +156,7 @@ def plan_dataset(
             formats.open_source(
                 s.spec,
                 text_field,
-                data.kept_txt_split(txt_split),
+                kept_txt_split(txt_split),
                 skip_bad_lines,
                 max_documents,
                 jsonl_stats,
@@ -314,6 +320,23 @@ def run_in_memory(plan: Plan, threads: int | None, log: Callable) -> pathlib.Pat
     return write_dataset(plan, built, clock, staging, "in-memory")
 
 
+def format_overlap(overlap: dict) -> str:
+    """One line on the overlap of --val-data with train: the last of the dataset's notices.
+
+    >>> print(format_overlap({"n": 13, "ngrams": 2000,  # doctest: +NORMALIZE_WHITESPACE
+    ...     "shared": 3, "documents": 1, "contaminated": 1, "example": "a b"}))
+    --val-data: 3 of its 2,000 13-grams (0.15%) also occur in train,
+    in 1 of 1 documents (e.g. "a b")
+    """
+    share = overlap["shared"] / max(1, overlap["ngrams"])
+    example = f' (e.g. "{overlap["example"]}")' if overlap["example"] else ""
+    return (
+        f"--val-data: {overlap['shared']:,} of its {overlap['ngrams']:,} {overlap['n']}-grams "
+        f"({share:.2%}) also occur in train, in {overlap['contaminated']:,} of "
+        f"{overlap['documents']:,} documents{example}"
+    )
+
+
 NO_SPACE_FIX = "pass --out elsewhere"
 
 
@@ -328,6 +351,9 @@ def write_dataset(
     recipe, out_dir, tok = plan.recipe, plan.out_dir, built.tokenizer
     settings, val_paths = recipe.settings, recipe.val_files
     text_field, txt_split, _, max_documents = recipe.read_options
+    # both engines measure the overlap (`Built.overlap`); it is told here, once
+    if built.overlap is not None:
+        built.funnel.notices.append(format_overlap(built.overlap))
     for notice in built.funnel.notices:
         print(notice, file=sys.stderr)
     # a store's dataset is staged on local disk first
@@ -489,15 +515,15 @@ def check_val_files(val_data: list[str], sources: list[data.Source]) -> list[pat
                 if not path.exists()
                 else f"is {formats.special_file(path)}, not a regular file: save the held-out text"
             )
-            raise DataError(f"--val-data {path} {what} (e.g. the last 10% of your text)")
+            raise DataError(f"`val_data` {path} {what} (e.g. the last 10% of your text)")
         if not formats.readable(path):
             raise DataError(
-                f"--val-data {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or "
+                f"`val_data` {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or "
                 ".parquet "
                 f"file"
             )
         if not formats.read_val_file(path):
-            raise DataError(f"--val-data {path} is empty: give a file with the held-out text")
+            raise DataError(f"`val_data` {path} is empty: give a file with the held-out text")
         digest = hashlib.sha256(path.read_bytes()).digest()
         for train_file in train_files:
             if (
@@ -505,9 +531,9 @@ def check_val_files(val_data: list[str], sources: list[data.Source]) -> list[pat
                 and hashlib.sha256(train_file.read_bytes()).digest() == digest
             ):
                 raise DataError(
-                    f"--val-data {path} is the same text as the training file {train_file}: hold "
-                    "out a "
-                    f"different file (e.g. its last 10%), or drop --val-data to use --val-fraction"
+                    f"`val_data` {path} is the same text as the training file {train_file}: hold "
+                    "out a different file (e.g. its last 10%), or drop `val_data` to use "
+                    "`val_fraction`"
                 )
     return paths
 
@@ -583,7 +609,11 @@ PREPARE_FILES = (
     "machinery/formats.py",
     "machinery/store.py",
     "machinery/fileio.py",
-    "machinery/classify_corpora.py",
+    "machinery/tokenizer_files.py",
+    # a Hugging Face tokenizer.json is read by the bridge, which imports the model and train.py
+    "machinery/hf.py",
+    "model.py",
+    "train.py",
     "machinery/cli.py",
     "machinery/commands/data.py",
 )

@@ -297,13 +297,13 @@ def parquet_file(path: pathlib.Path | str, field: str):
     if table.schema_arrow.names.count(field) != 1:
         raise DataError(
             f"{path}: {'no' if field not in table.schema_arrow.names else 'more than one'} "
-            f"column {field!r} (columns: {', '.join(table.schema_arrow.names)}); pass --text-field"
+            f"column {field!r} (columns: {', '.join(table.schema_arrow.names)}); pass `text_field`"
         )
     kind = table.schema_arrow.field(field).type
     # bytes or lists: no text to read
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise DataError(
-            f"{path}: column {field!r} holds {kind}, not text (string); pass the --text-field of "
+            f"{path}: column {field!r} holds {kind}, not text (string); pass the `text_field` of "
             f"a string column or convert the file"
         )
     return table
@@ -672,7 +672,7 @@ def open_source(
             if f.name == "manifest.json" and _is_dataset(f.parent):
                 raise DataError(
                     f"source {spec!r}: {f.parent} is a prepared dataset, not text: pass it to "
-                    f"train.py --data (or data.py inspect), not to prepare"
+                    f"train.py `data` (or to data.py inspect), not to prepare"
                 )
         stats = [f.stat() for f in files]
         if not any(st.st_size for st in stats):
@@ -686,7 +686,7 @@ def open_source(
         raise DataError(
             f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: "
             "pass "
-            f"them as separate sources (or force one with --kind)"
+            f"them as separate sources (or force one with `kind`)"
         )
 
     def read() -> Iterator[str]:

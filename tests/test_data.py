@@ -564,30 +564,36 @@ def test_split_after_near_dedup_leaves_no_near_duplicate_across(tmp_path):
 # Shards
 # ---------------------------------------------------------------------------------------------------------------------
 
+def write_shard(path: pathlib.Path, tokens, dtype) -> None:
+    """A shard written by hand from data.py's header (a test's dataset; prepare writes through ShardWriter)."""
+    dtype = np.dtype(dtype)
+    header = data.SHARD_HEADER.pack(data.SHARD_MAGIC, data.SHARD_VERSION, dtype.itemsize, len(tokens))
+    path.write_bytes(header + np.asarray(tokens).astype(dtype).tobytes())
+
+
 @pytest.mark.parametrize("dtype, top", [("uint16", 2 ** 16 - 1), ("uint32", 2 ** 32 - 1)])
 def test_shard_round_trip(tmp_path, dtype, top):
     tokens = np.array([0, 1, 2, top, 7], dtype=np.int64)
-    data.write_shard(tmp_path / "s.bin", tokens, dtype)
-    back = data.read_shard(tmp_path / "s.bin")
+    writer = data.ShardWriter(tmp_path, "s", np.dtype(dtype), shard_tokens=10)
+    writer.add(tokens)
+    assert writer.close() == [{"file": "s_00000.bin", "tokens": 5}]
+    back = data.read_shard(tmp_path / "s_00000.bin")
     assert back.dtype == np.dtype(dtype) and back.tolist() == tokens.tolist()
-    assert (tmp_path / "s.bin").stat().st_size == 32 + 5 * np.dtype(dtype).itemsize
-    assert [p.name for p in tmp_path.iterdir()] == ["s.bin"]                 # no temp file left behind
-    data.write_shard(tmp_path / "e.bin", np.zeros(0, dtype=np.int64), dtype)
+    assert (tmp_path / "s_00000.bin").stat().st_size == 32 + 5 * np.dtype(dtype).itemsize
+    assert [p.name for p in tmp_path.iterdir()] == ["s_00000.bin"]           # no temp file left behind
+    write_shard(tmp_path / "e.bin", np.zeros(0, dtype=np.int64), dtype)
     assert len(data.read_shard(tmp_path / "e.bin")) == 0
 
 
-def test_vocab_too_large_for_dtype_writes_nothing(tmp_path):
+def test_vocab_sets_the_shard_dtype():
     assert data.dtype_for_vocab(50257) == np.uint16 and data.dtype_for_vocab(100277) == np.uint32
-    with pytest.raises(DataError, match="does not fit uint16"):
-        data.write_shard(tmp_path / "s.bin", np.array([1, 70000]), "uint16")
-    with pytest.raises(DataError, match="uint16 or uint32"):
-        data.write_shard(tmp_path / "s.bin", np.array([1]), "int32")
-    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(DataError, match="does not fit uint32"):
+        data.dtype_for_vocab(2 ** 33)
 
 
 def test_damaged_shard_headers_are_named(tmp_path):
     path = tmp_path / "s.bin"
-    data.write_shard(path, np.arange(10), "uint16")
+    write_shard(path, np.arange(10), "uint16")
     good = path.read_bytes()
     cases = {"bad magic": b"NOTTOKS\x00" + good[8:], "version": good[:8] + b"\x09" + good[9:],
              "token size": good[:12] + b"\x03" + good[13:], "header says 10": good[:-2],
@@ -619,7 +625,7 @@ def make_dataset(directory: pathlib.Path, shard_lengths: dict, dtype="uint16", v
         shards, start = [], 0
         for k, n in enumerate(lengths):
             name = f"{split}_{k:05d}.bin"
-            data.write_shard(directory / name, np.arange(start, start + n) % vocab, dtype)
+            write_shard(directory / name, np.arange(start, start + n) % vocab, dtype)
             shards.append({"file": name, "tokens": n})
             start += n
         splits[split] = {"documents": 1, "tokens": start, "bytes": 3 * start, "shards": shards}
@@ -1332,7 +1338,7 @@ def test_streaming_keeps_text_whole_and_takes_val_data_as_in_memory(own_text, mi
     if case == "val-data":
         overlap = manifest["splits"]["val"]["overlap"]
         assert overlap["shared"] >= 8 and overlap["contaminated"] == 1                       # the 20 copied words
-        assert manifest["notices"][-1] == data.format_overlap(overlap)
+        assert manifest["notices"][-1] == dataset.format_overlap(overlap)
         assert manifest["splits"]["val"]["bytes"] == (own_text / "val.txt").stat().st_size
 
 
