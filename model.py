@@ -535,10 +535,6 @@ class GPT(nn.Module):
             total -= experts * (E - k) // E
         return total
 
-    def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
-        return self.config.flops_per_token(seq_len)
-
 
 def sample(
     logits: torch.Tensor,

@@ -573,7 +573,7 @@ def test_flops_per_token_matches_torch_flop_counter():
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(x, x)[1].backward()
     measured = counter.get_total_flops() / x.numel()
-    assert measured == pytest.approx(model.flops_per_token(), rel=0.005)
+    assert measured == pytest.approx(model.config.flops_per_token(), rel=0.005)
 
 
 def test_training_memory_is_16_bytes_per_parameter():
