@@ -596,15 +596,6 @@ class KVCache:
         self.max_len = max_len
         self.length = 0  # tokens seen so far, i.e. the absolute position of the next token
 
-    def nbytes(self) -> int:
-        """Bytes held: the KV buffers of attention layers and the states of linear layers."""
-        return sum(
-            t.numel() * t.element_size()
-            for layer in self.layers
-            for t in (layer.k, layer.v, layer.state)
-            if t is not None
-        )
-
 
 class LayerKV:
     """One layer's part of a KVCache: an attention layer's key/value buffers (`append` writes the
