@@ -535,10 +535,6 @@ class GPT(nn.Module):
             total -= experts * (E - k) // E
         return total
 
-    def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token (6N + 12 L T C_q), see GPTConfig.flops_per_token."""
-        return self.config.flops_per_token(seq_len)
-
 
 def sample(
     logits: torch.Tensor,
@@ -599,15 +595,6 @@ class KVCache:
         ]
         self.max_len = max_len
         self.length = 0  # tokens seen so far, i.e. the absolute position of the next token
-
-    def nbytes(self) -> int:
-        """Bytes held: the KV buffers of attention layers and the states of linear layers."""
-        return sum(
-            t.numel() * t.element_size()
-            for layer in self.layers
-            for t in (layer.k, layer.v, layer.state)
-            if t is not None
-        )
 
 
 class LayerKV:
@@ -792,6 +779,11 @@ def online_softmax_result(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor):
     return acc / l[..., None], m + torch.log(l)
 
 
+# The two loops as custom operators: torch.compile sees each as one opaque node instead of unrolling
+# the tiles, which grows the graph as (T / tile)^2 (4,150 forward and 9,524 backward nodes at T =
+# 1,024). FlashAttention2 below is their derivative: neither operator has one of its own. Each
+# `register_fake` gives the compiler its outputs' shapes and dtypes (empty tensors, no arithmetic).
+@torch.library.custom_op("pretrain::flash_attention_forward", mutates_args=())
 def _flash_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, tile: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -815,6 +807,12 @@ def _flash_forward(
     return out, lse
 
 
+@_flash_forward.register_fake
+def _flash_forward_shapes(q, k, v, is_causal, tile):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype))
+
+
+@torch.library.custom_op("pretrain::flash_attention_backward", mutates_args=())
 def _flash_backward(
     d_out: torch.Tensor,
     q: torch.Tensor,
@@ -856,40 +854,9 @@ def _flash_backward(
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _operator(name: str, schema: str, kernel, shapes):
-    """torch.ops.pretrain.<name>, defined once per process (model.py run as a script, then imported
-    as model by its command line, would define it twice), with `kernel` as its body and `shapes`
-    giving its outputs' shapes and dtypes to the compiler (empty tensors, no arithmetic)."""
-    if not hasattr(torch.ops.pretrain, name):
-        torch.library.define(f"pretrain::{name}", schema)
-        torch.library.impl(f"pretrain::{name}", "CompositeExplicitAutograd")(kernel)
-        torch.library.register_fake(f"pretrain::{name}")(shapes)
-    return getattr(torch.ops.pretrain, name)
-
-
-# The two loops as custom operators: torch.compile sees each as one opaque node instead of unrolling
-# the tiles, which grows the graph as (T / tile)^2 (4,150 forward and 9,524 backward nodes at T =
-# 1,024). FlashAttention2 below is their derivative: neither operator has one of its own.
-_flash_forward_op = _operator(
-    "flash_attention_forward",
-    "(Tensor q, Tensor k, Tensor v, bool is_causal, int tile) -> (Tensor, Tensor)",
-    _flash_forward,
-    lambda q, k, v, is_causal, tile: (
-        q.new_empty(q.shape),
-        q.new_empty(q.shape[:-1], dtype=accumulator_dtype(q.dtype)),
-    ),
-)
-_flash_backward_op = _operator(
-    "flash_attention_backward",
-    "(Tensor d_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-    "Tensor lse, bool is_causal, int tile) -> (Tensor, Tensor, Tensor)",
-    _flash_backward,
-    lambda d_out, q, k, v, out, lse, is_causal, tile: (
-        q.new_empty(q.shape),
-        k.new_empty(k.shape),
-        v.new_empty(v.shape),
-    ),
-)
+@_flash_backward.register_fake
+def _flash_backward_shapes(d_out, q, k, v, out, lse, is_causal, tile):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 class FlashAttention2(torch.autograd.Function):
@@ -907,7 +874,7 @@ class FlashAttention2(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal: bool = False, tile: int = 64):
-        out, lse = _flash_forward_op(q, k, v, is_causal, tile)
+        out, lse = _flash_forward(q, k, v, is_causal, tile)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal, ctx.tile = is_causal, tile
         return out
@@ -915,7 +882,7 @@ class FlashAttention2(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _flash_backward_op(d_out, q, k, v, out, lse, ctx.is_causal, ctx.tile)
+        dq, dk, dv = _flash_backward(d_out, q, k, v, out, lse, ctx.is_causal, ctx.tile)
         return dq, dk, dv, None, None
 
 

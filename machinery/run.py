@@ -681,7 +681,7 @@ class Trainer:
             val_windows, cfg.batch_size, self.dist.world_size, cfg.eval_batches
         )
         self.bytes_per_token = data_lib.bytes_per_token(self.data, "val")
-        self._flops_per_token = self.raw_model.flops_per_token(self.block_size)
+        self._flops_per_token = self.raw_model.config.flops_per_token(self.block_size)
         self._peak = cfg.peak_flops or peak_flops(self.device, self.dtype)
         # measured, not a datasheet's
         self._peak_probed = not cfg.peak_flops and self.device.type != "cuda"

@@ -1182,7 +1182,7 @@ def test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast(dataset
         "--ckpt-interval",
         "3",
     ]
-    fpt = model.GPT(run.build_model_config(command.parse_config(flags), 300)).flops_per_token(32)
+    fpt = run.build_model_config(command.parse_config(flags), 300).flops_per_token(32)
 
     def check(out_dir, devices):
         steps = [r for r in run.read_metrics(out_dir / "metrics.jsonl") if "tok_per_s" in r]
