@@ -155,6 +155,7 @@ import data
 from machinery import dataset
 import dedup
 from machinery import fileio
+from machinery import in_memory
 from machinery import formats
 from machinery import store
 from data import DataError
@@ -892,7 +893,8 @@ def _band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     for band in range(bands):
         band_index = np.full((len(signatures), 1), band, dtype=np.uint64)
         out[:, band] = dedup.band_key(
-            np.hstack([band_index, signatures[:, band * rows : (band + 1) * rows]]))
+            np.hstack([band_index, signatures[:, band * rows : (band + 1) * rows]])
+        )
     return out
 
 
@@ -1591,7 +1593,7 @@ def _remove_work_files(work: pathlib.Path, patterns: list[str]) -> None:
 
 
 def build_streaming(
-    recipe: data.Recipe,
+    recipe: in_memory.Recipe,
     work: pathlib.Path,
     clock: "dataset.Clock",
     log: Callable,
@@ -1600,7 +1602,7 @@ def build_streaming(
     chunk_bytes: int,
     show_progress: bool,
     ray: "RayEngine | None" = None,
-) -> data.Built:
+) -> in_memory.Built:
     """The streaming engine: stage functions over chunks and joins over key ranges of the sorted
     runs on disk (both parallel), each result saved in `work` so that a rerun continues where a
     killed run stopped. With `ray`, every chunk's stage, join range and final step runs as a Ray
@@ -1777,7 +1779,7 @@ def build_streaming(
             tok = bpe.Tokenizer.load(_work(job, "tokenizer.json"))
             trained_on = json.loads(_work(job, "tokenizer.trained.json").read_text())["bytes"]
         else:
-            tok, trained_on = data.tokenizer_for(
+            tok, trained_on = in_memory.tokenizer_for(
                 recipe,
                 lambda: draw_tokenizer_sample(job, chunks, recipe.tokenizer_train_bytes),
                 log,
@@ -1839,7 +1841,7 @@ def build_streaming(
     encoded_bytes = (
         sum(r[s]["bytes"] for r in encoded for s in ("train", "val")) + val_encoded["bytes"]
     )
-    return data.Built(
+    return in_memory.Built(
         funnel, tok, trained_on, unique, mixture, encoded_bytes, write_splits, overlap
     )
 
@@ -2204,9 +2206,9 @@ IN_MEMORY_MAX_BYTES = 64 << 20  # engine="auto": local inputs up to this size ar
 
 def fits_in_memory(sources: list[data.Source], val_files: list[pathlib.Path]) -> bool:
     """engine="auto"'s choice: the embedded corpora and local files (with --val-data) of at most
-    IN_MEMORY_MAX_BYTES in all go through data.build_in_memory, the reference a learner reads (its
-    lists take a few times the text's size); hf: sources, object-store URIs and anything larger
-    stream.
+    IN_MEMORY_MAX_BYTES in all go through in_memory.build_in_memory, the reference a learner reads
+    (its lists take a few times the text's size); hf: sources, object-store URIs and anything
+    larger stream.
 
     >>> fits_in_memory([formats.open_source("pydocs")], [])
     True
