@@ -1259,33 +1259,6 @@ def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -
 
 
 # --val-data's overlap: 13-grams of words, GPT-3's contamination unit
-OVERLAP_N = 13
-
-
-def val_overlap(train_docs: list[str], val_docs: list[str], n: int = OVERLAP_N) -> dict:
-    """How much of a held-out file also occurs in train: evaluate.py's contamination check (13-grams
-    of lowercased words), with dedup.py's index of the train side. {"n", "ngrams", "shared",
-    "documents", "contaminated", "example"}."""
-    index = dedup.NgramIndex(n)
-    for doc in train_docs:
-        index.add(doc)
-    index.freeze()
-    return overlap_summary([dedup.document_overlap(index, doc) for doc in val_docs], n)
-
-
-def overlap_summary(rows: list[dict], n: int) -> dict:
-    """The totals of dedup.document_overlap's rows, one per val document (shared: n-gram positions
-    found in train)."""
-    return {
-        "n": n,
-        "ngrams": sum(r["ngrams"] for r in rows),
-        "shared": sum(r["overlapping"] for r in rows),
-        "documents": len(rows),
-        "contaminated": sum(r["overlapping"] > 0 for r in rows),
-        "example": next((r["example"] for r in rows if r["example"]), None),
-    }
-
-
 # Bounds on a mix, far beyond any sensible one, so a typo fails in one line instead of writing until
 # the disk is full. Weights 1 and 1e16 ask for a source at 1e16 times the share of another: under
 # the covering budget (the smallest that reads every source once) the heavy one is repeated ~1e16
@@ -1605,7 +1578,7 @@ def pack_split(
 
 
 # --------------------------------------------------------------------------------------------------
-# 10. The loader: a prepared dataset's manifest, memory-mapped shards, random windows, and a
+# 9. The loader: a prepared dataset's manifest, memory-mapped shards, random windows, and a
 #     resumable, rank-sharded sequential iterator. (prepare itself, the checked recipe, its cache
 #     key and the directory published whole, is machinery/dataset.py, above this file.)
 # --------------------------------------------------------------------------------------------------

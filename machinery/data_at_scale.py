@@ -47,7 +47,7 @@ size 16,384, 69 pieces; a 10 GB book's count stops there too, and then it is cut
 --val-data: the val files are small, train is not, so each worker hashes the val files' 13-grams (8
 bytes each: 20,712 for the last 10% of Tiny Shakespeare) and looks up its train documents in them;
 stage 3 reads the final text, after PII masking and near-dedup, as the in-memory engine's
-data.val_overlap does (dedup.py's 13-gram index).
+in_memory.val_overlap does (dedup.py's 13-gram index).
 
 Every stage function maps one chunk to files named by the chunk (s1-000042.txt, ...), written under
 temporary names and renamed, the chunk's .json counts last: a rerun after a kill skips every chunk
@@ -1263,8 +1263,8 @@ def stage_encode(job: Job, chunk: Chunk, threads: int = 1) -> dict:
 # --val-data on the stream. The val files are small (a held-out file); the train corpus is not. So
 # the val files' 13-grams are the index: each worker hashes them once, looks up every train document
 # of its chunks in stage 3 (the final text, after near-dedup: the documents that train) and notes
-# the val 13-grams it found; the union over the chunks gives data.val_overlap's numbers without an
-# index of train (8 bytes per val 13-gram, none per train one).
+# the val 13-grams it found; the union over the chunks gives in_memory.val_overlap's numbers
+# without an index of train (8 bytes per val 13-gram, none per train one).
 
 
 def copy_val_files(job: Job, paths: list[pathlib.Path]) -> None:
@@ -1291,7 +1291,7 @@ class ValNgrams:
     cannot be in a shared n-gram. `found` marks the n-grams some train document holds; `hit_mask` is
     dedup.document_overlap's view of it."""
 
-    def __init__(self, docs: list[str], n: int = data.OVERLAP_N) -> None:
+    def __init__(self, docs: list[str], n: int = in_memory.OVERLAP_N) -> None:
         self.n, self.vocab = n, {}
         hashes = [
             self._hashes(
@@ -1339,14 +1339,14 @@ def encode_val_files(job: Job, index: int) -> dict:
 
 
 def val_files_overlap(job: Job, chunks: list[Chunk]) -> dict:
-    """`data.val_overlap` from stage 3's findings: the val n-grams found in any chunk, then
-    dedup.document_overlap per val document, as data.val_overlap computes it with an index of
+    """`in_memory.val_overlap` from stage 3's findings: the val n-grams found in any chunk, then
+    dedup.document_overlap per val document, as in_memory.val_overlap computes it with an index of
     train."""
     docs = val_documents(job)
     val = ValNgrams(docs)
     for c in chunks:
         val.found[_load_array(_chunk_file(job, 3, c.index, "val_found.npy"))] = True
-    return data.overlap_summary([dedup.document_overlap(val, doc) for doc in docs], val.n)
+    return in_memory.overlap_summary([dedup.document_overlap(val, doc) for doc in docs], val.n)
 
 
 # tokens read back at once while packing: a few MB, not a memory map of a chunk

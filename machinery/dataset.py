@@ -114,8 +114,8 @@ def plan_dataset(
     reuse instead of training one on (up to tokenizer_train_bytes of) train text. val_data: files
     that are the validation split, verbatim (`formats.read_val_file`); every cleaned document then
     goes to train (val_fraction is not used), and the overlap of the two is measured
-    (`data.val_overlap`). out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://, file://):
-    the dataset is built on local disk, then published to the store (`store.publish`).
+    (`in_memory.val_overlap`). out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://,
+    file://): the dataset is built on local disk, then published to the store (`store.publish`).
     """
     if not sources:
         raise DataError("no sources given: pass `data` pydocs (or a path)")

@@ -1,8 +1,9 @@
 """The in-memory engine's wiring around data.py's lesson: the recipe an engine builds from
-(`Recipe`), what it hands back (`Built`), the tokenizer it trains or loads (`tokenizer_for`), and
-`build_in_memory`, the reference engine: data.clean, the split after dedup, the tokenizer, encoding
-and the mix, on Python lists in the order of the lesson. machinery/dataset.py's `prepare` runs it
-for small inputs; the streaming engine (machinery/data_at_scale.py) must write the same bytes.
+(`Recipe`), what it hands back (`Built`), the tokenizer it trains or loads (`tokenizer_for`), the
+--val-data contamination check (`val_overlap`), and `build_in_memory`, the reference engine:
+data.clean, the split after dedup, the tokenizer, encoding and the mix, on Python lists in the
+order of the lesson. machinery/dataset.py's `prepare` runs it for small inputs; the streaming
+engine (machinery/data_at_scale.py) must write the same bytes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 import bpe
 import data
+import dedup
 
 
 def tokenizer_for(
@@ -78,8 +80,35 @@ class Built:
     mixture: dict | None
     encoded_bytes: int
     write_splits: Callable[[pathlib.Path, np.dtype], dict]  # directory -> manifest["splits"]
-    # --val-data's n-gram overlap with train (`data.val_overlap`)
+    # --val-data's n-gram overlap with train (`val_overlap`)
     overlap: dict | None = None
+
+
+OVERLAP_N = 13
+
+
+def val_overlap(train_docs: list[str], val_docs: list[str], n: int = OVERLAP_N) -> dict:
+    """How much of a held-out file also occurs in train: evaluate.py's contamination check (13-grams
+    of lowercased words), with dedup.py's index of the train side. {"n", "ngrams", "shared",
+    "documents", "contaminated", "example"}."""
+    index = dedup.NgramIndex(n)
+    for doc in train_docs:
+        index.add(doc)
+    index.freeze()
+    return overlap_summary([dedup.document_overlap(index, doc) for doc in val_docs], n)
+
+
+def overlap_summary(rows: list[dict], n: int) -> dict:
+    """The totals of dedup.document_overlap's rows, one per val document (shared: n-gram positions
+    found in train)."""
+    return {
+        "n": n,
+        "ngrams": sum(r["ngrams"] for r in rows),
+        "shared": sum(r["overlapping"] for r in rows),
+        "documents": len(rows),
+        "contaminated": sum(r["overlapping"] > 0 for r in rows),
+        "example": next((r["example"] for r in rows if r["example"]), None),
+    }
 
 
 def train_val_split(
@@ -133,7 +162,7 @@ def build_in_memory(
     # every cleaned document trains; the files are the val split
     if recipe.val_files:
         with clock.phase("overlap"):
-            overlap = data.val_overlap(docs, val_texts)
+            overlap = val_overlap(docs, val_texts)
     docs, keys, train, val = train_val_split(docs, val_texts, recipe.seed, recipe.val_fraction)
     funnel.add_counts(
         "train/val split" + (" (--val-data)" if recipe.val_files else ""),
