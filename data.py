@@ -30,7 +30,7 @@ preceded by <|endoftext|>, and packed into shards: a 32-byte header, then raw ui
 The loader memory-maps the shards: `get_batch` draws random windows, `iterator` walks a seeded
 permutation of windows, split across data-parallel ranks, with a position that can be saved.
 
-This file is the lesson, on lists: `build_in_memory` runs every step in the order above. The
+This file is the lesson, on lists: machinery/in_memory.py runs its steps in the order above. The
 machinery around it (machinery/: the file formats and object stores a Source is read from,
 `prepare`'s checks and cache, the streaming and Ray engines, the command line) is described in
 docs/data.md and docs/data-at-scale.md; both engines write byte-identical datasets, because every
@@ -1259,33 +1259,6 @@ def tokenizer_sample(texts: list[str], sample_keys: list[int], max_bytes: int) -
 
 
 # --val-data's overlap: 13-grams of words, GPT-3's contamination unit
-OVERLAP_N = 13
-
-
-def val_overlap(train_docs: list[str], val_docs: list[str], n: int = OVERLAP_N) -> dict:
-    """How much of a held-out file also occurs in train: evaluate.py's contamination check (13-grams
-    of lowercased words), with dedup.py's index of the train side. {"n", "ngrams", "shared",
-    "documents", "contaminated", "example"}."""
-    index = dedup.NgramIndex(n)
-    for doc in train_docs:
-        index.add(doc)
-    index.freeze()
-    return overlap_summary([dedup.document_overlap(index, doc) for doc in val_docs], n)
-
-
-def overlap_summary(rows: list[dict], n: int) -> dict:
-    """The totals of dedup.document_overlap's rows, one per val document (shared: n-gram positions
-    found in train)."""
-    return {
-        "n": n,
-        "ngrams": sum(r["ngrams"] for r in rows),
-        "shared": sum(r["overlapping"] for r in rows),
-        "documents": len(rows),
-        "contaminated": sum(r["overlapping"] > 0 for r in rows),
-        "example": next((r["example"] for r in rows if r["example"]), None),
-    }
-
-
 # Bounds on a mix, far beyond any sensible one, so a typo fails in one line instead of writing until
 # the disk is full. Weights 1 and 1e16 ask for a source at 1e16 times the share of another: under
 # the covering budget (the smallest that reads every source once) the heavy one is repeated ~1e16
@@ -1558,12 +1531,6 @@ class ShardWriter:
         return self.shards
 
 
-# --------------------------------------------------------------------------------------------------
-# 9. Shared pieces of prepare, and the in-memory reference engine: clean -> split -> tokenizer ->
-#    encode -> mix
-# --------------------------------------------------------------------------------------------------
-
-
 def encode_documents(
     tokenizer: bpe.Tokenizer, docs: list[str], threads: int | None = None
 ) -> list[np.ndarray]:
@@ -1579,70 +1546,6 @@ def encode_documents(
         batch = encoding.encode_ordinary_batch(docs[start : start + 4096], num_threads=threads)
         out += [np.asarray(ids, dtype=dtype) for ids in batch]
     return out
-
-
-def tokenizer_for(
-    recipe: "Recipe", draw_sample: Callable[[], str], log: Callable
-) -> tuple[bpe.Tokenizer, int]:
-    """(the tokenizer, bytes it trained on): the --tokenizer file (loaded by prepare), or BPE
-    trained on the drawn sample."""
-    if recipe.tokenizer is not None:
-        return recipe.tokenizer, 0
-    sample = draw_sample()
-    trained_on = len(sample.encode("utf-8"))
-    log(
-        f"training a {recipe.vocab_size:,}-token BPE tokenizer on {trained_on / 1e6:.2f} MB of "
-        "train text ..."
-    )
-    return check_eot(
-        bpe.train_bpe(sample, recipe.vocab_size, special_tokens=(EOT,), pattern=recipe.pattern)
-    ), trained_on
-
-
-def check_eot(tok: bpe.Tokenizer) -> bpe.Tokenizer:
-    if tok.eot_id is None:
-        raise DataError(
-            f"the tokenizer has no {EOT} special token; train it with special_tokens=({EOT!r},)"
-        )
-    return tok
-
-
-@dataclasses.dataclass
-class Recipe:
-    """Everything that decides a dataset's contents: prepare's checked arguments."""
-
-    sources: list[Source]
-    settings: CleanSettings
-    vocab_size: int
-    seed: int
-    val_fraction: float
-    weights: list[float] | None
-    train_tokens: float | None
-    tokenizer_path: pathlib.Path | None
-    tokenizer: bpe.Tokenizer | None  # the --tokenizer file, loaded before any work
-    tokenizer_train_bytes: int
-    pattern: str
-    shard_tokens: int
-    read_options: tuple  # (text_field, txt_split, skip_bad_lines, max_documents)
-    # --val-data: the val split as is
-    val_files: list[pathlib.Path] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class Built:
-    """What an engine hands back: the funnel, the tokenizer, per-source counts, and a writer of the
-    shards."""
-
-    funnel: Funnel
-    tokenizer: bpe.Tokenizer
-    trained_on: int
-    # train tokens per source, each document once
-    unique: dict[str, int]
-    mixture: dict | None
-    encoded_bytes: int
-    write_splits: Callable[[pathlib.Path, np.dtype], dict]  # directory -> manifest["splits"]
-    # --val-data's n-gram overlap with train (`val_overlap`)
-    overlap: dict | None = None
 
 
 def pack_split(
@@ -1674,94 +1577,8 @@ def pack_split(
     }
 
 
-def train_val_split(
-    docs: list[str], val_texts: list[str] | None, seed: int, val_fraction: float
-) -> tuple[list[str], list[tuple[int, int, int]], list[int], list[int]]:
-    """(documents, their keys, train indices, val indices). With held-out texts every cleaned
-    document trains and the texts, appended, are the val split; else each document's split key
-    decides (`split_documents`)."""
-    if val_texts:
-        train, val = list(range(len(docs))), list(range(len(docs), len(docs) + len(val_texts)))
-        docs = docs + val_texts
-        return docs, [document_keys(d, seed) for d in docs], train, val
-    keys = [document_keys(d, seed) for d in docs]
-    is_val = split_documents(np.array([k[0] for k in keys], dtype=np.uint64), val_fraction)
-    train = [i for i in range(len(docs)) if not is_val[i]]
-    val = [i for i in range(len(docs)) if is_val[i]]
-    return docs, keys, train, val
-
-
-def mix_train(
-    recipe: Recipe, origin: list[int], mix_keys: list[int], ids: list[np.ndarray]
-) -> tuple[dict[str, int], dict | None, list[int]]:
-    """(train tokens per source, the mixture, how many times each train document is read): the
-    mix of the train documents (origin: each one's source; mix_keys: their mixing keys)."""
-    names = [s.spec for s in recipe.sources]
-    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(MIX_BUCKETS) for _ in names]
-    buckets = mix_bucket(np.array(mix_keys, dtype=np.uint64))
-    for k, source in enumerate(origin):
-        # + 1: the <|endoftext|> before each document
-        unique[names[source]] += len(ids[k]) + 1
-        bucket_tokens[source][buckets[k]] += len(ids[k]) + 1
-    mixture, rules = plan_mixture(names, recipe.weights, recipe.train_tokens, unique, bucket_tokens)
-    reads = [int(document_reads(*rules[source], buckets[k])) for k, source in enumerate(origin)]
-    return unique, mixture, reads
-
-
-def build_in_memory(
-    recipe: Recipe, clock, log: Callable, threads: int | None, val_texts: list[str] | None = None
-) -> Built:
-    """The reference engine, for small corpora and as the tests' oracle: every step on Python lists,
-    in the order of the lesson. The streaming engine must give byte-identical output. clock times
-    each step (`with clock.phase("clean"): ...`); val_texts: the documents of recipe.val_files,
-    the val split as they are."""
-    with clock.phase("clean"):
-        docs, origin, funnel = clean(recipe.sources, recipe.settings, log)
-    cleaned, cleaned_chars, overlap = len(docs), sum(map(len, docs)), None
-    # every cleaned document trains; the files are the val split
-    if recipe.val_files:
-        with clock.phase("overlap"):
-            overlap = val_overlap(docs, val_texts)
-    docs, keys, train, val = train_val_split(docs, val_texts, recipe.seed, recipe.val_fraction)
-    funnel.add_counts(
-        "train/val split" + (" (--val-data)" if recipe.val_files else ""),
-        cleaned,
-        len(train),
-        cleaned_chars,
-        sum(len(docs[i]) for i in train),
-        {"val": len(val)},
-    )
-    with clock.phase("tokenizer"):
-        tok, trained_on = tokenizer_for(
-            recipe,
-            lambda: tokenizer_sample(
-                [docs[i] for i in train], [keys[i][1] for i in train], recipe.tokenizer_train_bytes
-            ),
-            log,
-        )
-    with clock.phase("encode"):
-        ids = encode_documents(tok, [docs[i] for i in train + val], threads)
-    train_origin = [origin[i] for i in train]
-    train_mix_keys = [keys[i][2] for i in train]
-    unique, mixture, reads = mix_train(recipe, train_origin, train_mix_keys, ids[: len(train)])
-    sizes = [len(d.encode("utf-8")) for d in docs]
-
-    def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
-        splits = {}
-        for split, members, documents, reads_of in (
-            ("train", train, ids[: len(train)], reads),
-            ("val", val, ids[len(train) :], [1] * len(val)),
-        ):
-            writer = ShardWriter(directory, split, dtype, recipe.shard_tokens)
-            sizes_of = [sizes[i] for i in members]
-            splits[split] = pack_split(writer, tok.eot_id, documents, reads_of, sizes_of)
-        return splits
-
-    return Built(funnel, tok, trained_on, unique, mixture, sum(sizes), write_splits, overlap)
-
-
 # --------------------------------------------------------------------------------------------------
-# 10. The loader: a prepared dataset's manifest, memory-mapped shards, random windows, and a
+# 9. The loader: a prepared dataset's manifest, memory-mapped shards, random windows, and a
 #     resumable, rank-sharded sequential iterator. (prepare itself, the checked recipe, its cache
 #     key and the directory published whole, is machinery/dataset.py, above this file.)
 # --------------------------------------------------------------------------------------------------

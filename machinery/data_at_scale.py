@@ -47,7 +47,7 @@ size 16,384, 69 pieces; a 10 GB book's count stops there too, and then it is cut
 --val-data: the val files are small, train is not, so each worker hashes the val files' 13-grams (8
 bytes each: 20,712 for the last 10% of Tiny Shakespeare) and looks up its train documents in them;
 stage 3 reads the final text, after PII masking and near-dedup, as the in-memory engine's
-data.val_overlap does (dedup.py's 13-gram index).
+in_memory.val_overlap does (dedup.py's 13-gram index).
 
 Every stage function maps one chunk to files named by the chunk (s1-000042.txt, ...), written under
 temporary names and renamed, the chunk's .json counts last: a rerun after a kill skips every chunk
@@ -155,6 +155,7 @@ import data
 from machinery import dataset
 import dedup
 from machinery import fileio
+from machinery import in_memory
 from machinery import formats
 from machinery import store
 from data import DataError
@@ -892,7 +893,8 @@ def _band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     for band in range(bands):
         band_index = np.full((len(signatures), 1), band, dtype=np.uint64)
         out[:, band] = dedup.band_key(
-            np.hstack([band_index, signatures[:, band * rows : (band + 1) * rows]]))
+            np.hstack([band_index, signatures[:, band * rows : (band + 1) * rows]])
+        )
     return out
 
 
@@ -1261,8 +1263,8 @@ def stage_encode(job: Job, chunk: Chunk, threads: int = 1) -> dict:
 # --val-data on the stream. The val files are small (a held-out file); the train corpus is not. So
 # the val files' 13-grams are the index: each worker hashes them once, looks up every train document
 # of its chunks in stage 3 (the final text, after near-dedup: the documents that train) and notes
-# the val 13-grams it found; the union over the chunks gives data.val_overlap's numbers without an
-# index of train (8 bytes per val 13-gram, none per train one).
+# the val 13-grams it found; the union over the chunks gives in_memory.val_overlap's numbers
+# without an index of train (8 bytes per val 13-gram, none per train one).
 
 
 def copy_val_files(job: Job, paths: list[pathlib.Path]) -> None:
@@ -1289,7 +1291,7 @@ class ValNgrams:
     cannot be in a shared n-gram. `found` marks the n-grams some train document holds; `hit_mask` is
     dedup.document_overlap's view of it."""
 
-    def __init__(self, docs: list[str], n: int = data.OVERLAP_N) -> None:
+    def __init__(self, docs: list[str], n: int = in_memory.OVERLAP_N) -> None:
         self.n, self.vocab = n, {}
         hashes = [
             self._hashes(
@@ -1337,14 +1339,14 @@ def encode_val_files(job: Job, index: int) -> dict:
 
 
 def val_files_overlap(job: Job, chunks: list[Chunk]) -> dict:
-    """`data.val_overlap` from stage 3's findings: the val n-grams found in any chunk, then
-    dedup.document_overlap per val document, as data.val_overlap computes it with an index of
+    """`in_memory.val_overlap` from stage 3's findings: the val n-grams found in any chunk, then
+    dedup.document_overlap per val document, as in_memory.val_overlap computes it with an index of
     train."""
     docs = val_documents(job)
     val = ValNgrams(docs)
     for c in chunks:
         val.found[_load_array(_chunk_file(job, 3, c.index, "val_found.npy"))] = True
-    return data.overlap_summary([dedup.document_overlap(val, doc) for doc in docs], val.n)
+    return in_memory.overlap_summary([dedup.document_overlap(val, doc) for doc in docs], val.n)
 
 
 # tokens read back at once while packing: a few MB, not a memory map of a chunk
@@ -1591,7 +1593,7 @@ def _remove_work_files(work: pathlib.Path, patterns: list[str]) -> None:
 
 
 def build_streaming(
-    recipe: data.Recipe,
+    recipe: in_memory.Recipe,
     work: pathlib.Path,
     clock: "dataset.Clock",
     log: Callable,
@@ -1600,7 +1602,7 @@ def build_streaming(
     chunk_bytes: int,
     show_progress: bool,
     ray: "RayEngine | None" = None,
-) -> data.Built:
+) -> in_memory.Built:
     """The streaming engine: stage functions over chunks and joins over key ranges of the sorted
     runs on disk (both parallel), each result saved in `work` so that a rerun continues where a
     killed run stopped. With `ray`, every chunk's stage, join range and final step runs as a Ray
@@ -1777,7 +1779,7 @@ def build_streaming(
             tok = bpe.Tokenizer.load(_work(job, "tokenizer.json"))
             trained_on = json.loads(_work(job, "tokenizer.trained.json").read_text())["bytes"]
         else:
-            tok, trained_on = data.tokenizer_for(
+            tok, trained_on = in_memory.tokenizer_for(
                 recipe,
                 lambda: draw_tokenizer_sample(job, chunks, recipe.tokenizer_train_bytes),
                 log,
@@ -1839,7 +1841,7 @@ def build_streaming(
     encoded_bytes = (
         sum(r[s]["bytes"] for r in encoded for s in ("train", "val")) + val_encoded["bytes"]
     )
-    return data.Built(
+    return in_memory.Built(
         funnel, tok, trained_on, unique, mixture, encoded_bytes, write_splits, overlap
     )
 
@@ -2204,9 +2206,9 @@ IN_MEMORY_MAX_BYTES = 64 << 20  # engine="auto": local inputs up to this size ar
 
 def fits_in_memory(sources: list[data.Source], val_files: list[pathlib.Path]) -> bool:
     """engine="auto"'s choice: the embedded corpora and local files (with --val-data) of at most
-    IN_MEMORY_MAX_BYTES in all go through data.build_in_memory, the reference a learner reads (its
-    lists take a few times the text's size); hf: sources, object-store URIs and anything larger
-    stream.
+    IN_MEMORY_MAX_BYTES in all go through in_memory.build_in_memory, the reference a learner reads
+    (its lists take a few times the text's size); hf: sources, object-store URIs and anything
+    larger stream.
 
     >>> fits_in_memory([formats.open_source("pydocs")], [])
     True

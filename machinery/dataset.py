@@ -23,9 +23,9 @@ Three steps, each a function:
                    the code that writes the dataset (code_version). With no --out it names the
                    folder: .cache/data/pydocs-v4096-<its first 12 hex digits>. A finished dataset
                    with the same key is reused as is; a folder holding anything else is refused.
-    an engine      data.build_in_memory (`prepare` below) or data_at_scale's streaming and Ray
+    an engine      in_memory.build_in_memory (`prepare` below) or data_at_scale's streaming and Ray
                    engines: the funnel, the tokenizer, per-source token counts, and a writer of the
-                   shards (a data.Built).
+                   shards (an in_memory.Built).
     write_dataset  the shards, tokenizer.json and manifest.json written into a temporary folder
                    beside the output, given the umask's modes, then one rename into place (or
                    store.publish for an s3:// URI, which copies the manifest last). A reader sees no
@@ -56,6 +56,7 @@ from typing import Callable, Iterable, Iterator
 
 import data
 from machinery import fileio
+from machinery import in_memory
 from machinery import formats
 from machinery import store
 from data import DataError
@@ -68,7 +69,7 @@ class Plan:
     store's URI), and whether a finished dataset with that key is already there (reuse: return it as
     is)."""
 
-    recipe: data.Recipe | None  # None when reused
+    recipe: in_memory.Recipe | None  # None when reused
     key: str
     out_dir: pathlib.Path | str
     reuse: bool
@@ -113,8 +114,8 @@ def plan_dataset(
     reuse instead of training one on (up to tokenizer_train_bytes of) train text. val_data: files
     that are the validation split, verbatim (`formats.read_val_file`); every cleaned document then
     goes to train (val_fraction is not used), and the overlap of the two is measured
-    (`data.val_overlap`). out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://, file://):
-    the dataset is built on local disk, then published to the store (`store.publish`).
+    (`in_memory.val_overlap`). out_dir may be a URI (s3://bucket/datasets/name, gs://, hdfs://,
+    file://): the dataset is built on local disk, then published to the store (`store.publish`).
     """
     if not sources:
         raise DataError("no sources given: pass `data` pydocs (or a path)")
@@ -230,7 +231,7 @@ def plan_dataset(
         raise DataError(
             f"{out_dir} exists and is not a dataset directory; remove it or pick another `out`"
         )
-    recipe = data.Recipe(
+    recipe = in_memory.Recipe(
         opened,
         settings,
         vocab_size,
@@ -239,7 +240,9 @@ def plan_dataset(
         weights,
         train_tokens,
         tokenizer_path,
-        data.check_eot(tokenizer_files.read_tokenizer(tokenizer_path)) if tokenizer_path else None,
+        in_memory.check_eot(tokenizer_files.read_tokenizer(tokenizer_path))
+        if tokenizer_path
+        else None,
         tokenizer_train_bytes,
         pattern,
         shard_tokens,
@@ -266,11 +269,11 @@ def prepare(
     tokenizer.json, train_*.bin, val_*.bin. recipe: `plan_dataset`'s arguments (vocab_size, seed,
     val_fraction, weights, ...).
 
-    The whole corpus is held in lists (`data.build_in_memory`): for small inputs, and the oracle of
-    the tests. data_at_scale.prepare takes the same arguments and writes the same bytes with the
-    streaming engine (any corpus size, worker processes, resumable) or Ray; `python data.py prepare`
-    runs it above 64 MiB (`--engine auto`). Notices (heavy cleaning, the --val-data overlap) are
-    printed to stderr, also when the dataset is reused.
+    The whole corpus is held in lists (`in_memory.build_in_memory`): for small inputs, and the
+    oracle of the tests. data_at_scale.prepare takes the same arguments and writes the same bytes
+    with the streaming engine (any corpus size, worker processes, resumable) or Ray; `python data.py
+    prepare` runs it above 64 MiB (`--engine auto`). Notices (heavy cleaning, the --val-data
+    overlap) are printed to stderr, also when the dataset is reused.
     """
     log = print if verbose else (lambda *a, **k: None)
     with planned(sources, out_dir, log, recipe) as plan:
@@ -307,14 +310,14 @@ def staging_dir(out_dir: pathlib.Path | str) -> pathlib.Path:
 
 
 def run_in_memory(plan: Plan, threads: int | None, log: Callable) -> pathlib.Path | str:
-    """The reference engine on a checked plan: `data.build_in_memory` (the code the chapter
-    teaches), then the directory published whole. data_at_scale.prepare(engine="auto") sends small
-    inputs here."""
+    """The reference engine on a checked plan: `in_memory.build_in_memory` (data.py's funnel,
+    the code the chapter teaches), then the directory published whole.
+    data_at_scale.prepare(engine="auto") sends small inputs here."""
     staging = staging_dir(plan.out_dir)
     remove_stale_publishes(plan.out_dir, staging)
     clock = Clock()
     val_texts = [d for path in plan.recipe.val_files for d in formats.read_val_file(path)]
-    built = data.build_in_memory(plan.recipe, clock, log, threads, val_texts)
+    built = in_memory.build_in_memory(plan.recipe, clock, log, threads, val_texts)
     if plan.jsonl_stats.skipped:
         built.funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = plan.jsonl_stats.skipped
     return write_dataset(plan, built, clock, staging, "in-memory")
@@ -341,7 +344,7 @@ NO_SPACE_FIX = "pass --out elsewhere"
 
 
 def write_dataset(
-    plan: Plan, built: data.Built, clock: Clock, staging: pathlib.Path, engine: str
+    plan: Plan, built: in_memory.Built, clock: Clock, staging: pathlib.Path, engine: str
 ) -> pathlib.Path | str:
     """The dataset directory from what an engine built: its shards, tokenizer.json and
     manifest.json, written in a temporary folder in `staging`, given the umask's modes (mkdtemp
@@ -606,6 +609,7 @@ PREPARE_FILES = (
     "classify.py",
     "machinery/data_at_scale.py",
     "machinery/dataset.py",
+    "machinery/in_memory.py",
     "machinery/formats.py",
     "machinery/store.py",
     "machinery/fileio.py",

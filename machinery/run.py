@@ -487,7 +487,7 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
             dist.mesh.wait_for_rank0()
         from machinery import (
             data_at_scale,
-        )  # the engines' entry: small inputs run data.build_in_memory
+        )  # the engines' entry: small inputs run in_memory.build_in_memory
 
         # the dataset's notices (the cleaning note) are rank 0's to print: the other ranks find the
         # dataset in the cache, which prints them again, once per rank

@@ -179,11 +179,11 @@ def test_ray_started_here_leaves_no_session_in_tmpdir(tmp_path):
 
 def test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above(tmp_path, monkeypatch):
     """engine="auto" (data.py prepare's and train.py's default): a small local corpus goes
-    through data.build_in_memory, the code the chapter teaches; above IN_MEMORY_MAX_BYTES it
-    streams; the bytes agree."""
+    through the in-memory engine, which runs data.clean, the code the chapter teaches; above
+    IN_MEMORY_MAX_BYTES it streams; the bytes agree."""
     calls = []
-    reference = data.build_in_memory
-    monkeypatch.setattr(data, "build_in_memory",
+    reference = data.clean
+    monkeypatch.setattr(data, "clean",
                         lambda *a, **k: calls.append(1) or reference(*a, **k))
     corpus = write_jsonl(tmp_path / "web.jsonl", web_corpus(random.Random(4), 60))
     assert data_at_scale.fits_in_memory([formats.open_source(str(corpus))], [])
