@@ -15,6 +15,7 @@ tiles); the lesson is its memory, the fused kernel is what the model uses by def
 
 Depends on: torch and model.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,11 @@ def naive(q, k, v, is_causal=True):
     return torch.softmax(s, -1) @ v
 
 
-METHODS = {"flash (by hand)": flash_attention, "formula (T x T)": naive,
-           "SDPA (fused)": lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)}
+METHODS = {
+    "flash (by hand)": flash_attention,
+    "formula (T x T)": naive,
+    "SDPA (fused)": lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c),
+}
 
 
 def run_once(method: str, T: int) -> tuple[int, float]:
@@ -53,8 +57,9 @@ def run_once(method: str, T: int) -> tuple[int, float]:
     q, k, v = (torch.randn(1, HEADS, T, HEAD_DIM, requires_grad=True) for _ in range(3))
     saved = []
     start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
-                                                  lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t
+    ):
         out = METHODS[method](q, k, v, True)
     out.sum().backward()
     return sum(saved), time.perf_counter() - start
@@ -62,27 +67,45 @@ def run_once(method: str, T: int) -> tuple[int, float]:
 
 def peak_mb(method: str, T: int) -> float:
     """Peak RSS above the baseline of a fresh process that runs one forward + backward (MB)."""
-    code = (f"import resource, sys; sys.argv = ['x']; import bench_attention as b; import torch; "
-            f"torch.randn(1); base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
-            f"b.run_once({method!r}, {T}); "
-            f"print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).parent, capture_output=True,
-                         text=True, check=True, env={"OMP_NUM_THREADS": "1", "PATH": ""})
+    code = (
+        f"import resource, sys; sys.argv = ['x']; import bench_attention as b; import torch; "
+        f"torch.randn(1); base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+        f"b.run_once({method!r}, {T}); "
+        f"print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=pathlib.Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"OMP_NUM_THREADS": "1", "PATH": ""},
+    )
     return float(out.stdout.split()[-1])
 
 
 def main(argv=None) -> int:
     parser = Parser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lengths", type=in_range(int, 1, MAX_LENGTH), nargs="+",
-                        default=[512, 1024, 2048, 4096],
-                        help=f"sequence lengths T, 1 to {MAX_LENGTH:,} (at {MAX_LENGTH:,} the "
-                             "formula keeps ~4 GB for its backward and runs minutes on a small CPU; "
-                             "longer would not finish)")
-    parser.add_argument("--no-peak", action="store_true", help="skip the subprocess peak-memory column")
+    parser.add_argument(
+        "--lengths",
+        type=in_range(int, 1, MAX_LENGTH),
+        nargs="+",
+        default=[512, 1024, 2048, 4096],
+        help=f"sequence lengths T, 1 to {MAX_LENGTH:,} (at {MAX_LENGTH:,} the "
+        "formula keeps ~4 GB for its backward and runs minutes on a small CPU; "
+        "longer would not finish)",
+    )
+    parser.add_argument(
+        "--no-peak", action="store_true", help="skip the subprocess peak-memory column"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"causal attention, forward + backward, 1 x {HEADS} heads x T x {HEAD_DIM}, fp32, 1 thread")
-    print(f"{'method':<16} {'T':>6} {'saved MB':>9} {'x prev':>7} {'peak MB':>8} {'x prev':>7} {'time s':>7}")
+    print(
+        f"causal attention, forward + backward, 1 x {HEADS} heads x T x {HEAD_DIM}, fp32, 1 thread"
+    )
+    print(
+        f"{'method':<16} {'T':>6} {'saved MB':>9} {'x prev':>7} {'peak MB':>8} {'x prev':>7} {'time s':>7}"
+    )
     for method in METHODS:
         previous = None
         for T in args.lengths:
@@ -90,10 +113,14 @@ def main(argv=None) -> int:
             peak = float("nan") if args.no_peak else peak_mb(method, T)
             saved_x = f"{saved / previous[0]:.2f}" if previous else ""
             peak_x = f"{peak / previous[1]:.2f}" if previous and previous[1] > 0 else ""
-            print(f"{method:<16} {T:>6} {saved / 2**20:>9.1f} {saved_x:>7} {peak:>8.1f} {peak_x:>7} {seconds:>7.2f}")
+            print(
+                f"{method:<16} {T:>6} {saved / 2**20:>9.1f} {saved_x:>7} {peak:>8.1f} {peak_x:>7} {seconds:>7.2f}"
+            )
             previous = (saved, peak)
-    print("x prev: growth when T doubles (2: linear, 4: quadratic). saved: kept by autograd between forward and "
-          "backward;\npeak: process peak RSS above baseline, fresh subprocess per row.")
+    print(
+        "x prev: growth when T doubles (2: linear, 4: quadratic). saved: kept by autograd between forward and "
+        "backward;\npeak: process peak RSS above baseline, fresh subprocess per row."
+    )
     return 0
 
 

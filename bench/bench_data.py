@@ -27,6 +27,7 @@ forked from.
 
 Needs ../shared/data. Corpora and outputs go to --work (default /tmp/bench_data), reused across runs.
 """
+
 import json
 import os
 import pathlib
@@ -47,15 +48,20 @@ from bench_dedup import DATA, sentence_pool  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
 
 COPY_SHARE, COPY_RATE, FOOTER_SHARE = 0.05, 0.02, 0.2
-FOOTERS = ["Subscribe to our newsletter to get the latest stories delivered to your inbox.",
-           "All rights reserved. Reproduction without written permission is prohibited.",
-           "Share this article with your friends on social media and leave a comment below.",
-           "This site uses cookies to improve your experience. By continuing you accept them.",
-           "Click here to read more articles like this one from our editors."]
+FOOTERS = [
+    "Subscribe to our newsletter to get the latest stories delivered to your inbox.",
+    "All rights reserved. Reproduction without written permission is prohibited.",
+    "Share this article with your friends on social media and leave a comment below.",
+    "This site uses cookies to improve your experience. By continuing you accept them.",
+    "Click here to read more articles like this one from our editors.",
+]
 
 
 def make_document(rng: random.Random, pool: list[str], tag: int) -> str:
-    lines = [" ".join(rng.choice(pool) for _ in range(rng.randint(2, 4))) for _ in range(rng.randint(3, 8))]
+    lines = [
+        " ".join(rng.choice(pool) for _ in range(rng.randint(2, 4)))
+        for _ in range(rng.randint(3, 8))
+    ]
     lines[0] = f"qzx{tag} {lines[0]}"
     if rng.random() < FOOTER_SHARE:
         lines.append(rng.choice(FOOTERS))
@@ -89,7 +95,11 @@ def build_corpus(path: pathlib.Path, megabytes: float, pool: list[str], seed: in
                 text = near_copy(rng, original, tag, vocabulary)
                 planted += 1
                 similar = dedup.pair_jaccard([original, text], np.array([[0, 1]]))[0] >= 0.8
-                if similar and data.gopher_rejection(original) is None and data.gopher_rejection(text) is None:
+                if (
+                    similar
+                    and data.gopher_rejection(original) is None
+                    and data.gopher_rejection(text) is None
+                ):
                     eligible.append((original_tag, tag))
             else:
                 text = make_document(rng, pool, tag)
@@ -129,20 +139,35 @@ def checkout(revision: str, directory: pathlib.Path) -> pathlib.Path:
     """data.py, bpe.py and dedup.py as they were at a git revision (the pipeline before streaming, say)."""
     directory.mkdir(parents=True, exist_ok=True)
     for name in ("data.py", "bpe.py", "dedup.py"):
-        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{name}"], capture_output=True)
+        source = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{revision}:{name}"], capture_output=True
+        )
         if source.returncode:
-            raise SystemExit(f"--peer-rev {revision}: git show {revision}:{name} failed: {source.stderr.decode()}")
+            raise SystemExit(
+                f"--peer-rev {revision}: git show {revision}:{name} failed: {source.stderr.decode()}"
+            )
         (directory / name).write_bytes(source.stdout)
     return directory
 
 
-def run_prepare(corpus: pathlib.Path, out: pathlib.Path, engine: str, code: pathlib.Path = ROOT,
-                workers: int = 0) -> dict:
+def run_prepare(
+    corpus: pathlib.Path,
+    out: pathlib.Path,
+    engine: str,
+    code: pathlib.Path = ROOT,
+    workers: int = 0,
+) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     # machinery/dataset.py runs the reference (in-memory) engine; revisions before the split, data.py
-    module = {"streaming": "machinery.data_at_scale", "in-memory": "machinery.dataset", "before": "data"}[engine]
+    module = {
+        "streaming": "machinery.data_at_scale",
+        "in-memory": "machinery.dataset",
+        "before": "data",
+    }[engine]
     options = f", workers={workers}" if workers and engine != "in-memory" else ""
-    script = RUN.format(root=str(code), corpus=str(corpus), out=str(out), options=options, module=module)
+    script = RUN.format(
+        root=str(code), corpus=str(corpus), out=str(out), options=options, module=module
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"prepare failed on {corpus}:\n{done.stderr[-3000:]}")
@@ -157,8 +182,10 @@ def surviving_tags(out: pathlib.Path) -> dict[int, int]:
     for shards in tokens.shards.values():
         for shard in shards:
             cuts = np.flatnonzero(np.asarray(shard) == tokens.eot_id).tolist() + [len(shard)]
-            for a in range(0, len(cuts) - 1, 20_000):                       # ~20,000 documents per decode
-                text = encoding.decode(np.asarray(shard[cuts[a]:cuts[min(a + 20_000, len(cuts) - 1)]]).tolist())
+            for a in range(0, len(cuts) - 1, 20_000):  # ~20,000 documents per decode
+                text = encoding.decode(
+                    np.asarray(shard[cuts[a] : cuts[min(a + 20_000, len(cuts) - 1)]]).tolist()
+                )
                 for tag in re.findall(r"\bqzx(\d+)\b", text):
                     counts[int(tag)] = counts.get(int(tag), 0) + 1
     return counts
@@ -173,15 +200,33 @@ def recall(info: dict, out: pathlib.Path) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
     megabytes = in_range(float, 0.01, 100_000)
-    parser.add_argument("--sizes", type=megabytes, nargs="*", default=[30, 300, 1000],
-                        help="corpus sizes in MB for the streaming engine")
+    parser.add_argument(
+        "--sizes",
+        type=megabytes,
+        nargs="*",
+        default=[30, 300, 1000],
+        help="corpus sizes in MB for the streaming engine",
+    )
     parser.add_argument("--peer-mb", type=megabytes, default=30, help="corpus size for the peers")
-    parser.add_argument("--peers", nargs="*", choices=["in-memory", "before"], default=["in-memory"],
-                        help="in-memory: this data.py's reference engine; before: the pipeline of --peer-rev")
-    parser.add_argument("--peer-rev", default=None, help="a git revision for the 'before' peer (e.g. the commit "
-                                                         "before the streaming engine)")
-    parser.add_argument("--workers", type=in_range(int, 0, 1024), nargs="*", default=[0],
-                        help="worker processes of the streaming runs, one run per count (0, the default: all cores)")
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        choices=["in-memory", "before"],
+        default=["in-memory"],
+        help="in-memory: this data.py's reference engine; before: the pipeline of --peer-rev",
+    )
+    parser.add_argument(
+        "--peer-rev",
+        default=None,
+        help="a git revision for the 'before' peer (e.g. the commit before the streaming engine)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=in_range(int, 0, 1024),
+        nargs="*",
+        default=[0],
+        help="worker processes of the streaming runs, one run per count (0, the default: all cores)",
+    )
     parser.add_argument("--work", default="/tmp/bench_data", help="where corpora and outputs go")
     args = parser.parse_args(argv)
     if "before" in args.peers and not args.peer_rev:
@@ -191,37 +236,59 @@ def main(argv: list[str] | None = None) -> None:
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     pool = sentence_pool(DATA)
-    print(f"sentence pool: {len(pool):,} sentences; machine: {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f} at the start")
-    runs = [(args.peer_mb, peer, 0) for peer in args.peers] + [(mb, "streaming", workers) for mb in args.sizes
-                                                               for workers in args.workers]
-    header = (f"{'corpus':>8} {'engine':<10} {'docs':>9} {'wall s':>8} {'MB/s':>6} {'CPU s/MB':>8} "
-              f"{'RSS main':>9} {'RSS worker':>10} {'near dups':>9} {'recall':>7}")
+    print(
+        f"sentence pool: {len(pool):,} sentences; machine: {os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f} at the start"
+    )
+    runs = [(args.peer_mb, peer, 0) for peer in args.peers] + [
+        (mb, "streaming", workers) for mb in args.sizes for workers in args.workers
+    ]
+    header = (
+        f"{'corpus':>8} {'engine':<10} {'docs':>9} {'wall s':>8} {'MB/s':>6} {'CPU s/MB':>8} "
+        f"{'RSS main':>9} {'RSS worker':>10} {'near dups':>9} {'recall':>7}"
+    )
     rows = []
     for mb, engine, workers in runs:
         t0 = time.perf_counter()
         corpus = work / f"corpus-{mb:g}MB.jsonl"
         info = build_corpus(corpus, mb, pool)
-        print(f"corpus {corpus.name}: {info['bytes'] / 1e6:,.1f} MB, {info['documents']:,} documents, "
-              f"{info['planted']:,} planted copies ({len(info['eligible']):,} with J >= 0.8 that pass the filters), "
-              f"made in {time.perf_counter() - t0:.0f}s", flush=True)
+        print(
+            f"corpus {corpus.name}: {info['bytes'] / 1e6:,.1f} MB, {info['documents']:,} documents, "
+            f"{info['planted']:,} planted copies ({len(info['eligible']):,} with J >= 0.8 that pass the filters), "
+            f"made in {time.perf_counter() - t0:.0f}s",
+            flush=True,
+        )
         out = work / f"out-{mb:g}MB-{engine}"
-        code = checkout(args.peer_rev, work / f"code-{args.peer_rev}") if engine == "before" else ROOT
+        code = (
+            checkout(args.peer_rev, work / f"code-{args.peer_rev}") if engine == "before" else ROOT
+        )
         result = run_prepare(corpus, out, engine, code, workers)
-        engine = f"stream x{workers}" if workers else engine            # the row names its worker count
-        near = next((s["reasons"].get("near_duplicate", 0) for s in result["funnel"]
-                     if s["name"].startswith("near dedup")), 0)
+        engine = f"stream x{workers}" if workers else engine  # the row names its worker count
+        near = next(
+            (
+                s["reasons"].get("near_duplicate", 0)
+                for s in result["funnel"]
+                if s["name"].startswith("near dedup")
+            ),
+            0,
+        )
         mb_in = info["bytes"] / 1e6
-        row = (f"{mb_in:>6.1f}MB {engine:<10} {info['documents']:>9,} "
-               f"{result['wall']:>8.1f} {mb_in / result['wall']:>6.2f} {result['cpu'] / mb_in:>8.2f} "
-               f"{result['rss_main']:>7.0f}MB {result['rss_worker']:>8.0f}MB {near:>9,} {recall(info, out):>7.3f}")
+        row = (
+            f"{mb_in:>6.1f}MB {engine:<10} {info['documents']:>9,} "
+            f"{result['wall']:>8.1f} {mb_in / result['wall']:>6.2f} {result['cpu'] / mb_in:>8.2f} "
+            f"{result['rss_main']:>7.0f}MB {result['rss_worker']:>8.0f}MB {near:>9,} {recall(info, out):>7.3f}"
+        )
         rows.append(row)
-        phases = ", ".join(f"{name} {result['timings'][name + '_s']:.1f}/{result['timings'][name + '_cpu_s']:.1f}s"
-                           for name in ("clean", "joins", "tokenizer", "encode", "shards")
-                           if name + "_s" in result["timings"])
+        phases = ", ".join(
+            f"{name} {result['timings'][name + '_s']:.1f}/{result['timings'][name + '_cpu_s']:.1f}s"
+            for name in ("clean", "joins", "tokenizer", "encode", "shards")
+            if name + "_s" in result["timings"]
+        )
         print(header + "\n" + row + f"\n    phases (wall/CPU): {phases}", flush=True)
         shutil.rmtree(out, ignore_errors=True)
-    print(f"\nload average {os.getloadavg()[0]:.1f} at the end (2 cores shared: wall figures are load-dependent)")
+    print(
+        f"\nload average {os.getloadavg()[0]:.1f} at the end (2 cores shared: wall figures are load-dependent)"
+    )
     print(header + "\n" + "\n".join(rows))
 
 

@@ -14,6 +14,7 @@ its fixed part: `ray.init` + a map of trivial tasks + `ray.shutdown`, timed alon
 The engines run one after the other, each in its own `python data.py prepare` subprocess, so on a shared machine
 the neighbours weigh on both; CPU seconds (summed over the process tree) are the steadier figure.
 """
+
 import json
 import os
 import pathlib
@@ -78,7 +79,10 @@ class ProcessTreeSampler:
             peak = int(status.get("VmHWM", "0 kB").split()[0]) * 1024
             cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
             record = self.seen.setdefault(pid, {"command": command, "peak_rss": 0, "cpu_s": 0.0})
-            record["peak_rss"], record["cpu_s"] = max(record["peak_rss"], peak), max(record["cpu_s"], cpu)
+            record["peak_rss"], record["cpu_s"] = (
+                max(record["peak_rss"], peak),
+                max(record["cpu_s"], cpu),
+            )
             record["command"] = command or record["command"]
 
     def _run(self) -> None:
@@ -87,10 +91,19 @@ class ProcessTreeSampler:
             self._stop.wait(self.interval)
 
 
-ROLES = (("raylet", "ray raylet"), ("gcs_server", "ray gcs"), ("DashboardAgent", "ray dashboard agent"),
-         ("dashboard/agent.py", "ray dashboard agent"), ("dashboard", "ray dashboard"), ("log_monitor", "ray log monitor"),
-         ("monitor.py", "ray autoscaler monitor"), ("RuntimeEnvAgent", "ray runtime-env agent"),
-         ("runtime_env/agent", "ray runtime-env agent"), ("default_worker", "ray worker"), ("ray::", "ray worker"))
+ROLES = (
+    ("raylet", "ray raylet"),
+    ("gcs_server", "ray gcs"),
+    ("DashboardAgent", "ray dashboard agent"),
+    ("dashboard/agent.py", "ray dashboard agent"),
+    ("dashboard", "ray dashboard"),
+    ("log_monitor", "ray log monitor"),
+    ("monitor.py", "ray autoscaler monitor"),
+    ("RuntimeEnvAgent", "ray runtime-env agent"),
+    ("runtime_env/agent", "ray runtime-env agent"),
+    ("default_worker", "ray worker"),
+    ("ray::", "ray worker"),
+)
 
 
 def role(pid: int, root_pid: int, command: str) -> str:
@@ -102,15 +115,29 @@ def role(pid: int, root_pid: int, command: str) -> str:
 
 
 def run_engine(engine: str, corpus: str, out: pathlib.Path, workers: int, extra: list[str]) -> dict:
-    command = [sys.executable, str(ROOT / "data.py"), "prepare", "--data", corpus, "--out", str(out),
-               "--workers", str(workers), "--engine", engine, *extra]
+    command = [
+        sys.executable,
+        str(ROOT / "data.py"),
+        "prepare",
+        "--data",
+        corpus,
+        "--out",
+        str(out),
+        "--workers",
+        str(workers),
+        "--engine",
+        engine,
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     with ProcessTreeSampler(process.pid) as sampler:
         output, _ = process.communicate()
     wall = time.perf_counter() - start
-    if process.returncode == 2:                 # data.py refused the input in one line: pass it on
+    if process.returncode == 2:  # data.py refused the input in one line: pass it on
         print(f"bench_data_ray.py: error: {output.strip().splitlines()[-1]}", file=sys.stderr)
         sys.exit(2)
     if process.returncode:
@@ -119,18 +146,24 @@ def run_engine(engine: str, corpus: str, out: pathlib.Path, workers: int, extra:
     by_role: dict[str, list[int]] = {}
     for pid, record in sampler.seen.items():
         by_role.setdefault(role(pid, process.pid, record["command"]), []).append(record["peak_rss"])
-    return {"wall_s": wall, "input_bytes": manifest["timings"]["input_bytes"],
-            "cpu_s": sum(r["cpu_s"] for r in sampler.seen.values()), "processes": len(sampler.seen),
-            "peak_rss_by_role": {k: (len(v), max(v)) for k, v in sorted(by_role.items())},
-            "peak_rss_sum": sum(r["peak_rss"] for r in sampler.seen.values())}
+    return {
+        "wall_s": wall,
+        "input_bytes": manifest["timings"]["input_bytes"],
+        "cpu_s": sum(r["cpu_s"] for r in sampler.seen.values()),
+        "processes": len(sampler.seen),
+        "peak_rss_by_role": {k: (len(v), max(v)) for k, v in sorted(by_role.items())},
+        "peak_rss_sum": sum(r["peak_rss"] for r in sampler.seen.values()),
+    }
 
 
 def dataset_bytes(directory: pathlib.Path) -> dict:
     """The files of a dataset, the manifest without its timings (the only field allowed to differ)."""
     manifest = json.loads((directory / "manifest.json").read_text())
     manifest.pop("timings")
-    return {**{p.name: p.read_bytes() for p in directory.iterdir() if p.name != "manifest.json"},
-            "manifest": manifest}
+    return {
+        **{p.name: p.read_bytes() for p in directory.iterdir() if p.name != "manifest.json"},
+        "manifest": manifest,
+    }
 
 
 OVERHEAD_SCRIPT = """
@@ -158,8 +191,12 @@ OVERHEAD_TASKS = 100
 
 def ray_fixed_overhead(cpus: int, tasks: int = OVERHEAD_TASKS) -> dict:
     """Seconds to import Ray, start it, map `tasks` trivial tasks (cold workers, then warm) and stop it."""
-    result = subprocess.run([sys.executable, "-c", OVERHEAD_SCRIPT.format(cpus=cpus, tasks=tasks)],
-                            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", OVERHEAD_SCRIPT.format(cpus=cpus, tasks=tasks)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     if result.returncode:
         sys.exit(f"Ray did not start:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -167,30 +204,50 @@ def ray_fixed_overhead(cpus: int, tasks: int = OVERHEAD_TASKS) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=None, help="input for prepare (default: bench_data.py's corpus of --mb)")
-    parser.add_argument("--mb", type=in_range(float, 0.01, 100_000), default=300,
-                        help="size of bench_data.py's corpus (default %(default)g)")
-    parser.add_argument("--work", default="/tmp/bench_data", help="where bench_data.py keeps its corpora")
-    parser.add_argument("--workers", type=in_range(int, 1, 1024),
-                        default=len(os.sched_getaffinity(0)),
-                        help="cores for both engines")
-    parser.add_argument("--chunk-mb", type=in_range(float, 0.001, 4096), default=None,
-                        help="passed to prepare (default: its own)")
-    parser.add_argument("--overhead-only", action="store_true", help="only time Ray's start, trivial map and stop")
+    parser.add_argument(
+        "--corpus", default=None, help="input for prepare (default: bench_data.py's corpus of --mb)"
+    )
+    parser.add_argument(
+        "--mb",
+        type=in_range(float, 0.01, 100_000),
+        default=300,
+        help="size of bench_data.py's corpus (default %(default)g)",
+    )
+    parser.add_argument(
+        "--work", default="/tmp/bench_data", help="where bench_data.py keeps its corpora"
+    )
+    parser.add_argument(
+        "--workers",
+        type=in_range(int, 1, 1024),
+        default=len(os.sched_getaffinity(0)),
+        help="cores for both engines",
+    )
+    parser.add_argument(
+        "--chunk-mb",
+        type=in_range(float, 0.001, 4096),
+        default=None,
+        help="passed to prepare (default: its own)",
+    )
+    parser.add_argument(
+        "--overhead-only", action="store_true", help="only time Ray's start, trivial map and stop"
+    )
     args = parser.parse_args(argv)
 
     overhead = ray_fixed_overhead(args.workers)
     fixed = overhead["init_s"] + overhead["first_map_s"] + overhead["shutdown_s"]
-    print(f"Ray fixed overhead ({args.workers} CPUs, {OVERHEAD_TASKS} trivial tasks): import {overhead['import_s']:.1f}s, "
-          f"init {overhead['init_s']:.1f}s, first map {overhead['first_map_s']:.2f}s (workers start), "
-          f"warm map {overhead['warm_map_s'] * 1e3:.0f} ms ({overhead['warm_map_s'] * 1e3 / OVERHEAD_TASKS:.1f} ms/task), "
-          f"shutdown {overhead['shutdown_s']:.1f}s: {fixed:.1f}s in all")
+    print(
+        f"Ray fixed overhead ({args.workers} CPUs, {OVERHEAD_TASKS} trivial tasks): import {overhead['import_s']:.1f}s, "
+        f"init {overhead['init_s']:.1f}s, first map {overhead['first_map_s']:.2f}s (workers start), "
+        f"warm map {overhead['warm_map_s'] * 1e3:.0f} ms ({overhead['warm_map_s'] * 1e3 / OVERHEAD_TASKS:.1f} ms/task), "
+        f"shutdown {overhead['shutdown_s']:.1f}s: {fixed:.1f}s in all"
+    )
     if args.overhead_only:
         return
-    if args.corpus is None:                     # bench_data.py's web-like corpus, built once into --work
+    if args.corpus is None:  # bench_data.py's web-like corpus, built once into --work
         sys.path.insert(0, str(ROOT / "bench"))
         import bench_data
         from bench_dedup import DATA, sentence_pool
+
         corpus = pathlib.Path(args.work) / f"corpus-{args.mb:g}MB.jsonl"
         corpus.parent.mkdir(parents=True, exist_ok=True)
         bench_data.build_corpus(corpus, args.mb, sentence_pool(DATA))
@@ -198,26 +255,38 @@ def main(argv: list[str] | None = None) -> None:
     extra = ["--chunk-mb", str(args.chunk_mb)] if args.chunk_mb else []
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="bench-data-ray-"))
     try:
-        results = {engine: run_engine(engine, args.corpus, scratch / engine, args.workers, extra)
-                   for engine in ("local", "ray")}
+        results = {
+            engine: run_engine(engine, args.corpus, scratch / engine, args.workers, extra)
+            for engine in ("local", "ray")
+        }
         identical = dataset_bytes(scratch / "local") == dataset_bytes(scratch / "ray")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
     mb = results["local"]["input_bytes"] / 1e6
-    print(f"\ncorpus {args.corpus}: {mb:,.1f} MB, {args.workers} cores, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'engine':<8}{'wall s':>9}{'MB/s':>8}{'MB/s/core':>11}{'CPU s':>9}{'MB/CPU-s':>10}{'processes':>11}"
-          f"{'sum of peak RSS':>17}")
+    print(
+        f"\ncorpus {args.corpus}: {mb:,.1f} MB, {args.workers} cores, load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'engine':<8}{'wall s':>9}{'MB/s':>8}{'MB/s/core':>11}{'CPU s':>9}{'MB/CPU-s':>10}{'processes':>11}"
+        f"{'sum of peak RSS':>17}"
+    )
     for engine, r in results.items():
-        print(f"{engine:<8}{r['wall_s']:>9.1f}{mb / r['wall_s']:>8.2f}{mb / r['wall_s'] / args.workers:>11.2f}"
-              f"{r['cpu_s']:>9.1f}{mb / max(r['cpu_s'], 1e-9):>10.2f}{r['processes']:>11}"
-              f"{r['peak_rss_sum'] / 2**20:>14,.0f} MiB")
+        print(
+            f"{engine:<8}{r['wall_s']:>9.1f}{mb / r['wall_s']:>8.2f}{mb / r['wall_s'] / args.workers:>11.2f}"
+            f"{r['cpu_s']:>9.1f}{mb / max(r['cpu_s'], 1e-9):>10.2f}{r['processes']:>11}"
+            f"{r['peak_rss_sum'] / 2**20:>14,.0f} MiB"
+        )
     for engine, r in results.items():
-        roles = ", ".join(f"{name} {n}x {peak / 2**20:,.0f}" for name, (n, peak) in r["peak_rss_by_role"].items())
+        roles = ", ".join(
+            f"{name} {n}x {peak / 2**20:,.0f}" for name, (n, peak) in r["peak_rss_by_role"].items()
+        )
         print(f"peak RSS per process, {engine} (MiB): {roles}")
     ratio = results["ray"]["wall_s"] / results["local"]["wall_s"]
-    print(f"\nRay / local wall time: {ratio:.2f}x (target <= 1.5x); CPU seconds {results['ray']['cpu_s'] / results['local']['cpu_s']:.2f}x; "
-          f"Ray's fixed start/stop cost {fixed:.1f}s = {fixed / results['ray']['wall_s']:.0%} of its run")
+    print(
+        f"\nRay / local wall time: {ratio:.2f}x (target <= 1.5x); CPU seconds {results['ray']['cpu_s'] / results['local']['cpu_s']:.2f}x; "
+        f"Ray's fixed start/stop cost {fixed:.1f}s = {fixed / results['ray']['wall_s']:.0%} of its run"
+    )
     print(f"same shards, tokenizer and manifest (timings apart): {identical}")
 
 

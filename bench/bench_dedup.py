@@ -21,6 +21,7 @@
 Needs ../shared/data (the corpora) and the datasketch package (requirements-test.txt installs
 it; not in requirements.txt).
 """
+
 import argparse
 import json
 import os
@@ -47,17 +48,31 @@ MIN_DOCS = 20
 
 # ---------------------------------------------------------------- corpora
 
+
 def sentence_pool(data: pathlib.Path) -> list[str]:
     """Distinct sentences (6-60 words) from all the shared prose corpora, in a fixed order."""
     texts = []
     for name in ("wiki.valid.raw", "wiki.test.raw"):
-        texts += [line for line in (data / "wikitext-2-raw" / name).read_text().splitlines()
-                  if line.strip() and not line.strip().startswith("=")]
-    texts += (data / "tinystories" / "TinyStories-train-head-2MiB.txt").read_text().split("<|endoftext|>")
-    for path in (data / "c4-sample" / "c4-en-train-00000-first1000.jsonl",
-                 data / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl"):
-        texts += [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
-    texts += re.sub(r"<[^>]+>", " ", (data / "wikipedia-sample" / "exllamav2-wiki.utf8").read_text()).split("\n")
+        texts += [
+            line
+            for line in (data / "wikitext-2-raw" / name).read_text().splitlines()
+            if line.strip() and not line.strip().startswith("=")
+        ]
+    texts += (
+        (data / "tinystories" / "TinyStories-train-head-2MiB.txt")
+        .read_text()
+        .split("<|endoftext|>")
+    )
+    for path in (
+        data / "c4-sample" / "c4-en-train-00000-first1000.jsonl",
+        data / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl",
+    ):
+        texts += [
+            json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()
+        ]
+    texts += re.sub(
+        r"<[^>]+>", " ", (data / "wikipedia-sample" / "exllamav2-wiki.utf8").read_text()
+    ).split("\n")
     texts += (data / "tinyshakespeare" / "input.txt").read_text().split("\n\n")
     sentences = {}
     for text in texts:
@@ -84,6 +99,7 @@ def build_corpus(pool: list[str], num_docs: int, copy_fraction: float = 0.1, see
 
 # ---------------------------------------------------------------- the two pipelines
 
+
 def ours(texts, n=SHINGLE, verify="exact"):
     pairs, _ = dedup.near_duplicate_pairs(texts, THRESHOLD, NUM_PERM, n=n, verify=verify)
     return set(map(tuple, pairs.tolist()))
@@ -91,7 +107,10 @@ def ours(texts, n=SHINGLE, verify="exact"):
 
 def datasketch_pairs(texts, n=SHINGLE):
     from datasketch import MinHash, MinHashLSH  # main() checks that it is installed
-    minhashes = MinHash.bulk([[s.encode("utf-8") for s in dedup.shingles(t, n)] for t in texts], num_perm=NUM_PERM)
+
+    minhashes = MinHash.bulk(
+        [[s.encode("utf-8") for s in dedup.shingles(t, n)] for t in texts], num_perm=NUM_PERM
+    )
     lsh = MinHashLSH(threshold=THRESHOLD, num_perm=NUM_PERM)
     for i, m in enumerate(minhashes):
         lsh.insert(i, m)
@@ -109,13 +128,20 @@ def ours_signatures(texts):
 
 def datasketch_signatures(texts):
     from datasketch import MinHash
-    return MinHash.bulk([[s.encode("utf-8") for s in dedup.shingles(t, SHINGLE)] for t in texts], num_perm=NUM_PERM)
+
+    return MinHash.bulk(
+        [[s.encode("utf-8") for s in dedup.shingles(t, SHINGLE)] for t in texts], num_perm=NUM_PERM
+    )
 
 
 def best_times(functions: dict, texts, repeats: int) -> tuple[dict, dict, dict]:
     """Best wall time and best CPU time (this process, all threads) of each function over `repeats` interleaved
     rounds, and each one's last result. On a shared machine the CPU time is the steadier figure."""
-    wall, cpu, results = {name: float("inf") for name in functions}, {name: float("inf") for name in functions}, {}
+    wall, cpu, results = (
+        {name: float("inf") for name in functions},
+        {name: float("inf") for name in functions},
+        {},
+    )
     for _ in range(repeats):
         for name, function in functions.items():
             start, start_cpu = time.perf_counter(), time.process_time()
@@ -146,57 +172,104 @@ def score(pairs: set, planted: set, texts, n=SHINGLE) -> dict:
         below += dedup.jaccard(sets[i], sets[j]) < THRESHOLD
     clusters = connected(pairs, len(texts))
     found = sum(clusters.find(i) == clusters.find(j) for i, j in planted)
-    return {"pairs": len(pairs), "recall": round(found / len(planted), 4), "false_positives": below,
-            "other_true_pairs": len(pairs - planted) - below}
+    return {
+        "pairs": len(pairs),
+        "recall": round(found / len(planted), 4),
+        "false_positives": below,
+        "other_true_pairs": len(pairs - planted) - below,
+    }
 
 
 # ---------------------------------------------------------------- 1. side by side
 
+
 def side_by_side(num_docs: int, repeats: int, seed: int) -> dict:
     texts, planted = build_corpus(sentence_pool(DATA), num_docs, seed=seed)
     shingle_count = int(np.diff(dedup.shingle_fingerprints(texts, SHINGLE)[1]).sum())
-    sig_wall, sig_cpu, _ = best_times({"ours": ours_signatures, "datasketch": datasketch_signatures}, texts, repeats)
-    e2e_wall, e2e_cpu, found = best_times({"ours": ours, "ours (verify=estimate)": lambda t: ours(t, verify="estimate"),
-                                           "datasketch": datasketch_pairs}, texts, repeats)
+    sig_wall, sig_cpu, _ = best_times(
+        {"ours": ours_signatures, "datasketch": datasketch_signatures}, texts, repeats
+    )
+    e2e_wall, e2e_cpu, found = best_times(
+        {
+            "ours": ours,
+            "ours (verify=estimate)": lambda t: ours(t, verify="estimate"),
+            "datasketch": datasketch_pairs,
+        },
+        texts,
+        repeats,
+    )
     rows = {}
     for name in e2e_wall:
-        rows[name] = {"end_to_end_s": round(e2e_wall[name], 3), "end_to_end_cpu_s": round(e2e_cpu[name], 3),
-                      **score(found[name], planted, texts)}
+        rows[name] = {
+            "end_to_end_s": round(e2e_wall[name], 3),
+            "end_to_end_cpu_s": round(e2e_cpu[name], 3),
+            **score(found[name], planted, texts),
+        }
         if name in sig_wall:
             rows[name]["signatures_per_s"] = round(num_docs / sig_wall[name])
             rows[name]["signatures_per_cpu_s"] = round(num_docs / sig_cpu[name])
-    return {"documents": num_docs, "planted_pairs": len(planted), "shingles": shingle_count, "repeats": repeats,
-            "threshold": THRESHOLD, "num_perm": NUM_PERM, "shingle_words": SHINGLE, "results": rows,
-            "load_average": os.getloadavg()[0],
-            "speedup_end_to_end": round(e2e_wall["datasketch"] / e2e_wall["ours"], 2),
-            "speedup_end_to_end_cpu": round(e2e_cpu["datasketch"] / e2e_cpu["ours"], 2),
-            "speedup_signatures": round(sig_wall["datasketch"] / sig_wall["ours"], 2),
-            "speedup_signatures_cpu": round(sig_cpu["datasketch"] / sig_cpu["ours"], 2)}
+    return {
+        "documents": num_docs,
+        "planted_pairs": len(planted),
+        "shingles": shingle_count,
+        "repeats": repeats,
+        "threshold": THRESHOLD,
+        "num_perm": NUM_PERM,
+        "shingle_words": SHINGLE,
+        "results": rows,
+        "load_average": os.getloadavg()[0],
+        "speedup_end_to_end": round(e2e_wall["datasketch"] / e2e_wall["ours"], 2),
+        "speedup_end_to_end_cpu": round(e2e_cpu["datasketch"] / e2e_cpu["ours"], 2),
+        "speedup_signatures": round(sig_wall["datasketch"] / sig_wall["ours"], 2),
+        "speedup_signatures_cpu": round(sig_cpu["datasketch"] / sig_cpu["ours"], 2),
+    }
 
 
 # ---------------------------------------------------------------- 2. natural near-duplicates in C4
 
+
 def natural_c4() -> dict:
-    texts = [json.loads(line)["text"] for line in
-             (DATA / "c4-sample" / "c4-en-train-00000-first1000.jsonl").read_text().splitlines() if line.strip()]
-    texts += [line for line in (DATA / "c4-sample" / "exllamav2-c4.utf8").read_text().splitlines() if line.strip()]
+    texts = [
+        json.loads(line)["text"]
+        for line in (DATA / "c4-sample" / "c4-en-train-00000-first1000.jsonl")
+        .read_text()
+        .splitlines()
+        if line.strip()
+    ]
+    texts += [
+        line
+        for line in (DATA / "c4-sample" / "exllamav2-c4.utf8").read_text().splitlines()
+        if line.strip()
+    ]
     start = time.perf_counter()
     all_pairs, exact = dedup_experiment.brute_force_jaccard([dedup.shingles(t, 5) for t in texts])
     brute_s = time.perf_counter() - start
     truth = set(map(tuple, all_pairs[exact >= THRESHOLD].tolist()))
-    out = {"documents": len(texts), "brute_force_pairs": len(exact), "brute_force_s": round(brute_s, 2),
-           "true_pairs_jaccard_at_least_0.5": len(truth)}
-    for name, function in (("ours", lambda t: ours(t, n=5)), ("datasketch", lambda t: datasketch_pairs(t, n=5))):
+    out = {
+        "documents": len(texts),
+        "brute_force_pairs": len(exact),
+        "brute_force_s": round(brute_s, 2),
+        "true_pairs_jaccard_at_least_0.5": len(truth),
+    }
+    for name, function in (
+        ("ours", lambda t: ours(t, n=5)),
+        ("datasketch", lambda t: datasketch_pairs(t, n=5)),
+    ):
         start = time.perf_counter()
         found = function(texts)
         clusters = connected(found, len(texts))
         recall = sum(clusters.find(i) == clusters.find(j) for i, j in truth) / len(truth)
-        out[name] = {"seconds": round(time.perf_counter() - start, 3), "found": len(found),
-                     "recall": round(recall, 4), "false_positives": len(found - truth)}
+        out[name] = {
+            "seconds": round(time.perf_counter() - start, 3),
+            "found": len(found),
+            "recall": round(recall, 4),
+            "false_positives": len(found - truth),
+        }
     return out
 
 
 # ---------------------------------------------------------------- 3. scale, in a fresh process
+
 
 def _memory_kib(field: str) -> int:
     for line in pathlib.Path("/proc/self/status").read_text().splitlines():
@@ -209,85 +282,135 @@ def big_child(num_docs: int, seed: int) -> dict:
     """Runs in its own process: build the corpus, reset the peak-RSS counter, dedup, report."""
     texts, planted = build_corpus(sentence_pool(DATA), num_docs, seed=seed)
     rss_texts = _memory_kib("VmRSS")
-    pathlib.Path("/proc/self/clear_refs").write_text("5")      # reset VmHWM (peak RSS) to the current RSS
+    pathlib.Path("/proc/self/clear_refs").write_text(
+        "5"
+    )  # reset VmHWM (peak RSS) to the current RSS
     start, start_cpu = time.perf_counter(), time.process_time()
     pairs, _ = dedup.near_duplicate_pairs(texts, THRESHOLD, NUM_PERM, n=SHINGLE)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
     found = set(map(tuple, pairs.tolist()))
     clusters = connected(found, num_docs)
     recall = sum(clusters.find(i) == clusters.find(j) for i, j in planted) / len(planted)
-    return {"documents": num_docs, "planted_pairs": len(planted), "seconds": round(seconds, 2),
-            "cpu_seconds": round(cpu_seconds, 2), "load_average": os.getloadavg()[0],
-            "docs_per_s": round(num_docs / seconds), "rss_before_mib": round(rss_texts / 1024, 1),
-            "peak_rss_mib": round(_memory_kib("VmHWM") / 1024, 1),
-            "recall": round(recall, 4), "pairs": len(found),
-            "cpus": os.cpu_count()}
+    return {
+        "documents": num_docs,
+        "planted_pairs": len(planted),
+        "seconds": round(seconds, 2),
+        "cpu_seconds": round(cpu_seconds, 2),
+        "load_average": os.getloadavg()[0],
+        "docs_per_s": round(num_docs / seconds),
+        "rss_before_mib": round(rss_texts / 1024, 1),
+        "peak_rss_mib": round(_memory_kib("VmHWM") / 1024, 1),
+        "recall": round(recall, 4),
+        "pairs": len(found),
+        "cpus": os.cpu_count(),
+    }
 
 
 def scale(num_docs: int, seed: int) -> dict:
-    child = subprocess.run([sys.executable, __file__, "--child-big", str(num_docs), "--seed", str(seed)],
-                           capture_output=True, text=True, check=True)
+    child = subprocess.run(
+        [sys.executable, __file__, "--child-big", str(num_docs), "--seed", str(seed)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------- report
 
+
 def report(result: dict) -> str:
     lines = []
     side = result.get("side_by_side")
     if side:
-        lines += [f"Side by side: {side['documents']:,} documents ({side['planted_pairs']:,} planted pairs, "
-                  f"{side['shingles']:,} shingles), k={side['num_perm']}, threshold {side['threshold']}, "
-                  f"best of {side['repeats']}",
-                  "", "| pipeline | signatures/s (wall / CPU) | end to end s (wall / CPU) | recall | false positives "
-                  "| pairs reported |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"Side by side: {side['documents']:,} documents ({side['planted_pairs']:,} planted pairs, "
+            f"{side['shingles']:,} shingles), k={side['num_perm']}, threshold {side['threshold']}, "
+            f"best of {side['repeats']}",
+            "",
+            "| pipeline | signatures/s (wall / CPU) | end to end s (wall / CPU) | recall | false positives "
+            "| pairs reported |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, row in side["results"].items():
-            rate = f"{row['signatures_per_s']:,} / {row['signatures_per_cpu_s']:,}" if "signatures_per_s" in row \
+            rate = (
+                f"{row['signatures_per_s']:,} / {row['signatures_per_cpu_s']:,}"
+                if "signatures_per_s" in row
                 else "-"
-            lines.append(f"| {name} | {rate} | {row['end_to_end_s']:.2f} / {row['end_to_end_cpu_s']:.2f} "
-                         f"| {row['recall']:.3f} | {row['false_positives']} | {row['pairs']:,} |")
-        lines += ["", f"ours vs datasketch: {side['speedup_end_to_end']}x faster end to end "
-                      f"({side['speedup_end_to_end_cpu']}x in CPU time), {side['speedup_signatures']}x signatures/s "
-                      f"({side['speedup_signatures_cpu']}x in CPU time); load average {side['load_average']:.1f}", ""]
+            )
+            lines.append(
+                f"| {name} | {rate} | {row['end_to_end_s']:.2f} / {row['end_to_end_cpu_s']:.2f} "
+                f"| {row['recall']:.3f} | {row['false_positives']} | {row['pairs']:,} |"
+            )
+        lines += [
+            "",
+            f"ours vs datasketch: {side['speedup_end_to_end']}x faster end to end "
+            f"({side['speedup_end_to_end_cpu']}x in CPU time), {side['speedup_signatures']}x signatures/s "
+            f"({side['speedup_signatures_cpu']}x in CPU time); load average {side['load_average']:.1f}",
+            "",
+        ]
     c4 = result.get("natural_c4")
     if c4:
-        lines += [f"C4 natural near-duplicates: {c4['documents']} documents, 5-word shingles, "
-                  f"{c4['true_pairs_jaccard_at_least_0.5']} pairs with exact Jaccard >= 0.5 among "
-                  f"{c4['brute_force_pairs']:,} (brute force {c4['brute_force_s']} s)", "",
-                  "| pipeline | seconds | found | recall | false positives |", "|---|---|---|---|---|"]
+        lines += [
+            f"C4 natural near-duplicates: {c4['documents']} documents, 5-word shingles, "
+            f"{c4['true_pairs_jaccard_at_least_0.5']} pairs with exact Jaccard >= 0.5 among "
+            f"{c4['brute_force_pairs']:,} (brute force {c4['brute_force_s']} s)",
+            "",
+            "| pipeline | seconds | found | recall | false positives |",
+            "|---|---|---|---|---|",
+        ]
         for name in ("ours", "datasketch"):
             row = c4[name]
-            lines.append(f"| {name} | {row['seconds']:.2f} | {row['found']} | {row['recall']:.3f} "
-                         f"| {row['false_positives']} |")
+            lines.append(
+                f"| {name} | {row['seconds']:.2f} | {row['found']} | {row['recall']:.3f} "
+                f"| {row['false_positives']} |"
+            )
         lines.append("")
     big = result.get("scale")
     if big:
-        lines += [f"Scale: {big['documents']:,} documents ({big['planted_pairs']:,} planted), ours, one process on "
-                  f"a {big['cpus']}-core machine: {big['seconds']} s end to end ({big['docs_per_s']:,} docs/s; "
-                  f"{big['cpu_seconds']} s of CPU, load average {big['load_average']:.1f}), "
-                  f"peak RSS {big['peak_rss_mib']} MiB (texts alone {big['rss_before_mib']} MiB), "
-                  f"recall {big['recall']:.3f}"]
+        lines += [
+            f"Scale: {big['documents']:,} documents ({big['planted_pairs']:,} planted), ours, one process on "
+            f"a {big['cpus']}-core machine: {big['seconds']} s end to end ({big['docs_per_s']:,} docs/s; "
+            f"{big['cpu_seconds']} s of CPU, load average {big['load_average']:.1f}), "
+            f"peak RSS {big['peak_rss_mib']} MiB (texts alone {big['rss_before_mib']} MiB), "
+            f"recall {big['recall']:.3f}"
+        ]
     return "\n".join(lines)
 
 
 def main(argv=None):
     parser = Parser(description=__doc__.split("\n")[0])
     docs = in_range(int, 0, 10_000_000)
-    parser.add_argument("--docs", type=docs, default=10_000,
-                        help="documents side by side, 0 to skip (default: %(default)s)")
-    parser.add_argument("--big-docs", type=docs, default=100_000,
-                        help="documents for the scale run, 0 to skip")
-    parser.add_argument("--repeats", type=in_range(int, 1, 1000), default=3,
-                        help="interleaved rounds, best time kept")
+    parser.add_argument(
+        "--docs",
+        type=docs,
+        default=10_000,
+        help="documents side by side, 0 to skip (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--big-docs", type=docs, default=100_000, help="documents for the scale run, 0 to skip"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=in_range(int, 1, 1000),
+        default=3,
+        help="interleaved rounds, best time kept",
+    )
     parser.add_argument("--seed", type=in_range(int, 0), default=0)
-    parser.add_argument("--skip-c4", action="store_true", help="skip the natural C4 near-duplicate check")
+    parser.add_argument(
+        "--skip-c4", action="store_true", help="skip the natural C4 near-duplicate check"
+    )
     # checked now (a path under a file, a directory), not after minutes of work
-    parser.add_argument("--out", type=writable("file"), default=str(ROOT / "out" / "bench_dedup.json"),
-                        help="the JSON of every figure (default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=writable("file"),
+        default=str(ROOT / "out" / "bench_dedup.json"),
+        help="the JSON of every figure (default: %(default)s)",
+    )
     parser.add_argument("--child-big", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for flag, value in (("--docs", args.docs), ("--big-docs", args.big_docs)):
-        if 0 < value < MIN_DOCS:            # a tenth are planted copies: fewer plant none
+        if 0 < value < MIN_DOCS:  # a tenth are planted copies: fewer plant none
             parser.error(f"argument {flag}: 0 (skip) or at least {MIN_DOCS} documents, got {value}")
     if args.child_big:
         print(json.dumps(big_child(args.child_big, args.seed)))
@@ -297,8 +420,10 @@ def main(argv=None):
     try:
         import datasketch  # noqa: F401  the peer of sections 1 and 2
     except ImportError:
-        sys.exit("error: the peer needs datasketch: pip install datasketch (or pip install -r "
-                 "requirements-test.txt)")
+        sys.exit(
+            "error: the peer needs datasketch: pip install datasketch (or pip install -r "
+            "requirements-test.txt)"
+        )
     result = {}
     if args.docs:
         result["side_by_side"] = side_by_side(args.docs, args.repeats, args.seed)
@@ -309,7 +434,7 @@ def main(argv=None):
     print(report(result))
     try:
         dedup_files.write_atomic(args.out, json.dumps(result, indent=2) + "\n")
-    except dedup.DedupError as e:         # a full disk, or a folder made read-only meanwhile
+    except dedup.DedupError as e:  # a full disk, or a folder made read-only meanwhile
         print(f"{parser.prog}: error: --out {e}", file=sys.stderr)
         return 2
     print(f"\nwrote {args.out}")

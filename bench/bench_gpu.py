@@ -68,6 +68,7 @@ Every figure the bench prints comes from the run itself.
 
 Depends on: torch and the project's train.py, model.py, parallel.py, model_parallel.py, data.py, fileio.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -119,39 +120,79 @@ class Setup:
     A 50k vocabulary was not chosen: a BPE trained to 50k tokens on pydocs' 1.1 MB learns whole words seen once
     or twice (embedding rows that never train), and GPT-2's own tokenizer needs a download a GPU node may not have.
     """
+
     device: torch.device
-    dtype: str                  # train.py's --dtype
+    dtype: str  # train.py's --dtype
     preset: str
-    model_args: str             # train.py's --model-args
+    model_args: str  # train.py's --model-args
     batch_size: int
     block_size: int
-    steps: int                  # timed steps per loop (after `warmup` untimed ones)
+    steps: int  # timed steps per loop (after `warmup` untimed ones)
     warmup: int
-    max_batch: int              # the micro-batch search stops here
+    max_batch: int  # the micro-batch search stops here
     gen_tokens: int
-    compile_backend: str        # inductor on a GPU; eager on CPU (dynamo traces the same graph, in seconds)
-    nproc: list[int]            # torchrun world sizes of the layout section
-    run_nproc: list[int]        # torchrun world sizes of the train.py section
-    run_zero: tuple[int, ...]   # its ZeRO stages
-    run_model_args: str         # its small GPT (the tiny preset with these overrides)
+    compile_backend: (
+        str  # inductor on a GPU; eager on CPU (dynamo traces the same graph, in seconds)
+    )
+    nproc: list[int]  # torchrun world sizes of the layout section
+    run_nproc: list[int]  # torchrun world sizes of the train.py section
+    run_zero: tuple[int, ...]  # its ZeRO stages
+    run_model_args: str  # its small GPT (the tiny preset with these overrides)
     run_batch: int
     run_block: int
-    run_timeout_s: float        # one train.py launch
-    run_compile: bool = False   # train.py --compile (GPU; tests/test_compile.py: CPU)
-    trace: str = ""             # the profiler trace of 2 compiled steps, next to the JSON
+    run_timeout_s: float  # one train.py launch
+    run_compile: bool = False  # train.py --compile (GPU; tests/test_compile.py: CPU)
+    trace: str = ""  # the profiler trace of 2 compiled steps, next to the JSON
 
     @classmethod
     def gpu(cls, nproc: int) -> "Setup":
         worlds = sorted({1, nproc})
-        return cls(torch.device("cuda", 0), "bf16", "124m", "", 16, 1024, 10, 3, 256, 256, "inductor", worlds,
-                   worlds, (3,), "n_layer=4", 8, 128, 150, run_compile=True)
+        return cls(
+            torch.device("cuda", 0),
+            "bf16",
+            "124m",
+            "",
+            16,
+            1024,
+            10,
+            3,
+            256,
+            256,
+            "inductor",
+            worlds,
+            worlds,
+            (3,),
+            "n_layer=4",
+            8,
+            128,
+            150,
+            run_compile=True,
+        )
 
     @classmethod
     def smoke(cls) -> "Setup":
         # train.py joins a process group only at world size > 1 (and --zero needs one), so the CPU version runs
         # train.py on 2 gloo ranks, and only ZeRO-3 (each launch costs seconds of start-up on a CPU).
-        return cls(torch.device("cpu"), "fp32", "tiny", "n_layer=2,n_embd=64,n_head=4,n_kv_head=2", 4, 32, 2, 1,
-                   8, 8, "eager", [1, 2], [2], (3,), "n_layer=2,n_embd=64,n_head=4,n_kv_head=2", 4, 32, 600)
+        return cls(
+            torch.device("cpu"),
+            "fp32",
+            "tiny",
+            "n_layer=2,n_embd=64,n_head=4,n_kv_head=2",
+            4,
+            32,
+            2,
+            1,
+            8,
+            8,
+            "eager",
+            [1, 2],
+            [2],
+            (3,),
+            "n_layer=2,n_embd=64,n_head=4,n_kv_head=2",
+            4,
+            32,
+            600,
+        )
 
     @property
     def cuda(self) -> bool:
@@ -163,7 +204,7 @@ class Report:
 
     def __init__(self, sink: pathlib.Path | None = None):
         self.rows: list[dict] = []
-        self.sink = sink            # in a section's child: each row reaches this file at once
+        self.sink = sink  # in a section's child: each row reaches this file at once
 
     def add(self, section: str, item: str, value, status: str = "") -> None:
         self.rows.append({"section": section, "item": item, "value": value, "status": status})
@@ -202,10 +243,32 @@ def quiet(*args, **kwargs) -> None:
 
 def trainer_for(setup: Setup, out_dir: pathlib.Path, *flags: str) -> train_run.Trainer:
     """A train.py Trainer as `python train.py` builds it: evaluation, checkpoints and logs out of the way."""
-    argv = ["--data", "pydocs", "--model", setup.preset, "--device", setup.device.type, "--dtype", setup.dtype,
-            "--batch-size", str(setup.batch_size), "--block-size", str(setup.block_size), "--max-steps", "100000",
-            "--eval-interval", "100000", "--ckpt-interval", "100000", "--log-interval", "100000",
-            "--num-samples", "0", "--out-dir", str(out_dir)]
+    argv = [
+        "--data",
+        "pydocs",
+        "--model",
+        setup.preset,
+        "--device",
+        setup.device.type,
+        "--dtype",
+        setup.dtype,
+        "--batch-size",
+        str(setup.batch_size),
+        "--block-size",
+        str(setup.block_size),
+        "--max-steps",
+        "100000",
+        "--eval-interval",
+        "100000",
+        "--ckpt-interval",
+        "100000",
+        "--log-interval",
+        "100000",
+        "--num-samples",
+        "0",
+        "--out-dir",
+        str(out_dir),
+    ]
     if setup.model_args:
         argv += ["--model-args", setup.model_args]
     return train_run.Trainer(train_command.parse_config(argv + list(flags)), log=quiet)
@@ -214,6 +277,7 @@ def trainer_for(setup: Setup, out_dir: pathlib.Path, *flags: str) -> train_run.T
 # ----------------------------------------------------------------------------------------------------------------
 # 1. Speed: train.py's loop vs a minimal loop, eager and compiled; the largest micro-batch
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def time_loop(step, device: torch.device, warmup: int, steps: int) -> float:
     """Seconds per step of `step()` after `warmup` untimed calls (the first compiles)."""
@@ -227,15 +291,18 @@ def time_loop(step, device: torch.device, warmup: int, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def reference_step_fn(trainer: train_run.Trainer, compile_backend: str | None, batch_size: int | None = None):
+def reference_step_fn(
+    trainer: train_run.Trainer, compile_backend: str | None, batch_size: int | None = None
+):
     """The minimal loop on a fresh copy of the trainer's model: batch to device, forward under autocast, backward,
     clip, fused AdamW step, zero grads. Same model config, batch shape and data iterator as the trainer."""
     torch.manual_seed(trainer.cfg.seed)
     gpt = model_lib.GPT(trainer.model_config).to(trainer.device)
     opt = train.make_optimizer(gpt, trainer.cfg, trainer.device.type)
     forward = torch.compile(gpt, backend=compile_backend) if compile_backend else gpt
-    loader = trainer.data.iterator("train", batch_size or trainer.cfg.batch_size, trainer.block_size,
-                                   seed=trainer.cfg.seed)
+    loader = trainer.data.iterator(
+        "train", batch_size or trainer.cfg.batch_size, trainer.block_size, seed=trainer.cfg.seed
+    )
 
     def step():
         x, y = (t.to(trainer.device, non_blocking=True) for t in loader.next())
@@ -245,6 +312,7 @@ def reference_step_fn(trainer: train_run.Trainer, compile_backend: str | None, b
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
     return step
 
 
@@ -269,35 +337,66 @@ def bench_speed(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
         tag = "compiled" if compiled else "eager"
         with compile_backend(setup.compile_backend):
             trainer = trainer_for(setup, tmp / f"speed-{tag}", *(["--compile"] if compiled else []))
-        ours = time_loop(lambda: train.train_loop(trainer, steps=1), setup.device, setup.warmup, setup.steps)
+        ours = time_loop(
+            lambda: train.train_loop(trainer, steps=1), setup.device, setup.warmup, setup.steps
+        )
         if compiled and setup.trace:
             out["trace"] = profile_steps(trainer, setup, pathlib.Path(setup.trace))
             report.add("speed", "profiler trace of 2 compiled steps (Perfetto)", out["trace"])
-        ref = time_loop(reference_step_fn(trainer, setup.compile_backend if compiled else None),
-                        setup.device, setup.warmup, setup.steps)
+        ref = time_loop(
+            reference_step_fn(trainer, setup.compile_backend if compiled else None),
+            setup.device,
+            setup.warmup,
+            setup.steps,
+        )
         tokens = trainer.tokens_per_step
         peak = trainer._peak
         mfu = tokens / ours * trainer._flops_per_token / peak if peak else None
         report.add("speed", f"train.py loop, {tag}: tokens/s", tokens / ours)
         report.add("speed", f"minimal loop, {tag}: tokens/s", tokens / ref)
-        report.add("speed", f"train.py loop, {tag}: MFU vs dense peak {peak or 0:.3g}", mfu if mfu else "n/a")
+        report.add(
+            "speed",
+            f"train.py loop, {tag}: MFU vs dense peak {peak or 0:.3g}",
+            mfu if mfu else "n/a",
+        )
         overhead = ours / ref - 1
-        report.target("speed", f"loop overhead vs minimal loop, {tag} (target < 3%)", f"{overhead:+.1%}",
-                      overhead < 0.03)
+        report.target(
+            "speed",
+            f"loop overhead vs minimal loop, {tag} (target < 3%)",
+            f"{overhead:+.1%}",
+            overhead < 0.03,
+        )
         if compiled and mfu is not None and setup.cuda:
-            report.target("speed", "MFU, compiled (target >= 45% on an H200)", f"{mfu:.1%}", mfu >= 0.45)
-        out[tag] = {"tokens_per_s": tokens / ours, "reference_tokens_per_s": tokens / ref, "mfu": mfu,
-                    "overhead": overhead, "peak_flops": peak}
-        out["params"], out["vocab_size"] = trainer.raw_model.num_params(), trainer.model_config.vocab_size
-        if not compiled:                   # the preset names a shape; the vocabulary is the data's tokenizer's
+            report.target(
+                "speed", "MFU, compiled (target >= 45% on an H200)", f"{mfu:.1%}", mfu >= 0.45
+            )
+        out[tag] = {
+            "tokens_per_s": tokens / ours,
+            "reference_tokens_per_s": tokens / ref,
+            "mfu": mfu,
+            "overhead": overhead,
+            "peak_flops": peak,
+        }
+        out["params"], out["vocab_size"] = (
+            trainer.raw_model.num_params(),
+            trainer.model_config.vocab_size,
+        )
+        if not compiled:  # the preset names a shape; the vocabulary is the data's tokenizer's
             cfg = trainer.model_config
-            report.add("speed", f"model: preset {setup.preset}'s shape ({cfg.n_layer} x {cfg.n_embd}), vocab "
-                       f"{cfg.vocab_size:,} of --data pydocs: parameters", out["params"])
-        trainer = None                                   # freed before the next one is built
+            report.add(
+                "speed",
+                f"model: preset {setup.preset}'s shape ({cfg.n_layer} x {cfg.n_embd}), vocab "
+                f"{cfg.vocab_size:,} of --data pydocs: parameters",
+                out["params"],
+            )
+        trainer = None  # freed before the next one is built
         _free(setup.device)
     out["max_micro_batch"], out["max_micro_batch_stop"] = largest_micro_batch(setup, tmp)
-    report.add("speed", f"largest micro-batch that fits, eager (T={setup.block_size}, up to {setup.max_batch})",
-               out["max_micro_batch"])
+    report.add(
+        "speed",
+        f"largest micro-batch that fits, eager (T={setup.block_size}, up to {setup.max_batch})",
+        out["max_micro_batch"],
+    )
     report.add("speed", "  the search stopped at", out["max_micro_batch_stop"])
     return out
 
@@ -332,7 +431,7 @@ def largest_micro_batch(setup: Setup, tmp: pathlib.Path) -> tuple[int, str]:
             step()
             sync(setup.device)
             fits = batch
-        except Exception as e:                  # noqa: BLE001 - classified below, re-raised if not understood
+        except Exception as e:  # noqa: BLE001 - classified below, re-raised if not understood
             why = batch_failure(e)
             if why is None:
                 raise
@@ -358,7 +457,9 @@ def batch_failure(e: Exception) -> str | None:
     if isinstance(e, data_lib.DataError):
         return f"too few windows ({e})"
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    if isinstance(e, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text):
+    if isinstance(e, RuntimeError) and (
+        "out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text
+    ):
         return f"out of memory (CUDA: {text})"
     return None
 
@@ -375,8 +476,9 @@ def _free(device: torch.device) -> None:
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def saved_terms(config: model_lib.GPTConfig, batch: int, seq: int, dtype: str,
-                device: str = "cpu") -> tuple[dict, dict]:
+def saved_terms(
+    config: model_lib.GPTConfig, batch: int, seq: int, dtype: str, device: str = "cpu"
+) -> tuple[dict, dict]:
     """What autograd saves for backward in one forward of model.py's GPT as written, term by term:
     ({name: (dtype, bytes)} of one block, the same of the rest: embedding, final norm, LM head, loss), on a
     `device` type ("cpu", "cuda").
@@ -410,14 +512,18 @@ def saved_terms(config: model_lib.GPTConfig, batch: int, seq: int, dtype: str,
     act = str(LOW_PRECISION[dtype]).split(".")[-1] if low else "float32"
     a = 2 if low else 4
     q_width = config.n_head * config.head_dim
-    in_place = LOW_PRECISION.get(dtype, torch.float32) in model_lib.SDPA_GQA_IN_PLACE.get(device, ((),))[0]
+    in_place = (
+        LOW_PRECISION.get(dtype, torch.float32) in model_lib.SDPA_GQA_IN_PLACE.get(device, ((),))[0]
+    )
     kv_width = config.n_kv_head * config.head_dim if in_place else q_width
     linear = q_width * C + 2 * config.n_kv_head * config.head_dim * C + q_width * C + 3 * C * H
     block = {
         "norm inputs and normalised (fp32)": ("float32", 2 * (4 + 4) * B * T * C),
         "norm reciprocal RMS (fp32)": ("float32", 2 * 4 * B * T),
-        "matmul inputs (a copy per matmul)" if low else "matmul inputs (one per norm)":
-            (act, 5 * a * B * T * C if low else 2 * 4 * B * T * C),
+        "matmul inputs (a copy per matmul)" if low else "matmul inputs (one per norm)": (
+            act,
+            5 * a * B * T * C if low else 2 * 4 * B * T * C,
+        ),
         "attention q, k, v, output": (act, a * B * T * (2 * q_width + 2 * kv_width)),
         "attention logsumexp (fp32)": ("float32", 4 * B * config.n_head * T),
         "RoPE cos, sin (fp32)": ("float32", 2 * 4 * T * (config.head_dim // 2)),
@@ -443,8 +549,14 @@ def bytes_by_dtype(terms: dict, times: int = 1) -> dict[str, int]:
     return {k: v for k, v in out.items() if v}
 
 
-def predicted_memory(config: model_lib.GPTConfig, batch: int, seq: int, checkpointing: bool, dtype: str,
-                     device: str = "cpu") -> dict:
+def predicted_memory(
+    config: model_lib.GPTConfig,
+    batch: int,
+    seq: int,
+    checkpointing: bool,
+    dtype: str,
+    device: str = "cpu",
+) -> dict:
     """Peak bytes of one train.py step (micro-batch `batch` x `seq`, one process, AdamW's state already made).
 
     The peak is in the loss's backward, before any gradient exists: fp32 weights (4/param) and AdamW's two
@@ -468,11 +580,19 @@ def predicted_memory(config: model_lib.GPTConfig, batch: int, seq: int, checkpoi
         blocks = config.n_layer * 4 * B * T * C
         loss_moment = head + logits
         recompute_moment = one_block + 4 * V * C
-        parts.update(block_inputs=blocks, head_saved=head, logits_and_loss_backward=logits,
-                     top_block_recompute=recompute_moment)
+        parts.update(
+            block_inputs=blocks,
+            head_saved=head,
+            logits_and_loss_backward=logits,
+            top_block_recompute=recompute_moment,
+        )
         parts["total"] = 12 * n + parts["batch"] + blocks + max(loss_moment, recompute_moment)
     else:
-        parts.update(blocks_saved=config.n_layer * one_block, head_saved=head, logits_and_loss_backward=logits)
+        parts.update(
+            blocks_saved=config.n_layer * one_block,
+            head_saved=head,
+            logits_and_loss_backward=logits,
+        )
         parts["total"] = sum(parts.values())
     return parts
 
@@ -492,7 +612,11 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor)
+        }
         out = func(*args, **kwargs)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type == "cpu":
@@ -515,27 +639,44 @@ def bench_memory(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     for dtype in dtypes:
         for checkpointing in (False, True):
             tag = f"{dtype}, " + ("checkpointed" if checkpointing else "plain")
-            out[tag] = _measure_memory(dataclasses.replace(setup, dtype=dtype), report, tmp, checkpointing, tag)
+            out[tag] = _measure_memory(
+                dataclasses.replace(setup, dtype=dtype), report, tmp, checkpointing, tag
+            )
     return out
 
 
-def _measure_memory(setup: Setup, report: Report, tmp: pathlib.Path, checkpointing: bool, tag: str) -> dict:
+def _measure_memory(
+    setup: Setup, report: Report, tmp: pathlib.Path, checkpointing: bool, tag: str
+) -> dict:
     baseline = 0
     if setup.cuda:
         _free(setup.device)
         torch.cuda.reset_peak_memory_stats(setup.device)
-        baseline = torch.cuda.memory_allocated(setup.device)      # whatever earlier sections still hold
-    trainer = trainer_for(setup, tmp / f"memory-{tag.replace(', ', '-')}",
-                          *(["--activation-checkpointing"] if checkpointing else []))
-    train.train_loop(trainer, steps=1)                                  # AdamW's moments exist after the first step
-    want = predicted_memory(trainer.model_config, setup.batch_size, setup.block_size, checkpointing, setup.dtype,
-                            setup.device.type)
+        baseline = torch.cuda.memory_allocated(setup.device)  # whatever earlier sections still hold
+    trainer = trainer_for(
+        setup,
+        tmp / f"memory-{tag.replace(', ', '-')}",
+        *(["--activation-checkpointing"] if checkpointing else []),
+    )
+    train.train_loop(trainer, steps=1)  # AdamW's moments exist after the first step
+    want = predicted_memory(
+        trainer.model_config,
+        setup.batch_size,
+        setup.block_size,
+        checkpointing,
+        setup.dtype,
+        setup.device.type,
+    )
     held = parallel.training_state_bytes(trainer.raw_model.parameters(), trainer.optimizer)
     # Between steps the grads are freed (zero_grad(set_to_none)): weights + AdamW moments = 4 + 8 bytes/param
     # (+ a 4-byte step counter per tensor).
     state = want["weights"] + want["optimizer"]
-    report.check("memory", f"{tag}: weights + AdamW state held (= 12 bytes/param)",
-                 held["params"] + held["optimizer"], abs(held["params"] + held["optimizer"] - state) <= 0.01 * state)
+    report.check(
+        "memory",
+        f"{tag}: weights + AdamW state held (= 12 bytes/param)",
+        held["params"] + held["optimizer"],
+        abs(held["params"] + held["optimizer"] - state) <= 0.01 * state,
+    )
     if setup.cuda:
         train.train_loop(trainer, steps=1)
         sync(setup.device)
@@ -551,11 +692,19 @@ def _measure_memory(setup: Setup, report: Report, tmp: pathlib.Path, checkpointi
     report.add("memory", f"{tag}: peak of one step ({where}), GB", peak / 1e9)
     report.add("memory", f"{tag}: predicted (state + saved + logits), GB", want["total"] / 1e9)
     if setup.cuda:
-        report.target("memory", f"{tag}: measured / predicted (target within 15%)", f"{ratio:.3f}",
-                      abs(ratio - 1) <= 0.15)
-    else:                                                  # the same code on a CPU: the model must hold closely
-        report.check("memory", f"{tag}: measured / predicted (within 5% on a CPU)", f"{ratio:.3f}",
-                     abs(ratio - 1) <= 0.05)
+        report.target(
+            "memory",
+            f"{tag}: measured / predicted (target within 15%)",
+            f"{ratio:.3f}",
+            abs(ratio - 1) <= 0.15,
+        )
+    else:  # the same code on a CPU: the model must hold closely
+        report.check(
+            "memory",
+            f"{tag}: measured / predicted (within 5% on a CPU)",
+            f"{ratio:.3f}",
+            abs(ratio - 1) <= 0.05,
+        )
     del trainer
     return {"predicted": want, "held": held, "peak": peak, "ratio": ratio, "measured_by": where}
 
@@ -564,22 +713,27 @@ def _measure_memory(setup: Setup, report: Report, tmp: pathlib.Path, checkpointi
 # 3. Decode: KV-cache generation tokens/s
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def bench_decode(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     config = trainer_for(setup, tmp / "decode-config").model_config
     torch.manual_seed(0)
     gpt = model_lib.GPT(config).to(setup.device).eval()
     if setup.cuda:
-        gpt = gpt.to(torch.bfloat16)                          # inference needs no fp32 master weights
+        gpt = gpt.to(torch.bfloat16)  # inference needs no fp32 master weights
     out = {}
     for batch in (1, 16):
         prompt = torch.randint(0, config.vocab_size, (batch, 16), device=setup.device)
-        gpt.generate(prompt, 4, temperature=0)                # warm up the kernels
+        gpt.generate(prompt, 4, temperature=0)  # warm up the kernels
         sync(setup.device)
         start = time.perf_counter()
         gpt.generate(prompt, setup.gen_tokens, temperature=0)
         sync(setup.device)
         rate = batch * setup.gen_tokens / (time.perf_counter() - start)
-        report.add("decode", f"KV-cache greedy decoding, batch {batch}: tokens/s ({setup.gen_tokens} new)", rate)
+        report.add(
+            "decode",
+            f"KV-cache greedy decoding, batch {batch}: tokens/s ({setup.gen_tokens} new)",
+            rate,
+        )
         out[f"batch_{batch}"] = rate
     return out
 
@@ -587,6 +741,7 @@ def bench_decode(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # 4. Exact resume on the device; the checkpoint crosses to the CPU and back
 # ----------------------------------------------------------------------------------------------------------------
+
 
 def scramble_generators() -> None:
     """What a killed process loses: every generator starts elsewhere, so only the checkpoint can restore them."""
@@ -596,16 +751,33 @@ def scramble_generators() -> None:
 
 
 def bench_resume(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
-    resume_args = "n_layer=2,n_embd=64,n_head=4,n_kv_head=2,dropout=0.1"      # dropout draws from the CUDA RNG
-    small = dataclasses.replace(setup, preset="tiny", model_args=resume_args, batch_size=4, block_size=64)
-    flags = ["--max-steps", "6", "--ckpt-interval", "3", "--keep-checkpoints", "5", "--warmup-steps", "2"]
+    resume_args = (
+        "n_layer=2,n_embd=64,n_head=4,n_kv_head=2,dropout=0.1"  # dropout draws from the CUDA RNG
+    )
+    small = dataclasses.replace(
+        setup, preset="tiny", model_args=resume_args, batch_size=4, block_size=64
+    )
+    flags = [
+        "--max-steps",
+        "6",
+        "--ckpt-interval",
+        "3",
+        "--keep-checkpoints",
+        "5",
+        "--warmup-steps",
+        "2",
+    ]
     whole = trainer_for(small, tmp / "resume-whole", *flags)
     whole.run()
     want = _losses(tmp / "resume-whole")
     ckpt = train.load_checkpoint(train.checkpoint_path(tmp / "resume-whole", 3))
     if setup.cuda:
-        report.check("resume", "checkpoint holds the CUDA RNG state", "cuda" in ckpt["rng"][0],
-                     "cuda" in ckpt["rng"][0])
+        report.check(
+            "resume",
+            "checkpoint holds the CUDA RNG state",
+            "cuda" in ckpt["rng"][0],
+            "cuda" in ckpt["rng"][0],
+        )
     # CPU kernels repeat bit for bit; some CUDA kernels accumulate with atomics (embedding and attention
     # backward), so on a GPU the uninterrupted run itself repeats only to ~1e-6. The control below shows that the
     # tolerance still catches a resume that forgets the random generators.
@@ -613,46 +785,75 @@ def bench_resume(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     got = _resume_from_step_3(small, tmp, "resume-killed", flags)
     worst = max(abs(got[s] - want[s]) for s in (3, 4, 5))
     exact = worst <= tol
-    report.check("resume", f"killed at step 3, resumed on {setup.device.type}: losses 3-5 within {tol:g}",
-                 f"{worst:.1e}", exact)
+    report.check(
+        "resume",
+        f"killed at step 3, resumed on {setup.device.type}: losses 3-5 within {tol:g}",
+        f"{worst:.1e}",
+        exact,
+    )
     restore = train.set_rng_state
-    train.set_rng_state = lambda state: None                  # the control: generators left scrambled
+    train.set_rng_state = lambda state: None  # the control: generators left scrambled
     try:
         forgot = _resume_from_step_3(small, tmp, "resume-no-rng", flags)
     finally:
         train.set_rng_state = restore
     miss = max(abs(forgot[s] - want[s]) for s in (3, 4, 5))
-    report.check("resume", "control: the same resume without restoring the RNG differs", f"{miss:.1e}",
-                 miss > 10 * tol and miss > 0)
+    report.check(
+        "resume",
+        "control: the same resume without restoring the RNG differs",
+        f"{miss:.1e}",
+        miss > 10 * tol and miss > 0,
+    )
 
     # The device's checkpoint on the CPU: same logits; a CPU resume continues the curve; its checkpoint comes back.
-    x = torch.randint(0, whole.model_config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    x = torch.randint(
+        0, whole.model_config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0)
+    )
     on_cpu, _ = train.model_from_checkpoint(ckpt, "cpu")
     on_device, _ = train.model_from_checkpoint(ckpt, setup.device)
     with torch.no_grad():
         diff = float((on_cpu(x)[0] - on_device(x.to(setup.device))[0].cpu()).abs().max())
-    report.check("resume", f"{setup.device.type} checkpoint on the CPU: max logit difference", f"{diff:.1e}",
-                 diff < 1e-3)
+    report.check(
+        "resume",
+        f"{setup.device.type} checkpoint on the CPU: max logit difference",
+        f"{diff:.1e}",
+        diff < 1e-3,
+    )
     (tmp / "resume-cpu").mkdir()
     shutil.copy(train.checkpoint_path(tmp / "resume-whole", 3), tmp / "resume-cpu")
     cpu_setup = dataclasses.replace(small, device=torch.device("cpu"), dtype="fp32")
     trainer_for(cpu_setup, tmp / "resume-cpu", *flags, "--resume").run()
     cpu_losses = _losses(tmp / "resume-cpu")
-    rel = 2e-2 if setup.dtype == "bf16" else 1e-3           # the device ran bf16 autocast, the CPU fp32
+    rel = 2e-2 if setup.dtype == "bf16" else 1e-3  # the device ran bf16 autocast, the CPU fp32
     close = all(math.isclose(cpu_losses[s], want[s], rel_tol=rel) for s in (3, 4, 5))
-    report.check("resume", f"resumed on the CPU: losses 3-5 within {rel:g} (relative) of the device's",
-                 f"{max(abs(cpu_losses[s] - want[s]) for s in (3, 4, 5)):.1e}", close)
+    report.check(
+        "resume",
+        f"resumed on the CPU: losses 3-5 within {rel:g} (relative) of the device's",
+        f"{max(abs(cpu_losses[s] - want[s]) for s in (3, 4, 5)):.1e}",
+        close,
+    )
     back = train.load_checkpoint(tmp / "resume-cpu")
     restored, _ = train.model_from_checkpoint(back, setup.device)
     cpu_model, _ = train.model_from_checkpoint(back, "cpu")
     with torch.no_grad():
         diff_back = float((restored(x.to(setup.device))[0].cpu() - cpu_model(x)[0]).abs().max())
-    report.check("resume", "CPU checkpoint back on the device: max logit difference", f"{diff_back:.1e}",
-                 diff_back < 1e-3)
-    return {"exact": exact, "cpu_close": close, "logit_diff_to_cpu": diff, "logit_diff_back": diff_back}
+    report.check(
+        "resume",
+        "CPU checkpoint back on the device: max logit difference",
+        f"{diff_back:.1e}",
+        diff_back < 1e-3,
+    )
+    return {
+        "exact": exact,
+        "cpu_close": close,
+        "logit_diff_to_cpu": diff,
+        "logit_diff_back": diff_back,
+    }
 
 
-def _resume_from_step_3(setup: Setup, tmp: pathlib.Path, name: str, flags: list[str]) -> dict[int, float]:
+def _resume_from_step_3(
+    setup: Setup, tmp: pathlib.Path, name: str, flags: list[str]
+) -> dict[int, float]:
     """A fresh Trainer, with every generator scrambled, resumes the uninterrupted run's step-3 checkpoint."""
     (tmp / name).mkdir()
     shutil.copy(train.checkpoint_path(tmp / "resume-whole", 3), tmp / name)
@@ -663,20 +864,31 @@ def _resume_from_step_3(setup: Setup, tmp: pathlib.Path, name: str, flags: list[
 
 def _losses(out_dir: pathlib.Path) -> dict[int, float]:
     """The last loss logged per step (a resumed run rewrites the steps after its checkpoint)."""
-    return {r["step"]: r["loss"] for r in train_run.read_metrics(out_dir / "metrics.jsonl")
-            if "loss" in r and "event" not in r}
+    return {
+        r["step"]: r["loss"]
+        for r in train_run.read_metrics(out_dir / "metrics.jsonl")
+        if "loss" in r and "event" not in r
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # 5. torchrun: every layout on N processes vs one process on the same device
 # ----------------------------------------------------------------------------------------------------------------
 
+
 def layout_config(world: int) -> model_lib.GPTConfig:
     """A GPT small enough to train in every layout many times, that `world` ranks can split every way: as many
     layers (pp) and heads (tp) as ranks, a vocabulary of 250 that needs padding for tensor parallel."""
     heads = max(4, world)
-    return model_lib.GPTConfig(vocab_size=250, block_size=32, n_layer=max(2, world), n_head=heads, n_kv_head=heads,
-                               n_embd=64, ffn_hidden=128)
+    return model_lib.GPTConfig(
+        vocab_size=250,
+        block_size=32,
+        n_layer=max(2, world),
+        n_head=heads,
+        n_kv_head=heads,
+        n_embd=64,
+        ffn_hidden=128,
+    )
 
 
 LAYOUT_STEPS, LAYOUT_BATCH, LAYOUT_LR, LAYOUT_CLIP = 3, 16, 1e-2, 0.25
@@ -691,7 +903,12 @@ def layouts(world: int) -> list[dict]:
     config, out = layout_config(world), []
     for tp in (d for d in range(1, world + 1) if world % d == 0):
         for pp in (d for d in range(1, world // tp + 1) if (world // tp) % d == 0):
-            if config.n_head % tp or config.n_kv_head % tp or config.ffn_dim % tp or config.n_layer < pp:
+            if (
+                config.n_head % tp
+                or config.n_kv_head % tp
+                or config.ffn_dim % tp
+                or config.n_layer < pp
+            ):
                 continue
             dp = world // (tp * pp)
             if LAYOUT_BATCH % dp:
@@ -713,8 +930,13 @@ def _compare(got: dict, want: dict, start: dict, bf16: bool) -> dict:
     the steps within 30% (relative norm) of the one-process movement (what tests/test_parallel.py measures)."""
     diff = max(float((got[k].float() - want[k]).abs().max()) for k in want)
     if bf16:
-        worst = max(float(((got[k].float() - start[k]) - (want[k] - start[k])).norm() / (want[k] - start[k]).norm())
-                    for k in want)
+        worst = max(
+            float(
+                ((got[k].float() - start[k]) - (want[k] - start[k])).norm()
+                / (want[k] - start[k]).norm()
+            )
+            for k in want
+        )
         return {"max_diff": diff, "ok": worst < 0.3, "criterion": f"movement within {worst:.0%}"}
     ok = all(torch.allclose(got[k].float(), want[k], rtol=1e-4, atol=1e-4) for k in want)
     return {"max_diff": diff, "ok": ok, "criterion": "allclose 1e-4"}
@@ -736,8 +958,13 @@ def _layout_reference(device: torch.device, config: model_lib.GPTConfig) -> dict
 def _layout_batches(device: torch.device, config: model_lib.GPTConfig):
     g = torch.Generator().manual_seed(1)
     shape = (LAYOUT_BATCH, config.block_size)
-    return [(torch.randint(0, config.vocab_size, shape, generator=g).to(device),
-             torch.randint(0, config.vocab_size, shape, generator=g).to(device)) for _ in range(LAYOUT_STEPS)]
+    return [
+        (
+            torch.randint(0, config.vocab_size, shape, generator=g).to(device),
+            torch.randint(0, config.vocab_size, shape, generator=g).to(device),
+        )
+        for _ in range(LAYOUT_STEPS)
+    ]
 
 
 def layout_worker(out_path: str) -> int:
@@ -767,7 +994,9 @@ def layout_worker(out_path: str) -> int:
             optim.zero_grad()
         got = model.full_state_dict()
         results.append({**lay, **_compare(got, want, start, lay["bf16"])})
-    if world == 1:  # the pipeline executor with one stage: its schedule, loss and backward on this device
+    if (
+        world == 1
+    ):  # the pipeline executor with one stage: its schedule, loss and backward on this device
         torch.manual_seed(0)
         gpt = model_lib.GPT(config).to(device)
         pipe = model_parallel.PipelineParallel(gpt, parallel.Mesh.build(), "1f1b")
@@ -776,23 +1005,39 @@ def layout_worker(out_path: str) -> int:
         torch.manual_seed(0)
         plain = model_lib.GPT(config).to(device)
         diff = abs(float(loss) - float(plain(x, y)[1]))
-        results.append({"dp": 1, "tp": 1, "pp": 1, "zero": 0, "bf16": False, "pipeline_executor": True,
-                        "max_diff": diff, "ok": diff < 1e-4 and loss.device == device,
-                        "criterion": f"loss within 1e-4, on {loss.device}"})
+        results.append(
+            {
+                "dp": 1,
+                "tp": 1,
+                "pp": 1,
+                "zero": 0,
+                "bf16": False,
+                "pipeline_executor": True,
+                "max_diff": diff,
+                "ok": diff < 1e-4 and loss.device == device,
+                "criterion": f"loss within 1e-4, on {loss.device}",
+            }
+        )
     if rank == 0:
-        pathlib.Path(out_path).write_text(json.dumps({"world": world, "backend": backend, "device": str(device),
-                                                      "layouts": results}))
+        pathlib.Path(out_path).write_text(
+            json.dumps(
+                {"world": world, "backend": backend, "device": str(device), "layouts": results}
+            )
+        )
     torch.distributed.destroy_process_group()
     return 0
 
 
-def run_worker(section: str, n: int, flag: str, path: pathlib.Path, setup: Setup,
-               report: Report) -> tuple[dict | None, float]:
+def run_worker(
+    section: str, n: int, flag: str, path: pathlib.Path, setup: Setup, report: Report
+) -> tuple[dict | None, float]:
     """This script's `flag` worker on n ranks under torchrun: (the JSON it wrote, seconds), or (None,
     seconds) after a FAIL row when torchrun failed."""
     proc, seconds = torchrun(n, pathlib.Path(__file__).resolve(), [flag, str(path)], setup, 300)
     if proc.returncode != 0 or not path.exists():
-        report.check(section, f"N={n}: torchrun exited {proc.returncode}", _tail(proc, 3)[:60], False)
+        report.check(
+            section, f"N={n}: torchrun exited {proc.returncode}", _tail(proc, 3)[:60], False
+        )
         return None, seconds
     return json.loads(path.read_text()), seconds
 
@@ -800,18 +1045,31 @@ def run_worker(section: str, n: int, flag: str, path: pathlib.Path, setup: Setup
 def bench_torchrun(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     out = {}
     for n in setup.nproc:
-        result, seconds = run_worker("torchrun", n, "--layout-worker", tmp / f"torchrun-{n}.json", setup,
-                                     report)
+        result, seconds = run_worker(
+            "torchrun", n, "--layout-worker", tmp / f"torchrun-{n}.json", setup, report
+        )
         if result is None:
             continue
         want_backend = "nccl" if setup.cuda else "gloo"
-        report.check("torchrun", f"N={n}: process group backend, device of rank 0",
-                     f"{result['backend']}, {result['device']}", result["backend"] == want_backend)
+        report.check(
+            "torchrun",
+            f"N={n}: process group backend, device of rank 0",
+            f"{result['backend']}, {result['device']}",
+            result["backend"] == want_backend,
+        )
         for lay in result["layouts"]:
-            name = ("pipeline executor, 1 stage" if lay.get("pipeline_executor") else
-                    f"dp{lay['dp']} tp{lay['tp']} pp{lay['pp']} ZeRO-{lay['zero']}" + (" bf16" if lay["bf16"] else ""))
-            report.check("torchrun", f"N={n}: {name} vs one process ({lay['criterion']})",
-                         f"{lay['max_diff']:.1e}", lay["ok"])
+            name = (
+                "pipeline executor, 1 stage"
+                if lay.get("pipeline_executor")
+                else f"dp{lay['dp']} tp{lay['tp']} pp{lay['pp']} ZeRO-{lay['zero']}"
+                + (" bf16" if lay["bf16"] else "")
+            )
+            report.check(
+                "torchrun",
+                f"N={n}: {name} vs one process ({lay['criterion']})",
+                f"{lay['max_diff']:.1e}",
+                lay["ok"],
+            )
         report.add("torchrun", f"N={n}: wall time, s", seconds)
         out[n] = result
     return out
@@ -821,7 +1079,15 @@ def torchrun(n: int, script: pathlib.Path, args: list[str], setup: Setup, timeou
     """`torchrun --standalone --nproc_per_node=n script args...` -> (CompletedProcess, seconds). --smoke hides any
     GPU so the ranks join over gloo on the CPU. A run past `timeout_s` is ended with its workers (end_process_tree:
     torchrun starts each worker in a session of its own) and reported as exit code 124."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        str(script),
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if not setup.cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -835,14 +1101,17 @@ def torchrun(n: int, script: pathlib.Path, args: list[str], setup: Setup, timeou
 TERM_GRACE_S = 10.0
 
 
-def run_bounded(cmd: list[str], timeout_s: float, env: dict | None = None,
-                capture: bool = False) -> tuple[subprocess.CompletedProcess, bool]:
+def run_bounded(
+    cmd: list[str], timeout_s: float, env: dict | None = None, capture: bool = False
+) -> tuple[subprocess.CompletedProcess, bool]:
     """Run cmd in a session (and process group) of its own -> (its CompletedProcess, whether it ran past
     timeout_s). Past timeout_s it and everything it started are ended (end_process_tree); its exit code is then
     124 and what it printed until then comes back. capture: its stdout and stderr come back as text; else it
     writes to ours."""
     pipe = subprocess.PIPE if capture else None
-    with subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True) as child:
+    with subprocess.Popen(
+        cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True
+    ) as child:
         try:
             out, err = child.communicate(timeout=timeout_s)
             return subprocess.CompletedProcess(cmd, child.returncode, out, err), False
@@ -850,7 +1119,9 @@ def run_bounded(cmd: list[str], timeout_s: float, env: dict | None = None,
             end_process_tree(child.pid)
             out, err = child.communicate()
             note = f"stopped after {timeout_s:.0f} s"
-            return subprocess.CompletedProcess(cmd, 124, out, f"{err or ''}{note}" if capture else note), True
+            return subprocess.CompletedProcess(
+                cmd, 124, out, f"{err or ''}{note}" if capture else note
+            ), True
 
 
 def descendants(pid: int) -> list[int]:
@@ -860,7 +1131,11 @@ def descendants(pid: int) -> list[int]:
         try:
             # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ')'
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):          # it exited while we read, or not a process folder
+        except (
+            OSError,
+            ValueError,
+            IndexError,
+        ):  # it exited while we read, or not a process folder
             continue
         children.setdefault(ppid, []).append(int(entry.name))
     found, todo = [], [pid]
@@ -893,7 +1168,7 @@ def end_process_tree(pid: int, grace_s: float | None = None) -> None:
         for p in known:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 groups.add(os.getpgid(p))
-        groups.discard(os.getpgrp())                    # never our own group (a child that joined it)
+        groups.discard(os.getpgrp())  # never our own group (a child that joined it)
         for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, sig)
@@ -930,79 +1205,167 @@ ROLLBACK_FLAGS = ["--lr", "1", "--spike-patience", "1", "--rollback-lr-factor", 
 def run_flags(setup: Setup, zero: int, out_dir: pathlib.Path) -> list[str]:
     """train.py's flags for one run of this section: a small GPT, bf16 autocast, --zero, eval and checkpoints at
     steps 10 and 20, two samples at the end; on a GPU --compile (README's multi-GPU flags)."""
-    return ["--data", "pydocs", "--model", "tiny", "--model-args", setup.run_model_args, "--device",
-            setup.device.type, "--dtype", "bf16", "--zero", str(zero), "--batch-size", str(setup.run_batch),
-            "--block-size", str(setup.run_block), "--max-steps", str(RUN_STEPS), "--eval-interval", str(RUN_CKPT),
-            "--ckpt-interval", str(RUN_CKPT), "--keep-checkpoints", "5", "--warmup-steps", "2", "--eval-batches",
-            "2", "--num-samples", "2", "--sample-tokens", "16", "--log-interval", "5",
-            "--out-dir", str(out_dir)] + (["--compile"] if setup.run_compile else [])
+    return [
+        "--data",
+        "pydocs",
+        "--model",
+        "tiny",
+        "--model-args",
+        setup.run_model_args,
+        "--device",
+        setup.device.type,
+        "--dtype",
+        "bf16",
+        "--zero",
+        str(zero),
+        "--batch-size",
+        str(setup.run_batch),
+        "--block-size",
+        str(setup.run_block),
+        "--max-steps",
+        str(RUN_STEPS),
+        "--eval-interval",
+        str(RUN_CKPT),
+        "--ckpt-interval",
+        str(RUN_CKPT),
+        "--keep-checkpoints",
+        "5",
+        "--warmup-steps",
+        "2",
+        "--eval-batches",
+        "2",
+        "--num-samples",
+        "2",
+        "--sample-tokens",
+        "16",
+        "--log-interval",
+        "5",
+        "--out-dir",
+        str(out_dir),
+    ] + (["--compile"] if setup.run_compile else [])
 
 
 def read_run(out_dir: pathlib.Path, proc: subprocess.CompletedProcess) -> dict:
     """What one train.py run left: its losses by step, evaluations, events, checkpoints and printed samples."""
-    records = train_run.read_metrics(out_dir / "metrics.jsonl") if (out_dir / "metrics.jsonl").exists() else []
-    return {"exit": proc.returncode,
-            "losses": _losses(out_dir) if records else {},
-            "evals": {r["step"]: r["val_loss"] for r in records if "val_loss" in r},
-            "events": [r for r in records if "event" in r],
-            "checkpoints": sorted(int(p.stem.split("_")[1]) for p in train.list_checkpoints(out_dir)),
-            "samples": proc.stdout.count("--- sample "),
-            "bf16": " bfloat16 | " in proc.stdout}           # the summary line: "| cuda bfloat16 |"
+    records = (
+        train_run.read_metrics(out_dir / "metrics.jsonl")
+        if (out_dir / "metrics.jsonl").exists()
+        else []
+    )
+    return {
+        "exit": proc.returncode,
+        "losses": _losses(out_dir) if records else {},
+        "evals": {r["step"]: r["val_loss"] for r in records if "val_loss" in r},
+        "events": [r for r in records if "event" in r],
+        "checkpoints": sorted(int(p.stem.split("_")[1]) for p in train.list_checkpoints(out_dir)),
+        "samples": proc.stdout.count("--- sample "),
+        "bf16": " bfloat16 | " in proc.stdout,
+    }  # the summary line: "| cuda bfloat16 |"
 
 
 def bench_train_runs(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     """For every world size and ZeRO stage: train (eval, checkpoints, samples), resume from step 10 in a fresh
     process (the losses of steps 10-19 again), and resume with a forced spike that the guard rolls back."""
-    optimizer = train.make_optimizer(torch.nn.Linear(2, 2).to(setup.device), train.TrainConfig(), setup.device.type)
-    report.check("train.py", f"train.py's AdamW on {setup.device.type} is the fused kernel",
-                 f"fused={optimizer.defaults['fused']}", optimizer.defaults["fused"] is True)
+    optimizer = train.make_optimizer(
+        torch.nn.Linear(2, 2).to(setup.device), train.TrainConfig(), setup.device.type
+    )
+    report.check(
+        "train.py",
+        f"train.py's AdamW on {setup.device.type} is the fused kernel",
+        f"fused={optimizer.defaults['fused']}",
+        optimizer.defaults["fused"] is True,
+    )
     script, out = ROOT / "train.py", {}
-    tol = 5e-3 if setup.cuda else 1e-6            # bf16 atomics on a GPU; a CPU repeats bit for bit
+    tol = 5e-3 if setup.cuda else 1e-6  # bf16 atomics on a GPU; a CPU repeats bit for bit
     for n in setup.run_nproc:
         for zero in setup.run_zero:
             tag, base = f"N={n} ZeRO-{zero}", tmp / f"run-{n}-{zero}"
             row = out[f"{n}/{zero}"] = {}
             first = base / "train"
-            proc, seconds = torchrun(n, script, run_flags(setup, zero, first), setup, setup.run_timeout_s)
+            proc, seconds = torchrun(
+                n, script, run_flags(setup, zero, first), setup, setup.run_timeout_s
+            )
             a = row["train"] = read_run(first, proc)
             steps = sorted(a["losses"])
-            trained = (proc.returncode == 0 and steps == list(range(RUN_STEPS)) and a["bf16"]
-                       and all(math.isfinite(v) for v in a["losses"].values()))
-            report.check("train.py", f"{tag}: train {RUN_STEPS} steps in bf16, exit 0, loss first -> last",
-                         f"{a['losses'][0]:.3f} -> {a['losses'][steps[-1]]:.3f}" if trained else
-                         f"exit {proc.returncode}: {_tail(proc)}", trained and a["losses"][RUN_STEPS - 1] < a["losses"][0])
+            trained = (
+                proc.returncode == 0
+                and steps == list(range(RUN_STEPS))
+                and a["bf16"]
+                and all(math.isfinite(v) for v in a["losses"].values())
+            )
+            report.check(
+                "train.py",
+                f"{tag}: train {RUN_STEPS} steps in bf16, exit 0, loss first -> last",
+                f"{a['losses'][0]:.3f} -> {a['losses'][steps[-1]]:.3f}"
+                if trained
+                else f"exit {proc.returncode}: {_tail(proc)}",
+                trained and a["losses"][RUN_STEPS - 1] < a["losses"][0],
+            )
             if proc.returncode != 0:
-                continue                                  # resume and rollback need this run's checkpoint
-            report.check("train.py", f"{tag}: evaluations at 0, 10, 20; checkpoints 10, 20; 2 samples",
-                         f"{sorted(a['evals'])}, {a['checkpoints']}, {a['samples']}",
-                         sorted(a["evals"]) == [0, RUN_CKPT, RUN_STEPS] and a["checkpoints"] == [RUN_CKPT, RUN_STEPS]
-                         and a["samples"] == 2)
-            report.add("train.py", f"{tag}: train run wall time (torchrun, start-up included), s", seconds)
+                continue  # resume and rollback need this run's checkpoint
+            report.check(
+                "train.py",
+                f"{tag}: evaluations at 0, 10, 20; checkpoints 10, 20; 2 samples",
+                f"{sorted(a['evals'])}, {a['checkpoints']}, {a['samples']}",
+                sorted(a["evals"]) == [0, RUN_CKPT, RUN_STEPS]
+                and a["checkpoints"] == [RUN_CKPT, RUN_STEPS]
+                and a["samples"] == 2,
+            )
+            report.add(
+                "train.py", f"{tag}: train run wall time (torchrun, start-up included), s", seconds
+            )
             for kind, extra in (("resume", []), ("rollback", ROLLBACK_FLAGS)):
                 where = base / kind
                 where.mkdir(parents=True)
                 shutil.copy(train.checkpoint_path(first, RUN_CKPT), where)
-                proc, seconds = torchrun(n, script, run_flags(setup, zero, where) + ["--resume", *extra], setup,
-                                         setup.run_timeout_s)
+                proc, seconds = torchrun(
+                    n,
+                    script,
+                    run_flags(setup, zero, where) + ["--resume", *extra],
+                    setup,
+                    setup.run_timeout_s,
+                )
                 r = row[kind] = read_run(where, proc)
                 if proc.returncode != 0:
-                    report.check("train.py", f"{tag}: {kind} from step {RUN_CKPT}", f"exit {proc.returncode}: "
-                                 f"{_tail(proc)}", False)
+                    report.check(
+                        "train.py",
+                        f"{tag}: {kind} from step {RUN_CKPT}",
+                        f"exit {proc.returncode}: {_tail(proc)}",
+                        False,
+                    )
                     continue
                 if kind == "resume":
-                    worst = max((abs(r["losses"].get(s, math.inf) - a["losses"][s])
-                                 for s in range(RUN_CKPT, RUN_STEPS)), default=math.inf)
-                    report.check("train.py", f"{tag}: resumed in a new process: losses 10-19 within {tol:g}",
-                                 f"{worst:.1e}", worst <= tol and r["samples"] == 2)
+                    worst = max(
+                        (
+                            abs(r["losses"].get(s, math.inf) - a["losses"][s])
+                            for s in range(RUN_CKPT, RUN_STEPS)
+                        ),
+                        default=math.inf,
+                    )
+                    report.check(
+                        "train.py",
+                        f"{tag}: resumed in a new process: losses 10-19 within {tol:g}",
+                        f"{worst:.1e}",
+                        worst <= tol and r["samples"] == 2,
+                    )
                 else:
                     back = [e for e in r["events"] if e["event"] == "rollback"]
                     skipped = [e for e in r["events"] if e["event"] == "skipped_batch"]
-                    done = RUN_STEPS - 1 in r["losses"] and math.isfinite(r["losses"][RUN_STEPS - 1])
-                    report.check("train.py", f"{tag}: forced spike -> rollback to step {RUN_CKPT}, then 20 steps, "
-                                 "2 samples", f"{len(skipped)} skipped, to step "
-                                 f"{[e['to_step'] for e in back]}, loss {r['losses'].get(RUN_STEPS - 1, math.nan):.3f}",
-                                 bool(back) and all(e["to_step"] == RUN_CKPT for e in back) and bool(skipped)
-                                 and done and r["samples"] == 2)
+                    done = RUN_STEPS - 1 in r["losses"] and math.isfinite(
+                        r["losses"][RUN_STEPS - 1]
+                    )
+                    report.check(
+                        "train.py",
+                        f"{tag}: forced spike -> rollback to step {RUN_CKPT}, then 20 steps, "
+                        "2 samples",
+                        f"{len(skipped)} skipped, to step "
+                        f"{[e['to_step'] for e in back]}, loss {r['losses'].get(RUN_STEPS - 1, math.nan):.3f}",
+                        bool(back)
+                        and all(e["to_step"] == RUN_CKPT for e in back)
+                        and bool(skipped)
+                        and done
+                        and r["samples"] == 2,
+                    )
                 report.add("train.py", f"{tag}: {kind} run wall time, s", seconds)
     return out
 
@@ -1011,31 +1374,40 @@ def bench_train_runs(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
 # 7. The collective probe: every collective train.py uses, on a process group of one GPU
 # ------------------------------------------------------------------------------------------------
 
+
 def bench_nccl(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     """A world-1 nccl group (gloo on --smoke) runs each collective train.py calls, through
     torch.distributed itself: parallel.Comm short-circuits a group of one, so no other section at
     world 1 reaches nccl. With one rank each result is known: a sum, max or gather of one is the
     tensor itself. Seconds, mostly nccl's init."""
     import torch.distributed as dist
+
     backend = "nccl" if setup.cuda else "gloo"
-    dist.init_process_group(backend, init_method=(tmp / "nccl").as_uri(), rank=0, world_size=1,
-                            **({"device_id": setup.device} if setup.cuda else {}))
+    dist.init_process_group(
+        backend,
+        init_method=(tmp / "nccl").as_uri(),
+        rank=0,
+        world_size=1,
+        **({"device_id": setup.device} if setup.cuda else {}),
+    )
     out = {}
     try:
         t = torch.arange(1.0, 9.0, device=setup.device)
         patient = dist.new_group(backend="gloo")
-        x = torch.empty_like(t)          # each probe writes its result here (or returns it)
+        x = torch.empty_like(t)  # each probe writes its result here (or returns it)
         probes = {
             "all_reduce sum (gradients, losses)": lambda: dist.all_reduce(x.copy_(t)),
-            "all_reduce max (vocab-parallel loss)":
-                lambda: dist.all_reduce(x.copy_(t), dist.ReduceOp.MAX),
+            "all_reduce max (vocab-parallel loss)": lambda: dist.all_reduce(
+                x.copy_(t), dist.ReduceOp.MAX
+            ),
             "reduce_scatter (ZeRO gradients)": lambda: parallel._reduce_scatter_flat(x, t),
             "all_gather (ZeRO-3 weights)": lambda: parallel._all_gather_flat(x, t),
             "all_to_all_single (expert parallel)": lambda: dist.all_to_all_single(x, t),
             "broadcast (initial weights)": lambda: dist.broadcast(x.copy_(t), src=0),
             "all_gather_object (pipeline state)": lambda: _gathered_object(dist, t),
-            "barrier on the patient gloo group":
-                lambda: (dist.barrier(group=patient), x.copy_(t))[1],
+            "barrier on the patient gloo group": lambda: (dist.barrier(group=patient), x.copy_(t))[
+                1
+            ],
         }
         for name, probe in probes.items():
             start = time.perf_counter()
@@ -1046,7 +1418,7 @@ def bench_nccl(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
                 sync(setup.device)
                 ok = bool(torch.equal(got.cpu(), t.cpu()))
                 value = f"{time.perf_counter() - start:.3f} s"
-            except Exception as e:         # noqa: BLE001 - one collective's failure is one FAIL row
+            except Exception as e:  # noqa: BLE001 - one collective's failure is one FAIL row
                 ok, value = False, f"{type(e).__name__}: {e}"[:60]
             report.check("nccl", f"{backend} world 1: {name}", value, ok)
             out[name] = ok
@@ -1067,6 +1439,7 @@ def probe_worker(out_path: str) -> int:
     each against the result known from _probe_tensor; send/recv as context parallel's ring posts it (a batch of
     isend and irecv to the two neighbours). Rank 0 writes {name: ok}."""
     import torch.distributed as dist
+
     rank, n, device = launcher.init_distributed(timeout_s=120)
     mine, every = _probe_tensor(rank, n, device), [_probe_tensor(r, n, device) for r in range(n)]
     total = sum(every)
@@ -1076,24 +1449,39 @@ def probe_worker(out_path: str) -> int:
     results["all_reduce sum"] = torch.equal(out, total)
     out = torch.empty(2, device=device)
     parallel._reduce_scatter_flat(out, mine.clone())
-    results["reduce_scatter"] = torch.equal(out, total[2 * rank:2 * rank + 2])
+    results["reduce_scatter"] = torch.equal(out, total[2 * rank : 2 * rank + 2])
     out = torch.empty(2 * n * n, device=device)
     parallel._all_gather_flat(out, mine)
     results["all_gather"] = torch.equal(out, torch.cat(every))
     out = torch.empty_like(mine)
-    dist.all_to_all_single(out, mine)                      # rank r gets piece r (2 numbers) of every rank
-    results["all_to_all_single"] = torch.equal(out, torch.cat([t[2 * rank:2 * rank + 2] for t in every]))
+    dist.all_to_all_single(out, mine)  # rank r gets piece r (2 numbers) of every rank
+    results["all_to_all_single"] = torch.equal(
+        out, torch.cat([t[2 * rank : 2 * rank + 2] for t in every])
+    )
     if n > 1:
         out = torch.empty_like(mine)
-        ops = [dist.P2POp(dist.isend, mine, (rank + 1) % n), dist.P2POp(dist.irecv, out, (rank - 1) % n)]
+        ops = [
+            dist.P2POp(dist.isend, mine, (rank + 1) % n),
+            dist.P2POp(dist.irecv, out, (rank - 1) % n),
+        ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-        results["send/recv (the ring's batch_isend_irecv)"] = torch.equal(out, every[(rank - 1) % n])
+        results["send/recv (the ring's batch_isend_irecv)"] = torch.equal(
+            out, every[(rank - 1) % n]
+        )
     checked = torch.tensor([all(results.values())], dtype=torch.float32, device=device)
-    dist.all_reduce(checked, dist.ReduceOp.MIN)            # every rank's results, not only rank 0's
+    dist.all_reduce(checked, dist.ReduceOp.MIN)  # every rank's results, not only rank 0's
     if rank == 0:
-        pathlib.Path(out_path).write_text(json.dumps({"world": n, "backend": dist.get_backend(),
-                                                      "results": results, "all_ranks_ok": bool(checked)}))
+        pathlib.Path(out_path).write_text(
+            json.dumps(
+                {
+                    "world": n,
+                    "backend": dist.get_backend(),
+                    "results": results,
+                    "all_ranks_ok": bool(checked),
+                }
+            )
+        )
     dist.destroy_process_group()
     return 0
 
@@ -1105,15 +1493,25 @@ def probe_two_ranks(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
         report.add("nccl", "2 ranks: send/recv and collectives between processes", "not run: 1 GPU")
         return {}
     path = tmp / "probe-2.json"
-    proc, seconds = torchrun(2, pathlib.Path(__file__).resolve(), ["--probe-worker", str(path)], setup, 180)
+    proc, seconds = torchrun(
+        2, pathlib.Path(__file__).resolve(), ["--probe-worker", str(path)], setup, 180
+    )
     if proc.returncode != 0 or not path.exists():
-        report.check("nccl", f"2 ranks: torchrun exited {proc.returncode}", _tail(proc, 3)[:60], False)
+        report.check(
+            "nccl", f"2 ranks: torchrun exited {proc.returncode}", _tail(proc, 3)[:60], False
+        )
         return {"2 ranks": False}
     result = json.loads(path.read_text())
     for name, ok in result["results"].items():
-        report.check("nccl", f"{result['backend']} world 2: {name} (every rank)", f"{seconds:.1f} s",
-                     ok and result["all_ranks_ok"])
-    return {f"2 ranks: {name}": ok and result["all_ranks_ok"] for name, ok in result["results"].items()}
+        report.check(
+            "nccl",
+            f"{result['backend']} world 2: {name} (every rank)",
+            f"{seconds:.1f} s",
+            ok and result["all_ranks_ok"],
+        )
+    return {
+        f"2 ranks: {name}": ok and result["all_ranks_ok"] for name, ok in result["results"].items()
+    }
 
 
 def _gathered_object(dist, t: torch.Tensor) -> torch.Tensor:
@@ -1129,9 +1527,12 @@ def _gathered_object(dist, t: torch.Tensor) -> torch.Tensor:
 # q, k, v of the kernel checks (B, h, T, d): a long sequence on a GPU; on --smoke's CPU, small.
 KERNEL_SHAPE = {"cuda": (2, 8, 2048, 64), "cpu": (1, 2, 256, 16)}
 # The models of the kernel checks: a few layers of each kind on the device vs the same weights on the CPU.
-KERNEL_MODELS = {"flash attention": dict(attention="flash"), "linear attention": dict(layer_pattern="L"),
-                 "hybrid LLLA": dict(layer_pattern="LLLA"),
-                 "MoE, 4 experts top-2": dict(n_expert=4, expert_top_k=2, moe_capacity_factor=0.0)}
+KERNEL_MODELS = {
+    "flash attention": dict(attention="flash"),
+    "linear attention": dict(layer_pattern="L"),
+    "hybrid LLLA": dict(layer_pattern="LLLA"),
+    "MoE, 4 experts top-2": dict(n_expert=4, expert_top_k=2, moe_capacity_factor=0.0),
+}
 
 
 def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -1154,12 +1555,21 @@ def check_flash_kernel(setup: Setup, report: Report) -> dict:
     B, H, T, D = KERNEL_SHAPE[setup.device.type]
     gen = torch.Generator().manual_seed(0)
     q, k, v, d_out = (torch.randn(B, H, T, D, generator=gen).to(setup.device) for _ in range(4))
-    fused = lambda *qkv: torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=True)    # noqa: E731
-    by_hand = lambda *qkv: model_lib.flash_attention(*qkv, True)                                     # noqa: E731
-    worst = max(map(relative_difference, output_and_grads(by_hand, q, k, v, d_out, torch.float32),
-                    output_and_grads(fused, q, k, v, d_out, torch.float32)))
-    report.check("kernels", f"hand flash = SDPA, fp32, T={T}: out, dq, dk, dv (max rel. diff < 1e-4)",
-                 f"{worst:.1e}", worst < 1e-4)
+    fused = lambda *qkv: torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=True)  # noqa: E731
+    by_hand = lambda *qkv: model_lib.flash_attention(*qkv, True)  # noqa: E731
+    worst = max(
+        map(
+            relative_difference,
+            output_and_grads(by_hand, q, k, v, d_out, torch.float32),
+            output_and_grads(fused, q, k, v, d_out, torch.float32),
+        )
+    )
+    report.check(
+        "kernels",
+        f"hand flash = SDPA, fp32, T={T}: out, dq, dk, dv (max rel. diff < 1e-4)",
+        f"{worst:.1e}",
+        worst < 1e-4,
+    )
     q, k, v, d_out = (t.to(torch.bfloat16) for t in (q, k, v, d_out))
     want = output_and_grads(fused, q, k, v, d_out, torch.float64)
     errors = {}
@@ -1167,30 +1577,51 @@ def check_flash_kernel(setup: Setup, report: Report) -> dict:
         got = output_and_grads(attend, q, k, v, d_out, torch.bfloat16)
         errors[name] = max(float((g.double() - w).norm() / w.norm()) for g, w in zip(got, want))
     ratio = errors["flash"] / errors["sdpa"]
-    report.check("kernels", f"hand flash, bf16, T={T}: error vs float64 / SDPA's (<= 1.5)", f"{ratio:.2f}",
-                 ratio <= 1.5)
+    report.check(
+        "kernels",
+        f"hand flash, bf16, T={T}: error vs float64 / SDPA's (<= 1.5)",
+        f"{ratio:.2f}",
+        ratio <= 1.5,
+    )
     compiled = torch.compile(by_hand, backend=setup.compile_backend, fullgraph=True, dynamic=False)
     q, k, v, d_out = (t.float() for t in (q, k, v, d_out))
-    worst_compiled = max(map(relative_difference, output_and_grads(compiled, q, k, v, d_out, torch.float32),
-                             output_and_grads(by_hand, q, k, v, d_out, torch.float32)))
-    report.check("kernels", f"hand flash compiled ({setup.compile_backend}) = eager (max rel. diff < 1e-6)",
-                 f"{worst_compiled:.1e}", worst_compiled < 1e-6)
-    return {"fp32_max_rel_diff": worst, "bf16_errors": errors, "bf16_ratio": ratio,
-            "compiled_max_rel_diff": worst_compiled}
+    worst_compiled = max(
+        map(
+            relative_difference,
+            output_and_grads(compiled, q, k, v, d_out, torch.float32),
+            output_and_grads(by_hand, q, k, v, d_out, torch.float32),
+        )
+    )
+    report.check(
+        "kernels",
+        f"hand flash compiled ({setup.compile_backend}) = eager (max rel. diff < 1e-6)",
+        f"{worst_compiled:.1e}",
+        worst_compiled < 1e-6,
+    )
+    return {
+        "fp32_max_rel_diff": worst,
+        "bf16_errors": errors,
+        "bf16_ratio": ratio,
+        "compiled_max_rel_diff": worst_compiled,
+    }
 
 
 def check_linear_forms(setup: Setup, report: Report) -> float:
     """Linear attention's chunked form (training) against its token-by-token form (generation), on the device."""
     B, H, T, D = KERNEL_SHAPE[setup.device.type]
-    T = min(T, 256)                                        # the recurrent form is T Python steps
+    T = min(T, 256)  # the recurrent form is T Python steps
     gen = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(B, H, T, D, generator=gen).to(setup.device) / D ** 0.5 for _ in range(3))
+    q, k, v = (torch.randn(B, H, T, D, generator=gen).to(setup.device) / D**0.5 for _ in range(3))
     log_a = torch.nn.functional.logsigmoid(torch.randn(B, H, T, generator=gen) + 3).to(setup.device)
     chunked, state_c = model_lib.linear_attention_chunked(q, k, v, log_a)
     recurrent, state_r = model_lib.linear_attention_recurrent(q, k, v, log_a)
     worst = max(relative_difference(chunked, recurrent), relative_difference(state_c, state_r))
-    report.check("kernels", f"linear attention chunked = recurrent, T={T}: outputs, state (< 1e-4)",
-                 f"{worst:.1e}", worst < 1e-4)
+    report.check(
+        "kernels",
+        f"linear attention chunked = recurrent, T={T}: outputs, state (< 1e-4)",
+        f"{worst:.1e}",
+        worst < 1e-4,
+    )
     return worst
 
 
@@ -1198,20 +1629,30 @@ def check_kernel_models(setup: Setup, report: Report) -> dict:
     """A GPT of each kind (flash, linear, hybrid, MoE): loss, logits and every gradient on the device (fp32)
     against the same weights in float64 on the CPU; the flash one also against the SDPA model on the device."""
     wide = setup.cuda
-    base = dict(vocab_size=512, block_size=256 if wide else 64, n_layer=4, n_head=8 if wide else 4, n_kv_head=2,
-                n_embd=256 if wide else 64)
+    base = dict(
+        vocab_size=512,
+        block_size=256 if wide else 64,
+        n_layer=4,
+        n_head=8 if wide else 4,
+        n_kv_head=2,
+        n_embd=256 if wide else 64,
+    )
     gen = torch.Generator().manual_seed(2)
     x, y = (torch.randint(0, 512, (2, base["block_size"]), generator=gen) for _ in range(2))
     out = {}
     for name, extra in KERNEL_MODELS.items():
         runs = {}
-        for where, device, dtype, attention in (("device", setup.device, torch.float32, None),
-                                                ("cpu", torch.device("cpu"), torch.float64, None),
-                                                ("sdpa", setup.device, torch.float32, "sdpa")):
+        for where, device, dtype, attention in (
+            ("device", setup.device, torch.float32, None),
+            ("cpu", torch.device("cpu"), torch.float64, None),
+            ("sdpa", setup.device, torch.float32, "sdpa"),
+        ):
             if where == "sdpa" and "attention" not in extra:
                 continue
             torch.manual_seed(0)
-            config = model_lib.GPTConfig(**{**base, **extra, **({"attention": attention} if attention else {})})
+            config = model_lib.GPTConfig(
+                **{**base, **extra, **({"attention": attention} if attention else {})}
+            )
             gpt = model_lib.GPT(config).to(device, dtype)
             logits, loss = gpt(x.to(device), y.to(device))
             (loss + config.moe_aux_coef * gpt.aux_loss).backward()
@@ -1219,25 +1660,45 @@ def check_kernel_models(setup: Setup, report: Report) -> dict:
         for against in [w for w in ("cpu", "sdpa") if w in runs]:
             worst = max(relative_difference(a, b) for a, b in zip(runs["device"], runs[against]))
             what = "float64 on the CPU" if against == "cpu" else "SDPA's model"
-            report.check("kernels", f"GPT, {name}, on {setup.device.type} = {what}: loss, logits, grads (< 1e-4)",
-                         f"{worst:.1e}", worst < 1e-4)
+            report.check(
+                "kernels",
+                f"GPT, {name}, on {setup.device.type} = {what}: loss, logits, grads (< 1e-4)",
+                f"{worst:.1e}",
+                worst < 1e-4,
+            )
             out[f"{name} vs {against}"] = worst
     return out
 
 
 def bench_kernels(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
-    return {"flash": check_flash_kernel(setup, report), "linear_forms": check_linear_forms(setup, report),
-            "models": check_kernel_models(setup, report)}
+    return {
+        "flash": check_flash_kernel(setup, report),
+        "linear_forms": check_linear_forms(setup, report),
+        "models": check_kernel_models(setup, report),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # 9. --ep and --cp under torchrun: one training step against one process on the same device
 # ----------------------------------------------------------------------------------------------------------------
 
-EP_CP_MODELS = {"ep": dict(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=32,
-                           n_expert=4, expert_top_k=2, moe_capacity_factor=0.0),
-                "cp": dict(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32,
-                           ffn_hidden=64)}
+EP_CP_MODELS = {
+    "ep": dict(
+        vocab_size=64,
+        block_size=32,
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=32,
+        ffn_hidden=32,
+        n_expert=4,
+        expert_top_k=2,
+        moe_capacity_factor=0.0,
+    ),
+    "cp": dict(
+        vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64
+    ),
+}
 EP_CP_BATCH = 4
 
 
@@ -1248,13 +1709,19 @@ def _ep_cp_step(config: model_lib.GPTConfig, device: torch.device, ep: int = 1, 
     gpt = model_lib.GPT(config).to(device)
     opt = torch.optim.SGD(gpt.parameters(), lr=0.5)
     gen = torch.Generator().manual_seed(3)
-    x, y = (torch.randint(0, config.vocab_size, (EP_CP_BATCH, config.block_size), generator=gen).to(device)
-            for _ in range(2))
+    x, y = (
+        torch.randint(0, config.vocab_size, (EP_CP_BATCH, config.block_size), generator=gen).to(
+            device
+        )
+        for _ in range(2)
+    )
     if not cp:
         _, loss = gpt(x, y)
         (loss + config.moe_aux_coef * gpt.aux_loss).backward()
         opt.step()
-        return float(loss.detach()), {k: v.detach().float().cpu() for k, v in gpt.state_dict().items()}
+        return float(loss.detach()), {
+            k: v.detach().float().cpu() for k, v in gpt.state_dict().items()
+        }
     mesh = parallel.Mesh.build(cp=cp)
     model, optim = wiring.parallelize(gpt, opt, mesh, ep=ep)
     x, y = x.chunk(mesh.dp.size)[mesh.dp.rank], y.chunk(mesh.dp.size)[mesh.dp.rank]
@@ -1262,7 +1729,9 @@ def _ep_cp_step(config: model_lib.GPTConfig, device: torch.device, ep: int = 1, 
     (loss + config.moe_aux_coef * gpt.aux_loss).backward()
     model.finish_gradient_sync()
     optim.step()
-    total = loss.detach().reshape(1) / mesh.dp.size            # the mean over dp (cp ranks hold the same loss)
+    total = (
+        loss.detach().reshape(1) / mesh.dp.size
+    )  # the mean over dp (cp ranks hold the same loss)
     torch.distributed.all_reduce(total)
     return float(total) / (mesh.world // mesh.dp.size), model.full_state_dict()
 
@@ -1280,11 +1749,21 @@ def ep_cp_worker(out_path: str) -> int:
         loss, got = _ep_cp_step(config, device, ep=ep, cp=cp)
         diff = max(float((got[k].float() - want[k]).abs().max()) for k in want)
         ok = abs(loss - want_loss) <= 1e-5 * abs(want_loss) and all(
-            torch.allclose(got[k].float(), want[k], rtol=1e-4, atol=1e-5) for k in want)
-        results.append({"layout": f"--{kind} {world}", "loss": loss, "want_loss": want_loss, "max_diff": diff,
-                        "ok": ok})
+            torch.allclose(got[k].float(), want[k], rtol=1e-4, atol=1e-5) for k in want
+        )
+        results.append(
+            {
+                "layout": f"--{kind} {world}",
+                "loss": loss,
+                "want_loss": want_loss,
+                "max_diff": diff,
+                "ok": ok,
+            }
+        )
     if rank == 0:
-        pathlib.Path(out_path).write_text(json.dumps({"world": world, "device": str(device), "results": results}))
+        pathlib.Path(out_path).write_text(
+            json.dumps({"world": world, "device": str(device), "results": results})
+        )
     torch.distributed.destroy_process_group()
     return 0
 
@@ -1293,12 +1772,19 @@ def bench_ep_cp(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     """--ep and --cp at world 1 and, where the ranks exist (2 GPUs; gloo on --smoke), 2."""
     out = {}
     for n in sorted({1, min(2, max(setup.nproc))}):
-        result, seconds = run_worker("ep_cp", n, "--ep-cp-worker", tmp / f"ep-cp-{n}.json", setup, report)
+        result, seconds = run_worker(
+            "ep_cp", n, "--ep-cp-worker", tmp / f"ep-cp-{n}.json", setup, report
+        )
         if result is None:
             continue
         for r in result["results"]:
-            report.check("ep_cp", f"N={n}: {r['layout']} on {result['device']} = one process: loss, weights after "
-                         "an SGD step (1e-4)", f"{r['max_diff']:.1e}", r["ok"])
+            report.check(
+                "ep_cp",
+                f"N={n}: {r['layout']} on {result['device']} = one process: loss, weights after "
+                "an SGD step (1e-4)",
+                f"{r['max_diff']:.1e}",
+                r["ok"],
+            )
         report.add("ep_cp", f"N={n}: wall time, s", seconds)
         out[n] = result
     return out
@@ -1312,13 +1798,31 @@ def bench_ep_cp(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
 # --compile), the collectives, then the figures. Each with its projected seconds (GPU, --smoke),
 # what --deadline-s compares with the time left before starting it; a section runs with a timeout
 # of 3x its projection + 60 s (10x on a CPU, which may be shared), or what is left.
-SECTIONS = {"train.py": bench_train_runs, "nccl": bench_nccl, "kernels": bench_kernels,
-            "ep_cp": bench_ep_cp, "memory": bench_memory, "speed": bench_speed,
-            "decode": bench_decode, "resume": bench_resume, "torchrun": bench_torchrun}
-PROJECTED_S = {"train.py": (160, 60), "nccl": (15, 30), "kernels": (30, 25), "ep_cp": (30, 40),
-               "memory": (30, 15), "speed": (120, 30), "decode": (15, 8), "resume": (30, 20),
-               "torchrun": (40, 45)}
-DEFAULT_JSON = ROOT / "out" / "bench_gpu.json"      # out/ is train.py's default run folder, ignored by git
+SECTIONS = {
+    "train.py": bench_train_runs,
+    "nccl": bench_nccl,
+    "kernels": bench_kernels,
+    "ep_cp": bench_ep_cp,
+    "memory": bench_memory,
+    "speed": bench_speed,
+    "decode": bench_decode,
+    "resume": bench_resume,
+    "torchrun": bench_torchrun,
+}
+PROJECTED_S = {
+    "train.py": (160, 60),
+    "nccl": (15, 30),
+    "kernels": (30, 25),
+    "ep_cp": (30, 40),
+    "memory": (30, 15),
+    "speed": (120, 30),
+    "decode": (15, 8),
+    "resume": (30, 20),
+    "torchrun": (40, 45),
+}
+DEFAULT_JSON = (
+    ROOT / "out" / "bench_gpu.json"
+)  # out/ is train.py's default run folder, ignored by git
 
 
 def check_json_path(text: str | None) -> pathlib.Path:
@@ -1327,30 +1831,53 @@ def check_json_path(text: str | None) -> pathlib.Path:
         return DEFAULT_JSON
     path = pathlib.Path(text)
     if path.is_dir():
-        raise BenchError(f"--json {text} is a directory; give a file path, e.g. --json {path / 'bench_gpu.json'}")
+        raise BenchError(
+            f"--json {text} is a directory; give a file path, e.g. --json {path / 'bench_gpu.json'}"
+        )
     if not path.parent.is_dir():
-        raise BenchError(f"--json {text}: directory {path.parent} does not exist; create it or pass another path")
+        raise BenchError(
+            f"--json {text}: directory {path.parent} does not exist; create it or pass another path"
+        )
     if not os.access(path.parent, os.W_OK):
-        raise BenchError(f"--json {text}: directory {path.parent} is not writable; pass a path in a writable one")
+        raise BenchError(
+            f"--json {text}: directory {path.parent} is not writable; pass a path in a writable one"
+        )
     return path
 
 
 def write_json(path: pathlib.Path, value) -> None:
-    fileio.write_atomic(path, json.dumps(value, indent=1, default=str), error=BenchError,
-                        fix="pass --json elsewhere")
+    fileio.write_atomic(
+        path,
+        json.dumps(value, indent=1, default=str),
+        error=BenchError,
+        fix="pass --json elsewhere",
+    )
 
 
-def run_isolated(section: str, argv: list[str], report: Report, timeout_s: float,
-                 tmp: pathlib.Path, deadline_stop: bool = False):
+def run_isolated(
+    section: str,
+    argv: list[str],
+    report: Report,
+    timeout_s: float,
+    tmp: pathlib.Path,
+    deadline_stop: bool = False,
+):
     """One section in a child process of this script (a broken CUDA context dies with it),
     stopped after timeout_s with everything it started (run_bounded); its rows come back even
     when it is stopped (written as it goes). deadline_stop: timeout_s is what was left of
     --deadline-s, so a stop there is "skipped: deadline", not a failure; a stop at the section's
     own limit, or a child that dies, is a FAIL row."""
     sink = tmp / f"section-{section.replace('.', '_')}.json"
-    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), *argv, "--section", section,
-           "--section-out", str(sink)]
-    sys.stdout.flush()                   # the child writes to the same descriptors, after us
+    cmd = [
+        sys.executable,
+        str(pathlib.Path(__file__).resolve()),
+        *argv,
+        "--section",
+        section,
+        "--section-out",
+        str(sink),
+    ]
+    sys.stdout.flush()  # the child writes to the same descriptors, after us
     sys.stderr.flush()
     proc, timed_out = run_bounded(cmd, timeout_s)
     got = json.loads(sink.read_text()) if sink.exists() else {}
@@ -1361,15 +1888,23 @@ def run_isolated(section: str, argv: list[str], report: Report, timeout_s: float
         why = f"skipped: deadline (stopped after {timeout_s:.0f} s, what was left of --deadline-s)"
         print(f"  {section:<8} {why}", flush=True)
         return {"error": why}, why
-    why = (f"stopped after its {timeout_s:.0f} s timeout" if timed_out
-           else f"its process exited {proc.returncode}")
+    why = (
+        f"stopped after its {timeout_s:.0f} s timeout"
+        if timed_out
+        else f"its process exited {proc.returncode}"
+    )
     report.check(section, "section ran to its end", why, False)
     return {"error": why}, f"failed: {why}"
 
 
-def run_sections(setup: Setup, report: Report, only: list[str] | None,
-                 argv: list[str] | None = None, deadline_s: float = 0,
-                 save=lambda results, status: None) -> tuple[dict, dict]:
+def run_sections(
+    setup: Setup,
+    report: Report,
+    only: list[str] | None,
+    argv: list[str] | None = None,
+    deadline_s: float = 0,
+    save=lambda results, status: None,
+) -> tuple[dict, dict]:
     """Every section in turn, highest value first, each guarded: an exception ends that section
     only, as a FAIL row (its traceback on stderr) and "failed: ..." in the sections' status; the
     others still run. With argv each runs in a child process (run_isolated). With deadline_s a
@@ -1383,22 +1918,25 @@ def run_sections(setup: Setup, report: Report, only: list[str] | None,
             need = PROJECTED_S.get(section, (60, 30))[0 if setup.cuda else 1]
             left = deadline_s - (time.perf_counter() - start) if deadline_s else math.inf
             if need > left:
-                status[section] = (f"skipped: deadline (needs ~{need} s, {max(left, 0):.0f} s "
-                                   f"left of --deadline-s)")
+                status[section] = (
+                    f"skipped: deadline (needs ~{need} s, {max(left, 0):.0f} s "
+                    f"left of --deadline-s)"
+                )
                 print(f"  {section:<8} {status[section]}", flush=True)
                 save(results, status)
                 continue
             if argv is not None:
-                own = (3 if setup.cuda else 10) * need + 60                   # a CPU may be shared
+                own = (3 if setup.cuda else 10) * need + 60  # a CPU may be shared
                 results[section], status[section] = run_isolated(
-                    section, argv, report, min(own, left), pathlib.Path(tmp), left < own)
+                    section, argv, report, min(own, left), pathlib.Path(tmp), left < own
+                )
                 save(results, status)
                 continue
             try:
                 results[section] = run(setup, report, pathlib.Path(tmp))
                 failed = [r for r in report.failed if r["section"] == section]
                 status[section] = f"{len(failed)} failed checks" if failed else "ok"
-            except Exception as e:              # noqa: BLE001 - reported, and the next section runs
+            except Exception as e:  # noqa: BLE001 - reported, and the next section runs
                 message = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
                 traceback.print_exc()
                 report.check(section, "section ran to its end", message[:60], False)
@@ -1411,19 +1949,42 @@ def run_sections(setup: Setup, report: Report, only: list[str] | None,
 
 def main(argv: list[str] | None = None) -> int:
     parser = benchcli.Parser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny models, gloo: the same code paths (a few minutes on 2 cores, "
-                        "most of it torchrun start-ups)")
-    parser.add_argument("--json", default=None, help="where the table goes as JSON (default: out/bench_gpu.json "
-                        "in the repository)")
-    parser.add_argument("--nproc", type=benchcli.in_range(int, 0), default=0, help="world sizes of the torchrun and train.py sections: 1 and "
-                        "this (0 = every visible GPU)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU, tiny models, gloo: the same code paths (a few minutes on 2 cores, "
+        "most of it torchrun start-ups)",
+    )
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="where the table goes as JSON (default: out/bench_gpu.json in the repository)",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=benchcli.in_range(int, 0),
+        default=0,
+        help="world sizes of the torchrun and train.py sections: 1 and "
+        "this (0 = every visible GPU)",
+    )
     parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run only these sections")
-    parser.add_argument("--deadline-s", type=benchcli.in_range(float, 0), default=0, help="skip a section whose "
-                        "projected time no longer fits in what is left of these seconds (0: none)")
-    parser.add_argument("--in-process", action="store_true", help="run the sections in this "
-                        "process (default: each in a child process, so a broken CUDA context "
-                        "loses only its own section)")
-    parser.add_argument("--layout-worker", metavar="OUT", help=argparse.SUPPRESS)   # what torchrun runs
+    parser.add_argument(
+        "--deadline-s",
+        type=benchcli.in_range(float, 0),
+        default=0,
+        help="skip a section whose "
+        "projected time no longer fits in what is left of these seconds (0: none)",
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the sections in this "
+        "process (default: each in a child process, so a broken CUDA context "
+        "loses only its own section)",
+    )
+    parser.add_argument(
+        "--layout-worker", metavar="OUT", help=argparse.SUPPRESS
+    )  # what torchrun runs
     parser.add_argument("--ep-cp-worker", metavar="OUT", help=argparse.SUPPRESS)
     parser.add_argument("--probe-worker", metavar="OUT", help=argparse.SUPPRESS)
     # A child of run_isolated: one section, its rows and result written to --section-out.
@@ -1438,50 +1999,72 @@ def main(argv: list[str] | None = None) -> int:
         return probe_worker(args.probe_worker)
     try:
         if not args.smoke and not torch.cuda.is_available():
-            raise BenchError("no CUDA GPU is visible; run on a GPU machine, or pass --smoke for the CPU version of "
-                             "every check")
+            raise BenchError(
+                "no CUDA GPU is visible; run on a GPU machine, or pass --smoke for the CPU version of "
+                "every check"
+            )
         if torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
-            raise BenchError(f"--nproc {args.nproc} must lie in [0, {torch.cuda.device_count()}] (the visible GPUs)")
+            raise BenchError(
+                f"--nproc {args.nproc} must lie in [0, {torch.cuda.device_count()}] (the visible GPUs)"
+            )
         json_path = check_json_path(args.json)
     except BenchError as e:
         print(f"bench_gpu.py: error: {e}", file=sys.stderr)
         return 2
     setup = Setup.smoke() if args.smoke else Setup.gpu(args.nproc or torch.cuda.device_count())
     setup = dataclasses.replace(setup, trace=str(json_path.with_suffix(".trace.json")))
-    if args.section:                                           # a child of run_isolated
+    if args.section:  # a child of run_isolated
         sink = pathlib.Path(args.section_out)
         report = Report(sink)
         results, status = run_sections(setup, report, [args.section])
-        write_json(sink, {"rows": report.rows, "result": results[args.section],
-                          "status": status[args.section]})
+        write_json(
+            sink,
+            {"rows": report.rows, "result": results[args.section], "status": status[args.section]},
+        )
         return 0
     name = torch.cuda.get_device_name(0) if setup.cuda else "CPU (--smoke)"
-    print(f"bench_gpu.py on {name}: preset {setup.preset}, dtype {setup.dtype}, micro-batch {setup.batch_size} x "
-          f"{setup.block_size}, torchrun N in {setup.nproc}, train.py on N in {setup.run_nproc}")
+    print(
+        f"bench_gpu.py on {name}: preset {setup.preset}, dtype {setup.dtype}, micro-batch {setup.batch_size} x "
+        f"{setup.block_size}, torchrun N in {setup.nproc}, train.py on N in {setup.run_nproc}"
+    )
     report = Report()
-    results = {"device": name, "torch": torch.__version__, "setup": {k: str(v) for k, v in
-                                                                     dataclasses.asdict(setup).items()}}
+    results = {
+        "device": name,
+        "torch": torch.__version__,
+        "setup": {k: str(v) for k, v in dataclasses.asdict(setup).items()},
+    }
     start = time.perf_counter()
 
-    def save(sections: dict, status: dict) -> None:    # after every section: a kill loses one
-        results.update(sections, sections=status, rows=report.rows,
-                       seconds=time.perf_counter() - start)
+    def save(sections: dict, status: dict) -> None:  # after every section: a kill loses one
+        results.update(
+            sections, sections=status, rows=report.rows, seconds=time.perf_counter() - start
+        )
         json_path.parent.mkdir(parents=True, exist_ok=True)
         write_json(json_path, results)
-    child_argv = None if args.in_process else (["--smoke"] if args.smoke else []) + [
-        "--nproc", str(args.nproc), "--json", str(json_path)]
+
+    child_argv = (
+        None
+        if args.in_process
+        else (["--smoke"] if args.smoke else [])
+        + ["--nproc", str(args.nproc), "--json", str(json_path)]
+    )
     try:
         sections, status = run_sections(setup, report, args.only, child_argv, args.deadline_s, save)
         save(sections, status)
-    except BenchError as e:                                  # a full disk or a file-size limit
+    except BenchError as e:  # a full disk or a file-size limit
         print(f"bench_gpu.py: error: --json: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"bench_gpu.py: error: --json {json_path}: cannot write it ({e.strerror or e}); pass --json "
-              f"elsewhere", file=sys.stderr)
+        print(
+            f"bench_gpu.py: error: --json {json_path}: cannot write it ({e.strerror or e}); pass --json "
+            f"elsewhere",
+            file=sys.stderr,
+        )
         return 2
     failed = report.failed
-    print(f"{len(report.rows)} rows, {len(failed)} failed checks, {results['seconds']:.0f} s; JSON in {json_path}")
+    print(
+        f"{len(report.rows)} rows, {len(failed)} failed checks, {results['seconds']:.0f} s; JSON in {json_path}"
+    )
     print("sections: " + ", ".join(f"{k} {v}" for k, v in results["sections"].items()))
     for row in failed:
         print(f"FAILED: {row['section']}: {row['item']} = {row['value']}", file=sys.stderr)

@@ -14,6 +14,7 @@ final weights from the one-process run (ours) or between ours and torch's (the o
 On this shared 2-core machine the step times carry the load of other processes; the traffic and memory columns
 are exact. Every process uses one thread (on a loaded 2-core machine more threads per process only fight).
 """
+
 import pathlib
 import statistics
 import sys
@@ -35,8 +36,13 @@ BATCH = 8  # sequences per step over all ranks
 
 def make_data(cfg: GPTConfig, steps: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=g),
-             torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=g)) for _ in range(steps)]
+    return [
+        (
+            torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=g),
+            torch.randint(0, cfg.vocab_size, (BATCH, cfg.block_size), generator=g),
+        )
+        for _ in range(steps)
+    ]
 
 
 def local_bytes(tensors) -> int:
@@ -55,8 +61,11 @@ def local_bytes(tensors) -> int:
 
 def state_bytes(params, optimizer) -> int:
     params = list(params)
-    return (local_bytes(params) + local_bytes(p.grad for p in params)
-            + local_bytes(v for s in optimizer.state.values() for v in s.values()))
+    return (
+        local_bytes(params)
+        + local_bytes(p.grad for p in params)
+        + local_bytes(v for s in optimizer.state.values() for v in s.values())
+    )
 
 
 def single_process(cfg: GPTConfig, data, threads: int) -> dict:
@@ -94,8 +103,11 @@ def _ours(cfg, data, sizes, zero, micro_batches):
         wopt.step()
         times.append(time.perf_counter() - t0)
         sent = mesh.bytes_sent()
-        memory = (sum(wrapped.zero.memory_bytes().values()) if wrapped.zero is not None
-                  else state_bytes(wrapped.model.parameters(), wopt.inner))
+        memory = (
+            sum(wrapped.zero.memory_bytes().values())
+            if wrapped.zero is not None
+            else state_bytes(wrapped.model.parameters(), wopt.inner)
+        )
         wopt.zero_grad()
     return {"times": times, "bytes": sent, "memory": memory, "state": wrapped.full_state_dict()}
 
@@ -116,6 +128,7 @@ def _train_local_shards(wrapped, model, data, rank, world):
 
 def _torch_ddp(cfg, data, rank, world):
     from torch.nn.parallel import DistributedDataParallel
+
     torch.manual_seed(0)
     model = GPT(cfg)
     ddp = DistributedDataParallel(model)
@@ -127,6 +140,7 @@ def _torch_fsdp(cfg, data, rank, world):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
     torch.manual_seed(0)
     model = GPT(cfg)
     mesh = init_device_mesh("cpu", (world,))
@@ -149,7 +163,9 @@ def bench_worker(rank: int, world: int, cfg_dict: dict, steps: int, micro_batche
         "ZeRO-3 (ours)": lambda: _ours(cfg, data, dict(dp=world), 3, 1),
         "FSDP2 (torch)": lambda: _torch_fsdp(cfg, data, rank, world),
         f"TP{world}": lambda: _ours(cfg, data, dict(tp=world), 0, 1),
-        f"PP{world} 1F1B m={micro_batches}": lambda: _ours(cfg, data, dict(pp=world), 0, micro_batches),
+        f"PP{world} 1F1B m={micro_batches}": lambda: _ours(
+            cfg, data, dict(pp=world), 0, micro_batches
+        ),
     }
     out = {}
     for name, run in runs.items():
@@ -162,55 +178,96 @@ def bench_worker(rank: int, world: int, cfg_dict: dict, steps: int, micro_batche
 
 def main(argv=None) -> int:
     parser = Parser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=in_range(int, 1, 10_000), default=10,
-                        help="timed steps (after 2 warm-up steps)")
+    parser.add_argument(
+        "--steps",
+        type=in_range(int, 1, 10_000),
+        default=10,
+        help="timed steps (after 2 warm-up steps)",
+    )
     parser.add_argument("--layers", type=in_range(int, 1, 256), default=4)
     parser.add_argument("--width", type=in_range(int, 1, 8192), default=128)
-    parser.add_argument("--world", type=in_range(int, 1, 64), default=2,
-                        help="processes (CPU, gloo)")
-    parser.add_argument("--micro-batches", type=in_range(int, 1, 1024), default=4,
-                        help="pipeline micro-batches")
+    parser.add_argument(
+        "--world", type=in_range(int, 1, 64), default=2, help="processes (CPU, gloo)"
+    )
+    parser.add_argument(
+        "--micro-batches", type=in_range(int, 1, 1024), default=4, help="pipeline micro-batches"
+    )
     args = parser.parse_args(argv)
     if args.layers < args.world:
-        parser.error(f"argument --layers: {args.layers} layers cannot fill {args.world} pipeline "
-                     f"stages: give --layers >= --world")
+        parser.error(
+            f"argument --layers: {args.layers} layers cannot fill {args.world} pipeline "
+            f"stages: give --layers >= --world"
+        )
     try:
-        cfg = GPTConfig(vocab_size=1024, block_size=64, n_layer=args.layers, n_head=4, n_kv_head=4,
-                        n_embd=args.width)
+        cfg = GPTConfig(
+            vocab_size=1024,
+            block_size=64,
+            n_layer=args.layers,
+            n_head=4,
+            n_kv_head=4,
+            n_embd=args.width,
+        )
         warm = 2
         single = single_process(cfg, make_data(cfg, args.steps + warm), threads=1)
-        results = launcher.launch(bench_worker, args.world, cfg.to_dict(), args.steps + warm, args.micro_batches,
-                           timeout_s=1800)
-    except (ConfigError, launcher.WorkerError) as e:  # a size that does not divide: one line, not a traceback
+        results = launcher.launch(
+            bench_worker,
+            args.world,
+            cfg.to_dict(),
+            args.steps + warm,
+            args.micro_batches,
+            timeout_s=1800,
+        )
+    except (
+        ConfigError,
+        launcher.WorkerError,
+    ) as e:  # a size that does not divide: one line, not a traceback
         parser.exit(2, f"bench_parallel.py: error: {e}\n")
     n = single["n"]
     base_time = statistics.median(single["times"][warm:])
-    print(f"GPT {args.layers} layers x {args.width} wide, {n:,} parameters; {BATCH} x {cfg.block_size} tokens/step; "
-          f"fp32 AdamW; {args.world} gloo ranks vs 1 process, 1 thread each")
+    print(
+        f"GPT {args.layers} layers x {args.width} wide, {n:,} parameters; {BATCH} x {cfg.block_size} tokens/step; "
+        f"fp32 AdamW; {args.world} gloo ranks vs 1 process, 1 thread each"
+    )
     dp_bytes = max(r["DP (ours)"]["bytes"] for r in results)
-    print(f"DP theory: all-reduce 2(n-1)/n x 4 bytes x N = {2 * (args.world - 1) / args.world * 4 * n:,.0f} bytes; "
-          f"ZeRO-3 at most 1.5x DP (the root unit, embedding and head, is not gathered again for backward)")
-    print(f"{'mode':<18} {'ms/step':>8} {'vs 1 proc':>9} {'bytes sent/step/rank':>21} {'x DP':>6} "
-          f"{'state bytes/rank':>17} {'/ 16N':>6} {'max |w diff|':>13}")
-    print(f"{'1 process':<18} {1e3 * base_time:>8.1f} {1.0:>8.2f}x {'-':>21} {'':>6} {single['memory']:>17,} "
-          f"{single['memory'] / (16 * n):>6.2f} {'-':>13}")
+    print(
+        f"DP theory: all-reduce 2(n-1)/n x 4 bytes x N = {2 * (args.world - 1) / args.world * 4 * n:,.0f} bytes; "
+        f"ZeRO-3 at most 1.5x DP (the root unit, embedding and head, is not gathered again for backward)"
+    )
+    print(
+        f"{'mode':<18} {'ms/step':>8} {'vs 1 proc':>9} {'bytes sent/step/rank':>21} {'x DP':>6} "
+        f"{'state bytes/rank':>17} {'/ 16N':>6} {'max |w diff|':>13}"
+    )
+    print(
+        f"{'1 process':<18} {1e3 * base_time:>8.1f} {1.0:>8.2f}x {'-':>21} {'':>6} {single['memory']:>17,} "
+        f"{single['memory'] / (16 * n):>6.2f} {'-':>13}"
+    )
     oracle = {"DDP (torch)": "DP (ours)", "FSDP2 (torch)": "ZeRO-3 (ours)"}
     for name in results[0]:
         step = max(statistics.median(r[name]["times"][warm:]) for r in results)
-        sent = max(r[name]["bytes"] for r in results) if results[0][name]["bytes"] is not None else None
+        sent = (
+            max(r[name]["bytes"] for r in results)
+            if results[0][name]["bytes"] is not None
+            else None
+        )
         memory = max(r[name]["memory"] for r in results)
         state = results[0][name]["state"]
         against = results[0][oracle[name]]["state"] if name in oracle else single["state"]
         diff = max(float((state[k] - against[k]).abs().max()) for k in against)
-        print(f"{name:<18} {1e3 * step:>8.1f} {step / base_time:>8.2f}x "
-              f"{'-' if sent is None else f'{sent:,.0f}':>21} "
-              f"{'' if sent is None else f'{sent / dp_bytes:.2f}':>6} {memory:>17,} {memory / (16 * n):>6.2f} "
-              f"{diff:>13.1e}" + (f"  (vs {oracle[name]})" if name in oracle else ""))
+        print(
+            f"{name:<18} {1e3 * step:>8.1f} {step / base_time:>8.2f}x "
+            f"{'-' if sent is None else f'{sent:,.0f}':>21} "
+            f"{'' if sent is None else f'{sent / dp_bytes:.2f}':>6} {memory:>17,} {memory / (16 * n):>6.2f} "
+            f"{diff:>13.1e}" + (f"  (vs {oracle[name]})" if name in oracle else "")
+        )
     sim = MP.simulate(MP.one_f_one_b_schedule(args.world, args.micro_batches))["bubble"]
-    measured = launcher.launch(parallel_demo.measure_pipeline_bubble, args.world, "1f1b", args.micro_batches, timeout_s=600)
-    print(f"pipeline bubble, {args.world} stages x {args.micro_batches} micro-batches: formula "
-          f"{MP.bubble_fraction(args.world, args.micro_batches):.3f}, simulated {sim:.3f}, measured (idle share of "
-          f"each stage's wall time) " + ", ".join(f"{r['bubble']:.3f}" for r in measured))
+    measured = launcher.launch(
+        parallel_demo.measure_pipeline_bubble, args.world, "1f1b", args.micro_batches, timeout_s=600
+    )
+    print(
+        f"pipeline bubble, {args.world} stages x {args.micro_batches} micro-batches: formula "
+        f"{MP.bubble_fraction(args.world, args.micro_batches):.3f}, simulated {sim:.3f}, measured (idle share of "
+        f"each stage's wall time) " + ", ".join(f"{r['bubble']:.3f}" for r in measured)
+    )
     return 0
 
 

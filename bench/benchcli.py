@@ -11,6 +11,7 @@ a traceback minutes into the run.
     >>> in_range(float, 0.01, 1e5)("0.5")
     0.5
 """
+
 import argparse
 import math
 
@@ -24,19 +25,30 @@ class Parser(argparse.ArgumentParser):
 
 def in_range(kind=int, low=None, high=None):
     """argparse type: a finite int or float in [low, high] (either end may be None: unbounded)."""
+
     def show(x):
         return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
     rule = ("an integer" if kind is int else "a number") + "".join(
-        [f" >= {show(low)}" if low is not None else "", " and" if None not in (low, high) else "",
-         f" <= {show(high)}" if high is not None else ""])
+        [
+            f" >= {show(low)}" if low is not None else "",
+            " and" if None not in (low, high) else "",
+            f" <= {show(high)}" if high is not None else "",
+        ]
+    )
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not math.isfinite(value) or (low is not None and value < low) or (
-                high is not None and value > high):
+        if (
+            value is None
+            or not math.isfinite(value)
+            or (low is not None and value < low)
+            or (high is not None and value > high)
+        ):
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
         return value
+
     return parse

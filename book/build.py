@@ -48,7 +48,9 @@ import tokenize
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BOOK_DIR = pathlib.Path(__file__).resolve().parent
 MARKER = ".book-site"  # written into every site we build: only such a folder is ever replaced
-if str(ROOT) not in sys.path:  # fileio.py: the output-path checks every command of the repository shares
+if (
+    str(ROOT) not in sys.path
+):  # fileio.py: the output-path checks every command of the repository shares
     sys.path.append(str(ROOT))
 
 
@@ -922,12 +924,12 @@ def code_line_html(linker: Linker, src: Source, tokens: list[tuple[object, str]]
 
 def _layout(title: str, body: str, nav: str) -> str:
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{html.escape(title)}</title>\n"
-        "<link rel=\"stylesheet\" href=\"book.css\">\n<link rel=\"stylesheet\" href=\"pygments.css\">\n"
-        "<link rel=\"icon\" href=\"data:,\">\n"
-        f"</head>\n<body>\n<nav class=\"top\">{nav}</nav>\n<main>\n{body}\n</main>\n</body>\n</html>\n"
+        '<link rel="stylesheet" href="book.css">\n<link rel="stylesheet" href="pygments.css">\n'
+        '<link rel="icon" href="data:,">\n'
+        f'</head>\n<body>\n<nav class="top">{nav}</nav>\n<main>\n{body}\n</main>\n</body>\n</html>\n'
     )
 
 
@@ -1132,7 +1134,7 @@ def page_html(
     linker.current = None  # the menu is on every part: links name the file
     toc = "".join(
         f'<li><a href="{linker.href(src.stem, h.anchor)}">'
-        f'{md.renderInline(h.title, {"source": src, "in_link": True})}</a></li>'
+        f"{md.renderInline(h.title, {'source': src, 'in_link': True})}</a></li>"
         for h in items
         if isinstance(h, Heading)
     )
@@ -1150,7 +1152,7 @@ def page_html(
         serves = serves_line(src)
         label = f'<p class="kind">Machinery: {html.escape(kind)}.'
         if serves:
-            label += f' Serves: {md.renderInline(serves, {"source": src})}'
+            label += f" Serves: {md.renderInline(serves, {'source': src})}"
         label += "</p>"
     linker.current = files[0]
     minutes = part_minutes(src, items, linker.cuts[src.stem])
@@ -1160,7 +1162,7 @@ def page_html(
     parts: dict[str, list[str]] = {name: [] for name in files}
     parts[files[0]].append(
         f'<header class="intro"><h1><code>{src.filename}</code>{of}</h1>{label}'
-        f'{md.render(separate_indented_blocks(fence_doctests(src.docstring)), {"source": src})}'
+        f"{md.render(separate_indented_blocks(fence_doctests(src.docstring)), {'source': src})}"
         + "".join(f'<div class="figures">{f}</div>' for f in placed.get(-1, []))
         + (f'<nav class="toc"><h2>Sections</h2><ul>{toc}</ul></nav>' if toc else "")
         + "</header>"
@@ -1173,13 +1175,13 @@ def page_html(
             number = files.index(linker.current) + 1
             parts[linker.current].append(
                 f'<header class="intro part"><h1><code>{src.filename}</code> · part '
-                f"{number} of {len(files)} <small class=\"minutes\">about "
+                f'{number} of {len(files)} <small class="minutes">about '
                 f"{minutes[number - 1]:.0f} minutes</small></h1></header>"
             )
         out = parts[linker.current]
         heading = isinstance(item, Heading) and (
             f'<h2 class="banner" id="{item.anchor}"><a href="#{item.anchor}">'
-            f'{md.renderInline(item.title, {"source": src, "in_link": True})}'
+            f"{md.renderInline(item.title, {'source': src, 'in_link': True})}"
             "</a></h2>"
         )
         if k == fold:
@@ -1208,9 +1210,7 @@ def page_html(
     linker.current = "index.html"
     pages = {}
     for number, name in enumerate(files):
-        title = src.filename + (
-            f" (part {number + 1} of {len(files)})" if len(files) > 1 else ""
-        )
+        title = src.filename + (f" (part {number + 1} of {len(files)})" if len(files) > 1 else "")
         pages[name] = _layout(
             f"{title} · the book", "\n".join(parts[name]), _nav(order, name, toc, files)
         )
@@ -1305,8 +1305,9 @@ def build(out: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     """Render every page of the files in `root` into a fresh folder beside `out`, then swap it in: `out` is whole
     or untouched."""
     from machinery import fileio
+
     _require_libraries()
-    problem = fileio.output_path_problem(out)     # before resolve(): a loop is a RuntimeError there
+    problem = fileio.output_path_problem(out)  # before resolve(): a loop is a RuntimeError there
     if problem:
         raise BookError(f"--out: {problem}: choose another folder for the site, e.g. book/site")
     out = out.resolve()

@@ -16,6 +16,7 @@ imported for its lesson never loads it.
 Depends on fileio.py (an output path's links and name lengths, `writable`) and the standard
 library.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,23 +47,34 @@ def in_range(kind=int, low=None, high=None, low_open=False, high_open=False, rul
     Traceback (most recent call last):
     argparse.ArgumentTypeError: must be 1 to 1e+15 parameters, e.g. 7e9, got '0'
     """
+
     def show(x):
         return f"{x:g}" if isinstance(x, float) else str(x)
-    bounds = [f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
-              f"{'<' if high_open else '<='} {show(high)}" if high is not None else ""]
+
+    bounds = [
+        f"{'>' if low_open else '>='} {show(low)}" if low is not None else "",
+        f"{'<' if high_open else '<='} {show(high)}" if high is not None else "",
+    ]
     rule = rule or ("an integer " if kind is int else "a number ") + " and ".join(
-        filter(None, bounds))
+        filter(None, bounds)
+    )
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             value = None
-        if (value is None or not math.isfinite(value)
-                or low is not None and (value < low or low_open and value == low)
-                or high is not None and (value > high or high_open and value == high)):
+        if (
+            value is None
+            or not math.isfinite(value)
+            or low is not None
+            and (value < low or low_open and value == low)
+            or high is not None
+            and (value > high or high_open and value == high)
+        ):
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text!r}")
         return value
+
     return parse
 
 
@@ -78,10 +90,12 @@ def writable(kind="file", elsewhere=None):
     Traceback (most recent call last):
     argparse.ArgumentTypeError: . is a directory: give a file path
     """
+
     def parse(text: str) -> str:
         if elsewhere is not None and elsewhere(text):
             return text
         from machinery import fileio
+
         problem = fileio.output_path_problem(text)
         if problem:
             raise argparse.ArgumentTypeError(f"{problem}: give another path")
@@ -89,14 +103,19 @@ def writable(kind="file", elsewhere=None):
         if path.is_dir() if kind == "file" else path.exists() and not path.is_dir():
             raise argparse.ArgumentTypeError(
                 f"{text} is a {'directory' if kind == 'file' else 'file'}: "
-                f"give a {'file' if kind == 'file' else 'directory'} path")
+                f"give a {'file' if kind == 'file' else 'directory'} path"
+            )
         here = path.absolute()
-        parent = next(p for p in ((here, *here.parents) if kind == "dir" else here.parents)
-                      if p.exists())
+        parent = next(
+            p for p in ((here, *here.parents) if kind == "dir" else here.parents) if p.exists()
+        )
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"cannot write {text}: {parent} is "
-                                             f"{'a file' if not parent.is_dir() else 'read-only'}")
+            raise argparse.ArgumentTypeError(
+                f"cannot write {text}: {parent} is "
+                f"{'a file' if not parent.is_dir() else 'read-only'}"
+            )
         return text
+
     return parse
 
 
@@ -115,8 +134,11 @@ def run(command, errors: tuple, prog: str | None = None) -> int:
     try:
         return command() or 0
     except errors as e:
-        text = (f"{e.filename or ''}: {e.strerror or e}; check the path and its permissions"
-                if isinstance(e, OSError) else e)
+        text = (
+            f"{e.filename or ''}: {e.strerror or e}; check the path and its permissions"
+            if isinstance(e, OSError)
+            else e
+        )
         print(f"{prog}: error: {text}" if prog else f"error: {text}", file=sys.stderr)
         return 2
 
@@ -158,15 +180,19 @@ def add_commands(sub, commands: dict) -> dict:
 def help_only(doc: str, runs: str, argv: list[str] | None = None) -> None:
     """The command line of a file with no commands of its own: with --help or no arguments it prints
     the file's docstring and `runs` (the commands that use it); any other argument is an error."""
-    parser = Parser(description=doc, epilog=runs,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(
+        description=doc, epilog=runs, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.parse_args(argv)
     parser.print_help()
 
 
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what it is and where the commands are
-    help_only(__doc__, "No commands of its own: each chapter's command line is built with it.\n"
-                       "The commands, each with --help:\n"
-                       "  python bpe.py | dedup.py | classify.py | data.py | model.py | train.py\n"
-                       "  python parallel.py | model_parallel.py | scaling.py | evaluate.py")
+    help_only(
+        __doc__,
+        "No commands of its own: each chapter's command line is built with it.\n"
+        "The commands, each with --help:\n"
+        "  python bpe.py | dedup.py | classify.py | data.py | model.py | train.py\n"
+        "  python parallel.py | model_parallel.py | scaling.py | evaluate.py",
+    )

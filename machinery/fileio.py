@@ -49,6 +49,7 @@ Three promises of the README live here, so each chapter keeps them in one way:
    (/tmp), and a link planted there would have our pid overwrite its target. A link, directory or
    FIFO is refused in one line instead.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -91,8 +92,12 @@ def _depth_exceeds(text: str, limit: int) -> bool:
     return False
 
 
-def parse_json(text: str | bytes, where: str, error: type[Exception] = ValueError,
-               fix: str = "regenerate the file"):
+def parse_json(
+    text: str | bytes,
+    where: str,
+    error: type[Exception] = ValueError,
+    fix: str = "regenerate the file",
+):
     """json.loads for text from outside: any failure raises `error` with one line naming `where` and
     the fix.
 
@@ -128,8 +133,15 @@ def parse_json(text: str | bytes, where: str, error: type[Exception] = ValueErro
         raise error(f"{where}: not valid JSON ({str(e).splitlines()[0]}); {fix}") from None
 
 
-def expect(value, kind, where: str, shape: str, error: type[Exception] = ValueError,
-           fix: str = "regenerate the file", ok: Callable = lambda value: True):
+def expect(
+    value,
+    kind,
+    where: str,
+    shape: str,
+    error: type[Exception] = ValueError,
+    fix: str = "regenerate the file",
+    ok: Callable = lambda value: True,
+):
     """`value` if it is a `kind` (a bool never stands for a number) and `ok(value)`, else `error`
     with one line naming the file's field and what it must be: every reader of a format from
     outside (tokenizer.json, a checkpoint, a shard index) checks its fields with this one helper.
@@ -197,8 +209,12 @@ def is_no_space(exc: BaseException) -> bool:
         # error 28)", with neither cause nor context
         text = str(exc)
         wrapped = isinstance(exc, RuntimeError) or type(exc).__name__ == "SafetensorError"
-        if wrapped and ("No space left" in text or "File too large" in text
-                        or "file write failed" in text or "Disk quota exceeded" in text):
+        if wrapped and (
+            "No space left" in text
+            or "File too large" in text
+            or "file write failed" in text
+            or "Disk quota exceeded" in text
+        ):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -298,10 +314,15 @@ def remove_if_empty(folders: list[pathlib.Path]) -> None:
 def lock_kind(mode: int) -> str | None:
     """What an opened lock path is, in words, when it is not a regular file we may write our pid
     in (None for a regular file)."""
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"))
-    return next((name for is_kind, name in kinds if is_kind(mode)),
-                None if stat.S_ISREG(mode) else "not a regular file")
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next(
+        (name for is_kind, name in kinds if is_kind(mode)),
+        None if stat.S_ISREG(mode) else "not a regular file",
+    )
 
 
 def open_lock(path: pathlib.Path, error: type[Exception], fix: str) -> int:
@@ -317,8 +338,11 @@ def open_lock(path: pathlib.Path, error: type[Exception], fix: str) -> int:
         # file is only written once it is ours and locked.
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, publish_mode())
     except OSError as e:
-        what = {errno.ELOOP: "a symbolic link", errno.EISDIR: "a directory",
-                errno.ENXIO: "a socket"}.get(e.errno)
+        what = {
+            errno.ELOOP: "a symbolic link",
+            errno.EISDIR: "a directory",
+            errno.ENXIO: "a socket",
+        }.get(e.errno)
         if what:
             raise error(f"lock file {path} is {what}, not a regular file: {fix}") from None
         raise error(f"cannot open lock file {path} ({e.strerror}): {fix}") from None
@@ -333,9 +357,12 @@ def open_lock(path: pathlib.Path, error: type[Exception], fix: str) -> int:
 
 
 @contextlib.contextmanager
-def hold(path: str | os.PathLike, on_busy: Callable[[str], None],
-         error: type[Exception] = OSError,
-         fix: str = "remove it") -> Iterator[tuple[str | None, str | None]]:
+def hold(
+    path: str | os.PathLike,
+    on_busy: Callable[[str], None],
+    error: type[Exception] = OSError,
+    fix: str = "remove it",
+) -> Iterator[tuple[str | None, str | None]]:
     """Hold an exclusive lock on the file `path` for the block (the file and its folders made,
     our pid written in it).
 
@@ -353,7 +380,8 @@ def hold(path: str | os.PathLike, on_busy: Callable[[str], None],
     >>> lock.exists()
     False
     """
-    import fcntl                    # POSIX only: imported here, so the rest works everywhere
+    import fcntl  # POSIX only: imported here, so the rest works everywhere
+
     path, busy = pathlib.Path(path), None
     made = missing_folders(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -363,11 +391,11 @@ def hold(path: str | os.PathLike, on_busy: Callable[[str], None],
             fd = open_lock(path, error, fix)
             try:
                 fcntl.lockf(fd, how)
-            except (BlockingIOError, PermissionError):          # EAGAIN or EACCES: held
+            except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
                 busy = os.pread(fd, 32, 0).decode(errors="replace") or "unknown"  # not written yet
                 os.close(fd)
                 on_busy(busy)
-                how = fcntl.LOCK_EX                             # then wait for it
+                how = fcntl.LOCK_EX  # then wait for it
                 continue
             # A holder that ended cleanly removed the file we waited on: lock the new one instead.
             with contextlib.suppress(FileNotFoundError):
@@ -383,7 +411,7 @@ def hold(path: str | os.PathLike, on_busy: Callable[[str], None],
         try:
             yield busy, stale
         finally:
-            path.unlink(missing_ok=True)        # still locked: no one locks the file being removed
+            path.unlink(missing_ok=True)  # still locked: no one locks the file being removed
             os.close(fd)
     finally:
         remove_if_empty(made)
@@ -392,5 +420,7 @@ def hold(path: str | os.PathLike, on_busy: Callable[[str], None],
 if __name__ == "__main__":
     # no commands of its own: --help (or no argument) says what runs this file
     from machinery import cli
-    cli.help_only(__doc__, "No commands of its own: every chapter reads and writes its files "
-                  "through it.")
+
+    cli.help_only(
+        __doc__, "No commands of its own: every chapter reads and writes its files through it."
+    )

@@ -816,7 +816,6 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
             f"(every size of a budget)"
         )
     if s.device != "cpu":
-
         # "`device` cuda: no CUDA device here; ..."
         devices.resolve_device(s.device, error=ScalingError)
     # a design the family cannot build fails here

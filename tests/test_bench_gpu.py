@@ -2,6 +2,7 @@
 the layouts it tries, the memory it predicts (against what autograd really saves and what a step really
 allocates), the micro-batch search's stops, the guarded sections, the forced rollback and the --json rules are
 checked on their own."""
+
 import collections
 import dataclasses
 import json
@@ -27,13 +28,15 @@ from machinery.commands import train as train_command  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.long      # run by .ci/run (RUN_LONG=1): keeps `python -m pytest` near 15 minutes
+@pytest.mark.long  # run by .ci/run (RUN_LONG=1): keeps `python -m pytest` near 15 minutes
 def test_smoke_runs_every_section_and_every_check_passes(tmp_path, capsys):
     out = tmp_path / "smoke.json"
     assert bench_gpu.main(["--smoke", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(bench_gpu.SECTIONS) <= set(result) and list(result["sections"]) == list(bench_gpu.SECTIONS)
-    assert {"kernels", "ep_cp"} <= set(result)           # this round's sections, named in the JSON
+    assert set(bench_gpu.SECTIONS) <= set(result) and list(result["sections"]) == list(
+        bench_gpu.SECTIONS
+    )
+    assert {"kernels", "ep_cp"} <= set(result)  # this round's sections, named in the JSON
     assert set(result["sections"].values()) == {"ok"}
     # The kernels on the device (here the CPU): flash, linear forms, one GPT per kind; --ep 2 and --cp 2 on gloo
     # ranks; the collective probe on 2 ranks with send/recv.
@@ -43,39 +46,59 @@ def test_smoke_runs_every_section_and_every_check_passes(tmp_path, capsys):
     checks = [r for r in result["rows"] if r["status"] in ("ok", "FAIL")]
     assert checks and all(r["status"] == "ok" for r in checks)
     assert result["resume"]["exact"] and result["resume"]["cpu_close"]
-    for n in (1, 2):                                   # torchrun ran every layout of world 1 and 2 on gloo
+    for n in (1, 2):  # torchrun ran every layout of world 1 and 2 on gloo
         run = result["torchrun"][str(n)]
         assert run["backend"] == "gloo" and run["world"] == n
-        assert len(run["layouts"]) == len(bench_gpu.layouts(n)) + (n == 1)   # + the one-stage pipeline executor
+        assert len(run["layouts"]) == len(bench_gpu.layouts(n)) + (
+            n == 1
+        )  # + the one-stage pipeline executor
     assert result["speed"]["eager"]["tokens_per_s"] > 0 and result["speed"]["max_micro_batch"] == 8
     # The model row names the data's vocabulary and the true parameter count (the "124m" on a GPU has 88M).
     row = next(r for r in result["rows"] if r["item"].startswith("model: preset tiny"))
-    assert "vocab 4,096 of --data pydocs" in row["item"] and row["value"] == result["speed"]["params"]
+    assert (
+        "vocab 4,096 of --data pydocs" in row["item"] and row["value"] == result["speed"]["params"]
+    )
     # The memory model held on the CPU's live tensors in bf16 (the GPU's dtype) and fp32, plain and checkpointed.
-    assert {k for k in result["memory"]} == {"bf16, plain", "bf16, checkpointed", "fp32, plain", "fp32, checkpointed"}
+    assert {k for k in result["memory"]} == {
+        "bf16, plain",
+        "bf16, checkpointed",
+        "fp32, plain",
+        "fp32, checkpointed",
+    }
     assert all(abs(m["ratio"] - 1) < 0.05 for m in result["memory"].values())
     # train.py itself under torchrun: trained, resumed with the same losses, rolled back after the forced spike.
     run = result["train.py"]["2/3"]
     assert run["train"]["exit"] == run["resume"]["exit"] == run["rollback"]["exit"] == 0
-    assert [e["to_step"] for e in run["rollback"]["events"] if e["event"] == "rollback"] == [bench_gpu.RUN_CKPT]
+    assert [e["to_step"] for e in run["rollback"]["events"] if e["event"] == "rollback"] == [
+        bench_gpu.RUN_CKPT
+    ]
     assert "0 failed checks" in capsys.readouterr().out
 
 
 def test_layouts_cover_what_the_world_allows_and_nothing_parallel_refuses():
     one = [(l["dp"], l["tp"], l["pp"], l["zero"], l["bf16"]) for l in bench_gpu.layouts(1)]
-    assert one == [(1, 1, 1, 0, False), (1, 1, 1, 1, False), (1, 1, 1, 2, False), (1, 1, 1, 3, False),
-                   (1, 1, 1, 3, True)]
+    assert one == [
+        (1, 1, 1, 0, False),
+        (1, 1, 1, 1, False),
+        (1, 1, 1, 2, False),
+        (1, 1, 1, 3, False),
+        (1, 1, 1, 3, True),
+    ]
     eight = bench_gpu.layouts(8)
     assert {(l["dp"], l["tp"], l["pp"]) for l in eight} == {
-        (8 // (t * p), t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) if 8 % (t * p) == 0}
+        (8 // (t * p), t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) if 8 % (t * p) == 0
+    }
     for lay in eight:
-        bench_gpu.wiring.check_combination(lay["zero"], lay["tp"], lay["pp"])      # raises on a refused combination
+        bench_gpu.wiring.check_combination(
+            lay["zero"], lay["tp"], lay["pp"]
+        )  # raises on a refused combination
         assert lay["dp"] * lay["tp"] * lay["pp"] == 8
     assert not any(l["zero"] == 3 and l["tp"] > 1 for l in eight)
     assert not any(l["zero"] >= 2 and l["pp"] > 1 for l in eight)
 
 
 # ---- the memory model against the code as written -------------------------------------------------------------
+
 
 def saved_by_autograd(config, batch, seq, autocast: bool, whole_model: bool) -> dict:
     """{dtype: bytes} of what one forward saves for backward (saved_tensors_hooks), each storage once, the
@@ -92,8 +115,10 @@ def saved_by_autograd(config, batch, seq, autocast: bool, whole_model: bool) -> 
         return t
 
     ids, targets = (torch.randint(0, config.vocab_size, (batch, seq)) for _ in range(2))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+    ):
         if whole_model:
             gpt(ids, targets)
         else:
@@ -104,18 +129,22 @@ def saved_by_autograd(config, batch, seq, autocast: bool, whole_model: bool) -> 
     return dict(out)
 
 
-@pytest.mark.parametrize("n_kv_head", [4, 2])               # MHA and GQA (on the CPU K, V read in place)
+@pytest.mark.parametrize("n_kv_head", [4, 2])  # MHA and GQA (on the CPU K, V read in place)
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_saved_terms_are_what_autograd_saves(n_kv_head, dtype):
-    cfg = model.GPTConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=64)
+    cfg = model.GPTConfig(
+        vocab_size=512, block_size=64, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=64
+    )
     block, rest = bench_gpu.saved_terms(cfg, 2, 64, dtype)
     want_block = bench_gpu.bytes_by_dtype(block)
     want_model = collections.Counter(bench_gpu.bytes_by_dtype(block, cfg.n_layer))
     want_model.update(bench_gpu.bytes_by_dtype(rest))
-    for got, want in ((saved_by_autograd(cfg, 2, 64, dtype == "bf16", False), want_block),
-                      (saved_by_autograd(cfg, 2, 64, dtype == "bf16", True), dict(want_model))):
+    for got, want in (
+        (saved_by_autograd(cfg, 2, 64, dtype == "bf16", False), want_block),
+        (saved_by_autograd(cfg, 2, 64, dtype == "bf16", True), dict(want_model)),
+    ):
         assert set(got) == set(want)
-        for kind in want:                                  # within 1% per dtype (they agree to the byte today)
+        for kind in want:  # within 1% per dtype (they agree to the byte today)
             assert abs(got[kind] - want[kind]) <= 0.01 * want[kind], (kind, got, want)
 
 
@@ -123,13 +152,13 @@ def test_live_bytes_counts_allocations_once_and_not_views():
     base = torch.zeros(1000)
     counter = bench_gpu.LiveBytes()
     with counter:
-        a = torch.ones(256)                                # 1 KiB
-        b = a[:10]                                         # a view: nothing allocated
-        c = base.t()                                       # a view of a tensor made before: nothing either
-        a.mul_(2)                                          # in place: nothing
-        d = torch.ones(512)                                # 2 KiB, while a lives: peak 3 KiB
+        a = torch.ones(256)  # 1 KiB
+        b = a[:10]  # a view: nothing allocated
+        c = base.t()  # a view of a tensor made before: nothing either
+        a.mul_(2)  # in place: nothing
+        d = torch.ones(512)  # 2 KiB, while a lives: peak 3 KiB
         del d
-        e = torch.ones(128)                                # 0.5 KiB, after d was freed
+        e = torch.ones(128)  # 0.5 KiB, after d was freed
     assert counter.peak == 3 * 1024 and counter.now == 1024 + 512
     del a, b, c, e
     assert counter.now == 0
@@ -140,8 +169,15 @@ def test_predicted_peak_is_what_a_training_step_allocates_on_cpu(checkpointing):
     """A train.py-shaped step (autocast bf16 forward, `_, loss = model(x, y)`, backward, clip, fused AdamW):
     the tensors it keeps alive at once, plus the weights and AdamW state, within 0.5% of predicted_memory (they
     agree to a few bytes: the 0-dim loss and grad norm)."""
-    cfg = model.GPTConfig(vocab_size=1024, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
-                          activation_checkpointing=checkpointing)
+    cfg = model.GPTConfig(
+        vocab_size=1024,
+        block_size=64,
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=64,
+        activation_checkpointing=checkpointing,
+    )
     torch.manual_seed(0)
     gpt = model.GPT(cfg)
     opt = torch.optim.AdamW(gpt.parameters(), lr=1e-3, fused=True)
@@ -154,12 +190,15 @@ def test_predicted_peak_is_what_a_training_step_allocates_on_cpu(checkpointing):
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    step()                                                 # AdamW's moments exist from here on
+
+    step()  # AdamW's moments exist from here on
     counter = bench_gpu.LiveBytes()
     with counter:
         step()
     want = bench_gpu.predicted_memory(cfg, 4, 64, checkpointing, "bf16")
-    got = counter.peak + want["weights"] + want["optimizer"] + want["batch"]   # made before the counted step
+    got = (
+        counter.peak + want["weights"] + want["optimizer"] + want["batch"]
+    )  # made before the counted step
     assert abs(got / want["total"] - 1) < 0.005, (got, want)
 
 
@@ -184,14 +223,34 @@ def test_predicted_memory_of_the_gpu_setting_adds_what_the_old_formula_missed():
 
 # ---- the micro-batch search ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("failure, why", [
-    (data.DataError("split 'train' has 285 windows of 1025 tokens, fewer than batch_size x world_size = 512"),
-     "too few windows"),
-    (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
-     "out of memory (CUDA: CUDA error: out of memory)"),
-    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), "CUBLAS"),
-    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "the CUDA allocator"),
-])
+
+@pytest.mark.parametrize(
+    "failure, why",
+    [
+        (
+            data.DataError(
+                "split 'train' has 285 windows of 1025 tokens, fewer than batch_size x world_size = 512"
+            ),
+            "too few windows",
+        ),
+        (
+            RuntimeError(
+                "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"
+            ),
+            "out of memory (CUDA: CUDA error: out of memory)",
+        ),
+        (
+            RuntimeError(
+                "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+            ),
+            "CUBLAS",
+        ),
+        (
+            torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+            "the CUDA allocator",
+        ),
+    ],
+)
 def test_micro_batch_search_stops_at_memory_and_data_limits(monkeypatch, failure, why):
     tried = []
 
@@ -200,7 +259,9 @@ def test_micro_batch_search_stops_at_memory_and_data_limits(monkeypatch, failure
             tried.append(batch)
             if batch > 8:
                 raise failure
+
         return step
+
     monkeypatch.setattr(bench_gpu, "trainer_for", lambda *a, **k: None)
     monkeypatch.setattr(bench_gpu, "reference_step_fn", step_fn)
     setup = dataclasses.replace(bench_gpu.Setup.smoke(), max_batch=64)
@@ -211,8 +272,10 @@ def test_micro_batch_search_stops_at_memory_and_data_limits(monkeypatch, failure
 def test_micro_batch_search_raises_what_is_not_a_limit(monkeypatch):
     def step_fn(trainer, backend, batch):
         def step():
-            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")     # a bug, not a limit
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")  # a bug, not a limit
+
         return step
+
     monkeypatch.setattr(bench_gpu, "trainer_for", lambda *a, **k: None)
     monkeypatch.setattr(bench_gpu, "reference_step_fn", step_fn)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
@@ -221,6 +284,7 @@ def test_micro_batch_search_raises_what_is_not_a_limit(monkeypatch):
 
 # ---- guarded sections, exit codes, --json -----------------------------------------------------------------------
 
+
 def test_a_section_that_raises_is_reported_and_the_others_still_run(tmp_path, monkeypatch, capsys):
     def broken(setup, report, tmp):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -228,13 +292,19 @@ def test_a_section_that_raises_is_reported_and_the_others_still_run(tmp_path, mo
     def fine(setup, report, tmp):
         report.check("resume", "a check that passes", 1.0, True)
         return {"done": True}
+
     monkeypatch.setattr(bench_gpu, "SECTIONS", {"decode": broken, "resume": fine})
     out = tmp_path / "r.json"
     assert bench_gpu.main(["--smoke", "--in-process", "--json", str(out)]) == 1
     result = json.loads(out.read_text())
-    assert result["sections"] == {"decode": "failed: RuntimeError: CUDA error: an illegal memory access was "
-                                            "encountered", "resume": "ok"}
-    assert result["resume"] == {"done": True} and "illegal memory access" in result["decode"]["traceback"]
+    assert result["sections"] == {
+        "decode": "failed: RuntimeError: CUDA error: an illegal memory access was encountered",
+        "resume": "ok",
+    }
+    assert (
+        result["resume"] == {"done": True}
+        and "illegal memory access" in result["decode"]["traceback"]
+    )
     err = capsys.readouterr().err
     assert "FAILED: decode: section ran to its end" in err
 
@@ -243,11 +313,14 @@ def test_a_failed_check_exits_1_and_no_gpu_without_smoke_exits_2(tmp_path, monke
     def failing(setup, report, tmp):
         report.check("resume", "a check that fails", 1.0, False)
         return {}
+
     monkeypatch.setattr(bench_gpu, "SECTIONS", {"resume": failing})
     assert bench_gpu.main(["--smoke", "--in-process", "--json", str(tmp_path / "r.json")]) == 1
     assert "FAILED: resume: a check that fails" in capsys.readouterr().err
     result = json.loads((tmp_path / "r.json").read_text())
-    assert result["rows"][0]["status"] == "FAIL" and result["sections"] == {"resume": "1 failed checks"}
+    assert result["rows"][0]["status"] == "FAIL" and result["sections"] == {
+        "resume": "1 failed checks"
+    }
     if not torch.cuda.is_available():
         assert bench_gpu.main(["--json", str(tmp_path / "x.json")]) == 2
         assert "no CUDA GPU is visible" in capsys.readouterr().err
@@ -257,10 +330,26 @@ def test_a_failed_check_exits_1_and_no_gpu_without_smoke_exits_2(tmp_path, monke
 def test_json_a_directory_is_one_line_exit_2_and_nothing_is_written(tmp_path, monkeypatch):
     """Checked before any section runs (a whole bench must not be lost at the end), no temp file left."""
     (tmp_path / "results").mkdir()
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py"), "--smoke", "--only", "decode",
-                           "--json", str(tmp_path / "results")], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_gpu.py"),
+            "--smoke",
+            "--only",
+            "decode",
+            "--json",
+            str(tmp_path / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().count("\n") == 0 and "--json" in proc.stderr and "is a directory" in proc.stderr
+    assert (
+        proc.stderr.strip().count("\n") == 0
+        and "--json" in proc.stderr
+        and "is a directory" in proc.stderr
+    )
     assert "Traceback" not in proc.stderr and list(tmp_path.rglob("*")) == [tmp_path / "results"]
 
 
@@ -276,31 +365,45 @@ def test_json_is_written_atomically_through_fileio(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_gpu, "SECTIONS", {"resume": lambda setup, report, tmp: {}})
     calls = []
     real = bench_gpu.fileio.write_atomic
-    monkeypatch.setattr(bench_gpu.fileio, "write_atomic", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    monkeypatch.setattr(
+        bench_gpu.fileio, "write_atomic", lambda *a, **k: calls.append(a[0]) or real(*a, **k)
+    )
     assert bench_gpu.main(["--smoke", "--in-process", "--json", str(tmp_path / "r.json")]) == 0
-    assert set(calls) == {tmp_path / "r.json"} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert set(calls) == {tmp_path / "r.json"} and [p.name for p in tmp_path.iterdir()] == [
+        "r.json"
+    ]
 
 
 # ---- the forced spike-guard rollback ----------------------------------------------------------------------------
+
 
 def test_rollback_flags_force_a_rollback_to_the_checkpoint(tmp_path):
     """The flags the train.py section resumes with make train.py's own spike guard roll back (in one process
     here; the bench does the same under torchrun with --zero)."""
     setup = bench_gpu.Setup.smoke()
     flags = bench_gpu.run_flags(setup, 0, tmp_path / "run")
-    flags = [f for i, f in enumerate(flags) if f != "--zero" and (i == 0 or flags[i - 1] != "--zero")]
+    flags = [
+        f for i, f in enumerate(flags) if f != "--zero" and (i == 0 or flags[i - 1] != "--zero")
+    ]
     flags += ["--num-samples", "0", "--dtype", "fp32"]
     train_run.Trainer(train_command.parse_config(flags), log=lambda *a, **k: None).run()
     for ckpt in train.list_checkpoints(tmp_path / "run"):
         if ckpt.name != train.checkpoint_path(tmp_path / "run", bench_gpu.RUN_CKPT).name:
-            ckpt.unlink()                                  # resume at step 10, as the bench's copy does
-    train_run.Trainer(train_command.parse_config(flags + ["--resume", *bench_gpu.ROLLBACK_FLAGS]),
-                  log=lambda *a, **k: None).run()
-    events = [r for r in train_run.read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("event") == "rollback"]
+            ckpt.unlink()  # resume at step 10, as the bench's copy does
+    train_run.Trainer(
+        train_command.parse_config(flags + ["--resume", *bench_gpu.ROLLBACK_FLAGS]),
+        log=lambda *a, **k: None,
+    ).run()
+    events = [
+        r
+        for r in train_run.read_metrics(tmp_path / "run" / "metrics.jsonl")
+        if r.get("event") == "rollback"
+    ]
     assert [e["to_step"] for e in events] == [bench_gpu.RUN_CKPT]
 
 
 # ---- deadline, isolation, the collective probe ------------------------------------------------------------------
+
 
 def test_a_deadline_skips_what_no_longer_fits_and_the_json_says_so(tmp_path):
     """`--smoke --deadline-s 20`: the sections run highest value first, each in its own process;
@@ -308,30 +411,60 @@ def test_a_deadline_skips_what_no_longer_fits_and_the_json_says_so(tmp_path):
     outlive the 20 s), the JSON (written after every section) and the last lines say which, and
     the exit code is 0: a deadline is no failed check."""
     out = tmp_path / "partial.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py"), "--smoke",
-                           "--deadline-s", "20", "--only", "decode", "speed", "torchrun",
-                           "--json", str(out)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_gpu.py"),
+            "--smoke",
+            "--deadline-s",
+            "20",
+            "--only",
+            "decode",
+            "speed",
+            "torchrun",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     skipped = [k for k, v in result["sections"].items() if v.startswith("skipped: deadline")]
-    assert {"speed", "torchrun"} <= set(skipped)  # their 30 s and 45 s do not fit in 20 s; decode's 8 s do
+    assert {"speed", "torchrun"} <= set(
+        skipped
+    )  # their 30 s and 45 s do not fit in 20 s; decode's 8 s do
     assert all(f"{k:<8} skipped: deadline" in proc.stdout for k in skipped)
     assert result["sections"]["decode"] in ("ok", *[result["sections"][k] for k in skipped])
-    assert list(result["sections"]) == ["speed", "decode", "torchrun"]    # the value order
-    assert not [r for r in result["rows"] if r["status"] == "FAIL"] and "0 failed checks" in proc.stdout
+    assert list(result["sections"]) == ["speed", "decode", "torchrun"]  # the value order
+    assert (
+        not [r for r in result["rows"] if r["status"] == "FAIL"]
+        and "0 failed checks" in proc.stdout
+    )
 
 
-def test_a_stop_at_the_deadline_is_a_skip_and_at_the_sections_own_limit_a_failure(tmp_path, monkeypatch):
+def test_a_stop_at_the_deadline_is_a_skip_and_at_the_sections_own_limit_a_failure(
+    tmp_path, monkeypatch
+):
     """run_isolated: a child stopped where the deadline left less than the section's own limit is
     "skipped: deadline" and no FAIL row; the same stop at its own limit (a hang) is a FAIL row."""
+
     def stopped(cmd, timeout_s, **kwargs):
         return subprocess.CompletedProcess(cmd, 124, None, "stopped"), True
+
     monkeypatch.setattr(bench_gpu, "run_bounded", stopped)
     report = bench_gpu.Report()
-    result, status = bench_gpu.run_isolated("decode", ["--smoke"], report, 7, tmp_path, deadline_stop=True)
-    assert status.startswith("skipped: deadline") and not report.rows and result == {"error": status}
-    result, status = bench_gpu.run_isolated("decode", ["--smoke"], report, 7, tmp_path, deadline_stop=False)
+    result, status = bench_gpu.run_isolated(
+        "decode", ["--smoke"], report, 7, tmp_path, deadline_stop=True
+    )
+    assert (
+        status.startswith("skipped: deadline") and not report.rows and result == {"error": status}
+    )
+    result, status = bench_gpu.run_isolated(
+        "decode", ["--smoke"], report, 7, tmp_path, deadline_stop=False
+    )
     assert status == "failed: stopped after its 7 s timeout" and len(report.failed) == 1
 
 
@@ -354,7 +487,7 @@ def test_a_child_past_its_limit_is_ended_with_every_process_it_started(tmp_path,
     proc, timed_out = bench_gpu.run_bounded([sys.executable, "-c", CHILD_TREE, str(pid_file)], 5)
     pids = [int(p) for p in pid_file.read_text().split()]
     survivors = [p for p in pids if bench_gpu.alive(p)]
-    for p in survivors:                                   # a failing run leaves nothing behind either
+    for p in survivors:  # a failing run leaves nothing behind either
         os.kill(p, signal.SIGKILL)
     assert timed_out and proc.returncode == 124 and len(pids) == 2
     assert not survivors
@@ -370,28 +503,35 @@ def test_a_section_past_its_limit_leaves_no_process_of_its_tree_alive(tmp_path, 
 
     class DeadlineOnceWorkersRun(subprocess.Popen):
         def communicate(self, input=None, timeout=None):
-            if timeout is None:                                  # the wait after the tree was ended
+            if timeout is None:  # the wait after the tree was ended
                 return super().communicate(input)
             while len(bench_gpu.descendants(self.pid)) < 3 and self.poll() is None:
-                time.sleep(0.2)                                  # torchrun and its 2 workers
+                time.sleep(0.2)  # torchrun and its 2 workers
             raise subprocess.TimeoutExpired(self.args, timeout)
 
     def record():
         while not done.is_set():
             seen.update(bench_gpu.descendants(os.getpid()))
             time.sleep(0.2)
+
     monkeypatch.setattr(bench_gpu.subprocess, "Popen", DeadlineOnceWorkersRun)
     watcher = threading.Thread(target=record)
     watcher.start()
     report = bench_gpu.Report()
     try:
-        _, status = bench_gpu.run_isolated("train.py", ["--smoke", "--json", str(tmp_path / "r.json")], report, 600,
-                                           tmp_path, deadline_stop=True)
+        _, status = bench_gpu.run_isolated(
+            "train.py",
+            ["--smoke", "--json", str(tmp_path / "r.json")],
+            report,
+            600,
+            tmp_path,
+            deadline_stop=True,
+        )
     finally:
         done.set()
         watcher.join()
     assert status.startswith("skipped: deadline") and not report.failed
-    assert len(seen) >= 4                   # the section's child, torchrun, its 2 workers (and their helpers)
+    assert len(seen) >= 4  # the section's child, torchrun, its 2 workers (and their helpers)
     assert not [p for p in seen if bench_gpu.alive(p)]
 
 
@@ -399,11 +539,13 @@ def test_the_collective_probe_runs_every_collective_on_a_group_of_one(tmp_path):
     """At world 1 (one GPU; the 2-rank probe with send/recv runs in the smoke run): every collective but
     send/recv, which needs a peer; the row says it did not run."""
     report = bench_gpu.Report()
-    out = bench_gpu.bench_nccl(dataclasses.replace(bench_gpu.Setup.smoke(), nproc=[1]), report, tmp_path)
+    out = bench_gpu.bench_nccl(
+        dataclasses.replace(bench_gpu.Setup.smoke(), nproc=[1]), report, tmp_path
+    )
     assert len(out) == 8 and all(out.values()) and not report.failed
     assert "all_to_all_single (expert parallel)" in out
     assert report.rows[-1]["value"] == "not run: 1 GPU"
-    assert not torch.distributed.is_initialized()           # destroyed: the next section starts clean
+    assert not torch.distributed.is_initialized()  # destroyed: the next section starts clean
 
 
 def test_a_section_that_kills_its_process_loses_only_itself(tmp_path, monkeypatch):
@@ -411,12 +553,14 @@ def test_a_section_that_kills_its_process_loses_only_itself(tmp_path, monkeypatc
     broken CUDA context) is one FAIL row naming how it ended, in the parent, which goes on."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     report = bench_gpu.Report()
-    result, status = bench_gpu.run_isolated("decode", ["--smoke", "--nproc", "-5"], report, 120,
-                                            tmp_path)
+    result, status = bench_gpu.run_isolated(
+        "decode", ["--smoke", "--nproc", "-5"], report, 120, tmp_path
+    )
     assert status.startswith("failed: its process exited") and report.failed
 
 
 # ---- this round's sections, the time they need, the command line ------------------------------------------------
+
 
 def test_every_section_has_a_projection_and_the_gpu_run_fits_500_s():
     """README's one command is `--deadline-s 500`: the GPU projections of all sections add up to less."""
@@ -424,7 +568,9 @@ def test_every_section_has_a_projection_and_the_gpu_run_fits_500_s():
     assert {"kernels", "ep_cp"} <= set(bench_gpu.SECTIONS)
     assert sum(gpu for gpu, _ in bench_gpu.PROJECTED_S.values()) <= 500
     readme = (ROOT / "README.md").read_text()
-    assert "python bench/bench_gpu.py --deadline-s 500" in readme and "--deadline-s 540" not in readme
+    assert (
+        "python bench/bench_gpu.py --deadline-s 500" in readme and "--deadline-s 540" not in readme
+    )
 
 
 def test_the_flash_checks_fail_on_a_kernel_that_is_wrong(monkeypatch):
@@ -437,15 +583,25 @@ def test_the_flash_checks_fail_on_a_kernel_that_is_wrong(monkeypatch):
     bench_gpu.check_flash_kernel(setup, report)
     assert len(report.rows) == 3 and not report.failed
     real = model.flash_attention
-    monkeypatch.setattr(bench_gpu.model_lib, "flash_attention", lambda q, k, v, causal: real(q, k, v, False))
+    monkeypatch.setattr(
+        bench_gpu.model_lib, "flash_attention", lambda q, k, v, causal: real(q, k, v, False)
+    )
     report = bench_gpu.Report()
     bench_gpu.check_flash_kernel(setup, report)
-    assert [r["item"].split(":")[0] for r in report.failed] == ["hand flash = SDPA, fp32, T=128",
-                                                                "hand flash, bf16, T=128"]
+    assert [r["item"].split(":")[0] for r in report.failed] == [
+        "hand flash = SDPA, fp32, T=128",
+        "hand flash, bf16, T=128",
+    ]
 
 
-@pytest.mark.parametrize("argv, flag", [(["--nproc", "two"], "--nproc"), (["--deadline-s", "-1"], "--deadline-s"),
-                                        (["--smoke", "--only", "nope"], "--only")])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--nproc", "two"], "--nproc"),
+        (["--deadline-s", "-1"], "--deadline-s"),
+        (["--smoke", "--only", "nope"], "--only"),
+    ],
+)
 def test_a_bad_flag_is_one_line_without_the_usage_block(capsys, argv, flag):
     with pytest.raises(SystemExit) as stop:
         bench_gpu.main(argv)

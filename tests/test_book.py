@@ -112,9 +112,10 @@ def test_one_page_per_top_level_file_and_an_index_in_reading_order(site):
     assert machinery and all(stem.startswith("machinery.") for _, stem in machinery)
     for path, stem in machinery:  # after the chapters, in the appendix, marked as machinery
         name = path.relative_to(ROOT).as_posix()
-        assert f'<a href="{stem}.html"><code>{name}</code></a></td><td>' in index.split(
-            'id="companions"'
-        )[1]
+        assert (
+            f'<a href="{stem}.html"><code>{name}</code></a></td><td>'
+            in index.split('id="companions"')[1]
+        )
         assert "Machinery:" in whole(site, stem)
 
 
@@ -191,9 +192,9 @@ def test_section_banners_are_headings_with_anchors_in_the_table_of_contents(site
             path.name
         )
         for anchor, _ in headings:
-            assert re.search(
-                rf'<li><a href="{stem}(-\d+)?\.html#{re.escape(anchor)}">', page
-            ), anchor
+            assert re.search(rf'<li><a href="{stem}(-\d+)?\.html#{re.escape(anchor)}">', page), (
+                anchor
+            )
     assert banners >= 40  # the chapters have dozens; none found would mean the parser broke
 
 
@@ -268,9 +269,7 @@ def test_names_from_another_chapter_link_to_their_definition(site):
     # and a `module.name` it mentions to that definition.
     mentions = 0
     for path, stem in book_files():
-        intro = (
-            (site / f"{stem}.html").read_text(encoding="utf-8").split('<nav class="toc">')[0]
-        )
+        intro = (site / f"{stem}.html").read_text(encoding="utf-8").split('<nav class="toc">')[0]
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
         for stem in set(re.findall(r"(?<![\w./-])(\w+)\.py\b", docstring)) & modules - {stem}:
             assert f'href="{stem}.html"' in intro, (
@@ -291,7 +290,9 @@ def test_prose_keeps_the_docstrings_blocks_doctests_and_aligned_comments(site):
     # run-on sentence (parallel.py's "Demos:").
     assert re.search(r'<pre class="block">python parallel.py demo +# each layout', chapters)
     # A doctest becomes a highlighted pycon block (the prompt is a Generic.Prompt token: class "gp").
-    assert re.search(r'<pre class="block code-pycon"><span class="gp">&gt;&gt;&gt; </span>', chapters)
+    assert re.search(
+        r'<pre class="block code-pycon"><span class="gp">&gt;&gt;&gt; </span>', chapters
+    )
     # Aligned comment columns survive as a monospace block (dedup.py's hashes).
     assert re.search(r'<pre class="block code-text">  word: +a polynomial hash', chapters)
 
@@ -420,8 +421,9 @@ def test_companions_are_classified_by_table_and_docstring_and_missing_figures_na
     assert appendix.index("machinery/alpha.py") < appendix.index("machinery/store.py")
     assert "engine (object-store I/O)" in appendix and "<td>machinery</td>" in appendix
     assert not (out / "machinery.__init__.html").exists()
-    assert "Machinery: engine (object-store I/O). Serves: data.py (its s3:// inputs).</p>" in re.sub(
-        r"<(?!/p)[^>]+>", "", (out / "machinery.store.html").read_text()
+    assert (
+        "Machinery: engine (object-store I/O). Serves: data.py (its s3:// inputs).</p>"
+        in re.sub(r"<(?!/p)[^>]+>", "", (out / "machinery.store.html").read_text())
     )
     alpha = (out / "machinery.alpha.html").read_text(encoding="utf-8")
     assert 'href="machinery.store.html#X"' in alpha

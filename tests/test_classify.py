@@ -282,10 +282,25 @@ def test_a_retrained_quality_model_on_a_full_disk_is_one_line_and_no_temp_file(
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(torch, "save", half_then_full)
     from machinery.commands import data as data_command
+
     with pytest.raises(SystemExit) as exit_code:
-        sys.exit(data_command.main(["prepare", "--data", str(tmp_path / "good.txt"), "--quality-threshold", "0.5",
-                                    "--out", str(tmp_path / "ds"), "--quality-positives", str(tmp_path / "good.txt"),
-                                    "--quality-negatives", str(tmp_path / "web.txt")]))
+        sys.exit(
+            data_command.main(
+                [
+                    "prepare",
+                    "--data",
+                    str(tmp_path / "good.txt"),
+                    "--quality-threshold",
+                    "0.5",
+                    "--out",
+                    str(tmp_path / "ds"),
+                    "--quality-positives",
+                    str(tmp_path / "good.txt"),
+                    "--quality-negatives",
+                    str(tmp_path / "web.txt"),
+                ]
+            )
+        )
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_code.value.code == 2 and "Traceback" not in lines[-1], lines
     assert (
@@ -479,7 +494,10 @@ def test_ray_engine_writes_the_same_bytes_with_both_filters(mixed_language, tmp_
 def test_score_prints_each_texts_labels_and_refuses_bad_input_in_one_line(tmp_path, capsys):
     """`python classify.py score`: the shipped model's best labels per text (the chapter's own demo), a model
     from --model, and bad input (--top 0, a file that is no classifier) as one line naming it, exit 2."""
-    texts = ["Das Wetter ist heute schön, also gehen wir im Park spazieren.", "今日は天気がいいので"]
+    texts = [
+        "Das Wetter ist heute schön, also gehen wir im Park spazieren.",
+        "今日は天気がいいので",
+    ]
     assert classify_command.main(["score", "language", *texts, "--top", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == ["de", "ja"] and lines[0].endswith(texts[0])
@@ -489,7 +507,10 @@ def test_score_prints_each_texts_labels_and_refuses_bad_input_in_one_line(tmp_pa
     assert capsys.readouterr().out.split()[0] in classify.QUALITY_LABELS
     not_a_model = tmp_path / "model.pt"
     not_a_model.write_text("hello")
-    for argv, named in ((["--top", "0"], "--top 0"), (["--model", str(not_a_model)], str(not_a_model))):
+    for argv, named in (
+        (["--top", "0"], "--top 0"),
+        (["--model", str(not_a_model)], str(not_a_model)),
+    ):
         assert classify_command.main(["score", "language", "x", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and named in err[0], err

@@ -24,7 +24,9 @@ def help_text(command: str) -> str:
     """What `python CHAPTER.py [SUB] --help` prints, run in this process through the chapter's command module."""
     script, *sub = command.split()
     # the module the chapter's __main__ stub hands argv to (model_parallel.py shares parallel.py's)
-    stub = re.search(r"from machinery\.commands import (\w+)", (ROOT / script).read_text(encoding="utf-8"))
+    stub = re.search(
+        r"from machinery\.commands import (\w+)", (ROOT / script).read_text(encoding="utf-8")
+    )
     assert stub, f"{script} has no __main__ stub handing argv to machinery/commands/"
     module = importlib.import_module(f"machinery.commands.{stub.group(1)}")
     out = io.StringIO()

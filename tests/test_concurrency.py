@@ -5,6 +5,7 @@ pid; after a SIGKILL the next run takes the stale lock over and says so. The fir
 itself (SIGSTOP) the moment it holds the lock, and stays stopped while the second one arrives, so
 no timing can race: the small build holds its lock for ~60 ms, less than a poll could be sure to
 see."""
+
 import json
 import os
 import pathlib
@@ -16,15 +17,22 @@ import time
 import pytest
 
 from machinery import fileio
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def start(*argv) -> subprocess.Popen:
     """A CLI in its own process group (its worker processes die with it on a kill of the group)."""
-    return subprocess.Popen([sys.executable, *map(str, argv)], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, *map(str, argv)],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for(condition, what: str, timeout_s: float = 60):
@@ -49,6 +57,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> pathlib.Path:
     import random
+
     rng, words = random.Random(0), "alpha beta gamma delta epsilon zeta eta theta iota".split()
     path = tmp_path_factory.mktemp("corpus") / "c.txt"
     path.write_text("\n\n".join(" ".join(rng.choice(words) for _ in range(60)) for _ in range(300)))
@@ -61,17 +70,19 @@ def prepare(corpus, out, pause_holding_the_lock=False) -> subprocess.Popen:
     argv = ["prepare", "--data", corpus, "--vocab-size", 300, "--workers", 1, "--out", out]
     if not pause_holding_the_lock:
         return start("data.py", *argv)
-    code = ("import contextlib, os, runpy, signal, sys\nfrom machinery import fileio\n"
-            "hold = fileio.hold\n"
-            "@contextlib.contextmanager\n"
-            "def hold_then_stop(path, on_busy, *how):\n"
-            "    with hold(path, on_busy, *how) as held:\n"
-            "        print('locked', file=sys.stderr, flush=True)\n"
-            "        os.kill(os.getpid(), signal.SIGSTOP)\n"
-            "        yield held\n"
-            "fileio.hold = hold_then_stop\n"
-            "sys.argv = ['data.py', *sys.argv[1:]]\n"
-            "runpy.run_path('data.py', run_name='__main__')\n")
+    code = (
+        "import contextlib, os, runpy, signal, sys\nfrom machinery import fileio\n"
+        "hold = fileio.hold\n"
+        "@contextlib.contextmanager\n"
+        "def hold_then_stop(path, on_busy, *how):\n"
+        "    with hold(path, on_busy, *how) as held:\n"
+        "        print('locked', file=sys.stderr, flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "        yield held\n"
+        "fileio.hold = hold_then_stop\n"
+        "sys.argv = ['data.py', *sys.argv[1:]]\n"
+        "runpy.run_path('data.py', run_name='__main__')\n"
+    )
     return start("-c", code, *argv)
 
 
@@ -92,7 +103,7 @@ def test_two_prepares_of_one_recipe_take_turns(corpus, tmp_path, kill_first):
     waiting = second.stderr.readline()
     assert waiting == f"waiting for process {first.pid}, which is preparing {out}\n"
     if kill_first:
-        os.killpg(first.pid, signal.SIGKILL)             # the holder and its workers
+        os.killpg(first.pid, signal.SIGKILL)  # the holder and its workers
     else:
         os.kill(first.pid, signal.SIGCONT)
     first_rc, _, first_err = finish(first)
@@ -103,7 +114,7 @@ def test_two_prepares_of_one_recipe_take_turns(corpus, tmp_path, kill_first):
     assert ("reusing" in stdout) != kill_first, stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["splits"]["train"]["tokens"] > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]       # no lock, work or temp left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no lock, work or temp left
 
 
 def test_hold_refuses_in_the_callback_and_survives_a_killed_holder(tmp_path):
@@ -111,22 +122,31 @@ def test_hold_refuses_in_the_callback_and_survives_a_killed_holder(tmp_path):
     lock = tmp_path / "sub" / "x.lock"
     # The holder forks a worker that outlives it (as a killed prepare's workers may): the lock
     # must not pass to it (a flock would).
-    code = (f"import os, time\nfrom machinery import fileio\nwith fileio.hold({str(lock)!r}, print):\n"
-            f"    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
-            f"    print('held', flush=True)\n    time.sleep(60)\n")
-    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=ENV,
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    code = (
+        f"import os, time\nfrom machinery import fileio\nwith fileio.hold({str(lock)!r}, print):\n"
+        f"    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+        f"    print('held', flush=True)\n    time.sleep(60)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert holder.stdout.readline() == "held\n"
     busy = []
 
     def refuse(pid):
         busy.append(pid)
         raise RuntimeError("busy")
+
     with pytest.raises(RuntimeError):
         with fileio.hold(lock, refuse):
             pass
-    assert busy == [str(holder.pid)] and lock.read_text() == str(holder.pid)    # file untouched
-    holder.kill()                                        # the holder alone: its worker lives on
+    assert busy == [str(holder.pid)] and lock.read_text() == str(holder.pid)  # file untouched
+    holder.kill()  # the holder alone: its worker lives on
     holder.wait()
     try:
         with fileio.hold(lock, refuse) as (was_busy, stale):
@@ -137,35 +157,61 @@ def test_hold_refuses_in_the_callback_and_survives_a_killed_holder(tmp_path):
     assert not lock.exists()
     with fileio.hold(tmp_path / "new" / "deeper" / "y.lock", refuse):
         assert (tmp_path / "new" / "deeper").is_dir()
-    assert not (tmp_path / "new").exists()               # the folders made for it go with it
+    assert not (tmp_path / "new").exists()  # the folders made for it go with it
 
 
-TRAIN_ARGS = ["--model", "tiny", "--model-args", "n_layer=1,n_head=2,n_kv_head=2,n_embd=16,"
-              "block_size=16", "--batch-size", "2", "--block-size", "16", "--eval-batches", "1",
-              "--num-samples", "0", "--log-interval", "1000", "--peak-flops", "1e12"]
+TRAIN_ARGS = [
+    "--model",
+    "tiny",
+    "--model-args",
+    "n_layer=1,n_head=2,n_kv_head=2,n_embd=16,block_size=16",
+    "--batch-size",
+    "2",
+    "--block-size",
+    "16",
+    "--eval-batches",
+    "1",
+    "--num-samples",
+    "0",
+    "--log-interval",
+    "1000",
+    "--peak-flops",
+    "1e12",
+]
 
 
-def test_second_train_into_one_out_dir_refuses_and_a_killed_runs_lock_is_taken_over(corpus,
-                                                                                     tmp_path):
+def test_second_train_into_one_out_dir_refuses_and_a_killed_runs_lock_is_taken_over(
+    corpus, tmp_path
+):
     from machinery import dataset
+
     data_dir = dataset.prepare([str(corpus)], tmp_path / "data", vocab_size=300)
     out, lock = tmp_path / "run", tmp_path / "run" / ".train.lock"
     run = ["train.py", "--data", data_dir, "--out-dir", out, *TRAIN_ARGS]
-    first = start(*run, "--max-steps", 100_000, "--eval-interval", 100_000,
-                  "--ckpt-interval", 100_000)
+    first = start(
+        *run, "--max-steps", 100_000, "--eval-interval", 100_000, "--ckpt-interval", 100_000
+    )
     wait_for(lambda: lock_holder(lock) == str(first.pid), "the first run to hold --out-dir")
     rc, stdout, stderr = finish(start(*run, "--max-steps", 2))
-    assert rc == 2 and stdout == "" and stderr == (
-        f"train.py: error: --out-dir {out} is in use by another run (pid {first.pid}): wait for it "
-        f"to end, stop it (kill {first.pid}), or pick another --out-dir\n")
-    assert first.poll() is None and lock_holder(lock) == str(first.pid)   # the first goes on
+    assert (
+        rc == 2
+        and stdout == ""
+        and stderr
+        == (
+            f"train.py: error: --out-dir {out} is in use by another run (pid {first.pid}): wait for it "
+            f"to end, stop it (kill {first.pid}), or pick another --out-dir\n"
+        )
+    )
+    assert first.poll() is None and lock_holder(lock) == str(first.pid)  # the first goes on
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    assert lock_holder(lock) == str(first.pid)           # a SIGKILL removes nothing: its pid stays
+    assert lock_holder(lock) == str(first.pid)  # a SIGKILL removes nothing: its pid stays
     rc, stdout, stderr = finish(start(*run, "--max-steps", 2, "--eval-interval", 2, "--overwrite"))
     assert rc == 0 and "Traceback" not in stderr, stderr
-    assert (f"--out-dir {out}: taking over the lock of process {first.pid}, which ended without "
-            f"releasing it (killed?)") in stdout.splitlines()
+    assert (
+        f"--out-dir {out}: taking over the lock of process {first.pid}, which ended without "
+        f"releasing it (killed?)"
+    ) in stdout.splitlines()
     assert not lock.exists() and (out / "metrics.jsonl").is_file()
 
 
@@ -200,7 +246,7 @@ def test_hold_refuses_a_lock_path_that_is_not_a_regular_file_and_changes_nothing
 
 def test_hold_takes_over_a_dead_holders_file_but_never_truncates_other_data(tmp_path):
     lock = tmp_path / "x.lock"
-    lock.write_text("999999999\n")                        # a pid no process has: a killed holder's
+    lock.write_text("999999999\n")  # a pid no process has: a killed holder's
     with fileio.hold(lock, print, ValueError) as (busy, stale):
         assert (busy, stale, lock.read_text()) == (None, "999999999", str(os.getpid()))
     lock.write_text("a file of the user's that happens to have this name\n")
@@ -213,23 +259,51 @@ def test_hold_takes_over_a_dead_holders_file_but_never_truncates_other_data(tmp_
 @pytest.mark.parametrize("kind", ["symbolic link", "FIFO"])
 def test_prepare_and_train_refuse_a_planted_lock_in_one_line(corpus, tmp_path, kind, capsys):
     from machinery.commands import train as train_command
+
     victim = tmp_path / "victim.txt"
     victim.write_text("keep\n")
     plant(kind, tmp_path / ".ds.lock", victim)
     (tmp_path / "run").mkdir()
     plant(kind, tmp_path / "run" / ".train.lock", victim)
     from machinery.commands import data as data_command
-    runs = (("data", lambda argv: sys.exit(data_command.main(argv)), ["prepare", "--data", str(corpus), "--vocab-size", "300",
-                                 "--out", str(tmp_path / "ds")], ".ds.lock", "--out"),
-            ("train.py", lambda argv: sys.exit(train_command.main(argv)), ["--data", str(corpus), "--out-dir", str(tmp_path / "run"),
-                                      *TRAIN_ARGS], "run/.train.lock", "--out-dir"))
+
+    runs = (
+        (
+            "data",
+            lambda argv: sys.exit(data_command.main(argv)),
+            [
+                "prepare",
+                "--data",
+                str(corpus),
+                "--vocab-size",
+                "300",
+                "--out",
+                str(tmp_path / "ds"),
+            ],
+            ".ds.lock",
+            "--out",
+        ),
+        (
+            "train.py",
+            lambda argv: sys.exit(train_command.main(argv)),
+            ["--data", str(corpus), "--out-dir", str(tmp_path / "run"), *TRAIN_ARGS],
+            "run/.train.lock",
+            "--out-dir",
+        ),
+    )
     for name, main, argv, lock, flag in runs:
         with pytest.raises(SystemExit) as info:
             main(argv)
         err = capsys.readouterr().err
         assert info.value.code == 2 and len(err.splitlines()) == 1, (name, err)
-        assert err.endswith(f"error: lock file {tmp_path / lock} is a {kind}, not a regular file: "
-                            f"remove it, or pick another {flag}\n"), err
+        assert err.endswith(
+            f"error: lock file {tmp_path / lock} is a {kind}, not a regular file: "
+            f"remove it, or pick another {flag}\n"
+        ), err
     assert victim.read_text() == "keep\n"
-    assert sorted(p.name for p in tmp_path.rglob("*")) == [".ds.lock", ".train.lock", "run",
-                                                           "victim.txt"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [
+        ".ds.lock",
+        ".train.lock",
+        "run",
+        "victim.txt",
+    ]

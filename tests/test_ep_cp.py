@@ -334,7 +334,9 @@ def test_train_py_ep_and_cp_give_the_one_process_curve_and_resume_across_layouts
     ]:
         base = ["--data", str(tiny_dataset), *args]
         one = tmp_path / f"one_{name}"
-        train_run.train(train_command.parse_config([*base, "--out-dir", str(one)]), log=lambda *a, **k: None)
+        train_run.train(
+            train_command.parse_config([*base, "--out-dir", str(one)]), log=lambda *a, **k: None
+        )
         want, want_val = _curve(one)
         launcher.launch(
             _train_rank, world, [*base, *flags, "--out-dir", str(tmp_path / name)], timeout_s=240

@@ -897,7 +897,9 @@ def test_the_device_check_knows_what_this_machine_has(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert devices.resolve_device("cuda:1") == torch.device("cuda", 1)
-    assert devices.resolve_device("cuda") == torch.device("cuda", 0) == devices.resolve_device("auto")
+    assert (
+        devices.resolve_device("cuda") == torch.device("cuda", 0) == devices.resolve_device("auto")
+    )
     monkeypatch.setenv("LOCAL_RANK", "1")  # under torchrun: this rank's GPU
     assert devices.resolve_device("cuda") == torch.device("cuda", 1)
     with pytest.raises(ValueError, match="`device` cuda:2: this machine has 2 CUDA device"):

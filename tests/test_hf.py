@@ -74,8 +74,21 @@ def run(request, dataset_dir, tmp_path_factory):
     """A train.py run of 30 steps and its export: (run dir, exported dir, our model, tokenizer, val ids)."""
     out = tmp_path_factory.mktemp(f"hf-run-{request.param}")
     shape = SHAPE + (",tie_embeddings=false" if request.param == "untied" else "")
-    cfg = train_command.parse_config(["--data", str(dataset_dir), "--out-dir", str(out / "run"), *GQA_ARGS,
-                              "--model-args", shape, "--max-steps", "30", "--ckpt-interval", "30"])
+    cfg = train_command.parse_config(
+        [
+            "--data",
+            str(dataset_dir),
+            "--out-dir",
+            str(out / "run"),
+            *GQA_ARGS,
+            "--model-args",
+            shape,
+            "--max-steps",
+            "30",
+            "--ckpt-interval",
+            "30",
+        ]
+    )
     train_run.train(cfg, log=lambda *a, **k: None)
     assert model_command.main(["export", "--ckpt", str(out / "run"), "--to", str(out / "hf")]) == 0
     ours, tokenizer = train.model_from_checkpoint(train.load_checkpoint(out / "run"))
@@ -159,27 +172,62 @@ def test_import_reproduces_the_weights_and_evaluate_samples_from_it(run, tmp_pat
     assert all(torch.equal(ckpt["model"][k], original["model"][k]) for k in ckpt["model"])
     reloaded, reloaded_tokenizer = hf.load_hf(hf_dir)
     assert reloaded.config == ours.config and reloaded_tokenizer.to_json() == tokenizer.to_json()
-    assert tokenizer_files.read_tokenizer(hf_dir / "tokenizer.json").to_json() == tokenizer.to_json()   # --tokenizer
+    assert (
+        tokenizer_files.read_tokenizer(hf_dir / "tokenizer.json").to_json() == tokenizer.to_json()
+    )  # --tokenizer
     capsys.readouterr()
-    assert evaluate_command.main(["sample", "--ckpt", str(tmp_path / "imported.pt"), "--prompt", "the parser",
-                                  "--max-new-tokens", "8", "--device", "cpu"]) in (None, 0)
+    assert evaluate_command.main(
+        [
+            "sample",
+            "--ckpt",
+            str(tmp_path / "imported.pt"),
+            "--prompt",
+            "the parser",
+            "--max-new-tokens",
+            "8",
+            "--device",
+            "cpu",
+        ]
+    ) in (None, 0)
     assert capsys.readouterr().out.startswith("the parser")
 
 
 def test_train_init_from_an_imported_checkpoint(run, dataset_dir, tmp_path):
     _, hf_dir, ours, _, _ = run
     model_command.main(["import-hf", "--from", str(hf_dir), "--to", str(tmp_path / "imported.pt")])
-    cfg = train_command.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "more"), *GQA_ARGS,
-                              "--init-from", str(tmp_path / "imported.pt"), "--max-steps", "2"])
+    cfg = train_command.parse_config(
+        [
+            "--data",
+            str(dataset_dir),
+            "--out-dir",
+            str(tmp_path / "more"),
+            *GQA_ARGS,
+            "--init-from",
+            str(tmp_path / "imported.pt"),
+            "--max-steps",
+            "2",
+        ]
+    )
     trainer = train_run.Trainer(cfg, log=lambda *a, **k: None)
     start = trainer.raw_model.state_dict()
     assert all(torch.equal(start[k], v) for k, v in ours.state_dict().items())
     assert trainer.run()["step"] == 2
     other = bpe.train_bpe("an unrelated corpus " * 30, 300)
     hf.save_imported_checkpoint(ours, other, tmp_path / "other.pt", "test")
-    cfg = train_command.parse_config(["--data", str(dataset_dir), "--out-dir", str(tmp_path / "other"), *GQA_ARGS,
-                              "--init-from", str(tmp_path / "other.pt")])
-    with pytest.raises(train.TrainError, match="`init_from` .* has another tokenizer"):   # the CLI shows --init-from
+    cfg = train_command.parse_config(
+        [
+            "--data",
+            str(dataset_dir),
+            "--out-dir",
+            str(tmp_path / "other"),
+            *GQA_ARGS,
+            "--init-from",
+            str(tmp_path / "other.pt"),
+        ]
+    )
+    with pytest.raises(
+        train.TrainError, match="`init_from` .* has another tokenizer"
+    ):  # the CLI shows --init-from
         train_run.Trainer(cfg, log=lambda *a, **k: None)
 
 
@@ -238,8 +286,9 @@ def auto_tokenizer(tokenizer, directory: pathlib.Path):
 
 @pytest.mark.parametrize("pattern", ["gpt4", "gpt2", r"\p{L}+|\p{N}|[^\p{L}\p{N}]+"])
 def test_autotokenizer_ids_equal_ours_on_the_corpora(pattern, shared_data, tmp_path):
-    tokenizer = bpe.train_bpe([shared_data / "tinystories" / "TinyStories-train-head-2MiB.txt"], 1024,
-                              pattern=pattern)
+    tokenizer = bpe.train_bpe(
+        [shared_data / "tinystories" / "TinyStories-train-head-2MiB.txt"], 1024, pattern=pattern
+    )
     theirs = auto_tokenizer(tokenizer, tmp_path / "tok")
     texts = corpus_texts(shared_data)
     for name in ("wikitext-test", "tinystories", "c4", "embedded", "german.txt", "address.txt"):
@@ -320,7 +369,10 @@ def hard_text(seed: int, n: int = 400) -> str:
 def hf_split(tokenizer):
     """The Split step of the exported pre-tokenizer, run by tokenizers itself (Oniguruma)."""
     from tokenizers import Regex, pre_tokenizers
-    exported = hf.tokenizer_to_hf(tokenizer)["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+
+    exported = hf.tokenizer_to_hf(tokenizer)["pre_tokenizer"]["pretokenizers"][0]["pattern"][
+        "Regex"
+    ]
     return pre_tokenizers.Split(Regex(exported), "isolated")
 
 
@@ -381,12 +433,14 @@ def test_a_custom_pattern_hf_reads_otherwise_is_refused_in_one_line(pattern, mes
 
 def test_gpt2s_own_tokenizer_survives_the_trip(shared_data, tmp_path):
     """GPT-2's files give ids that are not in merge order ('!' is 0): tokenizer.json must keep them."""
-    gpt2 = tokenizer_files.load_gpt2_bpe(shared_data / "gpt2-bpe" / "encoder.json", shared_data / "gpt2-bpe" / "vocab.bpe")
+    gpt2 = tokenizer_files.load_gpt2_bpe(
+        shared_data / "gpt2-bpe" / "encoder.json", shared_data / "gpt2-bpe" / "vocab.bpe"
+    )
     theirs = auto_tokenizer(gpt2, tmp_path / "gpt2")
     text = EMBEDDED + corpus_texts(shared_data)["wikitext-test"][:20_000]
     assert theirs(text)["input_ids"] == gpt2.encode(text)
     back = json.loads(hf.tokenizer_from_hf(hf.tokenizer_to_hf(gpt2)).to_json())
-    assert back == {**json.loads(gpt2.to_json()), "name": "bpe"}             # tokenizer.json has no name field
+    assert back == {**json.loads(gpt2.to_json()), "name": "bpe"}  # tokenizer.json has no name field
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1177,15 +1177,23 @@ def tiny_dataset(tmp_path_factory):
 def _train_rank(rank, world, argv):
     from machinery import run as train_run
     from machinery.commands import train as train_command
+
     train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
 
 
 def _curve(out_dir):
     """step -> (training loss, pre-clip grad norm), and step -> validation loss."""
     from machinery import run as train_run
+
     records = train_run.read_metrics(out_dir / "metrics.jsonl")
-    return ({r["step"]: (r["loss"], r["grad_norm"]) for r in records if "loss" in r and "event" not in r},
-            {r["step"]: r["val_loss"] for r in records if "val_loss" in r})
+    return (
+        {
+            r["step"]: (r["loss"], r["grad_norm"])
+            for r in records
+            if "loss" in r and "event" not in r
+        },
+        {r["step"]: r["val_loss"] for r in records if "val_loss" in r},
+    )
 
 
 @pytest.mark.slow
@@ -1198,8 +1206,12 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
     import train
     from machinery import run as train_run
     from machinery.commands import train as train_command
+
     base = ["--data", str(tiny_dataset), *TRAIN_ARGS]
-    train_run.train(train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
+    train_run.train(
+        train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]),
+        log=lambda *a, **k: None,
+    )
     want_loss, want_val = _curve(tmp_path / "one")
     assert sorted(want_loss) == list(range(6))
     runs = {
@@ -1238,6 +1250,7 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
 def _train_rank_log(rank, world, argv):
     from machinery import run as train_run
     from machinery.commands import train as train_command
+
     lines = []
     train_run.train(train_command.parse_config(argv), log=lines.append)
     return "\n".join(map(str, lines))
@@ -1251,8 +1264,12 @@ def test_train_py_zero3_in_bf16_gathers_bf16_and_follows_the_single_process_curv
     import train
     from machinery import run as train_run
     from machinery.commands import train as train_command
+
     base = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--dtype", "bf16"]
-    train_run.train(train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]), log=lambda *a, **k: None)
+    train_run.train(
+        train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]),
+        log=lambda *a, **k: None,
+    )
     want, _ = _curve(tmp_path / "one")
     for reduce in ("fp32", "bf16"):
         out = tmp_path / f"zero3_{reduce}"
@@ -1287,10 +1304,11 @@ def _train_expect_error(rank, world, argv):
     import train
     from machinery import run as train_run
     from machinery.commands import train as train_command
+
     try:
         train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
     except train.TrainError as e:
-        return train_command.flag_names(str(e))       # as the command line shows it
+        return train_command.flag_names(str(e))  # as the command line shows it
     return "no error"
 
 

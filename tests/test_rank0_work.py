@@ -20,6 +20,7 @@
 
 All three run in one launch of 2 forked ranks (a launch costs seconds).
 """
+
 import os
 import socket
 import time
@@ -35,9 +36,10 @@ from machinery import parallelize as wiring
 from model import GPT, GPTConfig
 from test_parallel import TRAIN_ARGS, tiny_dataset  # noqa: F401  (the fixture)
 
-COLLECTIVE_TIMEOUT_S, SLOW_SAVE_S = 3, 5      # rank 0's save outlasts every collective's timeout
-TP_CFG = GPTConfig(vocab_size=62, block_size=8, n_layer=2, n_head=2, n_kv_head=2, n_embd=16,
-                   ffn_hidden=32)
+COLLECTIVE_TIMEOUT_S, SLOW_SAVE_S = 3, 5  # rank 0's save outlasts every collective's timeout
+TP_CFG = GPTConfig(
+    vocab_size=62, block_size=8, n_layer=2, n_head=2, n_kv_head=2, n_embd=16, ffn_hidden=32
+)
 TP_B, TP_T = 2, 8
 
 
@@ -58,17 +60,21 @@ class FakeCuda(torch.Tensor):
         kwargs = kwargs or {}
         if func is torch.ops.aten._to_copy.default and kwargs.get("device") == torch.device("cpu"):
             return args[0].data_.clone()
+
         def unwrap(x):
             return x.data_ if isinstance(x, FakeCuda) else x
+
         out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
         return tree_map(lambda x: FakeCuda(x) if isinstance(x, torch.Tensor) else x, out)
 
 
 def _devices_spy(record: list, real):
     """all_gather_object (`real`) that first records the device of every tensor in the object."""
+
     def spy(out, obj, group=None):
         record.extend(t.device.type for t in tree_flatten(obj)[0] if torch.is_tensor(t))
         return real(out, obj, group=group)
+
     return spy
 
 
@@ -77,17 +83,25 @@ def _rank0_work_and_gathers(rank, world, port, argv):
     import train
     from machinery import run as train_run
     from machinery.commands import train as train_command
+
     # train.py starts its own group from torchrun's variables, with the short timeout.
     dist.destroy_process_group()
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      PARALLEL_TIMEOUT_S=str(COLLECTIVE_TIMEOUT_S))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PARALLEL_TIMEOUT_S=str(COLLECTIVE_TIMEOUT_S),
+    )
     save = train.atomic_save
 
     def slow_save(obj, path):
         time.sleep(SLOW_SAVE_S)
         save(obj, path)
-    train.atomic_save = slow_save                  # only rank 0 writes
+
+    train.atomic_save = slow_save  # only rank 0 writes
     lines = []
     start = time.monotonic()
     train_run.train(train_command.parse_config(argv), log=lines.append)
@@ -96,7 +110,10 @@ def _rank0_work_and_gathers(rank, world, port, argv):
     # train_run.gather_objects over the data-parallel ranks: what each rank sent, in rank order.
     sent = {"rank": rank, "t": torch.arange(3.0) + 10 * rank, "rng": train.rng_state()["torch"]}
     mesh = P.Mesh.build(dp=world)
-    result["sent"], result["got"] = sent, train_run.gather_objects(sent, train_run.Dist(rank, world, mesh))
+    result["sent"], result["got"] = (
+        sent,
+        train_run.gather_objects(sent, train_run.Dist(rank, world, mesh)),
+    )
 
     # model_parallel's gathers over the pipeline ranks: a "GPU" buffer arrives as a CPU tensor.
     record: list = []
@@ -127,12 +144,26 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cpu(tiny_dataset,
-                                                                                  tmp_path):
-    steps = 2                     # the first save is followed by a step, the last by the end
-    argv = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--max-steps", str(steps), "--ckpt-interval",
-            "1", "--num-samples", "0", "--log-interval", "1", "--no-plot",
-            "--out-dir", str(tmp_path / "run")]
+def test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cpu(
+    tiny_dataset, tmp_path
+):
+    steps = 2  # the first save is followed by a step, the last by the end
+    argv = [
+        "--data",
+        str(tiny_dataset),
+        *TRAIN_ARGS,
+        "--max-steps",
+        str(steps),
+        "--ckpt-interval",
+        "1",
+        "--num-samples",
+        "0",
+        "--log-interval",
+        "1",
+        "--no-plot",
+        "--out-dir",
+        str(tmp_path / "run"),
+    ]
     results = launcher.launch(_rank0_work_and_gathers, 2, _free_port(), argv, timeout_s=180)
     # 1. every step's checkpoint took SLOW_SAVE_S on rank 0 while rank 1 waited; the run finished
     assert results[0]["train_s"] > steps * SLOW_SAVE_S > COLLECTIVE_TIMEOUT_S
@@ -147,8 +178,10 @@ def test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cp
     #    full_model_state_dict: both stages' buffers, handed to all_gather_object on the CPU
     for r in results:
         assert r["devices"] == ["cpu"], r["devices"]
-        assert {k: v.tolist() for k, v in r["merged"].items()} == {"stage0": [1.0, 1.0],
-                                                                   "stage1": [2.0, 2.0]}
+        assert {k: v.tolist() for k, v in r["merged"].items()} == {
+            "stage0": [1.0, 1.0],
+            "stage1": [2.0, 2.0],
+        }
         assert {v.device.type for v in r["merged"].values()} == {"cpu"}
     # 3. TP bytes of one forward and backward on 2 ranks: an all-reduce of k fp32 values sends
     #    2 (n-1)/n k 4 bytes = 4k. (B T C) values each: the embedding (g), per block f and g around

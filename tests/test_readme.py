@@ -12,6 +12,7 @@ without touching this file. Each command is one of three kinds, matched by the l
 A command passes when it exits 0 and prints no traceback. Commands that read ../shared/data run only when it exists,
 and those naming GPT-2's tokenizer only where its ranks can be had (../shared, tiktoken's cache or a network).
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,21 +26,25 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SHARED = pathlib.Path(os.environ["SHARED_DATA"]).parent if os.environ.get("SHARED_DATA") else ROOT.parent / "shared"
+SHARED = (
+    pathlib.Path(os.environ["SHARED_DATA"]).parent
+    if os.environ.get("SHARED_DATA")
+    else ROOT.parent / "shared"
+)
 
 SKIPPED = {
     "pip install": "installs packages (CI's job; the test environment has them)",
     "python -m pytest": "the test suite itself",
     "python bench/": "benchmarks: minutes each, run by hand (tests/test_bench_gpu.py runs bench_gpu.py --smoke)",
     "python train.py$": "the full main job (600 steps, a few minutes); the slow test trains a 20-step stand-in for "
-                       "the commands that read out/",
+    "the commands that read out/",
     "python train.py --resume": "continues the main job to its 600 steps; test_train's resume tests cover resuming",
     "python train.py --model 10m": "5,000 steps of a 10M model: hours on a CPU",
     "python train.py --data out/shakespeare_train.txt": "2,000 steps of nanoGPT's baby GPT: about an hour on 2 "
-                                                        "shared cores; test_train covers --val-data",
+    "shared cores; test_train covers --val-data",
     "python train.py --vocab-size 512": "a second full main-job run (minutes) before its comparison",
     "python train.py --data data/pydocs-hf --init-from": "a full main-job-length run (600 steps) from imported "
-                                                         "weights; test_hf covers --init-from",
+    "weights; test_hf covers --init-from",
     "torchrun --standalone --nproc_per_node=2 train.py --batch-size 8": "the full main job on 2 ranks (minutes)",
     "torchrun --standalone --nproc_per_node=8 train.py --model 124m": "8 GPUs with nccl (bench_gpu.py's section)",
     "python scaling.py sweep": "36 training runs, about 90 minutes on the 2-core machine",
@@ -47,23 +52,22 @@ SKIPPED = {
     "python dedup.py experiment --data hf": "downloads a Hugging Face dataset (needs `datasets` and a network)",
     "python data.py prepare --data pystdlib --vocab-size 8192": "31 MB of code through every stage: minutes here",
     "python data.py prepare --data pystdlib --vocab-size 512 --out out/pystdlib-512": "the sweep's dataset: 31 MB "
-                                                                                     "through every stage",
+    "through every stage",
     "huggingface-cli download": "downloads FineWeb-Edu's sample-10BT (~28 GB of parquet; needs a network)",
-    "python data.py prepare --data \"fineweb-edu/": "10B tokens: an hour on a 64-core machine, days here",
+    'python data.py prepare --data "fineweb-edu/': "10B tokens: an hour on a 64-core machine, days here",
     "python evaluate.py recall": "trains 9 small models (5-20 minutes); tests/test_evaluate.py runs it tiny",
     "python evaluate.py contamination --train pystdlib": "reads and indexes the 31 MB pystdlib corpus: minutes here",
-    "python data.py prepare --data ../shared/data/c4-sample/c4-en-train-00000-first1000.jsonl pystdlib":
-        "mixes in the 31 MB pystdlib corpus (about a minute); test_data's mixing tests cover --weights",
+    "python data.py prepare --data ../shared/data/c4-sample/c4-en-train-00000-first1000.jsonl pystdlib": "mixes in the 31 MB pystdlib corpus (about a minute); test_data's mixing tests cover --weights",
     "python data.py inspect out/data-mix": "reads the mix that the skipped command above writes",
     "ray start": "starts a Ray cluster node that outlives the command (tried by hand: a head and a worker node on "
-                 "one machine, then prepare --ray-address on them)",
+    "one machine, then prepare --ray-address on them)",
     "RAY_AUTH_MODE=token": "needs a running Ray cluster at HEAD_IP, storage mounted on every node (/mnt/shared) and "
-                           "an S3 bucket (test_data_objstore runs prepare on s3:// against moto's server)",
+    "an S3 bucket (test_data_objstore runs prepare on s3:// against moto's server)",
     "python data.py prepare --engine ray --ray-address HEAD_IP:6379": "needs a Ray cluster at HEAD_IP and an S3 "
-                                                                      "bucket (test_data_objstore: prepare on s3:// "
-                                                                      "against moto's server, on a local Ray too)",
+    "bucket (test_data_objstore: prepare on s3:// "
+    "against moto's server, on a local Ray too)",
     "python data.py download s3://": "needs an S3 bucket holding a dataset (test_data_objstore runs download "
-                                     "against moto's server)",
+    "against moto's server)",
 }
 
 SLOW = {
@@ -120,11 +124,13 @@ def readme_commands(text: str) -> list[str]:
 
 def kind(command: str) -> tuple[str, str]:
     """("skipped" | "slow" | "quick", reason): the longest matching prefix of SKIPPED and SLOW decides."""
+
     def match(prefix: str) -> bool:
         if prefix.endswith("$"):
             return command == prefix[:-1]
-        rest = command[len(prefix):] if command.startswith(prefix) else None
+        rest = command[len(prefix) :] if command.startswith(prefix) else None
         return rest is not None and (rest[:1] in ("", " ") or prefix.endswith("/"))
+
     matches = [(len(p), "skipped", r) for p, r in SKIPPED.items() if match(p)]
     matches += [(len(p), "slow", r) for p, r in SLOW.items() if match(p)]
     if not matches:
@@ -148,7 +154,9 @@ def documented_commands(root: pathlib.Path = ROOT) -> list[str]:
     """Every page's commands in page order, each command once (where it first appears)."""
     seen: dict[str, None] = {}
     for page in documented_pages(root):
-        seen.update((c, None) for c in readme_commands(page.read_text(encoding="utf-8")) if c not in seen)
+        seen.update(
+            (c, None) for c in readme_commands(page.read_text(encoding="utf-8")) if c not in seen
+        )
     return list(seen)
 
 
@@ -158,8 +166,17 @@ def commands_of(k: str) -> list[str]:
 
 def scratch_copy(tmp: pathlib.Path) -> pathlib.Path:
     """tmp/repo (a copy without .git, caches or outputs) and tmp/shared -> the real ../shared, if there is one."""
-    ignore = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", ".cache",
-                                    "out", "out-*", "*.egg-info")
+    ignore = shutil.ignore_patterns(
+        ".git",
+        "__pycache__",
+        ".pytest_cache",
+        ".hypothesis",
+        ".benchmarks",
+        ".cache",
+        "out",
+        "out-*",
+        "*.egg-info",
+    )
     repo = pathlib.Path(shutil.copytree(ROOT, tmp / "repo", ignore=ignore))
     if SHARED.is_dir():
         (tmp / "shared").symlink_to(SHARED.resolve())
@@ -186,7 +203,11 @@ def gpt2_unavailable() -> str:
 
 def needs_missing_gpt2(command: str) -> bool:
     """A command that names GPT-2's tokenizer (`--tokenizer gpt2 ...`) where its ranks cannot be had."""
-    named = command.split(" --tokenizer ", 1)[1].split(" -")[0].split() if " --tokenizer " in command else []
+    named = (
+        command.split(" --tokenizer ", 1)[1].split(" -")[0].split()
+        if " --tokenizer " in command
+        else []
+    )
     return "gpt2" in named and bool(gpt2_unavailable())
 
 
@@ -194,12 +215,21 @@ def run_command(command: str, repo: pathlib.Path) -> str:
     """Run one README command in the scratch repo; fail with its output unless it exits 0 without a traceback;
     return what it printed (stdout, then stderr)."""
     python = os.path.dirname(sys.executable)
-    env = {**os.environ, "PATH": python + os.pathsep + os.environ.get("PATH", ""), "PYTHONDONTWRITEBYTECODE": "1",
-           "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "PRETRAIN_CACHE": str(repo / ".cache")}
-    done = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "PATH": python + os.pathsep + os.environ.get("PATH", ""),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "Agg",
+        "OMP_NUM_THREADS": "1",
+        "PRETRAIN_CACHE": str(repo / ".cache"),
+    }
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=900
+    )
     output = (done.stdout + done.stderr)[-3000:]
-    assert done.returncode == 0 and "Traceback (most recent call last)" not in done.stderr, \
+    assert done.returncode == 0 and "Traceback (most recent call last)" not in done.stderr, (
         f"README command failed (exit {done.returncode}): {command}\n{output}"
+    )
     return done.stdout + done.stderr
 
 
@@ -231,7 +261,7 @@ def readme_demo_differences(readme: str) -> dict[str, float]:
     quoted = {}
     for value, layouts in re.findall(r"([\d.]+e-\d+) \(([^)]*)\)", sentence.group(1)):
         for layout in layouts.split(", "):
-            name, _, more = layout.partition("/")           # ZeRO-1/2/3 -> ZeRO-1, ZeRO-2, ZeRO-3
+            name, _, more = layout.partition("/")  # ZeRO-1/2/3 -> ZeRO-1, ZeRO-2, ZeRO-3
             for stage in [name, *(name[:-1] + n for n in more.split("/") if n)]:
                 quoted[stage] = float(value)
     return quoted
@@ -239,19 +269,27 @@ def readme_demo_differences(readme: str) -> dict[str, float]:
 
 def printed_demo_differences(output: str) -> dict[str, float]:
     """Layout -> max |diff| from the demo's table rows ('ZeRO-1          2.52e-06   ...')."""
-    return {name: float(value) for name, value in
-            re.findall(r"^(DP|ZeRO-\d|TP2|PP2 1F1B) +(\d\.\d+e-\d+) ", output, re.M)}
+    return {
+        name: float(value)
+        for name, value in re.findall(r"^(DP|ZeRO-\d|TP2|PP2 1F1B) +(\d\.\d+e-\d+) ", output, re.M)
+    }
 
 
 def quoted_figure_mismatches(readme: str, outputs: dict[str, str]) -> list[str]:
     """What README quotes and the commands (outputs: command -> what it printed) did not print."""
     mismatches = []
     if STAND_IN in outputs and readme_step0(readme) != printed_step0(outputs[STAND_IN]):
-        mismatches.append(f"README's default run at step 0: {readme_step0(readme)}; "
-                          f"`python train.py` prints {printed_step0(outputs[STAND_IN])}")
-    if DEMO in outputs and readme_demo_differences(readme) != printed_demo_differences(outputs[DEMO]):
-        mismatches.append(f"README's `{DEMO}` differences: {readme_demo_differences(readme)}; "
-                          f"it prints {printed_demo_differences(outputs[DEMO])}")
+        mismatches.append(
+            f"README's default run at step 0: {readme_step0(readme)}; "
+            f"`python train.py` prints {printed_step0(outputs[STAND_IN])}"
+        )
+    if DEMO in outputs and readme_demo_differences(readme) != printed_demo_differences(
+        outputs[DEMO]
+    ):
+        mismatches.append(
+            f"README's `{DEMO}` differences: {readme_demo_differences(readme)}; "
+            f"it prints {printed_demo_differences(outputs[DEMO])}"
+        )
     return mismatches
 
 
@@ -265,13 +303,20 @@ def test_readme_quoted_figures_are_found_and_compared():
 
     def demo_table(values):
         return "".join(f"{name:<14}{value:9.2e}   82,560\n" for name, value in values.items())
-    printed = {STAND_IN: f"step      0 | val loss {step0[0]} | val bpb {step0[1]}\n",
-               DEMO: demo_table(differences)}
+
+    printed = {
+        STAND_IN: f"step      0 | val loss {step0[0]} | val bpb {step0[1]}\n",
+        DEMO: demo_table(differences),
+    }
     assert quoted_figure_mismatches(readme, printed) == []
-    printed = {STAND_IN: f"step      0 | val loss {step0[0]} | val bpb 9.9999\n",
-               DEMO: demo_table({**differences, "TP2": 2 * differences["TP2"]})}
+    printed = {
+        STAND_IN: f"step      0 | val loss {step0[0]} | val bpb 9.9999\n",
+        DEMO: demo_table({**differences, "TP2": 2 * differences["TP2"]}),
+    }
     assert [m.split(":")[0] for m in quoted_figure_mismatches(readme, printed)] == [
-        "README's default run at step 0", f"README's `{DEMO}` differences"]
+        "README's default run at step 0",
+        f"README's `{DEMO}` differences",
+    ]
 
 
 def test_readme_parsing_and_every_command_has_a_kind():
@@ -281,7 +326,10 @@ def test_readme_parsing_and_every_command_has_a_kind():
     assert "python train.py" in commands and kind("python train.py")[0] == "skipped"
     assert set(commands) <= set(documented_commands())
     assert kind("python train.py --help") == ("quick", "a few seconds")
-    assert kind("python scaling.py sweep --quick")[0] == "slow" and kind("python scaling.py sweep")[0] == "skipped"
+    assert (
+        kind("python scaling.py sweep --quick")[0] == "slow"
+        and kind("python scaling.py sweep")[0] == "skipped"
+    )
     assert all(reason for p, reason in {**SKIPPED, **SLOW}.items())
 
 
@@ -290,8 +338,15 @@ def test_docs_pages_commands_run_once_after_readme(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "README.md").write_text("```bash\npython a.py\npython b.py\n```\n")
     (tmp_path / "docs" / "z.md").write_text("```bash\npython z.py\n```\n")
-    (tmp_path / "docs" / "m.md").write_text("```bash\npython b.py   # shown again\npython m.py\n```\n```\nout\n```\n")
-    assert documented_commands(tmp_path) == ["python a.py", "python b.py", "python m.py", "python z.py"]
+    (tmp_path / "docs" / "m.md").write_text(
+        "```bash\npython b.py   # shown again\npython m.py\n```\n```\nout\n```\n"
+    )
+    assert documented_commands(tmp_path) == [
+        "python a.py",
+        "python b.py",
+        "python m.py",
+        "python z.py",
+    ]
 
 
 def heading_anchors(text: str) -> set[str]:
@@ -300,8 +355,10 @@ def heading_anchors(text: str) -> set[str]:
     ['datapy-from-raw-corpora', 'export-to-hf-teststest_hfpy']
     """
     text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
-            for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.*)$", text, re.M)
+    }
 
 
 def broken_links(root: pathlib.Path = ROOT) -> list[str]:
@@ -316,8 +373,11 @@ def broken_links(root: pathlib.Path = ROOT) -> list[str]:
             linked = (page.parent / path) if path else page
             if not linked.exists():
                 broken.append(f"{page.relative_to(root)}: {target} (no such file)")
-            elif anchor and linked.suffix == ".md" \
-                    and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+            elif (
+                anchor
+                and linked.suffix == ".md"
+                and anchor not in heading_anchors(linked.read_text(encoding="utf-8"))
+            ):
                 broken.append(f"{page.relative_to(root)}: {target} (no such heading)")
     return broken
 
@@ -326,10 +386,15 @@ def test_links_between_readme_and_docs_resolve(tmp_path):
     """A heading renamed or moved to a docs page breaks no link (README's map links to every chapter heading)."""
     assert not broken_links(), "\n".join(broken_links())
     (tmp_path / "docs").mkdir()
-    (tmp_path / "README.md").write_text("# Top\n[a](docs/a.md#two) [b](docs/b.md) [c](#top) [d](#gone)\n")
+    (tmp_path / "README.md").write_text(
+        "# Top\n[a](docs/a.md#two) [b](docs/b.md) [c](#top) [d](#gone)\n"
+    )
     (tmp_path / "docs" / "a.md").write_text("# One\n```bash\n# two\n```\n[up](../README.md#top)\n")
-    assert broken_links(tmp_path) == ["README.md: docs/a.md#two (no such heading)",
-                                      "README.md: docs/b.md (no such file)", "README.md: #gone (no such heading)"]
+    assert broken_links(tmp_path) == [
+        "README.md: docs/a.md#two (no such heading)",
+        "README.md: docs/b.md (no such file)",
+        "README.md: #gone (no such heading)",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -357,7 +422,7 @@ def test_readme_slow_commands(tmp_path):
         if not needs_missing_shared(command, repo) and not needs_missing_gpt2(command):
             try:
                 outputs[command] = run_command(command, repo)
-            except AssertionError as e:                  # run the rest too: one report names every broken command
+            except AssertionError as e:  # run the rest too: one report names every broken command
                 failures.append(str(e))
     failures += quoted_figure_mismatches(documented_text(), outputs)
     assert not failures, "\n\n".join(failures)
