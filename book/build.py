@@ -162,7 +162,7 @@ FIGURES = [
         "docs/figures/train-loss.png",
         "python train.py --out-dir out-book-train",
         produces="out-book-train/loss.png",
-        near=("plot_loss_curve",),
+        near=("train_loop",),
     ),
     Figure(
         "zero-memory",

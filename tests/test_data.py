@@ -2045,15 +2045,18 @@ def peak_rss_mb(corpus: pathlib.Path, out: pathlib.Path) -> float:
 
 @pytest.mark.long  # run by .ci/run (RUN_LONG=1): keeps `python -m pytest` near 15 minutes
 def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
-    """A corpus 10x larger (1.5 MB -> 15 MB) costs the streaming engine (one process) no more than a few MB more at
-    peak; the in-memory engine, ~5 bytes of RAM per byte of text, would add ~70 MB."""
-    small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
-    write_jsonl(small, web_corpus(random.Random(0), 1800))
-    write_jsonl(
-        large, [d for seed in range(10) for d in web_corpus(random.Random(seed), 1800)]
-    )  # the same mix
-    small_mb, large_mb = peak_rss_mb(small, tmp_path / "s"), peak_rss_mb(large, tmp_path / "l")
-    assert large_mb < small_mb + 25, (small_mb, large_mb)
+    """A corpus twice as large (15 MB -> 29 MB of web text) costs the streaming engine (one process) no more than a
+    few MB more at peak (measured +5 MB); the in-memory engine, ~5 bytes of RAM per byte of text, would add ~70 MB.
+    Both are past the size where the engine's buffers fill: from 1.5 MB to 15 MB the peak still rises as they fill
+    (252 -> 276 MB), and a lighter start-up (the move of issue 44: 268 -> 252 MB at 1.5 MB) made that warm-up
+    visible."""
+    sizes = {"large": range(10), "larger": range(20)}  # seeds of 1,800 documents each: the same mix
+    peaks = {}
+    for name, seeds in sizes.items():
+        corpus = tmp_path / f"{name}.jsonl"
+        write_jsonl(corpus, [d for seed in seeds for d in web_corpus(random.Random(seed), 1800)])
+        peaks[name] = peak_rss_mb(corpus, tmp_path / name)
+    assert peaks["larger"] < peaks["large"] + 25, peaks
 
 
 CUT_SCRIPT = """
