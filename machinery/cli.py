@@ -133,6 +133,8 @@ def run(command, errors: tuple, prog: str | None = None) -> int:
     """
     try:
         return command() or 0
+    except BrokenPipeError:
+        raise  # the reader of our output left (`| head`): machinery/commands stops quietly
     except errors as e:
         text = (
             f"{e.filename or ''}: {e.strerror or e}; check the path and its permissions"

@@ -581,6 +581,48 @@ def test_a_helper_files_help_says_what_it_is():
     assert "data_at_scale.py: data.py's pipeline at scale" in out and "from raw corpora" not in out
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["scaling.py", "budget", "1e20"], ["bpe.py", "encode", "hello world"], ["model.py"]],
+    ids=["scaling-budget", "bpe-encode", "model-presets"],
+)
+def test_a_reader_that_leaves_stops_the_command_quietly(command):
+    """`python scaling.py budget 1e20 | head -1` was a 14-line BrokenPipeError traceback (and bpe.py,
+    which reports OSErrors by path, said "error: : Broken pipe; check the path"). The pipe's reading
+    end is closed before the command starts, so its first write fails every time."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(root / command[0]), *command[1:]],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            cwd=root,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1 and done.stderr == "", done.stderr[-2000:]
+
+
+def test_other_errors_still_print_their_traceback():
+    """The closed-pipe hook lets every other uncaught exception through to Python's own report."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    code = "import machinery.commands; raise KeyError('still here')"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert done.returncode == 1 and "Traceback" in done.stderr and "still here" in done.stderr
+
+
 # issue 38: files read from outside, checked field by field (tokenizer.json, checkpoints, parquet, fit files), and
 # the fix each error suggests. Same checks as above: exit 2, one line naming the file and field, nothing written.
 BAD_FILES = [
