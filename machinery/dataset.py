@@ -535,8 +535,8 @@ def check_val_files(val_data: list[str], sources: list[data.Source]) -> list[pat
             ):
                 raise DataError(
                     f"`val_data` {path} is the same text as the training file {train_file}: hold "
-                    "out a different file (e.g. its last 10%), or drop `val_data` to use "
-                    "`val_fraction`"
+                    "out a different file (e.g. its last 10%), or drop `val_data` to hold out a "
+                    "share of the training text instead"
                 )
     return paths
 

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import shlex
 import shutil
 
@@ -238,6 +239,7 @@ BAD_INPUT = [
     ("train", "--data nosuch.txt", "--data"),
     ("train", "--data {corpus} --val-data {dir}", "--val-data"),
     ("train", "--data {data} --val-data {file}", "--val-data"),
+    ("train", "--data {corpus} --val-data {corpus}", "--val-data"),
     ("train", "--cleaning scrub", "--cleaning"),
     ("train", "--resume", "--resume"),
     ("train", "--resume nosuch.pt", "--resume"),
@@ -486,6 +488,8 @@ def test_bad_input_is_one_line_naming_the_flag_exit_2_and_nothing_written(
     assert code == 2, (code, out[-500:], err[-2000:])
     assert len(lines) == 1 and "Traceback" not in out + err, (out[-500:], err[-2000:])
     assert flag.format(**fixtures) in lines[0], lines[0]
+    # a setting's library name (`val_fraction`) never reaches the user: the command says its flag
+    assert not re.search(r"`[a-z]+_[a-z_]+`", lines[0]), lines[0]
     assert (
         not list(tmp_path.iterdir()) and tree(fixtures["root"]) == before
     )  # nothing created or changed
