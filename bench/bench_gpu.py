@@ -650,6 +650,9 @@ def _measure_memory(
 ) -> dict:
     baseline = 0
     if setup.cuda:
+        # The section runs in a fresh child process: CUDA's allocator exists only once CUDA is
+        # initialised, and resetting its peak before that is "Invalid device argument" (seen on an H200).
+        torch.cuda.init()
         _free(setup.device)
         torch.cuda.reset_peak_memory_stats(setup.device)
         baseline = torch.cuda.memory_allocated(setup.device)  # whatever earlier sections still hold
