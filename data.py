@@ -784,12 +784,8 @@ def clean_corpus(
         )
         before = docs
         docs, origin = _without(docs, origin, set(cleaned) - {cleaned[k] for k in kept})
-        funnel.add(
-            f"near dedup (MinHash, J>={settings.near_dup_threshold})",
-            before,
-            docs,
-            {"near_duplicate": len(before) - len(docs)},
-        )
+        step = f"near dedup (MinHash, J>={settings.near_dup_threshold})"
+        funnel.add(step, before, docs, {"near_duplicate": len(before) - len(docs)})
         log(f"  near dedup: {time.perf_counter() - t0:.1f}s")
     if not docs:
         raise funnel.empty_error("the corpus")
@@ -827,16 +823,9 @@ def _exact_and_line_dedup(
         docs[i], removed = remove(docs[i], repeated)
         lines_removed += removed
     docs, origin = _without(docs, origin, {i for i, d in enumerate(docs) if not d.strip()})
-    funnel.add(
-        step,
-        before,
-        docs,
-        {
-            "lines_removed": lines_removed,
-            "distinct_lines": len(repeated),
-            "emptied": len(before) - len(docs),
-        },
-    )
+    emptied = len(before) - len(docs)
+    reasons = {"lines_removed": lines_removed, "distinct_lines": len(repeated), "emptied": emptied}
+    funnel.add(step, before, docs, reasons)
     if not docs:
         raise funnel.empty_error("the corpus")
     return docs, origin
