@@ -152,6 +152,7 @@ import numpy as np
 
 import bpe
 import data
+from machinery import cleaning
 from machinery import dataset
 import dedup
 from machinery import fileio
@@ -436,7 +437,7 @@ def cut_stream(
                 continue
         text, start = text[start:] + fragment, 0
         while _NON_SPACE.search(text, start + max_chars):
-            cut = data.cut_position(text[start : start + max_chars + 1], max_chars)
+            cut = cleaning.cut_position(text[start : start + max_chars + 1], max_chars)
             piece = text[start : start + cut]
             if piece.strip():
                 yield piece.strip()
@@ -488,7 +489,7 @@ def _kept_documents(job: Job, chunk: Chunk, counts: collections.Counter) -> Iter
     """The documents of a kept-whole chunk that is not a text file, as `clean` reads them (text
     extracted from HTML, documents of whitespace skipped), counting them."""
     kind = job.sources[chunk.source][1]
-    return data.read_documents(
+    return cleaning.read_documents(
         chunk_documents(job, chunk, formats.JsonlStats()), kind, None, counts, collections.Counter()
     )
 
@@ -501,7 +502,7 @@ def kept_pieces(job: Job, chunk: Chunk, counts: collections.Counter) -> Iterator
         yield from cut_stream(_text_fragments(job, chunk), size, counts)
         return
     for doc in _kept_documents(job, chunk, counts):
-        yield from data.chunk_document(doc, size)
+        yield from cleaning.chunk_document(doc, size)
 
 
 def kept_piece_sizes(job: Job, chunks: list[Chunk]) -> tuple[int, ...]:
@@ -511,7 +512,7 @@ def kept_piece_sizes(job: Job, chunks: list[Chunk]) -> tuple[int, ...]:
     block (1,048,576 of 1,115,393 characters), a 10 GB book's too; a small file is counted whole."""
     chunk_chars = job.settings.chunk_chars
     # from here on the size is chunk_chars
-    limit = data.KEPT_MIN_PIECES * (chunk_chars - 1) + 1
+    limit = cleaning.KEPT_MIN_PIECES * (chunk_chars - 1) + 1
     sizes = []
     for s_index, whole in enumerate(job.kept_whole):
         chars, counts = 0, collections.Counter()
@@ -531,7 +532,7 @@ def kept_piece_sizes(job: Job, chunks: list[Chunk]) -> tuple[int, ...]:
                 f"source {job.sources[s_index][0]!r} has no documents (empty file or wrong "
                 "`text_field`?)"
             )
-        sizes.append(max(1, data.kept_piece_size(chars, chunk_chars)) if whole else 0)
+        sizes.append(max(1, cleaning.kept_piece_size(chars, chunk_chars)) if whole else 0)
     return tuple(sizes)
 
 
@@ -635,7 +636,7 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
     of its countable lines (s1-C.line_hash.npy, s1-C.line_doc.npy). A chunk kept whole writes its
     pieces instead (`kept_pieces`), with empty runs: dedup passes them by."""
     spec, kind = job.sources[chunk.source]
-    rule_name, rule = data.quality_rule(kind, job.settings)
+    rule_name, rule = cleaning.quality_rule(kind, job.settings)
     counts, reasons, jsonl = collections.Counter(), collections.Counter(), formats.JsonlStats()
     hashes, line_hashes, line_docs = [], [], []
     spill = _TextSpill(_chunk_file(job, 1, chunk.index, "txt"))
@@ -649,7 +650,7 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
         if job.whole(chunk):
             counts["kept_chars"] = sum(pieces)
         documents = () if job.whole(chunk) else chunk_documents(job, chunk, jsonl)
-        for doc in data.read_documents(documents, kind, rule, counts, reasons):
+        for doc in cleaning.read_documents(documents, kind, rule, counts, reasons):
             local = spill.add(doc)
             hashes.append(data.document_hash(doc))
             # distinct long lines, or (CS336's line dedup) every line occurrence
@@ -1612,7 +1613,7 @@ def build_streaming(
     bands, rows = dedup.resolve_bands_rows(
         settings.near_dup_threshold or 0.5, data.NEAR_DUP_NUM_PERM, None, None
     )
-    whole = [data.keeps_whole(s, settings) for s in recipe.sources]
+    whole = [cleaning.keeps_whole(s, settings) for s in recipe.sources]
     job = Job(
         str(work),
         tuple((s.spec, s.kind) for s in recipe.sources),
@@ -1659,7 +1660,7 @@ def build_streaming(
             kept = sum(r["docs"] for r in mine)
             if whole[s_index]:
                 reasons = {f"pieces_of_at_most_{job.kept_whole[s_index]}_chars": kept}
-            data.source_steps(funnel, source, settings, total, reasons, kept, log)
+            cleaning.source_steps(funnel, source, settings, total, reasons, kept, log)
         skipped = sum(r["jsonl_skipped"] for r in read)
         if skipped:
             funnel.steps[0].reasons["malformed_jsonl_lines_skipped"] = skipped

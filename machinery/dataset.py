@@ -55,6 +55,7 @@ import time
 from typing import Callable, Iterable, Iterator
 
 import data
+from machinery import cleaning
 from machinery import fileio
 from machinery import in_memory
 from machinery import formats
@@ -144,6 +145,7 @@ def plan_dataset(
             f"`train_tokens` 5e6"
         )
     settings = clean_settings or data.CleanSettings()
+    cleaning.load_classifiers(settings)
     jsonl_stats = formats.JsonlStats()
     opened = [
         formats.open_source(
@@ -163,7 +165,7 @@ def plan_dataset(
                 jsonl_stats,
                 kind,
             )
-            if data.keeps_whole(s, settings)
+            if cleaning.keeps_whole(s, settings)
             else s
             for s in opened
         ]
@@ -610,6 +612,7 @@ PREPARE_FILES = (
     "machinery/data_at_scale.py",
     "machinery/dataset.py",
     "machinery/in_memory.py",
+    "machinery/cleaning.py",
     "machinery/formats.py",
     "machinery/store.py",
     "machinery/fileio.py",

@@ -1,9 +1,9 @@
 """The in-memory engine's wiring around data.py's lesson: the recipe an engine builds from
 (`Recipe`), what it hands back (`Built`), the tokenizer it trains or loads (`tokenizer_for`), the
 --val-data contamination check (`val_overlap`), and `build_in_memory`, the reference engine:
-data.clean, the split after dedup, the tokenizer, encoding and the mix, on Python lists in the
-order of the lesson. machinery/dataset.py's `prepare` runs it for small inputs; the streaming
-engine (machinery/data_at_scale.py) must write the same bytes.
+machinery/cleaning.py's `clean` (data.py's steps), the split after dedup, the tokenizer, encoding
+and the mix, on Python lists in the order of the lesson. machinery/dataset.py's `prepare` runs it
+for small inputs; the streaming engine (machinery/data_at_scale.py) must write the same bytes.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 import bpe
 import data
 import dedup
+from machinery import cleaning
 
 
 def tokenizer_for(
@@ -157,7 +158,7 @@ def build_in_memory(
     each step (`with clock.phase("clean"): ...`); val_texts: the documents of recipe.val_files,
     the val split as they are."""
     with clock.phase("clean"):
-        docs, origin, funnel = data.clean(recipe.sources, recipe.settings, log)
+        docs, origin, funnel = cleaning.clean(recipe.sources, recipe.settings, log)
     cleaned, cleaned_chars, overlap = len(docs), sum(map(len, docs)), None
     # every cleaned document trains; the files are the val split
     if recipe.val_files:

@@ -1563,12 +1563,12 @@ def _dedup_effect_in(
     import data as data_lib
     import dedup as dedup_lib
     import evaluate as evaluate_lib
-    from machinery import data_at_scale, formats
+    from machinery import cleaning, data_at_scale, formats
 
     # The source through data.py's funnel (quality filters, exact dedup) but without near-dedup:
     # that is ours.
     source = formats.open_source(s.source, max_documents=s.max_documents)
-    docs, _, _ = data_lib.clean([source], data_lib.CleanSettings(near_dup_threshold=0))
+    docs, _, _ = cleaning.clean([source], data_lib.CleanSettings(near_dup_threshold=0))
     order = np.random.default_rng(0).permutation(len(docs))
     n_held = max(1, round(s.held_out_fraction * len(docs)))
     held = [docs[i] for i in sorted(order[:n_held])]

@@ -338,7 +338,7 @@ MUTANTS = [
     ),
     Mutant(
         "language-reasons-in-the-quality-row",
-        "data.py",
+        "machinery/cleaning.py",
         '            lambda r: r == "low_quality",\n',
         '            lambda r: r == "low_quality" or r.startswith("language_"),\n',
         ("tests/test_classify.py::test_lang_and_quality_rows_and_engines_write_the_same_bytes",),

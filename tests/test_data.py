@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import data
+from machinery import cleaning
 from machinery import data_at_scale
 from machinery.commands import data as data_command
 from machinery import dataset
@@ -372,7 +373,7 @@ def test_html_source_goes_through_extraction(tmp_path):
     (tmp_path / "page.html").write_text(
         "<nav>menu</nav><p>" + GOOD_PROSE + "</p><footer>foot</footer>"
     )
-    docs, _, funnel = data.clean(
+    docs, _, funnel = cleaning.clean(
         [formats.open_source(str(tmp_path / "page.html"))], data.CleanSettings(near_dup_threshold=0)
     )
     assert docs == [GOOD_PROSE]
@@ -505,7 +506,7 @@ def test_gopher_handout_rules_are_only_those_four():
     )
     with pytest.raises(DataError, match="unknown Gopher rule set"):
         data.gopher_rejection(GOOD_PROSE, rules="cs336")
-    name, rule = data.quality_rule("prose", data.CleanSettings(filters="gopher-handout"))
+    name, rule = cleaning.quality_rule("prose", data.CleanSettings(filters="gopher-handout"))
     assert (
         name == "gopher-handout"
         and rule(outside["stop_words"]) is None
@@ -584,9 +585,9 @@ def test_clean_line_dedup_option_counts_occurrences(tmp_path):
     ]
     source = formats.open_source(str(write_jsonl(tmp_path / "web.jsonl", docs)))
     settings = dict(filters="none", near_dup_threshold=0, mask_pii=False)
-    by_documents, _, _ = data.clean([source], data.CleanSettings(**settings))
+    by_documents, _, _ = cleaning.clean([source], data.CleanSettings(**settings))
     assert by_documents == docs  # in 2 documents: under the default 3
-    by_occurrences, _, funnel = data.clean(
+    by_occurrences, _, funnel = cleaning.clean(
         [source], data.CleanSettings(line_dedup="occurrences", **settings)
     )
     assert by_occurrences == [
@@ -604,8 +605,8 @@ def test_clean_near_dedup_can_strip_accents(tmp_path):
         str(write_jsonl(tmp_path / "web.jsonl", [doc, data.dedup.remove_accents(doc)]))
     )
     settings = dict(filters="none", mask_pii=False)
-    assert len(data.clean([source], data.CleanSettings(**settings))[0]) == 2
-    assert data.clean([source], data.CleanSettings(strip_accents=True, **settings))[0] == [doc]
+    assert len(cleaning.clean([source], data.CleanSettings(**settings))[0]) == 2
+    assert cleaning.clean([source], data.CleanSettings(strip_accents=True, **settings))[0] == [doc]
 
 
 @pytest.mark.parametrize(
@@ -722,7 +723,7 @@ def test_split_after_near_dedup_leaves_no_near_duplicate_across(tmp_path):
     mixed = originals + copies
     rng.shuffle(mixed)
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in mixed))
-    docs, _, funnel = data.clean(
+    docs, _, funnel = cleaning.clean(
         [formats.open_source(str(path))], data.CleanSettings(filters="none")
     )
     assert funnel.steps[-1].name.startswith("near dedup") and funnel.steps[-1].reasons[
@@ -1293,7 +1294,7 @@ def test_curated_text_is_kept_whole_and_web_cleaning_says_so(tmp_path, capsys):
     )  # web-like: the funnel by default
     assert not formats.open_source(str(jsonl)).curated and formats.open_source(str(path)).curated
     keep = data.CleanSettings(cleaning="keep", near_dup_threshold=0.5)
-    docs, _, funnel = data.clean([formats.open_source(str(jsonl))], keep)
+    docs, _, funnel = cleaning.clean([formats.open_source(str(jsonl))], keep)
     assert docs == [d.strip() for d in text.split("\n\n")] and funnel.notices == []
 
 
@@ -1351,15 +1352,18 @@ def test_val_data_is_the_file_verbatim_and_its_overlap_is_reported(tmp_path, cap
 
 
 def test_one_long_document_is_cut_into_chunks(tmp_path):
-    assert data.chunk_document("a\nb\n\nc", 100) == ["a\nb\n\nc"]
-    assert data.chunk_document("aaaa\nbb\n\ncc", 9) == ["aaaa\nbb", "cc"]  # at the blank line
-    assert data.chunk_document("aaaa\nbbbb\ncc", 9) == ["aaaa\nbbbb", "cc"]  # else at a line break
-    assert data.chunk_document("abcdefghij", 4) == ["abcd", "efgh", "ij"]  # else at the limit
+    assert cleaning.chunk_document("a\nb\n\nc", 100) == ["a\nb\n\nc"]
+    assert cleaning.chunk_document("aaaa\nbb\n\ncc", 9) == ["aaaa\nbb", "cc"]  # at the blank line
+    assert cleaning.chunk_document("aaaa\nbbbb\ncc", 9) == [
+        "aaaa\nbbbb",
+        "cc",
+    ]  # else at a line break
+    assert cleaning.chunk_document("abcdefghij", 4) == ["abcd", "efgh", "ij"]  # else at the limit
     rng = random.Random(5)
     novel = "\n".join(
         random_doc(rng, rng.randint(5, 40)) for _ in range(3000)
     )  # no blank line at all
-    pieces = data.chunk_document(novel, 16_384)
+    pieces = cleaning.chunk_document(novel, 16_384)
     assert all(len(p) <= 16_384 for p in pieces) and "\n".join(pieces) == novel and len(pieces) > 20
     (tmp_path / "novel.txt").write_text(novel)
     out = data_at_scale.prepare(
@@ -1425,7 +1429,7 @@ def test_script_help_runs():
 def test_docstring_examples():
     import doctest
 
-    assert doctest.testmod(data).failed == 0
+    assert doctest.testmod(data).failed == 0 and doctest.testmod(cleaning).failed == 0
 
 
 @pytest.mark.slow
@@ -1863,7 +1867,7 @@ def test_block_stream_cuts_the_pieces_of_chunk_document(parts, block, size, mode
         events = lambda: data_at_scale.split_text_stream(
             data_at_scale.read_text_blocks(path, block), mode
         )  # noqa: E731
-        pieces = [p for d in docs for p in data.chunk_document(d, size)]
+        pieces = [p for d in docs for p in cleaning.chunk_document(d, size)]
         assert list(data_at_scale.cut_stream(events(), size, counts)) == pieces
         chars = sum(map(len, docs))
         assert (counts["read_docs"], counts["read_chars"], counts["read_bytes"]) == (

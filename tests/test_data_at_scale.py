@@ -290,11 +290,11 @@ def test_ray_started_here_leaves_no_session_in_tmpdir(tmp_path):
 
 def test_auto_engine_runs_the_reference_for_small_inputs_and_streams_above(tmp_path, monkeypatch):
     """engine="auto" (data.py prepare's and train.py's default): a small local corpus goes
-    through the in-memory engine, which runs data.clean, the code the chapter teaches; above
+    through the in-memory engine, which runs data.clean_corpus, the code the chapter teaches; above
     IN_MEMORY_MAX_BYTES it streams; the bytes agree."""
     calls = []
-    reference = data.clean
-    monkeypatch.setattr(data, "clean", lambda *a, **k: calls.append(1) or reference(*a, **k))
+    reference = data.clean_corpus
+    monkeypatch.setattr(data, "clean_corpus", lambda *a, **k: calls.append(1) or reference(*a, **k))
     corpus = write_jsonl(tmp_path / "web.jsonl", web_corpus(random.Random(4), 60))
     assert data_at_scale.fits_in_memory([formats.open_source(str(corpus))], [])
     small = data_at_scale.prepare([str(corpus)], tmp_path / "small", vocab_size=300, engine="auto")

@@ -1314,14 +1314,14 @@ def test_readme_multi_gpu_command_on_8_gloo_ranks_under_zero3_and_the_mesh(tmp_p
 
 def test_train_prepares_small_data_with_the_reference_engine(tmp_path, monkeypatch):
     """`python train.py --data my.txt` (and the default, the embedded pydocs) runs
-    the in-memory engine, which runs data.clean, the code data.py teaches, not the streaming
+    the in-memory engine, which runs data.clean_corpus, the code data.py teaches, not the streaming
     engine; `import train` loads no engine, nor anything else of machinery/ (the chapter imports
     none of it)."""
     import data
 
     monkeypatch.setenv("PRETRAIN_CACHE", str(tmp_path / "cache"))
-    calls, reference = [], data.clean
-    monkeypatch.setattr(data, "clean", lambda *a, **k: calls.append(1) or reference(*a, **k))
+    calls, reference = [], data.clean_corpus
+    monkeypatch.setattr(data, "clean_corpus", lambda *a, **k: calls.append(1) or reference(*a, **k))
     (tmp_path / "my.txt").write_text("\n\n".join(make_corpus(n_docs=40, seed=3)))
     args = ["--data", str(tmp_path / "my.txt"), "--vocab-size", "257"]
     dataset = run.open_dataset(command.parse_config(args), run.Dist(), log=quiet)
