@@ -82,6 +82,7 @@ COMPANION_KINDS = {
     "machinery.store": "engine (object-store I/O)",
     "machinery.formats": "I/O (the file formats of data.py's sources)",
     "machinery.dataset": "engine (prepare: plan, cache key, publish)",
+    "machinery.cleaning": "engine (each source's own funnel steps, both engines)",
     "machinery.hf": "bridge (Hugging Face)",
     "machinery.sweep": "experiment",
     "machinery.fileio": "I/O (untrusted JSON, atomic writes)",
