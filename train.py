@@ -21,6 +21,7 @@ standard safety measures, each a numbered section of this file; `train_loop` run
 7. Loss-spike guard: skip a batch whose loss is NaN/Inf or far above the recent median; several
    in a row: roll back to the last good checkpoint with a lower learning rate (PaLM's recipe).
 8. Watching the run: MFU, the model FLOP/s a run achieves over the device's peak.
+9. Muon (--optimizer muon): a hidden matrix steps by its orthogonalised momentum (USV^T -> UV^T).
 
 Run it:
     python train.py                     # pydocs corpus, `tiny` model, a few minutes on a laptop CPU
@@ -30,24 +31,21 @@ Run it:
 Worked numbers, the default run, the tests: docs/train.md. The run's wiring (flags, out-dir, resume,
 locks, dataset, distribution, metrics) is machinery/run.py, which builds train_loop's `run`.
 
-Depends on: torch, numpy, model.py (the GPT), bpe.py (the tokenizer a checkpoint carries).
+Depends on: torch, model.py (the GPT), bpe.py (the tokenizer a checkpoint carries).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import math
 import os
 import pathlib
-import random
 import re
 import statistics
 import time
 from collections import deque
 
-import numpy as np
 import torch
 
 import model as model_lib
@@ -167,11 +165,16 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str):
     """AdamW with the fused kernel where this torch has one for the device (one kernel for all
-    parameters)."""
+    parameters); or Muon (section 9) for the hidden matrices, AdamW's groups for the rest."""
     fused = device_type in ("cuda", "cpu")
     groups, betas = param_groups(model, cfg.weight_decay), (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "muon":
+        hidden = [p for name, p in model.named_parameters() if uses_muon(name, p)]
+        matrices = {"params": hidden, "weight_decay": cfg.weight_decay, "muon": True}
+        groups[0]["params"] = [p for p in groups[0]["params"] if id(p) not in set(map(id, hidden))]
+        return Muon([matrices, *groups], lr=cfg.lr, betas=betas)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=1e-8, fused=fused)
 
 
@@ -242,9 +245,10 @@ def list_checkpoints(out_dir) -> list[pathlib.Path]:
     return sorted(found, key=lambda p: int(CKPT_PATTERN.match(p.name).group(1)), reverse=True)
 
 
-def atomic_save(obj, path) -> pathlib.Path:
-    """torch.save (with a checksum inside) to a temp file beside `path`, fsync it, rename it over
-    `path`, then fsync the directory so that the rename itself is on disk.
+def atomic_save(obj, path, save=torch.save) -> pathlib.Path:
+    """`save(obj, file)` (torch.save; the run's machinery/checkpoints.py adds a sha256 inside) to a
+    temp file beside `path`, fsync it, rename it over `path`, then fsync the directory so that the
+    rename itself is on disk.
 
     A crash at any moment leaves either the old file or the complete new one, never half a
     checkpoint: the rename is atomic. The next run removes a temp file a kill left behind.
@@ -253,9 +257,7 @@ def atomic_save(obj, path) -> pathlib.Path:
     temp = path.with_name(f".{path.name}.tmp")  # same folder: the rename stays on one disk
     try:
         with open(temp, "wb") as f:
-            hashing = HashingWriter(f)
-            torch.save(obj, hashing)
-            append_checksum(hashing)
+            save(obj, f)
             f.flush()
             os.fsync(f.fileno())  # the bytes on disk before the name points there
         os.replace(temp, path)
@@ -275,11 +277,12 @@ def prune_checkpoints(out_dir, keep: int) -> None:
         old.unlink(missing_ok=True)
 
 
-def load_checkpoint(path_or_dir, log=print) -> dict:
+def load_checkpoint(path_or_dir, log=print, verify=None) -> dict:
     """Load a checkpoint with torch.load(weights_only=True) (no arbitrary pickle code can run).
 
     Given a directory, the newest checkpoint that loads is returned; a damaged newer one is reported
-    and skipped. The returned dict gets one extra key, "path".
+    and skipped. `verify(path)` raises for a damaged file before torch.load reads it (the run's:
+    machinery/checkpoints.py's sha256). The returned dict gets one extra key, "path".
     """
     path = pathlib.Path(path_or_dir)
     candidates = list_checkpoints(path) if path.is_dir() else [path]
@@ -295,8 +298,8 @@ def load_checkpoint(path_or_dir, log=print) -> dict:
     problems = []
     for candidate in candidates:
         try:
-            # before torch.load: zeros inside load silently
-            verify_checksum(candidate)
+            if verify:  # before torch.load: zeros inside load silently
+                verify(candidate)
             ckpt = torch.load(candidate, map_location="cpu", weights_only=True)
             check_checkpoint_fields(ckpt)
         # truncated zip, bad checksum, bad pickle, wrong content: all mean "damaged"
@@ -401,98 +404,6 @@ def checkpoint_config(ckpt: dict):
     return config
 
 
-def rng_state() -> dict:
-    """Every random generator the run touches, as plain tensors/lists (weights_only-loadable). On
-    CUDA, only the generator of this rank's GPU (the current device, which the launcher sets): each
-    rank saves its own, and a resume where a process sees fewer GPUs (one per process, as
-    under many schedulers) still finds it."""
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Inverse of rng_state(): the CUDA generator goes back to this rank's GPU (a checkpoint of an
-    older train.py holds a list, one per visible GPU: not restored)."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    if torch.cuda.is_available() and torch.is_tensor(state.get("cuda")):
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-# The checkpoint's checksum (atomic_save writes it, load_checkpoint checks it)
-
-CHECKSUM_TAG = b"sha256:"
-CHECKSUM_LEN = len(CHECKSUM_TAG) + 64  # the zip comment: tag + hex digest
-
-
-class HashingWriter:
-    """A write-only file that feeds every byte torch.save streams into it to a sha256 as well, and
-    keeps the last 22 bytes (the zip's end record, which append_checksum completes)."""
-
-    def __init__(self, file):
-        self.file, self.digest, self.tail = file, hashlib.sha256(), b""
-
-    def write(self, data) -> int:
-        self.digest.update(data)
-        self.tail = (self.tail + bytes(memoryview(data).cast("B")[-22:]))[-22:]
-        return self.file.write(data)
-
-    def flush(self) -> None:
-        self.file.flush()
-
-
-def append_checksum(hashing: HashingWriter) -> None:
-    """Store the sha256 of a torch.save zip inside it, as the zip's comment (the file's last bytes).
-
-    torch.load checks no CRC, so 4 KiB of zeros inside the weights load silently as wrong numbers;
-    the digest catches that. A zip ends with a 22-byte record whose last 2 bytes give the comment's
-    length (0 after torch.save); we set it to 71 and append b"sha256:" + the 64 hex digits of the
-    zip as torch.save wrote it. The file stays a valid zip, so torch.load (and any zip tool) still
-    reads it as it is.
-    """
-    if hashing.tail[:4] != b"PK\x05\x06" or hashing.tail[-2:] != b"\x00\x00":
-        raise ValueError("not a zip written by torch.save (no end record without a comment)")
-    hashing.file.seek(-2, os.SEEK_END)
-    hashing.file.write(
-        CHECKSUM_LEN.to_bytes(2, "little") + CHECKSUM_TAG + hashing.digest.hexdigest().encode()
-    )
-
-
-def verify_checksum(path) -> None:
-    """Raise ValueError when the sha256 stored by append_checksum does not match the file's bytes. A
-    file without one (written by hand or an older train.py) passes: torch.load's own checks are all
-    it gets."""
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size < CHECKSUM_LEN + 22:
-            return
-        f.seek(size - CHECKSUM_LEN)
-        stored = f.read()
-        if not stored.startswith(CHECKSUM_TAG):
-            return
-        # the zip up to its comment length
-        digest, remaining = hashlib.sha256(), size - CHECKSUM_LEN - 2
-        f.seek(0)
-        while remaining > 0:
-            chunk = f.read(min(remaining, 1 << 24))
-            digest.update(chunk)
-            remaining -= len(chunk)
-        # ... which torch.save wrote as 0
-        digest.update(b"\x00\x00")
-    if digest.hexdigest().encode() != stored[len(CHECKSUM_TAG) :]:
-        raise ValueError("sha256 mismatch: the file's bytes changed after it was written")
-
-
 # --------------------------------------------------------------------------------------------------
 # 7. Loss-spike guard
 # --------------------------------------------------------------------------------------------------
@@ -567,6 +478,87 @@ def model_flops_utilization(
 
 
 # --------------------------------------------------------------------------------------------------
+# 9. Muon: orthogonalised momentum for the hidden weight matrices (--optimizer muon)
+#
+# AdamW scales each weight's step by its own history; Muon treats a (rows, cols) weight as a matrix
+# and replaces its momentum M = U S V^T by U V^T: every direction of the step gets the same size, so
+# the few directions with large singular values no longer drown the rest. An SVD per step is too
+# slow; five Newton-Schulz iterations of x -> a x + b (x x^T) x + c (x x^T)^2 x (matmuls only)
+# push every singular value towards 1. Embeddings, the head and the norm gains keep AdamW: a row of
+# an embedding is one token's vector, not a direction of a linear map.
+# --------------------------------------------------------------------------------------------------
+
+# (a, b, c) of the quintic p(s) = a s + b s^3 + c s^5 applied to every singular value s. a = 3.4445
+# is the slope at 0: a small s (a direction the gradient barely touches) grows 3.4x per iteration,
+# so one of 0.002 (of the norm) reaches 0.86 in five. The price: p(1) = 0.70, and the values settle
+# in a band around 1 (about 0.7-1.2), not on 1 exactly, which training does not notice.
+NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz(update: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """About U V^T of a (rows, cols) matrix U S V^T: the same shape, singular values ~0.7-1.2.
+
+    Divided by its Frobenius norm first (>= the largest singular value, so every s <= 1, where the
+    quintic converges). bf16 on CUDA (tensor cores; the band is wide anyway), fp32 elsewhere.
+    """
+    a, b, c = NEWTON_SCHULZ_COEFFICIENTS
+    x = update.to(torch.bfloat16 if update.is_cuda else torch.float32)
+    wide = x.mT if x.size(0) > x.size(1) else x  # (short, long): x x^T is the small Gram matrix
+    wide = wide / (wide.norm() + 1e-7)
+    for _ in range(steps):
+        gram = wide @ wide.mT  # (short, short)
+        wide = a * wide + (b * gram + c * gram @ gram) @ wide
+    result = wide.mT if x.size(0) > x.size(1) else wide
+    return result.to(update.dtype)
+
+
+def muon_scale(rows: int, cols: int) -> float:
+    """0.2 sqrt(max(rows, cols)): makes the update's RMS 0.2, AdamW's typical one, so the AdamW
+    learning rate and weight decay carry over. An orthogonal (rows, cols) matrix has min(rows,
+    cols) unit singular values, RMS sqrt(min / (rows cols)) = 1 / sqrt(max): (256, 1024) -> 6.4.
+
+    >>> muon_scale(256, 1024)
+    6.4
+    """
+    return 0.2 * math.sqrt(max(rows, cols))
+
+
+def uses_muon(name: str, param: torch.nn.Parameter) -> bool:
+    """A 2-D weight of a hidden layer: not the token embedding / head (tied), not a norm or bias."""
+    return param.dim() == 2 and "tok_emb" not in name and "lm_head" not in name
+
+
+class Muon(torch.optim.AdamW):
+    """Muon (Nesterov momentum 0.95, orthogonalised) on the groups with "muon": True, AdamW on the
+    others: one optimizer, so the loop's lr schedule, checkpoints and the spike guard see one.
+
+    Every data-parallel rank steps the same all-reduced gradient of the full matrix: the same
+    update everywhere. A layout holding a slice of a matrix (ZeRO's flat shards, TP) cannot.
+    """
+
+    def __init__(self, groups: list[dict], lr: float, betas: tuple, momentum: float = 0.95):
+        groups = [{"muon": False, "momentum": momentum, **group} for group in groups]
+        super().__init__(groups, lr=lr, betas=betas, eps=1e-8)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in (group for group in self.param_groups if group["muon"]):
+            for p in (p for p in group["params"] if p.grad is not None):
+                state = self.state[p]  # a "step" too, as AdamW's load_state_dict expects
+                if not state:
+                    state.update(step=torch.zeros(()), momentum=torch.zeros_like(p))
+                state["step"] += 1
+                buffer = state["momentum"]
+                buffer.lerp_(p.grad, 1 - group["momentum"])  # m <- 0.95 m + 0.05 g
+                nesterov = p.grad.lerp(buffer, group["momentum"])  # look ahead: 0.05 g + 0.95 m
+                update = newton_schulz(nesterov) * muon_scale(*p.shape)  # (rows, cols)
+                p.mul_(1 - group["lr"] * group["weight_decay"])  # decoupled decay, as AdamW's
+                p.add_(update, alpha=-group["lr"])
+                p.grad = None  # stepped: AdamW's step below skips a parameter without a gradient
+        super().step()
+
+
+# --------------------------------------------------------------------------------------------------
 # Configuration: every setting of a run, one dataclass (machinery/commands/train.py makes each
 # field a flag, machinery/run.py checks them)
 # --------------------------------------------------------------------------------------------------
@@ -597,6 +589,7 @@ class TrainConfig:
     warmup_steps: int = 30
     schedule: str = "cosine"  # cosine | wsd
     decay_fraction: float = 0.2  # wsd: the decaying fraction of the steps
+    optimizer: str = "adamw"  # adamw | muon (section 9: hidden matrices Muon, the rest AdamW)
     weight_decay: float = 0.1  # AdamW, weight matrices only
     beta1: float = 0.9
     beta2: float = 0.95

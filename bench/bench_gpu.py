@@ -95,7 +95,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import benchcli  # noqa: E402
 import data as data_lib  # noqa: E402
-from machinery import fileio  # noqa: E402
+from machinery import checkpoints, fileio  # noqa: E402
 from machinery import launch as launcher  # noqa: E402
 from machinery import parallelize as wiring  # noqa: E402
 import model as model_lib  # noqa: E402
@@ -794,12 +794,12 @@ def bench_resume(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
         f"{worst:.1e}",
         exact,
     )
-    restore = train.set_rng_state
-    train.set_rng_state = lambda state: None  # the control: generators left scrambled
+    restore = checkpoints.set_rng_state
+    checkpoints.set_rng_state = lambda state: None  # the control: generators left scrambled
     try:
         forgot = _resume_from_step_3(small, tmp, "resume-no-rng", flags)
     finally:
-        train.set_rng_state = restore
+        checkpoints.set_rng_state = restore
     miss = max(abs(forgot[s] - want[s]) for s in (3, 4, 5))
     report.check(
         "resume",

@@ -619,6 +619,7 @@ PREPARE_FILES = (
     "machinery/tokenizer_files.py",
     # a Hugging Face tokenizer.json is read by the bridge, which imports the model and train.py
     "machinery/hf.py",
+    "machinery/checkpoints.py",
     "model.py",
     "train.py",
     "machinery/cli.py",

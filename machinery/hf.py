@@ -61,7 +61,7 @@ import regex
 import torch
 
 import bpe
-from machinery import fileio, tokenizer_files
+from machinery import checkpoints, fileio, tokenizer_files
 import train
 from model import GPT, ConfigError, GPTConfig
 
@@ -638,8 +638,8 @@ def load_hf(hf_dir) -> tuple[GPT, object]:
 
 def save_imported_checkpoint(model: GPT, tokenizer, path, source: str) -> pathlib.Path:
     """Write a checkpoint in train.py's format (version 1: model, model_config, tokenizer_json, step
-    0), which evaluate.py samples from and `train.py --init-from` starts a run from. train.py's own
-    atomic writer does it (imported here only: the format and its checksum belong to train.py)."""
+    0), which evaluate.py samples from and `train.py --init-from` starts a run from. The run's own
+    writer does it (train.py's atomic write, machinery/checkpoints.py's checksum)."""
     path = pathlib.Path(path)
     ckpt = {
         "version": 1,
@@ -650,7 +650,7 @@ def save_imported_checkpoint(model: GPT, tokenizer, path, source: str) -> pathli
         "imported_from": source,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    train.atomic_save(ckpt, path)
+    checkpoints.save(ckpt, path)
     return path
 
 
@@ -676,7 +676,7 @@ def export_checkpoint(
             "ckpt_path",
         )
     try:
-        ckpt = train.load_checkpoint(ckpt_path, log=lambda message: print(message, file=sys.stderr))
+        ckpt = checkpoints.load(ckpt_path, log=lambda message: print(message, file=sys.stderr))
     except train.TrainError as e:
         first_line = str(e).splitlines()[0]
         raise HFError(f"{ckpt_path}: cannot load it ({first_line})", "ckpt_path") from None

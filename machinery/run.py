@@ -36,7 +36,7 @@ import torch
 import data as data_lib
 import model as model_lib
 import train as train_lib
-from machinery import devices, fileio
+from machinery import checkpoints, devices, fileio
 from machinery import launch as launcher
 from machinery import parallelize as wiring
 from train import TrainConfig, TrainError
@@ -61,7 +61,7 @@ TEMP_PATTERN = re.compile(r"^\.(ckpt_\d{7}\.pt|loss\.png|train_config\.json)(\.\
 def save_checkpoint_file(state: dict, path) -> pathlib.Path:
     """train.atomic_save, where a full disk (or a quota, a file-size limit) is one TrainError."""
     try:
-        return train_lib.atomic_save(state, path)
+        return checkpoints.save(state, path)
     except Exception as e:
         if fileio.is_no_space(e):
             raise TrainError(fileio.no_space_message(path, "choose another `out_dir`")) from None
@@ -744,7 +744,7 @@ class Trainer:
         if not path.exists():
             raise TrainError(f"`{setting}`: {path} does not exist; {fix}")
         try:
-            return train_lib.load_checkpoint(path, self.log)
+            return checkpoints.load(path, self.log)
         except TrainError as e:
             raise TrainError(f"`{setting}`: {e}") from e
 
@@ -777,7 +777,7 @@ class Trainer:
         the run; "rng" and "loader" hold one entry per data-parallel rank; "metrics" the tokens
         seen, the rollback lr factor, the spike guard and the last evaluation."""
         ranks = gather_objects(
-            {"rng": train_lib.rng_state(), "loader": self.loader.state_dict()}, self.dist
+            {"rng": checkpoints.rng_state(), "loader": self.loader.state_dict()}, self.dist
         )
         return {
             "version": 1,
@@ -860,7 +860,7 @@ class Trainer:
         except data_lib.DataError as e:
             raise TrainError(f"cannot resume {ckpt['path']}: {e}") from e
         if same_world:
-            train_lib.set_rng_state(ckpt["rng"][self.dist.rank])
+            checkpoints.set_rng_state(ckpt["rng"][self.dist.rank])
         self.tokens = ckpt["metrics"]["tokens"]
         self.lr_scale = ckpt["metrics"]["lr_scale"]
         self.last_eval = ckpt["metrics"].get("last_eval", {})
@@ -907,7 +907,7 @@ class Trainer:
         """Repeated spikes: reload the last good checkpoint, lower the learning rate, keep going on
         fresh data."""
         try:
-            ckpt = train_lib.load_checkpoint(self.out_dir, self.log)
+            ckpt = checkpoints.load(self.out_dir, self.log)
         except TrainError:
             self.lr_scale *= self.cfg.rollback_lr_factor
             self.metrics.write(
@@ -1167,6 +1167,7 @@ def stop_on_signals(run: Trainer):
 CHOICES = {
     "cleaning": ("auto", "web", "keep"),
     "schedule": ("cosine", "wsd"),
+    "optimizer": ("adamw", "muon"),
     "dtype": ("auto", "fp32", "bf16", "fp16"),
     "zero": (0, 1, 2, 3),
     "zero_reduce_dtype": ("fp32", "bf16"),
@@ -1250,6 +1251,12 @@ def check_config(cfg: TrainConfig) -> None:
     for name, high in at_most.items():
         if getattr(cfg, name) > high:
             raise TrainError(f"`{name}` must be <= {high}, got {getattr(cfg, name)}")
+    if uses_model_parallel(cfg) and cfg.optimizer == "muon":
+        raise TrainError(
+            f"`optimizer` muon with {', '.join(model_parallel_settings(cfg))}: Muon orthogonalises "
+            "each whole matrix, which this layout splits (ZeRO's flat shards, TP's slices) or does "
+            "not yet wire; use data parallel alone or `optimizer` adamw"
+        )
     # AdamW's step is ~lr per weight: above 1 it only diverges
     if not 0 < cfg.lr <= 1:
         raise TrainError(f"`lr` must lie in (0, 1], got {cfg.lr}")

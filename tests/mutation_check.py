@@ -139,10 +139,26 @@ MUTANTS = [
     Mutant(
         "resume-without-rng-state",
         "machinery/run.py",
-        '            train_lib.set_rng_state(ckpt["rng"][self.dist.rank])\n',
+        '            checkpoints.set_rng_state(ckpt["rng"][self.dist.rank])\n',
         "            pass\n",
         (f"{TRAIN}::test_resume_restores_the_random_generators",),
         "a resumed run does not restore its random generators",
+    ),
+    Mutant(
+        "newton-schulz-wrong-coefficient",
+        "train.py",
+        "NEWTON_SCHULZ_COEFFICIENTS = (3.4445, -4.7750, 2.0315)",
+        "NEWTON_SCHULZ_COEFFICIENTS = (2.4445, -4.7750, 2.0315)",
+        (f"{TRAIN}::test_newton_schulz_gives_the_svds_directions_with_singular_values_near_one",),
+        "a slope of 2.4 at 0: the small singular values stay small (0.4), the update no longer orthogonal",
+    ),
+    Mutant(
+        "muon-without-shape-scale",
+        "train.py",
+        "update = newton_schulz(nesterov) * muon_scale(*p.shape)",
+        "update = newton_schulz(nesterov)",
+        (f"{TRAIN}::test_muon_scale_gives_updates_the_rms_of_adamws",),
+        "Muon's update has RMS 1/sqrt(max(rows, cols)), not AdamW's 0.2: AdamW's lr no longer carries over",
     ),
     Mutant(
         "bits-per-byte-in-nats",

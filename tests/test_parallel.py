@@ -232,11 +232,30 @@ def test_named_optimizer_state_round_trip():
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def _train_muon(model, data, forward) -> dict:
+    """`model` after train.py's Muon (hidden matrices) + AdamW (the rest) stepped on `data` through `forward`."""
+    import train
+
+    optimizer = train.make_optimizer(model, train.TrainConfig(optimizer="muon", lr=LR), "cpu")
+    for x, y in data:
+        forward(x, y)[1].backward()
+        getattr(forward, "finish_gradient_sync", lambda: None)()
+        optimizer.step()
+        optimizer.zero_grad()
+    return state(model)
+
+
 def _dp_and_zero_worker(rank, world):
     torch.manual_seed(100 + rank)  # different on purpose: the start broadcast must fix it
     mesh = P.Mesh.build()
     out = {}
     data = batches()
+    # Muon under DP: the gradient is all-reduced first, so each rank orthogonalises the full matrix
+    muon_model = make_model(seed=rank)
+    muon_dp = P.DataParallel(muon_model, mesh.dp)
+    out["dp_muon"] = _train_muon(
+        muon_model, [(x.chunk(world)[rank], y.chunk(world)[rank]) for x, y in data], muon_dp
+    )
     # DP with tiny buckets (many all-reduces in flight) and 2 micro-batches, the first under no_sync.
     model = make_model(seed=rank)
     dp = P.DataParallel(model, mesh.dp, bucket_bytes=1024)
@@ -357,6 +376,16 @@ def test_data_parallel_equals_single_process(dp_zero_results):
         assert (
             res["dp_launched_in_backward"] == res["dp_buckets"]
         )  # overlap: hooks started every all-reduce
+
+
+def test_muon_under_data_parallel_equals_single_process(dp_zero_results):
+    """Every rank orthogonalises the same all-reduced full matrix: the one-process run's weights."""
+    model = make_model()
+    want = _train_muon(model, batches(), model)
+    changed = [k for k in want if not torch.equal(want[k], state(make_model())[k])]
+    assert any("attn.wq" in k for k in changed) and any("tok_emb" in k for k in changed)
+    for rank, res in enumerate(dp_zero_results):
+        assert_same(res["dp_muon"], want, f"Muon under DP, rank {rank}")
 
 
 def test_data_parallel_skips_frozen_parameters(dp_zero_results):

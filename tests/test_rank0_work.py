@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_map
 
 import parallel as P
+from machinery import checkpoints
 from machinery import launch as launcher
 from machinery import parallelize as wiring
 from model import GPT, GPTConfig
@@ -97,9 +98,9 @@ def _rank0_work_and_gathers(rank, world, port, argv):
     )
     save = train.atomic_save
 
-    def slow_save(obj, path):
+    def slow_save(obj, path, **kwargs):
         time.sleep(SLOW_SAVE_S)
-        save(obj, path)
+        save(obj, path, **kwargs)
 
     train.atomic_save = slow_save  # only rank 0 writes
     lines = []
@@ -108,7 +109,11 @@ def _rank0_work_and_gathers(rank, world, port, argv):
     result = {"train_s": time.monotonic() - start, "log": "\n".join(map(str, lines))}
 
     # train_run.gather_objects over the data-parallel ranks: what each rank sent, in rank order.
-    sent = {"rank": rank, "t": torch.arange(3.0) + 10 * rank, "rng": train.rng_state()["torch"]}
+    sent = {
+        "rank": rank,
+        "t": torch.arange(3.0) + 10 * rank,
+        "rng": checkpoints.rng_state()["torch"],
+    }
     mesh = P.Mesh.build(dp=world)
     result["sent"], result["got"] = (
         sent,

@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import data
-from machinery import dataset
+from machinery import checkpoints, dataset
 from machinery import launch as launcher
 import model
 import train
@@ -319,7 +319,7 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_train_error_and_no_temp_fi
 
 def test_checksum_catches_zeros_inside_a_checkpoint_that_torch_load_accepts(tmp_path):
     for step in (10, 20):
-        train.atomic_save(
+        checkpoints.save(
             {"version": 1, "step": step, "model": {"w": torch.arange(65536, dtype=torch.float32)}},
             train.checkpoint_path(tmp_path, step),
         )
@@ -330,7 +330,7 @@ def test_checksum_catches_zeros_inside_a_checkpoint_that_torch_load_accepts(tmp_
     newest.write_bytes(damaged)
     assert torch.load(newest, weights_only=True)["step"] == 20  # torch.load alone notices nothing
     messages = []
-    assert train.load_checkpoint(tmp_path, log=messages.append)["step"] == 10
+    assert checkpoints.load(tmp_path, log=messages.append)["step"] == 10
     assert len(messages) == 1 and "sha256 mismatch" in messages[0] and "falling back" in messages[0]
 
 
@@ -1120,9 +1120,9 @@ def test_cuda_rng_state_is_this_ranks_gpu_only(monkeypatch):
         monkeypatch.setattr(
             torch.cuda, name, lambda *a: (_ for _ in ()).throw(IndexError("GPU 1 not visible"))
         )
-    state = train.rng_state()
+    state = checkpoints.rng_state()
     assert state["cuda"].tolist() == [7]
-    train.set_rng_state(state)
+    checkpoints.set_rng_state(state)
     assert calls == [[7]]
 
 
@@ -1387,3 +1387,95 @@ def test_python_train_py_on_a_busy_machine_prints_the_note_once(monkeypatch, cap
     )
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Muon (train.py section 9)
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (64, 16), (16, 64)], ids=["square", "tall", "wide"])
+def test_newton_schulz_gives_the_svds_directions_with_singular_values_near_one(shape):
+    """U S V^T -> U p(S) V^T: the SVD's singular vectors exactly (U^T X V is diagonal), the values in the band
+    the quintic promises (0.68-1.13 here), not 1 exactly: a wrong coefficient leaves the band or diverges."""
+    torch.manual_seed(0)
+    g = torch.randn(*shape) * torch.logspace(
+        -1, 0, shape[1]
+    )  # columns of unequal sizes, as gradients
+    assert (
+        torch.linalg.svdvals(g / g.norm()).min() > 2e-3
+    )  # ... above what five iterations lift to ~0.8
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    x = train.newton_schulz(g)
+    assert x.shape == g.shape and x.dtype == g.dtype
+    rotated = u.mT @ x @ vh.mT  # (k, k), k = min(shape): diagonal when X = U p(S) V^T
+    values = torch.diagonal(rotated)
+    assert (rotated - torch.diag(values)).abs().max() < 1e-4
+    assert 0.6 < values.min() and values.max() < 1.25, values
+    assert torch.linalg.matrix_norm(x - u @ vh, ord=2) < 0.35  # = max |p(s) - 1|
+
+
+def test_muon_scale_gives_updates_the_rms_of_adamws():
+    """0.2 sqrt(max(rows, cols)) makes every shape's update RMS ~0.2, so one lr serves both optimizers."""
+    assert train.muon_scale(256, 1024) == train.muon_scale(1024, 256) == pytest.approx(6.4)
+    for rows, cols in ((32, 128), (128, 32), (64, 64)):
+        weight = torch.nn.Parameter(torch.zeros(rows, cols))
+        weight.grad = torch.randn(rows, cols)
+        optimizer = train.Muon(
+            [{"params": [weight], "weight_decay": 0.0, "muon": True}], 1.0, (0.9, 0.95)
+        )
+        optimizer.step()  # lr 1 from zero: the weight is the update
+        assert 0.15 < weight.detach().pow(2).mean().sqrt() < 0.21, (rows, cols)
+
+
+def test_muon_takes_the_hidden_matrices_and_leaves_the_rest_to_adamw():
+    cfg = train.TrainConfig(optimizer="muon")
+    gpt = model.GPT(
+        model.GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=2, n_embd=32)
+    )
+    optimizer = train.make_optimizer(gpt, cfg, "cpu")
+    names = {id(p): name for name, p in gpt.named_parameters()}
+    by_group = [sorted(names[id(p)] for p in g["params"]) for g in optimizer.param_groups]
+    muon = [g["muon"] for g in optimizer.param_groups]
+    assert muon == [True, False, False]
+    assert sorted(sum(by_group, [])) == sorted(names.values())  # each parameter once
+    assert by_group[0] and all(".attn." in n or ".mlp." in n or "ffn" in n for n in by_group[0]), (
+        by_group[0]
+    )
+    assert all("tok_emb" not in n and "lm_head" not in n and "norm" not in n for n in by_group[0])
+    assert any("tok_emb" in n for n in by_group[1]) and all("norm" in n for n in by_group[2])
+    assert isinstance(train.make_optimizer(gpt, train.TrainConfig(), "cpu"), torch.optim.AdamW)
+
+
+def test_muon_trains_and_resumes_with_the_losses_of_an_uninterrupted_run(dataset_dir, tmp_path):
+    """The loss falls under --optimizer muon, and its momentum buffers travel in the checkpoint: a run stopped
+    at step 6 and resumed logs the losses of one never stopped."""
+    args = ("--optimizer", "muon", "--max-steps", 12, "--ckpt-interval", 6, "--eval-interval", 100)
+    whole = run.train(
+        config(dataset_dir, tmp_path / "whole", *args, "--log-interval", 6), log=quiet
+    )
+    want = losses_by_step(tmp_path / "whole" / "metrics.jsonl")
+    assert want[11] < want[0] - 0.5, want
+
+    def sigterm_at_step_6(message):
+        if re.match(r"step\s+6/", message):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    out = tmp_path / "stopped"
+    assert (
+        run.train(config(dataset_dir, out, *args, "--log-interval", 6), log=sigterm_at_step_6)[
+            "step"
+        ]
+        == 6
+    )
+    resumed = run.train(config(dataset_dir, out, *args, "--resume"), log=quiet)
+    assert losses_by_step(out / "metrics.jsonl") == want
+    assert resumed["val_loss"] == whole["val_loss"]
+
+
+def test_muon_with_a_layout_that_splits_matrices_is_one_line(capsys):
+    for layout in (["--zero", "1"], ["--tp", "2"]):
+        assert command.main(["--optimizer", "muon", *layout]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.count("\n") == 0 and f"--optimizer muon with {' '.join(layout)}:" in error, (
+            error
+        )

@@ -54,6 +54,7 @@ HELP = {  # the --help text of each TrainConfig field
     "warmup_steps": "linear warmup steps",
     "schedule": "cosine | wsd",
     "decay_fraction": "wsd: fraction of steps spent decaying",
+    "optimizer": "adamw | muon (Muon for hidden matrices, AdamW for the rest; same --lr)",
     "weight_decay": "AdamW decay (weight matrices only)",
     "beta1": "AdamW beta1",
     "beta2": "AdamW beta2",
