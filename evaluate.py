@@ -524,17 +524,19 @@ def contamination_report(
 # --------------------------------------------------------------------------------------------------
 
 
-def load_model(ckpt_path, device="cpu") -> tuple[object, object, dict]:
+def load_model(ckpt_path, device="cpu", verify=None) -> tuple[object, object, dict]:
     """(GPT in eval mode, bpe.Tokenizer, checkpoint dict) from a checkpoint file or a run directory
     (its newest checkpoint that loads), via train.py's loader (torch.load with weights_only=True: no
-    pickle code runs)."""
+    pickle code runs; `verify`: train.load_checkpoint's check of the file's bytes)."""
     import train
 
     path = pathlib.Path(ckpt_path)
     if not path.exists():
         raise EvalError(f"checkpoint {path} not found: train one (python train.py)")
     try:
-        ckpt = train.load_checkpoint(path, log=lambda message: print(message, file=sys.stderr))
+        ckpt = train.load_checkpoint(
+            path, log=lambda message: print(message, file=sys.stderr), verify=verify
+        )
     except train.TrainError as e:
         raise EvalError(f"cannot load checkpoint: {e}") from e
     if not ckpt.get("tokenizer_json"):

@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 
 import scaling
-from machinery import devices, fileio, scaling_plots
+from machinery import checkpoints, devices, fileio, scaling_plots
 from machinery.scaling_reports import fit_markdown
 from scaling import (
     AllocationLaw,
@@ -1618,7 +1618,7 @@ def _dedup_effect_in(
             dataclasses.replace(trainer, seed=seed), planned, datasets[name], run_dir
         )
         _run_train(cmd, run_dir / "train.log", s.threads)
-        model, tok, ckpt = evaluate_lib.load_model(run_dir)
+        model, tok, ckpt = evaluate_lib.load_model(run_dir, verify=checkpoints.verify_checksum)
         held_ids = evaluate_lib.held_out_from_documents("held-out", held, tok)
         scored = evaluate_lib.perplexity_report(model, held_ids, block_size=s.block_size)
         manifest = fileio.read_json(

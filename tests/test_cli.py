@@ -23,6 +23,7 @@ import torch
 
 import bpe
 import data
+from machinery import checkpoints
 from machinery import dataset
 from machinery import hf
 import model
@@ -782,6 +783,9 @@ BAD_FILES = [
     ),
     # NaN weights would evaluate to a NaN perplexity, train and export without a word
     ("evaluate", "--ckpt {ckpt_nan_weights}", "model['norm.weight'] is 'tensor([nan, nan"),
+    ("evaluate", "--ckpt {ckpt_zeroed}", "sha256 mismatch"),
+    ("train", "--init-from {ckpt_zeroed} --out-dir o", "sha256 mismatch"),
+    ("model", "export --ckpt {ckpt_zeroed} --to o", "sha256 mismatch"),
     ("train", "--init-from {ckpt_nan_weights} --out-dir o", "not finite weights (no NaN or inf)"),
     ("model", "import-hf --from {hf_nan_weights} --to x.pt", "model.norm.weight is 'tensor([nan,"),
     # a --to in no folder was the OS's "No such file or directory" after the model was read
@@ -941,6 +945,14 @@ def hostile(fixtures, tmp_path_factory) -> dict:
     ):
         train.atomic_save({**good_ckpt, **change}, root / f"{name}.pt")
         out[name] = root / f"{name}.pt"
+    # a checkpoint the run wrote (with its sha256), then 4 KiB of its weights zeroed: torch.load
+    # still reads it, only the checksum tells
+    zeroed = root / "ckpt_zeroed.pt"
+    checkpoints.save(good_ckpt, zeroed)
+    damaged = bytearray(zeroed.read_bytes())
+    damaged[len(damaged) // 2 : len(damaged) // 2 + 4096] = bytes(4096)
+    zeroed.write_bytes(damaged)
+    out["ckpt_zeroed"] = zeroed
     config = {**tiny.config.to_dict(), "n_embd": 32}
     train.atomic_save(
         {

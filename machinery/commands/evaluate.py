@@ -29,7 +29,7 @@ import numpy as np
 
 import evaluate
 from evaluate import EvalError, HeldOut, Task
-from machinery import devices, eval_report, fileio, formats, recall_report
+from machinery import checkpoints, devices, eval_report, fileio, formats, recall_report
 from machinery.cli import Parser, in_range, writable
 from machinery.cli import run as run_cli
 
@@ -251,9 +251,9 @@ def resolve_device(name: str = "auto"):
 
 
 def load_model(path, device):
-    """evaluate.load_model, a missing --ckpt told by its flag."""
+    """evaluate.load_model with the run's sha256 checked, a missing --ckpt told by its flag."""
     try:
-        return evaluate.load_model(path, device)
+        return evaluate.load_model(path, device, verify=checkpoints.verify_checksum)
     except EvalError as e:
         if pathlib.Path(path).exists():
             raise
