@@ -24,8 +24,9 @@ deduplicated together with the training data, or we would grade it on questions 
 
 The metrics work on any causal LM mapping ids (B, T) to logits (B, T, V) (or to (logits, loss)).
 
-Depends on: torch, numpy, dedup.py (the contamination check's n-gram index), and only where a
-checkpoint is loaded or a recall model built, train.py and model.py.
+Depends on: torch, numpy, dedup.py (the contamination check's n-gram index), scaling.py (the
+decoding state's bytes), and only where a checkpoint is loaded or a recall model built, train.py
+and model.py.
 
 The commands (their command line is in machinery/commands/):
 
@@ -56,6 +57,7 @@ import torch
 import torch.nn.functional as F
 
 import dedup
+import scaling
 
 
 class EvalError(Exception):
@@ -869,7 +871,7 @@ def decode_bytes_per_token(config, context: int, bytes_per_value: int = 4) -> tu
 
     Each attention layer reads every cached key and value (2 * n_kv_head * head_dim values a
     token: grows with context); each linear layer reads its (n_head, head_dim, head_dim) state
-    (flat); every step reads all the weights once (GPTConfig.decode_state_bytes, fp32 here).
+    (flat); every step reads all the weights once (scaling.count_decode_state_bytes, fp32 here).
 
     >>> from model import GPTConfig
     >>> config = GPTConfig(vocab_size=64, n_layer=2, n_head=2, n_kv_head=2, n_embd=32,
@@ -878,8 +880,8 @@ def decode_bytes_per_token(config, context: int, bytes_per_value: int = 4) -> tu
     27648
     """
     return (
-        config.decode_state_bytes(context, bytes_per_value=bytes_per_value),
-        config.num_params() * bytes_per_value,
+        scaling.count_decode_state_bytes(config, context, bytes_per_value=bytes_per_value),
+        scaling.count_params(config) * bytes_per_value,
     )
 
 

@@ -2,8 +2,7 @@
 
 The core comes first: GPTConfig, RMSNorm, RoPE, grouped-query attention, SwiGLU, the block, GPT
 with forward and generate. Then the KV cache, Mixture of Experts, FlashAttention by hand, linear
-attention and hybrids, the parameter / FLOP / memory accounting the project plans with, the checks,
-the presets. docs/model.md tells why.
+attention and hybrids, the config's checks. docs/model.md tells why.
 
 Depends on torch only (no sibling files).
 
@@ -27,10 +26,10 @@ Each choice is the one Llama-class models settled on:
 * FlashAttention: exact attention over tiles with an online softmax, memory O(T), not O(T^2).
   Linear attention: a d x d state per head instead of a growing KV cache; "LLLA" mixes both.
 
-Accounting: the 124m preset has 12 * 12 * 768^2 = 85M block parameters plus 50304 * 768 = 39M
-embedding parameters = 124M; training costs 6 FLOPs per parameter and token plus 12 L T C for the
-attention scores; AdamW in mixed precision holds 16 bytes per parameter. `python model.py` prints
-every preset so (its command line lives in machinery/commands/model.py).
+Accounting (scaling.py's count_params and count_flops_per_token): the 124m preset has 12 * 12 *
+768^2 = 85M block parameters plus 50304 * 768 = 39M embedding parameters = 124M; training costs 6
+FLOPs per parameter and token plus 12 L T C for the attention scores. `python model.py` prints
+every preset of machinery/presets.py so.
 """
 
 from __future__ import annotations
@@ -42,9 +41,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
-
-# bf16 weights (2) + bf16 grads (2) + fp32 master weights (4) + AdamW's two moments (4 + 4).
-TRAINING_BYTES_PER_PARAM = 16
 
 
 class ConfigError(ValueError):
@@ -132,21 +128,6 @@ class GPTConfig:
                 f"GPTConfig: unknown field(s) {unknown}; known fields are {sorted(known)}"
             )
         return cls(**d)
-
-    # Closed-form accounting: the formulas are in the Accounting section, after the core --------
-
-    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
-        return count_params(self, non_embedding, active)
-
-    def flops_per_token(self, seq_len: int | None = None) -> int:
-        return count_flops_per_token(self, seq_len)
-
-    def training_memory_bytes(self) -> int:
-        """Weights, gradients and AdamW state in mixed precision; activations excluded."""
-        return TRAINING_BYTES_PER_PARAM * self.num_params()
-
-    def decode_state_bytes(self, context: int, batch: int = 1, bytes_per_value: int = 2) -> int:
-        return count_decode_state_bytes(self, context, batch, bytes_per_value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -518,12 +499,9 @@ class GPT(nn.Module):
                 f"block_size={self.config.block_size}; make the cache block_size long at most"
             )
 
-    # Accounting
-    # -------------------------------------------------------------------------------------------
-
     def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
-        """Count the actual tensors (a tied head is counted once). See GPTConfig.num_params for the
-        closed form."""
+        """Parameters counted on the built tensors (a tied head once): the oracle of the closed
+        form, scaling.count_params."""
         total = sum(p.numel() for p in self.parameters())
         if non_embedding:
             # the embedding and an untied head; a set holds a tied (V, C) matrix once
@@ -970,75 +948,7 @@ class LinearAttention(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
-# Accounting: parameters, FLOPs and memory from the shapes alone (no model needs to be built:
-# scaling.py plans a 70B run with these; GPTConfig's methods of the same names call them)
-# --------------------------------------------------------------------------------------------------
-
-
-def count_params(config: GPTConfig, non_embedding: bool = False, active: bool = False) -> int:
-    """Parameter count from the shapes alone (GPTConfig.num_params). non_embedding: without the
-    embedding and an untied head (Kaplan's N); active: the top-k experts only (MoE compute).
-
-    >>> GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8,
-    ...           ffn_hidden=16).num_params()
-    1464
-    """
-    C, H, L = config.n_embd, config.ffn_dim, config.n_layer
-    q_width = config.n_head * config.head_dim
-    kv_width = config.n_kv_head * config.head_dim
-    attention = C * q_width + 2 * C * kv_width + q_width * C
-    if config.n_expert:
-        experts = config.expert_top_k if active else config.n_expert
-        ffn = experts * 3 * C * H + C * config.n_expert  # experts + router
-    else:
-        ffn = 3 * C * H
-    n_linear = config.layer_kinds.count("L")
-    # wq, wk, wv, wo + the gate wg and its bias
-    linear = 4 * C * q_width + C * config.n_head + config.n_head
-    # + the two norm gains
-    blocks = (L - n_linear) * attention + n_linear * linear + L * (ffn + 2 * C)
-    total = blocks + C  # + final norm
-    if not non_embedding:
-        total += config.vocab_size * C * (1 if config.tie_embeddings else 2)
-    return total
-
-
-def count_flops_per_token(config: GPTConfig, seq_len: int | None = None) -> int:
-    """Training FLOPs (forward + backward) per token: 6 * matmul parameters + 12 * L * T * C_q
-    (GPTConfig.flops_per_token).
-
-    The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul whether
-    tied or not); the embedding lookup is not a matmul. The attention term counts q.k and p.v for
-    all T keys (PaLM's convention; a causal kernel skips about half of it). A linear layer has no T
-    term: its state costs q S and k^T v, 2 x 2 C_q d a token forward, 12 C_q d with the backward.
-    """
-    T = config.block_size if seq_len is None else seq_len
-    matmul_params = count_params(config, non_embedding=True, active=True)
-    matmul_params += config.vocab_size * config.n_embd  # the LM head
-    kinds, q_width = config.layer_kinds, config.n_head * config.head_dim
-    attention = 12 * q_width * (kinds.count("A") * T + kinds.count("L") * config.head_dim)
-    return 6 * matmul_params + attention
-
-
-def count_decode_state_bytes(
-    config: GPTConfig, context: int, batch: int = 1, bytes_per_value: int = 2
-) -> int:
-    """What generation keeps per sequence batch at `context` tokens (GPTConfig.decode_state_bytes):
-    the KV cache of the attention layers (2 * n_kv_head * head_dim per token, growing) plus the
-    recurrent state of the linear layers (n_head * head_dim^2, fixed). bf16 by default. In KiB at
-    128K tokens:
-
-    >>> [GPTConfig(layer_pattern=p).decode_state_bytes(2**17) >> 10 for p in ("A", "L", "LLLA")]
-    [262144, 32, 65560]
-    """
-    kinds, d = config.layer_kinds, config.head_dim
-    growing = kinds.count("A") * 2 * config.n_kv_head * d * context  # the KV cache
-    fixed = kinds.count("L") * config.n_head * d * d  # the linear layers' states
-    return (growing + fixed) * batch * bytes_per_value
-
-
-# --------------------------------------------------------------------------------------------------
-# The config's checks (GPTConfig.__post_init__ runs them, for the presets below too)
+# The config's checks (GPTConfig.__post_init__ runs them)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -1082,41 +992,6 @@ def check_config(c: GPTConfig) -> None:
     for field, holds, problem in rules:
         if not holds:
             raise ConfigError(f"GPTConfig.{field}: {problem}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Presets
-# --------------------------------------------------------------------------------------------------
-
-# The GPU sizes' vocabulary and context: GPT-2's 50,257 tokens padded to a multiple of 64, 1,024
-GPT2_VOCAB_AND_CONTEXT = dict(vocab_size=50304, block_size=1024)
-
-PRESETS: dict[str, GPTConfig] = {
-    # The CPU sizes keep the default vocab_size, 4,096 (the tokenizer data.py trains).
-    # The default CPU run: trains to a visibly falling loss in a few minutes on 2 cores.
-    "tiny": GPTConfig(block_size=128, n_layer=4, n_head=4, n_kv_head=2, n_embd=128),
-    # The scaling sweep: non-embedding parameters about 4x apart, small enough to train on a CPU.
-    "sweep-1": GPTConfig(block_size=128, n_layer=2, n_head=2, n_kv_head=2, n_embd=64),
-    "sweep-2": GPTConfig(block_size=128, n_layer=4, n_head=4, n_kv_head=4, n_embd=96),
-    "sweep-3": GPTConfig(block_size=128, n_layer=4, n_head=6, n_kv_head=6, n_embd=192),
-    "sweep-4": GPTConfig(block_size=128, n_layer=8, n_head=8, n_kv_head=8, n_embd=256),
-    "10m": GPTConfig(vocab_size=8192, block_size=256, n_layer=6, n_head=6, n_kv_head=2, n_embd=384),
-    # GPU sizes. 124m and 350m have GPT-2 small/medium shapes (SwiGLU at 8/3 C matches GPT-2's 4C
-    # MLP in size).
-    "124m": GPTConfig(**GPT2_VOCAB_AND_CONTEXT, n_layer=12, n_head=12, n_kv_head=12, n_embd=768),
-    "350m": GPTConfig(**GPT2_VOCAB_AND_CONTEXT, n_layer=24, n_head=16, n_kv_head=16, n_embd=1024),
-    # Llama-3.2-1B's shape (GQA 32/8, FFN 8192) with the GPT-2 vocabulary, twice the context.
-    "1b": GPTConfig(
-        vocab_size=50304,
-        block_size=2048,
-        n_layer=16,
-        n_head=32,
-        n_kv_head=8,
-        n_embd=2048,
-        ffn_hidden=8192,
-        rope_theta=500000.0,
-    ),
-}
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ A 1,000-GPU run is planned on paper first. This file is that paper, in the order
 docs/scaling.md works every number at length; the sweep that does 6 on real runs trained through
 train.py (`python scaling.py sweep`) is machinery/sweep.py, measured in docs/scaling-sweep.md.
 
-Depends on numpy and the standard library; torch only for the Approach 3 fit (L-BFGS).
+Depends on numpy and the standard library; torch only for the Approach 3 fit (L-BFGS). The counts of
+parameters and FLOPs read a GPT config's fields without importing its file.
 """
 
 from __future__ import annotations
@@ -101,6 +102,74 @@ def training_flops(n_params: float, n_tokens: float) -> float:
     1.2e+20
     """
     return 6.0 * positive("parameters", n_params) * positive("tokens", n_tokens)
+
+
+# N and the FLOPs per token of this project's GPT (model.GPTConfig), from its shapes alone: no model
+# needs to be built, so a 70B run is planned with these as cheaply as the 124m preset. Kaplan's N is
+# the non-embedding count; C ≈ 6·N·D above takes the matmul parameters, these count them exactly.
+
+
+def count_params(config, non_embedding: bool = False, active: bool = False) -> int:
+    """Parameters of a model.GPTConfig (GPT.num_params counts the same on the built tensors).
+    non_embedding: without the embedding and an untied head (Kaplan's N); active: the top-k
+    experts only (MoE compute).
+
+    >>> from model import GPTConfig
+    >>> count_params(GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_kv_head=2, n_embd=8,
+    ...                        ffn_hidden=16))
+    1464
+    """
+    C, H, L = config.n_embd, config.ffn_dim, config.n_layer
+    q_width = config.n_head * config.head_dim
+    kv_width = config.n_kv_head * config.head_dim
+    attention = C * q_width + 2 * C * kv_width + q_width * C
+    if config.n_expert:
+        experts = config.expert_top_k if active else config.n_expert
+        ffn = experts * 3 * C * H + C * config.n_expert  # experts + router
+    else:
+        ffn = 3 * C * H
+    n_linear = config.layer_kinds.count("L")
+    # wq, wk, wv, wo + the gate wg and its bias
+    linear = 4 * C * q_width + C * config.n_head + config.n_head
+    # + the two norm gains
+    blocks = (L - n_linear) * attention + n_linear * linear + L * (ffn + 2 * C)
+    total = blocks + C  # + final norm
+    if not non_embedding:
+        total += config.vocab_size * C * (1 if config.tie_embeddings else 2)
+    return total
+
+
+def count_flops_per_token(config, seq_len: int | None = None) -> int:
+    """Training FLOPs (forward + backward) per token of a model.GPTConfig: 6 * matmul parameters
+    + 12 * L * T * C_q.
+
+    The matmul parameters are the active non-embedding ones plus the LM head (V*C, a matmul whether
+    tied or not); the embedding lookup is not a matmul. The attention term counts q.k and p.v for
+    all T keys (PaLM's convention; a causal kernel skips about half of it). A linear layer has no T
+    term: its state costs q S and k^T v, 2 x 2 C_q d a token forward, 12 C_q d with the backward.
+    """
+    T = config.block_size if seq_len is None else seq_len
+    matmul_params = count_params(config, non_embedding=True, active=True)
+    matmul_params += config.vocab_size * config.n_embd  # the LM head
+    kinds, q_width = config.layer_kinds, config.n_head * config.head_dim
+    attention = 12 * q_width * (kinds.count("A") * T + kinds.count("L") * config.head_dim)
+    return 6 * matmul_params + attention
+
+
+def count_decode_state_bytes(config, context: int, batch: int = 1, bytes_per_value: int = 2) -> int:
+    """What generation keeps per sequence batch at `context` tokens: the KV cache of the attention
+    layers (2 * n_kv_head * head_dim per token, growing) plus the recurrent state of the linear
+    layers (n_head * head_dim^2, fixed). bf16 by default. In KiB at 128K tokens:
+
+    >>> from model import GPTConfig
+    >>> configs = [GPTConfig(layer_pattern=pattern) for pattern in ("A", "L", "LLLA")]
+    >>> [count_decode_state_bytes(config, 2**17) >> 10 for config in configs]
+    [262144, 32, 65560]
+    """
+    kinds, d = config.layer_kinds, config.head_dim
+    growing = kinds.count("A") * 2 * config.n_kv_head * d * context  # the KV cache
+    fixed = kinds.count("L") * config.n_head * d * d  # the linear layers' states
+    return (growing + fixed) * batch * bytes_per_value
 
 
 # --------------------------------------------------------------------------------------------------

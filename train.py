@@ -574,7 +574,7 @@ class TrainConfig:
     val_data: str = ""  # held-out file(s) used verbatim as the validation split
     cleaning: str = "auto"  # data.py's cleaning: auto | web | keep
     vocab_size: int = 0  # BPE size if data.py trains one (0 = default)
-    model: str = "tiny"  # a preset of model.PRESETS
+    model: str = "tiny"  # a preset of machinery/presets.py
     model_args: str = ""  # preset overrides, 'n_layer=2,n_embd=32'
     out_dir: str = "out"  # checkpoints, metrics.jsonl, loss.png
     seed: int = 0  # model init, data order, sampling

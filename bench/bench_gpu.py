@@ -101,6 +101,7 @@ from machinery import parallelize as wiring  # noqa: E402
 import model as model_lib  # noqa: E402
 import model_parallel  # noqa: E402
 import parallel  # noqa: E402
+import scaling  # noqa: E402
 import train  # noqa: E402
 from machinery import run as train_run  # noqa: E402
 from machinery.commands import train as train_command  # noqa: E402
@@ -568,7 +569,7 @@ def predicted_memory(
     backward; the peak is then the larger of the loss's backward and the top block's recomputation (its saved
     set and weight copies, with the head's gradient (4 x V x C) made and the logits freed).
     """
-    n = config.num_params()
+    n = scaling.count_params(config)
     block, rest = saved_terms(config, batch, seq, dtype, device)
     a = 2 if dtype in LOW_PRECISION else 4
     B, T, C, V = batch, seq, config.n_embd, config.vocab_size

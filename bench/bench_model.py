@@ -30,7 +30,9 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from model import GPT, PRESETS, ConfigError  # noqa: E402
+from model import GPT, ConfigError  # noqa: E402
+from machinery.presets import PRESETS  # noqa: E402
+from scaling import count_flops_per_token, count_params  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
 
 
@@ -97,12 +99,12 @@ def bench_preset(
         peak, n = matmul_peak(clock)
         seconds = time_train_step(model, x, warmup, steps, clock)
         tokens_per_s = x.numel() / seconds
-        flops = tokens_per_s * cfg.flops_per_token()
+        flops = tokens_per_s * count_flops_per_token(cfg)
         rows.append(
             dict(
                 preset=name,
                 variant=label,
-                params=cfg.num_params(),
+                params=count_params(cfg),
                 tokens=x.numel(),
                 step_ms=seconds * 1e3,
                 tokens_per_s=tokens_per_s,
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=list(PRESETS),
         default=["tiny", "10m"],
-        help="presets from model.PRESETS",
+        help="presets from machinery/presets.py",
     )
     parser.add_argument(
         "--batch-size",

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import data as data_lib  # noqa: E402
 import model as model_lib  # noqa: E402
+from machinery.presets import PRESETS  # noqa: E402
 import train  # noqa: E402
 from machinery import run as train_run  # noqa: E402
 from machinery.commands import train as train_command  # noqa: E402
@@ -149,11 +150,11 @@ def main(argv=None) -> None:
         help="alternating rounds (ours, reference)",
     )
     args = parser.parse_args(argv)
-    unknown = [p for p in args.presets.split(",") if p not in model_lib.PRESETS]
+    unknown = [p for p in args.presets.split(",") if p not in PRESETS]
     if unknown:
         parser.error(
             f"argument --presets: unknown preset(s) {', '.join(unknown)}; choose from "
-            f"{', '.join(model_lib.PRESETS)}"
+            f"{', '.join(PRESETS)}"
         )
     torch.set_num_threads(args.threads)
     print(

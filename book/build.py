@@ -83,6 +83,7 @@ COMPANION_KINDS = {
     "machinery.formats": "I/O (the file formats of data.py's sources)",
     "machinery.dataset": "engine (prepare: plan, cache key, publish)",
     "machinery.cleaning": "engine (each source's own funnel steps, both engines)",
+    "machinery.presets": "config (the named model sizes)",
     "machinery.hf": "bridge (Hugging Face)",
     "machinery.sweep": "experiment",
     "machinery.fileio": "I/O (untrusted JSON, atomic writes)",
@@ -154,7 +155,7 @@ FIGURES = [
         "Parameters per preset, and the attention share of the training FLOPs per token",
         "docs/figures/model-cost.png",
         "python book/figures.py model-cost",
-        near=("count_flops_per_token", "GPTConfig.flops_per_token", "GPTConfig"),
+        near=("causal_attention", "GPTConfig"),
     ),
     Figure(
         "loss",

@@ -13,9 +13,9 @@ draw them.
 * bpe-merges: tokens per word as merges are added, for BPE trained by bpe.train_bpe on the committed
   docs/*.md, measured on held-out English (README.md) and on Python (model.py): where the merges
   come from matters.
-* model-cost: each preset's parameters (embedding vs the rest, model.GPTConfig.num_params) and the
+* model-cost: each preset's parameters (embedding vs the rest, scaling.count_params) and the
   attention share of its training FLOPs per token as the context grows
-  (GPTConfig.flops_per_token).
+  (scaling.count_flops_per_token).
 * zero-memory: bytes per rank of a 7e9-parameter model under DP and ZeRO-1/2/3 as ranks are added
   (parallel.zero_memory_per_rank).
 * emergence: exact match of k steps, p^k (evaluate.exact_match_from_per_step), against per-step
@@ -127,12 +127,13 @@ def bpe_merges(plt) -> pathlib.Path:
 
 
 def model_cost(plt) -> pathlib.Path:
-    import model
+    from machinery.presets import PRESETS
+    from scaling import count_flops_per_token, count_params
 
-    names = list(model.PRESETS)
+    names = list(PRESETS)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    total = [model.PRESETS[n].num_params() for n in names]
-    body = [model.PRESETS[n].num_params(non_embedding=True) for n in names]
+    total = [count_params(PRESETS[n]) for n in names]
+    body = [count_params(PRESETS[n], non_embedding=True) for n in names]
     left.barh(names, body, label="blocks (attention, MLP, norms)")
     left.barh(
         names, [t - b for t, b in zip(total, body)], left=body, label="embedding (+ untied head)"
@@ -140,20 +141,22 @@ def model_cost(plt) -> pathlib.Path:
     left.set(
         xscale="log",
         xlabel="parameters (log scale)",
-        title="Parameters per preset (num_params)",
+        title="Parameters per preset (count_params)",
         xlim=(min(body) / 2, max(total) * 2),
     )
     left.legend(loc="lower right", fontsize=10)
     for name in names:
-        config = model.PRESETS[name]
+        config = PRESETS[name]
         context = [2**k for k in range(6, 18) if 2**k <= max(config.block_size, 1 << 15)]
-        share = [1 - config.flops_per_token(0) / config.flops_per_token(t) for t in context]
+        share = [
+            1 - count_flops_per_token(config, 0) / count_flops_per_token(config, t) for t in context
+        ]
         right.plot(context, share, "o-", ms=3, label=name)
     right.set(
         xscale="log",
         xlabel="context length T (tokens)",
         ylabel="attention share of FLOPs per token",
-        title="12·L·T·C of flops_per_token(T), as T grows",
+        title="12·L·T·C of count_flops_per_token(T), as T grows",
         ylim=(0, 1),
     )
     right.set_xscale("log", base=2)

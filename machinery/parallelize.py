@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+import scaling
+
 from model_parallel import (
     ContextParallel,
     ExpertParallel,
@@ -425,8 +427,9 @@ class DistributedModel(Layout):
             sum(zero_memory_per_rank(n, size, stage, *nbytes) for n, size in parts)
             for nbytes in [(4, 4, 8), (2, 2, 12)]
         )
+        n_model = scaling.count_params(self.config)
         lines = [
-            f"  this rank: {n_local:,} of {self.config.num_params():,} parameters after TP/PP/EP; "
+            f"  this rank: {n_local:,} of {n_model:,} parameters after TP/PP/EP; "
             f"weights + grads + AdamW state per rank by the formula: {fp32 / 2**20:,.1f} MiB fp32 "
             f"(16 bytes/param, ZeRO shares), {mixed / 2**20:,.1f} MiB mixed precision"
         ]

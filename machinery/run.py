@@ -35,10 +35,12 @@ import torch
 
 import data as data_lib
 import model as model_lib
+import scaling
 import train as train_lib
 from machinery import checkpoints, devices, fileio
 from machinery import launch as launcher
 from machinery import parallelize as wiring
+from machinery.presets import PRESETS
 from train import TrainConfig, TrainError
 
 # --------------------------------------------------------------------------------------------------
@@ -531,16 +533,14 @@ def parse_model_args(text: str) -> dict:
 def build_model_config(cfg: TrainConfig, vocab_size: int):
     """The preset, with --model-args, the tokenizer's vocab size and --activation-checkpointing
     applied."""
-    if cfg.model not in model_lib.PRESETS:
-        raise TrainError(
-            f"unknown `model` {cfg.model!r}; choose one of {', '.join(model_lib.PRESETS)}"
-        )
+    if cfg.model not in PRESETS:
+        raise TrainError(f"unknown `model` {cfg.model!r}; choose one of {', '.join(PRESETS)}")
     # the tokenizer decides
     overrides = {**parse_model_args(cfg.model_args), "vocab_size": vocab_size}
     if cfg.activation_checkpointing:
         overrides["activation_checkpointing"] = True
     try:
-        return dataclasses.replace(model_lib.PRESETS[cfg.model], **overrides)
+        return dataclasses.replace(PRESETS[cfg.model], **overrides)
     except (ValueError, AssertionError) as e:
         raise TrainError(
             f"`model` {cfg.model} `model_args` {cfg.model_args!r} is not a valid model: {e}"
@@ -553,7 +553,8 @@ def check_fits(config, device: torch.device) -> None:
     device's memory. Building it would only crash or swap after minutes of setup. Activations come
     on top, so passing is no promise."""
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    need = 16 * config.num_params() / processes
+    n_params = scaling.count_params(config)
+    need = 16 * n_params / processes
     try:
         have = (
             torch.cuda.get_device_properties(device).total_memory
@@ -567,7 +568,7 @@ def check_fits(config, device: torch.device) -> None:
         have = None
     if have and need > have:
         raise TrainError(
-            f"`model`/`model_args`: {config.num_params():,} parameters need {need / 1e9:.1f} GB of "
+            f"`model`/`model_args`: {n_params:,} parameters need {need / 1e9:.1f} GB of "
             f"training state per process (16 bytes/param), more than the {have / 1e9:.1f} GB of "
             f"this {device.type}; choose a smaller model or more processes"
         )
@@ -581,9 +582,7 @@ class Trainer:
         check_config(cfg)
         # fail before the data is prepared; the tokenizer's vocab comes later
         if not cfg.init_from:
-            build_model_config(
-                cfg, model_lib.PRESETS.get(cfg.model, model_lib.GPTConfig()).vocab_size
-            )
+            build_model_config(cfg, PRESETS.get(cfg.model, model_lib.GPTConfig()).vocab_size)
         self.dist = setup_distributed(cfg)
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
         self.cfg = cfg = clamp_warmup(cfg, self.log)
@@ -681,7 +680,9 @@ class Trainer:
             val_windows, cfg.batch_size, self.dist.world_size, cfg.eval_batches
         )
         self.bytes_per_token = data_lib.bytes_per_token(self.data, "val")
-        self._flops_per_token = self.raw_model.config.flops_per_token(self.block_size)
+        self._flops_per_token = scaling.count_flops_per_token(
+            self.raw_model.config, self.block_size
+        )
         self._peak = cfg.peak_flops or peak_flops(self.device, self.dtype)
         # measured, not a datasheet's
         self._peak_probed = not cfg.peak_flops and self.device.type != "cuda"

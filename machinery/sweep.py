@@ -107,7 +107,7 @@ class Shape:
         from model import GPTConfig
 
         cfg = GPTConfig(vocab_size=vocab_size, **self.config_overrides())
-        return cfg.num_params(), cfg.num_params(non_embedding=True)
+        return scaling.count_params(cfg), scaling.count_params(cfg, non_embedding=True)
 
 
 def depth_for_width(n_embd: int) -> int:

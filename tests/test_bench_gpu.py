@@ -17,6 +17,8 @@ import time
 import pytest
 import torch
 
+import scaling
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
 import bench_gpu  # noqa: E402
 import data  # noqa: E402
@@ -206,7 +208,7 @@ def test_predicted_memory_of_the_gpu_setting_adds_what_the_old_formula_missed():
     """The bench's GPU model (124m's shape, pydocs' vocabulary) at 16 x 1024 in bf16: the parts add up, the
     blocks dominate, and checkpointing keeps a quarter of it at most."""
     cfg = train_run.build_model_config(train_command.parse_config(["--model", "124m"]), 4096)
-    n = cfg.num_params()
+    n = scaling.count_params(cfg)
     assert n == 88_099_584
     parts = bench_gpu.predicted_memory(cfg, 16, 1024, checkpointing=False, dtype="bf16")
     assert (parts["weights"], parts["optimizer"]) == (4 * n, 8 * n)

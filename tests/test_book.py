@@ -129,7 +129,8 @@ def test_every_top_level_function_and_class_is_on_its_page_with_its_code_and_doc
         definitions = [
             node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
         ]
-        assert definitions, path.name
+        # a chapter teaches in functions and classes; a machinery file may be values alone (presets.py)
+        assert definitions or path.parent.name == "machinery", path.name
         for node in definitions:
             assert node.name in parsed.ids, f"{path.name}: {node.name} has no anchor"
             row = page.split(f'id="{node.name}"', 1)[1].split("</section>", 1)[0]

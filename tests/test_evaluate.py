@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import evaluate as ev
+import scaling
 from machinery import eval_report, recall_report
 from machinery import devices
 from machinery.commands import evaluate as cmd
@@ -1087,7 +1088,7 @@ def test_decode_cost_counts_the_kv_cache_and_the_state_each_token_reads():
         for context in (100, 1000):
             state_bytes, weight_bytes = ev.decode_bytes_per_token(config, context)
             assert state_bytes == n_attention * kv_per_token * context + (4 - n_attention) * state
-            assert weight_bytes == 4 * config.num_params()
+            assert weight_bytes == 4 * scaling.count_params(config)
     # the timed decode reports the same bytes, and gives the thread count back
     import model as model_lib
 

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from scaling import count_decode_state_bytes, count_flops_per_token, count_params, training_memory
+from machinery.presets import PRESETS
 from model import (
     GPT,
-    PRESETS,
-    TRAINING_BYTES_PER_PARAM,
     ConfigError,
     GPTConfig,
     KVCache,
@@ -539,23 +539,23 @@ def test_param_counts_match_the_closed_form(name):
             dict(active=True),
             dict(non_embedding=True, active=True),
         ):
-            assert model.num_params(**kwargs) == config.num_params(**kwargs), (config, kwargs)
+            assert model.num_params(**kwargs) == count_params(config, **kwargs), (config, kwargs)
 
 
 def test_closed_form_by_hand_and_preset_sizes():
     # 124m: 12 layers * 12 * 768^2 + 50304 * 768 (tied) + 25 * 768 norm gains.
-    assert PRESETS["124m"].num_params() == 12 * 12 * 768**2 + 50304 * 768 + 25 * 768
-    assert PRESETS["350m"].num_params() == pytest.approx(355e6, rel=0.03)
-    assert PRESETS["1b"].num_params() == pytest.approx(1.08e9, rel=0.02)
-    assert PRESETS["10m"].num_params(non_embedding=True) == pytest.approx(10e6, rel=0.1)
-    sweep = [PRESETS[f"sweep-{i}"].num_params(non_embedding=True) for i in range(1, 5)]
+    assert count_params(PRESETS["124m"]) == 12 * 12 * 768**2 + 50304 * 768 + 25 * 768
+    assert count_params(PRESETS["350m"]) == pytest.approx(355e6, rel=0.03)
+    assert count_params(PRESETS["1b"]) == pytest.approx(1.08e9, rel=0.02)
+    assert count_params(PRESETS["10m"], non_embedding=True) == pytest.approx(10e6, rel=0.1)
+    sweep = [count_params(PRESETS[f"sweep-{i}"], non_embedding=True) for i in range(1, 5)]
     for smaller, larger in zip(sweep, sweep[1:]):
         assert 3 <= larger / smaller <= 5
     assert PRESETS["tiny"].vocab_size == 4096
     # MoE: memory counts all experts, compute only the active ones.
     moe = moe_variant(PRESETS["tiny"])
     C, H, L = 128, 384, 4
-    assert moe.num_params() - moe.num_params(active=True) == L * 6 * 3 * C * H
+    assert count_params(moe) - count_params(moe, active=True) == L * 6 * 3 * C * H
 
 
 def test_flops_per_token_matches_torch_flop_counter():
@@ -573,15 +573,14 @@ def test_flops_per_token_matches_torch_flop_counter():
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(x, x)[1].backward()
     measured = counter.get_total_flops() / x.numel()
-    assert measured == pytest.approx(model.config.flops_per_token(), rel=0.005)
+    assert measured == pytest.approx(count_flops_per_token(model.config), rel=0.005)
 
 
 def test_training_memory_is_16_bytes_per_parameter():
-    assert TRAINING_BYTES_PER_PARAM == 16
-    config = PRESETS["1b"]
-    assert config.training_memory_bytes() == 16 * config.num_params()
-    # The lesson's 1e9 parameters need 16 GB; the 1b preset's 1.076e9 need 17.2 GB (the README's table).
-    assert config.training_memory_bytes() / 1e9 == pytest.approx(17.22, abs=0.01)
+    n_params = count_params(PRESETS["1b"])
+    assert training_memory(n_params).total == 16 * n_params
+    # The lesson's 1e9 parameters need 16 GB; the 1b preset's 1.076e9 need 17.2 GB (python model.py's table).
+    assert training_memory(n_params).total / 1e9 == pytest.approx(17.22, abs=0.01)
 
 
 # ------------------------------------------------------------------------------------------------ training
@@ -951,14 +950,20 @@ def test_layer_pattern_builds_the_kinds_and_counts_their_parameters_and_state():
     config = small(n_layer=4, layer_pattern="LLLA")
     model = make(config)
     assert [type(b.attn).__name__ for b in model.blocks] == ["LinearAttention"] * 3 + ["Attention"]
-    assert model.num_params() == config.num_params() and config.layer_kinds == "LLLA"
+    assert model.num_params() == count_params(config) and config.layer_kinds == "LLLA"
     assert make(small(layer_pattern="A")).num_params() == make(small()).num_params()
     full, linear = small(layer_pattern="A"), small(layer_pattern="L")
-    assert full.decode_state_bytes(2000) == 2 * full.decode_state_bytes(1000)  # the cache grows
+    assert count_decode_state_bytes(full, 2000) == 2 * count_decode_state_bytes(
+        full, 1000
+    )  # the cache grows
     assert (
-        linear.decode_state_bytes(2000) == linear.decode_state_bytes(10) > 0
+        count_decode_state_bytes(linear, 2000) == count_decode_state_bytes(linear, 10) > 0
     )  # the state does not
-    assert linear.flops_per_token(1000) == linear.flops_per_token(10) < full.flops_per_token(1000)
+    assert (
+        count_flops_per_token(linear, 1000)
+        == count_flops_per_token(linear, 10)
+        < count_flops_per_token(full, 1000)
+    )
     x = ids((2, 16))
     loss = model(x, x)[1]
     loss.backward()

@@ -24,6 +24,7 @@ import data
 from machinery import checkpoints, dataset
 from machinery import launch as launcher
 import model
+import scaling
 import train
 from machinery import run
 from machinery.commands import train as command
@@ -1182,7 +1183,9 @@ def test_mfu_is_per_device_at_world_1_and_2_and_pp_trains_under_autocast(dataset
         "--ckpt-interval",
         "3",
     ]
-    fpt = run.build_model_config(command.parse_config(flags), 300).flops_per_token(32)
+    fpt = scaling.count_flops_per_token(
+        run.build_model_config(command.parse_config(flags), 300), 32
+    )
 
     def check(out_dir, devices):
         steps = [r for r in run.read_metrics(out_dir / "metrics.jsonl") if "tok_per_s" in r]

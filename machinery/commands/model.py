@@ -13,7 +13,10 @@ import time
 import torch
 
 import model
+import scaling
+from scaling import count_flops_per_token, count_params
 from machinery.cli import Parser, add_commands, in_range, run
+from machinery.presets import PRESETS
 
 
 def human(n: int) -> str:
@@ -38,17 +41,18 @@ def preset_table(presets: dict[str, model.GPTConfig]) -> str:
             f"{c.ffn_dim:>5} {c.vocab_size:>6} {c.block_size:>5}"
         )
         params = (
-            f"{human(c.num_params()):>9} {human(c.num_params(non_embedding=True)):>9} "
-            f"{human(c.num_params(active=True)):>9}"
+            f"{human(count_params(c)):>9} {human(count_params(c, non_embedding=True)):>9} "
+            f"{human(count_params(c, active=True)):>9}"
         )
-        cost = f"{c.flops_per_token():>10.3g} {c.training_memory_bytes() / 1e9:>8.2f}GB"
+        memory = scaling.training_memory(count_params(c)).total  # 16 bytes a parameter
+        cost = f"{count_flops_per_token(c):>10.3g} {memory / 1e9:>8.2f}GB"
         rows.append(f"{shape} {params} {cost}")
     return "\n".join(rows)
 
 
 def print_presets(args) -> None:
     """The presets table, then (with --moe E) the same presets as Mixtures of Experts."""
-    print(preset_table(model.PRESETS))
+    print(preset_table(PRESETS))
     if args.moe:
         print(
             f"\nThe same presets as Mixtures of Experts: every FFN becomes {args.moe} experts, "
@@ -56,13 +60,13 @@ def print_presets(args) -> None:
         )
         as_moe = {
             f"{name}-moe": dataclasses.replace(c, n_expert=args.moe, expert_top_k=args.top_k)
-            for name, c in model.PRESETS.items()
+            for name, c in PRESETS.items()
         }
         print(preset_table(as_moe))
     print(
         "\nparams counts a tied LM head once; non-emb leaves out the token embedding and an untied "
         "head;\nFLOPs/tok = 6 x (active matmul params) + 12 L T C, training, at T = ctx; train mem "
-        f"= {model.TRAINING_BYTES_PER_PARAM} B/param\n(AdamW, mixed precision), activations "
+        "= 16 B/param\n(AdamW, mixed precision), activations "
         "excluded."
     )
 
@@ -73,7 +77,7 @@ def demo_kv_cache(name: str, new_tokens: int, seed: int) -> str:
     Within block_size they must be equal; past it the cache slides its window (see KVCache), so a
     deeper model may pick other tokens."""
     torch.manual_seed(seed)
-    gpt = model.GPT(model.PRESETS[name]).eval()
+    gpt = model.GPT(PRESETS[name]).eval()
     prompt_len, window = 8, gpt.config.block_size
     seeded = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, gpt.config.vocab_size, (1, prompt_len), generator=seeded)
@@ -152,7 +156,7 @@ PRESETS_FLAGS = [
     ),
 ]
 DEMO_FLAGS = [
-    ("--model", {"choices": list(model.PRESETS), "default": "tiny"}),
+    ("--model", {"choices": list(PRESETS), "default": "tiny"}),
     (
         "--tokens",
         {

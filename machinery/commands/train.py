@@ -38,7 +38,7 @@ HELP = {  # the --help text of each TrainConfig field
         "prepare, pass its --out as --data"
     ),
     "vocab_size": "BPE size if data.py trains one (0 = default)",
-    "model": "model preset from model.PRESETS",
+    "model": "model preset from machinery/presets.py",
     "model_args": "preset overrides, e.g. 'n_layer=2,n_embd=32'",
     "out_dir": "checkpoints, metrics.jsonl, loss-curve PNG",
     "seed": "seeds model init, data order and sampling",
