@@ -173,7 +173,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str):
     if cfg.optimizer == "muon":
         hidden = [p for name, p in model.named_parameters() if uses_muon(name, p)]
         matrices = {"params": hidden, "weight_decay": cfg.weight_decay, "muon": True}
-        groups[0]["params"] = [p for p in groups[0]["params"] if id(p) not in set(map(id, hidden))]
+        hidden_ids = {id(p) for p in hidden}  # once, not per parameter
+        groups[0]["params"] = [p for p in groups[0]["params"] if id(p) not in hidden_ids]
         return Muon([matrices, *groups], lr=cfg.lr, betas=betas)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=1e-8, fused=fused)
 
