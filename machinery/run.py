@@ -95,6 +95,8 @@ def check_writable_dir(path) -> None:
         raise TrainError(f"`out_dir` {path} is a file; choose a directory")
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        if not existing.exists():  # another rank removed its empty folder meanwhile: look again
+            return check_writable_dir(path)
         what = "read-only" if existing.is_dir() else "not a directory"
         raise TrainError(
             f"`out_dir` {path} is not writable ({existing} is {what}); choose another `out_dir`"

@@ -307,3 +307,27 @@ def test_prepare_and_train_refuse_a_planted_lock_in_one_line(corpus, tmp_path, k
         "run",
         "victim.txt",
     ]
+
+
+def test_out_dir_check_survives_another_rank_removing_its_empty_folder(tmp_path, monkeypatch):
+    """Every rank checks --out-dir; a rank that fails removes the empty folder it made. The check
+    must then look again, not call the vanished folder "not a directory" (seen in CI at world 2).
+    Here the folder vanishes between the check's stat and its access call, every time it could."""
+    from machinery import run as train_run
+
+    out = tmp_path / "run"
+    real_access = os.access
+
+    def access_after_the_other_rank_removed_it(path, mode):
+        if pathlib.Path(path) == out and out.exists():
+            out.rmdir()
+        return real_access(path, mode)
+
+    out.mkdir()
+    monkeypatch.setattr(train_run.os, "access", access_after_the_other_rank_removed_it)
+    train_run.check_writable_dir(out)  # the parent tmp_path is writable: no error
+    (tmp_path / "blocker").write_text("")
+    with pytest.raises(train_run.TrainError, match="blocker is not a directory"):
+        train_run.check_writable_dir(tmp_path / "blocker" / "run")
+    with pytest.raises(train_run.TrainError, match="is a file; choose a directory"):
+        train_run.check_writable_dir(tmp_path / "blocker")
