@@ -220,8 +220,7 @@ def _check_readable(path: pathlib.Path | str) -> None:
     except OSError as e:
         raise DataError(
             f"{path}: cannot read it ({e.strerror or store.first_line(e)}); fix its permissions or "
-            "move it "
-            f"out of the input"
+            "move it out of the input"
         ) from None
     if store.pure_path(path).suffix == ".gz" and head != b"\x1f\x8b":
         raise DataError(
@@ -341,8 +340,7 @@ def read_text_blocks(path: pathlib.Path | str, block_bytes: int | None = None) -
                 except UnicodeDecodeError as e:
                     raise DataError(
                         f"{path} is not UTF-8 text (byte {offset - pending + e.start}); convert "
-                        "it, e.g. "
-                        f"with iconv"
+                        "it, e.g. with iconv"
                     ) from None
                 offset += len(raw)
                 held = "\r" if raw and text.endswith("\r") else ""
@@ -1644,8 +1642,7 @@ def build_streaming(
 
     log(
         f"streaming {len(chunks)} chunk(s) of up to {chunk_bytes / 2**20:g} MiB on {workers} "
-        "worker(s); "
-        f"work files in {work}"
+        f"worker(s); work files in {work}"
     )
 
     with clock.phase("clean"):
@@ -1805,19 +1802,23 @@ def build_streaming(
             with clock.phase("overlap"):
                 overlap = run(val_files_overlap, job, chunks)
         _remove_work_files(work, ["s2-*.txt"])
-    names = [s.spec for s in recipe.sources]
-    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(data.MIX_BUCKETS) for _ in names]
+    kept = in_memory.kept_per_source(
+        recipe.sources,
+        [
+            (c.source, split, r[split]["documents"], r[split]["tokens"])
+            for c, r in zip(chunks, encoded)
+            for split in ("train", "val")
+        ],
+    )
+    bucket_tokens = [np.zeros(data.MIX_BUCKETS) for _ in kept]
     for c, r in zip(chunks, encoded):
-        unique[names[c.source]] += r["train"]["tokens"]
         if recipe.weights is not None and r["train"]["documents"]:
             lengths = np.diff(_load_array(_chunk_file(job, 3, c.index, "train.starts.npy")))
             buckets = _load_array(_chunk_file(job, 3, c.index, "train.bucket.npy"))
             bucket_tokens[c.source] += np.bincount(
                 buckets, weights=lengths, minlength=data.MIX_BUCKETS
             )
-    mixture, rules = data.plan_mixture(
-        names, recipe.weights, recipe.train_tokens, unique, bucket_tokens
-    )
+    mixture, rules = in_memory.plan_mix(recipe, kept, bucket_tokens)
 
     def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
         with clock.phase("shards"):
@@ -1843,7 +1844,7 @@ def build_streaming(
         sum(r[s]["bytes"] for r in encoded for s in ("train", "val")) + val_encoded["bytes"]
     )
     return in_memory.Built(
-        funnel, tok, trained_on, unique, mixture, encoded_bytes, write_splits, overlap
+        funnel, tok, trained_on, kept, mixture, encoded_bytes, write_splits, overlap
     )
 
 
@@ -2031,8 +2032,7 @@ def ray_engine(address: str | None, cpus: int | None) -> Iterator[RayEngine]:
             except (ConnectionError, ray.exceptions.AuthenticationError) as e:
                 raise DataError(
                     f"`ray_address` {address}: {str(e).splitlines()[0]} (a cluster started by `ray "
-                    "start` "
-                    f"may want RAY_AUTH_MODE=token and its token: see README)"
+                    "start` may want RAY_AUTH_MODE=token and its token: see README)"
                 ) from None
             except Exception as e:  # Ray's own start-up failures
                 ray.shutdown()
@@ -2080,6 +2080,79 @@ def prepare(
     teaches; "memory" always does; "stream" (the default here, or its old name "local") never.
     """
     log = print if verbose else (lambda *a, **k: None)
+    _check_engine_options(out_dir, workers, chunk_mb, engine, ray_address, work_dir)
+    remote = store.is_uri(out_dir)
+    with dataset.planned(sources, out_dir, log, recipe) as plan:
+        # Ray's workers may run in any folder
+        if engine == "ray" and not remote:
+            plan = dataclasses.replace(plan, out_dir=plan.out_dir.absolute())
+        if plan.reuse:
+            return plan.out_dir
+        small = engine == "auto" and fits_in_memory(plan.recipe.sources, plan.recipe.val_files)
+        if engine == "memory" or small:
+            return dataset.run_in_memory(plan, threads, log)
+        out_dir = plan.out_dir
+        chunk_bytes = max(1, int(chunk_mb * 2**20))
+        name = dataset.local_name(out_dir)
+        work_root = (
+            pathlib.Path(work_dir)
+            if work_dir is not None
+            else pathlib.Path(tempfile.gettempdir())
+            if remote
+            else out_dir.parent
+        )
+        work_root = work_root.absolute() if engine == "ray" else work_root
+        digest = hashlib.sha256(f"{plan.key}:{chunk_bytes}".encode()).hexdigest()[:12]
+        work = work_root / f".{name}.work-{digest}"
+        # unreadable or malformed files: fail now
+        plan_chunks(plan.recipe.sources, chunk_bytes, plan.recipe.read_options[0])
+        dataset.check_writable(work_root, "--work-dir" if work_dir is not None else "--out")
+        dataset.remove_stale_publishes(out_dir, work_root)
+        # other settings' work: never reused
+        for folder in {work_root} if remote else {work_root, out_dir.parent}:
+            for stale in folder.glob(f".{glob.escape(name)}.work-*"):
+                if stale != work and stale.is_dir():
+                    shutil.rmtree(stale, ignore_errors=True)
+
+        made_for_work = fileio.missing_folders(work_root)  # made for the work: undone on bad input
+        session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
+        with session as ray:
+            clock = dataset.Clock()
+            workers = workers or len(os.sched_getaffinity(0))
+            try:
+                try:
+                    built = build_streaming(
+                        plan.recipe, work, clock, log, threads, workers, chunk_bytes, verbose, ray
+                    )
+                # a work file written by hand (a spill) on a full disk
+                except OSError as e:
+                    if not fileio.is_no_space(e):
+                        raise
+                    raise _no_space(e, work) from None
+            except DiskFull:
+                # as a kill: the work stays, a rerun resumes from it
+                raise
+            except (DataError, bpe.TokenizerError, dedup.DedupError):
+                # bad input: its work can never be reused (fixing the
+                shutil.rmtree(work, ignore_errors=True)
+                fileio.remove_if_empty(made_for_work)  # file changes the key); a kill keeps it
+                raise
+            # the shard tasks write there: every node sees it
+            staging = work_root if remote else out_dir.parent
+            dataset.write_dataset(
+                plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)"
+            )
+        shutil.rmtree(work, ignore_errors=True)
+        for key in [key for key in _PROCESS_CACHE if key.startswith(str(work))]:
+            # steps run here cached the work's arrays: free them with the work
+            del _PROCESS_CACHE[key]
+        return out_dir
+
+
+def _check_engine_options(
+    out_dir, workers: int | None, chunk_mb: float, engine: str, ray_address, work_dir
+) -> None:
+    """prepare's engine options, checked before any work."""
     if workers is not None and not 1 <= workers <= 1024:
         raise DataError(
             f"`workers` must be between 1 and 1024, got {workers}; leave it out to use all cores"
@@ -2096,8 +2169,7 @@ def prepare(
     if store.is_uri(work_dir):
         raise DataError(
             f"`work_dir` {work_dir}: give a folder (on a cluster, one every node mounts): work "
-            "files "
-            f"are renamed, appended and memory-mapped, which an object store cannot do"
+            "files are renamed, appended and memory-mapped, which an object store cannot do"
         )
     if (
         work_dir is not None
@@ -2107,98 +2179,11 @@ def prepare(
         raise DataError(f"`work_dir` {work_dir} is a file; give a directory path")
     if work_dir is not None:  # also when a small input leaves it unused (--engine auto)
         dataset.check_writable(pathlib.Path(work_dir), "--work-dir")
-    remote = store.is_uri(out_dir)
-    if remote and engine == "ray" and ray_address is not None and work_dir is None:
+    if store.is_uri(out_dir) and engine == "ray" and ray_address is not None and work_dir is None:
         raise DataError(
             f"`out` {out_dir} with `ray_address`: pass `work_dir` on a folder every node mounts "
             f"(NFS), since a task on one node reads the work files of another"
         )
-    with dataset.planned(sources, out_dir, log, recipe) as plan:
-        return _build_and_publish(
-            plan, remote, threads, workers, chunk_mb, engine, ray_address, work_dir, verbose, log
-        )
-
-
-def _build_and_publish(
-    plan: dataset.Plan,
-    remote: bool,
-    threads,
-    workers,
-    chunk_mb,
-    engine,
-    ray_address,
-    work_dir,
-    verbose,
-    log,
-) -> pathlib.Path | str:
-    """prepare once its output is planned and locked: run the streaming engine (or Ray) in the
-    work folder, then publish the dataset."""
-    # Ray's workers may run in any folder
-    if engine == "ray" and not remote:
-        plan = dataclasses.replace(plan, out_dir=plan.out_dir.absolute())
-    if plan.reuse:
-        return plan.out_dir
-    small = engine == "auto" and fits_in_memory(plan.recipe.sources, plan.recipe.val_files)
-    if engine == "memory" or small:
-        return dataset.run_in_memory(plan, threads, log)
-    out_dir, recipe = plan.out_dir, plan.recipe
-    chunk_bytes = max(1, int(chunk_mb * 2**20))
-    name = dataset.local_name(out_dir)
-    work_root = (
-        pathlib.Path(work_dir)
-        if work_dir is not None
-        else pathlib.Path(tempfile.gettempdir())
-        if remote
-        else out_dir.parent
-    )
-    work_root = work_root.absolute() if engine == "ray" else work_root
-    work = (
-        work_root
-        / f".{name}.work-{hashlib.sha256(f'{plan.key}:{chunk_bytes}'.encode()).hexdigest()[:12]}"
-    )
-    # unreadable or malformed files: fail now
-    plan_chunks(recipe.sources, chunk_bytes, recipe.read_options[0])
-    dataset.check_writable(work_root, "--work-dir" if work_dir is not None else "--out")
-    dataset.remove_stale_publishes(out_dir, work_root)
-    # other settings' work: never reused
-    for folder in {work_root} if remote else {work_root, out_dir.parent}:
-        for stale in folder.glob(f".{glob.escape(name)}.work-*"):
-            if stale != work and stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
-
-    made_for_work = fileio.missing_folders(work_root)  # made for the work: undone on bad input
-    session = ray_engine(ray_address, workers) if engine == "ray" else contextlib.nullcontext()
-    with session as ray:
-        clock = dataset.Clock()
-        workers = workers or len(os.sched_getaffinity(0))
-        try:
-            try:
-                built = build_streaming(
-                    recipe, work, clock, log, threads, workers, chunk_bytes, verbose, ray
-                )
-            # a work file written by hand (a spill) on a full disk
-            except OSError as e:
-                if not fileio.is_no_space(e):
-                    raise
-                raise _no_space(e, work) from None
-        except DiskFull:
-            # as a kill: the work stays, a rerun resumes from it
-            raise
-        except (DataError, bpe.TokenizerError, dedup.DedupError):
-            # bad input: its work can never be reused (fixing the
-            shutil.rmtree(work, ignore_errors=True)
-            fileio.remove_if_empty(made_for_work)  # file changes the key); a kill keeps it
-            raise
-        # the shard tasks write there: every node sees it
-        staging = work_root if remote else out_dir.parent
-        dataset.write_dataset(
-            plan, built, clock, staging, "ray" if ray else f"streaming, {workers} worker(s)"
-        )
-    shutil.rmtree(work, ignore_errors=True)
-    for key in [key for key in _PROCESS_CACHE if key.startswith(str(work))]:
-        # steps run here cached the work's arrays: free them with the work
-        del _PROCESS_CACHE[key]
-    return out_dir
 
 
 ENGINES = ("auto", "memory", "stream", "local", "ray")  # "local": the old name of "stream"
@@ -2296,8 +2281,7 @@ def download(uri: str, directory: str | os.PathLike) -> pathlib.Path:
     if manifest is None:
         raise DataError(
             f"{uri} has {'a damaged' if found else 'no'} manifest.json: not a published dataset "
-            "(or a "
-            f"run still publishing); check the URI, or prepare it with `out` {uri}"
+            f"(or a run still publishing); check the URI, or prepare it with `out` {uri}"
         )
     try:
         key = manifest["cache_key"]

@@ -141,8 +141,7 @@ def plan_dataset(
     if train_tokens is not None and (weights is None or not train_tokens > 0):
         raise DataError(
             f"`train_tokens` {train_tokens:g} needs `weights` and a positive budget, e.g. "
-            "`weights` 1 "
-            f"`train_tokens` 5e6"
+            "`weights` 1 `train_tokens` 5e6"
         )
     settings = clean_settings or data.CleanSettings()
     cleaning.load_classifiers(settings)
@@ -376,8 +375,7 @@ def write_dataset(
             "version": data.SHARD_VERSION,
             "cache_key": plan.key,
             "sources": [
-                {"spec": s.spec, "kind": s.kind, "train_unique_tokens": built.unique[s.spec]}
-                for s in recipe.sources
+                {"spec": s.spec, "kind": s.kind, "kept": built.kept[s.spec]} for s in recipe.sources
             ],
             "settings": {
                 **dataclasses.asdict(settings),
@@ -524,8 +522,7 @@ def check_val_files(val_data: list[str], sources: list[data.Source]) -> list[pat
         if not formats.readable(path):
             raise DataError(
                 f"`val_data` {path}: unknown file type {path.suffix!r}; use a .txt, .jsonl or "
-                ".parquet "
-                f"file"
+                ".parquet file"
             )
         if not formats.read_val_file(path):
             raise DataError(f"`val_data` {path} is empty: give a file with the held-out text")
@@ -643,9 +640,9 @@ def code_version(files: Iterable[str] = CACHE_KEY_FILES, root: pathlib.Path = RE
 
 
 def summary(data_dir: str | os.PathLike) -> str:
-    """A prepared dataset's funnel, then a few lines: tokens and documents per split, bytes per
-    token, throughput. A manifest that is valid JSON but lacks what prepare writes (a key, a number)
-    is one line, not a KeyError."""
+    """A prepared dataset's funnel, then a few lines: tokens and documents per split and per
+    source, bytes per token, throughput. A manifest that is valid JSON but lacks what prepare
+    writes (a key, a number) is one line, not a KeyError."""
     m = load_manifest(data_dir)
     try:
         return "\n".join(_summary_lines(m, data_dir))
@@ -667,6 +664,13 @@ def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
             f"{s['bytes'] / 1e6:,.2f} MB, "
             f"{s['bytes'] / max(1, s['tokens']):.2f} bytes/token, {len(s['shards'])} shard(s)"
         )
+    # a manifest written before the per-source counts has none
+    for source in [s for s in m["sources"] if "kept" in s]:
+        train, val = source["kept"]["train"], source["kept"]["val"]
+        lines.append(
+            f"  kept from {source['spec']}: {train['tokens']:,} train + {val['tokens']:,} val "
+            f"tokens, {train['documents']:,} + {val['documents']:,} documents"
+        )
     for name, p in (m["mixture"] or {}).items():
         lines.append(
             f"  mix {name}: weight {p['weight']:.2f}, {p['tokens']:,.0f} tokens, {p['epochs']:.2f} "
@@ -683,10 +687,8 @@ def _summary_lines(m: dict, data_dir: str | os.PathLike) -> list[str]:
     lines.append(
         f"throughput: {mb_in:.2f} MB read -> {mb_in / tm['total_s']:.2f} MB/s end to end "
         f"({mb_in / max(tm['total_cpu_s'], 1e-9):.2f} MB per {cpu}-second); encoding "
-        f"{mb_encoded:.2f} MB at "
-        f"{mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s "
-        f"({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f}"
-        f" MB per {cpu}-second)"
+        f"{mb_encoded:.2f} MB at {mb_encoded / max(tm['encode_s'], 1e-9):.1f} MB/s "
+        f"({mb_encoded / max(tm['encode_cpu_s'], 1e-9):.1f} MB per {cpu}-second)"
     )
     return lines
 

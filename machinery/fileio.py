@@ -117,8 +117,7 @@ def parse_json(
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth_exceeds(text, MAX_JSON_DEPTH):
         raise error(
             f"{where}: JSON nested more than {MAX_JSON_DEPTH:,} levels deep; this project writes "
-            "at most a "
-            f"few levels: {fix}"
+            f"at most a few levels: {fix}"
         )
     try:
         return json.loads(text)

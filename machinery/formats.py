@@ -239,8 +239,7 @@ def _bad_jsonl_line(
         )
     return DataError(
         f"{path}:{lineno}: {JSON_TYPES.get(type(record), 'a value')}, not an object with a string "
-        "field "
-        f"{field!r}; fix the line, or pass {skip}"
+        f"field {field!r}; fix the line, or pass {skip}"
     )
 
 
@@ -424,8 +423,7 @@ def read_hf(name: str, field: str = "text") -> Iterator[str]:
         first_line = (str(e).strip().splitlines() or [""])[0][:200]
         raise DataError(
             f"hf:{name}: could not load it ({type(e).__name__}: {first_line}); offline, use "
-            "pydocs, "
-            f"pystdlib or a local path"
+            "pydocs, pystdlib or a local path"
         ) from None
 
 
@@ -662,8 +660,7 @@ def open_source(
     elif not (path.is_dir() or path.is_file()):
         raise DataError(
             f"source {spec!r} is {special_file(path)}, not a regular file: save the text to a "
-            "file "
-            f"and pass that"
+            "file and pass that"
         )
     else:
         files = _files_under(path) if path.is_dir() else [path]
@@ -685,8 +682,7 @@ def open_source(
     if len(kinds) > 1 and kind is None:
         raise DataError(
             f"{spec} mixes {' and '.join(sorted(kinds))} files, which are cleaned differently: "
-            "pass "
-            f"them as separate sources (or force one with `kind`)"
+            "pass them as separate sources (or force one with `kind`)"
         )
 
     def read() -> Iterator[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -76,8 +76,8 @@ class Built:
     funnel: data.Funnel
     tokenizer: bpe.Tokenizer
     trained_on: int
-    # train tokens per source, each document once
-    unique: dict[str, int]
+    # each source's documents and tokens in the shards (`kept_per_source`)
+    kept: dict[str, dict]
     mixture: dict | None
     encoded_bytes: int
     write_splits: Callable[[pathlib.Path, np.dtype], dict]  # directory -> manifest["splits"]
@@ -129,25 +129,41 @@ def train_val_split(
     return docs, keys, train, val
 
 
+def kept_per_source(sources: list[data.Source], rows: Iterable[tuple[int, str, int, int]]) -> dict:
+    """What each source put in the shards, each document once: {name: {"train": {"documents",
+    "tokens"}, "val": {...}}}, the sums of rows (source index, split, documents, tokens). Tokens
+    count the <|endoftext|> before each document."""
+    names = [s.spec for s in sources]
+    kept = {
+        name: {split: {"documents": 0, "tokens": 0} for split in ("train", "val")} for name in names
+    }
+    for source, split, documents, tokens in rows:
+        kept[names[source]][split]["documents"] += documents
+        kept[names[source]][split]["tokens"] += tokens
+    return kept
+
+
 def mix_train(
-    recipe: Recipe, origin: list[int], mix_keys: list[int], ids: list[np.ndarray]
-) -> tuple[dict[str, int], dict | None, list[int]]:
-    """(train tokens per source, the mixture, how many times each train document is read): the
-    mix of the train documents (origin: each one's source; mix_keys: their mixing keys)."""
-    names = [s.spec for s in recipe.sources]
-    unique, bucket_tokens = {name: 0 for name in names}, [np.zeros(data.MIX_BUCKETS) for _ in names]
+    recipe: Recipe, kept: dict, origin: list[int], mix_keys: list[int], ids: list[np.ndarray]
+) -> tuple[dict | None, list[int]]:
+    """(the mixture, how many times each train document is read): the mix of the train documents
+    (origin: each one's source; mix_keys: their mixing keys)."""
+    bucket_tokens = [np.zeros(data.MIX_BUCKETS) for _ in kept]
     buckets = data.mix_bucket(np.array(mix_keys, dtype=np.uint64))
     for k, source in enumerate(origin):
         # + 1: the <|endoftext|> before each document
-        unique[names[source]] += len(ids[k]) + 1
         bucket_tokens[source][buckets[k]] += len(ids[k]) + 1
-    mixture, rules = data.plan_mixture(
-        names, recipe.weights, recipe.train_tokens, unique, bucket_tokens
-    )
+    mixture, rules = plan_mix(recipe, kept, bucket_tokens)
     reads = [
         int(data.document_reads(*rules[source], buckets[k])) for k, source in enumerate(origin)
     ]
-    return unique, mixture, reads
+    return mixture, reads
+
+
+def plan_mix(recipe: Recipe, kept: dict, bucket_tokens: list[np.ndarray]) -> tuple:
+    """data.plan_mixture from each source's train tokens, each document once (`kept_per_source`)."""
+    unique = {name: splits["train"]["tokens"] for name, splits in kept.items()}
+    return data.plan_mixture(list(kept), recipe.weights, recipe.train_tokens, unique, bucket_tokens)
 
 
 def build_in_memory(
@@ -183,9 +199,18 @@ def build_in_memory(
         )
     with clock.phase("encode"):
         ids = data.encode_documents(tok, [docs[i] for i in train + val], threads)
+    # --val-data's documents (after the cleaned ones) are no source's
+    kept = kept_per_source(
+        recipe.sources,
+        [
+            (origin[i], "train" if k < len(train) else "val", 1, len(ids[k]) + 1)
+            for k, i in enumerate(train + val)
+            if i < len(origin)
+        ],
+    )
     train_origin = [origin[i] for i in train]
     train_mix_keys = [keys[i][2] for i in train]
-    unique, mixture, reads = mix_train(recipe, train_origin, train_mix_keys, ids[: len(train)])
+    mixture, reads = mix_train(recipe, kept, train_origin, train_mix_keys, ids[: len(train)])
     sizes = [len(d.encode("utf-8")) for d in docs]
 
     def write_splits(directory: pathlib.Path, dtype: np.dtype) -> dict:
@@ -199,4 +224,4 @@ def build_in_memory(
             splits[split] = data.pack_split(writer, tok.eot_id, documents, reads_of, sizes_of)
         return splits
 
-    return Built(funnel, tok, trained_on, unique, mixture, sum(sizes), write_splits, overlap)
+    return Built(funnel, tok, trained_on, kept, mixture, sum(sizes), write_splits, overlap)

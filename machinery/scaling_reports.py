@@ -133,8 +133,7 @@ def kaplan_report() -> str:
         )
     out.append(
         "Why they differ: Kaplan kept one learning-rate schedule length for all runs (short runs "
-        "were "
-        "under-credited), counted only non-embedding parameters, and fitted smaller models."
+        "were under-credited), counted only non-embedding parameters, and fitted smaller models."
     )
     return "\n".join(out)
 
@@ -147,8 +146,7 @@ def verdicts_report() -> str:
         )
     out.append(
         "20:1 minimises training compute only; serving costs ~2N FLOPs per generated token, so a "
-        "model that "
-        "will serve trillions of tokens is made smaller and trained far longer."
+        "model that will serve trillions of tokens is made smaller and trained far longer."
     )
     return "\n".join(out)
 

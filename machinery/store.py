@@ -263,8 +263,7 @@ def check_out(out_uri: str, dataset_file: re.Pattern, error: type[Exception] = S
     if foreign:
         raise error(
             f"`out` {out_uri} holds objects that are not a dataset ({foreign[0]}); remove them or "
-            "pick "
-            f"another `out`"
+            "pick another `out`"
         )
 
 

@@ -66,6 +66,10 @@ RANK0 = (
     "test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cpu"
 )
 
+KEPT_PER_SOURCE = (
+    "tests/test_data.py::test_kept_per_source_counts_each_source_s_own_documents_in_the_shards"
+)
+
 MUTANTS = [
     # --- the gradient's scale: invisible to clipped AdamW, visible to the pre-clip norm and to plain SGD ----------
     Mutant(
@@ -332,6 +336,22 @@ MUTANTS = [
         "        cut = len(last)\n",
         ("tests/test_data.py::test_block_stream_cuts_the_pieces_of_chunk_document",),
         "an <|endoftext|> cut in two by a block's end is not read whole: two documents run together",
+    ),
+    Mutant(
+        "kept-tokens-counted-for-the-first-source",
+        "machinery/in_memory.py",
+        '        kept[names[source]][split]["tokens"] += tokens\n',
+        '        kept[names[0]][split]["tokens"] += tokens\n',
+        (KEPT_PER_SOURCE,),
+        "every source's kept tokens are counted for the first source: the per-source summary lies",
+    ),
+    Mutant(
+        "kept-val-tokens-read-from-train-on-the-stream",
+        "machinery/data_at_scale.py",
+        '(c.source, split, r[split]["documents"], r[split]["tokens"])',
+        '(c.source, split, r[split]["documents"], r["train"]["tokens"])',
+        (KEPT_PER_SOURCE,),
+        "the streaming engine counts a chunk's train tokens as its val tokens too",
     ),
     Mutant(
         "val-data-stripped-on-the-stream",

@@ -997,6 +997,44 @@ def test_prepare_funnel_counts_and_reasons(small_corpus):
     assert "too_few_words 3" in text and "near_duplicate 4" in text
 
 
+@pytest.mark.parametrize("engine", ["in-memory", "streaming"])
+def test_kept_per_source_counts_each_source_s_own_documents_in_the_shards(
+    small_corpus, tmp_path, engine
+):
+    """Each source's "kept" documents and tokens (manifest sources, summary's "kept from" lines) are
+    its own: every packed document decoded, looked up in the two files, and counted with its
+    <|endoftext|>. The streaming engine's chunks (4 KiB, two workers) add up to the same."""
+    rng = random.Random(9)
+    other = write_jsonl(tmp_path / "other.jsonl", [random_doc(rng, 70) for _ in range(12)])
+    paths = [small_corpus["path"], other]
+    sources, kwargs = [str(p) for p in paths], dict(vocab_size=300, val_fraction=0.3)
+    if engine == "in-memory":
+        out = dataset.prepare(sources, tmp_path / "ds", **kwargs)
+    else:
+        out = data_at_scale.prepare(
+            sources, tmp_path / "ds", workers=2, chunk_mb=4 / 1024, **kwargs
+        )
+    td = data.TokenData(out)
+    texts = [[json.loads(line)["text"] for line in p.read_text().splitlines()] for p in paths]
+    counted = {
+        s: {split: {"documents": 0, "tokens": 0} for split in ("train", "val")} for s in sources
+    }
+    for split in ("train", "val"):
+        stream = np.concatenate([np.asarray(a) for a in td.shards[split]])
+        for ids in split_stream(stream, td.eot_id):
+            head = td.tokenizer.decode(ids)[:40]
+            (source,) = [s for s, docs in zip(sources, texts) if any(head in d for d in docs)]
+            counted[source][split]["documents"] += 1
+            counted[source][split]["tokens"] += len(ids) + 1
+    assert {s["spec"]: s["kept"] for s in td.manifest["sources"]} == counted
+    assert all(counted[s][split]["documents"] > 0 for s in sources for split in ("train", "val"))
+    kept = counted[str(other)]
+    assert (
+        f"kept from {other}: {kept['train']['tokens']:,} train + {kept['val']['tokens']:,} val "
+        f"tokens, {kept['train']['documents']:,} + {kept['val']['documents']:,} documents"
+    ) in dataset.summary(out)
+
+
 def test_prepare_tokens_match_the_tokenizer_and_the_text(small_corpus):
     td = data.TokenData(small_corpus["out"])
     tok = td.tokenizer
@@ -1120,7 +1158,7 @@ def test_prepare_mixes_sources_by_weight(small_corpus, tmp_path):
     assert first["epochs"] == pytest.approx(1.0)  # covering budget: all read once...
     assert second["epochs"] > 2.0  # ...but the small source is up-weighted
     assert first["tokens"] == pytest.approx(second["tokens"])
-    unique_total = sum(s["train_unique_tokens"] for s in m["sources"])
+    unique_total = sum(s["kept"]["train"]["tokens"] for s in m["sources"])
     assert m["splits"]["train"]["tokens"] >= first["tokens"] + second["tokens"] > unique_total
     assert m["splits"]["train"]["documents"] > m["splits"]["train"]["unique_documents"]
     with pytest.warns(UserWarning, match="times"):
@@ -1803,6 +1841,8 @@ def test_streaming_keeps_text_whole_and_takes_val_data_as_in_memory(
         assert overlap["shared"] >= 8 and overlap["contaminated"] == 1  # the 20 copied words
         assert manifest["notices"][-1] == dataset.format_overlap(overlap)
         assert manifest["splits"]["val"]["bytes"] == (own_text / "val.txt").stat().st_size
+        # the val file is no source's: each source's kept documents are all train
+        assert [s["kept"]["val"]["documents"] for s in manifest["sources"]] == [0, 0]
 
 
 def test_tinyshakespeare_streams_as_in_memory(shared_data, tmp_path, monkeypatch):
