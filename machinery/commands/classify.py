@@ -104,7 +104,7 @@ def score(args: argparse.Namespace) -> list[str]:
 
     >>> text = "Das Wetter ist heute schön, also gehen wir im Park spazieren."
     >>> score(argparse.Namespace(task="language", model=None, top=1, texts=[text]))[0][:8]
-    'de 0.98 '
+    'de 0.95 '
     """
     if args.top < 1:
         raise classify.ClassifyError(f"--top {args.top}: give 1 or more labels to print")
