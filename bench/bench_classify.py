@@ -9,7 +9,9 @@
    of random bytes, that still scores >= 0.65 (the funnel's cut: it should be low). Texts of at
    least --min-bytes UTF-8 bytes (a sentence; "Save" says little of its language).
 2. Speed: documents of MAX_CHARS characters per second on one core, identify_language against
-   lid.176's predict, on the same documents in the same run.
+   lid.176's predict, on the same documents in the same run; and the funnel's rows on the same
+   web pages (C4's first 1,000, whole): the Gopher rules, the language row and the quality row,
+   in MB per CPU second (the classifier rows should be no slower than the rules).
 3. Quality: classify_corpora.quality_corpus (Wikipedia as high, C4 and FineWeb as low, from
    ../shared/data), split by document; classify.Classifier and fasttext.train_supervised trained
    on the same train split: held-out ROC AUC and training time, side by side.
@@ -20,6 +22,8 @@ The catalogs are the pinned wheels in --catalogs (fetched with pip download on f
     python bench/bench_classify.py [--min-bytes 40] [--docs 2000]
 """
 
+import json
+import os
 import pathlib
 import random
 import sys
@@ -159,6 +163,33 @@ def compare_speed(docs: int = 2_000) -> dict:
     return speeds
 
 
+def compare_funnel_rows() -> dict:
+    """MB of web pages per CPU second through each per-document row of data.py's funnel: the Gopher
+    rules (data.gopher_rejection), the language row (classify.identify_language) and the quality
+    row (classify.classify_quality), on C4's first 1,000 documents (else README's paragraphs)."""
+    import data
+
+    c4 = ROOT.parent / "shared" / "data" / "c4-sample" / "c4-en-train-00000-first1000.jsonl"
+    if c4.exists():
+        documents = [json.loads(line)["text"] for line in c4.open(encoding="utf-8")]
+    else:
+        documents = (ROOT / "README.md").read_text(encoding="utf-8").split("\n\n")
+    megabytes = sum(len(d.encode("utf-8")) for d in documents) / 1e6
+    rows = {
+        "gopher": data.gopher_rejection,
+        "language": classify.identify_language,
+        "quality": classify.classify_quality,
+    }
+    speeds = {"documents": len(documents), "megabytes": megabytes}
+    for name, row in rows.items():
+        row(documents[0])
+        start = time.process_time()
+        for document in documents:
+            row(document)
+        speeds[name] = megabytes / (time.process_time() - start)
+    return speeds
+
+
 def source_text() -> str:
     wiki = ROOT.parent / "shared" / "data" / "wikipedia-sample" / "exllamav2-wiki.utf8"
     return (wiki if wiki.exists() else ROOT / "README.md").read_text(encoding="utf-8")[:2_000_000]
@@ -251,6 +282,13 @@ def main(argv: list[str] | None = None) -> None:
         f"speed, {args.docs:,} documents of {classify.MAX_CHARS:,} characters, one core: "
         f"classify.py {speeds['ours']:,.0f} docs/s   lid.176 {speeds['lid176']:,.0f} docs/s"
     )
+    rows = compare_funnel_rows()
+    print(
+        f"funnel rows, {rows['documents']:,} web pages ({rows['megabytes']:.2f} MB), one core: "
+        f"Gopher rules {rows['gopher']:.1f} MB/s   language {rows['language']:.1f} MB/s   "
+        f"quality {rows['quality']:.1f} MB/s"
+    )
+    print(f"load average at the end of the timings: {os.getloadavg()[0]:.1f}")
     q = compare_quality()
     print(
         f"quality, reference prose vs web crawl, {q['train']} train / {q['test']} held-out documents:"

@@ -156,6 +156,7 @@ def test_bench_classify_smoke():
     out = ok(run("bench_classify.py", "--min-bytes", 40))
     assert "language id, held-out real text of >= 40 bytes" in out and "macro over the" in out, out
     assert "docs/s" in out.split("speed", 1)[1] and "random bytes" in out, out
+    assert "Gopher rules" in out.split("funnel rows", 1)[1] and "load average" in out, out
     assert "fasttext" in out.split("quality", 1)[1], out
 
 
