@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -158,6 +159,13 @@ def test_bench_classify_smoke():
     assert "docs/s" in out.split("speed", 1)[1] and "random bytes" in out, out
     assert "Gopher rules" in out.split("funnel rows", 1)[1] and "load average" in out, out
     assert "fasttext" in out.split("quality", 1)[1], out
+    # issue 45's bar on every package's held-out text: macro >= 0.95 and within 3 points of
+    # lid.176, no covered language below 0.85; quality AUC >= 0.90 and within 2 of fastText's
+    macro = re.search(r"macro: classify.py ([\d.]+)%   lid.176 ([\d.]+)%", out)
+    assert float(macro[1]) >= max(95.0, float(macro[2]) - 3.0), out
+    assert float(re.search(r"lowest: \S+ ([\d.]+)%", out)[1]) >= 85.0, out
+    auc = re.search(r"ROC AUC: classify.py ([\d.]+)   fasttext ([\d.]+)", out)
+    assert float(auc[1]) >= max(0.90, float(auc[2]) - 0.02), out
 
 
 @pytest.mark.slow
