@@ -2133,9 +2133,9 @@ def prepare(
                 # as a kill: the work stays, a rerun resumes from it
                 raise
             except (DataError, bpe.TokenizerError, dedup.DedupError):
-                # bad input: its work can never be reused (fixing the
+                # bad input: its work is never reused (the fix changes the key); a kill keeps it
                 shutil.rmtree(work, ignore_errors=True)
-                fileio.remove_if_empty(made_for_work)  # file changes the key); a kill keeps it
+                fileio.remove_if_empty(made_for_work)
                 raise
             # the shard tasks write there: every node sees it
             staging = work_root if remote else out_dir.parent
