@@ -631,8 +631,7 @@ class Trainer:
         if cfg.pp > 1 and cfg.micro_batches and (cfg.batch_size * self.accum) % cfg.micro_batches:
             raise TrainError(
                 f"`micro_batches` {cfg.micro_batches} does not divide the "
-                f"{cfg.batch_size * self.accum} "
-                f"sequences per rank and step; choose a divisor of it"
+                f"{cfg.batch_size * self.accum} sequences per rank and step; choose a divisor of it"
             )
 
         check_fits(self.model_config, self.device)

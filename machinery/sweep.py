@@ -812,8 +812,7 @@ def check_design(settings: SweepSettings, max_hours: float = MAX_HOURS) -> float
     if not 0 <= s.second_seed_sizes <= s.sizes_per_budget:
         raise ScalingError(
             f"settings.second_seed_sizes {s.second_seed_sizes}: give 0 (one seed) to "
-            f"{s.sizes_per_budget} "
-            f"(every size of a budget)"
+            f"{s.sizes_per_budget} (every size of a budget)"
         )
     if s.device != "cpu":
         # "`device` cuda: no CUDA device here; ..."
@@ -1583,8 +1582,7 @@ def _dedup_effect_in(
         f"{len(train_docs)} train documents + {len(chosen)} × {s.repeats} near-copies = "
         f"{len(with_dups)}; dedup.py "
         f"kept {len(deduped)} ({n_copies - copies_left} copies removed, {originals_dropped} "
-        "originals dropped); "
-        f"{len(held)} held out"
+        f"originals dropped); {len(held)} held out"
     )
 
     corpora = {
@@ -1725,8 +1723,7 @@ def dedup_effect_report(result: dict) -> str:
         f"deduplicated {m['deduplicated']:.4f} ± {sd['deduplicated']:.4f} (± one seed standard "
         "deviation). "
         f"**Effect of the duplicates: {summary['effect']:+.4f} nats = {summary['sigmas']:.1f} seed "
-        "standard "
-        f"deviations.**",
+        "standard deviations.**",
         "",
     ]
     if summary["sigmas"] > 3:
