@@ -426,3 +426,14 @@ def test_readme_slow_commands(tmp_path):
                 failures.append(str(e))
     failures += quoted_figure_mismatches(documented_text(), outputs)
     assert not failures, "\n\n".join(failures)
+
+
+def test_reading_table_gives_each_chapters_line_count():
+    """README's reading table quotes each chapter's lines: they must be the file's (`wc -l`), or a
+    change to a chapter leaves the front page wrong (train.py read 743 after it grew to 744)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| \d+ \| \[`(\w+)\.py`\].*?\| ([\d,]+) \| \d+ \|", readme, re.M)
+    assert len(rows) == 10, rows
+    for stem, quoted in rows:
+        lines = len((ROOT / f"{stem}.py").read_text(encoding="utf-8").splitlines())
+        assert int(quoted.replace(",", "")) == lines, (stem, quoted, lines)
