@@ -204,43 +204,42 @@ def _merge_words(
 ) -> list[tuple[bytes, bytes]]:
     """BPE merges with incremental pair counts and a max-heap with lazy invalidation.
 
-    State: `words[i]` (token ids) occurring `freqs[i]` times; `pair_counts[pair]`, weighted;
+    State: `words[i]`, one character per token (id t is chr(t): str.replace merges a pair in C),
+    occurring `freqs[i]` times; `pair_counts[pair]` (a pair is two characters), weighted;
     `where[pair]`, the words that hold the pair (or held it: a word that lost it is skipped). A
     merge rewrites only the words in `where[pair]`, and counts change by the merged word's pairs
     minus the old word's. A changed count is pushed as a new heap entry; a popped entry whose
     count is out of date is skipped ("lazy invalidation"), so the best pair costs O(log #entries),
     not a scan over all pairs. `progress(merges done, merges wanted)` is called after each merge.
     """
-    words = [tuple(w) for w in word_counts]
+    words = [w.decode("latin-1") for w in word_counts]  # latin-1: byte b is chr(b)
     freqs = list(word_counts.values())
     token_bytes = [bytes([i]) for i in range(256)]
     keys = [_descending_key(t) for t in token_bytes]
-    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
-    where: dict[tuple[int, int], set[int]] = defaultdict(set)
+    pair_counts: dict[str, int] = defaultdict(int)
+    where: dict[str, set[int]] = defaultdict(set)
     for i, (word, freq) in enumerate(zip(words, freqs)):
-        for pair in zip(word, word[1:]):
-            pair_counts[pair] += freq
-            where[pair].add(i)
-    # heap entry: (-count, descending key of the pair, left id, right id): the smallest entry is the
-    # best pair
-    heap = [(-c, keys[a] + keys[b], a, b) for (a, b), c in pair_counts.items()]
+        for j in range(len(word) - 1):
+            pair_counts[word[j : j + 2]] += freq
+            where[word[j : j + 2]].add(i)
+    # heap entry: (-count, descending key of the pair, pair): the smallest entry is the best pair
+    heap = [(-c, keys[ord(p[0])] + keys[ord(p[1])], p) for p, c in pair_counts.items()]
     heapq.heapify(heap)
     merges: list[tuple[bytes, bytes]] = []
     while len(merges) < num_merges and heap:
-        neg_count, _, a, b = heapq.heappop(heap)
-        if pair_counts.get((a, b), 0) != -neg_count:
+        neg_count, _, pair = heapq.heappop(heap)
+        if pair_counts.get(pair, 0) != -neg_count:
             continue  # stale entry: this pair's count changed after the entry was pushed
-        new_id = len(token_bytes)
-        token_bytes.append(token_bytes[a] + token_bytes[b])
+        merges.append((token_bytes[ord(pair[0])], token_bytes[ord(pair[1])]))
+        token_bytes.append(b"".join(merges[-1]))
         keys.append(_descending_key(token_bytes[-1]))
-        merges.append((token_bytes[a], token_bytes[b]))
-        delta = _rewrite_words(words, freqs, where, (a, b), new_id)
+        delta = _rewrite_words(words, freqs, where, pair, chr(len(token_bytes) - 1))
         for pair, change in delta.items():
             if change:
                 count = pair_counts[pair] + change
                 if count > 0:
                     pair_counts[pair] = count
-                    heapq.heappush(heap, (-count, keys[pair[0]] + keys[pair[1]], pair[0], pair[1]))
+                    heapq.heappush(heap, (-count, keys[ord(pair[0])] + keys[ord(pair[1])], pair))
                 else:  # gone for good: a pair of old tokens never reappears
                     del pair_counts[pair]
                     where.pop(pair, None)
@@ -249,21 +248,23 @@ def _merge_words(
     return merges
 
 
-def _rewrite_words(words, freqs, where, pair, new_id) -> dict[tuple[int, int], int]:
-    """Merge `pair` into `new_id` in the words that hold it; return each pair's count change."""
-    delta: dict[tuple[int, int], int] = defaultdict(int)
+def _rewrite_words(words, freqs, where, pair: str, new_token: str) -> dict[str, int]:
+    """Merge `pair` into `new_token` in the words that hold it; return each pair's count change,
+    counted only from the character before the first occurrence to the one after the last."""
+    delta: dict[str, int] = defaultdict(int)
     for i in where.pop(pair):
         word = words[i]
-        merged = merge_pair(word, pair, new_id)
+        merged = word.replace(pair, new_token)  # leftmost first, as merge_pair does
         if len(merged) == len(word):
             continue  # this word lost the pair in an earlier merge
         freq = freqs[i]
-        for old in zip(word, word[1:]):
-            delta[old] -= freq
-        for new in zip(merged, merged[1:]):
-            delta[new] += freq
-            if new_id in new:  # only pairs with the new token are new to this word
-                where[new].add(i)
+        start, end = max(word.find(pair) - 1, 0), word.rfind(pair) + 3
+        old, new = word[start:end], merged[start : end - len(word) + len(merged)]
+        for j in range(len(old) - 1):
+            delta[old[j : j + 2]] -= freq
+        for j in range(len(new) - 1):
+            delta[new[j : j + 2]] += freq
+            where[new[j : j + 2]].add(i)  # the pairs with the new token are among these
         words[i] = merged
     return delta
 

@@ -65,19 +65,27 @@ def hf_train(path: pathlib.Path, vocab_size: int):
     return tok
 
 
-def timed(fn) -> float:
-    t0 = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (all threads of this process: HF tokenizers trains on several)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def alternate(fns: dict, repeats: int) -> dict[str, float]:
-    """Median time of each function, running them in turn `repeats` times."""
-    times = {name: [] for name in fns}
+def alternate(fns: dict, repeats: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall and median CPU time of each function, running them in turn `repeats` times."""
+    walls, cpus = {name: [] for name in fns}, {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            times[name].append(timed(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
+            wall, cpu = timed(fn)
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+    median = statistics.median
+    return {n: median(t) for n, t in walls.items()}, {n: median(t) for n, t in cpus.items()}
+
+
+def load_average() -> str:
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
 
 
 def bench_training(repeats: int) -> None:
@@ -87,7 +95,7 @@ def bench_training(repeats: int) -> None:
     )
     runs = [("corpus.en", CORPUS_EN, 500), ("TinyStories 2 MiB", TINYSTORIES, 8192)]
     for label, path, vocab in runs[:1] if LIMIT["chars"] else runs:  # --smoke: corpus.en only
-        t = alternate(
+        t, cpu = alternate(
             {
                 "bpe.py (default)": lambda: bpe.train_bpe([path], vocab, pattern="gpt2"),
                 f"bpe.py ({os.cpu_count()} processes)": lambda: bpe_at_scale.train_bpe_parallel(
@@ -97,10 +105,13 @@ def bench_training(repeats: int) -> None:
             },
             repeats,
         )
-        hf = t["HF tokenizers"]
-        print(f"{label}, vocab {vocab}:")
+        hf, hf_cpu = t["HF tokenizers"], cpu["HF tokenizers"]
+        print(f"{label}, vocab {vocab} ({load_average()}):")
         for name, sec in t.items():
-            print(f"  {name:20s} {sec:7.3f} s   {sec / hf:5.2f}x HF")
+            print(
+                f"  {name:20s} {sec:7.3f} s   {sec / hf:5.2f}x HF   CPU {cpu[name]:6.3f} s"
+                f"   {cpu[name] / hf_cpu:5.2f}x HF's CPU time"
+            )
     reference = [
         line
         for line in (CORPUS_EN.parent / "train-bpe-reference-merges.txt").read_text().splitlines()
@@ -128,7 +139,7 @@ def bench_encoding(repeats: int) -> None:
     ):  # empty the pure-Python encoder's cache first, so every run pays for the BPE work
         return lambda: (tok._cache.clear(), tok.encode_ordinary(text))
 
-    t = alternate(
+    t, cpu = alternate(
         {
             "tiktoken cl100k": lambda: cl100k.encode_ordinary(text),
             "bpe.py pure Python, cl100k ranks, cold cache": cold(pure_cl100k),
@@ -139,9 +150,12 @@ def bench_encoding(repeats: int) -> None:
         },
         repeats,
     )
+    tk, tk_cpu = t["tiktoken cl100k"], cpu["tiktoken cl100k"]
+    print(f"  ({load_average()})")
     for name, sec in t.items():
         print(
-            f"  {name:46s} {mb / sec:6.2f} MB/s   {sec / t['tiktoken cl100k']:5.2f}x tiktoken cl100k's time"
+            f"  {name:46s} {mb / sec:6.2f} MB/s   {sec / tk:5.2f}x tiktoken cl100k's time   "
+            f"{cpu[name] / tk_cpu:5.2f}x its CPU time"
         )
 
     print(
