@@ -306,6 +306,14 @@ MUTANTS = [
         "the teaching BPE trainer breaks count ties toward the smallest byte pair",
     ),
     Mutant(
+        "bpe-rewrite-window-misses-right-neighbour",
+        "bpe.py",
+        "word.rfind(pair) + 3",
+        "word.rfind(pair) + 2",
+        ("tests/test_bpe.py::test_fast_trainer_equals_textbook_trainer",),
+        "the fast trainer recounts too short a stretch: the pair after the last merge keeps its old count",
+    ),
+    Mutant(
         "minhash-modulus-2-to-the-32",
         "dedup.py",
         "% np.uint64(PRIME)",
