@@ -206,22 +206,22 @@ def _merge_words(
 
     State: `words[i]`, one character per token (id t is chr(t): str.replace merges a pair in C),
     occurring `freqs[i]` times; `pair_counts[pair]` (a pair is two characters), weighted;
-    `where[pair]`, the words that hold the pair (or held it: a word that lost it is skipped). A
-    merge rewrites only the words in `where[pair]`, and counts change by the merged word's pairs
-    minus the old word's. A changed count is pushed as a new heap entry; a popped entry whose
-    count is out of date is skipped ("lazy invalidation"), so the best pair costs O(log #entries),
-    not a scan over all pairs. `progress(merges done, merges wanted)` is called after each merge.
+    `where[pair]`, the words that hold the pair (a word listed twice, or that lost the pair, is
+    skipped). A merge rewrites only these words, and counts change by the merged word's pairs minus
+    the old word's. A changed count is pushed as a new heap entry; a popped entry whose count is out
+    of date is skipped ("lazy invalidation"), so the best pair costs O(log #entries), not a scan
+    over all pairs. `progress(merges done, merges wanted)` is called after each merge.
     """
     words = [w.decode("latin-1") for w in word_counts]  # latin-1: byte b is chr(b)
     freqs = list(word_counts.values())
     token_bytes = [bytes([i]) for i in range(256)]
     keys = [_descending_key(t) for t in token_bytes]
     pair_counts: dict[str, int] = defaultdict(int)
-    where: dict[str, set[int]] = defaultdict(set)
+    where: dict[str, list[int]] = defaultdict(list)
     for i, (word, freq) in enumerate(zip(words, freqs)):
         for j in range(len(word) - 1):
             pair_counts[word[j : j + 2]] += freq
-            where[word[j : j + 2]].add(i)
+            where[word[j : j + 2]].append(i)
     # heap entry: (-count, descending key of the pair, pair): the smallest entry is the best pair
     heap = [(-c, keys[ord(p[0])] + keys[ord(p[1])], p) for p, c in pair_counts.items()]
     heapq.heapify(heap)
@@ -256,7 +256,7 @@ def _rewrite_words(words, freqs, where, pair: str, new_token: str) -> dict[str, 
         word = words[i]
         merged = word.replace(pair, new_token)  # leftmost first, as merge_pair does
         if len(merged) == len(word):
-            continue  # this word lost the pair in an earlier merge
+            continue  # this word lost the pair in an earlier merge, or was listed twice
         freq = freqs[i]
         start, end = max(word.find(pair) - 1, 0), word.rfind(pair) + 3
         old, new = word[start:end], merged[start : end - len(word) + len(merged)]
@@ -264,7 +264,7 @@ def _rewrite_words(words, freqs, where, pair: str, new_token: str) -> dict[str, 
             delta[old[j : j + 2]] -= freq
         for j in range(len(new) - 1):
             delta[new[j : j + 2]] += freq
-            where[new[j : j + 2]].add(i)  # the pairs with the new token are among these
+            where[new[j : j + 2]].append(i)  # the pairs with the new token are among these
         words[i] = merged
     return delta
 
