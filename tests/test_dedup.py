@@ -187,12 +187,14 @@ def test_signature_minimum_is_exact_when_a_document_holds_a_root():
     exact = universal_hash(x, hasher.a, hasher.b)  # (n, k)
     want = np.stack([exact[s:e].min(axis=0) for s, e in zip(offsets[:-1], offsets[1:])])
     assert np.array_equal(signatures, want) and signatures[1, i] == 0
-    # Force the rare rounding the code guards against: one step down in the b/p + 2^17 column makes the root's
-    # fraction read just below 1 instead of 0 (other values stay within the error budget). Still exact:
-    hasher._coefficients[:, 3] = np.nextafter(hasher._coefficients[:, 3], 0)
-    assert hasher.hash_fractions(x[450:451])[i, 0] > 2**34  # the root now reads as ~1
-    assert np.array_equal(hasher.signatures_from_hashes(x, offsets), want)
-    assert np.array_equal(hasher.hash_block(x), exact.T)
+    # Force roundings the error budget allows: one float step down or up in the (b + 1/2)/p + 2^17 column. The
+    # root still reads inside residue 0's own gap (0, 1/p), never as 1 - ε (what the 1/2 is for), so still exact:
+    for direction in (0.0, np.inf):
+        nudged = MinHasher(16, seed=1)
+        nudged._coefficients[:, 3] = np.nextafter(nudged._coefficients[:, 3], direction)
+        assert 0 < nudged.hash_fractions(x[450:451])[i, 0] < 2**35 / PRIME
+        assert np.array_equal(nudged.signatures_from_hashes(x, offsets), want)
+        assert np.array_equal(nudged.hash_block(x), exact.T)
 
 
 def test_the_tempting_small_a_fix_is_degenerate_and_ours_is_not():
