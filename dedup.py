@@ -794,8 +794,13 @@ def pair_jaccard(texts: list[str], pairs: np.ndarray, n: int = 3) -> np.ndarray:
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     involved = np.unique(pairs)
     values, offsets = shingle_fingerprints([texts[d] for d in involved.tolist()], n)
-    # sorted, distinct
-    sets = [np.unique(values[offsets[k] : offsets[k + 1]]) for k in range(len(involved))]
+    for start, stop in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        values[start:stop].sort()  # each document's fingerprints ascending, in place
+    first = np.ones(len(values), dtype=bool)  # (shingles,) the first of its value in its document
+    first[1:] = values[1:] != values[:-1]
+    first[offsets[:-1]] = True
+    distinct = np.add.reduceat(first, offsets[:-1], dtype=np.int64)  # (documents,) set sizes
+    sets = np.split(values[first], np.cumsum(distinct)[:-1])  # per document: sorted, distinct
     similarity = np.empty(len(pairs))
     for p, (i, j) in enumerate(np.searchsorted(involved, pairs).tolist()):
         common = len(np.intersect1d(sets[i], sets[j], assume_unique=True))

@@ -472,6 +472,19 @@ def test_collapsing_copies_gives_the_clusters_of_all_pairs():
     assert len(stars) > copies  # some signature twins are not copies: the fallback ran
 
 
+def test_pair_jaccard_is_the_jaccard_of_the_shingle_sets():
+    """Exact verification against `jaccard` of the string sets, on pairs that stress its bookkeeping: shingles
+    repeated inside a document, one-shingle documents equal to their neighbour (equal fingerprints on both
+    sides of a document boundary), empty and short documents."""
+    rng = random.Random(6)
+    texts = ["x y z", "x y z", "x y z x y z", "", "hi", "hi", "a b c a b c a b c"]
+    texts += [" ".join(rng.choice("abcd") for _ in range(rng.randrange(1, 12))) for _ in range(40)]
+    pairs = np.array([(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))])
+    want = [jaccard(shingles(texts[i]), shingles(texts[j])) for i, j in pairs.tolist()]
+    assert dedup.pair_jaccard(texts, pairs).tolist() == want
+    assert dedup.pair_jaccard(texts, np.empty((0, 2))).tolist() == []
+
+
 def test_no_duplicates_keeps_everything():
     texts = ["one two three four", "five six seven eight", "nine ten eleven twelve", ""]
     for verify in ("exact", "estimate"):
