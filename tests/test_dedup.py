@@ -1,12 +1,15 @@
 """Tests for dedup.py against real oracles: exact Jaccard, Python big-integer arithmetic, brute-force banding,
 the lecture's worked numbers, and the statistics MinHash promises."""
 
+import hashlib
 import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
+import unicodedata
 
 import numpy as np
 import pytest
@@ -278,6 +281,50 @@ def test_window_and_group_boundaries_do_not_change_results(monkeypatch):
         values.tolist(),
         offsets.tolist(),
     ]
+
+
+def _slow_signature(text: str, a: list[int], b: list[int], n: int = 3) -> list[int]:
+    """Today's MinHash signature in plain Python, its constants written out here rather than read from dedup.py:
+    NFKC + casefold, regex \\w+ words, n-word shingles (fewer words: one shingle of them all, the empty word for
+    an empty text); a word hashes as fmix64(Σ c_i·B^(L-1-i) + L·K mod 2^64), B = 0x100000001B3, K = golden
+    ratio; a shingle folds h <- fmix64(h XOR word) from seed K and keeps the top 32 bits, x; then min over
+    (a·x + b) mod (2^32 + 15)."""
+    mask, golden = 2**64 - 1, 0x9E3779B97F4A7C15
+
+    def fmix64(h):
+        h ^= h >> 33
+        h = h * 0xFF51AFD7ED558CCD & mask
+        h ^= h >> 33
+        h = h * 0xC4CEB9FE1A85EC53 & mask
+        return h ^ (h >> 33)
+
+    def word_hash(word):
+        poly = 0
+        for char in word:
+            poly = (poly * 0x100000001B3 + ord(char)) & mask
+        return fmix64((poly + len(word) * golden) & mask)
+
+    words = re.findall(r"\w+", unicodedata.normalize("NFKC", text).casefold())
+    runs = {tuple(words[i : i + n]) for i in range(len(words) - n + 1)} or {tuple(words) or ("",)}
+    xs = []
+    for run in runs:
+        h = golden
+        for word in run:
+            h = fmix64(h ^ word_hash(word))
+        xs.append(h >> 32)
+    return [min((ai * x + bi) % (2**32 + 15) for x in xs) for ai, bi in zip(a, b)]
+
+
+def test_signatures_are_todays_bit_for_bit():
+    """Speed work must not move a bit of a signature (issue 47): the fast path equals a slow copy of today's
+    definition, and k = 128 signatures of TEXTS still have the digest they had before the fast path's rewrite."""
+    rng = np.random.default_rng(0)  # MinHasher(seed=0)'s draws: a in [1, 2^32), then b in [0, 2^32)
+    a = rng.integers(1, 2**32, size=128, dtype=np.uint64).tolist()
+    b = rng.integers(0, 2**32, size=128, dtype=np.uint64).tolist()
+    fast = MinHasher(128, seed=0).signatures_from_texts(TEXTS)
+    assert fast.tolist() == [_slow_signature(text, a, b) for text in TEXTS]
+    digest = hashlib.sha256(fast.astype("<u8").tobytes()).hexdigest()
+    assert digest == "b4a4aa56d7854840a147bdb827732cad7c1dd9236b9e258a49f47a8cef3de145"
 
 
 def test_signatures_are_stable_across_processes():
