@@ -191,7 +191,7 @@ def shingle_hash(shingle: str) -> int:
     return h >> 32
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=2)  # B^i and B^-i: a larger group's pair replaces them
 def _powers(base: int, length: int) -> np.ndarray:
     """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps: wanted).
     Cached and read-only: every group of texts reuses the same tables."""
@@ -251,7 +251,8 @@ def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     bounds = np.flatnonzero(np.diff(_is_word_char(codes), prepend=False))  # where words begin/end
     starts, ends = bounds[0::2], bounds[1::2]  # (words,) [start, end): the text ends in "\n"
     prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
-    table = 1 << (len(codes) - 1).bit_length()  # a power of two >= L: groups share cached tables
+    # table length: >= L, and the same for every group (casefold may lengthen one: "ß" -> "ss")
+    table = max(2 * GROUP_CHARS, 1 << (len(codes) - 1).bit_length())
     inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), table)[: len(codes)]  # (L,) B^-i
     np.cumsum(codes * inverse_powers, out=prefix[1:])  # Σ c_i·B^-i, wraps mod 2^64
     powers = _powers(_POLY_BASE, table)  # (table,) B^i
