@@ -221,7 +221,7 @@ def _is_word_char(codes: np.ndarray) -> np.ndarray:
     return flags
 
 
-GROUP_CHARS = 1 << 20  # texts are hashed in groups of ~this many characters (small temporaries)
+GROUP_CHARS = 1 << 18  # texts are hashed in groups of ~this many characters (a few MB of arrays)
 
 
 def _text_groups(texts: list[str]):
