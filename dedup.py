@@ -40,6 +40,7 @@ Depends on numpy and the standard library.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -190,11 +191,15 @@ def shingle_hash(shingle: str) -> int:
     return h >> 32
 
 
+@functools.lru_cache(maxsize=2)  # B^i and B^-i: a larger group's pair replaces them
 def _powers(base: int, length: int) -> np.ndarray:
-    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps: wanted)."""
+    """base^0, base^1, ..., base^(length-1) mod 2^64: (length,) uint64 (cumprod wraps: wanted).
+    Cached and read-only: every group of texts reuses the same tables."""
     steps = np.full(length, base, dtype=np.uint64)
     steps[:1] = 1
-    return np.cumprod(steps)
+    powers = np.cumprod(steps)
+    powers.flags.writeable = False
+    return powers
 
 
 def _bmp_word_table() -> np.ndarray:
@@ -210,25 +215,23 @@ _WORD_CHAR = _bmp_word_table()
 
 def _is_word_char(codes: np.ndarray) -> np.ndarray:
     """(L,) uint32 code points -> bool: exactly the characters regex \\w matches."""
-    if codes.size == 0 or codes.max() <= 0xFFFF:
-        return _WORD_CHAR[codes]
-    flags = _WORD_CHAR[np.minimum(codes, 0xFFFF)]
+    flags = _WORD_CHAR.take(codes, mode="clip")  # code points above U+FFFF read U+FFFF's entry
     astral = np.flatnonzero(codes > 0xFFFF)  # emoji, rare CJK: ask the regex
     flags[astral] = [_WORD.fullmatch(chr(c)) is not None for c in codes[astral].tolist()]
     return flags
 
 
-GROUP_CHARS = 1 << 20  # texts are hashed in groups of ~this many characters (small temporaries)
+GROUP_CHARS = 1 << 18  # texts are hashed in groups of ~this many characters (a few MB of arrays)
 
 
 def _text_groups(texts: list[str]):
     """(first, last) index ranges covering texts, each ~GROUP_CHARS characters (>= one text)."""
-    first, group_chars = 0, GROUP_CHARS
+    ends = np.cumsum([len(text) + 1 for text in texts])  # (texts,) characters up to each "\n"
+    first = 0
     while first < len(texts):
-        last, size = first, 0
-        while last < len(texts) and (last == first or size + len(texts[last]) < group_chars):
-            size += len(texts[last]) + 1
-            last += 1
+        group_start = ends[first - 1] if first else 0
+        last = int(np.searchsorted(ends, group_start + GROUP_CHARS, side="right"))
+        last = max(last, first + 1)  # one text longer than GROUP_CHARS is a group of its own
         yield first, last
         first = last
 
@@ -245,12 +248,14 @@ def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     normalized = [unicodedata.normalize("NFKC", text).casefold() for text in texts]
     joined = "\n".join(normalized) + "\n"  # "\n" is no word char: words never span texts
     codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # (L,)
-    edges = np.diff(_is_word_char(codes).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
-    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # (words,) [start, end)
+    bounds = np.flatnonzero(np.diff(_is_word_char(codes), prepend=False))  # where words begin/end
+    starts, ends = bounds[0::2], bounds[1::2]  # (words,) [start, end): the text ends in "\n"
     prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
-    inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), len(codes))  # (L,) B^-i
+    # table length: >= L, and the same for every group (casefold may lengthen one: "ß" -> "ss")
+    table = max(2 * GROUP_CHARS, 1 << (len(codes) - 1).bit_length())
+    inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), table)[: len(codes)]  # (L,) B^-i
     np.cumsum(codes * inverse_powers, out=prefix[1:])  # Σ c_i·B^-i, wraps mod 2^64
-    powers = _powers(_POLY_BASE, len(codes))  # (L,) B^i
+    powers = _powers(_POLY_BASE, table)  # (table,) B^i
     poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]  # Σ c_i·B^(end-1-i)
     lengths = (ends - starts).astype(np.uint64)
     text_ends = np.cumsum([len(t) + 1 for t in normalized])  # code point after each text's "\n"
@@ -340,10 +345,9 @@ _FRACTION_MASK = (1 << 35) - 1  # the mantissa bits below the binary point at th
 
 
 def _residues(fixed_point: np.ndarray) -> np.ndarray:
-    """35-bit fixed-point fractions of p (`hash_fractions`) -> exact residues in [0, p), uint64."""
-    residues = np.rint(fixed_point * (PRIME / 2.0**35))
-    residues[residues == PRIME] = 0.0  # a root read as 1 − ε: residue 0
-    return residues.astype(np.uint64)
+    """35-bit fixed-point fractions (`hash_fractions`) -> exact residues in [0, p), uint64: residue
+    r reads as r + 1/2 within ±0.28, so floor recovers it."""
+    return np.floor(fixed_point * (PRIME / 2.0**35)).astype(np.uint64)
 
 
 def _split_11_bits(x: np.ndarray) -> np.ndarray:
@@ -380,10 +384,10 @@ class MinHasher:
     ((2, 128), dtype('uint64'))
     """
 
-    # Shingles hashed per step. The (num_perm, chunk) float64 block (256 KiB at k = 128) stays in
+    # Shingles hashed per step. The (num_perm, chunk) float64 block (384 KiB at k = 128) stays in
     # cache, and the (k, 4) @ (4, chunk) product stays below OpenBLAS's threading threshold (m·n·k
     # <= 262,144): BLAS threads on a busy machine were measured 50x slower at chunk = 2048.
-    chunk = 256
+    chunk = 384
 
     def __init__(self, num_perm: int = 128, seed: int = 0):
         _check_num_perm(num_perm)
@@ -395,29 +399,27 @@ class MinHasher:
         # `hash_fractions`' coefficients, over p: a·2^(11j) mod p for j = 0, 1, 2, and b: (k, 4)
         shifted = [(int(a) << shift) % PRIME for a in self.a for shift in (0, 11, 22)]
         pieces = np.array(shifted, dtype=np.float64).reshape(-1, 3) / PRIME  # (k, 3)
-        offsets = self.b.astype(np.float64) / PRIME + _FIXED_POINT_SHIFT  # (k,)
+        # (b + 1/2)/p: each residue r reads mid-gap, at (r + 1/2)/p (see hash_fractions)
+        offsets = (self.b.astype(np.float64) + 0.5) / PRIME + _FIXED_POINT_SHIFT  # (k,)
         self._coefficients = np.column_stack([pieces, offsets])
-        # each function's root: the one x with (a·x + b) mod p = 0, i.e. x = −b·a⁻¹ mod p
-        roots = [(-int(b) * pow(int(a), -1, PRIME)) % PRIME for a, b in zip(self.a, self.b)]
-        self._roots = np.array(roots, dtype=np.uint64)  # (k,)
 
     def hash_fractions(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """h_i(x)/p for all k functions and all 32-bit x as 35-bit fixed-point integers: (k, len(x))
-        uint64 equal to (h_i(x)/p)·2^35 within ±2.2. out: an optional (k, len(x)) float64 buffer
-        (the signature loop reuses one).
+        """(h_i(x) + 1/2)/p for all k functions and all 32-bit x as 35-bit fixed-point integers:
+        (k, len(x)) uint64 equal to ((h_i(x) + 1/2)/p)·2^35 within ±2.2. out: an optional (k,
+        len(x)) float64 buffer (the signature loop reuses one).
 
         Why floats: numpy's uint64 product has no SIMD instruction on common CPUs and `%` is a
         division per element (`universal_hash` costs ~3x more per value). Cut x into 11-bit pieces,
         x = x_2·2^22 + x_1·2^11 + x_0, and let c_j = a·2^(11j) mod p: a·x + b ≡ c_0·x_0 + c_1·x_1 +
-        c_2·x_2 + b (mod p), so h(x)/p is the fractional part of
-            s = (c_0/p)·x_0 + (c_1/p)·x_1 + (c_2/p)·x_2 + b/p,     0 <= s < 3·2^11 + 1 < 2^13
-        and s for all k x n pairs is ONE matrix product (k, 4) @ (4, n). Adding 2^17 to the b/p
+        c_2·x_2 + b (mod p), so (h(x) + 1/2)/p is the fractional part of
+            s = (c_0/p)·x_0 + (c_1/p)·x_1 + (c_2/p)·x_2 + (b + 1/2)/p,    0 <= s < 2^13
+        and s for all k x n pairs is ONE matrix product (k, 4) @ (4, n). Adding 2^17 to the last
         column puts every S = s + 2^17 in [2^17, 2^18), where a float64's step is 2^-35: the low 35
         bits of S's mantissa ARE s's fraction, one bitwise AND. The rounding error, < 1.1·2^-34
-        (docs/dedup.md), is under half the gap 1/p between residues, so the fixed-point values are
-        in the exact order of the residues and rint(value·p/2^35) recovers a minimum's residue.
-        Residue 0 (at one root x = −b/a mod p per function) can read as 1 − ε: `hash_block` and
-        the signature loop patch it.
+        (docs/dedup.md), is under half the gap 1/p between residues, and the 1/2 puts residue r in
+        the middle of its gap: it reads strictly inside (r/p, (r + 1)/p), never wraps past 0 or 1,
+        so the fixed-point values are in the exact order of the residues and floor(value·p/2^35)
+        recovers a minimum's residue.
         """
         return self._fractions(_split_11_bits(x), out)
 
@@ -504,12 +506,7 @@ class MinHasher:
             minima = np.minimum.reduceat(values, seg_starts, axis=1)  # (k, docs in window)
             rows = out[first : last + 1]
             np.minimum(rows, minima.T, out=rows)
-        out = _residues(out)  # exact residues (see hash_fractions)
-        # a document holding a function's root has true minimum 0 (its fraction may read 1 − ε)
-        for position in np.flatnonzero(np.isin(x, self._roots)):
-            doc = np.searchsorted(offsets, position, side="right") - 1
-            out[doc, self._roots == x[position]] = 0
-        return out
+        return _residues(out)  # exact residues (see hash_fractions)
 
 
 def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float | np.ndarray:
@@ -684,9 +681,9 @@ def candidate_pairs(
 
     Per band: sort the documents by a 64-bit key of their band (one argsort), so documents with
     identical bands become neighbours; every pair inside a run of identical bands is a candidate.
-    Runs are cut where the band rows themselves differ, so a key collision can never make a false
-    candidate; if two different bands ever share a key (odds ~2^-64 per pair), that band is
-    re-sorted by the rows themselves (np.lexsort), so none is missed either.
+    Neighbours with equal keys are checked row by row: if two different bands ever share a key
+    (odds ~2^-64 per pair), that band is re-sorted by the rows themselves (np.lexsort) and its runs
+    are cut where the rows differ, so a key collision neither makes a false candidate nor hides one.
     """
     signatures = np.asarray(signatures)
     if signatures.ndim != 2 or signatures.shape[0] == 0:
@@ -706,14 +703,12 @@ def candidate_pairs(
     for band in range(bands):
         band_rows = signatures[documents, band * rows : (band + 1) * rows]  # (N, r) a small copy
         band_keys = band_key(band_rows)
-        order = np.argsort(band_keys, kind="stable")  # (N,) equal keys side by side
-        sorted_rows = band_rows[order]
-        new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)  # (N-1,) the band changes
-        sorted_keys = band_keys[order]
-        if np.any(new_run & (sorted_keys[1:] == sorted_keys[:-1])):  # a key collision: sort exactly
+        order = np.argsort(band_keys)  # (N,) equal keys side by side
+        new_run = band_keys[order[1:]] != band_keys[order[:-1]]  # (N-1,) the key changes
+        same = np.flatnonzero(~new_run)  # neighbours with equal keys: are their bands equal too?
+        if np.any(band_rows[order[same]] != band_rows[order[same + 1]]):  # no: sort exactly
             order = np.lexsort(band_rows.T[::-1])
-            sorted_rows = band_rows[order]
-            new_run = np.any(sorted_rows[1:] != sorted_rows[:-1], axis=1)
+            new_run = np.any(band_rows[order[1:]] != band_rows[order[:-1]], axis=1)
         group = np.concatenate(([0], np.cumsum(new_run)))
         pairs = pairs_in_groups(order, group)
         keys.append(pairs[:, 0] * num_docs + pairs[:, 1])  # one int64 per pair
@@ -800,8 +795,13 @@ def pair_jaccard(texts: list[str], pairs: np.ndarray, n: int = 3) -> np.ndarray:
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     involved = np.unique(pairs)
     values, offsets = shingle_fingerprints([texts[d] for d in involved.tolist()], n)
-    # sorted, distinct
-    sets = [np.unique(values[offsets[k] : offsets[k + 1]]) for k in range(len(involved))]
+    for start, stop in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        values[start:stop].sort()  # each document's fingerprints ascending, in place
+    first = np.ones(len(values), dtype=bool)  # (shingles,) the first of its value in its document
+    first[1:] = values[1:] != values[:-1]
+    first[offsets[:-1]] = True
+    distinct = np.add.reduceat(first, offsets[:-1], dtype=np.int64)  # (documents,) set sizes
+    sets = np.split(values[first], np.cumsum(distinct)[:-1])  # per document: sorted, distinct
     similarity = np.empty(len(pairs))
     for p, (i, j) in enumerate(np.searchsorted(involved, pairs).tolist()):
         common = len(np.intersect1d(sets[i], sets[j], assume_unique=True))

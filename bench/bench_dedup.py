@@ -6,9 +6,10 @@
      ours        dedup.near_duplicate_pairs (signatures -> LSH by sorting bands -> exact-Jaccard verification)
      datasketch  shingles -> MinHash.bulk -> MinHashLSH(threshold=0.5).insert -> query -> MinHash.jaccard >= 0.5
    Reported: signatures per second and end-to-end seconds, wall and CPU (best of --repeats, runs interleaved so
-   machine load hits both alike; on a shared machine CPU time is the steadier figure), recall of the planted
-   pairs (both documents in one cluster of the reported pairs), false positives (reported pairs whose exact
-   Jaccard is below 0.5).
+   machine load hits both alike; on a shared machine CPU time is the steadier figure), ours' CPU seconds per
+   phase (shingle fingerprints, MinHash minima, LSH candidates, exact Jaccard), recall of the planted pairs (both
+   documents in one cluster of the reported pairs), false positives (reported pairs whose exact Jaccard is below
+   0.5).
 2. Natural near-duplicates: C4's first 1,000 documents + ExLlamaV2's 118-document C4 sample (which re-crawls some
    of the same pages), 5-word shingles, checked against brute-force exact Jaccard of all 624,403 pairs.
 3. Scale: 100,000 documents (90,000 + 10,000 planted copies) end to end with ours alone, in a fresh process:
@@ -151,6 +152,31 @@ def best_times(functions: dict, texts, repeats: int) -> tuple[dict, dict, dict]:
     return wall, cpu, results
 
 
+def ours_phases(texts, repeats: int) -> dict:
+    """Best CPU seconds of each phase of ours over `repeats` rounds, each phase fed the previous one's output:
+    where the end-to-end time goes (the rest: collapsing exact copies, input checks, sorting the pairs)."""
+    hasher = dedup.MinHasher(NUM_PERM, 0)
+    bands, rows = dedup.choose_bands_rows(THRESHOLD, NUM_PERM)
+    best = {}
+    for _ in range(repeats):
+        timings = []
+        start = time.process_time()
+        values, offsets = dedup.shingle_fingerprints(texts, SHINGLE)
+        timings.append(("shingle fingerprints", time.process_time() - start))
+        start = time.process_time()
+        signatures = hasher.signatures_from_hashes(values >> np.uint64(32), offsets)
+        timings.append(("MinHash minima", time.process_time() - start))
+        start = time.process_time()
+        candidates = dedup.candidate_pairs(signatures, bands, rows)
+        timings.append(("LSH candidates", time.process_time() - start))
+        start = time.process_time()
+        dedup.pair_jaccard(texts, candidates, SHINGLE)
+        timings.append(("exact Jaccard", time.process_time() - start))
+        for name, seconds in timings:
+            best[name] = round(min(best.get(name, float("inf")), seconds), 3)
+    return best
+
+
 def connected(pairs: set, num_docs: int) -> dedup.UnionFind:
     """Union-find over reported pairs: a true pair counts as found when its documents end up in one cluster
     (ours lists one pair per extra exact copy, not every pair of copies; the clusters are the same)."""
@@ -198,6 +224,7 @@ def side_by_side(num_docs: int, repeats: int, seed: int) -> dict:
         texts,
         repeats,
     )
+    phases = ours_phases(texts, repeats)
     rows = {}
     for name in e2e_wall:
         rows[name] = {
@@ -217,6 +244,7 @@ def side_by_side(num_docs: int, repeats: int, seed: int) -> dict:
         "num_perm": NUM_PERM,
         "shingle_words": SHINGLE,
         "results": rows,
+        "ours_phases_cpu_s": phases,
         "load_average": os.getloadavg()[0],
         "speedup_end_to_end": round(e2e_wall["datasketch"] / e2e_wall["ours"], 2),
         "speedup_end_to_end_cpu": round(e2e_cpu["datasketch"] / e2e_cpu["ours"], 2),
@@ -347,6 +375,10 @@ def report(result: dict) -> str:
             f"ours vs datasketch: {side['speedup_end_to_end']}x faster end to end "
             f"({side['speedup_end_to_end_cpu']}x in CPU time), {side['speedup_signatures']}x signatures/s "
             f"({side['speedup_signatures_cpu']}x in CPU time); load average {side['load_average']:.1f}",
+            "ours by phase, CPU s (best of the rounds): "
+            + ", ".join(
+                f"{name} {seconds:.3f}" for name, seconds in side["ours_phases_cpu_s"].items()
+            ),
             "",
         ]
     c4 = result.get("natural_c4")

@@ -330,6 +330,25 @@ MUTANTS = [
         "the fast MinHash path's coefficients a*2^(11j) are reduced modulo 2^32, not p",
     ),
     Mutant(
+        "minhash-residue-read-at-a-gap-edge",
+        "dedup.py",
+        "(self.b.astype(np.float64) + 0.5) / PRIME",
+        "self.b.astype(np.float64) / PRIME",
+        (
+            "tests/test_dedup.py::test_signatures_are_todays_bit_for_bit",
+            "tests/test_dedup.py::test_signature_minimum_is_exact_when_a_document_holds_a_root",
+        ),
+        "the fast MinHash path reads residue r at r/p, on a gap's edge, not mid-gap at (r + 1/2)/p",
+    ),
+    Mutant(
+        "pair-jaccard-runs-cross-documents",
+        "dedup.py",
+        "    first[offsets[:-1]] = True\n",
+        "",
+        ("tests/test_dedup.py::test_pair_jaccard_is_the_jaccard_of_the_shingle_sets",),
+        "exact verification drops a document's first shingle when it equals the previous document's last",
+    ),
+    Mutant(
         "val-documents-leak-into-train",
         "machinery/data_at_scale.py",
         "    return alive & ~is_val, is_val\n",

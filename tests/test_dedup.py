@@ -1,12 +1,15 @@
 """Tests for dedup.py against real oracles: exact Jaccard, Python big-integer arithmetic, brute-force banding,
 the lecture's worked numbers, and the statistics MinHash promises."""
 
+import hashlib
 import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
+import unicodedata
 
 import numpy as np
 import pytest
@@ -187,12 +190,14 @@ def test_signature_minimum_is_exact_when_a_document_holds_a_root():
     exact = universal_hash(x, hasher.a, hasher.b)  # (n, k)
     want = np.stack([exact[s:e].min(axis=0) for s, e in zip(offsets[:-1], offsets[1:])])
     assert np.array_equal(signatures, want) and signatures[1, i] == 0
-    # Force the rare rounding the code guards against: one step down in the b/p + 2^17 column makes the root's
-    # fraction read just below 1 instead of 0 (other values stay within the error budget). Still exact:
-    hasher._coefficients[:, 3] = np.nextafter(hasher._coefficients[:, 3], 0)
-    assert hasher.hash_fractions(x[450:451])[i, 0] > 2**34  # the root now reads as ~1
-    assert np.array_equal(hasher.signatures_from_hashes(x, offsets), want)
-    assert np.array_equal(hasher.hash_block(x), exact.T)
+    # Force roundings the error budget allows: one float step down or up in the (b + 1/2)/p + 2^17 column. The
+    # root still reads inside residue 0's own gap (0, 1/p), never as 1 - ε (what the 1/2 is for), so still exact:
+    for direction in (0.0, np.inf):
+        nudged = MinHasher(16, seed=1)
+        nudged._coefficients[:, 3] = np.nextafter(nudged._coefficients[:, 3], direction)
+        assert 0 < nudged.hash_fractions(x[450:451])[i, 0] < 2**35 / PRIME
+        assert np.array_equal(nudged.signatures_from_hashes(x, offsets), want)
+        assert np.array_equal(nudged.hash_block(x), exact.T)
 
 
 def test_the_tempting_small_a_fix_is_degenerate_and_ours_is_not():
@@ -276,6 +281,50 @@ def test_window_and_group_boundaries_do_not_change_results(monkeypatch):
         values.tolist(),
         offsets.tolist(),
     ]
+
+
+def _slow_signature(text: str, a: list[int], b: list[int], n: int = 3) -> list[int]:
+    """Today's MinHash signature in plain Python, its constants written out here rather than read from dedup.py:
+    NFKC + casefold, regex \\w+ words, n-word shingles (fewer words: one shingle of them all, the empty word for
+    an empty text); a word hashes as fmix64(Σ c_i·B^(L-1-i) + L·K mod 2^64), B = 0x100000001B3, K = golden
+    ratio; a shingle folds h <- fmix64(h XOR word) from seed K and keeps the top 32 bits, x; then min over
+    (a·x + b) mod (2^32 + 15)."""
+    mask, golden = 2**64 - 1, 0x9E3779B97F4A7C15
+
+    def fmix64(h):
+        h ^= h >> 33
+        h = h * 0xFF51AFD7ED558CCD & mask
+        h ^= h >> 33
+        h = h * 0xC4CEB9FE1A85EC53 & mask
+        return h ^ (h >> 33)
+
+    def word_hash(word):
+        poly = 0
+        for char in word:
+            poly = (poly * 0x100000001B3 + ord(char)) & mask
+        return fmix64((poly + len(word) * golden) & mask)
+
+    words = re.findall(r"\w+", unicodedata.normalize("NFKC", text).casefold())
+    runs = {tuple(words[i : i + n]) for i in range(len(words) - n + 1)} or {tuple(words) or ("",)}
+    xs = []
+    for run in runs:
+        h = golden
+        for word in run:
+            h = fmix64(h ^ word_hash(word))
+        xs.append(h >> 32)
+    return [min((ai * x + bi) % (2**32 + 15) for x in xs) for ai, bi in zip(a, b)]
+
+
+def test_signatures_are_todays_bit_for_bit():
+    """Speed work must not move a bit of a signature (issue 47): the fast path equals a slow copy of today's
+    definition, and k = 128 signatures of TEXTS still have the digest they had before the fast path's rewrite."""
+    rng = np.random.default_rng(0)  # MinHasher(seed=0)'s draws: a in [1, 2^32), then b in [0, 2^32)
+    a = rng.integers(1, 2**32, size=128, dtype=np.uint64).tolist()
+    b = rng.integers(0, 2**32, size=128, dtype=np.uint64).tolist()
+    fast = MinHasher(128, seed=0).signatures_from_texts(TEXTS)
+    assert fast.tolist() == [_slow_signature(text, a, b) for text in TEXTS]
+    digest = hashlib.sha256(fast.astype("<u8").tobytes()).hexdigest()
+    assert digest == "b4a4aa56d7854840a147bdb827732cad7c1dd9236b9e258a49f47a8cef3de145"
 
 
 def test_signatures_are_stable_across_processes():
@@ -468,6 +517,19 @@ def test_collapsing_copies_gives_the_clusters_of_all_pairs():
     _, stars = dedup.identical_signature_groups(signatures)
     copies = len(texts) - len({frozenset(shingles(t)) for t in texts})
     assert len(stars) > copies  # some signature twins are not copies: the fallback ran
+
+
+def test_pair_jaccard_is_the_jaccard_of_the_shingle_sets():
+    """Exact verification against `jaccard` of the string sets, on pairs that stress its bookkeeping: shingles
+    repeated inside a document, one-shingle documents equal to their neighbour (equal fingerprints on both
+    sides of a document boundary), empty and short documents."""
+    rng = random.Random(6)
+    texts = ["x y z", "x y z", "x y z x y z", "", "hi", "hi", "a b c a b c a b c"]
+    texts += [" ".join(rng.choice("abcd") for _ in range(rng.randrange(1, 12))) for _ in range(40)]
+    pairs = np.array([(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))])
+    want = [jaccard(shingles(texts[i]), shingles(texts[j])) for i, j in pairs.tolist()]
+    assert dedup.pair_jaccard(texts, pairs).tolist() == want
+    assert dedup.pair_jaccard(texts, np.empty((0, 2))).tolist() == []
 
 
 def test_no_duplicates_keeps_everything():
