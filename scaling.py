@@ -708,8 +708,7 @@ def fit_approach2(runs: Sequence[Run]) -> AllocationLaw:
     if not runs:
         raise ScalingError(
             "Approach 2 needs IsoFLOP runs (one compute, 3+ sizes); there are none (in a sweep: "
-            "the "
-            "curves of 3+ sizes never reach the same compute)"
+            "the curves of 3+ sizes never reach the same compute)"
         )
     minima = isoflop_minima(runs)
     if len(minima) < 2:
@@ -847,8 +846,7 @@ def _law_from_fit(fit: ChinchillaFit) -> AllocationLaw:
     if not (fit.alpha > 0 and fit.beta > 0):
         raise ScalingError(
             f"Approach 3's law has alpha = {fit.alpha:.3g}, beta = {fit.beta:.3g}: the loss does "
-            "not "
-            f"fall with both N and D, so it implies no compute-optimal size"
+            f"not fall with both N and D, so it implies no compute-optimal size"
         )
     return AllocationLaw(fit.a, float(fit.optimal_params(1.0)))
 

@@ -2250,8 +2250,7 @@ ENGINE_FLAGS = [
         {
             "default": None,
             "help": "where the streaming engine's work files go (default: beside a local "
-            "--out, the temp folder for a URI); on a multi-node cluster a folder "
-            "every node sees",
+            "--out, the temp folder for a URI); on a multi-node cluster a folder every node sees",
         },
     ),
 ]

@@ -105,8 +105,7 @@ def format_comparison(rows: list[dict]) -> str:
     for r in rows:
         lines.append(
             f"{r['checkpoint'][-40:]:<40}{r['vocab_size']:>7,}{r['tokens']:>10,}"
-            f"{r['perplexity']:>9.2f}{r['loss'] * r['tokens']:>12,.0f}"
-            f"{r['bits_per_byte']:>10.4f}"
+            f"{r['perplexity']:>9.2f}{r['loss'] * r['tokens']:>12,.0f}{r['bits_per_byte']:>10.4f}"
         )
     best = min(rows, key=lambda r: r["bits_per_byte"])
     lines.append(f"fewest bits per byte (predicts this text best): {best['checkpoint']}")

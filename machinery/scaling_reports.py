@@ -52,19 +52,15 @@ def budget_report(b: Budget) -> str:
         f"1. size:  C = 6·N·D and D = {r:g}·N  =>  C = {6 * r:g}·N²  =>  N = sqrt(C / {6 * r:g}) "
         f"= sqrt({b.compute / (6 * r):.3g}) = {b.params:.3g} parameters",
         f"          D = {r:g}·N = {b.tokens:.3g} tokens;  check 6 × {b.params:.3g} × "
-        f"{b.tokens:.3g} "
-        f"= {6 * b.params * b.tokens:.3g}",
+        f"{b.tokens:.3g} = {6 * b.params * b.tokens:.3g}",
         f"2. data:  {b.tokens:.3g} clean, deduplicated tokens (raw web keeps a small fraction "
-        "after filtering "
-        f"and dedup, so start from several times more)",
+        f"after filtering and dedup, so start from several times more)",
         f"3. steps: D / tokens per step = {b.tokens:.3g} / {b.tokens_per_step:.3g} = "
         f"{b.steps:,.0f} steps",
         f"4. time:  C / achieved FLOP/s = {b.compute:.3g} / ({b.flops_per_gpu:.3g} × MFU "
-        f"{b.mfu:g}) "
-        f"= {b.seconds_one_gpu:.3g} s ≈ {_hours(b.seconds_one_gpu)} on 1 GPU",
+        f"{b.mfu:g}) = {b.seconds_one_gpu:.3g} s ≈ {_hours(b.seconds_one_gpu)} on 1 GPU",
         f"          on {b.gpus} GPUs: {b.seconds_one_gpu:.3g} / {b.gpus} = {b.seconds:.3g} s ≈ "
-        f"{_hours(b.seconds)} "
-        f"(before communication overhead); {b.gpu_hours:,.3g} GPU-hours",
+        f"{_hours(b.seconds)} (before communication overhead); {b.gpu_hours:,.3g} GPU-hours",
         f"   (the Chinchilla law's own optimum at this budget: N ≈ {law.params:.2g}, D ≈ "
         f"{law.tokens:.2g}, "
         f"{law.tokens_per_param:.0f} tokens/param, predicted loss {law.loss:.2f}; see `isoflop`)",
@@ -191,8 +187,7 @@ def trillion_report(
     out.append(
         f"MoE: compute counts only the active parameters. With DeepSeek-V3's ratio (37B of 671B = "
         f"{active_fraction:.1%}), {n:.3g} total = {active:.3g} active -> C = "
-        f"6·{active:.3g}·{d:.3g} = "
-        f"{c_moe:.3g} FLOPs, {c / c_moe:.0f}× less "
+        f"6·{active:.3g}·{d:.3g} = {c_moe:.3g} FLOPs, {c / c_moe:.0f}× less "
         f"({gpu_seconds * c_moe / c / 86400 / 10_000:,.0f} days on "
         f"10,000 GPUs); memory still holds all {n:.3g} parameters."
     )
@@ -203,8 +198,7 @@ def memory_report(N: float, gpus: int = 8, gpu_memory_gb: float = 80.0) -> str:
     n = positive("parameters", N)
     out = [
         f"Training state for {n:.3g} parameters, mixed-precision AdamW (16 B/param = "
-        f"{16 * n / 1e9:.4g} GB), "
-        f"per GPU on {gpus} GPUs:",
+        f"{16 * n / 1e9:.4g} GB), per GPU on {gpus} GPUs:",
         "| ZeRO stage | shards | bytes/param | GB per GPU | fits in " + f"{gpu_memory_gb:g} GB? |",
         "|---|---|---:|---:|---|",
     ]
@@ -260,8 +254,7 @@ def fit_markdown(report: FitReport) -> str:
         n, d = float(law.params_at(report.target)), float(law.tokens_at(report.target))
         out.append(
             f"| {names[key]} | {show(law.a, 'a', '.3f')} | {1 - law.a:.3f} | "
-            f"{show(n, 'params', '.3g')} | "
-            f"{show(d, 'tokens', '.3g')} | {d / n:.3g} |"
+            f"{show(n, 'params', '.3g')} | {show(d, 'tokens', '.3g')} | {d / n:.3g} |"
         )
     if report.chinchilla is not None:
         f = report.chinchilla

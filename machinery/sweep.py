@@ -334,8 +334,7 @@ def sizes_near(budget: float, targets: Sequence[float], settings: SweepSettings)
         f"at C = {budget:.3g} only {len(allowed)} sizes of the family train at least "
         f"{settings.min_steps} steps on at most {settings.max_run_tokens:,} tokens, and "
         f"{len(targets)} are needed: choose other settings.budgets (a smaller one leaves the big "
-        f"sizes too few steps, a bigger one the small too few tokens: a larger settings.data "
-        f"helps)"
+        f"sizes too few steps, a bigger one the small too few tokens: a larger settings.data helps)"
     )
 
 
@@ -1222,8 +1221,7 @@ def prediction_lines(
     if "minima_loss_at_budget" in p:
         lines.append(
             "Minima power law against the best held-out size: predicted "
-            f"{p['minima_loss_at_budget']:.4f}, "
-            f"measured {best.loss:.4f}, {measured_as} "
+            f"{p['minima_loss_at_budget']:.4f}, measured {best.loss:.4f}, {measured_as} "
             f"({(best.loss - p['minima_loss_at_budget']) / best.loss:+.2%})."
         )
     lines.append(
@@ -1291,8 +1289,7 @@ def sweep_report(result: SweepResult) -> str:
         f"Regenerate: {_regenerate(result)} (reuses finished runs; every number below is computed "
         "from "
         "`final.jsonl`, whose `command` field is the `python train.py ...` line of each point: run "
-        "one alone "
-        "from the project folder and it gives the same loss).",
+        "one alone from the project folder and it gives the same loss).",
         "",
         "## Design",
         "",
@@ -1308,17 +1305,14 @@ def sweep_report(result: SweepResult) -> str:
         "that would get "
         f"fewer steps, or read more than {s.max_run_tokens:,} tokens, is not tried at that budget.",
         "- **Models**: one aspect ratio (depth = width / 32 rounded, at least 2 layers; heads of "
-        f"{HEAD_DIM} "
-        f"channels; widths {min(r['n_embd'] for r in records)} to "
+        f"{HEAD_DIM} channels; widths {min(r['n_embd'] for r in records)} to "
         f"{max(r['n_embd'] for r in records)}), a "
         f"{s.vocab_size}-token BPE so the embedding stays a minority of the parameters. N counts "
         "all parameters "
         "(the tied embedding is also the output layer, a real matmul per token, so C = 6·N·D "
-        "counts it); "
-        f"Kaplan's non-embedding count is in the table and refitted below.",
+        f"counts it); Kaplan's non-embedding count is in the table and refitted below.",
         f"- **Data**: `{result.corpus}` with {result.train_tokens:,} unique train tokens; the "
-        "longest run reads "
-        f"{longest:,} tokens = {longest / result.train_tokens:.2f} epochs, so "
+        f"longest run reads {longest:,} tokens = {longest / result.train_tokens:.2f} epochs, so "
         + (
             "no run repeats a token."
             if longest <= result.train_tokens
@@ -1338,22 +1332,19 @@ def sweep_report(result: SweepResult) -> str:
         f"- **Annealing**: every point is the end of its own cosine schedule ({cosine:,} tokens in "
         "all). "
         "WSD with cooldown branches (Hägele et al. 2024) would share one constant-rate trunk per "
-        "size: "
-        f"{wsd:,.0f} tokens here, {1 - wsd / cosine:.0%} less. The budgets are "
+        f"size: {wsd:,.0f} tokens here, {1 - wsd / cosine:.0%} less. The budgets are "
         f"{budgets[1] / budgets[0]:.1f}× "
         "apart, so the largest budget dominates each size's cost; WSD pays off the more budgets "
         "share one "
         "size (and when the trunk is reused for a longer run later), and one cosine run per point "
-        "keeps "
-        f"every point a run anyone can repeat alone."
+        f"keeps every point a run anyone can repeat alone."
     )
     out += [
         "",
         "## Runs",
         "",
         "| budget C | layers × width | N (all) | non-embedding | D tokens | D/N | steps × batch | "
-        "lr | seed | "
-        "held-out loss | train time |",
+        "lr | seed | held-out loss | train time |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(
@@ -1365,8 +1356,7 @@ def sweep_report(result: SweepResult) -> str:
             f"{r['non_embedding_parameters']:,} | {r['tokens']:,} | "
             f"{r['tokens'] / r['parameters']:.1f} | "
             f"{r['steps']:,} × {r['batch_size']} | {r['lr']:.3g} | {r.get('seed', 0)} | "
-            f"{r['loss']:.4f} | "
-            f"{r['seconds']:.0f} s |"
+            f"{r['loss']:.4f} | {r['seconds']:.0f} s |"
         )
     out.append(
         f"\n{len(records)} runs, {sum(r['seconds'] for r in records):,.0f} run-seconds. From "
@@ -1374,8 +1364,7 @@ def sweep_report(result: SweepResult) -> str:
         f"{s.workers} at a time as the sweep orders them (the grid, its second seeds, the held-out "
         "budget; "
         f"longest first), these times take {wall_seconds(s, records) / 60:.0f} min; the estimate "
-        "printed "
-        f"before the first run is {planned_hours(s) * 60:.0f} min."
+        f"printed before the first run is {planned_hours(s) * 60:.0f} min."
     )
 
     minima = isoflop_minima(grid)
@@ -1696,8 +1685,7 @@ def dedup_effect_report(result: dict) -> str:
         "times as near-copies (2-5% of words edited, so exact hashing misses them). dedup.py "
         "(MinHash + LSH, "
         f"Jaccard ≥ {s['threshold']}) removed {result['copies_removed']} of the {result['copies']} "
-        "copies and "
-        f"{result['originals_dropped']} originals. Every run is scored on the same "
+        f"copies and {result['originals_dropped']} originals. Every run is scored on the same "
         f"{result['held_out_documents']} held-out documents, cut before the copies were made (none "
         "of them is "
         f"repeated anywhere). Same model, learning rate {result['lr']:.3g}, tokens and tokenizer "
@@ -1744,7 +1732,6 @@ def dedup_effect_report(result: dict) -> str:
     else:
         out.append(
             f"No effect beyond 3 seed standard deviations: with {share:.0%} of the tokens "
-            "duplicated, the "
-            f"difference is within the run-to-run noise at this budget."
+            f"duplicated, the difference is within the run-to-run noise at this budget."
         )
     return "\n".join(out) + "\n"

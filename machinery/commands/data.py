@@ -213,8 +213,7 @@ PREPARE_FLAGS = [
             "type": writable("dir", elsewhere=store.is_uri),
             "default": None,
             "help": "output directory or object-store URI, e.g. "
-            "s3://bucket/datasets/name (default: a cache dir in "
-            "$PRETRAIN_CACHE or .cache/)",
+            "s3://bucket/datasets/name (default: a cache dir in $PRETRAIN_CACHE or .cache/)",
         },
     ),
     (
@@ -240,8 +239,7 @@ PREPARE_FLAGS = [
             "default": None,
             "metavar": "PATH",
             "help": "held-out file(s) used verbatim as the val split (replaces "
-            "--val-fraction); their 13-gram overlap with train is "
-            "reported",
+            "--val-fraction); their 13-gram overlap with train is reported",
         },
     ),
     (
@@ -304,8 +302,7 @@ PREPARE_FLAGS = [
             "default": "documents",
             "help": "documents: remove boilerplate lines (see "
             "--boilerplate-min-documents); occurrences: remove every "
-            "line seen more than once in the corpus (CS336's exact line "
-            "dedup)",
+            "line seen more than once in the corpus (CS336's exact line dedup)",
         },
     ),
     (
@@ -389,8 +386,7 @@ PREPARE_FLAGS = [
             "choices": ["auto", "eot", "blank", "file"],
             "default": "auto",
             "help": "how .txt files split into documents (auto: <|endoftext|> if "
-            "present, else blank lines; a file kept whole is cut only at "
-            "<|endoftext|>)",
+            "present, else blank lines; a file kept whole is cut only at <|endoftext|>)",
         },
     ),
     (

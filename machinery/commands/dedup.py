@@ -121,8 +121,7 @@ def experiment_table(result: dict) -> str:
         lines.append(
             f"| {s['num_perm']} | {s['bands']} x {s['rows']} | {s['lsh_threshold']:.2f} "
             f"| {s['p_candidate_at_threshold']:.2f} | {s['mae_jaccard_above_0.1']:.4f} "
-            f"| {s['recall']:.2f} "
-            f"| {s['false_positives']} | {s['pairs_compared']:,} "
+            f"| {s['recall']:.2f} | {s['false_positives']} | {s['pairs_compared']:,} "
             f"| {100 * s['fraction_of_brute_force']:.2f}% | {s['seconds']:.2f} |"
         )
     brute = result["brute_force"]

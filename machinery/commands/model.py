@@ -66,8 +66,7 @@ def print_presets(args) -> None:
     print(
         "\nparams counts a tied LM head once; non-emb leaves out the token embedding and an untied "
         "head;\nFLOPs/tok = 6 x (active matmul params) + 12 L T C, training, at T = ctx; train mem "
-        "= 16 B/param\n(AdamW, mixed precision), activations "
-        "excluded."
+        "= 16 B/param\n(AdamW, mixed precision), activations excluded."
     )
 
 
