@@ -742,6 +742,9 @@ class Zero(_LaunchInOrder):
                 {"params": [u.shard for u in self.units if u.group == g], **options}
             )
         self.optimizer = optimizer_cls([g for g in inner_groups if g["params"]], **optimizer_kwargs)
+        if hasattr(self.optimizer, "orthogonalise"):  # Muon (train.py): whole matrices only
+            self._orthogonalise_matrix = self.optimizer.orthogonalise
+            self.optimizer.orthogonalise = self._orthogonalise_shard
         self._reduced = False
         # stage 1 reduces after backward, stages 2-3 as backward produces the gradients
         self._launch_in_order(self.units, hooked=stage >= 2)
@@ -850,6 +853,21 @@ class Zero(_LaunchInOrder):
                 work.wait()
         self._reduced = False
 
+    def _orthogonalise_shard(self, shard: nn.Parameter, nesterov: torch.Tensor) -> torch.Tensor:
+        """Muon on flat shards: Newton-Schulz needs each whole matrix, so the unit's momentum shards
+        are all-gathered (one gather more per step), every rank orthogonalises every matrix of the
+        unit (the same result everywhere) and keeps its slice. A unit of 3 + 4 values on 2 ranks:
+            [m m m m | m m m 0] -> [u u u u | u u u 0] -> rank 1 keeps [u u u 0]"""
+        unit = next(u for u in self.units if u.shard is shard)
+        momentum = torch.empty(unit.padded, dtype=nesterov.dtype, device=nesterov.device)
+        unit.comm.all_gather(momentum, nesterov.contiguous())  # (padded,)
+        update = torch.zeros_like(momentum)
+        for p, o in zip(unit.params, unit.offsets):
+            whole = momentum[o : o + p.numel()].view(p.shape)  # (rows, cols)
+            update[o : o + p.numel()] = self._orthogonalise_matrix(p, whole).flatten()
+        lo = unit.comm.rank * unit.shard_size
+        return update[lo : lo + unit.shard_size]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         for unit in self.units:
@@ -871,11 +889,6 @@ class Zero(_LaunchInOrder):
                 if not g:
                     u.free()
 
-    def memory_bytes(self) -> dict[str, int]:
-        """Bytes this rank holds right now for parameters, gradients and optimizer state."""
-        params = [p for u in self.units for p in u.params] + [u.shard for u in self.units]
-        return training_state_bytes(params, self.optimizer)
-
 
 def _shard_grad_pieces(units: list[_FlatUnit]) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
     """(parameter, its piece of this rank's shard gradient): a shard can cover pieces of several
@@ -888,33 +901,6 @@ def _shard_grad_pieces(units: list[_FlatUnit]) -> Iterator[tuple[nn.Parameter, t
             a, b = max(o, lo), min(o + p.numel(), hi)
             if a < b:
                 yield p, u.shard.grad[a - lo : b - lo]
-
-
-def training_state_bytes(
-    params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer
-) -> dict[str, int]:
-    """Bytes actually allocated for parameters, gradients and optimizer state (each storage counted
-    once)."""
-    seen: set[int] = set()
-
-    def size(tensors) -> int:
-        total = 0
-        for t in tensors:
-            if t is None or not torch.is_tensor(t):
-                continue
-            storage = t.untyped_storage()
-            if storage.data_ptr() in seen or storage.nbytes() == 0:
-                continue
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-        return total
-
-    params = list(params)
-    return {
-        "params": size(params),
-        "grads": size(p.grad for p in params),
-        "optimizer": size(v for s in optimizer.state.values() for v in s.values()),
-    }
 
 
 # --------------------------------------------------------------------------------------------------

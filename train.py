@@ -534,10 +534,11 @@ class Muon(torch.optim.AdamW):
     others: one optimizer, so the loop's lr schedule, checkpoints and the spike guard see one.
 
     Every data-parallel rank steps the same all-reduced gradient of the full matrix: the same
-    update everywhere. A layout holding a slice of a matrix (ZeRO's flat shards, TP) cannot.
+    update everywhere. ZeRO's flat shards replace `orthogonalise` (parallel.py, section 4); TP's
+    slices of a matrix cannot.
     """
 
-    def __init__(self, groups: list[dict], lr: float, betas: tuple, momentum: float = 0.95):
+    def __init__(self, groups: list[dict], lr=3e-4, betas=(0.9, 0.95), momentum: float = 0.95):
         groups = [{"muon": False, "momentum": momentum, **group} for group in groups]
         super().__init__(groups, lr=lr, betas=betas, eps=1e-8)
 
@@ -552,11 +553,15 @@ class Muon(torch.optim.AdamW):
                 buffer = state["momentum"]
                 buffer.lerp_(p.grad, 1 - group["momentum"])  # m <- 0.95 m + 0.05 g
                 nesterov = p.grad.lerp(buffer, group["momentum"])  # look ahead: 0.05 g + 0.95 m
-                update = newton_schulz(nesterov) * muon_scale(*p.shape)  # (rows, cols)
+                update = self.orthogonalise(p, nesterov)  # (rows, cols)
                 p.mul_(1 - group["lr"] * group["weight_decay"])  # decoupled decay, as AdamW's
                 p.add_(update, alpha=-group["lr"])
                 p.grad = None  # stepped: AdamW's step below skips a parameter without a gradient
         super().step()
+
+    def orthogonalise(self, weight: torch.Tensor, nesterov: torch.Tensor) -> torch.Tensor:
+        """The update of one whole (rows, cols) matrix: its momentum orthogonalised, scaled."""
+        return newton_schulz(nesterov) * muon_scale(*weight.shape)
 
 
 # --------------------------------------------------------------------------------------------------

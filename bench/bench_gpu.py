@@ -671,7 +671,7 @@ def _measure_memory(
         setup.dtype,
         setup.device.type,
     )
-    held = parallel.training_state_bytes(trainer.raw_model.parameters(), trainer.optimizer)
+    held = wiring.training_state_bytes(trainer.raw_model.parameters(), trainer.optimizer)
     # Between steps the grads are freed (zero_grad(set_to_none)): weights + AdamW moments = 4 + 8 bytes/param
     # (+ a 4-byte step counter per tensor).
     state = want["weights"] + want["optimizer"]

@@ -104,7 +104,7 @@ def _ours(cfg, data, sizes, zero, micro_batches):
         times.append(time.perf_counter() - t0)
         sent = mesh.bytes_sent()
         memory = (
-            sum(wrapped.zero.memory_bytes().values())
+            sum(wiring.zero_memory_bytes(wrapped.zero).values())
             if wrapped.zero is not None
             else state_bytes(wrapped.model.parameters(), wopt.inner)
         )

@@ -10,7 +10,7 @@ import model_parallel as MP
 from machinery import parallelize as wiring
 from machinery.launch import launch
 from model import GPT, GPTConfig
-from parallel import Mesh, training_state_bytes
+from parallel import Mesh
 
 DEMO = dict(
     vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, ffn_hidden=64
@@ -66,9 +66,9 @@ def _train_layout(wrapped, wopt, mesh: Mesh, data: list) -> dict:
         wopt.step()
         sent = mesh.bytes_sent()  # before the state dict's gathers
         if wrapped.zero is not None:  # measured before zero_grad: the gradients are still held
-            mem = wrapped.zero.memory_bytes()
+            mem = wiring.zero_memory_bytes(wrapped.zero)
         else:
-            mem = training_state_bytes(wrapped.model.parameters(), wopt.inner)
+            mem = wiring.training_state_bytes(wrapped.model.parameters(), wopt.inner)
         wopt.zero_grad()
     return {"state": wrapped.full_state_dict(), "bytes": sent, "memory": sum(mem.values())}
 

@@ -84,6 +84,37 @@ def load_zero_full_state_dict(zero: Zero, state: dict[str, torch.Tensor]) -> Non
             buffer.copy_(state[name])
 
 
+def training_state_bytes(params, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes actually allocated for parameters, gradients and optimizer state (each storage counted
+    once)."""
+    seen: set[int] = set()
+
+    def size(tensors) -> int:
+        total = 0
+        for t in tensors:
+            if t is None or not torch.is_tensor(t):
+                continue
+            storage = t.untyped_storage()
+            if storage.data_ptr() in seen or storage.nbytes() == 0:
+                continue
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+        return total
+
+    params = list(params)
+    return {
+        "params": size(params),
+        "grads": size(p.grad for p in params),
+        "optimizer": size(v for s in optimizer.state.values() for v in s.values()),
+    }
+
+
+def zero_memory_bytes(zero: Zero) -> dict[str, int]:
+    """Bytes this rank holds right now for parameters, gradients and optimizer state under ZeRO."""
+    params = [p for u in zero.units for p in u.params] + [u.shard for u in zero.units]
+    return training_state_bytes(params, zero.optimizer)
+
+
 def zero_optimizer_state_dict(zero: Zero) -> dict:
     """The optimizer state unsharded, keyed by parameter name (see `named_optimizer_state`)."""
     names, state = _param_names(zero.module), {}

@@ -1253,11 +1253,13 @@ def check_config(cfg: TrainConfig) -> None:
     for name, high in at_most.items():
         if getattr(cfg, name) > high:
             raise TrainError(f"`{name}` must be <= {high}, got {getattr(cfg, name)}")
-    if uses_model_parallel(cfg) and cfg.optimizer == "muon":
+    # ZeRO's flat shards gather each unit's momentum (parallel.Zero): only model-parallel layouts
+    splits = [text for text in model_parallel_settings(cfg) if not text.startswith("`zero`")]
+    if splits and cfg.optimizer == "muon":
         raise TrainError(
-            f"`optimizer` muon with {', '.join(model_parallel_settings(cfg))}: Muon orthogonalises "
-            "each whole matrix, which this layout splits (ZeRO's flat shards, TP's slices) or does "
-            "not yet wire; use data parallel alone or `optimizer` adamw"
+            f"`optimizer` muon with {', '.join(splits)}: Muon orthogonalises each whole matrix, "
+            "which this layout splits (TP's slices) or does not yet wire; use data parallel or "
+            "ZeRO (`zero` 1-3), or `optimizer` adamw"
         )
     # AdamW's step is ~lr per weight: above 1 it only diverges
     if not 0 < cfg.lr <= 1:

@@ -159,10 +159,18 @@ MUTANTS = [
     Mutant(
         "muon-without-shape-scale",
         "train.py",
-        "update = newton_schulz(nesterov) * muon_scale(*p.shape)",
-        "update = newton_schulz(nesterov)",
+        "return newton_schulz(nesterov) * muon_scale(*weight.shape)",
+        "return newton_schulz(nesterov)",
         (f"{TRAIN}::test_muon_scale_gives_updates_the_rms_of_adamws",),
         "Muon's update has RMS 1/sqrt(max(rows, cols)), not AdamW's 0.2: AdamW's lr no longer carries over",
+    ),
+    Mutant(
+        "zero-muon-keeps-rank-0s-slice",
+        "parallel.py",
+        "return update[lo : lo + unit.shard_size]",
+        "return update[: unit.shard_size]",
+        (f"{PARALLEL}::test_muon_under_zero_equals_single_process",),
+        "every rank steps its shard by rank 0's slice of the orthogonalised update",
     ),
     Mutant(
         "bits-per-byte-in-nats",

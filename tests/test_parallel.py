@@ -256,6 +256,20 @@ def _dp_and_zero_worker(rank, world):
     out["dp_muon"] = _train_muon(
         muon_model, [(x.chunk(world)[rank], y.chunk(world)[rank]) for x, y in data], muon_dp
     )
+    # Muon under ZeRO-1/2/3: the momentum is sharded; each unit's shards are gathered to
+    # orthogonalise whole matrices (Zero._orthogonalise_shard), and each rank keeps its slice
+    import train
+
+    for stage in (1, 2, 3):
+        muon_model = make_model(seed=rank)
+        single = train.make_optimizer(muon_model, train.TrainConfig(optimizer="muon", lr=LR), "cpu")
+        zero = P.Zero(muon_model, mesh.dp, stage, train.Muon, param_groups=single.param_groups)
+        for x, y in data:
+            muon_model(x.chunk(world)[rank], y.chunk(world)[rank])[1].backward()
+            zero.step()
+            zero.zero_grad()
+        out[f"zero{stage}_muon"] = wiring.zero_full_state_dict(zero)
+        out[f"zero{stage}_muon_opt"] = wiring.zero_optimizer_state_dict(zero)
     # DP with tiny buckets (many all-reduces in flight) and 2 micro-batches, the first under no_sync.
     model = make_model(seed=rank)
     dp = P.DataParallel(model, mesh.dp, bucket_bytes=1024)
@@ -279,7 +293,7 @@ def _dp_and_zero_worker(rank, world):
         if x is data[1][0]:
             out["dp_step_bytes"] = mesh.dp.bytes_sent
         opt.step()
-        out["dp_mem"] = P.training_state_bytes(model.parameters(), opt)
+        out["dp_mem"] = wiring.training_state_bytes(model.parameters(), opt)
         opt.zero_grad()
     out["dp"] = state(model)
     # A frozen parameter is in no bucket and never changes; the others still match one process.
@@ -317,8 +331,8 @@ def _dp_and_zero_worker(rank, world):
             assert ops.pop("all_reduce") == 8  # the two squared norms of clipping
             out[f"zero{stage}_step_bytes"] = sum(ops.values())
             if i == len(data) - 1:
-                out[f"zero{stage}_mem"] = (
-                    zero.memory_bytes()
+                out[f"zero{stage}_mem"] = wiring.zero_memory_bytes(
+                    zero
                 )  # before zero_grad: gradients still held
             zero.zero_grad()
         out[f"zero{stage}"] = wiring.zero_full_state_dict(zero)
@@ -386,6 +400,27 @@ def test_muon_under_data_parallel_equals_single_process(dp_zero_results):
     assert any("attn.wq" in k for k in changed) and any("tok_emb" in k for k in changed)
     for rank, res in enumerate(dp_zero_results):
         assert_same(res["dp_muon"], want, f"Muon under DP, rank {rank}")
+
+
+def test_muon_under_zero_equals_single_process(dp_zero_results):
+    """ZeRO-1/2/3 shard Muon's momentum flat; gathering each unit's shards to orthogonalise whole
+    matrices gives the one-process weights and momentum (a shard orthogonalised alone would not)."""
+    import train
+
+    model = make_model()
+    optimizer = train.make_optimizer(model, train.TrainConfig(optimizer="muon", lr=LR), "cpu")
+    for x, y in batches():
+        model(x, y)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    want_momentum = wiring.named_optimizer_state(optimizer, model)["state"]
+    for stage in (1, 2, 3):
+        for rank, res in enumerate(dp_zero_results):
+            assert_same(res[f"zero{stage}_muon"], state(model), f"Muon, ZeRO-{stage}, rank {rank}")
+            got = res[f"zero{stage}_muon_opt"]["state"]
+            for name, saved in want_momentum.items():
+                if "momentum" in saved:
+                    assert torch.allclose(got[name]["momentum"], saved["momentum"], atol=1e-6), name
 
 
 def test_data_parallel_skips_frozen_parameters(dp_zero_results):
@@ -553,8 +588,8 @@ def _zero3_mixed_precision_worker(rank, world):
             losses.append(float(loss.detach()))
             zero.clip_grad_norm_(CLIP)
             zero.step()
-            out[f"{name} memory"] = (
-                zero.memory_bytes()
+            out[f"{name} memory"] = wiring.zero_memory_bytes(
+                zero
             )  # after backward and step: gradients still held
             zero.zero_grad()
         out[f"{name} seen"] = seen[0]
@@ -1274,6 +1309,39 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
         loss, _ = _curve(tmp_path / target)
         for s in range(3, 6):
             assert loss[s] == pytest.approx(want_loss[s], rel=1e-4), (target, s)
+
+
+@pytest.mark.slow
+def test_train_py_muon_under_zero_gives_the_single_process_curve_and_resumes_on_one(
+    tiny_dataset, tmp_path
+):
+    """`train.py --optimizer muon --zero 1` on 2 ranks = one process (loss and pre-clip gradient
+    norm per step); its step-3 checkpoint, momentum gathered by name, resumes on one process."""
+    import shutil
+
+    import train
+    from machinery import run as train_run
+    from machinery.commands import train as train_command
+
+    base = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--optimizer", "muon"]
+    train_run.train(
+        train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]),
+        log=lambda *a, **k: None,
+    )
+    want, want_val = _curve(tmp_path / "one")
+    zero = ["--zero", "1", "--batch-size", "2", "--out-dir", str(tmp_path / "zero1")]
+    launcher.launch(_train_rank, 2, [*base, *zero], timeout_s=240)
+    got, val = _curve(tmp_path / "zero1")
+    for s in range(6):
+        assert got[s] == pytest.approx(want[s], rel=1e-4), s
+    assert val == pytest.approx(want_val, rel=1e-4)
+    (tmp_path / "on_1").mkdir()
+    shutil.copy(train.checkpoint_path(tmp_path / "zero1", 3), tmp_path / "on_1")
+    argv = [*base, "--out-dir", str(tmp_path / "on_1"), "--resume"]
+    train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
+    got, _ = _curve(tmp_path / "on_1")
+    for s in range(3, 6):
+        assert got[s] == pytest.approx(want[s], rel=1e-4), s
 
 
 def _train_rank_log(rank, world, argv):
