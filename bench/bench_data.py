@@ -184,9 +184,14 @@ def step_costs(corpus: pathlib.Path, megabytes: float) -> dict[str, float]:
     kept = [kept[i] for i in np.unique(hashes, return_index=True)[1].tolist()]
 
     def boilerplate() -> list[str]:
-        line_hashes = [data_at_scale.line_hash(x) for d in kept for x in data.countable_lines(d)]
-        values, counts = np.unique(np.array(line_hashes, dtype=np.uint64), return_counts=True)
-        texts = data_at_scale._remove_boilerplate(kept, values[counts >= 3])[0]
+        line_hashes = [[data_at_scale.line_hash(x) for x in data.countable_lines(d)] for d in kept]
+        flat = np.array([h for hashes in line_hashes for h in hashes], dtype=np.uint64)
+        values, counts = np.unique(flat, return_counts=True)
+        lines = values[counts >= 3]  # in 3 documents (the distinct lines of each)
+        marked = [
+            bool(data_at_scale._in_sorted(np.array(h, np.uint64), lines).any()) for h in line_hashes
+        ]
+        texts = data_at_scale._remove_boilerplate(kept, lines, marked)[0]
         return [t for t in texts if t.strip()]
 
     texts = timed("boilerplate", boilerplate)
