@@ -537,7 +537,7 @@ PII_PATTERNS = {
 
 
 # What each pattern cannot match without (one of): cheap searches that spare most documents the
-# slow pattern (PII masking was a sixth of the funnel's time)
+# slow pattern (PII masking was a seventh of the CPU time of prepare)
 PII_NEEDS = {
     "EMAIL": [re.compile(r"@[A-Za-z0-9-]+\.")],  # the domain's first part
     "IP": [re.compile(r"\.\d{1,3}\.")],  # the second octet, between dots
