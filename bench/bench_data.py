@@ -14,7 +14,11 @@ planted pair is found when exactly one of its two tags survives. Recall is over 
 
 Each run is a fresh process; reported: wall seconds, MB/s (input bytes / wall), CPU seconds per MB (the process
 and its workers: steadier than wall time on a shared machine), peak RSS of the main process and of the largest
-worker, the funnel's near-duplicate count and the recall. The main process's peak is its own VmHWM (Linux), which
+worker, the funnel's near-duplicate count and the recall. Then CPU seconds per MB of input for each step of the
+funnel (`step_costs`): the cleaning steps timed in this process (one core, on the corpus's first --steps-mb MB,
+each step on what the one before it kept, with the streaming engine's functions), the tokenizer, tokenize
+(encode) and pack (shards) steps from the run's own clock. On a loaded machine these, not wall time, say whether
+a step got cheaper. The main process's peak is its own VmHWM (Linux), which
 starts afresh at exec: getrusage's ru_maxrss would keep the peak of this benchmark process, which grows as it
 decodes shards. A worker's (ru_maxrss of the children) counts the pages it shares with the main process it was
 forked from.
@@ -24,6 +28,7 @@ forked from.
     python bench/bench_data.py --sizes 0.2 --peer-mb 0.2        # the test suite's run (seconds)
     python bench/bench_data.py --sizes --peers before --peer-rev f90028c   # the pipeline before streaming, 30 MB
     python bench/bench_data.py --sizes 30 --peers --workers 1 2            # the stream on 1 core, then on 2
+    python bench/bench_data.py --sizes 30 --peers                           # issue 47's figures: 30 MB, per step
 
 Needs ../shared/data. Corpora and outputs go to --work (default /tmp/bench_data), reused across runs.
 """
@@ -42,8 +47,10 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import classify  # noqa: E402
 import data  # noqa: E402
 import dedup  # noqa: E402
+from machinery import cleaning, data_at_scale  # noqa: E402
 from bench_dedup import DATA, sentence_pool  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
 
@@ -133,6 +140,72 @@ print(json.dumps({{"wall": wall, "cpu": m["timings"]["total_cpu_s"], "timings": 
                   "rss_main": own_peak_kib() / 1024,
                   "rss_worker": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}}))
 """
+
+
+def as_html(text: str) -> str:
+    """A web page around a document: one <p> per line, with a title, a script, a menu and a footer to drop."""
+    body = "".join(f"<p>{line}</p>" for line in text.split("\n"))
+    return (
+        "<html><head><title>A page</title><script>var seen = 1;</script></head><body>"
+        f"<nav>Home | About | Contact</nav><article>{body}</article><footer>(c) 2024</footer></body></html>"
+    )
+
+
+def step_costs(corpus: pathlib.Path, megabytes: float) -> dict[str, float]:
+    """CPU seconds per MB of input of each cleaning step, timed here on one core over the corpus's first
+    `megabytes`, every step on what the step before it kept (the streaming engine's stage_read, then
+    stage_clean). HTML extraction runs on each document made a page (`as_html`) and the classifiers on the
+    documents the Gopher rules kept: neither is in the default run (per MB of its own input)."""
+    lines = []
+    with open(corpus, encoding="utf-8") as f:
+        size = 0
+        for line in f:
+            if size >= megabytes * 1e6:
+                break
+            lines.append(line)
+            size += len(line.encode("utf-8"))
+    costs, mb = {}, size / 1e6
+
+    def timed(name: str, work, per_mb: float = mb):
+        start = time.process_time()
+        result = work()
+        costs[name] = (time.process_time() - start) / per_mb
+        return result
+
+    docs = timed("read", lambda: [json.loads(line)["text"] for line in lines])
+    pages = [as_html(d) for d in docs]
+    timed("HTML*", lambda: [data.html_to_text(p) for p in pages], sum(map(len, pages)) / 1e6)
+    rule = cleaning.quality_rule("prose", data.CleanSettings())[1]
+    kept = timed("Gopher", lambda: [d for d in docs if rule(d) is None])
+    language, quality = classify.default_model("language"), classify.default_model("quality")
+    timed("language*", lambda: [language.predict(d) for d in kept])
+    timed("quality*", lambda: [quality.probabilities(d) for d in kept])
+    hashes = timed("exact dedup", lambda: [data.document_hash(d) for d in kept])
+    kept = [kept[i] for i in np.unique(hashes, return_index=True)[1].tolist()]
+
+    def boilerplate() -> list[str]:
+        line_hashes = [[data_at_scale.line_hash(x) for x in data.countable_lines(d)] for d in kept]
+        flat = np.array([h for hashes in line_hashes for h in hashes], dtype=np.uint64)
+        values, counts = np.unique(flat, return_counts=True)
+        lines = values[counts >= 3]  # in 3 documents (the distinct lines of each)
+        marked = [
+            bool(data_at_scale._in_sorted(np.array(h, np.uint64), lines).any()) for h in line_hashes
+        ]
+        texts = data_at_scale._remove_boilerplate(kept, lines, marked)[0]
+        return [t for t in texts if t.strip()]
+
+    texts = timed("boilerplate", boilerplate)
+    texts = timed("PII", lambda: [data.mask_pii(t)[0] for t in texts])
+    timed("document keys", lambda: [data.document_keys(t, 0) for t in texts])
+    hasher = dedup.MinHasher(data.NEAR_DUP_NUM_PERM, seed=0)
+    bands, rows = dedup.resolve_bands_rows(0.5, data.NEAR_DUP_NUM_PERM, None, None)
+    timed(
+        "MinHash",
+        lambda: data_at_scale._band_keys(
+            hasher.signatures_from_texts(texts, data.NEAR_DUP_SHINGLE), bands, rows
+        ),
+    )
+    return costs
 
 
 def checkout(revision: str, directory: pathlib.Path) -> pathlib.Path:
@@ -227,6 +300,12 @@ def main(argv: list[str] | None = None) -> None:
         default=[0],
         help="worker processes of the streaming runs, one run per count (0, the default: all cores)",
     )
+    parser.add_argument(
+        "--steps-mb",
+        type=in_range(float, 0, 100_000),
+        default=30,
+        help="MB of each corpus whose cleaning steps are timed one by one (0: none)",
+    )
     parser.add_argument("--work", default="/tmp/bench_data", help="where corpora and outputs go")
     args = parser.parse_args(argv)
     if "before" in args.peers and not args.peer_rev:
@@ -247,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{'corpus':>8} {'engine':<10} {'docs':>9} {'wall s':>8} {'MB/s':>6} {'CPU s/MB':>8} "
         f"{'RSS main':>9} {'RSS worker':>10} {'near dups':>9} {'recall':>7}"
     )
-    rows = []
+    rows, steps = [], {}
     for mb, engine, workers in runs:
         t0 = time.perf_counter()
         corpus = work / f"corpus-{mb:g}MB.jsonl"
@@ -286,6 +365,25 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(header + "\n" + row + f"\n    phases (wall/CPU): {phases}", flush=True)
         shutil.rmtree(out, ignore_errors=True)
+        if args.steps_mb and mb not in steps:
+            steps[mb] = step_costs(corpus, args.steps_mb)
+        # tokenizer (training), tokenize and pack: the run's clock, over the whole corpus
+        run_steps = {
+            step: result["timings"].get(f"{name}_cpu_s", 0) / mb_in
+            for step, name in (
+                ("tokenizer", "tokenizer"),
+                ("tokenize", "encode"),
+                ("pack", "shards"),
+            )
+        }
+        costs = {**steps.get(mb, {}), **run_steps}
+        print(
+            "    CPU s/MB by step: "
+            + ", ".join(f"{name} {value:.3f}" for name, value in costs.items())
+            + " (* not in the default run; the cleaning steps on this process's one core over "
+            f"{min(mb, args.steps_mb):g} MB, the others from the run)",
+            flush=True,
+        )
     print(
         f"\nload average {os.getloadavg()[0]:.1f} at the end (2 cores shared: wall figures are load-dependent)"
     )

@@ -72,11 +72,9 @@ def quality_rule(
 ) -> tuple[str, Callable[[str], str | None] | None]:
     """(name, document -> rejection reason or None) for a source kind; "auto" picks Gopher for
     prose."""
-    choice = (
-        {"prose": "gopher", "html": "gopher", "code": "code"}[kind]
-        if settings.filters == "auto"
-        else settings.filters
-    )
+    choice = settings.filters
+    if choice == "auto":
+        choice = {"prose": "gopher", "html": "gopher", "code": "code"}[kind]
     rules = {
         "gopher": lambda d, code="en": data.gopher_rejection(
             d, settings.min_words, settings.max_words, language=code

@@ -247,10 +247,8 @@ def plan_chunks(
             add(source=s_index, size=sum(store.file_size(f, DataError) for f in source.files))
             continue
         for path in source.files:
-            size, reader = (
-                store.file_size(path, DataError),
-                formats.FILE_READERS[formats.inner_suffix(path)],
-            )
+            size = store.file_size(path, DataError)
+            reader = formats.FILE_READERS[formats.inner_suffix(path)]
             if reader == "jsonl" and store.pure_path(path).suffix != ".gz" and size > chunk_bytes:
                 for start in range(0, size, chunk_bytes):
                     add(
@@ -439,11 +437,9 @@ def cut_stream(
             piece = text[start : start + cut]
             if piece.strip():
                 yield piece.strip()
-            done, done_bytes, start = (
-                done + cut,
-                done_bytes + len(piece.encode("utf-8")),
-                start + cut,
-            )
+            done += cut
+            done_bytes += len(piece.encode("utf-8"))
+            start += cut
 
 
 def stripped_chars(fragments: Iterable[str | None], limit: int) -> int:
@@ -672,10 +668,8 @@ def stage_read(job: Job, chunk: Chunk) -> dict:
     except BaseException:
         spill.discard()
         raise
-    line_hashes, line_docs = (
-        np.array(line_hashes, dtype=np.uint64),
-        np.array(line_docs, dtype=np.uint32),
-    )
+    line_hashes = np.array(line_hashes, dtype=np.uint64)
+    line_docs = np.array(line_docs, dtype=np.uint32)
     order = np.lexsort((line_docs, line_hashes))  # a sorted run, by hash
     hashes = np.array(hashes, dtype=np.uint64)
     # another, of the document hashes
@@ -729,11 +723,9 @@ def _key_ranges(entries: int, workers: int = 1) -> list[tuple[int, int]]:
 def _run_slice(keys: np.ndarray, low: int, high: int) -> slice:
     """Positions of a sorted uint64 run whose keys lie in [low, high)."""
     start = int(np.searchsorted(keys, np.uint64(low), side="left"))
-    stop = (
-        len(keys)
-        if high >= data.KEY_RANGE
-        else int(np.searchsorted(keys, np.uint64(high), side="left"))
-    )
+    stop = len(keys)
+    if high < data.KEY_RANGE:
+        stop = int(np.searchsorted(keys, np.uint64(high), side="left"))
     return slice(start, stop)
 
 
@@ -797,10 +789,8 @@ def join_exact(job: Job, chunks: list[Chunk], ranges: list[tuple[int, int]]) -> 
 def boilerplate_range(job: Job, chunk_count: int, low: int, high: int) -> None:
     """The boilerplate lines whose hash lies in [low, high) (boilerplate-LOW-HIGH.npy, sorted):
     count, per line hash, the documents that survive exact dedup and hold it."""
-    keep, starts = (
-        _load_array(_work(job, "exact_keep.npy")),
-        _load_array(_work(job, "doc_starts.npy")),
-    )
+    keep = _load_array(_work(job, "exact_keep.npy"))
+    starts = _load_array(_work(job, "doc_starts.npy"))
     hashes, ids = _range_of_runs(job, 1, chunk_count, "line_hash.npy", "line_doc.npy", low, high)
     alive = keep[starts[ids >> 32] + (ids & 0xFFFFFFFF)]
     values, counts = np.unique(hashes[alive], return_counts=True)
@@ -842,45 +832,42 @@ def _in_sorted(values: np.ndarray, members: np.ndarray) -> np.ndarray:
     return members[at] == values
 
 
-def _remove_boilerplate(texts: list[str], boilerplate: np.ndarray) -> tuple[list[str], int]:
-    """(texts without their boilerplate lines, lines removed): `remove_lines` with hashed lines, one
-    lookup per chunk (_in_sorted) instead of a set of line strings."""
-    lines = [text.split("\n") for text in texts]
-    countable = [
-        (d, k, line_hash(stripped))
-        for d, doc_lines in enumerate(lines)
-        for k, line in enumerate(doc_lines)
-        if len((stripped := line.strip()).split()) >= data.BOILERPLATE_MIN_WORDS
-    ]
-    hits = _in_sorted(np.array([h for _, _, h in countable], dtype=np.uint64), boilerplate)
-    drop = collections.defaultdict(set)
-    for (d, k, _), hit in zip(countable, hits.tolist()):
-        if hit:
-            drop[d].add(k)
-    out = [
-        (
-            "\n".join(line for k, line in enumerate(lines[d]) if k not in drop[d])
-            if d in drop
-            else text
-        ).strip()
-        for d, text in enumerate(texts)
-    ]
-    return out, sum(len(ks) for ks in drop.values())
+def _remove_boilerplate(
+    texts: list[str], boilerplate: np.ndarray, marked: list[bool]
+) -> tuple[list[str], int]:
+    """(texts without their boilerplate lines, lines removed): `remove_lines` with hashed lines.
+    Only the marked texts (`stage_clean`) can lose a line; the others are stripped, as remove_lines
+    strips every text."""
+    out, removed = [], 0
+    for text, check in zip(texts, marked):
+        lines = text.split("\n") if check else []
+        hits = _in_sorted(
+            np.array([line_hash(line.strip()) for line in lines], dtype=np.uint64), boilerplate
+        )
+        kept = [
+            line
+            for line, hit in zip(lines, hits.tolist())
+            if not hit or len(line.split()) < data.BOILERPLATE_MIN_WORDS
+        ]
+        out.append(("\n".join(kept) if check else text).strip())
+        removed += len(lines) - len(kept)
+    return out, removed
 
 
-def _drop_repeated_lines(texts: list[str], repeated: np.ndarray) -> tuple[list[str], int]:
+def _drop_repeated_lines(
+    texts: list[str], repeated: np.ndarray, marked: list[bool]
+) -> tuple[list[str], int]:
     """(texts without the lines whose hash is in `repeated`, lines removed): `drop_lines` with
-    hashed lines."""
-    lines = [data.LINE.findall(text) for text in texts]
-    hits = _in_sorted(
-        np.array([line_hash(raw.rstrip("\n")) for doc in lines for raw in doc], dtype=np.uint64),
-        repeated,
-    ).tolist()
-    out, first = [], 0
-    for doc in lines:
-        out.append("".join(raw for raw, hit in zip(doc, hits[first : first + len(doc)]) if not hit))
-        first += len(doc)
-    return out, sum(hits)
+    hashed lines, on the marked texts only (`stage_clean`)."""
+    out, removed = [], 0
+    for text, check in zip(texts, marked):
+        lines = data.LINE.findall(text) if check else []
+        hits = _in_sorted(
+            np.array([line_hash(raw.rstrip("\n")) for raw in lines], dtype=np.uint64), repeated
+        ).tolist()
+        out.append("".join(raw for raw, hit in zip(lines, hits) if not hit) if check else text)
+        removed += sum(hits)
+    return out, removed
 
 
 def _band_keys(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
@@ -910,11 +897,9 @@ def stage_clean(job: Job, chunk: Chunk) -> dict:
     texts = _read_texts(
         _chunk_file(job, 1, chunk.index, "txt"), offsets, np.flatnonzero(keep).tolist()
     )
-    counts, pii, final = (
-        collections.Counter(docs_in=0, chars_in=0, chars_boilerplate=0),
-        collections.Counter(),
-        [],
-    )
+    counts = collections.Counter(docs_in=0, chars_in=0, chars_boilerplate=0)
+    pii = collections.Counter()
+    final = []
     # 40 bytes per document
     keys, chars, sizes = array.array("Q"), array.array("q"), array.array("q")
     if not job.whole(chunk):
@@ -924,12 +909,18 @@ def stage_clean(job: Job, chunk: Chunk) -> dict:
             boilerplate = _cached(
                 job.work + "boilerplate", lambda: np.load(_work(job, "boilerplate.npy"))
             )
-            remove = (
-                _remove_boilerplate
-                if job.settings.line_dedup == "documents"
-                else _drop_repeated_lines
+            remove = _remove_boilerplate
+            if job.settings.line_dedup == "occurrences":
+                remove = _drop_repeated_lines
+            # marked: the documents with a line in `boilerplate`, found by one lookup of stage 1's
+            # run of (line hash, document); only those are split into lines again (most have none)
+            found = _in_sorted(
+                _load_array(_chunk_file(job, 1, chunk.index, "line_hash.npy")), boilerplate
             )
-            texts, counts["lines_removed"] = remove(texts, boilerplate)
+            marked = np.zeros(len(keep), dtype=bool)
+            marked[_load_array(_chunk_file(job, 1, chunk.index, "line_doc.npy"))[found]] = True
+            marked = marked[np.flatnonzero(keep)].tolist()
+            texts, counts["lines_removed"] = remove(texts, boilerplate, marked)
             texts = [t for t in texts if t.strip()]
     spill = _TextSpill(_chunk_file(job, 2, chunk.index, "txt"))
     for text in texts:
@@ -1112,10 +1103,8 @@ def decide_split(job: Job, chunks: list[Chunk]) -> dict:
         is_val = (keys < cut) & alive
         is_train = ~is_val & alive
         n, n_val = n + int(alive.sum()), n_val + int(is_val.sum())
-        chars_all, chars_train = (
-            chars_all + int(chars[alive].sum()),
-            chars_train + int(chars[is_train].sum()),
-        )
+        chars_all += int(chars[alive].sum())
+        chars_train += int(chars[is_train].sum())
         if is_train.any():
             k = np.flatnonzero(is_train)[np.argmin(keys[is_train])]
             smallest_train = min(smallest_train, (int(keys[k]), (c.index << 32) | int(k)))
@@ -1206,7 +1195,11 @@ def _encode_into(path: pathlib.Path, job: Job, texts: Iterable[str], threads: in
                 batch.append(text)
                 batch_chars += len(text)
             if batch and (text is None or batch_chars > 1 << 20):
-                for ids in encoding.encode_ordinary_batch(batch, num_threads=threads):
+                # one thread: no pool (its task per document costs more than a short document)
+                encoded = map(encoding.encode_ordinary, batch)
+                if threads > 1:
+                    encoded = encoding.encode_ordinary_batch(batch, num_threads=threads)
+                for ids in encoded:
                     f.write(np.array([tok.eot_id] + ids, dtype=dtype).tobytes())
                     starts.append(starts[-1] + len(ids) + 1)
                 batch, batch_chars = [], 0
@@ -1365,12 +1358,8 @@ def write_split_shards(
     read more than e times (val: each once; with --val-data, the val files' documents after the
     chunks' none). Reads the token files a run of consecutive documents at a time, in pieces of
     SHARD_PIECE_TOKENS."""
-    writer, documents, unique, n_bytes = (
-        data.ShardWriter(directory, split, dtype, shard_tokens),
-        0,
-        0,
-        0,
-    )
+    writer = data.ShardWriter(directory, split, dtype, shard_tokens)
+    documents, unique, n_bytes = 0, 0, 0
     passes = 1 if rules is None else max((full + (cut > 0) for full, cut in rules), default=0)
     encoded = [(c.index, c.source) for c in chunks] + (
         [(len(chunks), None)] if split == "val" and job.val_data else []
@@ -1446,11 +1435,9 @@ class _Progress:
         now = time.perf_counter()
         if self.show and (now - self.last > 3 or self.done + self.skipped == self.count):
             self.last, elapsed = now, max(now - self.start, 1e-9)
-            left = (
-                (self.total - self.size_done) / max(self.size_done / elapsed, 1e-9)
-                if self.size_done
-                else 0
-            )
+            left = 0
+            if self.size_done:
+                left = (self.total - self.size_done) / max(self.size_done / elapsed, 1e-9)
             skipped = f" ({self.skipped} done before)" if self.skipped else ""
             print(
                 f"  {self.title}: {self.done + self.skipped}/{self.count} chunks{skipped}, "
@@ -1501,6 +1488,7 @@ def _in_processes(calls: list[tuple], workers: int) -> Iterator[tuple[int, objec
     # workers inherit the loaded modules: no re-import
     context = multiprocessing.get_context("fork")
     # a worker's garbage collections skip the objects it inherits: walking them would touch,
+    outer_freeze = gc.get_freeze_count()  # (dataset.planned's, kept until its build ends)
     gc.freeze()
     # and so copy, every page of this process's heap (a pool of 2 cost ~0.4 CPU-s more here)
     try:
@@ -1518,7 +1506,8 @@ def _in_processes(calls: list[tuple], workers: int) -> Iterator[tuple[int, objec
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
     finally:
-        gc.unfreeze()
+        if not outer_freeze:
+            gc.unfreeze()
 
 
 def _run_stage(
@@ -1794,11 +1783,10 @@ def build_streaming(
         # the val split: the files, after the chunks' none
         if job.val_data:
             marker = _chunk_file(job, 3, len(chunks), "json")
-            val_encoded = (
-                json.loads(marker.read_text())
-                if marker.exists()
-                else run(encode_val_files, job, len(chunks))
-            )
+            if marker.exists():
+                val_encoded = json.loads(marker.read_text())
+            else:
+                val_encoded = run(encode_val_files, job, len(chunks))
             with clock.phase("overlap"):
                 overlap = run(val_files_overlap, job, chunks)
         _remove_work_files(work, ["s2-*.txt"])

@@ -431,6 +431,57 @@ def test_each_gopher_rule_has_a_named_reason(reason, text):
     assert data.gopher_rejection(text, max_words=max_words) == reason
 
 
+def test_letter_and_stop_word_rules_match_their_per_word_definitions():
+    """alphabetic_words (one regex pass over the text, then the words with no ASCII letter checked for any
+    letter) and stop_words (the words as they are first) against the plain per-word definitions, on texts of
+    digits, symbols, accented and CJK words, capitalised stop words and Unicode spaces (str.split's)."""
+    tokens = [
+        "42",
+        "½",
+        "²",
+        "é",
+        "中文",
+        "3rd",
+        "x",
+        "(c)",
+        "::",
+        "Ǆ",
+        "the",
+        "The",
+        "OF",
+        "of,",
+        "and",
+    ]
+    spaces = [" ", " ", "\t", "\u3000", "\xa0", "\x1c", "\u2028"]
+    rng = random.Random(4)
+    for _ in range(400):
+        text = "".join(rng.choice(tokens) + rng.choice(spaces) for _ in range(rng.randint(1, 40)))
+        words, punctuation = text.split(), data._PUNCTUATION
+        lettered = sum(any(c.isalpha() for c in w) for w in words)
+        # "zh": no word-count or word-length rule; the tokens make no symbol, bullet or ellipsis line
+        reason = data._word_rejection(text, words, [text.strip()], 50, 10**6, True, "zh")
+        assert (reason == "alphabetic_words") == (lettered < 0.8 * len(words)), text
+        stops = data.GOPHER_STOP_WORDS.intersection(w.lower().strip(punctuation) for w in words)
+        english = data._word_rejection(text, words, [text.strip()], 0, 10**6, True, "en")
+        if reason is None and english != "mean_word_length":
+            assert (english == "stop_words") == (len(stops) < 2), text
+
+
+def test_pii_needs_never_skip_a_match(monkeypatch):
+    """PII_NEEDS (what a pattern cannot match without) only spares the slow patterns: with every need met,
+    every text is masked the same, on texts strung from the pieces of emails, addresses and phone numbers."""
+    pieces = (
+        "bob@example.com|ann@my-site.org|a@b|x@y.z|@-@|1.2.3.4|10.0.0.1|v1.2.3.4|1.2.3.4.5|(555) 123-4567|"
+        "555.123.4567|+1 555 123 4567|+44 20 7946 0958|2023-01-15|555-1234|+1|٣٣٣-٣٣٣٣|@|.|-| |\n|7|1234"
+    ).split("|")
+    rng = random.Random(6)
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))) for _ in range(3000)]
+    masked = [data.mask_pii(t) for t in texts]
+    monkeypatch.setattr(data, "PII_NEEDS", {label: [re.compile("")] for label in data.PII_NEEDS})
+    assert [data.mask_pii(t) for t in texts] == masked
+    assert sum(m != t for (m, _), t in zip(masked, texts)) > 1000  # most texts hold one
+
+
 def test_ngram_fractions_match_counting_word_tuples():
     """The numpy n-gram ids against the plain definition (dicts of word tuples), on repetitive random texts."""
 
