@@ -271,10 +271,7 @@ PREPARE_FLAGS = [
     ),
     (
         "--tokenizer",
-        {
-            "default": None,
-            "help": "reuse this bpe.py tokenizer JSON instead of training one",
-        },
+        {"default": None, "help": "reuse this bpe.py tokenizer JSON instead of training one"},
     ),
     # >= 1 byte
     (
@@ -323,15 +320,9 @@ PREPARE_FLAGS = [
     ),
     (
         "--strip-accents",
-        {
-            "action": "store_true",
-            "help": "near dedup compares texts without accents",
-        },
+        {"action": "store_true", "help": "near dedup compares texts without accents"},
     ),
-    (
-        "--no-pii",
-        {"action": "store_true", "help": "do not mask emails, phones and IPs"},
-    ),
+    ("--no-pii", {"action": "store_true", "help": "do not mask emails, phones and IPs"}),
     (
         "--lang",
         {
@@ -341,10 +332,7 @@ PREPARE_FLAGS = [
             "help": "keep only documents in these languages (ISO 639-1: en zh ...; classify.py)",
         },
     ),
-    (
-        "--lang-threshold",
-        {"type": float, "default": 0.65, "help": "least language score kept"},
-    ),
+    ("--lang-threshold", {"type": float, "default": 0.65, "help": "least language score kept"}),
     (
         "--quality-threshold",
         {
@@ -353,10 +341,7 @@ PREPARE_FLAGS = [
             "help": "keep documents whose quality-classifier P(high) is at least this (0: off)",
         },
     ),
-    (
-        "--quality-model",
-        {"default": "", "help": "a classifier file (default: classify.py's)"},
-    ),
+    ("--quality-model", {"default": "", "help": "a classifier file (default: classify.py's)"}),
     (
         "--quality-positives",
         {
@@ -369,17 +354,9 @@ PREPARE_FLAGS = [
     ),
     (
         "--quality-negatives",
-        {
-            "nargs": "+",
-            "default": [],
-            "metavar": "SOURCE",
-            "help": "web-like sources",
-        },
+        {"nargs": "+", "default": [], "metavar": "SOURCE", "help": "web-like sources"},
     ),
-    (
-        "--text-field",
-        {"default": "text", "help": "the .jsonl/.parquet field holding the text"},
-    ),
+    ("--text-field", {"default": "text", "help": "the .jsonl/.parquet field holding the text"}),
     (
         "--txt-split",
         {
@@ -389,10 +366,7 @@ PREPARE_FLAGS = [
             "present, else blank lines; a file kept whole is cut only at <|endoftext|>)",
         },
     ),
-    (
-        "--skip-bad-lines",
-        {"action": "store_true", "help": "skip and count malformed .jsonl lines"},
-    ),
+    ("--skip-bad-lines", {"action": "store_true", "help": "skip and count malformed .jsonl lines"}),
     (
         "--max-documents",
         {
