@@ -19,7 +19,7 @@ against web crawl (C4, FineWeb): it knows no rule of quality, it scores how much
 text someone chose to keep, so choosing the positives is choosing what "quality" means. Both ship
 in classifiers/, checked before trusted (`Classifier.load`). docs/classify.md: the details.
 
-Depends on numpy, torch and the standard library.
+Depends on numpy, torch, the standard library and dedup.py (`_powers`: B^0, B^1, ... mod 2^64).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+from dedup import _powers  # base^0, base^1, ... mod 2^64, (count,) uint64
 
 VERSION = 2
 BUCKET_BITS = 16
@@ -56,11 +58,6 @@ QUALITY_LABELS = ("high", "low")
 # every position of a text, the multiplier that spreads h over the buckets (2^64 / golden ratio),
 # and a salt per kind of feature: words, then each n of NGRAMS
 HASH_BASE = 0x100000001B3
-
-
-def _powers(base: int, count: int) -> np.ndarray:
-    """base^0, base^1, ... base^(count - 1) mod 2^64, (count,) uint64."""
-    return np.cumprod(np.r_[1, np.full(count - 1, base)].astype(np.uint64))
 
 
 HASH_POWERS = _powers(HASH_BASE, MAX_CHARS + 2)
