@@ -760,18 +760,16 @@ def stream_sample(
 # 10. Associative recall (MQAR): what linear attention gives up, what one attention layer buys back
 # --------------------------------------------------------------------------------------------------
 
-# GPTConfig.layer_pattern of each model, all RECALL_LAYERS deep and of the same width: the hybrid
-# is the lecture's proportion, mostly linear layers with one attention layer (Jamba, Zamba,
-# Griffin: one in four to one in eight).
+# Each model's layer_pattern, all RECALL_LAYERS deep and one width: the hybrid is the lecture's
+# mostly linear stack with one attention layer (Jamba, Zamba, Griffin: one in four to eight).
 RECALL_KINDS = {"attention": "AAAA", "linear": "LLLL", "hybrid": "LLLA"}
 RECALL_LAYERS = 4
 # Learning rates swept per kind, as Zoology does: each kind trains seed 0 at every rate, keeps the
 # rate with the best mean accuracy over the pair counts, and trains its other seeds at that rate
-# (one rate per model, not per seed). Pilots (one seed, 4 layers): attention sat on the 1 / pairs
-# plateau (it answers with any value from the context) for hundreds of steps at some rates; the
-# hybrid at 3e-3 left it by step 400.
+# (one rate per model, not per seed). Pilots: with heads of 16 or 32, GPT-2's init or gates kept
+# at 0.95, the models answered with any value of the row for thousands of steps (docs/model.md).
 RECALL_LRS = (1e-3, 3e-3, 1e-2)
-RECALL_BATCH, RECALL_STEPS, RECALL_WIDTH, RECALL_VOCAB = 64, 1500, 32, 64
+RECALL_BATCH, RECALL_STEPS, RECALL_WIDTH, RECALL_VOCAB, RECALL_HEADS = 64, 1500, 64, 64, 1
 
 
 def mqar_batch(n_pairs: int, batch: int, vocab_size: int = 256, generator=None):
@@ -792,11 +790,9 @@ def mqar_batch(n_pairs: int, batch: int, vocab_size: int = 256, generator=None):
             f"{n_pairs} key-value pairs need {n_pairs} distinct keys, but vocab_size={vocab_size} "
             f"has {half}; use 1 to {half} pairs"
         )
-    # (B, n) distinct keys
-    keys = torch.rand(batch, half, generator=generator).argsort(-1)[:, :n_pairs]
+    keys = torch.rand(batch, half, generator=generator).argsort(-1)[:, :n_pairs]  # (B, n) distinct
     values = torch.randint(half, vocab_size, (batch, n_pairs), generator=generator)  # (B, n)
-    # the questions' order
-    order = torch.rand(batch, n_pairs, generator=generator).argsort(-1)
+    order = torch.rand(batch, n_pairs, generator=generator).argsort(-1)  # (B, n) asking order
     # (B, 2n) k1 v1 k2 v2 ...
     listed = torch.stack((keys, values), -1).flatten(1)
     asked = torch.stack((keys.gather(1, order), values.gather(1, order)), -1).flatten(1)
@@ -818,18 +814,33 @@ def recall_accuracy(model, n_pairs: int, n_rows: int = 256, seed: int = 0) -> fl
 
 
 def recall_config(kind: str, pair_counts: list[int], width: int = RECALL_WIDTH):
-    """The GPTConfig of one model: RECALL_LAYERS layers of RECALL_KINDS[kind], 2 heads."""
+    """One model's GPTConfig: RECALL_LAYERS layers of RECALL_KINDS[kind], the head untied."""
     import model as model_lib
 
     return model_lib.GPTConfig(
         vocab_size=RECALL_VOCAB,
         block_size=4 * max(pair_counts),
         n_layer=RECALL_LAYERS,
-        n_head=2,
-        n_kv_head=2,
+        n_head=RECALL_HEADS,
+        n_kv_head=RECALL_HEADS,
         n_embd=width,
+        tie_embeddings=False,
         layer_pattern=RECALL_KINDS[kind],
     )
+
+
+def recall_init(net: torch.nn.Module) -> None:
+    """PyTorch's default initialisation in place of GPT-2's N(0, 0.02): every linear weight
+    U(+-1/sqrt(fan_in)), the embedding N(0, 1); linear attention's gates start at retention 1/2
+    (bias 0, not 3): to hand the attention layer the previous token they must learn to forget."""
+    for module in net.modules():
+        if isinstance(module, torch.nn.Linear):
+            bound = 1 / math.sqrt(module.in_features)
+            torch.nn.init.uniform_(module.weight, -bound, bound)
+            if module.bias is not None:  # only the gates have one
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, torch.nn.Embedding):
+            torch.nn.init.normal_(module.weight, 0.0, 1.0)
 
 
 def train_recall(
@@ -841,22 +852,21 @@ def train_recall(
     batch: int = RECALL_BATCH,
     lr: float = 3e-3,
 ):
-    """A model of `kind` (RECALL_KINDS) trained on MQAR rows whose pair count cycles through
-    pair_counts; AdamW without weight decay at lr, a 50-step warmup, cosine decay to 0. Returns
-    the model in eval mode."""
+    """A model of `kind` (RECALL_KINDS, recall_init) trained on MQAR rows cycling through
+    pair_counts: AdamW, no weight decay, 50 warmup steps, cosine to 0. Returns it in eval mode."""
     import model as model_lib
 
     torch.manual_seed(seed)
     net = model_lib.GPT(recall_config(kind, pair_counts, width))
+    recall_init(net)
     optimizer = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / steps))
     )
     generator = torch.Generator().manual_seed(seed + 1000)
     for step in range(steps):
-        idx, targets = mqar_batch(
-            pair_counts[step % len(pair_counts)], batch, RECALL_VOCAB, generator
-        )
+        n_pairs = pair_counts[step % len(pair_counts)]
+        idx, targets = mqar_batch(n_pairs, batch, RECALL_VOCAB, generator)
         _, loss = net(idx, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -949,6 +959,7 @@ def recall_experiment(
         "seeds": seeds,
         "steps": steps,
         "width": width,
+        "heads": RECALL_HEADS,
         "layers": RECALL_LAYERS,
         "patterns": RECALL_KINDS,
         "batch": RECALL_BATCH,

@@ -176,7 +176,9 @@ def recall_report(result: dict) -> str:
         "# Associative recall (MQAR): attention, linear attention, hybrid",
         "",
         f"Made by `python evaluate.py recall --out docs/recall`: {r['layers']}-layer models "
-        f"of width {r['width']} ({patterns}; A attention, L gated linear attention), "
+        f"of width {r['width']} (heads: {r['heads']} of {r['width'] // r['heads']}; {patterns}; A "
+        "attention, L gated linear attention), initialised by `evaluate.recall_init` (PyTorch's "
+        "defaults, linear attention's gates at retention 1/2), "
         f"{r['steps']:,} AdamW steps of {r['batch']} rows (no weight decay, cosine decay), "
         f"{r['seeds']} seeds, scored on 256 fresh rows per pair count.",
         "",
@@ -220,10 +222,19 @@ def recall_report(result: dict) -> str:
         + " |"
         for kind in runs
     ]
+    # every listed key is asked once: a model that recalls nothing can still answer with a value
+    # not yet asked, right 1/n + 1/(n-1) + ... + 1 times in n: H_n / n
+    elimination = [sum(1 / k for k in range(1, n + 1)) / n for n in counts]
+    linear_reading = "its state per head is a fixed head_dim x head_dim matrix"
+    linear_means = [np.mean(c) for c in cells["linear"]]
+    if all(abs(m - e) <= 0.02 for m, e in zip(linear_means, elimination)):
+        linear_reading = "it answers by elimination at every count: it recalled nothing here"
     lines += [
         "",
         "A model that answers with a random value from the context scores 1 / pairs: "
         + " / ".join(f"{1 / n:.2f}" for n in counts)
+        + "; one that answers by elimination (the values not yet asked) H_n / n: "
+        + " / ".join(f"{e:.2f}" for e in elimination)
         + ".",
         "",
         "## What the table says (computed from it, seed by seed)",
@@ -231,8 +242,7 @@ def recall_report(result: dict) -> str:
         f"- attention: {sum(verdict['attention'])} of {len(verdict['attention'])} seeds "
         f">= 0.95 at every pair count.",
         f"- linear: {sum(verdict['linear'])} of {len(verdict['linear'])} seeds down by "
-        f">= 0.1 from {counts[0]} to {counts[-1]} pairs (its state per head is a fixed "
-        f"head_dim x head_dim matrix).",
+        f">= 0.1 from {counts[0]} to {counts[-1]} pairs ({linear_reading}).",
         f"- hybrid: {sum(verdict['hybrid'])} of {len(verdict['hybrid'])} seeds at least "
         f"half-way from linear's mean to attention's at {counts[-1]} pairs, with one "
         f"attention layer in {r['layers']}.",

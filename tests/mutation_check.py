@@ -173,6 +173,36 @@ MUTANTS = [
         "every rank steps its shard by rank 0's slice of the orthogonalised update",
     ),
     Mutant(
+        "recall-models-keep-gpt2-init",
+        "evaluate.py",
+        "    recall_init(net)\n",
+        "",
+        (
+            "tests/test_evaluate.py::test_attention_and_hybrid_recall_every_pair_with_the_recall_recipe",
+        ),
+        "the recall models start at GPT-2's N(0, 0.02): attention answers with any value of the row",
+    ),
+    Mutant(
+        "recall-gates-start-at-0.95",
+        "evaluate.py",
+        "                torch.nn.init.zeros_(module.bias)\n",
+        "                pass\n",
+        (
+            "tests/test_evaluate.py::test_attention_and_hybrid_recall_every_pair_with_the_recall_recipe",
+        ),
+        "linear attention's gates keep model.py's bias of 3: the hybrid never gets the previous token",
+    ),
+    Mutant(
+        "recall-heads-of-16",
+        "evaluate.py",
+        "RECALL_VOCAB, RECALL_HEADS = 64, 1500, 64, 64, 1",
+        "RECALL_VOCAB, RECALL_HEADS = 64, 1500, 64, 64, 4",
+        (
+            "tests/test_evaluate.py::test_attention_and_hybrid_recall_every_pair_with_the_recall_recipe",
+        ),
+        "four heads of 16: attention's previous-token head, from RoPE alone, forms too slowly",
+    ),
+    Mutant(
         "bits-per-byte-in-nats",
         "evaluate.py",
         "return total_nats / n_bytes / LN2",

@@ -500,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--width",
         type=in_range(int, 4, 1024),
         default=evaluate.RECALL_WIDTH,
-        help="n_embd (2 heads)",
+        help="n_embd, in evaluate.RECALL_HEADS heads",
     )
     p.add_argument(
         "--workers",
@@ -629,9 +629,11 @@ def compare(args) -> list[dict]:
 
 
 def recall(args) -> None:
-    if args.width % 4:
+    step = 2 * evaluate.RECALL_HEADS  # RoPE turns pairs of a head's channels
+    if args.width % step:
         raise EvalError(
-            f"--width {args.width}: 2 heads need an even head size; use a multiple of 4"
+            f"--width {args.width}: {evaluate.RECALL_HEADS} head(s) need an even head size; use a "
+            f"multiple of {step}"
         )
     result = recall_report.run_recall(
         args.pairs, args.seeds, args.steps, args.contexts, args.width, args.lr, args.workers
