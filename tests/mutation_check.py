@@ -203,6 +203,22 @@ MUTANTS = [
         "four heads of 16: attention's previous-token head, from RoPE alone, forms too slowly",
     ),
     Mutant(
+        "pii-ip-need-misses-one-digit-octets",
+        "data.py",
+        '"IP": [re.compile(r"\\.\\d{1,3}\\.")]',
+        '"IP": [re.compile(r"\\.\\d{2,3}\\.")]',
+        ("tests/test_data.py::test_pii_needs_never_skip_a_match",),
+        "the cheap search before the IP pattern skips 10.1.2.3: an address left unmasked",
+    ),
+    Mutant(
+        "stream-boilerplate-marks-no-document",
+        "machinery/data_at_scale.py",
+        '(job, 1, chunk.index, "line_doc.npy"))[found]] = True',
+        '(job, 1, chunk.index, "line_doc.npy"))[found]] = False',
+        ("tests/test_data.py::test_streaming_equals_in_memory",),
+        "the streaming engine splits no document into lines again: its boilerplate stays",
+    ),
+    Mutant(
         "bits-per-byte-in-nats",
         "evaluate.py",
         "return total_nats / n_bytes / LN2",
