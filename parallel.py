@@ -745,6 +745,7 @@ class Zero(_LaunchInOrder):
         if hasattr(self.optimizer, "orthogonalise"):  # Muon (train.py): whole matrices only
             self._orthogonalise_matrix = self.optimizer.orthogonalise
             self.optimizer.orthogonalise = self._orthogonalise_shard
+            self._unit_of_shard = {id(u.shard): u for u in self.units}  # looked up every step
         self._reduced = False
         # stage 1 reduces after backward, stages 2-3 as backward produces the gradients
         self._launch_in_order(self.units, hooked=stage >= 2)
@@ -858,7 +859,7 @@ class Zero(_LaunchInOrder):
         are all-gathered (one gather more per step), every rank orthogonalises every matrix of the
         unit (the same result everywhere) and keeps its slice. A unit of 3 + 4 values on 2 ranks:
             [m m m m | m m m 0] -> [u u u u | u u u 0] -> rank 1 keeps [u u u 0]"""
-        unit = next(u for u in self.units if u.shard is shard)
+        unit = self._unit_of_shard[id(shard)]
         momentum = torch.empty(unit.padded, dtype=nesterov.dtype, device=nesterov.device)
         unit.comm.all_gather(momentum, nesterov.contiguous())  # (padded,)
         update = torch.zeros_like(momentum)

@@ -553,7 +553,7 @@ class Muon(torch.optim.AdamW):
                 buffer = state["momentum"]
                 buffer.lerp_(p.grad, 1 - group["momentum"])  # m <- 0.95 m + 0.05 g
                 nesterov = p.grad.lerp(buffer, group["momentum"])  # look ahead: 0.05 g + 0.95 m
-                update = self.orthogonalise(p, nesterov)  # (rows, cols)
+                update = self.orthogonalise(p, nesterov)  # (rows, cols); ZeRO: a flat slice
                 p.mul_(1 - group["lr"] * group["weight_decay"])  # decoupled decay, as AdamW's
                 p.add_(update, alpha=-group["lr"])
                 p.grad = None  # stepped: AdamW's step below skips a parameter without a gradient

@@ -1184,7 +1184,6 @@ def _encode_into(path: pathlib.Path, job: Job, texts: Iterable[str], threads: in
     """Encode documents into a token file (<|endoftext|> before each), ~1M characters per encode
     call; returns the token offsets of the documents, (documents + 1,)."""
     tok = _cached(job.work + "tokenizer", lambda: bpe.Tokenizer.load(_work(job, "tokenizer.json")))
-    encoding = _cached(job.work + "encoding", tok.to_tiktoken)
     dtype = data.dtype_for_vocab(len(tok)).newbyteorder("<")
     starts = [0]
 
@@ -1195,12 +1194,9 @@ def _encode_into(path: pathlib.Path, job: Job, texts: Iterable[str], threads: in
                 batch.append(text)
                 batch_chars += len(text)
             if batch and (text is None or batch_chars > 1 << 20):
-                # one thread: no pool (its task per document costs more than a short document)
-                encoded = map(encoding.encode_ordinary, batch)
-                if threads > 1:
-                    encoded = encoding.encode_ordinary_batch(batch, num_threads=threads)
-                for ids in encoded:
-                    f.write(np.array([tok.eot_id] + ids, dtype=dtype).tobytes())
+                # the in-memory engine's encoder too: a run of documents per thread
+                for ids in data.encode_documents(tok, batch, threads):
+                    f.write(np.concatenate(([tok.eot_id], ids)).astype(dtype).tobytes())
                     starts.append(starts[-1] + len(ids) + 1)
                 batch, batch_chars = [], 0
 
