@@ -1,5 +1,5 @@
 """The command line of scaling.py: `python scaling.py [budget|isoflop|kaplan|verdicts|trillion|
-memory|bubble|hardware|fit|sweep|dedup-effect] ...`; with no subcommand, the lecture's worked
+memory|bubble|hardware|fit|sweep|recipe|dedup-effect] ...`; with no subcommand, the lecture's worked
 example.
 
 The calculator's and the fit's subcommands call scaling.py and print machinery/scaling_reports.py's
@@ -20,7 +20,7 @@ import pathlib
 import re
 import sys
 
-from machinery import runs_file, scaling_plots, scaling_reports, sweep
+from machinery import recipe, runs_file, scaling_plots, scaling_reports, sweep
 from machinery.cli import Parser, add_commands, in_range, run, writable
 from machinery.scaling_reports import (
     budget_report,
@@ -182,7 +182,7 @@ def _lesson() -> str:
             f"{pipeline_bubble(4, 16):.1%}",
             "More: scaling.py "
             "{budget,isoflop,kaplan,verdicts,trillion,memory,bubble,hardware,fit,sweep,"
-            "dedup-effect} --help",
+            "recipe,dedup-effect} --help",
         ]
     )
 
@@ -420,9 +420,22 @@ def _cmd_dedup_effect(args) -> str:
     return sweep.dedup_effect_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
 
 
-def _shared_flags(name: str, quick: str) -> list:
-    """The flags both experiments share: --quick, --workers, --threads, --out-dir, --max-hours."""
-    return [
+def _cmd_recipe(args) -> str:
+    settings = recipe.QUICK_RECIPE if args.quick else recipe.RecipeSettings()
+    given = {"workers": args.workers, "threads": args.threads, "seeds": args.seeds}
+    settings = dataclasses.replace(settings, **{k: v for k, v in given.items() if v is not None})
+    out_dir = args.out_dir or ("out/recipe-quick" if args.quick else "out/recipe")
+    try:
+        result = recipe.recipe(settings, out_dir, log=_log_line)
+    except ScalingError as e:
+        raise with_flags(e) from None
+    return recipe.recipe_report(result) + f"\nwritten: {pathlib.Path(out_dir) / 'REPORT.md'}"
+
+
+def _shared_flags(name: str, quick: str, max_hours: bool = True) -> list:
+    """The flags the experiments share: --quick, --workers, --threads, --out-dir and (the sweep's
+    and dedup-effect's: they estimate their time first) --max-hours."""
+    shared = [
         flag("--quick", action="store_true", help=f"{quick}, for tests"),
         flag("--workers", type=in_range(int, 1, 64), help="training runs side by side (default 2)"),
         flag(
@@ -436,6 +449,10 @@ def _shared_flags(name: str, quick: str) -> list:
             default=None,
             help=f"default out/{name} (quick: out/{name}-quick)",
         ),
+    ]
+    if not max_hours:
+        return shared
+    return shared + [
         flag(
             "--max-hours",
             type=in_range(float, 0.0, 1e6, low_open=True),
@@ -447,7 +464,7 @@ def _shared_flags(name: str, quick: str) -> list:
 
 
 def _experiment_commands() -> dict:
-    """sweep and dedup-effect: cli.add_commands's table."""
+    """sweep, recipe and dedup-effect: cli.add_commands's table."""
     sweep_flags = [
         flag(
             "--budgets",
@@ -505,6 +522,18 @@ def _experiment_commands() -> dict:
             "IsoFLOP sweep through train.py: fit Approaches 1-3, predict a held-out budget",
             _cmd_sweep,
             _shared_flags("sweep", "a tiny design on pydocs (seconds per run)") + sweep_flags,
+        ),
+        "recipe": (
+            "Muon vs tuned AdamW, QK-norm / soft-cap / z-loss, WSD branches, width transfer",
+            _cmd_recipe,
+            _shared_flags("recipe", "a tiny design on pydocs (seconds per run)", max_hours=False)
+            + [
+                flag(
+                    "--seeds",
+                    type=in_range(int, 2, 20),
+                    help="seeds per compared point (default 3)",
+                )
+            ],
         ),
         "dedup-effect": (
             "1%% of documents repeated 50x vs dedup.py's cleaned corpus, 3 seeds",

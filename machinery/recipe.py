@@ -1,0 +1,612 @@
+"""The 2024-26 recipe, measured: each change's effect in nats against its baseline, 3 seeds.
+
+Serves: train.py (Muon, section 9; WSD, section 2), model.py (QK-norm, the logit soft-cap and
+z-loss). Its command line, `python scaling.py recipe [--quick]`, is machinery/commands/scaling.py;
+it writes REPORT.md, result.json and recipe.png into its out-dir (docs/recipe holds the committed
+run).
+
+Every run is `python train.py ...` in a subprocess (machinery/sweep.py's runner), the same 2-layer,
+width-64 model (16-channel heads, 0.13M parameters on the 512-token pystdlib BPE) for the same
+tokens, scored on the same held-out windows. Four experiments:
+
+1. Optimizer: AdamW and Muon, each over the same learning-rate grid on seed 0; each one's best rate
+   trained again from seeds 1 and 2. The gap is counted in seed standard deviations (the larger of
+   the two), as the dedup-effect experiment does.
+2. Stability: AdamW at its best rate and at `high_lr_factor` times it, plain and with each of
+   QK-norm, the logit soft-cap and z-loss, 3 seeds each: the loss penalty of the too-high rate, and
+   the largest attention logit the finished model computes on held-out text.
+3. WSD branches: one warmup-stable run per seed, checkpointed; from the checkpoint at 80% of each
+   length L, a branch resumes (optimizer moments, data position and all) and decays linearly to
+   10% over the last 20% of L, beside a cosine run of length L. One stable run and its branches
+   cost fewer steps than one cosine run per length; a branch decaying to 0 is measured too.
+4. Width transfer: the learning-rate grid at widths 64, 128 and 256, plain and with train.py's
+   width rule (`--lr-base-width 64`), one seed: where the best rate moves.
+
+Depends on numpy and machinery's sweep (the runner, the dataset, the output folder) and fileio;
+inside the functions that need them: torch, evaluate.py (loading a run) and the attention probe,
+matplotlib (the plot).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import math
+import pathlib
+import shutil
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from machinery import fileio, sweep
+from scaling import ScalingError
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeSettings:
+    """The experiment's design (see the module docstring); `quick` shrinks it to seconds."""
+
+    data: str = "pystdlib"
+    vocab_size: int = 512
+    n_layer: int = 2
+    n_embd: int = 64
+    batch_size: int = 16
+    block_size: int = 128
+    steps: int = 400  # 400 x 16 x 128 = 0.82M tokens a run
+    warmup_steps: int = 20
+    lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
+    seeds: int = 3
+    high_lr_factor: float = 8.0
+    # (name, --model-args added) of each stability tool
+    stability: tuple[tuple[str, str], ...] = (
+        ("QK-norm", "qk_norm=True"),
+        ("soft-cap 30", "logit_softcap=30"),
+        ("z-loss 1e-4", "z_loss=0.0001"),
+    )
+    wsd_lengths: tuple[float, ...] = (0.5, 0.75, 1.0)  # fractions of `steps`
+    decay_fraction: float = 0.2
+    widths: tuple[int, ...] = (64, 128, 256)
+    width_steps: int = 200
+    width_batch_size: int = 8
+    width_rule: tuple[str, ...] = ("--lr-base-width", "64")  # train.py's flag and its base
+    eval_windows: int = 384
+    workers: int = 2
+    threads: int = 1
+
+
+QUICK_RECIPE = RecipeSettings(
+    data="pydocs",
+    batch_size=4,
+    block_size=64,
+    steps=20,
+    warmup_steps=2,
+    lrs=(2e-3, 8e-3),
+    seeds=2,
+    widths=(32, 64),
+    width_steps=10,
+    width_batch_size=4,
+    width_rule=("--lr-base-width", "32"),
+    eval_windows=8,
+)
+
+HEAD_DIM = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One train.py run: its folder name, the flags that differ from the common ones, its steps."""
+
+    name: str
+    flags: tuple[str, ...]
+    steps: int
+    n_embd: int = 64
+    model_args: str = ""
+
+
+# --------------------------------------------------------------------------------------------------
+# The runs
+# --------------------------------------------------------------------------------------------------
+
+
+def command(s: RecipeSettings, job: Job, data_dir, run_dir) -> list[str]:
+    """train.py's command line for a job: the common settings, then the job's flags (argparse keeps
+    the last value of a flag given twice, so a job may override a common one)."""
+    heads = job.n_embd // HEAD_DIM
+    model_args = f"n_layer={s.n_layer},n_embd={job.n_embd},n_head={heads},n_kv_head={heads}"
+    model_args += ",ffn_multiple_of=16" + (f",{job.model_args}" if job.model_args else "")
+    common = {
+        "--data": str(data_dir),
+        "--model": "sweep-1",
+        "--model-args": model_args,
+        "--out-dir": str(run_dir),
+        "--batch-size": s.batch_size,
+        "--block-size": s.block_size,
+        "--max-steps": job.steps,
+        "--warmup-steps": s.warmup_steps,
+        "--eval-interval": job.steps,
+        "--eval-batches": max(1, s.eval_windows // s.batch_size),
+        "--ckpt-interval": job.steps,
+        "--log-interval": max(1, job.steps // 4),
+        "--dtype": "fp32",
+        "--device": "cpu",
+        "--num-samples": 0,
+    }
+    flat = [str(x) for pair in common.items() for x in pair]
+    return [sys.executable, str(sweep.ROOT / "train.py"), *flat, "--no-eval-at-start", "--no-plot"]
+
+
+def run_jobs(s: RecipeSettings, jobs: Sequence[Job], data_dir, out: pathlib.Path, log) -> dict:
+    """Train the jobs, `workers` side by side, reusing a finished run whose command is unchanged.
+    Returns {name: final validation loss, or None for a run that diverged or failed (its last
+    line is logged)}."""
+    unique = list({job.name: job for job in jobs}.values())
+
+    def one(job: Job):
+        run_dir = out / "runs" / job.name
+        cmd = command(s, job, data_dir, run_dir) + list(job.flags)
+        stamp, wanted = run_dir / "command.json", json.dumps(cmd[1:])
+        loss = sweep.final_val_loss(run_dir / "metrics.jsonl", job.steps)
+        if stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted:
+            return job.name, loss
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        t0 = time.perf_counter()
+        try:
+            sweep._run_train(cmd, run_dir / "train.log", s.threads)
+        except ScalingError as e:
+            log(f"{job.name}: {e}")  # a diverged run is a result here, not the end
+        loss = sweep.final_val_loss(run_dir / "metrics.jsonl", job.steps)
+        fileio.write_atomic(stamp, wanted, error=ScalingError, fix="pass another out_dir")
+        shown = "diverged" if loss is None else f"{loss:.4f}"
+        log(f"{job.name}: loss {shown} ({time.perf_counter() - t0:.0f} s)")
+        return job.name, loss
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, s.workers)) as pool:
+        # the longest first, so that no long run starts last while the other core idles
+        ordered = sorted(unique, key=lambda job: -job.steps * job.n_embd**2)
+        return dict(pool.map(one, ordered))
+
+
+def lr_name(lr: float) -> str:
+    """'4e-03' -> a folder-name-safe rate: lr_name(0.004) == 'lr0.004'."""
+    return f"lr{lr:g}"
+
+
+def optimizer_job(s: RecipeSettings, optimizer: str, lr: float, seed: int, model_args="", name=""):
+    """A run of the optimizer experiment (a stability run: the same with model_args, named)."""
+    flags = ("--optimizer", optimizer, "--lr", f"{lr:g}", "--seed", str(seed))
+    tag = f"-{name}" if name else ""
+    return Job(f"{optimizer}{tag}-{lr_name(lr)}-s{seed}", flags, s.steps, s.n_embd, model_args)
+
+
+def best_lr(losses: dict, names: dict) -> float:
+    """The rate of the lowest loss among {lr: run name}; a diverged run counts as infinite."""
+    return min(names, key=lambda lr: _finite(losses.get(names[lr])))
+
+
+def _finite(loss) -> float:
+    return math.inf if loss is None else loss
+
+
+def mean_sd(values: Sequence[float | None]) -> tuple[float, float]:
+    """Mean and sample standard deviation; a diverged run (None) makes both nan.
+
+    >>> mean_sd([3.0, 3.2, 3.1])
+    (3.1, 0.1)
+    """
+    if any(v is None for v in values) or not values:
+        return math.nan, math.nan
+    array = np.array(values, dtype=float)
+    sd = float(np.std(array, ddof=1)) if len(array) > 1 else 0.0
+    return round(float(array.mean()), 12), round(sd, 12)
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan: three phases, each needing the last one's results
+# --------------------------------------------------------------------------------------------------
+
+
+def grid_jobs(s: RecipeSettings) -> dict:
+    """Phase 1: {optimizer: {lr: job}} on seed 0, and the width grid {(width, rule, lr): job}."""
+    grid = {opt: {lr: optimizer_job(s, opt, lr, 0) for lr in s.lrs} for opt in ("adamw", "muon")}
+    widths = {}
+    for width in s.widths:
+        for rule in ("plain", "rule"):
+            for lr in s.lrs:
+                flags = ("--lr", f"{lr:g}", "--batch-size", str(s.width_batch_size))
+                if rule == "rule":
+                    flags += s.width_rule
+                name = f"width{width}-{rule}-{lr_name(lr)}"
+                widths[(width, rule, lr)] = Job(name, flags, s.width_steps, width)
+    return {"optimizer": grid, "width": widths}
+
+
+def branch_points(s: RecipeSettings) -> dict[int, int]:
+    """{length L: the step its WSD branch starts decaying}, as train.wsd_lr computes it.
+
+    >>> branch_points(RecipeSettings())
+    {200: 160, 300: 240, 400: 320}
+    """
+    lengths = [round(fraction * s.steps) for fraction in s.wsd_lengths]
+    return {L: L - int(round(s.decay_fraction * L)) for L in lengths}
+
+
+def second_jobs(s: RecipeSettings, best: dict) -> dict:
+    """Phase 2, given each optimizer's best rate: the other seeds, the stability grid, the WSD
+    stable runs and the cosine runs they are compared with."""
+    seeds, lr = range(s.seeds), best["adamw"]
+    jobs = {
+        "optimizer": {opt: [optimizer_job(s, opt, best[opt], k) for k in seeds] for opt in best}
+    }
+    tools = [("plain", "")] + list(s.stability)
+    jobs["stability"] = {
+        (tool, rate): [
+            optimizer_job(s, "adamw", rate, k, args, _slug(tool) if args else "") for k in seeds
+        ]
+        for tool, args in tools
+        for rate in (lr, lr * s.high_lr_factor)
+    }
+    points = branch_points(s)
+    interval = math.gcd(*points.values())
+    stable_flags = ("--schedule", "wsd", "--decay-fraction", "0", "--lr", f"{lr:g}")
+    stable_flags += ("--ckpt-interval", str(interval))
+    stable_flags += ("--keep-checkpoints", str(max(points.values()) // interval))
+    jobs["stable"] = [
+        Job(f"wsd-stable-s{k}", stable_flags + ("--seed", str(k)), max(points.values()))
+        for k in seeds
+    ]
+    jobs["cosine"] = {L: [_cosine_job(s, lr, L, k) for k in seeds] for L in points}
+    return jobs
+
+
+def _cosine_job(s: RecipeSettings, lr: float, length: int, seed: int) -> Job:
+    """A cosine run of `length` steps; the full length is the optimizer experiment's run."""
+    job = optimizer_job(s, "adamw", lr, seed)
+    if length == s.steps:
+        return job
+    return dataclasses.replace(job, name=f"cosine{length}-{lr_name(lr)}-s{seed}", steps=length)
+
+
+def branch_jobs(s: RecipeSettings, lr: float, out: pathlib.Path) -> dict:
+    """Phase 3: from each stable run's checkpoint at a branch point, the decay to 10% (and, at the
+    full length, to 0). {(L, min_lr_ratio): [job per seed]}."""
+    jobs = {}
+    for L, point in branch_points(s).items():
+        for floor in (0.1, 0.0) if L == s.steps else (0.1,):
+            flags = ("--schedule", "wsd", "--decay-fraction", f"{s.decay_fraction:g}")
+            flags += ("--lr", f"{lr:g}", "--min-lr-ratio", f"{floor:g}")
+            jobs[(L, floor)] = [
+                Job(
+                    f"wsd{L}-to{floor:g}-s{k}",
+                    flags
+                    + ("--seed", str(k))
+                    + ("--resume", str(out / "runs" / f"wsd-stable-s{k}" / f"ckpt_{point:07d}.pt")),
+                    L,
+                )
+                for k in range(s.seeds)
+            ]
+    return jobs
+
+
+def _slug(tool: str) -> str:
+    """'soft-cap 30' -> 'soft-cap-30': a run folder's name."""
+    return tool.replace(" ", "-")
+
+
+# --------------------------------------------------------------------------------------------------
+# The experiment
+# --------------------------------------------------------------------------------------------------
+
+
+def recipe(settings: RecipeSettings = RecipeSettings(), out_dir="out/recipe", log=print) -> dict:
+    """Prepare the corpus (cached), run the three phases, write result.json, REPORT.md and
+    recipe.png into out_dir; returns the result. A rerun reuses every finished run."""
+    from machinery import data_at_scale
+
+    s = settings
+    dataset = sweep.open_dataset(s.data)
+    keep = lambda out: any((out / "runs").glob("*/command.json"))  # noqa: E731
+    with sweep.output_folder(out_dir, keep=keep) as out:
+        data_dir = s.data
+        if dataset is None:
+            log(f"preparing {s.data} with a {s.vocab_size}-token BPE (cached after the first time)")
+            with sweep._data_errors(s.data):
+                data_dir = data_at_scale.prepare(s.data.split(","), vocab_size=s.vocab_size, seed=0)
+        t0 = time.perf_counter()
+        first = grid_jobs(s)
+        every = [*first["optimizer"]["adamw"].values(), *first["optimizer"]["muon"].values()]
+        losses = run_jobs(s, every + list(first["width"].values()), data_dir, out, log)
+        names = {
+            opt: {lr: j.name for lr, j in runs.items()} for opt, runs in first["optimizer"].items()
+        }
+        best = {opt: best_lr(losses, names[opt]) for opt in names}
+        second = second_jobs(s, best)
+        every = [j for runs in second["optimizer"].values() for j in runs]
+        every += [j for runs in second["stability"].values() for j in runs] + second["stable"]
+        every += [j for runs in second["cosine"].values() for j in runs]
+        losses.update(run_jobs(s, every, data_dir, out, log))
+        third = branch_jobs(s, best["adamw"], out)
+        losses.update(run_jobs(s, [j for runs in third.values() for j in runs], data_dir, out, log))
+        logits = largest_logits(s, second["stability"], data_dir, out)
+        result = summarise(s, first, second, third, losses, logits, best)
+        result["minutes"] = round((time.perf_counter() - t0) / 60, 1)
+        fileio.write_atomic(out / "result.json", json.dumps(result, indent=1), error=ScalingError)
+        fileio.write_atomic(out / "REPORT.md", recipe_report(result), error=ScalingError)
+        plot_recipe(result, out / "recipe.png")
+    return result
+
+
+def largest_logits(s: RecipeSettings, stability: dict, data_dir, out: pathlib.Path) -> dict:
+    """{run name: the largest attention logit its finished model computes on the first held-out
+    windows} for every stability run that finished (machinery/probes.py's probe)."""
+    import torch
+
+    import data as data_lib
+    import evaluate
+    from machinery.probes import max_attention_logit
+
+    val = data_lib.TokenData(data_dir).shards["val"][0]
+    windows = min(s.batch_size, len(val) // s.block_size)
+    idx = torch.from_numpy(val[: windows * s.block_size].astype(np.int64)).view(windows, -1)
+    found = {}
+    for job in (job for runs in stability.values() for job in runs):
+        run_dir = out / "runs" / job.name
+        if sweep.final_val_loss(run_dir / "metrics.jsonl", job.steps) is not None:
+            model, _, _ = evaluate.load_model(run_dir)
+            found[job.name] = round(max_attention_logit(model, idx), 3)
+    return found
+
+
+def summarise(s, first, second, third, losses, logits, best) -> dict:
+    """Every run's loss, grouped as the report reads them (JSON: rates and lengths as strings)."""
+
+    def of(jobs):
+        return [losses.get(job.name) for job in jobs]
+
+    grid = first["optimizer"]
+    stability = [
+        {"tool": tool, "lr": rate, "losses": of(jobs), "logits": [logits.get(j.name) for j in jobs]}
+        for (tool, rate), jobs in second["stability"].items()
+    ]
+    wsd = {
+        str(L): {"cosine": of(second["cosine"][L]), "branch": of(third[(L, 0.1)])}
+        for L in branch_points(s)
+    }
+    return {
+        "settings": dataclasses.asdict(s),
+        "best_lr": best,
+        "grid": {
+            opt: {f"{lr:g}": losses.get(j.name) for lr, j in runs.items()}
+            for opt, runs in grid.items()
+        },
+        "seeds": {opt: of(jobs) for opt, jobs in second["optimizer"].items()},
+        "stability": stability,
+        "wsd": wsd,
+        "wsd_to_zero": of(third[(s.steps, 0.0)]),
+        "wsd_stable": of(second["stable"]),
+        "width": [
+            {"width": w, "rule": rule, "lr": lr, "loss": losses.get(job.name)}
+            for (w, rule, lr), job in first["width"].items()
+        ],
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# The report, written from result.json's numbers
+# --------------------------------------------------------------------------------------------------
+
+
+def _pm(values) -> str:
+    """'3.1234 ± 0.0100' (mean ± seed standard deviation), or 'diverged'."""
+    mean, sd = mean_sd(values)
+    return "diverged" if math.isnan(mean) else f"{mean:.4f} ± {sd:.4f}"
+
+
+def _loss(value) -> str:
+    return "diverged" if value is None else f"{value:.4f}"
+
+
+def optimizer_section(r: dict) -> list[str]:
+    """Muon against AdamW: the seed-0 grid, the best rates over the seeds, the gap in seed SDs."""
+    rates = list(r["grid"]["adamw"])
+    out = [
+        "## 1. Muon against a tuned AdamW",
+        "",
+        "| learning rate | AdamW | Muon |",
+        "|---:|---:|---:|",
+    ]
+    out += [
+        f"| {lr} | {_loss(r['grid']['adamw'][lr])} | {_loss(r['grid']['muon'][lr])} |"
+        for lr in rates
+    ]
+    (adam, adam_sd), (muon, muon_sd) = (mean_sd(r["seeds"][opt]) for opt in ("adamw", "muon"))
+    gap, worst = adam - muon, max(adam_sd, muon_sd)
+    sigmas = gap / worst if worst > 0 else math.inf
+    seeds = len(r["seeds"]["adamw"])
+    out += [
+        "",
+        f"Seed 0 over the grid; each optimizer's best rate then over {seeds} seeds: AdamW at "
+        f"{r['best_lr']['adamw']:g} {_pm(r['seeds']['adamw'])}, Muon at {r['best_lr']['muon']:g} "
+        f"{_pm(r['seeds']['muon'])}. **Muon is {gap:+.4f} nats lower = {sigmas:.1f} seed standard "
+        "deviations** (the larger of the two spreads).",
+        "",
+    ]
+    if sigmas > 3:
+        out.append("Muon trains this model lower than the tuned AdamW, beyond the seed noise.")
+    elif sigmas < -3:
+        out.append("AdamW trains this model lower than Muon, beyond the seed noise.")
+    else:
+        out.append("The two are within 3 seed standard deviations of each other here.")
+    return out + [""]
+
+
+def stability_section(r: dict) -> list[str]:
+    """Each tool at the best rate and at the too-high one: the penalty and the largest logit."""
+    rows = {(row["tool"], row["lr"]): row for row in r["stability"]}
+    tools = list(dict.fromkeys(row["tool"] for row in r["stability"]))
+    low, high = sorted({row["lr"] for row in r["stability"]})
+    out = [
+        "## 2. Stability: QK-norm, the logit soft-cap, z-loss at a too-high learning rate",
+        "",
+        f"AdamW at its best rate {low:g} and at {high / low:g}x it ({high:g}); mean ± seed SD. "
+        "The penalty is the loss at the high rate minus the loss at the best, seed by seed. The "
+        "logit is the largest q·k/sqrt(d) the finished model computes on held-out text (mean "
+        "over seeds).",
+        "",
+        f"| tool | loss at {low:g} | loss at {high:g} | penalty | largest logit at {low:g} | at "
+        f"{high:g} |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    penalties = {}
+    for tool in tools:
+        good, bad = rows[(tool, low)], rows[(tool, high)]
+        pairs = zip(good["losses"], bad["losses"])
+        penalties[tool] = [None if None in p else p[1] - p[0] for p in pairs]
+        logits = [_mean_or_dash(rows[(tool, rate)]["logits"]) for rate in (low, high)]
+        out.append(
+            f"| {tool} | {_pm(good['losses'])} | {_pm(bad['losses'])} | "
+            f"{_pm(penalties[tool])} | {logits[0]} | {logits[1]} |"
+        )
+    plain, _ = mean_sd(penalties["plain"])
+    out.append("")
+    for tool in tools[1:]:
+        change, sd = mean_sd(penalties[tool])
+        best_change = (
+            mean_sd(rows[(tool, low)]["losses"])[0] - mean_sd(rows[("plain", low)]["losses"])[0]
+        )
+        out.append(
+            f"- {tool}: penalty {change - plain:+.4f} nats against plain's; at the best rate "
+            f"{best_change:+.4f} nats."
+        )
+    return out + [""]
+
+
+def _mean_or_dash(values) -> str:
+    found = [v for v in values if v is not None]
+    return f"{np.mean(found):.1f}" if found else "-"
+
+
+def wsd_section(r: dict) -> list[str]:
+    """Each WSD branch beside the cosine run of its length, and what the branches cost."""
+    s = r["settings"]
+    lengths = [int(L) for L in r["wsd"]]
+    out = [
+        "## 3. WSD: decay branches from one stable run, against one cosine run per length",
+        "",
+        "| steps | cosine to 10% | WSD branch to 10% | branch − cosine |",
+        "|---:|---:|---:|---:|",
+    ]
+    for L in lengths:
+        row = r["wsd"][str(L)]
+        gap = [None if None in p else p[1] - p[0] for p in zip(row["cosine"], row["branch"])]
+        out.append(f"| {L} | {_pm(row['cosine'])} | {_pm(row['branch'])} | {_pm(gap)} |")
+    full = r["wsd"][str(max(lengths))]["branch"]
+    to_zero = [None if None in p else p[1] - p[0] for p in zip(full, r["wsd_to_zero"])]
+    stable = max(L - int(round(s["decay_fraction"] * L)) for L in lengths)
+    branch_steps = sum(int(round(s["decay_fraction"] * L)) for L in lengths)
+    out += [
+        "",
+        f"Decaying to 0 instead of 10% at {max(lengths)} steps: {_pm(r['wsd_to_zero'])}, a "
+        f"change of {_pm(to_zero)} nats. The stable run before any decay (step {stable}): "
+        f"{_pm(r['wsd_stable'])}.",
+        "",
+        f"Cost per seed: the cosine runs take {sum(lengths):,} steps together; the stable run and "
+        f"its branches {stable + branch_steps:,} ({stable} + {branch_steps}), "
+        f"{1 - (stable + branch_steps) / sum(lengths):.0%} fewer, and one more length costs one "
+        "more branch.",
+        "",
+    ]
+    return out
+
+
+def width_section(r: dict) -> list[str]:
+    """Where the best learning rate sits at each width, plain and with the width rule."""
+    widths = sorted({row["width"] for row in r["width"]})
+    best = {}
+    for rule in ("plain", "rule"):
+        for w in widths:
+            rows = [x for x in r["width"] if x["width"] == w and x["rule"] == rule]
+            best[(rule, w)] = min(rows, key=lambda x: _finite(x["loss"]))
+    out = [
+        "## 4. Width transfer: the best learning rate as the model widens",
+        "",
+        f"AdamW, one seed, {r['settings']['width_steps']} steps; the rule is "
+        f"`{' '.join(r['settings']['width_rule'])}`.",
+        "",
+        "| width | plain: best rate | its loss | rule: best rate | its loss |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for w in widths:
+        plain, rule = best[("plain", w)], best[("rule", w)]
+        out.append(
+            f"| {w} | {plain['lr']:g} | {_loss(plain['loss'])} | {rule['lr']:g} | "
+            f"{_loss(rule['loss'])} |"
+        )
+    small, large = widths[0], widths[-1]
+    for rule in ("plain", "rule"):
+        carried = best[(rule, small)]["lr"]
+        at_large = next(
+            x
+            for x in r["width"]
+            if x["width"] == large and x["rule"] == rule and x["lr"] == carried
+        )
+        cost = _finite(at_large["loss"]) - _finite(best[(rule, large)]["loss"])
+        out.append(
+            f"\n{rule}: width {small}'s best rate {carried:g} used at width {large} costs "
+            f"{cost:+.4f} nats against width {large}'s own best."
+        )
+    return out + [""]
+
+
+def recipe_report(r: dict) -> str:
+    """REPORT.md: the four experiments, each computed from result.json."""
+    s = r["settings"]
+    head = [
+        "# The 2024-26 recipe, measured on a CPU",
+        "",
+        f"Every run: `train.py`, {s['n_layer']} layers of width {s['n_embd']} (heads of "
+        f"{HEAD_DIM}), {s['steps']} steps of {s['batch_size']} x {s['block_size']} tokens on "
+        f"`{s['data']}` ({s['vocab_size']}-token BPE), warmup {s['warmup_steps']} steps, "
+        f"validation loss on the same {s['eval_windows']} held-out windows. Made by `python "
+        f"scaling.py recipe` in {r.get('minutes', '?')} minutes.",
+        "",
+    ]
+    sections = optimizer_section(r) + stability_section(r) + wsd_section(r) + width_section(r)
+    return "\n".join(head + sections)
+
+
+def plot_recipe(r: dict, path) -> pathlib.Path:
+    """recipe.png: loss against learning rate for AdamW and Muon (seed 0), and at each width,
+    plain (solid) and with the width rule (dashed)."""
+    from machinery import scaling_plots
+
+    plt = scaling_plots.pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for opt in ("adamw", "muon"):
+        rates = sorted(r["grid"][opt], key=float)
+        left.plot(
+            [float(x) for x in rates], [_nan(r["grid"][opt][x]) for x in rates], "o-", label=opt
+        )
+    for w in sorted({x["width"] for x in r["width"]}):
+        for rule, style in (("plain", "o-"), ("rule", "s--")):
+            rows = sorted(
+                (x for x in r["width"] if x["width"] == w and x["rule"] == rule),
+                key=lambda x: x["lr"],
+            )
+            right.plot(
+                [x["lr"] for x in rows], [_nan(x["loss"]) for x in rows], style, label=f"{w} {rule}"
+            )
+    for ax, title in ((left, "optimizer (seed 0)"), (right, "width transfer")):
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("validation loss")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    return scaling_plots.save_png(fig, path)
+
+
+def _nan(loss) -> float:
+    return math.nan if loss is None else loss

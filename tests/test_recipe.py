@@ -1,0 +1,175 @@
+"""Tests for machinery/recipe.py: the plan's train.py commands (shared runs, WSD branches that resume
+from checkpoints the stable run writes), the report's arithmetic from a known result, and (marked long)
+`python scaling.py recipe --quick` end to end."""
+
+import dataclasses
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from machinery import recipe, sweep
+
+SETTINGS = recipe.RecipeSettings()
+
+
+def test_docstring_examples():
+    import doctest
+
+    assert doctest.testmod(recipe).failed == 0
+
+
+def flag(job, name):
+    """The value a job's flags give `name` (the last one: argparse keeps the last)."""
+    flags = list(job.flags)
+    return [flags[i + 1] for i, f in enumerate(flags) if f == name][-1]
+
+
+def test_every_comparison_shares_its_baseline_run_and_every_name_is_one_command(tmp_path):
+    best = {"adamw": 4e-3, "muon": 8e-3}
+    first, second = recipe.grid_jobs(SETTINGS), recipe.second_jobs(SETTINGS, best)
+    third = recipe.branch_jobs(SETTINGS, best["adamw"], tmp_path)
+    jobs = [*first["optimizer"]["adamw"].values(), *first["optimizer"]["muon"].values()]
+    jobs += list(first["width"].values()) + second["stable"]
+    for group in ("optimizer", "stability", "cosine"):
+        jobs += [j for runs in second[group].values() for j in runs]
+    jobs += [j for runs in third.values() for j in runs]
+    commands = {}
+    for job in jobs:
+        cmd = recipe.command(SETTINGS, job, "data", tmp_path / job.name) + list(job.flags)
+        assert commands.setdefault(job.name, cmd) == cmd, job.name  # one name, one run
+    # The plain run at the best rate, seed k, is the optimizer experiment's run and the cosine run
+    # of the full length: trained once, compared three times.
+    plain = second["stability"][("plain", 4e-3)]
+    assert plain == second["optimizer"]["adamw"] == second["cosine"][SETTINGS.steps]
+    assert plain[0] == first["optimizer"]["adamw"][4e-3]
+    too_high = second["stability"][("QK-norm", 4e-3 * SETTINGS.high_lr_factor)]
+    assert [j.model_args for j in too_high] == ["qk_norm=True"] * SETTINGS.seeds
+    assert [flag(j, "--lr") for j in too_high] == ["0.032"] * SETTINGS.seeds
+    # the grid 10, widths 30, stable runs 3, two more seeds of each optimizer 4, stability 24 less
+    # the 3 shared, the shorter cosine runs 6, branches 12
+    assert len({j.name for j in jobs}) == 10 + 30 + 3 + 4 + 21 + 6 + 12
+
+
+def test_each_wsd_branch_resumes_a_checkpoint_the_stable_run_keeps_and_decays_from_there(tmp_path):
+    import train
+
+    second = recipe.second_jobs(SETTINGS, {"adamw": 4e-3, "muon": 4e-3})
+    stable = second["stable"][1]
+    interval, keep = int(flag(stable, "--ckpt-interval")), int(flag(stable, "--keep-checkpoints"))
+    kept = set(range(stable.steps, stable.steps - interval * keep, -interval))
+    assert flag(stable, "--decay-fraction") == "0" and flag(stable, "--schedule") == "wsd"
+    for (length, floor), jobs in recipe.branch_jobs(SETTINGS, 4e-3, tmp_path).items():
+        branch = jobs[1]
+        resumed = pathlib.Path(flag(branch, "--resume"))
+        step = int(resumed.stem.split("_")[1])
+        assert resumed.parent.name == stable.name and step in kept
+        cfg = train.TrainConfig(
+            lr=4e-3,
+            warmup_steps=SETTINGS.warmup_steps,
+            max_steps=length,
+            schedule="wsd",
+            decay_fraction=float(flag(branch, "--decay-fraction")),
+            min_lr_ratio=float(flag(branch, "--min-lr-ratio")),
+        )
+        # the stable run's rate up to the branch point, then down to the floor at the end
+        assert train.lr_at(step - 1, cfg) == train.lr_at(step, cfg) == 4e-3
+        assert train.lr_at(step + 1, cfg) < 4e-3
+        assert math.isclose(train.lr_at(length, cfg), 4e-3 * floor)
+
+
+def known_result():
+    """A result.json with round numbers: Muon 0.1 nats lower with seed SDs 0.01 and 0.02."""
+    s = dataclasses.asdict(dataclasses.replace(SETTINGS, lrs=(2e-3, 4e-3), widths=(64, 256)))
+    stability = []
+    for tool, penalty in (("plain", 0.5), ("QK-norm", 0.1)):
+        stability.append(
+            {"tool": tool, "lr": 4e-3, "losses": [3.0, 3.1, 3.2], "logits": [9, 11, 10]}
+        )
+        high = [3.0 + penalty, 3.1 + penalty, 3.2 + penalty]
+        stability.append({"tool": tool, "lr": 3.2e-2, "losses": high, "logits": [30, None, 20]})
+    return {
+        "settings": s,
+        "best_lr": {"adamw": 4e-3, "muon": 2e-3},
+        "grid": {"adamw": {"0.002": 3.3, "0.004": 3.2}, "muon": {"0.002": 3.1, "0.004": None}},
+        "seeds": {"adamw": [3.19, 3.2, 3.21], "muon": [3.08, 3.1, 3.12]},
+        "stability": stability,
+        "wsd": {
+            "200": {"cosine": [3.5, 3.5, 3.5], "branch": [3.52, 3.52, 3.52]},
+            "400": {"cosine": [3.2, 3.2, 3.2], "branch": [3.21, 3.21, 3.21]},
+        },
+        "wsd_to_zero": [3.18, 3.18, 3.18],
+        "wsd_stable": [3.4, 3.4, 3.4],
+        "width": [
+            {"width": w, "rule": rule, "lr": lr, "loss": loss}
+            for w, rule, lr, loss in [
+                (64, "plain", 2e-3, 3.3),
+                (64, "plain", 4e-3, 3.2),
+                (256, "plain", 2e-3, 3.0),
+                (256, "plain", 4e-3, 3.25),
+                (64, "rule", 2e-3, 3.3),
+                (64, "rule", 4e-3, 3.2),
+                (256, "rule", 2e-3, 3.1),
+                (256, "rule", 4e-3, 2.9),
+            ]
+        ],
+    }
+
+
+def test_report_computes_each_effect_from_the_runs():
+    report = recipe.recipe_report(known_result())
+    # gap 3.2 - 3.1 = 0.1 over the larger SD 0.02: 5 sigma, a win
+    assert "**Muon is +0.1000 nats lower = 5.0 seed standard deviations**" in report
+    assert "Muon trains this model lower than the tuned AdamW, beyond the seed noise." in report
+    assert "| 0.004 | 3.2000 | diverged |" in report
+    assert "| plain | 3.1000 ± 0.1000 | 3.6000 ± 0.1000 | 0.5000 ± 0.0000 | 10.0 | 25.0 |" in report
+    assert (
+        "- QK-norm: penalty -0.4000 nats against plain's; at the best rate +0.0000 nats." in report
+    )
+    assert "| 200 | 3.5000 ± 0.0000 | 3.5200 ± 0.0000 | 0.0200 ± 0.0000 |" in report
+    # cosine 200 + 400 = 600 steps; WSD: stable to 320, branches 40 + 80
+    assert "the stable run and its branches 440 (320 + 120), 27% fewer" in report
+    assert "3.1800 ± 0.0000, a change of -0.0300 ± 0.0000 nats" in report
+    assert "| 256 | 0.002 | 3.0000 | 0.004 | 2.9000 |" in report
+    assert "plain: width 64's best rate 0.004 used at width 256 costs +0.2500 nats" in report
+    assert "rule: width 64's best rate 0.004 used at width 256 costs +0.0000 nats" in report
+    tied = known_result()
+    tied["seeds"]["muon"] = [3.17, 3.19, 3.21]
+    assert "within 3 seed standard deviations" in recipe.recipe_report(tied)
+
+
+def test_plot_draws_both_panels(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = recipe.plot_recipe(known_result(), tmp_path / "recipe.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_quick_recipe_end_to_end(tmp_path):
+    """Real train.py runs (tiny): every run finishes, the branches resume their stable run, the
+    stability runs are probed, the report and the plot are written; a rerun reuses every run."""
+    out = tmp_path / "recipe"
+    cmd = [
+        sys.executable,
+        str(sweep.ROOT / "scaling.py"),
+        "recipe",
+        "--quick",
+        "--out-dir",
+        str(out),
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert None not in result["seeds"]["adamw"] + result["seeds"]["muon"] + result["wsd_stable"]
+    for branch in (out / "runs").glob("wsd*-to*-s*"):
+        assert "resumed from" in (branch / "train.log").read_text()
+    assert all(len(row["logits"]) == 2 and row["logits"][0] > 0 for row in result["stability"])
+    assert {row["rule"] for row in result["width"] if row["loss"] is not None} == {"plain", "rule"}
+    report = (out / "REPORT.md").read_text()
+    assert report.count("\n## ") == 4 and (out / "recipe.png").read_bytes()[:4] == b"\x89PNG"
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "loss" not in again.stderr, again.stderr[-2000:]
