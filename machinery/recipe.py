@@ -57,7 +57,7 @@ class RecipeSettings:
     block_size: int = 128
     steps: int = 400  # 400 x 16 x 128 = 0.82M tokens a run
     warmup_steps: int = 20
-    lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
+    lrs: tuple[float, ...] = (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)
     seeds: int = 3
     high_lr_factor: float = 8.0
     # (name, --model-args added) of each stability tool
@@ -140,8 +140,8 @@ def command(s: RecipeSettings, job: Job, data_dir, run_dir) -> list[str]:
 
 def run_jobs(s: RecipeSettings, jobs: Sequence[Job], data_dir, out: pathlib.Path, log) -> dict:
     """Train the jobs, `workers` side by side, reusing a finished run whose command is unchanged.
-    Returns {name: final validation loss, or None for a run that diverged or failed (its last
-    line is logged)}."""
+    Returns {name: final validation loss, or None where it is not finite: a diverged run}. A run
+    that fails stops the experiment (one ScalingError line); the finished ones stay for a rerun."""
     unique = list({job.name: job for job in jobs}.values())
 
     def one(job: Job):
@@ -156,8 +156,9 @@ def run_jobs(s: RecipeSettings, jobs: Sequence[Job], data_dir, out: pathlib.Path
         t0 = time.perf_counter()
         try:
             sweep._run_train(cmd, run_dir / "train.log", s.threads)
-        except ScalingError as e:
-            log(f"{job.name}: {e}")  # a diverged run is a result here, not the end
+        except BaseException:
+            shutil.rmtree(run_dir, ignore_errors=True)  # only finished runs stay
+            raise
         loss = sweep.final_val_loss(run_dir / "metrics.jsonl", job.steps)
         fileio.write_atomic(stamp, wanted, error=ScalingError, fix="pass another out_dir")
         shown = "diverged" if loss is None else f"{loss:.4f}"
@@ -167,7 +168,22 @@ def run_jobs(s: RecipeSettings, jobs: Sequence[Job], data_dir, out: pathlib.Path
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, s.workers)) as pool:
         # the longest first, so that no long run starts last while the other core idles
         ordered = sorted(unique, key=lambda job: -job.steps * job.n_embd**2)
-        return dict(pool.map(one, ordered))
+        futures = [pool.submit(one, job) for job in ordered]
+        try:
+            return dict(future.result() for future in futures)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # one failed: nothing queued starts
+            raise
+
+
+def guard_events(run_dir: pathlib.Path) -> int:
+    """How often the spike guard stepped in (a skipped batch or a rollback): a run that only
+    finished because the guard kept rescuing it says so."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    events = [json.loads(line).get("event") for line in path.read_text().splitlines() if line]
+    return sum(event in ("skipped_batch", "rollback") for event in events)
 
 
 def lr_name(lr: float) -> str:
@@ -331,7 +347,7 @@ def recipe(settings: RecipeSettings = RecipeSettings(), out_dir="out/recipe", lo
         third = branch_jobs(s, best["adamw"], out)
         losses.update(run_jobs(s, [j for runs in third.values() for j in runs], data_dir, out, log))
         logits = largest_logits(s, second["stability"], data_dir, out)
-        result = summarise(s, first, second, third, losses, logits, best)
+        result = summarise(s, first, second, third, losses, logits, best, out)
         result["minutes"] = round((time.perf_counter() - t0) / 60, 1)
         fileio.write_atomic(out / "result.json", json.dumps(result, indent=1), error=ScalingError)
         fileio.write_atomic(out / "REPORT.md", recipe_report(result), error=ScalingError)
@@ -360,7 +376,7 @@ def largest_logits(s: RecipeSettings, stability: dict, data_dir, out: pathlib.Pa
     return found
 
 
-def summarise(s, first, second, third, losses, logits, best) -> dict:
+def summarise(s, first, second, third, losses, logits, best, out: pathlib.Path) -> dict:
     """Every run's loss, grouped as the report reads them (JSON: rates and lengths as strings)."""
 
     def of(jobs):
@@ -368,7 +384,13 @@ def summarise(s, first, second, third, losses, logits, best) -> dict:
 
     grid = first["optimizer"]
     stability = [
-        {"tool": tool, "lr": rate, "losses": of(jobs), "logits": [logits.get(j.name) for j in jobs]}
+        {
+            "tool": tool,
+            "lr": rate,
+            "losses": of(jobs),
+            "logits": [logits.get(job.name) for job in jobs],
+            "guard": [guard_events(out / "runs" / job.name) for job in jobs],
+        }
         for (tool, rate), jobs in second["stability"].items()
     ]
     wsd = {
@@ -399,6 +421,20 @@ def summarise(s, first, second, third, losses, logits, best) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 
+def sigmas(baseline, changed) -> float:
+    """How far the mean moved from baseline to changed, in seed standard deviations (the larger of
+    the two spreads, as the dedup-effect experiment counts).
+
+    >>> round(sigmas([3.0, 3.2], [2.5, 2.7]), 1)
+    -3.5
+    """
+    (a, a_sd), (b, b_sd) = mean_sd(baseline), mean_sd(changed)
+    worst = max(a_sd, b_sd)
+    if worst > 0:
+        return (b - a) / worst
+    return math.copysign(math.inf, b - a) if b != a else 0.0
+
+
 def _pm(values) -> str:
     """'3.1234 ± 0.0100' (mean ± seed standard deviation), or 'diverged'."""
     mean, sd = mean_sd(values)
@@ -422,21 +458,20 @@ def optimizer_section(r: dict) -> list[str]:
         f"| {lr} | {_loss(r['grid']['adamw'][lr])} | {_loss(r['grid']['muon'][lr])} |"
         for lr in rates
     ]
-    (adam, adam_sd), (muon, muon_sd) = (mean_sd(r["seeds"][opt]) for opt in ("adamw", "muon"))
-    gap, worst = adam - muon, max(adam_sd, muon_sd)
-    sigmas = gap / worst if worst > 0 else math.inf
+    gap = mean_sd(r["seeds"]["adamw"])[0] - mean_sd(r["seeds"]["muon"])[0]
+    apart = -sigmas(r["seeds"]["adamw"], r["seeds"]["muon"])
     seeds = len(r["seeds"]["adamw"])
     out += [
         "",
         f"Seed 0 over the grid; each optimizer's best rate then over {seeds} seeds: AdamW at "
         f"{r['best_lr']['adamw']:g} {_pm(r['seeds']['adamw'])}, Muon at {r['best_lr']['muon']:g} "
-        f"{_pm(r['seeds']['muon'])}. **Muon is {gap:+.4f} nats lower = {sigmas:.1f} seed standard "
+        f"{_pm(r['seeds']['muon'])}. **Muon is {gap:+.4f} nats lower = {apart:.1f} seed standard "
         "deviations** (the larger of the two spreads).",
         "",
     ]
-    if sigmas > 3:
+    if apart > 3:
         out.append("Muon trains this model lower than the tuned AdamW, beyond the seed noise.")
-    elif sigmas < -3:
+    elif apart < -3:
         out.append("AdamW trains this model lower than Muon, beyond the seed noise.")
     else:
         out.append("The two are within 3 seed standard deviations of each other here.")
@@ -454,34 +489,43 @@ def stability_section(r: dict) -> list[str]:
         f"AdamW at its best rate {low:g} and at {high / low:g}x it ({high:g}); mean ± seed SD. "
         "The penalty is the loss at the high rate minus the loss at the best, seed by seed. The "
         "logit is the largest q·k/sqrt(d) the finished model computes on held-out text (mean "
-        "over seeds).",
+        "over seeds); the guard's steps are batches train.py's spike guard skipped or rolled "
+        "back, over all seeds.",
         "",
         f"| tool | loss at {low:g} | loss at {high:g} | penalty | largest logit at {low:g} | at "
-        f"{high:g} |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"{high:g} | spike-guard steps at {high:g} |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     penalties = {}
     for tool in tools:
         good, bad = rows[(tool, low)], rows[(tool, high)]
-        pairs = zip(good["losses"], bad["losses"])
-        penalties[tool] = [None if None in p else p[1] - p[0] for p in pairs]
+        penalties[tool] = paired(good["losses"], bad["losses"])
         logits = [_mean_or_dash(rows[(tool, rate)]["logits"]) for rate in (low, high)]
         out.append(
             f"| {tool} | {_pm(good['losses'])} | {_pm(bad['losses'])} | "
-            f"{_pm(penalties[tool])} | {logits[0]} | {logits[1]} |"
+            f"{_pm(penalties[tool])} | {logits[0]} | {logits[1]} | {sum(bad['guard'])} |"
         )
-    plain, _ = mean_sd(penalties["plain"])
     out.append("")
     for tool in tools[1:]:
-        change, sd = mean_sd(penalties[tool])
-        best_change = (
-            mean_sd(rows[(tool, low)]["losses"])[0] - mean_sd(rows[("plain", low)]["losses"])[0]
-        )
+        at_best = [rows[(name, low)]["losses"] for name in ("plain", tool)]
         out.append(
-            f"- {tool}: penalty {change - plain:+.4f} nats against plain's; at the best rate "
-            f"{best_change:+.4f} nats."
+            f"- {tool}: the penalty changes by {_effect(penalties['plain'], penalties[tool])}; "
+            f"the loss at the best rate by {_effect(*at_best)}."
         )
     return out + [""]
+
+
+def paired(baseline, changed) -> list:
+    """Seed by seed, changed - baseline (None where either diverged)."""
+    return [None if None in pair else pair[1] - pair[0] for pair in zip(baseline, changed)]
+
+
+def _effect(baseline, changed) -> str:
+    """'-0.4000 nats (-8.0 seed SDs)': the change of the mean, and in seed standard deviations."""
+    change = mean_sd(changed)[0] - mean_sd(baseline)[0]
+    if math.isnan(change):
+        return "nothing measurable (a run diverged)"
+    return f"{change:+.4f} nats ({sigmas(baseline, changed):+.1f} seed SDs)"
 
 
 def _mean_or_dash(values) -> str:
@@ -496,22 +540,24 @@ def wsd_section(r: dict) -> list[str]:
     out = [
         "## 3. WSD: decay branches from one stable run, against one cosine run per length",
         "",
-        "| steps | cosine to 10% | WSD branch to 10% | branch − cosine |",
-        "|---:|---:|---:|---:|",
+        "| steps | cosine to 10% | WSD branch to 10% | branch − cosine | in seed SDs |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for L in lengths:
         row = r["wsd"][str(L)]
-        gap = [None if None in p else p[1] - p[0] for p in zip(row["cosine"], row["branch"])]
-        out.append(f"| {L} | {_pm(row['cosine'])} | {_pm(row['branch'])} | {_pm(gap)} |")
+        gap = paired(row["cosine"], row["branch"])
+        out.append(
+            f"| {L} | {_pm(row['cosine'])} | {_pm(row['branch'])} | {_pm(gap)} | "
+            f"{sigmas(row['cosine'], row['branch']):+.1f} |"
+        )
     full = r["wsd"][str(max(lengths))]["branch"]
-    to_zero = [None if None in p else p[1] - p[0] for p in zip(full, r["wsd_to_zero"])]
     stable = max(L - int(round(s["decay_fraction"] * L)) for L in lengths)
     branch_steps = sum(int(round(s["decay_fraction"] * L)) for L in lengths)
     out += [
         "",
         f"Decaying to 0 instead of 10% at {max(lengths)} steps: {_pm(r['wsd_to_zero'])}, a "
-        f"change of {_pm(to_zero)} nats. The stable run before any decay (step {stable}): "
-        f"{_pm(r['wsd_stable'])}.",
+        f"change of {_effect(full, r['wsd_to_zero'])}. The stable run before any decay (step "
+        f"{stable}): {_pm(r['wsd_stable'])}.",
         "",
         f"Cost per seed: the cosine runs take {sum(lengths):,} steps together; the stable run and "
         f"its branches {stable + branch_steps:,} ({stable} + {branch_steps}), "

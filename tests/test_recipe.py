@@ -81,16 +81,44 @@ def test_each_wsd_branch_resumes_a_checkpoint_the_stable_run_keeps_and_decays_fr
         assert math.isclose(train.lr_at(length, cfg), 4e-3 * floor)
 
 
+def test_guard_events_count_skips_and_rollbacks(tmp_path):
+    lines = [{"step": 1, "loss": 3.0}, {"event": "skipped_batch"}, {"event": "rollback"}, {"x": 1}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert recipe.guard_events(tmp_path) == 2 and recipe.guard_events(tmp_path / "none") == 0
+
+
+def test_a_run_that_fails_stops_the_experiment_and_leaves_no_folder(tmp_path):
+    s = dataclasses.replace(recipe.QUICK_RECIPE, workers=1)
+    bad = recipe.Job("bad", ("--no-such-flag",), 2)
+    with pytest.raises(recipe.ScalingError, match="train.py failed .* in bad: .*no-such-flag"):
+        recipe.run_jobs(s, [bad], tmp_path / "data", tmp_path, log=print)
+    assert not (tmp_path / "runs" / "bad").exists()
+
+
 def known_result():
     """A result.json with round numbers: Muon 0.1 nats lower with seed SDs 0.01 and 0.02."""
     s = dataclasses.asdict(dataclasses.replace(SETTINGS, lrs=(2e-3, 4e-3), widths=(64, 256)))
     stability = []
-    for tool, penalty in (("plain", 0.5), ("QK-norm", 0.1)):
+    # penalties: plain 0.45, 0.5, 0.55 (SD 0.05); QK-norm 0.1 each
+    for tool, high in (("plain", [3.45, 3.6, 3.75]), ("QK-norm", [3.1, 3.2, 3.3])):
         stability.append(
-            {"tool": tool, "lr": 4e-3, "losses": [3.0, 3.1, 3.2], "logits": [9, 11, 10]}
+            {
+                "tool": tool,
+                "lr": 4e-3,
+                "losses": [3.0, 3.1, 3.2],
+                "logits": [9, 11, 10],
+                "guard": [0, 0, 0],
+            }
         )
-        high = [3.0 + penalty, 3.1 + penalty, 3.2 + penalty]
-        stability.append({"tool": tool, "lr": 3.2e-2, "losses": high, "logits": [30, None, 20]})
+        stability.append(
+            {
+                "tool": tool,
+                "lr": 3.2e-2,
+                "losses": high,
+                "logits": [30, None, 20],
+                "guard": [2, 0, 1],
+            }
+        )
     return {
         "settings": s,
         "best_lr": {"adamw": 4e-3, "muon": 2e-3},
@@ -98,10 +126,10 @@ def known_result():
         "seeds": {"adamw": [3.19, 3.2, 3.21], "muon": [3.08, 3.1, 3.12]},
         "stability": stability,
         "wsd": {
-            "200": {"cosine": [3.5, 3.5, 3.5], "branch": [3.52, 3.52, 3.52]},
-            "400": {"cosine": [3.2, 3.2, 3.2], "branch": [3.21, 3.21, 3.21]},
+            "200": {"cosine": [3.49, 3.5, 3.51], "branch": [3.51, 3.52, 3.53]},
+            "400": {"cosine": [3.2, 3.2, 3.2], "branch": [3.2, 3.21, 3.22]},
         },
-        "wsd_to_zero": [3.18, 3.18, 3.18],
+        "wsd_to_zero": [3.17, 3.18, 3.19],
         "wsd_stable": [3.4, 3.4, 3.4],
         "width": [
             {"width": w, "rule": rule, "lr": lr, "loss": loss}
@@ -125,14 +153,18 @@ def test_report_computes_each_effect_from_the_runs():
     assert "**Muon is +0.1000 nats lower = 5.0 seed standard deviations**" in report
     assert "Muon trains this model lower than the tuned AdamW, beyond the seed noise." in report
     assert "| 0.004 | 3.2000 | diverged |" in report
-    assert "| plain | 3.1000 ± 0.1000 | 3.6000 ± 0.1000 | 0.5000 ± 0.0000 | 10.0 | 25.0 |" in report
     assert (
-        "- QK-norm: penalty -0.4000 nats against plain's; at the best rate +0.0000 nats." in report
+        "| plain | 3.1000 ± 0.1000 | 3.6000 ± 0.1500 | 0.5000 ± 0.0500 | 10.0 | 25.0 | 3 |"
+        in report
     )
-    assert "| 200 | 3.5000 ± 0.0000 | 3.5200 ± 0.0000 | 0.0200 ± 0.0000 |" in report
+    assert (
+        "- QK-norm: the penalty changes by -0.4000 nats (-8.0 seed SDs); the loss at the best rate "
+        "by +0.0000 nats (+0.0 seed SDs)."
+    ) in report
+    assert "| 200 | 3.5000 ± 0.0100 | 3.5200 ± 0.0100 | 0.0200 ± 0.0000 | +2.0 |" in report
     # cosine 200 + 400 = 600 steps; WSD: stable to 320, branches 40 + 80
     assert "the stable run and its branches 440 (320 + 120), 27% fewer" in report
-    assert "3.1800 ± 0.0000, a change of -0.0300 ± 0.0000 nats" in report
+    assert "3.1800 ± 0.0100, a change of -0.0300 nats (-3.0 seed SDs)" in report
     assert "| 256 | 0.002 | 3.0000 | 0.004 | 2.9000 |" in report
     assert "plain: width 64's best rate 0.004 used at width 256 costs +0.2500 nats" in report
     assert "rule: width 64's best rate 0.004 used at width 256 costs +0.0000 nats" in report
