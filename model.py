@@ -113,14 +113,10 @@ class GPTConfig:
 
     # Checkpoint round trip --------------------------------------------------------------------
 
-    def to_dict(self) -> dict:
-        """Plain JSON-able dict (what a checkpoint stores)."""
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
-        """Inverse of to_dict; an unknown key is an error (it means the checkpoint comes from
-        another model)."""
+        """Inverse of dataclasses.asdict (what a checkpoint stores); an unknown key is an error (it
+        means the checkpoint comes from another model)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -272,15 +268,14 @@ class Attention(nn.Module):
             k, v = cache.append(k, v)  # (B, h_kv, start + T, d)
         if self.attend is not None:
             y = self.attend(q, k, v)  # (B, h, T, d)
+        elif self.flash and cache is None:
+            # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
+            # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
+            y = flash_attention(
+                q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2), v.unsqueeze(2), True
+            ).flatten(1, 2)  # (B, h, T, d)
         else:
-            if self.flash and cache is None:
-                # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
-                # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
-                y = flash_attention(
-                    q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2), v.unsqueeze(2), True
-                ).flatten(1, 2)  # (B, h, T, d)
-            else:
-                y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+            y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -499,18 +494,13 @@ class GPT(nn.Module):
                 f"block_size={self.config.block_size}; make the cache block_size long at most"
             )
 
-    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
+    def num_params(self, non_embedding: bool = False) -> int:
         """Parameters counted on the built tensors (a tied head once): the oracle of the closed
-        form, scaling.count_params."""
+        form, scaling.count_params (tests/test_model.py counts a MoE's active ones from these)."""
         total = sum(p.numel() for p in self.parameters())
         if non_embedding:
             # the embedding and an untied head; a set holds a tied (V, C) matrix once
             total -= sum(w.numel() for w in {self.tok_emb.weight, self.lm_head.weight})
-        if active and self.config.n_expert:
-            E, k = self.config.n_expert, self.config.expert_top_k
-            experts = sum(w.numel() for b in self.blocks for w in (b.ffn.w1, b.ffn.w2, b.ffn.w3))
-            # all E experts' weights -> the top k's
-            total -= experts * (E - k) // E
         return total
 
 
@@ -960,14 +950,11 @@ def check_config(c: GPTConfig) -> None:
     model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
     """
     # The integers first: the rules below divide by them (0 = auto FFN width; 0 = dense FFN).
-    for field in "vocab_size block_size n_layer n_head n_kv_head n_embd ffn_multiple_of".split():
-        value = getattr(c, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"GPTConfig.{field}: must be a positive integer, got {value!r}")
-    for field in ("ffn_hidden", "n_expert"):
-        value = getattr(c, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"GPTConfig.{field}: must be an integer >= 0, got {value!r}")
+    positive = "vocab_size block_size n_layer n_head n_kv_head n_embd ffn_multiple_of".split()
+    for field in positive + ["ffn_hidden", "n_expert"]:
+        value, low = getattr(c, field), int(field in positive)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"GPTConfig.{field}: must be an integer >= {low}, got {value!r}")
     pattern, n_kinds = c.layer_pattern, max(1, len(c.layer_pattern))
     top_k_fits = c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert
     rules = [  # (field, the rule holds, what is wrong and the fix)

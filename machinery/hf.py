@@ -47,6 +47,7 @@ checked piece by piece or refused.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib
 import json
@@ -645,7 +646,7 @@ def save_imported_checkpoint(model: GPT, tokenizer, path, source: str) -> pathli
         "version": 1,
         "step": 0,
         "model": model.state_dict(),
-        "model_config": model.config.to_dict(),
+        "model_config": dataclasses.asdict(model.config),
         "tokenizer_json": tokenizer.to_json(),
         "imported_from": source,
     }

@@ -785,7 +785,7 @@ class Trainer:
             "version": 1,
             "step": self.step,
             "model": self.model.full_state_dict(),  # collective when the model is split
-            "model_config": self.model_config.to_dict(),
+            "model_config": dataclasses.asdict(self.model_config),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "train_config": dataclasses.asdict(self.cfg),
@@ -826,12 +826,11 @@ class Trainer:
                 f"checkpoint {ckpt['path']} was trained with another tokenizer than `data` "
                 f"{self.cfg.data!r}; resume with the run's data ({ckpt['data_dir']})"
             )
-        if ckpt["model_config"] != self.model_config.to_dict():
-            diff = {
-                k: (v, self.model_config.to_dict().get(k))
-                for k, v in ckpt["model_config"].items()
-                if self.model_config.to_dict().get(k) != v
-            }
+        # a field newer than the checkpoint has its default there: what the checkpoint's model ran
+        saved = {**dataclasses.asdict(model_lib.GPTConfig()), **ckpt["model_config"]}
+        now = dataclasses.asdict(self.model_config)
+        if saved != now:
+            diff = {k: (v, now.get(k)) for k, v in saved.items() if now.get(k) != v}
             raise TrainError(
                 f"checkpoint {ckpt['path']} is for another model (checkpoint vs now: {diff}); "
                 f"resume with the same `model`/`model_args` or start a new `out_dir`"
