@@ -174,6 +174,11 @@ def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
             "probabilities while Mixtral renormalises them over the k, so the logits would differ; "
             "export a dense model (n_expert=0)",
         ),
+        (
+            config.qk_norm or config.logit_softcap,
+            "qk_norm or logit_softcap: Llama has neither a QK-norm nor a logit soft-cap; export a "
+            "model trained without them",
+        ),
     ]
     for cannot, why in refusals:
         if cannot:
