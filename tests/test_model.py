@@ -1156,7 +1156,9 @@ def test_z_loss_equals_the_formula_over_the_positions_with_a_target_and_its_grad
 def test_qk_norm_model_generates_with_kv_cache_as_the_full_forward_and_round_trips(pattern):
     config = small(qk_norm=True, logit_softcap=30.0, z_loss=1e-4, layer_pattern=pattern)
     model = lively(make(config))
-    assert [hasattr(b.attn, "q_norm") for b in model.blocks] == [k == "A" for k in config.layer_kinds]
+    assert [hasattr(b.attn, "q_norm") for b in model.blocks] == [
+        k == "A" for k in config.layer_kinds
+    ]
     prompt = ids((2, 5))
     out = model.generate(prompt, 11, temperature=0)
     idx = prompt
