@@ -381,7 +381,7 @@ class GPT(nn.Module):
         ):
             nn.init.normal_(module.weight, 0.0, std)  # the embedding, and an untied head
 
-    # Stage pieces: pipeline parallel runs embed on the first stage, the head on the last.
+    # Stage pieces for pipeline parallel: embed (first stage), blocks (between), head (last stage).
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped

@@ -333,6 +333,17 @@ MUTANTS = [
         "QK-norm's per-feature gains applied after RoPE's rotation mixed each pair",
     ),
     Mutant(
+        "qk-norm-promotes-q-and-k-to-fp32",
+        "model.py",
+        "q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)",
+        "q, k = self.q_norm(q), self.k_norm(k)",
+        (
+            "tests/test_model.py::"
+            "test_qk_norm_keeps_q_and_k_in_the_compute_dtype_under_bf16_autocast",
+        ),
+        "under bf16 autocast the fp32 gains promote q and k: fp32 through RoPE, unlike v",
+    ),
+    Mutant(
         "qk-norm-gains-drawn-like-matrices",
         "model.py",
         "if weight.dim() > 1:",

@@ -1104,7 +1104,22 @@ def test_qk_norm_with_unit_gains_bounds_every_attention_logit_by_sqrt_head_dim()
             assert largest > 100  # the same weights without the norm: unbounded
 
 
-def test_qk_norm_runs_under_bf16_autocast_with_sdpa_and_flash():
+def test_qk_norm_keeps_q_and_k_in_the_compute_dtype_under_bf16_autocast(monkeypatch):
+    """RMSNorm's fp32 gain would promote a bf16 q and k to fp32 (twice the bytes through RoPE and the kernel, and
+    a dtype unlike v's): QK-norm hands them on in v's dtype, as they are without it."""
+    import model as model_module
+
+    seen = []
+
+    def recording(kernel):
+        def record(q, k, v, *args, **kwargs):
+            seen.append((q.dtype, k.dtype, v.dtype))
+            return kernel(q, k, v, *args, **kwargs)
+
+        return record
+
+    for name in ("causal_attention", "flash_attention"):
+        monkeypatch.setattr(model_module, name, recording(getattr(model_module, name)))
     x = ids((2, 16))
     for attention in ("sdpa", "flash"):
         model = make(small(qk_norm=True, attention=attention))
@@ -1113,6 +1128,7 @@ def test_qk_norm_runs_under_bf16_autocast_with_sdpa_and_flash():
         loss.backward()
         assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
         assert model.blocks[0].attn.q_norm.weight.grad is not None
+    assert seen == [(torch.bfloat16,) * 3] * 4  # 2 layers, sdpa then flash
 
 
 def test_logit_softcap_bounds_the_logits_and_equals_the_formula():
