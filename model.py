@@ -25,6 +25,8 @@ Each choice is the one Llama-class models settled on:
 * Mixture of Experts: E FFNs, top-k per token: the memory of all E, the compute of k.
 * FlashAttention: exact attention over tiles with an online softmax, memory O(T), not O(T^2).
   Linear attention: a d x d state per head instead of a growing KV cache; "LLLA" mixes both.
+* Stability, off by default: QK-norm (each head's q and k RMS-normalised: a bounded logit), a tanh
+  soft-cap on the output logits, PaLM's z-loss holding log Z near 0 (docs/model.md#stability).
 
 Accounting (scaling.py's count_params and count_flops_per_token): the 124m preset has 12 * 12 *
 768^2 = 85M block parameters plus 50304 * 768 = 39M embedding parameters = 124M; training costs 6
@@ -83,6 +85,9 @@ class GPTConfig:
     activation_checkpointing: bool = False
     attention: str = "sdpa"  # "sdpa": the fused kernel; "flash": FlashAttention2 by hand (a lesson)
     layer_pattern: str = ""  # "" = all attention; else A (attention) / L (linear), tiled: "LLLA"
+    qk_norm: bool = False  # RMSNorm each head's q and k before RoPE (Attention says why)
+    logit_softcap: float = 0.0  # 0 = off; c > 0: logits = c * tanh(logits / c) (Gemma 2: 30)
+    z_loss: float = 0.0  # 0 = off; loss += z_loss * mean(logsumexp(logits)^2) (PaLM: 1e-4)
 
     def __post_init__(self):
         check_config(self)  # the rules and their messages: see the appendix
@@ -113,14 +118,10 @@ class GPTConfig:
 
     # Checkpoint round trip --------------------------------------------------------------------
 
-    def to_dict(self) -> dict:
-        """Plain JSON-able dict (what a checkpoint stores)."""
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
-        """Inverse of to_dict; an unknown key is an error (it means the checkpoint comes from
-        another model)."""
+        """Inverse of dataclasses.asdict (what a checkpoint stores); an unknown key is an error (it
+        means the checkpoint comes from another model)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -256,11 +257,20 @@ class Attention(nn.Module):
         # Context parallel (model_parallel.py) sets both: the absolute positions (T,) of this rank's
         # tokens, and ring attention for causal_attention, fed K/V at n_kv_head heads: less to send.
         self.positions, self.attend = None, None
+        # QK-norm: with unit gains |q| = |k| = sqrt(d), so |q.k| / sqrt(d) <= sqrt(d): 4 at d = 16,
+        # where one key at 4 among 127 at 0 gets only e^4 / (e^4 + 127) = 0.30 of the attention
+        # (a parameter-free QK-norm cost Muon 0.13 nats in issue 48's pilot). The learned gains
+        # (head_dim,), shared by the heads, are the logit scale that lifts the bound.
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:
+            self.q_norm, self.k_norm = (RMSNorm(self.head_dim, config.norm_eps) for _ in range(2))
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         # q (B, T, h, d); k, v (B, T, h_kv, d)
         q, k, v = (w(x).view(B, T, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        if self.q_norm is not None:  # before RoPE; in v's dtype (the fp32 gain promotes a bf16 q)
+            q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)
         positions = self.positions
         if positions is None:
             start = 0 if cache is None else cache.start
@@ -272,15 +282,14 @@ class Attention(nn.Module):
             k, v = cache.append(k, v)  # (B, h_kv, start + T, d)
         if self.attend is not None:
             y = self.attend(q, k, v)  # (B, h, T, d)
+        elif self.flash and cache is None:
+            # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
+            # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
+            y = flash_attention(
+                q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2), v.unsqueeze(2), True
+            ).flatten(1, 2)  # (B, h, T, d)
         else:
-            if self.flash and cache is None:
-                # GQA without a copy: the query heads as (B, h_kv, group, T, d) against K/V
-                # (B, h_kv, 1, T, d), which the tiles' matmuls broadcast over the group
-                y = flash_attention(
-                    q.unflatten(1, (self.n_kv_head, -1)), k.unsqueeze(2), v.unsqueeze(2), True
-                ).flatten(1, 2)  # (B, h, T, d)
-            else:
-                y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+            y = causal_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -364,8 +373,7 @@ class GPT(nn.Module):
         std, residual_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
         if isinstance(module, (Attention, LinearAttention, SwiGLU, MoE)):
             for name, weight in module.named_parameters():  # "wq.weight", ...; MoE's "w1", ...
-                # LinearAttention's gate bias: set there
-                if not name.endswith("bias"):
+                if weight.dim() > 1:  # not the gate bias (set there) nor QK-norm's gains (ones)
                     writes_residual = name.split(".")[0] in ("wo", "w2")
                     nn.init.normal_(weight, 0.0, residual_std if writes_residual else std)
         elif isinstance(module, nn.Embedding) or (
@@ -373,8 +381,7 @@ class GPT(nn.Module):
         ):
             nn.init.normal_(module.weight, 0.0, std)  # the embedding, and an untied head
 
-    # Stage pieces: pipeline parallel runs embed on the first stage, blocks in between, head on the
-    # last.
+    # Stage pieces for pipeline parallel: embed (first stage), blocks (between), head (last stage).
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped
@@ -384,8 +391,11 @@ class GPT(nn.Module):
         return self.emb_dropout(self.tok_emb(idx))
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head."""
-        return self.lm_head(self.norm(x))
+        """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head; with
+        logit_softcap c, c * tanh(logits / c): |logits| < c, near the identity well below c."""
+        logits = self.lm_head(self.norm(x))
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
 
     def forward(
         self,
@@ -394,7 +404,7 @@ class GPT(nn.Module):
         kv_cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy
-        (ignore_index -1).
+        (ignore_index -1), plus the z-loss when config.z_loss > 0.
 
         The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense
         model). With a kv_cache the tokens continue the cached sequence (generation); the cache is
@@ -417,9 +427,13 @@ class GPT(nn.Module):
             # loss 9.5 over 4,096 ids, measured). Under autocast cross_entropy would make this very
             # cast itself; in fp32 it is no copy at all. The logits returned stay in the compute
             # dtype (tests/test_model.py counts both).
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
+            flat = logits.float().view(-1, logits.size(-1))  # (B*T, V)
+            loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
+            if self.config.z_loss:
+                # PaLM's z-loss: softmax ignores a shift of all logits, so log Z may drift (at init
+                # log Z = ln 4096 = 8.3, costing 1e-4 * 8.3^2 = 0.007 nats); z log Z^2 pins it at 0
+                log_z = flat.logsumexp(-1)[targets.reshape(-1) != -1]  # (positions with a target,)
+                loss = loss + self.config.z_loss * log_z.pow(2).mean()
         return logits, loss
 
     # Generation
@@ -476,8 +490,7 @@ class GPT(nn.Module):
         if idx.shape[1] > self.config.block_size:
             raise ConfigError(
                 f"sequence length {idx.shape[1]} exceeds block_size={self.config.block_size}; "
-                f"crop the input to its last block_size tokens or use a config with a larger "
-                f"block_size"
+                f"crop the input to its last block_size tokens or use a larger block_size"
             )
         # The id range is checked where the ids already live on the host. On a GPU, reading min and
         # max back would stop the CPU twice per forward until the GPU catches up (two device-to-host
@@ -499,18 +512,13 @@ class GPT(nn.Module):
                 f"block_size={self.config.block_size}; make the cache block_size long at most"
             )
 
-    def num_params(self, non_embedding: bool = False, active: bool = False) -> int:
+    def num_params(self, non_embedding: bool = False) -> int:
         """Parameters counted on the built tensors (a tied head once): the oracle of the closed
-        form, scaling.count_params."""
+        form, scaling.count_params (tests/test_model.py counts a MoE's active ones from these)."""
         total = sum(p.numel() for p in self.parameters())
         if non_embedding:
             # the embedding and an untied head; a set holds a tied (V, C) matrix once
             total -= sum(w.numel() for w in {self.tok_emb.weight, self.lm_head.weight})
-        if active and self.config.n_expert:
-            E, k = self.config.n_expert, self.config.expert_top_k
-            experts = sum(w.numel() for b in self.blocks for w in (b.ffn.w1, b.ffn.w2, b.ffn.w3))
-            # all E experts' weights -> the top k's
-            total -= experts * (E - k) // E
         return total
 
 
@@ -608,8 +616,7 @@ class LayerKV:
                 f"ones at once do not fit; feed them one at a time (the window slides) or start a "
                 f"new cache"
             )
-        # the slot; = start while the window is not yet full
-        lo = self.start % cache.max_len
+        lo = self.start % cache.max_len  # the slot; = start while the window is not yet full
         self.k[:, :, lo : lo + T_new] = k
         self.v[:, :, lo : lo + T_new] = v
         held = min(self.start + T_new, cache.max_len)
@@ -682,17 +689,14 @@ class MoE(nn.Module):
         expert = expert.t().reshape(-1)  # (k*N,)
         gate = gate.t().reshape(-1)  # (k*N,)
         chosen = F.one_hot(expert, E)  # (k*N, E)
-        # rank of this assignment, (k*N,)
-        slot_in_expert = (chosen.cumsum(0) * chosen).sum(-1) - 1
-        # inference never drops
-        cap = self.capacity(N) if self.training else N
+        slot_in_expert = (chosen.cumsum(0) * chosen).sum(-1) - 1  # rank of this assignment, (k*N,)
+        cap = self.capacity(N) if self.training else N  # inference never drops
         kept = slot_in_expert < cap
         # Flat slot in an (E * cap + 1, C) buffer; dropped assignments land in the spare last row.
         slot = torch.where(kept, expert * cap + slot_in_expert, torch.full_like(expert, E * cap))
 
         inputs = tokens.new_zeros(E * cap + 1, C)
-        # kept slots are unique
-        inputs.index_copy_(0, slot, tokens.repeat(k, 1))
+        inputs.index_copy_(0, slot, tokens.repeat(k, 1))  # kept slots are unique
         expert_out = self.experts(inputs[:-1].view(E, cap, C))  # (E, cap, C)
         expert_out = torch.cat((expert_out.view(E * cap, C), tokens.new_zeros(1, C)))  # +1 row
         weighted = expert_out[slot] * (gate * kept).unsqueeze(-1).to(x.dtype)  # (k*N, C)
@@ -744,8 +748,7 @@ def online_softmax_update(
     online_softmax_result."""
     m_new = torch.maximum(m, s.amax(-1))
     p = torch.exp(s - m_new[..., None])  # (..., bq, bk)
-    # the old sums were relative to the old max
-    rescale = torch.exp(m - m_new)
+    rescale = torch.exp(m - m_new)  # the old sums were relative to the old max
     l = rescale * l + p.sum(-1)
     acc = rescale[..., None] * acc + p @ v_tile.to(acc.dtype)
     return m_new, l, acc
@@ -879,8 +882,7 @@ def linear_attention_recurrent(q, k, v, log_a, state=None):
     for t in range(q.shape[2]):
         # (B, h, d, d)
         S = log_a[:, :, t, None, None].exp() * S + k[:, :, t, :, None] * v[:, :, t, None, :]
-        # (B, h, d)
-        outs.append((q[:, :, t, None, :] @ S).squeeze(2))
+        outs.append((q[:, :, t, None, :] @ S).squeeze(2))  # (B, h, d)
     return torch.stack(outs, dim=2), S
 
 
@@ -922,8 +924,7 @@ class LinearAttention(nn.Module):
         self.n_head, self.head_dim = config.n_head, config.head_dim
         C, width = config.n_embd, config.n_head * config.head_dim
         self.wq, self.wk, self.wv = (nn.Linear(C, width, bias=False) for _ in range(3))
-        # forget gate logits; bias 3: a = 0.95 at the start
-        self.wg = nn.Linear(C, self.n_head)
+        self.wg = nn.Linear(C, self.n_head)  # forget gate logits; bias 3: a = 0.95 at the start
         self.wo = nn.Linear(width, C, bias=False)
         nn.init.constant_(self.wg.bias, 3.0)
 
@@ -960,14 +961,11 @@ def check_config(c: GPTConfig) -> None:
     model.ConfigError: GPTConfig.dropout: must be in [0, 1), got 1.0
     """
     # The integers first: the rules below divide by them (0 = auto FFN width; 0 = dense FFN).
-    for field in "vocab_size block_size n_layer n_head n_kv_head n_embd ffn_multiple_of".split():
-        value = getattr(c, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"GPTConfig.{field}: must be a positive integer, got {value!r}")
-    for field in ("ffn_hidden", "n_expert"):
-        value = getattr(c, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"GPTConfig.{field}: must be an integer >= 0, got {value!r}")
+    positive = "vocab_size block_size n_layer n_head n_kv_head n_embd ffn_multiple_of".split()
+    for field in positive + ["ffn_hidden", "n_expert"]:
+        value, low = getattr(c, field), int(field in positive)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"GPTConfig.{field}: must be an integer >= {low}, got {value!r}")
     pattern, n_kinds = c.layer_pattern, max(1, len(c.layer_pattern))
     top_k_fits = c.n_expert == 0 or 1 <= c.expert_top_k <= c.n_expert
     rules = [  # (field, the rule holds, what is wrong and the fix)
@@ -980,6 +978,8 @@ def check_config(c: GPTConfig) -> None:
         ("expert_top_k", top_k_fits, f"{c.expert_top_k} is not in 1..n_expert={c.n_expert}"),
         ("moe_capacity_factor", c.moe_capacity_factor >= 0, "must be >= 0 (0 = never drop)"),
         ("moe_aux_coef", c.moe_aux_coef >= 0, f"must be >= 0, got {c.moe_aux_coef}"),
+        ("logit_softcap", 0 <= c.logit_softcap < math.inf, "must be >= 0 and finite (0 = off)"),
+        ("z_loss", 0 <= c.z_loss < math.inf, "must be >= 0 and finite (0 = off)"),
         ("attention", c.attention in ("sdpa", "flash"), "must be 'sdpa' or 'flash'"),
         ("attention", c.attention == "sdpa" or c.dropout == 0, "'flash' has no attention dropout"),
         ("layer_pattern", set(pattern) <= set("AL"), f"{pattern!r} has a kind other than A and L"),

@@ -15,6 +15,7 @@ On this shared 2-core machine the step times carry the load of other processes; 
 are exact. Every process uses one thread (on a loaded 2-core machine more threads per process only fight).
 """
 
+import dataclasses
 import pathlib
 import statistics
 import sys
@@ -212,7 +213,7 @@ def main(argv=None) -> int:
         results = launcher.launch(
             bench_worker,
             args.world,
-            cfg.to_dict(),
+            dataclasses.asdict(cfg),
             args.steps + warm,
             args.micro_batches,
             timeout_s=1800,

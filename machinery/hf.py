@@ -47,6 +47,7 @@ checked piece by piece or refused.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib
 import json
@@ -172,6 +173,11 @@ def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
             "a Mixture of Experts: model.py weighs the top-k experts by their full-softmax "
             "probabilities while Mixtral renormalises them over the k, so the logits would differ; "
             "export a dense model (n_expert=0)",
+        ),
+        (
+            config.qk_norm or config.logit_softcap,
+            "qk_norm or logit_softcap: Llama has neither a QK-norm nor a logit soft-cap; export a "
+            "model trained without them",
         ),
     ]
     for cannot, why in refusals:
@@ -645,7 +651,7 @@ def save_imported_checkpoint(model: GPT, tokenizer, path, source: str) -> pathli
         "version": 1,
         "step": 0,
         "model": model.state_dict(),
-        "model_config": model.config.to_dict(),
+        "model_config": dataclasses.asdict(model.config),
         "tokenizer_json": tokenizer.to_json(),
         "imported_from": source,
     }

@@ -505,6 +505,14 @@ def open_dataset(cfg: TrainConfig, dist: Dist, log=print):
         raise TrainError(f"cannot use `data` {cfg.data!r}: {e}") from e
 
 
+def parse_bool(text: str) -> bool:
+    """'true', '1', 'yes' -> True; 'false', '0', 'no' -> False (any case); a typo is an error."""
+    words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    if text.lower() not in words:
+        raise ValueError(f"{text!r} is not true or false")
+    return words[text.lower()]
+
+
 def parse_model_args(text: str) -> dict:
     """'n_layer=2,n_embd=32,dropout=0.1' -> {'n_layer': 2, 'n_embd': 32, 'dropout': 0.1}, typed by
     GPTConfig."""
@@ -520,7 +528,7 @@ def parse_model_args(text: str) -> dict:
         kind = next((k for k in ("bool", "int", "float") if k in types[key]), "str")
         try:
             out[key] = {
-                "bool": lambda v: v.lower() in ("1", "true", "yes"),
+                "bool": parse_bool,
                 "int": int,
                 "float": float,
                 "str": str,
@@ -618,6 +626,7 @@ class Trainer:
             if init_ckpt
             else build_model_config(cfg, self.data.vocab_size)
         )
+        check_stability_layout(cfg, dataclasses.asdict(self.model_config))  # init_from's too
         self.block_size = cfg.block_size or self.model_config.block_size
         if self.block_size > self.model_config.block_size:
             raise TrainError(
@@ -785,7 +794,7 @@ class Trainer:
             "version": 1,
             "step": self.step,
             "model": self.model.full_state_dict(),  # collective when the model is split
-            "model_config": self.model_config.to_dict(),
+            "model_config": dataclasses.asdict(self.model_config),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "train_config": dataclasses.asdict(self.cfg),
@@ -826,12 +835,11 @@ class Trainer:
                 f"checkpoint {ckpt['path']} was trained with another tokenizer than `data` "
                 f"{self.cfg.data!r}; resume with the run's data ({ckpt['data_dir']})"
             )
-        if ckpt["model_config"] != self.model_config.to_dict():
-            diff = {
-                k: (v, self.model_config.to_dict().get(k))
-                for k, v in ckpt["model_config"].items()
-                if self.model_config.to_dict().get(k) != v
-            }
+        # a field newer than the checkpoint has its default there: what the checkpoint's model ran
+        saved = {**dataclasses.asdict(model_lib.GPTConfig()), **ckpt["model_config"]}
+        now = dataclasses.asdict(self.model_config)
+        if saved != now:
+            diff = {k: (v, now.get(k)) for k, v in saved.items() if now.get(k) != v}
             raise TrainError(
                 f"checkpoint {ckpt['path']} is for another model (checkpoint vs now: {diff}); "
                 f"resume with the same `model`/`model_args` or start a new `out_dir`"
@@ -1180,6 +1188,25 @@ SEED_MAX = 2**32 - 1  # numpy's generators take seeds in [0, 2^32)
 SAMPLE_TOKENS_MAX = 100_000
 
 
+def check_stability_layout(cfg: TrainConfig, model_fields: dict) -> None:
+    """Refuse a model.py stability option (`model_args` or an `init_from` checkpoint's config) that
+    a layout would get wrong; softcap is elementwise on the logits, so every layout keeps it."""
+    for option, layouts, why in (
+        ("z_loss", ("tp", "pp", "cp"), "these take the cross-entropy themselves, without z-loss"),
+        (
+            "qk_norm",
+            ("tp",),
+            "a rank's heads give the q/k norm gains, shared by all heads, part of their gradient",
+        ),
+    ):
+        given = [f"`{name}` {getattr(cfg, name)}" for name in layouts if getattr(cfg, name) > 1]
+        if model_fields.get(option) and given:
+            raise TrainError(
+                f"`model_args` {option}={model_fields[option]} with {', '.join(given)}: {why}; "
+                "drop one of them (data parallel, ZeRO and `ep` support it)"
+            )
+
+
 def check_config(cfg: TrainConfig) -> None:
     """Reject settings that cannot work before anything is built: one TrainError naming the setting
     and its range.
@@ -1261,6 +1288,7 @@ def check_config(cfg: TrainConfig) -> None:
             "which this layout splits (TP's slices) or does not yet wire; use data parallel or "
             "ZeRO (`zero` 1-3), or `optimizer` adamw"
         )
+    check_stability_layout(cfg, parse_model_args(cfg.model_args))
     # AdamW's step is ~lr per weight: above 1 it only diverges
     if not 0 < cfg.lr <= 1:
         raise TrainError(f"`lr` must lie in (0, 1], got {cfg.lr}")

@@ -307,6 +307,96 @@ MUTANTS = [
         ("tests/test_model.py::test_kv_cache_gives_the_full_forward_logits",),
         "RoPE rotates cached decoding steps as if they were at position 0",
     ),
+    # --- the stability options (issue 48) ---------------------------------------------------------------------------
+    Mutant(
+        "qk-norm-after-rope",
+        "model.py",
+        """        if self.q_norm is not None:  # before RoPE; in v's dtype (the fp32 gain promotes a bf16 q)
+            q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)
+        positions = self.positions
+        if positions is None:
+            start = 0 if cache is None else cache.start
+            positions = torch.arange(start, start + T, device=x.device)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+""",
+        """        positions = self.positions
+        if positions is None:
+            start = 0 if cache is None else cache.start
+            positions = torch.arange(start, start + T, device=x.device)
+        cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)
+""",
+        ("tests/test_model.py::test_max_attention_logit_equals_a_float64_computation",),
+        "QK-norm's per-feature gains applied after RoPE's rotation mixed each pair",
+    ),
+    Mutant(
+        "qk-norm-promotes-q-and-k-to-fp32",
+        "model.py",
+        "q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)",
+        "q, k = self.q_norm(q), self.k_norm(k)",
+        (
+            "tests/test_model.py::"
+            "test_qk_norm_keeps_q_and_k_in_the_compute_dtype_under_bf16_autocast",
+        ),
+        "under bf16 autocast the fp32 gains promote q and k: fp32 through RoPE, unlike v",
+    ),
+    Mutant(
+        "qk-norm-gains-drawn-like-matrices",
+        "model.py",
+        "if weight.dim() > 1:",
+        'if not name.endswith("bias"):',
+        (
+            "tests/test_model.py::"
+            "test_qk_norm_with_unit_gains_bounds_every_attention_logit_by_sqrt_head_dim",
+        ),
+        "the init draws QK-norm's gains N(0, 0.02) like a weight matrix: every logit ~0",
+    ),
+    Mutant(
+        "softcap-without-outer-multiply",
+        "model.py",
+        "return cap * torch.tanh(logits / cap) if cap else logits",
+        "return torch.tanh(logits / cap) if cap else logits",
+        ("tests/test_model.py::test_logit_softcap_bounds_the_logits_and_equals_the_formula",),
+        "the soft-cap forgets to scale tanh back by c: logits in (-1, 1)",
+    ),
+    Mutant(
+        "z-loss-counts-ignored-positions",
+        "model.py",
+        "log_z = flat.logsumexp(-1)[targets.reshape(-1) != -1]",
+        "log_z = flat.logsumexp(-1)",
+        (
+            "tests/test_model.py::"
+            "test_z_loss_equals_the_formula_over_the_positions_with_a_target_and_its_gradient",
+        ),
+        "z-loss averages log Z^2 over padding (-1) positions too",
+    ),
+    Mutant(
+        "attention-probe-sees-the-future",
+        "machinery/attention_probe.py",
+        "scores.masked_fill(~visible, -math.inf).amax()",
+        "scores.amax()",
+        ("tests/test_model.py::test_max_attention_logit_equals_a_float64_computation",),
+        "the largest-logit probe counts keys after the query, which softmax never sees",
+    ),
+    Mutant(
+        "z-loss-allowed-under-pp",
+        "machinery/run.py",
+        '("z_loss", ("tp", "pp", "cp"),',
+        '("z_loss", ("tp", "cp"),',
+        ("tests/test_train.py::test_stability_options_a_layout_would_get_wrong_are_one_line",),
+        "the pipeline's last stage silently trains without the z-loss it was asked for",
+    ),
+    Mutant(
+        "hf-exports-a-soft-capped-model",
+        "machinery/hf.py",
+        "config.qk_norm or config.logit_softcap,",
+        "config.qk_norm,",
+        ("tests/test_hf.py::test_qk_norm_or_a_logit_softcap_is_refused_in_one_line",),
+        "a soft-capped model exports as a Llama whose logits are not capped",
+    ),
     # --- the Hugging Face bridge: transformers' LlamaForCausalLM and AutoTokenizer are the oracles --------------------
     Mutant(
         "hf-export-skips-rope-permutation",

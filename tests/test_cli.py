@@ -8,6 +8,7 @@ that neither the working directory nor the fixtures changed. Covering a new flag
 """
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import io
@@ -398,7 +399,7 @@ def fixtures(tmp_path_factory) -> dict:
             "version": 1,
             "step": 0,
             "model": tiny.state_dict(),
-            "model_config": tiny.config.to_dict(),
+            "model_config": dataclasses.asdict(tiny.config),
         },
         root / "no_tokenizer.pt",
     )
@@ -920,7 +921,7 @@ def hostile(fixtures, tmp_path_factory) -> dict:
         float_id_tokenizer=root / "float_id.json",
         tiny_args=",".join(
             f"{k}={v}"
-            for k, v in tiny.config.to_dict().items()
+            for k, v in dataclasses.asdict(tiny.config).items()
             if k in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size")
         ),
     )
@@ -928,7 +929,7 @@ def hostile(fixtures, tmp_path_factory) -> dict:
         "version": 1,
         "step": 0,
         "model": tiny.state_dict(),
-        "model_config": tiny.config.to_dict(),
+        "model_config": dataclasses.asdict(tiny.config),
         "tokenizer_json": tokenizer.to_json(),
     }
     for name, change in (
@@ -941,7 +942,10 @@ def hostile(fixtures, tmp_path_factory) -> dict:
         ),
         ("ckpt_step_text", {"step": "x"}),
         ("ckpt_optimizer_empty", {"optimizer": {}}),
-        ("ckpt_huge_context", {"model_config": {**tiny.config.to_dict(), "block_size": 10**13}}),
+        (
+            "ckpt_huge_context",
+            {"model_config": {**dataclasses.asdict(tiny.config), "block_size": 10**13}},
+        ),
     ):
         train.atomic_save({**good_ckpt, **change}, root / f"{name}.pt")
         out[name] = root / f"{name}.pt"
@@ -953,7 +957,7 @@ def hostile(fixtures, tmp_path_factory) -> dict:
     damaged[len(damaged) // 2 : len(damaged) // 2 + 4096] = bytes(4096)
     zeroed.write_bytes(damaged)
     out["ckpt_zeroed"] = zeroed
-    config = {**tiny.config.to_dict(), "n_embd": 32}
+    config = {**dataclasses.asdict(tiny.config), "n_embd": 32}
     train.atomic_save(
         {
             "version": 1,
@@ -973,7 +977,7 @@ def hostile(fixtures, tmp_path_factory) -> dict:
             "version": 1,
             "step": 5,
             "model": small.state_dict(),
-            "model_config": small.config.to_dict(),
+            "model_config": dataclasses.asdict(small.config),
             "optimizer": {"state": {}, "param_groups": []},
             "tokenizer_json": other.to_json(),
             "data_dir": "other-data",

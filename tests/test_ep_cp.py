@@ -259,11 +259,17 @@ def _check(results, layouts):
 
 # (name, model, ep, cp, ZeRO stage). Under EP, ZeRO shards the dense parameters over dp and each
 # expert slice over the ranks holding it: one rank on 2 ranks with ep 2, two with ep 2 on 4 ranks.
+# Issue 48's stability options: EP runs GPT.forward (all three hold); CP takes the loss itself, so
+# only QK-norm (inside Attention, before the ring) and the soft-cap (inside GPT.head); machinery/run.py
+# refuses z-loss with cp.
+STABLE = dict(qk_norm=True, logit_softcap=5.0)
 WORLD2 = [
     ("ep2", MOE, 2, 1, 0),
     ("ep2_zero1", MOE, 2, 1, 1),
     ("ep2_zero2", MOE, 2, 1, 2),
     ("cp2", DENSE, 1, 2, 0),
+    ("ep2_stable", {**MOE, **STABLE, "z_loss": 0.01}, 2, 1, 0),
+    ("cp2_stable", {**DENSE, **STABLE}, 1, 2, 0),
 ]
 WORLD4 = [
     ("ep4", MOE, 4, 1, 0),

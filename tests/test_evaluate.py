@@ -1,6 +1,7 @@
 """Tests for evaluate.py: the lecture's numbers, window evaluation against a full pass, exact match against greedy
 decoding, contamination against a plain set of n-gram tuples, and the command line on real checkpoints."""
 
+import dataclasses
 import json
 import math
 import os
@@ -458,7 +459,7 @@ def save_checkpoint(path, model, tokenizer, data_dir, step=7):
             "version": 1,
             "step": step,
             "model": model.state_dict(),
-            "model_config": model.config.to_dict(),
+            "model_config": dataclasses.asdict(model.config),
             "tokenizer_json": tokenizer.to_json(),
             "data_dir": str(data_dir),
         },
@@ -792,7 +793,7 @@ def test_bad_inputs_get_one_line_and_exit_code_2(run_dir, capsys, tmp_path):
             "version": 1,
             "step": 2,
             "model": gpt.state_dict(),
-            "model_config": gpt.config.to_dict(),
+            "model_config": dataclasses.asdict(gpt.config),
             "data_dir": ckpt["data_dir"],
         },
         no_tokenizer,

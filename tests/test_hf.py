@@ -554,6 +554,18 @@ def test_a_mixture_of_experts_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "moe").exists()
 
 
+@pytest.mark.parametrize("overrides", [dict(qk_norm=True), dict(logit_softcap=30.0)])
+def test_qk_norm_or_a_logit_softcap_is_refused_in_one_line(tmp_path, overrides):
+    net = model.GPT(
+        model.GPTConfig(vocab_size=300, n_layer=1, n_head=2, n_kv_head=2, n_embd=16, **overrides)
+    )
+    tokenizer = bpe.train_bpe("one two three " * 20, 260)
+    with pytest.raises(model.ConfigError, match="^cannot export qk_norm or logit_softcap: ") as e:
+        hf.export_hf(net, tokenizer, tmp_path / "out")
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    assert hf.hf_config(model.GPTConfig(z_loss=1e-4), 0)["model_type"] == "llama"  # a loss only
+
+
 def test_permutation_example_of_the_docstring():
     assert hf.rope_halves_order(4).tolist() == [0, 2, 1, 3]
     w = torch.arange(2 * 8 * 3, dtype=torch.float32).view(16, 3)  # 2 heads of width 8

@@ -72,6 +72,9 @@ def ids(shape, vocab=64, seed=0):
         (dict(n_layer=0), "n_layer"),
         (dict(dropout=1.0), "dropout"),
         (dict(moe_capacity_factor=-1.0), "moe_capacity_factor"),
+        (dict(logit_softcap=-30.0), "logit_softcap"),
+        (dict(logit_softcap=math.inf), "logit_softcap"),
+        (dict(z_loss=float("nan")), "z_loss"),
     ],
 )
 def test_bad_config_names_the_field(overrides, field):
@@ -88,12 +91,12 @@ def test_bad_inputs_name_the_problem():
     with pytest.raises(ConfigError, match=r"vocab_size=64"):
         model(torch.tensor([[-1, 3]]))
     with pytest.raises(ConfigError, match="unknown field"):
-        GPTConfig.from_dict({**small().to_dict(), "n_embed": 3})
+        GPTConfig.from_dict({**dataclasses.asdict(small()), "n_embed": 3})
 
 
 def test_config_round_trip_and_auto_ffn():
     config = small(n_expert=4, tie_embeddings=False)
-    assert GPTConfig.from_dict(config.to_dict()) == config
+    assert GPTConfig.from_dict(dataclasses.asdict(config)) == config
     assert GPTConfig(n_embd=128).ffn_dim == 384  # 8/3 * 128 = 341.3 -> multiple of 64
     assert GPTConfig(n_embd=768).ffn_dim == 2048
     assert GPTConfig(n_embd=128, ffn_hidden=100).ffn_dim == 100
@@ -389,7 +392,15 @@ def lively(model: GPT) -> GPT:
     return model.eval()
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(n_expert=4, expert_top_k=2), dict(n_kv_head=1)])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        dict(n_expert=4, expert_top_k=2),
+        dict(n_kv_head=1),
+        dict(qk_norm=True, logit_softcap=30.0),
+    ],
+)
 def test_rolling_cache_equals_sliding_window_attention_past_block_size(overrides, monkeypatch):
     model = lively(make(small(**overrides)))
     x = ids((2, 45))  # block_size 16: the window slides 29 times
@@ -524,6 +535,16 @@ def moe_variant(config: GPTConfig) -> GPTConfig:
     return dataclasses.replace(config, n_expert=8, expert_top_k=2)
 
 
+def built_params(model: GPT, non_embedding: bool = False, active: bool = False) -> int:
+    """GPT.num_params, and with `active` a MoE's weights counted for the top k of E experts only."""
+    total = model.num_params(non_embedding)
+    if active and model.config.n_expert:
+        E, k = model.config.n_expert, model.config.expert_top_k
+        experts = sum(w.numel() for b in model.blocks for w in (b.ffn.w1, b.ffn.w2, b.ffn.w3))
+        total -= experts * (E - k) // E
+    return total
+
+
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_param_counts_match_the_closed_form(name):
     for config in (
@@ -539,7 +560,7 @@ def test_param_counts_match_the_closed_form(name):
             dict(active=True),
             dict(non_embedding=True, active=True),
         ):
-            assert model.num_params(**kwargs) == count_params(config, **kwargs), (config, kwargs)
+            assert built_params(model, **kwargs) == count_params(config, **kwargs), (config, kwargs)
 
 
 def test_closed_form_by_hand_and_preset_sizes():
@@ -985,3 +1006,182 @@ def test_layer_pattern_builds_the_kinds_and_counts_their_parameters_and_state():
 def test_bad_attention_configs_get_one_line(overrides, message):
     with pytest.raises(ConfigError, match=rf"GPTConfig\.{message}"):
         small(**overrides)
+
+
+# ------------------------------------------------------------------------------------------------ stability (issue 48)
+
+
+def test_stability_options_off_leave_the_default_model_as_it_was():
+    """The loss of a fixed-seed default model (weights in float64, the loss in fp32 as GPT.forward takes it),
+    recorded before qk_norm, logit_softcap and z_loss existed: off, they change nothing (no parameter, no random
+    draw, no arithmetic)."""
+    config = small()
+    assert (config.qk_norm, config.logit_softcap, config.z_loss) == (False, 0.0, 0.0)
+    model = make(config).double()
+    targets = ids((2, 16), seed=1)
+    targets[0, :5] = -1
+    _, loss = model(ids((2, 16)), targets)
+    assert loss.item() == pytest.approx(4.200470924377441, rel=1e-6)
+    assert not any("norm" in name for name, _ in model.blocks[0].attn.named_parameters())
+
+
+def explicit_max_logit(model: GPT, idx: torch.Tensor) -> float:
+    """The largest causal attention logit by hand in float64: RMSNorm, QK-norm and RoPE (as complex rotations)
+    written out here, each layer's input from the model's own previous block."""
+    model = model.double().eval()
+    cfg, best = model.config, -math.inf
+    T, d = idx.shape[1], cfg.head_dim
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * cfg.rope_theta ** (
+        -torch.arange(0, d, 2, dtype=torch.float64) / d
+    )  # (T, d/2)
+    rotation = torch.polar(torch.ones_like(angle), angle)[None, :, None, :]  # (1, T, 1, d/2)
+
+    def rms(x, gain):
+        return x / torch.sqrt((x**2).mean(-1, keepdim=True) + cfg.norm_eps) * gain
+
+    with torch.no_grad():
+        x = model.tok_emb(idx)
+        for block in model.blocks:
+            attn, h = block.attn, rms(x, block.attn_norm.weight)
+            q = (h @ attn.wq.weight.T).view(*idx.shape, cfg.n_head, d)
+            k = (h @ attn.wk.weight.T).view(*idx.shape, cfg.n_kv_head, d)
+            if cfg.qk_norm:
+                q, k = rms(q, attn.q_norm.weight), rms(k, attn.k_norm.weight)
+            q, k = (
+                torch.view_as_real(
+                    torch.view_as_complex(t.reshape(*t.shape[:3], d // 2, 2)) * rotation
+                )
+                .flatten(-2)
+                .transpose(1, 2)
+                for t in (q, k)
+            )  # (B, heads, T, d)
+            k = k.repeat_interleave(cfg.n_head // cfg.n_kv_head, dim=1)
+            scores = (q @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(
+                torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf
+            )
+            best = max(best, scores.max().item())
+            x = block(x)
+    return best
+
+
+@pytest.mark.parametrize(
+    "overrides", [dict(qk_norm=True), {}, dict(qk_norm=True, attention="flash")]
+)
+def test_max_attention_logit_equals_a_float64_computation(overrides):
+    from machinery.attention_probe import max_attention_logit
+
+    model = make(small(**overrides))  # GQA: 4 query heads over 2 kv heads
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "q_norm" in name or "k_norm" in name:
+                p.copy_(
+                    torch.rand(p.shape, generator=g) * 3
+                )  # unequal gains: before RoPE or after differ
+            elif name.endswith(("wq.weight", "wk.weight")):
+                p.mul_(20)  # logits of several units, not ~0
+    x = ids((2, 16))
+    got = max_attention_logit(model, x)
+    assert model.training and model.blocks[0].attn.flash == (overrides.get("attention") == "flash")
+    assert got > 1.0
+    assert got == pytest.approx(explicit_max_logit(model, x), rel=1e-5)
+
+
+def test_qk_norm_with_unit_gains_bounds_every_attention_logit_by_sqrt_head_dim():
+    from machinery.attention_probe import max_attention_logit
+
+    x = ids((2, 16))
+    for qk_norm in (False, True):
+        model = make(small(qk_norm=qk_norm, n_embd=64, n_head=4, n_kv_head=2))  # head_dim 16
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn.wq.weight.mul_(50)
+                block.attn.wk.weight.mul_(50)
+        largest = max_attention_logit(model, x)
+        if qk_norm:
+            assert 1.0 < largest <= math.sqrt(16)  # 4: |q| = |k| = sqrt(d)
+        else:
+            assert largest > 100  # the same weights without the norm: unbounded
+
+
+def test_qk_norm_keeps_q_and_k_in_the_compute_dtype_under_bf16_autocast(monkeypatch):
+    """RMSNorm's fp32 gain would promote a bf16 q and k to fp32 (twice the bytes through RoPE and the kernel, and
+    a dtype unlike v's): QK-norm hands them on in v's dtype, as they are without it."""
+    import model as model_module
+
+    seen = []
+
+    def recording(kernel):
+        def record(q, k, v, *args, **kwargs):
+            seen.append((q.dtype, k.dtype, v.dtype))
+            return kernel(q, k, v, *args, **kwargs)
+
+        return record
+
+    for name in ("causal_attention", "flash_attention"):
+        monkeypatch.setattr(model_module, name, recording(getattr(model_module, name)))
+    x = ids((2, 16))
+    for attention in ("sdpa", "flash"):
+        model = make(small(qk_norm=True, attention=attention))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits, loss = model(x, x)
+        loss.backward()
+        assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+        assert model.blocks[0].attn.q_norm.weight.grad is not None
+    assert seen == [(torch.bfloat16,) * 3] * 4  # 2 layers, sdpa then flash
+
+
+def test_logit_softcap_bounds_the_logits_and_equals_the_formula():
+    capped, plain = make(small(logit_softcap=5.0)), make(small())
+    with torch.no_grad():
+        for model in (capped, plain):
+            model.tok_emb.weight.mul_(
+                40
+            )  # tied head: logits up to ~40 (fp32's tanh reaches 1.0 at 9)
+    x = ids((2, 16))
+    raw, got = plain(x)[0], capped(x)[0]
+    assert raw.abs().max() > 20 and got.abs().max() < 5.0
+    torch.testing.assert_close(got, 5.0 * torch.tanh(raw / 5.0))
+
+
+def test_z_loss_equals_the_formula_over_the_positions_with_a_target_and_its_gradient():
+    z = 0.05
+    with_z, plain = make(small(z_loss=z)), make(small())
+    with torch.no_grad():
+        for model in (with_z, plain):
+            model.tok_emb.weight.mul_(30)  # log Z far from 0 and unequal across positions
+    x, y = ids((2, 16)), ids((2, 16), seed=1)
+    y[0, :7] = -1
+    y[1, 3] = -1
+    logits, loss = with_z(x, y)
+    kept = (y != -1).flatten()
+    log_z = logits.double().flatten(0, 1)[kept].logsumexp(-1)
+    ce = F.cross_entropy(logits.double().flatten(0, 1), y.flatten(), ignore_index=-1)
+    assert loss.item() == pytest.approx((ce + z * log_z.pow(2).mean()).item(), rel=1e-6)
+    assert loss.item() - plain(x, y)[1].item() > 0.1  # the term is there, and large here
+    loss.backward()
+    ref_logits, _ = plain(x)
+    flat = ref_logits.float().flatten(0, 1)
+    formula = F.cross_entropy(flat, y.flatten(), ignore_index=-1)
+    (formula + z * torch.logsumexp(flat[kept], -1).pow(2).mean()).backward()
+    for (name, a), b in zip(with_z.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("pattern", ["A", "LA"])
+def test_qk_norm_model_generates_with_kv_cache_as_the_full_forward_and_round_trips(pattern):
+    config = small(qk_norm=True, logit_softcap=30.0, z_loss=1e-4, layer_pattern=pattern)
+    model = lively(make(config))
+    assert [hasattr(b.attn, "q_norm") for b in model.blocks] == [
+        k == "A" for k in config.layer_kinds
+    ]
+    prompt = ids((2, 5))
+    out = model.generate(prompt, 11, temperature=0)
+    idx = prompt
+    with torch.no_grad():
+        for _ in range(11):
+            idx = torch.cat((idx, model(idx)[0][:, -1].argmax(-1, keepdim=True)), 1)
+    assert torch.equal(out, idx) and len(set(out[0, 5:].tolist())) > 2
+    again = GPT(GPTConfig.from_dict(dataclasses.asdict(config)))
+    again.load_state_dict(model.state_dict())
+    torch.testing.assert_close(again.eval()(idx)[0], model(idx)[0])

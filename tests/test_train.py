@@ -1483,3 +1483,25 @@ def test_muon_with_a_layout_that_splits_matrices_is_one_line(capsys):
         assert (
             error.count("\n") == 0 and f"--optimizer muon with {' '.join(layout[-2:])}:" in error
         ), error
+
+
+def test_stability_options_a_layout_would_get_wrong_are_one_line(capsys):
+    """z-loss where TP, PP or CP take the cross-entropy themselves, QK-norm's shared gains under TP's split heads,
+    and a bool that is not one: each one line naming the settings. The soft-cap is elementwise: every layout keeps it."""
+    for args, named in (
+        (["--model-args", "qk_norm=True", "--tp", "2"], "--model-args qk_norm=True with --tp 2: "),
+        (["--model-args", "z_loss=1e-4", "--pp", "2"], "--model-args z_loss=0.0001 with --pp 2: "),
+        (["--model-args", "z_loss=0.01", "--cp", "2"], "--model-args z_loss=0.01 with --cp 2: "),
+        (["--model-args", "qk_norm=yes please"], "'yes please' is not true or false"),
+    ):
+        assert command.main(args) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.count("\n") == 0 and named in error, error
+    run.check_config(train.TrainConfig(tp=2, pp=2, cp=2, model_args="logit_softcap=30"))
+    run.check_config(train.TrainConfig(zero=2, ep=2, model_args="qk_norm=true,z_loss=1e-4"))
+    assert run.parse_model_args("qk_norm=True,logit_softcap=30,z_loss=1e-4") == dict(
+        qk_norm=True, logit_softcap=30.0, z_loss=1e-4
+    )
+    assert run.parse_model_args("qk_norm=FALSE,tie_embeddings=0") == dict(
+        qk_norm=False, tie_embeddings=False
+    )
