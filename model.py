@@ -404,7 +404,7 @@ class GPT(nn.Module):
         kv_cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) -> logits (B, T, V) and, with targets (B, T), the mean cross-entropy
-        (ignore_index -1), plus the z-loss when config.z_loss > 0.
+        (ignore_index -1), plus the z-loss when config.z_loss > 0 and the model is training.
 
         The MoE load-balancing loss of this forward is left in `self.aux_loss` (0-dim; 0 for a dense
         model). With a kv_cache the tokens continue the cached sequence (generation); the cache is
@@ -429,7 +429,7 @@ class GPT(nn.Module):
             # dtype (tests/test_model.py counts both).
             flat = logits.float().view(-1, logits.size(-1))  # (B*T, V)
             loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
-            if self.config.z_loss:
+            if self.config.z_loss and self.training:  # eval: the cross-entropy alone, comparable
                 # PaLM's z-loss: softmax ignores a shift of all logits, so log Z may drift (at init
                 # log Z = ln 4096 = 8.3, costing 1e-4 * 8.3^2 = 0.007 nats); z log Z^2 pins it at 0
                 log_z = flat.logsumexp(-1)[targets.reshape(-1) != -1]  # (positions with a target,)

@@ -123,6 +123,8 @@ def count_params(config, non_embedding: bool = False, active: bool = False) -> i
     q_width = config.n_head * config.head_dim
     kv_width = config.n_kv_head * config.head_dim
     attention = C * q_width + 2 * C * kv_width + q_width * C
+    if config.qk_norm:
+        attention += 2 * config.head_dim  # q's and k's gains, shared by the heads
     if config.n_expert:
         experts = config.expert_top_k if active else config.n_expert
         ffn = experts * 3 * C * H + C * config.n_expert  # experts + router

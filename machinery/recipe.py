@@ -357,12 +357,12 @@ def recipe(settings: RecipeSettings = RecipeSettings(), out_dir="out/recipe", lo
 
 def largest_logits(s: RecipeSettings, stability: dict, data_dir, out: pathlib.Path) -> dict:
     """{run name: the largest attention logit its finished model computes on the first held-out
-    windows} for every stability run that finished (machinery/probes.py's probe)."""
+    windows} for every stability run that finished (machinery/attention_probe.py)."""
     import torch
 
     import data as data_lib
     import evaluate
-    from machinery.probes import max_attention_logit
+    from machinery.attention_probe import max_attention_logit
 
     val = data_lib.TokenData(data_dir).shards["val"][0]
     windows = min(s.batch_size, len(val) // s.block_size)

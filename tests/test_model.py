@@ -551,6 +551,7 @@ def test_param_counts_match_the_closed_form(name):
         PRESETS[name],
         dataclasses.replace(PRESETS[name], tie_embeddings=False),
         moe_variant(PRESETS[name]),
+        dataclasses.replace(PRESETS[name], qk_norm=True),  # + 2 gains of head_dim per layer
     ):
         with torch.device("meta"):  # shapes only: the 1B model costs nothing
             model = GPT(config)
@@ -1153,6 +1154,9 @@ def test_z_loss_equals_the_formula_over_the_positions_with_a_target_and_its_grad
     x, y = ids((2, 16)), ids((2, 16), seed=1)
     y[0, :7] = -1
     y[1, 3] = -1
+    # a training objective: in eval mode the loss is the cross-entropy alone, as without z-loss
+    assert with_z.eval()(x, y)[1].item() == plain.eval()(x, y)[1].item()
+    with_z.train(), plain.train()
     logits, loss = with_z(x, y)
     kept = (y != -1).flatten()
     log_z = logits.double().flatten(0, 1)[kept].logsumexp(-1)
