@@ -61,6 +61,7 @@ CLI_FILES = "tests/test_cli.py::test_a_damaged_file_is_one_line_naming_the_file_
 TRAIN = "tests/test_train.py"
 EPCP = "tests/test_ep_cp.py"
 COMPILE = "tests/test_compile.py"
+RECIPE = "tests/test_recipe.py"
 RANK0 = (
     "tests/test_rank0_work.py::"
     "test_rank0_work_outlasts_the_collective_timeout_and_gathers_arrive_on_the_cpu"
@@ -998,6 +999,60 @@ MUTANTS = [
             "tests/test_concurrency.py::test_prepare_and_train_refuse_a_planted_lock_in_one_line",
         ),
         "the lock file is opened through a symbolic link: our pid overwrites the link's target",
+    ),
+    # issue 48: the recipe's measurements
+    Mutant(
+        "z-loss-in-the-validation-loss",
+        "model.py",
+        "if self.config.z_loss and self.training:",
+        "if self.config.z_loss:",
+        (
+            "tests/test_model.py::"
+            "test_z_loss_equals_the_formula_over_the_positions_with_a_target_and_its_gradient",
+        ),
+        "the z-loss run's validation loss carries z log Z^2: not comparable with a plain run's",
+    ),
+    Mutant(
+        "count-params-misses-qk-norm-gains",
+        "scaling.py",
+        "attention += 2 * config.head_dim  # q's and k's gains",
+        "attention += 0 * config.head_dim  # q's and k's gains",
+        ("tests/test_model.py::test_param_counts_match_the_closed_form",),
+        "a QK-norm model's closed-form count misses its two head_dim gains per layer",
+    ),
+    Mutant(
+        "recipe-branch-starts-a-step-late",
+        "machinery/recipe.py",
+        "return {L: L - int(round(s.decay_fraction * L)) for L in lengths}",
+        "return {L: L - int(round(s.decay_fraction * L)) + 1 for L in lengths}",
+        (
+            f"{RECIPE}::test_each_wsd_branch_resumes_a_checkpoint_the_stable_run_keeps_and_decays_from_there",
+        ),
+        "a WSD branch resumes a step after its decay began: one step at a rate the schedule never had",
+    ),
+    Mutant(
+        "recipe-sigmas-over-the-smaller-spread",
+        "machinery/recipe.py",
+        "worst = max(a_sd, b_sd)",
+        "worst = min(a_sd, b_sd)",
+        (f"{RECIPE}::test_report_computes_each_effect_from_the_runs",),
+        "an effect counted in the smaller seed spread: Muon's gap looks twice as sure",
+    ),
+    Mutant(
+        "recipe-stability-trains-its-own-baseline",
+        "machinery/recipe.py",
+        'optimizer_job(s, "adamw", rate, k, args, _slug(tool) if args else "")',
+        'optimizer_job(s, "adamw", rate, k, args, _slug(tool))',
+        (f"{RECIPE}::test_every_comparison_shares_its_baseline_run_and_every_name_is_one_command",),
+        "the plain stability runs are trained again under another name: not the optimizer's runs",
+    ),
+    Mutant(
+        "recipe-guard-counts-only-rollbacks",
+        "machinery/recipe.py",
+        'event in ("skipped_batch", "rollback")',
+        'event == "rollback"',
+        (f"{RECIPE}::test_guard_events_count_skips_and_rollbacks",),
+        "the spike guard's skipped batches go uncounted beside a stability row",
     ),
 ]
 
