@@ -159,10 +159,17 @@ def run_jobs(s: RecipeSettings, jobs: Sequence[Job], data_dir, out: pathlib.Path
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)  # only finished runs stay
             raise
-        loss = sweep.final_val_loss(run_dir / "metrics.jsonl", job.steps)
-        fileio.write_atomic(stamp, wanted, error=ScalingError, fix="pass another out_dir")
+        loss, seconds = (
+            sweep.final_val_loss(run_dir / "metrics.jsonl", job.steps),
+            time.perf_counter() - t0,
+        )
+        fix = "pass another out_dir"
+        fileio.write_atomic(
+            run_dir / "train_seconds.txt", f"{seconds:.1f}", error=ScalingError, fix=fix
+        )
+        fileio.write_atomic(stamp, wanted, error=ScalingError, fix=fix)
         shown = "diverged" if loss is None else f"{loss:.4f}"
-        log(f"{job.name}: loss {shown} ({time.perf_counter() - t0:.0f} s)")
+        log(f"{job.name}: loss {shown} ({seconds:.0f} s)")
         return job.name, loss
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, s.workers)) as pool:
@@ -348,6 +355,9 @@ def recipe(settings: RecipeSettings = RecipeSettings(), out_dir="out/recipe", lo
         losses.update(run_jobs(s, [j for runs in third.values() for j in runs], data_dir, out, log))
         logits = largest_logits(s, second["stability"], data_dir, out)
         result = summarise(s, first, second, third, losses, logits, best, out)
+        result["runs"] = len(losses)
+        seconds = [out / "runs" / name / "train_seconds.txt" for name in losses]
+        result["train_minutes"] = round(sum(float(p.read_text()) for p in seconds) / 60, 1)
         result["minutes"] = round((time.perf_counter() - t0) / 60, 1)
         fileio.write_atomic(out / "result.json", json.dumps(result, indent=1), error=ScalingError)
         fileio.write_atomic(out / "REPORT.md", recipe_report(result), error=ScalingError)
@@ -617,7 +627,9 @@ def recipe_report(r: dict) -> str:
         f"{HEAD_DIM}), {s['steps']} steps of {s['batch_size']} x {s['block_size']} tokens on "
         f"`{s['data']}` ({s['vocab_size']}-token BPE), warmup {s['warmup_steps']} steps, "
         f"validation loss on the same {s['eval_windows']} held-out windows. Made by `python "
-        f"scaling.py recipe` in {r.get('minutes', '?')} minutes.",
+        f"scaling.py recipe`: {r['runs']} runs, {r['train_minutes']} minutes of training, "
+        f"{s['workers']} side by side (this invocation: {r['minutes']} minutes; a rerun reuses "
+        "every finished run).",
         "",
     ]
     sections = optimizer_section(r) + stability_section(r) + wsd_section(r) + width_section(r)

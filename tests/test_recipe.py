@@ -122,6 +122,9 @@ def known_result():
         )
     return {
         "settings": s,
+        "runs": 30,
+        "train_minutes": 41.5,
+        "minutes": 21.0,
         "best_lr": {"adamw": 4e-3, "muon": 2e-3},
         "grid": {"adamw": {"0.002": 3.3, "0.004": 3.2}, "muon": {"0.002": 3.1, "0.004": None}},
         "seeds": {"adamw": [3.19, 3.2, 3.21], "muon": [3.08, 3.1, 3.12]},
@@ -150,6 +153,7 @@ def known_result():
 
 def test_report_computes_each_effect_from_the_runs():
     report = recipe.recipe_report(known_result())
+    assert "30 runs, 41.5 minutes of training, 2 side by side (this invocation: 21.0" in report
     # gap 3.2 - 3.1 = 0.1 over the larger SD 0.02: 5 sigma, a win
     assert "**Muon is +0.1000 nats lower = 5.0 seed standard deviations**" in report
     assert "Muon trains this model lower than the tuned AdamW, beyond the seed noise." in report
