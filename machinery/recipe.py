@@ -69,6 +69,7 @@ class RecipeSettings:
     wsd_lengths: tuple[float, ...] = (0.5, 0.75, 1.0)  # fractions of `steps`
     decay_fraction: float = 0.2
     widths: tuple[int, ...] = (64, 128, 256)
+    width_lrs: tuple[float, ...] = (2e-3, 4e-3, 8e-3, 1.6e-2)
     width_steps: int = 200
     width_batch_size: int = 8
     width_rule: tuple[str, ...] = ("--lr-base-width", "64")  # train.py's flag and its base
@@ -86,6 +87,7 @@ QUICK_RECIPE = RecipeSettings(
     lrs=(2e-3, 8e-3),
     seeds=2,
     widths=(32, 64),
+    width_lrs=(2e-3, 8e-3),
     width_steps=10,
     width_batch_size=4,
     width_rule=("--lr-base-width", "32"),
@@ -238,7 +240,7 @@ def grid_jobs(s: RecipeSettings) -> dict:
     widths = {}
     for width in s.widths:
         for rule in ("plain", "rule"):
-            for lr in s.lrs:
+            for lr in s.width_lrs:
                 flags = ("--lr", f"{lr:g}", "--batch-size", str(s.width_batch_size))
                 if rule == "rule":
                     flags += s.width_rule
@@ -580,7 +582,7 @@ def wsd_section(r: dict) -> list[str]:
 
 def width_section(r: dict) -> list[str]:
     """Where the best learning rate sits at each width, plain and with the width rule."""
-    widths = sorted({row["width"] for row in r["width"]})
+    s, widths = r["settings"], sorted({row["width"] for row in r["width"]})
     best = {}
     for rule in ("plain", "rule"):
         for w in widths:
@@ -589,8 +591,10 @@ def width_section(r: dict) -> list[str]:
     out = [
         "## 4. Width transfer: the best learning rate as the model widens",
         "",
-        f"AdamW, one seed, {r['settings']['width_steps']} steps; the rule is "
-        f"`{' '.join(r['settings']['width_rule'])}`.",
+        f"AdamW, one seed, {s['width_steps']} steps of {s['width_batch_size']} x "
+        f"{s['block_size']} tokens, heads of {HEAD_DIM} at every width; the rule is "
+        f"`{' '.join(s['width_rule'])}` (train.py section 3: the hidden matrices' rate x "
+        "base / width, the embedding's and the gains' unchanged).",
         "",
         "| width | plain: best rate | its loss | rule: best rate | its loss |",
         "|---:|---:|---:|---:|---:|",
