@@ -11,6 +11,7 @@ standard safety measures, each a numbered section of this file; `train_loop` run
    lr(t) = lr_min + 1/2 (lr_max - lr_min) (1 + cos(pi * progress)); 2,000 warmup steps to 3e-4,
    3e-5 at step 40,000, 1.65e-4 half way (step 21,000). Or WSD: hold the peak, decay at the end.
 3. AdamW with betas (0.9, 0.95) and weight decay 0.1 on weight matrices only (not on norm gains).
+   Width transfer: hidden matrices' lr x base / width (64 / 256: x 1/4), tuned small, used wide.
 4. Gradient clipping: if the global norm ||g|| > c, multiply every gradient by c / ||g|| (norm 4.0,
    threshold 1.0: every gradient x 0.25, direction kept).
 5. Mixed precision: bf16 autocast for the compute, fp32 master weights and AdamW moments (in bf16,
@@ -147,7 +148,17 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# 3. AdamW(0.9, 0.95), weight decay on matrices only
+# 3. AdamW(0.9, 0.95), weight decay on matrices only; width transfer (--lr-base-width)
+#
+# Adam moves every weight by about lr a step, whatever the width. A hidden (C, C) matrix sums C
+# inputs, and its update is built from those inputs, so they add up: the layer's output moves by
+# about lr x C. At width 256 a step moves it 4x as far as at 64, and the best lr falls as the model
+# widens. Measured (docs/train.md, 2 layers, 250 steps): plain AdamW's best is 4e-3 at width 64 but
+# 2e-3 at 256, where 4e-3 costs 0.38 nats. muP's rule (Yang et al. 2022) for Adam: the hidden
+# matrices' lr x base / width. With base 64, width 256 steps them at 4e-3 x 64/256 = 1e-3, and the
+# rate tuned at 64 costs 0.03 nats at 256 (best there: 8e-3, the flat side). The embedding keeps
+# the full lr: one row is read per token, no sum over C; so do the norm gains. The tied head does
+# sum over C, but taking its lr down too (the embedding is the same matrix) measured worse.
 # --------------------------------------------------------------------------------------------------
 
 

@@ -1312,6 +1312,43 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
 
 
 @pytest.mark.slow
+def test_train_py_width_transfer_on_3_pipeline_stages_gives_the_single_process_curve(
+    tiny_dataset, tmp_path
+):
+    """`--lr-base-width 8 --pp 3`: the middle stage holds no embedding, so its optimizer lacks that
+    group; the losses are still one process's, the checkpoint keeps the single-process groups and
+    their multipliers (hidden x 8/32, embedding and gains x 1), and it resumes on one process."""
+    import shutil
+
+    import train
+    from machinery import run as train_run
+    from machinery.commands import train as train_command
+
+    shape = "n_layer=3,n_head=2,n_kv_head=2,n_embd=32,block_size=32"
+    base = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--model-args", shape, "--lr-base-width", "8"]
+    train_run.train(
+        train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]),
+        log=lambda *a, **k: None,
+    )
+    want, want_val = _curve(tmp_path / "one")
+    pp3 = ["--pp", "3", "--micro-batches", "2", "--out-dir", str(tmp_path / "pp3")]
+    launcher.launch(_train_rank, 3, [*base, *pp3], timeout_s=240)
+    got, val = _curve(tmp_path / "pp3")
+    for s in range(6):
+        assert got[s] == pytest.approx(want[s], rel=1e-4), s
+    assert val == pytest.approx(want_val, rel=1e-4)
+    saved = train.load_checkpoint(train.checkpoint_path(tmp_path / "pp3", 3))["optimizer"]
+    assert [g["lr_mult"] for g in saved["param_groups"]] == [0.25, 1.0, 1.0]
+    (tmp_path / "on_1").mkdir()
+    shutil.copy(train.checkpoint_path(tmp_path / "pp3", 3), tmp_path / "on_1")
+    argv = [*base, "--out-dir", str(tmp_path / "on_1"), "--resume"]
+    train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
+    got, _ = _curve(tmp_path / "on_1")
+    for s in range(3, 6):
+        assert got[s] == pytest.approx(want[s], rel=1e-4), s
+
+
+@pytest.mark.slow
 def test_train_py_muon_under_zero_gives_the_single_process_curve_and_resumes_on_one(
     tiny_dataset, tmp_path
 ):
