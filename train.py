@@ -156,9 +156,10 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 # widens. Measured (docs/train.md, 2 layers, 250 steps): plain AdamW's best is 4e-3 at width 64 but
 # 2e-3 at 256, where 4e-3 costs 0.38 nats. muP's rule (Yang et al. 2022) for Adam: the hidden
 # matrices' lr x base / width. With base 64, width 256 steps them at 4e-3 x 64/256 = 1e-3, and the
-# rate tuned at 64 costs 0.03 nats at 256 (best there: 8e-3, the flat side). The embedding keeps
-# the full lr: one row is read per token, no sum over C; so do the norm gains. The tied head does
-# sum over C, but taking its lr down too (the embedding is the same matrix) measured worse.
+# rate tuned at 64 costs 0.03 nats at 256 (best there: 8e-3, on the flat side, not over a cliff).
+# The embedding keeps the full lr: one row is read per token, no sum over C; so do the norm gains.
+# The tied head does sum over C, but muP's fix, logits x base/width, held 4e-3 at 0.43 nats worse,
+# and every lr x 1/4 (the sweep's rule: the tied matrix's and the gains' too) 0.05 worse at best.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -166,7 +167,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float, lr_base_width: int
     """Three groups: hidden weight matrices and the embedding (a tied head is the same parameter:
     parameters() lists it once) decay; vectors (norm gains, biases) do not. Each carries "lr_mult",
     the factor the loop multiplies the schedule's lr by: base / width for the hidden matrices when
-    `lr_base_width` is set (width transfer, below), 1 for the rest.
+    `lr_base_width` is set (width transfer, above), 1 for the rest.
     """
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     hidden_mult = lr_base_width / model.config.n_embd if lr_base_width else 1.0
