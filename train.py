@@ -488,7 +488,9 @@ def model_flops_utilization(
 # the few directions with large singular values no longer drown the rest. An SVD per step is too
 # slow; five Newton-Schulz iterations of x -> a x + b (x x^T) x + c (x x^T)^2 x (matmuls only)
 # push every singular value towards 1. Embeddings, the head and the norm gains keep AdamW: a row of
-# an embedding is one token's vector, not a direction of a linear map.
+# an embedding is one token's vector, not a direction of a linear map. Width transfer (section 3)
+# scales Muon's matrices too: width 64's best, 1.6e-2, gives 3.408 at 256 under the rule, 3.435
+# plain; the best there is one step up (3.2e-2: 3.368) and one down (8e-3: 3.399), docs/train.md.
 # --------------------------------------------------------------------------------------------------
 
 # (a, b, c) of the quintic p(s) = a s + b s^3 + c s^5 applied to every singular value s. a = 3.4445

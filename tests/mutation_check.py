@@ -181,6 +181,14 @@ MUTANTS = [
         "width/base: a width-256 model's hidden lr x4 instead of x1/4",
     ),
     Mutant(
+        "width-transfer-skips-muon",
+        "train.py",
+        'groups[0]["muon"] = True  # the hidden matrices',
+        "groups[0].update(muon=True, lr_mult=1.0)",
+        (f"{TRAIN}::test_width_transfer_scales_only_the_hidden_matrices_lr_by_base_over_width",),
+        "Muon's matrices at the full lr under --lr-base-width: not the rule the grid measured",
+    ),
+    Mutant(
         "loop-ignores-lr-multipliers",
         "train.py",
         'group["lr"] = lr * group["lr_mult"]',

@@ -256,6 +256,8 @@ def test_width_transfer_scales_only_the_hidden_matrices_lr_by_base_over_width():
     assert all(".attn." in n or ".mlp." in n or "ffn" in n for n in hidden), hidden
     assert embedding == ["tok_emb.weight"] and all("norm" in n for n in gains)
     assert [mult for mult, _ in width_transfer_groups("adamw", 0)] == [1.0, 1.0, 1.0]
+    # Muon's matrices (section 9) are the same hidden group, under the same rule
+    assert width_transfer_groups("muon", 8) == width_transfer_groups("adamw", 8)
 
 
 @pytest.mark.parametrize("layout", [[], ["--zero", "1"]])
