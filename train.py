@@ -11,6 +11,7 @@ standard safety measures, each a numbered section of this file; `train_loop` run
    lr(t) = lr_min + 1/2 (lr_max - lr_min) (1 + cos(pi * progress)); 2,000 warmup steps to 3e-4,
    3e-5 at step 40,000, 1.65e-4 half way (step 21,000). Or WSD: hold the peak, decay at the end.
 3. AdamW with betas (0.9, 0.95) and weight decay 0.1 on weight matrices only (not on norm gains).
+   Width transfer: hidden matrices' lr x base / width (64 / 256: x 1/4), tuned small, used wide.
 4. Gradient clipping: if the global norm ||g|| > c, multiply every gradient by c / ||g|| (norm 4.0,
    threshold 1.0: every gradient x 0.25, direction kept).
 5. Mixed precision: bf16 autocast for the compute, fp32 master weights and AdamW moments (in bf16,
@@ -147,35 +148,52 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# 3. AdamW(0.9, 0.95), weight decay on matrices only
+# 3. AdamW(0.9, 0.95), weight decay on matrices only; width transfer (--lr-base-width)
+#
+# Adam moves every weight by about lr a step, whatever the width. A hidden (C, C) matrix sums C
+# inputs, and its update is built from those inputs, so they add up: the layer's output moves by
+# about lr x C. At width 256 a step moves it 4x as far as at 64, and the best lr falls as the model
+# widens. Measured (docs/train.md, 2 layers, 250 steps): plain AdamW's best is 4e-3 at width 64 but
+# 2e-3 at 256, where 4e-3 costs 0.38 nats. muP's rule (Yang et al. 2022) for Adam: the hidden
+# matrices' lr x base / width. With base 64, width 256 steps them at 4e-3 x 64/256 = 1e-3, and the
+# rate tuned at 64 costs 0.03 nats at 256 (best there: 8e-3, on the flat side, not over a cliff).
+# The embedding keeps the full lr: one row is read per token, no sum over C; so do the norm gains.
+# The tied head does sum over C, but muP's fix, logits x base/width, held 4e-3 at 0.43 nats worse,
+# and every lr x 1/4 (the sweep's rule: the tied matrix's and the gains' too) 0.05 worse at best.
 # --------------------------------------------------------------------------------------------------
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: weight matrices (dim >= 2: embeddings, linears) decay; vectors (norm gains,
-    biases) do not.
-
-    A tied lm_head/embedding weight is one parameter and appears once (parameters() removes
-    duplicates).
+def param_groups(model: torch.nn.Module, weight_decay: float, lr_base_width: int = 0) -> list[dict]:
+    """Three groups: hidden weight matrices and the embedding (a tied head is the same parameter:
+    parameters() lists it once) decay; vectors (norm gains, biases) do not. Each carries "lr_mult",
+    the factor the loop multiplies the schedule's lr by: base / width for the hidden matrices when
+    `lr_base_width` is set (width transfer, above), 1 for the rest.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    hidden_mult = lr_base_width / model.config.n_embd if lr_base_width else 1.0
+    hidden = [p for name, p in named if is_hidden_matrix(name, p)]
+    embedding = [p for name, p in named if p.dim() >= 2 and not is_hidden_matrix(name, p)]
     return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": hidden, "weight_decay": weight_decay, "lr_mult": hidden_mult},
+        {"params": embedding, "weight_decay": weight_decay, "lr_mult": 1.0},
+        {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0, "lr_mult": 1.0},
     ]
+
+
+def is_hidden_matrix(name: str, param: torch.nn.Parameter) -> bool:
+    """A 2-D weight of a hidden layer: not the token embedding / head (tied), not a norm or bias."""
+    return param.dim() == 2 and "tok_emb" not in name and "lm_head" not in name
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str):
     """AdamW with the fused kernel where this torch has one for the device (one kernel for all
     parameters); or Muon (section 9) for the hidden matrices, AdamW's groups for the rest."""
     fused = device_type in ("cuda", "cpu")
-    groups, betas = param_groups(model, cfg.weight_decay), (cfg.beta1, cfg.beta2)
+    groups = param_groups(model, cfg.weight_decay, cfg.lr_base_width)
+    betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "muon":
-        hidden = [p for name, p in model.named_parameters() if uses_muon(name, p)]
-        matrices = {"params": hidden, "weight_decay": cfg.weight_decay, "muon": True}
-        hidden_ids = {id(p) for p in hidden}  # once, not per parameter
-        groups[0]["params"] = [p for p in groups[0]["params"] if id(p) not in hidden_ids]
-        return Muon([matrices, *groups], lr=cfg.lr, betas=betas)
+        groups[0]["muon"] = True  # the hidden matrices
+        return Muon(groups, lr=cfg.lr, betas=betas)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=1e-8, fused=fused)
 
 
@@ -201,22 +219,6 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 # 5. Precision: autocast for the compute, fp32 for the weights and the optimizer
 # --------------------------------------------------------------------------------------------------
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """auto: bf16 on a CUDA GPU with bf16 tensor cores (Ampere and later), fp16 on an older GPU,
-    fp32 on CPU/MPS (bf16 is slow there). An older GPU (a V100, a T4) reports bf16 as supported
-    because it emulates it in fp32 arithmetic, about as slow as fp32 and far from the bf16 peak MFU
-    is measured against: it gets fp16."""
-    if name != "auto":
-        return DTYPES[name]
-    if device.type != "cuda":
-        return torch.float32
-    if torch.cuda.is_bf16_supported(including_emulation=False):
-        return torch.bfloat16
-    return torch.float16
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
@@ -486,7 +488,9 @@ def model_flops_utilization(
 # the few directions with large singular values no longer drown the rest. An SVD per step is too
 # slow; five Newton-Schulz iterations of x -> a x + b (x x^T) x + c (x x^T)^2 x (matmuls only)
 # push every singular value towards 1. Embeddings, the head and the norm gains keep AdamW: a row of
-# an embedding is one token's vector, not a direction of a linear map.
+# an embedding is one token's vector, not a direction of a linear map. Width transfer (section 3)
+# scales Muon's matrices too: width 64's best, 1.6e-2, gives 3.408 at 256 under the rule, 3.435
+# plain; the best there is one step up (3.2e-2: 3.368) and one down (8e-3: 3.399), docs/train.md.
 # --------------------------------------------------------------------------------------------------
 
 # (a, b, c) of the quintic p(s) = a s + b s^3 + c s^5 applied to every singular value s. a = 3.4445
@@ -522,11 +526,6 @@ def muon_scale(rows: int, cols: int) -> float:
     6.4
     """
     return 0.2 * math.sqrt(max(rows, cols))
-
-
-def uses_muon(name: str, param: torch.nn.Parameter) -> bool:
-    """A 2-D weight of a hidden layer: not the token embedding / head (tied), not a norm or bias."""
-    return param.dim() == 2 and "tok_emb" not in name and "lm_head" not in name
 
 
 class Muon(torch.optim.AdamW):
@@ -597,6 +596,7 @@ class TrainConfig:
     decay_fraction: float = 0.2  # wsd: the decaying fraction of the steps
     optimizer: str = "adamw"  # adamw | muon (section 9: hidden matrices Muon, the rest AdamW)
     weight_decay: float = 0.1  # AdamW, weight matrices only
+    lr_base_width: int = 0  # width transfer (section 3): hidden matrices' lr x this / n_embd
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # global grad-norm limit (0 = off)
@@ -664,8 +664,8 @@ def train_loop(run, steps: int | None = None, batches=None) -> dict:
         t0, done = time.perf_counter(), done + 1
         micro_batches = next(batches) if batches else run.next_micro_batches()  # §1: (B, T) each
         lr = lr_at(run.step, cfg) * run.lr_scale  # §2
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        for group in optimizer.param_groups:  # §3: width transfer's multipliers (1 when off)
+            group["lr"] = lr * group["lr_mult"]
         n = len(micro_batches)
         loss_sum = torch.zeros((), device=run.device)
         if model.pipelined:  # pp > 1: all micro-batches in one pass

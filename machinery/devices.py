@@ -1,6 +1,9 @@
 """Where to run: the one check of a device name that every command (train, evaluate, the sweep)
 uses, so `--device cuda:3` on a machine with two GPUs is one line, not a CUDA error mid-run.
 
+And in what precision: `resolve_dtype`, --dtype auto's choice (train.py section 5 is the lesson:
+autocast for the compute, fp32 master weights).
+
 Serves: machinery/run.py (train.py), machinery/commands/evaluate.py, machinery/sweep.py."""
 
 from __future__ import annotations
@@ -52,3 +55,20 @@ def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.devi
     if problem is not None:
         raise error(f"`device` {name}: {problem}")
     return device
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on a CUDA GPU with bf16 tensor cores (Ampere and later), fp16 on an older GPU,
+    fp32 on CPU/MPS (bf16 is slow there). An older GPU (a V100, a T4) reports bf16 as supported
+    because it emulates it in fp32 arithmetic, about as slow as fp32 and far from the bf16 peak MFU
+    is measured against: it gets fp16."""
+    if name != "auto":
+        return DTYPES[name]
+    if device.type != "cuda":
+        return torch.float32
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        return torch.bfloat16
+    return torch.float16

@@ -404,7 +404,7 @@ def wrap_for_distribution(
             )
         mixed = {}
         if cfg.zero == 3 and dtype == torch.bfloat16:
-            mixed = dict(compute_dtype=dtype, reduce_dtype=train_lib.DTYPES[cfg.zero_reduce_dtype])
+            mixed = dict(compute_dtype=dtype, reduce_dtype=devices.DTYPES[cfg.zero_reduce_dtype])
         try:
             return wiring.parallelize(
                 model,
@@ -597,7 +597,7 @@ class Trainer:
         self.log = log if self.dist.is_main else (lambda *a, **k: None)
         self.cfg = cfg = clamp_warmup(cfg, self.log)
         self.device = self.dist.device or resolve_device(cfg.device)
-        self.dtype = train_lib.resolve_dtype(cfg.dtype, self.device)
+        self.dtype = devices.resolve_dtype(cfg.dtype, self.device)
         # page-locked batches: .to(non_blocking=True) is async
         self.pin_memory = self.device.type == "cuda"
         self.out_dir = pathlib.Path(cfg.out_dir)

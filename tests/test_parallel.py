@@ -1320,37 +1320,62 @@ def test_train_py_layouts_give_the_single_process_curve(tiny_dataset, tmp_path):
             assert loss[s] == pytest.approx(want_loss[s], rel=1e-4), (target, s)
 
 
-@pytest.mark.slow
-def test_train_py_muon_under_zero_gives_the_single_process_curve_and_resumes_on_one(
-    tiny_dataset, tmp_path
-):
-    """`train.py --optimizer muon --zero 1` on 2 ranks = one process (loss and pre-clip gradient
-    norm per step); its step-3 checkpoint, momentum gathered by name, resumes on one process."""
+def _layout_gives_the_single_process_curve_and_resumes_on_one(base, world, flags, tmp_path):
+    """`train.py` with `base` on one process, then on `world` ranks with `flags` (out/"layout"): the
+    same losses, pre-clip gradient norms and validation loss; the layout's step-3 checkpoint resumes
+    on one process and continues the curve."""
     import shutil
 
     import train
     from machinery import run as train_run
     from machinery.commands import train as train_command
 
-    base = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--optimizer", "muon"]
     train_run.train(
         train_command.parse_config([*base, "--out-dir", str(tmp_path / "one")]),
         log=lambda *a, **k: None,
     )
     want, want_val = _curve(tmp_path / "one")
-    zero = ["--zero", "1", "--batch-size", "2", "--out-dir", str(tmp_path / "zero1")]
-    launcher.launch(_train_rank, 2, [*base, *zero], timeout_s=240)
-    got, val = _curve(tmp_path / "zero1")
+    layout = [*base, *flags, "--out-dir", str(tmp_path / "layout")]
+    launcher.launch(_train_rank, world, layout, timeout_s=240)
+    got, val = _curve(tmp_path / "layout")
     for s in range(6):
         assert got[s] == pytest.approx(want[s], rel=1e-4), s
     assert val == pytest.approx(want_val, rel=1e-4)
     (tmp_path / "on_1").mkdir()
-    shutil.copy(train.checkpoint_path(tmp_path / "zero1", 3), tmp_path / "on_1")
+    shutil.copy(train.checkpoint_path(tmp_path / "layout", 3), tmp_path / "on_1")
     argv = [*base, "--out-dir", str(tmp_path / "on_1"), "--resume"]
     train_run.train(train_command.parse_config(argv), log=lambda *a, **k: None)
     got, _ = _curve(tmp_path / "on_1")
     for s in range(3, 6):
         assert got[s] == pytest.approx(want[s], rel=1e-4), s
+
+
+@pytest.mark.slow
+def test_train_py_width_transfer_on_3_pipeline_stages_gives_the_single_process_curve(
+    tiny_dataset, tmp_path
+):
+    """`--lr-base-width 8 --pp 3`: the middle stage holds no embedding, so its optimizer lacks that
+    group; the losses are still one process's, the checkpoint keeps the single-process groups and
+    their multipliers (hidden x 8/32, embedding and gains x 1), and it resumes on one process."""
+    import train
+
+    shape = "n_layer=3,n_head=2,n_kv_head=2,n_embd=32,block_size=32"
+    base = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--model-args", shape, "--lr-base-width", "8"]
+    pp3 = ["--pp", "3", "--micro-batches", "2"]
+    _layout_gives_the_single_process_curve_and_resumes_on_one(base, 3, pp3, tmp_path)
+    saved = train.load_checkpoint(train.checkpoint_path(tmp_path / "layout", 3))["optimizer"]
+    assert [g["lr_mult"] for g in saved["param_groups"]] == [0.25, 1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_train_py_muon_under_zero_gives_the_single_process_curve_and_resumes_on_one(
+    tiny_dataset, tmp_path
+):
+    """`train.py --optimizer muon --zero 1` on 2 ranks = one process (loss and pre-clip gradient
+    norm per step); its step-3 checkpoint, momentum gathered by name, resumes on one process."""
+    base = ["--data", str(tiny_dataset), *TRAIN_ARGS, "--optimizer", "muon"]
+    zero = ["--zero", "1", "--batch-size", "2"]
+    _layout_gives_the_single_process_curve_and_resumes_on_one(base, 2, zero, tmp_path)
 
 
 def _train_rank_log(rank, world, argv):

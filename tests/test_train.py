@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import data
-from machinery import checkpoints, dataset
+from machinery import checkpoints, dataset, devices
 from machinery import launch as launcher
 import model
 import scaling
@@ -219,15 +219,109 @@ def test_weight_decay_on_matrices_only():
     )
     cfg = train.TrainConfig()
     opt = train.make_optimizer(gpt, cfg, "cpu")
-    decay, no_decay = opt.param_groups
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    hidden, embedding, no_decay = opt.param_groups
+    decay = {"params": hidden["params"] + embedding["params"]}
+    assert hidden["weight_decay"] == embedding["weight_decay"] == 0.1
+    assert no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(
         p.dim() == 1 for p in no_decay["params"]
     )
-    assert any(p is gpt.tok_emb.weight for p in decay["params"])  # tied embedding: once, decayed
+    # tied embedding: once, decayed
+    assert [p is gpt.tok_emb.weight for p in embedding["params"]] == [True]
     assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == gpt.num_params()
     assert any(p is gpt.norm.weight for p in no_decay["params"])
     assert opt.defaults["betas"] == (0.9, 0.95)
+
+
+def width_transfer_groups(optimizer_name: str, lr_base_width: int) -> list[tuple[float, list]]:
+    """(lr_mult, parameter names) per optimizer group of a width-32 GPT."""
+    gpt = model.GPT(
+        model.GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=2, n_embd=32)
+    )
+    cfg = train.TrainConfig(optimizer=optimizer_name, lr_base_width=lr_base_width)
+    names = {id(p): name for name, p in gpt.named_parameters()}
+    groups = train.make_optimizer(gpt, cfg, "cpu").param_groups
+    return [(g["lr_mult"], sorted(names[id(p)] for p in g["params"])) for g in groups]
+
+
+def test_width_transfer_scales_only_the_hidden_matrices_lr_by_base_over_width():
+    """--lr-base-width 8 at width 32: the attention and FFN matrices' lr x 8/32 = 1/4; the embedding (the tied
+    head) and the norm gains keep the schedule's lr; off, every multiplier is 1. Catches: the multiplier on the
+    embedding or the gains too, width/base inverted (x4), the rule applied when off."""
+    (hidden_mult, hidden), (embedding_mult, embedding), (gains_mult, gains) = width_transfer_groups(
+        "adamw", 8
+    )
+    assert (hidden_mult, embedding_mult, gains_mult) == (0.25, 1.0, 1.0)
+    assert len(hidden) == 2 * 7  # per layer wq, wk, wv, wo and the SwiGLU's w1, w2, w3
+    assert all(".attn." in n or ".mlp." in n or "ffn" in n for n in hidden), hidden
+    assert embedding == ["tok_emb.weight"] and all("norm" in n for n in gains)
+    assert [mult for mult, _ in width_transfer_groups("adamw", 0)] == [1.0, 1.0, 1.0]
+    # Muon's matrices (section 9) are the same hidden group, under the same rule
+    assert width_transfer_groups("muon", 8) == width_transfer_groups("adamw", 8)
+
+
+@pytest.mark.parametrize("layout", [[], ["--zero", "1"]])
+def test_the_loop_steps_each_group_at_the_schedules_lr_times_its_multiplier(
+    dataset_dir, tmp_path, layout
+):
+    """After one step each group's lr is lr_at(0) x its multiplier, one process alone and through ZeRO-1's
+    wrapper (its flat shards keep the groups' options), and the optimizer's state_dict, which a checkpoint
+    holds, carries the multipliers. Catches: the loop setting one lr for all groups."""
+    with process_group_of_one() if layout else contextlib.nullcontext():
+        trainer = run.Trainer(
+            config(dataset_dir, tmp_path, "--lr-base-width", 8, *layout), log=quiet
+        )
+        train.train_loop(trainer, batches=[[trainer.loader.next()]])
+        lr = train.lr_at(0, trainer.cfg)
+        assert [g["lr"] for g in trainer.optimizer.param_groups] == [lr * 0.25, lr, lr]
+        saved = trainer.optimizer.state_dict()["param_groups"]
+        assert [g["lr_mult"] for g in saved] == [0.25, 1.0, 1.0]
+
+
+def test_width_transfer_off_or_at_its_base_width_steps_bit_for_bit_as_before(dataset_dir, tmp_path):
+    """Off, and on at its own base width (--lr-base-width 32 at n_embd 32: multiplier 1), three steps give the
+    weights of the plain AdamW of two groups (matrices decayed, vectors not) that train.py stepped before width
+    transfer, bit for bit. Catches: the split into three groups changing the arithmetic, a multiplier != 1."""
+    runs = {}
+    for name, flags in (("before", []), ("off", []), ("at_base", ["--lr-base-width", 32])):
+        runs[name] = run.Trainer(config(dataset_dir, tmp_path / name, *flags), log=quiet)
+    before, cfg = runs["before"], runs["before"].cfg
+    params = list(before.raw_model.parameters())
+    before.optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1, "lr_mult": 1.0},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr_mult": 1.0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=True,
+    )
+    steps = [[before.loader.next()] for _ in range(3)]
+    for trainer in runs.values():
+        train.train_loop(trainer, batches=steps)
+    for name in ("off", "at_base"):
+        for p, q in zip(before.raw_model.parameters(), runs[name].raw_model.parameters()):
+            assert torch.equal(p, q), name
+
+
+def test_width_transfer_resumes_with_the_losses_of_an_uninterrupted_run(dataset_dir, tmp_path):
+    """--lr-base-width 8: a run stopped at step 6 and resumed from its checkpoint, whose optimizer state holds the
+    multipliers, logs the losses of one never stopped."""
+    args = ("--lr-base-width", 8, "--max-steps", 12, "--ckpt-interval", 6, "--eval-interval", 100)
+    run.train(config(dataset_dir, tmp_path / "whole", *args, "--log-interval", 6), log=quiet)
+    want = losses_by_step(tmp_path / "whole" / "metrics.jsonl")
+
+    def sigterm_at_step_6(message):
+        if re.match(r"step\s+6/", message):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    out = tmp_path / "stopped"
+    run.train(config(dataset_dir, out, *args, "--log-interval", 6), log=sigterm_at_step_6)
+    saved = train.load_checkpoint(train.checkpoint_path(out, 6))["optimizer"]["param_groups"]
+    assert [g["lr_mult"] for g in saved] == [0.25, 1.0, 1.0]
+    run.train(config(dataset_dir, out, *args, "--resume"), log=quiet)
+    assert losses_by_step(out / "metrics.jsonl") == want
 
 
 def test_spike_guard_decisions_and_state():
@@ -1133,9 +1227,9 @@ def test_dtype_auto_is_fp16_where_bf16_is_only_emulated(monkeypatch):
     monkeypatch.setattr(
         torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation
     )
-    assert train.resolve_dtype("auto", torch.device("cuda", 0)) == torch.float16
+    assert devices.resolve_dtype("auto", torch.device("cuda", 0)) == torch.float16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
-    assert train.resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
+    assert devices.resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
 
 
 def test_eval_plan_reads_what_the_val_split_holds():

@@ -56,6 +56,10 @@ HELP = {  # the --help text of each TrainConfig field
     "decay_fraction": "wsd: fraction of steps spent decaying",
     "optimizer": "adamw | muon (Muon for hidden matrices, AdamW for the rest; same --lr)",
     "weight_decay": "AdamW decay (weight matrices only)",
+    "lr_base_width": (
+        "width transfer: hidden matrices' lr x this / n_embd, so an lr tuned at this width "
+        "holds at others (0 = off)"
+    ),
     "beta1": "AdamW beta1",
     "beta2": "AdamW beta2",
     "grad_clip": "clip the global grad norm to this (0 = off)",
