@@ -1,9 +1,9 @@
 """The 2024-26 recipe, measured: each change's effect in nats against its baseline, 3 seeds.
 
-Serves: train.py (Muon, section 9; WSD, section 2), model.py (QK-norm, the logit soft-cap and
-z-loss). Its command line, `python scaling.py recipe [--quick]`, is machinery/commands/scaling.py;
-it writes REPORT.md, result.json and recipe.png into its out-dir (docs/recipe holds the committed
-run).
+Serves: train.py (Muon, section 9; WSD, section 2; the width rule, section 3), model.py (QK-norm,
+the logit soft-cap and z-loss) and scaling.py, whose experiment it is: its command line, `python
+scaling.py recipe [--quick]`, is machinery/commands/scaling.py. It writes REPORT.md, result.json
+and recipe.png into its out-dir (docs/recipe holds the committed run).
 
 Every run is `python train.py ...` in a subprocess (machinery/sweep.py's runner), the same 2-layer,
 width-64 model (16-channel heads, 0.13M parameters on the 512-token pystdlib BPE) for the same
@@ -69,9 +69,7 @@ class RecipeSettings:
     wsd_lengths: tuple[float, ...] = (0.5, 0.75, 1.0)  # fractions of `steps`
     decay_fraction: float = 0.2
     widths: tuple[int, ...] = (64, 128, 256)
-    width_lrs: tuple[float, ...] = (2e-3, 4e-3, 8e-3, 1.6e-2)
-    width_steps: int = 200
-    width_batch_size: int = 8
+    width_lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3, 8e-3)
     width_rule: tuple[str, ...] = ("--lr-base-width", "64")  # train.py's flag and its base
     eval_windows: int = 384
     workers: int = 2
@@ -88,8 +86,6 @@ QUICK_RECIPE = RecipeSettings(
     seeds=2,
     widths=(32, 64),
     width_lrs=(2e-3, 8e-3),
-    width_steps=10,
-    width_batch_size=4,
     width_rule=("--lr-base-width", "32"),
     eval_windows=8,
 )
@@ -237,16 +233,26 @@ def mean_sd(values: Sequence[float | None]) -> tuple[float, float]:
 def grid_jobs(s: RecipeSettings) -> dict:
     """Phase 1: {optimizer: {lr: job}} on seed 0, and the width grid {(width, rule, lr): job}."""
     grid = {opt: {lr: optimizer_job(s, opt, lr, 0) for lr in s.lrs} for opt in ("adamw", "muon")}
-    widths = {}
-    for width in s.widths:
-        for rule in ("plain", "rule"):
-            for lr in s.width_lrs:
-                flags = ("--lr", f"{lr:g}", "--batch-size", str(s.width_batch_size))
-                if rule == "rule":
-                    flags += s.width_rule
-                name = f"width{width}-{rule}-{lr_name(lr)}"
-                widths[(width, rule, lr)] = Job(name, flags, s.width_steps, width)
+    widths = {
+        (width, rule, lr): width_job(s, width, rule, lr)
+        for width in s.widths
+        for rule in ("plain", "rule")
+        for lr in s.width_lrs
+    }
     return {"optimizer": grid, "width": widths}
+
+
+def width_job(s: RecipeSettings, width: int, rule: str, lr: float) -> Job:
+    """A run of the width grid: the optimizer experiment's AdamW run (seed 0) at another width,
+    with or without the rule. The rule at its base width multiplies by 1: that is the plain run,
+    and the plain run at the recipe's width is the optimizer grid's own."""
+    job = optimizer_job(s, "adamw", lr, 0)
+    uses_rule = rule == "rule" and width != int(s.width_rule[-1])
+    if width == s.n_embd and not uses_rule:
+        return job
+    kind = "rule" if uses_rule else "plain"
+    flags = job.flags + (s.width_rule if uses_rule else ())
+    return Job(f"width{width}-{kind}-{lr_name(lr)}", flags, s.steps, width)
 
 
 def branch_points(s: RecipeSettings) -> dict[int, int]:
@@ -591,8 +597,8 @@ def width_section(r: dict) -> list[str]:
     out = [
         "## 4. Width transfer: the best learning rate as the model widens",
         "",
-        f"AdamW, one seed, {s['width_steps']} steps of {s['width_batch_size']} x "
-        f"{s['block_size']} tokens, heads of {HEAD_DIM} at every width; the rule is "
+        f"AdamW, seed 0, the optimizer experiment's runs at each width (heads of {HEAD_DIM}: "
+        "more heads as it widens); the rule is "
         f"`{' '.join(s['width_rule'])}` (train.py section 3: the hidden matrices' rate x "
         "base / width, the embedding's and the gains' unchanged).",
         "",

@@ -49,10 +49,13 @@ def test_every_comparison_shares_its_baseline_run_and_every_name_is_one_command(
     too_high = second["stability"][("QK-norm", 4e-3 * SETTINGS.high_lr_factor)]
     assert [j.model_args for j in too_high] == ["qk_norm=True"] * SETTINGS.seeds
     assert [flag(j, "--lr") for j in too_high] == ["0.032"] * SETTINGS.seeds
-    # the grid 10, widths 24, stable runs 3, two more seeds of each optimizer 4, stability 24 less
-    # the 3 at the best rate and the seed 0 at 8 x 4e-3 = 0.032 (on the grid), the shorter cosine
-    # runs 6, branches 12
-    assert len({j.name for j in jobs}) == 10 + 24 + 3 + 4 + 20 + 6 + 12
+    # At width 64 the rule multiplies by 64 / 64: both rules' runs are the grid's (1e-3 is new).
+    assert first["width"][(64, "rule", 4e-3)] == first["width"][(64, "plain", 4e-3)] == plain[0]
+    assert flag(first["width"][(256, "rule", 4e-3)], "--lr-base-width") == "64"
+    # the grid 10, widths 1 + 2 x 8, stable runs 3, two more seeds of each optimizer 4, stability
+    # 24 less the 3 at the best rate and the seed 0 at 8 x 4e-3 = 0.032 (on the grid), the shorter
+    # cosine runs 6, branches 12
+    assert len({j.name for j in jobs}) == 10 + 17 + 3 + 4 + 20 + 6 + 12
 
 
 def test_each_wsd_branch_resumes_a_checkpoint_the_stable_run_keeps_and_decays_from_there(tmp_path):
