@@ -558,16 +558,27 @@ def wsd_section(r: dict) -> list[str]:
     out = [
         "## 3. WSD: decay branches from one stable run, against one cosine run per length",
         "",
-        "| steps | cosine to 10% | WSD branch to 10% | branch − cosine | in seed SDs |",
+        "| steps | cosine to 10% | WSD branch to 10% | branch − cosine, seed by seed | seeds "
+        "where the branch is lower |",
         "|---:|---:|---:|---:|---:|",
     ]
     for L in lengths:
         row = r["wsd"][str(L)]
         gap = paired(row["cosine"], row["branch"])
+        lower = sum(g is not None and g < 0 for g in gap)
         out.append(
             f"| {L} | {_pm(row['cosine'])} | {_pm(row['branch'])} | {_pm(gap)} | "
-            f"{sigmas(row['cosine'], row['branch']):+.1f} |"
+            f"{lower} of {len(gap)} |"
         )
+    gaps = [
+        g for L in lengths for g in paired(r["wsd"][str(L)]["cosine"], r["wsd"][str(L)]["branch"])
+    ]
+    if all(g is not None and g < 0 for g in gaps):
+        out += ["", "Every branch ends below the cosine run of its length, in every seed."]
+    elif all(g is not None and g > 0 for g in gaps):
+        out += ["", "Every branch ends above the cosine run of its length, in every seed."]
+    else:
+        out += ["", "The branches and the cosine runs trade places from seed to seed."]
     full = r["wsd"][str(max(lengths))]["branch"]
     stable = max(L - int(round(s["decay_fraction"] * L)) for L in lengths)
     branch_steps = sum(int(round(s["decay_fraction"] * L)) for L in lengths)
@@ -638,8 +649,8 @@ def recipe_report(r: dict) -> str:
         f"`{s['data']}` ({s['vocab_size']}-token BPE), warmup {s['warmup_steps']} steps, "
         f"validation loss on the same {s['eval_windows']} held-out windows. Made by `python "
         f"scaling.py recipe`: {r['runs']} runs, {r['train_minutes']} minutes of training, "
-        f"{s['workers']} side by side (this invocation: {r['minutes']} minutes; a rerun reuses "
-        "every finished run).",
+        f"{s['workers']} side by side: about {r['train_minutes'] / s['workers']:.0f} minutes from "
+        f"scratch (this invocation: {r['minutes']}; a rerun reuses every finished run).",
         "",
     ]
     sections = optimizer_section(r) + stability_section(r) + wsd_section(r) + width_section(r)
@@ -658,17 +669,17 @@ def plot_recipe(r: dict, path) -> pathlib.Path:
         left.plot(
             [float(x) for x in rates], [_nan(r["grid"][opt][x]) for x in rates], "o-", label=opt
         )
-    for w in sorted({x["width"] for x in r["width"]}):
+    for color, w in zip(("C0", "C1", "C2", "C3"), sorted({x["width"] for x in r["width"]})):
         for rule, style in (("plain", "o-"), ("rule", "s--")):
-            rows = sorted(
-                (x for x in r["width"] if x["width"] == w and x["rule"] == rule),
-                key=lambda x: x["lr"],
-            )
-            right.plot(
-                [x["lr"] for x in rows], [_nan(x["loss"]) for x in rows], style, label=f"{w} {rule}"
-            )
-    for ax, title in ((left, "optimizer (seed 0)"), (right, "width transfer")):
+            rows = [x for x in r["width"] if x["width"] == w and x["rule"] == rule]
+            rows.sort(key=lambda x: x["lr"])
+            rates, losses = [x["lr"] for x in rows], [_nan(x["loss"]) for x in rows]
+            right.plot(rates, losses, style, color=color, label=f"width {w}, {rule}")
+    for ax, title in ((left, "optimizer (seed 0)"), (right, "width transfer (seed 0)")):
         ax.set_xscale("log")
+        ax.minorticks_off()
+        rates = sorted({line_x for line in ax.get_lines() for line_x in line.get_xdata()})
+        ax.set_xticks(rates, [f"{x:g}" for x in rates])
         ax.set_xlabel("learning rate")
         ax.set_ylabel("validation loss")
         ax.set_title(title)

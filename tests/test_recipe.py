@@ -156,7 +156,9 @@ def known_result():
 
 def test_report_computes_each_effect_from_the_runs():
     report = recipe.recipe_report(known_result())
-    assert "30 runs, 41.5 minutes of training, 2 side by side (this invocation: 21.0" in report
+    assert (
+        "30 runs, 41.5 minutes of training, 2 side by side: about 21 minutes from scratch" in report
+    )
     # gap 3.2 - 3.1 = 0.1 over the larger SD 0.02: 5 sigma, a win
     assert "**Muon is +0.1000 nats lower = 5.0 seed standard deviations**" in report
     assert "Muon trains this model lower than the tuned AdamW, beyond the seed noise." in report
@@ -169,9 +171,14 @@ def test_report_computes_each_effect_from_the_runs():
         "- QK-norm: the penalty changes by -0.4000 nats (-8.0 seed SDs); the loss at the best rate "
         "by +0.0000 nats (+0.0 seed SDs)."
     ) in report
-    assert "| 200 | 3.5000 ± 0.0100 | 3.5200 ± 0.0100 | 0.0200 ± 0.0000 | +2.0 |" in report
+    assert "| 200 | 3.5000 ± 0.0100 | 3.5200 ± 0.0100 | 0.0200 ± 0.0000 | 0 of 3 |" in report
     # cosine 200 + 400 = 600 steps; WSD: stable to 320, branches 40 + 80
     assert "the stable run and its branches 440 (320 + 120), 27% fewer" in report
+    assert "trade places from seed to seed" in report  # the full length's first seed ties
+    lower = known_result()
+    for row in lower["wsd"].values():
+        row["branch"] = [x - 0.05 for x in row["cosine"]]
+    assert "Every branch ends below" in recipe.recipe_report(lower)
     assert "3.1800 ± 0.0100, a change of -0.0300 nats (-3.0 seed SDs)" in report
     assert "| 256 | 0.002 | 3.0000 | 0.004 | 2.9000 |" in report
     assert "plain: width 64's best rate 0.004 used at width 256 costs +0.2500 nats" in report
