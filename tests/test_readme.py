@@ -49,6 +49,8 @@ SKIPPED = {
     "torchrun --standalone --nproc_per_node=8 train.py --model 124m": "8 GPUs with nccl (bench_gpu.py's section)",
     "python scaling.py sweep": "36 training runs, about 90 minutes on the 2-core machine",
     "python scaling.py dedup-effect": "6 training runs and two datasets, about 2 minutes here",
+    "python scaling.py recipe": "72 training runs, about 22 minutes on 2 cores; tests/test_recipe.py runs its "
+    "--quick end to end (long)",
     "python dedup.py experiment --data hf": "downloads a Hugging Face dataset (needs `datasets` and a network)",
     "python data.py prepare --data pystdlib --vocab-size 8192": "31 MB of code through every stage: minutes here",
     "python data.py prepare --data pystdlib --vocab-size 512 --out out/pystdlib-512": "the sweep's dataset: 31 MB "
