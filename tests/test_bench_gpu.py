@@ -509,6 +509,8 @@ def test_a_section_past_its_limit_leaves_no_process_of_its_tree_alive(tmp_path, 
                 return super().communicate(input)
             while len(bench_gpu.descendants(self.pid)) < 3 and self.poll() is None:
                 time.sleep(0.2)  # torchrun and its 2 workers
+            # recorded here too: the watcher samples every 0.2 s and could miss the last worker
+            seen.update(bench_gpu.descendants(os.getpid()))
             raise subprocess.TimeoutExpired(self.args, timeout)
 
     def record():
