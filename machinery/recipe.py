@@ -341,7 +341,7 @@ def recipe(settings: RecipeSettings = RecipeSettings(), out_dir="out/recipe", lo
     dataset = sweep.open_dataset(s.data)
     keep = lambda out: any((out / "runs").glob("*/command.json"))  # noqa: E731
     with sweep.output_folder(out_dir, keep=keep) as out:
-        data_dir = s.data
+        data_dir = pathlib.Path(s.data).resolve()  # train.py runs in the project folder
         if dataset is None:
             log(f"preparing {s.data} with a {s.vocab_size}-token BPE (cached after the first time)")
             with sweep._data_errors(s.data):

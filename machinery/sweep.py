@@ -880,7 +880,7 @@ def output_folder(out_dir, keep=lambda out: False):
     """Create the output folder and prove it writable (a probe file), then yield it. When the body
     fails, a folder this call created is removed, unless keep(folder) says it holds something a
     rerun reuses."""
-    out = pathlib.Path(out_dir)
+    out = pathlib.Path(out_dir).resolve()  # absolute: train.py runs in the project folder
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)

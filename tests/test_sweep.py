@@ -703,3 +703,11 @@ def test_a_recorded_point_reruns_alone_to_the_same_loss(tiny_dataset, tmp_path):
         tmp_path / "sweep" / "runs" / run.name / "metrics.jsonl", run.steps
     )
     assert again == record["loss"]
+
+
+def test_output_folder_is_absolute_so_train_py_writes_where_the_sweep_reads(tmp_path, monkeypatch):
+    """train.py runs with the project folder as its working directory: a relative --out-dir given
+    from elsewhere must reach it as the same folder (a run from /tmp once found no validation loss)."""
+    monkeypatch.chdir(tmp_path)
+    with sweep.output_folder("rel") as out:
+        assert out == tmp_path / "rel" and out.is_absolute()
