@@ -306,7 +306,10 @@ def branch_jobs(s: RecipeSettings, lr: float, out: pathlib.Path) -> dict:
     full length, to 0). {(L, min_lr_ratio): [job per seed]}."""
     jobs = {}
     for L, point in branch_points(s).items():
-        for floor in (0.1, 0.0) if L == s.steps else (0.1,):
+        floors = [0.1]
+        if L == s.steps:
+            floors.append(0.0)  # decay to zero, measured at the full length only
+        for floor in floors:
             flags = ("--schedule", "wsd", "--decay-fraction", f"{s.decay_fraction:g}")
             flags += ("--lr", f"{lr:g}", "--min-lr-ratio", f"{floor:g}")
             jobs[(L, floor)] = [
