@@ -123,7 +123,9 @@ def wsd_lr(
     decay_fraction: float = 0.2,
 ) -> float:
     """Warmup-stable-decay: warmup, hold max_lr, then a linear decay to min_lr over the last
-    `decay_fraction`.
+    `decay_fraction`. Until its decay a run does not depend on total_steps, so one run kept to step
+    320 branches into runs of 200, 300 and 400 steps (--resume its checkpoints at 160, 240, 320 with
+    those --max-steps): 500 steps, not 900 (docs/recipe.md: each ends ~0.2 nats below a cosine run).
 
     >>> [round(wsd_lr(s, 1.0, 10, 100, 0.1), 3) for s in (5, 50, 80, 90, 100)]
     [0.6, 1.0, 1.0, 0.55, 0.1]
@@ -467,8 +469,7 @@ class SpikeGuard:
 def model_flops_utilization(
     tokens_per_s: float, flops_per_token: float, peak_flops: float, devices: int
 ) -> float:
-    """MFU of one device: the model FLOP/s the run achieves per device over one device's peak (a
-    fraction).
+    """MFU of one device (a fraction): the model FLOP/s each device achieves over its peak.
 
     `tokens_per_s` counts every rank's tokens; `devices` is every process of the run (dp x tp x pp),
     since each one computes its share of the 6N FLOPs per token. 2 GPUs at 2,925 tokens/s each

@@ -11,7 +11,9 @@ tokens, scored on the same held-out windows. Four experiments:
 
 1. Optimizer: AdamW and Muon, each over the same learning-rate grid on seed 0; each one's best rate
    trained again from seeds 1 and 2. The gap is counted in seed standard deviations (the larger of
-   the two), as the dedup-effect experiment does.
+   the two), as the dedup-effect experiment does. Then the same on train.py's default model (`python
+   train.py`: the tiny preset, 1.3M parameters, on pydocs, 600 steps of 16 x 128 tokens), each
+   optimizer over its own grid around its best rate, so that the AdamW it beats is a tuned one.
 2. Stability: AdamW at its best rate and at `high_lr_factor` times it, plain and with each of
    QK-norm, the logit soft-cap and z-loss, 3 seeds each: the loss penalty of the too-high rate, and
    the largest attention logit the finished model computes on held-out text.
@@ -71,6 +73,14 @@ class RecipeSettings:
     widths: tuple[int, ...] = (64, 128, 256)
     width_lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3, 8e-3)
     width_rule: tuple[str, ...] = ("--lr-base-width", "64")  # train.py's flag and its base
+    # train.py's default model, data, batch and schedule; only the optimizer, rate and seed change
+    default_data: str = "pydocs"
+    default_steps: int = 600  # train.py's --max-steps
+    default_batch_size: int = 16  # train.py's --batch-size
+    default_lrs: tuple[tuple[str, tuple[float, ...]], ...] = (
+        ("adamw", (1e-3, 2e-3, 4e-3, 8e-3)),  # train.py's default rate is 2e-3
+        ("muon", (4e-3, 8e-3, 1.6e-2, 3.2e-2)),
+    )
     eval_windows: int = 384
     workers: int = 2
     threads: int = 1
@@ -87,6 +97,9 @@ QUICK_RECIPE = RecipeSettings(
     widths=(32, 64),
     width_lrs=(2e-3, 8e-3),
     width_rule=("--lr-base-width", "32"),
+    default_steps=20,
+    default_batch_size=4,
+    default_lrs=(("adamw", (2e-3, 8e-3)), ("muon", (8e-3, 3.2e-2))),
     eval_windows=8,
 )
 
@@ -95,13 +108,15 @@ HEAD_DIM = 16
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One train.py run: its folder name, the flags that differ from the common ones, its steps."""
+    """One train.py run: its folder name, the flags that differ from the common ones, its steps;
+    `model` "default" is train.py's own model, data and batch, "recipe" the experiment's."""
 
     name: str
     flags: tuple[str, ...]
     steps: int
     n_embd: int = 64
     model_args: str = ""
+    model: str = "recipe"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -111,40 +126,46 @@ class Job:
 
 def command(s: RecipeSettings, job: Job, data_dir, run_dir) -> list[str]:
     """train.py's command line for a job: the common settings, then the job's flags (argparse keeps
-    the last value of a flag given twice, so a job may override a common one)."""
-    heads = job.n_embd // HEAD_DIM
-    model_args = f"n_layer={s.n_layer},n_embd={job.n_embd},n_head={heads},n_kv_head={heads}"
-    model_args += ",ffn_multiple_of=16" + (f",{job.model_args}" if job.model_args else "")
+    the last value of a flag given twice, so a job may override a common one). A default-model job
+    sets only what every run sets: its steps, its evaluation and where it writes."""
+    batch_size = s.batch_size
+    if job.model == "default":
+        batch_size = s.default_batch_size
     common = {
         "--data": str(data_dir),
-        "--model": "sweep-1",
-        "--model-args": model_args,
         "--out-dir": str(run_dir),
-        "--batch-size": s.batch_size,
-        "--block-size": s.block_size,
+        "--batch-size": batch_size,
         "--max-steps": job.steps,
-        "--warmup-steps": s.warmup_steps,
         "--eval-interval": job.steps,
-        "--eval-batches": max(1, s.eval_windows // s.batch_size),
+        "--eval-batches": max(1, s.eval_windows // batch_size),
         "--ckpt-interval": job.steps,
         "--log-interval": max(1, job.steps // 4),
         "--dtype": "fp32",
         "--device": "cpu",
         "--num-samples": 0,
     }
+    if job.model == "recipe":
+        heads = job.n_embd // HEAD_DIM
+        model_args = f"n_layer={s.n_layer},n_embd={job.n_embd},n_head={heads},n_kv_head={heads}"
+        model_args += ",ffn_multiple_of=16" + (f",{job.model_args}" if job.model_args else "")
+        common.update({"--model": "sweep-1", "--model-args": model_args})
+        common.update({"--block-size": s.block_size, "--warmup-steps": s.warmup_steps})
     flat = [str(x) for pair in common.items() for x in pair]
     return [sys.executable, str(sweep.ROOT / "train.py"), *flat, "--no-eval-at-start", "--no-plot"]
 
 
-def run_jobs(s: RecipeSettings, jobs: Sequence[Job], data_dir, out: pathlib.Path, log) -> dict:
-    """Train the jobs, `workers` side by side, reusing a finished run whose command is unchanged.
-    Returns {name: final validation loss, or None where it is not finite: a diverged run}. A run
-    that fails stops the experiment (one ScalingError line); the finished ones stay for a rerun."""
+def run_jobs(
+    s: RecipeSettings, jobs: Sequence[Job], data_dirs: dict, out: pathlib.Path, log
+) -> dict:
+    """Train the jobs, `workers` side by side, reusing a finished run whose command is unchanged;
+    data_dirs: {job.model: its prepared dataset}. Returns {name: final validation loss, or None
+    where it is not finite: a diverged run}. A run that fails stops the experiment (one
+    ScalingError line); the finished ones stay for a rerun."""
     unique = list({job.name: job for job in jobs}.values())
 
     def one(job: Job):
         run_dir = out / "runs" / job.name
-        cmd = command(s, job, data_dir, run_dir) + list(job.flags)
+        cmd = command(s, job, data_dirs[job.model], run_dir) + list(job.flags)
         stamp, wanted = run_dir / "command.json", json.dumps(cmd[1:])
         loss = sweep.final_val_loss(run_dir / "metrics.jsonl", job.steps)
         if stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted:
@@ -203,9 +224,13 @@ def optimizer_job(s: RecipeSettings, optimizer: str, lr: float, seed: int, model
     return Job(f"{optimizer}{tag}-{lr_name(lr)}-s{seed}", flags, s.steps, s.n_embd, model_args)
 
 
-def best_lr(losses: dict, names: dict) -> float:
-    """The rate of the lowest loss among {lr: run name}; a diverged run counts as infinite."""
-    return min(names, key=lambda lr: _finite(losses.get(names[lr])))
+def best_rates(losses: dict, grid: dict) -> dict:
+    """{optimizer: the rate of its lowest loss} from a grid {optimizer: {lr: job}}; a diverged run
+    counts as infinite."""
+    return {
+        opt: min(runs, key=lambda lr: _finite(losses.get(runs[lr].name)))
+        for opt, runs in grid.items()
+    }
 
 
 def _finite(loss) -> float:
@@ -231,15 +256,24 @@ def mean_sd(values: Sequence[float | None]) -> tuple[float, float]:
 
 
 def grid_jobs(s: RecipeSettings) -> dict:
-    """Phase 1: {optimizer: {lr: job}} on seed 0, and the width grid {(width, rule, lr): job}."""
+    """Phase 1: {optimizer: {lr: job}} on seed 0, the same on the default model, and the width
+    grid {(width, rule, lr): job}."""
     grid = {opt: {lr: optimizer_job(s, opt, lr, 0) for lr in s.lrs} for opt in ("adamw", "muon")}
+    default = {opt: {lr: default_job(s, opt, lr, 0) for lr in lrs} for opt, lrs in s.default_lrs}
     widths = {
         (width, rule, lr): width_job(s, width, rule, lr)
         for width in s.widths
         for rule in ("plain", "rule")
         for lr in s.width_lrs
     }
-    return {"optimizer": grid, "width": widths}
+    return {"optimizer": grid, "default": default, "width": widths}
+
+
+def default_job(s: RecipeSettings, optimizer: str, lr: float, seed: int) -> Job:
+    """`python train.py --optimizer ... --lr ... --seed ...`: the default model (width 128)."""
+    flags = ("--optimizer", optimizer, "--lr", f"{lr:g}", "--seed", str(seed))
+    name = f"default-{optimizer}-{lr_name(lr)}-s{seed}"
+    return Job(name, flags, s.default_steps, n_embd=128, model="default")
 
 
 def width_job(s: RecipeSettings, width: int, rule: str, lr: float) -> Job:
@@ -265,12 +299,15 @@ def branch_points(s: RecipeSettings) -> dict[int, int]:
     return {L: L - int(round(s.decay_fraction * L)) for L in lengths}
 
 
-def second_jobs(s: RecipeSettings, best: dict) -> dict:
-    """Phase 2, given each optimizer's best rate: the other seeds, the stability grid, the WSD
-    stable runs and the cosine runs they are compared with."""
+def second_jobs(s: RecipeSettings, best: dict, best_default: dict) -> dict:
+    """Phase 2, given each optimizer's best rate on each model: the other seeds, the stability
+    grid, the WSD stable runs and the cosine runs they are compared with."""
     seeds, lr = range(s.seeds), best["adamw"]
     jobs = {
-        "optimizer": {opt: [optimizer_job(s, opt, best[opt], k) for k in seeds] for opt in best}
+        "optimizer": {opt: [optimizer_job(s, opt, best[opt], k) for k in seeds] for opt in best},
+        "default": {
+            opt: [default_job(s, opt, best_default[opt], k) for k in seeds] for opt in best_default
+        },
     }
     tools = [("plain", "")] + list(s.stability)
     jobs["stability"] = {
@@ -349,23 +386,25 @@ def recipe(settings: RecipeSettings = RecipeSettings(), out_dir="out/recipe", lo
             log(f"preparing {s.data} with a {s.vocab_size}-token BPE (cached after the first time)")
             with sweep._data_errors(s.data):
                 data_dir = data_at_scale.prepare(s.data.split(","), vocab_size=s.vocab_size, seed=0)
+        default_dir = prepare_default(s, log)
+        data_dirs = {"recipe": data_dir, "default": default_dir}
         t0 = time.perf_counter()
         first = grid_jobs(s)
-        every = [*first["optimizer"]["adamw"].values(), *first["optimizer"]["muon"].values()]
-        losses = run_jobs(s, every + list(first["width"].values()), data_dir, out, log)
-        names = {
-            opt: {lr: j.name for lr, j in runs.items()} for opt, runs in first["optimizer"].items()
-        }
-        best = {opt: best_lr(losses, names[opt]) for opt in names}
-        second = second_jobs(s, best)
-        every = [j for runs in second["optimizer"].values() for j in runs]
-        every += [j for runs in second["stability"].values() for j in runs] + second["stable"]
-        every += [j for runs in second["cosine"].values() for j in runs]
-        losses.update(run_jobs(s, every, data_dir, out, log))
+        every = [j for runs in first["optimizer"].values() for j in runs.values()]
+        every += [j for runs in first["default"].values() for j in runs.values()]
+        losses = run_jobs(s, every + list(first["width"].values()), data_dirs, out, log)
+        best = best_rates(losses, first["optimizer"])
+        best_default = best_rates(losses, first["default"])
+        second = second_jobs(s, best, best_default)
+        every = list(second["stable"])
+        for group in ("optimizer", "default", "stability", "cosine"):
+            every += [j for runs in second[group].values() for j in runs]
+        losses.update(run_jobs(s, every, data_dirs, out, log))
         third = branch_jobs(s, best["adamw"], out)
-        losses.update(run_jobs(s, [j for runs in third.values() for j in runs], data_dir, out, log))
+        third_jobs = [j for runs in third.values() for j in runs]
+        losses.update(run_jobs(s, third_jobs, data_dirs, out, log))
         logits = largest_logits(s, second["stability"], data_dir, out)
-        result = summarise(s, first, second, third, losses, logits, best, out)
+        result = summarise(s, first, second, third, losses, logits, (best, best_default), out)
         result["runs"] = len(losses)
         seconds = [out / "runs" / name / "train_seconds.txt" for name in losses]
         result["train_minutes"] = round(sum(float(p.read_text()) for p in seconds) / 60, 1)
@@ -374,6 +413,21 @@ def recipe(settings: RecipeSettings = RecipeSettings(), out_dir="out/recipe", lo
         fileio.write_atomic(out / "REPORT.md", recipe_report(result), error=ScalingError)
         plot_recipe(result, out / "recipe.png")
     return result
+
+
+def prepare_default(s: RecipeSettings, log) -> pathlib.Path:
+    """The dataset `python train.py` trains on (data.py's default vocabulary), prepared once here
+    as train.py would, so that two runs starting side by side do not both prepare it."""
+    import data as data_lib
+    from machinery import data_at_scale
+
+    log(f"preparing {s.default_data} as train.py does (cached after the first time)")
+    clean = data_lib.CleanSettings(cleaning="auto")
+    with sweep._data_errors(s.default_data):
+        found = data_at_scale.prepare(
+            [s.default_data], engine="auto", val_data=None, clean_settings=clean
+        )
+    return pathlib.Path(found)
 
 
 def largest_logits(s: RecipeSettings, stability: dict, data_dir, out: pathlib.Path) -> dict:
@@ -397,8 +451,9 @@ def largest_logits(s: RecipeSettings, stability: dict, data_dir, out: pathlib.Pa
     return found
 
 
-def summarise(s, first, second, third, losses, logits, best, out: pathlib.Path) -> dict:
-    """Every run's loss, grouped as the report reads them (JSON: rates and lengths as strings)."""
+def summarise(s, first, second, third, losses, logits, bests, out: pathlib.Path) -> dict:
+    """Every run's loss, grouped as the report reads them (JSON: rates and lengths as strings);
+    bests: each optimizer's best rate on the recipe's model and on the default model."""
 
     def of(jobs):
         return [losses.get(job.name) for job in jobs]
@@ -420,12 +475,14 @@ def summarise(s, first, second, third, losses, logits, best, out: pathlib.Path) 
     }
     return {
         "settings": dataclasses.asdict(s),
-        "best_lr": best,
-        "grid": {
-            opt: {f"{lr:g}": losses.get(j.name) for lr, j in runs.items()}
-            for opt, runs in grid.items()
-        },
+        "best_lr": bests[0],
+        "grid": _grid_losses(grid, losses),
         "seeds": {opt: of(jobs) for opt, jobs in second["optimizer"].items()},
+        "default": {
+            "best_lr": bests[1],
+            "grid": _grid_losses(first["default"], losses),
+            "seeds": {opt: of(jobs) for opt, jobs in second["default"].items()},
+        },
         "stability": stability,
         "wsd": wsd,
         "wsd_to_zero": of(third[(s.steps, 0.0)]),
@@ -434,6 +491,13 @@ def summarise(s, first, second, third, losses, logits, best, out: pathlib.Path) 
             {"width": w, "rule": rule, "lr": lr, "loss": losses.get(job.name)}
             for (w, rule, lr), job in first["width"].items()
         ],
+    }
+
+
+def _grid_losses(grid: dict, losses: dict) -> dict:
+    """{optimizer: {rate as a string (JSON's keys): its seed-0 loss}}."""
+    return {
+        opt: {f"{lr:g}": losses.get(j.name) for lr, j in runs.items()} for opt, runs in grid.items()
     }
 
 
@@ -467,26 +531,38 @@ def _loss(value) -> str:
 
 
 def optimizer_section(r: dict) -> list[str]:
-    """Muon against AdamW: the seed-0 grid, the best rates over the seeds, the gap in seed SDs."""
-    rates = list(r["grid"]["adamw"])
+    """Muon against AdamW, on the default model and on the recipe's: each one's seed-0 grid, the
+    best rates over the seeds, the gap in seed SDs."""
+    s = r["settings"]
     out = [
         "## 1. Muon against a tuned AdamW",
         "",
-        "| learning rate | AdamW | Muon |",
-        "|---:|---:|---:|",
+        "### train.py's default model (`python train.py`: the tiny preset on "
+        f"`{s['default_data']}`, {s['default_steps']} steps of {s['default_batch_size']} "
+        "sequences)",
+        "",
     ]
-    out += [
-        f"| {lr} | {_loss(r['grid']['adamw'][lr])} | {_loss(r['grid']['muon'][lr])} |"
-        for lr in rates
-    ]
-    gap = mean_sd(r["seeds"]["adamw"])[0] - mean_sd(r["seeds"]["muon"])[0]
-    apart = -sigmas(r["seeds"]["adamw"], r["seeds"]["muon"])
-    seeds = len(r["seeds"]["adamw"])
+    out += optimizer_rows(r["default"])
+    out += [f"### The recipe's model ({s['n_layer']} layers of width {s['n_embd']})", ""]
+    return out + optimizer_rows(r)
+
+
+def optimizer_rows(part: dict) -> list[str]:
+    """One model's grid table (a dash where an optimizer's grid has no such rate) and its verdict,
+    with a warning where a best rate sits at its grid's edge: a better one may lie outside."""
+    grid, seeds, best = part["grid"], part["seeds"], part["best_lr"]
+    rates = sorted({lr for runs in grid.values() for lr in runs}, key=float)
+    out = ["| learning rate | AdamW | Muon |", "|---:|---:|---:|"]
+    for lr in rates:
+        cells = [_loss(grid[opt][lr]) if lr in grid[opt] else "-" for opt in ("adamw", "muon")]
+        out.append(f"| {lr} | {cells[0]} | {cells[1]} |")
+    gap = mean_sd(seeds["adamw"])[0] - mean_sd(seeds["muon"])[0]
+    apart = -sigmas(seeds["adamw"], seeds["muon"])
     out += [
         "",
-        f"Seed 0 over the grid; each optimizer's best rate then over {seeds} seeds: AdamW at "
-        f"{r['best_lr']['adamw']:g} {_pm(r['seeds']['adamw'])}, Muon at {r['best_lr']['muon']:g} "
-        f"{_pm(r['seeds']['muon'])}. **Muon is {gap:+.4f} nats lower = {apart:.1f} seed standard "
+        f"Seed 0 over the grid; each optimizer's best rate then over {len(seeds['adamw'])} seeds: "
+        f"AdamW at {best['adamw']:g} {_pm(seeds['adamw'])}, Muon at {best['muon']:g} "
+        f"{_pm(seeds['muon'])}. **Muon is {gap:.4f} nats lower = {apart:.1f} seed standard "
         "deviations** (the larger of the two spreads).",
         "",
     ]
@@ -496,6 +572,10 @@ def optimizer_section(r: dict) -> list[str]:
         out.append("AdamW trains this model lower than Muon, beyond the seed noise.")
     else:
         out.append("The two are within 3 seed standard deviations of each other here.")
+    for opt, name in (("adamw", "AdamW"), ("muon", "Muon")):
+        edges = (min(grid[opt], key=float), max(grid[opt], key=float))
+        if f"{best[opt]:g}" in edges:
+            out.append(f"{name}'s best rate is its grid's edge: a better one may lie outside it.")
     return out + [""]
 
 
@@ -647,8 +727,9 @@ def recipe_report(r: dict) -> str:
     head = [
         "# The 2024-26 recipe, measured on a CPU",
         "",
-        f"Every run: `train.py`, {s['n_layer']} layers of width {s['n_embd']} (heads of "
-        f"{HEAD_DIM}), {s['steps']} steps of {s['batch_size']} x {s['block_size']} tokens on "
+        "Every run but section 1's on the default model: `train.py`, "
+        f"{s['n_layer']} layers of width {s['n_embd']} (heads of {HEAD_DIM}), {s['steps']} steps "
+        f"of {s['batch_size']} x {s['block_size']} tokens on "
         f"`{s['data']}` ({s['vocab_size']}-token BPE), warmup {s['warmup_steps']} steps, "
         f"validation loss on the same {s['eval_windows']} held-out windows. Made by `python "
         f"scaling.py recipe`: {r['runs']} runs, {r['train_minutes']} minutes of training, "
@@ -661,31 +742,32 @@ def recipe_report(r: dict) -> str:
 
 
 def plot_recipe(r: dict, path) -> pathlib.Path:
-    """recipe.png: loss against learning rate for AdamW and Muon (seed 0), and at each width,
-    plain (solid) and with the width rule (dashed)."""
+    """recipe.png: loss against learning rate for AdamW and Muon (seed 0) on the default model and
+    on the recipe's, and at each width, plain (solid) and with the width rule (dashed)."""
     from machinery import scaling_plots
 
     plt = scaling_plots.pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for opt in ("adamw", "muon"):
-        rates = sorted(r["grid"][opt], key=float)
-        left.plot(
-            [float(x) for x in rates], [_nan(r["grid"][opt][x]) for x in rates], "o-", label=opt
-        )
+    fig, (default, left, right) = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, grid in ((default, r["default"]["grid"]), (left, r["grid"])):
+        for opt in ("adamw", "muon"):
+            rates = sorted(grid[opt], key=float)
+            losses = [_nan(grid[opt][x]) for x in rates]
+            ax.plot([float(x) for x in rates], losses, "o-", label=opt)
     for color, w in zip(("C0", "C1", "C2", "C3"), sorted({x["width"] for x in r["width"]})):
         for rule, style in (("plain", "o-"), ("rule", "s--")):
             rows = [x for x in r["width"] if x["width"] == w and x["rule"] == rule]
             rows.sort(key=lambda x: x["lr"])
             rates, losses = [x["lr"] for x in rows], [_nan(x["loss"]) for x in rows]
             right.plot(rates, losses, style, color=color, label=f"width {w}, {rule}")
-    for ax, title in ((left, "optimizer (seed 0)"), (right, "width transfer (seed 0)")):
+    titles = ("optimizer, default model", "optimizer, recipe model", "width transfer")
+    for ax, title in zip((default, left, right), titles):
         ax.set_xscale("log")
         ax.minorticks_off()
         rates = sorted({line_x for line in ax.get_lines() for line_x in line.get_xdata()})
         ax.set_xticks(rates, [f"{x:g}" for x in rates])
         ax.set_xlabel("learning rate")
         ax.set_ylabel("validation loss")
-        ax.set_title(title)
+        ax.set_title(title + " (seed 0)")
         ax.legend(fontsize=8)
     return scaling_plots.save_png(fig, path)
 

@@ -206,6 +206,12 @@ class SweepSettings:
     max_run_tokens: int = 27_000_000
     lr_at_64: float = 4e-3
     warmup_fraction: float = 0.05
+    # "cosine": every point its own run. "wsd" (Hägele et al. 2024): each size and seed trains
+    # once at a constant rate, a trunk extended as far as its longest point needs, and every point
+    # is a branch resumed from the trunk's checkpoint and decayed over its last decay_fraction; a
+    # size keeps one batch at every budget (its smallest budget's), so its branches share a trunk
+    schedule: str = "cosine"
+    decay_fraction: float = 0.2
     # every run is scored on the same first 384 windows of the val split
     eval_windows: int = 384
     seed: int = 0
@@ -286,8 +292,13 @@ def plan_run(
     """
     n, non_embedding = shape.counts(settings.vocab_size)
     tokens = budget / (6.0 * n)
+    batch_tokens = tokens
+    if settings.schedule == "wsd":  # the batch the smallest budget gives: one trunk per size
+        batch_tokens = min(settings.budgets) / (6.0 * n)
     fits = [
-        b for b in settings.batch_sizes if tokens / (b * settings.block_size) >= settings.min_steps
+        b
+        for b in settings.batch_sizes
+        if batch_tokens / (b * settings.block_size) >= settings.min_steps
     ]
     batch = max(fits) if fits else min(settings.batch_sizes)
     steps = max(1, round(tokens / (batch * settings.block_size)))
@@ -510,55 +521,129 @@ def planned_hours(settings: SweepSettings) -> float:
 
 
 def train_command(settings: SweepSettings, run: PlannedRun, data_dir, out_dir) -> list[str]:
-    """The train.py command line of one point: the shape through --model-args, its own cosine
-    schedule of exactly run.steps steps, one evaluation at the end on the same held-out windows as
-    every other run."""
+    """The train.py command line of one point: the shape through --model-args, exactly run.steps
+    steps, one evaluation at the end on the same held-out windows as every other run. Its schedule:
+    its own cosine, or (schedule "wsd") a branch that resumes its trunk's checkpoint at
+    decay_start and decays linearly over the last decay_fraction of its steps."""
     s = settings
+    if s.schedule == "wsd":
+        trunk = pathlib.Path(out_dir).parent / trunk_name(run)
+        resume = trunk / checkpoint_name(decay_start(s, run.steps))
+        schedule = ["--schedule", "wsd", "--decay-fraction", f"{s.decay_fraction:g}"]
+        return _command(s, run, run.steps, data_dir, out_dir) + schedule + ["--resume", str(resume)]
+    return _command(s, run, run.steps, data_dir, out_dir) + ["--schedule", "cosine", "--overwrite"]
+
+
+def _command(s: SweepSettings, run: PlannedRun, steps: int, data_dir, out_dir) -> list[str]:
+    """What every train.py command of the sweep says: run's shape, batch, rate and seed for `steps`
+    steps, evaluated and checkpointed at the last. Warmup: 5% of the run's steps, or under wsd 5%
+    of min_steps, which a trunk and all its branches share."""
     model_args = ",".join(f"{k}={v}" for k, v in run.shape.config_overrides().items())
-    warmup = max(1, round(s.warmup_fraction * run.steps))
-    return [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "--data",
-        str(data_dir),
-        "--model",
-        "sweep-1",
-        "--model-args",
-        model_args,
-        "--out-dir",
-        str(out_dir),
-        "--max-steps",
-        str(run.steps),
-        "--batch-size",
-        str(run.batch_size),
-        "--block-size",
-        str(s.block_size),
-        "--lr",
-        f"{run.lr:.6g}",
-        "--warmup-steps",
-        str(min(warmup, run.steps)),
-        "--schedule",
-        "cosine",
-        "--eval-interval",
-        str(run.steps),
-        "--eval-batches",
-        str(max(1, s.eval_windows // run.batch_size)),
-        "--no-eval-at-start",
-        "--ckpt-interval",
-        str(run.steps),
-        "--seed",
-        str(run.seed),
-        "--dtype",
-        "fp32" if s.device == "cpu" else "bf16",
-        "--device",
-        s.device,
-        "--num-samples",
-        "0",
-        "--no-plot",
-        "--log-interval",
-        str(max(1, run.steps // 10)),
-        "--overwrite",
-    ]
+    warmup = min(max(1, round(s.warmup_fraction * steps)), steps)
+    if s.schedule == "wsd":
+        warmup = max(1, round(s.warmup_fraction * s.min_steps))
+    flags = {
+        "--data": data_dir,
+        "--model": "sweep-1",
+        "--model-args": model_args,
+        "--out-dir": out_dir,
+        "--max-steps": steps,
+        "--batch-size": run.batch_size,
+        "--block-size": s.block_size,
+        "--lr": f"{run.lr:.6g}",
+        "--warmup-steps": warmup,
+        "--eval-interval": steps,
+        "--eval-batches": max(1, s.eval_windows // run.batch_size),
+        "--ckpt-interval": steps,
+        "--seed": run.seed,
+        "--dtype": "fp32" if s.device == "cpu" else "bf16",
+        "--device": s.device,
+        "--num-samples": 0,
+        "--log-interval": max(1, steps // 10),
+    }
+    flat = [str(x) for pair in flags.items() for x in pair]
+    return [sys.executable, str(ROOT / "train.py"), *flat, "--no-eval-at-start", "--no-plot"]
+
+
+# --------------------------------------------------------------------------------------------------
+# WSD trunks: one constant-rate run per size and seed, each point a decay branch from it
+# --------------------------------------------------------------------------------------------------
+
+
+def decay_start(settings: SweepSettings, steps: int) -> int:
+    """The step a branch of `steps` steps starts decaying at, as train.wsd_lr computes it: the
+    trunk's checkpoint there is where the branch resumes.
+
+    >>> decay_start(SweepSettings(), 943), decay_start(SweepSettings(), 1016)
+    (754, 813)
+    """
+    return steps - int(round(settings.decay_fraction * steps))
+
+
+def trunk_name(run: PlannedRun) -> str:
+    """The trunk a point branches from: one per size and seed ('trunk-L2-d32-s0')."""
+    return f"trunk-{run.shape.name}-s{run.seed}"
+
+
+def checkpoint_name(step: int) -> str:
+    """train.py's checkpoint file for `step` (train.checkpoint_path)."""
+    return f"ckpt_{step:07d}.pt"
+
+
+def trunk_command(s: SweepSettings, run: PlannedRun, steps: int, data_dir, trunk) -> list[str]:
+    """The trunk of run's size and seed trained at the constant rate to `steps` (warmup, then no
+    decay), keeping a checkpoint at every length it stops at; a trunk that holds checkpoints
+    resumes from its latest (a bare --resume)."""
+    cmd = _command(s, run, steps, data_dir, trunk)
+    cmd += ["--schedule", "wsd", "--decay-fraction", "0", "--keep-checkpoints", "1000"]
+    if any(pathlib.Path(trunk).glob("ckpt_*.pt")):
+        cmd.append("--resume")
+    return cmd
+
+
+def extend_trunks(
+    settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, out: pathlib.Path, log
+) -> None:
+    """Before any branch trains: train each trunk the runs branch from through every decay start
+    they need, shortest first (a later phase extends it further), `workers` trunks at a time. A
+    trunk whose command (its length aside) changed starts over; its seconds add up in
+    train_seconds.txt."""
+    import concurrent.futures
+    import time
+
+    needs: dict[str, tuple[PlannedRun, set]] = {}
+    for run in runs:
+        needs.setdefault(trunk_name(run), (run, set()))[1].add(decay_start(settings, run.steps))
+
+    def extend(name: str) -> None:
+        run, starts = needs[name]
+        trunk = out / "runs" / name
+        stamp, timing = trunk / "command.json", trunk / "train_seconds.txt"
+        wanted = json.dumps(_command(settings, run, 0, data_dir, trunk)[1:])  # the length aside
+        if not stamp.is_file() or stamp.read_text(encoding="utf-8") != wanted:
+            shutil.rmtree(trunk, ignore_errors=True)
+            trunk.mkdir(parents=True)
+            _write_text(stamp, wanted)
+        for start in sorted(starts):
+            if (trunk / checkpoint_name(start)).is_file():
+                continue
+            done = [int(path.stem[5:]) for path in trunk.glob("ckpt_*.pt")]
+            if done and max(done) > start:
+                raise ScalingError(
+                    f"{name} is trained past step {start}, where a branch starts: remove {trunk} "
+                    "and run the sweep again"
+                )
+            t0 = time.perf_counter()
+            cmd = trunk_command(settings, run, start, data_dir, trunk)
+            _run_train(cmd, trunk / f"train-{start}.log", settings.threads)
+            seconds = time.perf_counter() - t0
+            before = float(timing.read_text()) if timing.is_file() else 0.0
+            _write_text(timing, f"{before + seconds:.1f}")
+            log(f"{name}: constant rate to step {start} ({seconds:.0f} s)")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
+        for future in [pool.submit(extend, name) for name in needs]:
+            future.result()
 
 
 def shell_command(cmd: Sequence[str], threads: int = 1) -> str:
@@ -644,7 +729,8 @@ def execute_runs(
     import time
 
     out = pathlib.Path(out_dir)
-
+    if settings.schedule == "wsd":
+        extend_trunks(settings, runs, data_dir, out, log)
     failed = threading.Event()
 
     def one(run: PlannedRun) -> dict:
@@ -669,8 +755,8 @@ def execute_runs(
         if reused:
             seconds = float(timing.read_text()) if timing.is_file() else 0.0
         else:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            stamp.unlink(missing_ok=True)
+            shutil.rmtree(run_dir, ignore_errors=True)  # a branch resumes into an empty folder
+            run_dir.mkdir(parents=True)
             t0 = time.perf_counter()
             try:
                 _run_train(cmd, run_dir / "train.log", settings.threads)
@@ -689,7 +775,7 @@ def execute_runs(
             f"{run.tokens:,}, "
             f"lr {run.lr:.3g}, loss {loss:.4f} ({seconds:.0f} s{', reused' if reused else ''})"
         )
-        return {
+        record = {
             "name": run.name,
             "budget": run.budget,
             "parameters": run.params,
@@ -707,6 +793,9 @@ def execute_runs(
             "seconds": round(seconds, 1),
             "command": shell_command(cmd, settings.threads),
         }
+        if settings.schedule == "wsd":
+            record["trunk"] = trunk_name(run)
+        return record
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, settings.workers)) as pool:
         futures = {
@@ -1087,6 +1176,42 @@ def wsd_cost(records: Sequence[dict], cooldown_fraction: float = 0.2) -> tuple[f
     return cosine, wsd
 
 
+def annealing_line(result: SweepResult) -> str:
+    """The report's line on how each point is annealed, and what it costs in tokens: its own cosine
+    run (and what WSD trunks would have cost), or the branches of the trunks it trained."""
+    s, records = result.settings, result.records
+    budgets = sorted({r["budget"] for r in records if not r["heldout"]})
+    if s.schedule != "wsd":
+        cosine, wsd = wsd_cost([r for r in records if r.get("seed", 0) == s.seed])
+        return (
+            f"- **Annealing**: every point is the end of its own cosine schedule ({cosine:,} "
+            "tokens in all). WSD with cooldown branches (Hägele et al. 2024) would share one "
+            f"constant-rate trunk per size: {wsd:,.0f} tokens here, {1 - wsd / cosine:.0%} less "
+            "(`--schedule wsd` trains it so). The budgets are "
+            f"{budgets[1] / budgets[0]:.1f}× apart, so the largest budget dominates each size's "
+            "cost; WSD pays off the more budgets share one size (and when the trunk is reused for "
+            "a longer run later), and one cosine run per point keeps every point a run anyone can "
+            "repeat alone."
+        )
+    trunks: dict[str, int] = {}
+    branches = 0
+    for r in records:
+        start = decay_start(s, r["steps"])
+        trunks[r["trunk"]] = max(trunks.get(r["trunk"], 0), start * r["batch_size"] * s.block_size)
+        branches += (r["steps"] - start) * r["batch_size"] * s.block_size
+    seconds = [result.out_dir / "runs" / name / "train_seconds.txt" for name in trunks]
+    trunk_seconds = sum(float(path.read_text()) for path in seconds if path.is_file())
+    cosine, wsd = sum(r["tokens"] for r in records), sum(trunks.values()) + branches
+    return (
+        f"- **Annealing**: WSD (Hägele et al. 2024). Each size and seed trained once at the "
+        f"constant rate, {len(trunks)} trunks of {sum(trunks.values()):,} tokens in all "
+        f"({trunk_seconds:,.0f} run-seconds), and every point is a branch resumed from its "
+        f"trunk and decayed linearly to 10% over its last {s.decay_fraction:.0%} "
+        f"({branches:,} tokens): {wsd:,} tokens, where one cosine run per point reads "
+        f"{cosine:,} ({1 - wsd / cosine:.0%} less). A size keeps one batch at every budget."
+    )
+
+
 def _points(records: Sequence[dict]) -> dict[tuple, list[dict]]:
     """final.jsonl records by point (budget, N, D, held out or not): a point trained with two seeds
     has two."""
@@ -1252,6 +1377,8 @@ def _regenerate(result: SweepResult) -> str:
     s = result.settings
     quick = " --quick" if is_quick(s) else ""
     data = "" if s.data == (QUICK_SWEEP if quick else SweepSettings).data else f" --data {s.data}"
+    if s.schedule != "cosine":
+        data += f" --schedule {s.schedule}"
     command = f"`python scaling.py sweep{quick}{data}`"
     if not data or not (pathlib.Path(s.data) / "manifest.json").is_file():
         return command
@@ -1323,22 +1450,16 @@ def sweep_report(result: SweepResult) -> str:
         "every run.",
         f"- **Learning rate** per size by the rule lr = {s.lr_at_64:g} · 64 / width (Adam's "
         "optimum falls as "
-        f"1/width, muP); {s.warmup_fraction:.0%} warmup, then cosine to 10% at the run's last "
-        "step.",
+        f"1/width, muP); {s.warmup_fraction:.0%} warmup, then "
+        + (
+            "the trunk's constant rate"
+            if s.schedule == "wsd"
+            else "cosine to 10% at the run's last step"
+        )
+        + ".",
     ]
     out.append(seed_line(records, s))
-    cosine, wsd = wsd_cost([r for r in records if r.get("seed", 0) == s.seed])
-    out.append(
-        f"- **Annealing**: every point is the end of its own cosine schedule ({cosine:,} tokens in "
-        "all). "
-        "WSD with cooldown branches (Hägele et al. 2024) would share one constant-rate trunk per "
-        f"size: {wsd:,.0f} tokens here, {1 - wsd / cosine:.0%} less. The budgets are "
-        f"{budgets[1] / budgets[0]:.1f}× "
-        "apart, so the largest budget dominates each size's cost; WSD pays off the more budgets "
-        "share one "
-        "size (and when the trunk is reused for a longer run later), and one cosine run per point "
-        f"keeps every point a run anyone can repeat alone."
-    )
+    out.append(annealing_line(result))
     out += [
         "",
         "## Runs",
@@ -1358,9 +1479,12 @@ def sweep_report(result: SweepResult) -> str:
             f"{r['steps']:,} × {r['batch_size']} | {r['lr']:.3g} | {r.get('seed', 0)} | "
             f"{r['loss']:.4f} | {r['seconds']:.0f} s |"
         )
+    which = ""
+    if s.schedule == "wsd":
+        which = " (the branches: the trunks are counted above)"
     out.append(
-        f"\n{len(records)} runs, {sum(r['seconds'] for r in records):,.0f} run-seconds. From "
-        "scratch, "
+        f"\n{len(records)} runs{which}, {sum(r['seconds'] for r in records):,.0f} run-seconds. "
+        "From scratch, "
         f"{s.workers} at a time as the sweep orders them (the grid, its second seeds, the held-out "
         "budget; "
         f"longest first), these times take {wall_seconds(s, records) / 60:.0f} min; the estimate "

@@ -270,8 +270,8 @@ MUTANTS = [
     Mutant(
         "sweep-eval-windows-follow-the-batch",
         "machinery/sweep.py",
-        "str(max(1, s.eval_windows // run.batch_size))",
-        "str(s.eval_windows // 8)",
+        '"--eval-batches": max(1, s.eval_windows // run.batch_size),',
+        '"--eval-batches": s.eval_windows // 8,',
         ("tests/test_sweep.py::test_train_command_builds_the_planned_shape_and_schedule",),
         "runs of different batches are scored on different numbers of held-out windows",
     ),
@@ -1085,6 +1085,28 @@ MUTANTS = [
         'event == "rollback"',
         (f"{RECIPE}::test_guard_events_count_skips_and_rollbacks",),
         "the spike guard's skipped batches go uncounted beside a stability row",
+    ),
+    Mutant(
+        "sweep-wsd-branch-starts-a-step-late",
+        "machinery/sweep.py",
+        "return steps - int(round(settings.decay_fraction * steps))",
+        "return steps - int(round(settings.decay_fraction * steps)) + 1",
+        (
+            "tests/test_sweep.py::"
+            "test_wsd_gives_a_size_one_batch_and_makes_each_point_a_branch_of_its_trunk",
+        ),
+        "a WSD branch resumes one step after its schedule started decaying: that step ran at the peak",
+    ),
+    Mutant(
+        "sweep-wsd-trunk-decays",
+        "machinery/sweep.py",
+        'cmd += ["--schedule", "wsd", "--decay-fraction", "0", "--keep-checkpoints", "1000"]',
+        'cmd += ["--schedule", "wsd", "--decay-fraction", "0.2", "--keep-checkpoints", "1000"]',
+        (
+            "tests/test_sweep.py::"
+            "test_a_wsd_branch_equals_one_straight_wsd_run_and_the_trunk_is_extended",
+        ),
+        "the trunk decays at the end of each segment, so a branch starts from an annealed model",
     ),
 ]
 

@@ -48,6 +48,8 @@ SKIPPED = {
     "torchrun --standalone --nproc_per_node=2 train.py --batch-size 8": "the full main job on 2 ranks (minutes)",
     "torchrun --standalone --nproc_per_node=8 train.py --model 124m": "8 GPUs with nccl (bench_gpu.py's section)",
     "python scaling.py sweep": "36 training runs, about 90 minutes on the 2-core machine",
+    "python scaling.py sweep --quick --schedule wsd": "the quick sweep again as trunks and branches (minutes); "
+    "tests/test_sweep.py trains a trunk, extends it and checks a branch against one straight run",
     "python scaling.py dedup-effect": "6 training runs and two datasets, about 2 minutes here",
     "python scaling.py recipe": "72 training runs, about 22 minutes on 2 cores; tests/test_recipe.py runs its "
     "--quick end to end (long)",

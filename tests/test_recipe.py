@@ -29,12 +29,14 @@ def flag(job, name):
 
 
 def test_every_comparison_shares_its_baseline_run_and_every_name_is_one_command(tmp_path):
-    best = {"adamw": 4e-3, "muon": 8e-3}
-    first, second = recipe.grid_jobs(SETTINGS), recipe.second_jobs(SETTINGS, best)
+    best, best_default = {"adamw": 4e-3, "muon": 8e-3}, {"adamw": 2e-3, "muon": 1.6e-2}
+    first = recipe.grid_jobs(SETTINGS)
+    second = recipe.second_jobs(SETTINGS, best, best_default)
     third = recipe.branch_jobs(SETTINGS, best["adamw"], tmp_path)
-    jobs = [*first["optimizer"]["adamw"].values(), *first["optimizer"]["muon"].values()]
-    jobs += list(first["width"].values()) + second["stable"]
-    for group in ("optimizer", "stability", "cosine"):
+    jobs = list(first["width"].values()) + second["stable"]
+    for group in ("optimizer", "default"):
+        jobs += [j for runs in first[group].values() for j in runs.values()]
+    for group in ("optimizer", "default", "stability", "cosine"):
         jobs += [j for runs in second[group].values() for j in runs]
     jobs += [j for runs in third.values() for j in runs]
     commands = {}
@@ -52,16 +54,35 @@ def test_every_comparison_shares_its_baseline_run_and_every_name_is_one_command(
     # At width 64 the rule multiplies by 64 / 64: both rules' runs are the grid's (1e-3 is new).
     assert first["width"][(64, "rule", 4e-3)] == first["width"][(64, "plain", 4e-3)] == plain[0]
     assert flag(first["width"][(256, "rule", 4e-3)], "--lr-base-width") == "64"
+    # The default model's runs are `python train.py` with the optimizer, rate and seed changed: no
+    # model, data-shape or schedule flag but the ones every run sets to train.py's own defaults.
+    default = second["default"]["muon"][1]
+    cmd = recipe.command(SETTINGS, default, "data", tmp_path) + list(default.flags)
+    assert "--model" not in cmd and "--model-args" not in cmd and "--warmup-steps" not in cmd
+    assert flag(default, "--optimizer") == "muon" and flag(default, "--lr") == "0.016"
+    assert cmd[cmd.index("--batch-size") + 1] == "16" and cmd[cmd.index("--max-steps") + 1] == "600"
     # the grid 10, widths 1 + 2 x 8, stable runs 3, two more seeds of each optimizer 4, stability
     # 24 less the 3 at the best rate and the seed 0 at 8 x 4e-3 = 0.032 (on the grid), the shorter
-    # cosine runs 6, branches 12
-    assert len({j.name for j in jobs}) == 10 + 17 + 3 + 4 + 20 + 6 + 12
+    # cosine runs 6, branches 12; the default model's grid 8 and its other seeds 4
+    assert len({j.name for j in jobs}) == 10 + 17 + 3 + 4 + 20 + 6 + 12 + 8 + 4
+
+
+def test_the_default_models_runs_are_train_pys_defaults():
+    """The recipe's idea of train.py's default (steps, batch) is train.py's, and the AdamW grid
+    holds train.py's default rate, so the tuned baseline is at least the default run."""
+    import train
+
+    defaults = train.TrainConfig()
+    assert SETTINGS.default_steps == defaults.max_steps
+    assert SETTINGS.default_batch_size == defaults.batch_size
+    assert SETTINGS.default_data == defaults.data and defaults.model == "tiny"
+    assert defaults.lr in dict(SETTINGS.default_lrs)["adamw"]
 
 
 def test_each_wsd_branch_resumes_a_checkpoint_the_stable_run_keeps_and_decays_from_there(tmp_path):
     import train
 
-    second = recipe.second_jobs(SETTINGS, {"adamw": 4e-3, "muon": 4e-3})
+    second = recipe.second_jobs(SETTINGS, {"adamw": 4e-3, "muon": 4e-3}, {})
     stable = second["stable"][1]
     interval, keep = int(flag(stable, "--ckpt-interval")), int(flag(stable, "--keep-checkpoints"))
     kept = set(range(stable.steps, stable.steps - interval * keep, -interval))
@@ -95,7 +116,7 @@ def test_a_run_that_fails_stops_the_experiment_and_leaves_no_folder(tmp_path):
     s = dataclasses.replace(recipe.QUICK_RECIPE, workers=1)
     bad = recipe.Job("bad", ("--no-such-flag",), 2)
     with pytest.raises(recipe.ScalingError, match="train.py failed .* in bad: .*no-such-flag"):
-        recipe.run_jobs(s, [bad], tmp_path / "data", tmp_path, log=print)
+        recipe.run_jobs(s, [bad], {"recipe": tmp_path / "data"}, tmp_path, log=print)
     assert not (tmp_path / "runs" / "bad").exists()
 
 
@@ -131,6 +152,11 @@ def known_result():
         "best_lr": {"adamw": 4e-3, "muon": 2e-3},
         "grid": {"adamw": {"0.002": 3.3, "0.004": 3.2}, "muon": {"0.002": 3.1, "0.004": None}},
         "seeds": {"adamw": [3.19, 3.2, 3.21], "muon": [3.08, 3.1, 3.12]},
+        "default": {
+            "best_lr": {"adamw": 2e-3, "muon": 8e-3},
+            "grid": {"adamw": {"0.001": 4.4, "0.002": 4.3}, "muon": {"0.004": 4.2, "0.008": 4.0}},
+            "seeds": {"adamw": [4.29, 4.3, 4.31], "muon": [4.0, 4.0, 4.0]},
+        },
         "stability": stability,
         "wsd": {
             "200": {"cosine": [3.49, 3.5, 3.51], "branch": [3.51, 3.52, 3.53]},
@@ -160,9 +186,19 @@ def test_report_computes_each_effect_from_the_runs():
         "30 runs, 41.5 minutes of training, 2 side by side: about 21 minutes from scratch" in report
     )
     # gap 3.2 - 3.1 = 0.1 over the larger SD 0.02: 5 sigma, a win
-    assert "**Muon is +0.1000 nats lower = 5.0 seed standard deviations**" in report
+    assert "**Muon is 0.1000 nats lower = 5.0 seed standard deviations**" in report
     assert "Muon trains this model lower than the tuned AdamW, beyond the seed noise." in report
     assert "| 0.004 | 3.2000 | diverged |" in report
+    # the default model: each optimizer its own grid (a dash where the other has no such rate);
+    # 4.3 - 4.0 over the larger SD 0.01 = 30 sigma; both best rates sit at their grid's edge
+    default = report[: report.index("### The recipe's model")]
+    assert "| 0.001 | 4.4000 | - |" in default and "| 0.004 | - | 4.2000 |" in default
+    assert "**Muon is 0.3000 nats lower = 30.0 seed standard deviations**" in default
+    assert "AdamW's best rate is its grid's edge" in default
+    assert "Muon's best rate is its grid's edge" in default
+    recipe_model = report[report.index("### The recipe's model") : report.index("## 2.")]
+    assert "AdamW's best rate is its grid's edge" in recipe_model  # 0.004 of 0.002, 0.004
+    assert "Muon's best rate" in recipe_model  # 0.002, also an edge
     assert (
         "| plain | 3.1000 ± 0.1000 | 3.6000 ± 0.1500 | 0.5000 ± 0.0500 | 10.0 | 25.0 | 3 |"
         in report
@@ -218,5 +254,6 @@ def test_quick_recipe_end_to_end(tmp_path):
     assert {row["rule"] for row in result["width"] if row["loss"] is not None} == {"plain", "rule"}
     report = (out / "REPORT.md").read_text()
     assert report.count("\n## ") == 4 and (out / "recipe.png").read_bytes()[:4] == b"\x89PNG"
+    assert None not in result["default"]["seeds"]["adamw"] + result["default"]["seeds"]["muon"]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "loss" not in again.stderr, again.stderr[-2000:]

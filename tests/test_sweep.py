@@ -711,3 +711,77 @@ def test_output_folder_is_absolute_so_train_py_writes_where_the_sweep_reads(tmp_
     monkeypatch.chdir(tmp_path)
     with sweep.output_folder("rel") as out:
         assert out == tmp_path / "rel" and out.is_absolute()
+
+
+def test_wsd_gives_a_size_one_batch_and_makes_each_point_a_branch_of_its_trunk(tmp_path):
+    """--schedule wsd: a size keeps its smallest budget's batch at every budget, so all its points
+    share one trunk; each point resumes the trunk's checkpoint at the step train.wsd_lr starts
+    decaying, with the warmup the trunk had."""
+    import train
+
+    settings = dataclasses.replace(sweep.SweepSettings(), schedule="wsd")
+    plan = sweep.plan_isoflop(settings)
+    by_size: dict = {}
+    for run in plan:
+        by_size.setdefault(run.shape, set()).add(run.batch_size)
+    assert all(len(batches) == 1 for batches in by_size.values())
+    assert max(len([r for r in plan if r.shape == s]) for s in by_size) >= 3  # 3 budgets, 1 trunk
+    warmups = set()
+    for run in plan:
+        cmd = sweep.train_command(settings, run, "/data/x", tmp_path / "runs" / run.name)
+        value = lambda flag: cmd[cmd.index(flag) + 1]
+        start = sweep.decay_start(settings, run.steps)
+        trunk = tmp_path / "runs" / f"trunk-{run.shape.name}-s0"
+        assert value("--resume") == str(trunk / f"ckpt_{start:07d}.pt")
+        assert (value("--schedule"), value("--decay-fraction")) == ("wsd", "0.2")
+        assert "--overwrite" not in cmd  # a resumed run starts in an emptied folder instead
+        # the branch's first step, `start`, is the first the schedule decays at (its lr is still
+        # the peak: the decay's progress is 0 there)
+        w = int(value("--warmup-steps"))
+        lr = [train.wsd_lr(t, 1.0, w, run.steps, 0.1, 0.2) for t in (start - 1, start, start + 1)]
+        assert lr[0] == lr[1] == 1.0 > lr[2]
+        warmups.add(w)
+        stable = sweep.trunk_command(settings, run, start, "/data/x", trunk)
+        trunk_value = lambda flag: stable[stable.index(flag) + 1]
+        assert (trunk_value("--decay-fraction"), trunk_value("--max-steps")) == ("0", str(start))
+        assert trunk_value("--warmup-steps") == str(w) and "--resume" not in stable
+    assert warmups == {40}  # 5% of min_steps: the trunk's, whatever the branch's length
+    trunk.mkdir(parents=True)
+    (trunk / "ckpt_0000100.pt").write_bytes(b"")
+    assert sweep.trunk_command(settings, run, start, "/data/x", trunk)[-1] == "--resume"
+
+
+def test_a_wsd_branch_equals_one_straight_wsd_run_and_the_trunk_is_extended(tiny_dataset, tmp_path):
+    """Two points of one size under --schedule wsd: the trunk trains to the first point's decay
+    start, is resumed to the second's, and each branch ends at the loss of one uninterrupted WSD run
+    of its length, bit for bit on a CPU (train.py's resume is exact). The report counts the tokens."""
+    settings = dataclasses.replace(
+        sweep.QUICK_SWEEP,
+        vocab_size=300,
+        block_size=16,
+        batch_sizes=(2,),
+        min_steps=10,
+        eval_windows=8,
+        workers=1,
+        schedule="wsd",
+        budgets=(1.0,),
+    )
+    shape = sweep.Shape(2, 32)
+    per_step = 6.0 * shape.counts(300)[0] * 2 * 16
+    runs = [sweep.plan_run(per_step * steps, shape, settings) for steps in (20, 40)]
+    assert [(r.steps, r.batch_size) for r in runs] == [(20, 2), (40, 2)]
+    records = sweep.execute_runs(settings, runs, tiny_dataset, tmp_path / "sweep", lambda m: None)
+    trunk = tmp_path / "sweep" / "runs" / "trunk-L2-d32-s0"
+    assert sorted(p.name for p in trunk.glob("ckpt_*.pt")) == ["ckpt_0000016.pt", "ckpt_0000032.pt"]
+    assert "resumed from" in (trunk / "train-32.log").read_text()
+    # the longer point against one run of 40 steps with the same schedule, never interrupted
+    straight = sweep._command(settings, runs[1], 40, tiny_dataset, tmp_path / "straight")
+    sweep._run_train(straight + ["--schedule", "wsd", "--decay-fraction", "0.2"], tmp_path / "log")
+    loss = sweep.final_val_loss(tmp_path / "straight" / "metrics.jsonl", 40)
+    assert records[1]["loss"] == loss and records[1]["trunk"] == "trunk-L2-d32-s0"
+    assert records[0]["loss"] > loss  # 20 steps: a branch of its own, not the longer run's
+    result = sweep.SweepResult(settings, tmp_path / "sweep", records, 0, "tiny")
+    line = sweep.annealing_line(result)
+    # trunk: 32 steps x 2 x 16 = 1,024 tokens; branches 4 + 8 steps = 384; cosine 20 + 40 = 1,920
+    assert "1 trunks of 1,024 tokens in all" in line and "(384 tokens): 1,408 tokens" in line
+    assert "reads 1,920 (27% less)" in line

@@ -381,6 +381,7 @@ def _sweep_settings(args) -> sweep.SweepSettings:
         "bootstrap": args.bootstrap,
         "seed": args.seed,
         "second_seed_sizes": args.second_seeds,
+        "schedule": args.schedule,
     }
     return dataclasses.replace(settings, **{k: v for k, v in given.items() if v is not None})
 
@@ -509,6 +510,12 @@ def _experiment_commands() -> dict:
             type=in_range(int, 0, 9),
             help="sizes nearest each budget's best run trained again with seed + 1, and fitted "
             "as the mean of the two (default 3; 0 = one seed per point)",
+        ),
+        flag(
+            "--schedule",
+            choices=("cosine", "wsd"),
+            help="cosine (default): each point its own run; wsd: one constant-rate trunk per size "
+            "and seed, each point a decay branch resumed from it",
         ),
     ]
     dedup_flags = [
