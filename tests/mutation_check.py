@@ -1087,6 +1087,22 @@ MUTANTS = [
         "the spike guard's skipped batches go uncounted beside a stability row",
     ),
     Mutant(
+        "recipe-default-model-is-the-recipes",
+        "machinery/recipe.py",
+        'if job.model == "recipe":',
+        "if True:",
+        (f"{RECIPE}::test_every_comparison_shares_its_baseline_run_and_every_name_is_one_command",),
+        "the 'default model' runs train the recipe's 2-layer model: Muon's win is not train.py's",
+    ),
+    Mutant(
+        "recipe-grid-edge-unchecked",
+        "machinery/recipe.py",
+        'if f"{best[opt]:g}" in edges:',
+        "if False:",
+        (f"{RECIPE}::test_report_computes_each_effect_from_the_runs",),
+        "a best rate at its grid's edge passes for a tuned one",
+    ),
+    Mutant(
         "sweep-wsd-branch-starts-a-step-late",
         "machinery/sweep.py",
         "return steps - int(round(settings.decay_fraction * steps))",
