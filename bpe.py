@@ -239,7 +239,7 @@ def _merge_words(
             pair_counts[pair] = count
             if count <= 0:  # gone for good: a pair of old tokens never reappears
                 where.pop(pair, None)
-            elif change > 0:  # only pairs with the new token gain (they are new): a first entry
+            elif change > 0:  # only the (new) pairs with the new token grow: their first entry
                 heapq.heappush(heap, (-count, keys[ord(pair[0])] + keys[ord(pair[1])], pair))
         if progress is not None:
             progress(len(merges), num_merges)
