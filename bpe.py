@@ -205,44 +205,42 @@ def _merge_words(
     """BPE merges with incremental pair counts and a max-heap with lazy invalidation.
 
     State: `words[i]`, one character per token (id t is chr(t): str.replace merges a pair in C),
-    occurring `freqs[i]` times; `pair_counts[pair]` (a pair is two characters), weighted;
-    `where[pair]`, the words that hold the pair (a word listed twice, or that lost the pair, is
-    skipped). A merge rewrites only these words, and counts change by the merged word's pairs minus
-    the old word's. A changed count is pushed as a new heap entry; a popped entry whose count is out
-    of date is skipped ("lazy invalidation"), so the best pair costs O(log #entries), not a scan
-    over all pairs. `progress(merges done, merges wanted)` is called after each merge.
+    occurring `freqs[i]` times; `where[pair]`, the words that hold the pair, once per occurrence;
+    `pair_counts[pair]`, the sum of their frequencies. A merge rewrites only these words: counts
+    change by the merged word's pairs minus the old word's. A count that falls keeps its heap entry,
+    now too high: popped, it goes back with the count of now ("lazy invalidation"), so the best pair
+    costs O(log #entries), not a scan over all pairs. `progress(done, wanted)` follows each merge.
     """
     words = [w.decode("latin-1") for w in word_counts]  # latin-1: byte b is chr(b)
     freqs = list(word_counts.values())
     token_bytes = [bytes([i]) for i in range(256)]
     keys = [_descending_key(t) for t in token_bytes]
-    pair_counts: dict[str, int] = defaultdict(int)
     where: dict[str, list[int]] = defaultdict(list)
-    for i, (word, freq) in enumerate(zip(words, freqs)):
+    for i, word in enumerate(words):
         for j in range(len(word) - 1):
-            pair_counts[word[j : j + 2]] += freq
             where[word[j : j + 2]].append(i)
+    pair_counts = {pair: sum(freqs[i] for i in held_by) for pair, held_by in where.items()}
     # heap entry: (-count, descending key of the pair, pair): the smallest entry is the best pair
     heap = [(-c, keys[ord(p[0])] + keys[ord(p[1])], p) for p, c in pair_counts.items()]
     heapq.heapify(heap)
     merges: list[tuple[bytes, bytes]] = []
     while len(merges) < num_merges and heap:
-        neg_count, _, pair = heapq.heappop(heap)
-        if pair_counts.get(pair, 0) != -neg_count:
-            continue  # stale entry: this pair's count changed after the entry was pushed
+        neg_count, key, pair = heapq.heappop(heap)
+        if pair_counts[pair] != -neg_count:  # stale entry: the count fell after it was pushed
+            if pair_counts[pair] > 0:
+                heapq.heappush(heap, (-pair_counts[pair], key, pair))
+            continue
         merges.append((token_bytes[ord(pair[0])], token_bytes[ord(pair[1])]))
         token_bytes.append(b"".join(merges[-1]))
         keys.append(_descending_key(token_bytes[-1]))
         delta = _rewrite_words(words, freqs, where, pair, chr(len(token_bytes) - 1))
         for pair, change in delta.items():
-            if change:
-                count = pair_counts[pair] + change
-                if count > 0:
-                    pair_counts[pair] = count
-                    heapq.heappush(heap, (-count, keys[ord(pair[0])] + keys[ord(pair[1])], pair))
-                else:  # gone for good: a pair of old tokens never reappears
-                    del pair_counts[pair]
-                    where.pop(pair, None)
+            count = pair_counts.get(pair, 0) + change
+            pair_counts[pair] = count
+            if count <= 0:  # gone for good: a pair of old tokens never reappears
+                where.pop(pair, None)
+            elif change > 0:  # only the (new) pairs with the new token grow: their first entry
+                heapq.heappush(heap, (-count, keys[ord(pair[0])] + keys[ord(pair[1])], pair))
         if progress is not None:
             progress(len(merges), num_merges)
     return merges
@@ -254,17 +252,19 @@ def _rewrite_words(words, freqs, where, pair: str, new_token: str) -> dict[str, 
     delta: dict[str, int] = defaultdict(int)
     for i in where.pop(pair):
         word = words[i]
-        merged = word.replace(pair, new_token)  # leftmost first, as merge_pair does
-        if len(merged) == len(word):
+        if pair not in word:
             continue  # this word lost the pair in an earlier merge, or was listed twice
+        merged = word.replace(pair, new_token)  # leftmost first, as merge_pair does
         freq = freqs[i]
-        start, end = max(word.find(pair) - 1, 0), word.rfind(pair) + 3
+        first, end = word.find(pair), word.rfind(pair) + 3
+        start = first - 1 if first else 0  # the character before the first occurrence, if any
         old, new = word[start:end], merged[start : end - len(word) + len(merged)]
         for j in range(len(old) - 1):
             delta[old[j : j + 2]] -= freq
         for j in range(len(new) - 1):
-            delta[new[j : j + 2]] += freq
-            where[new[j : j + 2]].append(i)  # the pairs with the new token are among these
+            new_pair = new[j : j + 2]
+            delta[new_pair] += freq
+            where[new_pair].append(i)  # the pairs with the new token are among these
         words[i] = merged
     return delta
 

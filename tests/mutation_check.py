@@ -483,6 +483,22 @@ MUTANTS = [
         "the teaching BPE trainer breaks count ties toward the smallest byte pair",
     ),
     Mutant(
+        "bpe-stale-heap-entry-dropped",
+        "bpe.py",
+        "heapq.heappush(heap, (-pair_counts[pair], key, pair))",
+        "pass",
+        ("tests/test_bpe.py::test_fast_trainer_equals_textbook_trainer",),
+        "the fast trainer drops a popped heap entry whose count fell instead of pushing it back",
+    ),
+    Mutant(
+        "bpe-rewrite-window-misses-left-neighbour",
+        "bpe.py",
+        "start = first - 1 if first else 0",
+        "start = first",
+        ("tests/test_bpe.py::test_fast_trainer_equals_textbook_trainer",),
+        "the fast trainer recounts from the first occurrence: the pair before it keeps its old count",
+    ),
+    Mutant(
         "bpe-rewrite-window-misses-right-neighbour",
         "bpe.py",
         "word.rfind(pair) + 3",
