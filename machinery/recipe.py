@@ -79,7 +79,7 @@ class RecipeSettings:
     default_batch_size: int = 16  # train.py's --batch-size
     default_lrs: tuple[tuple[str, tuple[float, ...]], ...] = (
         ("adamw", (1e-3, 2e-3, 4e-3, 8e-3)),  # train.py's default rate is 2e-3
-        ("muon", (4e-3, 8e-3, 1.6e-2, 3.2e-2)),
+        ("muon", (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)),
     )
     eval_windows: int = 384
     workers: int = 2
