@@ -63,8 +63,8 @@ def test_every_comparison_shares_its_baseline_run_and_every_name_is_one_command(
     assert cmd[cmd.index("--batch-size") + 1] == "16" and cmd[cmd.index("--max-steps") + 1] == "600"
     # the grid 10, widths 1 + 2 x 8, stable runs 3, two more seeds of each optimizer 4, stability
     # 24 less the 3 at the best rate and the seed 0 at 8 x 4e-3 = 0.032 (on the grid), the shorter
-    # cosine runs 6, branches 12; the default model's grid 8 and its other seeds 4
-    assert len({j.name for j in jobs}) == 10 + 17 + 3 + 4 + 20 + 6 + 12 + 8 + 4
+    # cosine runs 6, branches 12; the default model's grids 4 + 5 and its other seeds 4
+    assert len({j.name for j in jobs}) == 10 + 17 + 3 + 4 + 20 + 6 + 12 + 9 + 4
 
 
 def test_the_default_models_runs_are_train_pys_defaults():
