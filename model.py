@@ -137,7 +137,8 @@ class GPTConfig:
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension, computed in fp32.
+    """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension: the mean square in fp32, y in
+    x's dtype (bf16 in, bf16 out: an fp32 gain would promote the next matmul's input to fp32).
 
     >>> RMSNorm(2)(torch.tensor([3.0, 4.0]))    # mean square 12.5, rms 3.536
     tensor([0.8485, 1.1314], grad_fn=<MulBackward0>)
@@ -151,7 +152,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return normed.type_as(x) * self.weight.type_as(x)
 
 
 def rope_angles(
@@ -187,6 +188,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, d/2)
     rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return rotated.reshape(B, T, n, d).type_as(x)
+
+
+def fused_linear(x: torch.Tensor, *linears: nn.Module) -> tuple[torch.Tensor, ...]:
+    """x through bias-free linear layers that read the same input, as one matmul on their weights
+    stacked; the outputs are split back by the weights' row counts. Only the matmul is fused: the
+    parameters stay apart (checkpoints, the HF export and tensor parallel's shards, whose weight
+    holds the rank's rows, see wq, wk, wv as ever).
+
+    >>> a, b, x = nn.Linear(4, 2, bias=False), nn.Linear(4, 3, bias=False), torch.randn(5, 4)
+    >>> [torch.allclose(y, linear(x)) for y, linear in zip(fused_linear(x, a, b), (a, b))]
+    [True, True]
+    """
+    weights = [linear.weight for linear in linears]
+    return F.linear(x, torch.cat(weights)).split([w.shape[0] for w in weights], dim=-1)
+
+
+def activation_dtype(x: torch.Tensor) -> torch.dtype:
+    """The residual stream's dtype: autocast's where it is on (bf16 between the matmuls; the norms'
+    mean squares, softmax and the loss still compute in fp32), else x's own."""
+    device = x.device.type  # "meta" has no autocast
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
 
 
 # Where F.scaled_dot_product_attention reads grouped K/V heads in place (enable_gqa=True: query
@@ -267,10 +291,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        # q (B, T, h, d); k, v (B, T, h_kv, d)
-        q, k, v = (w(x).view(B, T, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
-        if self.q_norm is not None:  # before RoPE; in v's dtype (the fp32 gain promotes a bf16 q)
-            q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)
+        qkv = fused_linear(x, self.wq, self.wk, self.wv)  # one matmul
+        q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv)  # (B, T, h or h_kv, d)
+        if self.q_norm is not None:  # before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
         positions = self.positions
         if positions is None:
             start = 0 if cache is None else cache.start
@@ -304,7 +328,8 @@ class SwiGLU(nn.Module):
         self.w2 = nn.Linear(hidden, n_embd, bias=False)  # back to the residual stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, value = fused_linear(x, self.w1, self.w3)  # one matmul
+        return self.w2(F.silu(gate) * value)
 
 
 class Block(nn.Module):
@@ -384,11 +409,12 @@ class GPT(nn.Module):
     # Stage pieces for pipeline parallel: embed (first stage), blocks (between), head (last stage).
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped
-        while compiling)."""
+        """Token ids (B, T) -> residual stream (B, T, C) in activation_dtype. Checks the ids and the
+        length (skipped while compiling)."""
         if not torch.compiler.is_compiling():
             self._check_input(idx)
-        return self.emb_dropout(self.tok_emb(idx))
+        x = self.emb_dropout(self.tok_emb(idx))
+        return x.to(activation_dtype(x))
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head; with
@@ -931,8 +957,8 @@ class LinearAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = (
-            w(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-            for w in (self.wq, self.wk, self.wv)
+            t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+            for t in fused_linear(x, self.wq, self.wk, self.wv)
         )  # (B, h, T, d)
         log_a = F.logsigmoid(self.wg(x).float()).transpose(1, 2)  # (B, h, T), < 0
         form = linear_attention_recurrent if T == 1 else linear_attention_chunked
@@ -940,7 +966,7 @@ class LinearAttention(nn.Module):
             F.normalize(q, dim=-1),
             F.normalize(k, dim=-1),
             v,
-            log_a.type_as(x),
+            log_a.type_as(self.wg.weight),  # fp32 under autocast: the gates' sums need it
             None if cache is None else cache.state,
         )  # (B, h, T, d)
         if cache is not None:

@@ -291,13 +291,13 @@ def test_the_loss_upcasts_the_logits_once_and_returns_them_in_the_compute_dtype(
     `_, loss = model(x, y)` keeps them alive), or a loss left in bf16 (no autocast to upcast it: ZeRO-3's bf16
     weights). The loss makes one fp32 copy on purpose (model.py says why) plus the log-softmax that backward needs;
     in fp32 the logits are already fp32: no copy. The loss is the fp32 cross-entropy of the logits returned."""
-    model = make(small())
+    model = make(small(vocab_size=96))
     dtype = torch.float32 if compute == "fp32" else torch.bfloat16
     if compute == "bf16 weights":
         model = model.to(torch.bfloat16)
-    x = ids((3, 16))  # B x T x V = 3,072 elements: no weight's size
+    x = ids((3, 16))  # B x T x V = 4,608 elements: no weight's size, no activation's (fused q, k, v: 64 wide)
     with (
-        NewTensors(3 * 16 * 64) as watch,
+        NewTensors(3 * 16 * 96) as watch,
         torch.autocast("cpu", torch.bfloat16, enabled=compute == "bf16 autocast"),
     ):
         logits, loss = model(x, x)
