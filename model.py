@@ -120,8 +120,7 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
-        """Inverse of dataclasses.asdict (what a checkpoint stores); an unknown key is an error (it
-        means the checkpoint comes from another model)."""
+        """Inverse of dataclasses.asdict (a checkpoint's); an unknown key means another model's."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -137,8 +136,7 @@ class GPTConfig:
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension: the mean square in fp32, y in
-    x's dtype (bf16 in, bf16 out: an fp32 gain would promote the next matmul's input to fp32).
+    """y = x / sqrt(mean(x^2) + eps) * weight on the last dim; mean square in fp32, y in x's dtype.
 
     >>> RMSNorm(2)(torch.tensor([3.0, 4.0]))    # mean square 12.5, rms 3.536
     tensor([0.8485, 1.1314], grad_fn=<MulBackward0>)
@@ -191,10 +189,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def fused_linear(x: torch.Tensor, *linears: nn.Module) -> tuple[torch.Tensor, ...]:
-    """x through bias-free linear layers that read the same input, as one matmul on their weights
-    stacked; the outputs are split back by the weights' row counts. Only the matmul is fused: the
-    parameters stay apart (checkpoints, the HF export and tensor parallel's shards, whose weight
-    holds the rank's rows, see wq, wk, wv as ever).
+    """Bias-free linears that read the same x, as one matmul on their stacked weights; the output is
+    split by their row counts (a TP shard's own). The parameters stay apart, as checkpoints want.
 
     >>> a, b, x = nn.Linear(4, 2, bias=False), nn.Linear(4, 3, bias=False), torch.randn(5, 4)
     >>> [torch.allclose(y, linear(x)) for y, linear in zip(fused_linear(x, a, b), (a, b))]
@@ -202,15 +198,6 @@ def fused_linear(x: torch.Tensor, *linears: nn.Module) -> tuple[torch.Tensor, ..
     """
     weights = [linear.weight for linear in linears]
     return F.linear(x, torch.cat(weights)).split([w.shape[0] for w in weights], dim=-1)
-
-
-def activation_dtype(x: torch.Tensor) -> torch.dtype:
-    """The residual stream's dtype: autocast's where it is on (bf16 between the matmuls; the norms'
-    mean squares, softmax and the loss still compute in fp32), else x's own."""
-    device = x.device.type  # "meta" has no autocast
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
-        return torch.get_autocast_dtype(device)
-    return x.dtype
 
 
 # Where F.scaled_dot_product_attention reads grouped K/V heads in place (enable_gqa=True: query
@@ -248,14 +235,9 @@ def causal_attention(
     if group > 1 and not (q.dtype in dtypes and (with_mask or mask is None)):
         # (..., h, Tk, d); with an int, repeat_interleave is a stride-0 expand and one plain copy
         k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+    is_causal, enable_gqa = mask is None and Tq == Tk, k.shape[-3] != q.shape[-3]
     return F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=mask,
-        dropout_p=dropout_p,
-        is_causal=mask is None and Tq == Tk,
-        enable_gqa=k.shape[-3] != q.shape[-3],
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa
     )
 
 
@@ -318,8 +300,7 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """w2(silu(w1 x) * w3 x): a gated feed-forward layer (Shazeer 2020). silu(z) = z *
-    sigmoid(z)."""
+    """w2(silu(w1 x) * w3 x), silu(z) = z sigmoid(z): a gated feed-forward layer (Shazeer 2020)."""
 
     def __init__(self, n_embd: int, hidden: int):
         super().__init__()
@@ -360,8 +341,7 @@ class Block(nn.Module):
     def _residual_updates(
         self, x: torch.Tensor, cache: LayerKV | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The block's math, free of side effects: (B, T, C) -> (B, T, C) and the MoE loss (None
-        when dense)."""
+        """The block's math, side-effect free: (B, T, C) -> (B, T, C), MoE loss (None if dense)."""
         x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
         aux_loss = None
         if isinstance(self.ffn, MoE):
@@ -409,12 +389,14 @@ class GPT(nn.Module):
     # Stage pieces for pipeline parallel: embed (first stage), blocks (between), head (last stage).
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> residual stream (B, T, C) in activation_dtype. Checks the ids and the
-        length (skipped while compiling)."""
+        """Token ids (B, T) -> residual stream (B, T, C), in bf16 under bf16 autocast like every
+        activation between matmuls. Checks the ids and the length (skipped while compiling)."""
         if not torch.compiler.is_compiling():
             self._check_input(idx)
-        x = self.emb_dropout(self.tok_emb(idx))
-        return x.to(activation_dtype(x))
+        x, device = self.emb_dropout(self.tok_emb(idx)), idx.device.type
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+            x = x.to(torch.get_autocast_dtype(device))  # "meta" has no autocast
+        return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head; with
@@ -451,8 +433,7 @@ class GPT(nn.Module):
             # The loss's one fp32 copy of the logits (B, T, V), kept on purpose: in bf16 the loss
             # itself would round to bf16's spacing, 1/32 for a loss between 4 and 8 (0.06 off at
             # loss 9.5 over 4,096 ids, measured). Under autocast cross_entropy would make this very
-            # cast itself; in fp32 it is no copy at all. The logits returned stay in the compute
-            # dtype (tests/test_model.py counts both).
+            # cast itself; in fp32 it is no copy. The logits returned stay in the compute dtype.
             flat = logits.float().view(-1, logits.size(-1))  # (B*T, V)
             loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
             if self.config.z_loss and self.training:  # eval: the cross-entropy alone, comparable
@@ -521,8 +502,7 @@ class GPT(nn.Module):
         # The id range is checked where the ids already live on the host. On a GPU, reading min and
         # max back would stop the CPU twice per forward until the GPU catches up (two device-to-host
         # syncs), so the queue of kernels runs dry every step; there an out-of-range id stops the
-        # embedding with CUDA's device-side assert instead (the loader's ids come from the tokenizer
-        # that set vocab_size).
+        # embedding with CUDA's device-side assert (the tokenizer that set vocab_size made the ids).
         if idx.device.type == "cpu" and idx.numel():
             low, high = (int(v) for v in torch.aminmax(idx))
             if low < 0 or high >= self.config.vocab_size:
@@ -554,8 +534,7 @@ def sample(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k
-    best."""
+    """One token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k: the k best."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
@@ -610,9 +589,8 @@ class KVCache:
 
 
 class LayerKV:
-    """One layer's part of a KVCache: an attention layer's key/value buffers (`append` writes the
-    new ones and returns all held), or a linear layer's recurrent `state` (B, h, d, d), None before
-    the first token: all such a layer remembers."""
+    """One layer's part of a KVCache: an attention layer's key/value buffers (`append` adds new
+    ones, returns all), or a linear layer's recurrent `state` (B, h, d, d), None before any token."""
 
     def __init__(self, cache: KVCache, shape: tuple | None, device=None, dtype=torch.float32):
         self.cache = cache
@@ -753,8 +731,7 @@ def _key_tiles(i: int, Tk: int, tile: int, is_causal: bool) -> range:
 
 def _tile_scores(q_tile: torch.Tensor, k: torch.Tensor, i: int, j: int, tile: int, is_causal: bool):
     """Scores of the (already scaled) query tile at i against the key tile at j: (..., bq, bk), in
-    q_tile's dtype (the key tile is cast to it). Causal masks keys after their query (top-left
-    aligned, SDPA's is_causal) on diagonal tiles."""
+    q_tile's dtype (k's tile cast to it); causal masks keys after their query (SDPA's is_causal)."""
     s = q_tile @ k[..., j : j + tile, :].to(q_tile.dtype).transpose(-1, -2)  # (..., bq, bk)
     if is_causal and j + tile > i:
         rows = torch.arange(i, i + s.shape[-2], device=s.device)[:, None]
@@ -770,8 +747,7 @@ def online_softmax_update(
     (..., bq) of exp(s - m) and the running output acc (..., bq, d) of exp(s - m) v, all in the
     accumulator dtype, updated with the scores s (..., bq, bk) of this tile's keys and their values
     v_tile (..., bk, d), cast to acc's dtype. Every row needs a finite score in its first tile (else
-    exp(-inf - -inf) is nan). Start from m = -inf, l = 0, acc = 0; finish with
-    online_softmax_result."""
+    exp(-inf - -inf) is nan). Start at m = -inf, l = 0, acc = 0; end with online_softmax_result."""
     m_new = torch.maximum(m, s.amax(-1))
     p = torch.exp(s - m_new[..., None])  # (..., bq, bk)
     rescale = torch.exp(m - m_new)  # the old sums were relative to the old max
@@ -781,8 +757,7 @@ def online_softmax_update(
 
 
 def online_softmax_result(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor):
-    """The softmax-weighted output acc / l (..., bq, d) and the log-sum-exp m + log l (..., bq) that
-    the backward recomputes the probabilities from."""
+    """acc / l (..., bq, d), the weighted output, and m + log l (..., bq): backward's lse."""
     return acc / l[..., None], m + torch.log(l)
 
 
@@ -847,8 +822,7 @@ def _flash_backward(
                 _tile_scores(q_tile, k, i, j, tile, is_causal)  # P, recomputed
                 - lse[..., rows, None]
             )
-            # GQA (k, v (..., 1, Tk, d) against q (..., group, Tq, d)): sum_to_size adds up the
-            # group's contributions to its one kv head
+            # GQA (k, v (..., 1, Tk, d), q (..., group, Tq, d)): sum_to_size adds up a group's terms
             dv[..., cols, :] += (p.transpose(-1, -2) @ d_out_tile).sum_to_size(
                 dv[..., cols, :].shape
             )

@@ -295,7 +295,9 @@ def test_the_loss_upcasts_the_logits_once_and_returns_them_in_the_compute_dtype(
     dtype = torch.float32 if compute == "fp32" else torch.bfloat16
     if compute == "bf16 weights":
         model = model.to(torch.bfloat16)
-    x = ids((3, 16))  # B x T x V = 4,608 elements: no weight's size, no activation's (fused q, k, v: 64 wide)
+    x = ids(
+        (3, 16)
+    )  # B x T x V = 4,608 elements: no weight's size, no activation's (fused q, k, v: 64 wide)
     with (
         NewTensors(3 * 16 * 96) as watch,
         torch.autocast("cpu", torch.bfloat16, enabled=compute == "bf16 autocast"),
