@@ -590,7 +590,7 @@ class KVCache:
 
 class LayerKV:
     """One layer's part of a KVCache: an attention layer's key/value buffers (`append` adds new
-    ones, returns all), or a linear layer's recurrent `state` (B, h, d, d), None before any token."""
+    ones, returns all), or a linear layer's recurrent `state` (B, h, d, d), None at first."""
 
     def __init__(self, cache: KVCache, shape: tuple | None, device=None, dtype=torch.float32):
         self.cache = cache
