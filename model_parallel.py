@@ -345,8 +345,7 @@ class TensorParallel(nn.Module):
 # together as one batch (see Comm.send_recv).
 #
 # GPipe, all-forward-all-backward (AFAB): every forward, then every backward. Simple, but stage s
-# holds the activations of all m micro-batches at once. p = 3, m = 4 (time ->, each cell one forward
-# or backward slot):
+# holds the activations of all m micro-batches at once. p = 3, m = 4 (time ->, a cell a pass):
 #     stage 0: F0 F1 F2 F3 .  .  .  .  B0 B1 B2 B3
 #     stage 1: .  F0 F1 F2 F3 .  .  B0 B1 B2 B3 .
 #     stage 2: .  .  F0 F1 F2 F3 B0 B1 B2 B3 .  .
@@ -629,8 +628,7 @@ class PipelineParallel:
         self, idx: torch.Tensor, targets: torch.Tensor, micro_batches: int, grad_sync=None
     ) -> torch.Tensor:
         """Forward and backward of the batch (B, T) as `micro_batches` pieces; returns the mean loss
-        on every stage. `grad_sync` (DataParallel / Zero stage 1) communicates once, after this
-        stage's last backward."""
+        on every stage. `grad_sync` (DataParallel / Zero 1) communicates after the last one."""
         m, p = micro_batches, self.comm.size
         if m < 1 or idx.shape[0] % m:
             raise ParallelError(
@@ -640,6 +638,8 @@ class PipelineParallel:
         ids, tgts = idx.chunk(m), targets.chunk(m)
         shape = (idx.shape[0] // m, idx.shape[1], self.model.config.n_embd)  # (b, T, C)
         dtype, device = next(self.model.parameters()).dtype, idx.device
+        if torch.is_autocast_enabled(device.type):  # model.py's residual stream is in its dtype
+            dtype = torch.get_autocast_dtype(device.type)
         empty = functools.partial(torch.empty, shape, dtype=dtype, device=device)
         actions = SCHEDULES[self.schedule](p, m)[self.comm.rank]
         inputs, outputs, grads, losses = {}, {}, {}, []
