@@ -275,6 +275,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         qkv = fused_linear(x, self.wq, self.wk, self.wv)  # one matmul
         q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv)  # (B, T, h or h_kv, d)
+        v = v.contiguous()  # its own bytes: saved as a view of qkv, it would keep all of qkv alive
         if self.q_norm is not None:  # before RoPE
             q, k = self.q_norm(q), self.k_norm(k)
         positions = self.positions
@@ -368,8 +369,7 @@ class GPT(nn.Module):
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
-            # one (V, C) matrix reads tokens in and writes them out
-            self.lm_head.weight = self.tok_emb.weight
+            self.lm_head.weight = self.tok_emb.weight  # one (V, C) matrix: tokens in and out
         self.aux_loss = torch.zeros(())
         self.apply(self._init_weights)
 

@@ -486,25 +486,27 @@ def saved_terms(
 
     Counted from the code (dense FFN, dropout 0), B = batch, T = seq, C = n_embd, H = ffn_dim, V = vocab, a = 2
     bytes under bf16/fp16 autocast, 4 in fp32:
-    - the residual stream is fp32 (the embedding's output is fp32 and `x + update` promotes a bf16 update), and
-      RMSNorm works in fp32: each of a block's two norms saves its input x and its normalised x (4 + 4 bytes per
-      element of (B, T, C)) and the (B, T, 1) reciprocal RMS;
-    - autocast casts an activation again for every matmul that reads it (only weights are cached): the normed
-      input is saved as three bf16 copies (wq, wk, wv) and two more in the FFN (w1, w3): 5 x 2 bytes; in fp32 the
-      matmuls share one tensor per norm (2 x 4 bytes);
-    - attention saves q, k, v and its output (the output is also wo's input, the same storage), K and V at
-      n_kv_head width where the kernel reads GQA's groups in place (model.SDPA_GQA_IN_PLACE: the CPU, CUDA in
-      bf16/fp16), else at n_head width (repeated first), and an fp32 logsumexp (B, heads, T); RoPE's cos
+    - the residual stream is in the compute dtype (the embedding's output is cast to it), and RMSNorm takes the
+      mean square in fp32: under autocast each of a block's two norms saves its input upcast to fp32 (4 bytes per
+      element of (B, T, C)), the normalised x before the gain (a bytes) and the gain cast to bf16 (C); in fp32 its
+      input and normalised x (4 + 4 bytes); both save the (B, T, 1) reciprocal RMS;
+    - the norm's output, in the compute dtype, is the one input of the matmuls that read it: q, k, v is one matmul
+      (model.fused_linear), w1 and w3 another: 2 x a bytes;
+    - attention saves q, k (after RoPE), v (a copy out of the fused output) and its output (also wo's input), K
+      and V at n_kv_head width where the kernel reads GQA's groups in place (model.SDPA_GQA_IN_PLACE: the CPU,
+      CUDA in bf16/fp16), else at n_head width (repeated first), and an fp32 logsumexp (B, heads, T); RoPE's cos
       and sin tables (T, d/2) in fp32 are saved by the rotation;
-    - SwiGLU saves w1's output, silu's output, w3's output and their product (w2's input): 4 x a bytes of (B, T, H);
-    - autocast's bf16 copy of every matmul weight (2 bytes per weight; none in fp32);
-    - outside the blocks: the ids and targets (int64), the final norm as above, the LM head's bf16 input copy, the
-      fp32 log-softmax (B, T, V) and the loss's 0-dim weight.
+    - SwiGLU saves the fused w1/w3 output (silu's input and the product's value are views of it), silu's output
+      and the product (w2's input): 4 x a bytes of (B, T, H);
+    - a copy of every matmul weight: autocast's bf16 cast (wo, w2 cached; the stacked q/k/v and w1/w3 weights
+      cast each forward), in fp32 the stacked weights alone (4 bytes per weight of wq, wk, wv, w1, w3);
+    - outside the blocks: the ids and targets (int64), the final norm as above, the LM head's input (the norm's
+      output), autocast's copy of its weight, the fp32 log-softmax (B, T, V) and the loss's 0-dim weight.
     tests/test_bench_gpu.py counts what a forward really saves (saved_tensors_hooks) against these terms.
     >>> cfg = model_lib.GPTConfig(vocab_size=512, n_layer=2, n_head=4, n_kv_head=2, n_embd=64)
     >>> block, rest = saved_terms(cfg, 2, 64, "bf16")
-    >>> block["norm inputs and normalised (fp32)"], rest["log-softmax (fp32)"]
-    (('float32', 131072), ('float32', 262144))
+    >>> block["norm inputs upcast (fp32)"], rest["log-softmax (fp32)"]
+    (('float32', 65536), ('float32', 262144))
     """
     if config.n_expert or config.dropout:
         raise ValueError("saved_terms counts a dense model with dropout 0 (the presets)")
@@ -517,23 +519,29 @@ def saved_terms(
         LOW_PRECISION.get(dtype, torch.float32) in model_lib.SDPA_GQA_IN_PLACE.get(device, ((),))[0]
     )
     kv_width = config.n_kv_head * config.head_dim if in_place else q_width
-    linear = q_width * C + 2 * config.n_kv_head * config.head_dim * C + q_width * C + 3 * C * H
+    stacked = (q_width + 2 * config.n_kv_head * config.head_dim + 2 * H) * C  # wq wk wv, w1 w3
+    linear = stacked + q_width * C + H * C  # + wo, w2
     block = {
-        "norm inputs and normalised (fp32)": ("float32", 2 * (4 + 4) * B * T * C),
-        "norm reciprocal RMS (fp32)": ("float32", 2 * 4 * B * T),
-        "matmul inputs (a copy per matmul)" if low else "matmul inputs (one per norm)": (
-            act,
-            5 * a * B * T * C if low else 2 * 4 * B * T * C,
+        "norm inputs upcast (fp32)" if low else "norm inputs and normalised (fp32)": (
+            "float32",
+            2 * (4 if low else 8) * B * T * C,
         ),
+        "norm normalised, gain copy": (act, 2 * a * (B * T * C + C) if low else 0),
+        "norm reciprocal RMS (fp32)": ("float32", 2 * 4 * B * T),
+        "matmul inputs (one per norm)": (act, 2 * a * B * T * C),
         "attention q, k, v, output": (act, a * B * T * (2 * q_width + 2 * kv_width)),
         "attention logsumexp (fp32)": ("float32", 4 * B * config.n_head * T),
         "RoPE cos, sin (fp32)": ("float32", 2 * 4 * T * (config.head_dim // 2)),
-        "SwiGLU w1, silu, w3, product": (act, 4 * a * B * T * H),
-        "autocast weight copies": (act, a * linear if low else 0),
+        "SwiGLU w1/w3, silu, product": (act, 4 * a * B * T * H),
+        "weight copies (autocast's; fp32: the stacked)": (act, a * linear if low else 4 * stacked),
     }
     rest = {
         "ids and targets (int64)": ("int64", 2 * 8 * B * T),
-        "final norm input and normalised (fp32)": ("float32", (4 + 4) * B * T * C + 4 * B * T),
+        "final norm input (and normalised in fp32)": (
+            "float32",
+            (4 if low else 8) * B * T * C + 4 * B * T,
+        ),
+        "final norm normalised, gain copy": (act, a * (B * T * C + C) if low else 0),
         "LM head input": (act, a * B * T * C),
         "LM head weight copy": (act, a * V * C if low else 0),
         "log-softmax (fp32)": ("float32", 4 * B * T * V),
@@ -565,7 +573,7 @@ def predicted_memory(
     train.py's `_, loss = model(x, y)` keeps alive (a x B x T x V), and the log-softmax backward's fp32 gradient of
     its output and of its input (8 x B x T x V). This assumes that 8·V exceeds what one block's backward adds at
     once (a few H per token): true for every preset and the bench's models.
-    With activation checkpointing a block keeps only its fp32 input (4 x B x T x C) and recomputes the rest in
+    With activation checkpointing a block keeps only its input (a x B x T x C) and recomputes the rest in
     backward; the peak is then the larger of the loss's backward and the top block's recomputation (its saved
     set and weight copies, with the head's gradient (4 x V x C) made and the logits freed).
     """
@@ -578,7 +586,7 @@ def predicted_memory(
     parts = {"weights": 4 * n, "optimizer": 8 * n, "batch": rest["ids and targets (int64)"][1]}
     logits = a * B * T * V + 8 * B * T * V
     if checkpointing:
-        blocks = config.n_layer * 4 * B * T * C
+        blocks = config.n_layer * a * B * T * C
         loss_moment = head + logits
         recompute_moment = one_block + 4 * V * C
         parts.update(
