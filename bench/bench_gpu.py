@@ -17,9 +17,9 @@ one that raises is a FAIL row ("section ran to its end", its traceback on stderr
             pydocs' 4,096-token vocabulary: 88.1M parameters, not GPT-2 small's 124M (see Setup), and says so.
 2. memory   peak allocated bytes of one training step (torch.cuda.max_memory_allocated after
             reset_peak_memory_stats; on a CPU the step's live tensors, LiveBytes) vs predicted_memory, which models
-            model.py as written: fp32 residual stream and norms, a bf16 copy of the normed input per matmul, the
-            logits train.py keeps and the loss backward (saved_terms). For the 88M model at 16 x 1024 in bf16 it
-            predicts 10.67 GB; the Korthikanti-based formula it replaces said 7.52 GB (1.42x low). On a CPU the
+            model.py as written: a bf16 residual stream, the norms' fp32 upcast, one matmul input per norm (q/k/v
+            and w1/w3 fused), the logits train.py keeps and the loss backward (saved_terms). For the 88M model at
+            16 x 1024 in bf16 it predicts 9.13 GB (10.67 GB before the fusion and the bf16 stream). On a CPU the
             prediction must hold within 5% (it holds to a few bytes); on a GPU the target is 15%.
 3. decode   KV-cache generation tokens/s at batch 1 and 16 (bf16 weights, greedy).
 4. resume   exact resume on the device: a run with dropout (so the CUDA generator matters) checkpointed at step 3
@@ -1803,6 +1803,115 @@ def bench_ep_cp(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# 10. Ablation: what each of the GPU step's changes is worth (opt-in: --only ablation)
+# ----------------------------------------------------------------------------------------------------------------
+
+# Each variant switches off one change of model.py's GPU step, or all three (the step as it was before them). A
+# variant is (fused q/k/v and w1/w3 matmuls, the bf16 residual stream, the SDPA backend forced or None: the
+# dispatcher's own choice). torch.compile traces under the switches, so each compiled variant compiles anew.
+ABLATIONS = {
+    "all on": (True, True, None),
+    "separate q/k/v and w1/w3 matmuls": (False, True, None),
+    "fp32 residual stream": (True, False, None),
+    "SDPA forced: FlashAttention-2": (True, True, "FLASH_ATTENTION"),
+    "SDPA forced: cuDNN": (True, True, "CUDNN_ATTENTION"),
+    "all off (before this change)": (False, False, "FLASH_ATTENTION"),
+}
+
+
+def separate_linears(x: torch.Tensor, *linears: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    """model.fused_linear switched off: one matmul per layer, each through its own forward (the code before)."""
+    return tuple(linear(x) for linear in linears)
+
+
+def fp32_stream(gpt: model_lib.GPT) -> None:
+    """The bf16 residual stream switched off: the first block gets the stream in fp32, and `x + update` keeps it
+    fp32 from there (RMSNorm returns its input's dtype): the residual stream and the norms' outputs of before."""
+    gpt.blocks[0].register_forward_pre_hook(lambda block, args: (args[0].float(), *args[1:]))
+
+
+@contextlib.contextmanager
+def ablated(fused: bool, sdpa: str | None):
+    """model.fused_linear and the SDPA backends as a variant has them, restored on leaving."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    original = model_lib.fused_linear
+    model_lib.fused_linear = original if fused else separate_linears
+    try:
+        with sdpa_kernel(getattr(SDPBackend, sdpa)) if sdpa else contextlib.nullcontext():
+            yield
+    finally:
+        model_lib.fused_linear = original
+
+
+def sdpa_choice(config: model_lib.GPTConfig, setup: Setup) -> str:
+    """The backend PyTorch's dispatcher picks for the model's attention call (torch._fused_sdp_choice, the
+    function SDPA itself asks): causal, (B, heads, T, d) in the setting's compute dtype, as if training."""
+    from torch.nn.attention import SDPBackend
+
+    dtype = LOW_PRECISION.get(setup.dtype, torch.float32)
+    shape = (setup.batch_size, config.n_head, setup.block_size, config.head_dim)
+    q = torch.zeros(shape, device=setup.device, dtype=dtype, requires_grad=True)
+    kv = torch.zeros(
+        shape[0], config.n_kv_head, *shape[2:], device=setup.device, dtype=dtype, requires_grad=True
+    )
+    gqa = config.n_kv_head != config.n_head
+    return SDPBackend(torch._fused_sdp_choice(q, kv, kv, is_causal=True, enable_gqa=gqa)).name
+
+
+def ablation_step(trainer: train_run.Trainer, variant: tuple, backend: str | None):
+    """The minimal loop (reference_step_fn's) on a fresh model with the variant's residual stream; run it inside
+    ablated(...) for the rest of the variant."""
+    fused, bf16_stream, sdpa = variant
+    torch.manual_seed(trainer.cfg.seed)
+    gpt = model_lib.GPT(trainer.model_config).to(trainer.device)
+    if not bf16_stream:
+        fp32_stream(gpt)
+    opt = train.make_optimizer(gpt, trainer.cfg, trainer.device.type)
+    forward = torch.compile(gpt, backend=backend) if backend else gpt
+    loader = trainer.data.iterator(
+        "train", trainer.cfg.batch_size, trainer.block_size, seed=trainer.cfg.seed
+    )
+
+    def step():
+        x, y = (t.to(trainer.device, non_blocking=True) for t in loader.next())
+        with train.autocast(trainer.device, trainer.dtype):
+            _, loss = forward(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bench_ablation(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    """Tokens/s and MFU of the minimal loop with each change on and off, eager and compiled, in one process: what
+    each is worth on this device. A variant the device cannot run (cuDNN attention off CUDA) is a row saying so."""
+    trainer = trainer_for(setup, tmp / "ablation")
+    tokens, peak = trainer.tokens_per_step, trainer._peak
+    choice = sdpa_choice(trainer.model_config, setup)
+    report.add("ablation", "SDPA backend the dispatcher picks (all on)", choice)
+    out = {"sdpa_choice": choice, "peak_flops": peak}
+    for compiled in (False, True):
+        tag = "compiled" if compiled else "eager"
+        for name, variant in ABLATIONS.items():
+            if variant[2] == "CUDNN_ATTENTION" and not setup.cuda:
+                report.add("ablation", f"{tag}, {name}", "n/a: no CUDA")
+                continue
+            torch._dynamo.reset()  # a fresh trace under this variant's switches
+            with ablated(variant[0], variant[2]):
+                step = ablation_step(trainer, variant, setup.compile_backend if compiled else None)
+                seconds = time_loop(step, setup.device, setup.warmup, setup.steps)
+            mfu = tokens / seconds * trainer._flops_per_token / peak if peak else None
+            value = f"{tokens / seconds:,.0f} tokens/s, MFU " + (f"{mfu:.1%}" if mfu else "n/a")
+            report.add("ablation", f"{tag}, {name}", value)
+            out[f"{tag}, {name}"] = {"tokens_per_s": tokens / seconds, "mfu": mfu}
+            step = None
+            _free(setup.device)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -1820,7 +1929,9 @@ SECTIONS = {
     "decode": bench_decode,
     "resume": bench_resume,
     "torchrun": bench_torchrun,
+    "ablation": bench_ablation,
 }
+OPT_IN = {"ablation"}  # runs only when --only names it: its compiles do not fit the default 500 s
 PROJECTED_S = {
     "train.py": (160, 60),
     "nccl": (15, 30),
@@ -1831,6 +1942,10 @@ PROJECTED_S = {
     "decode": (15, 8),
     "resume": (30, 20),
     "torchrun": (40, 45),
+    "ablation": (
+        420,
+        60,
+    ),  # 6 variants: eager (seconds each) and compiled (~1 minute of inductor each)
 }
 DEFAULT_JSON = (
     ROOT / "out" / "bench_gpu.json"
@@ -1925,7 +2040,7 @@ def run_sections(
     results, status, start = {}, {}, time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         for section, run in SECTIONS.items():
-            if only and section not in only:
+            if (only and section not in only) or (not only and section in OPT_IN):
                 continue
             need = PROJECTED_S.get(section, (60, 30))[0 if setup.cuda else 1]
             left = deadline_s - (time.perf_counter() - start) if deadline_s else math.inf
