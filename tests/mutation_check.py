@@ -384,7 +384,7 @@ MUTANTS = [
         "model.py",
         "q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv)",
         "q, v, k = (t.view(B, T, -1, self.head_dim) for t in qkv)",
-        ("tests/test_model.py::test_fused_projections_equal_separate_matmuls",),
+        ("tests/test_model.py::test_gqa_expands_kv_heads_in_groups_like_repeat_interleave",),
         "the fused q/k/v output split with k and v swapped (equally wide: the shapes let it through)",
     ),
     Mutant(
@@ -392,8 +392,16 @@ MUTANTS = [
         "model.py",
         "gate, value = fused_linear(x, self.w1, self.w3)",
         "value, gate = fused_linear(x, self.w1, self.w3)",
-        ("tests/test_model.py::test_fused_projections_equal_separate_matmuls",),
+        ("tests/test_model.py::test_moe_with_one_expert_top1_equals_the_dense_ffn",),
         "SwiGLU's fused output split with the gate and the value swapped (w1, w3 equally wide)",
+    ),
+    Mutant(
+        "fused-weights-stacked-in-reverse",
+        "model.py",
+        "F.linear(x, torch.cat(weights))",
+        "F.linear(x, torch.cat(weights[::-1]))",
+        ("tests/test_model.py::test_fused_projections_equal_separate_matmuls",),
+        "fused_linear stacks the weights in reverse: each output piece is another layer's",
     ),
     Mutant(
         "fused-split-by-the-global-sizes",
