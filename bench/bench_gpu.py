@@ -46,6 +46,10 @@ one that raises is a FAIL row ("section ran to its end", its traceback on stderr
             hybrid and MoE (loss, logits, every gradient) against the same weights in float64 on the CPU.
 9. ep_cp    `--ep` and `--cp` under torchrun at world 1 and, where 2 ranks exist, 2: one SGD step against one
             process on the same device (loss, every weight).
+10. ablation opt-in (`--only ablation`, outside the default run): the minimal loop's tokens/s and MFU, eager and
+            compiled, with model.py's GPU-step changes each switched off (separate q/k/v and w1/w3 matmuls, an
+            fp32 residual stream, SDPA forced to FlashAttention-2 or to cuDNN) and all off, and the SDPA backend the
+            dispatcher picks: what each change is worth on the device, in one run.
 
 Order and time: the sections run highest value first (6, 7, 8, 9, 2, 1, 3, 4, 5), each in a child process (in a
 session of its own) with its own timeout; past it the child, its process group and every process it started
