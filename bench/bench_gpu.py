@@ -1890,7 +1890,8 @@ def ablation_step(trainer: train_run.Trainer, variant: tuple, backend: str | Non
 
 def bench_ablation(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
     """Tokens/s and MFU of the minimal loop with each change on and off, eager and compiled, in one process: what
-    each is worth on this device. A variant the device cannot run (cuDNN attention off CUDA) is a row saying so."""
+    each is worth on this device. A variant the device cannot run (cuDNN attention off CUDA, or a forced backend
+    that raises: "No available kernel") is a row saying so, and the next variant runs."""
     trainer = trainer_for(setup, tmp / "ablation")
     tokens, peak = trainer.tokens_per_step, trainer._peak
     choice = sdpa_choice(trainer.model_config, setup)
@@ -1903,9 +1904,17 @@ def bench_ablation(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
                 report.add("ablation", f"{tag}, {name}", "n/a: no CUDA")
                 continue
             torch._dynamo.reset()  # a fresh trace under this variant's switches
-            with ablated(variant[0], variant[2]):
-                step = ablation_step(trainer, variant, setup.compile_backend if compiled else None)
-                seconds = time_loop(step, setup.device, setup.warmup, setup.steps)
+            try:
+                with ablated(variant[0], variant[2]):
+                    backend = setup.compile_backend if compiled else None
+                    step = ablation_step(trainer, variant, backend)
+                    seconds = time_loop(step, setup.device, setup.warmup, setup.steps)
+            except RuntimeError as e:  # a forced SDPA backend this GPU, dtype or cuDNN cannot run
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                report.add("ablation", f"{tag}, {name}", f"n/a: {why[:60]}")
+                step = None
+                _free(setup.device)
+                continue
             mfu = tokens / seconds * trainer._flops_per_token / peak if peak else None
             value = f"{tokens / seconds:,.0f} tokens/s, MFU " + (f"{mfu:.1%}" if mfu else "n/a")
             report.add("ablation", f"{tag}, {name}", value)

@@ -671,3 +671,21 @@ def test_the_ablation_section_runs_every_variant_on_the_cpu(tmp_path):
     assert len(rows) == 1 + 2 * len(bench_gpu.ABLATIONS)
     assert result["ablation"]["compiled, all on"]["tokens_per_s"] > 0
     assert "ablation" in bench_gpu.OPT_IN
+
+
+def test_an_ablation_variant_the_device_cannot_run_is_a_row_and_the_next_one_runs(
+    tmp_path, monkeypatch
+):
+    """SDPA forced to a backend with no kernel here (the memory-efficient one has none on a CPU) raises "No viable
+    backend": that variant is an n/a row, not the end of the section; the variant after it still runs."""
+    monkeypatch.setattr(
+        bench_gpu,
+        "ABLATIONS",
+        {"efficient": (True, True, "EFFICIENT_ATTENTION"), "all on": (True, True, None)},
+    )
+    monkeypatch.setattr(bench_gpu.torch, "compile", lambda fn, **kwargs: fn)
+    report = bench_gpu.Report()
+    out = bench_gpu.bench_ablation(bench_gpu.Setup.smoke(), report, tmp_path)
+    values = {r["item"]: r["value"] for r in report.rows}
+    assert values["eager, efficient"].startswith("n/a: ") and not report.failed
+    assert out["eager, all on"]["tokens_per_s"] > 0 and out["compiled, all on"]["tokens_per_s"] > 0
