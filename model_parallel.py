@@ -345,7 +345,8 @@ class TensorParallel(nn.Module):
 # together as one batch (see Comm.send_recv).
 #
 # GPipe, all-forward-all-backward (AFAB): every forward, then every backward. Simple, but stage s
-# holds the activations of all m micro-batches at once. p = 3, m = 4 (time ->, a cell a pass):
+# holds the activations of all m micro-batches at once. p = 3, m = 4 (time ->, each cell one forward
+# or backward slot):
 #     stage 0: F0 F1 F2 F3 .  .  .  .  B0 B1 B2 B3
 #     stage 1: .  F0 F1 F2 F3 .  .  B0 B1 B2 B3 .
 #     stage 2: .  .  F0 F1 F2 F3 B0 B1 B2 B3 .  .
@@ -628,7 +629,8 @@ class PipelineParallel:
         self, idx: torch.Tensor, targets: torch.Tensor, micro_batches: int, grad_sync=None
     ) -> torch.Tensor:
         """Forward and backward of the batch (B, T) as `micro_batches` pieces; returns the mean loss
-        on every stage. `grad_sync` (DataParallel / Zero 1) communicates after the last one."""
+        on every stage. `grad_sync` (DataParallel / Zero stage 1) communicates once, after this
+        stage's last backward."""
         m, p = micro_batches, self.comm.size
         if m < 1 or idx.shape[0] % m:
             raise ParallelError(
@@ -749,10 +751,8 @@ def all_to_all_bytes(n_expert: int, capacity: int, n_embd: int, n: int, nbytes: 
 @torch.compiler.disable
 def dispatch_experts_combine(moe: nn.Module, x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """Expert parallel in place of MoE.experts: slots (E, cap, C) -> expert outputs (E, cap, C).
-    The slots travel in the compute dtype (bf16 under autocast, half the bytes of the fp32 norm's
-    output). Outside torch.compile's graph, as the counters it updates."""
-    if torch.is_autocast_enabled(x.device.type):
-        x = x.to(torch.get_autocast_dtype(x.device.type))
+    The slots travel in the residual stream's dtype (model.py keeps it bf16 under bf16 autocast:
+    half the bytes of fp32). Outside torch.compile's graph, as the counters it updates."""
     n, (E, cap, C) = comm.size, x.shape
     got = _AllToAll.apply(x.reshape(n, -1), comm)  # dispatch (n, E/n cap C)
     mine = got.view(n, E // n, cap, C).transpose(0, 1).reshape(E // n, n * cap, C)

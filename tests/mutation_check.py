@@ -1053,11 +1053,11 @@ MUTANTS = [
     ),
     Mutant(
         "ep-slots-sent-in-fp32",
-        "model_parallel.py",
-        "        x = x.to(torch.get_autocast_dtype(x.device.type))\n",
-        "        pass\n",
+        "model.py",
+        "            x = x.to(torch.get_autocast_dtype(device))",
+        "            x = x.float()",
         (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-        "EP dispatches the fp32 slots of the norm's output under bf16: twice the bytes",
+        "the residual stream left fp32 under bf16: EP dispatches fp32 slots, twice the bytes",
     ),
     # issue 36: expert parallel under ZeRO-1/2
     Mutant(
