@@ -30,7 +30,7 @@ one that raises is a FAIL row ("section ran to its end", its traceback on stderr
 5. torchrun `torchrun --nproc_per_node=N` for N = 1 and N = --nproc (default: every visible GPU): nccl
             init, then every layout N allows (dp x tp x pp with ZeRO-0/1/2/3, ZeRO-3 also in bf16) on a small
             GPT, each compared with one process computing the whole batch on the same device (weights after 3
-            AdamW steps within 1e-4); N = 1 runs ZeRO-1/2/3 at world 1 and the pipeline executor with one stage.
+            AdamW steps within 2e-4); N = 1 runs ZeRO-1/2/3 at world 1 and the pipeline executor with one stage.
 6. train.py train.py itself under `torchrun --nproc_per_node=N`, on a GPU as README's multi-GPU command:
             `--zero 3 --dtype bf16 --compile`, fused AdamW (checked): three launches of a 4-layer GPT, 20 steps:
             train (evaluations at 0/10/20, checkpoints at 10 and 20, two samples), resume from step 10 in a new
@@ -941,9 +941,11 @@ def layouts(world: int) -> list[dict]:
 
 
 def _compare(got: dict, want: dict, start: dict, bf16: bool) -> dict:
-    """fp32 layouts: every weight within rtol = atol = 1e-4 of the one-process run (the CPU tests' tolerance: fp32
-    sums in another order, amplified by Adam on near-zero gradients). bf16 gathers: each weight's movement over
-    the steps within 30% (relative norm) of the one-process movement (what tests/test_parallel.py measures)."""
+    """fp32 layouts: every weight within rtol = atol = 2e-4 of the one-process run: fp32 sums in another order,
+    amplified by Adam on near-zero gradients. Measured at tp 2 on gloo: 8.8e-5 with one matmul per layer, 1.3e-4
+    with q/k/v and w1/w3 fused (other GEMM shapes, other roundings), and in float64 9.5e-6 for both alike (the
+    vocabulary-parallel loss's fp32): the same math. bf16 gathers: each weight's movement over the steps within
+    30% (relative norm) of the one-process movement (what tests/test_parallel.py measures)."""
     diff = max(float((got[k].float() - want[k]).abs().max()) for k in want)
     if bf16:
         worst = max(
@@ -954,8 +956,8 @@ def _compare(got: dict, want: dict, start: dict, bf16: bool) -> dict:
             for k in want
         )
         return {"max_diff": diff, "ok": worst < 0.3, "criterion": f"movement within {worst:.0%}"}
-    ok = all(torch.allclose(got[k].float(), want[k], rtol=1e-4, atol=1e-4) for k in want)
-    return {"max_diff": diff, "ok": ok, "criterion": "allclose 1e-4"}
+    ok = all(torch.allclose(got[k].float(), want[k], rtol=2e-4, atol=2e-4) for k in want)
+    return {"max_diff": diff, "ok": ok, "criterion": "allclose 2e-4"}
 
 
 def _layout_reference(device: torch.device, config: model_lib.GPTConfig) -> dict:
