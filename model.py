@@ -120,8 +120,7 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
-        """Inverse of dataclasses.asdict (what a checkpoint stores); an unknown key is an error (it
-        means the checkpoint comes from another model)."""
+        """Inverse of dataclasses.asdict (a checkpoint's); an unknown key means another model's."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -137,7 +136,7 @@ class GPTConfig:
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension, computed in fp32.
+    """y = x / sqrt(mean(x^2) + eps) * weight on the last dim; mean square in fp32, y in x's dtype.
 
     >>> RMSNorm(2)(torch.tensor([3.0, 4.0]))    # mean square 12.5, rms 3.536
     tensor([0.8485, 1.1314], grad_fn=<MulBackward0>)
@@ -151,7 +150,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return normed.type_as(x) * self.weight.type_as(x)
 
 
 def rope_angles(
@@ -189,6 +188,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.reshape(B, T, n, d).type_as(x)
 
 
+def fused_linear(x: torch.Tensor, *linears: nn.Module) -> tuple[torch.Tensor, ...]:
+    """Bias-free linears that read the same x, as one matmul on their stacked weights; the output is
+    split by their row counts (a TP shard's own). The parameters stay apart, as checkpoints want.
+
+    >>> a, b, x = nn.Linear(4, 2, bias=False), nn.Linear(4, 3, bias=False), torch.randn(5, 4)
+    >>> [torch.allclose(y, linear(x)) for y, linear in zip(fused_linear(x, a, b), (a, b))]
+    [True, True]
+    """
+    weights = [linear.weight for linear in linears]
+    return F.linear(x, torch.cat(weights)).split([w.shape[0] for w in weights], dim=-1)
+
+
 # Where F.scaled_dot_product_attention reads grouped K/V heads in place (enable_gqa=True: query
 # head j reads kv head j // group, nothing copied): device type -> (the dtypes it does so for,
 # whether with an explicit mask too). Elsewhere causal_attention copies K/V to n_head heads first
@@ -224,14 +235,9 @@ def causal_attention(
     if group > 1 and not (q.dtype in dtypes and (with_mask or mask is None)):
         # (..., h, Tk, d); with an int, repeat_interleave is a stride-0 expand and one plain copy
         k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+    is_causal, enable_gqa = mask is None and Tq == Tk, k.shape[-3] != q.shape[-3]
     return F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=mask,
-        dropout_p=dropout_p,
-        is_causal=mask is None and Tq == Tk,
-        enable_gqa=k.shape[-3] != q.shape[-3],
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa
     )
 
 
@@ -267,10 +273,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        # q (B, T, h, d); k, v (B, T, h_kv, d)
-        q, k, v = (w(x).view(B, T, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
-        if self.q_norm is not None:  # before RoPE; in v's dtype (the fp32 gain promotes a bf16 q)
-            q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)
+        qkv = fused_linear(x, self.wq, self.wk, self.wv)  # one matmul
+        q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv)  # (B, T, h or h_kv, d)
+        v = v.contiguous()  # its own bytes: saved as a view of qkv, it would keep all of qkv alive
+        if self.q_norm is not None:  # before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
         positions = self.positions
         if positions is None:
             start = 0 if cache is None else cache.start
@@ -294,8 +301,7 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """w2(silu(w1 x) * w3 x): a gated feed-forward layer (Shazeer 2020). silu(z) = z *
-    sigmoid(z)."""
+    """w2(silu(w1 x) * w3 x), silu(z) = z sigmoid(z): a gated feed-forward layer (Shazeer 2020)."""
 
     def __init__(self, n_embd: int, hidden: int):
         super().__init__()
@@ -304,7 +310,8 @@ class SwiGLU(nn.Module):
         self.w2 = nn.Linear(hidden, n_embd, bias=False)  # back to the residual stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, value = fused_linear(x, self.w1, self.w3)  # one matmul
+        return self.w2(F.silu(gate) * value)
 
 
 class Block(nn.Module):
@@ -335,8 +342,7 @@ class Block(nn.Module):
     def _residual_updates(
         self, x: torch.Tensor, cache: LayerKV | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The block's math, free of side effects: (B, T, C) -> (B, T, C) and the MoE loss (None
-        when dense)."""
+        """The block's math, side-effect free: (B, T, C) -> (B, T, C), MoE loss (None if dense)."""
         x = x + self.resid_dropout(self.attn(self.attn_norm(x), cache))
         aux_loss = None
         if isinstance(self.ffn, MoE):
@@ -363,8 +369,7 @@ class GPT(nn.Module):
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
-            # one (V, C) matrix reads tokens in and writes them out
-            self.lm_head.weight = self.tok_emb.weight
+            self.lm_head.weight = self.tok_emb.weight  # one (V, C) matrix: tokens in and out
         self.aux_loss = torch.zeros(())
         self.apply(self._init_weights)
 
@@ -384,11 +389,14 @@ class GPT(nn.Module):
     # Stage pieces for pipeline parallel: embed (first stage), blocks (between), head (last stage).
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> residual stream (B, T, C). Checks the ids and the length (skipped
-        while compiling)."""
+        """Token ids (B, T) -> residual stream (B, T, C), in bf16 under bf16 autocast like every
+        activation between matmuls. Checks the ids and the length (skipped while compiling)."""
         if not torch.compiler.is_compiling():
             self._check_input(idx)
-        return self.emb_dropout(self.tok_emb(idx))
+        x, device = self.emb_dropout(self.tok_emb(idx)), idx.device.type
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+            x = x.to(torch.get_autocast_dtype(device))  # "meta" has no autocast
+        return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Residual stream (B, T, C) -> logits (B, T, V): final RMSNorm then the LM head; with
@@ -425,8 +433,7 @@ class GPT(nn.Module):
             # The loss's one fp32 copy of the logits (B, T, V), kept on purpose: in bf16 the loss
             # itself would round to bf16's spacing, 1/32 for a loss between 4 and 8 (0.06 off at
             # loss 9.5 over 4,096 ids, measured). Under autocast cross_entropy would make this very
-            # cast itself; in fp32 it is no copy at all. The logits returned stay in the compute
-            # dtype (tests/test_model.py counts both).
+            # cast itself; in fp32 it is no copy. The logits returned stay in the compute dtype.
             flat = logits.float().view(-1, logits.size(-1))  # (B*T, V)
             loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=-1)
             if self.config.z_loss and self.training:  # eval: the cross-entropy alone, comparable
@@ -495,8 +502,7 @@ class GPT(nn.Module):
         # The id range is checked where the ids already live on the host. On a GPU, reading min and
         # max back would stop the CPU twice per forward until the GPU catches up (two device-to-host
         # syncs), so the queue of kernels runs dry every step; there an out-of-range id stops the
-        # embedding with CUDA's device-side assert instead (the loader's ids come from the tokenizer
-        # that set vocab_size).
+        # embedding with CUDA's device-side assert (the tokenizer that set vocab_size made the ids).
         if idx.device.type == "cpu" and idx.numel():
             low, high = (int(v) for v in torch.aminmax(idx))
             if low < 0 or high >= self.config.vocab_size:
@@ -528,8 +534,7 @@ def sample(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Pick one token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k keeps the k
-    best."""
+    """One token per row of logits (B, V) -> (B, 1). temperature 0 = argmax; top_k: the k best."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float() / temperature
@@ -584,9 +589,8 @@ class KVCache:
 
 
 class LayerKV:
-    """One layer's part of a KVCache: an attention layer's key/value buffers (`append` writes the
-    new ones and returns all held), or a linear layer's recurrent `state` (B, h, d, d), None before
-    the first token: all such a layer remembers."""
+    """One layer's part of a KVCache: an attention layer's key/value buffers (`append` adds new
+    ones, returns all), or a linear layer's recurrent `state` (B, h, d, d), None at first."""
 
     def __init__(self, cache: KVCache, shape: tuple | None, device=None, dtype=torch.float32):
         self.cache = cache
@@ -727,8 +731,7 @@ def _key_tiles(i: int, Tk: int, tile: int, is_causal: bool) -> range:
 
 def _tile_scores(q_tile: torch.Tensor, k: torch.Tensor, i: int, j: int, tile: int, is_causal: bool):
     """Scores of the (already scaled) query tile at i against the key tile at j: (..., bq, bk), in
-    q_tile's dtype (the key tile is cast to it). Causal masks keys after their query (top-left
-    aligned, SDPA's is_causal) on diagonal tiles."""
+    q_tile's dtype (k's tile cast to it); causal masks keys after their query (SDPA's is_causal)."""
     s = q_tile @ k[..., j : j + tile, :].to(q_tile.dtype).transpose(-1, -2)  # (..., bq, bk)
     if is_causal and j + tile > i:
         rows = torch.arange(i, i + s.shape[-2], device=s.device)[:, None]
@@ -744,8 +747,7 @@ def online_softmax_update(
     (..., bq) of exp(s - m) and the running output acc (..., bq, d) of exp(s - m) v, all in the
     accumulator dtype, updated with the scores s (..., bq, bk) of this tile's keys and their values
     v_tile (..., bk, d), cast to acc's dtype. Every row needs a finite score in its first tile (else
-    exp(-inf - -inf) is nan). Start from m = -inf, l = 0, acc = 0; finish with
-    online_softmax_result."""
+    exp(-inf - -inf) is nan). Start at m = -inf, l = 0, acc = 0; end with online_softmax_result."""
     m_new = torch.maximum(m, s.amax(-1))
     p = torch.exp(s - m_new[..., None])  # (..., bq, bk)
     rescale = torch.exp(m - m_new)  # the old sums were relative to the old max
@@ -755,8 +757,7 @@ def online_softmax_update(
 
 
 def online_softmax_result(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor):
-    """The softmax-weighted output acc / l (..., bq, d) and the log-sum-exp m + log l (..., bq) that
-    the backward recomputes the probabilities from."""
+    """acc / l (..., bq, d), the weighted output, and m + log l (..., bq): backward's lse."""
     return acc / l[..., None], m + torch.log(l)
 
 
@@ -821,8 +822,7 @@ def _flash_backward(
                 _tile_scores(q_tile, k, i, j, tile, is_causal)  # P, recomputed
                 - lse[..., rows, None]
             )
-            # GQA (k, v (..., 1, Tk, d) against q (..., group, Tq, d)): sum_to_size adds up the
-            # group's contributions to its one kv head
+            # GQA (k, v (..., 1, Tk, d), q (..., group, Tq, d)): sum_to_size adds up a group's terms
             dv[..., cols, :] += (p.transpose(-1, -2) @ d_out_tile).sum_to_size(
                 dv[..., cols, :].shape
             )
@@ -931,8 +931,8 @@ class LinearAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = (
-            w(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-            for w in (self.wq, self.wk, self.wv)
+            t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+            for t in fused_linear(x, self.wq, self.wk, self.wv)
         )  # (B, h, T, d)
         log_a = F.logsigmoid(self.wg(x).float()).transpose(1, 2)  # (B, h, T), < 0
         form = linear_attention_recurrent if T == 1 else linear_attention_chunked
@@ -940,7 +940,7 @@ class LinearAttention(nn.Module):
             F.normalize(q, dim=-1),
             F.normalize(k, dim=-1),
             v,
-            log_a.type_as(x),
+            log_a.type_as(self.wg.weight),  # fp32 under autocast: the gates' sums need it
             None if cache is None else cache.state,
         )  # (B, h, T, d)
         if cache is not None:

@@ -640,6 +640,8 @@ class PipelineParallel:
         ids, tgts = idx.chunk(m), targets.chunk(m)
         shape = (idx.shape[0] // m, idx.shape[1], self.model.config.n_embd)  # (b, T, C)
         dtype, device = next(self.model.parameters()).dtype, idx.device
+        if torch.is_autocast_enabled(device.type):  # model.py's residual stream is in its dtype
+            dtype = torch.get_autocast_dtype(device.type)
         empty = functools.partial(torch.empty, shape, dtype=dtype, device=device)
         actions = SCHEDULES[self.schedule](p, m)[self.comm.rank]
         inputs, outputs, grads, losses = {}, {}, {}, []
@@ -749,10 +751,8 @@ def all_to_all_bytes(n_expert: int, capacity: int, n_embd: int, n: int, nbytes: 
 @torch.compiler.disable
 def dispatch_experts_combine(moe: nn.Module, x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """Expert parallel in place of MoE.experts: slots (E, cap, C) -> expert outputs (E, cap, C).
-    The slots travel in the compute dtype (bf16 under autocast, half the bytes of the fp32 norm's
-    output). Outside torch.compile's graph, as the counters it updates."""
-    if torch.is_autocast_enabled(x.device.type):
-        x = x.to(torch.get_autocast_dtype(x.device.type))
+    The slots travel in the residual stream's dtype (model.py keeps it bf16 under bf16 autocast:
+    half the bytes of fp32). Outside torch.compile's graph, as the counters it updates."""
     n, (E, cap, C) = comm.size, x.shape
     got = _AllToAll.apply(x.reshape(n, -1), comm)  # dispatch (n, E/n cap C)
     mine = got.view(n, E // n, cap, C).transpose(0, 1).reshape(E // n, n * cap, C)

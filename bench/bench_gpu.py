@@ -17,9 +17,9 @@ one that raises is a FAIL row ("section ran to its end", its traceback on stderr
             pydocs' 4,096-token vocabulary: 88.1M parameters, not GPT-2 small's 124M (see Setup), and says so.
 2. memory   peak allocated bytes of one training step (torch.cuda.max_memory_allocated after
             reset_peak_memory_stats; on a CPU the step's live tensors, LiveBytes) vs predicted_memory, which models
-            model.py as written: fp32 residual stream and norms, a bf16 copy of the normed input per matmul, the
-            logits train.py keeps and the loss backward (saved_terms). For the 88M model at 16 x 1024 in bf16 it
-            predicts 10.67 GB; the Korthikanti-based formula it replaces said 7.52 GB (1.42x low). On a CPU the
+            model.py as written: a bf16 residual stream, the norms' fp32 upcast, one matmul input per norm (q/k/v
+            and w1/w3 fused), the logits train.py keeps and the loss backward (saved_terms). For the 88M model at
+            16 x 1024 in bf16 it predicts 9.13 GB (10.67 GB before the fusion and the bf16 stream). On a CPU the
             prediction must hold within 5% (it holds to a few bytes); on a GPU the target is 15%.
 3. decode   KV-cache generation tokens/s at batch 1 and 16 (bf16 weights, greedy).
 4. resume   exact resume on the device: a run with dropout (so the CUDA generator matters) checkpointed at step 3
@@ -30,7 +30,7 @@ one that raises is a FAIL row ("section ran to its end", its traceback on stderr
 5. torchrun `torchrun --nproc_per_node=N` for N = 1 and N = --nproc (default: every visible GPU): nccl
             init, then every layout N allows (dp x tp x pp with ZeRO-0/1/2/3, ZeRO-3 also in bf16) on a small
             GPT, each compared with one process computing the whole batch on the same device (weights after 3
-            AdamW steps within 1e-4); N = 1 runs ZeRO-1/2/3 at world 1 and the pipeline executor with one stage.
+            AdamW steps within 2e-4); N = 1 runs ZeRO-1/2/3 at world 1 and the pipeline executor with one stage.
 6. train.py train.py itself under `torchrun --nproc_per_node=N`, on a GPU as README's multi-GPU command:
             `--zero 3 --dtype bf16 --compile`, fused AdamW (checked): three launches of a 4-layer GPT, 20 steps:
             train (evaluations at 0/10/20, checkpoints at 10 and 20, two samples), resume from step 10 in a new
@@ -46,6 +46,10 @@ one that raises is a FAIL row ("section ran to its end", its traceback on stderr
             hybrid and MoE (loss, logits, every gradient) against the same weights in float64 on the CPU.
 9. ep_cp    `--ep` and `--cp` under torchrun at world 1 and, where 2 ranks exist, 2: one SGD step against one
             process on the same device (loss, every weight).
+10. ablation opt-in (`--only ablation`, outside the default run): the minimal loop's tokens/s and MFU, eager and
+            compiled, with model.py's GPU-step changes each switched off (separate q/k/v and w1/w3 matmuls, an
+            fp32 residual stream, SDPA forced to FlashAttention-2 or to cuDNN) and all off, and the SDPA backend the
+            dispatcher picks: what each change is worth on the device, in one run.
 
 Order and time: the sections run highest value first (6, 7, 8, 9, 2, 1, 3, 4, 5), each in a child process (in a
 session of its own) with its own timeout; past it the child, its process group and every process it started
@@ -486,25 +490,27 @@ def saved_terms(
 
     Counted from the code (dense FFN, dropout 0), B = batch, T = seq, C = n_embd, H = ffn_dim, V = vocab, a = 2
     bytes under bf16/fp16 autocast, 4 in fp32:
-    - the residual stream is fp32 (the embedding's output is fp32 and `x + update` promotes a bf16 update), and
-      RMSNorm works in fp32: each of a block's two norms saves its input x and its normalised x (4 + 4 bytes per
-      element of (B, T, C)) and the (B, T, 1) reciprocal RMS;
-    - autocast casts an activation again for every matmul that reads it (only weights are cached): the normed
-      input is saved as three bf16 copies (wq, wk, wv) and two more in the FFN (w1, w3): 5 x 2 bytes; in fp32 the
-      matmuls share one tensor per norm (2 x 4 bytes);
-    - attention saves q, k, v and its output (the output is also wo's input, the same storage), K and V at
-      n_kv_head width where the kernel reads GQA's groups in place (model.SDPA_GQA_IN_PLACE: the CPU, CUDA in
-      bf16/fp16), else at n_head width (repeated first), and an fp32 logsumexp (B, heads, T); RoPE's cos
+    - the residual stream is in the compute dtype (the embedding's output is cast to it), and RMSNorm takes the
+      mean square in fp32: under autocast each of a block's two norms saves its input upcast to fp32 (4 bytes per
+      element of (B, T, C)), the normalised x before the gain (a bytes) and the gain cast to bf16 (C); in fp32 its
+      input and normalised x (4 + 4 bytes); both save the (B, T, 1) reciprocal RMS;
+    - the norm's output, in the compute dtype, is the one input of the matmuls that read it: q, k, v is one matmul
+      (model.fused_linear), w1 and w3 another: 2 x a bytes;
+    - attention saves q, k (after RoPE), v (a copy out of the fused output) and its output (also wo's input), K
+      and V at n_kv_head width where the kernel reads GQA's groups in place (model.SDPA_GQA_IN_PLACE: the CPU,
+      CUDA in bf16/fp16), else at n_head width (repeated first), and an fp32 logsumexp (B, heads, T); RoPE's cos
       and sin tables (T, d/2) in fp32 are saved by the rotation;
-    - SwiGLU saves w1's output, silu's output, w3's output and their product (w2's input): 4 x a bytes of (B, T, H);
-    - autocast's bf16 copy of every matmul weight (2 bytes per weight; none in fp32);
-    - outside the blocks: the ids and targets (int64), the final norm as above, the LM head's bf16 input copy, the
-      fp32 log-softmax (B, T, V) and the loss's 0-dim weight.
+    - SwiGLU saves the fused w1/w3 output (silu's input and the product's value are views of it), silu's output
+      and the product (w2's input): 4 x a bytes of (B, T, H);
+    - a copy of every matmul weight: autocast's bf16 cast (wo, w2 cached; the stacked q/k/v and w1/w3 weights
+      cast each forward), in fp32 the stacked weights alone (4 bytes per weight of wq, wk, wv, w1, w3);
+    - outside the blocks: the ids and targets (int64), the final norm as above, the LM head's input (the norm's
+      output), autocast's copy of its weight, the fp32 log-softmax (B, T, V) and the loss's 0-dim weight.
     tests/test_bench_gpu.py counts what a forward really saves (saved_tensors_hooks) against these terms.
     >>> cfg = model_lib.GPTConfig(vocab_size=512, n_layer=2, n_head=4, n_kv_head=2, n_embd=64)
     >>> block, rest = saved_terms(cfg, 2, 64, "bf16")
-    >>> block["norm inputs and normalised (fp32)"], rest["log-softmax (fp32)"]
-    (('float32', 131072), ('float32', 262144))
+    >>> block["norm inputs upcast (fp32)"], rest["log-softmax (fp32)"]
+    (('float32', 65536), ('float32', 262144))
     """
     if config.n_expert or config.dropout:
         raise ValueError("saved_terms counts a dense model with dropout 0 (the presets)")
@@ -517,23 +523,29 @@ def saved_terms(
         LOW_PRECISION.get(dtype, torch.float32) in model_lib.SDPA_GQA_IN_PLACE.get(device, ((),))[0]
     )
     kv_width = config.n_kv_head * config.head_dim if in_place else q_width
-    linear = q_width * C + 2 * config.n_kv_head * config.head_dim * C + q_width * C + 3 * C * H
+    stacked = (q_width + 2 * config.n_kv_head * config.head_dim + 2 * H) * C  # wq wk wv, w1 w3
+    linear = stacked + q_width * C + H * C  # + wo, w2
     block = {
-        "norm inputs and normalised (fp32)": ("float32", 2 * (4 + 4) * B * T * C),
-        "norm reciprocal RMS (fp32)": ("float32", 2 * 4 * B * T),
-        "matmul inputs (a copy per matmul)" if low else "matmul inputs (one per norm)": (
-            act,
-            5 * a * B * T * C if low else 2 * 4 * B * T * C,
+        "norm inputs upcast (fp32)" if low else "norm inputs and normalised (fp32)": (
+            "float32",
+            2 * (4 if low else 8) * B * T * C,
         ),
+        "norm normalised, gain copy": (act, 2 * a * (B * T * C + C) if low else 0),
+        "norm reciprocal RMS (fp32)": ("float32", 2 * 4 * B * T),
+        "matmul inputs (one per norm)": (act, 2 * a * B * T * C),
         "attention q, k, v, output": (act, a * B * T * (2 * q_width + 2 * kv_width)),
         "attention logsumexp (fp32)": ("float32", 4 * B * config.n_head * T),
         "RoPE cos, sin (fp32)": ("float32", 2 * 4 * T * (config.head_dim // 2)),
-        "SwiGLU w1, silu, w3, product": (act, 4 * a * B * T * H),
-        "autocast weight copies": (act, a * linear if low else 0),
+        "SwiGLU w1/w3, silu, product": (act, 4 * a * B * T * H),
+        "weight copies (autocast's; fp32: the stacked)": (act, a * linear if low else 4 * stacked),
     }
     rest = {
         "ids and targets (int64)": ("int64", 2 * 8 * B * T),
-        "final norm input and normalised (fp32)": ("float32", (4 + 4) * B * T * C + 4 * B * T),
+        "final norm input (and normalised in fp32)": (
+            "float32",
+            (4 if low else 8) * B * T * C + 4 * B * T,
+        ),
+        "final norm normalised, gain copy": (act, a * (B * T * C + C) if low else 0),
         "LM head input": (act, a * B * T * C),
         "LM head weight copy": (act, a * V * C if low else 0),
         "log-softmax (fp32)": ("float32", 4 * B * T * V),
@@ -565,7 +577,7 @@ def predicted_memory(
     train.py's `_, loss = model(x, y)` keeps alive (a x B x T x V), and the log-softmax backward's fp32 gradient of
     its output and of its input (8 x B x T x V). This assumes that 8·V exceeds what one block's backward adds at
     once (a few H per token): true for every preset and the bench's models.
-    With activation checkpointing a block keeps only its fp32 input (4 x B x T x C) and recomputes the rest in
+    With activation checkpointing a block keeps only its input (a x B x T x C) and recomputes the rest in
     backward; the peak is then the larger of the loss's backward and the top block's recomputation (its saved
     set and weight copies, with the head's gradient (4 x V x C) made and the logits freed).
     """
@@ -578,7 +590,7 @@ def predicted_memory(
     parts = {"weights": 4 * n, "optimizer": 8 * n, "batch": rest["ids and targets (int64)"][1]}
     logits = a * B * T * V + 8 * B * T * V
     if checkpointing:
-        blocks = config.n_layer * 4 * B * T * C
+        blocks = config.n_layer * a * B * T * C
         loss_moment = head + logits
         recompute_moment = one_block + 4 * V * C
         parts.update(
@@ -929,9 +941,11 @@ def layouts(world: int) -> list[dict]:
 
 
 def _compare(got: dict, want: dict, start: dict, bf16: bool) -> dict:
-    """fp32 layouts: every weight within rtol = atol = 1e-4 of the one-process run (the CPU tests' tolerance: fp32
-    sums in another order, amplified by Adam on near-zero gradients). bf16 gathers: each weight's movement over
-    the steps within 30% (relative norm) of the one-process movement (what tests/test_parallel.py measures)."""
+    """fp32 layouts: every weight within rtol = atol = 2e-4 of the one-process run: fp32 sums in another order,
+    amplified by Adam on near-zero gradients. Measured at tp 2 on gloo: 8.8e-5 with one matmul per layer, 1.3e-4
+    with q/k/v and w1/w3 fused (other GEMM shapes, other roundings), and in float64 9.5e-6 for both alike (the
+    vocabulary-parallel loss's fp32): the same math. bf16 gathers: each weight's movement over the steps within
+    30% (relative norm) of the one-process movement (what tests/test_parallel.py measures)."""
     diff = max(float((got[k].float() - want[k]).abs().max()) for k in want)
     if bf16:
         worst = max(
@@ -942,8 +956,8 @@ def _compare(got: dict, want: dict, start: dict, bf16: bool) -> dict:
             for k in want
         )
         return {"max_diff": diff, "ok": worst < 0.3, "criterion": f"movement within {worst:.0%}"}
-    ok = all(torch.allclose(got[k].float(), want[k], rtol=1e-4, atol=1e-4) for k in want)
-    return {"max_diff": diff, "ok": ok, "criterion": "allclose 1e-4"}
+    ok = all(torch.allclose(got[k].float(), want[k], rtol=2e-4, atol=2e-4) for k in want)
+    return {"max_diff": diff, "ok": ok, "criterion": "allclose 2e-4"}
 
 
 def _layout_reference(device: torch.device, config: model_lib.GPTConfig) -> dict:
@@ -1795,6 +1809,124 @@ def bench_ep_cp(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# 10. Ablation: what each of the GPU step's changes is worth (opt-in: --only ablation)
+# ----------------------------------------------------------------------------------------------------------------
+
+# Each variant switches off one change of model.py's GPU step, or all three (the step as it was before them). A
+# variant is (fused q/k/v and w1/w3 matmuls, the bf16 residual stream, the SDPA backend forced or None: the
+# dispatcher's own choice). torch.compile traces under the switches, so each compiled variant compiles anew.
+ABLATIONS = {
+    "all on": (True, True, None),
+    "separate q/k/v and w1/w3 matmuls": (False, True, None),
+    "fp32 residual stream": (True, False, None),
+    "SDPA forced: FlashAttention-2": (True, True, "FLASH_ATTENTION"),
+    "SDPA forced: cuDNN": (True, True, "CUDNN_ATTENTION"),
+    "all off (before this change)": (False, False, "FLASH_ATTENTION"),
+}
+
+
+def separate_linears(x: torch.Tensor, *linears: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    """model.fused_linear switched off: one matmul per layer, each through its own forward (the code before)."""
+    return tuple(linear(x) for linear in linears)
+
+
+def fp32_stream(gpt: model_lib.GPT) -> None:
+    """The bf16 residual stream switched off: the first block gets the stream in fp32, and `x + update` keeps it
+    fp32 from there (RMSNorm returns its input's dtype): the residual stream and the norms' outputs of before."""
+    gpt.blocks[0].register_forward_pre_hook(lambda block, args: (args[0].float(), *args[1:]))
+
+
+@contextlib.contextmanager
+def ablated(fused: bool, sdpa: str | None):
+    """model.fused_linear and the SDPA backends as a variant has them, restored on leaving."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    original = model_lib.fused_linear
+    model_lib.fused_linear = original if fused else separate_linears
+    try:
+        with sdpa_kernel(getattr(SDPBackend, sdpa)) if sdpa else contextlib.nullcontext():
+            yield
+    finally:
+        model_lib.fused_linear = original
+
+
+def sdpa_choice(config: model_lib.GPTConfig, setup: Setup) -> str:
+    """The backend PyTorch's dispatcher picks for the model's attention call (torch._fused_sdp_choice, the
+    function SDPA itself asks): causal, (B, heads, T, d) in the setting's compute dtype, as if training."""
+    from torch.nn.attention import SDPBackend
+
+    dtype = LOW_PRECISION.get(setup.dtype, torch.float32)
+    shape = (setup.batch_size, config.n_head, setup.block_size, config.head_dim)
+    q = torch.zeros(shape, device=setup.device, dtype=dtype, requires_grad=True)
+    kv = torch.zeros(
+        shape[0], config.n_kv_head, *shape[2:], device=setup.device, dtype=dtype, requires_grad=True
+    )
+    gqa = config.n_kv_head != config.n_head
+    return SDPBackend(torch._fused_sdp_choice(q, kv, kv, is_causal=True, enable_gqa=gqa)).name
+
+
+def ablation_step(trainer: train_run.Trainer, variant: tuple, backend: str | None):
+    """The minimal loop (reference_step_fn's) on a fresh model with the variant's residual stream; run it inside
+    ablated(...) for the rest of the variant."""
+    fused, bf16_stream, sdpa = variant
+    torch.manual_seed(trainer.cfg.seed)
+    gpt = model_lib.GPT(trainer.model_config).to(trainer.device)
+    if not bf16_stream:
+        fp32_stream(gpt)
+    opt = train.make_optimizer(gpt, trainer.cfg, trainer.device.type)
+    forward = torch.compile(gpt, backend=backend) if backend else gpt
+    loader = trainer.data.iterator(
+        "train", trainer.cfg.batch_size, trainer.block_size, seed=trainer.cfg.seed
+    )
+
+    def step():
+        x, y = (t.to(trainer.device, non_blocking=True) for t in loader.next())
+        with train.autocast(trainer.device, trainer.dtype):
+            _, loss = forward(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bench_ablation(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
+    """Tokens/s and MFU of the minimal loop with each change on and off, eager and compiled, in one process: what
+    each is worth on this device. A variant the device cannot run (cuDNN attention off CUDA, or a forced backend
+    that raises: "No available kernel") is a row saying so, and the next variant runs."""
+    trainer = trainer_for(setup, tmp / "ablation")
+    tokens, peak = trainer.tokens_per_step, trainer._peak
+    choice = sdpa_choice(trainer.model_config, setup)
+    report.add("ablation", "SDPA backend the dispatcher picks (all on)", choice)
+    out = {"sdpa_choice": choice, "peak_flops": peak}
+    for compiled in (False, True):
+        tag = "compiled" if compiled else "eager"
+        for name, variant in ABLATIONS.items():
+            if variant[2] == "CUDNN_ATTENTION" and not setup.cuda:
+                report.add("ablation", f"{tag}, {name}", "n/a: no CUDA")
+                continue
+            torch._dynamo.reset()  # a fresh trace under this variant's switches
+            try:
+                with ablated(variant[0], variant[2]):
+                    backend = setup.compile_backend if compiled else None
+                    step = ablation_step(trainer, variant, backend)
+                    seconds = time_loop(step, setup.device, setup.warmup, setup.steps)
+            except RuntimeError as e:  # a forced SDPA backend this GPU, dtype or cuDNN cannot run
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                report.add("ablation", f"{tag}, {name}", f"n/a: {why[:60]}")
+                step = None
+                _free(setup.device)
+                continue
+            mfu = tokens / seconds * trainer._flops_per_token / peak if peak else None
+            value = f"{tokens / seconds:,.0f} tokens/s, MFU " + (f"{mfu:.1%}" if mfu else "n/a")
+            report.add("ablation", f"{tag}, {name}", value)
+            out[f"{tag}, {name}"] = {"tokens_per_s": tokens / seconds, "mfu": mfu}
+            step = None
+            _free(setup.device)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -1812,7 +1944,9 @@ SECTIONS = {
     "decode": bench_decode,
     "resume": bench_resume,
     "torchrun": bench_torchrun,
+    "ablation": bench_ablation,
 }
+OPT_IN = {"ablation"}  # runs only when --only names it: its compiles do not fit the default 500 s
 PROJECTED_S = {
     "train.py": (160, 60),
     "nccl": (15, 30),
@@ -1823,6 +1957,10 @@ PROJECTED_S = {
     "decode": (15, 8),
     "resume": (30, 20),
     "torchrun": (40, 45),
+    "ablation": (
+        420,
+        60,
+    ),  # 6 variants: eager (seconds each) and compiled (~1 minute of inductor each)
 }
 DEFAULT_JSON = (
     ROOT / "out" / "bench_gpu.json"
@@ -1917,7 +2055,7 @@ def run_sections(
     results, status, start = {}, {}, time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         for section, run in SECTIONS.items():
-            if only and section not in only:
+            if (only and section not in only) or (not only and section in OPT_IN):
                 continue
             need = PROJECTED_S.get(section, (60, 30))[0 if setup.cuda else 1]
             left = deadline_s - (time.perf_counter() - start) if deadline_s else math.inf

@@ -9,6 +9,10 @@ Both loops get identical fresh models (same seed), the same AdamW (fused, betas 
 batches from the same data.py iterator. Runs alternate (ours, reference, ours, ...) so that load from other
 processes hits both alike; the figure is the median step time over all timed steps.
 
+The same run times the reference loop a third time with model.fused_linear switched off (q/k/v and w1/w3 as one
+matmul per layer, the code before the fusion): "fused x" is that loop's median CPU time per step over the fused
+one's (CPU time, so that other processes' load does not count; > 1: the fused matmuls are faster).
+
     python bench/bench_train.py                    # tiny and 10m on the pydocs corpus, CPU fp32
     python bench/bench_train.py --presets tiny --steps 30 --threads 2
     python bench/bench_train.py --presets tiny --data corpus.txt --rounds 1 --warmup 0 --steps 1
@@ -33,8 +37,25 @@ from machinery.commands import train as train_command  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
 
 
-def reference_loop(trainer: train_run.Trainer, steps: int) -> list[float]:
-    """The minimal loop over a fresh copy of the trainer's starting point: step times in seconds."""
+def separate_linears(x: torch.Tensor, *linears: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    """model.fused_linear switched off: one matmul per layer."""
+    return tuple(linear(x) for linear in linears)
+
+
+def reference_loop(
+    trainer: train_run.Trainer, steps: int, fused: bool = True, clock=time.perf_counter
+) -> list[float]:
+    """The minimal loop over a fresh copy of the trainer's starting point: step times in seconds (`clock`'s),
+    with q/k/v and w1/w3 fused (model.py as it is) or as separate matmuls."""
+    original = model_lib.fused_linear
+    model_lib.fused_linear = original if fused else separate_linears
+    try:
+        return _reference_steps(trainer, steps, clock)
+    finally:
+        model_lib.fused_linear = original
+
+
+def _reference_steps(trainer: train_run.Trainer, steps: int, clock) -> list[float]:
     torch.manual_seed(trainer.cfg.seed)
     gpt = model_lib.GPT(trainer.model_config)
     opt = torch.optim.AdamW(
@@ -45,14 +66,14 @@ def reference_loop(trainer: train_run.Trainer, steps: int) -> list[float]:
     )
     times = []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0 = clock()
         x, y = loader.next()
         _, loss = gpt(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return times
 
 
@@ -75,7 +96,7 @@ def bench_preset(
     warmup: int,
     out_root: pathlib.Path,
 ) -> dict:
-    ours, ref = [], []
+    ours, ref, fused_cpu, separate_cpu = [], [], [], []
     trainer = None
     for r in range(rounds):
         cfg = train_command.parse_config(
@@ -104,6 +125,8 @@ def bench_preset(
         trainer = train_run.Trainer(cfg, log=lambda *a, **k: None)
         ours += train_loop(trainer, warmup + steps)[warmup:]
         ref += reference_loop(trainer, warmup + steps)[warmup:]
+        for fused, times in ((True, fused_cpu), (False, separate_cpu)):
+            times += reference_loop(trainer, warmup + steps, fused, time.process_time)[warmup:]
     t_ours, t_ref = statistics.median(ours), statistics.median(ref)
     tokens = trainer.tokens_per_step
     return {
@@ -115,6 +138,7 @@ def bench_preset(
         "ours_mfu": tokens / t_ours * trainer._flops_per_token / trainer._peak,
         "ref_mfu": tokens / t_ref * trainer._flops_per_token / trainer._peak,
         "overhead": t_ours / t_ref - 1,
+        "fused_speedup": statistics.median(separate_cpu) / statistics.median(fused_cpu),
         "peak": trainer._peak,
     }
 
@@ -163,7 +187,7 @@ def main(argv=None) -> None:
     )
     print(
         f"{'preset':<7} {'params':>10} {'tokens/step':>11} {'train.py tok/s':>15} {'reference tok/s':>16} "
-        f"{'MFU ours':>9} {'MFU ref':>8} {'overhead':>9}"
+        f"{'MFU ours':>9} {'MFU ref':>8} {'overhead':>9} {'fused x':>8}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets.split(","):
@@ -182,7 +206,7 @@ def main(argv=None) -> None:
             print(
                 f"{r['preset']:<7} {r['params']:>10,} {r['tokens_per_step']:>11,} {r['ours_tok_s']:>15,.0f} "
                 f"{r['ref_tok_s']:>16,.0f} {100 * r['ours_mfu']:>8.1f}% {100 * r['ref_mfu']:>7.1f}% "
-                f"{100 * r['overhead']:>+8.1f}%"
+                f"{100 * r['overhead']:>+8.1f}% {r['fused_speedup']:>7.2f}x"
             )
     print(
         f"MFU against a measured 1024^3 fp32 matmul peak of {r['peak'] / 1e9:.0f} GFLOP/s on this CPU"

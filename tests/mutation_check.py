@@ -344,8 +344,8 @@ MUTANTS = [
     Mutant(
         "qk-norm-after-rope",
         "model.py",
-        """        if self.q_norm is not None:  # before RoPE; in v's dtype (the fp32 gain promotes a bf16 q)
-            q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)
+        """        if self.q_norm is not None:  # before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
         positions = self.positions
         if positions is None:
             start = 0 if cache is None else cache.start
@@ -360,7 +360,7 @@ MUTANTS = [
         cos, sin = rope_angles(positions, self.head_dim, self.rope_theta)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.q_norm is not None:
-            q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)
+            q, k = self.q_norm(q), self.k_norm(k)
 """,
         ("tests/test_model.py::test_max_attention_logit_equals_a_float64_computation",),
         "QK-norm's per-feature gains applied after RoPE's rotation mixed each pair",
@@ -368,13 +368,85 @@ MUTANTS = [
     Mutant(
         "qk-norm-promotes-q-and-k-to-fp32",
         "model.py",
-        "q, k = self.q_norm(q).type_as(v), self.k_norm(k).type_as(v)",
-        "q, k = self.q_norm(q), self.k_norm(k)",
+        "return normed.type_as(x) * self.weight.type_as(x)",
+        "return normed.type_as(x) * self.weight",
         (
             "tests/test_model.py::"
             "test_qk_norm_keeps_q_and_k_in_the_compute_dtype_under_bf16_autocast",
+            "tests/test_model.py::"
+            "test_the_residual_stream_and_the_norms_stay_bf16_under_bf16_autocast",
         ),
-        "under bf16 autocast the fp32 gains promote q and k: fp32 through RoPE, unlike v",
+        "under bf16 autocast RMSNorm's fp32 gain promotes its output (q and k under QK-norm, every matmul input)",
+    ),
+    # --- the GPU step (issue 47): fused matmuls, the bf16 residual stream -------------------------------------------
+    Mutant(
+        "fused-qkv-split-in-the-wrong-order",
+        "model.py",
+        "q, k, v = (t.view(B, T, -1, self.head_dim) for t in qkv)",
+        "q, v, k = (t.view(B, T, -1, self.head_dim) for t in qkv)",
+        ("tests/test_model.py::test_gqa_expands_kv_heads_in_groups_like_repeat_interleave",),
+        "the fused q/k/v output split with k and v swapped (equally wide: the shapes let it through)",
+    ),
+    Mutant(
+        "fused-gate-and-value-swapped",
+        "model.py",
+        "gate, value = fused_linear(x, self.w1, self.w3)",
+        "value, gate = fused_linear(x, self.w1, self.w3)",
+        ("tests/test_model.py::test_moe_with_one_expert_top1_equals_the_dense_ffn",),
+        "SwiGLU's fused output split with the gate and the value swapped (w1, w3 equally wide)",
+    ),
+    Mutant(
+        "fused-weights-stacked-in-reverse",
+        "model.py",
+        "F.linear(x, torch.cat(weights))",
+        "F.linear(x, torch.cat(weights[::-1]))",
+        ("tests/test_model.py::test_fused_projections_equal_separate_matmuls",),
+        "fused_linear stacks the weights in reverse: each output piece is another layer's",
+    ),
+    Mutant(
+        "fused-split-by-the-global-sizes",
+        "model.py",
+        "split([w.shape[0] for w in weights], dim=-1)",
+        "split([linear.out_features for linear in linears], dim=-1)",
+        (f"{PARALLEL}::test_tp_and_pp_under_bf16_autocast_fused_equal_separate_and_one_process",),
+        "the fused output split by the full layers' sizes: a tensor-parallel shard holds only its rows",
+    ),
+    Mutant(
+        "residual-stream-left-in-fp32",
+        "model.py",
+        "            x = x.to(torch.get_autocast_dtype(device))",
+        "            x = x.float()",
+        (
+            "tests/test_model.py::"
+            "test_the_residual_stream_and_the_norms_stay_bf16_under_bf16_autocast",
+        ),
+        "the embedding's output not cast: an fp32 residual stream under bf16 autocast",
+    ),
+    Mutant(
+        "rmsnorm-mean-square-in-bf16",
+        "model.py",
+        "        x32 = x.float()\n",
+        "        x32 = x\n",
+        (
+            "tests/test_model.py::test_rmsnorm_takes_the_mean_square_in_fp32_and_returns_the_input_dtype",
+        ),
+        "RMSNorm's mean square taken in the input's bf16 (8 bits of mantissa) instead of fp32",
+    ),
+    Mutant(
+        "pipeline-receives-the-stream-in-fp32",
+        "model_parallel.py",
+        "            dtype = torch.get_autocast_dtype(device.type)\n",
+        "            pass\n",
+        (f"{PARALLEL}::test_tp_and_pp_under_bf16_autocast_fused_equal_separate_and_one_process",),
+        "pipeline stages receive the bf16 residual stream into fp32 buffers (the bytes garbled)",
+    ),
+    Mutant(
+        "ablation-fusion-switch-does-nothing",
+        "bench/bench_gpu.py",
+        "model_lib.fused_linear = original if fused else separate_linears",
+        "model_lib.fused_linear = original",
+        ("tests/test_bench_gpu.py::test_the_ablation_switches_turn_each_change_off_and_back_on",),
+        "the bench's 'separate matmuls' variant still runs the fused ones (its MFU row would measure nothing)",
     ),
     Mutant(
         "qk-norm-gains-drawn-like-matrices",
@@ -997,11 +1069,11 @@ MUTANTS = [
     ),
     Mutant(
         "ep-slots-sent-in-fp32",
-        "model_parallel.py",
-        "        x = x.to(torch.get_autocast_dtype(x.device.type))\n",
-        "        pass\n",
+        "model.py",
+        "            x = x.to(torch.get_autocast_dtype(device))",
+        "            x = x.float()",
         (f"{EPCP}::test_expert_and_context_parallel_equal_one_process_on_2_ranks",),
-        "EP dispatches the fp32 slots of the norm's output under bf16: twice the bytes",
+        "the residual stream left fp32 under bf16: EP dispatches fp32 slots, twice the bytes",
     ),
     # issue 36: expert parallel under ZeRO-1/2
     Mutant(

@@ -202,6 +202,7 @@ def test_bench_train_smoke(small_corpus, tmp_path):
         )
     )
     assert any(line.startswith("tiny ") for line in out.splitlines()), out
+    assert "fused x" in out and out.split("tiny ")[1].split("\n")[0].rstrip().endswith("x"), out
 
 
 BAD_FLAGS = [

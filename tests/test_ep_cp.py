@@ -206,7 +206,7 @@ def _check_costs(results):
     loss.backward()
     loss = loss.detach()
     causal = T_long * (T_long + 1) // 2
-    c = GPTConfig(**MOE)  # EP's slots travel in bf16 under autocast, not in the fp32 of the norm
+    c = GPTConfig(**MOE)  # EP's slots travel in bf16 under autocast (model.py's stream), not fp32
     want = c.n_layer * MP.all_to_all_bytes(c.n_expert, B // n * T, c.n_embd, n, nbytes=2)
     assert [r["ep_bf16_sent"] for r in results] == [want] * n, (want, results[0]["ep_bf16_sent"])
     assert [r["tp_graphs"] for r in results] == [2] * n, [r["tp_graphs"] for r in results]

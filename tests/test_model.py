@@ -291,13 +291,15 @@ def test_the_loss_upcasts_the_logits_once_and_returns_them_in_the_compute_dtype(
     `_, loss = model(x, y)` keeps them alive), or a loss left in bf16 (no autocast to upcast it: ZeRO-3's bf16
     weights). The loss makes one fp32 copy on purpose (model.py says why) plus the log-softmax that backward needs;
     in fp32 the logits are already fp32: no copy. The loss is the fp32 cross-entropy of the logits returned."""
-    model = make(small())
+    model = make(small(vocab_size=96))
     dtype = torch.float32 if compute == "fp32" else torch.bfloat16
     if compute == "bf16 weights":
         model = model.to(torch.bfloat16)
-    x = ids((3, 16))  # B x T x V = 3,072 elements: no weight's size
+    x = ids(
+        (3, 16)
+    )  # B x T x V = 4,608 elements: no weight's size, no activation's (fused q, k, v: 64 wide)
     with (
-        NewTensors(3 * 16 * 64) as watch,
+        NewTensors(3 * 16 * 96) as watch,
         torch.autocast("cpu", torch.bfloat16, enabled=compute == "bf16 autocast"),
     ):
         logits, loss = model(x, x)
@@ -1112,8 +1114,8 @@ def test_qk_norm_with_unit_gains_bounds_every_attention_logit_by_sqrt_head_dim()
 
 
 def test_qk_norm_keeps_q_and_k_in_the_compute_dtype_under_bf16_autocast(monkeypatch):
-    """RMSNorm's fp32 gain would promote a bf16 q and k to fp32 (twice the bytes through RoPE and the kernel, and
-    a dtype unlike v's): QK-norm hands them on in v's dtype, as they are without it."""
+    """An fp32 gain would promote a bf16 q and k to fp32 (twice the bytes through RoPE and the kernel, and a dtype
+    unlike v's): RMSNorm returns its input's dtype, so QK-norm hands them on in v's, as they are without it."""
     import model as model_module
 
     seen = []
@@ -1193,3 +1195,82 @@ def test_qk_norm_model_generates_with_kv_cache_as_the_full_forward_and_round_tri
     again = GPT(GPTConfig.from_dict(dataclasses.asdict(config)))
     again.load_state_dict(model.state_dict())
     torch.testing.assert_close(again.eval()(idx)[0], model(idx)[0])
+
+
+# ------------------------------------------------------------------------------- the GPU step: fused matmuls, bf16
+
+
+def separate_linears(x, *linears):
+    """The reference for model.fused_linear: one matmul per layer, each through its own forward."""
+    return tuple(linear(x) for linear in linears)
+
+
+def loss_and_grads(model, x, autocast: bool):
+    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        logits, loss = model(x, x)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return logits, loss, grads
+
+
+@pytest.mark.parametrize(
+    "pattern", ["", "LA"]
+)  # GQA attention; linear attention (its q, k, v fused too)
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_projections_equal_separate_matmuls(monkeypatch, pattern, autocast):
+    """q/k/v and w1/w3 as one matmul each (model.fused_linear) against one matmul per layer: logits, loss and every
+    gradient, fp32 to rounding, bf16 autocast within bf16's. Catches fused_linear stacking or splitting wrongly;
+    the order in which Attention and SwiGLU take its pieces is held by references that call wq, wk, wv, w1 and w3
+    one by one (test_gqa_expands_kv_heads_in_groups_like_repeat_interleave, test_moe_with_one_expert_top1_...)."""
+    import model as model_module
+
+    cfg = small(layer_pattern=pattern, n_head=4, n_kv_head=2 if not pattern else 4)
+    fused, separate = make(cfg), make(cfg)
+    x = ids((3, 16))
+    got = loss_and_grads(fused, x, autocast)
+    monkeypatch.setattr(model_module, "fused_linear", separate_linears)
+    want = loss_and_grads(separate, x, autocast)
+    tol = dict(rtol=2e-2, atol=2e-2) if autocast else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[0], want[0], **tol)
+    torch.testing.assert_close(got[1], want[1], **tol)
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], **tol, msg=name)
+
+
+def test_the_residual_stream_and_the_norms_stay_bf16_under_bf16_autocast():
+    """Under bf16 autocast every activation between matmuls is bf16: the embedding's output (the residual stream at
+    each block and at the final norm) and every RMSNorm's output (an fp32 stream, or an fp32 gain, would make
+    autocast cast each matmul's input again: fp32 bytes through every elementwise kernel). In fp32 all stays fp32."""
+    for autocast, dtype in ((True, torch.bfloat16), (False, torch.float32)):
+        model = make(small(qk_norm=True))
+        seen = []
+        for module in model.modules():
+            if isinstance(module, (RMSNorm, model.blocks[0].__class__)):
+                module.register_forward_hook(
+                    lambda m, args, out: seen.append((type(m).__name__, args[0].dtype, out.dtype))
+                )
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            logits, loss = model(ids((2, 16)), ids((2, 16)))
+        assert (
+            len(seen) == 2 * (2 + 2) + 2 + 1
+        )  # per block: 2 norms, 2 QK-norms, the block; the final norm
+        assert set(seen) == {("RMSNorm", dtype, dtype), ("Block", dtype, dtype)}, set(seen)
+        assert logits.dtype == dtype and loss.dtype == torch.float32
+
+
+def test_rmsnorm_takes_the_mean_square_in_fp32_and_returns_the_input_dtype():
+    """bf16 in, bf16 out, with the mean square of the fp32 values: equal to the fp32 formula's, rounded, to the
+    bit (squares and their mean rounded to bf16's 8 bits of mantissa change 44% of these 4,096 outputs)."""
+    gen = torch.Generator().manual_seed(0)
+    norm = RMSNorm(512)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(512, generator=gen) + 0.5)
+    x = (3 * torch.randn(8, 512, generator=gen)).to(torch.bfloat16)
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16)
+    want = normed * norm.weight.to(torch.bfloat16)
+    got = norm(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

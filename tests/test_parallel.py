@@ -1524,3 +1524,66 @@ def test_tensor_parallel_untied_head_is_created_on_the_models_device():
         model, P.Comm(None, [0, 1], 0)
     )  # slicing only: no collective runs here
     assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+# ---- the GPU step's fused matmuls and bf16 residual stream, split over ranks -----------------------------------
+
+
+def _one_sgd_step(split, pipe, x, y):
+    """One plain SGD step of a (maybe split) model under bf16 autocast; returns its loss."""
+    model = split.module
+    opt = torch.optim.SGD(model.parameters(), lr=SGD_LR)
+    with torch.autocast("cpu", torch.bfloat16):
+        if pipe is not None:
+            loss = pipe.step(x, y, 3)
+        else:
+            loss = split(x, y)[1]
+            loss.backward()
+    opt.step()
+    return loss.detach().float()
+
+
+def _fused_split_worker(rank, world):
+    """tp 2 and pp 2 under bf16 autocast, each with the fused q/k/v and w1/w3 matmuls and with one matmul per
+    layer (model.fused_linear replaced by the reference): the loss and the full state after one SGD step."""
+    import model as model_module
+    from test_model import separate_linears
+
+    x, y = batches(batch=BATCH12)[0]
+    out, fused = {}, model_module.fused_linear
+    for name, sizes in (("tp2", dict(tp=2)), ("pp2", dict(pp=2))):
+        for how in ("fused", "separate"):
+            model_module.fused_linear = fused if how == "fused" else separate_linears
+            mesh = P.Mesh.build(**sizes)
+            model = make_model(CFG)
+            split = MP.TensorParallel(model, mesh.tp)
+            pipe = MP.PipelineParallel(model, mesh, "1f1b") if mesh.pp.size > 1 else None
+            loss = _one_sgd_step(split, pipe, x, y)
+            out[name, how] = {"loss": loss, "state": wiring.full_model_state_dict(model, mesh)}
+    model_module.fused_linear = fused
+    return out
+
+
+def test_tp_and_pp_under_bf16_autocast_fused_equal_separate_and_one_process():
+    """The fused projections under tensor parallel (each rank's ColumnParallelLinear shards: the local q, k, v
+    sizes) and the bf16 residual stream between pipeline stages (sent and received in bf16): one SGD step under
+    bf16 autocast, fused = one matmul per layer on the same split to the bit's neighbourhood, and both = one
+    process within bf16's tolerance (the update, weight after minus before, to 2% of its norm)."""
+    x, y = batches(batch=BATCH12)[0]
+    reference = make_model(CFG)
+    before = state(reference)
+    split = MP.TensorParallel(reference, P.Comm.single())
+    want_loss = _one_sgd_step(split, None, x, y)
+    want = {k: v - before[k] for k, v in state(reference).items()}
+    for rank, res in enumerate(launcher.launch(_fused_split_worker, 2, timeout_s=180)):
+        for name in ("tp2", "pp2"):
+            fused, separate = res[name, "fused"], res[name, "separate"]
+            torch.testing.assert_close(fused["loss"], separate["loss"], rtol=1e-3, atol=1e-3)
+            torch.testing.assert_close(fused["loss"], want_loss, rtol=2e-2, atol=2e-2)
+            for key in want:
+                got = fused["state"][key] - before[key]
+                also = separate["state"][key] - before[key]
+                scale = want[key].norm()
+                what = f"{name} rank {rank} {key}"
+                assert (got - also).norm() <= 1e-2 * scale + 1e-6, what
+                assert (got - want[key]).norm() <= 2e-2 * scale + 1e-6, what
