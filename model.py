@@ -124,9 +124,7 @@ class GPTConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ConfigError(
-                f"GPTConfig: unknown field(s) {unknown}; known fields are {sorted(known)}"
-            )
+            raise ConfigError(f"GPTConfig: unknown field(s) {unknown}; known: {sorted(known)}")
         return cls(**d)
 
 
@@ -235,7 +233,8 @@ def causal_attention(
     if group > 1 and not (q.dtype in dtypes and (with_mask or mask is None)):
         # (..., h, Tk, d); with an int, repeat_interleave is a stride-0 expand and one plain copy
         k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
-    is_causal, enable_gqa = mask is None and Tq == Tk, k.shape[-3] != q.shape[-3]
+    is_causal = mask is None and Tq == Tk
+    enable_gqa = k.shape[-3] != q.shape[-3]
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa
     )
@@ -393,7 +392,8 @@ class GPT(nn.Module):
         activation between matmuls. Checks the ids and the length (skipped while compiling)."""
         if not torch.compiler.is_compiling():
             self._check_input(idx)
-        x, device = self.emb_dropout(self.tok_emb(idx)), idx.device.type
+        x = self.emb_dropout(self.tok_emb(idx))  # (B, T, C)
+        device = idx.device.type
         if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
             x = x.to(torch.get_autocast_dtype(device))  # "meta" has no autocast
         return x
