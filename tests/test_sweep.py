@@ -667,18 +667,17 @@ def test_cli_bad_input_is_one_line_exit_2():
     assert not (sweep.ROOT / "out" / "never").exists()
 
 
+def tiny_settings(**changes) -> sweep.SweepSettings:
+    """The quick design on the tiny dataset (a 300-token BPE): batches of 2 x 16 tokens, one run at
+    a time."""
+    tiny = dict(vocab_size=300, block_size=16, batch_sizes=(2,), min_steps=10, eval_windows=8)
+    return dataclasses.replace(sweep.QUICK_SWEEP, workers=1, **tiny, **changes)
+
+
 def test_a_recorded_point_reruns_alone_to_the_same_loss(tiny_dataset, tmp_path):
     """final.jsonl's `command` is the whole run: pasted into a shell (from the project folder) it trains the
     same model on the same batches and ends at the same loss, bit for bit, on a CPU."""
-    settings = dataclasses.replace(
-        sweep.QUICK_SWEEP,
-        vocab_size=300,
-        block_size=16,
-        batch_sizes=(2,),
-        min_steps=10,
-        eval_windows=8,
-        workers=1,
-    )
+    settings = tiny_settings()
     shape = sweep.Shape(2, 32)
     run = sweep.plan_run(6.0 * shape.counts(300)[0] * 40 * 2 * 16, shape, settings)
     assert (run.steps, run.batch_size) == (40, 2)
@@ -755,17 +754,7 @@ def test_a_wsd_branch_equals_one_straight_wsd_run_and_the_trunk_is_extended(tiny
     """Two points of one size under --schedule wsd: the trunk trains to the first point's decay
     start, is resumed to the second's, and each branch ends at the loss of one uninterrupted WSD run
     of its length, bit for bit on a CPU (train.py's resume is exact). The report counts the tokens."""
-    settings = dataclasses.replace(
-        sweep.QUICK_SWEEP,
-        vocab_size=300,
-        block_size=16,
-        batch_sizes=(2,),
-        min_steps=10,
-        eval_windows=8,
-        workers=1,
-        schedule="wsd",
-        budgets=(1.0,),
-    )
+    settings = tiny_settings(schedule="wsd", budgets=(1.0,))
     shape = sweep.Shape(2, 32)
     per_step = 6.0 * shape.counts(300)[0] * 2 * 16
     runs = [sweep.plan_run(per_step * steps, shape, settings) for steps in (20, 40)]
