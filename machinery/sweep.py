@@ -209,7 +209,8 @@ class SweepSettings:
     # "cosine": every point its own run. "wsd" (Hägele et al. 2024): each size and seed trains
     # once at a constant rate, a trunk extended as far as its longest point needs, and every point
     # is a branch resumed from the trunk's checkpoint and decayed over its last decay_fraction; a
-    # size keeps one batch at every budget (its smallest budget's), so its branches share a trunk
+    # size keeps one batch at every budget (its smallest budget's), so its branches share a trunk.
+    # The time estimate still counts each point as a whole run: an upper bound under wsd
     schedule: str = "cosine"
     decay_fraction: float = 0.2
     # every run is scored on the same first 384 windows of the val split
@@ -1180,8 +1181,8 @@ def annealing_line(result: SweepResult) -> str:
     """The report's line on how each point is annealed, and what it costs in tokens: its own cosine
     run (and what WSD trunks would have cost), or the branches of the trunks it trained."""
     s, records = result.settings, result.records
-    budgets = sorted({r["budget"] for r in records if not r["heldout"]})
     if s.schedule != "wsd":
+        budgets = sorted({r["budget"] for r in records if not r["heldout"]})
         cosine, wsd = wsd_cost([r for r in records if r.get("seed", 0) == s.seed])
         return (
             f"- **Annealing**: every point is the end of its own cosine schedule ({cosine:,} "
@@ -1408,6 +1409,14 @@ def sweep_report(result: SweepResult) -> str:
     grid = runs_of(records)
     budgets = sorted({r["budget"] for r in records if not r["heldout"]})
     longest = max(r["tokens"] for r in records)
+    schedule = f"{s.warmup_fraction:.0%} warmup, then cosine to 10% at the run's last step"
+    at_budget = ""
+    if s.schedule == "wsd":
+        at_budget = " at the size's smallest budget, kept at every budget"
+        schedule = (
+            f"warmup over {s.warmup_fraction:.0%} of {s.min_steps:,} steps, then the trunk's "
+            f"constant rate; each point decays to 10% over its last {s.decay_fraction:.0%}"
+        )
     out = [
         f"# Scaling sweep: {len(budgets)} IsoFLOP budgets on `{result.corpus}`, one held-out "
         "budget predicted",
@@ -1427,7 +1436,7 @@ def sweep_report(result: SweepResult) -> str:
         f"guess N = sqrt(C / 6·{s.tokens_per_param_guess:g}), each trained for D = C / 6N tokens "
         f"in whole steps of {'/'.join(map(str, s.batch_sizes))} sequences of {s.block_size} "
         "tokens: the largest "
-        f"batch that still gives at least {s.min_steps:,} steps (steps per run: "
+        f"batch that still gives at least {s.min_steps:,} steps{at_budget} (steps per run: "
         f"{min(r['steps'] for r in records):,} to {max(r['steps'] for r in records):,}). A size "
         "that would get "
         f"fewer steps, or read more than {s.max_run_tokens:,} tokens, is not tried at that budget.",
@@ -1449,14 +1458,7 @@ def sweep_report(result: SweepResult) -> str:
         f"{s.eval_windows * s.block_size:,} held-out tokens (the val split, cut by document) for "
         "every run.",
         f"- **Learning rate** per size by the rule lr = {s.lr_at_64:g} · 64 / width (Adam's "
-        "optimum falls as "
-        f"1/width, muP); {s.warmup_fraction:.0%} warmup, then "
-        + (
-            "the trunk's constant rate"
-            if s.schedule == "wsd"
-            else "cosine to 10% at the run's last step"
-        )
-        + ".",
+        f"optimum falls as 1/width, muP); {schedule}.",
     ]
     out.append(seed_line(records, s))
     out.append(annealing_line(result))
