@@ -662,12 +662,14 @@ def pairs_in_groups(order: np.ndarray, group: np.ndarray) -> np.ndarray:
 
 
 def band_key(band_rows: np.ndarray) -> np.ndarray:
-    """One 64-bit key per band: (..., r) uint64 -> (...) uint64, fmix64 of Σ m_i·row_i mod 2^64 with
-    fixed random odd multipliers m_i, for every document and band in one product. Equal bands give
-    equal keys; different bands rarely share one (handled by the caller). An index too big for
-    memory joins documents on these keys on disk instead (machinery/data_at_scale.py)."""
-    odd = np.random.default_rng(0).integers(0, 2**63, size=band_rows.shape[-1], dtype=np.uint64)
-    return _fmix64_array(band_rows @ (odd * np.uint64(2) + np.uint64(1)))  # wraps mod 2^64
+    """One 64-bit key per document for a band: (N, r) uint64 -> (N,) uint64, fmix64 folded over the
+    r values. Equal bands give equal keys; different bands share a key with probability ~2^-64
+    (handled by the caller). An index too big for memory joins documents on these keys on disk
+    instead (machinery/data_at_scale.py)."""
+    key = np.full(len(band_rows), _SHINGLE_SEED, dtype=np.uint64)
+    for column in band_rows.T:
+        key = _fmix64_array(key ^ column)
+    return key
 
 
 def candidate_pairs(
@@ -677,9 +679,8 @@ def candidate_pairs(
     `documents`, an ascending array of row ids, restricts the search to those rows (without copying
     the whole signature array).
 
-    Per band: sort the documents by a 64-bit key of their band (one argsort for all bands), so
-    documents with identical bands become neighbours; every pair inside a run of identical bands is
-    a candidate.
+    Per band: sort the documents by a 64-bit key of their band (one argsort), so documents with
+    identical bands become neighbours; every pair inside a run of identical bands is a candidate.
     Neighbours with equal keys are checked row by row: if two different bands ever share a key
     (odds ~2^-64 per pair), that band is re-sorted by the rows themselves (np.lexsort) and its runs
     are cut where the rows differ, so a key collision neither makes a false candidate nor hides one.
@@ -698,23 +699,20 @@ def candidate_pairs(
         documents = np.arange(signatures.shape[0])
     documents = np.asarray(documents, dtype=np.int64)
     num_docs = len(documents)
-    band_rows = signatures.reshape(len(signatures), bands, rows)  # (docs, b, r) a view, no copy
-    keys = np.ascontiguousarray(band_key(band_rows)[documents].T)  # (b, N) each band's keys
-    order = np.argsort(keys, axis=1)  # (b, N) per band, equal keys side by side
-    sorted_keys = np.take_along_axis(keys, order, axis=1)
-    new_run = np.ones((bands, num_docs), dtype=bool)  # (b, N) a run of equal keys starts here
-    new_run[:, 1:] = sorted_keys[:, 1:] != sorted_keys[:, :-1]
-    band, at = np.nonzero(~new_run)  # neighbours with equal keys: are their bands equal too?
-    left, right = documents[order[band, at - 1]], documents[order[band, at]]
-    differ = np.any(band_rows[left, band] != band_rows[right, band], axis=1)
-    for collided in np.unique(band[differ]).tolist():  # no: sort that band exactly, by its rows
-        exact = band_rows[documents, collided]  # (N, r)
-        order[collided] = np.lexsort(exact.T[::-1])
-        exact = exact[order[collided]]
-        new_run[collided, 1:] = np.any(exact[1:] != exact[:-1], axis=1)
-    # one pass over all bands: a run never crosses a band, since each band's first position is new
-    pairs = pairs_in_groups(order.ravel(), np.cumsum(new_run.ravel()))
-    unique = np.unique(pairs[:, 0] * num_docs + pairs[:, 1])  # one int64 per pair, each pair once
+    keys = []
+    for band in range(bands):
+        band_rows = signatures[documents, band * rows : (band + 1) * rows]  # (N, r) a small copy
+        band_keys = band_key(band_rows)
+        order = np.argsort(band_keys)  # (N,) equal keys side by side
+        new_run = band_keys[order[1:]] != band_keys[order[:-1]]  # (N-1,) the key changes
+        same = np.flatnonzero(~new_run)  # neighbours with equal keys: are their bands equal too?
+        if np.any(band_rows[order[same]] != band_rows[order[same + 1]]):  # no: sort exactly
+            order = np.lexsort(band_rows.T[::-1])
+            new_run = np.any(band_rows[order[1:]] != band_rows[order[:-1]], axis=1)
+        group = np.concatenate(([0], np.cumsum(new_run)))
+        pairs = pairs_in_groups(order, group)
+        keys.append(pairs[:, 0] * num_docs + pairs[:, 1])  # one int64 per pair
+    unique = np.unique(np.concatenate(keys))
     return documents[np.stack([unique // num_docs, unique % num_docs], axis=1)]
 
 
@@ -835,7 +833,9 @@ def identical_signature_groups(signatures: np.ndarray) -> tuple[np.ndarray, np.n
     >>> representatives.tolist(), stars.tolist()
     ([0, 1], [[0, 2], [0, 3]])
     """
-    keys = band_key(signatures)  # (N,) a hash of the whole row: the signature as one band
+    odd = np.random.default_rng(0).integers(0, 2**63, size=signatures.shape[1], dtype=np.uint64)
+    mixer = odd * 2 + 1  # (k,) random odd multipliers
+    keys = _fmix64_array(signatures @ mixer)  # (N,) a hash of the whole row (wraps mod 2^64)
     order = np.argsort(keys, kind="stable")  # twins side by side, smaller index first
     same_key = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])  # only these can be twins
     twin_of_previous = np.zeros(len(order) - 1, dtype=bool)  # (N-1,) exactly equal rows

@@ -404,7 +404,7 @@ def test_lsh_candidates_match_brute_force_banding(monkeypatch):
         # Every band key colliding (as if 64-bit hashes clashed) must change nothing: the rows decide.
         with monkeypatch.context() as patch:
             patch.setattr(
-                dedup, "band_key", lambda rows: np.zeros(rows.shape[:-1], dtype=np.uint64)
+                dedup, "band_key", lambda band_rows: np.zeros(len(band_rows), dtype=np.uint64)
             )
             assert lsh_candidates(sig, bands, rows) == want
 
