@@ -250,13 +250,13 @@ def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # (L,)
     bounds = np.flatnonzero(np.diff(_is_word_char(codes), prepend=False))  # where words begin/end
     starts, ends = bounds[0::2], bounds[1::2]  # (words,) [start, end): the text ends in "\n"
-    prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
     # table length: >= L, and the same for every group (casefold may lengthen one: "ß" -> "ss")
     table = max(2 * GROUP_CHARS, 1 << (len(codes) - 1).bit_length())
     inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), table)[: len(codes)]  # (L,) B^-i
-    np.cumsum(codes * inverse_powers, out=prefix[1:])  # Σ c_i·B^-i, wraps mod 2^64
-    powers = _powers(_POLY_BASE, table)  # (table,) B^i
-    poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]  # Σ c_i·B^(end-1-i)
+    prefix = np.zeros(len(codes) + 1, dtype=np.uint64)  # prefix[i] = Σ_{j<i} c_j·B^-j
+    np.cumsum(codes * inverse_powers, out=prefix[1:])  # wraps mod 2^64
+    edges = prefix[bounds].reshape(-1, 2)  # (words, 2) the sums at each start and end
+    poly = (edges[:, 1] - edges[:, 0]) * _powers(_POLY_BASE, table)[ends - 1]  # Σ c_i·B^(end-1-i)
     lengths = (ends - starts).astype(np.uint64)
     text_ends = np.cumsum([len(t) + 1 for t in normalized])  # code point after each text's "\n"
     counts = np.diff(np.searchsorted(starts, text_ends), prepend=0)  # words per text
@@ -281,7 +281,7 @@ def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.nda
     for j in range(n):  # fold word j of every shingle into h
         live = width > j
         if live.all():
-            h = _fmix64_array(h ^ words64[first_word + j])
+            h = _fmix64_array(h ^ words64[j:][first_word])  # word j: first_word + j, no sum
         else:
             h[live] = _fmix64_array(h[live] ^ words64[first_word[live] + j])
     return h, offsets
