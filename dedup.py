@@ -276,13 +276,12 @@ def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.nda
     offsets = np.concatenate(([0], np.cumsum(per_doc))).astype(np.int64)  # (docs + 1,)
     # first word of every shingle: doc start + 0, 1, ..., per_doc - 1 (an arange restarted per doc)
     first_word = np.repeat(word_starts - offsets[:-1], per_doc) + np.arange(offsets[-1])
-    width = np.repeat(np.minimum(lengths, n), per_doc)  # words in each shingle (< n if short)
     h = np.full(offsets[-1], _SHINGLE_SEED, dtype=np.uint64)
     for j in range(n):  # fold word j of every shingle into h
-        live = width > j
-        if live.all():
+        if j < lengths.min():  # every shingle has a word j
             h = _fmix64_array(h ^ words64[j:][first_word])  # word j: first_word + j, no sum
-        else:
+        else:  # a shingle of a short document has its words only (lengths < n)
+            live = np.repeat(lengths > j, per_doc)  # (shingles,) the shingles with a word j
             h[live] = _fmix64_array(h[live] ^ words64[first_word[live] + j])
     return h, offsets
 
