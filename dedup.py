@@ -250,13 +250,13 @@ def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     codes = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # (L,)
     bounds = np.flatnonzero(np.diff(_is_word_char(codes), prepend=False))  # where words begin/end
     starts, ends = bounds[0::2], bounds[1::2]  # (words,) [start, end): the text ends in "\n"
-    prefix = np.zeros(len(codes) + 1, dtype=np.uint64)
     # table length: >= L, and the same for every group (casefold may lengthen one: "ß" -> "ss")
     table = max(2 * GROUP_CHARS, 1 << (len(codes) - 1).bit_length())
     inverse_powers = _powers(pow(_POLY_BASE, -1, 1 << 64), table)[: len(codes)]  # (L,) B^-i
-    np.cumsum(codes * inverse_powers, out=prefix[1:])  # Σ c_i·B^-i, wraps mod 2^64
-    powers = _powers(_POLY_BASE, table)  # (table,) B^i
-    poly = (prefix[ends] - prefix[starts]) * powers[ends - 1]  # Σ c_i·B^(end-1-i)
+    prefix = np.zeros(len(codes) + 1, dtype=np.uint64)  # prefix[i] = Σ_{j<i} c_j·B^-j
+    np.cumsum(codes * inverse_powers, out=prefix[1:])  # wraps mod 2^64
+    edges = prefix[bounds].reshape(-1, 2)  # (words, 2) the sums at each start and end
+    poly = (edges[:, 1] - edges[:, 0]) * _powers(_POLY_BASE, table)[ends - 1]  # Σ c_i·B^(end-1-i)
     lengths = (ends - starts).astype(np.uint64)
     text_ends = np.cumsum([len(t) + 1 for t in normalized])  # code point after each text's "\n"
     counts = np.diff(np.searchsorted(starts, text_ends), prepend=0)  # words per text
@@ -276,13 +276,12 @@ def _fingerprints_of_group(texts: list[str], n: int) -> tuple[np.ndarray, np.nda
     offsets = np.concatenate(([0], np.cumsum(per_doc))).astype(np.int64)  # (docs + 1,)
     # first word of every shingle: doc start + 0, 1, ..., per_doc - 1 (an arange restarted per doc)
     first_word = np.repeat(word_starts - offsets[:-1], per_doc) + np.arange(offsets[-1])
-    width = np.repeat(np.minimum(lengths, n), per_doc)  # words in each shingle (< n if short)
     h = np.full(offsets[-1], _SHINGLE_SEED, dtype=np.uint64)
     for j in range(n):  # fold word j of every shingle into h
-        live = width > j
-        if live.all():
-            h = _fmix64_array(h ^ words64[first_word + j])
-        else:
+        if j < lengths.min():  # every shingle has a word j
+            h = _fmix64_array(h ^ words64[j:][first_word])  # word j: first_word + j, no sum
+        else:  # a shingle of a short document has its words only (lengths < n)
+            live = np.repeat(lengths > j, per_doc)  # (shingles,) the shingles with a word j
             h[live] = _fmix64_array(h[live] ^ words64[first_word[live] + j])
     return h, offsets
 

@@ -614,6 +614,22 @@ MUTANTS = [
         "exact verification drops a document's first shingle when it equals the previous document's last",
     ),
     Mutant(
+        "word-hash-sums-read-one-early",
+        "dedup.py",
+        "edges = prefix[bounds].reshape(-1, 2)",
+        "edges = prefix[bounds - 1].reshape(-1, 2)",
+        ("tests/test_dedup.py::test_signatures_are_todays_bit_for_bit",),
+        "the vectorised word hash reads its prefix sums one character early: every signature moves",
+    ),
+    Mutant(
+        "short-shingle-folds-a-word-past-its-document",
+        "dedup.py",
+        "live = np.repeat(lengths > j, per_doc)",
+        "live = np.repeat(lengths >= j, per_doc)",
+        ("tests/test_dedup.py::test_fast_signatures_equal_the_reference_in_python_integers",),
+        "the shingle of a document shorter than n folds in the next document's first word",
+    ),
+    Mutant(
         "val-documents-leak-into-train",
         "machinery/data_at_scale.py",
         "    return alive & ~is_val, is_val\n",
