@@ -65,8 +65,8 @@ ROOT_BUDGET = 9750  # all ten chapters together
 # with ruff 0.17.6) it was 25,662. Issue 48 then added lessons on purpose, each tested: QK-norm, the soft-cap, z-loss
 # and the attention probe (74 lines), the width rule (10), and the experiment that measures them (machinery/recipe.py
 # and its command, 738), then Muon against AdamW on train.py's default model in that experiment (82) and the sweep's
-# WSD schedule: one constant-rate trunk per size, each point a decay branch, its flag and its report line (132).
-WHOLE_BUDGET = 25662 + 74 + 10 + 738 + 82 + 132
+# WSD schedule: one constant-rate trunk per size, each point a decay branch, its flag and its report lines (133).
+WHOLE_BUDGET = 25662 + 74 + 10 + 738 + 82 + 133
 STUB_LINES = 3
 FUNCTION_LINES = 60
 LONG_FUNCTIONS = {"train_loop": 100}  # the loop on one screen, as in nanoGPT
