@@ -1914,15 +1914,14 @@ def bench_ablation(setup: Setup, report: Report, tmp: pathlib.Path) -> dict:
             except RuntimeError as e:  # a forced SDPA backend this GPU, dtype or cuDNN cannot run
                 why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 report.add("ablation", f"{tag}, {name}", f"n/a: {why[:60]}")
+                continue
+            finally:  # the variant's model and optimizer go before the next one's
                 step = None
                 _free(setup.device)
-                continue
             mfu = tokens / seconds * trainer._flops_per_token / peak if peak else None
             value = f"{tokens / seconds:,.0f} tokens/s, MFU " + (f"{mfu:.1%}" if mfu else "n/a")
             report.add("ablation", f"{tag}, {name}", value)
             out[f"{tag}, {name}"] = {"tokens_per_s": tokens / seconds, "mfu": mfu}
-            step = None
-            _free(setup.device)
     return out
 
 
@@ -1957,10 +1956,8 @@ PROJECTED_S = {
     "decode": (15, 8),
     "resume": (30, 20),
     "torchrun": (40, 45),
-    "ablation": (
-        420,
-        60,
-    ),  # 6 variants: eager (seconds each) and compiled (~1 minute of inductor each)
+    # 6 variants: eager (seconds each) and compiled (~1 minute of inductor each)
+    "ablation": (420, 60),
 }
 DEFAULT_JSON = (
     ROOT / "out" / "bench_gpu.json"

@@ -9,7 +9,7 @@ Both loops get identical fresh models (same seed), the same AdamW (fused, betas 
 batches from the same data.py iterator. Runs alternate (ours, reference, ours, ...) so that load from other
 processes hits both alike; the figure is the median step time over all timed steps.
 
-The same run times the reference loop a third time with model.fused_linear switched off (q/k/v and w1/w3 as one
+The same run times the reference loop once more with model.fused_linear switched off (q/k/v and w1/w3 as one
 matmul per layer, the code before the fusion): "fused x" is that loop's median CPU time per step over the fused
 one's (CPU time, so that other processes' load does not count; > 1: the fused matmuls are faster).
 
@@ -35,27 +35,19 @@ import train  # noqa: E402
 from machinery import run as train_run  # noqa: E402
 from machinery.commands import train as train_command  # noqa: E402
 from benchcli import Parser, in_range  # noqa: E402
-
-
-def separate_linears(x: torch.Tensor, *linears: torch.nn.Module) -> tuple[torch.Tensor, ...]:
-    """model.fused_linear switched off: one matmul per layer."""
-    return tuple(linear(x) for linear in linears)
+from bench_gpu import ablated  # noqa: E402
 
 
 def reference_loop(
-    trainer: train_run.Trainer, steps: int, fused: bool = True, clock=time.perf_counter
-) -> list[float]:
-    """The minimal loop over a fresh copy of the trainer's starting point: step times in seconds (`clock`'s),
-    with q/k/v and w1/w3 fused (model.py as it is) or as separate matmuls."""
-    original = model_lib.fused_linear
-    model_lib.fused_linear = original if fused else separate_linears
-    try:
-        return _reference_steps(trainer, steps, clock)
-    finally:
-        model_lib.fused_linear = original
+    trainer: train_run.Trainer, steps: int, fused: bool = True
+) -> list[tuple[float, float]]:
+    """The minimal loop over a fresh copy of the trainer's starting point: (wall, CPU) seconds of each step, with
+    q/k/v and w1/w3 fused (model.py as it is) or as separate matmuls (bench_gpu's switch)."""
+    with ablated(fused, sdpa=None):
+        return _reference_steps(trainer, steps)
 
 
-def _reference_steps(trainer: train_run.Trainer, steps: int, clock) -> list[float]:
+def _reference_steps(trainer: train_run.Trainer, steps: int) -> list[tuple[float, float]]:
     torch.manual_seed(trainer.cfg.seed)
     gpt = model_lib.GPT(trainer.model_config)
     opt = torch.optim.AdamW(
@@ -66,14 +58,14 @@ def _reference_steps(trainer: train_run.Trainer, steps: int, clock) -> list[floa
     )
     times = []
     for _ in range(steps):
-        t0 = clock()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         x, y = loader.next()
         _, loss = gpt(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        times.append(clock() - t0)
+        times.append((time.perf_counter() - t0, time.process_time() - cpu0))
     return times
 
 
@@ -124,9 +116,10 @@ def bench_preset(
         )
         trainer = train_run.Trainer(cfg, log=lambda *a, **k: None)
         ours += train_loop(trainer, warmup + steps)[warmup:]
-        ref += reference_loop(trainer, warmup + steps)[warmup:]
-        for fused, times in ((True, fused_cpu), (False, separate_cpu)):
-            times += reference_loop(trainer, warmup + steps, fused, time.process_time)[warmup:]
+        fused = reference_loop(trainer, warmup + steps)[warmup:]
+        ref += [wall for wall, _ in fused]
+        fused_cpu += [cpu for _, cpu in fused]
+        separate_cpu += [cpu for _, cpu in reference_loop(trainer, warmup + steps, False)[warmup:]]
     t_ours, t_ref = statistics.median(ours), statistics.median(ref)
     tokens = trainer.tokens_per_step
     return {

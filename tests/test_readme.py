@@ -51,7 +51,7 @@ SKIPPED = {
     "python scaling.py sweep --quick --schedule wsd": "the quick sweep again as trunks and branches (minutes); "
     "tests/test_sweep.py trains a trunk, extends it and checks a branch against one straight run",
     "python scaling.py dedup-effect": "6 training runs and two datasets, about 2 minutes here",
-    "python scaling.py recipe": "85 training runs, about 40 minutes on 2 cores; tests/test_recipe.py runs its "
+    "python scaling.py recipe": "85 training runs, 117 training-minutes two at a time in the committed run; tests/test_recipe.py runs its "
     "--quick end to end (long)",
     "python dedup.py experiment --data hf": "downloads a Hugging Face dataset (needs `datasets` and a network)",
     "python data.py prepare --data pystdlib --vocab-size 8192": "31 MB of code through every stage: minutes here",
