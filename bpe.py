@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import re
 from collections import Counter, defaultdict
 from functools import lru_cache
 from pathlib import Path
@@ -143,6 +144,10 @@ GPT4_PATTERN = (
     r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 )
 PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN, "cl100k": GPT4_PATTERN}
+# Neither pattern's pieces go on past a space that follows a printable ASCII character ("a b" is
+# always "a", " b"), so text cut before such spaces encodes part by part to the same ids, and the
+# parts (words with their punctuation) repeat: "The cat, the cat." -> "The", "cat,", "the", "cat."
+WORD_CUT = re.compile(r" (?<=[!-~] )")  # a space (split drops it) after "!" ... "~"
 
 
 def resolve_pattern(pattern: str) -> str:
@@ -402,7 +407,10 @@ class Tokenizer:
         if len(self.vocab) != len(self.ranks) + len(self.special_tokens):
             raise TokenizerError("two tokens share one id; every token needs its own id")
         self._merges = list(merges) if merges is not None else None
-        self._cache: dict[str, list[int]] = {}
+        # text may be cut into words (WORD_CUT) under the built-in patterns, not under a custom one
+        self.cuts_words = self.pattern in (GPT2_PATTERN, GPT4_PATTERN)
+        self._word_ids: dict[str, list[int]] = {}  # "cat," -> the ids of " cat,"
+        self._piece_ids: dict[str, list[int]] = {}  # " cat" -> its ids
         self._tiktoken = None
 
     @classmethod
@@ -453,17 +461,36 @@ class Tokenizer:
         return [self.ranks[p] for p in bpe_parts(piece, self.ranks)]
 
     def encode_ordinary(self, text: str) -> list[int]:
-        """Encode text, special-token strings as ordinary text. Most pieces of real text repeat
-        (" the", ","), so each distinct piece is encoded once and cached."""
+        """Encode text, special-token strings as ordinary text. Real text repeats its words, so the
+        text is cut into words (WORD_CUT), each distinct word is encoded once and cached, and most
+        of the work is one look-up per word.
+
+        >>> tok = Tokenizer.from_merges([(b"a", b"t"), (b"c", b"at")])
+        >>> tok.encode_ordinary("cat at cat")  # "cat", ["at", "cat"]: " at" is [32, 256]
+        [257, 32, 256, 32, 257]
+        """
         if not isinstance(text, str):
             raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
-        if len(self._cache) > self.CACHE_LIMIT:
-            self._cache.clear()
+        if len(self._word_ids) + len(self._piece_ids) > self.CACHE_LIMIT:
+            self._word_ids.clear()
+            self._piece_ids.clear()
+        first, words = text, []
+        if self.cuts_words:
+            first, *words = WORD_CUT.split(text)  # each word after the first had a space before it
+        ids = self.encode_text(first)
+        for word in set(words).difference(self._word_ids):  # the words not seen before
+            self._word_ids[word] = self.encode_text(" " + word)
+        for word in words:
+            ids += self._word_ids[word]
+        return ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """The regex's pieces of text, each distinct piece merged once and cached."""
         ids: list[int] = []
         for piece in self.splitter.findall(text):
-            if piece not in self._cache:
-                self._cache[piece] = self.encode_piece(piece.encode("utf-8"))
-            ids += self._cache[piece]
+            if piece not in self._piece_ids:
+                self._piece_ids[piece] = self.encode_piece(piece.encode("utf-8"))
+            ids += self._piece_ids[piece]
         return ids
 
     def special_sets(self, allowed_special, disallowed_special) -> tuple[frozenset, frozenset]:

@@ -579,6 +579,22 @@ MUTANTS = [
         "the fast trainer recounts too short a stretch: the pair after the last merge keeps its old count",
     ),
     Mutant(
+        "bpe-word-cut-at-every-space",
+        "bpe.py",
+        'WORD_CUT = re.compile(r" (?<=[!-~] )")',
+        'WORD_CUT = re.compile(r" ")',
+        ("tests/test_bpe.py::test_word_cut_keeps_tiktokens_ids_around_any_whitespace",),
+        "the encoder cuts text into words at every space, also next to other whitespace",
+    ),
+    Mutant(
+        "bpe-word-cut-any-pattern",
+        "bpe.py",
+        "self.cuts_words = self.pattern in (GPT2_PATTERN, GPT4_PATTERN)",
+        "self.cuts_words = True",
+        ("tests/test_bpe.py::test_custom_pattern_is_not_cut_at_spaces",),
+        "the encoder cuts text at spaces under a custom regex whose pieces may hold spaces",
+    ),
+    Mutant(
         "minhash-modulus-2-to-the-32",
         "dedup.py",
         "% np.uint64(PRIME)",

@@ -358,6 +358,31 @@ def test_pure_python_equals_tiktoken_on_arbitrary_unicode(text, tiktoken_pairs):
         assert tok.encode_ordinary(text) == enc.encode_ordinary(text)
 
 
+# Whitespace of every kind next to spaces, letters that are not ASCII, digits and punctuation: where
+# a cut at the wrong space would move a piece's boundary ("x\n\t b" is "x", "\n", "\t", " b").
+AROUND_SPACES = " " * 6 + "\t\n\r\x0b\x0c\x85\xa0\u2009\u3000" + "ab1é中'.,!-\x00\x1c"
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=AROUND_SPACES, max_size=40))
+def test_word_cut_keeps_tiktokens_ids_around_any_whitespace(text, tiktoken_pairs):
+    """The encoder encodes text cut before the spaces that follow printable ASCII (bpe.WORD_CUT)
+    word by word: the ids must be those of the whole text, whatever whitespace is near a space."""
+    for enc, tok in tiktoken_pairs:
+        assert tok.cuts_words
+        assert tok.encode_ordinary(text) == enc.encode_ordinary(text), repr(text)
+
+
+def test_custom_pattern_is_not_cut_at_spaces():
+    """A custom regex may make pieces that hold spaces: its text is never cut into words."""
+    tok = Tokenizer.from_merges(
+        [(b"b", b" "), (b"b ", b"c")], special_tokens=(), pattern=r"[^\n]+|\n"
+    )
+    assert not tok.cuts_words
+    assert tok.encode_ordinary("ab cd") == [97, 257, 100]  # "a", "b c", "d": one piece, one merge
+    assert tok.encode_ordinary("ab cd") == tok.to_tiktoken().encode_ordinary("ab cd")
+
+
 def test_cache_is_bounded_and_does_not_change_ids(small_tok, monkeypatch):
     text = EMBEDDED * 3
     expected = small_tok.to_tiktoken().encode_ordinary(text)
@@ -365,8 +390,12 @@ def test_cache_is_bounded_and_does_not_change_ids(small_tok, monkeypatch):
     monkeypatch.setattr(Tokenizer, "CACHE_LIMIT", 3)
     assert (
         small_tok.encode_ordinary(text) == expected
-    )  # the cache was over the limit: cleared, then refilled
-    assert len(small_tok._cache) == len(set(bpe.pretokenize(text, small_tok.pattern)))
+    )  # the caches were over the limit: cleared, then refilled
+    first, *words = bpe.WORD_CUT.split(text)
+    assert set(small_tok._word_ids) == set(words)
+    pieces = bpe.pretokenize(first, small_tok.pattern)
+    pieces += [p for w in set(words) for p in bpe.pretokenize(" " + w, small_tok.pattern)]
+    assert set(small_tok._piece_ids) == set(pieces)
 
 
 # ---------------------------------------------------------------------------------------------------------------
