@@ -36,7 +36,6 @@ import dataclasses
 import json
 import math
 import pathlib
-import shutil
 import sys
 import time
 from typing import Sequence
@@ -166,29 +165,13 @@ def run_jobs(
     def one(job: Job):
         run_dir = out / "runs" / job.name
         cmd = command(s, job, data_dirs[job.model], run_dir) + list(job.flags)
-        stamp, wanted = run_dir / "command.json", json.dumps(cmd[1:])
-        loss = sweep.final_val_loss(run_dir / "metrics.jsonl", job.steps)
-        if stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted:
-            return job.name, loss
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
-        t0 = time.perf_counter()
-        try:
-            sweep._run_train(cmd, run_dir / "train.log", s.threads)
-        except BaseException:
-            shutil.rmtree(run_dir, ignore_errors=True)  # only finished runs stay
-            raise
-        loss, seconds = (
-            sweep.final_val_loss(run_dir / "metrics.jsonl", job.steps),
-            time.perf_counter() - t0,
+        # a diverged run (no finite loss) is a result here: the stability section counts them
+        loss, seconds, reused = sweep.train_or_reuse(
+            cmd, run_dir, job.steps, s.threads, diverged_ok=True
         )
-        fix = "pass another out_dir"
-        fileio.write_atomic(
-            run_dir / "train_seconds.txt", f"{seconds:.1f}", error=ScalingError, fix=fix
-        )
-        fileio.write_atomic(stamp, wanted, error=ScalingError, fix=fix)
-        shown = "diverged" if loss is None else f"{loss:.4f}"
-        log(f"{job.name}: loss {shown} ({seconds:.0f} s)")
+        if not reused:
+            shown = "diverged" if loss is None else f"{loss:.4f}"
+            log(f"{job.name}: loss {shown} ({seconds:.0f} s)")
         return job.name, loss
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, s.workers)) as pool:

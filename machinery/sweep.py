@@ -720,6 +720,38 @@ def _write_text(path, text: str) -> pathlib.Path:
     return fileio.write_atomic(path, text, error=ScalingError, fix="pass out_dir on another disk")
 
 
+def train_or_reuse(
+    cmd: list[str], run_dir: pathlib.Path, steps: int, threads: int, diverged_ok: bool = False
+) -> tuple[float | None, float, bool]:
+    """Run a train.py command into run_dir unless a finished run of the same command is there:
+    (final validation loss, training seconds, reused). A run that fails, or that ends without a
+    finite loss where that is no result (diverged_ok False), leaves no folder behind: only finished
+    runs stay, and a rerun reuses them (the sweep's points, the recipe's runs)."""
+    import time
+
+    stamp, timing = run_dir / "command.json", run_dir / "train_seconds.txt"
+    wanted = json.dumps(cmd[1:])
+    loss = final_val_loss(run_dir / "metrics.jsonl", steps)
+    finished = stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted
+    if finished and (loss is not None or diverged_ok):
+        return loss, float(timing.read_text()) if timing.is_file() else 0.0, True
+    shutil.rmtree(run_dir, ignore_errors=True)  # a branch resumes into an empty folder
+    run_dir.mkdir(parents=True)
+    t0 = time.perf_counter()
+    try:
+        _run_train(cmd, run_dir / "train.log", threads)
+        seconds = time.perf_counter() - t0
+        loss = final_val_loss(run_dir / "metrics.jsonl", steps)
+        if loss is None and not diverged_ok:
+            raise ScalingError(f"{run_dir.name}: train.py wrote no final validation loss")
+        _write_text(timing, f"{seconds:.1f}")
+        _write_text(stamp, wanted)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # only finished runs stay
+        raise
+    return loss, seconds, False
+
+
 def execute_runs(
     settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, out_dir, log=print
 ) -> list[dict]:
@@ -727,7 +759,6 @@ def execute_runs(
     long run starts last while the other cores idle), reusing a finished run whose command is
     unchanged. Returns one final.jsonl record per run, in plan order."""
     import concurrent.futures
-    import time
 
     out = pathlib.Path(out_dir)
     if settings.schedule == "wsd":
@@ -747,30 +778,7 @@ def execute_runs(
     def train_one(run: PlannedRun) -> dict:
         run_dir = out / "runs" / run.name
         cmd = train_command(settings, run, data_dir, run_dir)
-        stamp, timing = run_dir / "command.json", run_dir / "train_seconds.txt"
-        wanted = json.dumps(cmd[1:])
-        loss = final_val_loss(run_dir / "metrics.jsonl", run.steps)
-        reused = (
-            loss is not None and stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted
-        )
-        if reused:
-            seconds = float(timing.read_text()) if timing.is_file() else 0.0
-        else:
-            shutil.rmtree(run_dir, ignore_errors=True)  # a branch resumes into an empty folder
-            run_dir.mkdir(parents=True)
-            t0 = time.perf_counter()
-            try:
-                _run_train(cmd, run_dir / "train.log", settings.threads)
-                seconds = time.perf_counter() - t0
-                loss = final_val_loss(run_dir / "metrics.jsonl", run.steps)
-                if loss is None:
-                    raise ScalingError(f"{run.name}: train.py wrote no final validation loss")
-                _write_text(timing, f"{seconds:.1f}")
-                _write_text(stamp, wanted)
-            except BaseException:
-                # only finished runs stay (a rerun reuses them)
-                shutil.rmtree(run_dir, ignore_errors=True)
-                raise
+        loss, seconds, reused = train_or_reuse(cmd, run_dir, run.steps, settings.threads)
         log(
             f"{run.name}: N = {run.params:,} ({run.non_embedding:,} non-embedding), D = "
             f"{run.tokens:,}, "

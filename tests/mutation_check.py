@@ -595,6 +595,34 @@ MUTANTS = [
         "the encoder cuts text at spaces under a custom regex whose pieces may hold spaces",
     ),
     Mutant(
+        "train-or-reuse-ignores-the-command",
+        "machinery/sweep.py",
+        'finished = stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted',
+        "finished = stamp.is_file()",
+        (
+            "tests/test_sweep.py::test_train_or_reuse_keeps_finished_runs_and_a_diverged_one_only_where_it_is_a_result",
+        ),
+        "a finished run is reused although its command changed",
+    ),
+    Mutant(
+        "train-or-reuse-takes-a-diverged-point",
+        "machinery/sweep.py",
+        "if finished and (loss is not None or diverged_ok):",
+        "if finished:",
+        (
+            "tests/test_sweep.py::test_train_or_reuse_keeps_finished_runs_and_a_diverged_one_only_where_it_is_a_result",
+        ),
+        "the sweep reuses a run on disk that has no finite loss as a point",
+    ),
+    Mutant(
+        "recipe-diverged-run-is-a-failure",
+        "machinery/recipe.py",
+        "diverged_ok=True",
+        "diverged_ok=False",
+        ("tests/test_recipe.py::test_a_diverged_run_is_a_result_kept_and_reused",),
+        "the recipe stops at a run that diverged instead of counting it",
+    ),
+    Mutant(
         "minhash-modulus-2-to-the-32",
         "dedup.py",
         "% np.uint64(PRIME)",

@@ -120,6 +120,27 @@ def test_a_run_that_fails_stops_the_experiment_and_leaves_no_folder(tmp_path):
     assert not (tmp_path / "runs" / "bad").exists()
 
 
+def test_a_diverged_run_is_a_result_kept_and_reused(tmp_path, monkeypatch):
+    """A run whose loss is not finite (the stability section's 8x rates) is a result, not a failure:
+    logged as diverged, kept, and reused by a rerun."""
+    calls, logged = [], []
+
+    def diverging_train(cmd, log_path, threads=1):
+        calls.append(log_path.parent.name)
+        steps = int(cmd[cmd.index("--max-steps") + 1])
+        (log_path.parent / "metrics.jsonl").write_text(
+            json.dumps({"step": steps, "val_loss": None})
+        )
+
+    monkeypatch.setattr(recipe.sweep, "_run_train", diverging_train)
+    s = dataclasses.replace(recipe.QUICK_RECIPE, workers=1)
+    job = recipe.Job("hot", (), 2)
+    for _ in range(2):
+        losses = recipe.run_jobs(s, [job], {"recipe": tmp_path / "data"}, tmp_path, logged.append)
+        assert losses == {"hot": None}
+    assert calls == ["hot"] and logged == ["hot: loss diverged (0 s)"]
+
+
 def known_result():
     """A result.json with round numbers: Muon 0.1 nats lower with seed SDs 0.01 and 0.02."""
     s = dataclasses.asdict(dataclasses.replace(SETTINGS, lrs=(2e-3, 4e-3), widths=(64, 256)))

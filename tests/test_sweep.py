@@ -613,6 +613,37 @@ def test_an_out_dir_that_cannot_be_made_is_one_line(capsys):
     )
 
 
+def test_train_or_reuse_keeps_finished_runs_and_a_diverged_one_only_where_it_is_a_result(
+    tmp_path, monkeypatch
+):
+    """The sweep's and the recipe's runs go through one function: a finished run of the same command
+    is reused, a changed command retrains, and a run without a finite loss is kept only where that
+    is a result (the recipe's stability runs), never as a sweep point."""
+    calls = []
+
+    def fake_train(cmd, log_path, threads=1):
+        calls.append(cmd[-1])
+        loss = float(cmd[-1])  # the stub's "command" ends with the loss it will log
+        (log_path.parent / "metrics.jsonl").write_text(json.dumps({"step": 10, "val_loss": loss}))
+
+    monkeypatch.setattr(sweep, "_run_train", fake_train)
+    run_dir = tmp_path / "runs" / "a"
+    assert sweep.train_or_reuse(["train.py", "4.5"], run_dir, 10, 1)[::2] == (4.5, False)
+    assert sweep.train_or_reuse(["train.py", "4.5"], run_dir, 10, 1)[::2] == (4.5, True)
+    assert sweep.train_or_reuse(["train.py", "4.25"], run_dir, 10, 1)[::2] == (4.25, False)
+    assert calls == ["4.5", "4.25"]
+    with pytest.raises(ScalingError, match="a: train.py wrote no final validation loss"):
+        sweep.train_or_reuse(["train.py", "nan"], run_dir, 10, 1)
+    assert not run_dir.exists()  # the diverged sweep point left nothing to reuse
+    kept = sweep.train_or_reuse(["train.py", "nan"], run_dir, 10, 1, diverged_ok=True)
+    assert kept[::2] == (None, False) and (run_dir / "command.json").is_file()
+    again = sweep.train_or_reuse(["train.py", "nan"], run_dir, 10, 1, diverged_ok=True)
+    assert again[::2] == (None, True) and calls == ["4.5", "4.25", "nan", "nan"]
+    with pytest.raises(ScalingError, match="no final validation loss"):  # never a sweep point
+        sweep.train_or_reuse(["train.py", "nan"], run_dir, 10, 1)
+    assert calls[-1] == "nan" and len(calls) == 5 and not run_dir.exists()
+
+
 @pytest.mark.parametrize("fail_at", [0, 2])
 def test_a_failed_run_stops_the_sweep_and_leaves_only_finished_runs(
     fail_at, tiny_dataset, tmp_path, monkeypatch
