@@ -734,7 +734,8 @@ def train_or_reuse(
     loss = final_val_loss(run_dir / "metrics.jsonl", steps)
     finished = stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted
     if finished and (loss is not None or diverged_ok):
-        return loss, float(timing.read_text()) if timing.is_file() else 0.0, True
+        seconds = float(timing.read_text()) if timing.is_file() else 0.0
+        return loss, seconds, True
     shutil.rmtree(run_dir, ignore_errors=True)  # a branch resumes into an empty folder
     run_dir.mkdir(parents=True)
     t0 = time.perf_counter()
