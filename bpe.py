@@ -363,15 +363,22 @@ def bpe_parts(
     [b'low', b'er']
     """
     parts = [piece[i : i + 1] for i in range(len(piece))]
-    while len(parts) > 1:
-        best_rank, best_i = max_rank, -1  # a pair that is no token (or ranks too high) never wins
-        for i in range(len(parts) - 1):
-            rank = ranks.get(parts[i] + parts[i + 1], max_rank)
-            if rank < best_rank:
-                best_rank, best_i = rank, i
-        if best_i < 0:
+    # pair_ranks[i]: the rank of parts[i] + parts[i + 1]; a pair that is no token (or ranks too
+    # high) has max_rank and never wins
+    pair_ranks = [ranks.get(left + right, max_rank) for left, right in zip(parts, parts[1:])]
+    while pair_ranks:
+        best_rank = min(pair_ranks)
+        if best_rank >= max_rank:
             break
-        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+        i = pair_ranks.index(best_rank)  # the leftmost of the lowest
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        del pair_ranks[i]
+        # only the pairs that hold the new part change (tiktoken's bookkeeping: a long piece costs
+        # two look-ups a merge, not a pass over all its pairs)
+        if i > 0:
+            pair_ranks[i - 1] = ranks.get(parts[i - 1] + parts[i], max_rank)
+        if i < len(pair_ranks):
+            pair_ranks[i] = ranks.get(parts[i] + parts[i + 1], max_rank)
         if steps is not None:
             steps.append(list(parts))
     return parts

@@ -595,6 +595,22 @@ MUTANTS = [
         "the encoder cuts text at spaces under a custom regex whose pieces may hold spaces",
     ),
     Mutant(
+        "bpe-encode-stale-right-pair",
+        "bpe.py",
+        "            pair_ranks[i] = ranks.get(parts[i] + parts[i + 1], max_rank)\n",
+        "            pass\n",
+        ("tests/test_bpe.py::test_pure_python_equals_tiktoken_on_arbitrary_unicode",),
+        "after a merge the encoder keeps the old rank of the pair to the right of the new part",
+    ),
+    Mutant(
+        "bpe-encode-stale-left-pair",
+        "bpe.py",
+        "            pair_ranks[i - 1] = ranks.get(parts[i - 1] + parts[i], max_rank)\n",
+        "            pass\n",
+        ("tests/test_bpe.py::test_pure_python_equals_tiktoken_on_arbitrary_unicode",),
+        "after a merge the encoder keeps the old rank of the pair to the left of the new part",
+    ),
+    Mutant(
         "train-or-reuse-ignores-the-command",
         "machinery/sweep.py",
         'finished = stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted',
