@@ -5,10 +5,11 @@
 2. Training time, TinyStories' first 2 MiB, vocab 8192, GPT-2 pattern: against BpeTrainer (ByteLevel
    pre-tokenizer, the same GPT-2 regex). The goal is at most 1.0x its time.
 3. Encoding throughput on WikiText-2 (test + valid, 2.4 MB): the pure-Python encoder with cl100k's ranks
-   (its cache emptied before each run; then once more with the cache full, what the regex and the loop over
-   the pieces cost alone), tiktoken's cl100k_base, and a tokenizer we trained (pure Python and its
-   to_tiktoken()). The goal: pure Python at most 2.0x tiktoken's time. Then id-for-id parity of the
-   pure-Python encoder with tiktoken (cl100k and GPT-2) on every full corpus in ../shared/data.
+   (its caches emptied before each run; then once more with them full, what the cut into words and a look-up
+   per word cost alone), tiktoken's cl100k_base, and a tokenizer we trained (pure Python and its
+   to_tiktoken()). The goal: pure Python at most 2.0x tiktoken's time. 3b: the same encoders on C4's first
+   1,000 documents, one call each, as a data pipeline calls them. Then id-for-id parity of the pure-Python
+   encoder with tiktoken (cl100k and GPT-2) on every full corpus in ../shared/data.
 4. Peak memory of a streaming encode of a generated 100 MB file (in a temp dir), each measured in a fresh
    subprocess as peak RSS above the RSS after loading: `encode_file` vs reading the file and encoding it at once.
 
@@ -46,6 +47,7 @@ DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data
 CORPUS_EN = DATA / "cs336" / "a1" / "fixtures" / "corpus.en"
 TINYSTORIES = DATA / "tinystories" / "TinyStories-train-head-2MiB.txt"
 WIKITEXT = [DATA / "wikitext-2-raw" / "wiki.test.raw", DATA / "wikitext-2-raw" / "wiki.valid.raw"]
+C4 = DATA / "c4-sample" / "c4-en-train-00000-first1000.jsonl"
 # --smoke: the characters read from each corpus, the vocabulary of the tokenizer of TinyStories
 LIMIT = {"chars": None, "vocab": 8192}
 
@@ -162,13 +164,31 @@ def bench_encoding(repeats: int) -> None:
         },
         repeats,
     )
-    tk, tk_cpu = t["tiktoken cl100k"], cpu["tiktoken cl100k"]
-    print(f"  ({load_average()})")
-    for name, sec in t.items():
-        print(
-            f"  {name:46s} {mb / sec:6.2f} MB/s   {sec / tk:5.2f}x tiktoken cl100k's time   "
-            f"{cpu[name] / tk_cpu:5.2f}x its CPU time"
-        )
+    print_encoding_rows(t, cpu, mb)
+
+    # A data pipeline encodes document by document: C4's first 1,000 documents, one call each. Its
+    # words repeat less than WikiText-2's in 2 MB, so from empty caches more of the work is new words.
+    documents = [json.loads(line)["text"] for line in C4.read_text(encoding="utf-8").splitlines()]
+    if LIMIT["chars"]:  # --smoke
+        documents = documents[:50]
+    mb = sum(len(d.encode("utf-8")) for d in documents) / 1e6
+    print(f"\n## 3b. Encoding C4's first {len(documents):,} documents ({mb:.2f} MB), one call each")
+
+    def each(encode):
+        return lambda: [encode(document) for document in documents]
+
+    def cold_each(tok):
+        return lambda: (tok._word_ids.clear(), tok._piece_ids.clear(), each(tok.encode_ordinary)())
+
+    t, cpu = alternate(
+        {
+            "tiktoken cl100k": each(cl100k.encode_ordinary),
+            "bpe.py pure Python, cl100k ranks, cold cache": cold_each(pure_cl100k),
+            "bpe.py pure Python, cl100k ranks, warm cache": each(pure_cl100k.encode_ordinary),
+        },
+        repeats,
+    )
+    print_encoding_rows(t, cpu, mb)
 
     print(
         "\n## Parity on the full corpora (pure-Python encoder vs tiktoken; trained vs its to_tiktoken())"
@@ -198,11 +218,22 @@ def corpus_files() -> list[pathlib.Path]:
         *WIKITEXT,
         TINYSTORIES,
         DATA / "tinyshakespeare" / "input.txt",
-        DATA / "c4-sample" / "c4-en-train-00000-first1000.jsonl",
+        C4,
         DATA / "c4-sample" / "exllamav2-c4.utf8",
         DATA / "fineweb-sample" / "fineweb-10BT-legalprefilter-500.jsonl",
         DATA / "wikipedia-sample" / "exllamav2-wiki.utf8",
     ]
+
+
+def print_encoding_rows(t: dict, cpu: dict, mb: float) -> None:
+    """One line per encoder: MB/s and its wall and CPU time over tiktoken cl100k's."""
+    tk, tk_cpu = t["tiktoken cl100k"], cpu["tiktoken cl100k"]
+    print(f"  ({load_average()})")
+    for name, sec in t.items():
+        print(
+            f"  {name:46s} {mb / sec:6.2f} MB/s   {sec / tk:5.2f}x tiktoken cl100k's time   "
+            f"{cpu[name] / tk_cpu:5.2f}x its CPU time"
+        )
 
 
 def read_corpus(path: pathlib.Path) -> str:
