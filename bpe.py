@@ -371,14 +371,16 @@ def bpe_parts(
         if best_rank >= max_rank:
             break
         i = pair_ranks.index(best_rank)  # the leftmost of the lowest
-        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        merged = parts[i] + parts[i + 1]
+        parts[i] = merged
+        del parts[i + 1]
         del pair_ranks[i]
         # only the pairs that hold the new part change (tiktoken's bookkeeping: a long piece costs
         # two look-ups a merge, not a pass over all its pairs)
         if i > 0:
-            pair_ranks[i - 1] = ranks.get(parts[i - 1] + parts[i], max_rank)
+            pair_ranks[i - 1] = ranks.get(parts[i - 1] + merged, max_rank)
         if i < len(pair_ranks):
-            pair_ranks[i] = ranks.get(parts[i] + parts[i + 1], max_rank)
+            pair_ranks[i] = ranks.get(merged + parts[i + 1], max_rank)
         if steps is not None:
             steps.append(list(parts))
     return parts
@@ -486,7 +488,10 @@ class Tokenizer:
             first, *words = WORD_CUT.split(text)  # each word after the first had a space before it
         ids = self.encode_text(first)
         for word in set(words).difference(self._word_ids):  # the words not seen before
-            self._word_ids[word] = self.encode_text(" " + word)
+            if word.isascii() and word.isalpha():  # " cat" is one piece under both patterns
+                self._word_ids[word] = self.encode_piece(b" " + word.encode("ascii"))
+            else:
+                self._word_ids[word] = self.encode_text(" " + word)
         for word in words:
             ids += self._word_ids[word]
         return ids

@@ -597,7 +597,7 @@ MUTANTS = [
     Mutant(
         "bpe-encode-stale-right-pair",
         "bpe.py",
-        "            pair_ranks[i] = ranks.get(parts[i] + parts[i + 1], max_rank)\n",
+        "            pair_ranks[i] = ranks.get(merged + parts[i + 1], max_rank)\n",
         "            pass\n",
         ("tests/test_bpe.py::test_pure_python_equals_tiktoken_on_arbitrary_unicode",),
         "after a merge the encoder keeps the old rank of the pair to the right of the new part",
@@ -605,10 +605,18 @@ MUTANTS = [
     Mutant(
         "bpe-encode-stale-left-pair",
         "bpe.py",
-        "            pair_ranks[i - 1] = ranks.get(parts[i - 1] + parts[i], max_rank)\n",
+        "            pair_ranks[i - 1] = ranks.get(parts[i - 1] + merged, max_rank)\n",
         "            pass\n",
         ("tests/test_bpe.py::test_pure_python_equals_tiktoken_on_arbitrary_unicode",),
         "after a merge the encoder keeps the old rank of the pair to the left of the new part",
+    ),
+    Mutant(
+        "bpe-cache-limit-keeps-the-pieces",
+        "bpe.py",
+        "            self._piece_ids.clear()\n",
+        "            pass\n",
+        ("tests/test_bpe.py::test_cache_is_bounded_and_does_not_change_ids",),
+        "past CACHE_LIMIT the encoder clears its words but keeps every piece it ever saw",
     ),
     Mutant(
         "train-or-reuse-ignores-the-command",

@@ -351,8 +351,15 @@ def test_trained_tokenizer_equals_its_tiktoken_on_every_corpus(corpora, shared_d
         assert tok.decode(ids) == text
 
 
+# Characters this Python's Unicode (14.0) leaves unassigned are left out: the regex module and
+# tiktoken's Rust regex read them with tables of different Unicode versions (U+323B0, a letter
+# since Unicode 17, is \p{L} to one and not the other), which no encoder written in Python can
+# follow. Every assigned character is in.
+ASSIGNED = st.characters(exclude_categories=("Cs", "Cn"))
+
+
 @settings(max_examples=150, deadline=None)
-@given(text=st.text(max_size=60))
+@given(text=st.text(alphabet=ASSIGNED, max_size=60))
 def test_pure_python_equals_tiktoken_on_arbitrary_unicode(text, tiktoken_pairs):
     for enc, tok in tiktoken_pairs:
         assert tok.encode_ordinary(text) == enc.encode_ordinary(text)
@@ -386,16 +393,17 @@ def test_custom_pattern_is_not_cut_at_spaces():
 def test_cache_is_bounded_and_does_not_change_ids(small_tok, monkeypatch):
     text = EMBEDDED * 3
     expected = small_tok.to_tiktoken().encode_ordinary(text)
-    assert small_tok.encode_ordinary(text) == expected  # warm cache
+    assert small_tok.encode_ordinary(text) == expected  # warm caches
+    small_tok.encode_ordinary("zebra, quagga and okapi")  # words and pieces of another text
+    assert "quagga" in small_tok._word_ids and "," in small_tok._piece_ids
     monkeypatch.setattr(Tokenizer, "CACHE_LIMIT", 3)
-    assert (
-        small_tok.encode_ordinary(text) == expected
-    )  # the caches were over the limit: cleared, then refilled
+    assert small_tok.encode_ordinary(text) == expected  # over the limit: cleared, then refilled
     first, *words = bpe.WORD_CUT.split(text)
-    assert set(small_tok._word_ids) == set(words)
+    assert set(small_tok._word_ids) == set(words)  # the other text's words are gone
     pieces = bpe.pretokenize(first, small_tok.pattern)
     pieces += [p for w in set(words) for p in bpe.pretokenize(" " + w, small_tok.pattern)]
-    assert set(small_tok._piece_ids) == set(pieces)
+    assert set(bpe.pretokenize(first, small_tok.pattern)) <= set(small_tok._piece_ids)
+    assert set(small_tok._piece_ids) <= set(pieces)
 
 
 # ---------------------------------------------------------------------------------------------------------------
