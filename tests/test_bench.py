@@ -210,6 +210,7 @@ BAD_FLAGS = [
     ("bench_attention.py", "--lengths 512 100000", "--lengths"),  # once a hang: 640 GB
     ("bench_bpe.py", "--repeats 0", "--repeats"),
     ("bench_bpe.py", "--stream-mb -1", "--stream-mb"),
+    ("bench_bpe.py", "--peer-rev no-such-revision", "--peer-rev"),
     ("bench_classify.py", "--min-bytes 1000000", "--min-bytes"),
     ("bench_classify.py", "--min-bytes -1", "--min-bytes"),
     ("bench_classify.py", "--docs 5", "--docs"),
