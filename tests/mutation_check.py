@@ -611,6 +611,14 @@ MUTANTS = [
         "after a merge the encoder keeps the old rank of the pair to the left of the new part",
     ),
     Mutant(
+        "bpe-letter-word-loses-its-space",
+        "bpe.py",
+        'self.encode_piece(b" " + word.encode("ascii"))',
+        'self.encode_piece(word.encode("ascii"))',
+        ("tests/test_bpe.py::test_word_cut_keeps_tiktokens_ids_around_any_whitespace",),
+        "a new word of letters is encoded without the space before it",
+    ),
+    Mutant(
         "bpe-cache-limit-keeps-the-pieces",
         "bpe.py",
         "            self._piece_ids.clear()\n",
