@@ -723,10 +723,8 @@ def _write_text(path, text: str) -> pathlib.Path:
 def train_or_reuse(
     cmd: list[str], run_dir: pathlib.Path, steps: int, threads: int, diverged_ok: bool = False
 ) -> tuple[float | None, float, bool]:
-    """Run a train.py command into run_dir unless a finished run of the same command is there:
-    (final validation loss, training seconds, reused). A run that fails, or that ends without a
-    finite loss where that is no result (diverged_ok False), leaves no folder behind: only finished
-    runs stay, and a rerun reuses them (the sweep's points, the recipe's runs)."""
+    """Train `cmd` into run_dir unless a finished run of it is there: (loss, seconds, reused). A
+    failed run, or a diverged one unless diverged_ok, leaves no folder."""
     import time
 
     stamp, timing = run_dir / "command.json", run_dir / "train_seconds.txt"
@@ -757,8 +755,8 @@ def execute_runs(
     settings: SweepSettings, runs: Sequence[PlannedRun], data_dir, out_dir, log=print
 ) -> list[dict]:
     """Train every planned run (`workers` at a time, the longest first by run_seconds, so that no
-    long run starts last while the other cores idle), reusing a finished run whose command is
-    unchanged. Returns one final.jsonl record per run, in plan order."""
+    long run starts last while the other cores idle; `train_or_reuse`). Returns one final.jsonl
+    record per run, in plan order."""
     import concurrent.futures
 
     out = pathlib.Path(out_dir)
