@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import tiktoken
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import bpe
@@ -372,6 +372,9 @@ AROUND_SPACES = " " * 6 + "\t\n\r\x0b\x0c\x85\xa0\u2009\u3000" + "ab1é中'.,!-\
 
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(alphabet=AROUND_SPACES, max_size=40))
+@example(
+    text="The cat, it's 10 cats.\n\t on  the mat\xa0 x \u3000y  "
+)  # every kind of word, always
 def test_word_cut_keeps_tiktokens_ids_around_any_whitespace(text, tiktoken_pairs):
     """The encoder encodes text cut before the spaces that follow printable ASCII (bpe.WORD_CUT)
     word by word: the ids must be those of the whole text, whatever whitespace is near a space."""
