@@ -1068,7 +1068,8 @@ def part_cuts(src: Source, items: list) -> list[int]:
     """Where a page longer than one sitting (45 minutes of its lesson; the folded command line not
     counted) is cut into parts of about equal reading time: the first lines of the parts 2, 3, ... A
     part starts at a section heading, or at a definition when a section (train.py's Trainer) is
-    longer than a part."""
+    longer than a part. Each cut is the place a part may start whose reading time so far is nearest
+    the part's share, before or after it, so a few words more never move a cut a whole section."""
     fold = folded_from(items)
     costs = [
         0.0
@@ -1080,11 +1081,19 @@ def part_cuts(src: Source, items: list) -> list[int]:
     total = intro + sum(costs)
     n = math.ceil(total / SITTING_MINUTES)
     cuts, done = [], intro
+    before = None  # (line, minutes read before it): the last place a part may start, not yet a cut
     for item, cost in zip(items, costs):
         line = _first_line(item)
         starts = isinstance(item, Heading) or (item.anchor and line)
-        if starts and len(cuts) + 1 < n and done >= total * (len(cuts) + 1) / n:
-            cuts.append(line)
+        share = total * (len(cuts) + 1) / n  # where the next cut should fall, in minutes
+        if starts and len(cuts) + 1 < n and done >= share:
+            if before is not None and share - before[1] < done - share:
+                cuts.append(before[0])  # the place before the share is nearer it
+            else:
+                cuts.append(line)
+                line = None  # just made a cut: not a candidate for the next one
+        if starts and line and (before is None or done > before[1]):
+            before = (line, done)  # a heading, not the definition right under it
         done += cost
     return cuts
 

@@ -1313,6 +1313,15 @@ MUTANTS = [
         ),
         "the trunk decays at the end of each segment, so a branch starts from an annealed model",
     ),
+    Mutant(
+        "book-cut-first-start-past-the-share",
+        "book/build.py",
+        "if before is not None and share - before[1] < done - share:",
+        "if False:",
+        ("tests/test_book.py::test_a_cut_falls_at_the_section_start_nearest_its_share",),
+        "a page is cut at the first section start past its share: a few words more move a whole "
+        "section to the next part (sweep.py's third part reached 50 minutes that way)",
+    ),
 ]
 
 

@@ -376,6 +376,22 @@ def test_a_file_longer_than_one_sitting_is_cut_into_parts_of_at_most_45_minutes(
         assert 'rel="next">data.py (2) →</a>' in (site / "data.html").read_text(encoding="utf-8")
 
 
+def test_a_cut_falls_at_the_section_start_nearest_its_share(tmp_path):
+    """Sections of 38, 20 and 22 minutes: the halves' share is 40 minutes, and the start of the
+    20-minute section (38 minutes in) is nearer it than the next start (58): parts 38 and 42, not
+    58 and 22."""
+    src = book.Source("x", tmp_path, [], "", range(0), {}, {}, {}, {}, set(), {}, {})
+    items, line = [], 1
+    for name, minutes in (("a", 38), ("b", 20), ("c", 22)):
+        items.append(book.Heading(name, name, line))
+        code_lines = minutes * 60 // book.SECONDS_PER_CODE_LINE
+        items.append(book.Row(f"f_{name}", [], list(range(line + 2, line + 2 + code_lines))))
+        line += code_lines + 4
+    cuts = book.part_cuts(src, items)
+    assert cuts == [items[2].line]
+    assert book.part_minutes(src, items, cuts) == pytest.approx([38, 42])
+
+
 def test_a_formula_keeps_its_stars_and_a_divider_is_a_heading(tmp_path):
     md = book.make_markdown(book.Linker({}), set())
     src = book.Source("x", tmp_path, [], "", range(0), {}, {}, {}, {}, set(), {}, {})
