@@ -1091,8 +1091,7 @@ def part_cuts(src: Source, items: list) -> list[int]:
                 cuts.append(before[0])  # the place before the share is nearer it
             else:
                 cuts.append(line)
-                line = None  # just made a cut: not a candidate for the next one
-        if starts and line and (before is None or done > before[1]):
+        if starts and line not in cuts and (before is None or done > before[1]):
             before = (line, done)  # a heading, not the definition right under it
         done += cost
     return cuts
