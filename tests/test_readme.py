@@ -19,11 +19,12 @@ import functools
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
+
+import mutation_check  # tests/mutation_check.py: copy_repository
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = (
@@ -170,18 +171,7 @@ def commands_of(k: str) -> list[str]:
 
 def scratch_copy(tmp: pathlib.Path) -> pathlib.Path:
     """tmp/repo (a copy without .git, caches or outputs) and tmp/shared -> the real ../shared, if there is one."""
-    ignore = shutil.ignore_patterns(
-        ".git",
-        "__pycache__",
-        ".pytest_cache",
-        ".hypothesis",
-        ".benchmarks",
-        ".cache",
-        "out",
-        "out-*",
-        "*.egg-info",
-    )
-    repo = pathlib.Path(shutil.copytree(ROOT, tmp / "repo", ignore=ignore))
+    repo = mutation_check.copy_repository(tmp / "repo")
     if SHARED.is_dir():
         (tmp / "shared").symlink_to(SHARED.resolve())
     return repo
